@@ -1,0 +1,29 @@
+"""paramserver: a parameter server for large-scale machine learning.
+
+General layout:
+    client/      Client (pull, push, clock, barrier) and its I/O thread
+    server/      ServerNode, per-vnode hash tables, optimisers
+    scheduler/   SchedulerNode: membership, ring, tables, barriers
+    routing/     hash64, the Ring, batch partitioning
+    wire/        the message format (msgpack header + raw array frames) and sockets
+    cluster/     LocalCluster (processes on 127.0.0.1) and the worker runner
+    apps/        jobs built on the API (the demo)
+"""
+
+from paramserver.client.client import Client
+from paramserver.cluster.local import LocalCluster, run
+from paramserver.config import Config
+from paramserver.errors import (ClosedError, ConfigError, ConnectError, NodeLostError, ParamServerError,
+                                ProtocolError, RemoteError, StaleEpochError, UnknownTableError,
+                                WorkerError)
+from paramserver.routing.ring import Ring
+from paramserver.server.optim import FTRL, SGD, AdaGrad, Adam, Normal, Uniform, Zeros
+from paramserver.spec import TableSpec
+
+__all__ = [
+    "Client", "LocalCluster", "run", "Config", "TableSpec", "Ring",
+    "SGD", "AdaGrad", "FTRL", "Adam", "Zeros", "Normal", "Uniform",
+    "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
+    "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError",
+]
+__version__ = "0.1.0"

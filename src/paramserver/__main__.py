@@ -1,0 +1,5 @@
+import sys
+
+from paramserver.cli import main
+
+sys.exit(main())

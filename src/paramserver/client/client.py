@@ -1,0 +1,302 @@
+"""The client a worker (or a driver script) uses: pull, push, clock, barrier, tables.
+
+Example:
+    >>> with Client("tcp://127.0.0.1:7000") as c:                     # doctest: +SKIP
+    ...     c.create_table("w", dim=1, optimizer="ftrl")
+    ...     keys = np.array([3, 7, 3], np.uint64)
+    ...     c.push("w", keys, np.ones((3, 1), np.float32)).result()   # key 3 gets 2.0
+    ...     c.pull("w", keys).result(timeout=10)                      # shape (3, 1)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from paramserver.client.io_thread import IOThread
+from paramserver.config import Config, load_config
+from paramserver.errors import (ClosedError, ConfigError, ConnectError, ParamServerError, ProtocolError,
+                                RemoteError, StaleEpochError, UnknownTableError)
+from paramserver.routing.partition import Routed, route_pull, route_push, scatter_rows
+from paramserver.routing.ring import Ring
+from paramserver.spec import TableSpec
+from paramserver.wire.message import Message, Op
+
+logger = logging.getLogger(__name__)
+
+
+def _remote_error(msg: Message) -> ParamServerError:
+    code, text = msg.header.get("code"), str(msg.header.get("error"))
+    if code == "stale_epoch":
+        return StaleEpochError(text)
+    if code == "unknown_table":
+        return UnknownTableError(text)
+    if code == "protocol":
+        return ProtocolError(text)
+    if code == "config":
+        return ConfigError(text)
+    return RemoteError(f"{code}: {text}")
+
+
+def as_keys(keys: Any) -> np.ndarray:
+    """``keys`` as a 1-d contiguous uint64 array (signed ints are reinterpreted, not clipped)."""
+    arr = np.asarray(keys)
+    if arr.ndim != 1:
+        raise ConfigError(f"keys must be a 1-d array, got shape {arr.shape}")
+    if arr.dtype == np.uint64:
+        return np.ascontiguousarray(arr)
+    if arr.size == 0:
+        return np.zeros(0, np.uint64)
+    if arr.dtype.kind == "u":
+        return arr.astype(np.uint64)
+    if arr.dtype.kind == "i":
+        return arr.astype(np.int64).view(np.uint64)
+    raise ConfigError(f"keys must be integers (uint64 ideally), got dtype {arr.dtype}; "
+                      "hash features to uint64 first")
+
+
+class Client:
+    """A node's handle on the cluster.
+
+    Args:
+        scheduler: scheduler address (default: ``PARAMSERVER_SCHEDULER``).
+        role: ``"worker"`` (counted in barriers, gets a rank) or ``"driver"``.
+        connect_timeout_s: how long to try to reach the scheduler.
+        config: a full ``Config`` instead of the two above.
+
+    Raises:
+        ConnectError: the scheduler did not answer within ``connect_timeout_s``.
+    """
+
+    def __init__(self, scheduler: str | None = None, *, role: str = "driver",
+                 connect_timeout_s: float | None = None, config: Config | None = None):
+        self.config = config or load_config(scheduler=scheduler, connect_timeout_s=connect_timeout_s)
+        if not self.config.scheduler:
+            raise ConnectError("no scheduler address: pass Client('tcp://HOST:PORT') "
+                               "or set PARAMSERVER_SCHEDULER")
+        self.role = role
+        self._io = IOThread(self.config)
+        self._io.notifications.append(self._on_notification)
+        self._io.start()
+        self._lock = threading.Lock()
+        self._clock = 0
+        try:
+            view = self._call(self.config.scheduler, {"op": Op.REGISTER.value, "role": role},
+                              timeout_s=self.config.connect_timeout_s, connecting=True)
+        except BaseException:
+            self._io.close()
+            raise
+        self.node_id: int = view["node_id"]
+        self.rank: int = view.get("rank", -1)
+        self.num_workers: int = view.get("num_workers", 0)
+        self._apply_view(view)
+        self._io.start_heartbeats()
+
+    # ---- plumbing ----------------------------------------------------------------------
+    def _apply_view(self, view: dict[str, Any]) -> None:
+        with self._lock:
+            self._ring = Ring.from_wire(view["ring"])
+            self._servers = {int(k): v for k, v in view["servers"].items()}
+            self._tables = {n: TableSpec.from_wire(w) for n, w in view.get("tables", {}).items()}
+
+    def _on_notification(self, msg: Message) -> None:
+        if msg.op is Op.RING:
+            self._apply_view(msg.header)
+
+    def _call(self, address: str, header: dict[str, Any], timeout_s: float | None = None,
+              connecting: bool = False) -> dict[str, Any]:
+        fut: Future = Future()
+
+        def done(msg: Message | None, exc: BaseException | None) -> None:
+            if exc is not None:
+                fut.set_exception(exc)
+            elif msg is not None and msg.op is Op.ERROR:
+                fut.set_exception(_remote_error(msg))
+            else:
+                fut.set_result(msg.header if msg else {})
+
+        self._io.submit(address, header, (), done)
+        try:
+            return fut.result(timeout=timeout_s)
+        except TimeoutError:
+            if connecting:
+                raise ConnectError(
+                    f"{self.role} could not reach the scheduler at {address} within {timeout_s:g} s: "
+                    "is it running, and is the address right? (--scheduler / PARAMSERVER_SCHEDULER)"
+                ) from None
+            raise
+
+    def _spec(self, table: str) -> TableSpec:
+        spec = self._tables.get(table)
+        if spec is None:  # created by another node since we last looked
+            tables = self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"]
+            with self._lock:
+                self._tables = {n: TableSpec.from_wire(w) for n, w in tables.items()}
+            spec = self._tables.get(table)
+        if spec is None:
+            raise UnknownTableError(f"unknown table {table!r} (tables: {sorted(self._tables)}); "
+                                    "create it with create_table()")
+        return spec
+
+    def _send_parts(self, op: Op, table: str, routed: Routed, arrays_of, on_part,
+                    result: Any = None) -> Future:
+        """Send one request per server part; the future resolves to ``result`` once all have."""
+        fut: Future = Future()
+        if not routed.parts:
+            fut.set_result(result)
+            return fut
+        remaining = [len(routed.parts)]
+        lock = threading.Lock()
+
+        def make_cb(part):
+            def cb(msg: Message | None, exc: BaseException | None) -> None:
+                if fut.done():
+                    return
+                try:
+                    if exc is None and msg is not None and msg.op is Op.ERROR:
+                        exc = _remote_error(msg)
+                    if exc is None:
+                        on_part(part, msg)
+                except Exception as err:
+                    exc = err
+                with lock:
+                    if exc is not None:
+                        fut.set_exception(exc)
+                        return
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        fut.set_result(result)
+            return cb
+
+        header = {"op": op.value, "table": table, "epoch": routed.epoch}
+        for part in routed.parts:
+            arrays = arrays_of(part)
+            nbytes = sum(a.nbytes for a in arrays)
+            if nbytes > self.config.max_message_bytes:
+                raise ConfigError(f"{nbytes} bytes for server {part.server} exceed max_message_bytes="
+                                  f"{self.config.max_message_bytes}; split the batch")
+            self._io.submit(self._servers[part.server], header, arrays, make_cb(part))
+        return fut
+
+    # ---- public API --------------------------------------------------------------------
+    def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
+                     initializer: Any = "zeros", seed: int = 0) -> TableSpec:
+        """Create a table on every server (idempotent for an identical spec).
+
+        Raises:
+            ConfigError: a bad spec, or the name is taken by a different spec.
+        """
+        spec = TableSpec(name, dim, optimizer, initializer, seed)
+        self._call(self.config.scheduler, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()})
+        with self._lock:
+            self._tables[name] = spec
+        return spec
+
+    def drop_table(self, name: str) -> None:
+        self._call(self.config.scheduler, {"op": Op.DROP_TABLE.value, "name": name})
+        with self._lock:
+            self._tables.pop(name, None)
+
+    def tables(self) -> dict[str, TableSpec]:
+        tables = self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"]
+        return {n: TableSpec.from_wire(w) for n, w in tables.items()}
+
+    def pull(self, table: str, keys: Any) -> Future:
+        """Values of ``keys`` (duplicates allowed) as a future of ``float32[len(keys), dim]``.
+
+        Keys never pushed read as their initial value.
+        """
+        spec = self._spec(table)
+        keys = as_keys(keys)
+        out = np.empty((keys.shape[0], spec.dim), np.float32)
+        routed = route_pull(self._ring, keys)
+        order = routed.order
+
+        def arrays_of(part):
+            return [routed.keys[part.start:part.stop], part.vnodes, part.counts]
+
+        def on_part(part, msg: Message) -> None:
+            vals = msg.arrays[0] if msg.arrays else None
+            if vals is None or vals.shape != (part.stop - part.start, spec.dim) or vals.dtype != np.float32:
+                raise ProtocolError(f"pull reply has {None if vals is None else vals.shape}, "
+                                    f"expected ({part.stop - part.start}, {spec.dim}) float32")
+            scatter_rows(vals, order[part.start:part.stop], out)
+
+        return self._send_parts(Op.PULL, table, routed, arrays_of, on_part, result=out)
+
+    def push(self, table: str, keys: Any, grads: Any) -> Future:
+        """Send gradients; duplicate keys are summed first. The future completes on ack."""
+        spec = self._spec(table)
+        keys = as_keys(keys)
+        grads = np.asarray(grads, np.float32)
+        if grads.ndim == 1 and spec.dim == 1:
+            grads = grads.reshape(-1, 1)
+        if grads.shape != (keys.shape[0], spec.dim):
+            raise ConfigError(f"push to {table!r}: grads must have shape ({keys.shape[0]}, {spec.dim}) "
+                              f"for {keys.shape[0]} keys of dim {spec.dim}, got {grads.shape}")
+        if not np.isfinite(grads).all():
+            raise ConfigError(f"push to {table!r}: grads contain NaN or inf (check the learning "
+                              "rate and the loss)")
+        routed = route_push(self._ring, keys, np.ascontiguousarray(grads))
+        assert routed.grads is not None
+
+        def arrays_of(part):
+            return [routed.keys[part.start:part.stop], routed.grads[part.start:part.stop],
+                    part.vnodes, part.counts]
+
+        return self._send_parts(Op.PUSH, table, routed, arrays_of, lambda part, msg: None)
+
+    def clock(self) -> int:
+        """Finish this worker's clock: tell every server (behind this client's pushes)."""
+        with self._lock:
+            self._clock += 1
+            clock = self._clock
+        for address in self._servers.values():
+            self._io.submit(address, {"op": Op.CLOCK.value, "worker": self.node_id, "clock": clock},
+                            (), _log_failure)
+        return clock
+
+    def barrier(self, timeout_s: float | None = None) -> None:
+        """Block until every live worker has called ``barrier``."""
+        if self.role != "worker":
+            raise ConfigError("only workers take part in barriers (this client is a driver)")
+        self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s)
+
+    def server_stats(self) -> list[dict[str, Any]]:
+        """Per-server table sizes, clocks and resident memory."""
+        return [self._call(addr, {"op": Op.STATS.value}) for addr in self._servers.values()]
+
+    def shutdown_cluster(self) -> None:
+        """Ask the scheduler to stop every node (used by launchers)."""
+        self._call(self.config.scheduler, {"op": Op.SHUTDOWN.value}, timeout_s=10)
+
+    @property
+    def ring(self) -> Ring:
+        return self._ring
+
+    def close(self) -> None:
+        """Leave the cluster and stop the I/O thread (idempotent)."""
+        if self._io.is_alive() and not self._io._closed.is_set():
+            try:
+                self._call(self.config.scheduler, {"op": Op.LEAVE.value}, timeout_s=2)
+            except (ParamServerError, TimeoutError):
+                pass
+        self._io.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _log_failure(msg: Message | None, exc: BaseException | None) -> None:
+    if exc is not None and not isinstance(exc, ClosedError):
+        logger.warning("clock tick failed: %s", exc)
+    elif msg is not None and msg.op is Op.ERROR:
+        logger.warning("clock tick refused: %s", msg.header.get("error"))
+

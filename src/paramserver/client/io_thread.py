@@ -1,0 +1,191 @@
+"""The client's I/O thread: it alone owns the client's sockets.
+
+Callers hand it requests through a queue (``submit``) and get their answer through a
+callback run on this thread; the client builds futures on top.  Replies are matched to
+requests by id, so any number of requests can be in flight to any number of peers, and
+a pull's reply is scattered into the caller's output array here, while the caller
+computes.  The thread also sends the heartbeats and takes the scheduler's notifications
+(``NODE_LOST`` fails the requests open to that node; ``STOP`` closes the client).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import zmq
+
+from paramserver.config import Config
+from paramserver.errors import ClosedError, NodeLostError
+from paramserver.wire.message import Message, Op, decode, encode
+from paramserver.wire.sockets import connect_dealer, send
+
+logger = logging.getLogger(__name__)
+
+OnReply = Callable[[Message | None, BaseException | None], None]
+
+
+@dataclass
+class _Call:
+    address: str
+    on_reply: OnReply
+
+
+class IOThread(threading.Thread):
+    """Background thread owning a DEALER to the scheduler and one to each server."""
+
+    def __init__(self, config: Config):
+        super().__init__(name="paramserver-io", daemon=True)
+        self.config = config
+        self.ctx = zmq.Context.instance()
+        self._ids = itertools.count(1)
+        self._queue: collections.deque[tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None]] = \
+            collections.deque()
+        self._lock = threading.Lock()
+        wake_addr = f"inproc://paramserver-wake-{id(self)}"
+        self._wake_recv = self.ctx.socket(zmq.PAIR)
+        self._wake_recv.bind(wake_addr)
+        self._wake_send = self.ctx.socket(zmq.PAIR)
+        self._wake_send.connect(wake_addr)
+        self._peers: dict[str, zmq.Socket] = {}
+        self._by_socket: dict[zmq.Socket, str] = {}
+        self._pending: dict[int, _Call] = {}
+        self._closed = threading.Event()
+        self.notifications: list[Callable[[Message], None]] = []
+        self.scheduler = config.scheduler
+        self._peer(self.scheduler)
+        self._heartbeats = False
+
+    # ---- called from any thread ----------------------------------------------------
+    def submit(self, address: str, header: dict[str, Any], arrays: Sequence[np.ndarray] = (),
+               on_reply: OnReply | None = None) -> None:
+        """Send ``header`` + ``arrays`` to ``address``; ``on_reply(msg, exc)`` gets the answer."""
+        if self._closed.is_set():
+            raise ClosedError("the client is closed; create a new one")
+        with self._lock:
+            self._queue.append((address, header, arrays, on_reply))
+            self._wake_send.send(b"", zmq.NOBLOCK)
+
+    def start_heartbeats(self) -> None:
+        self._heartbeats = True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._lock:
+            self._wake_send.send(b"", zmq.NOBLOCK)
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout_s)
+
+    # ---- the thread ----------------------------------------------------------------
+    def _peer(self, address: str) -> zmq.Socket:
+        sock = self._peers.get(address)
+        if sock is None:
+            sock = connect_dealer(self.ctx, address, self.config.max_message_bytes)
+            self._peers[address] = sock
+            self._by_socket[sock] = address
+        return sock
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_recv, zmq.POLLIN)
+        registered: set[zmq.Socket] = set()
+        next_beat = time.monotonic()
+        try:
+            while not self._closed.is_set():
+                for sock in self._peers.values():
+                    if sock not in registered:
+                        poller.register(sock, zmq.POLLIN)
+                        registered.add(sock)
+                timeout_ms = max(0, int((next_beat - time.monotonic()) * 1000))
+                for sock, _ in poller.poll(timeout_ms if self._heartbeats else 1000):
+                    if sock is self._wake_recv:
+                        self._drain_wakeups()
+                        self._send_queued()
+                    else:
+                        self._receive(sock)
+                if self._heartbeats and time.monotonic() >= next_beat:
+                    send(self._peers[self.scheduler], encode({"op": Op.HEARTBEAT.value}))
+                    next_beat = time.monotonic() + self.config.heartbeat_interval_s
+        except Exception:  # pragma: no cover - a bug here must not hang callers
+            logger.exception("client I/O thread failed")
+        finally:
+            self._closed.set()
+            self._fail_all(ClosedError("the client was closed with this request in flight"))
+            for sock in (*self._peers.values(), self._wake_recv, self._wake_send):
+                sock.close(linger=0)
+
+    def _drain_wakeups(self) -> None:
+        while True:
+            try:
+                self._wake_recv.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def _send_queued(self) -> None:
+        while self._queue:
+            address, header, arrays, on_reply = self._queue.popleft()
+            request_id = next(self._ids)
+            try:
+                frames = encode({**header, "id": request_id}, arrays)
+                send(self._peer(address), frames)
+            except Exception as exc:
+                if on_reply:
+                    on_reply(None, exc)
+                continue
+            if on_reply is not None:
+                self._pending[request_id] = _Call(address, on_reply)
+
+    def _receive(self, sock: zmq.Socket) -> None:
+        for _ in range(64):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = decode(frames, self.config.max_message_bytes)
+            except Exception:
+                logger.exception("undecodable message from %s", self._by_socket.get(sock))
+                continue
+            call = self._pending.pop(msg.id, None) if isinstance(msg.id, int) else None
+            if call is not None:
+                self._deliver(call, msg, None)
+            elif msg.op in (Op.NODE_LOST, Op.STOP, Op.RING, Op.ERROR):
+                self._notify(msg)
+
+    def _deliver(self, call: _Call, msg: Message | None, exc: BaseException | None) -> None:
+        try:
+            call.on_reply(msg, exc)
+        except Exception:
+            logger.exception("reply callback failed")
+
+    def _notify(self, msg: Message) -> None:
+        if msg.op is Op.NODE_LOST:
+            lost = msg.header.get("address")
+            err = NodeLostError(f"{msg.header.get('role')} {msg.header.get('node_id')} at {lost} "
+                                "died (missed its heartbeat deadline) with this request in flight")
+            for rid, call in list(self._pending.items()):
+                if call.address == lost:
+                    del self._pending[rid]
+                    self._deliver(call, None, err)
+        elif msg.op is Op.STOP:
+            logger.info("the scheduler stopped the cluster")
+            self._closed.set()
+        for fn in self.notifications:
+            fn(msg)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        pending, self._pending = self._pending, {}
+        for call in pending.values():
+            self._deliver(call, None, exc)
+        while self._queue:
+            _, _, _, on_reply = self._queue.popleft()
+            if on_reply:
+                on_reply(None, exc)

@@ -1,0 +1,257 @@
+"""``LocalCluster``: a scheduler, servers and workers as real processes on 127.0.0.1.
+
+The embedded default backend.  Every node is started with the same command a user
+would type (``python -m paramserver scheduler|server|worker ...``); ports are chosen by
+the OS; everything started is stopped on exit, by request first, then by signal.
+
+Example:
+    >>> def train(client):                                         # doctest: +SKIP
+    ...     client.push("w", [1, 2], [[1.0], [1.0]]).result()
+    ...     return client.rank
+    >>> with LocalCluster(servers=2, workers=2) as cluster:          # doctest: +SKIP
+    ...     cluster.client.create_table("w", dim=1)
+    ...     cluster.run(train)
+    [0, 1]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable
+
+import cloudpickle
+
+from paramserver.client.client import Client
+from paramserver.errors import ClosedError, ConnectError, WorkerError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: str
+    to_child: Connection | None = None
+    from_child: Connection | None = None
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class LocalCluster:
+    """Start a cluster of processes; use as a context manager.
+
+    Args:
+        servers: number of server processes.
+        workers: number of worker processes that ``run`` sends functions to.
+        vnodes_per_server: ring vnodes per server.
+        heartbeat_interval_s, heartbeat_timeout_s: failure detection.
+        startup_timeout_s: how long to wait for every node to register.
+        log_level: level of the nodes' logs (written to ``log_dir``).
+        log_dir: where node logs go (default: a temporary folder removed on exit).
+    """
+
+    def __init__(self, servers: int = 1, workers: int = 0, *, vnodes_per_server: int = 64,
+                 heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 5.0,
+                 startup_timeout_s: float = 60.0, log_level: str = "INFO", log_dir: str | None = None):
+        if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+            raise ValueError(f"servers must be an int >= 1, got {servers!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+        self.n_servers, self.n_workers = servers, workers
+        self.vnodes_per_server = vnodes_per_server
+        self.heartbeat_interval_s, self.heartbeat_timeout_s = heartbeat_interval_s, heartbeat_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.log_level = log_level
+        self._own_dir = log_dir is None
+        self.log_dir = log_dir or ""
+        self.procs: dict[str, _Proc] = {}
+        self.address = ""
+        self._client: Client | None = None
+        self._closed = False
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+        else:
+            self.log_dir = tempfile.mkdtemp(prefix="paramserver-")
+        try:
+            addr_file = os.path.join(self.log_dir, "scheduler.addr")
+            self._spawn("scheduler", ["scheduler", "--servers", str(self.n_servers),
+                                      "--workers", str(self.n_workers),
+                                      "--vnodes-per-server", str(self.vnodes_per_server),
+                                      "--address-file", addr_file])
+            self.address = self._wait_for_file(addr_file, self.procs["scheduler"])
+            for i in range(self.n_servers):
+                self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
+            for i in range(self.n_workers):
+                self._spawn_worker(i)
+            self._client = Client(self.address, role="driver", connect_timeout_s=self.startup_timeout_s)
+        except BaseException as exc:
+            logs = "\n".join(f"--- {p.name} (exit {p.popen.poll()}):\n{p.tail()}" for p in self.procs.values())
+            self.stop()
+            if isinstance(exc, (ConnectError, TimeoutError)):
+                raise ConnectError(f"local cluster did not start: {exc}\n{logs}") from exc
+            raise
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env["PARAMSERVER_HEARTBEAT_INTERVAL_S"] = str(self.heartbeat_interval_s)
+        env["PARAMSERVER_HEARTBEAT_TIMEOUT_S"] = str(self.heartbeat_timeout_s)
+        env["PARAMSERVER_CONNECT_TIMEOUT_S"] = str(self.startup_timeout_s)
+        env["PARAMSERVER_LOG_LEVEL"] = self.log_level
+        return env
+
+    def _spawn(self, name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> _Proc:
+        log_path = os.path.join(self.log_dir, f"{name}.log")
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen([sys.executable, "-m", "paramserver", *args], env=self._env(),
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     pass_fds=pass_fds, start_new_session=True)
+        proc = _Proc(name, popen, log_path)
+        self.procs[name] = proc
+        return proc
+
+    def _spawn_worker(self, i: int) -> None:
+        down_r, down_w = os.pipe()
+        up_r, up_w = os.pipe()
+        try:
+            proc = self._spawn(f"worker-{i}", ["worker", "--scheduler", self.address,
+                                               "--control-fds", f"{down_r},{up_w}"],
+                               pass_fds=(down_r, up_w))
+        finally:
+            os.close(down_r)
+            os.close(up_w)
+        proc.to_child, proc.from_child = Connection(down_w, readable=False), Connection(up_r, writable=False)
+
+    def _wait_for_file(self, path: str, proc: _Proc) -> str:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if os.path.exists(path):
+                with open(path) as f:
+                    return f.read().strip()
+            if proc.popen.poll() is not None:
+                raise ConnectError(f"{proc.name} exited with code {proc.popen.returncode}")
+            time.sleep(0.02)  # polling a file the child writes atomically; bounded above
+        raise ConnectError(f"{proc.name} did not report its address within {self.startup_timeout_s:g} s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop every process: ask the scheduler, then SIGTERM, then SIGKILL."""
+        if self._closed:
+            return
+        self._closed = True
+        for proc in self.procs.values():
+            if proc.to_child is not None:
+                proc.to_child.close()  # EOF: the worker finishes and leaves
+        if self._client is not None:
+            try:
+                self._client.shutdown_cluster()
+            except Exception as exc:
+                logger.debug("shutdown request failed: %s", exc)
+            self._client.close()
+        deadline = time.monotonic() + timeout_s
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            for proc in self.procs.values():
+                if proc.popen.poll() is None and sig is not None:
+                    proc.popen.send_signal(sig)
+            for proc in self.procs.values():
+                try:
+                    proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()) if sig is None else 5)
+                except subprocess.TimeoutExpired:
+                    pass
+            if all(p.popen.poll() is not None for p in self.procs.values()):
+                break
+        for proc in self.procs.values():
+            if proc.from_child is not None:
+                proc.from_child.close()
+        if self._own_dir and self.log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    # ---- use ---------------------------------------------------------------------------
+    @property
+    def client(self) -> Client:
+        """A driver client of this cluster (create tables, inspect, pull results)."""
+        if self._closed or self._client is None:
+            raise ClosedError("the cluster is stopped")
+        return self._client
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
+        """Run ``fn(client, *args)`` on every worker; return the results by worker start order.
+
+        Raises:
+            WorkerError: a worker raised (the remote traceback is in the message) or died.
+        """
+        workers = [p for p in self.procs.values() if p.from_child is not None]
+        if not workers:
+            raise WorkerError("this cluster has no workers: LocalCluster(workers=N) with N >= 1")
+        payload = cloudpickle.dumps((fn, args))
+        for proc in workers:
+            assert proc.to_child is not None
+            proc.to_child.send_bytes(payload)
+        results: dict[str, Any] = {}
+        errors: list[str] = []
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        waiting = {p.from_child: p for p in workers}
+        while waiting:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait(list(waiting), timeout=left)
+            if not ready:
+                raise WorkerError(f"{sorted(p.name for p in waiting.values())} did not finish "
+                                  f"within {timeout_s} s")
+            for conn in ready:
+                proc = waiting.pop(conn)  # type: ignore[arg-type]
+                try:
+                    status, value = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
+                except EOFError:
+                    proc.popen.wait(5)
+                    errors.append(f"{proc.name} died (exit code {proc.popen.returncode})\n{proc.tail()}")
+                    continue
+                if status == "ok":
+                    results[proc.name] = value
+                else:
+                    errors.append(f"{proc.name} raised:\n{value}")
+        if errors:
+            raise WorkerError("\n".join(errors))
+        return [results[p.name] for p in workers]
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to one node (``"server-0"``, ``"worker-1"``): fault injection."""
+        if name not in self.procs:
+            raise KeyError(f"no process {name!r} (have {sorted(self.procs)})")
+        self.procs[name].popen.send_signal(sig)
+
+
+def run(fn: Callable[..., Any], *args: Any, servers: int = 1, workers: int = 1,
+        setup: Callable[[Client], Any] | None = None, **cluster_kw: Any) -> list[Any]:
+    """Run ``fn(client, *args)`` on every worker of a fresh local cluster; return the results.
+
+    Args:
+        setup: called with a driver client before the workers start (create tables here).
+    """
+    with LocalCluster(servers=servers, workers=workers, **cluster_kw) as cluster:
+        if setup is not None:
+            setup(cluster.client)
+        return cluster.run(fn, *args)

@@ -1,0 +1,72 @@
+"""What a worker process does: connect a client, then run user functions with it.
+
+Two modes: ``--fn module:function`` runs one function and exits (the launcher seam for
+Ray or Kubernetes); ``--control-fds R,W`` (used by ``LocalCluster``) takes functions,
+cloudpickled by the parent process, from a pipe until it closes.  The pipe connects a
+parent to the child it started itself; nothing from the network is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+import cloudpickle
+
+from paramserver.client.client import Client
+from paramserver.config import Config
+from paramserver.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """``"package.module:function"`` → the function."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--fn must look like package.module:function, got {spec!r}")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--fn {spec!r}: {exc}") from None
+    if not callable(fn):
+        raise ConfigError(f"--fn {spec!r} is not callable")
+    return fn
+
+
+def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
+    """Run ``fn(client, *args)`` for each payload on ``read_fd`` until EOF."""
+    down, up = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    while True:
+        try:
+            payload = down.recv_bytes()
+        except EOFError:
+            return
+        try:
+            fn, args = cloudpickle.loads(payload)
+            answer = ("ok", fn(client, *args))
+        except BaseException:  # report everything, including SystemExit, to the parent
+            answer = ("error", traceback.format_exc())
+        try:
+            data = cloudpickle.dumps(answer)
+        except Exception as exc:
+            data = cloudpickle.dumps(("error", f"the function's result cannot be pickled: {exc}"))
+        up.send_bytes(data)
+
+
+def main(config: Config, fn: str | None, control_fds: str | None) -> int:
+    with Client(config=config, role="worker") as client:
+        logger.info("worker rank %d (node %d) connected", client.rank, client.node_id)
+        if control_fds:
+            r, w = (int(x) for x in control_fds.split(","))
+            serve_functions(client, r, w)
+        elif fn:
+            result = load_function(fn)(client)
+            if result is not None:
+                print(result, flush=True)
+        else:
+            raise ConfigError("a worker needs --fn package.module:function to run")
+    return 0

@@ -1,0 +1,82 @@
+"""Node configuration: defaults < ``PARAMSERVER_*`` environment < explicit arguments.
+
+Every environment variable paramserver reads is in ``ENV`` below; the CLI flags have the
+same names (``PARAMSERVER_HEARTBEAT_INTERVAL_S`` is ``--heartbeat-interval-s``).  This
+is the seam launchers use: a Ray actor or a Kubernetes pod sets the variables and runs
+``paramserver server``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from paramserver.errors import ConfigError
+
+#: variable -> (Config field, help)
+ENV: dict[str, tuple[str, str]] = {
+    "PARAMSERVER_SCHEDULER": ("scheduler", "scheduler address, e.g. tcp://10.0.0.5:7000"),
+    "PARAMSERVER_HOST": ("host", "interface a scheduler or server binds (default 127.0.0.1)"),
+    "PARAMSERVER_PORT": ("port", "port a scheduler or server binds (0: the OS picks)"),
+    "PARAMSERVER_NUM_SERVERS": ("servers", "servers the scheduler waits for before forming the ring"),
+    "PARAMSERVER_NUM_WORKERS": ("workers", "workers a barrier waits for (0: whoever registered)"),
+    "PARAMSERVER_VNODES_PER_SERVER": ("vnodes_per_server", "ring vnodes per initial server"),
+    "PARAMSERVER_HEARTBEAT_INTERVAL_S": ("heartbeat_interval_s", "seconds between heartbeats"),
+    "PARAMSERVER_HEARTBEAT_TIMEOUT_S": ("heartbeat_timeout_s", "silence after which a node is dead"),
+    "PARAMSERVER_CONNECT_TIMEOUT_S": ("connect_timeout_s", "how long a node tries to reach the scheduler"),
+    "PARAMSERVER_MAX_MESSAGE_BYTES": ("max_message_bytes", "largest message a node accepts"),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    scheduler: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0
+    servers: int = 1
+    workers: int = 0
+    vnodes_per_server: int = 64
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 10.0
+    connect_timeout_s: float = 30.0
+    max_message_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        for name, lo in (("port", 0), ("servers", 1), ("workers", 0), ("vnodes_per_server", 1),
+                         ("max_message_bytes", 1024)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"{name} must be an int >= {lo}, got {v!r}")
+        if self.port > 65535:
+            raise ConfigError(f"port must be <= 65535, got {self.port}")
+        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"{name} must be a number > 0, got {v!r}")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ConfigError(f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed "
+                              f"heartbeat_interval_s ({self.heartbeat_interval_s}); try 10x")
+        if self.scheduler and "://" not in self.scheduler:
+            raise ConfigError(f"scheduler address must look like tcp://HOST:PORT, got {self.scheduler!r}")
+
+
+def load_config(**overrides: Any) -> Config:
+    """Defaults, then ``PARAMSERVER_*`` variables, then ``overrides`` that are not None."""
+    types = {f.name: f.type for f in fields(Config)}
+    values: dict[str, Any] = {}
+    for var, (name, _) in ENV.items():
+        raw = os.environ.get(var)
+        if raw is None or raw == "":
+            continue
+        kind = {"int": int, "float": float}.get(str(types[name]), str)
+        try:
+            values[name] = kind(raw)
+        except ValueError:
+            raise ConfigError(f"{var}={raw!r} is not a valid {kind.__name__}") from None
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = set(values) - set(types)
+    if unknown:
+        raise ConfigError(f"unknown config keys {sorted(unknown)} (known: {sorted(types)})")
+    return replace(Config(), **values)

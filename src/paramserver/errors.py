@@ -1,0 +1,60 @@
+"""Every error paramserver raises, and what each one means.
+
+    ParamServerError            root: catch this to catch everything below
+    ├── ConfigError             bad user input (a value breaks a rule); also a ValueError
+    ├── UnknownTableError       a table name no one created; also a KeyError
+    ├── ClosedError             *you* closed the client or cluster, then used it
+    ├── ConnectError            a node could not reach the scheduler within its timeout
+    ├── NodeLostError           a peer died (heartbeat deadline missed) with requests open
+    ├── RemoteError             a peer answered a request with an error reply
+    │   └── ProtocolError       ... because the request was malformed (bad op, dtype, size)
+    ├── StaleEpochError         a server no longer owns a vnode at the request's epoch
+    └── WorkerError             a user function raised on a worker; carries its traceback
+
+Messages give the value, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+
+class ParamServerError(Exception):
+    """Root of every paramserver error."""
+
+
+class ConfigError(ParamServerError, ValueError):
+    """A configuration or argument value breaks a rule."""
+
+
+class UnknownTableError(ParamServerError, KeyError):
+    """The table does not exist (it was never created, or was dropped)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ClosedError(ParamServerError):
+    """The object was closed by its owner and cannot be used any more."""
+
+
+class ConnectError(ParamServerError):
+    """A node could not reach the scheduler within its connect timeout."""
+
+
+class NodeLostError(ParamServerError):
+    """A peer node died while requests to it were outstanding."""
+
+
+class RemoteError(ParamServerError):
+    """A peer answered with an error reply."""
+
+
+class ProtocolError(RemoteError):
+    """A message broke the wire protocol (see docs/protocol.md)."""
+
+
+class StaleEpochError(ParamServerError):
+    """A request was routed with a ring epoch that no longer holds."""
+
+
+class WorkerError(ParamServerError):
+    """A user function failed on a worker; ``str()`` holds the remote traceback."""

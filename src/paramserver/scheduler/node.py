@@ -1,0 +1,291 @@
+"""The scheduler: membership, heartbeats, the ring, tables, barriers, shutdown.
+
+Every other node connects a DEALER to the scheduler's ROUTER, so the scheduler can both
+answer requests and push notifications (``RING``, ``NODE_LOST``, ``STOP``, table
+commands to servers) to any node by its identity.  One thread, one poll loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import zmq
+
+from paramserver.config import Config
+from paramserver.errors import ConfigError, ParamServerError, ProtocolError
+from paramserver.routing.ring import Ring
+from paramserver.spec import TableSpec
+from paramserver.wire.message import Message, Op, decode, encode, error_reply, field as hfield, reply
+from paramserver.wire.sockets import bind_router, send
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("server", "worker", "driver")
+
+
+@dataclass
+class NodeInfo:
+    id: int
+    role: str
+    identity: bytes
+    address: str
+    last_seen: float
+    rank: int = -1
+
+
+@dataclass
+class _TableOp:
+    """A create/drop forwarded to every server, answered once all have acked."""
+
+    requester: bytes
+    request_id: Any
+    waiting: set[int]
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+class SchedulerNode:
+    """Runs the scheduler loop until ``SHUTDOWN``.
+
+    Args:
+        config: ``servers`` (how many to wait for before forming the ring), ``workers``
+            (barrier size; 0 = whoever registered), heartbeat and bind settings.
+        on_ready: called with the bound address once the socket is listening.
+    """
+
+    def __init__(self, config: Config, on_ready: Callable[[str], None] | None = None):
+        self.config = config
+        self.ctx = zmq.Context.instance()
+        self.sock, self.address = bind_router(self.ctx, config.host, config.port, config.max_message_bytes)
+        self.nodes: dict[int, NodeInfo] = {}
+        self.by_identity: dict[bytes, int] = {}
+        self.ring: Ring | None = None
+        self.tables: dict[str, TableSpec] = {}
+        self.parked_workers: list[tuple[bytes, Message, NodeInfo]] = []
+        self.barrier: list[tuple[bytes, Any, int]] = []
+        self.table_ops: dict[int, _TableOp] = {}
+        self._next_id = 1
+        self._next_rank = 0
+        self._op_seq = 0
+        self._running = True
+        self.handlers = {
+            Op.REGISTER: self.on_register,
+            Op.HEARTBEAT: self.on_heartbeat,
+            Op.LEAVE: self.on_leave,
+            Op.CREATE_TABLE: self.on_create_table,
+            Op.DROP_TABLE: self.on_drop_table,
+            Op.TABLE_INFO: self.on_table_info,
+            Op.BARRIER: self.on_barrier,
+            Op.SHUTDOWN: self.on_shutdown,
+            Op.OK: self.on_ack,
+            Op.ERROR: self.on_ack,
+        }
+        logger.info("scheduler listening at %s, waiting for %d server(s)", self.address, config.servers)
+        if on_ready:
+            on_ready(self.address)
+
+    # ---- loop --------------------------------------------------------------------------
+    def run(self) -> None:
+        poll_ms = int(min(self.config.heartbeat_interval_s, 1.0) * 1000)
+        try:
+            while self._running:
+                if self.sock.poll(poll_ms):
+                    while self._running and self.sock.poll(0):
+                        self._handle(self.sock.recv_multipart(copy=False))
+                self._check_heartbeats(time.monotonic())
+        finally:
+            self.sock.close(linger=0)
+
+    def _handle(self, frames: list[zmq.Frame]) -> None:
+        identity, body = frames[0].bytes, frames[1:]
+        request_id = None
+        try:
+            msg = decode(body, self.config.max_message_bytes)
+            request_id = msg.id
+            node_id = self.by_identity.get(identity)
+            if node_id is not None:
+                self.nodes[node_id].last_seen = time.monotonic()
+            handler = self.handlers.get(msg.op)
+            if handler is None:
+                raise ProtocolError(f"the scheduler does not serve op {msg.op.value!r}")
+            handler(identity, msg)
+        except ParamServerError as exc:
+            request_id = getattr(exc, "request_id", request_id)
+            code = "protocol" if isinstance(exc, ProtocolError) else "config"
+            logger.warning("bad request from %r: %s", identity, exc)
+            send(self.sock, error_reply(request_id, code, str(exc)), identity)
+        except Exception as exc:  # a bug must not take the cluster down
+            logger.exception("scheduler failed on a request from %r", identity)
+            send(self.sock, error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"), identity)
+
+    def _notify(self, node: NodeInfo, header: dict[str, Any]) -> None:
+        send(self.sock, encode(header), node.identity)
+
+    # ---- membership --------------------------------------------------------------------
+    def on_register(self, identity: bytes, msg: Message) -> None:
+        role = hfield(msg, "role", str)
+        if role not in ROLES:
+            raise ProtocolError(f"role must be one of {ROLES}, got {role!r}")
+        address = msg.header.get("address") or ""
+        if role == "server" and not address:
+            raise ProtocolError("a server must register with its address")
+        if role == "server" and self.ring is not None:
+            raise ConfigError(f"the ring already has its {self.config.servers} server(s); "
+                              "start servers before workers (live joins come with elastic servers)")
+        node = NodeInfo(self._next_id, role, identity, address, time.monotonic())
+        self._next_id += 1
+        if role == "worker":
+            node.rank, self._next_rank = self._next_rank, self._next_rank + 1
+        self.nodes[node.id] = node
+        self.by_identity[identity] = node.id
+        logger.info("%s %d registered (%s)", role, node.id, address or identity.hex())
+        if role == "server":
+            send(self.sock, reply(msg, node_id=node.id), identity)
+            if sum(n.role == "server" for n in self.nodes.values()) == self.config.servers:
+                self._form_ring()
+        elif self.ring is None:
+            self.parked_workers.append((identity, msg, node))
+        else:
+            self._welcome(identity, msg, node)
+
+    def _cluster_view(self) -> dict[str, Any]:
+        assert self.ring is not None
+        return {
+            "ring": self.ring.to_wire(),
+            "servers": {str(n.id): n.address for n in self.nodes.values() if n.role == "server"},
+            "tables": {name: spec.to_wire() for name, spec in self.tables.items()},
+        }
+
+    def _form_ring(self) -> None:
+        servers = sorted(n.id for n in self.nodes.values() if n.role == "server")
+        self.ring = Ring.create(servers, self.config.vnodes_per_server)
+        logger.info("ring formed: epoch %d, %d vnodes over servers %s",
+                    self.ring.epoch, self.ring.n_vnodes, servers)
+        view = self._cluster_view()
+        for node in self.nodes.values():
+            if node.role == "server":
+                self._notify(node, {"op": Op.RING.value, **view})
+        for identity, msg, node in self.parked_workers:
+            self._welcome(identity, msg, node)
+        self.parked_workers.clear()
+
+    def _welcome(self, identity: bytes, msg: Message, node: NodeInfo) -> None:
+        send(self.sock, reply(msg, node_id=node.id, rank=node.rank,
+                              num_workers=self._barrier_size(), **self._cluster_view()), identity)
+
+    def on_heartbeat(self, identity: bytes, msg: Message) -> None:
+        if identity not in self.by_identity:  # e.g. declared dead, then came back
+            self.sock.send_multipart([identity, *encode({"op": Op.ERROR.value, "id": None,
+                                                         "code": "unknown_node",
+                                                         "error": "not registered (declared dead?)"})])
+
+    def on_leave(self, identity: bytes, msg: Message) -> None:
+        node_id = self.by_identity.get(identity)
+        send(self.sock, reply(msg), identity)
+        if node_id is not None:
+            self._remove(node_id, "left")
+
+    def _check_heartbeats(self, now: float) -> None:
+        deadline = now - self.config.heartbeat_timeout_s
+        for node in [n for n in self.nodes.values() if n.last_seen < deadline]:
+            logger.warning("%s %d missed its heartbeat deadline (%.1f s): declared dead",
+                           node.role, node.id, self.config.heartbeat_timeout_s)
+            self._remove(node.id, "dead")
+
+    def _remove(self, node_id: int, why: str) -> None:
+        node = self.nodes.pop(node_id)
+        self.by_identity.pop(node.identity, None)
+        self.parked_workers = [p for p in self.parked_workers if p[2].id != node_id]
+        self.barrier = [b for b in self.barrier if b[2] != node_id]
+        logger.info("%s %d removed (%s)", node.role, node_id, why)
+        if why == "dead":
+            for other in self.nodes.values():
+                self._notify(other, {"op": Op.NODE_LOST.value, "node_id": node_id,
+                                     "role": node.role, "address": node.address})
+        for op_id, op in list(self.table_ops.items()):
+            op.waiting.discard(node_id)
+            self._maybe_finish_table_op(op_id)
+        self._maybe_release_barrier()
+
+    # ---- tables ------------------------------------------------------------------------
+    def _forward_to_servers(self, identity: bytes, msg: Message, header: dict[str, Any]) -> None:
+        self._op_seq += 1
+        servers = [n for n in self.nodes.values() if n.role == "server"]
+        self.table_ops[self._op_seq] = _TableOp(identity, msg.id, {n.id for n in servers})
+        for node in servers:
+            self._notify(node, {**header, "id": self._op_seq})
+        self._maybe_finish_table_op(self._op_seq)
+
+    def on_create_table(self, identity: bytes, msg: Message) -> None:
+        spec = TableSpec.from_wire(msg.header.get("spec"))
+        old = self.tables.get(spec.name)
+        if old is not None:
+            if old != spec:
+                raise ConfigError(f"table {spec.name!r} exists with a different spec "
+                                  f"({old.to_wire()}); drop it first or use another name")
+            send(self.sock, reply(msg, spec=spec.to_wire()), identity)
+            return
+        if self.ring is None:
+            raise ConfigError("the ring is not formed yet: wait for all servers to register")
+        self.tables[spec.name] = spec
+        logger.info("table %r created: %s", spec.name, spec.to_wire())
+        self._forward_to_servers(identity, msg, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()})
+
+    def on_drop_table(self, identity: bytes, msg: Message) -> None:
+        name = hfield(msg, "name", str)
+        if self.tables.pop(name, None) is None:
+            raise ConfigError(f"no table {name!r} to drop (tables: {sorted(self.tables)})")
+        logger.info("table %r dropped", name)
+        self._forward_to_servers(identity, msg, {"op": Op.DROP_TABLE.value, "name": name})
+
+    def on_table_info(self, identity: bytes, msg: Message) -> None:
+        send(self.sock, reply(msg, tables={n: s.to_wire() for n, s in self.tables.items()}), identity)
+
+    def on_ack(self, identity: bytes, msg: Message) -> None:
+        op = self.table_ops.get(msg.id) if isinstance(msg.id, int) else None
+        node_id = self.by_identity.get(identity)
+        if op is None or node_id is None:
+            return
+        if msg.op is Op.ERROR:
+            logger.error("server %d failed a table command: %s", node_id, msg.header.get("error"))
+            op.result.setdefault("error", msg.header.get("error"))
+        op.waiting.discard(node_id)
+        self._maybe_finish_table_op(msg.id)
+
+    def _maybe_finish_table_op(self, op_id: int) -> None:
+        op = self.table_ops[op_id]
+        if op.waiting:
+            return
+        del self.table_ops[op_id]
+        if "error" in op.result:
+            send(self.sock, error_reply(op.request_id, "server", str(op.result["error"])), op.requester)
+        else:
+            send(self.sock, encode({"op": Op.OK.value, "id": op.request_id}), op.requester)
+
+    # ---- barrier and shutdown ----------------------------------------------------------
+    def _barrier_size(self) -> int:
+        live = sum(n.role == "worker" for n in self.nodes.values())
+        return max(live, self.config.workers) if self._next_rank < self.config.workers else live
+
+    def on_barrier(self, identity: bytes, msg: Message) -> None:
+        node_id = self.by_identity.get(identity)
+        if node_id is None or self.nodes[node_id].role != "worker":
+            raise ConfigError("only registered workers take part in barriers")
+        self.barrier.append((identity, msg.id, node_id))
+        self._maybe_release_barrier()
+
+    def _maybe_release_barrier(self) -> None:
+        if self.barrier and len({b[2] for b in self.barrier}) >= self._barrier_size():
+            for identity, request_id, _ in self.barrier:
+                send(self.sock, encode({"op": Op.OK.value, "id": request_id}), identity)
+            self.barrier.clear()
+
+    def on_shutdown(self, identity: bytes, msg: Message) -> None:
+        logger.info("shutdown requested: stopping %d node(s)", len(self.nodes))
+        for node in self.nodes.values():
+            if node.identity != identity:
+                self._notify(node, {"op": Op.STOP.value})
+        send(self.sock, reply(msg), identity)
+        self._running = False

@@ -1,0 +1,253 @@
+"""A server: owns vnodes of the ring and, per table, one ``VnodeTable`` per owned vnode.
+
+Data requests (``PULL``, ``PUSH``, ``CLOCK``, ``STATS``) arrive on the server's ROUTER
+from workers' DEALERs; control (``RING``, table commands, ``STOP``) arrives on its DEALER
+to the scheduler.  One thread, one poll loop: a request is validated whole before any
+table is touched, so a malformed one changes nothing and gets an error reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from paramserver.config import Config
+from paramserver.errors import (ConnectError, ParamServerError, ProtocolError, StaleEpochError,
+                                UnknownTableError)
+from paramserver.routing.ring import Ring
+from paramserver.server.table import VnodeTable
+from paramserver.spec import TableSpec
+from paramserver.wire.message import Message, Op, decode, encode, error_reply, expect, field, reply
+from paramserver.wire.sockets import bind_router, connect_dealer, send
+
+logger = logging.getLogger(__name__)
+
+
+class ServerTable:
+    """One table's vnodes on this server."""
+
+    def __init__(self, spec: TableSpec, vnodes: np.ndarray):
+        self.spec = spec
+        self.vnodes: dict[int, VnodeTable] = {int(v): self._new() for v in vnodes}
+
+    def _new(self) -> VnodeTable:
+        return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed)
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self.vnodes.values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.vnodes.values())
+
+
+def _error_code(exc: ParamServerError) -> str:
+    if isinstance(exc, StaleEpochError):
+        return "stale_epoch"
+    if isinstance(exc, KeyError):
+        return "unknown_table"
+    return "protocol" if isinstance(exc, ProtocolError) else "error"
+
+
+class ServerNode:
+    """Registers with the scheduler, waits for the ring, then serves until ``STOP``."""
+
+    def __init__(self, config: Config):
+        if not config.scheduler:
+            raise ConnectError("no scheduler address: pass --scheduler tcp://HOST:PORT "
+                               "or set PARAMSERVER_SCHEDULER")
+        self.config = config
+        self.ctx = zmq.Context.instance()
+        self.router, self.address = bind_router(self.ctx, config.host, config.port,
+                                                config.max_message_bytes)
+        self.control = connect_dealer(self.ctx, config.scheduler, config.max_message_bytes)
+        self.node_id = -1
+        self.ring: Ring | None = None
+        self.tables: dict[str, ServerTable] = {}
+        self.clocks: dict[int, int] = {}
+        self._running = True
+        self.data_handlers = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
+                              Op.CLOCK: self.on_clock, Op.STATS: self.on_stats}
+        self.control_handlers = {Op.RING: self.on_ring, Op.CREATE_TABLE: self.on_create_table,
+                                 Op.DROP_TABLE: self.on_drop_table, Op.STOP: self.on_stop,
+                                 Op.NODE_LOST: self.on_node_lost, Op.OK: lambda m: None,
+                                 Op.ERROR: self.on_scheduler_error}
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def register(self) -> None:
+        """Register and wait for the scheduler's answer (``ConnectError`` on timeout)."""
+        send(self.control, encode({"op": Op.REGISTER.value, "id": 0, "role": "server",
+                                   "address": self.address, "pid": os.getpid()}))
+        deadline = time.monotonic() + self.config.connect_timeout_s
+        while time.monotonic() < deadline:
+            if self.control.poll(100):
+                msg = decode(self.control.recv_multipart(copy=False))
+                if msg.op is Op.ERROR:
+                    raise ConnectError(f"scheduler refused server: {msg.header.get('error')}")
+                self.node_id = int(msg.header["node_id"])
+                logger.info("server %d serving at %s", self.node_id, self.address)
+                return
+        raise ConnectError(f"server could not reach the scheduler at {self.config.scheduler} within "
+                           f"{self.config.connect_timeout_s:g} s: is it running, and is the address "
+                           "right? (--scheduler / PARAMSERVER_SCHEDULER)")
+
+    def run(self) -> None:
+        self.register()
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.control, zmq.POLLIN)
+        interval = self.config.heartbeat_interval_s
+        next_beat = time.monotonic() + interval
+        try:
+            while self._running:
+                timeout_ms = max(0, int((next_beat - time.monotonic()) * 1000))
+                ready = dict(poller.poll(timeout_ms))
+                if self.control in ready:
+                    while self._running and self.control.poll(0):
+                        self._handle_control(self.control.recv_multipart(copy=False))
+                if self.router in ready:
+                    for _ in range(64):  # bounded, so heartbeats and control keep flowing
+                        if not self._running or not self.router.poll(0):
+                            break
+                        self._handle_data(self.router.recv_multipart(copy=False))
+                if time.monotonic() >= next_beat:
+                    send(self.control, encode({"op": Op.HEARTBEAT.value}))
+                    next_beat = time.monotonic() + interval
+        finally:
+            self.router.close(linger=0)
+            self.control.close(linger=0)
+
+    # ---- dispatch ----------------------------------------------------------------------
+    def _handle_data(self, frames: list[zmq.Frame]) -> None:
+        identity, request_id = frames[0].bytes, None
+        try:
+            msg = decode(frames[1:], self.config.max_message_bytes)
+            request_id = msg.id
+            handler = self.data_handlers.get(msg.op)
+            if handler is None:
+                raise ProtocolError(f"a server does not serve op {msg.op.value!r} "
+                                    f"(serves {sorted(o.value for o in self.data_handlers)})")
+            send(self.router, handler(msg), identity)
+        except ParamServerError as exc:
+            request_id = getattr(exc, "request_id", request_id)
+            logger.debug("refused request %r: %s", request_id, exc)
+            send(self.router, error_reply(request_id, _error_code(exc), str(exc)), identity)
+        except Exception as exc:  # a bug must not kill the server: answer and keep serving
+            logger.exception("server %d failed on request %r", self.node_id, request_id)
+            send(self.router, error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"),
+                 identity)
+
+    def _handle_control(self, frames: list[zmq.Frame]) -> None:
+        request_id = None
+        try:
+            msg = decode(frames, self.config.max_message_bytes)
+            request_id = msg.id
+            handler = self.control_handlers.get(msg.op)
+            if handler is None:
+                raise ProtocolError(f"unexpected control op {msg.op.value!r}")
+            handler(msg)
+        except Exception as exc:
+            logger.exception("server %d: bad control message", self.node_id)
+            send(self.control, error_reply(request_id, "error", f"{type(exc).__name__}: {exc}"))
+
+    # ---- control -----------------------------------------------------------------------
+    def on_ring(self, msg: Message) -> None:
+        self.ring = Ring.from_wire(msg.header["ring"])
+        mine = self.ring.vnodes_of(self.node_id)
+        logger.info("server %d: ring epoch %d, %d vnode(s)", self.node_id, self.ring.epoch, mine.size)
+        for name, wire in msg.header.get("tables", {}).items():
+            if name not in self.tables:
+                self.tables[name] = ServerTable(TableSpec.from_wire(wire), mine)
+
+    def on_create_table(self, msg: Message) -> None:
+        spec = TableSpec.from_wire(msg.header["spec"])
+        if spec.name not in self.tables:
+            assert self.ring is not None
+            self.tables[spec.name] = ServerTable(spec, self.ring.vnodes_of(self.node_id))
+        send(self.control, reply(msg))
+
+    def on_drop_table(self, msg: Message) -> None:
+        self.tables.pop(field(msg, "name", str), None)
+        send(self.control, reply(msg))
+
+    def on_stop(self, msg: Message) -> None:
+        logger.info("server %d stopping", self.node_id)
+        self._running = False
+
+    def on_node_lost(self, msg: Message) -> None:
+        if msg.header.get("role") == "worker":
+            self.clocks.pop(int(msg.header["node_id"]), None)
+
+    def on_scheduler_error(self, msg: Message) -> None:
+        logger.error("server %d: scheduler says: %s", self.node_id, msg.header.get("error"))
+        if msg.header.get("code") == "unknown_node":
+            self._running = False  # declared dead: a zombie must not serve stale vnodes
+
+    # ---- data --------------------------------------------------------------------------
+    def _segments(self, msg: Message, n_keys: int, vnodes: np.ndarray, counts: np.ndarray):
+        """Validate routing fields; yield ``(VnodeTable, start, stop)`` per vnode segment."""
+        name = field(msg, "table", str)
+        table = self.tables.get(name)
+        if table is None:
+            raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(self.tables)})")
+        epoch = field(msg, "epoch", int)
+        assert self.ring is not None
+        if epoch != self.ring.epoch:
+            raise StaleEpochError(f"request routed at epoch {epoch}, ring is at {self.ring.epoch}")
+        if vnodes.shape != counts.shape or int(counts.sum()) != n_keys or (counts < 0).any():
+            raise ProtocolError(f"vnode counts (sum {int(counts.sum())}) do not cover the "
+                                f"{n_keys} keys")
+        stop = np.cumsum(counts)
+        segments = []
+        for v, a, b in zip(vnodes.tolist(), (stop - counts).tolist(), stop.tolist()):
+            vt = table.vnodes.get(v)
+            if vt is None:
+                raise StaleEpochError(f"server {self.node_id} does not own vnode {v} at epoch {epoch}")
+            segments.append((vt, a, b))
+        return table, segments
+
+    def on_pull(self, msg: Message) -> list[Any]:
+        keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        table, segments = self._segments(msg, keys.shape[0], vnodes, counts)
+        out = np.empty((keys.shape[0], table.spec.dim), np.float32)
+        for vt, a, b in segments:
+            vt.lookup(keys[a:b], out[a:b])
+        return reply(msg, [out])
+
+    def on_push(self, msg: Message) -> list[Any]:
+        keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
+                                             ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        table, segments = self._segments(msg, keys.shape[0], vnodes, counts)
+        if grads.shape != (keys.shape[0], table.spec.dim):
+            raise ProtocolError(f"push to {table.spec.name!r}: grads must have shape "
+                                f"({keys.shape[0]}, {table.spec.dim}), got {grads.shape}")
+        if not np.isfinite(grads).all():
+            raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
+        for vt, a, b in segments:
+            vt.apply(keys[a:b], grads[a:b])
+        return reply(msg)
+
+    def on_clock(self, msg: Message) -> list[Any]:
+        worker, clock = field(msg, "worker", int), field(msg, "clock", int)
+        self.clocks[worker] = max(clock, self.clocks.get(worker, 0))
+        return reply(msg)
+
+    def on_stats(self, msg: Message) -> list[Any]:
+        tables = {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.vnodes)}
+                  for name, t in self.tables.items()}
+        return reply(msg, node_id=self.node_id, tables=tables,
+                     clocks={str(k): v for k, v in self.clocks.items()}, rss_bytes=_rss_bytes())
+
+
+def _rss_bytes() -> int:
+    """Resident set size of this process (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

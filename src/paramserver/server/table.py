@@ -1,0 +1,220 @@
+"""The store of one (table, vnode): an open-addressing hash table uint64 key → float32 row.
+
+Layout (20 bytes a slot for a dim-1 FTRL table):
+
+* ``keys``: ``uint64[capacity]``, 0 marks an empty slot;
+* ``rows``: ``float32[capacity + 1, width]``, ``width = dim + state_width``; the extra
+  last row belongs to key 0, which therefore needs no sentinel trick: every uint64,
+  0 and 2**64 − 1 included, is a valid key.
+
+Linear probing from the slot given by the low 32 bits of ``hash64(key)`` (the high bits
+chose the vnode).  The load stays at most 7/8; growth is by 1.25× so that resident memory
+per key stays between 20/0.875 and 20/0.7 bytes (dim-1 FTRL), whatever the key count.
+Capacities are not powers of two (``slot_of_hash`` is a multiply-shift).
+
+Pulls never insert: a key not in the table reads as its deterministic initial value.
+Pushes insert (initial value + fresh state) then apply the optimiser.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from paramserver.routing.hashing import hash64, slot_of_hash
+from paramserver.server.optim import init_row, init_value, update_row
+
+MAX_LOAD = 0.875
+GROWTH = 1.25
+MIN_CAPACITY = 8
+# meta[0] = number of keys stored (key 0 included); meta[1] = 1 when key 0 is stored
+_COUNT, _HAS_ZERO = 0, 1
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _find(tkeys, meta, key):
+    """Slot of ``key``, or -1."""
+    cap = tkeys.shape[0]
+    if key == 0:
+        return cap if meta[_HAS_ZERO] else -1
+    s = slot_of_hash(hash64(key), cap)
+    while True:
+        k = tkeys[s]
+        if k == key:
+            return s
+        if k == 0:
+            return -1
+        s += 1
+        if s == cap:
+            s = 0
+
+
+@njit(nogil=True, cache=True)
+def _lookup(tkeys, rows, meta, keys, out, dim, ikind, ihp, seed):
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        s = _find(tkeys, meta, key)
+        if s >= 0:
+            for j in range(dim):
+                out[i, j] = rows[s, j]
+        else:
+            for j in range(dim):
+                out[i, j] = init_value(key, j, ikind, ihp, seed)
+
+
+@njit(nogil=True, cache=True)
+def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, okind, ohp, ikind, ihp, seed):
+    """Apply ``grads[start:]``; stop before a new key would push the count past ``limit``.
+
+    Returns the index of the first key not applied (``len(keys)`` when all were).
+    """
+    cap = tkeys.shape[0]
+    width = rows.shape[1]
+    for i in range(start, keys.shape[0]):
+        key = keys[i]
+        if key == 0:
+            s = cap
+            if not meta[_HAS_ZERO]:
+                if meta[_COUNT] >= limit:
+                    return i
+                meta[_HAS_ZERO] = 1
+                meta[_COUNT] += 1
+                init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed)
+        else:
+            s = slot_of_hash(hash64(key), cap)
+            while True:
+                k = tkeys[s]
+                if k == key:
+                    break
+                if k == 0:
+                    if meta[_COUNT] >= limit:
+                        return i
+                    tkeys[s] = key
+                    meta[_COUNT] += 1
+                    init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed)
+                    break
+                s += 1
+                if s == cap:
+                    s = 0
+        update_row(rows, s, grads, i, dim, okind, ohp)
+    return keys.shape[0]
+
+
+@njit(nogil=True, cache=True)
+def _rehash(old_keys, old_rows, new_keys, new_rows):
+    cap_old = old_keys.shape[0]
+    cap = new_keys.shape[0]
+    width = old_rows.shape[1]
+    for j in range(width):  # key 0 keeps the last row
+        new_rows[cap, j] = old_rows[cap_old, j]
+    for i in range(cap_old):
+        key = old_keys[i]
+        if key == 0:
+            continue
+        s = slot_of_hash(hash64(key), cap)
+        while new_keys[s] != 0:
+            s += 1
+            if s == cap:
+                s = 0
+        new_keys[s] = key
+        for j in range(width):
+            new_rows[s, j] = old_rows[i, j]
+
+
+@njit(nogil=True, cache=True)
+def _insert_rows(tkeys, rows, meta, keys, src_rows):
+    """Overwrite (or insert) whole rows: restore and migration. Capacity must suffice."""
+    cap = tkeys.shape[0]
+    width = rows.shape[1]
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        if key == 0:
+            s = cap
+            if not meta[_HAS_ZERO]:
+                meta[_HAS_ZERO] = 1
+                meta[_COUNT] += 1
+        else:
+            s = slot_of_hash(hash64(key), cap)
+            while tkeys[s] != 0 and tkeys[s] != key:
+                s += 1
+                if s == cap:
+                    s = 0
+            if tkeys[s] == 0:
+                tkeys[s] = key
+                meta[_COUNT] += 1
+        for j in range(width):
+            rows[s, j] = src_rows[i, j]
+
+
+class VnodeTable:
+    """Hash table of one (table, vnode).
+
+    Args:
+        dim: values per key.
+        optimizer: an ``Optimizer`` spec (fixes the state width and the update rule).
+        initializer: an ``Initializer`` spec.
+        seed: table seed; a key's initial row depends only on (seed, key).
+    """
+
+    def __init__(self, dim: int, optimizer, initializer, seed: int, capacity: int = MIN_CAPACITY):
+        self.dim = dim
+        self.width = dim + optimizer.state_width(dim)
+        self._okind, self._ohp = optimizer.kind, optimizer.params()
+        self._ikind, self._ihp = initializer.kind, initializer.params()
+        self._seed = np.uint64(seed)
+        self._meta = np.zeros(2, np.int64)
+        self._alloc(max(MIN_CAPACITY, capacity))
+
+    def _alloc(self, capacity: int) -> None:
+        self.keys = np.zeros(capacity, np.uint64)
+        self.rows = np.zeros((capacity + 1, self.width), np.float32)
+
+    def __len__(self) -> int:
+        return int(self._meta[_COUNT])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.keys.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.rows.nbytes)
+
+    def _limit(self) -> int:
+        return int(self.capacity * MAX_LOAD)  # < capacity: a probe always meets an empty slot
+
+    def _grow(self, needed: int) -> None:
+        cap = max(int(self.capacity * GROWTH) + 1, int(needed / MAX_LOAD) + 2)
+        old_keys, old_rows = self.keys, self.rows
+        self._alloc(cap)
+        _rehash(old_keys, old_rows, self.keys, self.rows)
+
+    def lookup(self, keys: np.ndarray, out: np.ndarray) -> None:
+        """``out[i] = row value of keys[i]`` (initial value for keys never pushed)."""
+        _lookup(self.keys, self.rows, self._meta, keys, out, self.dim, self._ikind, self._ihp, self._seed)
+
+    def apply(self, keys: np.ndarray, grads: np.ndarray) -> None:
+        """Apply one gradient row per key (keys should be unique; duplicates apply in turn)."""
+        i = 0
+        while True:
+            i = _apply(self.keys, self.rows, self._meta, keys, grads, i, self._limit(), self.dim,
+                       self._okind, self._ohp, self._ikind, self._ihp, self._seed)
+            if i == keys.shape[0]:
+                return
+            self._grow(len(self) + 1)
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """All stored keys and their full rows (value and state), in slot order."""
+        occupied = np.flatnonzero(self.keys)
+        keys, rows = self.keys[occupied], self.rows[occupied]
+        if self._meta[_HAS_ZERO]:
+            keys = np.append(keys, np.uint64(0))
+            rows = np.vstack([rows, self.rows[-1:]])
+        return keys, rows
+
+    def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Set whole rows (value and state) for ``keys``, inserting those not present."""
+        if len(self) + keys.shape[0] >= self._limit():
+            self._grow(len(self) + keys.shape[0])
+        _insert_rows(self.keys, self.rows, self._meta, np.ascontiguousarray(keys, np.uint64),
+                     np.ascontiguousarray(rows, np.float32))

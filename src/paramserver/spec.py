@@ -1,0 +1,68 @@
+"""``TableSpec``: what a table is (name, width, optimiser, initialiser, seed).
+
+Tables are named namespaces: several jobs can share one server group, each under its
+own table names.  A spec is validated when it is built and travels as a plain dict.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from paramserver.errors import ConfigError
+from paramserver.server.optim import FTRL, Initializer, Optimizer, Zeros
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table of uint64 keys → float32 rows of width ``dim``.
+
+    Args:
+        name: 1–128 characters from ``[A-Za-z0-9_.-/]``.
+        dim: values per key (1 for a linear model, k for an embedding).
+        optimizer: ``"sgd" | "adagrad" | "ftrl" | "adam"``, a dict with hyper-parameters
+            (``{"name": "ftrl", "alpha": 0.1}``) or a spec object such as ``FTRL(l1=2)``.
+        initializer: ``"zeros" | "normal" | "uniform"``, a dict, or a spec object.
+        seed: a key's initial row depends only on ``(seed, key)``.
+
+    Example:
+        >>> TableSpec("w", dim=1, optimizer={"name": "ftrl", "alpha": 0.1}).optimizer
+        FTRL(alpha=0.1, beta=1.0, l1=1.0, l2=0.0)
+    """
+
+    name: str
+    dim: int = 1
+    optimizer: Any = field(default="sgd")
+    initializer: Any = field(default="zeros")
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ConfigError(f"table name must match {_NAME.pattern}, got {self.name!r}")
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or not 1 <= self.dim <= 1 << 16:
+            raise ConfigError(f"table {self.name!r}: dim must be an int in [1, 65536], got {self.dim!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 1 << 64:
+            raise ConfigError(f"table {self.name!r}: seed must be an int in [0, 2**64), got {self.seed!r}")
+        opt = Optimizer.parse(self.optimizer)
+        init = Initializer.parse(self.initializer)
+        if isinstance(opt, FTRL) and not isinstance(init, Zeros):
+            raise ConfigError(f"table {self.name!r}: FTRL derives weights from its state (z, n), so "
+                              f"its initializer must be 'zeros', got {init.name!r}")
+        object.__setattr__(self, "optimizer", opt)
+        object.__setattr__(self, "initializer", init)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "dim": self.dim, "seed": self.seed,
+                "optimizer": self.optimizer.to_wire(), "initializer": self.initializer.to_wire()}
+
+    @classmethod
+    def from_wire(cls, d: Any) -> TableSpec:
+        if not isinstance(d, dict):
+            raise ConfigError(f"a table spec must be a map, got {d!r}")
+        extra = set(d) - {"name", "dim", "seed", "optimizer", "initializer"}
+        if extra:
+            raise ConfigError(f"unknown table spec fields {sorted(extra)}")
+        return cls(**d)

@@ -1,0 +1,179 @@
+"""Messages on the wire: a msgpack header frame followed by raw array frames.
+
+    frame 0   msgpack map {"op": "pull", "id": 17, "arrays": [["<u8", [n]], ...], ...}
+    frame 1.. the arrays' bytes, C order, exactly as the header describes them
+
+Nothing is ever unpickled: a header is plain msgpack data (maps, lists, str, int,
+float, bool, nil), an array is a dtype from ``DTYPES`` and a shape.  ``decode`` checks
+everything a peer could get wrong and raises ``ProtocolError`` naming it, so a node can
+answer with an error reply and keep serving.  See docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Sequence
+
+import msgpack
+import numpy as np
+
+from paramserver.errors import ProtocolError
+
+#: Array dtypes allowed on the wire (little-endian).
+DTYPES: dict[str, np.dtype] = {
+    np.dtype(t).str: np.dtype(t)
+    for t in ("<u8", "<i8", "<i4", "<f4", "<f8", "|u1")
+}
+
+#: Default cap on one message's total size; bigger batches must be split by the sender.
+MAX_MESSAGE_BYTES = 1 << 30
+
+
+class Op(str, enum.Enum):
+    """Every operation a node understands (``docs/protocol.md`` has the fields)."""
+
+    # replies
+    OK = "ok"
+    ERROR = "error"
+    # scheduler
+    REGISTER = "register"
+    HEARTBEAT = "heartbeat"
+    LEAVE = "leave"
+    CREATE_TABLE = "create_table"
+    DROP_TABLE = "drop_table"
+    TABLE_INFO = "table_info"
+    BARRIER = "barrier"
+    SHUTDOWN = "shutdown"
+    # scheduler -> nodes (notifications)
+    RING = "ring"
+    NODE_LOST = "node_lost"
+    STOP = "stop"
+    # servers
+    PULL = "pull"
+    PUSH = "push"
+    CLOCK = "clock"
+    STATS = "stats"
+
+
+class Message:
+    """A decoded message: ``header`` (dict) and ``arrays`` (list of ndarrays)."""
+
+    __slots__ = ("header", "arrays")
+
+    def __init__(self, header: dict[str, Any], arrays: list[np.ndarray]):
+        self.header = header
+        self.arrays = arrays
+
+    @property
+    def op(self) -> Op:
+        return Op(self.header["op"])
+
+    @property
+    def id(self) -> Any:
+        return self.header.get("id")
+
+    def __repr__(self) -> str:
+        shapes = [a.shape for a in self.arrays]
+        return f"Message({self.header.get('op')}, id={self.id}, arrays={shapes})"
+
+
+def encode(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list[Any]:
+    """Frames for ``header`` and ``arrays`` (arrays are sent zero-copy by the socket)."""
+    specs = []
+    frames: list[Any] = [b""]
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        if a.dtype.str not in DTYPES:
+            raise TypeError(f"dtype {a.dtype} cannot go on the wire (allowed: {sorted(DTYPES)})")
+        specs.append([a.dtype.str, list(a.shape)])
+        frames.append(a.reshape(-1).view(np.uint8).data if a.size else b"")
+    frames[0] = msgpack.packb({**header, "arrays": specs}, use_bin_type=True)
+    return frames
+
+
+def decode(frames: Sequence[Any], max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Parse and validate frames (``bytes`` or ``zmq.Frame``) into a ``Message``.
+
+    Raises:
+        ProtocolError: the header is not a msgpack map, the op is unknown, an array's
+            dtype is not allowed, or a frame's size differs from its header entry.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    buffers = [getattr(f, "buffer", f) for f in frames]
+    total = sum(memoryview(b).nbytes for b in buffers)
+    if total > max_bytes:
+        raise ProtocolError(f"message of {total} bytes exceeds the limit of {max_bytes}; "
+                            "split the batch")
+    try:
+        header = msgpack.unpackb(buffers[0], raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"header is not valid msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header must be a msgpack map, got {type(header).__name__}")
+    try:
+        op = header.get("op")
+        if op not in _OPS:
+            raise ProtocolError(f"unknown op {op!r} (known: {sorted(_OPS)})")
+        specs = header.get("arrays", [])
+        if not isinstance(specs, list) or len(specs) != len(buffers) - 1:
+            raise ProtocolError(f"header lists {len(specs) if isinstance(specs, list) else specs!r} "
+                                f"arrays but {len(buffers) - 1} array frames follow")
+        arrays = [_array(i, spec, buf) for i, (spec, buf) in enumerate(zip(specs, buffers[1:]))]
+    except ProtocolError as exc:
+        exc.request_id = header.get("id")  # so the error reply reaches the right caller
+        raise
+    return Message(header, arrays)
+
+
+_OPS = {op.value for op in Op}
+
+
+def _array(i: int, spec: Any, buf: Any) -> np.ndarray:
+    if (not isinstance(spec, list) or len(spec) != 2 or spec[0] not in DTYPES
+            or not isinstance(spec[1], list)):
+        raise ProtocolError(f"array {i}: spec must be [dtype, shape] with dtype in "
+                            f"{sorted(DTYPES)}, got {spec!r}")
+    dtype, shape = DTYPES[spec[0]], spec[1]
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape):
+        raise ProtocolError(f"array {i}: shape must be non-negative ints, got {shape!r}")
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = memoryview(buf).nbytes
+    if nbytes != expected:
+        raise ProtocolError(f"array {i}: frame has {nbytes} bytes but {spec[0]}{tuple(shape)} "
+                            f"needs {expected}")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def reply(request: Message | None, arrays: Sequence[np.ndarray] = (), **fields: Any) -> list[Any]:
+    """Frames of an OK reply to ``request``."""
+    return encode({"op": Op.OK.value, "id": request.id if request else None, **fields}, arrays)
+
+
+def error_reply(request_id: Any, code: str, text: str) -> list[Any]:
+    """Frames of an ERROR reply; ``code`` is machine-readable, ``text`` for humans."""
+    return encode({"op": Op.ERROR.value, "id": request_id, "code": code, "error": text})
+
+
+def expect(msg: Message, *specs: tuple[str, str, int]) -> list[np.ndarray]:
+    """Check ``msg.arrays`` against ``(name, dtype, ndim)`` specs and return them.
+
+    Raises:
+        ProtocolError: wrong count, dtype or number of dimensions.
+    """
+    if len(msg.arrays) != len(specs):
+        raise ProtocolError(f"{msg.header['op']} takes {len(specs)} arrays "
+                            f"({', '.join(s[0] for s in specs)}), got {len(msg.arrays)}")
+    for a, (name, dtype, ndim) in zip(msg.arrays, specs):
+        if a.dtype != np.dtype(dtype) or a.ndim != ndim:
+            raise ProtocolError(f"{msg.header['op']}: {name} must be {ndim}-d {np.dtype(dtype)}, "
+                                f"got {a.ndim}-d {a.dtype}")
+    return list(msg.arrays)
+
+
+def field(msg: Message, name: str, kind: type | tuple[type, ...]) -> Any:
+    """A required header field of the given type, or ``ProtocolError``."""
+    value = msg.header.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolError(f"{msg.header['op']}: field {name!r} must be {kind}, got {value!r}")
+    return value

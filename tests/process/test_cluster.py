@@ -1,0 +1,196 @@
+"""Real processes on 127.0.0.1: exact sums, bad messages, errors, roles started by hand."""
+
+import os
+import subprocess
+import sys
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from paramserver import (Client, ConfigError, ConnectError, LocalCluster, UnknownTableError,
+                         WorkerError)
+from paramserver.routing.partition import route_pull
+
+ROUNDS = 15
+EDGE = np.array([0, 2**64 - 1], np.uint64)
+
+
+def overlapping_pushes(client, rounds):
+    """Each worker pushes integer deltas (exact in float32) to keys that overlap the others'."""
+    rng = np.random.default_rng(client.rank)
+    for r in range(rounds):
+        keys = np.concatenate([rng.integers(0, 3000, 4000).astype(np.uint64), EDGE])  # duplicates too
+        deltas = rng.integers(-3, 4, (keys.size, 4)).astype(np.float32)
+        client.push("sums", keys, -deltas).result(timeout=30)  # sgd lr=1: value -= -delta
+        client.clock()
+    client.barrier(timeout_s=30)
+    return client.rank
+
+
+def expected_sums(n_workers, rounds):
+    total: dict[int, np.ndarray] = {}
+    for rank in range(n_workers):
+        rng = np.random.default_rng(rank)
+        for _ in range(rounds):
+            keys = np.concatenate([rng.integers(0, 3000, 4000).astype(np.uint64), EDGE])
+            deltas = rng.integers(-3, 4, (keys.size, 4)).astype(np.float32)
+            for k, d in zip(keys.tolist(), deltas):
+                total[k] = total.get(k, 0) + d
+    return total
+
+
+def test_overlapping_pushes_from_three_workers_sum_exactly(cluster):
+    cluster.client.create_table("sums", dim=4, optimizer={"name": "sgd", "lr": 1.0})
+    assert sorted(cluster.run(overlapping_pushes, ROUNDS, timeout_s=120)) == [0, 1, 2]
+    expected = expected_sums(3, ROUNDS)
+    keys = np.array(list(expected), np.uint64)
+    got = cluster.client.pull("sums", np.concatenate([keys, keys[:10]])).result(timeout=30)
+    want = np.array([expected[k] for k in keys.tolist()], np.float32)
+    np.testing.assert_array_equal(got[: keys.size], want)
+    np.testing.assert_array_equal(got[keys.size:], want[:10])  # duplicates in a pull
+    stats = cluster.client.server_stats()
+    assert sum(s["tables"]["sums"]["keys"] for s in stats) == keys.size
+    assert all(s["tables"]["sums"]["keys"] > 0 for s in stats)  # both servers hold a share
+    assert all(sorted(s["clocks"].values()) == [ROUNDS] * 3 for s in stats)
+
+
+def _raw_request(sock, frames, timeout_ms=10_000):
+    sock.send_multipart(frames)
+    assert sock.poll(timeout_ms), "the server did not answer"
+    reply = sock.recv_multipart()
+    return msgpack.unpackb(reply[0]), reply[1:]
+
+
+def test_malformed_messages_get_error_replies_and_the_server_keeps_serving(cluster):
+    client = cluster.client
+    client.create_table("fuzz", dim=2, optimizer="adagrad")
+    keys = np.arange(50, dtype=np.uint64)
+    routed = route_pull(client.ring, keys)
+    part = routed.parts[0]
+    address = client._servers[part.server]
+    good_keys = routed.keys[part.start:part.stop]
+    head = {"op": "pull", "id": 1, "table": "fuzz", "epoch": client.ring.epoch,
+            "arrays": [["<u8", [good_keys.size]], ["<i4", [part.vnodes.size]], ["<i8", [part.counts.size]]]}
+    body = [good_keys.tobytes(), part.vnodes.tobytes(), part.counts.tobytes()]
+    other_vnode = np.array([np.flatnonzero(client.ring.owners != part.server)[0]], np.int32)
+    cases = {
+        "not msgpack": [b"\xc1\xc1", *body],
+        "unknown op": [msgpack.packb({**head, "op": "explode"}), *body],
+        "wrong dtype": [msgpack.packb({**head, "arrays": [["<f8", [good_keys.size]], *head["arrays"][1:]]}), *body],
+        "size mismatch": [msgpack.packb(head), body[0][:-3], *body[1:]],
+        "missing frame": [msgpack.packb(head), *body[:2]],
+        "unknown table": [msgpack.packb({**head, "table": "nope"}), *body],
+        "bad counts": [msgpack.packb(head), body[0], body[1], (part.counts + 1).tobytes()],
+        "not my vnode": [msgpack.packb({**head, "arrays": [head["arrays"][0], ["<i4", [1]], ["<i8", [1]]]}),
+                         body[0], other_vnode.tobytes(), np.array([good_keys.size], np.int64).tobytes()],
+        "stale epoch": [msgpack.packb({**head, "epoch": 99}), *body],
+        "random bytes": [os.urandom(64), os.urandom(7)],
+    }
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        for name, frames in cases.items():
+            header, _ = _raw_request(sock, frames)
+            assert header["op"] == "error", name
+            assert header["error"], name
+        header, arrays = _raw_request(sock, [msgpack.packb(head), *body])
+        assert header["op"] == "ok" and len(arrays) == 1
+    finally:
+        sock.close()
+    np.testing.assert_array_equal(client.pull("fuzz", keys).result(timeout=10), np.zeros((50, 2)))
+
+
+def test_user_errors_are_clear(cluster):
+    client = cluster.client
+    with pytest.raises(UnknownTableError, match="unknown table 'missing'"):
+        client.pull("missing", [1, 2])
+    client.create_table("shape", dim=3)
+    with pytest.raises(ConfigError, match=r"grads must have shape \(2, 3\)"):
+        client.push("shape", [1, 2], np.ones((2, 2)))
+    with pytest.raises(ConfigError, match="NaN or inf"):
+        client.push("shape", [1, 2], np.full((2, 3), np.nan))
+    with pytest.raises(ConfigError, match="keys must be integers"):
+        client.pull("shape", [1.5])
+    with pytest.raises(ConfigError, match="exists with a different spec"):
+        client.create_table("shape", dim=4)
+    client.drop_table("shape")
+    with pytest.raises(UnknownTableError):
+        client.pull("shape", [1])
+
+
+def raise_on_rank_one(client):
+    if client.rank == 1:
+        raise RuntimeError("boom from rank one")
+    return "fine"
+
+
+def test_a_worker_exception_comes_back_with_its_traceback(cluster):
+    with pytest.raises(WorkerError, match="(?s)raised:.*RuntimeError: boom from rank one"):
+        cluster.run(raise_on_rank_one, timeout_s=60)
+    assert cluster.run(lambda c: c.rank * 10, timeout_s=60) == [0, 10, 20]  # workers survive
+
+
+def test_a_dead_worker_does_not_block_the_barrier():
+    def die_or_wait(client):
+        if client.rank == 1:
+            os._exit(3)
+        client.barrier(timeout_s=30)
+        return "passed"
+
+    with LocalCluster(servers=1, workers=2, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5,
+                      log_level="WARNING") as cluster:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match="worker-1 died") as err:
+            cluster.run(die_or_wait, timeout_s=60)
+        assert "worker-0" not in str(err.value)
+        assert time.monotonic() - t0 < 20
+
+
+def test_unreachable_scheduler_is_a_clear_error():
+    with pytest.raises(ConnectError, match="could not reach the scheduler at tcp://127.0.0.1:9 within 0.5 s"):
+        Client("tcp://127.0.0.1:9", connect_timeout_s=0.5)
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "server", "--scheduler", "tcp://127.0.0.1:9",
+                           "--connect-timeout-s", "0.5", "--log-level", "ERROR"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "could not reach the scheduler" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_roles_started_by_hand(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path]),
+           "PARAMSERVER_HEARTBEAT_INTERVAL_S": "0.2", "PARAMSERVER_LOG_LEVEL": "WARNING"}
+    addr_file = tmp_path / "addr"
+
+    def start(*args):
+        return subprocess.Popen([sys.executable, "-m", "paramserver", *args], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    procs = [start("scheduler", "--servers", "2", "--workers", "1", "--address-file", str(addr_file))]
+    try:
+        deadline = time.monotonic() + 30
+        while not addr_file.exists():
+            assert time.monotonic() < deadline and procs[0].poll() is None, "scheduler did not start"
+            time.sleep(0.02)
+        address = addr_file.read_text()
+        env["PARAMSERVER_SCHEDULER"] = address  # the environment seam
+        procs += [start("server"), start("server")]
+        worker = start("worker", "--fn", "jobs:push_ones")
+        out, err = worker.communicate(timeout=60)
+        assert worker.returncode == 0, err
+        assert out.strip() == "pushed"
+        with Client(address) as driver:
+            got = driver.pull("by-hand", np.arange(100)).result(timeout=10)
+            np.testing.assert_array_equal(got, np.ones((100, 2)))
+            driver.shutdown_cluster()
+        for p in procs:
+            assert p.wait(timeout=20) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -1,0 +1,12 @@
+import paramserver
+
+
+def test_public_names_are_pinned():
+    assert sorted(paramserver.__all__) == sorted([
+        "Client", "LocalCluster", "run", "Config", "TableSpec", "Ring",
+        "SGD", "AdaGrad", "FTRL", "Adam", "Zeros", "Normal", "Uniform",
+        "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
+        "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError",
+    ])
+    for name in paramserver.__all__:
+        assert getattr(paramserver, name) is not None

@@ -1,0 +1,60 @@
+"""The wire format: round trips, and every malformed message is a ProtocolError."""
+
+import msgpack
+import numpy as np
+import pytest
+
+from paramserver import ProtocolError
+from paramserver.wire.message import Op, decode, encode
+
+
+def _bytes(frames):
+    return [bytes(f) for f in frames]
+
+
+def test_round_trip_keeps_header_and_arrays():
+    keys = np.array([0, 5, 2**64 - 1], np.uint64)
+    grads = np.arange(6, dtype=np.float32).reshape(3, 2)
+    msg = decode(_bytes(encode({"op": "push", "id": 7, "table": "t"}, [keys, grads])))
+    assert msg.op is Op.PUSH and msg.id == 7 and msg.header["table"] == "t"
+    np.testing.assert_array_equal(msg.arrays[0], keys)
+    np.testing.assert_array_equal(msg.arrays[1], grads)
+
+
+@pytest.mark.parametrize("frames,match", [
+    ([], "empty"),
+    ([b"\xc1"], "not valid msgpack"),
+    ([msgpack.packb([1, 2])], "must be a msgpack map"),
+    ([msgpack.packb({"op": "launch_missiles"})], "unknown op"),
+    ([msgpack.packb({"op": "pull", "arrays": [["<u8", [2]]]})], "lists 1 arrays but 0"),
+    ([msgpack.packb({"op": "pull", "arrays": [["O", [2]]]}), b"x" * 16], "dtype"),
+    ([msgpack.packb({"op": "pull", "arrays": [["<u8", [3]]]}), b"x" * 16], "needs 24"),
+    ([msgpack.packb({"op": "pull", "arrays": [["<u8", [-2]]]}), b""], "non-negative"),
+])
+def test_malformed_messages_are_protocol_errors(frames, match):
+    with pytest.raises(ProtocolError, match=match):
+        decode(frames)
+
+
+def test_oversized_message_is_refused():
+    frames = _bytes(encode({"op": "pull", "id": 1}, [np.zeros(1000, np.uint64)]))
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        decode(frames, max_bytes=4000)
+
+
+def test_fuzzed_frames_only_ever_raise_protocol_error():
+    rng = np.random.default_rng(0)
+    good = _bytes(encode({"op": "push", "id": 3, "table": "t", "epoch": 1},
+                         [np.arange(4, dtype=np.uint64), np.ones((4, 2), np.float32)]))
+    for _ in range(3000):
+        frames = [bytearray(f) for f in good]
+        i = rng.integers(len(frames))
+        if len(frames[i]) and rng.random() < 0.7:
+            for _ in range(rng.integers(1, 4)):
+                frames[i][rng.integers(len(frames[i]))] = rng.integers(256)
+        else:
+            frames[i] = frames[i][: rng.integers(len(frames[i]) + 1)]
+        try:
+            decode([bytes(f) for f in frames])
+        except ProtocolError:
+            pass

@@ -1,0 +1,46 @@
+"""Client-side routing: grouping by server and vnode, duplicate merging."""
+
+import numpy as np
+
+from paramserver import Ring
+from paramserver.routing.partition import route_pull, route_push, scatter_rows
+
+
+def _check_parts(ring, routed):
+    for part in routed.parts:
+        keys = routed.keys[part.start:part.stop]
+        assert (ring.owner_of_keys(keys) == part.server).all()
+        np.testing.assert_array_equal(np.repeat(part.vnodes, part.counts), ring.vnodes(keys))
+    assert sum(p.stop - p.start for p in routed.parts) == routed.keys.size
+    assert len({p.server for p in routed.parts}) == len(routed.parts)
+
+
+def test_pull_routing_keeps_every_key_and_restores_the_callers_order():
+    ring = Ring.create([1, 2, 3], 16)
+    rng = np.random.default_rng(0)
+    keys = np.concatenate([rng.integers(0, 1000, 5000).astype(np.uint64),
+                           np.array([0, 2**64 - 1], np.uint64)])
+    routed = route_pull(ring, keys)
+    _check_parts(ring, routed)
+    np.testing.assert_array_equal(routed.keys, keys[routed.order])
+    out = np.empty((keys.size, 1), np.float32)
+    scatter_rows(routed.keys.astype(np.float32).reshape(-1, 1), routed.order, out)
+    np.testing.assert_array_equal(out[:, 0], keys.astype(np.float32))
+
+
+def test_push_routing_sums_duplicates():
+    ring = Ring.create([1, 2], 64)
+    rng = np.random.default_rng(1)
+    keys = rng.integers(0, 300, 10_000).astype(np.uint64)
+    grads = rng.standard_normal((keys.size, 4)).astype(np.float32)
+    routed = route_push(ring, keys, grads)
+    _check_parts(ring, routed)
+    assert routed.keys.size == np.unique(keys).size
+    for k, g in zip(routed.keys[:50], routed.grads[:50]):
+        np.testing.assert_allclose(g, grads[keys == k].sum(axis=0), rtol=1e-4, atol=1e-4)
+
+
+def test_empty_batch():
+    ring = Ring.create([1], 8)
+    assert route_pull(ring, np.zeros(0, np.uint64)).parts == []
+    assert route_push(ring, np.zeros(0, np.uint64), np.zeros((0, 2), np.float32)).parts == []

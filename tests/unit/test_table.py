@@ -1,0 +1,74 @@
+"""The per-vnode hash table against a Python dict."""
+
+import numpy as np
+
+from paramserver.server.optim import FTRL, SGD, Zeros
+from paramserver.server.table import MAX_LOAD, VnodeTable
+
+EDGE = np.array([0, 1, 2**63, 2**64 - 1, 2**64 - 2], np.uint64)
+
+
+def test_random_inserts_and_lookups_match_a_dict():
+    rng = np.random.default_rng(1)
+    table = VnodeTable(2, SGD(lr=1.0), Zeros(), seed=0)
+    ref: dict[int, np.ndarray] = {}
+    for _ in range(30):
+        keys = np.unique(np.concatenate([rng.integers(0, 5000, 300).astype(np.uint64), EDGE]))
+        grads = rng.standard_normal((keys.size, 2)).astype(np.float32)
+        table.apply(keys, grads)
+        for k, g in zip(keys.tolist(), grads):
+            ref[k] = ref.get(k, np.zeros(2, np.float32)) - g
+    assert len(table) == len(ref)
+    probe = np.array(sorted(ref) + [10**12, 7_777_777], np.uint64)
+    out = np.empty((probe.size, 2), np.float32)
+    table.lookup(probe, out)
+    expected = np.array([ref[k] for k in sorted(ref)] + [[0, 0], [0, 0]], np.float32)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_growth_keeps_every_entry_and_the_load_bound():
+    table = VnodeTable(1, SGD(lr=1.0), Zeros(), seed=0)
+    keys = np.random.default_rng(2).permutation(200_000).astype(np.uint64)  # includes key 0
+    for chunk in np.array_split(keys, 40):
+        table.apply(chunk, np.full((chunk.size, 1), -1.0, np.float32))
+        assert len(table) <= table.capacity * MAX_LOAD
+    assert len(table) == keys.size
+    out = np.empty((keys.size, 1), np.float32)
+    table.lookup(keys, out)
+    assert (out == 1.0).all()
+
+
+def test_edge_keys_are_ordinary_keys():
+    table = VnodeTable(1, SGD(lr=1.0), Zeros(), seed=0)
+    grads = -np.arange(1, EDGE.size + 1, dtype=np.float32).reshape(-1, 1)
+    table.apply(EDGE, grads)
+    out = np.empty((EDGE.size, 1), np.float32)
+    table.lookup(EDGE, out)
+    np.testing.assert_array_equal(out[:, 0], np.arange(1, EDGE.size + 1))
+    keys, rows = table.items()
+    assert sorted(keys.tolist()) == sorted(EDGE.tolist())
+
+
+def test_items_and_load_round_trip_value_and_state():
+    rng = np.random.default_rng(3)
+    src = VnodeTable(1, FTRL(), Zeros(), seed=0)
+    keys = np.concatenate([rng.integers(1, 2**64 - 1, 5000, dtype=np.uint64), EDGE])
+    src.apply(keys, rng.standard_normal((keys.size, 1)).astype(np.float32))
+    dst = VnodeTable(1, FTRL(), Zeros(), seed=0)
+    dst.load(*src.items())
+    k1, r1 = src.items()
+    k2, r2 = dst.items()
+    o1, o2 = np.argsort(k1), np.argsort(k2)
+    np.testing.assert_array_equal(k1[o1], k2[o2])
+    np.testing.assert_array_equal(r1[o1], r2[o2])  # bitwise, state included
+
+
+def test_memory_per_key_for_dim1_ftrl_stays_under_32_bytes():
+    table = VnodeTable(1, FTRL(), Zeros(), seed=0)
+    rng = np.random.default_rng(4)
+    worst = 0.0
+    for _ in range(50):
+        keys = rng.integers(1, 2**64 - 1, 4000, dtype=np.uint64)
+        table.apply(keys, np.ones((keys.size, 1), np.float32))
+        worst = max(worst, table.nbytes / len(table))
+    assert worst <= 32.0, worst
