@@ -199,7 +199,7 @@ class LocalCluster:
         return self._client
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
-        """Run ``fn(client, *args)`` on every worker; return the results by worker start order.
+        """Run ``fn(client, *args)`` on every worker; return the results in rank order.
 
         Raises:
             WorkerError: a worker raised (the remote traceback is in the message) or died.
@@ -211,7 +211,7 @@ class LocalCluster:
         for proc in workers:
             assert proc.to_child is not None
             proc.to_child.send_bytes(payload)
-        results: dict[str, Any] = {}
+        results: dict[int, Any] = {}
         errors: list[str] = []
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         waiting = {p.from_child: p for p in workers}
@@ -224,18 +224,18 @@ class LocalCluster:
             for conn in ready:
                 proc = waiting.pop(conn)  # type: ignore[arg-type]
                 try:
-                    status, value = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
+                    status, rank, value = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
                 except EOFError:
                     proc.popen.wait(5)
                     errors.append(f"{proc.name} died (exit code {proc.popen.returncode})\n{proc.tail()}")
                     continue
                 if status == "ok":
-                    results[proc.name] = value
+                    results[rank] = value
                 else:
-                    errors.append(f"{proc.name} raised:\n{value}")
+                    errors.append(f"{proc.name} (rank {rank}) raised:\n{value}")
         if errors:
             raise WorkerError("\n".join(errors))
-        return [results[p.name] for p in workers]
+        return [results[rank] for rank in sorted(results)]
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to one node (``"server-0"``, ``"worker-1"``): fault injection."""

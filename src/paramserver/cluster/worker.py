@@ -47,13 +47,13 @@ def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
             return
         try:
             fn, args = cloudpickle.loads(payload)
-            answer = ("ok", fn(client, *args))
+            answer = ("ok", client.rank, fn(client, *args))
         except BaseException:  # report everything, including SystemExit, to the parent
-            answer = ("error", traceback.format_exc())
+            answer = ("error", client.rank, traceback.format_exc())
         try:
             data = cloudpickle.dumps(answer)
         except Exception as exc:
-            data = cloudpickle.dumps(("error", f"the function's result cannot be pickled: {exc}"))
+            data = cloudpickle.dumps(("error", client.rank, f"the function's result cannot be pickled: {exc}"))
         up.send_bytes(data)
 
 

@@ -172,14 +172,18 @@ class SchedulerNode:
         self.parked_workers.clear()
 
     def _welcome(self, identity: bytes, msg: Message, node: NodeInfo) -> None:
+        node.last_seen = time.monotonic()  # its heartbeats start with this answer
         send(self.sock, reply(msg, node_id=node.id, rank=node.rank,
                               num_workers=self._barrier_size(), **self._cluster_view()), identity)
 
     def on_heartbeat(self, identity: bytes, msg: Message) -> None:
-        if identity not in self.by_identity:  # e.g. declared dead, then came back
-            self.sock.send_multipart([identity, *encode({"op": Op.ERROR.value, "id": None,
-                                                         "code": "unknown_node",
-                                                         "error": "not registered (declared dead?)"})])
+        # servers beat from a socket of their own, so they name themselves
+        node_id = msg.header.get("node_id", self.by_identity.get(identity))
+        node = self.nodes.get(node_id) if isinstance(node_id, int) else None
+        if node is not None:
+            node.last_seen = time.monotonic()
+        else:  # declared dead, then came back: tell it, so it stops serving
+            send(self.sock, error_reply(None, "unknown_node", "not registered (declared dead?)"), identity)
 
     def on_leave(self, identity: bytes, msg: Message) -> None:
         node_id = self.by_identity.get(identity)
@@ -189,7 +193,8 @@ class SchedulerNode:
 
     def _check_heartbeats(self, now: float) -> None:
         deadline = now - self.config.heartbeat_timeout_s
-        for node in [n for n in self.nodes.values() if n.last_seen < deadline]:
+        parked = {p[2].id for p in self.parked_workers}  # they wait on us, not we on them
+        for node in [n for n in self.nodes.values() if n.last_seen < deadline and n.id not in parked]:
             logger.warning("%s %d missed its heartbeat deadline (%.1f s): declared dead",
                            node.role, node.id, self.config.heartbeat_timeout_s)
             self._remove(node.id, "dead")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -71,6 +72,7 @@ class ServerNode:
         self.tables: dict[str, ServerTable] = {}
         self.clocks: dict[int, int] = {}
         self._running = True
+        self._beats_stop = threading.Event()
         self.data_handlers = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
                               Op.CLOCK: self.on_clock, Op.STATS: self.on_stats}
         self.control_handlers = {Op.RING: self.on_ring, Op.CREATE_TABLE: self.on_create_table,
@@ -97,30 +99,47 @@ class ServerNode:
                            "right? (--scheduler / PARAMSERVER_SCHEDULER)")
 
     def run(self) -> None:
+        _warm_up()
         self.register()
+        beats = threading.Thread(target=self._heartbeats, name="paramserver-heartbeat", daemon=True)
+        beats.start()
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.control, zmq.POLLIN)
-        interval = self.config.heartbeat_interval_s
-        next_beat = time.monotonic() + interval
         try:
             while self._running:
-                timeout_ms = max(0, int((next_beat - time.monotonic()) * 1000))
-                ready = dict(poller.poll(timeout_ms))
+                ready = dict(poller.poll(500))
                 if self.control in ready:
                     while self._running and self.control.poll(0):
                         self._handle_control(self.control.recv_multipart(copy=False))
                 if self.router in ready:
-                    for _ in range(64):  # bounded, so heartbeats and control keep flowing
+                    for _ in range(64):  # bounded, so control messages keep flowing
                         if not self._running or not self.router.poll(0):
                             break
                         self._handle_data(self.router.recv_multipart(copy=False))
-                if time.monotonic() >= next_beat:
-                    send(self.control, encode({"op": Op.HEARTBEAT.value}))
-                    next_beat = time.monotonic() + interval
         finally:
+            self._beats_stop.set()
+            beats.join(5)
             self.router.close(linger=0)
             self.control.close(linger=0)
+
+    def _heartbeats(self) -> None:
+        """Beat from a thread of its own, so a long request (a JIT compile, a big table
+        growth) is not mistaken for death; numba kernels release the GIL."""
+        sock = connect_dealer(self.ctx, self.config.scheduler, self.config.max_message_bytes)
+        beat = encode({"op": Op.HEARTBEAT.value, "node_id": self.node_id})
+        try:
+            while not self._beats_stop.wait(self.config.heartbeat_interval_s):
+                send(sock, beat)
+                while sock.poll(0):
+                    msg = decode(sock.recv_multipart())
+                    if msg.op is Op.ERROR and msg.header.get("code") == "unknown_node":
+                        logger.error("server %d was declared dead by the scheduler: stopping, "
+                                     "so that a zombie never serves stale vnodes", self.node_id)
+                        self._running = False
+                        return
+        finally:
+            sock.close(linger=0)
 
     # ---- dispatch ----------------------------------------------------------------------
     def _handle_data(self, frames: list[zmq.Frame]) -> None:
@@ -185,8 +204,6 @@ class ServerNode:
 
     def on_scheduler_error(self, msg: Message) -> None:
         logger.error("server %d: scheduler says: %s", self.node_id, msg.header.get("error"))
-        if msg.header.get("code") == "unknown_node":
-            self._running = False  # declared dead: a zombie must not serve stale vnodes
 
     # ---- data --------------------------------------------------------------------------
     def _segments(self, msg: Message, n_keys: int, vnodes: np.ndarray, counts: np.ndarray):
@@ -242,6 +259,18 @@ class ServerNode:
                   for name, t in self.tables.items()}
         return reply(msg, node_id=self.node_id, tables=tables,
                      clocks={str(k): v for k, v in self.clocks.items()}, rss_bytes=_rss_bytes())
+
+
+def _warm_up() -> None:
+    """Compile the table kernels for the array types requests bring (read-only frames)
+    before registering, so the first real request is not slowed by the JIT."""
+    from paramserver.server.optim import SGD, Zeros
+
+    frames = encode({"op": Op.PUSH.value}, [np.arange(1, 4, dtype=np.uint64), np.ones((3, 1), np.float32)])
+    keys, grads = decode([bytes(f) for f in frames]).arrays
+    table = VnodeTable(1, SGD(), Zeros(), 0)
+    table.apply(keys, grads)
+    table.lookup(keys, np.empty((3, 1), np.float32))
 
 
 def _rss_bytes() -> int:

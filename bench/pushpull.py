@@ -1,0 +1,121 @@
+"""Pull and push throughput over loopback, and server memory per stored key.
+
+Run: ``.venv/bin/python bench/pushpull.py [--json] [--quick]``
+
+For 1 and 2 servers, dim 1 and 16, batches of 1e3, 1e5 and 1e6 random uint64 keys, one
+client (in this process) issues pulls, then pushes, against keys that already exist.
+``--window W`` keeps W requests in flight (default 1: issue, wait, issue: the same loop
+as ps-lite's benchmark, which waits on every request).  Bytes counted are the payload:
+8 bytes a key plus 4·dim bytes of values or gradients.
+
+Memory: one server, a dim-1 FTRL table, 1e7 unique keys pushed in batches of 1e6; the
+server's resident set size after minus before, divided by the keys stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import deque
+
+import numpy as np
+
+from paramserver import LocalCluster
+
+
+def measure(fn, keys_per_op: int, min_keys: float, max_s: float, window: int) -> float:
+    """Keys per second of ``fn`` (returns a future), with ``window`` ops in flight."""
+    fn().result(timeout=120)  # warm-up (JIT, connections, allocator)
+    done_keys, t0 = 0, time.perf_counter()
+    inflight: deque = deque()
+    while True:
+        while len(inflight) < window:
+            inflight.append(fn())
+        inflight.popleft().result(timeout=120)
+        done_keys += keys_per_op
+        elapsed = time.perf_counter() - t0
+        if done_keys >= min_keys and elapsed >= 0.2 or elapsed >= max_s:
+            break
+    for f in inflight:
+        f.result(timeout=120)
+        done_keys += keys_per_op
+    return done_keys / (time.perf_counter() - t0)
+
+
+def throughput_rows(servers: int, batches: list[int], dims: list[int], window: int, quick: bool) -> list[dict]:
+    rows = []
+    rng = np.random.default_rng(0)
+    with LocalCluster(servers=servers, workers=0, log_level="WARNING") as cluster:
+        client = cluster.client
+        for dim in dims:
+            table = f"bench-d{dim}"
+            client.create_table(table, dim=dim, optimizer="sgd")
+            for n in batches:
+                keys = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+                grads = rng.standard_normal((n, dim)).astype(np.float32) * 1e-3
+                client.push(table, keys, grads).result(timeout=120)  # keys exist: steady state
+                budget = 2e6 if quick else 2e7
+                for op, fn in (("pull", lambda: client.pull(table, keys)),
+                               ("push", lambda: client.push(table, keys, grads))):
+                    kps = measure(fn, n, budget, 3.0 if quick else 10.0, window)
+                    rows.append({"op": op, "keys": n, "dim": dim, "servers": servers,
+                                 "keys_per_s": kps, "mb_per_s": kps * (8 + 4 * dim) / 1e6})
+                    print(f"  {op} servers={servers} dim={dim:>2} keys={n:>9,}: "
+                          f"{kps / 1e6:8.2f} M keys/s {kps * (8 + 4 * dim) / 1e6:9.1f} MB/s",
+                          file=sys.stderr)
+            client.drop_table(table)
+    return rows
+
+
+def memory_row(n_keys: int) -> dict:
+    rng = np.random.default_rng(1)
+    with LocalCluster(servers=1, workers=0, log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("mem", dim=1, optimizer="ftrl")
+        before = client.server_stats()[0]["rss_bytes"]
+        batch = 1_000_000
+        for start in range(0, n_keys, batch):
+            keys = rng.integers(0, 2**64 - 1, min(batch, n_keys - start), dtype=np.uint64)
+            client.push("mem", keys, np.full((keys.size, 1), 0.5, np.float32)).result(timeout=300)
+        stats = client.server_stats()[0]
+        stored = stats["tables"]["mem"]["keys"]
+        row = {"op": "memory", "keys": stored, "dim": 1, "optimizer": "ftrl",
+               "bytes_per_key": (stats["rss_bytes"] - before) / stored,
+               "table_bytes_per_key": stats["tables"]["mem"]["bytes"] / stored}
+        print(f"  memory: {stored:,} keys, {row['bytes_per_key']:.1f} resident bytes/key "
+              f"({row['table_bytes_per_key']:.1f} in the tables)", file=sys.stderr)
+        return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print the rows as one JSON list")
+    ap.add_argument("--quick", action="store_true", help="short runs and 1e6 keys for memory")
+    ap.add_argument("--window", type=int, default=1, help="requests in flight (default 1)")
+    ap.add_argument("--servers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--dims", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1_000, 100_000, 1_000_000])
+    ap.add_argument("--memory-keys", type=int, default=10_000_000)
+    args = ap.parse_args()
+    rows = []
+    for s in args.servers:
+        rows += throughput_rows(s, args.batches, args.dims, args.window, args.quick)
+    if args.memory_keys:
+        rows.append(memory_row(1_000_000 if args.quick else args.memory_keys))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'op':<6} {'servers':>7} {'dim':>4} {'keys':>10} {'M keys/s':>9} {'MB/s':>9}")
+    for r in rows:
+        if r["op"] == "memory":
+            print(f"memory: {r['keys']:,} keys (dim 1, ftrl): {r['bytes_per_key']:.1f} resident "
+                  f"bytes/key, {r['table_bytes_per_key']:.1f} in the tables")
+        else:
+            print(f"{r['op']:<6} {r['servers']:>7} {r['dim']:>4} {r['keys']:>10,} "
+                  f"{r['keys_per_s'] / 1e6:>9.2f} {r['mb_per_s']:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()
