@@ -23,6 +23,7 @@ from collections import deque
 import numpy as np
 
 from paramserver import LocalCluster
+from paramserver._malloc import tune_allocator
 
 
 def measure(fn, keys_per_op: int, min_keys: float, max_s: float, window: int) -> float:
@@ -99,6 +100,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1_000, 100_000, 1_000_000])
     ap.add_argument("--memory-keys", type=int, default=10_000_000)
     args = ap.parse_args()
+    tune_allocator()  # this process plays the worker: tune it as worker processes are
     rows = []
     for s in args.servers:
         rows += throughput_rows(s, args.batches, args.dims, args.window, args.quick)

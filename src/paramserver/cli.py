@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     level = getattr(args, "log_level", "INFO")
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
+    if args.command in ("scheduler", "server", "worker"):
+        from paramserver._malloc import tune_allocator
+
+        tune_allocator()
     try:
         if args.command == "scheduler":
             from paramserver.scheduler.node import SchedulerNode

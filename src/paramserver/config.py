@@ -27,6 +27,7 @@ ENV: dict[str, tuple[str, str]] = {
     "PARAMSERVER_HEARTBEAT_TIMEOUT_S": ("heartbeat_timeout_s", "silence after which a node is dead"),
     "PARAMSERVER_CONNECT_TIMEOUT_S": ("connect_timeout_s", "how long a node tries to reach the scheduler"),
     "PARAMSERVER_MAX_MESSAGE_BYTES": ("max_message_bytes", "largest message a node accepts"),
+    "PARAMSERVER_SERVER_THREADS": ("server_threads", "threads a server applies vnodes with (0: one a core)"),
 }
 
 
@@ -42,10 +43,11 @@ class Config:
     heartbeat_timeout_s: float = 10.0
     connect_timeout_s: float = 30.0
     max_message_bytes: int = 1 << 30
+    server_threads: int = 0
 
     def __post_init__(self) -> None:
         for name, lo in (("port", 0), ("servers", 1), ("workers", 0), ("vnodes_per_server", 1),
-                         ("max_message_bytes", 1024)):
+                         ("max_message_bytes", 1024), ("server_threads", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{name} must be an int >= {lo}, got {v!r}")

@@ -23,13 +23,15 @@ _S32 = np.uint64(32)
 
 
 @njit(nogil=True, cache=True)
-def _group(keys, n_vnodes, vnode_rank):
-    """Counting sort of ``keys`` by the rank of their vnode.
+def _group(keys, rows, n_vnodes, vnode_rank):
+    """Counting sort of ``keys`` (and their ``rows``) by the rank of their vnode.
 
-    Returns the sorted keys, ``order`` (sorted position -> input position) and the
-    bucket offsets (``int64[n_vnodes + 1]``).
+    Returns the sorted keys, the sorted rows, ``order`` (sorted position -> input
+    position) and the bucket offsets (``int64[n_vnodes + 1]``).  Pass ``rows`` of
+    width 0 to sort keys alone.
     """
     n = keys.shape[0]
+    dim = rows.shape[1]
     bucket = np.empty(n, np.int32)
     offsets = np.zeros(n_vnodes + 1, np.int64)
     for i in range(n):
@@ -38,29 +40,32 @@ def _group(keys, n_vnodes, vnode_rank):
         offsets[b + 1] += 1
     for b in range(n_vnodes):
         offsets[b + 1] += offsets[b]
-    # one sequential write stream per bucket
+    # one sequential write stream per bucket; inputs are read in order
     order = np.empty(n, np.int64)
     skeys = np.empty(n, np.uint64)
+    srows = np.empty((n, dim), rows.dtype)
     fill = offsets[:-1].copy()
     for i in range(n):
         b = bucket[i]
         p = fill[b]
         order[p] = i
         skeys[p] = keys[i]
+        for j in range(dim):
+            srows[p, j] = rows[i, j]
         fill[b] = p + 1
-    return skeys, order, offsets
+    return skeys, srows, order, offsets
 
 
 @njit(nogil=True, cache=True)
-def _dedup_sum(skeys, order, offsets, grads):
-    """Merge duplicate keys inside each bucket, summing their gradient rows.
+def _dedup_sum(skeys, srows, offsets):
+    """Merge duplicate keys inside each bucket, summing their rows.
 
     A scratch table of >= 2x the largest bucket (power of two, L2-sized for 1e6-key
     batches) is reused across buckets; entries are stamped with their bucket, so it is
-    never cleared.
+    never cleared.  Everything is read and written sequentially but the scratch table.
     """
     n_buckets = offsets.shape[0] - 1
-    dim = grads.shape[1]
+    dim = srows.shape[1]
     biggest = 0
     for b in range(n_buckets):
         biggest = max(biggest, offsets[b + 1] - offsets[b])
@@ -77,7 +82,6 @@ def _dedup_sum(skeys, order, offsets, grads):
         first = m
         stamp = np.uint64(b + 1) << _S32
         for p in range(offsets[b], offsets[b + 1]):
-            i = order[p]
             key = skeys[p]
             s = hash64(key) & _LOW32 & mask
             while True:
@@ -87,13 +91,13 @@ def _dedup_sum(skeys, order, offsets, grads):
                     scratch[s, 1] = stamp | np.uint64(m - first)
                     uniq[m] = key
                     for j in range(dim):
-                        sums[m, j] = grads[i, j]
+                        sums[m, j] = srows[p, j]
                     m += 1
                     break
                 if scratch[s, 0] == key:
                     u = first + np.int64(tag & _LOW32)
                     for j in range(dim):
-                        sums[u, j] += grads[i, j]
+                        sums[u, j] += srows[p, j]
                     break
                 s = (s + np.uint64(1)) & mask
         uoffsets[b + 1] = m
@@ -152,12 +156,12 @@ def _parts(ring: Ring, offsets: np.ndarray) -> list[Part]:
 
 def route_pull(ring: Ring, keys: np.ndarray) -> Routed:
     """Group ``keys`` by server and vnode (duplicates kept: a lookup is cheaper than a merge)."""
-    skeys, order, offsets = _group(keys, ring.n_vnodes, ring.vnode_rank)
+    skeys, _, order, offsets = _group(keys, np.empty((keys.shape[0], 0), np.float32), ring.n_vnodes, ring.vnode_rank)
     return Routed(skeys, _parts(ring, offsets), ring.epoch, order=order)
 
 
 def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray) -> Routed:
     """Group ``keys`` by server and vnode, merging duplicate keys by summing their rows."""
-    skeys, order, offsets = _group(keys, ring.n_vnodes, ring.vnode_rank)
-    uniq, sums, uoffsets = _dedup_sum(skeys, order, offsets, grads)
+    skeys, srows, _, offsets = _group(keys, grads, ring.n_vnodes, ring.vnode_rank)
+    uniq, sums, uoffsets = _dedup_sum(skeys, srows, offsets)
     return Routed(uniq, _parts(ring, uoffsets), ring.epoch, grads=sums)

@@ -12,7 +12,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
 
 import numpy as np
 import zmq
@@ -27,6 +28,9 @@ from paramserver.wire.message import Message, Op, decode, encode, error_reply, e
 from paramserver.wire.sockets import bind_router, connect_dealer, send
 
 logger = logging.getLogger(__name__)
+
+#: requests with fewer keys run on the loop thread (a thread hand-off costs ~50 µs)
+PARALLEL_MIN_KEYS = 32_768
 
 
 class ServerTable:
@@ -73,6 +77,11 @@ class ServerNode:
         self.clocks: dict[int, int] = {}
         self._running = True
         self._beats_stop = threading.Event()
+        # vnodes are independent (the unit of locking), so one request's segments are
+        # applied by several threads at once; numba kernels release the GIL
+        self.threads = max(1, config.server_threads or os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="paramserver-vnodes") \
+            if self.threads > 1 else None
         self.data_handlers = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
                               Op.CLOCK: self.on_clock, Op.STATS: self.on_stats}
         self.control_handlers = {Op.RING: self.on_ring, Op.CREATE_TABLE: self.on_create_table,
@@ -120,6 +129,8 @@ class ServerNode:
         finally:
             self._beats_stop.set()
             beats.join(5)
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
             self.router.close(linger=0)
             self.control.close(linger=0)
 
@@ -228,12 +239,26 @@ class ServerNode:
             segments.append((vt, a, b))
         return table, segments
 
+    def _for_segments(self, segments: list[tuple[VnodeTable, int, int]],
+                      fn: Callable[[VnodeTable, int, int], None]) -> None:
+        """Run ``fn`` on every segment; big requests are split over the vnode threads."""
+        total = segments[-1][2] if segments else 0
+        if self._pool is None or len(segments) < 2 or total < PARALLEL_MIN_KEYS:
+            for seg in segments:
+                fn(*seg)
+            return
+        # contiguous groups of about equal key counts, one per thread
+        cut = np.searchsorted([b for _, _, b in segments], np.arange(1, self.threads) * total / self.threads)
+        groups = np.split(np.arange(len(segments)), cut)
+        futures = [self._pool.submit(lambda g: [fn(*segments[i]) for i in g], g) for g in groups if g.size]
+        for f in futures:
+            f.result()
+
     def on_pull(self, msg: Message) -> list[Any]:
         keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table, segments = self._segments(msg, keys.shape[0], vnodes, counts)
         out = np.empty((keys.shape[0], table.spec.dim), np.float32)
-        for vt, a, b in segments:
-            vt.lookup(keys[a:b], out[a:b])
+        self._for_segments(segments, lambda vt, a, b: vt.lookup(keys[a:b], out[a:b]))
         return reply(msg, [out])
 
     def on_push(self, msg: Message) -> list[Any]:
@@ -245,8 +270,7 @@ class ServerNode:
                                 f"({keys.shape[0]}, {table.spec.dim}), got {grads.shape}")
         if not np.isfinite(grads).all():
             raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
-        for vt, a, b in segments:
-            vt.apply(keys[a:b], grads[a:b])
+        self._for_segments(segments, lambda vt, a, b: vt.apply(keys[a:b], grads[a:b]))
         return reply(msg)
 
     def on_clock(self, msg: Message) -> list[Any]:
