@@ -194,3 +194,21 @@ def test_roles_started_by_hand(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_run_starts_a_cluster_runs_a_closure_on_every_worker_and_stops_it():
+    import paramserver
+
+    offset = 100  # captured by the closure: shipped by value to the workers
+
+    def train(client):
+        keys = np.array([1, 2, 2], np.uint64)
+        client.push("w", keys, np.ones((3, 1), np.float32)).result(timeout=30)
+        client.barrier(timeout_s=30)
+        return offset + client.rank, client.pull("w", keys).result(timeout=30)[:, 0].tolist()
+
+    results = paramserver.run(train, servers=2, workers=2, log_level="WARNING",
+                              setup=lambda c: c.create_table("w", optimizer={"name": "sgd", "lr": 1.0}))
+    assert [r[0] for r in results] == [100, 101]
+    # after the barrier both workers' pushes are in: key 1 got 1 from each, key 2 got 2 from each
+    assert all(r[1] == [-2.0, -4.0, -4.0] for r in results)

@@ -23,12 +23,12 @@ _S32 = np.uint64(32)
 
 
 @njit(nogil=True, cache=True)
-def _group(keys, rows, n_vnodes, vnode_rank):
+def _group(keys, rows, n_vnodes, vnode_rank, want_order):
     """Counting sort of ``keys`` (and their ``rows``) by the rank of their vnode.
 
     Returns the sorted keys, the sorted rows, ``order`` (sorted position -> input
-    position) and the bucket offsets (``int64[n_vnodes + 1]``).  Pass ``rows`` of
-    width 0 to sort keys alone.
+    position; empty unless ``want_order``) and the bucket offsets
+    (``int64[n_vnodes + 1]``).  Pass ``rows`` of width 0 to sort keys alone.
     """
     n = keys.shape[0]
     dim = rows.shape[1]
@@ -41,14 +41,15 @@ def _group(keys, rows, n_vnodes, vnode_rank):
     for b in range(n_vnodes):
         offsets[b + 1] += offsets[b]
     # one sequential write stream per bucket; inputs are read in order
-    order = np.empty(n, np.int64)
+    order = np.empty(n if want_order else 0, np.int64)
     skeys = np.empty(n, np.uint64)
     srows = np.empty((n, dim), rows.dtype)
     fill = offsets[:-1].copy()
     for i in range(n):
         b = bucket[i]
         p = fill[b]
-        order[p] = i
+        if want_order:
+            order[p] = i
         skeys[p] = keys[i]
         for j in range(dim):
             srows[p, j] = rows[i, j]
@@ -156,12 +157,13 @@ def _parts(ring: Ring, offsets: np.ndarray) -> list[Part]:
 
 def route_pull(ring: Ring, keys: np.ndarray) -> Routed:
     """Group ``keys`` by server and vnode (duplicates kept: a lookup is cheaper than a merge)."""
-    skeys, _, order, offsets = _group(keys, np.empty((keys.shape[0], 0), np.float32), ring.n_vnodes, ring.vnode_rank)
+    no_rows = np.empty((keys.shape[0], 0), np.float32)
+    skeys, _, order, offsets = _group(keys, no_rows, ring.n_vnodes, ring.vnode_rank, True)
     return Routed(skeys, _parts(ring, offsets), ring.epoch, order=order)
 
 
 def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray) -> Routed:
     """Group ``keys`` by server and vnode, merging duplicate keys by summing their rows."""
-    skeys, srows, _, offsets = _group(keys, grads, ring.n_vnodes, ring.vnode_rank)
+    skeys, srows, _, offsets = _group(keys, grads, ring.n_vnodes, ring.vnode_rank, False)
     uniq, sums, uoffsets = _dedup_sum(skeys, srows, offsets)
     return Routed(uniq, _parts(ring, uoffsets), ring.epoch, grads=sums)
