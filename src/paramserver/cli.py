@@ -16,7 +16,7 @@ import os
 import sys
 
 from paramserver.config import ENV, load_config
-from paramserver.errors import ParamServerError
+from paramserver.errors import ConfigError, ParamServerError, WorkerError
 
 
 def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> None:
@@ -53,13 +53,70 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fn", help="package.module:function, called as function(client)")
     p.add_argument("--control-fds", help=argparse.SUPPRESS)
 
-    p = sub.add_parser("demo", help="train a sparse logistic regression on a local cluster")
+    p = sub.add_parser("train", help="train lr or fm on a local cluster and report test metrics")
+    _data_flags(p, training=True)
+    p.add_argument("--model", default="lr", help="lr (default) or fm")
+    p.add_argument("--k", type=int, default=8, help="FM factor width (default 8)")
+    p.add_argument("--fm-l2", type=float, default=1e-2, help="FM L2 penalty on factors (default 0.01)")
+    p.add_argument("--optimizer", help="NAME[:key=value,...], e.g. ftrl:alpha=0.1,l1=1 "
+                                       "(default: ftrl for lr, adagrad for fm)")
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
+    p.add_argument("--save", metavar="DIR", help="write the trained model here")
+    p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")
+    p.add_argument("--quiet", action="store_true", help="no live progress")
+
+    p = sub.add_parser("predict", help="write one probability a line for DATA (no cluster needed)")
+    p.add_argument("--model", required=True, metavar="DIR", help="a directory written by train --save")
+    p.add_argument("--data", nargs="+", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--skip-bad-lines", action="store_true")
+
+    p = sub.add_parser("eval", help="log loss and AUC of a saved model on DATA (no cluster needed)")
+    p.add_argument("--model", required=True, metavar="DIR")
+    p.add_argument("--data", nargs="+", required=True)
+    p.add_argument("--skip-bad-lines", action="store_true")
+    p.add_argument("--metrics-out", metavar="FILE")
+
+    p = sub.add_parser("synth", help="write synthetic Criteo-format data")
+    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--out", required=True, help="output path (.gz to compress)")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("demo", help="synthesise 300k rows and train on a local cluster (make demo)")
+    p.add_argument("--rows", type=int, default=300_000)
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--examples", type=int, default=200_000, help="examples per worker")
-    p.add_argument("--batch-size", type=int, default=2_000)
-    p.add_argument("--epochs", type=int, default=2)
     return parser
+
+
+def _data_flags(p: argparse.ArgumentParser, training: bool) -> None:
+    p.add_argument("--data", nargs="+", required=True, help="training files (local or fsspec URLs, .gz ok)")
+    p.add_argument("--test", nargs="+", default=[], help="test files, scored after training")
+    p.add_argument("--format", default="criteo", help="criteo (default) or libsvm")
+    p.add_argument("--label-format", help="libsvm labels: 01, pm1 (-1/+1) or 12 (default: sniffed)")
+    p.add_argument("--hash-bits", type=int, default=0, help="fold keys into 2^B buckets (0: no folding)")
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
+
+
+def _optimizer(text: str | None):
+    if not text:
+        return None
+    name, _, params = text.partition(":")
+    spec: dict = {"name": name}
+    for item in filter(None, params.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--optimizer parameters are key=value, got {item!r} in {text!r}")
+        try:
+            spec[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--optimizer {key}={value!r} is not a number") from None
+    return spec
 
 
 def _config(args: argparse.Namespace):
@@ -77,7 +134,8 @@ def _write_atomically(path: str, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = getattr(args, "log_level", "INFO")
+    level = getattr(args, "log_level", "WARNING" if args.command in ("train", "demo", "predict", "eval", "synth")
+                    else "INFO")
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
     if args.command in ("scheduler", "server", "worker"):
@@ -98,13 +156,19 @@ def main(argv: list[str] | None = None) -> int:
             from paramserver.cluster.worker import main as worker_main
 
             return worker_main(_config(args), args.fn, args.control_fds)
-        elif args.command == "demo":
-            from paramserver.apps.demo import DemoConfig, run_demo
+        elif args.command in ("train", "demo", "predict", "eval", "synth"):
+            from paramserver.apps import commands
 
-            run_demo(args.servers, args.workers,
-                     DemoConfig(args.examples, args.batch_size, args.epochs))
+            return getattr(commands, args.command)(args, _optimizer)
         return 0
+    except WorkerError as exc:  # a worker's own error: its message, not the traceback
+        print(f"paramserver {args.command}: error: {exc.summary}", file=sys.stderr)
+        logging.getLogger("paramserver").debug("%s", exc)
+        return 2
     except ParamServerError as exc:
+        print(f"paramserver {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
         print(f"paramserver {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -57,4 +57,11 @@ class StaleEpochError(ParamServerError):
 
 
 class WorkerError(ParamServerError):
-    """A user function failed on a worker; ``str()`` holds the remote traceback."""
+    """A user function failed on a worker; ``str()`` holds the remote traceback.
+
+    ``summary`` is the failure in one line (for a paramserver error, its message).
+    """
+
+    def __init__(self, message: str, summary: str | None = None):
+        super().__init__(message)
+        self.summary = summary or message.strip().splitlines()[-1]

@@ -266,6 +266,62 @@ class Client:
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s)
 
+    # ---- data shards (the task scheduler) ---------------------------------------------
+    def start_job(self, shards: list[Any], epochs: int = 1) -> None:
+        """Give the scheduler the shards to hand out, ``epochs`` times over."""
+        self._call(self.config.scheduler, {"op": Op.JOB_START.value, "shards": [s.to_wire() for s in shards],
+                                           "epochs": epochs})
+
+    def next_shard(self, timeout_s: float | None = None) -> dict[str, Any] | None:
+        """The next shard to process (``{"shard_id", "shard", "epoch"}``), None when done.
+
+        Blocks while every remaining shard of the epoch is held by other workers.
+        """
+        answer = self._call(self.config.scheduler, {"op": Op.NEXT_SHARD.value}, timeout_s=timeout_s)
+        return None if answer.get("done") else answer
+
+    def shard_done(self, task: dict[str, Any], **stats: float) -> None:
+        """Report a shard finished, with counters (``examples``, ``loss_sum``, ...)."""
+        self._call(self.config.scheduler, {"op": Op.SHARD_DONE.value, "shard_id": task["shard_id"],
+                                           "epoch": task["epoch"], "stats": stats})
+
+    def report_progress(self, **stats: float) -> None:
+        """Add to the job's live counters (fire and forget; for progress displays)."""
+        self._io.submit(self.config.scheduler, {"op": Op.PROGRESS.value, "stats": stats})
+
+    def job_status(self) -> dict[str, Any]:
+        return self._call(self.config.scheduler, {"op": Op.JOB_STATUS.value})["job"]
+
+    def export_table(self, table: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every stored key of ``table`` and its value row (optimiser state left out)."""
+        spec = self._spec(table)
+        parts = []
+        for address in self._servers.values():
+            fut: Future = Future()
+
+            def done(msg: Message | None, exc: BaseException | None, fut=fut) -> None:
+                if exc is not None:
+                    fut.set_exception(exc)
+                elif msg is None or msg.op is Op.ERROR:
+                    fut.set_exception(_remote_error(msg) if msg else RemoteError("no reply"))
+                else:
+                    fut.set_result(msg.arrays)
+
+            self._io.submit(address, {"op": Op.EXPORT.value, "table": table}, (), done)
+            parts.append(fut)
+        arrays = [f.result() for f in parts]
+        keys = np.concatenate([a[0] for a in arrays]) if arrays else np.zeros(0, np.uint64)
+        rows = np.concatenate([a[1] for a in arrays]) if arrays else np.zeros((0, spec.dim), np.float32)
+        return keys, rows
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._io.bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self._io.bytes_received
+
     def server_stats(self) -> list[dict[str, Any]]:
         """Per-server table sizes, clocks and resident memory."""
         return [self._call(addr, {"op": Op.STATS.value}) for addr in self._servers.values()]

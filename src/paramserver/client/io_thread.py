@@ -61,6 +61,8 @@ class IOThread(threading.Thread):
         self.scheduler = config.scheduler
         self._peer(self.scheduler)
         self._heartbeats = False
+        self.bytes_sent = 0
+        self.bytes_received = 0
 
     # ---- called from any thread ----------------------------------------------------
     def submit(self, address: str, header: dict[str, Any], arrays: Sequence[np.ndarray] = (),
@@ -136,6 +138,7 @@ class IOThread(threading.Thread):
             try:
                 frames = encode({**header, "id": request_id}, arrays)
                 send(self._peer(address), frames)
+                self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
             except Exception as exc:
                 if on_reply:
                     on_reply(None, exc)
@@ -149,6 +152,7 @@ class IOThread(threading.Thread):
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            self.bytes_received += sum(len(f) for f in frames)
             try:
                 msg = decode(frames, self.config.max_message_bytes)
             except Exception:

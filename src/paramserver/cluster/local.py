@@ -213,6 +213,7 @@ class LocalCluster:
             proc.to_child.send_bytes(payload)
         results: dict[int, Any] = {}
         errors: list[str] = []
+        summaries: list[str] = []
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         waiting = {p.from_child: p for p in workers}
         while waiting:
@@ -228,13 +229,16 @@ class LocalCluster:
                 except EOFError:
                     proc.popen.wait(5)
                     errors.append(f"{proc.name} died (exit code {proc.popen.returncode})\n{proc.tail()}")
+                    summaries.append(f"{proc.name} died (exit code {proc.popen.returncode})")
                     continue
                 if status == "ok":
                     results[rank] = value
                 else:
-                    errors.append(f"{proc.name} (rank {rank}) raised:\n{value}")
+                    summary, trace = value
+                    errors.append(f"{proc.name} (rank {rank}) raised:\n{trace}")
+                    summaries.append(summary)
         if errors:
-            raise WorkerError("\n".join(errors))
+            raise WorkerError("\n".join(errors), summary=summaries[0])
         return [results[rank] for rank in sorted(results)]
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

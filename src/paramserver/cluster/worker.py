@@ -18,7 +18,7 @@ import cloudpickle
 
 from paramserver.client.client import Client
 from paramserver.config import Config
-from paramserver.errors import ConfigError
+from paramserver.errors import ConfigError, ParamServerError
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +48,14 @@ def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
         try:
             fn, args = cloudpickle.loads(payload)
             answer = ("ok", client.rank, fn(client, *args))
-        except BaseException:  # report everything, including SystemExit, to the parent
-            answer = ("error", client.rank, traceback.format_exc())
+        except BaseException as exc:  # report everything, including SystemExit, to the parent
+            summary = str(exc) if isinstance(exc, ParamServerError) else f"{type(exc).__name__}: {exc}"
+            answer = ("error", client.rank, (summary, traceback.format_exc()))
         try:
             data = cloudpickle.dumps(answer)
         except Exception as exc:
-            data = cloudpickle.dumps(("error", client.rank, f"the function's result cannot be pickled: {exc}"))
+            text = f"the function's result cannot be pickled: {exc}"
+            data = cloudpickle.dumps(("error", client.rank, (text, text)))
         up.send_bytes(data)
 
 

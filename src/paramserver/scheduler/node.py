@@ -17,6 +17,7 @@ import zmq
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError, ProtocolError
 from paramserver.routing.ring import Ring
+from paramserver.scheduler.tasks import TaskQueue
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, field as hfield, reply
 from paramserver.wire.sockets import bind_router, send
@@ -66,6 +67,8 @@ class SchedulerNode:
         self.parked_workers: list[tuple[bytes, Message, NodeInfo]] = []
         self.barrier: list[tuple[bytes, Any, int]] = []
         self.table_ops: dict[int, _TableOp] = {}
+        self.job: TaskQueue | None = None
+        self.shard_waiters: list[tuple[bytes, Any, int]] = []
         self._next_id = 1
         self._next_rank = 0
         self._op_seq = 0
@@ -79,6 +82,11 @@ class SchedulerNode:
             Op.TABLE_INFO: self.on_table_info,
             Op.BARRIER: self.on_barrier,
             Op.SHUTDOWN: self.on_shutdown,
+            Op.JOB_START: self.on_job_start,
+            Op.NEXT_SHARD: self.on_next_shard,
+            Op.SHARD_DONE: self.on_shard_done,
+            Op.JOB_STATUS: self.on_job_status,
+            Op.PROGRESS: self.on_progress,
             Op.OK: self.on_ack,
             Op.ERROR: self.on_ack,
         }
@@ -204,6 +212,12 @@ class SchedulerNode:
         self.by_identity.pop(node.identity, None)
         self.parked_workers = [p for p in self.parked_workers if p[2].id != node_id]
         self.barrier = [b for b in self.barrier if b[2] != node_id]
+        self.shard_waiters = [w for w in self.shard_waiters if w[2] != node_id]
+        if self.job is not None:
+            lost = self.job.release(node_id)
+            if lost:
+                logger.warning("shards %s of %s %d go back to the queue", lost, node.role, node_id)
+                self._serve_shard_waiters()
         logger.info("%s %d removed (%s)", node.role, node_id, why)
         if why == "dead":
             for other in self.nodes.values():
@@ -268,6 +282,51 @@ class SchedulerNode:
             send(self.sock, error_reply(op.request_id, "server", str(op.result["error"])), op.requester)
         else:
             send(self.sock, encode({"op": Op.OK.value, "id": op.request_id}), op.requester)
+
+    # ---- data shards -----------------------------------------------------------------
+    def on_job_start(self, identity: bytes, msg: Message) -> None:
+        shards = msg.header.get("shards")
+        epochs = msg.header.get("epochs")
+        if not isinstance(shards, list) or not isinstance(epochs, int):
+            raise ProtocolError("job_start takes shards (a list) and epochs (an int)")
+        if self.job is not None and not self.job.finished:
+            raise ConfigError("a job is already running on this cluster; wait for it to finish")
+        self.job = TaskQueue(shards, epochs)
+        logger.info("job started: %d shard(s), %d epoch(s)", len(shards), epochs)
+        send(self.sock, reply(msg), identity)
+
+    def on_next_shard(self, identity: bytes, msg: Message) -> None:
+        node_id = self.by_identity.get(identity)
+        if node_id is None or self.job is None:
+            raise ConfigError("no job is running (the driver starts one with start_job)")
+        self.shard_waiters.append((identity, msg.id, node_id))
+        self._serve_shard_waiters()
+
+    def _serve_shard_waiters(self) -> None:
+        waiting, self.shard_waiters = self.shard_waiters, []
+        for identity, request_id, node_id in waiting:
+            answer = self.job.next_shard(node_id) if self.job else {"done": True}
+            if answer is None:
+                self.shard_waiters.append((identity, request_id, node_id))
+            else:
+                send(self.sock, encode({"op": Op.OK.value, "id": request_id, **answer}), identity)
+
+    def on_shard_done(self, identity: bytes, msg: Message) -> None:
+        node_id = self.by_identity.get(identity)
+        if self.job is None or node_id is None:
+            raise ConfigError("no job is running")
+        self.job.shard_done(node_id, hfield(msg, "shard_id", int), hfield(msg, "epoch", int),
+                            msg.header.get("stats") or {})
+        send(self.sock, reply(msg), identity)
+        self._serve_shard_waiters()
+
+    def on_progress(self, identity: bytes, msg: Message) -> None:
+        if self.job is not None:
+            self.job.progress(msg.header.get("stats") or {})
+
+    def on_job_status(self, identity: bytes, msg: Message) -> None:
+        status = self.job.status() if self.job else {}
+        send(self.sock, reply(msg, job=status), identity)
 
     # ---- barrier and shutdown ----------------------------------------------------------
     def _barrier_size(self) -> int:

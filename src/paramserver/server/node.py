@@ -83,7 +83,8 @@ class ServerNode:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="paramserver-vnodes") \
             if self.threads > 1 else None
         self.data_handlers = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
-                              Op.CLOCK: self.on_clock, Op.STATS: self.on_stats}
+                              Op.CLOCK: self.on_clock, Op.STATS: self.on_stats,
+                              Op.EXPORT: self.on_export}
         self.control_handlers = {Op.RING: self.on_ring, Op.CREATE_TABLE: self.on_create_table,
                                  Op.DROP_TABLE: self.on_drop_table, Op.STOP: self.on_stop,
                                  Op.NODE_LOST: self.on_node_lost, Op.OK: lambda m: None,
@@ -277,6 +278,18 @@ class ServerNode:
         worker, clock = field(msg, "worker", int), field(msg, "clock", int)
         self.clocks[worker] = max(clock, self.clocks.get(worker, 0))
         return reply(msg)
+
+    def on_export(self, msg: Message) -> list[Any]:
+        """Every key this server stores for a table, with its value (state left out)."""
+        name = field(msg, "table", str)
+        table = self.tables.get(name)
+        if table is None:
+            raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(self.tables)})")
+        parts = [vt.items() for vt in table.vnodes.values()]
+        keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
+        rows = np.concatenate([r[:, : table.spec.dim] for _, r in parts]) if parts else \
+            np.zeros((0, table.spec.dim), np.float32)
+        return reply(msg, [keys, np.ascontiguousarray(rows)])
 
     def on_stats(self, msg: Message) -> list[Any]:
         tables = {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.vnodes)}

@@ -44,6 +44,11 @@ class Op(str, enum.Enum):
     TABLE_INFO = "table_info"
     BARRIER = "barrier"
     SHUTDOWN = "shutdown"
+    JOB_START = "job_start"
+    NEXT_SHARD = "next_shard"
+    SHARD_DONE = "shard_done"
+    JOB_STATUS = "job_status"
+    PROGRESS = "progress"
     # scheduler -> nodes (notifications)
     RING = "ring"
     NODE_LOST = "node_lost"
@@ -53,6 +58,7 @@ class Op(str, enum.Enum):
     PUSH = "push"
     CLOCK = "clock"
     STATS = "stats"
+    EXPORT = "export"
 
 
 class Message:

@@ -1,0 +1,122 @@
+"""What the ``train``, ``predict``, ``eval``, ``synth`` and ``demo`` commands do.
+
+The CLI parses; this module turns arguments into library calls and shows the results
+(a live progress line on stderr, a final report on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from paramserver.apps.models import Model
+from paramserver.apps.synth import write_synth
+from paramserver.apps.train import TrainConfig, evaluate, predict_file, run_training
+from paramserver.data.reader import DataFormat, sniff_label_format
+
+err = Console(stderr=True)
+out = Console()
+
+
+def _fmt(args: argparse.Namespace) -> DataFormat:
+    label_format = getattr(args, "label_format", None) or "01"
+    if args.format == "libsvm" and not getattr(args, "label_format", None) and args.data:
+        label_format = sniff_label_format(args.data[0])
+    return DataFormat(args.format, args.hash_bits, label_format, args.skip_bad_lines)
+
+
+def _progress_line(status: dict[str, Any], seconds: float) -> str:
+    if not status:
+        return "starting..."
+    live = status.get("live", {})
+    examples = int(live.get("examples", 0))
+    loss = live.get("loss_sum", 0.0) / examples if examples else float("nan")
+    rate = examples / seconds if seconds > 0 else 0.0
+    return (f"epoch {status['epoch'] + 1}/{status['epochs']}  shards {status['shards_done']}/{status['shards']}  "
+            f"examples {examples:,}  {rate:,.0f}/s  train logloss {loss:.4f}")
+
+
+def _report_table(report: dict[str, Any]) -> Table:
+    table = Table(title="paramserver train", show_header=False)
+    rows = [("test logloss", "logloss", "{:.4f}"), ("test AUC", "auc", "{:.4f}"),
+            ("test examples", "test_examples", "{:,}"), ("train logloss", "train_logloss", "{:.4f}"),
+            ("examples", "examples", "{:,}"), ("examples/s", "examples_per_s", "{:,.0f}"),
+            ("seconds", "seconds", "{:.1f}"), ("bytes sent", "bytes_sent", "{:,}"),
+            ("bytes received", "bytes_received", "{:,}"), ("bad lines skipped", "bad_lines", "{:,}")]
+    for label, key, fmt in rows:
+        if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
+            table.add_row(label, fmt.format(report[key]))
+    return table
+
+
+def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list[str],
+           fmt: DataFormat) -> dict[str, Any]:
+    cfg = TrainConfig(model=Model(args.model, getattr(args, "k", 8), getattr(args, "fm_l2", 1e-2)),
+                      data=fmt, optimizer=optimizer, epochs=args.epochs, batch_size=args.batch_size,
+                      seed=getattr(args, "seed", 0))
+    cfg.table_spec()  # validate the optimizer before starting processes
+    quiet = getattr(args, "quiet", False) or not err.is_terminal and os.environ.get("CI")
+    with Live(console=err, refresh_per_second=4, transient=False) as live:
+        def show(status: dict[str, Any], seconds: float) -> None:
+            if not quiet:
+                live.update(_progress_line(status, seconds))
+
+        report = run_training(cfg, data, test, servers=args.servers, workers=args.workers,
+                              save=getattr(args, "save", None),
+                              shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show)
+    if not err.is_terminal and not quiet:
+        err.print()  # end the last progress line
+    out.print(_report_table(report))
+    metrics_out = getattr(args, "metrics_out", None)
+    if metrics_out:
+        with open(metrics_out, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+def train(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]) -> int:
+    _train(args, parse_optimizer(args.optimizer), args.data, args.test, _fmt(args))
+    return 0
+
+
+def demo(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]) -> int:
+    with tempfile.TemporaryDirectory(prefix="paramserver-demo-") as tmp:
+        train_path, test_path = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
+        err.print(f"writing {args.rows:,} synthetic Criteo-format rows (+ {args.rows // 10:,} test rows)")
+        write_synth(train_path, args.rows, seed=1)
+        write_synth(test_path, max(1, args.rows // 10), seed=2)
+        err.print(f"training logistic regression (FTRL) on {args.servers} server(s) and "
+                  f"{args.workers} worker(s)")
+        ns = argparse.Namespace(model="lr", epochs=1, batch_size=1000, servers=args.servers,
+                                workers=args.workers, shard_mb=4, quiet=False)
+        _train(ns, None, [train_path], [test_path], DataFormat("criteo"))
+    return 0
+
+
+def predict(args: argparse.Namespace, _: Any) -> int:
+    n = predict_file(args.model, args.data, args.out, args.skip_bad_lines)
+    err.print(f"wrote {n:,} predictions to {args.out}")
+    return 0
+
+
+def eval(args: argparse.Namespace, _: Any) -> int:  # noqa: A001 - the command's name
+    report = evaluate(args.model, args.data, args.skip_bad_lines)
+    out.print(json.dumps(report))
+    if args.metrics_out:
+        with open(args.metrics_out, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+def synth(args: argparse.Namespace, _: Any) -> int:
+    size = write_synth(args.out, args.rows, args.seed)
+    err.print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")
+    return 0

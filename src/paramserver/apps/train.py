@@ -1,0 +1,217 @@
+"""Training, prediction and evaluation of sparse CTR models.
+
+Run: ``paramserver train --model lr --format criteo --data train.tsv.gz --test test.tsv.gz``
+
+The driver cuts the inputs into shards, hands them to the scheduler's task queue and
+runs ``train_worker`` on every worker: each asks for a shard, streams its mini-batches,
+pulls the rows a batch touches (the pull of batch t+1 is in flight while batch t is
+computed), computes the gradient in numba and pushes it.  The driver then scores the
+test set with a pull and, with ``--save``, writes the model directory:
+
+    model.json     model, table spec, data format
+    table.npz      keys (uint64) and values (float32 [n, dim])
+
+``predict`` and ``eval`` load that directory and need no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from paramserver.apps.models import Model, auc, logloss
+from paramserver.client.client import Client
+from paramserver.data.reader import Batch, DataError, DataFormat, Shard, make_shards, read_all, read_batches
+from paramserver.errors import ConfigError
+from paramserver.server.optim import SGD, Initializer
+from paramserver.server.table import VnodeTable
+from paramserver.spec import TableSpec
+
+PROGRESS_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: Model = field(default_factory=Model)
+    data: DataFormat = field(default_factory=DataFormat)
+    optimizer: Any = None  # None: the model's default
+    epochs: int = 1
+    batch_size: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+
+    def table_spec(self) -> TableSpec:
+        return TableSpec(self.model.table, self.model.dim,
+                         optimizer=self.optimizer or self.model.default_optimizer(),
+                         initializer=self.model.initializer(), seed=self.seed)
+
+
+def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
+    """What every worker runs: shards from the task queue until the job is done."""
+    table, model = cfg.model.table, cfg.model
+    done = {"examples": 0, "loss_sum": 0.0, "bad_lines": 0}
+    while (task := client.next_shard()) is not None:
+        stats: dict[str, Any] = {}
+        examples, loss_sum = _train_shard(client, table, model, Shard.from_wire(task["shard"]), cfg, stats)
+        client.shard_done(task, examples=examples, loss_sum=loss_sum, bad_lines=stats["bad_lines"],
+                          bytes=stats.get("bytes", 0))
+        done["examples"] += examples
+        done["loss_sum"] += loss_sum
+        done["bad_lines"] += stats["bad_lines"]
+    return {**done, "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received}
+
+
+def _train_shard(client: Client, table: str, model: Model, shard: Shard, cfg: TrainConfig,
+                 stats: dict) -> tuple[int, float]:
+    batches = read_batches(shard, cfg.data, cfg.batch_size, stats)
+    batch = next(batches, None)
+    rows = client.pull(table, batch.keys) if batch is not None else None
+    pushed = None
+    examples, loss_sum = 0, 0.0
+    shown_examples, shown_loss, shown_at = 0, 0.0, time.monotonic()
+    while batch is not None:
+        current, w = batch, rows.result(timeout=300)
+        batch = next(batches, None)
+        if batch is not None:  # in flight while this batch computes
+            rows = client.pull(table, batch.keys)
+        grads, loss = model.step(current, w)
+        if pushed is not None:
+            pushed.result(timeout=300)  # errors surface here; one push in flight
+        pushed = client.push(table, current.keys, grads)
+        examples += len(current)
+        loss_sum += loss
+        if time.monotonic() - shown_at > PROGRESS_EVERY_S:
+            client.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
+            shown_examples, shown_loss, shown_at = examples, loss_sum, time.monotonic()
+    if pushed is not None:
+        pushed.result(timeout=300)
+    client.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
+    return examples, loss_sum
+
+
+def score(client: Client, model: Model, batch: Batch) -> np.ndarray:
+    rows = client.pull(model.table, batch.keys).result(timeout=600)
+    return model.predict(batch, rows)
+
+
+def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
+    return {"logloss": logloss(labels, preds), "auc": auc(labels, preds), "examples": int(labels.size)}
+
+
+# ---- the driver --------------------------------------------------------------------
+
+
+def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers: int, workers: int,
+                 save: str | None = None, shard_bytes: int = 16 << 20,
+                 on_progress: Callable[[dict[str, Any], float], None] | None = None) -> dict[str, Any]:
+    """Train on a fresh local cluster; return the report (see ``docs``)."""
+    from paramserver.cluster.local import LocalCluster
+
+    shards = make_shards(data, shard_bytes)
+    test_batch = read_all(test, cfg.data) if test else None
+    spec = cfg.table_spec()
+    with LocalCluster(servers=servers, workers=workers, log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                            seed=spec.seed)
+        client.start_job(shards, cfg.epochs)
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(1, thread_name_prefix="paramserver-train") as pool:
+            running = pool.submit(cluster.run, train_worker, cfg)
+            while not running.done():
+                if on_progress:
+                    on_progress(client.job_status(), time.perf_counter() - t0)
+                wait([running], timeout=PROGRESS_EVERY_S)
+            per_worker = running.result()  # re-raises a worker's error
+        seconds = time.perf_counter() - t0
+        status = client.job_status()
+        if on_progress:
+            on_progress(status, seconds)
+        report: dict[str, Any] = {}
+        if test_batch is not None:
+            report.update(metrics(test_batch.labels, score(client, cfg.model, test_batch)))
+            report["test_examples"] = report.pop("examples")
+        if save:
+            save_model(save, cfg, spec, *client.export_table(spec.name))
+    examples = int(status["examples"])
+    report.update({
+        "examples": examples, "seconds": seconds, "examples_per_s": examples / seconds if seconds else 0.0,
+        "train_logloss": status["loss_sum"] / examples if examples else float("nan"),
+        "bad_lines": int(status["bad_lines"]),
+        "bytes_sent": sum(r["bytes_sent"] for r in per_worker),
+        "bytes_received": sum(r["bytes_received"] for r in per_worker),
+        "epochs": cfg.epochs, "servers": servers, "workers": workers,
+    })
+    return report
+
+
+# ---- model files -------------------------------------------------------------------
+
+
+def save_model(path: str, cfg: TrainConfig, spec: TableSpec, keys: np.ndarray, values: np.ndarray) -> None:
+    os.makedirs(path, exist_ok=True)
+    np.savez(os.path.join(path, "table.npz"), keys=keys, values=values)
+    meta = {"format": "paramserver-model-1", "model": asdict(cfg.model), "table": spec.to_wire(),
+            "data": asdict(cfg.data) | {"skip_bad": False}}
+    tmp = os.path.join(path, "model.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(tmp, os.path.join(path, "model.json"))  # written last: a model dir is whole
+
+
+class LocalModel:
+    """A saved model, loaded in this process (no cluster)."""
+
+    def __init__(self, path: str):
+        try:
+            with open(os.path.join(path, "model.json")) as f:
+                meta = json.load(f)
+            arrays = np.load(os.path.join(path, "table.npz"))
+            keys, values = arrays["keys"], arrays["values"]
+        except FileNotFoundError as exc:
+            raise DataError(f"{path} is not a saved model ({exc.filename} is missing); "
+                            "save one with paramserver train --save DIR") from None
+        except (ValueError, KeyError, OSError) as exc:
+            raise DataError(f"{path}: the model files are damaged ({exc})") from None
+        self.model = Model(**meta["model"])
+        self.data = DataFormat(**meta["data"])
+        spec = TableSpec.from_wire(meta["table"])
+        self.table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed)
+        self.table.load(keys, values)
+
+    def predict(self, batch: Batch) -> np.ndarray:
+        rows = np.empty((batch.keys.shape[0], self.model.dim), np.float32)
+        self.table.lookup(batch.keys, rows)
+        return self.model.predict(batch, rows)
+
+
+def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = False) -> int:
+    model = LocalModel(model_dir)
+    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad}))
+    n = 0
+    with open(out, "w") as f:
+        for path in data:
+            for batch in read_batches(Shard(path, 0, -1), fmt, 1 << 16):
+                np.savetxt(f, model.predict(batch), fmt="%.6f")
+                n += len(batch)
+    if n == 0:
+        raise DataError(f"no examples in {', '.join(data)}")
+    return n
+
+
+def evaluate(model_dir: str, data: list[str], skip_bad: bool = False) -> dict[str, float]:
+    model = LocalModel(model_dir)
+    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad}))
+    batch = read_all(data, fmt)
+    return metrics(batch.labels, model.predict(batch))

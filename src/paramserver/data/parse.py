@@ -1,0 +1,262 @@
+"""Numba parsers: a buffer of whole text lines → labels and hashed feature keys (CSR).
+
+Both formats produce the same batch layout: ``labels float32[n]``, ``indptr int64[n+1]``,
+``keys uint64[nnz]``, ``vals float32[nnz]``.  Every example starts with a bias key.
+
+Feature keys: ``feature_key(field, token_hash)`` mixes a field namespace into the token's
+hash, so the same token in two fields gives two keys.  ``hash_bits > 0`` folds keys into
+``2**hash_bits`` buckets (to compare with hashed learners such as Vowpal Wabbit).
+
+A parser never raises on bad input: it stops at the first malformed line and reports
+its byte offset and what is wrong (``ERR_*``), or, with ``skip_bad``, skips and counts
+it.  Python turns that into a message naming the file, the line and the text.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from paramserver.routing.hashing import hash64
+
+CRITEO_INTS, CRITEO_CATS = 13, 26
+CRITEO_FIELDS = 1 + CRITEO_INTS + CRITEO_CATS  # label + features
+CRITEO_KEYS = 1 + CRITEO_INTS + CRITEO_CATS  # bias + features
+
+# label encodings for LIBSVM
+LABELS_01, LABELS_PM1, LABELS_12 = 0, 1, 2
+LABEL_FORMATS = {"01": LABELS_01, "pm1": LABELS_PM1, "12": LABELS_12}
+
+# what was wrong with a line
+ERR_NONE, ERR_FIELDS, ERR_LABEL, ERR_INT, ERR_PAIR, ERR_INDEX, ERR_VALUE = range(7)
+ERRORS = {
+    ERR_FIELDS: "expected 40 tab-separated fields (label, 13 integers, 26 categorical)",
+    ERR_LABEL: "the label is not one of the format's labels",
+    ERR_INT: "an integer feature is not an integer",
+    ERR_PAIR: "a feature is not of the form index:value",
+    ERR_INDEX: "a feature index is not a positive integer (LIBSVM indices start at 1)",
+    ERR_VALUE: "a feature value is not a finite number",
+}
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+_MISSING = np.uint64(0xFFFFFFFFFFFFFFF1)
+_BIAS = np.uint64(0)
+TAB, NL, CR, SPACE, COLON, MINUS, PLUS, DOT = 9, 10, 13, 32, 58, 45, 43, 46
+
+
+@njit(inline="always", nogil=True, cache=True)
+def feature_key(field, token, mask):
+    k = hash64(token ^ (np.uint64(field + 1) * _GOLDEN))
+    return k & mask if mask != 0 else k
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _bytes_hash(buf, a, b):
+    h = _FNV_OFFSET
+    for i in range(a, b):
+        h = (h ^ np.uint64(buf[i])) * _FNV_PRIME
+    return h
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _parse_int(buf, a, b):
+    """(ok, value) of the decimal integer in buf[a:b] (optional sign)."""
+    if a >= b:
+        return False, 0
+    neg = buf[a] == MINUS
+    if neg or buf[a] == PLUS:
+        a += 1
+    if a >= b or b - a > 18:
+        return False, 0
+    v = 0
+    for i in range(a, b):
+        c = buf[i]
+        if c < 48 or c > 57:
+            return False, 0
+        v = v * 10 + (c - 48)
+    return True, -v if neg else v
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _parse_float(buf, a, b):
+    """(ok, value) of a decimal number ``[-+]digits[.digits][e[-+]digits]`` in buf[a:b]."""
+    if a >= b:
+        return False, 0.0
+    neg = buf[a] == MINUS
+    if neg or buf[a] == PLUS:
+        a += 1
+    mant, scale, digits, i = 0.0, 0, 0, a
+    while i < b and 48 <= buf[i] <= 57:
+        mant = mant * 10.0 + (buf[i] - 48)
+        digits += 1
+        i += 1
+    if i < b and buf[i] == DOT:
+        i += 1
+        while i < b and 48 <= buf[i] <= 57:
+            mant = mant * 10.0 + (buf[i] - 48)
+            scale -= 1
+            digits += 1
+            i += 1
+    if digits == 0:
+        return False, 0.0
+    if i < b and (buf[i] == 101 or buf[i] == 69):  # e / E
+        ok, e = _parse_int(buf, i + 1, b)
+        if not ok:
+            return False, 0.0
+        scale += e
+        i = b
+    if i != b:
+        return False, 0.0
+    v = mant * 10.0**scale
+    if not math.isfinite(v):
+        return False, 0.0
+    return True, -v if neg else v
+
+
+@njit(inline="always", nogil=True, cache=True)
+def bucket_int(v):
+    """Criteo integer feature → bucket: v itself up to 2, then ⌊ln(v)²⌋ (offset past 2)."""
+    if v <= 2:
+        return np.uint64(v + 8)  # negatives too: small, distinct
+    return np.uint64(int(math.log(v) ** 2) + 16)
+
+
+@njit(nogil=True, cache=True)
+def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end):
+    """Parse up to ``max_rows`` lines of ``buf`` (whole lines, each ending in \\n).
+
+    Fills ``labels[:n]``, ``keys[:n, :40]`` and ``line_end[:n]`` (offset just past each
+    parsed line).  Returns ``(n, consumed, bad, err, err_at)``: rows parsed, bytes used,
+    lines skipped, and the first error code with the offset of its line (``err`` is
+    ``ERR_NONE`` when there was none, or when ``skip_bad``).
+    """
+    n, pos, bad, size = 0, 0, 0, buf.shape[0]
+    while pos < size and n < max_rows:
+        end = pos
+        while buf[end] != NL:
+            end += 1
+        stop = end - 1 if end > pos and buf[end - 1] == CR else end
+        err = ERR_NONE
+        if stop == pos:  # blank line: skip silently
+            pos = end + 1
+            continue
+        label = buf[pos] - 48
+        if stop - pos < 2 or buf[pos + 1] != TAB or (label != 0 and label != 1):
+            err = ERR_LABEL
+        else:
+            keys[n, 0] = feature_key(0, _BIAS, mask)
+            field, a = 1, pos + 2
+            while err == ERR_NONE and field < CRITEO_FIELDS:
+                b = a
+                while b < stop and buf[b] != TAB:
+                    b += 1
+                last = field == CRITEO_FIELDS - 1
+                if (b < stop) == last:  # a tab after the last field, or too few fields
+                    err = ERR_FIELDS
+                    break
+                if a == b:
+                    keys[n, field] = feature_key(field, _MISSING, mask)
+                elif field <= CRITEO_INTS:
+                    ok, v = _parse_int(buf, a, b)
+                    if not ok:
+                        err = ERR_INT
+                        break
+                    keys[n, field] = feature_key(field, bucket_int(v), mask)
+                else:
+                    keys[n, field] = feature_key(field, _bytes_hash(buf, a, b), mask)
+                field += 1
+                a = b + 1
+        if err != ERR_NONE:
+            if not skip_bad:
+                return n, pos, bad, err, pos
+            bad += 1
+        else:
+            labels[n] = label
+            line_end[n] = end + 1
+            n += 1
+        pos = end + 1
+    return n, pos, bad, ERR_NONE, -1
+
+
+@njit(nogil=True, cache=True)
+def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, keys, vals, line_end):
+    """LIBSVM lines ``label idx:val ...`` (1-based idx) → CSR rows with a bias key first.
+
+    ``keys``/``vals`` must have room for every feature of ``buf`` plus one a row.
+    Returns like ``parse_criteo``.
+    """
+    n, pos, bad, size, nnz = 0, 0, 0, buf.shape[0], 0
+    indptr[0] = 0
+    while pos < size and n < max_rows:
+        end = pos
+        while buf[end] != NL:
+            end += 1
+        a = pos
+        while a < end and (buf[a] == SPACE or buf[a] == TAB or buf[a] == CR):
+            a += 1
+        if a == end:  # blank line
+            pos = end + 1
+            continue
+        err = ERR_NONE
+        b = a
+        while b < end and buf[b] != SPACE and buf[b] != TAB and buf[b] != CR:
+            b += 1
+        ok, raw = _parse_float(buf, a, b)
+        label = -1.0
+        if ok:
+            if label_format == LABELS_01 and (raw == 0.0 or raw == 1.0):
+                label = raw
+            elif label_format == LABELS_PM1 and (raw == -1.0 or raw == 1.0):
+                label = (raw + 1.0) / 2.0
+            elif label_format == LABELS_12 and (raw == 1.0 or raw == 2.0):
+                label = raw - 1.0
+        if label < 0:
+            err = ERR_LABEL
+        row_nnz = nnz
+        if err == ERR_NONE:
+            keys[row_nnz] = feature_key(0, _BIAS, mask)
+            vals[row_nnz] = 1.0
+            row_nnz += 1
+            a = b
+            while True:
+                while a < end and (buf[a] == SPACE or buf[a] == TAB or buf[a] == CR):
+                    a += 1
+                if a >= end:
+                    break
+                b = a
+                colon = -1
+                while b < end and buf[b] != SPACE and buf[b] != TAB and buf[b] != CR:
+                    if buf[b] == COLON and colon < 0:
+                        colon = b
+                    b += 1
+                if colon < 0:
+                    err = ERR_PAIR
+                    break
+                ok, idx = _parse_int(buf, a, colon)
+                if not ok or idx < 1:
+                    err = ERR_INDEX
+                    break
+                ok, v = _parse_float(buf, colon + 1, b)
+                if not ok:
+                    err = ERR_VALUE
+                    break
+                keys[row_nnz] = feature_key(1, np.uint64(idx), mask)
+                vals[row_nnz] = v
+                row_nnz += 1
+                a = b
+        if err != ERR_NONE:
+            if not skip_bad:
+                return n, pos, bad, err, pos
+            bad += 1
+        else:
+            labels[n] = label
+            nnz = row_nnz
+            n += 1
+            indptr[n] = nnz
+            line_end[n - 1] = end + 1
+        pos = end + 1
+    return n, pos, bad, ERR_NONE, -1

@@ -1,0 +1,291 @@
+"""Training data: shards of files and a streaming reader of mini-batches.
+
+A shard is ``(path, start, end)``: the lines whose first byte lies in ``[start, end)``
+(Hadoop's convention), so shards of one file never share or lose a line.  A compressed
+file cannot be split and is one shard.  Paths go through fsspec (``s3://``, ``gs://``,
+``hdfs://`` work once the user installs the driver); ``.gz`` is read transparently.
+
+``read_batches`` reads a shard in chunks of whole lines, parses each chunk with the
+numba parser of its format and yields ``Batch``es.  A malformed line raises
+``DataError`` naming the file, the line number and the text, unless ``skip_bad``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import fsspec
+import numpy as np
+
+from paramserver.data import parse
+from paramserver.errors import ConfigError, ParamServerError
+
+FORMATS = ("criteo", "libsvm")
+CHUNK_BYTES = 4 << 20
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4")
+
+
+class DataError(ParamServerError):
+    """Training data cannot be read: missing, empty, or a malformed line."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    path: str
+    start: int
+    end: int  # -1: to the end of the file
+
+    def to_wire(self) -> list:
+        return [self.path, self.start, self.end]
+
+    @classmethod
+    def from_wire(cls, w: list) -> Shard:
+        return cls(str(w[0]), int(w[1]), int(w[2]))
+
+
+@dataclass
+class Batch:
+    labels: np.ndarray  # float32[n]
+    indptr: np.ndarray  # int64[n + 1]
+    keys: np.ndarray  # uint64[nnz]
+    vals: np.ndarray  # float32[nnz]
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+@dataclass(frozen=True)
+class DataFormat:
+    """How to parse: format name, hash bits (0 = full 64), LIBSVM label encoding."""
+
+    name: str = "criteo"
+    hash_bits: int = 0
+    label_format: str = "01"
+    skip_bad: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in FORMATS:
+            raise ConfigError(f"--format must be one of {FORMATS}, got {self.name!r}")
+        if not 0 <= self.hash_bits <= 64:
+            raise ConfigError(f"--hash-bits must be in [0, 64] (0: no folding), got {self.hash_bits}")
+        if self.label_format not in parse.LABEL_FORMATS:
+            raise ConfigError(f"label format must be one of {sorted(parse.LABEL_FORMATS)}, "
+                              f"got {self.label_format!r}")
+
+    @property
+    def mask(self) -> np.uint64:
+        return np.uint64(0 if self.hash_bits in (0, 64) else (1 << self.hash_bits) - 1)
+
+
+def _check_exists(path: str) -> int:
+    fs, _, (p,) = fsspec.get_fs_token_paths(path)
+    if not fs.exists(p):
+        raise DataError(f"no such file: {path}")
+    if fs.isdir(p):
+        raise DataError(f"{path} is a directory; pass the files in it")
+    size = int(fs.size(p) or 0)
+    if size == 0:
+        raise DataError(f"{path} is empty")
+    return size
+
+
+def make_shards(paths: list[str], shard_bytes: int = 64 << 20) -> list[Shard]:
+    """Cut ``paths`` into shards of about ``shard_bytes`` (compressed files: one each)."""
+    if not paths:
+        raise DataError("no input files given")
+    shards = []
+    for path in paths:
+        size = _check_exists(path)
+        if path.endswith(COMPRESSED) or size <= shard_bytes:
+            shards.append(Shard(path, 0, -1))
+            continue
+        for start in range(0, size, shard_bytes):
+            shards.append(Shard(path, start, min(start + shard_bytes, size)))
+    return shards
+
+
+def sniff_label_format(path: str) -> str:
+    """LIBSVM label encoding from the first lines of ``path``: ``01``, ``pm1`` or ``12``."""
+    with fsspec.open(path, "rb", compression="infer") as f:
+        head = f.read(1 << 20)
+    labels = set()
+    for line in head.split(b"\n")[:-1] or head.split(b"\n"):
+        token = line.split(None, 1)[0] if line.strip() else b""
+        if token:
+            labels.add(token.decode(errors="replace"))
+    values = set()
+    for t in labels:
+        try:
+            values.add(float(t))
+        except ValueError:
+            pass
+    if -1.0 in values:
+        return "pm1"
+    if 2.0 in values:
+        return "12"
+    return "01"
+
+
+def _line_number(path: str, offset: int) -> int:
+    """1-based number of the line starting at byte ``offset`` (counted on demand)."""
+    with fsspec.open(path, "rb", compression="infer") as f:
+        count, done = 0, 0
+        while done < offset:
+            chunk = f.read(min(CHUNK_BYTES, offset - done))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            done += len(chunk)
+    return count + 1
+
+
+class _Parsed:
+    """Output buffers of one parse call, reused across chunks."""
+
+    def __init__(self, fmt: DataFormat, rows: int, nbytes: int):
+        self.labels = np.empty(rows, np.float32)
+        self.line_end = np.empty(rows, np.int64)
+        if fmt.name == "criteo":
+            self.keys2d = np.empty((rows, parse.CRITEO_KEYS), np.uint64)
+        else:
+            cap = nbytes // 2 + rows + 1  # a feature takes >= 2 bytes ("1:" at least ... "1:1 ")
+            self.indptr = np.empty(rows + 1, np.int64)
+            self.keys = np.empty(cap, np.uint64)
+            self.vals = np.empty(cap, np.float32)
+
+
+def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
+                 stats: dict | None = None) -> Iterator[Batch]:
+    """Yield mini-batches of ``batch_size`` examples (the last may be smaller).
+
+    ``stats`` (if given) receives ``bad_lines``, ``examples`` and ``bytes``.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch size must be >= 1, got {batch_size}")
+    stats = stats if stats is not None else {}
+    stats.setdefault("bad_lines", 0)
+    stats.setdefault("examples", 0)
+    pending: list[Batch] = []
+    pending_rows = 0
+    for batch in _read_chunks(shard, fmt, stats):
+        pending.append(batch)
+        pending_rows += len(batch)
+        while pending_rows >= batch_size:
+            whole = _concat(pending)
+            yield _slice(whole, 0, batch_size)
+            rest = _slice(whole, batch_size, len(whole))
+            pending, pending_rows = ([rest] if len(rest) else []), len(rest)
+    if pending_rows:
+        yield _concat(pending)
+
+
+def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict) -> Iterator[Batch]:
+    path = shard.path
+    try:
+        f = fsspec.open(path, "rb", compression="infer").open()
+    except FileNotFoundError:
+        raise DataError(f"no such file: {path}") from None
+    with f:
+        pos = shard.start
+        if shard.start > 0:  # the line straddling start belongs to the previous shard
+            f.seek(shard.start - 1)
+            skipped = f.readline()
+            pos = shard.start - 1 + len(skipped)
+        end = shard.end if shard.end >= 0 else None
+        carry = b""
+        while end is None or pos < end:
+            data = f.read(CHUNK_BYTES)
+            eof = not data
+            buf = carry + data
+            if eof:
+                if not buf:
+                    break
+                if not buf.endswith(b"\n"):
+                    buf += b"\n"
+                cut = len(buf)
+            else:
+                cut = buf.rfind(b"\n") + 1
+                if cut == 0:  # a line longer than a chunk: read on
+                    carry = buf
+                    continue
+            carry = buf[cut:]
+            arr = np.frombuffer(buf, np.uint8, count=cut)
+            if end is not None:  # keep only lines starting before `end`
+                limit = end - pos
+                if limit < cut:
+                    nl = buf.find(b"\n", max(limit - 1, 0)) if limit > 0 else -1
+                    arr = arr[: (nl + 1 if limit > 0 else 0)]
+            yield from _parse_all(arr, pos, shard, fmt, stats)
+            pos += cut
+            stats["bytes"] = stats.get("bytes", 0) + cut
+            if eof:
+                break
+
+
+def _parse_all(arr: np.ndarray, base: int, shard: Shard, fmt: DataFormat, stats: dict) -> Iterator[Batch]:
+    offset = 0
+    rows = max(1, arr.shape[0] // 16 + 1)  # a line takes >= 2 bytes; grow if needed
+    out = _Parsed(fmt, min(rows, 1 << 16), arr.shape[0])
+    while offset < arr.shape[0]:
+        view = arr[offset:]
+        cap = out.labels.shape[0]
+        if fmt.name == "criteo":
+            n, used, bad, err, err_at = parse.parse_criteo(view, cap, fmt.skip_bad, fmt.mask,
+                                                           out.labels, out.keys2d, out.line_end)
+            batch = Batch(out.labels[:n].copy(), np.arange(0, (n + 1) * parse.CRITEO_KEYS,
+                                                           parse.CRITEO_KEYS, dtype=np.int64),
+                          out.keys2d[:n].reshape(-1).copy(), np.ones(n * parse.CRITEO_KEYS, np.float32))
+        else:
+            n, used, bad, err, err_at = parse.parse_libsvm(
+                view, cap, fmt.skip_bad, fmt.mask, parse.LABEL_FORMATS[fmt.label_format],
+                out.labels, out.indptr, out.keys, out.vals, out.line_end)
+            nnz = int(out.indptr[n])
+            batch = Batch(out.labels[:n].copy(), out.indptr[: n + 1].copy(),
+                          out.keys[:nnz].copy(), out.vals[:nnz].copy())
+        stats["bad_lines"] += bad
+        if err != parse.ERR_NONE:
+            _raise_bad_line(shard, fmt, arr, offset + err_at, base, err)
+        if n:
+            stats["examples"] += n
+            yield batch
+        offset += used
+
+
+def _raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base: int, err: int) -> None:
+    stop = at
+    while stop < arr.shape[0] and arr[stop] != parse.NL:
+        stop += 1
+    text = bytes(arr[at:stop]).decode("utf-8", errors="replace")
+    if len(text) > 200:
+        text = text[:200] + "..."
+    line = _line_number(shard.path, base + at)
+    raise DataError(f"{shard.path}:{line}: {parse.ERRORS[err]} ({fmt.name} format): {text!r}; "
+                    "fix or drop the line, or pass --skip-bad-lines to skip and count such lines")
+
+
+def _slice(b: Batch, lo: int, hi: int) -> Batch:
+    a, z = int(b.indptr[lo]), int(b.indptr[hi])
+    return Batch(b.labels[lo:hi], b.indptr[lo: hi + 1] - a, b.keys[a:z], b.vals[a:z])
+
+
+def _concat(batches: list[Batch]) -> Batch:
+    if len(batches) == 1:
+        return batches[0]
+    offsets = np.cumsum([0] + [int(b.indptr[-1]) for b in batches[:-1]])
+    indptr = np.concatenate([batches[0].indptr[:1]] + [b.indptr[1:] + o for b, o in zip(batches, offsets)])
+    return Batch(np.concatenate([b.labels for b in batches]), indptr,
+                 np.concatenate([b.keys for b in batches]), np.concatenate([b.vals for b in batches]))
+
+
+def read_all(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16) -> Batch:
+    """Every example of ``paths`` in one batch (for test sets)."""
+    parts = [b for p in paths for b in read_batches(Shard(p, 0, -1), fmt, batch_size)]
+    if not parts:
+        raise DataError(f"no examples in {', '.join(paths)}")
+    return _concat(parts)
+
+
+def local_path_size(path: str) -> int:
+    return os.path.getsize(path)

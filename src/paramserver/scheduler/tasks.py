@@ -1,0 +1,84 @@
+"""The task scheduler: hands data shards to workers on request, epoch by epoch.
+
+Sans-IO: methods take requests and return answers; the scheduler node does the I/O.
+A worker asks for a shard when it is free (a pull-based queue: balancing and straggler
+tolerance for free).  Epoch e+1 starts only once every shard of epoch e is done, so each
+example is processed once per epoch; a worker that leaves or dies puts the shards it
+held back at the front of the queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from paramserver.errors import ConfigError
+
+
+@dataclass
+class TaskQueue:
+    shards: list[list[Any]]  # wire form [path, start, end]
+    epochs: int
+    epoch: int = 0
+    todo: deque = field(default_factory=deque)
+    running: dict[int, int] = field(default_factory=dict)  # shard -> node
+    done: set[int] = field(default_factory=set)
+    totals: dict[str, float] = field(default_factory=lambda: {
+        "examples": 0, "loss_sum": 0.0, "bad_lines": 0, "bytes": 0})
+    epoch_examples: list[int] = field(default_factory=list)
+    live: dict[str, float] = field(default_factory=lambda: {"examples": 0, "loss_sum": 0.0})
+
+    def __post_init__(self) -> None:
+        if not self.shards:
+            raise ConfigError("a job needs at least one shard of data")
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        self.todo = deque(range(len(self.shards)))
+        self.epoch_examples = [0]
+
+    @property
+    def finished(self) -> bool:
+        return self.epoch == self.epochs - 1 and len(self.done) == len(self.shards)
+
+    def next_shard(self, node_id: int) -> dict[str, Any] | None:
+        """A shard for ``node_id``, ``{"done": True}`` at the end, or None: wait."""
+        if not self.todo and len(self.done) == len(self.shards) and self.epoch + 1 < self.epochs:
+            self.epoch += 1
+            self.done.clear()
+            self.todo = deque(range(len(self.shards)))
+            self.epoch_examples.append(0)
+        if self.todo:
+            sid = self.todo.popleft()
+            self.running[sid] = node_id
+            return {"shard_id": sid, "shard": self.shards[sid], "epoch": self.epoch}
+        if self.finished:
+            return {"done": True}
+        return None
+
+    def shard_done(self, node_id: int, sid: int, epoch: int, stats: dict[str, Any]) -> None:
+        if epoch != self.epoch or self.running.get(sid) != node_id:
+            raise ConfigError(f"shard {sid} of epoch {epoch} is not held by node {node_id}")
+        del self.running[sid]
+        self.done.add(sid)
+        for k in self.totals:
+            self.totals[k] += float(stats.get(k, 0))
+        self.epoch_examples[-1] += int(stats.get("examples", 0))
+
+    def progress(self, stats: dict[str, Any]) -> None:
+        """Counters of work in progress (for display; totals count at shard_done)."""
+        for k in self.live:
+            self.live[k] += float(stats.get(k, 0))
+
+    def release(self, node_id: int) -> list[int]:
+        """Put back the shards ``node_id`` held (it left or died)."""
+        lost = [sid for sid, n in self.running.items() if n == node_id]
+        for sid in lost:
+            del self.running[sid]
+            self.todo.appendleft(sid)
+        return lost
+
+    def status(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "epochs": self.epochs, "shards": len(self.shards),
+                "shards_done": len(self.done), "finished": self.finished,
+                "epoch_examples": list(self.epoch_examples), "live": dict(self.live), **self.totals}
