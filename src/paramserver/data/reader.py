@@ -261,8 +261,9 @@ def _raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, bas
     if len(text) > 200:
         text = text[:200] + "..."
     line = _line_number(shard.path, base + at)
-    raise DataError(f"{shard.path}:{line}: {parse.ERRORS[err]} ({fmt.name} format): {text!r}; "
-                    "fix or drop the line, or pass --skip-bad-lines to skip and count such lines")
+    fix = ("is the file really in this format? (--format criteo|libsvm)" if line == 1 else
+           "fix or drop the line, or pass --skip-bad-lines to skip and count such lines")
+    raise DataError(f"{shard.path}:{line}: {parse.ERRORS[err]} ({fmt.name} format): {text!r}; {fix}")
 
 
 def _slice(b: Batch, lo: int, hi: int) -> Batch:

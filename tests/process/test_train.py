@@ -1,0 +1,111 @@
+"""End-to-end training: quality on real data, bad input, exactly once, saved models."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paramserver.apps.models import Model
+from paramserver.apps.synth import write_synth
+from paramserver.apps.train import TrainConfig, evaluate, predict_file, run_training
+from paramserver.data.reader import DataFormat
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def shared(rel: str) -> str:
+    path = DATA / rel
+    if not path.exists():
+        pytest.skip(f"real data not found at {path} (the ../shared/data folder is absent)")
+    return str(path)
+
+
+def test_a9a_one_pass_logistic_regression_reaches_0_330():
+    train, test = shared("libsvm/a9a.libsvm.gz"), shared("libsvm/a9a.t.libsvm.gz")
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"), epochs=1, batch_size=100)
+    report = run_training(cfg, [train], [test], servers=1, workers=1)
+    assert report["examples"] == 32_561 and report["test_examples"] == 16_281
+    assert report["logloss"] <= 0.330, report
+
+
+def test_criteo_split_lr_reaches_0_475_and_fm_beats_its_auc():
+    train = shared("criteo/criteo_kaggle_wideresdnn_train.tsv.gz")
+    test = shared("criteo/criteo_kaggle_wideresdnn_test.tsv.gz")
+    lr = run_training(TrainConfig(Model("lr"), batch_size=100), [train], [test], servers=2, workers=1)
+    fm = run_training(TrainConfig(Model("fm", k=8), batch_size=100), [train], [test], servers=2, workers=1)
+    assert lr["examples"] == 7_200 and lr["test_examples"] == 391
+    assert lr["logloss"] <= 0.475, lr
+    assert fm["auc"] > lr["auc"], (fm, lr)
+
+
+def test_every_example_once_per_epoch_across_workers_and_shards(tmp_path):
+    path = str(tmp_path / "synth.tsv")
+    write_synth(path, 30_000, seed=3)
+    cfg = TrainConfig(Model("lr"), epochs=2, batch_size=500)
+    report = run_training(cfg, [path], [], servers=2, workers=2, shard_bytes=400_000)
+    assert report["examples"] == 60_000
+    assert report["bytes_sent"] > 0 and report["bytes_received"] > 0
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "paramserver", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "CI": "1"})
+
+
+def test_corrupted_line_stops_with_its_line_number_or_is_skipped_and_counted(tmp_path):
+    path = tmp_path / "data.tsv"
+    write_synth(str(path), 2_000, seed=4)
+    lines = path.read_text().splitlines(keepends=True)
+    lines[1233] = "1\tnot\ta\tcriteo\tline\n"
+    path.write_text("".join(lines))
+    bad = cli("train", "--data", str(path), "--quiet")
+    assert bad.returncode == 2
+    assert f"{path}:1234:" in bad.stderr and "'1\\tnot\\ta\\tcriteo\\tline'" in bad.stderr
+    assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    metrics = tmp_path / "m.json"
+    ok = cli("train", "--data", str(path), "--skip-bad-lines", "--quiet", "--metrics-out", str(metrics))
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(metrics.read_text())
+    assert report["bad_lines"] == 1 and report["examples"] == 1_999
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--data", "/nonexistent/x.tsv"], "no such file: /nonexistent/x.tsv"),
+    (["--data", "{synth}", "--optimizer", "ftrl:alpha=-1"], "ftrl alpha must be > 0"),
+    (["--data", "{synth}", "--model", "svm"], "--model must be 'lr' or 'fm'"),
+    (["--data", "{synth}", "--format", "csv"], "--format must be one of"),
+    (["--data", "{synth}", "--format", "libsvm", "--label-format", "01"], "s.tsv:1: a feature is not of the "
+                                                                          "form index:value"),
+])
+def test_bad_arguments_are_one_clear_line(tmp_path, args, message):
+    synth = str(tmp_path / "s.tsv")
+    write_synth(synth, 100)
+    proc = cli("train", *[a.replace("{synth}", synth) for a in args], "--quiet")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_saved_model_predicts_and_evaluates_without_a_cluster(tmp_path):
+    train, test = str(tmp_path / "train.tsv"), str(tmp_path / "test.tsv.gz")
+    write_synth(train, 20_000, seed=1)
+    write_synth(test, 3_000, seed=2)
+    model_dir = str(tmp_path / "model")
+    report = run_training(TrainConfig(Model("fm", k=4), batch_size=500), [train], [test], servers=2,
+                          workers=1, save=model_dir)
+    offline = evaluate(model_dir, [test])
+    assert offline["examples"] == 3_000
+    assert offline["logloss"] == pytest.approx(report["logloss"], rel=1e-6)
+    assert offline["auc"] == pytest.approx(report["auc"], rel=1e-6)
+    out = tmp_path / "preds.txt"
+    assert predict_file(model_dir, [test], str(out)) == 3_000
+    preds = np.loadtxt(out)
+    assert preds.shape == (3_000,) and ((preds > 0) & (preds < 1)).all()
+    proc = cli("eval", "--model", model_dir, "--data", test)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["examples"] == 3_000
+    proc = cli("eval", "--model", str(tmp_path), "--data", test)
+    assert proc.returncode == 2 and "is not a saved model" in proc.stderr

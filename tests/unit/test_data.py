@@ -1,0 +1,111 @@
+"""Parsers and the shard reader: every line once, bad lines named, labels mapped."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from paramserver.data import parse
+from paramserver.data.reader import DataError, DataFormat, Shard, make_shards, read_all, read_batches
+
+CRITEO_LINE = "1\t5\t\t-2\t0\t1382\t4\t15\t2\t181\t1\t2\t\t2\t" + "\t".join(
+    ["68fd1e64", "80e26c9b", ""] + [f"{i:08x}" for i in range(23)]) + "\n"
+
+
+def write(path, text, gz=False):
+    data = text.encode()
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+    return str(path)
+
+
+def test_criteo_line_gives_bias_plus_39_field_keys(tmp_path):
+    path = write(tmp_path / "a.tsv", CRITEO_LINE * 3)
+    batch = read_all([path], DataFormat("criteo"))
+    assert batch.labels.tolist() == [1, 1, 1]
+    assert batch.indptr.tolist() == [0, 40, 80, 120]
+    row = batch.keys[:40]
+    assert len(set(row.tolist())) == 40  # every field its own namespace, missing included
+    np.testing.assert_array_equal(batch.keys[:40], batch.keys[40:80])
+    # the same token in another field is another key
+    moved = CRITEO_LINE.replace("68fd1e64\t80e26c9b", "80e26c9b\t68fd1e64")
+    other = read_all([write(tmp_path / "b.tsv", moved)], DataFormat("criteo")).keys
+    assert other[14] != row[14] and other[14] != row[15]
+
+
+def test_integer_buckets_are_log_squared():
+    assert parse.bucket_int(0) != parse.bucket_int(1) != parse.bucket_int(2)
+    assert parse.bucket_int(100) == parse.bucket_int(99)  # floor(ln(v)^2) = 21 for both
+    assert parse.bucket_int(3) != parse.bucket_int(100)
+    assert parse.bucket_int(-1) != parse.bucket_int(1)
+
+
+@pytest.mark.parametrize("bad,what", [
+    ("2\t" + CRITEO_LINE[2:], "label"),
+    (CRITEO_LINE.replace("\t1382\t", "\t13x2\t"), "integer"),
+    (CRITEO_LINE.rstrip("\n") + "\textra\n", "40 tab-separated"),
+    ("0\t1\t2\n", "40 tab-separated"),
+])
+def test_a_malformed_criteo_line_names_file_line_and_text(tmp_path, bad, what):
+    path = write(tmp_path / "bad.tsv", CRITEO_LINE * 4 + bad + CRITEO_LINE)
+    with pytest.raises(DataError, match=rf"bad.tsv:5: .*{what}") as err:
+        read_all([path], DataFormat("criteo"))
+    assert repr(bad.strip()[:20])[1:-1] in str(err.value) and "--skip-bad-lines" in str(err.value)
+    stats = {}
+    batches = list(read_batches(Shard(path, 0, -1), DataFormat("criteo", skip_bad=True), 100, stats))
+    assert sum(len(b) for b in batches) == 5 and stats["bad_lines"] == 1
+
+
+@pytest.mark.parametrize("fmt,labels", [("01", "0 1 1 0"), ("pm1", "-1 +1 1 -1"), ("12", "1 2 2 1")])
+def test_libsvm_labels_are_mapped_to_0_1(tmp_path, fmt, labels):
+    text = "".join(f"{lab} 3:1 10:0.5 \n" for lab in labels.split())
+    batch = read_all([write(tmp_path / "a.svm", text)], DataFormat("libsvm", label_format=fmt))
+    assert batch.labels.tolist() == [0, 1, 1, 0]
+    assert batch.indptr.tolist() == [0, 3, 6, 9, 12]
+    assert batch.vals[:3].tolist() == [1.0, 1.0, 0.5]  # bias, 3:1, 10:0.5
+
+
+@pytest.mark.parametrize("line,what", [("1 0:1\n", "positive integer"), ("1 3\n", "index:value"),
+                                       ("1 3:abc\n", "finite number"), ("7 3:1\n", "label")])
+def test_bad_libsvm_lines(tmp_path, line, what):
+    path = write(tmp_path / "a.svm", "1 2:1\n" + line)
+    with pytest.raises(DataError, match=rf"a.svm:2: .*{what}"):
+        read_all([path], DataFormat("libsvm", label_format="01"))
+
+
+def test_byte_range_shards_cover_every_line_exactly_once(tmp_path):
+    lines = [CRITEO_LINE.replace("\t5\t", f"\t{i}\t", 1) for i in range(997)]
+    path = write(tmp_path / "big.tsv", "".join(lines))
+    whole = read_all([path], DataFormat("criteo")).keys.reshape(-1, 40)
+    for shard_bytes in (1000, 4096, 77_777):
+        shards = make_shards([path], shard_bytes)
+        assert len(shards) > 1
+        parts = [b.keys.reshape(-1, 40) for s in shards for b in read_batches(s, DataFormat("criteo"), 64)]
+        got = np.concatenate(parts)
+        np.testing.assert_array_equal(got, whole)  # same lines, same order, none twice
+
+
+def test_gzip_is_one_shard_and_reads_the_same(tmp_path):
+    plain = write(tmp_path / "a.tsv", CRITEO_LINE * 50)
+    packed = write(tmp_path / "a.tsv.gz", CRITEO_LINE * 50, gz=True)
+    assert make_shards([packed], 10) == [Shard(packed, 0, -1)]
+    np.testing.assert_array_equal(read_all([packed], DataFormat()).keys, read_all([plain], DataFormat()).keys)
+
+
+def test_missing_and_empty_inputs_are_clear(tmp_path):
+    with pytest.raises(DataError, match="no such file: .*nope.tsv"):
+        make_shards([str(tmp_path / "nope.tsv")])
+    (tmp_path / "empty.tsv").write_bytes(b"")
+    with pytest.raises(DataError, match="is empty"):
+        make_shards([str(tmp_path / "empty.tsv")])
+
+
+def test_hash_bits_fold_keys():
+    buf = np.frombuffer(CRITEO_LINE.encode(), np.uint8)
+    keys = np.empty((1, 40), np.uint64)
+    parse.parse_criteo(buf, 1, False, np.uint64((1 << 18) - 1), np.empty(1, np.float32), keys,
+                       np.empty(1, np.int64))
+    assert keys.max() < 1 << 18
