@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--pipeline", type=int, default=2,
+                   help="mini-batches in flight per worker (1: each sees every earlier push)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
     p.add_argument("--save", metavar="DIR", help="write the trained model here")

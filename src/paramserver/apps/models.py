@@ -1,10 +1,9 @@
 """Models: logistic regression and a factorization machine over hashed sparse features.
 
-A model is a table layout plus two numba kernels over a CSR mini-batch whose every key's
-row has been pulled (``rows[nnz, width]``, in the batch's key order, duplicates
-included): ``step`` returns the gradient row of every key occurrence (the client sums
-duplicates before pushing) and the batch's summed log loss; ``predict`` returns
-probabilities.
+A model is a table layout plus two numba kernels over a CSR mini-batch.  The batch's
+distinct keys are pulled once (``rows[m, width]``) and ``inverse[j]`` says which row key
+occurrence ``j`` uses; ``step`` returns one summed gradient row per distinct key and the
+batch's summed log loss; ``predict`` returns probabilities.
 
 * ``lr``: one weight a key; ``p = σ(Σ w_j x_j)``.
 * ``fm``: a weight and a k-vector a key (one row ``[w, v_1..v_k]``, so one pull);
@@ -38,30 +37,30 @@ def _logloss(p, y):
 
 
 @njit(nogil=True, cache=True)
-def _lr(indptr, vals, labels, rows, want_grads):
+def _lr(indptr, vals, labels, inverse, rows, want_grads):
     n = labels.shape[0]
-    grads = np.empty((vals.shape[0] if want_grads else 0, 1), np.float32)
+    grads = np.zeros((rows.shape[0] if want_grads else 0, 1), np.float32)
     preds = np.empty(n, np.float64)
     loss = 0.0
     for i in range(n):
         z = 0.0
         for j in range(indptr[i], indptr[i + 1]):
-            z += rows[j, 0] * vals[j]
+            z += rows[inverse[j], 0] * vals[j]
         p = _sigmoid(z)
         preds[i] = p
         loss += _logloss(p, labels[i])
         if want_grads:
             e = p - labels[i]
             for j in range(indptr[i], indptr[i + 1]):
-                grads[j, 0] = e * vals[j]
+                grads[inverse[j], 0] += e * vals[j]
     return grads, loss, preds
 
 
 @njit(nogil=True, cache=True)
-def _fm(indptr, vals, labels, rows, want_grads, l2):
+def _fm(indptr, vals, labels, inverse, rows, want_grads, l2):
     n = labels.shape[0]
     k = rows.shape[1] - 1
-    grads = np.empty((vals.shape[0] if want_grads else 0, k + 1), np.float32)
+    grads = np.zeros((rows.shape[0] if want_grads else 0, k + 1), np.float32)
     preds = np.empty(n, np.float64)
     s = np.empty(k, np.float64)
     loss = 0.0
@@ -71,9 +70,10 @@ def _fm(indptr, vals, labels, rows, want_grads, l2):
         sq = 0.0
         for j in range(indptr[i], indptr[i + 1]):
             x = vals[j]
-            z += rows[j, 0] * x
+            u = inverse[j]
+            z += rows[u, 0] * x
             for f in range(k):
-                v = rows[j, 1 + f] * x
+                v = rows[u, 1 + f] * x
                 s[f] += v
                 sq += v * v
         inter = 0.0
@@ -87,10 +87,11 @@ def _fm(indptr, vals, labels, rows, want_grads, l2):
             e = p - labels[i]
             for j in range(indptr[i], indptr[i + 1]):
                 x = vals[j]
-                grads[j, 0] = e * x
+                u = inverse[j]
+                grads[u, 0] += e * x
                 for f in range(k):
-                    v = rows[j, 1 + f]
-                    grads[j, 1 + f] = e * (x * s[f] - v * x * x) + l2 * v
+                    v = rows[u, 1 + f]
+                    grads[u, 1 + f] += e * (x * s[f] - v * x * x) + l2 * v
     return grads, loss, preds
 
 
@@ -132,18 +133,18 @@ class Model:
     def initializer(self) -> dict[str, Any]:
         return {"name": "zeros"} if self.name == "lr" else {"name": "normal", "std": 0.01}
 
-    def step(self, batch, rows: np.ndarray) -> tuple[np.ndarray, float]:
-        """Gradient rows (one per key occurrence) and the batch's summed log loss."""
+    def step(self, batch, inverse: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, float]:
+        """One summed gradient row per distinct key, and the batch's summed log loss."""
         if self.name == "lr":
-            grads, loss, _ = _lr(batch.indptr, batch.vals, batch.labels, rows, True)
+            grads, loss, _ = _lr(batch.indptr, batch.vals, batch.labels, inverse, rows, True)
         else:
-            grads, loss, _ = _fm(batch.indptr, batch.vals, batch.labels, rows, True, self.l2)
+            grads, loss, _ = _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, True, self.l2)
         return grads, float(loss)
 
-    def predict(self, batch, rows: np.ndarray) -> np.ndarray:
+    def predict(self, batch, inverse: np.ndarray, rows: np.ndarray) -> np.ndarray:
         if self.name == "lr":
-            return _lr(batch.indptr, batch.vals, batch.labels, rows, False)[2]
-        return _fm(batch.indptr, batch.vals, batch.labels, rows, False, 0.0)[2]
+            return _lr(batch.indptr, batch.vals, batch.labels, inverse, rows, False)[2]
+        return _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, False, 0.0)[2]
 
 
 def logloss(y: np.ndarray, p: np.ndarray) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -27,7 +28,8 @@ import numpy as np
 
 from paramserver.apps.models import Model, auc, logloss
 from paramserver.client.client import Client
-from paramserver.data.reader import Batch, DataError, DataFormat, Shard, make_shards, read_all, read_batches
+from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, make_shards, prefetch, read_all,
+                                     read_batches)
 from paramserver.errors import ConfigError
 from paramserver.server.optim import SGD, Initializer
 from paramserver.server.table import VnodeTable
@@ -44,12 +46,15 @@ class TrainConfig:
     epochs: int = 1
     batch_size: int = 1000
     seed: int = 0
+    pipeline: int = 2  # batches in flight (pulls ahead, pushes unacknowledged)
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
             raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if not 1 <= self.pipeline <= 64:
+            raise ConfigError(f"--pipeline must be in [1, 64], got {self.pipeline}")
 
     def table_spec(self) -> TableSpec:
         return TableSpec(self.model.table, self.model.dim,
@@ -74,35 +79,49 @@ def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
 
 def _train_shard(client: Client, table: str, model: Model, shard: Shard, cfg: TrainConfig,
                  stats: dict) -> tuple[int, float]:
-    batches = read_batches(shard, cfg.data, cfg.batch_size, stats)
-    batch = next(batches, None)
-    rows = client.pull(table, batch.keys) if batch is not None else None
-    pushed = None
+    """Train on one shard with ``cfg.pipeline`` pulls and pushes in flight.
+
+    The rows for batch t are pulled while batches t-1 .. t-pipeline+1 compute, so a
+    batch sees the pushes of all but the last ``pipeline - 1`` batches before it
+    (bounded delay, as in Downpour SGD); ``pipeline=1`` is strictly sequential.
+    """
+    # parsed and deduplicated ahead by a reader thread
+    batches = prefetch(read_batches(shard, cfg.data, cfg.batch_size, stats),
+                       prepare=lambda b: (b, *b.unique()))
+    pulls: deque = deque()
+    pushes: deque = deque()
     examples, loss_sum = 0, 0.0
     shown_examples, shown_loss, shown_at = 0, 0.0, time.monotonic()
-    while batch is not None:
-        current, w = batch, rows.result(timeout=300)
-        batch = next(batches, None)
-        if batch is not None:  # in flight while this batch computes
-            rows = client.pull(table, batch.keys)
-        grads, loss = model.step(current, w)
-        if pushed is not None:
-            pushed.result(timeout=300)  # errors surface here; one push in flight
-        pushed = client.push(table, current.keys, grads)
-        examples += len(current)
+    exhausted = False
+    while True:
+        while not exhausted and len(pulls) < cfg.pipeline:
+            item = next(batches, None)
+            if item is None:
+                exhausted = True
+            else:
+                pulls.append((item, client.pull(table, item[1])))
+        if not pulls:
+            break
+        (batch, uniq, inverse), rows = pulls.popleft()
+        grads, loss = model.step(batch, inverse, rows.result(timeout=300))
+        while len(pushes) >= cfg.pipeline:
+            pushes.popleft().result(timeout=300)  # errors surface here
+        pushes.append(client.push(table, uniq, grads))
+        examples += len(batch)
         loss_sum += loss
         if time.monotonic() - shown_at > PROGRESS_EVERY_S:
             client.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
             shown_examples, shown_loss, shown_at = examples, loss_sum, time.monotonic()
-    if pushed is not None:
-        pushed.result(timeout=300)
+    while pushes:
+        pushes.popleft().result(timeout=300)
     client.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
     return examples, loss_sum
 
 
 def score(client: Client, model: Model, batch: Batch) -> np.ndarray:
-    rows = client.pull(model.table, batch.keys).result(timeout=600)
-    return model.predict(batch, rows)
+    uniq, inverse = batch.unique()
+    rows = client.pull(model.table, uniq).result(timeout=600)
+    return model.predict(batch, inverse, rows)
 
 
 def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
@@ -191,9 +210,10 @@ class LocalModel:
         self.table.load(keys, values)
 
     def predict(self, batch: Batch) -> np.ndarray:
-        rows = np.empty((batch.keys.shape[0], self.model.dim), np.float32)
-        self.table.lookup(batch.keys, rows)
-        return self.model.predict(batch, rows)
+        uniq, inverse = batch.unique()
+        rows = np.empty((uniq.shape[0], self.model.dim), np.float32)
+        self.table.lookup(uniq, rows)
+        return self.model.predict(batch, inverse, rows)
 
 
 def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = False) -> int:

@@ -106,6 +106,39 @@ def _dedup_sum(skeys, srows, offsets):
 
 
 @njit(nogil=True, cache=True)
+def unique_inverse(keys):
+    """Distinct keys in first-seen order and, for every key, its index among them.
+
+    O(n) with a hash table of >= 2n slots; the model code pulls each distinct key once.
+    """
+    n = keys.shape[0]
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    mask = np.uint64(size - 1)
+    slots = np.full(size, -1, np.int64)
+    uniq = np.empty(n, np.uint64)
+    inverse = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        key = keys[i]
+        s = hash64(key) & mask
+        while True:
+            u = slots[s]
+            if u < 0:
+                slots[s] = m
+                uniq[m] = key
+                inverse[i] = m
+                m += 1
+                break
+            if uniq[u] == key:
+                inverse[i] = u
+                break
+            s = (s + np.uint64(1)) & mask
+    return uniq[:m].copy(), inverse
+
+
+@njit(nogil=True, cache=True)
 def scatter_rows(src, index, out):
     """``out[index[i]] = src[i]``."""
     for i in range(index.shape[0]):

@@ -22,7 +22,7 @@ from paramserver.config import Config
 from paramserver.errors import (ConnectError, ParamServerError, ProtocolError, StaleEpochError,
                                 UnknownTableError)
 from paramserver.routing.ring import Ring
-from paramserver.server.table import VnodeTable
+from paramserver.server.table import VnodeSet
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, expect, field, reply
 from paramserver.wire.sockets import bind_router, connect_dealer, send
@@ -31,24 +31,6 @@ logger = logging.getLogger(__name__)
 
 #: requests with fewer keys run on the loop thread (a thread hand-off costs ~50 µs)
 PARALLEL_MIN_KEYS = 32_768
-
-
-class ServerTable:
-    """One table's vnodes on this server."""
-
-    def __init__(self, spec: TableSpec, vnodes: np.ndarray):
-        self.spec = spec
-        self.vnodes: dict[int, VnodeTable] = {int(v): self._new() for v in vnodes}
-
-    def _new(self) -> VnodeTable:
-        return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed)
-
-    def __len__(self) -> int:
-        return sum(len(t) for t in self.vnodes.values())
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.vnodes.values())
 
 
 def _error_code(exc: ParamServerError) -> str:
@@ -73,7 +55,7 @@ class ServerNode:
         self.control = connect_dealer(self.ctx, config.scheduler, config.max_message_bytes)
         self.node_id = -1
         self.ring: Ring | None = None
-        self.tables: dict[str, ServerTable] = {}
+        self.tables: dict[str, VnodeSet] = {}
         self.clocks: dict[int, int] = {}
         self._running = True
         self._beats_stop = threading.Event()
@@ -193,13 +175,13 @@ class ServerNode:
         logger.info("server %d: ring epoch %d, %d vnode(s)", self.node_id, self.ring.epoch, mine.size)
         for name, wire in msg.header.get("tables", {}).items():
             if name not in self.tables:
-                self.tables[name] = ServerTable(TableSpec.from_wire(wire), mine)
+                self.tables[name] = VnodeSet(TableSpec.from_wire(wire), self.ring.n_vnodes, mine)
 
     def on_create_table(self, msg: Message) -> None:
         spec = TableSpec.from_wire(msg.header["spec"])
         if spec.name not in self.tables:
             assert self.ring is not None
-            self.tables[spec.name] = ServerTable(spec, self.ring.vnodes_of(self.node_id))
+            self.tables[spec.name] = VnodeSet(spec, self.ring.n_vnodes, self.ring.vnodes_of(self.node_id))
         send(self.control, reply(msg))
 
     def on_drop_table(self, msg: Message) -> None:
@@ -218,8 +200,8 @@ class ServerNode:
         logger.error("server %d: scheduler says: %s", self.node_id, msg.header.get("error"))
 
     # ---- data --------------------------------------------------------------------------
-    def _segments(self, msg: Message, n_keys: int, vnodes: np.ndarray, counts: np.ndarray):
-        """Validate routing fields; yield ``(VnodeTable, start, stop)`` per vnode segment."""
+    def _table(self, msg: Message, n_keys: int, vnodes: np.ndarray, counts: np.ndarray) -> VnodeSet:
+        """The request's table, after checking its epoch and vnode segments."""
         name = field(msg, "table", str)
         table = self.tables.get(name)
         if table is None:
@@ -228,50 +210,47 @@ class ServerNode:
         assert self.ring is not None
         if epoch != self.ring.epoch:
             raise StaleEpochError(f"request routed at epoch {epoch}, ring is at {self.ring.epoch}")
-        if vnodes.shape != counts.shape or int(counts.sum()) != n_keys or (counts < 0).any():
-            raise ProtocolError(f"vnode counts (sum {int(counts.sum())}) do not cover the "
-                                f"{n_keys} keys")
-        stop = np.cumsum(counts)
-        segments = []
-        for v, a, b in zip(vnodes.tolist(), (stop - counts).tolist(), stop.tolist()):
-            vt = table.vnodes.get(v)
-            if vt is None:
-                raise StaleEpochError(f"server {self.node_id} does not own vnode {v} at epoch {epoch}")
-            segments.append((vt, a, b))
-        return table, segments
+        if vnodes.shape != counts.shape or (counts < 0).any() or int(counts.sum()) != n_keys:
+            raise ProtocolError(f"vnode counts (sum {int(counts.sum())}) do not cover the {n_keys} keys")
+        if not table.owns(vnodes):
+            raise StaleEpochError(f"server {self.node_id} does not own all of vnodes "
+                                  f"{sorted(set(vnodes.tolist()))[:8]}... at epoch {epoch}")
+        return table
 
-    def _for_segments(self, segments: list[tuple[VnodeTable, int, int]],
-                      fn: Callable[[VnodeTable, int, int], None]) -> None:
-        """Run ``fn`` on every segment; big requests are split over the vnode threads."""
-        total = segments[-1][2] if segments else 0
-        if self._pool is None or len(segments) < 2 or total < PARALLEL_MIN_KEYS:
-            for seg in segments:
-                fn(*seg)
+    def _split(self, vnodes: np.ndarray, counts: np.ndarray,
+               fn: Callable[[slice, slice], None]) -> None:
+        """Call ``fn(segments, keys)`` on slices of the request: one, or one per vnode
+        thread when the request is big (vnodes are independent; kernels drop the GIL)."""
+        ends = np.cumsum(counts)
+        total = int(ends[-1]) if ends.size else 0
+        if self._pool is None or vnodes.size < 2 or total < PARALLEL_MIN_KEYS:
+            fn(slice(0, vnodes.size), slice(0, total))
             return
-        # contiguous groups of about equal key counts, one per thread
-        cut = np.searchsorted([b for _, _, b in segments], np.arange(1, self.threads) * total / self.threads)
-        groups = np.split(np.arange(len(segments)), cut)
-        futures = [self._pool.submit(lambda g: [fn(*segments[i]) for i in g], g) for g in groups if g.size]
+        cuts = np.unique(np.searchsorted(ends, np.arange(1, self.threads) * total / self.threads) + 1)
+        bounds = [0, *[int(c) for c in cuts if 0 < c < vnodes.size], int(vnodes.size)]
+        starts = np.concatenate([[0], ends])
+        futures = [self._pool.submit(fn, slice(lo, hi), slice(int(starts[lo]), int(starts[hi])))
+                   for lo, hi in zip(bounds, bounds[1:])]
         for f in futures:
             f.result()
 
     def on_pull(self, msg: Message) -> list[Any]:
         keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
-        table, segments = self._segments(msg, keys.shape[0], vnodes, counts)
+        table = self._table(msg, keys.shape[0], vnodes, counts)
         out = np.empty((keys.shape[0], table.spec.dim), np.float32)
-        self._for_segments(segments, lambda vt, a, b: vt.lookup(keys[a:b], out[a:b]))
+        self._split(vnodes, counts, lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
         return reply(msg, [out])
 
     def on_push(self, msg: Message) -> list[Any]:
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
-        table, segments = self._segments(msg, keys.shape[0], vnodes, counts)
+        table = self._table(msg, keys.shape[0], vnodes, counts)
         if grads.shape != (keys.shape[0], table.spec.dim):
             raise ProtocolError(f"push to {table.spec.name!r}: grads must have shape "
                                 f"({keys.shape[0]}, {table.spec.dim}), got {grads.shape}")
         if not np.isfinite(grads).all():
             raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
-        self._for_segments(segments, lambda vt, a, b: vt.apply(keys[a:b], grads[a:b]))
+        self._split(vnodes, counts, lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k]))
         return reply(msg)
 
     def on_clock(self, msg: Message) -> list[Any]:
@@ -285,14 +264,14 @@ class ServerNode:
         table = self.tables.get(name)
         if table is None:
             raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(self.tables)})")
-        parts = [vt.items() for vt in table.vnodes.values()]
+        parts = [vt.items() for vt in table.tables.values()]
         keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
         rows = np.concatenate([r[:, : table.spec.dim] for _, r in parts]) if parts else \
             np.zeros((0, table.spec.dim), np.float32)
         return reply(msg, [keys, np.ascontiguousarray(rows)])
 
     def on_stats(self, msg: Message) -> list[Any]:
-        tables = {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.vnodes)}
+        tables = {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.tables)}
                   for name, t in self.tables.items()}
         return reply(msg, node_id=self.node_id, tables=tables,
                      clocks={str(k): v for k, v in self.clocks.items()}, rss_bytes=_rss_bytes())
@@ -305,9 +284,10 @@ def _warm_up() -> None:
 
     frames = encode({"op": Op.PUSH.value}, [np.arange(1, 4, dtype=np.uint64), np.ones((3, 1), np.float32)])
     keys, grads = decode([bytes(f) for f in frames]).arrays
-    table = VnodeTable(1, SGD(), Zeros(), 0)
-    table.apply(keys, grads)
-    table.lookup(keys, np.empty((3, 1), np.float32))
+    table = VnodeSet(TableSpec("warm-up", optimizer=SGD(), initializer=Zeros()), 1, [0])
+    vnodes, counts = np.zeros(1, np.int32), np.array([3], np.int64)
+    table.apply(vnodes, counts, keys, grads)
+    table.lookup(vnodes, counts, keys, np.empty((3, 1), np.float32))
 
 
 def _rss_bytes() -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.typed import List
 
 from paramserver.routing.hashing import hash64, slot_of_hash
 from paramserver.server.optim import init_row, init_value, update_row
@@ -218,3 +219,94 @@ class VnodeTable:
             self._grow(len(self) + keys.shape[0])
         _insert_rows(self.keys, self.rows, self._meta, np.ascontiguousarray(keys, np.uint64),
                      np.ascontiguousarray(rows, np.float32))
+
+
+@njit(nogil=True, cache=True)
+def _lookup_many(keys_l, rows_l, meta_l, slot, vnodes, counts, keys, out, dim, ikind, ihp, seed):
+    a = 0
+    for s in range(vnodes.shape[0]):
+        t = slot[vnodes[s]]
+        b = a + counts[s]
+        _lookup(keys_l[t], rows_l[t], meta_l[t], keys[a:b], out[a:b], dim, ikind, ihp, seed)
+        a = b
+
+
+@njit(nogil=True, cache=True)
+def _apply_many(keys_l, rows_l, meta_l, limits, slot, vnodes, counts, keys, grads, seg, start,
+                dim, okind, ohp, ikind, ihp, seed):
+    """Apply segment by segment from (``seg``, key ``start`` in it); return where a vnode
+    must grow first, or ``(len(vnodes), 0)`` when done."""
+    a = 0
+    for s in range(seg):
+        a += counts[s]
+    for s in range(seg, vnodes.shape[0]):
+        t = slot[vnodes[s]]
+        b = a + counts[s]
+        i = _apply(keys_l[t], rows_l[t], meta_l[t], keys[a:b], grads[a:b], start, limits[t],
+                   dim, okind, ohp, ikind, ihp, seed)
+        if i < b - a:
+            return s, i
+        start = 0
+        a = b
+    return vnodes.shape[0], 0
+
+
+class VnodeSet:
+    """The ``VnodeTable``s of one table on one server, worked many vnodes per kernel call.
+
+    A request carries its keys grouped by vnode; one numba call walks all its segments
+    (a Python call per vnode cost ~3.7 µs, 60 % of serving a 7 600-key pull).
+
+    Args:
+        spec: the table's ``TableSpec``.
+        n_vnodes: vnodes on the ring.
+        vnodes: the vnodes this server owns.
+    """
+
+    def __init__(self, spec, n_vnodes: int, vnodes):
+        self.spec = spec
+        self.tables: dict[int, VnodeTable] = {}
+        self.slot = np.full(n_vnodes, -1, np.int64)
+        self._keys, self._rows, self._meta = List(), List(), List()
+        self._limits = np.zeros(len(vnodes), np.int64)
+        for v in vnodes:
+            vt = VnodeTable(spec.dim, spec.optimizer, spec.initializer, spec.seed)
+            self.slot[int(v)] = len(self.tables)
+            self.tables[int(v)] = vt
+            self._keys.append(vt.keys)
+            self._rows.append(vt.rows)
+            self._meta.append(vt._meta)
+            self._limits[self.slot[int(v)]] = vt._limit()
+        opt, init = spec.optimizer, spec.initializer
+        self._okind, self._ohp, self._ikind, self._ihp = opt.kind, opt.params(), init.kind, init.params()
+        self._seed = np.uint64(spec.seed)
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self.tables.values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tables.values())
+
+    def owns(self, vnodes: np.ndarray) -> bool:
+        return bool(((vnodes >= 0) & (vnodes < self.slot.size)).all() and (self.slot[vnodes] >= 0).all())
+
+    def lookup(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
+        """Rows of ``keys``, grouped by ``vnodes`` (``counts`` keys each), into ``out``."""
+        if self._keys:
+            _lookup_many(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
+                         self.spec.dim, self._ikind, self._ihp, self._seed)
+
+    def apply(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray) -> None:
+        """Apply ``grads`` to ``keys``, grouped like ``lookup``'s; vnodes grow as needed."""
+        seg, start = 0, 0
+        while self._keys:
+            seg, start = _apply_many(self._keys, self._rows, self._meta, self._limits, self.slot, vnodes,
+                                     counts, keys, grads, seg, start, self.spec.dim, self._okind, self._ohp,
+                                     self._ikind, self._ihp, self._seed)
+            if seg == vnodes.shape[0]:
+                return
+            v = int(vnodes[seg])
+            vt, t = self.tables[v], int(self.slot[v])
+            vt._grow(len(vt) + 1)
+            self._keys[t], self._rows[t], self._limits[t] = vt.keys, vt.rows, vt._limit()
