@@ -127,7 +127,7 @@ class Model:
 
     def default_optimizer(self) -> dict[str, Any]:
         if self.name == "lr":
-            return {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 1.0, "l2": 1.0}
+            return {"name": "ftrl", "alpha": 0.15, "beta": 1.0, "l1": 1.0, "l2": 1.0}
         return {"name": "adagrad", "lr": 0.02, "initial_accumulator": 1.0}
 
     def initializer(self) -> dict[str, Any]:

@@ -235,3 +235,27 @@ def evaluate(model_dir: str, data: list[str], skip_bad: bool = False) -> dict[st
     fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad}))
     batch = read_all(data, fmt)
     return metrics(batch.labels, model.predict(batch))
+
+
+def warm_up() -> None:
+    """Load (or compile) the training kernels on tiny inputs, so a job's first batches
+    do not pay for it: worker processes call this when they start."""
+    import tempfile
+
+    from paramserver.routing.partition import route_pull, route_push
+    from paramserver.routing.ring import Ring
+
+    line = "1\t" + "\t".join(["1"] * 13 + ["a1b2c3d4"] * 26) + "\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in (("criteo", line), ("libsvm", "1 3:1 7:0.5\n")):
+            path = os.path.join(tmp, name)
+            with open(path, "w") as f:
+                f.write(text * 3)
+            batch = read_all([path], DataFormat(name))
+            uniq, inverse = batch.unique()
+            for model in (Model("lr"), Model("fm", k=2)):
+                rows = np.zeros((uniq.size, model.dim), np.float32)
+                grads, _ = model.step(batch, inverse, rows)
+                model.predict(batch, inverse, rows)
+                route_push(Ring.create([1]), uniq, grads)
+            route_pull(Ring.create([1]), uniq)

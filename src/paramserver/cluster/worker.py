@@ -60,6 +60,9 @@ def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
 
 
 def main(config: Config, fn: str | None, control_fds: str | None) -> int:
+    from paramserver.apps.train import warm_up
+
+    warm_up()  # before registering: a job's clock starts once workers are ready
     with Client(config=config, role="worker") as client:
         logger.info("worker rank %d (node %d) connected", client.rank, client.node_id)
         if control_fds:

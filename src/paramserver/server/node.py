@@ -282,10 +282,10 @@ def _warm_up() -> None:
     before registering, so the first real request is not slowed by the JIT."""
     from paramserver.server.optim import SGD, Zeros
 
-    frames = encode({"op": Op.PUSH.value}, [np.arange(1, 4, dtype=np.uint64), np.ones((3, 1), np.float32)])
-    keys, grads = decode([bytes(f) for f in frames]).arrays
+    frames = encode({"op": Op.PUSH.value}, [np.arange(1, 4, dtype=np.uint64), np.ones((3, 1), np.float32),
+                                            np.zeros(1, np.int32), np.array([3], np.int64)])
+    keys, grads, vnodes, counts = decode([bytes(f) for f in frames]).arrays  # read-only, as requests
     table = VnodeSet(TableSpec("warm-up", optimizer=SGD(), initializer=Zeros()), 1, [0])
-    vnodes, counts = np.zeros(1, np.int32), np.array([3], np.int64)
     table.apply(vnodes, counts, keys, grads)
     table.lookup(vnodes, counts, keys, np.empty((3, 1), np.float32))
 
