@@ -25,7 +25,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed-dev
-	$(BIN)/python bench/pushpull.py
+	$(BIN)/python -m pip install --quiet -e ".[bench]" && $(BIN)/python bench/pushpull.py && $(BIN)/python bench/train.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -12,7 +12,6 @@ something real to find and a known ceiling.  Deterministic for a given seed.
 from __future__ import annotations
 
 import gzip
-import math
 
 import numpy as np
 from numba import njit
@@ -90,8 +89,9 @@ def _margins(ranks, cat_missing, buckets, int_missing, cat_scale, int_scale):
     return out
 
 
-def _chunk(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.ndarray, int_p: np.ndarray,
-           bias: float) -> tuple[np.ndarray, ...]:
+def _features(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.ndarray,
+              int_p: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Category ranks, integer values and their missing masks for ``n`` rows."""
     ranks = np.empty((n, N_CAT), np.int64)
     for f, card in enumerate(cards):
         ranks[:, f] = (rng.zipf(1.15 + 0.02 * (f % 5), n) - 1) % card
@@ -99,8 +99,19 @@ def _chunk(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.ndarra
     ints = np.floor(rng.lognormal(1.0, 1.6, (n, N_INT))).astype(np.int64)
     ints[:, 1] -= (rng.random(n) < 0.05).astype(np.int64) * 3  # field 2 has small negatives, as in Criteo
     int_missing = rng.random((n, N_INT)) < int_p
+    return ranks, cat_missing, ints, int_missing
+
+
+def _margin(ranks, cat_missing, ints, int_missing) -> np.ndarray:
+    """The planted model's logit (without bias)."""
     buckets = np.where(ints > 2, np.floor(np.log(np.maximum(ints, 1)) ** 2) + 3, ints + 1).astype(np.int64)
-    z = _margins(ranks, cat_missing, buckets, int_missing, np.linspace(0.9, 0.3, N_CAT), 0.25) + bias
+    return _margins(ranks, cat_missing, buckets, int_missing, np.linspace(0.9, 0.3, N_CAT), 0.25)
+
+
+def _chunk(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.ndarray, int_p: np.ndarray,
+           bias: float) -> tuple[np.ndarray, ...]:
+    ranks, cat_missing, ints, int_missing = _features(rng, n, cards, cat_p, int_p)
+    z = _margin(ranks, cat_missing, ints, int_missing) + bias
     labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-z))).astype(np.int64)
     field_salt = np.arange(N_CAT, dtype=np.uint64) << np.uint64(40)
     tokens = hash64_array((ranks.astype(np.uint64) + field_salt).ravel()).reshape(n, N_CAT) & np.uint64(0xFFFFFFFF)
@@ -132,20 +143,12 @@ def write_synth(path: str, rows: int, seed: int = 0) -> int:
 def _calibrate_bias(seed: int, cards: np.ndarray, cat_p: np.ndarray, int_p: np.ndarray,
                     target: float = 0.25) -> float:
     """The bias giving about ``target`` positives (bisection on a sample)."""
-    rng = np.random.default_rng(seed + 1)
+    z = _margin(*_features(np.random.default_rng(seed + 1), 20_000, cards, cat_p, int_p))
     lo, hi = -10.0, 10.0
-    n = 20_000
-    ranks = np.empty((n, N_CAT), np.int64)
-    for f, card in enumerate(cards):
-        ranks[:, f] = (rng.zipf(1.15 + 0.02 * (f % 5), n) - 1) % card
-    ints = np.floor(rng.lognormal(1.0, 1.6, (n, N_INT))).astype(np.int64)
-    buckets = np.where(ints > 2, np.floor(np.log(np.maximum(ints, 1)) ** 2) + 3, ints + 1).astype(np.int64)
-    z = _margins(ranks, rng.random((n, N_CAT)) < cat_p, buckets, rng.random((n, N_INT)) < int_p,
-                 np.linspace(0.9, 0.3, N_CAT), 0.25)
     for _ in range(40):
         mid = (lo + hi) / 2
         if np.mean(1 / (1 + np.exp(-(z + mid)))) > target:
             hi = mid
         else:
             lo = mid
-    return (lo + hi) / 2 if math.isfinite(lo) else 0.0
+    return (lo + hi) / 2
