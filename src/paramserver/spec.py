@@ -6,6 +6,7 @@ own table names.  A spec is validated when it is built and travels as a plain di
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,10 @@ class TableSpec:
             (``{"name": "ftrl", "alpha": 0.1}``) or a spec object such as ``FTRL(l1=2)``.
         initializer: ``"zeros" | "normal" | "uniform"``, a dict, or a spec object.
         seed: a key's initial row depends only on ``(seed, key)``.
+        consistency: ``"asp"`` (default: reads never wait), ``"bsp"``, ``"ssp:S"`` or the
+            staleness S as a number (see docs/consistency.md); stored as ``staleness``.
+        aggregate: BSP only: sum each clock's pushes and apply them once, when every
+            live worker has finished that clock (serial large-batch semantics).
 
     Example:
         >>> TableSpec("w", dim=1, optimizer={"name": "ftrl", "alpha": 0.1}).optimizer
@@ -38,8 +43,16 @@ class TableSpec:
     optimizer: Any = field(default="sgd")
     initializer: Any = field(default="zeros")
     seed: int = 0
+    consistency: Any = "asp"
+    aggregate: bool = False
 
     def __post_init__(self) -> None:
+        from paramserver.consistency.clock import parse_consistency
+
+        object.__setattr__(self, "consistency", parse_consistency(self.consistency))
+        if self.aggregate and self.consistency != 0:
+            raise ConfigError(f"table {self.name!r}: aggregate=True needs consistency 'bsp', "
+                              f"got staleness {self.consistency}")
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ConfigError(f"table name must match {_NAME.pattern}, got {self.name!r}")
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or not 1 <= self.dim <= 1 << 16:
@@ -54,15 +67,21 @@ class TableSpec:
         object.__setattr__(self, "optimizer", opt)
         object.__setattr__(self, "initializer", init)
 
+    @property
+    def staleness(self) -> float:
+        return float(self.consistency)
+
     def to_wire(self) -> dict[str, Any]:
         return {"name": self.name, "dim": self.dim, "seed": self.seed,
-                "optimizer": self.optimizer.to_wire(), "initializer": self.initializer.to_wire()}
+                "optimizer": self.optimizer.to_wire(), "initializer": self.initializer.to_wire(),
+                "consistency": None if math.isinf(self.consistency) else int(self.consistency),
+                "aggregate": self.aggregate}
 
     @classmethod
     def from_wire(cls, d: Any) -> TableSpec:
         if not isinstance(d, dict):
             raise ConfigError(f"a table spec must be a map, got {d!r}")
-        extra = set(d) - {"name", "dim", "seed", "optimizer", "initializer"}
+        extra = set(d) - {"name", "dim", "seed", "optimizer", "initializer", "consistency", "aggregate"}
         if extra:
             raise ConfigError(f"unknown table spec fields {sorted(extra)}")
         return cls(**d)

@@ -95,6 +95,9 @@ class Client:
         self.num_workers: int = view.get("num_workers", 0)
         self._apply_view(view)
         self._io.start_heartbeats()
+        if role == "worker":  # a worker that joins starts at the current minimum clock
+            mins = [s.get("min_clock") for s in self.server_stats()]
+            self._clock = max([m for m in mins if m is not None], default=0)
 
     # ---- plumbing ----------------------------------------------------------------------
     def _apply_view(self, view: dict[str, Any]) -> None:
@@ -173,6 +176,8 @@ class Client:
             return cb
 
         header = {"op": op.value, "table": table, "epoch": routed.epoch}
+        if self.role == "worker":  # the staleness gate and BSP aggregation key on it
+            header["clock"] = self._clock
         for part in routed.parts:
             arrays = arrays_of(part)
             nbytes = sum(a.nbytes for a in arrays)
@@ -184,13 +189,17 @@ class Client:
 
     # ---- public API --------------------------------------------------------------------
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
-                     initializer: Any = "zeros", seed: int = 0) -> TableSpec:
+                     initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
+                     aggregate: bool = False) -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
+
+        ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
+        applies each clock's summed pushes once.  See ``TableSpec``.
 
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
         """
-        spec = TableSpec(name, dim, optimizer, initializer, seed)
+        spec = TableSpec(name, dim, optimizer, initializer, seed, consistency, aggregate)
         self._call(self.config.scheduler, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()})
         with self._lock:
             self._tables[name] = spec
@@ -249,6 +258,16 @@ class Client:
                     part.vnodes, part.counts]
 
         return self._send_parts(Op.PUSH, table, routed, arrays_of, lambda part, msg: None)
+
+    @property
+    def current_clock(self) -> int:
+        """Clocks this worker has finished (its pulls are gated on it)."""
+        return self._clock
+
+    def consistency_stats(self) -> list[dict[str, Any]]:
+        """Per server: the staleness readers saw (histogram of c - min clock at answer
+        time), pulls parked and seconds spent parked, and the vector clock."""
+        return [s["consistency"] for s in self.server_stats()]
 
     def clock(self) -> int:
         """Finish this worker's clock: tell every server (behind this client's pushes)."""

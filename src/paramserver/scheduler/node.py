@@ -179,8 +179,17 @@ class SchedulerNode:
             self._welcome(identity, msg, node)
         self.parked_workers.clear()
 
+    def _announce_workers(self) -> None:
+        """Tell servers who the live workers are (their vector clocks follow)."""
+        workers = sorted(n.id for n in self.nodes.values() if n.role == "worker")
+        for node in self.nodes.values():
+            if node.role == "server":
+                self._notify(node, {"op": Op.WORKERS.value, "workers": workers})
+
     def _welcome(self, identity: bytes, msg: Message, node: NodeInfo) -> None:
         node.last_seen = time.monotonic()  # its heartbeats start with this answer
+        if node.role == "worker":
+            self._announce_workers()
         send(self.sock, reply(msg, node_id=node.id, rank=node.rank,
                               num_workers=self._barrier_size(), **self._cluster_view()), identity)
 
@@ -219,6 +228,8 @@ class SchedulerNode:
                 logger.warning("shards %s of %s %d go back to the queue", lost, node.role, node_id)
                 self._serve_shard_waiters()
         logger.info("%s %d removed (%s)", node.role, node_id, why)
+        if node.role == "worker":
+            self._announce_workers()
         if why == "dead":
             for other in self.nodes.values():
                 self._notify(other, {"op": Op.NODE_LOST.value, "node_id": node_id,

@@ -9,6 +9,7 @@ table is touched, so a malformed one changes nothing and gets an error reply.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -21,6 +22,8 @@ import zmq
 from paramserver.config import Config
 from paramserver.errors import (ConnectError, ParamServerError, ProtocolError, StaleEpochError,
                                 UnknownTableError)
+from paramserver.consistency.clock import StalenessGate
+from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.server.table import VnodeSet
 from paramserver.spec import TableSpec
@@ -56,7 +59,8 @@ class ServerNode:
         self.node_id = -1
         self.ring: Ring | None = None
         self.tables: dict[str, VnodeSet] = {}
-        self.clocks: dict[int, int] = {}
+        self.gate = StalenessGate()  # the vector clock of live workers, and parked pulls
+        self.aggregates: dict[str, dict[int, list[tuple[np.ndarray, np.ndarray]]]] = {}
         self._running = True
         self._beats_stop = threading.Event()
         # vnodes are independent (the unit of locking), so one request's segments are
@@ -70,6 +74,7 @@ class ServerNode:
         self.control_handlers = {Op.RING: self.on_ring, Op.CREATE_TABLE: self.on_create_table,
                                  Op.DROP_TABLE: self.on_drop_table, Op.STOP: self.on_stop,
                                  Op.NODE_LOST: self.on_node_lost, Op.OK: lambda m: None,
+                                 Op.WORKERS: self.on_workers,
                                  Op.ERROR: self.on_scheduler_error}
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -145,7 +150,9 @@ class ServerNode:
             if handler is None:
                 raise ProtocolError(f"a server does not serve op {msg.op.value!r} "
                                     f"(serves {sorted(o.value for o in self.data_handlers)})")
-            send(self.router, handler(msg), identity)
+            answer = handler(msg, identity) if msg.op is Op.PULL else handler(msg)
+            if answer is not None:  # None: a pull parked by the staleness gate
+                send(self.router, answer, identity)
         except ParamServerError as exc:
             request_id = getattr(exc, "request_id", request_id)
             logger.debug("refused request %r: %s", request_id, exc)
@@ -185,7 +192,9 @@ class ServerNode:
         send(self.control, reply(msg))
 
     def on_drop_table(self, msg: Message) -> None:
-        self.tables.pop(field(msg, "name", str), None)
+        name = field(msg, "name", str)
+        self.tables.pop(name, None)
+        self.aggregates.pop(name, None)
         send(self.control, reply(msg))
 
     def on_stop(self, msg: Message) -> None:
@@ -194,7 +203,35 @@ class ServerNode:
 
     def on_node_lost(self, msg: Message) -> None:
         if msg.header.get("role") == "worker":
-            self.clocks.pop(int(msg.header["node_id"]), None)
+            self.gate.vector.leave(int(msg.header["node_id"]))
+            self._clocks_moved()
+
+    def on_workers(self, msg: Message) -> None:
+        self.gate.vector.set_members([int(w) for w in msg.header.get("workers", [])])
+        self._clocks_moved()
+
+    def _clocks_moved(self) -> None:
+        """Apply finished clocks' aggregated pushes, then answer the pulls now allowed."""
+        low = self.gate.vector.min()
+        for name, by_clock in self.aggregates.items():
+            for clock in sorted(c for c in by_clock if c < low):
+                self._apply_aggregate(name, by_clock.pop(clock))
+        for identity, msg in self.gate.release(time.monotonic()):
+            try:
+                send(self.router, self._serve_pull(msg), identity)
+            except ParamServerError as exc:  # e.g. the table was dropped meanwhile
+                send(self.router, error_reply(msg.id, _error_code(exc), str(exc)), identity)
+
+    def _apply_aggregate(self, name: str, pushes: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        table = self.tables.get(name)
+        if table is None or not pushes:
+            return
+        assert self.ring is not None
+        routed = route_push(self.ring, np.concatenate([k for k, _ in pushes]),
+                            np.concatenate([g for _, g in pushes]))  # one summed row per key
+        for part in routed.parts:
+            table.apply(part.vnodes, part.counts, routed.keys[part.start:part.stop],
+                        routed.grads[part.start:part.stop])
 
     def on_scheduler_error(self, msg: Message) -> None:
         logger.error("server %d: scheduler says: %s", self.node_id, msg.header.get("error"))
@@ -234,8 +271,17 @@ class ServerNode:
         for f in futures:
             f.result()
 
-    def on_pull(self, msg: Message) -> list[Any]:
+    def on_pull(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
         keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        table = self._table(msg, keys.shape[0], vnodes, counts)
+        clock = msg.header.get("clock")
+        if isinstance(clock, int) and not math.isinf(table.spec.staleness):
+            if not self.gate.admit(clock, table.spec.staleness, (identity, msg), time.monotonic()):
+                return None  # answered by _clocks_moved
+        return self._serve_pull(msg)
+
+    def _serve_pull(self, msg: Message) -> list[Any]:
+        keys, vnodes, counts = msg.arrays
         table = self._table(msg, keys.shape[0], vnodes, counts)
         out = np.empty((keys.shape[0], table.spec.dim), np.float32)
         self._split(vnodes, counts, lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
@@ -250,12 +296,20 @@ class ServerNode:
                                 f"({keys.shape[0]}, {table.spec.dim}), got {grads.shape}")
         if not np.isfinite(grads).all():
             raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
+        if table.spec.aggregate:  # BSP aggregation: applied once the clock is finished
+            clock = field(msg, "clock", int)
+            if clock < self.gate.vector.min():
+                raise ProtocolError(f"push for clock {clock} arrived after that clock was applied")
+            self.aggregates.setdefault(table.spec.name, {}).setdefault(clock, []).append(
+                (keys.copy(), grads.copy()))
+            return reply(msg)
         self._split(vnodes, counts, lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k]))
         return reply(msg)
 
     def on_clock(self, msg: Message) -> list[Any]:
         worker, clock = field(msg, "worker", int), field(msg, "clock", int)
-        self.clocks[worker] = max(clock, self.clocks.get(worker, 0))
+        self.gate.vector.tick(worker, clock)
+        self._clocks_moved()
         return reply(msg)
 
     def on_export(self, msg: Message) -> list[Any]:
@@ -274,7 +328,9 @@ class ServerNode:
         tables = {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.tables)}
                   for name, t in self.tables.items()}
         return reply(msg, node_id=self.node_id, tables=tables,
-                     clocks={str(k): v for k, v in self.clocks.items()}, rss_bytes=_rss_bytes())
+                     clocks={str(k): v for k, v in self.gate.vector.clocks.items()},
+                     min_clock=None if math.isinf(self.gate.vector.min()) else int(self.gate.vector.min()),
+                     consistency=self.gate.telemetry(), rss_bytes=_rss_bytes())
 
 
 def _warm_up() -> None:

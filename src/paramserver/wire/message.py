@@ -52,6 +52,7 @@ class Op(str, enum.Enum):
     # scheduler -> nodes (notifications)
     RING = "ring"
     NODE_LOST = "node_lost"
+    WORKERS = "workers"
     STOP = "stop"
     # servers
     PULL = "pull"

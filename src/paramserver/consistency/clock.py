@@ -1,0 +1,129 @@
+"""Vector clocks and the staleness gate (sans-IO: no sockets, no time source).
+
+A worker's clock is the number of ``clock()`` calls it completed.  A server keeps every
+live worker's clock; a pull issued at clock ``c`` on a table of staleness ``s`` may be
+answered once ``min(clocks) >= c - s``: by then every live worker has finished (and, as
+ticks travel behind pushes on one FIFO channel, this server has applied) all its
+updates of clocks ``<= c - s - 1``.  ``s = 0`` is BSP, ``s = inf`` (``None``) ASP.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def parse_consistency(text: str | int | float | None) -> float:
+    """``"bsp"`` → 0, ``"asp"``/None → inf, ``"ssp:3"``/3 → 3."""
+    from paramserver.errors import ConfigError
+
+    if text is None:
+        return math.inf
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    elif isinstance(text, str):
+        t = text.strip().lower()
+        if t == "bsp":
+            return 0.0
+        if t == "asp":
+            return math.inf
+        if not t.startswith("ssp:"):
+            raise ConfigError(f"consistency must be bsp, asp or ssp:S (S a whole number >= 0), got {text!r}")
+        try:
+            value = float(int(t[4:]))
+        except ValueError:
+            raise ConfigError(f"consistency {text!r}: S in ssp:S must be a whole number >= 0") from None
+    else:
+        raise ConfigError(f"consistency must be bsp, asp, ssp:S or a number, got {text!r}")
+    if value < 0 or (math.isfinite(value) and value != int(value)):
+        raise ConfigError(f"staleness must be a whole number >= 0 or inf, got {text!r}")
+    return value
+
+
+@dataclass
+class VectorClock:
+    """Clocks of the live workers, as one server has seen them."""
+
+    clocks: dict[int, int] = field(default_factory=dict)
+
+    def min(self) -> float:
+        return min(self.clocks.values()) if self.clocks else math.inf
+
+    def join(self, worker: int) -> int:
+        """Add a worker at the current minimum (0 for the first): it cannot drag others back."""
+        if worker not in self.clocks:
+            m = self.min()
+            self.clocks[worker] = 0 if math.isinf(m) else int(m)
+        return self.clocks[worker]
+
+    def set_members(self, workers: list[int]) -> None:
+        for w in [w for w in self.clocks if w not in workers]:
+            del self.clocks[w]
+        for w in workers:
+            self.join(w)
+
+    def tick(self, worker: int, clock: int) -> None:
+        self.join(worker)
+        self.clocks[worker] = max(self.clocks[worker], clock)
+
+    def leave(self, worker: int) -> None:
+        self.clocks.pop(worker, None)
+
+
+@dataclass
+class Parked:
+    clock: int
+    staleness: float
+    since: float
+    request: Any
+
+
+@dataclass
+class StalenessGate:
+    """Parks pulls until the vector clock allows them; records what readers saw."""
+
+    vector: VectorClock = field(default_factory=VectorClock)
+    parked: list[Parked] = field(default_factory=list)
+    staleness_seen: Counter = field(default_factory=Counter)  # c - min at answer time
+    parked_count: int = 0
+    parked_seconds: float = 0.0
+    max_gap: int = 0  # largest (reader's clock - slowest live clock) ever answered
+
+    def ready(self, clock: int, staleness: float) -> bool:
+        return math.isinf(staleness) or self.vector.min() >= clock - staleness
+
+    def admit(self, clock: int, staleness: float, request: Any, now: float) -> bool:
+        """True: answer now (and it is recorded); False: the request was parked."""
+        if self.ready(clock, staleness):
+            self._record(clock)
+            return True
+        self.parked.append(Parked(clock, staleness, now, request))
+        self.parked_count += 1
+        return False
+
+    def release(self, now: float) -> list[Any]:
+        """Requests that may be answered now that clocks moved (in arrival order)."""
+        out, keep = [], []
+        for p in self.parked:
+            if self.ready(p.clock, p.staleness):
+                self.parked_seconds += now - p.since
+                self._record(p.clock)
+                out.append(p.request)
+            else:
+                keep.append(p)
+        self.parked = keep
+        return out
+
+    def _record(self, clock: int) -> None:
+        m = self.vector.min()
+        gap = 0 if math.isinf(m) else max(0, clock - int(m))
+        self.staleness_seen[gap] += 1
+        self.max_gap = max(self.max_gap, gap)
+
+    def telemetry(self) -> dict[str, Any]:
+        return {"staleness_histogram": {str(k): v for k, v in sorted(self.staleness_seen.items())},
+                "parked_pulls": self.parked_count, "parked_seconds": self.parked_seconds,
+                "max_gap": self.max_gap, "waiting": len(self.parked),
+                "clocks": {str(k): v for k, v in self.vector.clocks.items()}}
