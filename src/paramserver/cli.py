@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", type=int, default=2,
                    help="mini-batches in flight per worker (1: each sees every earlier push)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--consistency", default="asp",
+                   help="bsp, ssp:S (readers at most S clocks ahead of the slowest worker) or asp (default)")
     p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
     p.add_argument("--save", metavar="DIR", help="write the trained model here")
     p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")

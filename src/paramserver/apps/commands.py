@@ -54,6 +54,11 @@ def _report_table(report: dict[str, Any]) -> Table:
     for label, key, fmt in rows:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
             table.add_row(label, fmt.format(report[key]))
+    c = report.get("consistency")
+    if c:
+        table.add_row("staleness seen (clocks: pulls)",
+                      " ".join(f"{k}:{v}" for k, v in c["staleness_histogram"].items()) or "-")
+        table.add_row("pulls parked", f"{c['parked_pulls']:,} ({c['parked_seconds']:.2f} s)")
     return table
 
 
@@ -61,7 +66,8 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
            fmt: DataFormat) -> dict[str, Any]:
     cfg = TrainConfig(model=Model(args.model, getattr(args, "k", 8), getattr(args, "fm_l2", 1e-2)),
                       data=fmt, optimizer=optimizer, epochs=args.epochs, batch_size=args.batch_size,
-                      seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2))
+                      seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),
+                      consistency=getattr(args, "consistency", "asp"))
     cfg.table_spec()  # validate the optimizer before starting processes
     quiet = getattr(args, "quiet", False) or not err.is_terminal and os.environ.get("CI")
     with Live(console=err, refresh_per_second=4, transient=False) as live:
@@ -78,7 +84,7 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     metrics_out = getattr(args, "metrics_out", None)
     if metrics_out:
         with open(metrics_out, "w") as f:
-            json.dump(report, f, indent=1)
+            json.dump({k: v for k, v in report.items() if k != "traces"}, f, indent=1)
     return report
 
 

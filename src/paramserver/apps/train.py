@@ -47,6 +47,9 @@ class TrainConfig:
     batch_size: int = 1000
     seed: int = 0
     pipeline: int = 2  # batches in flight (pulls ahead, pushes unacknowledged)
+    consistency: Any = "asp"  # bsp | ssp:S | asp; a worker's clock ticks once a batch
+    slow_rank: int = -1  # benchmarks: this worker sleeps ...
+    slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -59,26 +62,35 @@ class TrainConfig:
     def table_spec(self) -> TableSpec:
         return TableSpec(self.model.table, self.model.dim,
                          optimizer=self.optimizer or self.model.default_optimizer(),
-                         initializer=self.model.initializer(), seed=self.seed)
+                         initializer=self.model.initializer(), seed=self.seed,
+                         consistency=self.consistency)
 
 
 def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
     """What every worker runs: shards from the task queue until the job is done."""
     table, model = cfg.model.table, cfg.model
     done = {"examples": 0, "loss_sum": 0.0, "bad_lines": 0}
+    t0 = time.perf_counter()
+    trace: list[tuple[float, int, int, float]] = []  # (seconds, clock, examples, loss sum)
+
+    def on_batch(clock: int, n: int, loss: float) -> None:
+        trace.append((time.perf_counter() - t0, clock, n, loss))
+
     while (task := client.next_shard()) is not None:
         stats: dict[str, Any] = {}
-        examples, loss_sum = _train_shard(client, table, model, Shard.from_wire(task["shard"]), cfg, stats)
+        examples, loss_sum = _train_shard(client, table, model, Shard.from_wire(task["shard"]), cfg, stats,
+                                          on_batch)
         client.shard_done(task, examples=examples, loss_sum=loss_sum, bad_lines=stats["bad_lines"],
                           bytes=stats.get("bytes", 0))
         done["examples"] += examples
         done["loss_sum"] += loss_sum
         done["bad_lines"] += stats["bad_lines"]
-    return {**done, "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received}
+    return {**done, "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received,
+            "rank": client.rank, "trace": trace}
 
 
 def _train_shard(client: Client, table: str, model: Model, shard: Shard, cfg: TrainConfig,
-                 stats: dict) -> tuple[int, float]:
+                 stats: dict, on_batch: Callable[[int, int, float], None] | None = None) -> tuple[int, float]:
     """Train on one shard with ``cfg.pipeline`` pulls and pushes in flight.
 
     The rows for batch t are pulled while batches t-1 .. t-pipeline+1 compute, so a
@@ -103,10 +115,16 @@ def _train_shard(client: Client, table: str, model: Model, shard: Shard, cfg: Tr
         if not pulls:
             break
         (batch, uniq, inverse), rows = pulls.popleft()
+        started = time.perf_counter()
         grads, loss = model.step(batch, inverse, rows.result(timeout=300))
+        if client.rank == cfg.slow_rank:  # a straggler, for consistency benchmarks
+            time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - started) + 0.0)
         while len(pushes) >= cfg.pipeline:
             pushes.popleft().result(timeout=300)  # errors surface here
         pushes.append(client.push(table, uniq, grads))
+        client.clock()
+        if on_batch is not None:
+            on_batch(client.current_clock, len(batch), loss)
         examples += len(batch)
         loss_sum += loss
         if time.monotonic() - shown_at > PROGRESS_EVERY_S:
@@ -116,6 +134,17 @@ def _train_shard(client: Client, table: str, model: Model, shard: Shard, cfg: Tr
         pushes.popleft().result(timeout=300)
     client.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
     return examples, loss_sum
+
+
+def _merge_consistency(per_server: list[dict[str, Any]]) -> dict[str, Any]:
+    """Staleness readers saw, over all servers: histogram, parked pulls and seconds."""
+    hist: dict[str, int] = {}
+    for s in per_server:
+        for k, v in s["staleness_histogram"].items():
+            hist[k] = hist.get(k, 0) + v
+    return {"staleness_histogram": hist, "max_gap": max((s["max_gap"] for s in per_server), default=0),
+            "parked_pulls": sum(s["parked_pulls"] for s in per_server),
+            "parked_seconds": sum(s["parked_seconds"] for s in per_server)}
 
 
 def score(client: Client, model: Model, batch: Batch) -> np.ndarray:
@@ -143,7 +172,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     with LocalCluster(servers=servers, workers=workers, log_level="WARNING") as cluster:
         client = cluster.client
         client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                            seed=spec.seed)
+                            seed=spec.seed, consistency=spec.consistency)
         client.start_job(shards, cfg.epochs)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(1, thread_name_prefix="paramserver-train") as pool:
@@ -163,6 +192,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             report["test_examples"] = report.pop("examples")
         if save:
             save_model(save, cfg, spec, *client.export_table(spec.name))
+        report["consistency"] = _merge_consistency(client.consistency_stats())
+        report["traces"] = {r["rank"]: r["trace"] for r in per_worker}
     examples = int(status["examples"])
     report.update({
         "examples": examples, "seconds": seconds, "examples_per_s": examples / seconds if seconds else 0.0,

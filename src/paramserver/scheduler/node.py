@@ -69,6 +69,7 @@ class SchedulerNode:
         self.table_ops: dict[int, _TableOp] = {}
         self.job: TaskQueue | None = None
         self.shard_waiters: list[tuple[bytes, Any, int]] = []
+        self._announced: list[int] | None = None
         self._next_id = 1
         self._next_rank = 0
         self._op_seq = 0
@@ -180,8 +181,13 @@ class SchedulerNode:
         self.parked_workers.clear()
 
     def _announce_workers(self) -> None:
-        """Tell servers who the live workers are (their vector clocks follow)."""
-        workers = sorted(n.id for n in self.nodes.values() if n.role == "worker")
+        """Tell servers which workers their vector clocks follow: the live ones, less
+        those waiting for a data shard (an idle worker must not hold the others back)."""
+        idle = {w[2] for w in self.shard_waiters}
+        workers = sorted(n.id for n in self.nodes.values() if n.role == "worker" and n.id not in idle)
+        if workers == self._announced:
+            return
+        self._announced = workers
         for node in self.nodes.values():
             if node.role == "server":
                 self._notify(node, {"op": Op.WORKERS.value, "workers": workers})
@@ -227,6 +233,7 @@ class SchedulerNode:
             if lost:
                 logger.warning("shards %s of %s %d go back to the queue", lost, node.role, node_id)
                 self._serve_shard_waiters()
+                self._announce_workers()
         logger.info("%s %d removed (%s)", node.role, node_id, why)
         if node.role == "worker":
             self._announce_workers()
@@ -312,6 +319,7 @@ class SchedulerNode:
             raise ConfigError("no job is running (the driver starts one with start_job)")
         self.shard_waiters.append((identity, msg.id, node_id))
         self._serve_shard_waiters()
+        self._announce_workers()
 
     def _serve_shard_waiters(self) -> None:
         waiting, self.shard_waiters = self.shard_waiters, []
@@ -330,6 +338,7 @@ class SchedulerNode:
                             msg.header.get("stats") or {})
         send(self.sock, reply(msg), identity)
         self._serve_shard_waiters()
+        self._announce_workers()
 
     def on_progress(self, identity: bytes, msg: Message) -> None:
         if self.job is not None:

@@ -275,7 +275,7 @@ class ServerNode:
         keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = self._table(msg, keys.shape[0], vnodes, counts)
         clock = msg.header.get("clock")
-        if isinstance(clock, int) and not math.isinf(table.spec.staleness):
+        if isinstance(clock, int):  # ASP is admitted at once, and its staleness recorded too
             if not self.gate.admit(clock, table.spec.staleness, (identity, msg), time.monotonic()):
                 return None  # answered by _clocks_moved
         return self._serve_pull(msg)

@@ -1,0 +1,53 @@
+"""Vector clock and staleness gate, without sockets or time."""
+
+import math
+
+import pytest
+
+from paramserver import ConfigError
+from paramserver.consistency.clock import StalenessGate, VectorClock, parse_consistency
+
+
+def test_parse_consistency():
+    assert parse_consistency("bsp") == 0 and parse_consistency("ssp:3") == 3
+    assert math.isinf(parse_consistency("asp")) and math.isinf(parse_consistency(None))
+    for bad in ("ssp:-1", "ssp:x", "fast", 1.5, -2):
+        with pytest.raises(ConfigError):
+            parse_consistency(bad)
+
+
+def test_joiners_start_at_the_minimum_and_the_dead_leave():
+    v = VectorClock()
+    v.set_members([1, 2])
+    v.tick(1, 5)
+    v.tick(2, 3)
+    assert v.min() == 3
+    v.set_members([1, 2, 3])
+    assert v.clocks[3] == 3  # cannot drag the others back to 0
+    v.leave(2)
+    v.leave(3)
+    assert v.min() == 5
+
+
+@pytest.mark.parametrize("s", [0, 1, 3])
+def test_gate_parks_until_the_slowest_is_within_s(s):
+    gate = StalenessGate()
+    gate.vector.set_members([1, 2])
+    gate.vector.tick(1, 5)  # worker 2 is still at 0
+    assert gate.admit(5, s, "early", now=0.0) is (5 - s <= 0)
+    released = []
+    for c in range(1, 6):
+        gate.vector.tick(2, c)
+        released += gate.release(now=float(c))
+        if c >= 5 - s:
+            break
+    assert released == ["early"] or s >= 5
+    assert gate.max_gap <= s
+
+
+def test_asp_never_parks_and_records_what_it_saw():
+    gate = StalenessGate()
+    gate.vector.set_members([1, 2])
+    gate.vector.tick(1, 9)
+    assert gate.admit(9, math.inf, "x", now=0.0)
+    assert gate.parked_count == 0 and gate.staleness_seen[9] == 1
