@@ -105,7 +105,9 @@ def _train_shard(client: Client, table: str, model: Model, shard: Shard, cfg: Tr
     examples, loss_sum = 0, 0.0
     shown_examples, shown_loss, shown_at = 0, 0.0, time.monotonic()
     exhausted = False
+    slow = client.rank == cfg.slow_rank and cfg.slow_factor > 1
     while True:
+        iteration_start = time.perf_counter()
         while not exhausted and len(pulls) < cfg.pipeline:
             item = next(batches, None)
             if item is None:
@@ -115,10 +117,9 @@ def _train_shard(client: Client, table: str, model: Model, shard: Shard, cfg: Tr
         if not pulls:
             break
         (batch, uniq, inverse), rows = pulls.popleft()
-        started = time.perf_counter()
         grads, loss = model.step(batch, inverse, rows.result(timeout=300))
-        if client.rank == cfg.slow_rank:  # a straggler, for consistency benchmarks
-            time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - started) + 0.0)
+        if slow:  # a straggler, for consistency benchmarks: each batch takes factor x as long
+            time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
         while len(pushes) >= cfg.pipeline:
             pushes.popleft().result(timeout=300)  # errors surface here
         pushes.append(client.push(table, uniq, grads))
