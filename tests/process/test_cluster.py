@@ -103,6 +103,19 @@ def test_malformed_messages_get_error_replies_and_the_server_keeps_serving(clust
     finally:
         sock.close()
     np.testing.assert_array_equal(client.pull("fuzz", keys).result(timeout=10), np.zeros((50, 2)))
+    # the scheduler too answers garbage with errors and keeps serving
+    sched = ctx.socket(zmq.DEALER)
+    sched.setsockopt(zmq.LINGER, 0)
+    sched.connect(cluster.address)
+    try:
+        for frames in ([b"\xc1"], [msgpack.packb({"op": "pull", "id": 5})],
+                       [msgpack.packb({"op": "create_table", "id": 6, "spec": {"name": "x", "dim": -1}})],
+                       [msgpack.packb({"op": "register", "id": 7, "role": "king"})]):
+            header, _ = _raw_request(sched, frames)
+            assert header["op"] == "error" and header["error"]
+    finally:
+        sched.close()
+    assert "fuzz" in client.tables()
 
 
 def test_user_errors_are_clear(cluster):

@@ -340,6 +340,3 @@ def read_all(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16) -> Ba
         raise DataError(f"no examples in {', '.join(paths)}")
     return _concat(parts)
 
-
-def local_path_size(path: str) -> int:
-    return os.path.getsize(path)
