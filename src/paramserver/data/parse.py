@@ -63,13 +63,18 @@ def _bytes_hash(buf, a, b):
 
 
 @njit(inline="always", nogil=True, cache=True)
+def _sign(buf, a, b):
+    """(negative, first digit's offset) of a number in buf[a:b] (``a < b``)."""
+    neg = buf[a] == MINUS
+    return neg, a + 1 if neg or buf[a] == PLUS else a
+
+
+@njit(inline="always", nogil=True, cache=True)
 def _parse_int(buf, a, b):
     """(ok, value) of the decimal integer in buf[a:b] (optional sign)."""
     if a >= b:
         return False, 0
-    neg = buf[a] == MINUS
-    if neg or buf[a] == PLUS:
-        a += 1
+    neg, a = _sign(buf, a, b)
     if a >= b or b - a > 18:
         return False, 0
     v = 0
@@ -86,9 +91,7 @@ def _parse_float(buf, a, b):
     """(ok, value) of a decimal number ``[-+]digits[.digits][e[-+]digits]`` in buf[a:b]."""
     if a >= b:
         return False, 0.0
-    neg = buf[a] == MINUS
-    if neg or buf[a] == PLUS:
-        a += 1
+    neg, a = _sign(buf, a, b)
     mant, scale, digits, i = 0.0, 0, 0, a
     while i < b and 48 <= buf[i] <= 57:
         mant = mant * 10.0 + (buf[i] - 48)
