@@ -13,7 +13,7 @@ General layout:
 from paramserver.client.client import Client
 from paramserver.cluster.local import LocalCluster, run
 from paramserver.config import Config
-from paramserver.errors import (ClosedError, ConfigError, ConnectError, NodeLostError, ParamServerError,
+from paramserver.errors import (CheckpointError, ClosedError, ConfigError, ConnectError, NodeLostError, ParamServerError,
                                 ProtocolError, RemoteError, StaleEpochError, UnknownTableError,
                                 WorkerError)
 from paramserver.routing.ring import Ring
@@ -24,6 +24,6 @@ __all__ = [
     "Client", "LocalCluster", "run", "Config", "TableSpec", "Ring",
     "SGD", "AdaGrad", "FTRL", "Adam", "Zeros", "Normal", "Uniform",
     "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
-    "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError",
+    "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError",
 ]
 __version__ = "0.1.0"

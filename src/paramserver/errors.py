@@ -9,6 +9,7 @@
     ├── RemoteError             a peer answered a request with an error reply
     │   └── ProtocolError       ... because the request was malformed (bad op, dtype, size)
     ├── StaleEpochError         a server no longer owns a vnode at the request's epoch
+    ├── CheckpointError         a checkpoint is missing, incomplete or corrupt
     └── WorkerError             a user function raised on a worker; carries its traceback
 
 Messages give the value, the rule and the fix.
@@ -54,6 +55,10 @@ class ProtocolError(RemoteError):
 
 class StaleEpochError(ParamServerError):
     """A request was routed with a ring epoch that no longer holds."""
+
+
+class CheckpointError(ParamServerError):
+    """A checkpoint cannot be written, or is missing, incomplete or corrupt."""
 
 
 class WorkerError(ParamServerError):

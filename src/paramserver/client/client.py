@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -314,7 +315,15 @@ class Client:
     def export_table(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         """Every stored key of ``table`` and its value row (optimiser state left out)."""
         spec = self._spec(table)
-        parts = []
+        arrays = [m.arrays for m in self._on_every_server({"op": Op.EXPORT.value, "table": table})]
+        keys = np.concatenate([a[0] for a in arrays]) if arrays else np.zeros(0, np.uint64)
+        rows = np.concatenate([a[1] for a in arrays]) if arrays else np.zeros((0, spec.dim), np.float32)
+        return keys, rows
+
+    # ---- cold backup ------------------------------------------------------------------
+    def _on_every_server(self, header: dict[str, Any], timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Send ``header`` to every server at once; their replies' headers, in server order."""
+        futures = []
         for address in self._servers.values():
             fut: Future = Future()
 
@@ -324,14 +333,61 @@ class Client:
                 elif msg is None or msg.op is Op.ERROR:
                     fut.set_exception(_remote_error(msg) if msg else RemoteError("no reply"))
                 else:
-                    fut.set_result(msg.arrays)
+                    fut.set_result(msg)
 
-            self._io.submit(address, {"op": Op.EXPORT.value, "table": table}, (), done)
-            parts.append(fut)
-        arrays = [f.result() for f in parts]
-        keys = np.concatenate([a[0] for a in arrays]) if arrays else np.zeros(0, np.uint64)
-        rows = np.concatenate([a[1] for a in arrays]) if arrays else np.zeros((0, spec.dim), np.float32)
-        return keys, rows
+            self._io.submit(address, header, (), done)
+            futures.append(fut)
+        return [f.result(timeout=timeout_s) for f in futures]
+
+    def checkpoint(self, url: str) -> str:
+        """Write every table (keys, values, optimiser state) under ``url``; return the step's URL.
+
+        Call it at a clock boundary (workers between batches); the manifest is written
+        last and atomically, so an interrupted checkpoint is never restored.
+        """
+        from paramserver import checkpoint as ckpt
+
+        step = ckpt.step_url(url, int(time.time() * 1000))
+        replies = self._on_every_server({"op": Op.CHECKPOINT.value, "url": step})
+        files: dict[str, dict[str, list]] = {}
+        clocks: dict[str, int] = {}
+        for msg in replies:
+            for table, vnodes in msg.header["files"].items():
+                files.setdefault(table, {}).update(vnodes)
+            clocks.update(msg.header.get("clocks", {}))
+        tables = {n: TableSpec.from_wire(w).to_wire()
+                  for n, w in self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"].items()}
+        ckpt.write_manifest(step, {"ring": self._ring.to_wire(), "tables": tables, "files": files,
+                                   "clocks": clocks})
+        return step
+
+    def restore(self, url: str) -> dict[str, int]:
+        """Create the tables of a checkpoint and load them, onto any number of servers.
+
+        ``url`` is a checkpoint folder (its newest complete step is used) or one step.
+        Returns the keys restored per table.
+
+        Raises:
+            CheckpointError: no complete step, a missing or corrupt manifest or file.
+        """
+        from paramserver import checkpoint as ckpt
+
+        manifest = ckpt.read_manifest(step := ckpt.resolve_step(url))
+        restored = {}
+        for name, wire in manifest["tables"].items():
+            spec = TableSpec.from_wire(wire)
+            self.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                              seed=spec.seed, consistency=spec.consistency, aggregate=spec.aggregate)
+            entries = manifest["files"].get(name, {})
+            paths = [entry[0] for entry in entries.values()]
+            loaded = sum(m.header["loaded"] for m in
+                         self._on_every_server({"op": Op.RESTORE.value, "table": name, "paths": paths}))
+            expected = sum(int(entry[1]) for entry in entries.values())
+            if loaded != expected:
+                raise ckpt.CheckpointError(f"restoring {name!r} from {step} loaded {loaded} keys, "
+                                           f"the manifest lists {expected}")
+            restored[name] = loaded
+        return restored
 
     @property
     def bytes_sent(self) -> int:
@@ -344,6 +400,11 @@ class Client:
     def server_stats(self) -> list[dict[str, Any]]:
         """Per-server table sizes, clocks and resident memory."""
         return [self._call(addr, {"op": Op.STATS.value}) for addr in self._servers.values()]
+
+    def wait_for_workers(self, count: int, timeout_s: float | None = None) -> int:
+        """Block until ``count`` workers have registered; return how many have."""
+        return self._call(self.config.scheduler, {"op": Op.WAIT_WORKERS.value, "count": count},
+                          timeout_s=timeout_s)["workers"]
 
     def shutdown_cluster(self) -> None:
         """Ask the scheduler to stop every node (used by launchers)."""

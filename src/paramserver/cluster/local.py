@@ -109,6 +109,8 @@ class LocalCluster:
             for i in range(self.n_workers):
                 self._spawn_worker(i)
             self._client = Client(self.address, role="driver", connect_timeout_s=self.startup_timeout_s)
+            if self.n_workers:  # every worker in, so all start at clock 0 and take part from the start
+                self._client.wait_for_workers(self.n_workers, timeout_s=self.startup_timeout_s)
         except BaseException as exc:
             logs = "\n".join(f"--- {p.name} (exit {p.popen.poll()}):\n{p.tail()}" for p in self.procs.values())
             self.stop()

@@ -70,6 +70,7 @@ class SchedulerNode:
         self.job: TaskQueue | None = None
         self.shard_waiters: list[tuple[bytes, Any, int]] = []
         self._announced: list[int] | None = None
+        self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
         self._next_id = 1
         self._next_rank = 0
         self._op_seq = 0
@@ -83,6 +84,7 @@ class SchedulerNode:
             Op.TABLE_INFO: self.on_table_info,
             Op.BARRIER: self.on_barrier,
             Op.SHUTDOWN: self.on_shutdown,
+            Op.WAIT_WORKERS: self.on_wait_workers,
             Op.JOB_START: self.on_job_start,
             Op.NEXT_SHARD: self.on_next_shard,
             Op.SHARD_DONE: self.on_shard_done,
@@ -196,8 +198,24 @@ class SchedulerNode:
         node.last_seen = time.monotonic()  # its heartbeats start with this answer
         if node.role == "worker":
             self._announce_workers()
+            self._serve_worker_waiters()
         send(self.sock, reply(msg, node_id=node.id, rank=node.rank,
                               num_workers=self._barrier_size(), **self._cluster_view()), identity)
+
+    def on_wait_workers(self, identity: bytes, msg: Message) -> None:
+        """Answer once ``count`` workers are registered (launchers wait for their workers)."""
+        self.worker_waiters.append((identity, msg.id, hfield(msg, "count", int)))
+        self._serve_worker_waiters()
+
+    def _serve_worker_waiters(self) -> None:
+        live = sum(n.role == "worker" for n in self.nodes.values() if n.id not in
+                   {p[2].id for p in self.parked_workers})
+        waiting, self.worker_waiters = self.worker_waiters, []
+        for identity, request_id, count in waiting:
+            if live >= count:
+                send(self.sock, encode({"op": Op.OK.value, "id": request_id, "workers": live}), identity)
+            else:
+                self.worker_waiters.append((identity, request_id, count))
 
     def on_heartbeat(self, identity: bytes, msg: Message) -> None:
         # servers beat from a socket of their own, so they name themselves

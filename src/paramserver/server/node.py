@@ -22,6 +22,7 @@ import zmq
 from paramserver.config import Config
 from paramserver.errors import (ConnectError, ParamServerError, ProtocolError, StaleEpochError,
                                 UnknownTableError)
+from paramserver import checkpoint
 from paramserver.consistency.clock import StalenessGate
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
@@ -70,7 +71,8 @@ class ServerNode:
             if self.threads > 1 else None
         self.data_handlers = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
                               Op.CLOCK: self.on_clock, Op.STATS: self.on_stats,
-                              Op.EXPORT: self.on_export}
+                              Op.EXPORT: self.on_export, Op.CHECKPOINT: self.on_checkpoint,
+                              Op.RESTORE: self.on_restore}
         self.control_handlers = {Op.RING: self.on_ring, Op.CREATE_TABLE: self.on_create_table,
                                  Op.DROP_TABLE: self.on_drop_table, Op.STOP: self.on_stop,
                                  Op.NODE_LOST: self.on_node_lost, Op.OK: lambda m: None,
@@ -323,6 +325,42 @@ class ServerNode:
         rows = np.concatenate([r[:, : table.spec.dim] for _, r in parts]) if parts else \
             np.zeros((0, table.spec.dim), np.float32)
         return reply(msg, [keys, np.ascontiguousarray(rows)])
+
+    def on_checkpoint(self, msg: Message) -> list[Any]:
+        """Write every stored vnode (keys, values and optimiser state) under ``url``."""
+        url = field(msg, "url", str)
+        files: dict[str, dict[str, list]] = {}
+        for name, table in self.tables.items():
+            for v, vt in table.tables.items():
+                keys, rows = vt.items()
+                if keys.size:
+                    files.setdefault(name, {})[str(v)] = [checkpoint.write_vnode(url, name, v, keys, rows),
+                                                          int(keys.size)]
+        return reply(msg, files=files, clocks={str(k): v for k, v in self.gate.vector.clocks.items()})
+
+    def on_restore(self, msg: Message) -> list[Any]:
+        """Load the keys this server owns (under the current ring) from checkpoint files."""
+        name = field(msg, "table", str)
+        paths = field(msg, "paths", list)
+        table = self.tables.get(name)
+        if table is None:
+            raise UnknownTableError(f"unknown table {name!r}: create it before restoring it")
+        assert self.ring is not None
+        loaded = 0
+        for path in paths:
+            keys, rows = checkpoint.read_vnode(str(path))
+            if keys.ndim != 1 or rows.shape != (keys.shape[0], table.width):
+                raise checkpoint.CheckpointError(f"{path}: rows of shape {rows.shape} do not fit table "
+                                                 f"{name!r}; was it saved from another table?")
+            vnodes = self.ring.vnodes(keys)
+            for v in np.unique(vnodes).tolist():
+                vt = table.tables.get(v)
+                if vt is not None:
+                    mine = vnodes == v
+                    vt.load(keys[mine], rows[mine])
+                    loaded += int(mine.sum())
+        table.refresh()
+        return reply(msg, loaded=loaded)
 
     def on_stats(self, msg: Message) -> list[Any]:
         tables = {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.tables)}

@@ -265,6 +265,7 @@ class VnodeSet:
 
     def __init__(self, spec, n_vnodes: int, vnodes):
         self.spec = spec
+        self.width = spec.dim + spec.optimizer.state_width(spec.dim)
         self.tables: dict[int, VnodeTable] = {}
         self.slot = np.full(n_vnodes, -1, np.int64)
         self._keys, self._rows, self._meta = List(), List(), List()
@@ -296,6 +297,12 @@ class VnodeSet:
         if self._keys:
             _lookup_many(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
                          self.spec.dim, self._ikind, self._ihp, self._seed)
+
+    def refresh(self) -> None:
+        """Re-read every vnode's arrays (after a vnode grew outside ``apply``, e.g. ``load``)."""
+        for v, vt in self.tables.items():
+            t = int(self.slot[v])
+            self._keys[t], self._rows[t], self._limits[t] = vt.keys, vt.rows, vt._limit()
 
     def apply(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray) -> None:
         """Apply ``grads`` to ``keys``, grouped like ``lookup``'s; vnodes grow as needed."""

@@ -44,6 +44,7 @@ class Op(str, enum.Enum):
     TABLE_INFO = "table_info"
     BARRIER = "barrier"
     SHUTDOWN = "shutdown"
+    WAIT_WORKERS = "wait_workers"
     JOB_START = "job_start"
     NEXT_SHARD = "next_shard"
     SHARD_DONE = "shard_done"
@@ -60,6 +61,8 @@ class Op(str, enum.Enum):
     CLOCK = "clock"
     STATS = "stats"
     EXPORT = "export"
+    CHECKPOINT = "checkpoint"
+    RESTORE = "restore"
 
 
 class Message:

@@ -1,0 +1,94 @@
+"""Cold backup: checkpoints of every vnode and a manifest written last, through fsspec.
+
+Layout under a checkpoint URL (local path, ``s3://...``, ``gs://...``):
+
+    <url>/<step>/<table>/<vnode>.npz    keys uint64[n], rows float32[n, dim + state]
+    <url>/<step>/MANIFEST.json          written last, atomically (temporary name, then move)
+
+A step without a valid ``MANIFEST.json`` is incomplete and never used.  The manifest
+holds the ring, every table spec, the files with their key counts and the vector clock.
+A restore may use any number of servers: each server reads the files and keeps the keys
+whose vnode it owns under the new ring (a key's initial value and state go with it, so
+values and optimiser state come back bitwise equal).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from paramserver.errors import CheckpointError
+
+MANIFEST = "MANIFEST.json"
+FORMAT = "paramserver-checkpoint-1"
+
+
+def step_url(url: str, step: int) -> str:
+    return f"{url.rstrip('/')}/{step:015d}"
+
+
+def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.ndarray) -> str:
+    path = f"{url}/{table}/{vnode}.npz"
+    buf = io.BytesIO()
+    np.savez(buf, keys=keys, rows=rows)
+    with fsspec.open(path, "wb", auto_mkdir=True) as f:
+        f.write(buf.getvalue())
+    return path
+
+
+def read_vnode(path: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with fsspec.open(path, "rb") as f:
+            data = np.load(io.BytesIO(f.read()))
+            return data["keys"], data["rows"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint file {path} cannot be read ({exc}); "
+                              "the checkpoint is damaged: restore an earlier step") from None
+
+
+def write_manifest(url: str, manifest: dict[str, Any]) -> None:
+    """Write ``MANIFEST.json`` last and atomically: to a temporary name, then moved."""
+    fs, _, (root,) = fsspec.get_fs_token_paths(url)
+    body = json.dumps({"format": FORMAT, "written_at": time.time(), **manifest}, indent=1).encode()
+    tmp = f"{root}/{MANIFEST}.tmp"
+    with fs.open(tmp, "wb") as f:
+        f.write(body)
+    fs.mv(tmp, f"{root}/{MANIFEST}")
+
+
+def latest_step(url: str) -> str:
+    """The newest complete step under ``url`` (one with a manifest)."""
+    fs, _, (root,) = fsspec.get_fs_token_paths(url)
+    if not fs.exists(root):
+        raise CheckpointError(f"no checkpoint at {url}")
+    steps = sorted(p for p in fs.ls(root, detail=False) if fs.exists(f"{p}/{MANIFEST}"))
+    if not steps:
+        raise CheckpointError(f"no complete checkpoint under {url} (no step has a {MANIFEST}); "
+                              "a checkpoint interrupted before its manifest is never used")
+    return url.rstrip("/") + "/" + steps[-1].rstrip("/").rsplit("/", 1)[-1]
+
+
+def resolve_step(url: str) -> str:
+    """``url`` itself if it names a step (``<15 digits>``), else its newest complete step."""
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    return url if len(name) == 15 and name.isdigit() else latest_step(url)
+
+
+def read_manifest(step: str) -> dict[str, Any]:
+    path = f"{step.rstrip('/')}/{MANIFEST}"
+    try:
+        with fsspec.open(path, "rb") as f:
+            manifest = json.loads(f.read())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete and cannot be used") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is corrupt ({exc}); restore another step") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or \
+            not isinstance(manifest.get("tables"), dict) or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{path} is not a {FORMAT} manifest; restore another step")
+    return manifest
