@@ -100,6 +100,27 @@ def test_malformed_messages_get_error_replies_and_the_server_keeps_serving(clust
             assert header["error"], name
         header, arrays = _raw_request(sock, [msgpack.packb(head), *body])
         assert header["op"] == "ok" and len(arrays) == 1
+        # random mutations of a valid push: every one is answered, none kills the server
+        rng = np.random.default_rng(7)
+        client.create_table("fuzz-push", dim=2, optimizer="adagrad")  # mutated pushes may land: not in "fuzz"
+        push_head = {**head, "op": "push", "table": "fuzz-push", "arrays": [head["arrays"][0],
+                                                                         ["<f4", [good_keys.size, 2]],
+                                                      *head["arrays"][1:]]}
+        push = [msgpack.packb(push_head), body[0], np.ones((good_keys.size, 2), np.float32).tobytes(), *body[1:]]
+        answers = set()
+        for _ in range(300):
+            frames = [bytearray(f) for f in push]
+            i = int(rng.integers(len(frames)))
+            if frames[i] and rng.random() < 0.7:
+                for _ in range(int(rng.integers(1, 4))):
+                    frames[i][int(rng.integers(len(frames[i])))] = int(rng.integers(256))
+            else:
+                frames[i] = frames[i][: int(rng.integers(len(frames[i]) + 1))]
+            header, _ = _raw_request(sock, [bytes(f) for f in frames])
+            answers.add(header["op"])
+        assert "error" in answers
+        header, arrays = _raw_request(sock, [msgpack.packb(head), *body])
+        assert header["op"] == "ok" and len(arrays) == 1
     finally:
         sock.close()
     np.testing.assert_array_equal(client.pull("fuzz", keys).result(timeout=10), np.zeros((50, 2)))
