@@ -103,9 +103,8 @@ def test_malformed_messages_get_error_replies_and_the_server_keeps_serving(clust
         # random mutations of a valid push: every one is answered, none kills the server
         rng = np.random.default_rng(7)
         client.create_table("fuzz-push", dim=2, optimizer="adagrad")  # mutated pushes may land: not in "fuzz"
-        push_head = {**head, "op": "push", "table": "fuzz-push", "arrays": [head["arrays"][0],
-                                                                         ["<f4", [good_keys.size, 2]],
-                                                      *head["arrays"][1:]]}
+        arrays = [head["arrays"][0], ["<f4", [good_keys.size, 2]], *head["arrays"][1:]]
+        push_head = {**head, "op": "push", "table": "fuzz-push", "arrays": arrays}
         push = [msgpack.packb(push_head), body[0], np.ones((good_keys.size, 2), np.float32).tobytes(), *body[1:]]
         answers = set()
         for _ in range(300):
