@@ -105,6 +105,8 @@ def _data_flags(p: argparse.ArgumentParser, training: bool) -> None:
     p.add_argument("--label-format", help="libsvm labels: 01, pm1 (-1/+1) or 12 (default: sniffed)")
     p.add_argument("--hash-bits", type=int, default=0, help="fold keys into 2^B buckets (0: no folding)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
+    p.add_argument("--cache", metavar="DIR", default="",
+                   help="keep parsed shards in DIR; later epochs (and runs) skip parsing")
 
 
 def _optimizer(text: str | None):

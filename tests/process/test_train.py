@@ -12,7 +12,7 @@ import pytest
 from paramserver.apps.models import Model
 from paramserver.apps.synth import write_synth
 from paramserver.apps.train import TrainConfig, evaluate, predict_file, run_training
-from paramserver.data.reader import DataFormat
+from paramserver.data.reader import DataFormat, make_shards
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -109,3 +109,25 @@ def test_saved_model_predicts_and_evaluates_without_a_cluster(tmp_path):
     assert proc.returncode == 0 and json.loads(proc.stdout)["examples"] == 3_000
     proc = cli("eval", "--model", str(tmp_path), "--data", test)
     assert proc.returncode == 2 and "is not a saved model" in proc.stderr
+
+
+def test_parsed_shard_cache_gives_the_same_training(tmp_path):
+    path = str(tmp_path / "synth.tsv")
+    write_synth(path, 8_000, seed=6)
+    lines = open(path).read().splitlines(keepends=True)
+    lines[100] = "garbage\n"
+    open(path, "w").writelines(lines)
+    cache = str(tmp_path / "cache")
+    plain = TrainConfig(Model("lr"), DataFormat("criteo", skip_bad=True), epochs=2, batch_size=500)
+    cached = TrainConfig(Model("lr"), DataFormat("criteo", skip_bad=True, cache_dir=cache), epochs=2,
+                         batch_size=500)
+    a = run_training(plain, [path], [path], servers=1, workers=1, shard_bytes=600_000)
+    b = run_training(cached, [path], [path], servers=1, workers=1, shard_bytes=600_000)
+    shards = make_shards([path], 600_000)
+    assert len(shards) > 1
+    # one file per training shard (written in epoch 1, read in epoch 2) and one for the test read
+    assert len(os.listdir(cache)) == len(shards) + 1
+    c = run_training(cached, [path], [path], servers=1, workers=1, shard_bytes=600_000)  # all from cache
+    for r in (a, b, c):
+        assert r["examples"] == 2 * 7_999 and r["bad_lines"] == 2
+    assert a["logloss"] == b["logloss"] == c["logloss"]

@@ -214,7 +214,7 @@ def save_model(path: str, cfg: TrainConfig, spec: TableSpec, keys: np.ndarray, v
     os.makedirs(path, exist_ok=True)
     np.savez(os.path.join(path, "table.npz"), keys=keys, values=values)
     meta = {"format": "paramserver-model-1", "model": asdict(cfg.model), "table": spec.to_wire(),
-            "data": asdict(cfg.data) | {"skip_bad": False}}
+            "data": asdict(cfg.data) | {"skip_bad": False, "cache_dir": ""}}
     tmp = os.path.join(path, "model.json.tmp")
     with open(tmp, "w") as f:
         json.dump(meta, f, indent=1)

@@ -12,6 +12,8 @@ numba parser of its format and yields ``Batch``es.  A malformed line raises
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import queue
 import threading
@@ -76,6 +78,7 @@ class DataFormat:
     hash_bits: int = 0
     label_format: str = "01"
     skip_bad: bool = False
+    cache_dir: str = ""  # parsed shards are kept here and reused by later epochs
 
     def __post_init__(self) -> None:
         if self.name not in FORMATS:
@@ -181,7 +184,8 @@ def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
     stats.setdefault("examples", 0)
     pending: list[Batch] = []
     pending_rows = 0
-    for batch in _read_chunks(shard, fmt, stats):
+    chunks = _cached_chunks(shard, fmt, stats) if fmt.cache_dir else _read_chunks(shard, fmt, stats)
+    for batch in chunks:
         pending.append(batch)
         pending_rows += len(batch)
         while pending_rows >= batch_size:
@@ -191,6 +195,41 @@ def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
             pending, pending_rows = ([rest] if len(rest) else []), len(rest)
     if pending_rows:
         yield _concat(pending)
+
+
+def _cache_path(shard: Shard, fmt: DataFormat) -> str:
+    """A cache file named by everything the parse depends on, the file's size and mtime too."""
+    fs, _, (p,) = fsspec.get_fs_token_paths(shard.path)
+    info = fs.info(p)
+    key = json.dumps([shard.path, shard.start, shard.end, info.get("size"), info.get("mtime"),
+                      fmt.name, fmt.hash_bits, fmt.label_format, fmt.skip_bad], default=str)
+    return os.path.join(fmt.cache_dir, hashlib.sha1(key.encode()).hexdigest() + ".npz")
+
+
+def _cached_chunks(shard: Shard, fmt: DataFormat, stats: dict) -> Iterator[Batch]:
+    """Like ``_read_chunks``, but a shard parsed once is read back from ``fmt.cache_dir``
+    (like Vowpal Wabbit's --cache: later epochs skip parsing and hashing)."""
+    path = _cache_path(shard, fmt)
+    if os.path.exists(path):
+        with np.load(path) as data:
+            stats["bad_lines"] += int(data["bad_lines"])
+            stats["bytes"] = stats.get("bytes", 0) + int(data["bytes"])
+            batch = Batch(data["labels"], data["indptr"], data["keys"], data["vals"])
+        stats["examples"] += len(batch)
+        yield batch
+        return
+    parts = []
+    before_bad, before_bytes = stats["bad_lines"], stats.get("bytes", 0)
+    for batch in _read_chunks(shard, fmt, stats):
+        parts.append(batch)
+        yield batch
+    whole = _concat(parts) if parts else Batch(np.zeros(0, np.float32), np.zeros(1, np.int64),
+                                               np.zeros(0, np.uint64), np.zeros(0, np.float32))
+    os.makedirs(fmt.cache_dir, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp.npz"
+    np.savez(tmp, labels=whole.labels, indptr=whole.indptr, keys=whole.keys, vals=whole.vals,
+             bad_lines=stats["bad_lines"] - before_bad, bytes=stats.get("bytes", 0) - before_bytes)
+    os.replace(tmp, path)  # whole or absent: a reader never sees half a cache file
 
 
 def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict) -> Iterator[Batch]:
