@@ -87,6 +87,14 @@ def test_malformed_messages_get_error_replies_and_the_server_keeps_serving(clust
         "not my vnode": [msgpack.packb({**head, "arrays": [head["arrays"][0], ["<i4", [1]], ["<i8", [1]]]}),
                          body[0], other_vnode.tobytes(), np.array([good_keys.size], np.int64).tobytes()],
         "stale epoch": [msgpack.packb({**head, "epoch": 99}), *body],
+        "counts that wrap around": [
+            msgpack.packb({**head, "arrays": [head["arrays"][0], ["<i4", [3]], ["<i8", [3]]]}), body[0],
+            np.repeat(part.vnodes[:1], 3).astype(np.int32).tobytes(),
+            np.array([2**63 - 1, 2**63 - 1, good_keys.size + 2], np.int64).tobytes()],
+        "a vnode twice": [
+            msgpack.packb({**head, "arrays": [head["arrays"][0], ["<i4", [2]], ["<i8", [2]]]}), body[0],
+            np.repeat(part.vnodes[:1], 2).astype(np.int32).tobytes(),
+            np.array([good_keys.size - 1, 1], np.int64).tobytes()],
         "random bytes": [os.urandom(64), os.urandom(7)],
     }
     ctx = zmq.Context.instance()
@@ -98,6 +106,8 @@ def test_malformed_messages_get_error_replies_and_the_server_keeps_serving(clust
             header, _ = _raw_request(sock, frames)
             assert header["op"] == "error", name
             assert header["error"], name
+            if name not in ("not msgpack", "random bytes"):
+                assert header["id"] == 1, name  # the caller can tell which request failed
         header, arrays = _raw_request(sock, [msgpack.packb(head), *body])
         assert header["op"] == "ok" and len(arrays) == 1
         # random mutations of a valid push: every one is answered, none kills the server

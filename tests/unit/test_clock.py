@@ -51,3 +51,12 @@ def test_asp_never_parks_and_records_what_it_saw():
     gate.vector.tick(1, 9)
     assert gate.admit(9, math.inf, "x", now=0.0)
     assert gate.parked_count == 0 and gate.staleness_seen[9] == 1
+
+
+def test_a_late_tick_does_not_bring_a_departed_worker_back():
+    v = VectorClock()
+    v.set_members([1, 2])
+    v.tick(1, 4)
+    v.set_members([2])  # worker 1 left; its last tick was still on the way
+    v.tick(1, 5)
+    assert 1 not in v.clocks and v.min() == 0

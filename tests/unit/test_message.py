@@ -58,3 +58,22 @@ def test_fuzzed_frames_only_ever_raise_protocol_error():
             decode([bytes(f) for f in frames])
         except ProtocolError:
             pass
+
+
+@pytest.mark.parametrize("header", [
+    {"op": ["pull"], "id": 9},
+    {"op": "pull", "id": 9, "arrays": [[["<u8"], [1]]]},
+    {"op": "pull", "id": 9, "arrays": [["<u8", [2**32, 2**32]]]},
+])
+def test_odd_headers_are_protocol_errors_that_keep_the_request_id(header):
+    frames = [msgpack.packb(header)] + [b""] * len(header.get("arrays", []))
+    with pytest.raises(ProtocolError) as err:
+        decode(frames)
+    assert err.value.request_id == 9
+
+
+def test_an_oversized_message_keeps_its_request_id():
+    frames = _bytes(encode({"op": "pull", "id": 11}, [np.zeros(1000, np.uint64)]))
+    with pytest.raises(ProtocolError) as err:
+        decode(frames, max_bytes=4000)
+    assert err.value.request_id == 11

@@ -123,3 +123,9 @@ def test_normal_and_uniform_initializers_have_the_right_moments():
     assert abs(out.mean() - 1.0) < 0.02 and abs(out.std() - 2.0) < 0.02
     VnodeTable(1, SGD(), Uniform(-3.0, 5.0), seed=1).lookup(keys, out)
     assert out.min() >= -3.0 and out.max() < 5.0 and abs(out.mean() - 1.0) < 0.03
+
+
+@pytest.mark.parametrize("name", ["../escape", "/abs", "a/../b", "x y", ""])
+def test_table_names_cannot_escape_a_checkpoint_folder(name):
+    with pytest.raises(ConfigError, match="table name"):
+        TableSpec(name)

@@ -97,8 +97,7 @@ class Client:
         self._apply_view(view)
         self._io.start_heartbeats()
         if role == "worker":  # a worker that joins starts at the current minimum clock
-            mins = [s.get("min_clock") for s in self.server_stats()]
-            self._clock = max([m for m in mins if m is not None], default=0)
+            self._resync_clock()
 
     # ---- plumbing ----------------------------------------------------------------------
     def _apply_view(self, view: dict[str, Any]) -> None:
@@ -147,7 +146,7 @@ class Client:
         return spec
 
     def _send_parts(self, op: Op, table: str, routed: Routed, arrays_of, on_part,
-                    result: Any = None) -> Future:
+                    result: Any = None, reply_row_bytes: int = 0) -> Future:
         """Send one request per server part; the future resolves to ``result`` once all have."""
         fut: Future = Future()
         if not routed.parts:
@@ -179,12 +178,15 @@ class Client:
         header = {"op": op.value, "table": table, "epoch": routed.epoch}
         if self.role == "worker":  # the staleness gate and BSP aggregation key on it
             header["clock"] = self._clock
-        for part in routed.parts:
-            arrays = arrays_of(part)
+        requests = [(part, arrays_of(part)) for part in routed.parts]
+        limit = self.config.max_message_bytes - (1 << 20)  # room for the header
+        for part, arrays in requests:  # check every part before sending any: never half a push
             nbytes = sum(a.nbytes for a in arrays)
-            if nbytes > self.config.max_message_bytes:
-                raise ConfigError(f"{nbytes} bytes for server {part.server} exceed max_message_bytes="
-                                  f"{self.config.max_message_bytes}; split the batch")
+            answer = (part.stop - part.start) * reply_row_bytes
+            if max(nbytes, answer) > limit:
+                raise ConfigError(f"{max(nbytes, answer)} bytes for server {part.server} exceed "
+                                  f"max_message_bytes={self.config.max_message_bytes}; split the batch")
+        for part, arrays in requests:
             self._io.submit(self._servers[part.server], header, arrays, make_cb(part))
         return fut
 
@@ -236,7 +238,8 @@ class Client:
                                     f"expected ({part.stop - part.start}, {spec.dim}) float32")
             scatter_rows(vals, order[part.start:part.stop], out)
 
-        return self._send_parts(Op.PULL, table, routed, arrays_of, on_part, result=out)
+        return self._send_parts(Op.PULL, table, routed, arrays_of, on_part, result=out,
+                                reply_row_bytes=4 * spec.dim)
 
     def push(self, table: str, keys: Any, grads: Any) -> Future:
         """Send gradients; duplicate keys are summed first. The future completes on ack."""
@@ -298,7 +301,16 @@ class Client:
         Blocks while every remaining shard of the epoch is held by other workers.
         """
         answer = self._call(self.config.scheduler, {"op": Op.NEXT_SHARD.value}, timeout_s=timeout_s)
-        return None if answer.get("done") else answer
+        if answer.get("done"):
+            return None
+        if self.role == "worker":  # idle workers left the vector clocks: rejoin at the minimum
+            self._resync_clock()
+        return answer
+
+    def _resync_clock(self) -> None:
+        mins = [s.get("min_clock") for s in self.server_stats()]
+        with self._lock:
+            self._clock = max([self._clock, *[m for m in mins if m is not None]])
 
     def shard_done(self, task: dict[str, Any], **stats: float) -> None:
         """Report a shard finished, with counters (``examples``, ``loss_sum``, ...)."""

@@ -63,14 +63,15 @@ class IOThread(threading.Thread):
         self._heartbeats = False
         self.bytes_sent = 0
         self.bytes_received = 0
+        self._lost: set[str] = set()  # addresses of nodes declared dead
 
     # ---- called from any thread ----------------------------------------------------
     def submit(self, address: str, header: dict[str, Any], arrays: Sequence[np.ndarray] = (),
                on_reply: OnReply | None = None) -> None:
         """Send ``header`` + ``arrays`` to ``address``; ``on_reply(msg, exc)`` gets the answer."""
-        if self._closed.is_set():
-            raise ClosedError("the client is closed; create a new one")
-        with self._lock:
+        with self._lock:  # the I/O thread sets _closed under this lock before failing the queue
+            if self._closed.is_set():
+                raise ClosedError("the client is closed; create a new one")
             self._queue.append((address, header, arrays, on_reply))
             self._wake_send.send(b"", zmq.NOBLOCK)
 
@@ -78,10 +79,10 @@ class IOThread(threading.Thread):
         self._heartbeats = True
 
     def close(self, timeout_s: float = 5.0) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
         with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
             self._wake_send.send(b"", zmq.NOBLOCK)
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout_s)
@@ -119,7 +120,8 @@ class IOThread(threading.Thread):
         except Exception:  # pragma: no cover - a bug here must not hang callers
             logger.exception("client I/O thread failed")
         finally:
-            self._closed.set()
+            with self._lock:
+                self._closed.set()
             self._fail_all(ClosedError("the client was closed with this request in flight"))
             for sock in (*self._peers.values(), self._wake_recv, self._wake_send):
                 sock.close(linger=0)
@@ -134,6 +136,11 @@ class IOThread(threading.Thread):
     def _send_queued(self) -> None:
         while self._queue:
             address, header, arrays, on_reply = self._queue.popleft()
+            if address in self._lost:  # it died: nobody would ever answer
+                if on_reply:
+                    self._deliver(_Call(address, on_reply), None, NodeLostError(
+                        f"{address} was declared dead; the request was not sent"))
+                continue
             request_id = next(self._ids)
             try:
                 frames = encode({**header, "id": request_id}, arrays)
@@ -155,8 +162,11 @@ class IOThread(threading.Thread):
             self.bytes_received += sum(len(f) for f in frames)
             try:
                 msg = decode(frames, self.config.max_message_bytes)
-            except Exception:
-                logger.exception("undecodable message from %s", self._by_socket.get(sock))
+            except Exception as exc:  # fail the request it answered, when we can tell which
+                logger.warning("undecodable message from %s: %s", self._by_socket.get(sock), exc)
+                call = self._pending.pop(getattr(exc, "request_id", None), None)
+                if call is not None:
+                    self._deliver(call, None, exc)
                 continue
             call = self._pending.pop(msg.id, None) if isinstance(msg.id, int) else None
             if call is not None:
@@ -173,6 +183,8 @@ class IOThread(threading.Thread):
     def _notify(self, msg: Message) -> None:
         if msg.op is Op.NODE_LOST:
             lost = msg.header.get("address")
+            if lost:
+                self._lost.add(lost)
             err = NodeLostError(f"{msg.header.get('role')} {msg.header.get('node_id')} at {lost} "
                                 "died (missed its heartbeat deadline) with this request in flight")
             for rid, call in list(self._pending.items()):

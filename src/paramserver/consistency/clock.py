@@ -65,8 +65,10 @@ class VectorClock:
             self.join(w)
 
     def tick(self, worker: int, clock: int) -> None:
-        self.join(worker)
-        self.clocks[worker] = max(self.clocks[worker], clock)
+        """Advance a member's clock; a tick from a non-member (one that left, or was
+        declared dead, while its tick travelled) must not make it a member again."""
+        if worker in self.clocks:
+            self.clocks[worker] = max(self.clocks[worker], clock)
 
     def leave(self, worker: int) -> None:
         self.clocks.pop(worker, None)

@@ -341,21 +341,24 @@ def prefetch(items: Iterator[Any], depth: int = 4, prepare: Callable[[Any], Any]
     stop = threading.Event()
     done = object()
 
+    def put(value: Any) -> bool:
+        """Hand ``value`` over unless the consumer has stopped (then never block)."""
+        while not stop.is_set():
+            try:
+                out.put(value, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                value = (True, prepare(item))
-                while not stop.is_set():
-                    try:
-                        out.put(value, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put((True, prepare(item))):
                     return
-            out.put((True, done))
+            put((True, done))
         except BaseException as exc:  # handed to the consumer
-            out.put((False, exc))
+            put((False, exc))
 
     thread = threading.Thread(target=produce, name="paramserver-reader", daemon=True)
     thread.start()

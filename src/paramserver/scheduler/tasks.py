@@ -59,11 +59,15 @@ class TaskQueue:
     def shard_done(self, node_id: int, sid: int, epoch: int, stats: dict[str, Any]) -> None:
         if epoch != self.epoch or self.running.get(sid) != node_id:
             raise ConfigError(f"shard {sid} of epoch {epoch} is not held by node {node_id}")
+        try:
+            values = {k: float(stats.get(k, 0)) for k in self.totals}
+        except (TypeError, ValueError, AttributeError):
+            raise ConfigError(f"shard_done stats must be numbers, got {stats!r}") from None
         del self.running[sid]
         self.done.add(sid)
-        for k in self.totals:
-            self.totals[k] += float(stats.get(k, 0))
-        self.epoch_examples[-1] += int(stats.get("examples", 0))
+        for k, v in values.items():
+            self.totals[k] += v
+        self.epoch_examples[-1] += int(values["examples"])
 
     def progress(self, stats: dict[str, Any]) -> None:
         """Counters of work in progress (for display; totals count at shard_done)."""

@@ -223,6 +223,9 @@ class ServerNode:
                 send(self.router, self._serve_pull(msg), identity)
             except ParamServerError as exc:  # e.g. the table was dropped meanwhile
                 send(self.router, error_reply(msg.id, _error_code(exc), str(exc)), identity)
+            except Exception as exc:  # a bug: this caller still gets an answer
+                logger.exception("server %d failed on a released pull", self.node_id)
+                send(self.router, error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
 
     def _apply_aggregate(self, name: str, pushes: list[tuple[np.ndarray, np.ndarray]]) -> None:
         table = self.tables.get(name)
@@ -249,8 +252,11 @@ class ServerNode:
         assert self.ring is not None
         if epoch != self.ring.epoch:
             raise StaleEpochError(f"request routed at epoch {epoch}, ring is at {self.ring.epoch}")
-        if vnodes.shape != counts.shape or (counts < 0).any() or int(counts.sum()) != n_keys:
-            raise ProtocolError(f"vnode counts (sum {int(counts.sum())}) do not cover the {n_keys} keys")
+        if (vnodes.shape != counts.shape or (counts < 0).any() or (counts > n_keys).any()
+                or sum(counts.tolist()) != n_keys):  # Python ints: an int64 sum could wrap around
+            raise ProtocolError(f"vnode counts do not cover the {n_keys} keys exactly")
+        if np.unique(vnodes).size != vnodes.size:  # a vnode twice could be applied by two threads
+            raise ProtocolError("a request lists a vnode more than once")
         if not table.owns(vnodes):
             raise StaleEpochError(f"server {self.node_id} does not own all of vnodes "
                                   f"{sorted(set(vnodes.tolist()))[:8]}... at epoch {epoch}")
@@ -300,11 +306,13 @@ class ServerNode:
             raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
         if table.spec.aggregate:  # BSP aggregation: applied once the clock is finished
             clock = field(msg, "clock", int)
-            if clock < self.gate.vector.min():
-                raise ProtocolError(f"push for clock {clock} arrived after that clock was applied")
-            self.aggregates.setdefault(table.spec.name, {}).setdefault(clock, []).append(
-                (keys.copy(), grads.copy()))
-            return reply(msg)
+            if clock >= self.gate.vector.min():
+                self.aggregates.setdefault(table.spec.name, {}).setdefault(clock, []).append(
+                    (keys.copy(), grads.copy()))
+                return reply(msg)
+            # its clock was already applied (a worker that rejoined behind the others):
+            # apply it now, as a late update, rather than lose it
+            logger.warning("push for finished clock %d applied late on %r", clock, table.spec.name)
         self._split(vnodes, counts, lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k]))
         return reply(msg)
 
@@ -320,6 +328,9 @@ class ServerNode:
         table = self.tables.get(name)
         if table is None:
             raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(self.tables)})")
+        if len(table) * (8 + 4 * table.spec.dim) > self.config.max_message_bytes - (1 << 20):
+            raise ProtocolError(f"table {name!r} ({len(table)} keys on server {self.node_id}) is too large "
+                                "to export in one message; use checkpoint() instead")
         parts = [vt.items() for vt in table.tables.values()]
         keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
         rows = np.concatenate([r[:, : table.spec.dim] for _, r in parts]) if parts else \

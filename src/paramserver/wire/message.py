@@ -12,6 +12,7 @@ answer with an error reply and keep serving.  See docs/protocol.md.
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, Sequence
 
 import msgpack
@@ -111,10 +112,8 @@ def decode(frames: Sequence[Any], max_bytes: int = MAX_MESSAGE_BYTES) -> Message
     if not frames:
         raise ProtocolError("empty message")
     buffers = [getattr(f, "buffer", f) for f in frames]
-    total = sum(memoryview(b).nbytes for b in buffers)
-    if total > max_bytes:
-        raise ProtocolError(f"message of {total} bytes exceeds the limit of {max_bytes}; "
-                            "split the batch")
+    if memoryview(buffers[0]).nbytes > 1 << 20:
+        raise ProtocolError("header frame larger than 1 MiB")
     try:
         header = msgpack.unpackb(buffers[0], raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -122,17 +121,22 @@ def decode(frames: Sequence[Any], max_bytes: int = MAX_MESSAGE_BYTES) -> Message
     if not isinstance(header, dict):
         raise ProtocolError(f"header must be a msgpack map, got {type(header).__name__}")
     try:
+        total = sum(memoryview(b).nbytes for b in buffers)
+        if total > max_bytes:
+            raise ProtocolError(f"message of {total} bytes exceeds the limit of {max_bytes}; split the batch")
         op = header.get("op")
-        if op not in _OPS:
+        if not isinstance(op, str) or op not in _OPS:
             raise ProtocolError(f"unknown op {op!r} (known: {sorted(_OPS)})")
         specs = header.get("arrays", [])
         if not isinstance(specs, list) or len(specs) != len(buffers) - 1:
             raise ProtocolError(f"header lists {len(specs) if isinstance(specs, list) else specs!r} "
                                 f"arrays but {len(buffers) - 1} array frames follow")
         arrays = [_array(i, spec, buf) for i, (spec, buf) in enumerate(zip(specs, buffers[1:]))]
-    except ProtocolError as exc:
-        exc.request_id = header.get("id")  # so the error reply reaches the right caller
-        raise
+    except Exception as exc:  # whatever is wrong, the sender gets an error reply with its id
+        err = exc if isinstance(exc, ProtocolError) else ProtocolError(f"malformed message: {exc!r}")
+        request_id = header.get("id")
+        err.request_id = request_id if isinstance(request_id, (int, str)) else None
+        raise err from None
     return Message(header, arrays)
 
 
@@ -140,14 +144,14 @@ _OPS = {op.value for op in Op}
 
 
 def _array(i: int, spec: Any, buf: Any) -> np.ndarray:
-    if (not isinstance(spec, list) or len(spec) != 2 or spec[0] not in DTYPES
-            or not isinstance(spec[1], list)):
+    if (not isinstance(spec, list) or len(spec) != 2 or not isinstance(spec[0], str)
+            or spec[0] not in DTYPES or not isinstance(spec[1], list)):
         raise ProtocolError(f"array {i}: spec must be [dtype, shape] with dtype in "
                             f"{sorted(DTYPES)}, got {spec!r}")
     dtype, shape = DTYPES[spec[0]], spec[1]
     if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape):
         raise ProtocolError(f"array {i}: shape must be non-negative ints, got {shape!r}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: no wrap-around
     nbytes = memoryview(buf).nbytes
     if nbytes != expected:
         raise ProtocolError(f"array {i}: frame has {nbytes} bytes but {spec[0]}{tuple(shape)} "
