@@ -255,3 +255,21 @@ def test_run_starts_a_cluster_runs_a_closure_on_every_worker_and_stops_it():
     assert [r[0] for r in results] == [100, 101]
     # after the barrier both workers' pushes are in: key 1 got 1 from each, key 2 got 2 from each
     assert all(r[1] == [-2.0, -4.0, -4.0] for r in results)
+
+
+def test_a_dead_scheduler_fails_waiting_calls_instead_of_hanging():
+    from paramserver import NodeLostError
+
+    with LocalCluster(servers=1, workers=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5,
+                      log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("t")
+        cluster.kill("scheduler")
+        t0 = time.monotonic()
+        with pytest.raises(NodeLostError, match="scheduler"):
+            client.start_job([], 1)  # would otherwise wait for an answer forever
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(NodeLostError):  # and later calls fail at once
+            client.tables()
+        # the data plane does not need the scheduler
+        client.push("t", [1], [[1.0]]).result(timeout=10)

@@ -64,6 +64,7 @@ class IOThread(threading.Thread):
         self.bytes_sent = 0
         self.bytes_received = 0
         self._lost: set[str] = set()  # addresses of nodes declared dead
+        self._scheduler_seen = time.monotonic()
 
     # ---- called from any thread ----------------------------------------------------
     def submit(self, address: str, header: dict[str, Any], arrays: Sequence[np.ndarray] = (),
@@ -76,6 +77,7 @@ class IOThread(threading.Thread):
             self._wake_send.send(b"", zmq.NOBLOCK)
 
     def start_heartbeats(self) -> None:
+        self._scheduler_seen = time.monotonic()
         self._heartbeats = True
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -117,6 +119,7 @@ class IOThread(threading.Thread):
                 if self._heartbeats and time.monotonic() >= next_beat:
                     send(self._peers[self.scheduler], encode({"op": Op.HEARTBEAT.value}))
                     next_beat = time.monotonic() + self.config.heartbeat_interval_s
+                    self._check_scheduler()
         except Exception:  # pragma: no cover - a bug here must not hang callers
             logger.exception("client I/O thread failed")
         finally:
@@ -153,7 +156,18 @@ class IOThread(threading.Thread):
             if on_reply is not None:
                 self._pending[request_id] = _Call(address, on_reply)
 
+    def _check_scheduler(self) -> None:
+        """The scheduler answers every heartbeat; silence past the deadline means it died:
+        fail what waits on it (a barrier, a shard) instead of waiting forever."""
+        silent = time.monotonic() - self._scheduler_seen
+        if silent > self.config.heartbeat_timeout_s and self.scheduler not in self._lost:
+            logger.error("the scheduler at %s has been silent for %.1f s: declared dead", self.scheduler, silent)
+            self._notify(Message({"op": Op.NODE_LOST.value, "role": "scheduler", "node_id": 0,
+                                  "address": self.scheduler}, []))
+
     def _receive(self, sock: zmq.Socket) -> None:
+        if sock is self._peers.get(self.scheduler):
+            self._scheduler_seen = time.monotonic()
         for _ in range(64):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)

@@ -31,6 +31,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from paramserver.client.client import Client
+from paramserver.config import load_config
 from paramserver.errors import ClosedError, ConnectError, WorkerError
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,9 @@ class LocalCluster:
                 self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
             for i in range(self.n_workers):
                 self._spawn_worker(i)
-            self._client = Client(self.address, role="driver", connect_timeout_s=self.startup_timeout_s)
+            self._client = Client(role="driver", config=load_config(
+                scheduler=self.address, connect_timeout_s=self.startup_timeout_s,
+                heartbeat_interval_s=self.heartbeat_interval_s, heartbeat_timeout_s=self.heartbeat_timeout_s))
             if self.n_workers:  # every worker in, so all start at clock 0 and take part from the start
                 self._client.wait_for_workers(self.n_workers, timeout_s=self.startup_timeout_s)
         except BaseException as exc:
@@ -168,14 +171,16 @@ class LocalCluster:
         for proc in self.procs.values():
             if proc.to_child is not None:
                 proc.to_child.close()  # EOF: the worker finishes and leaves
+        polite = False
         if self._client is not None:
             try:
                 self._client.shutdown_cluster()
-            except Exception as exc:
+                polite = True
+            except Exception as exc:  # no scheduler to pass the word on: signals at once
                 logger.debug("shutdown request failed: %s", exc)
             self._client.close()
         deadline = time.monotonic() + timeout_s
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        for sig in ((None,) if polite else ()) + (signal.SIGTERM, signal.SIGKILL):
             for proc in self.procs.values():
                 if proc.popen.poll() is None and sig is not None:
                     proc.popen.send_signal(sig)

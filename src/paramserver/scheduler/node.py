@@ -25,6 +25,7 @@ from paramserver.wire.sockets import bind_router, send
 logger = logging.getLogger(__name__)
 
 ROLES = ("server", "worker", "driver")
+_BEAT_BACK = encode({"op": Op.HEARTBEAT.value})
 
 
 @dataclass
@@ -223,6 +224,7 @@ class SchedulerNode:
         node = self.nodes.get(node_id) if isinstance(node_id, int) else None
         if node is not None:
             node.last_seen = time.monotonic()
+            send(self.sock, _BEAT_BACK, identity)  # so nodes can tell a dead scheduler too
         else:  # declared dead, then came back: tell it, so it stops serving
             send(self.sock, error_reply(None, "unknown_node", "not registered (declared dead?)"), identity)
 
