@@ -274,8 +274,9 @@ def warm_up() -> None:
     do not pay for it: worker processes call this when they start."""
     import tempfile
 
-    from paramserver.routing.partition import route_pull, route_push
+    from paramserver.routing.partition import route_pull, route_push, scatter_rows
     from paramserver.routing.ring import Ring
+    from paramserver.wire.message import Op, decode, encode
 
     line = "1\t" + "\t".join(["1"] * 13 + ["a1b2c3d4"] * 26) + "\n"
     with tempfile.TemporaryDirectory() as tmp:
@@ -290,4 +291,8 @@ def warm_up() -> None:
                 grads, _ = model.step(batch, inverse, rows)
                 model.predict(batch, inverse, rows)
                 route_push(Ring.create([1]), uniq, grads)
-            route_pull(Ring.create([1]), uniq)
+            routed = route_pull(Ring.create([1]), uniq)
+            # a pull's reply is scattered from a received (read-only) frame
+            frames = encode({"op": Op.OK.value}, [np.zeros((uniq.size, 1), np.float32)])
+            (vals,) = decode([bytes(f) for f in frames]).arrays
+            scatter_rows(vals, routed.order, np.empty((uniq.size, 1), np.float32))

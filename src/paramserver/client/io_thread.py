@@ -73,8 +73,10 @@ class IOThread(threading.Thread):
         with self._lock:  # the I/O thread sets _closed under this lock before failing the queue
             if self._closed.is_set():
                 raise ClosedError("the client is closed; create a new one")
+            wake = not self._queue  # a non-empty queue means the I/O thread is already due
             self._queue.append((address, header, arrays, on_reply))
-            self._wake_send.send(b"", zmq.NOBLOCK)
+            if wake:
+                self._wake_send.send(b"", zmq.NOBLOCK)
 
     def start_heartbeats(self) -> None:
         self._scheduler_seen = time.monotonic()
@@ -137,8 +139,11 @@ class IOThread(threading.Thread):
                 return
 
     def _send_queued(self) -> None:
-        while self._queue:
-            address, header, arrays, on_reply = self._queue.popleft()
+        while True:
+            with self._lock:  # popped under the lock that submit() checks emptiness under
+                if not self._queue:
+                    return
+                address, header, arrays, on_reply = self._queue.popleft()
             if address in self._lost:  # it died: nobody would ever answer
                 if on_reply:
                     self._deliver(_Call(address, on_reply), None, NodeLostError(

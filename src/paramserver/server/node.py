@@ -255,7 +255,7 @@ class ServerNode:
         if (vnodes.shape != counts.shape or (counts < 0).any() or (counts > n_keys).any()
                 or sum(counts.tolist()) != n_keys):  # Python ints: an int64 sum could wrap around
             raise ProtocolError(f"vnode counts do not cover the {n_keys} keys exactly")
-        if np.unique(vnodes).size != vnodes.size:  # a vnode twice could be applied by two threads
+        if len(set(vnodes.tolist())) != vnodes.size:  # a vnode twice could be applied by two threads
             raise ProtocolError("a request lists a vnode more than once")
         if not table.owns(vnodes):
             raise StaleEpochError(f"server {self.node_id} does not own all of vnodes "
@@ -387,12 +387,13 @@ def _warm_up() -> None:
     before registering, so the first real request is not slowed by the JIT."""
     from paramserver.server.optim import SGD, Zeros
 
-    frames = encode({"op": Op.PUSH.value}, [np.arange(1, 4, dtype=np.uint64), np.ones((3, 1), np.float32),
-                                            np.zeros(1, np.int32), np.array([3], np.int64)])
+    n = 64  # enough keys to make the vnode grow: growth has kernels of its own
+    frames = encode({"op": Op.PUSH.value}, [np.arange(1, n + 1, dtype=np.uint64), np.ones((n, 1), np.float32),
+                                            np.zeros(1, np.int32), np.array([n], np.int64)])
     keys, grads, vnodes, counts = decode([bytes(f) for f in frames]).arrays  # read-only, as requests
     table = VnodeSet(TableSpec("warm-up", optimizer=SGD(), initializer=Zeros()), 1, [0])
     table.apply(vnodes, counts, keys, grads)
-    table.lookup(vnodes, counts, keys, np.empty((3, 1), np.float32))
+    table.lookup(vnodes, counts, keys, np.empty((n, 1), np.float32))
 
 
 def _rss_bytes() -> int:

@@ -251,6 +251,14 @@ def _apply_many(keys_l, rows_l, meta_l, limits, slot, vnodes, counts, keys, grad
     return vnodes.shape[0], 0
 
 
+@njit(cache=True)
+def _set_arrays(keys_l, rows_l, t, keys, rows):
+    """``keys_l[t], rows_l[t] = keys, rows``: a typed list's ``__setitem__`` called from
+    Python is compiled afresh in every process (~1 s, measured with py-spy); this is cached."""
+    keys_l[t] = keys
+    rows_l[t] = rows
+
+
 class VnodeSet:
     """The ``VnodeTable``s of one table on one server, worked many vnodes per kernel call.
 
@@ -294,7 +302,7 @@ class VnodeSet:
 
     def lookup(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
         """Rows of ``keys``, grouped by ``vnodes`` (``counts`` keys each), into ``out``."""
-        if self._keys:
+        if self.tables:
             _lookup_many(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
                          self.spec.dim, self._ikind, self._ihp, self._seed)
 
@@ -302,12 +310,13 @@ class VnodeSet:
         """Re-read every vnode's arrays (after a vnode grew outside ``apply``, e.g. ``load``)."""
         for v, vt in self.tables.items():
             t = int(self.slot[v])
-            self._keys[t], self._rows[t], self._limits[t] = vt.keys, vt.rows, vt._limit()
+            _set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
+            self._limits[t] = vt._limit()
 
     def apply(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray) -> None:
         """Apply ``grads`` to ``keys``, grouped like ``lookup``'s; vnodes grow as needed."""
         seg, start = 0, 0
-        while self._keys:
+        while self.tables:
             seg, start = _apply_many(self._keys, self._rows, self._meta, self._limits, self.slot, vnodes,
                                      counts, keys, grads, seg, start, self.spec.dim, self._okind, self._ohp,
                                      self._ikind, self._ihp, self._seed)
@@ -316,4 +325,5 @@ class VnodeSet:
             v = int(vnodes[seg])
             vt, t = self.tables[v], int(self.slot[v])
             vt._grow(len(vt) + 1)
-            self._keys[t], self._rows[t], self._limits[t] = vt.keys, vt.rows, vt._limit()
+            _set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
+            self._limits[t] = vt._limit()

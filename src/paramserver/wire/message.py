@@ -156,7 +156,13 @@ def _array(i: int, spec: Any, buf: Any) -> np.ndarray:
     if nbytes != expected:
         raise ProtocolError(f"array {i}: frame has {nbytes} bytes but {spec[0]}{tuple(shape)} "
                             f"needs {expected}")
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    arr = np.frombuffer(buf, dtype=dtype).reshape(shape)
+    # numba compiles one kernel per (alignment, writability): received arrays are always
+    # aligned (ZeroMQ does not promise it: copy) and read-only (a frame is writable, bytes not)
+    if not arr.flags.aligned:
+        arr = arr.copy()
+    arr.setflags(write=False)
+    return arr
 
 
 def reply(request: Message | None, arrays: Sequence[np.ndarray] = (), **fields: Any) -> list[Any]:
