@@ -110,21 +110,28 @@ class Client:
         if msg.op is Op.RING:
             self._apply_view(msg.header)
 
-    def _call(self, address: str, header: dict[str, Any], timeout_s: float | None = None,
-              connecting: bool = False) -> dict[str, Any]:
+    def _request(self, address: str, header: dict[str, Any]) -> Future:
+        """Send one request; the future holds the reply ``Message`` or the error it carried."""
         fut: Future = Future()
 
         def done(msg: Message | None, exc: BaseException | None) -> None:
             if exc is not None:
                 fut.set_exception(exc)
-            elif msg is not None and msg.op is Op.ERROR:
+            elif msg is None:
+                fut.set_exception(RemoteError(f"no reply from {address}"))
+            elif msg.op is Op.ERROR:
                 fut.set_exception(_remote_error(msg))
             else:
-                fut.set_result(msg.header if msg else {})
+                fut.set_result(msg)
 
         self._io.submit(address, header, (), done)
+        return fut
+
+    def _call(self, address: str, header: dict[str, Any], timeout_s: float | None = None,
+              connecting: bool = False) -> dict[str, Any]:
+        """One request, blocking: the reply's header."""
         try:
-            return fut.result(timeout=timeout_s)
+            return self._request(address, header).result(timeout=timeout_s).header
         except TimeoutError:
             if connecting:
                 raise ConnectError(
@@ -333,22 +340,9 @@ class Client:
         return keys, rows
 
     # ---- cold backup ------------------------------------------------------------------
-    def _on_every_server(self, header: dict[str, Any], timeout_s: float | None = None) -> list[dict[str, Any]]:
-        """Send ``header`` to every server at once; their replies' headers, in server order."""
-        futures = []
-        for address in self._servers.values():
-            fut: Future = Future()
-
-            def done(msg: Message | None, exc: BaseException | None, fut=fut) -> None:
-                if exc is not None:
-                    fut.set_exception(exc)
-                elif msg is None or msg.op is Op.ERROR:
-                    fut.set_exception(_remote_error(msg) if msg else RemoteError("no reply"))
-                else:
-                    fut.set_result(msg)
-
-            self._io.submit(address, header, (), done)
-            futures.append(fut)
+    def _on_every_server(self, header: dict[str, Any], timeout_s: float | None = None) -> list[Message]:
+        """Send ``header`` to every server at once; their replies, in server order."""
+        futures = [self._request(address, header) for address in self._servers.values()]
         return [f.result(timeout=timeout_s) for f in futures]
 
     def checkpoint(self, url: str) -> str:
@@ -411,7 +405,7 @@ class Client:
 
     def server_stats(self) -> list[dict[str, Any]]:
         """Per-server table sizes, clocks and resident memory."""
-        return [self._call(addr, {"op": Op.STATS.value}) for addr in self._servers.values()]
+        return [m.header for m in self._on_every_server({"op": Op.STATS.value})]
 
     def wait_for_workers(self, count: int, timeout_s: float | None = None) -> int:
         """Block until ``count`` workers have registered; return how many have."""
