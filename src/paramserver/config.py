@@ -28,6 +28,7 @@ ENV: dict[str, tuple[str, str]] = {
     "PARAMSERVER_CONNECT_TIMEOUT_S": ("connect_timeout_s", "how long a node tries to reach the scheduler"),
     "PARAMSERVER_MAX_MESSAGE_BYTES": ("max_message_bytes", "largest message a node accepts"),
     "PARAMSERVER_SERVER_THREADS": ("server_threads", "threads a server applies vnodes with (0: one a core)"),
+    "PARAMSERVER_RETRY_TIMEOUT_S": ("retry_timeout_s", "how long a pull or push is retried across ring changes"),
 }
 
 
@@ -44,6 +45,7 @@ class Config:
     connect_timeout_s: float = 30.0
     max_message_bytes: int = 1 << 30
     server_threads: int = 0
+    retry_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name, lo in (("port", 0), ("servers", 1), ("workers", 0), ("vnodes_per_server", 1),
@@ -53,7 +55,7 @@ class Config:
                 raise ConfigError(f"{name} must be an int >= {lo}, got {v!r}")
         if self.port > 65535:
             raise ConfigError(f"port must be <= 65535, got {self.port}")
-        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s"):
+        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "retry_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"{name} must be a number > 0, got {v!r}")

@@ -32,6 +32,8 @@ class TableSpec:
             staleness S as a number (see docs/consistency.md); stored as ``staleness``.
         aggregate: BSP only: sum each clock's pushes and apply them once, when every
             live worker has finished that clock (serial large-batch semantics).
+        replicas: copies of every vnode (1 = no backup; 2 or 3): a push is acknowledged
+            once every live copy applied it, and a dead primary's backup takes over.
 
     Example:
         >>> TableSpec("w", dim=1, optimizer={"name": "ftrl", "alpha": 0.1}).optimizer
@@ -45,9 +47,11 @@ class TableSpec:
     seed: int = 0
     consistency: Any = "asp"
     aggregate: bool = False
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         from paramserver.consistency.clock import parse_consistency
+        from paramserver.routing.ring import MAX_REPLICAS
 
         object.__setattr__(self, "consistency", parse_consistency(self.consistency))
         if self.aggregate and self.consistency != 0:
@@ -61,6 +65,10 @@ class TableSpec:
             raise ConfigError(f"table {self.name!r}: dim must be an int in [1, 65536], got {self.dim!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 1 << 64:
             raise ConfigError(f"table {self.name!r}: seed must be an int in [0, 2**64), got {self.seed!r}")
+        if (isinstance(self.replicas, bool) or not isinstance(self.replicas, int)
+                or not 1 <= self.replicas <= MAX_REPLICAS):
+            raise ConfigError(f"table {self.name!r}: replicas must be an int in [1, {MAX_REPLICAS}] "
+                              f"(1 = no backup), got {self.replicas!r}")
         opt = Optimizer.parse(self.optimizer)
         init = Initializer.parse(self.initializer)
         if isinstance(opt, FTRL) and not isinstance(init, Zeros):
@@ -77,13 +85,14 @@ class TableSpec:
         return {"name": self.name, "dim": self.dim, "seed": self.seed,
                 "optimizer": self.optimizer.to_wire(), "initializer": self.initializer.to_wire(),
                 "consistency": None if math.isinf(self.consistency) else int(self.consistency),
-                "aggregate": self.aggregate}
+                "aggregate": self.aggregate, "replicas": self.replicas}
 
     @classmethod
     def from_wire(cls, d: Any) -> TableSpec:
         if not isinstance(d, dict):
             raise ConfigError(f"a table spec must be a map, got {d!r}")
-        extra = set(d) - {"name", "dim", "seed", "optimizer", "initializer", "consistency", "aggregate"}
+        extra = set(d) - {"name", "dim", "seed", "optimizer", "initializer", "consistency", "aggregate",
+                                  "replicas"}
         if extra:
             raise ConfigError(f"unknown table spec fields {sorted(extra)}")
         return cls(**d)

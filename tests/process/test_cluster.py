@@ -86,7 +86,10 @@ def test_malformed_messages_get_error_replies_and_the_server_keeps_serving(clust
         "bad counts": [msgpack.packb(head), body[0], body[1], (part.counts + 1).tobytes()],
         "not my vnode": [msgpack.packb({**head, "arrays": [head["arrays"][0], ["<i4", [1]], ["<i8", [1]]]}),
                          body[0], other_vnode.tobytes(), np.array([good_keys.size], np.int64).tobytes()],
-        "stale epoch": [msgpack.packb({**head, "epoch": 99}), *body],
+        "epoch not an int": [msgpack.packb({**head, "epoch": "99"}), *body],
+        "vnode out of range": [msgpack.packb({**head, "arrays": [head["arrays"][0], ["<i4", [1]], ["<i8", [1]]]}),
+                               body[0], np.array([1 << 30], np.int32).tobytes(),
+                               np.array([good_keys.size], np.int64).tobytes()],
         "counts that wrap around": [
             msgpack.packb({**head, "arrays": [head["arrays"][0], ["<i4", [3]], ["<i8", [3]]]}), body[0],
             np.repeat(part.vnodes[:1], 3).astype(np.int32).tobytes(),

@@ -14,15 +14,16 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
 from paramserver.client.io_thread import IOThread
 from paramserver.config import Config, load_config
-from paramserver.errors import (ClosedError, ConfigError, ConnectError, ParamServerError, ProtocolError,
-                                RemoteError, StaleEpochError, UnknownTableError)
-from paramserver.routing.partition import Routed, route_pull, route_push, scatter_rows
+from paramserver.errors import (ClosedError, ConfigError, ConnectError, NodeLostError, ParamServerError,
+                                ProtocolError, RemoteError, StaleEpochError, UnknownTableError)
+from paramserver.routing.partition import route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op
@@ -60,6 +61,18 @@ def as_keys(keys: Any) -> np.ndarray:
                       "hash features to uint64 first")
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """The part of a pull or push that goes to one server, as routed at ``epoch``."""
+
+    server: int
+    epoch: int
+    keys: np.ndarray
+    extra: np.ndarray  # pull: output row of each key; push: gradient rows
+    vnodes: np.ndarray
+    counts: np.ndarray
+
+
 class Client:
     """A node's handle on the cluster.
 
@@ -85,6 +98,8 @@ class Client:
         self._io.start()
         self._lock = threading.Lock()
         self._clock = 0
+        self._seq = 0  # pushes numbered for exactly-once application
+        self._inflight: set[int] = set()
         try:
             view = self._call(self.config.scheduler, {"op": Op.REGISTER.value, "role": role},
                               timeout_s=self.config.connect_timeout_s, connecting=True)
@@ -101,8 +116,11 @@ class Client:
 
     # ---- plumbing ----------------------------------------------------------------------
     def _apply_view(self, view: dict[str, Any]) -> None:
+        ring = Ring.from_wire(view["ring"])
         with self._lock:
-            self._ring = Ring.from_wire(view["ring"])
+            if hasattr(self, "_ring") and ring.epoch < self._ring.epoch:
+                return  # an older view that arrived late
+            self._ring = ring
             self._servers = {int(k): v for k, v in view["servers"].items()}
             self._tables = {n: TableSpec.from_wire(w) for n, w in view.get("tables", {}).items()}
 
@@ -152,64 +170,132 @@ class Client:
                                     "create it with create_table()")
         return spec
 
-    def _send_parts(self, op: Op, table: str, routed: Routed, arrays_of, on_part,
-                    result: Any = None, reply_row_bytes: int = 0) -> Future:
-        """Send one request per server part; the future resolves to ``result`` once all have."""
+    def _pieces(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None) -> list[_Piece]:
+        """Route ``keys`` with the current ring into one piece per server.  ``extra`` rides
+        along: a pull's output row of each key (None: the identity), a push's gradients."""
+        with self._lock:
+            ring = self._ring
+        if kind is Op.PULL:
+            routed = route_pull(ring, keys)
+            index = routed.order if extra is None else extra[routed.order]
+        else:
+            routed = route_push(ring, keys, extra)
+            index = routed.grads
+        return [_Piece(part.server, ring.epoch, routed.keys[part.start:part.stop], index[part.start:part.stop],
+                       part.vnodes, part.counts) for part in routed.parts]
+
+    def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
+                 on_piece: Callable[[_Piece, Message], None], result: Any = None,
+                 reply_row_bytes: int = 0, seq: int | None = None) -> Future:
+        """Send a pull or push as one request per server; the future resolves to
+        ``result`` once every piece is answered.  A piece refused for a stale ring, or
+        sent to a server that died, is routed again with the newest ring and resent
+        (a push keeps its ``seq``: servers apply it once), until ``retry_timeout_s``."""
         fut: Future = Future()
-        if not routed.parts:
+        pieces = self._pieces(kind, keys, extra)
+        if not pieces:
             fut.set_result(result)
             return fut
-        remaining = [len(routed.parts)]
+        limit = self.config.max_message_bytes - (1 << 20)  # room for the header
+        for piece in pieces:  # check every piece before sending any: never half a push
+            nbytes = max(piece.keys.nbytes + (piece.extra.nbytes if kind is Op.PUSH else 0),
+                         piece.keys.shape[0] * reply_row_bytes)
+            if nbytes > limit:
+                raise ConfigError(f"{nbytes} bytes for server {piece.server} exceed "
+                                  f"max_message_bytes={self.config.max_message_bytes}; split the batch")
+        state = {"pending": len(pieces)}
         lock = threading.Lock()
+        deadline = time.monotonic() + self.config.retry_timeout_s
+        header: dict[str, Any] = {"op": kind.value, "table": table}
+        if self.role == "worker":  # the staleness gate and BSP aggregation key on it
+            header["clock"] = self._clock
+        if seq is not None:
+            header.update(sender=self.node_id, seq=seq)
 
-        def make_cb(part):
+        def send(piece: _Piece, tries: int) -> None:
+            address = self._servers.get(piece.server)
+            h = {**header, "epoch": piece.epoch}
+            if seq is not None:
+                h["acked"] = self._acked_seq()
+            arrays = [piece.keys, piece.extra, piece.vnodes, piece.counts] if kind is Op.PUSH else \
+                [piece.keys, piece.vnodes, piece.counts]
+            if address is None:  # the server left the ring since this piece was routed
+                callback(piece, tries)(None, NodeLostError(f"server {piece.server} left the ring"))
+            else:
+                self._io.submit(address, h, arrays, callback(piece, tries))
+
+        def resend(piece: _Piece, tries: int) -> None:
+            if fut.done():
+                return
+            try:
+                again = self._pieces(kind, piece.keys, piece.extra)
+            except Exception as exc:
+                fut.set_exception(exc)
+                return
+            with lock:
+                state["pending"] += len(again) - 1
+            for p in again:
+                send(p, tries + 1)
+
+        def callback(piece: _Piece, tries: int):
             def cb(msg: Message | None, exc: BaseException | None) -> None:
                 if fut.done():
                     return
+                if exc is None and msg is not None and msg.op is Op.ERROR:
+                    exc = _remote_error(msg)
+                if isinstance(exc, (StaleEpochError, NodeLostError)) and time.monotonic() < deadline:
+                    # the ring changed under this piece: once ours is newer, route it again
+                    newer = self._ring.epoch > piece.epoch
+                    if not newer and msg is not None and msg.header.get("epoch", 0) > self._ring.epoch:
+                        self._refresh_view()
+                    delay = 0.0 if newer else min(0.5, 0.01 * 2 ** min(tries, 6))
+                    self._io.call_later(delay, lambda: resend(piece, tries))
+                    return
                 try:
-                    if exc is None and msg is not None and msg.op is Op.ERROR:
-                        exc = _remote_error(msg)
                     if exc is None:
-                        on_part(part, msg)
+                        on_piece(piece, msg)
                 except Exception as err:
                     exc = err
                 with lock:
                     if exc is not None:
-                        fut.set_exception(exc)
+                        if not fut.done():
+                            fut.set_exception(exc)
                         return
-                    remaining[0] -= 1
-                    if remaining[0] == 0:
+                    state["pending"] -= 1
+                    if state["pending"] == 0:
                         fut.set_result(result)
             return cb
 
-        header = {"op": op.value, "table": table, "epoch": routed.epoch}
-        if self.role == "worker":  # the staleness gate and BSP aggregation key on it
-            header["clock"] = self._clock
-        requests = [(part, arrays_of(part)) for part in routed.parts]
-        limit = self.config.max_message_bytes - (1 << 20)  # room for the header
-        for part, arrays in requests:  # check every part before sending any: never half a push
-            nbytes = sum(a.nbytes for a in arrays)
-            answer = (part.stop - part.start) * reply_row_bytes
-            if max(nbytes, answer) > limit:
-                raise ConfigError(f"{max(nbytes, answer)} bytes for server {part.server} exceed "
-                                  f"max_message_bytes={self.config.max_message_bytes}; split the batch")
-        for part, arrays in requests:
-            self._io.submit(self._servers[part.server], header, arrays, make_cb(part))
+        for piece in pieces:
+            send(piece, 0)
         return fut
+
+    def _refresh_view(self) -> None:
+        """Ask the scheduler for the ring (a RING notification may still be on its way)."""
+        def done(msg: Message | None, exc: BaseException | None) -> None:
+            if msg is not None and msg.op is Op.OK and "ring" in msg.header:
+                self._apply_view(msg.header)
+        self._io.submit(self.config.scheduler, {"op": Op.CLUSTER_INFO.value}, (), done)
+
+    def _acked_seq(self) -> int:
+        """Every push numbered up to this was answered: servers may forget them."""
+        with self._lock:
+            return min(self._inflight) - 1 if self._inflight else self._seq
 
     # ---- public API --------------------------------------------------------------------
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
-                     aggregate: bool = False) -> TableSpec:
+                     aggregate: bool = False, replicas: int = 1) -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
 
         ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
-        applies each clock's summed pushes once.  See ``TableSpec``.
+        applies each clock's summed pushes once; ``replicas`` (1–3) copies of every vnode
+        on distinct servers survive ``replicas - 1`` failures.  See ``TableSpec``.
 
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
         """
-        spec = TableSpec(name, dim, optimizer, initializer, seed, consistency, aggregate)
+        spec = TableSpec(name, dim, optimizer, initializer, seed, consistency, aggregate, replicas)
         self._call(self.config.scheduler, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()})
         with self._lock:
             self._tables[name] = spec
@@ -232,24 +318,19 @@ class Client:
         spec = self._spec(table)
         keys = as_keys(keys)
         out = np.empty((keys.shape[0], spec.dim), np.float32)
-        routed = route_pull(self._ring, keys)
-        order = routed.order
 
-        def arrays_of(part):
-            return [routed.keys[part.start:part.stop], part.vnodes, part.counts]
-
-        def on_part(part, msg: Message) -> None:
+        def on_piece(piece: _Piece, msg: Message) -> None:
             vals = msg.arrays[0] if msg.arrays else None
-            if vals is None or vals.shape != (part.stop - part.start, spec.dim) or vals.dtype != np.float32:
+            if vals is None or vals.shape != (piece.keys.shape[0], spec.dim) or vals.dtype != np.float32:
                 raise ProtocolError(f"pull reply has {None if vals is None else vals.shape}, "
-                                    f"expected ({part.stop - part.start}, {spec.dim}) float32")
-            scatter_rows(vals, order[part.start:part.stop], out)
+                                    f"expected ({piece.keys.shape[0]}, {spec.dim}) float32")
+            scatter_rows(vals, piece.extra, out)
 
-        return self._send_parts(Op.PULL, table, routed, arrays_of, on_part, result=out,
-                                reply_row_bytes=4 * spec.dim)
+        return self._scatter(Op.PULL, table, keys, None, on_piece, result=out, reply_row_bytes=4 * spec.dim)
 
     def push(self, table: str, keys: Any, grads: Any) -> Future:
-        """Send gradients; duplicate keys are summed first. The future completes on ack."""
+        """Send gradients; duplicate keys are summed first. The future completes once
+        every live replica applied them (each exactly once, retries included)."""
         spec = self._spec(table)
         keys = as_keys(keys)
         grads = np.asarray(grads, np.float32)
@@ -261,14 +342,21 @@ class Client:
         if not np.isfinite(grads).all():
             raise ConfigError(f"push to {table!r}: grads contain NaN or inf (check the learning "
                               "rate and the loss)")
-        routed = route_push(self._ring, keys, np.ascontiguousarray(grads))
-        assert routed.grads is not None
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            self._inflight.add(seq)
+        try:
+            fut = self._scatter(Op.PUSH, table, keys, np.ascontiguousarray(grads), lambda piece, msg: None, seq=seq)
+        except BaseException:
+            self._settled(seq)
+            raise
+        fut.add_done_callback(lambda _: self._settled(seq))
+        return fut
 
-        def arrays_of(part):
-            return [routed.keys[part.start:part.stop], routed.grads[part.start:part.stop],
-                    part.vnodes, part.counts]
-
-        return self._send_parts(Op.PUSH, table, routed, arrays_of, lambda part, msg: None)
+    def _settled(self, seq: int) -> None:
+        with self._lock:
+            self._inflight.discard(seq)
 
     @property
     def current_clock(self) -> int:
@@ -383,7 +471,8 @@ class Client:
         for name, wire in manifest["tables"].items():
             spec = TableSpec.from_wire(wire)
             self.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                              seed=spec.seed, consistency=spec.consistency, aggregate=spec.aggregate)
+                              seed=spec.seed, consistency=spec.consistency, aggregate=spec.aggregate,
+                              replicas=min(spec.replicas, len(self._ring.servers)))
             entries = manifest["files"].get(name, {})
             paths = [entry[0] for entry in entries.values()]
             loaded = sum(m.header["loaded"] for m in
@@ -411,6 +500,28 @@ class Client:
         """Block until ``count`` workers have registered; return how many have."""
         return self._call(self.config.scheduler, {"op": Op.WAIT_WORKERS.value, "count": count},
                           timeout_s=timeout_s)["workers"]
+
+    # ---- elastic servers ------------------------------------------------------------
+    def cluster_info(self) -> dict[str, Any]:
+        """The ring's epoch and servers, their addresses, and whether vnodes are moving."""
+        info = self._call(self.config.scheduler, {"op": Op.CLUSTER_INFO.value})
+        if "ring" in info:
+            self._apply_view(info)
+        return info
+
+    def remove_server(self, node_id: int, timeout_s: float | None = None) -> int:
+        """Take a server out of the ring while jobs run: its vnodes are copied to the
+        others (writes made meanwhile included), the ring flips, then it stops.
+        Returns the new ring epoch."""
+        return self._call(self.config.scheduler, {"op": Op.REMOVE_SERVER.value, "node_id": int(node_id)},
+                          timeout_s=timeout_s).get("epoch", 0)
+
+    def wait_for_servers(self, count: int, timeout_s: float | None = None) -> int:
+        """Block until the ring has ``count`` servers and no vnode is moving; return its epoch."""
+        answer = self._call(self.config.scheduler, {"op": Op.WAIT_SERVERS.value, "count": count},
+                            timeout_s=timeout_s)
+        self.cluster_info()
+        return answer["epoch"]
 
     def shutdown_cluster(self) -> None:
         """Ask the scheduler to stop every node (used by launchers)."""

@@ -11,6 +11,7 @@ computes.  The thread also sends the heartbeats and takes the scheduler's notifi
 from __future__ import annotations
 
 import collections
+import heapq
 import itertools
 import logging
 import threading
@@ -64,6 +65,7 @@ class IOThread(threading.Thread):
         self.bytes_sent = 0
         self.bytes_received = 0
         self._lost: set[str] = set()  # addresses of nodes declared dead
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []  # heap of (due, n, fn)
         self._scheduler_seen = time.monotonic()
 
     # ---- called from any thread ----------------------------------------------------
@@ -77,6 +79,28 @@ class IOThread(threading.Thread):
             self._queue.append((address, header, arrays, on_reply))
             if wake:
                 self._wake_send.send(b"", zmq.NOBLOCK)
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on this thread after ``delay_s`` (retries use it: never blocks)."""
+        with self._lock:
+            heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._ids), fn))
+            if threading.current_thread() is not self:
+                self._wake_send.send(b"", zmq.NOBLOCK)
+
+    def _run_timers(self) -> float:
+        """Run the timers that are due; seconds until the next one (inf: none)."""
+        while True:
+            with self._lock:
+                if not self._timers:
+                    return float("inf")
+                due, _, fn = self._timers[0]
+                if due > time.monotonic():
+                    return due - time.monotonic()
+                heapq.heappop(self._timers)
+            try:
+                fn()
+            except Exception:
+                logger.exception("timer callback failed")
 
     def start_heartbeats(self) -> None:
         self._scheduler_seen = time.monotonic()
@@ -111,8 +135,10 @@ class IOThread(threading.Thread):
                     if sock not in registered:
                         poller.register(sock, zmq.POLLIN)
                         registered.add(sock)
-                timeout_ms = max(0, int((next_beat - time.monotonic()) * 1000))
-                for sock, _ in poller.poll(timeout_ms if self._heartbeats else 1000):
+                next_timer = self._run_timers()
+                self._send_queued()  # what the timers resent
+                wait_s = min(next_beat - time.monotonic() if self._heartbeats else 1.0, next_timer)
+                for sock, _ in poller.poll(max(0, int(wait_s * 1000))):
                     if sock is self._wake_recv:
                         self._drain_wakeups()
                         self._send_queued()

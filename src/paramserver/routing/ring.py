@@ -1,14 +1,19 @@
-"""The ring: which server owns which vnode, at which epoch.
+"""The ring: which servers hold which vnode, at which epoch.
 
-The hash space [0, 2**64) is cut into ``n_vnodes`` equal arcs (vnodes); each vnode is
-owned by one server.  This is consistent hashing with virtual nodes in the form Dynamo
-calls "strategy 3" (fixed equal partitions, assigned to nodes): a key's vnode never
-changes, only a vnode's owner does, so
+The hash space [0, 2**64) is cut into ``n_vnodes`` equal arcs (vnodes); each vnode has a
+*chain* of up to ``MAX_REPLICAS`` distinct servers: the primary, then its backups.  This
+is consistent hashing with virtual nodes in the form Dynamo calls "strategy 3" (fixed
+equal partitions, assigned to nodes): a key's vnode never changes, only a vnode's chain
+does, so
 
 * balance is exact to one vnode (random vnode positions give ~1/sqrt(v) spread: 12 % at
   64 vnodes/server, before the largest-of-S effect),
-* finding owners is O(1) per key (no binary search): ``owner[vnode(hash(key))]``,
-* a join or leave moves whole vnodes, and only the ones that change owner.
+* finding owners is O(1) per key (no binary search): ``owners[vnode(hash(key))]``,
+* a join or leave moves whole vnodes, and only the ones whose chain changes.
+
+A table with replication factor ``r`` lives on the first ``r`` servers of each chain.
+The backups of one server's vnodes are spread over all the other servers, so when it
+dies its vnodes are promoted to (and their load spread over) every survivor.
 
 A ``Ring`` is immutable; membership changes return a new ring with ``epoch + 1``.
 Sans-IO: nothing here touches a socket.
@@ -24,25 +29,39 @@ import numpy as np
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import vnodes_of_keys
 
+#: longest chain (primary + backups); a table's replication factor is at most this
+MAX_REPLICAS = 3
+
 
 @dataclass(frozen=True)
 class Ring:
-    """Vnode → server assignment at one epoch.
+    """Vnode → chain of servers at one epoch.
 
     Args:
-        owners: ``int32[n_vnodes]``, the server id owning each vnode.
+        chains: ``int32[n_vnodes, MAX_REPLICAS]``: the primary of each vnode, then its
+            backups; ``-1`` pads chains shorter than ``MAX_REPLICAS``.  A 1-d array is
+            taken as the primaries alone.
         epoch: version of this assignment; every request carries the epoch it was
             routed with.
     """
 
-    owners: np.ndarray
+    chains: np.ndarray
     epoch: int = 1
     _rank: np.ndarray = field(init=False, repr=False, compare=False)
+    _owners: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        owners = np.ascontiguousarray(self.owners, dtype=np.int32)
+        chains = np.asarray(self.chains, dtype=np.int32)
+        if chains.ndim == 1:
+            chains = np.column_stack([chains, np.full((chains.size, MAX_REPLICAS - 1), -1, np.int32)])
+        if chains.ndim != 2 or chains.shape[1] != MAX_REPLICAS or chains.shape[0] < 1:
+            raise ConfigError(f"ring chains must be int[n_vnodes >= 1, {MAX_REPLICAS}], got shape {chains.shape}")
+        chains = np.ascontiguousarray(chains)
+        chains.setflags(write=False)
+        object.__setattr__(self, "chains", chains)
+        owners = np.ascontiguousarray(chains[:, 0])
         owners.setflags(write=False)
-        object.__setattr__(self, "owners", owners)
+        object.__setattr__(self, "_owners", owners)
         # Rank of each vnode in (owner, vnode) order: a key batch sorted by rank is
         # grouped by server, and inside a server by vnode (one counting sort).
         order = np.lexsort((np.arange(owners.size), owners))
@@ -53,10 +72,9 @@ class Ring:
 
     @classmethod
     def create(cls, servers: list[int], vnodes_per_server: int = 64, epoch: int = 1) -> Ring:
-        """A balanced ring over ``servers``: vnode ``i`` goes to ``servers[i % S]``.
+        """A balanced ring over ``servers``: vnode ``i`` has primary ``servers[i % S]``.
 
-        Interleaving puts distinct servers next to each other, which is what replica
-        placement (the next r−1 distinct servers clockwise) wants.
+        The backups of one server's vnodes cycle through all the other servers.
         """
         if not servers:
             raise ConfigError("a ring needs at least one server, got none")
@@ -66,18 +84,31 @@ class Ring:
             )
         if len(set(servers)) != len(servers):
             raise ConfigError(f"server ids must be distinct, got {servers}")
-        n = len(servers) * vnodes_per_server
-        owners = np.asarray(servers, np.int32)[np.arange(n) % len(servers)]
-        return cls(owners, epoch)
+        s = len(servers)
+        n = s * vnodes_per_server
+        ids = np.asarray(servers, np.int32)
+        v = np.arange(n)
+        primary, q = v % s, v // s
+        chains = np.full((n, MAX_REPLICAS), -1, np.int32)
+        chains[:, 0] = ids[primary]
+        for j in range(1, min(MAX_REPLICAS, s)):
+            # offsets 1 .. s-1, distinct per column, cycling with q: backups spread out
+            chains[:, j] = ids[(primary + 1 + (q + j - 1) % (s - 1)) % s]
+        return cls(chains, epoch)
 
     # ---- lookups -----------------------------------------------------------------
     @property
+    def owners(self) -> np.ndarray:
+        """``int32[n_vnodes]``: the primary of every vnode."""
+        return self._owners
+
+    @property
     def n_vnodes(self) -> int:
-        return int(self.owners.size)
+        return int(self._owners.size)
 
     @property
     def servers(self) -> list[int]:
-        return sorted(set(self.owners.tolist()))
+        return sorted(int(s) for s in np.unique(self.chains) if s >= 0)
 
     @property
     def vnode_rank(self) -> np.ndarray:
@@ -89,53 +120,101 @@ class Ring:
 
     def owner_of_keys(self, keys: np.ndarray) -> np.ndarray:
         """Server id of every key (vectorised)."""
-        return self.owners[self.vnodes(keys)]
+        return self._owners[self.vnodes(keys)]
 
     def vnodes_of(self, server: int) -> np.ndarray:
-        return np.flatnonzero(self.owners == server)
+        """Vnodes whose primary is ``server``."""
+        return np.flatnonzero(self._owners == server)
+
+    def held_by(self, server: int, r: int) -> np.ndarray:
+        """Vnodes a table of replication factor ``r`` stores on ``server``."""
+        return np.flatnonzero((self.chains[:, :r] == server).any(axis=1))
 
     def replicas(self, vnode: int, r: int) -> list[int]:
-        """Primary and the next ``r - 1`` distinct servers clockwise from ``vnode``."""
-        out: list[int] = []
-        n = self.n_vnodes
-        for step in range(n):
-            s = int(self.owners[(vnode + step) % n])
-            if s not in out:
-                out.append(s)
-                if len(out) == r:
-                    break
-        return out
+        """Primary and up to ``r - 1`` backups of ``vnode``."""
+        return [int(s) for s in self.chains[vnode, :r] if s >= 0]
 
     # ---- membership changes ------------------------------------------------------
-    def with_server(self, server: int) -> Ring:
-        """Add ``server``: it takes vnodes one by one from the most loaded servers."""
-        if server in self.servers:
-            raise ConfigError(f"server {server} is already on the ring")
-        owners = self.owners.copy()
-        target = self.n_vnodes // (len(self.servers) + 1)
-        for _ in range(target):
-            ids, counts = np.unique(owners, return_counts=True)
-            donor = ids[np.argmax(counts)]  # most loaded, lowest id on ties
-            owners[np.flatnonzero(owners == donor)[-1]] = server
-        return Ring(owners, self.epoch + 1)
-
     def without_server(self, server: int) -> Ring:
-        """Remove ``server``: each of its vnodes goes to the least loaded survivor."""
+        """Drop ``server`` from every chain: its first backup becomes primary (no data
+        moves, so this is the failover ring); chains are one shorter until ``refilled``."""
         if server not in self.servers:
             raise ConfigError(f"server {server} is not on the ring (servers: {self.servers})")
         if len(self.servers) == 1:
             raise ConfigError("cannot remove the last server of the ring")
-        owners = self.owners.copy()
-        survivors = [s for s in self.servers if s != server]
-        for v in np.flatnonzero(owners == server):
-            counts = [(int(np.count_nonzero(owners == s)), s) for s in survivors]
-            owners[v] = min(counts)[1]
-        return Ring(owners, self.epoch + 1)
+        chains = self.chains.copy()
+        for v in np.flatnonzero((chains == server).any(axis=1)):
+            rest = [s for s in chains[v] if s != server]
+            chains[v] = rest + [-1]
+        return Ring(chains, self.epoch + 1)
+
+    def refilled(self) -> Ring:
+        """Lengthen short chains to ``min(MAX_REPLICAS, servers)`` with the least loaded
+        servers (re-replication after a failover); the same ring if nothing is short."""
+        chains = self.chains.copy()
+        if not self._refill(chains, self.servers):
+            return self
+        return Ring(chains, self.epoch + 1)
+
+    def with_server(self, server: int) -> Ring:
+        """Add ``server``: it takes an equal share of every chain position, from the most
+        loaded servers, and fills chains that were short."""
+        servers = self.servers
+        if server in servers:
+            raise ConfigError(f"server {server} is already on the ring")
+        chains = self.chains.copy()
+        n, s = self.n_vnodes, len(servers) + 1
+        for j in range(min(MAX_REPLICAS, s - 1)):
+            for _ in range(n // s):
+                column = chains[:, j]
+                free = ~(chains == server).any(axis=1) & (column >= 0)
+                if not free.any():
+                    break
+                ids, counts = np.unique(column[free], return_counts=True)
+                donor = ids[np.argmax(counts)]  # most loaded, lowest id on ties
+                chains[np.flatnonzero(free & (column == donor))[-1], j] = server
+        self._refill(chains, [*servers, server])
+        return Ring(chains, self.epoch + 1)
+
+    @staticmethod
+    def _refill(chains: np.ndarray, servers: list[int]) -> bool:
+        width = min(MAX_REPLICAS, len(servers))
+        changed = False
+        for j in range(1, width):
+            for v in np.flatnonzero(chains[:, j] < 0):
+                load = {sv: int(np.count_nonzero(chains[:, j] == sv)) for sv in servers
+                        if sv not in chains[v, :j]}
+                chains[v, j] = min(load, key=lambda sv: (load[sv], sv))
+                changed = True
+        return changed
 
     # ---- wire form -------------------------------------------------------------------
     def to_wire(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "owners": self.owners.tolist()}
+        return {"epoch": self.epoch, "chains": self.chains.tolist()}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Ring:
-        return cls(np.asarray(d["owners"], np.int32), int(d["epoch"]))
+        return cls(np.asarray(d["chains"], np.int32), int(d["epoch"]))
+
+
+def plan_moves(old: Ring, new: Ring, replicas: dict[str, int],
+               lost: frozenset[int] | set[int] = frozenset()) -> list[tuple[int, str, int, int]]:
+    """What must be copied to go from ``old`` to ``new``: ``(source, table, vnode, dest)``
+    for every server that holds a vnode of a table under ``new`` but not under ``old``
+    (a table of factor ``r`` lives on the first ``r`` servers of a chain).
+
+    ``lost`` servers died: they hold nothing and copy nothing.  The source is the first
+    live old holder, which is the vnode's primary under ``new`` (it sees every write);
+    a vnode with no live old holder has nothing to copy and is not listed.
+    """
+    moves = []
+    for table, r in sorted(replicas.items()):
+        changed = np.flatnonzero((old.chains[:, :r] != new.chains[:, :r]).any(axis=1))
+        for v in changed.tolist():
+            before = [int(s) for s in old.chains[v, :r] if s >= 0 and s not in lost]
+            if not before:
+                continue
+            for dest in new.chains[v, :r].tolist():
+                if dest >= 0 and dest not in before:
+                    moves.append((before[0], table, v, int(dest)))
+    return moves

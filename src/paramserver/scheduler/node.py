@@ -3,12 +3,20 @@
 Every other node connects a DEALER to the scheduler's ROUTER, so the scheduler can both
 answer requests and push notifications (``RING``, ``NODE_LOST``, ``STOP``, table
 commands to servers) to any node by its identity.  One thread, one poll loop.
+
+Ring changes, one at a time:
+
+* a server dies: at once a ring where its backups are primaries (clients retry there),
+  with chains refilled; then the primaries copy vnodes to their new backups (repair);
+* a server joins, or is removed: the primaries copy what changes holder (and forward
+  every later push to it), and once every copy is acknowledged the ring flips.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -16,7 +24,7 @@ import zmq
 
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError, ProtocolError
-from paramserver.routing.ring import Ring
+from paramserver.routing.ring import Ring, plan_moves
 from paramserver.scheduler.tasks import TaskQueue
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, field as hfield, reply
@@ -48,6 +56,19 @@ class _TableOp:
     result: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class _Migration:
+    """Vnode copies in progress, from their primaries (``waiting``) to new holders."""
+
+    id: int
+    target: Ring
+    waiting: set[int]
+    flip: bool  # flip to ``target`` once done (join, removal); a repair flipped first
+    leaving: int | None = None  # a removed server, stopped after the flip
+    requester: tuple[bytes, Any] | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
 class SchedulerNode:
     """Runs the scheduler loop until ``SHUTDOWN``.
 
@@ -72,6 +93,10 @@ class SchedulerNode:
         self.shard_waiters: list[tuple[bytes, Any, int]] = []
         self._announced: list[int] | None = None
         self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
+        self.server_waiters: list[tuple[bytes, Any, int]] = []
+        self.migration: _Migration | None = None
+        self.changes: deque[tuple[str, int, tuple[bytes, Any] | None]] = deque()  # joins, removals
+        self.deferred: list[tuple[bytes, Message]] = []  # table commands waiting for a migration
         self._next_id = 1
         self._next_rank = 0
         self._op_seq = 0
@@ -91,6 +116,10 @@ class SchedulerNode:
             Op.SHARD_DONE: self.on_shard_done,
             Op.JOB_STATUS: self.on_job_status,
             Op.PROGRESS: self.on_progress,
+            Op.MIGRATED: self.on_migrated,
+            Op.REMOVE_SERVER: self.on_remove_server,
+            Op.CLUSTER_INFO: self.on_cluster_info,
+            Op.WAIT_SERVERS: self.on_wait_servers,
             Op.OK: self.on_ack,
             Op.ERROR: self.on_ack,
         }
@@ -119,10 +148,7 @@ class SchedulerNode:
             node_id = self.by_identity.get(identity)
             if node_id is not None:
                 self.nodes[node_id].last_seen = time.monotonic()
-            handler = self.handlers.get(msg.op)
-            if handler is None:
-                raise ProtocolError(f"the scheduler does not serve op {msg.op.value!r}")
-            handler(identity, msg)
+            self._handle_message(identity, msg)
         except ParamServerError as exc:
             request_id = getattr(exc, "request_id", request_id)
             code = "protocol" if isinstance(exc, ProtocolError) else "config"
@@ -131,6 +157,12 @@ class SchedulerNode:
         except Exception as exc:  # a bug must not take the cluster down
             logger.exception("scheduler failed on a request from %r", identity)
             send(self.sock, error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"), identity)
+
+    def _handle_message(self, identity: bytes, msg: Message) -> None:
+        handler = self.handlers.get(msg.op)
+        if handler is None:
+            raise ProtocolError(f"the scheduler does not serve op {msg.op.value!r}")
+        handler(identity, msg)
 
     def _notify(self, node: NodeInfo, header: dict[str, Any]) -> None:
         send(self.sock, encode(header), node.identity)
@@ -143,9 +175,6 @@ class SchedulerNode:
         address = msg.header.get("address") or ""
         if role == "server" and not address:
             raise ProtocolError("a server must register with its address")
-        if role == "server" and self.ring is not None:
-            raise ConfigError(f"the ring already has its {self.config.servers} server(s); "
-                              "start servers before workers (live joins come with elastic servers)")
         node = NodeInfo(self._next_id, role, identity, address, time.monotonic())
         self._next_id += 1
         if role == "worker":
@@ -155,7 +184,10 @@ class SchedulerNode:
         logger.info("%s %d registered (%s)", role, node.id, address or identity.hex())
         if role == "server":
             send(self.sock, reply(msg, node_id=node.id), identity)
-            if sum(n.role == "server" for n in self.nodes.values()) == self.config.servers:
+            if self.ring is not None:  # a live join: its share of vnodes is copied, then the ring flips
+                self.changes.append(("join", node.id, None))
+                self._next_change()
+            elif sum(n.role == "server" for n in self.nodes.values()) == self.config.servers:
                 self._form_ring()
         elif self.ring is None:
             self.parked_workers.append((identity, msg, node))
@@ -182,6 +214,141 @@ class SchedulerNode:
         for identity, msg, node in self.parked_workers:
             self._welcome(identity, msg, node)
         self.parked_workers.clear()
+        self._serve_server_waiters()
+
+    # ---- ring changes ------------------------------------------------------------------
+    def _replicas(self) -> dict[str, int]:
+        return {name: spec.replicas for name, spec in self.tables.items()}
+
+    def _broadcast_view(self) -> None:
+        """The ring and the servers' addresses, to every node (clients route with it)."""
+        view = {"op": Op.RING.value, **self._cluster_view()}
+        for node in self.nodes.values():
+            self._notify(node, view)
+
+    def _next_change(self) -> None:
+        """Start the next queued join or removal, unless vnodes are being copied."""
+        while self.migration is None and self.changes and self.ring is not None:
+            kind, node_id, requester = self.changes.popleft()
+            node = self.nodes.get(node_id)
+            if node is None or node.role != "server":
+                if requester:
+                    send(self.sock, error_reply(requester[1], "config", f"server {node_id} is gone"), requester[0])
+                continue
+            if kind == "join":
+                self._broadcast_view()  # every server learns the joiner's address, it the tables
+                self._notify(node, {"op": Op.WORKERS.value, "workers": self._announced or []})
+                target = self.ring.with_server(node_id)
+                self._start_migration(target, plan_moves(self.ring, target, self._replicas()), flip=True)
+            else:
+                target = self.ring.without_server(node_id).refilled()
+                self._start_migration(target, plan_moves(self.ring, target, self._replicas()), flip=True,
+                                      leaving=node_id, requester=requester)
+
+    def _start_migration(self, target: Ring, moves: list[tuple[int, str, int, int]], flip: bool,
+                         leaving: int | None = None, requester: tuple[bytes, Any] | None = None) -> None:
+        self._op_seq += 1
+        by_source: dict[int, list[list[Any]]] = {}
+        for source, table, vnode, dest in moves:
+            by_source.setdefault(source, []).append([table, vnode, dest])
+        self.migration = _Migration(self._op_seq, target, set(by_source), flip, leaving, requester)
+        logger.info("migration %d: %d vnode copies from %d server(s) toward ring epoch %d",
+                    self._op_seq, len(moves), len(by_source), target.epoch)
+        for source, todo in by_source.items():
+            self._notify(self.nodes[source], {"op": Op.MIGRATE.value, "migration": self._op_seq, "moves": todo})
+        if not by_source:
+            self._finish_migration()
+
+    def on_migrated(self, identity: bytes, msg: Message) -> None:
+        node_id = self.by_identity.get(identity)
+        if self.migration is None or msg.header.get("migration") != self.migration.id or node_id is None:
+            return  # a migration abandoned since (a server died)
+        self.migration.waiting.discard(node_id)
+        if not self.migration.waiting:
+            self._finish_migration()
+
+    def _finish_migration(self) -> None:
+        m, self.migration = self.migration, None
+        assert m is not None
+        logger.info("migration %d done in %.2f s", m.id, time.monotonic() - m.started)
+        if m.flip:
+            self.ring = m.target
+            self._broadcast_view()
+            logger.info("ring flipped to epoch %d over servers %s", self.ring.epoch, self.ring.servers)
+        if m.leaving is not None and m.leaving in self.nodes:
+            self._notify(self.nodes[m.leaving], {"op": Op.STOP.value})
+            self._remove(m.leaving, "removed")
+        if m.requester is not None:
+            send(self.sock, encode({"op": Op.OK.value, "id": m.requester[1], "epoch": self.ring.epoch}),
+                 m.requester[0])
+        deferred, self.deferred = self.deferred, []
+        for identity, msg in deferred:
+            self._handle_message(identity, msg)
+        self._next_change()
+        self._serve_server_waiters()
+
+    def _server_lost(self, node_id: int) -> None:
+        """Failover: the dead server's backups become primaries at once; chains are
+        refilled and the primaries copy to their new backups (repair) afterwards."""
+        m = self.migration
+        if m is not None:  # its plan is void: start again from the new ring
+            self.migration = None
+            logger.warning("migration %d abandoned: server %d is gone", m.id, node_id)
+            if m.leaving is not None and m.leaving != node_id:
+                self.changes.appendleft(("remove", m.leaving, m.requester))
+            elif m.leaving is not None and m.requester is not None:
+                send(self.sock, encode({"op": Op.OK.value, "id": m.requester[1]}), m.requester[0])
+            joining = [n for n in m.target.servers if self.ring is not None and n not in self.ring.servers]
+            for n in joining:
+                if n != node_id:
+                    self.changes.appendleft(("join", n, None))
+        if self.ring is None or node_id not in self.ring.servers:
+            self._next_change()
+            return
+        if len(self.ring.servers) == 1:
+            logger.error("the last server died: every table is lost; restore a checkpoint")
+            return
+        old = self.ring
+        self.ring = old.without_server(node_id).refilled()
+        self.ring = Ring(self.ring.chains, old.epoch + 1)  # one flip, one epoch
+        logger.warning("failover: server %d's vnodes promoted to their backups, ring epoch %d",
+                       node_id, self.ring.epoch)
+        self._broadcast_view()
+        moves = plan_moves(old, self.ring, self._replicas(), lost={node_id})
+        self._start_migration(self.ring, moves, flip=False)
+
+    def on_remove_server(self, identity: bytes, msg: Message) -> None:
+        """Take a server out of the ring: its vnodes are copied away, the ring flips,
+        then it is stopped; answered when done."""
+        node_id = hfield(msg, "node_id", int)
+        if self.ring is None or node_id not in self.ring.servers:
+            raise ConfigError(f"server {node_id} is not on the ring (servers: "
+                              f"{self.ring.servers if self.ring else []})")
+        if len(self.ring.servers) - sum(1 for c in self.changes if c[0] == "remove") <= 1:
+            raise ConfigError("cannot remove the last server of the ring")
+        self.changes.append(("remove", node_id, (identity, msg.id)))
+        self._next_change()
+
+    def on_cluster_info(self, identity: bytes, msg: Message) -> None:
+        info: dict[str, Any] = {"migrating": self.migration is not None, "queued_changes": len(self.changes)}
+        if self.ring is not None:
+            info.update(self._cluster_view(), ring_servers=self.ring.servers, epoch=self.ring.epoch)
+        send(self.sock, reply(msg, **info), identity)
+
+    def on_wait_servers(self, identity: bytes, msg: Message) -> None:
+        """Answer once ``count`` servers are on the ring and no vnode is moving."""
+        self.server_waiters.append((identity, msg.id, hfield(msg, "count", int)))
+        self._serve_server_waiters()
+
+    def _serve_server_waiters(self) -> None:
+        settled = self.ring is not None and self.migration is None and not self.changes
+        waiting, self.server_waiters = self.server_waiters, []
+        for identity, request_id, count in waiting:
+            if settled and self.ring is not None and len(self.ring.servers) == count:
+                send(self.sock, encode({"op": Op.OK.value, "id": request_id, "epoch": self.ring.epoch,
+                                        "servers": self.ring.servers}), identity)
+            else:
+                self.server_waiters.append((identity, request_id, count))
 
     def _announce_workers(self) -> None:
         """Tell servers which workers their vector clocks follow: the live ones, less
@@ -257,10 +424,12 @@ class SchedulerNode:
         logger.info("%s %d removed (%s)", node.role, node_id, why)
         if node.role == "worker":
             self._announce_workers()
-        if why == "dead":
+        if why == "dead" or node.role == "server":  # nothing may wait on a server that is gone
             for other in self.nodes.values():
                 self._notify(other, {"op": Op.NODE_LOST.value, "node_id": node_id,
                                      "role": node.role, "address": node.address})
+        if node.role == "server":
+            self._server_lost(node_id)
         for op_id, op in list(self.table_ops.items()):
             op.waiting.discard(node_id)
             self._maybe_finish_table_op(op_id)
@@ -276,6 +445,9 @@ class SchedulerNode:
         self._maybe_finish_table_op(self._op_seq)
 
     def on_create_table(self, identity: bytes, msg: Message) -> None:
+        if self.migration is not None:  # vnodes are moving: the plan does not know this table
+            self.deferred.append((identity, msg))
+            return
         spec = TableSpec.from_wire(msg.header.get("spec"))
         old = self.tables.get(spec.name)
         if old is not None:
@@ -286,11 +458,17 @@ class SchedulerNode:
             return
         if self.ring is None:
             raise ConfigError("the ring is not formed yet: wait for all servers to register")
+        if spec.replicas > len(self.ring.servers):
+            raise ConfigError(f"table {spec.name!r}: replicas={spec.replicas} needs at least {spec.replicas} "
+                              f"servers, the ring has {len(self.ring.servers)}; add servers or lower replicas")
         self.tables[spec.name] = spec
         logger.info("table %r created: %s", spec.name, spec.to_wire())
         self._forward_to_servers(identity, msg, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()})
 
     def on_drop_table(self, identity: bytes, msg: Message) -> None:
+        if self.migration is not None:
+            self.deferred.append((identity, msg))
+            return
         name = hfield(msg, "name", str)
         if self.tables.pop(name, None) is None:
             raise ConfigError(f"no table {name!r} to drop (tables: {sorted(self.tables)})")

@@ -1,9 +1,17 @@
-"""A server: owns vnodes of the ring and, per table, one ``VnodeTable`` per owned vnode.
+"""A server: holds vnodes of the ring and, per table, one ``VnodeTable`` per held vnode.
 
 Data requests (``PULL``, ``PUSH``, ``CLOCK``, ``STATS``) arrive on the server's ROUTER
-from workers' DEALERs; control (``RING``, table commands, ``STOP``) arrives on its DEALER
-to the scheduler.  One thread, one poll loop: a request is validated whole before any
-table is touched, so a malformed one changes nothing and gets an error reply.
+from workers' DEALERs; control (``RING``, table commands, ``MIGRATE``, ``STOP``) arrives
+on its DEALER to the scheduler.  One thread, one poll loop: a request is validated whole
+before any table is touched, so a malformed one changes nothing and gets an error reply.
+
+Hot backup: a table of replication factor r lives on the first r servers of each vnode's
+chain.  Clients pull from and push to the primary; the primary applies a push, forwards
+it (``REPLICATE``, over a DEALER to each backup, in order) and acknowledges the client
+once every live backup has.  Pushes carry (sender, seq): a retried one is applied once
+(``server/dedup.py``).  Moving a vnode (``MIGRATE``, from the scheduler to its primary)
+copies it whole (``INSTALL``) and forwards every later push on it to the new holder too,
+until the scheduler flips the ring.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from paramserver import checkpoint
 from paramserver.consistency.clock import StalenessGate
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
+from paramserver.server.dedup import Dedup
 from paramserver.server.table import VnodeSet
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, expect, field, reply
@@ -35,6 +44,18 @@ logger = logging.getLogger(__name__)
 
 #: requests with fewer keys run on the loop thread (a thread hand-off costs ~50 µs)
 PARALLEL_MIN_KEYS = 32_768
+
+
+class _Acks:
+    """What waits on answers from other servers: a client's push (``reply`` is sent
+    once every backup applied it) or a migration (``done`` runs once every copy was
+    installed).  A server that dies counts as having answered."""
+
+    __slots__ = ("pending", "identity", "reply", "done")
+
+    def __init__(self, identity: bytes | None = None, reply: list[Any] | None = None,
+                 done: Callable[[], None] | None = None):
+        self.pending, self.identity, self.reply, self.done = 0, identity, reply, done
 
 
 def _error_code(exc: ParamServerError) -> str:
@@ -60,6 +81,16 @@ class ServerNode:
         self.node_id = -1
         self.ring: Ring | None = None
         self.tables: dict[str, VnodeSet] = {}
+        self.dedup: dict[str, Dedup] = {}
+        self.primary = np.zeros(0, bool)  # per vnode: this server is its primary
+        self.peers: dict[int, str] = {}  # server id -> address
+        self.peer_socks: dict[int, zmq.Socket] = {}
+        self.dead: set[int] = set()
+        self.moving: dict[str, dict[int, set[int]]] = {}  # table -> vnode -> servers copied to
+        self.targets: dict[str, np.ndarray] = {}  # table -> int32[n_vnodes, k]: forward to
+        self.awaiting: dict[int, tuple[int, _Acks]] = {}  # request id -> (peer, what waits)
+        self._next_request = 1
+        self.poller = zmq.Poller()
         self.gate = StalenessGate()  # the vector clock of live workers, and parked pulls
         self.aggregates: dict[str, dict[int, list[tuple[np.ndarray, np.ndarray]]]] = {}
         self._running = True
@@ -72,9 +103,11 @@ class ServerNode:
         self.data_handlers = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
                               Op.CLOCK: self.on_clock, Op.STATS: self.on_stats,
                               Op.EXPORT: self.on_export, Op.CHECKPOINT: self.on_checkpoint,
-                              Op.RESTORE: self.on_restore}
+                              Op.RESTORE: self.on_restore, Op.REPLICATE: self.on_replicate,
+                              Op.INSTALL: self.on_install}
         self.control_handlers = {Op.RING: self.on_ring, Op.CREATE_TABLE: self.on_create_table,
                                  Op.DROP_TABLE: self.on_drop_table, Op.STOP: self.on_stop,
+                                 Op.MIGRATE: self.on_migrate,
                                  Op.NODE_LOST: self.on_node_lost, Op.OK: lambda m: None,
                                  Op.WORKERS: self.on_workers,
                                  Op.ERROR: self.on_scheduler_error}
@@ -102,7 +135,7 @@ class ServerNode:
         self.register()
         beats = threading.Thread(target=self._heartbeats, name="paramserver-heartbeat", daemon=True)
         beats.start()
-        poller = zmq.Poller()
+        poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.control, zmq.POLLIN)
         try:
@@ -111,6 +144,9 @@ class ServerNode:
                 if self.control in ready:
                     while self._running and self.control.poll(0):
                         self._handle_control(self.control.recv_multipart(copy=False))
+                for peer, sock in list(self.peer_socks.items()):
+                    if sock in ready:
+                        self._handle_peer(peer, sock)
                 if self.router in ready:
                     for _ in range(64):  # bounded, so control messages keep flowing
                         if not self._running or not self.router.poll(0):
@@ -121,6 +157,8 @@ class ServerNode:
             beats.join(5)
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
+            for sock in self.peer_socks.values():
+                sock.close(linger=0)
             self.router.close(linger=0)
             self.control.close(linger=0)
 
@@ -152,13 +190,14 @@ class ServerNode:
             if handler is None:
                 raise ProtocolError(f"a server does not serve op {msg.op.value!r} "
                                     f"(serves {sorted(o.value for o in self.data_handlers)})")
-            answer = handler(msg, identity) if msg.op is Op.PULL else handler(msg)
-            if answer is not None:  # None: a pull parked by the staleness gate
+            answer = handler(msg, identity) if msg.op in (Op.PULL, Op.PUSH) else handler(msg)
+            if answer is not None:  # None: parked by the staleness gate, or waiting for backups
                 send(self.router, answer, identity)
         except ParamServerError as exc:
             request_id = getattr(exc, "request_id", request_id)
             logger.debug("refused request %r: %s", request_id, exc)
-            send(self.router, error_reply(request_id, _error_code(exc), str(exc)), identity)
+            send(self.router, error_reply(request_id, _error_code(exc), str(exc),
+                                          epoch=self.ring.epoch if self.ring else 0), identity)
         except Exception as exc:  # a bug must not kill the server: answer and keep serving
             logger.exception("server %d failed on request %r", self.node_id, request_id)
             send(self.router, error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"),
@@ -177,27 +216,179 @@ class ServerNode:
             logger.exception("server %d: bad control message", self.node_id)
             send(self.control, error_reply(request_id, "error", f"{type(exc).__name__}: {exc}"))
 
+    # ---- peers (other servers) ---------------------------------------------------------
+    def _peer(self, server: int) -> zmq.Socket:
+        sock = self.peer_socks.get(server)
+        if sock is None:
+            sock = connect_dealer(self.ctx, self.peers[server], self.config.max_message_bytes)
+            self.peer_socks[server] = sock
+            self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _ask(self, server: int, header: dict[str, Any], arrays: list[np.ndarray], acks: _Acks) -> None:
+        """Send a request to another server; ``acks`` hears when it answers (or dies)."""
+        request_id, self._next_request = self._next_request, self._next_request + 1
+        self.awaiting[request_id] = (server, acks)
+        acks.pending += 1
+        send(self._peer(server), encode({**header, "id": request_id}, arrays))
+
+    def _handle_peer(self, peer: int, sock: zmq.Socket) -> None:
+        for _ in range(256):
+            if not sock.poll(0):
+                return
+            try:
+                msg = decode(sock.recv_multipart(copy=False), self.config.max_message_bytes)
+            except ProtocolError as exc:
+                logger.error("server %d: undecodable answer from server %d: %s", self.node_id, peer, exc)
+                continue
+            if msg.op is Op.ERROR:
+                logger.error("server %d: server %d refused a copy: %s", self.node_id, peer, msg.header.get("error"))
+            entry = self.awaiting.pop(msg.id, None) if isinstance(msg.id, int) else None
+            if entry is not None:
+                self._acked(entry[1])
+
+    def _acked(self, acks: _Acks) -> None:
+        acks.pending -= 1
+        if acks.pending <= 0:
+            self._finish(acks)
+
+    def _finish(self, acks: _Acks) -> None:
+        if acks.reply is not None and acks.identity is not None:
+            send(self.router, acks.reply, acks.identity)
+        if acks.done is not None:
+            acks.done()
+
+    def _server_lost(self, server: int) -> None:
+        """A server died: nothing waits on it any more (a push is acknowledged once every
+        *live* backup applied it)."""
+        self.dead.add(server)
+        self.peers.pop(server, None)
+        sock = self.peer_socks.pop(server, None)
+        if sock is not None:
+            self.poller.unregister(sock)
+            sock.close(linger=0)
+        for by_vnode in self.moving.values():
+            for dests in by_vnode.values():
+                dests.discard(server)
+        self._refresh_targets()
+        for request_id, (peer, acks) in list(self.awaiting.items()):
+            if peer == server:
+                del self.awaiting[request_id]
+                self._acked(acks)
+
+    def _refresh_targets(self) -> None:
+        """Per table and vnode, the servers a push is forwarded to: its backups, and
+        whoever a vnode is being copied to."""
+        assert self.ring is not None
+        self.targets = {}
+        for name, table in self.tables.items():
+            r = table.spec.replicas
+            columns = [self.ring.chains[:, j] for j in range(1, r)]
+            moving = self.moving.get(name, {})
+            for k in range(max((len(d) for d in moving.values()), default=0)):
+                col = np.full(self.ring.n_vnodes, -1, np.int32)
+                for v, dests in moving.items():
+                    if k < len(dests):
+                        col[v] = sorted(dests)[k]
+                columns.append(col)
+            if columns:
+                t = np.column_stack(columns).astype(np.int32)
+                t[np.isin(t, list(self.dead | {self.node_id}))] = -1
+                if (t >= 0).any():
+                    self.targets[name] = t
+
+    def _forward(self, table: VnodeSet, msg: Message, keys: np.ndarray, grads: np.ndarray,
+                 vnodes: np.ndarray, counts: np.ndarray, identity: bytes) -> bool:
+        """Forward an applied push to the servers that also hold its vnodes; True if the
+        client's acknowledgement now waits for theirs."""
+        targets = self.targets.get(table.spec.name)
+        if targets is None or vnodes.size == 0:
+            return False
+        per_segment = targets[vnodes]
+        servers = np.unique(per_segment[per_segment >= 0]).tolist()
+        if not servers:
+            return False
+        acks = _Acks(identity, reply(msg))
+        header = {"op": Op.REPLICATE.value, "table": table.spec.name, "epoch": self.ring.epoch,
+                  **{k: msg.header[k] for k in ("sender", "seq", "acked", "clock") if k in msg.header}}
+        for server in servers:
+            segs = (per_segment == server).any(axis=1)
+            if segs.all():
+                arrays = [keys, grads, vnodes, counts]
+            else:
+                rows = np.repeat(segs, counts)
+                arrays = [keys[rows], grads[rows], vnodes[segs], counts[segs]]
+            self._ask(server, header, arrays, acks)
+        return True
+
     # ---- control -----------------------------------------------------------------------
     def on_ring(self, msg: Message) -> None:
+        """A new ring (first one, a failover, or a finished migration): hold exactly the
+        vnodes it gives this server; copies in progress are over."""
         self.ring = Ring.from_wire(msg.header["ring"])
-        mine = self.ring.vnodes_of(self.node_id)
-        logger.info("server %d: ring epoch %d, %d vnode(s)", self.node_id, self.ring.epoch, mine.size)
+        self.peers = {int(k): v for k, v in msg.header.get("servers", {}).items() if int(k) != self.node_id}
+        awaited = {peer for peer, _ in self.awaiting.values()}
+        for gone in [p for p in self.peer_socks if p not in self.peers and p not in awaited]:
+            sock = self.peer_socks.pop(gone)
+            self.poller.unregister(sock)
+            sock.close(linger=0)
         for name, wire in msg.header.get("tables", {}).items():
             if name not in self.tables:
-                self.tables[name] = VnodeSet(TableSpec.from_wire(wire), self.ring.n_vnodes, mine)
+                self._add_table(TableSpec.from_wire(wire))
+        for table in self.tables.values():
+            table.set_vnodes(self.ring.held_by(self.node_id, table.spec.replicas))
+        self.primary = self.ring.owners == self.node_id
+        self.moving.clear()
+        self._refresh_targets()
+        logger.info("server %d: ring epoch %d, primary of %d vnode(s)", self.node_id, self.ring.epoch,
+                    int(self.primary.sum()))
+
+    def _add_table(self, spec: TableSpec) -> None:
+        assert self.ring is not None
+        self.tables[spec.name] = VnodeSet(spec, self.ring.n_vnodes, self.ring.held_by(self.node_id, spec.replicas))
+        self.dedup[spec.name] = Dedup(self.ring.n_vnodes)
 
     def on_create_table(self, msg: Message) -> None:
         spec = TableSpec.from_wire(msg.header["spec"])
         if spec.name not in self.tables:
-            assert self.ring is not None
-            self.tables[spec.name] = VnodeSet(spec, self.ring.n_vnodes, self.ring.vnodes_of(self.node_id))
+            self._add_table(spec)
+            self._refresh_targets()
         send(self.control, reply(msg))
 
     def on_drop_table(self, msg: Message) -> None:
         name = field(msg, "name", str)
         self.tables.pop(name, None)
+        self.dedup.pop(name, None)
         self.aggregates.pop(name, None)
+        self.moving.pop(name, None)
+        self._refresh_targets()
         send(self.control, reply(msg))
+
+    def on_migrate(self, msg: Message) -> None:
+        """Copy vnodes to the servers that will hold them after the next ring flip: a
+        snapshot now, then every push on them forwarded too (same channel: in order)."""
+        migration = field(msg, "migration", int)
+        moves = field(msg, "moves", list)
+        acks = _Acks(done=lambda: send(self.control, encode(
+            {"op": Op.MIGRATED.value, "migration": migration, "node_id": self.node_id})))
+        count = 0
+        for name, vnode, dest in moves:
+            table = self.tables.get(name)
+            if table is None or dest in self.dead or dest not in self.peers:
+                continue
+            vt = table.tables.get(int(vnode))
+            keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64),
+                                                            np.zeros((0, table.width), np.float32))
+            header = {"op": Op.INSTALL.value, "table": name, "vnode": int(vnode), "spec": table.spec.to_wire(),
+                      "seqs": self.dedup[name].export(int(vnode)),
+                      "clocks": {str(w): c for w, c in self.gate.vector.clocks.items()}}
+            count += 1
+            self._ask(int(dest), header, [keys, rows], acks)
+            self.moving.setdefault(name, {}).setdefault(int(vnode), set()).add(int(dest))
+        self._refresh_targets()
+        logger.info("server %d: migration %d: %d vnode copies sent", self.node_id, migration, count)
+        if not acks.pending:
+            self._finish(acks)
 
     def on_stop(self, msg: Message) -> None:
         logger.info("server %d stopping", self.node_id)
@@ -207,6 +398,8 @@ class ServerNode:
         if msg.header.get("role") == "worker":
             self.gate.vector.leave(int(msg.header["node_id"]))
             self._clocks_moved()
+        elif msg.header.get("role") == "server":
+            self._server_lost(int(msg.header["node_id"]))
 
     def on_workers(self, msg: Message) -> None:
         self.gate.vector.set_members([int(w) for w in msg.header.get("workers", [])])
@@ -235,31 +428,37 @@ class ServerNode:
         routed = route_push(self.ring, np.concatenate([k for k, _ in pushes]),
                             np.concatenate([g for _, g in pushes]))  # one summed row per key
         for part in routed.parts:
-            table.apply(part.vnodes, part.counts, routed.keys[part.start:part.stop],
-                        routed.grads[part.start:part.stop])
+            held = table.holds(part.vnodes)  # the ring may have moved a vnode meanwhile
+            rows = np.repeat(held, part.counts)
+            table.apply(part.vnodes[held], part.counts[held], routed.keys[part.start:part.stop][rows],
+                        routed.grads[part.start:part.stop][rows])
 
     def on_scheduler_error(self, msg: Message) -> None:
         logger.error("server %d: scheduler says: %s", self.node_id, msg.header.get("error"))
 
     # ---- data --------------------------------------------------------------------------
-    def _table(self, msg: Message, n_keys: int, vnodes: np.ndarray, counts: np.ndarray) -> VnodeSet:
-        """The request's table, after checking its epoch and vnode segments."""
+    def _table(self, msg: Message, n_keys: int, vnodes: np.ndarray, counts: np.ndarray,
+               primary: bool = True) -> VnodeSet:
+        """The request's table, after checking its vnode segments (and, for a client's
+        request, that this server is their primary: else the client's ring is stale)."""
         name = field(msg, "table", str)
         table = self.tables.get(name)
         if table is None:
             raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(self.tables)})")
         epoch = field(msg, "epoch", int)
         assert self.ring is not None
-        if epoch != self.ring.epoch:
-            raise StaleEpochError(f"request routed at epoch {epoch}, ring is at {self.ring.epoch}")
         if (vnodes.shape != counts.shape or (counts < 0).any() or (counts > n_keys).any()
                 or sum(counts.tolist()) != n_keys):  # Python ints: an int64 sum could wrap around
             raise ProtocolError(f"vnode counts do not cover the {n_keys} keys exactly")
         if len(set(vnodes.tolist())) != vnodes.size:  # a vnode twice could be applied by two threads
             raise ProtocolError("a request lists a vnode more than once")
-        if not table.owns(vnodes):
-            raise StaleEpochError(f"server {self.node_id} does not own all of vnodes "
-                                  f"{sorted(set(vnodes.tolist()))[:8]}... at epoch {epoch}")
+        if ((vnodes < 0) | (vnodes >= self.ring.n_vnodes)).any():
+            raise ProtocolError(f"vnodes must be in [0, {self.ring.n_vnodes}), got "
+                                f"{sorted(set(vnodes.tolist()))[:8]}")
+        if primary and not (self.primary[vnodes].all() and table.holds(vnodes).all()):
+            raise StaleEpochError(f"server {self.node_id} is not the primary of all of vnodes "
+                                  f"{sorted(set(vnodes.tolist()))[:8]}... (request routed at epoch {epoch}, "
+                                  f"this server is at epoch {self.ring.epoch})")
         return table
 
     def _split(self, vnodes: np.ndarray, counts: np.ndarray,
@@ -295,26 +494,89 @@ class ServerNode:
         self._split(vnodes, counts, lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
         return reply(msg, [out])
 
-    def on_push(self, msg: Message) -> list[Any]:
+    def on_push(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = self._table(msg, keys.shape[0], vnodes, counts)
+        self._check_grads(table, keys, grads)
+        keys, grads, vnodes, counts = self._fresh(table, msg, keys, grads, vnodes, counts)
+        self._apply(table, msg, keys, grads, vnodes, counts)
+        return None if self._forward(table, msg, keys, grads, vnodes, counts, identity) else reply(msg)
+
+    def on_replicate(self, msg: Message) -> list[Any]:
+        """A push the primary applied, forwarded: apply it to the vnodes held here (a
+        ring flip may have moved some meanwhile; those are no longer this server's)."""
+        keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
+                                             ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        if field(msg, "table", str) not in self.tables:  # dropped meanwhile
+            return reply(msg, applied=0)
+        table = self._table(msg, keys.shape[0], vnodes, counts, primary=False)
+        self._check_grads(table, keys, grads)
+        held = table.holds(vnodes)
+        if not held.all():
+            rows = np.repeat(held, counts)
+            keys, grads, vnodes, counts = keys[rows], grads[rows], vnodes[held], counts[held]
+        keys, grads, vnodes, counts = self._fresh(table, msg, keys, grads, vnodes, counts)
+        self._apply(table, msg, keys, grads, vnodes, counts)
+        return reply(msg, applied=int(keys.shape[0]))
+
+    def on_install(self, msg: Message) -> list[Any]:
+        """A whole vnode copied here (keys, values, optimiser state, applied pushes)."""
+        keys, rows = expect(msg, ("keys", "<u8", 1), ("rows", "<f4", 2))
+        name, vnode = field(msg, "table", str), field(msg, "vnode", int)
+        assert self.ring is not None
+        if not 0 <= vnode < self.ring.n_vnodes:
+            raise ProtocolError(f"install: vnode {vnode} is not in [0, {self.ring.n_vnodes})")
+        if name not in self.tables:
+            self._add_table(TableSpec.from_wire(msg.header.get("spec")))
+        table = self.tables[name]
+        if rows.shape != (keys.shape[0], table.width):
+            raise ProtocolError(f"install of {name!r}/{vnode}: rows must be ({keys.shape[0]}, {table.width}), "
+                                f"got {rows.shape}")
+        table.install(vnode, keys, rows)
+        self.dedup[name].merge(vnode, field(msg, "seqs", list))
+        for worker, clock in (msg.header.get("clocks") or {}).items():
+            self.gate.vector.tick(int(worker), int(clock))
+        self._refresh_targets()
+        return reply(msg)
+
+    @staticmethod
+    def _check_grads(table: VnodeSet, keys: np.ndarray, grads: np.ndarray) -> None:
         if grads.shape != (keys.shape[0], table.spec.dim):
             raise ProtocolError(f"push to {table.spec.name!r}: grads must have shape "
                                 f"({keys.shape[0]}, {table.spec.dim}), got {grads.shape}")
         if not np.isfinite(grads).all():
             raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
+
+    def _fresh(self, table: VnodeSet, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
+               counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The part of a push not applied yet (a retry may have reached some vnodes)."""
+        sender, seq = msg.header.get("sender"), msg.header.get("seq")
+        if not isinstance(sender, int) or not isinstance(seq, int):
+            return keys, grads, vnodes, counts  # an unnumbered push: at least once
+        acked = msg.header.get("acked")
+        dedup = self.dedup[table.spec.name]
+        fresh = dedup.fresh(sender, seq, acked if isinstance(acked, int) else -1, vnodes)
+        if not fresh.all():
+            logger.info("server %d: push %d of %d already applied to %d vnode(s): skipped there",
+                        self.node_id, seq, sender, int((~fresh).sum()))
+            rows = np.repeat(fresh, counts)
+            keys, grads, vnodes, counts = keys[rows], grads[rows], vnodes[fresh], counts[fresh]
+        dedup.mark(sender, seq, vnodes)
+        return keys, grads, vnodes, counts
+
+    def _apply(self, table: VnodeSet, msg: Message, keys: np.ndarray, grads: np.ndarray,
+               vnodes: np.ndarray, counts: np.ndarray) -> None:
         if table.spec.aggregate:  # BSP aggregation: applied once the clock is finished
             clock = field(msg, "clock", int)
             if clock >= self.gate.vector.min():
                 self.aggregates.setdefault(table.spec.name, {}).setdefault(clock, []).append(
                     (keys.copy(), grads.copy()))
-                return reply(msg)
+                return
             # its clock was already applied (a worker that rejoined behind the others):
             # apply it now, as a late update, rather than lose it
             logger.warning("push for finished clock %d applied late on %r", clock, table.spec.name)
         self._split(vnodes, counts, lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k]))
-        return reply(msg)
 
     def on_clock(self, msg: Message) -> list[Any]:
         worker, clock = field(msg, "worker", int), field(msg, "clock", int)
@@ -331,7 +593,7 @@ class ServerNode:
         if len(table) * (8 + 4 * table.spec.dim) > self.config.max_message_bytes - (1 << 20):
             raise ProtocolError(f"table {name!r} ({len(table)} keys on server {self.node_id}) is too large "
                                 "to export in one message; use checkpoint() instead")
-        parts = [vt.items() for vt in table.tables.values()]
+        parts = [vt.items() for v, vt in table.tables.items() if self.primary[v]]
         keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
         rows = np.concatenate([r[:, : table.spec.dim] for _, r in parts]) if parts else \
             np.zeros((0, table.spec.dim), np.float32)
@@ -343,6 +605,8 @@ class ServerNode:
         files: dict[str, dict[str, list]] = {}
         for name, table in self.tables.items():
             for v, vt in table.tables.items():
+                if not self.primary[v]:  # one copy of each vnode: the primary's
+                    continue
                 keys, rows = vt.items()
                 if keys.size:
                     files.setdefault(name, {})[str(v)] = [checkpoint.write_vnode(url, name, v, keys, rows),
@@ -369,14 +633,15 @@ class ServerNode:
                 if vt is not None:
                     mine = vnodes == v
                     vt.load(keys[mine], rows[mine])
-                    loaded += int(mine.sum())
+                    loaded += int(mine.sum()) if self.primary[v] else 0  # backups load too
         table.refresh()
         return reply(msg, loaded=loaded)
 
     def on_stats(self, msg: Message) -> list[Any]:
-        tables = {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.tables)}
+        tables = {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.tables),
+                         "primary_keys": sum(len(vt) for v, vt in t.tables.items() if self.primary[v])}
                   for name, t in self.tables.items()}
-        return reply(msg, node_id=self.node_id, tables=tables,
+        return reply(msg, node_id=self.node_id, tables=tables, epoch=self.ring.epoch if self.ring else 0,
                      clocks={str(k): v for k, v in self.gate.vector.clocks.items()},
                      min_clock=None if math.isinf(self.gate.vector.min()) else int(self.gate.vector.min()),
                      consistency=self.gate.telemetry(), rss_bytes=_rss_bytes())

@@ -276,19 +276,38 @@ class VnodeSet:
         self.width = spec.dim + spec.optimizer.state_width(spec.dim)
         self.tables: dict[int, VnodeTable] = {}
         self.slot = np.full(n_vnodes, -1, np.int64)
-        self._keys, self._rows, self._meta = List(), List(), List()
-        self._limits = np.zeros(len(vnodes), np.int64)
-        for v in vnodes:
-            vt = VnodeTable(spec.dim, spec.optimizer, spec.initializer, spec.seed)
-            self.slot[int(v)] = len(self.tables)
-            self.tables[int(v)] = vt
-            self._keys.append(vt.keys)
-            self._rows.append(vt.rows)
-            self._meta.append(vt._meta)
-            self._limits[self.slot[int(v)]] = vt._limit()
         opt, init = spec.optimizer, spec.initializer
         self._okind, self._ohp, self._ikind, self._ihp = opt.kind, opt.params(), init.kind, init.params()
         self._seed = np.uint64(spec.seed)
+        self.set_vnodes(vnodes)
+
+    def _new_table(self) -> VnodeTable:
+        return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed)
+
+    def set_vnodes(self, vnodes) -> None:
+        """Hold exactly ``vnodes``: keep the ones held already, start the others empty,
+        drop the rest (the ring changed)."""
+        wanted = sorted({int(v) for v in vnodes})
+        self.tables = {v: self.tables.get(v) or self._new_table() for v in wanted}
+        self._rebuild()
+
+    def install(self, vnode: int, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Replace ``vnode`` whole by a copy of it (keys, values and state) from another server."""
+        vt = self._new_table()
+        vt.load(keys, rows)
+        self.tables[int(vnode)] = vt
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.slot[:] = -1
+        self._keys, self._rows, self._meta = List(), List(), List()
+        self._limits = np.zeros(len(self.tables), np.int64)
+        for t, (v, vt) in enumerate(self.tables.items()):
+            self.slot[v] = t
+            self._keys.append(vt.keys)
+            self._rows.append(vt.rows)
+            self._meta.append(vt._meta)
+            self._limits[t] = vt._limit()
 
     def __len__(self) -> int:
         return sum(len(t) for t in self.tables.values())
@@ -297,8 +316,12 @@ class VnodeSet:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tables.values())
 
-    def owns(self, vnodes: np.ndarray) -> bool:
-        return bool(((vnodes >= 0) & (vnodes < self.slot.size)).all() and (self.slot[vnodes] >= 0).all())
+    def holds(self, vnodes: np.ndarray) -> np.ndarray:
+        """``bool[len(vnodes)]``: which of ``vnodes`` this set stores."""
+        inside = (vnodes >= 0) & (vnodes < self.slot.size)
+        out = np.zeros(vnodes.shape[0], bool)
+        out[inside] = self.slot[vnodes[inside]] >= 0
+        return out
 
     def lookup(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
         """Rows of ``keys``, grouped by ``vnodes`` (``counts`` keys each), into ``out``."""

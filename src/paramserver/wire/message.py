@@ -64,6 +64,15 @@ class Op(str, enum.Enum):
     EXPORT = "export"
     CHECKPOINT = "checkpoint"
     RESTORE = "restore"
+    # server -> server
+    REPLICATE = "replicate"  # a push, forwarded by the primary to a backup
+    INSTALL = "install"  # a whole vnode, copied to a server that will hold it
+    # membership changes (scheduler <-> servers, clients -> scheduler)
+    MIGRATE = "migrate"  # scheduler -> source server: copy these vnodes there
+    MIGRATED = "migrated"  # source server -> scheduler: copies acknowledged
+    REMOVE_SERVER = "remove_server"
+    CLUSTER_INFO = "cluster_info"
+    WAIT_SERVERS = "wait_servers"
 
 
 class Message:
@@ -170,9 +179,9 @@ def reply(request: Message | None, arrays: Sequence[np.ndarray] = (), **fields: 
     return encode({"op": Op.OK.value, "id": request.id if request else None, **fields}, arrays)
 
 
-def error_reply(request_id: Any, code: str, text: str) -> list[Any]:
+def error_reply(request_id: Any, code: str, text: str, **fields: Any) -> list[Any]:
     """Frames of an ERROR reply; ``code`` is machine-readable, ``text`` for humans."""
-    return encode({"op": Op.ERROR.value, "id": request_id, "code": code, "error": text})
+    return encode({"op": Op.ERROR.value, "id": request_id, "code": code, "error": text, **fields})
 
 
 def expect(msg: Message, *specs: tuple[str, str, int]) -> list[np.ndarray]:

@@ -1,0 +1,74 @@
+"""Exactly-once pushes: which (sender, sequence) a server has applied, per vnode.
+
+A client numbers its pushes (``seq``, one per ``push`` call, kept by its retries) and
+sends with each one ``acked``: every seq up to it was acknowledged, so it will never be
+sent again.  A server remembers, per table and sender, the vnodes each seq newer than
+``acked`` was applied to; a retried push (after a failover or a ring change, maybe
+routed differently) is applied only to the vnodes it has not reached yet.  Backups keep
+the same record from the pushes forwarded to them, and a vnode's record travels with it
+when it moves, so a retry that lands on a promoted backup is recognised too.
+
+Memory: one ``bool[n_vnodes]`` per push in flight per sender.  Sans-IO, vectorised over
+a request's vnode segments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class _Sender:
+    __slots__ = ("acked", "seen")
+
+    def __init__(self) -> None:
+        self.acked = -1
+        self.seen: dict[int, np.ndarray] = {}  # seq -> bool[n_vnodes]: applied there
+
+
+class Dedup:
+    """Applied pushes of every sender, for one table on one server."""
+
+    def __init__(self, n_vnodes: int):
+        self.n_vnodes = n_vnodes
+        self.senders: dict[int, _Sender] = {}
+
+    def _sender(self, sender: int, acked: int) -> _Sender:
+        s = self.senders.get(sender)
+        if s is None:
+            s = self.senders[sender] = _Sender()
+        if acked > s.acked:  # forget what the sender will never send again
+            s.acked = acked
+            for seq in [q for q in s.seen if q <= acked]:
+                del s.seen[seq]
+        return s
+
+    def fresh(self, sender: int, seq: int, acked: int, vnodes: np.ndarray) -> np.ndarray:
+        """``bool[len(vnodes)]``: True for the segments push ``seq`` has not been applied to."""
+        s = self._sender(sender, acked)
+        if seq <= s.acked:  # acknowledged long ago: a duplicate of something applied
+            return np.zeros(vnodes.shape[0], bool)
+        done = s.seen.get(seq)
+        return np.ones(vnodes.shape[0], bool) if done is None else ~done[vnodes]
+
+    def mark(self, sender: int, seq: int, vnodes: np.ndarray) -> None:
+        """Record push ``seq`` as applied to ``vnodes``."""
+        s = self._sender(sender, -1)
+        done = s.seen.get(seq)
+        if done is None:
+            done = s.seen[seq] = np.zeros(self.n_vnodes, bool)
+        done[vnodes] = True
+
+    # ---- a vnode's record travels with it ------------------------------------------
+    def export(self, vnode: int) -> list[list[Any]]:
+        """``[[sender, acked, [seqs applied to vnode]], ...]`` (plain data, for the wire)."""
+        return [[sender, s.acked, [q for q, done in s.seen.items() if done[vnode]]]
+                for sender, s in self.senders.items()]
+
+    def merge(self, vnode: int, record: list[list[Any]]) -> None:
+        for sender, acked, seqs in record:
+            s = self._sender(int(sender), int(acked))
+            for seq in seqs:
+                if int(seq) > s.acked:
+                    self.mark(int(sender), int(seq), np.array([vnode]))
