@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python bench/pushpull.py [--json] [--quick]``
 
-For 1 and 2 servers, dim 1 and 16, batches of 1e3, 1e5 and 1e6 random uint64 keys, one
+For 1 and 2 servers (``--replicas R``: each vnode on R of them), dim 1 and 16, batches of 1e3, 1e5 and 1e6 random uint64 keys, one
 client (in this process) issues pulls, then pushes, against keys that already exist.
 ``--window W`` keeps W requests in flight (default 1: issue, wait, issue: the same loop
 as ps-lite's benchmark, which waits on every request).  Bytes counted are the payload:
@@ -45,14 +45,15 @@ def measure(fn, keys_per_op: int, min_keys: float, max_s: float, window: int) ->
     return done_keys / (time.perf_counter() - t0)
 
 
-def throughput_rows(servers: int, batches: list[int], dims: list[int], window: int, quick: bool) -> list[dict]:
+def throughput_rows(servers: int, batches: list[int], dims: list[int], window: int, quick: bool,
+                    replicas: int = 1) -> list[dict]:
     rows = []
     rng = np.random.default_rng(0)
     with LocalCluster(servers=servers, workers=0, log_level="WARNING") as cluster:
         client = cluster.client
         for dim in dims:
             table = f"bench-d{dim}"
-            client.create_table(table, dim=dim, optimizer="sgd")
+            client.create_table(table, dim=dim, optimizer="sgd", replicas=min(replicas, servers))
             for n in batches:
                 keys = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
                 grads = rng.standard_normal((n, dim)).astype(np.float32) * 1e-3
@@ -62,8 +63,9 @@ def throughput_rows(servers: int, batches: list[int], dims: list[int], window: i
                                ("push", lambda: client.push(table, keys, grads))):
                     kps = measure(fn, n, budget, 3.0 if quick else 10.0, window)
                     rows.append({"op": op, "keys": n, "dim": dim, "servers": servers,
+                                 "replicas": min(replicas, servers),
                                  "keys_per_s": kps, "mb_per_s": kps * (8 + 4 * dim) / 1e6})
-                    print(f"  {op} servers={servers} dim={dim:>2} keys={n:>9,}: "
+                    print(f"  {op} servers={servers} r={min(replicas, servers)} dim={dim:>2} keys={n:>9,}: "
                           f"{kps / 1e6:8.2f} M keys/s {kps * (8 + 4 * dim) / 1e6:9.1f} MB/s",
                           file=sys.stderr)
             client.drop_table(table)
@@ -99,11 +101,12 @@ def main() -> None:
     ap.add_argument("--dims", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--batches", type=int, nargs="+", default=[1_000, 100_000, 1_000_000])
     ap.add_argument("--memory-keys", type=int, default=10_000_000)
+    ap.add_argument("--replicas", type=int, default=1, help="copies of each vnode (capped at servers)")
     args = ap.parse_args()
     tune_allocator()  # this process plays the worker: tune it as worker processes are
     rows = []
     for s in args.servers:
-        rows += throughput_rows(s, args.batches, args.dims, args.window, args.quick)
+        rows += throughput_rows(s, args.batches, args.dims, args.window, args.quick, args.replicas)
     if args.memory_keys:
         rows.append(memory_row(1_000_000 if args.quick else args.memory_keys))
     if args.json:

@@ -4,6 +4,9 @@
     paramserver server --scheduler tcp://HOST:7000       # one per server machine
     paramserver worker --scheduler tcp://HOST:7000 --fn mypkg.train:main
     paramserver demo --servers 2 --workers 2             # a whole local cluster
+    paramserver cluster add-server --scheduler tcp://HOST:7000   # grow a running ring
+    paramserver cluster remove-server --id 3 --scheduler ...     # shrink it, live
+    paramserver cluster status --scheduler ...
 
 Every flag of a node also reads a ``PARAMSERVER_*`` variable (see config.ENV).
 """
@@ -52,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     _node_flags(p, bind=False, scheduler=True)
     p.add_argument("--fn", help="package.module:function, called as function(client)")
     p.add_argument("--control-fds", help=argparse.SUPPRESS)
+
+    p = sub.add_parser("cluster", help="change a running cluster: add-server, remove-server, status")
+    ops = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = ops.add_parser("add-server", help="run a server here that joins the running ring (foreground)")
+    _node_flags(q, bind=True, scheduler=True)
+    q = ops.add_parser("remove-server", help="move a server's vnodes to the others, then stop it")
+    _node_flags(q, bind=False, scheduler=True)
+    q.add_argument("--id", type=int, required=True, help="the server's node id (see cluster status)")
+    q = ops.add_parser("status", help="print the ring: servers, epoch, vnodes moving")
+    _node_flags(q, bind=False, scheduler=True)
 
     p = sub.add_parser("train", help="train lr or fm on a local cluster and report test metrics")
     _data_flags(p, training=True)
@@ -131,6 +144,30 @@ def _config(args: argparse.Namespace):
     return load_config(**{k: getattr(args, k) for k in keys if hasattr(args, k)})
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    """``paramserver cluster ACTION``: membership changes of a running cluster."""
+    if args.action == "add-server":  # a server started after the ring formed joins it
+        from paramserver.server.node import ServerNode
+
+        ServerNode(_config(args)).run()
+        return 0
+    from paramserver.client.client import Client
+
+    with Client(config=_config(args)) as client:
+        if args.action == "remove-server":
+            epoch = client.remove_server(args.id)
+            print(f"server {args.id} removed; ring epoch {epoch}")
+        else:
+            info = client.cluster_info()
+            ring = client.ring
+            print(f"ring epoch {info.get('epoch')}, {ring.n_vnodes} vnodes"
+                  f"{', vnodes moving' if info.get('migrating') else ''}")
+            for sid in info.get("ring_servers", []):
+                print(f"  server {sid} at {info['servers'][str(sid)]}: primary of "
+                      f"{int((ring.owners == sid).sum())} vnodes, holds {int((ring.chains == sid).any(1).sum())}")
+    return 0
+
+
 def _write_atomically(path: str, text: str) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
@@ -144,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                     else "INFO")
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
-    if args.command in ("scheduler", "server", "worker"):
+    if args.command in ("scheduler", "server", "worker") or getattr(args, "action", "") == "add-server":
         from paramserver._malloc import tune_allocator
 
         tune_allocator()
@@ -162,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             from paramserver.cluster.worker import main as worker_main
 
             return worker_main(_config(args), args.fn, args.control_fds)
+        elif args.command == "cluster":
+            return _cluster(args)
         elif args.command in ("train", "demo", "predict", "eval", "synth"):
             from paramserver.apps import commands
 

@@ -248,6 +248,19 @@ class LocalCluster:
             raise WorkerError("\n".join(errors), summary=summaries[0])
         return [results[rank] for rank in sorted(results)]
 
+    def add_server(self, timeout_s: float | None = None) -> str:
+        """Start one more server; it joins the running ring (its share of vnodes is
+        copied to it, then the ring flips).  Returns its process name, once it serves."""
+        name = f"server-{sum(n.startswith('server-') for n in self.procs)}"
+        ring_servers = len(self.client.cluster_info().get("ring_servers", []))
+        self._spawn(name, ["server", "--scheduler", self.address])
+        self.client.wait_for_servers(ring_servers + 1, timeout_s=timeout_s or self.startup_timeout_s)
+        return name
+
+    def remove_server(self, node_id: int, timeout_s: float | None = None) -> int:
+        """Take server ``node_id`` out of the ring live (see ``Client.remove_server``)."""
+        return self.client.remove_server(node_id, timeout_s=timeout_s or self.startup_timeout_s)
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to one node (``"server-0"``, ``"worker-1"``): fault injection."""
         if name not in self.procs:

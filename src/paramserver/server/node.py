@@ -641,7 +641,8 @@ class ServerNode:
         tables = {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.tables),
                          "primary_keys": sum(len(vt) for v, vt in t.tables.items() if self.primary[v])}
                   for name, t in self.tables.items()}
-        return reply(msg, node_id=self.node_id, tables=tables, epoch=self.ring.epoch if self.ring else 0,
+        return reply(msg, node_id=self.node_id, pid=os.getpid(), tables=tables,
+                     epoch=self.ring.epoch if self.ring else 0,
                      clocks={str(k): v for k, v in self.gate.vector.clocks.items()},
                      min_clock=None if math.isinf(self.gate.vector.min()) else int(self.gate.vector.min()),
                      consistency=self.gate.telemetry(), rss_bytes=_rss_bytes())

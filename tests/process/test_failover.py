@@ -1,0 +1,84 @@
+"""Hot backup: the counter workload survives a SIGKILLed server, a server joining and
+one leaving, with every acknowledged push applied exactly once."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from paramserver import LocalCluster
+
+pytestmark = pytest.mark.timeout(180)
+
+N_KEYS, CLOCKS, WORKERS = 1000, 60, 3
+KEYS = np.arange(N_KEYS, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # spread over every vnode
+
+
+def count(client, clocks):
+    """Each clock, +1 on every key (SGD lr 1 on gradient -1), acknowledged before the next."""
+    grads = -np.ones((N_KEYS, 1), np.float32)
+    for _ in range(clocks):
+        client.push("counter", KEYS, grads).result(timeout=120)
+        client.clock()
+    return client.rank
+
+
+def _wait_for(predicate, timeout_s=60.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)  # polling a condition, bounded by the deadline
+
+
+def _progress(client):
+    return float(client.pull("counter", KEYS[:1]).result(timeout=60)[0, 0])
+
+
+def _run_counting(cluster, disturb):
+    """Start the workers, call ``disturb`` once a third of the clocks are done, wait, check."""
+    client = cluster.client
+    client.create_table("counter", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(cluster.run, count, CLOCKS, timeout_s=150)
+        _wait_for(lambda: running.done() or _progress(client) >= WORKERS * CLOCKS / 3, what="a third of the clocks")
+        assert not running.done(), "the workers finished before the disturbance: raise CLOCKS"
+        disturb()
+        assert sorted(running.result()) == list(range(WORKERS))
+    values = client.pull("counter", KEYS).result(timeout=60)
+    np.testing.assert_array_equal(values, np.full((N_KEYS, 1), WORKERS * CLOCKS, np.float32))
+    return client
+
+
+def test_a_killed_server_loses_no_acknowledged_push():
+    with LocalCluster(servers=3, workers=WORKERS, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0,
+                      log_level="WARNING") as cluster:
+        epoch = cluster.client.ring.epoch
+        client = _run_counting(cluster, lambda: cluster.kill("server-1"))
+        info = client.cluster_info()
+        assert len(info["ring_servers"]) == 2 and info["epoch"] > epoch
+        stats = client.server_stats()  # both survivors hold every vnode again (r = 2 restored)
+        assert sum(s["tables"]["counter"]["primary_keys"] for s in stats) == N_KEYS
+        assert all(s["tables"]["counter"]["keys"] == N_KEYS for s in stats)
+
+
+def test_a_server_joining_and_one_leaving_mid_run_lose_nothing():
+    with LocalCluster(servers=3, workers=WORKERS, log_level="WARNING") as cluster:
+        first = cluster.client.cluster_info()["ring_servers"]
+
+        def reshape():
+            cluster.add_server()
+            joined = [s for s in cluster.client.cluster_info()["ring_servers"] if s not in first]
+            assert len(joined) == 1
+            cluster.remove_server(first[0])
+
+        client = _run_counting(cluster, reshape)
+        info = client.cluster_info()
+        assert sorted(info["ring_servers"]) == sorted([*first[1:], *[s for s in info["ring_servers"]
+                                                                      if s not in first]])
+        stats = client.server_stats()
+        assert len(stats) == 3
+        assert sum(s["tables"]["counter"]["primary_keys"] for s in stats) == N_KEYS
+        assert sum(s["tables"]["counter"]["keys"] for s in stats) == 2 * N_KEYS  # two copies of each
