@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", type=int, default=2,
                    help="mini-batches in flight per worker (1: each sees every earlier push)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replicas", type=int, default=1,
+                   help="copies of every vnode, on distinct servers (2 or 3 survive a server's death)")
     p.add_argument("--consistency", default="asp",
                    help="bsp, ssp:S (readers at most S clocks ahead of the slowest worker) or asp (default)")
     p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")

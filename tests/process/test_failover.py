@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from paramserver import LocalCluster
+from paramserver.apps.models import Model
+from paramserver.apps.train import TrainConfig, metrics, score, train_worker
+from paramserver.data.reader import DataFormat, make_shards, read_all
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -82,3 +86,46 @@ def test_a_server_joining_and_one_leaving_mid_run_lose_nothing():
         assert len(stats) == 3
         assert sum(s["tables"]["counter"]["primary_keys"] for s in stats) == N_KEYS
         assert sum(s["tables"]["counter"]["keys"] for s in stats) == 2 * N_KEYS  # two copies of each
+
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def _a9a() -> tuple[str, str]:
+    train, test = DATA / "libsvm" / "a9a.libsvm.gz", DATA / "libsvm" / "a9a.t.libsvm.gz"
+    if not train.exists() or not test.exists():
+        pytest.skip(f"real data not found at {DATA} (the ../shared/data folder is absent)")
+    return str(train), str(test)
+
+
+def _train_a9a(kill_at_examples: int | None) -> tuple[float, int]:
+    """3 servers (r = 2), one worker, 3 epochs of a9a; optionally SIGKILL a server once
+    ``kill_at_examples`` examples went by.  Returns test log loss and examples trained."""
+    train, test = _a9a()
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"), epochs=3, batch_size=100,
+                      pipeline=1, replicas=2)
+    spec = cfg.table_spec()
+    with LocalCluster(servers=3, workers=1, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0,
+                      log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                            replicas=spec.replicas)
+        client.start_job(make_shards([train]), cfg.epochs)
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(cluster.run, train_worker, cfg, timeout_s=150)
+            if kill_at_examples is not None:
+                _wait_for(lambda: running.done() or client.job_status()["live"]["examples"] >= kill_at_examples,
+                          what=f"{kill_at_examples} examples")
+                assert not running.done(), "training finished before the kill"
+                cluster.kill("server-1")
+            running.result()
+        status = client.job_status()
+        batch = read_all([test], cfg.data)
+        return metrics(batch.labels, score(client, cfg.model, batch))["logloss"], int(status["examples"])
+
+
+def test_training_with_a_server_killed_mid_epoch_matches_an_undisturbed_run():
+    undisturbed, n = _train_a9a(None)
+    disturbed, m = _train_a9a(kill_at_examples=45_000)  # in the second epoch
+    assert n == m == 3 * 32_561
+    assert abs(disturbed - undisturbed) <= 0.005 * undisturbed, (disturbed, undisturbed)

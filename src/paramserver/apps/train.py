@@ -48,6 +48,7 @@ class TrainConfig:
     seed: int = 0
     pipeline: int = 2  # batches in flight (pulls ahead, pushes unacknowledged)
     consistency: Any = "asp"  # bsp | ssp:S | asp; a worker's clock ticks once a batch
+    replicas: int = 1  # copies of every vnode (2 or 3: the job survives a server's death)
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
     slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch
 
@@ -63,7 +64,7 @@ class TrainConfig:
         return TableSpec(self.model.table, self.model.dim,
                          optimizer=self.optimizer or self.model.default_optimizer(),
                          initializer=self.model.initializer(), seed=self.seed,
-                         consistency=self.consistency)
+                         consistency=self.consistency, replicas=self.replicas)
 
 
 def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
@@ -173,7 +174,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     with LocalCluster(servers=servers, workers=workers, log_level="WARNING") as cluster:
         client = cluster.client
         client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                            seed=spec.seed, consistency=spec.consistency)
+                            seed=spec.seed, consistency=spec.consistency, replicas=spec.replicas)
         client.start_job(shards, cfg.epochs)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(1, thread_name_prefix="paramserver-train") as pool:
