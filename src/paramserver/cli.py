@@ -28,8 +28,8 @@ def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> N
     if bind:
         p.add_argument("--host", help="interface to bind [PARAMSERVER_HOST, 127.0.0.1]")
         p.add_argument("--port", type=int, help="port to bind, 0 = any [PARAMSERVER_PORT]")
-    p.add_argument("--heartbeat-interval-s", type=float, help="[PARAMSERVER_HEARTBEAT_INTERVAL_S, 1]")
-    p.add_argument("--heartbeat-timeout-s", type=float, help="[PARAMSERVER_HEARTBEAT_TIMEOUT_S, 10]")
+    p.add_argument("--heartbeat-interval-s", type=float, help="[PARAMSERVER_HEARTBEAT_INTERVAL_S, 0.5]")
+    p.add_argument("--heartbeat-timeout-s", type=float, help="[PARAMSERVER_HEARTBEAT_TIMEOUT_S, 5]")
     p.add_argument("--connect-timeout-s", type=float, help="[PARAMSERVER_CONNECT_TIMEOUT_S, 30]")
     p.add_argument("--log-level", default=os.environ.get("PARAMSERVER_LOG_LEVEL", "INFO"),
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="[PARAMSERVER_LOG_LEVEL]")

@@ -40,8 +40,8 @@ class Config:
     servers: int = 1
     workers: int = 0
     vnodes_per_server: int = 64
-    heartbeat_interval_s: float = 1.0
-    heartbeat_timeout_s: float = 10.0
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 5.0
     connect_timeout_s: float = 30.0
     max_message_bytes: int = 1 << 30
     server_threads: int = 0
