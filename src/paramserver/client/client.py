@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -353,18 +352,12 @@ class Client:
         """
         from paramserver import checkpoint as ckpt
 
-        step = ckpt.step_url(url, int(time.time() * 1000))
+        step = ckpt.new_step_url(url)
         replies = self._on_every_server({"op": Op.CHECKPOINT.value, "url": step})
-        files: dict[str, dict[str, list]] = {}
-        clocks: dict[str, int] = {}
-        for msg in replies:
-            for table, vnodes in msg.header["files"].items():
-                files.setdefault(table, {}).update(vnodes)
-            clocks.update(msg.header.get("clocks", {}))
         tables = {n: TableSpec.from_wire(w).to_wire()
                   for n, w in self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"].items()}
-        ckpt.write_manifest(step, {"ring": self._ring.to_wire(), "tables": tables, "files": files,
-                                   "clocks": clocks})
+        ckpt.write_manifest(step, ckpt.assemble_manifest([m.header for m in replies], self._ring.to_wire(),
+                                                         tables))
         return step
 
     def restore(self, url: str) -> dict[str, int]:
