@@ -296,10 +296,20 @@ class Client:
         self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s)
 
     # ---- data shards (the task scheduler) ---------------------------------------------
-    def start_job(self, shards: list[Any], epochs: int = 1) -> None:
-        """Give the scheduler the shards to hand out, ``epochs`` times over."""
-        self._call(self.config.scheduler, {"op": Op.JOB_START.value, "shards": [s.to_wire() for s in shards],
-                                           "epochs": epochs})
+    def start_job(self, shards: list[Any], epochs: int = 1, *, checkpoint: dict[str, Any] | None = None,
+                  resume: dict[str, Any] | None = None) -> None:
+        """Give the scheduler the shards to hand out, ``epochs`` times over.
+
+        ``checkpoint={"url": URL, "every": N}``: the scheduler checkpoints every table at a
+        clock boundary after every N shards done, with the job's progress in the manifest.
+        ``resume``: the ``"job"`` part of such a manifest (epoch, shards done, totals).
+        """
+        header = {"op": Op.JOB_START.value, "shards": [s.to_wire() for s in shards], "epochs": epochs}
+        if checkpoint is not None:
+            header["checkpoint"] = checkpoint
+        if resume is not None:
+            header["resume"] = resume
+        self._call(self.config.scheduler, header)
 
     def next_shard(self, timeout_s: float | None = None) -> dict[str, Any] | None:
         """The next shard to process (``{"shard_id", "shard", "epoch"}``), None when done.
