@@ -251,8 +251,8 @@ class LocalCluster:
         if raised:
             raise WorkerError("\n".join(e for e, _ in raised), summary=raised[0][1])
         if not results:
-            raise WorkerError("\n".join(errors) or "no worker finished", summary="every worker died: "
-                              + "; ".join(deaths))
+            raise WorkerError("every worker died:\n" + "\n".join(errors),
+                              summary="every worker died: " + "; ".join(deaths))
         for line in deaths:
             logger.warning("%s; the others went on", line)
         return results, deaths
