@@ -174,6 +174,25 @@ def test_resume_from_a_mid_job_checkpoint_onto_more_servers_counts_each_example_
     assert report["failed_workers"] == []
 
 
+def test_resume_refuses_other_shards_or_another_model_in_one_line(checkpointed_job):
+    import subprocess
+    import sys
+
+    path, url, _, _ = checkpointed_job
+    n_shards = len(manifests(url)[0][1]["job"]["shards"])
+    for flags, message in ((["--shard-mb", "1"], f"the checkpointed job has {n_shards} shard(s), but --data "
+                                                 f"{path} with --shard-mb 1 gives 3 (shard 0: "),
+                           (["--shard-mb", str(SHARD_BYTES / (1 << 20)), "--model", "fm"],
+                            "the checkpoint has table(s) ['model/lr'], not 'model/fm' that these flags train"),
+                           (["--shard-mb", str(SHARD_BYTES / (1 << 20)), "--optimizer", "sgd"],
+                            "the checkpoint's table 'model/lr' is {'name': 'model/lr', 'dim': 1, 'seed': 0, "
+                            "'optimizer': {'name': 'ftrl', ")):
+        proc = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", path, "--resume", url,
+                               "--quiet", *flags], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 def test_a_server_lost_during_a_checkpoint_abandons_it_and_the_job_goes_on(tmp_path):
     from paramserver.data.reader import Shard
 

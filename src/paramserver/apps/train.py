@@ -280,7 +280,10 @@ def _resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: TrainConf
                           f"(shard {diff}: {there} there, {here} here); pass the --data and --shard-mb of "
                           "the checkpointed job")
     theirs_spec = manifest["tables"].get(spec.name)
-    if theirs_spec is None or TableSpec.from_wire(theirs_spec).to_wire() != spec.to_wire():
+    if theirs_spec is None:
+        raise ConfigError(f"--resume {step}: the checkpoint has table(s) {sorted(manifest['tables'])}, not "
+                          f"{spec.name!r} that these flags train; pass the --model of the checkpointed job")
+    if TableSpec.from_wire(theirs_spec).to_wire() != spec.to_wire():
         raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} is {theirs_spec}, but these "
                           f"flags give {spec.to_wire()}; pass the --model, --optimizer, --seed and "
                           "--consistency of the checkpointed job")
