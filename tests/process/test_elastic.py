@@ -5,6 +5,7 @@ import gzip
 import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -33,11 +34,12 @@ def wait_for(condition, timeout_s=60, what="condition"):
 
 def count_shards(client):
     """Take shards until the job is done; the first worker holds its first shard until
-    a second worker holds one too, so a worker that joins does take shards."""
+    another worker has taken one too, so a worker that joins does take shards."""
     done = 0
     while (task := client.next_shard(timeout_s=60)) is not None:
-        if client.rank == 0 and done == 0:
-            wait_for(lambda: client.job_status()["running"] >= 2, what="a second worker to take a shard")
+        if client.rank == 0 and done == 0:  # (epoch 0 cannot end while this shard is held)
+            wait_for(lambda: (s := client.job_status())["running"] + s["shards_done"] >= 2,
+                     what="another worker to take a shard")
         client.shard_done(task, examples=10)
         done += 1
     return client.rank, done
@@ -46,17 +48,11 @@ def count_shards(client):
 def test_a_worker_added_while_a_function_runs_runs_it_and_takes_shards():
     with LocalCluster(servers=1, workers=1, log_level="WARNING") as cluster:
         cluster.client.start_job([Shard("s", i, i + 1) for i in range(6)], 2)
-        result = {}
-        runner = threading.Thread(target=lambda: result.update(out=cluster.run_elastic(count_shards,
-                                                                                      timeout_s=90)))
-        runner.start()
-        try:
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(cluster.run_elastic, count_shards, timeout_s=90)
             wait_for(lambda: cluster.client.job_status()["running"] >= 1, what="the first shard")
             name = cluster.add_worker()
-        finally:
-            runner.join(120)
-        assert not runner.is_alive()
-        results, failed = result["out"]
+            results, failed = running.result(timeout=120)
         status = cluster.client.job_status()
     assert name == "worker-1" and failed == []
     assert [rank for rank, _ in results] == [0, 1]
