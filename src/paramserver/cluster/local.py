@@ -3,6 +3,8 @@
 The embedded default backend.  Every node is started with the same command a user
 would type (``python -m paramserver scheduler|server|worker ...``); ports are chosen by
 the OS; everything started is stopped on exit, by request first, then by signal.
+``run`` is strict (a worker that dies fails it); ``run_elastic`` goes on without the
+dead, and ``add_worker`` starts a worker that joins a running function.
 
 Example:
     >>> def train(client):                                         # doctest: +SKIP
