@@ -6,7 +6,9 @@ Layout under a checkpoint URL (local path, ``s3://...``, ``gs://...``):
     <url>/<step>/MANIFEST.json          written last, atomically (temporary name, then move)
 
 A step without a valid ``MANIFEST.json`` is incomplete and never used.  The manifest
-holds the ring, every table spec, the files with their key counts and the vector clock.
+holds the ring, every table spec, the files with their key counts and the vector clock;
+one written during a training job (by the scheduler) also holds the job's progress:
+``"job": {"shards", "epochs", "epoch", "done", "totals", "epoch_examples"}``.
 A restore may use any number of servers: each server reads the files and keeps the keys
 whose vnode it owns under the new ring (a key's initial value and state go with it, so
 values and optimiser state come back bitwise equal).
@@ -30,6 +32,32 @@ FORMAT = "paramserver-checkpoint-1"
 
 def step_url(url: str, step: int) -> str:
     return f"{url.rstrip('/')}/{step:015d}"
+
+
+def new_step_url(url: str) -> str:
+    """A fresh step under ``url``: the time in ms, after every step already there (so
+    the newest step is the last written, and no step is ever written over)."""
+    step = int(time.time() * 1000)
+    fs, _, (root,) = fsspec.get_fs_token_paths(url)
+    try:
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)]
+    except FileNotFoundError:
+        names = []
+    steps = [int(n) for n in names if len(n) == 15 and n.isdigit()]
+    return step_url(url, max([step, *[s + 1 for s in steps]]))
+
+
+def assemble_manifest(replies: list[dict[str, Any]], ring: dict[str, Any], tables: dict[str, Any],
+                      **extra: Any) -> dict[str, Any]:
+    """The manifest of a step from every server's ``checkpoint`` reply (``files``,
+    ``clocks``), the ring and the table specs (wire forms); ``extra`` is added as is."""
+    files: dict[str, dict[str, list]] = {}
+    clocks: dict[str, int] = {}
+    for header in replies:
+        for table, vnodes in header["files"].items():
+            files.setdefault(table, {}).update(vnodes)
+        clocks.update(header.get("clocks", {}))
+    return {"ring": ring, "tables": tables, "files": files, "clocks": clocks, **extra}
 
 
 def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.ndarray) -> str:

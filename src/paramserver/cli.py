@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bsp, ssp:S (readers at most S clocks ahead of the slowest worker) or asp (default)")
     p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
     p.add_argument("--save", metavar="DIR", help="write the trained model here")
+    p.add_argument("--checkpoint-dir", metavar="URL",
+                   help="checkpoint the model and the job's progress here (a folder or fsspec URL)")
+    p.add_argument("--checkpoint-every", type=int, metavar="N",
+                   help="data shards done between two checkpoints (default: one checkpoint an epoch)")
+    p.add_argument("--resume", metavar="URL",
+                   help="go on from the newest complete checkpoint in this folder (or this step), "
+                        "onto any number of servers; same --data, --shard-mb and model flags")
     p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")
     p.add_argument("--quiet", action="store_true", help="no live progress")
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -77,3 +78,147 @@ def test_missing_or_corrupt_manifests_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint at"):
         from paramserver.checkpoint import latest_step
         latest_step(str(tmp_path / "nothing-here"))
+
+
+# ---- checkpoints coordinated by the scheduler during training, and resume -------------
+
+ROWS, EPOCHS, EVERY, SHARD_BYTES = 12_000, 2, 3, 300_000
+
+
+def rows_per_shard(path, shards):
+    """Lines starting in each shard's byte range (the reader's rule)."""
+    data = np.fromfile(path, np.uint8)
+    starts = np.concatenate([[0], np.flatnonzero(data == ord("\n")) + 1])
+    starts = starts[starts < data.size]
+    return [int(((starts >= s.start) & (starts < (s.end if s.end >= 0 else data.size))).sum()) for s in shards]
+
+
+def manifests(url):
+    steps = sorted(os.listdir(url))
+    return [(os.path.join(url, s), json.load(open(os.path.join(url, s, "MANIFEST.json")))) for s in steps
+            if os.path.exists(os.path.join(url, s, "MANIFEST.json"))]
+
+
+@pytest.fixture(scope="module")
+def checkpointed_job(tmp_path_factory):
+    from paramserver.apps.models import Model
+    from paramserver.apps.synth import write_synth
+    from paramserver.apps.train import TrainConfig, run_training
+
+    tmp = tmp_path_factory.mktemp("ckpt-train")
+    path, url = str(tmp / "synth.tsv"), str(tmp / "ckpt")
+    write_synth(path, ROWS, seed=8)
+    cfg = TrainConfig(Model("lr"), epochs=EPOCHS, batch_size=500)
+    report = run_training(cfg, [path], [], servers=2, workers=2, shard_bytes=SHARD_BYTES,
+                          checkpoint_dir=url, checkpoint_every=EVERY)
+    return path, url, cfg, report
+
+
+def test_training_checkpoints_every_n_shards_with_consistent_job_progress(checkpointed_job):
+    from paramserver.checkpoint import resolve_step
+    from paramserver.data.reader import make_shards
+
+    path, url, _, report = checkpointed_job
+    shards = make_shards([path], SHARD_BYTES)
+    per_shard = rows_per_shard(path, shards)
+    assert sum(per_shard) == ROWS and len(shards) >= 6
+    assert report["examples"] == ROWS * EPOCHS and report["checkpoints_abandoned"] == 0
+    written = manifests(url)
+    assert [s for s, _ in written] == report["checkpoints"]
+    # at least EVERY more shards between two checkpoints (a few more finish while the others drain)
+    assert len(shards) * EPOCHS // (EVERY + 2) <= len(written) <= len(shards) * EPOCHS // EVERY
+    progress = []
+    for step, m in written:
+        job = m["job"]
+        assert job["shards"] == [s.to_wire() for s in shards] and job["epochs"] == EPOCHS
+        assert 0 <= job["epoch"] < EPOCHS and len(set(job["done"])) == len(job["done"])
+        # the totals are exactly the examples of the shards done: a clock boundary, none half-done
+        expected = job["epoch"] * ROWS + sum(per_shard[s] for s in job["done"])
+        assert job["totals"]["examples"] == expected == sum(job["epoch_examples"])
+        assert job["epoch_examples"][:job["epoch"]] == [ROWS] * job["epoch"]
+        progress.append(job["epoch"] * len(shards) + len(job["done"]))
+        for table, vnodes in m["files"].items():
+            assert table in m["tables"]
+            for vnode, (file, n_keys) in vnodes.items():
+                assert file.startswith(step) and np.load(file)["keys"].size == n_keys
+        assert set(m["ring"]) >= {"epoch", "chains"} and m["clocks"]
+    assert all(b - a >= EVERY for a, b in zip(progress, progress[1:])) and progress[0] >= EVERY
+    # a newer step without a manifest (a checkpoint cut short) is never used
+    os.makedirs(os.path.join(url, "999999999999999", "model", "lr"))
+    assert resolve_step(url) == written[-1][0]
+
+
+def test_resume_from_a_mid_job_checkpoint_onto_more_servers_counts_each_example_once(checkpointed_job):
+    from paramserver.apps.train import run_training
+
+    path, url, cfg, _ = checkpointed_job
+    step, manifest = manifests(url)[len(manifests(url)) // 2 - 1]  # mid-job
+    job = manifest["job"]
+    assert 0 < job["totals"]["examples"] < ROWS * EPOCHS
+    files = [f for f, _ in manifest["files"]["model/lr"].values()]
+    saved = [np.load(f) for f in files]
+    keys = np.concatenate([s["keys"] for s in saved])
+    values = np.concatenate([s["rows"][:, :1] for s in saved])  # value, then optimiser state
+    pulled = {}
+
+    def right_after_restore(cluster):
+        pulled["values"] = cluster.client.pull("model/lr", keys).result(timeout=30)
+        pulled["servers"] = len(cluster.client.server_stats())
+
+    report = run_training(cfg, [path], [], servers=3, workers=1, shard_bytes=SHARD_BYTES, resume=step,
+                          setup=right_after_restore)
+    assert pulled["servers"] == 3
+    np.testing.assert_array_equal(pulled["values"], values)  # bitwise: the table starts where it stopped
+    assert report["resumed_from"] == step and report["resumed_examples"] == job["totals"]["examples"]
+    assert report["examples"] == ROWS * EPOCHS  # every example once over the two runs
+    assert report["failed_workers"] == []
+
+
+def test_resume_refuses_other_shards_or_another_model_in_one_line(checkpointed_job):
+    import subprocess
+    import sys
+
+    path, url, _, _ = checkpointed_job
+    n_shards = len(manifests(url)[0][1]["job"]["shards"])
+    for flags, message in ((["--shard-mb", "1"], f"the checkpointed job has {n_shards} shard(s), but --data "
+                                                 f"{path} with --shard-mb 1 gives 3 (shard 0: "),
+                           (["--shard-mb", str(SHARD_BYTES / (1 << 20)), "--model", "fm"],
+                            "the checkpoint has table(s) ['model/lr'], not 'model/fm' that these flags train"),
+                           (["--shard-mb", str(SHARD_BYTES / (1 << 20)), "--optimizer", "sgd"],
+                            "the checkpoint's table 'model/lr' is {'name': 'model/lr', 'dim': 1, 'seed': 0, "
+                            "'optimizer': {'name': 'ftrl', ")):
+        proc = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", path, "--resume", url,
+                               "--quiet", *flags], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_server_lost_during_a_checkpoint_abandons_it_and_the_job_goes_on(tmp_path):
+    from paramserver.data.reader import Shard
+
+    url = str(tmp_path / "ckpt")
+    with LocalCluster(servers=2, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5, log_level="WARNING",
+                      log_dir=str(tmp_path / "logs")) as cluster:
+        client = cluster.client  # takes the shards itself: no worker needs the lost server's data
+        client.create_table("w")
+        client.push("w", np.arange(100), np.ones((100, 1), np.float32)).result(timeout=30)
+        cluster.kill("server-1")  # still registered: the first checkpoint waits for it until it is declared dead
+        cluster.procs["server-1"].popen.wait(10)
+        client.start_job([Shard("s", i, i + 1) for i in range(3)], 1, checkpoint={"url": url, "every": 1})
+        t0 = time.monotonic()
+        done = 0
+        while (task := client.next_shard(timeout_s=30)) is not None:
+            client.shard_done(task, examples=1)
+            done += 1
+        status = client.job_status()
+        assert time.monotonic() - t0 < 15
+    assert done == 3 and status["finished"] and status["examples"] == 3
+    # the first is given up when the server is declared dead; after the failover the ring
+    # has one server, which owns every vnode, and the next ones are written whole
+    checkpoints = status["checkpoints"]
+    assert checkpoints["abandoned"] >= 1 and len(checkpoints["written"]) == 3 - checkpoints["abandoned"]
+    manifests_written = sum(f == "MANIFEST.json" for _, _, names in os.walk(url) for f in names)
+    assert manifests_written == len(checkpoints["written"])
+    log = (tmp_path / "logs" / "scheduler.log").read_text()
+    assert log.count("abandoned, training goes on") == checkpoints["abandoned"]
+    assert "lost servers [" in log

@@ -80,11 +80,16 @@ def test_corrupted_line_stops_with_its_line_number_or_is_skipped_and_counted(tmp
     (["--data", "{synth}", "--format", "csv"], "--format must be one of"),
     (["--data", "{synth}", "--format", "libsvm", "--label-format", "01"], "s.tsv:1: a feature is not of the "
                                                                           "form index:value"),
+    (["--data", "{synth}", "--checkpoint-dir", "{tmp}/ck", "--checkpoint-every", "0"],
+     "--checkpoint-every must be an int >= 1 (data shards done between two checkpoints), got 0"),
+    (["--data", "{synth}", "--checkpoint-every", "5"], "--checkpoint-every 5 needs --checkpoint-dir URL"),
+    (["--data", "{synth}", "--resume", "{tmp}"], "no complete checkpoint under"),
+    (["--data", "{synth}", "--resume", "{tmp}/nothing"], "no checkpoint at"),
 ])
 def test_bad_arguments_are_one_clear_line(tmp_path, args, message):
     synth = str(tmp_path / "s.tsv")
     write_synth(synth, 100)
-    proc = cli("train", *[a.replace("{synth}", synth) for a in args], "--quiet")
+    proc = cli("train", *[a.replace("{synth}", synth).replace("{tmp}", str(tmp_path)) for a in args], "--quiet")
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -49,3 +49,48 @@ def test_bad_jobs_are_refused():
         TaskQueue([], 1)
     with pytest.raises(ConfigError, match="epochs must be >= 1"):
         TaskQueue(SHARDS, 0)
+
+
+def drain(q, node=1, stop_after=None):
+    """Run shards on ``node`` one at a time; return (epoch, shard) pairs done."""
+    seen = []
+    while stop_after is None or len(seen) < stop_after:
+        task = q.next_shard(node)
+        if task.get("done"):
+            break
+        q.shard_done(node, task["shard_id"], task["epoch"], {"examples": 10 + task["shard_id"],
+                                                              "loss_sum": 1.5})
+        seen.append((task["epoch"], task["shard_id"]))
+    return seen
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 2, 3, 4, 5])
+def test_a_snapshot_resumes_where_it_left_off_with_its_totals(stop_after):
+    q = TaskQueue(SHARDS, epochs=2)
+    before = drain(q, stop_after=stop_after)
+    running = q.next_shard(2)  # running shards are not done: a resumed job does them again
+    snap = q.snapshot()
+    assert snap["done"] == sorted(s for e, s in before if e == snap["epoch"])
+    resumed = TaskQueue.resume(SHARDS, 2, snap)
+    assert resumed.status()["examples"] == q.status()["examples"]
+    after = drain(resumed, node=9)
+    assert sorted(before + after) == [(e, s) for e in (0, 1) for s in range(3)]  # each once per epoch
+    assert (running["epoch"], running["shard_id"]) in after
+    status = resumed.status()
+    assert status["finished"] and status["examples"] == 2 * (10 + 11 + 12)
+    assert status["loss_sum"] == 6 * 1.5 and status["epoch_examples"] == [33, 33]
+
+
+def test_bad_progress_is_refused():
+    with pytest.raises(ConfigError, match="in epoch 2 .* has 2 epoch"):
+        TaskQueue.resume(SHARDS, 2, {"epoch": 2, "done": []})
+    with pytest.raises(ConfigError, match="distinct shard ids in \\[0, 3\\)"):
+        TaskQueue.resume(SHARDS, 2, {"epoch": 0, "done": [1, 1]})
+    with pytest.raises(ConfigError, match="distinct shard ids"):
+        TaskQueue.resume(SHARDS, 2, {"epoch": 0, "done": [3]})
+    with pytest.raises(ConfigError, match="totals to resume from must be numbers"):
+        TaskQueue.resume(SHARDS, 2, {"epoch": 0, "done": [], "totals": {"examples": "many"}})
+    with pytest.raises(ConfigError, match="epoch_examples to resume from must be 2 counts"):
+        TaskQueue.resume(SHARDS, 2, {"epoch": 1, "done": [], "epoch_examples": [1]})
+    with pytest.raises(ConfigError, match="must be a map"):
+        TaskQueue.resume(SHARDS, 2, None)

@@ -54,6 +54,13 @@ def _report_table(report: dict[str, Any]) -> Table:
     for label, key, fmt in rows:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
             table.add_row(label, fmt.format(report[key]))
+    if "checkpoints" in report:
+        table.add_row("checkpoints written", f"{len(report['checkpoints'])} "
+                                             f"({report['checkpoints_abandoned']} abandoned)")
+    if "resumed_from" in report:
+        table.add_row("resumed from", f"{report['resumed_from']} ({report['resumed_examples']:,} examples)")
+    if report.get("failed_workers"):
+        table.add_row("workers lost", "; ".join(report["failed_workers"]))
     c = report.get("consistency")
     if c:
         table.add_row("staleness seen (clocks: pulls)",
@@ -77,7 +84,10 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
 
         report = run_training(cfg, data, test, servers=args.servers, workers=args.workers,
                               save=getattr(args, "save", None),
-                              shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show)
+                              shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show,
+                              checkpoint_dir=getattr(args, "checkpoint_dir", None),
+                              checkpoint_every=getattr(args, "checkpoint_every", None),
+                              resume=getattr(args, "resume", None))
     if not err.is_terminal and not quiet:
         err.print()  # end the last progress line
     out.print(_report_table(report))

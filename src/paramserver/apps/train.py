@@ -12,6 +12,11 @@ test set with a pull and, with ``--save``, writes the model directory:
     table.npz      keys (uint64) and values (float32 [n, dim])
 
 ``predict`` and ``eval`` load that directory and need no cluster.
+
+With ``checkpoint_dir`` the scheduler checkpoints the tables and the job's progress every
+``checkpoint_every`` shards (at a clock boundary); ``resume`` restores the newest complete
+checkpoint of a folder, onto any number of servers, and goes on from its progress.  A
+worker that dies hands its shard back to the queue and the others finish the job.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from paramserver import checkpoint
 from paramserver.apps.models import Model, auc, logloss
 from paramserver.client.client import Client
 from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, make_shards, prefetch, read_all,
                                      read_batches)
-from paramserver.errors import ConfigError
+from paramserver.errors import CheckpointError, ConfigError, WorkerError
 from paramserver.server.optim import SGD, Initializer
 from paramserver.server.table import VnodeTable
 from paramserver.spec import TableSpec
@@ -164,28 +170,52 @@ def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
 
 def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers: int, workers: int,
                  save: str | None = None, shard_bytes: int = 16 << 20,
-                 on_progress: Callable[[dict[str, Any], float], None] | None = None) -> dict[str, Any]:
-    """Train on a fresh local cluster; return the report (see ``docs``)."""
+                 on_progress: Callable[[dict[str, Any], float], None] | None = None,
+                 checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
+                 resume: str | None = None, setup: Callable[[Any], Any] | None = None,
+                 cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train on a fresh local cluster; return the report (see ``docs``).
+
+    Args:
+        checkpoint_dir: checkpoint the tables and the job's progress under this URL ...
+        checkpoint_every: ... every N shards done (default: once an epoch).
+        resume: a checkpoint folder (its newest complete step) or step written by a
+            job with ``checkpoint_dir``: restore it and go on from its progress.  The data
+            must cut into the same shards, the model and optimiser must be the same.
+        setup: called with the ``LocalCluster`` once the table exists (restored, when
+            resuming), before the job starts.
+        cluster_options: more ``LocalCluster`` arguments (heartbeats, log level).
+    """
     from paramserver.cluster.local import LocalCluster
 
     shards = make_shards(data, shard_bytes)
-    test_batch = read_all(test, cfg.data) if test else None
     spec = cfg.table_spec()
-    with LocalCluster(servers=servers, workers=workers, log_level="WARNING") as cluster:
+    job_checkpoints = _checkpoint_option(checkpoint_dir, checkpoint_every, len(shards))
+    step, progress = _resume_point(resume, shards, spec, cfg, data, shard_bytes) if resume else (None, None)
+    test_batch = read_all(test, cfg.data) if test else None
+    with LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
+            as cluster:
         client = cluster.client
-        client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                            seed=spec.seed, consistency=spec.consistency, replicas=spec.replicas)
-        client.start_job(shards, cfg.epochs)
+        if step is not None:
+            client.restore(step)  # creates the table with the checkpoint's (identical) spec
+        else:
+            client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                                seed=spec.seed, consistency=spec.consistency, replicas=spec.replicas)
+        if setup is not None:
+            setup(cluster)
+        client.start_job(shards, cfg.epochs, checkpoint=job_checkpoints, resume=progress)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(1, thread_name_prefix="paramserver-train") as pool:
-            running = pool.submit(cluster.run, train_worker, cfg)
+            running = pool.submit(cluster.run_elastic, train_worker, cfg)
             while not running.done():
                 if on_progress:
                     on_progress(client.job_status(), time.perf_counter() - t0)
                 wait([running], timeout=PROGRESS_EVERY_S)
-            per_worker = running.result()  # re-raises a worker's error
+            per_worker, failed_workers = running.result()  # re-raises a worker's error
         seconds = time.perf_counter() - t0
         status = client.job_status()
+        if not status.get("finished"):  # survivors return only once the queue says done
+            raise WorkerError(f"the job did not finish (status {status}); failed workers: {failed_workers}")
         if on_progress:
             on_progress(status, seconds)
         report: dict[str, Any] = {}
@@ -197,15 +227,72 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         report["consistency"] = _merge_consistency(client.consistency_stats())
         report["traces"] = {r["rank"]: r["trace"] for r in per_worker}
     examples = int(status["examples"])
+    this_run = examples - int((progress or {}).get("totals", {}).get("examples", 0))
     report.update({
-        "examples": examples, "seconds": seconds, "examples_per_s": examples / seconds if seconds else 0.0,
+        "examples": examples, "seconds": seconds, "examples_per_s": this_run / seconds if seconds else 0.0,
         "train_logloss": status["loss_sum"] / examples if examples else float("nan"),
         "bad_lines": int(status["bad_lines"]),
         "bytes_sent": sum(r["bytes_sent"] for r in per_worker),
         "bytes_received": sum(r["bytes_received"] for r in per_worker),
         "epochs": cfg.epochs, "servers": servers, "workers": workers,
+        "failed_workers": failed_workers,
     })
+    if job_checkpoints is not None:
+        report["checkpoints"] = status["checkpoints"]["written"]
+        report["checkpoints_abandoned"] = status["checkpoints"]["abandoned"]
+    if step is not None:
+        report["resumed_from"] = step
+        report["resumed_examples"] = examples - this_run
     return report
+
+
+def _checkpoint_option(url: str | None, every: int | None, n_shards: int) -> dict[str, Any] | None:
+    if url is None:
+        if every is not None:
+            raise ConfigError(f"--checkpoint-every {every} needs --checkpoint-dir URL (where to write them)")
+        return None
+    if not url:
+        raise ConfigError("--checkpoint-dir must be a folder or URL, got an empty string")
+    if every is None:
+        every = n_shards  # once an epoch
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ConfigError(f"--checkpoint-every must be an int >= 1 (data shards done between two "
+                          f"checkpoints), got {every!r}")
+    return {"url": url, "every": every}
+
+
+def _resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: TrainConfig, data: list[str],
+                  shard_bytes: int) -> tuple[str, dict[str, Any]]:
+    """The step to restore and the job progress to start from, checked against this job."""
+    step = checkpoint.resolve_step(url)
+    manifest = checkpoint.read_manifest(step)
+    job = manifest.get("job")
+    if not isinstance(job, dict) or not isinstance(job.get("shards"), list):
+        raise CheckpointError(f"--resume {step}: this checkpoint has no job progress (it was written by "
+                              "Client.checkpoint, not by train --checkpoint-dir); restore it with "
+                              "Client.restore, or resume from a training checkpoint")
+    ours, theirs = [s.to_wire() for s in shards], job["shards"]
+    if ours != theirs:
+        diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        there = theirs[diff] if diff < len(theirs) else "none"
+        here = ours[diff] if diff < len(ours) else "none"
+        raise ConfigError(f"--resume {step}: the checkpointed job has {len(theirs)} shard(s), but --data "
+                          f"{' '.join(data)} with --shard-mb {shard_bytes / (1 << 20):g} gives {len(ours)} "
+                          f"(shard {diff}: {there} there, {here} here); pass the --data and --shard-mb of "
+                          "the checkpointed job")
+    theirs_spec = manifest["tables"].get(spec.name)
+    if theirs_spec is None:
+        raise ConfigError(f"--resume {step}: the checkpoint has table(s) {sorted(manifest['tables'])}, not "
+                          f"{spec.name!r} that these flags train; pass the --model of the checkpointed job")
+    if TableSpec.from_wire(theirs_spec).to_wire() != spec.to_wire():
+        raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} is {theirs_spec}, but these "
+                          f"flags give {spec.to_wire()}; pass the --model, --optimizer, --seed and "
+                          "--consistency of the checkpointed job")
+    epoch = job.get("epoch")
+    if isinstance(epoch, int) and epoch >= cfg.epochs:
+        raise ConfigError(f"--resume {step}: the checkpoint is in epoch {epoch + 1} of the job, but --epochs "
+                          f"is {cfg.epochs}; pass --epochs {job.get('epochs')} (or more)")
+    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples") if k in job}
 
 
 # ---- model files -------------------------------------------------------------------

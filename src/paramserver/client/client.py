@@ -98,6 +98,7 @@ class Client:
         self._io.start()
         self._lock = threading.Lock()
         self._clock = 0
+        self._cluster_stopped = False
         self._seq = 0  # pushes numbered for exactly-once application
         self._inflight: set[int] = set()
         try:
@@ -385,10 +386,20 @@ class Client:
         self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s)
 
     # ---- data shards (the task scheduler) ---------------------------------------------
-    def start_job(self, shards: list[Any], epochs: int = 1) -> None:
-        """Give the scheduler the shards to hand out, ``epochs`` times over."""
-        self._call(self.config.scheduler, {"op": Op.JOB_START.value, "shards": [s.to_wire() for s in shards],
-                                           "epochs": epochs})
+    def start_job(self, shards: list[Any], epochs: int = 1, *, checkpoint: dict[str, Any] | None = None,
+                  resume: dict[str, Any] | None = None) -> None:
+        """Give the scheduler the shards to hand out, ``epochs`` times over.
+
+        ``checkpoint={"url": URL, "every": N}``: the scheduler checkpoints every table at a
+        clock boundary after every N shards done, with the job's progress in the manifest.
+        ``resume``: the ``"job"`` part of such a manifest (epoch, shards done, totals).
+        """
+        header = {"op": Op.JOB_START.value, "shards": [s.to_wire() for s in shards], "epochs": epochs}
+        if checkpoint is not None:
+            header["checkpoint"] = checkpoint
+        if resume is not None:
+            header["resume"] = resume
+        self._call(self.config.scheduler, header)
 
     def next_shard(self, timeout_s: float | None = None) -> dict[str, Any] | None:
         """The next shard to process (``{"shard_id", "shard", "epoch"}``), None when done.
@@ -441,18 +452,12 @@ class Client:
         """
         from paramserver import checkpoint as ckpt
 
-        step = ckpt.step_url(url, int(time.time() * 1000))
+        step = ckpt.new_step_url(url)
         replies = self._on_every_server({"op": Op.CHECKPOINT.value, "url": step})
-        files: dict[str, dict[str, list]] = {}
-        clocks: dict[str, int] = {}
-        for msg in replies:
-            for table, vnodes in msg.header["files"].items():
-                files.setdefault(table, {}).update(vnodes)
-            clocks.update(msg.header.get("clocks", {}))
         tables = {n: TableSpec.from_wire(w).to_wire()
                   for n, w in self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"].items()}
-        ckpt.write_manifest(step, {"ring": self._ring.to_wire(), "tables": tables, "files": files,
-                                   "clocks": clocks})
+        ckpt.write_manifest(step, ckpt.assemble_manifest([m.header for m in replies], self._ring.to_wire(),
+                                                         tables))
         return step
 
     def restore(self, url: str) -> dict[str, int]:
@@ -526,6 +531,7 @@ class Client:
     def shutdown_cluster(self) -> None:
         """Ask the scheduler to stop every node (used by launchers)."""
         self._call(self.config.scheduler, {"op": Op.SHUTDOWN.value}, timeout_s=10)
+        self._cluster_stopped = True  # nobody left to say goodbye to
 
     @property
     def ring(self) -> Ring:
@@ -533,7 +539,8 @@ class Client:
 
     def close(self) -> None:
         """Leave the cluster and stop the I/O thread (idempotent)."""
-        if self._io.is_alive() and not self._io._closed.is_set():
+        stopped = self._cluster_stopped or self.config.scheduler in self._io._lost
+        if self._io.is_alive() and not self._io._closed.is_set() and not stopped:
             try:
                 self._call(self.config.scheduler, {"op": Op.LEAVE.value}, timeout_s=2)
             except (ParamServerError, TimeoutError):

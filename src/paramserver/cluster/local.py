@@ -3,6 +3,8 @@
 The embedded default backend.  Every node is started with the same command a user
 would type (``python -m paramserver scheduler|server|worker ...``); ports are chosen by
 the OS; everything started is stopped on exit, by request first, then by signal.
+``run`` is strict (a worker that dies fails it); ``run_elastic`` goes on without the
+dead, and ``add_worker`` starts a worker that joins a running function.
 
 Example:
     >>> def train(client):                                         # doctest: +SKIP
@@ -23,9 +25,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any, Callable
 
 import cloudpickle
@@ -51,6 +54,16 @@ class _Proc:
                 return "".join(f.readlines()[-lines:])
         except OSError:
             return ""
+
+
+@dataclass
+class _Active:
+    """The function ``run`` is running: workers added meanwhile are sent it too."""
+
+    payload: bytes
+    wake: Connection  # written to when a worker joins, so the waiting loop looks again
+    waiting: dict[Connection, _Proc] = field(default_factory=dict)
+    died: list[_Proc] = field(default_factory=list)  # could not even be sent the function
 
 
 class LocalCluster:
@@ -84,6 +97,9 @@ class LocalCluster:
         self.address = ""
         self._client: Client | None = None
         self._closed = False
+        self._lock = threading.Lock()  # procs and the active run, for add_worker from any thread
+        self._active: _Active | None = None
+        self._next_worker = 0
 
     # ---- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> LocalCluster:
@@ -140,7 +156,8 @@ class LocalCluster:
         self.procs[name] = proc
         return proc
 
-    def _spawn_worker(self, i: int) -> None:
+    def _spawn_worker(self, i: int) -> _Proc:
+        self._next_worker = max(self._next_worker, i + 1)
         down_r, down_w = os.pipe()
         up_r, up_w = os.pipe()
         try:
@@ -151,6 +168,7 @@ class LocalCluster:
             os.close(down_r)
             os.close(up_w)
         proc.to_child, proc.from_child = Connection(down_w, readable=False), Connection(up_r, writable=False)
+        return proc
 
     def _wait_for_file(self, path: str, proc: _Proc) -> str:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -208,45 +226,136 @@ class LocalCluster:
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
         """Run ``fn(client, *args)`` on every worker; return the results in rank order.
 
+        Workers added with ``add_worker`` while it runs run ``fn`` too.
+
         Raises:
             WorkerError: a worker raised (the remote traceback is in the message) or died.
         """
-        workers = [p for p in self.procs.values() if p.from_child is not None]
-        if not workers:
-            raise WorkerError("this cluster has no workers: LocalCluster(workers=N) with N >= 1")
-        payload = cloudpickle.dumps((fn, args))
-        for proc in workers:
-            assert proc.to_child is not None
-            proc.to_child.send_bytes(payload)
+        results, errors, summaries, _ = self._run(fn, args, timeout_s)
+        if errors:
+            raise WorkerError("\n".join(errors), summary=summaries[0])
+        return results
+
+    def run_elastic(self, fn: Callable[..., Any], *args: Any,
+                    timeout_s: float | None = None) -> tuple[list[Any], list[str]]:
+        """Like ``run``, but a worker that *dies* is tolerated while another finishes (the
+        task queue hands a dead worker's shard to another); workers added meanwhile join.
+
+        Returns:
+            the survivors' results in rank order, and one line per worker that died.
+
+        Raises:
+            WorkerError: a worker raised (a bug or bad data, not a lost machine), or every
+                worker died.
+        """
+        results, errors, summaries, deaths = self._run(fn, args, timeout_s)
+        raised = [(e, s) for e, s in zip(errors, summaries) if s not in deaths]
+        if raised:
+            raise WorkerError("\n".join(e for e, _ in raised), summary=raised[0][1])
+        if not results:
+            raise WorkerError("every worker died:\n" + "\n".join(errors),
+                              summary="every worker died: " + "; ".join(deaths))
+        for line in deaths:
+            logger.warning("%s; the others went on", line)
+        return results, deaths
+
+    def _run(self, fn: Callable[..., Any], args: tuple,
+             timeout_s: float | None) -> tuple[list[Any], list[str], list[str], list[str]]:
+        """Results in rank order; errors (full text) and summaries, of deaths included; deaths."""
+        wake_r, wake_w = Pipe(duplex=False)
+        with self._lock:
+            if self._active is not None:
+                raise WorkerError("a function is already running on this cluster's workers; "
+                                  "wait for it to return")
+            workers = [p for p in self.procs.values() if p.from_child is not None]
+            if not workers:
+                raise WorkerError("this cluster has no workers: LocalCluster(workers=N) with N >= 1")
+            active = self._active = _Active(cloudpickle.dumps((fn, args)), wake_w)
+            for proc in workers:
+                self._send_function(proc)
         results: dict[int, Any] = {}
         errors: list[str] = []
         summaries: list[str] = []
+        deaths: list[str] = []
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        waiting = {p.from_child: p for p in workers}
-        while waiting:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = wait(list(waiting), timeout=left)
-            if not ready:
-                raise WorkerError(f"{sorted(p.name for p in waiting.values())} did not finish "
-                                  f"within {timeout_s} s")
-            for conn in ready:
-                proc = waiting.pop(conn)  # type: ignore[arg-type]
-                try:
-                    status, rank, value = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
-                except EOFError:
-                    proc.popen.wait(5)
-                    errors.append(f"{proc.name} died (exit code {proc.popen.returncode})\n{proc.tail()}")
-                    summaries.append(f"{proc.name} died (exit code {proc.popen.returncode})")
-                    continue
-                if status == "ok":
-                    results[rank] = value
-                else:
-                    summary, trace = value
-                    errors.append(f"{proc.name} (rank {rank}) raised:\n{trace}")
-                    summaries.append(summary)
-        if errors:
-            raise WorkerError("\n".join(errors), summary=summaries[0])
-        return [results[rank] for rank in sorted(results)]
+        try:
+            while True:
+                with self._lock:
+                    dead, active.died = active.died, []
+                    waiting = dict(active.waiting)
+                for proc in dead:
+                    self._died(proc, errors, summaries, deaths)
+                if not waiting:
+                    break
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ready = wait([*waiting, wake_r], timeout=left)
+                if not ready:
+                    raise WorkerError(f"{sorted(p.name for p in waiting.values())} did not finish "
+                                      f"within {timeout_s} s")
+                for conn in ready:
+                    if conn is wake_r:
+                        wake_r.recv_bytes()
+                        continue
+                    with self._lock:
+                        proc = active.waiting.pop(conn)  # type: ignore[arg-type]
+                    try:
+                        status, rank, value = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
+                    except EOFError:
+                        self._died(proc, errors, summaries, deaths)
+                        continue
+                    if status == "ok":
+                        results[rank] = value
+                    else:
+                        summary, trace = value
+                        errors.append(f"{proc.name} (rank {rank}) raised:\n{trace}")
+                        summaries.append(summary)
+        finally:
+            with self._lock:
+                self._active = None
+            wake_r.close()
+            wake_w.close()
+        return [results[rank] for rank in sorted(results)], errors, summaries, deaths
+
+    def _send_function(self, proc: _Proc) -> None:
+        """Send the active function to ``proc`` (under ``_lock``)."""
+        active = self._active
+        assert active is not None and proc.to_child is not None and proc.from_child is not None
+        try:
+            proc.to_child.send_bytes(active.payload)
+            active.waiting[proc.from_child] = proc
+        except OSError:  # it is dead already (a broken pipe)
+            active.died.append(proc)
+
+    def _died(self, proc: _Proc, errors: list[str], summaries: list[str], deaths: list[str]) -> None:
+        try:
+            proc.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        line = f"{proc.name} died (exit code {proc.popen.returncode})"
+        errors.append(f"{line}\n{proc.tail()}")
+        summaries.append(line)
+        deaths.append(line)
+        with self._lock:  # later runs skip it
+            for conn in (proc.to_child, proc.from_child):
+                if conn is not None:
+                    conn.close()
+            proc.to_child = proc.from_child = None
+
+    def add_worker(self) -> str:
+        """Start one more worker process and return its name (``"worker-N"``).
+
+        It registers with the scheduler like the first ones (and resynchronises its clock);
+        if a function is running (``run``/``run_elastic``) it is sent that function too, so
+        in a training job it asks the task queue for shards at once.
+        """
+        with self._lock:
+            if self._closed or not self.address:
+                raise ClosedError("the cluster is not running")
+            proc = self._spawn_worker(self._next_worker)
+            if self._active is not None:
+                self._send_function(proc)
+                self._active.wake.send_bytes(b"")
+        return proc.name
 
     def add_server(self, timeout_s: float | None = None) -> str:
         """Start one more server; it joins the running ring (its share of vnodes is

@@ -1,8 +1,10 @@
-"""The scheduler: membership, heartbeats, the ring, tables, barriers, shutdown.
+"""The scheduler: membership, heartbeats, the ring, tables, barriers, shutdown, and the
+data-shard queue of a training job with its coordinated checkpoints.
 
 Every other node connects a DEALER to the scheduler's ROUTER, so the scheduler can both
-answer requests and push notifications (``RING``, ``NODE_LOST``, ``STOP``, table
-commands to servers) to any node by its identity.  One thread, one poll loop.
+answer requests and push notifications (``RING``, ``NODE_LOST``, ``STOP``, table and
+checkpoint commands to servers) to any node by its identity.  One thread, one poll loop:
+a command to every server is a fan-out whose answers are collected as they arrive.
 
 Ring changes, one at a time:
 
@@ -15,6 +17,7 @@ Ring changes, one at a time:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,6 +25,7 @@ from typing import Any, Callable
 
 import zmq
 
+from paramserver import checkpoint
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError, ProtocolError
 from paramserver.routing.ring import Ring, plan_moves
@@ -47,13 +51,42 @@ class NodeInfo:
 
 
 @dataclass
-class _TableOp:
-    """A create/drop forwarded to every server, answered once all have acked."""
+class _FanOut:
+    """A command sent to every server; ``on_done(self)`` runs once each has answered,
+    died or (past ``deadline``) been given up on."""
 
-    requester: bytes
-    request_id: Any
+    on_done: Callable[[_FanOut], None]
     waiting: set[int]
-    result: dict[str, Any] = field(default_factory=dict)
+    deadline: float = math.inf
+    replies: dict[int, dict[str, Any]] = field(default_factory=dict)  # server -> OK header
+    errors: dict[int, Any] = field(default_factory=dict)  # server -> error text
+    lost: set[int] = field(default_factory=set)  # died or timed out before answering
+
+
+@dataclass
+class _JobCheckpoints:
+    """``JOB_START``'s ``checkpoint``: every ``every`` shards done, stop handing out
+    shards, let the running ones finish (a clock boundary), checkpoint, go on."""
+
+    url: str
+    every: int
+    timeout_s: float
+    since: int = 0  # shards done since the last checkpoint (or its attempt)
+    phase: str | None = None  # None, "draining" (waiting for running shards), "writing"
+    step: str = ""
+    ring_epoch: int = 0
+    written: list[str] = field(default_factory=list)
+    abandoned: int = 0
+
+    @classmethod
+    def from_wire(cls, w: Any) -> _JobCheckpoints:
+        every, timeout_s = (w.get("every"), w.get("timeout_s", 600)) if isinstance(w, dict) else (0, 0)
+        if (not isinstance(w, dict) or not isinstance(w.get("url"), str) or not w["url"]
+                or isinstance(every, bool) or not isinstance(every, int) or every < 1
+                or isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0):
+            raise ConfigError(f"job_start checkpoint must be {{url: str, every: int >= 1, timeout_s: "
+                              f"number > 0}}, got {w!r}")
+        return cls(w["url"], every, float(timeout_s))
 
 
 @dataclass
@@ -88,9 +121,10 @@ class SchedulerNode:
         self.tables: dict[str, TableSpec] = {}
         self.parked_workers: list[tuple[bytes, Message, NodeInfo]] = []
         self.barrier: list[tuple[bytes, Any, int]] = []
-        self.table_ops: dict[int, _TableOp] = {}
+        self.fanouts: dict[int, _FanOut] = {}
         self.job: TaskQueue | None = None
         self.shard_waiters: list[tuple[bytes, Any, int]] = []
+        self.job_checkpoints: _JobCheckpoints | None = None
         self._announced: list[int] | None = None
         self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
         self.server_waiters: list[tuple[bytes, Any, int]] = []
@@ -136,6 +170,7 @@ class SchedulerNode:
                     while self._running and self.sock.poll(0):
                         self._handle(self.sock.recv_multipart(copy=False))
                 self._check_heartbeats(time.monotonic())
+                self._check_fanouts(time.monotonic())
         finally:
             self.sock.close(linger=0)
 
@@ -428,21 +463,25 @@ class SchedulerNode:
             for other in self.nodes.values():
                 self._notify(other, {"op": Op.NODE_LOST.value, "node_id": node_id,
                                      "role": node.role, "address": node.address})
+        for op_id, op in list(self.fanouts.items()):
+            if node_id in op.waiting:
+                op.waiting.discard(node_id)
+                op.lost.add(node_id)
+                self._maybe_finish_fanout(op_id)
+        self._maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
         if node.role == "server":
             self._server_lost(node_id)
-        for op_id, op in list(self.table_ops.items()):
-            op.waiting.discard(node_id)
-            self._maybe_finish_table_op(op_id)
         self._maybe_release_barrier()
 
     # ---- tables ------------------------------------------------------------------------
     def _forward_to_servers(self, identity: bytes, msg: Message, header: dict[str, Any]) -> None:
-        self._op_seq += 1
-        servers = [n for n in self.nodes.values() if n.role == "server"]
-        self.table_ops[self._op_seq] = _TableOp(identity, msg.id, {n.id for n in servers})
-        for node in servers:
-            self._notify(node, {**header, "id": self._op_seq})
-        self._maybe_finish_table_op(self._op_seq)
+        def answer(op: _FanOut) -> None:
+            if op.errors:
+                send(self.sock, error_reply(msg.id, "server", str(next(iter(op.errors.values())))), identity)
+            else:
+                send(self.sock, encode({"op": Op.OK.value, "id": msg.id}), identity)
+
+        self._fan_out(header, answer)
 
     def on_create_table(self, identity: bytes, msg: Message) -> None:
         if self.migration is not None:  # vnodes are moving: the plan does not know this table
@@ -478,37 +517,65 @@ class SchedulerNode:
     def on_table_info(self, identity: bytes, msg: Message) -> None:
         send(self.sock, reply(msg, tables={n: s.to_wire() for n, s in self.tables.items()}), identity)
 
+    # ---- commands to every server ------------------------------------------------------
     def on_ack(self, identity: bytes, msg: Message) -> None:
-        op = self.table_ops.get(msg.id) if isinstance(msg.id, int) else None
+        op = self.fanouts.get(msg.id) if isinstance(msg.id, int) else None
         node_id = self.by_identity.get(identity)
-        if op is None or node_id is None:
+        if op is None or node_id not in op.waiting:
             return
         if msg.op is Op.ERROR:
-            logger.error("server %d failed a table command: %s", node_id, msg.header.get("error"))
-            op.result.setdefault("error", msg.header.get("error"))
-        op.waiting.discard(node_id)
-        self._maybe_finish_table_op(msg.id)
-
-    def _maybe_finish_table_op(self, op_id: int) -> None:
-        op = self.table_ops[op_id]
-        if op.waiting:
-            return
-        del self.table_ops[op_id]
-        if "error" in op.result:
-            send(self.sock, error_reply(op.request_id, "server", str(op.result["error"])), op.requester)
+            logger.error("server %d failed command %d: %s", node_id, msg.id, msg.header.get("error"))
+            op.errors[node_id] = msg.header.get("error")
         else:
-            send(self.sock, encode({"op": Op.OK.value, "id": op.request_id}), op.requester)
+            op.replies[node_id] = msg.header
+        op.waiting.discard(node_id)
+        self._maybe_finish_fanout(msg.id)
+
+    def _maybe_finish_fanout(self, op_id: int) -> None:
+        op = self.fanouts.get(op_id)
+        if op is None or op.waiting:
+            return
+        del self.fanouts[op_id]
+        op.on_done(op)
+
+    def _fan_out(self, header: dict[str, Any], on_done: Callable[[_FanOut], None],
+                 timeout_s: float = math.inf) -> int:
+        """Send ``header`` to every live server; ``on_done`` gets the answers (see ``_FanOut``)."""
+        self._op_seq += 1
+        servers = [n for n in self.nodes.values() if n.role == "server"]
+        self.fanouts[self._op_seq] = _FanOut(on_done, {n.id for n in servers}, time.monotonic() + timeout_s)
+        for node in servers:
+            self._notify(node, {**header, "id": self._op_seq})
+        self._maybe_finish_fanout(self._op_seq)
+        return self._op_seq
+
+    def _check_fanouts(self, now: float) -> None:
+        for op_id, op in [(i, op) for i, op in self.fanouts.items() if op.deadline < now]:
+            logger.error("servers %s did not answer command %d in time", sorted(op.waiting), op_id)
+            op.lost |= op.waiting
+            op.waiting.clear()
+            self._maybe_finish_fanout(op_id)
 
     # ---- data shards -----------------------------------------------------------------
     def on_job_start(self, identity: bytes, msg: Message) -> None:
+        """``shards``, ``epochs``; optional ``checkpoint: {url, every, timeout_s}`` (every
+        ``every`` shards done) and ``resume`` (``TaskQueue.snapshot()`` of a checkpoint)."""
         shards = msg.header.get("shards")
         epochs = msg.header.get("epochs")
         if not isinstance(shards, list) or not isinstance(epochs, int):
             raise ProtocolError("job_start takes shards (a list) and epochs (an int)")
-        if self.job is not None and not self.job.finished:
+        if (self.job is not None and not self.job.finished) or self._checkpointing():
             raise ConfigError("a job is already running on this cluster; wait for it to finish")
-        self.job = TaskQueue(shards, epochs)
-        logger.info("job started: %d shard(s), %d epoch(s)", len(shards), epochs)
+        ckpt = msg.header.get("checkpoint")
+        checkpoints = None if ckpt is None else _JobCheckpoints.from_wire(ckpt)
+        resume = msg.header.get("resume")
+        self.job = TaskQueue(shards, epochs) if resume is None else TaskQueue.resume(shards, epochs, resume)
+        self.job_checkpoints = checkpoints
+        logger.info("job started: %d shard(s), %d epoch(s)%s%s", len(shards), epochs,
+                    f", resumed at epoch {self.job.epoch} with {len(self.job.done)} shard(s) done"
+                    if resume is not None else "",
+                    f", a checkpoint every {checkpoints.every} shard(s) under {checkpoints.url}"
+                    if checkpoints else "")
         send(self.sock, reply(msg), identity)
 
     def on_next_shard(self, identity: bytes, msg: Message) -> None:
@@ -520,6 +587,8 @@ class SchedulerNode:
         self._announce_workers()
 
     def _serve_shard_waiters(self) -> None:
+        if self._checkpointing():  # no new shard until the checkpoint is written
+            return
         waiting, self.shard_waiters = self.shard_waiters, []
         for identity, request_id, node_id in waiting:
             answer = self.job.next_shard(node_id) if self.job else {"done": True}
@@ -535,6 +604,68 @@ class SchedulerNode:
         self.job.shard_done(node_id, hfield(msg, "shard_id", int), hfield(msg, "epoch", int),
                             msg.header.get("stats") or {})
         send(self.sock, reply(msg), identity)
+        ckpt = self.job_checkpoints
+        if ckpt is not None:
+            ckpt.since += 1
+            if ckpt.since >= ckpt.every and ckpt.phase is None:
+                ckpt.phase = "draining"
+            self._maybe_checkpoint()  # the last running shard may have just finished
+        self._serve_shard_waiters()
+        self._announce_workers()
+
+    # ---- coordinated checkpoints -------------------------------------------------------
+    def _checkpointing(self) -> bool:
+        return self.job_checkpoints is not None and self.job_checkpoints.phase is not None
+
+    def _maybe_checkpoint(self) -> None:
+        """Once no shard runs (every worker has drained its pushes before ``shard_done``:
+        the servers are quiet, a clock boundary), ask every server to write its vnodes."""
+        ckpt = self.job_checkpoints
+        if ckpt is None or ckpt.phase != "draining" or self.job is None or self.job.running:
+            return
+        ckpt.phase = "writing"
+        try:
+            ckpt.step = checkpoint.new_step_url(ckpt.url)
+        except Exception as exc:  # e.g. the folder cannot be listed: this one is given up
+            self._checkpoint_done(f"{ckpt.url} cannot be listed ({type(exc).__name__}: {exc})")
+            return
+        assert self.ring is not None
+        ckpt.ring_epoch = self.ring.epoch
+        logger.info("checkpoint %s: %d shard(s) done since the last one", ckpt.step, ckpt.since)
+        self._fan_out({"op": Op.CHECKPOINT.value, "url": ckpt.step}, self._on_checkpoint_written,
+                      ckpt.timeout_s)
+
+    def _on_checkpoint_written(self, op: _FanOut) -> None:
+        """Every server answered (or died): write the manifest, last, or give the step up."""
+        ckpt, job, ring = self.job_checkpoints, self.job, self.ring
+        if ckpt is None or job is None or ring is None:
+            return
+        missing = set(ring.owners.tolist()) - set(op.replies)
+        if op.errors or op.lost or missing or ring.epoch != ckpt.ring_epoch:
+            self._checkpoint_done(f"errors {op.errors or '-'}, lost servers {sorted(op.lost) or '-'}, "
+                                  f"vnode owners without files {sorted(missing) or '-'}, ring epoch "
+                                  f"{ckpt.ring_epoch} -> {ring.epoch}")
+            return
+        manifest = checkpoint.assemble_manifest(
+            list(op.replies.values()), ring.to_wire(), {n: s.to_wire() for n, s in self.tables.items()},
+            job={"shards": job.shards, "epochs": job.epochs, **job.snapshot()})
+        try:
+            checkpoint.write_manifest(ckpt.step, manifest)
+        except Exception as exc:
+            self._checkpoint_done(f"the manifest cannot be written ({type(exc).__name__}: {exc})")
+            return
+        ckpt.written.append(ckpt.step)
+        logger.info("checkpoint %s written (epoch %d, %d shard(s) done)", ckpt.step, job.epoch, len(job.done))
+        self._checkpoint_done(None)
+
+    def _checkpoint_done(self, failure: str | None) -> None:
+        ckpt = self.job_checkpoints
+        assert ckpt is not None
+        if failure is not None:
+            ckpt.abandoned += 1
+            logger.error("checkpoint %s abandoned, training goes on (it has no manifest, so it is never "
+                         "used): %s", ckpt.step or ckpt.url, failure)
+        ckpt.phase, ckpt.since = None, 0
         self._serve_shard_waiters()
         self._announce_workers()
 
@@ -544,6 +675,10 @@ class SchedulerNode:
 
     def on_job_status(self, identity: bytes, msg: Message) -> None:
         status = self.job.status() if self.job else {}
+        ckpt = self.job_checkpoints
+        if self.job and ckpt is not None:
+            status["checkpoints"] = {"written": list(ckpt.written), "abandoned": ckpt.abandoned,
+                                     "in_progress": ckpt.phase is not None}
         send(self.sock, reply(msg, job=status), identity)
 
     # ---- barrier and shutdown ----------------------------------------------------------

@@ -69,6 +69,47 @@ class TaskQueue:
             self.totals[k] += v
         self.epoch_examples[-1] += int(values["examples"])
 
+    def snapshot(self) -> dict[str, Any]:
+        """The job's progress, to resume from: epoch, shards done in it, totals.
+
+        Shards running now are not done: a job resumed from this snapshot does them again
+        (take it when none is running, at a checkpoint's clock boundary).
+        """
+        return {"epoch": self.epoch, "done": sorted(self.done), "totals": dict(self.totals),
+                "epoch_examples": list(self.epoch_examples)}
+
+    @classmethod
+    def resume(cls, shards: list[list[Any]], epochs: int, progress: Any) -> TaskQueue:
+        """A queue that starts where ``snapshot()`` left off (totals included, so a report
+        counts every example once across the restart)."""
+        q = cls(shards, epochs)
+        if not isinstance(progress, dict):
+            raise ConfigError(f"job progress to resume from must be a map, got {progress!r}")
+        epoch, done = progress.get("epoch"), progress.get("done")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < epochs:
+            raise ConfigError(f"the job to resume is in epoch {epoch!r} (0-based) but this job has "
+                              f"{epochs} epoch(s); give it more epochs")
+        if (not isinstance(done, list)
+                or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < len(shards)
+                           for s in done) or len(set(done)) != len(done)):
+            raise ConfigError(f"done shards to resume from must be distinct shard ids in "
+                              f"[0, {len(shards)}), got {done!r}")
+        totals = progress.get("totals") or {}
+        try:
+            values = {k: float(totals.get(k, 0)) for k in q.totals}
+        except (TypeError, ValueError, AttributeError):
+            raise ConfigError(f"totals to resume from must be numbers, got {totals!r}") from None
+        per_epoch = progress.get("epoch_examples", [0] * epoch + [int(values["examples"])])
+        if (not isinstance(per_epoch, list) or len(per_epoch) != epoch + 1
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in per_epoch)):
+            raise ConfigError(f"epoch_examples to resume from must be {epoch + 1} counts, got {per_epoch!r}")
+        q.epoch, q.done = epoch, set(done)
+        q.todo = deque(s for s in range(len(shards)) if s not in q.done)
+        q.totals.update(values)
+        q.epoch_examples = list(per_epoch)
+        q.live = {"examples": values["examples"], "loss_sum": values["loss_sum"]}
+        return q
+
     def progress(self, stats: dict[str, Any]) -> None:
         """Counters of work in progress (for display; totals count at shard_done)."""
         for k in self.live:
@@ -84,5 +125,6 @@ class TaskQueue:
 
     def status(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "epochs": self.epochs, "shards": len(self.shards),
-                "shards_done": len(self.done), "finished": self.finished,
+                "shards_done": len(self.done),
+                "running": len(self.running), "finished": self.finished,
                 "epoch_examples": list(self.epoch_examples), "live": dict(self.live), **self.totals}

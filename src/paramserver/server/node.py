@@ -110,6 +110,7 @@ class ServerNode:
                                  Op.MIGRATE: self.on_migrate,
                                  Op.NODE_LOST: self.on_node_lost, Op.OK: lambda m: None,
                                  Op.WORKERS: self.on_workers,
+                                 Op.CHECKPOINT: self.on_scheduler_checkpoint,
                                  Op.ERROR: self.on_scheduler_error}
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -612,6 +613,11 @@ class ServerNode:
                     files.setdefault(name, {})[str(v)] = [checkpoint.write_vnode(url, name, v, keys, rows),
                                                           int(keys.size)]
         return reply(msg, files=files, clocks={str(k): v for k, v in self.gate.vector.clocks.items()})
+
+    def on_scheduler_checkpoint(self, msg: Message) -> None:
+        """A checkpoint the scheduler coordinates during a job: answered on the control
+        socket with the request's id (a failure is answered with an error reply)."""
+        send(self.control, self.on_checkpoint(msg))
 
     def on_restore(self, msg: Message) -> list[Any]:
         """Load the keys this server owns (under the current ring) from checkpoint files."""

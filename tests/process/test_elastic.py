@@ -1,0 +1,106 @@
+"""Elastic workers: a worker that dies hands its shard back, one that joins takes shards,
+and every example is still counted once per epoch."""
+
+import gzip
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from paramserver import Client, LocalCluster, WorkerError
+from paramserver.data.reader import Shard
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def shared(rel: str) -> str:
+    path = DATA / rel
+    if not path.exists():
+        pytest.skip(f"real data not found at {path} (the ../shared/data folder is absent)")
+    return str(path)
+
+
+def wait_for(condition, timeout_s=60, what="condition"):
+    """Poll ``condition()`` until it is true (bounded): synchronisation on state, not on time."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+    return value
+
+
+def count_shards(client):
+    """Take shards until the job is done; the first worker holds its first shard until
+    another worker has taken one too, so a worker that joins does take shards."""
+    done = 0
+    while (task := client.next_shard(timeout_s=60)) is not None:
+        if client.rank == 0 and done == 0:  # (epoch 0 cannot end while this shard is held)
+            wait_for(lambda: (s := client.job_status())["running"] + s["shards_done"] >= 2,
+                     what="another worker to take a shard")
+        client.shard_done(task, examples=10)
+        done += 1
+    return client.rank, done
+
+
+def test_a_worker_added_while_a_function_runs_runs_it_and_takes_shards():
+    with LocalCluster(servers=1, workers=1, log_level="WARNING") as cluster:
+        cluster.client.start_job([Shard("s", i, i + 1) for i in range(6)], 2)
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(cluster.run_elastic, count_shards, timeout_s=90)
+            wait_for(lambda: cluster.client.job_status()["running"] >= 1, what="the first shard")
+            name = cluster.add_worker()
+            results, failed = running.result(timeout=120)
+        status = cluster.client.job_status()
+    assert name == "worker-1" and failed == []
+    assert [rank for rank, _ in results] == [0, 1]
+    assert all(done >= 1 for _, done in results) and sum(done for _, done in results) == 12
+    assert status["finished"] and status["examples"] == 120 and status["epoch_examples"] == [60, 60]
+
+
+def test_run_stays_strict_and_run_elastic_fails_when_every_worker_dies():
+    import os
+
+    with LocalCluster(servers=1, workers=2, log_level="WARNING") as cluster:
+        with pytest.raises(WorkerError, match="every worker died") as err:
+            cluster.run_elastic(lambda c: os._exit(4), timeout_s=60)
+        assert str(err.value).count("died (exit code 4)") == 2
+        with pytest.raises(WorkerError, match="no workers"):  # the dead are not sent functions again
+            cluster.run(lambda c: c.rank, timeout_s=60)
+        cluster.add_worker()
+        assert cluster.run(lambda c: c.rank, timeout_s=60) == [2]
+
+
+def test_a9a_with_a_worker_killed_mid_job_counts_each_example_exactly_once(tmp_path):
+    from paramserver.apps.models import Model
+    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.data.reader import DataFormat
+
+    train, test = shared("libsvm/a9a.libsvm.gz"), shared("libsvm/a9a.t.libsvm.gz")
+    plain = tmp_path / "a9a.libsvm"  # uncompressed, so it splits into shards (outside the repo)
+    with gzip.open(train, "rb") as src, open(plain, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    killed = {}
+
+    def kill_once_a_shard_is_done(cluster):
+        def watch():
+            with Client(cluster.address) as watcher:
+                status = wait_for(lambda: (s := watcher.job_status()) and s["shards_done"] >= 1 and s,
+                                  what="a shard done")
+                cluster.kill("worker-1")
+                killed["status"] = status
+                killed["joined"] = cluster.add_worker()  # and one joins mid-job
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"), epochs=2, batch_size=100)
+    report = run_training(cfg, [str(plain)], [test], servers=1, workers=3, shard_bytes=100_000,
+                          setup=kill_once_a_shard_is_done,
+                          cluster_options={"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.5})
+    assert not killed["status"]["finished"]  # the kill came mid-job
+    assert report["failed_workers"] == ["worker-1 died (exit code -9)"]
+    assert len(report["traces"]) == 3  # two survivors and the worker that joined ran the job
+    assert report["examples"] == 32_561 * 2  # each example exactly once per epoch
+    assert report["test_examples"] == 16_281 and report["logloss"] <= 0.34, report
