@@ -348,6 +348,10 @@ class SchedulerNode:
         self.ring = Ring(self.ring.chains, old.epoch + 1)  # one flip, one epoch
         logger.warning("failover: server %d's vnodes promoted to their backups, ring epoch %d",
                        node_id, self.ring.epoch)
+        lost = int((old.owners == node_id).sum())
+        for name in sorted(n for n, r in self._replicas().items() if r == 1):
+            logger.error("table %r has no backup (replicas=1): its %d vnode(s) on server %d restart from "
+                         "their initial values; restore a checkpoint, or use replicas=2", name, lost, node_id)
         self._broadcast_view()
         moves = plan_moves(old, self.ring, self._replicas(), lost={node_id})
         self._start_migration(self.ring, moves, flip=False)
