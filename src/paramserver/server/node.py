@@ -16,6 +16,7 @@ until the scheduler flips the ring.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -44,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 #: requests with fewer keys run on the loop thread (a thread hand-off costs ~50 µs)
 PARALLEL_MIN_KEYS = 32_768
+#: vnode copies a migrating server keeps unanswered
+COPIES_IN_FLIGHT = 2
 
 
 class _Acks:
@@ -89,6 +92,8 @@ class ServerNode:
         self.moving: dict[str, dict[int, set[int]]] = {}  # table -> vnode -> servers copied to
         self.targets: dict[str, np.ndarray] = {}  # table -> int32[n_vnodes, k]: forward to
         self.awaiting: dict[int, tuple[int, _Acks]] = {}  # request id -> (peer, what waits)
+        self.copies: collections.deque = collections.deque()  # (acks, table, vnode, dest) to send
+        self.copies_in_flight = 0
         self._next_request = 1
         self.poller = zmq.Poller()
         self.gate = StalenessGate()  # the vector clock of live workers, and parked pulls
@@ -141,7 +146,8 @@ class ServerNode:
         poller.register(self.control, zmq.POLLIN)
         try:
             while self._running:
-                ready = dict(poller.poll(500))
+                copying = bool(self.copies) and self.copies_in_flight < COPIES_IN_FLIGHT
+                ready = dict(poller.poll(0 if copying else 500))
                 if self.control in ready:
                     while self._running and self.control.poll(0):
                         self._handle_control(self.control.recv_multipart(copy=False))
@@ -153,6 +159,8 @@ class ServerNode:
                         if not self._running or not self.router.poll(0):
                             break
                         self._handle_data(self.router.recv_multipart(copy=False))
+                if self.copies and self.copies_in_flight < COPIES_IN_FLIGHT and self._running:
+                    self._copy_next()
         finally:
             self._beats_stop.set()
             beats.join(5)
@@ -340,6 +348,7 @@ class ServerNode:
             table.set_vnodes(self.ring.held_by(self.node_id, table.spec.replicas))
         self.primary = self.ring.owners == self.node_id
         self.moving.clear()
+        self.copies.clear()  # a copy not sent yet belongs to a plan the flip made void
         self._refresh_targets()
         logger.info("server %d: ring epoch %d, primary of %d vnode(s)", self.node_id, self.ring.epoch,
                     int(self.primary.sum()))
@@ -367,29 +376,41 @@ class ServerNode:
 
     def on_migrate(self, msg: Message) -> None:
         """Copy vnodes to the servers that will hold them after the next ring flip: a
-        snapshot now, then every push on them forwarded too (same channel: in order)."""
+        snapshot, then every push on them forwarded too (same channel: in order).  One
+        vnode a loop turn (``_copy_next``), at most ``COPIES_IN_FLIGHT`` unanswered, so
+        requests keep being served here and forwarded pushes do not queue behind a
+        backlog of copies at the receiver."""
         migration = field(msg, "migration", int)
         moves = field(msg, "moves", list)
         acks = _Acks(done=lambda: send(self.control, encode(
             {"op": Op.MIGRATED.value, "migration": migration, "node_id": self.node_id})))
-        count = 0
-        for name, vnode, dest in moves:
-            table = self.tables.get(name)
-            if table is None or dest in self.dead or dest not in self.peers:
-                continue
-            vt = table.tables.get(int(vnode))
-            keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64),
-                                                            np.zeros((0, table.width), np.float32))
-            header = {"op": Op.INSTALL.value, "table": name, "vnode": int(vnode), "spec": table.spec.to_wire(),
-                      "seqs": self.dedup[name].export(int(vnode)),
-                      "clocks": {str(w): c for w, c in self.gate.vector.clocks.items()}}
-            count += 1
-            self._ask(int(dest), header, [keys, rows], acks)
-            self.moving.setdefault(name, {}).setdefault(int(vnode), set()).add(int(dest))
+        acks.pending = 1  # held until the last copy is sent: done cannot come before
+        self.copies.extend((acks, str(name), int(vnode), int(dest)) for name, vnode, dest in moves)
+        self.copies.append((acks, None, -1, -1))
+        logger.info("server %d: migration %d: %d vnode copies to send", self.node_id, migration, len(moves))
+
+    def _copied(self, acks: _Acks) -> None:
+        self.copies_in_flight -= 1
+        self._acked(acks)
+
+    def _copy_next(self) -> None:
+        acks, name, vnode, dest = self.copies.popleft()
+        if name is None:  # every copy of this migration is sent
+            self._acked(acks)
+            return
+        table = self.tables.get(name)
+        if table is None or dest in self.dead or dest not in self.peers:
+            return
+        vt = table.tables.get(vnode)
+        keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64), np.zeros((0, table.width), np.float32))
+        acks.pending += 1
+        self.copies_in_flight += 1
+        self._ask(dest, {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "spec": table.spec.to_wire(),
+                         "seqs": self.dedup[name].export(vnode),
+                         "clocks": {str(w): c for w, c in self.gate.vector.clocks.items()}}, [keys, rows],
+                  _Acks(done=lambda: self._copied(acks)))
+        self.moving.setdefault(name, {}).setdefault(vnode, set()).add(dest)
         self._refresh_targets()
-        logger.info("server %d: migration %d: %d vnode copies sent", self.node_id, migration, count)
-        if not acks.pending:
-            self._finish(acks)
 
     def on_stop(self, msg: Message) -> None:
         logger.info("server %d stopping", self.node_id)
