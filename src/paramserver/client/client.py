@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -71,6 +72,90 @@ class _Piece:
     extra: np.ndarray  # pull: output row of each key; push: gradient rows
     vnodes: np.ndarray
     counts: np.ndarray
+
+
+class _Scatter:
+    """One pull or push in flight: a request per server piece, and the future.
+
+    A piece refused for a stale ring, or sent to a server that died, is routed again
+    with the newest ring and resent (a push keeps its ``seq``: servers apply it once),
+    until ``retry_timeout_s``.  Callbacks are bound to this object, which refers to
+    none of them: no reference cycle keeps a pull's output array alive after its
+    future is dropped (a cycle of closures did: 64 MB pulls page-faulted afresh).
+    """
+
+    def __init__(self, client: Client, kind: Op, header: dict[str, Any],
+                 on_piece: Callable[[_Piece, Message], None], result: Any):
+        self.client, self.kind, self.header, self.on_piece, self.result = client, kind, header, on_piece, result
+        self.future: Future = Future()
+        self.pending = 0
+        self.lock = threading.Lock()
+        self.deadline = time.monotonic() + client.config.retry_timeout_s
+
+    def start(self, pieces: list[_Piece]) -> Future:
+        if not pieces:
+            self.future.set_result(self.result)
+            return self.future
+        self.pending = len(pieces)
+        for piece in pieces:
+            self.send(piece, 0)
+        return self.future
+
+    def send(self, piece: _Piece, tries: int) -> None:
+        client = self.client
+        header = {**self.header, "epoch": piece.epoch}
+        if "seq" in header:
+            header["acked"] = client._acked_seq()
+        arrays = [piece.keys, piece.extra, piece.vnodes, piece.counts] if self.kind is Op.PUSH else \
+            [piece.keys, piece.vnodes, piece.counts]
+        address = client._servers.get(piece.server)
+        on_reply = functools.partial(self.answered, piece, tries)
+        if address is None:  # the server left the ring since this piece was routed
+            on_reply(None, NodeLostError(f"server {piece.server} left the ring"))
+        else:
+            client._io.submit(address, header, arrays, on_reply)
+
+    def resend(self, piece: _Piece, tries: int) -> None:
+        if self.future.done():
+            return
+        try:
+            again = self.client._pieces(self.kind, piece.keys, piece.extra)
+        except Exception as exc:
+            self.future.set_exception(exc)
+            return
+        with self.lock:
+            self.pending += len(again) - 1
+        for p in again:
+            self.send(p, tries + 1)
+
+    def answered(self, piece: _Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
+        if self.future.done():
+            return
+        if exc is None and msg is not None and msg.op is Op.ERROR:
+            exc = _remote_error(msg)
+        if isinstance(exc, (StaleEpochError, NodeLostError)) and time.monotonic() < self.deadline:
+            # the ring changed under this piece: once ours is newer, route it again
+            ring_epoch = self.client._ring.epoch
+            newer = ring_epoch > piece.epoch
+            if not newer and msg is not None and msg.header.get("epoch", 0) > ring_epoch:
+                self.client._refresh_view()
+            delay = 0.0 if newer else min(0.5, 0.01 * 2 ** min(tries, 6))
+            self.client._io.call_later(delay, functools.partial(self.resend, piece, tries))
+            return
+        try:
+            if exc is None:
+                self.on_piece(piece, msg)
+        except Exception as err:
+            exc = err
+        with self.lock:
+            if self.future.done():
+                return
+            if exc is not None:
+                self.future.set_exception(exc)
+                return
+            self.pending -= 1
+            if self.pending == 0:
+                self.future.set_result(self.result)
 
 
 class Client:
@@ -189,14 +274,8 @@ class Client:
                  on_piece: Callable[[_Piece, Message], None], result: Any = None,
                  reply_row_bytes: int = 0, seq: int | None = None) -> Future:
         """Send a pull or push as one request per server; the future resolves to
-        ``result`` once every piece is answered.  A piece refused for a stale ring, or
-        sent to a server that died, is routed again with the newest ring and resent
-        (a push keeps its ``seq``: servers apply it once), until ``retry_timeout_s``."""
-        fut: Future = Future()
+        ``result`` once every piece is answered (see ``_Scatter``)."""
         pieces = self._pieces(kind, keys, extra)
-        if not pieces:
-            fut.set_result(result)
-            return fut
         limit = self.config.max_message_bytes - (1 << 20)  # room for the header
         for piece in pieces:  # check every piece before sending any: never half a push
             nbytes = max(piece.keys.nbytes + (piece.extra.nbytes if kind is Op.PUSH else 0),
@@ -204,72 +283,12 @@ class Client:
             if nbytes > limit:
                 raise ConfigError(f"{nbytes} bytes for server {piece.server} exceed "
                                   f"max_message_bytes={self.config.max_message_bytes}; split the batch")
-        state = {"pending": len(pieces)}
-        lock = threading.Lock()
-        deadline = time.monotonic() + self.config.retry_timeout_s
         header: dict[str, Any] = {"op": kind.value, "table": table}
         if self.role == "worker":  # the staleness gate and BSP aggregation key on it
             header["clock"] = self._clock
         if seq is not None:
             header.update(sender=self.node_id, seq=seq)
-
-        def send(piece: _Piece, tries: int) -> None:
-            address = self._servers.get(piece.server)
-            h = {**header, "epoch": piece.epoch}
-            if seq is not None:
-                h["acked"] = self._acked_seq()
-            arrays = [piece.keys, piece.extra, piece.vnodes, piece.counts] if kind is Op.PUSH else \
-                [piece.keys, piece.vnodes, piece.counts]
-            if address is None:  # the server left the ring since this piece was routed
-                callback(piece, tries)(None, NodeLostError(f"server {piece.server} left the ring"))
-            else:
-                self._io.submit(address, h, arrays, callback(piece, tries))
-
-        def resend(piece: _Piece, tries: int) -> None:
-            if fut.done():
-                return
-            try:
-                again = self._pieces(kind, piece.keys, piece.extra)
-            except Exception as exc:
-                fut.set_exception(exc)
-                return
-            with lock:
-                state["pending"] += len(again) - 1
-            for p in again:
-                send(p, tries + 1)
-
-        def callback(piece: _Piece, tries: int):
-            def cb(msg: Message | None, exc: BaseException | None) -> None:
-                if fut.done():
-                    return
-                if exc is None and msg is not None and msg.op is Op.ERROR:
-                    exc = _remote_error(msg)
-                if isinstance(exc, (StaleEpochError, NodeLostError)) and time.monotonic() < deadline:
-                    # the ring changed under this piece: once ours is newer, route it again
-                    newer = self._ring.epoch > piece.epoch
-                    if not newer and msg is not None and msg.header.get("epoch", 0) > self._ring.epoch:
-                        self._refresh_view()
-                    delay = 0.0 if newer else min(0.5, 0.01 * 2 ** min(tries, 6))
-                    self._io.call_later(delay, lambda: resend(piece, tries))
-                    return
-                try:
-                    if exc is None:
-                        on_piece(piece, msg)
-                except Exception as err:
-                    exc = err
-                with lock:
-                    if exc is not None:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                        return
-                    state["pending"] -= 1
-                    if state["pending"] == 0:
-                        fut.set_result(result)
-            return cb
-
-        for piece in pieces:
-            send(piece, 0)
-        return fut
+        return _Scatter(self, kind, header, on_piece, result).start(pieces)
 
     def _refresh_view(self) -> None:
         """Ask the scheduler for the ring (a RING notification may still be on its way)."""
