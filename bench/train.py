@@ -8,7 +8,10 @@ same hashed feature space (``--hash-bits``, default 24) and is scored on the sam
 rows.  Timed: from the start of learning to the end of the pass, parsing included;
 not timed: writing the data, VW's text conversion, cluster start-up, scoring.
 
-* paramserver: logistic regression, FTRL, batch 1000; 1 server + 1 worker and 2 + 2.
+* paramserver: logistic regression, FTRL, ``--batch-size`` (default 4000: on 1e6 rows,
+  batch 1000 and 4000 give the same test log loss, 0.4341, and 4000 is ~1.5× faster:
+  fewer requests and fewer distinct keys per example; 8000 loses log loss); 1 server +
+  1 worker and 2 + 2.
 * Vowpal Wabbit: ``--loss_function logistic -b BITS`` (its defaults: adaptive, normalised,
   invariant updates), reading its own text format with its own C++ parser; features are
   the same tokens (integer buckets and categorical values, per field namespace).
@@ -97,8 +100,8 @@ def bench_sklearn(train: str, test_labels: np.ndarray, test_rows: list, bits: in
     return {"learner": "scikit-learn", "seconds": seconds, "logloss": logloss(test_labels, preds)}
 
 
-def bench_paramserver(train: str, test: str, bits: int, servers: int, workers: int) -> dict:
-    cfg = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=bits), batch_size=1000)
+def bench_paramserver(train: str, test: str, bits: int, servers: int, workers: int, batch_size: int) -> dict:
+    cfg = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=bits), batch_size=batch_size)
     report = run_training(cfg, [train], [test], servers=servers, workers=workers, shard_bytes=16 << 20)
     return {"learner": f"paramserver {servers}s+{workers}w", "seconds": report["seconds"],
             "logloss": report["logloss"]}
@@ -108,6 +111,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--hash-bits", type=int, default=24)
+    ap.add_argument("--batch-size", type=int, default=4000, help="paramserver's mini-batch (default 4000)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip", nargs="*", default=[], help="learners to leave out: vw sklearn")
     args = ap.parse_args()
@@ -119,7 +123,7 @@ def main() -> None:
         write_synth(test, args.rows // 10, seed=2)
         test_labels, test_rows = read_tokens(test)
         for servers, workers in ((1, 1), (2, 2)):
-            rows.append(bench_paramserver(train, test, args.hash_bits, servers, workers))
+            rows.append(bench_paramserver(train, test, args.hash_bits, servers, workers, args.batch_size))
             print(rows[-1], file=sys.stderr)
         if "vw" not in args.skip:
             to_vw(train, train + ".vw")
