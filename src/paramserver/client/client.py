@@ -85,10 +85,13 @@ class _Scatter:
     """
 
     def __init__(self, client: Client, kind: Op, header: dict[str, Any],
-                 on_piece: Callable[[_Piece, Message], None], result: Any):
+                 on_piece: Callable[[_Piece, Message], None], result: Any,
+                 on_settled: Callable[[], None] | None = None):
         self.client, self.kind, self.header, self.on_piece, self.result = client, kind, header, on_piece, result
+        self.on_settled = on_settled  # once done and no request is left in flight
         self.future: Future = Future()
-        self.pending = 0
+        self.pending = 0  # pieces not answered yet
+        self.in_flight = 0  # requests sent and not answered (a failed future may still have some)
         self.lock = threading.Lock()
         self.deadline = time.monotonic() + client.config.retry_timeout_s
 
@@ -101,6 +104,19 @@ class _Scatter:
             self.send(piece, 0)
         return self.future
 
+    def fail(self, exc: BaseException) -> None:
+        with self.lock:
+            if not self.future.done():
+                self.future.set_exception(exc)
+        self._maybe_settled()
+
+    def _maybe_settled(self) -> None:
+        with self.lock:
+            settled = self.future.done() and self.in_flight == 0 and self.on_settled is not None
+            callback, self.on_settled = (self.on_settled, None) if settled else (None, self.on_settled)
+        if callback is not None:
+            callback()
+
     def send(self, piece: _Piece, tries: int) -> None:
         client = self.client
         header = {**self.header, "epoch": piece.epoch}
@@ -110,10 +126,17 @@ class _Scatter:
             [piece.keys, piece.vnodes, piece.counts]
         address = client._servers.get(piece.server)
         on_reply = functools.partial(self.answered, piece, tries)
+        with self.lock:
+            self.in_flight += 1
         if address is None:  # the server left the ring since this piece was routed
             on_reply(None, NodeLostError(f"server {piece.server} left the ring"))
-        else:
+            return
+        try:
             client._io.submit(address, header, arrays, on_reply)
+        except Exception as exc:  # closed meanwhile
+            with self.lock:
+                self.in_flight -= 1
+            self.fail(exc)
 
     def resend(self, piece: _Piece, tries: int) -> None:
         if self.future.done():
@@ -121,14 +144,24 @@ class _Scatter:
         try:
             again = self.client._pieces(self.kind, piece.keys, piece.extra)
         except Exception as exc:
-            self.future.set_exception(exc)
+            self.fail(exc)
             return
         with self.lock:
             self.pending += len(again) - 1
+            if self.pending == 0 and not self.future.done():
+                self.future.set_result(self.result)
         for p in again:
             self.send(p, tries + 1)
 
     def answered(self, piece: _Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
+        with self.lock:
+            self.in_flight -= 1
+        try:
+            self._answered(piece, tries, msg, exc)
+        finally:
+            self._maybe_settled()
+
+    def _answered(self, piece: _Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
         if self.future.done():
             return
         if exc is None and msg is not None and msg.op is Op.ERROR:
@@ -272,7 +305,8 @@ class Client:
 
     def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
                  on_piece: Callable[[_Piece, Message], None], result: Any = None,
-                 reply_row_bytes: int = 0, seq: int | None = None) -> Future:
+                 reply_row_bytes: int = 0, seq: int | None = None,
+                 on_settled: Callable[[], None] | None = None) -> Future:
         """Send a pull or push as one request per server; the future resolves to
         ``result`` once every piece is answered (see ``_Scatter``)."""
         pieces = self._pieces(kind, keys, extra)
@@ -288,7 +322,7 @@ class Client:
             header["clock"] = self._clock
         if seq is not None:
             header.update(sender=self.node_id, seq=seq)
-        return _Scatter(self, kind, header, on_piece, result).start(pieces)
+        return _Scatter(self, kind, header, on_piece, result, on_settled).start(pieces)
 
     def _refresh_view(self) -> None:
         """Ask the scheduler for the ring (a RING notification may still be on its way)."""
@@ -366,13 +400,13 @@ class Client:
             self._seq += 1
             seq = self._seq
             self._inflight.add(seq)
-        try:
-            fut = self._scatter(Op.PUSH, table, keys, np.ascontiguousarray(grads), lambda piece, msg: None, seq=seq)
+        try:  # the seq is settled once no request of it is left anywhere, not when the
+            # future fails: a server may still apply and forward a piece in flight
+            return self._scatter(Op.PUSH, table, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
+                                 seq=seq, on_settled=lambda: self._settled(seq))
         except BaseException:
             self._settled(seq)
             raise
-        fut.add_done_callback(lambda _: self._settled(seq))
-        return fut
 
     def _settled(self, seq: int) -> None:
         with self._lock:

@@ -83,9 +83,13 @@ class IOThread(threading.Thread):
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on this thread after ``delay_s`` (retries use it: never blocks)."""
         with self._lock:
-            heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._ids), fn))
-            if threading.current_thread() is not self:
-                self._wake_send.send(b"", zmq.NOBLOCK)
+            closed = self._closed.is_set()
+            if not closed:
+                heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._ids), fn))
+                if threading.current_thread() is not self:
+                    self._wake_send.send(b"", zmq.NOBLOCK)
+        if closed:  # nothing will run it later: run it now (a retry then fails its future)
+            fn()
 
     def _run_timers(self) -> float:
         """Run the timers that are due; seconds until the next one (inf: none)."""
@@ -101,6 +105,19 @@ class IOThread(threading.Thread):
                 fn()
             except Exception:
                 logger.exception("timer callback failed")
+
+    def _drain_timers(self) -> None:
+        """Run every timer now: a retry in backoff finds the client closed and fails its
+        future, instead of waiting forever."""
+        while True:
+            with self._lock:
+                if not self._timers:
+                    return
+                _, _, fn = heapq.heappop(self._timers)
+            try:
+                fn()
+            except Exception:
+                logger.debug("timer failed at close", exc_info=True)
 
     def start_heartbeats(self) -> None:
         self._scheduler_seen = time.monotonic()
@@ -154,6 +171,7 @@ class IOThread(threading.Thread):
             with self._lock:
                 self._closed.set()
             self._fail_all(ClosedError("the client was closed with this request in flight"))
+            self._drain_timers()
             for sock in (*self._peers.values(), self._wake_recv, self._wake_send):
                 sock.close(linger=0)
 

@@ -198,23 +198,32 @@ class Ring:
 
 
 def plan_moves(old: Ring, new: Ring, replicas: dict[str, int],
-               lost: frozenset[int] | set[int] = frozenset()) -> list[tuple[int, str, int, int]]:
+               lost: frozenset[int] | set[int] = frozenset(),
+               incomplete: frozenset[tuple[str, int, int]] | set[tuple[str, int, int]] = frozenset(),
+               ) -> list[tuple[int, str, int, int]]:
     """What must be copied to go from ``old`` to ``new``: ``(source, table, vnode, dest)``
     for every server that holds a vnode of a table under ``new`` but not under ``old``
     (a table of factor ``r`` lives on the first ``r`` servers of a chain).
 
-    ``lost`` servers died: they hold nothing and copy nothing.  The source is the first
-    live old holder, which is the vnode's primary under ``new`` (it sees every write);
-    a vnode with no live old holder has nothing to copy and is not listed.
+    ``lost`` servers died: they hold nothing and copy nothing; ``incomplete`` lists
+    ``(table, vnode, server)`` copies not confirmed yet: such a holder is copied to again.
+    The source is the first complete live holder, which is the vnode's primary under
+    ``new`` (it sees every write).  When no complete copy survived (two failures within
+    one repair) the first live holder, incomplete as it is, becomes the source so that
+    the replicas agree again; a vnode with no live holder at all is skipped.
     """
     moves = []
+    redo = {(t, v) for t, v, _ in incomplete}
     for table, r in sorted(replicas.items()):
-        changed = np.flatnonzero((old.chains[:, :r] != new.chains[:, :r]).any(axis=1))
-        for v in changed.tolist():
-            before = [int(s) for s in old.chains[v, :r] if s >= 0 and s not in lost]
+        changed = (old.chains[:, :r] != new.chains[:, :r]).any(axis=1)
+        for v in np.flatnonzero(changed).tolist() + sorted(v for t, v in redo if t == table and not changed[v]):
+            live = [int(s) for s in old.chains[v, :r] if s >= 0 and s not in lost]
+            before = [s for s in live if (table, v, s) not in incomplete]
+            if not before:  # no complete copy survived: the data is gone; make every holder
+                before = live[:1]  # equal to the best left, the first live (the primary)
             if not before:
                 continue
             for dest in new.chains[v, :r].tolist():
-                if dest >= 0 and dest not in before:
+                if dest >= 0 and dest not in before and dest not in lost:
                     moves.append((before[0], table, v, int(dest)))
     return moves

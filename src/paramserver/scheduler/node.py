@@ -97,6 +97,7 @@ class _Migration:
     target: Ring
     waiting: set[int]
     flip: bool  # flip to ``target`` once done (join, removal); a repair flipped first
+    moves: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)  # source -> copies
     leaving: int | None = None  # a removed server, stopped after the flip
     requester: tuple[bytes, Any] | None = None
     started: float = field(default_factory=time.monotonic)
@@ -131,6 +132,10 @@ class SchedulerNode:
         self.migration: _Migration | None = None
         self.changes: deque[tuple[str, int, tuple[bytes, Any] | None]] = deque()  # joins, removals
         self.deferred: list[tuple[bytes, Message]] = []  # table commands waiting for a migration
+        self.incomplete: set[tuple[str, int, int]] = set()  # (table, vnode, server) copies unconfirmed
+        self._ring_lost = False  # every server died: the next one to register starts a ring
+        self._failed_migrations = 0
+        self._next_epoch = 1  # a ring formed after every server died continues the epochs
         self._next_id = 1
         self._next_rank = 0
         self._op_seq = 0
@@ -169,8 +174,11 @@ class SchedulerNode:
                 if self.sock.poll(poll_ms):
                     while self._running and self.sock.poll(0):
                         self._handle(self.sock.recv_multipart(copy=False))
-                self._check_heartbeats(time.monotonic())
-                self._check_fanouts(time.monotonic())
+                try:
+                    self._check_heartbeats(time.monotonic())
+                    self._check_fanouts(time.monotonic())
+                except Exception:  # a bug must not take the cluster down
+                    logger.exception("scheduler failed while checking deadlines")
         finally:
             self.sock.close(linger=0)
 
@@ -222,8 +230,8 @@ class SchedulerNode:
             if self.ring is not None:  # a live join: its share of vnodes is copied, then the ring flips
                 self.changes.append(("join", node.id, None))
                 self._next_change()
-            elif sum(n.role == "server" for n in self.nodes.values()) == self.config.servers:
-                self._form_ring()
+            elif self._ring_lost or sum(n.role == "server" for n in self.nodes.values()) == self.config.servers:
+                self._form_ring(self._next_epoch)
         elif self.ring is None:
             self.parked_workers.append((identity, msg, node))
         else:
@@ -237,15 +245,19 @@ class SchedulerNode:
             "tables": {name: spec.to_wire() for name, spec in self.tables.items()},
         }
 
-    def _form_ring(self) -> None:
+    def _form_ring(self, epoch: int = 1) -> None:
         servers = sorted(n.id for n in self.nodes.values() if n.role == "server")
-        self.ring = Ring.create(servers, self.config.vnodes_per_server)
+        self.ring = Ring.create(servers, self.config.vnodes_per_server, epoch)
         logger.info("ring formed: epoch %d, %d vnodes over servers %s",
                     self.ring.epoch, self.ring.n_vnodes, servers)
-        view = self._cluster_view()
-        for node in self.nodes.values():
-            if node.role == "server":
-                self._notify(node, {"op": Op.RING.value, **view})
+        if self._ring_lost:  # clients route with it too
+            self._ring_lost = False
+            self._broadcast_view()
+        else:
+            view = self._cluster_view()
+            for node in self.nodes.values():
+                if node.role == "server":
+                    self._notify(node, {"op": Op.RING.value, **view})
         for identity, msg, node in self.parked_workers:
             self._welcome(identity, msg, node)
         self.parked_workers.clear()
@@ -265,32 +277,80 @@ class SchedulerNode:
         """Start the next queued join or removal, unless vnodes are being copied."""
         while self.migration is None and self.changes and self.ring is not None:
             kind, node_id, requester = self.changes.popleft()
-            node = self.nodes.get(node_id)
-            if node is None or node.role != "server":
+            try:
+                self._change(kind, node_id, requester)
+            except Exception as exc:
+                logger.exception("%s of server %d failed", kind, node_id)
+                self.migration = None
                 if requester:
-                    send(self.sock, error_reply(requester[1], "config", f"server {node_id} is gone"), requester[0])
-                continue
-            if kind == "join":
-                self._broadcast_view()  # every server learns the joiner's address, it the tables
-                self._notify(node, {"op": Op.WORKERS.value, "workers": self._announced or []})
-                target = self.ring.with_server(node_id)
-                self._start_migration(target, plan_moves(self.ring, target, self._replicas()), flip=True)
-            else:
-                target = self.ring.without_server(node_id).refilled()
-                self._start_migration(target, plan_moves(self.ring, target, self._replicas()), flip=True,
-                                      leaving=node_id, requester=requester)
+                    send(self.sock, error_reply(requester[1], "config", f"{kind} of server {node_id} failed: {exc}"),
+                         requester[0])
+        if self.migration is None and not self.changes and self.incomplete and self.ring is not None:
+            self._repair()
+
+    def _repair(self) -> None:
+        """Redo the copies an abandoned or failed migration left unconfirmed."""
+        assert self.ring is not None
+        self._purge_incomplete()
+        if not self.incomplete:
+            return
+        if self._failed_migrations >= 3:
+            logger.error("%d vnode copies stay unconfirmed after 3 failed migrations; fix the cause "
+                         "(see the servers' logs) and add or remove a server to retry", len(self.incomplete))
+            return
+        moves = self._plan(self.ring)
+        unsourced = self.incomplete - {(t, v, d) for _, t, v, d in moves}
+        if unsourced:  # no complete live holder is left to copy from: that data is gone
+            logger.error("%d vnode copies have no complete source left (data lost): %s",
+                         len(unsourced), sorted(unsourced)[:8])
+            self.incomplete -= unsourced
+        if moves:
+            self._start_migration(self.ring, moves, flip=False)
+
+    def _change(self, kind: str, node_id: int, requester: tuple[bytes, Any] | None) -> None:
+        assert self.ring is not None
+        node = self.nodes.get(node_id)
+        if node is None or node.role != "server":
+            if requester:
+                send(self.sock, error_reply(requester[1], "config", f"server {node_id} is gone"), requester[0])
+            return
+        if kind == "remove" and (node_id not in self.ring.servers or len(self.ring.servers) <= 1):
+            raise ConfigError(f"server {node_id} is not one of several servers on the ring {self.ring.servers}")
+        if kind == "join":
+            self._broadcast_view()  # every server learns the joiner's address, it the tables
+            self._notify(node, {"op": Op.WORKERS.value, "workers": self._announced or []})
+            target = self.ring.with_server(node_id)
+            self._start_migration(target, self._plan(target), flip=True)
+        else:
+            target = Ring(self.ring.without_server(node_id).refilled().chains, self.ring.epoch + 1)
+            self._start_migration(target, self._plan(target), flip=True, leaving=node_id, requester=requester)
+
+    def _plan(self, target: Ring, dead: set[int] = frozenset()) -> list[tuple[int, str, int, int]]:
+        """Copies from the current ring to ``target``: unconfirmed copies are redone, and
+        servers that are gone hold nothing."""
+        assert self.ring is not None
+        lost = {s for s in self.ring.servers if s not in self.nodes} | set(dead)
+        return plan_moves(self.ring, target, self._replicas(), lost=lost, incomplete=self.incomplete)
 
     def _start_migration(self, target: Ring, moves: list[tuple[int, str, int, int]], flip: bool,
                          leaving: int | None = None, requester: tuple[bytes, Any] | None = None) -> None:
         self._op_seq += 1
-        by_source: dict[int, list[list[Any]]] = {}
+        by_source: dict[int, list[tuple[str, int, int]]] = {}
         for source, table, vnode, dest in moves:
-            by_source.setdefault(source, []).append([table, vnode, dest])
-        self.migration = _Migration(self._op_seq, target, set(by_source), flip, leaving, requester)
+            if source in self.nodes:
+                by_source.setdefault(source, []).append((table, vnode, dest))
+                self.incomplete.add((table, vnode, dest))  # until its source confirms it
+                if (table, vnode, source) in self.incomplete:  # no complete copy is left: this one rules
+                    logger.error("vnode %d of table %r lost updates: no complete copy survived; "
+                                 "server %d's is copied to the others", vnode, table, source)
+                    self.incomplete.discard((table, vnode, source))
+        self.migration = _Migration(self._op_seq, target, set(by_source), flip, moves=by_source, leaving=leaving,
+                                    requester=requester)
         logger.info("migration %d: %d vnode copies from %d server(s) toward ring epoch %d",
                     self._op_seq, len(moves), len(by_source), target.epoch)
         for source, todo in by_source.items():
-            self._notify(self.nodes[source], {"op": Op.MIGRATE.value, "migration": self._op_seq, "moves": todo})
+            self._notify(self.nodes[source], {"op": Op.MIGRATE.value, "migration": self._op_seq,
+                                              "moves": [list(m) for m in todo]})
         if not by_source:
             self._finish_migration()
 
@@ -298,14 +358,36 @@ class SchedulerNode:
         node_id = self.by_identity.get(identity)
         if self.migration is None or msg.header.get("migration") != self.migration.id or node_id is None:
             return  # a migration abandoned since (a server died)
+        failed = msg.header.get("failed")
+        if failed:  # a receiver refused a copy: do not flip onto it
+            m, self.migration = self.migration, None
+            logger.error("migration %d failed (%s); the ring stays at epoch %d", m.id, failed, self.ring.epoch)
+            self._failed_migrations += 1
+            if m.requester is not None:
+                send(self.sock, error_reply(m.requester[1], "server", f"migration failed: {failed}"), m.requester[0])
+            self._purge_incomplete()
+            self._after_migration()
+            return
+        for table, vnode, dest in self.migration.moves.get(node_id, []):
+            self.incomplete.discard((table, vnode, dest))
         self.migration.waiting.discard(node_id)
         if not self.migration.waiting:
             self._finish_migration()
+
+    def _purge_incomplete(self) -> None:
+        """Forget unconfirmed copies to servers that no longer hold (or are) anything."""
+        if self.ring is None:
+            self.incomplete.clear()
+            return
+        reps = self._replicas()
+        self.incomplete = {(t, v, s) for t, v, s in self.incomplete
+                           if s in self.nodes and t in reps and s in self.ring.chains[v, :reps[t]]}
 
     def _finish_migration(self) -> None:
         m, self.migration = self.migration, None
         assert m is not None
         logger.info("migration %d done in %.2f s", m.id, time.monotonic() - m.started)
+        self._failed_migrations = 0
         if m.flip:
             self.ring = m.target
             self._broadcast_view()
@@ -316,9 +398,23 @@ class SchedulerNode:
         if m.requester is not None:
             send(self.sock, encode({"op": Op.OK.value, "id": m.requester[1], "epoch": self.ring.epoch}),
                  m.requester[0])
+        self._purge_incomplete()
+        self._after_migration()
+
+    def _after_migration(self) -> None:
+        """Table commands that waited, then the next membership change."""
         deferred, self.deferred = self.deferred, []
         for identity, msg in deferred:
-            self._handle_message(identity, msg)
+            if self.migration is not None:  # the next change started: wait again
+                self.deferred.append((identity, msg))
+                continue
+            try:
+                self._handle_message(identity, msg)
+            except ParamServerError as exc:
+                send(self.sock, error_reply(msg.id, "config", str(exc)), identity)
+            except Exception as exc:
+                logger.exception("deferred %s failed", msg.op.value)
+                send(self.sock, error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
         self._next_change()
         self._serve_server_waiters()
 
@@ -338,12 +434,19 @@ class SchedulerNode:
                 if n != node_id:
                     self.changes.appendleft(("join", n, None))
         if self.ring is None or node_id not in self.ring.servers:
+            self._purge_incomplete()
             self._next_change()
             return
-        if len(self.ring.servers) == 1:
-            logger.error("the last server died: every table is lost; restore a checkpoint")
-            return
         old = self.ring
+        if len(old.servers) == 1:
+            logger.error("the last server of the ring died: every table's data is lost (restore a checkpoint); "
+                         "the next server to register starts a new ring")
+            self.ring, self._ring_lost, self._next_epoch = None, True, old.epoch + 1
+            self.incomplete.clear()
+            self.changes = deque(c for c in self.changes if c[0] != "join")  # joiners form the new ring
+            if any(n.role == "server" for n in self.nodes.values()):
+                self._form_ring(old.epoch + 1)
+            return
         self.ring = old.without_server(node_id).refilled()
         self.ring = Ring(self.ring.chains, old.epoch + 1)  # one flip, one epoch
         logger.warning("failover: server %d's vnodes promoted to their backups, ring epoch %d",
@@ -353,7 +456,10 @@ class SchedulerNode:
             logger.error("table %r has no backup (replicas=1): its %d vnode(s) on server %d restart from "
                          "their initial values; restore a checkpoint, or use replicas=2", name, lost, node_id)
         self._broadcast_view()
-        moves = plan_moves(old, self.ring, self._replicas(), lost={node_id})
+        promoted, self.ring = self.ring, old  # plan from the ring whose holders have the data
+        moves = self._plan(promoted, dead={node_id})
+        self.ring = promoted
+        self.incomplete = {c for c in self.incomplete if c[2] != node_id}
         self._start_migration(self.ring, moves, flip=False)
 
     def on_remove_server(self, identity: bytes, msg: Message) -> None:
@@ -363,13 +469,17 @@ class SchedulerNode:
         if self.ring is None or node_id not in self.ring.servers:
             raise ConfigError(f"server {node_id} is not on the ring (servers: "
                               f"{self.ring.servers if self.ring else []})")
-        if len(self.ring.servers) - sum(1 for c in self.changes if c[0] == "remove") <= 1:
-            raise ConfigError("cannot remove the last server of the ring")
+        leaving = sum(1 for c in self.changes if c[0] == "remove") + (
+            1 if self.migration is not None and self.migration.leaving is not None else 0)
+        if len(self.ring.servers) - leaving <= 1:
+            raise ConfigError("cannot remove the last server of the ring (removals already queued: "
+                              f"{leaving})")
         self.changes.append(("remove", node_id, (identity, msg.id)))
         self._next_change()
 
     def on_cluster_info(self, identity: bytes, msg: Message) -> None:
-        info: dict[str, Any] = {"migrating": self.migration is not None, "queued_changes": len(self.changes)}
+        info: dict[str, Any] = {"migrating": self.migration is not None, "queued_changes": len(self.changes),
+                                "incomplete_copies": len(self.incomplete)}
         if self.ring is not None:
             info.update(self._cluster_view(), ring_servers=self.ring.servers, epoch=self.ring.epoch)
         send(self.sock, reply(msg, **info), identity)
@@ -380,7 +490,7 @@ class SchedulerNode:
         self._serve_server_waiters()
 
     def _serve_server_waiters(self) -> None:
-        settled = self.ring is not None and self.migration is None and not self.changes
+        settled = self.ring is not None and self.migration is None and not self.changes and not self.incomplete
         waiting, self.server_waiters = self.server_waiters, []
         for identity, request_id, count in waiting:
             if settled and self.ring is not None and len(self.ring.servers) == count:

@@ -54,11 +54,12 @@ class _Acks:
     once every backup applied it) or a migration (``done`` runs once every copy was
     installed).  A server that dies counts as having answered."""
 
-    __slots__ = ("pending", "identity", "reply", "done")
+    __slots__ = ("pending", "identity", "request", "done", "failed")
 
-    def __init__(self, identity: bytes | None = None, reply: list[Any] | None = None,
-                 done: Callable[[], None] | None = None):
-        self.pending, self.identity, self.reply, self.done = 0, identity, reply, done
+    def __init__(self, identity: bytes | None = None, request: Message | None = None,
+                 done: Callable[[str | None], None] | None = None):
+        self.pending, self.identity, self.request, self.done = 0, identity, request, done
+        self.failed: str | None = None  # why a receiver refused (the client must retry)
 
 
 def _error_code(exc: ParamServerError) -> str:
@@ -84,6 +85,7 @@ class ServerNode:
         self.node_id = -1
         self.ring: Ring | None = None
         self.tables: dict[str, VnodeSet] = {}
+        self.early_tables: dict[str, TableSpec] = {}
         self.dedup: dict[str, Dedup] = {}
         self.primary = np.zeros(0, bool)  # per vnode: this server is its primary
         self.peers: dict[int, str] = {}  # server id -> address
@@ -250,22 +252,30 @@ class ServerNode:
             except ProtocolError as exc:
                 logger.error("server %d: undecodable answer from server %d: %s", self.node_id, peer, exc)
                 continue
+            error = None
             if msg.op is Op.ERROR:
-                logger.error("server %d: server %d refused a copy: %s", self.node_id, peer, msg.header.get("error"))
+                error = f"server {peer} refused: {msg.header.get('error')}"
+                logger.error("server %d: %s", self.node_id, error)
             entry = self.awaiting.pop(msg.id, None) if isinstance(msg.id, int) else None
             if entry is not None:
-                self._acked(entry[1])
+                self._acked(entry[1], error)
 
-    def _acked(self, acks: _Acks) -> None:
+    def _acked(self, acks: _Acks, error: str | None = None) -> None:
+        acks.failed = acks.failed or error
         acks.pending -= 1
         if acks.pending <= 0:
             self._finish(acks)
 
     def _finish(self, acks: _Acks) -> None:
-        if acks.reply is not None and acks.identity is not None:
-            send(self.router, acks.reply, acks.identity)
+        if acks.request is not None and acks.identity is not None:
+            if acks.failed:  # applied here, not on every backup: the client retries, and the
+                # retry (same seq) is skipped where applied and forwarded again
+                send(self.router, error_reply(acks.request.id, "stale_epoch", f"{acks.failed}; retry",
+                                              epoch=self.ring.epoch if self.ring else 0), acks.identity)
+            else:
+                send(self.router, reply(acks.request), acks.identity)
         if acks.done is not None:
-            acks.done()
+            acks.done(acks.failed)
 
     def _server_lost(self, server: int) -> None:
         """A server died: nothing waits on it any more (a push is acknowledged once every
@@ -317,7 +327,7 @@ class ServerNode:
         servers = np.unique(per_segment[per_segment >= 0]).tolist()
         if not servers:
             return False
-        acks = _Acks(identity, reply(msg))
+        acks = _Acks(identity, msg)
         header = {"op": Op.REPLICATE.value, "table": table.spec.name, "epoch": self.ring.epoch,
                   **{k: msg.header[k] for k in ("sender", "seq", "acked", "clock") if k in msg.header}}
         for server in servers:
@@ -344,6 +354,10 @@ class ServerNode:
         for name, wire in msg.header.get("tables", {}).items():
             if name not in self.tables:
                 self._add_table(TableSpec.from_wire(wire))
+        for spec in self.early_tables.values():  # created before this server had a ring
+            if spec.name not in self.tables:
+                self._add_table(spec)
+        self.early_tables.clear()
         for table in self.tables.values():
             table.set_vnodes(self.ring.held_by(self.node_id, table.spec.replicas))
         self.primary = self.ring.owners == self.node_id
@@ -360,7 +374,9 @@ class ServerNode:
 
     def on_create_table(self, msg: Message) -> None:
         spec = TableSpec.from_wire(msg.header["spec"])
-        if spec.name not in self.tables:
+        if self.ring is None:  # a joiner still waiting for its first ring: keep it for then
+            self.early_tables[spec.name] = spec
+        elif spec.name not in self.tables:
             self._add_table(spec)
             self._refresh_targets()
         send(self.control, reply(msg))
@@ -368,6 +384,7 @@ class ServerNode:
     def on_drop_table(self, msg: Message) -> None:
         name = field(msg, "name", str)
         self.tables.pop(name, None)
+        self.early_tables.pop(name, None)
         self.dedup.pop(name, None)
         self.aggregates.pop(name, None)
         self.moving.pop(name, None)
@@ -382,16 +399,23 @@ class ServerNode:
         backlog of copies at the receiver."""
         migration = field(msg, "migration", int)
         moves = field(msg, "moves", list)
-        acks = _Acks(done=lambda: send(self.control, encode(
-            {"op": Op.MIGRATED.value, "migration": migration, "node_id": self.node_id})))
+        if not all(isinstance(m, list) and len(m) == 3 and isinstance(m[0], str)
+                   and all(isinstance(x, int) and not isinstance(x, bool) for x in m[1:]) for m in moves):
+            raise ProtocolError(f"migrate: moves must be [[table, vnode, dest], ...], got {moves[:3]!r}")
+
+        def done(failed: str | None) -> None:
+            send(self.control, encode({"op": Op.MIGRATED.value, "migration": migration, "node_id": self.node_id,
+                                       "failed": failed}))
+
+        acks = _Acks(done=done)
         acks.pending = 1  # held until the last copy is sent: done cannot come before
-        self.copies.extend((acks, str(name), int(vnode), int(dest)) for name, vnode, dest in moves)
+        self.copies.extend((acks, name, vnode, dest) for name, vnode, dest in moves)
         self.copies.append((acks, None, -1, -1))
         logger.info("server %d: migration %d: %d vnode copies to send", self.node_id, migration, len(moves))
 
-    def _copied(self, acks: _Acks) -> None:
+    def _copied(self, acks: _Acks, failed: str | None) -> None:
         self.copies_in_flight -= 1
-        self._acked(acks)
+        self._acked(acks, failed)
 
     def _copy_next(self) -> None:
         acks, name, vnode, dest = self.copies.popleft()
@@ -403,12 +427,22 @@ class ServerNode:
             return
         vt = table.tables.get(vnode)
         keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64), np.zeros((0, table.width), np.float32))
+        buffered = self._buffered(name, vnode)  # BSP aggregation: pushes of unfinished clocks
+        header = {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": self.node_id,
+                  "seqs": self.dedup[name].export(vnode), "buffered": [c for c, _, _ in buffered],
+                  "clocks": {str(w): c for w, c in self.gate.vector.clocks.items()}, "append": False}
+        # a vnode bigger than a message goes in several: the first replaces, the rest add
+        step = max(1, (self.config.max_message_bytes - (2 << 20)) // (8 + 4 * table.width))
+        copy = _Acks(done=lambda failed: self._copied(acks, failed))
         acks.pending += 1
         self.copies_in_flight += 1
-        self._ask(dest, {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "spec": table.spec.to_wire(),
-                         "seqs": self.dedup[name].export(vnode),
-                         "clocks": {str(w): c for w, c in self.gate.vector.clocks.items()}}, [keys, rows],
-                  _Acks(done=lambda: self._copied(acks)))
+        for start in range(0, max(1, keys.shape[0]), step):
+            chunk = [keys[start:start + step], rows[start:start + step]]
+            if start == 0:
+                self._ask(dest, header, [*chunk, *[a for _, k, g in buffered for a in (k, g)]], copy)
+            else:
+                self._ask(dest, {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": self.node_id,
+                                 "seqs": [], "buffered": [], "append": True}, chunk, copy)
         self.moving.setdefault(name, {}).setdefault(vnode, set()).add(dest)
         self._refresh_targets()
 
@@ -419,6 +453,8 @@ class ServerNode:
     def on_node_lost(self, msg: Message) -> None:
         if msg.header.get("role") == "worker":
             self.gate.vector.leave(int(msg.header["node_id"]))
+            for dedup in self.dedup.values():  # a dead worker never retries
+                dedup.senders.pop(int(msg.header["node_id"]), None)
             self._clocks_moved()
         elif msg.header.get("role") == "server":
             self._server_lost(int(msg.header["node_id"]))
@@ -436,8 +472,9 @@ class ServerNode:
         for identity, msg in self.gate.release(time.monotonic()):
             try:
                 send(self.router, self._serve_pull(msg), identity)
-            except ParamServerError as exc:  # e.g. the table was dropped meanwhile
-                send(self.router, error_reply(msg.id, _error_code(exc), str(exc)), identity)
+            except ParamServerError as exc:  # e.g. the table was dropped, or the vnode moved, meanwhile
+                send(self.router, error_reply(msg.id, _error_code(exc), str(exc),
+                                              epoch=self.ring.epoch if self.ring else 0), identity)
             except Exception as exc:  # a bug: this caller still gets an answer
                 logger.exception("server %d failed on a released pull", self.node_id)
                 send(self.router, error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
@@ -521,8 +558,9 @@ class ServerNode:
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = self._table(msg, keys.shape[0], vnodes, counts)
         self._check_grads(table, keys, grads)
-        keys, grads, vnodes, counts = self._fresh(table, msg, keys, grads, vnodes, counts)
-        self._apply(table, msg, keys, grads, vnodes, counts)
+        self._apply(table, msg, *self._fresh(table, msg, keys, grads, vnodes, counts))
+        # forwarded whole, even the part already applied here: a retry after a failover
+        # may find this server with the push and a backup without it; backups dedup too
         return None if self._forward(table, msg, keys, grads, vnodes, counts, identity) else reply(msg)
 
     def on_replicate(self, msg: Message) -> list[Any]:
@@ -530,9 +568,7 @@ class ServerNode:
         ring flip may have moved some meanwhile; those are no longer this server's)."""
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
-        if field(msg, "table", str) not in self.tables:  # dropped meanwhile
-            return reply(msg, applied=0)
-        table = self._table(msg, keys.shape[0], vnodes, counts, primary=False)
+        table = self._table(msg, keys.shape[0], vnodes, counts, primary=False)  # unknown: the primary retries
         self._check_grads(table, keys, grads)
         held = table.holds(vnodes)
         if not held.all():
@@ -543,24 +579,65 @@ class ServerNode:
         return reply(msg, applied=int(keys.shape[0]))
 
     def on_install(self, msg: Message) -> list[Any]:
-        """A whole vnode copied here (keys, values, optimiser state, applied pushes)."""
-        keys, rows = expect(msg, ("keys", "<u8", 1), ("rows", "<f4", 2))
+        """A whole vnode copied here (keys, values, optimiser state, applied pushes, and
+        for BSP aggregation the pushes of unfinished clocks).  Checked whole first."""
         name, vnode = field(msg, "table", str), field(msg, "vnode", int)
+        sender, seqs, buffered = field(msg, "from", int), field(msg, "seqs", list), field(msg, "buffered", list)
+        clocks = msg.header.get("clocks") or {}
+        table = self.tables.get(name)
         assert self.ring is not None
+        if table is None:
+            raise UnknownTableError(f"install: unknown table {name!r} (tables: {sorted(self.tables)})")
+        if sender in self.dead:
+            raise ProtocolError(f"install from server {sender}, which was declared dead")
         if not 0 <= vnode < self.ring.n_vnodes:
             raise ProtocolError(f"install: vnode {vnode} is not in [0, {self.ring.n_vnodes})")
-        if name not in self.tables:
-            self._add_table(TableSpec.from_wire(msg.header.get("spec")))
-        table = self.tables[name]
-        if rows.shape != (keys.shape[0], table.width):
-            raise ProtocolError(f"install of {name!r}/{vnode}: rows must be ({keys.shape[0]}, {table.width}), "
-                                f"got {rows.shape}")
+        if len(msg.arrays) != 2 + 2 * len(buffered) or not all(isinstance(c, int) for c in buffered):
+            raise ProtocolError(f"install: {len(msg.arrays)} arrays for {len(buffered)} buffered clocks")
+        if not all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], int) and isinstance(r[1], int)
+                   and isinstance(r[2], list) and all(isinstance(q, int) for q in r[2]) for r in seqs):
+            raise ProtocolError("install: seqs must be [[sender, acked, [seq, ...]], ...]")
+        if not isinstance(clocks, dict) or not all(isinstance(c, int) and str(w).isdigit() for w, c in clocks.items()):
+            raise ProtocolError("install: clocks must map worker ids to ints")
+        keys, rows = msg.arrays[0], msg.arrays[1]
+        if keys.dtype != np.uint64 or keys.ndim != 1 or rows.dtype != np.float32 \
+                or rows.shape != (keys.shape[0], table.width):
+            raise ProtocolError(f"install of {name!r}/{vnode}: keys must be <u8[n] and rows <f4[n, {table.width}], "
+                                f"got {keys.dtype}{keys.shape} and {rows.dtype}{rows.shape}")
+        pairs = [(c, msg.arrays[2 + 2 * i], msg.arrays[3 + 2 * i]) for i, c in enumerate(buffered)]
+        for _, k, g in pairs:
+            self._check_grads(table, k, g)
+        if msg.header.get("append") is True:  # the rest of a vnode too big for one message
+            if vnode not in table.tables:
+                raise ProtocolError(f"install of {name!r}/{vnode}: a continuation with no first part")
+            table.install(vnode, keys, rows, replace=False)
+            return reply(msg)
         table.install(vnode, keys, rows)
-        self.dedup[name].merge(vnode, field(msg, "seqs", list))
-        for worker, clock in (msg.header.get("clocks") or {}).items():
+        self.dedup[name].merge(vnode, seqs)
+        for worker, clock in clocks.items():
             self.gate.vector.tick(int(worker), int(clock))
+        self._replace_buffered(name, vnode, pairs)
         self._refresh_targets()
         return reply(msg)
+
+    def _buffered(self, name: str, vnode: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Per unfinished clock, the buffered (BSP-aggregated) pushes of ``vnode``."""
+        out = []
+        for clock, pushes in sorted(self.aggregates.get(name, {}).items()):
+            keys = np.concatenate([k for k, _ in pushes])
+            mine = self.ring.vnodes(keys) == vnode
+            if mine.any():
+                out.append((clock, keys[mine], np.concatenate([g for _, g in pushes])[mine]))
+        return out
+
+    def _replace_buffered(self, name: str, vnode: int, pairs: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+        """Make ``vnode``'s buffered pushes those of the copy (it has all of them)."""
+        by_clock = self.aggregates.get(name, {})
+        for clock, pushes in by_clock.items():
+            by_clock[clock] = [(k[keep], g[keep]) for k, g in pushes
+                               for keep in [self.ring.vnodes(k) != vnode]]
+        for clock, k, g in pairs:
+            self.aggregates.setdefault(name, {}).setdefault(clock, []).append((k.copy(), g.copy()))
 
     @staticmethod
     def _check_grads(table: VnodeSet, keys: np.ndarray, grads: np.ndarray) -> None:
@@ -576,9 +653,11 @@ class ServerNode:
         sender, seq = msg.header.get("sender"), msg.header.get("seq")
         if not isinstance(sender, int) or not isinstance(seq, int):
             return keys, grads, vnodes, counts  # an unnumbered push: at least once
-        acked = msg.header.get("acked")
+        acked = msg.header.get("acked", -1)
+        if not isinstance(acked, int) or not -1 <= acked < seq:
+            raise ProtocolError(f"push {seq}: acked must be an int in [-1, {seq}), got {acked!r}")
         dedup = self.dedup[table.spec.name]
-        fresh = dedup.fresh(sender, seq, acked if isinstance(acked, int) else -1, vnodes)
+        fresh = dedup.fresh(sender, seq, acked, vnodes)
         if not fresh.all():
             logger.info("server %d: push %d of %d already applied to %d vnode(s): skipped there",
                         self.node_id, seq, sender, int((~fresh).sum()))

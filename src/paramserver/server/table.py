@@ -310,12 +310,20 @@ class VnodeSet:
         self.tables = {v: self.tables.get(v) or self._new_table() for v in wanted}
         self._rebuild()
 
-    def install(self, vnode: int, keys: np.ndarray, rows: np.ndarray) -> None:
-        """Replace ``vnode`` whole by a copy of it (keys, values and state) from another server."""
-        vt = self._new_table()
-        vt.load(keys, rows)
-        self.tables[int(vnode)] = vt
-        self._rebuild()
+    def install(self, vnode: int, keys: np.ndarray, rows: np.ndarray, replace: bool = True) -> None:
+        """Replace ``vnode`` whole by a copy of it (keys, values and state) from another
+        server, or (``replace=False``) add more of such a copy's rows."""
+        if replace or int(vnode) not in self.tables:
+            vt = self._new_table()
+            vt.load(keys, rows)
+            self.tables[int(vnode)] = vt
+            self._rebuild()
+        else:
+            vt = self.tables[int(vnode)]
+            vt.load(keys, rows)
+            t = int(self.slot[int(vnode)])
+            _set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
+            self._limits[t] = vt._limit()
 
     def _rebuild(self) -> None:
         self.slot[:] = -1

@@ -1,0 +1,113 @@
+"""The scheduler's ring changes, with fake servers (notifications recorded, not sent):
+removals that would empty the ring, the last server dying, copies left unconfirmed."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from paramserver.config import load_config
+from paramserver.routing.ring import Ring, plan_moves
+from paramserver.scheduler.node import NodeInfo, SchedulerNode
+from paramserver.spec import TableSpec
+from paramserver.wire.message import Message
+
+
+@pytest.fixture
+def make():
+    made = []
+
+    def make(servers, tables=(), vnodes_per_server=4):
+        s = SchedulerNode(load_config(host="127.0.0.1", port=0, servers=len(servers)))
+        s.notes = []
+        s._notify = lambda node, header: s.notes.append((node.id, header))
+        for i in servers:
+            s.nodes[i] = NodeInfo(i, "server", b"s%d" % i, f"tcp://127.0.0.1:{i}", time.monotonic())
+            s.by_identity[b"s%d" % i] = i
+        s._next_id = max(servers) + 1
+        s.ring = Ring.create(list(servers), vnodes_per_server)
+        for t in tables:
+            s.tables[t.name] = t
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.sock.close(linger=0)
+
+
+def _migrated(s, node_id, **fields):
+    s.on_migrated(b"s%d" % node_id, Message({"op": "migrated", "migration": s.migration.id,
+                                             "node_id": node_id, **fields}, []))
+
+
+def test_removals_never_empty_the_ring(make):
+    s = make([1, 2, 3], [TableSpec("t", 1)])
+    for node_id in (1, 2):
+        s.on_remove_server(b"driver", Message({"op": "remove_server", "id": node_id, "node_id": node_id}, []))
+    with pytest.raises(Exception, match="cannot remove the last server"):
+        s.on_remove_server(b"driver", Message({"op": "remove_server", "id": 3, "node_id": 3}, []))
+    s.nodes[1].last_seen -= 100  # the server being removed dies meanwhile
+    s._check_heartbeats(time.monotonic())
+    assert s.ring.servers and 3 in s.ring.servers
+
+
+def test_the_last_server_dying_then_a_new_one_starts_a_ring(make):
+    s = make([1], [TableSpec("t", 1)])
+    epoch = s.ring.epoch
+    s._remove(1, "dead")
+    assert s.ring is None and s.migration is None
+    s.on_register(b"new", Message({"op": "register", "id": 1, "role": "server", "address": "tcp://127.0.0.1:9"}, []))
+    new_id = s.by_identity[b"new"]
+    assert s.ring.servers == [new_id] and s.ring.epoch > epoch and s.migration is None
+    s.on_create_table(b"driver", Message({"op": "create_table", "id": 2, "spec": TableSpec("u", 1).to_wire()}, []))
+    assert not s.deferred and "u" in s.tables
+
+
+def test_copies_unconfirmed_when_a_migration_is_abandoned_are_redone(make):
+    s = make([1, 2, 3, 4], [TableSpec("t", 1, replicas=2)])
+    s._remove(4, "dead")  # failover: repair copies planned to the new backups
+    repair = s.migration
+    assert repair is not None and not repair.flip and s.incomplete
+    pending = set(s.incomplete)
+    first_source = sorted(repair.waiting)[0]
+    _migrated(s, first_source)  # one source confirms its copies ...
+    done = {(t, v, d) for t, v, d in repair.moves[first_source]}
+    assert s.incomplete == pending - done
+    before = s.ring
+    s.nodes[3].last_seen -= 100  # ... then another server dies: the repair is abandoned
+    s._check_heartbeats(time.monotonic())
+    again = s.migration
+    assert again is not None and again.id != repair.id
+    planned = {(t, v, d) for moves in again.moves.values() for t, v, d in moves}
+    unconfirmed = pending - done
+    # every copy still unconfirmed to a live holder is made again, from a complete holder
+    # (where server 3 held the only complete copy, that data is gone: two failures at once)
+    left = {(t, v, d) for t, v, d in unconfirmed if d != 3 and d in s.ring.chains[v, :2]
+            and any(h not in (3, -1) and (t, v, h) not in unconfirmed for h in before.chains[v, :2])}
+    assert left and left <= planned
+    for source in list(again.waiting):
+        _migrated(s, source)
+    assert not s.incomplete and s.migration is None and s.ring.epoch == before.epoch + 1
+
+
+def test_a_refused_copy_fails_the_migration_and_the_ring_does_not_flip(make):
+    s = make([1, 2], [TableSpec("t", 1)])
+    s.on_register(b"new", Message({"op": "register", "id": 1, "role": "server", "address": "tcp://127.0.0.1:9"}, []))
+    assert s.migration is not None and s.migration.flip
+    epoch = s.ring.epoch
+    _migrated(s, sorted(s.migration.waiting)[0], failed="server 3 refused: too big")
+    assert s.ring.epoch == epoch and s.migration is None or not s.migration.flip
+
+
+def test_plan_moves_redoes_unconfirmed_copies_from_a_complete_holder():
+    ring = Ring.create([1, 2, 3], 4)
+    v = 0
+    primary, backup = ring.replicas(v, 2)
+    moves = plan_moves(ring, ring, {"t": 2}, incomplete={("t", v, backup)})
+    assert moves == [(primary, "t", v, backup)]
+    # the unconfirmed holder is never a source, even when it comes first in the chain
+    assert plan_moves(ring, ring, {"t": 2}, incomplete={("t", v, primary)}) == [(backup, "t", v, primary)]
+    assert np.all(ring.chains[:, 0] >= 0)

@@ -1,0 +1,196 @@
+"""Replication corner cases, with real ServerNodes in this process driven message by
+message (no scheduler, no timing): a retried push after a failover, BSP buffers that
+move with their vnode, malformed copies that change nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+
+from paramserver.config import load_config
+from paramserver.routing.partition import route_push
+from paramserver.routing.ring import Ring, plan_moves
+from paramserver.server import node as node_mod
+from paramserver.server.node import ServerNode
+from paramserver.spec import TableSpec
+from paramserver.wire.message import Message, decode, encode
+
+CLIENT = b"client"
+
+
+class Harness:
+    def __init__(self, monkeypatch):
+        self.nodes: list[ServerNode] = []
+        self.replies: list[tuple[int, dict]] = []  # (server, header) answered to the client
+        self.control: list[tuple[int, dict]] = []  # (server, header) sent to the scheduler
+        real_send = node_mod.send
+
+        def send(sock, frames, identity=None):
+            for n in self.nodes:
+                if sock is n.router and identity == CLIENT:
+                    self.replies.append((n.node_id, decode([bytes(f) for f in frames]).header))
+                    return
+                if sock is n.control:
+                    self.control.append((n.node_id, decode([bytes(f) for f in frames]).header))
+                    return
+            real_send(sock, frames, identity)
+
+        monkeypatch.setattr(node_mod, "send", send)
+
+    def make(self, *ids: int) -> list[ServerNode]:
+        for i in ids:
+            n = ServerNode(load_config(scheduler="tcp://127.0.0.1:9", server_threads=1))
+            n.node_id = i
+            self.nodes.append(n)
+        return [n for n in self.nodes if n.node_id in ids]
+
+    def by_id(self, i: int) -> ServerNode:
+        return next(n for n in self.nodes if n.node_id == i)
+
+    def ring(self, ring: Ring, specs: list[TableSpec], nodes: list[ServerNode] | None = None) -> None:
+        view = {"op": "ring", "ring": ring.to_wire(), "servers": {str(n.node_id): n.address for n in self.nodes},
+                "tables": {s.name: s.to_wire() for s in specs}}
+        for n in nodes or self.nodes:
+            n.on_ring(Message(view, []))
+
+    def pump(self, nodes: list[ServerNode] | None = None) -> None:
+        """Deliver requests and answers between the servers until none is left."""
+        nodes = nodes or self.nodes
+        for _ in range(1000):
+            moved = False
+            for n in nodes:
+                if n.router.poll(5):
+                    n._handle_data(n.router.recv_multipart(copy=False))
+                    moved = True
+                for peer, sock in list(n.peer_socks.items()):
+                    if sock.poll(0):
+                        n._handle_peer(peer, sock)
+                        moved = True
+                if n.copies and n.copies_in_flight < 2:
+                    n._copy_next()
+                    moved = True
+            if not moved and not any(n.awaiting or n.copies for n in nodes):
+                return
+        raise AssertionError("the servers did not go quiet")
+
+    def deliver(self, node: ServerNode, header: dict, arrays=()) -> None:
+        node._handle_data([zmq.Frame(CLIENT), *[zmq.Frame(bytes(f)) for f in encode(header, arrays)]])
+
+    def push(self, ring: Ring, table: str, keys, grads, **fields) -> None:
+        routed = route_push(ring, keys, grads)
+        for p in routed.parts:
+            self.deliver(self.by_id(p.server), {"op": "push", "table": table, "epoch": ring.epoch, "id": 1, **fields},
+                         [routed.keys[p.start:p.stop], routed.grads[p.start:p.stop], p.vnodes, p.counts])
+
+    @staticmethod
+    def value(node: ServerNode, table: str, key) -> float | None:
+        t = node.tables[table]
+        v = int(node.ring.vnodes(np.array([key], np.uint64))[0])
+        vt = t.tables.get(v)
+        if vt is None:
+            return None
+        out = np.empty((1, t.spec.dim), np.float32)
+        vt.lookup(np.array([key], np.uint64), out)
+        return float(out[0, 0])
+
+    def close(self) -> None:
+        for n in self.nodes:
+            for sock in n.peer_socks.values():
+                sock.close(linger=0)
+            n.router.close(linger=0)
+            n.control.close(linger=0)
+            if n._pool is not None:
+                n._pool.shutdown()
+
+
+@pytest.fixture
+def h(monkeypatch):
+    harness = Harness(monkeypatch)
+    yield harness
+    harness.close()
+
+
+def _key_of_vnode(ring: Ring, v: int) -> np.uint64:
+    keys = np.arange(1, 100_000, dtype=np.uint64)
+    return keys[ring.vnodes(keys) == v][0]
+
+
+def test_a_retry_after_failover_reaches_the_backup_the_dead_primary_missed(h):
+    h.make(1, 2, 3, 4)
+    spec = TableSpec("t", 1, optimizer={"name": "sgd", "lr": 1.0}, replicas=3)
+    ring = Ring.create([1, 2, 3, 4], 2)
+    h.ring(ring, [spec])
+    v = int(np.flatnonzero(ring.owners == 1)[0])
+    chain = ring.replicas(v, 3)
+    key = _key_of_vnode(ring, v)
+    keys, grads = np.array([key], np.uint64), -np.ones((1, 1), np.float32)
+    b, c = h.by_id(chain[1]), h.by_id(chain[2])
+    h.push(ring, "t", keys, grads, sender=77, seq=10, acked=9)  # the primary applies, forwards to b and c
+    assert c.router.poll(2000)
+    c.router.recv_multipart()  # ... and dies before c gets its copy
+    h.pump([b])
+    assert (h.value(b, "t", key), h.value(c, "t", key)) == (1.0, 0.0)
+    survivors = [n for n in h.nodes if n.node_id != 1]
+    for n in survivors:
+        n._server_lost(1)
+    new = Ring(ring.without_server(1).refilled().chains, ring.epoch + 1)
+    h.ring(new, [spec], survivors)
+    h.replies.clear()
+    h.push(new, "t", keys, grads, sender=77, seq=10, acked=9)  # the client's retry, at b now
+    h.pump(survivors)
+    assert [r["op"] for _, r in h.replies] == ["ok"]
+    assert [h.value(n, "t", key) for n in survivors if n.node_id in new.replicas(v, 3)] == [1.0, 1.0, 1.0]
+
+
+def test_bsp_buffers_move_with_their_vnode(h):
+    a, n = h.make(1, 2)
+    spec = TableSpec("agg", 1, optimizer={"name": "sgd", "lr": 1.0}, consistency="bsp", aggregate=True)
+    ring = Ring.create([1], 4)
+    h.ring(ring, [spec])
+    for node in (a, n):
+        node.on_workers(Message({"op": "workers", "workers": [100]}, []))
+    keys = np.arange(1, 1001, dtype=np.uint64)
+    h.push(ring, "agg", keys, -np.ones((keys.size, 1), np.float32), sender=100, seq=1, acked=0, clock=0)
+    target = ring.with_server(2)
+    moves = plan_moves(ring, target, {"agg": 1})
+    a.on_migrate(Message({"op": "migrate", "migration": 7, "moves": [[t, v, d] for _, t, v, d in moves]}, []))
+    h.pump()
+    assert h.control[-1][1]["op"] == "migrated" and not h.control[-1][1]["failed"]
+    h.ring(target, [spec])  # the flip, before clock 0 is over
+    for node in (a, n):
+        h.deliver(node, {"op": "clock", "id": 2, "worker": 100, "clock": 1})
+    owner = target.owner_of_keys(keys)
+    for node in (a, n):
+        assert node.primary.any()
+        assert all(h.value(node, "agg", k) == 1.0 for k in keys[owner == node.node_id])
+
+
+def test_a_malformed_copy_changes_nothing_and_unknown_tables_are_refused(h):
+    (a,) = h.make(1)
+    spec = TableSpec("t", 3, optimizer="sgd")
+    ring = Ring.create([1], 2)
+    h.ring(ring, [spec])
+    keys = np.arange(1, 200, dtype=np.uint64)
+    h.push(ring, "t", keys, np.ones((keys.size, 3), np.float32))
+    before = len(a.tables["t"])
+    good = {"op": "install", "id": 5, "table": "t", "vnode": 0, "from": 9, "seqs": [], "buffered": [],
+            "clocks": {}}
+    arrays = [np.array([1], np.uint64), np.zeros((1, 3), np.float32)]
+    for bad in ({"seqs": "oops"}, {"seqs": [[1, 2]]}, {"clocks": [1, 2]}, {"table": "ghost"}, {"buffered": [3]}):
+        h.replies.clear()
+        h.deliver(a, {**good, **bad}, arrays)
+        assert h.replies[-1][1]["op"] == "error", bad
+        assert len(a.tables["t"]) == before and sorted(a.tables) == ["t"]
+
+
+def test_a_push_with_a_nonsense_watermark_is_refused_whole(h):
+    (a,) = h.make(1)
+    ring = Ring.create([1], 2)
+    h.ring(ring, [TableSpec("t", 1, optimizer={"name": "sgd", "lr": 1.0})])
+    keys = np.arange(1, 50, dtype=np.uint64)
+    for acked in (5, 99, "x"):
+        h.replies.clear()
+        h.push(ring, "t", keys, -np.ones((keys.size, 1), np.float32), sender=3, seq=5, acked=acked)
+        assert h.replies[-1][1]["op"] == "error"
+    assert len(a.tables["t"]) == 0
