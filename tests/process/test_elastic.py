@@ -4,33 +4,13 @@ and every example is still counted once per epoch."""
 import gzip
 import shutil
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from paramserver import Client, LocalCluster, WorkerError
 from paramserver.data.reader import Shard
-
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-
-
-def shared(rel: str) -> str:
-    path = DATA / rel
-    if not path.exists():
-        pytest.skip(f"real data not found at {path} (the ../shared/data folder is absent)")
-    return str(path)
-
-
-def wait_for(condition, timeout_s=60, what="condition"):
-    """Poll ``condition()`` until it is true (bounded): synchronisation on state, not on time."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-    return value
-
+from support import shared, wait_for
 
 def count_shards(client):
     """Take shards until the job is done; the first worker holds its first shard until

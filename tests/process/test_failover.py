@@ -3,9 +3,7 @@ one leaving, with every acknowledged push applied exactly once."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ from paramserver import LocalCluster
 from paramserver.apps.models import Model
 from paramserver.apps.train import TrainConfig, metrics, score, train_worker
 from paramserver.data.reader import DataFormat, make_shards, read_all
+from support import shared, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,13 +29,6 @@ def count(client, clocks):
     return client.rank
 
 
-def _wait_for(predicate, timeout_s=60.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # polling a condition, bounded by the deadline
-
-
 def _progress(client):
     return float(client.pull("counter", KEYS[:1]).result(timeout=60)[0, 0])
 
@@ -47,7 +39,7 @@ def _run_counting(cluster, disturb):
     client.create_table("counter", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(cluster.run, count, CLOCKS, timeout_s=150)
-        _wait_for(lambda: running.done() or _progress(client) >= WORKERS * CLOCKS / 3, what="a third of the clocks")
+        wait_for(lambda: running.done() or _progress(client) >= WORKERS * CLOCKS / 3, what="a third of the clocks")
         assert not running.done(), "the workers finished before the disturbance: raise CLOCKS"
         disturb()
         assert sorted(running.result()) == list(range(WORKERS))
@@ -88,20 +80,10 @@ def test_a_server_joining_and_one_leaving_mid_run_lose_nothing():
         assert sum(s["tables"]["counter"]["keys"] for s in stats) == 2 * N_KEYS  # two copies of each
 
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-
-
-def _a9a() -> tuple[str, str]:
-    train, test = DATA / "libsvm" / "a9a.libsvm.gz", DATA / "libsvm" / "a9a.t.libsvm.gz"
-    if not train.exists() or not test.exists():
-        pytest.skip(f"real data not found at {DATA} (the ../shared/data folder is absent)")
-    return str(train), str(test)
-
-
 def _train_a9a(kill_at_examples: int | None) -> tuple[float, int]:
     """3 servers (r = 2), one worker, 3 epochs of a9a; optionally SIGKILL a server once
     ``kill_at_examples`` examples went by.  Returns test log loss and examples trained."""
-    train, test = _a9a()
+    train, test = shared("libsvm/a9a.libsvm.gz"), shared("libsvm/a9a.t.libsvm.gz")
     cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"), epochs=3, batch_size=100,
                       pipeline=1, replicas=2)
     spec = cfg.table_spec()
@@ -114,7 +96,7 @@ def _train_a9a(kill_at_examples: int | None) -> tuple[float, int]:
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(cluster.run, train_worker, cfg, timeout_s=150)
             if kill_at_examples is not None:
-                _wait_for(lambda: running.done() or client.job_status()["live"]["examples"] >= kill_at_examples,
+                wait_for(lambda: running.done() or client.job_status()["live"]["examples"] >= kill_at_examples,
                           what=f"{kill_at_examples} examples")
                 assert not running.done(), "training finished before the kill"
                 cluster.kill("server-1")

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,16 +12,7 @@ from paramserver.apps.models import Model
 from paramserver.apps.synth import write_synth
 from paramserver.apps.train import TrainConfig, evaluate, predict_file, run_training
 from paramserver.data.reader import DataFormat, make_shards
-
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-
-
-def shared(rel: str) -> str:
-    path = DATA / rel
-    if not path.exists():
-        pytest.skip(f"real data not found at {path} (the ../shared/data folder is absent)")
-    return str(path)
-
+from support import shared
 
 def test_a9a_one_pass_logistic_regression_reaches_0_330():
     train, test = shared("libsvm/a9a.libsvm.gz"), shared("libsvm/a9a.t.libsvm.gz")

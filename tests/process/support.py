@@ -1,0 +1,27 @@
+"""Helpers the process tests share: real data paths, and waiting on a condition."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def shared(rel: str) -> str:
+    """Path of a real data set under ../shared/data; the test is skipped where it is absent."""
+    path = DATA / rel
+    if not path.exists():
+        pytest.skip(f"real data not found at {path} (the ../shared/data folder is absent)")
+    return str(path)
+
+
+def wait_for(condition, timeout_s=60.0, what="condition"):
+    """Poll ``condition()`` until it is true (bounded): synchronisation on state, not on time."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+    return value
