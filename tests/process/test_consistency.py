@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from paramserver import LocalCluster, WorkerError
+from support import wait_for
 
 D, B, T = 40, 16, 8  # keys, batch per worker, clocks
 
@@ -50,6 +51,9 @@ def test_bsp_with_aggregation_equals_serial_training_on_the_combined_batch(optim
     with LocalCluster(servers=2, workers=3, log_level="WARNING") as cluster:
         cluster.client.create_table("w", dim=1, optimizer=spec, consistency="bsp", aggregate=True)
         assert cluster.run(bsp_worker, "w", timeout_s=120) == [0, 1, 2]
+        # the last clock's pushes are applied when the workers' ticks (sent without waiting
+        # for an answer) reach every server: read after that, not before
+        wait_for(lambda: all(s["min_clock"] == T for s in cluster.client.server_stats()), what="the last clock")
         got = cluster.client.pull("w", np.arange(D, dtype=np.uint64)).result(timeout=30)[:, 0]
     np.testing.assert_allclose(got, serial_reference(3, optimizer), rtol=1e-5, atol=1e-6)
 
