@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="copies of every vnode, on distinct servers (2 or 3 survive a server's death)")
     p.add_argument("--consistency", default="asp",
                    help="bsp, ssp:S (readers at most S clocks ahead of the slowest worker) or asp (default)")
+    p.add_argument("--table-layout", default="auto", choices=("auto", "hash", "dense"),
+                   help="how servers store the model: hash tables (any key), dense arrays over the 2^B keys "
+                        "of --hash-bits B (one memory access a key), or auto (default): dense when 2^B rows "
+                        "take at most 1 GiB")
     p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
     p.add_argument("--save", metavar="DIR", help="write the trained model here")
     p.add_argument("--checkpoint-dir", metavar="URL",

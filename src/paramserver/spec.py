@@ -1,4 +1,4 @@
-"""``TableSpec``: what a table is (name, width, optimiser, initialiser, seed).
+"""``TableSpec``: what a table is (name, width, optimiser, initialiser, seed, layout).
 
 Tables are named namespaces: several jobs can share one server group, each under its
 own table names.  A spec is validated when it is built and travels as a plain dict.
@@ -10,6 +10,8 @@ import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from paramserver.errors import ConfigError
 from paramserver.server.optim import FTRL, Initializer, Optimizer, Zeros
@@ -34,6 +36,12 @@ class TableSpec:
             live worker has finished that clock (serial large-batch semantics).
         replicas: copies of every vnode (1 = no backup; 2 or 3): a push is acknowledged
             once every live copy applied it, and a dead primary's backup takes over.
+        key_bits: 0 (default): any uint64 key, stored in hash tables.  ``b`` in
+            [1, 32]: keys must be < 2**b (hashed features folded to b bits, or ids),
+            and the table is *dense*: every vnode is a plain array over its share of
+            the 2**b keys, so a read or an update is one memory access, not a probe.
+            Memory is ``2**b * (row bytes + 4)`` per copy, mapped when the table is
+            created; it pays when a good part of the key space is used.
 
     Example:
         >>> TableSpec("w", dim=1, optimizer={"name": "ftrl", "alpha": 0.1}).optimizer
@@ -48,9 +56,11 @@ class TableSpec:
     consistency: Any = "asp"
     aggregate: bool = False
     replicas: int = 1
+    key_bits: int = 0
 
     def __post_init__(self) -> None:
         from paramserver.consistency.clock import parse_consistency
+        from paramserver.routing.hashing import MAX_KEY_BITS
         from paramserver.routing.ring import MAX_REPLICAS
 
         object.__setattr__(self, "consistency", parse_consistency(self.consistency))
@@ -69,6 +79,10 @@ class TableSpec:
                 or not 1 <= self.replicas <= MAX_REPLICAS):
             raise ConfigError(f"table {self.name!r}: replicas must be an int in [1, {MAX_REPLICAS}] "
                               f"(1 = no backup), got {self.replicas!r}")
+        if (isinstance(self.key_bits, bool) or not isinstance(self.key_bits, int)
+                or not 0 <= self.key_bits <= MAX_KEY_BITS):
+            raise ConfigError(f"table {self.name!r}: key_bits must be an int in [0, {MAX_KEY_BITS}] (0: any "
+                              f"uint64 key, hash layout; b: keys < 2**b, dense layout), got {self.key_bits!r}")
         opt = Optimizer.parse(self.optimizer)
         init = Initializer.parse(self.initializer)
         if isinstance(opt, FTRL) and not isinstance(init, Zeros):
@@ -81,18 +95,36 @@ class TableSpec:
     def staleness(self) -> float:
         return float(self.consistency)
 
+    @property
+    def dense(self) -> bool:
+        return self.key_bits > 0
+
+    def row_bytes(self) -> int:
+        """Bytes a key's row takes in a server (value and optimiser state)."""
+        return 4 * (self.dim + self.optimizer.state_width(self.dim))
+
+    def check_keys(self, keys: np.ndarray) -> None:
+        """Raise ``ConfigError`` if a key is outside a dense table's key space."""
+        if self.key_bits and keys.size:
+            bad = np.flatnonzero(keys >> np.uint64(self.key_bits))
+            if bad.size:
+                raise ConfigError(f"table {self.name!r} is dense with key_bits={self.key_bits}: keys must be "
+                                  f"< 2**{self.key_bits}, got {int(keys[bad[0]])} at index {int(bad[0])} "
+                                  f"({bad.size} such keys); fold them (keys & (2**{self.key_bits} - 1), "
+                                  "--hash-bits) or create the table with key_bits=0")
+
     def to_wire(self) -> dict[str, Any]:
         return {"name": self.name, "dim": self.dim, "seed": self.seed,
                 "optimizer": self.optimizer.to_wire(), "initializer": self.initializer.to_wire(),
                 "consistency": None if math.isinf(self.consistency) else int(self.consistency),
-                "aggregate": self.aggregate, "replicas": self.replicas}
+                "aggregate": self.aggregate, "replicas": self.replicas, "key_bits": self.key_bits}
 
     @classmethod
     def from_wire(cls, d: Any) -> TableSpec:
         if not isinstance(d, dict):
             raise ConfigError(f"a table spec must be a map, got {d!r}")
         extra = set(d) - {"name", "dim", "seed", "optimizer", "initializer", "consistency", "aggregate",
-                                  "replicas"}
+                                  "replicas", "key_bits"}
         if extra:
             raise ConfigError(f"unknown table spec fields {sorted(extra)}")
         return cls(**d)

@@ -74,7 +74,8 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     cfg = TrainConfig(model=Model(args.model, getattr(args, "k", 8), getattr(args, "fm_l2", 1e-2)),
                       data=fmt, optimizer=optimizer, epochs=args.epochs, batch_size=args.batch_size,
                       seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),
-                      consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1))
+                      consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
+                      layout=getattr(args, "table_layout", "auto"))
     cfg.table_spec()  # validate the optimizer before starting processes
     quiet = getattr(args, "quiet", False) or not err.is_terminal and os.environ.get("CI")
     with Live(console=err, refresh_per_second=4, transient=False) as live:

@@ -26,7 +26,7 @@ import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -37,11 +37,14 @@ from paramserver.client.client import Client
 from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, make_shards, prefetch, read_all,
                                      read_batches)
 from paramserver.errors import CheckpointError, ConfigError, WorkerError
+from paramserver.routing.hashing import MAX_KEY_BITS
 from paramserver.server.optim import SGD, Initializer
 from paramserver.server.table import VnodeTable
 from paramserver.spec import TableSpec
 
 PROGRESS_EVERY_S = 0.5
+LAYOUTS = ("auto", "hash", "dense")
+DENSE_AUTO_BYTES = 1 << 30  # --table-layout auto: dense when every copy together fits in this
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class TrainConfig:
     pipeline: int = 2  # batches in flight (pulls ahead, pushes unacknowledged)
     consistency: Any = "asp"  # bsp | ssp:S | asp; a worker's clock ticks once a batch
     replicas: int = 1  # copies of every vnode (2 or 3: the job survives a server's death)
+    layout: str = "auto"  # the model table's: hash | dense (keys < 2**hash_bits) | auto (see key_bits)
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
     slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch
 
@@ -65,12 +69,32 @@ class TrainConfig:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if not 1 <= self.pipeline <= 64:
             raise ConfigError(f"--pipeline must be in [1, 64], got {self.pipeline}")
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"--table-layout must be one of {LAYOUTS}, got {self.layout!r}")
 
     def table_spec(self) -> TableSpec:
-        return TableSpec(self.model.table, self.model.dim,
+        spec = TableSpec(self.model.table, self.model.dim,
                          optimizer=self.optimizer or self.model.default_optimizer(),
                          initializer=self.model.initializer(), seed=self.seed,
                          consistency=self.consistency, replicas=self.replicas)
+        return replace(spec, key_bits=self.key_bits(spec))
+
+    def key_bits(self, spec: TableSpec) -> int:
+        """The table's ``key_bits``: folded features (``--hash-bits B``) make a key space of
+        2**B, which ``dense`` stores as arrays; ``auto`` does so when all its copies
+        take at most ``DENSE_AUTO_BYTES`` (2**24 dim-1 FTRL rows take 256 MiB)."""
+        bits = self.data.hash_bits if self.data.hash_bits < 64 else 0
+        if self.layout == "hash":
+            return 0
+        if self.layout == "dense":
+            if not 1 <= bits <= MAX_KEY_BITS:
+                raise ConfigError(f"--table-layout dense needs --hash-bits in [1, {MAX_KEY_BITS}] (the key "
+                                  f"space), got {self.data.hash_bits}; fold the features or use --table-layout "
+                                  "hash")
+            return bits
+        if 1 <= bits <= MAX_KEY_BITS and (1 << bits) * (spec.row_bytes() + 4) * self.replicas <= DENSE_AUTO_BYTES:
+            return bits
+        return 0
 
 
 def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
@@ -200,7 +224,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             client.restore(step)  # creates the table with the checkpoint's (identical) spec
         else:
             client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                seed=spec.seed, consistency=spec.consistency, replicas=spec.replicas)
+                                seed=spec.seed, consistency=spec.consistency, replicas=spec.replicas,
+                                key_bits=spec.key_bits)
         if setup is not None:
             setup(cluster)
         client.start_job(shards, cfg.epochs, checkpoint=job_checkpoints, resume=progress)
@@ -286,8 +311,8 @@ def _resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: TrainConf
                           f"{spec.name!r} that these flags train; pass the --model of the checkpointed job")
     if TableSpec.from_wire(theirs_spec).to_wire() != spec.to_wire():
         raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} is {theirs_spec}, but these "
-                          f"flags give {spec.to_wire()}; pass the --model, --optimizer, --seed and "
-                          "--consistency of the checkpointed job")
+                          f"flags give {spec.to_wire()}; pass the --model, --optimizer, --seed, "
+                          "--consistency, --hash-bits and --table-layout of the checkpointed job")
     epoch = job.get("epoch")
     if isinstance(epoch, int) and epoch >= cfg.epochs:
         raise ConfigError(f"--resume {step}: the checkpoint is in epoch {epoch + 1} of the job, but --epochs "

@@ -84,10 +84,11 @@ class _Scatter:
     future is dropped (a cycle of closures did: 64 MB pulls page-faulted afresh).
     """
 
-    def __init__(self, client: Client, kind: Op, header: dict[str, Any],
+    def __init__(self, client: Client, kind: Op, header: dict[str, Any], bits: int,
                  on_piece: Callable[[_Piece, Message], None], result: Any,
                  on_settled: Callable[[], None] | None = None):
         self.client, self.kind, self.header, self.on_piece, self.result = client, kind, header, on_piece, result
+        self.bits = bits  # the table's key_bits: how its keys map to vnodes
         self.on_settled = on_settled  # once done and no request is left in flight
         self.future: Future = Future()
         self.pending = 0  # pieces not answered yet
@@ -142,7 +143,7 @@ class _Scatter:
         if self.future.done():
             return
         try:
-            again = self.client._pieces(self.kind, piece.keys, piece.extra)
+            again = self.client._pieces(self.kind, piece.keys, piece.extra, self.bits)
         except Exception as exc:
             self.fail(exc)
             return
@@ -289,16 +290,17 @@ class Client:
                                     "create it with create_table()")
         return spec
 
-    def _pieces(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None) -> list[_Piece]:
+    def _pieces(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, bits: int) -> list[_Piece]:
         """Route ``keys`` with the current ring into one piece per server.  ``extra`` rides
-        along: a pull's output row of each key (None: the identity), a push's gradients."""
+        along: a pull's output row of each key (None: the identity), a push's gradients;
+        ``bits`` is the table's ``key_bits``."""
         with self._lock:
             ring = self._ring
         if kind is Op.PULL:
-            routed = route_pull(ring, keys)
+            routed = route_pull(ring, keys, bits)
             index = routed.order if extra is None else extra[routed.order]
         else:
-            routed = route_push(ring, keys, extra)
+            routed = route_push(ring, keys, extra, bits)
             index = routed.grads
         return [_Piece(part.server, ring.epoch, routed.keys[part.start:part.stop], index[part.start:part.stop],
                        part.vnodes, part.counts) for part in routed.parts]
@@ -309,7 +311,8 @@ class Client:
                  on_settled: Callable[[], None] | None = None) -> Future:
         """Send a pull or push as one request per server; the future resolves to
         ``result`` once every piece is answered (see ``_Scatter``)."""
-        pieces = self._pieces(kind, keys, extra)
+        bits = self._spec(table).key_bits
+        pieces = self._pieces(kind, keys, extra, bits)
         limit = self.config.max_message_bytes - (1 << 20)  # room for the header
         for piece in pieces:  # check every piece before sending any: never half a push
             nbytes = max(piece.keys.nbytes + (piece.extra.nbytes if kind is Op.PUSH else 0),
@@ -322,7 +325,7 @@ class Client:
             header["clock"] = self._clock
         if seq is not None:
             header.update(sender=self.node_id, seq=seq)
-        return _Scatter(self, kind, header, on_piece, result, on_settled).start(pieces)
+        return _Scatter(self, kind, header, bits, on_piece, result, on_settled).start(pieces)
 
     def _refresh_view(self) -> None:
         """Ask the scheduler for the ring (a RING notification may still be on its way)."""
@@ -339,17 +342,18 @@ class Client:
     # ---- public API --------------------------------------------------------------------
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
-                     aggregate: bool = False, replicas: int = 1) -> TableSpec:
+                     aggregate: bool = False, replicas: int = 1, key_bits: int = 0) -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
 
         ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
         applies each clock's summed pushes once; ``replicas`` (1–3) copies of every vnode
-        on distinct servers survive ``replicas - 1`` failures.  See ``TableSpec``.
+        on distinct servers survive ``replicas - 1`` failures; ``key_bits = b`` makes a
+        dense table of keys < 2**b (one memory access a key).  See ``TableSpec``.
 
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
         """
-        spec = TableSpec(name, dim, optimizer, initializer, seed, consistency, aggregate, replicas)
+        spec = TableSpec(name, dim, optimizer, initializer, seed, consistency, aggregate, replicas, key_bits)
         self._call(self.config.scheduler, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()})
         with self._lock:
             self._tables[name] = spec
@@ -371,6 +375,7 @@ class Client:
         """
         spec = self._spec(table)
         keys = as_keys(keys)
+        spec.check_keys(keys)
         out = np.empty((keys.shape[0], spec.dim), np.float32)
 
         def on_piece(piece: _Piece, msg: Message) -> None:
@@ -387,6 +392,7 @@ class Client:
         every live replica applied them (each exactly once, retries included)."""
         spec = self._spec(table)
         keys = as_keys(keys)
+        spec.check_keys(keys)
         grads = np.asarray(grads, np.float32)
         if grads.ndim == 1 and spec.dim == 1:
             grads = grads.reshape(-1, 1)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.routing.hashing import hash64, vnode_of_hash
+from paramserver.routing.hashing import hash64, vnode_of_key
 from paramserver.routing.ring import Ring
 
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -23,8 +23,9 @@ _S32 = np.uint64(32)
 
 
 @njit(nogil=True, cache=True)
-def _group(keys, rows, n_vnodes, vnode_rank, want_order):
-    """Counting sort of ``keys`` (and their ``rows``) by the rank of their vnode.
+def _group(keys, rows, n_vnodes, vnode_rank, want_order, bits):
+    """Counting sort of ``keys`` (and their ``rows``) by the rank of their vnode
+    (``bits``: the table's ``key_bits``, 0 for a hash-layout table).
 
     Returns the sorted keys, the sorted rows, ``order`` (sorted position -> input
     position; empty unless ``want_order``) and the bucket offsets
@@ -35,7 +36,7 @@ def _group(keys, rows, n_vnodes, vnode_rank, want_order):
     bucket = np.empty(n, np.int32)
     offsets = np.zeros(n_vnodes + 1, np.int64)
     for i in range(n):
-        b = vnode_rank[vnode_of_hash(hash64(keys[i]), n_vnodes)]
+        b = vnode_rank[vnode_of_key(keys[i], n_vnodes, bits)]
         bucket[i] = b
         offsets[b + 1] += 1
     for b in range(n_vnodes):
@@ -188,15 +189,16 @@ def _parts(ring: Ring, offsets: np.ndarray) -> list[Part]:
     return parts
 
 
-def route_pull(ring: Ring, keys: np.ndarray) -> Routed:
-    """Group ``keys`` by server and vnode (duplicates kept: a lookup is cheaper than a merge)."""
+def route_pull(ring: Ring, keys: np.ndarray, bits: int = 0) -> Routed:
+    """Group ``keys`` by server and vnode (duplicates kept: a lookup is cheaper than a
+    merge); ``bits`` is the table's ``key_bits``."""
     no_rows = np.empty((keys.shape[0], 0), np.float32)
-    skeys, _, order, offsets = _group(keys, no_rows, ring.n_vnodes, ring.vnode_rank, True)
+    skeys, _, order, offsets = _group(keys, no_rows, ring.n_vnodes, ring.vnode_rank, True, bits)
     return Routed(skeys, _parts(ring, offsets), ring.epoch, order=order)
 
 
-def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray) -> Routed:
+def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, bits: int = 0) -> Routed:
     """Group ``keys`` by server and vnode, merging duplicate keys by summing their rows."""
-    skeys, srows, _, offsets = _group(keys, grads, ring.n_vnodes, ring.vnode_rank, False)
+    skeys, srows, _, offsets = _group(keys, grads, ring.n_vnodes, ring.vnode_rank, False, bits)
     uniq, sums, uoffsets = _dedup_sum(skeys, srows, offsets)
     return Routed(uniq, _parts(ring, uoffsets), ring.epoch, grads=sums)

@@ -1,6 +1,7 @@
 """The ring: which servers hold which vnode, at which epoch.
 
-The hash space [0, 2**64) is cut into ``n_vnodes`` equal arcs (vnodes); each vnode has a
+The hash space [0, 2**64) is cut into ``n_vnodes`` equal arcs (vnodes; a dense table
+cuts its 2**key_bits key positions the same way, see ``hashing``); each vnode has a
 *chain* of up to ``MAX_REPLICAS`` distinct servers: the primary, then its backups.  This
 is consistent hashing with virtual nodes in the form Dynamo calls "strategy 3" (fixed
 equal partitions, assigned to nodes): a key's vnode never changes, only a vnode's chain
@@ -114,13 +115,13 @@ class Ring:
     def vnode_rank(self) -> np.ndarray:
         return self._rank
 
-    def vnodes(self, keys: np.ndarray) -> np.ndarray:
-        """Vnode of every key (vectorised)."""
-        return vnodes_of_keys(np.ascontiguousarray(keys, np.uint64), self.n_vnodes)
+    def vnodes(self, keys: np.ndarray, bits: int = 0) -> np.ndarray:
+        """Vnode of every key (vectorised); ``bits``: the table's ``key_bits``."""
+        return vnodes_of_keys(np.ascontiguousarray(keys, np.uint64), self.n_vnodes, bits)
 
-    def owner_of_keys(self, keys: np.ndarray) -> np.ndarray:
+    def owner_of_keys(self, keys: np.ndarray, bits: int = 0) -> np.ndarray:
         """Server id of every key (vectorised)."""
-        return self._owners[self.vnodes(keys)]
+        return self._owners[self.vnodes(keys, bits)]
 
     def vnodes_of(self, server: int) -> np.ndarray:
         """Vnodes whose primary is ``server``."""

@@ -1,4 +1,5 @@
-"""A server: holds vnodes of the ring and, per table, one ``VnodeTable`` per held vnode.
+"""A server: holds vnodes of the ring and, per table, one ``VnodeTable`` (a ``DenseVnode``
+for a dense table) per held vnode.
 
 Data requests (``PULL``, ``PUSH``, ``CLOCK``, ``STATS``) arrive on the server's ROUTER
 from workers' DEALERs; control (``RING``, table commands, ``MIGRATE``, ``STOP``) arrives
@@ -485,7 +486,7 @@ class ServerNode:
             return
         assert self.ring is not None
         routed = route_push(self.ring, np.concatenate([k for k, _ in pushes]),
-                            np.concatenate([g for _, g in pushes]))  # one summed row per key
+                            np.concatenate([g for _, g in pushes]), table.bits)  # one summed row per key
         for part in routed.parts:
             held = table.holds(part.vnodes)  # the ring may have moved a vnode meanwhile
             rows = np.repeat(held, part.counts)
@@ -518,6 +519,11 @@ class ServerNode:
             raise StaleEpochError(f"server {self.node_id} is not the primary of all of vnodes "
                                   f"{sorted(set(vnodes.tolist()))[:8]}... (request routed at epoch {epoch}, "
                                   f"this server is at epoch {self.ring.epoch})")
+        keys = msg.arrays[0]
+        bad = table.check(vnodes, counts, keys)  # dense tables index arrays with the keys
+        if bad >= 0:
+            raise ProtocolError(f"table {name!r} is dense (key_bits={table.bits}): key {int(keys[bad])} is "
+                                f"outside the key space or not in the vnode segment it was sent in")
         return table
 
     def _split(self, vnodes: np.ndarray, counts: np.ndarray,
@@ -544,11 +550,14 @@ class ServerNode:
         if isinstance(clock, int):  # ASP is admitted at once, and its staleness recorded too
             if not self.gate.admit(clock, table.spec.staleness, (identity, msg), time.monotonic()):
                 return None  # answered by _clocks_moved
-        return self._serve_pull(msg)
+        return self._serve_pull(msg, table)
 
-    def _serve_pull(self, msg: Message) -> list[Any]:
+    def _serve_pull(self, msg: Message, table: VnodeSet | None = None) -> list[Any]:
+        """Answer a pull (``table``: checked for this request already; a pull the gate
+        held is checked again, the ring may have moved meanwhile)."""
         keys, vnodes, counts = msg.arrays
-        table = self._table(msg, keys.shape[0], vnodes, counts)
+        if table is None:
+            table = self._table(msg, keys.shape[0], vnodes, counts)
         out = np.empty((keys.shape[0], table.spec.dim), np.float32)
         self._split(vnodes, counts, lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
         return reply(msg, [out])
@@ -607,6 +616,11 @@ class ServerNode:
         pairs = [(c, msg.arrays[2 + 2 * i], msg.arrays[3 + 2 * i]) for i, c in enumerate(buffered)]
         for _, k, g in pairs:
             self._check_grads(table, k, g)
+        for k in [keys, *[k for _, k, _ in pairs]]:  # a dense table indexes arrays with them
+            bad = table.check(np.array([vnode], np.int32), np.array([k.shape[0]], np.int64), k)
+            if bad >= 0:
+                raise ProtocolError(f"install of {name!r}/{vnode}: key {int(k[bad])} is not in that vnode of "
+                                    f"the dense table (key_bits={table.bits})")
         if msg.header.get("append") is True:  # the rest of a vnode too big for one message
             if vnode not in table.tables:
                 raise ProtocolError(f"install of {name!r}/{vnode}: a continuation with no first part")
@@ -625,7 +639,7 @@ class ServerNode:
         out = []
         for clock, pushes in sorted(self.aggregates.get(name, {}).items()):
             keys = np.concatenate([k for k, _ in pushes])
-            mine = self.ring.vnodes(keys) == vnode
+            mine = self.ring.vnodes(keys, self.tables[name].bits) == vnode
             if mine.any():
                 out.append((clock, keys[mine], np.concatenate([g for _, g in pushes])[mine]))
         return out
@@ -633,9 +647,10 @@ class ServerNode:
     def _replace_buffered(self, name: str, vnode: int, pairs: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
         """Make ``vnode``'s buffered pushes those of the copy (it has all of them)."""
         by_clock = self.aggregates.get(name, {})
+        bits = self.tables[name].bits
         for clock, pushes in by_clock.items():
             by_clock[clock] = [(k[keep], g[keep]) for k, g in pushes
-                               for keep in [self.ring.vnodes(k) != vnode]]
+                               for keep in [self.ring.vnodes(k, bits) != vnode]]
         for clock, k, g in pairs:
             self.aggregates.setdefault(name, {}).setdefault(clock, []).append((k.copy(), g.copy()))
 
@@ -733,7 +748,10 @@ class ServerNode:
             if keys.ndim != 1 or rows.shape != (keys.shape[0], table.width):
                 raise checkpoint.CheckpointError(f"{path}: rows of shape {rows.shape} do not fit table "
                                                  f"{name!r}; was it saved from another table?")
-            vnodes = self.ring.vnodes(keys)
+            if table.bits and (keys >> np.uint64(table.bits)).any():
+                raise checkpoint.CheckpointError(f"{path}: keys >= 2**{table.bits} do not fit the dense table "
+                                                 f"{name!r}; was it saved from another table?")
+            vnodes = self.ring.vnodes(keys, table.bits)
             for v in np.unique(vnodes).tolist():
                 vt = table.tables.get(v)
                 if vt is not None:
@@ -763,9 +781,11 @@ def _warm_up() -> None:
     frames = encode({"op": Op.PUSH.value}, [np.arange(1, n + 1, dtype=np.uint64), np.ones((n, 1), np.float32),
                                             np.zeros(1, np.int32), np.array([n], np.int64)])
     keys, grads, vnodes, counts = decode([bytes(f) for f in frames]).arrays  # read-only, as requests
-    table = VnodeSet(TableSpec("warm-up", optimizer=SGD(), initializer=Zeros()), 1, [0])
-    table.apply(vnodes, counts, keys, grads)
-    table.lookup(vnodes, counts, keys, np.empty((n, 1), np.float32))
+    for bits in (0, 8):  # hash and dense layouts
+        table = VnodeSet(TableSpec("warm-up", optimizer=SGD(), initializer=Zeros(), key_bits=bits), 1, [0])
+        table.check(vnodes, counts, keys)
+        table.apply(vnodes, counts, keys, grads)
+        table.lookup(vnodes, counts, keys, np.empty((n, 1), np.float32))
 
 
 def _rss_bytes() -> int:

@@ -1,0 +1,101 @@
+"""Server table kernels alone: lookup and optimiser update, ns a key, hash vs dense layout.
+
+Run: ``.venv/bin/python bench/table.py [--rows 1000000] [--hash-bits 24] [--json]``
+
+The key stream is real: a synthetic Criteo file (``paramserver synth``) parsed in
+mini-batches of ``--batch-size``, each batch's distinct keys routed to one server's 64
+vnodes as a worker routes them, and passed through the wire codec (requests arrive as
+read-only frames).  Calls come in a worker's pipelined order: the pull of batch t+1 is
+served between the pull and the push of batch t.  Dim-1 FTRL, in this process, no
+sockets: this is the part of a server's time that the table layout decides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from paramserver._malloc import tune_allocator
+from paramserver.apps.synth import write_synth
+from paramserver.data.reader import DataFormat, Shard, read_batches
+from paramserver.routing.partition import route_pull, route_push
+from paramserver.routing.ring import Ring
+from paramserver.server.table import VnodeSet
+from paramserver.spec import TableSpec
+from paramserver.wire.message import Op, decode, encode
+
+FTRL = {"name": "ftrl", "alpha": 0.15, "beta": 1.0, "l1": 1.0, "l2": 1.0}
+
+
+def frames(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return decode([bytes(f) for f in encode({"op": Op.PUSH.value}, arrays)]).arrays
+
+
+def run(batches, bits: int, seed: int = 0) -> dict:
+    ring = Ring.create([1], 64)
+    rng = np.random.default_rng(seed)
+    requests = []
+    for b in batches:
+        uniq, _ = b.unique()
+        pull = route_pull(ring, uniq, bits)
+        push = route_push(ring, uniq, (rng.standard_normal((uniq.size, 1)) * 0.1).astype(np.float32), bits)
+        requests.append((frames([pull.keys, pull.parts[0].vnodes, pull.parts[0].counts]),
+                         frames([push.keys, push.grads, push.parts[0].vnodes, push.parts[0].counts])))
+    t0 = time.perf_counter()
+    table = VnodeSet(TableSpec("t", 1, optimizer=FTRL, key_bits=bits), ring.n_vnodes, range(ring.n_vnodes))
+    create = time.perf_counter() - t0
+    lookup = update = 0.0
+    keys = 0
+
+    def serve_pull(i: int) -> int:
+        k, v, c = requests[i][0]
+        table.lookup(v, c, k, np.empty((k.size, 1), np.float32))
+        return int(k.size)
+
+    for i in range(len(requests)):
+        t0 = time.perf_counter()
+        if i == 0:
+            keys += serve_pull(0)
+        if i + 1 < len(requests):
+            keys += serve_pull(i + 1)
+        t1 = time.perf_counter()
+        k, g, v, c = requests[i][1]
+        table.apply(v, c, k, g)
+        update += time.perf_counter() - t1
+        lookup += t1 - t0
+    return {"layout": "dense" if bits else "hash", "keys": keys, "create_s": create,
+            "lookup_ns": lookup / keys * 1e9, "update_ns": update / keys * 1e9, "stored": len(table)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--hash-bits", type=int, default=24)
+    ap.add_argument("--batch-size", type=int, default=4000)
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each layout (alternating)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    tune_allocator()  # as servers do
+    with tempfile.TemporaryDirectory(prefix="paramserver-bench-") as tmp:
+        path = os.path.join(tmp, "train.tsv")
+        write_synth(path, args.rows, seed=1)
+        batches = list(read_batches(Shard(path, 0, -1), DataFormat("criteo", hash_bits=args.hash_bits),
+                                    args.batch_size))
+    run(batches[:4], 0)  # compile
+    run(batches[:4], args.hash_bits)
+    rows = [run(batches, bits) for _ in range(args.repeat) for bits in (0, args.hash_bits)]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'layout':<7} {'keys':>10} {'create s':>9} {'lookup ns/key':>14} {'update ns/key':>14}")
+    for r in rows:
+        print(f"{r['layout']:<7} {r['keys']:>10,} {r['create_s']:>9.3f} {r['lookup_ns']:>14.1f} {r['update_ns']:>14.1f}")
+
+
+if __name__ == "__main__":
+    main()
