@@ -6,12 +6,14 @@ One synthetic Criteo-format file (``paramserver synth``) of ``--rows`` training 
 a test file of ``rows / 10``; every learner makes one pass over the same rows with the
 same hashed feature space (``--hash-bits``, default 24) and is scored on the same test
 rows.  Timed: from the start of learning to the end of the pass, parsing included;
-not timed: writing the data, VW's text conversion, cluster start-up, scoring.
+not timed: writing the data, VW's text conversion, cluster start-up and table creation, scoring.
 
 * paramserver: logistic regression, FTRL, ``--batch-size`` (default 4000: on 1e6 rows,
   batch 1000 and 4000 give the same test log loss, 0.4341, and 4000 is ~1.5× faster:
   fewer requests and fewer distinct keys per example; 8000 loses log loss); 1 server +
-  1 worker and 2 + 2.
+  1 worker and 2 + 2; both table layouts (``--layouts``): dense arrays over the 2**BITS
+  keys, as VW's weight vector, and hash tables.  Creating the table (a dense one is
+  allocated and mapped whole) is not in the training time; it is printed ("table s").
 * Vowpal Wabbit: ``--loss_function logistic -b BITS`` (its defaults: adaptive, normalised,
   invariant updates), reading its own text format with its own C++ parser; features are
   the same tokens (integer buckets and categorical values, per field namespace).
@@ -100,11 +102,12 @@ def bench_sklearn(train: str, test_labels: np.ndarray, test_rows: list, bits: in
     return {"learner": "scikit-learn", "seconds": seconds, "logloss": logloss(test_labels, preds)}
 
 
-def bench_paramserver(train: str, test: str, bits: int, servers: int, workers: int, batch_size: int) -> dict:
-    cfg = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=bits), batch_size=batch_size)
+def bench_paramserver(train: str, test: str, bits: int, servers: int, workers: int, batch_size: int,
+                      layout: str) -> dict:
+    cfg = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=bits), batch_size=batch_size, layout=layout)
     report = run_training(cfg, [train], [test], servers=servers, workers=workers, shard_bytes=16 << 20)
-    return {"learner": f"paramserver {servers}s+{workers}w", "seconds": report["seconds"],
-            "logloss": report["logloss"]}
+    return {"learner": f"paramserver {servers}s+{workers}w {report['table_layout']}", "seconds": report["seconds"],
+            "logloss": report["logloss"], "table_seconds": report["table_seconds"]}
 
 
 def main() -> None:
@@ -112,6 +115,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--hash-bits", type=int, default=24)
     ap.add_argument("--batch-size", type=int, default=4000, help="paramserver's mini-batch (default 4000)")
+    ap.add_argument("--layouts", nargs="+", default=["dense", "hash"], choices=("dense", "hash"),
+                    help="paramserver table layouts to run (default both)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip", nargs="*", default=[], help="learners to leave out: vw sklearn")
     args = ap.parse_args()
@@ -122,9 +127,11 @@ def main() -> None:
         write_synth(train, args.rows, seed=1)
         write_synth(test, args.rows // 10, seed=2)
         test_labels, test_rows = read_tokens(test)
-        for servers, workers in ((1, 1), (2, 2)):
-            rows.append(bench_paramserver(train, test, args.hash_bits, servers, workers, args.batch_size))
-            print(rows[-1], file=sys.stderr)
+        for layout in args.layouts:
+            for servers, workers in ((1, 1), (2, 2)):
+                rows.append(bench_paramserver(train, test, args.hash_bits, servers, workers, args.batch_size,
+                                              layout))
+                print(rows[-1], file=sys.stderr)
         if "vw" not in args.skip:
             to_vw(train, train + ".vw")
             to_vw(test, test + ".vw")
@@ -142,10 +149,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'learner':<22} {'examples/s':>12} {'x VW':>6} {'test logloss':>13}")
+    print(f"{'learner':<28} {'examples/s':>12} {'x VW':>6} {'test logloss':>13} {'table s':>8}")
     for r in rows:
         ratio = f"{r['vs_vw']:.2f}" if r["vs_vw"] else "-"
-        print(f"{r['learner']:<22} {r['examples_per_s']:>12,.0f} {ratio:>6} {r['logloss']:>13.4f}")
+        table = f"{r['table_seconds']:.2f}" if "table_seconds" in r else "-"
+        print(f"{r['learner']:<28} {r['examples_per_s']:>12,.0f} {ratio:>6} {r['logloss']:>13.4f} {table:>8}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from paramserver import CheckpointError, LocalCluster
+from paramserver import CheckpointError, ConfigError, LocalCluster
 
 
 def fill(client):
@@ -16,9 +16,12 @@ def fill(client):
     client.create_table("emb", dim=4, optimizer="adam", initializer={"name": "normal", "std": 0.1}, seed=3)
     keys = np.concatenate([rng.integers(0, 2**64 - 1, 20_000, dtype=np.uint64, endpoint=True),
                            np.array([0, 2**64 - 1], np.uint64)])
+    client.create_table("dense", dim=2, optimizer="adagrad", key_bits=18)  # vnodes are arrays
     for step in range(3):
         client.push("ftrl", keys, rng.standard_normal((keys.size, 1)).astype(np.float32)).result(timeout=60)
         client.push("emb", keys[::2], rng.standard_normal((keys[::2].size, 4)).astype(np.float32)).result(timeout=60)
+        client.push("dense", keys[:5000] >> np.uint64(46),
+                    rng.standard_normal((5000, 2)).astype(np.float32)).result(timeout=60)
     return keys
 
 
@@ -33,13 +36,16 @@ def test_restore_onto_a_different_number_of_servers_is_bitwise_equal(tmp_path):
     url = str(tmp_path / "ckpt")
     with LocalCluster(servers=2, log_level="WARNING") as cluster:
         keys = fill(cluster.client)
+        with pytest.raises(ConfigError, match=r"dense with key_bits=18: keys must be < 2\*\*18, got 262144"):
+            cluster.client.pull("dense", [5, 1 << 18])
         step = cluster.client.checkpoint(url)
-        before = {t: full_rows(cluster.client, t) for t in ("ftrl", "emb")}
+        before = {t: full_rows(cluster.client, t) for t in ("ftrl", "emb", "dense")}
         pulled = cluster.client.pull("emb", keys[:100]).result(timeout=30)
     assert os.path.exists(os.path.join(step, "MANIFEST.json"))
     with LocalCluster(servers=3, log_level="WARNING") as cluster:
         restored = cluster.client.restore(url)
-        assert restored == {"ftrl": keys.size, "emb": keys[::2].size}
+        assert restored == {"ftrl": keys.size, "emb": keys[::2].size,
+                            "dense": np.unique(keys[:5000] >> np.uint64(46)).size}
         for table, (k, v) in before.items():
             k2, v2 = full_rows(cluster.client, table)
             np.testing.assert_array_equal(k2, k)

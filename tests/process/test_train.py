@@ -126,3 +126,21 @@ def test_parsed_shard_cache_gives_the_same_training(tmp_path):
     for r in (a, b, c):
         assert r["examples"] == 2 * 7_999 and r["bad_lines"] == 2
     assert a["logloss"] == b["logloss"] == c["logloss"]
+
+
+def test_dense_and_hash_layouts_train_the_same_model(tmp_path):
+    path = str(tmp_path / "synth.tsv")
+    write_synth(path, 6_000, seed=8)
+    reports = {}
+    for layout in ("hash", "dense"):
+        cfg = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=16), batch_size=500, layout=layout)
+        reports[layout] = run_training(cfg, [path], [path], servers=2, workers=1, save=str(tmp_path / layout))
+    assert reports["dense"]["logloss"] == reports["hash"]["logloss"]  # one worker: the same updates, bitwise
+    saved = {}
+    for layout in reports:
+        with np.load(tmp_path / layout / "table.npz") as f:
+            order = np.argsort(f["keys"])
+            saved[layout] = (f["keys"][order], f["values"][order])
+    np.testing.assert_array_equal(saved["dense"][0], saved["hash"][0])
+    np.testing.assert_array_equal(saved["dense"][1], saved["hash"][1])
+    assert json.load(open(tmp_path / "dense" / "model.json"))["table"]["key_bits"] == 16

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from paramserver.data import parse
-from paramserver.data.reader import DataError, DataFormat, Shard, make_shards, read_all, read_batches
+from paramserver.data.reader import (
+    DataError,
+    DataFormat,
+    Shard,
+    make_shards,
+    read_all,
+    read_batches,
+)
 
 CRITEO_LINE = "1\t5\t\t-2\t0\t1382\t4\t15\t2\t181\t1\t2\t\t2\t" + "\t".join(
     ["68fd1e64", "80e26c9b", ""] + [f"{i:08x}" for i in range(23)]) + "\n"

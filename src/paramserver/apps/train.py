@@ -220,12 +220,14 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     with LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
             as cluster:
         client = cluster.client
+        created = time.perf_counter()
         if step is not None:
             client.restore(step)  # creates the table with the checkpoint's (identical) spec
         else:
             client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
                                 seed=spec.seed, consistency=spec.consistency, replicas=spec.replicas,
                                 key_bits=spec.key_bits)
+        table_seconds = time.perf_counter() - created  # a dense table is allocated whole here
         if setup is not None:
             setup(cluster)
         client.start_job(shards, cfg.epochs, checkpoint=job_checkpoints, resume=progress)
@@ -259,7 +261,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         "bad_lines": int(status["bad_lines"]),
         "bytes_sent": sum(r["bytes_sent"] for r in per_worker),
         "bytes_received": sum(r["bytes_received"] for r in per_worker),
-        "epochs": cfg.epochs, "servers": servers, "workers": workers,
+        "epochs": cfg.epochs, "servers": servers, "workers": workers, "table_seconds": table_seconds,
+        "table_layout": "dense" if spec.key_bits else "hash",
         "failed_workers": failed_workers,
     })
     if job_checkpoints is not None:
