@@ -126,6 +126,7 @@ def main() -> None:
         print(f"writing {args.rows:,} + {args.rows // 10:,} rows", file=sys.stderr)
         write_synth(train, args.rows, seed=1)
         write_synth(test, args.rows // 10, seed=2)
+        os.sync()  # written back now, not by the kernel while a learner is timed
         test_labels, test_rows = read_tokens(test)
         for layout in args.layouts:
             for servers, workers in ((1, 1), (2, 2)):
@@ -135,6 +136,7 @@ def main() -> None:
         if "vw" not in args.skip:
             to_vw(train, train + ".vw")
             to_vw(test, test + ".vw")
+            os.sync()
             rows.append(bench_vw(train + ".vw", test + ".vw", test_labels, args.hash_bits, tmp))
             print(rows[-1], file=sys.stderr)
         if "sklearn" not in args.skip:

@@ -121,11 +121,23 @@ def _parse_float(buf, a, b):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def bucket_int(v):
-    """Criteo integer feature → bucket: v itself up to 2, then ⌊ln(v)²⌋ (offset past 2)."""
+def _bucket_int(v):
     if v <= 2:
         return np.uint64(v + 8)  # negatives too: small, distinct
     return np.uint64(int(math.log(v) ** 2) + 16)
+
+
+_SMALL_INTS = 4096
+_BUCKETS = np.array([_bucket_int.py_func(v) for v in range(_SMALL_INTS)], np.uint64)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def bucket_int(v):
+    """Criteo integer feature → bucket: v itself up to 2, then ⌊ln(v)²⌋ (offset past 2).
+    Most values are small: those read a table (a log is ~20 cycles, 13 a line)."""
+    if 0 <= v < _SMALL_INTS:
+        return _BUCKETS[v]
+    return _bucket_int(v)
 
 
 @njit(nogil=True, cache=True)
