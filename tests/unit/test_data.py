@@ -1,19 +1,13 @@
 """Parsers and the shard reader: every line once, bad lines named, labels mapped."""
 
 import gzip
+import math
 
 import numpy as np
 import pytest
 
 from paramserver.data import parse
-from paramserver.data.reader import (
-    DataError,
-    DataFormat,
-    Shard,
-    make_shards,
-    read_all,
-    read_batches,
-)
+from paramserver.data.reader import DataError, DataFormat, Shard, make_shards, read_all, read_batches
 
 CRITEO_LINE = "1\t5\t\t-2\t0\t1382\t4\t15\t2\t181\t1\t2\t\t2\t" + "\t".join(
     ["68fd1e64", "80e26c9b", ""] + [f"{i:08x}" for i in range(23)]) + "\n"
@@ -48,6 +42,10 @@ def test_integer_buckets_are_log_squared():
     assert parse.bucket_int(100) == parse.bucket_int(99)  # floor(ln(v)^2) = 21 for both
     assert parse.bucket_int(3) != parse.bucket_int(100)
     assert parse.bucket_int(-1) != parse.bucket_int(1)
+    # small values read a precomputed table: the same buckets as the formula, either side of it
+    values = [-5, -1, 0, 1, 2, 3, 99, 4095, 4096, 4097, 10**6, 10**12]
+    assert [parse.bucket_int(v) for v in values] == [parse._bucket_int(v) for v in values]
+    assert parse._BUCKETS[4095] == int(math.log(4095) ** 2) + 16
 
 
 @pytest.mark.parametrize("bad,what", [
