@@ -96,12 +96,9 @@ class TableSpec:
         return float(self.consistency)
 
     @property
-    def dense(self) -> bool:
-        return self.key_bits > 0
-
-    def row_bytes(self) -> int:
-        """Bytes a key's row takes in a server (value and optimiser state)."""
-        return 4 * (self.dim + self.optimizer.state_width(self.dim))
+    def width(self) -> int:
+        """Floats a key's row takes in a server: the value, then the optimiser state."""
+        return self.dim + self.optimizer.state_width(self.dim)
 
     def check_keys(self, keys: np.ndarray) -> None:
         """Raise ``ConfigError`` if a key is outside a dense table's key space."""

@@ -92,7 +92,7 @@ class TrainConfig:
                                   f"space), got {self.data.hash_bits}; fold the features or use --table-layout "
                                   "hash")
             return bits
-        if 1 <= bits <= MAX_KEY_BITS and (1 << bits) * (spec.row_bytes() + 4) * self.replicas <= DENSE_AUTO_BYTES:
+        if 1 <= bits <= MAX_KEY_BITS and (1 << bits) * 4 * (spec.width + 1) * self.replicas <= DENSE_AUTO_BYTES:
             return bits
         return 0
 
