@@ -114,3 +114,95 @@ def test_hash_bits_fold_keys():
     parse.parse_criteo(buf, 1, False, np.uint64((1 << 18) - 1), np.empty(1, np.float32), keys,
                        np.empty(1, np.int64))
     assert keys.max() < 1 << 18
+
+
+def _reference_criteo(text: bytes, mask):
+    """The Criteo rules in plain Python: what ``parse_criteo`` must return, line by line:
+    ``(ERR_NONE, label, keys, offset past the line)`` or ``(error, offset of the line)``."""
+    def fnv(token):
+        h = 0xCBF29CE484222325
+        for byte in token:
+            h = ((h ^ byte) * 0x100000001B3) % 2**64
+        return h
+
+    def integer(token):
+        digits = token[1:] if token[:1] in (b"-", b"+") else token
+        if not digits or len(digits) > 18 or not all(48 <= c <= 57 for c in digits):
+            return None
+        return -int(digits) if token[:1] == b"-" else int(digits)
+
+    rows, pos = [], 0
+    for line in text.split(b"\n")[:-1]:
+        start, pos = pos, pos + len(line) + 1
+        line = line[:-1] if line.endswith(b"\r") else line
+        if not line:
+            continue
+        fields = line.split(b"\t")
+        if fields[0] not in (b"0", b"1") or len(fields) == 1:
+            rows.append((parse.ERR_LABEL, start))
+            continue
+        keys, err = [parse.feature_key(0, np.uint64(0), mask)], parse.ERR_NONE
+        for field, token in enumerate(fields[1:40], 1):  # the first wrong field decides the error
+            if (field == len(fields) - 1) != (field == 39):  # the line ends early, or goes on
+                err = parse.ERR_FIELDS
+                break
+            if not token:
+                value = 0xFFFFFFFFFFFFFFF1
+            elif field <= 13:
+                v = integer(token)
+                if v is None:
+                    err = parse.ERR_INT
+                    break
+                value = parse._bucket_int.py_func(v)
+            else:
+                value = fnv(token)
+            keys.append(parse.feature_key(field, np.uint64(value), mask))
+        rows.append((err, float(fields[0] == b"1"), keys, pos) if not err else (err, start))
+    return rows
+
+
+def test_criteo_parser_matches_the_rules_on_odd_lines():
+    """The parser reads 8 bytes at a time; every odd shape of field, at every distance
+    from the buffer's end, must still parse (or fail) exactly as the rules say."""
+    rng = np.random.default_rng(7)
+    ints = ["", "0", "7", "42", "1382", "999999", "1234567", "12345678", "123456789012", "-1", "+3",
+            "0" * 18]
+    bad_ints = ["-", "1x", "/5", ":5", "5:", "\u0661", "9" * 19, "1\r2"]
+    cats = ["", "68fd1e64", "0a", "abcdef0", "abcdef012", "\xff\xfe", "a\rb", "12345678" * 3]
+
+    def pick(choices, bad=(), p_bad=0.0):
+        return str(rng.choice(bad if rng.random() < p_bad else choices))
+
+    def line():  # most lines good, one in ~6 wrong somewhere
+        if rng.random() < 0.02:
+            return pick(["1\n", "0\t\n", "1\t2\r\n", "\r\n", "\r\r\n"])
+        fields = [pick(["0", "1"], ["2", "", "01"], 0.03)]
+        fields += [pick(ints, bad_ints, 0.005) for _ in range(13)] + [pick(cats) for _ in range(26)]
+        if rng.random() < 0.03:
+            del fields[rng.integers(1, 40)]
+        if rng.random() < 0.03:
+            fields.insert(rng.integers(1, 40), "3")
+        return "\t".join(fields) + pick(["\n", "\r\n"]) + ("\n" if rng.random() < 0.03 else "")
+
+    mask, lines = np.uint64((1 << 20) - 1), {"good": 0, "bad": 0}
+    for trial in range(500):
+        text = "".join(line() for _ in range(rng.integers(1, 6))).encode()
+        buf = np.frombuffer(text, np.uint8)
+        want = _reference_criteo(text, mask)
+        good = [r for r in want if r[0] == parse.ERR_NONE]
+        cap = len(want) + 1
+        labels, keys, ends = np.empty(cap, np.float32), np.empty((cap, 40), np.uint64), np.empty(cap, np.int64)
+        n, used, bad, err, at = parse.parse_criteo(buf, cap, True, mask, labels, keys, ends)
+        assert (n, bad, err, used) == (len(good), len(want) - len(good), parse.ERR_NONE, len(text)), text
+        assert labels[:n].tolist() == [r[1] for r in good], text
+        assert keys[:n].tolist() == [[int(k) for k in r[2]] for r in good], text
+        assert ends[:n].tolist() == [r[3] for r in good], text
+        lines["good"] += len(good)
+        lines["bad"] += len(want) - len(good)
+        first_bad = next((i for i, r in enumerate(want) if r[0] != parse.ERR_NONE), None)
+        n, used, bad, err, at = parse.parse_criteo(buf, cap, False, mask, labels, keys, ends)
+        if first_bad is None:
+            assert err == parse.ERR_NONE and n == len(want)
+        else:
+            assert (n, err, at) == (first_bad, *want[first_bad]), text
+    assert lines["good"] > 4 * lines["bad"] > 100  # both kinds, in numbers

@@ -40,7 +40,7 @@ from numba.typed import List
 from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_keys_of, dense_pos, dense_range, hash64, slot_of_hash, vnode_of_key
 from paramserver.server.optim import init_row, init_value, update_row
-from paramserver.server.prefetch import prefetch_row
+from paramserver.intrinsics import prefetch_row
 
 MAX_LOAD = 0.875
 GROWTH = 1.25

@@ -1,0 +1,59 @@
+"""Numba intrinsics for what numba's Python subset cannot say: ``prefetch_row`` and
+``load_u64``, each a few lines of LLVM IR.
+
+``prefetch_row(arr, r)`` asks the CPU to fetch row ``r`` of a 1-d or 2-d array into
+cache (LLVM's ``llvm.prefetch``, for writing, high locality).  A table kernel touches one
+random row per key; each is a cache miss (~100 ns from DRAM).  The loop body of an
+optimiser update is long enough that the CPU keeps only a few of those misses in flight
+by itself; issuing the fetch for the row needed ``PREFETCH_AHEAD`` keys later overlaps
+them.  A prefetch never faults: an address out of the array is harmless, but callers
+pass rows in range anyway.
+
+``load_u64(buf, i)`` reads the 8 bytes ``buf[i:i+8]`` of a contiguous uint8 array as one
+little-endian uint64 (an unaligned load, one instruction on x86-64 and arm64), so a
+parser can look at 8 characters at once.  It does not check bounds: the caller keeps
+``i + 8 <= buf.shape[0]``.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+@intrinsic
+def prefetch_row(typingctx, arr, row):
+    sig = types.void(arr, row)
+
+    def codegen(context, builder, signature, args):
+        aryty, rowty = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        index = [context.cast(builder, args[1], rowty, types.intp)]
+        index += [context.get_constant(types.intp, 0)] * (aryty.ndim - 1)
+        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
+                                        inds=index, wraparound=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(1), i32(3), i32(1)])  # write, keep, data
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def load_u64(typingctx, buf, i):
+    if not (isinstance(buf, types.Array) and buf.ndim == 1 and buf.dtype == types.uint8 and buf.layout == "C"):
+        return None  # numba reports "no matching definition" at compile time
+    sig = types.uint64(buf, i)
+
+    def codegen(context, builder, signature, args):
+        aryty, ity = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = builder.gep(ary.data, [context.cast(builder, args[1], ity, types.intp)])
+        return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
+
+    return sig, codegen
