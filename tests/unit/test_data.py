@@ -206,3 +206,25 @@ def test_criteo_parser_matches_the_rules_on_odd_lines():
         else:
             assert (n, err, at) == (first_bad, *want[first_bad]), text
     assert lines["good"] > 4 * lines["bad"] > 100  # both kinds, in numbers
+
+
+@pytest.mark.parametrize("fmt,text", [
+    (DataFormat("criteo"), "".join(CRITEO_LINE.replace("\t5\t", f"\t{i}\t", 1) for i in range(40))),
+    (DataFormat("libsvm"), "".join(f"{i % 2} " + " ".join(f"{j}:{i}" for j in range(1, 30)) + "\n"
+                                   for i in range(40)))])
+def test_lines_longer_than_the_read_buffer_and_a_missing_last_newline(tmp_path, monkeypatch, fmt, text):
+    path = write(tmp_path / "a.txt", text.rstrip("\n"))
+    want = read_all([path], fmt)
+    monkeypatch.setattr("paramserver.data.reader.CHUNK_BYTES", 37)  # every line spans reads; the buffer grows
+    for batch_size in (1, 3, 40):
+        for shard_bytes in (500, 1 << 20):
+            stats, got = {}, []
+            for shard in make_shards([path], shard_bytes):
+                batches = list(read_batches(shard, fmt, batch_size, stats))
+                assert all(len(b) == batch_size for b in batches[:-1])  # only a shard's last is short
+                got += batches
+            assert stats["examples"] == 40
+            assert stats["bytes"] == len(text) - 1  # each shard's own bytes, counted once
+            for field in ("labels", "keys", "vals"):
+                np.testing.assert_array_equal(np.concatenate([getattr(b, field) for b in got]), getattr(want, field))
+            np.testing.assert_array_equal(np.concatenate([np.diff(b.indptr) for b in got]), np.diff(want.indptr))

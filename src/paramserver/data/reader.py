@@ -17,6 +17,7 @@ import json
 import os
 import queue
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -156,19 +157,77 @@ def _line_number(path: str, offset: int) -> int:
     return count + 1
 
 
-class _Parsed:
-    """Output buffers of one parse call, reused across chunks."""
+class _CriteoParser:
+    """Parses Criteo lines straight into the arrays of the batch being filled, which
+    may span chunks: no chunk-sized buffer, no copy, no re-cutting."""
 
-    def __init__(self, fmt: DataFormat, rows: int, nbytes: int):
-        self.labels = np.empty(rows, np.float32)
-        self.line_end = np.empty(rows, np.int64)
-        if fmt.name == "criteo":
-            self.keys2d = np.empty((rows, parse.CRITEO_KEYS), np.uint64)
-        else:
-            cap = nbytes // 2 + rows + 1  # a feature takes >= 2 bytes ("1:" at least ... "1:1 ")
-            self.indptr = np.empty(rows + 1, np.int64)
-            self.keys = np.empty(cap, np.uint64)
-            self.vals = np.empty(cap, np.float32)
+    def __init__(self, fmt: DataFormat, batch_size: int):
+        self.fmt, self.size = fmt, batch_size
+        self.line_end = np.empty(batch_size, np.int64)
+        self._new()
+
+    def _new(self) -> None:
+        self.labels = np.empty(self.size, np.float32)
+        self.keys = np.empty((self.size, parse.CRITEO_KEYS), np.uint64)
+        self.filled = 0
+
+    def _batch(self) -> Batch:
+        n, k = self.filled, parse.CRITEO_KEYS
+        return Batch(self.labels[:n], np.arange(0, (n + 1) * k, k, dtype=np.int64),
+                     self.keys[:n].reshape(-1), np.ones(n * k, np.float32))
+
+    def feed(self, arr: np.ndarray, base: int, shard: Shard, stats: dict) -> Iterator[Batch]:
+        offset = 0
+        while offset < arr.shape[0]:
+            f = self.filled
+            n, used, bad, err, err_at = parse.parse_criteo(arr[offset:], self.size - f, self.fmt.skip_bad,
+                                                           self.fmt.mask, self.labels[f:], self.keys[f:],
+                                                           self.line_end)
+            stats["bad_lines"] += bad
+            stats["examples"] += n
+            if err != parse.ERR_NONE:
+                _raise_bad_line(shard, self.fmt, arr, offset + err_at, base, err)
+            self.filled += n
+            offset += used
+            if self.filled == self.size:
+                yield self._batch()
+                self._new()
+
+    def flush(self) -> Iterator[Batch]:
+        if self.filled:
+            yield self._batch()
+            self._new()
+
+
+class _LibsvmParser:
+    """Parses each chunk into buffers sized for it (a line's feature count is unknown
+    until parsed) and yields the chunk's rows as one batch; ``read_batches`` cuts them."""
+
+    def __init__(self, fmt: DataFormat, batch_size: int):
+        self.fmt = fmt
+
+    def feed(self, arr: np.ndarray, base: int, shard: Shard, stats: dict) -> Iterator[Batch]:
+        offset, size = 0, arr.shape[0]
+        rows = min(size // 2 + 1, 1 << 16)  # a line takes >= 2 bytes; the loop goes on if more
+        labels, line_end = np.empty(rows, np.float32), np.empty(rows, np.int64)
+        indptr = np.empty(rows + 1, np.int64)
+        cap = size // 2 + rows + 1  # a feature takes >= 2 bytes ("1:" at least ... "1:1 ")
+        keys, vals = np.empty(cap, np.uint64), np.empty(cap, np.float32)
+        while offset < size:
+            n, used, bad, err, err_at = parse.parse_libsvm(
+                arr[offset:], rows, self.fmt.skip_bad, self.fmt.mask, parse.LABEL_FORMATS[self.fmt.label_format],
+                labels, indptr, keys, vals, line_end)
+            stats["bad_lines"] += bad
+            if err != parse.ERR_NONE:
+                _raise_bad_line(shard, self.fmt, arr, offset + err_at, base, err)
+            if n:
+                nnz = int(indptr[n])
+                stats["examples"] += n
+                yield Batch(labels[:n].copy(), indptr[: n + 1].copy(), keys[:nnz].copy(), vals[:nnz].copy())
+            offset += used
+
+    def flush(self) -> Iterator[Batch]:
+        return iter(())
 
 
 def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
@@ -182,19 +241,31 @@ def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
     stats = stats if stats is not None else {}
     stats.setdefault("bad_lines", 0)
     stats.setdefault("examples", 0)
-    pending: list[Batch] = []
+    pending: deque[Batch] = deque()
     pending_rows = 0
-    chunks = _cached_chunks(shard, fmt, stats) if fmt.cache_dir else _read_chunks(shard, fmt, stats)
-    for batch in chunks:
-        pending.append(batch)
-        pending_rows += len(batch)
+    pieces = (_cached_chunks(shard, fmt, stats, batch_size) if fmt.cache_dir else
+              _read_chunks(shard, fmt, stats, batch_size))
+    for piece in pieces:
+        if len(piece) == batch_size and not pending:  # Criteo's parser fills whole batches
+            yield piece
+            continue
+        pending.append(piece)
+        pending_rows += len(piece)
         while pending_rows >= batch_size:
-            whole = _concat(pending)
-            yield _slice(whole, 0, batch_size)
-            rest = _slice(whole, batch_size, len(whole))
-            pending, pending_rows = ([rest] if len(rest) else []), len(rest)
+            take, need = [], batch_size
+            while need:
+                head = pending[0]
+                if len(head) <= need:
+                    take.append(pending.popleft())
+                    need -= len(head)
+                else:  # views: only the rows of this batch get copied, by _concat
+                    take.append(_slice(head, 0, need))
+                    pending[0] = _slice(head, need, len(head))
+                    need = 0
+            pending_rows -= batch_size
+            yield _concat(take)
     if pending_rows:
-        yield _concat(pending)
+        yield _concat(list(pending))
 
 
 def _cache_path(shard: Shard, fmt: DataFormat) -> str:
@@ -206,7 +277,7 @@ def _cache_path(shard: Shard, fmt: DataFormat) -> str:
     return os.path.join(fmt.cache_dir, hashlib.sha1(key.encode()).hexdigest() + ".npz")
 
 
-def _cached_chunks(shard: Shard, fmt: DataFormat, stats: dict) -> Iterator[Batch]:
+def _cached_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) -> Iterator[Batch]:
     """Like ``_read_chunks``, but a shard parsed once is read back from ``fmt.cache_dir``
     (like Vowpal Wabbit's --cache: later epochs skip parsing and hashing)."""
     path = _cache_path(shard, fmt)
@@ -220,7 +291,7 @@ def _cached_chunks(shard: Shard, fmt: DataFormat, stats: dict) -> Iterator[Batch
         return
     parts = []
     before_bad, before_bytes = stats["bad_lines"], stats.get("bytes", 0)
-    for batch in _read_chunks(shard, fmt, stats):
+    for batch in _read_chunks(shard, fmt, stats, batch_size):
         parts.append(batch)
         yield batch
     whole = _concat(parts) if parts else Batch(np.zeros(0, np.float32), np.zeros(1, np.int64),
@@ -232,12 +303,16 @@ def _cached_chunks(shard: Shard, fmt: DataFormat, stats: dict) -> Iterator[Batch
     os.replace(tmp, path)  # whole or absent: a reader never sees half a cache file
 
 
-def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict) -> Iterator[Batch]:
+def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) -> Iterator[Batch]:
+    """The shard's examples, parsed a chunk of whole lines at a time (batches of any size;
+    Criteo's are ``batch_size`` but the last)."""
     path = shard.path
     try:
         f = fsspec.open(path, "rb", compression="infer").open()
     except FileNotFoundError:
         raise DataError(f"no such file: {path}") from None
+    parser = (_CriteoParser if fmt.name == "criteo" else _LibsvmParser)(fmt, batch_size)
+    stats.setdefault("bytes", 0)
     with f:
         pos = shard.start
         if shard.start > 0:  # the line straddling start belongs to the previous shard
@@ -245,63 +320,37 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict) -> Iterator[Batch]:
             skipped = f.readline()
             pos = shard.start - 1 + len(skipped)
         end = shard.end if shard.end >= 0 else None
-        carry = b""
-        while end is None or pos < end:
-            data = f.read(CHUNK_BYTES)
-            eof = not data
-            buf = carry + data
+        buf, have = bytearray(CHUNK_BYTES), 0  # buf[:have]: read, not parsed; starts at file offset pos
+        eof, added = False, 0
+        while not eof and (end is None or pos < end):
+            if have == len(buf):  # a line longer than the buffer: grow it
+                buf.extend(bytes(len(buf)))
+            got = f.readinto(memoryview(buf)[have:]) or 0
+            eof, have = got == 0, have + got
             if eof:
-                if not buf:
+                if not have:
                     break
-                if not buf.endswith(b"\n"):
-                    buf += b"\n"
-                cut = len(buf)
+                if buf[have - 1] != parse.NL:  # the last line has no newline: give it one
+                    if have == len(buf):
+                        buf.append(0)
+                    buf[have] = parse.NL
+                    have, added = have + 1, 1
+                cut = have
             else:
-                cut = buf.rfind(b"\n") + 1
-                if cut == 0:  # a line longer than a chunk: read on
-                    carry = buf
+                cut = buf.rfind(b"\n", 0, have) + 1
+                if cut == 0:  # no whole line yet: read on
                     continue
-            carry = buf[cut:]
             arr = np.frombuffer(buf, np.uint8, count=cut)
-            if end is not None:  # keep only lines starting before `end`
+            if end is not None and end - pos < cut:  # keep only lines starting before `end`
                 limit = end - pos
-                if limit < cut:
-                    nl = buf.find(b"\n", max(limit - 1, 0)) if limit > 0 else -1
-                    arr = arr[: (nl + 1 if limit > 0 else 0)]
-            yield from _parse_all(arr, pos, shard, fmt, stats)
+                arr = arr[: buf.find(b"\n", limit - 1, cut) + 1] if limit > 0 else arr[:0]
+            yield from parser.feed(arr, pos, shard, stats)
+            stats["bytes"] += arr.shape[0] - added  # the shard's own lines
+            del arr  # no view of buf may outlive the chunk: the next read reuses it
             pos += cut
-            stats["bytes"] = stats.get("bytes", 0) + cut
-            if eof:
-                break
-
-
-def _parse_all(arr: np.ndarray, base: int, shard: Shard, fmt: DataFormat, stats: dict) -> Iterator[Batch]:
-    offset = 0
-    rows = max(1, arr.shape[0] // 16 + 1)  # a line takes >= 2 bytes; grow if needed
-    out = _Parsed(fmt, min(rows, 1 << 16), arr.shape[0])
-    while offset < arr.shape[0]:
-        view = arr[offset:]
-        cap = out.labels.shape[0]
-        if fmt.name == "criteo":
-            n, used, bad, err, err_at = parse.parse_criteo(view, cap, fmt.skip_bad, fmt.mask,
-                                                           out.labels, out.keys2d, out.line_end)
-            batch = Batch(out.labels[:n].copy(), np.arange(0, (n + 1) * parse.CRITEO_KEYS,
-                                                           parse.CRITEO_KEYS, dtype=np.int64),
-                          out.keys2d[:n].reshape(-1).copy(), np.ones(n * parse.CRITEO_KEYS, np.float32))
-        else:
-            n, used, bad, err, err_at = parse.parse_libsvm(
-                view, cap, fmt.skip_bad, fmt.mask, parse.LABEL_FORMATS[fmt.label_format],
-                out.labels, out.indptr, out.keys, out.vals, out.line_end)
-            nnz = int(out.indptr[n])
-            batch = Batch(out.labels[:n].copy(), out.indptr[: n + 1].copy(),
-                          out.keys[:nnz].copy(), out.vals[:nnz].copy())
-        stats["bad_lines"] += bad
-        if err != parse.ERR_NONE:
-            _raise_bad_line(shard, fmt, arr, offset + err_at, base, err)
-        if n:
-            stats["examples"] += n
-            yield batch
-        offset += used
+            buf[: have - cut] = buf[cut:have]
+            have -= cut
+        yield from parser.flush()
 
 
 def _raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base: int, err: int) -> None:
