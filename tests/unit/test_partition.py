@@ -6,11 +6,11 @@ from paramserver import Ring
 from paramserver.routing.partition import route_pull, route_push, scatter_rows
 
 
-def _check_parts(ring, routed):
+def _check_parts(ring, routed, bits=0):
     for part in routed.parts:
         keys = routed.keys[part.start:part.stop]
-        assert (ring.owner_of_keys(keys) == part.server).all()
-        np.testing.assert_array_equal(np.repeat(part.vnodes, part.counts), ring.vnodes(keys))
+        assert (ring.owner_of_keys(keys, bits) == part.server).all()
+        np.testing.assert_array_equal(np.repeat(part.vnodes, part.counts), ring.vnodes(keys, bits))
     assert sum(p.stop - p.start for p in routed.parts) == routed.keys.size
     assert len({p.server for p in routed.parts}) == len(routed.parts)
 
@@ -38,6 +38,22 @@ def test_push_routing_sums_duplicates():
     assert routed.keys.size == np.unique(keys).size
     for k, g in zip(routed.keys[:50], routed.grads[:50]):
         np.testing.assert_allclose(g, grads[keys == k].sum(axis=0), rtol=1e-4, atol=1e-4)
+
+
+def test_a_distinct_push_routes_like_a_merged_one():
+    ring = Ring.create([1, 2, 3], 16)
+    rng = np.random.default_rng(2)
+    for bits in (0, 20):
+        keys = rng.permutation(1 << 20)[:5000].astype(np.uint64)
+        grads = rng.standard_normal((keys.size, 3)).astype(np.float32)
+        merged, plain = route_push(ring, keys, grads, bits), route_push(ring, keys, grads, bits, distinct=True)
+        _check_parts(ring, plain, bits)
+        assert [(p.server, p.start, p.stop) for p in plain.parts] == [(p.server, p.start, p.stop) for p in merged.parts]
+        for p, q in zip(plain.parts, merged.parts):
+            np.testing.assert_array_equal(p.vnodes, q.vnodes)
+            np.testing.assert_array_equal(p.counts, q.counts)
+        np.testing.assert_array_equal(plain.keys, merged.keys)
+        np.testing.assert_array_equal(plain.grads, merged.grads)
 
 
 def test_empty_batch():

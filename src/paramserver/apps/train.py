@@ -153,7 +153,7 @@ def _train_shard(client: Client, table: str, model: Model, shard: Shard, cfg: Tr
             time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
         while len(pushes) >= cfg.pipeline:
             pushes.popleft().result(timeout=300)  # errors surface here
-        pushes.append(client.push(table, uniq, grads))
+        pushes.append(client.push(table, uniq, grads, distinct=True))
         client.clock()
         if on_batch is not None:
             on_batch(client.current_clock, len(batch), loss)
@@ -407,6 +407,7 @@ def warm_up() -> None:
                 grads, _ = model.step(batch, inverse, rows)
                 model.predict(batch, inverse, rows)
                 route_push(Ring.create([1]), uniq, grads)
+                route_push(Ring.create([1]), uniq, grads, distinct=True)
             routed = route_pull(Ring.create([1]), uniq)
             # a pull's reply is scattered from a received (read-only) frame
             frames = encode({"op": Op.OK.value}, [np.zeros((uniq.size, 1), np.float32)])

@@ -143,7 +143,7 @@ class _Scatter:
         if self.future.done():
             return
         try:
-            again = self.client._pieces(self.kind, piece.keys, piece.extra, self.bits)
+            again = self.client._pieces(self.kind, piece.keys, piece.extra, self.bits, distinct=True)
         except Exception as exc:
             self.fail(exc)
             return
@@ -290,17 +290,18 @@ class Client:
                                     "create it with create_table()")
         return spec
 
-    def _pieces(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, bits: int) -> list[_Piece]:
+    def _pieces(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, bits: int,
+                distinct: bool = False) -> list[_Piece]:
         """Route ``keys`` with the current ring into one piece per server.  ``extra`` rides
         along: a pull's output row of each key (None: the identity), a push's gradients;
-        ``bits`` is the table's ``key_bits``."""
+        ``bits`` is the table's ``key_bits``; ``distinct``: a push's keys need no merging."""
         with self._lock:
             ring = self._ring
         if kind is Op.PULL:
             routed = route_pull(ring, keys, bits)
             index = routed.order if extra is None else extra[routed.order]
         else:
-            routed = route_push(ring, keys, extra, bits)
+            routed = route_push(ring, keys, extra, bits, distinct)
             index = routed.grads
         return [_Piece(part.server, ring.epoch, routed.keys[part.start:part.stop], index[part.start:part.stop],
                        part.vnodes, part.counts) for part in routed.parts]
@@ -308,11 +309,11 @@ class Client:
     def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
                  on_piece: Callable[[_Piece, Message], None], result: Any = None,
                  reply_row_bytes: int = 0, seq: int | None = None,
-                 on_settled: Callable[[], None] | None = None) -> Future:
+                 on_settled: Callable[[], None] | None = None, distinct: bool = False) -> Future:
         """Send a pull or push as one request per server; the future resolves to
         ``result`` once every piece is answered (see ``_Scatter``)."""
         bits = self._spec(table).key_bits
-        pieces = self._pieces(kind, keys, extra, bits)
+        pieces = self._pieces(kind, keys, extra, bits, distinct)
         limit = self.config.max_message_bytes - (1 << 20)  # room for the header
         for piece in pieces:  # check every piece before sending any: never half a push
             nbytes = max(piece.keys.nbytes + (piece.extra.nbytes if kind is Op.PUSH else 0),
@@ -387,9 +388,14 @@ class Client:
 
         return self._scatter(Op.PULL, table, keys, None, on_piece, result=out, reply_row_bytes=4 * spec.dim)
 
-    def push(self, table: str, keys: Any, grads: Any) -> Future:
+    def push(self, table: str, keys: Any, grads: Any, *, distinct: bool = False) -> Future:
         """Send gradients; duplicate keys are summed first. The future completes once
-        every live replica applied them (each exactly once, retries included)."""
+        every live replica applied them (each exactly once, retries included).
+
+        ``distinct=True`` says ``keys`` has no duplicates (they came from ``np.unique``
+        or ``Batch.unique``), so the client does not look for them: routing a push costs
+        a third.  Should one slip through, the server applies it as a second update.
+        """
         spec = self._spec(table)
         keys = as_keys(keys)
         spec.check_keys(keys)
@@ -409,7 +415,7 @@ class Client:
         try:  # the seq is settled once no request of it is left anywhere, not when the
             # future fails: a server may still apply and forward a piece in flight
             return self._scatter(Op.PUSH, table, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
-                                 seq=seq, on_settled=lambda: self._settled(seq))
+                                 seq=seq, on_settled=lambda: self._settled(seq), distinct=distinct)
         except BaseException:
             self._settled(seq)
             raise

@@ -1,4 +1,4 @@
-"""Client-side routing of a key batch: group by (server, vnode), drop duplicates.
+"""Client-side routing of a key batch: group by (server, vnode), merge duplicates.
 
 One pass hashes every key and counting-sorts it by the rank of its vnode in
 (owner, vnode) order, so each server's keys are one contiguous slice and, inside it, each
@@ -197,8 +197,11 @@ def route_pull(ring: Ring, keys: np.ndarray, bits: int = 0) -> Routed:
     return Routed(skeys, _parts(ring, offsets), ring.epoch, order=order)
 
 
-def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, bits: int = 0) -> Routed:
-    """Group ``keys`` by server and vnode, merging duplicate keys by summing their rows."""
+def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, bits: int = 0, distinct: bool = False) -> Routed:
+    """Group ``keys`` by server and vnode, merging duplicate keys by summing their rows
+    (``distinct``: the caller knows there are none, so skip looking; ~2/3 of the cost)."""
     skeys, srows, _, offsets = _group(keys, grads, ring.n_vnodes, ring.vnode_rank, False, bits)
+    if distinct:
+        return Routed(skeys, _parts(ring, offsets), ring.epoch, grads=srows)
     uniq, sums, uoffsets = _dedup_sum(skeys, srows, offsets)
     return Routed(uniq, _parts(ring, uoffsets), ring.epoch, grads=sums)
