@@ -1,12 +1,15 @@
 """Training throughput and quality: paramserver against Vowpal Wabbit and scikit-learn.
 
-Run: ``.venv/bin/python bench/train.py [--rows 1000000] [--json]``  (needs ``.[bench]``)
+Run: ``.venv/bin/python bench/train.py [--rows 1000000] [--repeat 3] [--json]``  (needs ``.[bench]``)
 
 One synthetic Criteo-format file (``paramserver synth``) of ``--rows`` training rows and
 a test file of ``rows / 10``; every learner makes one pass over the same rows with the
 same hashed feature space (``--hash-bits``, default 24) and is scored on the same test
 rows.  Timed: from the start of learning to the end of the pass, parsing included;
 not timed: writing the data, VW's text conversion, cluster start-up and table creation, scoring.
+Every learner runs ``--repeat`` times (default 3), the learners taking turns so a slow
+spell of the machine (this 2-core VM varies ±15 % from run to run) hits all of them; the
+table shows the median time with the range, and the worst test log loss of the runs.
 
 * paramserver: logistic regression, FTRL, ``--batch-size`` (default 4000: on 1e6 rows,
   batch 1000 and 4000 give the same test log loss, 0.4341, and 4000 is ~1.5× faster:
@@ -24,6 +27,7 @@ not timed: writing the data, VW's text conversion, cluster start-up and table cr
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -86,11 +90,10 @@ def read_tokens(path: str) -> tuple[np.ndarray, list[list[str]]]:
     return np.array(labels, np.float64), rows
 
 
-def bench_sklearn(train: str, test_labels: np.ndarray, test_rows: list, bits: int) -> dict:
+def bench_sklearn(labels: np.ndarray, rows: list, test_labels: np.ndarray, test_rows: list, bits: int) -> dict:
     from sklearn.feature_extraction import FeatureHasher
     from sklearn.linear_model import SGDClassifier
 
-    labels, rows = read_tokens(train)  # parsing to tokens is not timed (it is Python here)
     hasher = FeatureHasher(2**bits, input_type="string", alternate_sign=False)
     clf = SGDClassifier(loss="log_loss", random_state=0)
     t0 = time.perf_counter()
@@ -119,8 +122,10 @@ def main() -> None:
                     help="paramserver table layouts to run (default both)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip", nargs="*", default=[], help="learners to leave out: vw sklearn")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of every learner, interleaved; the median time counts (default 3)")
     args = ap.parse_args()
-    rows = []
+    runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="paramserver-bench-") as tmp:
         train, test = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
         print(f"writing {args.rows:,} + {args.rows // 10:,} rows", file=sys.stderr)
@@ -128,20 +133,24 @@ def main() -> None:
         write_synth(test, args.rows // 10, seed=2)
         os.sync()  # written back now, not by the kernel while a learner is timed
         test_labels, test_rows = read_tokens(test)
-        for layout in args.layouts:
-            for servers, workers in ((1, 1), (2, 2)):
-                rows.append(bench_paramserver(train, test, args.hash_bits, servers, workers, args.batch_size,
-                                              layout))
-                print(rows[-1], file=sys.stderr)
-        if "vw" not in args.skip:
+        learners = [functools.partial(bench_paramserver, train, test, args.hash_bits, servers, workers,
+                                      args.batch_size, layout)
+                    for layout in args.layouts for servers, workers in ((1, 1), (2, 2))]
+        if "vw" not in args.skip:  # converted once, not timed
             to_vw(train, train + ".vw")
             to_vw(test, test + ".vw")
             os.sync()
-            rows.append(bench_vw(train + ".vw", test + ".vw", test_labels, args.hash_bits, tmp))
-            print(rows[-1], file=sys.stderr)
-        if "sklearn" not in args.skip:
-            rows.append(bench_sklearn(train, test_labels, test_rows, args.hash_bits))
-            print(rows[-1], file=sys.stderr)
+            learners.append(functools.partial(bench_vw, train + ".vw", test + ".vw", test_labels, args.hash_bits,
+                                              tmp))
+        if "sklearn" not in args.skip:  # parsing to tokens is not timed (it is Python here)
+            learners.append(functools.partial(bench_sklearn, *read_tokens(train), test_labels, test_rows,
+                                              args.hash_bits))
+        for _ in range(args.repeat):  # interleaved: a slow spell of the machine hits every learner
+            for learner in learners:
+                run = learner()
+                runs.setdefault(run["learner"], []).append(run)
+                print(run, file=sys.stderr)
+    rows = [_summary(r) for r in runs.values()]
     for r in rows:
         r["rows"] = args.rows
         r["examples_per_s"] = args.rows / r["seconds"]
@@ -151,11 +160,24 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'learner':<28} {'examples/s':>12} {'x VW':>6} {'test logloss':>13} {'table s':>8}")
+    print(f"{'learner':<28} {'examples/s':>12} {'(range)':>19} {'x VW':>6} {'test logloss':>13} {'table s':>8}")
     for r in rows:
         ratio = f"{r['vs_vw']:.2f}" if r["vs_vw"] else "-"
         table = f"{r['table_seconds']:.2f}" if "table_seconds" in r else "-"
-        print(f"{r['learner']:<28} {r['examples_per_s']:>12,.0f} {ratio:>6} {r['logloss']:>13.4f} {table:>8}")
+        spread = f"{args.rows / max(r['seconds_runs']):,.0f}-{args.rows / min(r['seconds_runs']):,.0f}"
+        print(f"{r['learner']:<28} {r['examples_per_s']:>12,.0f} {spread:>19} {ratio:>6} {r['logloss']:>13.4f} "
+              f"{table:>8}")
+
+
+def _summary(runs: list[dict]) -> dict:
+    """One learner's runs: the median time, and the worst test log loss of any run (the
+    asynchronous runs differ a little from run to run)."""
+    times = sorted(r["seconds"] for r in runs)
+    out = {"learner": runs[0]["learner"], "seconds": float(np.median(times)), "seconds_runs": times,
+           "logloss": max(r["logloss"] for r in runs), "logloss_runs": [r["logloss"] for r in runs]}
+    if "table_seconds" in runs[0]:
+        out["table_seconds"] = float(np.median([r["table_seconds"] for r in runs]))
+    return out
 
 
 if __name__ == "__main__":
