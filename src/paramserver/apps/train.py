@@ -27,14 +27,14 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from paramserver import checkpoint
 from paramserver.apps.models import Model, auc, logloss
 from paramserver.client.client import Client
-from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, make_shards, prefetch, read_all,
+from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, make_shards, Prefetch, read_all,
                                      read_batches)
 from paramserver.errors import CheckpointError, ConfigError, WorkerError
 from paramserver.routing.hashing import MAX_KEY_BITS
@@ -99,55 +99,91 @@ class TrainConfig:
 
 def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
     """What every worker runs: shards from the task queue until the job is done."""
-    table, model = cfg.model.table, cfg.model
-    done = {"examples": 0, "loss_sum": 0.0, "bad_lines": 0}
     t0 = time.perf_counter()
     trace: list[tuple[float, int, int, float]] = []  # (seconds, clock, examples, loss sum)
 
     def on_batch(clock: int, n: int, loss: float) -> None:
         trace.append((time.perf_counter() - t0, clock, n, loss))
 
-    while (task := client.next_shard()) is not None:
-        stats: dict[str, Any] = {}
-        examples, loss_sum = _train_shard(client, table, model, Shard.from_wire(task["shard"]), cfg, stats,
-                                          on_batch)
-        client.shard_done(task, examples=examples, loss_sum=loss_sum, bad_lines=stats["bad_lines"],
-                          bytes=stats.get("bytes", 0))
-        done["examples"] += examples
-        done["loss_sum"] += loss_sum
-        done["bad_lines"] += stats["bad_lines"]
+    done = _train_stream(client, cfg, on_batch)
     return {**done, "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received,
             "rank": client.rank, "trace": trace}
 
 
-def _train_shard(client: Client, table: str, model: Model, shard: Shard, cfg: TrainConfig,
-                 stats: dict, on_batch: Callable[[int, int, float], None] | None = None) -> tuple[int, float]:
-    """Train on one shard with ``cfg.pipeline`` pulls and pushes in flight.
+def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple]:
+    """Every shard the scheduler gives this worker as one stream: ``(task, batch, uniq,
+    inverse)`` for each mini-batch, then ``(task, None, stats, None)`` to close the shard.
+    Runs in the reader thread, which asks for the next shard as soon as it has read the
+    last one (the closing item is queued first: the shard can be reported done while the
+    question waits) and parses on into it."""
+    while (task := client.next_shard()) is not None:
+        stats: dict[str, Any] = {}
+        for batch in read_batches(Shard.from_wire(task["shard"]), cfg.data, cfg.batch_size, stats):
+            yield (task, batch, *batch.unique())
+        yield task, None, stats, None
+
+
+def _train_stream(client: Client, cfg: TrainConfig,
+                  on_batch: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
+    """Train on the shard stream with ``cfg.pipeline`` pulls and pushes in flight.
 
     The rows for batch t are pulled while batches t-1 .. t-pipeline+1 compute, so a
     batch sees the pushes of all but the last ``pipeline - 1`` batches before it
     (bounded delay, as in Downpour SGD); ``pipeline=1`` is strictly sequential.
+    A shard is reported done once its pushes are applied.  The reader thread reads on
+    into the next shard meanwhile, so a shard boundary costs one drain of the pushes, not
+    also a request for the next shard and its first parse.
     """
-    # parsed and deduplicated ahead by a reader thread
-    batches = prefetch(read_batches(shard, cfg.data, cfg.batch_size, stats),
-                       prepare=lambda b: (b, *b.unique()))
-    pulls: deque = deque()
+    items = Prefetch(_shard_stream(client, cfg))  # parsed and deduplicated ahead
+    try:
+        return _train_items(client, cfg, items, on_batch)
+    finally:
+        items.close()
+
+
+def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
+                 on_batch: Callable[[int, int, float], None] | None) -> dict[str, Any]:
+    table, model = cfg.model.table, cfg.model
+    ahead: deque = deque()  # (item, its pull or None), in stream order
     pushes: deque = deque()
-    examples, loss_sum = 0, 0.0
+    pulling, closing = 0, False  # pulls in `ahead`; a shard's end is in it
+    done = {"examples": 0, "loss_sum": 0.0, "bad_lines": 0}
+    examples, loss_sum = 0, 0.0  # of the current shard
     shown_examples, shown_loss, shown_at = 0, 0.0, time.monotonic()
     exhausted = False
     slow = client.rank == cfg.slow_rank and cfg.slow_factor > 1
     while True:
         iteration_start = time.perf_counter()
-        while not exhausted and len(pulls) < cfg.pipeline:
-            item = next(batches, None)
+        # Pull up to a shard's end, not past it: the next shard's pulls go out once this
+        # shard's pushes are applied, so the updates a pull sees do not depend on timing
+        # (one worker trains deterministically), and a next shard that waits for this
+        # shard_done (a new epoch, a checkpoint) cannot wait on us.
+        while not exhausted and pulling < cfg.pipeline and not closing:
+            item = next(items, None)
             if item is None:
                 exhausted = True
+            elif item[1] is None:
+                ahead.append((item, None))
+                closing = True
             else:
-                pulls.append((item, client.pull(table, item[1])))
-        if not pulls:
+                ahead.append((item, client.pull(table, item[2])))
+                pulling += 1
+        if not ahead:
             break
-        (batch, uniq, inverse), rows = pulls.popleft()
+        (task, batch, uniq, inverse), rows = ahead.popleft()
+        if batch is None:  # the shard's last push is out: report it done once applied
+            stats, closing = uniq, False
+            while pushes:
+                pushes.popleft().result(timeout=300)  # errors surface here
+            client.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
+            client.shard_done(task, examples=examples, loss_sum=loss_sum, bad_lines=stats["bad_lines"],
+                              bytes=stats.get("bytes", 0))
+            done["examples"] += examples
+            done["loss_sum"] += loss_sum
+            done["bad_lines"] += stats["bad_lines"]
+            examples, loss_sum, shown_examples, shown_loss = 0, 0.0, 0, 0.0
+            continue
+        pulling -= 1
         grads, loss = model.step(batch, inverse, rows.result(timeout=300))
         if slow:  # a straggler, for consistency benchmarks: each batch takes factor x as long
             time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
@@ -162,10 +198,7 @@ def _train_shard(client: Client, table: str, model: Model, shard: Shard, cfg: Tr
         if time.monotonic() - shown_at > PROGRESS_EVERY_S:
             client.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
             shown_examples, shown_loss, shown_at = examples, loss_sum, time.monotonic()
-    while pushes:
-        pushes.popleft().result(timeout=300)
-    client.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
-    return examples, loss_sum
+    return done
 
 
 def _merge_consistency(per_server: list[dict[str, Any]]) -> dict[str, Any]:

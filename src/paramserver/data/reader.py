@@ -380,48 +380,67 @@ def _concat(batches: list[Batch]) -> Batch:
                  np.concatenate([b.keys for b in batches]), np.concatenate([b.vals for b in batches]))
 
 
-def prefetch(items: Iterator[Any], depth: int = 4, prepare: Callable[[Any], Any] = lambda x: x) -> Iterator[Any]:
-    """Produce ``prepare(item)`` for the items of ``items`` in a background thread.
+class Prefetch:
+    """The items of ``items``, produced in a background thread up to ``depth`` ahead.
 
     Parsing (numba, GIL released) then overlaps the consumer's waits on the network.
-    Errors are re-raised in the consumer; a consumer that stops early stops the thread.
+    Errors are re-raised in the consumer; ``close()`` (or leaving a ``with`` block) stops
+    the thread.
     """
-    out: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
 
-    def put(value: Any) -> bool:
+    _END = object()
+
+    def __init__(self, items: Iterator[Any], depth: int = 4):
+        self._out: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._ended = False
+        self._thread = threading.Thread(target=self._produce, args=(items,), name="paramserver-reader",
+                                        daemon=True)
+        self._thread.start()
+
+    def _put(self, value: Any) -> bool:
         """Hand ``value`` over unless the consumer has stopped (then never block)."""
-        while not stop.is_set():
+        while not self._stop.is_set():
             try:
-                out.put(value, timeout=0.1)
+                self._out.put(value, timeout=0.1)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def produce() -> None:
+    def _produce(self, items: Iterator[Any]) -> None:
         try:
             for item in items:
-                if not put((True, prepare(item))):
+                if not self._put((True, item)):
                     return
-            put((True, done))
+            self._put((True, self._END))
         except BaseException as exc:  # handed to the consumer
-            put((False, exc))
+            self._put((False, exc))
 
-    thread = threading.Thread(target=produce, name="paramserver-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            ok, value = out.get()
-            if not ok:
-                raise value
-            if value is done:
-                return
-            yield value
-    finally:
-        stop.set()
-        thread.join(5)
+    def __iter__(self) -> Prefetch:
+        return self
+
+    def __next__(self) -> Any:
+        if self._ended:
+            raise StopIteration
+        ok, value = self._out.get()
+        if not ok:
+            self._ended = True
+            raise value
+        if value is self._END:
+            self._ended = True
+            raise StopIteration
+        return value
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def read_all(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16) -> Batch:

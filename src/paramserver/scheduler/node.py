@@ -501,8 +501,10 @@ class SchedulerNode:
 
     def _announce_workers(self) -> None:
         """Tell servers which workers their vector clocks follow: the live ones, less
-        those waiting for a data shard (an idle worker must not hold the others back)."""
-        idle = {w[2] for w in self.shard_waiters}
+        those waiting for a data shard and holding none (an idle worker must not hold
+        the others back; a worker asks for its next shard while it finishes one)."""
+        busy = set(self.job.running.values()) if self.job is not None else set()
+        idle = {w[2] for w in self.shard_waiters} - busy
         workers = sorted(n.id for n in self.nodes.values() if n.role == "worker" and n.id not in idle)
         if workers == self._announced:
             return
