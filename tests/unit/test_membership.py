@@ -111,3 +111,27 @@ def test_plan_moves_redoes_unconfirmed_copies_from_a_complete_holder():
     # the unconfirmed holder is never a source, even when it comes first in the chain
     assert plan_moves(ring, ring, {"t": 2}, incomplete={("t", v, primary)}) == [(backup, "t", v, primary)]
     assert np.all(ring.chains[:, 0] >= 0)
+
+
+def test_a_worker_asking_ahead_for_a_shard_still_counts_in_the_clocks(make):
+    """Workers ask for their next shard while they finish one; only a worker that waits
+    and holds no shard is idle, and left out of the servers' vector clocks."""
+    from paramserver.scheduler.tasks import TaskQueue
+
+    s = make([1])
+    for w in (10, 11):
+        s.nodes[w] = NodeInfo(w, "worker", b"w%d" % w, "", time.monotonic())
+        s.by_identity[b"w%d" % w] = w
+    s.job = TaskQueue([["a", 0, 10], ["b", 10, 20]], 1)
+
+    def announced():
+        return [h["workers"] for _, h in s.notes if h["op"] == "workers"][-1]
+
+    s.on_next_shard(b"w10", Message({"op": "next_shard", "id": 1}, []))
+    s.on_next_shard(b"w11", Message({"op": "next_shard", "id": 1}, []))
+    assert sorted(s.job.running.values()) == [10, 11] and announced() == [10, 11]
+    s.on_next_shard(b"w10", Message({"op": "next_shard", "id": 2}, []))  # none left: it waits, holding one
+    assert [w[2] for w in s.shard_waiters] == [10] and announced() == [10, 11]
+    sid = next(k for k, v in s.job.running.items() if v == 10)
+    s.on_shard_done(b"w10", Message({"op": "shard_done", "id": 3, "shard_id": sid, "epoch": 0, "stats": {}}, []))
+    assert announced() == [11]  # waiting with nothing in hand: idle
