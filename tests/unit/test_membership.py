@@ -135,3 +135,21 @@ def test_a_worker_asking_ahead_for_a_shard_still_counts_in_the_clocks(make):
     sid = next(k for k, v in s.job.running.items() if v == 10)
     s.on_shard_done(b"w10", Message({"op": "shard_done", "id": 3, "shard_id": sid, "epoch": 0, "stats": {}}, []))
     assert announced() == [11]  # waiting with nothing in hand: idle
+
+
+def test_no_shard_ahead_when_the_running_ones_bring_a_checkpoint(make):
+    from paramserver.scheduler.node import _JobCheckpoints
+    from paramserver.scheduler.tasks import TaskQueue
+
+    s = make([1])
+    for w in (10, 11):
+        s.nodes[w] = NodeInfo(w, "worker", b"w%d" % w, "", time.monotonic())
+        s.by_identity[b"w%d" % w] = w
+    s.job = TaskQueue([["f", i, i + 1] for i in range(8)], 1)
+    s.job_checkpoints = _JobCheckpoints("unused", every=3, timeout_s=1)
+    s.on_next_shard(b"w10", Message({"op": "next_shard", "id": 1}, []))
+    s.on_next_shard(b"w10", Message({"op": "next_shard", "id": 2}, []))  # ahead: 0 done + 1 running < 3
+    assert list(s.job.running.values()) == [10, 10]
+    s.on_next_shard(b"w11", Message({"op": "next_shard", "id": 1}, []))  # holds none: always served
+    s.on_next_shard(b"w11", Message({"op": "next_shard", "id": 2}, []))  # 0 done + 3 running >= 3: held back
+    assert list(s.job.running.values()) == [10, 10, 11] and [w[2] for w in s.shard_waiters] == [11]

@@ -707,11 +707,22 @@ class SchedulerNode:
             return
         waiting, self.shard_waiters = self.shard_waiters, []
         for identity, request_id, node_id in waiting:
+            if self._checkpoint_due(node_id):
+                self.shard_waiters.append((identity, request_id, node_id))
+                continue
             answer = self.job.next_shard(node_id) if self.job else {"done": True}
             if answer is None:
                 self.shard_waiters.append((identity, request_id, node_id))
             else:
                 send(self.sock, encode({"op": Op.OK.value, "id": request_id, **answer}), identity)
+
+    def _checkpoint_due(self, node_id: int) -> bool:
+        """A worker asks for its next shard while it finishes one; hold the new one back
+        if the shards running now bring a checkpoint: it would only delay it (checkpoints
+        stay N to N + workers - 1 shards apart)."""
+        ckpt, job = self.job_checkpoints, self.job
+        return (ckpt is not None and job is not None and node_id in job.running.values()
+                and ckpt.since + len(job.running) >= ckpt.every)
 
     def on_shard_done(self, identity: bytes, msg: Message) -> None:
         node_id = self.by_identity.get(identity)
