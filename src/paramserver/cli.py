@@ -33,6 +33,7 @@ def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> N
     p.add_argument("--connect-timeout-s", type=float, help="[PARAMSERVER_CONNECT_TIMEOUT_S, 30]")
     p.add_argument("--log-level", default=os.environ.get("PARAMSERVER_LOG_LEVEL", "INFO"),
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="[PARAMSERVER_LOG_LEVEL]")
+    p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # LocalCluster's: exit with it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         from paramserver._malloc import tune_allocator
 
         tune_allocator()
+    if getattr(args, "parent_pid", None):
+        from paramserver.cluster.local import exit_with_parent
+
+        exit_with_parent(args.parent_pid)
     try:
         if args.command == "scheduler":
             from paramserver.scheduler.node import SchedulerNode

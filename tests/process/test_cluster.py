@@ -276,3 +276,29 @@ def test_a_dead_scheduler_fails_waiting_calls_instead_of_hanging():
             client.tables()
         # the data plane does not need the scheduler
         client.push("t", [1], [[1.0]]).result(timeout=10)
+
+
+def test_nodes_exit_when_the_process_that_started_them_is_killed():
+    """A driver killed outright cannot stop its cluster; the nodes notice and exit."""
+    script = ("import json, os, signal, paramserver\n"
+              "c = paramserver.LocalCluster(servers=1, workers=1).__enter__()\n"
+              "print(json.dumps([p.popen.pid for p in c.procs.values()]), flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    pids = [int(p) for p in out.stdout.strip("[]\n").split(",")]
+    assert len(pids) == 3, out.stderr
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling /proc: a non-child's exit sends us nothing
+    left = [p for p in pids if alive(p)]
+    for p in left:  # never leave them running, even when the test fails
+        os.kill(p, 9)
+    assert not left, f"nodes {left} outlived the process that started them"

@@ -149,7 +149,8 @@ class LocalCluster:
     def _spawn(self, name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> _Proc:
         log_path = os.path.join(self.log_dir, f"{name}.log")
         with open(log_path, "ab") as log:
-            popen = subprocess.Popen([sys.executable, "-m", "paramserver", *args], env=self._env(),
+            popen = subprocess.Popen([sys.executable, "-m", "paramserver", *args, "--parent-pid", str(os.getpid())],
+                                     env=self._env(),
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                      pass_fds=pass_fds, start_new_session=True)
         proc = _Proc(name, popen, log_path)
@@ -388,3 +389,22 @@ def run(fn: Callable[..., Any], *args: Any, servers: int = 1, workers: int = 1,
         if setup is not None:
             setup(cluster.client)
         return cluster.run(fn, *args)
+
+
+def exit_with_parent(pid: int, interval_s: float = 0.5) -> None:
+    """In a node ``LocalCluster`` started: exit once the process that started it is gone.
+
+    ``stop()`` ends every node, but a parent killed outright (SIGKILL, or SIGTERM to a
+    Python driver, which skips ``finally``) cannot; its nodes would live on holding ports
+    and tables.  A daemon thread notices the parent is gone (this process was handed to
+    another parent) and ends this one.  Polling rather than ``PR_SET_PDEATHSIG``: that
+    fires when the *thread* that started the child exits, and Linux only.
+    """
+    def watch() -> None:
+        while os.getppid() == pid:
+            time.sleep(interval_s)  # nothing to wait on: a parent's death sends no event here
+        logger.error("the process that started this node (pid %d) is gone: exiting", pid)
+        logging.shutdown()
+        os._exit(3)
+
+    threading.Thread(target=watch, name="paramserver-parent-watch", daemon=True).start()
