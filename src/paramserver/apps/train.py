@@ -134,11 +134,8 @@ def _train_stream(client: Client, cfg: TrainConfig,
     into the next shard meanwhile, so a shard boundary costs one drain of the pushes, not
     also a request for the next shard and its first parse.
     """
-    items = Prefetch(_shard_stream(client, cfg))  # parsed and deduplicated ahead
-    try:
+    with Prefetch(_shard_stream(client, cfg)) as items:  # parsed and deduplicated ahead
         return _train_items(client, cfg, items, on_batch)
-    finally:
-        items.close()
 
 
 def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,

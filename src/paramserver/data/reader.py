@@ -245,10 +245,7 @@ def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
     pending_rows = 0
     pieces = (_cached_chunks(shard, fmt, stats, batch_size) if fmt.cache_dir else
               _read_chunks(shard, fmt, stats, batch_size))
-    for piece in pieces:
-        if len(piece) == batch_size and not pending:  # Criteo's parser fills whole batches
-            yield piece
-            continue
+    for piece in pieces:  # Criteo's come whole: taken as they are, no copy
         pending.append(piece)
         pending_rows += len(piece)
         while pending_rows >= batch_size:
