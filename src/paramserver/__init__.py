@@ -17,12 +17,12 @@ from paramserver.errors import (CheckpointError, ClosedError, ConfigError, Conne
                                 ProtocolError, RemoteError, StaleEpochError, UnknownTableError,
                                 WorkerError)
 from paramserver.routing.ring import Ring
-from paramserver.server.optim import FTRL, SGD, AdaGrad, Adam, Normal, Uniform, Zeros
+from paramserver.server.optim import FTRL, SGD, AdaGrad, Adam, FtrlAdagrad, Normal, Uniform, Zeros
 from paramserver.spec import TableSpec
 
 __all__ = [
     "Client", "LocalCluster", "run", "Config", "TableSpec", "Ring",
-    "SGD", "AdaGrad", "FTRL", "Adam", "Zeros", "Normal", "Uniform",
+    "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "Zeros", "Normal", "Uniform",
     "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
     "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError",
 ]

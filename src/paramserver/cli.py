@@ -72,12 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="lr", help="lr (default) or fm")
     p.add_argument("--k", type=int, default=8, help="FM factor width (default 8)")
     p.add_argument("--fm-l2", type=float, default=1e-2, help="FM L2 penalty on factors (default 0.01)")
-    p.add_argument("--optimizer", help="NAME[:key=value,...], e.g. ftrl:alpha=0.1,l1=1 "
-                                       "(default: ftrl for lr, adagrad for fm)")
+    p.add_argument("--optimizer", help="NAME[:key=value,...], e.g. ftrl:alpha=0.1,l1=1 (default: ftrl for lr, "
+                                       "ftrl_adagrad for fm)")
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=1000,
+                   help="the largest mini-batch, in examples (default 1000)")
+    p.add_argument("--batch-ramp", type=float, default=1.0,
+                   help="batches start at 1 example and grow to --batch-size, at most R * sqrt(examples the "
+                        "worker has trained on) (default 1: 100 after 10^4 examples; 0: no ramp)")
     p.add_argument("--pipeline", type=int, default=2,
                    help="mini-batches in flight per worker (1: each sees every earlier push)")
     p.add_argument("--seed", type=int, default=0)

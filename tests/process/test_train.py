@@ -14,22 +14,30 @@ from paramserver.apps.train import TrainConfig, evaluate, predict_file, run_trai
 from paramserver.data.reader import DataFormat, make_shards
 from support import shared
 
-def test_a9a_one_pass_logistic_regression_reaches_0_330():
+# Vowpal Wabbit 9.11, one pass, --loss_function logistic -b 24, on the same files (issue 11's
+# table, measured 2026-11-23): the defaults must match its log loss and its AUC (less 0.005).
+VW = {"a9a": (0.3246, 0.9019), "criteo": (0.4915, 0.7016)}
+
+
+def test_a9a_one_pass_at_default_flags_matches_vowpal_wabbit():
     train, test = shared("libsvm/a9a.libsvm.gz"), shared("libsvm/a9a.t.libsvm.gz")
-    cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"), epochs=1, batch_size=100)
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"))  # the CLI's defaults
     report = run_training(cfg, [train], [test], servers=1, workers=1)
     assert report["examples"] == 32_561 and report["test_examples"] == 16_281
-    assert report["logloss"] <= 0.330, report
+    assert report["logloss"] <= VW["a9a"][0] and report["auc"] >= VW["a9a"][1] - 0.005, report
+    spread = run_training(cfg, [train], [test], servers=2, workers=2)  # the earlier acceptance check
+    assert spread["logloss"] <= 0.330, spread
 
 
-def test_criteo_split_lr_reaches_0_475_and_fm_beats_its_auc():
+def test_criteo_sample_lr_and_fm_at_default_flags_match_vowpal_wabbit():
     train = shared("criteo/criteo_kaggle_wideresdnn_train.tsv.gz")
-    test = shared("criteo/criteo_kaggle_wideresdnn_test.tsv.gz")
-    lr = run_training(TrainConfig(Model("lr"), batch_size=100), [train], [test], servers=2, workers=1)
-    fm = run_training(TrainConfig(Model("fm", k=8), batch_size=100), [train], [test], servers=2, workers=1)
-    assert lr["examples"] == 7_200 and lr["test_examples"] == 391
-    assert lr["logloss"] <= 0.475, lr
-    assert fm["auc"] > lr["auc"], (fm, lr)
+    test = [shared("criteo/criteo_kaggle_wideresdnn_dev.tsv.gz"), shared("criteo/criteo_kaggle_wideresdnn_test.tsv.gz")]
+    lr = run_training(TrainConfig(Model("lr")), [train], test, servers=2, workers=1)
+    fm = run_training(TrainConfig(Model("fm")), [train], test, servers=2, workers=1)
+    assert lr["examples"] == 7_200 and lr["test_examples"] == 800
+    for report in (lr, fm):
+        assert report["logloss"] <= VW["criteo"][0] and report["auc"] >= VW["criteo"][1] - 0.005, report
+    assert fm["logloss"] <= lr["logloss"], (fm, lr)
 
 
 def test_every_example_once_per_epoch_across_workers_and_shards(tmp_path):

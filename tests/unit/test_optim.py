@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from paramserver import FTRL, SGD, AdaGrad, Adam, ConfigError, TableSpec
+from paramserver import FTRL, SGD, AdaGrad, Adam, ConfigError, FtrlAdagrad, TableSpec
 from paramserver.server.optim import Normal, Uniform, Zeros
 from paramserver.server.table import VnodeTable
 
@@ -129,3 +129,20 @@ def test_normal_and_uniform_initializers_have_the_right_moments():
 def test_table_names_cannot_escape_a_checkpoint_folder(name):
     with pytest.raises(ConfigError, match="table name"):
         TableSpec(name)
+
+
+def test_ftrl_adagrad_is_ftrl_on_the_linear_weight_and_adagrad_on_the_factors():
+    opt = FtrlAdagrad(alpha=0.3, beta=1.0, l1=0.5, l2=1.0, lr=0.2, eps=1e-6, initial_accumulator=0.1)
+    assert opt.state_width(DIM) == 2 + (DIM - 1)
+    w0, g, out = run_table(opt)
+    np.testing.assert_allclose(out[:, 0], ref_ftrl([x[:, :1] for x in g], 0.3, 1.0, 0.5, 1.0)[:, 0],
+                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(out[:, 1:], ref_adagrad([x[:, 1:] for x in g], w0[:, 1:], 0.2, 1e-6, 0.1),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_ftrl_adagrad_checks_both_halves():
+    with pytest.raises(ConfigError, match="ftrl alpha"):
+        TableSpec("t", dim=3, optimizer={"name": "ftrl_adagrad", "alpha": -1})
+    with pytest.raises(ConfigError, match="adagrad lr"):
+        TableSpec("t", dim=3, optimizer={"name": "ftrl_adagrad", "lr": 0})

@@ -73,6 +73,7 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
            fmt: DataFormat) -> dict[str, Any]:
     cfg = TrainConfig(model=Model(args.model, getattr(args, "k", 8), getattr(args, "fm_l2", 1e-2)),
                       data=fmt, optimizer=optimizer, epochs=args.epochs, batch_size=args.batch_size,
+                      batch_ramp=getattr(args, "batch_ramp", 1.0),
                       seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),
                       consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
                       layout=getattr(args, "table_layout", "auto"))

@@ -126,9 +126,14 @@ class Model:
         return 1 if self.name == "lr" else 1 + self.k
 
     def default_optimizer(self) -> dict[str, Any]:
+        """FTRL-Proximal on the linear weights (AdaGrad on an FM's factors), without
+        regularisation, as Vowpal Wabbit learns by default.  With the batch ramp of the
+        training loop these hold from 6 500 examples to millions; how they were chosen,
+        and what else was tried: docs/benchmarks.md, "Defaults that hold without flags"."""
+        linear = {"alpha": 0.115, "beta": 0.5, "l1": 0.0, "l2": 0.0}
         if self.name == "lr":
-            return {"name": "ftrl", "alpha": 0.15, "beta": 1.0, "l1": 1.0, "l2": 1.0}
-        return {"name": "adagrad", "lr": 0.02, "initial_accumulator": 1.0}
+            return {"name": "ftrl", **linear}
+        return {"name": "ftrl_adagrad", **linear, "lr": 0.005, "initial_accumulator": 1.0}
 
     def initializer(self) -> dict[str, Any]:
         return {"name": "zeros"} if self.name == "lr" else {"name": "normal", "std": 0.01}

@@ -22,6 +22,7 @@ worker that dies hands its shard back to the queue and the others finish the job
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections import deque
@@ -34,8 +35,8 @@ import numpy as np
 from paramserver import checkpoint
 from paramserver.apps.models import Model, auc, logloss
 from paramserver.client.client import Client
-from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, make_shards, Prefetch, read_all,
-                                     read_batches)
+from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, _slice, make_shards, Prefetch,
+                                     read_all, read_batches)
 from paramserver.errors import CheckpointError, ConfigError, WorkerError
 from paramserver.routing.hashing import MAX_KEY_BITS
 from paramserver.server.optim import SGD, Initializer
@@ -53,7 +54,8 @@ class TrainConfig:
     data: DataFormat = field(default_factory=DataFormat)
     optimizer: Any = None  # None: the model's default
     epochs: int = 1
-    batch_size: int = 1000
+    batch_size: int = 1000  # the largest mini-batch (see batch_ramp)
+    batch_ramp: float = 1.0  # a batch is at most ramp * sqrt(examples this worker trained on) (0: off)
     seed: int = 0
     pipeline: int = 2  # batches in flight (pulls ahead, pushes unacknowledged)
     consistency: Any = "asp"  # bsp | ssp:S | asp; a worker's clock ticks once a batch
@@ -67,6 +69,8 @@ class TrainConfig:
             raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if not (self.batch_ramp >= 0 and math.isfinite(self.batch_ramp)):
+            raise ConfigError(f"--batch-ramp must be a number >= 0 (0: no ramp), got {self.batch_ramp}")
         if not 1 <= self.pipeline <= 64:
             raise ConfigError(f"--pipeline must be in [1, 64], got {self.pipeline}")
         if self.layout not in LAYOUTS:
@@ -110,15 +114,48 @@ def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
             "rank": client.rank, "trace": trace}
 
 
+def ramp_size(seen: int, batch_size: int, ramp: float) -> int:
+    """The mini-batch size after ``seen`` examples: ``ramp * sqrt(seen)``, from 1 up to
+    ``batch_size`` (``ramp`` 0: always ``batch_size``).
+
+    A batch's examples are all computed on the same (stale) weights, and its summed
+    gradient is applied as one step.  Early on the model changes fast and one step of
+    1000 examples overshoots what 1000 per-example steps would do; with per-coordinate
+    rates that fall like 1/sqrt(examples) (AdaGrad, FTRL), a batch stays within the
+    per-example learner's reach while it grows no faster than sqrt(examples seen).  So
+    the first examples are learnt one at a time, a batch reaches 100 after 10 000
+    examples and 1000 after 10^6, and the ramp costs ~2 sqrt(n) batches for n examples.
+    Measured in docs/benchmarks.md ("Defaults that hold without flags").
+    """
+    if ramp <= 0:
+        return batch_size
+    return max(1, min(batch_size, int(ramp * math.sqrt(seen))))
+
+
+def ramped(batches: Iterator[Batch], batch_size: int, ramp: float, seen: int = 0) -> Iterator[Batch]:
+    """``batches`` re-cut to ``ramp_size`` (no copy once the ramp is over)."""
+    for batch in batches:
+        lo, n = 0, len(batch)
+        while lo < n:
+            size = ramp_size(seen, batch_size, ramp)
+            piece = batch if lo == 0 and size >= n else _slice(batch, lo, min(n, lo + size))
+            lo += len(piece)
+            seen += len(piece)
+            yield piece
+
+
 def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple]:
     """Every shard the scheduler gives this worker as one stream: ``(task, batch, uniq,
     inverse)`` for each mini-batch, then ``(task, None, stats, None)`` to close the shard.
     Runs in the reader thread, which asks for the next shard as soon as it has read the
     last one (the closing item is queued first: the shard can be reported done while the
-    question waits) and parses on into it."""
+    question waits) and parses on into it.  Batches grow from 1 example (``ramp_size``)."""
+    seen = 0
     while (task := client.next_shard()) is not None:
         stats: dict[str, Any] = {}
-        for batch in read_batches(Shard.from_wire(task["shard"]), cfg.data, cfg.batch_size, stats):
+        for batch in ramped(read_batches(Shard.from_wire(task["shard"]), cfg.data, cfg.batch_size, stats),
+                            cfg.batch_size, cfg.batch_ramp, seen):
+            seen += len(batch)
             yield (task, batch, *batch.unique())
         yield task, None, stats, None
 
@@ -292,6 +329,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         "bytes_sent": sum(r["bytes_sent"] for r in per_worker),
         "bytes_received": sum(r["bytes_received"] for r in per_worker),
         "epochs": cfg.epochs, "servers": servers, "workers": workers, "table_seconds": table_seconds,
+        "optimizer": spec.to_wire()["optimizer"], "batch_size": cfg.batch_size, "batch_ramp": cfg.batch_ramp,
         "table_layout": "dense" if spec.key_bits else "hash",
         "failed_workers": failed_workers,
     })

@@ -1,6 +1,8 @@
 """Server-side optimisers and initialisers: validated specs and the numba update rule.
 
-Sorted by increasing complexity: SGD → AdaGrad → FTRL-Proximal → Adam.  A table row is
+Sorted by increasing complexity: SGD → AdaGrad → FTRL-Proximal → Adam, then
+FTRL+AdaGrad (a factorization machine's row: FTRL on the linear weight, AdaGrad on the
+factors).  A table row is
 ``[value (dim) | optimiser state (state_width(dim))]`` in one float32 row, so an update
 touches one cache line for small ``dim``.  Arithmetic is done in float64, stored float32.
 
@@ -20,7 +22,7 @@ from numba import njit
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
 
-SGD_KIND, ADAGRAD_KIND, FTRL_KIND, ADAM_KIND = 0, 1, 2, 3
+SGD_KIND, ADAGRAD_KIND, FTRL_KIND, ADAM_KIND, FTRL_ADAGRAD_KIND = 0, 1, 2, 3, 4
 ZEROS_KIND, NORMAL_KIND, UNIFORM_KIND = 0, 1, 2
 
 
@@ -162,6 +164,31 @@ class Adam(Optimizer):
         return 2 * dim + 1
 
 
+@dataclass(frozen=True)
+class FtrlAdagrad(Optimizer):
+    """A factorization machine's row ``[w, v_1..v_k]``: FTRL-Proximal on column 0 (the
+    linear weight: ``alpha, beta, l1, l2``, sparse like a linear model's) and AdaGrad on the
+    others (the factors: ``lr, eps, initial_accumulator``), which FTRL would pull back
+    to zero from their random start.  State ``[z, n, a_1..a_k]``."""
+
+    alpha: float = 0.05
+    beta: float = 1.0
+    l1: float = 0.0
+    l2: float = 0.0
+    lr: float = 0.005
+    eps: float = 1e-10
+    initial_accumulator: float = 1.0
+    name: ClassVar[str] = "ftrl_adagrad"
+    kind: ClassVar[int] = FTRL_ADAGRAD_KIND
+
+    def __post_init__(self) -> None:
+        FTRL(self.alpha, self.beta, self.l1, self.l2)  # the same rules, the same messages
+        AdaGrad(self.lr, self.eps, self.initial_accumulator)
+
+    def state_width(self, dim: int) -> int:
+        return 2 + (dim - 1)
+
+
 class Initializer(_Spec):
     """Base of the per-key initialisers: a key's initial row depends only on (seed, key)."""
 
@@ -201,7 +228,7 @@ class Uniform(Initializer):
         _check("uniform high", self.high, self.high >= self.low, ">= low", "swap low and high")
 
 
-for _cls in (SGD, AdaGrad, FTRL, Adam):
+for _cls in (SGD, AdaGrad, FTRL, Adam, FtrlAdagrad):
     Optimizer.registry[_cls.name] = _cls
 for _cls in (Zeros, Normal, Uniform):
     Initializer.registry[_cls.name] = _cls
@@ -240,6 +267,25 @@ def init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed):
     fill = ohp[2] if okind == ADAGRAD_KIND else 0.0
     for j in range(dim, width):
         rows[s, j] = fill
+    if okind == FTRL_ADAGRAD_KIND:  # [z, n] of the linear weight, then the factors' accumulators
+        for j in range(dim + 2, width):
+            rows[s, j] = ohp[6]
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _ftrl(rows, s, j, zj, nj, g, alpha, beta, l1, l2):
+    """One FTRL-Proximal step of column ``j`` whose state is in columns ``zj`` and ``nj``."""
+    w = np.float64(rows[s, j])
+    n = np.float64(rows[s, nj])
+    n_new = n + g * g
+    z = np.float64(rows[s, zj]) + g - (math.sqrt(n_new) - math.sqrt(n)) / alpha * w
+    rows[s, zj] = z
+    rows[s, nj] = n_new
+    if abs(z) <= l1:
+        rows[s, j] = 0.0
+    else:
+        sign = 1.0 if z > 0 else -1.0
+        rows[s, j] = -(z - sign * l1) / ((beta + math.sqrt(n_new)) / alpha + l2)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -257,22 +303,16 @@ def update_row(rows, s, grads, i, dim, okind, ohp):
             rows[s, dim + j] = a
             rows[s, j] = rows[s, j] - lr * g / (math.sqrt(np.float64(rows[s, dim + j])) + eps)
     elif okind == FTRL_KIND:
-        alpha, beta, l1, l2 = ohp[0], ohp[1], ohp[2], ohp[3]
         for j in range(dim):
+            _ftrl(rows, s, j, dim + j, 2 * dim + j, np.float64(grads[i, j]), ohp[0], ohp[1], ohp[2], ohp[3])
+    elif okind == FTRL_ADAGRAD_KIND:
+        _ftrl(rows, s, 0, dim, dim + 1, np.float64(grads[i, 0]), ohp[0], ohp[1], ohp[2], ohp[3])
+        lr, eps = ohp[4], ohp[5]
+        for j in range(1, dim):
             g = np.float64(grads[i, j])
-            w = np.float64(rows[s, j])
-            z = np.float64(rows[s, dim + j])
-            n = np.float64(rows[s, 2 * dim + j])
-            n_new = n + g * g
-            sigma = (math.sqrt(n_new) - math.sqrt(n)) / alpha
-            z = z + g - sigma * w
-            rows[s, dim + j] = z
-            rows[s, 2 * dim + j] = n_new
-            if abs(z) <= l1:
-                rows[s, j] = 0.0
-            else:
-                sign = 1.0 if z > 0 else -1.0
-                rows[s, j] = -(z - sign * l1) / ((beta + math.sqrt(n_new)) / alpha + l2)
+            a = rows[s, dim + 1 + j] + g * g
+            rows[s, dim + 1 + j] = a
+            rows[s, j] = rows[s, j] - lr * g / (math.sqrt(np.float64(rows[s, dim + 1 + j])) + eps)
     else:  # ADAM_KIND
         lr, b1, b2, eps = ohp[0], ohp[1], ohp[2], ohp[3]
         t = np.float64(rows[s, 3 * dim]) + 1.0

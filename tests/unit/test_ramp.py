@@ -1,0 +1,136 @@
+"""The batch ramp: mini-batches grow from 1 example like sqrt(examples seen), and the
+training loop applies exactly the rule it documents (per-example while batches are 1)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from paramserver.apps.models import Model
+from paramserver.apps.train import TrainConfig, _train_stream, ramp_size, ramped
+from paramserver.data.reader import DataFormat, Shard, read_all, read_batches
+from paramserver.server.optim import FTRL, Zeros
+from paramserver.server.table import VnodeTable
+
+
+def test_ramp_grows_like_the_square_root_of_the_examples_seen():
+    assert [ramp_size(s, 1000, 1.0) for s in (0, 1, 3, 4, 8, 9)] == [1, 1, 1, 2, 2, 3]
+    assert ramp_size(10_000, 1000, 1.0) == 100
+    assert ramp_size(10**6, 1000, 1.0) == 1000 and ramp_size(10**8, 1000, 1.0) == 1000
+    assert ramp_size(400, 1000, 2.0) == 40
+    assert ramp_size(0, 1000, 0.0) == 1000  # no ramp
+
+
+def _write_rows(path, n, seed=0):
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            feats = sorted(rng.choice(40, size=rng.integers(1, 6), replace=False) + 1)
+            f.write(f"{rng.integers(0, 2)} " + " ".join(f"{i}:{rng.uniform(0.5, 2):.3f}" for i in feats) + "\n")
+
+
+def test_ramped_batches_cover_every_example_once_and_stop_copying_after_the_ramp(tmp_path):
+    path = str(tmp_path / "rows.libsvm")
+    _write_rows(path, 5000)
+    fmt = DataFormat("libsvm")
+    whole = read_all([path], fmt)
+    pieces = list(ramped(read_batches(Shard(path, 0, -1), fmt, 64), 64, 1.0))
+    seen = 0
+    for piece in pieces:
+        assert len(piece) == min(ramp_size(seen, 64, 1.0), 64 - seen % 64) or seen + len(piece) == 5000
+        seen += len(piece)
+    assert seen == 5000
+    np.testing.assert_array_equal(np.concatenate([p.keys for p in pieces]), whole.keys)
+    np.testing.assert_array_equal(np.concatenate([p.labels for p in pieces]), whole.labels)
+    assert all(len(p) == 64 for p in pieces[-10:-1])  # past the ramp: the reader's own batches
+
+
+class _Done:
+    def __init__(self, value=None):
+        self.value = value
+
+    def result(self, timeout=None):
+        return self.value
+
+
+class _InProcessClient:
+    """The client calls the training loop makes, served by one table in this process."""
+
+    rank = 0
+
+    def __init__(self, table, shards):
+        self.table, self.tasks, self.current_clock, self.done = table, list(shards), 0, []
+
+    def next_shard(self):
+        return {"shard": self.tasks.pop(0).to_wire(), "id": 0} if self.tasks else None
+
+    def pull(self, name, keys):
+        out = np.empty((keys.size, 1), np.float32)
+        self.table.lookup(keys, out)
+        return _Done(out)
+
+    def push(self, name, keys, grads, distinct=False):
+        self.table.apply(keys, grads)
+        return _Done()
+
+    def clock(self):
+        self.current_clock += 1
+
+    def report_progress(self, **kw):
+        pass
+
+    def shard_done(self, task, **kw):
+        self.done.append(kw)
+
+
+def _sigmoid(z):
+    return 1.0 / (1.0 + math.exp(-z))
+
+
+def _ftrl_reference(path, alpha, beta, batch_sizes):
+    """FTRL-Proximal logistic regression in plain Python: each batch's gradients are
+    computed on the weights at its start, summed per key, and applied as one step."""
+    rows = read_all([path], DataFormat("libsvm"))
+    z, n, w = {}, {}, {}
+    lo = 0
+    for size in batch_sizes:
+        grads = {}
+        for i in range(lo, lo + size):
+            a, b = rows.indptr[i], rows.indptr[i + 1]
+            keys, vals = rows.keys[a:b].tolist(), rows.vals[a:b].astype(np.float64)
+            e = _sigmoid(sum(w.get(k, 0.0) * v for k, v in zip(keys, vals))) - rows.labels[i]
+            for k, v in zip(keys, vals):
+                grads[k] = grads.get(k, 0.0) + np.float32(e * v)
+        for k, g in grads.items():
+            g = float(np.float32(g))
+            n0 = n.get(k, 0.0)
+            z[k] = z.get(k, 0.0) + g - (math.sqrt(n0 + g * g) - math.sqrt(n0)) / alpha * w.get(k, 0.0)
+            n[k] = n0 + g * g
+            w[k] = -z[k] / ((beta + math.sqrt(n[k])) / alpha)
+        lo += size
+    return w
+
+
+@pytest.mark.parametrize("rows", [4, 300])
+def test_the_loop_applies_per_example_steps_first_then_the_documented_batches(tmp_path, rows):
+    """While the ramp is at 1 (the first 4 examples) the table holds exactly what a
+    per-example FTRL learner holds; after, exactly the batch rule with the ramp's sizes."""
+    path = str(tmp_path / "rows.libsvm")
+    _write_rows(path, rows, seed=1)
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm"), batch_size=1000, pipeline=1)
+    opt = FTRL(alpha=0.115, beta=0.5, l1=0.0, l2=0.0)
+    table = VnodeTable(1, opt, Zeros(), 0)
+    client = _InProcessClient(table, [Shard(path, 0, -1)])
+    done = _train_stream(client, cfg)
+    assert done["examples"] == rows
+
+    sizes, seen = [], 0
+    while seen < rows:
+        sizes.append(min(ramp_size(seen, 1000, 1.0), rows - seen))
+        seen += sizes[-1]
+    assert sizes[:4] == [1, 1, 1, 1]
+    ref = _ftrl_reference(path, 0.115, 0.5, sizes)
+    keys = np.array(sorted(ref), np.uint64)
+    got = np.empty((keys.size, 1), np.float32)
+    table.lookup(keys, got)
+    np.testing.assert_allclose(got[:, 0], [ref[int(k)] for k in keys], rtol=2e-4, atol=1e-6)
