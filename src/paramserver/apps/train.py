@@ -114,22 +114,27 @@ def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
             "rank": client.rank, "trace": trace}
 
 
+RAMP_FLOOR = 256  # past 256^2 examples a batch is at least 1/256 of those seen: big jobs ramp fast
+
+
 def ramp_size(seen: int, batch_size: int, ramp: float) -> int:
-    """The mini-batch size after ``seen`` examples: ``ramp * sqrt(seen)``, from 1 up to
-    ``batch_size`` (``ramp`` 0: always ``batch_size``).
+    """The mini-batch size after ``seen`` examples: ``ramp * sqrt(seen)`` (and at least
+    ``seen / 256``), from 1 up to ``batch_size`` (``ramp`` 0: always ``batch_size``).
 
     A batch's examples are all computed on the same (stale) weights, and its summed
     gradient is applied as one step.  Early on the model changes fast and one step of
     1000 examples overshoots what 1000 per-example steps would do; with per-coordinate
     rates that fall like 1/sqrt(examples) (AdaGrad, FTRL), a batch stays within the
     per-example learner's reach while it grows no faster than sqrt(examples seen).  So
-    the first examples are learnt one at a time, a batch reaches 100 after 10 000
-    examples and 1000 after 10^6, and the ramp costs ~2 sqrt(n) batches for n examples.
+    the first examples are learnt one at a time and a batch reaches 100 after 10 000
+    examples.  Past 65 536 examples (where the model has settled) the floor seen/256
+    takes over, so that a batch of 1000 is reached after 256 000 examples, not 10^6: a job
+    of 10^6 examples then takes ~1 600 batches instead of 1 000, not 2 000.
     Measured in docs/benchmarks.md ("Defaults that hold without flags").
     """
     if ramp <= 0:
         return batch_size
-    return max(1, min(batch_size, int(ramp * math.sqrt(seen))))
+    return max(1, min(batch_size, int(max(ramp * math.sqrt(seen), seen / RAMP_FLOOR))))
 
 
 def ramped(batches: Iterator[Batch], batch_size: int, ramp: float, seen: int = 0) -> Iterator[Batch]:
