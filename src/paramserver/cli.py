@@ -134,7 +134,9 @@ def _data_flags(p: argparse.ArgumentParser, training: bool) -> None:
     p.add_argument("--test", nargs="+", default=[], help="test files, scored after training")
     p.add_argument("--format", default="criteo", help="criteo (default) or libsvm")
     p.add_argument("--label-format", help="libsvm labels: 01, pm1 (-1/+1) or 12 (default: sniffed)")
-    p.add_argument("--hash-bits", type=int, default=0, help="fold keys into 2^B buckets (0: no folding)")
+    p.add_argument("--hash-bits", type=int, default=24,
+                   help="fold feature keys into 2^B buckets, as Vowpal Wabbit's -b does (default 24: the model "
+                        "is then a dense array, one memory access a key; 0: no folding, hash tables)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
     p.add_argument("--cache", metavar="DIR", default="",
                    help="keep parsed shards in DIR; later epochs (and runs) skip parsing")

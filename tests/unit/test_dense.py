@@ -167,11 +167,12 @@ def test_train_layout_auto_is_dense_when_the_key_space_is_small_enough():
     lr24 = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=24))
     assert lr24.table_spec().key_bits == 24  # 2**24 rows of 16 bytes: 256 MiB
     assert TrainConfig(Model("fm", k=8), DataFormat("criteo", hash_bits=24)).table_spec().key_bits == 0  # 1.2 GiB
-    assert TrainConfig(Model("lr"), DataFormat("criteo")).table_spec().key_bits == 0  # 64-bit keys
+    assert TrainConfig(Model("lr"), DataFormat("criteo")).table_spec().key_bits == 24  # the default: 24 bits
+    assert TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=0)).table_spec().key_bits == 0  # 64-bit keys
     assert TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=24), layout="hash").table_spec().key_bits == 0
     assert TrainConfig(Model("fm", k=8), DataFormat("criteo", hash_bits=24),
                        layout="dense").table_spec().key_bits == 24
     with pytest.raises(ConfigError, match="--table-layout dense needs --hash-bits in"):
-        TrainConfig(Model("lr"), DataFormat("criteo"), layout="dense").table_spec()
+        TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=0), layout="dense").table_spec()
     with pytest.raises(ConfigError, match="--table-layout must be one of"):
         TrainConfig(layout="sparse")

@@ -76,7 +76,7 @@ class DataFormat:
     """How to parse: format name, hash bits (0 = full 64), LIBSVM label encoding."""
 
     name: str = "criteo"
-    hash_bits: int = 0
+    hash_bits: int = 24  # the CLI's default: 2^24 buckets (a dense table of 256 MiB for LR)
     label_format: str = "01"
     skip_bad: bool = False
     cache_dir: str = ""  # parsed shards are kept here and reused by later epochs
