@@ -79,17 +79,28 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
                       layout=getattr(args, "table_layout", "auto"))
     cfg.table_spec()  # validate the optimizer before starting processes
     quiet = getattr(args, "quiet", False) or not err.is_terminal and os.environ.get("CI")
-    with Live(console=err, refresh_per_second=4, transient=False) as live:
-        def show(status: dict[str, Any], seconds: float) -> None:
-            if not quiet:
-                live.update(_progress_line(status, seconds))
+    live: Live | None = None  # started with the first progress line: once the nodes are started (forked
+    # from this process while it has no other thread: Live's refresh thread would be one)
 
+    def show(status: dict[str, Any], seconds: float) -> None:
+        nonlocal live
+        if quiet:
+            return
+        if live is None:
+            live = Live(console=err, refresh_per_second=4, transient=False)
+            live.start()
+        live.update(_progress_line(status, seconds))
+
+    try:
         report = run_training(cfg, data, test, servers=args.servers, workers=args.workers,
                               save=getattr(args, "save", None),
                               shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show,
                               checkpoint_dir=getattr(args, "checkpoint_dir", None),
                               checkpoint_every=getattr(args, "checkpoint_every", None),
                               resume=getattr(args, "resume", None))
+    finally:
+        if live is not None:
+            live.stop()
     if not err.is_terminal and not quiet:
         err.print()  # end the last progress line
     out.print(_report_table(report))

@@ -1,8 +1,10 @@
 """``LocalCluster``: a scheduler, servers and workers as real processes on 127.0.0.1.
 
-The embedded default backend.  Every node is started with the same command a user
-would type (``python -m paramserver scheduler|server|worker ...``); ports are chosen by
-the OS; everything started is stopped on exit, by request first, then by signal.
+The embedded default backend.  Every node runs the same command a user would type
+(``python -m paramserver scheduler|server|worker ...``): forked from this process when it
+has no other thread yet (a child then starts in milliseconds with numpy, numba and the
+project already imported), else started as a fresh interpreter; ports are chosen by the
+OS; everything started is stopped on exit, by request first, then by signal.
 ``run`` is strict (a worker that dies fails it); ``run_elastic`` goes on without the
 dead, and ``add_worker`` starts a worker that joins a running function.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -40,10 +43,51 @@ from paramserver.errors import ClosedError, ConnectError, WorkerError
 logger = logging.getLogger(__name__)
 
 
+class _Forked:
+    """A forked node: the part of ``subprocess.Popen``'s interface ``LocalCluster`` uses."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        try:
+            self._exit_fd: int | None = os.pidfd_open(pid)  # readable once the process exits
+        except (AttributeError, OSError):
+            self._exit_fd = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                if self._exit_fd is not None:
+                    os.close(self._exit_fd)
+                    self._exit_fd = None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            if self._exit_fd is not None:
+                select.select([self._exit_fd], [], [], left)  # wakes when it exits
+            else:
+                time.sleep(min(0.01, left) if left is not None else 0.01)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
 @dataclass
 class _Proc:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen | _Forked
     log_path: str
     to_child: Connection | None = None
     from_child: Connection | None = None
@@ -77,15 +121,22 @@ class LocalCluster:
         startup_timeout_s: how long to wait for every node to register.
         log_level: level of the nodes' logs (written to ``log_dir``).
         log_dir: where node logs go (default: a temporary folder removed on exit).
+        start_method: ``"fork"`` (default: nodes started while this process has no
+            other thread are forked from it, ready in milliseconds; later ones, such as
+            ``add_worker``'s, are spawned) or ``"spawn"`` (always a fresh interpreter).
     """
 
     def __init__(self, servers: int = 1, workers: int = 0, *, vnodes_per_server: int = 64,
                  heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 5.0,
-                 startup_timeout_s: float = 60.0, log_level: str = "INFO", log_dir: str | None = None):
+                 startup_timeout_s: float = 60.0, log_level: str = "INFO", log_dir: str | None = None,
+                 start_method: str = "fork"):
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ValueError(f"servers must be an int >= 1, got {servers!r}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+        if start_method not in ("fork", "spawn"):
+            raise ValueError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
+        self.start_method = start_method
         self.n_servers, self.n_workers = servers, workers
         self.vnodes_per_server = vnodes_per_server
         self.heartbeat_interval_s, self.heartbeat_timeout_s = heartbeat_interval_s, heartbeat_timeout_s
@@ -147,6 +198,8 @@ class LocalCluster:
         return env
 
     def _spawn(self, name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> _Proc:
+        if self._fork_ok:
+            return self._fork(name, args, pass_fds)
         log_path = os.path.join(self.log_dir, f"{name}.log")
         with open(log_path, "ab") as log:
             popen = subprocess.Popen([sys.executable, "-m", "paramserver", *args, "--parent-pid", str(os.getpid())],
@@ -156,6 +209,56 @@ class LocalCluster:
         proc = _Proc(name, popen, log_path)
         self.procs[name] = proc
         return proc
+
+    def _fork(self, name: str, args: list[str], pass_fds: tuple[int, ...]) -> _Proc:
+        """Run ``paramserver ARGS`` in a child forked from this process.
+
+        Only while this process has one thread (``start`` before the driver client
+        exists): a fork copies the calling thread alone, and a lock another thread held
+        would stay locked in the child forever.  The child gets a new session, the log
+        file as stdout and stderr, the nodes' environment, and no file descriptor of
+        ours but ``pass_fds`` (a worker must not hold another worker's control pipe)."""
+        log_path = os.path.join(self.log_dir, f"{name}.log")
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        env, parent = self._env(), os.getpid()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                os.setsid()
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(log_fd, 1)
+                os.dup2(log_fd, 2)
+                keep = {0, 1, 2, *pass_fds}
+                for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
+                    if fd not in keep:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+                os.environ.update(env)
+                logging.root.handlers.clear()  # the node configures its own logging
+                from paramserver.cli import main
+
+                code = main([*args, "--parent-pid", str(parent)])
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                _leave_forked_child(code)
+        os.close(log_fd)
+        proc = _Proc(name, _Forked(pid), log_path)
+        self.procs[name] = proc
+        return proc
+
+    @property
+    def _fork_ok(self) -> bool:
+        return self.start_method == "fork" and threading.active_count() == 1 and hasattr(os, "fork")
 
     def _spawn_worker(self, i: int) -> _Proc:
         self._next_worker = max(self._next_worker, i + 1)
@@ -376,6 +479,25 @@ class LocalCluster:
         if name not in self.procs:
             raise KeyError(f"no process {name!r} (have {sorted(self.procs)})")
         self.procs[name].popen.send_signal(sig)
+
+
+def _leave_forked_child(code: Any) -> None:
+    """End a forked node without the parent's exit handlers (they would, say, remove the
+    parent's temporary folders), but as an interpreter exit would for the node: zmq
+    delivers what its sockets still hold (a reply to SHUTDOWN, STOPs), logs are flushed."""
+    try:
+        import zmq
+
+        zmq.Context.instance().destroy(linger=500)  # delivers what is queued, for 0.5 s at most
+    except Exception:
+        pass
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code if isinstance(code, int) else 1)
 
 
 def run(fn: Callable[..., Any], *args: Any, servers: int = 1, workers: int = 1,

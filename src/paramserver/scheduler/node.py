@@ -180,7 +180,9 @@ class SchedulerNode:
                 except Exception:  # a bug must not take the cluster down
                     logger.exception("scheduler failed while checking deadlines")
         finally:
-            self.sock.close(linger=0)
+            # linger: the reply to SHUTDOWN (and the STOPs) were queued just now; with
+            # linger 0 zmq could drop them, and the driver would wait a heartbeat timeout
+            self.sock.close(linger=500)
 
     def _handle(self, frames: list[zmq.Frame]) -> None:
         identity, body = frames[0].bytes, frames[1:]
