@@ -49,7 +49,8 @@ def _report_table(report: dict[str, Any]) -> Table:
     rows = [("test logloss", "logloss", "{:.4f}"), ("test AUC", "auc", "{:.4f}"),
             ("test examples", "test_examples", "{:,}"), ("train logloss", "train_logloss", "{:.4f}"),
             ("examples", "examples", "{:,}"), ("examples/s", "examples_per_s", "{:,.0f}"),
-            ("seconds", "seconds", "{:.1f}"), ("bytes sent", "bytes_sent", "{:,}"),
+            ("seconds", "seconds", "{:.1f}"), ("start-up to first example (s)", "first_example_s", "{:.2f}"),
+            ("bytes sent", "bytes_sent", "{:,}"),
             ("bytes received", "bytes_received", "{:,}"), ("bad lines skipped", "bad_lines", "{:,}")]
     for label, key, fmt in rows:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):

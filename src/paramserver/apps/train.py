@@ -110,8 +110,24 @@ def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
         trace.append((time.perf_counter() - t0, clock, n, loss))
 
     done = _train_stream(client, cfg, on_batch)
+    first = time.time() - (time.perf_counter() - t0 - trace[0][0]) if trace else None  # wall clock
     return {**done, "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received,
-            "rank": client.rank, "trace": trace}
+            "rank": client.rank, "trace": trace, "first_batch_at": first}
+
+
+def process_start_time() -> float:
+    """When this process started (wall clock, from /proc; the import of this module where
+    that is missing): start-up is measured from there, interpreter and imports included."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        since_start = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - since_start
+    except (OSError, ValueError, IndexError, AttributeError):
+        return _IMPORTED_AT
+
+
+_IMPORTED_AT = time.time()
 
 
 RAMP_FLOOR = 256  # past 256^2 examples a batch is at least 1/256 of those seen: big jobs ramp fast
@@ -288,9 +304,12 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     spec = cfg.table_spec()
     job_checkpoints = _checkpoint_option(checkpoint_dir, checkpoint_every, len(shards))
     step, progress = _resume_point(resume, shards, spec, cfg, data, shard_bytes) if resume else (None, None)
-    test_batch = read_all(test, cfg.data) if test else None
+    if test:
+        make_shards(test, shard_bytes)  # the test files exist: said now, not after training
     with LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
-            as cluster:
+            as cluster, ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:
+        # read while the job runs (a thread only now: the nodes were forked from this process)
+        test_read = reader.submit(read_all, test, cfg.data) if test else None
         client = cluster.client
         created = time.perf_counter()
         if step is not None:
@@ -309,6 +328,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             while not running.done():
                 if on_progress:
                     on_progress(client.job_status(), time.perf_counter() - t0)
+                if test_read is not None and test_read.done() and test_read.exception() is not None:
+                    raise test_read.exception()  # bad test data: stop now, not after the job
                 wait([running], timeout=PROGRESS_EVERY_S)
             per_worker, failed_workers = running.result()  # re-raises a worker's error
         seconds = time.perf_counter() - t0
@@ -318,7 +339,11 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         if on_progress:
             on_progress(status, seconds)
         report: dict[str, Any] = {}
-        if test_batch is not None:
+        firsts = [r["first_batch_at"] for r in per_worker if r.get("first_batch_at")]
+        if firsts:
+            report["first_example_s"] = min(firsts) - process_start_time()
+        if test_read is not None:
+            test_batch = test_read.result()
             report.update(metrics(test_batch.labels, score(client, cfg.model, test_batch)))
             report["test_examples"] = report.pop("examples")
         if save:
