@@ -110,10 +110,11 @@ def prepare(tmp: str, sets: list[str]) -> dict[str, dict]:
             a = os.path.join(DATA, "avazu")
             tr, te = _lines(f"{a}/avazu_wideresdnn_train.csv.gz"), _lines(f"{a}/avazu_wideresdnn_test.csv.gz")
             header = tr[0].strip().split(",")
+            te = te[1:] if "click" in te[0] else te  # the test file has no header
             out[name] = {"format": "avazu", "train": _write(f"{tmp}/avazu.train.csv", tr),
                          "test": _write(f"{tmp}/avazu.test.csv", te),
                          "vw": {"": (_write(f"{tmp}/avazu.train.vw", [_avazu_vw(x, header) for x in tr[1:]]),
-                                     _write(f"{tmp}/avazu.test.vw", [_avazu_vw(x, header) for x in te[1:]]))}}
+                                     _write(f"{tmp}/avazu.test.vw", [_avazu_vw(x, header) for x in te]))}}
     return out
 
 

@@ -132,7 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _data_flags(p: argparse.ArgumentParser, training: bool) -> None:
     p.add_argument("--data", nargs="+", required=True, help="training files (local or fsspec URLs, .gz ok)")
     p.add_argument("--test", nargs="+", default=[], help="test files, scored after training")
-    p.add_argument("--format", default="criteo", help="criteo (default) or libsvm")
+    p.add_argument("--format", default="criteo",
+                   help="criteo (default: label, 13 integers, 26 categorical, tab-separated), libsvm, avazu (the "
+                        "Avazu CTR CSV: label click, id ignored, hour split into hour of day and weekday) or csv "
+                        "(a header line; every column a categorical field named by the header; needs --label)")
+    p.add_argument("--label", default="", metavar="COLUMN", help="csv: the column holding the 0/1 label")
+    p.add_argument("--ignore-columns", nargs="*", default=[], metavar="COLUMN",
+                   help="csv/avazu: columns that are not features (ids, free text)")
     p.add_argument("--label-format", help="libsvm labels: 01, pm1 (-1/+1) or 12 (default: sniffed)")
     p.add_argument("--hash-bits", type=int, default=24,
                    help="fold feature keys into 2^B buckets, as Vowpal Wabbit's -b does (default 24: the model "

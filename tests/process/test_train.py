@@ -152,3 +152,15 @@ def test_dense_and_hash_layouts_train_the_same_model(tmp_path):
     np.testing.assert_array_equal(saved["dense"][0], saved["hash"][0])
     np.testing.assert_array_equal(saved["dense"][1], saved["hash"][1])
     assert json.load(open(tmp_path / "dense" / "model.json"))["table"]["key_bits"] == 16
+
+
+def test_avazu_csv_trains_from_the_cli_with_its_header_and_without(tmp_path):
+    train = shared("avazu/avazu_wideresdnn_train.csv.gz")  # has a header
+    test = shared("avazu/avazu_wideresdnn_test.csv.gz")  # has none: Avazu's columns
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "paramserver", "train", "--quiet", "--format", "avazu", "--data",
+                           train, "--test", test, "--metrics-out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["examples"] == 8_087 and report["test_examples"] == 432
+    assert report["logloss"] < 0.44 and report["auc"] > 0.72, report  # VW one pass: 0.4318 / 0.7393

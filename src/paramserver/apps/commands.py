@@ -30,7 +30,8 @@ def _fmt(args: argparse.Namespace) -> DataFormat:
     label_format = getattr(args, "label_format", None) or "01"
     if args.format == "libsvm" and not getattr(args, "label_format", None) and args.data:
         label_format = sniff_label_format(args.data[0])
-    return DataFormat(args.format, args.hash_bits, label_format, args.skip_bad_lines, getattr(args, "cache", ""))
+    return DataFormat(args.format, args.hash_bits, label_format, args.skip_bad_lines, getattr(args, "cache", ""),
+                      label_column=getattr(args, "label", ""), ignore_columns=tuple(getattr(args, "ignore_columns", ())))
 
 
 def _progress_line(status: dict[str, Any], seconds: float) -> str:

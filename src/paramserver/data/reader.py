@@ -24,11 +24,11 @@ from typing import Any, Callable, Iterator
 import fsspec
 import numpy as np
 
-from paramserver.data import parse
+from paramserver.data import csv, parse
 from paramserver.errors import ConfigError, ParamServerError
 from paramserver.routing.partition import unique_inverse
 
-FORMATS = ("criteo", "libsvm")
+FORMATS = ("criteo", "libsvm", "avazu", "csv")
 CHUNK_BYTES = 4 << 20
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 
@@ -80,12 +80,17 @@ class DataFormat:
     label_format: str = "01"
     skip_bad: bool = False
     cache_dir: str = ""  # parsed shards are kept here and reused by later epochs
+    label_column: str = ""  # csv: the 0/1 label's column (avazu: click)
+    ignore_columns: tuple[str, ...] = ()  # csv/avazu: columns that are not features (avazu: id too)
 
     def __post_init__(self) -> None:
         if self.name not in FORMATS:
             raise ConfigError(f"--format must be one of {FORMATS}, got {self.name!r}")
         if not 0 <= self.hash_bits <= 64:
             raise ConfigError(f"--hash-bits must be in [0, 64] (0: no folding), got {self.hash_bits}")
+        if self.label_column and self.name not in ("csv", "avazu"):
+            raise ConfigError(f"--label names a CSV column; --format {self.name} has its label in a fixed place")
+        object.__setattr__(self, "ignore_columns", tuple(self.ignore_columns))  # a list from JSON
         if self.label_format not in parse.LABEL_FORMATS:
             raise ConfigError(f"label format must be one of {sorted(parse.LABEL_FORMATS)}, "
                               f"got {self.label_format!r}")
@@ -179,24 +184,48 @@ class _CriteoParser:
     def feed(self, arr: np.ndarray, base: int, shard: Shard, stats: dict) -> Iterator[Batch]:
         offset = 0
         while offset < arr.shape[0]:
-            f = self.filled
-            n, used, bad, err, err_at = parse.parse_criteo(arr[offset:], self.size - f, self.fmt.skip_bad,
-                                                           self.fmt.mask, self.labels[f:], self.keys[f:],
-                                                           self.line_end)
+            n, used, bad, err, err_at = self._parse(arr[offset:], self.filled)
             stats["bad_lines"] += bad
             stats["examples"] += n
             if err != parse.ERR_NONE:
-                _raise_bad_line(shard, self.fmt, arr, offset + err_at, base, err)
+                _raise_bad_line(shard, self.fmt, arr, offset + err_at, base, err, getattr(self, "columns", None))
             self.filled += n
             offset += used
             if self.filled == self.size:
                 yield self._batch()
                 self._new()
 
+    def _parse(self, arr: np.ndarray, f: int) -> tuple:
+        return parse.parse_criteo(arr, self.size - f, self.fmt.skip_bad, self.fmt.mask, self.labels[f:],
+                                  self.keys[f:], self.line_end)
+
     def flush(self) -> Iterator[Batch]:
         if self.filled:
             yield self._batch()
             self._new()
+
+
+class _CsvParser(_CriteoParser):
+    """CSV rows (``data/csv.py``) into the batch being filled, as Criteo's: every row has
+    the same number of keys, set by the file's header."""
+
+    def __init__(self, fmt: DataFormat, batch_size: int, columns: csv.Columns):
+        self.columns = columns
+        super().__init__(fmt, batch_size)
+
+    def _new(self) -> None:
+        self.labels = np.empty(self.size, np.float32)
+        self.keys = np.empty((self.size, self.columns.keys_per_row), np.uint64)
+        self.filled = 0
+
+    def _batch(self) -> Batch:
+        n, k = self.filled, self.columns.keys_per_row
+        return Batch(self.labels[:n], np.arange(0, (n + 1) * k, k, dtype=np.int64),
+                     self.keys[:n].reshape(-1), np.ones(n * k, np.float32))
+
+    def _parse(self, arr: np.ndarray, f: int) -> tuple:
+        return csv.parse_csv(arr, self.size - f, self.fmt.skip_bad, self.fmt.mask, self.columns.roles,
+                             self.columns.namespaces, self.labels[f:], self.keys[f:], self.line_end)
 
 
 class _LibsvmParser:
@@ -270,7 +299,8 @@ def _cache_path(shard: Shard, fmt: DataFormat) -> str:
     fs, _, (p,) = fsspec.get_fs_token_paths(shard.path)
     info = fs.info(p)
     key = json.dumps([shard.path, shard.start, shard.end, info.get("size"), info.get("mtime"),
-                      fmt.name, fmt.hash_bits, fmt.label_format, fmt.skip_bad], default=str)
+                      fmt.name, fmt.hash_bits, fmt.label_format, fmt.skip_bad, fmt.label_column,
+                      list(fmt.ignore_columns)], default=str)
     return os.path.join(fmt.cache_dir, hashlib.sha1(key.encode()).hexdigest() + ".npz")
 
 
@@ -308,11 +338,19 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) ->
         f = fsspec.open(path, "rb", compression="infer").open()
     except FileNotFoundError:
         raise DataError(f"no such file: {path}") from None
-    parser = (_CriteoParser if fmt.name == "criteo" else _LibsvmParser)(fmt, batch_size)
     stats.setdefault("bytes", 0)
     with f:
         pos = shard.start
-        if shard.start > 0:  # the line straddling start belongs to the previous shard
+        if fmt.name in ("csv", "avazu"):  # the header: the file's first line, wherever the shard starts
+            header = f.readline()
+            columns = csv.columns_of(header.decode("utf-8", errors="replace"), path, fmt.name, fmt.label_column,
+                                     fmt.ignore_columns)
+            parser: Any = _CsvParser(fmt, batch_size, columns)
+            pos = max(pos, len(header) if columns.header else 0)
+            f.seek(pos)
+        else:
+            parser = (_CriteoParser if fmt.name == "criteo" else _LibsvmParser)(fmt, batch_size)
+        if 0 < pos == shard.start:  # the line straddling start belongs to the previous shard
             f.seek(shard.start - 1)
             skipped = f.readline()
             pos = shard.start - 1 + len(skipped)
@@ -350,7 +388,26 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) ->
         yield from parser.flush()
 
 
-def _raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base: int, err: int) -> None:
+LABELS_ALLOWED = {"01": "0 or 1", "pm1": "-1 or +1", "12": "1 or 2"}
+
+
+def _what_is_wrong(fmt: DataFormat, err: int, columns: csv.Columns | None) -> str:
+    if err == csv.ERR_QUOTE:
+        return "a quoted field (quoted CSV is not supported: remove the quotes)"
+    if fmt.name in ("csv", "avazu") and columns is not None:
+        if err == parse.ERR_FIELDS:
+            return f"expected {len(columns.names)} comma-separated fields, as the header has"
+        if err == parse.ERR_LABEL:
+            label = columns.names[int(np.flatnonzero(columns.roles == csv.ROLE_LABEL)[0])]
+            return f"the label (column {label!r}) must be 0 or 1"
+    if err == parse.ERR_LABEL:
+        allowed = LABELS_ALLOWED[fmt.label_format] if fmt.name == "libsvm" else "0 or 1"
+        return f"the label must be {allowed}"
+    return parse.ERRORS[err]
+
+
+def _raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base: int, err: int,
+                    columns: csv.Columns | None = None) -> None:
     stop = at
     while stop < arr.shape[0] and arr[stop] != parse.NL:
         stop += 1
@@ -358,9 +415,12 @@ def _raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, bas
     if len(text) > 200:
         text = text[:200] + "..."
     line = _line_number(shard.path, base + at)
-    fix = ("is the file really in this format? (--format criteo|libsvm)" if line == 1 else
+    first = line == 1 or (fmt.name in ("csv", "avazu") and line == 2)
+    fix = (f"is the file really in this format? (--format {'|'.join(FORMATS)})" if first else
            "fix or drop the line, or pass --skip-bad-lines to skip and count such lines")
-    raise DataError(f"{shard.path}:{line}: {parse.ERRORS[err]} ({fmt.name} format): {text!r}; {fix}")
+    if err == parse.ERR_LABEL and fmt.name == "libsvm" and first:
+        fix = "pass --label-format 01|pm1|12, or check --format"
+    raise DataError(f"{shard.path}:{line}: {_what_is_wrong(fmt, err, columns)} ({fmt.name} format): {text!r}; {fix}")
 
 
 def _slice(b: Batch, lo: int, hi: int) -> Batch:

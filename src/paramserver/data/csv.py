@@ -1,0 +1,193 @@
+"""CSV with a header line: Avazu's CTR logs (``--format avazu``) and any such file
+(``--format csv --label COLUMN``).
+
+Every column but the label (and those ignored) is a categorical field: its value is
+hashed as a token with the column's *name* as namespace, as Criteo's categorical fields
+are, so files whose columns come in another order give the same keys.  An empty value is
+the field's "missing" token.  Avazu's ``hour`` (YYMMDDHH) becomes two features, the hour
+of the day and the day of the week (the raw value is unique to each hour of the log and
+so never seen again at test time); its ``id`` (unique per row) is ignored.
+
+Quoted fields are not supported (the parser stops at the first ``"`` and says so): CTR
+logs do not quote, and a quote-aware parser costs every file the time.  Lines end in
+``\\n`` (a ``\\r`` before it is dropped).  The header is the first line of the *file*: a
+shard that starts mid-file reads it from byte 0.  Avazu's files come with a header or
+without one (the Kaggle split's dev and test files): a first line of 24 fields that does
+not name ``click`` is data, in Avazu's column order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from paramserver.data.parse import (_BIAS, _FNV_OFFSET, _FNV_PRIME, _GOLDEN, _MISSING, CR, ERR_FIELDS,
+                                    ERR_LABEL, ERR_NONE, NL, feature_key)
+from paramserver.errors import ConfigError
+from paramserver.routing.hashing import hash64
+
+ROLE_FEATURE, ROLE_LABEL, ROLE_IGNORE, ROLE_HOUR = 0, 1, 2, 3
+COMMA, QUOTE = 44, 34
+ERR_QUOTE = 100  # past parse.py's codes
+AVAZU_LABEL, AVAZU_IGNORE, AVAZU_HOUR = "click", ("id",), "hour"
+AVAZU_COLUMNS = ("id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id",
+                 "app_domain", "app_category", "device_id", "device_ip", "device_model", "device_type",
+                 "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21")
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What each column of a file is: ``roles`` (``ROLE_*``), the namespace of each
+    column (from its name), and the keys a row makes (bias + features)."""
+
+    names: tuple[str, ...]
+    roles: np.ndarray  # int8[ncols]
+    namespaces: np.ndarray  # uint64[ncols]
+    keys_per_row: int
+    header: bool  # the first line names the columns (else it is data: Avazu's files without a header)
+
+
+def columns_of(header: str, path: str, fmt_name: str, label: str, ignore: tuple[str, ...]) -> Columns:
+    """The roles of a header's columns, checked: the label column must be there.  An
+    Avazu file whose first line is data (24 fields, no ``click``) has Avazu's columns."""
+    names = tuple(c.strip() for c in header.rstrip("\r\n").split(","))
+    has_header = True
+    if fmt_name == "avazu" and AVAZU_LABEL not in names and len(names) == len(AVAZU_COLUMNS):
+        names, has_header = AVAZU_COLUMNS, False
+    if '"' in header:
+        raise ConfigError(f"{path}:1: the header has quotes ({header.strip()[:200]!r}); quoted CSV is not "
+                          "supported: remove the quotes")
+    if fmt_name == "avazu":
+        label, ignore, hour = AVAZU_LABEL, AVAZU_IGNORE + tuple(ignore), AVAZU_HOUR
+    else:
+        hour = ""
+    if not label:
+        raise ConfigError(f"--format csv needs --label COLUMN, the column with the 0/1 label; {path} has "
+                          f"columns {', '.join(names)}")
+    if label not in names:
+        raise ConfigError(f"{path}:1: no column {label!r} for the label (columns: {', '.join(names)}); "
+                          f"{'is this an Avazu file? ' if fmt_name == 'avazu' else ''}pass --label with one "
+                          "of the header's names")
+    missing = [c for c in ignore if c not in names and c not in AVAZU_IGNORE]
+    if missing:
+        raise ConfigError(f"--ignore-columns {', '.join(missing)}: not in the header of {path} "
+                          f"(columns: {', '.join(names)})")
+    if len(set(names)) != len(names):
+        dup = sorted({c for c in names if names.count(c) > 1})
+        raise ConfigError(f"{path}:1: the header names columns more than once ({', '.join(dup)}); rename them")
+    roles = np.array([ROLE_LABEL if c == label else ROLE_IGNORE if c in ignore else
+                      ROLE_HOUR if c == hour else ROLE_FEATURE for c in names], np.int8)
+    namespaces = np.array([_name_hash(c.encode()) for c in names], np.uint64)
+    keys = 1 + int((roles == ROLE_FEATURE).sum()) + 2 * int((roles == ROLE_HOUR).sum())
+    if keys == 1:
+        raise ConfigError(f"{path}: no feature column left (columns: {', '.join(names)}; label {label!r}, "
+                          f"ignored {', '.join(ignore) or 'none'})")
+    return Columns(names, roles, namespaces, keys, has_header)
+
+
+def _name_hash(name: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in name:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _ns_key(ns, token, mask):
+    k = hash64(token ^ (ns * _GOLDEN))
+    return k & mask if mask != 0 else k
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _hash_bytes(buf, a, b):
+    h = _FNV_OFFSET
+    for i in range(a, b):
+        h = (h ^ np.uint64(buf[i])) * _FNV_PRIME
+    return h
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _weekday(y, m, d):
+    """Day of the week (0..6) of a Gregorian date (days-from-civil, Hinnant)."""
+    if m <= 2:
+        y -= 1
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return (era * 146097 + doe - 719468 + 3) % 7  # 1970-01-01 (day 0) was a Thursday
+
+
+@njit(nogil=True, cache=True)
+def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, line_end):
+    """Parse up to ``max_rows`` lines of ``buf`` (whole lines, each ending in \\n) into
+    ``labels[:n]`` and ``keys[:n, :K]``.  Returns ``(n, consumed, bad, err, err_at)`` as
+    ``parse_criteo`` does."""
+    ncols = roles.shape[0]
+    n, pos, bad, size = 0, 0, 0, buf.shape[0]
+    bias = feature_key(0, _BIAS, mask)
+    while pos < size and n < max_rows:
+        c = buf[pos]
+        if c == NL or (c == CR and buf[pos + 1] == NL):  # blank line
+            pos += 1 if c == NL else 2
+            continue
+        err, label, k, col, a = ERR_NONE, -1.0, 1, 0, pos
+        keys[n, 0] = bias
+        while True:
+            b = a
+            while buf[b] != COMMA and buf[b] != NL and buf[b] != QUOTE:
+                b += 1
+            if buf[b] == QUOTE:
+                err = ERR_QUOTE
+                break
+            e = b - 1 if buf[b] == NL and b > a and buf[b - 1] == CR else b
+            if col >= ncols:
+                err = ERR_FIELDS
+                break
+            role = roles[col]
+            if role == ROLE_LABEL:
+                if e - a == 1 and (buf[a] == 48 or buf[a] == 49):
+                    label = np.float32(buf[a] - 48)
+                else:
+                    err = ERR_LABEL
+                    break
+            elif role == ROLE_FEATURE:
+                keys[n, k] = _ns_key(namespaces[col], _MISSING if e == a else _hash_bytes(buf, a, e), mask)
+                k += 1
+            elif role == ROLE_HOUR:
+                ok = e - a == 8
+                v = 0
+                for i in range(a, e):
+                    ok = ok and 48 <= buf[i] <= 57
+                    v = v * 10 + (buf[i] - 48)
+                yy, mm, dd, hh = v // 1000000, v // 10000 % 100, v // 100 % 100, v % 100
+                if ok and 1 <= mm <= 12 and 1 <= dd <= 31 and hh <= 23:
+                    keys[n, k] = _ns_key(namespaces[col], np.uint64(hh), mask)
+                    keys[n, k + 1] = _ns_key(namespaces[col] ^ np.uint64(1), np.uint64(_weekday(2000 + yy, mm, dd)),
+                                             mask)
+                else:  # not YYMMDDHH: the value as a token, no weekday
+                    keys[n, k] = _ns_key(namespaces[col], _MISSING if e == a else _hash_bytes(buf, a, e), mask)
+                    keys[n, k + 1] = _ns_key(namespaces[col] ^ np.uint64(1), _MISSING, mask)
+                k += 2
+            col += 1
+            if buf[b] == NL:
+                break
+            a = b + 1
+        if err == ERR_NONE and col != ncols:
+            err = ERR_FIELDS
+        end = pos
+        while buf[end] != NL:
+            end += 1
+        if err != ERR_NONE:
+            if not skip_bad:
+                return n, pos, bad, err, pos
+            bad += 1
+            pos = end + 1
+            continue
+        labels[n] = label
+        line_end[n] = end + 1
+        n += 1
+        pos = end + 1
+    return n, pos, bad, ERR_NONE, 0
