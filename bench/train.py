@@ -1,46 +1,46 @@
-"""Training throughput and quality: paramserver against Vowpal Wabbit and scikit-learn.
+"""What a user sees: ``paramserver train`` at its DEFAULT flags against Vowpal Wabbit, on
+synthetic Criteo-format data of two shapes, in one run.
 
-Run: ``.venv/bin/python bench/train.py [--rows 1000000] [--repeat 3] [--json]``  (needs ``.[bench]``)
+Run: ``.venv/bin/python bench/train.py [--rows 1000000] [--repeat 3] [--shapes simple heavy] [--json]``
+(needs ``.[bench]``).
 
-One synthetic Criteo-format file (``paramserver synth``) of ``--rows`` training rows and
-a test file of ``rows / 10``; every learner makes one pass over the same rows with the
-same hashed feature space (``--hash-bits``, default 24) and is scored on the same test
-rows.  Timed: from the start of learning to the end of the pass, parsing included;
-not timed: writing the data, VW's text conversion, cluster start-up and table creation, scoring.
-Every learner runs ``--repeat`` times (default 3), the learners taking turns so a slow
-spell of the machine (this 2-core VM varies ±15 % from run to run) hits all of them; the
-table shows the median time with the range, and the worst test log loss of the runs.
+For each shape (``paramserver synth --shape simple|heavy``: see ``apps/synth.py``), a
+training file of ``--rows`` rows and a test file of ``rows / 10``.  Learners, taking turns
+``--repeat`` times so that a slow spell of this VM hits all of them:
 
-* paramserver: logistic regression, FTRL, ``--batch-size`` (default 4000: on 1e6 rows,
-  batch 1000 and 4000 give the same test log loss, 0.4341, and 4000 is ~1.5× faster:
-  fewer requests and fewer distinct keys per example; 8000 loses log loss); 1 server +
-  1 worker and 2 + 2; both table layouts (``--layouts``): dense arrays over the 2**BITS
-  keys, as VW's weight vector, and hash tables.  Creating the table (a dense one is
-  allocated and mapped whole) is not in the training time; it is printed ("table s").
-* Vowpal Wabbit: ``--loss_function logistic -b BITS`` (its defaults: adaptive, normalised,
-  invariant updates), reading its own text format with its own C++ parser; features are
-  the same tokens (integer buckets and categorical values, per field namespace).
-* scikit-learn: ``SGDClassifier(loss="log_loss")`` (defaults) with ``FeatureHasher(2**BITS)`` over the
-  same tokens, ``partial_fit`` in batches of 10 000 (hashing included in the time).
+* ``paramserver (defaults)``: the command a user types, ``paramserver train --data TRAIN
+  --test TEST`` and nothing else (1 server, 1 worker), run as a subprocess.  Timed end to
+  end ("command s": interpreter start, cluster start-up, training, scoring the test rows,
+  shutdown); its report gives the job's examples/s (training only), the time from the
+  command's start to the first example trained, and the test log loss and AUC.
+* ``paramserver 2+2 (defaults)``: the same with ``--servers 2 --workers 2``.
+* ``paramserver (tuned: FLAGS)``: rows with other flags, labelled with them.
+* ``vowpalwabbit``: VW 9 one pass, ``--loss_function logistic -b 24`` (its defaults: adaptive,
+  normalised, invariant updates), in this process through its Python binding, reading its
+  own text format (converted from the same rows beforehand, untimed: the conversion is
+  Python); examples/s counts the training pass, "command s" the training pass and the
+  scoring of the test file.  Features are the same tokens paramserver makes.
+
+The table shows each learner's median and the worst test log loss of its runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-from paramserver.apps.models import Model, logloss
+from paramserver.apps.models import auc, logloss
 from paramserver.apps.synth import write_synth
-from paramserver.apps.train import TrainConfig, run_training
-from paramserver.data.reader import DataFormat
+
+PS = [sys.executable, "-m", "paramserver", "train", "--quiet"]
 
 
 def criteo_tokens(line: str) -> tuple[int, list[str]]:
@@ -48,136 +48,115 @@ def criteo_tokens(line: str) -> tuple[int, list[str]]:
     parts = line.rstrip("\n").split("\t")
     tokens = []
     for f in range(1, 14):
-        v = parts[f]
-        if v == "":
-            tokens.append(f"i{f}_m")
-        else:
-            x = int(v)
+        if parts[f]:
+            x = int(parts[f])
             tokens.append(f"i{f}_{x if x <= 2 else int(math.log(x) ** 2) + 16}")
     for f in range(14, 40):
         tokens.append(f"c{f}_{parts[f] or 'm'}")
     return int(parts[0]), tokens
 
 
-def to_vw(src: str, dst: str) -> None:
+def to_vw(src: str, dst: str) -> np.ndarray:
+    """Write ``src`` in VW's text format; return its labels."""
+    labels = []
     with open(src) as fin, open(dst, "w") as fout:
         for line in fin:
             label, tokens = criteo_tokens(line)
+            labels.append(label)
             fout.write(f"{1 if label else -1} |f {' '.join(tokens)}\n")
+    return np.array(labels, np.float64)
 
 
-def bench_vw(train_vw: str, test_vw: str, test_labels: np.ndarray, bits: int, tmp: str) -> dict:
+def bench_vw(train_vw: str, test_vw: str, test_labels: np.ndarray, rows: int, tmp: str) -> dict:
     from vowpalwabbit import Workspace
 
-    model = os.path.join(tmp, "vw.model")
+    model, preds_path = os.path.join(tmp, "vw.model"), os.path.join(tmp, "vw.preds")
     t0 = time.perf_counter()
-    ws = Workspace(f"--quiet --loss_function logistic -b {bits} -d {train_vw} -f {model}")
-    ws.finish()
-    seconds = time.perf_counter() - t0
-    preds_path = os.path.join(tmp, "vw.preds")
+    Workspace(f"--quiet --loss_function logistic -b 24 -d {train_vw} -f {model}").finish()
+    trained = time.perf_counter()
     Workspace(f"--quiet -t -i {model} -d {test_vw} -p {preds_path} --link logistic").finish()
+    done = time.perf_counter()
     preds = np.loadtxt(preds_path)
-    return {"learner": "vowpalwabbit", "seconds": seconds, "logloss": logloss(test_labels, preds)}
+    return {"learner": "vowpalwabbit", "examples_per_s": rows / (trained - t0), "command_s": done - t0,
+            "logloss": logloss(test_labels, preds), "auc": auc(test_labels, preds)}
 
 
-def read_tokens(path: str) -> tuple[np.ndarray, list[list[str]]]:
-    labels, rows = [], []
-    with open(path) as f:
-        for line in f:
-            y, tokens = criteo_tokens(line)
-            labels.append(y)
-            rows.append(tokens)
-    return np.array(labels, np.float64), rows
-
-
-def bench_sklearn(labels: np.ndarray, rows: list, test_labels: np.ndarray, test_rows: list, bits: int) -> dict:
-    from sklearn.feature_extraction import FeatureHasher
-    from sklearn.linear_model import SGDClassifier
-
-    hasher = FeatureHasher(2**bits, input_type="string", alternate_sign=False)
-    clf = SGDClassifier(loss="log_loss", random_state=0)
+def bench_paramserver(label: str, flags: list[str], train: str, test: str, tmp: str) -> dict:
+    report = os.path.join(tmp, "report.json")
     t0 = time.perf_counter()
-    for start in range(0, len(rows), 10_000):
-        X = hasher.transform(rows[start:start + 10_000])
-        clf.partial_fit(X, labels[start:start + 10_000], classes=[0, 1])
-    seconds = time.perf_counter() - t0
-    preds = clf.predict_proba(hasher.transform(test_rows))[:, 1]
-    return {"learner": "scikit-learn", "seconds": seconds, "logloss": logloss(test_labels, preds)}
+    done = subprocess.run(PS + ["--data", train, "--test", test, "--metrics-out", report] + flags,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode:
+        raise SystemExit(f"paramserver train {' '.join(flags)} failed:\n{done.stderr}")
+    with open(report) as f:
+        r = json.load(f)
+    return {"learner": label, "examples_per_s": r["examples_per_s"], "command_s": wall,
+            "first_example_s": r.get("first_example_s"), "logloss": r["logloss"], "auc": r["auc"]}
 
 
-def bench_paramserver(train: str, test: str, bits: int, servers: int, workers: int, batch_size: int,
-                      layout: str) -> dict:
-    cfg = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=bits), batch_size=batch_size, layout=layout)
-    report = run_training(cfg, [train], [test], servers=servers, workers=workers, shard_bytes=16 << 20)
-    return {"learner": f"paramserver {servers}s+{workers}w {report['table_layout']}", "seconds": report["seconds"],
-            "logloss": report["logloss"], "table_seconds": report["table_seconds"]}
+def _summary(runs: list[dict]) -> dict:
+    """One learner's runs: medians, and the worst test log loss (and its AUC) of any run."""
+    worst = max(runs, key=lambda r: r["logloss"])
+    out = {"learner": runs[0]["learner"], "logloss": worst["logloss"], "auc": worst["auc"],
+           "examples_per_s": float(np.median([r["examples_per_s"] for r in runs])),
+           "examples_per_s_runs": [r["examples_per_s"] for r in runs],
+           "command_s": float(np.median([r["command_s"] for r in runs])),
+           "command_s_runs": [r["command_s"] for r in runs]}
+    if runs[0].get("first_example_s") is not None:
+        out["first_example_s"] = float(np.median([r["first_example_s"] for r in runs]))
+    return out
+
+
+def run_shape(shape: str, rows: int, repeat: int, tuned: list[str], tmp: str) -> list[dict]:
+    train, test = os.path.join(tmp, f"{shape}.train.tsv"), os.path.join(tmp, f"{shape}.test.tsv")
+    print(f"{shape}: writing {rows:,} + {rows // 10:,} rows", file=sys.stderr)
+    write_synth(train, rows, seed=1, shape=shape)
+    write_synth(test, max(1, rows // 10), seed=2, shape=shape)
+    to_vw(train, train + ".vw")
+    test_labels = to_vw(test, test + ".vw")
+    os.sync()  # written back now, not while a learner is timed
+    learners = [lambda: bench_paramserver("paramserver (defaults)", [], train, test, tmp),
+                lambda: bench_paramserver("paramserver 2+2 (defaults)", ["--servers", "2", "--workers", "2"],
+                                          train, test, tmp)]
+    for flags in tuned:
+        learners.append(lambda f=flags: bench_paramserver(f"paramserver (tuned: {f})", f.split(), train, test, tmp))
+    learners.append(lambda: bench_vw(train + ".vw", test + ".vw", test_labels, rows, tmp))
+    runs: dict[str, list[dict]] = {}
+    for _ in range(repeat):  # interleaved: a slow spell of the machine hits every learner
+        for learner in learners:
+            run = learner()
+            runs.setdefault(run["learner"], []).append(run)
+            print(shape, run, file=sys.stderr)
+    table = [_summary(r) for r in runs.values()]
+    vw = next(r for r in table if r["learner"] == "vowpalwabbit")
+    for r in table:
+        r.update(shape=shape, rows=rows, vs_vw=r["examples_per_s"] / vw["examples_per_s"])
+    return table
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--hash-bits", type=int, default=24)
-    ap.add_argument("--batch-size", type=int, default=4000, help="paramserver's mini-batch (default 4000)")
-    ap.add_argument("--layouts", nargs="+", default=["dense", "hash"], choices=("dense", "hash"),
-                    help="paramserver table layouts to run (default both)")
+    ap.add_argument("--shapes", nargs="+", default=["simple", "heavy"], choices=("simple", "heavy"))
+    ap.add_argument("--repeat", type=int, default=3, help="runs of every learner, interleaved (default 3)")
+    ap.add_argument("--tuned", nargs="*", default=["--pipeline 4"],
+                    help="extra paramserver rows, each a string of flags (default: '--pipeline 4')")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--skip", nargs="*", default=[], help="learners to leave out: vw sklearn")
-    ap.add_argument("--repeat", type=int, default=3,
-                    help="runs of every learner, interleaved; the median time counts (default 3)")
     args = ap.parse_args()
-    runs: dict[str, list[dict]] = {}
+    table: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="paramserver-bench-") as tmp:
-        train, test = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
-        print(f"writing {args.rows:,} + {args.rows // 10:,} rows", file=sys.stderr)
-        write_synth(train, args.rows, seed=1)
-        write_synth(test, args.rows // 10, seed=2)
-        os.sync()  # written back now, not by the kernel while a learner is timed
-        test_labels, test_rows = read_tokens(test)
-        learners = [functools.partial(bench_paramserver, train, test, args.hash_bits, servers, workers,
-                                      args.batch_size, layout)
-                    for layout in args.layouts for servers, workers in ((1, 1), (2, 2))]
-        if "vw" not in args.skip:  # converted once, not timed
-            to_vw(train, train + ".vw")
-            to_vw(test, test + ".vw")
-            os.sync()
-            learners.append(functools.partial(bench_vw, train + ".vw", test + ".vw", test_labels, args.hash_bits,
-                                              tmp))
-        if "sklearn" not in args.skip:  # parsing to tokens is not timed (it is Python here)
-            learners.append(functools.partial(bench_sklearn, *read_tokens(train), test_labels, test_rows,
-                                              args.hash_bits))
-        for _ in range(args.repeat):  # interleaved: a slow spell of the machine hits every learner
-            for learner in learners:
-                run = learner()
-                runs.setdefault(run["learner"], []).append(run)
-                print(run, file=sys.stderr)
-    rows = [_summary(r) for r in runs.values()]
-    for r in rows:
-        r["rows"] = args.rows
-        r["examples_per_s"] = args.rows / r["seconds"]
-    vw = next((r for r in rows if r["learner"] == "vowpalwabbit"), None)
-    for r in rows:
-        r["vs_vw"] = r["examples_per_s"] / vw["examples_per_s"] if vw else None
+        for shape in args.shapes:
+            table += run_shape(shape, args.rows, args.repeat, args.tuned, tmp)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(table, indent=1))
         return
-    print(f"{'learner':<28} {'examples/s':>12} {'(range)':>19} {'x VW':>6} {'test logloss':>13} {'table s':>8}")
-    for r in rows:
-        ratio = f"{r['vs_vw']:.2f}" if r["vs_vw"] else "-"
-        table = f"{r['table_seconds']:.2f}" if "table_seconds" in r else "-"
-        spread = f"{args.rows / max(r['seconds_runs']):,.0f}-{args.rows / min(r['seconds_runs']):,.0f}"
-        print(f"{r['learner']:<28} {r['examples_per_s']:>12,.0f} {spread:>19} {ratio:>6} {r['logloss']:>13.4f} "
-              f"{table:>8}")
-
-
-def _summary(runs: list[dict]) -> dict:
-    """One learner's runs: the median time, and the worst test log loss of any run (the
-    asynchronous runs differ a little from run to run)."""
-    times = sorted(r["seconds"] for r in runs)
-    out = {"learner": runs[0]["learner"], "seconds": float(np.median(times)), "seconds_runs": times,
-           "logloss": max(r["logloss"] for r in runs), "logloss_runs": [r["logloss"] for r in runs]}
-    if "table_seconds" in runs[0]:
-        out["table_seconds"] = float(np.median([r["table_seconds"] for r in runs]))
-    return out
+    print(f"{'shape':<7} {'learner':<38} {'examples/s':>11} {'x VW':>5} {'command s':>9} {'1st ex s':>8} "
+          f"{'test logloss':>12} {'AUC':>7}")
+    for r in table:
+        first = f"{r['first_example_s']:.2f}" if "first_example_s" in r else "-"
+        print(f"{r['shape']:<7} {r['learner']:<38} {r['examples_per_s']:>11,.0f} {r['vs_vw']:>5.2f} "
+              f"{r['command_s']:>9.2f} {first:>8} {r['logloss']:>12.4f} {r['auc']:>7.4f}")
 
 
 if __name__ == "__main__":

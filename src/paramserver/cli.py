@@ -77,11 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=1000,
-                   help="the largest mini-batch, in examples (default 1000)")
+    p.add_argument("--batch-size", type=int, default=4000,
+                   help="the largest mini-batch, in examples (default 4000, reached after 10^6 examples: see "
+                        "--batch-ramp)")
     p.add_argument("--batch-ramp", type=float, default=1.0,
                    help="batches start at 1 example and grow to --batch-size, at most R * sqrt(examples the "
-                        "worker has trained on) (default 1: 100 after 10^4 examples; 0: no ramp)")
+                        "worker has trained on), at least 1/256 of them past 65 536 (default 1: 100 after 10^4 "
+                        "examples, 1000 after 256 000; 0: no ramp)")
     p.add_argument("--pipeline", type=int, default=2,
                    help="mini-batches in flight per worker (1: each sees every earlier push)")
     p.add_argument("--seed", type=int, default=0)
@@ -121,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, required=True)
     p.add_argument("--out", required=True, help="output path (.gz to compress)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shape", default="simple", choices=("simple", "heavy"),
+                   help="simple (default) or heavy: Criteo's own cardinalities (to 10^7 values a field), "
+                        "Zipf(1.15) values, millions of keys (see paramserver.apps.synth)")
 
     p = sub.add_parser("demo", help="synthesise 300k rows and train on a local cluster (make demo)")
     p.add_argument("--rows", type=int, default=300_000)

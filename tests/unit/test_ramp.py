@@ -30,20 +30,27 @@ def _write_rows(path, n, seed=0):
             f.write(f"{rng.integers(0, 2)} " + " ".join(f"{i}:{rng.uniform(0.5, 2):.3f}" for i in feats) + "\n")
 
 
-def test_ramped_batches_cover_every_example_once_and_stop_copying_after_the_ramp(tmp_path):
+@pytest.mark.parametrize("reader_batch", [7, 64, 1000])
+def test_ramped_sizes_depend_on_the_examples_seen_alone(tmp_path, reader_batch):
+    """Every example once, in order; each piece ``ramp_size`` long whatever the reader's
+    batch size (a piece may span two of them); past the ramp the reader's batches pass
+    unchanged (no copy)."""
     path = str(tmp_path / "rows.libsvm")
     _write_rows(path, 5000)
     fmt = DataFormat("libsvm")
     whole = read_all([path], fmt)
-    pieces = list(ramped(read_batches(Shard(path, 0, -1), fmt, 64), 64, 1.0))
+    cap = 64
+    reader = list(read_batches(Shard(path, 0, -1), fmt, reader_batch))
+    pieces = list(ramped(iter(reader), cap, 1.0))
     seen = 0
-    for piece in pieces:
-        assert len(piece) == min(ramp_size(seen, 64, 1.0), 64 - seen % 64) or seen + len(piece) == 5000
+    for piece in pieces[:-1]:
+        assert len(piece) == ramp_size(seen, cap, 1.0)
         seen += len(piece)
-    assert seen == 5000
+    assert seen + len(pieces[-1]) == 5000
     np.testing.assert_array_equal(np.concatenate([p.keys for p in pieces]), whole.keys)
     np.testing.assert_array_equal(np.concatenate([p.labels for p in pieces]), whole.labels)
-    assert all(len(p) == 64 for p in pieces[-10:-1])  # past the ramp: the reader's own batches
+    if reader_batch == cap:
+        assert any(p is r for p in pieces for r in reader)  # past the ramp: the reader's own batches
 
 
 class _Done:

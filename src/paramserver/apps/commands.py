@@ -126,7 +126,7 @@ def demo(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any])
         write_synth(test_path, max(1, args.rows // 10), seed=2)
         err.print(f"training logistic regression (FTRL) on {args.servers} server(s) and "
                   f"{args.workers} worker(s)")
-        ns = argparse.Namespace(model="lr", epochs=1, batch_size=1000, servers=args.servers,
+        ns = argparse.Namespace(model="lr", epochs=1, batch_size=4000, servers=args.servers,
                                 workers=args.workers, shard_mb=4, quiet=False)
         _train(ns, None, [train_path], [test_path], DataFormat("criteo"))
     return 0
@@ -148,6 +148,6 @@ def eval(args: argparse.Namespace, _: Any) -> int:  # noqa: A001 - the command's
 
 
 def synth(args: argparse.Namespace, _: Any) -> int:
-    size = write_synth(args.out, args.rows, args.seed)
+    size = write_synth(args.out, args.rows, args.seed, getattr(args, "shape", "simple"))
     err.print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")
     return 0

@@ -133,12 +133,13 @@ class Model:
         linear = {"alpha": 0.115, "beta": 0.5, "l1": 0.0, "l2": 0.0}
         if self.name == "lr":
             return {"name": "ftrl", **linear}
-        return {"name": "ftrl_adagrad", **linear, "lr": 0.02, "initial_accumulator": 1.0}
+        return {"name": "ftrl_adagrad", **linear, "lr": 0.01, "initial_accumulator": 1.0}
 
     def initializer(self) -> dict[str, Any]:
-        # an FM's factors start small: their products start at ~k * 1e-6, so the model
-        # starts as the linear one and the factors grow where the data asks for them
-        return {"name": "zeros"} if self.name == "lr" else {"name": "normal", "std": 0.001}
+        # an FM's linear weight starts at 0 (FTRL's does) and its factors start small: their
+        # products start at ~k * 1e-6, so the model starts as the linear one and the
+        # factors grow where the data asks for them
+        return {"name": "zeros"} if self.name == "lr" else {"name": "normal", "std": 0.001, "zero_columns": 1}
 
     def step(self, batch, inverse: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, float]:
         """One summed gradient row per distinct key, and the batch's summed log loss."""

@@ -1,12 +1,20 @@
-"""Synthetic Criteo-format data with a realistic shape, for benchmarks at any size.
+"""Synthetic Criteo-format data of two shapes, for benchmarks at any size.
 
-Run: ``paramserver synth --rows 1000000 --out /tmp/synth.tsv``
+Run: ``paramserver synth --rows 1000000 --out /tmp/synth.tsv [--shape simple|heavy]``
 
-Each row: a label, 13 integer features (log-normal counts, a few negatives, 0–45 %
-missing per field) and 26 categorical features (8 hex digits) whose cardinalities run
-from 10 to 5 000 000 with Zipf-like frequencies and 0–40 % missing.  Labels come from a
-planted logistic model over the same features (about 25 % positives), so a learner has
-something real to find and a known ceiling.  Deterministic for a given seed.
+``simple`` (the default): a label, 13 integer features (log-normal counts, a few
+negatives, 0–45 % missing per field) and 26 categorical features (8 hex digits) whose
+cardinalities run from 10 to 5 000 000 with Zipf-like frequencies (s 1.15–1.23) and
+0–40 % missing.
+
+``heavy``: the 26 categorical fields have the Criteo Kaggle set's own cardinalities
+(3 to 10 131 227 distinct values), every value drawn from Zipf(1.15) and none missing,
+and the 13 integer fields are log-normal with 20 % missing.  Most batches then touch many
+keys seen once or never before, and the model grows to millions of keys: the shape of
+real CTR logs, and a harder one for a parameter server than ``simple``.
+
+In both, labels come from a planted logistic model over the same features (about 25 %
+positives), so a learner has something real to find.  Deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -20,6 +28,10 @@ from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64, hash64_array
 
 N_INT, N_CAT = 13, 26
+SHAPES = ("simple", "heavy")
+# distinct values of each categorical field in the Criteo Kaggle display-ad set (C1..C26)
+CRITEO_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
+                        14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 CHUNK_ROWS = 100_000
 
@@ -90,11 +102,11 @@ def _margins(ranks, cat_missing, buckets, int_missing, cat_scale, int_scale):
 
 
 def _features(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.ndarray,
-              int_p: np.ndarray) -> tuple[np.ndarray, ...]:
+              int_p: np.ndarray, zipf_s: np.ndarray) -> tuple[np.ndarray, ...]:
     """Category ranks, integer values and their missing masks for ``n`` rows."""
     ranks = np.empty((n, N_CAT), np.int64)
     for f, card in enumerate(cards):
-        ranks[:, f] = (rng.zipf(1.15 + 0.02 * (f % 5), n) - 1) % card
+        ranks[:, f] = (rng.zipf(zipf_s[f], n) - 1) % card
     cat_missing = rng.random((n, N_CAT)) < cat_p
     ints = np.floor(rng.lognormal(1.0, 1.6, (n, N_INT))).astype(np.int64)
     ints[:, 1] -= (rng.random(n) < 0.05).astype(np.int64) * 3  # field 2 has small negatives, as in Criteo
@@ -109,8 +121,8 @@ def _margin(ranks, cat_missing, ints, int_missing) -> np.ndarray:
 
 
 def _chunk(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.ndarray, int_p: np.ndarray,
-           bias: float) -> tuple[np.ndarray, ...]:
-    ranks, cat_missing, ints, int_missing = _features(rng, n, cards, cat_p, int_p)
+           zipf_s: np.ndarray, bias: float) -> tuple[np.ndarray, ...]:
+    ranks, cat_missing, ints, int_missing = _features(rng, n, cards, cat_p, int_p, zipf_s)
     z = _margin(ranks, cat_missing, ints, int_missing) + bias
     labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-z))).astype(np.int64)
     field_salt = np.arange(N_CAT, dtype=np.uint64) << np.uint64(40)
@@ -118,21 +130,29 @@ def _chunk(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.ndarra
     return labels, ints, int_missing, tokens, cat_missing
 
 
-def write_synth(path: str, rows: int, seed: int = 0) -> int:
-    """Write ``rows`` Criteo-format lines to ``path`` (gzip if it ends in .gz); return bytes."""
-    if rows < 1:
-        raise ConfigError(f"--rows must be >= 1, got {rows}")
+def write_synth(path: str, rows: int, seed: int = 0, shape: str = "simple") -> int:
+    """Write ``rows`` Criteo-format lines of ``shape`` (``SHAPES``) to ``path`` (gzip if it
+    ends in .gz); return bytes."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ConfigError(f"--rows must be an int >= 1, got {rows!r}")
+    if shape not in SHAPES:
+        raise ConfigError(f"--shape must be one of {', '.join(SHAPES)}, got {shape!r}")
     rng = np.random.default_rng(seed)
-    cards = np.geomspace(10, 5_000_000, N_CAT).astype(np.int64)
-    cat_p = rng.uniform(0.0, 0.4, N_CAT)
-    int_p = rng.uniform(0.0, 0.45, N_INT)
-    bias = _calibrate_bias(seed, cards, cat_p, int_p)
+    if shape == "heavy":
+        cards = np.array(CRITEO_CARDINALITIES, np.int64)
+        cat_p, int_p, zipf_s = np.zeros(N_CAT), np.full(N_INT, 0.2), np.full(N_CAT, 1.15)
+    else:
+        cards = np.geomspace(10, 5_000_000, N_CAT).astype(np.int64)
+        cat_p = rng.uniform(0.0, 0.4, N_CAT)
+        int_p = rng.uniform(0.0, 0.45, N_INT)
+        zipf_s = 1.15 + 0.02 * (np.arange(N_CAT) % 5)
+    bias = _calibrate_bias(seed, cards, cat_p, int_p, zipf_s)
     opener = gzip.open if path.endswith(".gz") else open
     written = 0
     with opener(path, "wb") as f:
         for start in range(0, rows, CHUNK_ROWS):
             n = min(CHUNK_ROWS, rows - start)
-            labels, ints, int_missing, tokens, cat_missing = _chunk(rng, n, cards, cat_p, int_p, bias)
+            labels, ints, int_missing, tokens, cat_missing = _chunk(rng, n, cards, cat_p, int_p, zipf_s, bias)
             out = np.empty(n * (2 + N_INT * 21 + N_CAT * 9 + 1), np.uint8)
             size = _write_rows(labels, ints, int_missing, tokens, cat_missing, _HEX, out)
             f.write(out[:size].tobytes())
@@ -140,10 +160,10 @@ def write_synth(path: str, rows: int, seed: int = 0) -> int:
     return written
 
 
-def _calibrate_bias(seed: int, cards: np.ndarray, cat_p: np.ndarray, int_p: np.ndarray,
+def _calibrate_bias(seed: int, cards: np.ndarray, cat_p: np.ndarray, int_p: np.ndarray, zipf_s: np.ndarray,
                     target: float = 0.25) -> float:
     """The bias giving about ``target`` positives (bisection on a sample)."""
-    z = _margin(*_features(np.random.default_rng(seed + 1), 20_000, cards, cat_p, int_p))
+    z = _margin(*_features(np.random.default_rng(seed + 1), 20_000, cards, cat_p, int_p, zipf_s))
     lo, hi = -10.0, 10.0
     for _ in range(40):
         mid = (lo + hi) / 2

@@ -53,6 +53,8 @@ def columns_of(header: str, path: str, fmt_name: str, label: str, ignore: tuple[
     """The roles of a header's columns, checked: the label column must be there.  An
     Avazu file whose first line is data (24 fields, no ``click``) has Avazu's columns."""
     names = tuple(c.strip() for c in header.rstrip("\r\n").split(","))
+    shown = ", ".join(names)
+    shown = shown if len(shown) <= 300 else shown[:300] + "..."  # in messages
     has_header = True
     if fmt_name == "avazu" and AVAZU_LABEL not in names and len(names) == len(AVAZU_COLUMNS):
         names, has_header = AVAZU_COLUMNS, False
@@ -65,15 +67,15 @@ def columns_of(header: str, path: str, fmt_name: str, label: str, ignore: tuple[
         hour = ""
     if not label:
         raise ConfigError(f"--format csv needs --label COLUMN, the column with the 0/1 label; {path} has "
-                          f"columns {', '.join(names)}")
+                          f"columns {shown}")
     if label not in names:
-        raise ConfigError(f"{path}:1: no column {label!r} for the label (columns: {', '.join(names)}); "
+        raise ConfigError(f"{path}:1: no column {label!r} for the label (columns: {shown}); "
                           f"{'is this an Avazu file? ' if fmt_name == 'avazu' else ''}pass --label with one "
                           "of the header's names")
     missing = [c for c in ignore if c not in names and c not in AVAZU_IGNORE]
     if missing:
         raise ConfigError(f"--ignore-columns {', '.join(missing)}: not in the header of {path} "
-                          f"(columns: {', '.join(names)})")
+                          f"(columns: {shown})")
     if len(set(names)) != len(names):
         dup = sorted({c for c in names if names.count(c) > 1})
         raise ConfigError(f"{path}:1: the header names columns more than once ({', '.join(dup)}); rename them")
@@ -82,7 +84,7 @@ def columns_of(header: str, path: str, fmt_name: str, label: str, ignore: tuple[
     namespaces = np.array([_name_hash(c.encode()) for c in names], np.uint64)
     keys = 1 + int((roles == ROLE_FEATURE).sum()) + 2 * int((roles == ROLE_HOUR).sum())
     if keys == 1:
-        raise ConfigError(f"{path}: no feature column left (columns: {', '.join(names)}; label {label!r}, "
+        raise ConfigError(f"{path}: no feature column left (columns: {shown}; label {label!r}, "
                           f"ignored {', '.join(ignore) or 'none'})")
     return Columns(names, roles, namespaces, keys, has_header)
 

@@ -206,14 +206,20 @@ class Zeros(Initializer):
 
 @dataclass(frozen=True)
 class Normal(Initializer):
+    """N(mean, std²) per column; the first ``zero_columns`` columns start at 0 instead (an
+    FM row's linear weight, which FTRL starts at 0, beside random factors)."""
+
     mean: float = 0.0
     std: float = 0.01
+    zero_columns: float = 0.0
     name: ClassVar[str] = "normal"
     kind: ClassVar[int] = NORMAL_KIND
 
     def __post_init__(self) -> None:
         _check("normal mean", self.mean, True, "a number", "")
         _check("normal std", self.std, self.std >= 0, ">= 0", "try std=0.01")
+        _check("normal zero_columns", self.zero_columns, self.zero_columns >= 0 and self.zero_columns % 1 == 0,
+               "a whole number >= 0", "try zero_columns=1")
 
 
 @dataclass(frozen=True)
@@ -251,6 +257,8 @@ def _unit(key, seed, j):
 def init_value(key, j, ikind, ihp, seed):
     """Initial value of column ``j`` of ``key``'s row."""
     if ikind == NORMAL_KIND:
+        if j < ihp[2]:
+            return 0.0
         u1 = _unit(key, seed, 2 * j)
         u2 = _unit(key, seed, 2 * j + 1)
         return ihp[0] + ihp[1] * math.sqrt(-2.0 * math.log(1.0 - u1)) * math.cos(2.0 * math.pi * u2)
