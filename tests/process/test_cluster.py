@@ -302,3 +302,20 @@ def test_nodes_exit_when_the_process_that_started_them_is_killed():
     for p in left:  # never leave them running, even when the test fails
         os.kill(p, 9)
     assert not left, f"nodes {left} outlived the process that started them"
+
+
+def _wait_for_file(client, path):
+    from support import wait_for
+    wait_for(lambda: os.path.exists(path), 60, f"{path} to appear")
+    return "slow"
+
+
+def test_a_late_result_of_a_run_that_timed_out_is_never_another_runs(tmp_path):
+    """run(slow, timeout) gives up; slow finishes later; the next run gets its own results."""
+    gate = str(tmp_path / "gate")
+    with LocalCluster(servers=1, workers=1, log_level="WARNING") as cluster:
+        with pytest.raises(WorkerError, match="did not finish within 1"):
+            cluster.run(_wait_for_file, gate, timeout_s=1)
+        open(gate, "w").close()  # now the slow run returns, late
+        assert cluster.run(lambda c: "fast", timeout_s=60) == ["fast"]
+        assert cluster.run(lambda c: "again", timeout_s=60) == ["again"]

@@ -105,6 +105,7 @@ class _Active:
     """The function ``run`` is running: workers added meanwhile are sent it too."""
 
     payload: bytes
+    call: int  # this run's number: a reply tagged with another is late, from a run given up on
     wake: Connection  # written to when a worker joins, so the waiting loop looks again
     waiting: dict[Connection, _Proc] = field(default_factory=dict)
     died: list[_Proc] = field(default_factory=list)  # could not even be sent the function
@@ -151,6 +152,7 @@ class LocalCluster:
         self._lock = threading.Lock()  # procs and the active run, for add_worker from any thread
         self._active: _Active | None = None
         self._next_worker = 0
+        self._calls = 0  # runs started: each run's payload and replies carry its number
 
     # ---- lifecycle ---------------------------------------------------------------------
     def __enter__(self) -> LocalCluster:
@@ -374,7 +376,8 @@ class LocalCluster:
             workers = [p for p in self.procs.values() if p.from_child is not None]
             if not workers:
                 raise WorkerError("this cluster has no workers: LocalCluster(workers=N) with N >= 1")
-            active = self._active = _Active(cloudpickle.dumps((fn, args)), wake_w)
+            self._calls += 1
+            active = self._active = _Active(cloudpickle.dumps((self._calls, fn, args)), self._calls, wake_w)
             for proc in workers:
                 self._send_function(proc)
         results: dict[int, Any] = {}
@@ -403,9 +406,14 @@ class LocalCluster:
                     with self._lock:
                         proc = active.waiting.pop(conn)  # type: ignore[arg-type]
                     try:
-                        status, rank, value = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
+                        call, status, rank, value = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
                     except EOFError:
                         self._died(proc, errors, summaries, deaths)
+                        continue
+                    if call != active.call:  # the late reply of a run that timed out: not ours
+                        logger.info("%s: dropped a late result of an earlier run", proc.name)
+                        with self._lock:
+                            active.waiting[conn] = proc  # type: ignore[index]
                         continue
                     if status == "ok":
                         results[rank] = value

@@ -38,24 +38,27 @@ def load_function(spec: str) -> Callable[..., Any]:
 
 
 def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
-    """Run ``fn(client, *args)`` for each payload on ``read_fd`` until EOF."""
+    """Run ``fn(client, *args)`` for each payload ``(call, fn, args)`` on ``read_fd`` until
+    EOF; each answer carries its ``call``, so that a parent that gave up waiting on one
+    run can tell its late answer from the next run's."""
     down, up = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     while True:
         try:
             payload = down.recv_bytes()
         except EOFError:
             return
+        call = None
         try:
-            fn, args = cloudpickle.loads(payload)
-            answer = ("ok", client.rank, fn(client, *args))
+            call, fn, args = cloudpickle.loads(payload)
+            answer = (call, "ok", client.rank, fn(client, *args))
         except BaseException as exc:  # report everything, including SystemExit, to the parent
             summary = str(exc) if isinstance(exc, ParamServerError) else f"{type(exc).__name__}: {exc}"
-            answer = ("error", client.rank, (summary, traceback.format_exc()))
+            answer = (call, "error", client.rank, (summary, traceback.format_exc()))
         try:
             data = cloudpickle.dumps(answer)
         except Exception as exc:
             text = f"the function's result cannot be pickled: {exc}"
-            data = cloudpickle.dumps(("error", client.rank, (text, text)))
+            data = cloudpickle.dumps((call, "error", client.rank, (text, text)))
         up.send_bytes(data)
 
 
