@@ -140,8 +140,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--shapes", nargs="+", default=["simple", "heavy"], choices=("simple", "heavy"))
     ap.add_argument("--repeat", type=int, default=3, help="runs of every learner, interleaved (default 3)")
-    ap.add_argument("--tuned", nargs="*", default=["--pipeline 4"],
-                    help="extra paramserver rows, each a string of flags (default: '--pipeline 4')")
+    ap.add_argument("--tuned", nargs="*", default=[],
+                    help="extra paramserver rows, each a string of flags, labelled 'tuned' (e.g. '--pipeline 4')")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     table: list[dict] = []
