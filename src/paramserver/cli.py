@@ -154,19 +154,12 @@ def _data_flags(p: argparse.ArgumentParser, training: bool) -> None:
 
 
 def _optimizer(text: str | None):
+    """``--optimizer NAME[:key=value,...]`` (one syntax with ``create_table``'s)."""
     if not text:
         return None
-    name, _, params = text.partition(":")
-    spec: dict = {"name": name}
-    for item in filter(None, params.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ConfigError(f"--optimizer parameters are key=value, got {item!r} in {text!r}")
-        try:
-            spec[key.strip()] = float(value)
-        except ValueError:
-            raise ConfigError(f"--optimizer {key}={value!r} is not a number") from None
-    return spec
+    from paramserver.server.optim import parse_text
+
+    return parse_text(text)
 
 
 def _config(args: argparse.Namespace):

@@ -146,3 +146,19 @@ def test_ftrl_adagrad_checks_both_halves():
         TableSpec("t", dim=3, optimizer={"name": "ftrl_adagrad", "alpha": -1})
     with pytest.raises(ConfigError, match="adagrad lr"):
         TableSpec("t", dim=3, optimizer={"name": "ftrl_adagrad", "lr": 0})
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("ftrl:alpha=0.1", FTRL(alpha=0.1)),
+    ("ftrl:alpha=0.1, l1=2", FTRL(alpha=0.1, l1=2.0)),
+    ("adagrad", AdaGrad()),
+])
+def test_the_cli_optimizer_syntax_works_everywhere(text, expected):
+    assert TableSpec("t", optimizer=text).optimizer == expected
+
+
+@pytest.mark.parametrize("text,match", [("ftrl:alpha", "parameters are key=value"), ("ftrl:alpha=x", "not a number"),
+                                        ("nadam:lr=1", "unknown optimizer 'nadam'")])
+def test_the_cli_optimizer_syntax_names_what_is_wrong(text, match):
+    with pytest.raises(ConfigError, match=match):
+        TableSpec("t", optimizer=text)

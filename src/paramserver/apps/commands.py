@@ -19,8 +19,9 @@ from rich.table import Table
 
 from paramserver.apps.models import Model
 from paramserver.apps.synth import write_synth
-from paramserver.apps.train import TrainConfig, evaluate, predict_file, run_training
+from paramserver.apps.train import TrainConfig, check_job, evaluate, predict_file, run_training
 from paramserver.data.reader import DataFormat, sniff_label_format
+from paramserver.errors import ConfigError
 
 err = Console(stderr=True)
 out = Console()
@@ -119,6 +120,9 @@ def train(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]
 
 
 def demo(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]) -> int:
+    check_job(args.servers, args.workers, 4 << 20)  # before writing any data
+    if args.rows < 1:
+        raise ConfigError(f"--rows must be >= 1, got {args.rows}")
     with tempfile.TemporaryDirectory(prefix="paramserver-demo-") as tmp:
         train_path, test_path = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
         err.print(f"writing {args.rows:,} synthetic Criteo-format rows (+ {args.rows // 10:,} test rows)")

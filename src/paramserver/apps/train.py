@@ -35,7 +35,8 @@ import numpy as np
 from paramserver import checkpoint
 from paramserver.apps.models import Model, auc, logloss
 from paramserver.client.client import Client
-from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, _concat, _slice, make_shards, Prefetch,
+from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, _concat, _slice, expand, make_shards,
+                                     Prefetch,
                                      read_all, read_batches)
 from paramserver.errors import CheckpointError, ConfigError, WorkerError
 from paramserver.routing.hashing import MAX_KEY_BITS
@@ -315,6 +316,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     """
     from paramserver.cluster.local import LocalCluster
 
+    check_job(servers, workers, shard_bytes)
     shards = make_shards(data, shard_bytes)
     spec = cfg.table_spec()
     job_checkpoints = _checkpoint_option(checkpoint_dir, checkpoint_every, len(shards))
@@ -385,6 +387,16 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         report["resumed_from"] = step
         report["resumed_examples"] = examples - this_run
     return report
+
+
+def check_job(servers: Any, workers: Any, shard_bytes: Any) -> None:
+    """The cluster and shard arguments of a job, checked before anything starts."""
+    for flag, value in (("--servers", servers), ("--workers", workers)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}")
+    if not (isinstance(shard_bytes, (int, float)) and shard_bytes >= 1):
+        raise ConfigError(f"--shard-mb must be > 0 (megabytes of input per shard), got {shard_bytes / (1 << 20):g}; "
+                          "try 16")
 
 
 def _checkpoint_option(url: str | None, every: int | None, n_shards: int) -> dict[str, Any] | None:
@@ -482,7 +494,7 @@ def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = Fal
     fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad}))
     n = 0
     with open(out, "w") as f:
-        for path in data:
+        for path in expand(data):
             for batch in read_batches(Shard(path, 0, -1), fmt, 1 << 16):
                 np.savetxt(f, model.predict(batch), fmt="%.6f")
                 n += len(batch)

@@ -100,8 +100,36 @@ class DataFormat:
         return np.uint64(0 if self.hash_bits in (0, 64) else (1 << self.hash_bits) - 1)
 
 
+def _filesystem(path: str) -> tuple[Any, str]:
+    """The fsspec filesystem of ``path`` and its path there; a missing driver (s3fs for
+    s3://, gcsfs for gs://, ...) is a one-line error naming the package."""
+    try:
+        return fsspec.core.url_to_fs(path)  # no glob expansion here (get_fs_token_paths would)
+    except ImportError as exc:
+        raise DataError(f"{path}: {exc} (pip install it, or copy the data to a local path)") from None
+    except ValueError as exc:  # an unknown protocol
+        raise DataError(f"{path}: {exc}") from None
+
+
+def expand(paths: list[str]) -> list[str]:
+    """``paths`` with glob patterns (``*``, ``?``, ``[``) expanded, each in sorted order;
+    a pattern that matches nothing is an error."""
+    out = []
+    for path in paths:
+        if path == "-" or not any(c in path for c in "*?["):
+            out.append(path)
+            continue
+        fs, pattern = _filesystem(path)
+        protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
+        found = sorted(p for p in fs.glob(pattern) if not fs.isdir(p))
+        if not found:
+            raise DataError(f"no file matches {path}")
+        out += [protocol + p if protocol and not p.startswith(protocol) else p for p in found]
+    return out
+
+
 def _check_exists(path: str) -> int:
-    fs, _, (p,) = fsspec.get_fs_token_paths(path)
+    fs, p = _filesystem(path)
     if not fs.exists(p):
         raise DataError(f"no such file: {path}")
     if fs.isdir(p):
@@ -116,8 +144,10 @@ def make_shards(paths: list[str], shard_bytes: int = 64 << 20) -> list[Shard]:
     """Cut ``paths`` into shards of about ``shard_bytes`` (compressed files: one each)."""
     if not paths:
         raise DataError("no input files given")
+    if not shard_bytes >= 1:
+        raise ConfigError(f"--shard-mb must be > 0 (megabytes of input per shard), got {shard_bytes / (1 << 20):g}")
     shards = []
-    for path in paths:
+    for path in expand(paths):
         size = _check_exists(path)
         if path.endswith(COMPRESSED) or size <= shard_bytes:
             shards.append(Shard(path, 0, -1))
@@ -501,7 +531,8 @@ class Prefetch:
 
 
 def read_all(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16) -> Batch:
-    """Every example of ``paths`` in one batch (for test sets)."""
+    """Every example of ``paths`` (globs expanded) in one batch (for test sets)."""
+    paths = expand(paths)
     parts = [b for p in paths for b in read_batches(Shard(p, 0, -1), fmt, batch_size)]
     if not parts:
         raise DataError(f"no examples in {', '.join(paths)}")

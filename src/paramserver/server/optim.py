@@ -50,7 +50,7 @@ class _Spec:
         if isinstance(spec, cls):
             return spec
         if isinstance(spec, str):
-            spec = {"name": spec}
+            spec = parse_text(spec)
         if not isinstance(spec, dict) or "name" not in spec:
             raise ConfigError(f"expected one of {sorted(cls.registry)} or a spec object, got {spec!r}")
         params = dict(spec)
@@ -68,6 +68,21 @@ class _Spec:
             if isinstance(exc, ConfigError):
                 raise
             raise ConfigError(f"{name}: hyper-parameters must be numbers, got {params}") from exc
+
+
+def parse_text(text: str) -> dict[str, Any]:
+    """``"NAME[:key=value,...]"`` (the CLI's ``--optimizer`` syntax) as a wire dict."""
+    name, _, params = text.partition(":")
+    spec: dict[str, Any] = {"name": name.strip()}
+    for item in filter(None, (p.strip() for p in params.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"parameters are key=value, got {item!r} in {text!r} (e.g. ftrl:alpha=0.1,l1=1)")
+        try:
+            spec[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"{key.strip()}={value!r} in {text!r} is not a number") from None
+    return spec
 
 
 class Optimizer(_Spec):

@@ -11,13 +11,21 @@ from typing import Any, Sequence
 
 import zmq
 
+from paramserver.errors import ConfigError
+
 
 def bind_router(ctx: zmq.Context, host: str, port: int, max_message_bytes: int) -> tuple[zmq.Socket, str]:
     """A ROUTER bound on ``host:port`` (port 0: the OS picks); returns it and its address."""
     sock = ctx.socket(zmq.ROUTER)
     _tune(sock, max_message_bytes)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a vanished peer is dropped, not raised
-    sock.bind(f"tcp://{host}:{port or '*'}")
+    try:
+        sock.bind(f"tcp://{host}:{port or '*'}")
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        fix = ("another process listens there: pick another --port, or 0 for any free port"
+               if exc.errno == zmq.EADDRINUSE else "check --host (an address of this machine, or 0.0.0.0)")
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}; {fix}") from None
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
