@@ -19,7 +19,7 @@ import os
 import sys
 
 from paramserver.config import ENV, load_config
-from paramserver.errors import ConfigError, ParamServerError, WorkerError
+from paramserver.errors import ParamServerError, WorkerError
 
 
 def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> None:
@@ -36,11 +36,27 @@ def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> N
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # LocalCluster's: exit with it
 
 
+class _Help(argparse.HelpFormatter):
+    """Every flag's help shows its default (where it has one and the text does not say it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is False or default is argparse.SUPPRESS
+                or (isinstance(default, (str, list)) and not default) or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from paramserver import __version__
+
     parser = argparse.ArgumentParser(
         prog="paramserver", description="A parameter server for large-scale machine learning.",
-        epilog="environment: " + ", ".join(ENV))
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+        epilog="environment: " + ", ".join(ENV), formatter_class=_Help)
+    parser.add_argument("--version", action="version", version=f"paramserver {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=lambda **kw: argparse.ArgumentParser(formatter_class=_Help, **kw))
 
     p = sub.add_parser("scheduler", help="run the scheduler (membership, ring, tables, barriers)")
     _node_flags(p, bind=True, scheduler=False)
@@ -74,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fm-l2", type=float, default=1e-2, help="FM L2 penalty on factors (default 0.01)")
     p.add_argument("--optimizer", help="NAME[:key=value,...], e.g. ftrl:alpha=0.1,l1=1 (default: ftrl for lr, "
                                        "ftrl_adagrad for fm)")
-    p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--servers", type=int, default=1, help="server processes of the local cluster")
+    p.add_argument("--workers", type=int, default=1, help="worker processes of the local cluster")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the training data")
     p.add_argument("--batch-size", type=int, default=4000,
                    help="the largest mini-batch, in examples (default 4000, reached after 10^6 examples: see "
                         "--batch-ramp)")
@@ -86,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "examples, 1000 after 256 000; 0: no ramp)")
     p.add_argument("--pipeline", type=int, default=2,
                    help="mini-batches in flight per worker (1: each sees every earlier push)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the tables' initial values")
     p.add_argument("--replicas", type=int, default=1,
                    help="copies of every vnode, on distinct servers (2 or 3 survive a server's death)")
     p.add_argument("--consistency", default="asp",
@@ -120,17 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-out", metavar="FILE")
 
     p = sub.add_parser("synth", help="write synthetic Criteo-format data")
-    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--rows", type=int, required=True, help="rows to write")
     p.add_argument("--out", required=True, help="output path (.gz to compress)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the data (another seed: other rows, same shape)")
     p.add_argument("--shape", default="simple", choices=("simple", "heavy"),
                    help="simple (default) or heavy: Criteo's own cardinalities (to 10^7 values a field), "
                         "Zipf(1.15) values, millions of keys (see paramserver.apps.synth)")
 
     p = sub.add_parser("demo", help="synthesise 300k rows and train on a local cluster (make demo)")
-    p.add_argument("--rows", type=int, default=300_000)
-    p.add_argument("--servers", type=int, default=2)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--rows", type=int, default=300_000, help="synthetic training rows")
+    p.add_argument("--servers", type=int, default=2, help="server processes")
+    p.add_argument("--workers", type=int, default=2, help="worker processes")
     return parser
 
 

@@ -10,8 +10,9 @@ import pytest
 
 from paramserver.apps.models import Model
 from paramserver.apps.synth import write_synth
-from paramserver.apps.train import TrainConfig, evaluate, predict_file, run_training
-from paramserver.data.reader import DataFormat, make_shards
+from paramserver.apps.modelfile import evaluate, predict_file
+from paramserver.apps.train import TrainConfig, run_training
+from paramserver.data.reader import DataFormat, make_shards, read_all
 from support import shared
 
 # Vowpal Wabbit 9.11, one pass, --loss_function logistic -b 24, on the same files (issue 11's
@@ -211,3 +212,54 @@ def test_a_scheduler_port_in_use_is_one_line():
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr
     assert "pick another --port, or 0" in proc.stderr
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--save", "s3://bucket/model"], "--save s3://bucket/model: Install s3fs"),
+    (["--save", "{file}"], "is a file; name a folder"),
+    (["--checkpoint-dir", "{file}"], "--checkpoint-dir {file} is a file; name a folder"),
+    (["--metrics-out", "{tmp}"], "--metrics-out {tmp} is a folder; name a file"),
+    (["--metrics-out", "/proc/no/such/report.json"], "--metrics-out /proc/no/such/report.json cannot be written"),
+])
+def test_every_output_is_checked_before_the_job_starts(tmp_path, flags, message):
+    synth, existing = str(tmp_path / "s.tsv"), str(tmp_path / "a-file")
+    write_synth(synth, 100)
+    open(existing, "w").close()
+    fill = {"{file}": existing, "{tmp}": str(tmp_path)}
+    flags = [fill.get(f, f) for f in flags]
+    for k, v in fill.items():
+        message = message.replace(k, v)
+    if "s3://" in flags[-1]:
+        try:
+            import s3fs  # noqa: F401
+            pytest.skip("s3fs is installed here")
+        except ImportError:
+            pass
+    proc = cli("train", "--data", synth, "--quiet", *flags)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "examples" not in proc.stdout  # nothing trained
+
+
+def test_a_model_saved_to_an_fsspec_url_loads_and_predicts_the_same(tmp_path):
+    from paramserver.apps.modelfile import LocalModel
+    train = str(tmp_path / "t.tsv")
+    write_synth(train, 2000, seed=4)
+    cfg = TrainConfig(Model("lr"))
+    run_training(cfg, [train], [], servers=1, workers=1, save="memory://paramserver-test/model")
+    run_training(cfg, [train], [], servers=1, workers=1, save=str(tmp_path / "model"))
+    assert not os.path.exists("memory:")  # not a local folder named after the scheme
+    batch = read_all([train], cfg.data)
+    np.testing.assert_array_equal(LocalModel("memory://paramserver-test/model").predict(batch),
+                                  LocalModel(str(tmp_path / "model")).predict(batch))
+
+
+def test_help_shows_defaults_and_version_is_there():
+    proc = cli("train", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for flag in ("--servers SERVERS server processes of the local cluster (default: 1)",
+                 "--seed SEED seed of the tables' initial values (default: 0)", "(default: 24"):
+        assert flag in text, flag
+    version = cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("paramserver ")

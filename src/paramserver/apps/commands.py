@@ -19,7 +19,8 @@ from rich.table import Table
 
 from paramserver.apps.models import Model
 from paramserver.apps.synth import write_synth
-from paramserver.apps.train import TrainConfig, check_job, evaluate, predict_file, run_training
+from paramserver.apps.modelfile import check_output, evaluate, predict_file, write_text
+from paramserver.apps.train import TrainConfig, check_job, run_training
 from paramserver.data.reader import DataFormat, sniff_label_format
 from paramserver.errors import ConfigError
 
@@ -81,6 +82,7 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
                       consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
                       layout=getattr(args, "table_layout", "auto"))
     cfg.table_spec()  # validate the optimizer before starting processes
+    check_output(getattr(args, "metrics_out", None), "--metrics-out", folder=False)
     quiet = getattr(args, "quiet", False) or not err.is_terminal and os.environ.get("CI")
     live: Live | None = None  # started with the first progress line: once the nodes are started (forked
     # from this process while it has no other thread: Live's refresh thread would be one)
@@ -109,8 +111,7 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     out.print(_report_table(report))
     metrics_out = getattr(args, "metrics_out", None)
     if metrics_out:
-        with open(metrics_out, "w") as f:
-            json.dump({k: v for k, v in report.items() if k != "traces"}, f, indent=1)
+        write_text(metrics_out, json.dumps({k: v for k, v in report.items() if k != "traces"}, indent=1))
     return report
 
 
@@ -143,11 +144,11 @@ def predict(args: argparse.Namespace, _: Any) -> int:
 
 
 def eval(args: argparse.Namespace, _: Any) -> int:  # noqa: A001 - the command's name
+    check_output(args.metrics_out, "--metrics-out", folder=False)
     report = evaluate(args.model, args.data, args.skip_bad_lines)
     out.print(json.dumps(report))
     if args.metrics_out:
-        with open(args.metrics_out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_text(args.metrics_out, json.dumps(report, indent=1))
     return 0
 
 

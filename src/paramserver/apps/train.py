@@ -21,27 +21,25 @@ worker that dies hands its shard back to the queue and the others finish the job
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from paramserver import checkpoint
-from paramserver.apps.models import Model, auc, logloss
+from paramserver.apps.modelfile import check_output, metrics, save_model
+from paramserver.apps.models import Model
 from paramserver.client.client import Client
-from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, _concat, _slice, expand, make_shards,
+from paramserver.data.reader import (Batch, DataFormat, Shard, _concat, _slice, make_shards,
                                      Prefetch,
                                      read_all, read_batches)
 from paramserver.errors import CheckpointError, ConfigError, WorkerError
 from paramserver.routing.hashing import MAX_KEY_BITS
-from paramserver.server.optim import SGD, Initializer
-from paramserver.server.table import VnodeTable
 from paramserver.spec import TableSpec
 
 PROGRESS_EVERY_S = 0.5
@@ -289,10 +287,6 @@ def score(client: Client, model: Model, batch: Batch) -> np.ndarray:
     return model.predict(batch, inverse, rows)
 
 
-def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
-    return {"logloss": logloss(labels, preds), "auc": auc(labels, preds), "examples": int(labels.size)}
-
-
 # ---- the driver --------------------------------------------------------------------
 
 
@@ -317,6 +311,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     from paramserver.cluster.local import LocalCluster
 
     check_job(servers, workers, shard_bytes)
+    check_output(save, "--save", folder=True)  # every output now, not after the job
+    check_output(checkpoint_dir, "--checkpoint-dir", folder=True)
     shards = make_shards(data, shard_bytes)
     spec = cfg.table_spec()
     job_checkpoints = _checkpoint_option(checkpoint_dir, checkpoint_every, len(shards))
@@ -364,7 +360,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             report.update(metrics(test_batch.labels, score(client, cfg.model, test_batch)))
             report["test_examples"] = report.pop("examples")
         if save:
-            save_model(save, cfg, spec, *client.export_table(spec.name))
+            save_model(save, cfg.model, cfg.data, spec, *client.export_table(spec.name))
         report["consistency"] = _merge_consistency(client.consistency_stats())
         report["traces"] = {r["rank"]: r["trace"] for r in per_worker}
     examples = int(status["examples"])
@@ -446,68 +442,6 @@ def _resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: TrainConf
         raise ConfigError(f"--resume {step}: the checkpoint is in epoch {epoch + 1} of the job, but --epochs "
                           f"is {cfg.epochs}; pass --epochs {job.get('epochs')} (or more)")
     return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples") if k in job}
-
-
-# ---- model files -------------------------------------------------------------------
-
-
-def save_model(path: str, cfg: TrainConfig, spec: TableSpec, keys: np.ndarray, values: np.ndarray) -> None:
-    os.makedirs(path, exist_ok=True)
-    np.savez(os.path.join(path, "table.npz"), keys=keys, values=values)
-    meta = {"format": "paramserver-model-1", "model": asdict(cfg.model), "table": spec.to_wire(),
-            "data": asdict(cfg.data) | {"skip_bad": False, "cache_dir": ""}}
-    tmp = os.path.join(path, "model.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(meta, f, indent=1)
-    os.replace(tmp, os.path.join(path, "model.json"))  # written last: a model dir is whole
-
-
-class LocalModel:
-    """A saved model, loaded in this process (no cluster)."""
-
-    def __init__(self, path: str):
-        try:
-            with open(os.path.join(path, "model.json")) as f:
-                meta = json.load(f)
-            arrays = np.load(os.path.join(path, "table.npz"))
-            keys, values = arrays["keys"], arrays["values"]
-        except FileNotFoundError as exc:
-            raise DataError(f"{path} is not a saved model ({exc.filename} is missing); "
-                            "save one with paramserver train --save DIR") from None
-        except (ValueError, KeyError, OSError) as exc:
-            raise DataError(f"{path}: the model files are damaged ({exc})") from None
-        self.model = Model(**meta["model"])
-        self.data = DataFormat(**meta["data"])
-        spec = TableSpec.from_wire(meta["table"])
-        self.table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed)
-        self.table.load(keys, values)
-
-    def predict(self, batch: Batch) -> np.ndarray:
-        uniq, inverse = batch.unique()
-        rows = np.empty((uniq.shape[0], self.model.dim), np.float32)
-        self.table.lookup(uniq, rows)
-        return self.model.predict(batch, inverse, rows)
-
-
-def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = False) -> int:
-    model = LocalModel(model_dir)
-    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad}))
-    n = 0
-    with open(out, "w") as f:
-        for path in expand(data):
-            for batch in read_batches(Shard(path, 0, -1), fmt, 1 << 16):
-                np.savetxt(f, model.predict(batch), fmt="%.6f")
-                n += len(batch)
-    if n == 0:
-        raise DataError(f"no examples in {', '.join(data)}")
-    return n
-
-
-def evaluate(model_dir: str, data: list[str], skip_bad: bool = False) -> dict[str, float]:
-    model = LocalModel(model_dir)
-    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad}))
-    batch = read_all(data, fmt)
-    return metrics(batch.labels, model.predict(batch))
 
 
 def warm_up() -> None:

@@ -1,0 +1,152 @@
+"""Saved models and the files a job writes: checked before the job, written through fsspec.
+
+A saved model is a folder (a local path or any fsspec URL: ``s3://``, ``gs://``,
+``memory://``) holding
+
+    table.npz      keys (uint64) and values (float32 [n, dim])
+    model.json     model, table spec, data format; written last, so a folder that has
+                   it is whole
+
+``predict`` and ``eval`` load it into a ``VnodeTable`` in this process and need no
+cluster.  Every output a command will write (``--save``, ``--metrics-out``, ``--out``,
+``--checkpoint-dir``) is checked with ``check_output`` *before* the work starts, so that a
+bad path costs a second, not a trained model.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+import fsspec
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+
+from paramserver.apps.models import Model, auc, logloss
+from paramserver.data.reader import Batch, DataError, DataFormat, Shard, expand, read_all, read_batches
+from paramserver.errors import ConfigError
+from paramserver.server.optim import SGD, Initializer
+from paramserver.server.table import VnodeTable
+from paramserver.spec import TableSpec
+
+
+def _fs(url: str, flag: str) -> tuple[Any, str]:
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise ConfigError(f"{flag} {url}: {exc} (pip install it, or write to a local path)") from None
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {url}: {exc}") from None
+
+
+def check_output(url: str | None, flag: str, folder: bool) -> None:
+    """Fail now, in one line, if ``url`` cannot be written: a missing fsspec driver, a file
+    where a folder is needed (or the reverse), a folder that cannot be made or written."""
+    if url is None:
+        return
+    if not url:
+        raise ConfigError(f"{flag} needs a path or URL, got an empty string")
+    fs, path = _fs(url, flag)
+    if folder:
+        if fs.exists(path) and not fs.isdir(path):
+            raise ConfigError(f"{flag} {url} is a file; name a folder (it is created if missing)")
+        probe = f"{path.rstrip('/')}/.paramserver-write-test-{uuid.uuid4().hex}"
+    else:
+        if fs.exists(path) and fs.isdir(path):
+            raise ConfigError(f"{flag} {url} is a folder; name a file")
+        parent = path.rsplit("/", 1)[0] if "/" in path.rstrip("/") else "."
+        probe = f"{parent}/.paramserver-write-test-{uuid.uuid4().hex}"
+    try:
+        fs.makedirs(probe.rsplit("/", 1)[0], exist_ok=True)
+        with fs.open(probe, "wb") as f:
+            f.write(b"")
+        fs.rm(probe)
+    except (OSError, PermissionError) as exc:
+        raise ConfigError(f"{flag} {url} cannot be written ({exc}); pick a writable "
+                          f"{'folder' if folder else 'file'}") from None
+
+
+def write_text(url: str, text: str) -> None:
+    """``text`` into ``url`` whole (a local file through a rename; an object in one put)."""
+    fs, path = _fs(url, "output")
+    if isinstance(fs, LocalFileSystem):
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        return
+    with fs.open(path, "w") as f:
+        f.write(text)
+
+
+def save_model(url: str, model: Model, data: DataFormat, spec: TableSpec, keys: np.ndarray,
+               values: np.ndarray) -> None:
+    fs, path = _fs(url, "--save")
+    fs.makedirs(path, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(buf, keys=keys, values=values)
+    with fs.open(f"{path.rstrip('/')}/table.npz", "wb") as f:
+        f.write(buf.getbuffer())
+    meta = {"format": "paramserver-model-1", "model": asdict(model), "table": spec.to_wire(),
+            "data": asdict(data) | {"skip_bad": False, "cache_dir": ""}}
+    write_text(f"{url.rstrip('/')}/model.json", json.dumps(meta, indent=1))  # last: a model folder is whole
+
+
+class LocalModel:
+    """A saved model, loaded in this process (no cluster)."""
+
+    def __init__(self, url: str):
+        fs, path = _fs(url, "--model")
+        try:
+            with fs.open(f"{path.rstrip('/')}/model.json", "r") as f:
+                meta = json.load(f)
+            with fs.open(f"{path.rstrip('/')}/table.npz", "rb") as f:
+                arrays = np.load(io.BytesIO(f.read()))
+            keys, values = arrays["keys"], arrays["values"]
+        except FileNotFoundError as exc:
+            raise DataError(f"{url} is not a saved model ({exc.filename or exc} is missing); "
+                            "save one with paramserver train --save DIR") from None
+        except (ValueError, KeyError, OSError) as exc:
+            raise DataError(f"{url}: the model files are damaged ({exc})") from None
+        self.model = Model(**meta["model"])
+        self.data = DataFormat(**meta["data"])
+        spec = TableSpec.from_wire(meta["table"])
+        self.table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed)
+        self.table.load(keys, values)
+
+    def predict(self, batch: Batch) -> np.ndarray:
+        uniq, inverse = batch.unique()
+        rows = np.empty((uniq.shape[0], self.model.dim), np.float32)
+        self.table.lookup(uniq, rows)
+        return self.model.predict(batch, inverse, rows)
+
+
+def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
+    return {"logloss": logloss(labels, preds), "auc": auc(labels, preds), "examples": int(labels.size)}
+
+
+def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = False) -> int:
+    check_output(out, "--out", folder=False)
+    model = LocalModel(model_dir)
+    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad}))
+    n = 0
+    fs, path = _fs(out, "--out")
+    with fs.open(path, "w") as f:
+        for file in expand(data):
+            for batch in read_batches(Shard(file, 0, -1), fmt, 1 << 16):
+                np.savetxt(f, model.predict(batch), fmt="%.6f")
+                n += len(batch)
+    if n == 0:
+        raise DataError(f"no examples in {', '.join(data)}")
+    return n
+
+
+def evaluate(model_dir: str, data: list[str], skip_bad: bool = False) -> dict[str, float]:
+    model = LocalModel(model_dir)
+    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad}))
+    batch = read_all(data, fmt)
+    return metrics(batch.labels, model.predict(batch))
