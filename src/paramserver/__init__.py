@@ -13,7 +13,8 @@ General layout:
 from paramserver.client.client import Client
 from paramserver.cluster.local import LocalCluster, run
 from paramserver.config import Config
-from paramserver.errors import (CheckpointError, ClosedError, ConfigError, ConnectError, NodeLostError, ParamServerError,
+from paramserver.errors import (CheckpointError, ClosedError, ConfigError, ConnectError, DataLossError, NodeLostError,
+                                ParamServerError,
                                 ProtocolError, RemoteError, StaleEpochError, UnknownTableError,
                                 WorkerError)
 from paramserver.routing.ring import Ring
@@ -24,6 +25,6 @@ __all__ = [
     "Client", "LocalCluster", "run", "Config", "TableSpec", "Ring",
     "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "Zeros", "Normal", "Uniform",
     "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
-    "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError",
+    "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError", "DataLossError",
 ]
 __version__ = "0.1.0"

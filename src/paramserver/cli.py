@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the tables' initial values")
     p.add_argument("--replicas", type=int, default=1,
                    help="copies of every vnode, on distinct servers (2 or 3 survive a server's death)")
+    p.add_argument("--allow-loss", action="store_true",
+                   help="when a server dies holding vnodes with no backup (replicas 1), finish and report "
+                        "the loss instead of failing")
     p.add_argument("--consistency", default="asp",
                    help="bsp, ssp:S (readers at most S clocks ahead of the slowest worker) or asp (default)")
     p.add_argument("--table-layout", default="auto", choices=("auto", "hash", "dense"),

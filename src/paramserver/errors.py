@@ -10,6 +10,7 @@
     │   └── ProtocolError       ... because the request was malformed (bad op, dtype, size)
     ├── StaleEpochError         a server no longer owns a vnode at the request's epoch
     ├── CheckpointError         a checkpoint is missing, incomplete or corrupt
+    ├── DataLossError           a server died with vnodes no backup held: acknowledged updates are gone
     └── WorkerError             a user function raised on a worker; carries its traceback
 
 Messages give the value, the rule and the fix.
@@ -59,6 +60,11 @@ class StaleEpochError(ParamServerError):
 
 class CheckpointError(ParamServerError):
     """A checkpoint cannot be written, or is missing, incomplete or corrupt."""
+
+
+class DataLossError(ParamServerError):
+    """A server died holding vnodes of a table without a backup (``replicas=1``): their keys
+    restarted from initial values, so updates that were acknowledged are gone."""
 
 
 class WorkerError(ParamServerError):

@@ -37,14 +37,16 @@ def _fmt(args: argparse.Namespace) -> DataFormat:
 
 
 def _progress_line(status: dict[str, Any], seconds: float) -> str:
-    if not status:
+    if "epoch" not in status:
         return "starting..."
     live = status.get("live", {})
     examples = int(live.get("examples", 0))
     loss = live.get("loss_sum", 0.0) / examples if examples else float("nan")
     rate = examples / seconds if seconds > 0 else 0.0
+    failovers = len(status.get("failovers") or [])
     return (f"epoch {status['epoch'] + 1}/{status['epochs']}  shards {status['shards_done']}/{status['shards']}  "
-            f"examples {examples:,}  {rate:,.0f}/s  train logloss {loss:.4f}")
+            f"examples {examples:,}  {rate:,.0f}/s  train logloss {loss:.4f}"
+            + (f"  servers lost {failovers} (failed over)" if failovers else ""))
 
 
 def _report_table(report: dict[str, Any]) -> Table:
@@ -65,6 +67,12 @@ def _report_table(report: dict[str, Any]) -> Table:
         table.add_row("resumed from", f"{report['resumed_from']} ({report['resumed_examples']:,} examples)")
     if report.get("failed_workers"):
         table.add_row("workers lost", "; ".join(report["failed_workers"]))
+    if report.get("failovers"):
+        table.add_row("servers lost", f"{len(report['failovers'])} (failed over; longest stall between two batches "
+                                      f"{report.get('stalled_s', 0):.2f} s)")
+    for loss in report.get("data_loss") or []:
+        table.add_row("DATA LOST", f"server {loss['server']}: {loss['vnodes']} vnode(s) of {', '.join(loss['tables'])} "
+                                   "restarted from initial values (--allow-loss)")
     c = report.get("consistency")
     if c:
         table.add_row("staleness seen (clocks: pulls)",
@@ -102,7 +110,7 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
                               shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show,
                               checkpoint_dir=getattr(args, "checkpoint_dir", None),
                               checkpoint_every=getattr(args, "checkpoint_every", None),
-                              resume=getattr(args, "resume", None))
+                              resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False))
     finally:
         if live is not None:
             live.stop()

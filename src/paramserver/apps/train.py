@@ -38,7 +38,7 @@ from paramserver.client.client import Client
 from paramserver.data.reader import (Batch, DataFormat, Shard, _concat, _slice, make_shards,
                                      Prefetch,
                                      read_all, read_batches)
-from paramserver.errors import CheckpointError, ConfigError, WorkerError
+from paramserver.errors import CheckpointError, ConfigError, DataLossError, WorkerError
 from paramserver.routing.hashing import MAX_KEY_BITS
 from paramserver.spec import TableSpec
 
@@ -295,7 +295,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                  on_progress: Callable[[dict[str, Any], float], None] | None = None,
                  checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
                  resume: str | None = None, setup: Callable[[Any], Any] | None = None,
-                 cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
+                 cluster_options: dict[str, Any] | None = None, allow_loss: bool = False) -> dict[str, Any]:
     """Train on a fresh local cluster; return the report (see ``docs``).
 
     Args:
@@ -307,6 +307,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         setup: called with the ``LocalCluster`` once the table exists (restored, when
             resuming), before the job starts.
         cluster_options: more ``LocalCluster`` arguments (heartbeats, log level).
+        allow_loss: finish (and report the loss) when a server dies with vnodes of a table
+            that has no backup, instead of failing with ``DataLossError``.
     """
     from paramserver.cluster.local import LocalCluster
 
@@ -336,17 +338,23 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             setup(cluster)
         client.start_job(shards, cfg.epochs, checkpoint=job_checkpoints, resume=progress)
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(1, thread_name_prefix="paramserver-train") as pool:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="paramserver-train")
+        try:
             running = pool.submit(cluster.run_elastic, train_worker, cfg)
             while not running.done():
+                status = client.job_status()
                 if on_progress:
-                    on_progress(client.job_status(), time.perf_counter() - t0)
+                    on_progress(status, time.perf_counter() - t0)
+                check_losses(status, allow_loss)  # a loss ends the job now, loudly
                 if test_read is not None and test_read.done() and test_read.exception() is not None:
                     raise test_read.exception()  # bad test data: stop now, not after the job
                 wait([running], timeout=PROGRESS_EVERY_S)
             per_worker, failed_workers = running.result()  # re-raises a worker's error
+        finally:
+            pool.shutdown(wait=False)  # an abort must not wait for the workers: the cluster's exit stops them
         seconds = time.perf_counter() - t0
         status = client.job_status()
+        check_losses(status, allow_loss)
         if not status.get("finished"):  # survivors return only once the queue says done
             raise WorkerError(f"the job did not finish (status {status}); failed workers: {failed_workers}")
         if on_progress:
@@ -363,6 +371,10 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             save_model(save, cfg.model, cfg.data, spec, *client.export_table(spec.name))
         report["consistency"] = _merge_consistency(client.consistency_stats())
         report["traces"] = {r["rank"]: r["trace"] for r in per_worker}
+        if status.get("failovers") or status.get("losses"):
+            report["failovers"], report["data_loss"] = status.get("failovers", []), status.get("losses", [])
+            gaps = [b[0] - a[0] for r in per_worker for a, b in zip(r["trace"], r["trace"][1:])]
+            report["stalled_s"] = max(gaps, default=0.0)  # the longest wait between two batches of a worker
     examples = int(status["examples"])
     this_run = examples - int((progress or {}).get("totals", {}).get("examples", 0))
     report.update({
@@ -383,6 +395,21 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         report["resumed_from"] = step
         report["resumed_examples"] = examples - this_run
     return report
+
+
+def check_losses(status: dict[str, Any], allow_loss: bool) -> None:
+    """Raise ``DataLossError`` (one line: what was lost, why, and the fix) if a server died
+    with vnodes that no backup held, unless the user allowed it."""
+    losses = status.get("losses") or []
+    if not losses or allow_loss:
+        return
+    vnodes = sum(int(x["vnodes"]) for x in losses)
+    tables = sorted({t for x in losses for t in x["tables"]})
+    servers = ", ".join(str(x["server"]) for x in losses)
+    raise DataLossError(f"server(s) {servers} died holding {vnodes} vnode(s) of table(s) {', '.join(tables)} with no "
+                        "backup (replicas=1): their keys restarted from their initial values, so acknowledged "
+                        "updates are lost and the model is not what the data trained; rerun with --replicas 2 "
+                        "to survive a server's death, or pass --allow-loss to finish anyway and report the loss")
 
 
 def check_job(servers: Any, workers: Any, shard_bytes: Any) -> None:

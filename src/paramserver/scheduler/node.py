@@ -134,6 +134,9 @@ class SchedulerNode:
         self.deferred: list[tuple[bytes, Message]] = []  # table commands waiting for a migration
         self.incomplete: set[tuple[str, int, int]] = set()  # (table, vnode, server) copies unconfirmed
         self._ring_lost = False  # every server died: the next one to register starts a ring
+        # what servers' deaths cost, for job_status: data lost (tables without a backup) and failovers
+        self.losses: list[dict[str, Any]] = []
+        self.failovers: list[dict[str, Any]] = []
         self._failed_migrations = 0
         self._next_epoch = 1  # a ring formed after every server died continues the epochs
         self._next_id = 1
@@ -443,6 +446,8 @@ class SchedulerNode:
         if len(old.servers) == 1:
             logger.error("the last server of the ring died: every table's data is lost (restore a checkpoint); "
                          "the next server to register starts a new ring")
+            self.losses.append({"server": node_id, "tables": sorted(self._replicas()), "vnodes": old.n_vnodes,
+                                "at": time.time(), "every_server": True})
             self.ring, self._ring_lost, self._next_epoch = None, True, old.epoch + 1
             self.incomplete.clear()
             self.changes = deque(c for c in self.changes if c[0] != "join")  # joiners form the new ring
@@ -454,9 +459,14 @@ class SchedulerNode:
         logger.warning("failover: server %d's vnodes promoted to their backups, ring epoch %d",
                        node_id, self.ring.epoch)
         lost = int((old.owners == node_id).sum())
-        for name in sorted(n for n, r in self._replicas().items() if r == 1):
+        unbacked = sorted(n for n, r in self._replicas().items() if r == 1)
+        for name in unbacked:
             logger.error("table %r has no backup (replicas=1): its %d vnode(s) on server %d restart from "
                          "their initial values; restore a checkpoint, or use replicas=2", name, lost, node_id)
+        if unbacked and lost:
+            self.losses.append({"server": node_id, "tables": unbacked, "vnodes": lost, "at": time.time()})
+        self.failovers.append({"server": node_id, "epoch": self.ring.epoch, "vnodes": lost, "at": time.time(),
+                               "tables_kept": sorted(n for n, r in self._replicas().items() if r > 1)})
         self._broadcast_view()
         promoted, self.ring = self.ring, old  # plan from the ring whose holders have the data
         moves = self._plan(promoted, dead={node_id})
@@ -804,6 +814,7 @@ class SchedulerNode:
 
     def on_job_status(self, identity: bytes, msg: Message) -> None:
         status = self.job.status() if self.job else {}
+        status["losses"], status["failovers"] = self.losses, self.failovers
         ckpt = self.job_checkpoints
         if self.job and ckpt is not None:
             status["checkpoints"] = {"written": list(ckpt.written), "abandoned": ckpt.abandoned,
