@@ -28,6 +28,9 @@ def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> N
     if bind:
         p.add_argument("--host", help="interface to bind [PARAMSERVER_HOST, 127.0.0.1]")
         p.add_argument("--port", type=int, help="port to bind, 0 = any [PARAMSERVER_PORT]")
+        p.add_argument("--advertise-host", help="the host peers reach this node at (NAT, containers; default: "
+                                                 "the bound host, or for 0.0.0.0 the interface that reaches the "
+                                                 "scheduler) [PARAMSERVER_ADVERTISE_HOST]")
     p.add_argument("--heartbeat-interval-s", type=float, help="[PARAMSERVER_HEARTBEAT_INTERVAL_S, 0.5]")
     p.add_argument("--heartbeat-timeout-s", type=float, help="[PARAMSERVER_HEARTBEAT_TIMEOUT_S, 5]")
     p.add_argument("--connect-timeout-s", type=float, help="[PARAMSERVER_CONNECT_TIMEOUT_S, 30]")
@@ -182,7 +185,7 @@ def _optimizer(text: str | None):
 
 
 def _config(args: argparse.Namespace):
-    keys = ("scheduler", "host", "port", "servers", "workers", "vnodes_per_server",
+    keys = ("scheduler", "host", "port", "advertise_host", "servers", "workers", "vnodes_per_server",
             "heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s")
     return load_config(**{k: getattr(args, k) for k in keys if hasattr(args, k)})
 

@@ -20,6 +20,9 @@ ENV: dict[str, tuple[str, str]] = {
     "PARAMSERVER_SCHEDULER": ("scheduler", "scheduler address, e.g. tcp://10.0.0.5:7000"),
     "PARAMSERVER_HOST": ("host", "interface a scheduler or server binds (default 127.0.0.1)"),
     "PARAMSERVER_PORT": ("port", "port a scheduler or server binds (0: the OS picks)"),
+    "PARAMSERVER_ADVERTISE_HOST": ("advertise_host", "the host a server tells peers to reach it at (NAT, containers; "
+                                                     "default: its bound host, or with --host 0.0.0.0 the address "
+                                                     "of the interface that reaches the scheduler)"),
     "PARAMSERVER_NUM_SERVERS": ("servers", "servers the scheduler waits for before forming the ring"),
     "PARAMSERVER_NUM_WORKERS": ("workers", "workers a barrier waits for (0: whoever registered)"),
     "PARAMSERVER_VNODES_PER_SERVER": ("vnodes_per_server", "ring vnodes per initial server"),
@@ -37,6 +40,7 @@ class Config:
     scheduler: str = ""
     host: str = "127.0.0.1"
     port: int = 0
+    advertise_host: str = ""
     servers: int = 1
     workers: int = 0
     vnodes_per_server: int = 64

@@ -207,7 +207,10 @@ def test_unreachable_scheduler_is_a_clear_error():
     assert "could not reach the scheduler" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_roles_started_by_hand(tmp_path):
+@pytest.mark.parametrize("bind", [[], ["--host", "0.0.0.0"], ["--host", "0.0.0.0", "--advertise-host", "127.0.0.1"]])
+def test_roles_started_by_hand(tmp_path, bind):
+    """Also bound on every interface: a server then advertises an address peers can reach
+    (issue 12, bug 3), never tcp://0.0.0.0."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path]),
            "PARAMSERVER_HEARTBEAT_INTERVAL_S": "0.2", "PARAMSERVER_LOG_LEVEL": "WARNING"}
     addr_file = tmp_path / "addr"
@@ -216,15 +219,15 @@ def test_roles_started_by_hand(tmp_path):
         return subprocess.Popen([sys.executable, "-m", "paramserver", *args], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    procs = [start("scheduler", "--servers", "2", "--workers", "1", "--address-file", str(addr_file))]
+    procs = [start("scheduler", "--servers", "2", "--workers", "1", "--address-file", str(addr_file), *bind)]
     try:
         deadline = time.monotonic() + 30
         while not addr_file.exists():
             assert time.monotonic() < deadline and procs[0].poll() is None, "scheduler did not start"
             time.sleep(0.02)
-        address = addr_file.read_text()
+        address = addr_file.read_text().replace("0.0.0.0", "127.0.0.1")  # how a client names the host
         env["PARAMSERVER_SCHEDULER"] = address  # the environment seam
-        procs += [start("server"), start("server")]
+        procs += [start("server", *bind), start("server", *bind)]
         worker = start("worker", "--fn", "jobs:push_ones")
         out, err = worker.communicate(timeout=60)
         assert worker.returncode == 0, err
@@ -232,6 +235,8 @@ def test_roles_started_by_hand(tmp_path):
         with Client(address) as driver:
             got = driver.pull("by-hand", np.arange(100)).result(timeout=10)
             np.testing.assert_array_equal(got, np.ones((100, 2)))
+            servers = driver.cluster_info()["servers"].values()
+            assert len(servers) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in servers), servers
             driver.shutdown_cluster()
         for p in procs:
             assert p.wait(timeout=20) == 0
@@ -319,3 +324,30 @@ def test_a_late_result_of_a_run_that_timed_out_is_never_another_runs(tmp_path):
         open(gate, "w").close()  # now the slow run returns, late
         assert cluster.run(lambda c: "fast", timeout_s=60) == ["fast"]
         assert cluster.run(lambda c: "again", timeout_s=60) == ["again"]
+
+
+@pytest.mark.parametrize("address", ["not-an-endpoint", "tcp://0.0.0.0:5000", "tcp://host:99999", 17,
+                                     "tcp://a b:1"])
+def test_a_server_registering_a_bad_address_is_refused_and_the_ring_is_untouched(address):
+    """Issue 12, bug 14: one such register killed both servers (a ZMQError in the copy path)
+    and the ring formed on the fake node."""
+    with LocalCluster(servers=2, workers=0, log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("kept", dim=1, optimizer={"name": "sgd", "lr": 1.0})
+        keys = np.arange(500, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        client.push("kept", keys, -np.ones((keys.size, 1), np.float32)).result(timeout=30)
+        before = client.cluster_info()
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(cluster.address)
+        try:
+            answer, _ = _raw_request(sock, [msgpack.packb({"op": "register", "id": 1, "role": "server",
+                                                           "address": address})])
+        finally:
+            sock.close()
+        assert answer["op"] == "error" and answer["code"] == "protocol", answer
+        after = client.cluster_info()
+        assert after["ring_servers"] == before["ring_servers"] and after["epoch"] == before["epoch"]
+        assert all(p.popen.poll() is None for n, p in cluster.procs.items() if n.startswith("server"))
+        np.testing.assert_array_equal(client.pull("kept", keys).result(timeout=30), np.ones((keys.size, 1)))

@@ -32,7 +32,7 @@ from paramserver.routing.ring import Ring, plan_moves
 from paramserver.scheduler.tasks import TaskQueue
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, field as hfield, reply
-from paramserver.wire.sockets import bind_router, send
+from paramserver.wire.sockets import check_endpoint, bind_router, send
 
 logger = logging.getLogger(__name__)
 
@@ -221,8 +221,10 @@ class SchedulerNode:
         if role not in ROLES:
             raise ProtocolError(f"role must be one of {ROLES}, got {role!r}")
         address = msg.header.get("address") or ""
-        if role == "server" and not address:
-            raise ProtocolError("a server must register with its address")
+        if role == "server":
+            if not address:
+                raise ProtocolError("a server must register with its address")
+            check_endpoint(address)  # a bad one would reach every server's connect, in every copy
         node = NodeInfo(self._next_id, role, identity, address, time.monotonic())
         self._next_id += 1
         if role == "worker":

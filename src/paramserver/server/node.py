@@ -40,7 +40,7 @@ from paramserver.server.dedup import Dedup
 from paramserver.server.table import VnodeSet
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, expect, field, reply
-from paramserver.wire.sockets import bind_router, connect_dealer, send
+from paramserver.wire.sockets import advertised, bind_router, connect_dealer, send
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ class ServerNode:
         self.ctx = zmq.Context.instance()
         self.router, self.address = bind_router(self.ctx, config.host, config.port,
                                                 config.max_message_bytes)
+        self.address = advertised(self.address, config.advertise_host, config.scheduler)  # what peers dial
         self.control = connect_dealer(self.ctx, config.scheduler, config.max_message_bytes)
         self.node_id = -1
         self.ring: Ring | None = None
@@ -147,23 +148,15 @@ class ServerNode:
         poller = self.poller
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.control, zmq.POLLIN)
+        failed_at = 0.0
         try:
             while self._running:
-                copying = bool(self.copies) and self.copies_in_flight < COPIES_IN_FLIGHT
-                ready = dict(poller.poll(0 if copying else 500))
-                if self.control in ready:
-                    while self._running and self.control.poll(0):
-                        self._handle_control(self.control.recv_multipart(copy=False))
-                for peer, sock in list(self.peer_socks.items()):
-                    if sock in ready:
-                        self._handle_peer(peer, sock)
-                if self.router in ready:
-                    for _ in range(64):  # bounded, so control messages keep flowing
-                        if not self._running or not self.router.poll(0):
-                            break
-                        self._handle_data(self.router.recv_multipart(copy=False))
-                if self.copies and self.copies_in_flight < COPIES_IN_FLIGHT and self._running:
-                    self._copy_next()
+                try:
+                    self._turn(poller)
+                except Exception:  # a bug or a bad message must not take the server (and its data) down
+                    if time.monotonic() - failed_at > 1.0:  # at most one traceback a second
+                        logger.exception("server %d: a loop turn failed; it goes on", self.node_id)
+                    failed_at = time.monotonic()
         finally:
             self._beats_stop.set()
             beats.join(5)
@@ -173,6 +166,23 @@ class ServerNode:
                 sock.close(linger=0)
             self.router.close(linger=0)
             self.control.close(linger=0)
+
+    def _turn(self, poller: zmq.Poller) -> None:
+        copying = bool(self.copies) and self.copies_in_flight < COPIES_IN_FLIGHT
+        ready = dict(poller.poll(0 if copying else 500))
+        if self.control in ready:
+            while self._running and self.control.poll(0):
+                self._handle_control(self.control.recv_multipart(copy=False))
+        for peer, sock in list(self.peer_socks.items()):
+            if sock in ready:
+                self._handle_peer(peer, sock)
+        if self.router in ready:
+            for _ in range(64):  # bounded, so control messages keep flowing
+                if not self._running or not self.router.poll(0):
+                    break
+                self._handle_data(self.router.recv_multipart(copy=False))
+        if self.copies and self.copies_in_flight < COPIES_IN_FLIGHT and self._running:
+            self._copy_next()
 
     def _heartbeats(self) -> None:
         """Beat from a thread of its own, so a long request (a JIT compile, a big table

@@ -7,11 +7,33 @@ protocol limit; anything between the two is refused with an error reply by ``dec
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 import zmq
 
-from paramserver.errors import ConfigError
+from paramserver.errors import ConfigError, ProtocolError
+
+_TCP = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9._-]*):([0-9]{1,5})$")
+
+
+def check_endpoint(address: Any) -> str:
+    """``address`` if it is an endpoint a peer can connect to: ``tcp://HOST:PORT`` (port
+    1–65535, a host name or address, not the wildcard 0.0.0.0), ``ipc://PATH`` or
+    ``inproc://NAME``; else ``ProtocolError`` naming the rule."""
+    if not isinstance(address, str) or len(address) > 1024:
+        raise ProtocolError(f"an address must be a string like tcp://HOST:PORT, got {str(address)[:100]!r}")
+    m = _TCP.match(address)
+    if m:
+        if not 1 <= int(m.group(2)) <= 65535:
+            raise ProtocolError(f"address {address!r}: the port must be in [1, 65535]")
+        if m.group(1) in ("0.0.0.0", "*", "[::]"):
+            raise ProtocolError(f"address {address!r} is a wildcard, not an address peers can reach; "
+                                "advertise the host's address (--advertise-host)")
+        return address
+    if re.match(r"^(ipc|inproc)://\S+$", address):
+        return address
+    raise ProtocolError(f"address {address[:100]!r} is not tcp://HOST:PORT, ipc://PATH or inproc://NAME")
 
 
 def bind_router(ctx: zmq.Context, host: str, port: int, max_message_bytes: int) -> tuple[zmq.Socket, str]:
@@ -48,3 +70,43 @@ def _tune(sock: zmq.Socket, max_message_bytes: int) -> None:
 def send(sock: zmq.Socket, frames: Sequence[Any], identity: bytes | None = None) -> None:
     parts = [identity, *frames] if identity is not None else list(frames)
     sock.send_multipart(parts, copy=False)
+
+
+WILDCARDS = ("0.0.0.0", "*", "::", "[::]", "")
+
+
+def advertised(bound: str, advertise_host: str, scheduler: str) -> str:
+    """The address peers should connect to for a socket bound at ``bound``
+    (``tcp://HOST:PORT``): ``advertise_host`` if given; else, for a wildcard bind, the
+    address of this machine's interface that routes to the scheduler (a UDP socket
+    "connected" there sends nothing and says which source address the kernel picks)."""
+    m = _TCP.match(bound)
+    if not m:
+        return bound
+    host, port = m.group(1), m.group(2)
+    if advertise_host:
+        host = advertise_h = advertise_host.strip()
+        if ":" in advertise_h and not advertise_h.startswith("["):
+            host = f"[{advertise_h}]"
+    elif host in WILDCARDS:
+        host = route_to(scheduler)
+    return f"tcp://{host}:{port}"
+
+
+def route_to(address: str) -> str:
+    """This machine's source address towards ``address`` (tcp://HOST:PORT), 127.0.0.1 when
+    that cannot be told (no route: the peers are then local, or the user must say)."""
+    import socket
+
+    m = _TCP.match(address or "")
+    if not m:
+        return "127.0.0.1"
+    target = m.group(1).strip("[]")
+    try:
+        infos = socket.getaddrinfo(target, int(m.group(2)), type=socket.SOCK_DGRAM)
+        family, _, _, _, sockaddr = infos[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(sockaddr)
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
