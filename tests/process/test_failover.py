@@ -111,3 +111,29 @@ def test_training_with_a_server_killed_mid_epoch_matches_an_undisturbed_run():
     disturbed, m = _train_a9a(kill_at_examples=45_000)  # in the second epoch
     assert n == m == 3 * 32_561
     assert abs(disturbed - undisturbed) <= 0.005 * undisturbed, (disturbed, undisturbed)
+
+
+def test_a_stalled_scheduler_does_not_declare_the_servers_dead():
+    """Issue 12, bug 10: SIGSTOP the scheduler past the heartbeat timeout, then SIGCONT:
+    it declared every server dead, the servers stopped (zombie rule), the data was gone."""
+    import signal
+    import time
+
+    from paramserver import Client
+    with LocalCluster(servers=2, workers=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5,
+                      log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("kept", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
+        client.push("kept", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
+        before = client.cluster_info()
+        scheduler = cluster.procs["scheduler"].popen
+        scheduler.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)  # the fault itself: a pause twice the heartbeat timeout
+        scheduler.send_signal(signal.SIGCONT)
+        with Client(cluster.address, connect_timeout_s=30) as fresh:
+            wait_for(lambda: fresh.cluster_info()["epoch"] >= before["epoch"], 30, "the scheduler to answer")
+            time.sleep(1.0)  # give a wrong verdict (deadline 1.5 s) the time it would need to show
+            after = fresh.cluster_info()
+            assert after["ring_servers"] == before["ring_servers"] and after["epoch"] == before["epoch"], after
+            assert all(p.popen.poll() is None for n, p in cluster.procs.items() if n.startswith("server"))
+            np.testing.assert_array_equal(fresh.pull("kept", KEYS).result(timeout=30), np.ones((N_KEYS, 1)))

@@ -153,3 +153,19 @@ def test_no_shard_ahead_when_the_running_ones_bring_a_checkpoint(make):
     s.on_next_shard(b"w11", Message({"op": "next_shard", "id": 1}, []))  # holds none: always served
     s.on_next_shard(b"w11", Message({"op": "next_shard", "id": 2}, []))  # 0 done + 3 running >= 3: held back
     assert list(s.job.running.values()) == [10, 10, 11] and [w[2] for w in s.shard_waiters] == [11]
+
+
+def test_a_stalled_loop_blames_no_node_for_its_own_stall(make):
+    """Issue 12, bug 10: the loop's previous turn was 10 s ago (SIGSTOP, swap): the nodes'
+    heartbeats of those 10 s are unread, not missing; deadlines move back by the stall."""
+    s = make([1, 2])
+    now = time.monotonic()
+    for node in s.nodes.values():
+        node.last_seen = now - 10.0  # heard last just before the stall
+    s._after_stall(now - 10.0, poll_s=0.5)
+    s._check_heartbeats(time.monotonic())
+    assert sorted(s.nodes) == [1, 2] and s.ring.servers == [1, 2]
+    s.nodes[2].last_seen -= 100  # a node silent *while the loop runs* is still declared dead
+    s._after_stall(time.monotonic(), poll_s=0.5)
+    s._check_heartbeats(time.monotonic())
+    assert sorted(s.nodes) == [1]

@@ -172,9 +172,12 @@ class SchedulerNode:
     # ---- loop --------------------------------------------------------------------------
     def run(self) -> None:
         poll_ms = int(min(self.config.heartbeat_interval_s, 1.0) * 1000)
+        last_turn = time.monotonic()
         try:
             while self._running:
-                if self.sock.poll(poll_ms):
+                ready = self.sock.poll(poll_ms)
+                last_turn = self._after_stall(last_turn, poll_ms / 1000)
+                if ready:
                     while self._running and self.sock.poll(0):
                         self._handle(self.sock.recv_multipart(copy=False))
                 try:
@@ -565,6 +568,20 @@ class SchedulerNode:
         send(self.sock, reply(msg), identity)
         if node_id is not None:
             self._remove(node_id, "left")
+
+    def _after_stall(self, last_turn: float, poll_s: float) -> float:
+        """A failure detector must not blame others for its own stall (a SIGSTOP, a swapped-out
+        VM, a long pause): if this loop's turn came much later than it should have, the
+        heartbeats sent meanwhile are still unread, so every deadline is pushed back by the
+        time this process was not running.  Returns the time of this turn."""
+        now = time.monotonic()
+        late = now - last_turn - poll_s
+        if late > self.config.heartbeat_timeout_s / 2:
+            logger.warning("the scheduler's loop was stalled for %.1f s (paused, swapped out?): every heartbeat "
+                           "deadline moves back by as much, so no node is declared dead for it", late)
+            for node in self.nodes.values():
+                node.last_seen += late
+        return now
 
     def _check_heartbeats(self, now: float) -> None:
         deadline = now - self.config.heartbeat_timeout_s
