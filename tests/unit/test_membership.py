@@ -169,3 +169,22 @@ def test_a_stalled_loop_blames_no_node_for_its_own_stall(make):
     s._after_stall(time.monotonic(), poll_s=0.5)
     s._check_heartbeats(time.monotonic())
     assert sorted(s.nodes) == [1]
+
+
+def test_worker_ranks_stay_dense_and_a_dead_workers_rank_goes_to_its_replacement(make):
+    """Issue 12, bug 8: later workers got ranks 3, 4, 5 while one worker was alive."""
+    s = make([1])
+
+    def join(tag):
+        s.on_register(tag, Message({"op": "register", "id": 1, "role": "worker"}, []))
+        return s.nodes[s.by_identity[tag]]
+
+    a, b, c = join(b"wa"), join(b"wb"), join(b"wc")
+    assert [a.rank, b.rank, c.rank] == [0, 1, 2]
+    s._remove(b.id, "dead")
+    assert join(b"wd").rank == 1  # the replacement takes the dead worker's rank
+    s._remove(a.id, "dead")
+    s._remove(c.id, "dead")
+    assert join(b"we").rank == 0 and join(b"wf").rank == 2
+    ranks = sorted(n.rank for n in s.nodes.values() if n.role == "worker")
+    assert ranks == [0, 1, 2]

@@ -140,7 +140,7 @@ class SchedulerNode:
         self._failed_migrations = 0
         self._next_epoch = 1  # a ring formed after every server died continues the epochs
         self._next_id = 1
-        self._next_rank = 0
+        self._workers_seen = 0  # workers ever registered (the barrier waits for the expected number first)
         self._op_seq = 0
         self._running = True
         self.handlers = {
@@ -231,7 +231,7 @@ class SchedulerNode:
         node = NodeInfo(self._next_id, role, identity, address, time.monotonic())
         self._next_id += 1
         if role == "worker":
-            node.rank, self._next_rank = self._next_rank, self._next_rank + 1
+            node.rank, self._workers_seen = self._free_rank(), self._workers_seen + 1
         self.nodes[node.id] = node
         self.by_identity[identity] = node.id
         logger.info("%s %d registered (%s)", role, node.id, address or identity.hex())
@@ -246,6 +246,12 @@ class SchedulerNode:
             self.parked_workers.append((identity, msg, node))
         else:
             self._welcome(identity, msg, node)
+
+    def _free_rank(self) -> int:
+        """The smallest rank no live worker holds: ranks stay dense in [0, live workers), and a
+        dead worker's rank goes to the worker that joins next (its replacement)."""
+        taken = {n.rank for n in self.nodes.values() if n.role == "worker"}
+        return next(r for r in range(len(taken) + 1) if r not in taken)
 
     def _cluster_view(self) -> dict[str, Any]:
         assert self.ring is not None
@@ -843,7 +849,7 @@ class SchedulerNode:
     # ---- barrier and shutdown ----------------------------------------------------------
     def _barrier_size(self) -> int:
         live = sum(n.role == "worker" for n in self.nodes.values())
-        return max(live, self.config.workers) if self._next_rank < self.config.workers else live
+        return max(live, self.config.workers) if self._workers_seen < self.config.workers else live
 
     def on_barrier(self, identity: bytes, msg: Message) -> None:
         node_id = self.by_identity.get(identity)
