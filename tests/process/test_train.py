@@ -263,3 +263,29 @@ def test_help_shows_defaults_and_version_is_there():
         assert flag in text, flag
     version = cli("--version")
     assert version.returncode == 0 and version.stdout.startswith("paramserver ")
+
+
+def test_predict_scores_rows_without_labels_as_it_scores_them_with(tmp_path):
+    """Issue 12, bug 9: Criteo's test.txt has 39 fields (no label); LIBSVM rows may have none."""
+    from paramserver.apps.modelfile import predict_file
+    train = str(tmp_path / "t.tsv")
+    write_synth(train, 3000, seed=8)
+    model = str(tmp_path / "model")
+    run_training(TrainConfig(Model("lr")), [train], [], servers=1, workers=1, save=model)
+    lines = open(train).read().splitlines(keepends=True)
+    unlabeled = tmp_path / "test.txt"
+    unlabeled.write_text("".join(line.split("\t", 1)[1] for line in lines))
+    predict_file(model, [train], str(tmp_path / "a.txt"))
+    predict_file(model, [str(unlabeled)], str(tmp_path / "b.txt"))
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "a.txt"), np.loadtxt(tmp_path / "b.txt"))
+
+    svm = tmp_path / "s.svm"
+    svm.write_text("".join(f"{i % 2} {i % 7 + 1}:1 {i % 5 + 9}:0.5\n" for i in range(200)))
+    svm_model = str(tmp_path / "svm-model")
+    run_training(TrainConfig(Model("lr"), DataFormat("libsvm")), [str(svm)], [], servers=1, workers=1,
+                 save=svm_model)
+    bare = tmp_path / "bare.svm"
+    bare.write_text("".join(line.split(" ", 1)[1] for line in svm.read_text().splitlines(keepends=True)))
+    predict_file(svm_model, [str(svm)], str(tmp_path / "c.txt"))
+    predict_file(svm_model, [str(bare)], str(tmp_path / "d.txt"))
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "c.txt"), np.loadtxt(tmp_path / "d.txt"))

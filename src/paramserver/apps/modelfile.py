@@ -19,7 +19,7 @@ import io
 import json
 import os
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import fsspec
@@ -27,7 +27,8 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from paramserver.apps.models import Model, auc, logloss
-from paramserver.data.reader import Batch, DataError, DataFormat, Shard, expand, read_all, read_batches
+from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, expand, read_all, read_batches,
+                                     sniff_unlabeled)
 from paramserver.errors import ConfigError
 from paramserver.server.optim import SGD, Initializer
 from paramserver.server.table import VnodeTable
@@ -137,7 +138,8 @@ def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = Fal
     fs, path = _fs(out, "--out")
     with fs.open(path, "w") as f:
         for file in expand(data):
-            for batch in read_batches(Shard(file, 0, -1), fmt, 1 << 16):
+            file_fmt = replace(fmt, unlabeled=sniff_unlabeled(file, fmt))  # test files often have no label
+            for batch in read_batches(Shard(file, 0, -1), file_fmt, 1 << 16):
                 np.savetxt(f, model.predict(batch), fmt="%.6f")
                 n += len(batch)
     if n == 0:

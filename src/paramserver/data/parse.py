@@ -203,13 +203,14 @@ def _word_hash(w):
 
 
 @njit(nogil=True, cache=True)
-def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end):
+def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end, unlabeled=False):
     """Parse up to ``max_rows`` lines of ``buf`` (whole lines, each ending in \\n).
 
     Fills ``labels[:n]``, ``keys[:n, :40]`` and ``line_end[:n]`` (offset just past each
     parsed line).  Returns ``(n, consumed, bad, err, err_at)``: rows parsed, bytes used,
     lines skipped, and the first error code with the offset of its line (``err`` is
-    ``ERR_NONE`` when there was none, or when ``skip_bad``).
+    ``ERR_NONE`` when there was none, or when ``skip_bad``).  ``unlabeled``: the lines
+    have no label field (39 fields, as Criteo's own test.txt); their labels read 0.
 
     One pass: each field ends at the first TAB or NL after it; the last field must end
     at the NL (a CR before it is not part of the field), every other at a TAB.
@@ -220,12 +221,12 @@ def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end):
         if c == NL or (c == CR and buf[pos + 1] == NL):  # blank line: skip silently
             pos += 1 if c == NL else 2
             continue
-        err, end, label = ERR_NONE, -1, c - 48
-        if buf[pos + 1] != TAB or (label != 0 and label != 1):
+        err, end, label = ERR_NONE, -1, 0 if unlabeled else c - 48
+        if not unlabeled and (buf[pos + 1] != TAB or (label != 0 and label != 1)):
             err = ERR_LABEL
         else:
             keys[n, 0] = feature_key(0, _BIAS, mask)
-            a = pos + 2
+            a = pos if unlabeled else pos + 2
             for field in range(1, CRITEO_FIELDS):
                 b = _field_end(buf, a, size)
                 at_nl = buf[b] == NL
@@ -269,7 +270,7 @@ def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end):
 
 
 @njit(nogil=True, cache=True)
-def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, keys, vals, line_end):
+def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, keys, vals, line_end, unlabeled=False):
     """LIBSVM lines ``label idx:val ...`` (1-based idx) → CSR rows with a bias key first.
 
     ``keys``/``vals`` must have room for every feature of ``buf`` plus one a row.
@@ -289,11 +290,11 @@ def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, ke
             continue
         err = ERR_NONE
         b = a
-        while b < end and buf[b] != SPACE and buf[b] != TAB and buf[b] != CR:
+        while b < end and buf[b] != SPACE and buf[b] != TAB and buf[b] != CR and not unlabeled:
             b += 1
         ok, raw = _parse_float(buf, a, b)
-        label = -1.0
-        if ok:
+        label = 0.0 if unlabeled else -1.0  # unlabeled: no label token, features from the start
+        if ok and not unlabeled:
             if label_format == LABELS_01 and (raw == 0.0 or raw == 1.0):
                 label = raw
             elif label_format == LABELS_PM1 and (raw == -1.0 or raw == 1.0):

@@ -82,6 +82,7 @@ class DataFormat:
     cache_dir: str = ""  # parsed shards are kept here and reused by later epochs
     label_column: str = ""  # csv: the 0/1 label's column (avazu: click)
     ignore_columns: tuple[str, ...] = ()  # csv/avazu: columns that are not features (avazu: id too)
+    unlabeled: bool = False  # criteo/libsvm lines without a label (to predict; see sniff_unlabeled)
 
     def __post_init__(self) -> None:
         if self.name not in FORMATS:
@@ -157,6 +158,22 @@ def make_shards(paths: list[str], shard_bytes: int = 64 << 20) -> list[Shard]:
     return shards
 
 
+def sniff_unlabeled(path: str, fmt: DataFormat) -> bool:
+    """Whether ``path``'s first line has no label: 39 tab-separated fields in a Criteo file
+    (its test.txt), a first token ``index:value`` in a LIBSVM one.  (Training and
+    evaluation need labels; ``predict`` scores either.)"""
+    if fmt.name not in ("criteo", "libsvm") or path == "-":
+        return False
+    fs, p = _filesystem(path)
+    with fsspec.open(path, "rb", compression="infer") as f:
+        head = f.read(1 << 16)
+    line = next((x for x in head.split(b"\n") if x.strip()), b"")
+    if fmt.name == "criteo":
+        return line.rstrip(b"\r").count(b"\t") == parse.CRITEO_FIELDS - 2
+    first = line.split(None, 1)[0] if line.split() else b""
+    return b":" in first
+
+
 def sniff_label_format(path: str) -> str:
     """LIBSVM label encoding from the first lines of ``path``: ``01``, ``pm1`` or ``12``."""
     with fsspec.open(path, "rb", compression="infer") as f:
@@ -227,7 +244,7 @@ class _CriteoParser:
 
     def _parse(self, arr: np.ndarray, f: int) -> tuple:
         return parse.parse_criteo(arr, self.size - f, self.fmt.skip_bad, self.fmt.mask, self.labels[f:],
-                                  self.keys[f:], self.line_end)
+                                  self.keys[f:], self.line_end, self.fmt.unlabeled)
 
     def flush(self) -> Iterator[Batch]:
         if self.filled:
@@ -275,7 +292,7 @@ class _LibsvmParser:
         while offset < size:
             n, used, bad, err, err_at = parse.parse_libsvm(
                 arr[offset:], rows, self.fmt.skip_bad, self.fmt.mask, parse.LABEL_FORMATS[self.fmt.label_format],
-                labels, indptr, keys, vals, line_end)
+                labels, indptr, keys, vals, line_end, self.fmt.unlabeled)
             stats["bad_lines"] += bad
             if err != parse.ERR_NONE:
                 _raise_bad_line(shard, self.fmt, arr, offset + err_at, base, err)
@@ -329,7 +346,7 @@ def _cache_path(shard: Shard, fmt: DataFormat) -> str:
     fs, _, (p,) = fsspec.get_fs_token_paths(shard.path)
     info = fs.info(p)
     key = json.dumps([shard.path, shard.start, shard.end, info.get("size"), info.get("mtime"),
-                      fmt.name, fmt.hash_bits, fmt.label_format, fmt.skip_bad, fmt.label_column,
+                      fmt.name, fmt.hash_bits, fmt.label_format, fmt.skip_bad, fmt.unlabeled, fmt.label_column,
                       list(fmt.ignore_columns)], default=str)
     return os.path.join(fmt.cache_dir, hashlib.sha1(key.encode()).hexdigest() + ".npz")
 
