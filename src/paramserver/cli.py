@@ -171,6 +171,9 @@ def _data_flags(p: argparse.ArgumentParser, training: bool) -> None:
                    help="fold feature keys into 2^B buckets, as Vowpal Wabbit's -b does (default 24: the model "
                         "is then a dense array, one memory access a key; 0: no folding, hash tables)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
+    p.add_argument("--max-bad-fraction", type=float, default=0.01,
+                   help="with --skip-bad-lines: fail when more than this fraction of the lines are malformed "
+                        "(a wrong --format, not a few damaged lines)")
     p.add_argument("--cache", metavar="DIR", default="",
                    help="keep parsed shards in DIR; later epochs (and runs) skip parsing")
 

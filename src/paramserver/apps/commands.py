@@ -33,7 +33,8 @@ def _fmt(args: argparse.Namespace) -> DataFormat:
     if args.format == "libsvm" and not getattr(args, "label_format", None) and args.data:
         label_format = sniff_label_format(args.data[0])
     return DataFormat(args.format, args.hash_bits, label_format, args.skip_bad_lines, getattr(args, "cache", ""),
-                      label_column=getattr(args, "label", ""), ignore_columns=tuple(getattr(args, "ignore_columns", ())))
+                      label_column=getattr(args, "label", ""), ignore_columns=tuple(getattr(args, "ignore_columns", ())),
+                      max_bad_fraction=getattr(args, "max_bad_fraction", 0.01))
 
 
 def _progress_line(status: dict[str, Any], seconds: float) -> str:

@@ -12,11 +12,14 @@ numba parser of its format and yields ``Batch``es.  A malformed line raises
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import lzma
 import os
 import queue
 import threading
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -83,12 +86,15 @@ class DataFormat:
     label_column: str = ""  # csv: the 0/1 label's column (avazu: click)
     ignore_columns: tuple[str, ...] = ()  # csv/avazu: columns that are not features (avazu: id too)
     unlabeled: bool = False  # criteo/libsvm lines without a label (to predict; see sniff_unlabeled)
+    max_bad_fraction: float = 0.01  # with skip_bad: more malformed lines than this fails the job
 
     def __post_init__(self) -> None:
         if self.name not in FORMATS:
             raise ConfigError(f"--format must be one of {FORMATS}, got {self.name!r}")
         if not 0 <= self.hash_bits <= 64:
             raise ConfigError(f"--hash-bits must be in [0, 64] (0: no folding), got {self.hash_bits}")
+        if not 0 <= self.max_bad_fraction <= 1:
+            raise ConfigError(f"--max-bad-fraction must be in [0, 1], got {self.max_bad_fraction}")
         if self.label_column and self.name not in ("csv", "avazu"):
             raise ConfigError(f"--label names a CSV column; --format {self.name} has its label in a fixed place")
         object.__setattr__(self, "ignore_columns", tuple(self.ignore_columns))  # a list from JSON
@@ -322,6 +328,7 @@ def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
     pieces = (_cached_chunks(shard, fmt, stats, batch_size) if fmt.cache_dir else
               _read_chunks(shard, fmt, stats, batch_size))
     for piece in pieces:  # Criteo's come whole: taken as they are, no copy
+        _check_bad_fraction(shard, fmt, stats)
         pending.append(piece)
         pending_rows += len(piece)
         while pending_rows >= batch_size:
@@ -339,6 +346,17 @@ def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
             yield _concat(take)
     if pending_rows:
         yield _concat(list(pending))
+
+
+def _check_bad_fraction(shard: Shard, fmt: DataFormat, stats: dict) -> None:
+    """With ``--skip-bad-lines``, more than ``max_bad_fraction`` of the lines read so far
+    malformed (once 100 are) means the wrong format, not a few damaged lines: fail, early."""
+    bad, good = stats["bad_lines"], stats["examples"]
+    if fmt.skip_bad and bad >= 100 and bad > fmt.max_bad_fraction * (bad + good):
+        raise DataError(f"{shard.path}: {bad:,} of the {bad + good:,} lines read so far are malformed, more than "
+                        f"--max-bad-fraction {fmt.max_bad_fraction:g}: is --format {fmt.name} right"
+                        f"{' (and --label-format; a multiclass file has other labels)' if fmt.name == 'libsvm' else ''}"
+                        "? Drop --skip-bad-lines to see the first bad line, or raise --max-bad-fraction")
 
 
 def _cache_path(shard: Shard, fmt: DataFormat) -> str:
@@ -407,7 +425,7 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) ->
         while not eof and (end is None or pos < end):
             if have == len(buf):  # a line longer than the buffer: grow it
                 buf.extend(bytes(len(buf)))
-            got = f.readinto(memoryview(buf)[have:]) or 0
+            got = _read_into(f, memoryview(buf)[have:], path, pos + have)
             eof, have = got == 0, have + got
             if eof:
                 if not have:
@@ -451,6 +469,15 @@ def _what_is_wrong(fmt: DataFormat, err: int, columns: csv.Columns | None) -> st
         allowed = LABELS_ALLOWED[fmt.label_format] if fmt.name == "libsvm" else "0 or 1"
         return f"the label must be {allowed}"
     return parse.ERRORS[err]
+
+
+def _read_into(f: Any, view: memoryview, path: str, offset: int) -> int:
+    """``f.readinto``, with a damaged compressed file named, not a bare zlib traceback."""
+    try:
+        return f.readinto(view) or 0
+    except (EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError) as exc:
+        raise DataError(f"{path}: cannot decompress it (after {offset:,} bytes of content) ({exc}); is the file "
+                        "whole (an interrupted download or copy?) and really in the format its name says?") from None
 
 
 def _raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base: int, err: int,
