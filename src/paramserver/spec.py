@@ -67,10 +67,11 @@ class TableSpec:
         if self.aggregate and self.consistency != 0:
             raise ConfigError(f"table {self.name!r}: aggregate=True needs consistency 'bsp', "
                               f"got staleness {self.consistency}")
-        if (not isinstance(self.name, str) or not _NAME.match(self.name) or self.name.startswith("/")
-                or ".." in self.name.split("/")):  # names become checkpoint paths
-            raise ConfigError(f"table name must match {_NAME.pattern}, not start with '/' and have no "
-                              f"'..' part, got {self.name!r}")
+        if (not isinstance(self.name, str) or not _NAME.match(self.name)
+                or any(part in ("", ".", "..") for part in self.name.split("/"))):
+            # names become checkpoint paths, one to one: no empty, '.' or '..' part ('a' and 'a/.' were one file)
+            raise ConfigError(f"table name must be parts of [A-Za-z0-9_.-] joined by single '/' (1-128 characters), "
+                              f"with no empty, '.' or '..' part, got {self.name!r}; e.g. 'model/lr'")
         if isinstance(self.dim, bool) or not isinstance(self.dim, int) or not 1 <= self.dim <= 1 << 16:
             raise ConfigError(f"table {self.name!r}: dim must be an int in [1, 65536], got {self.dim!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 1 << 64:

@@ -125,7 +125,7 @@ def test_normal_and_uniform_initializers_have_the_right_moments():
     assert out.min() >= -3.0 and out.max() < 5.0 and abs(out.mean() - 1.0) < 0.03
 
 
-@pytest.mark.parametrize("name", ["../escape", "/abs", "a/../b", "x y", ""])
+@pytest.mark.parametrize("name", ["../escape", "/abs", "a/../b", "x y", "", "a/.", "./a", "a//b", "a/", "."])
 def test_table_names_cannot_escape_a_checkpoint_folder(name):
     with pytest.raises(ConfigError, match="table name"):
         TableSpec(name)
