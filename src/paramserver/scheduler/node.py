@@ -32,6 +32,7 @@ from paramserver.routing.ring import Ring, plan_moves
 from paramserver.scheduler.tasks import TaskQueue
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, field as hfield, reply
+from paramserver.logutil import Throttled
 from paramserver.wire.sockets import check_endpoint, bind_router, send
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ class SchedulerNode:
         self.deferred: list[tuple[bytes, Message]] = []  # table commands waiting for a migration
         self.incomplete: set[tuple[str, int, int]] = set()  # (table, vnode, server) copies unconfirmed
         self._ring_lost = False  # every server died: the next one to register starts a ring
+        self._bad_requests, self._failures = Throttled(logger), Throttled(logger)  # a flood logs a few lines
         # what servers' deaths cost, for job_status: data lost (tables without a backup) and failovers
         self.losses: list[dict[str, Any]] = []
         self.failovers: list[dict[str, Any]] = []
@@ -203,10 +205,10 @@ class SchedulerNode:
         except ParamServerError as exc:
             request_id = getattr(exc, "request_id", request_id)
             code = "protocol" if isinstance(exc, ProtocolError) else "config"
-            logger.warning("bad request from %r: %s", identity, exc)
+            self._bad_requests.warning("bad request from %r: %s", identity, exc)
             send(self.sock, error_reply(request_id, code, str(exc)), identity)
         except Exception as exc:  # a bug must not take the cluster down
-            logger.exception("scheduler failed on a request from %r", identity)
+            self._failures.exception("scheduler failed on a request from %r", identity)
             send(self.sock, error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"), identity)
 
     def _handle_message(self, identity: bytes, msg: Message) -> None:

@@ -40,6 +40,7 @@ from paramserver.server.dedup import Dedup
 from paramserver.server.table import VnodeSet
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, expect, field, reply
+from paramserver.logutil import Throttled
 from paramserver.wire.sockets import advertised, bind_router, connect_dealer, send
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class ServerNode:
         self.address = advertised(self.address, config.advertise_host, config.scheduler)  # what peers dial
         self.control = connect_dealer(self.ctx, config.scheduler, config.max_message_bytes)
         self.node_id = -1
+        self._failures = Throttled(logger)  # a flood of requests that fail logs a few tracebacks, then counts
         self.ring: Ring | None = None
         self.tables: dict[str, VnodeSet] = {}
         self.early_tables: dict[str, TableSpec] = {}
@@ -221,7 +223,7 @@ class ServerNode:
             send(self.router, error_reply(request_id, _error_code(exc), str(exc),
                                           epoch=self.ring.epoch if self.ring else 0), identity)
         except Exception as exc:  # a bug must not kill the server: answer and keep serving
-            logger.exception("server %d failed on request %r", self.node_id, request_id)
+            self._failures.exception("server %d failed on request %r", self.node_id, request_id)
             send(self.router, error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"),
                  identity)
 
