@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="go on from the newest complete checkpoint in this folder (or this step), "
                         "onto any number of servers; same --data, --shard-mb and model flags")
     p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")
+    p.add_argument("--log-dir", metavar="DIR", help="keep the nodes' logs here (default: a temporary folder, "
+                                                    "removed unless the job fails)")
     p.add_argument("--quiet", action="store_true", help="no live progress")
 
     p = sub.add_parser("predict", help="write one probability a line for DATA (no cluster needed)")

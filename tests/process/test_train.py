@@ -289,3 +289,16 @@ def test_predict_scores_rows_without_labels_as_it_scores_them_with(tmp_path):
     predict_file(svm_model, [str(svm)], str(tmp_path / "c.txt"))
     predict_file(svm_model, [str(bare)], str(tmp_path / "d.txt"))
     np.testing.assert_array_equal(np.loadtxt(tmp_path / "c.txt"), np.loadtxt(tmp_path / "d.txt"))
+
+
+def test_train_says_where_its_scheduler_and_logs_are_and_keeps_them_with_log_dir(tmp_path):
+    data = str(tmp_path / "d.tsv")
+    write_synth(data, 500)
+    logs = tmp_path / "logs"
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", data, "--log-dir", str(logs)],
+                          capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
+                                                                            if k != "CI"})  # progress shown
+    assert proc.returncode == 0, proc.stderr
+    shown = " ".join(proc.stderr.split())  # the terminal may wrap the progress line
+    assert "scheduler tcp://127.0.0.1:" in shown and f"logs {logs}" in shown
+    assert {p.name for p in logs.iterdir()} >= {"scheduler.log", "server-0.log", "worker-0.log"}

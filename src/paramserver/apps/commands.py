@@ -103,10 +103,19 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
         if live is None:
             live = Live(console=err, refresh_per_second=4, transient=False)
             live.start()
-        live.update(_progress_line(status, seconds))
+        live.update(_progress_line(status, seconds) + (f"\n{where[0]}" if where else ""))
 
+    where: list[str] = []
+
+    def announce(cluster: Any) -> None:  # where to look while it runs: on the progress line
+        where.append(f"scheduler {cluster.address}, logs {cluster.log_dir}")
+
+    log_dir = getattr(args, "log_dir", None)
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
     try:
-        report = run_training(cfg, data, test, servers=args.servers, workers=args.workers,
+        report = run_training(cfg, data, test, servers=args.servers, workers=args.workers, setup=announce,
+                              cluster_options={"log_dir": log_dir} if log_dir else None,
                               save=getattr(args, "save", None),
                               shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show,
                               checkpoint_dir=getattr(args, "checkpoint_dir", None),

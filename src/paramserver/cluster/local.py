@@ -38,7 +38,8 @@ import cloudpickle
 
 from paramserver.client.client import Client
 from paramserver.config import load_config
-from paramserver.errors import ClosedError, ConnectError, WorkerError
+from paramserver.data.reader import DataError
+from paramserver.errors import ClosedError, ConfigError, ConnectError, WorkerError
 
 logger = logging.getLogger(__name__)
 
@@ -159,8 +160,11 @@ class LocalCluster:
         self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        # a node died or lost data, or a bug: the nodes' logs may say why (bad input or a user
+        # function's error says it all in its message)
+        said = (ConfigError, DataError, WorkerError, ClosedError)
+        self.stop(keep_logs=exc_type is not None and not issubclass(exc_type, said))
 
     def start(self) -> None:
         if self.log_dir:
@@ -287,8 +291,9 @@ class LocalCluster:
             time.sleep(0.02)  # polling a file the child writes atomically; bounded above
         raise ConnectError(f"{proc.name} did not report its address within {self.startup_timeout_s:g} s")
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop every process: ask the scheduler, then SIGTERM, then SIGKILL."""
+    def stop(self, timeout_s: float = 10.0, keep_logs: bool = False) -> None:
+        """Stop every process: ask the scheduler, then SIGTERM, then SIGKILL.  The node logs
+        of a temporary folder are removed, unless ``keep_logs`` (then their folder is logged)."""
         if self._closed:
             return
         self._closed = True
@@ -318,8 +323,10 @@ class LocalCluster:
         for proc in self.procs.values():
             if proc.from_child is not None:
                 proc.from_child.close()
-        if self._own_dir and self.log_dir:
+        if self._own_dir and self.log_dir and not keep_logs:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+        elif keep_logs and self.log_dir:
+            logger.warning("the nodes' logs are kept in %s", self.log_dir)
 
     # ---- use ---------------------------------------------------------------------------
     @property
