@@ -6,7 +6,11 @@ Layout under a checkpoint URL (local path, ``s3://...``, ``gs://...``):
     <url>/<step>/MANIFEST.json          written last, atomically (temporary name, then move)
 
 A step without a valid ``MANIFEST.json`` is incomplete and never used.  The manifest
-holds the ring, every table spec, the files with their key counts and the vector clock;
+holds the ring, every table spec, the files and the vector clock; each file is listed as
+``[path relative to the step, keys, sha256, bytes]``, and a restore checks every one
+(inside the step, its size, its hash, its key count) before it installs anything, so a
+damaged, swapped or edited file fails the restore and changes nothing.  Manifests of the
+first format (absolute paths, no hashes) are still read, with a warning;
 one written during a training job (by the scheduler) also holds the job's progress:
 ``"job": {"shards", "epochs", "epoch", "done", "totals", "epoch_examples"}``.
 A restore may use any number of servers: each server reads the files and keeps the keys
@@ -16,6 +20,7 @@ values and optimiser state come back bitwise equal).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import time
@@ -27,7 +32,8 @@ import numpy as np
 from paramserver.errors import CheckpointError
 
 MANIFEST = "MANIFEST.json"
-FORMAT = "paramserver-checkpoint-1"
+FORMAT = "paramserver-checkpoint-2"
+FORMATS = ("paramserver-checkpoint-1", FORMAT)  # readable; 1 has no hashes
 
 
 def step_url(url: str, step: int) -> str:
@@ -60,23 +66,62 @@ def assemble_manifest(replies: list[dict[str, Any]], ring: dict[str, Any], table
     return {"ring": ring, "tables": tables, "files": files, "clocks": clocks, **extra}
 
 
-def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.ndarray) -> str:
-    path = f"{url}/{table}/{vnode}.npz"
+def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.ndarray) -> list:
+    """Write one vnode's file under step ``url``; return its manifest entry
+    ``[relative path, keys, sha256, bytes]``."""
+    rel = f"{table}/{vnode}.npz"
     buf = io.BytesIO()
     np.savez(buf, keys=keys, rows=rows)
-    with fsspec.open(path, "wb", auto_mkdir=True) as f:
-        f.write(buf.getvalue())
+    body = buf.getvalue()
+    with fsspec.open(f"{url}/{rel}", "wb", auto_mkdir=True) as f:
+        f.write(body)
+    return [rel, int(keys.size), hashlib.sha256(body).hexdigest(), len(body)]
+
+
+def entry_path(step: str, entry: Any) -> str:
+    """The file of a manifest entry, refused unless it lies inside ``step`` (a relative
+    path without '..'; a first-format absolute path must start with the step)."""
+    if not isinstance(entry, list) or len(entry) not in (2, 4) or not isinstance(entry[0], str):
+        raise CheckpointError(f"{step}/{MANIFEST}: a file entry must be [path, keys, sha256, bytes], got "
+                              f"{str(entry)[:200]}; restore another step")
+    path = entry[0]
+    if len(entry) == 2:  # first format: absolute, under the step
+        inside = path.startswith(step.rstrip("/") + "/") and ".." not in path.split("/")
+    else:
+        inside = not path.startswith("/") and "://" not in path and ".." not in path.split("/") and bool(path)
+        path = f"{step.rstrip('/')}/{path}"
+    if not inside:
+        raise CheckpointError(f"{step}/{MANIFEST} names {entry[0]!r}, outside its step: refused; restore "
+                              "another step")
     return path
 
 
-def read_vnode(path: str) -> tuple[np.ndarray, np.ndarray]:
+def read_vnode(path: str, entry: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and rows of a vnode file, checked against its manifest ``entry`` (size and
+    sha256 before it is parsed, never reading more than its size; then its key count)."""
+    expect_bytes = int(entry[3]) if entry is not None and len(entry) == 4 else None
     try:
         with fsspec.open(path, "rb") as f:
-            data = np.load(io.BytesIO(f.read()))
-            return data["keys"], data["rows"]
-    except (OSError, ValueError, KeyError) as exc:
+            body = f.read(expect_bytes + 1) if expect_bytes is not None else f.read()
+        if expect_bytes is not None:
+            if len(body) != expect_bytes:
+                raise CheckpointError(f"checkpoint file {path} has {'more than ' if len(body) > expect_bytes else ''}"
+                                      f"{len(body):,} bytes, the manifest says {expect_bytes:,}: it is damaged or "
+                                      "was replaced; restore another step")
+            if hashlib.sha256(body).hexdigest() != entry[2]:  # type: ignore[index]
+                raise CheckpointError(f"checkpoint file {path} does not match the sha256 in the manifest: it was "
+                                      "changed or comes from another step; restore another step")
+        data = np.load(io.BytesIO(body))
+        keys, rows = data["keys"], data["rows"]
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError) as exc:
         raise CheckpointError(f"checkpoint file {path} cannot be read ({exc}); "
                               "the checkpoint is damaged: restore an earlier step") from None
+    if entry is not None and keys.shape[:1] != (int(entry[1]),):
+        raise CheckpointError(f"checkpoint file {path} holds {keys.shape[0] if keys.ndim else 0} keys, the manifest "
+                              f"says {entry[1]}; restore another step")
+    return keys, rows
 
 
 def write_manifest(url: str, manifest: dict[str, Any]) -> None:
@@ -116,7 +161,8 @@ def read_manifest(step: str) -> dict[str, Any]:
         raise CheckpointError(f"{path} is missing: the checkpoint is incomplete and cannot be used") from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is corrupt ({exc}); restore another step") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or \
+    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS or \
             not isinstance(manifest.get("tables"), dict) or not isinstance(manifest.get("files"), dict):
-        raise CheckpointError(f"{path} is not a {FORMAT} manifest; restore another step")
+        raise CheckpointError(f"{path} is not a paramserver checkpoint manifest ({' or '.join(FORMATS)}); "
+                              "restore another step")
     return manifest

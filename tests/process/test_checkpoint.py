@@ -1,5 +1,6 @@
 """Cold backup: checkpoint, stop everything, restore onto another number of servers."""
 
+import hashlib
 import json
 import os
 import time
@@ -79,7 +80,7 @@ def test_missing_or_corrupt_manifests_are_refused(tmp_path):
             cluster.client.restore(step)
         with open(manifest, "w") as f:
             json.dump({"format": "something-else"}, f)
-        with pytest.raises(CheckpointError, match="not a paramserver-checkpoint-1 manifest"):
+        with pytest.raises(CheckpointError, match="not a paramserver checkpoint manifest"):
             cluster.client.restore(step)
     with pytest.raises(CheckpointError, match="no checkpoint at"):
         from paramserver.checkpoint import latest_step
@@ -145,8 +146,12 @@ def test_training_checkpoints_every_n_shards_with_consistent_job_progress(checkp
         progress.append(job["epoch"] * len(shards) + len(job["done"]))
         for table, vnodes in m["files"].items():
             assert table in m["tables"]
-            for vnode, (file, n_keys) in vnodes.items():
-                assert file.startswith(step) and np.load(file)["keys"].size == n_keys
+            for vnode, (rel, n_keys, sha, size) in vnodes.items():  # inside the step, with its hash and size
+                file = os.path.join(step, rel)
+                with open(file, "rb") as f:
+                    body = f.read()
+                assert len(body) == size and hashlib.sha256(body).hexdigest() == sha
+                assert not rel.startswith("/") and np.load(file)["keys"].size == n_keys
         assert set(m["ring"]) >= {"epoch", "chains"} and m["clocks"]
     assert all(b - a >= EVERY for a, b in zip(progress, progress[1:])) and progress[0] >= EVERY
     # a newer step without a manifest (a checkpoint cut short) is never used
@@ -161,7 +166,7 @@ def test_resume_from_a_mid_job_checkpoint_onto_more_servers_counts_each_example_
     step, manifest = manifests(url)[len(manifests(url)) // 2 - 1]  # mid-job
     job = manifest["job"]
     assert 0 < job["totals"]["examples"] < ROWS * EPOCHS
-    files = [f for f, _ in manifest["files"]["model/lr"].values()]
+    files = [os.path.join(step, entry[0]) for entry in manifest["files"]["model/lr"].values()]
     saved = [np.load(f) for f in files]
     keys = np.concatenate([s["keys"] for s in saved])
     values = np.concatenate([s["rows"][:, :1] for s in saved])  # value, then optimiser state
@@ -228,3 +233,97 @@ def test_a_server_lost_during_a_checkpoint_abandons_it_and_the_job_goes_on(tmp_p
     log = (tmp_path / "logs" / "scheduler.log").read_text()
     assert log.count("abandoned, training goes on") == checkpoints["abandoned"]
     assert "lost servers [" in log
+
+
+# ---- restore trusts nothing it reads (issue 12, bug 12) -------------------------------
+
+@pytest.fixture(scope="module")
+def saved_step(tmp_path_factory):
+    """A checkpoint of a 20 000-key table and of a dense one, and the keys' values."""
+    from paramserver import LocalCluster
+    url = str(tmp_path_factory.mktemp("trust") / "ckpt")
+    keys = np.arange(20_000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    with LocalCluster(servers=2, workers=0, log_level="WARNING") as cluster:
+        c = cluster.client
+        c.create_table("t", dim=2, optimizer="adagrad")
+        c.push("t", keys, np.ones((keys.size, 2), np.float32)).result(timeout=60)
+        c.create_table("d", dim=1, optimizer="sgd", key_bits=16)
+        c.push("d", np.arange(1000, dtype=np.uint64), -np.ones((1000, 1), np.float32)).result(timeout=60)
+        step = c.checkpoint(url)
+        values = c.pull("t", keys).result(timeout=60)
+    return step, keys, values
+
+
+def _copy(step, tmp_path):
+    import shutil
+    dst = str(tmp_path / os.path.basename(step))
+    shutil.copytree(step, dst)
+    return dst
+
+
+def _restore_fails(step, match):
+    from paramserver import CheckpointError, LocalCluster
+    with LocalCluster(servers=2, workers=0, log_level="WARNING") as cluster:
+        with pytest.raises(CheckpointError, match=match):
+            cluster.client.restore(step)
+        assert cluster.client.tables() == {}  # nothing was created, nothing changed
+
+
+def _a_file(step, table="t"):
+    with open(os.path.join(step, "MANIFEST.json")) as f:
+        manifest = json.load(f)
+    rel = next(iter(manifest["files"][table].values()))[0]
+    return manifest, os.path.join(step, rel)
+
+
+def test_restore_round_trips_values_and_the_dense_layout(saved_step):
+    from paramserver import LocalCluster
+    step, keys, values = saved_step
+    with LocalCluster(servers=3, workers=0, log_level="WARNING") as cluster:
+        restored = cluster.client.restore(step)
+        assert restored["t"] == keys.size
+        np.testing.assert_array_equal(cluster.client.pull("t", keys).result(timeout=60), values)
+        assert cluster.client.tables()["d"].key_bits == 16  # a dense table comes back dense
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "edit", "grow"])
+def test_a_damaged_vnode_file_fails_the_restore_and_changes_nothing(saved_step, tmp_path, damage):
+    step = _copy(saved_step[0], tmp_path)
+    _, path = _a_file(step)
+    body = open(path, "rb").read()
+    if damage == "truncate":
+        body = body[: len(body) // 2]
+    elif damage == "empty":
+        body = b""
+    elif damage == "grow":
+        body = body + bytes(1 << 20)
+    else:  # a valid npz whose values were edited
+        import io
+        data = np.load(io.BytesIO(body))
+        out = io.BytesIO()
+        np.savez(out, keys=data["keys"], rows=data["rows"] + 1)
+        body = out.getvalue()
+    with open(path, "wb") as f:
+        f.write(body)
+    _restore_fails(step, r"(bytes, the manifest says|does not match the sha256)")
+
+
+def test_a_vnode_file_from_another_step_is_refused(saved_step, tmp_path):
+    step = _copy(saved_step[0], tmp_path)
+    manifest, path = _a_file(step)
+    entries = list(manifest["files"]["t"].values())
+    other = os.path.join(step, entries[1][0])
+    with open(other, "rb") as src, open(path, "wb") as dst:
+        dst.write(src.read())  # a file of the right format, but not this one
+    _restore_fails(step, "does not match the sha256|bytes, the manifest says")
+
+
+@pytest.mark.parametrize("where", ["../../elsewhere.npz", "/etc/passwd", "file:///dev/zero"])
+def test_a_manifest_entry_outside_its_step_is_refused(saved_step, tmp_path, where):
+    step = _copy(saved_step[0], tmp_path)
+    manifest, _ = _a_file(step)
+    vnode = next(iter(manifest["files"]["t"]))
+    manifest["files"]["t"][vnode][0] = where
+    with open(os.path.join(step, "MANIFEST.json"), "w") as f:
+        json.dump(manifest, f)
+    _restore_fails(step, "outside its step: refused")

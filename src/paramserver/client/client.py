@@ -537,21 +537,38 @@ class Client:
         from paramserver import checkpoint as ckpt
 
         manifest = ckpt.read_manifest(step := ckpt.resolve_step(url))
-        restored = {}
-        for name, wire in manifest["tables"].items():
+        if manifest["format"] != ckpt.FORMAT:
+            logger.warning("%s was written by an older version (%s): its files have no checksums to verify",
+                           step, manifest["format"])
+        plan = []
+        for name, wire in manifest["tables"].items():  # every file checked before anything is created
             spec = TableSpec.from_wire(wire)
-            self.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                              seed=spec.seed, consistency=spec.consistency, aggregate=spec.aggregate,
-                              replicas=min(spec.replicas, len(self._ring.servers)))
-            entries = manifest["files"].get(name, {})
-            paths = [entry[0] for entry in entries.values()]
-            loaded = sum(m.header["loaded"] for m in
-                         self._on_every_server({"op": Op.RESTORE.value, "table": name, "paths": paths}))
-            expected = sum(int(entry[1]) for entry in entries.values())
-            if loaded != expected:
-                raise ckpt.CheckpointError(f"restoring {name!r} from {step} loaded {loaded} keys, "
-                                           f"the manifest lists {expected}")
-            restored[name] = loaded
+            entries = list(manifest["files"].get(name, {}).values())
+            for entry in entries:
+                ckpt.read_vnode(ckpt.entry_path(step, entry), entry)
+            plan.append((spec, entries))
+        existing = set(self.tables())  # never dropped by a failed restore
+        restored: dict[str, int] = {}
+        try:
+            for spec, entries in plan:
+                self.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                                  seed=spec.seed, consistency=spec.consistency, aggregate=spec.aggregate,
+                                  replicas=min(spec.replicas, len(self._ring.servers)), key_bits=spec.key_bits)
+                restored[spec.name] = 0
+                loaded = sum(m.header["loaded"] for m in self._on_every_server(
+                    {"op": Op.RESTORE.value, "table": spec.name, "step": step, "entries": entries}))
+                expected = sum(int(entry[1]) for entry in entries)
+                if loaded != expected:
+                    raise ckpt.CheckpointError(f"restoring {spec.name!r} from {step} loaded {loaded} keys, "
+                                               f"the manifest lists {expected}")
+                restored[spec.name] = loaded
+        except BaseException:
+            for name in set(restored) - existing:  # a failed restore leaves nothing: the tables it created go
+                try:
+                    self.drop_table(name)
+                except Exception as exc:  # reported, but the restore's own error is the one raised
+                    logger.error("could not drop %r after a failed restore: %s", name, exc)
+            raise
         return restored
 
     @property

@@ -737,8 +737,7 @@ class ServerNode:
                     continue
                 keys, rows = vt.items()
                 if keys.size:
-                    files.setdefault(name, {})[str(v)] = [checkpoint.write_vnode(url, name, v, keys, rows),
-                                                          int(keys.size)]
+                    files.setdefault(name, {})[str(v)] = checkpoint.write_vnode(url, name, v, keys, rows)
         return reply(msg, files=files, clocks={str(k): v for k, v in self.gate.vector.clocks.items()})
 
     def on_scheduler_checkpoint(self, msg: Message) -> None:
@@ -749,14 +748,16 @@ class ServerNode:
     def on_restore(self, msg: Message) -> list[Any]:
         """Load the keys this server owns (under the current ring) from checkpoint files."""
         name = field(msg, "table", str)
-        paths = field(msg, "paths", list)
+        step = field(msg, "step", str)
+        entries = field(msg, "entries", list)
         table = self.tables.get(name)
         if table is None:
             raise UnknownTableError(f"unknown table {name!r}: create it before restoring it")
         assert self.ring is not None
+        files = [(path, entry) for entry in entries for path in [checkpoint.entry_path(step, entry)]]
         loaded = 0
-        for path in paths:
-            keys, rows = checkpoint.read_vnode(str(path))
+        for path, entry in files:
+            keys, rows = checkpoint.read_vnode(path, entry)  # checked (size, sha256, keys) before anything is kept
             if keys.ndim != 1 or rows.shape != (keys.shape[0], table.width):
                 raise checkpoint.CheckpointError(f"{path}: rows of shape {rows.shape} do not fit table "
                                                  f"{name!r}; was it saved from another table?")
