@@ -209,14 +209,37 @@ def _cluster(args: argparse.Namespace) -> int:
             epoch = client.remove_server(args.id)
             print(f"server {args.id} removed; ring epoch {epoch}")
         else:
-            info = client.cluster_info()
-            ring = client.ring
-            print(f"ring epoch {info.get('epoch')}, {ring.n_vnodes} vnodes"
-                  f"{', vnodes moving' if info.get('migrating') else ''}")
-            for sid in info.get("ring_servers", []):
-                print(f"  server {sid} at {info['servers'][str(sid)]}: primary of "
-                      f"{int((ring.owners == sid).sum())} vnodes, holds {int((ring.chains == sid).any(1).sum())}")
+            _status(client)
     return 0
+
+
+def _status(client) -> None:
+    """``cluster status``: the ring, each server's tables, keys, memory and vnodes held,
+    the tables, the workers and the job's progress."""
+    info = client.cluster_info()
+    ring = client.ring
+    stats = {s["node_id"]: s for s in client.server_stats()}
+    print(f"ring epoch {info.get('epoch')}, {ring.n_vnodes} vnodes{', vnodes moving' if info.get('migrating') else ''}")
+    for sid in info.get("ring_servers", []):
+        st = stats.get(sid, {})
+        tables = st.get("tables", {})
+        held = max((t.get("vnodes", 0) for t in tables.values()), default=0)
+        keys = sum(t.get("keys", 0) for t in tables.values())
+        print(f"  server {sid} at {info['servers'][str(sid)]}: primary of {int((ring.owners == sid).sum())} vnodes, "
+              f"holds {held} (copies included), {keys:,} keys, {sum(t.get('bytes', 0) for t in tables.values()):,} "
+              f"table bytes, RSS {st.get('rss_bytes', 0) / 2**20:,.0f} MiB")
+    for name, spec in client.tables().items():
+        keys = sum(s["tables"].get(name, {}).get("primary_keys", 0) for s in stats.values())
+        print(f"  table {name}: dim {spec.dim}, {spec.optimizer.name}, replicas {spec.replicas}, "
+              f"{'dense' if spec.key_bits else 'hash'}, {keys:,} keys")
+    workers = info.get("workers", {})
+    print(f"  workers: {len(workers)}" + (f" (node: rank {', '.join(f'{k}: {v}' for k, v in workers.items())})"
+                                          if workers else ""))
+    job = client.job_status()
+    if "epoch" in job:
+        print(f"  job: epoch {job['epoch'] + 1}/{job['epochs']}, shards {job['shards_done']}/{job['shards']}, "
+              f"{int(job.get('examples', 0)):,} examples done{', finished' if job.get('finished') else ''}; "
+              f"servers lost {len(job.get('failovers', []))}")
 
 
 def _write_atomically(path: str, text: str) -> None:

@@ -351,3 +351,26 @@ def test_a_server_registering_a_bad_address_is_refused_and_the_ring_is_untouched
         assert after["ring_servers"] == before["ring_servers"] and after["epoch"] == before["epoch"]
         assert all(p.popen.poll() is None for n, p in cluster.procs.items() if n.startswith("server"))
         np.testing.assert_array_equal(client.pull("kept", keys).result(timeout=30), np.ones((keys.size, 1)))
+
+
+def test_cluster_status_shows_servers_tables_keys_memory_and_workers():
+    with LocalCluster(servers=2, workers=1, log_level="WARNING") as cluster:
+        cluster.client.create_table("seen", dim=1, optimizer="sgd")
+        cluster.client.push("seen", np.arange(300, dtype=np.uint64), np.ones((300, 1), np.float32)).result(timeout=30)
+        proc = subprocess.run([sys.executable, "-m", "paramserver", "cluster", "status", "--scheduler", cluster.address],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.count("  server ") == 2 and "RSS" in text and "table bytes" in text
+    assert "table seen: dim 1, sgd, replicas 1, hash, 300 keys" in text
+    assert "workers: 1 (node: rank " in text
+
+
+def test_a_bad_fn_is_said_before_connecting():
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "worker", "--fn", "no_such_module:main",
+                           "--scheduler", "tcp://127.0.0.1:9", "--connect-timeout-s", "30"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--fn 'no_such_module:main': No module named 'no_such_module'" in proc.stderr
+    assert time.monotonic() - t0 < 20  # not after a 30 s connect timeout

@@ -31,7 +31,8 @@ def load_function(spec: str) -> Callable[..., Any]:
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"--fn {spec!r}: {exc}") from None
+        raise ConfigError(f"--fn {spec!r}: {exc}; is its package on PYTHONPATH (or installed) and the "
+                          "function's name right?") from None
     if not callable(fn):
         raise ConfigError(f"--fn {spec!r} is not callable")
     return fn
@@ -65,16 +66,17 @@ def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
 def main(config: Config, fn: str | None, control_fds: str | None) -> int:
     from paramserver.apps.train import warm_up
 
+    if not control_fds and not fn:
+        raise ConfigError("a worker needs --fn package.module:function to run")
+    function = load_function(fn) if fn else None  # a bad --fn is said now, before connecting
     warm_up()  # before registering: a job's clock starts once workers are ready
     with Client(config=config, role="worker") as client:
         logger.info("worker rank %d (node %d) connected", client.rank, client.node_id)
         if control_fds:
             r, w = (int(x) for x in control_fds.split(","))
             serve_functions(client, r, w)
-        elif fn:
-            result = load_function(fn)(client)
+        elif function is not None:
+            result = function(client)
             if result is not None:
                 print(result, flush=True)
-        else:
-            raise ConfigError("a worker needs --fn package.module:function to run")
     return 0

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.data.parse import (_BIAS, _FNV_OFFSET, _FNV_PRIME, _GOLDEN, _MISSING, CR, ERR_FIELDS,
-                                    ERR_LABEL, ERR_NONE, NL, feature_key)
+from paramserver.data.parse import (_BIAS, _GOLDEN, _MISSING, CR, ERR_FIELDS, ERR_LABEL, ERR_NONE, NL,
+                                    _bytes_hash, feature_key)
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
 
@@ -103,14 +103,6 @@ def _ns_key(ns, token, mask):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _hash_bytes(buf, a, b):
-    h = _FNV_OFFSET
-    for i in range(a, b):
-        h = (h ^ np.uint64(buf[i])) * _FNV_PRIME
-    return h
-
-
-@njit(inline="always", nogil=True, cache=True)
 def _weekday(y, m, d):
     """Day of the week (0..6) of a Gregorian date (days-from-civil, Hinnant)."""
     if m <= 2:
@@ -156,7 +148,7 @@ def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, li
                     err = ERR_LABEL
                     break
             elif role == ROLE_FEATURE:
-                keys[n, k] = _ns_key(namespaces[col], _MISSING if e == a else _hash_bytes(buf, a, e), mask)
+                keys[n, k] = _ns_key(namespaces[col], _MISSING if e == a else _bytes_hash(buf, a, e), mask)
                 k += 1
             elif role == ROLE_HOUR:
                 ok = e - a == 8
@@ -170,7 +162,7 @@ def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, li
                     keys[n, k + 1] = _ns_key(namespaces[col] ^ np.uint64(1), np.uint64(_weekday(2000 + yy, mm, dd)),
                                              mask)
                 else:  # not YYMMDDHH: the value as a token, no weekday
-                    keys[n, k] = _ns_key(namespaces[col], _MISSING if e == a else _hash_bytes(buf, a, e), mask)
+                    keys[n, k] = _ns_key(namespaces[col], _MISSING if e == a else _bytes_hash(buf, a, e), mask)
                     keys[n, k + 1] = _ns_key(namespaces[col] ^ np.uint64(1), _MISSING, mask)
                 k += 2
             col += 1

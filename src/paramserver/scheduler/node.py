@@ -504,7 +504,8 @@ class SchedulerNode:
 
     def on_cluster_info(self, identity: bytes, msg: Message) -> None:
         info: dict[str, Any] = {"migrating": self.migration is not None, "queued_changes": len(self.changes),
-                                "incomplete_copies": len(self.incomplete)}
+                                "incomplete_copies": len(self.incomplete),
+                                "workers": {str(n.id): n.rank for n in self.nodes.values() if n.role == "worker"}}
         if self.ring is not None:
             info.update(self._cluster_view(), ring_servers=self.ring.servers, epoch=self.ring.epoch)
         send(self.sock, reply(msg, **info), identity)
