@@ -133,15 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("predict", help="write one probability a line for DATA (no cluster needed)")
     p.add_argument("--model", required=True, metavar="DIR", help="a directory written by train --save")
-    p.add_argument("--data", nargs="+", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--skip-bad-lines", action="store_true")
+    p.add_argument("--data", nargs="+", required=True, help="files to score (labels optional; globs ok)")
+    p.add_argument("--out", required=True, help="one probability a line, in the order of --data's lines")
+    _scoring_flags(p)
 
     p = sub.add_parser("eval", help="log loss and AUC of a saved model on DATA (no cluster needed)")
-    p.add_argument("--model", required=True, metavar="DIR")
-    p.add_argument("--data", nargs="+", required=True)
-    p.add_argument("--skip-bad-lines", action="store_true")
-    p.add_argument("--metrics-out", metavar="FILE")
+    p.add_argument("--model", required=True, metavar="DIR", help="a directory written by train --save")
+    p.add_argument("--data", nargs="+", required=True, help="labelled files (globs ok)")
+    p.add_argument("--metrics-out", metavar="FILE", help="write the metrics as JSON here")
+    _scoring_flags(p)
 
     p = sub.add_parser("synth", help="write synthetic Criteo-format data")
     p.add_argument("--rows", type=int, required=True, help="rows to write")
@@ -156,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--servers", type=int, default=2, help="server processes")
     p.add_argument("--workers", type=int, default=2, help="worker processes")
     return parser
+
+
+def _scoring_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
+    p.add_argument("--format", help="the data's format, if not the one the model was trained on (the features "
+                                    "must be the same: e.g. Avazu rows as csv)")
+    p.add_argument("--label-format", help="libsvm labels: 01, pm1 or 12 (default: the model's)")
 
 
 def _data_flags(p: argparse.ArgumentParser, training: bool) -> None:

@@ -155,15 +155,25 @@ def demo(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any])
     return 0
 
 
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--format`` / ``--label-format`` of predict and eval, over the saved model's own."""
+    out = {}
+    if getattr(args, "format", None):
+        out["name"] = args.format
+    if getattr(args, "label_format", None):
+        out["label_format"] = args.label_format
+    return out
+
+
 def predict(args: argparse.Namespace, _: Any) -> int:
-    n = predict_file(args.model, args.data, args.out, args.skip_bad_lines)
+    n = predict_file(args.model, args.data, args.out, args.skip_bad_lines, _overrides(args))
     err.print(f"wrote {n:,} predictions to {args.out}")
     return 0
 
 
 def eval(args: argparse.Namespace, _: Any) -> int:  # noqa: A001 - the command's name
     check_output(args.metrics_out, "--metrics-out", folder=False)
-    report = evaluate(args.model, args.data, args.skip_bad_lines)
+    report = evaluate(args.model, args.data, args.skip_bad_lines, _overrides(args))
     out.print(json.dumps(report))
     if args.metrics_out:
         write_text(args.metrics_out, json.dumps(report, indent=1))

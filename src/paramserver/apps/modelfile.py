@@ -130,10 +130,12 @@ def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
     return {"logloss": logloss(labels, preds), "auc": auc(labels, preds), "examples": int(labels.size)}
 
 
-def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = False) -> int:
+def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = False,
+                 overrides: dict[str, Any] | None = None) -> int:
+    """Write one probability a line for every line of ``data`` (labelled or not)."""
     check_output(out, "--out", folder=False)
     model = LocalModel(model_dir)
-    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad}))
+    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad} | (overrides or {})))
     n = 0
     fs, path = _fs(out, "--out")
     with fs.open(path, "w") as f:
@@ -147,8 +149,10 @@ def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = Fal
     return n
 
 
-def evaluate(model_dir: str, data: list[str], skip_bad: bool = False) -> dict[str, float]:
+def evaluate(model_dir: str, data: list[str], skip_bad: bool = False,
+             overrides: dict[str, Any] | None = None) -> dict[str, float]:
+    """Log loss and AUC of the saved model on labelled ``data``."""
     model = LocalModel(model_dir)
-    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad}))
+    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad} | (overrides or {})))
     batch = read_all(data, fmt)
     return metrics(batch.labels, model.predict(batch))
