@@ -192,6 +192,32 @@ class _Scatter:
                 self.future.set_result(self.result)
 
 
+def _refused_for(address: str, grace_s: float) -> None:
+    """Raise ``ConnectError`` if every TCP connection to ``address`` is refused for
+    ``grace_s`` (nothing listens there); a host that does not answer at all is left to the
+    connect timeout (it may be starting, or a firewall may drop the probe)."""
+    import socket
+
+    from paramserver.wire.sockets import _TCP
+
+    m = _TCP.match(address)
+    if not m:
+        return
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            with socket.create_connection((m.group(1).strip("[]"), int(m.group(2))), timeout=grace_s):
+                return
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise ConnectError(f"nothing listens at {address} (connection refused for {grace_s:g} s): is the "
+                                   "scheduler running, and is the address right? (--scheduler, "
+                                   "PARAMSERVER_SCHEDULER)") from None
+            time.sleep(0.1)  # a scheduler that is starting: look again, within the grace
+        except OSError:  # no answer, no route, no such host: the connect timeout decides
+            return
+
+
 class Client:
     """A node's handle on the cluster.
 
@@ -212,6 +238,8 @@ class Client:
             raise ConnectError("no scheduler address: pass Client('tcp://HOST:PORT') "
                                "or set PARAMSERVER_SCHEDULER")
         self.role = role
+        if role == "driver":  # a person waiting: nothing listening is said in seconds, not after the timeout
+            _refused_for(self.config.scheduler, min(3.0, self.config.connect_timeout_s))
         self._io = IOThread(self.config)
         self._io.notifications.append(self._on_notification)
         self._io.start()
