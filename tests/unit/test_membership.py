@@ -188,3 +188,18 @@ def test_worker_ranks_stay_dense_and_a_dead_workers_rank_goes_to_its_replacement
     assert join(b"we").rank == 0 and join(b"wf").rank == 2
     ranks = sorted(n.rank for n in s.nodes.values() if n.role == "worker")
     assert ranks == [0, 1, 2]
+
+
+def test_a_barrier_short_of_workers_says_who_is_missing(make, caplog):
+    import logging
+    s = make([1])
+    s.config = s.config.__class__(**{**s.config.__dict__, "workers": 3})
+    for tag in (b"wa", b"wb"):
+        s.on_register(tag, Message({"op": "register", "id": 1, "role": "worker"}, []))
+    s.on_barrier(b"wa", Message({"op": "barrier", "id": 7}, []))
+    with caplog.at_level(logging.WARNING, logger="paramserver.scheduler.node"):
+        s._say_who_is_missing(time.monotonic())  # too soon: quiet
+        assert not caplog.records
+        s._say_who_is_missing(time.monotonic() + 6)
+    (record,) = caplog.records
+    assert "1 of 3 worker(s) waiting" in record.getMessage() and "not there yet: ranks [1]" in record.getMessage()

@@ -136,6 +136,7 @@ class SchedulerNode:
         self.incomplete: set[tuple[str, int, int]] = set()  # (table, vnode, server) copies unconfirmed
         self._ring_lost = False  # every server died: the next one to register starts a ring
         self._bad_requests, self._failures = Throttled(logger), Throttled(logger)  # a flood logs a few lines
+        self._barrier_since = self._barrier_said = 0.0  # when the open barrier's first worker came, last said
         # what servers' deaths cost, for job_status: data lost (tables without a backup) and failovers
         self.losses: list[dict[str, Any]] = []
         self.failovers: list[dict[str, Any]] = []
@@ -185,6 +186,7 @@ class SchedulerNode:
                 try:
                     self._check_heartbeats(time.monotonic())
                     self._check_fanouts(time.monotonic())
+                    self._say_who_is_missing(time.monotonic())
                 except Exception:  # a bug must not take the cluster down
                     logger.exception("scheduler failed while checking deadlines")
         finally:
@@ -858,8 +860,23 @@ class SchedulerNode:
         node_id = self.by_identity.get(identity)
         if node_id is None or self.nodes[node_id].role != "worker":
             raise ConfigError("only registered workers take part in barriers")
+        if not self.barrier:
+            self._barrier_since = self._barrier_said = time.monotonic()
         self.barrier.append((identity, msg.id, node_id))
         self._maybe_release_barrier()
+
+    def _say_who_is_missing(self, now: float, every_s: float = 5.0) -> None:
+        """A barrier short of workers says so every few seconds: who waits, who does not."""
+        if not self.barrier or now - self._barrier_said < every_s:
+            return
+        self._barrier_said = now
+        waiting = {b[2] for b in self.barrier}
+        ranks = sorted(self.nodes[n].rank for n in waiting if n in self.nodes)
+        missing = sorted(n.rank for n in self.nodes.values() if n.role == "worker" and n.id not in waiting)
+        need = self._barrier_size()
+        logger.warning("barrier: %d of %d worker(s) waiting for %.0f s (ranks %s); not there yet: %s", len(waiting),
+                       need, now - self._barrier_since, ranks,
+                       f"ranks {missing}" if missing else f"{need - len(waiting)} worker(s) not registered yet")
 
     def _maybe_release_barrier(self) -> None:
         if self.barrier and len({b[2] for b in self.barrier}) >= self._barrier_size():
