@@ -250,3 +250,14 @@ def test_skip_bad_lines_fails_when_most_lines_are_bad(tmp_path):
     with pytest.raises(DataError, match=r"1,900 of the 2,000 lines .* more than --max-bad-fraction 0.01"):
         read_all([str(path)], fmt)
     assert len(read_all([str(path)], replace(fmt, max_bad_fraction=0.96))) == 100  # allowed: skipped, counted
+
+
+@pytest.mark.parametrize("line", ["0 2:1 2:1", "0 5:1 2:1 5:0.5", "1 7:1 3:2 9:1 3:1"])
+def test_a_libsvm_index_twice_in_a_line_is_an_error_or_skipped(tmp_path, line):
+    path = tmp_path / "d.svm"
+    path.write_text(f"1 1:1 3:1\n{line}\n1 4:1 2:1\n")
+    with pytest.raises(DataError, match=r"d.svm:2: a feature index appears twice in the line"):
+        read_all([str(path)], DataFormat("libsvm"))
+    stats = {}
+    got = sum(len(b) for b in read_batches(Shard(str(path), 0, -1), DataFormat("libsvm", skip_bad=True), 10, stats))
+    assert got == 2 and stats["bad_lines"] == 1

@@ -33,7 +33,7 @@ LABELS_01, LABELS_PM1, LABELS_12 = 0, 1, 2
 LABEL_FORMATS = {"01": LABELS_01, "pm1": LABELS_PM1, "12": LABELS_12}
 
 # what was wrong with a line
-ERR_NONE, ERR_FIELDS, ERR_LABEL, ERR_INT, ERR_PAIR, ERR_INDEX, ERR_VALUE = range(7)
+ERR_NONE, ERR_FIELDS, ERR_LABEL, ERR_INT, ERR_PAIR, ERR_INDEX, ERR_VALUE, ERR_DUPLICATE = range(8)
 ERRORS = {
     ERR_FIELDS: "expected 40 tab-separated fields (label, 13 integers, 26 categorical)",
     ERR_LABEL: "the label is not one of the format's labels",
@@ -41,6 +41,7 @@ ERRORS = {
     ERR_PAIR: "a feature is not of the form index:value",
     ERR_INDEX: "a feature index is not a positive integer (LIBSVM indices start at 1)",
     ERR_VALUE: "a feature value is not a finite number",
+    ERR_DUPLICATE: "a feature index appears twice in the line (LIBSVM indices must be distinct)",
 }
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -270,7 +271,8 @@ def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end, unlabele
 
 
 @njit(nogil=True, cache=True)
-def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, keys, vals, line_end, unlabeled=False):
+def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, keys, vals, line_end, unlabeled=False,
+                 seen=np.zeros(0, np.int64)):
     """LIBSVM lines ``label idx:val ...`` (1-based idx) → CSR rows with a bias key first.
 
     ``keys``/``vals`` must have room for every feature of ``buf`` plus one a row.
@@ -309,6 +311,7 @@ def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, ke
             vals[row_nnz] = 1.0
             row_nnz += 1
             a = b
+            prev, ordered, first = -1, True, row_nnz  # duplicates: free to see when ascending, else sorted
             while True:
                 while a < end and (buf[a] == SPACE or buf[a] == TAB or buf[a] == CR):
                     a += 1
@@ -331,10 +334,23 @@ def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, ke
                 if not ok:
                     err = ERR_VALUE
                     break
+                if idx == prev:
+                    err = ERR_DUPLICATE
+                    break
+                ordered = ordered and idx > prev
+                prev = idx
+                if seen.shape[0] > row_nnz:
+                    seen[row_nnz] = idx
                 keys[row_nnz] = feature_key(1, np.uint64(idx), mask)
                 vals[row_nnz] = v
                 row_nnz += 1
                 a = b
+            if err == ERR_NONE and not ordered and seen.shape[0] >= row_nnz:
+                row = np.sort(seen[first:row_nnz])
+                for i in range(1, row.shape[0]):
+                    if row[i] == row[i - 1]:
+                        err = ERR_DUPLICATE
+                        break
         if err != ERR_NONE:
             if not skip_bad:
                 return n, pos, bad, err, pos

@@ -295,10 +295,11 @@ class _LibsvmParser:
         indptr = np.empty(rows + 1, np.int64)
         cap = size // 2 + rows + 1  # a feature takes >= 2 bytes ("1:" at least ... "1:1 ")
         keys, vals = np.empty(cap, np.uint64), np.empty(cap, np.float32)
+        seen = np.empty(cap, np.int64)  # each row's indices, to find a duplicate in an unsorted row
         while offset < size:
             n, used, bad, err, err_at = parse.parse_libsvm(
                 arr[offset:], rows, self.fmt.skip_bad, self.fmt.mask, parse.LABEL_FORMATS[self.fmt.label_format],
-                labels, indptr, keys, vals, line_end, self.fmt.unlabeled)
+                labels, indptr, keys, vals, line_end, self.fmt.unlabeled, seen)
             stats["bad_lines"] += bad
             if err != parse.ERR_NONE:
                 _raise_bad_line(shard, self.fmt, arr, offset + err_at, base, err)
