@@ -376,3 +376,19 @@ def test_a_bad_fn_is_said_before_connecting():
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "--fn 'no_such_module:main': No module named 'no_such_module'" in proc.stderr
     assert time.monotonic() - t0 < 20  # not after a 30 s connect timeout
+
+
+def test_a_dense_table_the_servers_cannot_hold_is_refused_and_not_listed():
+    """Issue 12, bug 15: it stayed listed, and later pushes got UnknownTableError."""
+    from paramserver import ParamServerError
+    with LocalCluster(servers=2, workers=0, log_level="WARNING") as cluster:
+        client = cluster.client
+        with pytest.raises(ParamServerError, match=r"dense table 'huge' .* needs [\d,.]+ GiB on this server"):
+            client.create_table("huge", dim=64, optimizer="adam", key_bits=32)  # ~2 TiB
+        wait_for_condition = time.monotonic() + 30
+        while "huge" in client.tables():
+            assert time.monotonic() < wait_for_condition, "the failed table is still listed"
+            time.sleep(0.05)
+        client.create_table("small", dim=1, optimizer="sgd")  # the cluster goes on
+        client.push("small", np.arange(10, dtype=np.uint64), np.ones((10, 1), np.float32)).result(timeout=30)
+        assert all(p.popen.poll() is None for n, p in cluster.procs.items() if n.startswith("server"))

@@ -632,9 +632,12 @@ class SchedulerNode:
         self._maybe_release_barrier()
 
     # ---- tables ------------------------------------------------------------------------
-    def _forward_to_servers(self, identity: bytes, msg: Message, header: dict[str, Any]) -> None:
+    def _forward_to_servers(self, identity: bytes, msg: Message, header: dict[str, Any],
+                            on_error: Callable[[], None] | None = None) -> None:
         def answer(op: _FanOut) -> None:
             if op.errors:
+                if on_error is not None:
+                    on_error()
                 send(self.sock, error_reply(msg.id, "server", str(next(iter(op.errors.values())))), identity)
             else:
                 send(self.sock, encode({"op": Op.OK.value, "id": msg.id}), identity)
@@ -660,7 +663,14 @@ class SchedulerNode:
                               f"servers, the ring has {len(self.ring.servers)}; add servers or lower replicas")
         self.tables[spec.name] = spec
         logger.info("table %r created: %s", spec.name, spec.to_wire())
-        self._forward_to_servers(identity, msg, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()})
+
+        def failed() -> None:  # a server could not create it (memory for a dense table): un-list it everywhere
+            if self.tables.get(spec.name) == spec:
+                del self.tables[spec.name]
+                logger.warning("table %r could not be created on every server: dropped again", spec.name)
+                self._fan_out({"op": Op.DROP_TABLE.value, "name": spec.name}, lambda op: None)
+
+        self._forward_to_servers(identity, msg, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()}, failed)
 
     def on_drop_table(self, identity: bytes, msg: Message) -> None:
         if self.migration is not None:

@@ -331,6 +331,18 @@ _NO_KEYS = np.zeros(0, np.uint64)
 PAGE = 4096
 
 
+def available_memory() -> int:
+    """Bytes this machine can still give (``MemAvailable``), 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def zeroed_rows(n: int, width: int) -> np.ndarray:
     """``float32[n, width]`` of zeros with every page mapped now.
 
@@ -527,6 +539,15 @@ class VnodeSet:
         """Hold exactly ``vnodes``: keep the ones held already, start the others empty,
         drop the rest (the ring changed)."""
         wanted = sorted({int(v) for v in vnodes})
+        if self.bits:  # dense vnodes are mapped whole: refuse what this machine cannot hold, before any
+            new = [v for v in wanted if v not in self.tables]
+            need = sum(int(np.subtract(*dense_range(v, self.n_vnodes, self.bits)[::-1])) for v in new) * \
+                (self.width + 1) * 4
+            free = available_memory()
+            if need and free and need > 0.9 * free:
+                raise MemoryError(f"dense table {self.spec.name!r} (key_bits={self.bits}, dim={self.spec.dim}) needs "
+                                  f"{need / 2**30:,.1f} GiB on this server, {free / 2**30:,.1f} GiB are available: "
+                                  "use fewer key_bits, more servers, or key_bits=0 (a hash table grows with the keys)")
         self.tables = {v: self.tables[v] if v in self.tables else self._new_table(v) for v in wanted}
         self._rebuild()
 
