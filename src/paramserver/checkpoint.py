@@ -50,7 +50,23 @@ def new_step_url(url: str) -> str:
     except FileNotFoundError:
         names = []
     steps = [int(n) for n in names if len(n) == 15 and n.isdigit()]
+    _remove_abandoned(fs, root, steps)
     return step_url(url, max([step, *[s + 1 for s in steps]]))
+
+
+def _remove_abandoned(fs: Any, root: str, steps: list[int]) -> None:
+    """Remove the partial steps (no manifest) older than the newest complete one: they were
+    cut short (a crash, a failed checkpoint), and nothing will ever use them; a step being
+    written now is always newer than every complete step, so it is never touched."""
+    complete = [s for s in steps if fs.exists(f"{root}/{s:015d}/{MANIFEST}")]
+    if not complete:
+        return
+    for s in steps:
+        if s < max(complete) and s not in complete:
+            try:
+                fs.rm(f"{root}/{s:015d}", recursive=True)
+            except OSError:  # someone else removed it, or it cannot be: it stays, harmless
+                pass
 
 
 def assemble_manifest(replies: list[dict[str, Any]], ring: dict[str, Any], tables: dict[str, Any],

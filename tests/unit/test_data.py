@@ -261,3 +261,18 @@ def test_a_libsvm_index_twice_in_a_line_is_an_error_or_skipped(tmp_path, line):
     stats = {}
     got = sum(len(b) for b in read_batches(Shard(str(path), 0, -1), DataFormat("libsvm", skip_bad=True), 10, stats))
     assert got == 2 and stats["bad_lines"] == 1
+
+
+def test_a_new_checkpoint_removes_the_partial_steps_older_than_the_newest_complete_one(tmp_path):
+    """Issue 12, bug 15: interrupted checkpoints were never removed (1.5 GB in 10 runs)."""
+    from paramserver import checkpoint
+    root = tmp_path / "ckpt"
+    for step, complete in ((100, False), (200, True), (300, False), (400, True), (500, False)):
+        (root / f"{step:015d}" / "t").mkdir(parents=True)
+        (root / f"{step:015d}" / "t" / "0.npz").write_bytes(b"x" * 1000)
+        if complete:
+            (root / f"{step:015d}" / checkpoint.MANIFEST).write_text("{}")
+    new = checkpoint.new_step_url(str(root))
+    left = sorted(p.name for p in root.iterdir())
+    assert left == [f"{s:015d}" for s in (200, 400, 500)]  # 500 may be a checkpoint being written: kept
+    assert new > str(root / f"{500:015d}")
