@@ -507,7 +507,16 @@ class Client:
         return answer
 
     def _resync_clock(self) -> None:
-        mins = [s.get("min_clock") for s in self.server_stats()]
+        """Take the live servers' minimum clock.  A server that dies meanwhile is skipped:
+        its vnodes fail over to servers that answer, and a worker must not fail a job for
+        a server the cluster survives (it failed the job even at replicas 2)."""
+        futures = [self._request(address, {"op": Op.STATS.value}) for address in self._servers.values()]
+        mins = []
+        for future in futures:
+            try:
+                mins.append(future.result(timeout=self.config.heartbeat_timeout_s * 4).header.get("min_clock"))
+            except (NodeLostError, TimeoutError) as exc:
+                logger.info("clock resync: a server did not answer (%s); the others decide", exc)
         with self._lock:
             self._clock = max([self._clock, *[m for m in mins if m is not None]])
 

@@ -854,7 +854,8 @@ class SchedulerNode:
 
     def on_job_status(self, identity: bytes, msg: Message) -> None:
         status = self.job.status() if self.job else {}
-        status["losses"], status["failovers"] = self.losses, self.failovers
+        if self.job:  # what servers' deaths cost the job
+            status["losses"], status["failovers"] = self.losses, self.failovers
         ckpt = self.job_checkpoints
         if self.job and ckpt is not None:
             status["checkpoints"] = {"written": list(ckpt.written), "abandoned": ckpt.abandoned,
