@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import time
 from typing import Any
 
@@ -30,6 +31,8 @@ import fsspec
 import numpy as np
 
 from paramserver.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
 FORMAT = "paramserver-checkpoint-2"
@@ -182,3 +185,46 @@ def read_manifest(step: str) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a paramserver checkpoint manifest ({' or '.join(FORMATS)}); "
                               "restore another step")
     return manifest
+
+
+def restore_tables(client: Any, url: str) -> dict[str, int]:
+    """``Client.restore``: every file of the step checked (``read_vnode``) before any table is
+    created; then each table created with its whole spec and loaded by every server; a
+    failure drops the tables this restore created."""
+    from paramserver.spec import TableSpec
+    from paramserver.wire.message import Op
+
+    manifest = read_manifest(step := resolve_step(url))
+    if manifest["format"] != FORMAT:
+        logger.warning("%s was written by an older version (%s): its files have no checksums to verify",
+                       step, manifest["format"])
+    plan = []
+    for name, wire in manifest["tables"].items():  # every file checked before anything is created
+        spec = TableSpec.from_wire(wire)
+        entries = list(manifest["files"].get(name, {}).values())
+        for entry in entries:
+            read_vnode(entry_path(step, entry), entry)
+        plan.append((spec, entries))
+    existing = set(client.tables())  # never dropped by a failed restore
+    restored: dict[str, int] = {}
+    try:
+        for spec, entries in plan:
+            client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                                seed=spec.seed, consistency=spec.consistency, aggregate=spec.aggregate,
+                                replicas=min(spec.replicas, len(client.ring.servers)), key_bits=spec.key_bits)
+            restored[spec.name] = 0
+            loaded = sum(m.header["loaded"] for m in client._on_every_server(
+                {"op": Op.RESTORE.value, "table": spec.name, "step": step, "entries": entries}))
+            expected = sum(int(entry[1]) for entry in entries)
+            if loaded != expected:
+                raise CheckpointError(f"restoring {spec.name!r} from {step} loaded {loaded} keys, "
+                                      f"the manifest lists {expected}")
+            restored[spec.name] = loaded
+    except BaseException:
+        for name in set(restored) - existing:  # a failed restore leaves nothing: the tables it created go
+            try:
+                client.drop_table(name)
+            except Exception as exc:  # reported, but the restore's own error is the one raised
+                logger.error("could not drop %r after a failed restore: %s", name, exc)
+        raise
+    return restored

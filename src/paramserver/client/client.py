@@ -28,6 +28,7 @@ from paramserver.routing.partition import route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op
+from paramserver.wire.sockets import refused_for
 
 logger = logging.getLogger(__name__)
 
@@ -192,32 +193,6 @@ class _Scatter:
                 self.future.set_result(self.result)
 
 
-def _refused_for(address: str, grace_s: float) -> None:
-    """Raise ``ConnectError`` if every TCP connection to ``address`` is refused for
-    ``grace_s`` (nothing listens there); a host that does not answer at all is left to the
-    connect timeout (it may be starting, or a firewall may drop the probe)."""
-    import socket
-
-    from paramserver.wire.sockets import _TCP
-
-    m = _TCP.match(address)
-    if not m:
-        return
-    deadline = time.monotonic() + grace_s
-    while True:
-        try:
-            with socket.create_connection((m.group(1).strip("[]"), int(m.group(2))), timeout=grace_s):
-                return
-        except ConnectionRefusedError:
-            if time.monotonic() >= deadline:
-                raise ConnectError(f"nothing listens at {address} (connection refused for {grace_s:g} s): is the "
-                                   "scheduler running, and is the address right? (--scheduler, "
-                                   "PARAMSERVER_SCHEDULER)") from None
-            time.sleep(0.1)  # a scheduler that is starting: look again, within the grace
-        except OSError:  # no answer, no route, no such host: the connect timeout decides
-            return
-
-
 class Client:
     """A node's handle on the cluster.
 
@@ -239,7 +214,7 @@ class Client:
                                "or set PARAMSERVER_SCHEDULER")
         self.role = role
         if role == "driver":  # a person waiting: nothing listening is said in seconds, not after the timeout
-            _refused_for(self.config.scheduler, min(3.0, self.config.connect_timeout_s))
+            refused_for(self.config.scheduler, min(3.0, self.config.connect_timeout_s))
         self._io = IOThread(self.config)
         self._io.notifications.append(self._on_notification)
         self._io.start()
@@ -571,42 +546,9 @@ class Client:
         Raises:
             CheckpointError: no complete step, a missing or corrupt manifest or file.
         """
-        from paramserver import checkpoint as ckpt
+        from paramserver.checkpoint import restore_tables
 
-        manifest = ckpt.read_manifest(step := ckpt.resolve_step(url))
-        if manifest["format"] != ckpt.FORMAT:
-            logger.warning("%s was written by an older version (%s): its files have no checksums to verify",
-                           step, manifest["format"])
-        plan = []
-        for name, wire in manifest["tables"].items():  # every file checked before anything is created
-            spec = TableSpec.from_wire(wire)
-            entries = list(manifest["files"].get(name, {}).values())
-            for entry in entries:
-                ckpt.read_vnode(ckpt.entry_path(step, entry), entry)
-            plan.append((spec, entries))
-        existing = set(self.tables())  # never dropped by a failed restore
-        restored: dict[str, int] = {}
-        try:
-            for spec, entries in plan:
-                self.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                  seed=spec.seed, consistency=spec.consistency, aggregate=spec.aggregate,
-                                  replicas=min(spec.replicas, len(self._ring.servers)), key_bits=spec.key_bits)
-                restored[spec.name] = 0
-                loaded = sum(m.header["loaded"] for m in self._on_every_server(
-                    {"op": Op.RESTORE.value, "table": spec.name, "step": step, "entries": entries}))
-                expected = sum(int(entry[1]) for entry in entries)
-                if loaded != expected:
-                    raise ckpt.CheckpointError(f"restoring {spec.name!r} from {step} loaded {loaded} keys, "
-                                               f"the manifest lists {expected}")
-                restored[spec.name] = loaded
-        except BaseException:
-            for name in set(restored) - existing:  # a failed restore leaves nothing: the tables it created go
-                try:
-                    self.drop_table(name)
-                except Exception as exc:  # reported, but the restore's own error is the one raised
-                    logger.error("could not drop %r after a failed restore: %s", name, exc)
-            raise
-        return restored
+        return restore_tables(self, url)
 
     @property
     def bytes_sent(self) -> int:

@@ -110,3 +110,30 @@ def route_to(address: str) -> str:
             return str(probe.getsockname()[0])
     except OSError:
         return "127.0.0.1"
+
+
+def refused_for(address: str, grace_s: float) -> None:
+    """Raise ``ConnectError`` if every TCP connection to ``address`` is refused for
+    ``grace_s`` (nothing listens there); a host that does not answer at all is left to the
+    connect timeout (it may be starting, or a firewall may drop the probe)."""
+    import socket
+    import time
+
+    from paramserver.errors import ConnectError
+
+    m = _TCP.match(address)
+    if not m:
+        return
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            with socket.create_connection((m.group(1).strip("[]"), int(m.group(2))), timeout=grace_s):
+                return
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise ConnectError(f"nothing listens at {address} (connection refused for {grace_s:g} s): is the "
+                                   "scheduler running, and is the address right? (--scheduler, "
+                                   "PARAMSERVER_SCHEDULER)") from None
+            time.sleep(0.1)  # a scheduler that is starting: look again, within the grace
+        except OSError:  # no answer, no route, no such host: the connect timeout decides
+            return
