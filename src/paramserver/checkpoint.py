@@ -153,6 +153,25 @@ def write_manifest(url: str, manifest: dict[str, Any]) -> None:
     fs.mv(tmp, f"{root}/{MANIFEST}")
 
 
+def prune(url: str, keep: int) -> list[str]:
+    """Remove all but the newest ``keep`` complete steps under ``url`` (``keep`` >= 1: the
+    newest complete step always stays; a step still being written has no manifest and is
+    never touched).  Returns the steps removed."""
+    fs, _, (root,) = fsspec.get_fs_token_paths(url)
+    try:
+        steps = sorted(p.rstrip("/") for p in fs.ls(root, detail=False) if fs.exists(f"{p}/{MANIFEST}"))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for path in steps[:-max(1, keep)]:
+        try:
+            fs.rm(path, recursive=True)
+            removed.append(path)
+        except OSError as exc:  # someone else's, or read-only: it stays
+            logger.warning("could not remove the old checkpoint %s: %s", path, exc)
+    return removed
+
+
 def latest_step(url: str) -> str:
     """The newest complete step under ``url`` (one with a manifest)."""
     fs, _, (root,) = fsspec.get_fs_token_paths(url)

@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", metavar="DIR", help="write the trained model here")
     p.add_argument("--checkpoint-dir", metavar="URL",
                    help="checkpoint the model and the job's progress here (a folder or fsspec URL)")
+    p.add_argument("--keep-checkpoints", type=int, default=3, metavar="N",
+                   help="keep the newest N complete checkpoints under --checkpoint-dir, remove older ones (0: all)")
     p.add_argument("--checkpoint-every", type=int, metavar="N",
                    help="data shards done between two checkpoints (default: one checkpoint an epoch)")
     p.add_argument("--resume", metavar="URL",

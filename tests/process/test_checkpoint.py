@@ -117,7 +117,7 @@ def checkpointed_job(tmp_path_factory):
     write_synth(path, ROWS, seed=8)
     cfg = TrainConfig(Model("lr"), epochs=EPOCHS, batch_size=500)
     report = run_training(cfg, [path], [], servers=2, workers=2, shard_bytes=SHARD_BYTES,
-                          checkpoint_dir=url, checkpoint_every=EVERY)
+                          checkpoint_dir=url, checkpoint_every=EVERY, keep_checkpoints=0)  # every step inspected
     return path, url, cfg, report
 
 
@@ -327,3 +327,18 @@ def test_a_manifest_entry_outside_its_step_is_refused(saved_step, tmp_path, wher
     with open(os.path.join(step, "MANIFEST.json"), "w") as f:
         json.dump(manifest, f)
     _restore_fails(step, "outside its step: refused")
+
+
+def test_keep_checkpoints_leaves_the_newest_steps(tmp_path):
+    from paramserver.apps.models import Model
+    from paramserver.apps.synth import write_synth
+    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.checkpoint import MANIFEST
+    data, url = str(tmp_path / "d.tsv"), str(tmp_path / "ckpt")
+    write_synth(data, 6000, seed=2)
+    report = run_training(TrainConfig(Model("lr"), epochs=2), [data], [], servers=1, workers=1,
+                          shard_bytes=300_000, checkpoint_dir=url, checkpoint_every=1, keep_checkpoints=2)
+    assert len(report["checkpoints"]) >= 4  # written ...
+    steps = sorted(os.listdir(url))
+    assert len(steps) == 2 and all(os.path.exists(os.path.join(url, s, MANIFEST)) for s in steps)  # ... 2 kept
+    assert os.path.join(url, steps[-1]) == report["checkpoints"][-1]

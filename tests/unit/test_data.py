@@ -276,3 +276,17 @@ def test_a_new_checkpoint_removes_the_partial_steps_older_than_the_newest_comple
     left = sorted(p.name for p in root.iterdir())
     assert left == [f"{s:015d}" for s in (200, 400, 500)]  # 500 may be a checkpoint being written: kept
     assert new > str(root / f"{500:015d}")
+
+
+def test_prune_keeps_the_newest_complete_steps_and_never_a_step_being_written(tmp_path):
+    from paramserver import checkpoint
+    root = tmp_path / "ckpt"
+    for step in (100, 200, 300, 400):
+        (root / f"{step:015d}").mkdir(parents=True)
+        (root / f"{step:015d}" / checkpoint.MANIFEST).write_text("{}")
+    (root / f"{500:015d}").mkdir()  # being written: no manifest yet
+    removed = checkpoint.prune(str(root), keep=2)
+    assert [p.rsplit("/", 1)[-1] for p in removed] == [f"{100:015d}", f"{200:015d}"]
+    assert sorted(p.name for p in root.iterdir()) == [f"{s:015d}" for s in (300, 400, 500)]
+    checkpoint.prune(str(root), keep=0)  # 0 and 1 both keep the newest complete step
+    assert sorted(p.name for p in root.iterdir()) == [f"{s:015d}" for s in (400, 500)]

@@ -120,7 +120,8 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
                               shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show,
                               checkpoint_dir=getattr(args, "checkpoint_dir", None),
                               checkpoint_every=getattr(args, "checkpoint_every", None),
-                              resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False))
+                              resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False),
+                              keep_checkpoints=getattr(args, "keep_checkpoints", 3))
     finally:
         if live is not None:
             live.stop()

@@ -295,7 +295,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                  on_progress: Callable[[dict[str, Any], float], None] | None = None,
                  checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
                  resume: str | None = None, setup: Callable[[Any], Any] | None = None,
-                 cluster_options: dict[str, Any] | None = None, allow_loss: bool = False) -> dict[str, Any]:
+                 cluster_options: dict[str, Any] | None = None, allow_loss: bool = False,
+                 keep_checkpoints: int = 3) -> dict[str, Any]:
     """Train on a fresh local cluster; return the report (see ``docs``).
 
     Args:
@@ -309,10 +310,14 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         cluster_options: more ``LocalCluster`` arguments (heartbeats, log level).
         allow_loss: finish (and report the loss) when a server dies with vnodes of a table
             that has no backup, instead of failing with ``DataLossError``.
+        keep_checkpoints: with ``checkpoint_dir``, keep only the newest N complete steps
+            there (0: keep all).
     """
     from paramserver.cluster.local import LocalCluster
 
     check_job(servers, workers, shard_bytes)
+    if isinstance(keep_checkpoints, bool) or not isinstance(keep_checkpoints, int) or keep_checkpoints < 0:
+        raise ConfigError(f"--keep-checkpoints must be a whole number >= 0 (0: keep all), got {keep_checkpoints!r}")
     check_output(save, "--save", folder=True)  # every output now, not after the job
     check_output(checkpoint_dir, "--checkpoint-dir", folder=True)
     shards = make_shards(data, shard_bytes)
@@ -339,6 +344,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         client.start_job(shards, cfg.epochs, checkpoint=job_checkpoints, resume=progress)
         t0 = time.perf_counter()
         pool = ThreadPoolExecutor(1, thread_name_prefix="paramserver-train")
+        pruned_at = 0  # checkpoints written when old ones were last pruned
         try:
             running = pool.submit(cluster.run_elastic, train_worker, cfg)
             while not running.done():
@@ -346,6 +352,10 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                 if on_progress:
                     on_progress(status, time.perf_counter() - t0)
                 check_losses(status, allow_loss)  # a loss ends the job now, loudly
+                written = len(status.get("checkpoints", {}).get("written", []))
+                if checkpoint_dir and keep_checkpoints and written > pruned_at:
+                    checkpoint.prune(checkpoint_dir, keep_checkpoints)
+                    pruned_at = written
                 if test_read is not None and test_read.done() and test_read.exception() is not None:
                     raise test_read.exception()  # bad test data: stop now, not after the job
                 wait([running], timeout=PROGRESS_EVERY_S)
@@ -355,6 +365,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         seconds = time.perf_counter() - t0
         status = client.job_status()
         check_losses(status, allow_loss)
+        if checkpoint_dir and keep_checkpoints:
+            checkpoint.prune(checkpoint_dir, keep_checkpoints)
         if not status.get("finished"):  # survivors return only once the queue says done
             raise WorkerError(f"the job did not finish (status {status}); failed workers: {failed_workers}")
         if on_progress:
