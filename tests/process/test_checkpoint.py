@@ -342,3 +342,30 @@ def test_keep_checkpoints_leaves_the_newest_steps(tmp_path):
     steps = sorted(os.listdir(url))
     assert len(steps) == 2 and all(os.path.exists(os.path.join(url, s, MANIFEST)) for s in steps)  # ... 2 kept
     assert os.path.join(url, steps[-1]) == report["checkpoints"][-1]
+
+
+def test_a_checkpoint_that_fails_mid_job_says_why(tmp_path):
+    """Issue 12, bug 5: it was counted as '1 abandoned' and nothing more."""
+    import shutil
+    import threading
+
+    from paramserver.apps.models import Model
+    from paramserver.apps.synth import write_synth
+    from paramserver.apps.train import TrainConfig, run_training
+    from support import wait_for
+    data, url = str(tmp_path / "d.tsv"), str(tmp_path / "ckpt")
+    write_synth(data, 6000, seed=2)
+
+    def break_the_folder_after_the_first(cluster):
+        def swap():
+            wait_for(lambda: cluster.client.job_status().get("checkpoints", {}).get("written"), 60, "a checkpoint")
+            shutil.rmtree(url)
+            open(url, "w").close()  # the folder is now a file: the next checkpoints cannot be written
+        threading.Thread(target=swap, daemon=True).start()
+
+    report = run_training(TrainConfig(Model("lr"), epochs=3), [data], [], servers=1, workers=1,
+                          shard_bytes=300_000, checkpoint_dir=url, checkpoint_every=2, keep_checkpoints=0,
+                          setup=break_the_folder_after_the_first)
+    assert report["examples"] == 3 * 6000  # training went on
+    assert report["checkpoints_abandoned"] >= 1 and report["checkpoint_failures"]
+    assert all(url in why for why in report["checkpoint_failures"]), report["checkpoint_failures"]

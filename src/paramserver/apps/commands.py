@@ -64,6 +64,8 @@ def _report_table(report: dict[str, Any]) -> Table:
     if "checkpoints" in report:
         table.add_row("checkpoints written", f"{len(report['checkpoints'])} "
                                              f"({report['checkpoints_abandoned']} abandoned)")
+        for why in report.get("checkpoint_failures", [])[:3]:
+            table.add_row("checkpoint failed", why)
     if "resumed_from" in report:
         table.add_row("resumed from", f"{report['resumed_from']} ({report['resumed_examples']:,} examples)")
     if report.get("failed_workers"):

@@ -403,6 +403,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     if job_checkpoints is not None:
         report["checkpoints"] = status["checkpoints"]["written"]
         report["checkpoints_abandoned"] = status["checkpoints"]["abandoned"]
+        report["checkpoint_failures"] = status["checkpoints"].get("failures", [])
     if step is not None:
         report["resumed_from"] = step
         report["resumed_examples"] = examples - this_run

@@ -78,6 +78,7 @@ class _JobCheckpoints:
     ring_epoch: int = 0
     written: list[str] = field(default_factory=list)
     abandoned: int = 0
+    failures: list[str] = field(default_factory=list)  # why each abandoned checkpoint failed
 
     @classmethod
     def from_wire(cls, w: Any) -> _JobCheckpoints:
@@ -842,6 +843,7 @@ class SchedulerNode:
         assert ckpt is not None
         if failure is not None:
             ckpt.abandoned += 1
+            ckpt.failures.append(f"{ckpt.step or ckpt.url}: {failure}"[:2000])
             logger.error("checkpoint %s abandoned, training goes on (it has no manifest, so it is never "
                          "used): %s", ckpt.step or ckpt.url, failure)
         ckpt.phase, ckpt.since = None, 0
@@ -859,7 +861,7 @@ class SchedulerNode:
         ckpt = self.job_checkpoints
         if self.job and ckpt is not None:
             status["checkpoints"] = {"written": list(ckpt.written), "abandoned": ckpt.abandoned,
-                                     "in_progress": ckpt.phase is not None}
+                                     "failures": list(ckpt.failures), "in_progress": ckpt.phase is not None}
         send(self.sock, reply(msg, job=status), identity)
 
     # ---- barrier and shutdown ----------------------------------------------------------
