@@ -43,3 +43,24 @@ def test_the_record_travels_with_a_vnode():
     np.testing.assert_array_equal(dst.fresh(2, 9, 8, np.array([1, 3], np.int32)), [True, False])
     assert not dst.fresh(2, 10, 8, np.array([3], np.int32)).any()
     assert not dst.fresh(2, 7, 8, np.array([3], np.int32)).any()
+
+
+def test_senders_that_never_come_back_are_forgotten_but_not_within_the_retry_window(monkeypatch):
+    """Issue 12, bug 15: 200 000 distinct senders cost +117 MB, kept forever."""
+    import paramserver.server.dedup as dedup_module
+    now = [1000.0]
+    monkeypatch.setattr(dedup_module.time, "monotonic", lambda: now[0])
+    d = dedup_module.Dedup(8, horizon_s=120.0)
+    vnodes = np.array([1, 2])
+    for sender in range(5000):
+        d.mark(sender, 1, vnodes)
+    assert len(d.senders) == 5000
+    now[0] += 60  # within the retry window: a retry is still recognised
+    assert not d.fresh(7, 1, -1, vnodes).any()
+    now[0] += 100  # past it for all but sender 7, seen 100 s ago
+    for sender in range(5000, 5000 + 2 * dedup_module.EXPIRE_EVERY):
+        d.mark(sender, 1, vnodes)
+    assert 7 in d.senders and 0 not in d.senders
+    assert len(d.senders) <= 1 + 2 * dedup_module.EXPIRE_EVERY
+    d.forget(7)  # it left: forgotten at once
+    assert 7 not in d.senders

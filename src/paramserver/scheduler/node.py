@@ -618,8 +618,8 @@ class SchedulerNode:
         logger.info("%s %d removed (%s)", node.role, node_id, why)
         if node.role == "worker":
             self._announce_workers()
-        if why == "dead" or node.role == "server":  # nothing may wait on a server that is gone
-            for other in self.nodes.values():
+        if why == "dead" or node.role != "worker":  # nothing may wait on a server that is gone; a client
+            for other in self.nodes.values():  # that left is forgotten by the servers' exactly-once records
                 self._notify(other, {"op": Op.NODE_LOST.value, "node_id": node_id,
                                      "role": node.role, "address": node.address})
         for op_id, op in list(self.fanouts.items()):

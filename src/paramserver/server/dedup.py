@@ -8,36 +8,61 @@ routed differently) is applied only to the vnodes it has not reached yet.  Backu
 the same record from the pushes forwarded to them, and a vnode's record travels with it
 when it moves, so a retry that lands on a promoted backup is recognised too.
 
-Memory: one ``bool[n_vnodes]`` per push in flight per sender.  Sans-IO, vectorised over
+Memory: one ``bool[n_vnodes]`` per push in flight per sender, and a small record per
+sender.  A sender's record goes when it leaves or dies (the scheduler says so), and when
+it has been idle longer than ``horizon_s`` (twice the clients' retry timeout: no retry
+can come later), so senders that never come back cost nothing.  Sans-IO, vectorised over
 a request's vnode segments.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
+EXPIRE_EVERY = 1024  # look for idle senders each time this many more have come
+
 
 class _Sender:
-    __slots__ = ("acked", "seen")
+    __slots__ = ("acked", "seen", "last")
 
-    def __init__(self) -> None:
+    def __init__(self, now: float) -> None:
         self.acked = -1
         self.seen: dict[int, np.ndarray] = {}  # seq -> bool[n_vnodes]: applied there
+        self.last = now  # when it last pushed
 
 
 class Dedup:
     """Applied pushes of every sender, for one table on one server."""
 
-    def __init__(self, n_vnodes: int):
+    def __init__(self, n_vnodes: int, horizon_s: float = 120.0):
         self.n_vnodes = n_vnodes
+        self.horizon_s = horizon_s
         self.senders: dict[int, _Sender] = {}
+        self._expire_at = EXPIRE_EVERY
+
+    def forget(self, sender: int) -> None:
+        """``sender`` left or died: it never retries."""
+        self.senders.pop(sender, None)
+
+    def expire(self, now: float) -> int:
+        """Forget the senders idle for longer than ``horizon_s``; return how many."""
+        idle = [k for k, s in self.senders.items() if now - s.last > self.horizon_s]
+        for k in idle:
+            del self.senders[k]
+        return len(idle)
 
     def _sender(self, sender: int, acked: int) -> _Sender:
         s = self.senders.get(sender)
+        now = time.monotonic()
         if s is None:
-            s = self.senders[sender] = _Sender()
+            if len(self.senders) >= self._expire_at:  # many senders: drop the ones gone quiet
+                self.expire(now)
+                self._expire_at = len(self.senders) + EXPIRE_EVERY
+            s = self.senders[sender] = _Sender(now)
+        s.last = now
         if acked > s.acked:  # forget what the sender will never send again
             s.acked = acked
             for seq in [q for q in s.seen if q <= acked]:

@@ -383,7 +383,7 @@ class ServerNode:
     def _add_table(self, spec: TableSpec) -> None:
         assert self.ring is not None
         self.tables[spec.name] = VnodeSet(spec, self.ring.n_vnodes, self.ring.held_by(self.node_id, spec.replicas))
-        self.dedup[spec.name] = Dedup(self.ring.n_vnodes)
+        self.dedup[spec.name] = Dedup(self.ring.n_vnodes, horizon_s=2 * self.config.retry_timeout_s)
 
     def on_create_table(self, msg: Message) -> None:
         spec = TableSpec.from_wire(msg.header["spec"])
@@ -464,13 +464,15 @@ class ServerNode:
         self._running = False
 
     def on_node_lost(self, msg: Message) -> None:
-        if msg.header.get("role") == "worker":
-            self.gate.vector.leave(int(msg.header["node_id"]))
-            for dedup in self.dedup.values():  # a dead worker never retries
-                dedup.senders.pop(int(msg.header["node_id"]), None)
+        role, node_id = msg.header.get("role"), int(msg.header["node_id"])
+        if role == "server":
+            self._server_lost(node_id)
+            return
+        for dedup in self.dedup.values():  # a client that left or died never retries
+            dedup.forget(node_id)
+        if role == "worker":
+            self.gate.vector.leave(node_id)
             self._clocks_moved()
-        elif msg.header.get("role") == "server":
-            self._server_lost(int(msg.header["node_id"]))
 
     def on_workers(self, msg: Message) -> None:
         self.gate.vector.set_members([int(w) for w in msg.header.get("workers", [])])
