@@ -20,10 +20,18 @@ N_KEYS, CLOCKS, WORKERS = 1000, 60, 3
 KEYS = np.arange(N_KEYS, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # spread over every vnode
 
 
-def count(client, clocks):
-    """Each clock, +1 on every key (SGD lr 1 on gradient -1), acknowledged before the next."""
+def count(client, clocks, gate):
+    """Each clock, +1 on every key (SGD lr 1 on gradient -1), acknowledged before the next;
+    after a third of the clocks, wait for ``gate`` to exist (the disturbance happens then,
+    whatever the machine's speed), then go on through it."""
+    import os
+    import time
     grads = -np.ones((N_KEYS, 1), np.float32)
-    for _ in range(clocks):
+    for c in range(clocks):
+        if c == clocks // 3:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
         client.push("counter", KEYS, grads).result(timeout=120)
         client.clock()
     return client.rank
@@ -35,13 +43,17 @@ def _progress(client):
 
 def _run_counting(cluster, disturb):
     """Start the workers, call ``disturb`` once a third of the clocks are done, wait, check."""
+    import os
+    import tempfile
     client = cluster.client
     client.create_table("counter", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
+    gate = os.path.join(tempfile.mkdtemp(prefix="paramserver-gate-"), "go")
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(cluster.run, count, CLOCKS, timeout_s=150)
-        wait_for(lambda: running.done() or _progress(client) >= WORKERS * CLOCKS / 3, what="a third of the clocks")
-        assert not running.done(), "the workers finished before the disturbance: raise CLOCKS"
+        running = pool.submit(cluster.run, count, CLOCKS, gate, timeout_s=150)
+        wait_for(lambda: running.done() or _progress(client) >= WORKERS * (CLOCKS // 3), what="a third of the clocks")
+        assert not running.done(), "the workers finished before the disturbance"
         disturb()
+        open(gate, "w").close()  # the workers go on, through whatever the disturbance did
         assert sorted(running.result()) == list(range(WORKERS))
     values = client.pull("counter", KEYS).result(timeout=60)
     np.testing.assert_array_equal(values, np.full((N_KEYS, 1), WORKERS * CLOCKS, np.float32))
