@@ -302,3 +302,15 @@ def test_train_says_where_its_scheduler_and_logs_are_and_keeps_them_with_log_dir
     shown = " ".join(proc.stderr.split())  # the terminal may wrap the progress line
     assert "scheduler tcp://127.0.0.1:" in shown and f"logs {logs}" in shown
     assert {p.name for p in logs.iterdir()} >= {"scheduler.log", "server-0.log", "worker-0.log"}
+
+
+def test_eval_and_predict_read_a_training_checkpoint(tmp_path):
+    """Issue 12 friction: eval and predict could not read a checkpoint."""
+    data = str(tmp_path / "d.tsv")
+    write_synth(data, 3000, seed=9)
+    model, ckpt = str(tmp_path / "model"), str(tmp_path / "ckpt")
+    run_training(TrainConfig(Model("fm", k=4)), [data], [], servers=2, workers=1, save=model, checkpoint_dir=ckpt)
+    saved, checkpointed = evaluate(model, [data]), evaluate(ckpt, [data])  # the checkpoint after the last shard
+    assert saved == checkpointed
+    proc = cli("eval", "--model", ckpt, "--data", data)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["logloss"] == pytest.approx(saved["logloss"])

@@ -92,9 +92,31 @@ def save_model(url: str, model: Model, data: DataFormat, spec: TableSpec, keys: 
     np.savez(buf, keys=keys, values=values)
     with fs.open(f"{path.rstrip('/')}/table.npz", "wb") as f:
         f.write(buf.getbuffer())
-    meta = {"format": "paramserver-model-1", "model": asdict(model), "table": spec.to_wire(),
-            "data": asdict(data) | {"skip_bad": False, "cache_dir": ""}}
+    meta = {"format": "paramserver-model-1", **model_meta(model, data), "table": spec.to_wire()}
     write_text(f"{url.rstrip('/')}/model.json", json.dumps(meta, indent=1))  # last: a model folder is whole
+
+
+def model_meta(model: Model, data: DataFormat) -> dict[str, Any]:
+    """What predict and eval need besides the table: the model and the data format."""
+    return {"model": asdict(model), "data": asdict(data) | {"skip_bad": False, "cache_dir": ""}}
+
+
+def _from_checkpoint(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """A training checkpoint (a folder of steps, or one step) as a saved model: its meta and
+    the model table's keys and rows (every file checked against its manifest)."""
+    from paramserver import checkpoint as ckpt
+
+    step = ckpt.resolve_step(url)
+    manifest = ckpt.read_manifest(step)
+    meta = manifest.get("train")
+    if not isinstance(meta, dict):
+        raise DataError(f"{step} was not written by paramserver train --checkpoint-dir (no model or data "
+                        "format in its manifest); restore it with Client.restore")
+    name = Model(**meta["model"]).table
+    parts = [ckpt.read_vnode(ckpt.entry_path(step, e), e) for e in manifest["files"].get(name, {}).values()]
+    keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
+    rows = np.concatenate([r for _, r in parts]) if parts else np.zeros((0, 1), np.float32)
+    return {**meta, "table": manifest["tables"][name]}, keys, rows
 
 
 class LocalModel:
@@ -102,6 +124,14 @@ class LocalModel:
 
     def __init__(self, url: str):
         fs, path = _fs(url, "--model")
+        if not fs.exists(f"{path.rstrip('/')}/model.json"):  # a training checkpoint, maybe
+            from paramserver.checkpoint import MANIFEST
+            if fs.exists(f"{path.rstrip('/')}/{MANIFEST}") or any(
+                    fs.exists(f"{p.rstrip('/')}/{MANIFEST}") for p in (fs.ls(path, detail=False)
+                                                                       if fs.isdir(path) else [])):
+                meta, keys, values = _from_checkpoint(url)
+                self._load(meta, keys, values)
+                return
         try:
             with fs.open(f"{path.rstrip('/')}/model.json", "r") as f:
                 meta = json.load(f)
@@ -113,11 +143,14 @@ class LocalModel:
                             "save one with paramserver train --save DIR") from None
         except (ValueError, KeyError, OSError) as exc:
             raise DataError(f"{url}: the model files are damaged ({exc})") from None
+        self._load(meta, keys, values)
+
+    def _load(self, meta: dict[str, Any], keys: np.ndarray, values: np.ndarray) -> None:
         self.model = Model(**meta["model"])
         self.data = DataFormat(**meta["data"])
         spec = TableSpec.from_wire(meta["table"])
         self.table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed)
-        self.table.load(keys, values)
+        self.table.load(keys, np.ascontiguousarray(values[:, :spec.dim]))  # a checkpoint's rows carry state too
 
     def predict(self, batch: Batch) -> np.ndarray:
         uniq, inverse = batch.unique()

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from paramserver import checkpoint
-from paramserver.apps.modelfile import check_output, metrics, save_model
+from paramserver.apps.modelfile import check_output, metrics, model_meta, save_model
 from paramserver.apps.models import Model
 from paramserver.client.client import Client
 from paramserver.data.reader import (Batch, DataFormat, Shard, _concat, _slice, make_shards,
@@ -323,6 +323,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     shards = make_shards(data, shard_bytes)
     spec = cfg.table_spec()
     job_checkpoints = _checkpoint_option(checkpoint_dir, checkpoint_every, len(shards))
+    if job_checkpoints is not None:  # eval and predict read a checkpoint with these
+        job_checkpoints["meta"] = model_meta(cfg.model, cfg.data)
     step, progress = _resume_point(resume, shards, spec, cfg, data, shard_bytes) if resume else (None, None)
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training

@@ -79,6 +79,7 @@ class _JobCheckpoints:
     written: list[str] = field(default_factory=list)
     abandoned: int = 0
     failures: list[str] = field(default_factory=list)  # why each abandoned checkpoint failed
+    meta: dict[str, Any] = field(default_factory=dict)  # the job's own words for its manifests (model, data)
 
     @classmethod
     def from_wire(cls, w: Any) -> _JobCheckpoints:
@@ -88,7 +89,10 @@ class _JobCheckpoints:
                 or isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0):
             raise ConfigError(f"job_start checkpoint must be {{url: str, every: int >= 1, timeout_s: "
                               f"number > 0}}, got {w!r}")
-        return cls(w["url"], every, float(timeout_s))
+        meta = w.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ConfigError(f"job_start checkpoint meta must be a map, got {meta!r}")
+        return cls(w["url"], every, float(timeout_s), meta=meta)
 
 
 @dataclass
@@ -828,7 +832,7 @@ class SchedulerNode:
             return
         manifest = checkpoint.assemble_manifest(
             list(op.replies.values()), ring.to_wire(), {n: s.to_wire() for n, s in self.tables.items()},
-            job={"shards": job.shards, "epochs": job.epochs, **job.snapshot()})
+            job={"shards": job.shards, "epochs": job.epochs, **job.snapshot()}, **({"train": ckpt.meta} if ckpt.meta else {}))
         try:
             checkpoint.write_manifest(ckpt.step, manifest)
         except Exception as exc:
