@@ -9,3 +9,24 @@ def push_ones(client):
     client.push("by-hand", keys, -np.ones((100, 2), np.float32)).result(timeout=30)
     client.barrier(timeout_s=30)
     return "pushed"
+
+
+def train_a9a(client):
+    """One worker trains a9a end to end (table, job, pass, test log loss): the multi-host test."""
+    import os
+
+    from paramserver.apps.modelfile import metrics
+    from paramserver.apps.models import Model
+    from paramserver.apps.train import TrainConfig, score, train_worker
+    from paramserver.data.reader import DataFormat, make_shards, read_all
+
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"))
+    spec = cfg.table_spec()
+    client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                        key_bits=spec.key_bits)
+    client.start_job(make_shards([os.environ["A9A_TRAIN"]]), 1)
+    done = train_worker(client, cfg)
+    batch = read_all([os.environ["A9A_TEST"]], cfg.data)
+    logloss = metrics(batch.labels, score(client, cfg.model, batch))["logloss"]
+    servers = sorted(client.cluster_info()["servers"].values())
+    return f"examples={done['examples']} logloss={logloss:.4f} servers={','.join(servers)}"
