@@ -314,3 +314,25 @@ def test_eval_and_predict_read_a_training_checkpoint(tmp_path):
     assert saved == checkpointed
     proc = cli("eval", "--model", ckpt, "--data", data)
     assert proc.returncode == 0 and json.loads(proc.stdout)["logloss"] == pytest.approx(saved["logloss"])
+
+
+def test_train_and_predict_read_standard_input(tmp_path):
+    """Issue 12 friction: --data - (VW users pipe into it)."""
+    data = tmp_path / "d.tsv"
+    write_synth(str(data), 2000, seed=3)
+    text = data.read_text()
+    model, report = tmp_path / "model", tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", "-", "--quiet", "--save", str(model),
+                           "--metrics-out", str(report), "--epochs", "2"], input=text, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(report.read_text())["examples"] == 4000  # read once, trained twice
+    unlabeled = "".join(line.split("\t", 1)[1] + "\n" for line in text.splitlines())
+    out = tmp_path / "p.txt"
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "predict", "--model", str(model), "--data", "-",
+                           "--out", str(out)], input=unlabeled, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(out.read_text().splitlines()) == 2000
+    empty = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", "-"], input="",
+                           capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 2 and "standard input is empty" in empty.stderr

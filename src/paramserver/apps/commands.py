@@ -10,6 +10,8 @@ import argparse
 import json
 import math
 import os
+import shutil
+import sys
 import tempfile
 from typing import Any, Callable
 
@@ -137,7 +139,20 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
 
 
 def train(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]) -> int:
-    _train(args, parse_optimizer(args.optimizer), args.data, args.test, _fmt(args))
+    optimizer = parse_optimizer(args.optimizer)
+    if "-" not in args.data:
+        _train(args, optimizer, args.data, args.test, _fmt(args))
+        return 0
+    # --data -: standard input is spooled to a temporary file first, since the workers (other
+    # processes) read the data, by shards, and every epoch reads it again
+    with tempfile.TemporaryDirectory(prefix="paramserver-stdin-") as tmp:
+        spool = os.path.join(tmp, "stdin")
+        with open(spool, "wb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+        if os.path.getsize(spool) == 0:
+            raise ConfigError("--data -: standard input is empty; pipe the training data in")
+        args.data = [spool if p == "-" else p for p in args.data]
+        _train(args, optimizer, args.data, args.test, _fmt(args))
     return 0
 
 

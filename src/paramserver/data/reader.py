@@ -18,6 +18,7 @@ import json
 import lzma
 import os
 import queue
+import sys
 import threading
 import zlib
 from collections import deque
@@ -32,6 +33,7 @@ from paramserver.errors import ConfigError, ParamServerError
 from paramserver.routing.partition import unique_inverse
 
 FORMATS = ("criteo", "libsvm", "avazu", "csv")
+STDIN = "-"  # --data -: standard input
 CHUNK_BYTES = 4 << 20
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 
@@ -155,6 +157,9 @@ def make_shards(paths: list[str], shard_bytes: int = 64 << 20) -> list[Shard]:
         raise ConfigError(f"--shard-mb must be > 0 (megabytes of input per shard), got {shard_bytes / (1 << 20):g}")
     shards = []
     for path in expand(paths):
+        if path == STDIN:  # one shard, read once, in order
+            shards.append(Shard(path, 0, -1))
+            continue
         size = _check_exists(path)
         if path.endswith(COMPRESSED) or size <= shard_bytes:
             shards.append(Shard(path, 0, -1))
@@ -168,11 +173,13 @@ def sniff_unlabeled(path: str, fmt: DataFormat) -> bool:
     """Whether ``path``'s first line has no label: 39 tab-separated fields in a Criteo file
     (its test.txt), a first token ``index:value`` in a LIBSVM one.  (Training and
     evaluation need labels; ``predict`` scores either.)"""
-    if fmt.name not in ("criteo", "libsvm") or path == "-":
+    if fmt.name not in ("criteo", "libsvm"):
         return False
-    fs, p = _filesystem(path)
-    with fsspec.open(path, "rb", compression="infer") as f:
-        head = f.read(1 << 16)
+    if path == STDIN:
+        head = sys.stdin.buffer.peek(1 << 16)  # buffered, not consumed
+    else:
+        with fsspec.open(path, "rb", compression="infer") as f:
+            head = f.read(1 << 16)
     line = next((x for x in head.split(b"\n") if x.strip()), b"")
     if fmt.name == "criteo":
         return line.rstrip(b"\r").count(b"\t") == parse.CRITEO_FIELDS - 2
@@ -401,10 +408,11 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) ->
     Criteo's are ``batch_size`` but the last)."""
     path = shard.path
     try:
-        f = fsspec.open(path, "rb", compression="infer").open()
+        f = _Unclosed(sys.stdin.buffer) if path == STDIN else fsspec.open(path, "rb", compression="infer").open()
     except FileNotFoundError:
         raise DataError(f"no such file: {path}") from None
     stats.setdefault("bytes", 0)
+    carry = b""  # bytes read ahead that are data (standard input cannot seek back)
     with f:
         pos = shard.start
         if fmt.name in ("csv", "avazu"):  # the header: the file's first line, wherever the shard starts
@@ -413,7 +421,10 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) ->
                                      fmt.ignore_columns)
             parser: Any = _CsvParser(fmt, batch_size, columns)
             pos = max(pos, len(header) if columns.header else 0)
-            f.seek(pos)
+            if path != STDIN:
+                f.seek(pos)
+            elif not columns.header:
+                carry = header
         else:
             parser = (_CriteoParser if fmt.name == "criteo" else _LibsvmParser)(fmt, batch_size)
         if 0 < pos == shard.start:  # the line straddling start belongs to the previous shard
@@ -421,7 +432,8 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) ->
             skipped = f.readline()
             pos = shard.start - 1 + len(skipped)
         end = shard.end if shard.end >= 0 else None
-        buf, have = bytearray(CHUNK_BYTES), 0  # buf[:have]: read, not parsed; starts at file offset pos
+        buf, have = bytearray(max(CHUNK_BYTES, 2 * len(carry))), len(carry)  # buf[:have]: read, not parsed;
+        buf[:have] = carry  # it starts at file offset pos
         eof, added = False, 0
         while not eof and (end is None or pos < end):
             if have == len(buf):  # a line longer than the buffer: grow it
@@ -472,6 +484,28 @@ def _what_is_wrong(fmt: DataFormat, err: int, columns: csv.Columns | None) -> st
     return parse.ERRORS[err]
 
 
+class _Unclosed:
+    """Standard input as the reader uses a file (``with``, ``readinto``, ``readline``), left open."""
+
+    def __init__(self, raw: Any):
+        self.raw = raw
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def readinto(self, view: memoryview) -> int:
+        return self.raw.readinto(view)
+
+    def readline(self) -> bytes:
+        return self.raw.readline()
+
+    def seek(self, pos: int) -> None:
+        raise DataError("standard input cannot be read from the middle: pass a file to split it into shards")
+
+
 def _read_into(f: Any, view: memoryview, path: str, offset: int) -> int:
     """``f.readinto``, with a damaged compressed file named, not a bare zlib traceback."""
     try:
@@ -489,8 +523,8 @@ def _raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, bas
     text = bytes(arr[at:stop]).decode("utf-8", errors="replace")
     if len(text) > 200:
         text = text[:200] + "..."
-    line = _line_number(shard.path, base + at)
-    first = line == 1 or (fmt.name in ("csv", "avazu") and line == 2)
+    line = _line_number(shard.path, base + at) if shard.path != STDIN else f"byte {base + at}"
+    first = line == 1 or (fmt.name in ("csv", "avazu") and line == 2) or line == "byte 0"
     fix = (f"is the file really in this format? (--format {'|'.join(FORMATS)})" if first else
            "fix or drop the line, or pass --skip-bad-lines to skip and count such lines")
     if err == parse.ERR_LABEL and fmt.name == "libsvm" and first:
