@@ -3,7 +3,7 @@ import paramserver
 
 def test_public_names_are_pinned():
     assert sorted(paramserver.__all__) == sorted([
-        "Client", "LocalCluster", "run", "Config", "TableSpec", "Ring",
+        "Client", "LocalCluster", "run", "load_model", "Config", "TableSpec", "Ring",
         "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "Zeros", "Normal", "Uniform",
         "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
         "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError", "DataLossError",

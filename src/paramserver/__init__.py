@@ -10,6 +10,7 @@ General layout:
     apps/        jobs built on the API (the demo)
 """
 
+from paramserver.apps.modelfile import load_model
 from paramserver.client.client import Client
 from paramserver.cluster.local import LocalCluster, run
 from paramserver.config import Config
@@ -22,7 +23,7 @@ from paramserver.server.optim import FTRL, SGD, AdaGrad, Adam, FtrlAdagrad, Norm
 from paramserver.spec import TableSpec
 
 __all__ = [
-    "Client", "LocalCluster", "run", "Config", "TableSpec", "Ring",
+    "Client", "LocalCluster", "run", "load_model", "Config", "TableSpec", "Ring",
     "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "Zeros", "Normal", "Uniform",
     "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
     "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError", "DataLossError",

@@ -25,8 +25,10 @@ from typing import Any
 import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
+from numba import njit
 
 from paramserver.apps.models import Model, auc, logloss
+from paramserver.data.parse import feature_key
 from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, expand, read_all, read_batches,
                                      sniff_unlabeled)
 from paramserver.errors import ConfigError
@@ -119,8 +121,40 @@ def _from_checkpoint(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     return {**meta, "table": manifest["tables"][name]}, keys, rows
 
 
+@njit(nogil=True, cache=True)
+def _feature_keys(indices, mask):
+    out = np.empty(indices.shape[0], np.uint64)
+    for i in range(indices.shape[0]):
+        out[i] = feature_key(1, indices[i], mask)
+    return out
+
+
+def rows_to_batch(X: Any, hash_bits: int) -> Batch:
+    """A dense or scipy sparse ``X`` as a ``Batch`` of LIBSVM features (column j -> index j+1),
+    a bias key first, as the LIBSVM reader makes them."""
+    import scipy.sparse as sp  # scikit-learn's dependency: only a matrix input needs it
+
+    csr = sp.csr_matrix(X, dtype=np.float32)
+    csr.eliminate_zeros()
+    mask = np.uint64(0 if hash_bits in (0, 64) else (1 << hash_bits) - 1)
+    indptr = np.concatenate([[0], np.cumsum(np.diff(csr.indptr) + 1)]).astype(np.int64)
+    keys = np.empty(indptr[-1], np.uint64)
+    vals = np.ones(indptr[-1], np.float32)
+    first = np.zeros(indptr[-1], bool)
+    first[indptr[:-1]] = True
+    keys[first] = feature_key(0, np.uint64(0), mask)
+    keys[~first] = _feature_keys(csr.indices.astype(np.uint64) + np.uint64(1), mask)
+    vals[~first] = csr.data
+    return Batch(np.zeros(csr.shape[0], np.float32), indptr, keys, vals)
+
+
 class LocalModel:
-    """A saved model, loaded in this process (no cluster)."""
+    """A saved model (or a training checkpoint), loaded in this process (no cluster):
+    ``paramserver.load_model(path)``.
+
+    ``predict_proba(X)``: X is a file or a list of files (in the model's data format, labels
+    optional), a ``Batch``, or, for a LIBSVM model, a dense or scipy sparse matrix whose
+    column j is feature j + 1.  ``predict(X)``: 0/1 at probability 0.5."""
 
     def __init__(self, url: str):
         fs, path = _fs(url, "--model")
@@ -152,11 +186,36 @@ class LocalModel:
         self.table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed)
         self.table.load(keys, np.ascontiguousarray(values[:, :spec.dim]))  # a checkpoint's rows carry state too
 
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """The probability of label 1 for every row of ``X`` (see the class)."""
+        if isinstance(X, Batch):
+            return self.predict(X)
+        if isinstance(X, (str, os.PathLike)) or (isinstance(X, (list, tuple)) and X and isinstance(X[0], str)):
+            files = [os.fspath(X)] if isinstance(X, (str, os.PathLike)) else list(X)
+            parts = [self.predict(b) for f in expand(files)
+                     for b in read_batches(Shard(f, 0, -1), replace(self.data, unlabeled=sniff_unlabeled(f, self.data)),
+                                           1 << 16)]
+            return np.concatenate(parts) if parts else np.zeros(0)
+        if self.data.name != "libsvm":
+            raise DataError(f"this model reads {self.data.name} rows: pass files (or a Batch), not a matrix; a "
+                            "matrix's columns are LIBSVM features")
+        return self.predict(rows_to_batch(X, self.data.hash_bits))
+
+    def predict_labels(self, X: Any) -> np.ndarray:
+        return (self.predict_proba(X) > 0.5).astype(np.int8)
+
     def predict(self, batch: Batch) -> np.ndarray:
+        """Probabilities of a parsed ``Batch``."""
         uniq, inverse = batch.unique()
         rows = np.empty((uniq.shape[0], self.model.dim), np.float32)
         self.table.lookup(uniq, rows)
         return self.model.predict(batch, inverse, rows)
+
+
+def load_model(path: str) -> LocalModel:
+    """A model saved by ``paramserver train --save DIR`` (or a training checkpoint), to
+    score with ``predict_proba``; no cluster needed."""
+    return LocalModel(path)
 
 
 def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
