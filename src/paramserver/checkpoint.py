@@ -121,7 +121,11 @@ def read_vnode(path: str, entry: list | None = None) -> tuple[np.ndarray, np.nda
     expect_bytes = int(entry[3]) if entry is not None and len(entry) == 4 else None
     try:
         with fsspec.open(path, "rb") as f:
-            body = f.read(expect_bytes + 1) if expect_bytes is not None else f.read()
+            if expect_bytes is None:  # a first-format entry: bounded by the file's own size (a device says 0)
+                fs, inner = fsspec.core.url_to_fs(path)
+                body = f.read(int(fs.size(inner) or 0) + 1)
+            else:
+                body = f.read(expect_bytes + 1)
         if expect_bytes is not None:
             if len(body) != expect_bytes:
                 raise CheckpointError(f"checkpoint file {path} has {'more than ' if len(body) > expect_bytes else ''}"

@@ -67,7 +67,7 @@ class PSClassifier(ClassifierMixin, BaseEstimator):
     def predict_proba(self, X: Any) -> np.ndarray:
         check_is_fitted(self, "model_")
         X = validate_data(self, X, reset=False, accept_sparse="csr", dtype=np.float32)
-        p = self.model_.predict(rows_to_batch(X, self.hash_bits))
+        p = self.model_.proba(rows_to_batch(X, self.hash_bits))
         return np.column_stack([1.0 - p, p])
 
     def predict(self, X: Any) -> np.ndarray:

@@ -68,4 +68,4 @@ def test_load_model_scores_files_and_matrices(tmp_path):
     model = paramserver.load_model(model_dir)
     from_file, from_matrix = model.predict_proba(path), model.predict_proba(X)
     np.testing.assert_allclose(from_file, from_matrix, rtol=1e-5)  # a matrix's column j is feature j + 1
-    assert ((model.predict_labels(X) == y).mean()) > 0.8
+    assert ((model.predict(X) == y).mean()) > 0.8

@@ -250,8 +250,8 @@ def test_a_model_saved_to_an_fsspec_url_loads_and_predicts_the_same(tmp_path):
     run_training(cfg, [train], [], servers=1, workers=1, save=str(tmp_path / "model"))
     assert not os.path.exists("memory:")  # not a local folder named after the scheme
     batch = read_all([train], cfg.data)
-    np.testing.assert_array_equal(LocalModel("memory://paramserver-test/model").predict(batch),
-                                  LocalModel(str(tmp_path / "model")).predict(batch))
+    np.testing.assert_array_equal(LocalModel("memory://paramserver-test/model").proba(batch),
+                                  LocalModel(str(tmp_path / "model")).proba(batch))
 
 
 def test_help_shows_defaults_and_version_is_there():

@@ -154,7 +154,8 @@ class LocalModel:
 
     ``predict_proba(X)``: X is a file or a list of files (in the model's data format, labels
     optional), a ``Batch``, or, for a LIBSVM model, a dense or scipy sparse matrix whose
-    column j is feature j + 1.  ``predict(X)``: 0/1 at probability 0.5."""
+    column j is feature j + 1.  ``predict(X)``: 0/1 at probability 0.5.  ``proba(batch)``: the
+probabilities of a parsed ``Batch``."""
 
     def __init__(self, url: str):
         fs, path = _fs(url, "--model")
@@ -189,22 +190,23 @@ class LocalModel:
     def predict_proba(self, X: Any) -> np.ndarray:
         """The probability of label 1 for every row of ``X`` (see the class)."""
         if isinstance(X, Batch):
-            return self.predict(X)
+            return self.proba(X)
         if isinstance(X, (str, os.PathLike)) or (isinstance(X, (list, tuple)) and X and isinstance(X[0], str)):
             files = [os.fspath(X)] if isinstance(X, (str, os.PathLike)) else list(X)
-            parts = [self.predict(b) for f in expand(files)
+            parts = [self.proba(b) for f in expand(files)
                      for b in read_batches(Shard(f, 0, -1), replace(self.data, unlabeled=sniff_unlabeled(f, self.data)),
                                            1 << 16)]
             return np.concatenate(parts) if parts else np.zeros(0)
         if self.data.name != "libsvm":
             raise DataError(f"this model reads {self.data.name} rows: pass files (or a Batch), not a matrix; a "
                             "matrix's columns are LIBSVM features")
-        return self.predict(rows_to_batch(X, self.data.hash_bits))
+        return self.proba(rows_to_batch(X, self.data.hash_bits))
 
-    def predict_labels(self, X: Any) -> np.ndarray:
+    def predict(self, X: Any) -> np.ndarray:
+        """0/1 for every row of ``X``: probability above 0.5."""
         return (self.predict_proba(X) > 0.5).astype(np.int8)
 
-    def predict(self, batch: Batch) -> np.ndarray:
+    def proba(self, batch: Batch) -> np.ndarray:
         """Probabilities of a parsed ``Batch``."""
         uniq, inverse = batch.unique()
         rows = np.empty((uniq.shape[0], self.model.dim), np.float32)
@@ -234,7 +236,7 @@ def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = Fal
         for file in expand(data):
             file_fmt = replace(fmt, unlabeled=sniff_unlabeled(file, fmt))  # test files often have no label
             for batch in read_batches(Shard(file, 0, -1), file_fmt, 1 << 16):
-                np.savetxt(f, model.predict(batch), fmt="%.6f")
+                np.savetxt(f, model.proba(batch), fmt="%.6f")
                 n += len(batch)
     if n == 0:
         raise DataError(f"no examples in {', '.join(data)}")
@@ -247,4 +249,4 @@ def evaluate(model_dir: str, data: list[str], skip_bad: bool = False,
     model = LocalModel(model_dir)
     fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad} | (overrides or {})))
     batch = read_all(data, fmt)
-    return metrics(batch.labels, model.predict(batch))
+    return metrics(batch.labels, model.proba(batch))
