@@ -80,8 +80,10 @@ def _report_table(report: dict[str, Any]) -> Table:
                                    "restarted from initial values (--allow-loss)")
     c = report.get("consistency")
     if c:
-        table.add_row("staleness seen (clocks: pulls)",
-                      " ".join(f"{k}:{v}" for k, v in c["staleness_histogram"].items()) or "-")
+        hist = sorted(c["staleness_histogram"].items(), key=lambda kv: int(kv[0]))
+        shown = " ".join(f"{k}:{v}" for k, v in hist[:8]) + (f" … ({len(hist) - 8} more, max {hist[-1][0]})"
+                                                               if len(hist) > 8 else "")
+        table.add_row("staleness seen (clocks: pulls)", shown or "-")
         table.add_row("pulls parked", f"{c['parked_pulls']:,} ({c['parked_seconds']:.2f} s)")
     return table
 
