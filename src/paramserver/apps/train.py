@@ -484,33 +484,3 @@ def _resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: TrainConf
         raise ConfigError(f"--resume {step}: the checkpoint is in epoch {epoch + 1} of the job, but --epochs "
                           f"is {cfg.epochs}; pass --epochs {job.get('epochs')} (or more)")
     return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples") if k in job}
-
-
-def warm_up() -> None:
-    """Load (or compile) the training kernels on tiny inputs, so a job's first batches
-    do not pay for it: worker processes call this when they start."""
-    import tempfile
-
-    from paramserver.routing.partition import route_pull, route_push, scatter_rows
-    from paramserver.routing.ring import Ring
-    from paramserver.wire.message import Op, decode, encode
-
-    line = "1\t" + "\t".join(["1"] * 13 + ["a1b2c3d4"] * 26) + "\n"
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, text in (("criteo", line), ("libsvm", "1 3:1 7:0.5\n")):
-            path = os.path.join(tmp, name)
-            with open(path, "w") as f:
-                f.write(text * 3)
-            batch = read_all([path], DataFormat(name))
-            uniq, inverse = batch.unique()
-            for model in (Model("lr"), Model("fm", k=2)):
-                rows = np.zeros((uniq.size, model.dim), np.float32)
-                grads, _ = model.step(batch, inverse, rows)
-                model.predict(batch, inverse, rows)
-                route_push(Ring.create([1]), uniq, grads)
-                route_push(Ring.create([1]), uniq, grads, distinct=True)
-            routed = route_pull(Ring.create([1]), uniq)
-            # a pull's reply is scattered from a received (read-only) frame
-            frames = encode({"op": Op.OK.value}, [np.zeros((uniq.size, 1), np.float32)])
-            (vals,) = decode([bytes(f) for f in frames]).arrays
-            scatter_rows(vals, routed.order, np.empty((uniq.size, 1), np.float32))

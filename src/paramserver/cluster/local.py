@@ -40,6 +40,7 @@ from paramserver.client.client import Client
 from paramserver.config import load_config
 from paramserver.data.reader import DataError
 from paramserver.errors import ClosedError, ConfigError, ConnectError, WorkerError
+from paramserver.warm import warm_all
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,8 @@ class LocalCluster:
                                       "--workers", str(self.n_workers),
                                       "--vnodes-per-server", str(self.vnodes_per_server),
                                       "--address-file", addr_file])
+            if self._fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
+                warm_all()
             self.address = self._wait_for_file(addr_file, self.procs["scheduler"])
             for i in range(self.n_servers):
                 self._spawn(f"server-{i}", ["server", "--scheduler", self.address])

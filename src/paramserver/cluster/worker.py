@@ -64,12 +64,12 @@ def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
 
 
 def main(config: Config, fn: str | None, control_fds: str | None) -> int:
-    from paramserver.apps.train import warm_up
+    from paramserver.warm import warm_worker
 
     if not control_fds and not fn:
         raise ConfigError("a worker needs --fn package.module:function to run")
     function = load_function(fn) if fn else None  # a bad --fn is said now, before connecting
-    warm_up()  # before registering: a job's clock starts once workers are ready
+    warm_worker()  # before registering: a job's clock starts once workers are ready
     with Client(config=config, role="worker") as client:
         logger.info("worker rank %d (node %d) connected", client.rank, client.node_id)
         if control_fds:

@@ -42,6 +42,7 @@ from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, expect, field, reply
 from paramserver.logutil import Throttled
 from paramserver.wire.sockets import advertised, bind_router, connect_dealer, send
+from paramserver.warm import warm_server
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class ServerNode:
                            "right? (--scheduler / PARAMSERVER_SCHEDULER)")
 
     def run(self) -> None:
-        _warm_up()
+        warm_server()
         self.register()
         beats = threading.Thread(target=self._heartbeats, name="paramserver-heartbeat", daemon=True)
         beats.start()
@@ -785,22 +786,6 @@ class ServerNode:
                      clocks={str(k): v for k, v in self.gate.vector.clocks.items()},
                      min_clock=None if math.isinf(self.gate.vector.min()) else int(self.gate.vector.min()),
                      consistency=self.gate.telemetry(), rss_bytes=_rss_bytes())
-
-
-def _warm_up() -> None:
-    """Compile the table kernels for the array types requests bring (read-only frames)
-    before registering, so the first real request is not slowed by the JIT."""
-    from paramserver.server.optim import SGD, Zeros
-
-    n = 64  # enough keys to make the vnode grow: growth has kernels of its own
-    frames = encode({"op": Op.PUSH.value}, [np.arange(1, n + 1, dtype=np.uint64), np.ones((n, 1), np.float32),
-                                            np.zeros(1, np.int32), np.array([n], np.int64)])
-    keys, grads, vnodes, counts = decode([bytes(f) for f in frames]).arrays  # read-only, as requests
-    for bits in (0, 8):  # hash and dense layouts
-        table = VnodeSet(TableSpec("warm-up", optimizer=SGD(), initializer=Zeros(), key_bits=bits), 1, [0])
-        table.check(vnodes, counts, keys)
-        table.apply(vnodes, counts, keys, grads)
-        table.lookup(vnodes, counts, keys, np.empty((n, 1), np.float32))
 
 
 def _rss_bytes() -> int:

@@ -21,8 +21,9 @@ a key is its position (``hashing.dense_pos``) minus the vnode's first position, 
 extra last column is 1 once the key is stored (``width + 1`` is 4 floats for dim-1 FTRL:
 one aligned 16-byte row).  No keys, no probing, no growth: a read or an update is one
 memory access where the hash table needs two or more.  The array is mapped whole when
-the vnode is created (``zeroed_rows``): no page faults on the hot path, and a dense
-table's memory is known up front.
+the vnode is created (``memory.zeroed_rows``, which has a background thread map its
+pages): a dense table's memory is known up front, and its page faults stay off the
+hot path.
 
 Every kernel prefetches the row (hash: the home slot) of the key ``PREFETCH_AHEAD``
 keys on, so the cache misses of a request overlap.  ``bench/table.py`` (pull of batch
@@ -33,14 +34,13 @@ prefetching, 35 + 66 with; dense 36 + 87 without, 11 + 29 with.
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
 from numba import njit
 from numba.typed import List
 
 from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_keys_of, dense_pos, dense_range, hash64, slot_of_hash, vnode_of_key
+from paramserver.server.memory import available_memory, zeroed_rows
 from paramserver.server.optim import init_row, init_value, update_row
 from paramserver.intrinsics import prefetch_row
 
@@ -328,42 +328,6 @@ def _dense_load(rows, meta, start, keys, src_rows, bits):
 
 
 _NO_KEYS = np.zeros(0, np.uint64)
-PAGE = 4096
-
-
-def available_memory() -> int:
-    """Bytes this machine can still give (``MemAvailable``), 0 where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def zeroed_rows(n: int, width: int) -> np.ndarray:
-    """``float32[n, width]`` of zeros with every page mapped now.
-
-    A dense vnode is allocated whole when it is created: its memory is known (and
-    refused) up front, and its page faults do not land in the pushes.  Left to the first
-    touch, a 2**24-row dim-1 FTRL table took 65 536 faults, ~0.35 s of server time in a
-    1e6-row job on this VM (~5 µs a fault).  ``MAP_POPULATE`` has the kernel map and zero
-    every page in one call: 256 MiB in 0.06 s, against 0.3–0.6 s touching each page from
-    here (where it is missing, the pages are touched).
-    """
-    nbytes = n * width * 4
-    populate = getattr(mmap, "MAP_POPULATE", 0)
-    if populate and nbytes:
-        try:
-            area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-        except OSError as exc:
-            raise MemoryError(f"cannot map {nbytes:,} bytes for a dense vnode: {exc}") from None
-        return np.frombuffer(area, np.float32).reshape(n, width)  # the array keeps the mapping alive
-    rows = np.zeros((n, width), np.float32)
-    rows.reshape(-1)[:: PAGE // 4] = 0  # touch every page
-    return rows
 
 
 class DenseVnode:
