@@ -1,10 +1,11 @@
 # make demo: set up .venv and run the main job on a local cluster
-# make test: set up .venv with the dev extras and run the test suite
+# make test: set up .venv with the dev extras, lint, then run the in-process tests, then the process tests
+# make lint: ruff (style, imports, likely bugs) and mypy (types; strict on the newer modules)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +22,13 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/paramserver demo
 
-test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q
+test: lint
+	$(BIN)/python -m pytest -q --ignore=tests/process
+	$(BIN)/python -m pytest -q tests/process
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m pip install --quiet -e ".[bench]" && $(BIN)/python bench/pushpull.py && $(BIN)/python bench/train.py

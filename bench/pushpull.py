@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python bench/pushpull.py [--json] [--quick]``
 
-For 1 and 2 servers (``--replicas R``: each vnode on R of them), dim 1 and 16, batches of 1e3, 1e5 and 1e6 random uint64 keys, one
+For 1 and 2 servers (``--replicas R``: each vnode on R of them), dim 1 and 16, batches of 1e3, 1e5 and 1e6
+random uint64 keys, one
 client (in this process) issues pulls, then pushes, against keys that already exist.
 ``--window W`` keeps W requests in flight (default 1: issue, wait, issue: the same loop
 as ps-lite's benchmark, which waits on every request).  Bytes counted are the payload:
@@ -59,8 +60,8 @@ def throughput_rows(servers: int, batches: list[int], dims: list[int], window: i
                 grads = rng.standard_normal((n, dim)).astype(np.float32) * 1e-3
                 client.push(table, keys, grads).result(timeout=120)  # keys exist: steady state
                 budget = 2e6 if quick else 2e7
-                for op, fn in (("pull", lambda: client.pull(table, keys)),
-                               ("push", lambda: client.push(table, keys, grads))):
+                for op, fn in (("pull", lambda t=table, k=keys: client.pull(t, k)),
+                               ("push", lambda t=table, k=keys, g=grads: client.push(t, k, g))):
                     kps = measure(fn, n, budget, 3.0 if quick else 10.0, window)
                     rows.append({"op": op, "keys": n, "dim": dim, "servers": servers,
                                  "replicas": min(replicas, servers),

@@ -99,7 +99,8 @@ def prepare(tmp: str, sets: list[str]) -> dict[str, dict]:
         elif name == "criteo":
             c = os.path.join(DATA, "criteo")
             tr = _lines(f"{c}/criteo_kaggle_wideresdnn_train.tsv.gz")
-            te = _lines(f"{c}/criteo_kaggle_wideresdnn_dev.tsv.gz") + _lines(f"{c}/criteo_kaggle_wideresdnn_test.tsv.gz")
+            te = (_lines(f"{c}/criteo_kaggle_wideresdnn_dev.tsv.gz")
+                  + _lines(f"{c}/criteo_kaggle_wideresdnn_test.tsv.gz"))
             vw = {}
             for conv in ("tokens", "raw"):
                 vw[conv] = (_write(f"{tmp}/criteo.train.{conv}.vw", [_criteo_vw(x, conv == "raw") for x in tr]),

@@ -94,7 +94,8 @@ def main() -> None:
         return
     print(f"{'layout':<7} {'keys':>10} {'create s':>9} {'lookup ns/key':>14} {'update ns/key':>14}")
     for r in rows:
-        print(f"{r['layout']:<7} {r['keys']:>10,} {r['create_s']:>9.3f} {r['lookup_ns']:>14.1f} {r['update_ns']:>14.1f}")
+        print(f"{r['layout']:<7} {r['keys']:>10,} {r['create_s']:>9.3f} {r['lookup_ns']:>14.1f} "
+              f"{r['update_ns']:>14.1f}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ def test_public_names_are_pinned():
         "Client", "LocalCluster", "run", "load_model", "Config", "TableSpec", "Ring",
         "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "Zeros", "Normal", "Uniform",
         "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
-        "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError", "DataLossError",
+        "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError",
+        "DataLossError",
     ])
     for name in paramserver.__all__:
         assert getattr(paramserver, name) is not None

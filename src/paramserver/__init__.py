@@ -14,10 +14,20 @@ from paramserver.apps.modelfile import load_model
 from paramserver.client.client import Client
 from paramserver.cluster.local import LocalCluster, run
 from paramserver.config import Config
-from paramserver.errors import (CheckpointError, ClosedError, ConfigError, ConnectError, DataLossError, NodeLostError,
+from paramserver.errors import (
+                                CheckpointError,
+                                ClosedError,
+                                ConfigError,
+                                ConnectError,
+                                DataLossError,
+                                NodeLostError,
                                 ParamServerError,
-                                ProtocolError, RemoteError, StaleEpochError, UnknownTableError,
-                                WorkerError)
+                                ProtocolError,
+                                RemoteError,
+                                StaleEpochError,
+                                UnknownTableError,
+                                WorkerError,
+)
 from paramserver.routing.ring import Ring
 from paramserver.server.optim import FTRL, SGD, AdaGrad, Adam, FtrlAdagrad, Normal, Uniform, Zeros
 from paramserver.spec import TableSpec
@@ -26,6 +36,7 @@ __all__ = [
     "Client", "LocalCluster", "run", "load_model", "Config", "TableSpec", "Ring",
     "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "Zeros", "Normal", "Uniform",
     "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
-    "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError", "DataLossError",
+    "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError",
+    "DataLossError",
 ]
 __version__ = "0.1.0"

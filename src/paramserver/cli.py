@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="environment: " + ", ".join(ENV), formatter_class=_Help)
     parser.add_argument("--version", action="version", version=f"paramserver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                parser_class=lambda **kw: argparse.ArgumentParser(formatter_class=_Help, **kw))
+                                parser_class=lambda **kw: argparse.ArgumentParser(formatter_class=_Help, **kw))  # type: ignore[call-overload]
 
     p = sub.add_parser("scheduler", help="run the scheduler (membership, ring, tables, barriers)")
     _node_flags(p, bind=True, scheduler=False)

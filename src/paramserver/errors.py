@@ -53,6 +53,8 @@ class RemoteError(ParamServerError):
 class ProtocolError(RemoteError):
     """A message broke the wire protocol (see docs/protocol.md)."""
 
+    request_id: int | str | None = None  # the id of the request it broke, where it could be read
+
 
 class StaleEpochError(ParamServerError):
     """A request was routed with a ring epoch that no longer holds."""

@@ -76,9 +76,8 @@ class PSClassifier(ClassifierMixin, BaseEstimator):
 
 
 def _write_libsvm(path: str, X: Any, labels: np.ndarray) -> None:
-    from sklearn.datasets import dump_svmlight_file  # compiled, and writes what our reader reads
-
     import scipy.sparse as sp
+    from sklearn.datasets import dump_svmlight_file  # compiled, and writes what our reader reads
 
     if sp.issparse(X):  # its writer takes 32-bit indices
         X = sp.csr_matrix(X)

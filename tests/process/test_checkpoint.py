@@ -18,7 +18,7 @@ def fill(client):
     keys = np.concatenate([rng.integers(0, 2**64 - 1, 20_000, dtype=np.uint64, endpoint=True),
                            np.array([0, 2**64 - 1], np.uint64)])
     client.create_table("dense", dim=2, optimizer="adagrad", key_bits=18)  # vnodes are arrays
-    for step in range(3):
+    for _ in range(3):
         client.push("ftrl", keys, rng.standard_normal((keys.size, 1)).astype(np.float32)).result(timeout=60)
         client.push("emb", keys[::2], rng.standard_normal((keys[::2].size, 4)).astype(np.float32)).result(timeout=60)
         client.push("dense", keys[:5000] >> np.uint64(46),
@@ -146,7 +146,7 @@ def test_training_checkpoints_every_n_shards_with_consistent_job_progress(checkp
         progress.append(job["epoch"] * len(shards) + len(job["done"]))
         for table, vnodes in m["files"].items():
             assert table in m["tables"]
-            for vnode, (rel, n_keys, sha, size) in vnodes.items():  # inside the step, with its hash and size
+            for rel, n_keys, sha, size in vnodes.values():  # inside the step, with its hash and size
                 file = os.path.join(step, rel)
                 with open(file, "rb") as f:
                     body = f.read()
@@ -349,10 +349,11 @@ def test_a_checkpoint_that_fails_mid_job_says_why(tmp_path):
     import shutil
     import threading
 
+    from support import wait_for
+
     from paramserver.apps.models import Model
     from paramserver.apps.synth import write_synth
     from paramserver.apps.train import TrainConfig, run_training
-    from support import wait_for
     data, url = str(tmp_path / "d.tsv"), str(tmp_path / "ckpt")
     write_synth(data, 6000, seed=2)
 

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
-from paramserver import (Client, ConfigError, ConnectError, LocalCluster, UnknownTableError,
-                         WorkerError)
+from paramserver import Client, ConfigError, ConnectError, LocalCluster, UnknownTableError, WorkerError
 from paramserver.routing.partition import route_pull
 
 ROUNDS = 15
@@ -21,7 +20,7 @@ EDGE = np.array([0, 2**64 - 1], np.uint64)
 def overlapping_pushes(client, rounds):
     """Each worker pushes integer deltas (exact in float32) to keys that overlap the others'."""
     rng = np.random.default_rng(client.rank)
-    for r in range(rounds):
+    for _ in range(rounds):
         keys = np.concatenate([rng.integers(0, 3000, 4000).astype(np.uint64), EDGE])  # duplicates too
         deltas = rng.integers(-3, 4, (keys.size, 4)).astype(np.float32)
         client.push("sums", keys, -deltas).result(timeout=30)  # sgd lr=1: value -= -delta
@@ -359,7 +358,8 @@ def test_cluster_status_shows_servers_tables_keys_memory_and_workers():
     with LocalCluster(servers=2, workers=1, log_level="WARNING") as cluster:
         cluster.client.create_table("seen", dim=1, optimizer="sgd")
         cluster.client.push("seen", np.arange(300, dtype=np.uint64), np.ones((300, 1), np.float32)).result(timeout=30)
-        proc = subprocess.run([sys.executable, "-m", "paramserver", "cluster", "status", "--scheduler", cluster.address],
+        proc = subprocess.run([sys.executable, "-m", "paramserver", "cluster", "status",
+                               "--scheduler", cluster.address],
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout

@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 import pytest
+from support import wait_for
 
 from paramserver import LocalCluster, WorkerError
-from support import wait_for
 
 D, B, T = 40, 16, 8  # keys, batch per worker, clocks
 
@@ -60,7 +60,7 @@ def test_bsp_with_aggregation_equals_serial_training_on_the_combined_batch(optim
 
 def counter_worker(client, rounds, straggler_s):
     seen = []
-    for c in range(rounds):
+    for _ in range(rounds):
         value = client.pull("counter", [7]).result(timeout=60)[0, 0]
         seen.append((client.current_clock, float(value)))
         if client.rank == 0:

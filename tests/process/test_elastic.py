@@ -7,10 +7,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from support import shared, wait_for
 
 from paramserver import Client, LocalCluster, WorkerError
 from paramserver.data.reader import Shard
-from support import shared, wait_for
+
 
 def count_shards(client):
     """Take shards until the job is done; the first worker holds its first shard until

@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from support import shared, wait_for
 
 from paramserver import LocalCluster
 from paramserver.apps.models import Model
 from paramserver.apps.train import TrainConfig, metrics, score, train_worker
 from paramserver.data.reader import DataFormat, make_shards, read_all
-from support import shared, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,12 +8,12 @@ import threading
 import time
 
 import pytest
+from support import wait_for
 
 from paramserver import DataLossError
 from paramserver.apps.models import Model
 from paramserver.apps.synth import write_synth
 from paramserver.apps.train import TrainConfig, run_training
-from support import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 FAST_DETECTION = {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.5}

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support import shared
 
 pytestmark = pytest.mark.timeout(240)

@@ -7,13 +7,13 @@ import sys
 
 import numpy as np
 import pytest
+from support import shared
 
+from paramserver.apps.modelfile import evaluate, predict_file
 from paramserver.apps.models import Model
 from paramserver.apps.synth import write_synth
-from paramserver.apps.modelfile import evaluate, predict_file
 from paramserver.apps.train import TrainConfig, run_training
 from paramserver.data.reader import DataFormat, make_shards, read_all
-from support import shared
 
 # Vowpal Wabbit 9.11, one pass, --loss_function logistic -b 24, on the same files (issue 11's
 # table, measured 2026-11-23): the defaults must match its log loss and its AUC (less 0.005).

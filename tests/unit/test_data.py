@@ -1,8 +1,8 @@
 """Parsers and the shard reader: every line once, bad lines named, labels mapped."""
 
-from dataclasses import replace
 import gzip
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -186,7 +186,7 @@ def test_criteo_parser_matches_the_rules_on_odd_lines():
         return "\t".join(fields) + pick(["\n", "\r\n"]) + ("\n" if rng.random() < 0.03 else "")
 
     mask, lines = np.uint64((1 << 20) - 1), {"good": 0, "bad": 0}
-    for trial in range(500):
+    for _ in range(500):
         text = "".join(line() for _ in range(rng.integers(1, 6))).encode()
         buf = np.frombuffer(text, np.uint8)
         want = _reference_criteo(text, mask)

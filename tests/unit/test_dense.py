@@ -40,7 +40,8 @@ def test_sequential_ids_spread_evenly_over_the_vnodes():
 
 
 OPTIMIZERS = [("sgd", "zeros", 2), ("adagrad", {"name": "normal", "std": 0.1}, 4),
-              ({"name": "ftrl", "alpha": 0.1, "l1": 0.5}, "zeros", 1), ("adam", {"name": "uniform", "low": -0.2, "high": 0.2}, 3)]
+              ({"name": "ftrl", "alpha": 0.1, "l1": 0.5}, "zeros", 1),
+              ("adam", {"name": "uniform", "low": -0.2, "high": 0.2}, 3)]
 
 
 def _serve(sets, ring, bits, keys, grads=None, dim=1):

@@ -46,7 +46,8 @@ def ref_adam(g_seq, w, lr, b1, b2, eps):
     return w
 
 
-def run_table(opt, init=Zeros(), seed=3):
+def run_table(opt, init=None, seed=3):
+    init = Zeros() if init is None else init
     rng = np.random.default_rng(0)
     keys = rng.integers(0, 2**64 - 1, N, dtype=np.uint64, endpoint=True)
     grads = [rng.standard_normal((N, DIM)).astype(np.float32) for _ in range(STEPS)]

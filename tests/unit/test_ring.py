@@ -103,7 +103,7 @@ def test_plan_moves_copies_only_what_a_new_holder_lacks():
     bigger = ring.with_server(4)
     moves = plan_moves(ring, bigger, {"r1": 1, "r2": 2})
     assert moves and all(dest == 4 for _, _, _, dest in moves)
-    for source, table, v, dest in moves:
+    for source, table, v, _dest in moves:
         assert source == ring.owners[v]
         r = 1 if table == "r1" else 2
         assert 4 in bigger.chains[v, :r] and 4 not in ring.chains[v, :r]

@@ -13,15 +13,16 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from paramserver.apps.modelfile import check_output, evaluate, predict_file, write_text
 from paramserver.apps.models import Model
 from paramserver.apps.synth import write_synth
-from paramserver.apps.modelfile import check_output, evaluate, predict_file, write_text
 from paramserver.apps.train import TrainConfig, check_job, run_training
 from paramserver.data.reader import DataFormat, sniff_label_format
 from paramserver.errors import ConfigError
@@ -35,7 +36,8 @@ def _fmt(args: argparse.Namespace) -> DataFormat:
     if args.format == "libsvm" and not getattr(args, "label_format", None) and args.data:
         label_format = sniff_label_format(args.data[0])
     return DataFormat(args.format, args.hash_bits, label_format, args.skip_bad_lines, getattr(args, "cache", ""),
-                      label_column=getattr(args, "label", ""), ignore_columns=tuple(getattr(args, "ignore_columns", ())),
+                      label_column=getattr(args, "label", ""),
+                      ignore_columns=tuple(getattr(args, "ignore_columns", ())),
                       max_bad_fraction=getattr(args, "max_bad_fraction", 0.01))
 
 

@@ -29,8 +29,7 @@ from numba import njit
 
 from paramserver.apps.models import Model, auc, logloss
 from paramserver.data.parse import feature_key
-from paramserver.data.reader import (Batch, DataError, DataFormat, Shard, expand, read_all, read_batches,
-                                     sniff_unlabeled)
+from paramserver.data.reader import Batch, DataError, DataFormat, Shard, expand, read_all, read_batches, sniff_unlabeled
 from paramserver.errors import ConfigError
 from paramserver.server.optim import SGD, Initializer
 from paramserver.server.table import VnodeTable

@@ -25,9 +25,10 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -35,9 +36,17 @@ from paramserver import checkpoint
 from paramserver.apps.modelfile import check_output, metrics, model_meta, save_model
 from paramserver.apps.models import Model
 from paramserver.client.client import Client
-from paramserver.data.reader import (Batch, DataFormat, Shard, _concat, _slice, make_shards,
-                                     Prefetch,
-                                     read_all, read_batches)
+from paramserver.data.reader import (
+    Batch,
+    DataFormat,
+    Prefetch,
+    Shard,
+    _concat,
+    _slice,
+    make_shards,
+    read_all,
+    read_batches,
+)
 from paramserver.errors import CheckpointError, ConfigError, DataLossError, WorkerError
 from paramserver.routing.hashing import MAX_KEY_BITS
 from paramserver.spec import TableSpec
@@ -363,8 +372,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                 if checkpoint_dir and keep_checkpoints and written > pruned_at:
                     checkpoint.prune(checkpoint_dir, keep_checkpoints)
                     pruned_at = written
-                if test_read is not None and test_read.done() and test_read.exception() is not None:
-                    raise test_read.exception()  # bad test data: stop now, not after the job
+                if test_read is not None and test_read.done() and (bad := test_read.exception()) is not None:
+                    raise bad  # bad test data: stop now, not after the job
                 wait([running], timeout=PROGRESS_EVERY_S)
             per_worker, failed_workers = running.result()  # re-raises a worker's error
         finally:

@@ -14,16 +14,26 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from paramserver.client.io_thread import IOThread
 from paramserver.config import Config, load_config
-from paramserver.errors import (ClosedError, ConfigError, ConnectError, NodeLostError, ParamServerError,
-                                ProtocolError, RemoteError, StaleEpochError, UnknownTableError)
+from paramserver.errors import (
+    ClosedError,
+    ConfigError,
+    ConnectError,
+    NodeLostError,
+    ParamServerError,
+    ProtocolError,
+    RemoteError,
+    StaleEpochError,
+    UnknownTableError,
+)
 from paramserver.routing.partition import route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.spec import TableSpec
@@ -179,6 +189,7 @@ class _Scatter:
             return
         try:
             if exc is None:
+                assert msg is not None, "the I/O thread answers with a message or an error"
                 self.on_piece(piece, msg)
         except Exception as err:
             exc = err
@@ -241,7 +252,8 @@ class Client:
     def _apply_view(self, view: dict[str, Any]) -> None:
         ring = Ring.from_wire(view["ring"])
         with self._lock:
-            if hasattr(self, "_ring") and ring.epoch < self._ring.epoch:
+            old: Ring | None = getattr(self, "_ring", None)
+            if old is not None and ring.epoch < old.epoch:
                 return  # an older view that arrived late
             self._ring = ring
             self._servers = {int(k): v for k, v in view["servers"].items()}
@@ -300,11 +312,15 @@ class Client:
         ``bits`` is the table's ``key_bits``; ``distinct``: a push's keys need no merging."""
         with self._lock:
             ring = self._ring
+        index: np.ndarray  # a pull's destination rows; a push's summed gradients
         if kind is Op.PULL:
             routed = route_pull(ring, keys, bits)
+            assert routed.order is not None
             index = routed.order if extra is None else extra[routed.order]
         else:
+            assert extra is not None, "a push carries its gradients"
             routed = route_push(ring, keys, extra, bits, distinct)
+            assert routed.grads is not None
             index = routed.grads
         return [_Piece(part.server, ring.epoch, routed.keys[part.start:part.stop], index[part.start:part.stop],
                        part.vnodes, part.counts) for part in routed.parts]

@@ -16,15 +16,16 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import zmq
 
 from paramserver.config import Config
 from paramserver.errors import ClosedError, NodeLostError
-from paramserver.wire.message import Message, Op, decode, encode
+from paramserver.wire.message import Message, Op, decode, encode, failed_request
 from paramserver.wire.sockets import connect_dealer, send
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class IOThread(threading.Thread):
     def __init__(self, config: Config):
         super().__init__(name="paramserver-io", daemon=True)
         self.config = config
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context = zmq.Context.instance()
         self._ids = itertools.count(1)
         self._queue: collections.deque[tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None]] = \
             collections.deque()
@@ -227,7 +228,8 @@ class IOThread(threading.Thread):
                 msg = decode(frames, self.config.max_message_bytes)
             except Exception as exc:  # fail the request it answered, when we can tell which
                 logger.warning("undecodable message from %s: %s", self._by_socket.get(sock), exc)
-                call = self._pending.pop(getattr(exc, "request_id", None), None)
+                rid = failed_request(exc)
+                call = self._pending.pop(rid, None) if isinstance(rid, int) else None
                 if call is not None:
                     self._deliver(call, None, exc)
                 continue

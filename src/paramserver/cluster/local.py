@@ -30,9 +30,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Pipe, wait
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 
@@ -414,7 +415,7 @@ class LocalCluster:
                         wake_r.recv_bytes()
                         continue
                     with self._lock:
-                        proc = active.waiting.pop(conn)  # type: ignore[arg-type]
+                        proc = active.waiting.pop(conn)  # type: ignore[call-overload]
                     try:
                         call, status, rank, value = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
                     except EOFError:

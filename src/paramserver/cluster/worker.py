@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 import logging
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 

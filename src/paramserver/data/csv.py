@@ -23,8 +23,18 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.data.parse import (_BIAS, _GOLDEN, _MISSING, CR, ERR_FIELDS, ERR_LABEL, ERR_NONE, NL,
-                                    _bytes_hash, feature_key)
+from paramserver.data.parse import (
+    _BIAS,
+    _GOLDEN,
+    _MISSING,
+    CR,
+    ERR_FIELDS,
+    ERR_LABEL,
+    ERR_NONE,
+    NL,
+    _bytes_hash,
+    feature_key,
+)
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
 

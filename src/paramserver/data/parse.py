@@ -272,7 +272,7 @@ def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end, unlabele
 
 @njit(nogil=True, cache=True)
 def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, keys, vals, line_end, unlabeled=False,
-                 seen=np.zeros(0, np.int64)):
+                 seen=np.zeros(0, np.int64)):  # noqa: B008 (numba: a default must be a constant array)
     """LIBSVM lines ``label idx:val ...`` (1-based idx) → CSR rows with a bias key first.
 
     ``keys``/``vals`` must have room for every feature of ``buf`` plus one a row.

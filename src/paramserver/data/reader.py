@@ -22,8 +22,9 @@ import sys
 import threading
 import zlib
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -176,7 +177,7 @@ def sniff_unlabeled(path: str, fmt: DataFormat) -> bool:
     if fmt.name not in ("criteo", "libsvm"):
         return False
     if path == STDIN:
-        head = sys.stdin.buffer.peek(1 << 16)  # buffered, not consumed
+        head = sys.stdin.buffer.peek(1 << 16)  # type: ignore[union-attr]  # buffered, not consumed
     else:
         with fsspec.open(path, "rb", compression="infer") as f:
             head = f.read(1 << 16)

@@ -20,20 +20,23 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 
 from paramserver import checkpoint
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError, ProtocolError
+from paramserver.logutil import Throttled
 from paramserver.routing.ring import Ring, plan_moves
 from paramserver.scheduler.tasks import TaskQueue
 from paramserver.spec import TableSpec
-from paramserver.wire.message import Message, Op, decode, encode, error_reply, field as hfield, reply
-from paramserver.logutil import Throttled
-from paramserver.wire.sockets import check_endpoint, bind_router, send
+from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
+from paramserver.wire.message import field as hfield
+from paramserver.wire.sockets import bind_router, check_endpoint, send
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +123,7 @@ class SchedulerNode:
 
     def __init__(self, config: Config, on_ready: Callable[[str], None] | None = None):
         self.config = config
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context = zmq.Context.instance()
         self.sock, self.address = bind_router(self.ctx, config.host, config.port, config.max_message_bytes)
         self.nodes: dict[int, NodeInfo] = {}
         self.by_identity: dict[bytes, int] = {}
@@ -210,7 +213,7 @@ class SchedulerNode:
                 self.nodes[node_id].last_seen = time.monotonic()
             self._handle_message(identity, msg)
         except ParamServerError as exc:
-            request_id = getattr(exc, "request_id", request_id)
+            request_id = failed_request(exc, request_id)
             code = "protocol" if isinstance(exc, ProtocolError) else "config"
             self._bad_requests.warning("bad request from %r: %s", identity, exc)
             send(self.sock, error_reply(request_id, code, str(exc)), identity)
@@ -350,7 +353,7 @@ class SchedulerNode:
             target = Ring(self.ring.without_server(node_id).refilled().chains, self.ring.epoch + 1)
             self._start_migration(target, self._plan(target), flip=True, leaving=node_id, requester=requester)
 
-    def _plan(self, target: Ring, dead: set[int] = frozenset()) -> list[tuple[int, str, int, int]]:
+    def _plan(self, target: Ring, dead: AbstractSet[int] = frozenset()) -> list[tuple[int, str, int, int]]:
         """Copies from the current ring to ``target``: unconfirmed copies are redone, and
         servers that are gone hold nothing."""
         assert self.ring is not None
@@ -384,6 +387,7 @@ class SchedulerNode:
         if self.migration is None or msg.header.get("migration") != self.migration.id or node_id is None:
             return  # a migration abandoned since (a server died)
         failed = msg.header.get("failed")
+        assert self.ring is not None, "a migration starts from a ring"
         if failed:  # a receiver refused a copy: do not flip onto it
             m, self.migration = self.migration, None
             logger.error("migration %d failed (%s); the ring stays at epoch %d", m.id, failed, self.ring.epoch)
@@ -410,7 +414,7 @@ class SchedulerNode:
 
     def _finish_migration(self) -> None:
         m, self.migration = self.migration, None
-        assert m is not None
+        assert m is not None and self.ring is not None
         logger.info("migration %d done in %.2f s", m.id, time.monotonic() - m.started)
         self._failed_migrations = 0
         if m.flip:
@@ -832,7 +836,8 @@ class SchedulerNode:
             return
         manifest = checkpoint.assemble_manifest(
             list(op.replies.values()), ring.to_wire(), {n: s.to_wire() for n, s in self.tables.items()},
-            job={"shards": job.shards, "epochs": job.epochs, **job.snapshot()}, **({"train": ckpt.meta} if ckpt.meta else {}))
+            job={"shards": job.shards, "epochs": job.epochs, **job.snapshot()},
+            **({"train": ckpt.meta} if ckpt.meta else {}))
         try:
             checkpoint.write_manifest(ckpt.step, manifest)
         except Exception as exc:

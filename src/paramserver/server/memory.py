@@ -23,6 +23,7 @@ import ctypes.util
 import mmap
 import threading
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -67,7 +68,7 @@ class _Populater:
         self._lock = threading.Lock()
         self._queue: deque[np.ndarray] = deque()
         self._thread: threading.Thread | None = None  # while the queue has arrays
-        self._madvise = None
+        self._madvise: Callable[[int, int, int], int] | None = None
         self.supported: bool | None = None  # known after the first array
 
     def submit(self, rows: np.ndarray) -> bool:
@@ -109,6 +110,7 @@ class _Populater:
                     return
                 rows = self._queue.popleft()
             address, size = rows.ctypes.data, rows.nbytes
+            assert self._madvise is not None, "arrays are queued once the probe found it"
             for offset in range(0, size, CHUNK):
                 self._madvise(address + offset, min(CHUNK, size - offset), MADV_POPULATE_WRITE)
             del rows

@@ -23,26 +23,26 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import zmq
 
-from paramserver.config import Config
-from paramserver.errors import (ConnectError, ParamServerError, ProtocolError, StaleEpochError,
-                                UnknownTableError)
 from paramserver import checkpoint
+from paramserver.config import Config
 from paramserver.consistency.clock import StalenessGate
+from paramserver.errors import ConnectError, ParamServerError, ProtocolError, StaleEpochError, UnknownTableError
+from paramserver.logutil import Throttled
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.server.dedup import Dedup
 from paramserver.server.table import VnodeSet
 from paramserver.spec import TableSpec
-from paramserver.wire.message import Message, Op, decode, encode, error_reply, expect, field, reply
-from paramserver.logutil import Throttled
-from paramserver.wire.sockets import advertised, bind_router, connect_dealer, send
 from paramserver.warm import warm_server
+from paramserver.wire.message import Message, Op, decode, encode, error_reply, expect, failed_request, field, reply
+from paramserver.wire.sockets import advertised, bind_router, connect_dealer, send
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class ServerNode:
             raise ConnectError("no scheduler address: pass --scheduler tcp://HOST:PORT "
                                "or set PARAMSERVER_SCHEDULER")
         self.config = config
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context = zmq.Context.instance()
         self.router, self.address = bind_router(self.ctx, config.host, config.port,
                                                 config.max_message_bytes)
         self.address = advertised(self.address, config.advertise_host, config.scheduler)  # what peers dial
@@ -112,7 +112,7 @@ class ServerNode:
         self.threads = max(1, config.server_threads or os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="paramserver-vnodes") \
             if self.threads > 1 else None
-        self.data_handlers = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
+        self.data_handlers: dict[Op, Callable[..., list[Any] | None]] = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
                               Op.CLOCK: self.on_clock, Op.STATS: self.on_stats,
                               Op.EXPORT: self.on_export, Op.CHECKPOINT: self.on_checkpoint,
                               Op.RESTORE: self.on_restore, Op.REPLICATE: self.on_replicate,
@@ -219,7 +219,7 @@ class ServerNode:
             if answer is not None:  # None: parked by the staleness gate, or waiting for backups
                 send(self.router, answer, identity)
         except ParamServerError as exc:
-            request_id = getattr(exc, "request_id", request_id)
+            request_id = failed_request(exc, request_id)
             logger.debug("refused request %r: %s", request_id, exc)
             send(self.router, error_reply(request_id, _error_code(exc), str(exc),
                                           epoch=self.ring.epoch if self.ring else 0), identity)
@@ -341,9 +341,11 @@ class ServerNode:
         servers = np.unique(per_segment[per_segment >= 0]).tolist()
         if not servers:
             return False
+        assert self.ring is not None, "targets exist once a ring does"
         acks = _Acks(identity, msg)
-        header = {"op": Op.REPLICATE.value, "table": table.spec.name, "epoch": self.ring.epoch,
-                  **{k: msg.header[k] for k in ("sender", "seq", "acked", "clock") if k in msg.header}}
+        header: dict[str, Any] = {
+            "op": Op.REPLICATE.value, "table": table.spec.name, "epoch": self.ring.epoch,
+            **{k: msg.header[k] for k in ("sender", "seq", "acked", "clock") if k in msg.header}}
         for server in servers:
             segs = (per_segment == server).any(axis=1)
             if segs.all():
@@ -502,6 +504,7 @@ class ServerNode:
         assert self.ring is not None
         routed = route_push(self.ring, np.concatenate([k for k, _ in pushes]),
                             np.concatenate([g for _, g in pushes]), table.bits)  # one summed row per key
+        assert routed.grads is not None
         for part in routed.parts:
             held = table.holds(part.vnodes)  # the ring may have moved a vnode meanwhile
             rows = np.repeat(held, part.counts)
@@ -652,9 +655,11 @@ class ServerNode:
     def _buffered(self, name: str, vnode: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """Per unfinished clock, the buffered (BSP-aggregated) pushes of ``vnode``."""
         out = []
+        ring = self.ring
+        assert ring is not None, "vnodes move between rings"
         for clock, pushes in sorted(self.aggregates.get(name, {}).items()):
             keys = np.concatenate([k for k, _ in pushes])
-            mine = self.ring.vnodes(keys, self.tables[name].bits) == vnode
+            mine = ring.vnodes(keys, self.tables[name].bits) == vnode
             if mine.any():
                 out.append((clock, keys[mine], np.concatenate([g for _, g in pushes])[mine]))
         return out
@@ -662,10 +667,11 @@ class ServerNode:
     def _replace_buffered(self, name: str, vnode: int, pairs: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
         """Make ``vnode``'s buffered pushes those of the copy (it has all of them)."""
         by_clock = self.aggregates.get(name, {})
-        bits = self.tables[name].bits
+        bits, ring = self.tables[name].bits, self.ring
+        assert ring is not None, "vnodes move between rings"
         for clock, pushes in by_clock.items():
             by_clock[clock] = [(k[keep], g[keep]) for k, g in pushes
-                               for keep in [self.ring.vnodes(k, bits) != vnode]]
+                               for keep in [ring.vnodes(k, bits) != vnode]]
         for clock, k, g in pairs:
             self.aggregates.setdefault(name, {}).setdefault(clock, []).append((k.copy(), g.copy()))
 

@@ -251,8 +251,8 @@ class Uniform(Initializer):
 
 for _cls in (SGD, AdaGrad, FTRL, Adam, FtrlAdagrad):
     Optimizer.registry[_cls.name] = _cls
-for _cls in (Zeros, Normal, Uniform):
-    Initializer.registry[_cls.name] = _cls
+for _init in (Zeros, Normal, Uniform):
+    Initializer.registry[_init.name] = _init
 
 
 # ---- numba kernels ---------------------------------------------------------------------

@@ -39,10 +39,10 @@ from numba import njit
 from numba.typed import List
 
 from paramserver.errors import ProtocolError
+from paramserver.intrinsics import prefetch_row
 from paramserver.routing.hashing import dense_keys_of, dense_pos, dense_range, hash64, slot_of_hash, vnode_of_key
 from paramserver.server.memory import available_memory, zeroed_rows
 from paramserver.server.optim import init_row, init_value, update_row
-from paramserver.intrinsics import prefetch_row
 
 MAX_LOAD = 0.875
 GROWTH = 1.25
@@ -602,6 +602,7 @@ class VnodeSet:
                 return
             v = int(vnodes[seg])
             vt, t = self.tables[v], int(self.slot[v])
+            assert isinstance(vt, VnodeTable), "a dense vnode never asks to grow"
             vt._grow(len(vt) + 1)
             _set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
             self._limits[t] = vt._limit()

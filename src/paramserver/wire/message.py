@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -30,7 +31,7 @@ DTYPES: dict[str, np.dtype] = {
 MAX_MESSAGE_BYTES = 1 << 30
 
 
-class Op(str, enum.Enum):
+class Op(str, enum.Enum):  # noqa: UP042 (str(Op.X) stays "Op.X" in logs; StrEnum would print the value)
     """Every operation a node understands (``docs/protocol.md`` has the fields)."""
 
     # replies
@@ -177,6 +178,13 @@ def _array(i: int, spec: Any, buf: Any) -> np.ndarray:
 def reply(request: Message | None, arrays: Sequence[np.ndarray] = (), **fields: Any) -> list[Any]:
     """Frames of an OK reply to ``request``."""
     return encode({"op": Op.OK.value, "id": request.id if request else None, **fields}, arrays)
+
+
+def failed_request(exc: BaseException, default: Any = None) -> Any:
+    """The id of the request ``exc`` refused: the one ``decode`` read from a malformed
+    message, else ``default`` (the id of the message being handled, if any)."""
+    found = getattr(exc, "request_id", None)
+    return default if found is None else found
 
 
 def error_reply(request_id: Any, code: str, text: str, **fields: Any) -> list[Any]:

@@ -8,7 +8,8 @@ protocol limit; anything between the two is refused with an error reply by ``dec
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import zmq
 
