@@ -244,7 +244,7 @@ def _status(client) -> None:
     workers = info.get("workers", {})
     print(f"  workers: {len(workers)}" + (f" (node: rank {', '.join(f'{k}: {v}' for k, v in workers.items())})"
                                           if workers else ""))
-    job = client.job_status()
+    job = client.job.status()
     if "epoch" in job:
         print(f"  job: epoch {job['epoch'] + 1}/{job['epochs']}, shards {job['shards_done']}/{job['shards']}, "
               f"{int(job.get('examples', 0)):,} examples done{', finished' if job.get('finished') else ''}; "

@@ -81,7 +81,7 @@ def warm_server() -> None:
     """Load (or compile) the table kernels for the array types requests bring (read-only
     frames), for both layouts and through a vnode's growth."""
     from paramserver.server.optim import SGD, Zeros
-    from paramserver.server.table import VnodeSet
+    from paramserver.server.vnodes import VnodeSet
     from paramserver.spec import TableSpec
     from paramserver.wire.message import Op, decode, encode
 

@@ -24,7 +24,7 @@ def train_a9a(client):
     spec = cfg.table_spec()
     client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
                         key_bits=spec.key_bits)
-    client.start_job(make_shards([os.environ["A9A_TRAIN"]]), 1)
+    client.job.start(make_shards([os.environ["A9A_TRAIN"]]), 1)
     done = train_worker(client, cfg)
     batch = read_all([os.environ["A9A_TEST"]], cfg.data)
     logloss = metrics(batch.labels, score(client, cfg.model, batch))["logloss"]

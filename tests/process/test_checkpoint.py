@@ -215,13 +215,13 @@ def test_a_server_lost_during_a_checkpoint_abandons_it_and_the_job_goes_on(tmp_p
         client.push("w", np.arange(100), np.ones((100, 1), np.float32)).result(timeout=30)
         cluster.kill("server-1")  # still registered: the first checkpoint waits for it until it is declared dead
         cluster.procs["server-1"].popen.wait(10)
-        client.start_job([Shard("s", i, i + 1) for i in range(3)], 1, checkpoint={"url": url, "every": 1})
+        client.job.start([Shard("s", i, i + 1) for i in range(3)], 1, checkpoint={"url": url, "every": 1})
         t0 = time.monotonic()
         done = 0
-        while (task := client.next_shard(timeout_s=30)) is not None:
-            client.shard_done(task, examples=1)
+        while (task := client.job.next_shard(timeout_s=30)) is not None:
+            client.job.shard_done(task, examples=1)
             done += 1
-        status = client.job_status()
+        status = client.job.status()
         assert time.monotonic() - t0 < 15
     assert done == 3 and status["finished"] and status["examples"] == 3
     # the first is given up when the server is declared dead; after the failover the ring
@@ -359,7 +359,7 @@ def test_a_checkpoint_that_fails_mid_job_says_why(tmp_path):
 
     def break_the_folder_after_the_first(cluster):
         def swap():
-            wait_for(lambda: cluster.client.job_status().get("checkpoints", {}).get("written"), 60, "a checkpoint")
+            wait_for(lambda: cluster.client.job.status().get("checkpoints", {}).get("written"), 60, "a checkpoint")
             shutil.rmtree(url)
             open(url, "w").close()  # the folder is now a file: the next checkpoints cannot be written
         threading.Thread(target=swap, daemon=True).start()

@@ -276,7 +276,7 @@ def test_a_dead_scheduler_fails_waiting_calls_instead_of_hanging():
         cluster.kill("scheduler")
         t0 = time.monotonic()
         with pytest.raises(NodeLostError, match="scheduler"):
-            client.start_job([], 1)  # would otherwise wait for an answer forever
+            client.job.start([], 1)  # would otherwise wait for an answer forever
         assert time.monotonic() - t0 < 10
         with pytest.raises(NodeLostError):  # and later calls fail at once
             client.tables()

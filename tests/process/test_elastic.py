@@ -17,24 +17,24 @@ def count_shards(client):
     """Take shards until the job is done; the first worker holds its first shard until
     another worker has taken one too, so a worker that joins does take shards."""
     done = 0
-    while (task := client.next_shard(timeout_s=60)) is not None:
+    while (task := client.job.next_shard(timeout_s=60)) is not None:
         if client.rank == 0 and done == 0:  # (epoch 0 cannot end while this shard is held)
-            wait_for(lambda: (s := client.job_status())["running"] + s["shards_done"] >= 2,
+            wait_for(lambda: (s := client.job.status())["running"] + s["shards_done"] >= 2,
                      what="another worker to take a shard")
-        client.shard_done(task, examples=10)
+        client.job.shard_done(task, examples=10)
         done += 1
     return client.rank, done
 
 
 def test_a_worker_added_while_a_function_runs_runs_it_and_takes_shards():
     with LocalCluster(servers=1, workers=1, log_level="WARNING") as cluster:
-        cluster.client.start_job([Shard("s", i, i + 1) for i in range(6)], 2)
+        cluster.client.job.start([Shard("s", i, i + 1) for i in range(6)], 2)
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(cluster.run_elastic, count_shards, timeout_s=90)
-            wait_for(lambda: cluster.client.job_status()["running"] >= 1, what="the first shard")
+            wait_for(lambda: cluster.client.job.status()["running"] >= 1, what="the first shard")
             name = cluster.add_worker()
             results, failed = running.result(timeout=120)
-        status = cluster.client.job_status()
+        status = cluster.client.job.status()
     assert name == "worker-1" and failed == []
     assert [rank for rank, _ in results] == [0, 1]
     assert all(done >= 1 for _, done in results) and sum(done for _, done in results) == 12
@@ -68,7 +68,7 @@ def test_a9a_with_a_worker_killed_mid_job_counts_each_example_exactly_once(tmp_p
     def kill_once_a_shard_is_done(cluster):
         def watch():
             with Client(cluster.address) as watcher:
-                status = wait_for(lambda: (s := watcher.job_status()) and s["shards_done"] >= 1 and s,
+                status = wait_for(lambda: (s := watcher.job.status()) and s["shards_done"] >= 1 and s,
                                   what="a shard done")
                 cluster.kill("worker-1")
                 killed["status"] = status

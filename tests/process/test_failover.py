@@ -104,16 +104,16 @@ def _train_a9a(kill_at_examples: int | None) -> tuple[float, int]:
         client = cluster.client
         client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
                             replicas=spec.replicas)
-        client.start_job(make_shards([train]), cfg.epochs)
+        client.job.start(make_shards([train]), cfg.epochs)
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(cluster.run, train_worker, cfg, timeout_s=150)
             if kill_at_examples is not None:
-                wait_for(lambda: running.done() or client.job_status()["live"]["examples"] >= kill_at_examples,
+                wait_for(lambda: running.done() or client.job.status()["live"]["examples"] >= kill_at_examples,
                           what=f"{kill_at_examples} examples")
                 assert not running.done(), "training finished before the kill"
                 cluster.kill("server-1")
             running.result()
-        status = client.job_status()
+        status = client.job.status()
         batch = read_all([test], cfg.data)
         return metrics(batch.labels, score(client, cfg.model, batch))["logloss"], int(status["examples"])
 

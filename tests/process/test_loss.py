@@ -23,7 +23,7 @@ def _killer(victim: str, after_examples: int):
     """A ``setup`` for run_training: SIGKILL ``victim`` once the job trained that many examples."""
     def setup(cluster):
         def kill():
-            wait_for(lambda: cluster.client.job_status().get("live", {}).get("examples", 0) >= after_examples,
+            wait_for(lambda: cluster.client.job.status().get("live", {}).get("examples", 0) >= after_examples,
                      120, f"{after_examples} examples")
             cluster.kill(victim)
         threading.Thread(target=kill, daemon=True).start()

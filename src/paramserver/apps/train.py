@@ -36,10 +36,10 @@ from paramserver import checkpoint
 from paramserver.apps.modelfile import check_output, metrics, model_meta, save_model
 from paramserver.apps.models import Model
 from paramserver.client.client import Client
+from paramserver.data.prefetch import Prefetch
 from paramserver.data.reader import (
     Batch,
     DataFormat,
-    Prefetch,
     Shard,
     _concat,
     _slice,
@@ -200,7 +200,7 @@ def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple]:
     last one (the closing item is queued first: the shard can be reported done while the
     question waits) and parses on into it.  Batches grow from 1 example (``ramp_size``)."""
     seen = 0
-    while (task := client.next_shard()) is not None:
+    while (task := client.job.next_shard()) is not None:
         stats: dict[str, Any] = {}
         for batch in ramped(read_batches(Shard.from_wire(task["shard"]), cfg.data, cfg.batch_size, stats),
                             cfg.batch_size, cfg.batch_ramp, seen):
@@ -258,8 +258,8 @@ def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
             stats, closing = uniq, False
             while pushes:
                 pushes.popleft().result(timeout=300)  # errors surface here
-            client.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
-            client.shard_done(task, examples=examples, loss_sum=loss_sum, bad_lines=stats["bad_lines"],
+            client.job.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
+            client.job.shard_done(task, examples=examples, loss_sum=loss_sum, bad_lines=stats["bad_lines"],
                               bytes=stats.get("bytes", 0))
             done["examples"] += examples
             done["loss_sum"] += loss_sum
@@ -279,7 +279,7 @@ def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
         examples += len(batch)
         loss_sum += loss
         if time.monotonic() - shown_at > PROGRESS_EVERY_S:
-            client.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
+            client.job.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
             shown_examples, shown_loss, shown_at = examples, loss_sum, time.monotonic()
     return done
 
@@ -357,14 +357,14 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         table_seconds = time.perf_counter() - created  # a dense table is allocated whole here
         if setup is not None:
             setup(cluster)
-        client.start_job(shards, cfg.epochs, checkpoint=job_checkpoints, resume=progress)
+        client.job.start(shards, cfg.epochs, checkpoint=job_checkpoints, resume=progress)
         t0 = time.perf_counter()
         pool = ThreadPoolExecutor(1, thread_name_prefix="paramserver-train")
         pruned_at = 0  # checkpoints written when old ones were last pruned
         try:
             running = pool.submit(cluster.run_elastic, train_worker, cfg)
             while not running.done():
-                status = client.job_status()
+                status = client.job.status()
                 if on_progress:
                     on_progress(status, time.perf_counter() - t0)
                 check_losses(status, allow_loss)  # a loss ends the job now, loudly
@@ -379,7 +379,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         finally:
             pool.shutdown(wait=False)  # an abort must not wait for the workers: the cluster's exit stops them
         seconds = time.perf_counter() - t0
-        status = client.job_status()
+        status = client.job.status()
         check_losses(status, allow_loss)
         if checkpoint_dir and keep_checkpoints:
             checkpoint.prune(checkpoint_dir, keep_checkpoints)

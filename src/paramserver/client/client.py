@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.client.io_thread import IOThread
+from paramserver.client.job import Job
 from paramserver.config import Config, load_config
 from paramserver.errors import (
     ClosedError,
@@ -244,6 +245,7 @@ class Client:
         self.rank: int = view.get("rank", -1)
         self.num_workers: int = view.get("num_workers", 0)
         self._apply_view(view)
+        self.job = Job(self)  # the job's shard queue: start, next_shard, shard_done, status
         self._io.start_heartbeats()
         if role == "worker":  # a worker that joins starts at the current minimum clock
             self._resync_clock()
@@ -469,34 +471,7 @@ class Client:
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s)
 
-    # ---- data shards (the task scheduler) ---------------------------------------------
-    def start_job(self, shards: list[Any], epochs: int = 1, *, checkpoint: dict[str, Any] | None = None,
-                  resume: dict[str, Any] | None = None) -> None:
-        """Give the scheduler the shards to hand out, ``epochs`` times over.
-
-        ``checkpoint={"url": URL, "every": N}``: the scheduler checkpoints every table at a
-        clock boundary after every N shards done, with the job's progress in the manifest.
-        ``resume``: the ``"job"`` part of such a manifest (epoch, shards done, totals).
-        """
-        header = {"op": Op.JOB_START.value, "shards": [s.to_wire() for s in shards], "epochs": epochs}
-        if checkpoint is not None:
-            header["checkpoint"] = checkpoint
-        if resume is not None:
-            header["resume"] = resume
-        self._call(self.config.scheduler, header)
-
-    def next_shard(self, timeout_s: float | None = None) -> dict[str, Any] | None:
-        """The next shard to process (``{"shard_id", "shard", "epoch"}``), None when done.
-
-        Blocks while every remaining shard of the epoch is held by other workers.
-        """
-        answer = self._call(self.config.scheduler, {"op": Op.NEXT_SHARD.value}, timeout_s=timeout_s)
-        if answer.get("done"):
-            return None
-        if self.role == "worker":  # idle workers left the vector clocks: rejoin at the minimum
-            self._resync_clock()
-        return answer
-
+    # ---- data shards (the task scheduler): client.job --------------------------------
     def _resync_clock(self) -> None:
         """Take the live servers' minimum clock.  A server that dies meanwhile is skipped:
         its vnodes fail over to servers that answer, and a worker must not fail a job for
@@ -510,18 +485,6 @@ class Client:
                 logger.info("clock resync: a server did not answer (%s); the others decide", exc)
         with self._lock:
             self._clock = max([self._clock, *[m for m in mins if m is not None]])
-
-    def shard_done(self, task: dict[str, Any], **stats: float) -> None:
-        """Report a shard finished, with counters (``examples``, ``loss_sum``, ...)."""
-        self._call(self.config.scheduler, {"op": Op.SHARD_DONE.value, "shard_id": task["shard_id"],
-                                           "epoch": task["epoch"], "stats": stats})
-
-    def report_progress(self, **stats: float) -> None:
-        """Add to the job's live counters (fire and forget; for progress displays)."""
-        self._io.submit(self.config.scheduler, {"op": Op.PROGRESS.value, "stats": stats})
-
-    def job_status(self) -> dict[str, Any]:
-        return self._call(self.config.scheduler, {"op": Op.JOB_STATUS.value})["job"]
 
     def export_table(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         """Every stored key of ``table`` and its value row (optimiser state left out)."""

@@ -17,9 +17,7 @@ import hashlib
 import json
 import lzma
 import os
-import queue
 import sys
-import threading
 import zlib
 from collections import deque
 from collections.abc import Iterator
@@ -545,69 +543,6 @@ def _concat(batches: list[Batch]) -> Batch:
     indptr = np.concatenate([batches[0].indptr[:1]] + [b.indptr[1:] + o for b, o in zip(batches, offsets)])
     return Batch(np.concatenate([b.labels for b in batches]), indptr,
                  np.concatenate([b.keys for b in batches]), np.concatenate([b.vals for b in batches]))
-
-
-class Prefetch:
-    """The items of ``items``, produced in a background thread up to ``depth`` ahead.
-
-    Parsing (numba, GIL released) then overlaps the consumer's waits on the network.
-    Errors are re-raised in the consumer; ``close()`` (or leaving a ``with`` block) stops
-    the thread.
-    """
-
-    _END = object()
-
-    def __init__(self, items: Iterator[Any], depth: int = 4):
-        self._out: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._ended = False
-        self._thread = threading.Thread(target=self._produce, args=(items,), name="paramserver-reader",
-                                        daemon=True)
-        self._thread.start()
-
-    def _put(self, value: Any) -> bool:
-        """Hand ``value`` over unless the consumer has stopped (then never block)."""
-        while not self._stop.is_set():
-            try:
-                self._out.put(value, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _produce(self, items: Iterator[Any]) -> None:
-        try:
-            for item in items:
-                if not self._put((True, item)):
-                    return
-            self._put((True, self._END))
-        except BaseException as exc:  # handed to the consumer
-            self._put((False, exc))
-
-    def __iter__(self) -> Prefetch:
-        return self
-
-    def __next__(self) -> Any:
-        if self._ended:
-            raise StopIteration
-        ok, value = self._out.get()
-        if not ok:
-            self._ended = True
-            raise value
-        if value is self._END:
-            self._ended = True
-            raise StopIteration
-        return value
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def __enter__(self) -> Prefetch:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def read_all(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16) -> Batch:

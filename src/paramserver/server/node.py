@@ -38,7 +38,7 @@ from paramserver.logutil import Throttled
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.server.dedup import Dedup
-from paramserver.server.table import VnodeSet
+from paramserver.server.vnodes import VnodeSet
 from paramserver.spec import TableSpec
 from paramserver.warm import warm_server
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, expect, failed_request, field, reply

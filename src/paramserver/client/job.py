@@ -1,0 +1,78 @@
+"""A job's shard queue, as a node sees it: ``client.job``.
+
+The scheduler hands data shards out one at a time (``scheduler/tasks.py``): a driver
+starts a job with its shards, workers take the next one until none is left and report
+each done with its counters, and anyone can read the job's status.  A worker that dies
+hands its shard back to the queue.
+
+Example:
+    >>> client.job.start(make_shards(["train.tsv"]), epochs=2)       # doctest: +SKIP
+    >>> while (task := client.job.next_shard()) is not None:         # doctest: +SKIP
+    ...     examples = train_on(task["shard"])
+    ...     client.job.shard_done(task, examples=examples)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from paramserver.wire.message import Op
+
+if TYPE_CHECKING:
+    from paramserver.client.client import Client
+
+
+class Job:
+    """The job API of one ``Client``: every call goes to the scheduler."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def start(self, shards: list[Any], epochs: int = 1, *, checkpoint: dict[str, Any] | None = None,
+              resume: dict[str, Any] | None = None) -> None:
+        """Give the scheduler the shards to hand out, ``epochs`` times over.
+
+        ``checkpoint={"url": URL, "every": N}``: the scheduler checkpoints every table at a
+        clock boundary after every N shards done, with the job's progress in the manifest.
+        ``resume``: the ``"job"`` part of such a manifest (epoch, shards done, totals).
+        """
+        header: dict[str, Any] = {"op": Op.JOB_START.value, "shards": [s.to_wire() for s in shards],
+                                  "epochs": epochs}
+        if checkpoint is not None:
+            header["checkpoint"] = checkpoint
+        if resume is not None:
+            header["resume"] = resume
+        self._client._call(self._scheduler, header)
+
+    def next_shard(self, timeout_s: float | None = None) -> dict[str, Any] | None:
+        """The next shard to process (``{"shard_id", "shard", "epoch"}``), None when done.
+
+        Blocks while every remaining shard of the epoch is held by other workers.  A worker
+        that waited rejoins the vector clocks at the live servers' minimum.
+        """
+        answer: dict[str, Any] = self._client._call(self._scheduler, {"op": Op.NEXT_SHARD.value},
+                                                    timeout_s=timeout_s)
+        if answer.get("done"):
+            return None
+        if self._client.role == "worker":  # idle workers left the vector clocks: rejoin at the minimum
+            self._client._resync_clock()
+        return answer
+
+    def shard_done(self, task: dict[str, Any], **stats: float) -> None:
+        """Report a shard finished, with counters (``examples``, ``loss_sum``, ...)."""
+        self._client._call(self._scheduler, {"op": Op.SHARD_DONE.value, "shard_id": task["shard_id"],
+                                             "epoch": task["epoch"], "stats": stats})
+
+    def report_progress(self, **stats: float) -> None:
+        """Add to the job's live counters (fire and forget; for progress displays)."""
+        self._client._io.submit(self._scheduler, {"op": Op.PROGRESS.value, "stats": stats})
+
+    def status(self) -> dict[str, Any]:
+        """Epoch, shards done and running, totals, live counters, checkpoints, losses and
+        failovers (``docs/protocol.md``, ``job_status``)."""
+        job: dict[str, Any] = self._client._call(self._scheduler, {"op": Op.JOB_STATUS.value})["job"]
+        return job
+
+    @property
+    def _scheduler(self) -> str:
+        return str(self._client.config.scheduler)

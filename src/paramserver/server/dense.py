@@ -1,0 +1,182 @@
+"""A dense vnode: a plain array with a row per key position, for tables whose keys are
+folded into ``2**key_bits`` positions (``TableSpec.key_bits``).
+
+``DenseVnode.rows`` is ``float32[positions, width + 1]``: the row of a key is its position
+(``hashing.dense_pos``) minus the vnode's first position, and the extra last column is 1
+once the key is stored (``width + 1`` is 4 floats for dim-1 FTRL: one aligned 16-byte
+row).  No keys, no probing, no growth: a read or an update is one memory access where
+the hash table (``table.py``) needs two or more.  The array is mapped whole when the
+vnode is created (``memory.zeroed_rows``, which has a background thread map its pages):
+a dense table's memory is known up front, and its page faults stay off the hot path.
+The ``*_many`` kernels walk every vnode segment of a request in one call (``vnodes.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from paramserver.errors import ProtocolError
+from paramserver.intrinsics import prefetch_row
+from paramserver.routing.hashing import dense_keys_of, dense_pos, dense_range, vnode_of_key
+from paramserver.server.memory import zeroed_rows
+from paramserver.server.optim import init_row, init_value, update_row
+from paramserver.server.table import _COUNT, PREFETCH_AHEAD
+
+
+@njit(nogil=True, cache=True)
+def _dense_lookup(rows, start, keys, out, dim, bits, ikind, ihp, seed):
+    """Like ``_lookup`` for a dense vnode; returns the index of a key outside it, or -1."""
+    flag = rows.shape[1] - 1
+    n = keys.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            r = np.int64(dense_pos(keys[i + PREFETCH_AHEAD], bits)) - start
+            if 0 <= r < rows.shape[0]:
+                prefetch_row(rows, r)
+        key = keys[i]
+        r = np.int64(dense_pos(key, bits)) - start
+        if r < 0 or r >= rows.shape[0] or key >> np.uint64(bits) != 0:
+            return i
+        if rows[r, flag] != 0:
+            for j in range(dim):
+                out[i, j] = rows[r, j]
+        else:
+            for j in range(dim):
+                out[i, j] = init_value(key, j, ikind, ihp, seed)
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _dense_check(rows, start, keys, bits):
+    """Index of the first key that is not in this dense vnode, or -1."""
+    for i in range(keys.shape[0]):
+        r = np.int64(dense_pos(keys[i], bits)) - start
+        if r < 0 or r >= rows.shape[0] or keys[i] >> np.uint64(bits) != 0:
+            return i
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _dense_apply(rows, meta, start, keys, grads, dim, bits, okind, ohp, ikind, ihp, seed):
+    """Like ``_apply`` for a dense vnode (which never grows); every key must be in it
+    (``_dense_check``), else nothing is applied and the bad key's index is returned."""
+    bad = _dense_check(rows, start, keys, bits)
+    if bad >= 0:
+        return bad
+    flag = rows.shape[1] - 1
+    n = keys.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:  # checked in range above
+            prefetch_row(rows, np.int64(dense_pos(keys[i + PREFETCH_AHEAD], bits)) - start)
+        key = keys[i]
+        r = np.int64(dense_pos(key, bits)) - start
+        if rows[r, flag] == 0:
+            init_row(rows, r, key, dim, flag, okind, ohp, ikind, ihp, seed)
+            rows[r, flag] = 1.0
+            meta[_COUNT] += 1
+        update_row(rows, r, grads, i, dim, okind, ohp)
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _dense_load(rows, meta, start, keys, src_rows, bits):
+    """Overwrite (or insert) whole rows; every key must be in the vnode, else nothing is
+    written and the bad key's index is returned."""
+    bad = _dense_check(rows, start, keys, bits)
+    if bad >= 0:
+        return bad
+    flag = rows.shape[1] - 1
+    for i in range(keys.shape[0]):
+        r = np.int64(dense_pos(keys[i], bits)) - start
+        for j in range(flag):
+            rows[r, j] = src_rows[i, j]
+        if rows[r, flag] == 0:
+            rows[r, flag] = 1.0
+            meta[_COUNT] += 1
+    return -1
+
+
+_NO_KEYS = np.zeros(0, np.uint64)
+
+
+class DenseVnode:
+    """One vnode of a dense table (``TableSpec.key_bits > 0``): same interface as
+    ``VnodeTable`` (``lookup``/``apply`` go through ``VnodeSet``)."""
+
+    def __init__(self, spec, n_vnodes: int, vnode: int):
+        self.dim = spec.dim
+        self.width = spec.width
+        self.bits = spec.key_bits
+        self.start, stop = dense_range(vnode, n_vnodes, self.bits)
+        self.rows = zeroed_rows(stop - self.start, self.width + 1)
+        self.keys = _NO_KEYS  # VnodeSet's kernel lists take one key array per vnode
+        self._meta = np.zeros(2, np.int64)
+
+    def __len__(self) -> int:
+        return int(self._meta[_COUNT])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.rows.nbytes)
+
+    def _limit(self) -> int:
+        return self.capacity + 1  # never grows
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """All stored keys and their full rows (value and state), in position order."""
+        stored = np.flatnonzero(self.rows[:, self.width])
+        return dense_keys_of(self.start, stored, self.bits), self.rows[stored, : self.width]
+
+    def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Set whole rows (value and state) for ``keys``; all must be in this vnode."""
+        bad = _dense_load(self.rows, self._meta, self.start, np.ascontiguousarray(keys, np.uint64),
+                          np.ascontiguousarray(rows, np.float32), self.bits)
+        if bad >= 0:
+            raise ProtocolError(f"key {int(keys[bad])} is not in this dense vnode (positions {self.start}.."
+                                f"{self.start + self.capacity - 1} of 2**{self.bits})")
+
+
+@njit(nogil=True, cache=True)
+def _dense_lookup_many(rows_l, starts, slot, vnodes, counts, keys, out, dim, bits, ikind, ihp, seed):
+    a = 0
+    for s in range(vnodes.shape[0]):
+        t = slot[vnodes[s]]
+        b = a + counts[s]
+        bad = _dense_lookup(rows_l[t], starts[t], keys[a:b], out[a:b], dim, bits, ikind, ihp, seed)
+        if bad >= 0:
+            return a + bad
+        a = b
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _dense_apply_many(rows_l, meta_l, starts, slot, vnodes, counts, keys, grads, dim, bits, okind, ohp,
+                      ikind, ihp, seed):
+    a = 0
+    for s in range(vnodes.shape[0]):
+        t = slot[vnodes[s]]
+        b = a + counts[s]
+        bad = _dense_apply(rows_l[t], meta_l[t], starts[t], keys[a:b], grads[a:b], dim, bits, okind, ohp,
+                           ikind, ihp, seed)
+        if bad >= 0:
+            return a + bad
+        a = b
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _dense_check_many(n_vnodes, bits, vnodes, counts, keys):
+    """Index of the first key outside its segment's vnode (or the key space), or -1."""
+    a = 0
+    for s in range(vnodes.shape[0]):
+        v = vnodes[s]
+        for i in range(a, a + counts[s]):
+            if keys[i] >> np.uint64(bits) != 0 or vnode_of_key(keys[i], n_vnodes, bits) != v:
+                return i
+        a += counts[s]
+    return -1
