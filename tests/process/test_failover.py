@@ -149,3 +149,39 @@ def test_a_stalled_scheduler_does_not_declare_the_servers_dead():
             assert after["ring_servers"] == before["ring_servers"] and after["epoch"] == before["epoch"], after
             assert all(p.popen.poll() is None for n, p in cluster.procs.items() if n.startswith("server"))
             np.testing.assert_array_equal(fresh.pull("kept", KEYS).result(timeout=30), np.ones((N_KEYS, 1)))
+
+
+def test_a_client_takes_the_scheduler_back_once_it_answers_again():
+    """Issue 13: a client that declared the scheduler lost (silent past the heartbeat
+    timeout) failed every later call, even after the scheduler answered again."""
+    import signal
+
+    from paramserver.errors import NodeLostError
+    with LocalCluster(servers=1, workers=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0,
+                      log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0})
+        scheduler = cluster.procs["scheduler"].popen
+        scheduler.send_signal(signal.SIGSTOP)
+        try:
+            def declared_lost():
+                try:
+                    client.cluster_info()
+                except NodeLostError:
+                    return True
+                return False
+
+            wait_for(declared_lost, 30, "the client to declare the stopped scheduler lost")
+        finally:
+            scheduler.send_signal(signal.SIGCONT)
+
+        def answers():
+            try:
+                return client.cluster_info()
+            except NodeLostError:
+                return None
+
+        info = wait_for(answers, 30, "the same client's calls to go through again")
+        assert info["ring_servers"], info
+        client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
+        np.testing.assert_array_equal(client.pull("w", KEYS).result(timeout=30), np.ones((N_KEYS, 1)))

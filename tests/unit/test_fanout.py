@@ -21,7 +21,7 @@ def scheduler():
 
 def test_answers_errors_deaths_and_deadlines_each_finish_a_fan_out(scheduler):
     finished = []
-    op_id = scheduler._fan_out({"op": Op.CHECKPOINT.value, "url": "u"}, finished.append, timeout_s=30)
+    op_id = scheduler.fan_out({"op": Op.CHECKPOINT.value, "url": "u"}, finished.append, timeout_s=30)
     scheduler.on_ack(b"s1", Message({"op": "ok", "id": op_id, "files": {}}, []))
     scheduler.on_ack(b"s1", Message({"op": "ok", "id": op_id}, []))  # a duplicate is ignored
     scheduler.on_ack(b"s2", Message({"op": "error", "id": op_id, "error": "disk full"}, []))
@@ -32,7 +32,7 @@ def test_answers_errors_deaths_and_deadlines_each_finish_a_fan_out(scheduler):
     assert op.lost == {3} and op_id not in scheduler.fanouts
 
     late = []
-    op_id = scheduler._fan_out({"op": Op.CHECKPOINT.value, "url": "v"}, late.append, timeout_s=5)
+    op_id = scheduler.fan_out({"op": Op.CHECKPOINT.value, "url": "v"}, late.append, timeout_s=5)
     scheduler.on_ack(b"s1", Message({"op": "ok", "id": op_id}, []))
     scheduler._check_fanouts(time.monotonic())  # before the deadline: still waiting
     assert not late

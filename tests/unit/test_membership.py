@@ -12,7 +12,7 @@ from paramserver.config import load_config
 from paramserver.routing.ring import Ring, plan_moves
 from paramserver.scheduler.node import NodeInfo, SchedulerNode
 from paramserver.spec import TableSpec
-from paramserver.wire.message import Message
+from paramserver.wire.message import Message, Op
 
 
 @pytest.fixture
@@ -122,37 +122,38 @@ def test_a_worker_asking_ahead_for_a_shard_still_counts_in_the_clocks(make):
     for w in (10, 11):
         s.nodes[w] = NodeInfo(w, "worker", b"w%d" % w, "", time.monotonic())
         s.by_identity[b"w%d" % w] = w
-    s.job = TaskQueue([["a", 0, 10], ["b", 10, 20]], 1)
+    s.jobs.job = TaskQueue([["a", 0, 10], ["b", 10, 20]], 1)
 
     def announced():
         return [h["workers"] for _, h in s.notes if h["op"] == "workers"][-1]
 
-    s.on_next_shard(b"w10", Message({"op": "next_shard", "id": 1}, []))
-    s.on_next_shard(b"w11", Message({"op": "next_shard", "id": 1}, []))
-    assert sorted(s.job.running.values()) == [10, 11] and announced() == [10, 11]
-    s.on_next_shard(b"w10", Message({"op": "next_shard", "id": 2}, []))  # none left: it waits, holding one
-    assert [w[2] for w in s.shard_waiters] == [10] and announced() == [10, 11]
-    sid = next(k for k, v in s.job.running.items() if v == 10)
-    s.on_shard_done(b"w10", Message({"op": "shard_done", "id": 3, "shard_id": sid, "epoch": 0, "stats": {}}, []))
+    s.handlers[Op.NEXT_SHARD](b"w10", Message({"op": "next_shard", "id": 1}, []))
+    s.handlers[Op.NEXT_SHARD](b"w11", Message({"op": "next_shard", "id": 1}, []))
+    assert sorted(s.jobs.job.running.values()) == [10, 11] and announced() == [10, 11]
+    s.handlers[Op.NEXT_SHARD](b"w10", Message({"op": "next_shard", "id": 2}, []))  # none left: it waits, holding one
+    assert [w[2] for w in s.jobs.waiters] == [10] and announced() == [10, 11]
+    sid = next(k for k, v in s.jobs.job.running.items() if v == 10)
+    done = Message({"op": "shard_done", "id": 3, "shard_id": sid, "epoch": 0, "stats": {}}, [])
+    s.handlers[Op.SHARD_DONE](b"w10", done)
     assert announced() == [11]  # waiting with nothing in hand: idle
 
 
 def test_no_shard_ahead_when_the_running_ones_bring_a_checkpoint(make):
-    from paramserver.scheduler.node import _JobCheckpoints
+    from paramserver.scheduler.jobs import Checkpoints
     from paramserver.scheduler.tasks import TaskQueue
 
     s = make([1])
     for w in (10, 11):
         s.nodes[w] = NodeInfo(w, "worker", b"w%d" % w, "", time.monotonic())
         s.by_identity[b"w%d" % w] = w
-    s.job = TaskQueue([["f", i, i + 1] for i in range(8)], 1)
-    s.job_checkpoints = _JobCheckpoints("unused", every=3, timeout_s=1)
-    s.on_next_shard(b"w10", Message({"op": "next_shard", "id": 1}, []))
-    s.on_next_shard(b"w10", Message({"op": "next_shard", "id": 2}, []))  # ahead: 0 done + 1 running < 3
-    assert list(s.job.running.values()) == [10, 10]
-    s.on_next_shard(b"w11", Message({"op": "next_shard", "id": 1}, []))  # holds none: always served
-    s.on_next_shard(b"w11", Message({"op": "next_shard", "id": 2}, []))  # 0 done + 3 running >= 3: held back
-    assert list(s.job.running.values()) == [10, 10, 11] and [w[2] for w in s.shard_waiters] == [11]
+    s.jobs.job = TaskQueue([["f", i, i + 1] for i in range(8)], 1)
+    s.jobs.checkpoints = Checkpoints("unused", every=3, timeout_s=1)
+    s.handlers[Op.NEXT_SHARD](b"w10", Message({"op": "next_shard", "id": 1}, []))
+    s.handlers[Op.NEXT_SHARD](b"w10", Message({"op": "next_shard", "id": 2}, []))  # ahead: 0 done + 1 running < 3
+    assert list(s.jobs.job.running.values()) == [10, 10]
+    s.handlers[Op.NEXT_SHARD](b"w11", Message({"op": "next_shard", "id": 1}, []))  # holds none: always served
+    s.handlers[Op.NEXT_SHARD](b"w11", Message({"op": "next_shard", "id": 2}, []))  # 0 done + 3 running >= 3: held back
+    assert list(s.jobs.job.running.values()) == [10, 10, 11] and [w[2] for w in s.jobs.waiters] == [11]
 
 
 def test_a_stalled_loop_blames_no_node_for_its_own_stall(make):
@@ -203,3 +204,30 @@ def test_a_barrier_short_of_workers_says_who_is_missing(make, caplog):
         s._say_who_is_missing(time.monotonic() + 6)
     (record,) = caplog.records
     assert "1 of 3 worker(s) waiting" in record.getMessage() and "not there yet: ranks [1]" in record.getMessage()
+
+
+def test_waiting_for_servers_fails_when_the_joiner_dies_mid_copy(make, monkeypatch):
+    """Issue 13: wait_for_servers (and so LocalCluster.add_server) hung when the server
+    joining died while its vnodes were being copied: the abandoned join never came back."""
+    import msgpack
+
+    import paramserver.scheduler.node as node_module
+
+    answers = []  # (identity, header) of every reply the scheduler sends
+    monkeypatch.setattr(node_module, "send",
+                        lambda sock, frames, identity=None: answers.append((identity, msgpack.unpackb(frames[0]))))
+    s = make([1, 2], [TableSpec("t", 1)])
+    s.nodes[3] = NodeInfo(3, "server", b"s3", "tcp://127.0.0.1:3", time.monotonic())
+    s.by_identity[b"s3"] = 3
+    s.changes.append(("join", 3, None))
+    s._next_change()
+    assert s.migration is not None and 3 in s.migration.target.servers
+    s.on_wait_servers(b"three", Message({"op": "wait_servers", "id": 7, "count": 3}, []))
+    s.on_wait_servers(b"two", Message({"op": "wait_servers", "id": 8, "count": 2}, []))
+    assert not [a for a in answers if a[0] in (b"three", b"two")]  # both wait while the copy runs
+    s._remove(3, "dead")  # the joiner dies mid-copy: the join is abandoned
+    three = [h for i, h in answers if i == b"three"]
+    assert len(three) == 1 and three[0]["op"] == "error" and three[0]["code"] == "node_lost"
+    assert "server 3 died" in three[0]["error"] and three[0]["id"] == 7
+    two = [h for i, h in answers if i == b"two"]
+    assert len(two) == 1 and two[0]["op"] == "ok" and two[0]["servers"] == [1, 2]  # the ring it has

@@ -54,6 +54,8 @@ def _remote_error(msg: Message) -> ParamServerError:
         return ProtocolError(text)
     if code == "config":
         return ConfigError(text)
+    if code == "node_lost":
+        return NodeLostError(text)
     return RemoteError(f"{code}: {text}")
 
 
@@ -562,11 +564,19 @@ class Client:
                           timeout_s=timeout_s).get("epoch", 0)
 
     def wait_for_servers(self, count: int, timeout_s: float | None = None) -> int:
-        """Block until the ring has ``count`` servers and no vnode is moving; return its epoch."""
-        answer = self._call(self.config.scheduler, {"op": Op.WAIT_SERVERS.value, "count": count},
-                            timeout_s=timeout_s)
+        """Block until the ring has ``count`` servers and no vnode is moving; return its epoch.
+
+        Raises:
+            NodeLostError: a server died meanwhile and the ring no longer heads for
+                ``count`` (a joiner died while its vnodes were being copied).
+        """
+        answer = self.servers_ready(count).result(timeout=timeout_s)
         self.cluster_info()
-        return answer["epoch"]
+        return int(answer.header["epoch"])
+
+    def servers_ready(self, count: int) -> Future[Message]:
+        """``wait_for_servers`` without blocking: a future of the scheduler's answer."""
+        return self._request(self.config.scheduler, {"op": Op.WAIT_SERVERS.value, "count": count})
 
     def shutdown_cluster(self) -> None:
         """Ask the scheduler to stop every node (used by launchers)."""

@@ -218,6 +218,9 @@ class IOThread(threading.Thread):
     def _receive(self, sock: zmq.Socket) -> None:
         if sock is self._peers.get(self.scheduler):
             self._scheduler_seen = time.monotonic()
+            if self.scheduler in self._lost:  # it was stalled or cut off, not dead: calls go to it again
+                self._lost.discard(self.scheduler)
+                logger.warning("the scheduler at %s answers again: calls to it go through again", self.scheduler)
         for _ in range(64):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)

@@ -485,8 +485,21 @@ class LocalCluster:
         copied to it, then the ring flips).  Returns its process name, once it serves."""
         name = f"server-{sum(n.startswith('server-') for n in self.procs)}"
         ring_servers = len(self.client.cluster_info().get("ring_servers", []))
-        self._spawn(name, ["server", "--scheduler", self.address])
-        self.client.wait_for_servers(ring_servers + 1, timeout_s=timeout_s or self.startup_timeout_s)
+        proc = self._spawn(name, ["server", "--scheduler", self.address])
+        ready = self.client.servers_ready(ring_servers + 1)
+        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
+        while True:  # the answer, or the joiner's exit (before it registered, nobody else would notice)
+            try:
+                ready.result(timeout=max(0.0, min(0.25, deadline - time.monotonic())))
+                break
+            except TimeoutError:
+                if proc.popen.poll() is not None:
+                    raise ConnectError(f"{name} exited with code {proc.popen.returncode} before it joined the "
+                                       f"ring:\n{proc.tail()}") from None
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{name} did not join the ring within {timeout_s or self.startup_timeout_s:g} "
+                                       "s") from None
+        self.client.cluster_info()
         return name
 
     def remove_server(self, node_id: int, timeout_s: float | None = None) -> int:

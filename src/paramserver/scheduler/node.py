@@ -27,12 +27,11 @@ from typing import Any
 
 import zmq
 
-from paramserver import checkpoint
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError, ProtocolError
 from paramserver.logutil import Throttled
 from paramserver.routing.ring import Ring, plan_moves
-from paramserver.scheduler.tasks import TaskQueue
+from paramserver.scheduler.jobs import FanOut, Jobs
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
@@ -52,50 +51,6 @@ class NodeInfo:
     address: str
     last_seen: float
     rank: int = -1
-
-
-@dataclass
-class _FanOut:
-    """A command sent to every server; ``on_done(self)`` runs once each has answered,
-    died or (past ``deadline``) been given up on."""
-
-    on_done: Callable[[_FanOut], None]
-    waiting: set[int]
-    deadline: float = math.inf
-    replies: dict[int, dict[str, Any]] = field(default_factory=dict)  # server -> OK header
-    errors: dict[int, Any] = field(default_factory=dict)  # server -> error text
-    lost: set[int] = field(default_factory=set)  # died or timed out before answering
-
-
-@dataclass
-class _JobCheckpoints:
-    """``JOB_START``'s ``checkpoint``: every ``every`` shards done, stop handing out
-    shards, let the running ones finish (a clock boundary), checkpoint, go on."""
-
-    url: str
-    every: int
-    timeout_s: float
-    since: int = 0  # shards done since the last checkpoint (or its attempt)
-    phase: str | None = None  # None, "draining" (waiting for running shards), "writing"
-    step: str = ""
-    ring_epoch: int = 0
-    written: list[str] = field(default_factory=list)
-    abandoned: int = 0
-    failures: list[str] = field(default_factory=list)  # why each abandoned checkpoint failed
-    meta: dict[str, Any] = field(default_factory=dict)  # the job's own words for its manifests (model, data)
-
-    @classmethod
-    def from_wire(cls, w: Any) -> _JobCheckpoints:
-        every, timeout_s = (w.get("every"), w.get("timeout_s", 600)) if isinstance(w, dict) else (0, 0)
-        if (not isinstance(w, dict) or not isinstance(w.get("url"), str) or not w["url"]
-                or isinstance(every, bool) or not isinstance(every, int) or every < 1
-                or isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0):
-            raise ConfigError(f"job_start checkpoint must be {{url: str, every: int >= 1, timeout_s: "
-                              f"number > 0}}, got {w!r}")
-        meta = w.get("meta", {})
-        if not isinstance(meta, dict):
-            raise ConfigError(f"job_start checkpoint meta must be a map, got {meta!r}")
-        return cls(w["url"], every, float(timeout_s), meta=meta)
 
 
 @dataclass
@@ -131,10 +86,8 @@ class SchedulerNode:
         self.tables: dict[str, TableSpec] = {}
         self.parked_workers: list[tuple[bytes, Message, NodeInfo]] = []
         self.barrier: list[tuple[bytes, Any, int]] = []
-        self.fanouts: dict[int, _FanOut] = {}
-        self.job: TaskQueue | None = None
-        self.shard_waiters: list[tuple[bytes, Any, int]] = []
-        self.job_checkpoints: _JobCheckpoints | None = None
+        self.fanouts: dict[int, FanOut] = {}
+        self.jobs = Jobs(self)  # the training job's shard queue and checkpoints
         self._announced: list[int] | None = None
         self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
         self.server_waiters: list[tuple[bytes, Any, int]] = []
@@ -164,11 +117,11 @@ class SchedulerNode:
             Op.BARRIER: self.on_barrier,
             Op.SHUTDOWN: self.on_shutdown,
             Op.WAIT_WORKERS: self.on_wait_workers,
-            Op.JOB_START: self.on_job_start,
-            Op.NEXT_SHARD: self.on_next_shard,
-            Op.SHARD_DONE: self.on_shard_done,
-            Op.JOB_STATUS: self.on_job_status,
-            Op.PROGRESS: self.on_progress,
+            Op.JOB_START: self.jobs.start,
+            Op.NEXT_SHARD: lambda identity, msg: self.jobs.next_shard(identity, msg, self.by_identity.get(identity)),
+            Op.SHARD_DONE: lambda identity, msg: self.jobs.shard_done(identity, msg, self.by_identity.get(identity)),
+            Op.JOB_STATUS: self.jobs.status,
+            Op.PROGRESS: lambda identity, msg: self.jobs.progress(msg),
             Op.MIGRATED: self.on_migrated,
             Op.REMOVE_SERVER: self.on_remove_server,
             Op.CLUSTER_INFO: self.on_cluster_info,
@@ -226,6 +179,10 @@ class SchedulerNode:
         if handler is None:
             raise ProtocolError(f"the scheduler does not serve op {msg.op.value!r}")
         handler(identity, msg)
+
+    def answer(self, identity: bytes, frames: list[Any]) -> None:
+        """Send ``frames`` to the node behind ``identity`` (``JobHost``)."""
+        send(self.sock, frames, identity)
 
     def _notify(self, node: NodeInfo, header: dict[str, Any]) -> None:
         send(self.sock, encode(header), node.identity)
@@ -526,22 +483,46 @@ class SchedulerNode:
         self.server_waiters.append((identity, msg.id, hfield(msg, "count", int)))
         self._serve_server_waiters()
 
-    def _serve_server_waiters(self) -> None:
+    def _serve_server_waiters(self, lost: int | None = None) -> None:
+        """Answer the waiters whose server count the settled ring has.  After server
+        ``lost`` died, fail those whose count the cluster no longer heads for (a joiner
+        that died mid-copy is not coming): they would otherwise wait for ever."""
         settled = self.ring is not None and self.migration is None and not self.changes and not self.incomplete
+        heading = self._servers_heading()
         waiting, self.server_waiters = self.server_waiters, []
         for identity, request_id, count in waiting:
             if settled and self.ring is not None and len(self.ring.servers) == count:
                 send(self.sock, encode({"op": Op.OK.value, "id": request_id, "epoch": self.ring.epoch,
                                         "servers": self.ring.servers}), identity)
+            elif lost is not None and count > len(heading):
+                send(self.sock, error_reply(request_id, "node_lost", f"server {lost} died while this waited for "
+                                            f"{count} server(s); the ring heads for {len(heading)} "
+                                            f"({sorted(heading)}): start another server and wait again"),
+                     identity)
             else:
                 self.server_waiters.append((identity, request_id, count))
 
-    def _announce_workers(self) -> None:
+    def _servers_heading(self) -> set[int]:
+        """The servers the ring will have once the queued and running changes are done."""
+        servers = set(self.ring.servers) if self.ring is not None else set()
+        if self.migration is not None:
+            servers |= set(self.migration.target.servers)
+            if self.migration.leaving is not None:
+                servers.discard(self.migration.leaving)
+        for kind, node_id, _ in self.changes:
+            if kind == "join":
+                servers.add(node_id)
+            else:
+                servers.discard(node_id)
+        if self.ring is None:  # every server died: the registered ones start the next ring
+            servers = {n.id for n in self.nodes.values() if n.role == "server"}
+        return {s for s in servers if s in self.nodes}
+
+    def workers_changed(self) -> None:
         """Tell servers which workers their vector clocks follow: the live ones, less
         those waiting for a data shard and holding none (an idle worker must not hold
         the others back; a worker asks for its next shard while it finishes one)."""
-        busy = set(self.job.running.values()) if self.job is not None else set()
-        idle = {w[2] for w in self.shard_waiters} - busy
+        idle = self.jobs.idle_workers()
         workers = sorted(n.id for n in self.nodes.values() if n.role == "worker" and n.id not in idle)
         if workers == self._announced:
             return
@@ -553,7 +534,7 @@ class SchedulerNode:
     def _welcome(self, identity: bytes, msg: Message, node: NodeInfo) -> None:
         node.last_seen = time.monotonic()  # its heartbeats start with this answer
         if node.role == "worker":
-            self._announce_workers()
+            self.workers_changed()
             self._serve_worker_waiters()
         send(self.sock, reply(msg, node_id=node.id, rank=node.rank,
                               num_workers=self._barrier_size(), **self._cluster_view()), identity)
@@ -616,16 +597,10 @@ class SchedulerNode:
         self.by_identity.pop(node.identity, None)
         self.parked_workers = [p for p in self.parked_workers if p[2].id != node_id]
         self.barrier = [b for b in self.barrier if b[2] != node_id]
-        self.shard_waiters = [w for w in self.shard_waiters if w[2] != node_id]
-        if self.job is not None:
-            lost = self.job.release(node_id)
-            if lost:
-                logger.warning("shards %s of %s %d go back to the queue", lost, node.role, node_id)
-                self._serve_shard_waiters()
-                self._announce_workers()
+        self.jobs.node_removed(node_id, node.role)
         logger.info("%s %d removed (%s)", node.role, node_id, why)
         if node.role == "worker":
-            self._announce_workers()
+            self.workers_changed()
         if why == "dead" or node.role != "worker":  # nothing may wait on a server that is gone; a client
             for other in self.nodes.values():  # that left is forgotten by the servers' exactly-once records
                 self._notify(other, {"op": Op.NODE_LOST.value, "node_id": node_id,
@@ -635,15 +610,16 @@ class SchedulerNode:
                 op.waiting.discard(node_id)
                 op.lost.add(node_id)
                 self._maybe_finish_fanout(op_id)
-        self._maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
+        self.jobs.maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
         if node.role == "server":
             self._server_lost(node_id)
+            self._serve_server_waiters(lost=node_id)
         self._maybe_release_barrier()
 
     # ---- tables ------------------------------------------------------------------------
     def _forward_to_servers(self, identity: bytes, msg: Message, header: dict[str, Any],
                             on_error: Callable[[], None] | None = None) -> None:
-        def answer(op: _FanOut) -> None:
+        def answer(op: FanOut) -> None:
             if op.errors:
                 if on_error is not None:
                     on_error()
@@ -651,7 +627,7 @@ class SchedulerNode:
             else:
                 send(self.sock, encode({"op": Op.OK.value, "id": msg.id}), identity)
 
-        self._fan_out(header, answer)
+        self.fan_out(header, answer)
 
     def on_create_table(self, identity: bytes, msg: Message) -> None:
         if self.migration is not None:  # vnodes are moving: the plan does not know this table
@@ -677,7 +653,7 @@ class SchedulerNode:
             if self.tables.get(spec.name) == spec:
                 del self.tables[spec.name]
                 logger.warning("table %r could not be created on every server: dropped again", spec.name)
-                self._fan_out({"op": Op.DROP_TABLE.value, "name": spec.name}, lambda op: None)
+                self.fan_out({"op": Op.DROP_TABLE.value, "name": spec.name}, lambda op: None)
 
         self._forward_to_servers(identity, msg, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()}, failed)
 
@@ -715,12 +691,12 @@ class SchedulerNode:
         del self.fanouts[op_id]
         op.on_done(op)
 
-    def _fan_out(self, header: dict[str, Any], on_done: Callable[[_FanOut], None],
+    def fan_out(self, header: dict[str, Any], on_done: Callable[[FanOut], None],
                  timeout_s: float = math.inf) -> int:
-        """Send ``header`` to every live server; ``on_done`` gets the answers (see ``_FanOut``)."""
+        """Send ``header`` to every live server; ``on_done`` gets the answers (see ``FanOut``)."""
         self._op_seq += 1
         servers = [n for n in self.nodes.values() if n.role == "server"]
-        self.fanouts[self._op_seq] = _FanOut(on_done, {n.id for n in servers}, time.monotonic() + timeout_s)
+        self.fanouts[self._op_seq] = FanOut(on_done, {n.id for n in servers}, time.monotonic() + timeout_s)
         for node in servers:
             self._notify(node, {**header, "id": self._op_seq})
         self._maybe_finish_fanout(self._op_seq)
@@ -732,146 +708,6 @@ class SchedulerNode:
             op.lost |= op.waiting
             op.waiting.clear()
             self._maybe_finish_fanout(op_id)
-
-    # ---- data shards -----------------------------------------------------------------
-    def on_job_start(self, identity: bytes, msg: Message) -> None:
-        """``shards``, ``epochs``; optional ``checkpoint: {url, every, timeout_s}`` (every
-        ``every`` shards done) and ``resume`` (``TaskQueue.snapshot()`` of a checkpoint)."""
-        shards = msg.header.get("shards")
-        epochs = msg.header.get("epochs")
-        if not isinstance(shards, list) or not isinstance(epochs, int):
-            raise ProtocolError("job_start takes shards (a list) and epochs (an int)")
-        if (self.job is not None and not self.job.finished) or self._checkpointing():
-            raise ConfigError("a job is already running on this cluster; wait for it to finish")
-        ckpt = msg.header.get("checkpoint")
-        checkpoints = None if ckpt is None else _JobCheckpoints.from_wire(ckpt)
-        resume = msg.header.get("resume")
-        self.job = TaskQueue(shards, epochs) if resume is None else TaskQueue.resume(shards, epochs, resume)
-        self.job_checkpoints = checkpoints
-        logger.info("job started: %d shard(s), %d epoch(s)%s%s", len(shards), epochs,
-                    f", resumed at epoch {self.job.epoch} with {len(self.job.done)} shard(s) done"
-                    if resume is not None else "",
-                    f", a checkpoint every {checkpoints.every} shard(s) under {checkpoints.url}"
-                    if checkpoints else "")
-        send(self.sock, reply(msg), identity)
-
-    def on_next_shard(self, identity: bytes, msg: Message) -> None:
-        node_id = self.by_identity.get(identity)
-        if node_id is None or self.job is None:
-            raise ConfigError("no job is running (the driver starts one with start_job)")
-        self.shard_waiters.append((identity, msg.id, node_id))
-        self._serve_shard_waiters()
-        self._announce_workers()
-
-    def _serve_shard_waiters(self) -> None:
-        if self._checkpointing():  # no new shard until the checkpoint is written
-            return
-        waiting, self.shard_waiters = self.shard_waiters, []
-        for identity, request_id, node_id in waiting:
-            if self._checkpoint_due(node_id):
-                self.shard_waiters.append((identity, request_id, node_id))
-                continue
-            answer = self.job.next_shard(node_id) if self.job else {"done": True}
-            if answer is None:
-                self.shard_waiters.append((identity, request_id, node_id))
-            else:
-                send(self.sock, encode({"op": Op.OK.value, "id": request_id, **answer}), identity)
-
-    def _checkpoint_due(self, node_id: int) -> bool:
-        """A worker asks for its next shard while it finishes one; hold the new one back
-        if the shards running now bring a checkpoint: it would only delay it (checkpoints
-        stay N to N + workers - 1 shards apart)."""
-        ckpt, job = self.job_checkpoints, self.job
-        return (ckpt is not None and job is not None and node_id in job.running.values()
-                and ckpt.since + len(job.running) >= ckpt.every)
-
-    def on_shard_done(self, identity: bytes, msg: Message) -> None:
-        node_id = self.by_identity.get(identity)
-        if self.job is None or node_id is None:
-            raise ConfigError("no job is running")
-        self.job.shard_done(node_id, hfield(msg, "shard_id", int), hfield(msg, "epoch", int),
-                            msg.header.get("stats") or {})
-        send(self.sock, reply(msg), identity)
-        ckpt = self.job_checkpoints
-        if ckpt is not None:
-            ckpt.since += 1
-            if ckpt.since >= ckpt.every and ckpt.phase is None:
-                ckpt.phase = "draining"
-            self._maybe_checkpoint()  # the last running shard may have just finished
-        self._serve_shard_waiters()
-        self._announce_workers()
-
-    # ---- coordinated checkpoints -------------------------------------------------------
-    def _checkpointing(self) -> bool:
-        return self.job_checkpoints is not None and self.job_checkpoints.phase is not None
-
-    def _maybe_checkpoint(self) -> None:
-        """Once no shard runs (every worker has drained its pushes before ``shard_done``:
-        the servers are quiet, a clock boundary), ask every server to write its vnodes."""
-        ckpt = self.job_checkpoints
-        if ckpt is None or ckpt.phase != "draining" or self.job is None or self.job.running:
-            return
-        ckpt.phase = "writing"
-        try:
-            ckpt.step = checkpoint.new_step_url(ckpt.url)
-        except Exception as exc:  # e.g. the folder cannot be listed: this one is given up
-            self._checkpoint_done(f"{ckpt.url} cannot be listed ({type(exc).__name__}: {exc})")
-            return
-        assert self.ring is not None
-        ckpt.ring_epoch = self.ring.epoch
-        logger.info("checkpoint %s: %d shard(s) done since the last one", ckpt.step, ckpt.since)
-        self._fan_out({"op": Op.CHECKPOINT.value, "url": ckpt.step}, self._on_checkpoint_written,
-                      ckpt.timeout_s)
-
-    def _on_checkpoint_written(self, op: _FanOut) -> None:
-        """Every server answered (or died): write the manifest, last, or give the step up."""
-        ckpt, job, ring = self.job_checkpoints, self.job, self.ring
-        if ckpt is None or job is None or ring is None:
-            return
-        missing = set(ring.owners.tolist()) - set(op.replies)
-        if op.errors or op.lost or missing or ring.epoch != ckpt.ring_epoch:
-            self._checkpoint_done(f"errors {op.errors or '-'}, lost servers {sorted(op.lost) or '-'}, "
-                                  f"vnode owners without files {sorted(missing) or '-'}, ring epoch "
-                                  f"{ckpt.ring_epoch} -> {ring.epoch}")
-            return
-        manifest = checkpoint.assemble_manifest(
-            list(op.replies.values()), ring.to_wire(), {n: s.to_wire() for n, s in self.tables.items()},
-            job={"shards": job.shards, "epochs": job.epochs, **job.snapshot()},
-            **({"train": ckpt.meta} if ckpt.meta else {}))
-        try:
-            checkpoint.write_manifest(ckpt.step, manifest)
-        except Exception as exc:
-            self._checkpoint_done(f"the manifest cannot be written ({type(exc).__name__}: {exc})")
-            return
-        ckpt.written.append(ckpt.step)
-        logger.info("checkpoint %s written (epoch %d, %d shard(s) done)", ckpt.step, job.epoch, len(job.done))
-        self._checkpoint_done(None)
-
-    def _checkpoint_done(self, failure: str | None) -> None:
-        ckpt = self.job_checkpoints
-        assert ckpt is not None
-        if failure is not None:
-            ckpt.abandoned += 1
-            ckpt.failures.append(f"{ckpt.step or ckpt.url}: {failure}"[:2000])
-            logger.error("checkpoint %s abandoned, training goes on (it has no manifest, so it is never "
-                         "used): %s", ckpt.step or ckpt.url, failure)
-        ckpt.phase, ckpt.since = None, 0
-        self._serve_shard_waiters()
-        self._announce_workers()
-
-    def on_progress(self, identity: bytes, msg: Message) -> None:
-        if self.job is not None:
-            self.job.progress(msg.header.get("stats") or {})
-
-    def on_job_status(self, identity: bytes, msg: Message) -> None:
-        status = self.job.status() if self.job else {}
-        if self.job:  # what servers' deaths cost the job
-            status["losses"], status["failovers"] = self.losses, self.failovers
-        ckpt = self.job_checkpoints
-        if self.job and ckpt is not None:
-            status["checkpoints"] = {"written": list(ckpt.written), "abandoned": ckpt.abandoned,
-                                     "failures": list(ckpt.failures), "in_progress": ckpt.phase is not None}
-        send(self.sock, reply(msg, job=status), identity)
 
     # ---- barrier and shutdown ----------------------------------------------------------
     def _barrier_size(self) -> int:

@@ -1,0 +1,255 @@
+"""A training job as the scheduler runs it: the data-shard queue (``tasks.TaskQueue``)
+and the coordinated checkpoints that stop it at clock boundaries.
+
+No sockets here.  ``Jobs`` takes the job's requests (``start``, ``next_shard``,
+``shard_done``, ``progress``, ``status``) and the cluster's events (a node removed, a
+checkpoint's answers), and acts through the small ``JobHost`` interface the scheduler
+implements: answer a request, send a command to every server, say that the set of busy
+workers changed.
+
+Checkpoints: every ``every`` shards done the queue stops handing out shards ("draining");
+once no shard runs (each worker drains its pushes before ``shard_done``: the servers are
+quiet, a clock boundary) every server writes its vnodes ("writing"), then the manifest
+is written, last.  A failed step is abandoned (it has no manifest, so it is never used)
+and training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from paramserver import checkpoint
+from paramserver.errors import ConfigError, ProtocolError
+from paramserver.routing.ring import Ring
+from paramserver.scheduler.tasks import TaskQueue
+from paramserver.spec import TableSpec
+from paramserver.wire.message import Message, Op, encode, reply
+from paramserver.wire.message import field as hfield
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FanOut:
+    """A command sent to every server; ``on_done(self)`` runs once each has answered,
+    died or (past ``deadline``) been given up on."""
+
+    on_done: Any  # Callable[[FanOut], None]
+    waiting: set[int]
+    deadline: float
+    replies: dict[int, dict[str, Any]] = field(default_factory=dict)  # server -> OK header
+    errors: dict[int, Any] = field(default_factory=dict)  # server -> error text
+    lost: set[int] = field(default_factory=set)  # died or timed out before answering
+
+
+class JobHost(Protocol):
+    """What ``Jobs`` needs of the scheduler."""
+
+    ring: Ring | None
+    tables: dict[str, TableSpec]
+    losses: list[dict[str, Any]]
+    failovers: list[dict[str, Any]]
+
+    def answer(self, identity: bytes, frames: list[Any]) -> None: ...
+
+    def fan_out(self, header: dict[str, Any], on_done: Any, timeout_s: float) -> int: ...
+
+    def workers_changed(self) -> None: ...
+
+
+@dataclass
+class Checkpoints:
+    """``JOB_START``'s ``checkpoint``: every ``every`` shards done, stop handing out
+    shards, let the running ones finish (a clock boundary), checkpoint, go on."""
+
+    url: str
+    every: int
+    timeout_s: float
+    since: int = 0  # shards done since the last checkpoint (or its attempt)
+    phase: str | None = None  # None, "draining" (waiting for running shards), "writing"
+    step: str = ""
+    ring_epoch: int = 0
+    written: list[str] = field(default_factory=list)
+    abandoned: int = 0
+    failures: list[str] = field(default_factory=list)  # why each abandoned checkpoint failed
+    meta: dict[str, Any] = field(default_factory=dict)  # the job's own words for its manifests (model, data)
+
+    @classmethod
+    def from_wire(cls, w: Any) -> Checkpoints:
+        every, timeout_s = (w.get("every"), w.get("timeout_s", 600)) if isinstance(w, dict) else (0, 0)
+        if (not isinstance(w, dict) or not isinstance(w.get("url"), str) or not w["url"]
+                or isinstance(every, bool) or not isinstance(every, int) or every < 1
+                or isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0):
+            raise ConfigError(f"job_start checkpoint must be {{url: str, every: int >= 1, timeout_s: "
+                              f"number > 0}}, got {w!r}")
+        meta = w.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ConfigError(f"job_start checkpoint meta must be a map, got {meta!r}")
+        return cls(w["url"], every, float(timeout_s), meta=meta)
+
+
+class Jobs:
+    """The scheduler's job: at most one runs at a time."""
+
+    def __init__(self, host: JobHost) -> None:
+        self.host = host
+        self.job: TaskQueue | None = None
+        self.checkpoints: Checkpoints | None = None
+        self.waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, node id) asking for a shard
+
+    # ---- requests ----------------------------------------------------------------------
+    def start(self, identity: bytes, msg: Message) -> None:
+        """``shards``, ``epochs``; optional ``checkpoint: {url, every, timeout_s}`` (every
+        ``every`` shards done) and ``resume`` (``TaskQueue.snapshot()`` of a checkpoint)."""
+        shards = msg.header.get("shards")
+        epochs = msg.header.get("epochs")
+        if not isinstance(shards, list) or not isinstance(epochs, int):
+            raise ProtocolError("job_start takes shards (a list) and epochs (an int)")
+        if (self.job is not None and not self.job.finished) or self.checkpointing:
+            raise ConfigError("a job is already running on this cluster; wait for it to finish")
+        ckpt = msg.header.get("checkpoint")
+        checkpoints = None if ckpt is None else Checkpoints.from_wire(ckpt)
+        resume = msg.header.get("resume")
+        self.job = TaskQueue(shards, epochs) if resume is None else TaskQueue.resume(shards, epochs, resume)
+        self.checkpoints = checkpoints
+        logger.info("job started: %d shard(s), %d epoch(s)%s%s", len(shards), epochs,
+                    f", resumed at epoch {self.job.epoch} with {len(self.job.done)} shard(s) done"
+                    if resume is not None else "",
+                    f", a checkpoint every {checkpoints.every} shard(s) under {checkpoints.url}"
+                    if checkpoints else "")
+        self.host.answer(identity, reply(msg))
+
+    def next_shard(self, identity: bytes, msg: Message, node_id: int | None) -> None:
+        if node_id is None or self.job is None:
+            raise ConfigError("no job is running (the driver starts one with client.job.start)")
+        self.waiters.append((identity, msg.id, node_id))
+        self.serve()
+        self.host.workers_changed()
+
+    def shard_done(self, identity: bytes, msg: Message, node_id: int | None) -> None:
+        if self.job is None or node_id is None:
+            raise ConfigError("no job is running")
+        self.job.shard_done(node_id, hfield(msg, "shard_id", int), hfield(msg, "epoch", int),
+                            msg.header.get("stats") or {})
+        self.host.answer(identity, reply(msg))
+        ckpt = self.checkpoints
+        if ckpt is not None:
+            ckpt.since += 1
+            if ckpt.since >= ckpt.every and ckpt.phase is None:
+                ckpt.phase = "draining"
+            self.maybe_checkpoint()  # the last running shard may have just finished
+        self.serve()
+        self.host.workers_changed()
+
+    def progress(self, msg: Message) -> None:
+        if self.job is not None:
+            self.job.progress(msg.header.get("stats") or {})
+
+    def status(self, identity: bytes, msg: Message) -> None:
+        status = self.job.status() if self.job else {}
+        if self.job:  # what servers' deaths cost the job
+            status["losses"], status["failovers"] = self.host.losses, self.host.failovers
+        ckpt = self.checkpoints
+        if self.job and ckpt is not None:
+            status["checkpoints"] = {"written": list(ckpt.written), "abandoned": ckpt.abandoned,
+                                     "failures": list(ckpt.failures), "in_progress": ckpt.phase is not None}
+        self.host.answer(identity, reply(msg, job=status))
+
+    # ---- events ------------------------------------------------------------------------
+    def idle_workers(self) -> set[int]:
+        """Workers waiting for a shard and holding none (they leave the vector clocks)."""
+        busy = set(self.job.running.values()) if self.job is not None else set()
+        return {w[2] for w in self.waiters} - busy
+
+    def node_removed(self, node_id: int, role: str) -> None:
+        """A node left or died: its shards go back to the queue."""
+        self.waiters = [w for w in self.waiters if w[2] != node_id]
+        if self.job is not None:
+            lost = self.job.release(node_id)
+            if lost:
+                logger.warning("shards %s of %s %d go back to the queue", lost, role, node_id)
+                self.serve()
+                self.host.workers_changed()
+        self.maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
+
+    def serve(self) -> None:
+        """Answer the workers waiting for a shard that can have one now."""
+        if self.checkpointing:  # no new shard until the checkpoint is written
+            return
+        waiting, self.waiters = self.waiters, []
+        for identity, request_id, node_id in waiting:
+            if self._checkpoint_due(node_id):
+                self.waiters.append((identity, request_id, node_id))
+                continue
+            answer = self.job.next_shard(node_id) if self.job else {"done": True}
+            if answer is None:
+                self.waiters.append((identity, request_id, node_id))
+            else:
+                self.host.answer(identity, encode({"op": Op.OK.value, "id": request_id, **answer}))
+
+    def _checkpoint_due(self, node_id: int) -> bool:
+        """A worker asks for its next shard while it finishes one; hold the new one back
+        if the shards running now bring a checkpoint: it would only delay it (checkpoints
+        stay N to N + workers - 1 shards apart)."""
+        ckpt, job = self.checkpoints, self.job
+        return (ckpt is not None and job is not None and node_id in job.running.values()
+                and ckpt.since + len(job.running) >= ckpt.every)
+
+    # ---- coordinated checkpoints -------------------------------------------------------
+    @property
+    def checkpointing(self) -> bool:
+        return self.checkpoints is not None and self.checkpoints.phase is not None
+
+    def maybe_checkpoint(self) -> None:
+        """Once no shard runs, ask every server to write its vnodes."""
+        ckpt = self.checkpoints
+        if ckpt is None or ckpt.phase != "draining" or self.job is None or self.job.running:
+            return
+        ckpt.phase = "writing"
+        try:
+            ckpt.step = checkpoint.new_step_url(ckpt.url)
+        except Exception as exc:  # e.g. the folder cannot be listed: this one is given up
+            self._checkpoint_done(f"{ckpt.url} cannot be listed ({type(exc).__name__}: {exc})")
+            return
+        assert self.host.ring is not None
+        ckpt.ring_epoch = self.host.ring.epoch
+        logger.info("checkpoint %s: %d shard(s) done since the last one", ckpt.step, ckpt.since)
+        self.host.fan_out({"op": Op.CHECKPOINT.value, "url": ckpt.step}, self._written, ckpt.timeout_s)
+
+    def _written(self, op: FanOut) -> None:
+        """Every server answered (or died): write the manifest, last, or give the step up."""
+        ckpt, job, ring = self.checkpoints, self.job, self.host.ring
+        if ckpt is None or job is None or ring is None:
+            return
+        missing = set(ring.owners.tolist()) - set(op.replies)
+        if op.errors or op.lost or missing or ring.epoch != ckpt.ring_epoch:
+            self._checkpoint_done(f"errors {op.errors or '-'}, lost servers {sorted(op.lost) or '-'}, "
+                                  f"vnode owners without files {sorted(missing) or '-'}, ring epoch "
+                                  f"{ckpt.ring_epoch} -> {ring.epoch}")
+            return
+        manifest = checkpoint.assemble_manifest(
+            list(op.replies.values()), ring.to_wire(), {n: s.to_wire() for n, s in self.host.tables.items()},
+            job={"shards": job.shards, "epochs": job.epochs, **job.snapshot()},
+            **({"train": ckpt.meta} if ckpt.meta else {}))
+        try:
+            checkpoint.write_manifest(ckpt.step, manifest)
+        except Exception as exc:
+            self._checkpoint_done(f"the manifest cannot be written ({type(exc).__name__}: {exc})")
+            return
+        ckpt.written.append(ckpt.step)
+        logger.info("checkpoint %s written (epoch %d, %d shard(s) done)", ckpt.step, job.epoch, len(job.done))
+        self._checkpoint_done(None)
+
+    def _checkpoint_done(self, failure: str | None) -> None:
+        ckpt = self.checkpoints
+        assert ckpt is not None
+        if failure is not None:
+            ckpt.abandoned += 1
+            ckpt.failures.append(f"{ckpt.step or ckpt.url}: {failure}"[:2000])
+            logger.error("checkpoint %s abandoned, training goes on (it has no manifest, so it is never "
+                         "used): %s", ckpt.step or ckpt.url, failure)
+        ckpt.phase, ckpt.since = None, 0
+        self.serve()
+        self.host.workers_changed()
