@@ -267,7 +267,9 @@ def test_run_starts_a_cluster_runs_a_closure_on_every_worker_and_stops_it():
 
 
 def test_a_dead_scheduler_fails_waiting_calls_instead_of_hanging():
-    from paramserver import NodeLostError
+    import dataclasses
+
+    from paramserver import NodeLostError, StaleEpochError
 
     with LocalCluster(servers=1, workers=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5,
                       log_level="WARNING") as cluster:
@@ -280,8 +282,14 @@ def test_a_dead_scheduler_fails_waiting_calls_instead_of_hanging():
         assert time.monotonic() - t0 < 10
         with pytest.raises(NodeLostError):  # and later calls fail at once
             client.tables()
-        # the data plane does not need the scheduler
-        client.push("t", [1], [[1.0]]).result(timeout=10)
+        # The data plane works on, but only under the servers' leases (issue 13: a server
+        # cut off from the scheduler served for ever, though it may have been declared
+        # dead and its backups promoted); once a lease runs out, pulls and pushes are
+        # refused and retried, then fail, and nothing is applied.  (This test asserted
+        # that serving went on without a scheduler: that was the bug.)
+        client.config = dataclasses.replace(client.config, retry_timeout_s=2.0)
+        with pytest.raises(StaleEpochError, match="lease ran out"):
+            client.push("t", [1], [[1.0]]).result(timeout=30)
 
 
 def test_nodes_exit_when_the_process_that_started_them_is_killed():

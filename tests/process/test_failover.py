@@ -185,3 +185,45 @@ def test_a_client_takes_the_scheduler_back_once_it_answers_again():
         assert info["ring_servers"], info
         client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
         np.testing.assert_array_equal(client.pull("w", KEYS).result(timeout=30), np.ones((N_KEYS, 1)))
+
+
+def test_a_paused_server_does_not_answer_with_stale_values_once_its_backup_took_over():
+    """Issue 13: a server paused past the heartbeat timeout, then resumed, answered the
+    pulls that still reached it with values its promoted backup had moved past, until a
+    heartbeat reply told it it was dead.  It now serves only under a lease."""
+    import signal
+
+    import zmq
+
+    from paramserver.wire.message import Op, decode, encode
+
+    with LocalCluster(servers=2, workers=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5,
+                      log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
+        client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)  # every value 1
+        piece = client._pieces(Op.PULL, KEYS, None, 0)[0]  # a pull as routed now, to its primary
+        victim = piece.server
+        address = client._servers[victim]
+        pids = {s["node_id"]: s["pid"] for s in client.server_stats()}
+        name = next(n for n, p in cluster.procs.items() if p.popen.pid == pids[victim])
+        proc = cluster.procs[name].popen
+        proc.send_signal(signal.SIGSTOP)
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            wait_for(lambda: victim not in client.cluster_info().get("ring_servers", [victim]), 30,
+                     "the scheduler to declare the paused server dead")
+            client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)  # now 2, on the backup
+            sock.connect(address)  # a client that still routes to the old primary
+            sock.send_multipart(encode({"op": Op.PULL.value, "id": 1, "table": "w", "epoch": piece.epoch},
+                                       [piece.keys, piece.vnodes, piece.counts]))
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        try:
+            answer = decode(sock.recv_multipart()) if sock.poll(10_000) else None  # it may also just stop
+        finally:
+            sock.close(linger=0)
+        assert answer is None or (answer.op is Op.ERROR and answer.header["code"] == "stale_epoch"), \
+            (answer.header, answer.arrays[0][:5] if answer.arrays else None)
+        np.testing.assert_array_equal(client.pull("w", KEYS).result(timeout=30), 2 * np.ones((N_KEYS, 1)))

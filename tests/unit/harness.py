@@ -40,6 +40,7 @@ class Harness:
         for i in ids:
             n = ServerNode(load_config(scheduler="tcp://127.0.0.1:9", server_threads=1))
             n.node_id = i
+            n.lease.granted(float("inf"))  # no scheduler here to renew it: these nodes always serve
             self.nodes.append(n)
         return [n for n in self.nodes if n.node_id in ids]
 

@@ -94,3 +94,20 @@ def test_a_push_with_a_nonsense_watermark_is_refused_whole(h):
         h.push(ring, "t", keys, -np.ones((keys.size, 1), np.float32), sender=3, seq=5, acked=acked)
         assert h.replies[-1][1]["op"] == "error"
     assert len(a.tables["t"]) == 0
+
+
+def test_a_copy_that_overtakes_the_joiners_first_ring_waits_for_it(h):
+    """The copies a joiner receives come from the other servers, its first ring from the
+    scheduler, on another socket: a copy that came first failed the whole join
+    (``assert self.ring``), and the ring never grew.  It is now kept until the ring."""
+    (joiner,) = h.make(9)
+    spec = TableSpec("t", 1, optimizer={"name": "sgd", "lr": 1.0})
+    ring = Ring.create([1, 2], 2)
+    keys = np.array([_key_of_vnode(ring, 0)], np.uint64)
+    rows = np.array([[5.0]], np.float32)  # sgd: the row is the value
+    h.deliver(joiner, {"op": "install", "id": 3, "table": "t", "vnode": 0, "from": 1, "seqs": [],
+                       "buffered": [], "clocks": {}, "append": False}, [keys, rows])
+    assert joiner.ring is None and len(joiner._before_ring) == 1  # kept, not refused
+    h.ring(ring, [spec], [joiner])  # its first ring (it joins later: it holds nothing on it yet)
+    assert not joiner._before_ring
+    assert 0 in joiner.tables["t"].tables and h.value(joiner, "t", keys[0]) == 5.0

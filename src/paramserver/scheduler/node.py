@@ -560,7 +560,9 @@ class SchedulerNode:
         node = self.nodes.get(node_id) if isinstance(node_id, int) else None
         if node is not None:
             node.last_seen = time.monotonic()
-            send(self.sock, _BEAT_BACK, identity)  # so nodes can tell a dead scheduler too
+            seq = msg.header.get("seq")  # a server's beat: echoed, it renews the server's lease
+            send(self.sock, _BEAT_BACK if seq is None else encode({"op": Op.HEARTBEAT.value, "seq": seq}),
+                 identity)  # and nodes tell a dead scheduler by silence
         else:  # declared dead, then came back: tell it, so it stops serving
             send(self.sock, error_reply(None, "unknown_node", "not registered (declared dead?)"), identity)
 

@@ -38,6 +38,7 @@ from paramserver.logutil import Throttled
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.server.dedup import Dedup
+from paramserver.server.lease import Lease
 from paramserver.server.vnodes import VnodeSet
 from paramserver.spec import TableSpec
 from paramserver.warm import warm_server
@@ -87,6 +88,8 @@ class ServerNode:
         self.address = advertised(self.address, config.advertise_host, config.scheduler)  # what peers dial
         self.control = connect_dealer(self.ctx, config.scheduler, config.max_message_bytes)
         self.node_id = -1
+        self.lease = Lease(config.heartbeat_timeout_s)  # serve clients only under it (server/lease.py)
+        self._before_ring: list[list[zmq.Frame]] = []  # INSTALL/REPLICATE that came before the first ring
         self._failures = Throttled(logger)  # a flood of requests that fail logs a few tracebacks, then counts
         self.ring: Ring | None = None
         self.tables: dict[str, VnodeSet] = {}
@@ -128,6 +131,7 @@ class ServerNode:
     # ---- lifecycle ---------------------------------------------------------------------
     def register(self) -> None:
         """Register and wait for the scheduler's answer (``ConnectError`` on timeout)."""
+        sent_at = time.monotonic()
         send(self.control, encode({"op": Op.REGISTER.value, "id": 0, "role": "server",
                                    "address": self.address, "pid": os.getpid()}))
         deadline = time.monotonic() + self.config.connect_timeout_s
@@ -137,6 +141,7 @@ class ServerNode:
                 if msg.op is Op.ERROR:
                     raise ConnectError(f"scheduler refused server: {msg.header.get('error')}")
                 self.node_id = int(msg.header["node_id"])
+                self.lease.granted(sent_at)
                 logger.info("server %d serving at %s", self.node_id, self.address)
                 return
         raise ConnectError(f"server could not reach the scheduler at {self.config.scheduler} within "
@@ -191,13 +196,14 @@ class ServerNode:
         """Beat from a thread of its own, so a long request (a JIT compile, a big table
         growth) is not mistaken for death; numba kernels release the GIL."""
         sock = connect_dealer(self.ctx, self.config.scheduler, self.config.max_message_bytes)
-        beat = encode({"op": Op.HEARTBEAT.value, "node_id": self.node_id})
         try:
             while not self._beats_stop.wait(self.config.heartbeat_interval_s):
-                send(sock, beat)
+                send(sock, encode({"op": Op.HEARTBEAT.value, "node_id": self.node_id, "seq": self.lease.beat()}))
                 while sock.poll(0):
                     msg = decode(sock.recv_multipart())
-                    if msg.op is Op.ERROR and msg.header.get("code") == "unknown_node":
+                    if msg.op is Op.HEARTBEAT:  # the scheduler heard the beat: the lease runs on
+                        self.lease.answered(msg.header.get("seq"))
+                    elif msg.op is Op.ERROR and msg.header.get("code") == "unknown_node":
                         logger.error("server %d was declared dead by the scheduler: stopping, "
                                      "so that a zombie never serves stale vnodes", self.node_id)
                         self._running = False
@@ -212,6 +218,13 @@ class ServerNode:
             msg = decode(frames[1:], self.config.max_message_bytes)
             request_id = msg.id
             handler = self.data_handlers.get(msg.op)
+            if self.ring is None and msg.op in (Op.INSTALL, Op.REPLICATE) and len(self._before_ring) < 10_000:
+                self._before_ring.append(frames)  # a joiner's copies can overtake its first ring: kept for it
+                return
+            if msg.op in (Op.PULL, Op.PUSH) and not self.lease.valid():
+                raise StaleEpochError(f"server {self.node_id} has had no answer from the scheduler for "
+                                      f"{self.lease.expired_for() + self.lease.length:.1f} s: its lease ran out, "
+                                      "so it may have been declared dead; retry on the current ring")
             if handler is None:
                 raise ProtocolError(f"a server does not serve op {msg.op.value!r} "
                                     f"(serves {sorted(o.value for o in self.data_handlers)})")
@@ -382,6 +395,9 @@ class ServerNode:
         self._refresh_targets()
         logger.info("server %d: ring epoch %d, primary of %d vnode(s)", self.node_id, self.ring.epoch,
                     int(self.primary.sum()))
+        early, self._before_ring = self._before_ring, []
+        for frames in early:  # copies that came before this server's first ring (another socket)
+            self._handle_data(frames)
 
     def _add_table(self, spec: TableSpec) -> None:
         assert self.ring is not None

@@ -1,0 +1,89 @@
+"""Vnode copies between servers (joins, removals, repairs): what a copy must look like
+to be installed, and the BSP-aggregated pushes that travel with it.
+
+No sockets: ``ServerNode.on_install`` checks a copy whole with ``check_install`` before
+it changes anything, and ``buffered_pushes`` / ``replace_buffered`` move the pushes of
+unfinished clocks (BSP aggregation) with their vnode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from paramserver.errors import ProtocolError
+from paramserver.routing.ring import Ring
+from paramserver.server.vnodes import VnodeSet
+from paramserver.wire.message import Message
+
+#: per table, per unfinished clock: the (keys, grads) pushes buffered for BSP aggregation
+Aggregates = dict[str, dict[int, list[tuple[np.ndarray, np.ndarray]]]]
+
+
+def check_moves(moves: Any) -> list[tuple[str, int, int]]:
+    """``MIGRATE``'s ``moves``: ``[[table, vnode, dest], ...]``."""
+    if not isinstance(moves, list) or not all(
+            isinstance(m, list) and len(m) == 3 and isinstance(m[0], str)
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in m[1:]) for m in moves):
+        raise ProtocolError(f"migrate: moves must be [[table, vnode, dest], ...], got {str(moves)[:200]}")
+    return [(m[0], m[1], m[2]) for m in moves]
+
+
+def check_install(msg: Message, table: VnodeSet, ring: Ring, name: str, vnode: int, buffered: list[Any],
+                  seqs: list[Any], clocks: Any) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Refuse a malformed copy of ``vnode`` before anything is installed; return its
+    buffered pushes as ``(clock, keys, grads)``."""
+    if not 0 <= vnode < ring.n_vnodes:
+        raise ProtocolError(f"install: vnode {vnode} is not in [0, {ring.n_vnodes})")
+    if len(msg.arrays) != 2 + 2 * len(buffered) or not all(isinstance(c, int) for c in buffered):
+        raise ProtocolError(f"install: {len(msg.arrays)} arrays for {len(buffered)} buffered clocks")
+    if not all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], int) and isinstance(r[1], int)
+               and isinstance(r[2], list) and all(isinstance(q, int) for q in r[2]) for r in seqs):
+        raise ProtocolError("install: seqs must be [[sender, acked, [seq, ...]], ...]")
+    if not isinstance(clocks, dict) or not all(isinstance(c, int) and str(w).isdigit() for w, c in clocks.items()):
+        raise ProtocolError("install: clocks must map worker ids to ints")
+    keys, rows = msg.arrays[0], msg.arrays[1]
+    if keys.dtype != np.uint64 or keys.ndim != 1 or rows.dtype != np.float32 \
+            or rows.shape != (keys.shape[0], table.width):
+        raise ProtocolError(f"install of {name!r}/{vnode}: keys must be <u8[n] and rows <f4[n, {table.width}], "
+                            f"got {keys.dtype}{keys.shape} and {rows.dtype}{rows.shape}")
+    pairs = [(c, msg.arrays[2 + 2 * i], msg.arrays[3 + 2 * i]) for i, c in enumerate(buffered)]
+    for _, k, g in pairs:
+        check_grads(table, k, g)
+    for k in [keys, *[k for _, k, _ in pairs]]:  # a dense table indexes arrays with them
+        bad = table.check(np.array([vnode], np.int32), np.array([k.shape[0]], np.int64), k)
+        if bad >= 0:
+            raise ProtocolError(f"install of {name!r}/{vnode}: key {int(k[bad])} is not in that vnode of "
+                                f"the dense table (key_bits={table.bits})")
+    return pairs
+
+
+def check_grads(table: VnodeSet, keys: np.ndarray, grads: np.ndarray) -> None:
+    if grads.shape != (keys.shape[0], table.spec.dim):
+        raise ProtocolError(f"push to {table.spec.name!r}: grads must have shape "
+                            f"({keys.shape[0]}, {table.spec.dim}), got {grads.shape}")
+    if not np.isfinite(grads).all():
+        raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
+
+
+def buffered_pushes(aggregates: Aggregates, ring: Ring, bits: int, name: str,
+                    vnode: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Per unfinished clock, the buffered (BSP-aggregated) pushes of ``vnode``."""
+    out = []
+    for clock, pushes in sorted(aggregates.get(name, {}).items()):
+        keys = np.concatenate([k for k, _ in pushes])
+        mine = ring.vnodes(keys, bits) == vnode
+        if mine.any():
+            out.append((clock, keys[mine], np.concatenate([g for _, g in pushes])[mine]))
+    return out
+
+
+def replace_buffered(aggregates: Aggregates, ring: Ring, bits: int, name: str, vnode: int,
+                     pairs: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+    """Make ``vnode``'s buffered pushes those of the copy (it has all of them)."""
+    by_clock = aggregates.get(name, {})
+    for clock, pushes in by_clock.items():
+        by_clock[clock] = [(k[keep], g[keep]) for k, g in pushes for keep in [ring.vnodes(k, bits) != vnode]]
+    for clock, k, g in pairs:
+        aggregates.setdefault(name, {}).setdefault(clock, []).append((k.copy(), g.copy()))

@@ -1,0 +1,66 @@
+"""A server's lease: it serves clients only while the scheduler could not yet have
+declared it dead.
+
+The scheduler declares a server dead once it has heard nothing from it for
+``heartbeat_timeout_s``, and then promotes its backups.  A server that was paused (SIGSTOP,
+swap, a long GC) or cut off from the scheduler does not know that; before leases it went
+on answering the clients that still routed to it, with values its promoted backups had
+moved past (up to 43 stale answers in a test), until a heartbeat reply told it that it
+was dead, and for ever if none came.
+
+A heartbeat sent at ``t`` (this server's monotonic clock) and answered by the scheduler
+was received at or after ``t``, so the scheduler will not declare this server dead before
+``t + heartbeat_timeout_s`` (its clock runs at the same rate; a stalled scheduler only
+moves its deadlines later).  The lease therefore runs to ``t + fraction * timeout`` for
+the newest answered beat: the rest of the timeout is the margin for clock-rate skew and
+the request in hand.  Past it the server refuses pulls and pushes with a stale-epoch
+error (clients refresh their view of the ring and retry; nothing is applied, so nothing
+is lost) until an answer renews the lease, or the scheduler says the server is dead.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+LEASE_FRACTION = 0.75  # of heartbeat_timeout_s
+_REMEMBERED = 64  # beats awaiting an answer (older ones can only grant shorter leases)
+
+
+class Lease:
+    """Grants from the scheduler's answers; ``valid()`` says whether to serve now."""
+
+    def __init__(self, heartbeat_timeout_s: float, fraction: float = LEASE_FRACTION,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.length = fraction * heartbeat_timeout_s
+        self._clock = clock
+        self._until = -math.inf
+        self._seq = 0
+        self._sent: dict[int, float] = {}  # beat number -> when it was sent
+
+    def granted(self, sent_at: float) -> None:
+        """The scheduler answered a message this server sent at ``sent_at``."""
+        self._until = max(self._until, sent_at + self.length)
+
+    def beat(self) -> int:
+        """A heartbeat goes out now: its number, for the scheduler to echo."""
+        self._seq += 1
+        self._sent[self._seq] = self._clock()
+        if len(self._sent) > _REMEMBERED:
+            del self._sent[min(self._sent)]
+        return self._seq
+
+    def answered(self, seq: object) -> None:
+        """The scheduler echoed beat ``seq`` (anything else is ignored)."""
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq in self._sent:
+            self.granted(self._sent[seq])
+            for old in [s for s in self._sent if s <= seq]:
+                del self._sent[old]
+
+    def valid(self) -> bool:
+        return self._clock() < self._until
+
+    def expired_for(self) -> float:
+        """Seconds since the lease ran out (0 while it runs)."""
+        return max(0.0, self._clock() - self._until)

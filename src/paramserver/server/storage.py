@@ -1,0 +1,92 @@
+"""A server's tables to and from files and exports: the rows of the vnodes it is primary
+of (one copy of each vnode cluster-wide), and restores under the current ring.
+
+No sockets: ``ServerNode`` answers ``EXPORT``, ``CHECKPOINT``, ``RESTORE`` and ``STATS``
+with what these return.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from paramserver import checkpoint
+from paramserver.errors import CheckpointError, ProtocolError, UnknownTableError
+from paramserver.routing.ring import Ring
+from paramserver.server.vnodes import VnodeSet
+
+
+def export_rows(tables: dict[str, VnodeSet], primary: np.ndarray, name: str, max_bytes: int,
+                node_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every key of table ``name`` this server is primary of, with its value (state left out)."""
+    table = tables.get(name)
+    if table is None:
+        raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(tables)})")
+    if len(table) * (8 + 4 * table.spec.dim) > max_bytes - (1 << 20):
+        raise ProtocolError(f"table {name!r} ({len(table)} keys on server {node_id}) is too large "
+                            "to export in one message; use checkpoint() instead")
+    parts = [vt.items() for v, vt in table.tables.items() if primary[v]]
+    keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
+    rows = np.concatenate([r[:, : table.spec.dim] for _, r in parts]) if parts else \
+        np.zeros((0, table.spec.dim), np.float32)
+    return keys, np.ascontiguousarray(rows)
+
+
+def write_checkpoint(tables: dict[str, VnodeSet], primary: np.ndarray, url: str) -> dict[str, dict[str, list[Any]]]:
+    """Write every stored vnode this server is primary of (keys, values and optimiser
+    state) under ``url``; the manifest entries, per table and vnode."""
+    files: dict[str, dict[str, list[Any]]] = {}
+    for name, table in tables.items():
+        for v, vt in table.tables.items():
+            if not primary[v]:  # one copy of each vnode: the primary's
+                continue
+            keys, rows = vt.items()
+            if keys.size:
+                files.setdefault(name, {})[str(v)] = checkpoint.write_vnode(url, name, v, keys, rows)
+    return files
+
+
+def restore_rows(tables: dict[str, VnodeSet], primary: np.ndarray, ring: Ring, name: str, step: str,
+                 entries: list[Any]) -> int:
+    """Load the keys this server holds under ``ring`` from a checkpoint's files (each
+    checked, size, sha256 and keys, before anything is kept); the keys it is primary of."""
+    table = tables.get(name)
+    if table is None:
+        raise UnknownTableError(f"unknown table {name!r}: create it before restoring it")
+    files = [(checkpoint.entry_path(step, entry), entry) for entry in entries]  # every entry well-formed first
+    loaded = 0
+    for path, entry in files:
+        keys, rows = checkpoint.read_vnode(path, entry)
+        if keys.ndim != 1 or rows.shape != (keys.shape[0], table.width):
+            raise CheckpointError(f"{path}: rows of shape {rows.shape} do not fit table "
+                                  f"{name!r}; was it saved from another table?")
+        if table.bits and (keys >> np.uint64(table.bits)).any():
+            raise CheckpointError(f"{path}: keys >= 2**{table.bits} do not fit the dense table "
+                                  f"{name!r}; was it saved from another table?")
+        vnodes = ring.vnodes(keys, table.bits)
+        for v in np.unique(vnodes).tolist():
+            vt = table.tables.get(v)
+            if vt is not None:
+                mine = vnodes == v
+                vt.load(keys[mine], rows[mine])
+                loaded += int(mine.sum()) if primary[v] else 0  # backups load too
+    table.refresh()
+    return loaded
+
+
+def table_stats(tables: dict[str, VnodeSet], primary: np.ndarray) -> dict[str, dict[str, int]]:
+    """Per table: keys and bytes stored here, vnodes held, keys this server is primary of."""
+    return {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.tables),
+                   "primary_keys": sum(len(vt) for v, vt in t.tables.items() if primary[v])}
+            for name, t in tables.items()}
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
