@@ -62,14 +62,14 @@ class Harness:
                 if n.router.poll(5):
                     n._handle_data(n.router.recv_multipart(copy=False))
                     moved = True
-                for peer, sock in list(n.peer_socks.items()):
+                for peer, sock in list(n.peers.socks.items()):
                     if sock.poll(0):
-                        n._handle_peer(peer, sock)
+                        n.peers.handle(peer, sock)
                         moved = True
                 if n.copies and n.copies_in_flight < 2:
                     n._copy_next()
                     moved = True
-            if not moved and not any(n.awaiting or n.copies for n in nodes):
+            if not moved and not any(n.peers.awaiting or n.copies for n in nodes):
                 return
         raise AssertionError("the servers did not go quiet")
 
@@ -94,7 +94,7 @@ class Harness:
 
     def close(self) -> None:
         for n in self.nodes:
-            for sock in n.peer_socks.values():
+            for sock in n.peers.socks.values():
                 sock.close(linger=0)
             n.router.close(linger=0)
             n.control.close(linger=0)

@@ -30,48 +30,39 @@ from typing import Any
 import numpy as np
 import zmq
 
-from paramserver import checkpoint
 from paramserver.config import Config
 from paramserver.consistency.clock import StalenessGate
 from paramserver.errors import ConnectError, ParamServerError, ProtocolError, StaleEpochError, UnknownTableError
 from paramserver.logutil import Throttled
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
+from paramserver.server import storage
 from paramserver.server.dedup import Dedup
+from paramserver.server.install import buffered_pushes, check_grads, check_install, check_moves, replace_buffered
 from paramserver.server.lease import Lease
+from paramserver.server.peers import Acks, Peers, forward_targets
+from paramserver.server.requests import check_segments, split
 from paramserver.server.vnodes import VnodeSet
 from paramserver.spec import TableSpec
 from paramserver.warm import warm_server
-from paramserver.wire.message import Message, Op, decode, encode, error_reply, expect, failed_request, field, reply
+from paramserver.wire.message import (
+    Message,
+    Op,
+    decode,
+    encode,
+    error_code,
+    error_reply,
+    expect,
+    failed_request,
+    field,
+    reply,
+)
 from paramserver.wire.sockets import advertised, bind_router, connect_dealer, send
 
 logger = logging.getLogger(__name__)
 
-#: requests with fewer keys run on the loop thread (a thread hand-off costs ~50 µs)
-PARALLEL_MIN_KEYS = 32_768
 #: vnode copies a migrating server keeps unanswered
 COPIES_IN_FLIGHT = 2
-
-
-class _Acks:
-    """What waits on answers from other servers: a client's push (``reply`` is sent
-    once every backup applied it) or a migration (``done`` runs once every copy was
-    installed).  A server that dies counts as having answered."""
-
-    __slots__ = ("pending", "identity", "request", "done", "failed")
-
-    def __init__(self, identity: bytes | None = None, request: Message | None = None,
-                 done: Callable[[str | None], None] | None = None):
-        self.pending, self.identity, self.request, self.done = 0, identity, request, done
-        self.failed: str | None = None  # why a receiver refused (the client must retry)
-
-
-def _error_code(exc: ParamServerError) -> str:
-    if isinstance(exc, StaleEpochError):
-        return "stale_epoch"
-    if isinstance(exc, KeyError):
-        return "unknown_table"
-    return "protocol" if isinstance(exc, ProtocolError) else "error"
 
 
 class ServerNode:
@@ -96,16 +87,13 @@ class ServerNode:
         self.early_tables: dict[str, TableSpec] = {}
         self.dedup: dict[str, Dedup] = {}
         self.primary = np.zeros(0, bool)  # per vnode: this server is its primary
-        self.peers: dict[int, str] = {}  # server id -> address
-        self.peer_socks: dict[int, zmq.Socket] = {}
         self.dead: set[int] = set()
         self.moving: dict[str, dict[int, set[int]]] = {}  # table -> vnode -> servers copied to
         self.targets: dict[str, np.ndarray] = {}  # table -> int32[n_vnodes, k]: forward to
-        self.awaiting: dict[int, tuple[int, _Acks]] = {}  # request id -> (peer, what waits)
         self.copies: collections.deque = collections.deque()  # (acks, table, vnode, dest) to send
         self.copies_in_flight = 0
-        self._next_request = 1
         self.poller = zmq.Poller()
+        self.peers = Peers(self.ctx, self.poller, config.max_message_bytes, self._finish)  # the other servers
         self.gate = StalenessGate()  # the vector clock of live workers, and parked pulls
         self.aggregates: dict[str, dict[int, list[tuple[np.ndarray, np.ndarray]]]] = {}
         self._running = True
@@ -170,8 +158,7 @@ class ServerNode:
             beats.join(5)
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
-            for sock in self.peer_socks.values():
-                sock.close(linger=0)
+            self.peers.close()
             self.router.close(linger=0)
             self.control.close(linger=0)
 
@@ -181,9 +168,7 @@ class ServerNode:
         if self.control in ready:
             while self._running and self.control.poll(0):
                 self._handle_control(self.control.recv_multipart(copy=False))
-        for peer, sock in list(self.peer_socks.items()):
-            if sock in ready:
-                self._handle_peer(peer, sock)
+        self.peers.receive(ready)
         if self.router in ready:
             for _ in range(64):  # bounded, so control messages keep flowing
                 if not self._running or not self.router.poll(0):
@@ -234,7 +219,7 @@ class ServerNode:
         except ParamServerError as exc:
             request_id = failed_request(exc, request_id)
             logger.debug("refused request %r: %s", request_id, exc)
-            send(self.router, error_reply(request_id, _error_code(exc), str(exc),
+            send(self.router, error_reply(request_id, error_code(exc), str(exc),
                                           epoch=self.ring.epoch if self.ring else 0), identity)
         except Exception as exc:  # a bug must not kill the server: answer and keep serving
             self._failures.exception("server %d failed on request %r", self.node_id, request_id)
@@ -255,45 +240,7 @@ class ServerNode:
             send(self.control, error_reply(request_id, "error", f"{type(exc).__name__}: {exc}"))
 
     # ---- peers (other servers) ---------------------------------------------------------
-    def _peer(self, server: int) -> zmq.Socket:
-        sock = self.peer_socks.get(server)
-        if sock is None:
-            sock = connect_dealer(self.ctx, self.peers[server], self.config.max_message_bytes)
-            self.peer_socks[server] = sock
-            self.poller.register(sock, zmq.POLLIN)
-        return sock
-
-    def _ask(self, server: int, header: dict[str, Any], arrays: list[np.ndarray], acks: _Acks) -> None:
-        """Send a request to another server; ``acks`` hears when it answers (or dies)."""
-        request_id, self._next_request = self._next_request, self._next_request + 1
-        self.awaiting[request_id] = (server, acks)
-        acks.pending += 1
-        send(self._peer(server), encode({**header, "id": request_id}, arrays))
-
-    def _handle_peer(self, peer: int, sock: zmq.Socket) -> None:
-        for _ in range(256):
-            if not sock.poll(0):
-                return
-            try:
-                msg = decode(sock.recv_multipart(copy=False), self.config.max_message_bytes)
-            except ProtocolError as exc:
-                logger.error("server %d: undecodable answer from server %d: %s", self.node_id, peer, exc)
-                continue
-            error = None
-            if msg.op is Op.ERROR:
-                error = f"server {peer} refused: {msg.header.get('error')}"
-                logger.error("server %d: %s", self.node_id, error)
-            entry = self.awaiting.pop(msg.id, None) if isinstance(msg.id, int) else None
-            if entry is not None:
-                self._acked(entry[1], error)
-
-    def _acked(self, acks: _Acks, error: str | None = None) -> None:
-        acks.failed = acks.failed or error
-        acks.pending -= 1
-        if acks.pending <= 0:
-            self._finish(acks)
-
-    def _finish(self, acks: _Acks) -> None:
+    def _finish(self, acks: Acks) -> None:
         if acks.request is not None and acks.identity is not None:
             if acks.failed:  # applied here, not on every backup: the client retries, and the
                 # retry (same seq) is skipped where applied and forwarded again
@@ -308,78 +255,24 @@ class ServerNode:
         """A server died: nothing waits on it any more (a push is acknowledged once every
         *live* backup applied it)."""
         self.dead.add(server)
-        self.peers.pop(server, None)
-        sock = self.peer_socks.pop(server, None)
-        if sock is not None:
-            self.poller.unregister(sock)
-            sock.close(linger=0)
         for by_vnode in self.moving.values():
             for dests in by_vnode.values():
                 dests.discard(server)
         self._refresh_targets()
-        for request_id, (peer, acks) in list(self.awaiting.items()):
-            if peer == server:
-                del self.awaiting[request_id]
-                self._acked(acks)
+        self.peers.lost(server)
 
     def _refresh_targets(self) -> None:
-        """Per table and vnode, the servers a push is forwarded to: its backups, and
-        whoever a vnode is being copied to."""
         assert self.ring is not None
-        self.targets = {}
-        for name, table in self.tables.items():
-            r = table.spec.replicas
-            columns = [self.ring.chains[:, j] for j in range(1, r)]
-            moving = self.moving.get(name, {})
-            for k in range(max((len(d) for d in moving.values()), default=0)):
-                col = np.full(self.ring.n_vnodes, -1, np.int32)
-                for v, dests in moving.items():
-                    if k < len(dests):
-                        col[v] = sorted(dests)[k]
-                columns.append(col)
-            if columns:
-                t = np.column_stack(columns).astype(np.int32)
-                t[np.isin(t, list(self.dead | {self.node_id}))] = -1
-                if (t >= 0).any():
-                    self.targets[name] = t
-
-    def _forward(self, table: VnodeSet, msg: Message, keys: np.ndarray, grads: np.ndarray,
-                 vnodes: np.ndarray, counts: np.ndarray, identity: bytes) -> bool:
-        """Forward an applied push to the servers that also hold its vnodes; True if the
-        client's acknowledgement now waits for theirs."""
-        targets = self.targets.get(table.spec.name)
-        if targets is None or vnodes.size == 0:
-            return False
-        per_segment = targets[vnodes]
-        servers = np.unique(per_segment[per_segment >= 0]).tolist()
-        if not servers:
-            return False
-        assert self.ring is not None, "targets exist once a ring does"
-        acks = _Acks(identity, msg)
-        header: dict[str, Any] = {
-            "op": Op.REPLICATE.value, "table": table.spec.name, "epoch": self.ring.epoch,
-            **{k: msg.header[k] for k in ("sender", "seq", "acked", "clock") if k in msg.header}}
-        for server in servers:
-            segs = (per_segment == server).any(axis=1)
-            if segs.all():
-                arrays = [keys, grads, vnodes, counts]
-            else:
-                rows = np.repeat(segs, counts)
-                arrays = [keys[rows], grads[rows], vnodes[segs], counts[segs]]
-            self._ask(server, header, arrays, acks)
-        return True
+        self.targets = forward_targets(self.ring, self.tables, self.moving, self.dead | {self.node_id})
 
     # ---- control -----------------------------------------------------------------------
     def on_ring(self, msg: Message) -> None:
         """A new ring (first one, a failover, or a finished migration): hold exactly the
         vnodes it gives this server; copies in progress are over."""
         self.ring = Ring.from_wire(msg.header["ring"])
-        self.peers = {int(k): v for k, v in msg.header.get("servers", {}).items() if int(k) != self.node_id}
-        awaited = {peer for peer, _ in self.awaiting.values()}
-        for gone in [p for p in self.peer_socks if p not in self.peers and p not in awaited]:
-            sock = self.peer_socks.pop(gone)
-            self.poller.unregister(sock)
-            sock.close(linger=0)
+        self.peers.me = self.node_id
+        self.peers.set_addresses({int(k): v for k, v in msg.header.get("servers", {}).items()
+                                  if int(k) != self.node_id})
         for name, wire in msg.header.get("tables", {}).items():
             if name not in self.tables:
                 self._add_table(TableSpec.from_wire(wire))
@@ -430,50 +323,48 @@ class ServerNode:
         requests keep being served here and forwarded pushes do not queue behind a
         backlog of copies at the receiver."""
         migration = field(msg, "migration", int)
-        moves = field(msg, "moves", list)
-        if not all(isinstance(m, list) and len(m) == 3 and isinstance(m[0], str)
-                   and all(isinstance(x, int) and not isinstance(x, bool) for x in m[1:]) for m in moves):
-            raise ProtocolError(f"migrate: moves must be [[table, vnode, dest], ...], got {moves[:3]!r}")
+        moves = check_moves(msg.header.get("moves"))
 
         def done(failed: str | None) -> None:
             send(self.control, encode({"op": Op.MIGRATED.value, "migration": migration, "node_id": self.node_id,
                                        "failed": failed}))
 
-        acks = _Acks(done=done)
+        acks = Acks(done=done)
         acks.pending = 1  # held until the last copy is sent: done cannot come before
         self.copies.extend((acks, name, vnode, dest) for name, vnode, dest in moves)
         self.copies.append((acks, None, -1, -1))
         logger.info("server %d: migration %d: %d vnode copies to send", self.node_id, migration, len(moves))
 
-    def _copied(self, acks: _Acks, failed: str | None) -> None:
+    def _copied(self, acks: Acks, failed: str | None) -> None:
         self.copies_in_flight -= 1
-        self._acked(acks, failed)
+        self.peers.acked(acks, failed)
 
     def _copy_next(self) -> None:
         acks, name, vnode, dest = self.copies.popleft()
         if name is None:  # every copy of this migration is sent
-            self._acked(acks)
+            self.peers.acked(acks)
             return
         table = self.tables.get(name)
         if table is None or dest in self.dead or dest not in self.peers:
             return
         vt = table.tables.get(vnode)
         keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64), np.zeros((0, table.width), np.float32))
-        buffered = self._buffered(name, vnode)  # BSP aggregation: pushes of unfinished clocks
+        assert self.ring is not None, "vnodes move between rings"
+        buffered = buffered_pushes(self.aggregates, self.ring, table.bits, name, vnode)  # BSP: unfinished clocks
         header = {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": self.node_id,
                   "seqs": self.dedup[name].export(vnode), "buffered": [c for c, _, _ in buffered],
                   "clocks": {str(w): c for w, c in self.gate.vector.clocks.items()}, "append": False}
         # a vnode bigger than a message goes in several: the first replaces, the rest add
         step = max(1, (self.config.max_message_bytes - (2 << 20)) // (8 + 4 * table.width))
-        copy = _Acks(done=lambda failed: self._copied(acks, failed))
+        copy = Acks(done=lambda failed: self._copied(acks, failed))
         acks.pending += 1
         self.copies_in_flight += 1
         for start in range(0, max(1, keys.shape[0]), step):
             chunk = [keys[start:start + step], rows[start:start + step]]
             if start == 0:
-                self._ask(dest, header, [*chunk, *[a for _, k, g in buffered for a in (k, g)]], copy)
+                self.peers.ask(dest, header, [*chunk, *[a for _, k, g in buffered for a in (k, g)]], copy)
             else:
-                self._ask(dest, {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": self.node_id,
+                self.peers.ask(dest, {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": self.node_id,
                                  "seqs": [], "buffered": [], "append": True}, chunk, copy)
         self.moving.setdefault(name, {}).setdefault(vnode, set()).add(dest)
         self._refresh_targets()
@@ -507,7 +398,7 @@ class ServerNode:
             try:
                 send(self.router, self._serve_pull(msg), identity)
             except ParamServerError as exc:  # e.g. the table was dropped, or the vnode moved, meanwhile
-                send(self.router, error_reply(msg.id, _error_code(exc), str(exc),
+                send(self.router, error_reply(msg.id, error_code(exc), str(exc),
                                               epoch=self.ring.epoch if self.ring else 0), identity)
             except Exception as exc:  # a bug: this caller still gets an answer
                 logger.exception("server %d failed on a released pull", self.node_id)
@@ -539,43 +430,13 @@ class ServerNode:
         table = self.tables.get(name)
         if table is None:
             raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(self.tables)})")
-        epoch = field(msg, "epoch", int)
-        assert self.ring is not None
-        if (vnodes.shape != counts.shape or (counts < 0).any() or (counts > n_keys).any()
-                or sum(counts.tolist()) != n_keys):  # Python ints: an int64 sum could wrap around
-            raise ProtocolError(f"vnode counts do not cover the {n_keys} keys exactly")
-        if len(set(vnodes.tolist())) != vnodes.size:  # a vnode twice could be applied by two threads
-            raise ProtocolError("a request lists a vnode more than once")
-        if ((vnodes < 0) | (vnodes >= self.ring.n_vnodes)).any():
-            raise ProtocolError(f"vnodes must be in [0, {self.ring.n_vnodes}), got "
-                                f"{sorted(set(vnodes.tolist()))[:8]}")
-        if primary and not (self.primary[vnodes].all() and table.holds(vnodes).all()):
-            raise StaleEpochError(f"server {self.node_id} is not the primary of all of vnodes "
-                                  f"{sorted(set(vnodes.tolist()))[:8]}... (request routed at epoch {epoch}, "
-                                  f"this server is at epoch {self.ring.epoch})")
-        keys = msg.arrays[0]
-        bad = table.check(vnodes, counts, keys)  # dense tables index arrays with the keys
-        if bad >= 0:
-            raise ProtocolError(f"table {name!r} is dense (key_bits={table.bits}): key {int(keys[bad])} is "
-                                f"outside the key space or not in the vnode segment it was sent in")
+        assert self.ring is not None and msg.arrays[0].shape[0] == n_keys
+        check_segments(table, self.ring, msg.arrays[0], vnodes, counts, self.primary if primary else None,
+                       self.node_id, field(msg, "epoch", int))
         return table
 
-    def _split(self, vnodes: np.ndarray, counts: np.ndarray,
-               fn: Callable[[slice, slice], None]) -> None:
-        """Call ``fn(segments, keys)`` on slices of the request: one, or one per vnode
-        thread when the request is big (vnodes are independent; kernels drop the GIL)."""
-        ends = np.cumsum(counts)
-        total = int(ends[-1]) if ends.size else 0
-        if self._pool is None or vnodes.size < 2 or total < PARALLEL_MIN_KEYS:
-            fn(slice(0, vnodes.size), slice(0, total))
-            return
-        cuts = np.unique(np.searchsorted(ends, np.arange(1, self.threads) * total / self.threads) + 1)
-        bounds = [0, *[int(c) for c in cuts if 0 < c < vnodes.size], int(vnodes.size)]
-        starts = np.concatenate([[0], ends])
-        futures = [self._pool.submit(fn, slice(lo, hi), slice(int(starts[lo]), int(starts[hi])))
-                   for lo, hi in zip(bounds, bounds[1:])]
-        for f in futures:
-            f.result()
+    def _split(self, vnodes: np.ndarray, counts: np.ndarray, fn: Callable[[slice, slice], None]) -> None:
+        split(self._pool, self.threads, vnodes, counts, fn)
 
     def on_pull(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
         keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
@@ -600,11 +461,15 @@ class ServerNode:
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = self._table(msg, keys.shape[0], vnodes, counts)
-        self._check_grads(table, keys, grads)
+        check_grads(table, keys, grads)
         self._apply(table, msg, *self._fresh(table, msg, keys, grads, vnodes, counts))
         # forwarded whole, even the part already applied here: a retry after a failover
         # may find this server with the push and a backup without it; backups dedup too
-        return None if self._forward(table, msg, keys, grads, vnodes, counts, identity) else reply(msg)
+        targets = self.targets.get(table.spec.name)
+        if targets is None or self.ring is None:
+            return reply(msg)
+        return None if self.peers.forward(targets, self.ring.epoch, table.spec.name, msg, keys, grads, vnodes, counts,
+                                          identity) else reply(msg)
 
     def on_replicate(self, msg: Message) -> list[Any]:
         """A push the primary applied, forwarded: apply it to the vnodes held here (a
@@ -612,7 +477,7 @@ class ServerNode:
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = self._table(msg, keys.shape[0], vnodes, counts, primary=False)  # unknown: the primary retries
-        self._check_grads(table, keys, grads)
+        check_grads(table, keys, grads)
         held = table.holds(vnodes)
         if not held.all():
             rows = np.repeat(held, counts)
@@ -633,28 +498,8 @@ class ServerNode:
             raise UnknownTableError(f"install: unknown table {name!r} (tables: {sorted(self.tables)})")
         if sender in self.dead:
             raise ProtocolError(f"install from server {sender}, which was declared dead")
-        if not 0 <= vnode < self.ring.n_vnodes:
-            raise ProtocolError(f"install: vnode {vnode} is not in [0, {self.ring.n_vnodes})")
-        if len(msg.arrays) != 2 + 2 * len(buffered) or not all(isinstance(c, int) for c in buffered):
-            raise ProtocolError(f"install: {len(msg.arrays)} arrays for {len(buffered)} buffered clocks")
-        if not all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], int) and isinstance(r[1], int)
-                   and isinstance(r[2], list) and all(isinstance(q, int) for q in r[2]) for r in seqs):
-            raise ProtocolError("install: seqs must be [[sender, acked, [seq, ...]], ...]")
-        if not isinstance(clocks, dict) or not all(isinstance(c, int) and str(w).isdigit() for w, c in clocks.items()):
-            raise ProtocolError("install: clocks must map worker ids to ints")
+        pairs = check_install(msg, table, self.ring, name, vnode, buffered, seqs, clocks)
         keys, rows = msg.arrays[0], msg.arrays[1]
-        if keys.dtype != np.uint64 or keys.ndim != 1 or rows.dtype != np.float32 \
-                or rows.shape != (keys.shape[0], table.width):
-            raise ProtocolError(f"install of {name!r}/{vnode}: keys must be <u8[n] and rows <f4[n, {table.width}], "
-                                f"got {keys.dtype}{keys.shape} and {rows.dtype}{rows.shape}")
-        pairs = [(c, msg.arrays[2 + 2 * i], msg.arrays[3 + 2 * i]) for i, c in enumerate(buffered)]
-        for _, k, g in pairs:
-            self._check_grads(table, k, g)
-        for k in [keys, *[k for _, k, _ in pairs]]:  # a dense table indexes arrays with them
-            bad = table.check(np.array([vnode], np.int32), np.array([k.shape[0]], np.int64), k)
-            if bad >= 0:
-                raise ProtocolError(f"install of {name!r}/{vnode}: key {int(k[bad])} is not in that vnode of "
-                                    f"the dense table (key_bits={table.bits})")
         if msg.header.get("append") is True:  # the rest of a vnode too big for one message
             if vnode not in table.tables:
                 raise ProtocolError(f"install of {name!r}/{vnode}: a continuation with no first part")
@@ -664,40 +509,9 @@ class ServerNode:
         self.dedup[name].merge(vnode, seqs)
         for worker, clock in clocks.items():
             self.gate.vector.tick(int(worker), int(clock))
-        self._replace_buffered(name, vnode, pairs)
+        replace_buffered(self.aggregates, self.ring, table.bits, name, vnode, pairs)
         self._refresh_targets()
         return reply(msg)
-
-    def _buffered(self, name: str, vnode: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """Per unfinished clock, the buffered (BSP-aggregated) pushes of ``vnode``."""
-        out = []
-        ring = self.ring
-        assert ring is not None, "vnodes move between rings"
-        for clock, pushes in sorted(self.aggregates.get(name, {}).items()):
-            keys = np.concatenate([k for k, _ in pushes])
-            mine = ring.vnodes(keys, self.tables[name].bits) == vnode
-            if mine.any():
-                out.append((clock, keys[mine], np.concatenate([g for _, g in pushes])[mine]))
-        return out
-
-    def _replace_buffered(self, name: str, vnode: int, pairs: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
-        """Make ``vnode``'s buffered pushes those of the copy (it has all of them)."""
-        by_clock = self.aggregates.get(name, {})
-        bits, ring = self.tables[name].bits, self.ring
-        assert ring is not None, "vnodes move between rings"
-        for clock, pushes in by_clock.items():
-            by_clock[clock] = [(k[keep], g[keep]) for k, g in pushes
-                               for keep in [ring.vnodes(k, bits) != vnode]]
-        for clock, k, g in pairs:
-            self.aggregates.setdefault(name, {}).setdefault(clock, []).append((k.copy(), g.copy()))
-
-    @staticmethod
-    def _check_grads(table: VnodeSet, keys: np.ndarray, grads: np.ndarray) -> None:
-        if grads.shape != (keys.shape[0], table.spec.dim):
-            raise ProtocolError(f"push to {table.spec.name!r}: grads must have shape "
-                                f"({keys.shape[0]}, {table.spec.dim}), got {grads.shape}")
-        if not np.isfinite(grads).all():
-            raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
 
     def _fresh(self, table: VnodeSet, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
                counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -738,31 +552,13 @@ class ServerNode:
         return reply(msg)
 
     def on_export(self, msg: Message) -> list[Any]:
-        """Every key this server stores for a table, with its value (state left out)."""
-        name = field(msg, "table", str)
-        table = self.tables.get(name)
-        if table is None:
-            raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(self.tables)})")
-        if len(table) * (8 + 4 * table.spec.dim) > self.config.max_message_bytes - (1 << 20):
-            raise ProtocolError(f"table {name!r} ({len(table)} keys on server {self.node_id}) is too large "
-                                "to export in one message; use checkpoint() instead")
-        parts = [vt.items() for v, vt in table.tables.items() if self.primary[v]]
-        keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
-        rows = np.concatenate([r[:, : table.spec.dim] for _, r in parts]) if parts else \
-            np.zeros((0, table.spec.dim), np.float32)
-        return reply(msg, [keys, np.ascontiguousarray(rows)])
+        """Every key this server is primary of for a table, with its value (state left out)."""
+        return reply(msg, list(storage.export_rows(self.tables, self.primary, field(msg, "table", str),
+                                                   self.config.max_message_bytes, self.node_id)))
 
     def on_checkpoint(self, msg: Message) -> list[Any]:
         """Write every stored vnode (keys, values and optimiser state) under ``url``."""
-        url = field(msg, "url", str)
-        files: dict[str, dict[str, list]] = {}
-        for name, table in self.tables.items():
-            for v, vt in table.tables.items():
-                if not self.primary[v]:  # one copy of each vnode: the primary's
-                    continue
-                keys, rows = vt.items()
-                if keys.size:
-                    files.setdefault(name, {})[str(v)] = checkpoint.write_vnode(url, name, v, keys, rows)
+        files = storage.write_checkpoint(self.tables, self.primary, field(msg, "url", str))
         return reply(msg, files=files, clocks={str(k): v for k, v in self.gate.vector.clocks.items()})
 
     def on_scheduler_checkpoint(self, msg: Message) -> None:
@@ -771,49 +567,16 @@ class ServerNode:
         send(self.control, self.on_checkpoint(msg))
 
     def on_restore(self, msg: Message) -> list[Any]:
-        """Load the keys this server owns (under the current ring) from checkpoint files."""
-        name = field(msg, "table", str)
-        step = field(msg, "step", str)
-        entries = field(msg, "entries", list)
-        table = self.tables.get(name)
-        if table is None:
-            raise UnknownTableError(f"unknown table {name!r}: create it before restoring it")
+        """Load the keys this server holds (under the current ring) from checkpoint files."""
         assert self.ring is not None
-        files = [(path, entry) for entry in entries for path in [checkpoint.entry_path(step, entry)]]
-        loaded = 0
-        for path, entry in files:
-            keys, rows = checkpoint.read_vnode(path, entry)  # checked (size, sha256, keys) before anything is kept
-            if keys.ndim != 1 or rows.shape != (keys.shape[0], table.width):
-                raise checkpoint.CheckpointError(f"{path}: rows of shape {rows.shape} do not fit table "
-                                                 f"{name!r}; was it saved from another table?")
-            if table.bits and (keys >> np.uint64(table.bits)).any():
-                raise checkpoint.CheckpointError(f"{path}: keys >= 2**{table.bits} do not fit the dense table "
-                                                 f"{name!r}; was it saved from another table?")
-            vnodes = self.ring.vnodes(keys, table.bits)
-            for v in np.unique(vnodes).tolist():
-                vt = table.tables.get(v)
-                if vt is not None:
-                    mine = vnodes == v
-                    vt.load(keys[mine], rows[mine])
-                    loaded += int(mine.sum()) if self.primary[v] else 0  # backups load too
-        table.refresh()
+        loaded = storage.restore_rows(self.tables, self.primary, self.ring, field(msg, "table", str),
+                                      field(msg, "step", str), field(msg, "entries", list))
         return reply(msg, loaded=loaded)
 
     def on_stats(self, msg: Message) -> list[Any]:
-        tables = {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.tables),
-                         "primary_keys": sum(len(vt) for v, vt in t.tables.items() if self.primary[v])}
-                  for name, t in self.tables.items()}
-        return reply(msg, node_id=self.node_id, pid=os.getpid(), tables=tables,
+        return reply(msg, node_id=self.node_id, pid=os.getpid(), tables=storage.table_stats(self.tables, self.primary),
                      epoch=self.ring.epoch if self.ring else 0,
                      clocks={str(k): v for k, v in self.gate.vector.clocks.items()},
                      min_clock=None if math.isinf(self.gate.vector.min()) else int(self.gate.vector.min()),
-                     consistency=self.gate.telemetry(), rss_bytes=_rss_bytes())
+                     consistency=self.gate.telemetry(), rss_bytes=storage.rss_bytes())
 
-
-def _rss_bytes() -> int:
-    """Resident set size of this process (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0

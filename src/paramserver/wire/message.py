@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from paramserver.errors import ProtocolError
+from paramserver.errors import ProtocolError, StaleEpochError
 
 #: Array dtypes allowed on the wire (little-endian).
 DTYPES: dict[str, np.dtype] = {
@@ -185,6 +185,15 @@ def failed_request(exc: BaseException, default: Any = None) -> Any:
     message, else ``default`` (the id of the message being handled, if any)."""
     found = getattr(exc, "request_id", None)
     return default if found is None else found
+
+
+def error_code(exc: BaseException) -> str:
+    """The ``code`` of a server's error reply (clients map it back: ``client._remote_error``)."""
+    if isinstance(exc, StaleEpochError):
+        return "stale_epoch"
+    if isinstance(exc, KeyError):
+        return "unknown_table"
+    return "protocol" if isinstance(exc, ProtocolError) else "error"
 
 
 def error_reply(request_id: Any, code: str, text: str, **fields: Any) -> list[Any]:

@@ -1,0 +1,176 @@
+"""A server's requests to the other servers (forwarded pushes, vnode copies) and their
+answers.
+
+``Peers`` keeps one DEALER a peer and, per request sent, what waits on its answer: an
+``Acks``, which counts the answers it still needs.  A client's push is acknowledged once
+every backup applied it; a migration reports done once every copy was installed.  A peer
+that dies counts as having answered (a push is acknowledged once every *live* backup
+applied it); a peer that refuses makes the whole ``Acks`` fail, and the client retries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import zmq
+
+from paramserver.errors import ProtocolError
+from paramserver.routing.ring import Ring
+from paramserver.server.vnodes import VnodeSet
+from paramserver.wire.message import Message, Op, decode, encode
+from paramserver.wire.sockets import connect_dealer, send
+
+logger = logging.getLogger(__name__)
+
+
+class Acks:
+    """What waits on answers from other servers: a client's push (``request``, answered
+    to ``identity``) or a migration (``done(failed)`` runs once every copy answered)."""
+
+    __slots__ = ("pending", "identity", "request", "done", "failed")
+
+    def __init__(self, identity: bytes | None = None, request: Message | None = None,
+                 done: Callable[[str | None], None] | None = None) -> None:
+        self.pending, self.identity, self.request, self.done = 0, identity, request, done
+        self.failed: str | None = None  # why a receiver refused (the client must retry)
+
+
+class Peers:
+    """The other servers of the ring, as this one talks to them.
+
+    Args:
+        finished: called with an ``Acks`` once all its answers are in.
+    """
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller, max_message_bytes: int,
+                 finished: Callable[[Acks], None]) -> None:
+        self.ctx, self.poller, self.max_message_bytes = ctx, poller, max_message_bytes
+        self.finished = finished
+        self.addresses: dict[int, str] = {}  # server id -> address
+        self.socks: dict[int, zmq.Socket[bytes]] = {}
+        self.awaiting: dict[int, tuple[int, Acks]] = {}  # request id -> (peer, what waits)
+        self._next_request = 1
+        self.me = -1  # this server's id, for the logs
+
+    def __contains__(self, server: int) -> bool:
+        return server in self.addresses
+
+    def set_addresses(self, addresses: dict[int, str]) -> None:
+        """The ring's servers now: a socket to one that left is closed once nothing awaits it."""
+        self.addresses = addresses
+        awaited = {peer for peer, _ in self.awaiting.values()}
+        for gone in [p for p in self.socks if p not in addresses and p not in awaited]:
+            self._close(gone)
+
+    def ask(self, server: int, header: dict[str, Any], arrays: list[np.ndarray], acks: Acks) -> None:
+        """Send a request to another server; ``acks`` hears when it answers (or dies)."""
+        request_id, self._next_request = self._next_request, self._next_request + 1
+        self.awaiting[request_id] = (server, acks)
+        acks.pending += 1
+        send(self._sock(server), encode({**header, "id": request_id}, arrays))
+
+    def receive(self, ready: dict[zmq.Socket[bytes], int]) -> None:
+        """Take the answers waiting on the sockets ``poll`` found ready."""
+        for peer, sock in list(self.socks.items()):
+            if sock in ready:
+                self.handle(peer, sock)
+
+    def handle(self, peer: int, sock: zmq.Socket[bytes]) -> None:
+        for _ in range(256):
+            if not sock.poll(0):
+                return
+            try:
+                msg = decode(sock.recv_multipart(copy=False), self.max_message_bytes)
+            except ProtocolError as exc:
+                logger.error("server %d: undecodable answer from server %d: %s", self.me, peer, exc)
+                continue
+            error = None
+            if msg.op is Op.ERROR:
+                error = f"server {peer} refused: {msg.header.get('error')}"
+                logger.error("server %d: %s", self.me, error)
+            entry = self.awaiting.pop(msg.id, None) if isinstance(msg.id, int) else None
+            if entry is not None:
+                self.acked(entry[1], error)
+
+    def acked(self, acks: Acks, error: str | None = None) -> None:
+        acks.failed = acks.failed or error
+        acks.pending -= 1
+        if acks.pending <= 0:
+            self.finished(acks)
+
+    def forward(self, targets: np.ndarray, epoch: int, table: str, msg: Message, keys: np.ndarray,
+                grads: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, identity: bytes) -> bool:
+        """Forward a push applied here to the servers that also hold its vnodes
+        (``targets``: see ``forward_targets``); True if the client's acknowledgement now
+        waits for theirs."""
+        if vnodes.size == 0:
+            return False
+        per_segment = targets[vnodes]
+        servers = np.unique(per_segment[per_segment >= 0]).tolist()
+        if not servers:
+            return False
+        acks = Acks(identity, msg)
+        header: dict[str, Any] = {"op": Op.REPLICATE.value, "table": table, "epoch": epoch,
+                                  **{k: msg.header[k] for k in ("sender", "seq", "acked", "clock") if k in msg.header}}
+        for server in servers:
+            segs = (per_segment == server).any(axis=1)
+            if segs.all():
+                arrays = [keys, grads, vnodes, counts]
+            else:
+                rows = np.repeat(segs, counts)
+                arrays = [keys[rows], grads[rows], vnodes[segs], counts[segs]]
+            self.ask(server, header, arrays, acks)
+        return True
+
+    def lost(self, server: int) -> None:
+        """``server`` died: nothing waits on it any more."""
+        self.addresses.pop(server, None)
+        self._close(server)
+        for request_id, (peer, acks) in list(self.awaiting.items()):
+            if peer == server:
+                del self.awaiting[request_id]
+                self.acked(acks)
+
+    def close(self) -> None:
+        for server in list(self.socks):
+            self._close(server)
+
+    def _sock(self, server: int) -> zmq.Socket[bytes]:
+        sock = self.socks.get(server)
+        if sock is None:
+            sock = connect_dealer(self.ctx, self.addresses[server], self.max_message_bytes)
+            self.socks[server] = sock
+            self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _close(self, server: int) -> None:
+        sock = self.socks.pop(server, None)
+        if sock is not None:
+            self.poller.unregister(sock)
+            sock.close(linger=0)
+
+
+def forward_targets(ring: Ring, tables: Mapping[str, VnodeSet], moving: dict[str, dict[int, set[int]]],
+                    skip: set[int]) -> dict[str, np.ndarray]:
+    """Per table, ``int32[n_vnodes, k]``: the servers a push to each vnode is forwarded to
+    (its backups, and whoever the vnode is being copied to), -1 where none; ``skip`` (the
+    dead, and this server) never are.  Tables that forward nothing are left out."""
+    targets = {}
+    for name, table in tables.items():
+        columns = [ring.chains[:, j] for j in range(1, table.spec.replicas)]
+        copies = moving.get(name, {})
+        for k in range(max((len(d) for d in copies.values()), default=0)):
+            col = np.full(ring.n_vnodes, -1, np.int32)
+            for v, dests in copies.items():
+                if k < len(dests):
+                    col[v] = sorted(dests)[k]
+            columns.append(col)
+        if columns:
+            t = np.column_stack(columns).astype(np.int32)
+            t[np.isin(t, list(skip))] = -1
+            if (t >= 0).any():
+                targets[name] = t
+    return targets

@@ -1,0 +1,62 @@
+"""What a server checks of a request before it touches a table, and how it splits a big
+one over its vnode threads.
+
+A request carries its keys grouped by vnode (``vnodes``, with ``counts`` keys each):
+the segments must cover the keys exactly, name each vnode once (two threads must not
+apply the same vnode) and stay on the ring; a client's request must reach the primary
+of every vnode it names, else the client routed with a stale ring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from paramserver.errors import ProtocolError, StaleEpochError
+from paramserver.routing.ring import Ring
+from paramserver.server.vnodes import VnodeSet
+
+#: requests with fewer keys run on the loop thread (a thread hand-off costs ~50 µs)
+PARALLEL_MIN_KEYS = 32_768
+
+
+def check_segments(table: VnodeSet, ring: Ring, keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray,
+                   primary_of: np.ndarray | None, node_id: int, epoch: int) -> None:
+    """Refuse a malformed request whole; ``primary_of`` (a client's request): the vnodes
+    this server is primary of, all of which the request's must be."""
+    n_keys = keys.shape[0]
+    if (vnodes.shape != counts.shape or (counts < 0).any() or (counts > n_keys).any()
+            or sum(counts.tolist()) != n_keys):  # Python ints: an int64 sum could wrap around
+        raise ProtocolError(f"vnode counts do not cover the {n_keys} keys exactly")
+    if len(set(vnodes.tolist())) != vnodes.size:  # a vnode twice could be applied by two threads
+        raise ProtocolError("a request lists a vnode more than once")
+    if ((vnodes < 0) | (vnodes >= ring.n_vnodes)).any():
+        raise ProtocolError(f"vnodes must be in [0, {ring.n_vnodes}), got {sorted(set(vnodes.tolist()))[:8]}")
+    if primary_of is not None and not (primary_of[vnodes].all() and table.holds(vnodes).all()):
+        raise StaleEpochError(f"server {node_id} is not the primary of all of vnodes "
+                              f"{sorted(set(vnodes.tolist()))[:8]}... (request routed at epoch {epoch}, "
+                              f"this server is at epoch {ring.epoch})")
+    bad = table.check(vnodes, counts, keys)  # dense tables index arrays with the keys
+    if bad >= 0:
+        raise ProtocolError(f"table {table.spec.name!r} is dense (key_bits={table.bits}): key {int(keys[bad])} "
+                            "is outside the key space or not in the vnode segment it was sent in")
+
+
+def split(pool: ThreadPoolExecutor | None, threads: int, vnodes: np.ndarray, counts: np.ndarray,
+          fn: Callable[[slice, slice], None]) -> None:
+    """Call ``fn(segments, keys)`` on slices of the request: one, or one per vnode thread
+    when the request is big (vnodes are independent; kernels drop the GIL)."""
+    ends = np.cumsum(counts)
+    total = int(ends[-1]) if ends.size else 0
+    if pool is None or vnodes.size < 2 or total < PARALLEL_MIN_KEYS:
+        fn(slice(0, vnodes.size), slice(0, total))
+        return
+    cuts = np.unique(np.searchsorted(ends, np.arange(1, threads) * total / threads) + 1)
+    bounds = [0, *[int(c) for c in cuts if 0 < c < vnodes.size], int(vnodes.size)]
+    starts = np.concatenate([[0], ends])
+    futures = [pool.submit(fn, slice(lo, hi), slice(int(starts[lo]), int(starts[hi])))
+               for lo, hi in zip(bounds, bounds[1:])]
+    for f in futures:
+        f.result()
