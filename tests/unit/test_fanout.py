@@ -29,13 +29,13 @@ def test_answers_errors_deaths_and_deadlines_each_finish_a_fan_out(scheduler):
     scheduler._remove(3, "dead")
     (op,) = finished
     assert op.replies == {1: {"op": "ok", "id": op_id, "files": {}}} and op.errors == {2: "disk full"}
-    assert op.lost == {3} and op_id not in scheduler.fanouts
+    assert op.lost == {3} and op_id not in scheduler.fanouts.open
 
     late = []
     op_id = scheduler.fan_out({"op": Op.CHECKPOINT.value, "url": "v"}, late.append, timeout_s=5)
     scheduler.on_ack(b"s1", Message({"op": "ok", "id": op_id}, []))
-    scheduler._check_fanouts(time.monotonic())  # before the deadline: still waiting
+    scheduler.fanouts.expire(time.monotonic())  # before the deadline: still waiting
     assert not late
-    scheduler._check_fanouts(time.monotonic() + 10)
+    scheduler.fanouts.expire(time.monotonic() + 10)
     (op,) = late
     assert set(op.replies) == {1} and op.lost == {2}

@@ -23,25 +23,13 @@ from typing import Any, Protocol
 from paramserver import checkpoint
 from paramserver.errors import ConfigError, ProtocolError
 from paramserver.routing.ring import Ring
+from paramserver.scheduler.fanout import FanOut
 from paramserver.scheduler.tasks import TaskQueue
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, encode, reply
 from paramserver.wire.message import field as hfield
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class FanOut:
-    """A command sent to every server; ``on_done(self)`` runs once each has answered,
-    died or (past ``deadline``) been given up on."""
-
-    on_done: Any  # Callable[[FanOut], None]
-    waiting: set[int]
-    deadline: float
-    replies: dict[int, dict[str, Any]] = field(default_factory=dict)  # server -> OK header
-    errors: dict[int, Any] = field(default_factory=dict)  # server -> error text
-    lost: set[int] = field(default_factory=set)  # died or timed out before answering
 
 
 class JobHost(Protocol):

@@ -21,8 +21,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -30,8 +28,11 @@ import zmq
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError, ProtocolError
 from paramserver.logutil import Throttled
-from paramserver.routing.ring import Ring, plan_moves
-from paramserver.scheduler.jobs import FanOut, Jobs
+from paramserver.routing.ring import Ring
+from paramserver.scheduler.barrier import Barrier
+from paramserver.scheduler.fanout import FanOut, FanOuts
+from paramserver.scheduler.jobs import Jobs
+from paramserver.scheduler.ringchanges import Migration, NodeInfo, RingChanges
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
@@ -43,31 +44,7 @@ ROLES = ("server", "worker", "driver")
 _BEAT_BACK = encode({"op": Op.HEARTBEAT.value})
 
 
-@dataclass
-class NodeInfo:
-    id: int
-    role: str
-    identity: bytes
-    address: str
-    last_seen: float
-    rank: int = -1
-
-
-@dataclass
-class _Migration:
-    """Vnode copies in progress, from their primaries (``waiting``) to new holders."""
-
-    id: int
-    target: Ring
-    waiting: set[int]
-    flip: bool  # flip to ``target`` once done (join, removal); a repair flipped first
-    moves: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)  # source -> copies
-    leaving: int | None = None  # a removed server, stopped after the flip
-    requester: tuple[bytes, Any] | None = None
-    started: float = field(default_factory=time.monotonic)
-
-
-class SchedulerNode:
+class SchedulerNode(RingChanges):
     """Runs the scheduler loop until ``SHUTDOWN``.
 
     Args:
@@ -85,19 +62,18 @@ class SchedulerNode:
         self.ring: Ring | None = None
         self.tables: dict[str, TableSpec] = {}
         self.parked_workers: list[tuple[bytes, Message, NodeInfo]] = []
-        self.barrier: list[tuple[bytes, Any, int]] = []
-        self.fanouts: dict[int, FanOut] = {}
+        self.barrier = Barrier()  # workers waiting at the barrier
+        self.fanouts = FanOuts(lambda server, header: self._notify(self.nodes[server], header))
         self.jobs = Jobs(self)  # the training job's shard queue and checkpoints
         self._announced: list[int] | None = None
         self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
         self.server_waiters: list[tuple[bytes, Any, int]] = []
-        self.migration: _Migration | None = None
+        self.migration: Migration | None = None
         self.changes: deque[tuple[str, int, tuple[bytes, Any] | None]] = deque()  # joins, removals
         self.deferred: list[tuple[bytes, Message]] = []  # table commands waiting for a migration
         self.incomplete: set[tuple[str, int, int]] = set()  # (table, vnode, server) copies unconfirmed
         self._ring_lost = False  # every server died: the next one to register starts a ring
         self._bad_requests, self._failures = Throttled(logger), Throttled(logger)  # a flood logs a few lines
-        self._barrier_since = self._barrier_said = 0.0  # when the open barrier's first worker came, last said
         # what servers' deaths cost, for job_status: data lost (tables without a backup) and failovers
         self.losses: list[dict[str, Any]] = []
         self.failovers: list[dict[str, Any]] = []
@@ -146,7 +122,7 @@ class SchedulerNode:
                         self._handle(self.sock.recv_multipart(copy=False))
                 try:
                     self._check_heartbeats(time.monotonic())
-                    self._check_fanouts(time.monotonic())
+                    self.fanouts.expire(time.monotonic())
                     self._say_who_is_missing(time.monotonic())
                 except Exception:  # a bug must not take the cluster down
                     logger.exception("scheduler failed while checking deadlines")
@@ -247,228 +223,6 @@ class SchedulerNode:
             self._welcome(identity, msg, node)
         self.parked_workers.clear()
         self._serve_server_waiters()
-
-    # ---- ring changes ------------------------------------------------------------------
-    def _replicas(self) -> dict[str, int]:
-        return {name: spec.replicas for name, spec in self.tables.items()}
-
-    def _broadcast_view(self) -> None:
-        """The ring and the servers' addresses, to every node (clients route with it)."""
-        view = {"op": Op.RING.value, **self._cluster_view()}
-        for node in self.nodes.values():
-            self._notify(node, view)
-
-    def _next_change(self) -> None:
-        """Start the next queued join or removal, unless vnodes are being copied."""
-        while self.migration is None and self.changes and self.ring is not None:
-            kind, node_id, requester = self.changes.popleft()
-            try:
-                self._change(kind, node_id, requester)
-            except Exception as exc:
-                logger.exception("%s of server %d failed", kind, node_id)
-                self.migration = None
-                if requester:
-                    send(self.sock, error_reply(requester[1], "config", f"{kind} of server {node_id} failed: {exc}"),
-                         requester[0])
-        if self.migration is None and not self.changes and self.incomplete and self.ring is not None:
-            self._repair()
-
-    def _repair(self) -> None:
-        """Redo the copies an abandoned or failed migration left unconfirmed."""
-        assert self.ring is not None
-        self._purge_incomplete()
-        if not self.incomplete:
-            return
-        if self._failed_migrations >= 3:
-            logger.error("%d vnode copies stay unconfirmed after 3 failed migrations; fix the cause "
-                         "(see the servers' logs) and add or remove a server to retry", len(self.incomplete))
-            return
-        moves = self._plan(self.ring)
-        unsourced = self.incomplete - {(t, v, d) for _, t, v, d in moves}
-        if unsourced:  # no complete live holder is left to copy from: that data is gone
-            logger.error("%d vnode copies have no complete source left (data lost): %s",
-                         len(unsourced), sorted(unsourced)[:8])
-            self.incomplete -= unsourced
-        if moves:
-            self._start_migration(self.ring, moves, flip=False)
-
-    def _change(self, kind: str, node_id: int, requester: tuple[bytes, Any] | None) -> None:
-        assert self.ring is not None
-        node = self.nodes.get(node_id)
-        if node is None or node.role != "server":
-            if requester:
-                send(self.sock, error_reply(requester[1], "config", f"server {node_id} is gone"), requester[0])
-            return
-        if kind == "remove" and (node_id not in self.ring.servers or len(self.ring.servers) <= 1):
-            raise ConfigError(f"server {node_id} is not one of several servers on the ring {self.ring.servers}")
-        if kind == "join":
-            self._broadcast_view()  # every server learns the joiner's address, it the tables
-            self._notify(node, {"op": Op.WORKERS.value, "workers": self._announced or []})
-            target = self.ring.with_server(node_id)
-            self._start_migration(target, self._plan(target), flip=True)
-        else:
-            target = Ring(self.ring.without_server(node_id).refilled().chains, self.ring.epoch + 1)
-            self._start_migration(target, self._plan(target), flip=True, leaving=node_id, requester=requester)
-
-    def _plan(self, target: Ring, dead: AbstractSet[int] = frozenset()) -> list[tuple[int, str, int, int]]:
-        """Copies from the current ring to ``target``: unconfirmed copies are redone, and
-        servers that are gone hold nothing."""
-        assert self.ring is not None
-        lost = {s for s in self.ring.servers if s not in self.nodes} | set(dead)
-        return plan_moves(self.ring, target, self._replicas(), lost=lost, incomplete=self.incomplete)
-
-    def _start_migration(self, target: Ring, moves: list[tuple[int, str, int, int]], flip: bool,
-                         leaving: int | None = None, requester: tuple[bytes, Any] | None = None) -> None:
-        self._op_seq += 1
-        by_source: dict[int, list[tuple[str, int, int]]] = {}
-        for source, table, vnode, dest in moves:
-            if source in self.nodes:
-                by_source.setdefault(source, []).append((table, vnode, dest))
-                self.incomplete.add((table, vnode, dest))  # until its source confirms it
-                if (table, vnode, source) in self.incomplete:  # no complete copy is left: this one rules
-                    logger.error("vnode %d of table %r lost updates: no complete copy survived; "
-                                 "server %d's is copied to the others", vnode, table, source)
-                    self.incomplete.discard((table, vnode, source))
-        self.migration = _Migration(self._op_seq, target, set(by_source), flip, moves=by_source, leaving=leaving,
-                                    requester=requester)
-        logger.info("migration %d: %d vnode copies from %d server(s) toward ring epoch %d",
-                    self._op_seq, len(moves), len(by_source), target.epoch)
-        for source, todo in by_source.items():
-            self._notify(self.nodes[source], {"op": Op.MIGRATE.value, "migration": self._op_seq,
-                                              "moves": [list(m) for m in todo]})
-        if not by_source:
-            self._finish_migration()
-
-    def on_migrated(self, identity: bytes, msg: Message) -> None:
-        node_id = self.by_identity.get(identity)
-        if self.migration is None or msg.header.get("migration") != self.migration.id or node_id is None:
-            return  # a migration abandoned since (a server died)
-        failed = msg.header.get("failed")
-        assert self.ring is not None, "a migration starts from a ring"
-        if failed:  # a receiver refused a copy: do not flip onto it
-            m, self.migration = self.migration, None
-            logger.error("migration %d failed (%s); the ring stays at epoch %d", m.id, failed, self.ring.epoch)
-            self._failed_migrations += 1
-            if m.requester is not None:
-                send(self.sock, error_reply(m.requester[1], "server", f"migration failed: {failed}"), m.requester[0])
-            self._purge_incomplete()
-            self._after_migration()
-            return
-        for table, vnode, dest in self.migration.moves.get(node_id, []):
-            self.incomplete.discard((table, vnode, dest))
-        self.migration.waiting.discard(node_id)
-        if not self.migration.waiting:
-            self._finish_migration()
-
-    def _purge_incomplete(self) -> None:
-        """Forget unconfirmed copies to servers that no longer hold (or are) anything."""
-        if self.ring is None:
-            self.incomplete.clear()
-            return
-        reps = self._replicas()
-        self.incomplete = {(t, v, s) for t, v, s in self.incomplete
-                           if s in self.nodes and t in reps and s in self.ring.chains[v, :reps[t]]}
-
-    def _finish_migration(self) -> None:
-        m, self.migration = self.migration, None
-        assert m is not None and self.ring is not None
-        logger.info("migration %d done in %.2f s", m.id, time.monotonic() - m.started)
-        self._failed_migrations = 0
-        if m.flip:
-            self.ring = m.target
-            self._broadcast_view()
-            logger.info("ring flipped to epoch %d over servers %s", self.ring.epoch, self.ring.servers)
-        if m.leaving is not None and m.leaving in self.nodes:
-            self._notify(self.nodes[m.leaving], {"op": Op.STOP.value})
-            self._remove(m.leaving, "removed")
-        if m.requester is not None:
-            send(self.sock, encode({"op": Op.OK.value, "id": m.requester[1], "epoch": self.ring.epoch}),
-                 m.requester[0])
-        self._purge_incomplete()
-        self._after_migration()
-
-    def _after_migration(self) -> None:
-        """Table commands that waited, then the next membership change."""
-        deferred, self.deferred = self.deferred, []
-        for identity, msg in deferred:
-            if self.migration is not None:  # the next change started: wait again
-                self.deferred.append((identity, msg))
-                continue
-            try:
-                self._handle_message(identity, msg)
-            except ParamServerError as exc:
-                send(self.sock, error_reply(msg.id, "config", str(exc)), identity)
-            except Exception as exc:
-                logger.exception("deferred %s failed", msg.op.value)
-                send(self.sock, error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
-        self._next_change()
-        self._serve_server_waiters()
-
-    def _server_lost(self, node_id: int) -> None:
-        """Failover: the dead server's backups become primaries at once; chains are
-        refilled and the primaries copy to their new backups (repair) afterwards."""
-        m = self.migration
-        if m is not None:  # its plan is void: start again from the new ring
-            self.migration = None
-            logger.warning("migration %d abandoned: server %d is gone", m.id, node_id)
-            if m.leaving is not None and m.leaving != node_id:
-                self.changes.appendleft(("remove", m.leaving, m.requester))
-            elif m.leaving is not None and m.requester is not None:
-                send(self.sock, encode({"op": Op.OK.value, "id": m.requester[1]}), m.requester[0])
-            joining = [n for n in m.target.servers if self.ring is not None and n not in self.ring.servers]
-            for n in joining:
-                if n != node_id:
-                    self.changes.appendleft(("join", n, None))
-        if self.ring is None or node_id not in self.ring.servers:
-            self._purge_incomplete()
-            self._next_change()
-            return
-        old = self.ring
-        if len(old.servers) == 1:
-            logger.error("the last server of the ring died: every table's data is lost (restore a checkpoint); "
-                         "the next server to register starts a new ring")
-            self.losses.append({"server": node_id, "tables": sorted(self._replicas()), "vnodes": old.n_vnodes,
-                                "at": time.time(), "every_server": True})
-            self.ring, self._ring_lost, self._next_epoch = None, True, old.epoch + 1
-            self.incomplete.clear()
-            self.changes = deque(c for c in self.changes if c[0] != "join")  # joiners form the new ring
-            if any(n.role == "server" for n in self.nodes.values()):
-                self._form_ring(old.epoch + 1)
-            return
-        self.ring = old.without_server(node_id).refilled()
-        self.ring = Ring(self.ring.chains, old.epoch + 1)  # one flip, one epoch
-        logger.warning("failover: server %d's vnodes promoted to their backups, ring epoch %d",
-                       node_id, self.ring.epoch)
-        lost = int((old.owners == node_id).sum())
-        unbacked = sorted(n for n, r in self._replicas().items() if r == 1)
-        for name in unbacked:
-            logger.error("table %r has no backup (replicas=1): its %d vnode(s) on server %d restart from "
-                         "their initial values; restore a checkpoint, or use replicas=2", name, lost, node_id)
-        if unbacked and lost:
-            self.losses.append({"server": node_id, "tables": unbacked, "vnodes": lost, "at": time.time()})
-        self.failovers.append({"server": node_id, "epoch": self.ring.epoch, "vnodes": lost, "at": time.time(),
-                               "tables_kept": sorted(n for n, r in self._replicas().items() if r > 1)})
-        self._broadcast_view()
-        promoted, self.ring = self.ring, old  # plan from the ring whose holders have the data
-        moves = self._plan(promoted, dead={node_id})
-        self.ring = promoted
-        self.incomplete = {c for c in self.incomplete if c[2] != node_id}
-        self._start_migration(self.ring, moves, flip=False)
-
-    def on_remove_server(self, identity: bytes, msg: Message) -> None:
-        """Take a server out of the ring: its vnodes are copied away, the ring flips,
-        then it is stopped; answered when done."""
-        node_id = hfield(msg, "node_id", int)
-        if self.ring is None or node_id not in self.ring.servers:
-            raise ConfigError(f"server {node_id} is not on the ring (servers: "
-                              f"{self.ring.servers if self.ring else []})")
-        leaving = sum(1 for c in self.changes if c[0] == "remove") + (
-            1 if self.migration is not None and self.migration.leaving is not None else 0)
-        if len(self.ring.servers) - leaving <= 1:
-            raise ConfigError("cannot remove the last server of the ring (removals already queued: "
-                              f"{leaving})")
-        self.changes.append(("remove", node_id, (identity, msg.id)))
-        self._next_change()
 
     def on_cluster_info(self, identity: bytes, msg: Message) -> None:
         info: dict[str, Any] = {"migrating": self.migration is not None, "queued_changes": len(self.changes),
@@ -598,7 +352,7 @@ class SchedulerNode:
         node = self.nodes.pop(node_id)
         self.by_identity.pop(node.identity, None)
         self.parked_workers = [p for p in self.parked_workers if p[2].id != node_id]
-        self.barrier = [b for b in self.barrier if b[2] != node_id]
+        self.barrier.drop(node_id)
         self.jobs.node_removed(node_id, node.role)
         logger.info("%s %d removed (%s)", node.role, node_id, why)
         if node.role == "worker":
@@ -607,11 +361,7 @@ class SchedulerNode:
             for other in self.nodes.values():  # that left is forgotten by the servers' exactly-once records
                 self._notify(other, {"op": Op.NODE_LOST.value, "node_id": node_id,
                                      "role": node.role, "address": node.address})
-        for op_id, op in list(self.fanouts.items()):
-            if node_id in op.waiting:
-                op.waiting.discard(node_id)
-                op.lost.add(node_id)
-                self._maybe_finish_fanout(op_id)
+        self.fanouts.node_lost(node_id)
         self.jobs.maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
         if node.role == "server":
             self._server_lost(node_id)
@@ -674,42 +424,13 @@ class SchedulerNode:
 
     # ---- commands to every server ------------------------------------------------------
     def on_ack(self, identity: bytes, msg: Message) -> None:
-        op = self.fanouts.get(msg.id) if isinstance(msg.id, int) else None
-        node_id = self.by_identity.get(identity)
-        if op is None or node_id not in op.waiting:
-            return
-        if msg.op is Op.ERROR:
-            logger.error("server %d failed command %d: %s", node_id, msg.id, msg.header.get("error"))
-            op.errors[node_id] = msg.header.get("error")
-        else:
-            op.replies[node_id] = msg.header
-        op.waiting.discard(node_id)
-        self._maybe_finish_fanout(msg.id)
-
-    def _maybe_finish_fanout(self, op_id: int) -> None:
-        op = self.fanouts.get(op_id)
-        if op is None or op.waiting:
-            return
-        del self.fanouts[op_id]
-        op.on_done(op)
+        self.fanouts.answered(self.by_identity.get(identity), msg)
 
     def fan_out(self, header: dict[str, Any], on_done: Callable[[FanOut], None],
-                 timeout_s: float = math.inf) -> int:
+                timeout_s: float = math.inf) -> int:
         """Send ``header`` to every live server; ``on_done`` gets the answers (see ``FanOut``)."""
-        self._op_seq += 1
-        servers = [n for n in self.nodes.values() if n.role == "server"]
-        self.fanouts[self._op_seq] = FanOut(on_done, {n.id for n in servers}, time.monotonic() + timeout_s)
-        for node in servers:
-            self._notify(node, {**header, "id": self._op_seq})
-        self._maybe_finish_fanout(self._op_seq)
-        return self._op_seq
-
-    def _check_fanouts(self, now: float) -> None:
-        for op_id, op in [(i, op) for i, op in self.fanouts.items() if op.deadline < now]:
-            logger.error("servers %s did not answer command %d in time", sorted(op.waiting), op_id)
-            op.lost |= op.waiting
-            op.waiting.clear()
-            self._maybe_finish_fanout(op_id)
+        servers = [n.id for n in self.nodes.values() if n.role == "server"]
+        return self.fanouts.start(header, servers, on_done, time.monotonic(), timeout_s)
 
     # ---- barrier and shutdown ----------------------------------------------------------
     def _barrier_size(self) -> int:
@@ -720,29 +441,19 @@ class SchedulerNode:
         node_id = self.by_identity.get(identity)
         if node_id is None or self.nodes[node_id].role != "worker":
             raise ConfigError("only registered workers take part in barriers")
-        if not self.barrier:
-            self._barrier_since = self._barrier_said = time.monotonic()
-        self.barrier.append((identity, msg.id, node_id))
+        self.barrier.arrive(identity, msg.id, node_id, time.monotonic())
         self._maybe_release_barrier()
 
-    def _say_who_is_missing(self, now: float, every_s: float = 5.0) -> None:
+    def _say_who_is_missing(self, now: float) -> None:
         """A barrier short of workers says so every few seconds: who waits, who does not."""
-        if not self.barrier or now - self._barrier_said < every_s:
-            return
-        self._barrier_said = now
-        waiting = {b[2] for b in self.barrier}
-        ranks = sorted(self.nodes[n].rank for n in waiting if n in self.nodes)
-        missing = sorted(n.rank for n in self.nodes.values() if n.role == "worker" and n.id not in waiting)
-        need = self._barrier_size()
-        logger.warning("barrier: %d of %d worker(s) waiting for %.0f s (ranks %s); not there yet: %s", len(waiting),
-                       need, now - self._barrier_since, ranks,
-                       f"ranks {missing}" if missing else f"{need - len(waiting)} worker(s) not registered yet")
+        ranks = {n.id: n.rank for n in self.nodes.values() if n.role == "worker"}
+        line = self.barrier.missing(now, ranks, self._barrier_size())
+        if line:
+            logger.warning("%s", line)
 
     def _maybe_release_barrier(self) -> None:
-        if self.barrier and len({b[2] for b in self.barrier}) >= self._barrier_size():
-            for identity, request_id, _ in self.barrier:
-                send(self.sock, encode({"op": Op.OK.value, "id": request_id}), identity)
-            self.barrier.clear()
+        for identity, request_id in self.barrier.release(self._barrier_size()):
+            send(self.sock, encode({"op": Op.OK.value, "id": request_id}), identity)
 
     def on_shutdown(self, identity: bytes, msg: Message) -> None:
         logger.info("shutdown requested: stopping %d node(s)", len(self.nodes))
