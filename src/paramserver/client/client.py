@@ -10,19 +10,17 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
+from paramserver.client.scatter import Piece, Scatter, remote_error
 from paramserver.config import Config, load_config
 from paramserver.errors import (
     ClosedError,
@@ -32,7 +30,6 @@ from paramserver.errors import (
     ParamServerError,
     ProtocolError,
     RemoteError,
-    StaleEpochError,
     UnknownTableError,
 )
 from paramserver.routing.partition import route_pull, route_push, scatter_rows
@@ -42,21 +39,6 @@ from paramserver.wire.message import Message, Op
 from paramserver.wire.sockets import refused_for
 
 logger = logging.getLogger(__name__)
-
-
-def _remote_error(msg: Message) -> ParamServerError:
-    code, text = msg.header.get("code"), str(msg.header.get("error"))
-    if code == "stale_epoch":
-        return StaleEpochError(text)
-    if code == "unknown_table":
-        return UnknownTableError(text)
-    if code == "protocol":
-        return ProtocolError(text)
-    if code == "config":
-        return ConfigError(text)
-    if code == "node_lost":
-        return NodeLostError(text)
-    return RemoteError(f"{code}: {text}")
 
 
 def as_keys(keys: Any) -> np.ndarray:
@@ -74,137 +56,6 @@ def as_keys(keys: Any) -> np.ndarray:
         return arr.astype(np.int64).view(np.uint64)
     raise ConfigError(f"keys must be integers (uint64 ideally), got dtype {arr.dtype}; "
                       "hash features to uint64 first")
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """The part of a pull or push that goes to one server, as routed at ``epoch``."""
-
-    server: int
-    epoch: int
-    keys: np.ndarray
-    extra: np.ndarray  # pull: output row of each key; push: gradient rows
-    vnodes: np.ndarray
-    counts: np.ndarray
-
-
-class _Scatter:
-    """One pull or push in flight: a request per server piece, and the future.
-
-    A piece refused for a stale ring, or sent to a server that died, is routed again
-    with the newest ring and resent (a push keeps its ``seq``: servers apply it once),
-    until ``retry_timeout_s``.  Callbacks are bound to this object, which refers to
-    none of them: no reference cycle keeps a pull's output array alive after its
-    future is dropped (a cycle of closures did: 64 MB pulls page-faulted afresh).
-    """
-
-    def __init__(self, client: Client, kind: Op, header: dict[str, Any], bits: int,
-                 on_piece: Callable[[_Piece, Message], None], result: Any,
-                 on_settled: Callable[[], None] | None = None):
-        self.client, self.kind, self.header, self.on_piece, self.result = client, kind, header, on_piece, result
-        self.bits = bits  # the table's key_bits: how its keys map to vnodes
-        self.on_settled = on_settled  # once done and no request is left in flight
-        self.future: Future = Future()
-        self.pending = 0  # pieces not answered yet
-        self.in_flight = 0  # requests sent and not answered (a failed future may still have some)
-        self.lock = threading.Lock()
-        self.deadline = time.monotonic() + client.config.retry_timeout_s
-
-    def start(self, pieces: list[_Piece]) -> Future:
-        if not pieces:
-            self.future.set_result(self.result)
-            return self.future
-        self.pending = len(pieces)
-        for piece in pieces:
-            self.send(piece, 0)
-        return self.future
-
-    def fail(self, exc: BaseException) -> None:
-        with self.lock:
-            if not self.future.done():
-                self.future.set_exception(exc)
-        self._maybe_settled()
-
-    def _maybe_settled(self) -> None:
-        with self.lock:
-            settled = self.future.done() and self.in_flight == 0 and self.on_settled is not None
-            callback, self.on_settled = (self.on_settled, None) if settled else (None, self.on_settled)
-        if callback is not None:
-            callback()
-
-    def send(self, piece: _Piece, tries: int) -> None:
-        client = self.client
-        header = {**self.header, "epoch": piece.epoch}
-        if "seq" in header:
-            header["acked"] = client._acked_seq()
-        arrays = [piece.keys, piece.extra, piece.vnodes, piece.counts] if self.kind is Op.PUSH else \
-            [piece.keys, piece.vnodes, piece.counts]
-        address = client._servers.get(piece.server)
-        on_reply = functools.partial(self.answered, piece, tries)
-        with self.lock:
-            self.in_flight += 1
-        if address is None:  # the server left the ring since this piece was routed
-            on_reply(None, NodeLostError(f"server {piece.server} left the ring"))
-            return
-        try:
-            client._io.submit(address, header, arrays, on_reply)
-        except Exception as exc:  # closed meanwhile
-            with self.lock:
-                self.in_flight -= 1
-            self.fail(exc)
-
-    def resend(self, piece: _Piece, tries: int) -> None:
-        if self.future.done():
-            return
-        try:
-            again = self.client._pieces(self.kind, piece.keys, piece.extra, self.bits, distinct=True)
-        except Exception as exc:
-            self.fail(exc)
-            return
-        with self.lock:
-            self.pending += len(again) - 1
-            if self.pending == 0 and not self.future.done():
-                self.future.set_result(self.result)
-        for p in again:
-            self.send(p, tries + 1)
-
-    def answered(self, piece: _Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
-        with self.lock:
-            self.in_flight -= 1
-        try:
-            self._answered(piece, tries, msg, exc)
-        finally:
-            self._maybe_settled()
-
-    def _answered(self, piece: _Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
-        if self.future.done():
-            return
-        if exc is None and msg is not None and msg.op is Op.ERROR:
-            exc = _remote_error(msg)
-        if isinstance(exc, (StaleEpochError, NodeLostError)) and time.monotonic() < self.deadline:
-            # the ring changed under this piece: once ours is newer, route it again
-            ring_epoch = self.client._ring.epoch
-            newer = ring_epoch > piece.epoch
-            if not newer and msg is not None and msg.header.get("epoch", 0) > ring_epoch:
-                self.client._refresh_view()
-            delay = 0.0 if newer else min(0.5, 0.01 * 2 ** min(tries, 6))
-            self.client._io.call_later(delay, functools.partial(self.resend, piece, tries))
-            return
-        try:
-            if exc is None:
-                assert msg is not None, "the I/O thread answers with a message or an error"
-                self.on_piece(piece, msg)
-        except Exception as err:
-            exc = err
-        with self.lock:
-            if self.future.done():
-                return
-            if exc is not None:
-                self.future.set_exception(exc)
-                return
-            self.pending -= 1
-            if self.pending == 0:
-                self.future.set_result(self.result)
 
 
 class Client:
@@ -277,7 +128,7 @@ class Client:
             elif msg is None:
                 fut.set_exception(RemoteError(f"no reply from {address}"))
             elif msg.op is Op.ERROR:
-                fut.set_exception(_remote_error(msg))
+                fut.set_exception(remote_error(msg))
             else:
                 fut.set_result(msg)
 
@@ -310,7 +161,7 @@ class Client:
         return spec
 
     def _pieces(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, bits: int,
-                distinct: bool = False) -> list[_Piece]:
+                distinct: bool = False) -> list[Piece]:
         """Route ``keys`` with the current ring into one piece per server.  ``extra`` rides
         along: a pull's output row of each key (None: the identity), a push's gradients;
         ``bits`` is the table's ``key_bits``; ``distinct``: a push's keys need no merging."""
@@ -326,15 +177,15 @@ class Client:
             routed = route_push(ring, keys, extra, bits, distinct)
             assert routed.grads is not None
             index = routed.grads
-        return [_Piece(part.server, ring.epoch, routed.keys[part.start:part.stop], index[part.start:part.stop],
+        return [Piece(part.server, ring.epoch, routed.keys[part.start:part.stop], index[part.start:part.stop],
                        part.vnodes, part.counts) for part in routed.parts]
 
     def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
-                 on_piece: Callable[[_Piece, Message], None], result: Any = None,
+                 on_piece: Callable[[Piece, Message], None], result: Any = None,
                  reply_row_bytes: int = 0, seq: int | None = None,
                  on_settled: Callable[[], None] | None = None, distinct: bool = False) -> Future:
         """Send a pull or push as one request per server; the future resolves to
-        ``result`` once every piece is answered (see ``_Scatter``)."""
+        ``result`` once every piece is answered (see ``scatter.Scatter``)."""
         bits = self._spec(table).key_bits
         pieces = self._pieces(kind, keys, extra, bits, distinct)
         limit = self.config.max_message_bytes - (1 << 20)  # room for the header
@@ -349,7 +200,7 @@ class Client:
             header["clock"] = self._clock
         if seq is not None:
             header.update(sender=self.node_id, seq=seq)
-        return _Scatter(self, kind, header, bits, on_piece, result, on_settled).start(pieces)
+        return Scatter(self, kind, header, bits, on_piece, result, on_settled).start(pieces)
 
     def _refresh_view(self) -> None:
         """Ask the scheduler for the ring (a RING notification may still be on its way)."""
@@ -402,7 +253,7 @@ class Client:
         spec.check_keys(keys)
         out = np.empty((keys.shape[0], spec.dim), np.float32)
 
-        def on_piece(piece: _Piece, msg: Message) -> None:
+        def on_piece(piece: Piece, msg: Message) -> None:
             vals = msg.arrays[0] if msg.arrays else None
             if vals is None or vals.shape != (piece.keys.shape[0], spec.dim) or vals.dtype != np.float32:
                 raise ProtocolError(f"pull reply has {None if vals is None else vals.shape}, "

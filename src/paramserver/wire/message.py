@@ -188,7 +188,7 @@ def failed_request(exc: BaseException, default: Any = None) -> Any:
 
 
 def error_code(exc: BaseException) -> str:
-    """The ``code`` of a server's error reply (clients map it back: ``client._remote_error``)."""
+    """The ``code`` of a server's error reply (clients map it back: ``client.scatter.remote_error``)."""
     if isinstance(exc, StaleEpochError):
         return "stale_epoch"
     if isinstance(exc, KeyError):
