@@ -25,6 +25,7 @@ import io
 import json
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import fsspec
@@ -232,9 +233,7 @@ def restore_tables(client: Any, url: str) -> dict[str, int]:
     restored: dict[str, int] = {}
     try:
         for spec, entries in plan:
-            client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                seed=spec.seed, consistency=spec.consistency, aggregate=spec.aggregate,
-                                replicas=min(spec.replicas, len(client.ring.servers)), key_bits=spec.key_bits)
+            client.create_table_spec(replace(spec, replicas=min(spec.replicas, len(client.ring.servers))))
             restored[spec.name] = 0
             loaded = sum(m.header["loaded"] for m in client._on_every_server(
                 {"op": Op.RESTORE.value, "table": spec.name, "step": step, "entries": entries}))

@@ -351,9 +351,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         if step is not None:
             client.restore(step)  # creates the table with the checkpoint's (identical) spec
         else:
-            client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                seed=spec.seed, consistency=spec.consistency, replicas=spec.replicas,
-                                key_bits=spec.key_bits)
+            client.create_table_spec(spec)
         table_seconds = time.perf_counter() - created  # a dense table is allocated whole here
         if setup is not None:
             setup(cluster)

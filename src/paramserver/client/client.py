@@ -228,10 +228,15 @@ class Client:
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
         """
-        spec = TableSpec(name, dim, optimizer, initializer, seed, consistency, aggregate, replicas, key_bits)
+        return self.create_table_spec(
+            TableSpec(name, dim, optimizer, initializer, seed, consistency, aggregate, replicas, key_bits))
+
+    def create_table_spec(self, spec: TableSpec) -> TableSpec:
+        """Create the table ``spec`` describes, every field of it (a job's table, a
+        checkpoint's): the one path by which a spec reaches the scheduler."""
         self._call(self.config.scheduler, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()})
         with self._lock:
-            self._tables[name] = spec
+            self._tables[spec.name] = spec
         return spec
 
     def drop_table(self, name: str) -> None:
