@@ -85,3 +85,19 @@ def test_a9a_with_a_worker_killed_mid_job_counts_each_example_exactly_once(tmp_p
     assert len(report["traces"]) == 3  # two survivors and the worker that joined ran the job
     assert report["examples"] == 32_561 * 2  # each example exactly once per epoch
     assert report["test_examples"] == 16_281 and report["logloss"] <= 0.34, report
+
+
+def test_add_server_says_so_when_the_joiner_exits_before_it_joins():
+    """Issue 13: add_server waited its whole timeout for a joiner that had already exited."""
+    import time
+
+    from paramserver.errors import ConnectError
+
+    with LocalCluster(servers=1, workers=0, log_level="WARNING") as cluster:
+        spawn = cluster._spawn
+        cluster._spawn = lambda name, args, pass_fds=(): spawn(name, [*args, "--no-such-flag"], pass_fds)
+        started = time.monotonic()
+        with pytest.raises(ConnectError, match="exited with code 2 before it joined the ring"):
+            cluster.add_server(timeout_s=60)
+        assert time.monotonic() - started < 20
+        assert cluster.client.cluster_info()["ring_servers"] == [cluster.client.ring.servers[0]]
