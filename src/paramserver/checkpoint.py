@@ -153,6 +153,7 @@ def write_manifest(url: str, manifest: dict[str, Any]) -> None:
     fs, _, (root,) = fsspec.get_fs_token_paths(url)
     body = json.dumps({"format": FORMAT, "written_at": time.time(), **manifest}, indent=1).encode()
     tmp = f"{root}/{MANIFEST}.tmp"
+    fs.makedirs(root, exist_ok=True)  # a step of empty tables has no vnode file that made it
     with fs.open(tmp, "wb") as f:
         f.write(body)
     fs.mv(tmp, f"{root}/{MANIFEST}")

@@ -1,0 +1,170 @@
+"""The scheduler's job (``scheduler/jobs.py``) driven by a seeded simulation: workers
+that ask ahead, finish, die mid-shard and join; checkpoints whose servers answer, fail or
+are lost.  After every step: no shard is held by a worker that is gone, and a checkpoint
+is only ever written at a boundary (no shard running); at the end, every example of
+every epoch is counted exactly once.  No sockets, no sleeps: a few hundred seeds run in
+a second or two, and a failing seed replays exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from paramserver.routing.ring import Ring
+from paramserver.scheduler.fanout import FanOut
+from paramserver.scheduler.jobs import Jobs
+from paramserver.wire.message import Message, decode, encode
+
+SIZES = [3, 5, 7, 11, 13, 17]  # examples per shard
+
+
+class _Host:
+    """The scheduler around ``Jobs``: answers are decoded and kept, fan-outs held."""
+
+    def __init__(self) -> None:
+        self.ring = Ring.create([1], 4)
+        self.tables: dict[str, Any] = {}
+        self.losses: list[dict[str, Any]] = []
+        self.failovers: list[dict[str, Any]] = []
+        self.answers: list[tuple[bytes, Message]] = []
+        self.fanouts: list[tuple[dict[str, Any], Any]] = []
+        self.jobs: Jobs | None = None
+
+    def answer(self, identity: bytes, frames: list[Any]) -> None:
+        self.answers.append((identity, decode([bytes(f) for f in frames])))
+
+    def fan_out(self, header: dict[str, Any], on_done: Any, timeout_s: float) -> int:
+        assert self.jobs is not None and self.jobs.job is not None
+        assert not self.jobs.job.running, "a checkpoint started while shards were running"
+        self.fanouts.append((header, on_done))
+        return len(self.fanouts)
+
+    def workers_changed(self) -> None:
+        pass
+
+
+def _msg(header: dict[str, Any]) -> Message:
+    return decode([bytes(f) for f in encode(header)])
+
+
+def _simulate(seed: int, tmp_path, epochs: int = 2) -> dict[str, Any]:
+    rng = random.Random(seed)
+    host = _Host()
+    jobs = host.jobs = Jobs(host)
+    shards = [[f"s{i}", 0, size] for i, size in enumerate(SIZES)]
+    checkpoint = {"url": str(tmp_path / f"ckpt-{seed}"), "every": rng.choice([1, 2, 4])} if rng.random() < 0.5 \
+        else None
+    jobs.start(b"driver", _msg({"op": "job_start", "id": 1, "shards": shards, "epochs": epochs,
+                                **({"checkpoint": checkpoint} if checkpoint else {})}))
+    live: set[int] = {10, 11}
+    next_worker, asked, held = 12, {w: 0 for w in live}, {w: [] for w in live}
+    counted: list[tuple[int, int]] = []  # (epoch, shard) of every shard_done sent
+    rid = 100
+    for _ in range(2000):
+        job = jobs.job
+        assert job is not None
+        if job.finished:
+            break
+        for identity, msg in host.answers:  # shards handed out (the rest: acknowledgements)
+            w = int(identity[1:]) if identity.startswith(b"w") else -1
+            if msg.header.get("shard_id") is not None and w in live:
+                held[w].append((msg.header["shard_id"], msg.header["epoch"]))
+                asked[w] -= 1
+        host.answers.clear()
+        assert all(job.running[s] in live for s in job.running), "a shard is held by a worker that is gone"
+        event = rng.random()
+        workers = sorted(live)
+        if host.fanouts and event < 0.15:  # the servers answer a checkpoint: written, failed or lost
+            header, on_done = host.fanouts.pop(0)
+            fate = rng.choice(["ok", "error", "lost"])
+            op = FanOut(on_done, set(), 0.0)
+            if fate == "ok":
+                op.replies[1] = {"files": {}, "clocks": {}}
+            elif fate == "error":
+                op.errors[1] = "disk full"
+            else:
+                op.lost.add(1)
+            on_done(op)
+        elif event < 0.45 and workers:  # a worker asks for a shard (at most one ahead of the one it holds)
+            w = rng.choice(workers)
+            if asked[w] == 0 and len(held[w]) <= 1:
+                rid += 1
+                asked[w] += 1
+                jobs.next_shard(b"w%d" % w, _msg({"op": "next_shard", "id": rid}), w)
+        elif event < 0.85 and workers:  # a worker finishes the oldest shard it holds
+            w = rng.choice(workers)
+            if held[w]:
+                sid, epoch = held[w].pop(0)
+                rid += 1
+                jobs.shard_done(b"w%d" % w, _msg({"op": "shard_done", "id": rid, "shard_id": sid, "epoch": epoch,
+                                                 "stats": {"examples": SIZES[sid]}}), w)
+                counted.append((epoch, sid))
+        elif event < 0.93 and len(workers) > 1:  # a worker dies, with whatever it holds
+            w = rng.choice(workers)
+            live.discard(w)
+            jobs.node_removed(w, "worker")
+            jobs.maybe_checkpoint()
+        else:  # a worker joins
+            live.add(next_worker)
+            asked[next_worker], held[next_worker] = 0, []
+            next_worker += 1
+    job = jobs.job
+    assert job is not None and job.finished, f"seed {seed}: the job did not finish in 2000 steps"
+    return {"job": job, "counted": counted, "checkpoints": jobs.checkpoints}
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_every_example_is_counted_once_per_epoch_whatever_the_workers_do(seed, tmp_path):
+    result = _simulate(seed, tmp_path)
+    job = result["job"]
+    assert job.epoch_examples == [sum(SIZES)] * 2, (seed, job.epoch_examples)
+    assert job.totals["examples"] == 2 * sum(SIZES)
+    assert sorted(result["counted"]) == sorted((e, s) for e in range(2) for s in range(len(SIZES)))
+
+
+def test_the_same_seed_replays_the_same_run(tmp_path):
+    a, b = _simulate(7, tmp_path / "a"), _simulate(7, tmp_path / "b")
+    assert a["counted"] == b["counted"]
+
+
+def test_checkpoints_are_written_abandoned_and_skipped_across_the_seeds(tmp_path):
+    """The seeds reach every checkpoint path: some written, some abandoned."""
+    written = abandoned = 0
+    for seed in range(60):
+        ckpt = _simulate(seed, tmp_path)["checkpoints"]
+        if ckpt is not None:
+            written += len(ckpt.written)
+            abandoned += ckpt.abandoned
+    assert written > 0 and abandoned > 0, (written, abandoned)
+
+
+def _lose_shards(queue, node_id):  # a dead worker's shards are forgotten, not put back
+    lost = [sid for sid, n in queue.running.items() if n == node_id]
+    for sid in lost:
+        del queue.running[sid]
+    return lost
+
+
+def _keep_running(queue, node_id):  # put back, but still listed as running
+    lost = [sid for sid, n in queue.running.items() if n == node_id]
+    queue.todo.extendleft(lost)
+    return lost
+
+
+@pytest.mark.parametrize("mutation", [_lose_shards, _keep_running])
+def test_the_simulation_catches_a_broken_requeue(mutation, tmp_path, monkeypatch):
+    """A check that cannot fail checks nothing: break how a dead worker's shards go back
+    to the queue, and some seed must say so."""
+    from paramserver.scheduler.tasks import TaskQueue
+
+    monkeypatch.setattr(TaskQueue, "release", mutation)
+    failures = 0
+    for seed in range(100):
+        try:
+            test_every_example_is_counted_once_per_epoch_whatever_the_workers_do(seed, tmp_path)
+        except AssertionError:
+            failures += 1
+    assert failures > 0
