@@ -111,3 +111,29 @@ def test_a_copy_that_overtakes_the_joiners_first_ring_waits_for_it(h):
     h.ring(ring, [spec], [joiner])  # its first ring (it joins later: it holds nothing on it yet)
     assert not joiner._before_ring
     assert 0 in joiner.tables["t"].tables and h.value(joiner, "t", keys[0]) == 5.0
+
+
+def test_a_pull_parked_under_the_lease_is_refused_if_released_after_it_ran_out(h):
+    """The lease is checked where a client's request is served: a BSP pull parked while
+    the lease ran (worker 100 behind) and released by a clock after it ran out (a pause)
+    must get a stale-epoch error, not the values."""
+    from paramserver.server.lease import Lease
+
+    (a,) = h.make(1)
+    spec = TableSpec("t", 1, optimizer={"name": "sgd", "lr": 1.0}, consistency="bsp")
+    ring = Ring.create([1], 4)
+    h.ring(ring, [spec])
+    a.on_workers(Message({"op": "workers", "workers": [100, 101]}, []))
+    keys = np.array([_key_of_vnode(ring, 0)], np.uint64)
+    v, counts = ring.vnodes(keys).astype(np.int32), np.array([1], np.int64)
+    h.deliver(a, {"op": "pull", "id": 5, "table": "t", "epoch": ring.epoch, "clock": 1}, [keys, v, counts])
+    assert not h.replies  # parked: worker 101 has not finished clock 0
+    now = [1000.0]
+    a.lease = Lease(1.0, clock=lambda: now[0])
+    a.lease.granted(now[0])
+    now[0] += 5.0  # the lease ran out meanwhile
+    for worker in (100, 101):
+        h.deliver(a, {"op": "clock", "id": 6, "worker": worker, "clock": 1})
+    pulls = [r for _, r in h.replies if r.get("id") == 5]
+    assert len(pulls) == 1 and pulls[0]["op"] == "error" and pulls[0]["code"] == "stale_epoch", pulls
+    assert "lease ran out" in pulls[0]["error"]

@@ -260,7 +260,7 @@ def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
                 pushes.popleft().result(timeout=300)  # errors surface here
             client.job.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
             client.job.shard_done(task, examples=examples, loss_sum=loss_sum, bad_lines=stats["bad_lines"],
-                              bytes=stats.get("bytes", 0))
+                                  bytes=stats.get("bytes", 0))
             done["examples"] += examples
             done["loss_sum"] += loss_sum
             done["bad_lines"] += stats["bad_lines"]

@@ -17,6 +17,7 @@ and training goes on.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,7 +43,7 @@ class JobHost(Protocol):
 
     def answer(self, identity: bytes, frames: list[Any]) -> None: ...
 
-    def fan_out(self, header: dict[str, Any], on_done: Any, timeout_s: float) -> int: ...
+    def fan_out(self, header: dict[str, Any], on_done: Callable[[FanOut], None], timeout_s: float) -> int: ...
 
     def workers_changed(self) -> None: ...
 

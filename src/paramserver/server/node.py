@@ -206,10 +206,6 @@ class ServerNode:
             if self.ring is None and msg.op in (Op.INSTALL, Op.REPLICATE) and len(self._before_ring) < 10_000:
                 self._before_ring.append(frames)  # a joiner's copies can overtake its first ring: kept for it
                 return
-            if msg.op in (Op.PULL, Op.PUSH) and not self.lease.valid():
-                raise StaleEpochError(f"server {self.node_id} has had no answer from the scheduler for "
-                                      f"{self.lease.expired_for() + self.lease.length:.1f} s: its lease ran out, "
-                                      "so it may have been declared dead; retry on the current ring")
             if handler is None:
                 raise ProtocolError(f"a server does not serve op {msg.op.value!r} "
                                     f"(serves {sorted(o.value for o in self.data_handlers)})")
@@ -425,7 +421,13 @@ class ServerNode:
     def _table(self, msg: Message, n_keys: int, vnodes: np.ndarray, counts: np.ndarray,
                primary: bool = True) -> VnodeSet:
         """The request's table, after checking its vnode segments (and, for a client's
-        request, that this server is their primary: else the client's ring is stale)."""
+        request, that this server is their primary: else the client's ring is stale).  A
+        client's request is served under the lease only: also a pull the staleness gate
+        parked and releases later, which passes here again."""
+        if primary and not self.lease.valid():
+            raise StaleEpochError(f"server {self.node_id} has had no answer from the scheduler for "
+                                  f"{self.lease.expired_for() + self.lease.length:.1f} s: its lease ran out, "
+                                  "so it may have been declared dead; retry on the current ring")
         name = field(msg, "table", str)
         table = self.tables.get(name)
         if table is None:
