@@ -7,6 +7,7 @@
     paramserver cluster add-server --scheduler tcp://HOST:7000   # grow a running ring
     paramserver cluster remove-server --id 3 --scheduler ...     # shrink it, live
     paramserver cluster status --scheduler ...
+    paramserver chaos --seeds 500 --json                 # fault-injection campaign (simulated)
 
 Every flag of a node also reads a ``PARAMSERVER_*`` variable (see config.ENV).
 """
@@ -157,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=300_000, help="synthetic training rows")
     p.add_argument("--servers", type=int, default=2, help="server processes")
     p.add_argument("--workers", type=int, default=2, help="worker processes")
+
+    from paramserver.testing import campaign
+
+    campaign.add_parser(sub)
     return parser
 
 
@@ -260,7 +265,8 @@ def _write_atomically(path: str, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = getattr(args, "log_level", "WARNING" if args.command in ("train", "demo", "predict", "eval", "synth")
+    level = getattr(args, "log_level", "WARNING" if args.command in ("train", "demo", "predict", "eval", "synth",
+                                                                      "chaos")
                     else "INFO")
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
@@ -288,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             return worker_main(_config(args), args.fn, args.control_fds)
         elif args.command == "cluster":
             return _cluster(args)
+        elif args.command == "chaos":
+            from paramserver.testing import campaign
+
+            return campaign.main(args)
         elif args.command in ("train", "demo", "predict", "eval", "synth"):
             from paramserver.apps import commands
 

@@ -66,8 +66,10 @@ class Config:
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ConfigError(f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed "
                               f"heartbeat_interval_s ({self.heartbeat_interval_s}); try 10x")
-        if self.scheduler and "://" not in self.scheduler:
-            raise ConfigError(f"scheduler address must look like tcp://HOST:PORT, got {self.scheduler!r}")
+        if self.scheduler:
+            from paramserver.wire.transport import scheme_of
+
+            scheme_of(self.scheduler)  # names the known schemes
 
 
 def load_config(**overrides: Any) -> Config:

@@ -5,7 +5,7 @@ from harness import Harness
 
 
 @pytest.fixture
-def h(monkeypatch):
-    harness = Harness(monkeypatch)
+def h():
+    harness = Harness()
     yield harness
     harness.close()

@@ -1,46 +1,50 @@
-"""In-process ServerNodes driven message by message (no scheduler, no timing): the
-harness of the replication and dense-table tests."""
+"""In-process ServerNodes on the simulated network (``paramserver.testing.sim``),
+driven message by message: no scheduler, no timers; the harness of the replication and
+dense-table tests.  What the servers send to the client and to the scheduler is
+recorded as it is sent."""
 
 from __future__ import annotations
 
 import numpy as np
-import zmq
 
 from paramserver.config import load_config
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
-from paramserver.server import node as node_mod
 from paramserver.server.node import ServerNode
 from paramserver.spec import TableSpec
+from paramserver.testing.sim import SimNetwork, SimSocket
 from paramserver.wire.message import Message, decode, encode
 
 CLIENT = b"client"
 
 
 class Harness:
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch=None):
+        self.net = SimNetwork(0)
         self.nodes: list[ServerNode] = []
         self.replies: list[tuple[int, dict]] = []  # (server, header) answered to the client
         self.control: list[tuple[int, dict]] = []  # (server, header) sent to the scheduler
-        real_send = node_mod.send
+        self.scheduler, _ = self.net.host("scheduler").transport().bind("", 0, 1 << 30)
+        self.client = SimSocket(self.net.host("client"), False, "", CLIENT)
+        self.net.connections[CLIENT] = self.client
 
-        def send(sock, frames, identity=None):
+        def watch(src, dest, frames):
             for n in self.nodes:
-                if sock is n.router and identity == CLIENT:
-                    self.replies.append((n.node_id, decode([bytes(f) for f in frames]).header))
-                    return
-                if sock is n.control:
-                    self.control.append((n.node_id, decode([bytes(f) for f in frames]).header))
-                    return
-            real_send(sock, frames, identity)
+                if src is n.router and dest is self.client:
+                    self.replies.append((n.node_id, decode(frames).header))
+                elif src is n.control:
+                    self.control.append((n.node_id, decode(frames[1:]).header))
 
-        monkeypatch.setattr(node_mod, "send", send)
+        self.net.watchers.append(watch)
 
     def make(self, *ids: int) -> list[ServerNode]:
         for i in ids:
-            n = ServerNode(load_config(scheduler="tcp://127.0.0.1:9", server_threads=1))
+            host = self.net.host(f"server-{i}")
+            n = ServerNode(load_config(scheduler="sim://scheduler", server_threads=1), host.transport())
             n.node_id = i
             n.lease.granted(float("inf"))  # no scheduler here to renew it: these nodes always serve
+            n.poller.register(n.router)
+            n.poller.register(n.control)
             self.nodes.append(n)
         return [n for n in self.nodes if n.node_id in ids]
 
@@ -53,28 +57,28 @@ class Harness:
         for n in nodes or self.nodes:
             n.on_ring(Message(view, []))
 
+    def flush(self) -> None:
+        """Move every message sent so far into its receiver's queue (nobody reads it yet)."""
+        self.net.run_until(self.net.time + 1.0)
+
     def pump(self, nodes: list[ServerNode] | None = None) -> None:
         """Deliver requests and answers between the servers until none is left."""
         nodes = nodes or self.nodes
         for _ in range(1000):
+            self.flush()
             moved = False
             for n in nodes:
-                if n.router.poll(5):
-                    n._handle_data(n.router.recv_multipart(copy=False))
-                    moved = True
-                for peer, sock in list(n.peers.socks.items()):
-                    if sock.poll(0):
-                        n.peers.handle(peer, sock)
-                        moved = True
-                if n.copies and n.copies_in_flight < 2:
-                    n._copy_next()
+                if n.router.poll(0) or any(s.poll(0) for s in n.peers.socks.values()) or n.wants_turn():
+                    n.turn()
                     moved = True
             if not moved and not any(n.peers.awaiting or n.copies for n in nodes):
                 return
         raise AssertionError("the servers did not go quiet")
 
     def deliver(self, node: ServerNode, header: dict, arrays=()) -> None:
-        node._handle_data([zmq.Frame(CLIENT), *[zmq.Frame(bytes(f)) for f in encode(header, arrays)]])
+        node._handle_data([CLIENT, *[bytes(f) if not isinstance(f, np.ndarray) else f.tobytes()
+                                     for f in encode(header, arrays)]])
+        self.flush()
 
     def push(self, ring: Ring, table: str, keys, grads, **fields) -> None:
         routed = route_push(ring, keys, grads, self.nodes[0].tables[table].bits)
@@ -94,9 +98,4 @@ class Harness:
 
     def close(self) -> None:
         for n in self.nodes:
-            for sock in n.peers.socks.values():
-                sock.close(linger=0)
-            n.router.close(linger=0)
-            n.control.close(linger=0)
-            if n._pool is not None:
-                n._pool.shutdown()
+            n.close()

@@ -3,8 +3,6 @@ removals that would empty the ring, the last server dying, copies left unconfirm
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -12,6 +10,7 @@ from paramserver.config import load_config
 from paramserver.routing.ring import Ring, plan_moves
 from paramserver.scheduler.node import NodeInfo, SchedulerNode
 from paramserver.spec import TableSpec
+from paramserver.testing.sim import SimNetwork
 from paramserver.wire.message import Message, Op
 
 
@@ -20,11 +19,12 @@ def make():
     made = []
 
     def make(servers, tables=(), vnodes_per_server=4):
-        s = SchedulerNode(load_config(host="127.0.0.1", port=0, servers=len(servers)))
+        s = SchedulerNode(load_config(host="127.0.0.1", port=0, servers=len(servers)),
+                          transport=SimNetwork(0).host("scheduler").transport())
         s.notes = []
         s._notify = lambda node, header: s.notes.append((node.id, header))
         for i in servers:
-            s.nodes[i] = NodeInfo(i, "server", b"s%d" % i, f"tcp://127.0.0.1:{i}", time.monotonic())
+            s.nodes[i] = NodeInfo(i, "server", b"s%d" % i, f"tcp://127.0.0.1:{i}", s.clock())
             s.by_identity[b"s%d" % i] = i
         s._next_id = max(servers) + 1
         s.ring = Ring.create(list(servers), vnodes_per_server)
@@ -50,7 +50,7 @@ def test_removals_never_empty_the_ring(make):
     with pytest.raises(Exception, match="cannot remove the last server"):
         s.on_remove_server(b"driver", Message({"op": "remove_server", "id": 3, "node_id": 3}, []))
     s.nodes[1].last_seen -= 100  # the server being removed dies meanwhile
-    s._check_heartbeats(time.monotonic())
+    s._check_heartbeats(s.clock())
     assert s.ring.servers and 3 in s.ring.servers
 
 
@@ -78,7 +78,7 @@ def test_copies_unconfirmed_when_a_migration_is_abandoned_are_redone(make):
     assert s.incomplete == pending - done
     before = s.ring
     s.nodes[3].last_seen -= 100  # ... then another server dies: the repair is abandoned
-    s._check_heartbeats(time.monotonic())
+    s._check_heartbeats(s.clock())
     again = s.migration
     assert again is not None and again.id != repair.id
     planned = {(t, v, d) for moves in again.moves.values() for t, v, d in moves}
@@ -120,7 +120,7 @@ def test_a_worker_asking_ahead_for_a_shard_still_counts_in_the_clocks(make):
 
     s = make([1])
     for w in (10, 11):
-        s.nodes[w] = NodeInfo(w, "worker", b"w%d" % w, "", time.monotonic())
+        s.nodes[w] = NodeInfo(w, "worker", b"w%d" % w, "", s.clock())
         s.by_identity[b"w%d" % w] = w
     s.jobs.job = TaskQueue([["a", 0, 10], ["b", 10, 20]], 1)
 
@@ -144,7 +144,7 @@ def test_no_shard_ahead_when_the_running_ones_bring_a_checkpoint(make):
 
     s = make([1])
     for w in (10, 11):
-        s.nodes[w] = NodeInfo(w, "worker", b"w%d" % w, "", time.monotonic())
+        s.nodes[w] = NodeInfo(w, "worker", b"w%d" % w, "", s.clock())
         s.by_identity[b"w%d" % w] = w
     s.jobs.job = TaskQueue([["f", i, i + 1] for i in range(8)], 1)
     s.jobs.checkpoints = Checkpoints("unused", every=3, timeout_s=1)
@@ -160,15 +160,15 @@ def test_a_stalled_loop_blames_no_node_for_its_own_stall(make):
     """Issue 12, bug 10: the loop's previous turn was 10 s ago (SIGSTOP, swap): the nodes'
     heartbeats of those 10 s are unread, not missing; deadlines move back by the stall."""
     s = make([1, 2])
-    now = time.monotonic()
+    now = s.clock()
     for node in s.nodes.values():
         node.last_seen = now - 10.0  # heard last just before the stall
     s._after_stall(now - 10.0, poll_s=0.5)
-    s._check_heartbeats(time.monotonic())
+    s._check_heartbeats(s.clock())
     assert sorted(s.nodes) == [1, 2] and s.ring.servers == [1, 2]
     s.nodes[2].last_seen -= 100  # a node silent *while the loop runs* is still declared dead
-    s._after_stall(time.monotonic(), poll_s=0.5)
-    s._check_heartbeats(time.monotonic())
+    s._after_stall(s.clock(), poll_s=0.5)
+    s._check_heartbeats(s.clock())
     assert sorted(s.nodes) == [1]
 
 
@@ -199,25 +199,35 @@ def test_a_barrier_short_of_workers_says_who_is_missing(make, caplog):
         s.on_register(tag, Message({"op": "register", "id": 1, "role": "worker"}, []))
     s.on_barrier(b"wa", Message({"op": "barrier", "id": 7}, []))
     with caplog.at_level(logging.WARNING, logger="paramserver.scheduler.node"):
-        s._say_who_is_missing(time.monotonic())  # too soon: quiet
+        s._say_who_is_missing(s.clock())  # too soon: quiet
         assert not caplog.records
-        s._say_who_is_missing(time.monotonic() + 6)
+        s._say_who_is_missing(s.clock() + 6)
     (record,) = caplog.records
     assert "1 of 3 worker(s) waiting" in record.getMessage() and "not there yet: ranks [1]" in record.getMessage()
 
 
-def test_waiting_for_servers_fails_when_the_joiner_dies_mid_copy(make, monkeypatch):
+class _Recorder:
+    """A scheduler socket that records every reply: (identity, header)."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, frames, identity=None):
+        import msgpack
+
+        self.sent.append((identity, msgpack.unpackb(bytes(frames[0]))))
+
+    def close(self, linger=0):
+        pass
+
+
+def test_waiting_for_servers_fails_when_the_joiner_dies_mid_copy(make):
     """Issue 13: wait_for_servers (and so LocalCluster.add_server) hung when the server
     joining died while its vnodes were being copied: the abandoned join never came back."""
-    import msgpack
-
-    import paramserver.scheduler.node as node_module
-
-    answers = []  # (identity, header) of every reply the scheduler sends
-    monkeypatch.setattr(node_module, "send",
-                        lambda sock, frames, identity=None: answers.append((identity, msgpack.unpackb(frames[0]))))
     s = make([1, 2], [TableSpec("t", 1)])
-    s.nodes[3] = NodeInfo(3, "server", b"s3", "tcp://127.0.0.1:3", time.monotonic())
+    s.sock = _Recorder()
+    answers = s.sock.sent  # (identity, header) of every reply the scheduler sends
+    s.nodes[3] = NodeInfo(3, "server", b"s3", "tcp://127.0.0.1:3", s.clock())
     s.by_identity[b"s3"] = 3
     s.changes.append(("join", 3, None))
     s._next_change()

@@ -27,8 +27,8 @@ def test_a_retry_after_failover_reaches_the_backup_the_dead_primary_missed(h):
     keys, grads = np.array([key], np.uint64), -np.ones((1, 1), np.float32)
     b, c = h.by_id(chain[1]), h.by_id(chain[2])
     h.push(ring, "t", keys, grads, sender=77, seq=10, acked=9)  # the primary applies, forwards to b and c
-    assert c.router.poll(2000)
-    c.router.recv_multipart()  # ... and dies before c gets its copy
+    assert c.router.poll(0)
+    c.router.recv()  # ... and dies before c gets its copy
     h.pump([b])
     assert (h.value(b, "t", key), h.value(c, "t", key)) == (1.0, 0.0)
     survivors = [n for n in h.nodes if n.node_id != 1]

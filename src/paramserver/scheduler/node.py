@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
-
-import zmq
 
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError, ProtocolError
@@ -36,7 +33,8 @@ from paramserver.scheduler.ringchanges import Migration, NodeInfo, RingChanges
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
-from paramserver.wire.sockets import bind_router, check_endpoint, send
+from paramserver.wire.sockets import check_endpoint
+from paramserver.wire.transport import Transport, ZmqTransport
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +49,15 @@ class SchedulerNode(RingChanges):
         config: ``servers`` (how many to wait for before forming the ring), ``workers``
             (barrier size; 0 = whoever registered), heartbeat and bind settings.
         on_ready: called with the bound address once the socket is listening.
+        transport: sockets and clock (``wire/transport.py``); ZeroMQ and real time if None.
     """
 
-    def __init__(self, config: Config, on_ready: Callable[[str], None] | None = None):
+    def __init__(self, config: Config, on_ready: Callable[[str], None] | None = None,
+                 transport: Transport | None = None):
         self.config = config
-        self.ctx: zmq.Context = zmq.Context.instance()
-        self.sock, self.address = bind_router(self.ctx, config.host, config.port, config.max_message_bytes)
+        self.transport = transport or ZmqTransport()
+        self.clock = self.transport.now
+        self.sock, self.address = self.transport.bind(config.host, config.port, config.max_message_bytes)
         self.nodes: dict[int, NodeInfo] = {}
         self.by_identity: dict[bytes, int] = {}
         self.ring: Ring | None = None
@@ -83,6 +84,7 @@ class SchedulerNode(RingChanges):
         self._workers_seen = 0  # workers ever registered (the barrier waits for the expected number first)
         self._op_seq = 0
         self._running = True
+        self._last_turn = self.clock()
         self.handlers = {
             Op.REGISTER: self.on_register,
             Op.HEARTBEAT: self.on_heartbeat,
@@ -110,45 +112,53 @@ class SchedulerNode(RingChanges):
             on_ready(self.address)
 
     # ---- loop --------------------------------------------------------------------------
+    @property
+    def poll_s(self) -> float:
+        """How often the loop looks at its deadlines when no message comes."""
+        return min(self.config.heartbeat_interval_s, 1.0)
+
     def run(self) -> None:
-        poll_ms = int(min(self.config.heartbeat_interval_s, 1.0) * 1000)
-        last_turn = time.monotonic()
+        poll_ms = int(self.poll_s * 1000)
         try:
             while self._running:
-                ready = self.sock.poll(poll_ms)
-                last_turn = self._after_stall(last_turn, poll_ms / 1000)
-                if ready:
-                    while self._running and self.sock.poll(0):
-                        self._handle(self.sock.recv_multipart(copy=False))
-                try:
-                    self._check_heartbeats(time.monotonic())
-                    self.fanouts.expire(time.monotonic())
-                    self._say_who_is_missing(time.monotonic())
-                except Exception:  # a bug must not take the cluster down
-                    logger.exception("scheduler failed while checking deadlines")
+                self.turn(self.sock.poll(poll_ms))
         finally:
             # linger: the reply to SHUTDOWN (and the STOPs) were queued just now; with
             # linger 0 zmq could drop them, and the driver would wait a heartbeat timeout
             self.sock.close(linger=500)
 
-    def _handle(self, frames: list[zmq.Frame]) -> None:
-        identity, body = frames[0].bytes, frames[1:]
+    def turn(self, ready: bool = True) -> None:
+        """One turn of the loop: every waiting message, then the deadlines."""
+        self._last_turn = self._after_stall(self._last_turn, self.poll_s)
+        if ready:
+            while self._running and self.sock.poll(0):
+                self._handle(self.sock.recv())
+        try:
+            now = self.clock()
+            self._check_heartbeats(now)
+            self.fanouts.expire(now)
+            self._say_who_is_missing(now)
+        except Exception:  # a bug must not take the cluster down
+            logger.exception("scheduler failed while checking deadlines")
+
+    def _handle(self, frames: list[Any]) -> None:
+        identity, body = frames[0], frames[1:]
         request_id = None
         try:
             msg = decode(body, self.config.max_message_bytes)
             request_id = msg.id
             node_id = self.by_identity.get(identity)
             if node_id is not None:
-                self.nodes[node_id].last_seen = time.monotonic()
+                self.nodes[node_id].last_seen = self.clock()
             self._handle_message(identity, msg)
         except ParamServerError as exc:
             request_id = failed_request(exc, request_id)
             code = "protocol" if isinstance(exc, ProtocolError) else "config"
             self._bad_requests.warning("bad request from %r: %s", identity, exc)
-            send(self.sock, error_reply(request_id, code, str(exc)), identity)
+            self.sock.send(error_reply(request_id, code, str(exc)), identity)
         except Exception as exc:  # a bug must not take the cluster down
             self._failures.exception("scheduler failed on a request from %r", identity)
-            send(self.sock, error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"), identity)
+            self.sock.send(error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"), identity)
 
     def _handle_message(self, identity: bytes, msg: Message) -> None:
         handler = self.handlers.get(msg.op)
@@ -158,10 +168,10 @@ class SchedulerNode(RingChanges):
 
     def answer(self, identity: bytes, frames: list[Any]) -> None:
         """Send ``frames`` to the node behind ``identity`` (``JobHost``)."""
-        send(self.sock, frames, identity)
+        self.sock.send(frames, identity)
 
     def _notify(self, node: NodeInfo, header: dict[str, Any]) -> None:
-        send(self.sock, encode(header), node.identity)
+        self.sock.send(encode(header), node.identity)
 
     # ---- membership --------------------------------------------------------------------
     def on_register(self, identity: bytes, msg: Message) -> None:
@@ -173,7 +183,7 @@ class SchedulerNode(RingChanges):
             if not address:
                 raise ProtocolError("a server must register with its address")
             check_endpoint(address)  # a bad one would reach every server's connect, in every copy
-        node = NodeInfo(self._next_id, role, identity, address, time.monotonic())
+        node = NodeInfo(self._next_id, role, identity, address, self.clock())
         self._next_id += 1
         if role == "worker":
             node.rank, self._workers_seen = self._free_rank(), self._workers_seen + 1
@@ -181,7 +191,7 @@ class SchedulerNode(RingChanges):
         self.by_identity[identity] = node.id
         logger.info("%s %d registered (%s)", role, node.id, address or identity.hex())
         if role == "server":
-            send(self.sock, reply(msg, node_id=node.id), identity)
+            self.sock.send(reply(msg, node_id=node.id), identity)
             if self.ring is not None:  # a live join: its share of vnodes is copied, then the ring flips
                 self.changes.append(("join", node.id, None))
                 self._next_change()
@@ -230,7 +240,7 @@ class SchedulerNode(RingChanges):
                                 "workers": {str(n.id): n.rank for n in self.nodes.values() if n.role == "worker"}}
         if self.ring is not None:
             info.update(self._cluster_view(), ring_servers=self.ring.servers, epoch=self.ring.epoch)
-        send(self.sock, reply(msg, **info), identity)
+        self.sock.send(reply(msg, **info), identity)
 
     def on_wait_servers(self, identity: bytes, msg: Message) -> None:
         """Answer once ``count`` servers are on the ring and no vnode is moving."""
@@ -246,10 +256,10 @@ class SchedulerNode(RingChanges):
         waiting, self.server_waiters = self.server_waiters, []
         for identity, request_id, count in waiting:
             if settled and self.ring is not None and len(self.ring.servers) == count:
-                send(self.sock, encode({"op": Op.OK.value, "id": request_id, "epoch": self.ring.epoch,
+                self.sock.send(encode({"op": Op.OK.value, "id": request_id, "epoch": self.ring.epoch,
                                         "servers": self.ring.servers}), identity)
             elif lost is not None and count > len(heading):
-                send(self.sock, error_reply(request_id, "node_lost", f"server {lost} died while this waited for "
+                self.sock.send(error_reply(request_id, "node_lost", f"server {lost} died while this waited for "
                                             f"{count} server(s); the ring heads for {len(heading)} "
                                             f"({sorted(heading)}): start another server and wait again"),
                      identity)
@@ -286,11 +296,11 @@ class SchedulerNode(RingChanges):
                 self._notify(node, {"op": Op.WORKERS.value, "workers": workers})
 
     def _welcome(self, identity: bytes, msg: Message, node: NodeInfo) -> None:
-        node.last_seen = time.monotonic()  # its heartbeats start with this answer
+        node.last_seen = self.clock()  # its heartbeats start with this answer
         if node.role == "worker":
             self.workers_changed()
             self._serve_worker_waiters()
-        send(self.sock, reply(msg, node_id=node.id, rank=node.rank,
+        self.sock.send(reply(msg, node_id=node.id, rank=node.rank,
                               num_workers=self._barrier_size(), **self._cluster_view()), identity)
 
     def on_wait_workers(self, identity: bytes, msg: Message) -> None:
@@ -304,7 +314,7 @@ class SchedulerNode(RingChanges):
         waiting, self.worker_waiters = self.worker_waiters, []
         for identity, request_id, count in waiting:
             if live >= count:
-                send(self.sock, encode({"op": Op.OK.value, "id": request_id, "workers": live}), identity)
+                self.sock.send(encode({"op": Op.OK.value, "id": request_id, "workers": live}), identity)
             else:
                 self.worker_waiters.append((identity, request_id, count))
 
@@ -313,16 +323,16 @@ class SchedulerNode(RingChanges):
         node_id = msg.header.get("node_id", self.by_identity.get(identity))
         node = self.nodes.get(node_id) if isinstance(node_id, int) else None
         if node is not None:
-            node.last_seen = time.monotonic()
+            node.last_seen = self.clock()
             seq = msg.header.get("seq")  # a server's beat: echoed, it renews the server's lease
-            send(self.sock, _BEAT_BACK if seq is None else encode({"op": Op.HEARTBEAT.value, "seq": seq}),
+            self.sock.send(_BEAT_BACK if seq is None else encode({"op": Op.HEARTBEAT.value, "seq": seq}),
                  identity)  # and nodes tell a dead scheduler by silence
         else:  # declared dead, then came back: tell it, so it stops serving
-            send(self.sock, error_reply(None, "unknown_node", "not registered (declared dead?)"), identity)
+            self.sock.send(error_reply(None, "unknown_node", "not registered (declared dead?)"), identity)
 
     def on_leave(self, identity: bytes, msg: Message) -> None:
         node_id = self.by_identity.get(identity)
-        send(self.sock, reply(msg), identity)
+        self.sock.send(reply(msg), identity)
         if node_id is not None:
             self._remove(node_id, "left")
 
@@ -331,7 +341,7 @@ class SchedulerNode(RingChanges):
         VM, a long pause): if this loop's turn came much later than it should have, the
         heartbeats sent meanwhile are still unread, so every deadline is pushed back by the
         time this process was not running.  Returns the time of this turn."""
-        now = time.monotonic()
+        now = self.clock()
         late = now - last_turn - poll_s
         if late > self.config.heartbeat_timeout_s / 2:
             logger.warning("the scheduler's loop was stalled for %.1f s (paused, swapped out?): every heartbeat "
@@ -375,9 +385,9 @@ class SchedulerNode(RingChanges):
             if op.errors:
                 if on_error is not None:
                     on_error()
-                send(self.sock, error_reply(msg.id, "server", str(next(iter(op.errors.values())))), identity)
+                self.sock.send(error_reply(msg.id, "server", str(next(iter(op.errors.values())))), identity)
             else:
-                send(self.sock, encode({"op": Op.OK.value, "id": msg.id}), identity)
+                self.sock.send(encode({"op": Op.OK.value, "id": msg.id}), identity)
 
         self.fan_out(header, answer)
 
@@ -391,7 +401,7 @@ class SchedulerNode(RingChanges):
             if old != spec:
                 raise ConfigError(f"table {spec.name!r} exists with a different spec "
                                   f"({old.to_wire()}); drop it first or use another name")
-            send(self.sock, reply(msg, spec=spec.to_wire()), identity)
+            self.sock.send(reply(msg, spec=spec.to_wire()), identity)
             return
         if self.ring is None:
             raise ConfigError("the ring is not formed yet: wait for all servers to register")
@@ -420,7 +430,7 @@ class SchedulerNode(RingChanges):
         self._forward_to_servers(identity, msg, {"op": Op.DROP_TABLE.value, "name": name})
 
     def on_table_info(self, identity: bytes, msg: Message) -> None:
-        send(self.sock, reply(msg, tables={n: s.to_wire() for n, s in self.tables.items()}), identity)
+        self.sock.send(reply(msg, tables={n: s.to_wire() for n, s in self.tables.items()}), identity)
 
     # ---- commands to every server ------------------------------------------------------
     def on_ack(self, identity: bytes, msg: Message) -> None:
@@ -430,7 +440,7 @@ class SchedulerNode(RingChanges):
                 timeout_s: float = math.inf) -> int:
         """Send ``header`` to every live server; ``on_done`` gets the answers (see ``FanOut``)."""
         servers = [n.id for n in self.nodes.values() if n.role == "server"]
-        return self.fanouts.start(header, servers, on_done, time.monotonic(), timeout_s)
+        return self.fanouts.start(header, servers, on_done, self.clock(), timeout_s)
 
     # ---- barrier and shutdown ----------------------------------------------------------
     def _barrier_size(self) -> int:
@@ -441,7 +451,7 @@ class SchedulerNode(RingChanges):
         node_id = self.by_identity.get(identity)
         if node_id is None or self.nodes[node_id].role != "worker":
             raise ConfigError("only registered workers take part in barriers")
-        self.barrier.arrive(identity, msg.id, node_id, time.monotonic())
+        self.barrier.arrive(identity, msg.id, node_id, self.clock())
         self._maybe_release_barrier()
 
     def _say_who_is_missing(self, now: float) -> None:
@@ -453,12 +463,12 @@ class SchedulerNode(RingChanges):
 
     def _maybe_release_barrier(self) -> None:
         for identity, request_id in self.barrier.release(self._barrier_size()):
-            send(self.sock, encode({"op": Op.OK.value, "id": request_id}), identity)
+            self.sock.send(encode({"op": Op.OK.value, "id": request_id}), identity)
 
     def on_shutdown(self, identity: bytes, msg: Message) -> None:
         logger.info("shutdown requested: stopping %d node(s)", len(self.nodes))
         for node in self.nodes.values():
             if node.identity != identity:
                 self._notify(node, {"op": Op.STOP.value})
-        send(self.sock, reply(msg), identity)
+        self.sock.send(reply(msg), identity)
         self._running = False

@@ -23,14 +23,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-import zmq
+import numpy as np
 
 from paramserver.errors import ConfigError, ParamServerError
 from paramserver.routing.ring import Ring, plan_moves
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, encode, error_reply
 from paramserver.wire.message import field as hfield
-from paramserver.wire.sockets import send
 
 logger = logging.getLogger("paramserver.scheduler.node")  # one log for the scheduler
 
@@ -56,14 +55,15 @@ class Migration:
     moves: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)  # source -> copies
     leaving: int | None = None  # a removed server, stopped after the flip
     requester: tuple[bytes, Any] | None = None
-    started: float = field(default_factory=time.monotonic)
+    started: float = 0.0  # the scheduler's clock
 
 
 class RingChanges:
     """Joins, removals, failovers and repairs of the ring."""
 
     # the scheduler's state and helpers this part uses (SchedulerNode defines them)
-    sock: zmq.Socket
+    sock: Any
+    clock: Callable[[], float]
     nodes: dict[int, NodeInfo]
     by_identity: dict[bytes, int]
     ring: Ring | None
@@ -105,7 +105,7 @@ class RingChanges:
                 logger.exception("%s of server %d failed", kind, node_id)
                 self.migration = None
                 if requester:
-                    send(self.sock, error_reply(requester[1], "config", f"{kind} of server {node_id} failed: {exc}"),
+                    self.sock.send(error_reply(requester[1], "config", f"{kind} of server {node_id} failed: {exc}"),
                          requester[0])
         if self.migration is None and not self.changes and self.incomplete and self.ring is not None:
             self._repair()
@@ -134,7 +134,7 @@ class RingChanges:
         node = self.nodes.get(node_id)
         if node is None or node.role != "server":
             if requester:
-                send(self.sock, error_reply(requester[1], "config", f"server {node_id} is gone"), requester[0])
+                self.sock.send(error_reply(requester[1], "config", f"server {node_id} is gone"), requester[0])
             return
         if kind == "remove" and (node_id not in self.ring.servers or len(self.ring.servers) <= 1):
             raise ConfigError(f"server {node_id} is not one of several servers on the ring {self.ring.servers}")
@@ -167,7 +167,7 @@ class RingChanges:
                                  "server %d's is copied to the others", vnode, table, source)
                     self.incomplete.discard((table, vnode, source))
         self.migration = Migration(self._op_seq, target, set(by_source), flip, moves=by_source, leaving=leaving,
-                                    requester=requester)
+                                    requester=requester, started=self.clock())
         logger.info("migration %d: %d vnode copies from %d server(s) toward ring epoch %d",
                     self._op_seq, len(moves), len(by_source), target.epoch)
         for source, todo in by_source.items():
@@ -187,7 +187,7 @@ class RingChanges:
             logger.error("migration %d failed (%s); the ring stays at epoch %d", m.id, failed, self.ring.epoch)
             self._failed_migrations += 1
             if m.requester is not None:
-                send(self.sock, error_reply(m.requester[1], "server", f"migration failed: {failed}"), m.requester[0])
+                self.sock.send(error_reply(m.requester[1], "server", f"migration failed: {failed}"), m.requester[0])
             self._purge_incomplete()
             self._after_migration()
             return
@@ -209,7 +209,7 @@ class RingChanges:
     def _finish_migration(self) -> None:
         m, self.migration = self.migration, None
         assert m is not None and self.ring is not None
-        logger.info("migration %d done in %.2f s", m.id, time.monotonic() - m.started)
+        logger.info("migration %d done in %.2f s", m.id, self.clock() - m.started)
         self._failed_migrations = 0
         if m.flip:
             self.ring = m.target
@@ -219,7 +219,7 @@ class RingChanges:
             self._notify(self.nodes[m.leaving], {"op": Op.STOP.value})
             self._remove(m.leaving, "removed")
         if m.requester is not None:
-            send(self.sock, encode({"op": Op.OK.value, "id": m.requester[1], "epoch": self.ring.epoch}),
+            self.sock.send(encode({"op": Op.OK.value, "id": m.requester[1], "epoch": self.ring.epoch}),
                  m.requester[0])
         self._purge_incomplete()
         self._after_migration()
@@ -234,10 +234,10 @@ class RingChanges:
             try:
                 self._handle_message(identity, msg)
             except ParamServerError as exc:
-                send(self.sock, error_reply(msg.id, "config", str(exc)), identity)
+                self.sock.send(error_reply(msg.id, "config", str(exc)), identity)
             except Exception as exc:
                 logger.exception("deferred %s failed", msg.op.value)
-                send(self.sock, error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
+                self.sock.send(error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
         self._next_change()
         self._serve_server_waiters()
 
@@ -251,7 +251,7 @@ class RingChanges:
             if m.leaving is not None and m.leaving != node_id:
                 self.changes.appendleft(("remove", m.leaving, m.requester))
             elif m.leaving is not None and m.requester is not None:
-                send(self.sock, encode({"op": Op.OK.value, "id": m.requester[1]}), m.requester[0])
+                self.sock.send(encode({"op": Op.OK.value, "id": m.requester[1]}), m.requester[0])
             joining = [n for n in m.target.servers if self.ring is not None and n not in self.ring.servers]
             for n in joining:
                 if n != node_id:
@@ -265,7 +265,7 @@ class RingChanges:
             logger.error("the last server of the ring died: every table's data is lost (restore a checkpoint); "
                          "the next server to register starts a new ring")
             self.losses.append({"server": node_id, "tables": sorted(self._replicas()), "vnodes": old.n_vnodes,
-                                "at": time.time(), "every_server": True})
+                                "vnode_ids": list(range(old.n_vnodes)), "at": time.time(), "every_server": True})
             self.ring, self._ring_lost, self._next_epoch = None, True, old.epoch + 1
             self.incomplete.clear()
             self.changes = deque(c for c in self.changes if c[0] != "join")  # joiners form the new ring
@@ -282,7 +282,8 @@ class RingChanges:
             logger.error("table %r has no backup (replicas=1): its %d vnode(s) on server %d restart from "
                          "their initial values; restore a checkpoint, or use replicas=2", name, lost, node_id)
         if unbacked and lost:
-            self.losses.append({"server": node_id, "tables": unbacked, "vnodes": lost, "at": time.time()})
+            self.losses.append({"server": node_id, "tables": unbacked, "vnodes": lost, "at": time.time(),
+                                "vnode_ids": np.flatnonzero(old.owners == node_id).tolist()})
         self.failovers.append({"server": node_id, "epoch": self.ring.epoch, "vnodes": lost, "at": time.time(),
                                "tables_kept": sorted(n for n, r in self._replicas().items() if r > 1)})
         self._broadcast_view()

@@ -18,6 +18,7 @@ a request's vnode segments.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,8 +38,9 @@ class _Sender:
 class Dedup:
     """Applied pushes of every sender, for one table on one server."""
 
-    def __init__(self, n_vnodes: int, horizon_s: float = 120.0):
+    def __init__(self, n_vnodes: int, horizon_s: float = 120.0, clock: Callable[[], float] = time.monotonic):
         self.n_vnodes = n_vnodes
+        self.clock = clock
         self.horizon_s = horizon_s
         self.senders: dict[int, _Sender] = {}
         self._expire_at = EXPIRE_EVERY
@@ -56,7 +58,7 @@ class Dedup:
 
     def _sender(self, sender: int, acked: int) -> _Sender:
         s = self.senders.get(sender)
-        now = time.monotonic()
+        now = self.clock()
         if s is None:
             if len(self.senders) >= self._expire_at:  # many senders: drop the ones gone quiet
                 self.expire(now)

@@ -22,13 +22,11 @@ import logging
 import math
 import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import zmq
 
 from paramserver.config import Config
 from paramserver.consistency.clock import StalenessGate
@@ -57,7 +55,8 @@ from paramserver.wire.message import (
     field,
     reply,
 )
-from paramserver.wire.sockets import advertised, bind_router, connect_dealer, send
+from paramserver.wire.sockets import advertised
+from paramserver.wire.transport import Transport, transport_for
 
 logger = logging.getLogger(__name__)
 
@@ -68,19 +67,20 @@ COPIES_IN_FLIGHT = 2
 class ServerNode:
     """Registers with the scheduler, waits for the ring, then serves until ``STOP``."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, transport: Transport | None = None):
         if not config.scheduler:
             raise ConnectError("no scheduler address: pass --scheduler tcp://HOST:PORT "
                                "or set PARAMSERVER_SCHEDULER")
         self.config = config
-        self.ctx: zmq.Context = zmq.Context.instance()
-        self.router, self.address = bind_router(self.ctx, config.host, config.port,
-                                                config.max_message_bytes)
+        self.transport = transport_for(config.scheduler, transport)  # sockets and the clock
+        self.clock = self.transport.now
+        self.router, self.address = self.transport.bind(config.host, config.port, config.max_message_bytes)
         self.address = advertised(self.address, config.advertise_host, config.scheduler)  # what peers dial
-        self.control = connect_dealer(self.ctx, config.scheduler, config.max_message_bytes)
+        self.control = self.transport.connect(config.scheduler, config.max_message_bytes)
         self.node_id = -1
-        self.lease = Lease(config.heartbeat_timeout_s)  # serve clients only under it (server/lease.py)
-        self._before_ring: list[list[zmq.Frame]] = []  # INSTALL/REPLICATE that came before the first ring
+        self._register_sent = 0.0
+        self.lease = Lease(config.heartbeat_timeout_s, clock=self.clock)  # serve clients only under it
+        self._before_ring: list[list[Any]] = []  # INSTALL/REPLICATE that came before the first ring
         self._failures = Throttled(logger)  # a flood of requests that fail logs a few tracebacks, then counts
         self.ring: Ring | None = None
         self.tables: dict[str, VnodeSet] = {}
@@ -92,8 +92,8 @@ class ServerNode:
         self.targets: dict[str, np.ndarray] = {}  # table -> int32[n_vnodes, k]: forward to
         self.copies: collections.deque = collections.deque()  # (acks, table, vnode, dest) to send
         self.copies_in_flight = 0
-        self.poller = zmq.Poller()
-        self.peers = Peers(self.ctx, self.poller, config.max_message_bytes, self._finish)  # the other servers
+        self.poller = self.transport.poller()
+        self.peers = Peers(self.transport, self.poller, config.max_message_bytes, self._finish)  # the other servers
         self.gate = StalenessGate()  # the vector clock of live workers, and parked pulls
         self.aggregates: dict[str, dict[int, list[tuple[np.ndarray, np.ndarray]]]] = {}
         self._running = True
@@ -119,86 +119,106 @@ class ServerNode:
     # ---- lifecycle ---------------------------------------------------------------------
     def register(self) -> None:
         """Register and wait for the scheduler's answer (``ConnectError`` on timeout)."""
-        sent_at = time.monotonic()
-        send(self.control, encode({"op": Op.REGISTER.value, "id": 0, "role": "server",
-                                   "address": self.address, "pid": os.getpid()}))
-        deadline = time.monotonic() + self.config.connect_timeout_s
-        while time.monotonic() < deadline:
+        self.send_register()
+        deadline = self.clock() + self.config.connect_timeout_s
+        while self.clock() < deadline:
             if self.control.poll(100):
-                msg = decode(self.control.recv_multipart(copy=False))
-                if msg.op is Op.ERROR:
-                    raise ConnectError(f"scheduler refused server: {msg.header.get('error')}")
-                self.node_id = int(msg.header["node_id"])
-                self.lease.granted(sent_at)
-                logger.info("server %d serving at %s", self.node_id, self.address)
+                self.registered(self.control.recv())
                 return
         raise ConnectError(f"server could not reach the scheduler at {self.config.scheduler} within "
                            f"{self.config.connect_timeout_s:g} s: is it running, and is the address "
                            "right? (--scheduler / PARAMSERVER_SCHEDULER)")
+
+    def send_register(self) -> None:
+        self._register_sent = self.clock()
+        self.control.send(encode({"op": Op.REGISTER.value, "id": 0, "role": "server",
+                                  "address": self.address, "pid": os.getpid()}))
+
+    def registered(self, frames: list[Any]) -> None:
+        """The scheduler's answer to ``REGISTER``: this server's id, and its first lease."""
+        msg = decode(frames)
+        if msg.op is Op.ERROR:
+            raise ConnectError(f"scheduler refused server: {msg.header.get('error')}")
+        self.node_id = int(msg.header["node_id"])
+        self.lease.granted(self._register_sent)
+        logger.info("server %d serving at %s", self.node_id, self.address)
 
     def run(self) -> None:
         warm_server()
         self.register()
         beats = threading.Thread(target=self._heartbeats, name="paramserver-heartbeat", daemon=True)
         beats.start()
-        poller = self.poller
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.control, zmq.POLLIN)
+        self.poller.register(self.router)
+        self.poller.register(self.control)
         failed_at = 0.0
         try:
             while self._running:
                 try:
-                    self._turn(poller)
+                    self.turn()
                 except Exception:  # a bug or a bad message must not take the server (and its data) down
-                    if time.monotonic() - failed_at > 1.0:  # at most one traceback a second
+                    if self.clock() - failed_at > 1.0:  # at most one traceback a second
                         logger.exception("server %d: a loop turn failed; it goes on", self.node_id)
-                    failed_at = time.monotonic()
+                    failed_at = self.clock()
         finally:
             self._beats_stop.set()
             beats.join(5)
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-            self.peers.close()
-            self.router.close(linger=0)
-            self.control.close(linger=0)
+            self.close()
 
-    def _turn(self, poller: zmq.Poller) -> None:
-        copying = bool(self.copies) and self.copies_in_flight < COPIES_IN_FLIGHT
-        ready = dict(poller.poll(0 if copying else 500))
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self.peers.close()
+        self.router.close()
+        self.control.close()
+
+    def wants_turn(self) -> bool:
+        """A vnode copy is ready to go: the next turn must not wait for a message."""
+        return bool(self.copies) and self.copies_in_flight < COPIES_IN_FLIGHT
+
+    def turn(self) -> None:
+        """One turn of the loop: control first, then answers from peers, then (a bounded
+        number of) requests, then the next vnode copy."""
+        ready = self.poller.poll(0 if self.wants_turn() else 500)
         if self.control in ready:
             while self._running and self.control.poll(0):
-                self._handle_control(self.control.recv_multipart(copy=False))
+                self._handle_control(self.control.recv())
         self.peers.receive(ready)
         if self.router in ready:
             for _ in range(64):  # bounded, so control messages keep flowing
                 if not self._running or not self.router.poll(0):
                     break
-                self._handle_data(self.router.recv_multipart(copy=False))
-        if self.copies and self.copies_in_flight < COPIES_IN_FLIGHT and self._running:
+                self._handle_data(self.router.recv())
+        if self.wants_turn() and self._running:
             self._copy_next()
 
     def _heartbeats(self) -> None:
         """Beat from a thread of its own, so a long request (a JIT compile, a big table
         growth) is not mistaken for death; numba kernels release the GIL."""
-        sock = connect_dealer(self.ctx, self.config.scheduler, self.config.max_message_bytes)
+        sock = self.transport.connect(self.config.scheduler, self.config.max_message_bytes)
         try:
-            while not self._beats_stop.wait(self.config.heartbeat_interval_s):
-                send(sock, encode({"op": Op.HEARTBEAT.value, "node_id": self.node_id, "seq": self.lease.beat()}))
-                while sock.poll(0):
-                    msg = decode(sock.recv_multipart())
-                    if msg.op is Op.HEARTBEAT:  # the scheduler heard the beat: the lease runs on
-                        self.lease.answered(msg.header.get("seq"))
-                    elif msg.op is Op.ERROR and msg.header.get("code") == "unknown_node":
-                        logger.error("server %d was declared dead by the scheduler: stopping, "
-                                     "so that a zombie never serves stale vnodes", self.node_id)
-                        self._running = False
-                        return
+            while not self._beats_stop.wait(self.config.heartbeat_interval_s) and self.beat(sock):
+                pass
         finally:
-            sock.close(linger=0)
+            sock.close()
+
+    def beat(self, sock: Any) -> bool:
+        """Send a heartbeat on ``sock`` and read the answers to earlier ones; False once
+        the scheduler said this server was declared dead (it stops)."""
+        sock.send(encode({"op": Op.HEARTBEAT.value, "node_id": self.node_id, "seq": self.lease.beat()}))
+        while sock.poll(0):
+            msg = decode(sock.recv())
+            if msg.op is Op.HEARTBEAT:  # the scheduler heard the beat: the lease runs on
+                self.lease.answered(msg.header.get("seq"))
+            elif msg.op is Op.ERROR and msg.header.get("code") == "unknown_node":
+                logger.error("server %d was declared dead by the scheduler: stopping, "
+                             "so that a zombie never serves stale vnodes", self.node_id)
+                self._running = False
+                return False
+        return True
 
     # ---- dispatch ----------------------------------------------------------------------
-    def _handle_data(self, frames: list[zmq.Frame]) -> None:
-        identity, request_id = frames[0].bytes, None
+    def _handle_data(self, frames: list[Any]) -> None:
+        identity, request_id = frames[0], None
         try:
             msg = decode(frames[1:], self.config.max_message_bytes)
             request_id = msg.id
@@ -211,18 +231,18 @@ class ServerNode:
                                     f"(serves {sorted(o.value for o in self.data_handlers)})")
             answer = handler(msg, identity) if msg.op in (Op.PULL, Op.PUSH) else handler(msg)
             if answer is not None:  # None: parked by the staleness gate, or waiting for backups
-                send(self.router, answer, identity)
+                self.router.send(answer, identity)
         except ParamServerError as exc:
             request_id = failed_request(exc, request_id)
             logger.debug("refused request %r: %s", request_id, exc)
-            send(self.router, error_reply(request_id, error_code(exc), str(exc),
+            self.router.send(error_reply(request_id, error_code(exc), str(exc),
                                           epoch=self.ring.epoch if self.ring else 0), identity)
         except Exception as exc:  # a bug must not kill the server: answer and keep serving
             self._failures.exception("server %d failed on request %r", self.node_id, request_id)
-            send(self.router, error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"),
+            self.router.send(error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"),
                  identity)
 
-    def _handle_control(self, frames: list[zmq.Frame]) -> None:
+    def _handle_control(self, frames: list[Any]) -> None:
         request_id = None
         try:
             msg = decode(frames, self.config.max_message_bytes)
@@ -233,17 +253,17 @@ class ServerNode:
             handler(msg)
         except Exception as exc:
             logger.exception("server %d: bad control message", self.node_id)
-            send(self.control, error_reply(request_id, "error", f"{type(exc).__name__}: {exc}"))
+            self.control.send(error_reply(request_id, "error", f"{type(exc).__name__}: {exc}"))
 
     # ---- peers (other servers) ---------------------------------------------------------
     def _finish(self, acks: Acks) -> None:
         if acks.request is not None and acks.identity is not None:
             if acks.failed:  # applied here, not on every backup: the client retries, and the
                 # retry (same seq) is skipped where applied and forwarded again
-                send(self.router, error_reply(acks.request.id, "stale_epoch", f"{acks.failed}; retry",
+                self.router.send(error_reply(acks.request.id, "stale_epoch", f"{acks.failed}; retry",
                                               epoch=self.ring.epoch if self.ring else 0), acks.identity)
             else:
-                send(self.router, reply(acks.request), acks.identity)
+                self.router.send(reply(acks.request), acks.identity)
         if acks.done is not None:
             acks.done(acks.failed)
 
@@ -291,7 +311,7 @@ class ServerNode:
     def _add_table(self, spec: TableSpec) -> None:
         assert self.ring is not None
         self.tables[spec.name] = VnodeSet(spec, self.ring.n_vnodes, self.ring.held_by(self.node_id, spec.replicas))
-        self.dedup[spec.name] = Dedup(self.ring.n_vnodes, horizon_s=2 * self.config.retry_timeout_s)
+        self.dedup[spec.name] = Dedup(self.ring.n_vnodes, horizon_s=2 * self.config.retry_timeout_s, clock=self.clock)
 
     def on_create_table(self, msg: Message) -> None:
         spec = TableSpec.from_wire(msg.header["spec"])
@@ -300,7 +320,7 @@ class ServerNode:
         elif spec.name not in self.tables:
             self._add_table(spec)
             self._refresh_targets()
-        send(self.control, reply(msg))
+        self.control.send(reply(msg))
 
     def on_drop_table(self, msg: Message) -> None:
         name = field(msg, "name", str)
@@ -310,7 +330,7 @@ class ServerNode:
         self.aggregates.pop(name, None)
         self.moving.pop(name, None)
         self._refresh_targets()
-        send(self.control, reply(msg))
+        self.control.send(reply(msg))
 
     def on_migrate(self, msg: Message) -> None:
         """Copy vnodes to the servers that will hold them after the next ring flip: a
@@ -322,7 +342,7 @@ class ServerNode:
         moves = check_moves(msg.header.get("moves"))
 
         def done(failed: str | None) -> None:
-            send(self.control, encode({"op": Op.MIGRATED.value, "migration": migration, "node_id": self.node_id,
+            self.control.send(encode({"op": Op.MIGRATED.value, "migration": migration, "node_id": self.node_id,
                                        "failed": failed}))
 
         acks = Acks(done=done)
@@ -390,15 +410,15 @@ class ServerNode:
         for name, by_clock in self.aggregates.items():
             for clock in sorted(c for c in by_clock if c < low):
                 self._apply_aggregate(name, by_clock.pop(clock))
-        for identity, msg in self.gate.release(time.monotonic()):
+        for identity, msg in self.gate.release(self.clock()):
             try:
-                send(self.router, self._serve_pull(msg), identity)
+                self.router.send(self._serve_pull(msg), identity)
             except ParamServerError as exc:  # e.g. the table was dropped, or the vnode moved, meanwhile
-                send(self.router, error_reply(msg.id, error_code(exc), str(exc),
+                self.router.send(error_reply(msg.id, error_code(exc), str(exc),
                                               epoch=self.ring.epoch if self.ring else 0), identity)
             except Exception as exc:  # a bug: this caller still gets an answer
                 logger.exception("server %d failed on a released pull", self.node_id)
-                send(self.router, error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
+                self.router.send(error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
 
     def _apply_aggregate(self, name: str, pushes: list[tuple[np.ndarray, np.ndarray]]) -> None:
         table = self.tables.get(name)
@@ -445,7 +465,7 @@ class ServerNode:
         table = self._table(msg, keys.shape[0], vnodes, counts)
         clock = msg.header.get("clock")
         if isinstance(clock, int):  # ASP is admitted at once, and its staleness recorded too
-            if not self.gate.admit(clock, table.spec.staleness, (identity, msg), time.monotonic()):
+            if not self.gate.admit(clock, table.spec.staleness, (identity, msg), self.clock()):
                 return None  # answered by _clocks_moved
         return self._serve_pull(msg, table)
 
@@ -566,7 +586,7 @@ class ServerNode:
     def on_scheduler_checkpoint(self, msg: Message) -> None:
         """A checkpoint the scheduler coordinates during a job: answered on the control
         socket with the request's id (a failure is answered with an error reply)."""
-        send(self.control, self.on_checkpoint(msg))
+        self.control.send(self.on_checkpoint(msg))
 
     def on_restore(self, msg: Message) -> list[Any]:
         """Load the keys this server holds (under the current ring) from checkpoint files."""

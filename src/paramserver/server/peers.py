@@ -15,13 +15,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-import zmq
 
 from paramserver.errors import ProtocolError
 from paramserver.routing.ring import Ring
 from paramserver.server.vnodes import VnodeSet
 from paramserver.wire.message import Message, Op, decode, encode
-from paramserver.wire.sockets import connect_dealer, send
+from paramserver.wire.transport import Poller, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +44,12 @@ class Peers:
         finished: called with an ``Acks`` once all its answers are in.
     """
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller, max_message_bytes: int,
+    def __init__(self, transport: Transport, poller: Poller, max_message_bytes: int,
                  finished: Callable[[Acks], None]) -> None:
-        self.ctx, self.poller, self.max_message_bytes = ctx, poller, max_message_bytes
+        self.transport, self.poller, self.max_message_bytes = transport, poller, max_message_bytes
         self.finished = finished
         self.addresses: dict[int, str] = {}  # server id -> address
-        self.socks: dict[int, zmq.Socket[bytes]] = {}
+        self.socks: dict[int, Any] = {}
         self.awaiting: dict[int, tuple[int, Acks]] = {}  # request id -> (peer, what waits)
         self._next_request = 1
         self.me = -1  # this server's id, for the logs
@@ -70,20 +69,20 @@ class Peers:
         request_id, self._next_request = self._next_request, self._next_request + 1
         self.awaiting[request_id] = (server, acks)
         acks.pending += 1
-        send(self._sock(server), encode({**header, "id": request_id}, arrays))
+        self._sock(server).send(encode({**header, "id": request_id}, arrays))
 
-    def receive(self, ready: dict[zmq.Socket[bytes], int]) -> None:
+    def receive(self, ready: set[Any]) -> None:
         """Take the answers waiting on the sockets ``poll`` found ready."""
         for peer, sock in list(self.socks.items()):
             if sock in ready:
                 self.handle(peer, sock)
 
-    def handle(self, peer: int, sock: zmq.Socket[bytes]) -> None:
+    def handle(self, peer: int, sock: Any) -> None:
         for _ in range(256):
             if not sock.poll(0):
                 return
             try:
-                msg = decode(sock.recv_multipart(copy=False), self.max_message_bytes)
+                msg = decode(sock.recv(), self.max_message_bytes)
             except ProtocolError as exc:
                 logger.error("server %d: undecodable answer from server %d: %s", self.me, peer, exc)
                 continue
@@ -138,19 +137,19 @@ class Peers:
         for server in list(self.socks):
             self._close(server)
 
-    def _sock(self, server: int) -> zmq.Socket[bytes]:
+    def _sock(self, server: int) -> Any:
         sock = self.socks.get(server)
         if sock is None:
-            sock = connect_dealer(self.ctx, self.addresses[server], self.max_message_bytes)
+            sock = self.transport.connect(self.addresses[server], self.max_message_bytes)
             self.socks[server] = sock
-            self.poller.register(sock, zmq.POLLIN)
+            self.poller.register(sock)
         return sock
 
     def _close(self, server: int) -> None:
         sock = self.socks.pop(server, None)
         if sock is not None:
             self.poller.unregister(sock)
-            sock.close(linger=0)
+            sock.close()
 
 
 def forward_targets(ring: Ring, tables: Mapping[str, VnodeSet], moving: dict[str, dict[int, set[int]]],

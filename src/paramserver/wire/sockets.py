@@ -32,7 +32,7 @@ def check_endpoint(address: Any) -> str:
             raise ProtocolError(f"address {address!r} is a wildcard, not an address peers can reach; "
                                 "advertise the host's address (--advertise-host)")
         return address
-    if re.match(r"^(ipc|inproc)://\S+$", address):
+    if re.match(r"^(ipc|inproc|sim)://\S+$", address):
         return address
     raise ProtocolError(f"address {address[:100]!r} is not tcp://HOST:PORT, ipc://PATH or inproc://NAME")
 

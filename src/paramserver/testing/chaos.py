@@ -1,0 +1,411 @@
+"""The fault-injection campaign: randomized workloads under random faults, on the
+simulated cluster, with the invariants checked as they run (``paramserver chaos``).
+
+A scenario draws everything from its seed: the cluster's shape, the workload, the
+faults and when they strike.  ``run(scenario, seed)`` returns the violations, and with
+``trace=True`` the run's event trace, the same for the same seed, bit for bit.
+
+``MUTATIONS`` switch one safety mechanism off for a run, to prove the campaign notices:
+a campaign that cannot fail checks nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from paramserver.spec import TableSpec
+from paramserver.testing.campaign import SCENARIO_NAMES
+from paramserver.testing.cluster import SimCluster, SimServer, SimWorker
+from paramserver.testing.invariants import Invariants, Violation
+from paramserver.testing.sim import Faults
+
+KEYS = 48  # counters per table: few, so that pushes collide and retries matter
+RUN_S = 24.0  # virtual seconds of workload
+SETTLE_S = 60.0  # then faults heal, and the cluster gets this long to finish every call
+
+
+# ---- mutations ---------------------------------------------------------------------------
+def _patch(obj: Any, name: str, value: Any) -> Callable[[], None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    return lambda: setattr(obj, name, old)
+
+
+def _no_dedup() -> Callable[[], None]:
+    from paramserver.server.dedup import Dedup
+    return _patch(Dedup, "fresh", lambda self, sender, seq, acked, vnodes: np.ones(vnodes.shape[0], bool))
+
+
+def _ack_before_backups() -> Callable[[], None]:
+    from paramserver.server.peers import Peers
+    forward = Peers.forward
+
+    def eager(self: Any, *args: Any) -> bool:
+        forward(self, *args)
+        return False  # the client is answered now, whatever the backups do
+
+    return _patch(Peers, "forward", eager)
+
+
+def _ignore_epoch() -> Callable[[], None]:
+    from paramserver.server import node
+    check = node.check_segments
+    return _patch(node, "check_segments", lambda table, ring, keys, vnodes, counts, primary_of, node_id, epoch:
+                  check(table, ring, keys, vnodes, counts, None, node_id, epoch))
+
+
+def _no_staleness_gate() -> Callable[[], None]:
+    from paramserver.consistency.clock import StalenessGate
+    return _patch(StalenessGate, "ready", lambda self, clock, staleness: True)
+
+
+def _no_lease() -> Callable[[], None]:
+    from paramserver.server.lease import Lease
+    return _patch(Lease, "valid", lambda self: True)
+
+
+#: name -> (what it switches off, how)
+MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
+    "no-dedup": ("skip the retry dedup: a resent push is applied again", _no_dedup),
+    "ack-before-backups": ("acknowledge a push before its backups applied it", _ack_before_backups),
+    "ignore-epoch": ("serve requests routed with a stale ring (no epoch/primary check)", _ignore_epoch),
+    "no-staleness-gate": ("answer pulls without the staleness gate", _no_staleness_gate),
+    "no-lease": ("serve without a lease from the scheduler", _no_lease),
+}
+
+
+@contextlib.contextmanager
+def mutated(name: str | None) -> Iterator[None]:
+    if name is None:
+        yield
+        return
+    if name not in MUTATIONS:
+        from paramserver.errors import ConfigError
+        raise ConfigError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")
+    undo = MUTATIONS[name][1]()
+    try:
+        yield
+    finally:
+        undo()
+
+
+# ---- scenarios ---------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """What one seed of a scenario does."""
+
+    servers: int = 3
+    workers: int = 2
+    replicas: int = 2
+    staleness: int | None = None  # a table of bounded staleness (workers tick their clocks)
+    failures: list[tuple[float, str]] = field(default_factory=list)  # (when, kind)
+    faults: Faults = field(default_factory=Faults)
+    rates: dict[str, float] = field(default_factory=dict)  # host -> clock rate
+    speeds: list[float] = field(default_factory=list)  # per worker: mean think time between calls
+
+
+def _client_links(a: str, b: str) -> bool:
+    return a.startswith("worker") and b.startswith("server")
+
+
+def _counters(r: int) -> Callable[[random.Random], Plan]:
+    def plan(rng: random.Random) -> Plan:
+        p = Plan(servers=r + 1 + rng.randint(0, 1), workers=rng.randint(2, 3), replicas=r)
+        p.faults = Faults(duplicate=0.03, delay=0.1, delay_s=0.3, only=_client_links)
+        kinds = ["crash", "pause", "cut-beats", "isolate"]
+        for _ in range(max(1, r - 1)):  # at r = 1 one failure loses data, and must say so
+            p.failures.append((rng.uniform(2, RUN_S - 6), rng.choice(kinds)))
+        if rng.random() < 0.5:
+            p.failures.append((rng.uniform(2, RUN_S - 4), rng.choice(["join", "leave"])))
+        p.failures.append((rng.uniform(1, RUN_S - 2), "short-pause"))
+        p.rates = {f"server-{i + 1}": rng.uniform(0.9, 1.1) for i in range(p.servers)}
+        p.speeds = [rng.choice([0.02, 0.1, 0.3]) for _ in range(p.workers)]
+        return p
+    return plan
+
+
+def _ssp(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=3, replicas=rng.choice([1, 2]), staleness=rng.randint(0, 2))
+    p.faults = Faults(delay=0.2, delay_s=0.4, only=_client_links)
+    p.speeds = [0.01, rng.choice([0.2, 0.5]), rng.choice([0.05, 0.3])]
+    if rng.random() < 0.5:
+        p.failures.append((rng.uniform(2, RUN_S - 4), "short-pause"))
+    return p
+
+
+def _membership(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=2, replicas=2)
+    p.faults = Faults(delay=0.1, delay_s=0.2, only=_client_links)
+    for _ in range(rng.randint(2, 4)):
+        p.failures.append((rng.uniform(1, RUN_S - 4), rng.choice(["join", "join", "leave", "joiner-crash"])))
+    p.speeds = [0.05, 0.1]
+    return p
+
+
+def _stalled_scheduler(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=2, replicas=2)
+    p.failures = [(rng.uniform(2, 8), "stall-scheduler")]
+    p.speeds = [0.05, 0.1]
+    return p
+
+
+def _stalled_server(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=2, replicas=2)
+    p.failures = [(rng.uniform(2, 8), rng.choice(["pause", "short-pause"]))]
+    p.speeds = [0.02, 0.1]
+    return p
+
+
+def _partition(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=2, replicas=2)
+    p.failures = [(rng.uniform(2, 8), rng.choice(["cut-beats", "cut-answers", "isolate"]))]
+    p.speeds = [0.02, 0.1]
+    return p
+
+
+SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
+    "counters-r1": _counters(1),
+    "counters-r2": _counters(2),
+    "counters-r3": _counters(3),
+    "ssp": _ssp,
+    "membership": _membership,
+    "stalled-scheduler": _stalled_scheduler,
+    "stalled-server": _stalled_server,
+    "partition": _partition,
+}
+assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "campaign.SCENARIO_NAMES lists the scenarios for --help"
+
+
+# ---- one run -------------------------------------------------------------------------------
+@dataclass
+class Result:
+    scenario: str
+    seed: int
+    violations: list[Violation]
+    trace: list[str] | None
+    calls: int
+    virtual_s: float
+
+
+class Run:
+    """One scenario, one seed: the cluster, the workload, the faults, the checks."""
+
+    def __init__(self, scenario: str, seed: int, trace: bool = False) -> None:
+        self.scenario, self.seed = scenario, seed
+        self.rng = random.Random(f"{scenario}/{seed}")
+        self.plan = SCENARIOS[scenario](self.rng)
+        self.cluster = SimCluster(seed, servers=self.plan.servers, faults=self.plan.faults, trace=trace)
+        for name, rate in self.plan.rates.items():
+            if name in self.cluster.net.hosts:
+                self.cluster.net.hosts[name].set_rate(rate)
+        self.check = Invariants(self.cluster, KEYS)
+        self.tables = {"counts": self.plan.replicas}
+        if self.plan.staleness is not None:
+            self.tables["ssp"] = self.plan.replicas
+        self.ready = False
+        self.stopping = False
+        self.calls = 0
+        self.limit_s = self.cluster.config.retry_timeout_s + 10.0
+        self.ticks: dict[str, list[int]] = {}  # worker -> pushes to its own ssp key, per finished clock
+
+    def go(self) -> Result:
+        c = self.cluster
+        for server in c.servers:
+            self.check.servers_by_host[server.name] = server
+        first = c.add_worker()
+        first.registered = lambda: self._create_tables(first)
+        for _ in range(self.plan.workers - 1):
+            c.add_worker()
+        for when, kind in self.plan.failures:
+            c.net.at(when, self._failure, kind)
+        c.net.every(c.sched_host, 1.0, self._watchdog)
+        c.run(RUN_S)
+        self.stopping = True
+        self._heal()
+        c.settle(lambda: not self.check.calls and c.ring_settled() and not self._copies_open(), SETTLE_S)
+        c.run(2 * c.config.heartbeat_timeout_s)  # repairs and late messages land
+        self.check.overdue()
+        for what, _ in self.check.calls.values():
+            self.check.fail("hang", f"{what} never returned")
+        if self.ready:
+            self.check.final(self.tables)
+        else:
+            self.check.fail("no-start", "the tables were never created")
+        return Result(self.scenario, self.seed, self.check.violations, c.net.trace, self.calls, c.net.time)
+
+    def _watchdog(self) -> bool:
+        self.check.overdue()
+        return True
+
+    def _copies_open(self) -> bool:
+        return any(s.live and (s.node.copies or s.node.peers.awaiting) for s in self.cluster.servers)
+
+    def _create_tables(self, worker: SimWorker) -> None:
+        names = list(self.tables)
+
+        def made(_: Any, error: str | None) -> None:
+            if error is not None:
+                self.check.fail("setup", f"create_table failed: {error}")
+                return
+            names.pop(0)
+            if names:
+                create()
+                return
+            self.ready = True
+            for w in self.cluster.workers:
+                w.refresh()
+                self.cluster.net.after(0.1, self._next, w)
+
+        def create() -> None:
+            name = names[0]
+            spec = TableSpec(name, dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=self.tables[name],
+                             consistency=self.plan.staleness if name == "ssp" else "asp")
+            worker.create_table(spec, made)
+
+        create()
+
+    # ---- the workload -------------------------------------------------------------------
+    def _next(self, w: SimWorker) -> None:
+        if self.stopping or not w.live or w.ring is None or not all(t in w.specs for t in self.tables):
+            if not self.stopping and w.live:
+                self.cluster.net.after(0.2, self._next, w)
+            return
+        i = self.cluster.workers.index(w)
+        think = self.rng.expovariate(1 / self.plan.speeds[i % len(self.plan.speeds)])
+        again = lambda: self.cluster.net.after(think, self._next, w)  # noqa: E731
+        if self.plan.staleness is not None:
+            self._ssp_step(w, again)
+        elif self.rng.random() < 0.6:
+            self._push(w, "counts", again)
+        else:
+            self._pull(w, "counts", again)
+
+    def _keys(self) -> np.ndarray:
+        return np.array(sorted(self.rng.sample(range(KEYS), self.rng.randint(1, 8))), np.uint64)
+
+    def _push(self, w: SimWorker, table: str, then: Callable[[], None], keys: np.ndarray | None = None) -> None:
+        keys = self._keys() if keys is None else keys
+        ks = keys.astype(np.int64)
+        call = self.check.call(f"{w.name} push to {table!r}", self.limit_s)
+        self.check.pushed(table, ks)
+        self.calls += 1
+
+        def done(_: Any, error: str | None) -> None:
+            self.check.returned(call)
+            self.check.push_done(w.name, table, ks, error)
+            then()
+
+        w.push(table, keys, -np.ones((keys.shape[0], 1), np.float32), done)  # sgd, lr 1: +1 each
+
+    def _pull(self, w: SimWorker, table: str, then: Callable[[], None]) -> None:
+        keys = self._keys()
+        ks = keys.astype(np.int64)
+        floor = self.check.floor(w.name, table, ks)
+        call = self.check.call(f"{w.name} pull from {table!r}", self.limit_s)
+        self.calls += 1
+
+        def done(values: Any, error: str | None) -> None:
+            self.check.returned(call)
+            if error is None:
+                self.check.read(w.name, table, ks, values, floor)
+            then()
+
+        w.pull(table, keys, done, clock=False)
+
+    def _ssp_step(self, w: SimWorker, then: Callable[[], None]) -> None:
+        """Each worker pushes +1 to its own key once a clock, then ticks; pulls (at its
+        clock) every worker's key, which must show the clocks all of them finished."""
+        i = self.cluster.workers.index(w)
+        mine = np.array([i], np.uint64)
+
+        def ticked(_: Any, error: str | None) -> None:
+            self.check.returned(calls.pop())
+            if error is None:
+                self.ticks.setdefault(w.name, []).append(w.clock)
+            read()
+
+        def pushed() -> None:
+            calls.append(self.check.call(f"{w.name} clock", self.limit_s))
+            w.tick(ticked)
+
+        def read() -> None:
+            keys = np.arange(len(self.cluster.workers), dtype=np.uint64)
+            clock, s = w.clock, int(self.plan.staleness or 0)
+            least = np.full(keys.shape[0], max(0, clock - s), np.int64)
+            pull_call = self.check.call(f"{w.name} ssp pull", self.limit_s)
+
+            def done(values: Any, error: str | None) -> None:
+                self.check.returned(pull_call)
+                if error is None:
+                    self.check.staleness(w.name, "ssp", clock, s, keys.astype(np.int64), values, least)
+                then()
+
+            w.pull("ssp", keys, done)
+
+        calls: list[int] = []
+        self._push(w, "ssp", pushed, mine)
+
+    # ---- faults -------------------------------------------------------------------------
+    def _victim(self) -> SimServer | None:
+        live = [s for s in self.cluster.servers if s.live and s.id >= 0 and self.cluster.scheduler.ring is not None
+                and s.id in self.cluster.scheduler.ring.servers]
+        return self.rng.choice(live) if len(live) > max(self.tables.values()) else None
+
+    def _failure(self, kind: str) -> None:
+        c, net, timeout = self.cluster, self.cluster.net, self.cluster.config.heartbeat_timeout_s
+        if kind == "stall-scheduler":
+            c.sched_host.pause()
+            net.after(self.rng.uniform(1.0, 2.0) * timeout, c.sched_host.resume)
+            return
+        if kind in ("join", "joiner-crash"):
+            server = c.add_server()
+            self.check.servers_by_host[server.name] = server
+            if kind == "joiner-crash":
+                net.after(self.rng.uniform(0.05, 1.0), server.host.crash)
+            return
+        victim = self._victim()
+        if victim is None:
+            return
+        net.log(f"fault {kind} server {victim.id}")
+        if kind == "crash":
+            victim.host.crash()
+        elif kind == "pause":  # past the heartbeat timeout: declared dead, then it resumes
+            victim.host.pause()
+            net.after(self.rng.uniform(1.5, 3.0) * timeout, victim.host.resume)
+        elif kind == "short-pause":
+            victim.host.pause()
+            net.after(self.rng.uniform(0.1, 0.6) * timeout, victim.host.resume)
+        elif kind in ("cut-beats", "cut-answers", "isolate"):
+            pairs = {("cut-beats", True), ("cut-answers", False), ("isolate", True), ("isolate", False)}
+            for k, out in pairs:
+                if k == kind:
+                    c.net.faults.cut.add((victim.name, "scheduler") if out else ("scheduler", victim.name))
+            if kind == "isolate":
+                for h in net.hosts:
+                    c.net.faults.cut |= {(victim.name, h), (h, victim.name)}
+            net.after(self.rng.uniform(1.5, 3.0) * timeout, self._heal_cuts)
+        elif kind == "leave":
+            from paramserver.wire.message import Op
+            worker = c.workers[0]
+            worker._ask_scheduler({"op": Op.REMOVE_SERVER.value, "node_id": victim.id}, lambda m: None)
+
+    def _heal_cuts(self) -> None:
+        self.cluster.net.faults.cut.clear()
+
+    def _heal(self) -> None:
+        net = self.cluster.net
+        net.faults = Faults()
+        for host in net.hosts.values():
+            host.resume()
+
+
+def run(scenario: str, seed: int, mutation: str | None = None, trace: bool = False) -> Result:
+    """One seed of one scenario (``mutation``: a safety mechanism switched off)."""
+    with mutated(mutation):
+        return Run(scenario, seed, trace).go()
