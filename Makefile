@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: chaos demo test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,12 @@ demo: $(VENV)/.installed
 
 test: lint
 	$(BIN)/python -m pytest -q --ignore=tests/process
+	$(BIN)/paramserver chaos --seeds 300 --first-seed 1000
 	$(BIN)/python -m pytest -q tests/process
+
+# the fault-injection campaign of the issue's acceptance: 500 seeds over every scenario
+chaos: $(VENV)/.installed-dev
+	$(BIN)/paramserver chaos --seeds 500 --json
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests bench

@@ -434,7 +434,8 @@ def check_losses(status: dict[str, Any], allow_loss: bool) -> None:
     tables = sorted({t for x in losses for t in x["tables"]})
     servers = ", ".join(str(x["server"]) for x in losses)
     raise DataLossError(f"server(s) {servers} died holding {vnodes} vnode(s) of table(s) {', '.join(tables)} with no "
-                        "backup (replicas=1): their keys restarted from their initial values, so acknowledged "
+                        "backup left (replicas=1, or every replica died before the repair): "
+                        "their keys restarted from their initial values, so acknowledged "
                         "updates are lost and the model is not what the data trained; rerun with --replicas 2 "
                         "to survive a server's death, or pass --allow-loss to finish anyway and report the loss")
 

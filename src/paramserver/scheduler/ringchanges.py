@@ -277,13 +277,7 @@ class RingChanges:
         logger.warning("failover: server %d's vnodes promoted to their backups, ring epoch %d",
                        node_id, self.ring.epoch)
         lost = int((old.owners == node_id).sum())
-        unbacked = sorted(n for n, r in self._replicas().items() if r == 1)
-        for name in unbacked:
-            logger.error("table %r has no backup (replicas=1): its %d vnode(s) on server %d restart from "
-                         "their initial values; restore a checkpoint, or use replicas=2", name, lost, node_id)
-        if unbacked and lost:
-            self.losses.append({"server": node_id, "tables": unbacked, "vnodes": lost, "at": time.time(),
-                                "vnode_ids": np.flatnonzero(old.owners == node_id).tolist()})
+        self._record_losses(old, node_id)
         self.failovers.append({"server": node_id, "epoch": self.ring.epoch, "vnodes": lost, "at": time.time(),
                                "tables_kept": sorted(n for n, r in self._replicas().items() if r > 1)})
         self._broadcast_view()
@@ -292,6 +286,31 @@ class RingChanges:
         self.ring = promoted
         self.incomplete = {c for c in self.incomplete if c[2] != node_id}
         self._start_migration(self.ring, moves, flip=False)
+
+    def _record_losses(self, old: Ring, dead: int) -> None:
+        """The vnodes ``dead`` held of which no complete copy is left on a live server
+        (``replicas=1``, or every other replica died, or was still being copied, before
+        the repair): their keys restart from initial values.  Logged and kept in
+        ``losses`` (``job_status``), per table."""
+        by_table: dict[str, list[int]] = {}
+        for name, r in sorted(self._replicas().items()):
+            chains = old.chains[:, :r]
+            for v in np.flatnonzero((chains == dead).any(axis=1)).tolist():
+                if not any(s >= 0 and s != dead and s in self.nodes and (name, v, s) not in self.incomplete
+                           for s in chains[v].tolist()):
+                    by_table.setdefault(name, []).append(v)
+        for name, vnodes in by_table.items():
+            if self._replicas()[name] == 1:
+                logger.error("table %r has no backup (replicas=1): its %d vnode(s) on server %d restart from "
+                             "their initial values; restore a checkpoint, or use replicas=2", name, len(vnodes), dead)
+            else:
+                logger.error("table %r: server %d held the last complete copy of %d vnode(s) (the other replicas "
+                             "died, or were still being copied, before the repair): they restart from their "
+                             "initial values; restore a checkpoint, or use more replicas", name, dead, len(vnodes))
+        if by_table:
+            ids = sorted({v for vnodes in by_table.values() for v in vnodes})
+            self.losses.append({"server": dead, "tables": sorted(by_table), "vnodes": len(ids), "vnode_ids": ids,
+                                "by_table": by_table, "at": time.time()})
 
     def on_remove_server(self, identity: bytes, msg: Message) -> None:
         """Take a server out of the ring: its vnodes are copied away, the ring flips,

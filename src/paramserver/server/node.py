@@ -89,6 +89,7 @@ class ServerNode:
         self.primary = np.zeros(0, bool)  # per vnode: this server is its primary
         self.dead: set[int] = set()
         self.moving: dict[str, dict[int, set[int]]] = {}  # table -> vnode -> servers copied to
+        self.installs: dict[str, dict[int, int]] = {}  # table -> vnode copied here -> the sender's ring epoch
         self.targets: dict[str, np.ndarray] = {}  # table -> int32[n_vnodes, k]: forward to
         self.copies: collections.deque = collections.deque()  # (acks, table, vnode, dest) to send
         self.copies_in_flight = 0
@@ -296,8 +297,13 @@ class ServerNode:
             if spec.name not in self.tables:
                 self._add_table(spec)
         self.early_tables.clear()
-        for table in self.tables.values():
-            table.set_vnodes(self.ring.held_by(self.node_id, table.spec.replicas))
+        for name, table in self.tables.items():
+            # a copy made under this ring (or a newer one) is kept: its plan's flip is still to
+            # come, and this ring may reach this server after the copy did (another path)
+            early = self.installs.get(name, {})
+            for vnode in [v for v, e in early.items() if e < self.ring.epoch]:
+                del early[vnode]
+            table.set_vnodes([*self.ring.held_by(self.node_id, table.spec.replicas), *early])
         self.primary = self.ring.owners == self.node_id
         self.moving.clear()
         self.copies.clear()  # a copy not sent yet belongs to a plan the flip made void
@@ -329,6 +335,7 @@ class ServerNode:
         self.dedup.pop(name, None)
         self.aggregates.pop(name, None)
         self.moving.pop(name, None)
+        self.installs.pop(name, None)
         self._refresh_targets()
         self.control.send(reply(msg))
 
@@ -367,7 +374,7 @@ class ServerNode:
         keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64), np.zeros((0, table.width), np.float32))
         assert self.ring is not None, "vnodes move between rings"
         buffered = buffered_pushes(self.aggregates, self.ring, table.bits, name, vnode)  # BSP: unfinished clocks
-        header = {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": self.node_id,
+        header = {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": self.node_id, "epoch": self.ring.epoch,
                   "seqs": self.dedup[name].export(vnode), "buffered": [c for c, _, _ in buffered],
                   "clocks": {str(w): c for w, c in self.gate.vector.clocks.items()}, "append": False}
         # a vnode bigger than a message goes in several: the first replaces, the rest add
@@ -528,6 +535,9 @@ class ServerNode:
             table.install(vnode, keys, rows, replace=False)
             return reply(msg)
         table.install(vnode, keys, rows)
+        epoch = msg.header.get("epoch")
+        if isinstance(epoch, int) and vnode not in self.ring.held_by(self.node_id, table.spec.replicas):
+            self.installs.setdefault(name, {})[vnode] = epoch
         self.dedup[name].merge(vnode, seqs)
         for worker, clock in clocks.items():
             self.gate.vector.tick(int(worker), int(clock))

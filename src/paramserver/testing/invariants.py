@@ -128,7 +128,7 @@ class Invariants:
 
     def lost_vnodes(self, table: str) -> set[int]:
         return {int(v) for loss in self.cluster.scheduler.losses if table in loss.get("tables", [])
-                for v in loss.get("vnode_ids", [])}
+                for v in loss.get("by_table", {}).get(table, loss.get("vnode_ids", []))}
 
     def staleness(self, worker: str, table: str, clock: int, staleness: int, keys: np.ndarray,
                   values: np.ndarray, least: np.ndarray) -> None:
