@@ -300,10 +300,10 @@ class ServerNode:
         for name, table in self.tables.items():
             # a copy made under this ring (or a newer one) is kept: its plan's flip is still to
             # come, and this ring may reach this server after the copy did (another path)
-            early = self.installs.get(name, {})
-            for vnode in [v for v, e in early.items() if e < self.ring.epoch]:
-                del early[vnode]
-            table.set_vnodes([*self.ring.held_by(self.node_id, table.spec.replicas), *early])
+            copied = self.installs.get(name, {})
+            for vnode in [v for v, e in copied.items() if e < self.ring.epoch]:
+                del copied[vnode]
+            table.set_vnodes([*self.ring.held_by(self.node_id, table.spec.replicas), *copied])
         self.primary = self.ring.owners == self.node_id
         self.moving.clear()
         self.copies.clear()  # a copy not sent yet belongs to a plan the flip made void
