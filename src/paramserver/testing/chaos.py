@@ -108,6 +108,9 @@ class Plan:
     faults: Faults = field(default_factory=Faults)
     rates: dict[str, float] = field(default_factory=dict)  # host -> clock rate
     speeds: list[float] = field(default_factory=list)  # per worker: mean think time between calls
+    shards: int = 0  # a training job of this many shards (workers take them from the scheduler)
+    epochs: int = 1
+    checkpoint_every: int = 0  # the job checkpoints every N shards done (0: never)
 
 
 def _client_links(a: str, b: str) -> bool:
@@ -169,6 +172,16 @@ def _partition(rng: random.Random) -> Plan:
     return p
 
 
+def _job(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=3, replicas=2, shards=rng.randint(6, 16), epochs=rng.randint(1, 3))
+    p.checkpoint_every = rng.choice([0, 3, 5])
+    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
+    for _ in range(rng.randint(1, 2)):
+        p.failures.append((rng.uniform(0.5, 5), rng.choice(["worker-crash", "worker-pause", "crash", "short-pause"])))
+    p.speeds = [0.05, 0.1, 0.2]
+    return p
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "counters-r1": _counters(1),
     "counters-r2": _counters(2),
@@ -178,6 +191,7 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "stalled-scheduler": _stalled_scheduler,
     "stalled-server": _stalled_server,
     "partition": _partition,
+    "job": _job,
 }
 assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "campaign.SCENARIO_NAMES lists the scenarios for --help"
 
@@ -213,6 +227,7 @@ class Run:
         self.calls = 0
         self.limit_s = self.cluster.config.retry_timeout_s + 10.0
         self.ticks: dict[str, list[int]] = {}  # worker -> pushes to its own ssp key, per finished clock
+        self.sizes: list[int] = []  # the job's shards: examples in each
 
     def go(self) -> Result:
         c = self.cluster
@@ -222,22 +237,40 @@ class Run:
         first.registered = lambda: self._create_tables(first)
         for _ in range(self.plan.workers - 1):
             c.add_worker()
+        for w in c.workers:
+            w.on_exit = lambda w=w: self.check.abandon(w.name)
         for when, kind in self.plan.failures:
             c.net.at(when, self._failure, kind)
         c.net.every(c.sched_host, 1.0, self._watchdog)
         c.run(RUN_S)
         self.stopping = True
         self._heal()
-        c.settle(lambda: not self.check.calls and c.ring_settled() and not self._copies_open(), SETTLE_S)
+        c.settle(lambda: not self.check.calls and c.ring_settled() and not self._copies_open()
+                 and (not self.plan.shards or self._job_over()), SETTLE_S)
         c.run(2 * c.config.heartbeat_timeout_s)  # repairs and late messages land
         self.check.overdue()
         for what, _ in self.check.calls.values():
             self.check.fail("hang", f"{what} never returned")
         if self.ready:
             self.check.final(self.tables)
+            if self.plan.shards:
+                self.check.job(self.sizes, self.plan.epochs)
+                self._forget_checkpoints()
         else:
             self.check.fail("no-start", "the tables were never created")
         return Result(self.scenario, self.seed, self.check.violations, c.net.trace, self.calls, c.net.time)
+
+    def _job_over(self) -> bool:
+        job = self.cluster.scheduler.jobs.job
+        return job is not None and job.finished
+
+    def _forget_checkpoints(self) -> None:
+        if self.plan.checkpoint_every:
+            import fsspec
+
+            fs = fsspec.filesystem("memory")
+            if fs.exists(self.checkpoint_url):
+                fs.rm(self.checkpoint_url, recursive=True)
 
     def _watchdog(self) -> bool:
         self.check.overdue()
@@ -260,6 +293,10 @@ class Run:
             self.ready = True
             for w in self.cluster.workers:
                 w.refresh()
+            if self.plan.shards:
+                self._start_job(worker)
+                return
+            for w in self.cluster.workers:
                 self.cluster.net.after(0.1, self._next, w)
 
         def create() -> None:
@@ -292,13 +329,13 @@ class Run:
     def _push(self, w: SimWorker, table: str, then: Callable[[], None], keys: np.ndarray | None = None) -> None:
         keys = self._keys() if keys is None else keys
         ks = keys.astype(np.int64)
-        call = self.check.call(f"{w.name} push to {table!r}", self.limit_s)
-        self.check.pushed(table, ks)
+        call = self.check.call(f"{w.name} push to {table!r}", self.limit_s, w.name)
+        self.check.pushed(call, table, ks)
         self.calls += 1
 
         def done(_: Any, error: str | None) -> None:
+            self.check.push_done(call, w.name, table, ks, error)
             self.check.returned(call)
-            self.check.push_done(w.name, table, ks, error)
             then()
 
         w.push(table, keys, -np.ones((keys.shape[0], 1), np.float32), done)  # sgd, lr 1: +1 each
@@ -307,7 +344,7 @@ class Run:
         keys = self._keys()
         ks = keys.astype(np.int64)
         floor = self.check.floor(w.name, table, ks)
-        call = self.check.call(f"{w.name} pull from {table!r}", self.limit_s)
+        call = self.check.call(f"{w.name} pull from {table!r}", self.limit_s, w.name)
         self.calls += 1
 
         def done(values: Any, error: str | None) -> None:
@@ -351,6 +388,85 @@ class Run:
         calls: list[int] = []
         self._push(w, "ssp", pushed, mine)
 
+    # ---- a training job ------------------------------------------------------------------
+    def _start_job(self, w: SimWorker) -> None:
+        from paramserver.wire.message import Op
+
+        self.sizes = [self.rng.randint(3, 12) for _ in range(self.plan.shards)]
+        header: dict[str, Any] = {"op": Op.JOB_START.value, "shards": [[i, n] for i, n in enumerate(self.sizes)],
+                                  "epochs": self.plan.epochs}
+        if self.plan.checkpoint_every:
+            header["checkpoint"] = {"url": self.checkpoint_url, "every": self.plan.checkpoint_every,
+                                    "timeout_s": 20.0}
+        call = self.check.call(f"{w.name} job_start", self.limit_s, w.name)
+
+        def started(msg: Any) -> None:
+            self.check.returned(call)
+            if msg.op is not Op.OK:
+                self.check.fail("setup", f"job_start failed: {msg.header.get('error')}")
+                return
+            for worker in self.cluster.workers:
+                self.cluster.net.after(0.1, self._next_shard, worker)
+
+        w._ask_scheduler(header, started)
+
+    @property
+    def checkpoint_url(self) -> str:
+        return f"memory://paramserver-chaos/{self.scenario}/{self.seed}"
+
+    def _next_shard(self, w: SimWorker) -> None:
+        from paramserver.wire.message import Op
+
+        if not w.live:
+            return
+        call = self.check.call(f"{w.name} next_shard", self.limit_s, w.name)
+
+        def got(msg: Any) -> None:
+            self.check.returned(call)
+            if msg.op is not Op.OK:
+                self._declared_dead(w, msg)
+                return
+            if msg.header.get("done"):
+                return
+            sid, shard, epoch = msg.header["shard_id"], msg.header["shard"], msg.header["epoch"]
+            self._work(w, sid, epoch, int(shard[1]), self.rng.randint(2, 6))
+
+        w._ask_scheduler({"op": Op.NEXT_SHARD.value}, got)
+
+    def _work(self, w: SimWorker, sid: int, epoch: int, examples: int, pushes: int) -> None:
+        """Train on a shard (a few pushes), then report it done with its examples."""
+        from paramserver.wire.message import Op
+
+        if not w.live:
+            return
+        if pushes:
+            i = self.cluster.workers.index(w)
+            think = self.rng.expovariate(1 / self.plan.speeds[i % len(self.plan.speeds)])
+            self._push(w, "counts", lambda: self.cluster.net.after(think, self._work, w, sid, epoch, examples,
+                                                                   pushes - 1))
+            return
+        call = self.check.call(f"{w.name} shard_done", self.limit_s, w.name)
+
+        def done(msg: Any) -> None:
+            self.check.returned(call)
+            if msg.op is not Op.OK:
+                self._declared_dead(w, msg)
+                return
+            self._next_shard(w)
+
+        w._ask_scheduler({"op": Op.SHARD_DONE.value, "shard_id": sid, "epoch": epoch,
+                          "stats": {"examples": examples}}, done)
+
+    def _declared_dead(self, w: SimWorker, msg: Any) -> None:
+        """The scheduler refused a job call: fine only for a worker it declared dead (a
+        paused one, resumed), which then exits as a real worker does."""
+        if w.node_id in self.cluster.scheduler.nodes:
+            self.check.fail("job", f"{w.name}: {msg.header.get('error')}")
+            return
+        self.cluster.net.log(f"exit {w.name} (declared dead: {msg.header.get('error')})")
+        w.host.crash()
+        self.check.abandon(w.name)
+
     # ---- faults -------------------------------------------------------------------------
     def _victim(self) -> SimServer | None:
         live = [s for s in self.cluster.servers if s.live and s.id >= 0 and self.cluster.scheduler.ring is not None
@@ -362,6 +478,19 @@ class Run:
         if kind == "stall-scheduler":
             c.sched_host.pause()
             net.after(self.rng.uniform(1.0, 2.0) * timeout, c.sched_host.resume)
+            return
+        if kind in ("worker-crash", "worker-pause"):
+            live = [w for w in c.workers[1:] if w.live]
+            if not live:
+                return
+            w = self.rng.choice(live)
+            net.log(f"fault {kind} {w.name}")
+            if kind == "worker-crash":
+                w.host.crash()
+                self.check.abandon(w.name)
+            else:
+                w.host.pause()
+                net.after(self.rng.uniform(1.5, 3.0) * timeout, w.host.resume)
             return
         if kind in ("join", "joiner-crash"):
             server = c.add_server()

@@ -203,6 +203,7 @@ class SimWorker:
         self.sched_calls: dict[int, Callable[[Message], None]] = {}
         self._ids = itertools.count(1)
         self.registered: Callable[[], None] | None = None
+        self.on_exit: Callable[[], None] | None = None  # it learnt that it was declared dead, and exited
         self.host.on_turn = self.turn
         self._ask_scheduler({"op": Op.REGISTER.value, "role": "worker"}, self._welcomed)
         cluster.net.every(self.host, cfg.heartbeat_interval_s, self._beat)
@@ -275,6 +276,11 @@ class SimWorker:
             self.refresh()
         elif msg.op is Op.STOP:
             self.host.crash()
+        elif msg.op is Op.ERROR and msg.header.get("code") == "unknown_node":
+            self.cluster.net.log(f"exit {self.name} (declared dead)")  # as a real worker does
+            self.host.crash()
+            if self.on_exit is not None:
+                self.on_exit()
 
     def _resend_overdue(self) -> bool:
         """A request unanswered for ``resend_s`` (a lost message, a server that cannot

@@ -47,6 +47,8 @@ class Invariants:
         self.violations: list[Violation] = []
         self.dead_at: dict[int, float] = {}  # server id -> when the scheduler declared it dead
         self.calls: dict[int, tuple[str, float]] = {}  # open call -> (what, deadline)
+        self.owners: dict[int, str] = {}  # open call -> the worker that made it
+        self.pushing: dict[int, tuple[str, np.ndarray]] = {}  # open push call -> (table, keys)
         self._next_call = 0
         self.servers_by_host: dict[str, SimServer] = {}
         cluster.net.watchers.append(self._watch)
@@ -66,12 +68,25 @@ class Invariants:
         self.cluster.net.log(f"VIOLATION {kind}: {detail}")
 
     # ---- calls --------------------------------------------------------------------------
-    def call(self, what: str, limit_s: float) -> int:
+    def call(self, what: str, limit_s: float, owner: str = "") -> int:
         self._next_call += 1
         self.calls[self._next_call] = (what, self.cluster.net.time + limit_s)
+        self.owners[self._next_call] = owner
         return self._next_call
 
+    def abandon(self, owner: str) -> None:
+        """``owner`` died: its calls will never return, and need not."""
+        for call in [c for c, o in self.owners.items() if o == owner]:
+            self.calls.pop(call, None)
+            del self.owners[call]
+            if call in self.pushing:  # applied or not: nobody will know
+                table, keys = self.pushing.pop(call)
+                self.doubtful[table][keys] += 1
+
     def returned(self, call: int) -> None:
+        self.owners.pop(call, None)
+        if call not in self.calls:  # abandoned: its worker was declared dead meanwhile
+            return
         what, deadline = self.calls.pop(call)
         if self.cluster.net.time > deadline:
             self.fail("hang", f"{what} returned after its deadline ({self.cluster.net.time - deadline:.1f} s late)")
@@ -81,13 +96,17 @@ class Invariants:
         for call, (what, deadline) in list(self.calls.items()):
             if now > deadline:
                 del self.calls[call]
+                self.owners.pop(call, None)
                 self.fail("hang", f"{what} has not returned {now - deadline:.1f} s past its deadline")
 
     # ---- pushes and reads ---------------------------------------------------------------
-    def pushed(self, table: str, keys: np.ndarray) -> None:
+    def pushed(self, call: int, table: str, keys: np.ndarray) -> None:
         self.sent[table][keys] += 1
+        self.pushing[call] = (table, keys)
 
-    def push_done(self, worker: str, table: str, keys: np.ndarray, error: str | None) -> None:
+    def push_done(self, call: int, worker: str, table: str, keys: np.ndarray, error: str | None) -> None:
+        if self.pushing.pop(call, None) is None:
+            return  # abandoned (its worker died), and counted as doubtful then
         if error is None:
             self.acked[table][keys] += 1
             self.mine.setdefault((worker, table), np.zeros(self.keys, np.int64))[keys] += 1
@@ -153,6 +172,19 @@ class Invariants:
             # every backup before this server's death, its backups' answers were queued)
             self.fail("zombie", f"server {server.id} answered a pull at {self.cluster.net.time:.3f} s, "
                       f"after it was declared dead at {died:.3f} s")
+
+    def job(self, sizes: list[int], epochs: int) -> None:
+        """The job finished, and counted every example once per epoch."""
+        job = self.cluster.scheduler.jobs.job
+        if job is None or not job.finished:
+            where = "" if job is None else \
+                f": epoch {job.epoch}, {len(job.done)} of {len(job.shards)} shards done, {len(job.running)} running"
+            self.fail("job-unfinished", "the job did not finish" + where)
+            return
+        want = [sum(sizes)] * epochs
+        if list(job.epoch_examples) != want or job.totals.get("examples") != sum(want):
+            self.fail("job-count", f"the job counted {list(job.epoch_examples)} examples per epoch "
+                      f"({job.totals.get('examples')} in all); its shards hold {want}")
 
     # ---- the end ------------------------------------------------------------------------
     def final(self, tables: dict[str, int]) -> None:
