@@ -71,7 +71,7 @@ class Harness:
                 if n.router.poll(0) or any(s.poll(0) for s in n.peers.socks.values()) or n.wants_turn():
                     n.turn()
                     moved = True
-            if not moved and not any(n.peers.awaiting or n.copies for n in nodes):
+            if not moved and not any(n.peers.awaiting or n.copies.queue for n in nodes):
                 return
         raise AssertionError("the servers did not go quiet")
 

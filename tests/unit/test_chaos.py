@@ -9,7 +9,8 @@ import pytest
 
 from paramserver.errors import ConfigError
 from paramserver.testing.campaign import SCENARIO_NAMES
-from paramserver.testing.chaos import MUTATIONS, SCENARIOS, mutated, run
+from paramserver.testing.chaos import SCENARIOS, run
+from paramserver.testing.mutations import MUTATIONS, mutated
 from paramserver.testing.sim import Faults, SimNetwork
 from paramserver.wire.transport import ZmqTransport, scheme_of, transport_for
 

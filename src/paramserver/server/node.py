@@ -17,7 +17,6 @@ until the scheduler flips the ring.
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import os
@@ -35,8 +34,9 @@ from paramserver.logutil import Throttled
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.server import storage
+from paramserver.server.copies import Copies
 from paramserver.server.dedup import Dedup
-from paramserver.server.install import buffered_pushes, check_grads, check_install, check_moves, replace_buffered
+from paramserver.server.install import check_grads, check_install, check_moves, replace_buffered
 from paramserver.server.lease import Lease
 from paramserver.server.peers import Acks, Peers, forward_targets
 from paramserver.server.requests import check_segments, split
@@ -59,10 +59,6 @@ from paramserver.wire.sockets import advertised
 from paramserver.wire.transport import Transport, transport_for
 
 logger = logging.getLogger(__name__)
-
-#: vnode copies a migrating server keeps unanswered
-COPIES_IN_FLIGHT = 2
-
 
 class ServerNode:
     """Registers with the scheduler, waits for the ring, then serves until ``STOP``."""
@@ -88,11 +84,9 @@ class ServerNode:
         self.dedup: dict[str, Dedup] = {}
         self.primary = np.zeros(0, bool)  # per vnode: this server is its primary
         self.dead: set[int] = set()
-        self.moving: dict[str, dict[int, set[int]]] = {}  # table -> vnode -> servers copied to
         self.installs: dict[str, dict[int, int]] = {}  # table -> vnode copied here -> the sender's ring epoch
         self.targets: dict[str, np.ndarray] = {}  # table -> int32[n_vnodes, k]: forward to
-        self.copies: collections.deque = collections.deque()  # (acks, table, vnode, dest) to send
-        self.copies_in_flight = 0
+        self.copies = Copies(self)  # vnode copies a migration asked of this server (server/copies.py)
         self.poller = self.transport.poller()
         self.peers = Peers(self.transport, self.poller, config.max_message_bytes, self._finish)  # the other servers
         self.gate = StalenessGate()  # the vector clock of live workers, and parked pulls
@@ -174,7 +168,7 @@ class ServerNode:
 
     def wants_turn(self) -> bool:
         """A vnode copy is ready to go: the next turn must not wait for a message."""
-        return bool(self.copies) and self.copies_in_flight < COPIES_IN_FLIGHT
+        return self.copies.ready()
 
     def turn(self) -> None:
         """One turn of the loop: control first, then answers from peers, then (a bounded
@@ -189,8 +183,8 @@ class ServerNode:
                 if not self._running or not self.router.poll(0):
                     break
                 self._handle_data(self.router.recv())
-        if self.wants_turn() and self._running:
-            self._copy_next()
+        if self.wants_turn() and self._running and self.copies.send_next():
+            self._refresh_targets()
 
     def _heartbeats(self) -> None:
         """Beat from a thread of its own, so a long request (a JIT compile, a big table
@@ -272,15 +266,13 @@ class ServerNode:
         """A server died: nothing waits on it any more (a push is acknowledged once every
         *live* backup applied it)."""
         self.dead.add(server)
-        for by_vnode in self.moving.values():
-            for dests in by_vnode.values():
-                dests.discard(server)
+        self.copies.lost(server)
         self._refresh_targets()
         self.peers.lost(server)
 
     def _refresh_targets(self) -> None:
         assert self.ring is not None
-        self.targets = forward_targets(self.ring, self.tables, self.moving, self.dead | {self.node_id})
+        self.targets = forward_targets(self.ring, self.tables, self.copies.moving, self.dead | {self.node_id})
 
     # ---- control -----------------------------------------------------------------------
     def on_ring(self, msg: Message) -> None:
@@ -305,7 +297,6 @@ class ServerNode:
                 del copied[vnode]
             table.set_vnodes([*self.ring.held_by(self.node_id, table.spec.replicas), *copied])
         self.primary = self.ring.owners == self.node_id
-        self.moving.clear()
         self.copies.clear()  # a copy not sent yet belongs to a plan the flip made void
         self._refresh_targets()
         logger.info("server %d: ring epoch %d, primary of %d vnode(s)", self.node_id, self.ring.epoch,
@@ -334,63 +325,23 @@ class ServerNode:
         self.early_tables.pop(name, None)
         self.dedup.pop(name, None)
         self.aggregates.pop(name, None)
-        self.moving.pop(name, None)
+        self.copies.moving.pop(name, None)
         self.installs.pop(name, None)
         self._refresh_targets()
         self.control.send(reply(msg))
 
     def on_migrate(self, msg: Message) -> None:
-        """Copy vnodes to the servers that will hold them after the next ring flip: a
-        snapshot, then every push on them forwarded too (same channel: in order).  One
-        vnode a loop turn (``_copy_next``), at most ``COPIES_IN_FLIGHT`` unanswered, so
-        requests keep being served here and forwarded pushes do not queue behind a
-        backlog of copies at the receiver."""
+        """Copy vnodes to the servers that will hold them after the next ring flip
+        (``server/copies.py``); answered with ``MIGRATED`` once every copy is in."""
         migration = field(msg, "migration", int)
         moves = check_moves(msg.header.get("moves"))
 
         def done(failed: str | None) -> None:
             self.control.send(encode({"op": Op.MIGRATED.value, "migration": migration, "node_id": self.node_id,
-                                       "failed": failed}))
+                                      "failed": failed}))
 
-        acks = Acks(done=done)
-        acks.pending = 1  # held until the last copy is sent: done cannot come before
-        self.copies.extend((acks, name, vnode, dest) for name, vnode, dest in moves)
-        self.copies.append((acks, None, -1, -1))
+        self.copies.plan(moves, done)
         logger.info("server %d: migration %d: %d vnode copies to send", self.node_id, migration, len(moves))
-
-    def _copied(self, acks: Acks, failed: str | None) -> None:
-        self.copies_in_flight -= 1
-        self.peers.acked(acks, failed)
-
-    def _copy_next(self) -> None:
-        acks, name, vnode, dest = self.copies.popleft()
-        if name is None:  # every copy of this migration is sent
-            self.peers.acked(acks)
-            return
-        table = self.tables.get(name)
-        if table is None or dest in self.dead or dest not in self.peers:
-            return
-        vt = table.tables.get(vnode)
-        keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64), np.zeros((0, table.width), np.float32))
-        assert self.ring is not None, "vnodes move between rings"
-        buffered = buffered_pushes(self.aggregates, self.ring, table.bits, name, vnode)  # BSP: unfinished clocks
-        header = {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": self.node_id, "epoch": self.ring.epoch,
-                  "seqs": self.dedup[name].export(vnode), "buffered": [c for c, _, _ in buffered],
-                  "clocks": {str(w): c for w, c in self.gate.vector.clocks.items()}, "append": False}
-        # a vnode bigger than a message goes in several: the first replaces, the rest add
-        step = max(1, (self.config.max_message_bytes - (2 << 20)) // (8 + 4 * table.width))
-        copy = Acks(done=lambda failed: self._copied(acks, failed))
-        acks.pending += 1
-        self.copies_in_flight += 1
-        for start in range(0, max(1, keys.shape[0]), step):
-            chunk = [keys[start:start + step], rows[start:start + step]]
-            if start == 0:
-                self.peers.ask(dest, header, [*chunk, *[a for _, k, g in buffered for a in (k, g)]], copy)
-            else:
-                self.peers.ask(dest, {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": self.node_id,
-                                 "seqs": [], "buffered": [], "append": True}, chunk, copy)
-        self.moving.setdefault(name, {}).setdefault(vnode, set()).add(dest)
-        self._refresh_targets()
 
     def on_stop(self, msg: Message) -> None:
         logger.info("server %d stopping", self.node_id)

@@ -82,7 +82,7 @@ def _results(tasks: list[tuple[str, int, str | None, bool]], jobs: int) -> Itera
 
 def main(args: argparse.Namespace) -> int:
     from paramserver.errors import ConfigError
-    from paramserver.testing.chaos import MUTATIONS
+    from paramserver.testing.mutations import MUTATIONS
 
     if args.list_mutations:
         print("\n".join(MUTATIONS))

@@ -5,15 +5,14 @@ A scenario draws everything from its seed: the cluster's shape, the workload, th
 faults and when they strike.  ``run(scenario, seed)`` returns the violations, and with
 ``trace=True`` the run's event trace, the same for the same seed, bit for bit.
 
-``MUTATIONS`` switch one safety mechanism off for a run, to prove the campaign notices:
-a campaign that cannot fail checks nothing.
+``mutations.MUTATIONS`` switch one safety mechanism off for a run, to prove the
+campaign notices: a campaign that cannot fail checks nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,76 +22,13 @@ from paramserver.spec import TableSpec
 from paramserver.testing.campaign import SCENARIO_NAMES
 from paramserver.testing.cluster import SimCluster, SimServer, SimWorker
 from paramserver.testing.invariants import Invariants, Violation
+from paramserver.testing.mutations import mutated
 from paramserver.testing.sim import Faults
+from paramserver.wire.message import Op
 
 KEYS = 48  # counters per table: few, so that pushes collide and retries matter
 RUN_S = 24.0  # virtual seconds of workload
 SETTLE_S = 60.0  # then faults heal, and the cluster gets this long to finish every call
-
-
-# ---- mutations ---------------------------------------------------------------------------
-def _patch(obj: Any, name: str, value: Any) -> Callable[[], None]:
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    return lambda: setattr(obj, name, old)
-
-
-def _no_dedup() -> Callable[[], None]:
-    from paramserver.server.dedup import Dedup
-    return _patch(Dedup, "fresh", lambda self, sender, seq, acked, vnodes: np.ones(vnodes.shape[0], bool))
-
-
-def _ack_before_backups() -> Callable[[], None]:
-    from paramserver.server.peers import Peers
-    forward = Peers.forward
-
-    def eager(self: Any, *args: Any) -> bool:
-        forward(self, *args)
-        return False  # the client is answered now, whatever the backups do
-
-    return _patch(Peers, "forward", eager)
-
-
-def _ignore_epoch() -> Callable[[], None]:
-    from paramserver.server import node
-    check = node.check_segments
-    return _patch(node, "check_segments", lambda table, ring, keys, vnodes, counts, primary_of, node_id, epoch:
-                  check(table, ring, keys, vnodes, counts, None, node_id, epoch))
-
-
-def _no_staleness_gate() -> Callable[[], None]:
-    from paramserver.consistency.clock import StalenessGate
-    return _patch(StalenessGate, "ready", lambda self, clock, staleness: True)
-
-
-def _no_lease() -> Callable[[], None]:
-    from paramserver.server.lease import Lease
-    return _patch(Lease, "valid", lambda self: True)
-
-
-#: name -> (what it switches off, how)
-MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
-    "no-dedup": ("skip the retry dedup: a resent push is applied again", _no_dedup),
-    "ack-before-backups": ("acknowledge a push before its backups applied it", _ack_before_backups),
-    "ignore-epoch": ("serve requests routed with a stale ring (no epoch/primary check)", _ignore_epoch),
-    "no-staleness-gate": ("answer pulls without the staleness gate", _no_staleness_gate),
-    "no-lease": ("serve without a lease from the scheduler", _no_lease),
-}
-
-
-@contextlib.contextmanager
-def mutated(name: str | None) -> Iterator[None]:
-    if name is None:
-        yield
-        return
-    if name not in MUTATIONS:
-        from paramserver.errors import ConfigError
-        raise ConfigError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")
-    undo = MUTATIONS[name][1]()
-    try:
-        yield
-    finally:
-        undo()
 
 
 # ---- scenarios ---------------------------------------------------------------------------
@@ -114,14 +50,16 @@ class Plan:
 
 
 def _client_links(a: str, b: str) -> bool:
-    return a.startswith("worker") and b.startswith("server")
+    """Requests and answers between workers and servers: lost, late, twice or out of order,
+    they must still apply every push once (a push is resent with its seq)."""
+    return (a.startswith("worker") and b.startswith("server")) or (a.startswith("server") and b.startswith("worker"))
 
 
 def _counters(r: int) -> Callable[[random.Random], Plan]:
     def plan(rng: random.Random) -> Plan:
         p = Plan(servers=r + 1 + rng.randint(0, 1), workers=rng.randint(2, 3), replicas=r)
-        p.faults = Faults(duplicate=0.03, delay=0.1, delay_s=0.3, only=_client_links)
-        kinds = ["crash", "pause", "cut-beats", "isolate"]
+        p.faults = Faults(drop=0.01, duplicate=0.03, delay=0.1, delay_s=0.3, reorder=0.05, only=_client_links)
+        kinds = ["crash", "restart", "pause", "cut-beats", "isolate"]
         for _ in range(max(1, r - 1)):  # at r = 1 one failure loses data, and must say so
             p.failures.append((rng.uniform(2, RUN_S - 6), rng.choice(kinds)))
         if rng.random() < 0.5:
@@ -277,7 +215,7 @@ class Run:
         return True
 
     def _copies_open(self) -> bool:
-        return any(s.live and (s.node.copies or s.node.peers.awaiting) for s in self.cluster.servers)
+        return any(s.live and (s.node.copies.queue or s.node.peers.awaiting) for s in self.cluster.servers)
 
     def _create_tables(self, worker: SimWorker) -> None:
         names = list(self.tables)
@@ -390,8 +328,6 @@ class Run:
 
     # ---- a training job ------------------------------------------------------------------
     def _start_job(self, w: SimWorker) -> None:
-        from paramserver.wire.message import Op
-
         self.sizes = [self.rng.randint(3, 12) for _ in range(self.plan.shards)]
         header: dict[str, Any] = {"op": Op.JOB_START.value, "shards": [[i, n] for i, n in enumerate(self.sizes)],
                                   "epochs": self.plan.epochs}
@@ -414,29 +350,32 @@ class Run:
     def checkpoint_url(self) -> str:
         return f"memory://paramserver-chaos/{self.scenario}/{self.seed}"
 
-    def _next_shard(self, w: SimWorker) -> None:
-        from paramserver.wire.message import Op
-
+    def _job_call(self, w: SimWorker, header: dict[str, Any], on_ok: Callable[[Any], None]) -> None:
+        """Ask the scheduler a job call; an answer other than OK must come from a worker
+        it declared dead."""
         if not w.live:
             return
-        call = self.check.call(f"{w.name} next_shard", self.limit_s, w.name)
+        call = self.check.call(f"{w.name} {header['op']}", self.limit_s, w.name)
 
-        def got(msg: Any) -> None:
+        def answered(msg: Any) -> None:
             self.check.returned(call)
             if msg.op is not Op.OK:
                 self._declared_dead(w, msg)
-                return
-            if msg.header.get("done"):
-                return
-            sid, shard, epoch = msg.header["shard_id"], msg.header["shard"], msg.header["epoch"]
-            self._work(w, sid, epoch, int(shard[1]), self.rng.randint(2, 6))
+            else:
+                on_ok(msg)
 
-        w._ask_scheduler({"op": Op.NEXT_SHARD.value}, got)
+        w._ask_scheduler(header, answered)
+
+    def _next_shard(self, w: SimWorker) -> None:
+        def got(msg: Any) -> None:
+            if not msg.header.get("done"):
+                sid, shard, epoch = msg.header["shard_id"], msg.header["shard"], msg.header["epoch"]
+                self._work(w, sid, epoch, int(shard[1]), self.rng.randint(2, 6))
+
+        self._job_call(w, {"op": Op.NEXT_SHARD.value}, got)
 
     def _work(self, w: SimWorker, sid: int, epoch: int, examples: int, pushes: int) -> None:
         """Train on a shard (a few pushes), then report it done with its examples."""
-        from paramserver.wire.message import Op
-
         if not w.live:
             return
         if pushes:
@@ -445,17 +384,8 @@ class Run:
             self._push(w, "counts", lambda: self.cluster.net.after(think, self._work, w, sid, epoch, examples,
                                                                    pushes - 1))
             return
-        call = self.check.call(f"{w.name} shard_done", self.limit_s, w.name)
-
-        def done(msg: Any) -> None:
-            self.check.returned(call)
-            if msg.op is not Op.OK:
-                self._declared_dead(w, msg)
-                return
-            self._next_shard(w)
-
-        w._ask_scheduler({"op": Op.SHARD_DONE.value, "shard_id": sid, "epoch": epoch,
-                          "stats": {"examples": examples}}, done)
+        self._job_call(w, {"op": Op.SHARD_DONE.value, "shard_id": sid, "epoch": epoch,
+                           "stats": {"examples": examples}}, lambda msg: self._next_shard(w))
 
     def _declared_dead(self, w: SimWorker, msg: Any) -> None:
         """The scheduler refused a job call: fine only for a worker it declared dead (a
@@ -468,10 +398,13 @@ class Run:
         self.check.abandon(w.name)
 
     # ---- faults -------------------------------------------------------------------------
-    def _victim(self) -> SimServer | None:
+    def _victim(self, spare: int = 1) -> SimServer | None:
+        """A live server of the ring, if more than ``r + spare - 1`` are live: a fault takes
+        one server, and the plan's later faults must not find the ring below r (a removal
+        keeps a spare for them: it is no failure, and may be followed by one)."""
         live = [s for s in self.cluster.servers if s.live and s.id >= 0 and self.cluster.scheduler.ring is not None
                 and s.id in self.cluster.scheduler.ring.servers]
-        return self.rng.choice(live) if len(live) > max(self.tables.values()) else None
+        return self.rng.choice(live) if len(live) >= max(self.tables.values()) + spare else None
 
     def _failure(self, kind: str) -> None:
         c, net, timeout = self.cluster, self.cluster.net, self.cluster.config.heartbeat_timeout_s
@@ -498,12 +431,14 @@ class Run:
             if kind == "joiner-crash":
                 net.after(self.rng.uniform(0.05, 1.0), server.host.crash)
             return
-        victim = self._victim()
+        victim = self._victim(2 if kind == "leave" else 1)
         if victim is None:
             return
         net.log(f"fault {kind} server {victim.id}")
-        if kind == "crash":
+        if kind in ("crash", "restart"):
             victim.host.crash()
+            if kind == "restart":  # the machine comes back without its memory: a new server joins
+                net.after(self.rng.uniform(0.2, 2.0), self._failure, "join")
         elif kind == "pause":  # past the heartbeat timeout: declared dead, then it resumes
             victim.host.pause()
             net.after(self.rng.uniform(1.5, 3.0) * timeout, victim.host.resume)
@@ -520,7 +455,6 @@ class Run:
                     c.net.faults.cut |= {(victim.name, h), (h, victim.name)}
             net.after(self.rng.uniform(1.5, 3.0) * timeout, self._heal_cuts)
         elif kind == "leave":
-            from paramserver.wire.message import Op
             worker = c.workers[0]
             worker._ask_scheduler({"op": Op.REMOVE_SERVER.value, "node_id": victim.id}, lambda m: None)
 

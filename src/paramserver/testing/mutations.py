@@ -1,0 +1,77 @@
+"""Mutations: one safety mechanism switched off for a chaos run, to prove that the
+campaign notices (``paramserver chaos --mutate NAME``).  Each patches the class or
+module that holds the mechanism, and ``mutated`` puts it back afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+
+def _patch(obj: Any, name: str, value: Any) -> Callable[[], None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    return lambda: setattr(obj, name, old)
+
+
+def _no_dedup() -> Callable[[], None]:
+    from paramserver.server.dedup import Dedup
+    return _patch(Dedup, "fresh", lambda self, sender, seq, acked, vnodes: np.ones(vnodes.shape[0], bool))
+
+
+def _ack_before_backups() -> Callable[[], None]:
+    from paramserver.server.peers import Peers
+    forward = Peers.forward
+
+    def eager(self: Any, *args: Any) -> bool:
+        forward(self, *args)
+        return False  # the client is answered now, whatever the backups do
+
+    return _patch(Peers, "forward", eager)
+
+
+def _ignore_epoch() -> Callable[[], None]:
+    from paramserver.server import node
+    check = node.check_segments
+    return _patch(node, "check_segments", lambda table, ring, keys, vnodes, counts, primary_of, node_id, epoch:
+                  check(table, ring, keys, vnodes, counts, None, node_id, epoch))
+
+
+def _no_staleness_gate() -> Callable[[], None]:
+    from paramserver.consistency.clock import StalenessGate
+    return _patch(StalenessGate, "ready", lambda self, clock, staleness: True)
+
+
+def _no_lease() -> Callable[[], None]:
+    from paramserver.server.lease import Lease
+    return _patch(Lease, "valid", lambda self: True)
+
+
+#: name -> (what it switches off, how)
+MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
+    "no-dedup": ("skip the retry dedup: a resent push is applied again", _no_dedup),
+    "ack-before-backups": ("acknowledge a push before its backups applied it", _ack_before_backups),
+    "ignore-epoch": ("serve requests routed with a stale ring (no epoch/primary check)", _ignore_epoch),
+    "no-staleness-gate": ("answer pulls without the staleness gate", _no_staleness_gate),
+    "no-lease": ("serve without a lease from the scheduler", _no_lease),
+}
+
+
+@contextlib.contextmanager
+def mutated(name: str | None) -> Iterator[None]:
+    if name is None:
+        yield
+        return
+    if name not in MUTATIONS:
+        from paramserver.errors import ConfigError
+        raise ConfigError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")
+    undo = MUTATIONS[name][1]()
+    try:
+        yield
+    finally:
+        undo()
+
+
