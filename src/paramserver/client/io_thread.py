@@ -15,7 +15,6 @@ import heapq
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,7 @@ import zmq
 from paramserver.config import Config
 from paramserver.errors import ClosedError, NodeLostError
 from paramserver.wire.message import Message, Op, decode, encode, failed_request
-from paramserver.wire.sockets import connect_dealer, send
+from paramserver.wire.transport import Transport, ZmqSocket, transport_for
 
 logger = logging.getLogger(__name__)
 
@@ -40,23 +39,26 @@ class _Call:
 
 
 class IOThread(threading.Thread):
-    """Background thread owning a DEALER to the scheduler and one to each server."""
+    """Background thread owning a connection to the scheduler and one to each server
+    (through the transport: ``wire/transport.py``)."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, transport: Transport | None = None):
         super().__init__(name="paramserver-io", daemon=True)
         self.config = config
-        self.ctx: zmq.Context = zmq.Context.instance()
+        self.transport = transport_for(config.scheduler, transport)
+        self.clock = self.transport.now
+        self.ctx: zmq.Context = zmq.Context.instance()  # for the wake-up pair: other threads -> this one
         self._ids = itertools.count(1)
         self._queue: collections.deque[tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None]] = \
             collections.deque()
         self._lock = threading.Lock()
         wake_addr = f"inproc://paramserver-wake-{id(self)}"
-        self._wake_recv = self.ctx.socket(zmq.PAIR)
-        self._wake_recv.bind(wake_addr)
+        self._wake_recv = ZmqSocket(self.ctx.socket(zmq.PAIR), False)
+        self._wake_recv.raw.bind(wake_addr)
         self._wake_send = self.ctx.socket(zmq.PAIR)
         self._wake_send.connect(wake_addr)
-        self._peers: dict[str, zmq.Socket] = {}
-        self._by_socket: dict[zmq.Socket, str] = {}
+        self._peers: dict[str, Any] = {}
+        self._by_socket: dict[Any, str] = {}
         self._pending: dict[int, _Call] = {}
         self._closed = threading.Event()
         self.notifications: list[Callable[[Message], None]] = []
@@ -67,7 +69,7 @@ class IOThread(threading.Thread):
         self.bytes_received = 0
         self._lost: set[str] = set()  # addresses of nodes declared dead
         self._timers: list[tuple[float, int, Callable[[], None]]] = []  # heap of (due, n, fn)
-        self._scheduler_seen = time.monotonic()
+        self._scheduler_seen = self.clock()
 
     # ---- called from any thread ----------------------------------------------------
     def submit(self, address: str, header: dict[str, Any], arrays: Sequence[np.ndarray] = (),
@@ -86,7 +88,7 @@ class IOThread(threading.Thread):
         with self._lock:
             closed = self._closed.is_set()
             if not closed:
-                heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._ids), fn))
+                heapq.heappush(self._timers, (self.clock() + delay_s, next(self._ids), fn))
                 if threading.current_thread() is not self:
                     self._wake_send.send(b"", zmq.NOBLOCK)
         if closed:  # nothing will run it later: run it now (a retry then fails its future)
@@ -99,8 +101,9 @@ class IOThread(threading.Thread):
                 if not self._timers:
                     return float("inf")
                 due, _, fn = self._timers[0]
-                if due > time.monotonic():
-                    return due - time.monotonic()
+                now = self.clock()
+                if due > now:
+                    return due - now
                 heapq.heappop(self._timers)
             try:
                 fn()
@@ -121,7 +124,7 @@ class IOThread(threading.Thread):
                 logger.debug("timer failed at close", exc_info=True)
 
     def start_heartbeats(self) -> None:
-        self._scheduler_seen = time.monotonic()
+        self._scheduler_seen = self.clock()
         self._heartbeats = True
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -134,37 +137,37 @@ class IOThread(threading.Thread):
             self.join(timeout_s)
 
     # ---- the thread ----------------------------------------------------------------
-    def _peer(self, address: str) -> zmq.Socket:
+    def _peer(self, address: str) -> Any:
         sock = self._peers.get(address)
         if sock is None:
-            sock = connect_dealer(self.ctx, address, self.config.max_message_bytes)
+            sock = self.transport.connect(address, self.config.max_message_bytes)
             self._peers[address] = sock
             self._by_socket[sock] = address
         return sock
 
     def run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._wake_recv, zmq.POLLIN)
-        registered: set[zmq.Socket] = set()
-        next_beat = time.monotonic()
+        poller = self.transport.poller()
+        poller.register(self._wake_recv)
+        registered: set[Any] = set()
+        next_beat = self.clock()
         try:
             while not self._closed.is_set():
                 for sock in self._peers.values():
                     if sock not in registered:
-                        poller.register(sock, zmq.POLLIN)
+                        poller.register(sock)
                         registered.add(sock)
                 next_timer = self._run_timers()
                 self._send_queued()  # what the timers resent
-                wait_s = min(next_beat - time.monotonic() if self._heartbeats else 1.0, next_timer)
-                for sock, _ in poller.poll(max(0, int(wait_s * 1000))):
+                wait_s = min(next_beat - self.clock() if self._heartbeats else 1.0, next_timer)
+                for sock in poller.poll(max(0, int(wait_s * 1000))):
                     if sock is self._wake_recv:
                         self._drain_wakeups()
                         self._send_queued()
                     else:
                         self._receive(sock)
-                if self._heartbeats and time.monotonic() >= next_beat:
-                    send(self._peers[self.scheduler], encode({"op": Op.HEARTBEAT.value}))
-                    next_beat = time.monotonic() + self.config.heartbeat_interval_s
+                if self._heartbeats and self.clock() >= next_beat:
+                    self._peers[self.scheduler].send(encode({"op": Op.HEARTBEAT.value}))
+                    next_beat = self.clock() + self.config.heartbeat_interval_s
                     self._check_scheduler()
         except Exception:  # pragma: no cover - a bug here must not hang callers
             logger.exception("client I/O thread failed")
@@ -173,13 +176,14 @@ class IOThread(threading.Thread):
                 self._closed.set()
             self._fail_all(ClosedError("the client was closed with this request in flight"))
             self._drain_timers()
-            for sock in (*self._peers.values(), self._wake_recv, self._wake_send):
-                sock.close(linger=0)
+            for sock in (*self._peers.values(), self._wake_recv):
+                sock.close()
+            self._wake_send.close(linger=0)
 
     def _drain_wakeups(self) -> None:
         while True:
             try:
-                self._wake_recv.recv(zmq.NOBLOCK)
+                self._wake_recv.raw.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
 
@@ -197,7 +201,7 @@ class IOThread(threading.Thread):
             request_id = next(self._ids)
             try:
                 frames = encode({**header, "id": request_id}, arrays)
-                send(self._peer(address), frames)
+                self._peer(address).send(frames)
                 self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
             except Exception as exc:
                 if on_reply:
@@ -209,23 +213,22 @@ class IOThread(threading.Thread):
     def _check_scheduler(self) -> None:
         """The scheduler answers every heartbeat; silence past the deadline means it died:
         fail what waits on it (a barrier, a shard) instead of waiting forever."""
-        silent = time.monotonic() - self._scheduler_seen
+        silent = self.clock() - self._scheduler_seen
         if silent > self.config.heartbeat_timeout_s and self.scheduler not in self._lost:
             logger.error("the scheduler at %s has been silent for %.1f s: declared dead", self.scheduler, silent)
             self._notify(Message({"op": Op.NODE_LOST.value, "role": "scheduler", "node_id": 0,
                                   "address": self.scheduler}, []))
 
-    def _receive(self, sock: zmq.Socket) -> None:
+    def _receive(self, sock: Any) -> None:
         if sock is self._peers.get(self.scheduler):
-            self._scheduler_seen = time.monotonic()
+            self._scheduler_seen = self.clock()
             if self.scheduler in self._lost:  # it was stalled or cut off, not dead: calls go to it again
                 self._lost.discard(self.scheduler)
                 logger.warning("the scheduler at %s answers again: calls to it go through again", self.scheduler)
         for _ in range(64):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            if not sock.poll(0):
                 return
+            frames = sock.recv()
             self.bytes_received += sum(len(f) for f in frames)
             try:
                 msg = decode(frames, self.config.max_message_bytes)
