@@ -226,9 +226,9 @@ class IOThread(threading.Thread):
                 self._lost.discard(self.scheduler)
                 logger.warning("the scheduler at %s answers again: calls to it go through again", self.scheduler)
         for _ in range(64):
-            if not sock.poll(0):
+            frames = sock.try_recv()
+            if frames is None:
                 return
-            frames = sock.recv()
             self.bytes_received += sum(len(f) for f in frames)
             try:
                 msg = decode(frames, self.config.max_message_bytes)

@@ -175,14 +175,14 @@ class ServerNode:
         number of) requests, then the next vnode copy."""
         ready = self.poller.poll(0 if self.wants_turn() else 500)
         if self.control in ready:
-            while self._running and self.control.poll(0):
-                self._handle_control(self.control.recv())
+            while self._running and (frames := self.control.try_recv()) is not None:
+                self._handle_control(frames)
         self.peers.receive(ready)
         if self.router in ready:
             for _ in range(64):  # bounded, so control messages keep flowing
-                if not self._running or not self.router.poll(0):
+                if not self._running or (frames := self.router.try_recv()) is None:
                     break
-                self._handle_data(self.router.recv())
+                self._handle_data(frames)
         if self.wants_turn() and self._running and self.copies.send_next():
             self._refresh_targets()
 

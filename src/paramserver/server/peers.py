@@ -79,10 +79,11 @@ class Peers:
 
     def handle(self, peer: int, sock: Any) -> None:
         for _ in range(256):
-            if not sock.poll(0):
+            frames = sock.try_recv()
+            if frames is None:
                 return
             try:
-                msg = decode(sock.recv(), self.max_message_bytes)
+                msg = decode(frames, self.max_message_bytes)
             except ProtocolError as exc:
                 logger.error("server %d: undecodable answer from server %d: %s", self.me, peer, exc)
                 continue

@@ -129,6 +129,9 @@ class SimSocket:
     def recv(self) -> list[Any]:
         return self.inbox.popleft()
 
+    def try_recv(self) -> list[Any] | None:
+        return self.inbox.popleft() if self.inbox else None
+
     def poll(self, timeout_ms: int = 0) -> bool:
         return bool(self.inbox)
 

@@ -54,6 +54,8 @@ class Socket(Protocol):
 
     def recv(self) -> list[Any]: ...
 
+    def try_recv(self) -> list[Any] | None: ...  # None: nothing is waiting
+
     def poll(self, timeout_ms: int = 0) -> bool: ...
 
     def close(self) -> None: ...
@@ -90,6 +92,16 @@ class ZmqSocket:
 
     def recv(self) -> list[Any]:
         frames: list[Any] = self.raw.recv_multipart(copy=False)
+        if self.bound:
+            frames[0] = frames[0].bytes
+        return frames
+
+    def try_recv(self) -> list[Any] | None:
+        """The next message, or None if none is waiting (one call, no poll first)."""
+        try:
+            frames: list[Any] = self.raw.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
         if self.bound:
             frames[0] = frames[0].bytes
         return frames
