@@ -235,7 +235,7 @@ class Run:
                 self._start_job(worker)
                 return
             for w in self.cluster.workers:
-                self.cluster.net.after(0.1, self._next, w)
+                w.host.after(0.1, self._next, w)
 
         def create() -> None:
             name = names[0]
@@ -249,11 +249,11 @@ class Run:
     def _next(self, w: SimWorker) -> None:
         if self.stopping or not w.live or w.ring is None or not all(t in w.specs for t in self.tables):
             if not self.stopping and w.live:
-                self.cluster.net.after(0.2, self._next, w)
+                w.host.after(0.2, self._next, w)
             return
         i = self.cluster.workers.index(w)
         think = self.rng.expovariate(1 / self.plan.speeds[i % len(self.plan.speeds)])
-        again = lambda: self.cluster.net.after(think, self._next, w)  # noqa: E731
+        again = lambda: w.host.after(think, self._next, w)  # noqa: E731
         if self.plan.staleness is not None:
             self._ssp_step(w, again)
         elif self.rng.random() < 0.6:
@@ -342,7 +342,7 @@ class Run:
                 self.check.fail("setup", f"job_start failed: {msg.header.get('error')}")
                 return
             for worker in self.cluster.workers:
-                self.cluster.net.after(0.1, self._next_shard, worker)
+                worker.host.after(0.1, self._next_shard, worker)
 
         w._ask_scheduler(header, started)
 
@@ -381,7 +381,7 @@ class Run:
         if pushes:
             i = self.cluster.workers.index(w)
             think = self.rng.expovariate(1 / self.plan.speeds[i % len(self.plan.speeds)])
-            self._push(w, "counts", lambda: self.cluster.net.after(think, self._work, w, sid, epoch, examples,
+            self._push(w, "counts", lambda: w.host.after(think, self._work, w, sid, epoch, examples,
                                                                    pushes - 1))
             return
         self._job_call(w, {"op": Op.SHARD_DONE.value, "shard_id": sid, "epoch": epoch,

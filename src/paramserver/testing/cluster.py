@@ -334,7 +334,7 @@ class SimWorker:
         def one(server: int, msg: Message | None, error: str | None) -> None:
             if error is not None or (msg is not None and msg.op is Op.ERROR):
                 if self.host.now() < deadline and self.ring is not None and server in self.ring.servers:
-                    self.cluster.net.after(0.05, send, server)
+                    self.host.after(0.05, send, server)
                     return
             left["n"] -= 1
             if left["n"] == 0:
@@ -404,7 +404,7 @@ class SimWorker:
                 if self.host.now() >= deadline:
                     finish(f"{error}: still failing after {self.cluster.config.retry_timeout_s:g} s")
                     return
-                self.cluster.net.after(0.05, retry, piece)
+                self.host.after(0.05, retry, piece)
                 return
             if out is not None and msg is not None:
                 out[order[np.searchsorted(sorted_keys, piece[2])]] = msg.arrays[0]

@@ -61,6 +61,7 @@ class Host:
         self.sockets: list[SimSocket] = []
         self.on_turn: Callable[[], Any] | None = None  # what runs when a message came
         self._turn_queued = False
+        self._deferred: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # timers due while paused
 
     def now(self) -> float:
         return self.offset + self.rate * self.net.time
@@ -69,6 +70,17 @@ class Host:
         """From now on the clock runs at ``rate`` (1: true time) without jumping."""
         now = self.now()
         self.rate, self.offset = rate, now - rate * self.net.time
+
+    def after(self, dt: float, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn`` on this host in ``dt`` seconds of its clock: a paused host runs it once
+        it resumes (a stopped process runs nothing), a crashed one never."""
+        def fire() -> None:
+            if self.state == "up":
+                fn(*args)
+            elif self.state == "paused":
+                self._deferred.append((fn, args))
+
+        self.net.after(dt / self.rate, fire)
 
     def wake(self) -> None:
         if self.state == "up" and self.on_turn is not None and not self._turn_queued:
@@ -89,6 +101,9 @@ class Host:
             self.net.log(f"resume {self.name}")
             self.state = "up"
             self.net.resumed(self)
+            deferred, self._deferred = self._deferred, []
+            for fn, args in deferred:
+                self.net.after(0.0, fn, *args)
             if any(s.inbox for s in self.sockets):
                 self.wake()
 
