@@ -227,3 +227,27 @@ def test_a_paused_server_does_not_answer_with_stale_values_once_its_backup_took_
         assert answer is None or (answer.op is Op.ERROR and answer.header["code"] == "stale_epoch"), \
             (answer.header, answer.arrays[0][:5] if answer.arrays else None)
         np.testing.assert_array_equal(client.pull("w", KEYS).result(timeout=30), 2 * np.ones((N_KEYS, 1)))
+
+
+def test_a_client_declared_dead_closes_instead_of_going_on_as_a_zombie():
+    """Issue 13 (found by the chaos campaign's workers): a client whose heartbeats stopped
+    long enough is declared dead, and the servers forget its exactly-once record; when it
+    beats again the scheduler says so, and it must stop rather than retry pushes the
+    servers could apply twice."""
+    from paramserver.client.client import Client
+    from paramserver.config import load_config
+    from paramserver.errors import ClosedError
+
+    with LocalCluster(servers=1, workers=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0,
+                      log_level="WARNING") as cluster:
+        cluster.client.create_table("w", dim=1)
+        config = load_config(scheduler=cluster.address, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0)
+        with Client(config=config, role="worker") as zombie:
+            zombie.push("w", KEYS, np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
+            zombie._io._heartbeats = False  # as if the process were paused: no beat goes out
+            wait_for(lambda: str(zombie.node_id) not in cluster.client.cluster_info()["workers"], 30,
+                     "the scheduler to declare the silent client dead")
+            zombie._io.start_heartbeats()  # it resumes: its next beat is answered "unknown node"
+            wait_for(lambda: zombie._io._closed.is_set(), 30, "the client to close itself")
+            with pytest.raises(ClosedError, match="declared this client dead"):
+                zombie.push("w", KEYS, np.ones((N_KEYS, 1), np.float32)).result(timeout=30)

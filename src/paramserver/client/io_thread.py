@@ -70,6 +70,7 @@ class IOThread(threading.Thread):
         self._lost: set[str] = set()  # addresses of nodes declared dead
         self._timers: list[tuple[float, int, Callable[[], None]]] = []  # heap of (due, n, fn)
         self._scheduler_seen = self.clock()
+        self._close_reason: str | None = None  # why the client closed itself (declared dead)
 
     # ---- called from any thread ----------------------------------------------------
     def submit(self, address: str, header: dict[str, Any], arrays: Sequence[np.ndarray] = (),
@@ -77,7 +78,7 @@ class IOThread(threading.Thread):
         """Send ``header`` + ``arrays`` to ``address``; ``on_reply(msg, exc)`` gets the answer."""
         with self._lock:  # the I/O thread sets _closed under this lock before failing the queue
             if self._closed.is_set():
-                raise ClosedError("the client is closed; create a new one")
+                raise ClosedError(self._close_reason or "the client is closed; create a new one")
             wake = not self._queue  # a non-empty queue means the I/O thread is already due
             self._queue.append((address, header, arrays, on_reply))
             if wake:
@@ -174,7 +175,7 @@ class IOThread(threading.Thread):
         finally:
             with self._lock:
                 self._closed.set()
-            self._fail_all(ClosedError("the client was closed with this request in flight"))
+            self._fail_all(ClosedError(self._close_reason or "the client was closed with this request in flight"))
             self._drain_timers()
             for sock in (*self._peers.values(), self._wake_recv):
                 sock.close()
@@ -264,6 +265,15 @@ class IOThread(threading.Thread):
                     self._deliver(call, None, err)
         elif msg.op is Op.STOP:
             logger.info("the scheduler stopped the cluster")
+            self._closed.set()
+        elif msg.op is Op.ERROR and msg.header.get("code") == "unknown_node" and self._heartbeats:
+            # the answer to a heartbeat: this client was declared dead (the servers have forgotten its
+            # exactly-once record, its ring view and shards went on without it): it must not go on
+            self._close_reason = ("the scheduler declared this client dead: it heard no heartbeat for "
+                                  f"{self.config.heartbeat_timeout_s:g} s (the process was paused, swapped out or "
+                                  "cut off); calls fail, a push in flight may or may not have been applied; "
+                                  "start a new client")
+            logger.error("%s", self._close_reason)
             self._closed.set()
         for fn in self.notifications:
             fn(msg)
