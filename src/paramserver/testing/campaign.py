@@ -91,6 +91,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--mutate {args.mutate!r} is not a mutation; known: {', '.join(MUTATIONS)}")
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.jobs < 0:
+        raise ConfigError(f"--jobs must be >= 0 (0: one process a core), got {args.jobs}")
     _pin_hashing()
     tasks = _tasks(args)
     jobs = args.jobs or os.cpu_count() or 1
