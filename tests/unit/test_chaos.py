@@ -133,3 +133,17 @@ def test_regression_seeds(scenario, seed, bug):
     """Bugs the campaign found (issue 13), each kept as the seed that found it."""
     r = run(scenario, seed)
     assert not r.violations, f"{bug}: {[v.line() for v in r.violations]}"
+
+
+def test_a_replay_prints_the_trace_up_to_the_failure(capsys, monkeypatch):
+    from paramserver.testing import campaign
+
+    parser = __import__("argparse").ArgumentParser()
+    campaign.add_parser(parser.add_subparsers(dest="command"))
+    monkeypatch.setenv("PYTHONHASHSEED", "0")  # no re-exec inside the test process
+    args = parser.parse_args(["chaos", "--seed", "0", "--scenario", "ssp", "--mutate", "no-staleness-gate",
+                              "--trace", "--jobs", "1"])
+    assert campaign.main(args) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 100 and "VIOLATION stale-read" in lines[-1]
+    assert sum("VIOLATION" in line for line in lines) == 1

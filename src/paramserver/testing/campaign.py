@@ -36,7 +36,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--mutate", metavar="NAME", help="switch one safety mechanism off (--list-mutations)")
     p.add_argument("--list-mutations", action="store_true", help="print the mutation names, one a line")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--trace", action="store_true", help="print each run's event trace (use with --seed)")
+    p.add_argument("--trace", action="store_true",
+                   help="print each run's event trace, up to its first violation (use with --seed)")
     p.add_argument("--jobs", type=int, default=0, help="processes (0: one a core)")
 
 
@@ -80,6 +81,14 @@ def _results(tasks: list[tuple[str, int, str | None, bool]], jobs: int) -> Itera
         yield from pool.imap(_one, tasks, chunksize=1)
 
 
+def _up_to_failure(trace: list[str]) -> list[str]:
+    """The trace up to and with the first violation (all of it if there is none)."""
+    for i, line in enumerate(trace):
+        if " VIOLATION " in line:
+            return trace[:i + 1]
+    return trace
+
+
 def main(args: argparse.Namespace) -> int:
     from paramserver.errors import ConfigError
     from paramserver.testing.mutations import MUTATIONS
@@ -112,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
         for v in res["violations"]:
             report["violations"].append({"scenario": res["scenario"], "seed": res["seed"], **v, "replay": replay})
         if args.trace and res["trace"] is not None:
-            print("\n".join(res["trace"]))
+            print("\n".join(_up_to_failure(res["trace"])))
         if not args.json and not args.trace and res["violations"]:
             first = res["violations"][0]
             print(f"VIOLATION {res['scenario']} seed {res['seed']}: {first['kind']}: {first['detail']}\n"
