@@ -19,7 +19,7 @@ CLIENT = b"client"
 
 
 class Harness:
-    def __init__(self, monkeypatch=None):
+    def __init__(self):
         self.net = SimNetwork(0)
         self.nodes: list[ServerNode] = []
         self.replies: list[tuple[int, dict]] = []  # (server, header) answered to the client
@@ -43,8 +43,6 @@ class Harness:
             n = ServerNode(load_config(scheduler="sim://scheduler", server_threads=1), host.transport())
             n.node_id = i
             n.lease.granted(float("inf"))  # no scheduler here to renew it: these nodes always serve
-            n.poller.register(n.router)
-            n.poller.register(n.control)
             self.nodes.append(n)
         return [n for n in self.nodes if n.node_id in ids]
 

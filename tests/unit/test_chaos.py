@@ -98,6 +98,11 @@ def test_addresses_name_the_known_schemes():
     assert isinstance(transport_for("ipc:///tmp/x"), ZmqTransport)
     with pytest.raises(ConfigError, match="only paramserver.testing"):
         transport_for("sim://scheduler")
+    from paramserver.errors import ProtocolError  # a registering server's address: what its transport reaches
+    with pytest.raises(ProtocolError, match="is not tcp://HOST:PORT"):
+        ZmqTransport().check("sim://server-1")
+    with pytest.raises(ProtocolError, match="is not a simulated one"):
+        SimNetwork(0).host("scheduler").transport().check("tcp://127.0.0.1:7000")
 
 
 def test_the_network_keeps_a_connections_order_and_drops_what_a_cut_link_carries():

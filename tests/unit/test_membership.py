@@ -59,7 +59,7 @@ def test_the_last_server_dying_then_a_new_one_starts_a_ring(make):
     epoch = s.ring.epoch
     s._remove(1, "dead")
     assert s.ring is None and s.migration is None
-    s.on_register(b"new", Message({"op": "register", "id": 1, "role": "server", "address": "tcp://127.0.0.1:9"}, []))
+    s.on_register(b"new", Message({"op": "register", "id": 1, "role": "server", "address": "sim://new-server"}, []))
     new_id = s.by_identity[b"new"]
     assert s.ring.servers == [new_id] and s.ring.epoch > epoch and s.migration is None
     s.on_create_table(b"driver", Message({"op": "create_table", "id": 2, "spec": TableSpec("u", 1).to_wire()}, []))
@@ -95,7 +95,7 @@ def test_copies_unconfirmed_when_a_migration_is_abandoned_are_redone(make):
 
 def test_a_refused_copy_fails_the_migration_and_the_ring_does_not_flip(make):
     s = make([1, 2], [TableSpec("t", 1)])
-    s.on_register(b"new", Message({"op": "register", "id": 1, "role": "server", "address": "tcp://127.0.0.1:9"}, []))
+    s.on_register(b"new", Message({"op": "register", "id": 1, "role": "server", "address": "sim://new-server"}, []))
     assert s.migration is not None and s.migration.flip
     epoch = s.ring.epoch
     _migrated(s, sorted(s.migration.waiting)[0], failed="server 3 refused: too big")

@@ -33,7 +33,6 @@ from paramserver.scheduler.ringchanges import Migration, NodeInfo, RingChanges
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
-from paramserver.wire.sockets import check_endpoint
 from paramserver.wire.transport import Transport, ZmqTransport
 
 logger = logging.getLogger(__name__)
@@ -131,8 +130,8 @@ class SchedulerNode(RingChanges):
         """One turn of the loop: every waiting message, then the deadlines."""
         self._last_turn = self._after_stall(self._last_turn, self.poll_s)
         if ready:
-            while self._running and self.sock.poll(0):
-                self._handle(self.sock.recv())
+            while self._running and (frames := self.sock.try_recv()) is not None:
+                self._handle(frames)
         try:
             now = self.clock()
             self._check_heartbeats(now)
@@ -182,7 +181,7 @@ class SchedulerNode(RingChanges):
         if role == "server":
             if not address:
                 raise ProtocolError("a server must register with its address")
-            check_endpoint(address)  # a bad one would reach every server's connect, in every copy
+            self.transport.check(address)  # a bad one would reach every server's connect, in every copy
         node = NodeInfo(self._next_id, role, identity, address, self.clock())
         self._next_id += 1
         if role == "worker":

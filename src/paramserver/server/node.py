@@ -88,6 +88,8 @@ class ServerNode:
         self.targets: dict[str, np.ndarray] = {}  # table -> int32[n_vnodes, k]: forward to
         self.copies = Copies(self)  # vnode copies a migration asked of this server (server/copies.py)
         self.poller = self.transport.poller()
+        self.poller.register(self.router)
+        self.poller.register(self.control)
         self.peers = Peers(self.transport, self.poller, config.max_message_bytes, self._finish)  # the other servers
         self.gate = StalenessGate()  # the vector clock of live workers, and parked pulls
         self.aggregates: dict[str, dict[int, list[tuple[np.ndarray, np.ndarray]]]] = {}
@@ -143,8 +145,6 @@ class ServerNode:
         self.register()
         beats = threading.Thread(target=self._heartbeats, name="paramserver-heartbeat", daemon=True)
         beats.start()
-        self.poller.register(self.router)
-        self.poller.register(self.control)
         failed_at = 0.0
         try:
             while self._running:

@@ -164,7 +164,6 @@ class Run:
         self.stopping = False
         self.calls = 0
         self.limit_s = self.cluster.config.retry_timeout_s + 10.0
-        self.ticks: dict[str, list[int]] = {}  # worker -> pushes to its own ssp key, per finished clock
         self.sizes: list[int] = []  # the job's shards: examples in each
 
     def go(self) -> Result:
@@ -301,8 +300,6 @@ class Run:
 
         def ticked(_: Any, error: str | None) -> None:
             self.check.returned(calls.pop())
-            if error is None:
-                self.ticks.setdefault(w.name, []).append(w.clock)
             read()
 
         def pushed() -> None:

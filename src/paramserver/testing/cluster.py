@@ -51,8 +51,6 @@ class SimServer:
         self.host = cluster.net.host(name, rate)
         self.node = ServerNode(replace(cluster.config, scheduler=cluster.scheduler.address),
                                self.host.transport())
-        self.node.poller.register(self.node.router)
-        self.node.poller.register(self.node.control)
         self.beat_sock: SimSocket | None = None
         self.host.on_turn = self.turn
         self.node.send_register()

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.errors import ConfigError
+from paramserver.errors import ConfigError, ProtocolError
 from paramserver.wire.message import decode
 
 SCHEME = "sim://"
@@ -205,6 +205,11 @@ class SimTransport:
     def poller(self) -> SimPoller:
         return SimPoller()
 
+    def check(self, address: Any) -> str:
+        if not isinstance(address, str) or not address.startswith(SCHEME):
+            raise ProtocolError(f"address {str(address)[:100]!r} is not a simulated one ({SCHEME}NAME)")
+        return address
+
     def now(self) -> float:
         return self.host.now()
 
@@ -223,7 +228,6 @@ class SimNetwork:
         self.next_identity = 0
         self.trace: list[str] | None = [] if trace else None
         self.watchers: list[Callable[[SimSocket, SimSocket, list[Any]], None]] = []  # see every message sent
-        self.delivered = 0
         self._events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._order = 0
         self._last: dict[tuple[int, int], float] = {}  # per connection and direction: last delivery time
@@ -316,7 +320,6 @@ class SimNetwork:
     def _deliver(self, dest: SimSocket, frames: list[Any], src: SimSocket | None = None) -> None:
         if dest.closed:
             return
-        self.delivered += 1
         if src is not None:
             self._log_message("", src, dest, frames)
         dest.inbox.append(frames)

@@ -8,7 +8,6 @@ protocol limit; anything between the two is refused with an error reply by ``dec
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -32,7 +31,7 @@ def check_endpoint(address: Any) -> str:
             raise ProtocolError(f"address {address!r} is a wildcard, not an address peers can reach; "
                                 "advertise the host's address (--advertise-host)")
         return address
-    if re.match(r"^(ipc|inproc|sim)://\S+$", address):
+    if re.match(r"^(ipc|inproc)://\S+$", address):
         return address
     raise ProtocolError(f"address {address[:100]!r} is not tcp://HOST:PORT, ipc://PATH or inproc://NAME")
 
@@ -66,11 +65,6 @@ def _tune(sock: zmq.Socket, max_message_bytes: int) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, 2 * max_message_bytes)
     sock.setsockopt(zmq.SNDBUF, 4 << 20)
     sock.setsockopt(zmq.RCVBUF, 4 << 20)
-
-
-def send(sock: zmq.Socket, frames: Sequence[Any], identity: bytes | None = None) -> None:
-    parts = [identity, *frames] if identity is not None else list(frames)
-    sock.send_multipart(parts, copy=False)
 
 
 WILDCARDS = ("0.0.0.0", "*", "::", "[::]", "")

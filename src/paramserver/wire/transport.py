@@ -21,13 +21,13 @@ Two implementations:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import zmq
 
 from paramserver.errors import ConfigError
-from paramserver.wire.sockets import bind_router, connect_dealer
+from paramserver.wire.sockets import bind_router, check_endpoint, connect_dealer
 
 #: The schemes ZeroMQ serves, and the in-memory network's.
 ZMQ_SCHEMES = ("tcp", "ipc", "inproc")
@@ -77,6 +77,8 @@ class Transport(Protocol):
     def poller(self) -> Poller: ...
 
     def now(self) -> float: ...
+
+    def check(self, address: Any) -> str: ...  # an address peers can reach on it, else ProtocolError
 
 
 class ZmqSocket:
@@ -148,6 +150,9 @@ class ZmqTransport:
     def poller(self) -> ZmqPoller:
         return ZmqPoller()
 
+    def check(self, address: Any) -> str:
+        return check_endpoint(address)
+
     def now(self) -> float:
         return time.monotonic()
 
@@ -163,7 +168,3 @@ def transport_for(address: str, given: Transport | None = None) -> Transport:
                           "runs nodes on sim://; use tcp://HOST:PORT")
     return ZmqTransport()
 
-
-def close_all(socks: Iterable[Any]) -> None:
-    for sock in socks:
-        sock.close()
