@@ -6,7 +6,7 @@ def test_public_names_are_pinned():
         "Client", "LocalCluster", "run", "load_model", "Config", "TableSpec", "Ring",
         "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "Zeros", "Normal", "Uniform",
         "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
-        "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError",
+        "NodeLostError", "RemoteError", "ProtocolError", "StaleRingError", "WorkerError", "CheckpointError",
         "DataLossError",
     ])
     for name in paramserver.__all__:

@@ -24,7 +24,7 @@ from paramserver.errors import (
                                 ParamServerError,
                                 ProtocolError,
                                 RemoteError,
-                                StaleEpochError,
+                                StaleRingError,
                                 UnknownTableError,
                                 WorkerError,
 )
@@ -36,7 +36,7 @@ __all__ = [
     "Client", "LocalCluster", "run", "load_model", "Config", "TableSpec", "Ring",
     "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "Zeros", "Normal", "Uniform",
     "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
-    "NodeLostError", "RemoteError", "ProtocolError", "StaleEpochError", "WorkerError", "CheckpointError",
+    "NodeLostError", "RemoteError", "ProtocolError", "StaleRingError", "WorkerError", "CheckpointError",
     "DataLossError",
 ]
 __version__ = "0.1.0"

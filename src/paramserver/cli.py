@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = ops.add_parser("remove-server", help="move a server's vnodes to the others, then stop it")
     _node_flags(q, bind=False, scheduler=True)
     q.add_argument("--id", type=int, required=True, help="the server's node id (see cluster status)")
-    q = ops.add_parser("status", help="print the ring: servers, epoch, vnodes moving")
+    q = ops.add_parser("status", help="print the ring: servers, ring version, vnodes moving")
     _node_flags(q, bind=False, scheduler=True)
 
     p = sub.add_parser("train", help="train lr or fm on a local cluster and report test metrics")
@@ -220,8 +220,8 @@ def _cluster(args: argparse.Namespace) -> int:
 
     with Client(config=_config(args)) as client:
         if args.action == "remove-server":
-            epoch = client.remove_server(args.id)
-            print(f"server {args.id} removed; ring epoch {epoch}")
+            version = client.remove_server(args.id)
+            print(f"server {args.id} removed; ring version {version}")
         else:
             _status(client)
     return 0
@@ -233,7 +233,8 @@ def _status(client) -> None:
     info = client.cluster_info()
     ring = client.ring
     stats = {s["node_id"]: s for s in client.server_stats()}
-    print(f"ring epoch {info.get('epoch')}, {ring.n_vnodes} vnodes{', vnodes moving' if info.get('migrating') else ''}")
+    moving = ", vnodes moving" if info.get("migrating") else ""
+    print(f"ring version {info.get('ring_version')}, {ring.n_vnodes} vnodes{moving}")
     for sid in info.get("ring_servers", []):
         st = stats.get(sid, {})
         tables = st.get("tables", {})

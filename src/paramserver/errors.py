@@ -8,7 +8,7 @@
     ├── NodeLostError           a peer died (heartbeat deadline missed) with requests open
     ├── RemoteError             a peer answered a request with an error reply
     │   └── ProtocolError       ... because the request was malformed (bad op, dtype, size)
-    ├── StaleEpochError         a server no longer owns a vnode at the request's epoch
+    ├── StaleRingError         a server no longer owns a vnode at the request's ring_version
     ├── CheckpointError         a checkpoint is missing, incomplete or corrupt
     ├── DataLossError           a server died with vnodes no backup held: acknowledged updates are gone
     └── WorkerError             a user function raised on a worker; carries its traceback
@@ -56,8 +56,8 @@ class ProtocolError(RemoteError):
     request_id: int | str | None = None  # the id of the request it broke, where it could be read
 
 
-class StaleEpochError(ParamServerError):
-    """A request was routed with a ring epoch that no longer holds."""
+class StaleRingError(ParamServerError):
+    """A request was routed with a ring version that no longer holds."""
 
 
 class CheckpointError(ParamServerError):

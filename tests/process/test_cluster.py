@@ -71,7 +71,7 @@ def test_malformed_messages_get_error_replies_and_the_server_keeps_serving(clust
     part = routed.parts[0]
     address = client._servers[part.server]
     good_keys = routed.keys[part.start:part.stop]
-    head = {"op": "pull", "id": 1, "table": "fuzz", "epoch": client.ring.epoch,
+    head = {"op": "pull", "id": 1, "table": "fuzz", "ring_version": client.ring.version,
             "arrays": [["<u8", [good_keys.size]], ["<i4", [part.vnodes.size]], ["<i8", [part.counts.size]]]}
     body = [good_keys.tobytes(), part.vnodes.tobytes(), part.counts.tobytes()]
     other_vnode = np.array([np.flatnonzero(client.ring.owners != part.server)[0]], np.int32)
@@ -85,7 +85,7 @@ def test_malformed_messages_get_error_replies_and_the_server_keeps_serving(clust
         "bad counts": [msgpack.packb(head), body[0], body[1], (part.counts + 1).tobytes()],
         "not my vnode": [msgpack.packb({**head, "arrays": [head["arrays"][0], ["<i4", [1]], ["<i8", [1]]]}),
                          body[0], other_vnode.tobytes(), np.array([good_keys.size], np.int64).tobytes()],
-        "epoch not an int": [msgpack.packb({**head, "epoch": "99"}), *body],
+        "ring_version not an int": [msgpack.packb({**head, "ring_version": "99"}), *body],
         "vnode out of range": [msgpack.packb({**head, "arrays": [head["arrays"][0], ["<i4", [1]], ["<i8", [1]]]}),
                                body[0], np.array([1 << 30], np.int32).tobytes(),
                                np.array([good_keys.size], np.int64).tobytes()],
@@ -269,7 +269,7 @@ def test_run_starts_a_cluster_runs_a_closure_on_every_worker_and_stops_it():
 def test_a_dead_scheduler_fails_waiting_calls_instead_of_hanging():
     import dataclasses
 
-    from paramserver import NodeLostError, StaleEpochError
+    from paramserver import NodeLostError, StaleRingError
 
     with LocalCluster(servers=1, workers=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.5,
                       log_level="WARNING") as cluster:
@@ -288,7 +288,7 @@ def test_a_dead_scheduler_fails_waiting_calls_instead_of_hanging():
         # refused and retried, then fail, and nothing is applied.  (This test asserted
         # that serving went on without a scheduler: that was the bug.)
         client.config = dataclasses.replace(client.config, retry_timeout_s=2.0)
-        with pytest.raises(StaleEpochError, match="lease ran out"):
+        with pytest.raises(StaleRingError, match="lease ran out"):
             client.push("t", [1], [[1.0]]).result(timeout=30)
 
 
@@ -357,7 +357,7 @@ def test_a_server_registering_a_bad_address_is_refused_and_the_ring_is_untouched
             sock.close()
         assert answer["op"] == "error" and answer["code"] == "protocol", answer
         after = client.cluster_info()
-        assert after["ring_servers"] == before["ring_servers"] and after["epoch"] == before["epoch"]
+        assert after["ring_servers"] == before["ring_servers"] and after["ring_version"] == before["ring_version"]
         assert all(p.popen.poll() is None for n, p in cluster.procs.items() if n.startswith("server"))
         np.testing.assert_array_equal(client.pull("kept", keys).result(timeout=30), np.ones((keys.size, 1)))
 

@@ -63,10 +63,10 @@ def _run_counting(cluster, disturb):
 def test_a_killed_server_loses_no_acknowledged_push():
     with LocalCluster(servers=3, workers=WORKERS, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0,
                       log_level="WARNING") as cluster:
-        epoch = cluster.client.ring.epoch
+        version = cluster.client.ring.version
         client = _run_counting(cluster, lambda: cluster.kill("server-1"))
         info = client.cluster_info()
-        assert len(info["ring_servers"]) == 2 and info["epoch"] > epoch
+        assert len(info["ring_servers"]) == 2 and info["ring_version"] > version
         stats = client.server_stats()  # both survivors hold every vnode again (r = 2 restored)
         assert sum(s["tables"]["counter"]["primary_keys"] for s in stats) == N_KEYS
         assert all(s["tables"]["counter"]["keys"] == N_KEYS for s in stats)
@@ -143,10 +143,12 @@ def test_a_stalled_scheduler_does_not_declare_the_servers_dead():
         time.sleep(3.0)  # the fault itself: a pause twice the heartbeat timeout
         scheduler.send_signal(signal.SIGCONT)
         with Client(cluster.address, connect_timeout_s=30) as fresh:
-            wait_for(lambda: fresh.cluster_info()["epoch"] >= before["epoch"], 30, "the scheduler to answer")
+            wait_for(lambda: fresh.cluster_info()["ring_version"] >= before["ring_version"], 30,
+                     "the scheduler to answer")
             time.sleep(1.0)  # give a wrong verdict (deadline 1.5 s) the time it would need to show
             after = fresh.cluster_info()
-            assert after["ring_servers"] == before["ring_servers"] and after["epoch"] == before["epoch"], after
+            assert after["ring_servers"] == before["ring_servers"], after
+            assert after["ring_version"] == before["ring_version"], after
             assert all(p.popen.poll() is None for n, p in cluster.procs.items() if n.startswith("server"))
             np.testing.assert_array_equal(fresh.pull("kept", KEYS).result(timeout=30), np.ones((N_KEYS, 1)))
 
@@ -216,7 +218,7 @@ def test_a_paused_server_does_not_answer_with_stale_values_once_its_backup_took_
                      "the scheduler to declare the paused server dead")
             client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)  # now 2, on the backup
             sock.connect(address)  # a client that still routes to the old primary
-            sock.send_multipart(encode({"op": Op.PULL.value, "id": 1, "table": "w", "epoch": piece.epoch},
+            sock.send_multipart(encode({"op": Op.PULL.value, "id": 1, "table": "w", "ring_version": piece.ring_version},
                                        [piece.keys, piece.vnodes, piece.counts]))
         finally:
             proc.send_signal(signal.SIGCONT)
@@ -224,7 +226,7 @@ def test_a_paused_server_does_not_answer_with_stale_values_once_its_backup_took_
             answer = decode(sock.recv_multipart()) if sock.poll(10_000) else None  # it may also just stop
         finally:
             sock.close(linger=0)
-        assert answer is None or (answer.op is Op.ERROR and answer.header["code"] == "stale_epoch"), \
+        assert answer is None or (answer.op is Op.ERROR and answer.header["code"] == "stale_ring"), \
             (answer.header, answer.arrays[0][:5] if answer.arrays else None)
         np.testing.assert_array_equal(client.pull("w", KEYS).result(timeout=30), 2 * np.ones((N_KEYS, 1)))
 

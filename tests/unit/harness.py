@@ -81,7 +81,8 @@ class Harness:
     def push(self, ring: Ring, table: str, keys, grads, **fields) -> None:
         routed = route_push(ring, keys, grads, self.nodes[0].tables[table].bits)
         for p in routed.parts:
-            self.deliver(self.by_id(p.server), {"op": "push", "table": table, "epoch": ring.epoch, "id": 1, **fields},
+            header = {"op": "push", "table": table, "ring_version": ring.version, "id": 1, **fields}
+            self.deliver(self.by_id(p.server), header,
                          [routed.keys[p.start:p.stop], routed.grads[p.start:p.stop], p.vnodes, p.counts])
 
     @staticmethod

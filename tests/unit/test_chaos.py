@@ -31,8 +31,8 @@ def test_every_scenario_runs_clean_on_the_real_code(scenario):
 
 
 # where each mutation shows: the scenarios whose faults it matters under
-CATCHERS = {"no-dedup": "counters-r2", "ack-before-backups": "partition", "ignore-epoch": "membership",
-            "no-staleness-gate": "ssp", "no-lease": "counters-r2"}
+CATCHERS = {"no-dedup": "counters-r2", "ack-before-backups": "partition", "ignore-ring-version": "membership",
+            "no-staleness-gate": "ssp", "no-lease": "counters-r2", "restore-unheld": "restore"}
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
@@ -133,6 +133,10 @@ def test_the_network_keeps_a_connections_order_and_drops_what_a_cut_link_carries
                         "did, and dropped it: the flip then started the vnode empty, losing acknowledged pushes"),
     ("membership", 55, "both replicas of a vnode died before the repair copied it, and no loss was reported "
                        "(losses named only replicas=1 tables)"),
+    ("restore", 5, "a server joined while a client restored a table: it was sent copies taken before their "
+                   "sources had loaded, and the restored rows were lost without a word (the scheduler now runs "
+                   "restores, holding joins, and loads again after a ring change)"),
+    ("restore", 13, "the same race, the joiner a backup of the vnodes it got empty"),
 ])
 def test_regression_seeds(scenario, seed, bug):
     """Bugs the campaign found (issue 13), each kept as the seed that found it."""

@@ -133,10 +133,11 @@ def test_a_dense_push_with_a_misplaced_key_is_refused_whole(h):
     part = routed.parts[0]
     for sent in (wrong_vnode, outside):
         h.replies.clear()
-        h.deliver(a, {"op": "push", "table": "d", "epoch": ring.epoch, "id": 1},
+        h.deliver(a, {"op": "push", "table": "d", "ring_version": ring.version, "id": 1},
                   [sent, routed.grads, part.vnodes, part.counts])
         assert h.replies[-1][1]["op"] == "error" and "is dense" in h.replies[-1][1]["error"]
-        h.deliver(a, {"op": "pull", "table": "d", "epoch": ring.epoch, "id": 2}, [sent, part.vnodes, part.counts])
+        h.deliver(a, {"op": "pull", "table": "d", "ring_version": ring.version, "id": 2},
+                  [sent, part.vnodes, part.counts])
         assert h.replies[-1][1]["op"] == "error"
     assert len(a.tables["d"]) == 0
     h.push(ring, "d", keys, -np.ones((keys.size, 1), np.float32))

@@ -56,12 +56,12 @@ def test_removals_never_empty_the_ring(make):
 
 def test_the_last_server_dying_then_a_new_one_starts_a_ring(make):
     s = make([1], [TableSpec("t", 1)])
-    epoch = s.ring.epoch
+    ring_version = s.ring.version
     s._remove(1, "dead")
     assert s.ring is None and s.migration is None
     s.on_register(b"new", Message({"op": "register", "id": 1, "role": "server", "address": "sim://new-server"}, []))
     new_id = s.by_identity[b"new"]
-    assert s.ring.servers == [new_id] and s.ring.epoch > epoch and s.migration is None
+    assert s.ring.servers == [new_id] and s.ring.version > ring_version and s.migration is None
     s.on_create_table(b"driver", Message({"op": "create_table", "id": 2, "spec": TableSpec("u", 1).to_wire()}, []))
     assert not s.deferred and "u" in s.tables
 
@@ -90,16 +90,16 @@ def test_copies_unconfirmed_when_a_migration_is_abandoned_are_redone(make):
     assert left and left <= planned
     for source in list(again.waiting):
         _migrated(s, source)
-    assert not s.incomplete and s.migration is None and s.ring.epoch == before.epoch + 1
+    assert not s.incomplete and s.migration is None and s.ring.version == before.version + 1
 
 
 def test_a_refused_copy_fails_the_migration_and_the_ring_does_not_flip(make):
     s = make([1, 2], [TableSpec("t", 1)])
     s.on_register(b"new", Message({"op": "register", "id": 1, "role": "server", "address": "sim://new-server"}, []))
     assert s.migration is not None and s.migration.flip
-    epoch = s.ring.epoch
+    ring_version = s.ring.version
     _migrated(s, sorted(s.migration.waiting)[0], failed="server 3 refused: too big")
-    assert s.ring.epoch == epoch and s.migration is None or not s.migration.flip
+    assert s.ring.version == ring_version and s.migration is None or not s.migration.flip
 
 
 def test_plan_moves_redoes_unconfirmed_copies_from_a_complete_holder():
@@ -241,3 +241,47 @@ def test_waiting_for_servers_fails_when_the_joiner_dies_mid_copy(make):
     assert "server 3 died" in three[0]["error"] and three[0]["id"] == 7
     two = [h for i, h in answers if i == b"two"]
     assert len(two) == 1 and two[0]["op"] == "ok" and two[0]["servers"] == [1, 2]  # the ring it has
+
+
+def test_a_restore_waits_for_copies_holds_joins_and_loads_again_after_a_failover(make):
+    s = make([1, 2, 3], [TableSpec("t", 1, replicas=2)])
+    answers = []
+    s.answer = lambda identity, frames: answers.append(frames)
+    restore = Message({"op": "restore", "id": 7, "table": "t", "step": "memory://c/000000000000001",
+                       "entries": []}, [])
+
+    def commands():
+        return [(n, h) for n, h in s.notes if h.get("op") == "restore"]
+
+    def answer_all(loaded=1):
+        for node_id, header in commands():
+            s.on_ack(b"s%d" % node_id, Message({"op": "ok", "id": header["id"], "loaded": loaded}, []))
+        s.notes.clear()
+
+    s.on_register(b"s4", Message({"op": "register", "id": 1, "role": "server", "address": "sim://new"}, []))
+    assert s.migration is not None and s.migration.flip
+    s.handlers[Op.RESTORE](b"driver", restore)
+    assert not commands()  # vnodes are moving: it waits for the flip
+    for source in sorted(s.migration.waiting):
+        _migrated(s, source)
+    assert s.migration is None and sorted(n for n, _ in commands()) == [1, 2, 3, 4]
+
+    s.on_register(b"s5", Message({"op": "register", "id": 2, "role": "server", "address": "sim://late"}, []))
+    assert s.migration is None and s.changes  # a join waits for the restore
+    s.nodes[2].last_seen -= 100  # and a server dies before it answers: failover, repair copies
+    s._check_heartbeats(s.clock())
+    answer_all()
+    assert not answers and s.migration is not None and not s.migration.flip  # the repair runs first
+    for source in sorted(s.migration.waiting):
+        _migrated(s, source)
+    assert sorted(n for n, _ in commands()) == [1, 3, 4] and not answers  # loaded again
+    answer_all(loaded=5)
+    assert len(answers) == 1 and b"loaded" in answers[0][0] and not s.restores.busy
+    assert s.migration is not None and s.migration.flip  # the held join starts now
+
+
+def test_a_restore_of_an_unknown_table_is_refused(make):
+    s = make([1, 2])
+    with pytest.raises(Exception, match="unknown table 'nope': create it before restoring it"):
+        s.handlers[Op.RESTORE](b"driver", Message({"op": "restore", "id": 1, "table": "nope", "step": "x",
+                                                   "entries": []}, []))

@@ -44,7 +44,7 @@ def test_oversized_message_is_refused():
 
 def test_fuzzed_frames_only_ever_raise_protocol_error():
     rng = np.random.default_rng(0)
-    good = _bytes(encode({"op": "push", "id": 3, "table": "t", "epoch": 1},
+    good = _bytes(encode({"op": "push", "id": 3, "table": "t", "ring_version": 1},
                          [np.arange(4, dtype=np.uint64), np.ones((4, 2), np.float32)]))
     for _ in range(3000):
         frames = [bytearray(f) for f in good]

@@ -34,7 +34,7 @@ def test_a_retry_after_failover_reaches_the_backup_the_dead_primary_missed(h):
     survivors = [n for n in h.nodes if n.node_id != 1]
     for n in survivors:
         n._server_lost(1)
-    new = Ring(ring.without_server(1).refilled().chains, ring.epoch + 1)
+    new = Ring(ring.without_server(1).refilled().chains, ring.version + 1)
     h.ring(new, [spec], survivors)
     h.replies.clear()
     h.push(new, "t", keys, grads, sender=77, seq=10, acked=9)  # the client's retry, at b now
@@ -116,7 +116,7 @@ def test_a_copy_that_overtakes_the_joiners_first_ring_waits_for_it(h):
 def test_a_pull_parked_under_the_lease_is_refused_if_released_after_it_ran_out(h):
     """The lease is checked where a client's request is served: a BSP pull parked while
     the lease ran (worker 100 behind) and released by a clock after it ran out (a pause)
-    must get a stale-epoch error, not the values."""
+    must get a stale-ring error, not the values."""
     from paramserver.server.lease import Lease
 
     (a,) = h.make(1)
@@ -126,7 +126,7 @@ def test_a_pull_parked_under_the_lease_is_refused_if_released_after_it_ran_out(h
     a.on_workers(Message({"op": "workers", "workers": [100, 101]}, []))
     keys = np.array([_key_of_vnode(ring, 0)], np.uint64)
     v, counts = ring.vnodes(keys).astype(np.int32), np.array([1], np.int64)
-    h.deliver(a, {"op": "pull", "id": 5, "table": "t", "epoch": ring.epoch, "clock": 1}, [keys, v, counts])
+    h.deliver(a, {"op": "pull", "id": 5, "table": "t", "ring_version": ring.version, "clock": 1}, [keys, v, counts])
     assert not h.replies  # parked: worker 101 has not finished clock 0
     now = [1000.0]
     a.lease = Lease(1.0, clock=lambda: now[0])
@@ -135,5 +135,5 @@ def test_a_pull_parked_under_the_lease_is_refused_if_released_after_it_ran_out(h
     for worker in (100, 101):
         h.deliver(a, {"op": "clock", "id": 6, "worker": worker, "clock": 1})
     pulls = [r for _, r in h.replies if r.get("id") == 5]
-    assert len(pulls) == 1 and pulls[0]["op"] == "error" and pulls[0]["code"] == "stale_epoch", pulls
+    assert len(pulls) == 1 and pulls[0]["op"] == "error" and pulls[0]["code"] == "stale_ring", pulls
     assert "lease ran out" in pulls[0]["error"]

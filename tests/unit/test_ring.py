@@ -32,7 +32,7 @@ def test_adding_a_server_moves_only_keys_that_change_owner(n_servers):
     assert (after[moved] == 99).all()  # every moved key went to the new server, none shuffled
     assert (after == 99).sum() == moved.sum()
     assert abs(moved.mean() - 1 / (n_servers + 1)) < 0.03
-    assert bigger.epoch == ring.epoch + 1
+    assert bigger.version == ring.version + 1
     counts = np.bincount(bigger.owners)
     counts = counts[counts > 0]
     assert counts.max() - counts.min() <= 1  # still balanced to one vnode
@@ -60,7 +60,7 @@ def test_wire_round_trip_and_errors():
     ring = Ring.create([4, 9], 8).with_server(11)
     back = Ring.from_wire(ring.to_wire())
     np.testing.assert_array_equal(back.owners, ring.owners)
-    assert back.epoch == ring.epoch
+    assert back.version == ring.version
     with pytest.raises(ConfigError, match="at least one server"):
         Ring.create([])
     with pytest.raises(ConfigError, match="already on the ring"):
@@ -88,9 +88,9 @@ def test_failover_promotes_backups_then_refill_restores_the_chains():
     promoted = ring.without_server(2)
     for v in ring.vnodes_of(2):  # the first backup takes over: it already holds the data
         assert promoted.owners[v] == ring.chains[v, 1]
-    assert not (promoted.chains == 2).any() and promoted.epoch == ring.epoch + 1
+    assert not (promoted.chains == 2).any() and promoted.version == ring.version + 1
     full = promoted.refilled()
-    assert full.epoch == promoted.epoch + 1
+    assert full.version == promoted.version + 1
     assert (full.chains >= 0).all() and all(len(set(full.replicas(v, 3))) == 3 for v in range(full.n_vnodes))
     np.testing.assert_array_equal(full.owners, promoted.owners)  # refilling never moves a primary
     assert full.refilled() is full

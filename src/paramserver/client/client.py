@@ -108,7 +108,7 @@ class Client:
         ring = Ring.from_wire(view["ring"])
         with self._lock:
             old: Ring | None = getattr(self, "_ring", None)
-            if old is not None and ring.epoch < old.epoch:
+            if old is not None and ring.version < old.version:
                 return  # an older view that arrived late
             self._ring = ring
             self._servers = {int(k): v for k, v in view["servers"].items()}
@@ -177,7 +177,7 @@ class Client:
             routed = route_push(ring, keys, extra, bits, distinct)
             assert routed.grads is not None
             index = routed.grads
-        return [Piece(part.server, ring.epoch, routed.keys[part.start:part.stop], index[part.start:part.stop],
+        return [Piece(part.server, ring.version, routed.keys[part.start:part.stop], index[part.start:part.stop],
                        part.vnodes, part.counts) for part in routed.parts]
 
     def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
@@ -406,7 +406,7 @@ class Client:
 
     # ---- elastic servers ------------------------------------------------------------
     def cluster_info(self) -> dict[str, Any]:
-        """The ring's epoch and servers, their addresses, and whether vnodes are moving."""
+        """The ring version and servers, their addresses, and whether vnodes are moving."""
         info = self._call(self.config.scheduler, {"op": Op.CLUSTER_INFO.value})
         if "ring" in info:
             self._apply_view(info)
@@ -415,12 +415,12 @@ class Client:
     def remove_server(self, node_id: int, timeout_s: float | None = None) -> int:
         """Take a server out of the ring while jobs run: its vnodes are copied to the
         others (writes made meanwhile included), the ring flips, then it stops.
-        Returns the new ring epoch."""
+        Returns the new ring version."""
         return self._call(self.config.scheduler, {"op": Op.REMOVE_SERVER.value, "node_id": int(node_id)},
-                          timeout_s=timeout_s).get("epoch", 0)
+                          timeout_s=timeout_s).get("ring_version", 0)
 
     def wait_for_servers(self, count: int, timeout_s: float | None = None) -> int:
-        """Block until the ring has ``count`` servers and no vnode is moving; return its epoch.
+        """Block until the ring has ``count`` servers and no vnode is moving; return its ring version.
 
         Raises:
             NodeLostError: a server died meanwhile and the ring no longer heads for
@@ -428,7 +428,7 @@ class Client:
         """
         answer = self.servers_ready(count).result(timeout=timeout_s)
         self.cluster_info()
-        return int(answer.header["epoch"])
+        return int(answer.header["ring_version"])
 
     def servers_ready(self, count: int) -> Future[Message]:
         """``wait_for_servers`` without blocking: a future of the scheduler's answer."""

@@ -20,7 +20,7 @@ from paramserver.errors import (
     ParamServerError,
     ProtocolError,
     RemoteError,
-    StaleEpochError,
+    StaleRingError,
     UnknownTableError,
 )
 from paramserver.wire.message import Message, Op
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 def remote_error(msg: Message) -> ParamServerError:
     code, text = msg.header.get("code"), str(msg.header.get("error"))
-    if code == "stale_epoch":
-        return StaleEpochError(text)
+    if code == "stale_ring":
+        return StaleRingError(text)
     if code == "unknown_table":
         return UnknownTableError(text)
     if code == "protocol":
@@ -47,10 +47,10 @@ def remote_error(msg: Message) -> ParamServerError:
 
 @dataclass(frozen=True)
 class Piece:
-    """The part of a pull or push that goes to one server, as routed at ``epoch``."""
+    """The part of a pull or push that goes to one server, as routed at ``ring_version`` (the ring's version)."""
 
     server: int
-    epoch: int
+    ring_version: int
     keys: np.ndarray
     extra: np.ndarray  # pull: output row of each key; push: gradient rows
     vnodes: np.ndarray
@@ -103,7 +103,7 @@ class Scatter:
 
     def send(self, piece: Piece, tries: int) -> None:
         client = self.client
-        header = {**self.header, "epoch": piece.epoch}
+        header = {**self.header, "ring_version": piece.ring_version}
         if "seq" in header:
             header["acked"] = client._acked_seq()
         arrays = [piece.keys, piece.extra, piece.vnodes, piece.counts] if self.kind is Op.PUSH else \
@@ -150,11 +150,11 @@ class Scatter:
             return
         if exc is None and msg is not None and msg.op is Op.ERROR:
             exc = remote_error(msg)
-        if isinstance(exc, (StaleEpochError, NodeLostError)) and time.monotonic() < self.deadline:
+        if isinstance(exc, (StaleRingError, NodeLostError)) and time.monotonic() < self.deadline:
             # the ring changed under this piece: once ours is newer, route it again
-            ring_epoch = self.client._ring.epoch
-            newer = ring_epoch > piece.epoch
-            if not newer and msg is not None and msg.header.get("epoch", 0) > ring_epoch:
+            ring_version = self.client._ring.version
+            newer = ring_version > piece.ring_version
+            if not newer and msg is not None and msg.header.get("ring_version", 0) > ring_version:
                 self.client._refresh_view()
             delay = 0.0 if newer else min(0.5, 0.01 * 2 ** min(tries, 6))
             self.client._io.call_later(delay, functools.partial(self.resend, piece, tries))

@@ -165,7 +165,7 @@ class Routed:
 
     keys: np.ndarray  # uint64[m] in (server, vnode) order
     parts: list[Part]
-    epoch: int
+    ring_version: int
     order: np.ndarray | None = None  # pull: int64[m], keys[p] is input key order[p]
     grads: np.ndarray | None = None  # push: float32[m, dim], duplicates summed
 
@@ -194,7 +194,7 @@ def route_pull(ring: Ring, keys: np.ndarray, bits: int = 0) -> Routed:
     merge); ``bits`` is the table's ``key_bits``."""
     no_rows = np.empty((keys.shape[0], 0), np.float32)
     skeys, _, order, offsets = _group(keys, no_rows, ring.n_vnodes, ring.vnode_rank, True, bits)
-    return Routed(skeys, _parts(ring, offsets), ring.epoch, order=order)
+    return Routed(skeys, _parts(ring, offsets), ring.version, order=order)
 
 
 def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, bits: int = 0, distinct: bool = False) -> Routed:
@@ -202,6 +202,6 @@ def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, bits: int = 0, d
     (``distinct``: the caller knows there are none, so skip looking; ~2/3 of the cost)."""
     skeys, srows, _, offsets = _group(keys, grads, ring.n_vnodes, ring.vnode_rank, False, bits)
     if distinct:
-        return Routed(skeys, _parts(ring, offsets), ring.epoch, grads=srows)
+        return Routed(skeys, _parts(ring, offsets), ring.version, grads=srows)
     uniq, sums, uoffsets = _dedup_sum(skeys, srows, offsets)
-    return Routed(uniq, _parts(ring, uoffsets), ring.epoch, grads=sums)
+    return Routed(uniq, _parts(ring, uoffsets), ring.version, grads=sums)

@@ -1,4 +1,4 @@
-"""The ring: which servers hold which vnode, at which epoch.
+"""The ring: which servers hold which vnode, at which version.
 
 The hash space [0, 2**64) is cut into ``n_vnodes`` equal arcs (vnodes; a dense table
 cuts its 2**key_bits key positions the same way, see ``hashing``); each vnode has a
@@ -16,7 +16,7 @@ A table with replication factor ``r`` lives on the first ``r`` servers of each c
 The backups of one server's vnodes are spread over all the other servers, so when it
 dies its vnodes are promoted to (and their load spread over) every survivor.
 
-A ``Ring`` is immutable; membership changes return a new ring with ``epoch + 1``.
+A ``Ring`` is immutable; membership changes return a new ring with ``version + 1``.
 Sans-IO: nothing here touches a socket.
 """
 
@@ -36,18 +36,19 @@ MAX_REPLICAS = 3
 
 @dataclass(frozen=True)
 class Ring:
-    """Vnode → chain of servers at one epoch.
+    """Vnode → chain of servers at one version.
 
     Args:
         chains: ``int32[n_vnodes, MAX_REPLICAS]``: the primary of each vnode, then its
             backups; ``-1`` pads chains shorter than ``MAX_REPLICAS``.  A 1-d array is
             taken as the primaries alone.
-        epoch: version of this assignment; every request carries the epoch it was
-            routed with.
+        version: the ring's version, one more at every change; every request carries
+            the version it was routed with.  (A pass over the data is an *epoch*; the
+            ring has versions.)
     """
 
     chains: np.ndarray
-    epoch: int = 1
+    version: int = 1
     _rank: np.ndarray = field(init=False, repr=False, compare=False)
     _owners: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -72,7 +73,7 @@ class Ring:
         object.__setattr__(self, "_rank", rank)
 
     @classmethod
-    def create(cls, servers: list[int], vnodes_per_server: int = 64, epoch: int = 1) -> Ring:
+    def create(cls, servers: list[int], vnodes_per_server: int = 64, version: int = 1) -> Ring:
         """A balanced ring over ``servers``: vnode ``i`` has primary ``servers[i % S]``.
 
         The backups of one server's vnodes cycle through all the other servers.
@@ -95,7 +96,7 @@ class Ring:
         for j in range(1, min(MAX_REPLICAS, s)):
             # offsets 1 .. s-1, distinct per column, cycling with q: backups spread out
             chains[:, j] = ids[(primary + 1 + (q + j - 1) % (s - 1)) % s]
-        return cls(chains, epoch)
+        return cls(chains, version)
 
     # ---- lookups -----------------------------------------------------------------
     @property
@@ -147,7 +148,7 @@ class Ring:
         for v in np.flatnonzero((chains == server).any(axis=1)):
             rest = [s for s in chains[v] if s != server]
             chains[v] = rest + [-1]
-        return Ring(chains, self.epoch + 1)
+        return Ring(chains, self.version + 1)
 
     def refilled(self) -> Ring:
         """Lengthen short chains to ``min(MAX_REPLICAS, servers)`` with the least loaded
@@ -155,7 +156,7 @@ class Ring:
         chains = self.chains.copy()
         if not self._refill(chains, self.servers):
             return self
-        return Ring(chains, self.epoch + 1)
+        return Ring(chains, self.version + 1)
 
     def with_server(self, server: int) -> Ring:
         """Add ``server``: it takes an equal share of every chain position, from the most
@@ -175,7 +176,7 @@ class Ring:
                 donor = ids[np.argmax(counts)]  # most loaded, lowest id on ties
                 chains[np.flatnonzero(free & (column == donor))[-1], j] = server
         self._refill(chains, [*servers, server])
-        return Ring(chains, self.epoch + 1)
+        return Ring(chains, self.version + 1)
 
     @staticmethod
     def _refill(chains: np.ndarray, servers: list[int]) -> bool:
@@ -191,11 +192,13 @@ class Ring:
 
     # ---- wire form -------------------------------------------------------------------
     def to_wire(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "chains": self.chains.tolist()}
+        return {"version": self.version, "chains": self.chains.tolist()}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Ring:
-        return cls(np.asarray(d["chains"], np.int32), int(d["epoch"]))
+        # checkpoints written before the ring's version was so named call it "epoch"
+        version = d["version"] if "version" in d else d["epoch"]
+        return cls(np.asarray(d["chains"], np.int32), int(version))
 
 
 def plan_moves(old: Ring, new: Ring, replicas: dict[str, int],

@@ -59,7 +59,7 @@ class Checkpoints:
     since: int = 0  # shards done since the last checkpoint (or its attempt)
     phase: str | None = None  # None, "draining" (waiting for running shards), "writing"
     step: str = ""
-    ring_epoch: int = 0
+    ring_version: int = 0
     written: list[str] = field(default_factory=list)
     abandoned: int = 0
     failures: list[str] = field(default_factory=list)  # why each abandoned checkpoint failed
@@ -203,7 +203,7 @@ class Jobs:
             self._checkpoint_done(f"{ckpt.url} cannot be listed ({type(exc).__name__}: {exc})")
             return
         assert self.host.ring is not None
-        ckpt.ring_epoch = self.host.ring.epoch
+        ckpt.ring_version = self.host.ring.version
         logger.info("checkpoint %s: %d shard(s) done since the last one", ckpt.step, ckpt.since)
         self.host.fan_out({"op": Op.CHECKPOINT.value, "url": ckpt.step}, self._written, ckpt.timeout_s)
 
@@ -213,10 +213,10 @@ class Jobs:
         if ckpt is None or job is None or ring is None:
             return
         missing = set(ring.owners.tolist()) - set(op.replies)
-        if op.errors or op.lost or missing or ring.epoch != ckpt.ring_epoch:
+        if op.errors or op.lost or missing or ring.version != ckpt.ring_version:
             self._checkpoint_done(f"errors {op.errors or '-'}, lost servers {sorted(op.lost) or '-'}, "
-                                  f"vnode owners without files {sorted(missing) or '-'}, ring epoch "
-                                  f"{ckpt.ring_epoch} -> {ring.epoch}")
+                                  f"vnode owners without files {sorted(missing) or '-'}, ring version "
+                                  f"{ckpt.ring_version} -> {ring.version}")
             return
         manifest = checkpoint.assemble_manifest(
             list(op.replies.values()), ring.to_wire(), {n: s.to_wire() for n, s in self.host.tables.items()},

@@ -29,6 +29,7 @@ from paramserver.routing.ring import Ring
 from paramserver.scheduler.barrier import Barrier
 from paramserver.scheduler.fanout import FanOut, FanOuts
 from paramserver.scheduler.jobs import Jobs
+from paramserver.scheduler.restores import Restores
 from paramserver.scheduler.ringchanges import Migration, NodeInfo, RingChanges
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
@@ -65,6 +66,8 @@ class SchedulerNode(RingChanges):
         self.barrier = Barrier()  # workers waiting at the barrier
         self.fanouts = FanOuts(lambda server, header: self._notify(self.nodes[server], header))
         self.jobs = Jobs(self)  # the training job's shard queue and checkpoints
+        self.restores = Restores(self)  # tables loaded from checkpoints, one at a time
+        self.ring_moves = 0  # migrations started (a restore loads again if one ran meanwhile)
         self._announced: list[int] | None = None
         self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
         self.server_waiters: list[tuple[bytes, Any, int]] = []
@@ -78,7 +81,7 @@ class SchedulerNode(RingChanges):
         self.losses: list[dict[str, Any]] = []
         self.failovers: list[dict[str, Any]] = []
         self._failed_migrations = 0
-        self._next_epoch = 1  # a ring formed after every server died continues the epochs
+        self._next_version = 1  # a ring formed after every server died continues the versions
         self._next_id = 1
         self._workers_seen = 0  # workers ever registered (the barrier waits for the expected number first)
         self._op_seq = 0
@@ -99,6 +102,7 @@ class SchedulerNode(RingChanges):
             Op.SHARD_DONE: lambda identity, msg: self.jobs.shard_done(identity, msg, self.by_identity.get(identity)),
             Op.JOB_STATUS: self.jobs.status,
             Op.PROGRESS: lambda identity, msg: self.jobs.progress(msg),
+            Op.RESTORE: self.restores.request,
             Op.MIGRATED: self.on_migrated,
             Op.REMOVE_SERVER: self.on_remove_server,
             Op.CLUSTER_INFO: self.on_cluster_info,
@@ -195,7 +199,7 @@ class SchedulerNode(RingChanges):
                 self.changes.append(("join", node.id, None))
                 self._next_change()
             elif self._ring_lost or sum(n.role == "server" for n in self.nodes.values()) == self.config.servers:
-                self._form_ring(self._next_epoch)
+                self._form_ring(self._next_version)
         elif self.ring is None:
             self.parked_workers.append((identity, msg, node))
         else:
@@ -215,11 +219,11 @@ class SchedulerNode(RingChanges):
             "tables": {name: spec.to_wire() for name, spec in self.tables.items()},
         }
 
-    def _form_ring(self, epoch: int = 1) -> None:
+    def _form_ring(self, ring_version: int = 1) -> None:
         servers = sorted(n.id for n in self.nodes.values() if n.role == "server")
-        self.ring = Ring.create(servers, self.config.vnodes_per_server, epoch)
-        logger.info("ring formed: epoch %d, %d vnodes over servers %s",
-                    self.ring.epoch, self.ring.n_vnodes, servers)
+        self.ring = Ring.create(servers, self.config.vnodes_per_server, ring_version)
+        logger.info("ring formed: ring version %d, %d vnodes over servers %s",
+                    self.ring.version, self.ring.n_vnodes, servers)
         if self._ring_lost:  # clients route with it too
             self._ring_lost = False
             self._broadcast_view()
@@ -238,7 +242,7 @@ class SchedulerNode(RingChanges):
                                 "incomplete_copies": len(self.incomplete),
                                 "workers": {str(n.id): n.rank for n in self.nodes.values() if n.role == "worker"}}
         if self.ring is not None:
-            info.update(self._cluster_view(), ring_servers=self.ring.servers, epoch=self.ring.epoch)
+            info.update(self._cluster_view(), ring_servers=self.ring.servers, ring_version=self.ring.version)
         self.sock.send(reply(msg, **info), identity)
 
     def on_wait_servers(self, identity: bytes, msg: Message) -> None:
@@ -255,7 +259,7 @@ class SchedulerNode(RingChanges):
         waiting, self.server_waiters = self.server_waiters, []
         for identity, request_id, count in waiting:
             if settled and self.ring is not None and len(self.ring.servers) == count:
-                self.sock.send(encode({"op": Op.OK.value, "id": request_id, "epoch": self.ring.epoch,
+                self.sock.send(encode({"op": Op.OK.value, "id": request_id, "ring_version": self.ring.version,
                                         "servers": self.ring.servers}), identity)
             elif lost is not None and count > len(heading):
                 self.sock.send(error_reply(request_id, "node_lost", f"server {lost} died while this waited for "
@@ -436,10 +440,21 @@ class SchedulerNode(RingChanges):
         self.fanouts.answered(self.by_identity.get(identity), msg)
 
     def fan_out(self, header: dict[str, Any], on_done: Callable[[FanOut], None],
-                timeout_s: float = math.inf) -> int:
-        """Send ``header`` to every live server; ``on_done`` gets the answers (see ``FanOut``)."""
-        servers = [n.id for n in self.nodes.values() if n.role == "server"]
+                timeout_s: float = math.inf, servers: list[int] | None = None) -> int:
+        """Send ``header`` to every live server (or to ``servers``); ``on_done`` gets the
+        answers (see ``FanOut``)."""
+        if servers is None:
+            servers = [n.id for n in self.nodes.values() if n.role == "server"]
         return self.fanouts.start(header, servers, on_done, self.clock(), timeout_s)
+
+    # ---- what a restore needs (``Restores``) ---------------------------------------------
+    @property
+    def moving(self) -> bool:
+        return self.migration is not None
+
+    def restored(self) -> None:
+        """A restore finished: the joins and removals it held may start."""
+        self._next_change()
 
     # ---- barrier and shutdown ----------------------------------------------------------
     def _barrier_size(self) -> int:

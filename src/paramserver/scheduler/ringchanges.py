@@ -27,6 +27,7 @@ import numpy as np
 
 from paramserver.errors import ConfigError, ParamServerError
 from paramserver.routing.ring import Ring, plan_moves
+from paramserver.scheduler.restores import Restores
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, encode, error_reply
 from paramserver.wire.message import field as hfield
@@ -78,7 +79,9 @@ class RingChanges:
     _failed_migrations: int
     _op_seq: int
     _ring_lost: bool
-    _next_epoch: int
+    _next_version: int
+    restores: Restores
+    ring_moves: int
     _notify: Callable[[NodeInfo, dict[str, Any]], None]
     _cluster_view: Callable[[], dict[str, Any]]
     _remove: Callable[[int, str], None]
@@ -96,8 +99,10 @@ class RingChanges:
             self._notify(node, view)
 
     def _next_change(self) -> None:
-        """Start the next queued join or removal, unless vnodes are being copied."""
-        while self.migration is None and self.changes and self.ring is not None:
+        """Start a restore waiting for copies to finish, or else the next queued join or
+        removal, unless vnodes are being copied (a restore holds joins and removals)."""
+        self.restores.settled()
+        while self.migration is None and self.changes and self.ring is not None and not self.restores.busy:
             kind, node_id, requester = self.changes.popleft()
             try:
                 self._change(kind, node_id, requester)
@@ -144,7 +149,7 @@ class RingChanges:
             target = self.ring.with_server(node_id)
             self._start_migration(target, self._plan(target), flip=True)
         else:
-            target = Ring(self.ring.without_server(node_id).refilled().chains, self.ring.epoch + 1)
+            target = Ring(self.ring.without_server(node_id).refilled().chains, self.ring.version + 1)
             self._start_migration(target, self._plan(target), flip=True, leaving=node_id, requester=requester)
 
     def _plan(self, target: Ring, dead: AbstractSet[int] = frozenset()) -> list[tuple[int, str, int, int]]:
@@ -157,6 +162,7 @@ class RingChanges:
     def _start_migration(self, target: Ring, moves: list[tuple[int, str, int, int]], flip: bool,
                          leaving: int | None = None, requester: tuple[bytes, Any] | None = None) -> None:
         self._op_seq += 1
+        self.ring_moves += 1
         by_source: dict[int, list[tuple[str, int, int]]] = {}
         for source, table, vnode, dest in moves:
             if source in self.nodes:
@@ -168,8 +174,8 @@ class RingChanges:
                     self.incomplete.discard((table, vnode, source))
         self.migration = Migration(self._op_seq, target, set(by_source), flip, moves=by_source, leaving=leaving,
                                     requester=requester, started=self.clock())
-        logger.info("migration %d: %d vnode copies from %d server(s) toward ring epoch %d",
-                    self._op_seq, len(moves), len(by_source), target.epoch)
+        logger.info("migration %d: %d vnode copies from %d server(s) toward ring version %d",
+                    self._op_seq, len(moves), len(by_source), target.version)
         for source, todo in by_source.items():
             self._notify(self.nodes[source], {"op": Op.MIGRATE.value, "migration": self._op_seq,
                                               "moves": [list(m) for m in todo]})
@@ -184,7 +190,7 @@ class RingChanges:
         assert self.ring is not None, "a migration starts from a ring"
         if failed:  # a receiver refused a copy: do not flip onto it
             m, self.migration = self.migration, None
-            logger.error("migration %d failed (%s); the ring stays at epoch %d", m.id, failed, self.ring.epoch)
+            logger.error("migration %d failed (%s); the ring stays at ring version %d", m.id, failed, self.ring.version)
             self._failed_migrations += 1
             if m.requester is not None:
                 self.sock.send(error_reply(m.requester[1], "server", f"migration failed: {failed}"), m.requester[0])
@@ -214,12 +220,12 @@ class RingChanges:
         if m.flip:
             self.ring = m.target
             self._broadcast_view()
-            logger.info("ring flipped to epoch %d over servers %s", self.ring.epoch, self.ring.servers)
+            logger.info("ring flipped to ring version %d over servers %s", self.ring.version, self.ring.servers)
         if m.leaving is not None and m.leaving in self.nodes:
             self._notify(self.nodes[m.leaving], {"op": Op.STOP.value})
             self._remove(m.leaving, "removed")
         if m.requester is not None:
-            self.sock.send(encode({"op": Op.OK.value, "id": m.requester[1], "epoch": self.ring.epoch}),
+            self.sock.send(encode({"op": Op.OK.value, "id": m.requester[1], "ring_version": self.ring.version}),
                  m.requester[0])
         self._purge_incomplete()
         self._after_migration()
@@ -266,19 +272,19 @@ class RingChanges:
                          "the next server to register starts a new ring")
             self.losses.append({"server": node_id, "tables": sorted(self._replicas()), "vnodes": old.n_vnodes,
                                 "vnode_ids": list(range(old.n_vnodes)), "at": time.time(), "every_server": True})
-            self.ring, self._ring_lost, self._next_epoch = None, True, old.epoch + 1
+            self.ring, self._ring_lost, self._next_version = None, True, old.version + 1
             self.incomplete.clear()
             self.changes = deque(c for c in self.changes if c[0] != "join")  # joiners form the new ring
             if any(n.role == "server" for n in self.nodes.values()):
-                self._form_ring(old.epoch + 1)
+                self._form_ring(old.version + 1)
             return
         self.ring = old.without_server(node_id).refilled()
-        self.ring = Ring(self.ring.chains, old.epoch + 1)  # one flip, one epoch
-        logger.warning("failover: server %d's vnodes promoted to their backups, ring epoch %d",
-                       node_id, self.ring.epoch)
+        self.ring = Ring(self.ring.chains, old.version + 1)  # one flip, one ring version
+        logger.warning("failover: server %d's vnodes promoted to their backups, ring version %d",
+                       node_id, self.ring.version)
         lost = int((old.owners == node_id).sum())
         self._record_losses(old, node_id)
-        self.failovers.append({"server": node_id, "epoch": self.ring.epoch, "vnodes": lost, "at": time.time(),
+        self.failovers.append({"server": node_id, "ring_version": self.ring.version, "vnodes": lost, "at": time.time(),
                                "tables_kept": sorted(n for n, r in self._replicas().items() if r > 1)})
         self._broadcast_view()
         promoted, self.ring = self.ring, old  # plan from the ring whose holders have the data

@@ -78,7 +78,8 @@ class Copies:
         keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64), np.zeros((0, table.width), np.float32))
         buffered = buffered_pushes(node.aggregates, node.ring, table.bits, name, vnode)  # BSP: unfinished clocks
         header: dict[str, Any] = {
-            "op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": node.node_id, "epoch": node.ring.epoch,
+            "op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": node.node_id,
+            "ring_version": node.ring.version,
             "seqs": node.dedup[name].export(vnode), "buffered": [c for c, _, _ in buffered],
             "clocks": {str(w): c for w, c in node.gate.vector.clocks.items()}, "append": False}
         # a vnode bigger than a message goes in several: the first replaces, the rest add

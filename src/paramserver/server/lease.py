@@ -13,7 +13,7 @@ was received at or after ``t``, so the scheduler will not declare this server de
 ``t + heartbeat_timeout_s`` (its clock runs at the same rate; a stalled scheduler only
 moves its deadlines later).  The lease therefore runs to ``t + fraction * timeout`` for
 the newest answered beat: the rest of the timeout is the margin for clock-rate skew and
-the request in hand.  Past it the server refuses pulls and pushes with a stale-epoch
+the request in hand.  Past it the server refuses pulls and pushes with a stale-ring
 error (clients refresh their view of the ring and retry; nothing is applied, so nothing
 is lost) until an answer renews the lease, or the scheduler says the server is dead.
 """

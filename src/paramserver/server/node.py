@@ -29,7 +29,7 @@ import numpy as np
 
 from paramserver.config import Config
 from paramserver.consistency.clock import StalenessGate
-from paramserver.errors import ConnectError, ParamServerError, ProtocolError, StaleEpochError, UnknownTableError
+from paramserver.errors import ConnectError, ParamServerError, ProtocolError, StaleRingError, UnknownTableError
 from paramserver.logutil import Throttled
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
@@ -84,7 +84,7 @@ class ServerNode:
         self.dedup: dict[str, Dedup] = {}
         self.primary = np.zeros(0, bool)  # per vnode: this server is its primary
         self.dead: set[int] = set()
-        self.installs: dict[str, dict[int, int]] = {}  # table -> vnode copied here -> the sender's ring epoch
+        self.installs: dict[str, dict[int, int]] = {}  # table -> vnode copied here -> the sender's ring version
         self.targets: dict[str, np.ndarray] = {}  # table -> int32[n_vnodes, k]: forward to
         self.copies = Copies(self)  # vnode copies a migration asked of this server (server/copies.py)
         self.poller = self.transport.poller()
@@ -103,7 +103,7 @@ class ServerNode:
         self.data_handlers: dict[Op, Callable[..., list[Any] | None]] = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
                               Op.CLOCK: self.on_clock, Op.STATS: self.on_stats,
                               Op.EXPORT: self.on_export, Op.CHECKPOINT: self.on_checkpoint,
-                              Op.RESTORE: self.on_restore, Op.REPLICATE: self.on_replicate,
+                              Op.REPLICATE: self.on_replicate,
                               Op.INSTALL: self.on_install}
         self.control_handlers = {Op.RING: self.on_ring, Op.CREATE_TABLE: self.on_create_table,
                                  Op.DROP_TABLE: self.on_drop_table, Op.STOP: self.on_stop,
@@ -111,6 +111,7 @@ class ServerNode:
                                  Op.NODE_LOST: self.on_node_lost, Op.OK: lambda m: None,
                                  Op.WORKERS: self.on_workers,
                                  Op.CHECKPOINT: self.on_scheduler_checkpoint,
+                                 Op.RESTORE: lambda m: self.control.send(self.on_restore(m)),
                                  Op.ERROR: self.on_scheduler_error}
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -231,7 +232,7 @@ class ServerNode:
             request_id = failed_request(exc, request_id)
             logger.debug("refused request %r: %s", request_id, exc)
             self.router.send(error_reply(request_id, error_code(exc), str(exc),
-                                          epoch=self.ring.epoch if self.ring else 0), identity)
+                                          ring_version=self.ring.version if self.ring else 0), identity)
         except Exception as exc:  # a bug must not kill the server: answer and keep serving
             self._failures.exception("server %d failed on request %r", self.node_id, request_id)
             self.router.send(error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"),
@@ -255,8 +256,8 @@ class ServerNode:
         if acks.request is not None and acks.identity is not None:
             if acks.failed:  # applied here, not on every backup: the client retries, and the
                 # retry (same seq) is skipped where applied and forwarded again
-                self.router.send(error_reply(acks.request.id, "stale_epoch", f"{acks.failed}; retry",
-                                              epoch=self.ring.epoch if self.ring else 0), acks.identity)
+                self.router.send(error_reply(acks.request.id, "stale_ring", f"{acks.failed}; retry",
+                                              ring_version=self.ring.version if self.ring else 0), acks.identity)
             else:
                 self.router.send(reply(acks.request), acks.identity)
         if acks.done is not None:
@@ -293,13 +294,13 @@ class ServerNode:
             # a copy made under this ring (or a newer one) is kept: its plan's flip is still to
             # come, and this ring may reach this server after the copy did (another path)
             copied = self.installs.get(name, {})
-            for vnode in [v for v, e in copied.items() if e < self.ring.epoch]:
+            for vnode in [v for v, e in copied.items() if e < self.ring.version]:
                 del copied[vnode]
             table.set_vnodes([*self.ring.held_by(self.node_id, table.spec.replicas), *copied])
         self.primary = self.ring.owners == self.node_id
         self.copies.clear()  # a copy not sent yet belongs to a plan the flip made void
         self._refresh_targets()
-        logger.info("server %d: ring epoch %d, primary of %d vnode(s)", self.node_id, self.ring.epoch,
+        logger.info("server %d: ring version %d, primary of %d vnode(s)", self.node_id, self.ring.version,
                     int(self.primary.sum()))
         early, self._before_ring = self._before_ring, []
         for frames in early:  # copies that came before this server's first ring (another socket)
@@ -373,7 +374,7 @@ class ServerNode:
                 self.router.send(self._serve_pull(msg), identity)
             except ParamServerError as exc:  # e.g. the table was dropped, or the vnode moved, meanwhile
                 self.router.send(error_reply(msg.id, error_code(exc), str(exc),
-                                              epoch=self.ring.epoch if self.ring else 0), identity)
+                                              ring_version=self.ring.version if self.ring else 0), identity)
             except Exception as exc:  # a bug: this caller still gets an answer
                 logger.exception("server %d failed on a released pull", self.node_id)
                 self.router.send(error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
@@ -403,7 +404,7 @@ class ServerNode:
         client's request is served under the lease only: also a pull the staleness gate
         parked and releases later, which passes here again."""
         if primary and not self.lease.valid():
-            raise StaleEpochError(f"server {self.node_id} has had no answer from the scheduler for "
+            raise StaleRingError(f"server {self.node_id} has had no answer from the scheduler for "
                                   f"{self.lease.expired_for() + self.lease.length:.1f} s: its lease ran out, "
                                   "so it may have been declared dead; retry on the current ring")
         name = field(msg, "table", str)
@@ -412,7 +413,7 @@ class ServerNode:
             raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(self.tables)})")
         assert self.ring is not None and msg.arrays[0].shape[0] == n_keys
         check_segments(table, self.ring, msg.arrays[0], vnodes, counts, self.primary if primary else None,
-                       self.node_id, field(msg, "epoch", int))
+                       self.node_id, field(msg, "ring_version", int))
         return table
 
     def _split(self, vnodes: np.ndarray, counts: np.ndarray, fn: Callable[[slice, slice], None]) -> None:
@@ -448,7 +449,7 @@ class ServerNode:
         targets = self.targets.get(table.spec.name)
         if targets is None or self.ring is None:
             return reply(msg)
-        return None if self.peers.forward(targets, self.ring.epoch, table.spec.name, msg, keys, grads, vnodes, counts,
+        return None if self.peers.forward(targets, self.ring.version, table.spec.name, msg, keys, grads, vnodes, counts,
                                           identity) else reply(msg)
 
     def on_replicate(self, msg: Message) -> list[Any]:
@@ -486,9 +487,9 @@ class ServerNode:
             table.install(vnode, keys, rows, replace=False)
             return reply(msg)
         table.install(vnode, keys, rows)
-        epoch = msg.header.get("epoch")
-        if isinstance(epoch, int) and vnode not in self.ring.held_by(self.node_id, table.spec.replicas):
-            self.installs.setdefault(name, {})[vnode] = epoch
+        ring_version = msg.header.get("ring_version")
+        if isinstance(ring_version, int) and vnode not in self.ring.held_by(self.node_id, table.spec.replicas):
+            self.installs.setdefault(name, {})[vnode] = ring_version
         self.dedup[name].merge(vnode, seqs)
         for worker, clock in clocks.items():
             self.gate.vector.tick(int(worker), int(clock))
@@ -558,7 +559,7 @@ class ServerNode:
 
     def on_stats(self, msg: Message) -> list[Any]:
         return reply(msg, node_id=self.node_id, pid=os.getpid(), tables=storage.table_stats(self.tables, self.primary),
-                     epoch=self.ring.epoch if self.ring else 0,
+                     ring_version=self.ring.version if self.ring else 0,
                      clocks={str(k): v for k, v in self.gate.vector.clocks.items()},
                      min_clock=None if math.isinf(self.gate.vector.min()) else int(self.gate.vector.min()),
                      consistency=self.gate.telemetry(), rss_bytes=storage.rss_bytes())

@@ -101,7 +101,7 @@ class Peers:
         if acks.pending <= 0:
             self.finished(acks)
 
-    def forward(self, targets: np.ndarray, epoch: int, table: str, msg: Message, keys: np.ndarray,
+    def forward(self, targets: np.ndarray, ring_version: int, table: str, msg: Message, keys: np.ndarray,
                 grads: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, identity: bytes) -> bool:
         """Forward a push applied here to the servers that also hold its vnodes
         (``targets``: see ``forward_targets``); True if the client's acknowledgement now
@@ -113,7 +113,7 @@ class Peers:
         if not servers:
             return False
         acks = Acks(identity, msg)
-        header: dict[str, Any] = {"op": Op.REPLICATE.value, "table": table, "epoch": epoch,
+        header: dict[str, Any] = {"op": Op.REPLICATE.value, "table": table, "ring_version": ring_version,
                                   **{k: msg.header[k] for k in ("sender", "seq", "acked", "clock") if k in msg.header}}
         for server in servers:
             segs = (per_segment == server).any(axis=1)

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from paramserver.errors import ProtocolError, StaleEpochError
+from paramserver.errors import ProtocolError, StaleRingError
 from paramserver.routing.ring import Ring
 from paramserver.server.vnodes import VnodeSet
 
@@ -23,7 +23,7 @@ PARALLEL_MIN_KEYS = 32_768
 
 
 def check_segments(table: VnodeSet, ring: Ring, keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray,
-                   primary_of: np.ndarray | None, node_id: int, epoch: int) -> None:
+                   primary_of: np.ndarray | None, node_id: int, ring_version: int) -> None:
     """Refuse a malformed request whole; ``primary_of`` (a client's request): the vnodes
     this server is primary of, all of which the request's must be."""
     n_keys = keys.shape[0]
@@ -35,9 +35,9 @@ def check_segments(table: VnodeSet, ring: Ring, keys: np.ndarray, vnodes: np.nda
     if ((vnodes < 0) | (vnodes >= ring.n_vnodes)).any():
         raise ProtocolError(f"vnodes must be in [0, {ring.n_vnodes}), got {sorted(set(vnodes.tolist()))[:8]}")
     if primary_of is not None and not (primary_of[vnodes].all() and table.holds(vnodes).all()):
-        raise StaleEpochError(f"server {node_id} is not the primary of all of vnodes "
-                              f"{sorted(set(vnodes.tolist()))[:8]}... (request routed at epoch {epoch}, "
-                              f"this server is at epoch {ring.epoch})")
+        raise StaleRingError(f"server {node_id} is not the primary of all of vnodes "
+                              f"{sorted(set(vnodes.tolist()))[:8]}... (request routed at ring version {ring_version}, "
+                              f"this server is at ring version {ring.version})")
     bad = table.check(vnodes, counts, keys)  # dense tables index arrays with the keys
     if bad >= 0:
         raise ProtocolError(f"table {table.spec.name!r} is dense (key_bits={table.bits}): key {int(keys[bad])} "

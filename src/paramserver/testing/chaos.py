@@ -23,6 +23,7 @@ from paramserver.testing.campaign import SCENARIO_NAMES
 from paramserver.testing.cluster import SimCluster, SimServer, SimWorker
 from paramserver.testing.invariants import Invariants, Violation
 from paramserver.testing.mutations import mutated
+from paramserver.testing.restore import CheckpointRestore
 from paramserver.testing.sim import Faults
 from paramserver.wire.message import Op
 
@@ -110,6 +111,15 @@ def _partition(rng: random.Random) -> Plan:
     return p
 
 
+def _restore(rng: random.Random) -> Plan:
+    """Checkpoint mid-run, go on (pushes, a crash, a join, or nothing), restore."""
+    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice([1, 2]))
+    p.faults = Faults(drop=0.01, duplicate=0.02, delay=0.1, delay_s=0.3, reorder=0.05, only=_client_links)
+    p.failures = [(rng.uniform(2, 8), "checkpoint-restore")]
+    p.speeds = [rng.choice([0.02, 0.1]), rng.choice([0.05, 0.3])]
+    return p
+
+
 def _job(rng: random.Random) -> Plan:
     p = Plan(servers=3, workers=3, replicas=2, shards=rng.randint(6, 16), epochs=rng.randint(1, 3))
     p.checkpoint_every = rng.choice([0, 3, 5])
@@ -129,6 +139,7 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "stalled-scheduler": _stalled_scheduler,
     "stalled-server": _stalled_server,
     "partition": _partition,
+    "restore": _restore,
     "job": _job,
 }
 assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "campaign.SCENARIO_NAMES lists the scenarios for --help"
@@ -162,6 +173,8 @@ class Run:
             self.tables["ssp"] = self.plan.replicas
         self.ready = False
         self.stopping = False
+        self.paused = False  # the workload waits (a checkpoint and restore is under way)
+        self.restore: CheckpointRestore | None = None
         self.calls = 0
         self.limit_s = self.cluster.config.retry_timeout_s + 10.0
         self.sizes: list[int] = []  # the job's shards: examples in each
@@ -183,7 +196,8 @@ class Run:
         self.stopping = True
         self._heal()
         c.settle(lambda: not self.check.calls and c.ring_settled() and not self._copies_open()
-                 and (not self.plan.shards or self._job_over()), SETTLE_S)
+                 and (not self.plan.shards or self._job_over()) and not (self.restore and self.restore.busy),
+                 SETTLE_S)
         c.run(2 * c.config.heartbeat_timeout_s)  # repairs and late messages land
         self.check.overdue()
         for what, _ in self.check.calls.values():
@@ -192,9 +206,9 @@ class Run:
             self.check.final(self.tables)
             if self.plan.shards:
                 self.check.job(self.sizes, self.plan.epochs)
-                self._forget_checkpoints()
         else:
             self.check.fail("no-start", "the tables were never created")
+        self._forget_checkpoints()
         return Result(self.scenario, self.seed, self.check.violations, c.net.trace, self.calls, c.net.time)
 
     def _job_over(self) -> bool:
@@ -202,12 +216,11 @@ class Run:
         return job is not None and job.finished
 
     def _forget_checkpoints(self) -> None:
-        if self.plan.checkpoint_every:
-            import fsspec
+        import fsspec
 
-            fs = fsspec.filesystem("memory")
-            if fs.exists(self.checkpoint_url):
-                fs.rm(self.checkpoint_url, recursive=True)
+        fs = fsspec.filesystem("memory")
+        if fs.exists(self.checkpoint_url):
+            fs.rm(self.checkpoint_url, recursive=True)
 
     def _watchdog(self) -> bool:
         self.check.overdue()
@@ -246,7 +259,7 @@ class Run:
 
     # ---- the workload -------------------------------------------------------------------
     def _next(self, w: SimWorker) -> None:
-        if self.stopping or not w.live or w.ring is None or not all(t in w.specs for t in self.tables):
+        if self.stopping or self.paused or not w.live or w.ring is None or not all(t in w.specs for t in self.tables):
             if not self.stopping and w.live:
                 w.host.after(0.2, self._next, w)
             return
@@ -405,6 +418,10 @@ class Run:
 
     def _failure(self, kind: str) -> None:
         c, net, timeout = self.cluster, self.cluster.net, self.cluster.config.heartbeat_timeout_s
+        if kind == "checkpoint-restore":
+            self.restore = CheckpointRestore(self)
+            self.restore.start()
+            return
         if kind == "stall-scheduler":
             c.sched_host.pause()
             net.after(self.rng.uniform(1.0, 2.0) * timeout, c.sched_host.resume)

@@ -14,6 +14,7 @@ ring, a lost server, or no answer within ``resend_s``) until ``retry_timeout_s``
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Callable
@@ -227,7 +228,7 @@ class SimWorker:
         if "ring" not in header:
             return
         ring = Ring.from_wire(header["ring"])
-        if self.ring is None or ring.epoch >= self.ring.epoch:
+        if self.ring is None or ring.version >= self.ring.version:
             self.ring = ring
             self.addresses = {int(k): v for k, v in header.get("servers", {}).items()}
             self.specs.update({n: TableSpec.from_wire(w) for n, w in header.get("tables", {}).items()})
@@ -290,6 +291,36 @@ class SimWorker:
             del self.calls[request_id]
             call.done(None, "no_answer")
         return True
+
+    def ask_servers(self, header: dict[str, Any], done: Done) -> None:
+        """Send ``header`` to every server of this worker's ring; ``done`` gets their
+        answers (headers, in server order), or the first error."""
+        assert self.ring is not None
+        servers = list(self.ring.servers)
+        answers: dict[int, dict[str, Any]] = {}
+        state = {"over": False}
+
+        def one(server: int, msg: Message | None, error: str | None) -> None:
+            if state["over"]:
+                return
+            if error is None and msg is not None and msg.op is Op.ERROR:
+                error = f"{msg.header.get('code')}: {msg.header.get('error')}"
+            if error is not None or msg is None:
+                state["over"] = True
+                done(None, f"server {server}: {error}")
+                return
+            answers[server] = msg.header
+            if len(answers) == len(servers):
+                done([answers[s] for s in servers], None)
+
+        for server in servers:
+            sock = self._sock(server)
+            if sock is None:
+                one(server, None, "no address")
+                continue
+            request_id = next(self._ids)
+            self.calls[request_id] = _Call(server, None, functools.partial(one, server), self.host.now())
+            sock.send(encode({**header, "id": request_id}))
 
     # ---- data ---------------------------------------------------------------------------
     def _sock(self, server: int) -> SimSocket | None:
@@ -370,20 +401,20 @@ class SimWorker:
             state["pending"] += len(routed.parts) - 1
             for part in routed.parts:
                 assert routed.grads is not None
-                send((part.server, self.ring.epoch, routed.keys[part.start:part.stop],
+                send((part.server, self.ring.version, routed.keys[part.start:part.stop],
                       routed.grads[part.start:part.stop] if g is not None else None, part.vnodes, part.counts))
 
         def send(piece: Piece) -> None:
             if state["over"]:
                 return
-            server, epoch, k, g, vnodes, counts = piece
+            server, ring_version, k, g, vnodes, counts = piece
             sock = self._sock(server)
             if sock is None:
                 answered(piece, None, "node_lost")
                 return
             request_id = next(self._ids)
             self.calls[request_id] = _Call(server, piece, lambda m, e: answered(piece, m, e), self.host.now())
-            h = {**header, "id": request_id, "epoch": epoch}
+            h = {**header, "id": request_id, "ring_version": ring_version}
             if "seq" in h:
                 h["acked"] = (min(self.inflight) - 1) if self.inflight else self.seq
             sock.send(encode(h, [k, vnodes, counts] if g is None else [k, g, vnodes, counts]))
@@ -393,10 +424,10 @@ class SimWorker:
                 return
             if msg is not None and msg.op is Op.ERROR:
                 error = str(msg.header.get("code"))
-                if error not in ("stale_epoch", "node_lost"):
+                if error not in ("stale_ring", "node_lost"):
                     finish(f"{error}: {msg.header.get('error')}")
                     return
-                if int(msg.header.get("epoch") or 0) > (self.ring.epoch if self.ring else 0):
+                if int(msg.header.get("ring_version") or 0) > (self.ring.version if self.ring else 0):
                     self.refresh()
             if error is not None:
                 if self.host.now() >= deadline:
@@ -413,7 +444,7 @@ class SimWorker:
         def retry(piece: Piece) -> None:
             if state["over"]:
                 return
-            if piece[0] in self.addresses and piece[1] == (self.ring.epoch if self.ring else 0):
+            if piece[0] in self.addresses and piece[1] == (self.ring.version if self.ring else 0):
                 send(piece)  # the same ring: the same piece again
             else:
                 route(piece[2], piece[3])

@@ -51,6 +51,7 @@ class Invariants:
         self.pushing: dict[int, tuple[str, np.ndarray]] = {}  # open push call -> (table, keys)
         self._next_call = 0
         self.servers_by_host: dict[str, SimServer] = {}
+        self.losses_before: dict[str, int] = {}  # table -> scheduler losses that its restore made good
         cluster.net.watchers.append(self._watch)
         sched = cluster.scheduler
         remove = sched._remove
@@ -146,8 +147,20 @@ class Invariants:
         return bool(np.isin(ring.vnodes(keys.astype(np.uint64), bits), list(vnodes)).any())
 
     def lost_vnodes(self, table: str) -> set[int]:
-        return {int(v) for loss in self.cluster.scheduler.losses if table in loss.get("tables", [])
+        losses = self.cluster.scheduler.losses[self.losses_before.get(table, 0):]
+        return {int(v) for loss in losses if table in loss.get("tables", [])
                 for v in loss.get("by_table", {}).get(table, loss.get("vnode_ids", []))}
+
+    def restored(self, table: str, values: np.ndarray, mine: dict[tuple[str, str], np.ndarray]) -> None:
+        """``table`` was restored to ``values`` from a checkpoint taken when each worker's
+        acknowledged pushes were ``mine``: count from there (later pushes were undone, and
+        data lost before the restore is back)."""
+        self.sent[table] = values.copy()
+        self.acked[table] = values.copy()
+        self.doubtful[table] = np.zeros(self.keys, np.int64)
+        for key in [k for k in self.mine if k[1] == table]:
+            self.mine[key] = mine.get(key, np.zeros(self.keys, np.int64)).copy()
+        self.losses_before[table] = len(self.cluster.scheduler.losses)
 
     def staleness(self, worker: str, table: str, clock: int, staleness: int, keys: np.ndarray,
                   values: np.ndarray, least: np.ndarray) -> None:

@@ -33,11 +33,11 @@ def _ack_before_backups() -> Callable[[], None]:
     return _patch(Peers, "forward", eager)
 
 
-def _ignore_epoch() -> Callable[[], None]:
+def _ignore_ring_version() -> Callable[[], None]:
     from paramserver.server import node
     check = node.check_segments
-    return _patch(node, "check_segments", lambda table, ring, keys, vnodes, counts, primary_of, node_id, epoch:
-                  check(table, ring, keys, vnodes, counts, None, node_id, epoch))
+    return _patch(node, "check_segments", lambda table, ring, keys, vnodes, counts, primary_of, node_id, ring_version:
+                  check(table, ring, keys, vnodes, counts, None, node_id, ring_version))
 
 
 def _no_staleness_gate() -> Callable[[], None]:
@@ -50,13 +50,45 @@ def _no_lease() -> Callable[[], None]:
     return _patch(Lease, "valid", lambda self: True)
 
 
+def _restore_unheld() -> Callable[[], None]:
+    """Restore as clients once did: each server loads once, whatever the ring does."""
+    from paramserver.scheduler.restores import Restore, Restores
+    loaded, settled = Restores._loaded, Restores.settled
+
+    def once(self: Restores, op: Any) -> None:
+        op.lost = set()  # a load interrupted by a ring change counts as done
+        if self.current is not None and self.host.ring is not None:
+            self.current.ring_version, self.current.moves = self.host.ring.version, self.host.ring_moves
+        loaded(self, op)
+
+    def eager(self: Restores) -> None:
+        if self.current is None and self.queue:
+            r: Restore = self.queue.pop(0)
+            self.current, r.waiting = r, False
+            r.ring_version, r.moves = (self.host.ring.version if self.host.ring else 0), self.host.ring_moves
+            self.host.fan_out(r.header, self._loaded, servers=list(self.host.ring.servers) if self.host.ring else [])
+        elif self.current is not None and self.current.waiting:
+            settled(self)
+
+    undo = [_patch(Restores, "_loaded", once), _patch(Restores, "settled", eager),
+            _patch(Restores, "busy", property(lambda self: False))]
+
+    def undo_all() -> None:
+        for u in reversed(undo):
+            u()
+
+    return undo_all
+
+
 #: name -> (what it switches off, how)
 MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
     "no-dedup": ("skip the retry dedup: a resent push is applied again", _no_dedup),
     "ack-before-backups": ("acknowledge a push before its backups applied it", _ack_before_backups),
-    "ignore-epoch": ("serve requests routed with a stale ring (no epoch/primary check)", _ignore_epoch),
+    "ignore-ring-version": ("serve requests routed with a stale ring (no ring-version/primary check)",
+                            _ignore_ring_version),
     "no-staleness-gate": ("answer pulls without the staleness gate", _no_staleness_gate),
     "no-lease": ("serve without a lease from the scheduler", _no_lease),
+    "restore-unheld": ("restore a table without holding ring changes or loading again after one", _restore_unheld),
 }
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from paramserver.errors import ProtocolError, StaleEpochError
+from paramserver.errors import ProtocolError, StaleRingError
 
 #: Array dtypes allowed on the wire (little-endian).
 DTYPES: dict[str, np.dtype] = {
@@ -189,8 +189,8 @@ def failed_request(exc: BaseException, default: Any = None) -> Any:
 
 def error_code(exc: BaseException) -> str:
     """The ``code`` of a server's error reply (clients map it back: ``client.scatter.remote_error``)."""
-    if isinstance(exc, StaleEpochError):
-        return "stale_epoch"
+    if isinstance(exc, StaleRingError):
+        return "stale_ring"
     if isinstance(exc, KeyError):
         return "unknown_table"
     return "protocol" if isinstance(exc, ProtocolError) else "error"
