@@ -70,12 +70,12 @@ def test_copies_unconfirmed_when_a_migration_is_abandoned_are_redone(make):
     s = make([1, 2, 3, 4], [TableSpec("t", 1, replicas=2)])
     s._remove(4, "dead")  # failover: repair copies planned to the new backups
     repair = s.migration
-    assert repair is not None and not repair.flip and s.incomplete
-    pending = set(s.incomplete)
+    assert repair is not None and not repair.flip and s.membership.incomplete
+    pending = set(s.membership.incomplete)
     first_source = sorted(repair.waiting)[0]
     _migrated(s, first_source)  # one source confirms its copies ...
     done = {(t, v, d) for t, v, d in repair.moves[first_source]}
-    assert s.incomplete == pending - done
+    assert s.membership.incomplete == pending - done
     before = s.ring
     s.nodes[3].last_seen -= 100  # ... then another server dies: the repair is abandoned
     s._check_heartbeats(s.clock())
@@ -90,7 +90,7 @@ def test_copies_unconfirmed_when_a_migration_is_abandoned_are_redone(make):
     assert left and left <= planned
     for source in list(again.waiting):
         _migrated(s, source)
-    assert not s.incomplete and s.migration is None and s.ring.version == before.version + 1
+    assert not s.membership.incomplete and s.migration is None and s.ring.version == before.version + 1
 
 
 def test_a_refused_copy_fails_the_migration_and_the_ring_does_not_flip(make):
@@ -229,8 +229,8 @@ def test_waiting_for_servers_fails_when_the_joiner_dies_mid_copy(make):
     answers = s.sock.sent  # (identity, header) of every reply the scheduler sends
     s.nodes[3] = NodeInfo(3, "server", b"s3", "tcp://127.0.0.1:3", s.clock())
     s.by_identity[b"s3"] = 3
-    s.changes.append(("join", 3, None))
-    s._next_change()
+    s.membership.changes.append(("join", 3, None))
+    s.membership.next_change()
     assert s.migration is not None and 3 in s.migration.target.servers
     s.on_wait_servers(b"three", Message({"op": "wait_servers", "id": 7, "count": 3}, []))
     s.on_wait_servers(b"two", Message({"op": "wait_servers", "id": 8, "count": 2}, []))
@@ -267,7 +267,7 @@ def test_a_restore_waits_for_copies_holds_joins_and_loads_again_after_a_failover
     assert s.migration is None and sorted(n for n, _ in commands()) == [1, 2, 3, 4]
 
     s.on_register(b"s5", Message({"op": "register", "id": 2, "role": "server", "address": "sim://late"}, []))
-    assert s.migration is None and s.changes  # a join waits for the restore
+    assert s.migration is None and s.membership.changes  # a join waits for the restore
     s.nodes[2].last_seen -= 100  # and a server dies before it answers: failover, repair copies
     s._check_heartbeats(s.clock())
     answer_all()

@@ -38,8 +38,10 @@ class JobHost(Protocol):
 
     ring: Ring | None
     tables: dict[str, TableSpec]
-    losses: list[dict[str, Any]]
-    failovers: list[dict[str, Any]]
+    @property
+    def losses(self) -> list[dict[str, Any]]: ...
+    @property
+    def failovers(self) -> list[dict[str, Any]]: ...
 
     def answer(self, identity: bytes, frames: list[Any]) -> None: ...
 

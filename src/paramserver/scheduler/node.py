@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +28,8 @@ from paramserver.routing.ring import Ring
 from paramserver.scheduler.barrier import Barrier
 from paramserver.scheduler.fanout import FanOut, FanOuts
 from paramserver.scheduler.jobs import Jobs
+from paramserver.scheduler.membership import Membership, Migration, NodeInfo
 from paramserver.scheduler.restores import Restores
-from paramserver.scheduler.ringchanges import Migration, NodeInfo, RingChanges
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
@@ -42,7 +41,7 @@ ROLES = ("server", "worker", "driver")
 _BEAT_BACK = encode({"op": Op.HEARTBEAT.value})
 
 
-class SchedulerNode(RingChanges):
+class SchedulerNode:
     """Runs the scheduler loop until ``SHUTDOWN``.
 
     Args:
@@ -57,34 +56,24 @@ class SchedulerNode(RingChanges):
         self.config = config
         self.transport = transport or ZmqTransport()
         self.clock = self.transport.now
+        self.sock: Any
         self.sock, self.address = self.transport.bind(config.host, config.port, config.max_message_bytes)
         self.nodes: dict[int, NodeInfo] = {}
         self.by_identity: dict[bytes, int] = {}
-        self.ring: Ring | None = None
         self.tables: dict[str, TableSpec] = {}
         self.parked_workers: list[tuple[bytes, Message, NodeInfo]] = []
         self.barrier = Barrier()  # workers waiting at the barrier
         self.fanouts = FanOuts(lambda server, header: self._notify(self.nodes[server], header))
         self.jobs = Jobs(self)  # the training job's shard queue and checkpoints
         self.restores = Restores(self)  # tables loaded from checkpoints, one at a time
-        self.ring_moves = 0  # migrations started (a restore loads again if one ran meanwhile)
+        self.membership = Membership(self, config.vnodes_per_server, config.servers)  # the ring and its changes
         self._announced: list[int] | None = None
         self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
         self.server_waiters: list[tuple[bytes, Any, int]] = []
-        self.migration: Migration | None = None
-        self.changes: deque[tuple[str, int, tuple[bytes, Any] | None]] = deque()  # joins, removals
         self.deferred: list[tuple[bytes, Message]] = []  # table commands waiting for a migration
-        self.incomplete: set[tuple[str, int, int]] = set()  # (table, vnode, server) copies unconfirmed
-        self._ring_lost = False  # every server died: the next one to register starts a ring
         self._bad_requests, self._failures = Throttled(logger), Throttled(logger)  # a flood logs a few lines
-        # what servers' deaths cost, for job_status: data lost (tables without a backup) and failovers
-        self.losses: list[dict[str, Any]] = []
-        self.failovers: list[dict[str, Any]] = []
-        self._failed_migrations = 0
-        self._next_version = 1  # a ring formed after every server died continues the versions
         self._next_id = 1
         self._workers_seen = 0  # workers ever registered (the barrier waits for the expected number first)
-        self._op_seq = 0
         self._running = True
         self._last_turn = self.clock()
         self.handlers = {
@@ -195,11 +184,7 @@ class SchedulerNode(RingChanges):
         logger.info("%s %d registered (%s)", role, node.id, address or identity.hex())
         if role == "server":
             self.sock.send(reply(msg, node_id=node.id), identity)
-            if self.ring is not None:  # a live join: its share of vnodes is copied, then the ring flips
-                self.changes.append(("join", node.id, None))
-                self._next_change()
-            elif self._ring_lost or sum(n.role == "server" for n in self.nodes.values()) == self.config.servers:
-                self._form_ring(self._next_version)
+            self.membership.server_joined(node.id)
         elif self.ring is None:
             self.parked_workers.append((identity, msg, node))
         else:
@@ -219,27 +204,90 @@ class SchedulerNode(RingChanges):
             "tables": {name: spec.to_wire() for name, spec in self.tables.items()},
         }
 
-    def _form_ring(self, ring_version: int = 1) -> None:
-        servers = sorted(n.id for n in self.nodes.values() if n.role == "server")
-        self.ring = Ring.create(servers, self.config.vnodes_per_server, ring_version)
-        logger.info("ring formed: ring version %d, %d vnodes over servers %s",
-                    self.ring.version, self.ring.n_vnodes, servers)
-        if self._ring_lost:  # clients route with it too
-            self._ring_lost = False
-            self._broadcast_view()
-        else:
-            view = self._cluster_view()
-            for node in self.nodes.values():
-                if node.role == "server":
-                    self._notify(node, {"op": Op.RING.value, **view})
+    # ---- what the ring's changes need (``MembershipHost``) ------------------------------
+    @property
+    def ring(self) -> Ring | None:
+        return self.membership.ring
+
+    @ring.setter
+    def ring(self, ring: Ring | None) -> None:
+        self.membership.ring = ring
+
+    @property
+    def migration(self) -> Migration | None:
+        return self.membership.migration
+
+    @property
+    def losses(self) -> list[dict[str, Any]]:
+        return self.membership.losses
+
+    @property
+    def failovers(self) -> list[dict[str, Any]]:
+        return self.membership.failovers
+
+    @property
+    def ring_moves(self) -> int:
+        return self.membership.moves
+
+    def notify(self, node_id: int, header: dict[str, Any]) -> None:
+        self._notify(self.nodes[node_id], header)
+
+    def ring_changed(self, everyone: bool) -> None:
+        """The ring, the servers' addresses and the tables: to every node (clients route
+        with it), or to the servers alone (a first ring: clients are welcomed with it)."""
+        view = {"op": Op.RING.value, **self._cluster_view()}
+        for node in self.nodes.values():
+            if everyone or node.role == "server":
+                self._notify(node, view)
+
+    def ring_formed(self) -> None:
         for identity, msg, node in self.parked_workers:
             self._welcome(identity, msg, node)
         self.parked_workers.clear()
         self._serve_server_waiters()
 
+    def joining(self, node_id: int) -> None:
+        self.ring_changed(everyone=True)  # every server learns the joiner's address, it the tables
+        self.notify(node_id, {"op": Op.WORKERS.value, "workers": self._announced or []})
+
+    def retire(self, node_id: int) -> None:
+        self.notify(node_id, {"op": Op.STOP.value})
+        self._remove(node_id, "removed")
+
+    def holding(self) -> bool:
+        return self.restores.busy
+
+    def between_changes(self) -> None:
+        self.restores.settled()  # a restore that waited for vnodes to stop moving starts
+
+    def migration_over(self) -> None:
+        """Table commands that waited, then a restore or the next membership change."""
+        deferred, self.deferred = self.deferred, []
+        for identity, msg in deferred:
+            if self.migration is not None:  # the next change started: wait again
+                self.deferred.append((identity, msg))
+                continue
+            try:
+                self._handle_message(identity, msg)
+            except ParamServerError as exc:
+                self.sock.send(error_reply(msg.id, "config", str(exc)), identity)
+            except Exception as exc:
+                logger.exception("deferred %s failed", msg.op.value)
+                self.sock.send(error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
+        self.membership.next_change()
+        self._serve_server_waiters()
+
+    def on_migrated(self, identity: bytes, msg: Message) -> None:
+        self.membership.migrated(self.by_identity.get(identity), msg.header.get("migration"), msg.header.get("failed"))
+
+    def on_remove_server(self, identity: bytes, msg: Message) -> None:
+        """Take a server out of the ring (``Membership.remove``); answered when done."""
+        self.membership.remove(hfield(msg, "node_id", int), (identity, msg.id))
+
     def on_cluster_info(self, identity: bytes, msg: Message) -> None:
-        info: dict[str, Any] = {"migrating": self.migration is not None, "queued_changes": len(self.changes),
-                                "incomplete_copies": len(self.incomplete),
+        m = self.membership
+        info: dict[str, Any] = {"migrating": m.migration is not None, "queued_changes": len(m.changes),
+                                "incomplete_copies": len(m.incomplete),
                                 "workers": {str(n.id): n.rank for n in self.nodes.values() if n.role == "worker"}}
         if self.ring is not None:
             info.update(self._cluster_view(), ring_servers=self.ring.servers, ring_version=self.ring.version)
@@ -254,8 +302,8 @@ class SchedulerNode(RingChanges):
         """Answer the waiters whose server count the settled ring has.  After server
         ``lost`` died, fail those whose count the cluster no longer heads for (a joiner
         that died mid-copy is not coming): they would otherwise wait for ever."""
-        settled = self.ring is not None and self.migration is None and not self.changes and not self.incomplete
-        heading = self._servers_heading()
+        settled = self.membership.settled
+        heading = self.membership.heading()
         waiting, self.server_waiters = self.server_waiters, []
         for identity, request_id, count in waiting:
             if settled and self.ring is not None and len(self.ring.servers) == count:
@@ -268,22 +316,6 @@ class SchedulerNode(RingChanges):
                      identity)
             else:
                 self.server_waiters.append((identity, request_id, count))
-
-    def _servers_heading(self) -> set[int]:
-        """The servers the ring will have once the queued and running changes are done."""
-        servers = set(self.ring.servers) if self.ring is not None else set()
-        if self.migration is not None:
-            servers |= set(self.migration.target.servers)
-            if self.migration.leaving is not None:
-                servers.discard(self.migration.leaving)
-        for kind, node_id, _ in self.changes:
-            if kind == "join":
-                servers.add(node_id)
-            else:
-                servers.discard(node_id)
-        if self.ring is None:  # every server died: the registered ones start the next ring
-            servers = {n.id for n in self.nodes.values() if n.role == "server"}
-        return {s for s in servers if s in self.nodes}
 
     def workers_changed(self) -> None:
         """Tell servers which workers their vector clocks follow: the live ones, less
@@ -377,7 +409,7 @@ class SchedulerNode(RingChanges):
         self.fanouts.node_lost(node_id)
         self.jobs.maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
         if node.role == "server":
-            self._server_lost(node_id)
+            self.membership.server_lost(node_id)
             self._serve_server_waiters(lost=node_id)
         self._maybe_release_barrier()
 
@@ -453,8 +485,8 @@ class SchedulerNode(RingChanges):
         return self.migration is not None
 
     def restored(self) -> None:
-        """A restore finished: the joins and removals it held may start."""
-        self._next_change()
+        """A restore finished: the next one, or the joins and removals it held, may start."""
+        self.membership.next_change()
 
     # ---- barrier and shutdown ----------------------------------------------------------
     def _barrier_size(self) -> int:

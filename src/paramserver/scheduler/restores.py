@@ -39,7 +39,8 @@ class Host(Protocol):
 
     ring: Ring | None
     tables: dict[str, TableSpec]
-    ring_moves: int
+    @property
+    def ring_moves(self) -> int: ...
 
     @property
     def moving(self) -> bool: ...

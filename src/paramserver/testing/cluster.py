@@ -155,8 +155,7 @@ class SimCluster:
         return until()
 
     def ring_settled(self) -> bool:
-        s = self.scheduler
-        return s.ring is not None and s.migration is None and not s.changes and not s.incomplete
+        return self.scheduler.membership.settled
 
     def value(self, server: SimServer, table: str, key: int) -> float | None:
         """The value ``server`` stores for ``key`` (None: it does not hold the vnode)."""
