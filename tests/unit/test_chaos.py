@@ -137,6 +137,8 @@ def test_the_network_keeps_a_connections_order_and_drops_what_a_cut_link_carries
                    "sources had loaded, and the restored rows were lost without a word (the scheduler now runs "
                    "restores, holding joins, and loads again after a ring change)"),
     ("restore", 13, "the same race, the joiner a backup of the vnodes it got empty"),
+    ("restore", 256, "a push delivered twice, the second time after its table was dropped and created again: "
+                     "the server had dropped the exactly-once record with the table, and applied it again"),
 ])
 def test_regression_seeds(scenario, seed, bug):
     """Bugs the campaign found (issue 13), each kept as the seed that found it."""
