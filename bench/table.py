@@ -6,8 +6,10 @@ The key stream is real: a synthetic Criteo file (``paramserver synth``) parsed i
 mini-batches of ``--batch-size``, each batch's distinct keys routed to one server's 64
 vnodes as a worker routes them, and passed through the wire codec (requests arrive as
 read-only frames).  Calls come in a worker's pipelined order: the pull of batch t+1 is
-served between the pull and the push of batch t.  Dim-1 FTRL, in this process, no
-sockets: this is the part of a server's time that the table layout decides.
+served between the pull and the push of batch t.  Dim-1 FTRL by default
+(``--optimizers ftrl,sgd,adagrad,adam,rmsprop`` for more: each built-in update rule),
+in this process, no sockets: this is the part of a server's time that the table layout
+and the update rule decide.
 """
 
 from __future__ import annotations
@@ -29,14 +31,16 @@ from paramserver.server.vnodes import VnodeSet
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Op, decode, encode
 
-FTRL = {"name": "ftrl", "alpha": 0.15, "beta": 1.0, "l1": 1.0, "l2": 1.0}
+OPTIMIZERS = {"ftrl": {"name": "ftrl", "alpha": 0.15, "beta": 1.0, "l1": 1.0, "l2": 1.0},
+              "sgd": {"name": "sgd", "lr": 0.05}, "adagrad": {"name": "adagrad", "lr": 0.05},
+              "adam": {"name": "adam", "lr": 0.001}, "rmsprop": {"name": "rmsprop", "lr": 0.001}}
 
 
 def frames(arrays: list[np.ndarray]) -> list[np.ndarray]:
     return decode([bytes(f) for f in encode({"op": Op.PUSH.value}, arrays)]).arrays
 
 
-def run(batches, bits: int, seed: int = 0) -> dict:
+def run(batches, bits: int, seed: int = 0, optimizer: str = "ftrl") -> dict:
     ring = Ring.create([1], 64)
     rng = np.random.default_rng(seed)
     requests = []
@@ -47,7 +51,8 @@ def run(batches, bits: int, seed: int = 0) -> dict:
         requests.append((frames([pull.keys, pull.parts[0].vnodes, pull.parts[0].counts]),
                          frames([push.keys, push.grads, push.parts[0].vnodes, push.parts[0].counts])))
     t0 = time.perf_counter()
-    table = VnodeSet(TableSpec("t", 1, optimizer=FTRL, key_bits=bits), ring.n_vnodes, range(ring.n_vnodes))
+    table = VnodeSet(TableSpec("t", 1, optimizer=OPTIMIZERS[optimizer], key_bits=bits), ring.n_vnodes,
+                     range(ring.n_vnodes))
     create = time.perf_counter() - t0
     lookup = update = 0.0
     keys = 0
@@ -68,7 +73,7 @@ def run(batches, bits: int, seed: int = 0) -> dict:
         table.apply(v, c, k, g)
         update += time.perf_counter() - t1
         lookup += t1 - t0
-    return {"layout": "dense" if bits else "hash", "keys": keys, "create_s": create,
+    return {"layout": "dense" if bits else "hash", "optimizer": optimizer, "keys": keys, "create_s": create,
             "lookup_ns": lookup / keys * 1e9, "update_ns": update / keys * 1e9, "stored": len(table)}
 
 
@@ -78,6 +83,7 @@ def main() -> None:
     ap.add_argument("--hash-bits", type=int, default=24)
     ap.add_argument("--batch-size", type=int, default=4000)
     ap.add_argument("--repeat", type=int, default=2, help="runs of each layout (alternating)")
+    ap.add_argument("--optimizers", default="ftrl", help="comma-separated built-in rules to time (default: ftrl)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     tune_allocator()  # as servers do
@@ -86,15 +92,18 @@ def main() -> None:
         write_synth(path, args.rows, seed=1)
         batches = list(read_batches(Shard(path, 0, -1), DataFormat("criteo", hash_bits=args.hash_bits),
                                     args.batch_size))
-    run(batches[:4], 0)  # compile
-    run(batches[:4], args.hash_bits)
-    rows = [run(batches, bits) for _ in range(args.repeat) for bits in (0, args.hash_bits)]
+    optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
+    for opt in optimizers:  # compile
+        run(batches[:4], 0, optimizer=opt)
+        run(batches[:4], args.hash_bits, optimizer=opt)
+    rows = [run(batches, bits, optimizer=opt) for _ in range(args.repeat) for opt in optimizers
+            for bits in (0, args.hash_bits)]
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'layout':<7} {'keys':>10} {'create s':>9} {'lookup ns/key':>14} {'update ns/key':>14}")
+    print(f"{'layout':<7} {'optimizer':<9} {'keys':>10} {'create s':>9} {'lookup ns/key':>14} {'update ns/key':>14}")
     for r in rows:
-        print(f"{r['layout']:<7} {r['keys']:>10,} {r['create_s']:>9.3f} {r['lookup_ns']:>14.1f} "
+        print(f"{r['layout']:<7} {r['optimizer']:<9} {r['keys']:>10,} {r['create_s']:>9.3f} {r['lookup_ns']:>14.1f} "
               f"{r['update_ns']:>14.1f}")
 
 

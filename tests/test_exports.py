@@ -4,7 +4,8 @@ import paramserver
 def test_public_names_are_pinned():
     assert sorted(paramserver.__all__) == sorted([
         "Client", "LocalCluster", "run", "load_model", "Config", "TableSpec", "Ring",
-        "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "Zeros", "Normal", "Uniform",
+        "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "RMSProp", "Zeros", "Normal", "Uniform", "rule", "Rule",
+        "server_function",
         "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
         "NodeLostError", "RemoteError", "ProtocolError", "StaleRingError", "WorkerError", "CheckpointError",
         "DataLossError",

@@ -28,13 +28,16 @@ from paramserver.errors import (
                                 UnknownTableError,
                                 WorkerError,
 )
+from paramserver.functions import server_function
 from paramserver.routing.ring import Ring
-from paramserver.server.optim import FTRL, SGD, AdaGrad, Adam, FtrlAdagrad, Normal, Uniform, Zeros
+from paramserver.rules import Rule, rule
+from paramserver.server.optim import FTRL, SGD, AdaGrad, Adam, FtrlAdagrad, Normal, RMSProp, Uniform, Zeros
 from paramserver.spec import TableSpec
 
 __all__ = [
     "Client", "LocalCluster", "run", "load_model", "Config", "TableSpec", "Ring",
-    "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "Zeros", "Normal", "Uniform",
+    "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "RMSProp", "Zeros", "Normal", "Uniform", "rule", "Rule",
+    "server_function",
     "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
     "NodeLostError", "RemoteError", "ProtocolError", "StaleRingError", "WorkerError", "CheckpointError",
     "DataLossError",

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=8, help="FM factor width (default 8)")
     p.add_argument("--fm-l2", type=float, default=1e-2, help="FM L2 penalty on factors (default 0.01)")
     p.add_argument("--optimizer", help="NAME[:key=value,...], e.g. ftrl:alpha=0.1,l1=1 (default: ftrl for lr, "
-                                       "ftrl_adagrad for fm)")
+                                       "ftrl_adagrad for fm); or your own rule, MODULE:FUNCTION[:key=value,...] "
+                                       "(docs/write-your-own.md)")
     p.add_argument("--servers", type=int, default=1, help="server processes of the local cluster")
     p.add_argument("--workers", type=int, default=1, help="worker processes of the local cluster")
     p.add_argument("--epochs", type=int, default=1, help="passes over the training data")
@@ -195,12 +196,14 @@ def _data_flags(p: argparse.ArgumentParser, training: bool) -> None:
 
 
 def _optimizer(text: str | None):
-    """``--optimizer NAME[:key=value,...]`` (one syntax with ``create_table``'s)."""
+    """``--optimizer NAME[:key=value,...]`` or ``MODULE:FUNCTION[:key=value,...]`` (one
+    syntax with ``create_table``'s), checked whole now: a rule that does not import is
+    refused before any process starts."""
     if not text:
         return None
-    from paramserver.server.optim import parse_text
+    from paramserver.server.optim import Optimizer
 
-    return parse_text(text)
+    return Optimizer.parse(text).to_wire()
 
 
 def _config(args: argparse.Namespace):

@@ -93,7 +93,8 @@ def test_adam_matches_reference():
     ({"name": "adam", "beta1": 1.0}, r"beta1 must be in \[0, 1\)"),
     ({"name": "adagrad", "eps": 0, "initial_accumulator": 0}, "0/0"),
     ({"name": "ftrl", "beta": 0, "l2": 0}, "divides by 0"),
-    ({"name": "rmsprop"}, "unknown optimizer 'rmsprop'"),
+    ({"name": "nadam"}, "unknown optimizer .nadam."),
+    ({"name": "rmsprop", "rho": 1.0}, r"rho must be in \[0, 1\)"),
     ({"name": "sgd", "momentum": 0.9}, "unknown"),
 ])
 def test_bad_hyperparameters_are_refused_clearly(spec, match):

@@ -32,8 +32,9 @@ from paramserver.errors import (
     RemoteError,
     UnknownTableError,
 )
-from paramserver.routing.partition import route_pull, route_push, scatter_rows
+from paramserver.routing.partition import combine_duplicates, route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
+from paramserver.server.optim import PUSH_OPS
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op
 from paramserver.wire.sockets import refused_for
@@ -168,7 +169,7 @@ class Client:
         with self._lock:
             ring = self._ring
         index: np.ndarray  # a pull's destination rows; a push's summed gradients
-        if kind is Op.PULL:
+        if kind is not Op.PUSH:  # a pull, or a server-side function over keys
             routed = route_pull(ring, keys, bits)
             assert routed.order is not None
             index = routed.order if extra is None else extra[routed.order]
@@ -183,7 +184,8 @@ class Client:
     def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
                  on_piece: Callable[[Piece, Message], None], result: Any = None,
                  reply_row_bytes: int = 0, seq: int | None = None,
-                 on_settled: Callable[[], None] | None = None, distinct: bool = False) -> Future:
+                 on_settled: Callable[[], None] | None = None, distinct: bool = False,
+                 extra_header: dict[str, Any] | None = None) -> Future:
         """Send a pull or push as one request per server; the future resolves to
         ``result`` once every piece is answered (see ``scatter.Scatter``)."""
         bits = self._spec(table).key_bits
@@ -200,6 +202,7 @@ class Client:
             header["clock"] = self._clock
         if seq is not None:
             header.update(sender=self.node_id, seq=seq)
+        header.update(extra_header or {})
         return Scatter(self, kind, header, bits, on_piece, result, on_settled).start(pieces)
 
     def _refresh_view(self) -> None:
@@ -267,15 +270,26 @@ class Client:
 
         return self._scatter(Op.PULL, table, keys, None, on_piece, result=out, reply_row_bytes=4 * spec.dim)
 
-    def push(self, table: str, keys: Any, grads: Any, *, distinct: bool = False) -> Future:
-        """Send gradients; duplicate keys are summed first. The future completes once
-        every live replica applied them (each exactly once, retries included).
+    def push(self, table: str, keys: Any, grads: Any, *, distinct: bool = False, op: str = "update") -> Future:
+        """Send gradients (or values); the future completes once every live replica
+        applied them (each exactly once, retries included).
+
+        ``op`` says what a row becomes: ``"update"`` (the table's rule, on gradients),
+        ``"add"`` (plain increments, for counts), ``"assign"``, ``"max"`` or ``"min"``
+        (on the values; the rule's state is left alone).  Duplicate keys are merged first
+        as the op would apply them in turn: summed for ``update`` and ``add``, the largest
+        or smallest kept for ``max``/``min``, the last for ``assign``.
 
         ``distinct=True`` says ``keys`` has no duplicates (they came from ``np.unique``
         or ``Batch.unique``), so the client does not look for them: routing a push costs
         a third.  Should one slip through, the server applies it as a second update.
         """
+        if op not in PUSH_OPS:
+            raise ConfigError(f"push to {table!r}: op must be one of {sorted(PUSH_OPS)}, got {op!r}")
         spec = self._spec(table)
+        if op != "update" and spec.aggregate:
+            raise ConfigError(f"push to {table!r}: op {op!r} on a table with BSP aggregation (it sums a clock's "
+                              "pushes and applies the rule once): use op='update', or a table without aggregate")
         keys = as_keys(keys)
         spec.check_keys(keys)
         grads = np.asarray(grads, np.float32)
@@ -287,6 +301,9 @@ class Client:
         if not np.isfinite(grads).all():
             raise ConfigError(f"push to {table!r}: grads contain NaN or inf (check the learning "
                               "rate and the loss)")
+        if op in ("assign", "max", "min") and not distinct:
+            keys, grads = combine_duplicates(keys, grads, op)
+            distinct = True
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -294,10 +311,21 @@ class Client:
         try:  # the seq is settled once no request of it is left anywhere, not when the
             # future fails: a server may still apply and forward a piece in flight
             return self._scatter(Op.PUSH, table, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
-                                 seq=seq, on_settled=lambda: self._settled(seq), distinct=distinct)
+                                 seq=seq, on_settled=lambda: self._settled(seq), distinct=distinct,
+                                 extra_header={"push_op": op} if op != "update" else None)
         except BaseException:
             self._settled(seq)
             raise
+
+    def call(self, table: str, function: str, keys: Any = None, args: dict[str, Any] | None = None) -> Future:
+        """Run the server-side function ``"module:function"`` on every server, over the
+        rows it is the primary of (of ``keys``, or all of them), and merge the results as
+        the function declares (``paramserver.functions``: a sum, ``(keys, rows)``
+        concatenated, or the top ``args["k"]``).  ``args``: numbers, strings, lists or
+        numpy arrays (sent as lists).  Returns a future, like ``pull``."""
+        from paramserver.client.calls import call
+
+        return call(self, table, function, keys, args)
 
     def _settled(self, seq: int) -> None:
         with self._lock:

@@ -205,3 +205,22 @@ def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, bits: int = 0, d
         return Routed(skeys, _parts(ring, offsets), ring.version, grads=srows)
     uniq, sums, uoffsets = _dedup_sum(skeys, srows, offsets)
     return Routed(uniq, _parts(ring, uoffsets), ring.version, grads=sums)
+
+
+def combine_duplicates(keys: np.ndarray, rows: np.ndarray, op: str) -> tuple[np.ndarray, np.ndarray]:
+    """One row per distinct key, as push operation ``op`` would leave it after its
+    duplicates in turn: ``max``/``min`` keep the largest/smallest, ``assign`` the last.
+    (``update`` and ``add`` sum duplicates in ``route_push``.)  Vectorised: a stable sort
+    and one ``reduceat``."""
+    order = np.argsort(keys, kind="stable")
+    skeys, srows = keys[order], rows[order]
+    starts = np.flatnonzero(np.r_[True, skeys[1:] != skeys[:-1]]) if skeys.size else np.zeros(0, np.int64)
+    if op == "max":
+        combined = np.maximum.reduceat(srows, starts, axis=0) if starts.size else srows
+    elif op == "min":
+        combined = np.minimum.reduceat(srows, starts, axis=0) if starts.size else srows
+    elif op == "assign":
+        combined = srows[np.r_[starts[1:], skeys.size] - 1] if starts.size else srows
+    else:
+        raise ValueError(f"combine_duplicates: {op!r} sums its duplicates (route_push)")
+    return skeys[starts], np.ascontiguousarray(combined, np.float32)

@@ -20,7 +20,7 @@ from paramserver.errors import ProtocolError
 from paramserver.intrinsics import prefetch_row
 from paramserver.routing.hashing import dense_keys_of, dense_pos, dense_range, vnode_of_key
 from paramserver.server.memory import zeroed_rows
-from paramserver.server.optim import init_row, init_value, update_row
+from paramserver.server.optim import init_row, init_value, push_row
 from paramserver.server.table import _COUNT, PREFETCH_AHEAD
 
 
@@ -58,7 +58,7 @@ def _dense_check(rows, start, keys, bits):
 
 
 @njit(nogil=True, cache=True)
-def _dense_apply(rows, meta, start, keys, grads, dim, bits, okind, ohp, ikind, ihp, seed):
+def _dense_apply(rows, meta, start, keys, grads, dim, bits, op, okind, ohp, ikind, ihp, seed):
     """Like ``_apply`` for a dense vnode (which never grows); every key must be in it
     (``_dense_check``), else nothing is applied and the bad key's index is returned."""
     bad = _dense_check(rows, start, keys, bits)
@@ -75,7 +75,7 @@ def _dense_apply(rows, meta, start, keys, grads, dim, bits, okind, ohp, ikind, i
             init_row(rows, r, key, dim, flag, okind, ohp, ikind, ihp, seed)
             rows[r, flag] = 1.0
             meta[_COUNT] += 1
-        update_row(rows, r, grads, i, dim, okind, ohp)
+        push_row(rows, r, grads, i, dim, op, okind, ohp)
     return -1
 
 
@@ -155,13 +155,13 @@ def _dense_lookup_many(rows_l, starts, slot, vnodes, counts, keys, out, dim, bit
 
 
 @njit(nogil=True, cache=True)
-def _dense_apply_many(rows_l, meta_l, starts, slot, vnodes, counts, keys, grads, dim, bits, okind, ohp,
+def _dense_apply_many(rows_l, meta_l, starts, slot, vnodes, counts, keys, grads, dim, bits, op, okind, ohp,
                       ikind, ihp, seed):
     a = 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
         b = a + counts[s]
-        bad = _dense_apply(rows_l[t], meta_l[t], starts[t], keys[a:b], grads[a:b], dim, bits, okind, ohp,
+        bad = _dense_apply(rows_l[t], meta_l[t], starts[t], keys[a:b], grads[a:b], dim, bits, op, okind, ohp,
                            ikind, ihp, seed)
         if bad >= 0:
             return a + bad

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from paramserver import functions
 from paramserver.config import Config
 from paramserver.consistency.clock import StalenessGate
 from paramserver.errors import ConnectError, ParamServerError, ProtocolError, StaleRingError, UnknownTableError
@@ -38,8 +39,9 @@ from paramserver.server.copies import Copies
 from paramserver.server.dedup import Dedup
 from paramserver.server.install import check_grads, check_install, check_moves, replace_buffered
 from paramserver.server.lease import Lease
+from paramserver.server.optim import OP_UPDATE
 from paramserver.server.peers import Acks, Peers, forward_targets
-from paramserver.server.requests import check_segments, split
+from paramserver.server.requests import check_segments, push_op, split
 from paramserver.server.vnodes import VnodeSet
 from paramserver.spec import TableSpec
 from paramserver.warm import warm_server
@@ -102,7 +104,7 @@ class ServerNode:
             if self.threads > 1 else None
         self.data_handlers: dict[Op, Callable[..., list[Any] | None]] = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
                               Op.CLOCK: self.on_clock, Op.STATS: self.on_stats,
-                              Op.EXPORT: self.on_export, Op.CHECKPOINT: self.on_checkpoint,
+                              Op.EXPORT: self.on_export, Op.CHECKPOINT: self.on_checkpoint, Op.CALL: self.on_call,
                               Op.REPLICATE: self.on_replicate,
                               Op.INSTALL: self.on_install}
         self.control_handlers = {Op.RING: self.on_ring, Op.CREATE_TABLE: self.on_create_table,
@@ -523,6 +525,10 @@ class ServerNode:
 
     def _apply(self, table: VnodeSet, msg: Message, keys: np.ndarray, grads: np.ndarray,
                vnodes: np.ndarray, counts: np.ndarray) -> None:
+        op = push_op(msg, table)
+        if op != OP_UPDATE:
+            self._split(vnodes, counts, lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k], op))
+            return
         if table.spec.aggregate:  # BSP aggregation: applied once the clock is finished
             clock = field(msg, "clock", int)
             if clock >= self.gate.vector.min():
@@ -544,6 +550,25 @@ class ServerNode:
         """Every key this server is primary of for a table, with its value (state left out)."""
         return reply(msg, list(storage.export_rows(self.tables, self.primary, field(msg, "table", str),
                                                    self.config.max_message_bytes, self.node_id)))
+
+    def on_call(self, msg: Message) -> list[Any]:
+        """A server-side function over the rows this server is primary of: of the keys
+        sent (grouped by vnode, as a pull's), or of all its keys (``all``)."""
+        fn = functions.load_function(field(msg, "function", str))
+        args = msg.header.get("args") or {}
+        if not isinstance(args, dict):
+            raise ProtocolError(f"call: args must be a dict, got {type(args).__name__}")
+        keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        table = self._table(msg, keys.shape[0], vnodes, counts)
+        if msg.header.get("all") is True:
+            keys, values = storage.primary_rows(table, self.primary)
+        else:
+            values = np.empty((keys.shape[0], table.spec.dim), np.float32)
+            table.lookup(vnodes, counts, keys, values)
+        values.flags.writeable = False
+        arrays = functions.run(fn, keys, values, args)
+        return reply(msg, arrays, merge=fn.merge, ring_version=self.ring.version if self.ring else 0,
+                     servers=sorted(int(s) for s in self.ring.servers) if self.ring else [])
 
     def on_checkpoint(self, msg: Message) -> list[Any]:
         """Write every stored vnode (keys, values and optimiser state) under ``url``."""

@@ -22,7 +22,8 @@ from numba import njit
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
 
-SGD_KIND, ADAGRAD_KIND, FTRL_KIND, ADAM_KIND, FTRL_ADAGRAD_KIND = 0, 1, 2, 3, 4
+SGD_KIND, ADAGRAD_KIND, FTRL_KIND, ADAM_KIND, FTRL_ADAGRAD_KIND, RMSPROP_KIND = 0, 1, 2, 3, 4, 5
+CUSTOM_KIND = -1  # a user's rule (``paramserver.rules``): its table has kernels of its own
 ZEROS_KIND, NORMAL_KIND, UNIFORM_KIND = 0, 1, 2
 
 
@@ -50,10 +51,17 @@ class _Spec:
         if isinstance(spec, cls):
             return spec
         if isinstance(spec, str):
-            spec = parse_text(spec)
+            module, _, rest = spec.partition(":")
+            function, _, text = rest.partition(":")
+            if cls is Optimizer and module.strip().lower() not in cls.registry and function and "=" not in function:
+                spec = {**parse_text(f"rule:{text}"), "name": f"{module.strip()}:{function.strip()}"}
+            else:
+                spec = parse_text(spec)
         if not isinstance(spec, dict) or "name" not in spec:
             raise ConfigError(f"expected one of {sorted(cls.registry)} or a spec object, got {spec!r}")
-        params = dict(spec)
+        params: dict[str, Any] = dict(spec)
+        if cls is Optimizer and ":" in str(params["name"]):  # a user's rule, "module:function"
+            return CustomRule.named(str(params.pop("name")), params)
         name = str(params.pop("name")).lower()
         if name not in cls.registry:
             raise ConfigError(f"unknown {cls.__name__.lower()} {name!r} (known: {sorted(cls.registry)})")
@@ -204,6 +212,62 @@ class FtrlAdagrad(Optimizer):
         return 2 + (dim - 1)
 
 
+@dataclass(frozen=True)
+class RMSProp(Optimizer):
+    """``s = rho * s + (1 - rho) * g²; w -= lr * g / (sqrt(s) + eps)`` (Tieleman and
+    Hinton's, which the source documents name)."""
+
+    lr: float = 0.001
+    rho: float = 0.9
+    eps: float = 1e-8
+    name: ClassVar[str] = "rmsprop"
+    kind: ClassVar[int] = RMSPROP_KIND
+
+    def __post_init__(self) -> None:
+        _check("rmsprop lr", self.lr, self.lr > 0, "> 0", "try lr=0.001")
+        _check("rmsprop rho", self.rho, 0 <= self.rho < 1, "in [0, 1)", "try rho=0.9")
+        _check("rmsprop eps", self.eps, self.eps > 0, "> 0", "try eps=1e-8")
+
+    def state_width(self, dim: int) -> int:
+        return dim
+
+
+@dataclass(frozen=True)
+class CustomRule(Optimizer):
+    """A user's update rule (``paramserver.rules``), named ``"module:function"`` and
+    imported where the table is created; ``values`` are its hyper-parameters in the
+    order it declares them."""
+
+    rule_name: str
+    values: tuple[float, ...] = ()
+    kind: ClassVar[int] = CUSTOM_KIND
+
+    @classmethod
+    def named(cls, name: str, params: dict[str, Any]) -> CustomRule:
+        from paramserver.rules import load_rule
+
+        return cls(name, load_rule(name).values(params))
+
+    @property
+    def rule(self) -> Any:
+        from paramserver.rules import load_rule
+
+        return load_rule(self.rule_name)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.rule_name
+
+    def params(self) -> np.ndarray:
+        return np.array(self.values, np.float32)  # the rule's hp: float32, in its declared order
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.rule_name, **dict(zip(self.rule.params, self.values))}
+
+    def state_width(self, dim: int) -> int:
+        return int(self.rule.state_width(dim))
+
+
 class Initializer(_Spec):
     """Base of the per-key initialisers: a key's initial row depends only on (seed, key)."""
 
@@ -249,7 +313,7 @@ class Uniform(Initializer):
         _check("uniform high", self.high, self.high >= self.low, ">= low", "swap low and high")
 
 
-for _cls in (SGD, AdaGrad, FTRL, Adam, FtrlAdagrad):
+for _cls in (SGD, AdaGrad, FTRL, Adam, FtrlAdagrad, RMSProp):
     Optimizer.registry[_cls.name] = _cls
 for _init in (Zeros, Normal, Uniform):
     Initializer.registry[_init.name] = _init
@@ -295,57 +359,129 @@ def init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed):
             rows[s, j] = ohp[6]
 
 
+# ---- the built-in update rules ----------------------------------------------------------
+# Each is a rule of the kind users write (``paramserver.rules``): ``f(value, state, grad,
+# hp)`` over one row's views, ``hp`` the hyper-parameters in their spec's field order.
+# The table kernels call them through ``update_row``'s switch, compiled and cached with
+# the kernels; a user's rule gets kernels of its own (``paramserver.rules.kernels_for``).
+
+
 @njit(inline="always", nogil=True, cache=True)
-def _ftrl(rows, s, j, zj, nj, g, alpha, beta, l1, l2):
-    """One FTRL-Proximal step of column ``j`` whose state is in columns ``zj`` and ``nj``."""
-    w = np.float64(rows[s, j])
-    n = np.float64(rows[s, nj])
+def sgd_rule(value, state, grad, hp):
+    lr = hp[0]
+    for j in range(value.shape[0]):
+        value[j] = value[j] - lr * grad[j]
+
+
+@njit(inline="always", nogil=True, cache=True)
+def adagrad_rule(value, state, grad, hp):
+    lr, eps = hp[0], hp[1]
+    for j in range(value.shape[0]):
+        g = np.float64(grad[j])
+        state[j] = state[j] + g * g
+        value[j] = value[j] - lr * g / (math.sqrt(np.float64(state[j])) + eps)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _ftrl(value, state, j, zj, nj, g, alpha, beta, l1, l2):
+    """One FTRL-Proximal step of ``value[j]`` whose state is ``state[zj]``, ``state[nj]``."""
+    w = np.float64(value[j])
+    n = np.float64(state[nj])
     n_new = n + g * g
-    z = np.float64(rows[s, zj]) + g - (math.sqrt(n_new) - math.sqrt(n)) / alpha * w
-    rows[s, zj] = z
-    rows[s, nj] = n_new
+    z = np.float64(state[zj]) + g - (math.sqrt(n_new) - math.sqrt(n)) / alpha * w
+    state[zj] = z
+    state[nj] = n_new
     if abs(z) <= l1:
-        rows[s, j] = 0.0
+        value[j] = 0.0
     else:
         sign = 1.0 if z > 0 else -1.0
-        rows[s, j] = -(z - sign * l1) / ((beta + math.sqrt(n_new)) / alpha + l2)
+        value[j] = -(z - sign * l1) / ((beta + math.sqrt(n_new)) / alpha + l2)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def ftrl_rule(value, state, grad, hp):
+    dim = value.shape[0]
+    for j in range(dim):
+        _ftrl(value, state, j, j, dim + j, np.float64(grad[j]), hp[0], hp[1], hp[2], hp[3])
+
+
+@njit(inline="always", nogil=True, cache=True)
+def ftrl_adagrad_rule(value, state, grad, hp):
+    _ftrl(value, state, 0, 0, 1, np.float64(grad[0]), hp[0], hp[1], hp[2], hp[3])
+    lr, eps = hp[4], hp[5]
+    for j in range(1, value.shape[0]):
+        g = np.float64(grad[j])
+        state[1 + j] = state[1 + j] + g * g
+        value[j] = value[j] - lr * g / (math.sqrt(np.float64(state[1 + j])) + eps)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def adam_rule(value, state, grad, hp):
+    lr, b1, b2, eps = hp[0], hp[1], hp[2], hp[3]
+    dim = value.shape[0]
+    t = np.float64(state[2 * dim]) + 1.0
+    state[2 * dim] = t
+    c1 = 1.0 - b1**t
+    c2 = 1.0 - b2**t
+    for j in range(dim):
+        g = np.float64(grad[j])
+        m = b1 * state[j] + (1.0 - b1) * g
+        v = b2 * state[dim + j] + (1.0 - b2) * g * g
+        state[j] = m
+        state[dim + j] = v
+        value[j] = value[j] - lr * (m / c1) / (math.sqrt(v / c2) + eps)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def rmsprop_rule(value, state, grad, hp):
+    lr, rho, eps = hp[0], hp[1], hp[2]
+    for j in range(value.shape[0]):
+        g = np.float64(grad[j])
+        ms = rho * state[j] + (1.0 - rho) * g * g
+        state[j] = ms
+        value[j] = value[j] - lr * g / (math.sqrt(ms) + eps)
 
 
 @njit(inline="always", nogil=True, cache=True)
 def update_row(rows, s, grads, i, dim, okind, ohp):
-    """Apply gradient ``grads[i]`` to row ``s`` with the table's optimiser."""
+    """Apply gradient ``grads[i]`` to row ``s`` with the table's (built-in) rule."""
+    value, state, grad = rows[s, :dim], rows[s, dim:], grads[i]
     if okind == SGD_KIND:
-        lr = ohp[0]
-        for j in range(dim):
-            rows[s, j] = rows[s, j] - lr * grads[i, j]
+        sgd_rule(value, state, grad, ohp)
     elif okind == ADAGRAD_KIND:
-        lr, eps = ohp[0], ohp[1]
-        for j in range(dim):
-            g = np.float64(grads[i, j])
-            a = rows[s, dim + j] + g * g
-            rows[s, dim + j] = a
-            rows[s, j] = rows[s, j] - lr * g / (math.sqrt(np.float64(rows[s, dim + j])) + eps)
+        adagrad_rule(value, state, grad, ohp)
     elif okind == FTRL_KIND:
-        for j in range(dim):
-            _ftrl(rows, s, j, dim + j, 2 * dim + j, np.float64(grads[i, j]), ohp[0], ohp[1], ohp[2], ohp[3])
+        ftrl_rule(value, state, grad, ohp)
     elif okind == FTRL_ADAGRAD_KIND:
-        _ftrl(rows, s, 0, dim, dim + 1, np.float64(grads[i, 0]), ohp[0], ohp[1], ohp[2], ohp[3])
-        lr, eps = ohp[4], ohp[5]
-        for j in range(1, dim):
-            g = np.float64(grads[i, j])
-            a = rows[s, dim + 1 + j] + g * g
-            rows[s, dim + 1 + j] = a
-            rows[s, j] = rows[s, j] - lr * g / (math.sqrt(np.float64(rows[s, dim + 1 + j])) + eps)
-    else:  # ADAM_KIND
-        lr, b1, b2, eps = ohp[0], ohp[1], ohp[2], ohp[3]
-        t = np.float64(rows[s, 3 * dim]) + 1.0
-        rows[s, 3 * dim] = t
-        c1 = 1.0 - b1**t
-        c2 = 1.0 - b2**t
+        ftrl_adagrad_rule(value, state, grad, ohp)
+    elif okind == ADAM_KIND:
+        adam_rule(value, state, grad, ohp)
+    else:  # RMSPROP_KIND
+        rmsprop_rule(value, state, grad, ohp)
+
+
+# push operations: ``update`` applies the table's rule; the others set the value columns
+# from the pushed ones and leave the rule's state alone
+OP_UPDATE, OP_ADD, OP_ASSIGN, OP_MAX, OP_MIN = 0, 1, 2, 3, 4
+PUSH_OPS = {"update": OP_UPDATE, "add": OP_ADD, "assign": OP_ASSIGN, "max": OP_MAX, "min": OP_MIN}
+
+
+@njit(inline="always", nogil=True, cache=True)
+def push_row(rows, s, grads, i, dim, op, okind, ohp):
+    """Row ``s`` takes ``grads[i]`` as push operation ``op`` says."""
+    if op == OP_UPDATE:
+        update_row(rows, s, grads, i, dim, okind, ohp)
+    elif op == OP_ADD:
         for j in range(dim):
-            g = np.float64(grads[i, j])
-            m = b1 * rows[s, dim + j] + (1.0 - b1) * g
-            v = b2 * rows[s, 2 * dim + j] + (1.0 - b2) * g * g
-            rows[s, dim + j] = m
-            rows[s, 2 * dim + j] = v
-            rows[s, j] = rows[s, j] - lr * (m / c1) / (math.sqrt(v / c2) + eps)
+            rows[s, j] = rows[s, j] + grads[i, j]
+    elif op == OP_ASSIGN:
+        for j in range(dim):
+            rows[s, j] = grads[i, j]
+    elif op == OP_MAX:
+        for j in range(dim):
+            if grads[i, j] > rows[s, j]:
+                rows[s, j] = grads[i, j]
+    else:  # OP_MIN
+        for j in range(dim):
+            if grads[i, j] < rows[s, j]:
+                rows[s, j] = grads[i, j]

@@ -25,6 +25,9 @@ from paramserver.wire.transport import Poller, Transport
 logger = logging.getLogger(__name__)
 
 
+#: what a backup needs of a push besides its arrays: exactly-once, BSP clock, push op
+FORWARDED = ("sender", "seq", "acked", "clock", "push_op")
+
 class Acks:
     """What waits on answers from other servers: a client's push (``request``, answered
     to ``identity``) or a migration (``done(failed)`` runs once every copy answered)."""
@@ -114,7 +117,7 @@ class Peers:
             return False
         acks = Acks(identity, msg)
         header: dict[str, Any] = {"op": Op.REPLICATE.value, "table": table, "ring_version": ring_version,
-                                  **{k: msg.header[k] for k in ("sender", "seq", "acked", "clock") if k in msg.header}}
+                                  **{k: msg.header[k] for k in FORWARDED if k in msg.header}}
         for server in servers:
             segs = (per_segment == server).any(axis=1)
             if segs.all():

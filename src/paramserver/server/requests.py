@@ -16,7 +16,9 @@ import numpy as np
 
 from paramserver.errors import ProtocolError, StaleRingError
 from paramserver.routing.ring import Ring
+from paramserver.server.optim import OP_UPDATE, PUSH_OPS
 from paramserver.server.vnodes import VnodeSet
+from paramserver.wire.message import Message
 
 #: requests with fewer keys run on the loop thread (a thread hand-off costs ~50 µs)
 PARALLEL_MIN_KEYS = 32_768
@@ -60,3 +62,16 @@ def split(pool: ThreadPoolExecutor | None, threads: int, vnodes: np.ndarray, cou
                for lo, hi in zip(bounds, bounds[1:])]
     for f in futures:
         f.result()
+
+
+def push_op(msg: Message, table: VnodeSet) -> int:
+    """The push operation a ``push`` (or its ``replicate``) asks for (``optim.PUSH_OPS``;
+    ``update``, the table's rule, when it names none)."""
+    name = msg.header.get("push_op", "update")
+    op = PUSH_OPS.get(name) if isinstance(name, str) else None
+    if op is None:
+        raise ProtocolError(f"push_op must be one of {sorted(PUSH_OPS)}, got {name!r}")
+    if op != OP_UPDATE and table.spec.aggregate:
+        raise ProtocolError(f"push_op {name!r} on table {table.spec.name!r}, which aggregates pushes (BSP): "
+                            "only 'update' is served there")
+    return op

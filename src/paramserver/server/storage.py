@@ -27,6 +27,11 @@ def export_rows(tables: dict[str, VnodeSet], primary: np.ndarray, name: str, max
     if len(table) * (8 + 4 * table.spec.dim) > max_bytes - (1 << 20):
         raise ProtocolError(f"table {name!r} ({len(table)} keys on server {node_id}) is too large "
                             "to export in one message; use checkpoint() instead")
+    return primary_rows(table, primary)
+
+
+def primary_rows(table: VnodeSet, primary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every key of ``table`` this server is primary of, with its value (state left out)."""
     parts = [vt.items() for v, vt in table.tables.items() if primary[v]]
     keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
     rows = np.concatenate([r[:, : table.spec.dim] for _, r in parts]) if parts else \

@@ -32,7 +32,7 @@ from numba import njit
 
 from paramserver.intrinsics import prefetch_row
 from paramserver.routing.hashing import hash64, slot_of_hash
-from paramserver.server.optim import init_row, init_value, update_row
+from paramserver.server.optim import OP_UPDATE, init_row, init_value, push_row
 
 MAX_LOAD = 0.875
 GROWTH = 1.25
@@ -86,7 +86,7 @@ def _lookup(tkeys, rows, meta, keys, out, dim, ikind, ihp, seed):
 
 
 @njit(nogil=True, cache=True)
-def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, okind, ohp, ikind, ihp, seed):
+def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ikind, ihp, seed):
     """Apply ``grads[start:]``; stop before a new key would push the count past ``limit``.
 
     Returns the index of the first key not applied (``len(keys)`` when all were).
@@ -120,7 +120,7 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, okind, ohp, ikind,
                 s += 1
                 if s == cap:
                     s = 0
-        update_row(rows, s, grads, i, dim, okind, ohp)
+        push_row(rows, s, grads, i, dim, op, okind, ohp)
     return keys.shape[0]
 
 
@@ -180,9 +180,13 @@ class VnodeTable:
         seed: table seed; a key's initial row depends only on (seed, key).
     """
 
-    def __init__(self, dim: int, optimizer, initializer, seed: int, capacity: int = MIN_CAPACITY):
+    def __init__(self, dim: int, optimizer, initializer, seed: int, capacity: int = MIN_CAPACITY, kernels=None):
         self.dim = dim
         self.width = dim + optimizer.state_width(dim)
+        if kernels is None:
+            from paramserver.server.kernels import kernels_for
+            kernels = kernels_for(optimizer, dim)
+        self._apply_kernel = kernels.apply
         self._okind, self._ohp = optimizer.kind, optimizer.params()
         self._ikind, self._ihp = initializer.kind, initializer.params()
         self._seed = np.uint64(seed)
@@ -217,11 +221,11 @@ class VnodeTable:
         """``out[i] = row value of keys[i]`` (initial value for keys never pushed)."""
         _lookup(self.keys, self.rows, self._meta, keys, out, self.dim, self._ikind, self._ihp, self._seed)
 
-    def apply(self, keys: np.ndarray, grads: np.ndarray) -> None:
+    def apply(self, keys: np.ndarray, grads: np.ndarray, op: int = OP_UPDATE) -> None:
         """Apply one gradient row per key (keys should be unique; duplicates apply in turn)."""
         i = 0
         while True:
-            i = _apply(self.keys, self.rows, self._meta, keys, grads, i, self._limit(), self.dim,
+            i = self._apply_kernel(self.keys, self.rows, self._meta, keys, grads, i, self._limit(), self.dim, op,
                        self._okind, self._ohp, self._ikind, self._ihp, self._seed)
             if i == keys.shape[0]:
                 return

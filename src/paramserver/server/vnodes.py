@@ -13,8 +13,10 @@ from numba.typed import List
 
 from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_range
-from paramserver.server.dense import DenseVnode, _dense_apply_many, _dense_check_many, _dense_lookup_many
+from paramserver.server.dense import DenseVnode, _dense_check_many, _dense_lookup_many
+from paramserver.server.kernels import kernels_for
 from paramserver.server.memory import available_memory
+from paramserver.server.optim import OP_UPDATE
 from paramserver.server.table import VnodeTable, _apply, _lookup
 
 
@@ -30,7 +32,7 @@ def _lookup_many(keys_l, rows_l, meta_l, slot, vnodes, counts, keys, out, dim, i
 
 @njit(nogil=True, cache=True)
 def _apply_many(keys_l, rows_l, meta_l, limits, slot, vnodes, counts, keys, grads, seg, start,
-                dim, okind, ohp, ikind, ihp, seed):
+                dim, op, okind, ohp, ikind, ihp, seed):
     """Apply segment by segment from (``seg``, key ``start`` in it); return where a vnode
     must grow first, or ``(len(vnodes), 0)`` when done."""
     a = 0
@@ -40,7 +42,7 @@ def _apply_many(keys_l, rows_l, meta_l, limits, slot, vnodes, counts, keys, grad
         t = slot[vnodes[s]]
         b = a + counts[s]
         i = _apply(keys_l[t], rows_l[t], meta_l[t], keys[a:b], grads[a:b], start, limits[t],
-                   dim, okind, ohp, ikind, ihp, seed)
+                   dim, op, okind, ohp, ikind, ihp, seed)
         if i < b - a:
             return s, i
         start = 0
@@ -98,12 +100,14 @@ class VnodeSet:
         opt, init = spec.optimizer, spec.initializer
         self._okind, self._ohp, self._ikind, self._ihp = opt.kind, opt.params(), init.kind, init.params()
         self._seed = np.uint64(spec.seed)
+        self._kernels = kernels_for(opt, spec.dim)  # the built-in rules' (cached), or a user rule's own
         self.set_vnodes(vnodes)
 
     def _new_table(self, vnode: int) -> VnodeTable | DenseVnode:
         if self.bits:
             return DenseVnode(self.spec, self.n_vnodes, vnode)
-        return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed)
+        return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
+                          kernels=self._kernels)
 
     def set_vnodes(self, vnodes) -> None:
         """Hold exactly ``vnodes``: keep the ones held already, start the others empty,
@@ -192,18 +196,21 @@ class VnodeSet:
             _set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
             self._limits[t] = vt._limit()
 
-    def apply(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray) -> None:
-        """Apply ``grads`` to ``keys``, grouped like ``lookup``'s; vnodes grow as needed."""
+    def apply(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray,
+              op: int = OP_UPDATE) -> None:
+        """Apply ``grads`` to ``keys`` as push operation ``op`` (``optim.PUSH_OPS``; the
+        table's rule by default), grouped like ``lookup``'s; vnodes grow as needed."""
+        k = self._kernels
         if self.tables and self.bits:  # dense vnodes never grow
-            self._misplaced(_dense_apply_many(self._rows, self._meta, self._starts, self.slot, vnodes, counts, keys,
-                                              grads, self.spec.dim, self.bits, self._okind, self._ohp, self._ikind,
-                                              self._ihp, self._seed), keys)
+            self._misplaced(k.dense_apply_many(self._rows, self._meta, self._starts, self.slot, vnodes, counts, keys,
+                                               grads, self.spec.dim, self.bits, op, self._okind, self._ohp,
+                                               self._ikind, self._ihp, self._seed), keys)
             return
         seg, start = 0, 0
         while self.tables:
-            seg, start = _apply_many(self._keys, self._rows, self._meta, self._limits, self.slot, vnodes,
-                                     counts, keys, grads, seg, start, self.spec.dim, self._okind, self._ohp,
-                                     self._ikind, self._ihp, self._seed)
+            seg, start = k.apply_many(self._keys, self._rows, self._meta, self._limits, self.slot, vnodes,
+                                      counts, keys, grads, seg, start, self.spec.dim, op, self._okind, self._ohp,
+                                      self._ikind, self._ihp, self._seed)
             if seg == vnodes.shape[0]:
                 return
             v = int(vnodes[seg])

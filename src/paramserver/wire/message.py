@@ -63,6 +63,7 @@ class Op(str, enum.Enum):  # noqa: UP042 (str(Op.X) stays "Op.X" in logs; StrEnu
     CLOCK = "clock"
     STATS = "stats"
     EXPORT = "export"
+    CALL = "call"  # a server-side function (paramserver.functions)
     CHECKPOINT = "checkpoint"
     RESTORE = "restore"
     # server -> server

@@ -1,0 +1,110 @@
+"""The compiled kernels a table's pushes run: the built-in rules', or a user rule's own.
+
+The built-in rules are dispatched by a switch inside kernels compiled once and cached on
+disk (``table._apply``, ``vnodes._apply_many``, ``dense._dense_apply(_many)``).  A user's
+rule (``paramserver.rules``) cannot join that switch, and numba cannot cache a kernel
+that takes a function as an argument or closes over one.  So a user rule gets the same
+kernels compiled again from the same Python source, with the names of the per-row steps
+(``update_row``, ``init_row``, and the kernels they are called from) bound to versions that
+call the rule: one source for every table, no copy of any kernel.  They are compiled in
+each server process the first time a table of that rule and ``dim`` is created there.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from paramserver.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Kernels:
+    apply: Any  # table._apply's signature: one hash vnode
+    apply_many: Any  # vnodes._apply_many's: every hash vnode segment of a request
+    dense_apply_many: Any  # dense._dense_apply_many's
+
+
+_custom: dict[tuple[str, int], Kernels] = {}
+
+
+def kernels_for(optimizer: Any, dim: int) -> Kernels:
+    """The kernels of a table with this optimiser spec and ``dim``."""
+    from paramserver.server import dense, table, vnodes
+    from paramserver.server.optim import CUSTOM_KIND
+
+    if optimizer.kind != CUSTOM_KIND:
+        return Kernels(table._apply, vnodes._apply_many, dense._dense_apply_many)
+    key = (optimizer.name, dim)
+    if key not in _custom:
+        _custom[key] = _compile(optimizer, dim)
+    return _custom[key]
+
+
+def _rebind(fn: Any, **names: Any) -> Any:
+    """``fn`` (a numba function) compiled again with some of its global names bound anew."""
+    py = fn.py_func
+    scope = dict(py.__globals__)
+    scope.update(names)
+    clone = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, py.__closure__)
+    return njit(nogil=True)(clone)
+
+
+def _compile(optimizer: Any, dim: int) -> Kernels:
+    from paramserver.server import dense, optim, table, vnodes
+    from paramserver.server.optim import init_value
+
+    rule = optimizer.rule
+    f, init = rule.jitted()
+    width = rule.state_width(dim)
+    end = dim + width
+
+    @njit(inline="always", nogil=True)
+    def update_row(rows, s, grads, i, dim_, okind, ohp):  # type: ignore[no-untyped-def]  # (numba)
+        f(rows[s, :dim], rows[s, dim:end], grads[i], ohp)
+
+    if init is None:
+        @njit(inline="always", nogil=True)
+        def init_row(rows, s, key, dim_, width_, okind, ohp, ikind, ihp, seed):  # type: ignore[no-untyped-def]
+            for j in range(dim):
+                rows[s, j] = init_value(key, j, ikind, ihp, seed)
+            for j in range(dim, end):
+                rows[s, j] = 0.0
+    else:
+        @njit(inline="always", nogil=True)
+        def init_row(rows, s, key, dim_, width_, okind, ohp, ikind, ihp, seed):  # type: ignore[no-untyped-def]
+            for j in range(dim):
+                rows[s, j] = init_value(key, j, ikind, ihp, seed)
+            for j in range(dim, end):
+                rows[s, j] = 0.0
+            init(rows[s, dim:end], ohp)
+
+    push_row = _rebind(optim.push_row, update_row=update_row)
+    apply = _rebind(table._apply, push_row=push_row, init_row=init_row)
+    dense_apply = _rebind(dense._dense_apply, push_row=push_row, init_row=init_row)
+    kernels = Kernels(apply, _rebind(vnodes._apply_many, _apply=apply),
+                      _rebind(dense._dense_apply_many, _dense_apply=dense_apply))
+    _try(kernels, optimizer, dim, width)
+    return kernels
+
+
+def _try(k: Kernels, optimizer: Any, dim: int, width: int) -> None:
+    """Compile now, on a scratch row, so that a rule numba cannot compile (or that fails
+    on a row) is refused when its table is created, not at its first push."""
+    from paramserver.server.optim import OP_UPDATE
+
+    keys = np.zeros(8, np.uint64)
+    rows = np.zeros((9, dim + width), np.float32)
+    grads = np.zeros((1, dim), np.float32)
+    grads.flags.writeable = False  # as pushes arrive: read-only frames
+    try:
+        k.apply(keys, rows, np.zeros(2, np.int64), np.ones(1, np.uint64), grads, 0, 7, dim, OP_UPDATE,
+                optimizer.kind, optimizer.params(), 0, np.zeros(2), np.uint64(0))
+    except Exception as exc:
+        message = str(exc).strip().splitlines()
+        raise ConfigError(f"update rule {optimizer.name!r} does not compile for dim={dim}, state_width={width}: "
+                          f"{type(exc).__name__}: {' '.join(message[:6])[:800]}") from None
