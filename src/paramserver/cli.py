@@ -119,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how servers store the model: hash tables (any key), dense arrays over the 2^B keys "
                         "of --hash-bits B (one memory access a key), or auto (default): dense when 2^B rows "
                         "take at most 1 GiB")
+    p.add_argument("--feature-partition", type=int, metavar="P",
+                   help="vertical training (lr, LIBSVM): the features cut into P column blocks by hash, one worker "
+                        "a block, no process holding a whole example; --data and --test are LIBSVM files (split "
+                        "now) or folders from split-columns; needs --workers P")
     p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
     p.add_argument("--save", metavar="DIR", help="write the trained model here")
     p.add_argument("--checkpoint-dir", metavar="URL",
@@ -147,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-out", metavar="FILE", help="write the metrics as JSON here")
     _scoring_flags(p)
 
+    p = sub.add_parser("split-columns", help="cut a LIBSVM file into P column files by feature hash "
+                                              "(for train --feature-partition P)")
+    p.add_argument("--data", required=True, help="the LIBSVM file (local or fsspec URL; .gz read as such)")
+    p.add_argument("--format", default="libsvm", help="libsvm (the only one for now)")
+    p.add_argument("--parts", type=int, required=True, metavar="P", help="column blocks to write")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for block-<p>.libsvm and columns.json")
     p = sub.add_parser("synth", help="write synthetic Criteo-format data")
     p.add_argument("--rows", type=int, required=True, help="rows to write")
     p.add_argument("--out", required=True, help="output path (.gz to compress)")
@@ -302,10 +312,10 @@ def main(argv: list[str] | None = None) -> int:
             from paramserver.testing import campaign
 
             return campaign.main(args)
-        elif args.command in ("train", "demo", "predict", "eval", "synth"):
+        elif args.command in ("train", "demo", "predict", "eval", "synth", "split-columns"):
             from paramserver.apps import commands
 
-            return getattr(commands, args.command)(args, _optimizer)
+            return getattr(commands, args.command.replace("-", "_"))(args, _optimizer)
         return 0
     except WorkerError as exc:  # a worker's own error: its message, not the traceback
         print(f"paramserver {args.command}: error: {exc.summary}", file=sys.stderr)

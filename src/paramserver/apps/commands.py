@@ -34,7 +34,12 @@ out = Console()
 def _fmt(args: argparse.Namespace) -> DataFormat:
     label_format = getattr(args, "label_format", None) or "01"
     if args.format == "libsvm" and not getattr(args, "label_format", None) and args.data:
-        label_format = sniff_label_format(args.data[0])
+        first = args.data[0]
+        if os.path.isdir(first):  # column blocks from split-columns: every block has the labels
+            from paramserver.apps.vertical import MANIFEST
+            if os.path.exists(os.path.join(first, MANIFEST)):
+                first = os.path.join(first, "block-0.libsvm")
+        label_format = sniff_label_format(first)
     return DataFormat(args.format, args.hash_bits, label_format, args.skip_bad_lines, getattr(args, "cache", ""),
                       label_column=getattr(args, "label", ""),
                       ignore_columns=tuple(getattr(args, "ignore_columns", ())),
@@ -121,15 +126,23 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     log_dir = getattr(args, "log_dir", None)
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
+    parts = getattr(args, "feature_partition", None)
     try:
-        report = run_training(cfg, data, test, servers=args.servers, workers=args.workers, setup=announce,
-                              cluster_options={"log_dir": log_dir} if log_dir else None,
-                              save=getattr(args, "save", None),
-                              shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show,
-                              checkpoint_dir=getattr(args, "checkpoint_dir", None),
-                              checkpoint_every=getattr(args, "checkpoint_every", None),
-                              resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False),
-                              keep_checkpoints=getattr(args, "keep_checkpoints", 3))
+        if parts is not None:
+            from paramserver.apps.vertical import run_vertical
+
+            report = run_vertical(cfg, data, test, parts, servers=args.servers, workers=args.workers,
+                                  save=getattr(args, "save", None),
+                                  cluster_options={"log_dir": log_dir} if log_dir else None)
+        else:
+            report = run_training(cfg, data, test, servers=args.servers, workers=args.workers, setup=announce,
+                                  cluster_options={"log_dir": log_dir} if log_dir else None,
+                                  save=getattr(args, "save", None),
+                                  shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show,
+                                  checkpoint_dir=getattr(args, "checkpoint_dir", None),
+                                  checkpoint_every=getattr(args, "checkpoint_every", None),
+                                  resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False),
+                                  keep_checkpoints=getattr(args, "keep_checkpoints", 3))
     finally:
         if live is not None:
             live.stop()
@@ -199,6 +212,14 @@ def eval(args: argparse.Namespace, _: Any) -> int:  # noqa: A001 - the command's
     out.print(json.dumps(report))
     if args.metrics_out:
         write_text(args.metrics_out, json.dumps(report, indent=1))
+    return 0
+
+
+def split_columns(args: argparse.Namespace, _: Any) -> int:
+    from paramserver.apps.vertical import split_columns as split
+
+    manifest = split(args.data, args.parts, args.out, args.format)
+    out.print(f"{manifest['lines']:,} lines in {args.parts} column blocks under {args.out}")
     return 0
 
 

@@ -1,0 +1,250 @@
+"""Level 3 of the source documents: vertical (feature-partitioned) training of logistic
+regression, where no process ever holds a whole example.
+
+``split_columns`` cuts a LIBSVM file into P column files by feature hash: block p keeps,
+of every line, the label and the features whose hash falls in p (every block has every
+line, in order; a line can be left with its label alone).  Worker p of a
+``--feature-partition P`` job then reads block p only, and for each mini-batch:
+
+1. pulls the weights of its features and computes its partial margins ``X_p w_p``;
+2. adds them, one key per example, to a margins table on the servers (push ``add``);
+3. waits at the barrier for the other blocks' partial margins;
+4. pulls the examples' full margins ``Σ_p X_p w_p``, and pushes the logistic gradient of
+   its own features, which no other worker touches.
+
+The bias is block 0's (the reader gives every example a bias key: the other blocks
+zero it).  The margins of every batch have keys of their own (an example counter), so a
+batch never waits for the previous one's to be cleared; that table grows by 24 bytes an
+example a pass.  Test examples are scored the same way, and only their margins, never
+their features, meet in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from paramserver.data.reader import DataError
+from paramserver.errors import ConfigError
+from paramserver.routing.hashing import hash64_array
+
+MANIFEST = "columns.json"
+_SALT = np.uint64(0x5851F42D4C957F2D)
+
+
+def _blocks(idx: np.ndarray, parts: int) -> np.ndarray:
+    return (hash64_array(idx.astype(np.uint64) ^ _SALT) % np.uint64(parts)).astype(np.int64)
+
+
+def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> dict[str, Any]:
+    """Write ``out_dir/block-<p>.libsvm`` for p < ``parts`` and a manifest; return it.
+
+    Raises:
+        DataError: a malformed line (file and line named): every block must have every
+            line, so none is skipped.
+    """
+    if fmt != "libsvm":
+        raise ConfigError(f"split-columns reads LIBSVM files (--format libsvm); got --format {fmt}: convert the "
+                          "data to LIBSVM first")
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ConfigError(f"--parts must be a whole number >= 1, got {parts!r}")
+    fs, _, (local,) = fsspec.get_fs_token_paths(path)
+    if not fs.exists(local):
+        raise ConfigError(f"--data {path}: no such file; give the LIBSVM file to split")
+    os.makedirs(out_dir, exist_ok=True)
+    outs = [open(os.path.join(out_dir, f"block-{p}.libsvm"), "w") for p in range(parts)]
+    lines = 0
+    try:
+        with fsspec.open(path, "rt", compression="infer") as f:
+            chunk: list[str] = []
+            for line in f:
+                chunk.append(line)
+                if len(chunk) == 65536:
+                    lines = _split_chunk(chunk, lines, parts, outs, path)
+                    chunk = []
+            lines = _split_chunk(chunk, lines, parts, outs, path)
+    finally:
+        for o in outs:
+            o.close()
+    manifest = {"source": path, "parts": parts, "lines": lines, "format": "libsvm",
+                "blocks": [f"block-{p}.libsvm" for p in range(parts)]}
+    with open(os.path.join(out_dir, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1)
+    return manifest
+
+
+def _split_chunk(chunk: list[str], first: int, parts: int, outs: list[Any], path: str) -> int:
+    labels: list[str] = []
+    rows: list[list[str]] = []
+    for n, line in enumerate(chunk, start=first + 1):
+        tokens = line.split()
+        if not tokens:
+            continue
+        try:
+            float(tokens[0])
+            feats = tokens[1:]
+            idx = [int(t.split(":", 1)[0]) for t in feats]
+            for t in feats:
+                float(t.split(":", 1)[1])
+        except (ValueError, IndexError):
+            raise DataError(f"{path}:{n}: not a LIBSVM line (label idx:value ...): {line.strip()[:120]!r}; fix "
+                            "or remove it (every column block needs every line)") from None
+        labels.append(tokens[0])
+        rows.append(feats)
+        if idx and min(idx) < 1:
+            raise DataError(f"{path}:{n}: feature indices start at 1, got {min(idx)}")
+    flat = [t for r in rows for t in r]
+    if flat:
+        block = _blocks(np.array([int(t.split(":", 1)[0]) for t in flat], np.int64), parts)
+    pos = 0
+    per_block: list[list[str]] = [[] for _ in range(parts)]
+    for label, feats in zip(labels, rows):
+        mine: list[list[str]] = [[label] for _ in range(parts)]
+        for t in feats:
+            mine[int(block[pos])].append(t)
+            pos += 1
+        for p in range(parts):
+            per_block[p].append(" ".join(mine[p]))
+    for p in range(parts):
+        if per_block[p]:
+            outs[p].write("\n".join(per_block[p]) + "\n")
+    return first + len(chunk)
+
+
+def column_blocks(paths: list[str], parts: int, work_dir: str, what: str) -> list[str]:
+    """The P block files of ``paths``: a folder ``split-columns`` wrote (with ``parts``
+    blocks), or one LIBSVM file, split into ``work_dir`` now."""
+    if len(paths) != 1:
+        raise ConfigError(f"--feature-partition takes one {what} file (or one folder from split-columns), "
+                          f"got {len(paths)}")
+    path = paths[0]
+    manifest_path = os.path.join(path, MANIFEST)
+    if os.path.isdir(path):
+        if not os.path.exists(manifest_path):
+            raise ConfigError(f"{path} is a folder without {MANIFEST}: give a LIBSVM file, or a folder that "
+                              "paramserver split-columns wrote")
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+        if manifest.get("parts") != parts:
+            raise ConfigError(f"{path} holds {manifest.get('parts')} column blocks, --feature-partition is {parts}: "
+                              "split it again with --parts " + str(parts))
+        return [os.path.join(path, b) for b in manifest["blocks"]]
+    out = os.path.join(work_dir, what)
+    split_columns(path, parts, out)
+    return [os.path.join(out, f"block-{p}.libsvm") for p in range(parts)]
+
+
+def vertical_worker(client: Any, cfg: Any, train_blocks: list[str], test_blocks: list[str]) -> dict[str, Any]:
+    """Worker ``client.rank`` trains on its column block (see the module's doc)."""
+    from paramserver.apps.train import ramped
+    from paramserver.data.parse import feature_key
+    from paramserver.data.reader import Shard, read_batches
+
+    p = client.rank
+    table = cfg.model.table
+    mask = np.uint64((1 << cfg.data.hash_bits) - 1) if 0 < cfg.data.hash_bits < 64 else np.uint64(0)
+    bias = feature_key(0, np.uint64(0), mask)
+    counter = 0  # the next example's key in the margins table (the same on every worker)
+    examples, loss_sum, first_at = 0, 0.0, 0.0
+
+    def margins(batch: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Full margins of ``batch``: this block's part added on the servers, then all of it."""
+        nonlocal counter
+        uniq, inverse = batch.unique()
+        vals = batch.vals.astype(np.float64)
+        if p != 0:
+            vals[batch.keys == bias] = 0.0  # block 0's bias only
+        n = len(batch)
+        row_of = np.repeat(np.arange(n), np.diff(batch.indptr))
+        w = rows[:, 0].astype(np.float64)
+        partial = np.bincount(row_of, weights=vals * w[inverse], minlength=n)
+        keys = np.arange(counter, counter + n, dtype=np.uint64)
+        counter += n
+        client.push("margins", keys, partial.astype(np.float32), op="add").result(timeout=600)
+        client.barrier(timeout_s=600)
+        z = client.pull("margins", keys).result(timeout=600)[:, 0].astype(np.float64)
+        return z, uniq, inverse, vals
+
+    seen = 0
+    for _ in range(cfg.epochs):  # batches grow as run_training's do (the same on every block: they
+        # depend on the examples seen only), so both runs make the same number of updates
+        for batch in ramped(read_batches(Shard(train_blocks[p], 0, -1), cfg.data, cfg.batch_size),
+                            cfg.batch_size, cfg.batch_ramp, seen):
+            seen += len(batch)
+            uniq, _ = batch.unique()
+            rows = client.pull(table, uniq).result(timeout=600)
+            z, uniq, inverse, vals = margins(batch, rows)
+            prob = 1.0 / (1.0 + np.exp(-z))
+            err = prob - batch.labels
+            row_of = np.repeat(np.arange(len(batch)), np.diff(batch.indptr))
+            grads = np.bincount(inverse, weights=err[row_of] * vals, minlength=uniq.size)
+            client.push(table, uniq, grads.astype(np.float32).reshape(-1, 1), distinct=True).result(timeout=600)
+            if not first_at:
+                first_at = time.time()
+            examples += len(batch)
+            pc = np.clip(prob, 1e-15, 1 - 1e-15)
+            loss_sum += float(-(batch.labels * np.log(pc) + (1 - batch.labels) * np.log(1 - pc)).sum())
+    scores: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    if test_blocks:
+        for batch in read_batches(Shard(test_blocks[p], 0, -1), cfg.data, 1 << 14):
+            uniq, _ = batch.unique()
+            z, *_ = margins(batch, client.pull(table, uniq).result(timeout=600))
+            scores.append(1.0 / (1.0 + np.exp(-z)))
+            labels.append(batch.labels)
+    return {"rank": p, "examples": examples, "loss_sum": loss_sum, "first_batch_at": first_at,
+            "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received,
+            "test_p": np.concatenate(scores) if scores and p == 0 else None,
+            "test_y": np.concatenate(labels) if labels and p == 0 else None}
+
+
+def run_vertical(cfg: Any, data: list[str], test: list[str], parts: int, *, servers: int, workers: int,
+                 save: str | None = None, cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``paramserver train --feature-partition P``: the report ``run_training`` gives."""
+    import tempfile
+
+    from paramserver.apps.modelfile import check_output, save_model
+    from paramserver.apps.models import auc, logloss
+    from paramserver.cluster.local import LocalCluster
+
+    if cfg.model.name != "lr":
+        raise ConfigError(f"--feature-partition trains logistic regression (--model lr), not --model {cfg.model.name}")
+    if cfg.data.name != "libsvm":
+        raise ConfigError(f"--feature-partition reads LIBSVM data (--format libsvm), not --format {cfg.data.name}")
+    if workers != parts:
+        raise ConfigError(f"--feature-partition {parts} trains with one worker a column block: pass --workers {parts} "
+                          f"(got --workers {workers})")
+    check_output(save, "--save", folder=True)
+    spec = cfg.table_spec()
+    with tempfile.TemporaryDirectory(prefix="paramserver-columns-") as tmp:
+        train_blocks = column_blocks(data, parts, tmp, "train")
+        test_blocks = column_blocks(test, parts, tmp, "test") if test else []
+        with LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
+                as cluster:
+            client = cluster.client
+            client.create_table_spec(spec)
+            client.create_table("margins", dim=1, optimizer="sgd")
+            t0 = time.perf_counter()
+            per_worker = cluster.run(vertical_worker, cfg, train_blocks, test_blocks)
+            seconds = time.perf_counter() - t0
+            if save:
+                save_model(save, cfg.model, cfg.data, spec, *client.export_table(spec.name))
+    head = per_worker[0]
+    examples = int(head["examples"])
+    report: dict[str, Any] = {
+        "examples": examples, "seconds": seconds, "examples_per_s": examples / seconds if seconds else 0.0,
+        "train_logloss": head["loss_sum"] / examples if examples else float("nan"),
+        "bytes_sent": sum(r["bytes_sent"] for r in per_worker),
+        "bytes_received": sum(r["bytes_received"] for r in per_worker),
+        "epochs": cfg.epochs, "servers": servers, "workers": workers, "feature_partition": parts,
+        "optimizer": spec.to_wire()["optimizer"], "batch_size": cfg.batch_size, "bad_lines": 0,
+    }
+    if head.get("test_p") is not None:
+        y, prob = head["test_y"], head["test_p"]
+        report.update({"logloss": logloss(y, prob), "auc": auc(y, prob), "test_examples": int(y.shape[0])})
+    return report

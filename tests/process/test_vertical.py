@@ -1,0 +1,55 @@
+"""Level 3 (issue 14): vertical training with the features cut into column blocks, one
+worker a block, reaches the log loss of ordinary training on a9a."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+from support import shared
+
+from paramserver.apps.models import Model
+from paramserver.apps.train import TrainConfig, run_training
+from paramserver.apps.vertical import run_vertical, split_columns
+from paramserver.data.reader import DataError, DataFormat
+from paramserver.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_feature_partitioned_lr_matches_row_partitioned_on_a9a():
+    train, test = shared("libsvm/a9a.libsvm.gz"), shared("libsvm/a9a.t.libsvm.gz")
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"))  # the CLI's defaults
+    rows = run_training(cfg, [train], [test], servers=1, workers=2)
+    cols = run_vertical(cfg, [train], [test], 2, servers=1, workers=2)
+    assert cols["examples"] == rows["examples"] == 32_561 and cols["test_examples"] == 16_281
+    assert abs(cols["logloss"] - rows["logloss"]) <= 0.003, (cols["logloss"], rows["logloss"])
+    assert cols["auc"] > 0.89
+
+
+def test_split_columns_keeps_every_line_and_every_feature(tmp_path):
+    src = tmp_path / "d.libsvm"
+    src.write_text("1 1:0.5 3:1 7:2\n-1 2:1\n\n1 4:1 5:1 6:1 8:1 9:1\n")
+    m = split_columns(str(src), 3, str(tmp_path / "out"))
+    assert m["parts"] == 3 and m["lines"] == 4
+    blocks = [(tmp_path / "out" / f"block-{p}.libsvm").read_text().splitlines() for p in range(3)]
+    assert all(len(b) == 3 for b in blocks)  # the blank line is no example
+    for i, want in enumerate(["1 1:0.5 3:1 7:2", "-1 2:1", "1 4:1 5:1 6:1 8:1 9:1"]):
+        label, *feats = want.split()
+        got = [b[i].split() for b in blocks]
+        assert all(g[0] == label for g in got)
+        assert sorted(t for g in got for t in g[1:]) == sorted(feats)
+    (tmp_path / "bad.libsvm").write_text("1 1:2\n1 x:1\n")
+    with pytest.raises(DataError, match=r"bad.libsvm:2: not a LIBSVM line"):
+        split_columns(str(tmp_path / "bad.libsvm"), 2, str(tmp_path / "o2"))
+    gz = tmp_path / "d.libsvm.gz"
+    gz.write_bytes(gzip.compress(src.read_bytes()))
+    assert split_columns(str(gz), 2, str(tmp_path / "o3"))["lines"] == 4
+
+
+def test_feature_partition_refuses_what_it_cannot_do(tmp_path):
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm"))
+    with pytest.raises(ConfigError, match="pass --workers 2"):
+        run_vertical(cfg, ["x"], [], 2, servers=1, workers=1)
+    with pytest.raises(ConfigError, match="--model lr"):
+        run_vertical(TrainConfig(Model("fm"), DataFormat("libsvm")), ["x"], [], 2, servers=1, workers=2)
