@@ -54,6 +54,11 @@ def _rebind(fn: Any, **names: Any) -> Any:
     return njit(nogil=True)(clone)
 
 
+@njit(inline="always", nogil=True)
+def _zeros(state, hp):  # type: ignore[no-untyped-def]
+    pass  # the state stays as init_row zeroed it
+
+
 def _compile(optimizer: Any, dim: int) -> Kernels:
     from paramserver.server import dense, optim, table, vnodes
     from paramserver.server.optim import init_value
@@ -67,21 +72,15 @@ def _compile(optimizer: Any, dim: int) -> Kernels:
     def update_row(rows, s, grads, i, dim_, okind, ohp):  # type: ignore[no-untyped-def]  # (numba)
         f(rows[s, :dim], rows[s, dim:end], grads[i], ohp)
 
-    if init is None:
-        @njit(inline="always", nogil=True)
-        def init_row(rows, s, key, dim_, width_, okind, ohp, ikind, ihp, seed):  # type: ignore[no-untyped-def]
-            for j in range(dim):
-                rows[s, j] = init_value(key, j, ikind, ihp, seed)
-            for j in range(dim, end):
-                rows[s, j] = 0.0
-    else:
-        @njit(inline="always", nogil=True)
-        def init_row(rows, s, key, dim_, width_, okind, ohp, ikind, ihp, seed):  # type: ignore[no-untyped-def]
-            for j in range(dim):
-                rows[s, j] = init_value(key, j, ikind, ihp, seed)
-            for j in range(dim, end):
-                rows[s, j] = 0.0
-            init(rows[s, dim:end], ohp)
+    init = init if init is not None else _zeros  # a new key's state: the rule's init, else zeros
+
+    @njit(inline="always", nogil=True)
+    def init_row(rows, s, key, dim_, width_, okind, ohp, ikind, ihp, seed):  # type: ignore[no-untyped-def]
+        for j in range(dim):
+            rows[s, j] = init_value(key, j, ikind, ihp, seed)
+        for j in range(dim, end):
+            rows[s, j] = 0.0
+        init(rows[s, dim:end], ohp)
 
     push_row = _rebind(optim.push_row, update_row=update_row)
     apply = _rebind(table._apply, push_row=push_row, init_row=init_row)
