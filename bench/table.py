@@ -7,7 +7,8 @@ mini-batches of ``--batch-size``, each batch's distinct keys routed to one serve
 vnodes as a worker routes them, and passed through the wire codec (requests arrive as
 read-only frames).  Calls come in a worker's pipelined order: the pull of batch t+1 is
 served between the pull and the push of batch t.  Dim-1 FTRL by default
-(``--optimizers ftrl,sgd,adagrad,adam,rmsprop`` for more: each built-in update rule),
+(``--optimizers ftrl,sgd,adagrad,adam,rmsprop`` for more built-in update rules, or a
+user's rule by its ``module:function`` name),
 in this process, no sockets: this is the part of a server's time that the table layout
 and the update rule decide.
 """
@@ -51,7 +52,7 @@ def run(batches, bits: int, seed: int = 0, optimizer: str = "ftrl") -> dict:
         requests.append((frames([pull.keys, pull.parts[0].vnodes, pull.parts[0].counts]),
                          frames([push.keys, push.grads, push.parts[0].vnodes, push.parts[0].counts])))
     t0 = time.perf_counter()
-    table = VnodeSet(TableSpec("t", 1, optimizer=OPTIMIZERS[optimizer], key_bits=bits), ring.n_vnodes,
+    table = VnodeSet(TableSpec("t", 1, optimizer=OPTIMIZERS.get(optimizer, optimizer), key_bits=bits), ring.n_vnodes,
                      range(ring.n_vnodes))
     create = time.perf_counter() - t0
     lookup = update = 0.0
@@ -83,7 +84,9 @@ def main() -> None:
     ap.add_argument("--hash-bits", type=int, default=24)
     ap.add_argument("--batch-size", type=int, default=4000)
     ap.add_argument("--repeat", type=int, default=2, help="runs of each layout (alternating)")
-    ap.add_argument("--optimizers", default="ftrl", help="comma-separated built-in rules to time (default: ftrl)")
+    ap.add_argument("--optimizers", default="ftrl",
+                    help="comma-separated rules to time: built-in names, or a user's rule as module:function "
+                         "(default: ftrl)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     tune_allocator()  # as servers do

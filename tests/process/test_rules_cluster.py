@@ -132,7 +132,7 @@ def test_server_side_functions_merge_across_servers(rules_module):
         # the same sample however the keys are spread: as one process gets over all of them
         one_k, _ = functions.merge("topk", [functions.run(sample, keys, vals, {"k": 20, "seed": 4})], {"k": 20})
         assert set(s_k.tolist()) == set(one_k.tolist())
-        a_k, a_v = c.call("t", f"{rules_module}:above", args={"threshold": 1.0}).result(timeout=60)
+        a_k, a_v = c.call("t", f"{rules_module}:above", args={"threshold": np.float32(1.0)}).result(timeout=60)
         assert sorted(a_k.tolist()) == sorted(keys[vals[:, 0] > 1.0].tolist())
         with pytest.raises(Exception, match="has no 'nothing'"):
             c.call("t", f"{fns}:nothing").result(timeout=60)

@@ -26,7 +26,7 @@ def call(client: Client, table: str, function: str, keys: Any, args: dict[str, A
     from paramserver.client.client import as_keys
 
     spec = client._spec(table)
-    args = {str(k): (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in (args or {}).items()}
+    args = {str(k): (v.tolist() if isinstance(v, (np.ndarray, np.generic)) else v) for k, v in (args or {}).items()}
     header = {"function": str(function), "args": args}
     out: Future[Any] = Future()
     deadline = time.monotonic() + client.config.retry_timeout_s
