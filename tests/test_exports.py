@@ -8,6 +8,7 @@ def test_public_names_are_pinned():
         "server_function",
         "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
         "NodeLostError", "RemoteError", "ProtocolError", "StaleRingError", "WorkerError", "CheckpointError",
+        "QuotaError",
         "DataLossError",
     ])
     for name in paramserver.__all__:

@@ -23,6 +23,7 @@ from paramserver.errors import (
                                 NodeLostError,
                                 ParamServerError,
                                 ProtocolError,
+                                QuotaError,
                                 RemoteError,
                                 StaleRingError,
                                 UnknownTableError,
@@ -39,7 +40,7 @@ __all__ = [
     "SGD", "AdaGrad", "FTRL", "Adam", "FtrlAdagrad", "RMSProp", "Zeros", "Normal", "Uniform", "rule", "Rule",
     "server_function",
     "ParamServerError", "ConfigError", "UnknownTableError", "ClosedError", "ConnectError",
-    "NodeLostError", "RemoteError", "ProtocolError", "StaleRingError", "WorkerError", "CheckpointError",
+    "NodeLostError", "RemoteError", "ProtocolError", "StaleRingError", "WorkerError", "CheckpointError", "QuotaError",
     "DataLossError",
 ]
 __version__ = "0.1.0"

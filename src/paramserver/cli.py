@@ -260,6 +260,11 @@ def _status(client) -> None:
         keys = sum(s["tables"].get(name, {}).get("primary_keys", 0) for s in stats.values())
         print(f"  table {name}: dim {spec.dim}, {spec.optimizer.name}, replicas {spec.replicas}, "
               f"{'dense' if spec.key_bits else 'hash'}, {keys:,} keys")
+    for name, ns in client.namespaces().items():
+        if name:
+            limits = ", ".join(f"{k} {ns[k]:,}" for k in ("max_keys", "max_bytes") if ns[k]) or "no quota"
+            print(f"  namespace {name}: {len(ns['tables'])} table(s), {ns['keys']:,} keys, {ns['bytes']:,} bytes "
+                  f"({limits})")
     workers = info.get("workers", {})
     print(f"  workers: {len(workers)}" + (f" (node: rank {', '.join(f'{k}: {v}' for k, v in workers.items())})"
                                           if workers else ""))

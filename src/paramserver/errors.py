@@ -8,7 +8,8 @@
     ├── NodeLostError           a peer died (heartbeat deadline missed) with requests open
     ├── RemoteError             a peer answered a request with an error reply
     │   └── ProtocolError       ... because the request was malformed (bad op, dtype, size)
-    ├── StaleRingError         a server no longer owns a vnode at the request's ring_version
+    ├── StaleRingError          a server no longer owns a vnode at the request's ring_version
+    ├── QuotaError              a push would take a namespace past its quota (nothing was applied)
     ├── CheckpointError         a checkpoint is missing, incomplete or corrupt
     ├── DataLossError           a server died with vnodes no backup held: acknowledged updates are gone
     └── WorkerError             a user function raised on a worker; carries its traceback
@@ -78,3 +79,7 @@ class WorkerError(ParamServerError):
     def __init__(self, message: str, summary: str | None = None):
         super().__init__(message)
         self.summary = summary or message.strip().splitlines()[-1]
+
+
+class QuotaError(ParamServerError):
+    """A push would take a namespace past its key or byte quota; nothing of it was applied."""

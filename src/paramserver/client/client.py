@@ -32,6 +32,7 @@ from paramserver.errors import (
     RemoteError,
     UnknownTableError,
 )
+from paramserver.namespaces import Quota, check_name, summarize
 from paramserver.routing.partition import combine_duplicates, route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.server.optim import PUSH_OPS
@@ -326,6 +327,26 @@ class Client:
         from paramserver.client.calls import call
 
         return call(self, table, function, keys, args)
+
+    # ---- namespaces ---------------------------------------------------------------------
+    def create_namespace(self, name: str, *, max_keys: int | None = None, max_bytes: int | None = None) -> None:
+        """Set the quota of namespace ``name`` (its tables are named ``"name/..."``): a
+        push that would take it past ``max_keys`` keys or ``max_bytes`` bytes is refused
+        with ``QuotaError`` and changes nothing (``paramserver.namespaces``).  Again, to
+        change it; with no limit, to lift it."""
+        quota = Quota(max_keys, max_bytes)
+        self._call(self.config.scheduler, {"op": Op.CREATE_NAMESPACE.value, "name": check_name(name),
+                                           "quota": quota.to_wire()})
+
+    def drop_namespace(self, name: str) -> list[str]:
+        """Drop every table of namespace ``name`` and its quota; return the tables dropped."""
+        return list(self._call(self.config.scheduler, {"op": Op.DROP_NAMESPACE.value,
+                                                       "name": check_name(name)})["tables"])
+
+    def namespaces(self) -> dict[str, dict[str, Any]]:
+        """Each namespace's tables, keys, bytes and quota (``""``: tables with no ``/``)."""
+        info = self.cluster_info()
+        return summarize(info.get("tables", {}), info.get("namespaces", {}), self.server_stats())
 
     def _settled(self, seq: int) -> None:
         with self._lock:

@@ -19,6 +19,7 @@ from paramserver.errors import (
     NodeLostError,
     ParamServerError,
     ProtocolError,
+    QuotaError,
     RemoteError,
     StaleRingError,
     UnknownTableError,
@@ -41,6 +42,8 @@ def remote_error(msg: Message) -> ParamServerError:
         return ConfigError(text)
     if code == "node_lost":
         return NodeLostError(text)
+    if code == "quota":
+        return QuotaError(text)
     return RemoteError(f"{code}: {text}")
 
 

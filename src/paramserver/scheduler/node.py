@@ -24,6 +24,7 @@ from typing import Any
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError, ProtocolError
 from paramserver.logutil import Throttled
+from paramserver.namespaces import Quota, check_name, namespace_of
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.barrier import Barrier
 from paramserver.scheduler.fanout import FanOut, FanOuts
@@ -71,6 +72,7 @@ class SchedulerNode:
         self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
         self.server_waiters: list[tuple[bytes, Any, int]] = []
         self.deferred: list[tuple[bytes, Message]] = []  # table commands waiting for a migration
+        self.quotas: dict[str, Quota] = {}  # namespace -> its quota (servers enforce them)
         self._bad_requests, self._failures = Throttled(logger), Throttled(logger)  # a flood logs a few lines
         self._next_id = 1
         self._workers_seen = 0  # workers ever registered (the barrier waits for the expected number first)
@@ -92,6 +94,8 @@ class SchedulerNode:
             Op.JOB_STATUS: self.jobs.status,
             Op.PROGRESS: lambda identity, msg: self.jobs.progress(msg),
             Op.RESTORE: self.restores.request,
+            Op.CREATE_NAMESPACE: self.on_create_namespace,
+            Op.DROP_NAMESPACE: self.on_drop_namespace,
             Op.MIGRATED: self.on_migrated,
             Op.REMOVE_SERVER: self.on_remove_server,
             Op.CLUSTER_INFO: self.on_cluster_info,
@@ -202,6 +206,7 @@ class SchedulerNode:
             "ring": self.ring.to_wire(),
             "servers": {str(n.id): n.address for n in self.nodes.values() if n.role == "server"},
             "tables": {name: spec.to_wire() for name, spec in self.tables.items()},
+            "namespaces": {name: q.to_wire() for name, q in self.quotas.items()},
         }
 
     # ---- what the ring's changes need (``MembershipHost``) ------------------------------
@@ -463,6 +468,38 @@ class SchedulerNode:
             raise ConfigError(f"no table {name!r} to drop (tables: {sorted(self.tables)})")
         logger.info("table %r dropped", name)
         self._forward_to_servers(identity, msg, {"op": Op.DROP_TABLE.value, "name": name})
+
+    def on_create_namespace(self, identity: bytes, msg: Message) -> None:
+        """Set (or change, or with no limits lift) a namespace's quota on every server."""
+        name, quota = check_name(msg.header.get("name")), Quota.from_wire(msg.header.get("quota"))
+        if quota.unlimited:
+            self.quotas.pop(name, None)
+        else:
+            self.quotas[name] = quota
+        logger.info("namespace %r: quota %s", name, quota.to_wire())
+        self._forward_to_servers(identity, msg, {"op": Op.NAMESPACE.value, "name": name, "quota": quota.to_wire()})
+
+    def on_drop_namespace(self, identity: bytes, msg: Message) -> None:
+        """Drop every table of a namespace, and its quota; other namespaces are untouched."""
+        if self.migration is not None:
+            self.deferred.append((identity, msg))
+            return
+        name = check_name(msg.header.get("name"))
+        dropped = sorted(t for t in self.tables if namespace_of(t) == name)
+        for table in dropped:
+            del self.tables[table]
+        self.quotas.pop(name, None)
+        logger.info("namespace %r dropped: tables %s", name, dropped)
+        left = {"n": len(dropped) + 1}
+
+        def one(op: FanOut) -> None:
+            left["n"] -= 1
+            if left["n"] == 0:
+                self.sock.send(reply(msg, tables=dropped), identity)
+
+        for table in dropped:
+            self.fan_out({"op": Op.DROP_TABLE.value, "name": table}, one)
+        self.fan_out({"op": Op.NAMESPACE.value, "name": name, "quota": None}, one)
 
     def on_table_info(self, identity: bytes, msg: Message) -> None:
         self.sock.send(reply(msg, tables={n: s.to_wire() for n, s in self.tables.items()}), identity)

@@ -170,6 +170,22 @@ def _dense_apply_many(rows_l, meta_l, starts, slot, vnodes, counts, keys, grads,
 
 
 @njit(nogil=True, cache=True)
+def _dense_missing_many(rows_l, starts, slot, vnodes, counts, keys, bits):
+    """How many keys are not stored yet (their row's flag is 0); keys are in place
+    (``_dense_check_many`` passed)."""
+    missing, a = 0, 0
+    for s in range(vnodes.shape[0]):
+        t = slot[vnodes[s]]
+        rows = rows_l[t]
+        flag = rows.shape[1] - 1
+        for i in range(a, a + counts[s]):
+            if rows[np.int64(dense_pos(keys[i], bits)) - starts[t], flag] == 0:
+                missing += 1
+        a += counts[s]
+    return missing
+
+
+@njit(nogil=True, cache=True)
 def _dense_check_many(n_vnodes, bits, vnodes, counts, keys):
     """Index of the first key outside its segment's vnode (or the key space), or -1."""
     a = 0

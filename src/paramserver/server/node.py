@@ -18,7 +18,6 @@ until the scheduler flips the ring.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 from collections.abc import Callable
@@ -27,14 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from paramserver import functions
 from paramserver.config import Config
 from paramserver.consistency.clock import StalenessGate
 from paramserver.errors import ConnectError, ParamServerError, ProtocolError, StaleRingError, UnknownTableError
 from paramserver.logutil import Throttled
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
-from paramserver.server import storage
+from paramserver.server.admin import Admin
 from paramserver.server.copies import Copies
 from paramserver.server.dedup import Dedup
 from paramserver.server.install import check_grads, check_install, check_moves, replace_buffered
@@ -102,18 +100,20 @@ class ServerNode:
         self.threads = max(1, config.server_threads or os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="paramserver-vnodes") \
             if self.threads > 1 else None
+        self.admin = Admin(self)  # export, checkpoint, restore, stats, server-side functions, quotas
         self.data_handlers: dict[Op, Callable[..., list[Any] | None]] = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
-                              Op.CLOCK: self.on_clock, Op.STATS: self.on_stats,
-                              Op.EXPORT: self.on_export, Op.CHECKPOINT: self.on_checkpoint, Op.CALL: self.on_call,
-                              Op.REPLICATE: self.on_replicate,
+                              Op.CLOCK: self.on_clock, Op.STATS: self.admin.on_stats,
+                              Op.EXPORT: self.admin.on_export, Op.CHECKPOINT: self.admin.on_checkpoint,
+                              Op.CALL: self.admin.on_call, Op.REPLICATE: self.on_replicate,
                               Op.INSTALL: self.on_install}
         self.control_handlers = {Op.RING: self.on_ring, Op.CREATE_TABLE: self.on_create_table,
                                  Op.DROP_TABLE: self.on_drop_table, Op.STOP: self.on_stop,
                                  Op.MIGRATE: self.on_migrate,
                                  Op.NODE_LOST: self.on_node_lost, Op.OK: lambda m: None,
                                  Op.WORKERS: self.on_workers,
-                                 Op.CHECKPOINT: self.on_scheduler_checkpoint,
-                                 Op.RESTORE: lambda m: self.control.send(self.on_restore(m)),
+                                 Op.CHECKPOINT: lambda m: self.control.send(self.admin.on_checkpoint(m)),
+                                 Op.RESTORE: lambda m: self.control.send(self.admin.on_restore(m)),
+                                 Op.NAMESPACE: self.admin.on_namespace,
                                  Op.ERROR: self.on_scheduler_error}
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -285,6 +285,7 @@ class ServerNode:
         self.peers.me = self.node_id
         self.peers.set_addresses({int(k): v for k, v in msg.header.get("servers", {}).items()
                                   if int(k) != self.node_id})
+        self.admin.set_quotas(msg.header.get("namespaces") or {})
         for name, wire in msg.header.get("tables", {}).items():
             if name not in self.tables:
                 self._add_table(TableSpec.from_wire(wire))
@@ -450,6 +451,7 @@ class ServerNode:
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = self._table(msg, keys.shape[0], vnodes, counts)
         check_grads(table, keys, grads)
+        self.admin.check_quota(table, vnodes, counts, keys)  # before the dedup marks it applied
         self._apply(table, msg, *self._fresh(table, msg, keys, grads, vnodes, counts))
         # forwarded whole, even the part already applied here: a retry after a failover
         # may find this server with the push and a backup without it; backups dedup too
@@ -545,52 +547,3 @@ class ServerNode:
         self.gate.vector.tick(worker, clock)
         self._clocks_moved()
         return reply(msg)
-
-    def on_export(self, msg: Message) -> list[Any]:
-        """Every key this server is primary of for a table, with its value (state left out)."""
-        return reply(msg, list(storage.export_rows(self.tables, self.primary, field(msg, "table", str),
-                                                   self.config.max_message_bytes, self.node_id)))
-
-    def on_call(self, msg: Message) -> list[Any]:
-        """A server-side function over the rows this server is primary of: of the keys
-        sent (grouped by vnode, as a pull's), or of all its keys (``all``)."""
-        fn = functions.load_function(field(msg, "function", str))
-        args = msg.header.get("args") or {}
-        if not isinstance(args, dict):
-            raise ProtocolError(f"call: args must be a dict, got {type(args).__name__}")
-        keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
-        table = self._table(msg, keys.shape[0], vnodes, counts)
-        if msg.header.get("all") is True:
-            keys, values = storage.primary_rows(table, self.primary)
-        else:
-            values = np.empty((keys.shape[0], table.spec.dim), np.float32)
-            table.lookup(vnodes, counts, keys, values)
-        values.flags.writeable = False
-        arrays = functions.run(fn, keys, values, args)
-        return reply(msg, arrays, merge=fn.merge, ring_version=self.ring.version if self.ring else 0,
-                     servers=sorted(int(s) for s in self.ring.servers) if self.ring else [])
-
-    def on_checkpoint(self, msg: Message) -> list[Any]:
-        """Write every stored vnode (keys, values and optimiser state) under ``url``."""
-        files = storage.write_checkpoint(self.tables, self.primary, field(msg, "url", str))
-        return reply(msg, files=files, clocks={str(k): v for k, v in self.gate.vector.clocks.items()})
-
-    def on_scheduler_checkpoint(self, msg: Message) -> None:
-        """A checkpoint the scheduler coordinates during a job: answered on the control
-        socket with the request's id (a failure is answered with an error reply)."""
-        self.control.send(self.on_checkpoint(msg))
-
-    def on_restore(self, msg: Message) -> list[Any]:
-        """Load the keys this server holds (under the current ring) from checkpoint files."""
-        assert self.ring is not None
-        loaded = storage.restore_rows(self.tables, self.primary, self.ring, field(msg, "table", str),
-                                      field(msg, "step", str), field(msg, "entries", list))
-        return reply(msg, loaded=loaded)
-
-    def on_stats(self, msg: Message) -> list[Any]:
-        return reply(msg, node_id=self.node_id, pid=os.getpid(), tables=storage.table_stats(self.tables, self.primary),
-                     ring_version=self.ring.version if self.ring else 0,
-                     clocks={str(k): v for k, v in self.gate.vector.clocks.items()},
-                     min_clock=None if math.isinf(self.gate.vector.min()) else int(self.gate.vector.min()),
-                     consistency=self.gate.telemetry(), rss_bytes=storage.rss_bytes())
-

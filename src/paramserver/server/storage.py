@@ -95,3 +95,8 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def primary_keys(table: VnodeSet, primary: np.ndarray) -> int:
+    """Keys of ``table`` stored in the vnodes this server is primary of."""
+    return sum(len(vt) for v, vt in table.tables.items() if primary[v])

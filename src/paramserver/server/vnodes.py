@@ -13,11 +13,11 @@ from numba.typed import List
 
 from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_range
-from paramserver.server.dense import DenseVnode, _dense_check_many, _dense_lookup_many
+from paramserver.server.dense import DenseVnode, _dense_check_many, _dense_lookup_many, _dense_missing_many
 from paramserver.server.kernels import kernels_for
 from paramserver.server.memory import available_memory
 from paramserver.server.optim import OP_UPDATE
-from paramserver.server.table import VnodeTable, _apply, _lookup
+from paramserver.server.table import VnodeTable, _apply, _find, _lookup
 
 
 @njit(nogil=True, cache=True)
@@ -48,6 +48,18 @@ def _apply_many(keys_l, rows_l, meta_l, limits, slot, vnodes, counts, keys, grad
         start = 0
         a = b
     return vnodes.shape[0], 0
+
+
+@njit(nogil=True, cache=True)
+def _missing_many(keys_l, meta_l, slot, vnodes, counts, keys):
+    missing, a = 0, 0
+    for s in range(vnodes.shape[0]):
+        t = slot[vnodes[s]]
+        for i in range(a, a + counts[s]):
+            if _find(keys_l[t], meta_l[t], keys[i]) < 0:
+                missing += 1
+        a += counts[s]
+    return missing
 
 
 @njit(cache=True)
@@ -188,6 +200,19 @@ class VnodeSet:
         elif self.tables:
             _lookup_many(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
                          self.spec.dim, self._ikind, self._ihp, self._seed)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes a stored key takes, counted by quotas: its key and its row (value and state)."""
+        return 8 + 4 * self.width
+
+    def missing(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> int:
+        """How many of ``keys`` (grouped like ``lookup``'s) are not stored yet."""
+        if not self.tables:
+            return 0
+        if self.bits:
+            return int(_dense_missing_many(self._rows, self._starts, self.slot, vnodes, counts, keys, self.bits))
+        return int(_missing_many(self._keys, self._meta, self.slot, vnodes, counts, keys))
 
     def refresh(self) -> None:
         """Re-read every vnode's arrays (after a vnode grew outside ``apply``, e.g. ``load``)."""

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from paramserver.errors import ProtocolError, StaleRingError
+from paramserver.errors import ProtocolError, QuotaError, StaleRingError
 
 #: Array dtypes allowed on the wire (little-endian).
 DTYPES: dict[str, np.dtype] = {
@@ -63,6 +63,9 @@ class Op(str, enum.Enum):  # noqa: UP042 (str(Op.X) stays "Op.X" in logs; StrEnu
     CLOCK = "clock"
     STATS = "stats"
     EXPORT = "export"
+    NAMESPACE = "namespace"  # scheduler -> servers: a namespace's quota
+    CREATE_NAMESPACE = "create_namespace"
+    DROP_NAMESPACE = "drop_namespace"
     CALL = "call"  # a server-side function (paramserver.functions)
     CHECKPOINT = "checkpoint"
     RESTORE = "restore"
@@ -192,6 +195,8 @@ def error_code(exc: BaseException) -> str:
     """The ``code`` of a server's error reply (clients map it back: ``client.scatter.remote_error``)."""
     if isinstance(exc, StaleRingError):
         return "stale_ring"
+    if isinstance(exc, QuotaError):
+        return "quota"
     if isinstance(exc, KeyError):
         return "unknown_table"
     return "protocol" if isinstance(exc, ProtocolError) else "error"
