@@ -45,13 +45,13 @@ def kernels_for(optimizer: Any, dim: int) -> Kernels:
     return _custom[key]
 
 
-def _rebind(fn: Any, **names: Any) -> Any:
+def _rebind(fn: Any, inline: str = "never", **names: Any) -> Any:
     """``fn`` (a numba function) compiled again with some of its global names bound anew."""
     py = fn.py_func
     scope = dict(py.__globals__)
     scope.update(names)
     clone = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, py.__closure__)
-    return njit(nogil=True)(clone)
+    return njit(nogil=True, inline=inline)(clone)
 
 
 @njit(inline="always", nogil=True)
@@ -82,7 +82,7 @@ def _compile(optimizer: Any, dim: int) -> Kernels:
             rows[s, j] = 0.0
         init(rows[s, dim:end], ohp)
 
-    push_row = _rebind(optim.push_row, update_row=update_row)
+    push_row = _rebind(optim.push_row, inline="always", update_row=update_row)  # inlined, as the built-ins'
     apply = _rebind(table._apply, push_row=push_row, init_row=init_row)
     dense_apply = _rebind(dense._dense_apply, push_row=push_row, init_row=init_row)
     kernels = Kernels(apply, _rebind(vnodes._apply_many, _apply=apply),
