@@ -162,6 +162,8 @@ class Run:
     def __init__(self, scenario: str, seed: int, trace: bool = False) -> None:
         self.scenario, self.seed = scenario, seed
         self.rng = random.Random(f"{scenario}/{seed}")
+        self.ops = random.Random(f"{scenario}/{seed}/ops")  # a push's op: its own stream, so the rest
+        # of a seed's run (and the regression seeds) stay what they were before ops were drawn
         self.plan = SCENARIOS[scenario](self.rng)
         self.cluster = SimCluster(seed, servers=self.plan.servers, faults=self.plan.faults, trace=trace)
         for name, rate in self.plan.rates.items():
@@ -288,7 +290,10 @@ class Run:
             self.check.returned(call)
             then()
 
-        w.push(table, keys, -np.ones((keys.shape[0], 1), np.float32), done)  # sgd, lr 1: +1 each
+        if self.ops.random() < 0.5:  # +1 each: sgd at lr 1 on -1, or a plain add (both exactly once)
+            w.push(table, keys, -np.ones((keys.shape[0], 1), np.float32), done)
+        else:
+            w.push(table, keys, np.ones((keys.shape[0], 1), np.float32), done, op="add")
 
     def _pull(self, w: SimWorker, table: str, then: Callable[[], None]) -> None:
         keys = self._keys()

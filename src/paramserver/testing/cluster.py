@@ -329,8 +329,9 @@ class SimWorker:
             self.socks[server] = self.transport.connect(self.addresses[server], self.cluster.config.max_message_bytes)
         return self.socks[server]
 
-    def push(self, table: str, keys: np.ndarray, grads: np.ndarray, done: Done) -> int:
-        """Push (numbered: applied once however often it is resent); returns its seq."""
+    def push(self, table: str, keys: np.ndarray, grads: np.ndarray, done: Done, op: str = "update") -> int:
+        """Push (numbered: applied once however often it is resent) as push operation
+        ``op``; returns its seq."""
         self.seq += 1
         seq = self.seq
         self.inflight.add(seq)
@@ -340,6 +341,8 @@ class SimWorker:
             done(result, error)
 
         header = {"op": Op.PUSH.value, "table": table, "sender": self.node_id, "seq": seq}
+        if op != "update":
+            header["push_op"] = op
         if self.specs[table].consistency == 0 and self.specs[table].aggregate:
             header["clock"] = self.clock
         self._scatter(Op.PUSH, header, table, keys, grads, finished)
