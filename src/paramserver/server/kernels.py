@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numba import njit
@@ -45,7 +45,7 @@ def kernels_for(optimizer: Any, dim: int) -> Kernels:
     return _custom[key]
 
 
-def _rebind(fn: Any, inline: str = "never", **names: Any) -> Any:
+def _rebind(fn: Any, inline: Literal["never", "always"] = "never", **names: Any) -> Any:
     """``fn`` (a numba function) compiled again with some of its global names bound anew."""
     py = fn.py_func
     scope = dict(py.__globals__)
