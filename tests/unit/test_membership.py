@@ -11,7 +11,7 @@ from paramserver.routing.ring import Ring, plan_moves
 from paramserver.scheduler.node import NodeInfo, SchedulerNode
 from paramserver.spec import TableSpec
 from paramserver.testing.sim import SimNetwork
-from paramserver.wire.message import Message, Op
+from paramserver.wire.message import Message, Op, encode
 
 
 @pytest.fixture
@@ -285,3 +285,31 @@ def test_a_restore_of_an_unknown_table_is_refused(make):
     with pytest.raises(Exception, match="unknown table 'nope': create it before restoring it"):
         s.handlers[Op.RESTORE](b"driver", Message({"op": "restore", "id": 1, "table": "nope", "step": "x",
                                                    "entries": []}, []))
+
+
+def test_a_scheduler_stopped_in_the_middle_of_a_turn_declares_nobody_dead(make):
+    """Found by CI (test_a_client_takes_the_scheduler_back_once_it_answers_again, 1 run in
+    3): a SIGSTOP that lands after a turn has started, while it handles messages, used to
+    be blamed on every node, whose heartbeats sent meanwhile were still unread."""
+    s = make([1, 2], [TableSpec("t", 1)])
+    t = {"now": 100.0}
+    s.clock = lambda: t["now"]
+    for node in s.nodes.values():
+        node.last_seen = 100.0
+    s._last_turn = 100.0
+    handle = s._handle
+
+    def stopped_while_handling(frames):
+        handle(frames)
+        t["now"] += 10 * s.config.heartbeat_timeout_s  # the process was stopped here
+
+    s._handle = stopped_while_handling
+    s.sock.try_recv = iter([[b"driver", *encode({"op": "table_info", "id": 1})], None]).__next__
+    s.sock.send = lambda *a, **k: None
+    s.turn()
+    assert set(s.nodes) == {1, 2}  # their heartbeats are in the socket, unread: nobody is dead
+    s.sock.try_recv = lambda: None
+    for _ in range(int(3 * s.config.heartbeat_timeout_s / s.poll_s)):  # silent turns, on time: now they are
+        t["now"] += s.poll_s
+        s.turn()
+    assert not any(n.role == "server" for n in s.nodes.values())

@@ -125,13 +125,16 @@ class SchedulerNode:
 
     def turn(self, ready: bool = True) -> None:
         """One turn of the loop: every waiting message, then the deadlines."""
-        self._last_turn = self._after_stall(self._last_turn, self.poll_s)
+        started = self._last_turn = self._after_stall(self._last_turn, self.poll_s)
         if ready:
             while self._running and (frames := self.sock.try_recv()) is not None:
                 self._handle(frames)
         try:
             now = self.clock()
-            self._check_heartbeats(now)
+            # silence is judged as of the turn's start: had this process been stopped while
+            # it handled the messages above (a SIGSTOP, a swap-out), the heartbeats sent
+            # meanwhile would still be unread, and every node would look dead
+            self._check_heartbeats(started)
             self.fanouts.expire(now)
             self._say_who_is_missing(now)
         except Exception:  # a bug must not take the cluster down
