@@ -81,6 +81,7 @@ def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> d
 def _split_chunk(chunk: list[str], first: int, parts: int, outs: list[Any], path: str) -> int:
     labels: list[str] = []
     rows: list[list[str]] = []
+    all_idx: list[int] = []  # every feature's index, in order: its block
     for n, line in enumerate(chunk, start=first + 1):
         tokens = line.split()
         if not tokens:
@@ -88,19 +89,20 @@ def _split_chunk(chunk: list[str], first: int, parts: int, outs: list[Any], path
         try:
             float(tokens[0])
             feats = tokens[1:]
-            idx = [int(t.split(":", 1)[0]) for t in feats]
-            for t in feats:
-                float(t.split(":", 1)[1])
+            pairs = [t.split(":", 1) for t in feats]
+            idx = [int(i) for i, _ in pairs]
+            for _, v in pairs:
+                float(v)
         except (ValueError, IndexError):
             raise DataError(f"{path}:{n}: not a LIBSVM line (label idx:value ...): {line.strip()[:120]!r}; fix "
                             "or remove it (every column block needs every line)") from None
-        labels.append(tokens[0])
-        rows.append(feats)
         if idx and min(idx) < 1:
             raise DataError(f"{path}:{n}: feature indices start at 1, got {min(idx)}")
-    flat = [t for r in rows for t in r]
-    if flat:
-        block = _blocks(np.array([int(t.split(":", 1)[0]) for t in flat], np.int64), parts)
+        labels.append(tokens[0])
+        rows.append(feats)
+        all_idx.extend(idx)
+    if all_idx:
+        block = _blocks(np.array(all_idx, np.int64), parts)
     pos = 0
     per_block: list[list[str]] = [[] for _ in range(parts)]
     for label, feats in zip(labels, rows):
@@ -152,23 +154,25 @@ def vertical_worker(client: Any, cfg: Any, train_blocks: list[str], test_blocks:
     counter = 0  # the next example's key in the margins table (the same on every worker)
     examples, loss_sum, first_at = 0, 0.0, 0.0
 
-    def margins(batch: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Full margins of ``batch``: this block's part added on the servers, then all of it."""
+    def margins(batch: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Full margins of ``batch``: this block's part added on the servers, then all of it.
+        Returns them with what the gradient needs: the batch's distinct keys, each
+        occurrence's key (``inverse``) and example (``row_of``), and the values."""
         nonlocal counter
         uniq, inverse = batch.unique()
+        rows = client.pull(table, uniq).result(timeout=600)
         vals = batch.vals.astype(np.float64)
         if p != 0:
             vals[batch.keys == bias] = 0.0  # block 0's bias only
         n = len(batch)
         row_of = np.repeat(np.arange(n), np.diff(batch.indptr))
-        w = rows[:, 0].astype(np.float64)
-        partial = np.bincount(row_of, weights=vals * w[inverse], minlength=n)
+        partial = np.bincount(row_of, weights=vals * rows[inverse, 0], minlength=n)
         keys = np.arange(counter, counter + n, dtype=np.uint64)
         counter += n
         client.push("margins", keys, partial.astype(np.float32), op="add").result(timeout=600)
         client.barrier(timeout_s=600)
         z = client.pull("margins", keys).result(timeout=600)[:, 0].astype(np.float64)
-        return z, uniq, inverse, vals
+        return z, uniq, inverse, row_of, vals
 
     seen = 0
     for _ in range(cfg.epochs):  # batches grow as run_training's do (the same on every block: they
@@ -176,12 +180,9 @@ def vertical_worker(client: Any, cfg: Any, train_blocks: list[str], test_blocks:
         for batch in ramped(read_batches(Shard(train_blocks[p], 0, -1), cfg.data, cfg.batch_size),
                             cfg.batch_size, cfg.batch_ramp, seen):
             seen += len(batch)
-            uniq, _ = batch.unique()
-            rows = client.pull(table, uniq).result(timeout=600)
-            z, uniq, inverse, vals = margins(batch, rows)
+            z, uniq, inverse, row_of, vals = margins(batch)
             prob = 1.0 / (1.0 + np.exp(-z))
             err = prob - batch.labels
-            row_of = np.repeat(np.arange(len(batch)), np.diff(batch.indptr))
             grads = np.bincount(inverse, weights=err[row_of] * vals, minlength=uniq.size)
             client.push(table, uniq, grads.astype(np.float32).reshape(-1, 1), distinct=True).result(timeout=600)
             if not first_at:
@@ -193,8 +194,7 @@ def vertical_worker(client: Any, cfg: Any, train_blocks: list[str], test_blocks:
     labels: list[np.ndarray] = []
     if test_blocks:
         for batch in read_batches(Shard(test_blocks[p], 0, -1), cfg.data, 1 << 14):
-            uniq, _ = batch.unique()
-            z, *_ = margins(batch, client.pull(table, uniq).result(timeout=600))
+            z, *_ = margins(batch)
             scores.append(1.0 / (1.0 + np.exp(-z)))
             labels.append(batch.labels)
     return {"rank": p, "examples": examples, "loss_sum": loss_sum, "first_batch_at": first_at,

@@ -104,9 +104,10 @@ class Admin:
         new = table.missing(vnodes, counts, keys)
         if new == 0:
             return
-        held = [t for t in n.tables.values() if namespace_of(t.spec.name) == name]
-        used_keys = sum(storage.primary_keys(t, n.primary) for t in held)
-        used_bytes = sum(storage.primary_keys(t, n.primary) * t.row_bytes for t in held)
+        held = [(storage.primary_keys(t, n.primary), t.row_bytes) for t in n.tables.values()
+                if namespace_of(t.spec.name) == name]
+        used_keys = sum(k for k, _ in held)
+        used_bytes = sum(k * b for k, b in held)
         fraction = float(n.primary.sum()) / n.ring.n_vnodes
         refusal = quota.refusal(fraction, used_keys, used_bytes, new, new * table.row_bytes)
         if refusal:
