@@ -42,6 +42,12 @@ class TableSpec:
             the 2**b keys, so a read or an update is one memory access, not a probe.
             Memory is ``2**b * (row bytes + 4)`` per copy, mapped when the table is
             created; it pays when a good part of the key space is used.
+        block_size: 0 (default): a dense table's keys are scattered over the vnodes.
+            ``B`` (a power of two, at most ``2**key_bits``; needs ``key_bits``): the
+            table is *range-partitioned* into parameter blocks of ``B`` contiguous keys
+            (block ``j`` is keys ``[j B, (j + 1) B)``), each wholly on one server, so a
+            scheduled worker pulls or pushes a block in one request; the client knows
+            where every block is without asking (``Client.blocks``).
 
     Example:
         >>> TableSpec("w", dim=1, optimizer={"name": "ftrl", "alpha": 0.1}).optimizer
@@ -57,6 +63,7 @@ class TableSpec:
     aggregate: bool = False
     replicas: int = 1
     key_bits: int = 0
+    block_size: int = 0
 
     def __post_init__(self) -> None:
         from paramserver.consistency.clock import parse_consistency
@@ -84,6 +91,14 @@ class TableSpec:
                 or not 0 <= self.key_bits <= MAX_KEY_BITS):
             raise ConfigError(f"table {self.name!r}: key_bits must be an int in [0, {MAX_KEY_BITS}] (0: any "
                               f"uint64 key, hash layout; b: keys < 2**b, dense layout), got {self.key_bits!r}")
+        if self.block_size != 0:
+            b = self.block_size
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1 or b & (b - 1):
+                raise ConfigError(f"table {self.name!r}: block_size must be a power of two (keys per parameter "
+                                  f"block), or 0 for no blocks; got {b!r}")
+            if not self.key_bits or b > 1 << self.key_bits:
+                raise ConfigError(f"table {self.name!r}: block_size={b} needs a dense table with at least that "
+                                  f"many keys: key_bits >= {b.bit_length() - 1}, got key_bits={self.key_bits}")
         opt = Optimizer.parse(self.optimizer)
         init = Initializer.parse(self.initializer)
         if isinstance(opt, FTRL) and not isinstance(init, Zeros):
@@ -101,6 +116,19 @@ class TableSpec:
         """Floats a key's row takes in a server: the value, then the optimiser state."""
         return self.dim + self.optimizer.state_width(self.dim)
 
+    @property
+    def layout(self) -> int:
+        """How keys map to vnodes, as one int for the routing kernels
+        (``hashing.layout_code``): 0 is the hash layout."""
+        from paramserver.routing.hashing import layout_code
+
+        return layout_code(self.key_bits, self.block_size)
+
+    @property
+    def n_blocks(self) -> int:
+        """Parameter blocks of a range-partitioned table (0 if it has none)."""
+        return (1 << self.key_bits) // self.block_size if self.block_size else 0
+
     def check_keys(self, keys: np.ndarray) -> None:
         """Raise ``ConfigError`` if a key is outside a dense table's key space."""
         if self.key_bits and keys.size and int(keys.max()) >> self.key_bits:  # one pass, no temporary
@@ -115,14 +143,15 @@ class TableSpec:
         return {"name": self.name, "dim": self.dim, "seed": self.seed,
                 "optimizer": self.optimizer.to_wire(), "initializer": self.initializer.to_wire(),
                 "consistency": None if math.isinf(self.consistency) else int(self.consistency),
-                "aggregate": self.aggregate, "replicas": self.replicas, "key_bits": self.key_bits}
+                "aggregate": self.aggregate, "replicas": self.replicas,
+                "key_bits": self.key_bits, "block_size": self.block_size}
 
     @classmethod
     def from_wire(cls, d: Any) -> TableSpec:
         if not isinstance(d, dict):
             raise ConfigError(f"a table spec must be a map, got {d!r}")
         extra = set(d) - {"name", "dim", "seed", "optimizer", "initializer", "consistency", "aggregate",
-                                  "replicas", "key_bits"}
+                                  "replicas", "key_bits", "block_size"}
         if extra:
             raise ConfigError(f"unknown table spec fields {sorted(extra)}")
         return cls(**d)

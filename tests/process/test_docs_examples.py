@@ -18,7 +18,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "write-your-own.md"
 
 def test_write_your_own_runs_as_shown(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
-    rule_module, usage, push_ops, function_module, calls = blocks
+    rule_module, usage, push_ops, function_module, calls, block_loop = blocks
     assert all(len(b.splitlines()) < 40 for b in blocks)
     (tmp_path / "my_rules.py").write_text("import numpy as np\n" + rule_module + "\n" + function_module)
     monkeypatch.syspath_prepend(str(tmp_path))  # the nodes get sys.path as PYTHONPATH
@@ -39,3 +39,10 @@ def test_write_your_own_runs_as_shown(tmp_path, monkeypatch):
     np.testing.assert_array_equal(scope["got"], [[2.0], [1.0]])
     np.testing.assert_array_equal(scope["hist"], [0, 12, 0, 0])
     assert len(scope["top_keys"]) == 2
+
+    out = io.StringIO()
+    with redirect_stdout(out):  # the block-scheduled loop: its own cluster
+        exec(compile(block_loop, str(PAGE), "exec"), {})
+    where, solved = out.getvalue().strip().splitlines()
+    assert len(set(where.strip("[]").split())) == 2  # the four blocks are spread over both servers
+    assert solved == "True"

@@ -79,7 +79,7 @@ class Harness:
         self.flush()
 
     def push(self, ring: Ring, table: str, keys, grads, **fields) -> None:
-        routed = route_push(ring, keys, grads, self.nodes[0].tables[table].bits)
+        routed = route_push(ring, keys, grads, self.nodes[0].tables[table].layout)
         for p in routed.parts:
             header = {"op": "push", "table": table, "ring_version": ring.version, "id": 1, **fields}
             self.deliver(self.by_id(p.server), header,
@@ -88,7 +88,7 @@ class Harness:
     @staticmethod
     def value(node: ServerNode, table: str, key) -> float | None:
         t = node.tables[table]
-        v = int(node.ring.vnodes(np.array([key], np.uint64), t.bits)[0])
+        v = int(node.ring.vnodes(np.array([key], np.uint64), t.layout)[0])
         if v not in t.tables:
             return None
         out = np.empty((1, t.spec.dim), np.float32)

@@ -48,7 +48,7 @@ def call(client: Client, table: str, function: str, keys: Any, args: dict[str, A
             pieces = [Piece(s, ring.version, empty, empty.astype(np.int64), np.zeros(0, np.int32),
                             np.zeros(0, np.int64)) for s in ring.servers]
             fut = Scatter(client, Op.CALL, {"op": Op.CALL.value, "table": table, "all": True, **header},
-                          spec.key_bits, on_piece, None).start(pieces)
+                          spec.layout, on_piece, None).start(pieces)
 
         def done(f: Future[Any]) -> None:
             exc = f.exception()

@@ -33,6 +33,7 @@ from paramserver.errors import (
     UnknownTableError,
 )
 from paramserver.namespaces import Quota, check_name, summarize
+from paramserver.routing.blocks import BlockMap
 from paramserver.routing.partition import combine_duplicates, route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.server.optim import PUSH_OPS
@@ -162,21 +163,21 @@ class Client:
                                     "create it with create_table()")
         return spec
 
-    def _pieces(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, bits: int,
+    def _pieces(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
                 distinct: bool = False) -> list[Piece]:
         """Route ``keys`` with the current ring into one piece per server.  ``extra`` rides
         along: a pull's output row of each key (None: the identity), a push's gradients;
-        ``bits`` is the table's ``key_bits``; ``distinct``: a push's keys need no merging."""
+        ``layout`` is the table's (``TableSpec.layout``); ``distinct``: a push's keys need no merging."""
         with self._lock:
             ring = self._ring
         index: np.ndarray  # a pull's destination rows; a push's summed gradients
         if kind is not Op.PUSH:  # a pull, or a server-side function over keys
-            routed = route_pull(ring, keys, bits)
+            routed = route_pull(ring, keys, layout)
             assert routed.order is not None
             index = routed.order if extra is None else extra[routed.order]
         else:
             assert extra is not None, "a push carries its gradients"
-            routed = route_push(ring, keys, extra, bits, distinct)
+            routed = route_push(ring, keys, extra, layout, distinct)
             assert routed.grads is not None
             index = routed.grads
         return [Piece(part.server, ring.version, routed.keys[part.start:part.stop], index[part.start:part.stop],
@@ -189,8 +190,8 @@ class Client:
                  extra_header: dict[str, Any] | None = None) -> Future:
         """Send a pull or push as one request per server; the future resolves to
         ``result`` once every piece is answered (see ``scatter.Scatter``)."""
-        bits = self._spec(table).key_bits
-        pieces = self._pieces(kind, keys, extra, bits, distinct)
+        layout = self._spec(table).layout
+        pieces = self._pieces(kind, keys, extra, layout, distinct)
         limit = self.config.max_message_bytes - (1 << 20)  # room for the header
         for piece in pieces:  # check every piece before sending any: never half a push
             nbytes = max(piece.keys.nbytes + (piece.extra.nbytes if kind is Op.PUSH else 0),
@@ -204,7 +205,7 @@ class Client:
         if seq is not None:
             header.update(sender=self.node_id, seq=seq)
         header.update(extra_header or {})
-        return Scatter(self, kind, header, bits, on_piece, result, on_settled).start(pieces)
+        return Scatter(self, kind, header, layout, on_piece, result, on_settled).start(pieces)
 
     def _refresh_view(self) -> None:
         """Ask the scheduler for the ring (a RING notification may still be on its way)."""
@@ -221,19 +222,23 @@ class Client:
     # ---- public API --------------------------------------------------------------------
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
-                     aggregate: bool = False, replicas: int = 1, key_bits: int = 0) -> TableSpec:
+                     aggregate: bool = False, replicas: int = 1, key_bits: int = 0,
+                     block_size: int = 0) -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
 
         ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
         applies each clock's summed pushes once; ``replicas`` (1–3) copies of every vnode
         on distinct servers survive ``replicas - 1`` failures; ``key_bits = b`` makes a
-        dense table of keys < 2**b (one memory access a key).  See ``TableSpec``.
+        dense table of keys < 2**b (one memory access a key), and ``block_size = B``
+        range-partitions it into parameter blocks of B contiguous keys (``blocks``,
+        ``pull_block``, ``push_block``).  See ``TableSpec``.
 
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
         """
         return self.create_table_spec(
-            TableSpec(name, dim, optimizer, initializer, seed, consistency, aggregate, replicas, key_bits))
+            TableSpec(name, dim, optimizer, initializer, seed, consistency, aggregate, replicas, key_bits,
+                      block_size))
 
     def create_table_spec(self, spec: TableSpec) -> TableSpec:
         """Create the table ``spec`` describes, every field of it (a job's table, a
@@ -317,6 +322,27 @@ class Client:
         except BaseException:
             self._settled(seq)
             raise
+
+    def blocks(self, table: str) -> BlockMap:
+        """Where the parameter blocks of range-partitioned ``table`` are, as of the ring
+        this client holds: ``server_of(blocks)``, ``of_server(s)``, ``keys(block)``."""
+        spec = self._spec(table)
+        if not spec.block_size:
+            raise ConfigError(f"table {table!r} has no parameter blocks: create it with key_bits=b and "
+                              "block_size=B (a power of two) to range-partition it")
+        with self._lock:
+            ring = self._ring
+        return BlockMap(table, spec.block_size, spec.n_blocks, ring)
+
+    def pull_block(self, table: str, block: int) -> Future:
+        """The rows of parameter block ``block`` (keys ``[block B, (block + 1) B)``, in
+        order) as a future of ``float32[B, dim]``: one request to the block's server."""
+        return self.pull(table, self.blocks(table).keys(block))
+
+    def push_block(self, table: str, block: int, values: Any, *, op: str = "update") -> Future:
+        """Push ``float32[B, dim]`` onto block ``block``'s rows with ``op`` (see ``push``):
+        one request, applied exactly once, acknowledged once every replica has it."""
+        return self.push(table, self.blocks(table).keys(block), values, distinct=True, op=op)
 
     def call(self, table: str, function: str, keys: Any = None, args: dict[str, Any] | None = None) -> Future:
         """Run the server-side function ``"module:function"`` on every server, over the

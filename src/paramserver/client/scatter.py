@@ -70,11 +70,11 @@ class Scatter:
     future is dropped (a cycle of closures did: 64 MB pulls page-faulted afresh).
     """
 
-    def __init__(self, client: Client, kind: Op, header: dict[str, Any], bits: int,
+    def __init__(self, client: Client, kind: Op, header: dict[str, Any], layout: int,
                  on_piece: Callable[[Piece, Message], None], result: Any,
                  on_settled: Callable[[], None] | None = None):
         self.client, self.kind, self.header, self.on_piece, self.result = client, kind, header, on_piece, result
-        self.bits = bits  # the table's key_bits: how its keys map to vnodes
+        self.layout = layout  # the table's layout: how its keys map to vnodes
         self.on_settled = on_settled  # once done and no request is left in flight
         self.future: Future = Future()
         self.pending = 0  # pieces not answered yet
@@ -129,7 +129,7 @@ class Scatter:
         if self.future.done():
             return
         try:
-            again = self.client._pieces(self.kind, piece.keys, piece.extra, self.bits, distinct=True)
+            again = self.client._pieces(self.kind, piece.keys, piece.extra, self.layout, distinct=True)
         except Exception as exc:
             self.fail(exc)
             return

@@ -23,9 +23,9 @@ _S32 = np.uint64(32)
 
 
 @njit(nogil=True, cache=True)
-def _group(keys, rows, n_vnodes, vnode_rank, want_order, bits):
+def _group(keys, rows, n_vnodes, vnode_rank, want_order, layout):
     """Counting sort of ``keys`` (and their ``rows``) by the rank of their vnode
-    (``bits``: the table's ``key_bits``, 0 for a hash-layout table).
+    (``layout``: the table's, see ``hashing.layout_code``; 0 for the hash layout).
 
     Returns the sorted keys, the sorted rows, ``order`` (sorted position -> input
     position; empty unless ``want_order``) and the bucket offsets
@@ -36,7 +36,7 @@ def _group(keys, rows, n_vnodes, vnode_rank, want_order, bits):
     bucket = np.empty(n, np.int32)
     offsets = np.zeros(n_vnodes + 1, np.int64)
     for i in range(n):
-        b = vnode_rank[vnode_of_key(keys[i], n_vnodes, bits)]
+        b = vnode_rank[vnode_of_key(keys[i], n_vnodes, layout)]
         bucket[i] = b
         offsets[b + 1] += 1
     for b in range(n_vnodes):
@@ -189,18 +189,18 @@ def _parts(ring: Ring, offsets: np.ndarray) -> list[Part]:
     return parts
 
 
-def route_pull(ring: Ring, keys: np.ndarray, bits: int = 0) -> Routed:
+def route_pull(ring: Ring, keys: np.ndarray, layout: int = 0) -> Routed:
     """Group ``keys`` by server and vnode (duplicates kept: a lookup is cheaper than a
-    merge); ``bits`` is the table's ``key_bits``."""
+    merge); ``layout`` is the table's (``TableSpec.layout``)."""
     no_rows = np.empty((keys.shape[0], 0), np.float32)
-    skeys, _, order, offsets = _group(keys, no_rows, ring.n_vnodes, ring.vnode_rank, True, bits)
+    skeys, _, order, offsets = _group(keys, no_rows, ring.n_vnodes, ring.vnode_rank, True, layout)
     return Routed(skeys, _parts(ring, offsets), ring.version, order=order)
 
 
-def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, bits: int = 0, distinct: bool = False) -> Routed:
+def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, layout: int = 0, distinct: bool = False) -> Routed:
     """Group ``keys`` by server and vnode, merging duplicate keys by summing their rows
     (``distinct``: the caller knows there are none, so skip looking; ~2/3 of the cost)."""
-    skeys, srows, _, offsets = _group(keys, grads, ring.n_vnodes, ring.vnode_rank, False, bits)
+    skeys, srows, _, offsets = _group(keys, grads, ring.n_vnodes, ring.vnode_rank, False, layout)
     if distinct:
         return Routed(skeys, _parts(ring, offsets), ring.version, grads=srows)
     uniq, sums, uoffsets = _dedup_sum(skeys, srows, offsets)

@@ -32,6 +32,8 @@ from paramserver.routing.hashing import vnodes_of_keys
 
 #: longest chain (primary + backups); a table's replication factor is at most this
 MAX_REPLICAS = 3
+#: most vnodes a ring may have (the routing kernels' arithmetic stays in 64 bits)
+MAX_VNODES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,9 @@ class Ring:
         chains = np.asarray(self.chains, dtype=np.int32)
         if chains.ndim == 1:
             chains = np.column_stack([chains, np.full((chains.size, MAX_REPLICAS - 1), -1, np.int32)])
-        if chains.ndim != 2 or chains.shape[1] != MAX_REPLICAS or chains.shape[0] < 1:
-            raise ConfigError(f"ring chains must be int[n_vnodes >= 1, {MAX_REPLICAS}], got shape {chains.shape}")
+        if chains.ndim != 2 or chains.shape[1] != MAX_REPLICAS or not 1 <= chains.shape[0] <= MAX_VNODES:
+            raise ConfigError(f"ring chains must be int[n_vnodes, {MAX_REPLICAS}] with 1 <= n_vnodes <= "
+                              f"{MAX_VNODES} (fewer vnodes_per_server), got shape {chains.shape}")
         chains = np.ascontiguousarray(chains)
         chains.setflags(write=False)
         object.__setattr__(self, "chains", chains)
@@ -116,13 +119,13 @@ class Ring:
     def vnode_rank(self) -> np.ndarray:
         return self._rank
 
-    def vnodes(self, keys: np.ndarray, bits: int = 0) -> np.ndarray:
-        """Vnode of every key (vectorised); ``bits``: the table's ``key_bits``."""
-        return vnodes_of_keys(np.ascontiguousarray(keys, np.uint64), self.n_vnodes, bits)
+    def vnodes(self, keys: np.ndarray, layout: int = 0) -> np.ndarray:
+        """Vnode of every key (vectorised); ``layout``: the table's (``TableSpec.layout``)."""
+        return vnodes_of_keys(np.ascontiguousarray(keys, np.uint64), self.n_vnodes, layout)
 
-    def owner_of_keys(self, keys: np.ndarray, bits: int = 0) -> np.ndarray:
+    def owner_of_keys(self, keys: np.ndarray, layout: int = 0) -> np.ndarray:
         """Server id of every key (vectorised)."""
-        return self._owners[self.vnodes(keys, bits)]
+        return self._owners[self.vnodes(keys, layout)]
 
     def vnodes_of(self, server: int) -> np.ndarray:
         """Vnodes whose primary is ``server``."""

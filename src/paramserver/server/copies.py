@@ -76,7 +76,7 @@ class Copies:
         assert node.ring is not None, "vnodes move between rings"
         vt = table.tables.get(vnode)
         keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64), np.zeros((0, table.width), np.float32))
-        buffered = buffered_pushes(node.aggregates, node.ring, table.bits, name, vnode)  # BSP: unfinished clocks
+        buffered = buffered_pushes(node.aggregates, node.ring, table.layout, name, vnode)  # BSP: unfinished clocks
         header: dict[str, Any] = {
             "op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": node.node_id,
             "ring_version": node.ring.version,

@@ -18,25 +18,25 @@ from numba import njit
 
 from paramserver.errors import ProtocolError
 from paramserver.intrinsics import prefetch_row
-from paramserver.routing.hashing import dense_keys_of, dense_pos, dense_range, vnode_of_key
+from paramserver.routing.hashing import dense_keys_of, dense_pos, dense_range, layout_bits, vnode_of_key
 from paramserver.server.memory import zeroed_rows
 from paramserver.server.optim import init_row, init_value, push_row
 from paramserver.server.table import _COUNT, PREFETCH_AHEAD
 
 
 @njit(nogil=True, cache=True)
-def _dense_lookup(rows, start, keys, out, dim, bits, ikind, ihp, seed):
+def _dense_lookup(rows, start, keys, out, dim, layout, ikind, ihp, seed):
     """Like ``_lookup`` for a dense vnode; returns the index of a key outside it, or -1."""
     flag = rows.shape[1] - 1
     n = keys.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
-            r = np.int64(dense_pos(keys[i + PREFETCH_AHEAD], bits)) - start
+            r = np.int64(dense_pos(keys[i + PREFETCH_AHEAD], layout)) - start
             if 0 <= r < rows.shape[0]:
                 prefetch_row(rows, r)
         key = keys[i]
-        r = np.int64(dense_pos(key, bits)) - start
-        if r < 0 or r >= rows.shape[0] or key >> np.uint64(bits) != 0:
+        r = np.int64(dense_pos(key, layout)) - start
+        if r < 0 or r >= rows.shape[0] or key >> np.uint64(layout_bits(layout)) != 0:
             return i
         if rows[r, flag] != 0:
             for j in range(dim):
@@ -48,29 +48,29 @@ def _dense_lookup(rows, start, keys, out, dim, bits, ikind, ihp, seed):
 
 
 @njit(nogil=True, cache=True)
-def _dense_check(rows, start, keys, bits):
+def _dense_check(rows, start, keys, layout):
     """Index of the first key that is not in this dense vnode, or -1."""
     for i in range(keys.shape[0]):
-        r = np.int64(dense_pos(keys[i], bits)) - start
-        if r < 0 or r >= rows.shape[0] or keys[i] >> np.uint64(bits) != 0:
+        r = np.int64(dense_pos(keys[i], layout)) - start
+        if r < 0 or r >= rows.shape[0] or keys[i] >> np.uint64(layout_bits(layout)) != 0:
             return i
     return -1
 
 
 @njit(nogil=True, cache=True)
-def _dense_apply(rows, meta, start, keys, grads, dim, bits, op, okind, ohp, ikind, ihp, seed):
+def _dense_apply(rows, meta, start, keys, grads, dim, layout, op, okind, ohp, ikind, ihp, seed):
     """Like ``_apply`` for a dense vnode (which never grows); every key must be in it
     (``_dense_check``), else nothing is applied and the bad key's index is returned."""
-    bad = _dense_check(rows, start, keys, bits)
+    bad = _dense_check(rows, start, keys, layout)
     if bad >= 0:
         return bad
     flag = rows.shape[1] - 1
     n = keys.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:  # checked in range above
-            prefetch_row(rows, np.int64(dense_pos(keys[i + PREFETCH_AHEAD], bits)) - start)
+            prefetch_row(rows, np.int64(dense_pos(keys[i + PREFETCH_AHEAD], layout)) - start)
         key = keys[i]
-        r = np.int64(dense_pos(key, bits)) - start
+        r = np.int64(dense_pos(key, layout)) - start
         if rows[r, flag] == 0:
             init_row(rows, r, key, dim, flag, okind, ohp, ikind, ihp, seed)
             rows[r, flag] = 1.0
@@ -80,15 +80,15 @@ def _dense_apply(rows, meta, start, keys, grads, dim, bits, op, okind, ohp, ikin
 
 
 @njit(nogil=True, cache=True)
-def _dense_load(rows, meta, start, keys, src_rows, bits):
+def _dense_load(rows, meta, start, keys, src_rows, layout):
     """Overwrite (or insert) whole rows; every key must be in the vnode, else nothing is
     written and the bad key's index is returned."""
-    bad = _dense_check(rows, start, keys, bits)
+    bad = _dense_check(rows, start, keys, layout)
     if bad >= 0:
         return bad
     flag = rows.shape[1] - 1
     for i in range(keys.shape[0]):
-        r = np.int64(dense_pos(keys[i], bits)) - start
+        r = np.int64(dense_pos(keys[i], layout)) - start
         for j in range(flag):
             rows[r, j] = src_rows[i, j]
         if rows[r, flag] == 0:
@@ -108,7 +108,8 @@ class DenseVnode:
         self.dim = spec.dim
         self.width = spec.width
         self.bits = spec.key_bits
-        self.start, stop = dense_range(vnode, n_vnodes, self.bits)
+        self.layout = spec.layout
+        self.start, stop = dense_range(vnode, n_vnodes, self.layout)
         self.rows = zeroed_rows(stop - self.start, self.width + 1)
         self.keys = _NO_KEYS  # VnodeSet's kernel lists take one key array per vnode
         self._meta = np.zeros(2, np.int64)
@@ -130,24 +131,24 @@ class DenseVnode:
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All stored keys and their full rows (value and state), in position order."""
         stored = np.flatnonzero(self.rows[:, self.width])
-        return dense_keys_of(self.start, stored, self.bits), self.rows[stored, : self.width]
+        return dense_keys_of(self.start, stored, self.layout), self.rows[stored, : self.width]
 
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Set whole rows (value and state) for ``keys``; all must be in this vnode."""
         bad = _dense_load(self.rows, self._meta, self.start, np.ascontiguousarray(keys, np.uint64),
-                          np.ascontiguousarray(rows, np.float32), self.bits)
+                          np.ascontiguousarray(rows, np.float32), self.layout)
         if bad >= 0:
             raise ProtocolError(f"key {int(keys[bad])} is not in this dense vnode (positions {self.start}.."
                                 f"{self.start + self.capacity - 1} of 2**{self.bits})")
 
 
 @njit(nogil=True, cache=True)
-def _dense_lookup_many(rows_l, starts, slot, vnodes, counts, keys, out, dim, bits, ikind, ihp, seed):
+def _dense_lookup_many(rows_l, starts, slot, vnodes, counts, keys, out, dim, layout, ikind, ihp, seed):
     a = 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
         b = a + counts[s]
-        bad = _dense_lookup(rows_l[t], starts[t], keys[a:b], out[a:b], dim, bits, ikind, ihp, seed)
+        bad = _dense_lookup(rows_l[t], starts[t], keys[a:b], out[a:b], dim, layout, ikind, ihp, seed)
         if bad >= 0:
             return a + bad
         a = b
@@ -155,13 +156,13 @@ def _dense_lookup_many(rows_l, starts, slot, vnodes, counts, keys, out, dim, bit
 
 
 @njit(nogil=True, cache=True)
-def _dense_apply_many(rows_l, meta_l, starts, slot, vnodes, counts, keys, grads, dim, bits, op, okind, ohp,
+def _dense_apply_many(rows_l, meta_l, starts, slot, vnodes, counts, keys, grads, dim, layout, op, okind, ohp,
                       ikind, ihp, seed):
     a = 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
         b = a + counts[s]
-        bad = _dense_apply(rows_l[t], meta_l[t], starts[t], keys[a:b], grads[a:b], dim, bits, op, okind, ohp,
+        bad = _dense_apply(rows_l[t], meta_l[t], starts[t], keys[a:b], grads[a:b], dim, layout, op, okind, ohp,
                            ikind, ihp, seed)
         if bad >= 0:
             return a + bad
@@ -170,7 +171,7 @@ def _dense_apply_many(rows_l, meta_l, starts, slot, vnodes, counts, keys, grads,
 
 
 @njit(nogil=True, cache=True)
-def _dense_missing_many(rows_l, starts, slot, vnodes, counts, keys, bits):
+def _dense_missing_many(rows_l, starts, slot, vnodes, counts, keys, layout):
     """How many keys are not stored yet (their row's flag is 0); keys are in place
     (``_dense_check_many`` passed)."""
     missing, a = 0, 0
@@ -179,20 +180,20 @@ def _dense_missing_many(rows_l, starts, slot, vnodes, counts, keys, bits):
         rows = rows_l[t]
         flag = rows.shape[1] - 1
         for i in range(a, a + counts[s]):
-            if rows[np.int64(dense_pos(keys[i], bits)) - starts[t], flag] == 0:
+            if rows[np.int64(dense_pos(keys[i], layout)) - starts[t], flag] == 0:
                 missing += 1
         a += counts[s]
     return missing
 
 
 @njit(nogil=True, cache=True)
-def _dense_check_many(n_vnodes, bits, vnodes, counts, keys):
+def _dense_check_many(n_vnodes, layout, vnodes, counts, keys):
     """Index of the first key outside its segment's vnode (or the key space), or -1."""
     a = 0
     for s in range(vnodes.shape[0]):
         v = vnodes[s]
         for i in range(a, a + counts[s]):
-            if keys[i] >> np.uint64(bits) != 0 or vnode_of_key(keys[i], n_vnodes, bits) != v:
+            if keys[i] >> np.uint64(layout_bits(layout)) != 0 or vnode_of_key(keys[i], n_vnodes, layout) != v:
                 return i
         a += counts[s]
     return -1

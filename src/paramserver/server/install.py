@@ -67,23 +67,23 @@ def check_grads(table: VnodeSet, keys: np.ndarray, grads: np.ndarray) -> None:
         raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
 
 
-def buffered_pushes(aggregates: Aggregates, ring: Ring, bits: int, name: str,
+def buffered_pushes(aggregates: Aggregates, ring: Ring, layout: int, name: str,
                     vnode: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """Per unfinished clock, the buffered (BSP-aggregated) pushes of ``vnode``."""
     out = []
     for clock, pushes in sorted(aggregates.get(name, {}).items()):
         keys = np.concatenate([k for k, _ in pushes])
-        mine = ring.vnodes(keys, bits) == vnode
+        mine = ring.vnodes(keys, layout) == vnode
         if mine.any():
             out.append((clock, keys[mine], np.concatenate([g for _, g in pushes])[mine]))
     return out
 
 
-def replace_buffered(aggregates: Aggregates, ring: Ring, bits: int, name: str, vnode: int,
+def replace_buffered(aggregates: Aggregates, ring: Ring, layout: int, name: str, vnode: int,
                      pairs: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
     """Make ``vnode``'s buffered pushes those of the copy (it has all of them)."""
     by_clock = aggregates.get(name, {})
     for clock, pushes in by_clock.items():
-        by_clock[clock] = [(k[keep], g[keep]) for k, g in pushes for keep in [ring.vnodes(k, bits) != vnode]]
+        by_clock[clock] = [(k[keep], g[keep]) for k, g in pushes for keep in [ring.vnodes(k, layout) != vnode]]
     for clock, k, g in pairs:
         aggregates.setdefault(name, {}).setdefault(clock, []).append((k.copy(), g.copy()))

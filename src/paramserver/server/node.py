@@ -393,7 +393,7 @@ class ServerNode:
             return
         assert self.ring is not None
         routed = route_push(self.ring, np.concatenate([k for k, _ in pushes]),
-                            np.concatenate([g for _, g in pushes]), table.bits)  # one summed row per key
+                            np.concatenate([g for _, g in pushes]), table.layout)  # one summed row per key
         assert routed.grads is not None
         for part in routed.parts:
             held = table.holds(part.vnodes)  # the ring may have moved a vnode meanwhile
@@ -502,7 +502,7 @@ class ServerNode:
         self.dedup[name].merge(vnode, seqs)
         for worker, clock in clocks.items():
             self.gate.vector.tick(int(worker), int(clock))
-        replace_buffered(self.aggregates, self.ring, table.bits, name, vnode, pairs)
+        replace_buffered(self.aggregates, self.ring, table.layout, name, vnode, pairs)
         self._refresh_targets()
         return reply(msg)
 

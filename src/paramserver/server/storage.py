@@ -70,7 +70,7 @@ def restore_rows(tables: dict[str, VnodeSet], primary: np.ndarray, ring: Ring, n
         if table.bits and (keys >> np.uint64(table.bits)).any():
             raise CheckpointError(f"{path}: keys >= 2**{table.bits} do not fit the dense table "
                                   f"{name!r}; was it saved from another table?")
-        vnodes = ring.vnodes(keys, table.bits)
+        vnodes = ring.vnodes(keys, table.layout)
         for v in np.unique(vnodes).tolist():
             vt = table.tables.get(v)
             if vt is not None:

@@ -108,6 +108,7 @@ class VnodeSet:
         self.tables: dict[int, VnodeTable | DenseVnode] = {}
         self.n_vnodes = n_vnodes
         self.bits = spec.key_bits
+        self.layout = spec.layout  # how keys map to vnodes (``hashing.layout_code``)
         self.slot = np.full(n_vnodes, -1, np.int64)
         opt, init = spec.optimizer, spec.initializer
         self._okind, self._ohp, self._ikind, self._ihp = opt.kind, opt.params(), init.kind, init.params()
@@ -127,7 +128,7 @@ class VnodeSet:
         wanted = sorted({int(v) for v in vnodes})
         if self.bits:  # dense vnodes are mapped whole: refuse what this machine cannot hold, before any
             new = [v for v in wanted if v not in self.tables]
-            need = sum(int(np.subtract(*dense_range(v, self.n_vnodes, self.bits)[::-1])) for v in new) * \
+            need = sum(int(np.subtract(*dense_range(v, self.n_vnodes, self.layout)[::-1])) for v in new) * \
                 (self.width + 1) * 4
             free = available_memory()
             if need and free and need > 0.9 * free:
@@ -185,7 +186,7 @@ class VnodeSet:
         key space), -1 when all are in place.  Hash tables take any key: -1."""
         if not self.bits:
             return -1
-        return int(_dense_check_many(self.n_vnodes, self.bits, vnodes, counts, keys))
+        return int(_dense_check_many(self.n_vnodes, self.layout, vnodes, counts, keys))
 
     def _misplaced(self, bad: int, keys: np.ndarray) -> None:
         if bad >= 0:
@@ -196,7 +197,7 @@ class VnodeSet:
         """Rows of ``keys``, grouped by ``vnodes`` (``counts`` keys each), into ``out``."""
         if self.tables and self.bits:
             self._misplaced(_dense_lookup_many(self._rows, self._starts, self.slot, vnodes, counts, keys, out,
-                                               self.spec.dim, self.bits, self._ikind, self._ihp, self._seed), keys)
+                                               self.spec.dim, self.layout, self._ikind, self._ihp, self._seed), keys)
         elif self.tables:
             _lookup_many(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
                          self.spec.dim, self._ikind, self._ihp, self._seed)
@@ -211,7 +212,7 @@ class VnodeSet:
         if not self.tables:
             return 0
         if self.bits:
-            return int(_dense_missing_many(self._rows, self._starts, self.slot, vnodes, counts, keys, self.bits))
+            return int(_dense_missing_many(self._rows, self._starts, self.slot, vnodes, counts, keys, self.layout))
         return int(_missing_many(self._keys, self._meta, self.slot, vnodes, counts, keys))
 
     def refresh(self) -> None:
@@ -228,7 +229,7 @@ class VnodeSet:
         k = self._kernels
         if self.tables and self.bits:  # dense vnodes never grow
             self._misplaced(k.dense_apply_many(self._rows, self._meta, self._starts, self.slot, vnodes, counts, keys,
-                                               grads, self.spec.dim, self.bits, op, self._okind, self._ohp,
+                                               grads, self.spec.dim, self.layout, op, self._okind, self._ohp,
                                                self._ikind, self._ihp, self._seed), keys)
             return
         seg, start = 0, 0

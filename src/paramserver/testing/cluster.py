@@ -163,7 +163,7 @@ class SimCluster:
         t = node.tables.get(table)
         if t is None or node.ring is None:
             return None
-        v = int(node.ring.vnodes(np.array([key], np.uint64), t.bits)[0])
+        v = int(node.ring.vnodes(np.array([key], np.uint64), t.layout)[0])
         if not t.holds(np.array([v], np.int32))[0]:
             return None
         out = np.empty((1, t.spec.dim), np.float32)
@@ -399,7 +399,7 @@ class SimWorker:
         def route(k: np.ndarray, g: np.ndarray | None) -> None:
             assert self.ring is not None
             routed = route_push(self.ring, k, g if g is not None else np.zeros((k.shape[0], 1), np.float32),
-                                spec.key_bits)
+                                spec.layout)
             state["pending"] += len(routed.parts) - 1
             for part in routed.parts:
                 assert routed.grads is not None

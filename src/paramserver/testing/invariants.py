@@ -143,7 +143,7 @@ class Invariants:
         ring = self.cluster.scheduler.ring
         if ring is None:
             return True
-        bits = self.cluster.scheduler.tables[table].key_bits if table in self.cluster.scheduler.tables else 0
+        bits = self.cluster.scheduler.tables[table].layout if table in self.cluster.scheduler.tables else 0
         return bool(np.isin(ring.vnodes(keys.astype(np.uint64), bits), list(vnodes)).any())
 
     def lost_vnodes(self, table: str) -> set[int]:

@@ -203,7 +203,7 @@ class CheckpointRestore:
         if ring is None or TABLE not in c.scheduler.tables:
             return out, where
         spec = c.scheduler.tables[TABLE]
-        vnodes = ring.vnodes(np.arange(n, dtype=np.uint64), spec.key_bits)
+        vnodes = ring.vnodes(np.arange(n, dtype=np.uint64), spec.layout)
         for key in range(n):
             seen: list[tuple[int, float | None]] = []
             for server_id in ring.chains[int(vnodes[key]), :spec.replicas].tolist():
