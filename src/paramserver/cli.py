@@ -157,6 +157,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="libsvm", help="libsvm (the only one for now)")
     p.add_argument("--parts", type=int, required=True, metavar="P", help="column blocks to write")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for block-<p>.libsvm and columns.json")
+    p = sub.add_parser("lasso", help="least-squares Lasso by coordinate descent scheduled over the workers "
+                                      "(STRADS style) on a local cluster")
+    p.add_argument("--data", required=True, help="LIBSVM file: 'target index:value ...' (target a real number; "
+                                                 ".gz ok; local or fsspec URL)")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--lambda", dest="lam", type=float, metavar="L", help="the L1 weight λ of "
+                     "1/(2n)·‖y − Xw‖² + λ‖w‖₁")
+    how.add_argument("--lambda-ratio", type=float, metavar="R", help="λ = λ_max / R (λ_max = ‖Xᵀy‖∞ / n: the "
+                     "smallest λ with w = 0)")
+    p.add_argument("--tol", type=float, default=1e-4, help="stop when the duality gap is below TOL times the "
+                   "objective: then the objective is within TOL of the optimum, relatively (default 1e-4)")
+    p.add_argument("--schedule", default="priority", choices=("priority", "cyclic", "random"),
+                   help="which coordinates a round updates: priority (default; by recent change, STRADS), "
+                        "cyclic or random (for comparison)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
+    p.add_argument("--max-rounds", type=int, default=1_000_000, help="stop after this many rounds even if the "
+                   "gap is not below --tol (it is said)")
+    p.add_argument("--save", metavar="DIR", help="write DIR/coef.npy: float64, entry i is feature i + 1")
+    p.add_argument("--metrics-out", metavar="FILE", help="write objective, duality gap, non-zeros, seconds and "
+                   "coordinate updates as JSON")
+
     p = sub.add_parser("synth", help="write synthetic Criteo-format data")
     p.add_argument("--rows", type=int, required=True, help="rows to write")
     p.add_argument("--out", required=True, help="output path (.gz to compress)")
@@ -317,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             from paramserver.testing import campaign
 
             return campaign.main(args)
-        elif args.command in ("train", "demo", "predict", "eval", "synth", "split-columns"):
+        elif args.command in ("train", "demo", "predict", "eval", "synth", "split-columns", "lasso"):
             from paramserver.apps import commands
 
             return getattr(commands, args.command.replace("-", "_"))(args, _optimizer)

@@ -209,7 +209,7 @@ def predict(args: argparse.Namespace, _: Any) -> int:
 def eval(args: argparse.Namespace, _: Any) -> int:  # noqa: A001 - the command's name
     check_output(args.metrics_out, "--metrics-out", folder=False)
     report = evaluate(args.model, args.data, args.skip_bad_lines, _overrides(args))
-    out.print(json.dumps(report))
+    print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
     if args.metrics_out:
         write_text(args.metrics_out, json.dumps(report, indent=1))
     return 0
@@ -220,6 +220,23 @@ def split_columns(args: argparse.Namespace, _: Any) -> int:
 
     manifest = split(args.data, args.parts, args.out, args.format)
     out.print(f"{manifest['lines']:,} lines in {args.parts} column blocks under {args.out}")
+    return 0
+
+
+def lasso(args: argparse.Namespace, _: Any) -> int:
+    from paramserver.apps.lasso import run_lasso
+
+    for flag, value in (("--workers", args.workers), ("--servers", args.servers), ("--max-rounds", args.max_rounds)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    report = run_lasso(args.data, lam=args.lam, lambda_ratio=args.lambda_ratio, tol=args.tol,
+                       schedule=args.schedule, workers=args.workers, servers=args.servers, save=args.save,
+                       metrics_out=args.metrics_out, max_rounds=args.max_rounds)
+    report.pop("history", None)
+    print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
+    if not report["converged"]:
+        err.print(f"lasso: stopped after {report['rounds']:,} rounds with the duality gap at "
+                  f"{report['relative_gap']:.2g} of the objective, above --tol {args.tol:g}: raise --max-rounds")
     return 0
 
 

@@ -1,0 +1,349 @@
+"""``paramserver lasso``: least-squares Lasso, ``1/(2n)·‖y − Xw‖² + λ‖w‖₁`` (no
+intercept), by coordinate descent scheduled over the workers as Petuum's STRADS does.
+
+The coefficients live on the servers, in a dense table range-partitioned into blocks.
+Every worker holds the data (CSC) and a residual ``r = y − Xw`` kept exactly in step
+with the coefficients it pulls.  Each round (``paramserver.schedule``):
+
+- **schedule**, run alike on every worker: draw coordinates of the working set with
+  probability by how much they moved lately (``--schedule priority``; or ``cyclic``,
+  ``random``), then deal them to the workers with an interference check: a coordinate
+  goes to the worker whose coordinates it correlates with most (one worker updates
+  correlated coordinates one after another, which is exact), and is left for a later
+  round if its summed correlation with the other workers' coordinates passes ``ρ``;
+- **update**, on each worker: sweeps of coordinate descent over its coordinates, on its
+  copy of the residual; push the new values (``assign``);
+- **observe**, after the barrier: pull the round's coordinates and move the residual
+  by what the other workers changed.
+
+Every few rounds each worker recomputes the residual from the coefficients (so all
+agree to the bit), the full gradient ``Xᵀr``, the duality gap, and the working set
+(the non-zero coefficients and the worst violators of the optimality conditions, as
+celer does).  It stops when the gap is below ``tol`` times the objective: the objective
+is then within ``tol`` of the optimum, relatively.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from paramserver.data.matrix import Matrix, read_libsvm_matrix
+from paramserver.errors import ConfigError
+
+SCHEDULES = ("priority", "cyclic", "random")
+TABLE = "lasso/w"
+
+
+@njit(nogil=True, cache=True)
+def _cd(colptr, rows, values, coords, w, r, col_sq, n, lam, sweeps, moved):
+    """``sweeps`` passes of coordinate descent over ``coords`` in order, updating ``w``
+    and the residual ``r`` in place; ``moved[t]`` gets the total |change| of coords[t]."""
+    for _ in range(sweeps):
+        for t in range(coords.shape[0]):
+            j = coords[t]
+            a = col_sq[j]
+            if a == 0.0:
+                continue
+            g = 0.0
+            for k in range(colptr[j], colptr[j + 1]):
+                g += values[k] * r[rows[k]]
+            z = w[j] + g / a
+            thr = n * lam / a
+            new = z - thr if z > thr else (z + thr if z < -thr else 0.0)
+            d = new - w[j]
+            if d != 0.0:
+                for k in range(colptr[j], colptr[j + 1]):
+                    r[rows[k]] -= d * values[k]
+                w[j] = new
+                moved[t] += abs(d)
+
+
+@njit(nogil=True, cache=True)
+def _apply(colptr, rows, values, coords, delta, r):
+    """``r -= X[:, coords] @ delta``."""
+    for t in range(coords.shape[0]):
+        d = delta[t]
+        if d != 0.0:
+            j = coords[t]
+            for k in range(colptr[j], colptr[j + 1]):
+                r[rows[k]] -= d * values[k]
+
+
+@njit(nogil=True, cache=True)
+def _xtr(colptr, rows, values, r):
+    out = np.empty(colptr.shape[0] - 1)
+    for j in range(out.shape[0]):
+        g = 0.0
+        for k in range(colptr[j], colptr[j + 1]):
+            g += values[k] * r[rows[k]]
+        out[j] = g
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _residual(colptr, rows, values, y, w):
+    r = y.copy()
+    for j in range(w.shape[0]):
+        if w[j] != 0.0:
+            for k in range(colptr[j], colptr[j + 1]):
+                r[rows[k]] -= w[j] * values[k]
+    return r
+
+
+@njit(nogil=True, cache=True)
+def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):
+    """Deal ``candidates`` (in priority order) to ``workers``: each to the worker whose
+    coordinates it correlates with most, at most ``cap`` a worker, none whose mean
+    |correlation| with the other workers' coordinates passes ``rho``.  ``acc[q]``
+    (zeros on entry and on exit) sums |x_k| / ‖x_k‖ over worker q's coordinates.
+    Returns the worker of each candidate, -1 for those left out."""
+    owner = np.full(candidates.shape[0], -1, np.int64)
+    load = np.zeros(workers, np.int64)
+    c = np.zeros(workers)
+    for t in range(candidates.shape[0]):
+        j = candidates[t]
+        if col_norm[j] == 0.0:
+            continue
+        total = 0.0
+        for q in range(workers):
+            s = 0.0
+            for k in range(colptr[j], colptr[j + 1]):
+                s += abs(values[k]) * acc[q, rows[k]]
+            c[q] = s / col_norm[j]
+            total += c[q]
+        best = -1
+        placed = load.sum()
+        for q in range(workers):
+            others = placed - load[q]
+            if load[q] < cap and total - c[q] <= rho * max(others, 1) and (
+                    best < 0 or c[q] > c[best] or (c[q] == c[best] and load[q] < load[best])):
+                best = q
+        if best < 0:
+            continue
+        owner[t] = best
+        load[best] += 1
+        for k in range(colptr[j], colptr[j + 1]):
+            acc[best, rows[k]] += abs(values[k]) / col_norm[j]
+    for t in range(candidates.shape[0]):  # leave acc as it came: zeros
+        q = owner[t]
+        if q >= 0:
+            j = candidates[t]
+            for k in range(colptr[j], colptr[j + 1]):
+                acc[q, rows[k]] = 0.0
+    return owner
+
+
+def objective(m: Matrix, w: np.ndarray, lam: float) -> float:
+    """``1/(2n)·‖y − Xw‖² + λ‖w‖₁``."""
+    r = _residual(m.colptr, m.rows, m.values, m.y, np.asarray(w, np.float64))
+    return float(r @ r / (2 * m.shape[0]) + lam * np.abs(w).sum())
+
+
+def lambda_max(m: Matrix) -> float:
+    """The smallest λ at which every coefficient is zero: ``‖Xᵀy‖∞ / n``."""
+    return float(np.abs(_xtr(m.colptr, m.rows, m.values, m.y)).max() / m.shape[0])
+
+
+def duality_gap(m: Matrix, w: np.ndarray, r: np.ndarray, g: np.ndarray, lam: float) -> tuple[float, float]:
+    """``(primal, gap)`` at ``w`` with residual ``r`` and ``g = Xᵀr``: the dual point is
+    ``r`` scaled into the dual's feasible set."""
+    n = m.shape[0]
+    primal = float(r @ r / (2 * n) + lam * np.abs(w).sum())
+    scale = min(1.0, n * lam / max(float(np.abs(g).max()), 1e-300))
+    dual = float((r @ m.y) * scale / n - (scale * scale) * (r @ r) / (2 * n))
+    return primal, max(primal - dual, 0.0)
+
+
+@dataclass(frozen=True)
+class LassoConfig:
+    lam: float
+    tol: float = 1e-4
+    schedule: str = "priority"
+    per_round: int = 512  # coordinates a worker updates a round
+    sweeps: int = 4  # passes over them
+    rho: float = 0.05  # interference: mean |correlation| with the other workers' coordinates
+    max_rounds: int = 200_000
+    block_size: int = 1024
+
+
+class LassoProgram:
+    """One worker's side of the scheduled Lasso (see the module's doc)."""
+
+    def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int):
+        self.client, self.m, self.cfg, self.rank, self.workers = client, m, cfg, rank, workers
+        n, d = m.shape
+        self.n = n
+        self.col_sq = np.add.reduceat(np.r_[m.values ** 2, 0.0], m.colptr[:-1]) if m.nnz else np.zeros(d)
+        self.col_sq[np.diff(m.colptr) == 0] = 0.0
+        self.col_norm = np.sqrt(self.col_sq)
+        self.w = np.zeros(d)
+        self.r = m.y.astype(np.float64).copy()
+        self.moved = np.zeros(d)  # recent |change| of each coordinate: the priority
+        self.acc = np.zeros((workers, n))
+        self.working = np.zeros(0, np.int64)
+        self._before = np.zeros(0)
+        self.next_check = 0
+        self.primal, self.gap, self.updates, self.checks = math.inf, math.inf, 0, 0
+        self.history: list[dict[str, float]] = []
+        self.started = time.perf_counter()
+        self._check(0)
+
+    # -- the full check: exact residual, gradient, gap, working set ---------------------------------------
+    def _check(self, round_: int) -> None:
+        m, cfg = self.m, self.cfg
+        self.r = _residual(m.colptr, m.rows, m.values, m.y, self.w)
+        g = _xtr(m.colptr, m.rows, m.values, self.r)
+        self.primal, self.gap = duality_gap(m, self.w, self.r, g, cfg.lam)
+        self.checks += 1
+        self.history.append({"round": round_, "seconds": time.perf_counter() - self.started, "objective": self.primal,
+                             "gap": self.gap, "nonzeros": int(np.count_nonzero(self.w)), "updates": self.updates})
+        nonzero = np.flatnonzero(self.w)
+        violation = np.abs(g) / self.n - cfg.lam
+        violation[nonzero] = -np.inf
+        size = max(2 * nonzero.size, 2 * cfg.per_round * self.workers, 256)
+        order = np.argsort(-violation, kind="stable")[: max(size - nonzero.size, 0)]
+        order = order[violation[order] > 0]
+        self.working = np.sort(np.concatenate([nonzero, order]))
+        # a violator's priority is how far it is from optimal, in coefficient units
+        self.moved[order] = violation[order] * self.n / np.maximum(self.col_sq[order], 1e-300)
+        passes = 2 * max(1, -(-self.working.size // (cfg.per_round * self.workers)))
+        self.next_check = round_ + passes
+
+    @property
+    def solved(self) -> bool:
+        return self.gap <= self.cfg.tol * max(self.primal, 1e-300) or self.working.size == 0
+
+    @property
+    def stalled(self) -> bool:
+        """The objective moved by less than 1e-9 of itself over the last 10 checks: the
+        coefficients are float32 on the servers, which bounds how far the gap can fall."""
+        h = self.history
+        return len(h) > 10 and h[-1]["objective"] >= h[-11]["objective"] * (1 - 1e-9)
+
+    def converged(self, round_: int) -> bool:
+        if round_ >= self.next_check:
+            self._check(round_)
+        return self.solved or self.stalled
+
+    # -- the three functions of a scheduled program ------------------------------------------------------
+    def schedule(self, round_: int, workers: int) -> list[np.ndarray]:
+        cfg, ws = self.cfg, self.working
+        want = min(ws.size, cfg.per_round * workers)
+        rng = np.random.default_rng([round_, 0x1A550])
+        if cfg.schedule == "cyclic":
+            start = (round_ * want) % max(ws.size, 1)
+            cand = np.roll(ws, -start)[:want]
+        elif cfg.schedule == "random":
+            cand = rng.choice(ws, want, replace=False) if want else ws[:0]
+        else:  # priority: sample by recent change (Efraimidis-Spirakis keys), a floor so none starves
+            p = self.moved[ws] + 1e-3 * (self.moved[ws].max() if ws.size else 0.0) + 1e-12
+            keys = np.log(rng.random(ws.size)) / p
+            cand = ws[np.argsort(-keys, kind="stable")[:want]]
+        owner = _deal(self.m.colptr, self.m.rows, self.m.values, self.col_norm, cand.astype(np.int64), workers,
+                      cfg.per_round, cfg.rho if workers > 1 else math.inf, self.acc)
+        return [np.sort(cand[owner == q]) for q in range(workers)]
+
+    def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
+        moved = np.zeros(mine.size)
+        m = self.m
+        self._before = self.w[mine].copy()  # the round's change is measured from here, as the others see it
+        _cd(m.colptr, m.rows, m.values, mine, self.w, self.r, self.col_sq, self.n, self.cfg.lam,
+            self.cfg.sweeps, moved)
+        return [(TABLE, mine.astype(np.uint64), self.w[mine].astype(np.float32).reshape(-1, 1), "assign")]
+
+    def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None:
+        changed = np.concatenate(list(assignment)) if assignment else np.zeros(0, np.int64)
+        if not changed.size:
+            return
+        pulled = self.client.pull(TABLE, changed.astype(np.uint64)).result(timeout=600)[:, 0].astype(np.float64)
+        delta = pulled - self.w[changed]
+        _apply(self.m.colptr, self.m.rows, self.m.values, changed, delta, self.r)
+        start = self.w[changed]  # where the round started: this worker's own coordinates moved already
+        mine = np.isin(changed, assignment[self.rank])
+        start[mine] = self._before if self._before.size == mine.sum() else start[mine]
+        self.w[changed] = pulled
+        # the priorities come from pulled values only, so that every worker computes the same schedule
+        self.moved[changed] = np.abs(pulled - start)
+        self.updates += changed.size * self.cfg.sweeps
+
+
+def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, workers: int) -> dict[str, Any]:
+    """One worker of ``paramserver lasso``: read the data, run the rounds."""
+    from paramserver.schedule import run_rounds
+
+    m = read_libsvm_matrix(path, n_features)
+    program = LassoProgram(client, m, cfg, client.rank, workers)
+    stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=cfg.max_rounds)
+    return {"rank": client.rank, "rounds": stats.rounds, "scheduled": stats.scheduled, "seconds": stats.seconds,
+            "updates": program.updates, "objective": program.primal, "gap": program.gap, "checks": program.checks,
+            "converged": program.solved, "stalled": program.stalled,
+            "history": program.history if client.rank == 0 else None}
+
+
+def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: float, schedule: str,
+              workers: int, servers: int, save: str | None, metrics_out: str | None,
+              max_rounds: int = 200_000, cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``paramserver lasso``: solve, write ``save/coef.npy`` and the metrics; the report."""
+    from paramserver.apps.modelfile import check_output, write_text
+    from paramserver.cluster.local import LocalCluster
+
+    if (lam is None) == (lambda_ratio is None):
+        raise ConfigError("give one of --lambda L or --lambda-ratio R (λ = λ_max / R)")
+    if lam is not None and not (math.isfinite(lam) and lam > 0):
+        raise ConfigError(f"--lambda must be a positive number, got {lam}")
+    if lambda_ratio is not None and not (math.isfinite(lambda_ratio) and lambda_ratio >= 1):
+        raise ConfigError(f"--lambda-ratio must be a number >= 1 (λ = λ_max / R), got {lambda_ratio}")
+    if not (math.isfinite(tol) and 1e-7 <= tol < 1):
+        raise ConfigError(f"--tol must be in [1e-7, 1) (the duality gap relative to the objective; the servers "
+                          f"keep float32 coefficients, which cannot get closer), got {tol}")
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    check_output(save, "--save", folder=True)
+    check_output(metrics_out, "--metrics-out", folder=False)
+    t0 = time.perf_counter()
+    m = read_libsvm_matrix(data)
+    n, d = m.shape
+    lmax = lambda_max(m)
+    if lam is None:
+        assert lambda_ratio is not None
+        lam = lmax / lambda_ratio
+    if lmax == 0:
+        raise ConfigError(f"{data}: Xᵀy is zero, so every λ gives w = 0; check the targets")
+    cfg = LassoConfig(lam=float(lam), tol=tol, schedule=schedule, max_rounds=max_rounds)
+    bits = max(int(d - 1).bit_length(), 1)
+    block = min(cfg.block_size, 1 << bits)
+    with LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
+            as cluster:
+        client = cluster.client
+        client.create_table(TABLE, dim=1, optimizer="sgd", key_bits=bits, block_size=block)
+        per_worker = cluster.run(lasso_worker, data, d, cfg, workers)
+        keys, values = client.export_table(TABLE)
+    w = np.zeros(d)
+    inside = keys < d
+    w[keys[inside].astype(np.int64)] = values[inside, 0]
+    seconds = time.perf_counter() - t0
+    head = next(r for r in per_worker if r["rank"] == 0)
+    r = _residual(m.colptr, m.rows, m.values, m.y, w)
+    primal, gap = duality_gap(m, w, r, _xtr(m.colptr, m.rows, m.values, r), cfg.lam)
+    report = {"objective": primal, "duality_gap": gap, "relative_gap": gap / primal if primal else 0.0,
+              "nonzeros": int(np.count_nonzero(w)), "seconds": seconds, "rounds": head["rounds"],
+              "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"]),
+              "stalled": bool(head["stalled"]),
+              "lambda": cfg.lam, "lambda_max": lmax, "rows": n, "features": d, "workers": workers,
+              "servers": servers, "schedule": schedule, "tol": tol, "history": head["history"]}
+    if save:
+        import os
+
+        os.makedirs(save, exist_ok=True)
+        np.save(os.path.join(save, "coef.npy"), w)
+    if metrics_out:
+        write_text(metrics_out, json.dumps(report, indent=1))
+    return report

@@ -1,0 +1,84 @@
+"""Scheduled model parallelism (level 4, Petuum/STRADS style): rounds in which a
+*schedule* chooses which parameters each worker may update, so that updates made at the
+same time do not conflict.
+
+A program is three small functions (``Program``):
+
+- ``schedule(round, workers)``: the blocks (or coordinates) each worker updates this
+  round, chosen by priority and checked against each other for interference.  It runs
+  on every worker, with the same inputs, so every worker knows the whole assignment
+  without a coordinator round trip: it must be deterministic (seed any sampling with
+  the round) and depend only on what all workers share (the pulled parameters, the
+  data, the round).
+- ``update(round, mine)``: on one worker, with its data, for the parameters the
+  schedule gave it; returns what to push: ``(table, keys, values, op)``.
+- ``observe(round, assignment)``: after the round's barrier, on every worker: pull
+  what the round changed (the schedule says exactly which parameters that is) and bring
+  local state (a residual, counts) up to date.  This is where results are aggregated.
+
+``run_rounds`` drives them: schedule, update, push (exactly once, replicated), barrier
+(BSP), observe, until ``converged`` says so or ``max_rounds``.  Between two rounds the
+parameters on the servers are consistent, so a checkpoint taken there
+(``Client.checkpoint``) is a restart point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Program(Protocol):
+    def schedule(self, round_: int, workers: int) -> Sequence[np.ndarray]: ...
+
+    def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]: ...
+
+    def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None: ...
+
+    def converged(self, round_: int) -> bool: ...
+
+
+@dataclass
+class RoundStats:
+    """What ``run_rounds`` did: rounds run, parameters scheduled, seconds in each phase."""
+
+    rounds: int = 0
+    scheduled: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: {"schedule": 0.0, "update": 0.0, "push": 0.0,
+                                                               "barrier": 0.0, "observe": 0.0})
+
+
+def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_rounds: int,
+               timeout_s: float = 600.0) -> RoundStats:
+    """Run ``program`` on this worker (``rank`` of ``workers``) in BSP rounds; every
+    worker calls it with the same program and arguments."""
+    import time
+
+    stats = RoundStats()
+    clock = time.perf_counter
+    for r in range(max_rounds):
+        if program.converged(r):
+            break
+        t0 = clock()
+        assignment = program.schedule(r, workers)
+        t1 = clock()
+        pushes = program.update(r, assignment[rank])
+        t2 = clock()
+        futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
+                   if len(keys)]
+        for f in futures:
+            f.result(timeout=timeout_s)
+        t3 = clock()
+        client.barrier(timeout_s=timeout_s)
+        t4 = clock()
+        program.observe(r, assignment)
+        t5 = clock()
+        stats.rounds += 1
+        stats.scheduled += int(sum(len(a) for a in assignment))
+        for name, a, b in (("schedule", t0, t1), ("update", t1, t2), ("push", t2, t3), ("barrier", t3, t4),
+                           ("observe", t4, t5)):
+            stats.seconds[name] += b - a
+    return stats

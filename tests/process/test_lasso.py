@@ -1,0 +1,80 @@
+"""``paramserver lasso`` end to end (issue 15): two workers and a server solve a small
+Lasso to scikit-learn's objective; coef.npy and the metrics are as documented; bad
+flags and unwritable outputs are refused before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+sklearn = pytest.importorskip("sklearn.linear_model")
+
+
+def _cli(*args, check=True):
+    run = subprocess.run([sys.executable, "-m", "paramserver", "lasso", *args], capture_output=True, text=True,
+                         timeout=200)
+    if check:
+        assert run.returncode == 0, run.stderr
+    return run
+
+
+def _data(tmp_path, n=400, d=150):
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((n, d)) * (rng.random((n, d)) < 0.1)
+    w = np.zeros(d)
+    w[::15] = rng.standard_normal(w[::15].size)
+    y = X @ w + 0.05 * rng.standard_normal(n)
+    path = tmp_path / "train.svm"
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(f"{float(y[i])!r} " + " ".join(f"{j + 1}:{float(X[i, j])!r}" for j in np.flatnonzero(X[i]))
+                    + "\n")
+    return X, y, str(path)
+
+
+def test_lasso_solves_to_scikit_learns_objective_and_writes_what_it_says(tmp_path):
+    X, y, path = _data(tmp_path)
+    n = X.shape[0]
+    lam = np.abs(X.T @ y).max() / n / 30
+    out, metrics = tmp_path / "model", tmp_path / "m.json"
+    run = _cli("--data", path, "--lambda-ratio", "30", "--tol", "1e-6", "--workers", "2", "--save", str(out),
+               "--metrics-out", str(metrics))
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    coef = np.load(out / "coef.npy")
+    assert coef.dtype == np.float64 and coef.shape == (X.shape[1],)
+    ref = sklearn.Lasso(alpha=lam, fit_intercept=False, tol=1e-12, max_iter=100_000).fit(X, y).coef_
+
+    def obj(w):
+        return np.sum((y - X @ w) ** 2) / (2 * n) + lam * np.abs(w).sum()
+
+    assert obj(coef) <= obj(ref) * (1 + 1e-6)
+    saved = json.loads(metrics.read_text())
+    for key in ("objective", "duality_gap", "nonzeros", "seconds", "coordinate_updates"):
+        assert key in saved and key in report
+    assert saved["converged"] and saved["nonzeros"] == np.count_nonzero(coef) and saved["coordinate_updates"] > 0
+    assert saved["objective"] == pytest.approx(obj(coef), rel=1e-9)
+    assert saved["lambda"] == pytest.approx(lam, rel=1e-9) and saved["workers"] == 2
+
+
+def test_bad_flags_and_outputs_are_refused_before_any_work(tmp_path):
+    _, _, path = _data(tmp_path, n=20, d=10)
+    run = _cli("--data", path, check=False)
+    assert run.returncode == 2 and "one of the arguments --lambda --lambda-ratio is required" in run.stderr
+    run = _cli("--data", path, "--lambda-ratio", "0.5", check=False)
+    assert run.returncode == 2 and "--lambda-ratio must be a number >= 1" in run.stderr
+    run = _cli("--data", path, "--lambda", "0.1", "--tol", "1e-9", check=False)
+    assert run.returncode == 2 and "--tol must be in [1e-7, 1)" in run.stderr
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    run = _cli("--data", path, "--lambda", "0.1", "--save", str(blocked / "sub"), check=False)
+    assert run.returncode == 2 and "--save" in run.stderr and not os.path.exists(blocked / "sub")
+    bad = tmp_path / "bad.svm"
+    bad.write_text("1 1:1\n2 x:1\n")
+    run = _cli("--data", str(bad), "--lambda", "0.1", check=False)
+    assert run.returncode == 2 and "bad.svm:2: a feature index is not a whole number >= 1" in run.stderr

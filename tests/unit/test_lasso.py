@@ -1,0 +1,137 @@
+"""The scheduled Lasso (issue 15) without a cluster: its solution against scikit-learn's
+objective, its duality gap against the textbook formula, workers in lockstep agreeing on
+every schedule, and the LIBSVM matrix reader's errors."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+
+from paramserver.apps.lasso import LassoConfig, LassoProgram, duality_gap, lambda_max, objective
+from paramserver.data.matrix import read_libsvm_matrix
+from paramserver.data.reader import DataError
+
+sklearn = pytest.importorskip("sklearn.linear_model")
+
+
+def _problem(tmp_path, n=300, d=120, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d)) * (rng.random((n, d)) < 0.2)
+    X[:, 5] = X[:, 4] + 0.1 * X[:, 5]  # two strongly correlated columns
+    w = np.zeros(d)
+    w[:10] = rng.standard_normal(10)
+    y = X @ w + 0.1 * rng.standard_normal(n)
+    path = tmp_path / "p.svm"
+    with open(path, "w") as f:
+        for i in range(n):
+            nz = np.flatnonzero(X[i])
+            f.write(f"{float(y[i])!r} " + " ".join(f"{j + 1}:{float(X[i, j])!r}" for j in nz) + "\n")
+    return X, y, str(path)
+
+
+class _Table:
+    """The servers' coefficient table, float32 as on the servers, for workers in lockstep."""
+
+    def __init__(self, d):
+        self.w = np.zeros(d, np.float32)
+
+    def push(self, table, keys, values, op="update", distinct=False):
+        assert op == "assign" and distinct
+        self.w[keys.astype(np.int64)] = values[:, 0]
+        f: Future = Future()
+        f.set_result(None)
+        return f
+
+    def pull(self, table, keys):
+        f: Future = Future()
+        f.set_result(self.w[keys.astype(np.int64)].reshape(-1, 1).copy())
+        return f
+
+
+def _solve(m, lam, workers, schedule="priority", tol=1e-6, rounds=5000):
+    table = _Table(m.shape[1])
+    programs = [LassoProgram(table, m, LassoConfig(lam=lam, tol=tol, schedule=schedule, per_round=16), q, workers)
+                for q in range(workers)]
+    for r in range(rounds):
+        done = {p.converged(r) for p in programs}
+        assert len(done) == 1  # every worker decides alike
+        if done.pop():
+            break
+        plans = [p.schedule(r, workers) for p in programs]
+        for plan in plans[1:]:  # the schedule is computed alike everywhere
+            assert all(np.array_equal(a, b) for a, b in zip(plan, plans[0]))
+        assert not set(plans[0][0].tolist()) & set(plans[0][-1].tolist()) or workers == 1
+        for q, p in enumerate(programs):
+            for _, keys, values, op in p.update(r, plans[0][q]):
+                table.push("lasso/w", keys, values, op=op, distinct=True)
+        for p in programs:
+            p.observe(r, plans[0])
+    assert all(np.array_equal(p.w, programs[0].w) for p in programs)
+    return programs[0], r
+
+
+@pytest.mark.parametrize("workers,schedule", [(1, "priority"), (2, "priority"), (3, "cyclic"), (2, "random")])
+def test_the_scheduled_solution_matches_scikit_learns_objective(tmp_path, workers, schedule):
+    X, y, path = _problem(tmp_path)
+    m = read_libsvm_matrix(path, X.shape[1])
+    lam = lambda_max(m) / 20
+    program, rounds = _solve(m, lam, workers, schedule)
+    assert program.solved and rounds < 5000
+    ref = sklearn.Lasso(alpha=lam, fit_intercept=False, tol=1e-12, max_iter=100_000).fit(X, y).coef_
+    best = objective(m, ref, lam)
+    assert objective(m, program.w, lam) <= best * (1 + 1e-6)
+    assert program.gap <= 1e-6 * program.primal
+    np.testing.assert_allclose(program.w, ref, atol=1e-3)
+
+
+def test_the_duality_gap_is_the_textbook_one_and_lambda_max_gives_zero(tmp_path):
+    X, y, path = _problem(tmp_path, seed=1)
+    m = read_libsvm_matrix(path, X.shape[1])
+    n = X.shape[0]
+    lmax = lambda_max(m)
+    assert lmax == pytest.approx(np.abs(X.T @ y).max() / n)
+    program, _ = _solve(m, lmax * 1.0001, 2)
+    assert not program.w.any() and program.primal == pytest.approx(y @ y / (2 * n))
+    lam = lmax / 5
+    w = np.random.default_rng(2).standard_normal(X.shape[1]) * 0.01
+    r = y - X @ w
+    g = X.T @ r
+    primal, gap = duality_gap(m, w, r, g, lam)
+    theta = r / max(n * lam, np.abs(g).max())  # a feasible dual point: ‖Xᵀθ‖∞ <= 1
+    dual = (y @ y) / (2 * n) - (n * lam**2 / 2) * np.sum((y / (n * lam) - theta) ** 2)
+    assert primal == pytest.approx(r @ r / (2 * n) + lam * np.abs(w).sum())
+    assert gap == pytest.approx(primal - dual, rel=1e-9)
+
+
+@pytest.mark.parametrize("text,what", [
+    ("1 1:2\nx 2:1\n", r":2: the target \(first token\) is not a number: 'x 2:1'"),
+    ("1 1:2\n1 3\n", ":2: a feature is not index:value"),
+    ("1 0:2\n", ":1: a feature index is not a whole number >= 1"),
+    ("1 1:2 2:zz\n", ":1: a feature value is not a number"),
+    ("1 1:2\n\n2 4:1 4:2\n", "data line 2 has feature 4 twice"),
+    ("1 1:nan\n", ":1: a feature value is not a number"),
+])
+def test_a_malformed_line_is_named_with_the_fix(tmp_path, text, what):
+    path = tmp_path / "bad.svm"
+    path.write_text(text)
+    with pytest.raises(DataError, match=what):
+        read_libsvm_matrix(str(path))
+
+
+def test_the_matrix_reader_reads_columns_and_checks_the_width(tmp_path):
+    path = tmp_path / "ok.svm"
+    path.write_text("1.5 3:2 1:1\n\n-2 2:4e-1\n0\n")
+    m = read_libsvm_matrix(str(path))
+    assert m.shape == (3, 3) and m.y.tolist() == [1.5, -2.0, 0.0]
+    dense = np.zeros(m.shape)
+    for j in range(m.shape[1]):
+        dense[m.rows[m.colptr[j]:m.colptr[j + 1]], j] = m.values[m.colptr[j]:m.colptr[j + 1]]
+    np.testing.assert_array_equal(dense, [[1, 0, 2], [0, 0.4, 0], [0, 0, 0]])
+    assert read_libsvm_matrix(str(path), 5).shape == (3, 5)
+    with pytest.raises(DataError, match="data line 1 has feature index 3, above the 2 features expected"):
+        read_libsvm_matrix(str(path), 2)
+    (tmp_path / "empty.svm").write_text("\n\n")
+    with pytest.raises(DataError, match="no data lines"):
+        read_libsvm_matrix(str(tmp_path / "empty.svm"))
