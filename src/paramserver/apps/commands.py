@@ -234,7 +234,11 @@ def lasso(args: argparse.Namespace, _: Any) -> int:
                        metrics_out=args.metrics_out, max_rounds=args.max_rounds)
     report.pop("history", None)
     print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
-    if not report["converged"]:
+    if report["stalled"] and not report["converged"]:
+        err.print(f"lasso: the objective stopped improving (by less than 1e-9 of itself over 10 checks) with the "
+                  f"duality gap at {report['relative_gap']:.2g} of it, above --tol {args.tol:g}: the gap is a loose "
+                  "bound here, and the float32 coefficients on the servers cannot go further")
+    elif not report["converged"]:
         err.print(f"lasso: stopped after {report['rounds']:,} rounds with the duality gap at "
                   f"{report['relative_gap']:.2g} of the objective, above --tol {args.tol:g}: raise --max-rounds")
     return 0

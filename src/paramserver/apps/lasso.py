@@ -167,7 +167,7 @@ class LassoConfig:
     lam: float
     tol: float = 1e-4
     schedule: str = "priority"
-    per_round: int = 512  # coordinates a worker updates a round
+    per_round: int = 4096  # coordinates a worker updates a round
     sweeps: int = 4  # passes over them
     rho: float = 0.05  # interference: mean |correlation| with the other workers' coordinates
     max_rounds: int = 200_000
@@ -214,7 +214,7 @@ class LassoProgram:
         self.working = np.sort(np.concatenate([nonzero, order]))
         # a violator's priority is how far it is from optimal, in coefficient units
         self.moved[order] = violation[order] * self.n / np.maximum(self.col_sq[order], 1e-300)
-        passes = 2 * max(1, -(-self.working.size // (cfg.per_round * self.workers)))
+        passes = 4 * max(1, -(-self.working.size // (cfg.per_round * self.workers)))
         self.next_check = round_ + passes
 
     @property
@@ -282,7 +282,8 @@ def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, work
     m = read_libsvm_matrix(path, n_features)
     program = LassoProgram(client, m, cfg, client.rank, workers)
     stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=cfg.max_rounds)
-    return {"rank": client.rank, "rounds": stats.rounds, "scheduled": stats.scheduled, "seconds": stats.seconds,
+    return {"rank": client.rank, "rounds": stats.rounds, "scheduled": stats.scheduled,
+            "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()},
             "updates": program.updates, "objective": program.primal, "gap": program.gap, "checks": program.checks,
             "converged": program.solved, "stalled": program.stalled,
             "history": program.history if client.rank == 0 else None}
@@ -336,7 +337,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     report = {"objective": primal, "duality_gap": gap, "relative_gap": gap / primal if primal else 0.0,
               "nonzeros": int(np.count_nonzero(w)), "seconds": seconds, "rounds": head["rounds"],
               "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"]),
-              "stalled": bool(head["stalled"]),
+              "stalled": bool(head["stalled"]), "phase_seconds": head["phase_seconds"],
               "lambda": cfg.lam, "lambda_max": lmax, "rows": n, "features": d, "workers": workers,
               "servers": servers, "schedule": schedule, "tol": tol, "history": head["history"]}
     if save:
