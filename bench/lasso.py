@@ -39,6 +39,8 @@ def main() -> int:
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--ratios", type=float, nargs="+", default=[200, 2000])
     ap.add_argument("--schedules", nargs="+", default=["priority", "cyclic", "random"])
+    ap.add_argument("--max-rounds", type=int, default=1000, help="cap for the comparison schedules (cyclic, "
+                    "random); the default schedule runs uncapped")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(args.data):
@@ -75,9 +77,10 @@ def main() -> int:
             for schedule in args.schedules:
                 out = os.path.join(tmp, f"ps-{schedule}")
                 t = time.perf_counter()
+                cap = [] if schedule == "priority" else ["--max-rounds", str(args.max_rounds)]
                 run = subprocess.run([sys.executable, "-m", "paramserver", "lasso", "--data", path, "--lambda-ratio",
                                       str(ratio), "--workers", "2", "--schedule", schedule, "--save", out,
-                                      "--metrics-out", out + ".json"], capture_output=True, text=True)
+                                      "--metrics-out", out + ".json", *cap], capture_output=True, text=True)
                 seconds = time.perf_counter() - t
                 if run.returncode:
                     print(run.stderr, file=sys.stderr)
@@ -85,6 +88,8 @@ def main() -> int:
                 metrics = json.load(open(out + ".json"))
                 name = "paramserver lasso" + (" (default flags, --workers 2)" if schedule == "priority"
                                               else f" --schedule {schedule}")
+                if not metrics["converged"]:
+                    name += f" (stopped at {metrics['rounds']} rounds, gap {metrics['relative_gap']:.1e})"
                 found.append((name, seconds, obj(np.load(os.path.join(out, "coef.npy")), lam),
                               metrics["coordinate_updates"]))
             best = min([best] + [f[2] for f in found])

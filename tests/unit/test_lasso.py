@@ -50,10 +50,10 @@ class _Table:
         return f
 
 
-def _solve(m, lam, workers, schedule="priority", tol=1e-6, rounds=5000):
+def _solve(m, lam, workers, schedule="priority", tol=1e-6, rounds=5000, **options):
     table = _Table(m.shape[1])
-    programs = [LassoProgram(table, m, LassoConfig(lam=lam, tol=tol, schedule=schedule, per_round=16), q, workers)
-                for q in range(workers)]
+    cfg = LassoConfig(lam=lam, tol=tol, schedule=schedule, **{"per_round": 16, **options})
+    programs = [LassoProgram(table, m, cfg, q, workers) for q in range(workers)]
     for r in range(rounds):
         done = {p.converged(r) for p in programs}
         assert len(done) == 1  # every worker decides alike
@@ -84,6 +84,24 @@ def test_the_scheduled_solution_matches_scikit_learns_objective(tmp_path, worker
     assert objective(m, program.w, lam) <= best * (1 + 1e-6)
     assert program.gap <= 1e-6 * program.primal
     np.testing.assert_allclose(program.w, ref, atol=1e-3)
+
+
+def test_interfering_workers_are_reined_in_when_the_objective_goes_up(tmp_path):
+    rng = np.random.default_rng(3)
+    n, d = 200, 40
+    base = rng.standard_normal((n, 4))
+    X = np.repeat(base, 10, axis=1) + 0.05 * rng.standard_normal((n, d))  # ten near-copies of each column
+    y = base @ rng.standard_normal(4)
+    path = tmp_path / "copies.svm"
+    path.write_text("".join(f"{float(y[i])!r} " + " ".join(f"{j + 1}:{float(X[i, j])!r}" for j in range(d)) + "\n"
+                            for i in range(n)))
+    m = read_libsvm_matrix(str(path), d)
+    lam = lambda_max(m) / 50
+    # no interference check to start with: the workers move copies of one column at once
+    program, rounds = _solve(m, lam, 2, "random", tol=1e-5, per_round=20, sweeps=8, rho=1e9)
+    assert program.solved and program.rho < 1e9  # it went up at least once, and was reined in
+    ref = sklearn.Lasso(alpha=lam, fit_intercept=False, tol=1e-12, max_iter=100_000).fit(X, y).coef_
+    assert objective(m, program.w, lam) <= objective(m, ref, lam) * (1 + 1e-5)
 
 
 def test_the_duality_gap_is_the_textbook_one_and_lambda_max_gives_zero(tmp_path):
