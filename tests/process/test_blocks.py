@@ -23,8 +23,8 @@ def test_blocks_are_one_request_each_and_survive_a_join_and_a_checkpoint(tmp_pat
         c = cluster.client
         c.create_table("job/w", dim=2, optimizer={"name": "sgd", "lr": 1.0}, replicas=2, key_bits=BITS,
                        block_size=BLOCK)
+        c.create_table("plain", key_bits=BITS)
         with pytest.raises(ConfigError, match="has no parameter blocks"):
-            c.create_table("plain", key_bits=BITS)
             c.blocks("plain")
         bmap = c.blocks("job/w")
         assert sorted(np.concatenate(list(bmap.by_server().values())).tolist()) == list(range(n_blocks))

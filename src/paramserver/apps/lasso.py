@@ -43,9 +43,9 @@ TABLE = "lasso/w"
 
 
 @njit(nogil=True, cache=True)
-def _cd(colptr, rows, values, coords, w, r, col_sq, n, lam, sweeps, moved):
+def _cd(colptr, rows, values, coords, w, r, col_sq, n, lam, sweeps):
     """``sweeps`` passes of coordinate descent over ``coords`` in order, updating ``w``
-    and the residual ``r`` in place; ``moved[t]`` gets the total |change| of coords[t]."""
+    and the residual ``r`` in place."""
     for _ in range(sweeps):
         for t in range(coords.shape[0]):
             j = coords[t]
@@ -63,7 +63,6 @@ def _cd(colptr, rows, values, coords, w, r, col_sq, n, lam, sweeps, moved):
                 for k in range(colptr[j], colptr[j + 1]):
                     r[rows[k]] -= d * values[k]
                 w[j] = new
-                moved[t] += abs(d)
 
 
 @njit(nogil=True, cache=True)
@@ -293,11 +292,9 @@ class LassoProgram:
         return [np.sort(cand[owner == q]) for q in range(workers)]
 
     def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
-        moved = np.zeros(mine.size)
         m = self.m
         self._before = self.w[mine].copy()  # the round's change is measured from here, as the others see it
-        _cd(m.colptr, m.rows, m.values, mine, self.w, self.r, self.col_sq, self.n, self.cfg.lam,
-            self.cfg.sweeps, moved)
+        _cd(m.colptr, m.rows, m.values, mine, self.w, self.r, self.col_sq, self.n, self.cfg.lam, self.cfg.sweeps)
         return [(TABLE, mine.astype(np.uint64), self.w[mine].astype(np.float32).reshape(-1, 1), "assign")]
 
     def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None:
@@ -309,7 +306,7 @@ class LassoProgram:
         _apply(self.m.colptr, self.m.rows, self.m.values, changed, delta, self.r)
         start = self.w[changed]  # where the round started: this worker's own coordinates moved already
         mine = np.isin(changed, assignment[self.rank])
-        start[mine] = self._before if self._before.size == mine.sum() else start[mine]
+        start[mine] = self._before
         self.w[changed] = pulled
         # the priorities come from pulled values only, so that every worker computes the same schedule
         self.moved[changed] = np.abs(pulled - start)
