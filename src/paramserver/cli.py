@@ -179,6 +179,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-out", metavar="FILE", help="write objective, duality gap, non-zeros, seconds and "
                    "coordinate updates as JSON")
 
+    p = sub.add_parser("mf", help="biased matrix factorisation trained model-parallel by block rotation "
+                                   "(DSGD) on a local cluster")
+    p.add_argument("--data", required=True, help="training ratings: 'user item rating [timestamp]' lines (MovieLens "
+                   "u.data TSV, ratings.csv with its header, or ratings.dat '::'); .gz ok; local or fsspec URL")
+    p.add_argument("--test", help="ratings to predict and score (same formats): test RMSE in the report")
+    p.add_argument("--rank", type=int, default=64, help="factors a user and an item (default 64)")
+    p.add_argument("--epochs", type=int, default=40, help="passes over the training ratings (default 40)")
+    p.add_argument("--lr", type=float, default=0.007, help="SGD step (default 0.007)")
+    p.add_argument("--reg", type=float, default=0.06, help="L2 weight on the factors (default 0.06; 0.01 on "
+                   "the biases)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial factors and the rating order")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
+    p.add_argument("--predictions-out", metavar="FILE", help="one predicted rating per --test line, in order")
+    p.add_argument("--save", metavar="DIR", help="write DIR/mf.npz: ids, factors, biases, global mean")
+    p.add_argument("--metrics-out", metavar="FILE", help="write test RMSE, seconds and rating updates/s as JSON")
+
     p = sub.add_parser("synth", help="write synthetic Criteo-format data")
     p.add_argument("--rows", type=int, required=True, help="rows to write")
     p.add_argument("--out", required=True, help="output path (.gz to compress)")
@@ -339,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             from paramserver.testing import campaign
 
             return campaign.main(args)
-        elif args.command in ("train", "demo", "predict", "eval", "synth", "split-columns", "lasso"):
+        elif args.command in ("train", "demo", "predict", "eval", "synth", "split-columns", "lasso", "mf"):
             from paramserver.apps import commands
 
             return getattr(commands, args.command.replace("-", "_"))(args, _optimizer)

@@ -244,6 +244,16 @@ def lasso(args: argparse.Namespace, _: Any) -> int:
     return 0
 
 
+def mf(args: argparse.Namespace, _: Any) -> int:
+    from paramserver.apps.mf import MFConfig, run_mf
+
+    cfg = MFConfig(rank=args.rank, epochs=args.epochs, lr=args.lr, reg=args.reg, seed=args.seed)
+    report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
+                    predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out)
+    print(json.dumps(report), flush=True)
+    return 0
+
+
 def synth(args: argparse.Namespace, _: Any) -> int:
     size = write_synth(args.out, args.rows, args.seed, getattr(args, "shape", "simple"))
     err.print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")

@@ -1,0 +1,304 @@
+"""``paramserver mf``: biased matrix factorisation, ``r̂ = μ + b_u + b_i + p_u·q_i``,
+trained model-parallel by block rotation (DSGD, Gemulla et al. 2011; STRADS' MF).
+
+Users are cut into W groups and items into W blocks, both balanced by their number of
+ratings (the largest first, each to the lightest group).  Worker q owns user group q: its rows
+``[p_u, b_u]`` stay in its memory and go to the servers' ``mf/users`` table once an epoch.
+The item rows ``[q_i, b_i]`` live on the servers' ``mf/items`` table.  An epoch is W
+rounds; in round s worker q pulls item block ``(q + s) mod W``, runs SGD over the ratings
+of (its users × that block), and pushes the block back (``assign``).  No two workers hold
+the same block in a round, so the updates never conflict: the result is that of a serial
+SGD over the strata in that order, whatever the number of workers.
+
+The driver reads the ratings once, maps ids to dense indices and writes each worker's
+strata (its ratings, shuffled, grouped by item block) to a scratch folder; a worker reads
+only its own part.  Defaults (rank 64, 40 epochs, learning rate 0.007, L2 0.06 on factors
+and 0.01 on biases) were chosen on MovieLens (``docs/model-parallel.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from paramserver.data.ratings import read_ratings
+from paramserver.errors import ConfigError
+
+USERS, ITEMS = "mf/users", "mf/items"
+
+
+@njit(nogil=True, fastmath=True, cache=True)
+def _sgd(users, items, ratings, P, Q, mu, lr, reg, reg_bias):
+    """One pass of SGD over the ratings (in order) on factor rows ``P`` (users) and ``Q``
+    (items), each ``[factors..., bias]``, float32.  Returns the sum of squared errors
+    seen before each update."""
+    k = P.shape[1] - 1
+    lr32, reg32, regb32 = np.float32(lr), np.float32(reg), np.float32(reg_bias)
+    sse = 0.0
+    for t in range(ratings.shape[0]):
+        a, b = users[t], items[t]
+        p, q = P[a], Q[b]
+        pred = np.float32(mu) + p[k] + q[k]
+        for f in range(k):
+            pred += p[f] * q[f]
+        e = ratings[t] - pred
+        sse += e * e
+        p[k] += lr32 * (e - regb32 * p[k])
+        q[k] += lr32 * (e - regb32 * q[k])
+        for f in range(k):
+            pf, qf = p[f], q[f]
+            p[f] = pf + lr32 * (e * qf - reg32 * pf)
+            q[f] = qf + lr32 * (e * pf - reg32 * qf)
+    return sse
+
+
+@njit(nogil=True, cache=True)
+def _predict(users, items, P, Q, mu, lo, hi):
+    """Clipped predictions; a user or item index of -1 (not in the training data)
+    contributes nothing."""
+    k = P.shape[1] - 1
+    out = np.empty(users.shape[0], np.float64)
+    for t in range(users.shape[0]):
+        a, b = users[t], items[t]
+        v = mu
+        if a >= 0:
+            v += P[a, k]
+        if b >= 0:
+            v += Q[b, k]
+        if a >= 0 and b >= 0:
+            for f in range(k):
+                v += P[a, f] * Q[b, f]
+        out[t] = min(max(v, lo), hi)
+    return out
+
+
+@dataclass(frozen=True)
+class MFConfig:
+    rank: int = 64
+    epochs: int = 40
+    lr: float = 0.007
+    reg: float = 0.06
+    reg_bias: float = 0.01
+    init_std: float = 0.05
+    seed: int = 0
+
+
+@njit(nogil=True, cache=True)
+def _lightest_first(order, counts, parts):
+    group = np.empty(order.shape[0], np.int64)
+    load = np.zeros(parts, np.int64)
+    for t in range(order.shape[0]):
+        g = np.argmin(load)
+        group[order[t]] = g
+        load[g] += counts[order[t]]
+    return group
+
+
+def balanced_groups(counts: np.ndarray, parts: int) -> np.ndarray:
+    """The group (of ``parts``) of each entity: largest first, each to the group with the
+    fewest ratings so far (LPT), so every group gets a like number of ratings."""
+    order = np.argsort(-counts, kind="stable")
+    return _lightest_first(order, counts.astype(np.int64), parts)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where users and items are: dense index → (group, key), and each group's key range."""
+
+    user_group: np.ndarray  # int64[n_users]
+    user_key: np.ndarray  # int64[n_users]: the row in mf/users
+    user_start: np.ndarray  # int64[W + 1]
+    item_group: np.ndarray
+    item_key: np.ndarray
+    item_start: np.ndarray
+
+
+def layout(user_counts: np.ndarray, item_counts: np.ndarray, parts: int) -> Layout:
+    def keys(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        group = balanced_groups(counts, parts)
+        order = np.argsort(group, kind="stable")
+        key = np.empty(group.size, np.int64)
+        key[order] = np.arange(group.size)
+        start = np.zeros(parts + 1, np.int64)
+        start[1:] = np.cumsum(np.bincount(group, minlength=parts))
+        return group, key, start
+
+    ug, uk, us = keys(user_counts)
+    ig, ik, is_ = keys(item_counts)
+    return Layout(ug, uk, us, ig, ik, is_)
+
+
+def write_strata(folder: str, u: np.ndarray, i: np.ndarray, r: np.ndarray, lay: Layout, parts: int,
+                 seed: int) -> list[str]:
+    """Each worker's ratings, shuffled then grouped by item block, as ``worker-q.npz``:
+    ``users`` (row in its group), ``items`` (row in the block), ``ratings`` and
+    ``start`` (W + 1 offsets, one stratum per item block)."""
+    perm = np.random.default_rng(seed).permutation(r.size)
+    u, i, r = u[perm], i[perm], r[perm]
+    ug, ig = lay.user_group[u], lay.item_group[i]
+    order = np.argsort(ug * parts + ig, kind="stable")
+    u, i, r, ug, ig = u[order], i[order], r[order], ug[order], ig[order]
+    paths = []
+    bounds = np.searchsorted(ug, np.arange(parts + 1))
+    for q in range(parts):
+        lo, hi = bounds[q], bounds[q + 1]
+        start = np.searchsorted(ig[lo:hi], np.arange(parts + 1))
+        path = os.path.join(folder, f"worker-{q}.npz")
+        np.savez(path, users=(lay.user_key[u[lo:hi]] - lay.user_start[q]).astype(np.int32),
+                 items=(lay.item_key[i[lo:hi]] - lay.item_start[ig[lo:hi]]).astype(np.int32),
+                 ratings=r[lo:hi].astype(np.float32), start=start.astype(np.int64))
+        paths.append(path)
+    return paths
+
+
+class MFProgram:
+    """One worker's side of the block rotation (see the module's doc)."""
+
+    def __init__(self, client: Any, path: str, cfg: MFConfig, mu: float, user_start: np.ndarray,
+                 item_start: np.ndarray, rank: int, workers: int):
+        self.client, self.cfg, self.mu, self.rank, self.workers = client, cfg, mu, rank, workers
+        with np.load(path) as z:
+            self.users, self.items, self.ratings, self.start = z["users"], z["items"], z["ratings"], z["start"]
+        self.item_start = item_start
+        lo, hi = int(user_start[rank]), int(user_start[rank + 1])
+        self.user_keys = np.arange(lo, hi, dtype=np.uint64)
+        rng = np.random.default_rng([cfg.seed, rank])
+        self.P = np.zeros((hi - lo, cfg.rank + 1), np.float32)
+        self.P[:, :cfg.rank] = rng.normal(0.0, cfg.init_std, (hi - lo, cfg.rank))
+        self.rounds = cfg.epochs * workers
+        self.sse, self.seen, self.train_rmse = 0.0, 0, math.nan
+
+    def converged(self, round_: int) -> bool:
+        return round_ >= self.rounds
+
+    def schedule(self, round_: int, workers: int) -> list[np.ndarray]:
+        return [np.array([(q + round_) % workers], np.int64) for q in range(workers)]
+
+    def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
+        b = int(mine[0])
+        keys = np.arange(self.item_start[b], self.item_start[b + 1], dtype=np.uint64)
+        Q = self.client.pull(ITEMS, keys).result(timeout=600)
+        lo, hi = self.start[b], self.start[b + 1]
+        self.sse += _sgd(self.users[lo:hi], self.items[lo:hi], self.ratings[lo:hi], self.P, Q, self.mu,
+                         self.cfg.lr, self.cfg.reg, self.cfg.reg_bias)
+        self.seen += int(hi - lo)
+        pushes = [(ITEMS, keys, Q, "assign")]
+        if (round_ + 1) % self.workers == 0:  # an epoch ends: the user rows go to the servers too
+            pushes.append((USERS, self.user_keys, self.P, "assign"))
+        return pushes
+
+    def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None:
+        if (round_ + 1) % self.workers == 0:
+            self.train_rmse = math.sqrt(self.sse / max(self.seen, 1))
+            self.sse, self.seen = 0.0, 0
+
+
+def mf_worker(client: Any, paths: list[str], cfg: MFConfig, mu: float, user_start: np.ndarray,
+              item_start: np.ndarray) -> dict[str, Any]:
+    from paramserver.schedule import run_rounds
+
+    workers = len(paths)
+    program = MFProgram(client, paths[client.rank], cfg, mu, user_start, item_start, client.rank, workers)
+    stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=program.rounds)
+    return {"rank": client.rank, "rounds": stats.rounds, "ratings": int(program.ratings.size),
+            "train_rmse": program.train_rmse, "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}
+
+
+def _dense(ids: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """The dense index of each id in ``known`` (sorted), -1 if absent."""
+    pos = np.searchsorted(known, ids)
+    pos = np.minimum(pos, max(known.size - 1, 0))
+    return np.where(known[pos] == ids, pos, -1) if known.size else np.full(ids.size, -1)
+
+
+def check_config(cfg: MFConfig, workers: int, servers: int) -> None:
+    rules = [("--rank", cfg.rank, cfg.rank >= 1 and cfg.rank <= 4096, "a whole number in [1, 4096]"),
+             ("--epochs", cfg.epochs, cfg.epochs >= 1, "a whole number >= 1"),
+             ("--lr", cfg.lr, math.isfinite(cfg.lr) and 0 < cfg.lr < 1, "in (0, 1)"),
+             ("--reg", cfg.reg, math.isfinite(cfg.reg) and cfg.reg >= 0, "a number >= 0"),
+             ("--workers", workers, workers >= 1, "a whole number >= 1"),
+             ("--servers", servers, servers >= 1, "a whole number >= 1")]
+    for flag, value, ok, rule in rules:
+        if not ok:
+            raise ConfigError(f"{flag} must be {rule}, got {value}")
+
+
+def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers: int,
+           predictions_out: str | None = None, save: str | None = None, metrics_out: str | None = None,
+           cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``paramserver mf``: train, then predict ``test`` and write what was asked; the report."""
+    from paramserver.apps.modelfile import check_output, write_text
+    from paramserver.cluster.local import LocalCluster
+
+    check_config(cfg, workers, servers)
+    check_output(save, "--save", folder=True)
+    check_output(metrics_out, "--metrics-out", folder=False)
+    check_output(predictions_out, "--predictions-out", folder=False)
+    if predictions_out and not test:
+        raise ConfigError("--predictions-out needs --test (the ratings to predict, one prediction a line)")
+    t0 = time.perf_counter()
+    train = read_ratings(data)
+    held = read_ratings(test) if test else None
+    user_ids, u = np.unique(train.users, return_inverse=True)
+    item_ids, i = np.unique(train.items, return_inverse=True)
+    r = train.ratings
+    mu = float(r.astype(np.float64).mean())
+    lay = layout(np.bincount(u, minlength=user_ids.size), np.bincount(i, minlength=item_ids.size), workers)
+    k = cfg.rank
+    with tempfile.TemporaryDirectory(prefix="paramserver-mf-") as scratch, \
+            LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
+            as cluster:
+        paths = write_strata(scratch, u, i, r, lay, workers, cfg.seed)
+        client = cluster.client
+        for table, n in ((USERS, user_ids.size), (ITEMS, item_ids.size)):
+            client.create_table(table, dim=k + 1, optimizer="sgd", key_bits=max(int(n - 1).bit_length(), 1))
+        init = np.zeros((item_ids.size, k + 1), np.float32)
+        init[:, :k] = np.random.default_rng([cfg.seed, 1 << 20]).normal(0.0, cfg.init_std, (item_ids.size, k))
+        client.push(ITEMS, np.arange(item_ids.size, dtype=np.uint64), init, op="assign",
+                    distinct=True).result(timeout=600)
+        t_train = time.perf_counter()
+        per_worker = cluster.run(mf_worker, paths, cfg, mu, lay.user_start, lay.item_start)
+        t_train = time.perf_counter() - t_train
+        P = _rows(client, USERS, user_ids.size, k)[lay.user_key]
+        Q = _rows(client, ITEMS, item_ids.size, k)[lay.item_key]
+    lo, hi = float(r.min()), float(r.max())
+    report: dict[str, Any] = {"train_ratings": int(r.size), "users": int(user_ids.size), "items": int(item_ids.size),
+                              "global_mean": mu, "train_rmse": float(np.sqrt(np.mean(
+                                  (_predict(u, i, P, Q, mu, lo, hi) - r) ** 2)))}
+    if held is not None:
+        pred = _predict(_dense(held.users, user_ids), _dense(held.items, item_ids), P, Q, mu, lo, hi)
+        report["test_ratings"] = int(len(held))
+        report["test_rmse"] = float(np.sqrt(np.mean((pred - held.ratings) ** 2)))
+        if predictions_out:
+            write_text(predictions_out, "".join(f"{p:.6g}\n" for p in pred.tolist()))
+    if save:
+        os.makedirs(save, exist_ok=True)
+        np.savez(os.path.join(save, "mf.npz"), user_ids=user_ids, item_ids=item_ids, user_factors=P[:, :k],
+                 item_factors=Q[:, :k], user_bias=P[:, k], item_bias=Q[:, k], global_mean=mu,
+                 rating_range=np.array([lo, hi]))
+    seconds = time.perf_counter() - t0
+    updates = int(r.size) * cfg.epochs
+    report.update({"seconds": seconds, "train_seconds": t_train, "rating_updates": updates,
+                   "rating_updates_per_s": updates / max(t_train, 1e-9), "workers": workers, "servers": servers,
+                   **asdict(cfg), "phase_seconds": per_worker[0]["phase_seconds"]})
+    if metrics_out:
+        write_text(metrics_out, json.dumps(report, indent=1))
+    return report
+
+
+def _rows(client: Any, table: str, n: int, k: int) -> np.ndarray:
+    keys, values = client.export_table(table)
+    out = np.zeros((n, k + 1), np.float32)
+    inside = keys < n
+    out[keys[inside].astype(np.int64)] = values[inside]
+    return out
+

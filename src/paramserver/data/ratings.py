@@ -1,0 +1,127 @@
+"""Rating triples ``user item rating`` for ``paramserver mf``, read whole.
+
+Accepted, one rating a line, extra fields (a timestamp) ignored:
+
+- MovieLens ``u.data`` TSV: ``user<TAB>item<TAB>rating<TAB>ts`` (ml-100k);
+- MovieLens CSV with a header: ``userId,movieId,rating,timestamp`` (the ml-latest
+  releases, ml-20m, ml-25m, ml-32m);
+- MovieLens ``::`` files: ``UserID::MovieID::Rating::Timestamp`` (ml-1m, ml-10m);
+- any of these gz/bz2/xz compressed (by extension), local or an fsspec URL.
+
+Ids are whole numbers (any, not necessarily dense); ratings are real numbers.  The first
+line may be a header (it is skipped if its first field is not a number); any other line
+that is not ``integer, integer, number`` is an error naming the file, the line and the
+fix.  Parsing is one numba pass over the bytes, GIL released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+from numba import njit
+
+from paramserver.data.parse import _parse_float, _parse_int
+from paramserver.data.reader import DataError, _check_exists
+
+_NL = 10
+_OK, _FIELDS, _USER, _ITEM, _RATING = 0, 1, 2, 3, 4
+_WHAT = {
+    _FIELDS: "expected at least 3 fields (user, item, rating) separated by tabs, commas, spaces or '::'",
+    _USER: "the user id (first field) is not a whole number",
+    _ITEM: "the item id (second field) is not a whole number",
+    _RATING: "the rating (third field) is not a finite number",
+}
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _is_sep(c):
+    return c == 9 or c == 44 or c == 32 or c == 58 or c == 13  # tab , space : CR
+
+
+@njit(nogil=True, cache=True)
+def _parse(buf, start, users, items, ratings):
+    """Lines from ``start`` → triples.  Returns ``(n, error, error offset)``; ``buf``
+    ends with a newline; blank lines are skipped."""
+    n, pos, size = 0, start, buf.shape[0]
+    bounds = np.empty(6, np.int64)
+    while pos < size:
+        end = pos
+        while buf[end] != _NL:
+            end += 1
+        fields, a = 0, pos
+        while fields < 3:
+            while a < end and _is_sep(buf[a]):
+                a += 1
+            if a >= end:
+                break
+            b = a
+            while b < end and not _is_sep(buf[b]):
+                b += 1
+            bounds[2 * fields] = a
+            bounds[2 * fields + 1] = b
+            fields += 1
+            a = b
+        if fields == 0:
+            pos = end + 1
+            continue
+        if fields < 3:
+            return n, _FIELDS, pos
+        ok, u = _parse_int(buf, bounds[0], bounds[1])
+        if not ok:
+            return n, _USER, pos
+        ok, i = _parse_int(buf, bounds[2], bounds[3])
+        if not ok:
+            return n, _ITEM, pos
+        ok, r = _parse_float(buf, bounds[4], bounds[5])
+        if not ok or not np.isfinite(r):
+            return n, _RATING, pos
+        users[n] = u
+        items[n] = i
+        ratings[n] = r
+        n += 1
+        pos = end + 1
+    return n, _OK, -1
+
+
+@dataclass(frozen=True)
+class Ratings:
+    """Parallel arrays, in file order: raw ids as in the file, ratings as float32."""
+
+    users: np.ndarray  # int64[n]
+    items: np.ndarray  # int64[n]
+    ratings: np.ndarray  # float32[n]
+
+    def __len__(self) -> int:
+        return int(self.ratings.shape[0])
+
+
+def read_ratings(path: str) -> Ratings:
+    """Read ``path`` whole (see the module's doc for the formats).
+
+    Raises:
+        DataError: a missing or empty file, or a malformed line (file and line named).
+    """
+    _check_exists(path)
+    with fsspec.open(path, "rb", compression="infer") as f:
+        raw = f.read()
+    if not raw.endswith(b"\n"):
+        raw += b"\n"
+    buf = np.frombuffer(raw, np.uint8)
+    start = 0
+    first = raw.lstrip()[:1]
+    if first and not (first.isdigit() or first in b"+-"):  # a header line: userId,movieId,rating,timestamp
+        start = raw.index(b"\n", len(raw) - len(raw.lstrip())) + 1
+    lines = int(np.count_nonzero(buf[start:] == _NL))
+    users, items, ratings = np.empty(lines, np.int64), np.empty(lines, np.int64), np.empty(lines, np.float64)
+    n, err, at = _parse(buf, start, users, items, ratings)
+    if err != _OK:
+        line = int(np.count_nonzero(buf[:at] == _NL)) + 1
+        text = raw[at:raw.index(b"\n", at)][:120].decode("utf-8", "replace")
+        raise DataError(f"{path}:{line}: {_WHAT[err]}: {text!r}; each line must be 'user item rating [timestamp]' "
+                        "(MovieLens u.data, ratings.csv or ratings.dat); fix or remove the line")
+    if n == 0:
+        raise DataError(f"{path} has no ratings; expected lines 'user item rating [timestamp]' (tab, comma or "
+                        "'::' separated, an optional header first)")
+    return Ratings(users[:n].copy(), items[:n].copy(), ratings[:n].astype(np.float32))

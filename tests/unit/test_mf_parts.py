@@ -1,0 +1,116 @@
+"""``paramserver mf``'s pieces (issue 15): one SGD step against numpy's gradient, the
+balanced layout and strata, the rating reader's formats and its errors."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from paramserver.apps.mf import _predict, _sgd, balanced_groups, layout, write_strata
+from paramserver.data.ratings import read_ratings
+from paramserver.data.reader import DataError
+
+
+def test_one_sgd_step_is_numpys_gradient_step():
+    rng = np.random.default_rng(0)
+    k, mu, lr, reg, reg_b = 8, 3.2, 0.05, 0.1, 0.02
+    P = rng.normal(0, 0.3, (3, k + 1)).astype(np.float32)
+    Q = rng.normal(0, 0.3, (4, k + 1)).astype(np.float32)
+    p, q = P[1].astype(np.float64), Q[2].astype(np.float64)
+    # the loss of one rating: ½(r − μ − b_u − b_i − p·q)² + ½reg(|p|² + |q|²) + ½reg_b(b_u² + b_i²)
+    r = 4.5
+    e = r - (mu + p[k] + q[k] + p[:k] @ q[:k])
+    grad_p = np.r_[-e * q[:k] + reg * p[:k], -e + reg_b * p[k]]
+    grad_q = np.r_[-e * p[:k] + reg * q[:k], -e + reg_b * q[k]]
+    sse = _sgd(np.array([1], np.int32), np.array([2], np.int32), np.array([r], np.float32), P, Q, mu, lr, reg,
+               reg_b)
+    assert sse == pytest.approx(e * e, rel=1e-5)
+    np.testing.assert_allclose(P[1], p - lr * grad_p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(Q[2], q - lr * grad_q, rtol=1e-5, atol=1e-6)
+    before = rng.normal(0, 0.3, (3, k + 1)).astype(np.float32)
+    P2 = before.copy()
+    _sgd(np.array([1], np.int32), np.array([0], np.int32), np.array([r], np.float32), P2, Q.copy(), mu, lr, reg,
+         reg_b)
+    np.testing.assert_array_equal(P2[[0, 2]], before[[0, 2]])
+
+
+def test_predictions_are_clipped_and_unknown_ids_fall_back_to_the_biases():
+    P = np.array([[1.0, 0.5]], np.float32)  # factor 1, bias 0.5
+    Q = np.array([[2.0, -0.25]], np.float32)
+    got = _predict(np.array([0, -1, 0, -1]), np.array([0, 0, -1, -1]), P, Q, 3.0, 1.0, 5.0)
+    np.testing.assert_allclose(got, [5.0, 2.75, 3.5, 3.0])
+
+
+def test_groups_hold_like_numbers_of_ratings_under_a_power_law():
+    counts = (1e5 / np.arange(1, 5001) ** 1.1).astype(np.int64) + 1
+    for parts in (2, 3, 8):
+        g = balanced_groups(counts, parts)
+        load = np.bincount(g, weights=counts, minlength=parts)
+        # no group above the mean by more than 5 %, unless one entity alone is heavier
+        assert load.max() <= max(1.05 * counts.sum() / parts, counts.max()), (parts, load)
+        assert load.sum() == counts.sum()
+
+
+def test_strata_cover_every_rating_once_with_local_indices(tmp_path):
+    rng = np.random.default_rng(1)
+    n_u, n_i, W = 50, 30, 3
+    u, i = rng.integers(0, n_u, 2000), rng.integers(0, n_i, 2000)
+    r = rng.integers(1, 6, 2000).astype(np.float32)
+    lay = layout(np.bincount(u, minlength=n_u), np.bincount(i, minlength=n_i), W)
+    paths = write_strata(str(tmp_path), u, i, r, lay, W, seed=0)
+    seen = []
+    for q, path in enumerate(paths):
+        z = np.load(path)
+        assert z["start"][0] == 0 and z["start"][-1] == z["ratings"].size
+        for b in range(W):
+            lo, hi = z["start"][b], z["start"][b + 1]
+            ukey = z["users"][lo:hi] + lay.user_start[q]
+            ikey = z["items"][lo:hi] + lay.item_start[b]
+            assert (ukey < lay.user_start[q + 1]).all() and (ikey < lay.item_start[b + 1]).all()
+            uid = np.argsort(lay.user_key)[ukey]
+            iid = np.argsort(lay.item_key)[ikey]
+            assert (lay.user_group[uid] == q).all() and (lay.item_group[iid] == b).all()
+            seen.append(np.c_[uid, iid, z["ratings"][lo:hi]])
+    got = np.concatenate(seen)
+    want = np.c_[u, i, r]
+    np.testing.assert_array_equal(got[np.lexsort(got.T[::-1])], want[np.lexsort(want.T[::-1])])
+
+
+@pytest.mark.parametrize("text", [
+    "1\t10\t4\t881250949\n2\t20\t3.5\t1\n",  # u.data
+    "userId,movieId,rating,timestamp\n1,10,4.0,964982703\n2,20,3.5,964981247\n",  # ratings.csv
+    "1::10::4::978300760\r\n2::20::3.5::978302109\r\n",  # ratings.dat
+    "1 10 4\n\n2 20 3.5",  # spaces, a blank line, no final newline
+])
+def test_reader_takes_the_movielens_formats(tmp_path, text):
+    path = tmp_path / "r.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(text)
+    got = read_ratings(str(path))
+    np.testing.assert_array_equal(got.users, [1, 2])
+    np.testing.assert_array_equal(got.items, [10, 20])
+    np.testing.assert_array_equal(got.ratings, np.array([4.0, 3.5], np.float32))
+
+
+@pytest.mark.parametrize("line,what", [
+    ("3\t30", "at least 3 fields"),
+    ("x3\t30\t1", "user id"),
+    ("3\t3.5\t1", "item id"),
+    ("3\t30\tgood", "rating"),
+    ("3\t30\tnan", "rating"),
+])
+def test_reader_names_the_file_line_and_rule(tmp_path, line, what):
+    path = tmp_path / "r.tsv"
+    path.write_text(f"1\t10\t4\n2\t20\t3\n{line}\n4\t40\t5\n")
+    with pytest.raises(DataError) as err:
+        read_ratings(str(path))
+    assert f"{path}:3:" in str(err.value) and what in str(err.value)
+
+
+def test_reader_refuses_an_empty_file(tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("userId,movieId,rating,timestamp\n")
+    with pytest.raises(DataError, match="no ratings"):
+        read_ratings(str(path))
