@@ -196,6 +196,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", metavar="DIR", help="write DIR/mf.npz: ids, factors, biases, global mean")
     p.add_argument("--metrics-out", metavar="FILE", help="write test RMSE, seconds and rating updates/s as JSON")
 
+    p = sub.add_parser("lda", help="topic model (LDA) by collapsed Gibbs sampling, word blocks scheduled over the "
+                                    "workers (STRADS/LightLDA style) on a local cluster")
+    p.add_argument("--data", required=True, help="corpus: UCI docword (D, V, NNZ lines, then 'doc word count', "
+                   "1-based) or LDA-C ('N word:count ...', 0-based); .gz ok; local or fsspec URL")
+    p.add_argument("--topics", type=int, default=50, metavar="K", help="topics (default 50)")
+    p.add_argument("--iterations", type=int, default=200, help="Gibbs sweeps over every token (default 200)")
+    p.add_argument("--alpha", type=float, default=0.1, help="document-topic prior (default 0.1)")
+    p.add_argument("--beta", type=float, default=0.01, help="topic-word prior (default 0.01)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial topics and the sampler")
+    p.add_argument("--schedule", default="rotate", choices=("rotate", "none"), help="rotate (default): word blocks "
+                   "go round the workers, no word sampled by two at once; none: every worker samples every word "
+                   "from counts a round stale (AD-LDA; for comparison)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
+    p.add_argument("--save", metavar="DIR", help="write DIR/topic_word.npy: K x V counts n_kw, column j = word j "
+                   "in the input's numbering from 0")
+    p.add_argument("--metrics-out", metavar="FILE", help="write log-likelihood per token, tokens and "
+                   "token-iterations/s as JSON")
+
     p = sub.add_parser("synth", help="write synthetic Criteo-format data")
     p.add_argument("--rows", type=int, required=True, help="rows to write")
     p.add_argument("--out", required=True, help="output path (.gz to compress)")
@@ -356,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             from paramserver.testing import campaign
 
             return campaign.main(args)
-        elif args.command in ("train", "demo", "predict", "eval", "synth", "split-columns", "lasso", "mf"):
+        elif args.command in ("train", "demo", "predict", "eval", "synth", "split-columns", "lasso", "mf", "lda"):
             from paramserver.apps import commands
 
             return getattr(commands, args.command.replace("-", "_"))(args, _optimizer)

@@ -254,6 +254,17 @@ def mf(args: argparse.Namespace, _: Any) -> int:
     return 0
 
 
+def lda(args: argparse.Namespace, _: Any) -> int:
+    from paramserver.apps.lda import LDAConfig, run_lda
+
+    cfg = LDAConfig(topics=args.topics, iterations=args.iterations, alpha=args.alpha, beta=args.beta, seed=args.seed,
+                    schedule=args.schedule)
+    report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
+                     metrics_out=args.metrics_out)
+    print(json.dumps(report), flush=True)
+    return 0
+
+
 def synth(args: argparse.Namespace, _: Any) -> int:
     size = write_synth(args.out, args.rows, args.seed, getattr(args, "shape", "simple"))
     err.print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")

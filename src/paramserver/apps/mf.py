@@ -32,6 +32,7 @@ from numba import njit
 
 from paramserver.data.ratings import read_ratings
 from paramserver.errors import ConfigError
+from paramserver.schedule import balanced_groups, run_rounds
 
 USERS, ITEMS = "mf/users", "mf/items"
 
@@ -90,24 +91,6 @@ class MFConfig:
     reg_bias: float = 0.01
     init_std: float = 0.05
     seed: int = 0
-
-
-@njit(nogil=True, cache=True)
-def _lightest_first(order, counts, parts):
-    group = np.empty(order.shape[0], np.int64)
-    load = np.zeros(parts, np.int64)
-    for t in range(order.shape[0]):
-        g = np.argmin(load)
-        group[order[t]] = g
-        load[g] += counts[order[t]]
-    return group
-
-
-def balanced_groups(counts: np.ndarray, parts: int) -> np.ndarray:
-    """The group (of ``parts``) of each entity: largest first, each to the group with the
-    fewest ratings so far (LPT), so every group gets a like number of ratings."""
-    order = np.argsort(-counts, kind="stable")
-    return _lightest_first(order, counts.astype(np.int64), parts)
 
 
 @dataclass(frozen=True)
@@ -204,7 +187,6 @@ class MFProgram:
 
 def mf_worker(client: Any, paths: list[str], cfg: MFConfig, mu: float, user_start: np.ndarray,
               item_start: np.ndarray) -> dict[str, Any]:
-    from paramserver.schedule import run_rounds
 
     workers = len(paths)
     program = MFProgram(client, paths[client.rank], cfg, mu, user_start, item_start, client.rank, workers)

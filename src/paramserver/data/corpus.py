@@ -1,0 +1,231 @@
+"""Bag-of-words corpora for ``paramserver lda``, read whole into tokens.
+
+Two formats, told apart by their first line (gz/bz2/xz by extension, any fsspec URL):
+
+- **UCI docword**: three header lines ``D``, ``V``, ``NNZ``, then ``doc word count``
+  lines, doc and word 1-based;
+- **LDA-C** (Blei's ``lda-c``): a line a document, ``N w:c w:c …``, words 0-based (N, the
+  number of distinct words, is checked).
+
+Both give the same thing: ``doc_ptr`` (CSR over documents) and ``words``, one entry a
+token (a word with count c appears c times), words numbered from 0 in the input's own
+numbering.  A malformed line is an error naming the file, the line, the rule and the
+fix.  Parsing is one numba pass, GIL released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+from numba import njit
+
+from paramserver.data.parse import _parse_int
+from paramserver.data.reader import DataError, _check_exists
+
+_NL = 10
+_OK, _FIELDS, _NUMBER, _RANGE, _DISTINCT, _ORDER = 0, 1, 2, 3, 4, 5
+_WHAT_UCI = {
+    _FIELDS: "expected three whole numbers 'doc word count'",
+    _NUMBER: "a field is not a whole number",
+    _RANGE: "doc must be in [1, D], word in [1, V] and count >= 1 (D and V from the header)",
+    _ORDER: "doc ids must not go down (UCI docword files are sorted by doc)",
+}
+_WHAT_LDAC = {
+    _FIELDS: "expected 'N word:count …'",
+    _NUMBER: "N, a word or a count is not a whole number",
+    _RANGE: "word ids must be >= 0 and counts >= 1",
+    _DISTINCT: "N (the first number) is not the number of word:count pairs on the line",
+}
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _blank(c):
+    return c == 32 or c == 9 or c == 13
+
+
+@njit(nogil=True, cache=True)
+def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):
+    """Triples after the header → (entries, error, error offset)."""
+    n, size, last = 0, buf.shape[0], 0
+    vals = np.empty(3, np.int64)
+    while pos < size:
+        end = pos
+        while buf[end] != _NL:
+            end += 1
+        a, f = pos, 0
+        while f < 4:
+            while a < end and _blank(buf[a]):
+                a += 1
+            if a >= end:
+                break
+            b = a
+            while b < end and not _blank(buf[b]):
+                b += 1
+            if f == 3:
+                f = 4
+                break
+            ok, v = _parse_int(buf, a, b)
+            if not ok:
+                return n, _NUMBER, pos
+            vals[f] = v
+            f += 1
+            a = b
+        if f == 0:
+            pos = end + 1
+            continue
+        if f != 3:
+            return n, _FIELDS, pos
+        d, w, c = vals[0], vals[1], vals[2]
+        if d < 1 or d > n_docs or w < 1 or w > n_words or c < 1:
+            return n, _RANGE, pos
+        if d < last:
+            return n, _ORDER, pos
+        last = d
+        doc_of[n] = d - 1
+        word_of[n] = w - 1
+        count_of[n] = c
+        n += 1
+        pos = end + 1
+    return n, _OK, -1
+
+
+@njit(nogil=True, cache=True)
+def _parse_ldac(buf, doc_ptr, word_of, count_of):
+    """Lines ``N w:c …`` → (docs, error, error offset); doc_ptr over the pairs."""
+    docs, n, pos, size = 0, 0, 0, buf.shape[0]
+    doc_ptr[0] = 0
+    while pos < size:
+        end = pos
+        while buf[end] != _NL:
+            end += 1
+        a = pos
+        while a < end and _blank(buf[a]):
+            a += 1
+        if a == end:
+            pos = end + 1
+            continue
+        b = a
+        while b < end and not _blank(buf[b]):
+            b += 1
+        ok, distinct = _parse_int(buf, a, b)
+        if not ok:
+            return docs, _NUMBER, pos
+        pairs = 0
+        a = b
+        while True:
+            while a < end and _blank(buf[a]):
+                a += 1
+            if a >= end:
+                break
+            b, colon = a, -1
+            while b < end and not _blank(buf[b]):
+                if buf[b] == 58 and colon < 0:
+                    colon = b
+                b += 1
+            if colon < 0:
+                return docs, _FIELDS, pos
+            ok, w = _parse_int(buf, a, colon)
+            ok2, c = _parse_int(buf, colon + 1, b)
+            if not ok or not ok2:
+                return docs, _NUMBER, pos
+            if w < 0 or c < 1:
+                return docs, _RANGE, pos
+            word_of[n] = w
+            count_of[n] = c
+            n += 1
+            pairs += 1
+            a = b
+        if pairs != distinct:
+            return docs, _DISTINCT, pos
+        docs += 1
+        doc_ptr[docs] = n
+        pos = end + 1
+    return docs, _OK, -1
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Documents as token runs: document d's tokens are ``words[doc_ptr[d]:doc_ptr[d+1]]``."""
+
+    doc_ptr: np.ndarray  # int64[D + 1]
+    words: np.ndarray  # int32[tokens]
+    vocabulary: int  # V: word ids are in [0, V)
+
+    @property
+    def docs(self) -> int:
+        return int(self.doc_ptr.shape[0] - 1)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.words.shape[0])
+
+
+def _error(path: str, raw: bytes, buf: np.ndarray, at: int, what: str, form: str) -> DataError:
+    line = int(np.count_nonzero(buf[:at] == _NL)) + 1
+    text = raw[at:raw.index(b"\n", at)][:120].decode("utf-8", "replace")
+    return DataError(f"{path}:{line}: {what}: {text!r}; {form} (fix or remove the line)")
+
+
+def _expand(doc_of_pair: np.ndarray, word_of: np.ndarray, count_of: np.ndarray, docs: int,
+            vocabulary: int) -> Corpus:
+    counts = np.bincount(doc_of_pair, weights=count_of, minlength=docs).astype(np.int64)
+    doc_ptr = np.zeros(docs + 1, np.int64)
+    np.cumsum(counts, out=doc_ptr[1:])
+    return Corpus(doc_ptr, np.repeat(word_of.astype(np.int32), count_of), vocabulary)
+
+
+def read_corpus(path: str) -> Corpus:
+    """Read ``path`` whole (UCI docword or LDA-C, see the module's doc).
+
+    Raises:
+        DataError: a missing or empty file, a bad header, or a malformed line (file and
+            line named).
+    """
+    _check_exists(path)
+    with fsspec.open(path, "rb", compression="infer") as f:
+        raw = f.read()
+    if not raw.endswith(b"\n"):
+        raw += b"\n"
+    buf = np.frombuffer(raw, np.uint8)
+    head = raw.split(b"\n", 4)
+    if not raw.strip():
+        raise DataError(f"{path} is empty; expected a UCI docword or an LDA-C corpus")
+    if b":" in head[0]:
+        return _read_ldac(path, raw, buf)
+    form = "a UCI docword file is three header lines D, V, NNZ, then 'doc word count' lines"
+    try:
+        n_docs, n_words, nnz = (int(h) for h in head[:3])
+    except ValueError:
+        raise DataError(f"{path}: the first three lines {[h[:40].decode('utf-8', 'replace') for h in head[:3]]} are "
+                        f"not a UCI docword header (D, V, NNZ: one whole number each) and the first line is not "
+                        f"LDA-C ('N word:count …'); {form}") from None
+    if n_docs < 1 or n_words < 1 or nnz < 0:
+        raise DataError(f"{path}: header D={n_docs}, V={n_words}, NNZ={nnz}; D and V must be >= 1; {form}")
+    start = sum(len(h) + 1 for h in head[:3])
+    lines = int(np.count_nonzero(buf[start:] == _NL))
+    doc_of, word_of, count_of = (np.empty(lines, np.int64) for _ in range(3))
+    n, err, at = _parse_uci(buf, start, n_docs, n_words, doc_of, word_of, count_of)
+    if err != _OK:
+        raise _error(path, raw, buf, at, _WHAT_UCI[err], form)
+    if n != nnz:
+        raise DataError(f"{path}: the header says NNZ={nnz} entries, the file has {n}; fix the header or restore "
+                        "the missing lines")
+    return _expand(doc_of[:n], word_of[:n], count_of[:n], n_docs, n_words)
+
+
+def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
+    lines = int(np.count_nonzero(buf == _NL))
+    pairs = int(np.count_nonzero(buf == 58))
+    doc_ptr = np.empty(lines + 1, np.int64)
+    word_of, count_of = np.empty(pairs, np.int64), np.empty(pairs, np.int64)
+    docs, err, at = _parse_ldac(buf, doc_ptr, word_of, count_of)
+    if err != _OK:
+        raise _error(path, raw, buf, at, _WHAT_LDAC[err], "an LDA-C line is 'N word:count …' with N pairs, "
+                     "words from 0")
+    n = int(doc_ptr[docs])
+    if docs == 0 or n == 0:
+        raise DataError(f"{path} has no words; expected LDA-C lines 'N word:count …'")
+    doc_of = np.repeat(np.arange(docs), np.diff(doc_ptr[:docs + 1]))
+    return _expand(doc_of, word_of[:n], count_of[:n], docs, int(word_of[:n].max()) + 1)
