@@ -86,7 +86,7 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
 
 
 @njit(nogil=True, cache=True)
-def _lightest_first(order, counts, parts):
+def _lightest_first(order, counts, parts):  # type: ignore[no-untyped-def]
     group = np.empty(order.shape[0], np.int64)
     load = np.zeros(parts, np.int64)
     for t in range(order.shape[0]):
@@ -100,4 +100,4 @@ def balanced_groups(counts: np.ndarray, parts: int) -> np.ndarray:
     """The group (of ``parts``) of each entity: largest first, each to the group with the
     least weight so far (LPT): every group gets a like sum of ``counts`` (ratings, tokens)."""
     order = np.argsort(-counts, kind="stable")
-    return _lightest_first(order, counts.astype(np.int64), parts)
+    return np.asarray(_lightest_first(order, counts.astype(np.int64), parts))

@@ -46,12 +46,12 @@ SNAPSHOT_S = 5.0  # a worker saves its documents' topics at most this often (a d
 
 
 @njit(cache=True)
-def _seed(seed):
+def _seed(seed):  # type: ignore[no-untyped-def]
     np.random.seed(seed)
 
 
 @njit(nogil=True, cache=True)
-def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcnt, alpha, beta, vbeta, Y, cum):
+def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcnt, alpha, beta, vbeta, Y, cum):  # type: ignore[no-untyped-def]
     """Gibbs-sample the tokens of segments ``[s_lo, s_hi)`` (one word each; the word's
     counts are row ``seg_row[s]`` of ``nwk``) in place: ``z``, ``nwk``, ``nk``, ``ndk``
     and the documents' non-zero topic lists ``dtop[doff[d]:doff[d] + dcnt[d]]``."""
@@ -116,7 +116,7 @@ def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcn
 
 
 @njit(nogil=True, cache=True)
-def _doc_lists(tdoc, z, ndk, dtop, doff, dcnt):
+def _doc_lists(tdoc, z, ndk, dtop, doff, dcnt):  # type: ignore[no-untyped-def]
     """``ndk`` and the non-zero topic lists from the tokens' topics (all zero on entry)."""
     for t in range(z.shape[0]):
         d, k = tdoc[t], z[t]
@@ -127,7 +127,7 @@ def _doc_lists(tdoc, z, ndk, dtop, doff, dcnt):
 
 
 @njit(nogil=True, cache=True)
-def _doc_loglik(ndk, dlen, alpha):
+def _doc_loglik(ndk, dlen, alpha):  # type: ignore[no-untyped-def]
     """Σ_d [Σ_k lgamma(n_dk + α) − lgamma(n_d + Kα)] + D·[lgamma(Kα) − K·lgamma(α)]."""
     K = ndk.shape[1]
     total = 0.0
@@ -140,7 +140,7 @@ def _doc_loglik(ndk, dlen, alpha):
 
 
 @njit(nogil=True, cache=True)
-def word_loglik(n_kw, beta):
+def word_loglik(n_kw, beta):  # type: ignore[no-untyped-def]
     """log p(w | z) = Σ_k [Σ_w lgamma(n_kw + β) − lgamma(n_k + Vβ)] + K·[lgamma(Vβ) − V·lgamma(β)]."""
     K, V = n_kw.shape
     total = 0.0

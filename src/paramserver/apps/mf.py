@@ -38,7 +38,7 @@ USERS, ITEMS = "mf/users", "mf/items"
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def _sgd(users, items, ratings, P, Q, mu, lr, reg, reg_bias):
+def _sgd(users, items, ratings, P, Q, mu, lr, reg, reg_bias):  # type: ignore[no-untyped-def]
     """One pass of SGD over the ratings (in order) on factor rows ``P`` (users) and ``Q``
     (items), each ``[factors..., bias]``, float32.  Returns the sum of squared errors
     seen before each update."""
@@ -63,7 +63,7 @@ def _sgd(users, items, ratings, P, Q, mu, lr, reg, reg_bias):
 
 
 @njit(nogil=True, cache=True)
-def _predict(users, items, P, Q, mu, lo, hi):
+def _predict(users, items, P, Q, mu, lo, hi):  # type: ignore[no-untyped-def]
     """Clipped predictions; a user or item index of -1 (not in the training data)
     contributes nothing."""
     k = P.shape[1] - 1

@@ -41,12 +41,12 @@ _WHAT_LDAC = {
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _blank(c):
+def _blank(c):  # type: ignore[no-untyped-def]
     return c == 32 or c == 9 or c == 13
 
 
 @njit(nogil=True, cache=True)
-def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):
+def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):  # type: ignore[no-untyped-def]
     """Triples after the header → (entries, error, error offset)."""
     n, size, last = 0, buf.shape[0], 0
     vals = np.empty(3, np.int64)
@@ -92,7 +92,7 @@ def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):
 
 
 @njit(nogil=True, cache=True)
-def _parse_ldac(buf, doc_ptr, word_of, count_of):
+def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def]
     """Lines ``N w:c …`` → (docs, error, error offset); doc_ptr over the pairs."""
     docs, n, pos, size = 0, 0, 0, buf.shape[0]
     doc_ptr[0] = 0

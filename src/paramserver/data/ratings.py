@@ -36,12 +36,12 @@ _WHAT = {
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _is_sep(c):
+def _is_sep(c):  # type: ignore[no-untyped-def]
     return c == 9 or c == 44 or c == 32 or c == 58 or c == 13  # tab , space : CR
 
 
 @njit(nogil=True, cache=True)
-def _parse(buf, start, users, items, ratings):
+def _parse(buf, start, users, items, ratings):  # type: ignore[no-untyped-def]
     """Lines from ``start`` → triples.  Returns ``(n, error, error offset)``; ``buf``
     ends with a newline; blank lines are skipped."""
     n, pos, size = 0, start, buf.shape[0]
