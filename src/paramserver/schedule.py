@@ -17,7 +17,8 @@ A program is three small functions (``Program``):
   local state (a residual, counts) up to date.  This is where results are aggregated.
 
 ``run_rounds`` drives them: schedule, update, push (exactly once, replicated), barrier
-(BSP), observe, until ``converged`` says so or ``max_rounds``.  Between two rounds the
+(BSP), observe, until ``converged`` says so or ``max_rounds``.  A fourth, optional,
+``regroup(round, live)`` carries on when workers die (see ``run_rounds``).  Between two rounds the
 parameters on the servers are consistent, so a checkpoint taken there
 (``Client.checkpoint``) is a restart point.
 """
@@ -30,6 +31,8 @@ from typing import Any, Protocol
 
 import numpy as np
 from numba import njit
+
+from paramserver.errors import ParamServerError
 
 
 class Program(Protocol):
@@ -48,34 +51,58 @@ class RoundStats:
 
     rounds: int = 0
     scheduled: int = 0
+    regroups: int = 0  # times workers were lost and the program carried on without them
     seconds: dict[str, float] = field(default_factory=lambda: {"schedule": 0.0, "update": 0.0, "push": 0.0,
                                                                "barrier": 0.0, "observe": 0.0})
+
+
+class WorkersLost(ParamServerError):
+    """Workers died and the program has no ``regroup`` to carry on without them."""
 
 
 def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_rounds: int,
                timeout_s: float = 600.0) -> RoundStats:
     """Run ``program`` on this worker (``rank`` of ``workers``) in BSP rounds; every
-    worker calls it with the same program and arguments."""
+    worker calls it with the same program and arguments.
+
+    The barrier answers with the live workers.  When some are gone, every survivor calls
+    ``program.regroup(round, live)`` (the surviving ranks, sorted) in place of that
+    round's ``observe``: the program takes over the dead workers' part and makes the
+    servers' state consistent again; from then on ``schedule`` deals to ``len(live)``
+    workers, slot i being ``live[i]``.  A program without ``regroup`` stops with
+    ``WorkersLost``.  Workers that join meanwhile are not part of the rounds.
+    """
     import time
 
     stats = RoundStats()
     clock = time.perf_counter
+    live = list(range(workers))
     for r in range(max_rounds):
         if program.converged(r):
             break
         t0 = clock()
-        assignment = program.schedule(r, workers)
+        assignment = program.schedule(r, len(live))
         t1 = clock()
-        pushes = program.update(r, assignment[rank])
+        pushes = program.update(r, assignment[live.index(rank)])
         t2 = clock()
         futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
                    if len(keys)]
         for f in futures:
             f.result(timeout=timeout_s)
         t3 = clock()
-        client.barrier(timeout_s=timeout_s)
+        present = client.barrier(timeout_s=timeout_s)
         t4 = clock()
-        program.observe(r, assignment)
+        gone = [w for w in live if present and w not in present]
+        if gone:
+            regroup = getattr(program, "regroup", None)
+            if regroup is None:
+                raise WorkersLost(f"worker(s) {gone} died in round {r}; {type(program).__name__} cannot go on "
+                                  "without them (it has no regroup)")
+            live = [w for w in live if w not in gone]
+            regroup(r, live)
+            stats.regroups += 1
+        else:
+            program.observe(r, assignment)
         t5 = clock()
         stats.rounds += 1
         stats.scheduled += int(sum(len(a) for a in assignment))

@@ -37,7 +37,7 @@ from numba import njit
 
 from paramserver.data.corpus import Corpus, read_corpus
 from paramserver.errors import ConfigError
-from paramserver.schedule import balanced_groups, run_rounds
+from paramserver.schedule import WorkersLost, balanced_groups, run_rounds
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
 _SPLIT = float(1 << 24)  # a count travels as hi·2^24 + lo, both exact in float32
@@ -223,8 +223,8 @@ class LDAProgram:
 
     # -- the documents this worker holds ---------------------------------------------------------------
     def _hold(self, parts: list[int], fresh: bool) -> None:
-        """Take ``parts``: their tokens, and their topics (drawn at random if ``fresh``,
-        else the owner's last snapshot)."""
+        """Take ``parts``: their tokens, and their topics (drawn at random if ``fresh`` or
+        if the part was never saved, else its owner's last snapshot)."""
         K = self.cfg.topics
         words, docs, lens, zs = [], [], [], []
         offset = 0
@@ -234,7 +234,7 @@ class LDAProgram:
                 docs.append(f["docs"] + offset)
                 lens.append(f["doc_len"])
                 offset += f["doc_len"].size
-            if fresh:
+            if fresh or not os.path.exists(self._snapshot(p)):
                 rng = np.random.default_rng([self.cfg.seed, p])
                 zs.append(rng.integers(0, K, words[-1].size).astype(np.int32))
             else:
@@ -275,22 +275,57 @@ class LDAProgram:
     def _snapshot(self, part: int) -> str:
         return os.path.join(self.scratch, f"z-{part}.npy")
 
-    def start(self) -> None:
-        """Push this worker's counts, then wait for everyone's: the rounds start from a
-        consistent table."""
+    def start(self, region: int = 1) -> None:
+        """Add this worker's counts to the servers' table, then wait for everyone's and
+        take the topic totals: the rounds start from a consistent table."""
         words, rows, nk = self._counts()
         self.client.push(WORD_TOPIC, words, rows.astype(np.float32), op="add", distinct=True).result(timeout=600)
-        self._exchange(-1, nk, base=np.zeros_like(nk))
+        self._exchange(region, nk, base=np.zeros_like(nk))
 
-    def _exchange(self, round_: int, mine: np.ndarray, base: np.ndarray) -> None:
-        """n_k = base + every live worker's ``mine`` (through slot round mod 2, which no
-        worker can reuse before all have read it: a BSP barrier lies between)."""
-        slot = (round_ % 2) * self.parts
+    def _exchange(self, region: int, mine: np.ndarray, base: np.ndarray) -> None:
+        """n_k = base + every live worker's ``mine``, through this worker's slot in
+        ``region`` (a round uses region round mod 2, which no worker reuses before all
+        have read it: a BSP barrier lies between)."""
+        slot = region * self.parts
         self.client.push(TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(mine)[None], op="assign",
                          distinct=True).result(timeout=600)
-        self.client.barrier(timeout_s=600)
+        self._barrier()
         rows = self.client.pull(TOPIC_DELTA, np.array([slot + r for r in self.live], np.uint64)).result(timeout=600)
         self.nk = base + decode(rows).sum(0)
+
+    def _barrier(self) -> None:
+        present = self.client.barrier(timeout_s=600)
+        if present and present != self.live:
+            raise WorkersLost(f"worker(s) {sorted(set(self.live) - set(present))} died while the LDA workers were "
+                              "rebuilding the counts; run again")
+
+    def _save(self) -> None:
+        """The restart point of this worker's parts, should it die."""
+        for p in self.held:
+            np.save(self._snapshot(p) + ".tmp.npy", self._part_z(p))
+            os.replace(self._snapshot(p) + ".tmp.npy", self._snapshot(p))
+        self._saved = time.monotonic()
+
+    def regroup(self, round_: int, live: list[int]) -> None:
+        """Workers died: deal their documents to the survivors and rebuild the counts.
+
+        Every survivor saves its parts' topics; the parts are dealt again (part p to
+        ``live[p mod len(live)]``), a dead worker's from its last snapshot (a fresh draw if
+        it never saved one); then the lowest rank zeroes the word-topic table, each
+        survivor adds its parts' counts, and the topic totals are exchanged whole.  Every
+        count on the servers is then that of the topics the survivors hold, whatever the
+        dead worker had pushed of its last round."""
+        self._pending_nk, self._pending_blocks = None, ([], [])
+        self._save()
+        self.live = live
+        self._barrier()  # every part's latest topics are on disk
+        self._hold(self._parts_of(self.rank), fresh=False)
+        if self.rank == live[0]:
+            zeros = np.zeros((self.V, self.cfg.topics), np.float32)
+            self.client.push(WORD_TOPIC, np.arange(self.V, dtype=np.uint64), zeros, op="assign",
+                             distinct=True).result(timeout=600)
+        self._barrier()
+        self.start(region=2)  # not a round's region: those may still be read
 
     # -- the scheduled program -------------------------------------------------------------------------
     def converged(self, round_: int) -> bool:
@@ -340,12 +375,8 @@ class LDAProgram:
         if round_ + 1 < self.rounds:
             nxt = self.schedule(round_ + 1, len(self.live))[self.live.index(self.rank)].tolist()
             self._pending_blocks = (nxt, [self.client.pull(WORD_TOPIC, self.block_words[b]) for b in nxt])
-        if time.monotonic() - self._saved < SNAPSHOT_S:
-            return
-        self._saved = time.monotonic()
-        for p in self.held:  # the restart point of this worker's parts, should it die
-            np.save(self._snapshot(p) + ".tmp.npy", self._part_z(p))
-            os.replace(self._snapshot(p) + ".tmp.npy", self._snapshot(p))
+        if time.monotonic() - self._saved >= SNAPSHOT_S:
+            self._save()
 
     def finish(self) -> None:
         """Take the last round's topic totals (for the report)."""
@@ -371,7 +402,7 @@ def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDACo
     program.start()
     stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=program.rounds)
     program.finish()
-    return {"rank": client.rank, "rounds": stats.rounds, "sampled": program.sampled,
+    return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups, "sampled": program.sampled,
             "doc_loglik": program.doc_loglik(), "docs": int(program.doc_len.size),
             "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}
 
@@ -414,9 +445,9 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
         paths = write_parts(scratch, corpus, word_block, workers)
         client = cluster.client
         client.create_table(WORD_TOPIC, dim=K, optimizer="sgd", key_bits=max(int(V - 1).bit_length(), 1))
-        client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd", key_bits=max(int(2 * workers).bit_length(), 1))
+        client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd", key_bits=max(int(3 * workers).bit_length(), 1))
         t_sample = time.perf_counter()
-        per_worker = cluster.run(lda_worker, paths, word_block, cfg, V, scratch)
+        per_worker, lost = cluster.run_elastic(lda_worker, paths, word_block, cfg, V, scratch)
         t_sample = time.perf_counter() - t_sample
         keys, rows = client.export_table(WORD_TOPIC)
     n_kw = np.zeros((K, V), np.int64)
@@ -432,7 +463,8 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
               "vocabulary": V, "token_iterations": token_iterations, "seconds": seconds,
               "sampling_seconds": t_sample, "token_iterations_per_s": token_iterations / seconds,
               "counts_consistent": bool(n_kw.sum() == corpus.tokens and (n_kw.sum(0) == freq).all()),
-              "workers": workers, "servers": servers, **asdict(cfg), "phase_seconds": per_worker[0]["phase_seconds"]}
+              "workers": workers, "servers": servers, "workers_lost": lost, **asdict(cfg),
+              "phase_seconds": per_worker[0]["phase_seconds"]}
     if metrics_out:
         write_text(metrics_out, json.dumps(report, indent=1))
     return report

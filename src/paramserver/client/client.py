@@ -398,11 +398,12 @@ class Client:
                             (), _log_failure)
         return clock
 
-    def barrier(self, timeout_s: float | None = None) -> None:
-        """Block until every live worker has called ``barrier``."""
+    def barrier(self, timeout_s: float | None = None) -> list[int]:
+        """Block until every live worker has called ``barrier``; the ranks of those workers
+        (every one released from a barrier gets the same list: a dead worker is missing)."""
         if self.role != "worker":
             raise ConfigError("only workers take part in barriers (this client is a driver)")
-        self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s)
+        return list(self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s).get("workers", []))
 
     # ---- data shards (the task scheduler): client.job --------------------------------
     def _resync_clock(self) -> None:

@@ -26,6 +26,10 @@ class Barrier:
         """A worker left or died: it no longer waits."""
         self.waiting = [b for b in self.waiting if b[2] != node_id]
 
+    def here(self) -> set[int]:
+        """The worker node ids waiting now."""
+        return {b[2] for b in self.waiting}
+
     def release(self, size: int) -> list[tuple[bytes, Any]]:
         """The requests to answer now (``size`` workers take part): all of them once that
         many distinct workers are there, else none."""

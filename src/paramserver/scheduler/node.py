@@ -548,8 +548,13 @@ class SchedulerNode:
             logger.warning("%s", line)
 
     def _maybe_release_barrier(self) -> None:
-        for identity, request_id in self.barrier.release(self._barrier_size()):
-            self.sock.send(encode({"op": Op.OK.value, "id": request_id}), identity)
+        """Answer a complete barrier; each answer names the ranks that took part (the live
+        workers), so that a program in rounds learns who is gone at the same point."""
+        here = self.barrier.here()
+        released = self.barrier.release(self._barrier_size())
+        ranks = sorted(self.nodes[n].rank for n in here if n in self.nodes) if released else []
+        for identity, request_id in released:
+            self.sock.send(encode({"op": Op.OK.value, "id": request_id, "workers": ranks}), identity)
 
     def on_shutdown(self, identity: bytes, msg: Message) -> None:
         logger.info("shutdown requested: stopping %d node(s)", len(self.nodes))

@@ -1,0 +1,129 @@
+"""``paramserver lda`` end to end (issue 15): the counts on the servers stay those of the
+corpus (Σ_k n_wk = each word's count) through a worker's SIGKILL mid-run, the survivors
+taking its documents over; topic_word.npy and the metrics are as documented; the sampler
+finds planted topics; bad flags and corpora are refused before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from paramserver.apps.lda import TOPIC_DELTA, WORD_TOPIC, LDAConfig, lda_worker, write_parts
+from paramserver.cluster.local import LocalCluster
+from paramserver.data.corpus import read_corpus
+from paramserver.schedule import balanced_groups
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _cli(*args, check=True):
+    run = subprocess.run([sys.executable, "-m", "paramserver", "lda", *args], capture_output=True, text=True,
+                         timeout=200)
+    if check:
+        assert run.returncode == 0, run.stderr
+    return run
+
+
+def _planted(path, docs=300, length=60, topics=4, words_per_topic=25, seed=2):
+    """Documents that each mix two of ``topics`` disjoint word sets; LDA-C."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for _ in range(docs):
+            a, b = rng.choice(topics, 2, replace=False)
+            w = np.where(rng.random(length) < 0.7, a, b) * words_per_topic + rng.integers(0, words_per_topic, length)
+            u, c = np.unique(w, return_counts=True)
+            f.write(f"{u.size} " + " ".join(f"{x}:{y}" for x, y in zip(u.tolist(), c.tolist())) + "\n")
+    return path
+
+
+def _wait_for(cond, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path):
+    corpus = read_corpus(_planted(tmp_path / "c.ldac", docs=400, length=80))
+    V, workers = corpus.vocabulary, 3
+    freq = np.bincount(corpus.words, minlength=V)
+    cfg = LDAConfig(topics=6, iterations=400)
+    word_block = balanced_groups(freq, workers)
+    with tempfile.TemporaryDirectory() as scratch, \
+            LocalCluster(servers=1, workers=workers, log_level="WARNING", heartbeat_interval_s=0.1,
+                         heartbeat_timeout_s=1.0) as cluster:
+        paths = write_parts(scratch, corpus, word_block, workers)
+        cluster.client.create_table(WORD_TOPIC, dim=cfg.topics, key_bits=8)
+        cluster.client.create_table(TOPIC_DELTA, dim=2 * cfg.topics, key_bits=4)
+        out: dict = {}
+        runner = threading.Thread(target=lambda: out.update(zip(("results", "lost"), cluster.run_elastic(
+            lda_worker, paths, word_block, cfg, V, scratch))))
+        runner.start()
+        _wait_for(lambda: os.path.exists(os.path.join(scratch, "z-1.npy")))  # worker 1 is in its rounds
+        cluster.kill("worker-1")
+        runner.join(timeout=200)
+        assert not runner.is_alive()
+        keys, rows = cluster.client.export_table(WORD_TOPIC)
+    assert len(out["lost"]) == 1 and "worker-1" in out["lost"][0]
+    results = out["results"]
+    assert sorted(r["rank"] for r in results) == [0, 2] and all(r["regroups"] == 1 for r in results)
+    assert sum(r["docs"] for r in results) == corpus.docs  # the survivors hold every document now
+    n_wk = np.zeros((V, cfg.topics))
+    n_wk[keys.astype(np.int64)] = rows
+    np.testing.assert_array_equal(n_wk.sum(1), freq)  # Σ_k n_wk = the word's count, for every word
+    assert n_wk.sum() == corpus.tokens and (n_wk >= 0).all()
+
+
+def test_finds_planted_topics_and_writes_what_it_says(tmp_path):
+    path = _planted(tmp_path / "c.ldac")
+    out, metrics = tmp_path / "model", tmp_path / "m.json"
+    run = _cli("--data", str(path), "--topics", "4", "--iterations", "100", "--save", str(out), "--metrics-out",
+               str(metrics))
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report == json.loads(metrics.read_text())
+    n_kw = np.load(out / "topic_word.npy")
+    corpus = read_corpus(str(path))
+    assert n_kw.shape == (4, corpus.vocabulary) and n_kw.sum() == corpus.tokens
+    np.testing.assert_array_equal(n_kw.sum(0), np.bincount(corpus.words, minlength=corpus.vocabulary))
+    # each topic is one planted word set: nearly all of its mass in one block of 25 words
+    mass = n_kw.reshape(4, 4, 25).sum(2) / n_kw.sum(1, keepdims=True)
+    assert (mass.max(1) > 0.9).all() and sorted(mass.argmax(1).tolist()) == [0, 1, 2, 3]
+    assert report["tokens"] == corpus.tokens and report["token_iterations"] == 100 * corpus.tokens
+    assert report["counts_consistent"] and report["workers_lost"] == []
+    assert -np.log(100) < report["log_likelihood_per_token"] < 0
+
+
+def test_unscheduled_mode_keeps_the_counts_too(tmp_path):
+    path = _planted(tmp_path / "c.ldac", docs=100)
+    run = _cli("--data", str(path), "--topics", "4", "--iterations", "20", "--schedule", "none")
+    assert json.loads(run.stdout.strip().splitlines()[-1])["counts_consistent"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--topics", "1"], "--topics must be"),
+    (["--iterations", "0"], "--iterations must be"),
+    (["--alpha", "0"], "--alpha must be"),
+    (["--beta", "-1"], "--beta must be"),
+    (["--save", "FILE"], "is a file"),
+])
+def test_bad_flags_are_refused_before_any_work(tmp_path, args, message):
+    path = _planted(tmp_path / "c.ldac", docs=20)
+    (tmp_path / "file").write_text("x")
+    args = [a.replace("FILE", str(tmp_path / "file")) for a in args]
+    run = _cli("--data", str(path), *args, check=False)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_malformed_line_is_named(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_text("2\n5\n3\n1 1 2\n1 4 1\n2 9 1\n")
+    run = _cli("--data", str(path), check=False)
+    assert run.returncode == 2 and f"{path}:6:" in run.stderr and "word in [1, V]" in run.stderr

@@ -1,0 +1,109 @@
+"""``paramserver lda``'s pieces (issue 15): the sampler draws from the collapsed Gibbs
+conditional and keeps its counts; counts travel exactly; the corpus readers take UCI
+docword and LDA-C and name the file and line of a bad one."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from paramserver.apps.lda import _doc_lists, _sample, _seed, decode, encode
+from paramserver.data.corpus import read_corpus
+from paramserver.data.reader import DataError
+
+
+def test_one_draw_follows_the_collapsed_conditional():
+    K, V, alpha, beta = 5, 7, 0.3, 0.05
+    rng = np.random.default_rng(0)
+    # one document of 12 tokens; the token sampled is the first (word 3, topic 2)
+    words = np.r_[3, rng.integers(0, V, 11)].astype(np.int32)
+    z0 = np.r_[2, rng.integers(0, K, 11)].astype(np.int32)
+    others = rng.integers(0, 40, (V, K)).astype(np.int32)  # other documents' counts
+    nwk0 = others.copy()
+    np.add.at(nwk0, (words, z0), 1)
+    nk0 = nwk0.sum(0).astype(np.int64)
+    # the conditional with the token removed
+    ndk = np.bincount(z0[1:], minlength=K)
+    nw = nwk0[3].copy()
+    nw[2] -= 1
+    nk = nk0.copy()
+    nk[2] -= 1
+    p = (ndk + alpha) * (nw + beta) / (nk + V * beta)
+    p /= p.sum()
+    draws = 40_000
+    counts = np.zeros(K)
+    _seed(7)
+    for _ in range(draws):
+        z = z0.copy()
+        nwk, nk_ = nwk0[[3]].copy(), nk0.copy()
+        ndk_ = np.zeros((1, K), np.int32)
+        doff, dcnt, dtop = np.array([0, K]), np.zeros(1, np.int32), np.zeros(K, np.int32)
+        docs = np.zeros(12, np.int32)
+        _doc_lists(docs, z, ndk_, dtop, doff, dcnt)
+        _sample(np.array([0]), np.array([0, 1]), 0, 1, docs, z, nwk, nk_, ndk_, dtop, doff, dcnt, alpha, beta,
+                V * beta, np.zeros(K), np.zeros(K))
+        counts[z[0]] += 1
+        # the counts moved with the token
+        assert nwk[0].sum() == nwk0[3].sum() and nk_.sum() == nk0.sum() and ndk_.sum() == 12
+        assert nwk[0, z[0]] - nwk0[3, z[0]] == (0 if z[0] == 2 else 1)
+        assert sorted(dtop[:dcnt[0]].tolist()) == np.flatnonzero(ndk_[0]).tolist()
+    expected = p * draws
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5, (counts, expected)  # 4 degrees of freedom: p ≈ 0.0004
+
+
+def test_counts_travel_exactly_through_float32_halves():
+    counts = np.array([0, 1, -1, (1 << 24) + 1, (1 << 40) + 12345, -(1 << 30) - 7], np.int64)
+    halves = encode(counts)
+    assert halves.dtype == np.float32
+    np.testing.assert_array_equal(decode(halves[None])[0], counts)
+
+
+@pytest.mark.parametrize("text,fmt", [
+    ("3\n5\n4\n1 2 3\n1 5 1\n3 1 2\n3 2 1\n", "uci"),
+    ("2 1:3 4:1\n0\n2 0:2 1:1\n", "ldac"),
+])
+def test_readers_give_the_same_tokens(tmp_path, text, fmt):
+    path = tmp_path / ("c.txt.gz" if fmt == "uci" else "c.ldac")
+    if fmt == "uci":
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    c = read_corpus(str(path))
+    assert c.docs == 3 and c.tokens == 7
+    np.testing.assert_array_equal(c.doc_ptr, [0, 4, 4, 7])
+    np.testing.assert_array_equal(c.words, [1, 1, 1, 4, 0, 0, 1])
+    assert c.vocabulary == 5  # V from the header; the largest word + 1 for LDA-C
+
+
+@pytest.mark.parametrize("text,line,what", [
+    ("2\n5\n2\n1 2 3\n1 x 1\n", 5, "not a whole number"),
+    ("2\n5\n2\n1 2 3\n3 1 1\n", 5, "doc must be in [1, D]"),
+    ("2\n5\n2\n2 2 3\n1 1 1\n", 5, "must not go down"),
+    ("2\n5\n2\n1 2 0\n1 1 1\n", 4, "count >= 1"),
+    ("2\n5\n2\n1 2\n", 4, "three whole numbers"),
+    ("2 1:3 4:1\n3 1:1 2:2\n", 2, "N (the first number)"),
+    ("2 1:3 4:1\n1 1-1\n", 2, "word:count"),
+    ("2 1:3 4:1\n1 -1:1\n", 2, "word ids must be >= 0"),
+])
+def test_readers_name_the_file_line_and_rule(tmp_path, text, line, what):
+    path = tmp_path / "c.txt"
+    path.write_text(text)
+    with pytest.raises(DataError) as err:
+        read_corpus(str(path))
+    assert f"{path}:{line}:" in str(err.value) and what in str(err.value)
+
+
+@pytest.mark.parametrize("text,what", [
+    ("", "is empty"),
+    ("two\n5\n1\n1 1 1\n", "not a UCI docword header"),
+    ("2\n5\n3\n1 1 1\n", "NNZ=3"),
+])
+def test_readers_refuse_bad_headers(tmp_path, text, what):
+    path = tmp_path / "c.txt"
+    path.write_text(text)
+    with pytest.raises(DataError, match=what):
+        read_corpus(str(path))
