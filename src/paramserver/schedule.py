@@ -112,6 +112,20 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
     return stats
 
 
+def adopt(owner: list[int], live: list[int]) -> list[int]:
+    """Who holds each part once only ``live`` are left: a survivor keeps its parts; each
+    part of a dead worker goes, in order, to the survivor holding fewest (the lowest
+    rank on a tie).  Deterministic, so every survivor computes the same."""
+    out = list(owner)
+    load = {w: sum(o == w for o in owner) for w in live}
+    for p, o in enumerate(owner):
+        if o not in load:
+            heir = min(live, key=lambda w: (load[w], w))
+            out[p] = heir
+            load[heir] += 1
+    return out
+
+
 @njit(nogil=True, cache=True)
 def _lightest_first(order, counts, parts):  # type: ignore[no-untyped-def]
     group = np.empty(order.shape[0], np.int64)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -44,18 +43,32 @@ def _planted(path, docs=300, length=60, topics=4, words_per_topic=25, seed=2):
     return path
 
 
-def _wait_for(cond, timeout_s=60.0):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+def _dies_mid_push(client, victim, round_, worker, *args):
+    """Run ``worker``; rank ``victim`` sends half of one round's count changes, then is
+    SIGKILLed: the servers hold a round half applied."""
+    from paramserver.apps.lda import LDAProgram
+
+    if client.rank == victim:
+        update = LDAProgram.update
+
+        def dying(self, r, mine):
+            pushes = update(self, r, mine)
+            if r == round_:
+                table, keys, values, op = pushes[0]
+                half = len(keys) // 2
+                assert half > 0
+                client.push(table, keys[:half], values[:half], op=op, distinct=True).result(timeout=60)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return pushes
+        LDAProgram.update = dying
+    return worker(client, *args)
 
 
 def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path):
     corpus = read_corpus(_planted(tmp_path / "c.ldac", docs=400, length=80))
     V, workers = corpus.vocabulary, 3
     freq = np.bincount(corpus.words, minlength=V)
-    cfg = LDAConfig(topics=6, iterations=400)
+    cfg = LDAConfig(topics=6, iterations=30)
     word_block = balanced_groups(freq, workers)
     with tempfile.TemporaryDirectory() as scratch, \
             LocalCluster(servers=1, workers=workers, log_level="WARNING", heartbeat_interval_s=0.1,
@@ -63,19 +76,12 @@ def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path):
         paths = write_parts(scratch, corpus, word_block, workers)
         cluster.client.create_table(WORD_TOPIC, dim=cfg.topics, key_bits=8)
         cluster.client.create_table(TOPIC_DELTA, dim=2 * cfg.topics, key_bits=4)
-        out: dict = {}
-        runner = threading.Thread(target=lambda: out.update(zip(("results", "lost"), cluster.run_elastic(
-            lda_worker, paths, word_block, cfg, V, scratch))))
-        runner.start()
-        _wait_for(lambda: os.path.exists(os.path.join(scratch, "z-1.npy")))  # worker 1 is in its rounds
-        cluster.kill("worker-1")
-        runner.join(timeout=200)
-        assert not runner.is_alive()
+        results, lost = cluster.run_elastic(_dies_mid_push, 1, 20, lda_worker, paths, word_block, cfg, V, scratch)
         keys, rows = cluster.client.export_table(WORD_TOPIC)
-    assert len(out["lost"]) == 1 and "worker-1" in out["lost"][0]
-    results = out["results"]
+    assert len(lost) == 1 and "died" in lost[0]
     assert sorted(r["rank"] for r in results) == [0, 2] and all(r["regroups"] == 1 for r in results)
     assert sum(r["docs"] for r in results) == corpus.docs  # the survivors hold every document now
+    assert sum(r["rounds"] for r in results) == 2 * cfg.iterations * workers  # and finished every round
     n_wk = np.zeros((V, cfg.topics))
     n_wk[keys.astype(np.int64)] = rows
     np.testing.assert_array_equal(n_wk.sum(1), freq)  # Σ_k n_wk = the word's count, for every word

@@ -11,7 +11,7 @@ import pytest
 from paramserver.apps.mf import _predict, _sgd, layout, write_strata
 from paramserver.data.ratings import read_ratings
 from paramserver.data.reader import DataError
-from paramserver.schedule import balanced_groups
+from paramserver.schedule import adopt, balanced_groups
 
 
 def test_one_sgd_step_is_numpys_gradient_step():
@@ -115,3 +115,10 @@ def test_reader_refuses_an_empty_file(tmp_path):
     path.write_text("userId,movieId,rating,timestamp\n")
     with pytest.raises(DataError, match="no ratings"):
         read_ratings(str(path))
+
+
+def test_a_dead_workers_parts_go_to_the_least_loaded_survivors_and_the_rest_stay():
+    assert adopt([0, 1, 2, 3], [0, 2, 3]) == [0, 0, 2, 3]
+    assert adopt([0, 1, 2, 3], [0, 3]) == [0, 0, 3, 3]  # 1 to 0 (tie, lower rank), then 2 to 3 (fewer)
+    assert adopt([0, 0, 1, 2], [1, 2]) == [1, 2, 1, 2]
+    assert adopt([0, 1], [0, 1]) == [0, 1]

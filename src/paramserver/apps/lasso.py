@@ -201,6 +201,7 @@ class LassoProgram:
 
     def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int):
         self.client, self.m, self.cfg, self.rank, self.workers = client, m, cfg, rank, workers
+        self.slot = rank  # this worker's place among the live ones
         n, d = m.shape
         self.n = n
         self.col_sq = np.add.reduceat(np.r_[m.values ** 2, 0.0], m.colptr[:-1]) if m.nnz else np.zeros(d)
@@ -305,12 +306,20 @@ class LassoProgram:
         delta = pulled - self.w[changed]
         _apply(self.m.colptr, self.m.rows, self.m.values, changed, delta, self.r)
         start = self.w[changed]  # where the round started: this worker's own coordinates moved already
-        mine = np.isin(changed, assignment[self.rank])
+        mine = np.isin(changed, assignment[self.slot])
         start[mine] = self._before
         self.w[changed] = pulled
         # the priorities come from pulled values only, so that every worker computes the same schedule
         self.moved[changed] = np.abs(pulled - start)
         self.updates += changed.size * self.cfg.sweeps
+
+
+    def regroup(self, round_: int, live: list[int]) -> None:
+        """Workers died: deal to the survivors from now on, and check at once (every worker
+        takes the servers' coefficients whole, whatever the dead one pushed last)."""
+        self.workers, self.slot = len(live), live.index(self.rank)
+        self.acc = np.zeros((self.workers, self.n))
+        self.next_check = round_ + 1
 
 
 def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, workers: int) -> dict[str, Any]:
@@ -320,11 +329,11 @@ def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, work
     m = read_libsvm_matrix(path, n_features)
     program = LassoProgram(client, m, cfg, client.rank, workers)
     stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=cfg.max_rounds)
-    return {"rank": client.rank, "rounds": stats.rounds, "scheduled": stats.scheduled,
+    return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups, "scheduled": stats.scheduled,
             "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()},
             "updates": program.updates, "objective": program.primal, "gap": program.gap, "checks": program.checks,
             "converged": program.solved, "stalled": program.stalled,
-            "history": program.history if client.rank == 0 else None}
+            "history": program.history}
 
 
 def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: float, schedule: str,
@@ -363,13 +372,13 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
             as cluster:
         client = cluster.client
         client.create_table(TABLE, dim=1, optimizer="sgd", key_bits=bits, block_size=block)
-        per_worker = cluster.run(lasso_worker, data, d, cfg, workers)
+        per_worker, lost = cluster.run_elastic(lasso_worker, data, d, cfg, workers)
         keys, values = client.export_table(TABLE)
     w = np.zeros(d)
     inside = keys < d
     w[keys[inside].astype(np.int64)] = values[inside, 0]
     seconds = time.perf_counter() - t0
-    head = next(r for r in per_worker if r["rank"] == 0)
+    head = min(per_worker, key=lambda r: r["rank"])
     r = _residual(m.colptr, m.rows, m.values, m.y, w)
     primal, gap = duality_gap(m, w, r, _xtr(m.colptr, m.rows, m.values, r), cfg.lam)
     if head["objective"] == primal:  # the workers' last check saw these coefficients: their gap (with the
@@ -379,7 +388,8 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
               "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"]),
               "stalled": bool(head["stalled"]), "phase_seconds": head["phase_seconds"],
               "lambda": cfg.lam, "lambda_max": lmax, "rows": n, "features": d, "workers": workers,
-              "servers": servers, "schedule": schedule, "tol": tol, "history": head["history"]}
+              "servers": servers, "workers_lost": lost, "schedule": schedule, "tol": tol,
+              "history": head["history"]}
     if save:
         import os
 

@@ -37,7 +37,7 @@ from numba import njit
 
 from paramserver.data.corpus import Corpus, read_corpus
 from paramserver.errors import ConfigError
-from paramserver.schedule import WorkersLost, balanced_groups, run_rounds
+from paramserver.schedule import WorkersLost, adopt, balanced_groups, run_rounds
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
 _SPLIT = float(1 << 24)  # a count travels as hi·2^24 + lo, both exact in float32
@@ -205,7 +205,7 @@ class LDAProgram:
                  rank: int, workers: int, scratch: str):
         self.client, self.paths, self.cfg, self.V = client, paths, cfg, vocabulary
         self.rank, self.parts, self.scratch = rank, len(paths), scratch
-        self.live = list(range(workers))
+        self.live, self.owner = list(range(workers)), list(range(workers))  # part p is held by owner[p]
         blocks = len(paths)
         self.block_words = [np.flatnonzero(word_block == b).astype(np.uint64) for b in range(blocks)]
         self.word_block = word_block
@@ -309,15 +309,15 @@ class LDAProgram:
     def regroup(self, round_: int, live: list[int]) -> None:
         """Workers died: deal their documents to the survivors and rebuild the counts.
 
-        Every survivor saves its parts' topics; the parts are dealt again (part p to
-        ``live[p mod len(live)]``), a dead worker's from its last snapshot (a fresh draw if
-        it never saved one); then the lowest rank zeroes the word-topic table, each
+        Every survivor saves its parts' topics and keeps them; a dead worker's parts go to
+        the survivors (``schedule.adopt``), from its last snapshot (a fresh draw if it
+        never saved one); then the lowest rank zeroes the word-topic table, each
         survivor adds its parts' counts, and the topic totals are exchanged whole.  Every
         count on the servers is then that of the topics the survivors hold, whatever the
         dead worker had pushed of its last round."""
         self._pending_nk, self._pending_blocks = None, ([], [])
         self._save()
-        self.live = live
+        self.live, self.owner = live, adopt(self.owner, live)
         self._barrier()  # every part's latest topics are on disk
         self._hold(self._parts_of(self.rank), fresh=False)
         if self.rank == live[0]:
@@ -339,8 +339,7 @@ class LDAProgram:
         return [np.array([(p + round_) % self.parts for p in self._parts_of(r)], np.int64) for r in self.live]
 
     def _parts_of(self, rank: int) -> list[int]:
-        """Part p is held by live worker ``live[p mod len(live)]``."""
-        return [p for p in range(self.parts) if self.live[p % len(self.live)] == rank]
+        return [p for p in range(self.parts) if self.owner[p] == rank]
 
     def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
         cfg = self.cfg

@@ -32,7 +32,7 @@ from numba import njit
 
 from paramserver.data.ratings import read_ratings
 from paramserver.errors import ConfigError
-from paramserver.schedule import balanced_groups, run_rounds
+from paramserver.schedule import adopt, balanced_groups, run_rounds
 
 USERS, ITEMS = "mf/users", "mf/items"
 
@@ -143,56 +143,97 @@ def write_strata(folder: str, u: np.ndarray, i: np.ndarray, r: np.ndarray, lay: 
     return paths
 
 
-class MFProgram:
-    """One worker's side of the block rotation (see the module's doc)."""
+@dataclass
+class _Part:
+    """One user group: its ratings by item block (``start``) and its user rows."""
 
-    def __init__(self, client: Any, path: str, cfg: MFConfig, mu: float, user_start: np.ndarray,
-                 item_start: np.ndarray, rank: int, workers: int):
-        self.client, self.cfg, self.mu, self.rank, self.workers = client, cfg, mu, rank, workers
-        with np.load(path) as z:
-            self.users, self.items, self.ratings, self.start = z["users"], z["items"], z["ratings"], z["start"]
-        self.item_start = item_start
-        lo, hi = int(user_start[rank]), int(user_start[rank + 1])
-        self.user_keys = np.arange(lo, hi, dtype=np.uint64)
-        rng = np.random.default_rng([cfg.seed, rank])
-        self.P = np.zeros((hi - lo, cfg.rank + 1), np.float32)
-        self.P[:, :cfg.rank] = rng.normal(0.0, cfg.init_std, (hi - lo, cfg.rank))
-        self.rounds = cfg.epochs * workers
+    users: np.ndarray
+    items: np.ndarray
+    ratings: np.ndarray
+    start: np.ndarray
+    keys: np.ndarray  # uint64: its rows of mf/users
+    P: np.ndarray  # float32[users, rank + 1]
+
+
+class MFProgram:
+    """One worker's side of the block rotation (see the module's doc).  Part (user group)
+    p is held by worker ``owner[p]`` (p itself until workers die) and takes item block
+    ``(p + round) mod W`` in a round: two parts never share a block."""
+
+    def __init__(self, client: Any, paths: list[str], cfg: MFConfig, mu: float, user_start: np.ndarray,
+                 item_start: np.ndarray, rank: int):
+        self.client, self.cfg, self.mu, self.rank = client, cfg, mu, rank
+        self.paths, self.W = paths, len(paths)
+        self.user_start, self.item_start = user_start, item_start
+        self.live, self.owner = list(range(self.W)), list(range(self.W))
+        self.rounds = cfg.epochs * self.W
+        self.held = {rank: self._load(rank, None)}
         self.sse, self.seen, self.train_rmse = 0.0, 0, math.nan
+
+    def _load(self, part: int, P: np.ndarray | None) -> _Part:
+        with np.load(self.paths[part]) as z:
+            users, items, ratings, start = z["users"], z["items"], z["ratings"], z["start"]
+        lo, hi = int(self.user_start[part]), int(self.user_start[part + 1])
+        if P is None or not P.any():  # never trained (or never pushed): the part's own initial draw
+            P = np.zeros((hi - lo, self.cfg.rank + 1), np.float32)
+            P[:, :self.cfg.rank] = np.random.default_rng([self.cfg.seed, part]).normal(
+                0.0, self.cfg.init_std, (hi - lo, self.cfg.rank))
+        return _Part(users, items, ratings, start, np.arange(lo, hi, dtype=np.uint64), P)
+
+    def _parts_of(self, rank: int) -> list[int]:
+        return [p for p in range(self.W) if self.owner[p] == rank]
 
     def converged(self, round_: int) -> bool:
         return round_ >= self.rounds
 
     def schedule(self, round_: int, workers: int) -> list[np.ndarray]:
-        return [np.array([(q + round_) % workers], np.int64) for q in range(workers)]
+        return [np.array([(p + round_) % self.W for p in self._parts_of(r)], np.int64) for r in self.live]
 
     def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
-        b = int(mine[0])
-        keys = np.arange(self.item_start[b], self.item_start[b + 1], dtype=np.uint64)
-        Q = self.client.pull(ITEMS, keys).result(timeout=600)
-        lo, hi = self.start[b], self.start[b + 1]
-        self.sse += _sgd(self.users[lo:hi], self.items[lo:hi], self.ratings[lo:hi], self.P, Q, self.mu,
-                         self.cfg.lr, self.cfg.reg, self.cfg.reg_bias)
-        self.seen += int(hi - lo)
-        pushes = [(ITEMS, keys, Q, "assign")]
-        if (round_ + 1) % self.workers == 0:  # an epoch ends: the user rows go to the servers too
-            pushes.append((USERS, self.user_keys, self.P, "assign"))
+        parts = self._parts_of(self.rank)
+        keys = [np.arange(self.item_start[b], self.item_start[b + 1], dtype=np.uint64) for b in mine.tolist()]
+        pulls = [self.client.pull(ITEMS, k) for k in keys]
+        pushes = []
+        for p, b, k, future in zip(parts, mine.tolist(), keys, pulls):
+            part, Q = self.held[p], future.result(timeout=600)
+            lo, hi = part.start[b], part.start[b + 1]
+            self.sse += _sgd(part.users[lo:hi], part.items[lo:hi], part.ratings[lo:hi], part.P, Q, self.mu,
+                             self.cfg.lr, self.cfg.reg, self.cfg.reg_bias)
+            self.seen += int(hi - lo)
+            pushes.append((ITEMS, k, Q, "assign"))
+            if (round_ + 1) % self.W == 0:  # an epoch ends: the user rows go to the servers too
+                pushes.append((USERS, part.keys, part.P, "assign"))
         return pushes
 
     def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None:
-        if (round_ + 1) % self.workers == 0:
+        if (round_ + 1) % self.W == 0:
             self.train_rmse = math.sqrt(self.sse / max(self.seen, 1))
             self.sse, self.seen = 0.0, 0
+
+    def regroup(self, round_: int, live: list[int]) -> None:
+        """Workers died: take over their user groups, with the user rows they last pushed
+        (at an epoch's end; their own initial draw if none yet).  The item rows on the
+        servers are whatever the dead pushed last: SGD carries on from there."""
+        self.live, self.owner = live, adopt(self.owner, live)
+        for p in self._parts_of(self.rank):
+            if p not in self.held:
+                lo, hi = int(self.user_start[p]), int(self.user_start[p + 1])
+                P = self.client.pull(USERS, np.arange(lo, hi, dtype=np.uint64)).result(timeout=600)
+                self.held[p] = self._load(p, P)
+        self.observe(round_, [])
+
+    @property
+    def ratings_held(self) -> int:
+        return sum(int(p.ratings.size) for p in self.held.values())
 
 
 def mf_worker(client: Any, paths: list[str], cfg: MFConfig, mu: float, user_start: np.ndarray,
               item_start: np.ndarray) -> dict[str, Any]:
-
-    workers = len(paths)
-    program = MFProgram(client, paths[client.rank], cfg, mu, user_start, item_start, client.rank, workers)
-    stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=program.rounds)
-    return {"rank": client.rank, "rounds": stats.rounds, "ratings": int(program.ratings.size),
-            "train_rmse": program.train_rmse, "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}
+    program = MFProgram(client, paths, cfg, mu, user_start, item_start, client.rank)
+    stats = run_rounds(client, program, rank=client.rank, workers=len(paths), max_rounds=program.rounds)
+    return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups,
+            "ratings": program.ratings_held, "train_rmse": program.train_rmse,
+            "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}
 
 
 def _dense(ids: np.ndarray, known: np.ndarray) -> np.ndarray:
@@ -248,7 +289,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
         client.push(ITEMS, np.arange(item_ids.size, dtype=np.uint64), init, op="assign",
                     distinct=True).result(timeout=600)
         t_train = time.perf_counter()
-        per_worker = cluster.run(mf_worker, paths, cfg, mu, lay.user_start, lay.item_start)
+        per_worker, lost = cluster.run_elastic(mf_worker, paths, cfg, mu, lay.user_start, lay.item_start)
         t_train = time.perf_counter() - t_train
         P = _rows(client, USERS, user_ids.size, k)[lay.user_key]
         Q = _rows(client, ITEMS, item_ids.size, k)[lay.item_key]
@@ -271,6 +312,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     updates = int(r.size) * cfg.epochs
     report.update({"seconds": seconds, "train_seconds": t_train, "rating_updates": updates,
                    "rating_updates_per_s": updates / max(t_train, 1e-9), "workers": workers, "servers": servers,
+                   "workers_lost": lost,
                    **asdict(cfg), "phase_seconds": per_worker[0]["phase_seconds"]})
     if metrics_out:
         write_text(metrics_out, json.dumps(report, indent=1))
