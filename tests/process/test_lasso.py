@@ -68,8 +68,8 @@ def test_bad_flags_and_outputs_are_refused_before_any_work(tmp_path):
     assert run.returncode == 2 and "one of the arguments --lambda --lambda-ratio is required" in run.stderr
     run = _cli("--data", path, "--lambda-ratio", "0.5", check=False)
     assert run.returncode == 2 and "--lambda-ratio must be a number >= 1" in run.stderr
-    run = _cli("--data", path, "--lambda", "0.1", "--tol", "1e-9", check=False)
-    assert run.returncode == 2 and "--tol must be in [1e-7, 1)" in run.stderr
+    run = _cli("--data", path, "--lambda", "0.1", "--tol", "1e-13", check=False)
+    assert run.returncode == 2 and "--tol must be in [1e-12, 1)" in run.stderr
     blocked = tmp_path / "file"
     blocked.write_text("")
     run = _cli("--data", path, "--lambda", "0.1", "--save", str(blocked / "sub"), check=False)

@@ -32,21 +32,22 @@ def _problem(tmp_path, n=300, d=120, seed=0):
 
 
 class _Table:
-    """The servers' coefficient table, float32 as on the servers, for workers in lockstep."""
+    """The servers' coefficient table, float32 rows (hi, lo) as on the servers, for
+    workers in lockstep."""
 
     def __init__(self, d):
-        self.w = np.zeros(d, np.float32)
+        self.w = np.zeros((d, 2), np.float32)
 
     def push(self, table, keys, values, op="update", distinct=False):
-        assert op == "assign" and distinct
-        self.w[keys.astype(np.int64)] = values[:, 0]
+        assert op == "assign" and distinct and values.dtype == np.float32 and values.shape[1] == 2
+        self.w[keys.astype(np.int64)] = values
         f: Future = Future()
         f.set_result(None)
         return f
 
     def pull(self, table, keys):
         f: Future = Future()
-        f.set_result(self.w[keys.astype(np.int64)].reshape(-1, 1).copy())
+        f.set_result(self.w[keys.astype(np.int64)].copy())
         return f
 
 
@@ -153,3 +154,14 @@ def test_the_matrix_reader_reads_columns_and_checks_the_width(tmp_path):
     (tmp_path / "empty.svm").write_text("\n\n")
     with pytest.raises(DataError, match="no data lines"):
         read_libsvm_matrix(str(tmp_path / "empty.svm"))
+
+
+def test_coefficients_travel_as_float64_to_two_to_the_minus_48():
+    from paramserver.apps.lasso import join64, split64
+
+    w = np.random.default_rng(0).standard_normal(10_000) * np.logspace(-8, 3, 10_000)
+    rows = split64(w)
+    assert rows.dtype == np.float32 and rows.shape == (w.size, 2)
+    np.testing.assert_allclose(join64(rows), w, rtol=2.0 ** -46, atol=0)
+    assert (np.abs(join64(rows) - w) <= np.abs(w) * 2.0 ** -46).all()
+    assert (np.abs(rows[:, 0].astype(np.float64) - w) > np.abs(w) * 2.0 ** -30).any()  # one float32 would not do

@@ -237,7 +237,8 @@ def lasso(args: argparse.Namespace, _: Any) -> int:
     if report["stalled"] and not report["converged"]:
         err.print(f"lasso: the objective stopped improving (by less than 1e-9 of itself over 10 checks) with the "
                   f"duality gap at {report['relative_gap']:.2g} of it, above --tol {args.tol:g}: the gap is a loose "
-                  "bound here, and the float32 coefficients on the servers cannot go further")
+                  "bound here (concurrent updates leave small optimality violations the objective no longer feels); "
+                  "--workers 1 certifies tighter, more slowly")
     elif not report["converged"]:
         err.print(f"lasso: stopped after {report['rounds']:,} rounds with the duality gap at "
                   f"{report['relative_gap']:.2g} of the objective, above --tol {args.tol:g}: raise --max-rounds")
