@@ -83,3 +83,11 @@ class WorkerError(ParamServerError):
 
 class QuotaError(ParamServerError):
     """A push would take a namespace past its key or byte quota; nothing of it was applied."""
+
+
+def check_flags(rules: list[tuple[str, object, bool, str]]) -> None:
+    """Raise ``ConfigError`` for the first ``(flag, value, ok, rule)`` that is not ok:
+    "FLAG must be RULE, got VALUE"."""
+    for flag, value, ok, rule in rules:
+        if not ok:
+            raise ConfigError(f"{flag} must be {rule}, got {value}")

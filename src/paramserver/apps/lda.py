@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from paramserver.data.corpus import Corpus, read_corpus
-from paramserver.errors import ConfigError
+from paramserver.errors import ConfigError, check_flags
 from paramserver.schedule import WorkersLost, adopt, balanced_groups, run_rounds
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
@@ -407,16 +407,15 @@ def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDACo
 
 
 def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
-    rules = [("--topics", cfg.topics, 2 <= cfg.topics <= 65_535, "a whole number in [2, 65535]"),
-             ("--iterations", cfg.iterations, cfg.iterations >= 1, "a whole number >= 1"),
-             ("--alpha", cfg.alpha, math.isfinite(cfg.alpha) and cfg.alpha > 0, "a number > 0"),
-             ("--beta", cfg.beta, math.isfinite(cfg.beta) and cfg.beta > 0, "a number > 0"),
-             ("--schedule", cfg.schedule, cfg.schedule in ("rotate", "none"), "rotate or none"),
-             ("--workers", workers, workers >= 1, "a whole number >= 1"),
-             ("--servers", servers, servers >= 1, "a whole number >= 1")]
-    for flag, value, ok, rule in rules:
-        if not ok:
-            raise ConfigError(f"{flag} must be {rule}, got {value}")
+    check_flags([
+        ("--topics", cfg.topics, 2 <= cfg.topics <= 65_535, "a whole number in [2, 65535]"),
+        ("--iterations", cfg.iterations, cfg.iterations >= 1, "a whole number >= 1"),
+        ("--alpha", cfg.alpha, math.isfinite(cfg.alpha) and cfg.alpha > 0, "a number > 0"),
+        ("--beta", cfg.beta, math.isfinite(cfg.beta) and cfg.beta > 0, "a number > 0"),
+        ("--schedule", cfg.schedule, cfg.schedule in ("rotate", "none"), "rotate or none"),
+        ("--workers", workers, workers >= 1, "a whole number >= 1"),
+        ("--servers", servers, servers >= 1, "a whole number >= 1"),
+    ])
 
 
 def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str | None = None,

@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 from paramserver.data.ratings import read_ratings
-from paramserver.errors import ConfigError
+from paramserver.errors import ConfigError, check_flags
 from paramserver.schedule import adopt, balanced_groups, run_rounds
 
 USERS, ITEMS = "mf/users", "mf/items"
@@ -244,15 +244,14 @@ def _dense(ids: np.ndarray, known: np.ndarray) -> np.ndarray:
 
 
 def check_config(cfg: MFConfig, workers: int, servers: int) -> None:
-    rules = [("--rank", cfg.rank, cfg.rank >= 1 and cfg.rank <= 4096, "a whole number in [1, 4096]"),
-             ("--epochs", cfg.epochs, cfg.epochs >= 1, "a whole number >= 1"),
-             ("--lr", cfg.lr, math.isfinite(cfg.lr) and 0 < cfg.lr < 1, "in (0, 1)"),
-             ("--reg", cfg.reg, math.isfinite(cfg.reg) and cfg.reg >= 0, "a number >= 0"),
-             ("--workers", workers, workers >= 1, "a whole number >= 1"),
-             ("--servers", servers, servers >= 1, "a whole number >= 1")]
-    for flag, value, ok, rule in rules:
-        if not ok:
-            raise ConfigError(f"{flag} must be {rule}, got {value}")
+    check_flags([
+        ("--rank", cfg.rank, cfg.rank >= 1 and cfg.rank <= 4096, "a whole number in [1, 4096]"),
+        ("--epochs", cfg.epochs, cfg.epochs >= 1, "a whole number >= 1"),
+        ("--lr", cfg.lr, math.isfinite(cfg.lr) and 0 < cfg.lr < 1, "in (0, 1)"),
+        ("--reg", cfg.reg, math.isfinite(cfg.reg) and cfg.reg >= 0, "a number >= 0"),
+        ("--workers", workers, workers >= 1, "a whole number >= 1"),
+        ("--servers", servers, servers >= 1, "a whole number >= 1"),
+    ])
 
 
 def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers: int,

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import fsspec
 import numpy as np
 from numba import njit
 
 from paramserver.data.parse import _parse_int
-from paramserver.data.reader import DataError, _check_exists
+from paramserver.data.reader import DataError
+from paramserver.data.whole import bad_line, read_whole
 
 _NL = 10
 _OK, _FIELDS, _NUMBER, _RANGE, _DISTINCT, _ORDER = 0, 1, 2, 3, 4, 5
@@ -162,12 +162,6 @@ class Corpus:
         return int(self.words.shape[0])
 
 
-def _error(path: str, raw: bytes, buf: np.ndarray, at: int, what: str, form: str) -> DataError:
-    line = int(np.count_nonzero(buf[:at] == _NL)) + 1
-    text = raw[at:raw.index(b"\n", at)][:120].decode("utf-8", "replace")
-    return DataError(f"{path}:{line}: {what}: {text!r}; {form} (fix or remove the line)")
-
-
 def _expand(doc_of_pair: np.ndarray, word_of: np.ndarray, count_of: np.ndarray, docs: int,
             vocabulary: int) -> Corpus:
     counts = np.bincount(doc_of_pair, weights=count_of, minlength=docs).astype(np.int64)
@@ -183,12 +177,7 @@ def read_corpus(path: str) -> Corpus:
         DataError: a missing or empty file, a bad header, or a malformed line (file and
             line named).
     """
-    _check_exists(path)
-    with fsspec.open(path, "rb", compression="infer") as f:
-        raw = f.read()
-    if not raw.endswith(b"\n"):
-        raw += b"\n"
-    buf = np.frombuffer(raw, np.uint8)
+    raw, buf = read_whole(path)
     head = raw.split(b"\n", 4)
     if not raw.strip():
         raise DataError(f"{path} is empty; expected a UCI docword or an LDA-C corpus")
@@ -208,7 +197,7 @@ def read_corpus(path: str) -> Corpus:
     doc_of, word_of, count_of = (np.empty(lines, np.int64) for _ in range(3))
     n, err, at = _parse_uci(buf, start, n_docs, n_words, doc_of, word_of, count_of)
     if err != _OK:
-        raise _error(path, raw, buf, at, _WHAT_UCI[err], form)
+        raise bad_line(path, raw, buf, at, _WHAT_UCI[err], f"{form} (fix or remove the line)")
     if n != nnz:
         raise DataError(f"{path}: the header says NNZ={nnz} entries, the file has {n}; fix the header or restore "
                         "the missing lines")
@@ -222,8 +211,8 @@ def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
     word_of, count_of = np.empty(pairs, np.int64), np.empty(pairs, np.int64)
     docs, err, at = _parse_ldac(buf, doc_ptr, word_of, count_of)
     if err != _OK:
-        raise _error(path, raw, buf, at, _WHAT_LDAC[err], "an LDA-C line is 'N word:count …' with N pairs, "
-                     "words from 0")
+        raise bad_line(path, raw, buf, at, _WHAT_LDAC[err], "an LDA-C line is 'N word:count …' with N pairs, "
+                       "words from 0 (fix or remove the line)")
     n = int(doc_ptr[docs])
     if docs == 0 or n == 0:
         raise DataError(f"{path} has no words; expected LDA-C lines 'N word:count …'")

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import fsspec
 import numpy as np
 from numba import njit
 
 from paramserver.data.parse import _parse_float, _parse_int
-from paramserver.data.reader import DataError, _check_exists
+from paramserver.data.reader import DataError
+from paramserver.data.whole import bad_line, read_whole
 
 _NL, _SPACE, _TAB, _CR, _COLON = 10, 32, 9, 13, 58
 _OK, _LABEL, _PAIR, _INDEX, _VALUE = 0, 1, 2, 3, 4
@@ -130,22 +130,15 @@ def read_libsvm_matrix(path: str, n_features: int | None = None) -> Matrix:
     Raises:
         DataError: missing or empty file, or a malformed line (file and line named).
     """
-    _check_exists(path)
-    with fsspec.open(path, "rb", compression="infer") as f:
-        raw = f.read()
-    if not raw.endswith(b"\n"):
-        raw += b"\n"
-    buf = np.frombuffer(raw, np.uint8)
+    raw, buf = read_whole(path)
     lines = int(np.count_nonzero(buf == _NL))
     tokens = int(np.count_nonzero(buf == _COLON))  # an upper bound on the entries
     labels, indptr = np.empty(lines, np.float64), np.empty(lines + 1, np.int64)
     cols, vals = np.empty(tokens, np.int64), np.empty(tokens, np.float64)
     n, err, at = _parse(buf, labels, indptr, cols, vals)
     if err != _OK:
-        line = int(np.count_nonzero(buf[:at] == _NL)) + 1
-        text = raw[at:raw.index(b"\n", at)][:120].decode("utf-8", "replace")
-        raise DataError(f"{path}:{line}: {_WHAT[err]}: {text!r}; each line must be 'target index:value ...' "
-                        "with numeric values (fix or remove the line)")
+        raise bad_line(path, raw, buf, at, _WHAT[err], "each line must be 'target index:value ...' with numeric "
+                       "values (fix or remove the line)")
     if n == 0:
         raise DataError(f"{path} has no data lines; expected LIBSVM lines 'target index:value ...'")
     nnz = int(indptr[n])

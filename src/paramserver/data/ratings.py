@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import fsspec
 import numpy as np
 from numba import njit
 
 from paramserver.data.parse import _parse_float, _parse_int
-from paramserver.data.reader import DataError, _check_exists
+from paramserver.data.reader import DataError
+from paramserver.data.whole import bad_line, read_whole
 
 _NL = 10
 _OK, _FIELDS, _USER, _ITEM, _RATING = 0, 1, 2, 3, 4
@@ -103,12 +103,7 @@ def read_ratings(path: str) -> Ratings:
     Raises:
         DataError: a missing or empty file, or a malformed line (file and line named).
     """
-    _check_exists(path)
-    with fsspec.open(path, "rb", compression="infer") as f:
-        raw = f.read()
-    if not raw.endswith(b"\n"):
-        raw += b"\n"
-    buf = np.frombuffer(raw, np.uint8)
+    raw, buf = read_whole(path)
     start = 0
     first = raw.lstrip()[:1]
     if first and not (first.isdigit() or first in b"+-"):  # a header line: userId,movieId,rating,timestamp
@@ -117,10 +112,8 @@ def read_ratings(path: str) -> Ratings:
     users, items, ratings = np.empty(lines, np.int64), np.empty(lines, np.int64), np.empty(lines, np.float64)
     n, err, at = _parse(buf, start, users, items, ratings)
     if err != _OK:
-        line = int(np.count_nonzero(buf[:at] == _NL)) + 1
-        text = raw[at:raw.index(b"\n", at)][:120].decode("utf-8", "replace")
-        raise DataError(f"{path}:{line}: {_WHAT[err]}: {text!r}; each line must be 'user item rating [timestamp]' "
-                        "(MovieLens u.data, ratings.csv or ratings.dat); fix or remove the line")
+        raise bad_line(path, raw, buf, at, _WHAT[err], "each line must be 'user item rating [timestamp]' (MovieLens "
+                       "u.data, ratings.csv or ratings.dat); fix or remove the line")
     if n == 0:
         raise DataError(f"{path} has no ratings; expected lines 'user item rating [timestamp]' (tab, comma or "
                         "'::' separated, an optional header first)")
