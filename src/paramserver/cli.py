@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
     p.add_argument("--save", metavar="DIR", help="write DIR/topic_word.npy: K x V counts n_kw, column j = word j "
                    "in the input's numbering from 0")
+    p.add_argument("--vocabulary", metavar="FILE", help="LDA-C only: the vocabulary, one word a line, so V covers "
+                   "words no document uses (default: <name>.tokens, <name>.vocab, vocab.txt or vocabulary.txt beside "
+                   "the corpus if there, else the largest word + 1)")
     p.add_argument("--metrics-out", metavar="FILE", help="write log-likelihood per token, tokens and "
                    "token-iterations/s as JSON")
 

@@ -107,3 +107,25 @@ def test_readers_refuse_bad_headers(tmp_path, text, what):
     path.write_text(text)
     with pytest.raises(DataError, match=what):
         read_corpus(str(path))
+
+
+def test_the_vocabulary_beside_an_lda_c_corpus_sets_v(tmp_path):
+    from paramserver.apps.lda import vocabulary_size
+    from paramserver.errors import ConfigError
+
+    data = tmp_path / "news.ldac.gz"
+    with gzip.open(data, "wt") as f:
+        f.write("2 0:1 3:2\n")
+    corpus = read_corpus(str(data))
+    assert corpus.vocabulary == 4
+    assert vocabulary_size(str(data), corpus, None) == (4, None)  # nothing beside it
+    (tmp_path / "news.tokens").write_text("".join(f"w{i}\n" for i in range(9)))
+    assert vocabulary_size(str(data), corpus, None) == (9, str(tmp_path / "news.tokens"))
+    (tmp_path / "news.tokens").write_text("a\nb\n")  # shorter than the corpus needs: not its vocabulary
+    assert vocabulary_size(str(data), corpus, None) == (4, None)
+    with pytest.raises(ConfigError, match="has 2 words"):
+        vocabulary_size(str(data), corpus, str(tmp_path / "news.tokens"))
+    uci = tmp_path / "docword.txt"
+    uci.write_text("1\n7\n1\n1 2 1\n")
+    (tmp_path / "vocab.txt").write_text("".join(f"w{i}\n" for i in range(20)))
+    assert vocabulary_size(str(uci), read_corpus(str(uci)), None) == (7, None)  # the header says V

@@ -261,7 +261,7 @@ def lda(args: argparse.Namespace, _: Any) -> int:
     cfg = LDAConfig(topics=args.topics, iterations=args.iterations, alpha=args.alpha, beta=args.beta, seed=args.seed,
                     schedule=args.schedule)
     report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
-                     metrics_out=args.metrics_out)
+                     metrics_out=args.metrics_out, vocabulary=args.vocabulary)
     print(json.dumps(report), flush=True)
     return 0
 

