@@ -25,7 +25,7 @@ demo: $(VENV)/.installed
 test: lint
 	$(BIN)/python -m pytest -q --ignore=tests/process
 	$(BIN)/paramserver chaos --seeds 300 --first-seed 1000
-	$(BIN)/python -m pytest -q tests/process
+	$(BIN)/python -m pytest -q --durations=15 tests/process
 
 # the fault-injection campaign of the issue's acceptance: 500 seeds over every scenario
 chaos: $(VENV)/.installed-dev

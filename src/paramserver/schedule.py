@@ -11,7 +11,8 @@ A program is three small functions (``Program``):
   the round) and depend only on what all workers share (the pulled parameters, the
   data, the round).
 - ``update(round, mine)``: on one worker, with its data, for the parameters the
-  schedule gave it; returns what to push: ``(table, keys, values, op)``.
+  schedule gave it; returns what to push: ``(table, keys, values, op)``, or futures of
+  pushes it sent already (to overlap sending with work); the barrier waits for all.
 - ``observe(round, assignment)``: after the round's barrier, on every worker: pull
   what the round changed (the schedule says exactly which parameters that is) and bring
   local state (a residual, counts) up to date.  This is where results are aggregated.
@@ -38,7 +39,7 @@ from paramserver.errors import ParamServerError
 class Program(Protocol):
     def schedule(self, round_: int, workers: int) -> Sequence[np.ndarray]: ...
 
-    def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]: ...
+    def update(self, round_: int, mine: np.ndarray) -> list[Any]: ...
 
     def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None: ...
 
@@ -85,8 +86,8 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
         t1 = clock()
         pushes = program.update(r, assignment[live.index(rank)])
         t2 = clock()
-        futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
-                   if len(keys)]
+        futures = [p if hasattr(p, "result") else client.push(p[0], p[1], p[2], op=p[3], distinct=True)
+                   for p in pushes if hasattr(p, "result") or len(p[1])]
         for f in futures:
             f.result(timeout=timeout_s)
         t3 = clock()

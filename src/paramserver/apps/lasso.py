@@ -112,8 +112,9 @@ def _residual(colptr, rows, values, y, w):
 def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):
     """Deal ``candidates`` (in priority order) to ``workers``: each to the worker whose
     coordinates it correlates with most, at most ``cap`` a worker, none whose mean
-    |correlation| with the other workers' coordinates passes ``rho``.  ``acc[q]``
-    (zeros on entry and on exit) sums |x_k| / ‖x_k‖ over worker q's coordinates.
+    |correlation| with the other workers' coordinates passes ``rho``.  ``acc[:, q]``
+    (zeros on entry and on exit) sums |x_k| / ‖x_k‖ over worker q's coordinates (a row
+    per example, so one pass over a column reads every worker's sum).
     Returns the worker of each candidate, -1 for those left out."""
     owner = np.full(candidates.shape[0], -1, np.int64)
     load = np.zeros(workers, np.int64)
@@ -122,12 +123,15 @@ def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):
         j = candidates[t]
         if col_norm[j] == 0.0:
             continue
+        c[:] = 0.0
+        for k in range(colptr[j], colptr[j + 1]):
+            a = abs(values[k])
+            row = acc[rows[k]]
+            for q in range(workers):
+                c[q] += a * row[q]
         total = 0.0
         for q in range(workers):
-            s = 0.0
-            for k in range(colptr[j], colptr[j + 1]):
-                s += abs(values[k]) * acc[q, rows[k]]
-            c[q] = s / col_norm[j]
+            c[q] /= col_norm[j]
             total += c[q]
         best = -1
         placed = load.sum()
@@ -141,13 +145,13 @@ def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):
         owner[t] = best
         load[best] += 1
         for k in range(colptr[j], colptr[j + 1]):
-            acc[best, rows[k]] += abs(values[k]) / col_norm[j]
+            acc[rows[k], best] += abs(values[k]) / col_norm[j]
     for t in range(candidates.shape[0]):  # leave acc as it came: zeros
         q = owner[t]
         if q >= 0:
             j = candidates[t]
             for k in range(colptr[j], colptr[j + 1]):
-                acc[q, rows[k]] = 0.0
+                acc[rows[k], q] = 0.0
     return owner
 
 
@@ -221,7 +225,7 @@ class LassoProgram:
         self.w = np.zeros(d)
         self.r = m.y.astype(np.float64).copy()
         self.moved = np.zeros(d)  # recent |change| of each coordinate: the priority
-        self.acc = np.zeros((workers, n))
+        self.acc = np.zeros((n, workers))
         self.working = np.zeros(0, np.int64)
         self.rho = cfg.rho  # the interference bound, tightened whenever the objective goes up
         self.residuals: list[np.ndarray] = []  # at the last checks, for the dual extrapolation
@@ -358,7 +362,7 @@ class LassoProgram:
         """Workers died: deal to the survivors from now on, and check at once (every worker
         takes the servers' coefficients whole, whatever the dead one pushed last)."""
         self.workers, self.slot = len(live), live.index(self.rank)
-        self.acc = np.zeros((self.workers, self.n))
+        self.acc = np.zeros((self.n, self.workers))
         self.next_check = round_ + 1
 
 
