@@ -11,8 +11,7 @@ A program is three small functions (``Program``):
   the round) and depend only on what all workers share (the pulled parameters, the
   data, the round).
 - ``update(round, mine)``: on one worker, with its data, for the parameters the
-  schedule gave it; returns what to push: ``(table, keys, values, op)``, or futures of
-  pushes it sent already (to overlap sending with work); the barrier waits for all.
+  schedule gave it; returns what to push: ``(table, keys, values, op)``.
 - ``observe(round, assignment)``: after the round's barrier, on every worker: pull
   what the round changed (the schedule says exactly which parameters that is) and bring
   local state (a residual, counts) up to date.  This is where results are aggregated.
@@ -39,7 +38,7 @@ from paramserver.errors import ParamServerError
 class Program(Protocol):
     def schedule(self, round_: int, workers: int) -> Sequence[np.ndarray]: ...
 
-    def update(self, round_: int, mine: np.ndarray) -> list[Any]: ...
+    def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]: ...
 
     def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None: ...
 
@@ -86,8 +85,8 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
         t1 = clock()
         pushes = program.update(r, assignment[live.index(rank)])
         t2 = clock()
-        futures = [p if hasattr(p, "result") else client.push(p[0], p[1], p[2], op=p[3], distinct=True)
-                   for p in pushes if hasattr(p, "result") or len(p[1])]
+        futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
+                   if len(keys)]
         for f in futures:
             f.result(timeout=timeout_s)
         t3 = clock()

@@ -14,7 +14,8 @@ from paramserver.data.corpus import read_corpus
 from paramserver.data.reader import DataError
 
 
-def test_one_draw_follows_the_collapsed_conditional():
+@pytest.mark.parametrize("small", [np.int32, np.uint16])  # the document counts' two widths
+def test_one_draw_follows_the_collapsed_conditional(small):
     K, V, alpha, beta = 5, 7, 0.3, 0.05
     rng = np.random.default_rng(0)
     # one document of 12 tokens; the token sampled is the first (word 3, topic 2)
@@ -38,8 +39,8 @@ def test_one_draw_follows_the_collapsed_conditional():
     for _ in range(draws):
         z = z0.copy()
         nwk, nk_ = nwk0[[3]].copy(), nk0.copy()
-        ndk_ = np.zeros((1, K), np.int32)
-        doff, dcnt, dtop = np.array([0, K]), np.zeros(1, np.int32), np.zeros(K, np.int32)
+        ndk_ = np.zeros((1, K), small)
+        doff, dcnt, dtop = np.array([0, K]), np.zeros(1, np.int32), np.zeros(K, small)
         docs = np.zeros(12, np.int32)
         _doc_lists(docs, z, ndk_, dtop, doff, dcnt)
         _sample(np.array([0]), np.array([0, 1]), 0, 1, docs, z, nwk, nk_, ndk_, dtop, doff, dcnt, alpha, beta,

@@ -42,7 +42,6 @@ from paramserver.schedule import WorkersLost, adopt, balanced_groups, run_rounds
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
 _SPLIT = float(1 << 24)  # a count travels as hi·2^24 + lo, both exact in float32
 MAX_COUNT = 1 << 24  # a word–topic count is a float32 on the servers: exact below this
-PIECES = 4  # a block's changes are sent in this many pieces, each as soon as its words are sampled
 SNAPSHOT_S = 5.0  # a worker saves its documents' topics at most this often (a dead worker's lost work)
 
 
@@ -250,8 +249,11 @@ class LDAProgram:
         cap = np.minimum(self.doc_len, K)
         self.doff = np.zeros(cap.size + 1, np.int64)
         np.cumsum(cap, out=self.doff[1:])
-        self.ndk = np.zeros((self.doc_len.size, K), np.int32)
-        self.dtop = np.zeros(max(int(self.doff[-1]), 1), np.int32)
+        # 16-bit counts and topic ids where they fit: the sampler reads a random document's row a
+        # token, and half the bytes made it about a quarter faster (NYT, 161 -> 124 ns a token)
+        small = int(self.doc_len.max(initial=0)) < (1 << 16) - 1
+        self.ndk = np.zeros((self.doc_len.size, K), np.uint16 if small else np.int32)
+        self.dtop = np.zeros(max(int(self.doff[-1]), 1), np.uint16)
         self.dcnt = np.zeros(self.doc_len.size, np.int32)
         _doc_lists(self.docs, self.z, self.ndk, self.dtop, self.doff, self.dcnt)
         # segments: one a word; block b's are seg_lo[b]:seg_lo[b + 1]
@@ -342,11 +344,9 @@ class LDAProgram:
     def _parts_of(self, rank: int) -> list[int]:
         return [p for p in range(self.parts) if self.owner[p] == rank]
 
-    def update(self, round_: int, mine: np.ndarray) -> list[Any]:
-        """Sample this round's blocks; a block's changes go out in pieces as its words are
-        done (a word is not touched again this round), so sending overlaps sampling."""
+    def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
         cfg = self.cfg
-        pushes: list[Any] = []
+        pushes = []
         if self._pending_nk is not None:  # the last round's exchange, pulled beside this round's blocks
             self.nk = self.nk_base + decode(self._pending_nk.result(timeout=600)).sum(0)
             self._pending_nk = None
@@ -359,17 +359,11 @@ class LDAProgram:
             before = nwk.copy()
             _seed(hash((cfg.seed, round_, self.rank, b)) & 0x7FFFFFFF)
             lo, hi = int(self.seg_lo[b]), int(self.seg_lo[b + 1])
-            marks = np.linspace(self.seg_ptr[lo], self.seg_ptr[hi], PIECES + 1)
-            cuts = np.unique(np.r_[lo, lo + np.searchsorted(self.seg_ptr[lo:hi + 1], marks[1:-1]), hi])
-            for a, c in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-                _sample(self.seg_row, self.seg_ptr, a, c, self.docs, self.z, nwk, self.nk, self.ndk, self.dtop,
-                        self.doff, self.dcnt, cfg.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum)
-                rows = self.seg_row[a:c]
-                delta = nwk[rows] - before[rows]
-                keep = delta.any(1)
-                piece = (WORD_TOPIC, keys[rows[keep]], delta[keep].astype(np.float32), "add")
-                pushes.append(piece if c == hi else self.client.push(*piece[:3], op="add", distinct=True))
+            _sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk, self.dtop,
+                    self.doff, self.dcnt, cfg.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum)
             self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
+            changed = np.flatnonzero((nwk != before).any(1))
+            pushes.append((WORD_TOPIC, keys[changed], (nwk[changed] - before[changed]).astype(np.float32), "add"))
         slot = (round_ % 2) * self.parts
         pushes.append((TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(self.nk - self.nk_base)[None],
                        "assign"))
