@@ -29,6 +29,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ from paramserver.data.matrix import Matrix, read_libsvm_matrix
 from paramserver.errors import ConfigError
 
 SCHEDULES = ("priority", "cyclic", "random")
+CHECK_PASSES = 8  # a check (exact residual, gap, working set, polish) every this many passes over the working set
 POLISH, POLISH_SWEEPS = 512, 8  # at each check: the worst violators, swept serially on every worker alike
 TABLE = "lasso/w"  # a coefficient is two float32s, hi + lo: float64 to 2^-48, so the gap can close
 
@@ -271,7 +273,7 @@ class LassoProgram:
         self.working = np.sort(np.concatenate([nonzero, order]))
         # a violator's priority is how far it is from optimal, in coefficient units
         self.moved[order] = violation[order] * self.n / np.maximum(self.col_sq[order], 1e-300)
-        passes = 4 * max(1, -(-self.working.size // (cfg.per_round * self.workers)))
+        passes = CHECK_PASSES * max(1, -(-self.working.size // (cfg.per_round * self.workers)))
         self.next_check = round_ + passes
 
     def _polish(self, g: np.ndarray) -> np.ndarray:
@@ -401,23 +403,26 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     check_output(save, "--save", folder=True)
     check_output(metrics_out, "--metrics-out", folder=False)
     t0 = time.perf_counter()
-    m = read_libsvm_matrix(data)
-    n, d = m.shape
-    lmax = lambda_max(m)
-    if lam is None:
-        assert lambda_ratio is not None
-        lam = lmax / lambda_ratio
-    if lmax == 0:
-        raise ConfigError(f"{data}: Xᵀy is zero, so every λ gives w = 0; check the targets")
-    cfg = LassoConfig(lam=float(lam), tol=tol, schedule=schedule, max_rounds=max_rounds)
-    bits = max(int(d - 1).bit_length(), 1)
-    block = min(cfg.block_size, 1 << bits)
-    with LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
-            as cluster:
-        client = cluster.client
-        client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits, block_size=block)
-        per_worker, lost = cluster.run_elastic(lasso_worker, data, d, cfg, workers)
-        keys, values = client.export_table(TABLE)
+    options = {"log_level": "WARNING", **(cluster_options or {})}
+    # the driver reads the data while the cluster's processes start (the parser releases the GIL)
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read_libsvm_matrix, data)
+        with LocalCluster(servers=servers, workers=workers, **options) as cluster:
+            m = reading.result()
+            n, d = m.shape
+            lmax = lambda_max(m)
+            if lmax == 0:
+                raise ConfigError(f"{data}: Xᵀy is zero, so every λ gives w = 0; check the targets")
+            if lam is None:
+                assert lambda_ratio is not None
+                lam = lmax / lambda_ratio
+            cfg = LassoConfig(lam=float(lam), tol=tol, schedule=schedule, max_rounds=max_rounds)
+            bits = max(int(d - 1).bit_length(), 1)
+            client = cluster.client
+            block = min(cfg.block_size, 1 << bits)
+            client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits, block_size=block)
+            per_worker, lost = cluster.run_elastic(lasso_worker, data, d, cfg, workers)
+            keys, values = client.export_table(TABLE)
     w = np.zeros(d)
     inside = keys < d
     w[keys[inside].astype(np.int64)] = join64(values[inside])
