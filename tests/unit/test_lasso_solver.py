@@ -37,7 +37,7 @@ class _Cluster:
     barrier, for workers in threads: each runs the real ``run_rounds``."""
 
     def __init__(self, d, workers):
-        self.w = np.zeros((d, 2), np.float32)
+        self.w = np.zeros((3 * d, 2), np.float32)  # latest values, and the two rounds' halves
         self.lock = threading.Lock()
         self.gate = threading.Barrier(workers, timeout=60)
         self.workers = workers

@@ -42,7 +42,11 @@ from paramserver.errors import ConfigError
 SCHEDULES = ("priority", "cyclic", "random")
 CHECK_PASSES = 8  # a check (exact residual, gap, working set, polish) every this many passes over the working set
 POLISH, POLISH_SWEEPS = 512, 8  # at each check: the worst violators, swept serially on every worker alike
-TABLE = "lasso/w"  # a coefficient is two float32s, hi + lo: float64 to 2^-48, so the gap can close
+# the coefficients: a row is two float32s, hi + lo (float64 to 2^-48, so the gap can close).  Key j holds
+# coefficient j's latest value (read whole at checks, and at the end); a round r also writes its values at
+# (1 + r mod 2)·d + j, which is what observe reads: the next round writes the other half, so a fast worker
+# cannot overwrite what a slow one has still to read, and no barrier is needed between them
+TABLE = "lasso/w"
 
 
 def split64(w: np.ndarray) -> np.ndarray:
@@ -341,15 +345,16 @@ class LassoProgram:
         m = self.m
         self._before = self.w[mine].copy()  # the round's change is measured from here, as the others see it
         _cd(m.colptr, m.rows, m.values, mine, self.w, self.r, self.col_sq, self.n, self.cfg.lam, self.cfg.sweeps)
-        return [(TABLE, mine.astype(np.uint64), split64(self.w[mine]), "assign")]
+        values = split64(self.w[mine])
+        keys = np.r_[mine, mine + (1 + round_ % 2) * self.m.shape[1]].astype(np.uint64)
+        return [(TABLE, keys, np.concatenate([values, values]), "assign")]
 
     def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None:
         changed = np.concatenate(list(assignment)) if assignment else np.zeros(0, np.int64)
         if not changed.size:
             return
-        pulled = join64(self.client.pull(TABLE, changed.astype(np.uint64)).result(timeout=600))
-        if self.workers > 1:  # nobody pushes the next round's values before all have read this round's:
-            self.client.barrier(timeout_s=600)  # a worker that read a newer value would schedule apart
+        half = (1 + round_ % 2) * self.m.shape[1]  # this round's half: the next round cannot touch it yet
+        pulled = join64(self.client.pull(TABLE, (changed + half).astype(np.uint64)).result(timeout=600))
         delta = pulled - self.w[changed]
         _apply(self.m.colptr, self.m.rows, self.m.values, changed, delta, self.r)
         start = self.w[changed]  # where the round started: this worker's own coordinates moved already
@@ -417,7 +422,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
                 assert lambda_ratio is not None
                 lam = lmax / lambda_ratio
             cfg = LassoConfig(lam=float(lam), tol=tol, schedule=schedule, max_rounds=max_rounds)
-            bits = max(int(d - 1).bit_length(), 1)
+            bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
             client = cluster.client
             block = min(cfg.block_size, 1 << bits)
             client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits, block_size=block)
