@@ -52,6 +52,18 @@ class _Help(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
+def _round_checkpoint_flags(p: argparse.ArgumentParser, unit: str, default: int) -> None:
+    """The checkpoint flags of a scheduled app (``schedule.CheckpointOptions``)."""
+    p.add_argument("--checkpoint-dir", metavar="URL", help="checkpoint the model and every worker's state here "
+                   "(a folder or fsspec URL) at round boundaries; an existing checkpoint there needs --resume")
+    p.add_argument("--checkpoint-every", type=int, default=default, metavar="N",
+                   help=f"{unit} between two checkpoints (default {default}; the last one is always checkpointed)")
+    p.add_argument("--keep-checkpoints", type=int, default=3, metavar="N",
+                   help="keep the newest N complete checkpoints under --checkpoint-dir, remove older ones (0: all)")
+    p.add_argument("--resume", metavar="URL", help="go on from the newest complete checkpoint in this folder (or "
+                   "this step): same data and layout settings; it checks them")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from paramserver import __version__
 
@@ -178,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", metavar="DIR", help="write DIR/coef.npy: float64, entry i is feature i + 1")
     p.add_argument("--metrics-out", metavar="FILE", help="write objective, duality gap, non-zeros, seconds and "
                    "coordinate updates as JSON")
+    _round_checkpoint_flags(p, "rounds", 100)
 
     p = sub.add_parser("mf", help="biased matrix factorisation trained model-parallel by block rotation "
                                    "(DSGD) on a local cluster")
@@ -195,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--predictions-out", metavar="FILE", help="one predicted rating per --test line, in order")
     p.add_argument("--save", metavar="DIR", help="write DIR/mf.npz: ids, factors, biases, global mean")
     p.add_argument("--metrics-out", metavar="FILE", help="write test RMSE, seconds and rating updates/s as JSON")
+    _round_checkpoint_flags(p, "epochs", 5)
 
     p = sub.add_parser("lda", help="topic model (LDA) by collapsed Gibbs sampling, word blocks scheduled over the "
                                     "workers (STRADS/LightLDA style) on a local cluster")
@@ -217,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the corpus if there, else the largest word + 1)")
     p.add_argument("--metrics-out", metavar="FILE", help="write log-likelihood per token, tokens and "
                    "token-iterations/s as JSON")
+    _round_checkpoint_flags(p, "iterations", 20)
 
     p = sub.add_parser("synth", help="write synthetic Criteo-format data")
     p.add_argument("--rows", type=int, required=True, help="rows to write")

@@ -18,9 +18,14 @@ A program is three small functions (``Program``):
 
 ``run_rounds`` drives them: schedule, update, push (exactly once, replicated), barrier
 (BSP), observe, until ``converged`` says so or ``max_rounds``.  A fourth, optional,
-``regroup(round, live)`` carries on when workers die (see ``run_rounds``).  Between two rounds the
-parameters on the servers are consistent, so a checkpoint taken there
-(``Client.checkpoint``) is a restart point.
+``regroup(round, live)`` carries on when workers die (see ``run_rounds``).
+
+Between two rounds the parameters on the servers are consistent, so a checkpoint taken
+there is a restart point: with ``Checkpoints``, every ``every`` rounds each worker writes
+its local state into the step (``program.save(round, step)``, optional), the first live
+worker checkpoints the tables with the round in the manifest, and the rounds go on.  A
+job started again with ``resume_point`` restores the tables, and ``run_rounds`` calls
+``program.resume(round, step)`` on every worker, then runs from that round.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class RoundStats:
     rounds: int = 0
     scheduled: int = 0
     regroups: int = 0  # times workers were lost and the program carried on without them
+    checkpoints: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: {"schedule": 0.0, "update": 0.0, "push": 0.0,
                                                                "barrier": 0.0, "observe": 0.0})
 
@@ -60,8 +66,134 @@ class WorkersLost(ParamServerError):
     """Workers died and the program has no ``regroup`` to carry on without them."""
 
 
+@dataclass(frozen=True)
+class Checkpoints:
+    """Checkpoint the rounds under ``url`` every ``every`` rounds (and after the last one),
+    keeping the newest ``keep`` (0: all).  ``meta`` is what a resumed job must match (the
+    app, its data's shape, the settings the layout depends on): it goes into the manifest."""
+
+    url: str
+    every: int
+    keep: int = 3
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A round checkpoint to go on from: its step, and the round to run next."""
+
+    step: str
+    round: int
+
+
+def resume_point(url: str, meta: dict[str, Any]) -> ResumePoint:
+    """The newest complete round checkpoint under ``url`` (or the step ``url`` names).
+
+    Raises:
+        CheckpointError: none there, or one written by another app or for other data or
+            settings (the differing values are named).
+    """
+    from paramserver import checkpoint as ckpt
+    from paramserver.errors import CheckpointError
+
+    step = ckpt.resolve_step(url)
+    rounds = ckpt.read_manifest(step).get("rounds")
+    if not isinstance(rounds, dict) or not isinstance(rounds.get("round"), int):
+        raise CheckpointError(f"{step} is not a checkpoint of scheduled rounds (lasso, mf, lda): it has no round "
+                              "in its manifest; resume a train job with paramserver train --resume")
+    saved = rounds.get("meta", {})
+    differ = {k: (saved.get(k), v) for k, v in meta.items() if saved.get(k) != v}
+    if differ:
+        said = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in differ.items())
+        raise CheckpointError(f"{step} was written by another job ({said}); resume with the data and settings it "
+                              "was written with, or start afresh with an empty --checkpoint-dir")
+    return ResumePoint(step, int(rounds["round"]))
+
+
+def check_checkpoint_dir(url: str | None, resume: ResumePoint | None) -> None:
+    """Before the work: a fresh job must not write its rounds among another job's (a
+    resumed one may go on in its own folder).
+
+    Raises:
+        ConfigError: ``url`` already holds complete checkpoints and the job is not going on from them.
+    """
+    from paramserver import checkpoint as ckpt
+    from paramserver.errors import CheckpointError, ConfigError
+
+    if url is None:
+        return
+    try:
+        newest = ckpt.latest_step(url)
+    except CheckpointError:
+        return  # nothing complete there
+    if resume is None or resume.step.rstrip("/").rsplit("/", 1)[0] != newest.rstrip("/").rsplit("/", 1)[0]:
+        raise ConfigError(f"--checkpoint-dir {url} already holds checkpoints (the newest is {newest}); pass "
+                          f"--resume {url} to go on from it, or give an empty folder")
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """The checkpoint flags of a scheduled app: ``--checkpoint-dir``, ``--checkpoint-every``
+    (in the app's own unit: epochs, iterations, rounds), ``--keep-checkpoints``, ``--resume``."""
+
+    dir: str | None = None
+    every: int = 1
+    keep: int = 3
+    resume: str | None = None
+
+    def check(self) -> None:
+        """Before any long work: the flags' values, the folder writable, a checkpoint to resume there.
+
+        Raises:
+            ConfigError, CheckpointError: said in one line, with the flag."""
+        from paramserver import checkpoint as ckpt
+        from paramserver.apps.modelfile import check_output
+        from paramserver.errors import check_flags
+
+        check_flags([("--checkpoint-every", self.every, isinstance(self.every, int) and self.every >= 1,
+                      "a whole number >= 1"),
+                     ("--keep-checkpoints", self.keep, isinstance(self.keep, int) and self.keep >= 0,
+                      "a whole number >= 0 (0: keep all)")])
+        check_output(self.dir, "--checkpoint-dir", folder=True)
+        if self.resume is not None:
+            ckpt.resolve_step(self.resume)
+
+    def plan(self, meta: dict[str, Any], rounds_a_unit: int) -> tuple[Checkpoints | None, ResumePoint | None]:
+        """What ``run_rounds`` takes, once the data is read (``meta`` describes it and the
+        settings a resumed job must share)."""
+        point = resume_point(self.resume, meta) if self.resume is not None else None
+        check_checkpoint_dir(self.dir, point)
+        cps = Checkpoints(self.dir, self.every * rounds_a_unit, self.keep, meta) if self.dir else None
+        return cps, point
+
+
+NO_CHECKPOINTS = CheckpointOptions()
+
+
+def _checkpoint(client: Any, program: Program, checkpoints: Checkpoints, round_: int, live: list[int],
+                rank: int, timeout_s: float) -> None:
+    """Every worker saves its state into the step of round ``round_`` (the next to run);
+    once all have, the first live worker checkpoints the tables and writes the manifest
+    (last, so a step cut short is never resumed); nobody pushes before it is written."""
+    from paramserver import checkpoint as ckpt
+
+    step = ckpt.step_url(checkpoints.url, round_)
+    save = getattr(program, "save", None)
+    if save is not None:
+        save(round_, step)
+    present = client.barrier(timeout_s=timeout_s)
+    # a worker that died before it saved: no step this time (the next round's barrier regroups)
+    if rank == live[0] and not (present and set(live) - set(present)):
+        client.checkpoint(checkpoints.url, step=step, extra={"rounds": {
+            "round": round_, "live": live, "program": type(program).__name__, "meta": checkpoints.meta}})
+        if checkpoints.keep:
+            ckpt.prune(checkpoints.url, checkpoints.keep)
+    client.barrier(timeout_s=timeout_s)
+
+
 def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_rounds: int,
-               timeout_s: float = 600.0) -> RoundStats:
+               timeout_s: float = 600.0, checkpoints: Checkpoints | None = None,
+               resume: ResumePoint | None = None) -> RoundStats:
     """Run ``program`` on this worker (``rank`` of ``workers``) in BSP rounds; every
     worker calls it with the same program and arguments.
 
@@ -71,13 +203,23 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
     servers' state consistent again; from then on ``schedule`` deals to ``len(live)``
     workers, slot i being ``live[i]``.  A program without ``regroup`` stops with
     ``WorkersLost``.  Workers that join meanwhile are not part of the rounds.
+
+    With ``checkpoints``, the rounds are checkpointed every ``checkpoints.every`` rounds
+    and after the last; with ``resume`` (the tables already restored by the driver),
+    every worker calls ``program.resume(round, step)`` and the rounds go on from there.
     """
     import time
 
     stats = RoundStats()
     clock = time.perf_counter
     live = list(range(workers))
-    for r in range(max_rounds):
+    start = 0
+    if resume is not None:
+        if not hasattr(program, "resume"):
+            raise ParamServerError(f"{type(program).__name__} cannot resume from a checkpoint (it has no resume)")
+        program.resume(resume.round, resume.step)
+        start = resume.round
+    for r in range(start, max_rounds):
         if program.converged(r):
             break
         t0 = clock()
@@ -109,6 +251,10 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
         for name, a, b in (("schedule", t0, t1), ("update", t1, t2), ("push", t2, t3), ("barrier", t3, t4),
                            ("observe", t4, t5)):
             stats.seconds[name] += b - a
+        if checkpoints is not None and ((r + 1) % checkpoints.every == 0 or r + 1 == max_rounds):
+            _checkpoint(client, program, checkpoints, r + 1, live, rank, timeout_s)
+            stats.seconds["checkpoint"] = stats.seconds.get("checkpoint", 0.0) + clock() - t5
+            stats.checkpoints += 1
     return stats
 
 

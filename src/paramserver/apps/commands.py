@@ -223,6 +223,12 @@ def split_columns(args: argparse.Namespace, _: Any) -> int:
     return 0
 
 
+def _checkpoints(args: argparse.Namespace) -> Any:
+    from paramserver.schedule import CheckpointOptions
+
+    return CheckpointOptions(args.checkpoint_dir, args.checkpoint_every, args.keep_checkpoints, args.resume)
+
+
 def lasso(args: argparse.Namespace, _: Any) -> int:
     from paramserver.apps.lasso import run_lasso
 
@@ -231,7 +237,7 @@ def lasso(args: argparse.Namespace, _: Any) -> int:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     report = run_lasso(args.data, lam=args.lam, lambda_ratio=args.lambda_ratio, tol=args.tol,
                        schedule=args.schedule, workers=args.workers, servers=args.servers, save=args.save,
-                       metrics_out=args.metrics_out, max_rounds=args.max_rounds)
+                       metrics_out=args.metrics_out, max_rounds=args.max_rounds, checkpoints=_checkpoints(args))
     report.pop("history", None)
     print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
     if report["stalled"] and not report["converged"]:
@@ -250,7 +256,8 @@ def mf(args: argparse.Namespace, _: Any) -> int:
 
     cfg = MFConfig(rank=args.rank, epochs=args.epochs, lr=args.lr, reg=args.reg, seed=args.seed)
     report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
-                    predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out)
+                    predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out,
+                    checkpoints=_checkpoints(args))
     print(json.dumps(report), flush=True)
     return 0
 
@@ -261,7 +268,7 @@ def lda(args: argparse.Namespace, _: Any) -> int:
     cfg = LDAConfig(topics=args.topics, iterations=args.iterations, alpha=args.alpha, beta=args.beta, seed=args.seed,
                     schedule=args.schedule)
     report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
-                     metrics_out=args.metrics_out, vocabulary=args.vocabulary)
+                     metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args))
     print(json.dumps(report), flush=True)
     return 0
 

@@ -38,6 +38,7 @@ from numba import njit
 
 from paramserver.data.matrix import Matrix, read_libsvm_matrix
 from paramserver.errors import ConfigError
+from paramserver.schedule import NO_CHECKPOINTS, CheckpointOptions, Checkpoints, ResumePoint
 
 SCHEDULES = ("priority", "cyclic", "random")
 CHECK_PASSES = 8  # a check (exact residual, gap, working set, polish) every this many passes over the working set
@@ -372,15 +373,23 @@ class LassoProgram:
         self.acc = np.zeros((self.n, self.workers))
         self.next_check = round_ + 1
 
+    def resume(self, round_: int, step: str) -> None:
+        """Go on from a round checkpoint (the table restored): check at once, which takes
+        the coefficients whole from the servers and recomputes everything else from them."""
+        self.next_check = round_
 
-def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, workers: int) -> dict[str, Any]:
+
+def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, workers: int,
+                 checkpoints: Checkpoints | None = None, resume: ResumePoint | None = None) -> dict[str, Any]:
     """One worker of ``paramserver lasso``: read the data, run the rounds."""
     from paramserver.schedule import run_rounds
 
     m = read_libsvm_matrix(path, n_features)
     program = LassoProgram(client, m, cfg, client.rank, workers)
-    stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=cfg.max_rounds)
+    stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=cfg.max_rounds,
+                       checkpoints=checkpoints, resume=resume)
     return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups, "scheduled": stats.scheduled,
+            "checkpoints": stats.checkpoints,
             "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()},
             "updates": program.updates, "objective": program.primal, "gap": program.gap, "checks": program.checks,
             "converged": program.solved, "stalled": program.stalled,
@@ -389,8 +398,10 @@ def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, work
 
 def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: float, schedule: str,
               workers: int, servers: int, save: str | None, metrics_out: str | None,
-              max_rounds: int = 200_000, cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``paramserver lasso``: solve, write ``save/coef.npy`` and the metrics; the report."""
+              max_rounds: int = 200_000, checkpoints: CheckpointOptions = NO_CHECKPOINTS,
+              cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``paramserver lasso``: solve, write ``save/coef.npy`` and the metrics; the report.
+    ``checkpoints.every`` counts rounds."""
     from paramserver.apps.modelfile import check_output, write_text
     from paramserver.cluster.local import LocalCluster
 
@@ -407,6 +418,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     check_output(save, "--save", folder=True)
     check_output(metrics_out, "--metrics-out", folder=False)
+    checkpoints.check()
     t0 = time.perf_counter()
     options = {"log_level": "WARNING", **(cluster_options or {})}
     # the driver reads the data while the cluster's processes start (the parser releases the GIL)
@@ -422,11 +434,17 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
                 assert lambda_ratio is not None
                 lam = lmax / lambda_ratio
             cfg = LassoConfig(lam=float(lam), tol=tol, schedule=schedule, max_rounds=max_rounds)
+            # what the table depends on; the workers, --tol and --schedule may change on a resume
+            cps, resume = checkpoints.plan({"app": "lasso", "rows": n, "features": d, "lambda": cfg.lam},
+                                           rounds_a_unit=1)
             bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
             client = cluster.client
             block = min(cfg.block_size, 1 << bits)
-            client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits, block_size=block)
-            per_worker, lost = cluster.run_elastic(lasso_worker, data, d, cfg, workers)
+            if resume is not None:
+                client.restore(resume.step)
+            else:
+                client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits, block_size=block)
+            per_worker, lost = cluster.run_elastic(lasso_worker, data, d, cfg, workers, cps, resume)
             keys, values = client.export_table(TABLE)
     w = np.zeros(d)
     inside = keys < d
@@ -439,10 +457,11 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
         gap = min(gap, float(head["gap"]))  # extrapolated dual point) is the tighter certificate
     report = {"objective": primal, "duality_gap": gap, "relative_gap": gap / primal if primal else 0.0,
               "nonzeros": int(np.count_nonzero(w)), "seconds": seconds, "rounds": head["rounds"],
-              "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"]),
+              "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"] or gap <= tol * primal),
               "stalled": bool(head["stalled"]), "phase_seconds": head["phase_seconds"],
               "lambda": cfg.lam, "lambda_max": lmax, "rows": n, "features": d, "workers": workers,
               "servers": servers, "workers_lost": lost, "schedule": schedule, "tol": tol,
+              "resumed_at_round": resume.round if resume else None, "checkpoints": head["checkpoints"],
               "history": head["history"]}
     if save:
         import os

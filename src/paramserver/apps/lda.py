@@ -32,12 +32,22 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import fsspec
 import numpy as np
 from numba import njit
 
 from paramserver.data.corpus import Corpus, read_corpus
 from paramserver.errors import ConfigError, check_flags
-from paramserver.schedule import WorkersLost, adopt, balanced_groups, run_rounds
+from paramserver.schedule import (
+    NO_CHECKPOINTS,
+    CheckpointOptions,
+    Checkpoints,
+    ResumePoint,
+    WorkersLost,
+    adopt,
+    balanced_groups,
+    run_rounds,
+)
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
 _SPLIT = float(1 << 24)  # a count travels as hi·2^24 + lo, both exact in float32
@@ -202,7 +212,7 @@ class LDAProgram:
     topics, the documents' topic counts, its copy of the topic totals."""
 
     def __init__(self, client: Any, paths: list[str], word_block: np.ndarray, cfg: LDAConfig, vocabulary: int,
-                 rank: int, workers: int, scratch: str):
+                 rank: int, workers: int, scratch: str, fresh: bool = True):
         self.client, self.paths, self.cfg, self.V = client, paths, cfg, vocabulary
         self.rank, self.parts, self.scratch = rank, len(paths), scratch
         self.live, self.owner = list(range(workers)), list(range(workers))  # part p is held by owner[p]
@@ -219,12 +229,14 @@ class LDAProgram:
         self._pending_nk: Any = None
         self._pending_blocks: tuple[list[int], list[Any]] = ([], [])
         self._saved = -math.inf
-        self._hold([rank], fresh=True)
+        if fresh:  # else resume() takes the parts from a checkpoint
+            self._hold([rank], fresh=True)
 
     # -- the documents this worker holds ---------------------------------------------------------------
-    def _hold(self, parts: list[int], fresh: bool) -> None:
+    def _hold(self, parts: list[int], fresh: bool, folder: str | None = None) -> None:
         """Take ``parts``: their tokens, and their topics (drawn at random if ``fresh`` or
-        if the part was never saved, else its owner's last snapshot)."""
+        if the part was never saved, else its owner's last snapshot, in ``folder`` if
+        given: a checkpoint's step)."""
         K = self.cfg.topics
         words, docs, lens, zs = [], [], [], []
         offset = 0
@@ -234,7 +246,10 @@ class LDAProgram:
                 docs.append(f["docs"] + offset)
                 lens.append(f["doc_len"])
                 offset += f["doc_len"].size
-            if fresh or not os.path.exists(self._snapshot(p)):
+            if folder is not None:
+                with fsspec.open(self._snapshot(p, folder), "rb") as f:
+                    zs.append(np.load(f))
+            elif fresh or not os.path.exists(self._snapshot(p)):
                 rng = np.random.default_rng([self.cfg.seed, p])
                 zs.append(rng.integers(0, K, words[-1].size).astype(np.int32))
             else:
@@ -256,6 +271,12 @@ class LDAProgram:
         self.dtop = np.zeros(max(int(self.doff[-1]), 1), np.uint16)
         self.dcnt = np.zeros(self.doc_len.size, np.int32)
         _doc_lists(self.docs, self.z, self.ndk, self.dtop, self.doff, self.dcnt)
+        self.part_docs = np.cumsum([0] + [n.size for n in lens])  # part i's documents: part_docs[i]:[i + 1]
+        if folder is not None:  # the topic lists in their saved order too: the sampler walks them in order
+            for i, p in enumerate(parts):
+                with fsspec.open(f"{folder.rstrip('/')}/lists-{p}.npz", "rb") as f, np.load(f) as saved:
+                    self.dtop[self._list_slots(i)] = saved["dtop"]
+                    self.dcnt[self.part_docs[i]:self.part_docs[i + 1]] = saved["dcnt"]
         # segments: one a word; block b's are seg_lo[b]:seg_lo[b + 1]
         starts = np.flatnonzero(np.r_[True, self.words[1:] != self.words[:-1]]) if self.words.size else \
             np.zeros(0, np.int64)
@@ -275,8 +296,8 @@ class LDAProgram:
         rows = np.bincount(inverse * K + self.z, minlength=present.size * K).reshape(present.size, K)
         return present.astype(np.uint64), rows, np.bincount(self.z, minlength=K).astype(np.int64)
 
-    def _snapshot(self, part: int) -> str:
-        return os.path.join(self.scratch, f"z-{part}.npy")
+    def _snapshot(self, part: int, folder: str | None = None) -> str:
+        return f"{(folder or self.scratch).rstrip('/')}/z-{part}.npy"
 
     def start(self, region: int = 1) -> None:
         """Add this worker's counts to the servers' table, then wait for everyone's and
@@ -329,6 +350,30 @@ class LDAProgram:
                              distinct=True).result(timeout=600)
         self._barrier()
         self.start(region=2)  # not a round's region: those may still be read
+
+    def _list_slots(self, i: int) -> slice:
+        """Where the topic lists of the ``i``-th part held are in ``dtop``."""
+        return slice(int(self.doff[self.part_docs[i]]), int(self.doff[self.part_docs[i + 1]]))
+
+    def save(self, round_: int, step: str) -> None:
+        """Into a round checkpoint's step: the topics of the parts this worker holds, and
+        their documents' topic lists (in the order the sampler walks them)."""
+        fs, _, (root,) = fsspec.get_fs_token_paths(step)
+        fs.makedirs(root, exist_ok=True)
+        for i, p in enumerate(self.held):
+            with fsspec.open(self._snapshot(p, step), "wb") as f:
+                np.save(f, self._part_z(p))
+            with fsspec.open(f"{step.rstrip('/')}/lists-{p}.npz", "wb") as f:
+                np.savez(f, dtop=self.dtop[self._list_slots(i)],
+                         dcnt=self.dcnt[self.part_docs[i]:self.part_docs[i + 1]])
+
+    def resume(self, round_: int, step: str) -> None:
+        """Go on from a round checkpoint (the tables restored, so ``n_wk`` matches the
+        topics saved with it): take this worker's parts' topics from the step and the
+        topic totals from everyone's; the rounds go on exactly as if never stopped."""
+        self._hold(self._parts_of(self.rank), fresh=False, folder=step)
+        self._exchange(2, np.bincount(self.z, minlength=self.cfg.topics).astype(np.int64),
+                       base=np.zeros(self.cfg.topics, np.int64))
 
     # -- the scheduled program -------------------------------------------------------------------------
     def converged(self, round_: int) -> bool:
@@ -398,13 +443,18 @@ class LDAProgram:
 
 
 def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDAConfig, vocabulary: int,
-               scratch: str) -> dict[str, Any]:
+               scratch: str, checkpoints: Checkpoints | None = None, resume: ResumePoint | None = None
+               ) -> dict[str, Any]:
     workers = len(paths)
-    program = LDAProgram(client, paths, word_block, cfg, vocabulary, client.rank, workers, scratch)
-    program.start()
-    stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=program.rounds)
+    program = LDAProgram(client, paths, word_block, cfg, vocabulary, client.rank, workers, scratch,
+                         fresh=resume is None)
+    if resume is None:
+        program.start()
+    stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=program.rounds,
+                       checkpoints=checkpoints, resume=resume)
     program.finish()
     return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups, "sampled": program.sampled,
+            "checkpoints": stats.checkpoints,
             "doc_loglik": program.doc_loglik(), "docs": int(program.doc_len.size),
             "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}
 
@@ -456,14 +506,17 @@ def vocabulary_size(data: str, corpus: Corpus, vocabulary: str | None) -> tuple[
 
 def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str | None = None,
             metrics_out: str | None = None, vocabulary: str | None = None,
+            checkpoints: CheckpointOptions = NO_CHECKPOINTS,
             cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``paramserver lda``: sample, write ``save/topic_word.npy`` and the metrics; the report."""
+    """``paramserver lda``: sample, write ``save/topic_word.npy`` and the metrics; the report.
+    ``checkpoints.every`` counts iterations."""
     from paramserver.apps.modelfile import check_output, write_text
     from paramserver.cluster.local import LocalCluster
 
     check_config(cfg, workers, servers)
     check_output(save, "--save", folder=True)
     check_output(metrics_out, "--metrics-out", folder=False)
+    checkpoints.check()
     t0 = time.perf_counter()
     corpus = read_corpus(data)
     V, vocabulary = vocabulary_size(data, corpus, vocabulary)
@@ -475,15 +528,23 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
                           f"only below {MAX_COUNT:,} (2^24, float32 on the servers): drop stop words or split the "
                           "corpus")
     word_block = balanced_groups(freq, workers)
+    # what the parts and the tables depend on; --iterations may change on a resume
+    meta = {"app": "lda", "workers": workers, "topics": K, "seed": cfg.seed, "schedule": cfg.schedule,
+            "tokens": int(corpus.tokens), "docs": int(corpus.docs), "vocabulary": int(V)}
+    cps, resume = checkpoints.plan(meta, rounds_a_unit=workers if cfg.schedule == "rotate" else 1)
     with tempfile.TemporaryDirectory(prefix="paramserver-lda-") as scratch, \
             LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
             as cluster:
         paths = write_parts(scratch, corpus, word_block, workers)
         client = cluster.client
-        client.create_table(WORD_TOPIC, dim=K, optimizer="sgd", key_bits=max(int(V - 1).bit_length(), 1))
-        client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd", key_bits=max(int(3 * workers).bit_length(), 1))
+        if resume is not None:
+            client.restore(resume.step)
+        else:
+            client.create_table(WORD_TOPIC, dim=K, optimizer="sgd", key_bits=max(int(V - 1).bit_length(), 1))
+            client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd",
+                                key_bits=max(int(3 * workers).bit_length(), 1))
         t_sample = time.perf_counter()
-        per_worker, lost = cluster.run_elastic(lda_worker, paths, word_block, cfg, V, scratch)
+        per_worker, lost = cluster.run_elastic(lda_worker, paths, word_block, cfg, V, scratch, cps, resume)
         t_sample = time.perf_counter() - t_sample
         keys, rows = client.export_table(WORD_TOPIC)
     n_kw = np.zeros((K, V), np.int64)
@@ -494,12 +555,16 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
         os.makedirs(save, exist_ok=True)
         np.save(os.path.join(save, "topic_word.npy"), n_kw)
     seconds = time.perf_counter() - t0
-    token_iterations = corpus.tokens * cfg.iterations
+    per_iteration = workers if cfg.schedule == "rotate" else 1
+    done = max(cfg.iterations - (resume.round // per_iteration if resume else 0), 0)  # in this run
+    token_iterations = corpus.tokens * done
     report = {"log_likelihood_per_token": loglik / corpus.tokens, "tokens": corpus.tokens, "docs": corpus.docs,
               "vocabulary": V, "vocabulary_file": vocabulary, "token_iterations": token_iterations, "seconds": seconds,
               "sampling_seconds": t_sample, "token_iterations_per_s": token_iterations / seconds,
               "counts_consistent": bool(n_kw.sum() == corpus.tokens and (n_kw.sum(0) == freq).all()),
-              "workers": workers, "servers": servers, "workers_lost": lost, **asdict(cfg),
+              "workers": workers, "servers": servers, "workers_lost": lost,
+              "resumed_at_iteration": resume.round // per_iteration if resume else None,
+              "checkpoints": per_worker[0]["checkpoints"], **asdict(cfg),
               "phase_seconds": per_worker[0]["phase_seconds"]}
     if metrics_out:
         write_text(metrics_out, json.dumps(report, indent=1))

@@ -32,7 +32,15 @@ from numba import njit
 
 from paramserver.data.ratings import read_ratings
 from paramserver.errors import ConfigError, check_flags
-from paramserver.schedule import adopt, balanced_groups, run_rounds
+from paramserver.schedule import (
+    NO_CHECKPOINTS,
+    CheckpointOptions,
+    Checkpoints,
+    ResumePoint,
+    adopt,
+    balanced_groups,
+    run_rounds,
+)
 
 USERS, ITEMS = "mf/users", "mf/items"
 
@@ -217,10 +225,17 @@ class MFProgram:
         self.live, self.owner = live, adopt(self.owner, live)
         for p in self._parts_of(self.rank):
             if p not in self.held:
-                lo, hi = int(self.user_start[p]), int(self.user_start[p + 1])
-                P = self.client.pull(USERS, np.arange(lo, hi, dtype=np.uint64)).result(timeout=600)
-                self.held[p] = self._load(p, P)
+                self.held[p] = self._load(p, self._pushed_rows(p))
         self.observe(round_, [])
+
+    def resume(self, round_: int, step: str) -> None:
+        """Go on from a checkpoint (taken at an epoch's end, the tables restored): the
+        user rows are those pushed then, so the rounds go on exactly as if never stopped."""
+        self.held = {p: self._load(p, self._pushed_rows(p)) for p in self._parts_of(self.rank)}
+
+    def _pushed_rows(self, part: int) -> np.ndarray:
+        lo, hi = int(self.user_start[part]), int(self.user_start[part + 1])
+        return np.asarray(self.client.pull(USERS, np.arange(lo, hi, dtype=np.uint64)).result(timeout=600))
 
     @property
     def ratings_held(self) -> int:
@@ -228,10 +243,13 @@ class MFProgram:
 
 
 def mf_worker(client: Any, paths: list[str], cfg: MFConfig, mu: float, user_start: np.ndarray,
-              item_start: np.ndarray) -> dict[str, Any]:
+              item_start: np.ndarray, checkpoints: Checkpoints | None = None,
+              resume: ResumePoint | None = None) -> dict[str, Any]:
     program = MFProgram(client, paths, cfg, mu, user_start, item_start, client.rank)
-    stats = run_rounds(client, program, rank=client.rank, workers=len(paths), max_rounds=program.rounds)
+    stats = run_rounds(client, program, rank=client.rank, workers=len(paths), max_rounds=program.rounds,
+                       checkpoints=checkpoints, resume=resume)
     return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups,
+            "checkpoints": stats.checkpoints,
             "ratings": program.ratings_held, "train_rmse": program.train_rmse,
             "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}
 
@@ -256,8 +274,10 @@ def check_config(cfg: MFConfig, workers: int, servers: int) -> None:
 
 def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers: int,
            predictions_out: str | None = None, save: str | None = None, metrics_out: str | None = None,
+           checkpoints: CheckpointOptions = NO_CHECKPOINTS,
            cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``paramserver mf``: train, then predict ``test`` and write what was asked; the report."""
+    """``paramserver mf``: train, then predict ``test`` and write what was asked; the report.
+    ``checkpoints.every`` counts epochs."""
     from paramserver.apps.modelfile import check_output, write_text
     from paramserver.cluster.local import LocalCluster
 
@@ -267,6 +287,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     check_output(predictions_out, "--predictions-out", folder=False)
     if predictions_out and not test:
         raise ConfigError("--predictions-out needs --test (the ratings to predict, one prediction a line)")
+    checkpoints.check()
     t0 = time.perf_counter()
     train = read_ratings(data)
     held = read_ratings(test) if test else None
@@ -276,19 +297,27 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     mu = float(r.astype(np.float64).mean())
     lay = layout(np.bincount(u, minlength=user_ids.size), np.bincount(i, minlength=item_ids.size), workers)
     k = cfg.rank
+    # what the layout and the tables depend on; --epochs, --lr and --reg may change on a resume
+    meta = {"app": "mf", "workers": workers, "rank": k, "seed": cfg.seed, "ratings": int(r.size),
+            "users": int(user_ids.size), "items": int(item_ids.size)}
+    cps, resume = checkpoints.plan(meta, rounds_a_unit=workers)
     with tempfile.TemporaryDirectory(prefix="paramserver-mf-") as scratch, \
             LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
             as cluster:
         paths = write_strata(scratch, u, i, r, lay, workers, cfg.seed)
         client = cluster.client
-        for table, n in ((USERS, user_ids.size), (ITEMS, item_ids.size)):
-            client.create_table(table, dim=k + 1, optimizer="sgd", key_bits=max(int(n - 1).bit_length(), 1))
-        init = np.zeros((item_ids.size, k + 1), np.float32)
-        init[:, :k] = np.random.default_rng([cfg.seed, 1 << 20]).normal(0.0, cfg.init_std, (item_ids.size, k))
-        client.push(ITEMS, np.arange(item_ids.size, dtype=np.uint64), init, op="assign",
-                    distinct=True).result(timeout=600)
+        if resume is not None:
+            client.restore(resume.step)
+        else:
+            for table, n in ((USERS, user_ids.size), (ITEMS, item_ids.size)):
+                client.create_table(table, dim=k + 1, optimizer="sgd", key_bits=max(int(n - 1).bit_length(), 1))
+            init = np.zeros((item_ids.size, k + 1), np.float32)
+            init[:, :k] = np.random.default_rng([cfg.seed, 1 << 20]).normal(0.0, cfg.init_std, (item_ids.size, k))
+            client.push(ITEMS, np.arange(item_ids.size, dtype=np.uint64), init, op="assign",
+                        distinct=True).result(timeout=600)
         t_train = time.perf_counter()
-        per_worker, lost = cluster.run_elastic(mf_worker, paths, cfg, mu, lay.user_start, lay.item_start)
+        per_worker, lost = cluster.run_elastic(mf_worker, paths, cfg, mu, lay.user_start, lay.item_start, cps,
+                                               resume)
         t_train = time.perf_counter() - t_train
         P = _rows(client, USERS, user_ids.size, k)[lay.user_key]
         Q = _rows(client, ITEMS, item_ids.size, k)[lay.item_key]
@@ -308,10 +337,11 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
                  item_factors=Q[:, :k], user_bias=P[:, k], item_bias=Q[:, k], global_mean=mu,
                  rating_range=np.array([lo, hi]))
     seconds = time.perf_counter() - t0
-    updates = int(r.size) * cfg.epochs
+    updates = int(r.size) * max(cfg.epochs - (resume.round // workers if resume else 0), 0)
     report.update({"seconds": seconds, "train_seconds": t_train, "rating_updates": updates,
                    "rating_updates_per_s": updates / max(t_train, 1e-9), "workers": workers, "servers": servers,
-                   "workers_lost": lost,
+                   "workers_lost": lost, "resumed_at_epoch": resume.round // workers if resume else None,
+                   "checkpoints": per_worker[0]["checkpoints"],
                    **asdict(cfg), "phase_seconds": per_worker[0]["phase_seconds"]})
     if metrics_out:
         write_text(metrics_out, json.dumps(report, indent=1))

@@ -434,20 +434,23 @@ class Client:
         futures = [self._request(address, header) for address in self._servers.values()]
         return [f.result(timeout=timeout_s) for f in futures]
 
-    def checkpoint(self, url: str) -> str:
+    def checkpoint(self, url: str, *, step: str | None = None, extra: dict[str, Any] | None = None) -> str:
         """Write every table (keys, values, optimiser state) under ``url``; return the step's URL.
 
         Call it at a clock boundary (workers between batches); the manifest is written
-        last and atomically, so an interrupted checkpoint is never restored.
+        last and atomically, so an interrupted checkpoint is never restored.  ``step``
+        names the step (``checkpoint.step_url``) when the caller must know it first (the
+        rounds of ``schedule.run_rounds`` write their own files into it); ``extra`` goes
+        into the manifest as is.
         """
         from paramserver import checkpoint as ckpt
 
-        step = ckpt.new_step_url(url)
+        step = step or ckpt.new_step_url(url)
         replies = self._on_every_server({"op": Op.CHECKPOINT.value, "url": step})
         tables = {n: TableSpec.from_wire(w).to_wire()
                   for n, w in self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"].items()}
         ckpt.write_manifest(step, ckpt.assemble_manifest([m.header for m in replies], self._ring.to_wire(),
-                                                         tables))
+                                                         tables, **(extra or {})))
         return step
 
     def restore(self, url: str) -> dict[str, int]:
