@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from paramserver.apps.lasso_pairs import by_row, pair_steps, twins
 from paramserver.data.matrix import Matrix, read_libsvm_matrix
 from paramserver.errors import ConfigError
 from paramserver.schedule import NO_CHECKPOINTS, CheckpointOptions, Checkpoints, ResumePoint
@@ -43,6 +44,7 @@ from paramserver.schedule import NO_CHECKPOINTS, CheckpointOptions, Checkpoints,
 SCHEDULES = ("priority", "cyclic", "random")
 CHECK_PASSES = 8  # a check (exact residual, gap, working set, polish) every this many passes over the working set
 POLISH, POLISH_SWEEPS = 512, 8  # at each check: the worst violators, swept serially on every worker alike
+PAIRS, TWIN = 64, 0.95  # and the worst 64 solved exactly with their most correlated column, if above 0.95
 # the coefficients: a row is two float32s, hi + lo (float64 to 2^-48, so the gap can close).  Key j holds
 # coefficient j's latest value (read whole at checks, and at the end); a round r also writes its values at
 # (1 + r mod 2)·d + j, which is what observe reads: the next round writes the other half, so a fast worker
@@ -162,6 +164,20 @@ def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):
     return owner
 
 
+def _top(values: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the ``k`` largest ``values``, largest first (ties: lower index
+    first), without sorting them all."""
+    k = min(k, values.size)
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    if k < values.size:  # every index tied with the k-th largest stays in, so that ties go by index
+        kth = values[np.argpartition(-values, k - 1)[k - 1]]
+        part = np.flatnonzero(values >= kth)
+    else:
+        part = np.arange(values.size)
+    return part[np.lexsort((part, -values[part]))][:k]
+
+
 def objective(m: Matrix, w: np.ndarray, lam: float) -> float:
     """``1/(2n)·‖y − Xw‖² + λ‖w‖₁``."""
     r = _residual(m.colptr, m.rows, m.values, m.y, np.asarray(w, np.float64))
@@ -211,8 +227,8 @@ class LassoConfig:
     lam: float
     tol: float = 1e-4
     schedule: str = "priority"
-    per_round: int = 4096  # coordinates a worker updates a round
-    sweeps: int = 4  # passes over them
+    per_round: int = 2048  # coordinates a worker updates a round
+    sweeps: int = 32  # passes over them (few rounds: a round's barrier and messages cost more than its sweeps)
     rho: float = 0.05  # interference: mean |correlation| with the other workers' coordinates
     max_rounds: int = 200_000
     block_size: int = 1024
@@ -229,6 +245,9 @@ class LassoProgram:
         self.col_sq = np.add.reduceat(np.r_[m.values ** 2, 0.0], m.colptr[:-1]) if m.nnz else np.zeros(d)
         self.col_sq[np.diff(m.colptr) == 0] = 0.0
         self.col_norm = np.sqrt(self.col_sq)
+        self.by_row = by_row(m.colptr, m.rows, m.values, n)
+        self.scratch = np.zeros(n)
+        self.twin = np.full(d, -2, np.int64)  # each column's most correlated one (-1: none above TWIN; -2: not yet)
         self.w = np.zeros(d)
         self.r = m.y.astype(np.float64).copy()
         self.moved = np.zeros(d)  # recent |change| of each coordinate: the priority
@@ -236,6 +255,7 @@ class LassoProgram:
         self.working = np.zeros(0, np.int64)
         self.rho = cfg.rho  # the interference bound, tightened whenever the objective goes up
         self.residuals: list[np.ndarray] = []  # at the last checks, for the dual extrapolation
+        self.check_seconds = 0.0
         self.best_dual = -math.inf
         self._before = np.zeros(0)
         self.next_check = 0
@@ -251,10 +271,18 @@ class LassoProgram:
             everything = np.arange(m.shape[1], dtype=np.uint64)  # nobody pushes again before all have them
             self.w = join64(self.client.pull(TABLE, everything).result(timeout=600))
             self.client.barrier(timeout_s=600)
+        pulled = self.w.copy()
         self.r = _residual(m.colptr, m.rows, m.values, m.y, self.w)
         g = _xtr(m.colptr, m.rows, m.values, self.r)
         if round_ and self.workers > 1:
             g = self._polish(g)
+        if round_:  # what the polish moved (alike on every worker) goes to the servers,
+            moved = np.flatnonzero(self.w != pulled)  # before any round's push (a barrier)
+            if self.slot == 0 and moved.size:
+                self.client.push(TABLE, moved.astype(np.uint64), split64(self.w[moved]), op="assign",
+                                 distinct=True).result(timeout=600)
+            if self.workers > 1:
+                self.client.barrier(timeout_s=600)
         before = self.primal
         self.primal, self.gap = duality_gap(m, self.w, self.r, g, cfg.lam)
         self.residuals = (self.residuals + [self.r.copy()])[-6:]
@@ -273,7 +301,7 @@ class LassoProgram:
         violation = np.abs(g) / self.n - cfg.lam
         violation[nonzero] = -np.inf
         size = max(2 * nonzero.size, 2 * cfg.per_round * self.workers, 256)
-        order = np.argsort(-violation, kind="stable")[: max(size - nonzero.size, 0)]
+        order = _top(violation, max(size - nonzero.size, 0))
         order = order[violation[order] > 0]
         self.working = np.sort(np.concatenate([nonzero, order]))
         # a violator's priority is how far it is from optimal, in coefficient units
@@ -286,22 +314,23 @@ class LassoProgram:
         the same on every worker (same point, same order, same arithmetic: no message), so
         that what concurrent rounds leave behind (small violations on correlated, dense
         columns, which the gap sees and the objective hardly does) is cleared exactly.
-        The first live worker pushes the result.  Returns the new ``Xᵀr``."""
+        Returns the new ``Xᵀr``."""
         m, cfg = self.m, self.cfg
         target = cfg.lam * np.sign(self.w)
         kkt = np.where(self.w != 0, np.abs(g / self.n - target), np.maximum(np.abs(g) / self.n - cfg.lam, 0.0))
-        top = np.argsort(-kkt, kind="stable")[:POLISH]
+        top = _top(kkt, POLISH)
         top = top[kkt[top] > 0]
         if not top.size:
             return g
-        before = self.w[top].copy()
         _cd(m.colptr, m.rows, m.values, top, self.w, self.r, self.col_sq, self.n, cfg.lam, POLISH_SWEEPS)
-        moved = top[self.w[top] != before]
         self.updates += top.size * POLISH_SWEEPS
-        if self.slot == 0 and moved.size:
-            self.client.push(TABLE, moved.astype(np.uint64), split64(self.w[moved]), op="assign",
-                             distinct=True).result(timeout=600)
-        self.client.barrier(timeout_s=600)  # the polish is on the servers before any round's push
+        worst = top[:PAIRS]
+        unknown = worst[self.twin[worst] == -2]  # a column's twin never changes: found once
+        self.twin[unknown] = twins(m.colptr, m.rows, m.values, *self.by_row, self.col_norm, unknown, TWIN)
+        twin = self.twin[worst]
+        paired = twin >= 0
+        self.updates += pair_steps(m.colptr, m.rows, m.values, worst[paired], twin[paired], self.w, self.r,
+                                   self.col_sq, self.n, cfg.lam, self.scratch)
         return _xtr(m.colptr, m.rows, m.values, self.r)
 
     @property
@@ -321,7 +350,9 @@ class LassoProgram:
 
     def converged(self, round_: int) -> bool:
         if round_ >= self.next_check:
+            t = time.perf_counter()
             self._check(round_)
+            self.check_seconds += time.perf_counter() - t
         return self.solved or self.stalled
 
     # -- the three functions of a scheduled program ------------------------------------------------------
@@ -390,7 +421,8 @@ def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, work
                        checkpoints=checkpoints, resume=resume)
     return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups, "scheduled": stats.scheduled,
             "checkpoints": stats.checkpoints,
-            "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()},
+            "phase_seconds": {**{k: round(v, 3) for k, v in stats.seconds.items()},
+                              "check": round(program.check_seconds, 3)},
             "updates": program.updates, "objective": program.primal, "gap": program.gap, "checks": program.checks,
             "converged": program.solved, "stalled": program.stalled,
             "history": program.history}
@@ -453,8 +485,9 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     head = min(per_worker, key=lambda r: r["rank"])
     r = _residual(m.colptr, m.rows, m.values, m.y, w)
     primal, gap = duality_gap(m, w, r, _xtr(m.colptr, m.rows, m.values, r), cfg.lam)
-    if head["objective"] == primal:  # the workers' last check saw these coefficients: their gap (with the
-        gap = min(gap, float(head["gap"]))  # extrapolated dual point) is the tighter certificate
+    # the workers' last check saw these coefficients (to the 2^-48 the table keeps): their dual point (an
+    # extrapolated one) bounds the optimum from below too, and is the tighter certificate
+    gap = min(gap, float(head["gap"]) + max(primal - float(head["objective"]), 0.0))
     report = {"objective": primal, "duality_gap": gap, "relative_gap": gap / primal if primal else 0.0,
               "nonzeros": int(np.count_nonzero(w)), "seconds": seconds, "rounds": head["rounds"],
               "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"] or gap <= tol * primal),
