@@ -222,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", default="rotate", choices=("rotate", "none"), help="rotate (default): word blocks "
                    "go round the workers, no word sampled by two at once; none: every worker samples every word "
                    "from counts a round stale (AD-LDA; for comparison)")
+    p.add_argument("--staleness", type=int, default=0, metavar="S", help="SSP between rounds: a worker may run up "
+                   "to S rounds ahead of the slowest, reading counts up to S rounds stale (default 0: BSP rounds; with "
+                   "rotate, S > 0 gives up that no word is sampled by two workers at once)")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
     p.add_argument("--save", metavar="DIR", help="write DIR/topic_word.npy: K x V counts n_kw, column j = word j "

@@ -193,26 +193,67 @@ def _checkpoint(client: Any, program: Program, checkpoints: Checkpoints, round_:
 
 def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_rounds: int,
                timeout_s: float = 600.0, checkpoints: Checkpoints | None = None,
-               resume: ResumePoint | None = None) -> RoundStats:
-    """Run ``program`` on this worker (``rank`` of ``workers``) in BSP rounds; every
-    worker calls it with the same program and arguments.
+               resume: ResumePoint | None = None, staleness: int = 0) -> RoundStats:
+    """Run ``program`` on this worker (``rank`` of ``workers``) in rounds; every worker
+    calls it with the same program and arguments.
 
-    The barrier answers with the live workers.  When some are gone, every survivor calls
+    BSP (``staleness`` 0): after a round's pushes, a barrier, then ``observe``.  The
+    barrier answers with the live workers.  When some are gone, every survivor calls
     ``program.regroup(round, live)`` (the surviving ranks, sorted) in place of that
     round's ``observe``: the program takes over the dead workers' part and makes the
     servers' state consistent again; from then on ``schedule`` deals to ``len(live)``
     workers, slot i being ``live[i]``.  A program without ``regroup`` stops with
     ``WorkersLost``.  Workers that join meanwhile are not part of the rounds.
 
+    SSP (``staleness`` s >= 1): a worker arrives at round r's barrier without waiting
+    (``Client.arrive``) and observes round r − s, once every worker has finished it, just
+    before it schedules round r + 1: it runs at most s rounds ahead of the slowest, and
+    every worker has observed exactly the same rounds when it schedules one, so schedules
+    still agree.  Only for programs whose updates commute (``add``): two workers may then
+    update one parameter from states s rounds apart.  Deaths are found at the same round
+    by every survivor, which first waits out the rounds in flight, then regroups.  Before
+    a checkpoint and at the end every round in flight is observed.
+
     With ``checkpoints``, the rounds are checkpointed every ``checkpoints.every`` rounds
     and after the last; with ``resume`` (the tables already restored by the driver),
     every worker calls ``program.resume(round, step)`` and the rounds go on from there.
     """
     import time
+    from collections import deque
 
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ParamServerError(f"staleness must be a whole number >= 0 (0: BSP rounds), got {staleness!r}")
     stats = RoundStats()
     clock = time.perf_counter
     live = list(range(workers))
+    pending: deque[tuple[int, Sequence[np.ndarray], Any]] = deque()  # rounds arrived at, not yet observed
+
+    def settle(r: int, upto: int) -> None:
+        """Observe the rounds in flight, oldest first, until at most ``upto`` are left; or
+        regroup, as of round ``r``, if a barrier's answer lacks a worker."""
+        nonlocal live
+        while len(pending) > upto:
+            q, assignment, answer = pending.popleft()
+            t = clock()
+            present = answer() if callable(answer) else answer.result(timeout=timeout_s)
+            stats.seconds["barrier"] += clock() - t
+            gone = [w for w in live if present and w not in present]
+            t = clock()
+            if gone:
+                regroup = getattr(program, "regroup", None)
+                if regroup is None:
+                    raise WorkersLost(f"worker(s) {gone} died in round {q}; {type(program).__name__} cannot go on "
+                                      "without them (it has no regroup)")
+                for _, _, later in pending:  # every survivor arrived at these before it saw the death
+                    later.result(timeout=timeout_s)
+                pending.clear()
+                live = [w for w in live if w not in gone]
+                regroup(r, live)
+                stats.regroups += 1
+            else:
+                program.observe(q, assignment)
+            stats.seconds["observe"] += clock() - t
+
     start = 0
     if resume is not None:
         if not hasattr(program, "resume"):
@@ -232,29 +273,23 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
         for f in futures:
             f.result(timeout=timeout_s)
         t3 = clock()
-        present = client.barrier(timeout_s=timeout_s)
-        t4 = clock()
-        gone = [w for w in live if present and w not in present]
-        if gone:
-            regroup = getattr(program, "regroup", None)
-            if regroup is None:
-                raise WorkersLost(f"worker(s) {gone} died in round {r}; {type(program).__name__} cannot go on "
-                                  "without them (it has no regroup)")
-            live = [w for w in live if w not in gone]
-            regroup(r, live)
-            stats.regroups += 1
+        stats.seconds["schedule"] += t1 - t0
+        stats.seconds["update"] += t2 - t1
+        stats.seconds["push"] += t3 - t2
+        if staleness:
+            pending.append((r, assignment, client.arrive(r)))
         else:
-            program.observe(r, assignment)
-        t5 = clock()
+            pending.append((r, assignment, lambda: client.barrier(timeout_s=timeout_s)))
+        settle(r, staleness)
         stats.rounds += 1
         stats.scheduled += int(sum(len(a) for a in assignment))
-        for name, a, b in (("schedule", t0, t1), ("update", t1, t2), ("push", t2, t3), ("barrier", t3, t4),
-                           ("observe", t4, t5)):
-            stats.seconds[name] += b - a
         if checkpoints is not None and ((r + 1) % checkpoints.every == 0 or r + 1 == max_rounds):
+            settle(r, 0)
+            t = clock()
             _checkpoint(client, program, checkpoints, r + 1, live, rank, timeout_s)
-            stats.seconds["checkpoint"] = stats.seconds.get("checkpoint", 0.0) + clock() - t5
+            stats.seconds["checkpoint"] = stats.seconds.get("checkpoint", 0.0) + clock() - t
             stats.checkpoints += 1
+    settle(max(start, stats.rounds + start - 1), 0)
     return stats
 
 

@@ -64,18 +64,21 @@ def _dies_mid_push(client, victim, round_, worker, *args):
     return worker(client, *args)
 
 
-def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness):
+    """BSP rounds, and SSP ones (the survivors wait out the rounds in flight, then regroup)."""
     corpus = read_corpus(_planted(tmp_path / "c.ldac", docs=400, length=80))
     V, workers = corpus.vocabulary, 3
     freq = np.bincount(corpus.words, minlength=V)
-    cfg = LDAConfig(topics=6, iterations=30)
+    cfg = LDAConfig(topics=6, iterations=30, staleness=staleness)
     word_block = balanced_groups(freq, workers)
     with tempfile.TemporaryDirectory() as scratch, \
             LocalCluster(servers=1, workers=workers, log_level="WARNING", heartbeat_interval_s=0.1,
                          heartbeat_timeout_s=1.0) as cluster:
         paths = write_parts(scratch, corpus, word_block, workers)
         cluster.client.create_table(WORD_TOPIC, dim=cfg.topics, key_bits=8)
-        cluster.client.create_table(TOPIC_DELTA, dim=2 * cfg.topics, key_bits=4)
+        cluster.client.create_table(TOPIC_DELTA, dim=2 * cfg.topics,
+                                    key_bits=int(cfg.regions * workers - 1).bit_length())
         results, lost = cluster.run_elastic(_dies_mid_push, 1, 20, lda_worker, paths, word_block, cfg, V, scratch)
         keys, rows = cluster.client.export_table(WORD_TOPIC)
     assert len(lost) == 1 and "died" in lost[0]
@@ -86,6 +89,7 @@ def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path):
     n_wk[keys.astype(np.int64)] = rows
     np.testing.assert_array_equal(n_wk.sum(1), freq)  # Σ_k n_wk = the word's count, for every word
     assert n_wk.sum() == corpus.tokens and (n_wk >= 0).all()
+    assert all(r["topic_totals"] == n_wk.sum(0).tolist() for r in results)  # n_k, as each survivor sees it
 
 
 def test_finds_planted_topics_and_writes_what_it_says(tmp_path):
@@ -107,10 +111,19 @@ def test_finds_planted_topics_and_writes_what_it_says(tmp_path):
     assert -np.log(100) < report["log_likelihood_per_token"] < 0
 
 
-def test_unscheduled_mode_keeps_the_counts_too(tmp_path):
-    path = _planted(tmp_path / "c.ldac", docs=100)
-    run = _cli("--data", str(path), "--topics", "4", "--iterations", "20", "--schedule", "none")
+@pytest.mark.parametrize("args", [["--schedule", "none"], ["--schedule", "none", "--staleness", "2"],
+                                  ["--staleness", "1"]])
+def test_unscheduled_and_ssp_modes_keep_the_counts_too(tmp_path, args):
+    """AD-LDA (every worker every word), and SSP rounds (a worker up to S rounds ahead):
+    the counts stay the corpus and every worker's topic totals the table's; the planted
+    topics are still found."""
+    path = _planted(tmp_path / "c.ldac", docs=200)
+    out = tmp_path / "model"
+    run = _cli("--data", str(path), "--topics", "4", "--iterations", "60", "--save", str(out), *args)
     assert json.loads(run.stdout.strip().splitlines()[-1])["counts_consistent"]
+    n_kw = np.load(out / "topic_word.npy")
+    mass = n_kw.reshape(4, 4, 25).sum(2) / n_kw.sum(1, keepdims=True)
+    assert (mass.max(1) > 0.9).all() and sorted(mass.argmax(1).tolist()) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -119,6 +132,7 @@ def test_unscheduled_mode_keeps_the_counts_too(tmp_path):
     (["--alpha", "0"], "--alpha must be"),
     (["--beta", "-1"], "--beta must be"),
     (["--save", "FILE"], "is a file"),
+    (["--staleness", "-1"], "--staleness must be a whole number in [0, 64]"),
 ])
 def test_bad_flags_are_refused_before_any_work(tmp_path, args, message):
     path = _planted(tmp_path / "c.ldac", docs=20)

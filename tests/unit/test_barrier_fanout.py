@@ -81,3 +81,47 @@ def test_a_fan_out_finishes_once_with_every_server_accounted_for(seed):
     assert not op.waiting and set(op.replies) | set(op.errors) | op.lost == set(servers)
     assert not set(op.replies) & set(op.errors) and not (set(op.replies) | set(op.errors)) & op.lost
     assert op_id not in fanouts.open
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_numbered_barriers_release_each_round_once_when_every_live_worker_reached_it(seed):
+    """SSP rounds: workers arrive at rounds ahead of one another (up to 3 ahead), some
+    die; each round is released exactly once, with exactly the requests made for it,
+    as soon as every live worker has arrived there, and the plain barrier is apart."""
+    rng = random.Random(seed)
+    workers = rng.randint(1, 5)
+    live, at = set(range(workers)), {w: 0 for w in range(workers)}  # the next round each will arrive at
+    barrier, made, released = Barrier(), {}, set()
+    for step in range(300):
+        slowest = min(at[w] for w in live)
+        movers = [w for w in sorted(live) if at[w] < slowest + 3]
+        if rng.random() < 0.05 and len(live) > 1:
+            w = rng.choice(sorted(live))
+            live.discard(w)
+            barrier.drop(w)
+            for g in made:
+                made[g] = {(i, q) for i, q in made[g] if i != b"w%d" % w}
+        elif movers:
+            w = rng.choice(movers)
+            barrier.arrive(b"w%d" % w, (w, at[w]), w, float(step), generation=at[w])
+            made.setdefault(at[w], set()).add((b"w%d" % w, (w, at[w])))
+            at[w] += 1
+        for g in barrier.complete(len(live)):
+            out = barrier.release(len(live), g)
+            assert g not in released and set(out) == made[g], (seed, step, g)
+            released.add(g)
+        # released exactly the rounds every live worker has passed (and that anyone arrived at)
+        assert released == {g for g in made if made[g] and all(at[w] > g for w in live)}, (seed, step)
+        assert barrier.release(len(live)) == []  # nobody is at the plain barrier
+
+
+def test_the_plain_barrier_and_a_round_are_released_apart():
+    barrier = Barrier()
+    barrier.arrive(b"a", 1, 1, 0.0, generation=7)
+    barrier.arrive(b"a", 2, 1, 0.0)
+    assert barrier.complete(2) == [] and barrier.release(2) == []
+    barrier.arrive(b"b", 3, 2, 0.0)
+    assert barrier.complete(2) == [None] and barrier.release(2) == [(b"a", 2), (b"b", 3)]
+    barrier.drop(2)
+    assert barrier.complete(1) == [7] and barrier.release(1, 7) == [(b"a", 1)]
+    assert barrier.missing(100.0, {1: 0}, 1) is None  # nothing open

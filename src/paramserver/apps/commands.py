@@ -266,7 +266,7 @@ def lda(args: argparse.Namespace, _: Any) -> int:
     from paramserver.apps.lda import LDAConfig, run_lda
 
     cfg = LDAConfig(topics=args.topics, iterations=args.iterations, alpha=args.alpha, beta=args.beta, seed=args.seed,
-                    schedule=args.schedule)
+                    schedule=args.schedule, staleness=args.staleness)
     report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
                      metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args))
     print(json.dumps(report), flush=True)

@@ -173,6 +173,19 @@ class LDAConfig:
     beta: float = 0.01
     seed: int = 0
     schedule: str = "rotate"  # or "none": every worker samples every word each round (AD-LDA), to compare
+    staleness: int = 0  # rounds a worker may run ahead of the slowest (SSP); 0: BSP rounds
+
+    @property
+    def regions(self) -> int:
+        """Slots of ``lda/topic_delta`` a worker has: 2s + 2 for the rounds, one for the
+        start, one for a recount after a death or a resume.  Round q's slot is written
+        again by round q + 2s + 2: a worker takes round q's pull before it arrives at
+        round q + s + 1, and nobody starts round q + 2s + 2 before all have arrived there."""
+        return 2 * self.staleness + 4
+
+    @property
+    def round_regions(self) -> int:
+        return 2 * self.staleness + 2
 
 
 def encode(counts: np.ndarray) -> np.ndarray:
@@ -221,13 +234,14 @@ class LDAProgram:
         self.word_block = word_block
         self.held: list[int] = []
         self.tokens = self.words = self.docs = self.z = np.zeros(0, np.int32)
-        self.nk = np.zeros(cfg.topics, np.int64)
-        self.nk_base = self.nk.copy()  # n_k as the round started
+        self.nk = np.zeros(cfg.topics, np.int64)  # n_k as this worker sees it: nk_seen + its own changes in flight
+        self.nk_seen = self.nk.copy()  # every worker's changes through the last round observed
+        self.own: dict[int, np.ndarray] = {}  # this worker's changes of the rounds not yet observed
         self.Y, self.cum = np.zeros(cfg.topics), np.zeros(cfg.topics)
         self.rounds = cfg.iterations * (blocks if cfg.schedule == "rotate" else 1)
         self.sampled = 0
-        self._pending_nk: Any = None
-        self._pending_blocks: tuple[list[int], list[Any]] = ([], [])
+        self._pending_nk: list[tuple[int, Any]] = []  # (round observed, the pull of its changes)
+        self._pending_blocks: tuple[int, list[Any]] = (-1, [])  # (round they are for, the pulls of its blocks)
         self._saved = -math.inf
         if fresh:  # else resume() takes the parts from a checkpoint
             self._hold([rank], fresh=True)
@@ -299,23 +313,23 @@ class LDAProgram:
     def _snapshot(self, part: int, folder: str | None = None) -> str:
         return f"{(folder or self.scratch).rstrip('/')}/z-{part}.npy"
 
-    def start(self, region: int = 1) -> None:
+    def start(self, region: int | None = None) -> None:
         """Add this worker's counts to the servers' table, then wait for everyone's and
         take the topic totals: the rounds start from a consistent table."""
         words, rows, nk = self._counts()
         self.client.push(WORD_TOPIC, words, rows.astype(np.float32), op="add", distinct=True).result(timeout=600)
-        self._exchange(region, nk, base=np.zeros_like(nk))
+        self._exchange(self.cfg.regions - 2 if region is None else region, nk)
 
-    def _exchange(self, region: int, mine: np.ndarray, base: np.ndarray) -> None:
-        """n_k = base + every live worker's ``mine``, through this worker's slot in
-        ``region`` (a round uses region round mod 2, which no worker reuses before all
-        have read it: a BSP barrier lies between)."""
+    def _exchange(self, region: int, mine: np.ndarray) -> None:
+        """n_k = every live worker's ``mine``, through this worker's slot in ``region`` (not
+        a round's: those may still be read; see ``LDAConfig.regions``)."""
         slot = region * self.parts
         self.client.push(TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(mine)[None], op="assign",
                          distinct=True).result(timeout=600)
         self._barrier()
         rows = self.client.pull(TOPIC_DELTA, np.array([slot + r for r in self.live], np.uint64)).result(timeout=600)
-        self.nk = base + decode(rows).sum(0)
+        self.nk = decode(rows).sum(0)
+        self.nk_seen, self.own, self._pending_nk = self.nk.copy(), {}, []
 
     def _barrier(self) -> None:
         present = self.client.barrier(timeout_s=600)
@@ -339,7 +353,7 @@ class LDAProgram:
         survivor adds its parts' counts, and the topic totals are exchanged whole.  Every
         count on the servers is then that of the topics the survivors hold, whatever the
         dead worker had pushed of its last round."""
-        self._pending_nk, self._pending_blocks = None, ([], [])
+        self._pending_nk, self._pending_blocks = [], (-1, [])
         self._save()
         self.live, self.owner = live, adopt(self.owner, live)
         self._barrier()  # every part's latest topics are on disk
@@ -349,7 +363,7 @@ class LDAProgram:
             self.client.push(WORD_TOPIC, np.arange(self.V, dtype=np.uint64), zeros, op="assign",
                              distinct=True).result(timeout=600)
         self._barrier()
-        self.start(region=2)  # not a round's region: those may still be read
+        self.start(region=self.cfg.regions - 1)  # not a round's region: those may still be read
 
     def _list_slots(self, i: int) -> slice:
         """Where the topic lists of the ``i``-th part held are in ``dtop``."""
@@ -372,8 +386,7 @@ class LDAProgram:
         topics saved with it): take this worker's parts' topics from the step and the
         topic totals from everyone's; the rounds go on exactly as if never stopped."""
         self._hold(self._parts_of(self.rank), fresh=False, folder=step)
-        self._exchange(2, np.bincount(self.z, minlength=self.cfg.topics).astype(np.int64),
-                       base=np.zeros(self.cfg.topics, np.int64))
+        self._exchange(self.cfg.regions - 1, np.bincount(self.z, minlength=self.cfg.topics).astype(np.int64))
 
     # -- the scheduled program -------------------------------------------------------------------------
     def converged(self, round_: int) -> bool:
@@ -392,13 +405,12 @@ class LDAProgram:
     def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
         cfg = self.cfg
         pushes = []
-        if self._pending_nk is not None:  # the last round's exchange, pulled beside this round's blocks
-            self.nk = self.nk_base + decode(self._pending_nk.result(timeout=600)).sum(0)
-            self._pending_nk = None
-        self.nk_base = self.nk.copy()
-        pulls = self._pending_blocks if self._pending_blocks[0] == mine.tolist() else (mine.tolist(), [
-            self.client.pull(WORD_TOPIC, self.block_words[b]) for b in mine.tolist()])
-        for b, future in zip(mine.tolist(), pulls[1]):
+        self._take_observed()
+        start = self.nk.copy()
+        pulls = self._pending_blocks[1] if self._pending_blocks[0] == round_ else [
+            self.client.pull(WORD_TOPIC, self.block_words[b]) for b in mine.tolist()]
+        self._pending_blocks = (-1, [])
+        for b, future in zip(mine.tolist(), pulls):
             keys = self.block_words[b]
             nwk = future.result(timeout=600).astype(np.int32)
             before = nwk.copy()
@@ -409,27 +421,39 @@ class LDAProgram:
             self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
             changed = np.flatnonzero((nwk != before).any(1))
             pushes.append((WORD_TOPIC, keys[changed], (nwk[changed] - before[changed]).astype(np.float32), "add"))
-        slot = (round_ % 2) * self.parts
-        pushes.append((TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(self.nk - self.nk_base)[None],
+        self.own[round_] = self.nk - start
+        slot = (round_ % self.cfg.round_regions) * self.parts
+        pushes.append((TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(self.own[round_])[None],
                        "assign"))
         return pushes
 
     def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None:
-        """After the barrier: pull the round's topic-total changes and the next round's
-        blocks at once (they are final now); they are taken in the next ``update``."""
-        slot = (round_ % 2) * self.parts
-        self._pending_nk = self.client.pull(TOPIC_DELTA, np.array([slot + r for r in self.live], np.uint64))
-        if round_ + 1 < self.rounds:
-            nxt = self.schedule(round_ + 1, len(self.live))[self.live.index(self.rank)].tolist()
-            self._pending_blocks = (nxt, [self.client.pull(WORD_TOPIC, self.block_words[b]) for b in nxt])
+        """Once every worker has finished ``round_`` (BSP: this round; SSP: the round s
+        before the one just run): pull its topic-total changes, and the blocks of the
+        next round to run (final for every round observed); both are taken in the next
+        ``update``."""
+        slot = (round_ % self.cfg.round_regions) * self.parts
+        self._pending_nk.append((round_, self.client.pull(TOPIC_DELTA, np.array([slot + r for r in self.live],
+                                                                                  np.uint64))))
+        nxt = round_ + 1 + self.cfg.staleness
+        if nxt < self.rounds:
+            blocks = self.schedule(nxt, len(self.live))[self.live.index(self.rank)].tolist()
+            self._pending_blocks = (nxt, [self.client.pull(WORD_TOPIC, self.block_words[b]) for b in blocks])
         if time.monotonic() - self._saved >= SNAPSHOT_S:
             self._save()
 
+    def _take_observed(self) -> None:
+        """n_k from the rounds observed: every worker's changes to them, this worker's own
+        changes since."""
+        for round_, future in self._pending_nk:
+            self.nk_seen += decode(future.result(timeout=600)).sum(0)
+            self.own.pop(round_, None)
+        self._pending_nk = []
+        self.nk = self.nk_seen + sum(self.own.values(), np.zeros_like(self.nk_seen))
+
     def finish(self) -> None:
-        """Take the last round's topic totals (for the report)."""
-        if self._pending_nk is not None:
-            self.nk = self.nk_base + decode(self._pending_nk.result(timeout=600)).sum(0)
-            self._pending_nk = None
+        """Take the last rounds' topic totals (for the report)."""
+        self._take_observed()
 
     def _part_z(self, part: int) -> np.ndarray:
         """The topics of ``part``'s tokens in its file's order."""
@@ -451,10 +475,10 @@ def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDACo
     if resume is None:
         program.start()
     stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=program.rounds,
-                       checkpoints=checkpoints, resume=resume)
+                       checkpoints=checkpoints, resume=resume, staleness=cfg.staleness)
     program.finish()
     return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups, "sampled": program.sampled,
-            "checkpoints": stats.checkpoints,
+            "checkpoints": stats.checkpoints, "topic_totals": program.nk.tolist(),
             "doc_loglik": program.doc_loglik(), "docs": int(program.doc_len.size),
             "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}
 
@@ -466,6 +490,8 @@ def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
         ("--alpha", cfg.alpha, math.isfinite(cfg.alpha) and cfg.alpha > 0, "a number > 0"),
         ("--beta", cfg.beta, math.isfinite(cfg.beta) and cfg.beta > 0, "a number > 0"),
         ("--schedule", cfg.schedule, cfg.schedule in ("rotate", "none"), "rotate or none"),
+        ("--staleness", cfg.staleness, isinstance(cfg.staleness, int) and 0 <= cfg.staleness <= 64,
+         "a whole number in [0, 64] (rounds a worker may run ahead; 0: BSP)"),
         ("--workers", workers, workers >= 1, "a whole number >= 1"),
         ("--servers", servers, servers >= 1, "a whole number >= 1"),
     ])
@@ -530,6 +556,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     word_block = balanced_groups(freq, workers)
     # what the parts and the tables depend on; --iterations may change on a resume
     meta = {"app": "lda", "workers": workers, "topics": K, "seed": cfg.seed, "schedule": cfg.schedule,
+            "staleness": cfg.staleness,
             "tokens": int(corpus.tokens), "docs": int(corpus.docs), "vocabulary": int(V)}
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers if cfg.schedule == "rotate" else 1)
     with tempfile.TemporaryDirectory(prefix="paramserver-lda-") as scratch, \
@@ -542,7 +569,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
         else:
             client.create_table(WORD_TOPIC, dim=K, optimizer="sgd", key_bits=max(int(V - 1).bit_length(), 1))
             client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd",
-                                key_bits=max(int(3 * workers).bit_length(), 1))
+                                key_bits=max(int(cfg.regions * workers - 1).bit_length(), 1))
         t_sample = time.perf_counter()
         per_worker, lost = cluster.run_elastic(lda_worker, paths, word_block, cfg, V, scratch, cps, resume)
         t_sample = time.perf_counter() - t_sample
@@ -561,7 +588,9 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     report = {"log_likelihood_per_token": loglik / corpus.tokens, "tokens": corpus.tokens, "docs": corpus.docs,
               "vocabulary": V, "vocabulary_file": vocabulary, "token_iterations": token_iterations, "seconds": seconds,
               "sampling_seconds": t_sample, "token_iterations_per_s": token_iterations / seconds,
-              "counts_consistent": bool(n_kw.sum() == corpus.tokens and (n_kw.sum(0) == freq).all()),
+              # Σ n_kw is the corpus, word by word; every worker's topic totals are the table's
+              "counts_consistent": bool(n_kw.sum() == corpus.tokens and (n_kw.sum(0) == freq).all() and all(
+                  r["topic_totals"] == n_kw.sum(1).tolist() for r in per_worker)),
               "workers": workers, "servers": servers, "workers_lost": lost,
               "resumed_at_iteration": resume.round // per_iteration if resume else None,
               "checkpoints": per_worker[0]["checkpoints"], **asdict(cfg),

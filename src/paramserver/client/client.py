@@ -405,6 +405,25 @@ class Client:
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         return list(self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s).get("workers", []))
 
+    def arrive(self, generation: int) -> Future:
+        """Arrive at the numbered barrier ``generation`` (a round) without waiting: the
+        future completes with the ranks of the live workers once all have arrived there.
+        A worker may arrive at later generations meanwhile (SSP rounds: wait on round
+        r − s, arrive at r); each generation is released on its own."""
+        if self.role != "worker":
+            raise ConfigError("only workers take part in barriers (this client is a driver)")
+        if isinstance(generation, bool) or not isinstance(generation, int):
+            raise ConfigError(f"a barrier's generation must be a whole number, got {generation!r}")
+        out: Future = Future()
+
+        def done(f: Future) -> None:
+            try:
+                out.set_result(list(f.result().header.get("workers", [])))
+            except BaseException as exc:  # the request's own error, for whoever waits
+                out.set_exception(exc)
+        self._request(self.config.scheduler, {"op": Op.BARRIER.value, "generation": generation}).add_done_callback(done)
+        return out
+
     # ---- data shards (the task scheduler): client.job --------------------------------
     def _resync_clock(self) -> None:
         """Take the live servers' minimum clock.  A server that dies meanwhile is skipped:

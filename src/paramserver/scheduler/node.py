@@ -537,7 +537,10 @@ class SchedulerNode:
         node_id = self.by_identity.get(identity)
         if node_id is None or self.nodes[node_id].role != "worker":
             raise ConfigError("only registered workers take part in barriers")
-        self.barrier.arrive(identity, msg.id, node_id, self.clock())
+        generation = msg.header.get("generation")
+        if generation is not None and (isinstance(generation, bool) or not isinstance(generation, int)):
+            raise ConfigError(f"a barrier's generation must be a whole number (a round), got {generation!r}")
+        self.barrier.arrive(identity, msg.id, node_id, self.clock(), generation)
         self._maybe_release_barrier()
 
     def _say_who_is_missing(self, now: float) -> None:
@@ -550,11 +553,12 @@ class SchedulerNode:
     def _maybe_release_barrier(self) -> None:
         """Answer a complete barrier; each answer names the ranks that took part (the live
         workers), so that a program in rounds learns who is gone at the same point."""
-        here = self.barrier.here()
-        released = self.barrier.release(self._barrier_size())
-        ranks = sorted(self.nodes[n].rank for n in here if n in self.nodes) if released else []
-        for identity, request_id in released:
-            self.sock.send(encode({"op": Op.OK.value, "id": request_id, "workers": ranks}), identity)
+        size = self._barrier_size()
+        for generation in self.barrier.complete(size):
+            here = self.barrier.here(generation)
+            ranks = sorted(self.nodes[n].rank for n in here if n in self.nodes)
+            for identity, request_id in self.barrier.release(size, generation):
+                self.sock.send(encode({"op": Op.OK.value, "id": request_id, "workers": ranks}), identity)
 
     def on_shutdown(self, identity: bytes, msg: Message) -> None:
         logger.info("shutdown requested: stopping %d node(s)", len(self.nodes))
