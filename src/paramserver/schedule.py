@@ -30,6 +30,7 @@ job started again with ``resume_point`` restores the tables, and ``run_rounds`` 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,6 +39,8 @@ import numpy as np
 from numba import njit
 
 from paramserver.errors import ParamServerError
+
+logger = logging.getLogger(__name__)
 
 
 class Program(Protocol):
@@ -291,6 +294,26 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
             stats.checkpoints += 1
     settle(max(start, stats.rounds + start - 1), 0)
     return stats
+
+
+def joined_midway(client: Any) -> bool:
+    """True on a worker that joined a scheduled job after it began (``LocalCluster.add_worker``
+    while it runs): the parts were dealt at the start and it has none, so it leaves the
+    cluster at once (the rounds' barriers stop counting it), and says so.  Call it first in
+    a job's worker function, and return without work if it is True."""
+    if not getattr(client, "joined_midway", False):
+        return False
+    logger.warning("worker rank %d joined after the scheduled rounds began: their parts were dealt at the start, "
+                   "so it has none; it leaves the cluster (add workers between scheduled jobs)", client.rank)
+    client.close()
+    return True
+
+
+def took_part(results: list[Any]) -> tuple[list[Any], int]:
+    """The results of the workers that took part in a scheduled job, and how many joined
+    midway and left (``joined_midway``)."""
+    kept = [r for r in results if not (isinstance(r, dict) and r.get("joined_midway"))]
+    return kept, len(results) - len(kept)
 
 
 def adopt(owner: list[int], live: list[int]) -> list[int]:

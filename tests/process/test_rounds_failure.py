@@ -98,3 +98,84 @@ def test_lasso_carries_on_without_a_killed_worker(tmp_path):
     m = read_libsvm_matrix(str(path), d)
     best = objective(m, ref.coef_, lam)
     assert objective(m, coef, lam) <= best * (1 + 1e-5)
+
+
+def _waits_for_a_joiner(client, folder, round_, worker, *args):
+    """Run ``worker``; on rank 0, ``MFProgram.update`` says (a file) that round ``round_``
+    has come and waits until the test has added a worker (another file)."""
+    import pathlib
+    import time
+
+    from paramserver.apps.mf import MFProgram
+
+    if client.rank == 0 and not client.joined_midway:
+        update = MFProgram.update
+
+        def waiting(self, r, mine):
+            if r == round_:
+                pathlib.Path(folder, "round").write_text("")
+                deadline = time.monotonic() + 60
+                while not pathlib.Path(folder, "added").exists():
+                    assert time.monotonic() < deadline, "the test did not add a worker"
+                    time.sleep(0.01)
+            return update(self, r, mine)
+        MFProgram.update = waiting
+    return worker(client, *args)
+
+
+def test_a_worker_that_joins_midway_leaves_and_the_rounds_go_on_unchanged(tmp_path):
+    """A worker added while MF's rounds run has no part (they were dealt at the start): it
+    leaves the cluster, the rounds' barriers stop waiting for it, and the model is exactly
+    that of a run nobody joined."""
+    import pathlib
+    import threading
+    import time
+
+    from paramserver.apps.mf import ITEMS, USERS, MFConfig, layout, mf_worker, write_strata
+    from paramserver.schedule import took_part
+
+    rng = np.random.default_rng(6)
+    n_u, n_i, W = 60, 40, 2
+    pair = np.unique(rng.integers(0, n_u, 2000) * n_i + rng.integers(0, n_i, 2000))
+    u, i = pair // n_i, pair % n_i
+    r = rng.integers(1, 6, u.size).astype(np.float32)
+    cfg = MFConfig(rank=4, epochs=6)
+    lay = layout(np.bincount(u, minlength=n_u), np.bincount(i, minlength=n_i), W)
+    init = np.zeros((n_i, 5), np.float32)
+    init[:, :4] = rng.normal(0, 0.05, (n_i, 4))
+
+    def train(join):
+        folder = tmp_path / ("joined" if join else "alone")
+        folder.mkdir()
+        with LocalCluster(servers=1, workers=W, **FAST_DEATH) as cluster:
+            paths = write_strata(str(folder), u, i, r, lay, W, 0)
+            client = cluster.client
+            client.create_table(USERS, dim=5, key_bits=6)
+            client.create_table(ITEMS, dim=5, key_bits=6)
+            client.push(ITEMS, np.arange(n_i, dtype=np.uint64), init, op="assign").result(timeout=30)
+
+            def add_when_asked():
+                deadline = time.monotonic() + 60
+                while not (folder / "round").exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                cluster.add_worker()
+                (folder / "added").write_text("")
+            helper = threading.Thread(target=add_when_asked, daemon=True)
+            if join:
+                helper.start()
+                results, lost = cluster.run_elastic(_waits_for_a_joiner, str(folder), 5, mf_worker, paths, cfg,
+                                                    1.0, lay.user_start, lay.item_start)
+                helper.join(timeout=60)
+            else:
+                results, lost = cluster.run_elastic(mf_worker, paths, cfg, 1.0, lay.user_start, lay.item_start)
+            tables = [client.export_table(t) for t in (USERS, ITEMS)]
+        assert pathlib.Path(folder, "added").exists() == join
+        return results, lost, tables
+
+    alone, _, model = train(False)
+    joined, lost, model_joined = train(True)
+    kept, left = took_part(joined)
+    assert lost == [] and left == 1 and len(kept) == W and [x["rank"] for x in kept] == [0, 1]
+    for (keys, rows), (keys_j, rows_j) in zip(model, model_joined):
+        order, order_j = np.argsort(keys), np.argsort(keys_j)
+        assert np.array_equal(keys[order], keys_j[order_j]) and np.array_equal(rows[order], rows_j[order_j])

@@ -39,7 +39,7 @@ from numba import njit
 from paramserver.apps.lasso_pairs import by_row, pair_steps, twins
 from paramserver.data.matrix import Matrix, read_libsvm_matrix
 from paramserver.errors import ConfigError
-from paramserver.schedule import NO_CHECKPOINTS, CheckpointOptions, Checkpoints, ResumePoint
+from paramserver.schedule import NO_CHECKPOINTS, CheckpointOptions, Checkpoints, ResumePoint, joined_midway, took_part
 
 SCHEDULES = ("priority", "cyclic", "random")
 CHECK_PASSES = 8  # a check (exact residual, gap, working set, polish) every this many passes over the working set
@@ -415,6 +415,8 @@ def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, work
     """One worker of ``paramserver lasso``: read the data, run the rounds."""
     from paramserver.schedule import run_rounds
 
+    if joined_midway(client):
+        return {"rank": client.rank, "joined_midway": True}
     m = read_libsvm_matrix(path, n_features)
     program = LassoProgram(client, m, cfg, client.rank, workers)
     stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=cfg.max_rounds,
@@ -477,6 +479,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
             else:
                 client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits, block_size=block)
             per_worker, lost = cluster.run_elastic(lasso_worker, data, d, cfg, workers, cps, resume)
+            per_worker, joined = took_part(per_worker)
             keys, values = client.export_table(TABLE)
     w = np.zeros(d)
     inside = keys < d
@@ -493,7 +496,8 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
               "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"] or gap <= tol * primal),
               "stalled": bool(head["stalled"]), "phase_seconds": head["phase_seconds"],
               "lambda": cfg.lam, "lambda_max": lmax, "rows": n, "features": d, "workers": workers,
-              "servers": servers, "workers_lost": lost, "schedule": schedule, "tol": tol,
+              "servers": servers, "workers_lost": lost, "workers_joined_midway": joined, "schedule": schedule,
+              "tol": tol,
               "resumed_at_round": resume.round if resume else None, "checkpoints": head["checkpoints"],
               "history": head["history"]}
     if save:

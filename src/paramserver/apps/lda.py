@@ -46,7 +46,9 @@ from paramserver.schedule import (
     WorkersLost,
     adopt,
     balanced_groups,
+    joined_midway,
     run_rounds,
+    took_part,
 )
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
@@ -469,6 +471,8 @@ class LDAProgram:
 def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDAConfig, vocabulary: int,
                scratch: str, checkpoints: Checkpoints | None = None, resume: ResumePoint | None = None
                ) -> dict[str, Any]:
+    if joined_midway(client):
+        return {"rank": client.rank, "joined_midway": True}
     workers = len(paths)
     program = LDAProgram(client, paths, word_block, cfg, vocabulary, client.rank, workers, scratch,
                          fresh=resume is None)
@@ -572,6 +576,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
                                 key_bits=max(int(cfg.regions * workers - 1).bit_length(), 1))
         t_sample = time.perf_counter()
         per_worker, lost = cluster.run_elastic(lda_worker, paths, word_block, cfg, V, scratch, cps, resume)
+        per_worker, joined = took_part(per_worker)
         t_sample = time.perf_counter() - t_sample
         keys, rows = client.export_table(WORD_TOPIC)
     n_kw = np.zeros((K, V), np.int64)
@@ -591,7 +596,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
               # Σ n_kw is the corpus, word by word; every worker's topic totals are the table's
               "counts_consistent": bool(n_kw.sum() == corpus.tokens and (n_kw.sum(0) == freq).all() and all(
                   r["topic_totals"] == n_kw.sum(1).tolist() for r in per_worker)),
-              "workers": workers, "servers": servers, "workers_lost": lost,
+              "workers": workers, "servers": servers, "workers_lost": lost, "workers_joined_midway": joined,
               "resumed_at_iteration": resume.round // per_iteration if resume else None,
               "checkpoints": per_worker[0]["checkpoints"], **asdict(cfg),
               "phase_seconds": per_worker[0]["phase_seconds"]}

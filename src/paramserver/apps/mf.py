@@ -39,7 +39,9 @@ from paramserver.schedule import (
     ResumePoint,
     adopt,
     balanced_groups,
+    joined_midway,
     run_rounds,
+    took_part,
 )
 
 USERS, ITEMS = "mf/users", "mf/items"
@@ -245,6 +247,8 @@ class MFProgram:
 def mf_worker(client: Any, paths: list[str], cfg: MFConfig, mu: float, user_start: np.ndarray,
               item_start: np.ndarray, checkpoints: Checkpoints | None = None,
               resume: ResumePoint | None = None) -> dict[str, Any]:
+    if joined_midway(client):
+        return {"rank": client.rank, "joined_midway": True}
     program = MFProgram(client, paths, cfg, mu, user_start, item_start, client.rank)
     stats = run_rounds(client, program, rank=client.rank, workers=len(paths), max_rounds=program.rounds,
                        checkpoints=checkpoints, resume=resume)
@@ -318,6 +322,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
         t_train = time.perf_counter()
         per_worker, lost = cluster.run_elastic(mf_worker, paths, cfg, mu, lay.user_start, lay.item_start, cps,
                                                resume)
+        per_worker, joined = took_part(per_worker)
         t_train = time.perf_counter() - t_train
         P = _rows(client, USERS, user_ids.size, k)[lay.user_key]
         Q = _rows(client, ITEMS, item_ids.size, k)[lay.item_key]
@@ -340,7 +345,8 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     updates = int(r.size) * max(cfg.epochs - (resume.round // workers if resume else 0), 0)
     report.update({"seconds": seconds, "train_seconds": t_train, "rating_updates": updates,
                    "rating_updates_per_s": updates / max(t_train, 1e-9), "workers": workers, "servers": servers,
-                   "workers_lost": lost, "resumed_at_epoch": resume.round // workers if resume else None,
+                   "workers_lost": lost, "workers_joined_midway": joined,
+                   "resumed_at_epoch": resume.round // workers if resume else None,
                    "checkpoints": per_worker[0]["checkpoints"],
                    **asdict(cfg), "phase_seconds": per_worker[0]["phase_seconds"]})
     if metrics_out:

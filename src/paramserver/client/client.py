@@ -100,6 +100,9 @@ class Client:
         self.node_id: int = view["node_id"]
         self.rank: int = view.get("rank", -1)
         self.num_workers: int = view.get("num_workers", 0)
+        # set by LocalCluster's worker loop while it runs a function this worker joined midway
+        # (started after the others): a program dealt in parts at its start has none for it
+        self.joined_midway = False
         self._apply_view(view)
         self.job = Job(self)  # the job's shard queue: start, next_shard, shard_done, status
         self._io.start_heartbeats()

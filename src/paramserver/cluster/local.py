@@ -439,12 +439,13 @@ class LocalCluster:
             wake_w.close()
         return [results[rank] for rank in sorted(results)], errors, summaries, deaths
 
-    def _send_function(self, proc: _Proc) -> None:
-        """Send the active function to ``proc`` (under ``_lock``)."""
+    def _send_function(self, proc: _Proc, joined: bool = False) -> None:
+        """Send the active function to ``proc`` (under ``_lock``); ``joined``: it joins the run midway."""
         active = self._active
         assert active is not None and proc.to_child is not None and proc.from_child is not None
         try:
-            proc.to_child.send_bytes(active.payload)
+            # a first byte says whether it joins the run midway (``Client.joined_midway``)
+            proc.to_child.send_bytes((b"J" if joined else b"-") + active.payload)
             active.waiting[proc.from_child] = proc
         except OSError:  # it is dead already (a broken pipe)
             active.died.append(proc)
@@ -476,7 +477,7 @@ class LocalCluster:
                 raise ClosedError("the cluster is not running")
             proc = self._spawn_worker(self._next_worker)
             if self._active is not None:
-                self._send_function(proc)
+                self._send_function(proc, joined=True)
                 self._active.wake.send_bytes(b"")
         return proc.name
 

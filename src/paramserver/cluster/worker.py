@@ -42,7 +42,8 @@ def load_function(spec: str) -> Callable[..., Any]:
 def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
     """Run ``fn(client, *args)`` for each payload ``(call, fn, args)`` on ``read_fd`` until
     EOF; each answer carries its ``call``, so that a parent that gave up waiting on one
-    run can tell its late answer from the next run's."""
+    run can tell its late answer from the next run's.  A payload's first byte is ``J`` if
+    this worker joins that run midway, else ``-``."""
     down, up = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     while True:
         try:
@@ -51,7 +52,8 @@ def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
             return
         call = None
         try:
-            call, fn, args = cloudpickle.loads(payload)
+            client.joined_midway = payload[:1] == b"J"  # started after the others (LocalCluster.add_worker)
+            call, fn, args = cloudpickle.loads(payload[1:])
             answer = (call, "ok", client.rank, fn(client, *args))
         except BaseException as exc:  # report everything, including SystemExit, to the parent
             summary = str(exc) if isinstance(exc, ParamServerError) else f"{type(exc).__name__}: {exc}"
@@ -61,6 +63,7 @@ def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
         except Exception as exc:
             text = f"the function's result cannot be pickled: {exc}"
             data = cloudpickle.dumps((call, "error", client.rank, (text, text)))
+        client.joined_midway = False
         up.send_bytes(data)
 
 
