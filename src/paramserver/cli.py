@@ -19,8 +19,8 @@ import logging
 import os
 import sys
 
-from paramserver.config import ENV, load_config
-from paramserver.errors import ParamServerError, WorkerError
+from paramserver.config import DMLC_ENV, ENV, NODE_ENV, load_config, node_role
+from paramserver.errors import ConfigError, ParamServerError, WorkerError
 
 
 def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> None:
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="paramserver", description="A parameter server for large-scale machine learning.",
-        epilog="environment: " + ", ".join(ENV), formatter_class=_Help)
+        epilog="environment: " + ", ".join([*ENV, *NODE_ENV, *DMLC_ENV]), formatter_class=_Help)
     parser.add_argument("--version", action="version", version=f"paramserver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=lambda **kw: argparse.ArgumentParser(formatter_class=_Help, **kw))  # type: ignore[call-overload]
@@ -88,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     _node_flags(p, bind=False, scheduler=True)
     p.add_argument("--fn", help="package.module:function, called as function(client)")
     p.add_argument("--control-fds", help=argparse.SUPPRESS)
+
+    p = sub.add_parser("node", help="run the role the environment names (PARAMSERVER_ROLE or DMLC_ROLE): the one "
+                                     "command of a launcher's pods (docs/deploy.md)")
+    p.add_argument("--role", choices=("scheduler", "server", "worker"),
+                   help="[PARAMSERVER_ROLE, DMLC_ROLE]")
+    p.add_argument("--fn", help="a worker's package.module:function [PARAMSERVER_FN]")
+    p.add_argument("--log-level", default=os.environ.get("PARAMSERVER_LOG_LEVEL", "INFO"),
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="[PARAMSERVER_LOG_LEVEL]")
 
     p = sub.add_parser("cluster", help="change a running cluster: add-server, remove-server, status")
     ops = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -295,10 +303,34 @@ def _optimizer(text: str | None):
     return Optimizer.parse(text).to_wire()
 
 
-def _config(args: argparse.Namespace):
+def _config(args: argparse.Namespace, role: str | None = None):
     keys = ("scheduler", "host", "port", "advertise_host", "servers", "workers", "vnodes_per_server",
             "heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s")
-    return load_config(**{k: getattr(args, k) for k in keys if hasattr(args, k)})
+    role = role or (args.command if args.command in ("scheduler", "server", "worker") else None)
+    return load_config(role, **{k: getattr(args, k) for k in keys if hasattr(args, k)})
+
+
+def _node(args: argparse.Namespace) -> int:
+    """``paramserver node``: the role the environment names, configured from it alone."""
+    role = node_role(args.role)
+    config = _config(args, role)
+    if role == "scheduler":
+        from paramserver.scheduler.node import SchedulerNode
+
+        SchedulerNode(config).run()
+        return 0
+    if role == "server":
+        from paramserver.server.node import ServerNode
+
+        ServerNode(config).run()
+        return 0
+    from paramserver.cluster.worker import main as worker_main
+
+    fn = args.fn or os.environ.get("PARAMSERVER_FN")
+    if not fn:
+        raise ConfigError("a worker started by paramserver node needs its function: --fn or PARAMSERVER_FN "
+                          "(package.module:function)")
+    return worker_main(config, fn, None)
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -368,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                     else "INFO")
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
-    if args.command in ("scheduler", "server", "worker") or getattr(args, "action", "") == "add-server":
+    if args.command in ("scheduler", "server", "worker", "node") or getattr(args, "action", "") == "add-server":
         from paramserver._malloc import tune_allocator
 
         tune_allocator()
@@ -377,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
 
         exit_with_parent(args.parent_pid)
     try:
+        if args.command == "node":
+            return _node(args)
         if args.command == "scheduler":
             from paramserver.scheduler.node import SchedulerNode
 

@@ -1,9 +1,9 @@
-"""Node configuration: defaults < ``PARAMSERVER_*`` environment < explicit arguments.
+"""Node configuration: defaults < ``DMLC_*`` < ``PARAMSERVER_*`` environment < explicit arguments.
 
-Every environment variable paramserver reads is in ``ENV`` below; the CLI flags have the
-same names (``PARAMSERVER_HEARTBEAT_INTERVAL_S`` is ``--heartbeat-interval-s``).  This
-is the seam launchers use: a Ray actor or a Kubernetes pod sets the variables and runs
-``paramserver server``.
+Every environment variable paramserver reads is in ``ENV``, ``NODE_ENV`` and ``DMLC_ENV``
+below; the CLI flags have the same names (``PARAMSERVER_HEARTBEAT_INTERVAL_S`` is
+``--heartbeat-interval-s``).  This is the seam launchers use: a Ray actor or a Kubernetes
+pod sets the variables and runs ``paramserver node`` (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -33,6 +33,70 @@ ENV: dict[str, tuple[str, str]] = {
     "PARAMSERVER_SERVER_THREADS": ("server_threads", "threads a server applies vnodes with (0: one a core)"),
     "PARAMSERVER_RETRY_TIMEOUT_S": ("retry_timeout_s", "how long a pull or push is retried across ring changes"),
 }
+
+#: what ``paramserver node`` reads to know what to run (a launcher's pod or actor sets them)
+NODE_ENV: dict[str, str] = {
+    "PARAMSERVER_ROLE": "the role ``paramserver node`` runs: scheduler, server or worker",
+    "PARAMSERVER_FN": "a worker's function, package.module:function (``--fn``)",
+}
+
+#: ps-lite's variables (``DMLC_*``), read where the ``PARAMSERVER_*`` one is not set, so that
+#: launchers written for ps-lite and MXNet (Kubeflow's MXJob operator) start paramserver as is
+DMLC_ENV: dict[str, str] = {
+    "DMLC_ROLE": "PARAMSERVER_ROLE",
+    "DMLC_PS_ROOT_URI": "the scheduler's host: servers and workers reach tcp://URI:PORT (PARAMSERVER_SCHEDULER)",
+    "DMLC_PS_ROOT_PORT": "the scheduler's port: it binds it (PARAMSERVER_PORT); see DMLC_PS_ROOT_URI",
+    "DMLC_NUM_SERVER": "PARAMSERVER_NUM_SERVERS",
+    "DMLC_NUM_WORKER": "PARAMSERVER_NUM_WORKERS",
+    "DMLC_NODE_HOST": "PARAMSERVER_ADVERTISE_HOST",
+}
+ROLES = ("scheduler", "server", "worker")
+
+
+def node_role(flag: str | None = None) -> str:
+    """The role of ``paramserver node``: ``--role``, else ``PARAMSERVER_ROLE``, else ``DMLC_ROLE``.
+
+    Raises:
+        ConfigError: none given, or not one of scheduler, server, worker."""
+    for source, value in (("--role", flag), ("PARAMSERVER_ROLE", os.environ.get("PARAMSERVER_ROLE")),
+                          ("DMLC_ROLE", os.environ.get("DMLC_ROLE"))):
+        if value:
+            if value not in ROLES:
+                raise ConfigError(f"{source}={value!r} is not a role: use scheduler, server or worker")
+            return value
+    raise ConfigError("paramserver node needs its role: --role, PARAMSERVER_ROLE or DMLC_ROLE (scheduler, server "
+                      "or worker)")
+
+
+def _dmlc(values: dict[str, Any], role: str | None) -> None:
+    """Fill what ``DMLC_*`` variables say and ``PARAMSERVER_*`` ones did not (``DMLC_ENV``)."""
+    def number(var: str) -> int | None:
+        raw = os.environ.get(var, "")
+        if not raw:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{var}={raw!r} is not a whole number") from None
+
+    for var, name in (("DMLC_NUM_SERVER", "servers"), ("DMLC_NUM_WORKER", "workers")):
+        n = number(var)
+        if n is not None:
+            values.setdefault(name, n)
+    if os.environ.get("DMLC_NODE_HOST"):
+        values.setdefault("advertise_host", os.environ["DMLC_NODE_HOST"])
+    uri, port = os.environ.get("DMLC_PS_ROOT_URI", ""), number("DMLC_PS_ROOT_PORT")
+    if bool(uri) != (port is not None):
+        raise ConfigError("DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT go together (the scheduler's host and port): "
+                          f"got {'DMLC_PS_ROOT_URI=' + repr(uri) if uri else 'DMLC_PS_ROOT_PORT only'}; set both")
+    if port is None:
+        return
+    if role == "scheduler":
+        values.setdefault("port", port)
+    else:
+        values.setdefault("scheduler", f"tcp://{uri}:{port}")
+    if role in ("scheduler", "server"):  # others reach it from other machines (pods): every interface
+        values.setdefault("host", "0.0.0.0")
 
 
 @dataclass(frozen=True)
@@ -72,8 +136,9 @@ class Config:
             scheme_of(self.scheduler)  # names the known schemes
 
 
-def load_config(**overrides: Any) -> Config:
-    """Defaults, then ``PARAMSERVER_*`` variables, then ``overrides`` that are not None."""
+def load_config(role: str | None = None, **overrides: Any) -> Config:
+    """Defaults, then ``DMLC_*`` variables (ps-lite's, for ``role``), then ``PARAMSERVER_*``
+    ones, then ``overrides`` that are not None."""
     types = {f.name: f.type for f in fields(Config)}
     values: dict[str, Any] = {}
     for var, (name, _) in ENV.items():
@@ -85,6 +150,7 @@ def load_config(**overrides: Any) -> Config:
             values[name] = kind(raw)
         except ValueError:
             raise ConfigError(f"{var}={raw!r} is not a valid {kind.__name__}") from None
+    _dmlc(values, role)
     values.update({k: v for k, v in overrides.items() if v is not None})
     unknown = set(values) - set(types)
     if unknown:

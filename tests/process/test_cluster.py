@@ -248,6 +248,47 @@ def test_roles_started_by_hand(tmp_path, bind):
                 p.wait()
 
 
+def test_roles_started_by_one_command_from_ps_lites_environment_alone():
+    """`paramserver node` with only ps-lite's DMLC_* variables (as Kubeflow's MXJob-style
+    operators set them, deploy/kubernetes/paramserver.yaml): the roles find each other,
+    and PARAMSERVER_HOST (binding 127.0.0.1 here) wins over the contract's 0.0.0.0."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the scheduler, as a Service would name one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PARAMSERVER_", "DMLC_"))}
+    base.update({"PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path]),
+                 "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_SERVER": "2",
+                 "DMLC_NUM_WORKER": "1", "PARAMSERVER_HOST": "127.0.0.1", "PARAMSERVER_LOG_LEVEL": "WARNING",
+                 "PARAMSERVER_HEARTBEAT_INTERVAL_S": "0.2"})
+
+    def start(role, **extra):
+        return subprocess.Popen([sys.executable, "-m", "paramserver", "node"], env={**base, "DMLC_ROLE": role, **extra},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    procs = [start("scheduler"), start("server"), start("server")]
+    try:
+        worker = start("worker", PARAMSERVER_FN="jobs:push_ones")
+        out, err = worker.communicate(timeout=60)
+        assert worker.returncode == 0, err
+        assert out.strip() == "pushed"
+        with Client(f"tcp://127.0.0.1:{port}") as driver:
+            got = driver.pull("by-hand", np.arange(100)).result(timeout=10)
+            np.testing.assert_array_equal(got, np.ones((100, 2)))
+            assert len(driver.cluster_info()["servers"]) == 2
+            driver.shutdown_cluster()
+        for p in procs:
+            assert p.wait(timeout=20) == 0
+        no_fn = start("worker")
+        assert no_fn.wait(timeout=30) == 2 and "needs its function: --fn or PARAMSERVER_FN" in no_fn.stderr.read()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_run_starts_a_cluster_runs_a_closure_on_every_worker_and_stops_it():
     import paramserver
 
