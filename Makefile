@@ -1,5 +1,5 @@
 # make demo: set up .venv and run the main job on a local cluster
-# make test: set up .venv with the dev extras, lint, then run the in-process tests, then the process tests
+# make test: set up .venv with the dev and torch extras, lint, then run the in-process tests, then the process tests
 # make lint: ruff (style, imports, likely bugs) and mypy (types; strict on the newer modules)
 PYTHON ?= python3
 VENV := .venv
@@ -15,8 +15,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+# the torch extra is part of the product (paramserver.torch): its tests run, not skip
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
 	touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed
