@@ -10,6 +10,11 @@
 - ``DenseParameters``: a module's dense parameters trained Downpour style: each step
   pushes their gradients to a dense table, whose rule applies them; the parameters are
   pulled back every ``every`` steps (1: synchronous for one worker).
+- ``sync=True`` (either kind): synchronous data parallelism over several workers.  The
+  table is BSP with server-side aggregation: each step's pushes from every worker are
+  summed and applied once, and a step's pulls wait until every worker has ended the one
+  before (``Client.clock``), so W workers of batch b train as one of batch W·b (scale
+  each worker's loss by 1/W for a mean).
 - ``fit``: the loop over a ``torch.utils.data`` loader, with checkpoints of the tables
   through the servers' cold backup (``Client.checkpoint``/``restore``).
 
@@ -36,6 +41,12 @@ from paramserver.errors import ConfigError
 DENSE_KEY_BITS = 22  # num_embeddings up to this many bits: a dense table; above, hashed
 
 
+def _sync_options(sync: bool) -> dict[str, Any]:
+    """A synchronous table: BSP, each clock's pushes from every worker summed and applied
+    once, so W workers of batch b train as one of batch W·b (docs/consistency.md)."""
+    return {"consistency": "bsp", "aggregate": True} if sync else {}
+
+
 def _keys(ids: torch.Tensor, num_embeddings: int) -> np.ndarray:
     if ids.dtype not in (torch.int64, torch.int32):
         raise ConfigError(f"embedding ids must be int64 or int32, got {ids.dtype}")
@@ -51,18 +62,18 @@ class _ShardedRows(nn.Module):
 
     def __init__(self, client: Any, table: str, num_embeddings: int, embedding_dim: int, *,
                  optimizer: Any = None, initializer: Any = None, replicas: int = 1, create: bool = True,
-                 key_bits: int | None = None):
+                 key_bits: int | None = None, sync: bool = False):
         super().__init__()
         if num_embeddings < 1 or embedding_dim < 1:
             raise ConfigError(f"num_embeddings and embedding_dim must be >= 1, got {num_embeddings}, {embedding_dim}")
-        self.client, self.table = client, table
+        self.client, self.table, self.sync = client, table, sync
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         if create:
             bits = max(int(num_embeddings - 1).bit_length(), 1)
             client.create_table(table, embedding_dim,
                                 optimizer=optimizer or {"name": "adagrad", "lr": 0.01},
                                 initializer=initializer or {"name": "normal", "std": 1.0 / math.sqrt(embedding_dim)},
-                                replicas=replicas,
+                                replicas=replicas, **_sync_options(sync),
                                 key_bits=key_bits if key_bits is not None else (bits if bits <= DENSE_KEY_BITS else 0))
         self._pushes: list[tuple[np.ndarray, Future[Any]]] = []  # this module's pushes not yet known applied
         self._prefetched: tuple[np.ndarray, Future[Any]] | None = None
@@ -151,13 +162,16 @@ class DenseParameters:
     ``every`` steps pulls the parameters back into the module.  With one worker and
     ``every=1`` it is synchronous: the module's parameters after ``step()`` are those an
     optimiser with the same rule would give.  Workers sharing one table push to it
-    concurrently (asynchronous SGD, as Downpour)."""
+    concurrently (asynchronous SGD, as Downpour).  The table starts from the module's
+    values, or with ``sync=True`` (several workers in lockstep) from ``initializer``,
+    which every worker's module then takes."""
 
     def __init__(self, client: Any, table: str, module: nn.Module, *, optimizer: Any = None, every: int = 1,
-                 block: int = 256, create: bool = True, init_from_module: bool = True):
-        if every < 1:
-            raise ConfigError(f"every must be >= 1 (steps between pulls), got {every}")
-        self.client, self.table, self.every, self.block = client, table, every, block
+                 block: int = 256, create: bool = True, init_from_module: bool | None = None, sync: bool = False,
+                 initializer: Any = None):
+        if every < 1 or (sync and every != 1):
+            raise ConfigError(f"every must be >= 1 (steps between pulls), and 1 with sync=True, got {every}")
+        self.client, self.table, self.every, self.block, self.sync = client, table, every, block, sync
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.sizes = [p.numel() for p in self.params]
         total = sum(self.sizes)
@@ -166,8 +180,12 @@ class DenseParameters:
         self.steps = 0
         if create:
             client.create_table(table, block, optimizer=optimizer or {"name": "adam", "lr": 1e-3},
-                                key_bits=max(int(self.rows - 1).bit_length(), 1))
-            if init_from_module:
+                                initializer=initializer or {"name": "normal", "std": 0.01},
+                                key_bits=max(int(self.rows - 1).bit_length(), 1), **_sync_options(sync))
+            if init_from_module and sync:
+                raise ConfigError("a synchronous table sums its pushes, so the module's values cannot be assigned "
+                                  "to it: its parameters start from the table's initializer (initializer=...)")
+            if init_from_module if init_from_module is not None else not sync:
                 client.push(table, self.keys, self._flat(lambda p: p.detach()), op="assign",
                             distinct=True).result(timeout=600)
         self.pull()
@@ -183,11 +201,16 @@ class DenseParameters:
         return out.reshape(self.rows, self.block)
 
     def step(self) -> None:
-        """Push the gradients (then zero them); pull the parameters if ``every`` steps passed."""
+        """Push the gradients (then zero them); pull the parameters if ``every`` steps passed.
+        With ``sync``, this ends the worker's step (``Client.clock``: call it after the
+        step's every push; the embeddings push theirs in ``backward``), and the pull
+        waits until every worker has ended it."""
         grads = self._flat(lambda p: None if p.grad is None else p.grad.detach())
         self.client.push(self.table, self.keys, grads, distinct=True).result(timeout=600)
         for p in self.params:
             p.grad = None
+        if self.sync:
+            self.client.clock()
         self.steps += 1
         if self.steps % self.every == 0:
             self.pull()
@@ -221,6 +244,8 @@ def fit(model: nn.Module, loader: Iterable[Any], loss_fn: Callable[..., torch.Te
     ``client.restore(url)`` brings it back into a new cluster."""
     if checkpoint_url and client is None:
         raise ConfigError("checkpoints need the client (fit(..., client=client))")
+    if client is None and isinstance(dense, torch.optim.Optimizer) and any(m.sync for m in sharded_modules(model)):
+        raise ConfigError("synchronous tables need the client, whose clock ends each step (fit(..., client=client))")
 
     def default_forward(m: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, target = batch
@@ -239,6 +264,8 @@ def fit(model: nn.Module, loader: Iterable[Any], loss_fn: Callable[..., torch.Te
                 dense.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]  # pushes the embeddings' gradients
             dense.step()
+            if client is not None and isinstance(dense, torch.optim.Optimizer) and any(m.sync for m in sharded):
+                client.clock()  # the step ends (a DenseParameters with sync=True says so itself)
             losses.append(float(loss.detach()))
             if on_step is not None:
                 on_step(len(losses), losses[-1])

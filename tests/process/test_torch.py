@@ -147,3 +147,47 @@ def test_ids_outside_the_table_are_named():
             emb(torch.tensor([[1, 10]]))
         with pytest.raises(Exception, match="int64 or int32"):
             emb(torch.tensor([[1.0, 2.0]]))
+
+
+def _sync_worker(client, state, batches, workers):
+    """One of ``workers`` data-parallel workers: its share of every batch, its loss scaled
+    by 1/workers, every table synchronous (BSP, the servers sum each step's pushes)."""
+    torch.manual_seed(0)
+    emb = ShardedEmbedding(client, "s/emb", V, DIM, create=False, sync=True)
+    first = ShardedEmbeddingBag(client, "s/first", V, 1, mode="sum", create=False, sync=True)
+    model = DeepFM(emb, first)
+    model.mlp.load_state_dict(state)
+    dense = DenseParameters(client, "s/mlp", model.mlp, create=False, sync=True)
+    losses = []
+    for ids, y in batches:
+        share = slice(client.rank, None, workers)
+        loss = nn.functional.binary_cross_entropy_with_logits(model(ids[share]), y[share])
+        (loss / workers).backward()
+        dense.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def test_two_synchronous_workers_train_as_one_process_on_the_whole_batch():
+    """sync=True: the servers sum both workers' gradients of each step and apply AdaGrad
+    once (embeddings and the MLP alike), so two workers with half a batch each match one
+    process on the whole batch, step by step.  The tables start from their initializers
+    (a synchronous table sums what is pushed to it), which the reference takes too."""
+    ref, batches = _reference(), _batches(seed=4)
+    rule = {"name": "adagrad", "lr": LR}
+    with LocalCluster(servers=2, workers=2, log_level="WARNING") as cluster:
+        client = cluster.client
+        keys = np.arange(V, dtype=np.uint64)
+        for module, name in ((ShardedEmbedding(client, "s/emb", V, DIM, optimizer=rule, sync=True), "emb"),
+                             (ShardedEmbeddingBag(client, "s/first", V, 1, mode="sum", optimizer=rule, sync=True),
+                              "first")):
+            with torch.no_grad():
+                getattr(ref, name).weight.copy_(torch.from_numpy(client.pull(module.table, keys).result(timeout=30)))
+        DenseParameters(client, "s/mlp", ref.mlp, optimizer=rule, sync=True)  # ref.mlp takes the table's values
+        want, trained = _reference_losses(ref, batches, dense_rule="adagrad")
+        state = {k: v.clone() for k, v in ref.mlp.state_dict().items()}
+        per_worker = cluster.run(_sync_worker, state, batches, 2)
+        rows = client.pull("s/emb", keys).result(timeout=30)
+    got = np.mean(per_worker, axis=0)  # halves of equal size: the whole batch's mean loss
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(rows, trained.emb.weight.detach().numpy(), atol=1e-5, rtol=0)

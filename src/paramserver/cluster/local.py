@@ -126,8 +126,9 @@ class LocalCluster:
         log_level: level of the nodes' logs (written to ``log_dir``).
         log_dir: where node logs go (default: a temporary folder removed on exit).
         start_method: ``"fork"`` (default: nodes started while this process has no
-            other thread are forked from it, ready in milliseconds; later ones, such as
-            ``add_worker``'s, are spawned) or ``"spawn"`` (always a fresh interpreter).
+            other thread, and has not loaded torch, are forked from it, ready in
+            milliseconds; later ones, such as ``add_worker``'s, are spawned) or
+            ``"spawn"`` (always a fresh interpreter).
     """
 
     def __init__(self, servers: int = 1, workers: int = 0, *, vnodes_per_server: int = 64,
@@ -268,7 +269,10 @@ class LocalCluster:
 
     @property
     def _fork_ok(self) -> bool:
-        return self.start_method == "fork" and threading.active_count() == 1 and hasattr(os, "fork")
+        # torch's OpenMP pool is not fork-safe: a child of a process that has run a parallel torch
+        # op hangs in its first one (its pool's threads are gone, its state says they are there)
+        return (self.start_method == "fork" and threading.active_count() == 1 and hasattr(os, "fork")
+                and "torch" not in sys.modules)
 
     def _spawn_worker(self, i: int) -> _Proc:
         self._next_worker = max(self._next_worker, i + 1)
