@@ -17,6 +17,8 @@
   each worker's loss by 1/W for a mean).
 - ``fit``: the loop over a ``torch.utils.data`` loader, with checkpoints of the tables
   through the servers' cold backup (``Client.checkpoint``/``restore``).
+- ``pipeline(stages, loss_fn, microbatches)``: a model cut into stages, a process each,
+  micro-batches scheduled 1F1B (``torch_pipeline.py``).
 
 A table's keys are the embedding ids (``0 <= id < num_embeddings``).  Up to 2**22 rows
 the table is dense (one memory access a key, its memory mapped up front across the
@@ -37,6 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from paramserver.errors import ConfigError
+from paramserver.torch_pipeline import Pipeline, PipelineError, pipeline
+
+__all__ = ["DenseParameters", "Pipeline", "PipelineError", "ShardedEmbedding", "ShardedEmbeddingBag", "fit",
+           "pipeline", "sharded_modules"]
 
 DENSE_KEY_BITS = 22  # num_embeddings up to this many bits: a dense table; above, hashed
 

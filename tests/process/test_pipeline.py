@@ -1,0 +1,79 @@
+"""Pipelined stages (``paramserver.torch_pipeline``, issue 16): 1F1B over 2 and 3 stage
+processes gives the gradients of one process on the whole mini-batch (within 1e-5),
+for any number of micro-batches; an SGD step moves every stage's parameters as one
+process would; a stage process that dies is named, not waited on; bad batches are
+refused."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")  # the torch extra: CI installs it
+
+from torch import nn  # noqa: E402
+
+from paramserver.torch_pipeline import PipelineError, pipeline  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _model(seed=0, hidden=32, depth=6):
+    torch.manual_seed(seed)
+    return [nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) for _ in range(depth)]
+
+
+def _one_process(blocks, x, y):
+    model = nn.Sequential(*copy.deepcopy(blocks))
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return float(loss.detach()), [p.grad.numpy().copy() for p in model.parameters()], model
+
+
+@pytest.mark.parametrize("cuts,microbatches", [([3], 1), ([3], 4), ([2, 4], 3), ([2, 4], 8), ([1, 5], 6)])
+def test_gradients_equal_one_process(cuts, microbatches):
+    blocks = _model()
+    x, y = torch.randn(48, 32), torch.randn(48, 32)
+    loss, want, _ = _one_process(blocks, x, y)
+    bounds = [0, *cuts, len(blocks)]
+    stages = [nn.Sequential(*copy.deepcopy(blocks[a:b])) for a, b in zip(bounds, bounds[1:])]
+    with pipeline(stages, nn.functional.mse_loss, microbatches) as pipe:
+        got_loss = pipe.step(x, y)
+        got = [g for stage in pipe.gradients() for g in stage]
+        assert all(r > 0 for r in pipe.peak_rss_mb())
+    assert abs(got_loss - loss) < 1e-5
+    assert len(got) == len(want)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(got, want)) < 1e-5
+
+
+def test_sgd_steps_match_one_process():
+    blocks = _model(seed=1)
+    model = nn.Sequential(*copy.deepcopy(blocks))
+    data = [(torch.randn(16, 32), torch.randn(16, 32)) for _ in range(4)]
+    want = []
+    for x, y in data:
+        model.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+        want.append(float(loss.detach()))
+    stages = [nn.Sequential(*copy.deepcopy(blocks[:3])), nn.Sequential(*copy.deepcopy(blocks[3:]))]
+    with pipeline(stages, nn.functional.mse_loss, 4, lr=0.1) as pipe:
+        got = [pipe.step(x, y) for x, y in data]
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_a_dead_stage_is_named_and_bad_batches_are_refused():
+    blocks = _model()
+    stages = [nn.Sequential(*copy.deepcopy(blocks[:3])), nn.Sequential(*copy.deepcopy(blocks[3:]))]
+    with pipeline(stages, nn.functional.mse_loss, 4, timeout_s=60) as pipe:
+        with pytest.raises(Exception, match="cannot be cut into 4 equal micro-batches"):
+            pipe.step(torch.randn(10, 32), torch.randn(10, 32))
+        pipe.procs[1].kill()
+        pipe.procs[1].join(timeout=30)
+        with pytest.raises(PipelineError, match="stage 1's process died"):
+            pipe.step(torch.randn(8, 32), torch.randn(8, 32))
