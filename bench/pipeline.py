@@ -26,7 +26,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from paramserver.torch_pipeline import pipeline
+from paramserver.torch_pipeline import peak_rss_mb, pipeline
 
 
 def layers(hidden: int, seed: int = 0) -> list[nn.Module]:
@@ -59,8 +59,6 @@ def ours(parts: list[nn.Module], x: torch.Tensor, y: torch.Tensor, m: int, repea
 
 
 def _torch_stage(rank: int, port: int, part: nn.Module, x, y, m: int, repeat: int, out) -> None:
-    import resource
-
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
@@ -81,7 +79,7 @@ def _torch_stage(rank: int, port: int, part: nn.Module, x, y, m: int, repeat: in
         if r:
             times.append(time.perf_counter() - t)
     out.put((rank, statistics.median(times), [p.grad.numpy().copy() for p in part.parameters()],
-             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+             peak_rss_mb()))
     dist.destroy_process_group()
 
 
@@ -121,7 +119,9 @@ def main() -> int:
                "max_grad_diff": max(float(np.abs(a - b).max()) for a, b in zip(grads, want)),
                "peak_rss_mb": [round(r, 1) for r in rss], "seconds": round(seconds, 3),
                "one_process_seconds": round(single, 3), "ideal": round(2 * m / (m + 1), 3)}
-        if not args.no_torch:
+        if not args.no_torch and m < 2:  # Schedule1F1B refuses fewer micro-batches than stages
+            row.update({"torch_speedup": None, "torch_max_grad_diff": None})
+        elif not args.no_torch:
             parts = [nn.Sequential(*copy.deepcopy(base[:2])), nn.Sequential(*copy.deepcopy(base[2:]))]
             t_seconds, t_grads, t_rss = torch_pipelining(parts, x, y, m, args.repeat)
             row.update({"torch_speedup": round(single / t_seconds, 3), "torch_seconds": round(t_seconds, 3),

@@ -58,6 +58,19 @@ def _recv(sock: zmq.Socket[Any]) -> tuple[dict[str, Any], torch.Tensor]:
     return header, torch.from_numpy(array)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory.  ``VmHWM``, not ``ru_maxrss``: a spawned child's
+    ``ru_maxrss`` carries its parent's peak from before its ``exec``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _stage_main(index: int, n_stages: int, payload: bytes, control: str, threads: int) -> None:
     """A stage's process: its module, its sockets, its 1F1B schedule for every mini-batch."""
     torch.set_num_threads(threads)
@@ -98,7 +111,7 @@ def _stage_main(index: int, n_stages: int, payload: bytes, control: str, threads
                     p.grad = None
                 ctrl.send_json({"ok": True})
             elif op == "rss":
-                ctrl.send_json({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+                ctrl.send_json({"peak_rss_mb": peak_rss_mb()})
             elif op == "stop":
                 ctrl.send_json({"ok": True})
                 return
