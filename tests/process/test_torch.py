@@ -191,3 +191,46 @@ def test_two_synchronous_workers_train_as_one_process_on_the_whole_batch():
     got = np.mean(per_worker, axis=0)  # halves of equal size: the whole batch's mean loss
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     np.testing.assert_allclose(rows, trained.emb.weight.detach().numpy(), atol=1e-5, rtol=0)
+
+
+def _trains_a_2_26_row_table(client, steps, batch):
+    """On a worker capped below the table's size: a 2**26 x 16 embedding table (4 GiB of
+    values) trains, since only the rows a batch touches ever come here."""
+    from paramserver.torch import ShardedEmbeddingBag
+
+    try:  # the cap holds: this process cannot hold the table whole
+        np.ones((1 << 26, 16), np.float32)
+        capped = False
+    except MemoryError:
+        capped = True
+    torch.manual_seed(0)
+    emb = ShardedEmbeddingBag(client, "big/emb", 1 << 26, 16, mode="sum", optimizer={"name": "adagrad", "lr": 0.1})
+    head = nn.Linear(16, 1)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    rng = np.random.default_rng(client.rank)
+    losses = []
+    for _ in range(steps):
+        ids = torch.from_numpy(rng.integers(0, 1 << 26, (batch, 8)))  # over the whole id space
+        y = (ids[:, 0] % 2).float()
+        loss = nn.functional.binary_cross_entropy_with_logits(head(emb(ids)).squeeze(1), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    emb.flush()
+    with open("/proc/self/status") as f:
+        peak = next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmHWM:"))
+    return {"capped": capped, "losses": losses, "peak_rss_mb": peak}
+
+
+def test_a_table_larger_than_any_process_trains_with_every_process_capped():
+    cap = 1536  # MiB of data a process may hold; the table's values alone are 4096
+    with LocalCluster(servers=2, workers=1, log_level="WARNING", memory_limit_mb=cap) as cluster:
+        (result,) = cluster.run(_trains_a_2_26_row_table, 40, 256)
+        servers = cluster.client.server_stats()
+    assert result["capped"]  # the worker could not have held the table whole
+    assert result["peak_rss_mb"] < 4096 and np.isfinite(result["losses"]).all()
+    held = [s["tables"]["big/emb"]["primary_keys"] for s in servers]
+    assert len(held) == 2 and all(h > 0 for h in held)  # spread over both servers ...
+    assert sum(held) <= 40 * 256 * 8  # ... the rows batches touched, never 2**26
+    assert all(s["rss_bytes"] < cap << 20 for s in servers)

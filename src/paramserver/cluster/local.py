@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import select
 import shutil
 import signal
@@ -129,19 +130,25 @@ class LocalCluster:
             other thread, and has not loaded torch, are forked from it, ready in
             milliseconds; later ones, such as ``add_worker``'s, are spawned) or
             ``"spawn"`` (always a fresh interpreter).
+        memory_limit_mb: cap every node process's data (``RLIMIT_DATA``) at this many MiB
+            (tests that show no process holds a table whole; shared machines).
     """
 
     def __init__(self, servers: int = 1, workers: int = 0, *, vnodes_per_server: int = 64,
                  heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 5.0,
                  startup_timeout_s: float = 60.0, log_level: str = "INFO", log_dir: str | None = None,
-                 start_method: str = "fork"):
+                 start_method: str = "fork", memory_limit_mb: int | None = None):
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ValueError(f"servers must be an int >= 1, got {servers!r}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(f"workers must be an int >= 0, got {workers!r}")
         if start_method not in ("fork", "spawn"):
             raise ValueError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
+        if memory_limit_mb is not None and (isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int)
+                                            or memory_limit_mb < 64):
+            raise ValueError(f"memory_limit_mb must be an int >= 64 (or None), got {memory_limit_mb!r}")
         self.start_method = start_method
+        self.memory_limit_mb = memory_limit_mb
         self.n_servers, self.n_workers = servers, workers
         self.vnodes_per_server = vnodes_per_server
         self.heartbeat_interval_s, self.heartbeat_timeout_s = heartbeat_interval_s, heartbeat_timeout_s
@@ -216,7 +223,7 @@ class LocalCluster:
             popen = subprocess.Popen([sys.executable, "-m", "paramserver", *args, "--parent-pid", str(os.getpid())],
                                      env=self._env(),
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     pass_fds=pass_fds, start_new_session=True)
+                                     pass_fds=pass_fds, start_new_session=True, preexec_fn=self._limit_memory)
         proc = _Proc(name, popen, log_path)
         self.procs[name] = proc
         return proc
@@ -238,6 +245,7 @@ class LocalCluster:
         if pid == 0:  # the child: never returns
             code = 1
             try:
+                self._limit_memory()
                 os.setsid()
                 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(log_fd, 1)
@@ -266,6 +274,13 @@ class LocalCluster:
         proc = _Proc(name, _Forked(pid), log_path)
         self.procs[name] = proc
         return proc
+
+    def _limit_memory(self) -> None:
+        """In a node's process, before it runs: cap its data (``RLIMIT_DATA``: heap and private
+        mappings, not the libraries' code) at ``memory_limit_mb``."""
+        if self.memory_limit_mb is not None:  # resource is imported already: no import lock in a child
+            limit = self.memory_limit_mb << 20
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
     @property
     def _fork_ok(self) -> bool:
