@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 from numba import njit
 
-from paramserver.errors import ParamServerError
+from paramserver.errors import CheckpointError, ConfigError, ParamServerError, check_flags
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,6 @@ def resume_point(url: str, meta: dict[str, Any]) -> ResumePoint:
             settings (the differing values are named).
     """
     from paramserver import checkpoint as ckpt
-    from paramserver.errors import CheckpointError
 
     step = ckpt.resolve_step(url)
     rounds = ckpt.read_manifest(step).get("rounds")
@@ -121,7 +120,6 @@ def check_checkpoint_dir(url: str | None, resume: ResumePoint | None) -> None:
         ConfigError: ``url`` already holds complete checkpoints and the job is not going on from them.
     """
     from paramserver import checkpoint as ckpt
-    from paramserver.errors import CheckpointError, ConfigError
 
     if url is None:
         return
@@ -151,7 +149,6 @@ class CheckpointOptions:
             ConfigError, CheckpointError: said in one line, with the flag."""
         from paramserver import checkpoint as ckpt
         from paramserver.apps.modelfile import check_output
-        from paramserver.errors import check_flags
 
         check_flags([("--checkpoint-every", self.every, isinstance(self.every, int) and self.every >= 1,
                       "a whole number >= 1"),
