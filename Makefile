@@ -1,5 +1,5 @@
 # make demo: set up .venv and run the main job on a local cluster
-# make test: set up .venv with the dev and torch extras, lint, then run the in-process tests, then the process tests
+# make test: set up .venv with the dev, torch and ray extras, lint, then run the in-process tests, then the process tests
 # make lint: ruff (style, imports, likely bugs) and mypy (types; strict on the newer modules)
 PYTHON ?= python3
 VENV := .venv
@@ -15,9 +15,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-# the torch extra is part of the product (paramserver.torch): its tests run, not skip
+# the torch and ray extras are part of the product (paramserver.torch, paramserver.ray): their tests run, not skip
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,torch]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch,ray]'
 	touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed
@@ -27,9 +27,9 @@ test: lint
 	$(BIN)/python -m pytest -q --ignore=tests/process
 	$(BIN)/paramserver chaos --seeds 300 --first-seed 1000
 	$(BIN)/python -m pytest -q --durations=15 tests/process --ignore=tests/process/test_torch.py \
-		--ignore=tests/process/test_pipeline.py
-	# apart: a process that has loaded torch spawns its cluster's nodes instead of forking them
-	$(BIN)/python -m pytest -q tests/process/test_torch.py tests/process/test_pipeline.py
+		--ignore=tests/process/test_pipeline.py --ignore=tests/process/test_ray.py
+	# apart: a process that has loaded torch or joined Ray spawns its cluster's nodes instead of forking them
+	$(BIN)/python -m pytest -q tests/process/test_torch.py tests/process/test_pipeline.py tests/process/test_ray.py
 
 # the fault-injection campaign of the issue's acceptance: 500 seeds over every scenario
 chaos: $(VENV)/.installed-dev

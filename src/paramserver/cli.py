@@ -52,6 +52,12 @@ class _Help(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
+def _cluster_flag(p: argparse.ArgumentParser) -> None:
+    from paramserver.cluster.launch import CLUSTER_HELP
+
+    p.add_argument("--cluster", default="local", metavar="local|ray[:ADDRESS]", help=CLUSTER_HELP)
+
+
 def _round_checkpoint_flags(p: argparse.ArgumentParser, unit: str, default: int) -> None:
     """The checkpoint flags of a scheduled app (``schedule.CheckpointOptions``)."""
     p.add_argument("--checkpoint-dir", metavar="URL", help="checkpoint the model and every worker's state here "
@@ -115,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", help="NAME[:key=value,...], e.g. ftrl:alpha=0.1,l1=1 (default: ftrl for lr, "
                                        "ftrl_adagrad for fm); or your own rule, MODULE:FUNCTION[:key=value,...] "
                                        "(docs/write-your-own.md)")
-    p.add_argument("--servers", type=int, default=1, help="server processes of the local cluster")
-    p.add_argument("--workers", type=int, default=1, help="worker processes of the local cluster")
+    p.add_argument("--servers", type=int, default=1, help="server processes of the cluster")
+    p.add_argument("--workers", type=int, default=1, help="worker processes of the cluster")
+    _cluster_flag(p)
     p.add_argument("--epochs", type=int, default=1, help="passes over the training data")
     p.add_argument("--batch-size", type=int, default=4000,
                    help="the largest mini-batch, in examples (default 4000, reached after 65 536 examples: see "
@@ -193,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "cyclic or random (for comparison)")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
+    _cluster_flag(p)
     p.add_argument("--max-rounds", type=int, default=1_000_000, help="stop after this many rounds even if the "
                    "gap is not below --tol (it is said)")
     p.add_argument("--save", metavar="DIR", help="write DIR/coef.npy: float64, entry i is feature i + 1")
@@ -213,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the initial factors and the rating order")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
+    _cluster_flag(p)
     p.add_argument("--predictions-out", metavar="FILE", help="one predicted rating per --test line, in order")
     p.add_argument("--save", metavar="DIR", help="write DIR/mf.npz: ids, factors, biases, global mean")
     p.add_argument("--metrics-out", metavar="FILE", help="write test RMSE, seconds and rating updates/s as JSON")
@@ -235,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "rotate, S > 0 gives up that no word is sampled by two workers at once)")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
+    _cluster_flag(p)
     p.add_argument("--save", metavar="DIR", help="write DIR/topic_word.npy: K x V counts n_kw, column j = word j "
                    "in the input's numbering from 0")
     p.add_argument("--vocabulary", metavar="FILE", help="LDA-C only: the vocabulary, one word a line, so V covers "

@@ -133,10 +133,10 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
 
             report = run_vertical(cfg, data, test, parts, servers=args.servers, workers=args.workers,
                                   save=getattr(args, "save", None),
-                                  cluster_options={"log_dir": log_dir} if log_dir else None)
+                                  cluster_options=_cluster_options(args))
         else:
             report = run_training(cfg, data, test, servers=args.servers, workers=args.workers, setup=announce,
-                                  cluster_options={"log_dir": log_dir} if log_dir else None,
+                                  cluster_options=_cluster_options(args),
                                   save=getattr(args, "save", None),
                                   shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show,
                                   checkpoint_dir=getattr(args, "checkpoint_dir", None),
@@ -223,6 +223,19 @@ def split_columns(args: argparse.Namespace, _: Any) -> int:
     return 0
 
 
+def _cluster_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The launcher (``--cluster``, checked now, before any data is read) and its options."""
+    from paramserver.cluster.launch import parse_cluster
+
+    options: dict[str, Any] = {}
+    where = getattr(args, "cluster", None) or "local"
+    if parse_cluster(where)[0] != "local":
+        options["cluster"] = where
+    if getattr(args, "log_dir", None):
+        options["log_dir"] = args.log_dir
+    return options
+
+
 def _checkpoints(args: argparse.Namespace) -> Any:
     from paramserver.schedule import CheckpointOptions
 
@@ -237,7 +250,8 @@ def lasso(args: argparse.Namespace, _: Any) -> int:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
     report = run_lasso(args.data, lam=args.lam, lambda_ratio=args.lambda_ratio, tol=args.tol,
                        schedule=args.schedule, workers=args.workers, servers=args.servers, save=args.save,
-                       metrics_out=args.metrics_out, max_rounds=args.max_rounds, checkpoints=_checkpoints(args))
+                       metrics_out=args.metrics_out, max_rounds=args.max_rounds, checkpoints=_checkpoints(args),
+                       cluster_options=_cluster_options(args))
     report.pop("history", None)
     print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
     if report["stalled"] and not report["converged"]:
@@ -257,7 +271,7 @@ def mf(args: argparse.Namespace, _: Any) -> int:
     cfg = MFConfig(rank=args.rank, epochs=args.epochs, lr=args.lr, reg=args.reg, seed=args.seed)
     report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
                     predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out,
-                    checkpoints=_checkpoints(args))
+                    checkpoints=_checkpoints(args), cluster_options=_cluster_options(args))
     print(json.dumps(report), flush=True)
     return 0
 
@@ -268,7 +282,8 @@ def lda(args: argparse.Namespace, _: Any) -> int:
     cfg = LDAConfig(topics=args.topics, iterations=args.iterations, alpha=args.alpha, beta=args.beta, seed=args.seed,
                     schedule=args.schedule, staleness=args.staleness)
     report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
-                     metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args))
+                     metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args),
+                     cluster_options=_cluster_options(args))
     print(json.dumps(report), flush=True)
     return 0
 

@@ -437,7 +437,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     """``paramserver lasso``: solve, write ``save/coef.npy`` and the metrics; the report.
     ``checkpoints.every`` counts rounds."""
     from paramserver.apps.modelfile import check_output, write_text
-    from paramserver.cluster.local import LocalCluster
+    from paramserver.cluster.launch import open_cluster
 
     if (lam is None) == (lambda_ratio is None):
         raise ConfigError("give one of --lambda L or --lambda-ratio R (λ = λ_max / R)")
@@ -458,7 +458,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     # the driver reads the data while the cluster's processes start (the parser releases the GIL)
     with ThreadPoolExecutor(1) as pool:
         reading = pool.submit(read_libsvm_matrix, data)
-        with LocalCluster(servers=servers, workers=workers, **options) as cluster:
+        with open_cluster(servers=servers, workers=workers, **options) as cluster:
             m = reading.result()
             n, d = m.shape
             lmax = lambda_max(m)

@@ -508,7 +508,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     """``paramserver lda``: sample, write ``save/topic_word.npy`` and the metrics; the report.
     ``checkpoints.every`` counts iterations."""
     from paramserver.apps.modelfile import check_output, write_text
-    from paramserver.cluster.local import LocalCluster
+    from paramserver.cluster.launch import open_cluster
 
     check_config(cfg, workers, servers)
     check_output(save, "--save", folder=True)
@@ -531,7 +531,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
             "tokens": int(corpus.tokens), "docs": int(corpus.docs), "vocabulary": int(V)}
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers if cfg.schedule == "rotate" else 1)
     with tempfile.TemporaryDirectory(prefix="paramserver-lda-") as scratch, \
-            LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
+            open_cluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
             as cluster:
         paths = write_parts(scratch, corpus, word_block, workers)
         client = cluster.client

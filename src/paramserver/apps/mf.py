@@ -283,7 +283,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     """``paramserver mf``: train, then predict ``test`` and write what was asked; the report.
     ``checkpoints.every`` counts epochs."""
     from paramserver.apps.modelfile import check_output, write_text
-    from paramserver.cluster.local import LocalCluster
+    from paramserver.cluster.launch import open_cluster
 
     check_config(cfg, workers, servers)
     check_output(save, "--save", folder=True)
@@ -306,7 +306,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
             "users": int(user_ids.size), "items": int(item_ids.size)}
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers)
     with tempfile.TemporaryDirectory(prefix="paramserver-mf-") as scratch, \
-            LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
+            open_cluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
             as cluster:
         paths = write_strata(scratch, u, i, r, lay, workers, cfg.seed)
         client = cluster.client

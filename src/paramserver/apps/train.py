@@ -327,7 +327,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         keep_checkpoints: with ``checkpoint_dir``, keep only the newest N complete steps
             there (0: keep all).
     """
-    from paramserver.cluster.local import LocalCluster
+    from paramserver.cluster.launch import open_cluster
 
     check_job(servers, workers, shard_bytes)
     if isinstance(keep_checkpoints, bool) or not isinstance(keep_checkpoints, int) or keep_checkpoints < 0:
@@ -342,7 +342,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     step, progress = _resume_point(resume, shards, spec, cfg, data, shard_bytes) if resume else (None, None)
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
-    with LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
+    with open_cluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
             as cluster, ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:
         # read while the job runs (a thread only now: the nodes were forked from this process)
         test_read = reader.submit(read_all, test, cfg.data) if test else None

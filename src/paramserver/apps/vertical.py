@@ -210,7 +210,7 @@ def run_vertical(cfg: Any, data: list[str], test: list[str], parts: int, *, serv
 
     from paramserver.apps.modelfile import check_output, save_model
     from paramserver.apps.models import auc, logloss
-    from paramserver.cluster.local import LocalCluster
+    from paramserver.cluster.launch import open_cluster
 
     if cfg.model.name != "lr":
         raise ConfigError(f"--feature-partition trains logistic regression (--model lr), not --model {cfg.model.name}")
@@ -224,7 +224,7 @@ def run_vertical(cfg: Any, data: list[str], test: list[str], parts: int, *, serv
     with tempfile.TemporaryDirectory(prefix="paramserver-columns-") as tmp:
         train_blocks = column_blocks(data, parts, tmp, "train")
         test_blocks = column_blocks(test, parts, tmp, "test") if test else []
-        with LocalCluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
+        with open_cluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
                 as cluster:
             client = cluster.client
             client.create_table_spec(spec)

@@ -1,0 +1,49 @@
+"""``--cluster``: which launcher starts a command's cluster, and what a bad value says."""
+
+from __future__ import annotations
+
+import pytest
+
+from paramserver.cli import main
+from paramserver.cluster.launch import open_cluster, parse_cluster
+from paramserver.cluster.local import LocalCluster
+from paramserver.errors import ConfigError
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("local", ("local", None)), ("ray", ("ray", None)), ("ray:auto", ("ray", "auto")),
+    ("ray:ray://head:10001", ("ray", "ray://head:10001")), ("ray:10.0.0.1:6379", ("ray", "10.0.0.1:6379")),
+])
+def test_cluster_values_parse(value, expected):
+    assert parse_cluster(value) == expected
+
+
+@pytest.mark.parametrize("value", ["yarn", "ray:", "local:x", "", "RAY"])
+def test_a_bad_cluster_value_is_named_with_the_fix(value):
+    with pytest.raises(ConfigError, match="must be local, ray, or ray:ADDRESS"):
+        parse_cluster(value)
+
+
+def test_local_is_the_default_launcher():
+    cluster = open_cluster(servers=2, workers=1, log_level="WARNING")
+    assert isinstance(cluster, LocalCluster) and (cluster.n_servers, cluster.n_workers) == (2, 1)
+
+
+@pytest.mark.parametrize("command", [["train", "--data", "x.tsv"], ["mf", "--data", "x"], ["lda", "--data", "x"],
+                                     ["lasso", "--data", "x", "--lambda", "1"]])
+def test_every_cluster_command_refuses_a_bad_launcher_before_reading_data(command, capsys):
+    assert main([*command, "--cluster", "mesos"]) == 2
+    err = capsys.readouterr().err
+    assert "--cluster 'mesos'" in err and "ray:auto" in err
+
+
+def test_ray_cluster_options_are_checked_before_ray_starts():
+    ray_module = pytest.importorskip("paramserver.ray", reason="the ray extra is not installed")
+    with pytest.raises(ConfigError, match="strategy must be one of"):
+        ray_module.RayCluster(servers=1, strategy="RANDOM")
+    with pytest.raises(ConfigError, match="per role"):
+        ray_module.RayCluster(servers=1, resources={"ps": {"num_cpus": 1}})
+    with pytest.raises(ConfigError, match="not Ray actor resources"):
+        ray_module.RayCluster(servers=1, resources={"server": {"cpus": 1}})
+    with pytest.raises(ValueError, match="servers must be"):
+        ray_module.RayCluster(servers=0)
