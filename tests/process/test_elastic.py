@@ -101,3 +101,43 @@ def test_add_server_says_so_when_the_joiner_exits_before_it_joins():
             cluster.add_server(timeout_s=60)
         assert time.monotonic() - started < 20
         assert cluster.client.cluster_info()["ring_servers"] == [cluster.client.ring.servers[0]]
+
+
+def raise_on_rank_0_else_wait(client, gate):
+    """Rank 0 raises (bad data, a bug); the others wait for ``gate``, as a worker waiting for
+    a shard the raiser holds would wait for ever."""
+    import os
+    import time
+
+    if client.rank == 0:
+        raise ValueError("bad line 7")
+    deadline = time.monotonic() + 100
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return client.rank
+
+
+def test_a_worker_that_raises_fails_the_run_at_once_without_waiting_for_the_others(tmp_path):
+    import time
+
+    gate = str(tmp_path / "gate")
+    with LocalCluster(servers=1, workers=2, log_level="WARNING") as cluster:
+        for run in (cluster.run, cluster.run_elastic):
+            started = time.monotonic()
+            with pytest.raises(WorkerError, match="bad line 7"):
+                run(raise_on_rank_0_else_wait, gate, timeout_s=150)
+            assert time.monotonic() - started < 60  # not the 100 s the waiting worker would take
+        open(gate, "w").close()
+        assert sorted(cluster.run(lambda c: c.rank, timeout_s=60)) == [0, 1]  # late replies dropped
+
+
+def test_train_with_a_bad_line_in_its_only_shard_and_two_workers_fails_instead_of_hanging(tmp_path):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.libsvm"
+    bad.write_text("1 3:1 7:0.5\n" * 50 + "1 3:abc\n" + "0 2:1\n" * 50)
+    done = subprocess.run([sys.executable, "-m", "paramserver", "train", "--format", "libsvm", "--data", str(bad),
+                           "--workers", "2", "--quiet"], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 2
+    assert f"{bad}:51" in done.stderr and "--skip-bad-lines" in done.stderr

@@ -451,6 +451,10 @@ class LocalCluster:
                         summary, trace = value
                         errors.append(f"{proc.name} (rank {rank}) raised:\n{trace}")
                         summaries.append(summary)
+                if len(errors) > len(deaths):
+                    # a worker raised (a bug, bad data): the run has failed, and the others are not waited
+                    # for, as they may never finish: a shard it held stays its own while it lives
+                    break
         finally:
             with self._lock:
                 self._active = None
