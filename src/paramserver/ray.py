@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import sys
@@ -100,7 +101,8 @@ class RayCluster:
         servers, workers: nodes of each role started now (``scale``/``add_*`` add more).
         address: the Ray cluster to join: ``"auto"`` (the one ``ray start`` runs here),
             ``"ray://host:10001"`` or ``"host:6379"``; ``None`` joins the one this process
-            is connected to, or starts a local one (stopped again by ``stop``).
+            is connected to, else the one ``RAY_ADDRESS`` names or ``ray start`` runs here,
+            else starts a local one (stopped again by ``stop``); ``"local"`` always starts one.
         strategy: the placement group's: ``"SPREAD"`` (default: servers and workers on as
             many machines as may be), ``"PACK"``, ``"STRICT_SPREAD"`` or ``"STRICT_PACK"``.
         resources: per role (``"scheduler"``, ``"server"``, ``"worker"``), Ray's actor
@@ -175,7 +177,7 @@ class RayCluster:
 
     def start(self) -> None:
         if not ray.is_initialized():
-            options = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": False,
+            options = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False,
                        **self.init_options}
             ray.init(address=self.ray_address, **options)
             self._started_ray = True
@@ -212,7 +214,7 @@ class RayCluster:
             return float(given)
         if role == "scheduler":
             return 0.0
-        return 1.0 if nodes <= free else max(0.01, round(free / max(1, nodes), 2))
+        return 1.0 if nodes <= free else max(0.01, math.floor(100 * free / max(1, nodes)) / 100)
 
     def _options(self, role: str, cpus: float) -> dict[str, Any]:
         spec = self.resources[role]
@@ -419,6 +421,10 @@ class RayCluster:
                         summary, trace = value
                         errors.append(f"{member.name} (rank {rank}) raised:\n{trace}")
                         summaries.append(summary)
+                if len(errors) > len(deaths):
+                    # a worker raised (a bug, bad data): the run has failed, and the others are not waited
+                    # for, as they may never finish: a shard it held stays its own while it lives
+                    break
         finally:
             with self._lock:
                 self._active = None

@@ -33,7 +33,8 @@ FAST = {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.5, "log_level": "W
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+             object_store_memory=200 << 20)
     yield
     ray.shutdown()
 
@@ -169,3 +170,16 @@ def test_the_train_command_joins_a_running_ray_cluster_by_its_address(tmp_path):
     assert result["logloss"] <= 0.33, result
     assert not ray.util.placement_group_table() or all(  # the command removed what it placed
         g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
+
+
+def test_a_worker_that_raises_fails_a_ray_run_at_once(tmp_path):
+    from test_elastic import raise_on_rank_0_else_wait
+
+    from paramserver import WorkerError
+
+    gate = str(tmp_path / "gate")
+    with RayCluster(servers=1, workers=2, **FAST) as cluster:
+        with pytest.raises(WorkerError, match="bad line 7"):
+            cluster.run_elastic(raise_on_rank_0_else_wait, gate, timeout_s=60)
+        open(gate, "w").close()
+        assert sorted(cluster.run(lambda c: c.rank, timeout_s=60)) == [0, 1]

@@ -9,7 +9,7 @@ from paramserver.errors import ConfigError
 
 CLUSTER_HELP = ("where the nodes run: local (default: processes on this machine) or ray[:ADDRESS] (Ray actors "
                 "in a placement group; ADDRESS auto joins the Ray cluster `ray start` runs here, ray://HOST:PORT "
-                "a remote one; none: join RAY_ADDRESS's, or start a local Ray)")
+                "a remote one; none: the Ray that RAY_ADDRESS names or `ray start` runs here, else a new local Ray)")
 
 
 def parse_cluster(value: str) -> tuple[str, str | None]:
