@@ -77,3 +77,52 @@ def test_a_dead_stage_is_named_and_bad_batches_are_refused():
         pipe.procs[1].join(timeout=30)
         with pytest.raises(PipelineError, match="stage 1's process died"):
             pipe.step(torch.randn(8, 32), torch.randn(8, 32))
+
+
+class DieOnce(nn.Module):
+    """Passes its input through; its process exits at its ``at``-th forward, once (a marker
+    file says it did, so that the stage started again lives)."""
+
+    def __init__(self, marker, at):
+        super().__init__()
+        self.marker, self.at, self.calls = str(marker), at, 0
+
+    def forward(self, x):
+        import os
+
+        self.calls += 1
+        if self.calls == self.at and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+        return x
+
+
+def test_a_dead_stage_restarts_from_its_namespace_and_the_batch_in_flight_counts_once(tmp_path):
+    from paramserver import LocalCluster
+
+    blocks = _model(seed=3)
+    model = nn.Sequential(*copy.deepcopy(blocks))
+    data = [(torch.randn(16, 32), torch.randn(16, 32)) for _ in range(4)]
+    want = []
+    for x, y in data:
+        model.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+        want.append(float(loss.detach()))
+    # stage 1 dies in its 6th forward: the 2nd micro-batch of the 2nd mini-batch, with stage 0 mid-schedule
+    stages = [nn.Sequential(*copy.deepcopy(blocks[:3])),
+              nn.Sequential(DieOnce(tmp_path / "died", at=6), *copy.deepcopy(blocks[3:]))]
+    with LocalCluster(servers=2, log_level="WARNING") as cluster:
+        with pipeline(stages, nn.functional.mse_loss, 4, lr=0.1, ps=cluster, namespace="pipe", timeout_s=60) as pipe:
+            got = [pipe.step(x, y) for x, y in data]
+            params = [p for stage in pipe.parameters() for p in stage]
+            assert pipe.restarts == [1] and pipe.committed == 4
+        tables = cluster.client.namespaces()["pipe"]["tables"]
+    assert (tmp_path / "died").exists()  # it did die
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)  # one loss a mini-batch: the replay counted once
+    want_params = [p.detach().numpy() for p in model.parameters()]
+    assert max(float(np.abs(a - b).max()) for a, b in zip(params, want_params)) < 1e-5
+    assert sorted(tables) == ["pipe/stage0", "pipe/stage1"]

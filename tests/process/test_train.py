@@ -258,7 +258,7 @@ def test_help_shows_defaults_and_version_is_there():
     proc = cli("train", "--help")
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
-    for flag in ("--servers SERVERS server processes of the local cluster (default: 1)",
+    for flag in ("--servers SERVERS server processes of the cluster (default: 1)",
                  "--seed SEED seed of the tables' initial values (default: 0)", "(default 24:"):
         assert flag in text, flag
     version = cli("--version")
