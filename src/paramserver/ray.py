@@ -52,6 +52,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from paramserver.client.client import Client
 from paramserver.cluster.actor import NodeActor
+from paramserver.cluster.runs import Outcome, RunsFunctions
 from paramserver.config import load_config
 from paramserver.errors import ClosedError, ConfigError, ConnectError, NodeLostError, WorkerError
 
@@ -94,7 +95,7 @@ class _Active:
     waiting: dict[Future[Any], _Member] = field(default_factory=dict)
 
 
-class RayCluster:
+class RayCluster(RunsFunctions):
     """A cluster whose nodes are Ray actors; the interface of ``LocalCluster``.
 
     Args:
@@ -341,31 +342,8 @@ class RayCluster:
             raise ClosedError("the cluster is stopped")
         return self._client
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
-        """Run ``fn(client, *args)`` on every worker; the results in rank order (see
-        ``LocalCluster.run``)."""
-        results, errors, summaries, _ = self._run(fn, args, timeout_s, elastic=False)
-        if errors:
-            raise WorkerError("\n".join(errors), summary=summaries[0])
-        return results
-
-    def run_elastic(self, fn: Callable[..., Any], *args: Any,
-                    timeout_s: float | None = None) -> tuple[list[Any], list[str]]:
-        """Like ``run``, but a worker actor that dies is tolerated: its shard is re-queued
-        and Ray's restart of it joins the function (see ``LocalCluster.run_elastic``)."""
-        results, errors, summaries, deaths = self._run(fn, args, timeout_s, elastic=True)
-        raised = [(e, s) for e, s in zip(errors, summaries) if s not in deaths]
-        if raised:
-            raise WorkerError("\n".join(e for e, _ in raised), summary=raised[0][1])
-        if not results:
-            raise WorkerError("every worker died:\n" + "\n".join(errors),
-                              summary="every worker died: " + "; ".join(deaths))
-        for line in deaths:
-            logger.warning("%s; the others went on", line)
-        return results, deaths
-
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float | None,
-             elastic: bool) -> tuple[list[Any], list[str], list[str], list[str]]:
+             elastic: bool) -> Outcome:
         with self._lock:
             if self._active is not None:
                 raise WorkerError("a function is already running on this cluster's workers; wait for it to return")

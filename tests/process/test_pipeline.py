@@ -48,19 +48,25 @@ def test_gradients_equal_one_process(cuts, microbatches):
     assert max(float(np.abs(a - b).max()) for a, b in zip(got, want)) < 1e-5
 
 
-def test_sgd_steps_match_one_process():
-    blocks = _model(seed=1)
+def _sgd_one_process(blocks, data, lr=0.1):
+    """Losses of SGD steps on ``data`` by one process, and the model after them."""
     model = nn.Sequential(*copy.deepcopy(blocks))
-    data = [(torch.randn(16, 32), torch.randn(16, 32)) for _ in range(4)]
-    want = []
+    losses = []
     for x, y in data:
         model.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         with torch.no_grad():
             for p in model.parameters():
-                p -= 0.1 * p.grad
-        want.append(float(loss.detach()))
+                p -= lr * p.grad
+        losses.append(float(loss.detach()))
+    return losses, model
+
+
+def test_sgd_steps_match_one_process():
+    blocks = _model(seed=1)
+    data = [(torch.randn(16, 32), torch.randn(16, 32)) for _ in range(4)]
+    want, _ = _sgd_one_process(blocks, data)
     stages = [nn.Sequential(*copy.deepcopy(blocks[:3])), nn.Sequential(*copy.deepcopy(blocks[3:]))]
     with pipeline(stages, nn.functional.mse_loss, 4, lr=0.1) as pipe:
         got = [pipe.step(x, y) for x, y in data]
@@ -101,17 +107,8 @@ def test_a_dead_stage_restarts_from_its_namespace_and_the_batch_in_flight_counts
     from paramserver import LocalCluster
 
     blocks = _model(seed=3)
-    model = nn.Sequential(*copy.deepcopy(blocks))
     data = [(torch.randn(16, 32), torch.randn(16, 32)) for _ in range(4)]
-    want = []
-    for x, y in data:
-        model.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= 0.1 * p.grad
-        want.append(float(loss.detach()))
+    want, model = _sgd_one_process(blocks, data)
     # stage 1 dies in its 6th forward: the 2nd micro-batch of the 2nd mini-batch, with stage 0 mid-schedule
     stages = [nn.Sequential(*copy.deepcopy(blocks[:3])),
               nn.Sequential(DieOnce(tmp_path / "died", at=6), *copy.deepcopy(blocks[3:]))]

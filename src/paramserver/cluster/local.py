@@ -39,6 +39,7 @@ from typing import Any
 import cloudpickle
 
 from paramserver.client.client import Client
+from paramserver.cluster.runs import Outcome, RunsFunctions
 from paramserver.config import load_config
 from paramserver.data.reader import DataError
 from paramserver.errors import ClosedError, ConfigError, ConnectError, WorkerError
@@ -115,7 +116,7 @@ class _Active:
     died: list[_Proc] = field(default_factory=list)  # could not even be sent the function
 
 
-class LocalCluster:
+class LocalCluster(RunsFunctions):
     """Start a cluster of processes; use as a context manager.
 
     Args:
@@ -359,45 +360,8 @@ class LocalCluster:
             raise ClosedError("the cluster is stopped")
         return self._client
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
-        """Run ``fn(client, *args)`` on every worker; return the results in rank order.
-
-        Workers added with ``add_worker`` while it runs run ``fn`` too.
-
-        Raises:
-            WorkerError: a worker raised (the remote traceback is in the message) or died.
-        """
-        results, errors, summaries, _ = self._run(fn, args, timeout_s)
-        if errors:
-            raise WorkerError("\n".join(errors), summary=summaries[0])
-        return results
-
-    def run_elastic(self, fn: Callable[..., Any], *args: Any,
-                    timeout_s: float | None = None) -> tuple[list[Any], list[str]]:
-        """Like ``run``, but a worker that *dies* is tolerated while another finishes (the
-        task queue hands a dead worker's shard to another); workers added meanwhile join.
-
-        Returns:
-            the survivors' results in rank order, and one line per worker that died.
-
-        Raises:
-            WorkerError: a worker raised (a bug or bad data, not a lost machine), or every
-                worker died.
-        """
-        results, errors, summaries, deaths = self._run(fn, args, timeout_s)
-        raised = [(e, s) for e, s in zip(errors, summaries) if s not in deaths]
-        if raised:
-            raise WorkerError("\n".join(e for e, _ in raised), summary=raised[0][1])
-        if not results:
-            raise WorkerError("every worker died:\n" + "\n".join(errors),
-                              summary="every worker died: " + "; ".join(deaths))
-        for line in deaths:
-            logger.warning("%s; the others went on", line)
-        return results, deaths
-
-    def _run(self, fn: Callable[..., Any], args: tuple,
-             timeout_s: float | None) -> tuple[list[Any], list[str], list[str], list[str]]:
-        """Results in rank order; errors (full text) and summaries, of deaths included; deaths."""
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float | None,
+             elastic: bool) -> Outcome:
         wake_r, wake_w = Pipe(duplex=False)
         with self._lock:
             if self._active is not None:

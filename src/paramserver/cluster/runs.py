@@ -1,0 +1,60 @@
+"""``run`` and ``run_elastic``, as every launcher has them (``LocalCluster``, ``RayCluster``):
+what a run's outcome means is the same whatever started the workers; a launcher supplies
+``_run``, which sends the function to its workers and collects what came back."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from paramserver.errors import WorkerError
+
+logger = logging.getLogger(__name__)
+
+Outcome = tuple[list[Any], list[str], list[str], list[str]]
+
+
+class RunsFunctions:
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float | None,
+             elastic: bool) -> Outcome:
+        """Results in rank order; errors (full text) and summaries, of deaths included; deaths.
+        Stops waiting at the first worker that raised (the others may wait on it for ever)."""
+        raise NotImplementedError
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> list[Any]:
+        """Run ``fn(client, *args)`` on every worker; return the results in rank order.
+
+        Workers added with ``add_worker`` while it runs run ``fn`` too.
+
+        Raises:
+            WorkerError: a worker raised (the remote traceback is in the message) or died.
+        """
+        results, errors, summaries, _ = self._run(fn, args, timeout_s, False)
+        if errors:
+            raise WorkerError("\n".join(errors), summary=summaries[0])
+        return results
+
+    def run_elastic(self, fn: Callable[..., Any], *args: Any,
+                    timeout_s: float | None = None) -> tuple[list[Any], list[str]]:
+        """Like ``run``, but a worker that *dies* is tolerated while another finishes (the
+        task queue hands a dead worker's shard to another); workers added meanwhile join
+        (under Ray, so does the restart of a dead worker's actor).
+
+        Returns:
+            the survivors' results in rank order, and one line per worker that died.
+
+        Raises:
+            WorkerError: a worker raised (a bug or bad data, not a lost machine), or every
+                worker died.
+        """
+        results, errors, summaries, deaths = self._run(fn, args, timeout_s, True)
+        raised = [(e, s) for e, s in zip(errors, summaries) if s not in deaths]
+        if raised:
+            raise WorkerError("\n".join(e for e, _ in raised), summary=raised[0][1])
+        if not results:
+            raise WorkerError("every worker died:\n" + "\n".join(errors),
+                              summary="every worker died: " + "; ".join(deaths))
+        for line in deaths:
+            logger.warning("%s; the others went on", line)
+        return results, deaths
