@@ -52,7 +52,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from paramserver.client.client import Client
 from paramserver.cluster.actor import NodeActor
-from paramserver.cluster.runs import Outcome, RunsFunctions
+from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
 from paramserver.config import load_config
 from paramserver.errors import ClosedError, ConfigError, ConnectError, NodeLostError, WorkerError
 
@@ -354,10 +354,7 @@ class RayCluster(RunsFunctions):
             active = self._active = _Active(cloudpickle.dumps((self._calls, fn, args)), self._calls, elastic)
             for member in workers:
                 self._submit(member, joined=False)
-        results: dict[int, Any] = {}
-        errors: list[str] = []
-        summaries: list[str] = []
-        deaths: list[str] = []
+        tally = Tally()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         assert self._scheduler_exit is not None
         try:
@@ -390,23 +387,16 @@ class RayCluster(RunsFunctions):
                     else:
                         why = "its node exited"
                     if answer is None:
-                        self._died(member, why, errors, summaries, deaths)
+                        self._died(member, why, tally)
                         continue
-                    call, status, rank, value = cloudpickle.loads(answer)
-                    if status == "ok":
-                        results[rank] = value
-                    else:
-                        summary, trace = value
-                        errors.append(f"{member.name} (rank {rank}) raised:\n{trace}")
-                        summaries.append(summary)
-                if len(errors) > len(deaths):
-                    # a worker raised (a bug, bad data): the run has failed, and the others are not waited
-                    # for, as they may never finish: a shard it held stays its own while it lives
+                    _, status, rank, value = cloudpickle.loads(answer)  # one answer a call: no late ones
+                    tally.answered(member.name, status, rank, value)
+                if tally.raised:
                     break
         finally:
             with self._lock:
                 self._active = None
-        return [results[rank] for rank in sorted(results)], errors, summaries, deaths
+        return tally.outcome()
 
     def _submit(self, member: _Member, joined: bool) -> None:
         """Send the active function to a worker actor (under ``_lock``)."""
@@ -415,20 +405,19 @@ class RayCluster(RunsFunctions):
         fut = member.actor.run.remote((b"J" if joined else b"-") + active.payload).future()
         active.waiting[fut] = member
 
-    def _died(self, member: _Member, why: str, errors: list[str], summaries: list[str], deaths: list[str]) -> None:
+    def _died(self, member: _Member, why: str, tally: Tally) -> None:
         if member.drained:  # scale() took it out: its shard is re-queued, no death to report
             return
         line = f"{member.name} died ({why})"
-        errors.append(line)
-        summaries.append(line)
-        deaths.append(line)
+        tally.died(line)
         with self._lock:
-            if self._active is not None and self._active.elastic and member.restarts_left > 0:
-                member.restarts_left -= 1  # Ray brings its actor back, with a fresh worker that joins the run
+            if member.restarts_left <= 0:
+                member.dead = True
+                return
+            member.restarts_left -= 1  # Ray brings its actor back (in a strict run too), with a fresh worker
+            if self._active is not None and self._active.elastic:  # ... that joins the running function
                 logger.warning("%s; Ray restarts it and it joins the running function", line)
                 self._submit(member, joined=True)
-            elif member.restarts_left <= 0:
-                member.dead = True
 
     def add_worker(self) -> str:
         """Start one more worker actor; it joins a running function (see ``LocalCluster.add_worker``)."""

@@ -462,9 +462,16 @@ class Pipeline:
 
     def gradients(self) -> list[list[np.ndarray]]:
         """Each stage's accumulated parameter gradients (before an SGD step zeroes them)."""
+        return self._tensors("grads")
+
+    def parameters(self) -> list[list[np.ndarray]]:
+        """Each stage's parameter values (a copy)."""
+        return self._tensors("params")
+
+    def _tensors(self, op: str) -> list[list[np.ndarray]]:
         out = []
         for s, sock in enumerate(self.ctrl):
-            sock.send_json({"op": "grads"})
+            sock.send_json({"op": op})
             n = self._reply(s)["n"]
             out.append([_recv(sock)[1].numpy() for _ in range(n)])
         return out
@@ -474,15 +481,6 @@ class Pipeline:
 
     def peak_rss_mb(self) -> list[float]:
         return [r["peak_rss_mb"] for r in self._everyone({"op": "rss"})]
-
-    def parameters(self) -> list[list[np.ndarray]]:
-        """Each stage's parameter values (through its gradients' channel: a copy)."""
-        out = []
-        for s, sock in enumerate(self.ctrl):
-            sock.send_json({"op": "params"})
-            n = self._reply(s)["n"]
-            out.append([_recv(sock)[1].numpy() for _ in range(n)])
-        return out
 
     def close(self) -> None:
         dead = any(not proc.is_alive() for proc in self.procs)  # then the others may be stuck on it: kill

@@ -39,7 +39,7 @@ from typing import Any
 import cloudpickle
 
 from paramserver.client.client import Client
-from paramserver.cluster.runs import Outcome, RunsFunctions
+from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
 from paramserver.config import load_config
 from paramserver.data.reader import DataError
 from paramserver.errors import ClosedError, ConfigError, ConnectError, WorkerError
@@ -374,10 +374,7 @@ class LocalCluster(RunsFunctions):
             active = self._active = _Active(cloudpickle.dumps((self._calls, fn, args)), self._calls, wake_w)
             for proc in workers:
                 self._send_function(proc)
-        results: dict[int, Any] = {}
-        errors: list[str] = []
-        summaries: list[str] = []
-        deaths: list[str] = []
+        tally = Tally()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while True:
@@ -385,7 +382,7 @@ class LocalCluster(RunsFunctions):
                     dead, active.died = active.died, []
                     waiting = dict(active.waiting)
                 for proc in dead:
-                    self._died(proc, errors, summaries, deaths)
+                    self._died(proc, tally)
                 if not waiting:
                     break
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -402,29 +399,22 @@ class LocalCluster(RunsFunctions):
                     try:
                         call, status, rank, value = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
                     except EOFError:
-                        self._died(proc, errors, summaries, deaths)
+                        self._died(proc, tally)
                         continue
                     if call != active.call:  # the late reply of a run that timed out: not ours
                         logger.info("%s: dropped a late result of an earlier run", proc.name)
                         with self._lock:
                             active.waiting[conn] = proc  # type: ignore[index]
                         continue
-                    if status == "ok":
-                        results[rank] = value
-                    else:
-                        summary, trace = value
-                        errors.append(f"{proc.name} (rank {rank}) raised:\n{trace}")
-                        summaries.append(summary)
-                if len(errors) > len(deaths):
-                    # a worker raised (a bug, bad data): the run has failed, and the others are not waited
-                    # for, as they may never finish: a shard it held stays its own while it lives
+                    tally.answered(proc.name, status, rank, value)
+                if tally.raised:
                     break
         finally:
             with self._lock:
                 self._active = None
             wake_r.close()
             wake_w.close()
-        return [results[rank] for rank in sorted(results)], errors, summaries, deaths
+        return tally.outcome()
 
     def _send_function(self, proc: _Proc, joined: bool = False) -> None:
         """Send the active function to ``proc`` (under ``_lock``); ``joined``: it joins the run midway."""
@@ -437,15 +427,12 @@ class LocalCluster(RunsFunctions):
         except OSError:  # it is dead already (a broken pipe)
             active.died.append(proc)
 
-    def _died(self, proc: _Proc, errors: list[str], summaries: list[str], deaths: list[str]) -> None:
+    def _died(self, proc: _Proc, tally: Tally) -> None:
         try:
             proc.popen.wait(5)
         except subprocess.TimeoutExpired:
             pass
-        line = f"{proc.name} died (exit code {proc.popen.returncode})"
-        errors.append(f"{line}\n{proc.tail()}")
-        summaries.append(line)
-        deaths.append(line)
+        tally.died(f"{proc.name} died (exit code {proc.popen.returncode})", proc.tail())
         with self._lock:  # later runs skip it
             for conn in (proc.to_child, proc.from_child):
                 if conn is not None:

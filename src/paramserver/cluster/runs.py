@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from paramserver.errors import WorkerError
@@ -13,6 +14,39 @@ from paramserver.errors import WorkerError
 logger = logging.getLogger(__name__)
 
 Outcome = tuple[list[Any], list[str], list[str], list[str]]
+
+
+@dataclass
+class Tally:
+    """What one run's workers gave back, whatever carried it: results by rank, errors (full
+    text) and their one-line summaries, deaths among them."""
+
+    results: dict[int, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    summaries: list[str] = field(default_factory=list)
+    deaths: list[str] = field(default_factory=list)
+
+    def answered(self, name: str, status: str, rank: int, value: Any) -> None:
+        if status == "ok":
+            self.results[rank] = value
+        else:
+            summary, trace = value
+            self.errors.append(f"{name} (rank {rank}) raised:\n{trace}")
+            self.summaries.append(summary)
+
+    def died(self, line: str, detail: str = "") -> None:
+        self.errors.append(f"{line}\n{detail}" if detail else line)
+        self.summaries.append(line)
+        self.deaths.append(line)
+
+    @property
+    def raised(self) -> bool:
+        """A worker raised (a bug, bad data): the run has failed, and the others are not
+        waited for, as they may never finish (a shard it held stays its own while it lives)."""
+        return len(self.errors) > len(self.deaths)
+
+    def outcome(self) -> Outcome:
+        return [self.results[r] for r in sorted(self.results)], self.errors, self.summaries, self.deaths
 
 
 class RunsFunctions:
