@@ -23,6 +23,17 @@ from paramserver.config import DMLC_ENV, ENV, NODE_ENV, load_config, node_role
 from paramserver.errors import ConfigError, ParamServerError, WorkerError
 
 
+def _widths(text: str) -> tuple[int, ...]:
+    """``--hidden 256,128``: layer widths."""
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated whole numbers; try 256,128") from None
+    if min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every width must be >= 1; try 256,128")
+    return widths
+
+
 def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> None:
     if scheduler:
         p.add_argument("--scheduler", help="scheduler address tcp://HOST:PORT [PARAMSERVER_SCHEDULER]")
@@ -115,9 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train lr or fm on a local cluster and report test metrics")
     _data_flags(p, training=True)
-    p.add_argument("--model", default="lr", help="lr (default) or fm")
-    p.add_argument("--k", type=int, default=8, help="FM factor width (default 8)")
-    p.add_argument("--fm-l2", type=float, default=1e-2, help="FM L2 penalty on factors (default 0.01)")
+    p.add_argument("--model", default="lr",
+                   help="lr (default), fm (factorization machine), deepfm (DeepFM) or wdl (Wide & Deep)")
+    p.add_argument("--k", "--embedding-dim", dest="k", type=int, default=8,
+                   help="FM factor width, a deep model's embedding width (default 8)")
+    p.add_argument("--hidden", type=_widths, default=(256, 128),
+                   help="deepfm/wdl: the MLP's hidden layer widths, comma separated (default 256,128)")
+    p.add_argument("--fm-l2", type=float, default=1e-2,
+                   help="L2 penalty on FM factors and deep models' embeddings (default 0.01)")
     p.add_argument("--optimizer", help="NAME[:key=value,...], e.g. ftrl:alpha=0.1,l1=1 (default: ftrl for lr, "
                                        "ftrl_adagrad for fm); or your own rule, MODULE:FUNCTION[:key=value,...] "
                                        "(docs/write-your-own.md)")

@@ -64,10 +64,11 @@ def warm_worker() -> None:
                 f.write(text * 3)
             batch = read_all([path], DataFormat(name))
             uniq, inverse = batch.unique()
-            for model in (Model("lr"), Model("fm", k=2)):
+            for model in (Model("lr"), Model("fm", k=2), Model("deepfm", k=2, hidden=(2,))):
                 rows = np.zeros((uniq.size, model.dim), np.float32)
-                grads, _ = model.step(batch, inverse, rows)
-                model.predict(batch, inverse, rows)
+                dense = np.zeros(model.dense_rows * 256, np.float32) if model.deep else None
+                grads, _, _ = model.step(batch, inverse, rows, dense)
+                model.predict(batch, inverse, rows, dense)
                 route_push(Ring.create([1]), uniq, grads)
                 route_push(Ring.create([1]), uniq, grads, distinct=True)
             routed = route_pull(Ring.create([1]), uniq)

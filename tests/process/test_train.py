@@ -76,7 +76,7 @@ def test_corrupted_line_stops_with_its_line_number_or_is_skipped_and_counted(tmp
 @pytest.mark.parametrize("args,message", [
     (["--data", "/nonexistent/x.tsv"], "no such file: /nonexistent/x.tsv"),
     (["--data", "{synth}", "--optimizer", "ftrl:alpha=-1"], "ftrl alpha must be > 0"),
-    (["--data", "{synth}", "--model", "svm"], "--model must be 'lr' or 'fm'"),
+    (["--data", "{synth}", "--model", "svm"], "--model must be one of lr, fm, deepfm, wdl, got 'svm'"),
     (["--data", "{synth}", "--format", "parquet"], "--format must be one of"),
     (["--data", "{synth}", "--servers", "0"], "--servers must be a whole number >= 1, got 0"),
     (["--data", "{synth}", "--workers", "-1"], "--workers must be a whole number >= 1, got -1"),

@@ -97,7 +97,8 @@ def _report_table(report: dict[str, Any]) -> Table:
 
 def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list[str],
            fmt: DataFormat) -> dict[str, Any]:
-    cfg = TrainConfig(model=Model(args.model, getattr(args, "k", 8), getattr(args, "fm_l2", 1e-2)),
+    cfg = TrainConfig(model=Model(args.model, getattr(args, "k", 8), getattr(args, "fm_l2", 1e-2),
+                                  getattr(args, "hidden", (256, 128))),
                       data=fmt, optimizer=optimizer, epochs=args.epochs, batch_size=args.batch_size,
                       batch_ramp=getattr(args, "batch_ramp", 1.0),
                       seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),

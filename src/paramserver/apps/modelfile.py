@@ -3,7 +3,8 @@
 A saved model is a folder (a local path or any fsspec URL: ``s3://``, ``gs://``,
 ``memory://``) holding
 
-    table.npz      keys (uint64) and values (float32 [n, dim])
+    table.npz      keys (uint64) and values (float32 [n, dim]); a deep model's MLP as
+                   ``dense`` (float32, flat)
     model.json     model, table spec, data format; written last, so a folder that has
                    it is whole
 
@@ -27,6 +28,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 from numba import njit
 
+from paramserver.apps.deep import DENSE_BLOCK
 from paramserver.apps.models import Model, auc, logloss
 from paramserver.data.parse import feature_key
 from paramserver.data.reader import Batch, DataError, DataFormat, Shard, expand, read_all, read_batches, sniff_unlabeled
@@ -86,11 +88,12 @@ def write_text(url: str, text: str) -> None:
 
 
 def save_model(url: str, model: Model, data: DataFormat, spec: TableSpec, keys: np.ndarray,
-               values: np.ndarray) -> None:
+               values: np.ndarray, dense: np.ndarray | None = None) -> None:
     fs, path = _fs(url, "--save")
     fs.makedirs(path, exist_ok=True)
     buf = io.BytesIO()
-    np.savez(buf, keys=keys, values=values)
+    arrays: dict[str, Any] = {"keys": keys, "values": values} | ({} if dense is None else {"dense": dense})
+    np.savez(buf, **arrays)
     with fs.open(f"{path.rstrip('/')}/table.npz", "wb") as f:
         f.write(buf.getbuffer())
     meta = {"format": "paramserver-model-1", **model_meta(model, data), "table": spec.to_wire()}
@@ -102,9 +105,24 @@ def model_meta(model: Model, data: DataFormat) -> dict[str, Any]:
     return {"model": asdict(model), "data": asdict(data) | {"skip_bad": False, "cache_dir": ""}}
 
 
-def _from_checkpoint(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """A training checkpoint (a folder of steps, or one step) as a saved model: its meta and
-    the model table's keys and rows (every file checked against its manifest)."""
+def dense_vector(model: Model, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """A deep model's MLP, flat, from its table's keys and rows (in any order)."""
+    if model.deep is None:
+        raise ValueError(f"a {model.name} model has no dense part")
+    keys = np.asarray(keys, np.uint64)
+    ours = np.flatnonzero(keys < np.uint64(model.dense_rows))  # a dense layout may list its whole key space
+    order = ours[np.argsort(keys[ours], kind="stable")]
+    if not np.array_equal(keys[order], np.arange(model.dense_rows, dtype=np.uint64)):
+        raise DataError(f"the {model.name} model's MLP table has {order.size} of its {model.dense_rows} row(s) "
+                        f"(--hidden {','.join(map(str, model.hidden))}, width {model.k}): the model files are "
+                        "damaged")
+    return np.ascontiguousarray(rows[order][:, :DENSE_BLOCK], np.float32).reshape(-1)[:model.deep.mlp.size]
+
+
+def _from_checkpoint(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None]:
+    """A training checkpoint (a folder of steps, or one step) as a saved model: its meta,
+    the model table's keys and rows and a deep model's MLP (every file checked against its
+    manifest)."""
     from paramserver import checkpoint as ckpt
 
     step = ckpt.resolve_step(url)
@@ -113,11 +131,15 @@ def _from_checkpoint(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     if not isinstance(meta, dict):
         raise DataError(f"{step} was not written by paramserver train --checkpoint-dir (no model or data "
                         "format in its manifest); restore it with Client.restore")
-    name = Model(**meta["model"]).table
-    parts = [ckpt.read_vnode(ckpt.entry_path(step, e), e) for e in manifest["files"].get(name, {}).values()]
-    keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
-    rows = np.concatenate([r for _, r in parts]) if parts else np.zeros((0, 1), np.float32)
-    return {**meta, "table": manifest["tables"][name]}, keys, rows
+    model = Model(**meta["model"])
+
+    def table(name: str) -> tuple[np.ndarray, np.ndarray]:
+        parts = [ckpt.read_vnode(ckpt.entry_path(step, e), e) for e in manifest["files"].get(name, {}).values()]
+        keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
+        return keys, np.concatenate([r for _, r in parts]) if parts else np.zeros((0, 1), np.float32)
+
+    dense = None if model.deep is None else dense_vector(model, *table(model.dense_table))
+    return {**meta, "table": manifest["tables"][model.table]}, *table(model.table), dense
 
 
 @njit(nogil=True, cache=True)
@@ -163,8 +185,7 @@ probabilities of a parsed ``Batch``."""
             if fs.exists(f"{path.rstrip('/')}/{MANIFEST}") or any(
                     fs.exists(f"{p.rstrip('/')}/{MANIFEST}") for p in (fs.ls(path, detail=False)
                                                                        if fs.isdir(path) else [])):
-                meta, keys, values = _from_checkpoint(url)
-                self._load(meta, keys, values)
+                self._load(*_from_checkpoint(url))
                 return
         try:
             with fs.open(f"{path.rstrip('/')}/model.json", "r") as f:
@@ -172,15 +193,21 @@ probabilities of a parsed ``Batch``."""
             with fs.open(f"{path.rstrip('/')}/table.npz", "rb") as f:
                 arrays = np.load(io.BytesIO(f.read()))
             keys, values = arrays["keys"], arrays["values"]
+            dense = arrays["dense"] if "dense" in arrays.files else None
         except FileNotFoundError as exc:
             raise DataError(f"{url} is not a saved model ({exc.filename or exc} is missing); "
                             "save one with paramserver train --save DIR") from None
         except (ValueError, KeyError, OSError) as exc:
             raise DataError(f"{url}: the model files are damaged ({exc})") from None
-        self._load(meta, keys, values)
+        self._load(meta, keys, values, dense)
 
-    def _load(self, meta: dict[str, Any], keys: np.ndarray, values: np.ndarray) -> None:
+    def _load(self, meta: dict[str, Any], keys: np.ndarray, values: np.ndarray, dense: np.ndarray | None) -> None:
         self.model = Model(**meta["model"])
+        if self.model.deep is not None and (dense is None or dense.size != self.model.deep.mlp.size):
+            raise DataError(f"the {self.model.name} model's MLP is missing or has the wrong size "
+                            f"({None if dense is None else dense.size} values, {self.model.deep.mlp.size} expected): "
+                            "the model files are damaged; save the model again")
+        self.dense = dense
         self.data = DataFormat(**meta["data"])
         spec = TableSpec.from_wire(meta["table"])
         self.table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed)
@@ -210,7 +237,7 @@ probabilities of a parsed ``Batch``."""
         uniq, inverse = batch.unique()
         rows = np.empty((uniq.shape[0], self.model.dim), np.float32)
         self.table.lookup(uniq, rows)
-        return self.model.predict(batch, inverse, rows)
+        return self.model.predict(batch, inverse, rows, self.dense)
 
 
 def load_model(path: str) -> LocalModel:

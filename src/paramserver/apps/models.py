@@ -1,4 +1,5 @@
-"""Models: logistic regression and a factorization machine over hashed sparse features.
+"""Models: logistic regression, a factorization machine, DeepFM and Wide & Deep over
+hashed sparse features.
 
 A model is a table layout plus two numba kernels over a CSR mini-batch.  The batch's
 distinct keys are pulled once (``rows[m, width]``) and ``inverse[j]`` says which row key
@@ -8,18 +9,25 @@ batch's summed log loss; ``predict`` returns probabilities.
 * ``lr``: one weight a key; ``p = σ(Σ w_j x_j)``.
 * ``fm``: a weight and a k-vector a key (one row ``[w, v_1..v_k]``, so one pull);
   ``p = σ(Σ w_j x_j + ½ Σ_f ((Σ_j v_jf x_j)² − Σ_j v_jf² x_j²))`` (Rendle 2010).
+* ``deepfm`` and ``wdl``: an FM's rows, and an MLP (the *dense* part, in a table of its
+  own) over each example's pooled embeddings (``apps/deep.py``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 from numba import njit
 
+from paramserver.apps.deep import DENSE_BLOCK, Deep
 from paramserver.errors import ConfigError
+
+MODELS = ("lr", "fm", "deepfm", "wdl")
+DEEP = ("deepfm", "wdl")
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -100,22 +108,30 @@ class Model:
     """A model's table layout and kernels.
 
     Args:
-        name: ``"lr"`` or ``"fm"``.
-        k: FM factor width (ignored by ``lr``).
-        l2: FM L2 penalty on the factors, added to their gradients.
+        name: ``"lr"``, ``"fm"``, ``"deepfm"`` or ``"wdl"``.
+        k: the FM factor width, a deep model's embedding width (ignored by ``lr``).
+        l2: L2 penalty on the factors (embeddings), added to their gradients.
+        hidden: a deep model's hidden layer widths.
     """
 
     name: str = "lr"
     k: int = 8
     l2: float = 1e-2
+    hidden: tuple[int, ...] = (256, 128)
 
     def __post_init__(self) -> None:
-        if self.name not in ("lr", "fm"):
-            raise ConfigError(f"--model must be 'lr' or 'fm', got {self.name!r}")
-        if self.name == "fm" and not 1 <= self.k <= 1024:
-            raise ConfigError(f"--k (FM factor width) must be in [1, 1024], got {self.k}")
+        if self.name not in MODELS:
+            raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {self.name!r}")
+        if self.name != "lr" and (isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= 1024):
+            raise ConfigError(f"--k / --embedding-dim (the factor width) must be in [1, 1024], got {self.k!r}")
         if not (self.l2 >= 0 and math.isfinite(self.l2)):
             raise ConfigError(f"--fm-l2 must be >= 0, got {self.l2}")
+        hidden = tuple(self.hidden) if isinstance(self.hidden, (list, tuple)) else self.hidden
+        if not isinstance(hidden, tuple) or not hidden or not all(
+                isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= 65536 for h in hidden):
+            raise ConfigError(f"--hidden must be one or more layer widths in [1, 65536], e.g. 256,128; "
+                              f"got {self.hidden!r}")
+        object.__setattr__(self, "hidden", hidden)  # a list from model.json is the same model
 
     @property
     def table(self) -> str:
@@ -124,6 +140,24 @@ class Model:
     @property
     def dim(self) -> int:
         return 1 if self.name == "lr" else 1 + self.k
+
+    @property
+    def dense_table(self) -> str:
+        """A deep model's MLP: ``dense_rows`` rows of ``DENSE_BLOCK`` floats."""
+        return f"{self.table}/mlp"
+
+    @cached_property
+    def deep(self) -> Deep | None:
+        return Deep(self.k, self.hidden, self.name == "deepfm", self.l2) if self.name in DEEP else None
+
+    @property
+    def dense_rows(self) -> int:
+        return 0 if self.deep is None else -(-self.deep.mlp.size // DENSE_BLOCK)
+
+    def dense_initial(self, seed: int) -> np.ndarray:
+        """The MLP's starting rows (``[dense_rows, DENSE_BLOCK]``, zero padded)."""
+        assert self.deep is not None
+        return to_rows(self.deep.mlp.initial(seed), self.dense_rows)
 
     def default_optimizer(self) -> dict[str, Any]:
         """FTRL-Proximal on the linear weights (AdaGrad on an FM's factors), without
@@ -135,24 +169,55 @@ class Model:
             return {"name": "ftrl", **linear}
         return {"name": "ftrl_adagrad", **linear, "lr": 0.01, "initial_accumulator": 1.0}
 
+    def dense_optimizer(self) -> dict[str, Any]:
+        """The MLP's rule, on the servers: Adam on the batch's summed gradient."""
+        return {"name": "adam", "lr": DENSE_LR}
+
     def initializer(self) -> dict[str, Any]:
         # an FM's linear weight starts at 0 (FTRL's does) and its factors start small: their
         # products start at ~k * 1e-6, so the model starts as the linear one and the
         # factors grow where the data asks for them
         return {"name": "zeros"} if self.name == "lr" else {"name": "normal", "std": 0.001, "zero_columns": 1}
 
-    def step(self, batch, inverse: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, float]:
-        """One summed gradient row per distinct key, and the batch's summed log loss."""
+    def step(self, batch, inverse: np.ndarray, rows: np.ndarray,
+             dense: np.ndarray | None = None) -> tuple[np.ndarray, float, np.ndarray | None]:
+        """One summed gradient row per distinct key, the batch's summed log loss and, for a
+        deep model (``dense``: its MLP, flat), the MLP's summed gradient (flat)."""
+        if self.deep is not None:
+            return self.deep.step(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
         if self.name == "lr":
             grads, loss, _ = _lr(batch.indptr, batch.vals, batch.labels, inverse, rows, True)
         else:
             grads, loss, _ = _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, True, self.l2)
-        return grads, float(loss)
+        return grads, float(loss), None
 
-    def predict(self, batch, inverse: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def predict(self, batch, inverse: np.ndarray, rows: np.ndarray, dense: np.ndarray | None = None) -> np.ndarray:
+        if self.deep is not None:
+            return self.deep.predict(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
         if self.name == "lr":
             return _lr(batch.indptr, batch.vals, batch.labels, inverse, rows, False)[2]
         return _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, False, 0.0)[2]
+
+
+# Adam's rate on the MLP.  Its output layer starts at zero, so the rate says how fast the
+# deep part departs from the FM (the linear model).  Test log loss, one pass, default
+# flags (docs/benchmarks.md, "Deep models"): 1e-4 gave DeepFM 0.490600 on the Criteo
+# sample (FM 0.490604; 1e-3: 0.490651) and 0.42009 on 10^6 heavy-tailed rows (FM
+# 0.42025; 1e-3: 0.42015; 3e-5: 0.42026).
+DENSE_LR = 1e-4
+
+
+def to_rows(flat: np.ndarray, rows: int) -> np.ndarray:
+    """A flat vector as ``rows`` zero-padded rows of ``DENSE_BLOCK``."""
+    out = np.zeros(rows * DENSE_BLOCK, np.float32)
+    out[:flat.size] = flat
+    return out.reshape(rows, DENSE_BLOCK)
+
+
+def _flat(dense: np.ndarray | None, size: int) -> np.ndarray:
+    if dense is None:
+        raise ValueError("a deep model's step and predict need its dense parameters (dense=)")
+    return np.ascontiguousarray(dense, np.float32).reshape(-1)[:size]
 
 
 def logloss(y: np.ndarray, p: np.ndarray) -> float:

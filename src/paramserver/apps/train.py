@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from paramserver import checkpoint
-from paramserver.apps.modelfile import check_output, metrics, model_meta, save_model
-from paramserver.apps.models import Model
+from paramserver.apps.deep import DENSE_BLOCK
+from paramserver.apps.modelfile import check_output, dense_vector, metrics, model_meta, save_model
+from paramserver.apps.models import Model, to_rows
 from paramserver.client.client import Client
 from paramserver.data.prefetch import Prefetch
 from paramserver.data.reader import (
@@ -90,6 +91,15 @@ class TrainConfig:
                          initializer=self.model.initializer(), seed=self.seed,
                          consistency=self.consistency, replicas=self.replicas)
         return replace(spec, key_bits=self.key_bits(spec))
+
+    def dense_spec(self) -> TableSpec | None:
+        """A deep model's MLP table (``None`` for lr and fm): the consistency and copies of
+        the model's table, its own rule."""
+        if self.model.deep is None:
+            return None
+        return TableSpec(self.model.dense_table, DENSE_BLOCK, optimizer=self.model.dense_optimizer(),
+                         initializer={"name": "zeros"}, seed=self.seed, consistency=self.consistency,
+                         replicas=self.replicas, key_bits=max(int(self.model.dense_rows - 1).bit_length(), 1))
 
     def key_bits(self, spec: TableSpec) -> int:
         """The table's ``key_bits``: folded features (``--hash-bits B``) make a key space of
@@ -227,6 +237,7 @@ def _train_stream(client: Client, cfg: TrainConfig,
 def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
                  on_batch: Callable[[int, int, float], None] | None) -> dict[str, Any]:
     table, model = cfg.model.table, cfg.model
+    dense_keys = np.arange(model.dense_rows, dtype=np.uint64)  # a deep model's MLP, pulled with each batch
     ahead: deque = deque()  # (item, its pull or None), in stream order
     pushes: deque = deque()
     pulling, closing = 0, False  # pulls in `ahead`; a shard's end is in it
@@ -249,15 +260,17 @@ def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
                 ahead.append((item, None))
                 closing = True
             else:
-                ahead.append((item, client.pull(table, item[2])))
+                ahead.append((item, (client.pull(table, item[2]),
+                                     client.pull(model.dense_table, dense_keys) if dense_keys.size else None)))
                 pulling += 1
         if not ahead:
             break
-        (task, batch, uniq, inverse), rows = ahead.popleft()
+        (task, batch, uniq, inverse), pulled = ahead.popleft()
         if batch is None:  # the shard's last push is out: report it done once applied
             stats, closing = uniq, False
             while pushes:
-                pushes.popleft().result(timeout=300)  # errors surface here
+                for push in pushes.popleft():
+                    push.result(timeout=300)  # errors surface here
             client.job.report_progress(examples=examples - shown_examples, loss_sum=loss_sum - shown_loss)
             client.job.shard_done(task, examples=examples, loss_sum=loss_sum, bad_lines=stats["bad_lines"],
                                   bytes=stats.get("bytes", 0))
@@ -267,12 +280,17 @@ def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
             examples, loss_sum, shown_examples, shown_loss = 0, 0.0, 0, 0.0
             continue
         pulling -= 1
-        grads, loss = model.step(batch, inverse, rows.result(timeout=300))
+        rows, dense = pulled
+        grads, loss, dense_grads = model.step(batch, inverse, rows.result(timeout=300),
+                                              None if dense is None else dense.result(timeout=300))
         if slow:  # a straggler, for consistency benchmarks: each batch takes factor x as long
             time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
         while len(pushes) >= cfg.pipeline:
-            pushes.popleft().result(timeout=300)  # errors surface here
-        pushes.append(client.push(table, uniq, grads, distinct=True))
+            for push in pushes.popleft():
+                push.result(timeout=300)  # errors surface here
+        pushes.append([client.push(table, uniq, grads, distinct=True)] + (
+            [] if dense_grads is None else
+            [client.push(model.dense_table, dense_keys, to_rows(dense_grads, dense_keys.size), distinct=True)]))
         client.clock()
         if on_batch is not None:
             on_batch(client.current_clock, len(batch), loss)
@@ -298,7 +316,15 @@ def _merge_consistency(per_server: list[dict[str, Any]]) -> dict[str, Any]:
 def score(client: Client, model: Model, batch: Batch) -> np.ndarray:
     uniq, inverse = batch.unique()
     rows = client.pull(model.table, uniq).result(timeout=600)
-    return model.predict(batch, inverse, rows)
+    return model.predict(batch, inverse, rows, pull_dense(client, model))
+
+
+def pull_dense(client: Client, model: Model) -> np.ndarray | None:
+    """A deep model's MLP, flat (``None`` for lr and fm)."""
+    if model.deep is None:
+        return None
+    keys = np.arange(model.dense_rows, dtype=np.uint64)
+    return dense_vector(model, keys, client.pull(model.dense_table, keys).result(timeout=600))
 
 
 # ---- the driver --------------------------------------------------------------------
@@ -335,7 +361,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     check_output(save, "--save", folder=True)  # every output now, not after the job
     check_output(checkpoint_dir, "--checkpoint-dir", folder=True)
     shards = make_shards(data, shard_bytes)
-    spec = cfg.table_spec()
+    spec, dense_spec = cfg.table_spec(), cfg.dense_spec()
     job_checkpoints = _checkpoint_option(checkpoint_dir, checkpoint_every, len(shards))
     if job_checkpoints is not None:  # eval and predict read a checkpoint with these
         job_checkpoints["meta"] = model_meta(cfg.model, cfg.data)
@@ -349,9 +375,13 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         client = cluster.client
         created = time.perf_counter()
         if step is not None:
-            client.restore(step)  # creates the table with the checkpoint's (identical) spec
+            client.restore(step)  # creates the tables with the checkpoint's (identical) specs
         else:
             client.create_table_spec(spec)
+            if dense_spec is not None:  # a deep model's MLP starts from its seed, on the servers
+                client.create_table_spec(dense_spec)
+                client.push(dense_spec.name, np.arange(cfg.model.dense_rows, dtype=np.uint64),
+                            cfg.model.dense_initial(cfg.seed), op="assign", distinct=True).result(timeout=600)
         table_seconds = time.perf_counter() - created  # a dense table is allocated whole here
         if setup is not None:
             setup(cluster)
@@ -394,7 +424,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             report.update(metrics(test_batch.labels, score(client, cfg.model, test_batch)))
             report["test_examples"] = report.pop("examples")
         if save:
-            save_model(save, cfg.model, cfg.data, spec, *client.export_table(spec.name))
+            keys, values = client.export_table(spec.name)
+            save_model(save, cfg.model, cfg.data, spec, keys, values, dense=pull_dense(client, cfg.model))
         report["consistency"] = _merge_consistency(client.consistency_stats())
         report["traces"] = {r["rank"]: r["trace"] for r in per_worker}
         if status.get("failovers") or status.get("losses"):
@@ -484,6 +515,14 @@ def _resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: TrainConf
                           f"{' '.join(data)} with --shard-mb {shard_bytes / (1 << 20):g} gives {len(ours)} "
                           f"(shard {diff}: {there} there, {here} here); pass the --data and --shard-mb of "
                           "the checkpointed job")
+    dense_spec = cfg.dense_spec()
+    theirs_model = (manifest.get("train") or {}).get("model")
+    if dense_spec is not None and (theirs_model is None or Model(**theirs_model) != cfg.model
+                                   or (theirs := manifest["tables"].get(dense_spec.name)) is None
+                                   or TableSpec.from_wire(theirs).to_wire() != dense_spec.to_wire()):
+        raise ConfigError(f"--resume {step}: the checkpoint's MLP table {dense_spec.name!r} is not the one of "
+                          f"{cfg.model} (it has {theirs_model}); pass the --model, --embedding-dim, --hidden, "
+                          "--fm-l2 and --seed of the checkpointed job")
     theirs_spec = manifest["tables"].get(spec.name)
     if theirs_spec is None:
         raise ConfigError(f"--resume {step}: the checkpoint has table(s) {sorted(manifest['tables'])}, not "
