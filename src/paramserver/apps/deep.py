@@ -41,6 +41,12 @@ def _sigmoid(z):
     return e / (1.0 + e)
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _logloss(p, y):
+    p = min(max(p, 1e-15), 1.0 - 1e-15)
+    return -(y * math.log(p) + (1.0 - y) * math.log(1.0 - p))
+
+
 @njit(nogil=True, cache=True)
 def _pool(indptr, vals, inverse, rows):
     """Per example: the linear sum, the bag sum ``s`` and the sum of squares ``q``."""
@@ -85,8 +91,7 @@ def _probabilities(lin, out, labels):
     loss = 0.0
     for i in range(n):
         p[i] = _sigmoid(lin[i] + out[i])
-        q = min(max(p[i], 1e-15), 1.0 - 1e-15)
-        loss -= labels[i] * math.log(q) + (1.0 - labels[i]) * math.log(1.0 - q)
+        loss += _logloss(p[i], labels[i])
     return p, loss
 
 

@@ -23,25 +23,11 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from paramserver.apps.deep import DENSE_BLOCK, Deep
+from paramserver.apps.deep import DENSE_BLOCK, Deep, _logloss, _sigmoid
 from paramserver.errors import ConfigError
 
 MODELS = ("lr", "fm", "deepfm", "wdl")
 DEEP = ("deepfm", "wdl")
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _sigmoid(z):
-    if z >= 0:
-        return 1.0 / (1.0 + math.exp(-z))
-    e = math.exp(z)
-    return e / (1.0 + e)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _logloss(p, y):
-    p = min(max(p, 1e-15), 1.0 - 1e-15)
-    return -(y * math.log(p) + (1.0 - y) * math.log(1.0 - p))
 
 
 @njit(nogil=True, cache=True)
