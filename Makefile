@@ -1,5 +1,6 @@
 # make demo: set up .venv and run the main job on a local cluster
-# make test: set up .venv with the dev, torch and ray extras, lint, then run the in-process tests, then the process tests
+# make test: set up .venv with the dev, torch and ray extras (and Debian's chromium), lint, then run the in-process
+#   tests, then the process tests
 # make lint: ruff (style, imports, likely bugs) and mypy (types; strict on the newer modules)
 PYTHON ?= python3
 VENV := .venv
@@ -23,7 +24,12 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/paramserver demo
 
-test: lint
+# the dashboard's test drives a real headless browser: Debian's chromium (root, or sudo, installs it)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+/usr/bin/chromium:
+	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
+
+test: lint /usr/bin/chromium
 	$(BIN)/python -m pytest -q --ignore=tests/process
 	$(BIN)/paramserver chaos --seeds 300 --first-seed 1000
 	$(BIN)/python -m pytest -q --durations=15 tests/process --ignore=tests/process/test_torch.py \

@@ -37,6 +37,10 @@ def _widths(text: str) -> tuple[int, ...]:
 def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> None:
     if scheduler:
         p.add_argument("--scheduler", help="scheduler address tcp://HOST:PORT [PARAMSERVER_SCHEDULER]")
+    p.add_argument("--metrics-port", type=int, help="serve this node's Prometheus metrics on this port, 0 = any "
+                                                    "free one (the scheduler's: the cluster's) "
+                                                    "[PARAMSERVER_METRICS_PORT, off]")
+    p.add_argument("--http-host", help="interface metrics and the dashboard bind [PARAMSERVER_HTTP_HOST, 127.0.0.1]")
     if bind:
         p.add_argument("--host", help="interface to bind [PARAMSERVER_HOST, 127.0.0.1]")
         p.add_argument("--port", type=int, help="port to bind, 0 = any [PARAMSERVER_PORT]")
@@ -97,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="workers a barrier waits for [PARAMSERVER_NUM_WORKERS]")
     p.add_argument("--vnodes-per-server", type=int, help="[PARAMSERVER_VNODES_PER_SERVER, 64]")
     p.add_argument("--address-file", help="write the bound address here once listening")
+    p.add_argument("--http-port", type=int, help="serve the dashboard (/) and the cluster's metrics (/metrics) on "
+                                                 "this port, 0 = any free one [PARAMSERVER_HTTP_PORT, off]")
 
     p = sub.add_parser("server", help="run a server (holds vnodes of every table)")
     _node_flags(p, bind=True, scheduler=True)
@@ -124,8 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
     q = ops.add_parser("status", help="print the ring: servers, ring version, vnodes moving")
     _node_flags(q, bind=False, scheduler=True)
 
-    p = sub.add_parser("train", help="train lr or fm on a local cluster and report test metrics")
+    p = sub.add_parser("top", help="a live terminal view of a running cluster (the dashboard's numbers)")
+    p.add_argument("--scheduler", help="scheduler address tcp://HOST:PORT [PARAMSERVER_SCHEDULER]")
+    p.add_argument("--once", action="store_true", help="print one view and exit")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+
+    p = sub.add_parser("train", help="train lr, fm, deepfm or wdl on a local cluster and report test metrics")
     _data_flags(p, training=True)
+    p.add_argument("--dashboard", nargs="?", type=int, const=0, metavar="PORT",
+                   help="serve a live dashboard and the cluster's Prometheus metrics on 127.0.0.1:PORT while it "
+                        "trains (no PORT: any free one); the URL is printed")
     p.add_argument("--model", default="lr",
                    help="lr (default), fm (factorization machine), deepfm (DeepFM) or wdl (Wide & Deep)")
     p.add_argument("--k", "--embedding-dim", dest="k", type=int, default=8,
@@ -331,7 +345,8 @@ def _optimizer(text: str | None):
 
 def _config(args: argparse.Namespace, role: str | None = None):
     keys = ("scheduler", "host", "port", "advertise_host", "servers", "workers", "vnodes_per_server",
-            "heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s")
+            "heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "metrics_port", "http_port",
+            "http_host")
     role = role or (args.command if args.command in ("scheduler", "server", "worker") else None)
     return load_config(role, **{k: getattr(args, k) for k in keys if hasattr(args, k)})
 
@@ -341,9 +356,9 @@ def _node(args: argparse.Namespace) -> int:
     role = node_role(args.role)
     config = _config(args, role)
     if role == "scheduler":
-        from paramserver.scheduler.node import SchedulerNode
+        from paramserver.observe import run_scheduler
 
-        SchedulerNode(config).run()
+        run_scheduler(config)
         return 0
     if role == "server":
         from paramserver.server.node import ServerNode
@@ -405,6 +420,10 @@ def _status(client) -> None:
     workers = info.get("workers", {})
     print(f"  workers: {len(workers)}" + (f" (node: rank {', '.join(f'{k}: {v}' for k, v in workers.items())})"
                                           if workers else ""))
+    if info.get("http"):
+        print(f"  dashboard {info['http']}, the cluster's metrics at {info['http']}metrics")
+    for node, url in sorted(info.get("metrics", {}).items()):
+        print(f"  node {node} metrics at {url}")
     job = client.job.status()
     if "epoch" in job:
         print(f"  job: epoch {job['epoch'] + 1}/{job['epochs']}, shards {job['shards_done']}/{job['shards']}, "
@@ -438,10 +457,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "node":
             return _node(args)
         if args.command == "scheduler":
-            from paramserver.scheduler.node import SchedulerNode
+            from paramserver.observe import run_scheduler
 
             on_ready = (lambda addr: _write_atomically(args.address_file, addr)) if args.address_file else None
-            SchedulerNode(_config(args), on_ready=on_ready).run()
+            run_scheduler(_config(args), on_ready=on_ready)
         elif args.command == "server":
             from paramserver.server.node import ServerNode
 
@@ -452,6 +471,16 @@ def main(argv: list[str] | None = None) -> int:
             return worker_main(_config(args), args.fn, args.control_fds)
         elif args.command == "cluster":
             return _cluster(args)
+        elif args.command == "top":
+            from paramserver.top import main as top
+
+            scheduler = load_config(scheduler=args.scheduler).scheduler
+            if not scheduler:
+                raise ConfigError("paramserver top needs the scheduler: --scheduler tcp://HOST:PORT or "
+                                  "PARAMSERVER_SCHEDULER")
+            if not args.interval > 0:
+                raise ConfigError(f"--interval must be > 0 seconds, got {args.interval}")
+            return top(scheduler, once=args.once, interval_s=args.interval)
         elif args.command == "chaos":
             from paramserver.testing import campaign
 

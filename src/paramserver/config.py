@@ -32,6 +32,11 @@ ENV: dict[str, tuple[str, str]] = {
     "PARAMSERVER_MAX_MESSAGE_BYTES": ("max_message_bytes", "largest message a node accepts"),
     "PARAMSERVER_SERVER_THREADS": ("server_threads", "threads a server applies vnodes with (0: one a core)"),
     "PARAMSERVER_RETRY_TIMEOUT_S": ("retry_timeout_s", "how long a pull or push is retried across ring changes"),
+    "PARAMSERVER_METRICS_PORT": ("metrics_port", "serve this node's Prometheus metrics on this port (0: any free "
+                                                 "one; -1: off, the default)"),
+    "PARAMSERVER_HTTP_PORT": ("http_port", "the scheduler's dashboard and the cluster's /metrics on this port (0: "
+                                           "any free one; -1: off, the default)"),
+    "PARAMSERVER_HTTP_HOST": ("http_host", "the interface metrics and the dashboard bind (default 127.0.0.1)"),
 }
 
 #: what ``paramserver node`` reads to know what to run (a launcher's pod or actor sets them)
@@ -114,6 +119,9 @@ class Config:
     max_message_bytes: int = 1 << 30
     server_threads: int = 0
     retry_timeout_s: float = 60.0
+    metrics_port: int = -1
+    http_port: int = -1
+    http_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         for name, lo in (("port", 0), ("servers", 1), ("workers", 0), ("vnodes_per_server", 1),
@@ -123,6 +131,10 @@ class Config:
                 raise ConfigError(f"{name} must be an int >= {lo}, got {v!r}")
         if self.port > 65535:
             raise ConfigError(f"port must be <= 65535, got {self.port}")
+        for name in ("metrics_port", "http_port"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not -1 <= v <= 65535:
+                raise ConfigError(f"{name} must be a port in [0, 65535] (0: any free one) or -1 (off), got {v!r}")
         for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "retry_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:

@@ -117,12 +117,15 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
         if live is None:
             live = Live(console=err, refresh_per_second=4, transient=False)
             live.start()
-        live.update(_progress_line(status, seconds) + (f"\n{where[0]}" if where else ""))
+        live.update(_progress_line(status, seconds) + "".join(f"\n{w}" for w in where))
 
     where: list[str] = []
 
     def announce(cluster: Any) -> None:  # where to look while it runs: on the progress line
         where.append(f"scheduler {cluster.address}, logs {cluster.log_dir}")
+        if getattr(cluster, "http_url", ""):
+            where.append(f"dashboard {cluster.http_url}, metrics {cluster.http_url}metrics")
+            err.print(where[-1])  # said once, whatever the progress line does
 
     log_dir = getattr(args, "log_dir", None)
     if log_dir:
@@ -234,6 +237,14 @@ def _cluster_options(args: argparse.Namespace) -> dict[str, Any]:
         options["cluster"] = where
     if getattr(args, "log_dir", None):
         options["log_dir"] = args.log_dir
+    dashboard = getattr(args, "dashboard", None)
+    if dashboard is not None:
+        if "cluster" in options:
+            raise ConfigError(f"--dashboard serves from a local cluster's scheduler; with --cluster {where} set "
+                              "PARAMSERVER_HTTP_PORT for the scheduler instead")
+        if not 0 <= dashboard <= 65535:
+            raise ConfigError(f"--dashboard {dashboard}: a port must be in [0, 65535] (0 or none: any free one)")
+        options["http_port"] = dashboard
     return options
 
 

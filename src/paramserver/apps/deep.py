@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -34,7 +35,7 @@ PREDICT_ROWS = 1 << 15  # examples an MLP pass when scoring (activations: rows x
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _sigmoid(z):
+def _sigmoid(z: float) -> float:
     if z >= 0:
         return 1.0 / (1.0 + math.exp(-z))
     e = math.exp(z)
@@ -42,13 +43,14 @@ def _sigmoid(z):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _logloss(p, y):
+def _logloss(p: float, y: float) -> float:
     p = min(max(p, 1e-15), 1.0 - 1e-15)
     return -(y * math.log(p) + (1.0 - y) * math.log(1.0 - p))
 
 
 @njit(nogil=True, cache=True)
-def _pool(indptr, vals, inverse, rows):
+def _pool(indptr: np.ndarray, vals: np.ndarray, inverse: np.ndarray,
+          rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per example: the linear sum, the bag sum ``s`` and the sum of squares ``q``."""
     n = indptr.shape[0] - 1
     k = rows.shape[1] - 1
@@ -68,7 +70,8 @@ def _pool(indptr, vals, inverse, rows):
 
 
 @njit(nogil=True, cache=True)
-def _scatter(indptr, vals, inverse, rows, e, a, c, l2):
+def _scatter(indptr: np.ndarray, vals: np.ndarray, inverse: np.ndarray, rows: np.ndarray, e: np.ndarray,
+             a: np.ndarray, c: np.ndarray, l2: float) -> np.ndarray:
     """Summed gradient rows: ``∂z/∂w_j = x_j`` and ``∂z/∂v_jf = x_j c_f − a_f v_jf x_j²``
     (``c = a s + ∂MLP/∂s`` and ``a = ∂z/∂b``, both already times the example's error)."""
     k = rows.shape[1] - 1
@@ -85,7 +88,7 @@ def _scatter(indptr, vals, inverse, rows, e, a, c, l2):
 
 
 @njit(nogil=True, cache=True)
-def _probabilities(lin, out, labels):
+def _probabilities(lin: np.ndarray, out: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, float]:
     n = lin.shape[0]
     p = np.empty(n, np.float64)
     loss = 0.0
@@ -161,7 +164,7 @@ class Deep:
         b = 0.5 * (s * s - q)
         return np.concatenate([s, b], axis=1).astype(self.dtype), b
 
-    def step(self, batch, inverse: np.ndarray, rows: np.ndarray,
+    def step(self, batch: Any, inverse: np.ndarray, rows: np.ndarray,
              dense: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
         """Summed gradient rows a distinct key, the summed log loss, the dense gradient."""
         lin, s, q = _pool(batch.indptr, batch.vals, inverse, rows)
@@ -182,7 +185,7 @@ class Deep:
         grads = _scatter(batch.indptr, batch.vals, inverse, rows, e, a, c, self.l2)
         return grads, float(loss), dense_grad
 
-    def predict(self, batch, inverse: np.ndarray, rows: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    def predict(self, batch: Any, inverse: np.ndarray, rows: np.ndarray, dense: np.ndarray) -> np.ndarray:
         lin, s, q = _pool(batch.indptr, batch.vals, inverse, rows)
         p = np.empty(lin.shape[0], np.float64)
         for lo in range(0, lin.shape[0], PREDICT_ROWS):  # a bounded MLP pass, however large the batch

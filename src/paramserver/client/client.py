@@ -75,7 +75,7 @@ class Client:
     """
 
     def __init__(self, scheduler: str | None = None, *, role: str = "driver",
-                 connect_timeout_s: float | None = None, config: Config | None = None):
+                 connect_timeout_s: float | None = None, config: Config | None = None, metrics_url: str = ""):
         self.config = config or load_config(scheduler=scheduler, connect_timeout_s=connect_timeout_s)
         if not self.config.scheduler:
             raise ConnectError("no scheduler address: pass Client('tcp://HOST:PORT') "
@@ -90,9 +90,10 @@ class Client:
         self._clock = 0
         self._cluster_stopped = False
         self._seq = 0  # pushes numbered for exactly-once application
+        self.counts: dict[str, int] = {}  # calls by op, and "retries" (pieces routed again): metrics.client_families
         self._inflight: set[int] = set()
         try:
-            view = self._call(self.config.scheduler, {"op": Op.REGISTER.value, "role": role},
+            view = self._call(self.config.scheduler, {"op": Op.REGISTER.value, "role": role, "metrics": metrics_url},
                               timeout_s=self.config.connect_timeout_s, connecting=True)
         except BaseException:
             self._io.close()
@@ -496,9 +497,10 @@ class Client:
     def bytes_received(self) -> int:
         return self._io.bytes_received
 
-    def server_stats(self) -> list[dict[str, Any]]:
-        """Per-server table sizes, clocks and resident memory."""
-        return [m.header for m in self._on_every_server({"op": Op.STATS.value})]
+    def server_stats(self, samples: bool = False) -> list[dict[str, Any]]:
+        """Per-server table sizes, clocks and resident memory; with ``samples`` also each
+        server's metric families (``metrics.py``)."""
+        return [m.header for m in self._on_every_server({"op": Op.STATS.value, "samples": samples})]
 
     def wait_for_workers(self, count: int, timeout_s: float | None = None) -> int:
         """Block until ``count`` workers have registered; return how many have."""

@@ -27,6 +27,7 @@ class Job:
 
     def __init__(self, client: Client) -> None:
         self._client = client
+        self.reported: dict[str, float] = {}  # what this client's report_progress added up to
 
     def start(self, shards: list[Any], epochs: int = 1, *, checkpoint: dict[str, Any] | None = None,
               resume: dict[str, Any] | None = None) -> None:
@@ -65,6 +66,8 @@ class Job:
 
     def report_progress(self, **stats: float) -> None:
         """Add to the job's live counters (fire and forget; for progress displays)."""
+        for k, v in stats.items():  # this worker's own, for its --metrics-port
+            self.reported[k] = self.reported.get(k, 0.0) + float(v)
         self._client._io.submit(self._scheduler, {"op": Op.PROGRESS.value, "stats": stats})
 
     def status(self) -> dict[str, Any]:

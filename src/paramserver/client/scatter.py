@@ -81,6 +81,7 @@ class Scatter:
         self.in_flight = 0  # requests sent and not answered (a failed future may still have some)
         self.lock = threading.Lock()
         self.deadline = time.monotonic() + client.config.retry_timeout_s
+        client.counts[kind.value] = client.counts.get(kind.value, 0) + 1
 
     def start(self, pieces: list[Piece]) -> Future:
         if not pieces:
@@ -128,6 +129,7 @@ class Scatter:
     def resend(self, piece: Piece, tries: int) -> None:
         if self.future.done():
             return
+        self.client.counts["retries"] = self.client.counts.get("retries", 0) + 1
         try:
             again = self.client._pieces(self.kind, piece.keys, piece.extra, self.layout, distinct=True)
         except Exception as exc:

@@ -133,12 +133,14 @@ class LocalCluster(RunsFunctions):
             ``"spawn"`` (always a fresh interpreter).
         memory_limit_mb: cap every node process's data (``RLIMIT_DATA``) at this many MiB
             (tests that show no process holds a table whole; shared machines).
+        http_port: serve the dashboard and the cluster's Prometheus metrics from the
+            scheduler on this port of 127.0.0.1 (0: any free one): ``http_url`` says where.
     """
 
     def __init__(self, servers: int = 1, workers: int = 0, *, vnodes_per_server: int = 64,
                  heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 5.0,
                  startup_timeout_s: float = 60.0, log_level: str = "INFO", log_dir: str | None = None,
-                 start_method: str = "fork", memory_limit_mb: int | None = None):
+                 start_method: str = "fork", memory_limit_mb: int | None = None, http_port: int | None = None):
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ValueError(f"servers must be an int >= 1, got {servers!r}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
@@ -148,8 +150,13 @@ class LocalCluster(RunsFunctions):
         if memory_limit_mb is not None and (isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int)
                                             or memory_limit_mb < 64):
             raise ValueError(f"memory_limit_mb must be an int >= 64 (or None), got {memory_limit_mb!r}")
+        if http_port is not None and (isinstance(http_port, bool) or not isinstance(http_port, int)
+                                      or not 0 <= http_port <= 65535):
+            raise ValueError(f"http_port must be a port in [0, 65535] (0: any free one) or None, got {http_port!r}")
         self.start_method = start_method
         self.memory_limit_mb = memory_limit_mb
+        self.http_port = http_port
+        self.http_url = ""  # the dashboard's, with the cluster's metrics at http_url + "metrics"
         self.n_servers, self.n_workers = servers, workers
         self.vnodes_per_server = vnodes_per_server
         self.heartbeat_interval_s, self.heartbeat_timeout_s = heartbeat_interval_s, heartbeat_timeout_s
@@ -187,7 +194,8 @@ class LocalCluster(RunsFunctions):
             self._spawn("scheduler", ["scheduler", "--servers", str(self.n_servers),
                                       "--workers", str(self.n_workers),
                                       "--vnodes-per-server", str(self.vnodes_per_server),
-                                      "--address-file", addr_file])
+                                      "--address-file", addr_file]
+                        + ([] if self.http_port is None else ["--http-port", str(self.http_port)]))
             if self._fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
                 warm_all()
             self.address = self._wait_for_file(addr_file, self.procs["scheduler"])
@@ -198,6 +206,8 @@ class LocalCluster(RunsFunctions):
             self._client = Client(role="driver", config=load_config(
                 scheduler=self.address, connect_timeout_s=self.startup_timeout_s,
                 heartbeat_interval_s=self.heartbeat_interval_s, heartbeat_timeout_s=self.heartbeat_timeout_s))
+            if self.http_port is not None:
+                self.http_url = self._client.cluster_info().get("http", "")
             if self.n_workers:  # every worker in, so all start at clock 0 and take part from the start
                 self._client.wait_for_workers(self.n_workers, timeout_s=self.startup_timeout_s)
         except BaseException as exc:

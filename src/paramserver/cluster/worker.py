@@ -74,7 +74,13 @@ def main(config: Config, fn: str | None, control_fds: str | None) -> int:
         raise ConfigError("a worker needs --fn package.module:function to run")
     function = load_function(fn) if fn else None  # a bad --fn is said now, before connecting
     warm_worker()  # before registering: a job's clock starts once workers are ready
-    with Client(config=config, role="worker") as client:
+    metrics_url, ours = "", []  # type: str, list[Client]  # served before registering: cluster status lists it
+    if config.metrics_port >= 0:
+        from paramserver.metrics import client_families, serve
+
+        metrics_url = serve(lambda: client_families(ours[0]) if ours else [], config.http_host, config.metrics_port)
+    with Client(config=config, role="worker", metrics_url=metrics_url) as client:
+        ours.append(client)
         logger.info("worker rank %d (node %d) connected", client.rank, client.node_id)
         if control_fds:
             r, w = (int(x) for x in control_fds.split(","))

@@ -134,9 +134,9 @@ class Jobs:
         self.serve()
         self.host.workers_changed()
 
-    def progress(self, msg: Message) -> None:
+    def progress(self, msg: Message, node_id: int | None = None) -> None:
         if self.job is not None:
-            self.job.progress(msg.header.get("stats") or {})
+            self.job.progress(msg.header.get("stats") or {}, node_id)
 
     def status(self, identity: bytes, msg: Message) -> None:
         status = self.job.status() if self.job else {}

@@ -45,6 +45,7 @@ class NodeInfo:
     address: str
     last_seen: float
     rank: int = -1
+    metrics: str = ""  # its /metrics URL (--metrics-port), or ""
 
 
 @dataclass

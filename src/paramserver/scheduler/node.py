@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -78,6 +80,8 @@ class SchedulerNode:
         self._workers_seen = 0  # workers ever registered (the barrier waits for the expected number first)
         self._running = True
         self._last_turn = self.clock()
+        self.events: deque[dict[str, Any]] = deque(maxlen=50)  # joins and removals, for the dashboard
+        self.http_url = self.metrics_url = ""  # the dashboard and the cluster's /metrics (observe.py), if served
         self.handlers = {
             Op.REGISTER: self.on_register,
             Op.HEARTBEAT: self.on_heartbeat,
@@ -92,7 +96,7 @@ class SchedulerNode:
             Op.NEXT_SHARD: lambda identity, msg: self.jobs.next_shard(identity, msg, self.by_identity.get(identity)),
             Op.SHARD_DONE: lambda identity, msg: self.jobs.shard_done(identity, msg, self.by_identity.get(identity)),
             Op.JOB_STATUS: self.jobs.status,
-            Op.PROGRESS: lambda identity, msg: self.jobs.progress(msg),
+            Op.PROGRESS: lambda identity, msg: self.jobs.progress(msg, self.by_identity.get(identity)),
             Op.RESTORE: self.restores.request,
             Op.CREATE_NAMESPACE: self.on_create_namespace,
             Op.DROP_NAMESPACE: self.on_drop_namespace,
@@ -182,8 +186,11 @@ class SchedulerNode:
             if not address:
                 raise ProtocolError("a server must register with its address")
             self.transport.check(address)  # a bad one would reach every server's connect, in every copy
-        node = NodeInfo(self._next_id, role, identity, address, self.clock())
+        node = NodeInfo(self._next_id, role, identity, address, self.clock(), metrics=str(msg.header.get("metrics")
+                                                                                        or ""))
         self._next_id += 1
+        if role != "driver":  # a driver (a script, the dashboard's own client) is not the cluster's news
+            self.events.append({"at": time.time(), "what": f"{role} {node.id} joined"})
         if role == "worker":
             node.rank, self._workers_seen = self._free_rank(), self._workers_seen + 1
         self.nodes[node.id] = node
@@ -296,7 +303,10 @@ class SchedulerNode:
         m = self.membership
         info: dict[str, Any] = {"migrating": m.migration is not None, "queued_changes": len(m.changes),
                                 "incomplete_copies": len(m.incomplete),
-                                "workers": {str(n.id): n.rank for n in self.nodes.values() if n.role == "worker"}}
+                                "workers": {str(n.id): n.rank for n in self.nodes.values() if n.role == "worker"},
+                                "events": list(self.events), "ring_moves": self.ring_moves, "http": self.http_url,
+                                "metrics": {str(n.id): n.metrics for n in self.nodes.values() if n.metrics}
+                                | ({"scheduler": self.metrics_url} if self.metrics_url else {})}
         if self.ring is not None:
             info.update(self._cluster_view(), ring_servers=self.ring.servers, ring_version=self.ring.version)
         self.sock.send(reply(msg, **info), identity)
@@ -408,6 +418,8 @@ class SchedulerNode:
         self.barrier.drop(node_id)
         self.jobs.node_removed(node_id, node.role)
         logger.info("%s %d removed (%s)", node.role, node_id, why)
+        if node.role != "driver":
+            self.events.append({"at": time.time(), "what": f"{node.role} {node_id} {why}", "failure": why == "dead"})
         if node.role == "worker":
             self.workers_changed()
         if why == "dead" or node.role != "worker":  # nothing may wait on a server that is gone; a client

@@ -28,6 +28,7 @@ class TaskQueue:
         "examples": 0, "loss_sum": 0.0, "bad_lines": 0, "bytes": 0})
     epoch_examples: list[int] = field(default_factory=list)
     live: dict[str, float] = field(default_factory=lambda: {"examples": 0, "loss_sum": 0.0})
+    per_worker: dict[int, dict[str, float]] = field(default_factory=dict)  # node -> its live counters
 
     def __post_init__(self) -> None:
         if not self.shards:
@@ -65,6 +66,7 @@ class TaskQueue:
             raise ConfigError(f"shard_done stats must be numbers, got {stats!r}") from None
         del self.running[sid]
         self.done.add(sid)
+        self.per_worker.setdefault(node_id, {"examples": 0.0, "loss_sum": 0.0, "shards_done": 0})["shards_done"] += 1
         for k, v in values.items():
             self.totals[k] += v
         self.epoch_examples[-1] += int(values["examples"])
@@ -110,10 +112,16 @@ class TaskQueue:
         q.live = {"examples": values["examples"], "loss_sum": values["loss_sum"]}
         return q
 
-    def progress(self, stats: dict[str, Any]) -> None:
-        """Counters of work in progress (for display; totals count at shard_done)."""
-        for k in self.live:
-            self.live[k] += float(stats.get(k, 0))
+    def progress(self, stats: dict[str, Any], node_id: int | None = None) -> None:
+        """Counters of work in progress (for display; totals count at shard_done), the
+        job's and the reporting worker's."""
+        values = {k: float(stats.get(k, 0)) for k in self.live}
+        for k, v in values.items():
+            self.live[k] += v
+        if node_id is not None:
+            mine = self.per_worker.setdefault(node_id, {"examples": 0.0, "loss_sum": 0.0, "shards_done": 0})
+            for k, v in values.items():
+                mine[k] += v
 
     def release(self, node_id: int) -> list[int]:
         """Put back the shards ``node_id`` held (it left or died)."""
@@ -127,4 +135,5 @@ class TaskQueue:
         return {"epoch": self.epoch, "epochs": self.epochs, "shards": len(self.shards),
                 "shards_done": len(self.done),
                 "running": len(self.running), "finished": self.finished,
-                "epoch_examples": list(self.epoch_examples), "live": dict(self.live), **self.totals}
+                "epoch_examples": list(self.epoch_examples), "live": dict(self.live),
+                "per_worker": {str(k): dict(v) for k, v in self.per_worker.items()}, **self.totals}

@@ -48,14 +48,20 @@ class Admin:
                                       field(msg, "step", str), field(msg, "entries", list))
         return reply(msg, loaded=loaded)
 
+    def state(self) -> dict[str, Any]:
+        """What the server holds now: its tables' sizes, memory and consistency figures."""
+        n = self.node
+        return {"tables": storage.table_stats(n.tables, n.primary), "rss_bytes": storage.rss_bytes(),
+                "consistency": n.gate.telemetry()}
+
     def on_stats(self, msg: Message) -> list[Any]:
         n = self.node
         vector = n.gate.vector
-        return reply(msg, node_id=n.node_id, pid=os.getpid(), tables=storage.table_stats(n.tables, n.primary),
+        return reply(msg, node_id=n.node_id, pid=os.getpid(), **self.state(),
                      ring_version=n.ring.version if n.ring else 0,
                      clocks={str(k): v for k, v in vector.clocks.items()},
                      min_clock=None if math.isinf(vector.min()) else int(vector.min()),
-                     consistency=n.gate.telemetry(), rss_bytes=storage.rss_bytes())
+                     samples=n.metrics.wire() if msg.header.get("samples") else None)
 
     # ---- server-side functions ------------------------------------------------------------
     def on_call(self, msg: Message) -> list[Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -30,6 +31,8 @@ from paramserver.config import Config
 from paramserver.consistency.clock import StalenessGate
 from paramserver.errors import ConnectError, ParamServerError, ProtocolError, StaleRingError, UnknownTableError
 from paramserver.logutil import Throttled
+from paramserver.metrics import ServerMetrics
+from paramserver.metrics import serve as serve_metrics
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.server.admin import Admin
@@ -101,6 +104,9 @@ class ServerNode:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="paramserver-vnodes") \
             if self.threads > 1 else None
         self.admin = Admin(self)  # export, checkpoint, restore, stats, server-side functions, quotas
+        self.metrics = ServerMetrics(self.admin.state)  # counted before each reply (metrics.py)
+        self.metrics_url = serve_metrics(self.metrics.wire, config.http_host, config.metrics_port) \
+            if config.metrics_port >= 0 else ""
         self.data_handlers: dict[Op, Callable[..., list[Any] | None]] = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
                               Op.CLOCK: self.on_clock, Op.STATS: self.admin.on_stats,
                               Op.EXPORT: self.admin.on_export, Op.CHECKPOINT: self.admin.on_checkpoint,
@@ -132,7 +138,7 @@ class ServerNode:
     def send_register(self) -> None:
         self._register_sent = self.clock()
         self.control.send(encode({"op": Op.REGISTER.value, "id": 0, "role": "server",
-                                  "address": self.address, "pid": os.getpid()}))
+                                  "address": self.address, "pid": os.getpid(), "metrics": self.metrics_url}))
 
     def registered(self, frames: list[Any]) -> None:
         """The scheduler's answer to ``REGISTER``: this server's id, and its first lease."""
@@ -227,7 +233,14 @@ class ServerNode:
             if handler is None:
                 raise ProtocolError(f"a server does not serve op {msg.op.value!r} "
                                     f"(serves {sorted(o.value for o in self.data_handlers)})")
-            answer = handler(msg, identity) if msg.op in (Op.PULL, Op.PUSH) else handler(msg)
+            started = time.perf_counter()
+            if msg.op in (Op.PULL, Op.PUSH):
+                answer = handler(msg, identity)
+                self.metrics.request("push" if msg.op is Op.PUSH else "pull", msg.header["table"],
+                                     len(msg.arrays[0]), sum(map(len, frames)), time.perf_counter() - started)
+            else:
+                answer = handler(msg)
+                self.metrics.observe(msg.op.value, time.perf_counter() - started)
             if answer is not None:  # None: parked by the staleness gate, or waiting for backups
                 self.router.send(answer, identity)
         except ParamServerError as exc:

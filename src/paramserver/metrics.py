@@ -1,0 +1,194 @@
+"""Prometheus metrics: a server's counters, and the scheduler's view of the whole cluster.
+
+A server counts in plain numbers on its hot path (``ServerMetrics``, a few additions a
+request, no import of prometheus-client unless metrics are served): request counters per
+table, bytes per table and op, a latency histogram per op, and, read when asked, its
+keys, bytes and vnodes, its memory, parked pulls and the staleness of the pulls it
+answered.  A request is counted once it has been handled and before its reply is sent, so
+a client that has its reply sees the counters moved.
+
+The families travel as plain data (``wire()``: ``[name, type, help, [[sample, labels,
+value], ...]]``) in each server's ``STATS`` reply, and become prometheus-client metric
+families where they are exposed:
+- ``--metrics-port P`` (``PARAMSERVER_METRICS_PORT``; 0: any free port) serves a node's
+  own on ``http://HOST:P/metrics``;
+- the scheduler's HTTP port (``--http-port``, ``observe.py``) serves the cluster's
+  aggregate at ``/metrics``: every server's counters and histograms summed
+  (``paramserver_push_keys_total{table}`` is the keys pushed to the cluster), its gauges
+  labelled with the ``server``, and the scheduler's own (failovers, ring moves, workers,
+  shards, examples/s).  It asks the servers when scraped, so it is as fresh as they are.
+
+Names follow Prometheus' conventions: ``_total`` counters, ``_seconds`` and ``_bytes`` units.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
+OPS = ("push", "pull")
+
+Family = list[Any]  # [name, type, help, [[sample name, labels, value], ...]]
+
+
+class ServerMetrics:
+    """A server's request counters and latency; ``state()`` gives what is read when asked
+    (``tables``: keys/bytes/vnodes a table, ``rss_bytes``, ``consistency``)."""
+
+    def __init__(self, state: Callable[[], dict[str, Any]]):
+        self.state = state
+        self.counts: dict[tuple[str, str], list[float]] = {}  # (op, table) -> [keys, requests, bytes]
+        self.latency: dict[str, list[float]] = {}  # op -> counts a bucket (+Inf last), then the sum
+
+    def request(self, op: str, table: str, keys: int, nbytes: int, seconds: float) -> None:
+        """Count one handled push or pull (``op``) of ``keys`` keys."""
+        c = self.counts.get((op, table))
+        if c is None:
+            c = self.counts[(op, table)] = [0.0, 0.0, 0.0]
+        c[0] += keys
+        c[1] += 1
+        c[2] += nbytes
+        self.observe(op, seconds)
+
+    def observe(self, op: str, seconds: float) -> None:
+        """A request of ``op`` took ``seconds`` to handle."""
+        h = self.latency.get(op)
+        if h is None:
+            h = self.latency[op] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        h[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        h[-1] += seconds
+
+    def wire(self) -> list[Family]:
+        """Every family, as plain data (see the module)."""
+        out: list[Family] = []
+        for op in OPS:
+            for i, what in ((0, "keys"), (1, "requests")):
+                name = f"paramserver_{op}_{what}"
+                out.append([name, "counter", f"{what} of {op}es clients sent (a replica's copy not counted)",
+                            [[f"{name}_total", {"table": t}, c[i]] for (o, t), c in self.counts.items() if o == op]])
+        out.append(["paramserver_request_bytes", "counter", "request bytes received, by table and op",
+                    [["paramserver_request_bytes_total", {"table": t, "op": o}, c[2]]
+                     for (o, t), c in self.counts.items()]])
+        name = "paramserver_request_seconds"
+        samples: list[list[Any]] = []
+        for op, h in self.latency.items():
+            total = 0.0
+            for le, n in zip([*map(str, LATENCY_BUCKETS), "+Inf"], h[:-1]):
+                total += n
+                samples.append([f"{name}_bucket", {"op": op, "le": le}, total])
+            samples += [[f"{name}_count", {"op": op}, total], [f"{name}_sum", {"op": op}, h[-1]]]
+        out.append([name, "histogram", "time a server took to handle a request, by op", samples])
+        return out + state_families(self.state())
+
+
+def state_families(s: dict[str, Any]) -> list[Family]:
+    """A server's gauges and consistency figures."""
+    out: list[Family] = []
+    for what, doc in (("keys", "keys stored (primary and backup copies)"),
+                      ("bytes", "bytes of values and optimiser state stored"), ("vnodes", "vnodes held")):
+        name = f"paramserver_table_{what}"
+        out.append([name, "gauge", f"per table: {doc}",
+                    [[name, {"table": t}, float(v[what])] for t, v in s["tables"].items()]])
+    out.append(["paramserver_resident_memory_bytes", "gauge", "resident memory of the process",
+                [["paramserver_resident_memory_bytes", {}, float(s["rss_bytes"])]]])
+    c = s["consistency"]
+    out.append(["paramserver_parked_pulls", "counter", "pulls held back by the staleness bound",
+                [["paramserver_parked_pulls_total", {}, float(c["parked_pulls"])]]])
+    out.append(["paramserver_parked_pulls_waiting", "gauge", "pulls held back now",
+                [["paramserver_parked_pulls_waiting", {}, float(c["waiting"])]]])
+    seen = {int(k): v for k, v in c["staleness_histogram"].items()}
+    name = "paramserver_pull_staleness_clocks"
+    samples = [[f"{name}_bucket", {"le": str(float(le))}, float(sum(v for k, v in seen.items() if k <= le))]
+               for le in STALENESS_BUCKETS]
+    samples += [[f"{name}_bucket", {"le": "+Inf"}, float(sum(seen.values()))],
+                [f"{name}_count", {}, float(sum(seen.values()))],
+                [f"{name}_sum", {}, float(sum(k * v for k, v in seen.items()))]]
+    out.append([name, "histogram", "clocks a pull's reader was ahead of the slowest worker", samples])
+    return out
+
+
+def client_families(client: Any) -> list[Family]:
+    """A worker's (a client's) own: calls by op, retries, bytes, and the examples it reported."""
+    counts = dict(client.counts)
+    calls = [["paramserver_client_calls_total", {"op": op}, float(n)] for op, n in counts.items() if op != "retries"]
+    out: list[Family] = [["paramserver_client_calls", "counter", "pulls, pushes and other calls made", calls],
+                         ["paramserver_client_retries", "counter", "pieces routed again (stale ring, lost server)",
+                          [["paramserver_client_retries_total", {}, float(counts.get("retries", 0))]]]]
+    for what, value in (("sent", client.bytes_sent), ("received", client.bytes_received)):
+        out.append([f"paramserver_client_{what}_bytes", "counter", f"bytes {what}",
+                    [[f"paramserver_client_{what}_bytes_total", {}, float(value)]]])
+    reported = client.job.reported
+    out.append(["paramserver_worker_examples", "counter", "examples this worker trained (as it reported them)",
+                [["paramserver_worker_examples_total", {}, float(reported.get("examples", 0.0))]]])
+    return out
+
+
+def aggregate(per_server: Iterable[tuple[int, list[Family]]]) -> list[Family]:
+    """Every server's families as one: counters and histograms summed over servers (same
+    labels), gauges kept per server under a ``server`` label."""
+    meta: dict[str, tuple[str, str]] = {}
+    sums: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for server, wire in per_server:
+        for name, kind, doc, samples in wire:
+            meta.setdefault(name, (kind, doc))
+            into = sums.setdefault(name, {})
+            for sample, labels, value in samples:
+                if kind == "gauge":
+                    labels = {**labels, "server": str(server)}
+                key = (sample, tuple(sorted(labels.items())))
+                into[key] = into.get(key, 0.0) + float(value)
+    return [[name, *meta[name], [[s, dict(labels), v] for (s, labels), v in sums[name].items()]] for name in sums]
+
+
+def total(families: list[Family], sample: str, **labels: str) -> float:
+    """The sum of ``sample`` over the label sets that have ``labels``."""
+    return float(sum(v for _, _, _, samples in families for s, lab, v in samples
+                     if s == sample and all(lab.get(k) == want for k, want in labels.items())))
+
+
+def to_prometheus(families: list[Family]) -> Iterator[Any]:
+    """prometheus-client metric families of ``wire`` data."""
+    from prometheus_client.core import Metric
+
+    for name, kind, doc, samples in families:
+        m = Metric(name, doc, kind)
+        for sample, labels, value in samples:
+            m.add_sample(sample, labels, value)
+        yield m
+
+
+class WireCollector:
+    """A prometheus-client collector of what ``source()`` gives as wire families."""
+
+    def __init__(self, source: Callable[[], list[Family]]):
+        self.source = source
+
+    def collect(self) -> Iterator[Any]:
+        for _ in range(3):
+            try:
+                families = self.source()
+                break
+            except RuntimeError:  # a dict changed size under a scrape from this thread: look again
+                continue
+        else:
+            families = []
+        return to_prometheus(families)
+
+
+def serve(source: Callable[[], list[Family]], host: str, port: int) -> str:
+    """Serve ``source``'s families at ``http://host:port/metrics`` (port 0: any free one);
+    returns the URL."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WireCollector(source))
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    url = f"http://{host}:{server.server_port}/metrics"
+    logger.info("metrics at %s", url)
+    return url
