@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import time
 from dataclasses import replace
 from typing import Any
@@ -96,6 +97,22 @@ def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.nda
     with fsspec.open(f"{url}/{rel}", "wb", auto_mkdir=True) as f:
         f.write(body)
     return [rel, int(keys.size), hashlib.sha256(body).hexdigest(), len(body)]
+
+
+def confine(url: str, root: str) -> str:
+    """``url`` if a server may write or read a checkpoint there: no ``..`` in it, and under
+    ``root`` (the cluster's ``--checkpoint-root``) when one is set; else CheckpointError."""
+    path = url.split("://", 1)[-1]
+    if ".." in path.replace("\\", "/").split("/"):
+        raise CheckpointError(f"checkpoint URL {url[:200]!r} has a '..' in it: refused; name the folder directly")
+    if root:
+        local = "://" not in url and "://" not in root
+        here, top = (os.path.abspath(url), os.path.abspath(root)) if local else (url.rstrip("/"), root.rstrip("/"))
+        if here != top and not here.startswith(top.rstrip("/") + "/"):
+            raise CheckpointError(f"checkpoint URL {url[:200]!r} is outside the cluster's checkpoint root {root!r}: "
+                                  "refused; write checkpoints under it (--checkpoint-root, "
+                                  "PARAMSERVER_CHECKPOINT_ROOT)")
+    return url
 
 
 def entry_path(step: str, entry: Any) -> str:

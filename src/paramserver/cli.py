@@ -41,6 +41,10 @@ def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> N
                                                     "free one (the scheduler's: the cluster's) "
                                                     "[PARAMSERVER_METRICS_PORT, off]")
     p.add_argument("--http-host", help="interface metrics and the dashboard bind [PARAMSERVER_HTTP_HOST, 127.0.0.1]")
+    p.add_argument("--secret-file", help="the cluster's keys (paramserver keygen): every link is CurveZMQ, "
+                                         "authenticated and encrypted [PARAMSERVER_SECRET_FILE]")
+    p.add_argument("--checkpoint-root", help="a server writes and reads checkpoints only under this folder or URL "
+                                             "[PARAMSERVER_CHECKPOINT_ROOT, anywhere; '..' always refused]")
     if bind:
         p.add_argument("--host", help="interface to bind [PARAMSERVER_HOST, 127.0.0.1]")
         p.add_argument("--port", type=int, help="port to bind, 0 = any [PARAMSERVER_PORT]")
@@ -130,8 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     q = ops.add_parser("status", help="print the ring: servers, ring version, vnodes moving")
     _node_flags(q, bind=False, scheduler=True)
 
+    p = sub.add_parser("keygen", help="write a cluster's CurveZMQ keys (then --secret-file on every node)")
+    p.add_argument("--out", required=True, help="the key file to write (it is not overwritten; mode 600)")
+    p.add_argument("--role", default="cluster", choices=("cluster", "worker", "driver"),
+                   help="cluster: a new cluster's keys; worker or driver: a file for that role only, --from the "
+                        "cluster's (it cannot run a scheduler or a server)")
+    p.add_argument("--from", dest="base", metavar="CLUSTER_KEY_FILE", help="the cluster's key file (--role worker|"
+                                                                         "driver)")
+
     p = sub.add_parser("top", help="a live terminal view of a running cluster (the dashboard's numbers)")
     p.add_argument("--scheduler", help="scheduler address tcp://HOST:PORT [PARAMSERVER_SCHEDULER]")
+    p.add_argument("--secret-file", help="the cluster's keys, if it has them [PARAMSERVER_SECRET_FILE]")
     p.add_argument("--once", action="store_true", help="print one view and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
 
@@ -346,7 +359,7 @@ def _optimizer(text: str | None):
 def _config(args: argparse.Namespace, role: str | None = None):
     keys = ("scheduler", "host", "port", "advertise_host", "servers", "workers", "vnodes_per_server",
             "heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "metrics_port", "http_port",
-            "http_host")
+            "http_host", "secret_file", "checkpoint_root")
     role = role or (args.command if args.command in ("scheduler", "server", "worker") else None)
     return load_config(role, **{k: getattr(args, k) for k in keys if hasattr(args, k)})
 
@@ -474,13 +487,20 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "top":
             from paramserver.top import main as top
 
-            scheduler = load_config(scheduler=args.scheduler).scheduler
+            top_config = load_config(scheduler=args.scheduler, secret_file=args.secret_file)
+            scheduler = top_config.scheduler
             if not scheduler:
                 raise ConfigError("paramserver top needs the scheduler: --scheduler tcp://HOST:PORT or "
                                   "PARAMSERVER_SCHEDULER")
             if not args.interval > 0:
                 raise ConfigError(f"--interval must be > 0 seconds, got {args.interval}")
-            return top(scheduler, once=args.once, interval_s=args.interval)
+            return top(scheduler, once=args.once, interval_s=args.interval, secret_file=top_config.secret_file)
+        elif args.command == "keygen":
+            from paramserver.wire.security import keygen
+
+            keygen(args.out, args.role, args.base)
+            print(f"wrote {args.role} keys to {args.out}: give it to every node as --secret-file "
+                  "(PARAMSERVER_SECRET_FILE)")
         elif args.command == "chaos":
             from paramserver.testing import campaign
 

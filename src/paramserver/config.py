@@ -37,6 +37,10 @@ ENV: dict[str, tuple[str, str]] = {
     "PARAMSERVER_HTTP_PORT": ("http_port", "the scheduler's dashboard and the cluster's /metrics on this port (0: "
                                            "any free one; -1: off, the default)"),
     "PARAMSERVER_HTTP_HOST": ("http_host", "the interface metrics and the dashboard bind (default 127.0.0.1)"),
+    "PARAMSERVER_CHECKPOINT_ROOT": ("checkpoint_root", "servers write and read checkpoints only under this folder "
+                                                       "or URL (default: anywhere; '..' is always refused)"),
+    "PARAMSERVER_SECRET_FILE": ("secret_file", "the cluster's keys (paramserver keygen): every link is CurveZMQ, "
+                                               "authenticated and encrypted"),
 }
 
 #: what ``paramserver node`` reads to know what to run (a launcher's pod or actor sets them)
@@ -122,6 +126,8 @@ class Config:
     metrics_port: int = -1
     http_port: int = -1
     http_host: str = "127.0.0.1"
+    secret_file: str = ""
+    checkpoint_root: str = ""
 
     def __post_init__(self) -> None:
         for name, lo in (("port", 0), ("servers", 1), ("workers", 0), ("vnodes_per_server", 1),

@@ -181,14 +181,49 @@ class WireCollector:
         return to_prometheus(families)
 
 
-def serve(source: Callable[[], list[Family]], host: str, port: int) -> str:
-    """Serve ``source``'s families at ``http://host:port/metrics`` (port 0: any free one);
-    returns the URL."""
-    from prometheus_client import CollectorRegistry, start_http_server
+def serve(source: Callable[[], list[Family]], host: str, port: int, token: str = "") -> str:
+    """Serve ``source``'s families at ``http://host:port/metrics`` (port 0: any free one;
+    ``token``: asked for as ``?token=`` or ``Authorization: Bearer``); returns the URL."""
+    import hmac
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs
+
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    from paramserver.errors import ConfigError
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WireCollector(source))
-    server, _ = start_http_server(port, addr=host, registry=registry)
-    url = f"http://{host}:{server.server_port}/metrics"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            path, _, query = self.path.partition("?")
+            if path not in ("/", "/metrics"):
+                self.send_error(404, "metrics are at /metrics")
+                return
+            given = parse_qs(query).get("token", [""])[0] or \
+                self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            if token and not hmac.compare_digest(given, token):
+                self.send_error(401, "this cluster has a secret: pass ?token=T or Authorization: Bearer T")
+                return
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            logger.debug("metrics http: " + format, *args)
+
+    try:
+        httpd = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror}); pick a free "
+                          "port, or 0 for any") from None
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, name="paramserver-metrics", daemon=True).start()
+    url = f"http://{host}:{httpd.server_address[1]}/metrics"
     logger.info("metrics at %s", url)
     return url

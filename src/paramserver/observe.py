@@ -16,6 +16,7 @@ listens at), made once the ring has formed; until then the snapshot says ``start
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import statistics
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qs
 
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -34,6 +36,7 @@ from paramserver.config import Config, load_config
 from paramserver.errors import ConfigError, ConnectError
 from paramserver.metrics import Family, WireCollector, aggregate, total
 from paramserver.metrics import serve as serve_metrics
+from paramserver.wire.security import http_token, load_keys
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +112,9 @@ def bucketed(seen: dict[int, int]) -> list[dict[str, Any]]:
 class Observer:
     """The HTTP side of a scheduler (see the module)."""
 
-    def __init__(self, scheduler: str, host: str = "127.0.0.1", port: int | None = 0):
-        self.scheduler = scheduler
+    def __init__(self, scheduler: str, host: str = "127.0.0.1", port: int | None = 0, secret_file: str = ""):
+        self.scheduler, self.secret_file = scheduler, secret_file
+        self.token = http_token(load_keys(secret_file)) if secret_file else ""
         self._client: Any = None
         self._lock = threading.Lock()
         self.history: deque[dict[str, float]] = deque(maxlen=HISTORY)
@@ -149,7 +153,14 @@ class Observer:
 
     # ---- HTTP ------------------------------------------------------------------------
     def handle(self, request: BaseHTTPRequestHandler) -> None:
-        path = request.path.split("?", 1)[0]
+        path, _, query = request.path.partition("?")
+        if self.token and path not in ASSETS:  # the page itself holds no data; what it fetches does
+            given = parse_qs(query).get("token", [""])[0] or \
+                request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given, self.token):
+                request.send_error(401, "this cluster has a secret: pass ?token=T or Authorization: Bearer T "
+                                        "(paramserver.wire.security.http_token of the cluster's key file)")
+                return
         try:
             if path == "/metrics":
                 body, kind = generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -181,7 +192,8 @@ class Observer:
         if self._client is None:
             from paramserver.client.client import Client
 
-            self._client = Client(role="driver", config=load_config(scheduler=self.scheduler, connect_timeout_s=2.0))
+            self._client = Client(role="driver", config=load_config(scheduler=self.scheduler, connect_timeout_s=2.0,
+                                                                    secret_file=self.secret_file or None))
         return self._client
 
     def snapshot(self) -> Snapshot:
@@ -288,11 +300,12 @@ def run_scheduler(config: Config, on_ready: Any = None) -> None:
     node = SchedulerNode(config)
     observer = None
     if config.http_port >= 0 or config.metrics_port >= 0:
-        observer = Observer(node.address, config.http_host, config.http_port if config.http_port >= 0 else None)
+        observer = Observer(node.address, config.http_host, config.http_port if config.http_port >= 0 else None,
+                            config.secret_file)
         node.http_url = observer.url
         if config.metrics_port >= 0:
             node.metrics_url = serve_metrics(lambda: observer.snapshot().wire(), config.http_host,
-                                             config.metrics_port)
+                                             config.metrics_port, observer.token)
     if on_ready:
         on_ready(node.address)
     try:

@@ -59,8 +59,8 @@ def render(snap: Snapshot) -> Group:
     return Group(*parts, *events)
 
 
-def main(scheduler: str, once: bool = False, interval_s: float = 1.0) -> int:
-    observer = Observer(scheduler, port=None)
+def main(scheduler: str, once: bool = False, interval_s: float = 1.0, secret_file: str = "") -> int:
+    observer = Observer(scheduler, port=None, secret_file=secret_file)
     try:
         observer.client()  # a scheduler that cannot be reached is said now, in one line
         if once:

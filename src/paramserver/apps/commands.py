@@ -124,7 +124,8 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     def announce(cluster: Any) -> None:  # where to look while it runs: on the progress line
         where.append(f"scheduler {cluster.address}, logs {cluster.log_dir}")
         if getattr(cluster, "http_url", ""):
-            where.append(f"dashboard {cluster.http_url}, metrics {cluster.http_url}metrics")
+            token = f"?token={cluster.http_token}" if getattr(cluster, "http_token", "") else ""
+            where.append(f"dashboard {cluster.http_url}{token}, metrics {cluster.http_url}metrics{token}")
             err.print(where[-1])  # said once, whatever the progress line does
 
     log_dir = getattr(args, "log_dir", None)

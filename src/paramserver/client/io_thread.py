@@ -45,7 +45,7 @@ class IOThread(threading.Thread):
     def __init__(self, config: Config, transport: Transport | None = None):
         super().__init__(name="paramserver-io", daemon=True)
         self.config = config
-        self.transport = transport_for(config.scheduler, transport)
+        self.transport = transport_for(config.scheduler, transport, config.secret_file)
         self.clock = self.transport.now
         self.ctx: zmq.Context = zmq.Context.instance()  # for the wake-up pair: other threads -> this one
         self._ids = itertools.count(1)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from paramserver.errors import (
+    CheckpointError,
     ConfigError,
     NodeLostError,
     ParamServerError,
@@ -44,6 +45,8 @@ def remote_error(msg: Message) -> ParamServerError:
         return NodeLostError(text)
     if code == "quota":
         return QuotaError(text)
+    if code == "checkpoint":
+        return CheckpointError(text)
     return RemoteError(f"{code}: {text}")
 
 

@@ -44,6 +44,7 @@ from paramserver.config import load_config
 from paramserver.data.reader import DataError
 from paramserver.errors import ClosedError, ConfigError, ConnectError, WorkerError
 from paramserver.warm import warm_all
+from paramserver.wire.security import http_token, load_keys
 
 logger = logging.getLogger(__name__)
 
@@ -135,12 +136,15 @@ class LocalCluster(RunsFunctions):
             (tests that show no process holds a table whole; shared machines).
         http_port: serve the dashboard and the cluster's Prometheus metrics from the
             scheduler on this port of 127.0.0.1 (0: any free one): ``http_url`` says where.
+        secret_file: the cluster's keys (``paramserver keygen``): every link, the driver's
+            included, is CurveZMQ, authenticated and encrypted (``wire/security.py``).
     """
 
     def __init__(self, servers: int = 1, workers: int = 0, *, vnodes_per_server: int = 64,
                  heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 5.0,
                  startup_timeout_s: float = 60.0, log_level: str = "INFO", log_dir: str | None = None,
-                 start_method: str = "fork", memory_limit_mb: int | None = None, http_port: int | None = None):
+                 start_method: str = "fork", memory_limit_mb: int | None = None, http_port: int | None = None,
+                 secret_file: str | None = None):
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ValueError(f"servers must be an int >= 1, got {servers!r}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
@@ -153,6 +157,12 @@ class LocalCluster(RunsFunctions):
         if http_port is not None and (isinstance(http_port, bool) or not isinstance(http_port, int)
                                       or not 0 <= http_port <= 65535):
             raise ValueError(f"http_port must be a port in [0, 65535] (0: any free one) or None, got {http_port!r}")
+        if secret_file and not load_keys(secret_file).server_secret:  # a missing or damaged file: said now
+            raise ConfigError(f"secret_file {secret_file} is a {load_keys(secret_file).role} key file: a local "
+                              "cluster runs a scheduler and servers, and only the cluster's file (paramserver "
+                              "keygen) has the key they serve with")
+        self.secret_file = secret_file or ""
+        self.http_token = http_token(load_keys(secret_file)) if secret_file else ""  # what http_url asks for
         self.start_method = start_method
         self.memory_limit_mb = memory_limit_mb
         self.http_port = http_port
@@ -204,7 +214,7 @@ class LocalCluster(RunsFunctions):
             for i in range(self.n_workers):
                 self._spawn_worker(i)
             self._client = Client(role="driver", config=load_config(
-                scheduler=self.address, connect_timeout_s=self.startup_timeout_s,
+                scheduler=self.address, connect_timeout_s=self.startup_timeout_s, secret_file=self.secret_file or None,
                 heartbeat_interval_s=self.heartbeat_interval_s, heartbeat_timeout_s=self.heartbeat_timeout_s))
             if self.http_port is not None:
                 self.http_url = self._client.cluster_info().get("http", "")
@@ -227,6 +237,8 @@ class LocalCluster(RunsFunctions):
         return env
 
     def _spawn(self, name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> _Proc:
+        if self.secret_file:
+            args = [*args, "--secret-file", self.secret_file]
         if self._fork_ok:
             return self._fork(name, args, pass_fds)
         log_path = os.path.join(self.log_dir, f"{name}.log")

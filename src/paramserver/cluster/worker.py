@@ -77,8 +77,10 @@ def main(config: Config, fn: str | None, control_fds: str | None) -> int:
     metrics_url, ours = "", []  # type: str, list[Client]  # served before registering: cluster status lists it
     if config.metrics_port >= 0:
         from paramserver.metrics import client_families, serve
+        from paramserver.wire.security import http_token, load_keys
 
-        metrics_url = serve(lambda: client_families(ours[0]) if ours else [], config.http_host, config.metrics_port)
+        metrics_url = serve(lambda: client_families(ours[0]) if ours else [], config.http_host, config.metrics_port,
+                            http_token(load_keys(config.secret_file)) if config.secret_file else "")
     with Client(config=config, role="worker", metrics_url=metrics_url) as client:
         ours.append(client)
         logger.info("worker rank %d (node %d) connected", client.rank, client.node_id)

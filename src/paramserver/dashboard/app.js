@@ -5,6 +5,9 @@
 const NS = "http://www.w3.org/2000/svg";
 const COLORS = ["#3b6fd8", "#e07b24", "#2f8f4e", "#9b4dca", "#c7354f", "#138a96", "#8a6d1d", "#5d6b82"];
 const POLL_MS = 1000;
+// a cluster with a secret asks for its token: the URL the cluster printed carries it
+const TOKEN = new URLSearchParams(location.search).get("token");
+const QUERY = TOKEN ? "?token=" + encodeURIComponent(TOKEN) : "";
 
 function el(tag, attrs, parent, text) {
   const node = document.createElementNS(NS, tag);
@@ -171,7 +174,7 @@ function drawEvents(events, job) {
 async function poll() {
   const state = document.getElementById("state");
   try {
-    const response = await fetch("api/state", {cache: "no-store"});
+    const response = await fetch("api/state" + QUERY, {cache: "no-store"});
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const s = await response.json();
     state.textContent = s.state;
@@ -192,4 +195,5 @@ async function poll() {
   setTimeout(poll, POLL_MS);
 }
 
+document.querySelector("header a").href = "metrics" + QUERY;
 poll();

@@ -36,6 +36,7 @@ from paramserver.scheduler.restores import Restores
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
+from paramserver.wire.security import MAY_REGISTER, user_role
 from paramserver.wire.transport import Transport, ZmqTransport
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class SchedulerNode:
     def __init__(self, config: Config, on_ready: Callable[[str], None] | None = None,
                  transport: Transport | None = None):
         self.config = config
-        self.transport = transport or ZmqTransport()
+        self.transport = transport or ZmqTransport(secret_file=config.secret_file)
         self.clock = self.transport.now
         self.sock: Any
         self.sock, self.address = self.transport.bind(config.host, config.port, config.max_message_bytes)
@@ -80,6 +81,7 @@ class SchedulerNode:
         self._workers_seen = 0  # workers ever registered (the barrier waits for the expected number first)
         self._running = True
         self._last_turn = self.clock()
+        self._key_role: str | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=50)  # joins and removals, for the dashboard
         self.http_url = self.metrics_url = ""  # the dashboard and the cluster's /metrics (observe.py), if served
         self.handlers = {
@@ -147,6 +149,7 @@ class SchedulerNode:
     def _handle(self, frames: list[Any]) -> None:
         identity, body = frames[0], frames[1:]
         request_id = None
+        self._key_role = user_role(body[0]) if body else None  # the ZAP handler's word on the sender's key
         try:
             msg = decode(body, self.config.max_message_bytes)
             request_id = msg.id
@@ -181,6 +184,9 @@ class SchedulerNode:
         role = hfield(msg, "role", str)
         if role not in ROLES:
             raise ProtocolError(f"role must be one of {ROLES}, got {role!r}")
+        if self._key_role is not None and role not in MAY_REGISTER.get(self._key_role, ()):
+            raise ProtocolError(f"a {self._key_role} key cannot register as a {role}: only the cluster's keys "
+                                "(paramserver keygen) may run a scheduler or servers")
         address = msg.header.get("address") or ""
         if role == "server":
             if not address:

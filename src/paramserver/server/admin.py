@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from paramserver import functions
+from paramserver.checkpoint import confine
 from paramserver.errors import ProtocolError, QuotaError
 from paramserver.namespaces import Quota, namespace_of
 from paramserver.server import storage
@@ -37,7 +38,8 @@ class Admin:
         """Write every stored vnode (keys, values and optimiser state) under ``url`` (a
         client's, or during a job the scheduler's, answered on the control socket)."""
         n = self.node
-        files = storage.write_checkpoint(n.tables, n.primary, field(msg, "url", str))
+        files = storage.write_checkpoint(n.tables, n.primary, confine(field(msg, "url", str),
+                                                                      n.config.checkpoint_root))
         return reply(msg, files=files, clocks={str(k): v for k, v in n.gate.vector.clocks.items()})
 
     def on_restore(self, msg: Message) -> list[Any]:
@@ -45,7 +47,8 @@ class Admin:
         n = self.node
         assert n.ring is not None
         loaded = storage.restore_rows(n.tables, n.primary, n.ring, field(msg, "table", str),
-                                      field(msg, "step", str), field(msg, "entries", list))
+                                      confine(field(msg, "step", str), n.config.checkpoint_root),
+                                      field(msg, "entries", list))
         return reply(msg, loaded=loaded)
 
     def state(self) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from paramserver.wire.message import (
     field,
     reply,
 )
+from paramserver.wire.security import http_token, load_keys
 from paramserver.wire.sockets import advertised
 from paramserver.wire.transport import Transport, transport_for
 
@@ -71,7 +72,7 @@ class ServerNode:
             raise ConnectError("no scheduler address: pass --scheduler tcp://HOST:PORT "
                                "or set PARAMSERVER_SCHEDULER")
         self.config = config
-        self.transport = transport_for(config.scheduler, transport)  # sockets and the clock
+        self.transport = transport_for(config.scheduler, transport, config.secret_file)  # sockets, the clock
         self.clock = self.transport.now
         self.router, self.address = self.transport.bind(config.host, config.port, config.max_message_bytes)
         self.address = advertised(self.address, config.advertise_host, config.scheduler)  # what peers dial
@@ -105,7 +106,8 @@ class ServerNode:
             if self.threads > 1 else None
         self.admin = Admin(self)  # export, checkpoint, restore, stats, server-side functions, quotas
         self.metrics = ServerMetrics(self.admin.state)  # counted before each reply (metrics.py)
-        self.metrics_url = serve_metrics(self.metrics.wire, config.http_host, config.metrics_port) \
+        self.metrics_url = serve_metrics(self.metrics.wire, config.http_host, config.metrics_port,
+                                         http_token(load_keys(config.secret_file)) if config.secret_file else "") \
             if config.metrics_port >= 0 else ""
         self.data_handlers: dict[Op, Callable[..., list[Any] | None]] = {Op.PULL: self.on_pull, Op.PUSH: self.on_push,
                               Op.CLOCK: self.on_clock, Op.STATS: self.admin.on_stats,

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from paramserver.errors import ProtocolError, QuotaError, StaleRingError
+from paramserver.errors import CheckpointError, ProtocolError, QuotaError, StaleRingError
 
 #: Array dtypes allowed on the wire (little-endian).
 DTYPES: dict[str, np.dtype] = {
@@ -199,6 +199,8 @@ def error_code(exc: BaseException) -> str:
         return "quota"
     if isinstance(exc, KeyError):
         return "unknown_table"
+    if isinstance(exc, CheckpointError):
+        return "checkpoint"
     return "protocol" if isinstance(exc, ProtocolError) else "error"
 
 

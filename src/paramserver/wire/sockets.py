@@ -13,6 +13,7 @@ from typing import Any
 import zmq
 
 from paramserver.errors import ConfigError, ProtocolError
+from paramserver.wire.security import Keys, secure_client, secure_server
 
 _TCP = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9._-]*):([0-9]{1,5})$")
 
@@ -36,10 +37,18 @@ def check_endpoint(address: Any) -> str:
     raise ProtocolError(f"address {address[:100]!r} is not tcp://HOST:PORT, ipc://PATH or inproc://NAME")
 
 
-def bind_router(ctx: zmq.Context, host: str, port: int, max_message_bytes: int) -> tuple[zmq.Socket, str]:
-    """A ROUTER bound on ``host:port`` (port 0: the OS picks); returns it and its address."""
+def bind_router(ctx: zmq.Context, host: str, port: int, max_message_bytes: int,
+                keys: Keys | None = None) -> tuple[zmq.Socket, str]:
+    """A ROUTER bound on ``host:port`` (port 0: the OS picks); returns it and its address.
+    With ``keys``, a CurveZMQ server (``security.py``)."""
     sock = ctx.socket(zmq.ROUTER)
     _tune(sock, max_message_bytes)
+    if keys is not None:
+        try:
+            secure_server(sock, keys)
+        except BaseException:
+            sock.close(linger=0)
+            raise
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a vanished peer is dropped, not raised
     try:
         sock.bind(f"tcp://{host}:{port or '*'}")
@@ -51,9 +60,11 @@ def bind_router(ctx: zmq.Context, host: str, port: int, max_message_bytes: int) 
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
-def connect_dealer(ctx: zmq.Context, address: str, max_message_bytes: int) -> zmq.Socket:
+def connect_dealer(ctx: zmq.Context, address: str, max_message_bytes: int, keys: Keys | None = None) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     _tune(sock, max_message_bytes)
+    if keys is not None:
+        secure_client(sock, keys)
     sock.connect(address)
     return sock
 

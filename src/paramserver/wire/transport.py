@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import zmq
 
 from paramserver.errors import ConfigError
+from paramserver.wire.security import load_keys
 from paramserver.wire.sockets import bind_router, check_endpoint, connect_dealer
 
 #: The schemes ZeroMQ serves, and the in-memory network's.
@@ -137,15 +138,16 @@ class ZmqPoller:
 class ZmqTransport:
     """Real sockets and real time."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]] | None = None, secret_file: str = "") -> None:
         self.ctx = ctx or zmq.Context.instance()
+        self.keys = load_keys(secret_file) if secret_file else None  # CurveZMQ on every link (security.py)
 
     def bind(self, host: str, port: int, max_message_bytes: int) -> tuple[ZmqSocket, str]:
-        raw, address = bind_router(self.ctx, host, port, max_message_bytes)
+        raw, address = bind_router(self.ctx, host, port, max_message_bytes, self.keys)
         return ZmqSocket(raw, True), address
 
     def connect(self, address: str, max_message_bytes: int) -> ZmqSocket:
-        return ZmqSocket(connect_dealer(self.ctx, address, max_message_bytes), False)
+        return ZmqSocket(connect_dealer(self.ctx, address, max_message_bytes, self.keys), False)
 
     def poller(self) -> ZmqPoller:
         return ZmqPoller()
@@ -157,7 +159,7 @@ class ZmqTransport:
         return time.monotonic()
 
 
-def transport_for(address: str, given: Transport | None = None) -> Transport:
+def transport_for(address: str, given: Transport | None = None, secret_file: str = "") -> Transport:
     """The transport that reaches ``address``: ``given`` if any (a simulation passes its
     own), else ZeroMQ for its schemes; ``ConfigError`` for a scheme nothing here serves."""
     if given is not None:
@@ -166,5 +168,5 @@ def transport_for(address: str, given: Transport | None = None) -> Transport:
     if scheme == SIM_SCHEME:
         raise ConfigError(f"address {address!r} is a simulated one: only paramserver.testing.SimCluster "
                           "runs nodes on sim://; use tcp://HOST:PORT")
-    return ZmqTransport()
+    return ZmqTransport(secret_file=secret_file)
 

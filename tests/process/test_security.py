@@ -1,0 +1,213 @@
+"""A cluster with a secret: every link is CurveZMQ.  Peers without the cluster's keys cannot
+register, read, write, drop, stop or spoof anything; a key made for workers cannot register
+a server; checkpoints stay under the cluster's checkpoint root, with no '..'."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from paramserver import LocalCluster
+from paramserver.client.client import Client
+from paramserver.config import load_config
+from paramserver.errors import CheckpointError, ConfigError, ConnectError
+from paramserver.wire.message import Op, decode, encode
+from paramserver.wire.security import keygen, load_keys
+
+KEYS = np.arange(2000, dtype=np.uint64)
+
+
+def _attacks(table: str) -> list[dict]:
+    """What an unauthenticated peer could once do (the issue's list), as wire messages."""
+    keys = np.array([1, 2, 3], np.uint64)
+    return [
+        {"op": Op.SHUTDOWN.value, "id": 1},
+        {"op": Op.DROP_TABLE.value, "id": 2, "name": table},
+        {"op": Op.REGISTER.value, "id": 3, "role": "server", "address": "tcp://127.0.0.1:1"},
+        {"op": Op.HEARTBEAT.value, "id": 4, "node_id": 2, "seq": 1},
+        {"op": Op.EXPORT.value, "id": 5, "table": table},
+        {"op": Op.STATS.value, "id": 6},
+        {"op": Op.CHECKPOINT.value, "id": 7, "url": "/tmp/../tmp/paramserver-attack"},
+        {"op": Op.PUSH.value, "id": 8, "table": table, "seq": 1, "acked": 5000, "ring_version": 1,
+         "_arrays": [keys, np.ones((3, 1), np.float32), np.zeros(1, np.int32), np.array([3], np.int64)]},
+        {"op": Op.INSTALL.value, "id": 9, "table": table, "vnode": 0, "ring_version": 1},
+        {"op": Op.REMOVE_SERVER.value, "id": 10, "node_id": 2},
+    ]
+
+
+def _any_answer(sock: zmq.Socket, attacks: list[dict]) -> bool:
+    """Try to send every message; True if anything came back within a second after.  (A
+    peer whose handshake was refused has no link to queue on: its send fails at once.)"""
+    for header in attacks:
+        arrays = header.pop("_arrays", [])
+        try:
+            sock.send_multipart(encode(header, arrays), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+    return bool(sock.poll(1000))
+
+
+def _cluster_unchanged(cluster: LocalCluster, servers: set) -> None:
+    client = cluster.client
+    assert "t" in client.tables()
+    np.testing.assert_array_equal(client.pull("t", KEYS).result(timeout=30), np.full((KEYS.size, 1), 2.0, np.float32))
+    assert set(client.cluster_info()["ring_servers"]) == servers
+
+
+@pytest.fixture()
+def keyfile(tmp_path):
+    path = str(tmp_path / "cluster.key")
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "keygen", "--out", path], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # readable by its owner only
+    return path
+
+
+def test_peers_without_the_clusters_keys_change_nothing_and_are_logged(tmp_path, keyfile):
+    other = str(tmp_path / "other.key")
+    keygen(other)
+    # spawned: a forked node under pytest would log into pytest's capture, not its log file
+    with LocalCluster(servers=2, secret_file=keyfile, log_level="INFO", start_method="spawn") as cluster:
+        client = cluster.client
+        client.create_table("t", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
+        client.push("t", KEYS, np.full((KEYS.size, 1), -2.0, np.float32)).result(timeout=30)  # every value 2
+        servers = set(client.cluster_info()["ring_servers"])
+        addresses = [cluster.address, *client.cluster_info()["servers"].values()]
+        # a client without the keys, or with another cluster's: refused within its connect timeout
+        for secret in (None, other):
+            started = time.monotonic()
+            with pytest.raises(ConnectError, match="could not reach the scheduler"):
+                Client(config=load_config(scheduler=cluster.address, connect_timeout_s=2.0, secret_file=secret))
+            assert time.monotonic() - started < 2.0 + 5.0
+        ctx = zmq.Context()
+        try:
+            # a raw ZeroMQ peer (no CurveZMQ), and a CurveZMQ peer that knows the server key but holds no
+            # key of the cluster: every attack, at the scheduler and at every server, gets no answer
+            server_public = load_keys(keyfile).server_public
+            for curve in (False, True):
+                for address in addresses:
+                    sock = ctx.socket(zmq.DEALER)
+                    sock.linger = 0
+                    if curve:
+                        sock.curve_serverkey = server_public
+                        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+                    sock.connect(address)
+                    assert not _any_answer(sock, _attacks("t")), (address, curve)
+                    sock.close()
+        finally:
+            ctx.destroy(linger=0)
+        _cluster_unchanged(cluster, servers)  # nothing dropped, stopped, poisoned or replaced
+        assert not os.path.exists("/tmp/paramserver-attack")
+        refusals = [line for f in os.listdir(cluster.log_dir) if f.endswith(".log")
+                    for line in open(os.path.join(cluster.log_dir, f)) if "refused a connection from 127.0.0.1" in line]
+        assert len(refusals) == 3, refusals  # once for the address, in each node it knocked at (scheduler, 2 servers)
+
+
+def test_a_worker_key_runs_workers_but_cannot_register_a_server(tmp_path, keyfile):
+    worker_key = str(tmp_path / "worker.key")
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "keygen", "--from", keyfile, "--role", "worker",
+                           "--out", worker_key], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "server_secret" not in json.load(open(worker_key))  # it cannot serve
+    with LocalCluster(servers=1, secret_file=keyfile, log_level="WARNING") as cluster:
+        cluster.client.create_table("t", dim=1)
+        with Client(config=load_config(scheduler=cluster.address, secret_file=worker_key)) as worker_client:
+            worker_client.push("t", KEYS, np.ones((KEYS.size, 1), np.float32)).result(timeout=30)
+            assert worker_client.pull("t", KEYS[:3]).result(timeout=30).shape == (3, 1)
+        keys = load_keys(worker_key)
+        ctx = zmq.Context()
+        try:
+            sock = ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (keys.server_public, keys.public,
+                                                                                 keys.secret)
+            sock.connect(cluster.address)
+            sock.send_multipart(encode({"op": Op.REGISTER.value, "id": 1, "role": "server",
+                                        "address": "tcp://127.0.0.1:1"}))
+            assert sock.poll(10_000)
+            answer = decode(sock.recv_multipart())
+            assert answer.op is Op.ERROR and "a worker key cannot register as a server" in answer.header["error"]
+        finally:
+            ctx.destroy(linger=0)
+        assert len(cluster.client.cluster_info()["ring_servers"]) == 1
+    # a worker's file cannot start a server either
+    with pytest.raises(ConfigError, match="only the cluster's file"):
+        LocalCluster(servers=1, secret_file=worker_key)
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "scheduler", "--secret-file", worker_key],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "only the cluster's file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_key_files_are_checked_and_never_overwritten(tmp_path, keyfile):
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "keygen", "--out", keyfile], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "exists: keygen does not overwrite keys" in proc.stderr
+    bad = tmp_path / "bad.key"
+    bad.write_text("{not json")
+    for path, message in ((str(bad), "not a paramserver key file"), (str(tmp_path / "none.key"), "no such file")):
+        with pytest.raises(ConfigError, match=message):
+            LocalCluster(servers=1, secret_file=path)
+        proc = subprocess.run([sys.executable, "-m", "paramserver", "server", "--scheduler", "tcp://127.0.0.1:1",
+                               "--secret-file", path], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_checkpoints_stay_under_the_checkpoint_root_and_never_take_dotdot(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    root.mkdir()
+    with LocalCluster(servers=1, log_level="WARNING") as cluster:  # no root: anywhere, but never '..'
+        cluster.client.create_table("t", dim=1)
+        cluster.client.push("t", KEYS, np.ones((KEYS.size, 1), np.float32)).result(timeout=30)
+        outside = cluster.client.checkpoint(str(tmp_path / "outside"))
+        with pytest.raises(CheckpointError, match="has a '..' in it"):
+            cluster.client.checkpoint(f"{tmp_path}/outside/../../escape")
+    monkeypatch.setenv("PARAMSERVER_CHECKPOINT_ROOT", str(root))  # every node of the cluster reads it
+    with LocalCluster(servers=2, log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("t", dim=1)
+        client.push("t", KEYS, np.ones((KEYS.size, 1), np.float32)).result(timeout=30)
+        for url, message in ((str(tmp_path / "elsewhere"), "outside the cluster's checkpoint root"),
+                             (f"{root}/../escape", "has a '..' in it")):
+            with pytest.raises(CheckpointError, match=message):
+                client.checkpoint(url)
+        assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "escape").exists()
+        step = client.checkpoint(str(root / "ok"))
+        assert step.startswith(str(root))
+        client.drop_table("t")
+        with pytest.raises(ConfigError, match="could not restore 't': CheckpointError: .* outside the cluster's "
+                                              "checkpoint root"):
+            client.restore(outside)  # the servers refuse to read there
+        assert "t" not in client.tables()
+
+
+def test_with_a_secret_the_http_endpoints_ask_for_the_token(keyfile, monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    monkeypatch.setenv("PARAMSERVER_METRICS_PORT", "0")  # every node's own endpoint too
+    with LocalCluster(servers=1, secret_file=keyfile, http_port=0, log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("t", dim=1)
+        client.push("t", KEYS, np.ones((KEYS.size, 1), np.float32)).result(timeout=30)
+        token = cluster.http_token
+        assert token == json.load(open(keyfile))["http_token"]
+        urls = [cluster.http_url + "metrics", cluster.http_url + "api/state",
+                *client.cluster_info()["metrics"].values()]
+        assert len(urls) == 4  # the dashboard's two, the scheduler's and the server's own
+        for url in urls:
+            with pytest.raises(urllib.error.HTTPError, match="401"):
+                urllib.request.urlopen(url, timeout=30)
+            with pytest.raises(urllib.error.HTTPError, match="401"):
+                urllib.request.urlopen(f"{url}?token=wrong", timeout=30)
+            assert urllib.request.urlopen(f"{url}?token={token}", timeout=30).status == 200
+            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+            assert urllib.request.urlopen(request, timeout=30).status == 200
+        page = urllib.request.urlopen(cluster.http_url, timeout=30).read().decode()  # holds no data itself
+        assert "<title>paramserver</title>" in page
