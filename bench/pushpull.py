@@ -1,6 +1,6 @@
 """Pull and push throughput over loopback, and server memory per stored key.
 
-Run: ``.venv/bin/python bench/pushpull.py [--json] [--quick]``
+Run: ``.venv/bin/python bench/pushpull.py [--json] [--quick] [--secret]``
 
 For 1 and 2 servers (``--replicas R``: each vnode on R of them), dim 1 and 16, batches of 1e3, 1e5 and 1e6
 random uint64 keys, one
@@ -8,6 +8,9 @@ client (in this process) issues pulls, then pushes, against keys that already ex
 ``--window W`` keeps W requests in flight (default 1: issue, wait, issue: the same loop
 as ps-lite's benchmark, which waits on every request).  Bytes counted are the payload:
 8 bytes a key plus 4·dim bytes of values or gradients.
+
+``--secret``: the cluster has a secret, so every link is CurveZMQ (encrypted and
+authenticated): what encryption costs.
 
 Memory: one server, a dim-1 FTRL table, 1e7 unique keys pushed in batches of 1e6; the
 server's resident set size after minus before, divided by the keys stored.
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import time
 from collections import deque
 
@@ -47,10 +52,10 @@ def measure(fn, keys_per_op: int, min_keys: float, max_s: float, window: int) ->
 
 
 def throughput_rows(servers: int, batches: list[int], dims: list[int], window: int, quick: bool,
-                    replicas: int = 1) -> list[dict]:
+                    replicas: int = 1, secret_file: str | None = None) -> list[dict]:
     rows = []
     rng = np.random.default_rng(0)
-    with LocalCluster(servers=servers, workers=0, log_level="WARNING") as cluster:
+    with LocalCluster(servers=servers, workers=0, log_level="WARNING", secret_file=secret_file) as cluster:
         client = cluster.client
         for dim in dims:
             table = f"bench-d{dim}"
@@ -64,7 +69,7 @@ def throughput_rows(servers: int, batches: list[int], dims: list[int], window: i
                                ("push", lambda t=table, k=keys, g=grads: client.push(t, k, g))):
                     kps = measure(fn, n, budget, 3.0 if quick else 10.0, window)
                     rows.append({"op": op, "keys": n, "dim": dim, "servers": servers,
-                                 "replicas": min(replicas, servers),
+                                 "replicas": min(replicas, servers), "curve": bool(secret_file),
                                  "keys_per_s": kps, "mb_per_s": kps * (8 + 4 * dim) / 1e6})
                     print(f"  {op} servers={servers} r={min(replicas, servers)} dim={dim:>2} keys={n:>9,}: "
                           f"{kps / 1e6:8.2f} M keys/s {kps * (8 + 4 * dim) / 1e6:9.1f} MB/s",
@@ -103,11 +108,19 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1_000, 100_000, 1_000_000])
     ap.add_argument("--memory-keys", type=int, default=10_000_000)
     ap.add_argument("--replicas", type=int, default=1, help="copies of each vnode (capped at servers)")
+    ap.add_argument("--secret", action="store_true", help="a cluster with a secret: every link CurveZMQ-encrypted")
     args = ap.parse_args()
     tune_allocator()  # this process plays the worker: tune it as worker processes are
     rows = []
-    for s in args.servers:
-        rows += throughput_rows(s, args.batches, args.dims, args.window, args.quick, args.replicas)
+    with tempfile.TemporaryDirectory(prefix="paramserver-bench-keys-") as keys:
+        secret_file = None
+        if args.secret:
+            from paramserver.wire.security import keygen
+
+            secret_file = os.path.join(keys, "cluster.key")
+            keygen(secret_file)
+        for s in args.servers:
+            rows += throughput_rows(s, args.batches, args.dims, args.window, args.quick, args.replicas, secret_file)
     if args.memory_keys:
         rows.append(memory_row(1_000_000 if args.quick else args.memory_keys))
     if args.json:

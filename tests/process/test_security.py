@@ -211,3 +211,57 @@ def test_with_a_secret_the_http_endpoints_ask_for_the_token(keyfile, monkeypatch
             assert urllib.request.urlopen(request, timeout=30).status == 200
         page = urllib.request.urlopen(cluster.http_url, timeout=30).read().decode()  # holds no data itself
         assert "<title>paramserver</title>" in page
+
+
+def test_a_member_acts_only_as_the_node_it_registered_as(tmp_path, keyfile):
+    """Holders of a worker's key cannot spoof another node: a push naming another sender (to
+    ack its seqs away), a heartbeat naming a server, an install over a vnode."""
+    worker_key = str(tmp_path / "worker.key")
+    keygen(worker_key, "worker", keyfile)
+    with LocalCluster(servers=2, workers=1, secret_file=keyfile, log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("t", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
+        client.push("t", KEYS, np.full((KEYS.size, 1), -2.0, np.float32)).result(timeout=30)  # replicated, proven
+        info = client.cluster_info()
+        servers = set(info["ring_servers"])
+        victim = int(next(iter(info["workers"])))
+        keys = load_keys(worker_key)
+        ctx = zmq.Context()
+        try:
+            def ask(address: str, header: dict, arrays=()) -> str:
+                sock = ctx.socket(zmq.DEALER)
+                sock.linger = 0
+                sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (keys.server_public, keys.public,
+                                                                                     keys.secret)
+                sock.connect(address)
+                sock.send_multipart(encode(header, list(arrays)))
+                assert sock.poll(10_000), header["op"]
+                answer = decode(sock.recv_multipart())
+                sock.close()
+                assert answer.op is Op.ERROR, (header["op"], answer.header)
+                return answer.header["error"]
+
+            server = info["servers"][str(min(servers))]
+            ring = client.ring
+            vnode = int(np.flatnonzero(ring.owners == min(servers))[0])
+            push = {"op": Op.PUSH.value, "id": 1, "table": "t", "sender": victim, "seq": 5001, "acked": 5000,
+                    "ring_version": ring.version, "sender_token": "0" * 32}
+            assert "without its token" in ask(server, push, [np.zeros(1, np.uint64), np.ones((1, 1), np.float32),
+                                                             np.array([vnode], np.int32), np.array([1], np.int64)])
+            assert "without its token" in ask(server, {"op": Op.CLOCK.value, "id": 2, "worker": victim,
+                                                       "clock": 99})
+            assert "comes from servers only" in ask(server, {"op": Op.INSTALL.value, "id": 3, "table": "t"})
+            assert "without its token" in ask(cluster.address, {"op": Op.HEARTBEAT.value, "id": 4,
+                                                                "node_id": min(servers), "seq": 1})
+        finally:
+            ctx.destroy(linger=0)
+        _cluster_unchanged(cluster, servers)
+        # the victim's own pushes still apply: nothing acknowledged them away
+        assert cluster.run(_push_twice, timeout_s=60) == [True]
+
+
+def _push_twice(client):
+    keys = np.arange(10, dtype=np.uint64) + np.uint64(1 << 40)
+    client.push("t", keys, np.full((10, 1), -1.0, np.float32)).result(timeout=30)
+    client.push("t", keys, np.full((10, 1), -1.0, np.float32)).result(timeout=30)
+    return bool((client.pull("t", keys).result(timeout=30) == 2.0).all())

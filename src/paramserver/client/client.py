@@ -99,6 +99,7 @@ class Client:
             self._io.close()
             raise
         self.node_id: int = view["node_id"]
+        self._token: dict[str, str] = {"token": view["node_token"]} if view.get("node_token") else {}
         self.rank: int = view.get("rank", -1)
         self.num_workers: int = view.get("num_workers", 0)
         # set by LocalCluster's worker loop while it runs a function this worker joined midway
@@ -208,6 +209,8 @@ class Client:
             header["clock"] = self._clock
         if seq is not None:
             header.update(sender=self.node_id, seq=seq)
+            if self._token:
+                header["sender_token"] = self._token["token"]
         header.update(extra_header or {})
         return Scatter(self, kind, header, layout, on_piece, result, on_settled).start(pieces)
 
@@ -398,7 +401,8 @@ class Client:
             self._clock += 1
             clock = self._clock
         for address in self._servers.values():
-            self._io.submit(address, {"op": Op.CLOCK.value, "worker": self.node_id, "clock": clock},
+            self._io.submit(address, {"op": Op.CLOCK.value, "worker": self.node_id, "clock": clock,
+                                      **({"worker_token": self._token["token"]} if self._token else {})},
                             (), _log_failure)
         return clock
 

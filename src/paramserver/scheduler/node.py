@@ -36,7 +36,7 @@ from paramserver.scheduler.restores import Restores
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
-from paramserver.wire.security import MAY_REGISTER, user_role
+from paramserver.wire.security import MAY_REGISTER, tokens_of, user_role
 from paramserver.wire.transport import Transport, ZmqTransport
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ class SchedulerNode:
                  transport: Transport | None = None):
         self.config = config
         self.transport = transport or ZmqTransport(secret_file=config.secret_file)
+        self.tokens = tokens_of(self.transport)  # with a secret: each node's proof of its id
         self.clock = self.transport.now
         self.sock: Any
         self.sock, self.address = self.transport.bind(config.host, config.port, config.max_message_bytes)
@@ -203,7 +204,7 @@ class SchedulerNode:
         self.by_identity[identity] = node.id
         logger.info("%s %d registered (%s)", role, node.id, address or identity.hex())
         if role == "server":
-            self.sock.send(reply(msg, node_id=node.id), identity)
+            self.sock.send(reply(msg, node_id=node.id, **self._token(node.id)), identity)
             self.membership.server_joined(node.id)
         elif self.ring is None:
             self.parked_workers.append((identity, msg, node))
@@ -359,8 +360,11 @@ class SchedulerNode:
         if node.role == "worker":
             self.workers_changed()
             self._serve_worker_waiters()
-        self.sock.send(reply(msg, node_id=node.id, rank=node.rank,
-                              num_workers=self._barrier_size(), **self._cluster_view()), identity)
+        self.sock.send(reply(msg, node_id=node.id, rank=node.rank, num_workers=self._barrier_size(),
+                             **self._token(node.id), **self._cluster_view()), identity)
+
+    def _token(self, node_id: int) -> dict[str, Any]:
+        return {} if self.tokens is None else {"node_token": self.tokens.token(node_id)}
 
     def on_wait_workers(self, identity: bytes, msg: Message) -> None:
         """Answer once ``count`` workers are registered (launchers wait for their workers)."""
@@ -380,6 +384,8 @@ class SchedulerNode:
     def on_heartbeat(self, identity: bytes, msg: Message) -> None:
         # servers beat from a socket of their own, so they name themselves
         node_id = msg.header.get("node_id", self.by_identity.get(identity))
+        if self.tokens is not None and "node_id" in msg.header:  # a server names itself: it proves it
+            self.tokens.check(node_id, msg.header.get("token"), "a heartbeat")
         node = self.nodes.get(node_id) if isinstance(node_id, int) else None
         if node is not None:
             node.last_seen = self.clock()

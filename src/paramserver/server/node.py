@@ -58,11 +58,12 @@ from paramserver.wire.message import (
     field,
     reply,
 )
-from paramserver.wire.security import http_token, load_keys
+from paramserver.wire.security import http_token, load_keys, tokens_of, user_role
 from paramserver.wire.sockets import advertised
 from paramserver.wire.transport import Transport, transport_for
 
 logger = logging.getLogger(__name__)
+SERVERS_ONLY = (Op.INSTALL, Op.REPLICATE)  # with a secret: only a cluster key sends them
 
 class ServerNode:
     """Registers with the scheduler, waits for the ring, then serves until ``STOP``."""
@@ -73,6 +74,8 @@ class ServerNode:
                                "or set PARAMSERVER_SCHEDULER")
         self.config = config
         self.transport = transport_for(config.scheduler, transport, config.secret_file)  # sockets, the clock
+        self.tokens = tokens_of(self.transport)  # with a secret: ids are proven (wire/security.py)
+        self.node_token = ""
         self.clock = self.transport.now
         self.router, self.address = self.transport.bind(config.host, config.port, config.max_message_bytes)
         self.address = advertised(self.address, config.advertise_host, config.scheduler)  # what peers dial
@@ -148,6 +151,7 @@ class ServerNode:
         if msg.op is Op.ERROR:
             raise ConnectError(f"scheduler refused server: {msg.header.get('error')}")
         self.node_id = int(msg.header["node_id"])
+        self.node_token = str(msg.header.get("node_token", ""))
         self.lease.granted(self._register_sent)
         logger.info("server %d serving at %s", self.node_id, self.address)
 
@@ -210,7 +214,8 @@ class ServerNode:
     def beat(self, sock: Any) -> bool:
         """Send a heartbeat on ``sock`` and read the answers to earlier ones; False once
         the scheduler said this server was declared dead (it stops)."""
-        sock.send(encode({"op": Op.HEARTBEAT.value, "node_id": self.node_id, "seq": self.lease.beat()}))
+        sock.send(encode({"op": Op.HEARTBEAT.value, "node_id": self.node_id, "seq": self.lease.beat(),
+                          **({"token": self.node_token} if self.node_token else {})}))
         while sock.poll(0):
             msg = decode(sock.recv())
             if msg.op is Op.HEARTBEAT:  # the scheduler heard the beat: the lease runs on
@@ -235,6 +240,9 @@ class ServerNode:
             if handler is None:
                 raise ProtocolError(f"a server does not serve op {msg.op.value!r} "
                                     f"(serves {sorted(o.value for o in self.data_handlers)})")
+            if self.tokens is not None and msg.op in SERVERS_ONLY and user_role(frames[1]) != "cluster":
+                raise ProtocolError(f"{msg.op.value} comes from servers only: a {user_role(frames[1])} key "
+                                    "cannot send it")
             started = time.perf_counter()
             if msg.op in (Op.PULL, Op.PUSH):
                 answer = handler(msg, identity)
@@ -527,6 +535,8 @@ class ServerNode:
         sender, seq = msg.header.get("sender"), msg.header.get("seq")
         if not isinstance(sender, int) or not isinstance(seq, int):
             return keys, grads, vnodes, counts  # an unnumbered push: at least once
+        if self.tokens is not None:  # the sender proves it is the node whose pushes it acknowledges
+            self.tokens.check(sender, msg.header.get("sender_token"), f"push {seq}")
         acked = msg.header.get("acked", -1)
         if not isinstance(acked, int) or not -1 <= acked < seq:
             raise ProtocolError(f"push {seq}: acked must be an int in [-1, {seq}), got {acked!r}")
@@ -559,6 +569,8 @@ class ServerNode:
 
     def on_clock(self, msg: Message) -> list[Any]:
         worker, clock = field(msg, "worker", int), field(msg, "clock", int)
+        if self.tokens is not None:
+            self.tokens.check(worker, msg.header.get("worker_token"), "a clock")
         self.gate.vector.tick(worker, clock)
         self._clocks_moved()
         return reply(msg)

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 #: what a backup needs of a push besides its arrays: exactly-once, BSP clock, push op
-FORWARDED = ("sender", "seq", "acked", "clock", "push_op")
+FORWARDED = ("sender", "sender_token", "seq", "acked", "clock", "push_op")
 
 class Acks:
     """What waits on answers from other servers: a client's push (``request``, answered

@@ -148,6 +148,43 @@ def http_token(keys: Keys) -> str:
     return keys.http_token
 
 
+class NodeTokens:
+    """A node's proof of its id: ``token(id)`` is an HMAC of the id under a key derived from
+    the server secret.  The scheduler hands each node its own when it registers; a node
+    sends it with every message that names its id (a push's ``sender``, a clock's
+    ``worker``, a server's heartbeat), and the scheduler and servers check it.  A worker's
+    key file has no server secret, so its holder cannot make another node's token."""
+
+    def __init__(self, keys: Keys):
+        import hashlib
+        import hmac
+
+        self._hmac, self._sha = hmac, hashlib.sha256
+        self._key = hmac.new(keys.server_secret, b"paramserver-node-ids", hashlib.sha256).digest()
+        self._known: dict[int, str] = {}
+
+    def token(self, node_id: int) -> str:
+        t = self._known.get(node_id)
+        if t is None:
+            t = self._known[node_id] = self._hmac.new(self._key, str(node_id).encode(), self._sha).hexdigest()[:32]
+        return t
+
+    def check(self, node_id: Any, token: Any, what: str) -> None:
+        """ProtocolError unless ``token`` is ``node_id``'s."""
+        from paramserver.errors import ProtocolError
+
+        if not isinstance(node_id, int) or not isinstance(token, str) or \
+                not self._hmac.compare_digest(token, self.token(node_id)):
+            raise ProtocolError(f"{what} names node {node_id!r} without its token: refused (a node acts only as "
+                                "the node it registered as)")
+
+
+def tokens_of(transport: Any) -> NodeTokens | None:
+    """The node tokens of a transport whose keys can make them (a cluster file's), else None."""
+    keys = getattr(transport, "keys", None)
+    return NodeTokens(keys) if keys is not None and keys.server_secret else None
+
+
 def secure_server(sock: zmq.Socket[Any], keys: Keys) -> None:
     """Make a socket about to bind a CURVE server whose clients the ZAP handler checks."""
     if not keys.server_secret:
