@@ -74,17 +74,22 @@ function drawServers(servers, ring) {
     svg, `server ${s.id}${s.hot ? " (hot)" : ""}`));
   el("text", {x: 396, y: 12, "text-anchor": "end", class: "axis"}, svg,
     "bars: keys, memory, load (keys/s), each against its largest");
-  const body = document.querySelector("#server-table tbody");
+  fillTable("#server-table tbody", servers, s => ["server" + (s.hot ? " hot" : ""),
+    {id: s.id, keys: s.keys, pushKeys: s.push_keys, pullKeys: s.pull_keys},
+    [`${s.id} <small>${s.address}</small>`, s.keys, (s.rss_bytes / 1048576).toFixed(0), fmt(s.keys_per_s || 0),
+     s.vnodes]]);
+}
+
+// one row an item: row(item) gives [class, data- attributes, cells]
+function fillTable(selector, items, row) {
+  const body = document.querySelector(selector);
   clear(body);
-  for (const s of servers) {
+  for (const item of items) {
+    const [cls, data, cells] = row(item);
     const tr = document.createElement("tr");
-    tr.className = "server" + (s.hot ? " hot" : "");
-    tr.dataset.id = s.id;
-    tr.dataset.keys = s.keys;
-    tr.dataset.pushKeys = s.push_keys;
-    tr.dataset.pullKeys = s.pull_keys;
-    tr.innerHTML = `<td>${s.id} <small>${s.address}</small></td><td>${s.keys}</td>` +
-      `<td>${(s.rss_bytes / 1048576).toFixed(0)}</td><td>${fmt(s.keys_per_s || 0)}</td><td>${s.vnodes}</td>`;
+    tr.className = cls;
+    Object.assign(tr.dataset, data);
+    tr.innerHTML = cells.map(c => `<td>${c}</td>`).join("");
     body.appendChild(tr);
   }
 }
@@ -135,18 +140,10 @@ function drawStaleness(bins) {
 }
 
 function drawWorkers(workers, job) {
-  const body = document.querySelector("#workers tbody");
-  clear(body);
-  for (const w of workers) {
-    const tr = document.createElement("tr");
-    tr.className = "worker" + (w.straggler ? " straggler" : "");
-    tr.dataset.id = w.id;
-    tr.dataset.examples = w.examples;
-    tr.innerHTML = `<td>${w.id}</td><td>${w.rank ?? "—"}</td><td>${fmt(w.examples)}</td>` +
-      `<td>${fmt(w.examples_per_s || 0)}</td><td>${w.shards_done}</td>` +
-      `<td>${w.straggler ? '<span class="tag">straggler</span>' : (w.alive ? "" : "gone")}</td>`;
-    body.appendChild(tr);
-  }
+  fillTable("#workers tbody", workers, w => ["worker" + (w.straggler ? " straggler" : ""),
+    {id: w.id, examples: w.examples},
+    [w.id, w.rank ?? "—", fmt(w.examples), fmt(w.examples_per_s || 0), w.shards_done,
+     w.straggler ? '<span class="tag">straggler</span>' : (w.alive ? "" : "gone")]]);
   const p = document.getElementById("job");
   p.textContent = job && job.shards !== undefined
     ? `epoch ${job.epoch + 1}/${job.epochs}: shards ${job.shards_done}/${job.shards} done, ${job.running} running, ` +
