@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     _node_flags(q, bind=False, scheduler=True)
 
     p = sub.add_parser("keygen", help="write a cluster's CurveZMQ keys (then --secret-file on every node)")
-    p.add_argument("--out", required=True, help="the key file to write (it is not overwritten; mode 600)")
+    p.add_argument("path", nargs="?", help="the key file to write (or --out)")
+    p.add_argument("--out", help="the key file to write (it is not overwritten; mode 600; default cluster.key)")
     p.add_argument("--role", default="cluster", choices=("cluster", "worker", "driver"),
                    help="cluster: a new cluster's keys; worker or driver: a file for that role only, --from the "
                         "cluster's (it cannot run a scheduler or a server)")
@@ -498,8 +499,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "keygen":
             from paramserver.wire.security import keygen
 
-            keygen(args.out, args.role, args.base)
-            print(f"wrote {args.role} keys to {args.out}: give it to every node as --secret-file "
+            if args.path and args.out and args.path != args.out:
+                raise ConfigError(f"keygen: two files named ({args.path} and --out {args.out}); name one")
+            out = args.out or args.path or "cluster.key"
+            keygen(out, args.role, args.base)
+            print(f"wrote {args.role} keys to {out}: give it to every node as --secret-file "
                   "(PARAMSERVER_SECRET_FILE)")
         elif args.command == "chaos":
             from paramserver.testing import campaign

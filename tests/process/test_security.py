@@ -265,3 +265,21 @@ def _push_twice(client):
     client.push("t", keys, np.full((10, 1), -1.0, np.float32)).result(timeout=30)
     client.push("t", keys, np.full((10, 1), -1.0, np.float32)).result(timeout=30)
     return bool((client.pull("t", keys).result(timeout=30) == 2.0).all())
+
+
+def test_the_secret_from_the_environment_secures_a_cluster_and_its_clients(tmp_path, monkeypatch):
+    key = str(tmp_path / "env.key")
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "keygen", key], capture_output=True, text=True,
+                          timeout=60)  # the file as a plain argument
+    assert proc.returncode == 0 and os.path.exists(key), proc.stderr
+    monkeypatch.setenv("PARAMSERVER_SECRET_FILE", key)
+    with LocalCluster(servers=1, log_level="WARNING") as cluster:
+        assert cluster.http_token == load_keys(key).http_token
+        cluster.client.create_table("t", dim=1)
+        with Client(cluster.address) as client:  # the environment's keys
+            client.push("t", KEYS, np.ones((KEYS.size, 1), np.float32)).result(timeout=30)
+        monkeypatch.delenv("PARAMSERVER_SECRET_FILE")
+        with pytest.raises(ConnectError):
+            Client(cluster.address, connect_timeout_s=1.0)
+        with Client(cluster.address, secret_file=key) as client:  # or given
+            assert client.pull("t", KEYS[:2]).result(timeout=30).shape == (2, 1)

@@ -68,15 +68,20 @@ class Client:
         scheduler: scheduler address (default: ``PARAMSERVER_SCHEDULER``).
         role: ``"worker"`` (counted in barriers, gets a rank) or ``"driver"``.
         connect_timeout_s: how long to try to reach the scheduler.
-        config: a full ``Config`` instead of the two above.
+        config: a full ``Config`` instead of the others.
+        metrics_url: where this node serves its metrics (listed by ``cluster status``).
+        secret_file: the cluster's keys (default: ``PARAMSERVER_SECRET_FILE``): every link
+            is CurveZMQ (``wire/security.py``).
 
     Raises:
         ConnectError: the scheduler did not answer within ``connect_timeout_s``.
     """
 
     def __init__(self, scheduler: str | None = None, *, role: str = "driver",
-                 connect_timeout_s: float | None = None, config: Config | None = None, metrics_url: str = ""):
-        self.config = config or load_config(scheduler=scheduler, connect_timeout_s=connect_timeout_s)
+                 connect_timeout_s: float | None = None, config: Config | None = None, metrics_url: str = "",
+                 secret_file: str | None = None):
+        self.config = config or load_config(scheduler=scheduler, connect_timeout_s=connect_timeout_s,
+                                            secret_file=secret_file)
         if not self.config.scheduler:
             raise ConnectError("no scheduler address: pass Client('tcp://HOST:PORT') "
                                "or set PARAMSERVER_SCHEDULER")

@@ -157,6 +157,7 @@ class LocalCluster(RunsFunctions):
         if http_port is not None and (isinstance(http_port, bool) or not isinstance(http_port, int)
                                       or not 0 <= http_port <= 65535):
             raise ValueError(f"http_port must be a port in [0, 65535] (0: any free one) or None, got {http_port!r}")
+        secret_file = secret_file or os.environ.get("PARAMSERVER_SECRET_FILE") or None  # the nodes read it too
         if secret_file and not load_keys(secret_file).server_secret:  # a missing or damaged file: said now
             raise ConfigError(f"secret_file {secret_file} is a {load_keys(secret_file).role} key file: a local "
                               "cluster runs a scheduler and servers, and only the cluster's file (paramserver "
