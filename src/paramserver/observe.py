@@ -253,7 +253,7 @@ class Observer:
                        "examples": float(live.get("examples", 0.0))}
         if snap.job:
             snap.job["shards_queued"] = max(0, int(snap.job.get("shards", 0)) - int(snap.job.get("shards_done", 0))
-                                            - len(snap.job.get("running", []) or []))
+                                            - int(snap.job.get("running", 0)))
         return snap
 
     def _rates(self, snap: Snapshot) -> None:

@@ -5,6 +5,7 @@ headless Chromium, shows the numbers the cluster reports."""
 import json
 import os
 import shutil
+import threading
 import urllib.request
 
 import numpy as np
@@ -115,7 +116,27 @@ def test_the_dashboard_in_chromium_shows_what_the_cluster_reports(tmp_path):
             page.goto(cluster.http_url)
             page.wait_for_selector("tr.server", timeout=30_000)  # the page polls and draws the servers
             client.job.start(make_shards([data], 200_000), 1)
-            results, failed = cluster.run_elastic(train_worker, cfg)
+            scrapes: list = []  # /api/state and /metrics while the job runs: always answered
+            done = threading.Event()
+
+            def scrape_while_training():
+                while True:  # once at least, then until the job is over
+                    state = json.loads(urllib.request.urlopen(cluster.http_url + "api/state", timeout=30).read())
+                    scrapes.append((state["job"], scrape(cluster.http_url + "metrics")))
+                    if done.is_set():
+                        return
+
+            scraper = threading.Thread(target=scrape_while_training)
+            scraper.start()
+            try:
+                results, failed = cluster.run_elastic(train_worker, cfg)
+            finally:
+                done.set()
+                scraper.join(60)
+            assert scrapes and not scraper.is_alive()
+            for job, samples in scrapes:
+                assert job["shards_queued"] == job["shards"] - job["shards_done"] - job["running"] >= 0
+                assert 0 <= get(samples, "paramserver_shards_queued") <= job["shards"]  # a scrape a moment later
             assert not failed and sum(r["examples"] for r in results) == 30_000
             status = client.job.status()
             per_worker = {k: int(v["examples"]) for k, v in status["per_worker"].items()}
