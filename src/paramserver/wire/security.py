@@ -214,7 +214,7 @@ def user_role(frame: Any) -> str | None:
 class Zap:
     """The ZAP handler of one ZeroMQ context: lets in the cluster's listed client keys."""
 
-    _by_context: dict[int, Zap] = {}
+    _by_context: dict[tuple[int, int], Zap] = {}  # (pid, context id): a forked child starts its own
     _lock = threading.Lock()
 
     def __init__(self, ctx: zmq.Context[Any], keys: Keys):
@@ -228,9 +228,10 @@ class Zap:
     @classmethod
     def running(cls, ctx: zmq.Context[Any], keys: Keys) -> Zap:
         with cls._lock:
-            zap = cls._by_context.get(id(ctx))
+            key = (os.getpid(), id(ctx))
+            zap = cls._by_context.get(key)
             if zap is None:
-                zap = cls._by_context[id(ctx)] = cls(ctx, keys)
+                zap = cls._by_context[key] = cls(ctx, keys)
             return zap
 
     def _serve(self) -> None:
