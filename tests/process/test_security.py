@@ -85,7 +85,7 @@ def test_peers_without_the_clusters_keys_change_nothing_and_are_logged(tmp_path,
             started = time.monotonic()
             with pytest.raises(ConnectError, match="could not reach the scheduler"):
                 Client(config=load_config(scheduler=cluster.address, connect_timeout_s=2.0, secret_file=secret))
-            assert time.monotonic() - started < 2.0 + 5.0
+            assert time.monotonic() - started < 2.0 + 1.0  # within its connect timeout
         ctx = zmq.Context()
         try:
             # a raw ZeroMQ peer (no CurveZMQ), and a CurveZMQ peer that knows the server key but holds no

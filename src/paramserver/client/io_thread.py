@@ -28,6 +28,11 @@ from paramserver.wire.message import Message, Op, decode, encode, failed_request
 from paramserver.wire.transport import Transport, ZmqSocket, transport_for
 
 logger = logging.getLogger(__name__)
+RESEND_S = 0.01  # a request no link could take yet is tried again after this
+
+
+def _nothing() -> None:
+    """A timer that only wakes the loop."""
 
 OnReply = Callable[[Message | None, BaseException | None], None]
 
@@ -167,7 +172,7 @@ class IOThread(threading.Thread):
                     else:
                         self._receive(sock)
                 if self._heartbeats and self.clock() >= next_beat:
-                    self._peers[self.scheduler].send(encode({"op": Op.HEARTBEAT.value}))
+                    self._peers[self.scheduler].try_send(encode({"op": Op.HEARTBEAT.value}))  # a missed one is fine
                     next_beat = self.clock() + self.config.heartbeat_interval_s
                     self._check_scheduler()
         except Exception:  # pragma: no cover - a bug here must not hang callers
@@ -202,7 +207,11 @@ class IOThread(threading.Thread):
             request_id = next(self._ids)
             try:
                 frames = encode({**header, "id": request_id}, arrays)
-                self._peer(address).send(frames)
+                if not self._peer(address).try_send(frames):  # no link yet: never block this thread
+                    with self._lock:
+                        self._queue.appendleft((address, header, arrays, on_reply))
+                    self.call_later(RESEND_S, _nothing)  # the loop comes back to the queue then
+                    return
                 self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
             except Exception as exc:
                 if on_reply:

@@ -127,6 +127,10 @@ class SimSocket:
         self.closed = False
         host.sockets.append(self)
 
+    def try_send(self, frames: Sequence[Any]) -> bool:
+        self.send(frames)  # the simulated network queues whatever is sent
+        return True
+
     def send(self, frames: Sequence[Any], identity: bytes | None = None) -> None:
         if self.closed or self.host.state == "crashed":
             return

@@ -53,6 +53,8 @@ def scheme_of(address: str) -> str:
 class Socket(Protocol):
     def send(self, frames: Sequence[Any], identity: bytes | None = None) -> None: ...
 
+    def try_send(self, frames: Sequence[Any]) -> bool: ...  # a connecting socket's; False: no link yet
+
     def recv(self) -> list[Any]: ...
 
     def try_recv(self) -> list[Any] | None: ...  # None: nothing is waiting
@@ -92,6 +94,15 @@ class ZmqSocket:
 
     def send(self, frames: Sequence[Any], identity: bytes | None = None) -> None:
         self.raw.send_multipart([identity, *frames] if identity is not None else list(frames), copy=False)
+
+    def try_send(self, frames: Sequence[Any]) -> bool:
+        """Send unless no link can take it now (a connecting socket whose peer has not
+        finished its handshake, or refused it): then False, and nothing is sent."""
+        try:
+            self.raw.send_multipart(list(frames), zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        return True
 
     def recv(self) -> list[Any]:
         frames: list[Any] = self.raw.recv_multipart(copy=False)
