@@ -64,8 +64,8 @@ class ServerMetrics:
         h[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
         h[-1] += seconds
 
-    def wire(self) -> list[Family]:
-        """Every family, as plain data (see the module)."""
+    def wire(self, state: dict[str, Any] | None = None) -> list[Family]:
+        """Every family, as plain data (see the module); ``state``: ``state()`` if read already."""
         out: list[Family] = []
         for op in OPS:
             for i, what in ((0, "keys"), (1, "requests")):
@@ -84,7 +84,7 @@ class ServerMetrics:
                 samples.append([f"{name}_bucket", {"op": op, "le": le}, total])
             samples += [[f"{name}_count", {"op": op}, total], [f"{name}_sum", {"op": op}, h[-1]]]
         out.append([name, "histogram", "time a server took to handle a request, by op", samples])
-        return out + state_families(self.state())
+        return out + state_families(self.state() if state is None else state)
 
 
 def state_families(s: dict[str, Any]) -> list[Family]:
@@ -184,14 +184,13 @@ class WireCollector:
 def serve(source: Callable[[], list[Family]], host: str, port: int, token: str = "") -> str:
     """Serve ``source``'s families at ``http://host:port/metrics`` (port 0: any free one;
     ``token``: asked for as ``?token=`` or ``Authorization: Bearer``); returns the URL."""
-    import hmac
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    from urllib.parse import parse_qs
 
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     from paramserver.errors import ConfigError
+    from paramserver.wire.security import authorized
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WireCollector(source))
@@ -202,9 +201,7 @@ def serve(source: Callable[[], list[Family]], host: str, port: int, token: str =
             if path not in ("/", "/metrics"):
                 self.send_error(404, "metrics are at /metrics")
                 return
-            given = parse_qs(query).get("token", [""])[0] or \
-                self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            if token and not hmac.compare_digest(given, token):
+            if not authorized(query, self.headers, token):
                 self.send_error(401, "this cluster has a secret: pass ?token=T or Authorization: Bearer T")
                 return
             body = generate_latest(registry)

@@ -16,7 +16,6 @@ listens at), made once the ring has formed; until then the snapshot says ``start
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import statistics
@@ -27,16 +26,14 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs
 
-import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from paramserver.config import Config, load_config
 from paramserver.errors import ConfigError, ConnectError
 from paramserver.metrics import Family, WireCollector, aggregate, total
 from paramserver.metrics import serve as serve_metrics
-from paramserver.wire.security import http_token, load_keys
+from paramserver.wire.security import authorized, http_token, load_keys
 
 logger = logging.getLogger(__name__)
 
@@ -154,13 +151,10 @@ class Observer:
     # ---- HTTP ------------------------------------------------------------------------
     def handle(self, request: BaseHTTPRequestHandler) -> None:
         path, _, query = request.path.partition("?")
-        if self.token and path not in ASSETS:  # the page itself holds no data; what it fetches does
-            given = parse_qs(query).get("token", [""])[0] or \
-                request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given, self.token):
-                request.send_error(401, "this cluster has a secret: pass ?token=T or Authorization: Bearer T "
-                                        "(paramserver.wire.security.http_token of the cluster's key file)")
-                return
+        if path not in ASSETS and not authorized(query, request.headers, self.token):  # the page holds no data
+            request.send_error(401, "this cluster has a secret: pass ?token=T or Authorization: Bearer T "
+                                    "(paramserver.wire.security.http_token of the cluster's key file)")
+            return
         try:
             if path == "/metrics":
                 body, kind = generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -216,7 +210,7 @@ class Observer:
         stats = client.server_stats(samples=True)
         snap.job = client.job.status() or {}
         snap.families = aggregate([(int(s["node_id"]), s.get("samples") or []) for s in stats])
-        owners = np.asarray(info["ring"]["chains"], np.int64)[:, 0] if info["ring"].get("chains") else np.zeros(0)
+        owners = client.ring.owners  # cluster_info applied the ring it carries
         per_server = {int(s): int((owners == int(s)).sum()) for s in info["ring_servers"]}
         snap.ring = {"version": info["ring_version"], "servers": [int(s) for s in info["ring_servers"]],
                      "vnodes": per_server, "owners": owners.tolist(), "migrating": info.get("migrating", False),
@@ -225,8 +219,7 @@ class Observer:
         addresses = info.get("servers", {})
         for s in sorted(stats, key=lambda s: int(s["node_id"])):
             sid = int(s["node_id"])
-            wire = s.get("samples") or []
-            fams = aggregate([(sid, wire)])
+            fams = s.get("samples") or []
             tables = s.get("tables", {})
             snap.servers.append({
                 "id": sid, "address": addresses.get(str(sid), ""),

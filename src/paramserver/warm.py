@@ -66,7 +66,7 @@ def warm_worker() -> None:
             uniq, inverse = batch.unique()
             for model in (Model("lr"), Model("fm", k=2), Model("deepfm", k=2, hidden=(2,))):
                 rows = np.zeros((uniq.size, model.dim), np.float32)
-                dense = np.zeros(model.dense_rows * 256, np.float32) if model.deep else None
+                dense = model.dense_initial(0) if model.deep else None
                 grads, _, _ = model.step(batch, inverse, rows, dense)
                 model.predict(batch, inverse, rows, dense)
                 route_push(Ring.create([1]), uniq, grads)

@@ -158,12 +158,13 @@ class LocalCluster(RunsFunctions):
                                       or not 0 <= http_port <= 65535):
             raise ValueError(f"http_port must be a port in [0, 65535] (0: any free one) or None, got {http_port!r}")
         secret_file = secret_file or os.environ.get("PARAMSERVER_SECRET_FILE") or None  # the nodes read it too
-        if secret_file and not load_keys(secret_file).server_secret:  # a missing or damaged file: said now
-            raise ConfigError(f"secret_file {secret_file} is a {load_keys(secret_file).role} key file: a local "
-                              "cluster runs a scheduler and servers, and only the cluster's file (paramserver "
-                              "keygen) has the key they serve with")
+        keys = load_keys(secret_file) if secret_file else None  # a missing or damaged file: said now
+        if keys is not None and not keys.server_secret:
+            raise ConfigError(f"secret_file {secret_file} is a {keys.role} key file: a local cluster runs a "
+                              "scheduler and servers, and only the cluster's file (paramserver keygen) has the key "
+                              "they serve with")
         self.secret_file = secret_file or ""
-        self.http_token = http_token(load_keys(secret_file)) if secret_file else ""  # what http_url asks for
+        self.http_token = http_token(keys) if keys is not None else ""  # what http_url asks for
         self.start_method = start_method
         self.memory_limit_mb = memory_limit_mb
         self.http_port = http_port

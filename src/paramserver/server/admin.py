@@ -60,11 +60,12 @@ class Admin:
     def on_stats(self, msg: Message) -> list[Any]:
         n = self.node
         vector = n.gate.vector
-        return reply(msg, node_id=n.node_id, pid=os.getpid(), **self.state(),
+        state = self.state()  # read once: the reply's figures and the metric families agree
+        return reply(msg, node_id=n.node_id, pid=os.getpid(), **state,
                      ring_version=n.ring.version if n.ring else 0,
                      clocks={str(k): v for k, v in vector.clocks.items()},
                      min_clock=None if math.isinf(vector.min()) else int(vector.min()),
-                     samples=n.metrics.wire() if msg.header.get("samples") else None)
+                     samples=n.metrics.wire(state) if msg.header.get("samples") else None)
 
     # ---- server-side functions ------------------------------------------------------------
     def on_call(self, msg: Message) -> list[Any]:

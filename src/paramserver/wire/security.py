@@ -21,6 +21,8 @@ pair, and no server secret.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -156,17 +158,13 @@ class NodeTokens:
     key file has no server secret, so its holder cannot make another node's token."""
 
     def __init__(self, keys: Keys):
-        import hashlib
-        import hmac
-
-        self._hmac, self._sha = hmac, hashlib.sha256
         self._key = hmac.new(keys.server_secret, b"paramserver-node-ids", hashlib.sha256).digest()
         self._known: dict[int, str] = {}
 
     def token(self, node_id: int) -> str:
         t = self._known.get(node_id)
         if t is None:
-            t = self._known[node_id] = self._hmac.new(self._key, str(node_id).encode(), self._sha).hexdigest()[:32]
+            t = self._known[node_id] = hmac.new(self._key, str(node_id).encode(), hashlib.sha256).hexdigest()[:32]
         return t
 
     def check(self, node_id: Any, token: Any, what: str) -> None:
@@ -174,7 +172,7 @@ class NodeTokens:
         from paramserver.errors import ProtocolError
 
         if not isinstance(node_id, int) or not isinstance(token, str) or \
-                not self._hmac.compare_digest(token, self.token(node_id)):
+                not hmac.compare_digest(token, self.token(node_id)):
             raise ProtocolError(f"{what} names node {node_id!r} without its token: refused (a node acts only as "
                                 "the node it registered as)")
 
@@ -183,6 +181,17 @@ def tokens_of(transport: Any) -> NodeTokens | None:
     """The node tokens of a transport whose keys can make them (a cluster file's), else None."""
     keys = getattr(transport, "keys", None)
     return NodeTokens(keys) if keys is not None and keys.server_secret else None
+
+
+def authorized(query: str, headers: Any, token: str) -> bool:
+    """Whether a request carries ``token`` (``?token=`` or ``Authorization: Bearer``); any
+    request does when there is none."""
+    if not token:
+        return True
+    from urllib.parse import parse_qs
+
+    given = parse_qs(query).get("token", [""])[0] or headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    return hmac.compare_digest(given, token)
 
 
 def secure_server(sock: zmq.Socket[Any], keys: Keys) -> None:
