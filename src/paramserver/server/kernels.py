@@ -84,7 +84,8 @@ def _compile(optimizer: Any, dim: int) -> Kernels:
 
     push_row = _rebind(optim.push_row, inline="always", update_row=update_row)  # inlined, as the built-ins'
     apply = _rebind(table._apply, push_row=push_row, init_row=init_row)
-    dense_apply = _rebind(dense._dense_apply, push_row=push_row, init_row=init_row)
+    dense_apply = _rebind(dense._dense_apply, _dense_apply_rows=_rebind(dense._dense_apply_rows, inline="always",
+                                                                         push_row=push_row, init_row=init_row))
     kernels = Kernels(apply, _rebind(vnodes._apply_many, _apply=apply),
                       _rebind(dense._dense_apply_many, _dense_apply=dense_apply))
     _try(kernels, optimizer, dim, width)
