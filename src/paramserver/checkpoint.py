@@ -29,10 +29,11 @@ import time
 from dataclasses import replace
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from paramserver.errors import CheckpointError
+
+# fsspec is imported where it is used: a job that writes no checkpoint does not load it (0.05 s)
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ def step_url(url: str, step: int) -> str:
 def new_step_url(url: str) -> str:
     """A fresh step under ``url``: the time in ms, after every step already there (so
     the newest step is the last written, and no step is ever written over)."""
+    import fsspec
+
     step = int(time.time() * 1000)
     fs, _, (root,) = fsspec.get_fs_token_paths(url)
     try:
@@ -90,6 +93,8 @@ def assemble_manifest(replies: list[dict[str, Any]], ring: dict[str, Any], table
 def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.ndarray) -> list:
     """Write one vnode's file under step ``url``; return its manifest entry
     ``[relative path, keys, sha256, bytes]``."""
+    import fsspec
+
     rel = f"{table}/{vnode}.npz"
     buf = io.BytesIO()
     np.savez(buf, keys=keys, rows=rows)
@@ -136,6 +141,8 @@ def entry_path(step: str, entry: Any) -> str:
 def read_vnode(path: str, entry: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Keys and rows of a vnode file, checked against its manifest ``entry`` (size and
     sha256 before it is parsed, never reading more than its size; then its key count)."""
+    import fsspec
+
     expect_bytes = int(entry[3]) if entry is not None and len(entry) == 4 else None
     try:
         with fsspec.open(path, "rb") as f:
@@ -167,6 +174,8 @@ def read_vnode(path: str, entry: list | None = None) -> tuple[np.ndarray, np.nda
 
 def write_manifest(url: str, manifest: dict[str, Any]) -> None:
     """Write ``MANIFEST.json`` last and atomically: to a temporary name, then moved."""
+    import fsspec
+
     fs, _, (root,) = fsspec.get_fs_token_paths(url)
     body = json.dumps({"format": FORMAT, "written_at": time.time(), **manifest}, indent=1).encode()
     tmp = f"{root}/{MANIFEST}.tmp"
@@ -180,6 +189,8 @@ def prune(url: str, keep: int) -> list[str]:
     """Remove all but the newest ``keep`` complete steps under ``url`` (``keep`` >= 1: the
     newest complete step always stays; a step still being written has no manifest and is
     never touched).  Returns the steps removed."""
+    import fsspec
+
     fs, _, (root,) = fsspec.get_fs_token_paths(url)
     try:
         steps = sorted(p.rstrip("/") for p in fs.ls(root, detail=False) if fs.exists(f"{p}/{MANIFEST}"))
@@ -197,6 +208,8 @@ def prune(url: str, keep: int) -> list[str]:
 
 def latest_step(url: str) -> str:
     """The newest complete step under ``url`` (one with a manifest)."""
+    import fsspec
+
     fs, _, (root,) = fsspec.get_fs_token_paths(url)
     if not fs.exists(root):
         raise CheckpointError(f"no checkpoint at {url}")
@@ -214,6 +227,8 @@ def resolve_step(url: str) -> str:
 
 
 def read_manifest(step: str) -> dict[str, Any]:
+    import fsspec
+
     path = f"{step.rstrip('/')}/{MANIFEST}"
     try:
         with fsspec.open(path, "rb") as f:

@@ -4,7 +4,10 @@ A process that calls a jitted function for the first time pays for numba's CPU t
 (its typing and lowering registries) and then for each kernel's cache file.  Workers and
 servers do this before they register (``warm_worker``, ``warm_server``), so that a job's
 clock starts once they are ready; ``LocalCluster`` does it once in the driver before it
-forks its nodes, which then inherit every loaded kernel and start in milliseconds.
+forks its nodes, which then inherit every loaded kernel and start in milliseconds.  A
+job that knows what it runs loads only that (``warm_job``: ``paramserver train`` passes
+its format, model and table layout), and the nodes forked after it skip their own warm-up
+(``inherited``): a kernel the job turns out to need after all loads on its first call.
 
 ``load_numba`` loads the target without numba's BLAS probe: ``numba.np.arraymath``
 imports ``scipy.linalg.cython_blas`` where SciPy is installed, to learn whether ``np.dot``
@@ -20,11 +23,13 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from typing import Any
 
 import numpy as np
 
 _BLAS = "scipy.linalg.cython_blas"
 _loaded = False
+_inherited = False  # this process was forked from one that warmed up for it: skip ours
 
 
 def load_numba() -> None:
@@ -46,30 +51,49 @@ def load_numba() -> None:
     _loaded = True
 
 
-def warm_worker() -> None:
-    """Load (or compile) the training kernels on tiny inputs: parsing, deduplication, the
-    models' steps and predictions, routing and scattering a pull's reply."""
+def inherited() -> None:
+    """Say that the processes forked from this one from now on have what they need loaded
+    (``LocalCluster`` calls it after its warm-up): their ``warm_worker`` and
+    ``warm_server`` return at once."""
+    global _inherited
+    _inherited = True
+
+
+_LINES = {"criteo": "1\t" + "\t".join(["1"] * 13 + ["a1b2c3d4"] * 26) + "\n", "libsvm": "1 3:1 7:0.5\n"}
+
+
+def warm_worker(formats: tuple[str, ...] = ("criteo", "libsvm"), models: tuple[Any, ...] | None = None,
+                combine: bool = True) -> None:
+    """Load (or compile) the training kernels on tiny inputs: parsing ``formats``,
+    deduplication, ``models``' steps and predictions (default: lr, fm and deepfm), routing
+    (``combine``: a push whose duplicate keys are merged too) and scattering a pull's reply."""
     from paramserver.apps.models import Model
     from paramserver.data.reader import DataFormat, read_all
     from paramserver.routing.partition import route_pull, route_push, scatter_rows
     from paramserver.routing.ring import Ring
     from paramserver.wire.message import Op, decode, encode
 
+    if _inherited:
+        return
     load_numba()
-    line = "1\t" + "\t".join(["1"] * 13 + ["a1b2c3d4"] * 26) + "\n"
+    if models is None:
+        models = (Model("lr"), Model("fm", k=2), Model("deepfm", k=2, hidden=(2,)))
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text in (("criteo", line), ("libsvm", "1 3:1 7:0.5\n")):
+        for name in formats:
+            if name not in _LINES:  # csv and avazu: their kernels load on the first batch
+                continue
             path = os.path.join(tmp, name)
             with open(path, "w") as f:
-                f.write(text * 3)
+                f.write(_LINES[name] * 3)
             batch = read_all([path], DataFormat(name))
             uniq, inverse = batch.unique()
-            for model in (Model("lr"), Model("fm", k=2), Model("deepfm", k=2, hidden=(2,))):
+            for model in models:
                 rows = np.zeros((uniq.size, model.dim), np.float32)
                 dense = model.dense_initial(0) if model.deep else None
                 grads, _, _ = model.step(batch, inverse, rows, dense)
                 model.predict(batch, inverse, rows, dense)
-                route_push(Ring.create([1]), uniq, grads)
+                if combine:
+                    route_push(Ring.create([1]), uniq, grads)
                 route_push(Ring.create([1]), uniq, grads, distinct=True)
             routed = route_pull(Ring.create([1]), uniq)
             # a pull's reply is scattered from a received (read-only) frame
@@ -78,20 +102,22 @@ def warm_worker() -> None:
             scatter_rows(vals, routed.order, np.empty((uniq.size, 1), np.float32))
 
 
-def warm_server() -> None:
+def warm_server(layouts: tuple[str, ...] = ("hash", "dense")) -> None:
     """Load (or compile) the table kernels for the array types requests bring (read-only
-    frames), for both layouts and through a vnode's growth."""
+    frames), for ``layouts`` (a hash table's through a vnode's growth)."""
     from paramserver.server.optim import SGD, Zeros
     from paramserver.server.vnodes import VnodeSet
     from paramserver.spec import TableSpec
     from paramserver.wire.message import Op, decode, encode
 
+    if _inherited:
+        return
     load_numba()
     n = 64  # enough keys to make the vnode grow: growth has kernels of its own
     frames = encode({"op": Op.PUSH.value}, [np.arange(1, n + 1, dtype=np.uint64), np.ones((n, 1), np.float32),
                                             np.zeros(1, np.int32), np.array([n], np.int64)])
     keys, grads, vnodes, counts = decode([bytes(f) for f in frames]).arrays  # read-only, as requests
-    for bits in (0, 8):  # hash and dense layouts
+    for bits in [{"hash": 0, "dense": 8}[layout] for layout in layouts]:
         table = VnodeSet(TableSpec("warm-up", optimizer=SGD(), initializer=Zeros(), key_bits=bits), 1, [0])
         table.check(vnodes, counts, keys)
         table.apply(vnodes, counts, keys, grads)
@@ -102,3 +128,11 @@ def warm_all() -> None:
     """Every kernel a worker, a server or the driver's scoring uses."""
     warm_worker()
     warm_server()
+
+
+def warm_job(fmt: str, model: Any, layout: str) -> None:
+    """What one training job uses, in every role: parsing ``fmt``, ``model``'s step and
+    prediction, and the server kernels of its table's ``layout`` (``"hash"`` or
+    ``"dense"``)."""
+    warm_worker((fmt,), (model,), combine=False)
+    warm_server((layout,))

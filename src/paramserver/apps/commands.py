@@ -7,6 +7,7 @@ The CLI parses; this module turns arguments into library calls and shows the res
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -14,11 +15,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any
-
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from paramserver.apps.modelfile import check_output, evaluate, predict_file, write_text
 from paramserver.apps.models import Model
@@ -27,8 +24,19 @@ from paramserver.apps.train import TrainConfig, check_job, run_training
 from paramserver.data.reader import DataFormat, sniff_label_format
 from paramserver.errors import ConfigError
 
-err = Console(stderr=True)
-out = Console()
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+
+
+@functools.cache
+def _console(stderr: bool) -> Console:
+    """rich's console (imported on first use: 0.015 s a job need not spend before its first example)."""
+    from rich.console import Console
+
+    return Console(stderr=stderr)
 
 
 def _fmt(args: argparse.Namespace) -> DataFormat:
@@ -60,6 +68,8 @@ def _progress_line(status: dict[str, Any], seconds: float) -> str:
 
 
 def _report_table(report: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     table = Table(title="paramserver train", show_header=False)
     rows = [("test logloss", "logloss", "{:.4f}"), ("test AUC", "auc", "{:.4f}"),
             ("test examples", "test_examples", "{:,}"), ("train logloss", "train_logloss", "{:.4f}"),
@@ -106,7 +116,7 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
                       layout=getattr(args, "table_layout", "auto"))
     cfg.table_spec()  # validate the optimizer before starting processes
     check_output(getattr(args, "metrics_out", None), "--metrics-out", folder=False)
-    quiet = getattr(args, "quiet", False) or not err.is_terminal and os.environ.get("CI")
+    quiet = getattr(args, "quiet", False) or not sys.stderr.isatty() and os.environ.get("CI")
     live: Live | None = None  # started with the first progress line: once the nodes are started (forked
     # from this process while it has no other thread: Live's refresh thread would be one)
 
@@ -115,7 +125,9 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
         if quiet:
             return
         if live is None:
-            live = Live(console=err, refresh_per_second=4, transient=False)
+            from rich.live import Live
+
+            live = Live(console=_console(True), refresh_per_second=4, transient=False)
             live.start()
         live.update(_progress_line(status, seconds) + "".join(f"\n{w}" for w in where))
 
@@ -126,7 +138,7 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
         if getattr(cluster, "http_url", ""):
             token = f"?token={cluster.http_token}" if getattr(cluster, "http_token", "") else ""
             where.append(f"dashboard {cluster.http_url}{token}, metrics {cluster.http_url}metrics{token}")
-            err.print(where[-1])  # said once, whatever the progress line does
+            _console(True).print(where[-1])  # said once, whatever the progress line does
 
     log_dir = getattr(args, "log_dir", None)
     if log_dir:
@@ -151,9 +163,9 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     finally:
         if live is not None:
             live.stop()
-    if not err.is_terminal and not quiet:
-        err.print()  # end the last progress line
-    out.print(_report_table(report))
+    if not _console(True).is_terminal and not quiet:
+        _console(True).print()  # end the last progress line
+    _console(False).print(_report_table(report))
     metrics_out = getattr(args, "metrics_out", None)
     if metrics_out:
         write_text(metrics_out, json.dumps({k: v for k, v in report.items() if k != "traces"}, indent=1))
@@ -184,10 +196,10 @@ def demo(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any])
         raise ConfigError(f"--rows must be >= 1, got {args.rows}")
     with tempfile.TemporaryDirectory(prefix="paramserver-demo-") as tmp:
         train_path, test_path = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
-        err.print(f"writing {args.rows:,} synthetic Criteo-format rows (+ {args.rows // 10:,} test rows)")
+        _console(True).print(f"writing {args.rows:,} synthetic Criteo-format rows (+ {args.rows // 10:,} test rows)")
         write_synth(train_path, args.rows, seed=1)
         write_synth(test_path, max(1, args.rows // 10), seed=2)
-        err.print(f"training logistic regression (FTRL) on {args.servers} server(s) and "
+        _console(True).print(f"training logistic regression (FTRL) on {args.servers} server(s) and "
                   f"{args.workers} worker(s)")
         ns = argparse.Namespace(model="lr", epochs=1, batch_size=4000, servers=args.servers,
                                 workers=args.workers, shard_mb=4, quiet=False)
@@ -207,7 +219,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def predict(args: argparse.Namespace, _: Any) -> int:
     n = predict_file(args.model, args.data, args.out, args.skip_bad_lines, _overrides(args))
-    err.print(f"wrote {n:,} predictions to {args.out}")
+    _console(True).print(f"wrote {n:,} predictions to {args.out}")
     return 0
 
 
@@ -224,7 +236,7 @@ def split_columns(args: argparse.Namespace, _: Any) -> int:
     from paramserver.apps.vertical import split_columns as split
 
     manifest = split(args.data, args.parts, args.out, args.format)
-    out.print(f"{manifest['lines']:,} lines in {args.parts} column blocks under {args.out}")
+    _console(False).print(f"{manifest['lines']:,} lines in {args.parts} column blocks under {args.out}")
     return 0
 
 
@@ -268,13 +280,15 @@ def lasso(args: argparse.Namespace, _: Any) -> int:
     report.pop("history", None)
     print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
     if report["stalled"] and not report["converged"]:
+        err = _console(True)
         err.print(f"lasso: the objective stopped improving (by less than 1e-9 of itself over 10 checks) with the "
                   f"duality gap at {report['relative_gap']:.2g} of it, above --tol {args.tol:g}: the gap is a loose "
                   "bound here (concurrent updates leave small optimality violations the objective no longer feels); "
                   "--workers 1 certifies tighter, more slowly")
     elif not report["converged"]:
-        err.print(f"lasso: stopped after {report['rounds']:,} rounds with the duality gap at "
-                  f"{report['relative_gap']:.2g} of the objective, above --tol {args.tol:g}: raise --max-rounds")
+        _console(True).print(f"lasso: stopped after {report['rounds']:,} rounds with the duality gap at "
+                             f"{report['relative_gap']:.2g} of the objective, above --tol {args.tol:g}: "
+                             "raise --max-rounds")
     return 0
 
 
@@ -303,5 +317,5 @@ def lda(args: argparse.Namespace, _: Any) -> int:
 
 def synth(args: argparse.Namespace, _: Any) -> int:
     size = write_synth(args.out, args.rows, args.seed, getattr(args, "shape", "simple"))
-    err.print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")
+    _console(True).print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")
     return 0

@@ -23,9 +23,7 @@ import uuid
 from dataclasses import asdict, replace
 from typing import Any
 
-import fsspec
 import numpy as np
-from fsspec.implementations.local import LocalFileSystem
 from numba import njit
 
 from paramserver.apps.deep import DENSE_BLOCK
@@ -39,6 +37,8 @@ from paramserver.spec import TableSpec
 
 
 def _fs(url: str, flag: str) -> tuple[Any, str]:
+    import fsspec  # here, not at import: a job on local files never needs it before its first example
+
     try:
         return fsspec.core.url_to_fs(url)
     except ImportError as exc:
@@ -54,6 +54,9 @@ def check_output(url: str | None, flag: str, folder: bool) -> None:
         return
     if not url:
         raise ConfigError(f"{flag} needs a path or URL, got an empty string")
+    if "://" not in url:
+        _check_local_output(os.path.expanduser(url), url, flag, folder)
+        return
     fs, path = _fs(url, flag)
     if folder:
         if fs.exists(path) and not fs.isdir(path):
@@ -74,15 +77,37 @@ def check_output(url: str | None, flag: str, folder: bool) -> None:
                           f"{'folder' if folder else 'file'}") from None
 
 
+def _check_local_output(path: str, url: str, flag: str, folder: bool) -> None:
+    """``check_output`` for a local path, with ``os`` (the same checks, no fsspec)."""
+    if folder:
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError(f"{flag} {url} is a file; name a folder (it is created if missing)")
+        parent = path
+    else:
+        if os.path.isdir(path):
+            raise ConfigError(f"{flag} {url} is a folder; name a file")
+        parent = os.path.dirname(path) or "."
+    try:
+        os.makedirs(parent, exist_ok=True)
+        probe = os.path.join(parent, f".paramserver-write-test-{uuid.uuid4().hex}")
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {url} cannot be written ({exc}); pick a writable "
+                          f"{'folder' if folder else 'file'}") from None
+
+
 def write_text(url: str, text: str) -> None:
     """``text`` into ``url`` whole (a local file through a rename; an object in one put)."""
-    fs, path = _fs(url, "output")
-    if isinstance(fs, LocalFileSystem):
+    if "://" not in url:
+        path = os.path.expanduser(url)
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, path)
         return
+    fs, path = _fs(url, "output")
     with fs.open(path, "w") as f:
         f.write(text)
 

@@ -21,6 +21,7 @@ worker that dies hands its shard back to the queue and the others finish the job
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -51,6 +52,7 @@ from paramserver.data.reader import (
 from paramserver.errors import CheckpointError, ConfigError, DataLossError, WorkerError
 from paramserver.routing.hashing import MAX_KEY_BITS
 from paramserver.spec import TableSpec
+from paramserver.warm import warm_job
 
 PROGRESS_EVERY_S = 0.5
 LAYOUTS = ("auto", "hash", "dense")
@@ -370,8 +372,11 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     step, progress = _resume_point(resume, shards, spec, cfg, data, shard_bytes) if resume else (None, None)
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
-    with open_cluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
-            as cluster, ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:
+    # the nodes are forked once this process has loaded what the job runs: its parser, model and table layout
+    warm = functools.partial(warm_job, cfg.data.name, cfg.model, "dense" if spec.key_bits else "hash")
+    options = {"log_level": "WARNING", "warm": warm, **(cluster_options or {})}
+    with open_cluster(servers=servers, workers=workers, **options) as cluster, \
+            ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:
         # read while the job runs (a thread only now: the nodes were forked from this process)
         test_read = reader.submit(read_all, test, cfg.data) if test else None
         client = cluster.client

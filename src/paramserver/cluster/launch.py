@@ -27,6 +27,8 @@ def parse_cluster(value: str) -> tuple[str, str | None]:
 def open_cluster(*, servers: int, workers: int, cluster: str = "local", **options: Any) -> Any:
     """A ``LocalCluster`` or a ``RayCluster`` (not started: use it as a context manager)."""
     kind, address = parse_cluster(cluster)
+    if kind != "local":  # Ray's nodes are actors, not forks of this process: nothing to warm for them
+        options.pop("warm", None)
     if kind == "local":
         from paramserver.cluster.local import LocalCluster
 

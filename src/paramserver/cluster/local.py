@@ -43,6 +43,7 @@ from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
 from paramserver.config import load_config
 from paramserver.data.reader import DataError
 from paramserver.errors import ClosedError, ConfigError, ConnectError, WorkerError
+from paramserver.warm import inherited as warm_inherited
 from paramserver.warm import warm_all
 from paramserver.wire.security import http_token, load_keys
 
@@ -138,13 +139,16 @@ class LocalCluster(RunsFunctions):
             scheduler on this port of 127.0.0.1 (0: any free one): ``http_url`` says where.
         secret_file: the cluster's keys (``paramserver keygen``): every link, the driver's
             included, is CurveZMQ, authenticated and encrypted (``wire/security.py``).
+        warm: what this process loads before it forks the nodes, which then skip their
+            own warm-up (default ``warm.warm_all``: every kernel of training and serving;
+            a job that knows its format and model loads less, ``warm.warm_job``).
     """
 
     def __init__(self, servers: int = 1, workers: int = 0, *, vnodes_per_server: int = 64,
                  heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 5.0,
                  startup_timeout_s: float = 60.0, log_level: str = "INFO", log_dir: str | None = None,
                  start_method: str = "fork", memory_limit_mb: int | None = None, http_port: int | None = None,
-                 secret_file: str | None = None):
+                 secret_file: str | None = None, warm: Callable[[], None] | None = None):
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ValueError(f"servers must be an int >= 1, got {servers!r}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
@@ -166,6 +170,8 @@ class LocalCluster(RunsFunctions):
         self.secret_file = secret_file or ""
         self.http_token = http_token(keys) if keys is not None else ""  # what http_url asks for
         self.start_method = start_method
+        self.warm = warm
+        self._warmed = False
         self.memory_limit_mb = memory_limit_mb
         self.http_port = http_port
         self.http_url = ""  # the dashboard's, with the cluster's metrics at http_url + "metrics"
@@ -209,7 +215,8 @@ class LocalCluster(RunsFunctions):
                                       "--address-file", addr_file]
                         + ([] if self.http_port is None else ["--http-port", str(self.http_port)]))
             if self._fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
-                warm_all()
+                (self.warm or warm_all)()
+                self._warmed = True  # the nodes forked from now on skip their own warm-up
             self.address = self._wait_for_file(addr_file, self.procs["scheduler"])
             for i in range(self.n_servers):
                 self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
@@ -283,6 +290,8 @@ class LocalCluster(RunsFunctions):
                         except OSError:
                             pass
                 os.environ.update(env)
+                if self._warmed:
+                    warm_inherited()
                 logging.root.handlers.clear()  # the node configures its own logging
                 from paramserver.cli import main
 
