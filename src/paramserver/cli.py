@@ -15,6 +15,7 @@ Every flag of a node also reads a ``PARAMSERVER_*`` variable (see config.ENV).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -463,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
         from paramserver._malloc import tune_allocator
 
         tune_allocator()
+        # what the node has loaded (numba's kernels and their ~175 000 objects, inherited or imported) lives
+        # as long as the node: kept out of the collector, every full collection skips them
+        gc.freeze()
     if getattr(args, "parent_pid", None):
         from paramserver.cluster.local import exit_with_parent
 

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import resource
@@ -207,6 +208,8 @@ class LocalCluster(RunsFunctions):
             os.makedirs(self.log_dir, exist_ok=True)
         else:
             self.log_dir = tempfile.mkdtemp(prefix="paramserver-")
+        collecting = gc.isenabled()
+        gc.disable()  # loading the kernels makes ~100 000 objects: no collection while the nodes start
         try:
             addr_file = os.path.join(self.log_dir, "scheduler.addr")
             self._spawn("scheduler", ["scheduler", "--servers", str(self.n_servers),
@@ -222,6 +225,8 @@ class LocalCluster(RunsFunctions):
                 self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
             for i in range(self.n_workers):
                 self._spawn_worker(i)
+            if collecting:
+                gc.enable()
             self._client = Client(role="driver", config=load_config(
                 scheduler=self.address, connect_timeout_s=self.startup_timeout_s, secret_file=self.secret_file or None,
                 heartbeat_interval_s=self.heartbeat_interval_s, heartbeat_timeout_s=self.heartbeat_timeout_s))
@@ -230,6 +235,8 @@ class LocalCluster(RunsFunctions):
             if self.n_workers:  # every worker in, so all start at clock 0 and take part from the start
                 self._client.wait_for_workers(self.n_workers, timeout_s=self.startup_timeout_s)
         except BaseException as exc:
+            if collecting:
+                gc.enable()
             logs = "\n".join(f"--- {p.name} (exit {p.popen.poll()}):\n{p.tail()}" for p in self.procs.values())
             self.stop()
             if isinstance(exc, (ConnectError, TimeoutError)):
