@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
+import paramserver
 from paramserver import Client, ConfigError, ConnectError, LocalCluster, UnknownTableError, WorkerError
 from paramserver.routing.partition import route_pull
 
@@ -305,6 +306,29 @@ def test_run_starts_a_cluster_runs_a_closure_on_every_worker_and_stops_it():
     assert [r[0] for r in results] == [100, 101]
     # after the barrier both workers' pushes are in: key 1 got 1 from each, key 2 got 2 from each
     assert all(r[1] == [-2.0, -4.0, -4.0] for r in results)
+
+
+@paramserver.server_function()
+def collector_on(keys, values, args):
+    import gc
+
+    return float(gc.isenabled())
+
+
+def test_nodes_and_the_driver_collect_cycles_after_start_up():
+    """Start-up pauses the cyclic collector (cli.main, LocalCluster.start) and the nodes are
+    forked meanwhile: every node turns it back on, and the driver has it on again."""
+    import gc
+
+    def collecting(client):
+        return gc.isenabled()
+
+    assert gc.isenabled()
+    with LocalCluster(servers=2, workers=2, log_level="WARNING") as cluster:
+        assert gc.isenabled()
+        cluster.client.create_table("w")
+        assert cluster.client.call("w", f"{__name__}:collector_on").result(timeout=30) == 2.0  # both servers
+        assert cluster.run(collecting) == [True, True]
 
 
 def test_a_dead_scheduler_fails_waiting_calls_instead_of_hanging():

@@ -134,6 +134,9 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     where: list[str] = []
 
     def announce(cluster: Any) -> None:  # where to look while it runs: on the progress line
+        from paramserver.cli import resume_collection
+
+        resume_collection()  # the nodes are up: start-up is over (cli.main)
         where.append(f"scheduler {cluster.address}, logs {cluster.log_dir}")
         if getattr(cluster, "http_url", ""):
             token = f"?token={cluster.http_token}" if getattr(cluster, "http_token", "") else ""
@@ -147,6 +150,9 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     try:
         if parts is not None:
             from paramserver.apps.vertical import run_vertical
+            from paramserver.cli import resume_collection
+
+            resume_collection()
 
             report = run_vertical(cfg, data, test, parts, servers=args.servers, workers=args.workers,
                                   save=getattr(args, "save", None),
