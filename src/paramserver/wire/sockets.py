@@ -76,6 +76,15 @@ def _tune(sock: zmq.Socket, max_message_bytes: int) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, 2 * max_message_bytes)
     sock.setsockopt(zmq.SNDBUF, 4 << 20)
     sock.setsockopt(zmq.RCVBUF, 4 << 20)
+    sock.copy_threshold = COPY_BELOW
+
+
+# Frames smaller than this are copied into ZeroMQ's buffers; larger ones go out zero-copy.
+# pyzmq copies below 64 KiB by default; above that, it tracks each frame and frees it from
+# a garbage-collector thread once sent (a message between threads per frame).  A training
+# batch's pulls and pushes are 0.1-0.3 MB: copying them is cheaper than tracking them
+# (paramserver train on 10^6 heavy-tailed rows, 5 interleaved runs: 629k -> 647k examples/s).
+COPY_BELOW = 1 << 20
 
 
 WILDCARDS = ("0.0.0.0", "*", "::", "[::]", "")
