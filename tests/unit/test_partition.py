@@ -60,3 +60,22 @@ def test_empty_batch():
     ring = Ring.create([1], 8)
     assert route_pull(ring, np.zeros(0, np.uint64)).parts == []
     assert route_push(ring, np.zeros(0, np.uint64), np.zeros((0, 2), np.float32)).parts == []
+
+
+def test_unique_inverse_matches_a_first_seen_reference_whatever_the_table_starts_at():
+    from paramserver.routing.partition import unique_inverse
+
+    rng = np.random.default_rng(3)
+    for keys in (np.zeros(0, np.uint64), np.array([7], np.uint64), np.array([2**64 - 1, 0, 2**64 - 1], np.uint64),
+                 rng.integers(0, 50, 2000).astype(np.uint64),  # few distinct keys
+                 rng.integers(0, 2**63, 5000).astype(np.uint64),  # all distinct: the table doubles many times
+                 (rng.zipf(1.2, 20000) % 100_000).astype(np.uint64)):
+        first = {}
+        for k in keys.tolist():
+            first.setdefault(k, len(first))
+        want_uniq = np.array(list(first), np.uint64)
+        want_inverse = np.array([first[k] for k in keys.tolist()], np.int64)
+        for expect in (0, 1, 3, keys.size, 10 * keys.size + 5):
+            uniq, inverse = unique_inverse(keys, expect)
+            np.testing.assert_array_equal(uniq, want_uniq)
+            np.testing.assert_array_equal(inverse, want_inverse)

@@ -211,7 +211,7 @@ def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple]:
     Runs in the reader thread, which asks for the next shard as soon as it has read the
     last one (the closing item is queued first: the shard can be reported done while the
     question waits) and parses on into it.  Batches grow from 1 example (``ramp_size``)."""
-    seen = 0
+    seen, distinct, last = 0, 0, 1  # examples so far; the last batch's distinct keys and examples
     while (task := client.job.next_shard()) is not None:
         stats: dict[str, Any] = {}
         # parsing in a thread of its own, deduplication in this one: the two kernels (the
@@ -219,7 +219,9 @@ def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple]:
         with Prefetch(read_batches(Shard.from_wire(task["shard"]), cfg.data, cfg.batch_size, stats)) as parsed:
             for batch in ramped(parsed, cfg.batch_size, cfg.batch_ramp, seen):
                 seen += len(batch)
-                yield (task, batch, *batch.unique())
+                uniq, inverse = batch.unique(distinct * len(batch) // max(1, last))
+                distinct, last = uniq.size, len(batch)
+                yield task, batch, uniq, inverse
         yield task, None, stats, None
 
 

@@ -64,14 +64,15 @@ class Batch:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def unique(self) -> tuple[np.ndarray, np.ndarray]:
-        """The batch's distinct keys and, per key occurrence, its index among them.
+    def unique(self, expect: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The batch's distinct keys and, per key occurrence, its index among them
+        (``expect``: about how many distinct keys there are, e.g. the last batch's count).
 
         A CTR batch repeats keys a lot (bias, missing values, frequent categories:
         40 000 occurrences are ~7 600 distinct keys in a Criteo-like batch of 1 000), so
         models pull and push distinct keys only.
         """
-        return unique_inverse(self.keys)
+        return unique_inverse(self.keys, expect)
 
 
 @dataclass(frozen=True)
