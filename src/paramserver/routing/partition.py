@@ -186,21 +186,18 @@ class Routed:
 
 
 def _parts(ring: Ring, offsets: np.ndarray) -> list[Part]:
-    counts = np.diff(offsets)
-    by_rank = np.argsort(ring.vnode_rank)  # vnode at each rank
-    owner_by_rank = ring.owners[by_rank]
-    cuts = np.flatnonzero(np.diff(owner_by_rank)) + 1  # ranks are grouped by owner
+    """One part per server with keys: the ring's rank order groups vnodes by server
+    (``Ring.rank_groups``, computed once a ring: this ran on every pull and push)."""
+    counts = offsets[1:] - offsets[:-1]
+    by_rank = ring.by_rank
     parts = []
-    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, ring.n_vnodes]):
+    for server, lo, hi in ring.rank_groups:
+        start, stop = int(offsets[lo]), int(offsets[hi])
+        if start == stop:
+            continue
         present = counts[lo:hi] > 0
-        if present.any():
-            parts.append(Part(
-                server=int(owner_by_rank[lo]),
-                start=int(offsets[lo]),
-                stop=int(offsets[hi]),
-                vnodes=by_rank[lo:hi][present].astype(np.int32),
-                counts=counts[lo:hi][present],
-            ))
+        parts.append(Part(server=server, start=start, stop=stop, vnodes=by_rank[lo:hi][present],
+                          counts=counts[lo:hi][present]))
     return parts
 
 

@@ -53,6 +53,8 @@ class Ring:
     version: int = 1
     _rank: np.ndarray = field(init=False, repr=False, compare=False)
     _owners: np.ndarray = field(init=False, repr=False, compare=False)
+    _by_rank: np.ndarray = field(init=False, repr=False, compare=False)
+    _groups: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         chains = np.asarray(self.chains, dtype=np.int32)
@@ -74,6 +76,11 @@ class Ring:
         rank[order] = np.arange(owners.size, dtype=np.int32)
         rank.setflags(write=False)
         object.__setattr__(self, "_rank", rank)
+        by_rank = order.astype(np.int32)  # the vnode at each rank
+        by_rank.setflags(write=False)
+        object.__setattr__(self, "_by_rank", by_rank)
+        cuts = [0, *(np.flatnonzero(np.diff(owners[order])) + 1).tolist(), owners.size]
+        object.__setattr__(self, "_groups", tuple((int(owners[order[lo]]), lo, hi) for lo, hi in zip(cuts, cuts[1:])))
 
     @classmethod
     def create(cls, servers: list[int], vnodes_per_server: int = 64, version: int = 1) -> Ring:
@@ -118,6 +125,17 @@ class Ring:
     @property
     def vnode_rank(self) -> np.ndarray:
         return self._rank
+
+    @property
+    def by_rank(self) -> np.ndarray:
+        """``int32[n_vnodes]``: the vnode at each rank (the inverse of ``vnode_rank``)."""
+        return self._by_rank
+
+    @property
+    def rank_groups(self) -> tuple[tuple[int, int, int], ...]:
+        """``(server, first rank, end rank)`` of each server's vnodes in rank order: a batch
+        sorted by rank is one slice per server."""
+        return self._groups
 
     def vnodes(self, keys: np.ndarray, layout: int = 0) -> np.ndarray:
         """Vnode of every key (vectorised); ``layout``: the table's (``TableSpec.layout``)."""
