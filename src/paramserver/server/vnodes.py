@@ -15,7 +15,7 @@ from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_range
 from paramserver.server.dense import DenseVnode, _dense_check_many, _dense_lookup_many, _dense_missing_many
 from paramserver.server.kernels import kernels_for
-from paramserver.server.memory import available_memory
+from paramserver.server.memory import available_memory, populating_later
 from paramserver.server.optim import OP_UPDATE
 from paramserver.server.table import VnodeTable, _apply, _find, _lookup
 
@@ -135,8 +135,9 @@ class VnodeSet:
                 raise MemoryError(f"dense table {self.spec.name!r} (key_bits={self.bits}, dim={self.spec.dim}) needs "
                                   f"{need / 2**30:,.1f} GiB on this server, {free / 2**30:,.1f} GiB are available: "
                                   "use fewer key_bits, more servers, or key_bits=0 (a hash table grows with the keys)")
-        self.tables = {v: self.tables[v] if v in self.tables else self._new_table(v) for v in wanted}
-        self._rebuild()
+        with populating_later():  # every vnode's array mapped (and listed) first, its pages after
+            self.tables = {v: self.tables[v] if v in self.tables else self._new_table(v) for v in wanted}
+            self._rebuild()
 
     def install(self, vnode: int, keys: np.ndarray, rows: np.ndarray, replace: bool = True) -> None:
         """Replace ``vnode`` whole by a copy of it (keys, values and state) from another
