@@ -8,6 +8,7 @@ forks its nodes, which then inherit every loaded kernel and start in millisecond
 job that knows what it runs loads only that (``warm_job``: ``paramserver train`` passes
 its format, model and table layout), and the nodes forked after it skip their own warm-up
 (``inherited``): a kernel the job turns out to need after all loads on its first call.
+The servers' kernels are loaded first and the servers forked, then the workers' (``Warmup``).
 
 ``load_numba`` loads the target without numba's BLAS probe: ``numba.np.arraymath``
 imports ``scipy.linalg.cython_blas`` where SciPy is installed, to learn whether ``np.dot``
@@ -20,9 +21,12 @@ function that uses them is compiled, as before.  Where the caller has imported
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -130,9 +134,19 @@ def warm_all() -> None:
     warm_server()
 
 
-def warm_job(fmt: str, model: Any, layout: str) -> None:
-    """What one training job uses, in every role: parsing ``fmt``, ``model``'s step and
-    prediction, and the server kernels of its table's ``layout`` (``"hash"`` or
-    ``"dense"``)."""
-    warm_worker((fmt,), (model,), combine=False)
-    warm_server((layout,))
+@dataclass(frozen=True)
+class Warmup:
+    """What a ``LocalCluster`` loads before it forks its nodes: ``servers`` before the
+    servers are forked, then ``workers`` (what the workers and the driver's scoring run)
+    before the workers are.  The servers start (imports, registration) while the driver
+    loads the workers' kernels."""
+
+    servers: Callable[[], None] = warm_server
+    workers: Callable[[], None] = warm_worker
+
+
+def warm_job(fmt: str, model: Any, layout: str) -> Warmup:
+    """What one training job uses: the server kernels of its table's ``layout``
+    (``"hash"`` or ``"dense"``), then parsing ``fmt`` and ``model``'s step and prediction."""
+    return Warmup(servers=functools.partial(warm_server, (layout,)),
+                  workers=functools.partial(warm_worker, (fmt,), (model,), combine=False))

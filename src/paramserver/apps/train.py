@@ -21,7 +21,6 @@ worker that dies hands its shard back to the queue and the others finish the job
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import time
@@ -375,7 +374,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
     # the nodes are forked once this process has loaded what the job runs: its parser, model and table layout
-    warm = functools.partial(warm_job, cfg.data.name, cfg.model, "dense" if spec.key_bits else "hash")
+    warm = warm_job(cfg.data.name, cfg.model, "dense" if spec.key_bits else "hash")
     options = {"log_level": "WARNING", "warm": warm, **(cluster_options or {})}
     with open_cluster(servers=servers, workers=workers, **options) as cluster, \
             ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:

@@ -44,8 +44,8 @@ from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
 from paramserver.config import load_config
 from paramserver.data.reader import DataError
 from paramserver.errors import ClosedError, ConfigError, ConnectError, WorkerError
+from paramserver.warm import Warmup
 from paramserver.warm import inherited as warm_inherited
-from paramserver.warm import warm_all
 from paramserver.wire.security import http_token, load_keys
 
 logger = logging.getLogger(__name__)
@@ -140,16 +140,16 @@ class LocalCluster(RunsFunctions):
             scheduler on this port of 127.0.0.1 (0: any free one): ``http_url`` says where.
         secret_file: the cluster's keys (``paramserver keygen``): every link, the driver's
             included, is CurveZMQ, authenticated and encrypted (``wire/security.py``).
-        warm: what this process loads before it forks the nodes, which then skip their
-            own warm-up (default ``warm.warm_all``: every kernel of training and serving;
-            a job that knows its format and model loads less, ``warm.warm_job``).
+        warm: what this process loads before it forks the servers, then the workers, which
+            then skip their own warm-up (default ``warm.Warmup()``: every kernel of training
+            and serving; a job that knows its format and model loads less, ``warm.warm_job``).
     """
 
     def __init__(self, servers: int = 1, workers: int = 0, *, vnodes_per_server: int = 64,
                  heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 5.0,
                  startup_timeout_s: float = 60.0, log_level: str = "INFO", log_dir: str | None = None,
                  start_method: str = "fork", memory_limit_mb: int | None = None, http_port: int | None = None,
-                 secret_file: str | None = None, warm: Callable[[], None] | None = None):
+                 secret_file: str | None = None, warm: Warmup | None = None):
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ValueError(f"servers must be an int >= 1, got {servers!r}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
@@ -217,12 +217,15 @@ class LocalCluster(RunsFunctions):
                                       "--vnodes-per-server", str(self.vnodes_per_server),
                                       "--address-file", addr_file]
                         + ([] if self.http_port is None else ["--http-port", str(self.http_port)]))
+            warmup = self.warm or Warmup()
             if self._fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
-                (self.warm or warm_all)()
+                warmup.servers()
                 self._warmed = True  # the nodes forked from now on skip their own warm-up
             self.address = self._wait_for_file(addr_file, self.procs["scheduler"])
             for i in range(self.n_servers):
                 self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
+            if self._fork_ok:  # while the servers start
+                warmup.workers()
             for i in range(self.n_workers):
                 self._spawn_worker(i)
             if collecting:
