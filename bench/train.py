@@ -15,6 +15,9 @@ training file of ``--rows`` rows and a test file of ``rows / 10``.  Learners, ta
   command's start to the first example trained, and the test log loss and AUC.
 * ``paramserver 2+2 (defaults)``: the same with ``--servers 2 --workers 2``.
 * ``paramserver (tuned: FLAGS)``: rows with other flags, labelled with them.
+* Every learner runs once untimed first (``--warmup``, the same for each): the first
+  paramserver run after the heavy files were written was the slowest of its three in two
+  runs of this script out of two (553 k against 645-720 k examples/s).
 * ``vowpalwabbit``: VW 9 one pass, ``--loss_function logistic -b 24`` (its defaults: adaptive,
   normalised, invariant updates), in this process through its Python binding, reading its
   own text format (converted from the same rows beforehand, untimed: the conversion is
@@ -108,7 +111,7 @@ def _summary(runs: list[dict]) -> dict:
     return out
 
 
-def run_shape(shape: str, rows: int, repeat: int, tuned: list[str], tmp: str) -> list[dict]:
+def run_shape(shape: str, rows: int, repeat: int, tuned: list[str], tmp: str, warmup: int = 1) -> list[dict]:
     train, test = os.path.join(tmp, f"{shape}.train.tsv"), os.path.join(tmp, f"{shape}.test.tsv")
     print(f"{shape}: writing {rows:,} + {rows // 10:,} rows", file=sys.stderr)
     write_synth(train, rows, seed=1, shape=shape)
@@ -122,6 +125,9 @@ def run_shape(shape: str, rows: int, repeat: int, tuned: list[str], tmp: str) ->
     for flags in tuned:
         learners.append(lambda f=flags: bench_paramserver(f"paramserver (tuned: {f})", f.split(), train, test, tmp))
     learners.append(lambda: bench_vw(train + ".vw", test + ".vw", test_labels, rows, tmp))
+    for _ in range(warmup):  # untimed: the files just written, the machine settling after the conversion
+        for learner in learners:
+            print(shape, "warm-up", learner()["learner"], file=sys.stderr)
     runs: dict[str, list[dict]] = {}
     for _ in range(repeat):  # interleaved: a slow spell of the machine hits every learner
         for learner in learners:
@@ -140,6 +146,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--shapes", nargs="+", default=["simple", "heavy"], choices=("simple", "heavy"))
     ap.add_argument("--repeat", type=int, default=3, help="runs of every learner, interleaved (default 3)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed runs of every learner before the timed ones (default 1)")
     ap.add_argument("--tuned", nargs="*", default=[],
                     help="extra paramserver rows, each a string of flags, labelled 'tuned' (e.g. '--pipeline 4')")
     ap.add_argument("--json", action="store_true")
@@ -147,7 +155,7 @@ def main() -> None:
     table: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="paramserver-bench-") as tmp:
         for shape in args.shapes:
-            table += run_shape(shape, args.rows, args.repeat, args.tuned, tmp)
+            table += run_shape(shape, args.rows, args.repeat, args.tuned, tmp, args.warmup)
     if args.json:
         print(json.dumps(table, indent=1))
         return
