@@ -292,6 +292,10 @@ class LocalCluster(RunsFunctions):
                 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(log_fd, 1)
                 os.dup2(log_fd, 2)
+                # this process's sys.stdout and sys.stderr may not be files 1 and 2 (pytest's capture,
+                # a notebook's streams): the node's prints and logs go to its log file
+                sys.stdout = open(1, "w", buffering=1, closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
                 keep = {0, 1, 2, *pass_fds}
                 for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
                     if fd not in keep:
