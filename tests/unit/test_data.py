@@ -290,3 +290,36 @@ def test_prune_keeps_the_newest_complete_steps_and_never_a_step_being_written(tm
     assert sorted(p.name for p in root.iterdir()) == [f"{s:015d}" for s in (300, 400, 500)]
     checkpoint.prune(str(root), keep=0)  # 0 and 1 both keep the newest complete step
     assert sorted(p.name for p in root.iterdir()) == [f"{s:015d}" for s in (400, 500)]
+
+
+def test_local_paths_are_read_without_fsspec_and_may_be_pathlib_paths(tmp_path):
+    """Plain local files are sized and opened with os (fsspec is imported for URLs and
+    compressed files only), str or pathlib.Path alike; the errors name the path."""
+    import pathlib
+
+    from paramserver.apps.modelfile import check_output
+    from paramserver.data.reader import is_plain_local, open_input
+    from paramserver.errors import ConfigError
+
+    data = tmp_path / "d.tsv"
+    data.write_bytes(b"1\t" + b"\t".join([b"1"] * 13 + [b"a1b2c3d4"] * 26) + b"\n")
+    for path in (data, str(data)):
+        assert is_plain_local(path)
+        (shard,) = make_shards([path])
+        assert shard.end == -1
+        with open_input(path) as f:
+            assert f.read(2) == b"1\t"
+    assert not is_plain_local(str(data) + ".gz") and not is_plain_local("s3://bucket/d.tsv")
+    with pytest.raises(DataError, match="no such file: .*missing.tsv"):
+        make_shards([tmp_path / "missing.tsv"])
+    (tmp_path / "empty.tsv").write_bytes(b"")
+    with pytest.raises(DataError, match="empty.tsv is empty"):
+        make_shards([pathlib.Path(tmp_path / "empty.tsv")])
+    with pytest.raises(DataError, match="is a directory"):
+        make_shards([tmp_path])
+    check_output(tmp_path / "out" / "model", "--save", folder=True)  # made, written to, left empty
+    assert (tmp_path / "out" / "model").is_dir() and not list((tmp_path / "out" / "model").iterdir())
+    with pytest.raises(ConfigError, match="is a file; name a folder"):
+        check_output(data, "--save", folder=True)
+    with pytest.raises(ConfigError, match="is a folder; name a file"):
+        check_output(tmp_path, "--metrics-out", folder=False)

@@ -54,6 +54,7 @@ def check_output(url: str | None, flag: str, folder: bool) -> None:
         return
     if not url:
         raise ConfigError(f"{flag} needs a path or URL, got an empty string")
+    url = os.fspath(url)  # a pathlib.Path too
     if "://" not in url:
         _check_local_output(os.path.expanduser(url), url, flag, folder)
         return
@@ -100,6 +101,7 @@ def _check_local_output(path: str, url: str, flag: str, folder: bool) -> None:
 
 def write_text(url: str, text: str) -> None:
     """``text`` into ``url`` whole (a local file through a rename; an object in one put)."""
+    url = os.fspath(url)
     if "://" not in url:
         path = os.path.expanduser(url)
         tmp = f"{path}.tmp"

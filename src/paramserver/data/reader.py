@@ -116,6 +116,7 @@ def is_plain_local(path: str) -> bool:
     """A local file that needs no fsspec: no URL, no compression.  Those are opened and
     sized with ``os``, so that a job on local files does not import fsspec (0.05 s) before
     its first example; URLs and compressed files go through fsspec."""
+    path = os.fspath(path)
     return "://" not in path and not path.endswith(_INFERRED)
 
 
@@ -123,7 +124,7 @@ def open_input(path: str) -> IO[bytes]:
     """``path`` opened for reading bytes, decompressed by its extension (fsspec's
     ``compression="infer"``)."""
     if is_plain_local(path):
-        return open(os.path.expanduser(path), "rb")
+        return open(os.path.expanduser(os.fspath(path)), "rb")
     import fsspec
 
     return fsspec.open(path, "rb", compression="infer").open()
@@ -146,7 +147,7 @@ def expand(paths: list[str]) -> list[str]:
     """``paths`` with glob patterns (``*``, ``?``, ``[``) expanded, each in sorted order;
     a pattern that matches nothing is an error."""
     out = []
-    for path in paths:
+    for path in map(os.fspath, paths):  # pathlib.Paths too
         if path == "-" or not any(c in path for c in "*?["):
             out.append(path)
             continue
@@ -160,6 +161,7 @@ def expand(paths: list[str]) -> list[str]:
 
 
 def _check_exists(path: str) -> int:
+    path = os.fspath(path)  # a pathlib.Path too
     if "://" not in path:
         local = os.path.expanduser(path)
         if not os.path.exists(local):
