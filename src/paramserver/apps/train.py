@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -318,6 +320,19 @@ def _merge_consistency(per_server: list[dict[str, Any]]) -> dict[str, Any]:
             "parked_seconds": sum(s["parked_seconds"] for s in per_server)}
 
 
+def _read_niced(paths: list[str], fmt: DataFormat) -> Batch:
+    """``read_all`` at the lowest CPU priority (Linux gives a thread its own niceness): the
+    test rows are read while the job starts and trains, and give way to the nodes where
+    there is no core to spare (first example on 2 cores, 6 interleaved runs on 10^6
+    heavy rows: 0.477 -> 0.455 s; examples/s unchanged)."""
+    if sys.platform.startswith("linux"):  # elsewhere a thread id is no process id
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
+    return read_all(paths, fmt)
+
+
 def score(client: Client, model: Model, batch: Batch) -> np.ndarray:
     uniq, inverse = batch.unique()
     rows = client.pull(model.table, uniq).result(timeout=600)
@@ -379,7 +394,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     with open_cluster(servers=servers, workers=workers, **options) as cluster, \
             ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:
         # read while the job runs (a thread only now: the nodes were forked from this process)
-        test_read = reader.submit(read_all, test, cfg.data) if test else None
+        test_read = reader.submit(_read_niced, test, cfg.data) if test else None
         client = cluster.client
         created = time.perf_counter()
         if step is not None:
