@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from numba import njit
 
 from paramserver.errors import ProtocolError, StaleRingError
 from paramserver.routing.ring import Ring
@@ -29,14 +30,16 @@ def check_segments(table: VnodeSet, ring: Ring, keys: np.ndarray, vnodes: np.nda
     """Refuse a malformed request whole; ``primary_of`` (a client's request): the vnodes
     this server is primary of, all of which the request's must be."""
     n_keys = keys.shape[0]
-    if (vnodes.shape != counts.shape or (counts < 0).any() or (counts > n_keys).any()
-            or sum(counts.tolist()) != n_keys):  # Python ints: an int64 sum could wrap around
+    fault = FAULT_COUNTS if vnodes.ndim != 1 or vnodes.shape != counts.shape else _segment_fault(
+        vnodes, counts, n_keys, ring.n_vnodes, primary_of if primary_of is not None else _NONE, primary_of is not None,
+        table.slot)
+    if fault == FAULT_COUNTS:
         raise ProtocolError(f"vnode counts do not cover the {n_keys} keys exactly")
-    if len(set(vnodes.tolist())) != vnodes.size:  # a vnode twice could be applied by two threads
+    if fault == FAULT_TWICE:  # a vnode twice could be applied by two threads
         raise ProtocolError("a request lists a vnode more than once")
-    if ((vnodes < 0) | (vnodes >= ring.n_vnodes)).any():
+    if fault == FAULT_RANGE:
         raise ProtocolError(f"vnodes must be in [0, {ring.n_vnodes}), got {sorted(set(vnodes.tolist()))[:8]}")
-    if primary_of is not None and not (primary_of[vnodes].all() and table.holds(vnodes).all()):
+    if fault == FAULT_NOT_PRIMARY:
         raise StaleRingError(f"server {node_id} is not the primary of all of vnodes "
                               f"{sorted(set(vnodes.tolist()))[:8]}... (request routed at ring version {ring_version}, "
                               f"this server is at ring version {ring.version})")
@@ -44,6 +47,38 @@ def check_segments(table: VnodeSet, ring: Ring, keys: np.ndarray, vnodes: np.nda
     if bad >= 0:
         raise ProtocolError(f"table {table.spec.name!r} is dense (key_bits={table.bits}): key {int(keys[bad])} "
                             "is outside the key space or not in the vnode segment it was sent in")
+
+
+FAULT_NONE, FAULT_COUNTS, FAULT_TWICE, FAULT_RANGE, FAULT_NOT_PRIMARY = 0, 1, 2, 3, 4
+_NONE = np.zeros(0, np.bool_)
+
+
+@njit(cache=True)  # keeps the GIL: a request names a few dozen vnodes, a hand-off would cost more
+def _segment_fault(vnodes: np.ndarray, counts: np.ndarray, n_keys: int, n_vnodes: int, primary_of: np.ndarray,
+                   check_primary: bool, slot: np.ndarray) -> int:
+    """The first fault of a request's segments, in the order they are said (one pass each,
+    in place of nine NumPy calls, 25 µs of every request): the counts must cover the keys
+    exactly, no vnode may appear twice, every vnode must be on the ring and, for a client's
+    request (``check_primary``), one this server is the primary of and holds."""
+    total = 0
+    for c in counts:
+        if c < 0 or c > n_keys:
+            return FAULT_COUNTS
+        total += c  # at most len(counts) * n_keys: far from wrapping for any message that fits
+    if total != n_keys:
+        return FAULT_COUNTS
+    ordered = np.sort(vnodes)
+    for i in range(1, ordered.shape[0]):
+        if ordered[i] == ordered[i - 1]:
+            return FAULT_TWICE
+    for v in vnodes:
+        if v < 0 or v >= n_vnodes:
+            return FAULT_RANGE
+    if check_primary:
+        for v in vnodes:
+            if v >= primary_of.shape[0] or not primary_of[v] or v >= slot.shape[0] or slot[v] < 0:
+                return FAULT_NOT_PRIMARY
+    return FAULT_NONE
 
 
 def split(pool: ThreadPoolExecutor | None, threads: int, vnodes: np.ndarray, counts: np.ndarray,
