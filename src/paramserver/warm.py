@@ -108,8 +108,10 @@ def warm_worker(formats: tuple[str, ...] = ("criteo", "libsvm"), models: tuple[A
 
 def warm_server(layouts: tuple[str, ...] = ("hash", "dense")) -> None:
     """Load (or compile) the table kernels for the array types requests bring (read-only
-    frames), for ``layouts`` (a hash table's through a vnode's growth)."""
+    frames), for ``layouts`` (a hash table's through a vnode's growth): a table of more
+    than one vnode, a request's segment check, its update and its lookup."""
     from paramserver.server.optim import SGD, Zeros
+    from paramserver.server.requests import _segment_fault
     from paramserver.server.vnodes import VnodeSet
     from paramserver.spec import TableSpec
     from paramserver.wire.message import Op, decode, encode
@@ -122,7 +124,10 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense")) -> None:
                                             np.zeros(1, np.int32), np.array([n], np.int64)])
     keys, grads, vnodes, counts = decode([bytes(f) for f in frames]).arrays  # read-only, as requests
     for bits in [{"hash": 0, "dense": 8}[layout] for layout in layouts]:
-        table = VnodeSet(TableSpec("warm-up", optimizer=SGD(), initializer=Zeros(), key_bits=bits), 1, [0])
+        spec = TableSpec("warm-up", optimizer=SGD(), initializer=Zeros(), key_bits=bits)
+        VnodeSet(spec, 2, [0, 1])  # a table's vnodes are listed for the kernels one by one
+        table = VnodeSet(spec, 1, [0])
+        _segment_fault(vnodes, counts, n, 1, np.ones(1, np.bool_), True, table.slot)
         table.check(vnodes, counts, keys)
         table.apply(vnodes, counts, keys, grads)
         table.lookup(vnodes, counts, keys, np.empty((n, 1), np.float32))
