@@ -73,6 +73,18 @@ def test_corrupted_line_stops_with_its_line_number_or_is_skipped_and_counted(tmp
     assert report["bad_lines"] == 1 and report["examples"] == 1_999
 
 
+def test_a_malformed_test_file_is_said_in_one_line_before_the_job(tmp_path):
+    """On a machine without a core to spare the test rows are read after the job: their
+    first rows are parsed before it all the same, so a wrong file is said at once."""
+    data, test = tmp_path / "train.tsv", tmp_path / "test.tsv"
+    write_synth(str(data), 2_000, seed=4)
+    test.write_text("1 3:1 7:0.5\n" * 10)  # LIBSVM rows given as Criteo ones
+    bad = cli("train", "--data", str(data), "--test", str(test), "--quiet")
+    assert bad.returncode == 2
+    assert f"{test}:1:" in bad.stderr and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args,message", [
     (["--data", "/nonexistent/x.tsv"], "no such file: /nonexistent/x.tsv"),
     (["--data", "{synth}", "--optimizer", "ftrl:alpha=-1"], "ftrl alpha must be > 0"),

@@ -46,6 +46,8 @@ from paramserver.data.reader import (
     Shard,
     _concat,
     _slice,
+    expand,
+    is_plain_local,
     make_shards,
     read_all,
     read_batches,
@@ -53,7 +55,7 @@ from paramserver.data.reader import (
 from paramserver.errors import CheckpointError, ConfigError, DataLossError, WorkerError
 from paramserver.routing.hashing import MAX_KEY_BITS
 from paramserver.spec import TableSpec
-from paramserver.warm import warm_job
+from paramserver.warm import load_numba, warm_job
 
 PROGRESS_EVERY_S = 0.5
 LAYOUTS = ("auto", "hash", "dense")
@@ -322,15 +324,35 @@ def _merge_consistency(per_server: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _read_niced(paths: list[str], fmt: DataFormat) -> Batch:
     """``read_all`` at the lowest CPU priority (Linux gives a thread its own niceness): the
-    test rows are read while the job starts and trains, and give way to the nodes where
-    there is no core to spare (first example on 2 cores, 6 interleaved runs on 10^6
-    heavy rows: 0.477 -> 0.455 s; examples/s unchanged)."""
+    test rows read while the job starts and trains give way to the nodes."""
     if sys.platform.startswith("linux"):  # elsewhere a thread id is no process id
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except OSError:
             pass
     return read_all(paths, fmt)
+
+
+def _core_to_spare(servers: int, workers: int) -> bool:
+    """Whether this machine has a core for reading the test rows while the job runs, beside
+    one for each local node and the driver.  Without one, they are read once the job is
+    done: on 2 cores, reading 10^5 test rows alongside a 1 + 1 job cost it 5 % of its
+    examples/s and 0.02 s of its first example (6 interleaved runs each), and the whole
+    command 0.1 s when read after."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return cores > servers + workers + 1
+
+
+def _check_test_head(paths: list[str], fmt: DataFormat) -> None:
+    """Parse the first rows of every test file (up to 1 MiB of a plain one): a wrong format
+    or a malformed first line is said before the job, even when the rest is read after it."""
+    load_numba()  # numba's target as the nodes get it (a first kernel call loads it with a 0.15 s BLAS probe)
+    for path in expand(paths):
+        end = min(os.path.getsize(path), 1 << 20) if is_plain_local(path) else -1
+        next(read_batches(Shard(path, 0, end), fmt, 4096), None)  # dropped at once: its file is closed
 
 
 def score(client: Client, model: Model, batch: Batch) -> np.ndarray:
@@ -386,15 +408,19 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     if job_checkpoints is not None:  # eval and predict read a checkpoint with these
         job_checkpoints["meta"] = model_meta(cfg.model, cfg.data)
     step, progress = _resume_point(resume, shards, spec, cfg, data, shard_bytes) if resume else (None, None)
+    overlap = _core_to_spare(servers, workers)  # else the test rows are read after the job
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
+        if not overlap:
+            _check_test_head(test, cfg.data)
     # the nodes are forked once this process has loaded what the job runs: its parser, model and table layout
     warm = warm_job(cfg.data.name, cfg.model, "dense" if spec.key_bits else "hash")
     options = {"log_level": "WARNING", "warm": warm, **(cluster_options or {})}
     with open_cluster(servers=servers, workers=workers, **options) as cluster, \
             ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:
-        # read while the job runs (a thread only now: the nodes were forked from this process)
-        test_read = reader.submit(_read_niced, test, cfg.data) if test else None
+        # read while the job runs where a core is free for it (a thread only now: the nodes were forked from
+        # this process)
+        test_read = reader.submit(_read_niced, test, cfg.data) if test and overlap else None
         client = cluster.client
         created = time.perf_counter()
         if step is not None:
@@ -442,6 +468,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         firsts = [r["first_batch_at"] for r in per_worker if r.get("first_batch_at")]
         if firsts:
             report["first_example_s"] = min(firsts) - process_start_time()
+        if test and test_read is None:
+            test_read = reader.submit(read_all, test, cfg.data)
         if test_read is not None:
             test_batch = test_read.result()
             report.update(metrics(test_batch.labels, score(client, cfg.model, test_batch)))
