@@ -298,7 +298,7 @@ def test_local_paths_are_read_without_fsspec_and_may_be_pathlib_paths(tmp_path):
     import pathlib
 
     from paramserver.apps.modelfile import check_output
-    from paramserver.data.reader import is_plain_local, open_input
+    from paramserver.data.files import is_plain_local, open_input
     from paramserver.errors import ConfigError
 
     data = tmp_path / "d.tsv"

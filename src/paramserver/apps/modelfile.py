@@ -28,6 +28,7 @@ from numba import njit
 
 from paramserver.apps.deep import DENSE_BLOCK
 from paramserver.apps.models import Model, auc, logloss
+from paramserver.data.files import LocalFiles, local_files
 from paramserver.data.parse import feature_key
 from paramserver.data.reader import Batch, DataError, DataFormat, Shard, expand, read_all, read_batches, sniff_unlabeled
 from paramserver.errors import ConfigError
@@ -37,7 +38,11 @@ from paramserver.spec import TableSpec
 
 
 def _fs(url: str, flag: str) -> tuple[Any, str]:
-    import fsspec  # here, not at import: a job on local files never needs it before its first example
+    """``LocalFiles`` for a local path (no fsspec before a job's first example), else fsspec's
+    filesystem; a missing fsspec driver is a one-line error naming the flag."""
+    if (local := local_files(url)) is not None:
+        return local
+    import fsspec
 
     try:
         return fsspec.core.url_to_fs(url)
@@ -54,10 +59,6 @@ def check_output(url: str | None, flag: str, folder: bool) -> None:
         return
     if not url:
         raise ConfigError(f"{flag} needs a path or URL, got an empty string")
-    url = os.fspath(url)  # a pathlib.Path too
-    if "://" not in url:
-        _check_local_output(os.path.expanduser(url), url, flag, folder)
-        return
     fs, path = _fs(url, flag)
     if folder:
         if fs.exists(path) and not fs.isdir(path):
@@ -78,38 +79,15 @@ def check_output(url: str | None, flag: str, folder: bool) -> None:
                           f"{'folder' if folder else 'file'}") from None
 
 
-def _check_local_output(path: str, url: str, flag: str, folder: bool) -> None:
-    """``check_output`` for a local path, with ``os`` (the same checks, no fsspec)."""
-    if folder:
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ConfigError(f"{flag} {url} is a file; name a folder (it is created if missing)")
-        parent = path
-    else:
-        if os.path.isdir(path):
-            raise ConfigError(f"{flag} {url} is a folder; name a file")
-        parent = os.path.dirname(path) or "."
-    try:
-        os.makedirs(parent, exist_ok=True)
-        probe = os.path.join(parent, f".paramserver-write-test-{uuid.uuid4().hex}")
-        with open(probe, "wb"):
-            pass
-        os.remove(probe)
-    except OSError as exc:
-        raise ConfigError(f"{flag} {url} cannot be written ({exc}); pick a writable "
-                          f"{'folder' if folder else 'file'}") from None
-
-
 def write_text(url: str, text: str) -> None:
     """``text`` into ``url`` whole (a local file through a rename; an object in one put)."""
-    url = os.fspath(url)
-    if "://" not in url:
-        path = os.path.expanduser(url)
+    fs, path = _fs(url, "output")
+    if isinstance(fs, LocalFiles):
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, path)
         return
-    fs, path = _fs(url, "output")
     with fs.open(path, "w") as f:
         f.write(text)
 

@@ -39,6 +39,7 @@ from paramserver.apps.deep import DENSE_BLOCK
 from paramserver.apps.modelfile import check_output, dense_vector, metrics, model_meta, save_model
 from paramserver.apps.models import Model, to_rows
 from paramserver.client.client import Client
+from paramserver.data.files import is_plain_local
 from paramserver.data.prefetch import Prefetch
 from paramserver.data.reader import (
     Batch,
@@ -47,7 +48,6 @@ from paramserver.data.reader import (
     _concat,
     _slice,
     expand,
-    is_plain_local,
     make_shards,
     read_all,
     read_batches,

@@ -22,18 +22,18 @@ import zlib
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from paramserver.data import csv, parse
+from paramserver.data.files import COMPRESSED, local_files, open_input
 from paramserver.errors import ConfigError, ParamServerError
 from paramserver.routing.partition import unique_inverse
 
 FORMATS = ("criteo", "libsvm", "avazu", "csv")
 STDIN = "-"  # --data -: standard input
 CHUNK_BYTES = 4 << 20
-COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 
 
 class DataError(ParamServerError):
@@ -108,28 +108,6 @@ class DataFormat:
         return np.uint64(0 if self.hash_bits in (0, 64) else (1 << self.hash_bits) - 1)
 
 
-# what fsspec infers a compression from (and zstd, lz4 where their packages are installed)
-_INFERRED = (*COMPRESSED, ".zip", ".lzma")
-
-
-def is_plain_local(path: str) -> bool:
-    """A local file that needs no fsspec: no URL, no compression.  Those are opened and
-    sized with ``os``, so that a job on local files does not import fsspec (0.05 s) before
-    its first example; URLs and compressed files go through fsspec."""
-    path = os.fspath(path)
-    return "://" not in path and not path.endswith(_INFERRED)
-
-
-def open_input(path: str) -> IO[bytes]:
-    """``path`` opened for reading bytes, decompressed by its extension (fsspec's
-    ``compression="infer"``)."""
-    if is_plain_local(path):
-        return open(os.path.expanduser(os.fspath(path)), "rb")
-    import fsspec
-
-    return fsspec.open(path, "rb", compression="infer").open()
-
-
 def _filesystem(path: str) -> tuple[Any, str]:
     """The fsspec filesystem of ``path`` and its path there; a missing driver (s3fs for
     s3://, gcsfs for gs://, ...) is a one-line error naming the package."""
@@ -161,18 +139,7 @@ def expand(paths: list[str]) -> list[str]:
 
 
 def _check_exists(path: str) -> int:
-    path = os.fspath(path)  # a pathlib.Path too
-    if "://" not in path:
-        local = os.path.expanduser(path)
-        if not os.path.exists(local):
-            raise DataError(f"no such file: {path}")
-        if os.path.isdir(local):
-            raise DataError(f"{path} is a directory; pass the files in it")
-        size = os.path.getsize(local)
-        if size == 0:
-            raise DataError(f"{path} is empty")
-        return size
-    fs, p = _filesystem(path)
+    fs, p = local_files(path) or _filesystem(path)
     if not fs.exists(p):
         raise DataError(f"no such file: {path}")
     if fs.isdir(p):
