@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 
-
 @functools.cache
 def _console(stderr: bool) -> Console:
     """rich's console (imported on first use: 0.015 s a job need not spend before its first example)."""

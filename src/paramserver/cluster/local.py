@@ -32,7 +32,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any
@@ -208,28 +209,9 @@ class LocalCluster(RunsFunctions):
             os.makedirs(self.log_dir, exist_ok=True)
         else:
             self.log_dir = tempfile.mkdtemp(prefix="paramserver-")
-        collecting = gc.isenabled()
-        gc.disable()  # loading the kernels makes ~100 000 objects: no collection while the nodes start
         try:
-            addr_file = os.path.join(self.log_dir, "scheduler.addr")
-            self._spawn("scheduler", ["scheduler", "--servers", str(self.n_servers),
-                                      "--workers", str(self.n_workers),
-                                      "--vnodes-per-server", str(self.vnodes_per_server),
-                                      "--address-file", addr_file]
-                        + ([] if self.http_port is None else ["--http-port", str(self.http_port)]))
-            warmup = self.warm or Warmup()
-            if self._fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
-                warmup.servers()
-                self._warmed = True  # the nodes forked from now on skip their own warm-up
-            self.address = self._wait_for_file(addr_file, self.procs["scheduler"])
-            for i in range(self.n_servers):
-                self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
-            if self._fork_ok:  # while the servers start
-                warmup.workers()
-            for i in range(self.n_workers):
-                self._spawn_worker(i)
-            if collecting:
-                gc.enable()
+            with _collector_paused():  # loading the kernels makes ~100 000 objects: none is collected meanwhile
+                self._start_nodes()
             self._client = Client(role="driver", config=load_config(
                 scheduler=self.address, connect_timeout_s=self.startup_timeout_s, secret_file=self.secret_file or None,
                 heartbeat_interval_s=self.heartbeat_interval_s, heartbeat_timeout_s=self.heartbeat_timeout_s))
@@ -238,13 +220,30 @@ class LocalCluster(RunsFunctions):
             if self.n_workers:  # every worker in, so all start at clock 0 and take part from the start
                 self._client.wait_for_workers(self.n_workers, timeout_s=self.startup_timeout_s)
         except BaseException as exc:
-            if collecting:
-                gc.enable()
             logs = "\n".join(f"--- {p.name} (exit {p.popen.poll()}):\n{p.tail()}" for p in self.procs.values())
             self.stop()
             if isinstance(exc, (ConnectError, TimeoutError)):
                 raise ConnectError(f"local cluster did not start: {exc}\n{logs}") from exc
             raise
+
+    def _start_nodes(self) -> None:
+        """Fork (or spawn) the scheduler, then the servers once their kernels are loaded here,
+        then the workers once theirs are (``warm.Warmup``)."""
+        addr_file = os.path.join(self.log_dir, "scheduler.addr")
+        self._spawn("scheduler", ["scheduler", "--servers", str(self.n_servers), "--workers", str(self.n_workers),
+                                  "--vnodes-per-server", str(self.vnodes_per_server), "--address-file", addr_file]
+                    + ([] if self.http_port is None else ["--http-port", str(self.http_port)]))
+        warmup = self.warm or Warmup()
+        if self._fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
+            warmup.servers()
+            self._warmed = True  # the nodes forked from now on skip their own warm-up
+        self.address = self._wait_for_file(addr_file, self.procs["scheduler"])
+        for i in range(self.n_servers):
+            self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
+        if self._fork_ok:  # while the servers start
+            warmup.workers()
+        for i in range(self.n_workers):
+            self._spawn_worker(i)
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -552,6 +551,18 @@ def _leave_forked_child(code: Any) -> None:
         except Exception:
             pass
     os._exit(code if isinstance(code, int) else 1)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic collector off for the block, and back as it was after."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def run(fn: Callable[..., Any], *args: Any, servers: int = 1, workers: int = 1,
