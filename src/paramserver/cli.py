@@ -56,6 +56,9 @@ def _node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> N
     p.add_argument("--heartbeat-interval-s", type=float, help="[PARAMSERVER_HEARTBEAT_INTERVAL_S, 0.5]")
     p.add_argument("--heartbeat-timeout-s", type=float, help="[PARAMSERVER_HEARTBEAT_TIMEOUT_S, 5]")
     p.add_argument("--connect-timeout-s", type=float, help="[PARAMSERVER_CONNECT_TIMEOUT_S, 30]")
+    p.add_argument("--last-copy-timeout-s", type=float,
+                   help="silence after which a server holding the last complete copy of some vnodes is declared "
+                        "dead (until then it is fenced and waited for) [PARAMSERVER_LAST_COPY_TIMEOUT_S, 30]")
     p.add_argument("--log-level", default=os.environ.get("PARAMSERVER_LOG_LEVEL", "INFO"),
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="[PARAMSERVER_LOG_LEVEL]")
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # LocalCluster's: exit with it
@@ -379,7 +382,8 @@ def _optimizer(text: str | None):
 
 def _config(args: argparse.Namespace, role: str | None = None):
     keys = ("scheduler", "host", "port", "advertise_host", "servers", "workers", "vnodes_per_server",
-            "heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "metrics_port", "http_port",
+            "heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "last_copy_timeout_s",
+            "metrics_port", "http_port",
             "http_host", "secret_file", "checkpoint_root")
     role = role or (args.command if args.command in ("scheduler", "server", "worker") else None)
     return load_config(role, **{k: getattr(args, k) for k in keys if hasattr(args, k)})

@@ -29,6 +29,9 @@ ENV: dict[str, tuple[str, str]] = {
     "PARAMSERVER_HEARTBEAT_INTERVAL_S": ("heartbeat_interval_s", "seconds between heartbeats"),
     "PARAMSERVER_HEARTBEAT_TIMEOUT_S": ("heartbeat_timeout_s", "silence after which a node is dead"),
     "PARAMSERVER_CONNECT_TIMEOUT_S": ("connect_timeout_s", "how long a node tries to reach the scheduler"),
+    "PARAMSERVER_LAST_COPY_TIMEOUT_S": ("last_copy_timeout_s", "silence after which a server holding the last "
+                                                               "complete copy of some vnodes is dead (until then "
+                                                               "it is fenced and waited for)"),
     "PARAMSERVER_MAX_MESSAGE_BYTES": ("max_message_bytes", "largest message a node accepts"),
     "PARAMSERVER_SERVER_THREADS": ("server_threads", "threads a server applies vnodes with (0: one a core)"),
     "PARAMSERVER_RETRY_TIMEOUT_S": ("retry_timeout_s", "how long a pull or push is retried across ring changes"),
@@ -120,6 +123,7 @@ class Config:
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 5.0
     connect_timeout_s: float = 30.0
+    last_copy_timeout_s: float = 30.0
     max_message_bytes: int = 1 << 30
     server_threads: int = 0
     retry_timeout_s: float = 60.0
@@ -141,7 +145,8 @@ class Config:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not -1 <= v <= 65535:
                 raise ConfigError(f"{name} must be a port in [0, 65535] (0: any free one) or -1 (off), got {v!r}")
-        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "retry_timeout_s"):
+        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "retry_timeout_s",
+                     "last_copy_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"{name} must be a number > 0, got {v!r}")

@@ -13,10 +13,13 @@ pass rows in range anyway.
 little-endian uint64 (an unaligned load, one instruction on x86-64 and arm64), so a
 parser can look at 8 characters at once.  It does not check bounds: the caller keeps
 ``i + 8 <= buf.shape[0]``.
+
+``frozen(a)`` is ``a`` as a read-only array, for the kernels' arguments that they only read.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -57,3 +60,17 @@ def load_u64(typingctx, buf, i):
         return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
 
     return sig, codegen
+
+
+def frozen(a: np.ndarray) -> np.ndarray:
+    """``a`` as a read-only array.  numba compiles a kernel once per argument type, and a
+    writable array is another type than a read-only one: requests bring read-only frames,
+    but a retried push's fresh part, a backup's held part, a BSP aggregate or an install
+    are new (writable) arrays.  Each such call compiled a second specialisation inside the
+    serving loop on a fresh install (10-25 s, long enough to be declared dead mid-repair):
+    every array a kernel only reads goes in read-only, so the warm-up's are the only ones."""
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view

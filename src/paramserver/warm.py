@@ -108,8 +108,12 @@ def warm_worker(formats: tuple[str, ...] = ("criteo", "libsvm"), models: tuple[A
 
 def warm_server(layouts: tuple[str, ...] = ("hash", "dense")) -> None:
     """Load (or compile) the table kernels for the array types requests bring (read-only
-    frames), for ``layouts`` (a hash table's through a vnode's growth): a table of more
-    than one vnode, a request's segment check, its update and its lookup."""
+    frames; every other array goes to the kernels read-only too, ``intrinsics.frozen``), for
+    ``layouts`` (a hash table's through a vnode's growth): a table of more than one vnode, a
+    request's segment check, its update and its lookup, a quota's count, an export, an
+    install.  Nothing is left to compile in the serving loop, where a compile of 10-25 s
+    (a fresh install's cold cache) once starved the heartbeats mid-repair."""
+    from paramserver.routing.ring import Ring
     from paramserver.server.optim import SGD, Zeros
     from paramserver.server.requests import _segment_fault
     from paramserver.server.vnodes import VnodeSet
@@ -131,6 +135,10 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense")) -> None:
         table.check(vnodes, counts, keys)
         table.apply(vnodes, counts, keys, grads)
         table.lookup(vnodes, counts, keys, np.empty((n, 1), np.float32))
+        table.missing(vnodes, counts, keys)  # a namespace's quota
+        stored, rows = table.tables[0].items()  # an export, a checkpoint, a vnode's copy
+        table.install(0, stored, rows)  # a copy received (a repair, a join), a restore
+        Ring.create([1]).vnodes(keys, spec.layout)  # an install's and a restore's keys checked
 
 
 def warm_all() -> None:

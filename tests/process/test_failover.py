@@ -231,6 +231,34 @@ def test_a_paused_server_does_not_answer_with_stale_values_once_its_backup_took_
         np.testing.assert_array_equal(client.pull("w", KEYS).result(timeout=30), 2 * np.ones((N_KEYS, 1)))
 
 
+def test_a_paused_server_with_the_last_copy_is_fenced_and_waited_for_not_written_off():
+    """Issue 28: a server that stops past the heartbeat timeout (a JIT compile on a cold
+    cache, a long collection) while it holds the last complete copy of some vnodes was
+    declared dead, and those vnodes restarted from their initial values.  It is now
+    fenced and waited for: once it runs again, every acknowledged push is there."""
+    import signal
+
+    with LocalCluster(servers=2, workers=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0,
+                      log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=1)  # no backup at all
+        client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
+        victim = client.server_stats()[0]
+        proc = next(p.popen for p in cluster.procs.values() if p.popen.pid == victim["pid"])
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: victim["node_id"] in client.cluster_info()["fenced"], 30,
+                     "the scheduler to fence the silent server")
+            pending = client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32))  # half of it waits for the victim
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        pending.result(timeout=30)
+        info = client.cluster_info()
+        assert sorted(info["ring_servers"]) == sorted(s["node_id"] for s in client.server_stats())
+        assert len(info["ring_servers"]) == 2 and info["fenced"] == []
+        np.testing.assert_array_equal(client.pull("w", KEYS).result(timeout=30), 2 * np.ones((N_KEYS, 1)))
+
+
 def test_a_client_declared_dead_closes_instead_of_going_on_as_a_zombie():
     """Issue 13 (found by the chaos campaign's workers): a client whose heartbeats stopped
     long enough is declared dead, and the servers forget its exactly-once record; when it

@@ -309,7 +309,9 @@ def test_a_scheduler_stopped_in_the_middle_of_a_turn_declares_nobody_dead(make):
     s.turn()
     assert set(s.nodes) == {1, 2}  # their heartbeats are in the socket, unread: nobody is dead
     s.sock.try_recv = lambda: None
-    for _ in range(int(3 * s.config.heartbeat_timeout_s / s.poll_s)):  # silent turns, on time: now they are
+    # silent turns, on time: now they are dead (each holds the last copy of its vnodes of a
+    # table of replicas 1, so it is fenced and waited for up to last_copy_timeout_s first)
+    for _ in range(int((s.config.last_copy_timeout_s + s.config.heartbeat_timeout_s) / s.poll_s)):
         t["now"] += s.poll_s
         s.turn()
     assert not any(n.role == "server" for n in s.nodes.values())

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.errors import ConfigError
+from paramserver.intrinsics import frozen
 from paramserver.routing.hashing import vnodes_of_keys
 
 #: longest chain (primary + backups); a table's replication factor is at most this
@@ -139,7 +140,7 @@ class Ring:
 
     def vnodes(self, keys: np.ndarray, layout: int = 0) -> np.ndarray:
         """Vnode of every key (vectorised); ``layout``: the table's (``TableSpec.layout``)."""
-        return vnodes_of_keys(np.ascontiguousarray(keys, np.uint64), self.n_vnodes, layout)
+        return vnodes_of_keys(frozen(np.ascontiguousarray(keys, np.uint64)), self.n_vnodes, layout)
 
     def owner_of_keys(self, keys: np.ndarray, layout: int = 0) -> np.ndarray:
         """Server id of every key (vectorised)."""

@@ -46,6 +46,7 @@ class NodeInfo:
     last_seen: float
     rank: int = -1
     metrics: str = ""  # its /metrics URL (--metrics-port), or ""
+    process: str = ""  # who its process is (wire/liveness.py), or ""
 
 
 @dataclass
@@ -336,19 +337,29 @@ class Membership:
         self._purge_incomplete()
         self.host.migration_over()
 
+    def last_copies(self, server: int, ring: Ring | None = None) -> dict[str, list[int]]:
+        """Per table, the vnodes of which ``server`` holds the last complete copy on a live
+        server (``replicas=1``, or every other replica died or is still being copied): what
+        declaring it dead would lose."""
+        ring = self.ring if ring is None else ring
+        by_table: dict[str, list[int]] = {}
+        if ring is None:
+            return by_table
+        for name, r in sorted(self._replicas().items()):
+            chains = ring.chains[:, :r]
+            for v in np.flatnonzero((chains == server).any(axis=1)).tolist():
+                if not any(s >= 0 and s != server and s in self.host.nodes and (name, v, s) not in self.incomplete
+                           for s in chains[v].tolist()):
+                    by_table.setdefault(name, []).append(v)
+        return by_table
+
     def _record_losses(self, old: Ring, dead: int) -> None:
         """The vnodes ``dead`` held of which no complete copy is left on a live server
         (``replicas=1``, or every other replica died, or was still being copied, before
         the repair): their keys restart from initial values.  Logged and kept in
         ``losses`` (``job_status``), per table."""
-        by_table: dict[str, list[int]] = {}
+        by_table = self.last_copies(dead, old)
         replicas = self._replicas()
-        for name, r in sorted(replicas.items()):
-            chains = old.chains[:, :r]
-            for v in np.flatnonzero((chains == dead).any(axis=1)).tolist():
-                if not any(s >= 0 and s != dead and s in self.host.nodes and (name, v, s) not in self.incomplete
-                           for s in chains[v].tolist()):
-                    by_table.setdefault(name, []).append(v)
         for name, vnodes in by_table.items():
             if replicas[name] == 1:
                 logger.error("table %r has no backup (replicas=1): its %d vnode(s) on server %d restart from "

@@ -29,6 +29,7 @@ from paramserver.logutil import Throttled
 from paramserver.namespaces import Quota, check_name, namespace_of
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.barrier import Barrier
+from paramserver.scheduler.detector import Detector
 from paramserver.scheduler.fanout import FanOut, FanOuts
 from paramserver.scheduler.jobs import Jobs
 from paramserver.scheduler.membership import Membership, Migration, NodeInfo
@@ -72,6 +73,7 @@ class SchedulerNode:
         self.jobs = Jobs(self)  # the training job's shard queue and checkpoints
         self.restores = Restores(self)  # tables loaded from checkpoints, one at a time
         self.membership = Membership(self, config.vnodes_per_server, config.servers)  # the ring and its changes
+        self.detector = Detector(self)  # who is dead: silent nodes, less fenced servers with last copies
         self._announced: list[int] | None = None
         self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
         self.server_waiters: list[tuple[bytes, Any, int]] = []
@@ -193,8 +195,11 @@ class SchedulerNode:
             if not address:
                 raise ProtocolError("a server must register with its address")
             self.transport.check(address)  # a bad one would reach every server's connect, in every copy
-        node = NodeInfo(self._next_id, role, identity, address, self.clock(), metrics=str(msg.header.get("metrics")
-                                                                                        or ""))
+        process = msg.header.get("process") or ""
+        if not isinstance(process, str) or len(process) > 256:
+            raise ProtocolError(f"register: process must be a string of at most 256 characters, got {process!r:.100}")
+        node = NodeInfo(self._next_id, role, identity, address, self.clock(),
+                        metrics=str(msg.header.get("metrics") or ""), process=process)
         self._next_id += 1
         if role != "driver":  # a driver (a script, the dashboard's own client) is not the cluster's news
             self.events.append({"at": time.time(), "what": f"{role} {node.id} joined"})
@@ -309,7 +314,7 @@ class SchedulerNode:
     def on_cluster_info(self, identity: bytes, msg: Message) -> None:
         m = self.membership
         info: dict[str, Any] = {"migrating": m.migration is not None, "queued_changes": len(m.changes),
-                                "incomplete_copies": len(m.incomplete),
+                                "incomplete_copies": len(m.incomplete), "fenced": sorted(self.detector.fenced),
                                 "workers": {str(n.id): n.rank for n in self.nodes.values() if n.role == "worker"},
                                 "events": list(self.events), "ring_moves": self.ring_moves, "http": self.http_url,
                                 "metrics": {str(n.id): n.metrics for n in self.nodes.values() if n.metrics}
@@ -416,16 +421,18 @@ class SchedulerNode:
         return now
 
     def _check_heartbeats(self, now: float) -> None:
-        deadline = now - self.config.heartbeat_timeout_s
         parked = {p[2].id for p in self.parked_workers}  # they wait on us, not we on them
-        for node in [n for n in self.nodes.values() if n.last_seen < deadline and n.id not in parked]:
-            logger.warning("%s %d missed its heartbeat deadline (%.1f s): declared dead",
-                           node.role, node.id, self.config.heartbeat_timeout_s)
-            self._remove(node.id, "dead")
+        for node_id in self.detector.dead(now, parked):  # silent ones, less fenced servers (scheduler/detector.py)
+            if node_id in self.nodes:
+                self._remove(node_id, "dead")
+
+    def alive(self, process: str) -> bool | None:
+        return self.transport.alive(process)
 
     def _remove(self, node_id: int, why: str) -> None:
         node = self.nodes.pop(node_id)
         self.by_identity.pop(node.identity, None)
+        self.detector.forget(node_id)
         self.parked_workers = [p for p in self.parked_workers if p[2].id != node_id]
         self.barrier.drop(node_id)
         self.jobs.node_removed(node_id, node.role)

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 from paramserver.errors import ProtocolError
-from paramserver.intrinsics import prefetch_row
+from paramserver.intrinsics import frozen, prefetch_row
 from paramserver.routing.hashing import dense_keys_of, dense_pos, dense_range, layout_bits, vnode_of_key
 from paramserver.server.memory import zeroed_rows
 from paramserver.server.optim import FTRL_KIND, OP_UPDATE, init_row, init_value, push_row
@@ -156,8 +156,8 @@ class DenseVnode:
 
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Set whole rows (value and state) for ``keys``; all must be in this vnode."""
-        bad = _dense_load(self.rows, self._meta, self.start, np.ascontiguousarray(keys, np.uint64),
-                          np.ascontiguousarray(rows, np.float32), self.layout)
+        bad = _dense_load(self.rows, self._meta, self.start, frozen(np.ascontiguousarray(keys, np.uint64)),
+                          frozen(np.ascontiguousarray(rows, np.float32)), self.layout)
         if bad >= 0:
             raise ProtocolError(f"key {int(keys[bad])} is not in this dense vnode (positions {self.start}.."
                                 f"{self.start + self.capacity - 1} of 2**{self.bits})")

@@ -143,7 +143,8 @@ class ServerNode:
     def send_register(self) -> None:
         self._register_sent = self.clock()
         self.control.send(encode({"op": Op.REGISTER.value, "id": 0, "role": "server",
-                                  "address": self.address, "pid": os.getpid(), "metrics": self.metrics_url}))
+                                  "address": self.address, "pid": os.getpid(), "metrics": self.metrics_url,
+                                  "process": self.transport.process()}))
 
     def registered(self, frames: list[Any]) -> None:
         """The scheduler's answer to ``REGISTER``: this server's id, and its first lease."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from paramserver.intrinsics import prefetch_row
+from paramserver.intrinsics import frozen, prefetch_row
 from paramserver.routing.hashing import hash64, slot_of_hash
 from paramserver.server.optim import OP_UPDATE, init_row, init_value, push_row
 
@@ -244,5 +244,5 @@ class VnodeTable:
         """Set whole rows (value and state) for ``keys``, inserting those not present."""
         if len(self) + keys.shape[0] >= self._limit():
             self._grow(len(self) + keys.shape[0])
-        _insert_rows(self.keys, self.rows, self._meta, np.ascontiguousarray(keys, np.uint64),
-                     np.ascontiguousarray(rows, np.float32))
+        _insert_rows(self.keys, self.rows, self._meta, frozen(np.ascontiguousarray(keys, np.uint64)),
+                     frozen(np.ascontiguousarray(rows, np.float32)))

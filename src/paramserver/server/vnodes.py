@@ -12,6 +12,7 @@ from numba import njit
 from numba.typed import List
 
 from paramserver.errors import ProtocolError
+from paramserver.intrinsics import frozen
 from paramserver.routing.hashing import dense_range
 from paramserver.server.dense import DenseVnode, _dense_check_many, _dense_lookup_many, _dense_missing_many
 from paramserver.server.kernels import kernels_for
@@ -142,6 +143,7 @@ class VnodeSet:
     def install(self, vnode: int, keys: np.ndarray, rows: np.ndarray, replace: bool = True) -> None:
         """Replace ``vnode`` whole by a copy of it (keys, values and state) from another
         server, or (``replace=False``) add more of such a copy's rows."""
+        keys, rows = frozen(keys), frozen(rows)
         if replace or int(vnode) not in self.tables:
             vt = self._new_table(int(vnode))
             vt.load(keys, rows)
@@ -187,6 +189,7 @@ class VnodeSet:
         key space), -1 when all are in place.  Hash tables take any key: -1."""
         if not self.bits:
             return -1
+        vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
         return int(_dense_check_many(self.n_vnodes, self.layout, vnodes, counts, keys))
 
     def _misplaced(self, bad: int, keys: np.ndarray) -> None:
@@ -196,6 +199,7 @@ class VnodeSet:
 
     def lookup(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
         """Rows of ``keys``, grouped by ``vnodes`` (``counts`` keys each), into ``out``."""
+        vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
         if self.tables and self.bits:
             self._misplaced(_dense_lookup_many(self._rows, self._starts, self.slot, vnodes, counts, keys, out,
                                                self.spec.dim, self.layout, self._ikind, self._ihp, self._seed), keys)
@@ -212,6 +216,7 @@ class VnodeSet:
         """How many of ``keys`` (grouped like ``lookup``'s) are not stored yet."""
         if not self.tables:
             return 0
+        vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
         if self.bits:
             return int(_dense_missing_many(self._rows, self._starts, self.slot, vnodes, counts, keys, self.layout))
         return int(_missing_many(self._keys, self._meta, self.slot, vnodes, counts, keys))
@@ -228,6 +233,7 @@ class VnodeSet:
         """Apply ``grads`` to ``keys`` as push operation ``op`` (``optim.PUSH_OPS``; the
         table's rule by default), grouped like ``lookup``'s; vnodes grow as needed."""
         k = self._kernels
+        vnodes, counts, keys, grads = frozen(vnodes), frozen(counts), frozen(keys), frozen(grads)
         if self.tables and self.bits:  # dense vnodes never grow
             self._misplaced(k.dense_apply_many(self._rows, self._meta, self._starts, self.slot, vnodes, counts, keys,
                                                grads, self.spec.dim, self.layout, op, self._okind, self._ohp,

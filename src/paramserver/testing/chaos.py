@@ -48,6 +48,7 @@ class Plan:
     shards: int = 0  # a training job of this many shards (workers take them from the scheduler)
     epochs: int = 1
     checkpoint_every: int = 0  # the job checkpoints every N shards done (0: never)
+    lossless: bool = False  # no fault of the plan may cost data: any loss the scheduler records is a violation
 
 
 def _client_links(a: str, b: str) -> bool:
@@ -104,6 +105,18 @@ def _stalled_server(rng: random.Random) -> Plan:
     return p
 
 
+def _repair_pause(rng: random.Random) -> Plan:
+    """A server crashes; while the repair copies its vnodes to new backups, a server that
+    holds their last complete copy stops past the heartbeat timeout, as a JIT compile, a
+    long collection or a swapped-out VM would.  It must be fenced and waited for, not
+    written off: no data may be lost (``scheduler/detector.py``)."""
+    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=2, lossless=True)
+    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
+    p.failures = [(rng.uniform(2, 10), "crash-then-pause-source")]
+    p.speeds = [0.02, 0.1]
+    return p
+
+
 def _partition(rng: random.Random) -> Plan:
     p = Plan(servers=3, workers=2, replicas=2)
     p.failures = [(rng.uniform(2, 8), rng.choice(["cut-beats", "cut-answers", "isolate"]))]
@@ -138,6 +151,7 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "membership": _membership,
     "stalled-scheduler": _stalled_scheduler,
     "stalled-server": _stalled_server,
+    "repair-pause": _repair_pause,
     "partition": _partition,
     "restore": _restore,
     "job": _job,
@@ -210,6 +224,10 @@ class Run:
                 self.check.job(self.sizes, self.plan.epochs)
         else:
             self.check.fail("no-start", "the tables were never created")
+        if self.plan.lossless:
+            for loss in c.scheduler.losses:
+                self.check.fail("lost-on-pause", f"server {loss.get('server')} was written off with the last copy "
+                                f"of {loss.get('vnodes')} vnode(s) of {loss.get('tables')}, though it was alive")
         self._forget_checkpoints()
         return Result(self.scenario, self.seed, self.check.violations, c.net.trace, self.calls, c.net.time)
 
@@ -444,6 +462,9 @@ class Run:
                 w.host.pause()
                 net.after(self.rng.uniform(1.5, 3.0) * timeout, w.host.resume)
             return
+        if kind == "crash-then-pause-source":
+            self._crash_then_pause_source()
+            return
         if kind in ("join", "joiner-crash"):
             server = c.add_server()
             self.check.servers_by_host[server.name] = server
@@ -476,6 +497,30 @@ class Run:
         elif kind == "leave":
             worker = c.workers[0]
             worker._ask_scheduler({"op": Op.REMOVE_SERVER.value, "node_id": victim.id}, lambda m: None)
+
+    def _crash_then_pause_source(self) -> None:
+        """Crash a server, then pause a source of the repair that follows, before it has
+        confirmed its copies: it then holds the last complete copy of some vnodes."""
+        c, net, timeout = self.cluster, self.cluster.net, self.cluster.config.heartbeat_timeout_s
+        victim = self._victim()
+        if victim is None:
+            return
+        net.log(f"fault crash server {victim.id}")
+        victim.host.crash()
+        give_up = net.time + 3 * timeout
+
+        def watch() -> bool:
+            m = c.scheduler.membership.migration
+            sources = [s for s in c.servers if m is not None and not m.flip and s.id in m.waiting and s.live]
+            if not sources:
+                return net.time < give_up
+            source = self.rng.choice(sources)
+            net.log(f"fault pause server {source.id} (a source of repair {m.id if m else '?'})")
+            source.host.pause()
+            net.after(self.rng.uniform(1.5, 3.0) * timeout, source.host.resume)
+            return False
+
+        net.every(c.sched_host, 0.01, watch)
 
     def _heal_cuts(self) -> None:
         self.cluster.net.faults.cut.clear()

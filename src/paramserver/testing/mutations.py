@@ -80,6 +80,13 @@ def _restore_unheld() -> Callable[[], None]:
     return undo_all
 
 
+def _write_off_last_copy() -> Callable[[], None]:
+    """Declare a silent server dead at the heartbeat timeout even when it holds the last
+    complete copy of some vnodes (as before the detector fenced such servers)."""
+    from paramserver.scheduler.detector import Detector
+    return _patch(Detector, "_wait_for", lambda self, node, now: False)
+
+
 #: name -> (what it switches off, how)
 MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
     "no-dedup": ("skip the retry dedup: a resent push is applied again", _no_dedup),
@@ -89,6 +96,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
     "no-staleness-gate": ("answer pulls without the staleness gate", _no_staleness_gate),
     "no-lease": ("serve without a lease from the scheduler", _no_lease),
     "restore-unheld": ("restore a table without holding ring changes or loading again after one", _restore_unheld),
+    "write-off-last-copy": ("declare a silent server dead on time even when it holds the last complete copy of "
+                            "some vnodes", _write_off_last_copy),
 }
 
 

@@ -214,6 +214,14 @@ class SimTransport:
             raise ProtocolError(f"address {str(address)[:100]!r} is not a simulated one ({SCHEME}NAME)")
         return address
 
+    def process(self) -> str:
+        return f"sim:{self.host.name}"
+
+    def alive(self, process: str) -> bool | None:
+        """A crashed host's process is gone; a paused or cut-off one may be alive."""
+        host = self.host.net.hosts.get(process[len("sim:"):]) if process.startswith("sim:") else None
+        return None if host is None else host.state != "crashed"
+
     def now(self) -> float:
         return self.host.now()
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import zmq
 
 from paramserver.errors import ConfigError
+from paramserver.wire.liveness import process_alive, process_token
 from paramserver.wire.security import load_keys
 from paramserver.wire.sockets import bind_router, check_endpoint, connect_dealer
 
@@ -82,6 +83,10 @@ class Transport(Protocol):
     def now(self) -> float: ...
 
     def check(self, address: Any) -> str: ...  # an address peers can reach on it, else ProtocolError
+
+    def process(self) -> str: ...  # who this node's process is, for ``alive`` elsewhere ("" if unknown)
+
+    def alive(self, process: str) -> bool | None: ...  # False: gone for certain; None: cannot tell
 
 
 class ZmqSocket:
@@ -165,6 +170,12 @@ class ZmqTransport:
 
     def check(self, address: Any) -> str:
         return check_endpoint(address)
+
+    def process(self) -> str:
+        return process_token()
+
+    def alive(self, process: str) -> bool | None:
+        return process_alive(process)
 
     def now(self) -> float:
         return time.monotonic()

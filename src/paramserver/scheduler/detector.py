@@ -1,0 +1,89 @@
+"""The failure detector: which silent nodes the scheduler declares dead, and when.
+
+A node silent for ``heartbeat_timeout_s`` is dead, with one exception: a server that
+holds the last complete copy of some vnodes (``Membership.last_copies``: ``replicas=1``,
+or its backups died or are still being filled by a repair).  Declaring it dead would make
+those vnodes restart from their initial values, and silence does not prove death: a JIT
+compile, a long collection or a swapped-out VM stop the heartbeats of a process that will
+answer again.  Such a server is **fenced** instead: its lease runs out on its own (¾ of
+the heartbeat timeout, ``server/lease.py``), so it serves no client, and nothing else
+changes; the scheduler waits for it up to ``last_copy_timeout_s`` of silence.  If it beats
+again it is un-fenced and nothing was lost; only after that bound, or at once when its
+process is known to be gone (same machine: ``wire/liveness.py``), is it declared dead,
+and the loss is recorded and logged as such (``Membership._record_losses``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from paramserver.config import Config
+from paramserver.scheduler.membership import Membership, NodeInfo
+
+logger = logging.getLogger("paramserver.scheduler.node")  # one log for the scheduler
+
+
+class DetectorHost(Protocol):
+    config: Config
+    nodes: dict[int, NodeInfo]
+    membership: Membership
+
+    def alive(self, process: str) -> bool | None: ...
+
+
+class Detector:
+    """Decides, each turn, which silent nodes are dead; remembers the fenced ones."""
+
+    def __init__(self, host: DetectorHost) -> None:
+        self.host = host
+        self.fenced: dict[int, float] = {}  # server -> when its silence began
+
+    def dead(self, now: float, waiting_on_us: set[int]) -> list[int]:
+        """The nodes to declare dead now: silent past the heartbeat timeout, less the fenced
+        servers still within ``last_copy_timeout_s`` (``waiting_on_us``: never dead for
+        silence, they wait on the scheduler)."""
+        cfg = self.host.config
+        deadline = now - cfg.heartbeat_timeout_s
+        for server in [s for s in self.fenced if s in self.host.nodes and self.host.nodes[s].last_seen >= deadline]:
+            silent = self.host.nodes[server].last_seen - self.fenced.pop(server)
+            logger.warning("server %d answered again after %.1f s of silence: un-fenced, nothing was lost",
+                           server, silent)
+        dead = []
+        for node in [n for n in self.host.nodes.values() if n.last_seen < deadline and n.id not in waiting_on_us]:
+            if node.role == "server" and self._wait_for(node, now):
+                continue
+            logger.warning("%s %d missed its heartbeat deadline (%.1f s): declared dead", node.role, node.id,
+                           now - node.last_seen)
+            self.fenced.pop(node.id, None)
+            dead.append(node.id)
+        return dead
+
+    def _wait_for(self, node: NodeInfo, now: float) -> bool:
+        """Whether a silent server is waited for (fenced) rather than declared dead."""
+        last = self.host.membership.last_copies(node.id)
+        if not last:
+            return False
+        alive = self.host.alive(node.process)
+        bound = max(self.host.config.last_copy_timeout_s, self.host.config.heartbeat_timeout_s)
+        silent = now - node.last_seen
+        vnodes = sorted({v for vs in last.values() for v in vs})
+        if alive is False:
+            logger.error("server %d's process is gone (silent %.1f s) and it held the last complete copy of %d "
+                         "vnode(s) of %s", node.id, silent, len(vnodes), sorted(last))
+            return False
+        if silent >= bound:
+            logger.error("server %d stayed silent for %.1f s (last_copy_timeout_s %g) holding the last complete "
+                         "copy of %d vnode(s) of %s: declared dead, and that data is lost", node.id, silent,
+                         bound, len(vnodes), sorted(last))
+            return False
+        if node.id not in self.fenced:
+            self.fenced[node.id] = node.last_seen
+            logger.warning("server %d is silent (%.1f s) but holds the last complete copy of %d vnode(s) of %s: "
+                           "fenced (its lease has run out, it serves nobody) and waited for up to %g s of silence "
+                           "before that data is written off (PARAMSERVER_LAST_COPY_TIMEOUT_S)", node.id, silent,
+                           len(vnodes), sorted(last), bound)
+        return True
+
+    def forget(self, node_id: int) -> None:
+        self.fenced.pop(node_id, None)
