@@ -10,8 +10,12 @@ holds the ring, every table spec, the files and the vector clock; each file is l
 ``[path relative to the step, keys, sha256, bytes]``, and a restore checks every one
 (inside the step, its size, its hash, its key count) before it installs anything, so a
 damaged, swapped or edited file fails the restore and changes nothing.  Manifests of the
-first format (absolute paths, no hashes) are still read, with a warning;
-one written during a training job (by the scheduler) also holds the job's progress:
+first format (absolute paths, no hashes) cannot be verified, so they are refused unless the
+caller opts in (``allow_unverified=True``, ``--allow-unverified-checkpoint``): otherwise
+rewriting a manifest as format 1 would let an edited file through.  A local path is made
+absolute by the process that asks for a checkpoint or a restore (``local_url``), so every
+server writes and reads the same folder, whatever its working directory.
+One written during a training job (by the scheduler) also holds the job's progress:
 ``"job": {"shards", "epochs", "epoch", "done", "totals", "epoch_examples"}``.
 A restore may use any number of servers: each server reads the files and keeps the keys
 whose vnode it owns under the new ring (a key's initial value and state go with it, so
@@ -104,28 +108,70 @@ def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.nda
     return [rel, int(keys.size), hashlib.sha256(body).hexdigest(), len(body)]
 
 
+def local_url(url: Any, what: str = "checkpoint URL") -> str:
+    """``url`` as every server must see it: a local path made absolute here (a relative one
+    would name another folder on each server, under its own working directory); a URL with
+    a scheme (``s3://``, ``memory://``, ``file://``) as it is.  An empty one is refused (it
+    would name the servers' filesystem root)."""
+    if not isinstance(url, str) or not url.strip():
+        raise CheckpointError(f"{what} {url!r} is empty: refused (it would write at the filesystem root of "
+                              "every server); give a folder or URL, e.g. /data/ckpt or s3://bucket/ckpt")
+    if "://" in url or os.path.isabs(url):
+        return url
+    path = os.path.join(os.getcwd(), url)
+    # normalised unless it has a '..', which stays for ``confine`` to refuse as it would a server's
+    return path if ".." in url.replace("\\", "/").split("/") else os.path.normpath(path)
+
+
+def _real(path: str) -> str:
+    """``path`` with every symlink resolved, though its end may not exist yet (a checkpoint
+    about to be written): the nearest existing parent resolved, the rest joined to it."""
+    path = os.path.abspath(path)
+    rest: list[str] = []
+    while not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        rest.append(os.path.basename(path))
+        path = parent
+    return os.path.join(os.path.realpath(path), *reversed(rest))
+
+
 def confine(url: str, root: str) -> str:
-    """``url`` if a server may write or read a checkpoint there: no ``..`` in it, and under
-    ``root`` (the cluster's ``--checkpoint-root``) when one is set; else CheckpointError."""
+    """``url`` if a server may write or read a checkpoint there: not empty, no ``..`` in it,
+    and under ``root`` (the cluster's ``--checkpoint-root``) when one is set, once every
+    symlink is resolved (a link inside the root to a folder outside it is outside); else
+    CheckpointError."""
+    if not url:
+        raise CheckpointError("checkpoint URL '' is empty: refused (it would write at this server's filesystem "
+                              "root); give a folder or URL, e.g. /data/ckpt or s3://bucket/ckpt")
     path = url.split("://", 1)[-1]
     if ".." in path.replace("\\", "/").split("/"):
         raise CheckpointError(f"checkpoint URL {url[:200]!r} has a '..' in it: refused; name the folder directly")
     if root:
         local = "://" not in url and "://" not in root
-        here, top = (os.path.abspath(url), os.path.abspath(root)) if local else (url.rstrip("/"), root.rstrip("/"))
+        here, top = (_real(url), _real(root)) if local else (url.rstrip("/"), root.rstrip("/"))
         if here != top and not here.startswith(top.rstrip("/") + "/"):
-            raise CheckpointError(f"checkpoint URL {url[:200]!r} is outside the cluster's checkpoint root {root!r}: "
-                                  "refused; write checkpoints under it (--checkpoint-root, "
-                                  "PARAMSERVER_CHECKPOINT_ROOT)")
+            real = f" (it resolves to {here!r} through a symlink)" if local and here != os.path.abspath(url) else ""
+            raise CheckpointError(f"checkpoint URL {url[:200]!r}{real} is outside the cluster's checkpoint root "
+                                  f"{root!r}: refused; write checkpoints under it (--checkpoint-root, "
+                                  "PARAMSERVER_CHECKPOINT_ROOT), with no symlink out of it")
     return url
 
 
-def entry_path(step: str, entry: Any) -> str:
+def entry_path(step: str, entry: Any, allow_unverified: bool = False) -> str:
     """The file of a manifest entry, refused unless it lies inside ``step`` (a relative
-    path without '..'; a first-format absolute path must start with the step)."""
+    path without '..'; a first-format absolute path must start with the step).  A
+    first-format entry ``[path, keys]`` (no sha256 to check the file against) only with
+    ``allow_unverified``: in any manifest, it would let an edited file through."""
     if not isinstance(entry, list) or len(entry) not in (2, 4) or not isinstance(entry[0], str):
         raise CheckpointError(f"{step}/{MANIFEST}: a file entry must be [path, keys, sha256, bytes], got "
                               f"{str(entry)[:200]}; restore another step")
+    if len(entry) == 2 and not allow_unverified:
+        raise CheckpointError(f"{step}/{MANIFEST} lists {entry[0][:200]!r} without its sha256 and size (a "
+                              "first-format entry): the file cannot be verified, and unverified checkpoints are "
+                              "refused; restore a step written by this version, or, if you trust this one, pass "
+                              "allow_unverified=True (Client.restore) or --allow-unverified-checkpoint")
     path = entry[0]
     if len(entry) == 2:  # first format: absolute, under the step
         inside = path.startswith(step.rstrip("/") + "/") and ".." not in path.split("/")
@@ -226,7 +272,9 @@ def resolve_step(url: str) -> str:
     return url if len(name) == 15 and name.isdigit() else latest_step(url)
 
 
-def read_manifest(step: str) -> dict[str, Any]:
+def read_manifest(step: str, allow_unverified: bool = False) -> dict[str, Any]:
+    """The manifest of ``step``, checked; a first-format one (no sha256 of its files, so an
+    edited file would be restored unnoticed) only with ``allow_unverified``."""
     import fsspec
 
     path = f"{step.rstrip('/')}/{MANIFEST}"
@@ -241,26 +289,32 @@ def read_manifest(step: str) -> dict[str, Any]:
             not isinstance(manifest.get("tables"), dict) or not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"{path} is not a paramserver checkpoint manifest ({' or '.join(FORMATS)}); "
                               "restore another step")
+    if manifest["format"] != FORMAT:
+        if not allow_unverified:
+            raise CheckpointError(f"{path} is a {manifest['format']} manifest: its files have no sha256, so an "
+                                  "edited or swapped file cannot be detected, and unverified checkpoints are "
+                                  "refused; restore a step written by this version, or, if you trust this one, "
+                                  "pass allow_unverified=True (Client.restore) or --allow-unverified-checkpoint")
+        logger.warning("%s was written by an older version (%s): its files have no checksums to verify; "
+                       "restored unverified, as allow_unverified asks", step, manifest["format"])
     return manifest
 
 
-def restore_tables(client: Any, url: str) -> dict[str, int]:
+def restore_tables(client: Any, url: str, allow_unverified: bool = False) -> dict[str, int]:
     """``Client.restore``: every file of the step checked (``read_vnode``) before any table is
     created; then each table created with its whole spec and loaded by every server; a
-    failure drops the tables this restore created."""
+    failure drops the tables this restore created.  A first-format step (no sha256 to
+    check its files against) only with ``allow_unverified``."""
     from paramserver.spec import TableSpec
     from paramserver.wire.message import Op
 
-    manifest = read_manifest(step := resolve_step(url))
-    if manifest["format"] != FORMAT:
-        logger.warning("%s was written by an older version (%s): its files have no checksums to verify",
-                       step, manifest["format"])
+    manifest = read_manifest(step := resolve_step(url), allow_unverified)
     plan = []
     for name, wire in manifest["tables"].items():  # every file checked before anything is created
         spec = TableSpec.from_wire(wire)
         entries = list(manifest["files"].get(name, {}).values())
         for entry in entries:
-            read_vnode(entry_path(step, entry), entry)
+            read_vnode(entry_path(step, entry, allow_unverified), entry)
         plan.append((spec, entries))
     existing = set(client.tables())  # never dropped by a failed restore
     restored: dict[str, int] = {}
@@ -270,8 +324,10 @@ def restore_tables(client: Any, url: str) -> dict[str, int]:
             restored[spec.name] = 0
             # the scheduler has every server of the ring load its keys, holding joins and
             # removals meanwhile, and loads again if a server dies (``scheduler/restores.py``)
-            loaded = int(client._call(client.config.scheduler, {"op": Op.RESTORE.value, "table": spec.name,
-                                                                "step": step, "entries": entries})["loaded"])
+            request: dict[str, Any] = {"op": Op.RESTORE.value, "table": spec.name, "step": step, "entries": entries}
+            if allow_unverified:  # the servers refuse first-format entries unless told
+                request["allow_unverified"] = True
+            loaded = int(client._call(client.config.scheduler, request)["loaded"])
             expected = sum(int(entry[1]) for entry in entries)
             if loaded != expected:
                 raise CheckpointError(f"restoring {spec.name!r} from {step} loaded {loaded} keys, "

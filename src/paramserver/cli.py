@@ -92,6 +92,13 @@ def _round_checkpoint_flags(p: argparse.ArgumentParser, unit: str, default: int)
                    help="keep the newest N complete checkpoints under --checkpoint-dir, remove older ones (0: all)")
     p.add_argument("--resume", metavar="URL", help="go on from the newest complete checkpoint in this folder (or "
                    "this step): same data and layout settings; it checks them")
+    _unverified_flag(p)
+
+
+def _unverified_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-unverified-checkpoint", action="store_true",
+                   help="with --resume: accept a checkpoint of the first format, whose files have no sha256 to "
+                        "verify (refused otherwise: an edited file would be restored unnoticed)")
 
 
 class _Skipped:
@@ -223,6 +230,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="URL",
                    help="go on from the newest complete checkpoint in this folder (or this step), "
                         "onto any number of servers; same --data, --shard-mb and model flags")
+    _unverified_flag(p)
     p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")
     p.add_argument("--log-dir", metavar="DIR", help="keep the nodes' logs here (default: a temporary folder, "
                                                     "removed unless the job fails)")

@@ -83,14 +83,17 @@ class Checkpoints:
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """A round checkpoint to go on from: its step, and the round to run next."""
+    """A round checkpoint to go on from: its step, and the round to run next;
+    ``allow_unverified``: it may be a first-format one (files without sha256)."""
 
     step: str
     round: int
+    allow_unverified: bool = False
 
 
-def resume_point(url: str, meta: dict[str, Any]) -> ResumePoint:
-    """The newest complete round checkpoint under ``url`` (or the step ``url`` names).
+def resume_point(url: str, meta: dict[str, Any], allow_unverified: bool = False) -> ResumePoint:
+    """The newest complete round checkpoint under ``url`` (or the step ``url`` names); a
+    first-format one (its files have no sha256) only with ``allow_unverified``.
 
     Raises:
         CheckpointError: none there, or one written by another app or for other data or
@@ -98,8 +101,8 @@ def resume_point(url: str, meta: dict[str, Any]) -> ResumePoint:
     """
     from paramserver import checkpoint as ckpt
 
-    step = ckpt.resolve_step(url)
-    rounds = ckpt.read_manifest(step).get("rounds")
+    step = ckpt.resolve_step(ckpt.local_url(url, "--resume"))
+    rounds = ckpt.read_manifest(step, allow_unverified).get("rounds")
     if not isinstance(rounds, dict) or not isinstance(rounds.get("round"), int):
         raise CheckpointError(f"{step} is not a checkpoint of scheduled rounds (lasso, mf, lda): it has no round "
                               "in its manifest; resume a train job with paramserver train --resume")
@@ -109,7 +112,7 @@ def resume_point(url: str, meta: dict[str, Any]) -> ResumePoint:
         said = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in differ.items())
         raise CheckpointError(f"{step} was written by another job ({said}); resume with the data and settings it "
                               "was written with, or start afresh with an empty --checkpoint-dir")
-    return ResumePoint(step, int(rounds["round"]))
+    return ResumePoint(step, int(rounds["round"]), allow_unverified)
 
 
 def check_checkpoint_dir(url: str | None, resume: ResumePoint | None) -> None:
@@ -135,12 +138,14 @@ def check_checkpoint_dir(url: str | None, resume: ResumePoint | None) -> None:
 @dataclass(frozen=True)
 class CheckpointOptions:
     """The checkpoint flags of a scheduled app: ``--checkpoint-dir``, ``--checkpoint-every``
-    (in the app's own unit: epochs, iterations, rounds), ``--keep-checkpoints``, ``--resume``."""
+    (in the app's own unit: epochs, iterations, rounds), ``--keep-checkpoints``, ``--resume``,
+    ``--allow-unverified-checkpoint`` (resume from a first-format checkpoint)."""
 
     dir: str | None = None
     every: int = 1
     keep: int = 3
     resume: str | None = None
+    allow_unverified: bool = False
 
     def check(self) -> None:
         """Before any long work: the flags' values, the folder writable, a checkpoint to resume there.
@@ -161,9 +166,13 @@ class CheckpointOptions:
     def plan(self, meta: dict[str, Any], rounds_a_unit: int) -> tuple[Checkpoints | None, ResumePoint | None]:
         """What ``run_rounds`` takes, once the data is read (``meta`` describes it and the
         settings a resumed job must share)."""
-        point = resume_point(self.resume, meta) if self.resume is not None else None
-        check_checkpoint_dir(self.dir, point)
-        cps = Checkpoints(self.dir, self.every * rounds_a_unit, self.keep, meta) if self.dir else None
+        from paramserver import checkpoint as ckpt
+
+        point = resume_point(self.resume, meta, self.allow_unverified) if self.resume is not None else None
+        # absolute, as the resumed step is: every worker and server then names the same folder
+        url = ckpt.local_url(self.dir, "--checkpoint-dir") if self.dir else self.dir
+        check_checkpoint_dir(url, point)
+        cps = Checkpoints(url, self.every * rounds_a_unit, self.keep, meta) if url else None
         return cps, point
 
 

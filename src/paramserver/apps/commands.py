@@ -164,7 +164,8 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
                                   checkpoint_dir=getattr(args, "checkpoint_dir", None),
                                   checkpoint_every=getattr(args, "checkpoint_every", None),
                                   resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False),
-                                  keep_checkpoints=getattr(args, "keep_checkpoints", 3))
+                                  keep_checkpoints=getattr(args, "keep_checkpoints", 3),
+                                  allow_unverified=getattr(args, "allow_unverified_checkpoint", False))
     finally:
         if live is not None:
             live.stop()
@@ -269,7 +270,8 @@ def _cluster_options(args: argparse.Namespace) -> dict[str, Any]:
 def _checkpoints(args: argparse.Namespace) -> Any:
     from paramserver.schedule import CheckpointOptions
 
-    return CheckpointOptions(args.checkpoint_dir, args.checkpoint_every, args.keep_checkpoints, args.resume)
+    return CheckpointOptions(args.checkpoint_dir, args.checkpoint_every, args.keep_checkpoints, args.resume,
+                             getattr(args, "allow_unverified_checkpoint", False))
 
 
 def lasso(args: argparse.Namespace, _: Any) -> int:

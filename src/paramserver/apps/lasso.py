@@ -475,7 +475,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
             client = cluster.client
             block = min(cfg.block_size, 1 << bits)
             if resume is not None:
-                client.restore(resume.step)
+                client.restore(resume.step, allow_unverified=resume.allow_unverified)
             else:
                 client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits, block_size=block)
             per_worker, lost = cluster.run_elastic(lasso_worker, data, d, cfg, workers, cps, resume)

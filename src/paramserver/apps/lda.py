@@ -536,7 +536,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
         paths = write_parts(scratch, corpus, word_block, workers)
         client = cluster.client
         if resume is not None:
-            client.restore(resume.step)
+            client.restore(resume.step, allow_unverified=resume.allow_unverified)
         else:
             client.create_table(WORD_TOPIC, dim=K, optimizer="sgd", key_bits=max(int(V - 1).bit_length(), 1))
             client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd",

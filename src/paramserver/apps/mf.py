@@ -311,7 +311,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
         paths = write_strata(scratch, u, i, r, lay, workers, cfg.seed)
         client = cluster.client
         if resume is not None:
-            client.restore(resume.step)
+            client.restore(resume.step, allow_unverified=resume.allow_unverified)
         else:
             for table, n in ((USERS, user_ids.size), (ITEMS, item_ids.size)):
                 client.create_table(table, dim=k + 1, optimizer="sgd", key_bits=max(int(n - 1).bit_length(), 1))

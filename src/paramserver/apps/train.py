@@ -378,7 +378,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                  checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
                  resume: str | None = None, setup: Callable[[Any], Any] | None = None,
                  cluster_options: dict[str, Any] | None = None, allow_loss: bool = False,
-                 keep_checkpoints: int = 3) -> dict[str, Any]:
+                 keep_checkpoints: int = 3, allow_unverified: bool = False) -> dict[str, Any]:
     """Train on a fresh local cluster; return the report (see ``docs``).
 
     Args:
@@ -394,6 +394,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             that has no backup, instead of failing with ``DataLossError``.
         keep_checkpoints: with ``checkpoint_dir``, keep only the newest N complete steps
             there (0: keep all).
+        allow_unverified: ``resume`` from a first-format checkpoint, whose files have no
+            sha256 to check (refused otherwise; ``--allow-unverified-checkpoint``).
     """
     from paramserver.cluster.launch import open_cluster
 
@@ -407,7 +409,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     job_checkpoints = _checkpoint_option(checkpoint_dir, checkpoint_every, len(shards))
     if job_checkpoints is not None:  # eval and predict read a checkpoint with these
         job_checkpoints["meta"] = model_meta(cfg.model, cfg.data)
-    step, progress = _resume_point(resume, shards, spec, cfg, data, shard_bytes) if resume else (None, None)
+    step, progress = _resume_point(resume, shards, spec, cfg, data, shard_bytes, allow_unverified) if resume \
+        else (None, None)
     overlap = _core_to_spare(servers, workers)  # else the test rows are read after the job
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
@@ -424,7 +427,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         client = cluster.client
         created = time.perf_counter()
         if step is not None:
-            client.restore(step)  # creates the tables with the checkpoint's (identical) specs
+            # creates the tables with the checkpoint's (identical) specs
+            client.restore(step, allow_unverified=allow_unverified)
         else:
             client.create_table_spec(spec)
             if dense_spec is not None:  # a deep model's MLP starts from its seed, on the servers
@@ -548,10 +552,10 @@ def _checkpoint_option(url: str | None, every: int | None, n_shards: int) -> dic
 
 
 def _resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: TrainConfig, data: list[str],
-                  shard_bytes: int) -> tuple[str, dict[str, Any]]:
+                  shard_bytes: int, allow_unverified: bool = False) -> tuple[str, dict[str, Any]]:
     """The step to restore and the job progress to start from, checked against this job."""
-    step = checkpoint.resolve_step(url)
-    manifest = checkpoint.read_manifest(step)
+    step = checkpoint.resolve_step(checkpoint.local_url(url, "--resume"))
+    manifest = checkpoint.read_manifest(step, allow_unverified)
     job = manifest.get("job")
     if not isinstance(job, dict) or not isinstance(job.get("shards"), list):
         raise CheckpointError(f"--resume {step}: this checkpoint has no job progress (it was written by "

@@ -473,11 +473,13 @@ class Client:
         last and atomically, so an interrupted checkpoint is never restored.  ``step``
         names the step (``checkpoint.step_url``) when the caller must know it first (the
         rounds of ``schedule.run_rounds`` write their own files into it); ``extra`` goes
-        into the manifest as is.
+        into the manifest as is.  A local path is made absolute here, so every server
+        writes into the same folder (an empty one is refused).
         """
         from paramserver import checkpoint as ckpt
 
-        step = step or ckpt.new_step_url(url)
+        url = ckpt.local_url(url)
+        step = ckpt.local_url(step, "checkpoint step") if step is not None else ckpt.new_step_url(url)
         replies = self._on_every_server({"op": Op.CHECKPOINT.value, "url": step})
         tables = {n: TableSpec.from_wire(w).to_wire()
                   for n, w in self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"].items()}
@@ -485,18 +487,21 @@ class Client:
                                                          tables, **(extra or {})))
         return step
 
-    def restore(self, url: str) -> dict[str, int]:
+    def restore(self, url: str, *, allow_unverified: bool = False) -> dict[str, int]:
         """Create the tables of a checkpoint and load them, onto any number of servers.
 
-        ``url`` is a checkpoint folder (its newest complete step is used) or one step.
-        Returns the keys restored per table.
+        ``url`` is a checkpoint folder (its newest complete step is used) or one step; a
+        local path is made absolute here.  Returns the keys restored per table.
+        ``allow_unverified`` restores a first-format checkpoint, whose files have no
+        sha256 to check them against (refused otherwise: an edited file would go unseen).
 
         Raises:
-            CheckpointError: no complete step, a missing or corrupt manifest or file.
+            CheckpointError: no complete step, a missing or corrupt manifest or file, an
+                unverifiable (first-format) checkpoint without ``allow_unverified``.
         """
-        from paramserver.checkpoint import restore_tables
+        from paramserver.checkpoint import local_url, restore_tables
 
-        return restore_tables(self, url)
+        return restore_tables(self, local_url(url), allow_unverified)
 
     @property
     def bytes_sent(self) -> int:

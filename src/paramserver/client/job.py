@@ -36,11 +36,16 @@ class Job:
         ``checkpoint={"url": URL, "every": N}``: the scheduler checkpoints every table at a
         clock boundary after every N shards done, with the job's progress in the manifest.
         ``resume``: the ``"job"`` part of such a manifest (epoch, shards done, totals).
+        A local checkpoint path is made absolute here (the scheduler and the servers may
+        each run in another working directory).
         """
         header: dict[str, Any] = {"op": Op.JOB_START.value, "shards": [s.to_wire() for s in shards],
                                   "epochs": epochs}
         if checkpoint is not None:
-            header["checkpoint"] = checkpoint
+            from paramserver.checkpoint import local_url
+
+            header["checkpoint"] = {**checkpoint, "url": local_url(checkpoint.get("url"), "checkpoint url")} \
+                if isinstance(checkpoint, dict) else checkpoint
         if resume is not None:
             header["resume"] = resume
         self._client._call(self._scheduler, header)

@@ -77,12 +77,15 @@ class Restores:
         return self.current is not None
 
     def request(self, identity: bytes, msg: Message) -> None:
-        """A client's ``restore``: ``table``, ``step``, ``entries`` (the manifest's files)."""
+        """A client's ``restore``: ``table``, ``step``, ``entries`` (the manifest's files),
+        ``allow_unverified`` (first-format entries, without sha256, accepted)."""
         table = hfield(msg, "table", str)
         if table not in self.host.tables:
             raise ConfigError(f"unknown table {table!r}: create it before restoring it")
         header = {"op": Op.RESTORE.value, "table": table, "step": hfield(msg, "step", str),
                   "entries": hfield(msg, "entries", list)}
+        if msg.header.get("allow_unverified") is True:  # first-format entries (no sha256): the client opted in
+            header["allow_unverified"] = True
         self.queue.append(Restore(identity, msg, table, header))
         self.settled()
 

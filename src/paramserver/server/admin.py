@@ -48,7 +48,7 @@ class Admin:
         assert n.ring is not None
         loaded = storage.restore_rows(n.tables, n.primary, n.ring, field(msg, "table", str),
                                       confine(field(msg, "step", str), n.config.checkpoint_root),
-                                      field(msg, "entries", list))
+                                      field(msg, "entries", list), msg.header.get("allow_unverified") is True)
         return reply(msg, loaded=loaded)
 
     def state(self) -> dict[str, Any]:

@@ -54,13 +54,15 @@ def write_checkpoint(tables: dict[str, VnodeSet], primary: np.ndarray, url: str)
 
 
 def restore_rows(tables: dict[str, VnodeSet], primary: np.ndarray, ring: Ring, name: str, step: str,
-                 entries: list[Any]) -> int:
+                 entries: list[Any], allow_unverified: bool = False) -> int:
     """Load the keys this server holds under ``ring`` from a checkpoint's files (each
-    checked, size, sha256 and keys, before anything is kept); the keys it is primary of."""
+    checked, size, sha256 and keys, before anything is kept); the keys it is primary of.
+    First-format entries (no sha256) only with ``allow_unverified``."""
     table = tables.get(name)
     if table is None:
         raise UnknownTableError(f"unknown table {name!r}: create it before restoring it")
-    files = [(checkpoint.entry_path(step, entry), entry) for entry in entries]  # every entry well-formed first
+    # every entry well-formed first
+    files = [(checkpoint.entry_path(step, entry, allow_unverified), entry) for entry in entries]
     loaded = 0
     for path, entry in files:
         keys, rows = checkpoint.read_vnode(path, entry)
