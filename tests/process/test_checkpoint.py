@@ -318,6 +318,25 @@ def test_a_vnode_file_from_another_step_is_refused(saved_step, tmp_path):
     _restore_fails(step, "does not match the sha256|bytes, the manifest says")
 
 
+def test_a_manifest_rewritten_as_the_first_format_is_refused_unless_allowed(saved_step, tmp_path):
+    """The attack: format 1 has no sha256, so an edited file loaded with only a warning."""
+    from paramserver import LocalCluster
+    step = _copy(saved_step[0], tmp_path)
+    manifest, path = _a_file(step)
+    with np.load(path) as data:
+        keys, rows = data["keys"], data["rows"]
+    with open(path, "wb") as f:
+        np.savez(f, keys=keys, rows=rows + 1)  # a valid file, with other values
+    manifest["format"] = "paramserver-checkpoint-1"
+    manifest["files"] = {t: {v: [f"{step}/{e[0]}", e[1]] for v, e in vnodes.items()}
+                         for t, vnodes in manifest["files"].items()}
+    with open(os.path.join(step, "MANIFEST.json"), "w") as f:
+        json.dump(manifest, f)
+    _restore_fails(step, "paramserver-checkpoint-1 manifest: its files have no sha256.*--allow-unverified-checkpoint")
+    with LocalCluster(servers=2, workers=0, log_level="WARNING") as cluster:  # the user's explicit choice
+        assert cluster.client.restore(step, allow_unverified=True)["t"] == saved_step[1].size
+
+
 @pytest.mark.parametrize("where", ["../../elsewhere.npz", "/etc/passwd", "file:///dev/zero"])
 def test_a_manifest_entry_outside_its_step_is_refused(saved_step, tmp_path, where):
     step = _copy(saved_step[0], tmp_path)

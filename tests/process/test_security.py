@@ -178,12 +178,22 @@ def test_checkpoints_stay_under_the_checkpoint_root_and_never_take_dotdot(tmp_pa
             with pytest.raises(CheckpointError, match=message):
                 client.checkpoint(url)
         assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "escape").exists()
+        (tmp_path / "linked").mkdir()
+        (root / "link").symlink_to(tmp_path / "linked")  # inside the root, to a folder outside it
+        with pytest.raises(CheckpointError, match="through a symlink.* is outside the cluster's checkpoint root"):
+            client.checkpoint(str(root / "link" / "ck"))
+        assert not any((tmp_path / "linked").rglob("*.npz"))
+        (root / "old").symlink_to(os.path.dirname(outside))
         step = client.checkpoint(str(root / "ok"))
         assert step.startswith(str(root))
         client.drop_table("t")
         with pytest.raises(ConfigError, match="could not restore 't': CheckpointError: .* outside the cluster's "
                                               "checkpoint root"):
             client.restore(outside)  # the servers refuse to read there
+        assert "t" not in client.tables()
+        with pytest.raises(ConfigError, match="could not restore 't': CheckpointError: .* outside the cluster's "
+                                              "checkpoint root"):
+            client.restore(str(root / "old" / os.path.basename(outside)))  # nor through a link in the root
         assert "t" not in client.tables()
 
 
