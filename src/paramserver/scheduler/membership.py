@@ -47,6 +47,7 @@ class NodeInfo:
     rank: int = -1
     metrics: str = ""  # its /metrics URL (--metrics-port), or ""
     process: str = ""  # who its process is (wire/liveness.py), or ""
+    pid: int = 0  # its process id, as it registered (0: not given); a launcher waits for its joiner by it
 
 
 @dataclass

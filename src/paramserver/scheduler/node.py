@@ -38,6 +38,7 @@ from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
 from paramserver.wire.security import MAY_REGISTER, tokens_of, user_role
+from paramserver.wire.sockets import check_metrics_url
 from paramserver.wire.transport import Transport, ZmqTransport
 
 logger = logging.getLogger(__name__)
@@ -190,16 +191,20 @@ class SchedulerNode:
         if self._key_role is not None and role not in MAY_REGISTER.get(self._key_role, ()):
             raise ProtocolError(f"a {self._key_role} key cannot register as a {role}: only the cluster's keys "
                                 "(paramserver keygen) may run a scheduler or servers")
-        address = msg.header.get("address") or ""
-        if role == "server":
-            if not address:
-                raise ProtocolError("a server must register with its address")
-            self.transport.check(address)  # a bad one would reach every server's connect, in every copy
+        address = msg.header.get("address")
+        if role == "server" and not address:
+            raise ProtocolError("a server must register with its address (tcp://HOST:PORT)")
+        if address is not None and address != "":  # any role's: a bad one would reach every peer, the logs,
+            self.transport.check(address)  # the dashboard (and a server's, every server's connect)
+        metrics = check_metrics_url(msg.header.get("metrics"))  # listed by cluster status, linked by the dashboard
+        pid = msg.header.get("pid", 0)
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < 1 << 32:
+            raise ProtocolError(f"pid must be the node's process id (a whole number), got {str(pid)[:100]!r}")
         process = msg.header.get("process") or ""
         if not isinstance(process, str) or len(process) > 256:
             raise ProtocolError(f"register: process must be a string of at most 256 characters, got {process!r:.100}")
-        node = NodeInfo(self._next_id, role, identity, address, self.clock(),
-                        metrics=str(msg.header.get("metrics") or ""), process=process)
+        node = NodeInfo(self._next_id, role, identity, address or "", self.clock(), metrics=metrics, pid=pid,
+                        process=process)
         self._next_id += 1
         if role != "driver":  # a driver (a script, the dashboard's own client) is not the cluster's news
             self.events.append({"at": time.time(), "what": f"{role} {node.id} joined"})

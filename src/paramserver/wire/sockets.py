@@ -7,7 +7,9 @@ protocol limit; anything between the two is refused with an error reply by ``dec
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import sys
 from typing import Any
 
 import zmq
@@ -15,26 +17,106 @@ import zmq
 from paramserver.errors import ConfigError, ProtocolError
 from paramserver.wire.security import Keys, secure_client, secure_server
 
-_TCP = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9._-]*):([0-9]{1,5})$")
+_PORT = r"([0-9]{1,5})"
+_TCP = re.compile(r"tcp://(\[[^\]]*\]|[^:/\[\]]*):" + _PORT)
+_HTTP = re.compile(r"(https?)://(\[[^\]]*\]|[^:/\[\]@]*):" + _PORT + r"(/[^?#]*)?(\?[^#]*)?")
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_CONTROL = re.compile(r"[\x00-\x20\x7f-\x9f]")  # control characters and whitespace (zmq, HTTP and logs choke)
+#: The longest ``ipc://`` path a Unix socket takes: ``sun_path`` (108 bytes on Linux, 104 on
+#: macOS and the BSDs) less the terminating NUL.  zmq refuses a longer one (ENAMETOOLONG).
+IPC_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
+MAX_ADDRESS = 1024
+MAX_METRICS_URL = 512
+_WILDCARDS = ("0.0.0.0", "*", "[::]")
+
+
+def _host_problem(host: str) -> str:
+    """Why ``host`` is not a host name, an IPv4 address or a bracketed IPv6 one ("" if it is one)."""
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return "the part in [] must be an IPv6 address, like [::1]"
+        return ""
+    if not host:
+        return "the host is empty"
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    if all(label.isdigit() for label in labels):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return "a numeric host must be an IPv4 address (four numbers 0-255, like 10.0.0.7)"
+        return ""
+    if len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        return ("a host name is dot-separated labels of letters, digits, '-' and '_' (at most 63 characters "
+                "each, 253 in all)")
+    return ""
 
 
 def check_endpoint(address: Any) -> str:
-    """``address`` if it is an endpoint a peer can connect to: ``tcp://HOST:PORT`` (port
-    1–65535, a host name or address, not the wildcard 0.0.0.0), ``ipc://PATH`` or
-    ``inproc://NAME``; else ``ProtocolError`` naming the rule."""
-    if not isinstance(address, str) or len(address) > 1024:
-        raise ProtocolError(f"an address must be a string like tcp://HOST:PORT, got {str(address)[:100]!r}")
-    m = _TCP.match(address)
-    if m:
-        if not 1 <= int(m.group(2)) <= 65535:
-            raise ProtocolError(f"address {address!r}: the port must be in [1, 65535]")
-        if m.group(1) in ("0.0.0.0", "*", "[::]"):
-            raise ProtocolError(f"address {address!r} is a wildcard, not an address peers can reach; "
+    """``address`` if it is an endpoint a peer can connect to, exactly as ZeroMQ takes it:
+    ``tcp://HOST:PORT`` (``HOST`` a host name, an IPv4 address or a bracketed IPv6 one, not
+    a wildcard; ``PORT`` in 1-65535), ``ipc://PATH`` (at most ``IPC_PATH_MAX`` bytes) or
+    ``inproc://NAME``, with no whitespace or control character anywhere; else
+    ``ProtocolError`` naming the value, the rule and the fix.  The one check every
+    advertised address goes through (a bad one would reach every peer's connect)."""
+    if not isinstance(address, str) or not 0 < len(address) <= MAX_ADDRESS:
+        raise ProtocolError(f"an address must be a string of 1-{MAX_ADDRESS} characters like tcp://HOST:PORT, "
+                            f"got {str(address)[:100]!r}")
+    shown = repr(address[:100])
+    if _CONTROL.search(address):
+        raise ProtocolError(f"address {shown} has whitespace or a control character: an address is one token "
+                            "like tcp://HOST:PORT; strip it (a trailing newline from a file or a shell?)")
+    scheme, sep, rest = address.partition("://")
+    if scheme == "tcp":
+        m = _TCP.fullmatch(address)
+        if not m:
+            raise ProtocolError(f"address {shown} is not tcp://HOST:PORT (IPv6 in brackets: tcp://[::1]:PORT)")
+        host, port = m.group(1), int(m.group(2))
+        if not 1 <= port <= 65535:
+            raise ProtocolError(f"address {shown}: the port must be in [1, 65535], got {port}")
+        if host in _WILDCARDS:
+            raise ProtocolError(f"address {shown} is a wildcard, not an address peers can reach; "
                                 "advertise the host's address (--advertise-host)")
+        problem = _host_problem(host)
+        if problem:
+            raise ProtocolError(f"address {shown}: {problem}; write tcp://HOST:PORT with this machine's name "
+                                "or address")
         return address
-    if re.match(r"^(ipc|inproc)://\S+$", address):
+    if scheme == "ipc":
+        size = len(rest.encode("utf-8", "surrogatepass"))
+        if rest in ("", "*") or size > IPC_PATH_MAX:
+            raise ProtocolError(f"address {shown}: an ipc:// path must be 1-{IPC_PATH_MAX} bytes (a Unix socket's "
+                                f"limit on this platform), got {size}; use a shorter path, under /tmp")
         return address
-    raise ProtocolError(f"address {address[:100]!r} is not tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+    if scheme == "inproc" and rest:
+        return address
+    raise ProtocolError(f"address {shown} is not tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+
+
+def check_metrics_url(url: Any) -> str:
+    """``url`` if it is "" (no metrics served) or ``http(s)://HOST:PORT/PATH`` with a valid
+    host and port, no whitespace or control character, at most ``MAX_METRICS_URL``
+    characters (it is listed by ``cluster status`` and linked by the dashboard); else
+    ``ProtocolError`` naming the value, the rule and the fix."""
+    if url is None or url == "":
+        return ""
+    if not isinstance(url, str) or len(url) > MAX_METRICS_URL:
+        raise ProtocolError(f"a metrics URL must be a string of at most {MAX_METRICS_URL} characters like "
+                            f"http://HOST:PORT/metrics, or empty; got {str(url)[:100]!r}")
+    shown = repr(url[:100])
+    if _CONTROL.search(url):
+        raise ProtocolError(f"metrics URL {shown} has whitespace or a control character; send it as "
+                            "http://HOST:PORT/metrics")
+    m = _HTTP.fullmatch(url)
+    if not m:
+        raise ProtocolError(f"metrics URL {shown} is not http(s)://HOST:PORT/PATH; send the URL the metrics "
+                            "server printed, or nothing")
+    port = int(m.group(3))
+    problem = "the port must be in [1, 65535]" if not 1 <= port <= 65535 else _host_problem(m.group(2))
+    if problem:
+        raise ProtocolError(f"metrics URL {shown}: {problem}; send the URL the metrics server printed, or nothing")
+    return url
 
 
 def bind_router(ctx: zmq.Context, host: str, port: int, max_message_bytes: int,
