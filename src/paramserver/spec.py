@@ -19,6 +19,14 @@ from paramserver.server.optim import FTRL, Initializer, Optimizer, Zeros
 _NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
 
 
+#: The fields a spec on the wire may have, and the types each may take there (a bool is
+#: never taken for an int).  Their values are then checked by ``TableSpec.__post_init__``.
+_WIRE_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "dim": (int,), "seed": (int,), "optimizer": (str, dict), "initializer": (str, dict),
+    "consistency": (str, int, float, type(None)), "aggregate": (bool,), "replicas": (int,), "key_bits": (int,),
+    "block_size": (int,)}
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """A table of uint64 keys → float32 rows of width ``dim``.
@@ -148,10 +156,21 @@ class TableSpec:
 
     @classmethod
     def from_wire(cls, d: Any) -> TableSpec:
+        """The spec a peer sent (``to_wire``'s map); ``ConfigError`` naming the field, the
+        rule and the fix for a missing, unknown or wrong-typed one (never a ``TypeError``:
+        a scheduler answers a malformed ``create_table`` with the reason, not a traceback)."""
         if not isinstance(d, dict):
-            raise ConfigError(f"a table spec must be a map, got {d!r}")
-        extra = set(d) - {"name", "dim", "seed", "optimizer", "initializer", "consistency", "aggregate",
-                                  "replicas", "key_bits", "block_size"}
+            raise ConfigError(f"a table spec must be a map like {{'name': 't', 'dim': 1}}, got {str(d)[:100]!r}")
+        extra = [k for k in d if k not in _WIRE_FIELDS]
         if extra:
-            raise ConfigError(f"unknown table spec fields {sorted(extra)}")
+            raise ConfigError(f"unknown table spec fields {sorted(str(k)[:50] for k in extra)} "
+                              f"(known: {sorted(_WIRE_FIELDS)}); drop them")
+        if "name" not in d:
+            raise ConfigError(f"a table spec needs a name (like {{'name': 'model/w', 'dim': 8}}), got the fields "
+                              f"{sorted(d)}")
+        for key, types in _WIRE_FIELDS.items():
+            if key in d and not (isinstance(d[key], types) and not (isinstance(d[key], bool) and bool not in types)):
+                wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+                raise ConfigError(f"table spec field {key!r} must be {wanted}, got {str(d[key])[:100]!r} "
+                                  f"({type(d[key]).__name__}); see TableSpec for each field's meaning")
         return cls(**d)

@@ -37,7 +37,7 @@ def parse_consistency(text: str | int | float | None) -> float:
             raise ConfigError(f"consistency {text!r}: S in ssp:S must be a whole number >= 0") from None
     else:
         raise ConfigError(f"consistency must be bsp, asp, ssp:S or a number, got {text!r}")
-    if value < 0 or (math.isfinite(value) and value != int(value)):
+    if math.isnan(value) or value < 0 or (math.isfinite(value) and value != int(value)):
         raise ConfigError(f"staleness must be a whole number >= 0 or inf, got {text!r}")
     return value
 
