@@ -1,5 +1,9 @@
 // The paramserver dashboard: polls /api/state (the numbers /metrics serves) and draws them
 // as SVG.  No library, no build step; every chart's numbers are in data- attributes too.
+// Every value the page shows comes from the cluster (addresses, names, events a node sent):
+// it is written as text (textContent, text nodes, setAttribute), never parsed as HTML, so a
+// node registering as ipc:///tmp/<img onerror=...> shows that string and runs nothing.
+// No markup is ever assigned or written: build nodes with el() (SVG) or html().
 "use strict";
 
 const NS = "http://www.w3.org/2000/svg";
@@ -15,6 +19,21 @@ function el(tag, attrs, parent, text) {
   if (text !== undefined) node.textContent = text;
   if (parent) parent.appendChild(node);
   return node;
+}
+
+// an HTML element: html("td", {class: "x"}, "text", otherNode); strings become text nodes
+function html(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  node.append(...children.map(c => (c instanceof Node ? c : String(c ?? ""))));
+  return node;
+}
+
+// a legend entry: a colour swatch, then the text
+function swatch(color, text) {
+  const i = html("i");
+  i.style.background = color;
+  return [i, text];
 }
 
 function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
@@ -49,7 +68,7 @@ function drawThroughput(history) {
     const span = document.createElement("span");
     span.id = "rate-" + key;
     span.dataset.value = last;
-    span.innerHTML = `<i style="background:${color}"></i>${label} ${fmt(last)}`;
+    span.append(...swatch(color, `${label} ${fmt(last)}`));
     legend.appendChild(span);
   }
 }
@@ -76,11 +95,11 @@ function drawServers(servers, ring) {
     "bars: keys, memory, load (keys/s), each against its largest");
   fillTable("#server-table tbody", servers, s => ["server" + (s.hot ? " hot" : ""),
     {id: s.id, keys: s.keys, pushKeys: s.push_keys, pullKeys: s.pull_keys},
-    [`${s.id} <small>${s.address}</small>`, s.keys, (s.rss_bytes / 1048576).toFixed(0), fmt(s.keys_per_s || 0),
+    [[`${s.id} `, html("small", {}, s.address)], s.keys, (s.rss_bytes / 1048576).toFixed(0), fmt(s.keys_per_s || 0),
      s.vnodes]]);
 }
 
-// one row an item: row(item) gives [class, data- attributes, cells]
+// one row an item: row(item) gives [class, data- attributes, cells]; cells are text, never HTML
 function fillTable(selector, items, row) {
   const body = document.querySelector(selector);
   clear(body);
@@ -89,7 +108,8 @@ function fillTable(selector, items, row) {
     const tr = document.createElement("tr");
     tr.className = cls;
     Object.assign(tr.dataset, data);
-    tr.innerHTML = cells.map(c => `<td>${c}</td>`).join("");
+    // a cell is a value (shown as text) or a list of text and nodes
+    for (const c of cells) tr.appendChild(html("td", {}, ...(Array.isArray(c) ? c : [c])));
     body.appendChild(tr);
   }
 }
@@ -115,7 +135,7 @@ function drawRing(ring) {
     span.className = "ring-server";
     span.dataset.server = s;
     span.dataset.vnodes = (ring.vnodes || {})[s] || 0;
-    span.innerHTML = `<i style="background:${colorOf(servers, s)}"></i>server ${s}: ${span.dataset.vnodes} vnodes`;
+    span.append(...swatch(colorOf(servers, s), `server ${s}: ${span.dataset.vnodes} vnodes`));
     legend.appendChild(span);
   }
   document.getElementById("moves").textContent = ring.migrating
@@ -143,7 +163,7 @@ function drawWorkers(workers, job) {
   fillTable("#workers tbody", workers, w => ["worker" + (w.straggler ? " straggler" : ""),
     {id: w.id, examples: w.examples},
     [w.id, w.rank ?? "—", fmt(w.examples), fmt(w.examples_per_s || 0), w.shards_done,
-     w.straggler ? '<span class="tag">straggler</span>' : (w.alive ? "" : "gone")]]);
+     w.straggler ? [html("span", {class: "tag"}, "straggler")] : (w.alive ? "" : "gone")]]);
   const p = document.getElementById("job");
   p.textContent = job && job.shards !== undefined
     ? `epoch ${job.epoch + 1}/${job.epochs}: shards ${job.shards_done}/${job.shards} done, ${job.running} running, ` +
