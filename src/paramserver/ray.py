@@ -436,12 +436,13 @@ class RayCluster(RunsFunctions):
         """Start one more server actor; it joins the ring (an elastic join).  Returns its
         name once it serves."""
         wait_s = timeout_s or self.startup_timeout_s
-        ring_servers = len(self.client.cluster_info().get("ring_servers", []))
         name = f"server-{self._counts['server']}"
         self._counts["server"] += 1
         member = self._start(name, "server", ["--scheduler", self.address], bundle=None)
-        self._get(member.actor.info.remote(), name, wait_s)
-        self.client.wait_for_servers(ring_servers + 1, timeout_s=wait_s)
+        info = self._get(member.actor.info.remote(), name, wait_s)
+        # this server on the settled ring, not a count (another server dying meanwhile is no failure)
+        self.client.server_joined(address=str(info["address"])).result(timeout=wait_s)
+        self.client.cluster_info()
         return name
 
     def remove_server(self, node_id: int, timeout_s: float | None = None) -> int:

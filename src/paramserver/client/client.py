@@ -551,6 +551,19 @@ class Client:
         """``wait_for_servers`` without blocking: a future of the scheduler's answer."""
         return self._request(self.config.scheduler, {"op": Op.WAIT_SERVERS.value, "count": count})
 
+    def server_joined(self, pid: int = 0, address: str = "") -> Future[Message]:
+        """A future answered once the server with process id ``pid`` (and/or advertised
+        ``address``) is on the ring and no vnode is moving: how a launcher waits for the
+        server it started to join.  Another server dying meanwhile does not fail it (the
+        join is re-planned and completes); it fails with ``NodeLostError`` only if that
+        server itself dies after registering."""
+        joiner: dict[str, Any] = {"pid": int(pid)} if pid else {}
+        if address:
+            joiner["address"] = address
+        if not joiner:
+            raise ConfigError("server_joined needs the joining server's pid or address")
+        return self._request(self.config.scheduler, {"op": Op.WAIT_SERVERS.value, "joiner": joiner})
+
     def shutdown_cluster(self) -> None:
         """Ask the scheduler to stop every node (used by launchers)."""
         self._call(self.config.scheduler, {"op": Op.SHUTDOWN.value}, timeout_s=10)

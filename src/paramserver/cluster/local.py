@@ -505,9 +505,10 @@ class LocalCluster(RunsFunctions):
         """Start one more server; it joins the running ring (its share of vnodes is
         copied to it, then the ring flips).  Returns its process name, once it serves."""
         name = f"server-{sum(n.startswith('server-') for n in self.procs)}"
-        ring_servers = len(self.client.cluster_info().get("ring_servers", []))
         proc = self._spawn(name, ["server", "--scheduler", self.address])
-        ready = self.client.servers_ready(ring_servers + 1)
+        # wait for *this* server on the settled ring, not for a count: another server dying
+        # during the join must not turn a join that completed into an error
+        ready = self.client.server_joined(pid=proc.popen.pid)
         deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
         while True:  # the answer, or the joiner's exit (before it registered, nobody else would notice)
             try:

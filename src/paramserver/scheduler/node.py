@@ -34,6 +34,7 @@ from paramserver.scheduler.fanout import FanOut, FanOuts
 from paramserver.scheduler.jobs import Jobs
 from paramserver.scheduler.membership import Membership, Migration, NodeInfo
 from paramserver.scheduler.restores import Restores
+from paramserver.scheduler.waiters import ServerWaiters
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
@@ -77,7 +78,7 @@ class SchedulerNode:
         self.detector = Detector(self)  # who is dead: silent nodes, less fenced servers with last copies
         self._announced: list[int] | None = None
         self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
-        self.server_waiters: list[tuple[bytes, Any, int]] = []
+        self.server_waiters = ServerWaiters()  # wait_servers: for a count of servers, or for a joiner
         self.deferred: list[tuple[bytes, Message]] = []  # table commands waiting for a migration
         self.quotas: dict[str, Quota] = {}  # namespace -> its quota (servers enforce them)
         self._bad_requests, self._failures = Throttled(logger), Throttled(logger)  # a flood logs a few lines
@@ -329,28 +330,13 @@ class SchedulerNode:
         self.sock.send(reply(msg, **info), identity)
 
     def on_wait_servers(self, identity: bytes, msg: Message) -> None:
-        """Answer once ``count`` servers are on the ring and no vnode is moving."""
-        self.server_waiters.append((identity, msg.id, hfield(msg, "count", int)))
+        """Answer once ``count`` servers are on the ring and no vnode is moving, or once
+        ``joiner`` (``{"pid": P}`` and/or ``{"address": A}``) is on the settled ring."""
+        self.server_waiters.add(identity, msg)
         self._serve_server_waiters()
 
-    def _serve_server_waiters(self, lost: int | None = None) -> None:
-        """Answer the waiters whose server count the settled ring has.  After server
-        ``lost`` died, fail those whose count the cluster no longer heads for (a joiner
-        that died mid-copy is not coming): they would otherwise wait for ever."""
-        settled = self.membership.settled
-        heading = self.membership.heading()
-        waiting, self.server_waiters = self.server_waiters, []
-        for identity, request_id, count in waiting:
-            if settled and self.ring is not None and len(self.ring.servers) == count:
-                self.sock.send(encode({"op": Op.OK.value, "id": request_id, "ring_version": self.ring.version,
-                                        "servers": self.ring.servers}), identity)
-            elif lost is not None and count > len(heading):
-                self.sock.send(error_reply(request_id, "node_lost", f"server {lost} died while this waited for "
-                                            f"{count} server(s); the ring heads for {len(heading)} "
-                                            f"({sorted(heading)}): start another server and wait again"),
-                     identity)
-            else:
-                self.server_waiters.append((identity, request_id, count))
+    def _serve_server_waiters(self, lost: NodeInfo | None = None) -> None:
+        self.server_waiters.serve(self.membership, self.nodes, self.sock.send, lost)
 
     def workers_changed(self) -> None:
         """Tell servers which workers their vector clocks follow: the live ones, less
@@ -454,7 +440,7 @@ class SchedulerNode:
         self.jobs.maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
         if node.role == "server":
             self.membership.server_lost(node_id)
-            self._serve_server_waiters(lost=node_id)
+            self._serve_server_waiters(lost=node)
         self._maybe_release_barrier()
 
     # ---- tables ------------------------------------------------------------------------
