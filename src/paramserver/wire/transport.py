@@ -20,6 +20,8 @@ Two implementations:
 
 from __future__ import annotations
 
+import collections
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -29,7 +31,16 @@ import zmq
 from paramserver.errors import ConfigError
 from paramserver.wire.liveness import process_alive, process_token
 from paramserver.wire.security import load_keys
-from paramserver.wire.sockets import bind_router, check_endpoint, connect_dealer
+from paramserver.wire.sockets import COPY_BELOW, bind_router, check_endpoint, connect_dealer
+
+logger = logging.getLogger(__name__)
+
+#: Bytes of zero-copy replies (frames of ``COPY_BELOW`` or more) that ZeroMQ still holds
+#: for one peer, at most: a further one is dropped, unless none is pending (one reply
+#: always goes, however large).  With the ROUTER's SNDHWM this bounds what a peer that
+#: does not read costs; a peer that reads frees its budget as TCP carries the bytes.
+PEER_REPLY_BYTES = 32 << 20
+_SWEEP_EVERY = 256  # zero-copy sends between sweeps of the peers whose replies all went
 
 #: The schemes ZeroMQ serves, and the in-memory network's.
 ZMQ_SCHEMES = ("tcp", "ipc", "inproc")
@@ -90,15 +101,73 @@ class Transport(Protocol):
 
 
 class ZmqSocket:
-    """A ZeroMQ ROUTER (``bound``) or DEALER.  Arrays go out zero-copy."""
+    """A ZeroMQ ROUTER (``bound``) or DEALER.  Arrays go out zero-copy.
 
-    __slots__ = ("raw", "bound")
+    A ROUTER's send never blocks and never queues without bound: a reply to a peer whose
+    queue is at the high-water mark, or whose zero-copy replies still held pass
+    ``PEER_REPLY_BYTES``, or to a peer that is gone, is dropped and counted (``dropped``)."""
+
+    __slots__ = ("raw", "bound", "dropped", "_pending", "_sends")
 
     def __init__(self, raw: zmq.Socket[bytes], bound: bool) -> None:
         self.raw, self.bound = raw, bound
+        self.dropped = 0
+        # peer -> [(tracker, bytes)] of zero-copy replies ZeroMQ has not released yet
+        self._pending: dict[bytes, collections.deque[tuple[zmq.MessageTracker, int]]] = {}
+        self._sends = 0
 
     def send(self, frames: Sequence[Any], identity: bytes | None = None) -> None:
-        self.raw.send_multipart([identity, *frames] if identity is not None else list(frames), copy=False)
+        if identity is None:
+            self.raw.send_multipart(list(frames), copy=False)
+            return
+        sizes = [memoryview(f).nbytes for f in frames]
+        big = sum(n for n in sizes if n >= COPY_BELOW)
+        if big and self.pending_bytes(identity) + big > PEER_REPLY_BYTES and self._pending.get(identity):
+            self._drop(identity, "its earlier replies are still unread")
+            return
+        trackers: list[tuple[zmq.MessageTracker, int]] = []
+        try:
+            self.raw.send(identity, zmq.NOBLOCK | zmq.SNDMORE)
+            last = len(frames) - 1
+            for i, (frame, n) in enumerate(zip(frames, sizes)):
+                flags = 0 if i == last else zmq.SNDMORE
+                if n >= COPY_BELOW:
+                    trackers.append((self.raw.send(frame, flags, copy=False, track=True), n))
+                else:
+                    self.raw.send(frame, flags, copy=False)
+        except zmq.Again:  # at the high-water mark: the peer does not read
+            self._drop(identity, "it has not read its last replies")
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self._pending.pop(identity, None)  # the peer is gone: what it had is freed
+            return
+        if trackers:
+            self._pending.setdefault(identity, collections.deque()).extend(trackers)
+            self._sends += 1
+            if self._sends % _SWEEP_EVERY == 0:
+                for peer in list(self._pending):
+                    self.pending_bytes(peer)
+
+    def pending_bytes(self, identity: bytes) -> int:
+        """Bytes of zero-copy replies to ``identity`` ZeroMQ still holds (a peer with
+        none left is forgotten)."""
+        queue = self._pending.get(identity)
+        if queue is None:
+            return 0
+        while queue and queue[0][0].done:
+            queue.popleft()
+        if not queue:
+            del self._pending[identity]
+            return 0
+        return sum(n for tracker, n in queue if not tracker.done)
+
+    def _drop(self, identity: bytes, why: str) -> None:
+        self.dropped += 1
+        if self.dropped & (self.dropped - 1) == 0:  # 1, 2, 4, 8...: a flood logs a few lines
+            logger.warning("reply to peer %s dropped: %s (%d replies dropped so far)", identity.hex()[:16], why,
+                           self.dropped)
 
     def try_send(self, frames: Sequence[Any]) -> bool:
         """Send unless no link can take it now (a connecting socket whose peer has not
