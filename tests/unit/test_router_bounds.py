@@ -5,8 +5,17 @@ import time
 import numpy as np
 import zmq
 
-from paramserver.wire.sockets import ROUTER_SNDHWM
-from paramserver.wire.transport import PEER_REPLY_BYTES, ZmqTransport
+import pytest
+
+from paramserver.wire import sockets, transport
+from paramserver.wire.transport import PEER_REPLY_BYTES, PEER_REPLY_BYTES_MAX, ZmqTransport
+
+HWM = 64
+
+
+@pytest.fixture(autouse=True)
+def _small_mark(monkeypatch):
+    monkeypatch.setattr(sockets, "ROUTER_SNDHWM", HWM)  # 4096 in production: too many 0.8 MB replies for a test
 
 
 def _pair(ctx):
@@ -26,6 +35,22 @@ def test_big_replies_to_a_peer_that_does_not_read_are_dropped_past_the_budget():
     router, dealer, peer = _pair(ctx)
     try:
         big = np.ones(400_000, np.float32)  # 1.6 MB: zero-copy, tracked
+        for _ in range(200):  # a burst: bounded by the hard budget at once
+            router.send([b"h", big.data.cast("B")], peer)
+        assert router.dropped > 0
+        assert router.pending_bytes(peer) <= PEER_REPLY_BYTES_MAX + big.nbytes
+    finally:
+        router.close()
+        dealer.close()
+        ctx.term()
+
+
+def test_once_a_peer_has_stalled_its_budget_is_the_smaller_one(monkeypatch):
+    monkeypatch.setattr(transport, "PEER_STALLED_S", 0.0)
+    ctx = zmq.Context()
+    router, dealer, peer = _pair(ctx)
+    try:
+        big = np.ones(400_000, np.float32)
         for _ in range(100):
             router.send([b"h", big.data.cast("B")], peer)
         assert router.dropped > 0
@@ -42,7 +67,7 @@ def test_small_replies_stop_at_the_high_water_mark_and_the_send_never_blocks():
     try:
         small = np.ones(200_000, np.float32)  # 0.8 MB: copied, bounded by the SNDHWM
         started = time.monotonic()
-        for _ in range(10 * ROUTER_SNDHWM):
+        for _ in range(10 * HWM):
             router.send([b"h", small.data.cast("B")], peer)
         assert time.monotonic() - started < 10
         assert router.dropped > 0

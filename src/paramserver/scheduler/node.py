@@ -434,8 +434,9 @@ class SchedulerNode:
             self.workers_changed()
         if why == "dead" or node.role != "worker":  # nothing may wait on a server that is gone; a client
             for other in self.nodes.values():  # that left is forgotten by the servers' exactly-once records
-                self._notify(other, {"op": Op.NODE_LOST.value, "node_id": node_id,
-                                     "role": node.role, "address": node.address})
+                if node.role == "server" or other.role == "server":  # clients wait on servers only: a
+                    self._notify(other, {"op": Op.NODE_LOST.value, "node_id": node_id,  # client's loss told to
+                                         "role": node.role, "address": node.address})  # every client was n^2
         self.fanouts.node_lost(node_id)
         self.jobs.maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
         if node.role == "server":

@@ -162,7 +162,7 @@ def connect_dealer(ctx: zmq.Context, address: str, max_message_bytes: int, keys:
 #: Replies queued for one peer that has not read them yet, at most (a ROUTER's SNDHWM; each
 #: frame under ``COPY_BELOW`` is copied, so this bounds what small replies hold; the bytes
 #: of bigger, zero-copy replies are bounded by ``ZmqSocket``'s per-peer budget).
-ROUTER_SNDHWM = 64
+ROUTER_SNDHWM = 4096
 #: Requests from one peer read off TCP and not yet handled, at most: past it ZeroMQ stops
 #: reading that peer's connection (back-pressure to it alone; nothing is dropped).
 ROUTER_RCVHWM = 16

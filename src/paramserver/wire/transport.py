@@ -39,7 +39,14 @@ logger = logging.getLogger(__name__)
 #: for one peer, at most: a further one is dropped, unless none is pending (one reply
 #: always goes, however large).  With the ROUTER's SNDHWM this bounds what a peer that
 #: does not read costs; a peer that reads frees its budget as TCP carries the bytes.
-PEER_REPLY_BYTES = 32 << 20
+PEER_REPLY_BYTES = 64 << 20
+#: ... and only once the oldest of them has waited this long: a client that reads (its I/O
+#: thread drains every reply as TCP brings it) is never refused a reply for pipelining big
+#: pulls, which it could not tell from a lost one (a client declared dead closes sooner).
+PEER_STALLED_S = 5.0
+#: Past this, a reply is dropped however recent the unread ones (a burst from a peer that
+#: does not read must not cost the server more than this before the ``PEER_STALLED_S`` mark).
+PEER_REPLY_BYTES_MAX = 3 * PEER_REPLY_BYTES
 _SWEEP_EVERY = 256  # zero-copy sends between sweeps of the peers whose replies all went
 
 #: The schemes ZeroMQ serves, and the in-memory network's.
@@ -113,7 +120,7 @@ class ZmqSocket:
         self.raw, self.bound = raw, bound
         self.dropped = 0
         # peer -> [(tracker, bytes)] of zero-copy replies ZeroMQ has not released yet
-        self._pending: dict[bytes, collections.deque[tuple[zmq.MessageTracker, int]]] = {}
+        self._pending: dict[bytes, collections.deque[tuple[zmq.MessageTracker, int, float]]] = {}
         self._sends = 0
 
     def send(self, frames: Sequence[Any], identity: bytes | None = None) -> None:
@@ -122,17 +129,18 @@ class ZmqSocket:
             return
         sizes = [memoryview(f).nbytes for f in frames]
         big = sum(n for n in sizes if n >= COPY_BELOW)
-        if big and self.pending_bytes(identity) + big > PEER_REPLY_BYTES and self._pending.get(identity):
-            self._drop(identity, "its earlier replies are still unread")
+        held = self.pending_bytes(identity) if big else 0
+        if held and held + big > PEER_REPLY_BYTES and (self._stalled(identity) or held + big > PEER_REPLY_BYTES_MAX):
+            self._drop(identity, f"{held >> 20} MiB of its earlier replies are still unread")
             return
-        trackers: list[tuple[zmq.MessageTracker, int]] = []
+        trackers: list[tuple[zmq.MessageTracker, int, float]] = []
         try:
             self.raw.send(identity, zmq.NOBLOCK | zmq.SNDMORE)
             last = len(frames) - 1
             for i, (frame, n) in enumerate(zip(frames, sizes)):
                 flags = 0 if i == last else zmq.SNDMORE
                 if n >= COPY_BELOW:
-                    trackers.append((self.raw.send(frame, flags, copy=False, track=True), n))
+                    trackers.append((self.raw.send(frame, flags, copy=False, track=True), n, time.monotonic()))
                 else:
                     self.raw.send(frame, flags, copy=False)
         except zmq.Again:  # at the high-water mark: the peer does not read
@@ -161,7 +169,12 @@ class ZmqSocket:
         if not queue:
             del self._pending[identity]
             return 0
-        return sum(n for tracker, n in queue if not tracker.done)
+        return sum(n for tracker, n, _ in queue if not tracker.done)
+
+    def _stalled(self, identity: bytes) -> bool:
+        """The oldest reply ZeroMQ still holds for ``identity`` has waited ``PEER_STALLED_S``."""
+        queue = self._pending.get(identity)
+        return bool(queue) and time.monotonic() - queue[0][2] > PEER_STALLED_S
 
     def _drop(self, identity: bytes, why: str) -> None:
         self.dropped += 1
