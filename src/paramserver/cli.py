@@ -82,6 +82,15 @@ def _cluster_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="local", metavar="local|ray[:ADDRESS]", help=CLUSTER_HELP)
 
 
+def _loss_flags(p: argparse.ArgumentParser) -> None:
+    """What a server's death may cost: the same two flags on every command that trains."""
+    p.add_argument("--replicas", type=int, default=1,
+                   help="copies of every vnode, on distinct servers (2 or 3 survive a server's death)")
+    p.add_argument("--allow-loss", action="store_true",
+                   help="when a server dies holding vnodes with no backup (replicas 1), finish and report "
+                        "the loss instead of failing")
+
+
 def _round_checkpoint_flags(p: argparse.ArgumentParser, unit: str, default: int) -> None:
     """The checkpoint flags of a scheduled app (``schedule.CheckpointOptions``)."""
     p.add_argument("--checkpoint-dir", metavar="URL", help="checkpoint the model and every worker's state here "
@@ -204,11 +213,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--pipeline", type=int, default=2,
                    help="mini-batches in flight per worker (1: each sees every earlier push)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tables' initial values")
-    p.add_argument("--replicas", type=int, default=1,
-                   help="copies of every vnode, on distinct servers (2 or 3 survive a server's death)")
-    p.add_argument("--allow-loss", action="store_true",
-                   help="when a server dies holding vnodes with no backup (replicas 1), finish and report "
-                        "the loss instead of failing")
+    _loss_flags(p)
     p.add_argument("--consistency", default="asp",
                    help="bsp, ssp:S (readers at most S clocks ahead of the slowest worker) or asp (default)")
     p.add_argument("--table-layout", default="auto", choices=("auto", "hash", "dense"),
@@ -271,6 +276,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
     _cluster_flag(p)
+    _loss_flags(p)
     p.add_argument("--max-rounds", type=int, default=1_000_000, help="stop after this many rounds even if the "
                    "gap is not below --tol (it is said)")
     p.add_argument("--save", metavar="DIR", help="write DIR/coef.npy: float64, entry i is feature i + 1")
@@ -292,6 +298,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
     _cluster_flag(p)
+    _loss_flags(p)
     p.add_argument("--predictions-out", metavar="FILE", help="one predicted rating per --test line, in order")
     p.add_argument("--save", metavar="DIR", help="write DIR/mf.npz: ids, factors, biases, global mean")
     p.add_argument("--metrics-out", metavar="FILE", help="write test RMSE, seconds and rating updates/s as JSON")
@@ -315,6 +322,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
     _cluster_flag(p)
+    _loss_flags(p)
     p.add_argument("--save", metavar="DIR", help="write DIR/topic_word.npy: K x V counts n_kw, column j = word j "
                    "in the input's numbering from 0")
     p.add_argument("--vocabulary", metavar="FILE", help="LDA-C only: the vocabulary, one word a line, so V covers "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -42,6 +43,8 @@ ENV: dict[str, tuple[str, str]] = {
     "PARAMSERVER_HTTP_HOST": ("http_host", "the interface metrics and the dashboard bind (default 127.0.0.1)"),
     "PARAMSERVER_CHECKPOINT_ROOT": ("checkpoint_root", "servers write and read checkpoints only under this folder "
                                                        "or URL (default: anywhere; '..' is always refused)"),
+    "PARAMSERVER_ALLOW_LOSS": ("allow_loss", "1: a client logs a server's death with data no backup held and goes on "
+                                             "(Client.losses) instead of raising DataLossError on its next call"),
     "PARAMSERVER_SECRET_FILE": ("secret_file", "the cluster's keys (paramserver keygen): every link is CurveZMQ, "
                                                "authenticated and encrypted"),
 }
@@ -132,6 +135,7 @@ class Config:
     http_host: str = "127.0.0.1"
     secret_file: str = ""
     checkpoint_root: str = ""
+    allow_loss: bool = False
 
     def __post_init__(self) -> None:
         for name, lo in (("port", 0), ("servers", 1), ("workers", 0), ("vnodes_per_server", 1),
@@ -159,6 +163,16 @@ class Config:
             scheme_of(self.scheduler)  # names the known schemes
 
 
+def _flag(raw: str) -> bool:
+    """A yes/no variable: 1/true/yes/on or 0/false/no/off."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
 def load_config(role: str | None = None, **overrides: Any) -> Config:
     """Defaults, then ``DMLC_*`` variables (ps-lite's, for ``role``), then ``PARAMSERVER_*``
     ones, then ``overrides`` that are not None."""
@@ -168,11 +182,13 @@ def load_config(role: str | None = None, **overrides: Any) -> Config:
         raw = os.environ.get(var)
         if raw is None or raw == "":
             continue
-        kind = {"int": int, "float": float}.get(str(types[name]), str)
+        kinds: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "bool": _flag}
+        kind = kinds.get(str(types[name]), str)
         try:
             values[name] = kind(raw)
         except ValueError:
-            raise ConfigError(f"{var}={raw!r} is not a valid {kind.__name__}") from None
+            what = "yes/no (1 or 0)" if kind is _flag else str(types[name])
+            raise ConfigError(f"{var}={raw!r} is not a valid {what}") from None
     _dmlc(values, role)
     values.update({k: v for k, v in overrides.items() if v is not None})
     unknown = set(values) - set(types)

@@ -64,3 +64,68 @@ def test_with_replicas_a_failover_is_reported_and_nothing_is_lost(data):
     assert report["examples"] == 40 * 20_000
     assert len(report["failovers"]) == 1 and report["data_loss"] == []
     assert report["stalled_s"] > 0
+
+
+def _count_forever(client, stop_file):
+    """Push +1 to a few keys until ``stop_file`` exists (the disturbance happens meanwhile)."""
+    import os
+
+    import numpy as np
+
+    keys = np.arange(64, dtype=np.uint64)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(stop_file) and time.monotonic() < deadline:
+        client.push("w", keys, -np.ones((64, 1), np.float32)).result(timeout=60)
+    client.push("w", keys, -np.ones((64, 1), np.float32)).result(timeout=60)  # after the loss was told
+    return client.rank
+
+
+def test_a_client_raises_on_its_next_call_after_a_server_died_with_data():
+    """Issue 28.2: outside ``train``, a server's death at replicas 1 was silent: pushes were
+    acknowledged while the keys restarted from zero.  The next call raises, once."""
+    import numpy as np
+
+    from paramserver import LocalCluster
+
+    with LocalCluster(servers=2, workers=0, **FAST_DETECTION, log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=1)
+        client.push("w", np.arange(1000, dtype=np.uint64), -np.ones((1000, 1), np.float32)).result(timeout=30)
+        cluster.kill("server-1")
+        wait_for(lambda: client.losses, 30, "the client to hear of the loss")
+        with pytest.raises(DataLossError, match=r"server\(s\) \d+ died holding \d+ vnode\(s\) of table\(s\) w .*"
+                                                r"replicas=2 .*allow_loss=True"):
+            client.pull("w", np.arange(10, dtype=np.uint64))
+        client.pull("w", np.arange(10, dtype=np.uint64)).result(timeout=30)  # said once; the client goes on
+        (loss,) = client.losses
+        assert loss["tables"] == ["w"] and loss["vnodes"] > 0
+
+
+def test_a_command_on_the_cluster_fails_with_one_line_or_reports_with_allow_loss(tmp_path):
+    """What ``lasso``, ``mf`` and ``lda`` do (``client/losses.py``): workers raise on their
+    next call, the command ends with one line naming the fix; with ``--allow-loss`` it
+    finishes and reports the loss."""
+    from paramserver import LocalCluster
+    from paramserver.client.losses import surfacing_losses, tolerating_loss
+
+    for allow in (False, True):
+        stop = str(tmp_path / f"stop-{allow}")
+        with LocalCluster(servers=2, workers=1, **FAST_DETECTION, log_level="WARNING") as cluster:
+            cluster.client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=1)
+
+            def kill_then_stop(cluster=cluster, stop=stop):
+                time.sleep(0.5)  # pushes are running
+                cluster.kill("server-1")
+                wait_for(lambda: cluster.client.losses, 30, "the loss to be told")
+                open(stop, "w").close()
+
+            threading.Thread(target=kill_then_stop, daemon=True).start()
+            worker = tolerating_loss(_count_forever) if allow else _count_forever
+            if allow:
+                with surfacing_losses(cluster, True) as losses:
+                    assert cluster.run_elastic(worker, stop)[0] == [0]
+                assert losses.report()["data_loss"][0]["tables"] == ["w"]
+            else:
+                with pytest.raises(DataLossError, match=r"died holding .* --replicas 2 .* --allow-loss"):
+                    with surfacing_losses(cluster, False):
+                        cluster.run_elastic(worker, stop)

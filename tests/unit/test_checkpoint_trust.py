@@ -236,6 +236,7 @@ def test_a_relative_checkpoint_path_is_made_absolute_where_it_is_asked(tmp_path,
 
 def test_client_checkpoint_and_restore_send_absolute_paths(tmp_path, monkeypatch):
     from paramserver.client.client import Client
+    from paramserver.client.losses import Losses
 
     monkeypatch.chdir(tmp_path)
     sent: list = []
@@ -249,6 +250,8 @@ def test_client_checkpoint_and_restore_send_absolute_paths(tmp_path, monkeypatch
         Client.restore(SimpleNamespace(), "")
 
     class Fake:
+        _losses = Losses(allow=False)  # no server died
+
         def _on_every_server(self, header):
             sent.append(header["url"])
             return []

@@ -3,9 +3,8 @@
 import time
 
 import numpy as np
-import zmq
-
 import pytest
+import zmq
 
 from paramserver.wire import sockets, transport
 from paramserver.wire.transport import PEER_REPLY_BYTES, PEER_REPLY_BYTES_MAX, ZmqTransport

@@ -283,7 +283,8 @@ def lasso(args: argparse.Namespace, _: Any) -> int:
     report = run_lasso(args.data, lam=args.lam, lambda_ratio=args.lambda_ratio, tol=args.tol,
                        schedule=args.schedule, workers=args.workers, servers=args.servers, save=args.save,
                        metrics_out=args.metrics_out, max_rounds=args.max_rounds, checkpoints=_checkpoints(args),
-                       cluster_options=_cluster_options(args))
+                       cluster_options=_cluster_options(args),
+                       replicas=args.replicas, allow_loss=args.allow_loss)
     report.pop("history", None)
     print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
     if report["stalled"] and not report["converged"]:
@@ -305,7 +306,8 @@ def mf(args: argparse.Namespace, _: Any) -> int:
     cfg = MFConfig(rank=args.rank, epochs=args.epochs, lr=args.lr, reg=args.reg, seed=args.seed)
     report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
                     predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out,
-                    checkpoints=_checkpoints(args), cluster_options=_cluster_options(args))
+                    checkpoints=_checkpoints(args), cluster_options=_cluster_options(args),
+                       replicas=args.replicas, allow_loss=args.allow_loss)
     print(json.dumps(report), flush=True)
     return 0
 
@@ -317,7 +319,8 @@ def lda(args: argparse.Namespace, _: Any) -> int:
                     schedule=args.schedule, staleness=args.staleness)
     report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
                      metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args),
-                     cluster_options=_cluster_options(args))
+                     cluster_options=_cluster_options(args),
+                       replicas=args.replicas, allow_loss=args.allow_loss)
     print(json.dumps(report), flush=True)
     return 0
 

@@ -37,6 +37,7 @@ import numpy as np
 from numba import njit
 
 from paramserver.apps.lasso_pairs import by_row, pair_steps, twins
+from paramserver.client.losses import surfacing_losses, tolerating_loss
 from paramserver.data.matrix import Matrix, read_libsvm_matrix
 from paramserver.errors import ConfigError
 from paramserver.schedule import NO_CHECKPOINTS, CheckpointOptions, Checkpoints, ResumePoint, joined_midway, took_part
@@ -433,9 +434,11 @@ def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, work
 def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: float, schedule: str,
               workers: int, servers: int, save: str | None, metrics_out: str | None,
               max_rounds: int = 200_000, checkpoints: CheckpointOptions = NO_CHECKPOINTS,
-              cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
+              cluster_options: dict[str, Any] | None = None, replicas: int = 1,
+              allow_loss: bool = False) -> dict[str, Any]:
     """``paramserver lasso``: solve, write ``save/coef.npy`` and the metrics; the report.
-    ``checkpoints.every`` counts rounds."""
+    ``checkpoints.every`` counts rounds.  ``replicas``: copies of every vnode; a server's death
+    that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
     from paramserver.apps.modelfile import check_output, write_text
     from paramserver.cluster.launch import open_cluster
 
@@ -458,7 +461,8 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     # the driver reads the data while the cluster's processes start (the parser releases the GIL)
     with ThreadPoolExecutor(1) as pool:
         reading = pool.submit(read_libsvm_matrix, data)
-        with open_cluster(servers=servers, workers=workers, **options) as cluster:
+        with open_cluster(servers=servers, workers=workers, **options) as cluster, \
+                surfacing_losses(cluster, allow_loss) as losses:
             m = reading.result()
             n, d = m.shape
             lmax = lambda_max(m)
@@ -477,8 +481,9 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
             if resume is not None:
                 client.restore(resume.step, allow_unverified=resume.allow_unverified)
             else:
-                client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits, block_size=block)
-            per_worker, lost = cluster.run_elastic(lasso_worker, data, d, cfg, workers, cps, resume)
+                client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits, block_size=block, replicas=replicas)
+            worker = tolerating_loss(lasso_worker) if allow_loss else lasso_worker
+            per_worker, lost = cluster.run_elastic(worker, data, d, cfg, workers, cps, resume)
             per_worker, joined = took_part(per_worker)
             keys, values = client.export_table(TABLE)
     w = np.zeros(d)
@@ -497,7 +502,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
               "stalled": bool(head["stalled"]), "phase_seconds": head["phase_seconds"],
               "lambda": cfg.lam, "lambda_max": lmax, "rows": n, "features": d, "workers": workers,
               "servers": servers, "workers_lost": lost, "workers_joined_midway": joined, "schedule": schedule,
-              "tol": tol,
+              "tol": tol, **losses.report(),
               "resumed_at_round": resume.round if resume else None, "checkpoints": head["checkpoints"],
               "history": head["history"]}
     if save:

@@ -36,6 +36,7 @@ import fsspec
 import numpy as np
 from numba import njit
 
+from paramserver.client.losses import surfacing_losses, tolerating_loss
 from paramserver.data.corpus import Corpus, read_corpus, vocabulary_size
 from paramserver.errors import ConfigError, check_flags
 from paramserver.schedule import (
@@ -504,9 +505,11 @@ def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
 def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str | None = None,
             metrics_out: str | None = None, vocabulary: str | None = None,
             checkpoints: CheckpointOptions = NO_CHECKPOINTS,
-            cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
+            cluster_options: dict[str, Any] | None = None, replicas: int = 1,
+            allow_loss: bool = False) -> dict[str, Any]:
     """``paramserver lda``: sample, write ``save/topic_word.npy`` and the metrics; the report.
-    ``checkpoints.every`` counts iterations."""
+    ``checkpoints.every`` counts iterations.  ``replicas``: copies of every vnode; a server's
+    death that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
     from paramserver.apps.modelfile import check_output, write_text
     from paramserver.cluster.launch import open_cluster
 
@@ -532,17 +535,19 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers if cfg.schedule == "rotate" else 1)
     with tempfile.TemporaryDirectory(prefix="paramserver-lda-") as scratch, \
             open_cluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
-            as cluster:
+            as cluster, surfacing_losses(cluster, allow_loss) as losses:
         paths = write_parts(scratch, corpus, word_block, workers)
         client = cluster.client
         if resume is not None:
             client.restore(resume.step, allow_unverified=resume.allow_unverified)
         else:
-            client.create_table(WORD_TOPIC, dim=K, optimizer="sgd", key_bits=max(int(V - 1).bit_length(), 1))
-            client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd",
+            client.create_table(WORD_TOPIC, dim=K, optimizer="sgd", key_bits=max(int(V - 1).bit_length(), 1),
+                                replicas=replicas)
+            client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd", replicas=replicas,
                                 key_bits=max(int(cfg.regions * workers - 1).bit_length(), 1))
         t_sample = time.perf_counter()
-        per_worker, lost = cluster.run_elastic(lda_worker, paths, word_block, cfg, V, scratch, cps, resume)
+        worker = tolerating_loss(lda_worker) if allow_loss else lda_worker  # the driver decides (surfacing_losses)
+        per_worker, lost = cluster.run_elastic(worker, paths, word_block, cfg, V, scratch, cps, resume)
         per_worker, joined = took_part(per_worker)
         t_sample = time.perf_counter() - t_sample
         keys, rows = client.export_table(WORD_TOPIC)
@@ -566,7 +571,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
               "workers": workers, "servers": servers, "workers_lost": lost, "workers_joined_midway": joined,
               "resumed_at_iteration": resume.round // per_iteration if resume else None,
               "checkpoints": per_worker[0]["checkpoints"], **asdict(cfg),
-              "phase_seconds": per_worker[0]["phase_seconds"]}
+              "phase_seconds": per_worker[0]["phase_seconds"], **losses.report()}
     if metrics_out:
         write_text(metrics_out, json.dumps(report, indent=1))
     return report

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from paramserver.client.losses import surfacing_losses, tolerating_loss
 from paramserver.data.ratings import read_ratings
 from paramserver.errors import ConfigError, check_flags
 from paramserver.schedule import (
@@ -279,9 +280,11 @@ def check_config(cfg: MFConfig, workers: int, servers: int) -> None:
 def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers: int,
            predictions_out: str | None = None, save: str | None = None, metrics_out: str | None = None,
            checkpoints: CheckpointOptions = NO_CHECKPOINTS,
-           cluster_options: dict[str, Any] | None = None) -> dict[str, Any]:
+           cluster_options: dict[str, Any] | None = None, replicas: int = 1,
+           allow_loss: bool = False) -> dict[str, Any]:
     """``paramserver mf``: train, then predict ``test`` and write what was asked; the report.
-    ``checkpoints.every`` counts epochs."""
+    ``checkpoints.every`` counts epochs.  ``replicas``: copies of every vnode; a server's death
+    that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
     from paramserver.apps.modelfile import check_output, write_text
     from paramserver.cluster.launch import open_cluster
 
@@ -307,20 +310,22 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers)
     with tempfile.TemporaryDirectory(prefix="paramserver-mf-") as scratch, \
             open_cluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
-            as cluster:
+            as cluster, surfacing_losses(cluster, allow_loss) as losses:
         paths = write_strata(scratch, u, i, r, lay, workers, cfg.seed)
         client = cluster.client
         if resume is not None:
             client.restore(resume.step, allow_unverified=resume.allow_unverified)
         else:
             for table, n in ((USERS, user_ids.size), (ITEMS, item_ids.size)):
-                client.create_table(table, dim=k + 1, optimizer="sgd", key_bits=max(int(n - 1).bit_length(), 1))
+                client.create_table(table, dim=k + 1, optimizer="sgd", key_bits=max(int(n - 1).bit_length(), 1),
+                                    replicas=replicas)
             init = np.zeros((item_ids.size, k + 1), np.float32)
             init[:, :k] = np.random.default_rng([cfg.seed, 1 << 20]).normal(0.0, cfg.init_std, (item_ids.size, k))
             client.push(ITEMS, np.arange(item_ids.size, dtype=np.uint64), init, op="assign",
                         distinct=True).result(timeout=600)
         t_train = time.perf_counter()
-        per_worker, lost = cluster.run_elastic(mf_worker, paths, cfg, mu, lay.user_start, lay.item_start, cps,
+        worker = tolerating_loss(mf_worker) if allow_loss else mf_worker  # the driver decides (surfacing_losses)
+        per_worker, lost = cluster.run_elastic(worker, paths, cfg, mu, lay.user_start, lay.item_start, cps,
                                                resume)
         per_worker, joined = took_part(per_worker)
         t_train = time.perf_counter() - t_train
@@ -330,6 +335,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     report: dict[str, Any] = {"train_ratings": int(r.size), "users": int(user_ids.size), "items": int(item_ids.size),
                               "global_mean": mu, "train_rmse": float(np.sqrt(np.mean(
                                   (_predict(u, i, P, Q, mu, lo, hi) - r) ** 2)))}
+    report.update(losses.report())
     if held is not None:
         pred = _predict(_dense(held.users, user_ids), _dense(held.items, item_ids), P, Q, mu, lo, hi)
         report["test_ratings"] = int(len(held))

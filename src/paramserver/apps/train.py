@@ -39,6 +39,7 @@ from paramserver.apps.deep import DENSE_BLOCK
 from paramserver.apps.modelfile import check_output, dense_vector, metrics, model_meta, save_model
 from paramserver.apps.models import Model, to_rows
 from paramserver.client.client import Client
+from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
 from paramserver.data.files import is_plain_local
 from paramserver.data.prefetch import Prefetch
 from paramserver.data.reader import (
@@ -425,6 +426,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         # this process)
         test_read = reader.submit(_read_niced, test, cfg.data) if test and overlap else None
         client = cluster.client
+        client.allow_loss = True  # this driver watches the job's losses and decides (check_losses)
         created = time.perf_counter()
         if step is not None:
             # creates the tables with the checkpoint's (identical) specs
@@ -443,7 +445,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         pool = ThreadPoolExecutor(1, thread_name_prefix="paramserver-train")
         pruned_at = 0  # checkpoints written when old ones were last pruned
         try:
-            running = pool.submit(cluster.run_elastic, train_worker, cfg)
+            # the workers go on through a loss; this loop watches the job's losses and decides
+            running = pool.submit(cluster.run_elastic, tolerating_loss(train_worker), cfg)
             while not running.done():
                 status = client.job.status()
                 if on_progress:
@@ -516,14 +519,7 @@ def check_losses(status: dict[str, Any], allow_loss: bool) -> None:
     losses = status.get("losses") or []
     if not losses or allow_loss:
         return
-    vnodes = sum(int(x["vnodes"]) for x in losses)
-    tables = sorted({t for x in losses for t in x["tables"]})
-    servers = ", ".join(str(x["server"]) for x in losses)
-    raise DataLossError(f"server(s) {servers} died holding {vnodes} vnode(s) of table(s) {', '.join(tables)} with no "
-                        "backup left (replicas=1, or every replica died before the repair): "
-                        "their keys restarted from their initial values, so acknowledged "
-                        "updates are lost and the model is not what the data trained; rerun with --replicas 2 "
-                        "to survive a server's death, or pass --allow-loss to finish anyway and report the loss")
+    raise DataLossError(loss_line(losses, COMMAND_FIX))
 
 
 def check_job(servers: Any, workers: Any, shard_bytes: Any) -> None:

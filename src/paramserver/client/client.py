@@ -20,6 +20,7 @@ import numpy as np
 
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
+from paramserver.client.losses import Losses
 from paramserver.client.scatter import Piece, Scatter, remote_error
 from paramserver.config import Config, load_config
 from paramserver.errors import (
@@ -72,6 +73,9 @@ class Client:
         metrics_url: where this node serves its metrics (listed by ``cluster status``).
         secret_file: the cluster's keys (default: ``PARAMSERVER_SECRET_FILE``): every link
             is CurveZMQ (``wire/security.py``).
+        allow_loss: when a server dies holding data no backup held, log it and go on
+            (``Client.losses``) instead of raising ``DataLossError`` on the next call
+            (default: ``PARAMSERVER_ALLOW_LOSS``, else False; ``client/losses.py``).
 
     Raises:
         ConnectError: the scheduler did not answer within ``connect_timeout_s``.
@@ -79,9 +83,10 @@ class Client:
 
     def __init__(self, scheduler: str | None = None, *, role: str = "driver",
                  connect_timeout_s: float | None = None, config: Config | None = None, metrics_url: str = "",
-                 secret_file: str | None = None):
+                 secret_file: str | None = None, allow_loss: bool | None = None):
         self.config = config or load_config(scheduler=scheduler, connect_timeout_s=connect_timeout_s,
                                             secret_file=secret_file)
+        self._losses = Losses(self.config.allow_loss if allow_loss is None else bool(allow_loss))
         if not self.config.scheduler:
             raise ConnectError("no scheduler address: pass Client('tcp://HOST:PORT') "
                                "or set PARAMSERVER_SCHEDULER")
@@ -130,6 +135,23 @@ class Client:
     def _on_notification(self, msg: Message) -> None:
         if msg.op is Op.RING:
             self._apply_view(msg.header)
+        elif msg.op is Op.NODE_LOST and msg.header.get("role") == "server":
+            self._losses.record(msg.header)
+
+    @property
+    def losses(self) -> list[dict[str, Any]]:
+        """The servers' deaths that lost data, as this client was told (each: ``server``,
+        ``tables``, ``by_table`` vnode ids, ``vnodes``)."""
+        return list(self._losses.seen)
+
+    @property
+    def allow_loss(self) -> bool:
+        """Whether a loss is only logged and kept in ``losses`` (else the next call raises)."""
+        return self._losses.allow
+
+    @allow_loss.setter
+    def allow_loss(self, allow: bool) -> None:
+        self._losses.allow = bool(allow)
 
     def _request(self, address: str, header: dict[str, Any]) -> Future:
         """Send one request; the future holds the reply ``Message`` or the error it carried."""
@@ -200,6 +222,7 @@ class Client:
                  extra_header: dict[str, Any] | None = None) -> Future:
         """Send a pull or push as one request per server; the future resolves to
         ``result`` once every piece is answered (see ``scatter.Scatter``)."""
+        self._losses.check()
         layout = self._spec(table).layout
         pieces = self._pieces(kind, keys, extra, layout, distinct)
         limit = self.config.max_message_bytes - (1 << 20)  # room for the header
@@ -364,6 +387,7 @@ class Client:
         numpy arrays (sent as lists).  Returns a future, like ``pull``."""
         from paramserver.client.calls import call
 
+        self._losses.check()
         return call(self, table, function, keys, args)
 
     # ---- namespaces ---------------------------------------------------------------------
@@ -402,6 +426,7 @@ class Client:
 
     def clock(self) -> int:
         """Finish this worker's clock: tell every server (behind this client's pushes)."""
+        self._losses.check()
         with self._lock:
             self._clock += 1
             clock = self._clock
@@ -414,6 +439,7 @@ class Client:
     def barrier(self, timeout_s: float | None = None) -> list[int]:
         """Block until every live worker has called ``barrier``; the ranks of those workers
         (every one released from a barrier gets the same list: a dead worker is missing)."""
+        self._losses.check()
         if self.role != "worker":
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         return list(self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s).get("workers", []))
@@ -423,6 +449,7 @@ class Client:
         future completes with the ranks of the live workers once all have arrived there.
         A worker may arrive at later generations meanwhile (SSP rounds: wait on round
         r − s, arrive at r); each generation is released on its own."""
+        self._losses.check()
         if self.role != "worker":
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         if isinstance(generation, bool) or not isinstance(generation, int):
@@ -454,6 +481,7 @@ class Client:
 
     def export_table(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         """Every stored key of ``table`` and its value row (optimiser state left out)."""
+        self._losses.check()
         spec = self._spec(table)
         arrays = [m.arrays for m in self._on_every_server({"op": Op.EXPORT.value, "table": table})]
         keys = np.concatenate([a[0] for a in arrays]) if arrays else np.zeros(0, np.uint64)
@@ -480,6 +508,7 @@ class Client:
 
         url = ckpt.local_url(url)
         step = ckpt.local_url(step, "checkpoint step") if step is not None else ckpt.new_step_url(url)
+        self._losses.check()  # a checkpoint of a model that lost data would hide the loss
         replies = self._on_every_server({"op": Op.CHECKPOINT.value, "url": step})
         tables = {n: TableSpec.from_wire(w).to_wire()
                   for n, w in self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"].items()}

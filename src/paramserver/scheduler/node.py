@@ -433,10 +433,14 @@ class SchedulerNode:
         if node.role == "worker":
             self.workers_changed()
         if why == "dead" or node.role != "worker":  # nothing may wait on a server that is gone; a client
-            for other in self.nodes.values():  # that left is forgotten by the servers' exactly-once records
-                if node.role == "server" or other.role == "server":  # clients wait on servers only: a
-                    self._notify(other, {"op": Op.NODE_LOST.value, "node_id": node_id,  # client's loss told to
-                                         "role": node.role, "address": node.address})  # every client was n^2
+            # that left is forgotten by the servers' exactly-once records; what a server's death loses
+            # (no complete copy left) is told to every client, whose next call raises (client/losses.py)
+            lost = self.membership.last_copies(node_id) if node.role == "server" and why != "removed" else {}
+            lost_node = {"op": Op.NODE_LOST.value, "node_id": node_id, "role": node.role, "address": node.address,
+                         **({"lost": lost} if lost else {})}
+            for other in self.nodes.values():  # clients wait on servers only: a client's loss told to every
+                if node.role == "server" or other.role == "server":  # client was n^2 notifications
+                    self._notify(other, lost_node)
         self.fanouts.node_lost(node_id)
         self.jobs.maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
         if node.role == "server":

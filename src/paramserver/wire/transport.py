@@ -174,7 +174,7 @@ class ZmqSocket:
     def _stalled(self, identity: bytes) -> bool:
         """The oldest reply ZeroMQ still holds for ``identity`` has waited ``PEER_STALLED_S``."""
         queue = self._pending.get(identity)
-        return bool(queue) and time.monotonic() - queue[0][2] > PEER_STALLED_S
+        return queue is not None and bool(queue) and time.monotonic() - queue[0][2] > PEER_STALLED_S
 
     def _drop(self, identity: bytes, why: str) -> None:
         self.dropped += 1
