@@ -119,3 +119,38 @@ def test_a_killed_worker_does_not_stop_the_others():
     text = str(err.value)
     assert text.count("died (exit code -9)") == 1 and "raised" not in text  # the other two finished
     assert elapsed < timeout_s + 8, elapsed
+
+
+@pytest.mark.parametrize("consistency,workers", [("bsp", 1), ("ssp:2", 1), ("bsp", 2), ("ssp:2", 2), ("asp", 1)])
+def test_training_with_checkpoints_under_bsp_and_ssp_finishes(tmp_path, consistency, workers):
+    """Every coordinated checkpoint drains all the workers, so each server's vector clock
+    was left empty; they came back at clock 0 (and, once that was fixed, a worker ahead
+    came back at the other's lower clock) while their pulls carried their own clocks, which
+    only their own next batches would tick: BSP and SSP pulls were parked for ever after a
+    checkpoint, and ASP's were counted hundreds of clocks stale."""
+    import json
+    import subprocess
+    import sys
+
+    from paramserver.apps.synth import write_synth
+    from paramserver.checkpoint import MANIFEST
+
+    data, url, out = tmp_path / "d.tsv", tmp_path / "ckpt", tmp_path / "report.json"
+    write_synth(str(data), 4000, seed=2)
+    started = time.monotonic()
+    try:  # a checkpoint every shard: each one empties the vector clocks
+        proc = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", str(data), "--epochs", "2",
+                               "--consistency", consistency, "--servers", str(workers), "--workers", str(workers),
+                               "--shard-mb", "0.25", "--checkpoint-dir", str(url), "--checkpoint-every", "1",
+                               "--keep-checkpoints", "0", "--metrics-out", str(out), "--quiet"],
+                              capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"train --consistency {consistency} --checkpoint-dir with {workers} worker(s) hung "
+                    f"(over {time.monotonic() - started:.0f} s)")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["examples"] == 2 * 4000 and report["checkpoints_abandoned"] == 0
+    assert len(report["checkpoints"]) >= 4  # past the first, and well past it
+    assert all(os.path.exists(os.path.join(step, MANIFEST)) for step in report["checkpoints"])
+    bound = {"bsp": 0, "ssp:2": 2, "asp": 2}[consistency]  # asp, one worker: its own pipeline of 2 batches
+    assert report["consistency"]["max_gap"] <= bound, report["consistency"]  # a checkpoint is no staleness

@@ -60,3 +60,42 @@ def test_a_late_tick_does_not_bring_a_departed_worker_back():
     v.set_members([2])  # worker 1 left; its last tick was still on the way
     v.tick(1, 5)
     assert 1 not in v.clocks and v.min() == 0
+
+
+
+def test_workers_that_all_went_idle_come_back_where_they_were_not_at_0():
+    """A coordinated checkpoint drains every worker: the vector is left empty.  Back at 0,
+    or a worker ahead back at the others' minimum, their pulls (at their own clocks)
+    waited for ever for ticks they had already sent (seen: {4: 127, 5: 131}, worker 4's
+    pulls at 130 parked, worker 5's at 131 too)."""
+    gate = StalenessGate()
+    gate.vector.set_members([4, 5])
+    gate.vector.tick(4, 130)  # ahead, within S=2 of its pulls
+    gate.vector.tick(5, 127)
+    gate.vector.set_members([5])  # 4 finished its shard first
+    gate.vector.set_members([])  # 5 too: the checkpoint is written
+    assert math.isinf(gate.vector.min()) and gate.vector.low() == 127
+    gate.vector.set_members([4, 5])
+    assert gate.vector.clocks == {4: 130, 5: 127}
+    assert gate.admit(127, 2, "5's pull", now=0.0) and not gate.admit(130, 2, "4's pull", now=0.0)
+    gate.vector.tick(5, 128)
+    assert gate.release(now=1.0) == ["4's pull"] and gate.max_gap == 2  # not 130 clocks stale
+    v = VectorClock()
+    v.set_members([3])
+    assert v.clocks == {3: 0}  # the first ever starts at 0
+
+
+def test_a_tick_that_comes_after_an_idle_worker_left_is_kept_for_its_return():
+    v = VectorClock()
+    v.set_members([1, 2])
+    v.tick(1, 4)
+    v.tick(2, 4)
+    v.set_members([2])  # 1 waits for a shard; its last tick was still on the way
+    v.tick(1, 5)
+    assert 1 not in v.clocks
+    v.set_members([1, 2])
+    assert v.clocks == {1: 5, 2: 4}
+    v.leave(1)  # declared dead: forgotten
+    v.tick(1, 9)
+    v.set_members([1, 2])
+    assert v.clocks == {1: 4, 2: 4}

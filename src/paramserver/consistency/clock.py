@@ -44,34 +44,61 @@ def parse_consistency(text: str | int | float | None) -> float:
 
 @dataclass
 class VectorClock:
-    """Clocks of the live workers, as one server has seen them."""
+    """Clocks of the live workers, as one server has seen them.
+
+    A worker that leaves for a while (idle, waiting for a data shard; the scheduler's
+    coordinated checkpoint drains them all) comes back at the members' minimum, but never
+    below the clock it had already ticked here: its pulls carry its own clock, and ticks
+    it sent are not sent again, so a worker put back lower waits for ever on itself (and,
+    once the others are within S of it, they on it).
+    """
 
     clocks: dict[int, int] = field(default_factory=dict)
+    # the minimum the members had reached when the last one left: with no member, the
+    # workers come back at it (not at 0, which only the first ever starts at)
+    floor: int = 0
+    # the last clock each worker that left ticked (a tick may come after it left): it comes back at least there
+    away: dict[int, int] = field(default_factory=dict)
 
     def min(self) -> float:
         return min(self.clocks.values()) if self.clocks else math.inf
 
-    def join(self, worker: int) -> int:
-        """Add a worker at the current minimum (0 for the first): it cannot drag others back."""
+    def low(self) -> int:
+        """Where a joiner starts at least: the members' minimum, or, with none, the floor."""
+        return int(self.min()) if self.clocks else self.floor
+
+    def join(self, worker: int, low: int | None = None) -> int:
+        """Add a worker at the current minimum (``low``) or at the clock it had already
+        ticked, whichever is higher: it cannot drag others back, nor itself."""
         if worker not in self.clocks:
-            m = self.min()
-            self.clocks[worker] = 0 if math.isinf(m) else int(m)
+            self.clocks[worker] = max(self.low() if low is None else low, self.away.pop(worker, 0))
         return self.clocks[worker]
 
     def set_members(self, workers: list[int]) -> None:
         for w in [w for w in self.clocks if w not in workers]:
-            del self.clocks[w]
+            self.leave(w, forget=False)
+        low = self.low()  # the joiners of one change start from the same minimum
         for w in workers:
-            self.join(w)
+            self.join(w, low)
 
     def tick(self, worker: int, clock: int) -> None:
         """Advance a member's clock; a tick from a non-member (one that left, or was
-        declared dead, while its tick travelled) must not make it a member again."""
+        declared dead, while its tick travelled) must not make it a member again (one
+        that left idle keeps it for when it comes back)."""
         if worker in self.clocks:
             self.clocks[worker] = max(self.clocks[worker], clock)
+        elif worker in self.away:
+            self.away[worker] = max(self.away[worker], clock)
 
-    def leave(self, worker: int) -> None:
-        self.clocks.pop(worker, None)
+    def leave(self, worker: int, forget: bool = True) -> None:
+        """A worker leaves the vector: for good (dead) or, ``forget=False``, for a while."""
+        if worker in self.clocks:  # the minimum only grows while there are members: kept for when none is left
+            self.floor = max(self.floor, int(self.min()))
+            clock = self.clocks.pop(worker)
+            if not forget:
+                self.away[worker] = clock
+        if forget:
+            self.away.pop(worker, None)
 
 
 @dataclass

@@ -4,7 +4,6 @@ server-side functions, and the namespaces' quotas it enforces (``Admin``, a part
 
 from __future__ import annotations
 
-import math
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +63,7 @@ class Admin:
         return reply(msg, node_id=n.node_id, pid=os.getpid(), **state,
                      ring_version=n.ring.version if n.ring else 0,
                      clocks={str(k): v for k, v in vector.clocks.items()},
-                     min_clock=None if math.isinf(vector.min()) else int(vector.min()),
+                     min_clock=vector.low(),  # with no member (all idle): where they come back
                      samples=n.metrics.wire(state) if msg.header.get("samples") else None)
 
     # ---- server-side functions ------------------------------------------------------------
