@@ -145,6 +145,57 @@ def test_a_worker_key_runs_workers_but_cannot_register_a_server(tmp_path, keyfil
     assert proc.returncode == 2 and "only the cluster's file" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_every_privileged_call_is_refused_to_every_lesser_key(tmp_path, keyfile):
+    """Issue 28.4: a worker key could remove a server, drop a table, shut the cluster down
+    and export the model.  Each role may ask only what ``wire/security.py`` lists: every
+    privileged call, sent with every lesser key, to the scheduler and to a server, is
+    refused with a protocol error and changes nothing."""
+    from paramserver.wire.security import DRIVER_OPS, WORKER_OPS
+
+    files = {}
+    for role in ("worker", "driver"):
+        files[role] = str(tmp_path / f"{role}.key")
+        proc = subprocess.run([sys.executable, "-m", "paramserver", "keygen", "--from", keyfile, "--role", role,
+                               "--out", files[role]], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+    to_scheduler = {"remove_server": {"node_id": 1}, "shutdown": {}, "migrated": {"migration": 1},
+                    "drop_table": {"name": "t"}, "create_table": {"spec": {"name": "u", "dim": 1}},
+                    "drop_namespace": {"name": "t"}, "create_namespace": {"name": "n", "quota": {}},
+                    "job_start": {"shards": [[0, 1]]}, "restore": {"url": str(tmp_path / "r")}}
+    to_server = {"export": {"table": "t"}, "call": {"table": "t", "function": "paramserver.functions:l2"},
+                 "install": {"table": "t", "vnode": 0}, "replicate": {"table": "t"}}
+    with LocalCluster(servers=1, secret_file=keyfile, log_level="WARNING") as cluster:
+        cluster.client.create_table("t", dim=1)
+        cluster.client.push("t", KEYS, -np.ones((KEYS.size, 1), np.float32)).result(timeout=30)
+        before = cluster.client.pull("t", KEYS).result(timeout=30)
+        server = cluster.client._servers[cluster.client.ring.servers[0]]
+        ctx = zmq.Context()
+        try:
+            for role, allowed in (("worker", WORKER_OPS), ("driver", DRIVER_OPS)):
+                keys = load_keys(files[role])
+                for address, calls in ((cluster.address, to_scheduler), (server, to_server)):
+                    sock = ctx.socket(zmq.DEALER)
+                    sock.linger = 0
+                    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (
+                        keys.server_public, keys.public, keys.secret)
+                    sock.connect(address)
+                    for i, (op, header) in enumerate(sorted(calls.items())):
+                        if op in allowed:
+                            continue
+                        sock.send_multipart(encode({"op": op, "id": i, **header}))
+                        assert sock.poll(10_000), f"{op} with a {role} key: no answer"
+                        answer = decode(sock.recv_multipart())
+                        assert answer.op is Op.ERROR and answer.header["code"] == "protocol", (role, op, answer.header)
+                        assert f"a {role} key cannot ask this" in answer.header["error"], answer.header
+                    sock.close()
+        finally:
+            ctx.destroy(linger=0)
+        # nothing changed: the server, the table and its values are there
+        assert len(cluster.client.cluster_info()["ring_servers"]) == 1
+        assert "t" in cluster.client.tables()
+        np.testing.assert_array_equal(cluster.client.pull("t", KEYS).result(timeout=30), before)
+
+
 def test_key_files_are_checked_and_never_overwritten(tmp_path, keyfile):
     proc = subprocess.run([sys.executable, "-m", "paramserver", "keygen", "--out", keyfile], capture_output=True,
                           text=True, timeout=60)
@@ -260,7 +311,7 @@ def test_a_member_acts_only_as_the_node_it_registered_as(tmp_path, keyfile):
                                                              np.array([vnode], np.int32), np.array([1], np.int64)])
             assert "without its token" in ask(server, {"op": Op.CLOCK.value, "id": 2, "worker": victim,
                                                        "clock": 99})
-            assert "comes from servers only" in ask(server, {"op": Op.INSTALL.value, "id": 3, "table": "t"})
+            assert "a worker key cannot ask this" in ask(server, {"op": Op.INSTALL.value, "id": 3, "table": "t"})
             assert "without its token" in ask(cluster.address, {"op": Op.HEARTBEAT.value, "id": 4,
                                                                 "node_id": min(servers), "seq": 1})
         finally:

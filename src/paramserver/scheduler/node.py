@@ -38,7 +38,7 @@ from paramserver.scheduler.waiters import ServerWaiters
 from paramserver.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
-from paramserver.wire.security import MAY_REGISTER, tokens_of, user_role
+from paramserver.wire.security import MAY_REGISTER, refused_op, tokens_of, user_role
 from paramserver.wire.sockets import check_metrics_url
 from paramserver.wire.transport import Transport, ZmqTransport
 
@@ -175,6 +175,9 @@ class SchedulerNode:
         handler = self.handlers.get(msg.op)
         if handler is None:
             raise ProtocolError(f"the scheduler does not serve op {msg.op.value!r}")
+        refused = refused_op(self._key_role, msg.op.value)  # what the sender's key may ask (wire/security.py)
+        if refused:
+            raise ProtocolError(refused)
         handler(identity, msg)
 
     def answer(self, identity: bytes, frames: list[Any]) -> None:

@@ -58,12 +58,11 @@ from paramserver.wire.message import (
     field,
     reply,
 )
-from paramserver.wire.security import http_token, load_keys, tokens_of, user_role
+from paramserver.wire.security import http_token, load_keys, refused_op, tokens_of, user_role
 from paramserver.wire.sockets import advertised
 from paramserver.wire.transport import Transport, transport_for
 
 logger = logging.getLogger(__name__)
-SERVERS_ONLY = (Op.INSTALL, Op.REPLICATE)  # with a secret: only a cluster key sends them
 
 class ServerNode:
     """Registers with the scheduler, waits for the ring, then serves until ``STOP``."""
@@ -241,9 +240,8 @@ class ServerNode:
             if handler is None:
                 raise ProtocolError(f"a server does not serve op {msg.op.value!r} "
                                     f"(serves {sorted(o.value for o in self.data_handlers)})")
-            if self.tokens is not None and msg.op in SERVERS_ONLY and user_role(frames[1]) != "cluster":
-                raise ProtocolError(f"{msg.op.value} comes from servers only: a {user_role(frames[1])} key "
-                                    "cannot send it")
+            if self.tokens is not None and (refused := refused_op(user_role(frames[1]), msg.op.value)):
+                raise ProtocolError(refused)  # what the sender's key may ask (wire/security.py)
             started = time.perf_counter()
             if msg.op in (Op.PULL, Op.PUSH):
                 answer = handler(msg, identity)

@@ -43,6 +43,32 @@ ROLES = ("cluster", "worker", "driver")
 #: the node roles a key's role may register as
 MAY_REGISTER = {"cluster": {"scheduler", "server", "worker", "driver"}, "worker": {"worker", "driver"},
                 "driver": {"driver"}}
+#: what a key's role may ask of the scheduler and the servers, by op name (a cluster key: anything).
+#: A worker: its own registration and heartbeats, the data plane (pull, push, clock, a round's
+#: checkpoint of what it trained), barriers and its job's shard calls, and reading the cluster's
+#: state.  A driver: that, and tables, namespaces, jobs, restores, exports and server-side
+#: functions.  Only the cluster's key: membership (a server's registration, its removal,
+#: migrations, copies, replication) and shutdown.
+WORKER_OPS = frozenset({"register", "heartbeat", "leave", "table_info", "cluster_info", "barrier", "wait_workers",
+                        "wait_servers", "next_shard", "shard_done", "progress", "job_status", "pull", "push",
+                        "clock", "stats", "checkpoint"})
+DRIVER_OPS = WORKER_OPS | {"create_table", "drop_table", "create_namespace", "drop_namespace", "job_start",
+                           "restore", "export", "call"}
+MAY_SEND = {"worker": WORKER_OPS, "driver": DRIVER_OPS}
+
+
+def refused_op(key_role: str | None, op: str) -> str | None:
+    """Why a message of ``op`` sent with a ``key_role`` key is refused, or None if it may be
+    sent (a plain link, without a secret, proves no role: everything goes)."""
+    if key_role is None or key_role == "cluster":
+        return None
+    if op in MAY_SEND.get(key_role, frozenset()):
+        return None
+    may = ", ".join(sorted(MAY_SEND.get(key_role, ())))
+    other = "a driver key file or " if key_role == "worker" and op in DRIVER_OPS else ""
+    return f"{op}: a {key_role} key cannot ask this (a {key_role} key may: {may}); use {other}the cluster's key file"
+
+
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 DOMAIN = "paramserver"
 
