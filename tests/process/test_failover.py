@@ -281,3 +281,25 @@ def test_a_client_declared_dead_closes_instead_of_going_on_as_a_zombie():
             wait_for(lambda: zombie._io._closed.is_set(), 30, "the client to close itself")
             with pytest.raises(ClosedError, match="declared this client dead"):
                 zombie.push("w", KEYS, np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
+
+
+def test_a_push_after_the_scheduler_was_killed_fails_fast_and_names_it():
+    """Issue 28.8: with the scheduler SIGKILLed, a push blocked for retry_timeout_s (60 s),
+    then raised a stale-ring error that did not mention the scheduler.  The client knows
+    the scheduler's process is gone (same machine): the push fails at once, and says why."""
+    import time
+
+    from paramserver import NodeLostError
+
+    with LocalCluster(servers=1, workers=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0,
+                      log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0})
+        client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
+        cluster.kill("scheduler")
+        cluster.procs["scheduler"].popen.wait(10)
+        wait_for(lambda: client._io.scheduler_lost(), 30, "the client to declare the scheduler lost")
+        t0 = time.monotonic()
+        with pytest.raises(NodeLostError, match="the scheduler at .* stopped answering"):
+            client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
+        assert time.monotonic() - t0 < 10  # not retry_timeout_s

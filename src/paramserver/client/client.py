@@ -109,6 +109,7 @@ class Client:
             self._io.close()
             raise
         self.node_id: int = view["node_id"]
+        self._scheduler_process = str(view.get("scheduler_process") or "")  # to tell a dead one from a stalled one
         self._token: dict[str, str] = {"token": view["node_token"]} if view.get("node_token") else {}
         self.rank: int = view.get("rank", -1)
         self.num_workers: int = view.get("num_workers", 0)

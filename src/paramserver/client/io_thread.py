@@ -220,6 +220,10 @@ class IOThread(threading.Thread):
             if on_reply is not None:
                 self._pending[request_id] = _Call(address, on_reply)
 
+    def scheduler_lost(self) -> bool:
+        """Whether the scheduler was declared lost (silent past the heartbeat timeout)."""
+        return self.scheduler in self._lost
+
     def _check_scheduler(self) -> None:
         """The scheduler answers every heartbeat; silence past the deadline means it died:
         fail what waits on it (a barrier, a shard) instead of waiting forever."""

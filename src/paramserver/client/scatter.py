@@ -25,6 +25,7 @@ from paramserver.errors import (
     StaleRingError,
     UnknownTableError,
 )
+from paramserver.wire.liveness import process_alive
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
@@ -158,7 +159,15 @@ class Scatter:
             return
         if exc is None and msg is not None and msg.op is Op.ERROR:
             exc = remote_error(msg)
-        if isinstance(exc, (StaleRingError, NodeLostError)) and time.monotonic() < self.deadline:
+        if isinstance(exc, (StaleRingError, NodeLostError)) and self.client._io.scheduler_lost() and (
+                time.monotonic() >= self.deadline or process_alive(self.client._scheduler_process) is False):
+            # without a scheduler the servers serve no more (their leases ran out) and no ring can change:
+            # a scheduler whose process is gone fails the call now, one only silent (stalled?) at the deadline
+            exc = NodeLostError(f"the scheduler at {self.client.config.scheduler} stopped answering (declared lost "
+                                f"after {self.client.config.heartbeat_timeout_s:g} s of silence), so the servers "
+                                "serve no more (their leases ran out): restart the cluster, and resume from a "
+                                f"checkpoint if there is one ({exc})")
+        elif isinstance(exc, (StaleRingError, NodeLostError)) and time.monotonic() < self.deadline:
             # the ring changed under this piece: once ours is newer, route it again
             ring_version = self.client._ring.version
             newer = ring_version > piece.ring_version

@@ -360,7 +360,8 @@ class SchedulerNode:
             self.workers_changed()
             self._serve_worker_waiters()
         self.sock.send(reply(msg, node_id=node.id, rank=node.rank, num_workers=self._barrier_size(),
-                             **self._token(node.id), **self._cluster_view()), identity)
+                             scheduler_process=self.transport.process(), **self._token(node.id),
+                             **self._cluster_view()), identity)
 
     def _token(self, node_id: int) -> dict[str, Any]:
         return {} if self.tokens is None else {"node_token": self.tokens.token(node_id)}

@@ -16,6 +16,11 @@ the newest answered beat: the rest of the timeout is the margin for clock-rate s
 the request in hand.  Past it the server refuses pulls and pushes with a stale-ring
 error (clients refresh their view of the ring and retry; nothing is applied, so nothing
 is lost) until an answer renews the lease, or the scheduler says the server is dead.
+
+A scheduler that does not answer for ``scheduler_gone_s`` (60 s, or 12 heartbeat timeouts
+if longer) is gone for good: no new scheduler can adopt a server, so the server stops
+instead of running on for ever (servers left behind by a killed scheduler, or by Ctrl-C on
+a hand-started one).  A stalled scheduler (a pause of seconds) is well within it.
 """
 
 from __future__ import annotations
@@ -23,8 +28,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 LEASE_FRACTION = 0.75  # of heartbeat_timeout_s
+SCHEDULER_GONE_S = 60.0
+
+
+def scheduler_gone_s(config: Any) -> float:
+    """Silence of the scheduler after which a server stops: it is gone for good."""
+    return max(SCHEDULER_GONE_S, 12 * float(config.heartbeat_timeout_s))
 _REMEMBERED = 64  # beats awaiting an answer (older ones can only grant shorter leases)
 
 

@@ -39,7 +39,7 @@ from paramserver.server.admin import Admin
 from paramserver.server.copies import Copies
 from paramserver.server.dedup import Dedup
 from paramserver.server.install import check_grads, check_install, check_moves, replace_buffered
-from paramserver.server.lease import Lease
+from paramserver.server.lease import Lease, scheduler_gone_s
 from paramserver.server.optim import OP_UPDATE
 from paramserver.server.peers import Acks, Peers, forward_targets
 from paramserver.server.requests import check_segments, push_op, split
@@ -214,6 +214,13 @@ class ServerNode:
     def beat(self, sock: Any) -> bool:
         """Send a heartbeat on ``sock`` and read the answers to earlier ones; False once
         the scheduler said this server was declared dead (it stops)."""
+        gone = self.lease.expired_for() + self.lease.length
+        if gone > scheduler_gone_s(self.config):
+            logger.error("server %d: the scheduler at %s has not answered for %.0f s: it is gone for good (a new one "
+                         "cannot adopt this server), so this server stops rather than run on for ever; its tables "
+                         "are lost with it unless checkpointed", self.node_id, self.config.scheduler, gone)
+            self._running = False
+            return False
         sock.send(encode({"op": Op.HEARTBEAT.value, "node_id": self.node_id, "seq": self.lease.beat(),
                           **({"token": self.node_token} if self.node_token else {})}))
         while sock.poll(0):
