@@ -108,6 +108,38 @@ def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.nda
     return [rel, int(keys.size), hashlib.sha256(body).hexdigest(), len(body)]
 
 
+def remove_files(url: str, rels: list[str]) -> int:
+    """Remove the files ``rels`` (relative paths) of step ``url``, as far as possible (a
+    failed checkpoint's partial files, which would fill the disk again); how many went."""
+    import fsspec
+
+    removed = 0
+    for rel in rels:
+        try:
+            fs, _, (path,) = fsspec.get_fs_token_paths(f"{url}/{rel}")
+            fs.rm(path)
+            removed += 1
+        except (OSError, ValueError):  # gone already, or cannot be: nothing more to do here
+            pass
+    return removed
+
+
+def remove_step(url: str) -> bool:
+    """Remove the whole step ``url`` (a checkpoint given up: it has no manifest, nothing
+    will ever read it, and its files take the room the next one needs); False if it could
+    not be removed."""
+    import fsspec
+
+    try:
+        fs, _, (path,) = fsspec.get_fs_token_paths(url)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+        return True
+    except (OSError, ValueError) as exc:
+        logger.warning("could not remove the abandoned checkpoint %s: %s", url, exc)
+        return False
+
+
 def local_url(url: Any, what: str = "checkpoint URL") -> str:
     """``url`` as every server must see it: a local path made absolute here (a relative one
     would name another folder on each server, under its own working directory); a URL with

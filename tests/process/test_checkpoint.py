@@ -231,7 +231,7 @@ def test_a_server_lost_during_a_checkpoint_abandons_it_and_the_job_goes_on(tmp_p
     manifests_written = sum(f == "MANIFEST.json" for _, _, names in os.walk(url) for f in names)
     assert manifests_written == len(checkpoints["written"])
     log = (tmp_path / "logs" / "scheduler.log").read_text()
-    assert log.count("abandoned, training goes on") == checkpoints["abandoned"]
+    assert log.count("abandoned and removed, training goes on") == checkpoints["abandoned"]
     assert "lost servers [" in log
 
 
@@ -389,3 +389,43 @@ def test_a_checkpoint_that_fails_mid_job_says_why(tmp_path):
     assert report["examples"] == 3 * 6000  # training went on
     assert report["checkpoints_abandoned"] >= 1 and report["checkpoint_failures"]
     assert all(url in why for why in report["checkpoint_failures"]), report["checkpoint_failures"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs of the test's own (root only), removed after it."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a tmpfs of the test's own: mounting one takes root")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True,
+                          text=True, timeout=30)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip()}): no full disk to test with")
+    try:
+        yield str(mount)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=30)
+
+
+def test_a_full_disk_during_checkpoints_is_named_cleaned_up_and_training_goes_on(tmp_path, small_disk):
+    """Issue 28.7: a full disk arrived as an "internal" error and its partial files stayed;
+    it is now named, each failed step is removed, and the job finishes."""
+    from paramserver.apps.models import Model
+    from paramserver.apps.synth import write_synth
+    from paramserver.apps.train import TrainConfig, run_training
+
+    data, url = str(tmp_path / "d.tsv"), os.path.join(small_disk, "ckpt")
+    write_synth(data, 6000, seed=2)
+    report = run_training(TrainConfig(Model("lr"), epochs=2), [data], [], servers=1, workers=1,
+                          shard_bytes=300_000, checkpoint_dir=url, checkpoint_every=2, keep_checkpoints=0)
+    assert report["examples"] == 2 * 6000  # training went on
+    assert report["checkpoints_abandoned"] >= 1
+    assert all("the disk is full" in why for why in report["checkpoint_failures"]), report["checkpoint_failures"]
+    assert "internal" not in " ".join(report["checkpoint_failures"])
+    steps = os.listdir(url)  # what is left: complete steps only (those that fitted), no partial one
+    partial = [s for s in steps if not os.path.exists(os.path.join(url, s, "MANIFEST.json"))]
+    assert not partial, f"partial checkpoint steps stay: {partial}"
+    assert sorted(steps) == sorted(os.path.basename(s) for s in report["checkpoints"])

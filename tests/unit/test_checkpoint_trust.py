@@ -282,3 +282,33 @@ def test_a_job_checkpoint_url_is_made_absolute_before_the_scheduler_sees_it(tmp_
     assert sent[-1]["checkpoint"] == {"url": f"{tmp_path}/ckpt", "every": 2}
     with pytest.raises(CheckpointError, match="is empty"):
         job.start([], 1, checkpoint={"url": "", "every": 2})
+
+
+def test_a_full_disk_is_named_and_the_partial_files_are_removed(tmp_path, monkeypatch):
+    """Issue 28.7: a full disk during a checkpoint arrived as an "internal" error, and the
+    files written before it stayed (and took the room the next checkpoint needed)."""
+    import errno
+
+    from paramserver.server import storage
+    from paramserver.server.optim import SGD
+    from paramserver.server.vnodes import VnodeSet
+
+    table = VnodeSet(TableSpec("t", optimizer=SGD()), 4, [0, 1, 2, 3])
+    vnodes = np.repeat(np.arange(4, dtype=np.int32), [100, 100, 100, 99])
+    keys = np.concatenate([np.arange(v * 1000 + 1, v * 1000 + n + 1, dtype=np.uint64)
+                           for v, n in zip(range(4), [100, 100, 100, 99])])
+    table.apply(vnodes[np.r_[0, 100, 200, 300]], np.array([100, 100, 100, 99]), keys, np.ones((399, 1), np.float32))
+    real, calls = ckpt.write_vnode, []
+
+    def fills_up(url, name, v, k, rows):
+        calls.append(v)
+        if len(calls) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(url, name, v, k, rows)
+
+    monkeypatch.setattr(ckpt, "write_vnode", fills_up)
+    step = str(tmp_path / "step")
+    with pytest.raises(CheckpointError, match=r"No space left on device \(the disk is full: free space there, or "
+                                              r"checkpoint elsewhere\); the 2 file\(s\) this server had written"):
+        storage.write_checkpoint({"t": table}, np.ones(4, bool), step)
+    assert not [f for _, _, fs in os.walk(step) for f in fs], "partial files stay"

@@ -168,3 +168,43 @@ def test_the_simulation_catches_a_broken_requeue(mutation, tmp_path, monkeypatch
         except AssertionError:
             failures += 1
     assert failures > 0
+
+
+def test_a_failed_checkpoint_is_removed_and_tried_again_at_the_next_boundary(tmp_path):
+    """Issue 28.7: a checkpoint that failed (a full disk) left its partial files, which made
+    the next one fail too, and waited ``every`` more shards.  Its step is removed, and the
+    next shard done brings the next attempt; after RETRIES failures in a row, the usual
+    interval again."""
+    import os
+
+    from paramserver.scheduler.jobs import RETRIES
+
+    host = _Host()
+    jobs = host.jobs = Jobs(host)
+    url = str(tmp_path / "ckpt")
+    shards = [[f"s{i}", 0, 3] for i in range(20)]
+    jobs.start(b"driver", _msg({"op": "job_start", "id": 1, "shards": shards, "epochs": 1,
+                                "checkpoint": {"url": url, "every": 4}}))
+
+    def one_shard(rid: int) -> None:
+        jobs.next_shard(b"w10", _msg({"op": "next_shard", "id": rid}), 10)
+        (msg,) = [m for _, m in host.answers if m.header.get("shard_id") is not None]
+        host.answers.clear()
+        jobs.shard_done(b"w10", _msg({"op": "shard_done", "id": rid + 1, "shard_id": msg.header["shard_id"],
+                                      "epoch": 0, "stats": {"examples": 3}}), 10)
+
+    for rid in range(0, 8, 2):  # 4 shards: the first checkpoint starts
+        one_shard(100 + rid)
+    for attempt in range(RETRIES + 1):
+        assert len(host.fanouts) == 1, f"attempt {attempt}: no checkpoint started"
+        header, on_done = host.fanouts.pop(0)
+        os.makedirs(f"{header['url']}/t")  # a server wrote part of it, then the disk was full
+        open(f"{header['url']}/t/0.npz", "wb").close()
+        op = FanOut(on_done, set(), 0.0)
+        op.errors[1] = "CheckpointError: No space left on device"
+        on_done(op)
+        assert not os.path.exists(header["url"]), "the abandoned step's files stay"
+        one_shard(200 + 2 * attempt)  # the next boundary
+    assert not host.fanouts, "a fourth failure in a row is retried at once, not after `every` shards"
+    ckpt = jobs.checkpoints
+    assert ckpt is not None and ckpt.abandoned == RETRIES + 1 and ckpt.since == 1

@@ -50,6 +50,9 @@ class JobHost(Protocol):
     def workers_changed(self) -> None: ...
 
 
+RETRIES = 3  # a checkpoint that failed is tried again at the next boundary, this many times in a row
+
+
 @dataclass
 class Checkpoints:
     """``JOB_START``'s ``checkpoint``: every ``every`` shards done, stop handing out
@@ -65,6 +68,7 @@ class Checkpoints:
     written: list[str] = field(default_factory=list)
     abandoned: int = 0
     failures: list[str] = field(default_factory=list)  # why each abandoned checkpoint failed
+    failed_in_row: int = 0  # abandoned since the last one written: retried at the next boundary, 3 times
     meta: dict[str, Any] = field(default_factory=dict)  # the job's own words for its manifests (model, data)
 
     @classmethod
@@ -236,11 +240,20 @@ class Jobs:
     def _checkpoint_done(self, failure: str | None) -> None:
         ckpt = self.checkpoints
         assert ckpt is not None
+        retry = False
         if failure is not None:
             ckpt.abandoned += 1
+            ckpt.failed_in_row += 1
             ckpt.failures.append(f"{ckpt.step or ckpt.url}: {failure}"[:2000])
-            logger.error("checkpoint %s abandoned, training goes on (it has no manifest, so it is never "
-                         "used): %s", ckpt.step or ckpt.url, failure)
-        ckpt.phase, ckpt.since = None, 0
+            if ckpt.step:  # its partial files would take the room the next one needs
+                checkpoint.remove_step(ckpt.step)
+            retry = ckpt.failed_in_row <= RETRIES
+            logger.error("checkpoint %s abandoned and removed, training goes on; %s: %s", ckpt.step or ckpt.url,
+                         "tried again at the next boundary" if retry else
+                         f"{ckpt.failed_in_row} in a row failed, the next after {ckpt.every} more shard(s)", failure)
+        else:
+            ckpt.failed_in_row = 0
+        # a failed one is due again at once: the next shard done brings the next boundary
+        ckpt.phase, ckpt.since, ckpt.step = None, ckpt.every if retry else 0, ""
         self.serve()
         self.host.workers_changed()

@@ -7,6 +7,7 @@ with what these return.
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -43,13 +44,21 @@ def write_checkpoint(tables: dict[str, VnodeSet], primary: np.ndarray, url: str)
     """Write every stored vnode this server is primary of (keys, values and optimiser
     state) under ``url``; the manifest entries, per table and vnode."""
     files: dict[str, dict[str, list[Any]]] = {}
-    for name, table in tables.items():
-        for v, vt in table.tables.items():
-            if not primary[v]:  # one copy of each vnode: the primary's
-                continue
-            keys, rows = vt.items()
-            if keys.size:
-                files.setdefault(name, {})[str(v)] = checkpoint.write_vnode(url, name, v, keys, rows)
+    try:
+        for name, table in tables.items():
+            for v, vt in table.tables.items():
+                if not primary[v]:  # one copy of each vnode: the primary's
+                    continue
+                keys, rows = vt.items()
+                if keys.size:
+                    files.setdefault(name, {})[str(v)] = checkpoint.write_vnode(url, name, v, keys, rows)
+    except OSError as exc:  # a full disk, a quota, a permission: named, and what was written goes
+        written = [entry[0] for vnodes in files.values() for entry in vnodes.values()]
+        removed = checkpoint.remove_files(url, written)
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise CheckpointError(f"could not write checkpoint files under {url}: {exc.strerror or exc}"
+                              + (" (the disk is full: free space there, or checkpoint elsewhere)" if full else "")
+                              + f"; the {removed} file(s) this server had written for it are removed") from None
     return files
 
 
