@@ -99,3 +99,22 @@ def test_a_tick_that_comes_after_an_idle_worker_left_is_kept_for_its_return():
     v.tick(1, 9)
     v.set_members([1, 2])
     assert v.clocks == {1: 4, 2: 4}
+
+
+def test_a_peer_cannot_park_pulls_without_bound():
+    """Issue 28.6: a pull with a clock far ahead waited for ever, holding its arrays; a peer
+    sending such pulls grew the server without bound."""
+    import pytest
+
+    from paramserver.consistency.clock import MAX_PARKED_PER_PEER, StalenessGate
+    from paramserver.errors import ProtocolError
+
+    gate = StalenessGate()
+    gate.vector.set_members([1])
+    for i in range(MAX_PARKED_PER_PEER):
+        assert not gate.admit(10**9, 0, ("hostile", i), 0.0, b"hostile")
+    with pytest.raises(ProtocolError, match="far ahead"):
+        gate.admit(10**9, 0, ("hostile", -1), 0.0, b"hostile")
+    assert not gate.admit(5, 0, ("reader", 0), 0.0, b"reader")  # another peer still parks
+    gate.vector.tick(1, 5)
+    assert gate.release(1.0) == [("reader", 0)]

@@ -63,3 +63,23 @@ def test_senders_that_never_come_back_are_forgotten_but_not_within_the_retry_win
     assert len(d.senders) <= 1 + 2 * dedup_module.EXPIRE_EVERY
     d.forget(7)  # it left: forgotten at once
     assert 7 not in d.senders
+
+
+def test_a_sender_that_never_acknowledges_is_bounded(monkeypatch):
+    """Issue 28.6: rising seqs with acked = -1 grew a sender's record without end."""
+    import numpy as np
+    import pytest
+
+    from paramserver.errors import ProtocolError
+    from paramserver.server import dedup as dedup_module
+
+    monkeypatch.setattr(dedup_module, "MAX_UNACKED", 100)
+    d = dedup_module.Dedup(8)
+    v = np.array([0])
+    for seq in range(100):
+        assert d.fresh(7, seq, -1, v).all()
+        d.mark(7, seq, v)
+    with pytest.raises(ProtocolError, match="on record already"):
+        d.fresh(7, 100, -1, v)
+    assert not d.fresh(7, 50, -1, v).any()  # a retry of one on record is still recognised
+    assert d.fresh(7, 100, 99, v).all()  # once it acknowledges, the record shrinks and it goes on

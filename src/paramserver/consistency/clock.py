@@ -14,6 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from paramserver.errors import ProtocolError
+
 
 def parse_consistency(text: str | int | float | None) -> float:
     """``"bsp"`` → 0, ``"asp"``/None → inf, ``"ssp:3"``/3 → 3."""
@@ -101,12 +103,17 @@ class VectorClock:
             self.away.pop(worker, None)
 
 
+MAX_PARKED_PER_PEER = 256  # pulls of one peer waiting for the staleness bound, at most
+MAX_PARKED = 16_384  # on one server, at most
+
+
 @dataclass
 class Parked:
     clock: int
     staleness: float
     since: float
     request: Any
+    peer: Any = None  # who sent it (its connection's identity)
 
 
 @dataclass
@@ -123,12 +130,20 @@ class StalenessGate:
     def ready(self, clock: int, staleness: float) -> bool:
         return math.isinf(staleness) or self.vector.min() >= clock - staleness
 
-    def admit(self, clock: int, staleness: float, request: Any, now: float) -> bool:
-        """True: answer now (and it is recorded); False: the request was parked."""
+    def admit(self, clock: int, staleness: float, request: Any, now: float, peer: Any = None) -> bool:
+        """True: answer now (and it is recorded); False: the request was parked.  A peer
+        may have ``MAX_PARKED_PER_PEER`` pulls parked, the server ``MAX_PARKED`` in all (a
+        client has a few in flight; a pull with a clock far ahead would wait for ever and
+        keep its arrays): past them ``ProtocolError``."""
         if self.ready(clock, staleness):
             self._record(clock)
             return True
-        self.parked.append(Parked(clock, staleness, now, request))
+        mine = sum(1 for p in self.parked if p.peer == peer) if peer is not None else 0
+        if mine >= MAX_PARKED_PER_PEER or len(self.parked) >= MAX_PARKED:
+            raise ProtocolError(f"pull at clock {clock}: {mine} pulls of this peer ({len(self.parked)} in all) wait "
+                                f"already for the slowest worker (clock {self.vector.low()}, staleness {staleness:g}); "
+                                f"at most {MAX_PARKED_PER_PEER} a peer: is the reader's clock far ahead of its ticks?")
+        self.parked.append(Parked(clock, staleness, now, request, peer))
         self.parked_count += 1
         return False
 

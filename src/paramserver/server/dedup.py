@@ -11,8 +11,10 @@ when it moves, so a retry that lands on a promoted backup is recognised too.
 Memory: one ``bool[n_vnodes]`` per push in flight per sender, and a small record per
 sender.  A sender's record goes when it leaves or dies (the scheduler says so), and when
 it has been idle longer than ``horizon_s`` (twice the clients' retry timeout: no retry
-can come later), so senders that never come back cost nothing.  Sans-IO, vectorised over
-a request's vnode segments.
+can come later), so senders that never come back cost nothing.  A sender may have at most
+``MAX_UNACKED`` pushes newer than its ``acked`` on record (a client has a few in flight; a
+peer that numbers pushes upwards and never acknowledges would grow the record without
+end): past it a new one is refused.  Sans-IO, vectorised over a request's vnode segments.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from paramserver.errors import ProtocolError
+
 EXPIRE_EVERY = 1024  # look for idle senders each time this many more have come
+MAX_UNACKED = 1 << 16  # pushes of one sender newer than its acked, on record at most
 
 
 class _Sender:
@@ -77,6 +82,10 @@ class Dedup:
         if seq <= s.acked:  # acknowledged long ago: a duplicate of something applied
             return np.zeros(vnodes.shape[0], bool)
         done = s.seen.get(seq)
+        if done is None and len(s.seen) >= MAX_UNACKED:
+            raise ProtocolError(f"push {seq} of sender {sender}: {len(s.seen)} of its pushes newer than its acked "
+                                f"({s.acked}) are on record already, the most a sender may have in flight is "
+                                f"{MAX_UNACKED}: a client sends acked = the last seq all before which were answered")
         return np.ones(vnodes.shape[0], bool) if done is None else ~done[vnodes]
 
     def mark(self, sender: int, seq: int, vnodes: np.ndarray) -> None:

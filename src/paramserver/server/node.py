@@ -461,7 +461,7 @@ class ServerNode:
         table = self._table(msg, keys.shape[0], vnodes, counts)
         clock = msg.header.get("clock")
         if isinstance(clock, int):  # ASP is admitted at once, and its staleness recorded too
-            if not self.gate.admit(clock, table.spec.staleness, (identity, msg), self.clock()):
+            if not self.gate.admit(clock, table.spec.staleness, (identity, msg), self.clock(), identity):
                 return None  # answered by _clocks_moved
         return self._serve_pull(msg, table)
 
