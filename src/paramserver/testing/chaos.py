@@ -143,6 +143,21 @@ def _job(rng: random.Random) -> Plan:
     return p
 
 
+def _job_ssp(rng: random.Random) -> Plan:
+    """A training job under BSP or SSP with coordinated checkpoints, through failures: each
+    checkpoint drains the workers (idle ones leave the servers' vector clocks), and they
+    must come back where their clocks were (issue 28.3: they came back at 0, and parked
+    pulls waited for ever)."""
+    p = Plan(servers=3, workers=rng.randint(1, 3), replicas=2, staleness=rng.randint(0, 2),
+             shards=rng.randint(6, 12), epochs=rng.randint(1, 2))
+    p.checkpoint_every = rng.choice([1, 2, 3])
+    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
+    if rng.random() < 0.7:
+        p.failures.append((rng.uniform(0.5, 5), rng.choice(["worker-crash", "crash", "short-pause"])))
+    p.speeds = [0.05, 0.1, 0.2]
+    return p
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "counters-r1": _counters(1),
     "counters-r2": _counters(2),
@@ -155,6 +170,7 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "partition": _partition,
     "restore": _restore,
     "job": _job,
+    "job-ssp": _job_ssp,
 }
 assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "campaign.SCENARIO_NAMES lists the scenarios for --help"
 
@@ -328,7 +344,7 @@ class Run:
 
         w.pull(table, keys, done, clock=False)
 
-    def _ssp_step(self, w: SimWorker, then: Callable[[], None]) -> None:
+    def _ssp_step(self, w: SimWorker, then: Callable[[], None], read_after: bool = True) -> None:
         """Each worker pushes +1 to its own key once a clock, then ticks; pulls (at its
         clock) every worker's key, which must show the clocks all of them finished."""
         i = self.cluster.workers.index(w)
@@ -336,17 +352,20 @@ class Run:
 
         def ticked(_: Any, error: str | None) -> None:
             self.check.returned(calls.pop())
-            read()
+            if read_after:
+                read()
+            else:
+                then()
 
         def pushed() -> None:
-            calls.append(self.check.call(f"{w.name} clock", self.limit_s))
+            calls.append(self.check.call(f"{w.name} clock", self.limit_s, w.name))  # a crash abandons it
             w.tick(ticked)
 
         def read() -> None:
             keys = np.arange(len(self.cluster.workers), dtype=np.uint64)
             clock, s = w.clock, int(self.plan.staleness or 0)
             least = np.full(keys.shape[0], max(0, clock - s), np.int64)
-            pull_call = self.check.call(f"{w.name} ssp pull", self.limit_s)
+            pull_call = self.check.call(f"{w.name} ssp pull", self.limit_s, w.name)
 
             def done(values: Any, error: str | None) -> None:
                 self.check.returned(pull_call)
@@ -358,6 +377,19 @@ class Run:
 
         calls: list[int] = []
         self._push(w, "ssp", pushed, mine)
+
+    def _batch(self, w: SimWorker, then: Callable[[], None]) -> None:
+        """A training worker's batch under BSP/SSP: pull at its clock (gated by the slowest
+        worker holding a shard), push +1 to its own key, tick.  The pull comes first, as a
+        worker's next batch's does after a checkpoint drained every worker."""
+        keys = np.arange(len(self.cluster.workers), dtype=np.uint64)
+        pull_call = self.check.call(f"{w.name} batch pull", self.limit_s, w.name)
+
+        def pulled(_: Any, error: str | None) -> None:
+            self.check.returned(pull_call)
+            self._ssp_step(w, then, read_after=False)
+
+        w.pull("ssp", keys, pulled)
 
     # ---- a training job ------------------------------------------------------------------
     def _start_job(self, w: SimWorker) -> None:
@@ -414,8 +446,11 @@ class Run:
         if pushes:
             i = self.cluster.workers.index(w)
             think = self.rng.expovariate(1 / self.plan.speeds[i % len(self.plan.speeds)])
-            self._push(w, "counts", lambda: w.host.after(think, self._work, w, sid, epoch, examples,
-                                                                   pushes - 1))
+            then = lambda: w.host.after(think, self._work, w, sid, epoch, examples, pushes - 1)  # noqa: E731
+            if self.plan.staleness is not None:  # a clock a batch, as a training worker: pull, push, tick
+                self._batch(w, then)
+            else:
+                self._push(w, "counts", then)
             return
         self._job_call(w, {"op": Op.SHARD_DONE.value, "shard_id": sid, "epoch": epoch,
                            "stats": {"examples": examples}}, lambda msg: self._next_shard(w))

@@ -87,6 +87,22 @@ def _write_off_last_copy() -> Callable[[], None]:
     return _patch(Detector, "_wait_for", lambda self, node, now: False)
 
 
+def _rejoin_at_the_minimum() -> Callable[[], None]:
+    """A worker back from idle joins the vector clock at the members' minimum, or 0 with
+    none left, below the clock it had ticked (as before issue 28.3)."""
+    import math
+
+    from paramserver.consistency.clock import VectorClock
+
+    def join(self: VectorClock, worker: int, low: int | None = None) -> int:
+        if worker not in self.clocks:
+            m = self.min()
+            self.clocks[worker] = 0 if math.isinf(m) else int(m)
+        return self.clocks[worker]
+
+    return _patch(VectorClock, "join", join)
+
+
 #: name -> (what it switches off, how)
 MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
     "no-dedup": ("skip the retry dedup: a resent push is applied again", _no_dedup),
@@ -96,6 +112,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
     "no-staleness-gate": ("answer pulls without the staleness gate", _no_staleness_gate),
     "no-lease": ("serve without a lease from the scheduler", _no_lease),
     "restore-unheld": ("restore a table without holding ring changes or loading again after one", _restore_unheld),
+    "rejoin-at-the-minimum": ("a worker back from idle rejoins the vector clock below the clock it ticked",
+                              _rejoin_at_the_minimum),
     "write-off-last-copy": ("declare a silent server dead on time even when it holds the last complete copy of "
                             "some vnodes", _write_off_last_copy),
 }
