@@ -106,8 +106,9 @@ def _round_checkpoint_flags(p: argparse.ArgumentParser, unit: str, default: int)
 
 def _unverified_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-unverified-checkpoint", action="store_true",
-                   help="with --resume: accept a checkpoint of the first format, whose files have no sha256 to "
-                        "verify (refused otherwise: an edited file would be restored unnoticed)")
+                   help="read a checkpoint (--resume, or a training checkpoint as --model) of the first format, "
+                        "whose files have no sha256 to verify (refused otherwise: an edited file would be read "
+                        "unnoticed)")
 
 
 class _Skipped:
@@ -361,6 +362,7 @@ def _scoring_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", help="the data's format, if not the one the model was trained on (the features "
                                     "must be the same: e.g. Avazu rows as csv)")
     p.add_argument("--label-format", help="libsvm labels: 01, pm1 or 12 (default: the model's)")
+    _unverified_flag(p)
 
 
 def _data_flags(p: argparse.ArgumentParser, training: bool) -> None:

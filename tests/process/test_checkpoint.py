@@ -185,6 +185,35 @@ def test_resume_from_a_mid_job_checkpoint_onto_more_servers_counts_each_example_
     assert report["failed_workers"] == []
 
 
+def test_eval_of_a_first_format_training_checkpoint_needs_the_opt_in(checkpointed_job, tmp_path):
+    """The same flag, the same meaning: eval and predict read a training checkpoint as
+    --model, and a manifest rewritten as the first format (no hashes) is refused there too,
+    unless --allow-unverified-checkpoint."""
+    import shutil
+    import subprocess
+    import sys
+
+    from paramserver.checkpoint import resolve_step
+
+    path, url, _, _ = checkpointed_job
+    source = resolve_step(url)
+    step = shutil.copytree(source, str(tmp_path / "ckpt" / os.path.basename(source.rstrip("/"))))
+    with open(os.path.join(step, "MANIFEST.json")) as f:
+        manifest = json.load(f)
+    manifest["format"] = "paramserver-checkpoint-1"
+    manifest["files"] = {t: {v: [f"{step}/{e[0]}", e[1]] for v, e in vnodes.items()}
+                         for t, vnodes in manifest["files"].items()}
+    with open(os.path.join(step, "MANIFEST.json"), "w") as f:
+        json.dump(manifest, f)
+    command = [sys.executable, "-m", "paramserver", "eval", "--model", step, "--data", path]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "--allow-unverified-checkpoint" in refused.stderr, refused.stderr[-2000:]
+    assert "Traceback" not in refused.stderr
+    allowed = subprocess.run([*command, "--allow-unverified-checkpoint"], capture_output=True, text=True, timeout=120)
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
+    assert "log" in allowed.stdout.lower()
+
+
 def test_resume_refuses_other_shards_or_another_model_in_one_line(checkpointed_job):
     import subprocess
     import sys

@@ -224,14 +224,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def predict(args: argparse.Namespace, _: Any) -> int:
-    n = predict_file(args.model, args.data, args.out, args.skip_bad_lines, _overrides(args))
+    n = predict_file(args.model, args.data, args.out, args.skip_bad_lines, _overrides(args),
+                     args.allow_unverified_checkpoint)
     _console(True).print(f"wrote {n:,} predictions to {args.out}")
     return 0
 
 
 def eval(args: argparse.Namespace, _: Any) -> int:  # noqa: A001 - the command's name
     check_output(args.metrics_out, "--metrics-out", folder=False)
-    report = evaluate(args.model, args.data, args.skip_bad_lines, _overrides(args))
+    report = evaluate(args.model, args.data, args.skip_bad_lines, _overrides(args), args.allow_unverified_checkpoint)
     print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
     if args.metrics_out:
         write_text(args.metrics_out, json.dumps(report, indent=1))

@@ -124,14 +124,15 @@ def dense_vector(model: Model, keys: np.ndarray, rows: np.ndarray) -> np.ndarray
     return np.ascontiguousarray(rows[order][:, :DENSE_BLOCK], np.float32).reshape(-1)[:model.deep.mlp.size]
 
 
-def _from_checkpoint(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None]:
+def _from_checkpoint(url: str, allow_unverified: bool = False) -> tuple[dict[str, Any], np.ndarray, np.ndarray,
+                                                                         np.ndarray | None]:
     """A training checkpoint (a folder of steps, or one step) as a saved model: its meta,
     the model table's keys and rows and a deep model's MLP (every file checked against its
-    manifest)."""
+    manifest; a first-format one, with no hashes, only with ``allow_unverified``)."""
     from paramserver import checkpoint as ckpt
 
     step = ckpt.resolve_step(url)
-    manifest = ckpt.read_manifest(step)
+    manifest = ckpt.read_manifest(step, allow_unverified)
     meta = manifest.get("train")
     if not isinstance(meta, dict):
         raise DataError(f"{step} was not written by paramserver train --checkpoint-dir (no model or data "
@@ -139,7 +140,8 @@ def _from_checkpoint(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, 
     model = Model(**meta["model"])
 
     def table(name: str) -> tuple[np.ndarray, np.ndarray]:
-        parts = [ckpt.read_vnode(ckpt.entry_path(step, e), e) for e in manifest["files"].get(name, {}).values()]
+        parts = [ckpt.read_vnode(ckpt.entry_path(step, e, allow_unverified), e)
+                 for e in manifest["files"].get(name, {}).values()]
         keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
         return keys, np.concatenate([r for _, r in parts]) if parts else np.zeros((0, 1), np.float32)
 
@@ -183,14 +185,14 @@ class LocalModel:
     column j is feature j + 1.  ``predict(X)``: 0/1 at probability 0.5.  ``proba(batch)``: the
 probabilities of a parsed ``Batch``."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, allow_unverified: bool = False):
         fs, path = _fs(url, "--model")
         if not fs.exists(f"{path.rstrip('/')}/model.json"):  # a training checkpoint, maybe
             from paramserver.checkpoint import MANIFEST
             if fs.exists(f"{path.rstrip('/')}/{MANIFEST}") or any(
                     fs.exists(f"{p.rstrip('/')}/{MANIFEST}") for p in (fs.ls(path, detail=False)
                                                                        if fs.isdir(path) else [])):
-                self._load(*_from_checkpoint(url))
+                self._load(*_from_checkpoint(url, allow_unverified))
                 return
         try:
             with fs.open(f"{path.rstrip('/')}/model.json", "r") as f:
@@ -245,10 +247,11 @@ probabilities of a parsed ``Batch``."""
         return self.model.predict(batch, inverse, rows, self.dense)
 
 
-def load_model(path: str) -> LocalModel:
+def load_model(path: str, allow_unverified: bool = False) -> LocalModel:
     """A model saved by ``paramserver train --save DIR`` (or a training checkpoint), to
-    score with ``predict_proba``; no cluster needed."""
-    return LocalModel(path)
+    score with ``predict_proba``; no cluster needed (``allow_unverified``: a checkpoint of
+    the first format, whose files have no hashes, is read anyway)."""
+    return LocalModel(path, allow_unverified)
 
 
 def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
@@ -256,10 +259,10 @@ def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
 
 
 def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = False,
-                 overrides: dict[str, Any] | None = None) -> int:
+                 overrides: dict[str, Any] | None = None, allow_unverified: bool = False) -> int:
     """Write one probability a line for every line of ``data`` (labelled or not)."""
     check_output(out, "--out", folder=False)
-    model = LocalModel(model_dir)
+    model = LocalModel(model_dir, allow_unverified)
     fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad} | (overrides or {})))
     n = 0
     fs, path = _fs(out, "--out")
@@ -275,9 +278,9 @@ def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = Fal
 
 
 def evaluate(model_dir: str, data: list[str], skip_bad: bool = False,
-             overrides: dict[str, Any] | None = None) -> dict[str, float]:
+             overrides: dict[str, Any] | None = None, allow_unverified: bool = False) -> dict[str, float]:
     """Log loss and AUC of the saved model on labelled ``data``."""
-    model = LocalModel(model_dir)
+    model = LocalModel(model_dir, allow_unverified)
     fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad} | (overrides or {})))
     batch = read_all(data, fmt)
     return metrics(batch.labels, model.proba(batch))
