@@ -118,3 +118,14 @@ def test_a_peer_cannot_park_pulls_without_bound():
     assert not gate.admit(5, 0, ("reader", 0), 0.0, b"reader")  # another peer still parks
     gate.vector.tick(1, 5)
     assert gate.release(1.0) == [("reader", 0)]
+
+
+def test_a_dead_readers_parked_pulls_are_forgotten():
+    from paramserver.consistency.clock import StalenessGate
+
+    gate = StalenessGate()
+    gate.vector.set_members([1, 2])
+    assert not gate.admit(9, 0, {"reader": 2}, 0.0, b"two")
+    assert not gate.admit(9, 0, {"reader": 1}, 0.0, b"one")
+    assert gate.drop_reader(2, lambda request: request["reader"]) == 1
+    assert [p.request for p in gate.parked] == [{"reader": 1}]

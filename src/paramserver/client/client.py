@@ -235,7 +235,7 @@ class Client:
                                   f"max_message_bytes={self.config.max_message_bytes}; split the batch")
         header: dict[str, Any] = {"op": kind.value, "table": table}
         if self.role == "worker":  # the staleness gate and BSP aggregation key on it
-            header["clock"] = self._clock
+            header.update(clock=self._clock, reader=self.node_id)  # reader: a dead one's parked pulls go
         if seq is not None:
             header.update(sender=self.node_id, seq=seq)
             if self._token:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +147,13 @@ class StalenessGate:
         self.parked.append(Parked(clock, staleness, now, request, peer))
         self.parked_count += 1
         return False
+
+    def drop_reader(self, reader: int, of: Callable[[Any], Any]) -> int:
+        """Forget the parked pulls of ``reader`` (a worker that died: nobody waits for the
+        answers, and they hold their arrays); ``of(request)`` says whose a request is."""
+        keep = [p for p in self.parked if of(p.request) != reader]
+        dropped, self.parked = len(self.parked) - len(keep), keep
+        return dropped
 
     def release(self, now: float) -> list[Any]:
         """Requests that may be answered now that clocks moved (in arrival order)."""

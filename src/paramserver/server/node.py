@@ -394,6 +394,7 @@ class ServerNode:
             dedup.forget(node_id)
         if role == "worker":
             self.gate.vector.leave(node_id)
+            self.gate.drop_reader(node_id, lambda request: request[1].header.get("reader"))
             self._clocks_moved()
 
     def on_workers(self, msg: Message) -> None:
