@@ -112,9 +112,11 @@ def test_a_killed_worker_actor_has_its_shard_redone_once_and_its_restart_joins(t
                           setup=kill_once_a_shard_is_done, cluster_options={"cluster": "ray", **FAST})
     assert not killed["status"]["finished"]  # the kill came mid-job
     assert len(report["failed_workers"]) == 1 and report["failed_workers"][0].startswith("worker-1 died")
-    # the survivor (rank 0 or 1: ranks follow registration order) and the restarted worker, under a new rank 2
-    survivor, restarted = sorted(report["traces"])
-    assert survivor in (0, 1) and restarted == 2, report["traces"]
+    # the survivor (rank 0 or 1: ranks follow registration order) and the restarted worker: under a new rank 2
+    # if it registered before the scheduler declared the killed one dead, else under the rank the dead one
+    # freed (the smallest free rank goes to the next worker); which comes first is Ray's restart's timing
+    ranks = sorted(report["traces"])
+    assert len(ranks) == 2 and set(ranks) in ({0, 1}, {0, 2}, {1, 2}), sorted(report["traces"])
     assert report["examples"] == 32_561 * 3  # each example exactly once per epoch
     assert report["test_examples"] == 16_281 and report["logloss"] <= 0.34, report
 
