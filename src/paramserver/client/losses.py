@@ -59,7 +59,7 @@ class Losses:
             self.seen.append(loss)
             self._unsaid.append(loss)
         logger.error("%s", loss_line([loss], "calls on this client raise DataLossError" if not self.allow
-                                      else "allow_loss is set: going on"))
+                                      else "kept in Client.losses (allow_loss: its caller decides)"))
 
     def check(self) -> None:
         """Raise ``DataLossError`` for the losses not raised yet, unless they are allowed."""
