@@ -53,6 +53,18 @@ def _host_problem(host: str) -> str:
     return ""
 
 
+def _one_token(value: Any, limit: int, what: str, like: str) -> str:
+    """``value`` shown for messages, if it is a string of 1 to ``limit`` characters with no
+    whitespace or control character; else ``ProtocolError`` naming it, the rule and the fix."""
+    if not isinstance(value, str) or not 0 < len(value) <= limit:
+        raise ProtocolError(f"{what} must be a string of 1-{limit} characters like {like}, got {str(value)[:100]!r}")
+    shown = repr(value[:100])
+    if _CONTROL.search(value):
+        raise ProtocolError(f"{what} {shown} has whitespace or a control character: it is one token like {like}; "
+                            "strip it (a trailing newline from a file or a shell?)")
+    return shown
+
+
 def check_endpoint(address: Any) -> str:
     """``address`` if it is an endpoint a peer can connect to, exactly as ZeroMQ takes it:
     ``tcp://HOST:PORT`` (``HOST`` a host name, an IPv4 address or a bracketed IPv6 one, not
@@ -60,13 +72,7 @@ def check_endpoint(address: Any) -> str:
     ``inproc://NAME``, with no whitespace or control character anywhere; else
     ``ProtocolError`` naming the value, the rule and the fix.  The one check every
     advertised address goes through (a bad one would reach every peer's connect)."""
-    if not isinstance(address, str) or not 0 < len(address) <= MAX_ADDRESS:
-        raise ProtocolError(f"an address must be a string of 1-{MAX_ADDRESS} characters like tcp://HOST:PORT, "
-                            f"got {str(address)[:100]!r}")
-    shown = repr(address[:100])
-    if _CONTROL.search(address):
-        raise ProtocolError(f"address {shown} has whitespace or a control character: an address is one token "
-                            "like tcp://HOST:PORT; strip it (a trailing newline from a file or a shell?)")
+    shown = _one_token(address, MAX_ADDRESS, "address", "tcp://HOST:PORT")
     scheme, sep, rest = address.partition("://")
     if scheme == "tcp":
         m = _TCP.fullmatch(address)
@@ -101,13 +107,7 @@ def check_metrics_url(url: Any) -> str:
     ``ProtocolError`` naming the value, the rule and the fix."""
     if url is None or url == "":
         return ""
-    if not isinstance(url, str) or len(url) > MAX_METRICS_URL:
-        raise ProtocolError(f"a metrics URL must be a string of at most {MAX_METRICS_URL} characters like "
-                            f"http://HOST:PORT/metrics, or empty; got {str(url)[:100]!r}")
-    shown = repr(url[:100])
-    if _CONTROL.search(url):
-        raise ProtocolError(f"metrics URL {shown} has whitespace or a control character; send it as "
-                            "http://HOST:PORT/metrics")
+    shown = _one_token(url, MAX_METRICS_URL, "metrics URL", "http://HOST:PORT/metrics")
     m = _HTTP.fullmatch(url)
     if not m:
         raise ProtocolError(f"metrics URL {shown} is not http(s)://HOST:PORT/PATH; send the URL the metrics "
