@@ -135,6 +135,9 @@ class ZmqSocket:
             return
         trackers: list[tuple[zmq.MessageTracker, int, float]] = []
         try:
+            if not big:  # copied frames only: one call, nothing to track
+                self.raw.send_multipart([identity, *frames], zmq.NOBLOCK, copy=False)
+                return
             self.raw.send(identity, zmq.NOBLOCK | zmq.SNDMORE)
             last = len(frames) - 1
             for i, (frame, n) in enumerate(zip(frames, sizes)):
