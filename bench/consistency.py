@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from paramserver.apps.models import Model
-from paramserver.apps.synth import write_synth
-from paramserver.apps.train import TrainConfig, run_training
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.synth import write_synth
+from paramserver.apps.ctr.train import TrainConfig, run_training
 from paramserver.data.reader import DataFormat
 
 MODES = ["bsp", "ssp:1", "ssp:3", "asp"]

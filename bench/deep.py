@@ -43,7 +43,7 @@ MODELS = ("lr", "fm", "deepfm", "wdl")
 
 
 def sets(tmp: str, rows: int) -> dict[str, tuple[list[str], list[str]]]:
-    from paramserver.apps.synth import write_synth
+    from paramserver.apps.ctr.synth import write_synth
 
     out: dict[str, tuple[list[str], list[str]]] = {}
     train = DATA / "criteo_kaggle_wideresdnn_train.tsv.gz"
@@ -60,8 +60,8 @@ def sets(tmp: str, rows: int) -> dict[str, tuple[list[str], list[str]]]:
 
 
 def paramserver_row(model: str, train: list[str], test: list[str]) -> dict:
-    from paramserver.apps.models import Model
-    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.train import TrainConfig, run_training
 
     r = run_training(TrainConfig(Model(model)), train, test, servers=1, workers=1)
     return {"learner": f"paramserver {model}", "logloss": r["logloss"], "auc": r["auc"],
@@ -85,8 +85,8 @@ def torch_reference(model: str, train: list[str], test: list[str]) -> dict:
     import torch
     from torch import nn
 
-    from paramserver.apps.models import Model, auc, logloss
-    from paramserver.apps.train import ramped
+    from paramserver.apps.ctr.models import Model, auc, logloss
+    from paramserver.apps.ctr.train import ramped
     from paramserver.data.reader import DataFormat, Shard, expand, read_all, read_batches
 
     torch.manual_seed(0)

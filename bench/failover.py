@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from paramserver import Client, LocalCluster
-from paramserver._malloc import tune_allocator
+from paramserver._runtime.malloc import tune_allocator
 from paramserver.config import load_config
 
 

@@ -38,7 +38,7 @@ import numpy as np
 import ray
 
 from paramserver import Client
-from paramserver.apps.synth import write_synth
+from paramserver.apps.ctr.synth import write_synth
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "libsvm"
 
@@ -82,8 +82,8 @@ def train(where: str, flags: list[str], tmp: str) -> dict:
 
 
 def failover(where: str, train_path: str, test_path: str) -> dict:
-    from paramserver.apps.models import Model
-    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.train import TrainConfig, run_training
     from paramserver.data.reader import DataFormat
 
     killed: dict = {}

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 LDA = os.path.join(HERE, "..", "..", "shared", "data", "lda")
 
-from paramserver.data.corpus import Corpus, read_corpus  # noqa: E402
+from paramserver.apps.rounds.corpus import Corpus, read_corpus  # noqa: E402
 
 
 def split_every(c: Corpus, k: int) -> tuple[Corpus, Corpus]:

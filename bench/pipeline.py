@@ -26,7 +26,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from paramserver.torch_pipeline import peak_rss_mb, pipeline
+from paramserver.integrations.pipeline import peak_rss_mb, pipeline
 
 
 def layers(hidden: int, seed: int = 0) -> list[nn.Module]:

@@ -29,7 +29,7 @@ from collections import deque
 import numpy as np
 
 from paramserver import LocalCluster
-from paramserver._malloc import tune_allocator
+from paramserver._runtime.malloc import tune_allocator
 
 
 def measure(fn, keys_per_op: int, min_keys: float, max_s: float, window: int) -> float:

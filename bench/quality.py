@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from paramserver.apps.models import auc, logloss
+from paramserver.apps.ctr.models import auc, logloss
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 PS = [sys.executable, "-m", "paramserver"]

@@ -23,13 +23,13 @@ import time
 
 import numpy as np
 
-from paramserver._malloc import tune_allocator
-from paramserver.apps.synth import write_synth
+from paramserver._runtime.malloc import tune_allocator
+from paramserver.apps.ctr.synth import write_synth
 from paramserver.data.reader import DataFormat, Shard, read_batches
 from paramserver.routing.partition import route_pull, route_push
 from paramserver.routing.ring import Ring
 from paramserver.server.vnodes import VnodeSet
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Op, decode, encode
 
 OPTIMIZERS = {"ftrl": {"name": "ftrl", "alpha": 0.15, "beta": 1.0, "l1": 1.0, "l2": 1.0},

@@ -40,8 +40,8 @@ import time
 
 import numpy as np
 
-from paramserver.apps.models import auc, logloss
-from paramserver.apps.synth import write_synth
+from paramserver.apps.ctr.models import auc, logloss
+from paramserver.apps.ctr.synth import write_synth
 
 PS = [sys.executable, "-m", "paramserver", "train", "--quiet"]
 

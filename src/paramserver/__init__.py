@@ -18,30 +18,30 @@ import gc as _gc
 _collecting = _gc.isenabled()
 _gc.disable()
 
-from paramserver.apps.modelfile import load_model
+from paramserver.apps.ctr.modelfile import load_model
 from paramserver.client.client import Client
 from paramserver.cluster.local import LocalCluster, run
 from paramserver.config import Config
 from paramserver.errors import (
-                                CheckpointError,
-                                ClosedError,
-                                ConfigError,
-                                ConnectError,
-                                DataLossError,
-                                NodeLostError,
-                                ParamServerError,
-                                ProtocolError,
-                                QuotaError,
-                                RemoteError,
-                                StaleRingError,
-                                UnknownTableError,
-                                WorkerError,
+    CheckpointError,
+    ClosedError,
+    ConfigError,
+    ConnectError,
+    DataLossError,
+    NodeLostError,
+    ParamServerError,
+    ProtocolError,
+    QuotaError,
+    RemoteError,
+    StaleRingError,
+    UnknownTableError,
+    WorkerError,
 )
-from paramserver.functions import server_function
 from paramserver.routing.ring import Ring
-from paramserver.rules import Rule, rule
-from paramserver.server.optim import FTRL, SGD, AdaGrad, Adam, FtrlAdagrad, Normal, RMSProp, Uniform, Zeros
-from paramserver.spec import TableSpec
+from paramserver.tables.functions import server_function
+from paramserver.tables.optim import FTRL, SGD, AdaGrad, Adam, FtrlAdagrad, Normal, RMSProp, Uniform, Zeros
+from paramserver.tables.rules import Rule, rule
+from paramserver.tables.spec import TableSpec
 
 __all__ = [
     "Client", "LocalCluster", "run", "load_model", "Config", "TableSpec", "Ring",

@@ -1,5 +1,5 @@
 import sys
 
-from paramserver.cli import main
+from paramserver.cli.main import main
 
 sys.exit(main())

@@ -1,6 +1,18 @@
+import pathlib
+
 import pytest
 
 from paramserver import LocalCluster
+
+HERE = pathlib.Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    """Every test in this folder starts real processes: marked ``process`` (``-m process``
+    selects them, ``-m "not process"`` leaves them out)."""
+    for item in items:
+        if HERE in pathlib.Path(item.fspath).parents:
+            item.add_marker(pytest.mark.process)
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ def train_a9a(client):
     """One worker trains a9a end to end (table, job, pass, test log loss): the multi-host test."""
     import os
 
-    from paramserver.apps.modelfile import metrics
-    from paramserver.apps.models import Model
-    from paramserver.apps.train import TrainConfig, score, train_worker
+    from paramserver.apps.ctr.modelfile import metrics
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.train import TrainConfig, score, train_worker
     from paramserver.data.reader import DataFormat, make_shards, read_all
 
     cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"))

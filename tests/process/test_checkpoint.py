@@ -83,7 +83,7 @@ def test_missing_or_corrupt_manifests_are_refused(tmp_path):
         with pytest.raises(CheckpointError, match="not a paramserver checkpoint manifest"):
             cluster.client.restore(step)
     with pytest.raises(CheckpointError, match="no checkpoint at"):
-        from paramserver.checkpoint import latest_step
+        from paramserver.checkpoint.store import latest_step
         latest_step(str(tmp_path / "nothing-here"))
 
 
@@ -108,9 +108,9 @@ def manifests(url):
 
 @pytest.fixture(scope="module")
 def checkpointed_job(tmp_path_factory):
-    from paramserver.apps.models import Model
-    from paramserver.apps.synth import write_synth
-    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.synth import write_synth
+    from paramserver.apps.ctr.train import TrainConfig, run_training
 
     tmp = tmp_path_factory.mktemp("ckpt-train")
     path, url = str(tmp / "synth.tsv"), str(tmp / "ckpt")
@@ -122,7 +122,7 @@ def checkpointed_job(tmp_path_factory):
 
 
 def test_training_checkpoints_every_n_shards_with_consistent_job_progress(checkpointed_job):
-    from paramserver.checkpoint import resolve_step
+    from paramserver.checkpoint.store import resolve_step
     from paramserver.data.reader import make_shards
 
     path, url, _, report = checkpointed_job
@@ -160,7 +160,7 @@ def test_training_checkpoints_every_n_shards_with_consistent_job_progress(checkp
 
 
 def test_resume_from_a_mid_job_checkpoint_onto_more_servers_counts_each_example_once(checkpointed_job):
-    from paramserver.apps.train import run_training
+    from paramserver.apps.ctr.train import run_training
 
     path, url, cfg, _ = checkpointed_job
     step, manifest = manifests(url)[len(manifests(url)) // 2 - 1]  # mid-job
@@ -193,7 +193,7 @@ def test_eval_of_a_first_format_training_checkpoint_needs_the_opt_in(checkpointe
     import subprocess
     import sys
 
-    from paramserver.checkpoint import resolve_step
+    from paramserver.checkpoint.store import resolve_step
 
     path, url, _, _ = checkpointed_job
     source = resolve_step(url)
@@ -378,10 +378,10 @@ def test_a_manifest_entry_outside_its_step_is_refused(saved_step, tmp_path, wher
 
 
 def test_keep_checkpoints_leaves_the_newest_steps(tmp_path):
-    from paramserver.apps.models import Model
-    from paramserver.apps.synth import write_synth
-    from paramserver.apps.train import TrainConfig, run_training
-    from paramserver.checkpoint import MANIFEST
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.synth import write_synth
+    from paramserver.apps.ctr.train import TrainConfig, run_training
+    from paramserver.checkpoint.store import MANIFEST
     data, url = str(tmp_path / "d.tsv"), str(tmp_path / "ckpt")
     write_synth(data, 6000, seed=2)
     report = run_training(TrainConfig(Model("lr"), epochs=2), [data], [], servers=1, workers=1,
@@ -399,9 +399,9 @@ def test_a_checkpoint_that_fails_mid_job_says_why(tmp_path):
 
     from support import wait_for
 
-    from paramserver.apps.models import Model
-    from paramserver.apps.synth import write_synth
-    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.synth import write_synth
+    from paramserver.apps.ctr.train import TrainConfig, run_training
     data, url = str(tmp_path / "d.tsv"), str(tmp_path / "ckpt")
     write_synth(data, 6000, seed=2)
 
@@ -442,9 +442,9 @@ def small_disk(tmp_path):
 def test_a_full_disk_during_checkpoints_is_named_cleaned_up_and_training_goes_on(tmp_path, small_disk):
     """Issue 28.7: a full disk arrived as an "internal" error and its partial files stayed;
     it is now named, each failed step is removed, and the job finishes."""
-    from paramserver.apps.models import Model
-    from paramserver.apps.synth import write_synth
-    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.synth import write_synth
+    from paramserver.apps.ctr.train import TrainConfig, run_training
 
     data, url = str(tmp_path / "d.tsv"), os.path.join(small_disk, "ckpt")
     write_synth(data, 6000, seed=2)

@@ -132,8 +132,8 @@ def test_training_with_checkpoints_under_bsp_and_ssp_finishes(tmp_path, consiste
     import subprocess
     import sys
 
-    from paramserver.apps.synth import write_synth
-    from paramserver.checkpoint import MANIFEST
+    from paramserver.apps.ctr.synth import write_synth
+    from paramserver.checkpoint.store import MANIFEST
 
     data, url, out = tmp_path / "d.tsv", tmp_path / "ckpt", tmp_path / "report.json"
     write_synth(str(data), 4000, seed=2)

@@ -8,10 +8,10 @@ import pytest
 from support import shared
 from test_train import cli
 
-from paramserver.apps.modelfile import evaluate, load_model
-from paramserver.apps.models import Model
-from paramserver.apps.synth import write_synth
-from paramserver.apps.train import TrainConfig, run_training
+from paramserver.apps.ctr.modelfile import evaluate, load_model
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.synth import write_synth
+from paramserver.apps.ctr.train import TrainConfig, run_training
 from paramserver.errors import ConfigError
 
 

@@ -55,8 +55,8 @@ def test_run_stays_strict_and_run_elastic_fails_when_every_worker_dies():
 
 
 def test_a9a_with_a_worker_killed_mid_job_counts_each_example_exactly_once(tmp_path):
-    from paramserver.apps.models import Model
-    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.train import TrainConfig, run_training
     from paramserver.data.reader import DataFormat
 
     train, test = shared("libsvm/a9a.libsvm.gz"), shared("libsvm/a9a.t.libsvm.gz")

@@ -11,9 +11,9 @@ import pytest
 from support import wait_for
 
 from paramserver import DataLossError
-from paramserver.apps.models import Model
-from paramserver.apps.synth import write_synth
-from paramserver.apps.train import TrainConfig, run_training
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.synth import write_synth
+from paramserver.apps.ctr.train import TrainConfig, run_training
 
 pytestmark = pytest.mark.timeout(180)
 FAST_DETECTION = {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.5}

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from paramserver.apps.mf import _sgd, layout, write_strata
+from paramserver.apps.rounds.mf import _sgd, layout, write_strata
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -1,4 +1,4 @@
-"""Pipelined stages (``paramserver.torch_pipeline``, issue 16): 1F1B over 2 and 3 stage
+"""Pipelined stages (``paramserver.integrations.pipeline``, issue 16): 1F1B over 2 and 3 stage
 processes gives the gradients of one process on the whole mini-batch (within 1e-5),
 for any number of micro-batches; an SGD step moves every stage's parameters as one
 process would; a stage process that dies is named, not waited on; bad batches are
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")  # the torch extra: CI installs it
 
 from torch import nn  # noqa: E402
 
-from paramserver.torch_pipeline import PipelineError, pipeline  # noqa: E402
+from paramserver.integrations.pipeline import PipelineError, pipeline  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 

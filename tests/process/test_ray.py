@@ -48,8 +48,8 @@ def _a9a(tmp_path):
 
 
 def test_a9a_trains_through_ray_to_the_log_loss_of_the_local_launcher(tmp_path):
-    from paramserver.apps.models import Model
-    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.train import TrainConfig, run_training
     from paramserver.data.reader import DataFormat
 
     train, test = _a9a(tmp_path)
@@ -91,8 +91,8 @@ def test_a_killed_server_actor_loses_no_acknowledged_push_and_its_restart_joins_
 
 
 def test_a_killed_worker_actor_has_its_shard_redone_once_and_its_restart_joins(tmp_path):
-    from paramserver.apps.models import Model
-    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.train import TrainConfig, run_training
     from paramserver.data.reader import DataFormat
 
     train, test = _a9a(tmp_path)

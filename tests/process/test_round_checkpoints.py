@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from paramserver import checkpoint as ckpt
+from paramserver.checkpoint import store as ckpt
 
 pytestmark = pytest.mark.timeout(300)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,7 +45,7 @@ sys.path.insert(0, {here!r})
 import paramserver.apps.{app} as app
 import test_round_checkpoints as t
 app.{app}_worker = functools.partial(t.crash_job, {round}, app.{program}, app.{app}_worker)
-from paramserver.cli import main
+from paramserver.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

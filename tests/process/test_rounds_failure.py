@@ -33,7 +33,7 @@ def _dies_in_round(client, victim, round_, owner, worker, *args):
 
 
 def test_mf_carries_on_without_a_killed_worker():
-    from paramserver.apps.mf import ITEMS, USERS, MFConfig, MFProgram, layout, mf_worker, write_strata
+    from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, MFProgram, layout, mf_worker, write_strata
 
     rng = np.random.default_rng(4)
     n_u, n_i, W = 150, 90, 3
@@ -71,8 +71,8 @@ def test_mf_carries_on_without_a_killed_worker():
 
 def test_lasso_carries_on_without_a_killed_worker(tmp_path):
     sklearn = pytest.importorskip("sklearn.linear_model")
-    from paramserver.apps.lasso import TABLE, LassoConfig, LassoProgram, join64, lasso_worker, objective
-    from paramserver.data.matrix import read_libsvm_matrix
+    from paramserver.apps.rounds.lasso import TABLE, LassoConfig, LassoProgram, join64, lasso_worker, objective
+    from paramserver.apps.rounds.matrix import read_libsvm_matrix
 
     rng = np.random.default_rng(5)
     n, d = 300, 120
@@ -106,7 +106,7 @@ def _waits_for_a_joiner(client, folder, round_, worker, *args):
     import pathlib
     import time
 
-    from paramserver.apps.mf import MFProgram
+    from paramserver.apps.rounds.mf import MFProgram
 
     if client.rank == 0 and not client.joined_midway:
         update = MFProgram.update
@@ -131,8 +131,8 @@ def test_a_worker_that_joins_midway_leaves_and_the_rounds_go_on_unchanged(tmp_pa
     import threading
     import time
 
-    from paramserver.apps.mf import ITEMS, USERS, MFConfig, layout, mf_worker, write_strata
-    from paramserver.schedule import took_part
+    from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, layout, mf_worker, write_strata
+    from paramserver.apps.rounds.program import took_part
 
     rng = np.random.default_rng(6)
     n_u, n_i, W = 60, 40, 2

@@ -102,8 +102,8 @@ def test_an_add_is_applied_exactly_once_through_a_killed_server():
 
 
 def test_server_side_functions_merge_across_servers(rules_module):
-    from paramserver import functions
-    from paramserver.functions import sample
+    from paramserver.tables import functions
+    from paramserver.tables.functions import sample
 
     rng = np.random.default_rng(3)
     keys = rng.choice(2**40, 500, replace=False).astype(np.uint64)
@@ -112,7 +112,7 @@ def test_server_side_functions_merge_across_servers(rules_module):
         c = cluster.client
         c.create_table("t", dim=3, optimizer="sgd")
         c.push("t", keys, vals, op="assign").result(timeout=60)
-        fns = "paramserver.functions"
+        fns = "paramserver.tables.functions"
         v = np.array([1.0, -2.0, 0.5])
         got_k, got = c.call("t", f"{fns}:dot", keys=keys[:100], args={"vector": v}).result(timeout=60)
         order = {int(k): i for i, k in enumerate(keys)}

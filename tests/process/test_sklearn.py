@@ -59,8 +59,8 @@ def test_fit_predict_score_and_load_model_agree(tmp_path):
 def test_load_model_scores_files_and_matrices(tmp_path):
     from sklearn.datasets import dump_svmlight_file
 
-    from paramserver.apps.models import Model
-    from paramserver.apps.train import TrainConfig, run_training
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.train import TrainConfig, run_training
     from paramserver.data.reader import DataFormat
     X, y = make_classification(800, 12, random_state=1)
     path, model_dir = str(tmp_path / "d.svm"), str(tmp_path / "model")

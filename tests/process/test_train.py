@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from support import shared
 
-from paramserver.apps.modelfile import evaluate, predict_file
-from paramserver.apps.models import Model
-from paramserver.apps.synth import write_synth
-from paramserver.apps.train import TrainConfig, run_training
+from paramserver.apps.ctr.modelfile import evaluate, predict_file
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.synth import write_synth
+from paramserver.apps.ctr.train import TrainConfig, run_training
 from paramserver.data.reader import DataFormat, make_shards, read_all
 
 # Vowpal Wabbit 9.11, one pass, --loss_function logistic -b 24, on the same files (issue 11's
@@ -254,7 +254,7 @@ def test_every_output_is_checked_before_the_job_starts(tmp_path, flags, message)
 
 
 def test_a_model_saved_to_an_fsspec_url_loads_and_predicts_the_same(tmp_path):
-    from paramserver.apps.modelfile import LocalModel
+    from paramserver.apps.ctr.modelfile import LocalModel
     train = str(tmp_path / "t.tsv")
     write_synth(train, 2000, seed=4)
     cfg = TrainConfig(Model("lr"))
@@ -279,7 +279,7 @@ def test_help_shows_defaults_and_version_is_there():
 
 def test_predict_scores_rows_without_labels_as_it_scores_them_with(tmp_path):
     """Issue 12, bug 9: Criteo's test.txt has 39 fields (no label); LIBSVM rows may have none."""
-    from paramserver.apps.modelfile import predict_file
+    from paramserver.apps.ctr.modelfile import predict_file
     train = str(tmp_path / "t.tsv")
     write_synth(train, 3000, seed=8)
     model = str(tmp_path / "model")

@@ -8,9 +8,9 @@ import gzip
 import pytest
 from support import shared
 
-from paramserver.apps.models import Model
-from paramserver.apps.train import TrainConfig, run_training
-from paramserver.apps.vertical import run_vertical, split_columns
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.train import TrainConfig, run_training
+from paramserver.apps.ctr.vertical import run_vertical, split_columns
 from paramserver.data.reader import DataError, DataFormat
 from paramserver.errors import ConfigError
 

@@ -11,7 +11,7 @@ from paramserver.config import load_config
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.server.node import ServerNode
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.testing.sim import SimNetwork, SimSocket
 from paramserver.wire.message import Message, decode, encode
 

@@ -13,7 +13,7 @@ from paramserver.routing.hashing import dense_keys_of, dense_range, layout_code,
 from paramserver.routing.partition import route_pull, route_push
 from paramserver.routing.ring import Ring, plan_moves
 from paramserver.server.vnodes import VnodeSet
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message
 
 

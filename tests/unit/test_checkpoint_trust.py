@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from paramserver import CheckpointError
-from paramserver import checkpoint as ckpt
-from paramserver.spec import TableSpec
+from paramserver.checkpoint import store as ckpt
+from paramserver.tables.spec import TableSpec
 
 KEYS = np.arange(50, dtype=np.uint64)
 
@@ -150,7 +150,7 @@ def test_the_scheduler_passes_the_opt_in_on_to_the_servers():
 def test_the_commands_that_resume_take_allow_unverified_checkpoint(command):
     import argparse
 
-    from paramserver.cli import build_parser
+    from paramserver.cli.main import build_parser
 
     sub = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction))
     options = sub.choices[command]._option_string_actions
@@ -160,7 +160,7 @@ def test_the_commands_that_resume_take_allow_unverified_checkpoint(command):
 
 
 def test_a_round_app_resume_refuses_a_first_format_step(tmp_path):
-    from paramserver.schedule import CheckpointOptions
+    from paramserver.apps.rounds.program import CheckpointOptions
 
     step = ckpt.step_url(str(tmp_path / "ckpt"), 1)
     _write_step(step, first_format=True)
@@ -290,8 +290,8 @@ def test_a_full_disk_is_named_and_the_partial_files_are_removed(tmp_path, monkey
     import errno
 
     from paramserver.server import storage
-    from paramserver.server.optim import SGD
     from paramserver.server.vnodes import VnodeSet
+    from paramserver.tables.optim import SGD
 
     table = VnodeSet(TableSpec("t", optimizer=SGD()), 4, [0, 1, 2, 3])
     vnodes = np.repeat(np.arange(4, dtype=np.int32), [100, 100, 100, 99])

@@ -265,7 +265,7 @@ def test_a_libsvm_index_twice_in_a_line_is_an_error_or_skipped(tmp_path, line):
 
 def test_a_new_checkpoint_removes_the_partial_steps_older_than_the_newest_complete_one(tmp_path):
     """Issue 12, bug 15: interrupted checkpoints were never removed (1.5 GB in 10 runs)."""
-    from paramserver import checkpoint
+    from paramserver.checkpoint import store as checkpoint
     root = tmp_path / "ckpt"
     for step, complete in ((100, False), (200, True), (300, False), (400, True), (500, False)):
         (root / f"{step:015d}" / "t").mkdir(parents=True)
@@ -279,7 +279,7 @@ def test_a_new_checkpoint_removes_the_partial_steps_older_than_the_newest_comple
 
 
 def test_prune_keeps_the_newest_complete_steps_and_never_a_step_being_written(tmp_path):
-    from paramserver import checkpoint
+    from paramserver.checkpoint import store as checkpoint
     root = tmp_path / "ckpt"
     for step in (100, 200, 300, 400):
         (root / f"{step:015d}").mkdir(parents=True)
@@ -297,7 +297,7 @@ def test_local_paths_are_read_without_fsspec_and_may_be_pathlib_paths(tmp_path):
     compressed files only), str or pathlib.Path alike; the errors name the path."""
     import pathlib
 
-    from paramserver.apps.modelfile import check_output
+    from paramserver.apps.ctr.modelfile import check_output
     from paramserver.data.files import is_plain_local, open_input
     from paramserver.errors import ConfigError
 

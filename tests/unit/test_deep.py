@@ -4,8 +4,8 @@ shallow one, the MLP's layout, and the model's arguments."""
 import numpy as np
 import pytest
 
-from paramserver.apps.deep import DENSE_BLOCK, MLP
-from paramserver.apps.models import Model, logloss
+from paramserver.apps.ctr.deep import DENSE_BLOCK, MLP
+from paramserver.apps.ctr.models import Model, logloss
 from paramserver.data.reader import Batch
 from paramserver.errors import ConfigError
 
@@ -74,7 +74,7 @@ def test_the_mlp_layout_and_a_bounded_predict_pass(monkeypatch):
     (w0, b0), (w1, b1), (w2, b2) = mlp.layers(flat)
     assert w0.shape == (6, 5) and b0[0] == 30 and w2.shape == (4, 1) and b2[0] == mlp.size - 1
     # predict in chunks gives what one pass gives
-    import paramserver.apps.deep as deep_module
+    import paramserver.apps.ctr.deep as deep_module
 
     model = Model("deepfm", k=3, hidden=(4,))
     batch = _batch(4)

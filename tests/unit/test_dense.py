@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paramserver.apps.models import Model
-from paramserver.apps.train import TrainConfig
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.train import TrainConfig
 from paramserver.data.reader import DataFormat
 from paramserver.errors import ConfigError, ProtocolError
 from paramserver.routing.hashing import dense_keys_of, dense_range, vnodes_of_keys
@@ -15,7 +15,7 @@ from paramserver.routing.partition import route_pull, route_push
 from paramserver.routing.ring import Ring, plan_moves
 from paramserver.server.dense import DenseVnode
 from paramserver.server.vnodes import VnodeSet
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message
 
 

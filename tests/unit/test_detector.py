@@ -13,7 +13,7 @@ import numpy as np
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.detector import Detector
 from paramserver.scheduler.membership import Membership, NodeInfo
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.liveness import process_alive, process_token
 
 

@@ -18,7 +18,7 @@ from paramserver.config import load_config
 from paramserver.errors import ConfigError, ProtocolError
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.node import NodeInfo, SchedulerNode
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.testing.sim import SimNetwork
 from paramserver.wire.message import decode, encode
 from paramserver.wire.sockets import IPC_PATH_MAX, check_endpoint, check_metrics_url

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paramserver.apps.lasso import _cd
-from paramserver.apps.lasso_pairs import by_row, pair_steps, twins
+from paramserver.apps.rounds.lasso import _cd
+from paramserver.apps.rounds.lasso_pairs import by_row, pair_steps, twins
 
 
 def _csc(X):

@@ -10,8 +10,8 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from paramserver.apps.lasso import LassoConfig, LassoProgram, duality_gap, lambda_max, objective
-from paramserver.data.matrix import read_libsvm_matrix
+from paramserver.apps.rounds.lasso import LassoConfig, LassoProgram, duality_gap, lambda_max, objective
+from paramserver.apps.rounds.matrix import read_libsvm_matrix
 from paramserver.data.reader import DataError
 
 sklearn = pytest.importorskip("sklearn.linear_model")
@@ -62,7 +62,7 @@ class _Cluster:
 
 
 def _solve(m, lam, workers, schedule="priority", tol=1e-6, rounds=5000, **options):
-    from paramserver.schedule import run_rounds
+    from paramserver.apps.rounds.program import run_rounds
 
     cluster = _Cluster(m.shape[1], workers)
     cfg = LassoConfig(lam=lam, tol=tol, schedule=schedule, **{"per_round": 16, **options})
@@ -113,7 +113,7 @@ def test_the_scheduled_solution_matches_scikit_learns_objective(tmp_path, worker
 
 
 def test_interfering_workers_are_reined_in_when_the_objective_goes_up(tmp_path, monkeypatch):
-    import paramserver.apps.lasso as lasso
+    import paramserver.apps.rounds.lasso as lasso
 
     monkeypatch.setattr(lasso, "POLISH", 0)  # the serial polish at each check would clear it up
     rng = np.random.default_rng(3)
@@ -185,7 +185,7 @@ def test_the_matrix_reader_reads_columns_and_checks_the_width(tmp_path):
 
 
 def test_coefficients_travel_as_float64_to_two_to_the_minus_48():
-    from paramserver.apps.lasso import join64, split64
+    from paramserver.apps.rounds.lasso import join64, split64
 
     w = np.random.default_rng(0).standard_normal(10_000) * np.logspace(-8, 3, 10_000)
     rows = split64(w)

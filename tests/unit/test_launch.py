@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paramserver.cli import main
+from paramserver.cli.main import main
 from paramserver.cluster.launch import open_cluster, parse_cluster
 from paramserver.cluster.local import LocalCluster
 from paramserver.errors import ConfigError

@@ -9,8 +9,8 @@ import gzip
 import numpy as np
 import pytest
 
-from paramserver.apps.lda import _doc_lists, _sample, _seed, decode, encode
-from paramserver.data.corpus import read_corpus
+from paramserver.apps.rounds.corpus import read_corpus
+from paramserver.apps.rounds.lda import _doc_lists, _sample, _seed, decode, encode
 from paramserver.data.reader import DataError
 
 
@@ -111,7 +111,7 @@ def test_readers_refuse_bad_headers(tmp_path, text, what):
 
 
 def test_the_vocabulary_beside_an_lda_c_corpus_sets_v(tmp_path):
-    from paramserver.data.corpus import vocabulary_size
+    from paramserver.apps.rounds.corpus import vocabulary_size
     from paramserver.errors import ConfigError
 
     data = tmp_path / "news.ldac.gz"

@@ -2,12 +2,12 @@
 
 import logging
 
-from paramserver.logutil import Throttled
+from paramserver._runtime.logutil import Throttled
 
 
 def test_a_flood_is_logged_in_a_few_lines(caplog, monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("paramserver.logutil.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("paramserver._runtime.logutil.time.monotonic", lambda: now[0])
     log = Throttled(logging.getLogger("flood"), burst=5, window_s=10)
     with caplog.at_level(logging.WARNING, logger="flood"):
         for i in range(100_000):

@@ -9,7 +9,7 @@ import pytest
 from paramserver.config import load_config
 from paramserver.routing.ring import Ring, plan_moves
 from paramserver.scheduler.node import NodeInfo, SchedulerNode
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.testing.sim import SimNetwork
 from paramserver.wire.message import Message, Op, encode
 

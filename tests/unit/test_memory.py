@@ -51,7 +51,8 @@ def test_numba_loads_without_importing_scipy_for_blas_and_dot_still_works():
         import sys
         import numpy as np
         from numba import njit
-        from paramserver.warm import load_numba, warm_all
+        from paramserver._runtime.warm import load_numba
+        from paramserver.apps.ctr.warmup import warm_all
         load_numba()
         warm_all()
         assert "scipy.linalg" not in sys.modules, "numba's BLAS probe imported scipy.linalg"

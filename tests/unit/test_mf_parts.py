@@ -8,10 +8,10 @@ import gzip
 import numpy as np
 import pytest
 
-from paramserver.apps.mf import _predict, _sgd, layout, write_strata
-from paramserver.data.ratings import read_ratings
+from paramserver.apps.rounds.mf import _predict, _sgd, layout, write_strata
+from paramserver.apps.rounds.program import adopt, balanced_groups
+from paramserver.apps.rounds.ratings import read_ratings
 from paramserver.data.reader import DataError
-from paramserver.schedule import adopt, balanced_groups
 
 
 def test_one_sgd_step_is_numpys_gradient_step():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from paramserver.apps.models import Model, auc, logloss
+from paramserver.apps.ctr.models import Model, auc, logloss
 from paramserver.data.reader import Batch
 
 

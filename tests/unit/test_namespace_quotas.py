@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from paramserver import ConfigError, TableSpec
-from paramserver.namespaces import Quota, check_name, namespace_of, summarize
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.server.vnodes import VnodeSet
+from paramserver.tables.namespaces import Quota, check_name, namespace_of, summarize
 
 
 def test_names_and_quotas():

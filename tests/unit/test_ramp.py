@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from paramserver.apps.models import Model
-from paramserver.apps.train import TrainConfig, _train_stream, ramp_size, ramped
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.train import TrainConfig, _train_stream, ramp_size, ramped
 from paramserver.data.reader import DataFormat, Shard, read_all, read_batches
-from paramserver.server.optim import FTRL, Zeros
 from paramserver.server.table import VnodeTable
+from paramserver.tables.optim import FTRL, Zeros
 
 
 def test_ramp_grows_like_the_square_root_of_the_examples_seen():

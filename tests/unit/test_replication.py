@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from paramserver.routing.ring import Ring, plan_moves
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message
 
 

@@ -11,9 +11,9 @@ import pytest
 import paramserver
 from paramserver import ConfigError, TableSpec
 from paramserver.routing.ring import Ring
-from paramserver.server.optim import OP_ADD, OP_ASSIGN, OP_MAX, OP_MIN, RMSProp, Zeros
 from paramserver.server.table import VnodeTable
 from paramserver.server.vnodes import VnodeSet
+from paramserver.tables.optim import OP_ADD, OP_ASSIGN, OP_MAX, OP_MIN, RMSProp, Zeros
 
 RULES = "tests.unit.plugins.myrules"
 
@@ -131,7 +131,7 @@ def test_push_operations_set_the_values_and_leave_the_state(key_bits):
 
 
 def test_the_builtins_are_rules_of_the_same_kind():
-    from paramserver.server import optim
+    from paramserver.tables import optim
 
     value, state, grad = np.ones(3, np.float32), np.zeros(3, np.float32), np.full(3, 2, np.float32)
     optim.adagrad_rule.py_func(value, state, grad, np.array([0.5, 0.0], np.float64))
@@ -142,7 +142,7 @@ def test_the_builtins_are_rules_of_the_same_kind():
 
 
 def test_server_function_results_merge_as_declared():
-    from paramserver import functions as f
+    from paramserver.tables import functions as f
 
     keys = np.arange(1, 9, dtype=np.uint64)
     vals = np.arange(16, dtype=np.float32).reshape(8, 2) - 7

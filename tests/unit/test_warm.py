@@ -15,7 +15,7 @@ SCRIPT = r"""
 import json, logging, sys
 logging.disable(logging.CRITICAL)
 from numba.core.registry import CPUDispatcher
-from paramserver import warm
+from paramserver.apps.ctr import warmup as warm
 
 warm.warm_all()
 

@@ -1,5 +1,5 @@
 """``Client.call``: a server-side function on every server, its results merged
-(``paramserver.functions``)."""
+(``paramserver.tables.functions``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paramserver import functions
 from paramserver.client.scatter import Piece, Scatter
 from paramserver.errors import NodeLostError
+from paramserver.tables import functions
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:

@@ -34,12 +34,12 @@ from paramserver.errors import (
     RemoteError,
     UnknownTableError,
 )
-from paramserver.namespaces import Quota, check_name, summarize
 from paramserver.routing.blocks import BlockMap
 from paramserver.routing.partition import combine_duplicates, route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
-from paramserver.server.optim import PUSH_OPS
-from paramserver.spec import TableSpec
+from paramserver.tables.namespaces import Quota, check_name, summarize
+from paramserver.tables.optim import PUSH_OPS
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op
 from paramserver.wire.sockets import refused_for
 
@@ -384,7 +384,7 @@ class Client(ClusterCalls):
     def call(self, table: str, function: str, keys: Any = None, args: dict[str, Any] | None = None) -> Future:
         """Run the server-side function ``"module:function"`` on every server, over the
         rows it is the primary of (of ``keys``, or all of them), and merge the results as
-        the function declares (``paramserver.functions``: a sum, ``(keys, rows)``
+        the function declares (``paramserver.tables.functions``: a sum, ``(keys, rows)``
         concatenated, or the top ``args["k"]``).  ``args``: numbers, strings, lists or
         numpy arrays (sent as lists).  Returns a future, like ``pull``."""
         from paramserver.client.calls import call
@@ -396,7 +396,7 @@ class Client(ClusterCalls):
     def create_namespace(self, name: str, *, max_keys: int | None = None, max_bytes: int | None = None) -> None:
         """Set the quota of namespace ``name`` (its tables are named ``"name/..."``): a
         push that would take it past ``max_keys`` keys or ``max_bytes`` bytes is refused
-        with ``QuotaError`` and changes nothing (``paramserver.namespaces``).  Again, to
+        with ``QuotaError`` and changes nothing (``paramserver.tables.namespaces``).  Again, to
         change it; with no limit, to lift it."""
         quota = Quota(max_keys, max_bytes)
         self._call(self.config.scheduler, {"op": Op.CREATE_NAMESPACE.value, "name": check_name(name),
@@ -506,7 +506,7 @@ class Client(ClusterCalls):
         into the manifest as is.  A local path is made absolute here, so every server
         writes into the same folder (an empty one is refused).
         """
-        from paramserver import checkpoint as ckpt
+        from paramserver.checkpoint import store as ckpt
 
         url = ckpt.local_url(url)
         step = ckpt.local_url(step, "checkpoint step") if step is not None else ckpt.new_step_url(url)
@@ -530,7 +530,7 @@ class Client(ClusterCalls):
             CheckpointError: no complete step, a missing or corrupt manifest or file, an
                 unverifiable (first-format) checkpoint without ``allow_unverified``.
         """
-        from paramserver.checkpoint import local_url, restore_tables
+        from paramserver.checkpoint.store import local_url, restore_tables
 
         return restore_tables(self, local_url(url), allow_unverified)
 

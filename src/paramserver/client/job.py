@@ -42,7 +42,7 @@ class Job:
         header: dict[str, Any] = {"op": Op.JOB_START.value, "shards": [s.to_wire() for s in shards],
                                   "epochs": epochs}
         if checkpoint is not None:
-            from paramserver.checkpoint import local_url
+            from paramserver.checkpoint.store import local_url
 
             header["checkpoint"] = {**checkpoint, "url": local_url(checkpoint.get("url"), "checkpoint url")} \
                 if isinstance(checkpoint, dict) else checkpoint

@@ -1,4 +1,4 @@
-"""The Ray actor behind every node of a ``RayCluster`` (``paramserver.ray``).
+"""The Ray actor behind every node of a ``RayCluster`` (``paramserver.cluster.ray``).
 
 It runs the node command a user would type (``python -m paramserver server ...``) as its
 child process, so that the node's hot path shares its interpreter with none of Ray's

@@ -34,7 +34,7 @@ def open_cluster(*, servers: int, workers: int, cluster: str = "local", **option
 
         return LocalCluster(servers=servers, workers=workers, **options)
     try:
-        from paramserver.ray import RayCluster
+        from paramserver.cluster.ray import RayCluster
     except ImportError as exc:
         raise ConfigError(f"--cluster {cluster}: Ray is not installed ({exc}); pip install 'paramserver[ray]'") \
             from None

@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-import gc
+import importlib
 import logging
 import os
 import resource
@@ -32,24 +32,28 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any
 
 import cloudpickle
 
+from paramserver._runtime import collector
+from paramserver._runtime.warm import Warmup
+from paramserver._runtime.warm import inherited as warm_inherited
 from paramserver.client.client import Client
+from paramserver.client.warmup import warm_client
 from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
 from paramserver.config import load_config
 from paramserver.data.reader import DataError
+from paramserver.data.warmup import sample_batches
 from paramserver.errors import ClosedError, ConfigError, ConnectError, WorkerError
-from paramserver.warm import Warmup
-from paramserver.warm import inherited as warm_inherited
+from paramserver.server.warmup import warm_server
 from paramserver.wire.security import http_token, load_keys
 
 logger = logging.getLogger(__name__)
+COMMAND = "paramserver.cli.main"  # the node command a forked child runs (``_command``)
 
 
 class _Forked:
@@ -210,7 +214,7 @@ class LocalCluster(RunsFunctions):
         else:
             self.log_dir = tempfile.mkdtemp(prefix="paramserver-")
         try:
-            with _collector_paused():  # loading the kernels makes ~100 000 objects: none is collected meanwhile
+            with collector.paused():  # loading the kernels makes ~100 000 objects: none is collected meanwhile
                 self._start_nodes()
             self._client = Client(role="driver", config=load_config(
                 scheduler=self.address, connect_timeout_s=self.startup_timeout_s, secret_file=self.secret_file or None,
@@ -233,7 +237,7 @@ class LocalCluster(RunsFunctions):
         self._spawn("scheduler", ["scheduler", "--servers", str(self.n_servers), "--workers", str(self.n_workers),
                                   "--vnodes-per-server", str(self.vnodes_per_server), "--address-file", addr_file]
                     + ([] if self.http_port is None else ["--http-port", str(self.http_port)]))
-        warmup = self.warm or Warmup()
+        warmup = self.warm or Warmup(servers=warm_server, workers=_warm_workers)
         if self._fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
             warmup.servers()
             self._warmed = True  # the nodes forked from now on skip their own warm-up
@@ -306,9 +310,7 @@ class LocalCluster(RunsFunctions):
                 if self._warmed:
                     warm_inherited()
                 logging.root.handlers.clear()  # the node configures its own logging
-                from paramserver.cli import main
-
-                code = main([*args, "--parent-pid", str(parent)])
+                code = _command()([*args, "--parent-pid", str(parent)])
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:
@@ -535,6 +537,20 @@ class LocalCluster(RunsFunctions):
         self.procs[name].popen.send_signal(sig)
 
 
+def _command() -> Callable[[list[str]], int]:
+    """The ``paramserver`` command's entry point, by name (``python -m paramserver`` in a
+    spawned node): a node runs the command a user would type, and the command is the layer
+    above every launcher."""
+    return importlib.import_module(COMMAND).main
+
+
+def _warm_workers() -> None:
+    """What every worker runs whatever its function: the readers' parsers and the client's
+    routing (a job that knows its model hands in more: ``apps/ctr/warmup.warm_job``)."""
+    sample_batches()
+    warm_client()
+
+
 def _leave_forked_child(code: Any) -> None:
     """End a forked node without the parent's exit handlers (they would, say, remove the
     parent's temporary folders), but as an interpreter exit would for the node: zmq
@@ -552,18 +568,6 @@ def _leave_forked_child(code: Any) -> None:
         except Exception:
             pass
     os._exit(code if isinstance(code, int) else 1)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic collector off for the block, and back as it was after."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def run(fn: Callable[..., Any], *args: Any, servers: int = 1, workers: int = 1,

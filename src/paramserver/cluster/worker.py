@@ -67,16 +67,16 @@ def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
         up.send_bytes(data)
 
 
-def main(config: Config, fn: str | None, control_fds: str | None) -> int:
-    from paramserver.warm import warm_worker
-
+def main(config: Config, fn: str | None, control_fds: str | None, warm: Callable[[], None] = lambda: None) -> int:
+    """Run the worker process: ``warm`` loads what its work runs (the command hands in the
+    CTR app's), before it registers."""
     if not control_fds and not fn:
         raise ConfigError("a worker needs --fn package.module:function to run")
     function = load_function(fn) if fn else None  # a bad --fn is said now, before connecting
-    warm_worker()  # before registering: a job's clock starts once workers are ready
+    warm()  # before registering: a job's clock starts once workers are ready
     metrics_url, ours = "", []  # type: str, list[Client]  # served before registering: cluster status lists it
     if config.metrics_port >= 0:
-        from paramserver.metrics import client_families, serve
+        from paramserver.observe.metrics import client_families, serve
         from paramserver.wire.security import http_token, load_keys
 
         metrics_url = serve(lambda: client_families(ours[0]) if ours else [], config.http_host, config.metrics_port,

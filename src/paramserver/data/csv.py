@@ -125,7 +125,7 @@ def _weekday(y, m, d):
 
 
 @njit(nogil=True, cache=True)
-def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, line_end):
+def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, line_end):  # noqa: C901  (one numba kernel: a byte loop)
     """Parse up to ``max_rows`` lines of ``buf`` (whole lines, each ending in \\n) into
     ``labels[:n]`` and ``keys[:n, :K]``.  Returns ``(n, consumed, bad, err, err_at)`` as
     ``parse_criteo`` does."""

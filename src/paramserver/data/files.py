@@ -10,7 +10,10 @@ checks and writers make (``exists``, ``isdir``, ``size``, ``makedirs``, ``open``
 from __future__ import annotations
 
 import os
-from typing import IO
+import uuid
+from typing import IO, Any
+
+from paramserver.errors import ConfigError
 
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 # what fsspec infers a compression from (and zstd, lz4 where their packages are installed)
@@ -56,3 +59,58 @@ def local_files(path: str) -> tuple[LocalFiles, str] | None:
     the caller gets fsspec's filesystem for it."""
     path = os.fspath(path)
     return (LocalFiles(), os.path.expanduser(path)) if "://" not in path else None
+
+
+def filesystem(url: str, flag: str) -> tuple[Any, str]:
+    """``LocalFiles`` for a local path (no fsspec before a job's first example), else fsspec's
+    filesystem; a missing fsspec driver is a one-line error naming the flag."""
+    if (local := local_files(url)) is not None:
+        return local
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as exc:
+        raise ConfigError(f"{flag} {url}: {exc} (pip install it, or write to a local path)") from None
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {url}: {exc}") from None
+
+
+def check_output(url: str | None, flag: str, folder: bool) -> None:
+    """Fail now, in one line, if ``url`` cannot be written: a missing fsspec driver, a file
+    where a folder is needed (or the reverse), a folder that cannot be made or written."""
+    if url is None:
+        return
+    if not url:
+        raise ConfigError(f"{flag} needs a path or URL, got an empty string")
+    fs, path = filesystem(url, flag)
+    if folder:
+        if fs.exists(path) and not fs.isdir(path):
+            raise ConfigError(f"{flag} {url} is a file; name a folder (it is created if missing)")
+        probe = f"{path.rstrip('/')}/.paramserver-write-test-{uuid.uuid4().hex}"
+    else:
+        if fs.exists(path) and fs.isdir(path):
+            raise ConfigError(f"{flag} {url} is a folder; name a file")
+        parent = path.rsplit("/", 1)[0] if "/" in path.rstrip("/") else "."
+        probe = f"{parent}/.paramserver-write-test-{uuid.uuid4().hex}"
+    try:
+        fs.makedirs(probe.rsplit("/", 1)[0], exist_ok=True)
+        with fs.open(probe, "wb") as f:
+            f.write(b"")
+        fs.rm(probe)
+    except (OSError, PermissionError) as exc:
+        raise ConfigError(f"{flag} {url} cannot be written ({exc}); pick a writable "
+                          f"{'folder' if folder else 'file'}") from None
+
+
+def write_text(url: str, text: str) -> None:
+    """``text`` into ``url`` whole (a local file through a rename; an object in one put)."""
+    fs, path = filesystem(url, "output")
+    if isinstance(fs, LocalFiles):
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        return
+    with fs.open(path, "w") as f:
+        f.write(text)

@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from paramserver.intrinsics import load_u64
+from paramserver._runtime.intrinsics import load_u64
 from paramserver.routing.hashing import hash64
 
 CRITEO_INTS, CRITEO_CATS = 13, 26
@@ -204,7 +204,7 @@ def _word_hash(w):
 
 
 @njit(nogil=True, cache=True)
-def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end, unlabeled=False):
+def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end, unlabeled=False):  # noqa: C901  (one numba kernel: a byte loop)
     """Parse up to ``max_rows`` lines of ``buf`` (whole lines, each ending in \\n).
 
     Fills ``labels[:n]``, ``keys[:n, :40]`` and ``line_end[:n]`` (offset just past each
@@ -271,7 +271,7 @@ def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end, unlabele
 
 
 @njit(nogil=True, cache=True)
-def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, keys, vals, line_end, unlabeled=False,
+def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, keys, vals, line_end, unlabeled=False,  # noqa: C901  (one numba kernel: a byte loop)
                  seen=np.zeros(0, np.int64)):  # noqa: B008 (numba: a default must be a constant array)
     """LIBSVM lines ``label idx:val ...`` (1-based idx) → CSR rows with a bias key first.
 

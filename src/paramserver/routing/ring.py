@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from paramserver._runtime.intrinsics import frozen
 from paramserver.errors import ConfigError
-from paramserver.intrinsics import frozen
 from paramserver.routing.hashing import vnodes_of_keys
 
 #: longest chain (primary + backups); a table's replication factor is at most this

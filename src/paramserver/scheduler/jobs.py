@@ -21,12 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from paramserver import checkpoint
+from paramserver.checkpoint import store as checkpoint
 from paramserver.errors import ConfigError, ProtocolError
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.fanout import FanOut
 from paramserver.scheduler.tasks import TaskQueue
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op, encode, reply
 from paramserver.wire.message import field as hfield
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from paramserver.errors import ConfigError
 from paramserver.routing.ring import Ring, plan_moves
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Op, encode, error_reply
 
 logger = logging.getLogger("paramserver.scheduler.node")  # one log for the scheduler

@@ -23,10 +23,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from paramserver._runtime.logutil import Throttled
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError, ProtocolError
-from paramserver.logutil import Throttled
-from paramserver.namespaces import Quota, check_name, namespace_of
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.barrier import Barrier
 from paramserver.scheduler.detector import Detector
@@ -35,7 +34,8 @@ from paramserver.scheduler.jobs import Jobs
 from paramserver.scheduler.membership import Membership, Migration, NodeInfo
 from paramserver.scheduler.restores import Restores
 from paramserver.scheduler.waiters import ServerWaiters
-from paramserver.spec import TableSpec
+from paramserver.tables.namespaces import Quota, check_name, namespace_of
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
 from paramserver.wire.security import MAY_REGISTER, refused_op, tokens_of, user_role

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from paramserver.errors import ConfigError
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.fanout import FanOut
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op, error_reply, reply
 from paramserver.wire.message import field as hfield
 

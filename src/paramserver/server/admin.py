@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paramserver import functions
-from paramserver.checkpoint import confine
+from paramserver.checkpoint.store import confine
 from paramserver.errors import ProtocolError, QuotaError
-from paramserver.namespaces import Quota, namespace_of
 from paramserver.server import storage
 from paramserver.server.vnodes import VnodeSet
+from paramserver.tables import functions
+from paramserver.tables.namespaces import Quota, namespace_of
 from paramserver.wire.message import Message, expect, field, reply
 
 if TYPE_CHECKING:

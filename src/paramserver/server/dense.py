@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from paramserver._runtime.intrinsics import frozen, prefetch_row
 from paramserver.errors import ProtocolError
-from paramserver.intrinsics import frozen, prefetch_row
 from paramserver.routing.hashing import dense_keys_of, dense_pos, dense_range, layout_bits, vnode_of_key
 from paramserver.server.memory import zeroed_rows
-from paramserver.server.optim import FTRL_KIND, OP_UPDATE, init_row, init_value, push_row
 from paramserver.server.table import _COUNT, PREFETCH_AHEAD
+from paramserver.tables.optim import FTRL_KIND, OP_UPDATE, init_row, init_value, push_row
 
 
 @njit(nogil=True, cache=True)

@@ -2,7 +2,7 @@
 
 The built-in rules are dispatched by a switch inside kernels compiled once and cached on
 disk (``table._apply``, ``vnodes._apply_many``, ``dense._dense_apply(_many)``).  A user's
-rule (``paramserver.rules``) cannot join that switch, and numba cannot cache a kernel
+rule (``paramserver.tables.rules``) cannot join that switch, and numba cannot cache a kernel
 that takes a function as an argument or closes over one.  So a user rule gets the same
 kernels compiled again from the same Python source, with the names of the per-row steps
 (``update_row``, ``init_row``, and the kernels they are called from) bound to versions that
@@ -35,7 +35,7 @@ _custom: dict[tuple[str, int], Kernels] = {}
 def kernels_for(optimizer: Any, dim: int) -> Kernels:
     """The kernels of a table with this optimiser spec and ``dim``."""
     from paramserver.server import dense, table, vnodes
-    from paramserver.server.optim import CUSTOM_KIND
+    from paramserver.tables.optim import CUSTOM_KIND
 
     if optimizer.kind != CUSTOM_KIND:
         return Kernels(table._apply, vnodes._apply_many, dense._dense_apply_many)
@@ -60,8 +60,9 @@ def _zeros(state, hp):  # type: ignore[no-untyped-def]
 
 
 def _compile(optimizer: Any, dim: int) -> Kernels:
-    from paramserver.server import dense, optim, table, vnodes
-    from paramserver.server.optim import init_value
+    from paramserver.server import dense, table, vnodes
+    from paramserver.tables import optim
+    from paramserver.tables.optim import init_value
 
     rule = optimizer.rule
     f, init = rule.jitted()
@@ -95,7 +96,7 @@ def _compile(optimizer: Any, dim: int) -> Kernels:
 def _try(k: Kernels, optimizer: Any, dim: int, width: int) -> None:
     """Compile now, on a scratch row, so that a rule numba cannot compile (or that fails
     on a row) is refused when its table is created, not at its first push."""
-    from paramserver.server.optim import OP_UPDATE
+    from paramserver.tables.optim import OP_UPDATE
 
     keys = np.zeros(8, np.uint64)
     rows = np.zeros((9, dim + width), np.float32)

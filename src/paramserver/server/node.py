@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from paramserver._runtime.logutil import Throttled
 from paramserver.config import Config
 from paramserver.consistency.clock import StalenessGate
 from paramserver.errors import ConnectError, ParamServerError, ProtocolError, StaleRingError, UnknownTableError
-from paramserver.logutil import Throttled
-from paramserver.metrics import ServerMetrics
-from paramserver.metrics import serve as serve_metrics
+from paramserver.observe.metrics import ServerMetrics
+from paramserver.observe.metrics import serve as serve_metrics
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.server.admin import Admin
@@ -40,12 +40,12 @@ from paramserver.server.copies import Copies
 from paramserver.server.dedup import Dedup
 from paramserver.server.install import check_grads, check_install, check_moves, replace_buffered
 from paramserver.server.lease import Lease, scheduler_gone_s
-from paramserver.server.optim import OP_UPDATE
 from paramserver.server.peers import Acks, Peers, forward_targets
 from paramserver.server.requests import check_segments, push_op, split
 from paramserver.server.vnodes import VnodeSet
-from paramserver.spec import TableSpec
-from paramserver.warm import warm_server
+from paramserver.server.warmup import warm_server
+from paramserver.tables.optim import OP_UPDATE
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import (
     Message,
     Op,

@@ -17,8 +17,8 @@ from numba import njit
 
 from paramserver.errors import ProtocolError, StaleRingError
 from paramserver.routing.ring import Ring
-from paramserver.server.optim import OP_UPDATE, PUSH_OPS
 from paramserver.server.vnodes import VnodeSet
+from paramserver.tables.optim import OP_UPDATE, PUSH_OPS
 from paramserver.wire.message import Message
 
 #: requests with fewer keys run on the loop thread (a thread hand-off costs ~50 µs)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver import checkpoint
+from paramserver.checkpoint import store as checkpoint
 from paramserver.errors import CheckpointError, ProtocolError, UnknownTableError
 from paramserver.routing.ring import Ring
 from paramserver.server.vnodes import VnodeSet

@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from paramserver.intrinsics import frozen, prefetch_row
+from paramserver._runtime.intrinsics import frozen, prefetch_row
 from paramserver.routing.hashing import hash64, slot_of_hash
-from paramserver.server.optim import OP_UPDATE, init_row, init_value, push_row
+from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 
 MAX_LOAD = 0.875
 GROWTH = 1.25

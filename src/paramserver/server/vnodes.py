@@ -11,14 +11,14 @@ import numpy as np
 from numba import njit
 from numba.typed import List
 
+from paramserver._runtime.intrinsics import frozen
 from paramserver.errors import ProtocolError
-from paramserver.intrinsics import frozen
 from paramserver.routing.hashing import dense_range
 from paramserver.server.dense import DenseVnode, _dense_check_many, _dense_lookup_many, _dense_missing_many
 from paramserver.server.kernels import kernels_for
 from paramserver.server.memory import available_memory, populating_later
-from paramserver.server.optim import OP_UPDATE
 from paramserver.server.table import VnodeTable, _apply, _find, _lookup
+from paramserver.tables.optim import OP_UPDATE
 
 
 @njit(nogil=True, cache=True)

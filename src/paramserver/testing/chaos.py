@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.testing.campaign import SCENARIO_NAMES
 from paramserver.testing.cluster import SimCluster, SimServer, SimWorker
 from paramserver.testing.invariants import Invariants, Violation

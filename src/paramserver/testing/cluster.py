@@ -28,7 +28,7 @@ from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.node import SchedulerNode
 from paramserver.server.node import ServerNode
-from paramserver.spec import TableSpec
+from paramserver.tables.spec import TableSpec
 from paramserver.testing.sim import Faults, Host, SimNetwork, SimSocket
 from paramserver.wire.message import Message, Op, decode, encode
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paramserver import checkpoint as ckpt
-from paramserver.spec import TableSpec
+from paramserver.checkpoint import store as ckpt
+from paramserver.tables.spec import TableSpec
 from paramserver.testing.sim import Faults
 from paramserver.wire.message import Message, Op
 

@@ -66,7 +66,7 @@ class Op(str, enum.Enum):  # noqa: UP042 (str(Op.X) stays "Op.X" in logs; StrEnu
     NAMESPACE = "namespace"  # scheduler -> servers: a namespace's quota
     CREATE_NAMESPACE = "create_namespace"
     DROP_NAMESPACE = "drop_namespace"
-    CALL = "call"  # a server-side function (paramserver.functions)
+    CALL = "call"  # a server-side function (paramserver.tables.functions)
     CHECKPOINT = "checkpoint"
     RESTORE = "restore"
     # server -> server

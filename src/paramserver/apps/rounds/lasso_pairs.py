@@ -65,7 +65,7 @@ def _objective2(A, B, C, pj, pk, lam, u, v):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def pair_steps(colptr, rows, values, first, second, w, r, col_sq, n, lam, scratch):  # type: ignore[no-untyped-def]
+def pair_steps(colptr, rows, values, first, second, w, r, col_sq, n, lam, scratch):  # type: ignore[no-untyped-def]  # noqa: C901  (a numba byte loop)
     """For each pair (first[t], second[t]) in turn: the exact minimum of the objective
     over those two coefficients, the others fixed; ``w`` and the residual ``r`` updated
     in place (``scratch``: n zeros, left zero).  Returns the coefficients changed."""

@@ -21,6 +21,7 @@ import os
 import sys
 from typing import Any
 
+from paramserver._runtime import collector
 from paramserver.config import DMLC_ENV, ENV, NODE_ENV, load_config, node_role
 from paramserver.errors import ConfigError, ParamServerError, WorkerError
 
@@ -339,7 +340,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the data (another seed: other rows, same shape)")
     p.add_argument("--shape", default="simple", choices=("simple", "heavy"),
                    help="simple (default) or heavy: Criteo's own cardinalities (to 10^7 values a field), "
-                        "Zipf(1.15) values, millions of keys (see paramserver.apps.synth)")
+                        "Zipf(1.15) values, millions of keys (see paramserver.apps.ctr.synth)")
 
     p = sub.add_parser("demo", help="synthesise 300k rows and train on a local cluster (make demo)")
     p.add_argument("--rows", type=int, default=300_000, help="synthetic training rows")
@@ -393,7 +394,7 @@ def _optimizer(text: str | None):
     refused before any process starts."""
     if not text:
         return None
-    from paramserver.server.optim import Optimizer
+    from paramserver.tables.optim import Optimizer
 
     return Optimizer.parse(text).to_wire()
 
@@ -412,7 +413,7 @@ def _node(args: argparse.Namespace) -> int:
     role = node_role(args.role)
     config = _config(args, role)
     if role == "scheduler":
-        from paramserver.observe import run_scheduler
+        from paramserver.dashboard.observer import run_scheduler
 
         run_scheduler(config)
         return 0
@@ -421,13 +422,14 @@ def _node(args: argparse.Namespace) -> int:
 
         ServerNode(config).run()
         return 0
+    from paramserver.apps.ctr.warmup import warm_worker
     from paramserver.cluster.worker import main as worker_main
 
     fn = args.fn or os.environ.get("PARAMSERVER_FN")
     if not fn:
         raise ConfigError("a worker started by paramserver node needs its function: --fn or PARAMSERVER_FN "
                           "(package.module:function)")
-    return worker_main(config, fn, None)
+    return worker_main(config, fn, None, warm_worker)
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -505,12 +507,6 @@ def main(argv: list[str] | None = None) -> int:
         gc.enable()
 
 
-def resume_collection() -> None:
-    """Freeze what start-up made out of the cyclic collector, and turn it back on."""
-    gc.freeze()
-    gc.enable()
-
-
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     command = next((w for w in words if not w.startswith("-")), None)
@@ -524,11 +520,11 @@ def _main(argv: list[str] | None) -> int:
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
     if args.command in ("scheduler", "server", "worker", "node") or getattr(args, "action", "") == "add-server":
-        from paramserver._malloc import tune_allocator
+        from paramserver._runtime.malloc import tune_allocator
 
         tune_allocator()
     if args.command not in ("train", "demo"):  # a job turns it back on once its nodes are up
-        resume_collection()
+        collector.resume()
     if getattr(args, "parent_pid", None):
         from paramserver.cluster.local import exit_with_parent
 
@@ -537,7 +533,7 @@ def _main(argv: list[str] | None) -> int:
         if args.command == "node":
             return _node(args)
         if args.command == "scheduler":
-            from paramserver.observe import run_scheduler
+            from paramserver.dashboard.observer import run_scheduler
 
             on_ready = (lambda addr: _write_atomically(args.address_file, addr)) if args.address_file else None
             run_scheduler(_config(args), on_ready=on_ready)
@@ -546,13 +542,14 @@ def _main(argv: list[str] | None) -> int:
 
             ServerNode(_config(args)).run()
         elif args.command == "worker":
+            from paramserver.apps.ctr.warmup import warm_worker
             from paramserver.cluster.worker import main as worker_main
 
-            return worker_main(_config(args), args.fn, args.control_fds)
+            return worker_main(_config(args), args.fn, args.control_fds, warm_worker)
         elif args.command == "cluster":
             return _cluster(args)
         elif args.command == "top":
-            from paramserver.top import main as top
+            from paramserver.dashboard.top import main as top
 
             top_config = load_config(scheduler=args.scheduler, secret_file=args.secret_file)
             scheduler = top_config.scheduler
@@ -576,7 +573,7 @@ def _main(argv: list[str] | None) -> int:
 
             return campaign.main(args)
         elif args.command in ("train", "demo", "predict", "eval", "synth", "split-columns", "lasso", "mf", "lda"):
-            from paramserver.apps import commands
+            from paramserver.cli import ctr as commands
 
             return getattr(commands, args.command.replace("-", "_"))(args, _optimizer)
         return 0

@@ -19,82 +19,25 @@ from __future__ import annotations
 import io
 import json
 import os
-import uuid
 from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 from numba import njit
 
-from paramserver.apps.deep import DENSE_BLOCK
-from paramserver.apps.models import Model, auc, logloss
-from paramserver.data.files import LocalFiles, local_files
+from paramserver.apps.ctr.deep import DENSE_BLOCK
+from paramserver.apps.ctr.models import Model, auc, logloss
+from paramserver.data.files import check_output, filesystem, write_text
 from paramserver.data.parse import feature_key
 from paramserver.data.reader import Batch, DataError, DataFormat, Shard, expand, read_all, read_batches, sniff_unlabeled
-from paramserver.errors import ConfigError
-from paramserver.server.optim import SGD, Initializer
 from paramserver.server.table import VnodeTable
-from paramserver.spec import TableSpec
-
-
-def _fs(url: str, flag: str) -> tuple[Any, str]:
-    """``LocalFiles`` for a local path (no fsspec before a job's first example), else fsspec's
-    filesystem; a missing fsspec driver is a one-line error naming the flag."""
-    if (local := local_files(url)) is not None:
-        return local
-    import fsspec
-
-    try:
-        return fsspec.core.url_to_fs(url)
-    except ImportError as exc:
-        raise ConfigError(f"{flag} {url}: {exc} (pip install it, or write to a local path)") from None
-    except ValueError as exc:
-        raise ConfigError(f"{flag} {url}: {exc}") from None
-
-
-def check_output(url: str | None, flag: str, folder: bool) -> None:
-    """Fail now, in one line, if ``url`` cannot be written: a missing fsspec driver, a file
-    where a folder is needed (or the reverse), a folder that cannot be made or written."""
-    if url is None:
-        return
-    if not url:
-        raise ConfigError(f"{flag} needs a path or URL, got an empty string")
-    fs, path = _fs(url, flag)
-    if folder:
-        if fs.exists(path) and not fs.isdir(path):
-            raise ConfigError(f"{flag} {url} is a file; name a folder (it is created if missing)")
-        probe = f"{path.rstrip('/')}/.paramserver-write-test-{uuid.uuid4().hex}"
-    else:
-        if fs.exists(path) and fs.isdir(path):
-            raise ConfigError(f"{flag} {url} is a folder; name a file")
-        parent = path.rsplit("/", 1)[0] if "/" in path.rstrip("/") else "."
-        probe = f"{parent}/.paramserver-write-test-{uuid.uuid4().hex}"
-    try:
-        fs.makedirs(probe.rsplit("/", 1)[0], exist_ok=True)
-        with fs.open(probe, "wb") as f:
-            f.write(b"")
-        fs.rm(probe)
-    except (OSError, PermissionError) as exc:
-        raise ConfigError(f"{flag} {url} cannot be written ({exc}); pick a writable "
-                          f"{'folder' if folder else 'file'}") from None
-
-
-def write_text(url: str, text: str) -> None:
-    """``text`` into ``url`` whole (a local file through a rename; an object in one put)."""
-    fs, path = _fs(url, "output")
-    if isinstance(fs, LocalFiles):
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        return
-    with fs.open(path, "w") as f:
-        f.write(text)
+from paramserver.tables.optim import SGD, Initializer
+from paramserver.tables.spec import TableSpec
 
 
 def save_model(url: str, model: Model, data: DataFormat, spec: TableSpec, keys: np.ndarray,
                values: np.ndarray, dense: np.ndarray | None = None) -> None:
-    fs, path = _fs(url, "--save")
+    fs, path = filesystem(url, "--save")
     fs.makedirs(path, exist_ok=True)
     buf = io.BytesIO()
     arrays: dict[str, Any] = {"keys": keys, "values": values} | ({} if dense is None else {"dense": dense})
@@ -129,7 +72,7 @@ def _from_checkpoint(url: str, allow_unverified: bool = False) -> tuple[dict[str
     """A training checkpoint (a folder of steps, or one step) as a saved model: its meta,
     the model table's keys and rows and a deep model's MLP (every file checked against its
     manifest; a first-format one, with no hashes, only with ``allow_unverified``)."""
-    from paramserver import checkpoint as ckpt
+    from paramserver.checkpoint import store as ckpt
 
     step = ckpt.resolve_step(url)
     manifest = ckpt.read_manifest(step, allow_unverified)
@@ -186,9 +129,9 @@ class LocalModel:
 probabilities of a parsed ``Batch``."""
 
     def __init__(self, url: str, allow_unverified: bool = False):
-        fs, path = _fs(url, "--model")
+        fs, path = filesystem(url, "--model")
         if not fs.exists(f"{path.rstrip('/')}/model.json"):  # a training checkpoint, maybe
-            from paramserver.checkpoint import MANIFEST
+            from paramserver.checkpoint.store import MANIFEST
             if fs.exists(f"{path.rstrip('/')}/{MANIFEST}") or any(
                     fs.exists(f"{p.rstrip('/')}/{MANIFEST}") for p in (fs.ls(path, detail=False)
                                                                        if fs.isdir(path) else [])):
@@ -265,7 +208,7 @@ def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = Fal
     model = LocalModel(model_dir, allow_unverified)
     fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad} | (overrides or {})))
     n = 0
-    fs, path = _fs(out, "--out")
+    fs, path = filesystem(out, "--out")
     with fs.open(path, "w") as f:
         for file in expand(data):
             file_fmt = replace(fmt, unlabeled=sniff_unlabeled(file, fmt))  # test files often have no label

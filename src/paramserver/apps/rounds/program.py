@@ -99,7 +99,7 @@ def resume_point(url: str, meta: dict[str, Any], allow_unverified: bool = False)
         CheckpointError: none there, or one written by another app or for other data or
             settings (the differing values are named).
     """
-    from paramserver import checkpoint as ckpt
+    from paramserver.checkpoint import store as ckpt
 
     step = ckpt.resolve_step(ckpt.local_url(url, "--resume"))
     rounds = ckpt.read_manifest(step, allow_unverified).get("rounds")
@@ -122,7 +122,7 @@ def check_checkpoint_dir(url: str | None, resume: ResumePoint | None) -> None:
     Raises:
         ConfigError: ``url`` already holds complete checkpoints and the job is not going on from them.
     """
-    from paramserver import checkpoint as ckpt
+    from paramserver.checkpoint import store as ckpt
 
     if url is None:
         return
@@ -152,8 +152,8 @@ class CheckpointOptions:
 
         Raises:
             ConfigError, CheckpointError: said in one line, with the flag."""
-        from paramserver import checkpoint as ckpt
-        from paramserver.apps.modelfile import check_output
+        from paramserver.checkpoint import store as ckpt
+        from paramserver.data.files import check_output
 
         check_flags([("--checkpoint-every", self.every, isinstance(self.every, int) and self.every >= 1,
                       "a whole number >= 1"),
@@ -166,7 +166,7 @@ class CheckpointOptions:
     def plan(self, meta: dict[str, Any], rounds_a_unit: int) -> tuple[Checkpoints | None, ResumePoint | None]:
         """What ``run_rounds`` takes, once the data is read (``meta`` describes it and the
         settings a resumed job must share)."""
-        from paramserver import checkpoint as ckpt
+        from paramserver.checkpoint import store as ckpt
 
         point = resume_point(self.resume, meta, self.allow_unverified) if self.resume is not None else None
         # absolute, as the resumed step is: every worker and server then names the same folder
@@ -184,7 +184,7 @@ def _checkpoint(client: Any, program: Program, checkpoints: Checkpoints, round_:
     """Every worker saves its state into the step of round ``round_`` (the next to run);
     once all have, the first live worker checkpoints the tables and writes the manifest
     (last, so a step cut short is never resumed); nobody pushes before it is written."""
-    from paramserver import checkpoint as ckpt
+    from paramserver.checkpoint import store as ckpt
 
     step = ckpt.step_url(checkpoints.url, round_)
     save = getattr(program, "save", None)

@@ -344,7 +344,7 @@ class Pipeline:
         """A table a stage in ``namespace`` on the cluster ``ps`` (its scheduler's address,
         or a cluster): two slots of the stage's parameters, ``SLOT_WIDTH`` floats a row."""
         from paramserver.client.client import Client
-        from paramserver.namespaces import check_name
+        from paramserver.tables.namespaces import check_name
 
         address = ps if isinstance(ps, str) else ps.address
         check_name(namespace)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.errors import ConfigError
-from paramserver.server.optim import FTRL, Initializer, Optimizer, Zeros
+from paramserver.tables.optim import FTRL, Initializer, Optimizer, Zeros
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
 

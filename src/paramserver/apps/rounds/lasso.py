@@ -3,7 +3,7 @@ intercept), by coordinate descent scheduled over the workers as Petuum's STRADS 
 
 The coefficients live on the servers, in a dense table range-partitioned into blocks.
 Every worker holds the data (CSC) and a residual ``r = y − Xw`` kept exactly in step
-with the coefficients it pulls.  Each round (``paramserver.schedule``):
+with the coefficients it pulls.  Each round (``paramserver.apps.rounds.program``):
 
 - **schedule**, run alike on every worker: draw coordinates of the working set with
   probability by how much they moved lately (``--schedule priority``; or ``cyclic``,
@@ -36,11 +36,18 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from paramserver.apps.lasso_pairs import by_row, pair_steps, twins
+from paramserver.apps.rounds.lasso_pairs import by_row, pair_steps, twins
+from paramserver.apps.rounds.matrix import Matrix, read_libsvm_matrix
+from paramserver.apps.rounds.program import (
+    NO_CHECKPOINTS,
+    CheckpointOptions,
+    Checkpoints,
+    ResumePoint,
+    joined_midway,
+    took_part,
+)
 from paramserver.client.losses import surfacing_losses, tolerating_loss
-from paramserver.data.matrix import Matrix, read_libsvm_matrix
 from paramserver.errors import ConfigError
-from paramserver.schedule import NO_CHECKPOINTS, CheckpointOptions, Checkpoints, ResumePoint, joined_midway, took_part
 
 SCHEDULES = ("priority", "cyclic", "random")
 CHECK_PASSES = 8  # a check (exact residual, gap, working set, polish) every this many passes over the working set
@@ -414,7 +421,7 @@ class LassoProgram:
 def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, workers: int,
                  checkpoints: Checkpoints | None = None, resume: ResumePoint | None = None) -> dict[str, Any]:
     """One worker of ``paramserver lasso``: read the data, run the rounds."""
-    from paramserver.schedule import run_rounds
+    from paramserver.apps.rounds.program import run_rounds
 
     if joined_midway(client):
         return {"rank": client.rank, "joined_midway": True}
@@ -439,8 +446,8 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     """``paramserver lasso``: solve, write ``save/coef.npy`` and the metrics; the report.
     ``checkpoints.every`` counts rounds.  ``replicas``: copies of every vnode; a server's death
     that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
-    from paramserver.apps.modelfile import check_output, write_text
     from paramserver.cluster.launch import open_cluster
+    from paramserver.data.files import check_output, write_text
 
     if (lam is None) == (lambda_ratio is None):
         raise ConfigError("give one of --lambda L or --lambda-ratio R (λ = λ_max / R)")

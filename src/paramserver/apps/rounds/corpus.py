@@ -93,7 +93,7 @@ def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):  # type: i
 
 
 @njit(nogil=True, cache=True)
-def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def]
+def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def]  # noqa: C901  (a numba byte loop)
     """Lines ``N w:c …`` → (docs, error, error offset); doc_ptr over the pairs."""
     docs, n, pos, size = 0, 0, 0, buf.shape[0]
     doc_ptr[0] = 0

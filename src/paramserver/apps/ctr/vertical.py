@@ -143,7 +143,7 @@ def column_blocks(paths: list[str], parts: int, work_dir: str, what: str) -> lis
 
 def vertical_worker(client: Any, cfg: Any, train_blocks: list[str], test_blocks: list[str]) -> dict[str, Any]:
     """Worker ``client.rank`` trains on its column block (see the module's doc)."""
-    from paramserver.apps.train import ramped
+    from paramserver.apps.ctr.train import ramped
     from paramserver.data.parse import feature_key
     from paramserver.data.reader import Shard, read_batches
 
@@ -208,9 +208,10 @@ def run_vertical(cfg: Any, data: list[str], test: list[str], parts: int, *, serv
     """``paramserver train --feature-partition P``: the report ``run_training`` gives."""
     import tempfile
 
-    from paramserver.apps.modelfile import check_output, save_model
-    from paramserver.apps.models import auc, logloss
+    from paramserver.apps.ctr.modelfile import save_model
+    from paramserver.apps.ctr.models import auc, logloss
     from paramserver.cluster.launch import open_cluster
+    from paramserver.data.files import check_output
 
     if cfg.model.name != "lr":
         raise ConfigError(f"--feature-partition trains logistic regression (--model lr), not --model {cfg.model.name}")

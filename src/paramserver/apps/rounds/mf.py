@@ -30,10 +30,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from paramserver.client.losses import surfacing_losses, tolerating_loss
-from paramserver.data.ratings import read_ratings
-from paramserver.errors import ConfigError, check_flags
-from paramserver.schedule import (
+from paramserver.apps.rounds.program import (
     NO_CHECKPOINTS,
     CheckpointOptions,
     Checkpoints,
@@ -44,6 +41,9 @@ from paramserver.schedule import (
     run_rounds,
     took_part,
 )
+from paramserver.apps.rounds.ratings import read_ratings
+from paramserver.client.losses import surfacing_losses, tolerating_loss
+from paramserver.errors import ConfigError, check_flags
 
 USERS, ITEMS = "mf/users", "mf/items"
 
@@ -285,8 +285,8 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     """``paramserver mf``: train, then predict ``test`` and write what was asked; the report.
     ``checkpoints.every`` counts epochs.  ``replicas``: copies of every vnode; a server's death
     that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
-    from paramserver.apps.modelfile import check_output, write_text
     from paramserver.cluster.launch import open_cluster
+    from paramserver.data.files import check_output, write_text
 
     check_config(cfg, workers, servers)
     check_output(save, "--save", folder=True)

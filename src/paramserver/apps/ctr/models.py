@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from paramserver.apps.deep import DENSE_BLOCK, Deep, _logloss, _sigmoid
+from paramserver.apps.ctr.deep import DENSE_BLOCK, Deep, _logloss, _sigmoid
 from paramserver.errors import ConfigError
 
 MODELS = ("lr", "fm", "deepfm", "wdl")

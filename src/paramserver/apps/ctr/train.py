@@ -34,13 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from paramserver import checkpoint
-from paramserver.apps.deep import DENSE_BLOCK
-from paramserver.apps.modelfile import check_output, dense_vector, metrics, model_meta, save_model
-from paramserver.apps.models import Model, to_rows
+from paramserver._runtime.warm import load_numba
+from paramserver.apps.ctr.deep import DENSE_BLOCK
+from paramserver.apps.ctr.modelfile import dense_vector, metrics, model_meta, save_model
+from paramserver.apps.ctr.models import Model, to_rows
+from paramserver.apps.ctr.warmup import warm_job
+from paramserver.checkpoint import store as checkpoint
 from paramserver.client.client import Client
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
-from paramserver.data.files import is_plain_local
+from paramserver.data.files import check_output, is_plain_local
 from paramserver.data.prefetch import Prefetch
 from paramserver.data.reader import (
     Batch,
@@ -55,8 +57,7 @@ from paramserver.data.reader import (
 )
 from paramserver.errors import CheckpointError, ConfigError, DataLossError, WorkerError
 from paramserver.routing.hashing import MAX_KEY_BITS
-from paramserver.spec import TableSpec
-from paramserver.warm import load_numba, warm_job
+from paramserver.tables.spec import TableSpec
 
 PROGRESS_EVERY_S = 0.5
 LAYOUTS = ("auto", "hash", "dense")

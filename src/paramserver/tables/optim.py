@@ -23,7 +23,7 @@ from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
 
 SGD_KIND, ADAGRAD_KIND, FTRL_KIND, ADAM_KIND, FTRL_ADAGRAD_KIND, RMSPROP_KIND = 0, 1, 2, 3, 4, 5
-CUSTOM_KIND = -1  # a user's rule (``paramserver.rules``): its table has kernels of its own
+CUSTOM_KIND = -1  # a user's rule (``paramserver.tables.rules``): its table has kernels of its own
 ZEROS_KIND, NORMAL_KIND, UNIFORM_KIND = 0, 1, 2
 
 
@@ -234,7 +234,7 @@ class RMSProp(Optimizer):
 
 @dataclass(frozen=True)
 class CustomRule(Optimizer):
-    """A user's update rule (``paramserver.rules``), named ``"module:function"`` and
+    """A user's update rule (``paramserver.tables.rules``), named ``"module:function"`` and
     imported where the table is created; ``values`` are its hyper-parameters in the
     order it declares them."""
 
@@ -244,13 +244,13 @@ class CustomRule(Optimizer):
 
     @classmethod
     def named(cls, name: str, params: dict[str, Any]) -> CustomRule:
-        from paramserver.rules import load_rule
+        from paramserver.tables.rules import load_rule
 
         return cls(name, load_rule(name).values(params))
 
     @property
     def rule(self) -> Any:
-        from paramserver.rules import load_rule
+        from paramserver.tables.rules import load_rule
 
         return load_rule(self.rule_name)
 
@@ -360,10 +360,10 @@ def init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed):
 
 
 # ---- the built-in update rules ----------------------------------------------------------
-# Each is a rule of the kind users write (``paramserver.rules``): ``f(value, state, grad,
+# Each is a rule of the kind users write (``paramserver.tables.rules``): ``f(value, state, grad,
 # hp)`` over one row's views, ``hp`` the hyper-parameters in their spec's field order.
 # The table kernels call them through ``update_row``'s switch, compiled and cached with
-# the kernels; a user's rule gets kernels of its own (``paramserver.rules.kernels_for``).
+# the kernels; a user's rule gets kernels of its own (``paramserver.tables.rules.kernels_for``).
 
 
 @njit(inline="always", nogil=True, cache=True)

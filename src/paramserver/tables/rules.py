@@ -132,10 +132,16 @@ def load_rule(name: str) -> Rule:
     return obj
 
 
+#: the names the shipped plug-ins are known by (``"paramserver.functions:top_k"``), kept
+#: when their modules moved into ``tables/``: a name is part of a table's spec and a call
+SHIPPED = {"paramserver.functions": "paramserver.tables.functions", "paramserver.rules": "paramserver.tables.rules"}
+
+
 def load_named(name: str, what: str, kind: type, decorator: str) -> Any:
     """The object of type ``kind`` that ``"module:attribute"`` names, imported; a name that
     does not import, or names something else, is refused naming the module and the fix."""
     module_name, sep, attr = name.partition(":")
+    module_name = SHIPPED.get(module_name, module_name)
     if not sep or not module_name or not attr:
         raise ConfigError(f"{what} {name!r}: name it as 'module:function' (e.g. 'mypackage.rules:clipped_sgd')")
     try:

@@ -36,10 +36,8 @@ import fsspec
 import numpy as np
 from numba import njit
 
-from paramserver.client.losses import surfacing_losses, tolerating_loss
-from paramserver.data.corpus import Corpus, read_corpus, vocabulary_size
-from paramserver.errors import ConfigError, check_flags
-from paramserver.schedule import (
+from paramserver.apps.rounds.corpus import Corpus, read_corpus, vocabulary_size
+from paramserver.apps.rounds.program import (
     NO_CHECKPOINTS,
     CheckpointOptions,
     Checkpoints,
@@ -51,6 +49,8 @@ from paramserver.schedule import (
     run_rounds,
     took_part,
 )
+from paramserver.client.losses import surfacing_losses, tolerating_loss
+from paramserver.errors import ConfigError, check_flags
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
 _SPLIT = float(1 << 24)  # a count travels as hi·2^24 + lo, both exact in float32
@@ -510,8 +510,8 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     """``paramserver lda``: sample, write ``save/topic_word.npy`` and the metrics; the report.
     ``checkpoints.every`` counts iterations.  ``replicas``: copies of every vnode; a server's
     death that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
-    from paramserver.apps.modelfile import check_output, write_text
     from paramserver.cluster.launch import open_cluster
+    from paramserver.data.files import check_output, write_text
 
     check_config(cfg, workers, servers)
     check_output(save, "--save", folder=True)

@@ -17,10 +17,12 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from paramserver.apps.modelfile import check_output, evaluate, predict_file, write_text
-from paramserver.apps.models import Model
-from paramserver.apps.synth import write_synth
-from paramserver.apps.train import TrainConfig, check_job, run_training
+from paramserver._runtime import collector
+from paramserver.apps.ctr.modelfile import evaluate, predict_file
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.synth import write_synth
+from paramserver.apps.ctr.train import TrainConfig, check_job, run_training
+from paramserver.data.files import check_output, write_text
 from paramserver.data.reader import DataFormat, sniff_label_format
 from paramserver.errors import ConfigError
 
@@ -43,7 +45,7 @@ def _fmt(args: argparse.Namespace) -> DataFormat:
     if args.format == "libsvm" and not getattr(args, "label_format", None) and args.data:
         first = args.data[0]
         if os.path.isdir(first):  # column blocks from split-columns: every block has the labels
-            from paramserver.apps.vertical import MANIFEST
+            from paramserver.apps.ctr.vertical import MANIFEST
             if os.path.exists(os.path.join(first, MANIFEST)):
                 first = os.path.join(first, "block-0.libsvm")
         label_format = sniff_label_format(first)
@@ -133,9 +135,7 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     where: list[str] = []
 
     def announce(cluster: Any) -> None:  # where to look while it runs: on the progress line
-        from paramserver.cli import resume_collection
-
-        resume_collection()  # the nodes are up: start-up is over (cli.main)
+        collector.resume()  # the nodes are up: start-up is over (cli.main)
         where.append(f"scheduler {cluster.address}, logs {cluster.log_dir}")
         if getattr(cluster, "http_url", ""):
             token = f"?token={cluster.http_token}" if getattr(cluster, "http_token", "") else ""
@@ -148,10 +148,9 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     parts = getattr(args, "feature_partition", None)
     try:
         if parts is not None:
-            from paramserver.apps.vertical import run_vertical
-            from paramserver.cli import resume_collection
+            from paramserver.apps.ctr.vertical import run_vertical
 
-            resume_collection()
+            collector.resume()
 
             report = run_vertical(cfg, data, test, parts, servers=args.servers, workers=args.workers,
                                   save=getattr(args, "save", None),
@@ -240,7 +239,7 @@ def eval(args: argparse.Namespace, _: Any) -> int:  # noqa: A001 - the command's
 
 
 def split_columns(args: argparse.Namespace, _: Any) -> int:
-    from paramserver.apps.vertical import split_columns as split
+    from paramserver.apps.ctr.vertical import split_columns as split
 
     manifest = split(args.data, args.parts, args.out, args.format)
     _console(False).print(f"{manifest['lines']:,} lines in {args.parts} column blocks under {args.out}")
@@ -269,14 +268,14 @@ def _cluster_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _checkpoints(args: argparse.Namespace) -> Any:
-    from paramserver.schedule import CheckpointOptions
+    from paramserver.apps.rounds.program import CheckpointOptions
 
     return CheckpointOptions(args.checkpoint_dir, args.checkpoint_every, args.keep_checkpoints, args.resume,
                              getattr(args, "allow_unverified_checkpoint", False))
 
 
 def lasso(args: argparse.Namespace, _: Any) -> int:
-    from paramserver.apps.lasso import run_lasso
+    from paramserver.apps.rounds.lasso import run_lasso
 
     for flag, value in (("--workers", args.workers), ("--servers", args.servers), ("--max-rounds", args.max_rounds)):
         if value < 1:
@@ -302,7 +301,7 @@ def lasso(args: argparse.Namespace, _: Any) -> int:
 
 
 def mf(args: argparse.Namespace, _: Any) -> int:
-    from paramserver.apps.mf import MFConfig, run_mf
+    from paramserver.apps.rounds.mf import MFConfig, run_mf
 
     cfg = MFConfig(rank=args.rank, epochs=args.epochs, lr=args.lr, reg=args.reg, seed=args.seed)
     report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
@@ -314,7 +313,7 @@ def mf(args: argparse.Namespace, _: Any) -> int:
 
 
 def lda(args: argparse.Namespace, _: Any) -> int:
-    from paramserver.apps.lda import LDAConfig, run_lda
+    from paramserver.apps.rounds.lda import LDAConfig, run_lda
 
     cfg = LDAConfig(topics=args.topics, iterations=args.iterations, alpha=args.alpha, beta=args.beta, seed=args.seed,
                     schedule=args.schedule, staleness=args.staleness)

@@ -337,7 +337,7 @@ def restore_tables(client: Any, url: str, allow_unverified: bool = False) -> dic
     created; then each table created with its whole spec and loaded by every server; a
     failure drops the tables this restore created.  A first-format step (no sha256 to
     check its files against) only with ``allow_unverified``."""
-    from paramserver.spec import TableSpec
+    from paramserver.tables.spec import TableSpec
     from paramserver.wire.message import Op
 
     manifest = read_manifest(step := resolve_step(url), allow_unverified)

@@ -11,7 +11,7 @@ all of them — and merges what the servers return as the function declares:
 
 A function is ``f(keys, values, args)``: ``keys`` uint64[n] and ``values`` float32[n, dim]
 (read-only), ``args`` the call's dict (numbers, strings, lists).  Like update rules
-(``paramserver.rules``), it is named ``"module:function"`` and imported by the servers:
+(``paramserver.tables.rules``), it is named ``"module:function"`` and imported by the servers:
 code never travels on the wire.  The ones below ship with the package::
 
     client.call("w", "paramserver.functions:dot", args={"vector": v})        # keys, values @ v
@@ -59,7 +59,7 @@ def server_function(merge: str = "sum") -> Callable[[Callable[..., Any]], Server
 
 def load_function(name: str) -> ServerFunction:
     """The server-side function ``"module:function"`` names, imported."""
-    from paramserver.rules import load_named
+    from paramserver.tables.rules import load_named
 
     obj = load_named(name, "server-side function", ServerFunction, "@paramserver.server_function(...)")
     assert isinstance(obj, ServerFunction)

@@ -31,8 +31,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from paramserver.config import Config, load_config
 from paramserver.errors import ConfigError, ConnectError
-from paramserver.metrics import Family, WireCollector, aggregate, total
-from paramserver.metrics import serve as serve_metrics
+from paramserver.observe.metrics import Family, WireCollector, aggregate, total
+from paramserver.observe.metrics import serve as serve_metrics
 from paramserver.wire.security import authorized, http_token, load_keys
 
 logger = logging.getLogger(__name__)

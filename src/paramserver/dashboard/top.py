@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from paramserver.observe import Observer, Snapshot
+from paramserver.dashboard.observer import Observer, Snapshot
 
 
 def _n(x: float) -> str:

@@ -1,0 +1,31 @@
+"""The client's warm-up: routing a pull and a push, and scattering a pull's reply, loaded
+(or compiled) before a worker registers (``_runtime/warm.py`` says why)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paramserver._runtime.warm import is_inherited, load_numba
+from paramserver.routing.partition import route_pull, route_push, scatter_rows
+from paramserver.routing.ring import Ring
+from paramserver.wire.message import Op, decode, encode
+
+
+def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None, combine: bool = True) -> None:
+    """Route a push of ``grads`` to ``keys`` (distinct keys; ``combine``: also a push whose
+    duplicate keys are merged) and a pull of them, and scatter the pull's reply from a
+    received (read-only) frame.  Without ``keys``: three keys of dim 1."""
+    if is_inherited():
+        return
+    load_numba()
+    if keys is None:
+        keys = np.array([3, 5, 7], np.uint64)
+    if grads is None:
+        grads = np.ones((keys.size, 1), np.float32)
+    if combine:
+        route_push(Ring.create([1]), keys, grads)
+    route_push(Ring.create([1]), keys, grads, distinct=True)
+    routed = route_pull(Ring.create([1]), keys)
+    frames = encode({"op": Op.OK.value}, [np.zeros((keys.size, 1), np.float32)])
+    (vals,) = decode([bytes(f) for f in frames]).arrays
+    scatter_rows(vals, routed.order, np.empty((keys.size, 1), np.float32))

@@ -1,0 +1,42 @@
+"""The server's warm-up: every table kernel a request can reach, loaded (or compiled)
+before the server registers (``_runtime/warm.py`` says why)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paramserver._runtime.warm import is_inherited, load_numba
+from paramserver.routing.ring import Ring
+from paramserver.server.requests import _segment_fault
+from paramserver.server.vnodes import VnodeSet
+from paramserver.tables.optim import SGD, Zeros
+from paramserver.tables.spec import TableSpec
+from paramserver.wire.message import Op, decode, encode
+
+
+def warm_server(layouts: tuple[str, ...] = ("hash", "dense")) -> None:
+    """Load (or compile) the table kernels for the array types requests bring (read-only
+    frames; every other array goes to the kernels read-only too, ``intrinsics.frozen``), for
+    ``layouts`` (a hash table's through a vnode's growth): a table of more than one vnode, a
+    request's segment check, its update and its lookup, a quota's count, an export, an
+    install.  Nothing is left to compile in the serving loop, where a compile of 10-25 s
+    (a fresh install's cold cache) once starved the heartbeats mid-repair."""
+    if is_inherited():
+        return
+    load_numba()
+    n = 64  # enough keys to make the vnode grow: growth has kernels of its own
+    frames = encode({"op": Op.PUSH.value}, [np.arange(1, n + 1, dtype=np.uint64), np.ones((n, 1), np.float32),
+                                            np.zeros(1, np.int32), np.array([n], np.int64)])
+    keys, grads, vnodes, counts = decode([bytes(f) for f in frames]).arrays  # read-only, as requests
+    for bits in [{"hash": 0, "dense": 8}[layout] for layout in layouts]:
+        spec = TableSpec("warm-up", optimizer=SGD(), initializer=Zeros(), key_bits=bits)
+        VnodeSet(spec, 2, [0, 1])  # a table's vnodes are listed for the kernels one by one
+        table = VnodeSet(spec, 1, [0])
+        _segment_fault(vnodes, counts, n, 1, np.ones(1, np.bool_), True, table.slot)
+        table.check(vnodes, counts, keys)
+        table.apply(vnodes, counts, keys, grads)
+        table.lookup(vnodes, counts, keys, np.empty((n, 1), np.float32))
+        table.missing(vnodes, counts, keys)  # a namespace's quota
+        stored, rows = table.tables[0].items()  # an export, a checkpoint, a vnode's copy
+        table.install(0, stored, rows)  # a copy received (a repair, a join), a restore
+        Ring.create([1]).vnodes(keys, spec.layout)  # an install's and a restore's keys checked
