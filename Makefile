@@ -1,12 +1,14 @@
 # make demo: set up .venv and run the main job on a local cluster
 # make test: set up .venv with the dev, torch and ray extras (and Debian's chromium), lint, then run the in-process
 #   tests, then the process tests
-# make lint: ruff (style, imports, likely bugs) and mypy (types; strict on the newer modules)
+# make unit: the in-process tests alone (under 2 minutes), for the edit-test loop
+# make lint: ruff (style, imports, likely bugs, complexity), mypy (types; strict on the core), the layers
+#   (import-linter's contract in pyproject.toml) and the sizes of files and functions (tools/shape.py)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: chaos demo test lint bench clean
+.PHONY: chaos demo test unit lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +36,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 /usr/bin/chromium:
 	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
 
+unit: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q --ignore=tests/process
+
 test: lint /usr/bin/chromium
 	$(BIN)/python -m pytest -q --ignore=tests/process
 	$(BIN)/paramserver chaos --seeds 300 --first-seed 1000
@@ -47,8 +52,10 @@ chaos: $(VENV)/.installed-dev
 	$(BIN)/paramserver chaos --seeds 500 --json
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench tools
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python tools/shape.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m pip install --quiet -e ".[bench]" && $(BIN)/python bench/pushpull.py && $(BIN)/python bench/train.py
