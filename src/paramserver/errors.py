@@ -19,6 +19,8 @@ Messages give the value, the rule and the fix.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 
 class ParamServerError(Exception):
     """Root of every paramserver error."""
@@ -91,3 +93,43 @@ def check_flags(rules: list[tuple[str, object, bool, str]]) -> None:
     for flag, value, ok, rule in rules:
         if not ok:
             raise ConfigError(f"{flag} must be {rule}, got {value}")
+
+
+class Code(StrEnum):
+    """The machine-readable ``code`` of an ERROR reply, one table for the nodes that send
+    them (``wire.message.error_reply``) and the clients that raise them (``raised``)."""
+
+    STALE_RING = "stale_ring"  # routed with an old ring: route again with the newest
+    UNKNOWN_TABLE = "unknown_table"
+    PROTOCOL = "protocol"  # a malformed request
+    CONFIG = "config"  # a request the cluster refuses as configured (a dropped table, a bad spec)
+    NODE_LOST = "node_lost"  # a node the request needed died
+    QUOTA = "quota"  # a namespace's quota is full
+    CHECKPOINT = "checkpoint"
+    SERVER = "server"  # a server failed a step the scheduler ran for the request (a migration)
+    UNKNOWN_NODE = "unknown_node"  # the sender is not registered (declared dead)
+    INTERNAL = "internal"  # a bug: the node logged it
+    ERROR = "error"  # any other failure
+
+
+#: the exception a client raises for an ERROR reply of each code (``RemoteError`` for the rest)
+RAISED_AS: dict[str, type[ParamServerError]] = {
+    Code.STALE_RING: StaleRingError, Code.UNKNOWN_TABLE: UnknownTableError, Code.PROTOCOL: ProtocolError,
+    Code.CONFIG: ConfigError, Code.NODE_LOST: NodeLostError, Code.QUOTA: QuotaError, Code.CHECKPOINT: CheckpointError,
+}
+
+
+def code_of(exc: BaseException) -> Code:
+    """The code a node answers ``exc`` with (a ``KeyError``: a table it does not know)."""
+    for code, kind in (
+            (Code.STALE_RING, StaleRingError), (Code.QUOTA, QuotaError), (Code.UNKNOWN_TABLE, KeyError),
+            (Code.CHECKPOINT, CheckpointError), (Code.PROTOCOL, ProtocolError)):
+        if isinstance(exc, kind):
+            return code
+    return Code.ERROR
+
+
+def raised(code: object, text: str) -> ParamServerError:
+    """The exception for an ERROR reply: its code's (``RAISED_AS``), else ``RemoteError`` naming the code."""
+    kind = RAISED_AS.get(str(code))
+    return kind(text) if kind is not None else RemoteError(f"{code}: {text}")

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from paramserver.errors import CheckpointError, ProtocolError, QuotaError, StaleRingError
+from paramserver.errors import ProtocolError, code_of
 
 #: Array dtypes allowed on the wire (little-endian).
 DTYPES: dict[str, np.dtype] = {
@@ -192,21 +192,13 @@ def failed_request(exc: BaseException, default: Any = None) -> Any:
 
 
 def error_code(exc: BaseException) -> str:
-    """The ``code`` of a server's error reply (clients map it back: ``client.scatter.remote_error``)."""
-    if isinstance(exc, StaleRingError):
-        return "stale_ring"
-    if isinstance(exc, QuotaError):
-        return "quota"
-    if isinstance(exc, KeyError):
-        return "unknown_table"
-    if isinstance(exc, CheckpointError):
-        return "checkpoint"
-    return "protocol" if isinstance(exc, ProtocolError) else "error"
+    """The ``code`` of a node's error reply for ``exc`` (the table: ``errors.Code``)."""
+    return code_of(exc).value
 
 
 def error_reply(request_id: Any, code: str, text: str, **fields: Any) -> list[Any]:
-    """Frames of an ERROR reply; ``code`` is machine-readable, ``text`` for humans."""
-    return encode({"op": Op.ERROR.value, "id": request_id, "code": code, "error": text, **fields})
+    """Frames of an ERROR reply; ``code`` is machine-readable (one of ``errors.Code``), ``text`` for humans."""
+    return encode({"op": Op.ERROR.value, "id": request_id, "code": str(code), "error": text, **fields})
 
 
 def expect(msg: Message, *specs: tuple[str, str, int]) -> list[np.ndarray]:
