@@ -33,7 +33,8 @@ def test_every_scenario_runs_clean_on_the_real_code(scenario):
 # where each mutation shows: the scenarios whose faults it matters under
 CATCHERS = {"no-dedup": "counters-r2", "ack-before-backups": "partition", "ignore-ring-version": "membership",
             "no-staleness-gate": "ssp", "no-lease": "counters-r2", "restore-unheld": "restore",
-            "write-off-last-copy": "repair-pause", "rejoin-at-the-minimum": "job-ssp"}
+            "write-off-last-copy": "repair-pause", "rejoin-at-the-minimum": "job-ssp",
+            "client-retry-fresh-seq": "counters-r1", "client-forgets-in-flight": "ssp"}
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))

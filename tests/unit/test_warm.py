@@ -19,8 +19,8 @@ from paramserver.apps.ctr import warmup as warm
 
 warm.warm_all()
 
-def overloads():
-    return {f"{name}.{attr}": {str(sig) for sig in obj.overloads}
+def overloads():  # by the kernel's own name: one imported into several modules counts once
+    return {f"{obj.py_func.__module__}.{obj.py_func.__qualname__}": {str(sig) for sig in obj.overloads}
             for name, mod in list(sys.modules.items()) if name.startswith("paramserver")
             for attr, obj in list(vars(mod).items()) if isinstance(obj, CPUDispatcher)}
 

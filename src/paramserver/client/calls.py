@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paramserver.client.scatter import Piece, Scatter
+from paramserver.client.core import Piece
+from paramserver.client.scatter import Scatter
 from paramserver.errors import NodeLostError
 from paramserver.tables import functions
 from paramserver.wire.message import Message, Op

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from paramserver.client.cluster_calls import ClusterCalls
+from paramserver.client.core import Piece, Sequencer, View, call_header, remote_error, route
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
 from paramserver.client.losses import Losses
-from paramserver.client.scatter import Piece, Scatter, remote_error
+from paramserver.client.scatter import Scatter
 from paramserver.config import Config, load_config
 from paramserver.errors import (
     ClosedError,
@@ -35,7 +36,7 @@ from paramserver.errors import (
     UnknownTableError,
 )
 from paramserver.routing.blocks import BlockMap
-from paramserver.routing.partition import combine_duplicates, route_pull, route_push, scatter_rows
+from paramserver.routing.partition import combine_duplicates, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.tables.namespaces import Quota, check_name, summarize
 from paramserver.tables.optim import PUSH_OPS
@@ -100,9 +101,13 @@ class Client(ClusterCalls):
         self._lock = threading.Lock()
         self._clock = 0
         self._cluster_stopped = False
-        self._seq = 0  # pushes numbered for exactly-once application
+        self._sequencer = Sequencer()  # pushes numbered for exactly-once application
+        self._view = View()  # the ring and the servers this client routes with
+        self._tables: dict[str, TableSpec] = {}
+        # a data request unanswered this long is routed again and resent (a lost message, a reply a
+        # slow link's budget dropped): twice the time in which a dead server is declared so
+        self.answer_within_s = 2 * self.config.heartbeat_timeout_s
         self.counts: dict[str, int] = {}  # calls by op, and "retries" (pieces routed again): metrics.client_families
-        self._inflight: set[int] = set()
         try:
             view = self._call(self.config.scheduler, {"op": Op.REGISTER.value, "role": role, "metrics": metrics_url},
                               timeout_s=self.config.connect_timeout_s, connecting=True)
@@ -125,14 +130,19 @@ class Client(ClusterCalls):
 
     # ---- plumbing ----------------------------------------------------------------------
     def _apply_view(self, view: dict[str, Any]) -> None:
-        ring = Ring.from_wire(view["ring"])
         with self._lock:
-            old: Ring | None = getattr(self, "_ring", None)
-            if old is not None and ring.version < old.version:
-                return  # an older view that arrived late
-            self._ring = ring
-            self._servers = {int(k): v for k, v in view["servers"].items()}
-            self._tables = {n: TableSpec.from_wire(w) for n, w in view.get("tables", {}).items()}
+            if self._view.apply(view):  # not an older view that arrived late
+                self._tables = {n: TableSpec.from_wire(w) for n, w in view.get("tables", {}).items()}
+
+    @property
+    def _ring(self) -> Ring:
+        ring = self._view.ring
+        assert ring is not None, "a client has a view once registered"
+        return ring
+
+    @property
+    def _servers(self) -> dict[int, str]:
+        return self._view.servers
 
     def _on_notification(self, msg: Message) -> None:
         if msg.op is Op.RING:
@@ -204,18 +214,7 @@ class Client(ClusterCalls):
         ``layout`` is the table's (``TableSpec.layout``); ``distinct``: a push's keys need no merging."""
         with self._lock:
             ring = self._ring
-        index: np.ndarray  # a pull's destination rows; a push's summed gradients
-        if kind is not Op.PUSH:  # a pull, or a server-side function over keys
-            routed = route_pull(ring, keys, layout)
-            assert routed.order is not None
-            index = routed.order if extra is None else extra[routed.order]
-        else:
-            assert extra is not None, "a push carries its gradients"
-            routed = route_push(ring, keys, extra, layout, distinct)
-            assert routed.grads is not None
-            index = routed.grads
-        return [Piece(part.server, ring.version, routed.keys[part.start:part.stop], index[part.start:part.stop],
-                       part.vnodes, part.counts) for part in routed.parts]
+        return route(ring, kind, keys, extra, layout, distinct)
 
     def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
                  on_piece: Callable[[Piece, Message], None], result: Any = None,
@@ -234,14 +233,9 @@ class Client(ClusterCalls):
             if nbytes > limit:
                 raise ConfigError(f"{nbytes} bytes for server {piece.server} exceed "
                                   f"max_message_bytes={self.config.max_message_bytes}; split the batch")
-        header: dict[str, Any] = {"op": kind.value, "table": table}
-        if self.role == "worker":  # the staleness gate and BSP aggregation key on it
-            header.update(clock=self._clock, reader=self.node_id)  # reader: a dead one's parked pulls go
-        if seq is not None:
-            header.update(sender=self.node_id, seq=seq)
-            if self._token:
-                header["sender_token"] = self._token["token"]
-        header.update(extra_header or {})
+        worker_clock = self._clock if self.role == "worker" else None
+        header = call_header(kind, table, node_id=self.node_id, worker_clock=worker_clock, seq=seq,
+                             token=self._token.get("token", ""), extra=extra_header)
         return Scatter(self, kind, header, layout, on_piece, result, on_settled).start(pieces)
 
     def _refresh_view(self) -> None:
@@ -250,11 +244,6 @@ class Client(ClusterCalls):
             if msg is not None and msg.op is Op.OK and "ring" in msg.header:
                 self._apply_view(msg.header)
         self._io.submit(self.config.scheduler, {"op": Op.CLUSTER_INFO.value}, (), done)
-
-    def _acked_seq(self) -> int:
-        """Every push numbered up to this was answered: servers may forget them."""
-        with self._lock:
-            return min(self._inflight) - 1 if self._inflight else self._seq
 
     # ---- public API --------------------------------------------------------------------
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
@@ -348,9 +337,7 @@ class Client(ClusterCalls):
             keys, grads = combine_duplicates(keys, grads, op)
             distinct = True
         with self._lock:
-            self._seq += 1
-            seq = self._seq
-            self._inflight.add(seq)
+            seq = self._sequencer.take()
         try:  # the seq is settled once no request of it is left anywhere, not when the
             # future fails: a server may still apply and forward a piece in flight
             return self._scatter(Op.PUSH, table, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
@@ -414,7 +401,7 @@ class Client(ClusterCalls):
 
     def _settled(self, seq: int) -> None:
         with self._lock:
-            self._inflight.discard(seq)
+            self._sequencer.settled(seq)
 
     @property
     def current_clock(self) -> int:

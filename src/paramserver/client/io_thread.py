@@ -5,7 +5,10 @@ callback run on this thread; the client builds futures on top.  Replies are matc
 requests by id, so any number of requests can be in flight to any number of peers, and
 a pull's reply is scattered into the caller's output array here, while the caller
 computes.  The thread also sends the heartbeats and takes the scheduler's notifications
-(``NODE_LOST`` fails the requests open to that node; ``STOP`` closes the client).
+(``NODE_LOST`` fails the requests open to that node; ``STOP`` closes the client).  A
+request sent with ``answer_within_s`` that gets no answer in that time fails with
+``NoAnswerError`` (its caller routes it again and resends it: a message lost on the way,
+a reply a server dropped for a slow link); its answer, should it come later, is dropped.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from paramserver.client.core import NoAnswerError
 from paramserver.config import Config
 from paramserver.errors import ClosedError, NodeLostError
 from paramserver.wire.message import Message, Op, decode, encode, failed_request
@@ -41,6 +45,8 @@ OnReply = Callable[[Message | None, BaseException | None], None]
 class _Call:
     address: str
     on_reply: OnReply
+    due: float = float("inf")  # when it fails unanswered
+    within_s: float = 0.0
 
 
 class IOThread(threading.Thread):
@@ -54,8 +60,8 @@ class IOThread(threading.Thread):
         self.clock = self.transport.now
         self.ctx: zmq.Context = zmq.Context.instance()  # for the wake-up pair: other threads -> this one
         self._ids = itertools.count(1)
-        self._queue: collections.deque[tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None]] = \
-            collections.deque()
+        self._queue: collections.deque[tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None,
+                                             float | None]] = collections.deque()
         self._lock = threading.Lock()
         wake_addr = f"inproc://paramserver-wake-{id(self)}"
         self._wake_recv = ZmqSocket(self.ctx.socket(zmq.PAIR), False)
@@ -65,6 +71,7 @@ class IOThread(threading.Thread):
         self._peers: dict[str, Any] = {}
         self._by_socket: dict[Any, str] = {}
         self._pending: dict[int, _Call] = {}
+        self._dues: list[tuple[float, int]] = []  # heap of (due, request id) of requests that must be answered in time
         self._closed = threading.Event()
         self.notifications: list[Callable[[Message], None]] = []
         self.scheduler = config.scheduler
@@ -79,13 +86,14 @@ class IOThread(threading.Thread):
 
     # ---- called from any thread ----------------------------------------------------
     def submit(self, address: str, header: dict[str, Any], arrays: Sequence[np.ndarray] = (),
-               on_reply: OnReply | None = None) -> None:
-        """Send ``header`` + ``arrays`` to ``address``; ``on_reply(msg, exc)`` gets the answer."""
+               on_reply: OnReply | None = None, answer_within_s: float | None = None) -> None:
+        """Send ``header`` + ``arrays`` to ``address``; ``on_reply(msg, exc)`` gets the answer
+        (``NoAnswerError`` once ``answer_within_s`` passed without one, if given)."""
         with self._lock:  # the I/O thread sets _closed under this lock before failing the queue
             if self._closed.is_set():
                 raise ClosedError(self._close_reason or "the client is closed; create a new one")
             wake = not self._queue  # a non-empty queue means the I/O thread is already due
-            self._queue.append((address, header, arrays, on_reply))
+            self._queue.append((address, header, arrays, on_reply, answer_within_s))
             if wake:
                 self._wake_send.send(b"", zmq.NOBLOCK)
 
@@ -162,7 +170,7 @@ class IOThread(threading.Thread):
                     if sock not in registered:
                         poller.register(sock)
                         registered.add(sock)
-                next_timer = self._run_timers()
+                next_timer = min(self._run_timers(), self._expire_unanswered())
                 self._send_queued()  # what the timers resent
                 wait_s = min(next_beat - self.clock() if self._heartbeats else 1.0, next_timer)
                 for sock in poller.poll(max(0, int(wait_s * 1000))):
@@ -198,7 +206,7 @@ class IOThread(threading.Thread):
             with self._lock:  # popped under the lock that submit() checks emptiness under
                 if not self._queue:
                     return
-                address, header, arrays, on_reply = self._queue.popleft()
+                address, header, arrays, on_reply, within_s = self._queue.popleft()
             if address in self._lost:  # it died: nobody would ever answer
                 if on_reply:
                     self._deliver(_Call(address, on_reply), None, NodeLostError(
@@ -209,7 +217,7 @@ class IOThread(threading.Thread):
                 frames = encode({**header, "id": request_id}, arrays)
                 if not self._peer(address).try_send(frames):  # no link yet: never block this thread
                     with self._lock:
-                        self._queue.appendleft((address, header, arrays, on_reply))
+                        self._queue.appendleft((address, header, arrays, on_reply, within_s))
                     self.call_later(RESEND_S, _nothing)  # the loop comes back to the queue then
                     return
                 self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
@@ -218,7 +226,28 @@ class IOThread(threading.Thread):
                     on_reply(None, exc)
                 continue
             if on_reply is not None:
-                self._pending[request_id] = _Call(address, on_reply)
+                call = self._pending[request_id] = _Call(address, on_reply)
+                if within_s is not None:
+                    call.due, call.within_s = self.clock() + within_s, within_s
+                    heapq.heappush(self._dues, (call.due, request_id))
+                    if len(self._dues) > 4 * len(self._pending) + 1024:  # answered ones: dropped in bulk
+                        self._dues = [(c.due, r) for r, c in self._pending.items() if c.due != float("inf")]
+                        heapq.heapify(self._dues)
+
+    def _expire_unanswered(self) -> float:
+        """Fail the requests unanswered past their due time; seconds until the next is due."""
+        while self._dues:
+            due, request_id = self._dues[0]
+            now = self.clock()
+            if due > now:
+                return due - now
+            heapq.heappop(self._dues)
+            call = self._pending.get(request_id)
+            if call is not None and call.due == due:
+                del self._pending[request_id]
+                self._deliver(call, None, NoAnswerError(f"{call.address} did not answer within "
+                                                        f"{call.within_s:g} s"))
+        return float("inf")
 
     def scheduler_lost(self) -> bool:
         """Whether the scheduler was declared lost (silent past the heartbeat timeout)."""
@@ -295,7 +324,8 @@ class IOThread(threading.Thread):
         pending, self._pending = self._pending, {}
         for call in pending.values():
             self._deliver(call, None, exc)
+        self._dues.clear()
         while self._queue:
-            _, _, _, on_reply = self._queue.popleft()
+            _, _, _, on_reply, _ = self._queue.popleft()
             if on_reply:
                 on_reply(None, exc)

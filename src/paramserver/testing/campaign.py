@@ -64,7 +64,7 @@ def _one(task: tuple[str, int, str | None, bool]) -> dict[str, Any]:
 
 
 def _tasks(args: argparse.Namespace) -> list[tuple[str, int, str | None, bool]]:
-    from paramserver.testing.chaos import SCENARIOS
+    from paramserver.testing.scenarios import SCENARIOS
 
     names = [args.scenario] if args.scenario else sorted(SCENARIOS)
     if args.seed is not None:

@@ -13,166 +13,23 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from paramserver.tables.spec import TableSpec
-from paramserver.testing.campaign import SCENARIO_NAMES
-from paramserver.testing.cluster import SimCluster, SimServer, SimWorker
+from paramserver.testing.cluster import SimCluster
+from paramserver.testing.faults import Failures
 from paramserver.testing.invariants import Invariants, Violation
 from paramserver.testing.mutations import mutated
 from paramserver.testing.restore import CheckpointRestore
-from paramserver.testing.sim import Faults
+from paramserver.testing.scenarios import RUN_S, SCENARIOS
+from paramserver.testing.worker import SimWorker
 from paramserver.wire.message import Op
 
 KEYS = 48  # counters per table: few, so that pushes collide and retries matter
-RUN_S = 24.0  # virtual seconds of workload
 SETTLE_S = 60.0  # then faults heal, and the cluster gets this long to finish every call
-
-
-# ---- scenarios ---------------------------------------------------------------------------
-@dataclass
-class Plan:
-    """What one seed of a scenario does."""
-
-    servers: int = 3
-    workers: int = 2
-    replicas: int = 2
-    staleness: int | None = None  # a table of bounded staleness (workers tick their clocks)
-    failures: list[tuple[float, str]] = field(default_factory=list)  # (when, kind)
-    faults: Faults = field(default_factory=Faults)
-    rates: dict[str, float] = field(default_factory=dict)  # host -> clock rate
-    speeds: list[float] = field(default_factory=list)  # per worker: mean think time between calls
-    shards: int = 0  # a training job of this many shards (workers take them from the scheduler)
-    epochs: int = 1
-    checkpoint_every: int = 0  # the job checkpoints every N shards done (0: never)
-    lossless: bool = False  # no fault of the plan may cost data: any loss the scheduler records is a violation
-
-
-def _client_links(a: str, b: str) -> bool:
-    """Requests and answers between workers and servers: lost, late, twice or out of order,
-    they must still apply every push once (a push is resent with its seq)."""
-    return (a.startswith("worker") and b.startswith("server")) or (a.startswith("server") and b.startswith("worker"))
-
-
-def _counters(r: int) -> Callable[[random.Random], Plan]:
-    def plan(rng: random.Random) -> Plan:
-        p = Plan(servers=r + 1 + rng.randint(0, 1), workers=rng.randint(2, 3), replicas=r)
-        p.faults = Faults(drop=0.01, duplicate=0.03, delay=0.1, delay_s=0.3, reorder=0.05, only=_client_links)
-        kinds = ["crash", "restart", "pause", "cut-beats", "isolate"]
-        for _ in range(max(1, r - 1)):  # at r = 1 one failure loses data, and must say so
-            p.failures.append((rng.uniform(2, RUN_S - 6), rng.choice(kinds)))
-        if rng.random() < 0.5:
-            p.failures.append((rng.uniform(2, RUN_S - 4), rng.choice(["join", "leave"])))
-        p.failures.append((rng.uniform(1, RUN_S - 2), "short-pause"))
-        p.rates = {f"server-{i + 1}": rng.uniform(0.9, 1.1) for i in range(p.servers)}
-        p.speeds = [rng.choice([0.02, 0.1, 0.3]) for _ in range(p.workers)]
-        return p
-    return plan
-
-
-def _ssp(rng: random.Random) -> Plan:
-    p = Plan(servers=3, workers=3, replicas=rng.choice([1, 2]), staleness=rng.randint(0, 2))
-    p.faults = Faults(delay=0.2, delay_s=0.4, only=_client_links)
-    p.speeds = [0.01, rng.choice([0.2, 0.5]), rng.choice([0.05, 0.3])]
-    if rng.random() < 0.5:
-        p.failures.append((rng.uniform(2, RUN_S - 4), "short-pause"))
-    return p
-
-
-def _membership(rng: random.Random) -> Plan:
-    p = Plan(servers=3, workers=2, replicas=2)
-    p.faults = Faults(delay=0.1, delay_s=0.2, only=_client_links)
-    for _ in range(rng.randint(2, 4)):
-        p.failures.append((rng.uniform(1, RUN_S - 4), rng.choice(["join", "join", "leave", "joiner-crash"])))
-    p.speeds = [0.05, 0.1]
-    return p
-
-
-def _stalled_scheduler(rng: random.Random) -> Plan:
-    p = Plan(servers=3, workers=2, replicas=2)
-    p.failures = [(rng.uniform(2, 8), "stall-scheduler")]
-    p.speeds = [0.05, 0.1]
-    return p
-
-
-def _stalled_server(rng: random.Random) -> Plan:
-    p = Plan(servers=3, workers=2, replicas=2)
-    p.failures = [(rng.uniform(2, 8), rng.choice(["pause", "short-pause"]))]
-    p.speeds = [0.02, 0.1]
-    return p
-
-
-def _repair_pause(rng: random.Random) -> Plan:
-    """A server crashes; while the repair copies its vnodes to new backups, a server that
-    holds their last complete copy stops past the heartbeat timeout, as a JIT compile, a
-    long collection or a swapped-out VM would.  It must be fenced and waited for, not
-    written off: no data may be lost (``scheduler/detector.py``)."""
-    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=2, lossless=True)
-    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
-    p.failures = [(rng.uniform(2, 10), "crash-then-pause-source")]
-    p.speeds = [0.02, 0.1]
-    return p
-
-
-def _partition(rng: random.Random) -> Plan:
-    p = Plan(servers=3, workers=2, replicas=2)
-    p.failures = [(rng.uniform(2, 8), rng.choice(["cut-beats", "cut-answers", "isolate"]))]
-    p.speeds = [0.02, 0.1]
-    return p
-
-
-def _restore(rng: random.Random) -> Plan:
-    """Checkpoint mid-run, go on (pushes, a crash, a join, or nothing), restore."""
-    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice([1, 2]))
-    p.faults = Faults(drop=0.01, duplicate=0.02, delay=0.1, delay_s=0.3, reorder=0.05, only=_client_links)
-    p.failures = [(rng.uniform(2, 8), "checkpoint-restore")]
-    p.speeds = [rng.choice([0.02, 0.1]), rng.choice([0.05, 0.3])]
-    return p
-
-
-def _job(rng: random.Random) -> Plan:
-    p = Plan(servers=3, workers=3, replicas=2, shards=rng.randint(6, 16), epochs=rng.randint(1, 3))
-    p.checkpoint_every = rng.choice([0, 3, 5])
-    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
-    for _ in range(rng.randint(1, 2)):
-        p.failures.append((rng.uniform(0.5, 5), rng.choice(["worker-crash", "worker-pause", "crash", "short-pause"])))
-    p.speeds = [0.05, 0.1, 0.2]
-    return p
-
-
-def _job_ssp(rng: random.Random) -> Plan:
-    """A training job under BSP or SSP with coordinated checkpoints, through failures: each
-    checkpoint drains the workers (idle ones leave the servers' vector clocks), and they
-    must come back where their clocks were (issue 28.3: they came back at 0, and parked
-    pulls waited for ever)."""
-    p = Plan(servers=3, workers=rng.randint(1, 3), replicas=2, staleness=rng.randint(0, 2),
-             shards=rng.randint(6, 12), epochs=rng.randint(1, 2))
-    p.checkpoint_every = rng.choice([1, 2, 3])
-    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
-    if rng.random() < 0.7:
-        p.failures.append((rng.uniform(0.5, 5), rng.choice(["worker-crash", "crash", "short-pause"])))
-    p.speeds = [0.05, 0.1, 0.2]
-    return p
-
-
-SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
-    "counters-r1": _counters(1),
-    "counters-r2": _counters(2),
-    "counters-r3": _counters(3),
-    "ssp": _ssp,
-    "membership": _membership,
-    "stalled-scheduler": _stalled_scheduler,
-    "stalled-server": _stalled_server,
-    "repair-pause": _repair_pause,
-    "partition": _partition,
-    "restore": _restore,
-    "job": _job,
-    "job-ssp": _job_ssp,
-}
-assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "campaign.SCENARIO_NAMES lists the scenarios for --help"
 
 
 # ---- one run -------------------------------------------------------------------------------
@@ -207,6 +64,7 @@ class Run:
         self.stopping = False
         self.paused = False  # the workload waits (a checkpoint and restore is under way)
         self.restore: CheckpointRestore | None = None
+        self.failures = Failures(self)
         self.calls = 0
         self.limit_s = self.cluster.config.retry_timeout_s + 10.0
         self.sizes: list[int] = []  # the job's shards: examples in each
@@ -222,11 +80,11 @@ class Run:
         for w in c.workers:
             w.on_exit = lambda w=w: self.check.abandon(w.name)
         for when, kind in self.plan.failures:
-            c.net.at(when, self._failure, kind)
+            c.net.at(when, self.failures.strike, kind)
         c.net.every(c.sched_host, 1.0, self._watchdog)
         c.run(RUN_S)
         self.stopping = True
-        self._heal()
+        self.failures.heal()
         c.settle(lambda: not self.check.calls and c.ring_settled() and not self._copies_open()
                  and (not self.plan.shards or self._job_over()) and not (self.restore and self.restore.busy),
                  SETTLE_S)
@@ -342,7 +200,7 @@ class Run:
                 self.check.read(w.name, table, ks, values, floor)
             then()
 
-        w.pull(table, keys, done, clock=False)
+        w.pull(table, keys, done)
 
     def _ssp_step(self, w: SimWorker, then: Callable[[], None], read_after: bool = True) -> None:
         """Each worker pushes +1 to its own key once a clock, then ticks; pulls (at its
@@ -466,105 +324,6 @@ class Run:
         self.check.abandon(w.name)
 
     # ---- faults -------------------------------------------------------------------------
-    def _victim(self, spare: int = 1) -> SimServer | None:
-        """A live server of the ring, if more than ``r + spare - 1`` are live: a fault takes
-        one server, and the plan's later faults must not find the ring below r (a removal
-        keeps a spare for them: it is no failure, and may be followed by one)."""
-        live = [s for s in self.cluster.servers if s.live and s.id >= 0 and self.cluster.scheduler.ring is not None
-                and s.id in self.cluster.scheduler.ring.servers]
-        return self.rng.choice(live) if len(live) >= max(self.tables.values()) + spare else None
-
-    def _failure(self, kind: str) -> None:
-        c, net, timeout = self.cluster, self.cluster.net, self.cluster.config.heartbeat_timeout_s
-        if kind == "checkpoint-restore":
-            self.restore = CheckpointRestore(self)
-            self.restore.start()
-            return
-        if kind == "stall-scheduler":
-            c.sched_host.pause()
-            net.after(self.rng.uniform(1.0, 2.0) * timeout, c.sched_host.resume)
-            return
-        if kind in ("worker-crash", "worker-pause"):
-            live = [w for w in c.workers[1:] if w.live]
-            if not live:
-                return
-            w = self.rng.choice(live)
-            net.log(f"fault {kind} {w.name}")
-            if kind == "worker-crash":
-                w.host.crash()
-                self.check.abandon(w.name)
-            else:
-                w.host.pause()
-                net.after(self.rng.uniform(1.5, 3.0) * timeout, w.host.resume)
-            return
-        if kind == "crash-then-pause-source":
-            self._crash_then_pause_source()
-            return
-        if kind in ("join", "joiner-crash"):
-            server = c.add_server()
-            self.check.servers_by_host[server.name] = server
-            if kind == "joiner-crash":
-                net.after(self.rng.uniform(0.05, 1.0), server.host.crash)
-            return
-        victim = self._victim(2 if kind == "leave" else 1)
-        if victim is None:
-            return
-        net.log(f"fault {kind} server {victim.id}")
-        if kind in ("crash", "restart"):
-            victim.host.crash()
-            if kind == "restart":  # the machine comes back without its memory: a new server joins
-                net.after(self.rng.uniform(0.2, 2.0), self._failure, "join")
-        elif kind == "pause":  # past the heartbeat timeout: declared dead, then it resumes
-            victim.host.pause()
-            net.after(self.rng.uniform(1.5, 3.0) * timeout, victim.host.resume)
-        elif kind == "short-pause":
-            victim.host.pause()
-            net.after(self.rng.uniform(0.1, 0.6) * timeout, victim.host.resume)
-        elif kind in ("cut-beats", "cut-answers", "isolate"):
-            pairs = {("cut-beats", True), ("cut-answers", False), ("isolate", True), ("isolate", False)}
-            for k, out in pairs:
-                if k == kind:
-                    c.net.faults.cut.add((victim.name, "scheduler") if out else ("scheduler", victim.name))
-            if kind == "isolate":
-                for h in net.hosts:
-                    c.net.faults.cut |= {(victim.name, h), (h, victim.name)}
-            net.after(self.rng.uniform(1.5, 3.0) * timeout, self._heal_cuts)
-        elif kind == "leave":
-            worker = c.workers[0]
-            worker._ask_scheduler({"op": Op.REMOVE_SERVER.value, "node_id": victim.id}, lambda m: None)
-
-    def _crash_then_pause_source(self) -> None:
-        """Crash a server, then pause a source of the repair that follows, before it has
-        confirmed its copies: it then holds the last complete copy of some vnodes."""
-        c, net, timeout = self.cluster, self.cluster.net, self.cluster.config.heartbeat_timeout_s
-        victim = self._victim()
-        if victim is None:
-            return
-        net.log(f"fault crash server {victim.id}")
-        victim.host.crash()
-        give_up = net.time + 3 * timeout
-
-        def watch() -> bool:
-            m = c.scheduler.membership.migration
-            sources = [s for s in c.servers if m is not None and not m.flip and s.id in m.waiting and s.live]
-            if not sources:
-                return net.time < give_up
-            source = self.rng.choice(sources)
-            net.log(f"fault pause server {source.id} (a source of repair {m.id if m else '?'})")
-            source.host.pause()
-            net.after(self.rng.uniform(1.5, 3.0) * timeout, source.host.resume)
-            return False
-
-        net.every(c.sched_host, 0.01, watch)
-
-    def _heal_cuts(self) -> None:
-        self.cluster.net.faults.cut.clear()
-
-    def _heal(self) -> None:
-        net = self.cluster.net
-        net.faults = Faults()
-        for host in net.hosts.values():
-            host.resume()
 
 
 def run(scenario: str, seed: int, mutation: str | None = None, trace: bool = False) -> Result:

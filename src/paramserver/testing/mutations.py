@@ -103,6 +103,27 @@ def _rejoin_at_the_minimum() -> Callable[[], None]:
     return _patch(VectorClock, "join", join)
 
 
+def _client_retry_fresh_seq() -> Callable[[], None]:
+    """The client's core numbers a resent piece of a push as a new push, instead of
+    keeping its ``seq``: a server that applied it before cannot tell."""
+    from paramserver.client import core
+    request = core.request
+
+    def renumbered(kind: Any, header: dict[str, Any], piece: Any, tries: int, sequencer: Any) -> Any:
+        if tries and "seq" in header:
+            header = {**header, "seq": sequencer.take()}
+        return request(kind, header, piece, tries, sequencer)
+
+    return _patch(core, "request", renumbered)
+
+
+def _client_forgets_in_flight() -> Callable[[], None]:
+    """The client's acked watermark counts every push numbered so far as answered,
+    forgetting the ones still in flight: servers drop their record of those."""
+    from paramserver.client.core import Sequencer
+    return _patch(Sequencer, "acked", lambda self: self.seq)
+
+
 #: name -> (what it switches off, how)
 MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
     "no-dedup": ("skip the retry dedup: a resent push is applied again", _no_dedup),
@@ -116,6 +137,10 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
                               _rejoin_at_the_minimum),
     "write-off-last-copy": ("declare a silent server dead on time even when it holds the last complete copy of "
                             "some vnodes", _write_off_last_copy),
+    "client-retry-fresh-seq": ("the client resends a push's piece under a new seq instead of its own",
+                               _client_retry_fresh_seq),
+    "client-forgets-in-flight": ("the client's acked watermark counts the pushes still in flight as answered",
+                                 _client_forgets_in_flight),
 }
 
 

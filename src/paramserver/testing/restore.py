@@ -117,9 +117,9 @@ class CheckpointRestore:
         if "pushes" in kind:
             self.run.paused = False
         if "crash" in kind:
-            self.cluster.net.after(self.run.rng.uniform(0.1, 1.0), self.run._failure, "crash")
+            self.cluster.net.after(self.run.rng.uniform(0.1, 1.0), self.run.failures.strike, "crash")
         if kind == "join":
-            self.run._failure("join")
+            self.run.failures.strike("join")
 
         def pause() -> None:
             self.run.paused = True
@@ -149,7 +149,7 @@ class CheckpointRestore:
                 self._fail("restore", f"create_table failed: {error}")
                 return
             if self.disturbance == "join-while-restoring":
-                self.run._failure("join")
+                self.run.failures.strike("join")
             w._ask_scheduler({"op": Op.RESTORE.value, "table": TABLE, "step": self.step, "entries": entries},
                              loaded)
 
@@ -165,7 +165,7 @@ class CheckpointRestore:
 
         w._ask_scheduler({"op": Op.DROP_TABLE.value, "name": TABLE}, dropped)
         if self.disturbance == "crash-while-restoring":
-            self.cluster.net.after(self.run.rng.uniform(0.0, 0.5), self.run._failure, "crash")
+            self.cluster.net.after(self.run.rng.uniform(0.0, 0.5), self.run.failures.strike, "crash")
 
     def _verify(self) -> None:
         """Every live replica, and a pull, read exactly what was checkpointed."""
@@ -191,7 +191,7 @@ class CheckpointRestore:
             self.run.check.restored(TABLE, self.saved.astype(np.int64), self.mine)
             self._finish()
 
-        self.worker.pull(TABLE, keys, pulled, clock=False)
+        self.worker.pull(TABLE, keys, pulled)
 
     def _replica_values(self) -> tuple[np.ndarray, list[str]]:
         """Each key's value, checked equal on every live replica of its vnode (a key a

@@ -1,0 +1,225 @@
+"""The client's decisions, without I/O (sans-IO): what ``Client`` runs through its I/O
+thread and the simulation's workers run on the simulated network (``testing/cluster.py``),
+so that the chaos campaign exercises the code users run.
+
+* ``View``: the ring and the servers' addresses this client routes with (a view older
+  than the one held is ignored: notifications and answers may arrive out of order);
+* ``route``: a pull's or push's keys, routed with a ring into one ``Piece`` per server;
+* ``Sequencer``: pushes numbered for exactly-once application (a retry keeps its
+  number), and the acked watermark that lets servers forget the pushes answered;
+* ``call_header``, ``request``: the header and arrays one piece goes out as;
+* ``decide``: what a reply means for its piece: done; resent, routed again with the
+  newest ring (at once when the ring moved on, after a back-off when it did not, asking
+  the scheduler for the ring first when the server knows a newer one); or failed;
+* ``Gather``: which pieces of one call are still unanswered.
+
+``Client`` and the simulation call ``request`` and ``decide`` through this module (a
+chaos mutation replaces one for a run).  None of it locks: ``Client`` calls it under its
+own locks, the simulation from its one thread.  Nothing here reads a clock; times come in
+as arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from paramserver.errors import NodeLostError, ParamServerError, StaleRingError, raised
+from paramserver.routing.partition import route_pull, route_push
+from paramserver.routing.ring import Ring
+from paramserver.wire.message import Message, Op
+
+MAX_BACKOFF_S = 0.5  # a piece refused with no newer ring to route by waits at most this long
+
+
+class NoAnswerError(NodeLostError):
+    """A request unanswered for its whole wait (a message lost on the way, a reply the
+    server could not send): retried as a lost node's are."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of a pull or push that goes to one server, as routed at ``ring_version`` (the ring's version)."""
+
+    server: int
+    ring_version: int
+    keys: np.ndarray
+    extra: np.ndarray  # pull: output row of each key; push: gradient rows
+    vnodes: np.ndarray
+    counts: np.ndarray
+
+
+class View:
+    """The ring and the servers' addresses a client routes with."""
+
+    def __init__(self) -> None:
+        self.ring: Ring | None = None
+        self.servers: dict[int, str] = {}
+
+    def apply(self, view: dict[str, Any]) -> bool:
+        """Take a view (a registration's welcome, a RING notification, a CLUSTER_INFO
+        answer) unless it is older than the one held; whether it was taken."""
+        ring = Ring.from_wire(view["ring"])
+        if self.ring is not None and ring.version < self.ring.version:
+            return False  # an older view that arrived late
+        self.ring = ring
+        self.servers = {int(k): v for k, v in view["servers"].items()}
+        return True
+
+
+def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
+          distinct: bool = False) -> list[Piece]:
+    """Route ``keys`` with ``ring`` into one piece per server.  ``extra`` rides along: a
+    pull's output row of each key (None: the identity), a push's gradients; ``layout`` is
+    the table's (``TableSpec.layout``); ``distinct``: a push's keys need no merging."""
+    index: np.ndarray  # a pull's destination rows; a push's summed gradients
+    if kind is not Op.PUSH:  # a pull, or a server-side function over keys
+        routed = route_pull(ring, keys, layout)
+        assert routed.order is not None
+        index = routed.order if extra is None else extra[routed.order]
+    else:
+        assert extra is not None, "a push carries its gradients"
+        routed = route_push(ring, keys, extra, layout, distinct)
+        assert routed.grads is not None
+        index = routed.grads
+    return [Piece(part.server, ring.version, routed.keys[part.start:part.stop], index[part.start:part.stop],
+                  part.vnodes, part.counts) for part in routed.parts]
+
+
+class Sequencer:
+    """Push numbers and the acked watermark of one client."""
+
+    def __init__(self) -> None:
+        self.seq = 0  # the last number taken
+        self.in_flight: set[int] = set()  # numbers some request of which may still be anywhere
+
+    def take(self) -> int:
+        self.seq += 1
+        self.in_flight.add(self.seq)
+        return self.seq
+
+    def settled(self, seq: int) -> None:
+        """No request of push ``seq`` is left anywhere (answered, or failed for good)."""
+        self.in_flight.discard(seq)
+
+    def acked(self) -> int:
+        """Every push numbered up to this was answered: servers may forget them."""
+        return min(self.in_flight) - 1 if self.in_flight else self.seq
+
+
+def call_header(kind: Op, table: str, *, node_id: int, worker_clock: int | None = None, seq: int | None = None,
+                token: str = "", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The header every piece of one call shares.  A worker's (``worker_clock``: the clock
+    it is at) names its clock, which the staleness gate and BSP aggregation key on, and
+    itself as the reader (a dead reader's parked pulls go); a push names its sender and
+    ``seq`` (and the sender's token when the cluster has keys)."""
+    header: dict[str, Any] = {"op": kind.value, "table": table}
+    if worker_clock is not None:
+        header.update(clock=worker_clock, reader=node_id)
+    if seq is not None:
+        header.update(sender=node_id, seq=seq)
+        if token:
+            header["sender_token"] = token
+    header.update(extra or {})
+    return header
+
+
+def request(kind: Op, header: dict[str, Any], piece: Piece, tries: int,
+            sequencer: Sequencer) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """The header and arrays piece ``piece`` goes out as on its ``tries``-th resend: the
+    ring it was routed by, and a push's acked watermark (its ``seq`` is the call's, kept
+    by every retry: that is what makes a retry safe)."""
+    out = {**header, "ring_version": piece.ring_version}
+    if "seq" in out:
+        out["acked"] = sequencer.acked()
+    arrays = [piece.keys, piece.extra, piece.vnodes, piece.counts] if kind is Op.PUSH else \
+        [piece.keys, piece.vnodes, piece.counts]
+    return out, arrays
+
+
+class Verdict(Enum):
+    DONE = "done"  # the piece is answered: use the reply
+    RESEND = "resend"  # route it again with the newest ring and send it
+    FAIL = "fail"  # the call fails with ``error``
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    delay_s: float = 0.0  # RESEND: after this long
+    refresh: bool = False  # RESEND: ask the scheduler for the ring first (the server knows a newer one)
+    error: BaseException | None = None  # FAIL: why
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """What a decision needs to know of the scheduler."""
+
+    address: str
+    heartbeat_timeout_s: float
+    lost: bool = False  # declared lost by this client: silent past the heartbeat timeout
+    gone: Callable[[], bool] = lambda: False  # its process is known to be dead (asked only when lost)
+
+
+def decide(piece: Piece, tries: int, msg: Message | None, exc: BaseException | None, *, ring_version: int,
+           now: float, deadline: float, scheduler: Scheduler) -> Decision:
+    """What the answer to ``piece`` (sent for the ``tries``-th time) means, with the
+    client's ring at ``ring_version``, at ``now``, the call failing at ``deadline``."""
+    if exc is None and msg is not None and msg.op is Op.ERROR:
+        exc = raised(msg.header.get("code"), str(msg.header.get("error")))
+    routing = isinstance(exc, (StaleRingError, NodeLostError))
+    if routing and scheduler.lost and (now >= deadline or scheduler.gone()):
+        # without a scheduler the servers serve no more (their leases ran out) and no ring can change:
+        # a scheduler whose process is gone fails the call now, one only silent (stalled?) at the deadline
+        return Decision(Verdict.FAIL, error=NodeLostError(
+            f"the scheduler at {scheduler.address} stopped answering (declared lost after "
+            f"{scheduler.heartbeat_timeout_s:g} s of silence), so the servers serve no more (their leases ran "
+            f"out): restart the cluster, and resume from a checkpoint if there is one ({exc})"))
+    if routing and now < deadline:  # the ring changed under this piece: once ours is newer, route it again
+        newer = ring_version > piece.ring_version
+        refresh = not newer and msg is not None and msg.header.get("ring_version", 0) > ring_version
+        return Decision(Verdict.RESEND, 0.0 if newer else min(MAX_BACKOFF_S, 0.01 * 2 ** min(tries, 6)), refresh)
+    if exc is not None:
+        return Decision(Verdict.FAIL, error=exc)
+    return Decision(Verdict.DONE)
+
+
+class Gather:
+    """The unanswered pieces of one call, and whether it is over."""
+
+    def __init__(self, pieces: int) -> None:
+        self.pending = pieces
+        self.over = pieces == 0
+        self.error: BaseException | None = None
+
+    def rerouted(self, pieces: int) -> bool:
+        """One piece was routed again as ``pieces``; whether that finished the call (none)."""
+        self.pending += pieces - 1
+        return self._finished()
+
+    def answered(self) -> bool:
+        """One piece is done; whether that finished the call."""
+        self.pending -= 1
+        return self._finished()
+
+    def fail(self, error: BaseException) -> bool:
+        """The call fails; whether this is news (it was not over)."""
+        if self.over:
+            return False
+        self.over, self.error = True, error
+        return True
+
+    def _finished(self) -> bool:
+        if self.over or self.pending:
+            return False
+        self.over = True
+        return True
+
+
+def remote_error(msg: Message) -> ParamServerError:
+    """The exception an ERROR reply stands for (``errors.Code``'s table)."""
+    return raised(msg.header.get("code"), str(msg.header.get("error")))

@@ -1,0 +1,157 @@
+"""The chaos campaign's scenarios: what one seed of each does (``Plan``), drawn from the
+seed: the cluster's shape, the workload's speed, the network's faults and the failures
+with the time each strikes (``testing/faults.py`` injects them).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from paramserver.testing.campaign import SCENARIO_NAMES
+from paramserver.testing.sim import Faults
+
+RUN_S = 24.0  # virtual seconds of workload
+
+
+@dataclass
+class Plan:
+    """What one seed of a scenario does."""
+
+    servers: int = 3
+    workers: int = 2
+    replicas: int = 2
+    staleness: int | None = None  # a table of bounded staleness (workers tick their clocks)
+    failures: list[tuple[float, str]] = field(default_factory=list)  # (when, kind)
+    faults: Faults = field(default_factory=Faults)
+    rates: dict[str, float] = field(default_factory=dict)  # host -> clock rate
+    speeds: list[float] = field(default_factory=list)  # per worker: mean think time between calls
+    shards: int = 0  # a training job of this many shards (workers take them from the scheduler)
+    epochs: int = 1
+    checkpoint_every: int = 0  # the job checkpoints every N shards done (0: never)
+    lossless: bool = False  # no fault of the plan may cost data: any loss the scheduler records is a violation
+
+
+def _client_links(a: str, b: str) -> bool:
+    """Requests and answers between workers and servers: lost, late, twice or out of order,
+    they must still apply every push once (a push is resent with its seq)."""
+    return (a.startswith("worker") and b.startswith("server")) or (a.startswith("server") and b.startswith("worker"))
+
+
+def _counters(r: int) -> Callable[[random.Random], Plan]:
+    def plan(rng: random.Random) -> Plan:
+        p = Plan(servers=r + 1 + rng.randint(0, 1), workers=rng.randint(2, 3), replicas=r)
+        p.faults = Faults(drop=0.01, duplicate=0.03, delay=0.1, delay_s=0.3, reorder=0.05, only=_client_links)
+        kinds = ["crash", "restart", "pause", "cut-beats", "isolate"]
+        for _ in range(max(1, r - 1)):  # at r = 1 one failure loses data, and must say so
+            p.failures.append((rng.uniform(2, RUN_S - 6), rng.choice(kinds)))
+        if rng.random() < 0.5:
+            p.failures.append((rng.uniform(2, RUN_S - 4), rng.choice(["join", "leave"])))
+        p.failures.append((rng.uniform(1, RUN_S - 2), "short-pause"))
+        p.rates = {f"server-{i + 1}": rng.uniform(0.9, 1.1) for i in range(p.servers)}
+        p.speeds = [rng.choice([0.02, 0.1, 0.3]) for _ in range(p.workers)]
+        return p
+    return plan
+
+
+def _ssp(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=3, replicas=rng.choice([1, 2]), staleness=rng.randint(0, 2))
+    p.faults = Faults(delay=0.2, delay_s=0.4, only=_client_links)
+    p.speeds = [0.01, rng.choice([0.2, 0.5]), rng.choice([0.05, 0.3])]
+    if rng.random() < 0.5:
+        p.failures.append((rng.uniform(2, RUN_S - 4), "short-pause"))
+    return p
+
+
+def _membership(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=2, replicas=2)
+    p.faults = Faults(delay=0.1, delay_s=0.2, only=_client_links)
+    for _ in range(rng.randint(2, 4)):
+        p.failures.append((rng.uniform(1, RUN_S - 4), rng.choice(["join", "join", "leave", "joiner-crash"])))
+    p.speeds = [0.05, 0.1]
+    return p
+
+
+def _stalled_scheduler(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=2, replicas=2)
+    p.failures = [(rng.uniform(2, 8), "stall-scheduler")]
+    p.speeds = [0.05, 0.1]
+    return p
+
+
+def _stalled_server(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=2, replicas=2)
+    p.failures = [(rng.uniform(2, 8), rng.choice(["pause", "short-pause"]))]
+    p.speeds = [0.02, 0.1]
+    return p
+
+
+def _repair_pause(rng: random.Random) -> Plan:
+    """A server crashes; while the repair copies its vnodes to new backups, a server that
+    holds their last complete copy stops past the heartbeat timeout, as a JIT compile, a
+    long collection or a swapped-out VM would.  It must be fenced and waited for, not
+    written off: no data may be lost (``scheduler/detector.py``)."""
+    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=2, lossless=True)
+    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
+    p.failures = [(rng.uniform(2, 10), "crash-then-pause-source")]
+    p.speeds = [0.02, 0.1]
+    return p
+
+
+def _partition(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=2, replicas=2)
+    p.failures = [(rng.uniform(2, 8), rng.choice(["cut-beats", "cut-answers", "isolate"]))]
+    p.speeds = [0.02, 0.1]
+    return p
+
+
+def _restore(rng: random.Random) -> Plan:
+    """Checkpoint mid-run, go on (pushes, a crash, a join, or nothing), restore."""
+    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice([1, 2]))
+    p.faults = Faults(drop=0.01, duplicate=0.02, delay=0.1, delay_s=0.3, reorder=0.05, only=_client_links)
+    p.failures = [(rng.uniform(2, 8), "checkpoint-restore")]
+    p.speeds = [rng.choice([0.02, 0.1]), rng.choice([0.05, 0.3])]
+    return p
+
+
+def _job(rng: random.Random) -> Plan:
+    p = Plan(servers=3, workers=3, replicas=2, shards=rng.randint(6, 16), epochs=rng.randint(1, 3))
+    p.checkpoint_every = rng.choice([0, 3, 5])
+    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
+    for _ in range(rng.randint(1, 2)):
+        p.failures.append((rng.uniform(0.5, 5), rng.choice(["worker-crash", "worker-pause", "crash", "short-pause"])))
+    p.speeds = [0.05, 0.1, 0.2]
+    return p
+
+
+def _job_ssp(rng: random.Random) -> Plan:
+    """A training job under BSP or SSP with coordinated checkpoints, through failures: each
+    checkpoint drains the workers (idle ones leave the servers' vector clocks), and they
+    must come back where their clocks were (issue 28.3: they came back at 0, and parked
+    pulls waited for ever)."""
+    p = Plan(servers=3, workers=rng.randint(1, 3), replicas=2, staleness=rng.randint(0, 2),
+             shards=rng.randint(6, 12), epochs=rng.randint(1, 2))
+    p.checkpoint_every = rng.choice([1, 2, 3])
+    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
+    if rng.random() < 0.7:
+        p.failures.append((rng.uniform(0.5, 5), rng.choice(["worker-crash", "crash", "short-pause"])))
+    p.speeds = [0.05, 0.1, 0.2]
+    return p
+
+
+SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
+    "counters-r1": _counters(1),
+    "counters-r2": _counters(2),
+    "counters-r3": _counters(3),
+    "ssp": _ssp,
+    "membership": _membership,
+    "stalled-scheduler": _stalled_scheduler,
+    "stalled-server": _stalled_server,
+    "repair-pause": _repair_pause,
+    "partition": _partition,
+    "restore": _restore,
+    "job": _job,
+    "job-ssp": _job_ssp,
+}
+assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "campaign.SCENARIO_NAMES lists the scenarios for --help"

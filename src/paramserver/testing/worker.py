@@ -1,0 +1,323 @@
+"""A worker on the simulated network: the client's own core (``client/core.py``) driven by
+callbacks, where ``Client`` drives it from its I/O thread.
+
+What a pull or a push does is the client's: routing to pieces (``route``), the call's
+header and each piece's request (``call_header``, ``request``: the ring version, the
+push's ``seq`` kept by every retry, the acked watermark of ``Sequencer``), and the
+decision on every answer (``decide``: done, resend routed again with the newest ring
+after the client's back-off, or fail).  What is the simulation's is only the I/O: the
+sockets, the request ids, the timers on the host's virtual clock, and a request
+unanswered for ``answer_within_s`` failing with ``NoAnswerError`` as the I/O thread's
+do.  Registration, heartbeats and the scheduler's notifications are the client's
+protocol, written as callbacks (nothing here may block).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from paramserver.client import core
+from paramserver.client.core import (
+    Gather,
+    NoAnswerError,
+    Piece,
+    Scheduler,
+    Sequencer,
+    Verdict,
+    View,
+    call_header,
+    route,
+)
+from paramserver.config import Config
+from paramserver.errors import NodeLostError, ProtocolError
+from paramserver.routing.partition import scatter_rows
+from paramserver.routing.ring import Ring
+from paramserver.tables.spec import TableSpec
+from paramserver.testing.sim import Host, SimNetwork, SimSocket
+from paramserver.wire.message import Message, Op, decode, encode
+
+Done = Callable[[Any, "str | None"], None]  # (result, error)
+OnAnswer = Callable[[Message | None, BaseException | None], None]
+
+
+class _Call:
+    __slots__ = ("done", "sent_at", "server")
+
+    def __init__(self, server: int, done: OnAnswer, sent_at: float) -> None:
+        self.server, self.done, self.sent_at = server, done, sent_at
+
+
+class _Scatter:
+    """One pull or push of a ``SimWorker``: as ``client.scatter.Scatter``, on callbacks."""
+
+    def __init__(self, worker: SimWorker, kind: Op, header: dict[str, Any], spec: TableSpec,
+                 out: np.ndarray | None, done: Done, on_settled: Callable[[], None] | None) -> None:
+        self.w, self.kind, self.header, self.spec, self.out = worker, kind, header, spec, out
+        self.done, self.on_settled = done, on_settled
+        self.gather = Gather(0)
+        self.in_flight = 0
+        self.deadline = worker.host.now() + worker.config.retry_timeout_s
+
+    def start(self, pieces: list[Piece]) -> None:
+        self.gather = Gather(len(pieces))
+        if not pieces:
+            self._finish()
+            return
+        for piece in pieces:
+            self.send(piece, 0)
+
+    def send(self, piece: Piece, tries: int) -> None:
+        header, arrays = core.request(self.kind, self.header, piece, tries, self.w.sequencer)
+        self.in_flight += 1
+        if not self.w.ask(piece.server, header, arrays, functools.partial(self.answered, piece, tries)):
+            self.answered(piece, tries, None, NodeLostError(f"server {piece.server} left the ring"))
+
+    def resend(self, piece: Piece, tries: int) -> None:
+        if self.gather.over:
+            return
+        assert self.w.ring is not None
+        again = route(self.w.ring, self.kind, piece.keys, piece.extra, self.spec.layout, distinct=True)
+        if self.gather.rerouted(len(again)):
+            self._finish()
+        for p in again:
+            self.send(p, tries + 1)
+
+    def answered(self, piece: Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
+        self.in_flight -= 1
+        if not self.gather.over:
+            self._decide(piece, tries, msg, exc)
+        if self.gather.over and self.in_flight == 0 and self.on_settled is not None:
+            settled, self.on_settled = self.on_settled, None
+            settled()
+
+    def _decide(self, piece: Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
+        w = self.w
+        assert w.ring is not None
+        decision = core.decide(piece, tries, msg, exc, ring_version=w.ring.version, now=w.host.now(),
+                          deadline=self.deadline, scheduler=Scheduler(w.scheduler, w.config.heartbeat_timeout_s))
+        if decision.verdict is Verdict.RESEND:
+            if decision.refresh:
+                w.refresh()
+            w.host.after(decision.delay_s, self.resend, piece, tries)
+            return
+        error = decision.error
+        if error is None and msg is not None and self.out is not None:
+            vals = msg.arrays[0] if msg.arrays else None
+            if vals is None or vals.shape != (piece.keys.shape[0], self.spec.dim) or vals.dtype != np.float32:
+                error = ProtocolError(f"pull reply has {None if vals is None else vals.shape}")
+            else:
+                scatter_rows(vals, piece.extra, self.out)
+        if error is not None:
+            if self.gather.fail(error):
+                self._finish()
+        elif self.gather.answered():
+            self._finish()
+
+    def _finish(self) -> None:
+        error = self.gather.error
+        self.done(self.out, None if error is None else f"{type(error).__name__}: {error}")
+
+
+class SimWorker:
+    """A worker: register, beat, and pull, push and clock through callbacks."""
+
+    def __init__(self, net: SimNetwork, config: Config, scheduler: str, name: str, rate: float = 1.0) -> None:
+        self.net, self.config, self.scheduler, self.name = net, config, scheduler, name
+        self.host: Host = net.host(name, rate)
+        self.transport = self.host.transport()
+        self.answer_within_s = 2 * config.heartbeat_timeout_s  # as Client's
+        self.sched = self.transport.connect(scheduler, config.max_message_bytes)
+        self.socks: dict[int, SimSocket] = {}
+        self.node_id = -1
+        self.view = View()
+        self.specs: dict[str, TableSpec] = {}
+        self.sequencer = Sequencer()
+        self.clock = 0
+        self.calls: dict[int, _Call] = {}  # request id -> what waits on its answer
+        self.sched_calls: dict[int, Callable[[Message], None]] = {}
+        self._ids = itertools.count(1)
+        self.registered: Callable[[], None] | None = None
+        self.on_exit: Callable[[], None] | None = None  # it learnt that it was declared dead, and exited
+        self.host.on_turn = self.turn
+        self._ask_scheduler({"op": Op.REGISTER.value, "role": "worker"}, self._welcomed)
+        net.every(self.host, config.heartbeat_interval_s, self._beat)
+        net.every(self.host, config.heartbeat_interval_s, self._expire_unanswered)
+
+    @property
+    def live(self) -> bool:
+        return self.host.state != "crashed"
+
+    @property
+    def ring(self) -> Ring | None:
+        return self.view.ring
+
+    # ---- scheduler ----------------------------------------------------------------------
+    def _ask_scheduler(self, header: dict[str, Any], on_reply: Callable[[Message], None]) -> None:
+        request_id = next(self._ids)
+        self.sched_calls[request_id] = on_reply
+        self.sched.send(encode({**header, "id": request_id}))
+
+    def _welcomed(self, msg: Message) -> None:
+        self.node_id = int(msg.header["node_id"])
+        self._view(msg.header)
+        if self.registered is not None:
+            self.registered()
+
+    def _view(self, header: dict[str, Any]) -> None:
+        if "ring" in header and self.view.apply(header):
+            self.specs.update({n: TableSpec.from_wire(w) for n, w in header.get("tables", {}).items()})
+
+    def refresh(self) -> None:
+        self._ask_scheduler({"op": Op.CLUSTER_INFO.value}, lambda m: self._view(m.header))
+
+    def _beat(self) -> bool:
+        if not self.live:
+            return False
+        if self.node_id >= 0:
+            self.sched.send(encode({"op": Op.HEARTBEAT.value}))
+        return True
+
+    def create_table(self, spec: TableSpec, done: Done) -> None:
+        def answered(msg: Message) -> None:
+            if msg.op is Op.OK:
+                self.specs[spec.name] = spec
+            done(None, None if msg.op is Op.OK else str(msg.header.get("error")))
+
+        self._ask_scheduler({"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()}, answered)
+
+    # ---- receiving ----------------------------------------------------------------------
+    def turn(self) -> None:
+        while self.sched.poll(0):
+            self._from_scheduler(decode(self.sched.recv()))
+        for sock in list(self.socks.values()):
+            while sock.poll(0):
+                msg = decode(sock.recv())
+                call = self.calls.pop(msg.id, None) if isinstance(msg.id, int) else None
+                if call is not None:
+                    call.done(msg, None)
+
+    def _from_scheduler(self, msg: Message) -> None:
+        if isinstance(msg.id, int) and msg.id in self.sched_calls:
+            self.sched_calls.pop(msg.id)(msg)
+        elif msg.op is Op.RING:
+            self._view(msg.header)
+        elif msg.op is Op.NODE_LOST and msg.header.get("role") == "server":
+            lost = int(msg.header["node_id"])
+            error = NodeLostError(f"server {lost} died with this request in flight")
+            for request_id, call in [(i, c) for i, c in self.calls.items() if c.server == lost]:
+                del self.calls[request_id]
+                call.done(None, error)
+            self.refresh()
+        elif msg.op is Op.STOP:
+            self.host.crash()
+        elif msg.op is Op.ERROR and msg.header.get("code") == "unknown_node":
+            self.net.log(f"exit {self.name} (declared dead)")  # as a real worker does
+            self.host.crash()
+            if self.on_exit is not None:
+                self.on_exit()
+
+    def _expire_unanswered(self) -> bool:
+        """A request unanswered for ``answer_within_s`` fails as the I/O thread's do."""
+        if not self.live:
+            return False
+        now = self.host.now()
+        for request_id, call in [(i, c) for i, c in self.calls.items() if now - c.sent_at > self.answer_within_s]:
+            del self.calls[request_id]
+            call.done(None, NoAnswerError(f"server {call.server} did not answer within {self.answer_within_s:g} s"))
+        return True
+
+    # ---- sending ------------------------------------------------------------------------
+    def _sock(self, server: int) -> SimSocket | None:
+        if server not in self.view.servers:
+            return None
+        if server not in self.socks:
+            self.socks[server] = self.transport.connect(self.view.servers[server], self.config.max_message_bytes)
+        return self.socks[server]
+
+    def ask(self, server: int, header: dict[str, Any], arrays: list[np.ndarray], done: OnAnswer) -> bool:
+        """Send a request to ``server``; ``done`` gets its answer.  False: no address for it."""
+        sock = self._sock(server)
+        if sock is None:
+            return False
+        request_id = next(self._ids)
+        self.calls[request_id] = _Call(server, done, self.host.now())
+        sock.send(encode({**header, "id": request_id}, arrays))
+        return True
+
+    def ask_servers(self, header: dict[str, Any], done: Done) -> None:
+        """Send ``header`` to every server of this worker's ring; ``done`` gets their
+        answers (headers, in server order), or the first error."""
+        assert self.ring is not None
+        servers = list(self.ring.servers)
+        answers: dict[int, dict[str, Any]] = {}
+        state = {"over": False}
+
+        def one(server: int, msg: Message | None, exc: BaseException | None) -> None:
+            if state["over"]:
+                return
+            error = None if exc is None else str(exc)
+            if error is None and msg is not None and msg.op is Op.ERROR:
+                error = f"{msg.header.get('code')}: {msg.header.get('error')}"
+            if error is not None or msg is None:
+                state["over"] = True
+                done(None, f"server {server}: {error}")
+                return
+            answers[server] = msg.header
+            if len(answers) == len(servers):
+                done([answers[s] for s in servers], None)
+
+        for server in servers:
+            if not self.ask(server, header, [], functools.partial(one, server)):
+                one(server, None, NodeLostError("no address"))
+
+    # ---- data ---------------------------------------------------------------------------
+    def push(self, table: str, keys: np.ndarray, grads: np.ndarray, done: Done, op: str = "update") -> int:
+        """Push (numbered: applied once however often it is resent) as push operation
+        ``op``, as ``Client.push`` does; returns its seq."""
+        spec = self.specs[table]
+        seq = self.sequencer.take()
+        header = call_header(Op.PUSH, table, node_id=self.node_id, worker_clock=self.clock, seq=seq,
+                             extra={"push_op": op} if op != "update" else None)
+        call = _Scatter(self, Op.PUSH, header, spec, None, done, lambda: self.sequencer.settled(seq))
+        assert self.ring is not None
+        call.start(route(self.ring, Op.PUSH, keys, np.ascontiguousarray(grads, np.float32), spec.layout))
+        return seq
+
+    def pull(self, table: str, keys: np.ndarray, done: Done) -> None:
+        """Pull ``keys``' rows, as ``Client.pull`` does (gated on this worker's clock)."""
+        spec = self.specs[table]
+        out = np.empty((keys.shape[0], spec.dim), np.float32)
+        header = call_header(Op.PULL, table, node_id=self.node_id, worker_clock=self.clock)
+        assert self.ring is not None
+        _Scatter(self, Op.PULL, header, spec, out, done, None).start(
+            route(self.ring, Op.PULL, keys, None, spec.layout))
+
+    def tick(self, done: Done) -> None:
+        """Finish this worker's clock: every server hears the new one."""
+        self.clock += 1
+        assert self.ring is not None
+        servers = list(self.ring.servers)
+        left = {"n": len(servers)}
+        deadline = self.host.now() + self.config.retry_timeout_s
+
+        def one(server: int, msg: Message | None, exc: BaseException | None) -> None:
+            if exc is not None or (msg is not None and msg.op is Op.ERROR):
+                if self.host.now() < deadline and self.ring is not None and server in self.ring.servers:
+                    self.host.after(0.05, send, server)
+                    return
+            left["n"] -= 1
+            if left["n"] == 0:
+                done(self.clock, None)
+
+        def send(server: int) -> None:
+            header = {"op": Op.CLOCK.value, "worker": self.node_id, "clock": self.clock}
+            if not self.ask(server, header, [], functools.partial(one, server)):
+                one(server, None, None)  # gone from the ring: nothing to tell it
+
+        for server in servers:
+            send(server)

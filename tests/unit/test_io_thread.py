@@ -1,0 +1,40 @@
+"""The client's I/O thread fails a data request that gets no answer in time, so that its
+caller routes it again and resends it (a message lost on the way, a reply a server
+dropped for a slow link): before, such a request waited for ever."""
+
+import threading
+from dataclasses import replace
+
+import zmq
+
+from paramserver.client.core import NoAnswerError
+from paramserver.client.io_thread import IOThread
+from paramserver.config import Config
+
+
+def test_a_request_unanswered_in_time_fails_with_no_answer_and_a_late_reply_is_dropped():
+    ctx = zmq.Context.instance()
+    silent = ctx.socket(zmq.ROUTER)  # takes requests, answers when told
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    io = IOThread(replace(Config(), scheduler=f"tcp://127.0.0.1:{port}"))
+    io.start()
+    answers: list[tuple[object, object]] = []
+    got = threading.Event()
+    try:
+        def on_reply(msg, exc):
+            answers.append((msg, exc))
+            got.set()
+
+        io.submit(io.scheduler, {"op": "stats"}, (), on_reply, answer_within_s=0.3)
+        assert silent.poll(5000), "the request never left"
+        identity, *frames = silent.recv_multipart()
+        assert got.wait(5.0), "an unanswered request waited past its time"
+        (msg, exc), = answers
+        assert msg is None and isinstance(exc, NoAnswerError) and "0.3 s" in str(exc)
+        silent.send_multipart([identity, *frames])  # the late answer: nobody waits for it any more
+        io.submit(io.scheduler, {"op": "stats"}, (), on_reply)  # no time limit: waits
+        assert silent.poll(5000)
+        assert len(answers) == 1
+    finally:
+        io.close()
+        silent.close(linger=0)
