@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_namespaces_quotas_and_dropping_one_job(capsys):
-    from paramserver.cli.main import _status
+    from paramserver.cli.cluster import _status
 
     rng = np.random.default_rng(5)
     first = rng.choice(2**50, 300, replace=False).astype(np.uint64)

@@ -106,68 +106,87 @@ def _report_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> TrainConfig:
+    """The job ``train`` runs (``demo`` hands in a namespace of a few flags: the rest defaults)."""
+    return TrainConfig(model=Model(args.model, getattr(args, "k", 8), getattr(args, "fm_l2", 1e-2),
+                                   getattr(args, "hidden", (256, 128))),
+                       data=fmt, optimizer=optimizer, epochs=args.epochs, batch_size=args.batch_size,
+                       batch_ramp=getattr(args, "batch_ramp", 1.0),
+                       seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),
+                       consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
+                       layout=getattr(args, "table_layout", "auto"))
+
+
+class _Progress:
+    """What a job shows while it runs: a live progress line on stderr (none when quiet), and
+    under it where to look (the scheduler, the logs, the dashboard)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.live: Live | None = None  # started with the first progress line: once the nodes are started (forked
+        # from this process while it has no other thread: Live's refresh thread would be one)
+        self.where: list[str] = []
+
+    def show(self, status: dict[str, Any], seconds: float) -> None:
+        if self.quiet:
+            return
+        if self.live is None:
+            from rich.live import Live
+
+            self.live = Live(console=_console(True), refresh_per_second=4, transient=False)
+            self.live.start()
+        self.live.update(_progress_line(status, seconds) + "".join(f"\n{w}" for w in self.where))
+
+    def announce(self, cluster: Any) -> None:  # where to look while it runs: on the progress line
+        collector.resume()  # the nodes are up: start-up is over (cli.main)
+        self.where.append(f"scheduler {cluster.address}, logs {cluster.log_dir}")
+        if getattr(cluster, "http_url", ""):
+            token = f"?token={cluster.http_token}" if getattr(cluster, "http_token", "") else ""
+            self.where.append(f"dashboard {cluster.http_url}{token}, metrics {cluster.http_url}metrics{token}")
+            _console(True).print(self.where[-1])  # said once, whatever the progress line does
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list[str],
+         progress: _Progress) -> dict[str, Any]:
+    """The job on its cluster: vertical (``--feature-partition``) or by data shards."""
+    parts = getattr(args, "feature_partition", None)
+    if parts is not None:
+        from paramserver.apps.ctr.vertical import run_vertical
+
+        collector.resume()
+
+        return run_vertical(cfg, data, test, parts, servers=args.servers, workers=args.workers,
+                            save=getattr(args, "save", None),
+                            cluster_options=_cluster_options(args))
+    return run_training(cfg, data, test, servers=args.servers, workers=args.workers, setup=progress.announce,
+                        cluster_options=_cluster_options(args),
+                        save=getattr(args, "save", None),
+                        shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=progress.show,
+                        checkpoint_dir=getattr(args, "checkpoint_dir", None),
+                        checkpoint_every=getattr(args, "checkpoint_every", None),
+                        resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False),
+                        keep_checkpoints=getattr(args, "keep_checkpoints", 3),
+                        allow_unverified=getattr(args, "allow_unverified_checkpoint", False))
+
+
 def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list[str],
            fmt: DataFormat) -> dict[str, Any]:
-    cfg = TrainConfig(model=Model(args.model, getattr(args, "k", 8), getattr(args, "fm_l2", 1e-2),
-                                  getattr(args, "hidden", (256, 128))),
-                      data=fmt, optimizer=optimizer, epochs=args.epochs, batch_size=args.batch_size,
-                      batch_ramp=getattr(args, "batch_ramp", 1.0),
-                      seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),
-                      consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
-                      layout=getattr(args, "table_layout", "auto"))
+    cfg = _train_config(args, optimizer, fmt)
     cfg.table_spec()  # validate the optimizer before starting processes
     check_output(getattr(args, "metrics_out", None), "--metrics-out", folder=False)
     quiet = getattr(args, "quiet", False) or not sys.stderr.isatty() and os.environ.get("CI")
-    live: Live | None = None  # started with the first progress line: once the nodes are started (forked
-    # from this process while it has no other thread: Live's refresh thread would be one)
-
-    def show(status: dict[str, Any], seconds: float) -> None:
-        nonlocal live
-        if quiet:
-            return
-        if live is None:
-            from rich.live import Live
-
-            live = Live(console=_console(True), refresh_per_second=4, transient=False)
-            live.start()
-        live.update(_progress_line(status, seconds) + "".join(f"\n{w}" for w in where))
-
-    where: list[str] = []
-
-    def announce(cluster: Any) -> None:  # where to look while it runs: on the progress line
-        collector.resume()  # the nodes are up: start-up is over (cli.main)
-        where.append(f"scheduler {cluster.address}, logs {cluster.log_dir}")
-        if getattr(cluster, "http_url", ""):
-            token = f"?token={cluster.http_token}" if getattr(cluster, "http_token", "") else ""
-            where.append(f"dashboard {cluster.http_url}{token}, metrics {cluster.http_url}metrics{token}")
-            _console(True).print(where[-1])  # said once, whatever the progress line does
-
+    progress = _Progress(bool(quiet))
     log_dir = getattr(args, "log_dir", None)
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
-    parts = getattr(args, "feature_partition", None)
     try:
-        if parts is not None:
-            from paramserver.apps.ctr.vertical import run_vertical
-
-            collector.resume()
-
-            report = run_vertical(cfg, data, test, parts, servers=args.servers, workers=args.workers,
-                                  save=getattr(args, "save", None),
-                                  cluster_options=_cluster_options(args))
-        else:
-            report = run_training(cfg, data, test, servers=args.servers, workers=args.workers, setup=announce,
-                                  cluster_options=_cluster_options(args),
-                                  save=getattr(args, "save", None),
-                                  shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=show,
-                                  checkpoint_dir=getattr(args, "checkpoint_dir", None),
-                                  checkpoint_every=getattr(args, "checkpoint_every", None),
-                                  resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False),
-                                  keep_checkpoints=getattr(args, "keep_checkpoints", 3),
-                                  allow_unverified=getattr(args, "allow_unverified_checkpoint", False))
+        report = _run(cfg, args, data, test, progress)
     finally:
-        if live is not None:
-            live.stop()
+        progress.stop()
     if not _console(True).is_terminal and not quiet:
         _console(True).print()  # end the last progress line
     _console(False).print(_report_table(report))

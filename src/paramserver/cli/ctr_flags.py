@@ -1,0 +1,197 @@
+"""The command line of the CTR commands: ``train``, ``predict``, ``eval``, ``split-columns``,
+``synth`` and ``demo``, their flags and the checks of their values that argparse runs.
+
+What the commands do is cli/ctr.py, imported only when one of them runs: it imports the apps
+(0.04 s), which ``paramserver train --help`` need not.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from paramserver.cli.parser import cluster_flag, loss_flags, unverified_flag
+
+if TYPE_CHECKING:
+    from paramserver.cli.parser import Subparsers
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    """``--hidden 256,128``: layer widths."""
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated whole numbers; try 256,128") from None
+    if min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every width must be >= 1; try 256,128")
+    return widths
+
+
+def parse_optimizer(text: str | None) -> Any:
+    """``--optimizer NAME[:key=value,...]`` or ``MODULE:FUNCTION[:key=value,...]`` (one
+    syntax with ``create_table``'s), checked whole now: a rule that does not import is
+    refused before any process starts."""
+    if not text:
+        return None
+    from paramserver.tables.optim import Optimizer
+
+    return Optimizer.parse(text).to_wire()
+
+
+def _data_flags(p: argparse.ArgumentParser) -> None:
+    """What ``train`` reads and how: the files, their format, the feature hashing, bad lines."""
+    p.add_argument("--data", nargs="+", required=True, help="training files (local or fsspec URLs, .gz ok)")
+    p.add_argument("--test", nargs="+", default=[], help="test files, scored after training")
+    p.add_argument("--format", default="criteo",
+                   help="criteo (default: label, 13 integers, 26 categorical, tab-separated), libsvm, avazu (the "
+                        "Avazu CTR CSV: label click, id ignored, hour split into hour of day and weekday) or csv "
+                        "(a header line; every column a categorical field named by the header; needs --label)")
+    p.add_argument("--label", default="", metavar="COLUMN", help="csv: the column holding the 0/1 label")
+    p.add_argument("--ignore-columns", nargs="*", default=[], metavar="COLUMN",
+                   help="csv/avazu: columns that are not features (ids, free text)")
+    p.add_argument("--label-format", help="libsvm labels: 01, pm1 (-1/+1) or 12 (default: sniffed)")
+    p.add_argument("--hash-bits", type=int, default=24,
+                   help="fold feature keys into 2^B buckets, as Vowpal Wabbit's -b does (default 24: the model "
+                        "is then a dense array, one memory access a key; 0: no folding, hash tables)")
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
+    p.add_argument("--max-bad-fraction", type=float, default=0.01,
+                   help="with --skip-bad-lines: fail when more than this fraction of the lines are malformed "
+                        "(a wrong --format, not a few damaged lines)")
+    p.add_argument("--cache", metavar="DIR", default="",
+                   help="keep parsed shards in DIR; later epochs (and runs) skip parsing")
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """``train``'s model and its optimizer."""
+    p.add_argument("--model", default="lr",
+                   help="lr (default), fm (factorization machine), deepfm (DeepFM) or wdl (Wide & Deep)")
+    p.add_argument("--k", "--embedding-dim", dest="k", type=int, default=8,
+                   help="FM factor width, a deep model's embedding width (default 8)")
+    p.add_argument("--hidden", type=_widths, default=(256, 128),
+                   help="deepfm/wdl: the MLP's hidden layer widths, comma separated (default 256,128)")
+    p.add_argument("--fm-l2", type=float, default=1e-2,
+                   help="L2 penalty on FM factors and deep models' embeddings (default 0.01)")
+    p.add_argument("--optimizer", help="NAME[:key=value,...], e.g. ftrl:alpha=0.1,l1=1 (default: ftrl for lr, "
+                                       "ftrl_adagrad for fm); or your own rule, MODULE:FUNCTION[:key=value,...] "
+                                       "(docs/write-your-own.md)")
+
+
+def _job_flags(p: argparse.ArgumentParser) -> None:
+    """``train``'s cluster and how it goes over the data."""
+    p.add_argument("--servers", type=int, default=1, help="server processes of the cluster")
+    p.add_argument("--workers", type=int, default=1, help="worker processes of the cluster")
+    cluster_flag(p)
+    p.add_argument("--epochs", type=int, default=1, help="passes over the training data")
+    p.add_argument("--batch-size", type=int, default=4000,
+                   help="the largest mini-batch, in examples (default 4000, reached after 65 536 examples: see "
+                        "--batch-ramp)")
+    p.add_argument("--batch-ramp", type=float, default=1.0,
+                   help="batches start at 1 example and grow to --batch-size, at most R * sqrt(examples the "
+                        "worker has trained on), at least 1/16 of them past 65 536 (default 1: 100 after 10^4 "
+                        "examples, 256 after 65 535, then 4096; 0: no ramp)")
+    p.add_argument("--pipeline", type=int, default=2,
+                   help="mini-batches in flight per worker (1: each sees every earlier push)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the tables' initial values")
+    loss_flags(p)
+    p.add_argument("--consistency", default="asp",
+                   help="bsp, ssp:S (readers at most S clocks ahead of the slowest worker) or asp (default)")
+    p.add_argument("--table-layout", default="auto", choices=("auto", "hash", "dense"),
+                   help="how servers store the model: hash tables (any key), dense arrays over the 2^B keys "
+                        "of --hash-bits B (one memory access a key), or auto (default): dense when 2^B rows "
+                        "take at most 1 GiB")
+    p.add_argument("--feature-partition", type=int, metavar="P",
+                   help="vertical training (lr, LIBSVM): the features cut into P column blocks by hash, one worker "
+                        "a block, no process holding a whole example; --data and --test are LIBSVM files (split "
+                        "now) or folders from split-columns; needs --workers P")
+    p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
+
+
+def _output_flags(p: argparse.ArgumentParser) -> None:
+    """What ``train`` leaves behind: the model, checkpoints (and the one to resume from), reports, logs."""
+    p.add_argument("--save", metavar="DIR", help="write the trained model here")
+    p.add_argument("--checkpoint-dir", metavar="URL",
+                   help="checkpoint the model and the job's progress here (a folder or fsspec URL)")
+    p.add_argument("--keep-checkpoints", type=int, default=3, metavar="N",
+                   help="keep the newest N complete checkpoints under --checkpoint-dir, remove older ones (0: all)")
+    p.add_argument("--checkpoint-every", type=int, metavar="N",
+                   help="data shards done between two checkpoints (default: one checkpoint an epoch)")
+    p.add_argument("--resume", metavar="URL",
+                   help="go on from the newest complete checkpoint in this folder (or this step), "
+                        "onto any number of servers; same --data, --shard-mb and model flags")
+    unverified_flag(p)
+    p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")
+    p.add_argument("--log-dir", metavar="DIR", help="keep the nodes' logs here (default: a temporary folder, "
+                                                    "removed unless the job fails)")
+    p.add_argument("--quiet", action="store_true", help="no live progress")
+
+
+def add_train(sub: Subparsers) -> None:
+    p = sub.add_parser("train", help="train lr, fm, deepfm or wdl on a local cluster and report test metrics")
+    _data_flags(p)
+    p.add_argument("--dashboard", nargs="?", type=int, const=0, metavar="PORT",
+                   help="serve a live dashboard and the cluster's Prometheus metrics on 127.0.0.1:PORT while it "
+                        "trains (no PORT: any free one); the URL is printed")
+    _model_flags(p)
+    _job_flags(p)
+    _output_flags(p)
+
+
+def _scoring_flags(p: argparse.ArgumentParser) -> None:
+    """``predict`` and ``eval``: how to read the data, where it differs from the model's training data."""
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines")
+    p.add_argument("--format", help="the data's format, if not the one the model was trained on (the features "
+                                    "must be the same: e.g. Avazu rows as csv)")
+    p.add_argument("--label-format", help="libsvm labels: 01, pm1 or 12 (default: the model's)")
+    unverified_flag(p)
+
+
+def add_predict(sub: Subparsers) -> None:
+    p = sub.add_parser("predict", help="write one probability a line for DATA (no cluster needed)")
+    p.add_argument("--model", required=True, metavar="DIR", help="a directory written by train --save")
+    p.add_argument("--data", nargs="+", required=True, help="files to score (labels optional; globs ok)")
+    p.add_argument("--out", required=True, help="one probability a line, in the order of --data's lines")
+    _scoring_flags(p)
+
+
+def add_eval(sub: Subparsers) -> None:
+    p = sub.add_parser("eval", help="log loss and AUC of a saved model on DATA (no cluster needed)")
+    p.add_argument("--model", required=True, metavar="DIR", help="a directory written by train --save")
+    p.add_argument("--data", nargs="+", required=True, help="labelled files (globs ok)")
+    p.add_argument("--metrics-out", metavar="FILE", help="write the metrics as JSON here")
+    _scoring_flags(p)
+
+
+def add_split_columns(sub: Subparsers) -> None:
+    p = sub.add_parser("split-columns", help="cut a LIBSVM file into P column files by feature hash "
+                                              "(for train --feature-partition P)")
+    p.add_argument("--data", required=True, help="the LIBSVM file (local or fsspec URL; .gz read as such)")
+    p.add_argument("--format", default="libsvm", help="libsvm (the only one for now)")
+    p.add_argument("--parts", type=int, required=True, metavar="P", help="column blocks to write")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for block-<p>.libsvm and columns.json")
+
+
+def add_synth(sub: Subparsers) -> None:
+    p = sub.add_parser("synth", help="write synthetic Criteo-format data")
+    p.add_argument("--rows", type=int, required=True, help="rows to write")
+    p.add_argument("--out", required=True, help="output path (.gz to compress)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data (another seed: other rows, same shape)")
+    p.add_argument("--shape", default="simple", choices=("simple", "heavy"),
+                   help="simple (default) or heavy: Criteo's own cardinalities (to 10^7 values a field), "
+                        "Zipf(1.15) values, millions of keys (see paramserver.apps.ctr.synth)")
+
+
+def add_demo(sub: Subparsers) -> None:
+    p = sub.add_parser("demo", help="synthesise 300k rows and train on a local cluster (make demo)")
+    p.add_argument("--rows", type=int, default=300_000, help="synthetic training rows")
+    p.add_argument("--servers", type=int, default=2, help="server processes")
+    p.add_argument("--workers", type=int, default=2, help="worker processes")
+
+
+def run_ctr(args: argparse.Namespace) -> int:
+    """Any command of cli/ctr.py (the CTR commands, and the round apps' lasso, mf and lda):
+    the function of the command's name there, given the parser of ``--optimizer``."""
+    from paramserver.cli import ctr
+
+    run: Callable[[argparse.Namespace, Callable[[str | None], Any]], int] = getattr(ctr, args.command.replace("-", "_"))
+    return run(args, parse_optimizer)

@@ -1,0 +1,106 @@
+"""The command line of the round apps (apps/rounds): ``lasso``, ``mf`` and ``lda``, scheduled
+programs that run on a local cluster of their own and checkpoint at round boundaries.
+
+What they do is cli/ctr.py's ``lasso``, ``mf`` and ``lda`` (cli/ctr_flags.run_ctr).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from paramserver.cli.parser import cluster_flag, loss_flags, unverified_flag
+
+if TYPE_CHECKING:
+    from paramserver.cli.parser import Subparsers
+
+
+def _round_checkpoint_flags(p: argparse.ArgumentParser, unit: str, default: int) -> None:
+    """The checkpoint flags of a scheduled app (``schedule.CheckpointOptions``)."""
+    p.add_argument("--checkpoint-dir", metavar="URL", help="checkpoint the model and every worker's state here "
+                   "(a folder or fsspec URL) at round boundaries; an existing checkpoint there needs --resume")
+    p.add_argument("--checkpoint-every", type=int, default=default, metavar="N",
+                   help=f"{unit} between two checkpoints (default {default}; the last one is always checkpointed)")
+    p.add_argument("--keep-checkpoints", type=int, default=3, metavar="N",
+                   help="keep the newest N complete checkpoints under --checkpoint-dir, remove older ones (0: all)")
+    p.add_argument("--resume", metavar="URL", help="go on from the newest complete checkpoint in this folder (or "
+                   "this step): same data and layout settings; it checks them")
+    unverified_flag(p)
+
+
+def _cluster_flags(p: argparse.ArgumentParser) -> None:
+    """The cluster a round app starts: its processes, where, and what a server's death may cost."""
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
+    cluster_flag(p)
+    loss_flags(p)
+
+
+def add_lasso(sub: Subparsers) -> None:
+    p = sub.add_parser("lasso", help="least-squares Lasso by coordinate descent scheduled over the workers "
+                                      "(STRADS style) on a local cluster")
+    p.add_argument("--data", required=True, help="LIBSVM file: 'target index:value ...' (target a real number; "
+                                                 ".gz ok; local or fsspec URL)")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--lambda", dest="lam", type=float, metavar="L", help="the L1 weight λ of "
+                     "1/(2n)·‖y − Xw‖² + λ‖w‖₁")
+    how.add_argument("--lambda-ratio", type=float, metavar="R", help="λ = λ_max / R (λ_max = ‖Xᵀy‖∞ / n: the "
+                     "smallest λ with w = 0)")
+    p.add_argument("--tol", type=float, default=1e-4, help="stop when the duality gap is below TOL times the "
+                   "objective: then the objective is within TOL of the optimum, relatively (default 1e-4)")
+    p.add_argument("--schedule", default="priority", choices=("priority", "cyclic", "random"),
+                   help="which coordinates a round updates: priority (default; by recent change, STRADS), "
+                        "cyclic or random (for comparison)")
+    _cluster_flags(p)
+    p.add_argument("--max-rounds", type=int, default=1_000_000, help="stop after this many rounds even if the "
+                   "gap is not below --tol (it is said)")
+    p.add_argument("--save", metavar="DIR", help="write DIR/coef.npy: float64, entry i is feature i + 1")
+    p.add_argument("--metrics-out", metavar="FILE", help="write objective, duality gap, non-zeros, seconds and "
+                   "coordinate updates as JSON")
+    _round_checkpoint_flags(p, "rounds", 100)
+
+
+def add_mf(sub: Subparsers) -> None:
+    p = sub.add_parser("mf", help="biased matrix factorisation trained model-parallel by block rotation "
+                                   "(DSGD) on a local cluster")
+    p.add_argument("--data", required=True, help="training ratings: 'user item rating [timestamp]' lines (MovieLens "
+                   "u.data TSV, ratings.csv with its header, or ratings.dat '::'); .gz ok; local or fsspec URL")
+    p.add_argument("--test", help="ratings to predict and score (same formats): test RMSE in the report")
+    p.add_argument("--rank", type=int, default=64, help="factors a user and an item (default 64)")
+    p.add_argument("--epochs", type=int, default=40, help="passes over the training ratings (default 40)")
+    p.add_argument("--lr", type=float, default=0.007, help="SGD step (default 0.007)")
+    p.add_argument("--reg", type=float, default=0.06, help="L2 weight on the factors (default 0.06; 0.01 on "
+                   "the biases)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial factors and the rating order")
+    _cluster_flags(p)
+    p.add_argument("--predictions-out", metavar="FILE", help="one predicted rating per --test line, in order")
+    p.add_argument("--save", metavar="DIR", help="write DIR/mf.npz: ids, factors, biases, global mean")
+    p.add_argument("--metrics-out", metavar="FILE", help="write test RMSE, seconds and rating updates/s as JSON")
+    _round_checkpoint_flags(p, "epochs", 5)
+
+
+def add_lda(sub: Subparsers) -> None:
+    p = sub.add_parser("lda", help="topic model (LDA) by collapsed Gibbs sampling, word blocks scheduled over the "
+                                    "workers (STRADS/LightLDA style) on a local cluster")
+    p.add_argument("--data", required=True, help="corpus: UCI docword (D, V, NNZ lines, then 'doc word count', "
+                   "1-based) or LDA-C ('N word:count ...', 0-based); .gz ok; local or fsspec URL")
+    p.add_argument("--topics", type=int, default=50, metavar="K", help="topics (default 50)")
+    p.add_argument("--iterations", type=int, default=200, help="Gibbs sweeps over every token (default 200)")
+    p.add_argument("--alpha", type=float, default=0.1, help="document-topic prior (default 0.1)")
+    p.add_argument("--beta", type=float, default=0.01, help="topic-word prior (default 0.01)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial topics and the sampler")
+    p.add_argument("--schedule", default="rotate", choices=("rotate", "none"), help="rotate (default): word blocks "
+                   "go round the workers, no word sampled by two at once; none: every worker samples every word "
+                   "from counts a round stale (AD-LDA; for comparison)")
+    p.add_argument("--staleness", type=int, default=0, metavar="S", help="SSP between rounds: a worker may run up "
+                   "to S rounds ahead of the slowest, reading counts up to S rounds stale (default 0: BSP rounds; with "
+                   "rotate, S > 0 gives up that no word is sampled by two workers at once)")
+    _cluster_flags(p)
+    p.add_argument("--save", metavar="DIR", help="write DIR/topic_word.npy: K x V counts n_kw, column j = word j "
+                   "in the input's numbering from 0")
+    p.add_argument("--vocabulary", metavar="FILE", help="LDA-C only: the vocabulary, one word a line, so V covers "
+                   "words no document uses (default: <name>.tokens, <name>.vocab, vocab.txt or vocabulary.txt beside "
+                   "the corpus if there, else the largest word + 1)")
+    p.add_argument("--metrics-out", metavar="FILE", help="write log-likelihood per token, tokens and "
+                   "token-iterations/s as JSON")
+    _round_checkpoint_flags(p, "iterations", 20)
