@@ -139,7 +139,7 @@ def test_a_worker_asking_ahead_for_a_shard_still_counts_in_the_clocks(make):
 
 
 def test_no_shard_ahead_when_the_running_ones_bring_a_checkpoint(make):
-    from paramserver.scheduler.jobs import Checkpoints
+    from paramserver.scheduler.jobs import JobCheckpoints
     from paramserver.scheduler.tasks import TaskQueue
 
     s = make([1])
@@ -147,7 +147,7 @@ def test_no_shard_ahead_when_the_running_ones_bring_a_checkpoint(make):
         s.nodes[w] = NodeInfo(w, "worker", b"w%d" % w, "", s.clock())
         s.by_identity[b"w%d" % w] = w
     s.jobs.job = TaskQueue([["f", i, i + 1] for i in range(8)], 1)
-    s.jobs.checkpoints = Checkpoints("unused", every=3, timeout_s=1)
+    s.jobs.checkpoints = JobCheckpoints("unused", every=3, timeout_s=1)
     s.handlers[Op.NEXT_SHARD](b"w10", Message({"op": "next_shard", "id": 1}, []))
     s.handlers[Op.NEXT_SHARD](b"w10", Message({"op": "next_shard", "id": 2}, []))  # ahead: 0 done + 1 running < 3
     assert list(s.jobs.job.running.values()) == [10, 10]
