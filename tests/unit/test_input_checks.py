@@ -91,7 +91,7 @@ def scheduler():
             s.nodes[i] = NodeInfo(i, "server", b"s%d" % i, f"sim://server-{i}", s.clock())
             s.by_identity[b"s%d" % i] = i
         if servers:
-            s._next_id = max(servers) + 1
+            s.registry.next_id = max(servers) + 1
             s.ring = Ring.create(list(servers), 4)
         return s
 

@@ -26,7 +26,7 @@ def make():
         for i in servers:
             s.nodes[i] = NodeInfo(i, "server", b"s%d" % i, f"tcp://127.0.0.1:{i}", s.clock())
             s.by_identity[b"s%d" % i] = i
-        s._next_id = max(servers) + 1
+        s.registry.next_id = max(servers) + 1
         s.ring = Ring.create(list(servers), vnodes_per_server)
         for t in tables:
             s.tables[t.name] = t
@@ -59,11 +59,13 @@ def test_the_last_server_dying_then_a_new_one_starts_a_ring(make):
     ring_version = s.ring.version
     s._remove(1, "dead")
     assert s.ring is None and s.migration is None
-    s.on_register(b"new", Message({"op": "register", "id": 1, "role": "server", "address": "sim://new-server"}, []))
+    s.handlers[Op.REGISTER](b"new", Message({"op": "register", "id": 1, "role": "server",
+                                             "address": "sim://new-server"}, []))
     new_id = s.by_identity[b"new"]
     assert s.ring.servers == [new_id] and s.ring.version > ring_version and s.migration is None
-    s.on_create_table(b"driver", Message({"op": "create_table", "id": 2, "spec": TableSpec("u", 1).to_wire()}, []))
-    assert not s.deferred and "u" in s.tables
+    s.handlers[Op.CREATE_TABLE](b"driver", Message({"op": "create_table", "id": 2,
+                                                    "spec": TableSpec("u", 1).to_wire()}, []))
+    assert not s.catalog.deferred and "u" in s.tables
 
 
 def test_copies_unconfirmed_when_a_migration_is_abandoned_are_redone(make):
@@ -95,7 +97,8 @@ def test_copies_unconfirmed_when_a_migration_is_abandoned_are_redone(make):
 
 def test_a_refused_copy_fails_the_migration_and_the_ring_does_not_flip(make):
     s = make([1, 2], [TableSpec("t", 1)])
-    s.on_register(b"new", Message({"op": "register", "id": 1, "role": "server", "address": "sim://new-server"}, []))
+    s.handlers[Op.REGISTER](b"new", Message({"op": "register", "id": 1, "role": "server",
+                                             "address": "sim://new-server"}, []))
     assert s.migration is not None and s.migration.flip
     ring_version = s.ring.version
     _migrated(s, sorted(s.migration.waiting)[0], failed="server 3 refused: too big")
@@ -139,7 +142,7 @@ def test_a_worker_asking_ahead_for_a_shard_still_counts_in_the_clocks(make):
 
 
 def test_no_shard_ahead_when_the_running_ones_bring_a_checkpoint(make):
-    from paramserver.scheduler.jobs import Checkpoints
+    from paramserver.scheduler.jobs import JobCheckpoints
     from paramserver.scheduler.tasks import TaskQueue
 
     s = make([1])
@@ -147,7 +150,7 @@ def test_no_shard_ahead_when_the_running_ones_bring_a_checkpoint(make):
         s.nodes[w] = NodeInfo(w, "worker", b"w%d" % w, "", s.clock())
         s.by_identity[b"w%d" % w] = w
     s.jobs.job = TaskQueue([["f", i, i + 1] for i in range(8)], 1)
-    s.jobs.checkpoints = Checkpoints("unused", every=3, timeout_s=1)
+    s.jobs.checkpoints = JobCheckpoints("unused", every=3, timeout_s=1)
     s.handlers[Op.NEXT_SHARD](b"w10", Message({"op": "next_shard", "id": 1}, []))
     s.handlers[Op.NEXT_SHARD](b"w10", Message({"op": "next_shard", "id": 2}, []))  # ahead: 0 done + 1 running < 3
     assert list(s.jobs.job.running.values()) == [10, 10]
@@ -177,7 +180,7 @@ def test_worker_ranks_stay_dense_and_a_dead_workers_rank_goes_to_its_replacement
     s = make([1])
 
     def join(tag):
-        s.on_register(tag, Message({"op": "register", "id": 1, "role": "worker"}, []))
+        s.handlers[Op.REGISTER](tag, Message({"op": "register", "id": 1, "role": "worker"}, []))
         return s.nodes[s.by_identity[tag]]
 
     a, b, c = join(b"wa"), join(b"wb"), join(b"wc")
@@ -196,7 +199,7 @@ def test_a_barrier_short_of_workers_says_who_is_missing(make, caplog):
     s = make([1])
     s.config = s.config.__class__(**{**s.config.__dict__, "workers": 3})
     for tag in (b"wa", b"wb"):
-        s.on_register(tag, Message({"op": "register", "id": 1, "role": "worker"}, []))
+        s.handlers[Op.REGISTER](tag, Message({"op": "register", "id": 1, "role": "worker"}, []))
     s.on_barrier(b"wa", Message({"op": "barrier", "id": 7}, []))
     with caplog.at_level(logging.WARNING, logger="paramserver.scheduler.node"):
         s._say_who_is_missing(s.clock())  # too soon: quiet
@@ -232,8 +235,8 @@ def test_waiting_for_servers_fails_when_the_joiner_dies_mid_copy(make):
     s.membership.changes.append(("join", 3, None))
     s.membership.next_change()
     assert s.migration is not None and 3 in s.migration.target.servers
-    s.on_wait_servers(b"three", Message({"op": "wait_servers", "id": 7, "count": 3}, []))
-    s.on_wait_servers(b"two", Message({"op": "wait_servers", "id": 8, "count": 2}, []))
+    s.handlers[Op.WAIT_SERVERS](b"three", Message({"op": "wait_servers", "id": 7, "count": 3}, []))
+    s.handlers[Op.WAIT_SERVERS](b"two", Message({"op": "wait_servers", "id": 8, "count": 2}, []))
     assert not [a for a in answers if a[0] in (b"three", b"two")]  # both wait while the copy runs
     s._remove(3, "dead")  # the joiner dies mid-copy: the join is abandoned
     three = [h for i, h in answers if i == b"three"]
@@ -258,7 +261,7 @@ def test_a_restore_waits_for_copies_holds_joins_and_loads_again_after_a_failover
             s.on_ack(b"s%d" % node_id, Message({"op": "ok", "id": header["id"], "loaded": loaded}, []))
         s.notes.clear()
 
-    s.on_register(b"s4", Message({"op": "register", "id": 1, "role": "server", "address": "sim://new"}, []))
+    s.handlers[Op.REGISTER](b"s4", Message({"op": "register", "id": 1, "role": "server", "address": "sim://new"}, []))
     assert s.migration is not None and s.migration.flip
     s.handlers[Op.RESTORE](b"driver", restore)
     assert not commands()  # vnodes are moving: it waits for the flip
@@ -266,7 +269,7 @@ def test_a_restore_waits_for_copies_holds_joins_and_loads_again_after_a_failover
         _migrated(s, source)
     assert s.migration is None and sorted(n for n, _ in commands()) == [1, 2, 3, 4]
 
-    s.on_register(b"s5", Message({"op": "register", "id": 2, "role": "server", "address": "sim://late"}, []))
+    s.handlers[Op.REGISTER](b"s5", Message({"op": "register", "id": 2, "role": "server", "address": "sim://late"}, []))
     assert s.migration is None and s.membership.changes  # a join waits for the restore
     s.nodes[2].last_seen -= 100  # and a server dies before it answers: failover, repair copies
     s._check_heartbeats(s.clock())

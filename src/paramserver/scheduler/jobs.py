@@ -54,7 +54,7 @@ RETRIES = 3  # a checkpoint that failed is tried again at the next boundary, thi
 
 
 @dataclass
-class Checkpoints:
+class JobCheckpoints:
     """``JOB_START``'s ``checkpoint``: every ``every`` shards done, stop handing out
     shards, let the running ones finish (a clock boundary), checkpoint, go on."""
 
@@ -72,7 +72,7 @@ class Checkpoints:
     meta: dict[str, Any] = field(default_factory=dict)  # the job's own words for its manifests (model, data)
 
     @classmethod
-    def from_wire(cls, w: Any) -> Checkpoints:
+    def from_wire(cls, w: Any) -> JobCheckpoints:
         every, timeout_s = (w.get("every"), w.get("timeout_s", 600)) if isinstance(w, dict) else (0, 0)
         if (not isinstance(w, dict) or not isinstance(w.get("url"), str) or not w["url"]
                 or isinstance(every, bool) or not isinstance(every, int) or every < 1
@@ -91,7 +91,7 @@ class Jobs:
     def __init__(self, host: JobHost) -> None:
         self.host = host
         self.job: TaskQueue | None = None
-        self.checkpoints: Checkpoints | None = None
+        self.checkpoints: JobCheckpoints | None = None
         self.waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, node id) asking for a shard
 
     # ---- requests ----------------------------------------------------------------------
@@ -105,7 +105,7 @@ class Jobs:
         if (self.job is not None and not self.job.finished) or self.checkpointing:
             raise ConfigError("a job is already running on this cluster; wait for it to finish")
         ckpt = msg.header.get("checkpoint")
-        checkpoints = None if ckpt is None else Checkpoints.from_wire(ckpt)
+        checkpoints = None if ckpt is None else JobCheckpoints.from_wire(ckpt)
         resume = msg.header.get("resume")
         self.job = TaskQueue(shards, epochs) if resume is None else TaskQueue.resume(shards, epochs, resume)
         self.checkpoints = checkpoints

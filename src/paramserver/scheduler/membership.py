@@ -1,5 +1,6 @@
 """The ring and how it changes, one change at a time (``Membership``): a state machine
-with no sockets and no clock of its own.
+with no sockets and no clock of its own (the host's ``clock`` times migrations, its
+``wall_time`` dates the losses and failovers).
 
 Events come in as calls — a server registered (``server_joined``), died or left
 (``server_lost``), confirmed its copies (``migrated``), was asked to leave (``remove``),
@@ -19,7 +20,6 @@ node), which the scheduler implements with its socket and a test with lists.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -71,6 +71,7 @@ class MembershipHost(Protocol):
     tables: dict[str, TableSpec]
 
     def clock(self) -> float: ...
+    def wall_time(self) -> float: ...  # when, for people: the ``at`` of losses and failovers
     def notify(self, node_id: int, header: dict[str, Any]) -> None: ...
     def answer(self, identity: bytes, frames: list[Any]) -> None: ...
     def ring_changed(self, everyone: bool) -> None: ...  # the new ring to the servers (or to every node)
@@ -216,7 +217,8 @@ class Membership:
             logger.error("the last server of the ring died: every table's data is lost (restore a checkpoint); "
                          "the next server to register starts a new ring")
             self.losses.append({"server": node_id, "tables": sorted(self._replicas()), "vnodes": old.n_vnodes,
-                                "vnode_ids": list(range(old.n_vnodes)), "at": time.time(), "every_server": True})
+                                "vnode_ids": list(range(old.n_vnodes)), "at": self.host.wall_time(),
+                                "every_server": True})
             self.ring, self._ring_lost, self._next_version = None, True, old.version + 1
             self.incomplete.clear()
             self.changes = deque(c for c in self.changes if c[0] != "join")  # joiners form the new ring
@@ -228,7 +230,7 @@ class Membership:
                        node_id, promoted.version)
         self._record_losses(old, node_id)
         self.failovers.append({"server": node_id, "ring_version": promoted.version,
-                               "vnodes": int((old.owners == node_id).sum()), "at": time.time(),
+                               "vnodes": int((old.owners == node_id).sum()), "at": self.host.wall_time(),
                                "tables_kept": sorted(n for n, r in self._replicas().items() if r > 1)})
         moves = self._plan(promoted, dead={node_id})  # planned from the ring whose holders have the data
         self.ring = promoted
@@ -372,4 +374,4 @@ class Membership:
         if by_table:
             ids = sorted({v for vnodes in by_table.values() for v in vnodes})
             self.losses.append({"server": dead, "tables": sorted(by_table), "vnodes": len(ids), "vnode_ids": ids,
-                                "by_table": by_table, "at": time.time()})
+                                "by_table": by_table, "at": self.host.wall_time()})

@@ -1,6 +1,14 @@
 """The scheduler: membership, heartbeats, the ring, tables, barriers, shutdown, and the
 data-shard queue of a training job with its coordinated checkpoints.
 
+``SchedulerNode`` is the loop and the dispatch (op -> handler), and the hub its parts talk
+through: who is registered and who waits for them (``registry.py``), the tables and
+namespaces (``catalog.py``), the ring and its changes (``membership.py``), the dead
+(``detector.py``), the job (``jobs.py``), restores (``restores.py``), the barrier
+(``barrier.py``), commands to every server (``fanout.py``).  Each part says what it needs
+of the node in a ``...Host`` protocol; what one event means for several parts (a node
+removed) is decided here.
+
 Every other node connects a DEALER to the scheduler's ROUTER, so the scheduler can both
 answer requests and push notifications (``RING``, ``NODE_LOST``, ``STOP``, table and
 checkpoint commands to servers) to any node by its identity.  One thread, one poll loop:
@@ -19,7 +27,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -28,24 +35,20 @@ from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError, ProtocolError
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.barrier import Barrier
+from paramserver.scheduler.catalog import Catalog
 from paramserver.scheduler.detector import Detector
 from paramserver.scheduler.fanout import FanOut, FanOuts
 from paramserver.scheduler.jobs import Jobs
 from paramserver.scheduler.membership import Membership, Migration, NodeInfo
+from paramserver.scheduler.registry import Registry
 from paramserver.scheduler.restores import Restores
-from paramserver.scheduler.waiters import ServerWaiters
-from paramserver.tables.namespaces import Quota, check_name, namespace_of
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op, decode, encode, error_reply, failed_request, reply
 from paramserver.wire.message import field as hfield
-from paramserver.wire.security import MAY_REGISTER, refused_op, tokens_of, user_role
-from paramserver.wire.sockets import check_metrics_url
+from paramserver.wire.security import refused_op, tokens_of, user_role
 from paramserver.wire.transport import Transport, ZmqTransport
 
 logger = logging.getLogger(__name__)
-
-ROLES = ("server", "worker", "driver")
-_BEAT_BACK = encode({"op": Op.HEARTBEAT.value})
 
 
 class SchedulerNode:
@@ -66,10 +69,12 @@ class SchedulerNode:
         self.clock = self.transport.now
         self.sock: Any
         self.sock, self.address = self.transport.bind(config.host, config.port, config.max_message_bytes)
-        self.nodes: dict[int, NodeInfo] = {}
-        self.by_identity: dict[bytes, int] = {}
-        self.tables: dict[str, TableSpec] = {}
-        self.parked_workers: list[tuple[bytes, Message, NodeInfo]] = []
+        self.registry = Registry(self)  # who is in the cluster, and who waits for whom
+        self.catalog = Catalog(self)  # the tables and the namespaces' quotas
+        # the registry's and the catalog's own dicts, which Membership, Jobs, Restores and the detector read
+        self.nodes: dict[int, NodeInfo] = self.registry.nodes
+        self.by_identity: dict[bytes, int] = self.registry.by_identity
+        self.tables: dict[str, TableSpec] = self.catalog.tables
         self.barrier = Barrier()  # workers waiting at the barrier
         self.fanouts = FanOuts(lambda server, header: self._notify(self.nodes[server], header))
         self.jobs = Jobs(self)  # the training job's shard queue and checkpoints
@@ -77,40 +82,33 @@ class SchedulerNode:
         self.membership = Membership(self, config.vnodes_per_server, config.servers)  # the ring and its changes
         self.detector = Detector(self)  # who is dead: silent nodes, less fenced servers with last copies
         self._announced: list[int] | None = None
-        self.worker_waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, count)
-        self.server_waiters = ServerWaiters()  # wait_servers: for a count of servers, or for a joiner
-        self.deferred: list[tuple[bytes, Message]] = []  # table commands waiting for a migration
-        self.quotas: dict[str, Quota] = {}  # namespace -> its quota (servers enforce them)
         self._bad_requests, self._failures = Throttled(logger), Throttled(logger)  # a flood logs a few lines
-        self._next_id = 1
-        self._workers_seen = 0  # workers ever registered (the barrier waits for the expected number first)
         self._running = True
         self._last_turn = self.clock()
         self._key_role: str | None = None
-        self.events: deque[dict[str, Any]] = deque(maxlen=50)  # joins and removals, for the dashboard
         self.http_url = self.metrics_url = ""  # the dashboard and the cluster's /metrics (observe.py), if served
         self.handlers = {
-            Op.REGISTER: self.on_register,
-            Op.HEARTBEAT: self.on_heartbeat,
+            Op.REGISTER: lambda identity, msg: self.registry.register(identity, msg, self._key_role),
+            Op.HEARTBEAT: self.registry.heartbeat,
             Op.LEAVE: self.on_leave,
-            Op.CREATE_TABLE: self.on_create_table,
-            Op.DROP_TABLE: self.on_drop_table,
-            Op.TABLE_INFO: self.on_table_info,
+            Op.CREATE_TABLE: self.catalog.create_table,
+            Op.DROP_TABLE: self.catalog.drop_table,
+            Op.TABLE_INFO: self.catalog.table_info,
             Op.BARRIER: self.on_barrier,
             Op.SHUTDOWN: self.on_shutdown,
-            Op.WAIT_WORKERS: self.on_wait_workers,
+            Op.WAIT_WORKERS: self.registry.wait_workers,
             Op.JOB_START: self.jobs.start,
             Op.NEXT_SHARD: lambda identity, msg: self.jobs.next_shard(identity, msg, self.by_identity.get(identity)),
             Op.SHARD_DONE: lambda identity, msg: self.jobs.shard_done(identity, msg, self.by_identity.get(identity)),
             Op.JOB_STATUS: self.jobs.status,
             Op.PROGRESS: lambda identity, msg: self.jobs.progress(msg, self.by_identity.get(identity)),
             Op.RESTORE: self.restores.request,
-            Op.CREATE_NAMESPACE: self.on_create_namespace,
-            Op.DROP_NAMESPACE: self.on_drop_namespace,
+            Op.CREATE_NAMESPACE: self.catalog.create_namespace,
+            Op.DROP_NAMESPACE: self.catalog.drop_namespace,
             Op.MIGRATED: self.on_migrated,
             Op.REMOVE_SERVER: self.on_remove_server,
             Op.CLUSTER_INFO: self.on_cluster_info,
-            Op.WAIT_SERVERS: self.on_wait_servers,
+            Op.WAIT_SERVERS: self.registry.wait_servers,
             Op.OK: self.on_ack,
             Op.ERROR: self.on_ack,
         }
@@ -158,10 +156,8 @@ class SchedulerNode:
         try:
             msg = decode(body, self.config.max_message_bytes)
             request_id = msg.id
-            node_id = self.by_identity.get(identity)
-            if node_id is not None:
-                self.nodes[node_id].last_seen = self.clock()
-            self._handle_message(identity, msg)
+            self.registry.heard_from(identity)
+            self.dispatch(identity, msg)
         except ParamServerError as exc:
             request_id = failed_request(exc, request_id)
             code = "protocol" if isinstance(exc, ProtocolError) else "config"
@@ -171,7 +167,8 @@ class SchedulerNode:
             self._failures.exception("scheduler failed on a request from %r", identity)
             self.sock.send(error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"), identity)
 
-    def _handle_message(self, identity: bytes, msg: Message) -> None:
+    def dispatch(self, identity: bytes, msg: Message) -> None:
+        """Hand ``msg`` to its op's handler, if the sender's key may ask for it."""
         handler = self.handlers.get(msg.op)
         if handler is None:
             raise ProtocolError(f"the scheduler does not serve op {msg.op.value!r}")
@@ -187,58 +184,19 @@ class SchedulerNode:
     def _notify(self, node: NodeInfo, header: dict[str, Any]) -> None:
         self.sock.send(encode(header), node.identity)
 
-    # ---- membership --------------------------------------------------------------------
-    def on_register(self, identity: bytes, msg: Message) -> None:
-        role = hfield(msg, "role", str)
-        if role not in ROLES:
-            raise ProtocolError(f"role must be one of {ROLES}, got {role!r}")
-        if self._key_role is not None and role not in MAY_REGISTER.get(self._key_role, ()):
-            raise ProtocolError(f"a {self._key_role} key cannot register as a {role}: only the cluster's keys "
-                                "(paramserver keygen) may run a scheduler or servers")
-        address = msg.header.get("address")
-        if role == "server" and not address:
-            raise ProtocolError("a server must register with its address (tcp://HOST:PORT)")
-        if address is not None and address != "":  # any role's: a bad one would reach every peer, the logs,
-            self.transport.check(address)  # the dashboard (and a server's, every server's connect)
-        metrics = check_metrics_url(msg.header.get("metrics"))  # listed by cluster status, linked by the dashboard
-        pid = msg.header.get("pid", 0)
-        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < 1 << 32:
-            raise ProtocolError(f"pid must be the node's process id (a whole number), got {str(pid)[:100]!r}")
-        process = msg.header.get("process") or ""
-        if not isinstance(process, str) or len(process) > 256:
-            raise ProtocolError(f"register: process must be a string of at most 256 characters, got {process!r:.100}")
-        node = NodeInfo(self._next_id, role, identity, address or "", self.clock(), metrics=metrics, pid=pid,
-                        process=process)
-        self._next_id += 1
-        if role != "driver":  # a driver (a script, the dashboard's own client) is not the cluster's news
-            self.events.append({"at": time.time(), "what": f"{role} {node.id} joined"})
-        if role == "worker":
-            node.rank, self._workers_seen = self._free_rank(), self._workers_seen + 1
-        self.nodes[node.id] = node
-        self.by_identity[identity] = node.id
-        logger.info("%s %d registered (%s)", role, node.id, address or identity.hex())
-        if role == "server":
-            self.sock.send(reply(msg, node_id=node.id, **self._token(node.id)), identity)
-            self.membership.server_joined(node.id)
-        elif self.ring is None:
-            self.parked_workers.append((identity, msg, node))
-        else:
-            self._welcome(identity, msg, node)
-
-    def _free_rank(self) -> int:
-        """The smallest rank no live worker holds: ranks stay dense in [0, live workers), and a
-        dead worker's rank goes to the worker that joins next (its replacement)."""
-        taken = {n.rank for n in self.nodes.values() if n.role == "worker"}
-        return next(r for r in range(len(taken) + 1) if r not in taken)
-
-    def _cluster_view(self) -> dict[str, Any]:
+    # ---- what the registry needs (``RegistryHost``) -----------------------------------
+    def cluster_view(self) -> dict[str, Any]:
+        """The ring, the servers' addresses, the tables and quotas: what a client routes with."""
         assert self.ring is not None
         return {
             "ring": self.ring.to_wire(),
             "servers": {str(n.id): n.address for n in self.nodes.values() if n.role == "server"},
-            "tables": {name: spec.to_wire() for name, spec in self.tables.items()},
-            "namespaces": {name: q.to_wire() for name, q in self.quotas.items()},
+            **self.catalog.view(),
         }
+
+    def wall_time(self) -> float:
+        """When, for people: the dashboard's events, the losses and failovers of ``job_status``."""
+        return time.time()
 
     # ---- what the ring's changes need (``MembershipHost``) ------------------------------
     @property
@@ -271,16 +229,13 @@ class SchedulerNode:
     def ring_changed(self, everyone: bool) -> None:
         """The ring, the servers' addresses and the tables: to every node (clients route
         with it), or to the servers alone (a first ring: clients are welcomed with it)."""
-        view = {"op": Op.RING.value, **self._cluster_view()}
+        view = {"op": Op.RING.value, **self.cluster_view()}
         for node in self.nodes.values():
             if everyone or node.role == "server":
                 self._notify(node, view)
 
     def ring_formed(self) -> None:
-        for identity, msg, node in self.parked_workers:
-            self._welcome(identity, msg, node)
-        self.parked_workers.clear()
-        self._serve_server_waiters()
+        self.registry.ring_formed()
 
     def joining(self, node_id: int) -> None:
         self.ring_changed(everyone=True)  # every server learns the joiner's address, it the tables
@@ -298,20 +253,9 @@ class SchedulerNode:
 
     def migration_over(self) -> None:
         """Table commands that waited, then a restore or the next membership change."""
-        deferred, self.deferred = self.deferred, []
-        for identity, msg in deferred:
-            if self.migration is not None:  # the next change started: wait again
-                self.deferred.append((identity, msg))
-                continue
-            try:
-                self._handle_message(identity, msg)
-            except ParamServerError as exc:
-                self.sock.send(error_reply(msg.id, "config", str(exc)), identity)
-            except Exception as exc:
-                logger.exception("deferred %s failed", msg.op.value)
-                self.sock.send(error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
+        self.catalog.migration_over()
         self.membership.next_change()
-        self._serve_server_waiters()
+        self.registry.serve_server_waiters()
 
     def on_migrated(self, identity: bytes, msg: Message) -> None:
         self.membership.migrated(self.by_identity.get(identity), msg.header.get("migration"), msg.header.get("failed"))
@@ -325,21 +269,13 @@ class SchedulerNode:
         info: dict[str, Any] = {"migrating": m.migration is not None, "queued_changes": len(m.changes),
                                 "incomplete_copies": len(m.incomplete), "fenced": sorted(self.detector.fenced),
                                 "workers": {str(n.id): n.rank for n in self.nodes.values() if n.role == "worker"},
-                                "events": list(self.events), "ring_moves": self.ring_moves, "http": self.http_url,
+                                "events": list(self.registry.events), "ring_moves": self.ring_moves,
+                                "http": self.http_url,
                                 "metrics": {str(n.id): n.metrics for n in self.nodes.values() if n.metrics}
                                 | ({"scheduler": self.metrics_url} if self.metrics_url else {})}
         if self.ring is not None:
-            info.update(self._cluster_view(), ring_servers=self.ring.servers, ring_version=self.ring.version)
+            info.update(self.cluster_view(), ring_servers=self.ring.servers, ring_version=self.ring.version)
         self.sock.send(reply(msg, **info), identity)
-
-    def on_wait_servers(self, identity: bytes, msg: Message) -> None:
-        """Answer once ``count`` servers are on the ring and no vnode is moving, or once
-        ``joiner`` (``{"pid": P}`` and/or ``{"address": A}``) is on the settled ring."""
-        self.server_waiters.add(identity, msg)
-        self._serve_server_waiters()
-
-    def _serve_server_waiters(self, lost: NodeInfo | None = None) -> None:
-        self.server_waiters.serve(self.membership, self.nodes, self.sock.send, lost)
 
     def workers_changed(self) -> None:
         """Tell servers which workers their vector clocks follow: the live ones, less
@@ -353,53 +289,6 @@ class SchedulerNode:
         for node in self.nodes.values():
             if node.role == "server":
                 self._notify(node, {"op": Op.WORKERS.value, "workers": workers})
-
-    def _welcome(self, identity: bytes, msg: Message, node: NodeInfo) -> None:
-        node.last_seen = self.clock()  # its heartbeats start with this answer
-        if node.role == "worker":
-            self.workers_changed()
-            self._serve_worker_waiters()
-        self.sock.send(reply(msg, node_id=node.id, rank=node.rank, num_workers=self._barrier_size(),
-                             scheduler_process=self.transport.process(), **self._token(node.id),
-                             **self._cluster_view()), identity)
-
-    def _token(self, node_id: int) -> dict[str, Any]:
-        return {} if self.tokens is None else {"node_token": self.tokens.token(node_id)}
-
-    def on_wait_workers(self, identity: bytes, msg: Message) -> None:
-        """Answer once ``count`` workers are registered (launchers wait for their workers)."""
-        self.worker_waiters.append((identity, msg.id, hfield(msg, "count", int)))
-        self._serve_worker_waiters()
-
-    def _serve_worker_waiters(self) -> None:
-        live = sum(n.role == "worker" for n in self.nodes.values() if n.id not in
-                   {p[2].id for p in self.parked_workers})
-        waiting, self.worker_waiters = self.worker_waiters, []
-        for identity, request_id, count in waiting:
-            if live >= count:
-                self.sock.send(encode({"op": Op.OK.value, "id": request_id, "workers": live}), identity)
-            else:
-                self.worker_waiters.append((identity, request_id, count))
-
-    def on_heartbeat(self, identity: bytes, msg: Message) -> None:
-        # servers beat from a socket of their own, so they name themselves
-        node_id = msg.header.get("node_id", self.by_identity.get(identity))
-        if self.tokens is not None and "node_id" in msg.header:  # a server names itself: it proves it
-            self.tokens.check(node_id, msg.header.get("token"), "a heartbeat")
-        node = self.nodes.get(node_id) if isinstance(node_id, int) else None
-        if node is not None:
-            node.last_seen = self.clock()
-            seq = msg.header.get("seq")  # a server's beat: echoed, it renews the server's lease
-            self.sock.send(_BEAT_BACK if seq is None else encode({"op": Op.HEARTBEAT.value, "seq": seq}),
-                 identity)  # and nodes tell a dead scheduler by silence
-        else:  # declared dead, then came back: tell it, so it stops serving
-            self.sock.send(error_reply(None, "unknown_node", "not registered (declared dead?)"), identity)
-
-    def on_leave(self, identity: bytes, msg: Message) -> None:
-        node_id = self.by_identity.get(identity)
-        self.sock.send(reply(msg), identity)
-        if node_id is not None:
-            self._remove(node_id, "left")
 
     def _after_stall(self, last_turn: float, poll_s: float) -> float:
         """A failure detector must not blame others for its own stall (a SIGSTOP, a swapped-out
@@ -416,7 +305,7 @@ class SchedulerNode:
         return now
 
     def _check_heartbeats(self, now: float) -> None:
-        parked = {p[2].id for p in self.parked_workers}  # they wait on us, not we on them
+        parked = self.registry.parked()  # they wait on us, not we on them
         for node_id in self.detector.dead(now, parked):  # silent ones, less fenced servers (scheduler/detector.py)
             if node_id in self.nodes:
                 self._remove(node_id, "dead")
@@ -424,16 +313,19 @@ class SchedulerNode:
     def alive(self, process: str) -> bool | None:
         return self.transport.alive(process)
 
+    def on_leave(self, identity: bytes, msg: Message) -> None:
+        node_id = self.registry.leave(identity, msg)
+        if node_id is not None:
+            self._remove(node_id, "left")
+
     def _remove(self, node_id: int, why: str) -> None:
-        node = self.nodes.pop(node_id)
-        self.by_identity.pop(node.identity, None)
+        """Node ``node_id`` left, died or was removed (``why``): off the books, and out of
+        everything that waits on it or counts it."""
+        node = self.registry.forget(node_id)
         self.detector.forget(node_id)
-        self.parked_workers = [p for p in self.parked_workers if p[2].id != node_id]
         self.barrier.drop(node_id)
         self.jobs.node_removed(node_id, node.role)
-        logger.info("%s %d removed (%s)", node.role, node_id, why)
-        if node.role != "driver":
-            self.events.append({"at": time.time(), "what": f"{node.role} {node_id} {why}", "failure": why == "dead"})
+        self.registry.removed(node, why)
         if node.role == "worker":
             self.workers_changed()
         if why == "dead" or node.role != "worker":  # nothing may wait on a server that is gone; a client
@@ -449,94 +341,8 @@ class SchedulerNode:
         self.jobs.maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
         if node.role == "server":
             self.membership.server_lost(node_id)
-            self._serve_server_waiters(lost=node)
+            self.registry.serve_server_waiters(lost=node)
         self._maybe_release_barrier()
-
-    # ---- tables ------------------------------------------------------------------------
-    def _forward_to_servers(self, identity: bytes, msg: Message, header: dict[str, Any],
-                            on_error: Callable[[], None] | None = None) -> None:
-        def answer(op: FanOut) -> None:
-            if op.errors:
-                if on_error is not None:
-                    on_error()
-                self.sock.send(error_reply(msg.id, "server", str(next(iter(op.errors.values())))), identity)
-            else:
-                self.sock.send(encode({"op": Op.OK.value, "id": msg.id}), identity)
-
-        self.fan_out(header, answer)
-
-    def on_create_table(self, identity: bytes, msg: Message) -> None:
-        if self.migration is not None:  # vnodes are moving: the plan does not know this table
-            self.deferred.append((identity, msg))
-            return
-        spec = TableSpec.from_wire(msg.header.get("spec"))
-        old = self.tables.get(spec.name)
-        if old is not None:
-            if old != spec:
-                raise ConfigError(f"table {spec.name!r} exists with a different spec "
-                                  f"({old.to_wire()}); drop it first or use another name")
-            self.sock.send(reply(msg, spec=spec.to_wire()), identity)
-            return
-        if self.ring is None:
-            raise ConfigError("the ring is not formed yet: wait for all servers to register")
-        if spec.replicas > len(self.ring.servers):
-            raise ConfigError(f"table {spec.name!r}: replicas={spec.replicas} needs at least {spec.replicas} "
-                              f"servers, the ring has {len(self.ring.servers)}; add servers or lower replicas")
-        self.tables[spec.name] = spec
-        logger.info("table %r created: %s", spec.name, spec.to_wire())
-
-        def failed() -> None:  # a server could not create it (memory for a dense table): un-list it everywhere
-            if self.tables.get(spec.name) == spec:
-                del self.tables[spec.name]
-                logger.warning("table %r could not be created on every server: dropped again", spec.name)
-                self.fan_out({"op": Op.DROP_TABLE.value, "name": spec.name}, lambda op: None)
-
-        self._forward_to_servers(identity, msg, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()}, failed)
-
-    def on_drop_table(self, identity: bytes, msg: Message) -> None:
-        if self.migration is not None:
-            self.deferred.append((identity, msg))
-            return
-        name = hfield(msg, "name", str)
-        if self.tables.pop(name, None) is None:
-            raise ConfigError(f"no table {name!r} to drop (tables: {sorted(self.tables)})")
-        logger.info("table %r dropped", name)
-        self._forward_to_servers(identity, msg, {"op": Op.DROP_TABLE.value, "name": name})
-
-    def on_create_namespace(self, identity: bytes, msg: Message) -> None:
-        """Set (or change, or with no limits lift) a namespace's quota on every server."""
-        name, quota = check_name(msg.header.get("name")), Quota.from_wire(msg.header.get("quota"))
-        if quota.unlimited:
-            self.quotas.pop(name, None)
-        else:
-            self.quotas[name] = quota
-        logger.info("namespace %r: quota %s", name, quota.to_wire())
-        self._forward_to_servers(identity, msg, {"op": Op.NAMESPACE.value, "name": name, "quota": quota.to_wire()})
-
-    def on_drop_namespace(self, identity: bytes, msg: Message) -> None:
-        """Drop every table of a namespace, and its quota; other namespaces are untouched."""
-        if self.migration is not None:
-            self.deferred.append((identity, msg))
-            return
-        name = check_name(msg.header.get("name"))
-        dropped = sorted(t for t in self.tables if namespace_of(t) == name)
-        for table in dropped:
-            del self.tables[table]
-        self.quotas.pop(name, None)
-        logger.info("namespace %r dropped: tables %s", name, dropped)
-        left = {"n": len(dropped) + 1}
-
-        def one(op: FanOut) -> None:
-            left["n"] -= 1
-            if left["n"] == 0:
-                self.sock.send(reply(msg, tables=dropped), identity)
-
-        for table in dropped:
-            self.fan_out({"op": Op.DROP_TABLE.value, "name": table}, one)
-        self.fan_out({"op": Op.NAMESPACE.value, "name": name, "quota": None}, one)
-
-    def on_table_info(self, identity: bytes, msg: Message) -> None:
-        self.sock.send(reply(msg, tables={n: s.to_wire() for n, s in self.tables.items()}), identity)
 
     # ---- commands to every server ------------------------------------------------------
     def on_ack(self, identity: bytes, msg: Message) -> None:
@@ -560,9 +366,9 @@ class SchedulerNode:
         self.membership.next_change()
 
     # ---- barrier and shutdown ----------------------------------------------------------
-    def _barrier_size(self) -> int:
+    def barrier_size(self) -> int:
         live = sum(n.role == "worker" for n in self.nodes.values())
-        return max(live, self.config.workers) if self._workers_seen < self.config.workers else live
+        return max(live, self.config.workers) if self.registry.workers_seen < self.config.workers else live
 
     def on_barrier(self, identity: bytes, msg: Message) -> None:
         node_id = self.by_identity.get(identity)
@@ -577,14 +383,14 @@ class SchedulerNode:
     def _say_who_is_missing(self, now: float) -> None:
         """A barrier short of workers says so every few seconds: who waits, who does not."""
         ranks = {n.id: n.rank for n in self.nodes.values() if n.role == "worker"}
-        line = self.barrier.missing(now, ranks, self._barrier_size())
+        line = self.barrier.missing(now, ranks, self.barrier_size())
         if line:
             logger.warning("%s", line)
 
     def _maybe_release_barrier(self) -> None:
         """Answer a complete barrier; each answer names the ranks that took part (the live
         workers), so that a program in rounds learns who is gone at the same point."""
-        size = self._barrier_size()
+        size = self.barrier_size()
         for generation in self.barrier.complete(size):
             here = self.barrier.here(generation)
             ranks = sorted(self.nodes[n].rank for n in here if n in self.nodes)
