@@ -43,12 +43,11 @@ def call(client: Client, table: str, function: str, keys: Any, args: dict[str, A
             spec.check_keys(k)
             fut = client._scatter(Op.CALL, table, k, None, on_piece, extra_header=header)
         else:  # every server, over all its rows: one empty piece each
-            with client._lock:
-                ring = client._ring
+            ring = client._state.ring()
             empty = np.zeros(0, np.uint64)
             pieces = [Piece(s, ring.version, empty, empty.astype(np.int64), np.zeros(0, np.int32),
                             np.zeros(0, np.int64)) for s in ring.servers]
-            fut = Scatter(client, Op.CALL, {"op": Op.CALL.value, "table": table, "all": True, **header},
+            fut = Scatter(client._state, Op.CALL, {"op": Op.CALL.value, "table": table, "all": True, **header},
                           spec.layout, on_piece, None).start(pieces)
 
         def done(f: Future[Any]) -> None:
@@ -61,7 +60,7 @@ def call(client: Client, table: str, function: str, keys: Any, args: dict[str, A
                 servers = next(iter(seen))[1] if len(seen) == 1 else ()
                 if len(seen) != 1 or len(parts) != len(servers):
                     if time.monotonic() < deadline:  # once the new ring is likely in
-                        client._refresh_view()
+                        client._state.refresh_view()
                         threading.Timer(0.1, attempt).start()
                     else:
                         out.set_exception(NodeLostError(f"call {function!r} on {table!r}: the ring kept "

@@ -11,7 +11,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -19,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from paramserver.client.cluster_calls import ClusterCalls
-from paramserver.client.core import Piece, Sequencer, View, call_header, remote_error, route
+from paramserver.client.core import Piece, call_header, remote_error
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
 from paramserver.client.losses import Losses
 from paramserver.client.scatter import Scatter
+from paramserver.client.state import ClientState
 from paramserver.config import Config, load_config
 from paramserver.errors import (
     ClosedError,
@@ -98,16 +98,11 @@ class Client(ClusterCalls):
         self._io = IOThread(self.config)
         self._io.notifications.append(self._on_notification)
         self._io.start()
-        self._lock = threading.Lock()
+        self._state = ClientState(self.config, self._io)  # what every call shares: view, push numbers, counts
+        self._lock = self._state.lock
+        self.counts = self._state.counts  # calls by op, and "retries" (pieces routed again): metrics.client_families
         self._clock = 0
         self._cluster_stopped = False
-        self._sequencer = Sequencer()  # pushes numbered for exactly-once application
-        self._view = View()  # the ring and the servers this client routes with
-        self._tables: dict[str, TableSpec] = {}
-        # a data request unanswered this long is routed again and resent (a lost message, a reply a
-        # slow link's budget dropped): twice the time in which a dead server is declared so
-        self.answer_within_s = 2 * self.config.heartbeat_timeout_s
-        self.counts: dict[str, int] = {}  # calls by op, and "retries" (pieces routed again): metrics.client_families
         try:
             view = self._call(self.config.scheduler, {"op": Op.REGISTER.value, "role": role, "metrics": metrics_url},
                               timeout_s=self.config.connect_timeout_s, connecting=True)
@@ -115,7 +110,7 @@ class Client(ClusterCalls):
             self._io.close()
             raise
         self.node_id: int = view["node_id"]
-        self._scheduler_process = str(view.get("scheduler_process") or "")  # to tell a dead one from a stalled one
+        self._state.scheduler_process = str(view.get("scheduler_process") or "")  # a dead one from a stalled one
         self._token: dict[str, str] = {"token": view["node_token"]} if view.get("node_token") else {}
         self.rank: int = view.get("rank", -1)
         self.num_workers: int = view.get("num_workers", 0)
@@ -130,19 +125,19 @@ class Client(ClusterCalls):
 
     # ---- plumbing ----------------------------------------------------------------------
     def _apply_view(self, view: dict[str, Any]) -> None:
-        with self._lock:
-            if self._view.apply(view):  # not an older view that arrived late
-                self._tables = {n: TableSpec.from_wire(w) for n, w in view.get("tables", {}).items()}
+        self._state.apply_view(view)
 
     @property
     def _ring(self) -> Ring:
-        ring = self._view.ring
-        assert ring is not None, "a client has a view once registered"
-        return ring
+        return self._state.ring()
 
     @property
     def _servers(self) -> dict[int, str]:
-        return self._view.servers
+        return self._state.view.servers
+
+    @property
+    def _tables(self) -> dict[str, TableSpec]:
+        return self._state.tables
 
     def _on_notification(self, msg: Message) -> None:
         if msg.op is Op.RING:
@@ -200,7 +195,7 @@ class Client(ClusterCalls):
         if spec is None:  # created by another node since we last looked
             tables = self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"]
             with self._lock:
-                self._tables = {n: TableSpec.from_wire(w) for n, w in tables.items()}
+                self._state.tables = {n: TableSpec.from_wire(w) for n, w in tables.items()}
             spec = self._tables.get(table)
         if spec is None:
             raise UnknownTableError(f"unknown table {table!r} (tables: {sorted(self._tables)}); "
@@ -212,9 +207,7 @@ class Client(ClusterCalls):
         """Route ``keys`` with the current ring into one piece per server.  ``extra`` rides
         along: a pull's output row of each key (None: the identity), a push's gradients;
         ``layout`` is the table's (``TableSpec.layout``); ``distinct``: a push's keys need no merging."""
-        with self._lock:
-            ring = self._ring
-        return route(ring, kind, keys, extra, layout, distinct)
+        return self._state.routed(kind, keys, extra, layout, distinct)
 
     def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
                  on_piece: Callable[[Piece, Message], None], result: Any = None,
@@ -236,14 +229,7 @@ class Client(ClusterCalls):
         worker_clock = self._clock if self.role == "worker" else None
         header = call_header(kind, table, node_id=self.node_id, worker_clock=worker_clock, seq=seq,
                              token=self._token.get("token", ""), extra=extra_header)
-        return Scatter(self, kind, header, layout, on_piece, result, on_settled).start(pieces)
-
-    def _refresh_view(self) -> None:
-        """Ask the scheduler for the ring (a RING notification may still be on its way)."""
-        def done(msg: Message | None, exc: BaseException | None) -> None:
-            if msg is not None and msg.op is Op.OK and "ring" in msg.header:
-                self._apply_view(msg.header)
-        self._io.submit(self.config.scheduler, {"op": Op.CLUSTER_INFO.value}, (), done)
+        return Scatter(self._state, kind, header, layout, on_piece, result, on_settled).start(pieces)
 
     # ---- public API --------------------------------------------------------------------
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
@@ -337,7 +323,7 @@ class Client(ClusterCalls):
             keys, grads = combine_duplicates(keys, grads, op)
             distinct = True
         with self._lock:
-            seq = self._sequencer.take()
+            seq = self._state.sequencer.take()
         try:  # the seq is settled once no request of it is left anywhere, not when the
             # future fails: a server may still apply and forward a piece in flight
             return self._scatter(Op.PUSH, table, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
@@ -401,7 +387,7 @@ class Client(ClusterCalls):
 
     def _settled(self, seq: int) -> None:
         with self._lock:
-            self._sequencer.settled(seq)
+            self._state.sequencer.settled(seq)
 
     @property
     def current_clock(self) -> int:

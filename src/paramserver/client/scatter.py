@@ -12,38 +12,37 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from paramserver.client import core
-from paramserver.client.core import Decision, Gather, Piece, Scheduler, Verdict
+from paramserver.client.core import Decision, Gather, Piece, Verdict
 from paramserver.errors import NodeLostError
-from paramserver.wire.liveness import process_alive
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
-    from paramserver.client.client import Client
+    from paramserver.client.state import ClientState
 
 
 class Scatter:
     """One pull or push in flight: a request per server piece, and the future.
 
     A piece refused for a stale ring, sent to a server that died, or unanswered for
-    ``Client.answer_within_s``, is routed again with the newest ring and resent (a push
+    ``ClientState.answer_within_s``, is routed again with the newest ring and resent (a push
     keeps its ``seq``: servers apply it once), until ``retry_timeout_s``.  Callbacks are
     bound to this object, which refers to none of them: no reference cycle keeps a pull's
     output array alive after its future is dropped (a cycle of closures did: 64 MB pulls
     page-faulted afresh).
     """
 
-    def __init__(self, client: Client, kind: Op, header: dict[str, Any], layout: int,
+    def __init__(self, state: ClientState, kind: Op, header: dict[str, Any], layout: int,
                  on_piece: Callable[[Piece, Message], None], result: Any,
                  on_settled: Callable[[], None] | None = None):
-        self.client, self.kind, self.header, self.on_piece, self.result = client, kind, header, on_piece, result
+        self.state, self.kind, self.header, self.on_piece, self.result = state, kind, header, on_piece, result
         self.layout = layout  # the table's layout: how its keys map to vnodes
         self.on_settled = on_settled  # once done and no request is left in flight
         self.future: Future = Future()
         self.gather = Gather(0)
         self.in_flight = 0  # requests sent and not answered (a failed future may still have some)
         self.lock = threading.Lock()
-        self.deadline = time.monotonic() + client.config.retry_timeout_s
-        client.counts[kind.value] = client.counts.get(kind.value, 0) + 1
+        self.deadline = time.monotonic() + state.config.retry_timeout_s
+        state.count(kind.value)
 
     def start(self, pieces: list[Piece]) -> Future:
         self.gather = Gather(len(pieces))
@@ -68,10 +67,7 @@ class Scatter:
             callback()
 
     def send(self, piece: Piece, tries: int) -> None:
-        client = self.client
-        with client._lock:
-            header, arrays = core.request(self.kind, self.header, piece, tries, client._sequencer)
-            address = client._view.servers.get(piece.server)
+        address, header, arrays = self.state.outgoing(self.kind, self.header, piece, tries)
         on_reply = functools.partial(self.answered, piece, tries)
         with self.lock:
             self.in_flight += 1
@@ -79,7 +75,7 @@ class Scatter:
             on_reply(None, NodeLostError(f"server {piece.server} left the ring"))
             return
         try:
-            client._io.submit(address, header, arrays, on_reply, answer_within_s=client.answer_within_s)
+            self.state.io.submit(address, header, arrays, on_reply, answer_within_s=self.state.answer_within_s)
         except Exception as exc:  # closed meanwhile
             with self.lock:
                 self.in_flight -= 1
@@ -88,9 +84,9 @@ class Scatter:
     def resend(self, piece: Piece, tries: int) -> None:
         if self.future.done():
             return
-        self.client.counts["retries"] = self.client.counts.get("retries", 0) + 1
+        self.state.count("retries")
         try:
-            again = self.client._pieces(self.kind, piece.keys, piece.extra, self.layout, distinct=True)
+            again = self.state.routed(self.kind, piece.keys, piece.extra, self.layout, distinct=True)
         except Exception as exc:
             self.fail(exc)
             return
@@ -109,14 +105,8 @@ class Scatter:
             self._maybe_settled()
 
     def _decision(self, piece: Piece, tries: int, msg: Message | None, exc: BaseException | None) -> Decision:
-        client = self.client
-        scheduler = Scheduler(client.config.scheduler, client.config.heartbeat_timeout_s, client._io.scheduler_lost(),
-                              lambda: process_alive(client._scheduler_process) is False)
-        with client._lock:
-            ring = client._view.ring
-        assert ring is not None, "a client routes once it has a view"
-        return core.decide(piece, tries, msg, exc, ring_version=ring.version, now=time.monotonic(),
-                      deadline=self.deadline, scheduler=scheduler)
+        return core.decide(piece, tries, msg, exc, ring_version=self.state.ring().version, now=time.monotonic(),
+                           deadline=self.deadline, scheduler=self.state.scheduler())
 
     def _answered(self, piece: Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
         if self.future.done():
@@ -124,8 +114,8 @@ class Scatter:
         decision = self._decision(piece, tries, msg, exc)
         if decision.verdict is Verdict.RESEND:
             if decision.refresh:
-                self.client._refresh_view()
-            self.client._io.call_later(decision.delay_s, functools.partial(self.resend, piece, tries))
+                self.state.refresh_view()
+            self.state.io.call_later(decision.delay_s, functools.partial(self.resend, piece, tries))
             return
         error = decision.error
         try:

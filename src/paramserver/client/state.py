@@ -1,0 +1,78 @@
+"""``ClientState``: what every call of one client shares, as one explicit object: its I/O
+thread, its view of the cluster (the ring, the servers' addresses, the tables), its push
+numbers, its counters, and the lock over them.  A call in flight (``scatter.Scatter``,
+``calls.call``) holds the state, not the ``Client``: the client's public object and the
+machinery of its calls meet here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from paramserver.client import core
+from paramserver.client.core import Piece, Scheduler, Sequencer, View, route
+from paramserver.client.io_thread import IOThread
+from paramserver.config import Config
+from paramserver.routing.ring import Ring
+from paramserver.tables.spec import TableSpec
+from paramserver.wire.liveness import process_alive
+from paramserver.wire.message import Message, Op
+
+
+class ClientState:
+    """One client's shared state; its methods take ``lock`` where they read or change it."""
+
+    def __init__(self, config: Config, io: IOThread) -> None:
+        self.config, self.io = config, io
+        self.lock = threading.Lock()
+        self.view = View()  # the ring and the servers this client routes with
+        self.tables: dict[str, TableSpec] = {}
+        self.sequencer = Sequencer()  # pushes numbered for exactly-once application
+        self.counts: dict[str, int] = {}  # calls by op, and "retries" (pieces routed again): metrics.client_families
+        # a data request unanswered this long is routed again and resent (a lost message, a reply a
+        # slow link's budget dropped): twice the time in which a dead server is declared so
+        self.answer_within_s = 2 * config.heartbeat_timeout_s
+        self.scheduler_process = ""  # the scheduler's process (its welcome says), to tell a dead one from a stalled one
+
+    def apply_view(self, view: dict[str, Any]) -> None:
+        """Take a view of the cluster (tables included), unless older than the one held."""
+        with self.lock:
+            if self.view.apply(view):
+                self.tables = {n: TableSpec.from_wire(w) for n, w in view.get("tables", {}).items()}
+
+    def ring(self) -> Ring:
+        with self.lock:
+            ring = self.view.ring
+        assert ring is not None, "a client has a view once registered"
+        return ring
+
+    def refresh_view(self) -> None:
+        """Ask the scheduler for the ring (a RING notification may still be on its way)."""
+        def done(msg: Message | None, exc: BaseException | None) -> None:
+            if msg is not None and msg.op is Op.OK and "ring" in msg.header:
+                self.apply_view(msg.header)
+        self.io.submit(self.config.scheduler, {"op": Op.CLUSTER_INFO.value}, (), done)
+
+    def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
+               distinct: bool = False) -> list[Piece]:
+        """``keys`` routed with the current ring into one piece per server (``core.route``)."""
+        return route(self.ring(), kind, keys, extra, layout, distinct)
+
+    def outgoing(self, kind: Op, header: dict[str, Any], piece: Piece,
+                 tries: int) -> tuple[str | None, dict[str, Any], list[np.ndarray]]:
+        """Where ``piece`` goes (None: its server left the ring) and what it goes out as."""
+        with self.lock:
+            out, arrays = core.request(kind, header, piece, tries, self.sequencer)  # through the module: see core
+            return self.view.servers.get(piece.server), out, arrays
+
+    def scheduler(self) -> Scheduler:
+        """What a decision on an answer needs to know of the scheduler."""
+        process = self.scheduler_process
+        return Scheduler(self.config.scheduler, self.config.heartbeat_timeout_s, self.io.scheduler_lost(),
+                         lambda: process_alive(process) is False)
+
+    def count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
