@@ -77,7 +77,7 @@ class Sockets:
 class ServerNode:
     """Registers with the scheduler, waits for the ring, then serves until ``STOP``."""
 
-    def __init__(self, config: Config, transport: Transport | None = None):
+    def __init__(self, config: Config, transport: Transport | None = None) -> None:
         if not config.scheduler:
             raise ConnectError("no scheduler address: pass --scheduler tcp://HOST:PORT "
                                "or set PARAMSERVER_SCHEDULER")
@@ -287,7 +287,7 @@ class ServerNode:
             request_id = failed_request(exc, request_id)
             logger.debug("refused request %r: %s", request_id, exc)
             self.router.send(error_reply(request_id, error_code(exc), str(exc),
-                                          ring_version=self.state.ring_version()), identity)
+                                         ring_version=self.state.ring_version()), identity)
         except Exception as exc:  # a bug must not kill the server: answer and keep serving
             self._failures.exception("server %d failed on request %r", self.node_id, request_id)
             self.router.send(error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"),
