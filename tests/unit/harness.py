@@ -42,7 +42,7 @@ class Harness:
             host = self.net.host(f"server-{i}")
             n = ServerNode(load_config(scheduler="sim://scheduler", server_threads=1), host.transport())
             n.node_id = i
-            n.lease.granted(float("inf"))  # no scheduler here to renew it: these nodes always serve
+            n.state.lease.granted(float("inf"))  # no scheduler here to renew it: these nodes always serve
             self.nodes.append(n)
         return [n for n in self.nodes if n.node_id in ids]
 

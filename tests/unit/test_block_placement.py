@@ -122,7 +122,8 @@ def test_blocks_move_whole_to_a_joining_server(h):
     target = ring.with_server(2)
     moves = plan_moves(ring, target, {"b": 1})
     assert moves
-    a.on_migrate(Message({"op": "migrate", "migration": 1, "moves": [[t, v, d] for _, t, v, d in moves]}, []))
+    a.control_plane.on_migrate(Message({"op": "migrate", "migration": 1,
+                                        "moves": [[t, v, d] for _, t, v, d in moves]}, []))
     h.pump()
     assert h.control[-1][1]["op"] == "migrated" and not h.control[-1][1]["failed"]
     h.ring(target, [spec])

@@ -155,7 +155,8 @@ def test_dense_vnodes_move_whole_to_a_joining_server(h):
     target = ring.with_server(2)
     moves = plan_moves(ring, target, {"d": 1})
     assert moves
-    a.on_migrate(Message({"op": "migrate", "migration": 3, "moves": [[t, v, d] for _, t, v, d in moves]}, []))
+    a.control_plane.on_migrate(Message({"op": "migrate", "migration": 3,
+                                        "moves": [[t, v, d] for _, t, v, d in moves]}, []))
     h.pump()
     assert h.control[-1][1]["op"] == "migrated" and not h.control[-1][1]["failed"]
     h.ring(target, [spec])

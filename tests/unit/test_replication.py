@@ -33,7 +33,7 @@ def test_a_retry_after_failover_reaches_the_backup_the_dead_primary_missed(h):
     assert (h.value(b, "t", key), h.value(c, "t", key)) == (1.0, 0.0)
     survivors = [n for n in h.nodes if n.node_id != 1]
     for n in survivors:
-        n._server_lost(1)
+        n.control_plane.server_lost(1)
     new = Ring(ring.without_server(1).refilled().chains, ring.version + 1)
     h.ring(new, [spec], survivors)
     h.replies.clear()
@@ -49,12 +49,13 @@ def test_bsp_buffers_move_with_their_vnode(h):
     ring = Ring.create([1], 4)
     h.ring(ring, [spec])
     for node in (a, n):
-        node.on_workers(Message({"op": "workers", "workers": [100]}, []))
+        node.clocks.on_workers(Message({"op": "workers", "workers": [100]}, []))
     keys = np.arange(1, 1001, dtype=np.uint64)
     h.push(ring, "agg", keys, -np.ones((keys.size, 1), np.float32), sender=100, seq=1, acked=0, clock=0)
     target = ring.with_server(2)
     moves = plan_moves(ring, target, {"agg": 1})
-    a.on_migrate(Message({"op": "migrate", "migration": 7, "moves": [[t, v, d] for _, t, v, d in moves]}, []))
+    a.control_plane.on_migrate(Message({"op": "migrate", "migration": 7,
+                                        "moves": [[t, v, d] for _, t, v, d in moves]}, []))
     h.pump()
     assert h.control[-1][1]["op"] == "migrated" and not h.control[-1][1]["failed"]
     h.ring(target, [spec])  # the flip, before clock 0 is over
@@ -62,7 +63,7 @@ def test_bsp_buffers_move_with_their_vnode(h):
         h.deliver(node, {"op": "clock", "id": 2, "worker": 100, "clock": 1})
     owner = target.owner_of_keys(keys)
     for node in (a, n):
-        assert node.primary.any()
+        assert node.state.primary.any()
         assert all(h.value(node, "agg", k) == 1.0 for k in keys[owner == node.node_id])
 
 
@@ -123,14 +124,14 @@ def test_a_pull_parked_under_the_lease_is_refused_if_released_after_it_ran_out(h
     spec = TableSpec("t", 1, optimizer={"name": "sgd", "lr": 1.0}, consistency="bsp")
     ring = Ring.create([1], 4)
     h.ring(ring, [spec])
-    a.on_workers(Message({"op": "workers", "workers": [100, 101]}, []))
+    a.clocks.on_workers(Message({"op": "workers", "workers": [100, 101]}, []))
     keys = np.array([_key_of_vnode(ring, 0)], np.uint64)
     v, counts = ring.vnodes(keys).astype(np.int32), np.array([1], np.int64)
     h.deliver(a, {"op": "pull", "id": 5, "table": "t", "ring_version": ring.version, "clock": 1}, [keys, v, counts])
     assert not h.replies  # parked: worker 101 has not finished clock 0
     now = [1000.0]
-    a.lease = Lease(1.0, clock=lambda: now[0])
-    a.lease.granted(now[0])
+    a.state.lease = Lease(1.0, clock=lambda: now[0])
+    a.state.lease.granted(now[0])
     now[0] += 5.0  # the lease ran out meanwhile
     for worker in (100, 101):
         h.deliver(a, {"op": "clock", "id": 6, "worker": worker, "clock": 1})

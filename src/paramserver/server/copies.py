@@ -4,7 +4,7 @@ vnodes being copied are forwarded until the ring flips.
 A copy is a snapshot of the vnode (keys, values, optimiser state, the exactly-once
 record, and for BSP aggregation the pushes of unfinished clocks), sent as ``INSTALL``
 (several messages for a vnode bigger than one); from then on every push on that vnode
-is forwarded to its new holder too (``moving``: same channel, in order).  One vnode a
+is forwarded to its new holder too (the state's ``moving``: same channel, in order).  One vnode a
 loop turn, at most ``COPIES_IN_FLIGHT`` unanswered, so requests keep being served and
 forwarded pushes do not queue behind a backlog of copies at the receiver.  The
 migration is reported done (``MIGRATED``) once every copy was acknowledged.
@@ -15,16 +15,13 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from paramserver.server.install import buffered_pushes
 from paramserver.server.peers import Acks
+from paramserver.server.state import Port, ServerState
 from paramserver.wire.message import Op
-
-if TYPE_CHECKING:
-    from paramserver.server.node import ServerNode
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +30,12 @@ COPIES_IN_FLIGHT = 2
 
 
 class Copies:
-    """A server's outgoing vnode copies."""
+    """A server's outgoing vnode copies, of ``state``'s tables, sent to ``port.peers``."""
 
-    def __init__(self, node: ServerNode) -> None:
-        self.node = node
+    def __init__(self, state: ServerState, port: Port) -> None:
+        self.state, self.port = state, port
         self.queue: deque[tuple[Acks, str | None, int, int]] = deque()  # (migration's acks, table, vnode, dest)
         self.in_flight = 0
-        self.moving: dict[str, dict[int, set[int]]] = {}  # table -> vnode -> servers copied to
 
     def plan(self, moves: list[tuple[str, int, int]], done: Callable[[str | None], None]) -> None:
         """Queue a migration's copies; ``done(failed)`` once every one is acknowledged."""
@@ -56,47 +52,48 @@ class Copies:
         """The ring flipped: copies not sent yet belong to a plan the flip made void, and
         nothing is moving any more."""
         self.queue.clear()
-        self.moving.clear()
+        self.state.moving.clear()
 
     def lost(self, server: int) -> None:
-        for by_vnode in self.moving.values():
+        for by_vnode in self.state.moving.values():
             for dests in by_vnode.values():
                 dests.discard(server)
 
     def send_next(self) -> bool:
         """Send the next copy; True if a vnode started moving (forwarding targets change)."""
-        node = self.node
+        state, peers = self.state, self.port.peers
         acks, name, vnode, dest = self.queue.popleft()
         if name is None:  # every copy of this migration is sent
-            node.peers.acked(acks)
+            peers.acked(acks)
             return False
-        table = node.tables.get(name)
-        if table is None or dest in node.dead or dest not in node.peers:
+        table = state.tables.get(name)
+        if table is None or dest in state.dead or dest not in peers:
             return False
-        assert node.ring is not None, "vnodes move between rings"
+        ring = state.ring
+        assert ring is not None, "vnodes move between rings"
         vt = table.tables.get(vnode)
         keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64), np.zeros((0, table.width), np.float32))
-        buffered = buffered_pushes(node.aggregates, node.ring, table.layout, name, vnode)  # BSP: unfinished clocks
+        buffered = state.buffers.of_vnode(name, lambda k: ring.vnodes(k, table.layout), vnode)  # BSP: unfinished
         header: dict[str, Any] = {
-            "op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": node.node_id,
-            "ring_version": node.ring.version,
-            "seqs": node.dedup[name].export(vnode), "buffered": [c for c, _, _ in buffered],
-            "clocks": {str(w): c for w, c in node.gate.vector.clocks.items()}, "append": False}
+            "op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": state.node_id,
+            "ring_version": ring.version,
+            "seqs": state.dedup[name].export(vnode), "buffered": [c for c, _, _ in buffered],
+            "clocks": {str(w): c for w, c in state.gate.vector.clocks.items()}, "append": False}
         # a vnode bigger than a message goes in several: the first replaces, the rest add
-        step = max(1, (node.config.max_message_bytes - (2 << 20)) // (8 + 4 * table.width))
+        step = max(1, (state.config.max_message_bytes - (2 << 20)) // (8 + 4 * table.width))
         copy = Acks(done=lambda failed: self._copied(acks, failed))
         acks.pending += 1
         self.in_flight += 1
         for start in range(0, max(1, keys.shape[0]), step):
             chunk = [keys[start:start + step], rows[start:start + step]]
             if start == 0:
-                node.peers.ask(dest, header, [*chunk, *[a for _, k, g in buffered for a in (k, g)]], copy)
+                peers.ask(dest, header, [*chunk, *[a for _, k, g in buffered for a in (k, g)]], copy)
             else:
-                node.peers.ask(dest, {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": node.node_id,
-                                      "seqs": [], "buffered": [], "append": True}, chunk, copy)
-        self.moving.setdefault(name, {}).setdefault(vnode, set()).add(dest)
+                peers.ask(dest, {"op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": state.node_id,
+                                 "seqs": [], "buffered": [], "append": True}, chunk, copy)
+        state.moving.setdefault(name, {}).setdefault(vnode, set()).add(dest)
         return True
 
     def _copied(self, acks: Acks, failed: str | None) -> None:
         self.in_flight -= 1
-        self.node.peers.acked(acks, failed)
+        self.port.peers.acked(acks, failed)

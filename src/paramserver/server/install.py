@@ -1,9 +1,11 @@
-"""Vnode copies between servers (joins, removals, repairs): what a copy must look like
-to be installed, and the BSP-aggregated pushes that travel with it.
+"""Vnode copies between servers (joins, removals, repairs), at the receiving end: what
+a copy must look like to be installed, and its installation (``INSTALL``).
 
-No sockets: ``ServerNode.on_install`` checks a copy whole with ``check_install`` before
-it changes anything, and ``buffered_pushes`` / ``replace_buffered`` move the pushes of
-unfinished clocks (BSP aggregation) with their vnode.
+No sockets: ``install_copy`` checks a copy whole with ``check_install`` before it
+changes anything, then installs it into the server's state (``server/state.py``): the
+rows, the exactly-once record, the workers' clocks, and the pushes of unfinished clocks
+(BSP aggregation, ``consistency/buffers.py``) that travel with their vnode.  The
+sending end is ``server/copies.py``.
 """
 
 from __future__ import annotations
@@ -12,13 +14,43 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.errors import ProtocolError
+from paramserver.errors import ProtocolError, UnknownTableError
 from paramserver.routing.ring import Ring
+from paramserver.server.state import ServerState
 from paramserver.server.vnodes import VnodeSet
-from paramserver.wire.message import Message
+from paramserver.wire.message import Message, field, reply
 
-#: per table, per unfinished clock: the (keys, grads) pushes buffered for BSP aggregation
-Aggregates = dict[str, dict[int, list[tuple[np.ndarray, np.ndarray]]]]
+
+def install_copy(state: ServerState, msg: Message) -> list[Any]:
+    """A whole vnode copied here (keys, values, optimiser state, applied pushes, and
+    for BSP aggregation the pushes of unfinished clocks).  Checked whole first."""
+    name, vnode = field(msg, "table", str), field(msg, "vnode", int)
+    sender, seqs, buffered = field(msg, "from", int), field(msg, "seqs", list), field(msg, "buffered", list)
+    clocks = msg.header.get("clocks") or {}
+    table = state.tables.get(name)
+    ring = state.ring
+    assert ring is not None
+    if table is None:
+        raise UnknownTableError(f"install: unknown table {name!r} (tables: {sorted(state.tables)})")
+    if sender in state.dead:
+        raise ProtocolError(f"install from server {sender}, which was declared dead")
+    pairs = check_install(msg, table, ring, name, vnode, buffered, seqs, clocks)
+    keys, rows = msg.arrays[0], msg.arrays[1]
+    if msg.header.get("append") is True:  # the rest of a vnode too big for one message
+        if vnode not in table.tables:
+            raise ProtocolError(f"install of {name!r}/{vnode}: a continuation with no first part")
+        table.install(vnode, keys, rows, replace=False)
+        return reply(msg)
+    table.install(vnode, keys, rows)
+    ring_version = msg.header.get("ring_version")
+    if isinstance(ring_version, int) and vnode not in ring.held_by(state.node_id, table.spec.replicas):
+        state.installs.setdefault(name, {})[vnode] = ring_version
+    state.dedup[name].merge(vnode, seqs)
+    for worker, clock in clocks.items():
+        state.gate.vector.tick(int(worker), int(clock))
+    state.buffers.replace_vnode(name, lambda k: ring.vnodes(k, table.layout), vnode, pairs)
+    state.refresh_targets()
+    return reply(msg)
 
 
 def check_moves(moves: Any) -> list[tuple[str, int, int]]:
@@ -65,25 +97,3 @@ def check_grads(table: VnodeSet, keys: np.ndarray, grads: np.ndarray) -> None:
                             f"({keys.shape[0]}, {table.spec.dim}), got {grads.shape}")
     if not np.isfinite(grads).all():
         raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
-
-
-def buffered_pushes(aggregates: Aggregates, ring: Ring, layout: int, name: str,
-                    vnode: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """Per unfinished clock, the buffered (BSP-aggregated) pushes of ``vnode``."""
-    out = []
-    for clock, pushes in sorted(aggregates.get(name, {}).items()):
-        keys = np.concatenate([k for k, _ in pushes])
-        mine = ring.vnodes(keys, layout) == vnode
-        if mine.any():
-            out.append((clock, keys[mine], np.concatenate([g for _, g in pushes])[mine]))
-    return out
-
-
-def replace_buffered(aggregates: Aggregates, ring: Ring, layout: int, name: str, vnode: int,
-                     pairs: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
-    """Make ``vnode``'s buffered pushes those of the copy (it has all of them)."""
-    by_clock = aggregates.get(name, {})
-    for clock, pushes in by_clock.items():
-        by_clock[clock] = [(k[keep], g[keep]) for k, g in pushes for keep in [ring.vnodes(k, layout) != vnode]]
-    for clock, k, g in pairs:
-        aggregates.setdefault(name, {}).setdefault(clock, []).append((k.copy(), g.copy()))

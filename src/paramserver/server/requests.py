@@ -4,7 +4,8 @@ one over its vnode threads.
 A request carries its keys grouped by vnode (``vnodes``, with ``counts`` keys each):
 the segments must cover the keys exactly, name each vnode once (two threads must not
 apply the same vnode) and stay on the ring; a client's request must reach the primary
-of every vnode it names, else the client routed with a stale ring.
+of every vnode it names, else the client routed with a stale ring; and a client is
+served only under the server's lease (``checked_table``).
 """
 
 from __future__ import annotations
@@ -15,14 +16,35 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numba import njit
 
-from paramserver.errors import ProtocolError, StaleRingError
+from paramserver.errors import ProtocolError, StaleRingError, UnknownTableError
 from paramserver.routing.ring import Ring
+from paramserver.server.state import ServerState
 from paramserver.server.vnodes import VnodeSet
 from paramserver.tables.optim import OP_UPDATE, PUSH_OPS
-from paramserver.wire.message import Message
+from paramserver.wire.message import Message, field
 
 #: requests with fewer keys run on the loop thread (a thread hand-off costs ~50 µs)
 PARALLEL_MIN_KEYS = 32_768
+
+
+def checked_table(state: ServerState, msg: Message, n_keys: int, vnodes: np.ndarray, counts: np.ndarray,
+                  primary: bool = True) -> VnodeSet:
+    """The request's table, after checking its vnode segments (and, for a client's
+    request, that this server is their primary: else the client's ring is stale).  A
+    client's request is served under the lease only: also a pull the staleness gate
+    parked and releases later, which passes here again."""
+    if primary and not state.lease.valid():
+        raise StaleRingError(f"server {state.node_id} has had no answer from the scheduler for "
+                             f"{state.lease.expired_for() + state.lease.length:.1f} s: its lease ran out, "
+                             "so it may have been declared dead; retry on the current ring")
+    name = field(msg, "table", str)
+    table = state.tables.get(name)
+    if table is None:
+        raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(state.tables)})")
+    assert state.ring is not None and msg.arrays[0].shape[0] == n_keys
+    check_segments(table, state.ring, msg.arrays[0], vnodes, counts, state.primary if primary else None,
+                   state.node_id, field(msg, "ring_version", int))
+    return table
 
 
 def check_segments(table: VnodeSet, ring: Ring, keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray,

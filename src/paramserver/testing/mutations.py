@@ -34,9 +34,10 @@ def _ack_before_backups() -> Callable[[], None]:
 
 
 def _ignore_ring_version() -> Callable[[], None]:
-    from paramserver.server import node
-    check = node.check_segments
-    return _patch(node, "check_segments", lambda table, ring, keys, vnodes, counts, primary_of, node_id, ring_version:
+    from paramserver.server import requests
+    check = requests.check_segments
+    return _patch(requests, "check_segments",
+                  lambda table, ring, keys, vnodes, counts, primary_of, node_id, ring_version:
                   check(table, ring, keys, vnodes, counts, None, node_id, ring_version))
 
 

@@ -1,0 +1,150 @@
+"""The data plane: a client's pulls and pushes, and the pushes a primary forwards to its
+backups (``REPLICATE``), as handlers over a server's state (``server/state.py``).
+
+A request is checked whole before any table is touched (``requests.checked_table``: the
+lease, the table, its vnode segments, that this server is their primary), so a malformed one
+changes nothing and gets an error reply.  A push is applied once per vnode, whatever
+the retries (``fresh``: ``server/dedup.py``), then forwarded whole to the servers that
+also hold its vnodes (``Peers.forward``); the client is answered once every live one
+applied it (``finished``).  A push to a table that aggregates (BSP) waits in the clock
+buffers (``consistency/buffers.py``) until its clock is finished (``server/clocks.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from paramserver.errors import ProtocolError
+from paramserver.server.admin import check_quota
+from paramserver.server.install import check_grads
+from paramserver.server.peers import Acks
+from paramserver.server.requests import checked_table, push_op, split
+from paramserver.server.state import Port, ServerState
+from paramserver.server.vnodes import VnodeSet
+from paramserver.tables.optim import OP_UPDATE
+from paramserver.wire.message import Message, error_reply, expect, field, reply
+
+logger = logging.getLogger(__name__)
+
+#: a push's arrays once checked: keys, grads, vnodes, counts
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def serve_pull(state: ServerState, msg: Message, table: VnodeSet | None = None) -> list[Any]:
+    """Answer a pull (``table``: checked for this request already; a pull the gate
+    held is checked again, the ring may have moved meanwhile)."""
+    keys, vnodes, counts = msg.arrays
+    if table is None:
+        table = checked_table(state, msg, keys.shape[0], vnodes, counts)
+    out = np.empty((keys.shape[0], table.spec.dim), np.float32)
+    _split(state, vnodes, counts, lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
+    return reply(msg, [out])
+
+
+def _split(state: ServerState, vnodes: np.ndarray, counts: np.ndarray, fn: Callable[[slice, slice], None]) -> None:
+    split(state.pool, state.threads, vnodes, counts, fn)
+
+
+class DataPlane:
+    """The handlers of ``PULL``, ``PUSH`` and ``REPLICATE`` on ``state``, answering
+    through ``port``."""
+
+    def __init__(self, state: ServerState, port: Port) -> None:
+        self.state, self.port = state, port
+
+    def on_pull(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
+        keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        state = self.state
+        table = checked_table(state, msg, keys.shape[0], vnodes, counts)
+        clock = msg.header.get("clock")
+        if isinstance(clock, int):  # ASP is admitted at once, and its staleness recorded too
+            if not state.gate.admit(clock, table.spec.staleness, (identity, msg), state.clock(), identity):
+                return None  # answered by clocks.moved
+        return serve_pull(state, msg, table)
+
+    def on_push(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
+        keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
+                                             ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        state = self.state
+        table = checked_table(state, msg, keys.shape[0], vnodes, counts)
+        check_grads(table, keys, grads)
+        check_quota(state, table, vnodes, counts, keys)  # before the dedup marks it applied
+        self._apply(table, msg, *self._fresh(table, msg, keys, grads, vnodes, counts))
+        # forwarded whole, even the part already applied here: a retry after a failover
+        # may find this server with the push and a backup without it; backups dedup too
+        targets = state.targets.get(table.spec.name)
+        if targets is None or state.ring is None:
+            return reply(msg)
+        return None if self.port.peers.forward(targets, state.ring.version, table.spec.name, msg, keys, grads,
+                                               vnodes, counts, identity) else reply(msg)
+
+    def on_replicate(self, msg: Message) -> list[Any]:
+        """A push the primary applied, forwarded: apply it to the vnodes held here (a
+        ring flip may have moved some meanwhile; those are no longer this server's)."""
+        keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
+                                             ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        table = checked_table(self.state, msg, keys.shape[0], vnodes, counts, primary=False)  # the primary retries
+        check_grads(table, keys, grads)
+        held = table.holds(vnodes)
+        if not held.all():
+            rows = np.repeat(held, counts)
+            keys, grads, vnodes, counts = keys[rows], grads[rows], vnodes[held], counts[held]
+        keys, grads, vnodes, counts = self._fresh(table, msg, keys, grads, vnodes, counts)
+        self._apply(table, msg, keys, grads, vnodes, counts)
+        return reply(msg, applied=int(keys.shape[0]))
+
+    def finished(self, acks: Acks) -> None:
+        """Every live server a push was forwarded to answered (``Peers``' callback): the
+        client is answered; a migration's copies, all in, report it done."""
+        if acks.request is not None and acks.identity is not None:
+            if acks.failed:  # applied here, not on every backup: the client retries, and the
+                # retry (same seq) is skipped where applied and forwarded again
+                self.port.answer(error_reply(acks.request.id, "stale_ring", f"{acks.failed}; retry",
+                                             ring_version=self.state.ring_version()), acks.identity)
+            else:
+                self.port.answer(reply(acks.request), acks.identity)
+        if acks.done is not None:
+            acks.done(acks.failed)
+
+    def _fresh(self, table: VnodeSet, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
+               counts: np.ndarray) -> Arrays:
+        """The part of a push not applied yet (a retry may have reached some vnodes)."""
+        state = self.state
+        sender, seq = msg.header.get("sender"), msg.header.get("seq")
+        if not isinstance(sender, int) or not isinstance(seq, int):
+            return keys, grads, vnodes, counts  # an unnumbered push: at least once
+        if state.tokens is not None:  # the sender proves it is the node whose pushes it acknowledges
+            state.tokens.check(sender, msg.header.get("sender_token"), f"push {seq}")
+        acked = msg.header.get("acked", -1)
+        if not isinstance(acked, int) or not -1 <= acked < seq:
+            raise ProtocolError(f"push {seq}: acked must be an int in [-1, {seq}), got {acked!r}")
+        dedup = state.dedup[table.spec.name]
+        fresh = dedup.fresh(sender, seq, acked, vnodes)
+        if not fresh.all():
+            logger.info("server %d: push %d of %d already applied to %d vnode(s): skipped there",
+                        state.node_id, seq, sender, int((~fresh).sum()))
+            rows = np.repeat(fresh, counts)
+            keys, grads, vnodes, counts = keys[rows], grads[rows], vnodes[fresh], counts[fresh]
+        dedup.mark(sender, seq, vnodes)
+        return keys, grads, vnodes, counts
+
+    def _apply(self, table: VnodeSet, msg: Message, keys: np.ndarray, grads: np.ndarray,
+               vnodes: np.ndarray, counts: np.ndarray) -> None:
+        state = self.state
+        op = push_op(msg, table)
+        if op != OP_UPDATE:
+            _split(state, vnodes, counts, lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k], op))
+            return
+        if table.spec.aggregate:  # BSP aggregation: applied once the clock is finished
+            clock = field(msg, "clock", int)
+            if clock >= state.gate.vector.min():
+                state.buffers.add(table.spec.name, clock, keys, grads)
+                return
+            # its clock was already applied (a worker that rejoined behind the others):
+            # apply it now, as a late update, rather than lose it
+            logger.warning("push for finished clock %d applied late on %r", clock, table.spec.name)
+        _split(state, vnodes, counts, lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k]))
