@@ -24,12 +24,11 @@ from paramserver.client.job import Job
 from paramserver.client.losses import Losses
 from paramserver.client.scatter import Scatter
 from paramserver.client.state import ClientState
+from paramserver.client.sync_calls import SyncCalls
 from paramserver.config import Config, load_config
 from paramserver.errors import (
-    ClosedError,
     ConfigError,
     ConnectError,
-    NodeLostError,
     ParamServerError,
     ProtocolError,
     RemoteError,
@@ -64,7 +63,7 @@ def as_keys(keys: Any) -> np.ndarray:
                       "hash features to uint64 first")
 
 
-class Client(ClusterCalls):
+class Client(ClusterCalls, SyncCalls):
     """A node's handle on the cluster.
 
     Args:
@@ -389,71 +388,6 @@ class Client(ClusterCalls):
         with self._lock:
             self._state.sequencer.settled(seq)
 
-    @property
-    def current_clock(self) -> int:
-        """Clocks this worker has finished (its pulls are gated on it)."""
-        return self._clock
-
-    def consistency_stats(self) -> list[dict[str, Any]]:
-        """Per server: the staleness readers saw (histogram of c - min clock at answer
-        time), pulls parked and seconds spent parked, and the vector clock."""
-        return [s["consistency"] for s in self.server_stats()]
-
-    def clock(self) -> int:
-        """Finish this worker's clock: tell every server (behind this client's pushes)."""
-        self._losses.check()
-        with self._lock:
-            self._clock += 1
-            clock = self._clock
-        for address in self._servers.values():
-            self._io.submit(address, {"op": Op.CLOCK.value, "worker": self.node_id, "clock": clock,
-                                      **({"worker_token": self._token["token"]} if self._token else {})},
-                            (), _log_failure)
-        return clock
-
-    def barrier(self, timeout_s: float | None = None) -> list[int]:
-        """Block until every live worker has called ``barrier``; the ranks of those workers
-        (every one released from a barrier gets the same list: a dead worker is missing)."""
-        self._losses.check()
-        if self.role != "worker":
-            raise ConfigError("only workers take part in barriers (this client is a driver)")
-        return list(self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s).get("workers", []))
-
-    def arrive(self, generation: int) -> Future:
-        """Arrive at the numbered barrier ``generation`` (a round) without waiting: the
-        future completes with the ranks of the live workers once all have arrived there.
-        A worker may arrive at later generations meanwhile (SSP rounds: wait on round
-        r − s, arrive at r); each generation is released on its own."""
-        self._losses.check()
-        if self.role != "worker":
-            raise ConfigError("only workers take part in barriers (this client is a driver)")
-        if isinstance(generation, bool) or not isinstance(generation, int):
-            raise ConfigError(f"a barrier's generation must be a whole number, got {generation!r}")
-        out: Future = Future()
-
-        def done(f: Future) -> None:
-            try:
-                out.set_result(list(f.result().header.get("workers", [])))
-            except BaseException as exc:  # the request's own error, for whoever waits
-                out.set_exception(exc)
-        self._request(self.config.scheduler, {"op": Op.BARRIER.value, "generation": generation}).add_done_callback(done)
-        return out
-
-    # ---- data shards (the task scheduler): client.job --------------------------------
-    def _resync_clock(self) -> None:
-        """Take the live servers' minimum clock.  A server that dies meanwhile is skipped:
-        its vnodes fail over to servers that answer, and a worker must not fail a job for
-        a server the cluster survives (it failed the job even at replicas 2)."""
-        futures = [self._request(address, {"op": Op.STATS.value}) for address in self._servers.values()]
-        mins = []
-        for future in futures:
-            try:
-                mins.append(future.result(timeout=self.config.heartbeat_timeout_s * 4).header.get("min_clock"))
-            except (NodeLostError, TimeoutError) as exc:
-                logger.info("clock resync: a server did not answer (%s); the others decide", exc)
-        with self._lock:
-            self._clock = max([self._clock, *[m for m in mins if m is not None]])
-
     def export_table(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         """Every stored key of ``table`` and its value row (optimiser state left out)."""
         self._losses.check()
@@ -534,11 +468,3 @@ class Client(ClusterCalls):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _log_failure(msg: Message | None, exc: BaseException | None) -> None:
-    if exc is not None and not isinstance(exc, ClosedError):
-        logger.warning("clock tick failed: %s", exc)
-    elif msg is not None and msg.op is Op.ERROR:
-        logger.warning("clock tick refused: %s", msg.header.get("error"))
-
