@@ -27,7 +27,7 @@ import zmq
 
 from paramserver.client.core import NoAnswerError
 from paramserver.config import Config
-from paramserver.errors import ClosedError, NodeLostError
+from paramserver.errors import ClosedError, Code, NodeLostError
 from paramserver.wire.message import Message, Op, decode, encode, failed_request
 from paramserver.wire.transport import Transport, ZmqSocket, transport_for
 
@@ -308,7 +308,7 @@ class IOThread(threading.Thread):
         elif msg.op is Op.STOP:
             logger.info("the scheduler stopped the cluster")
             self._closed.set()
-        elif msg.op is Op.ERROR and msg.header.get("code") == "unknown_node" and self._heartbeats:
+        elif msg.op is Op.ERROR and msg.header.get("code") == Code.UNKNOWN_NODE and self._heartbeats:
             # the answer to a heartbeat: this client was declared dead (the servers have forgotten its
             # exactly-once record, its ring view and shards went on without it): it must not go on
             self._close_reason = ("the scheduler declared this client dead: it heard no heartbeat for "

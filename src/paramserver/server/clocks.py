@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.consistency.buffers import Push
-from paramserver.errors import ParamServerError
+from paramserver.errors import Code, ParamServerError
 from paramserver.routing.partition import route_push
 from paramserver.server.data import serve_pull
 from paramserver.server.state import Port, ServerState
@@ -66,7 +66,7 @@ class Clocks:
                             identity)
             except Exception as exc:  # a bug: this caller still gets an answer
                 logger.exception("server %d failed on a released pull", state.node_id)
-                port.answer(error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
+                port.answer(error_reply(msg.id, Code.INTERNAL, f"{type(exc).__name__}: {exc}"), identity)
 
     def _apply_aggregate(self, name: str, pushes: list[Push]) -> None:
         state = self.state

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.errors import ProtocolError
+from paramserver.errors import Code, ProtocolError
 from paramserver.server.admin import check_quota
 from paramserver.server.install import check_grads
 from paramserver.server.peers import Acks
@@ -103,7 +103,7 @@ class DataPlane:
         if acks.request is not None and acks.identity is not None:
             if acks.failed:  # applied here, not on every backup: the client retries, and the
                 # retry (same seq) is skipped where applied and forwarded again
-                self.port.answer(error_reply(acks.request.id, "stale_ring", f"{acks.failed}; retry",
+                self.port.answer(error_reply(acks.request.id, Code.STALE_RING, f"{acks.failed}; retry",
                                              ring_version=self.state.ring_version()), acks.identity)
             else:
                 self.port.answer(reply(acks.request), acks.identity)

@@ -34,7 +34,7 @@ from typing import Any
 
 from paramserver._runtime.logutil import Throttled
 from paramserver.config import Config
-from paramserver.errors import ConnectError, ParamServerError, ProtocolError
+from paramserver.errors import Code, ConnectError, ParamServerError, ProtocolError
 from paramserver.observe.metrics import serve as serve_metrics
 from paramserver.routing.ring import Ring
 from paramserver.server.admin import Admin
@@ -251,7 +251,7 @@ class ServerNode:
             msg = decode(sock.recv())
             if msg.op is Op.HEARTBEAT:  # the scheduler heard the beat: the lease runs on
                 self.state.lease.answered(msg.header.get("seq"))
-            elif msg.op is Op.ERROR and msg.header.get("code") == "unknown_node":
+            elif msg.op is Op.ERROR and msg.header.get("code") == Code.UNKNOWN_NODE:
                 logger.error("server %d was declared dead by the scheduler: stopping, "
                              "so that a zombie never serves stale vnodes", self.node_id)
                 self._running = False
@@ -290,7 +290,7 @@ class ServerNode:
                                          ring_version=self.state.ring_version()), identity)
         except Exception as exc:  # a bug must not kill the server: answer and keep serving
             self._failures.exception("server %d failed on request %r", self.node_id, request_id)
-            self.router.send(error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"),
+            self.router.send(error_reply(request_id, Code.INTERNAL, f"{type(exc).__name__}: {exc}"),
                  identity)
 
     def _handle_control(self, frames: list[Any]) -> None:
@@ -304,7 +304,7 @@ class ServerNode:
             handler(msg)
         except Exception as exc:
             logger.exception("server %d: bad control message", self.node_id)
-            self.control.send(error_reply(request_id, "error", f"{type(exc).__name__}: {exc}"))
+            self.control.send(error_reply(request_id, Code.ERROR, f"{type(exc).__name__}: {exc}"))
 
     def _finished(self, acks: Acks) -> None:
         """Every server a request was sent to answered (``Peers``' callback)."""

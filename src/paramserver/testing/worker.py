@@ -34,7 +34,7 @@ from paramserver.client.core import (
     route,
 )
 from paramserver.config import Config
-from paramserver.errors import NodeLostError, ProtocolError
+from paramserver.errors import Code, NodeLostError, ProtocolError
 from paramserver.routing.partition import scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.tables.spec import TableSpec
@@ -215,7 +215,7 @@ class SimWorker:
             self.refresh()
         elif msg.op is Op.STOP:
             self.host.crash()
-        elif msg.op is Op.ERROR and msg.header.get("code") == "unknown_node":
+        elif msg.op is Op.ERROR and msg.header.get("code") == Code.UNKNOWN_NODE:
             self.net.log(f"exit {self.name} (declared dead)")  # as a real worker does
             self.host.crash()
             if self.on_exit is not None:
