@@ -27,6 +27,6 @@ def tune_allocator(mmap_threshold: int = 256 << 20, trim_threshold: int = 1 << 3
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False  # not glibc (macOS, musl): nothing to tune
-    ok = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
+    ok: bool = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
     logger.debug("malloc thresholds raised: %s", ok)
     return ok

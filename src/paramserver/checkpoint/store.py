@@ -85,7 +85,7 @@ def assemble_manifest(replies: list[dict[str, Any]], ring: dict[str, Any], table
                       **extra: Any) -> dict[str, Any]:
     """The manifest of a step from every server's ``checkpoint`` reply (``files``,
     ``clocks``), the ring and the table specs (wire forms); ``extra`` is added as is."""
-    files: dict[str, dict[str, list]] = {}
+    files: dict[str, dict[str, list[Any]]] = {}
     clocks: dict[str, int] = {}
     for header in replies:
         for table, vnodes in header["files"].items():
@@ -94,7 +94,7 @@ def assemble_manifest(replies: list[dict[str, Any]], ring: dict[str, Any], table
     return {"ring": ring, "tables": tables, "files": files, "clocks": clocks, **extra}
 
 
-def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.ndarray) -> list:
+def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.ndarray) -> list[Any]:
     """Write one vnode's file under step ``url``; return its manifest entry
     ``[relative path, keys, sha256, bytes]``."""
     import fsspec
@@ -216,7 +216,7 @@ def entry_path(step: str, entry: Any, allow_unverified: bool = False) -> str:
     return path
 
 
-def read_vnode(path: str, entry: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+def read_vnode(path: str, entry: list[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Keys and rows of a vnode file, checked against its manifest ``entry`` (size and
     sha256 before it is parsed, never reading more than its size; then its key count)."""
     import fsspec
@@ -295,7 +295,8 @@ def latest_step(url: str) -> str:
     if not steps:
         raise CheckpointError(f"no complete checkpoint under {url} (no step has a {MANIFEST}); "
                               "a checkpoint interrupted before its manifest is never used")
-    return url.rstrip("/") + "/" + steps[-1].rstrip("/").rsplit("/", 1)[-1]
+    latest: str = steps[-1]
+    return url.rstrip("/") + "/" + latest.rstrip("/").rsplit("/", 1)[-1]
 
 
 def resolve_step(url: str) -> str:

@@ -159,9 +159,9 @@ class Client(ClusterCalls, SyncCalls):
     def allow_loss(self, allow: bool) -> None:
         self._losses.allow = bool(allow)
 
-    def _request(self, address: str, header: dict[str, Any]) -> Future:
+    def _request(self, address: str, header: dict[str, Any]) -> Future[Any]:
         """Send one request; the future holds the reply ``Message`` or the error it carried."""
-        fut: Future = Future()
+        fut: Future[Any] = Future()
 
         def done(msg: Message | None, exc: BaseException | None) -> None:
             if exc is not None:
@@ -180,7 +180,8 @@ class Client(ClusterCalls, SyncCalls):
               connecting: bool = False) -> dict[str, Any]:
         """One request, blocking: the reply's header."""
         try:
-            return self._request(address, header).result(timeout=timeout_s).header
+            answer: dict[str, Any] = self._request(address, header).result(timeout=timeout_s).header
+            return answer
         except TimeoutError:
             if connecting:
                 raise ConnectError(
@@ -212,7 +213,7 @@ class Client(ClusterCalls, SyncCalls):
                  on_piece: Callable[[Piece, Message], None], result: Any = None,
                  reply_row_bytes: int = 0, seq: int | None = None,
                  on_settled: Callable[[], None] | None = None, distinct: bool = False,
-                 extra_header: dict[str, Any] | None = None) -> Future:
+                 extra_header: dict[str, Any] | None = None) -> Future[Any]:
         """Send a pull or push as one request per server; the future resolves to
         ``result`` once every piece is answered (see ``scatter.Scatter``)."""
         self._losses.check()
@@ -268,7 +269,7 @@ class Client(ClusterCalls, SyncCalls):
         tables = self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"]
         return {n: TableSpec.from_wire(w) for n, w in tables.items()}
 
-    def pull(self, table: str, keys: Any) -> Future:
+    def pull(self, table: str, keys: Any) -> Future[Any]:
         """Values of ``keys`` (duplicates allowed) as a future of ``float32[len(keys), dim]``.
 
         Keys never pushed read as their initial value.
@@ -287,7 +288,7 @@ class Client(ClusterCalls, SyncCalls):
 
         return self._scatter(Op.PULL, table, keys, None, on_piece, result=out, reply_row_bytes=4 * spec.dim)
 
-    def push(self, table: str, keys: Any, grads: Any, *, distinct: bool = False, op: str = "update") -> Future:
+    def push(self, table: str, keys: Any, grads: Any, *, distinct: bool = False, op: str = "update") -> Future[Any]:
         """Send gradients (or values); the future completes once every live replica
         applied them (each exactly once, retries included).
 
@@ -343,17 +344,17 @@ class Client(ClusterCalls, SyncCalls):
             ring = self._ring
         return BlockMap(table, spec.block_size, spec.n_blocks, ring)
 
-    def pull_block(self, table: str, block: int) -> Future:
+    def pull_block(self, table: str, block: int) -> Future[Any]:
         """The rows of parameter block ``block`` (keys ``[block B, (block + 1) B)``, in
         order) as a future of ``float32[B, dim]``: one request to the block's server."""
         return self.pull(table, self.blocks(table).keys(block))
 
-    def push_block(self, table: str, block: int, values: Any, *, op: str = "update") -> Future:
+    def push_block(self, table: str, block: int, values: Any, *, op: str = "update") -> Future[Any]:
         """Push ``float32[B, dim]`` onto block ``block``'s rows with ``op`` (see ``push``):
         one request, applied exactly once, acknowledged once every replica has it."""
         return self.push(table, self.blocks(table).keys(block), values, distinct=True, op=op)
 
-    def call(self, table: str, function: str, keys: Any = None, args: dict[str, Any] | None = None) -> Future:
+    def call(self, table: str, function: str, keys: Any = None, args: dict[str, Any] | None = None) -> Future[Any]:
         """Run the server-side function ``"module:function"`` on every server, over the
         rows it is the primary of (of ``keys``, or all of them), and merge the results as
         the function declares (``paramserver.tables.functions``: a sum, ``(keys, rows)``

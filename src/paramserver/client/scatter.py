@@ -37,14 +37,14 @@ class Scatter:
         self.state, self.kind, self.header, self.on_piece, self.result = state, kind, header, on_piece, result
         self.layout = layout  # the table's layout: how its keys map to vnodes
         self.on_settled = on_settled  # once done and no request is left in flight
-        self.future: Future = Future()
+        self.future: Future[Any] = Future()
         self.gather = Gather(0)
         self.in_flight = 0  # requests sent and not answered (a failed future may still have some)
         self.lock = threading.Lock()
         self.deadline = time.monotonic() + state.config.retry_timeout_s
         state.count(kind.value)
 
-    def start(self, pieces: list[Piece]) -> Future:
+    def start(self, pieces: list[Piece]) -> Future[Any]:
         self.gather = Gather(len(pieces))
         if not pieces:
             self.future.set_result(self.result)

@@ -81,7 +81,7 @@ class SyncCalls:
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         return list(self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s).get("workers", []))
 
-    def arrive(self, generation: int) -> Future:
+    def arrive(self, generation: int) -> Future[Any]:
         """Arrive at the numbered barrier ``generation`` (a round) without waiting: the
         future completes with the ranks of the live workers once all have arrived there.
         A worker may arrive at later generations meanwhile (SSP rounds: wait on round
@@ -91,9 +91,9 @@ class SyncCalls:
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         if isinstance(generation, bool) or not isinstance(generation, int):
             raise ConfigError(f"a barrier's generation must be a whole number, got {generation!r}")
-        out: Future = Future()
+        out: Future[Any] = Future()
 
-        def done(f: Future) -> None:
+        def done(f: Future[Any]) -> None:
             try:
                 out.set_result(list(f.result().header.get("workers", [])))
             except BaseException as exc:  # the request's own error, for whoever waits
