@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from paramserver.client.calls import FunctionCalls
 from paramserver.client.cluster_calls import ClusterCalls
-from paramserver.client.core import Piece, call_header, remote_error
+from paramserver.client.core import Piece, as_keys, call_header, remote_error
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
 from paramserver.client.losses import Losses
@@ -46,24 +47,7 @@ from paramserver.wire.sockets import refused_for
 logger = logging.getLogger(__name__)
 
 
-def as_keys(keys: Any) -> np.ndarray:
-    """``keys`` as a 1-d contiguous uint64 array (signed ints are reinterpreted, not clipped)."""
-    arr = np.asarray(keys)
-    if arr.ndim != 1:
-        raise ConfigError(f"keys must be a 1-d array, got shape {arr.shape}")
-    if arr.dtype == np.uint64:
-        return np.ascontiguousarray(arr)
-    if arr.size == 0:
-        return np.zeros(0, np.uint64)
-    if arr.dtype.kind == "u":
-        return arr.astype(np.uint64)
-    if arr.dtype.kind == "i":
-        return arr.astype(np.int64).view(np.uint64)
-    raise ConfigError(f"keys must be integers (uint64 ideally), got dtype {arr.dtype}; "
-                      "hash features to uint64 first")
-
-
-class Client(ClusterCalls, SyncCalls):
+class Client(ClusterCalls, SyncCalls, FunctionCalls):
     """A node's handle on the cluster.
 
     Args:
@@ -353,17 +337,6 @@ class Client(ClusterCalls, SyncCalls):
         """Push ``float32[B, dim]`` onto block ``block``'s rows with ``op`` (see ``push``):
         one request, applied exactly once, acknowledged once every replica has it."""
         return self.push(table, self.blocks(table).keys(block), values, distinct=True, op=op)
-
-    def call(self, table: str, function: str, keys: Any = None, args: dict[str, Any] | None = None) -> Future[Any]:
-        """Run the server-side function ``"module:function"`` on every server, over the
-        rows it is the primary of (of ``keys``, or all of them), and merge the results as
-        the function declares (``paramserver.tables.functions``: a sum, ``(keys, rows)``
-        concatenated, or the top ``args["k"]``).  ``args``: numbers, strings, lists or
-        numpy arrays (sent as lists).  Returns a future, like ``pull``."""
-        from paramserver.client.calls import call
-
-        self._losses.check()
-        return call(self, table, function, keys, args)
 
     # ---- namespaces ---------------------------------------------------------------------
     def create_namespace(self, name: str, *, max_keys: int | None = None, max_bytes: int | None = None) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.errors import NodeLostError, ParamServerError, StaleRingError, raised
+from paramserver.errors import ConfigError, NodeLostError, ParamServerError, StaleRingError, raised
 from paramserver.routing.partition import route_pull, route_push
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Message, Op
@@ -88,6 +88,23 @@ def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layo
         index = routed.grads
     return [Piece(part.server, ring.version, routed.keys[part.start:part.stop], index[part.start:part.stop],
                   part.vnodes, part.counts) for part in routed.parts]
+
+
+def as_keys(keys: Any) -> np.ndarray:
+    """``keys`` as a 1-d contiguous uint64 array (signed ints are reinterpreted, not clipped)."""
+    arr = np.asarray(keys)
+    if arr.ndim != 1:
+        raise ConfigError(f"keys must be a 1-d array, got shape {arr.shape}")
+    if arr.dtype == np.uint64:
+        return np.ascontiguousarray(arr)
+    if arr.size == 0:
+        return np.zeros(0, np.uint64)
+    if arr.dtype.kind == "u":
+        return arr.astype(np.uint64)
+    if arr.dtype.kind == "i":
+        return arr.astype(np.int64).view(np.uint64)
+    raise ConfigError(f"keys must be integers (uint64 ideally), got dtype {arr.dtype}; "
+                      "hash features to uint64 first")
 
 
 class Sequencer:

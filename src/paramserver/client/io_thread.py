@@ -58,7 +58,8 @@ class IOThread(threading.Thread):
         self.config = config
         self.transport = transport_for(config.scheduler, transport, config.secret_file)
         self.clock = self.transport.now
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()  # for the wake-up pair: other threads -> this one
+        # for the wake-up pair: other threads -> this one
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._ids = itertools.count(1)
         self._queue: collections.deque[tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None,
                                              float | None]] = collections.deque()
