@@ -17,6 +17,10 @@ With ``checkpoint_dir`` the scheduler checkpoints the tables and the job's progr
 ``checkpoint_every`` shards (at a clock boundary); ``resume`` restores the newest complete
 checkpoint of a folder, onto any number of servers, and goes on from its progress.  A
 worker that dies hands its shard back to the queue and the others finish the job.
+
+This module is the driver; a worker's training loop is in ``train_loop``, its batch ramp
+in ``ramp``, the job's settings in ``train_config``, the checkpoint and resume checks in
+``resume``.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ agree to the bit), the full gradient ``Xᵀr``, the duality gap, and the working
 (the non-zero coefficients and the worst violators of the optimality conditions, as
 celer does).  It stops when the gap is below ``tol`` times the objective: the objective
 is then within ``tol`` of the optimum, relatively.
+
+The arithmetic on a worker's own data (the kernels, the gap) is in ``lasso_math``; this
+module holds the program (``LassoProgram``), its worker and the driver (``run_lasso``).
 """
 
 from __future__ import annotations

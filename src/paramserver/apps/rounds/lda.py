@@ -19,6 +19,9 @@ mass) is scanned only when the draw falls in it.  So a token costs O(K_d), not O
 A worker that dies is survived: the others adopt its documents from its last
 round-boundary snapshot, and the counts on the servers are rebuilt from every
 document's topics, so ``Σ_k n_wk`` stays each word's count in the corpus.
+
+This module holds the sampler's kernels and the driver (``run_lda``); a worker's side, the
+program and the parts it holds, is in ``lda_program``.
 """
 
 from __future__ import annotations

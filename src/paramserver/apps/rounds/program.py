@@ -202,6 +202,9 @@ def _checkpoint(client: Any, program: Program, checkpoints: RoundCheckpoints, ro
     client.barrier(timeout_s=timeout_s)
 
 
+_clock = time.perf_counter  # the phases' seconds
+
+
 def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_rounds: int,
                timeout_s: float = 600.0, checkpoints: RoundCheckpoints | None = None,
                resume: RoundResume | None = None, staleness: int = 0) -> RoundStats:
@@ -322,9 +325,6 @@ class _Rounds:
         _checkpoint(self.client, self.program, checkpoints, r + 1, self.live, self.rank, self.timeout_s)
         self.stats.seconds["checkpoint"] = self.stats.seconds.get("checkpoint", 0.0) + _clock() - t
         self.stats.checkpoints += 1
-
-
-_clock = time.perf_counter
 
 
 def joined_midway(client: Any) -> bool:
