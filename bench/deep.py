@@ -86,7 +86,7 @@ def torch_reference(model: str, train: list[str], test: list[str]) -> dict:
     from torch import nn
 
     from paramserver.apps.ctr.models import Model, auc, logloss
-    from paramserver.apps.ctr.train import ramped
+    from paramserver.apps.ctr.ramp import ramped
     from paramserver.data.reader import DataFormat, Shard, expand, read_all, read_batches
 
     torch.manual_seed(0)

@@ -11,7 +11,8 @@ from support import shared, wait_for
 
 from paramserver import LocalCluster
 from paramserver.apps.ctr.models import Model
-from paramserver.apps.ctr.train import TrainConfig, metrics, score, train_worker
+from paramserver.apps.ctr.train import TrainConfig, metrics, score
+from paramserver.apps.ctr.train_loop import train_worker
 from paramserver.data.reader import DataFormat, make_shards, read_all
 
 pytestmark = pytest.mark.timeout(180)

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.corpus import read_corpus
-from paramserver.apps.rounds.lda import TOPIC_DELTA, WORD_TOPIC, LDAConfig, lda_worker, write_parts
+from paramserver.apps.rounds.lda import TOPIC_DELTA, WORD_TOPIC, LDAConfig
+from paramserver.apps.rounds.lda_program import lda_worker, write_parts
 from paramserver.apps.rounds.program import balanced_groups
 from paramserver.cluster.local import LocalCluster
 
@@ -46,7 +47,7 @@ def _planted(path, docs=300, length=60, topics=4, words_per_topic=25, seed=2):
 def _dies_mid_push(client, victim, round_, worker, *args):
     """Run ``worker``; rank ``victim`` sends half of one round's count changes, then is
     SIGKILLed: the servers hold a round half applied."""
-    from paramserver.apps.rounds.lda import LDAProgram
+    from paramserver.apps.rounds.lda_program import LDAProgram
 
     if client.rank == victim:
         update = LDAProgram.update

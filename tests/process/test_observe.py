@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from paramserver import LocalCluster
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
-from paramserver.apps.ctr.train import TrainConfig, train_worker
+from paramserver.apps.ctr.train import TrainConfig
+from paramserver.apps.ctr.train_loop import train_worker
 from paramserver.data.reader import make_shards
 
 CHROMIUM = "/usr/bin/chromium"

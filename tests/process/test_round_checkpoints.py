@@ -42,7 +42,7 @@ def crash_job(round_, owner, worker, client, *args):
 _DRIVER = """
 import functools, sys
 sys.path.insert(0, {here!r})
-import paramserver.apps.{app} as app
+import paramserver.apps.rounds.{module} as app
 import test_round_checkpoints as t
 app.{app}_worker = functools.partial(t.crash_job, {round}, app.{program}, app.{app}_worker)
 from paramserver.cli.main import main
@@ -59,7 +59,8 @@ def _cli(*args, check=True):
 
 def _crashed(app, program, round_, *args):
     """Run ``paramserver APP ARGS`` until rank 0 kills the job in ``round_``."""
-    script = _DRIVER.format(here=HERE, app=app, program=program, round=round_)
+    module = {"lda": "lda_program"}.get(app, app)  # where the app's worker and program are
+    script = _DRIVER.format(here=HERE, module=module, app=app, program=program, round=round_)
     run = subprocess.run([sys.executable, "-c", script, app, *args], capture_output=True, text=True, timeout=250)
     assert run.returncode == -signal.SIGKILL, (run.returncode, run.stderr)
 

@@ -71,7 +71,8 @@ def test_mf_carries_on_without_a_killed_worker():
 
 def test_lasso_carries_on_without_a_killed_worker(tmp_path):
     sklearn = pytest.importorskip("sklearn.linear_model")
-    from paramserver.apps.rounds.lasso import TABLE, LassoConfig, LassoProgram, join64, lasso_worker, objective
+    from paramserver.apps.rounds.lasso import TABLE, LassoConfig, LassoProgram, join64, lasso_worker
+    from paramserver.apps.rounds.lasso_math import objective
     from paramserver.apps.rounds.matrix import read_libsvm_matrix
 
     rng = np.random.default_rng(5)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paramserver.apps.rounds.lasso import _cd
+from paramserver.apps.rounds.lasso_math import _cd
 from paramserver.apps.rounds.lasso_pairs import by_row, pair_steps, twins
 
 

@@ -10,7 +10,8 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from paramserver.apps.rounds.lasso import LassoConfig, LassoProgram, duality_gap, lambda_max, objective
+from paramserver.apps.rounds.lasso import LassoConfig, LassoProgram
+from paramserver.apps.rounds.lasso_math import duality_gap, lambda_max, objective
 from paramserver.apps.rounds.matrix import read_libsvm_matrix
 from paramserver.data.reader import DataError
 

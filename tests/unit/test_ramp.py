@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from paramserver.apps.ctr.models import Model
-from paramserver.apps.ctr.train import TrainConfig, _train_stream, ramp_size, ramped
+from paramserver.apps.ctr.ramp import ramp_size, ramped
+from paramserver.apps.ctr.train import TrainConfig
+from paramserver.apps.ctr.train_loop import _train_stream
 from paramserver.data.reader import DataFormat, Shard, read_all, read_batches
 from paramserver.server.table import VnodeTable
 from paramserver.tables.optim import FTRL, Zeros

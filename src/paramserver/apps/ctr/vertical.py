@@ -143,7 +143,7 @@ def column_blocks(paths: list[str], parts: int, work_dir: str, what: str) -> lis
 
 def vertical_worker(client: Any, cfg: Any, train_blocks: list[str], test_blocks: list[str]) -> dict[str, Any]:
     """Worker ``client.rank`` trains on its column block (see the module's doc)."""
-    from paramserver.apps.ctr.train import ramped
+    from paramserver.apps.ctr.ramp import ramped
     from paramserver.data.parse import feature_key
     from paramserver.data.reader import Shard, read_batches
 

@@ -21,11 +21,13 @@ agree to the bit), the full gradient ``Xᵀr``, the duality gap, and the working
 (the non-zero coefficients and the worst violators of the optimality conditions, as
 celer does).  It stops when the gap is below ``tol`` times the objective: the objective
 is then within ``tol`` of the optimum, relatively.
+
+The arithmetic on a worker's own data (the kernels, the gap) is in ``lasso_math``; this
+module holds the program (``LassoProgram``), its worker and the driver (``run_lasso``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -34,19 +36,29 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import njit
 
+from paramserver.apps.rounds.job import RoundsJob, check_outputs, write_metrics
+from paramserver.apps.rounds.lasso_math import (
+    _apply,
+    _cd,
+    _deal,
+    _residual,
+    _top,
+    _xtr,
+    dual_value,
+    duality_gap,
+    extrapolated,
+    lambda_max,
+)
 from paramserver.apps.rounds.lasso_pairs import by_row, pair_steps, twins
 from paramserver.apps.rounds.matrix import Matrix, read_libsvm_matrix
 from paramserver.apps.rounds.program import (
     NO_CHECKPOINTS,
     CheckpointOptions,
-    Checkpoints,
-    ResumePoint,
+    RoundCheckpoints,
+    RoundResume,
     joined_midway,
-    took_part,
 )
-from paramserver.client.losses import surfacing_losses, tolerating_loss
 from paramserver.errors import ConfigError
 
 SCHEDULES = ("priority", "cyclic", "random")
@@ -68,166 +80,6 @@ def split64(w: np.ndarray) -> np.ndarray:
 
 def join64(rows: np.ndarray) -> np.ndarray:
     return np.asarray(rows[:, 0], np.float64) + np.asarray(rows[:, 1], np.float64)
-
-
-@njit(nogil=True, cache=True)
-def _cd(colptr, rows, values, coords, w, r, col_sq, n, lam, sweeps):
-    """``sweeps`` passes of coordinate descent over ``coords`` in order, updating ``w``
-    and the residual ``r`` in place."""
-    for _ in range(sweeps):
-        for t in range(coords.shape[0]):
-            j = coords[t]
-            a = col_sq[j]
-            if a == 0.0:
-                continue
-            g = 0.0
-            for k in range(colptr[j], colptr[j + 1]):
-                g += values[k] * r[rows[k]]
-            z = w[j] + g / a
-            thr = n * lam / a
-            new = z - thr if z > thr else (z + thr if z < -thr else 0.0)
-            d = new - w[j]
-            if d != 0.0:
-                for k in range(colptr[j], colptr[j + 1]):
-                    r[rows[k]] -= d * values[k]
-                w[j] = new
-
-
-@njit(nogil=True, cache=True)
-def _apply(colptr, rows, values, coords, delta, r):
-    """``r -= X[:, coords] @ delta``."""
-    for t in range(coords.shape[0]):
-        d = delta[t]
-        if d != 0.0:
-            j = coords[t]
-            for k in range(colptr[j], colptr[j + 1]):
-                r[rows[k]] -= d * values[k]
-
-
-@njit(nogil=True, cache=True)
-def _xtr(colptr, rows, values, r):
-    out = np.empty(colptr.shape[0] - 1)
-    for j in range(out.shape[0]):
-        g = 0.0
-        for k in range(colptr[j], colptr[j + 1]):
-            g += values[k] * r[rows[k]]
-        out[j] = g
-    return out
-
-
-@njit(nogil=True, cache=True)
-def _residual(colptr, rows, values, y, w):
-    r = y.copy()
-    for j in range(w.shape[0]):
-        if w[j] != 0.0:
-            for k in range(colptr[j], colptr[j + 1]):
-                r[rows[k]] -= w[j] * values[k]
-    return r
-
-
-@njit(nogil=True, cache=True)
-def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):
-    """Deal ``candidates`` (in priority order) to ``workers``: each to the worker whose
-    coordinates it correlates with most, at most ``cap`` a worker, none whose mean
-    |correlation| with the other workers' coordinates passes ``rho``.  ``acc[:, q]``
-    (zeros on entry and on exit) sums |x_k| / ‖x_k‖ over worker q's coordinates (a row
-    per example, so one pass over a column reads every worker's sum).
-    Returns the worker of each candidate, -1 for those left out."""
-    owner = np.full(candidates.shape[0], -1, np.int64)
-    load = np.zeros(workers, np.int64)
-    c = np.zeros(workers)
-    for t in range(candidates.shape[0]):
-        j = candidates[t]
-        if col_norm[j] == 0.0:
-            continue
-        c[:] = 0.0
-        for k in range(colptr[j], colptr[j + 1]):
-            a = abs(values[k])
-            row = acc[rows[k]]
-            for q in range(workers):
-                c[q] += a * row[q]
-        total = 0.0
-        for q in range(workers):
-            c[q] /= col_norm[j]
-            total += c[q]
-        best = -1
-        placed = load.sum()
-        for q in range(workers):
-            others = placed - load[q]
-            if load[q] < cap and total - c[q] <= rho * max(others, 1) and (
-                    best < 0 or c[q] > c[best] or (c[q] == c[best] and load[q] < load[best])):
-                best = q
-        if best < 0:
-            continue
-        owner[t] = best
-        load[best] += 1
-        for k in range(colptr[j], colptr[j + 1]):
-            acc[rows[k], best] += abs(values[k]) / col_norm[j]
-    for t in range(candidates.shape[0]):  # leave acc as it came: zeros
-        q = owner[t]
-        if q >= 0:
-            j = candidates[t]
-            for k in range(colptr[j], colptr[j + 1]):
-                acc[rows[k], q] = 0.0
-    return owner
-
-
-def _top(values: np.ndarray, k: int) -> np.ndarray:
-    """The indices of the ``k`` largest ``values``, largest first (ties: lower index
-    first), without sorting them all."""
-    k = min(k, values.size)
-    if k <= 0:
-        return np.zeros(0, np.int64)
-    if k < values.size:  # every index tied with the k-th largest stays in, so that ties go by index
-        kth = values[np.argpartition(-values, k - 1)[k - 1]]
-        part = np.flatnonzero(values >= kth)
-    else:
-        part = np.arange(values.size)
-    return part[np.lexsort((part, -values[part]))][:k]
-
-
-def objective(m: Matrix, w: np.ndarray, lam: float) -> float:
-    """``1/(2n)·‖y − Xw‖² + λ‖w‖₁``."""
-    r = _residual(m.colptr, m.rows, m.values, m.y, np.asarray(w, np.float64))
-    return float(r @ r / (2 * m.shape[0]) + lam * np.abs(w).sum())
-
-
-def lambda_max(m: Matrix) -> float:
-    """The smallest λ at which every coefficient is zero: ``‖Xᵀy‖∞ / n``."""
-    return float(np.abs(_xtr(m.colptr, m.rows, m.values, m.y)).max() / m.shape[0])
-
-
-def dual_value(m: Matrix, v: np.ndarray, g: np.ndarray, lam: float) -> float:
-    """The dual objective at ``v`` (a residual, or an extrapolated one; ``g = Xᵀv``)
-    scaled into the dual's feasible set ``‖Xᵀθ‖∞ <= nλ``: a lower bound on the optimum."""
-    n = m.shape[0]
-    scale = min(1.0, n * lam / max(float(np.abs(g).max()), 1e-300))
-    return float((v @ m.y) * scale / n - (scale * scale) * (v @ v) / (2 * n))
-
-
-def duality_gap(m: Matrix, w: np.ndarray, r: np.ndarray, g: np.ndarray, lam: float) -> tuple[float, float]:
-    """``(primal, gap)`` at ``w`` with residual ``r`` and ``g = Xᵀr``: the dual point is
-    ``r`` scaled into the dual's feasible set."""
-    primal = float(r @ r / (2 * m.shape[0]) + lam * np.abs(w).sum())
-    return primal, max(primal - dual_value(m, r, g, lam), 0.0)
-
-
-def extrapolated(residuals: list[np.ndarray]) -> np.ndarray | None:
-    """celer's dual extrapolation: the affine combination of the last residuals that an
-    Anderson step takes them to (``Σ c_k r_k``, ``Σ c_k = 1``, ``c`` minimising the
-    combination of their differences); None if the system is singular."""
-    if len(residuals) < 3:
-        return None
-    diffs = np.diff(np.stack(residuals), axis=0)
-    gram = diffs @ diffs.T
-    try:
-        z = np.linalg.solve(gram + 1e-12 * np.trace(gram) * np.eye(gram.shape[0]), np.ones(gram.shape[0]))
-    except np.linalg.LinAlgError:
-        return None
-    if not np.isfinite(z).all() or abs(z.sum()) < 1e-300:
-        return None
-    c = z / z.sum()
-    return np.asarray(c @ np.stack(residuals[1:]), np.float64)
 
 
 @dataclass(frozen=True)
@@ -419,7 +271,7 @@ class LassoProgram:
 
 
 def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, workers: int,
-                 checkpoints: Checkpoints | None = None, resume: ResumePoint | None = None) -> dict[str, Any]:
+                 checkpoints: RoundCheckpoints | None = None, resume: RoundResume | None = None) -> dict[str, Any]:
     """One worker of ``paramserver lasso``: read the data, run the rounds."""
     from paramserver.apps.rounds.program import run_rounds
 
@@ -446,9 +298,51 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     """``paramserver lasso``: solve, write ``save/coef.npy`` and the metrics; the report.
     ``checkpoints.every`` counts rounds.  ``replicas``: copies of every vnode; a server's death
     that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
-    from paramserver.cluster.launch import open_cluster
-    from paramserver.data.files import check_output, write_text
+    check_lasso_flags(lam, lambda_ratio, tol, schedule)
+    check_outputs(save, metrics_out)
+    checkpoints.check()
+    t0 = time.perf_counter()
+    # the driver reads the data while the cluster's processes start (the parser releases the GIL)
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(read_libsvm_matrix, data)
+        with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options,
+                       allow_loss=allow_loss) as job:
+            m = reading.result()
+            n, d = m.shape
+            lmax, cfg = lasso_config(data, m, lam, lambda_ratio, tol, schedule, max_rounds)
+            # what the table depends on; the workers, --tol and --schedule may change on a resume
+            cps, resume = checkpoints.plan({"app": "lasso", "rows": n, "features": d, "lambda": cfg.lam},
+                                           rounds_a_unit=1)
+            bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
+            block = min(cfg.block_size, 1 << bits)
+            job.tables(resume, lambda client: client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits,
+                                                                  block_size=block, replicas=replicas))
+            ran = job.run(lasso_worker, data, d, cfg, workers, cps, resume)
+            keys, values = job.client.export_table(TABLE)
+    w = np.zeros(d)
+    inside = keys < d
+    w[keys[inside].astype(np.int64)] = join64(values[inside])
+    seconds = time.perf_counter() - t0
+    head = min(ran.per_worker, key=lambda r: r["rank"])
+    report = {**solution_report(m, w, cfg, head, seconds), "lambda_max": lmax, "rows": n, "features": d,
+              "workers": workers, "servers": servers, "workers_lost": ran.lost, "workers_joined_midway": ran.joined,
+              "schedule": schedule, "tol": tol, **job.losses.report(),
+              "resumed_at_round": resume.round if resume else None, "checkpoints": head["checkpoints"],
+              "history": head["history"]}
+    if save:
+        import os
 
+        os.makedirs(save, exist_ok=True)
+        np.save(os.path.join(save, "coef.npy"), w)
+    write_metrics(metrics_out, report)
+    return report
+
+
+def check_lasso_flags(lam: float | None, lambda_ratio: float | None, tol: float, schedule: str) -> None:
+    """``--lambda`` or ``--lambda-ratio``, ``--tol`` and ``--schedule``, before any work.
+
+    Raises:
+        ConfigError: one out of its range (or both λ flags, or neither)."""
     if (lam is None) == (lambda_ratio is None):
         raise ConfigError("give one of --lambda L or --lambda-ratio R (λ = λ_max / R)")
     if lam is not None and not (math.isfinite(lam) and lam > 0):
@@ -460,63 +354,34 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
                           f"coefficients travel as float64 to 2^-48), got {tol}")
     if schedule not in SCHEDULES:
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    check_output(save, "--save", folder=True)
-    check_output(metrics_out, "--metrics-out", folder=False)
-    checkpoints.check()
-    t0 = time.perf_counter()
-    options = {"log_level": "WARNING", **(cluster_options or {})}
-    # the driver reads the data while the cluster's processes start (the parser releases the GIL)
-    with ThreadPoolExecutor(1) as pool:
-        reading = pool.submit(read_libsvm_matrix, data)
-        with open_cluster(servers=servers, workers=workers, **options) as cluster, \
-                surfacing_losses(cluster, allow_loss) as losses:
-            m = reading.result()
-            n, d = m.shape
-            lmax = lambda_max(m)
-            if lmax == 0:
-                raise ConfigError(f"{data}: Xᵀy is zero, so every λ gives w = 0; check the targets")
-            if lam is None:
-                assert lambda_ratio is not None
-                lam = lmax / lambda_ratio
-            cfg = LassoConfig(lam=float(lam), tol=tol, schedule=schedule, max_rounds=max_rounds)
-            # what the table depends on; the workers, --tol and --schedule may change on a resume
-            cps, resume = checkpoints.plan({"app": "lasso", "rows": n, "features": d, "lambda": cfg.lam},
-                                           rounds_a_unit=1)
-            bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
-            client = cluster.client
-            block = min(cfg.block_size, 1 << bits)
-            if resume is not None:
-                client.restore(resume.step, allow_unverified=resume.allow_unverified)
-            else:
-                client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits, block_size=block, replicas=replicas)
-            worker = tolerating_loss(lasso_worker) if allow_loss else lasso_worker
-            per_worker, lost = cluster.run_elastic(worker, data, d, cfg, workers, cps, resume)
-            per_worker, joined = took_part(per_worker)
-            keys, values = client.export_table(TABLE)
-    w = np.zeros(d)
-    inside = keys < d
-    w[keys[inside].astype(np.int64)] = join64(values[inside])
-    seconds = time.perf_counter() - t0
-    head = min(per_worker, key=lambda r: r["rank"])
+
+
+def lasso_config(data: str, m: Matrix, lam: float | None, lambda_ratio: float | None, tol: float, schedule: str,
+                 max_rounds: int) -> tuple[float, LassoConfig]:
+    """``λ_max`` of the data read from ``data`` and the solver's settings, λ given or
+    ``λ_max / lambda_ratio``.
+
+    Raises:
+        ConfigError: ``Xᵀy`` is zero (every λ gives w = 0)."""
+    lmax = lambda_max(m)
+    if lmax == 0:
+        raise ConfigError(f"{data}: Xᵀy is zero, so every λ gives w = 0; check the targets")
+    if lam is None:
+        assert lambda_ratio is not None
+        lam = lmax / lambda_ratio
+    return lmax, LassoConfig(lam=float(lam), tol=tol, schedule=schedule, max_rounds=max_rounds)
+
+
+def solution_report(m: Matrix, w: np.ndarray, cfg: LassoConfig, head: dict[str, Any],
+                    seconds: float) -> dict[str, Any]:
+    """The report's first lines: the solution ``w`` (objective, duality gap, non-zeros) and
+    how the rounds went, as the lowest-ranked worker (``head``) saw them."""
     r = _residual(m.colptr, m.rows, m.values, m.y, w)
     primal, gap = duality_gap(m, w, r, _xtr(m.colptr, m.rows, m.values, r), cfg.lam)
     # the workers' last check saw these coefficients (to the 2^-48 the table keeps): their dual point (an
     # extrapolated one) bounds the optimum from below too, and is the tighter certificate
     gap = min(gap, float(head["gap"]) + max(primal - float(head["objective"]), 0.0))
-    report = {"objective": primal, "duality_gap": gap, "relative_gap": gap / primal if primal else 0.0,
-              "nonzeros": int(np.count_nonzero(w)), "seconds": seconds, "rounds": head["rounds"],
-              "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"] or gap <= tol * primal),
-              "stalled": bool(head["stalled"]), "phase_seconds": head["phase_seconds"],
-              "lambda": cfg.lam, "lambda_max": lmax, "rows": n, "features": d, "workers": workers,
-              "servers": servers, "workers_lost": lost, "workers_joined_midway": joined, "schedule": schedule,
-              "tol": tol, **losses.report(),
-              "resumed_at_round": resume.round if resume else None, "checkpoints": head["checkpoints"],
-              "history": head["history"]}
-    if save:
-        import os
-
-        os.makedirs(save, exist_ok=True)
-        np.save(os.path.join(save, "coef.npy"), w)
-    if metrics_out:
-        write_text(metrics_out, json.dumps(report, indent=1))
-    return report
+    return {"objective": primal, "duality_gap": gap, "relative_gap": gap / primal if primal else 0.0,
+            "nonzeros": int(np.count_nonzero(w)), "seconds": seconds, "rounds": head["rounds"],
+            "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"] or gap <= cfg.tol * primal),
+            "stalled": bool(head["stalled"]), "phase_seconds": head["phase_seconds"], "lambda": cfg.lam}

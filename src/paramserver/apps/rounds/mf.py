@@ -18,10 +18,8 @@ and 0.01 on biases) were chosen on MovieLens (``docs/model-parallel.md``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -30,19 +28,18 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from paramserver.apps.rounds.job import RoundsJob, check_outputs, write_metrics
 from paramserver.apps.rounds.program import (
     NO_CHECKPOINTS,
     CheckpointOptions,
-    Checkpoints,
-    ResumePoint,
+    RoundCheckpoints,
+    RoundResume,
     adopt,
     balanced_groups,
     joined_midway,
     run_rounds,
-    took_part,
 )
-from paramserver.apps.rounds.ratings import read_ratings
-from paramserver.client.losses import surfacing_losses, tolerating_loss
+from paramserver.apps.rounds.ratings import Ratings, read_ratings
 from paramserver.errors import ConfigError, check_flags
 
 USERS, ITEMS = "mf/users", "mf/items"
@@ -246,8 +243,8 @@ class MFProgram:
 
 
 def mf_worker(client: Any, paths: list[str], cfg: MFConfig, mu: float, user_start: np.ndarray,
-              item_start: np.ndarray, checkpoints: Checkpoints | None = None,
-              resume: ResumePoint | None = None) -> dict[str, Any]:
+              item_start: np.ndarray, checkpoints: RoundCheckpoints | None = None,
+              resume: RoundResume | None = None) -> dict[str, Any]:
     if joined_midway(client):
         return {"rank": client.rank, "joined_midway": True}
     program = MFProgram(client, paths, cfg, mu, user_start, item_start, client.rank)
@@ -285,13 +282,8 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     """``paramserver mf``: train, then predict ``test`` and write what was asked; the report.
     ``checkpoints.every`` counts epochs.  ``replicas``: copies of every vnode; a server's death
     that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
-    from paramserver.cluster.launch import open_cluster
-    from paramserver.data.files import check_output, write_text
-
     check_config(cfg, workers, servers)
-    check_output(save, "--save", folder=True)
-    check_output(metrics_out, "--metrics-out", folder=False)
-    check_output(predictions_out, "--predictions-out", folder=False)
+    check_outputs(save, metrics_out, (predictions_out, "--predictions-out"))
     if predictions_out and not test:
         raise ConfigError("--predictions-out needs --test (the ratings to predict, one prediction a line)")
     checkpoints.check()
@@ -308,40 +300,20 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     meta = {"app": "mf", "workers": workers, "rank": k, "seed": cfg.seed, "ratings": int(r.size),
             "users": int(user_ids.size), "items": int(item_ids.size)}
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers)
-    with tempfile.TemporaryDirectory(prefix="paramserver-mf-") as scratch, \
-            open_cluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
-            as cluster, surfacing_losses(cluster, allow_loss) as losses:
-        paths = write_strata(scratch, u, i, r, lay, workers, cfg.seed)
-        client = cluster.client
-        if resume is not None:
-            client.restore(resume.step, allow_unverified=resume.allow_unverified)
-        else:
-            for table, n in ((USERS, user_ids.size), (ITEMS, item_ids.size)):
-                client.create_table(table, dim=k + 1, optimizer="sgd", key_bits=max(int(n - 1).bit_length(), 1),
-                                    replicas=replicas)
-            init = np.zeros((item_ids.size, k + 1), np.float32)
-            init[:, :k] = np.random.default_rng([cfg.seed, 1 << 20]).normal(0.0, cfg.init_std, (item_ids.size, k))
-            client.push(ITEMS, np.arange(item_ids.size, dtype=np.uint64), init, op="assign",
-                        distinct=True).result(timeout=600)
-        t_train = time.perf_counter()
-        worker = tolerating_loss(mf_worker) if allow_loss else mf_worker  # the driver decides (surfacing_losses)
-        per_worker, lost = cluster.run_elastic(worker, paths, cfg, mu, lay.user_start, lay.item_start, cps,
-                                               resume)
-        per_worker, joined = took_part(per_worker)
-        t_train = time.perf_counter() - t_train
-        P = _rows(client, USERS, user_ids.size, k)[lay.user_key]
-        Q = _rows(client, ITEMS, item_ids.size, k)[lay.item_key]
+    with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options, allow_loss=allow_loss,
+                   scratch_prefix="paramserver-mf-") as job:
+        paths = write_strata(job.scratch, u, i, r, lay, workers, cfg.seed)
+        job.tables(resume, lambda client: _create_tables(client, cfg, user_ids.size, item_ids.size, replicas))
+        ran = job.run(mf_worker, paths, cfg, mu, lay.user_start, lay.item_start, cps, resume)
+        P = _rows(job.client, USERS, user_ids.size, k)[lay.user_key]
+        Q = _rows(job.client, ITEMS, item_ids.size, k)[lay.item_key]
     lo, hi = float(r.min()), float(r.max())
     report: dict[str, Any] = {"train_ratings": int(r.size), "users": int(user_ids.size), "items": int(item_ids.size),
                               "global_mean": mu, "train_rmse": float(np.sqrt(np.mean(
                                   (_predict(u, i, P, Q, mu, lo, hi) - r) ** 2)))}
-    report.update(losses.report())
+    report.update(job.losses.report())
     if held is not None:
-        pred = _predict(_dense(held.users, user_ids), _dense(held.items, item_ids), P, Q, mu, lo, hi)
-        report["test_ratings"] = int(len(held))
-        report["test_rmse"] = float(np.sqrt(np.mean((pred - held.ratings) ** 2)))
-        if predictions_out:
-            write_text(predictions_out, "".join(f"{p:.6g}\n" for p in pred.tolist()))
+        report.update(_test(held, user_ids, item_ids, P, Q, mu, lo, hi, predictions_out))
     if save:
         os.makedirs(save, exist_ok=True)
         np.savez(os.path.join(save, "mf.npz"), user_ids=user_ids, item_ids=item_ids, user_factors=P[:, :k],
@@ -349,15 +321,38 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
                  rating_range=np.array([lo, hi]))
     seconds = time.perf_counter() - t0
     updates = int(r.size) * max(cfg.epochs - (resume.round // workers if resume else 0), 0)
-    report.update({"seconds": seconds, "train_seconds": t_train, "rating_updates": updates,
-                   "rating_updates_per_s": updates / max(t_train, 1e-9), "workers": workers, "servers": servers,
-                   "workers_lost": lost, "workers_joined_midway": joined,
+    report.update({"seconds": seconds, "train_seconds": ran.seconds, "rating_updates": updates,
+                   "rating_updates_per_s": updates / max(ran.seconds, 1e-9), "workers": workers, "servers": servers,
+                   "workers_lost": ran.lost, "workers_joined_midway": ran.joined,
                    "resumed_at_epoch": resume.round // workers if resume else None,
-                   "checkpoints": per_worker[0]["checkpoints"],
-                   **asdict(cfg), "phase_seconds": per_worker[0]["phase_seconds"]})
-    if metrics_out:
-        write_text(metrics_out, json.dumps(report, indent=1))
+                   "checkpoints": ran.per_worker[0]["checkpoints"],
+                   **asdict(cfg), "phase_seconds": ran.per_worker[0]["phase_seconds"]})
+    write_metrics(metrics_out, report)
     return report
+
+
+def _create_tables(client: Any, cfg: MFConfig, users: int, items: int, replicas: int) -> None:
+    """A fresh job's tables: user rows (pushed by their workers once an epoch) and item
+    rows, the factors drawn from the seed and the biases zero."""
+    k = cfg.rank
+    for table, n in ((USERS, users), (ITEMS, items)):
+        client.create_table(table, dim=k + 1, optimizer="sgd", key_bits=max(int(n - 1).bit_length(), 1),
+                            replicas=replicas)
+    init = np.zeros((items, k + 1), np.float32)
+    init[:, :k] = np.random.default_rng([cfg.seed, 1 << 20]).normal(0.0, cfg.init_std, (items, k))
+    client.push(ITEMS, np.arange(items, dtype=np.uint64), init, op="assign", distinct=True).result(timeout=600)
+
+
+def _test(held: Ratings, user_ids: np.ndarray, item_ids: np.ndarray, P: np.ndarray, Q: np.ndarray, mu: float,
+          lo: float, hi: float, predictions_out: str | None) -> dict[str, Any]:
+    """The held-out ratings predicted (users and items never trained on get the global
+    mean and their known bias): their RMSE, and each prediction to ``predictions_out``."""
+    from paramserver.data.files import write_text
+
+    pred = _predict(_dense(held.users, user_ids), _dense(held.items, item_ids), P, Q, mu, lo, hi)
+    if predictions_out:
+        write_text(predictions_out, "".join(f"{p:.6g}\n" for p in pred.tolist()))
+    return {"test_ratings": int(len(held)), "test_rmse": float(np.sqrt(np.mean((pred - held.ratings) ** 2)))}
 
 
 def _rows(client: Any, table: str, n: int, k: int) -> np.ndarray:

@@ -21,16 +21,18 @@ A program is three small functions (``Program``):
 ``regroup(round, live)`` carries on when workers die (see ``run_rounds``).
 
 Between two rounds the parameters on the servers are consistent, so a checkpoint taken
-there is a restart point: with ``Checkpoints``, every ``every`` rounds each worker writes
+there is a restart point: with ``RoundCheckpoints``, every ``every`` rounds each worker writes
 its local state into the step (``program.save(round, step)``, optional), the first live
 worker checkpoints the tables with the round in the manifest, and the rounds go on.  A
-job started again with ``resume_point`` restores the tables, and ``run_rounds`` calls
+job started again with ``round_resume_point`` restores the tables, and ``run_rounds`` calls
 ``program.resume(round, step)`` on every worker, then runs from that round.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -70,7 +72,7 @@ class WorkersLost(ParamServerError):
 
 
 @dataclass(frozen=True)
-class Checkpoints:
+class RoundCheckpoints:
     """Checkpoint the rounds under ``url`` every ``every`` rounds (and after the last one),
     keeping the newest ``keep`` (0: all).  ``meta`` is what a resumed job must match (the
     app, its data's shape, the settings the layout depends on): it goes into the manifest."""
@@ -82,7 +84,7 @@ class Checkpoints:
 
 
 @dataclass(frozen=True)
-class ResumePoint:
+class RoundResume:
     """A round checkpoint to go on from: its step, and the round to run next;
     ``allow_unverified``: it may be a first-format one (files without sha256)."""
 
@@ -91,7 +93,7 @@ class ResumePoint:
     allow_unverified: bool = False
 
 
-def resume_point(url: str, meta: dict[str, Any], allow_unverified: bool = False) -> ResumePoint:
+def round_resume_point(url: str, meta: dict[str, Any], allow_unverified: bool = False) -> RoundResume:
     """The newest complete round checkpoint under ``url`` (or the step ``url`` names); a
     first-format one (its files have no sha256) only with ``allow_unverified``.
 
@@ -112,10 +114,10 @@ def resume_point(url: str, meta: dict[str, Any], allow_unverified: bool = False)
         said = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in differ.items())
         raise CheckpointError(f"{step} was written by another job ({said}); resume with the data and settings it "
                               "was written with, or start afresh with an empty --checkpoint-dir")
-    return ResumePoint(step, int(rounds["round"]), allow_unverified)
+    return RoundResume(step, int(rounds["round"]), allow_unverified)
 
 
-def check_checkpoint_dir(url: str | None, resume: ResumePoint | None) -> None:
+def check_checkpoint_dir(url: str | None, resume: RoundResume | None) -> None:
     """Before the work: a fresh job must not write its rounds among another job's (a
     resumed one may go on in its own folder).
 
@@ -163,23 +165,23 @@ class CheckpointOptions:
         if self.resume is not None:
             ckpt.resolve_step(self.resume)
 
-    def plan(self, meta: dict[str, Any], rounds_a_unit: int) -> tuple[Checkpoints | None, ResumePoint | None]:
+    def plan(self, meta: dict[str, Any], rounds_a_unit: int) -> tuple[RoundCheckpoints | None, RoundResume | None]:
         """What ``run_rounds`` takes, once the data is read (``meta`` describes it and the
         settings a resumed job must share)."""
         from paramserver.checkpoint import store as ckpt
 
-        point = resume_point(self.resume, meta, self.allow_unverified) if self.resume is not None else None
+        point = round_resume_point(self.resume, meta, self.allow_unverified) if self.resume is not None else None
         # absolute, as the resumed step is: every worker and server then names the same folder
         url = ckpt.local_url(self.dir, "--checkpoint-dir") if self.dir else self.dir
         check_checkpoint_dir(url, point)
-        cps = Checkpoints(url, self.every * rounds_a_unit, self.keep, meta) if url else None
+        cps = RoundCheckpoints(url, self.every * rounds_a_unit, self.keep, meta) if url else None
         return cps, point
 
 
 NO_CHECKPOINTS = CheckpointOptions()
 
 
-def _checkpoint(client: Any, program: Program, checkpoints: Checkpoints, round_: int, live: list[int],
+def _checkpoint(client: Any, program: Program, checkpoints: RoundCheckpoints, round_: int, live: list[int],
                 rank: int, timeout_s: float) -> None:
     """Every worker saves its state into the step of round ``round_`` (the next to run);
     once all have, the first live worker checkpoints the tables and writes the manifest
@@ -200,9 +202,12 @@ def _checkpoint(client: Any, program: Program, checkpoints: Checkpoints, round_:
     client.barrier(timeout_s=timeout_s)
 
 
+_clock = time.perf_counter  # the phases' seconds
+
+
 def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_rounds: int,
-               timeout_s: float = 600.0, checkpoints: Checkpoints | None = None,
-               resume: ResumePoint | None = None, staleness: int = 0) -> RoundStats:
+               timeout_s: float = 600.0, checkpoints: RoundCheckpoints | None = None,
+               resume: RoundResume | None = None, staleness: int = 0) -> RoundStats:
     """Run ``program`` on this worker (``rank`` of ``workers``) in rounds; every worker
     calls it with the same program and arguments.
 
@@ -227,42 +232,9 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
     and after the last; with ``resume`` (the tables already restored by the driver),
     every worker calls ``program.resume(round, step)`` and the rounds go on from there.
     """
-    import time
-    from collections import deque
-
     if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
         raise ParamServerError(f"staleness must be a whole number >= 0 (0: BSP rounds), got {staleness!r}")
-    stats = RoundStats()
-    clock = time.perf_counter
-    live = list(range(workers))
-    pending: deque[tuple[int, Sequence[np.ndarray], Any]] = deque()  # rounds arrived at, not yet observed
-
-    def settle(r: int, upto: int) -> None:
-        """Observe the rounds in flight, oldest first, until at most ``upto`` are left; or
-        regroup, as of round ``r``, if a barrier's answer lacks a worker."""
-        nonlocal live
-        while len(pending) > upto:
-            q, assignment, answer = pending.popleft()
-            t = clock()
-            present = answer() if callable(answer) else answer.result(timeout=timeout_s)
-            stats.seconds["barrier"] += clock() - t
-            gone = [w for w in live if present and w not in present]
-            t = clock()
-            if gone:
-                regroup = getattr(program, "regroup", None)
-                if regroup is None:
-                    raise WorkersLost(f"worker(s) {gone} died in round {q}; {type(program).__name__} cannot go on "
-                                      "without them (it has no regroup)")
-                for _, _, later in pending:  # every survivor arrived at these before it saw the death
-                    later.result(timeout=timeout_s)
-                pending.clear()
-                live = [w for w in live if w not in gone]
-                regroup(r, live)
-                stats.regroups += 1
-            else:
-                program.observe(q, assignment)
-            stats.seconds["observe"] += clock() - t
-
+    rounds = _Rounds(client, program, rank, workers, timeout_s)
     start = 0
     if resume is not None:
         if not hasattr(program, "resume"):
@@ -272,34 +244,87 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
     for r in range(start, max_rounds):
         if program.converged(r):
             break
-        t0 = clock()
-        assignment = program.schedule(r, len(live))
-        t1 = clock()
-        pushes = program.update(r, assignment[live.index(rank)])
-        t2 = clock()
+        rounds.run(r, staleness)
+        if checkpoints is not None and ((r + 1) % checkpoints.every == 0 or r + 1 == max_rounds):
+            rounds.checkpoint(r, checkpoints)
+    rounds.settle(max(start, rounds.stats.rounds + start - 1), 0)
+    return rounds.stats
+
+
+class _Rounds:
+    """One worker's side of ``run_rounds`` between two rounds: the live workers, the rounds
+    it arrived at and has not observed yet (oldest first, with the barrier's answer to
+    come), and the stats."""
+
+    def __init__(self, client: Any, program: Program, rank: int, workers: int, timeout_s: float) -> None:
+        self.client, self.program, self.rank, self.timeout_s = client, program, rank, timeout_s
+        self.stats = RoundStats()
+        self.live = list(range(workers))
+        self.pending: deque[tuple[int, Sequence[np.ndarray], Any]] = deque()  # rounds arrived at, not yet observed
+
+    def run(self, r: int, staleness: int) -> None:
+        """Round ``r``: schedule, update, push (every push applied), then arrive at its
+        barrier and observe what ``staleness`` lets be observed."""
+        client, program, seconds = self.client, self.program, self.stats.seconds
+        t0 = _clock()
+        assignment = program.schedule(r, len(self.live))
+        t1 = _clock()
+        pushes = program.update(r, assignment[self.live.index(self.rank)])
+        t2 = _clock()
         futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
                    if len(keys)]
         for f in futures:
-            f.result(timeout=timeout_s)
-        t3 = clock()
-        stats.seconds["schedule"] += t1 - t0
-        stats.seconds["update"] += t2 - t1
-        stats.seconds["push"] += t3 - t2
+            f.result(timeout=self.timeout_s)
+        t3 = _clock()
+        seconds["schedule"] += t1 - t0
+        seconds["update"] += t2 - t1
+        seconds["push"] += t3 - t2
         if staleness:
-            pending.append((r, assignment, client.arrive(r)))
+            self.pending.append((r, assignment, client.arrive(r)))
         else:
-            pending.append((r, assignment, lambda: client.barrier(timeout_s=timeout_s)))
-        settle(r, staleness)
-        stats.rounds += 1
-        stats.scheduled += int(sum(len(a) for a in assignment))
-        if checkpoints is not None and ((r + 1) % checkpoints.every == 0 or r + 1 == max_rounds):
-            settle(r, 0)
-            t = clock()
-            _checkpoint(client, program, checkpoints, r + 1, live, rank, timeout_s)
-            stats.seconds["checkpoint"] = stats.seconds.get("checkpoint", 0.0) + clock() - t
-            stats.checkpoints += 1
-    settle(max(start, stats.rounds + start - 1), 0)
-    return stats
+            self.pending.append((r, assignment, lambda: client.barrier(timeout_s=self.timeout_s)))
+        self.settle(r, staleness)
+        self.stats.rounds += 1
+        self.stats.scheduled += int(sum(len(a) for a in assignment))
+
+    def settle(self, r: int, upto: int) -> None:
+        """Observe the rounds in flight, oldest first, until at most ``upto`` are left; or
+        regroup, as of round ``r``, if a barrier's answer lacks a worker."""
+        seconds = self.stats.seconds
+        while len(self.pending) > upto:
+            q, assignment, answer = self.pending.popleft()
+            t = _clock()
+            present = answer() if callable(answer) else answer.result(timeout=self.timeout_s)
+            seconds["barrier"] += _clock() - t
+            gone = [w for w in self.live if present and w not in present]
+            t = _clock()
+            if gone:
+                self._regroup(r, q, gone)
+            else:
+                self.program.observe(q, assignment)
+            seconds["observe"] += _clock() - t
+
+    def _regroup(self, r: int, q: int, gone: list[int]) -> None:
+        """Workers ``gone`` missed round ``q``'s barrier: wait out the rounds in flight (every
+        survivor arrived at them before it saw the death), then ``program.regroup``."""
+        regroup = getattr(self.program, "regroup", None)
+        if regroup is None:
+            raise WorkersLost(f"worker(s) {gone} died in round {q}; {type(self.program).__name__} cannot go on "
+                              "without them (it has no regroup)")
+        for _, _, later in self.pending:  # every survivor arrived at these before it saw the death
+            later.result(timeout=self.timeout_s)
+        self.pending.clear()
+        self.live = [w for w in self.live if w not in gone]
+        regroup(r, self.live)
+        self.stats.regroups += 1
+
+    def checkpoint(self, r: int, checkpoints: RoundCheckpoints) -> None:
+        """After round ``r``: observe every round in flight, then checkpoint (``_checkpoint``)."""
+        self.settle(r, 0)
+        t = _clock()
+        _checkpoint(self.client, self.program, checkpoints, r + 1, self.live, self.rank, self.timeout_s)
+        self.stats.seconds["checkpoint"] = self.stats.seconds.get("checkpoint", 0.0) + _clock() - t
+        self.stats.checkpoints += 1
 
 
 def joined_midway(client: Any) -> bool:

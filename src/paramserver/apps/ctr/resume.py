@@ -1,0 +1,74 @@
+"""The checkpoints of a training job (``paramserver train --checkpoint-dir``) and the point
+it goes on from (``--resume``): the scheduler's checkpoint option, checked, and the step
+to restore with the job's progress, checked against this job's shards, model and tables
+(each difference said with the flags to pass).  The rounds of ``lasso``, ``mf`` and
+``lda`` have their own (``paramserver.apps.rounds.program.round_resume_point``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.train_config import TrainConfig
+from paramserver.checkpoint import store as checkpoint
+from paramserver.data.reader import Shard
+from paramserver.errors import CheckpointError, ConfigError
+from paramserver.tables.spec import TableSpec
+
+
+def checkpoint_option(url: str | None, every: int | None, n_shards: int) -> dict[str, Any] | None:
+    if url is None:
+        if every is not None:
+            raise ConfigError(f"--checkpoint-every {every} needs --checkpoint-dir URL (where to write them)")
+        return None
+    if not url:
+        raise ConfigError("--checkpoint-dir must be a folder or URL, got an empty string")
+    if every is None:
+        every = n_shards  # once an epoch
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ConfigError(f"--checkpoint-every must be an int >= 1 (data shards done between two "
+                          f"checkpoints), got {every!r}")
+    return {"url": url, "every": every}
+
+
+def train_resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: TrainConfig, data: list[str],
+                       shard_bytes: int, allow_unverified: bool = False) -> tuple[str, dict[str, Any]]:
+    """The step to restore and the job progress to start from, checked against this job."""
+    step = checkpoint.resolve_step(checkpoint.local_url(url, "--resume"))
+    manifest = checkpoint.read_manifest(step, allow_unverified)
+    job = manifest.get("job")
+    if not isinstance(job, dict) or not isinstance(job.get("shards"), list):
+        raise CheckpointError(f"--resume {step}: this checkpoint has no job progress (it was written by "
+                              "Client.checkpoint, not by train --checkpoint-dir); restore it with "
+                              "Client.restore, or resume from a training checkpoint")
+    ours, theirs = [s.to_wire() for s in shards], job["shards"]
+    if ours != theirs:
+        diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        there = theirs[diff] if diff < len(theirs) else "none"
+        here = ours[diff] if diff < len(ours) else "none"
+        raise ConfigError(f"--resume {step}: the checkpointed job has {len(theirs)} shard(s), but --data "
+                          f"{' '.join(data)} with --shard-mb {shard_bytes / (1 << 20):g} gives {len(ours)} "
+                          f"(shard {diff}: {there} there, {here} here); pass the --data and --shard-mb of "
+                          "the checkpointed job")
+    dense_spec = cfg.dense_spec()
+    theirs_model = (manifest.get("train") or {}).get("model")
+    if dense_spec is not None and (theirs_model is None or Model(**theirs_model) != cfg.model
+                                   or (theirs := manifest["tables"].get(dense_spec.name)) is None
+                                   or TableSpec.from_wire(theirs).to_wire() != dense_spec.to_wire()):
+        raise ConfigError(f"--resume {step}: the checkpoint's MLP table {dense_spec.name!r} is not the one of "
+                          f"{cfg.model} (it has {theirs_model}); pass the --model, --embedding-dim, --hidden, "
+                          "--fm-l2 and --seed of the checkpointed job")
+    theirs_spec = manifest["tables"].get(spec.name)
+    if theirs_spec is None:
+        raise ConfigError(f"--resume {step}: the checkpoint has table(s) {sorted(manifest['tables'])}, not "
+                          f"{spec.name!r} that these flags train; pass the --model of the checkpointed job")
+    if TableSpec.from_wire(theirs_spec).to_wire() != spec.to_wire():
+        raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} is {theirs_spec}, but these "
+                          f"flags give {spec.to_wire()}; pass the --model, --optimizer, --seed, "
+                          "--consistency, --hash-bits and --table-layout of the checkpointed job")
+    epoch = job.get("epoch")
+    if isinstance(epoch, int) and epoch >= cfg.epochs:
+        raise ConfigError(f"--resume {step}: the checkpoint is in epoch {epoch + 1} of the job, but --epochs "
+                          f"is {cfg.epochs}; pass --epochs {job.get('epochs')} (or more)")
+    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples") if k in job}

@@ -1,0 +1,85 @@
+"""``TrainConfig``: what a training job (``paramserver train``) is, for its driver and
+every worker alike: the model and data format, the optimiser, the batches and how many
+are in flight, the consistency of the tables, their copies and layout.  It is checked as
+it is made (each bad value is said with its flag), and gives the specs of the job's
+tables: the model's (hashed, or dense arrays when the folded key space fits) and, for a
+deep model, its MLP's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from paramserver.apps.ctr.deep import DENSE_BLOCK
+from paramserver.apps.ctr.models import Model
+from paramserver.data.reader import DataFormat
+from paramserver.errors import ConfigError
+from paramserver.routing.hashing import MAX_KEY_BITS
+from paramserver.tables.spec import TableSpec
+
+LAYOUTS = ("auto", "hash", "dense")
+DENSE_AUTO_BYTES = 1 << 30  # --table-layout auto: dense when every copy together fits in this
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: Model = field(default_factory=Model)
+    data: DataFormat = field(default_factory=DataFormat)
+    optimizer: Any = None  # None: the model's default
+    epochs: int = 1
+    batch_size: int = 4000  # the largest mini-batch (see batch_ramp)
+    batch_ramp: float = 1.0  # a batch is at most ramp * sqrt(examples this worker trained on) (0: off)
+    seed: int = 0
+    pipeline: int = 2  # batches in flight (pulls ahead, pushes unacknowledged)
+    consistency: Any = "asp"  # bsp | ssp:S | asp; a worker's clock ticks once a batch
+    replicas: int = 1  # copies of every vnode (2 or 3: the job survives a server's death)
+    layout: str = "auto"  # the model table's: hash | dense (keys < 2**hash_bits) | auto (see key_bits)
+    slow_rank: int = -1  # benchmarks: this worker sleeps ...
+    slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if not (self.batch_ramp >= 0 and math.isfinite(self.batch_ramp)):
+            raise ConfigError(f"--batch-ramp must be a number >= 0 (0: no ramp), got {self.batch_ramp}")
+        if not 1 <= self.pipeline <= 64:
+            raise ConfigError(f"--pipeline must be in [1, 64], got {self.pipeline}")
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"--table-layout must be one of {LAYOUTS}, got {self.layout!r}")
+
+    def table_spec(self) -> TableSpec:
+        spec = TableSpec(self.model.table, self.model.dim,
+                         optimizer=self.optimizer or self.model.default_optimizer(),
+                         initializer=self.model.initializer(), seed=self.seed,
+                         consistency=self.consistency, replicas=self.replicas)
+        return replace(spec, key_bits=self.key_bits(spec))
+
+    def dense_spec(self) -> TableSpec | None:
+        """A deep model's MLP table (``None`` for lr and fm): the consistency and copies of
+        the model's table, its own rule."""
+        if self.model.deep is None:
+            return None
+        return TableSpec(self.model.dense_table, DENSE_BLOCK, optimizer=self.model.dense_optimizer(),
+                         initializer={"name": "zeros"}, seed=self.seed, consistency=self.consistency,
+                         replicas=self.replicas, key_bits=max(int(self.model.dense_rows - 1).bit_length(), 1))
+
+    def key_bits(self, spec: TableSpec) -> int:
+        """The table's ``key_bits``: folded features (``--hash-bits B``) make a key space of
+        2**B, which ``dense`` stores as arrays; ``auto`` does so when all its copies
+        take at most ``DENSE_AUTO_BYTES`` (2**24 dim-1 FTRL rows take 256 MiB)."""
+        bits = self.data.hash_bits if self.data.hash_bits < 64 else 0
+        if self.layout == "hash":
+            return 0
+        if self.layout == "dense":
+            if not 1 <= bits <= MAX_KEY_BITS:
+                raise ConfigError(f"--table-layout dense needs --hash-bits in [1, {MAX_KEY_BITS}] (the key "
+                                  f"space), got {self.data.hash_bits}; fold the features or use --table-layout "
+                                  "hash")
+            return bits
+        if 1 <= bits <= MAX_KEY_BITS and (1 << bits) * 4 * (spec.width + 1) * self.replicas <= DENSE_AUTO_BYTES:
+            return bits
+        return 0

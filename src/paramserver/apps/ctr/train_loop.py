@@ -1,0 +1,173 @@
+"""The training loop of a worker (``train_worker``): shards from the scheduler's task queue
+until the job is done, each streamed as mini-batches (parsed and deduplicated ahead, in
+threads of their own), the rows a batch touches pulled while earlier batches compute
+(``TrainConfig.pipeline`` in flight), the gradient computed in numba and pushed, and a
+shard reported done once its pushes are applied.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from paramserver.apps.ctr.models import to_rows
+from paramserver.apps.ctr.ramp import ramped
+from paramserver.apps.ctr.train_config import TrainConfig
+from paramserver.client.client import Client
+from paramserver.data.prefetch import Prefetch
+from paramserver.data.reader import Shard, read_batches
+
+PROGRESS_EVERY_S = 0.5  # a worker reports its progress this often (and the driver asks for the job's)
+
+
+def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
+    """What every worker runs: shards from the task queue until the job is done."""
+    t0 = time.perf_counter()
+    trace: list[tuple[float, int, int, float]] = []  # (seconds, clock, examples, loss sum)
+
+    def on_batch(clock: int, n: int, loss: float) -> None:
+        trace.append((time.perf_counter() - t0, clock, n, loss))
+
+    done = _train_stream(client, cfg, on_batch)
+    first = time.time() - (time.perf_counter() - t0 - trace[0][0]) if trace else None  # wall clock
+    return {**done, "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received,
+            "rank": client.rank, "trace": trace, "first_batch_at": first}
+
+
+def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple]:
+    """Every shard the scheduler gives this worker as one stream: ``(task, batch, uniq,
+    inverse)`` for each mini-batch, then ``(task, None, stats, None)`` to close the shard.
+    Runs in the reader thread, which asks for the next shard as soon as it has read the
+    last one (the closing item is queued first: the shard can be reported done while the
+    question waits) and parses on into it.  Batches grow from 1 example (``ramp_size``)."""
+    seen, distinct, last = 0, 0, 1  # examples so far; the last batch's distinct keys and examples
+    while (task := client.job.next_shard()) is not None:
+        stats: dict[str, Any] = {}
+        # parsing in a thread of its own, deduplication in this one: the two kernels (the
+        # GIL released) run at once, and neither waits for the other
+        with Prefetch(read_batches(Shard.from_wire(task["shard"]), cfg.data, cfg.batch_size, stats)) as parsed:
+            for batch in ramped(parsed, cfg.batch_size, cfg.batch_ramp, seen):
+                seen += len(batch)
+                uniq, inverse = batch.unique(distinct * len(batch) // max(1, last))
+                distinct, last = uniq.size, len(batch)
+                yield task, batch, uniq, inverse
+        yield task, None, stats, None
+
+
+def _train_stream(client: Client, cfg: TrainConfig,
+                  on_batch: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
+    """Train on the shard stream with ``cfg.pipeline`` pulls and pushes in flight.
+
+    The rows for batch t are pulled while batches t-1 .. t-pipeline+1 compute, so a
+    batch sees the pushes of all but the last ``pipeline - 1`` batches before it
+    (bounded delay, as in Downpour SGD); ``pipeline=1`` is strictly sequential.
+    A shard is reported done once its pushes are applied.  The reader thread reads on
+    into the next shard meanwhile, so a shard boundary costs one drain of the pushes, not
+    also a request for the next shard and its first parse.
+    """
+    with Prefetch(_shard_stream(client, cfg)) as items:  # parsed and deduplicated ahead
+        return _train_items(client, cfg, items, on_batch)
+
+
+def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
+                 on_batch: Callable[[int, int, float], None] | None) -> dict[str, Any]:
+    """Train on ``items`` (``_shard_stream``'s) until they run out; the totals of the shards done."""
+    loop = _Pipeline(client, cfg, items, on_batch)
+    while True:
+        iteration_start = time.perf_counter()
+        loop.pull_ahead()
+        if not loop.ahead:
+            break
+        (task, batch, uniq, inverse), pulled = loop.ahead.popleft()
+        if batch is None:  # the shard's last push is out: report it done once applied
+            loop.close_shard(task, uniq)
+        else:
+            loop.train(batch, uniq, inverse, pulled, iteration_start)
+    return loop.done
+
+
+class _Pipeline:
+    """The batches of ``_train_items`` in flight: those pulled ahead (``ahead``, each with
+    its pulls or ``None`` for a shard's end, in stream order) and the pushes not yet
+    acknowledged; the current shard's examples and loss, and what was last reported of
+    them; the totals of the shards done (``done``)."""
+
+    def __init__(self, client: Client, cfg: TrainConfig, items: Prefetch,
+                 on_batch: Callable[[int, int, float], None] | None) -> None:
+        self.client, self.cfg, self.items, self.on_batch = client, cfg, items, on_batch
+        # a deep model's MLP, pulled with each batch
+        self.dense_keys = np.arange(cfg.model.dense_rows, dtype=np.uint64)
+        self.ahead: deque = deque()  # (item, its pull or None), in stream order
+        self.pushes: deque = deque()
+        self.pulling, self.closing = 0, False  # pulls in `ahead`; a shard's end is in it
+        self.done = {"examples": 0, "loss_sum": 0.0, "bad_lines": 0}
+        self.examples, self.loss_sum = 0, 0.0  # of the current shard
+        self.shown_examples, self.shown_loss, self.shown_at = 0, 0.0, time.monotonic()
+        self.exhausted = False
+        self.slow = client.rank == cfg.slow_rank and cfg.slow_factor > 1
+
+    def pull_ahead(self) -> None:
+        """Pull up to a shard's end, not past it: the next shard's pulls go out once this
+        shard's pushes are applied, so the updates a pull sees do not depend on timing
+        (one worker trains deterministically), and a next shard that waits for this
+        shard_done (a new epoch, a checkpoint) cannot wait on us."""
+        client, model = self.client, self.cfg.model
+        while not self.exhausted and self.pulling < self.cfg.pipeline and not self.closing:
+            item = next(self.items, None)
+            if item is None:
+                self.exhausted = True
+            elif item[1] is None:
+                self.ahead.append((item, None))
+                self.closing = True
+            else:
+                self.ahead.append((item, (client.pull(model.table, item[2]), client.pull(
+                    model.dense_table, self.dense_keys) if self.dense_keys.size else None)))
+                self.pulling += 1
+
+    def _drain(self, keep: int) -> None:
+        """Wait for the oldest pushes until at most ``keep`` are unacknowledged."""
+        while len(self.pushes) > keep:
+            for push in self.pushes.popleft():
+                push.result(timeout=300)  # errors surface here
+
+    def close_shard(self, task: Any, stats: dict[str, Any]) -> None:
+        """The shard's last push is out: report it done once every push is applied."""
+        self.closing = False
+        self._drain(0)
+        job = self.client.job
+        job.report_progress(examples=self.examples - self.shown_examples, loss_sum=self.loss_sum - self.shown_loss)
+        job.shard_done(task, examples=self.examples, loss_sum=self.loss_sum, bad_lines=stats["bad_lines"],
+                       bytes=stats.get("bytes", 0))
+        self.done["examples"] += self.examples
+        self.done["loss_sum"] += self.loss_sum
+        self.done["bad_lines"] += stats["bad_lines"]
+        self.examples, self.loss_sum, self.shown_examples, self.shown_loss = 0, 0.0, 0, 0.0
+
+    def train(self, batch: Any, uniq: np.ndarray, inverse: np.ndarray, pulled: tuple[Any, Any],
+              iteration_start: float) -> None:
+        """One mini-batch: its gradient from the rows pulled, pushed (at most
+        ``cfg.pipeline`` pushes unacknowledged), the clock ticked, the progress reported."""
+        client, cfg, model, dense_keys = self.client, self.cfg, self.cfg.model, self.dense_keys
+        self.pulling -= 1
+        rows, dense = pulled
+        grads, loss, dense_grads = model.step(batch, inverse, rows.result(timeout=300),
+                                              None if dense is None else dense.result(timeout=300))
+        if self.slow:  # a straggler, for consistency benchmarks: each batch takes factor x as long
+            time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
+        self._drain(cfg.pipeline - 1)
+        self.pushes.append([client.push(model.table, uniq, grads, distinct=True)] + (
+            [] if dense_grads is None else
+            [client.push(model.dense_table, dense_keys, to_rows(dense_grads, dense_keys.size), distinct=True)]))
+        client.clock()
+        if self.on_batch is not None:
+            self.on_batch(client.current_clock, len(batch), loss)
+        self.examples += len(batch)
+        self.loss_sum += loss
+        if time.monotonic() - self.shown_at > PROGRESS_EVERY_S:
+            client.job.report_progress(examples=self.examples - self.shown_examples,
+                                       loss_sum=self.loss_sum - self.shown_loss)
+            self.shown_examples, self.shown_loss, self.shown_at = self.examples, self.loss_sum, time.monotonic()

@@ -1,0 +1,112 @@
+"""The driver's side of a scheduled app (``paramserver lasso``, ``mf``, ``lda``): the steps
+the three take alike around their own.
+
+Each driver checks its flags and that every output is writable (``check_outputs``), before
+any long work; reads and lays out its data; then, in a ``RoundsJob`` (a cluster whose
+server losses the driver decides on, with a scratch folder for the workers' parts if the
+app needs one), restores its tables from a round checkpoint or creates them
+(``RoundsJob.tables``), runs its workers (``RoundsJob.run``: a worker that dies is survived
+when the app can regroup, one that joins midway leaves), and reads its tables back.  What
+it computes from them is its own; the report goes to ``--metrics-out`` (``write_metrics``).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from paramserver.apps.rounds.program import RoundResume, took_part
+from paramserver.client.losses import surfacing_losses, tolerating_loss
+
+
+def check_outputs(save: str | None, metrics_out: str | None, *more: tuple[str | None, str]) -> None:
+    """Every output of the job writable, said now and not after the work: ``save`` (a
+    folder), ``metrics_out`` and each ``(path, flag)`` of ``more`` (files).
+
+    Raises:
+        ConfigError: one that cannot be written, with its flag."""
+    from paramserver.data.files import check_output
+
+    check_output(save, "--save", folder=True)
+    check_output(metrics_out, "--metrics-out", folder=False)
+    for path, flag in more:
+        check_output(path, flag, folder=False)
+
+
+def write_metrics(metrics_out: str | None, report: dict[str, Any]) -> None:
+    """The report, as JSON, to ``--metrics-out`` (if given)."""
+    from paramserver.data.files import write_text
+
+    if metrics_out:
+        write_text(metrics_out, json.dumps(report, indent=1))
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What the workers of a scheduled job returned, and how the run went."""
+
+    per_worker: list[dict[str, Any]]  # of the workers that took part, in rank order
+    lost: list[str]  # a line for each worker that died (the others went on)
+    joined: int  # workers that joined midway and left at once (``joined_midway``)
+    seconds: float  # from the workers' start to the last one's end
+
+
+class RoundsJob:
+    """A scheduled app's cluster, as a context manager: ``servers`` and ``workers`` started
+    (``cluster_options``: more ``open_cluster`` arguments; the log level WARNING unless
+    they say otherwise), the losses of dying servers surfaced in one line unless
+    ``allow_loss`` (``surfacing_losses``), and with ``scratch_prefix`` a temporary folder
+    (``scratch``) for the parts the driver writes and the workers read, removed last."""
+
+    def __init__(self, *, servers: int, workers: int, cluster_options: dict[str, Any] | None, allow_loss: bool,
+                 scratch_prefix: str | None = None) -> None:
+        self.servers, self.workers, self.allow_loss = servers, workers, allow_loss
+        self.options = {"log_level": "WARNING", **(cluster_options or {})}
+        self.scratch_prefix = scratch_prefix
+        self.scratch = ""
+        self._stack = ExitStack()
+
+    def __enter__(self) -> RoundsJob:
+        from paramserver.cluster.launch import open_cluster
+
+        with self._stack as stack:
+            if self.scratch_prefix is not None:
+                self.scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix=self.scratch_prefix))
+            self.cluster = stack.enter_context(open_cluster(servers=self.servers, workers=self.workers,
+                                                            **self.options))
+            self.losses = stack.enter_context(surfacing_losses(self.cluster, self.allow_loss))
+            self._stack = stack.pop_all()  # entered: they are left in __exit__
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> bool | None:
+        return self._stack.__exit__(kind, error, tb)
+
+    @property
+    def client(self) -> Any:
+        """The driver's client of the cluster."""
+        return self.cluster.client
+
+    def tables(self, resume: RoundResume | None, create: Callable[[Any], None]) -> None:
+        """The job's tables: restored (with their specs) from the checkpoint ``resume`` goes
+        on from, else made by ``create(client)``."""
+        if resume is not None:
+            self.client.restore(resume.step, allow_unverified=resume.allow_unverified)
+        else:
+            create(self.client)
+
+    def run(self, worker: Callable[..., dict[str, Any]], *args: Any) -> Ran:
+        """``worker(client, *args)`` on every worker, a dead one survived (``run_elastic``);
+        with ``allow_loss`` the workers go on through a server's loss of data, and the
+        driver's report lists it (the driver decides, in ``surfacing_losses``)."""
+        t = time.perf_counter()
+        fn = tolerating_loss(worker) if self.allow_loss else worker
+        per_worker, lost = self.cluster.run_elastic(fn, *args)
+        per_worker, joined = took_part(per_worker)
+        return Ran(per_worker, lost, joined, time.perf_counter() - t)
