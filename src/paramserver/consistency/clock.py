@@ -123,7 +123,7 @@ class StalenessGate:
 
     vector: VectorClock = field(default_factory=VectorClock)
     parked: list[Parked] = field(default_factory=list)
-    staleness_seen: Counter = field(default_factory=Counter)  # c - min at answer time
+    staleness_seen: Counter[int] = field(default_factory=Counter)  # c - min at answer time
     parked_count: int = 0
     parked_seconds: float = 0.0
     max_gap: int = 0  # largest (reader's clock - slowest live clock) ever answered

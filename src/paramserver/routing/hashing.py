@@ -53,7 +53,7 @@ _FIB_INV = np.uint64(_inverse_mod_2_64(_FIB))
 
 
 @njit(inline="always", nogil=True, cache=True)
-def hash64(key):
+def hash64(key):  # type: ignore[no-untyped-def]
     """MurmurHash3 fmix64 of one uint64 key."""
     k = np.uint64(key)
     k ^= k >> _S33
@@ -65,7 +65,7 @@ def hash64(key):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def vnode_of_hash(h, n_vnodes):
+def vnode_of_hash(h, n_vnodes):  # type: ignore[no-untyped-def]
     """Which of ``n_vnodes`` equal arcs of the ring the hash ``h`` falls in.
 
     Multiply-high of the top 32 bits ("fastrange"): exact equal arcs for any
@@ -75,7 +75,7 @@ def vnode_of_hash(h, n_vnodes):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def slot_of_hash(h, capacity):
+def slot_of_hash(h, capacity):  # type: ignore[no-untyped-def]
     """Home slot of hash ``h`` in a table of ``capacity`` slots (low 32 bits)."""
     return np.int64(((h & _LOW32) * np.uint64(capacity)) >> _S32)
 
@@ -89,19 +89,19 @@ def layout_code(key_bits: int, block_size: int = 0) -> int:
 
 
 @njit(inline="always", nogil=True, cache=True)
-def layout_bits(layout):
+def layout_bits(layout):  # type: ignore[no-untyped-def]
     """``key_bits`` of a layout: keys are < 2**key_bits (0: the hash layout)."""
     return np.int64(layout) & 0xFF
 
 
 @njit(inline="always", nogil=True, cache=True)
-def block_shift(layout):
+def block_shift(layout):  # type: ignore[no-untyped-def]
     """``log2(block_size)`` of a range-partitioned layout; -1 for a scattered one."""
     return (np.int64(layout) >> 8) - 1
 
 
 @njit(inline="always", nogil=True, cache=True)
-def dense_pos(key, layout):
+def dense_pos(key, layout):  # type: ignore[no-untyped-def]
     """Position of ``key`` (< 2**key_bits) in a dense table's key space: a bijection
     (the identity for a range-partitioned table)."""
     mask = (np.uint64(1) << np.uint64(layout_bits(layout))) - np.uint64(1)
@@ -111,7 +111,7 @@ def dense_pos(key, layout):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def dense_key(pos, layout):
+def dense_key(pos, layout):  # type: ignore[no-untyped-def]
     """The key at position ``pos``: the inverse of ``dense_pos``."""
     mask = (np.uint64(1) << np.uint64(layout_bits(layout))) - np.uint64(1)
     if block_shift(layout) >= 0:
@@ -120,7 +120,7 @@ def dense_key(pos, layout):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def block_vnode(block, block_bits, n_vnodes):
+def block_vnode(block, block_bits, n_vnodes):  # type: ignore[no-untyped-def]
     """The vnode of parameter block ``b`` of ``N = 2**block_bits`` on ``n`` vnodes;
     non-decreasing in ``b``, so each vnode holds a contiguous run of blocks.
 
@@ -145,7 +145,7 @@ def block_vnode(block, block_bits, n_vnodes):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def vnode_of_key(key, n_vnodes, layout):
+def vnode_of_key(key, n_vnodes, layout):  # type: ignore[no-untyped-def]
     """The vnode of ``key``: by its hash (``layout == 0``), by its dense position, or
     (range-partitioned) by its block (``block_vnode``)."""
     if layout == 0:
@@ -180,7 +180,7 @@ def _blocks_before(v: int, block_bits: int, n_vnodes: int) -> int:
 
 
 @njit(nogil=True, cache=True)
-def hash64_array(keys):
+def hash64_array(keys):  # type: ignore[no-untyped-def]
     out = np.empty(keys.shape[0], np.uint64)
     for i in range(keys.shape[0]):
         out[i] = hash64(keys[i])
@@ -188,7 +188,7 @@ def hash64_array(keys):
 
 
 @njit(nogil=True, cache=True)
-def vnodes_of_keys(keys, n_vnodes, layout=0):
+def vnodes_of_keys(keys, n_vnodes, layout=0):  # type: ignore[no-untyped-def]
     out = np.empty(keys.shape[0], np.int64)
     for i in range(keys.shape[0]):
         out[i] = vnode_of_key(keys[i], n_vnodes, layout)
@@ -196,7 +196,7 @@ def vnodes_of_keys(keys, n_vnodes, layout=0):
 
 
 @njit(nogil=True, cache=True)
-def dense_keys_of(start, positions, layout):
+def dense_keys_of(start, positions, layout):  # type: ignore[no-untyped-def]
     """Keys at ``start + positions`` of a dense table (vectorised ``dense_key``)."""
     out = np.empty(positions.shape[0], np.uint64)
     for i in range(positions.shape[0]):

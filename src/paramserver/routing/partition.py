@@ -23,7 +23,7 @@ _S32 = np.uint64(32)
 
 
 @njit(nogil=True, cache=True)
-def _group(keys, rows, n_vnodes, vnode_rank, want_order, layout):
+def _group(keys, rows, n_vnodes, vnode_rank, want_order, layout):  # type: ignore[no-untyped-def]
     """Counting sort of ``keys`` (and their ``rows``) by the rank of their vnode
     (``layout``: the table's, see ``hashing.layout_code``; 0 for the hash layout).
 
@@ -59,7 +59,7 @@ def _group(keys, rows, n_vnodes, vnode_rank, want_order, layout):
 
 
 @njit(nogil=True, cache=True)
-def _dedup_sum(skeys, srows, offsets):
+def _dedup_sum(skeys, srows, offsets):  # type: ignore[no-untyped-def]
     """Merge duplicate keys inside each bucket, summing their rows.
 
     A scratch table of >= 2x the largest bucket (power of two, L2-sized for 1e6-key
@@ -107,7 +107,7 @@ def _dedup_sum(skeys, srows, offsets):
 
 
 @njit(nogil=True, cache=True)
-def unique_inverse(keys, expect=0):
+def unique_inverse(keys, expect=0):  # type: ignore[no-untyped-def]
     """Distinct keys in first-seen order and, for every key, its index among them.
 
     O(n) with a hash table kept at most half full.  It starts at twice ``expect`` distinct
@@ -155,7 +155,7 @@ def unique_inverse(keys, expect=0):
 
 
 @njit(nogil=True, cache=True)
-def scatter_rows(src, index, out):
+def scatter_rows(src, index, out):  # type: ignore[no-untyped-def]
     """``out[index[i]] = src[i]``."""
     for i in range(index.shape[0]):
         u = index[i]

@@ -140,11 +140,13 @@ class Ring:
 
     def vnodes(self, keys: np.ndarray, layout: int = 0) -> np.ndarray:
         """Vnode of every key (vectorised); ``layout``: the table's (``TableSpec.layout``)."""
-        return vnodes_of_keys(frozen(np.ascontiguousarray(keys, np.uint64)), self.n_vnodes, layout)
+        vnodes: np.ndarray = vnodes_of_keys(frozen(np.ascontiguousarray(keys, np.uint64)), self.n_vnodes, layout)
+        return vnodes
 
     def owner_of_keys(self, keys: np.ndarray, layout: int = 0) -> np.ndarray:
         """Server id of every key (vectorised)."""
-        return self._owners[self.vnodes(keys, layout)]
+        owners: np.ndarray = self._owners[self.vnodes(keys, layout)]
+        return owners
 
     def vnodes_of(self, server: int) -> np.ndarray:
         """Vnodes whose primary is ``server``."""

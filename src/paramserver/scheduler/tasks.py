@@ -21,7 +21,7 @@ class TaskQueue:
     shards: list[list[Any]]  # wire form [path, start, end]
     epochs: int
     epoch: int = 0
-    todo: deque = field(default_factory=deque)
+    todo: deque[int] = field(default_factory=deque)
     running: dict[int, int] = field(default_factory=dict)  # shard -> node
     done: set[int] = field(default_factory=set)
     totals: dict[str, float] = field(default_factory=lambda: {

@@ -326,14 +326,14 @@ _S11 = np.uint64(11)
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _unit(key, seed, j):
+def _unit(key, seed, j):  # type: ignore[no-untyped-def]
     """A uniform in [0, 1) that depends only on (seed, key, j)."""
     h = hash64(hash64(key ^ seed) + np.uint64(j + 1) * _GOLDEN)
     return np.float64(h >> _S11) * (1.0 / 9007199254740992.0)
 
 
 @njit(inline="always", nogil=True, cache=True)
-def init_value(key, j, ikind, ihp, seed):
+def init_value(key, j, ikind, ihp, seed):  # type: ignore[no-untyped-def]
     """Initial value of column ``j`` of ``key``'s row."""
     if ikind == NORMAL_KIND:
         if j < ihp[2]:
@@ -347,7 +347,7 @@ def init_value(key, j, ikind, ihp, seed):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed):
+def init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed):  # type: ignore[no-untyped-def]
     """Fill row ``s`` for a key seen for the first time: initial value, fresh state."""
     for j in range(dim):
         rows[s, j] = init_value(key, j, ikind, ihp, seed)
@@ -367,14 +367,14 @@ def init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def sgd_rule(value, state, grad, hp):
+def sgd_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
     lr = hp[0]
     for j in range(value.shape[0]):
         value[j] = value[j] - lr * grad[j]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def adagrad_rule(value, state, grad, hp):
+def adagrad_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
     lr, eps = hp[0], hp[1]
     for j in range(value.shape[0]):
         g = np.float64(grad[j])
@@ -383,7 +383,7 @@ def adagrad_rule(value, state, grad, hp):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _ftrl(value, state, j, zj, nj, g, alpha, beta, l1, l2):
+def _ftrl(value, state, j, zj, nj, g, alpha, beta, l1, l2):  # type: ignore[no-untyped-def]
     """One FTRL-Proximal step of ``value[j]`` whose state is ``state[zj]``, ``state[nj]``."""
     w = np.float64(value[j])
     n = np.float64(state[nj])
@@ -399,14 +399,14 @@ def _ftrl(value, state, j, zj, nj, g, alpha, beta, l1, l2):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def ftrl_rule(value, state, grad, hp):
+def ftrl_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
     dim = value.shape[0]
     for j in range(dim):
         _ftrl(value, state, j, j, dim + j, np.float64(grad[j]), hp[0], hp[1], hp[2], hp[3])
 
 
 @njit(inline="always", nogil=True, cache=True)
-def ftrl_adagrad_rule(value, state, grad, hp):
+def ftrl_adagrad_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
     _ftrl(value, state, 0, 0, 1, np.float64(grad[0]), hp[0], hp[1], hp[2], hp[3])
     lr, eps = hp[4], hp[5]
     for j in range(1, value.shape[0]):
@@ -416,7 +416,7 @@ def ftrl_adagrad_rule(value, state, grad, hp):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def adam_rule(value, state, grad, hp):
+def adam_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
     lr, b1, b2, eps = hp[0], hp[1], hp[2], hp[3]
     dim = value.shape[0]
     t = np.float64(state[2 * dim]) + 1.0
@@ -433,7 +433,7 @@ def adam_rule(value, state, grad, hp):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def rmsprop_rule(value, state, grad, hp):
+def rmsprop_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
     lr, rho, eps = hp[0], hp[1], hp[2]
     for j in range(value.shape[0]):
         g = np.float64(grad[j])
@@ -443,7 +443,7 @@ def rmsprop_rule(value, state, grad, hp):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def update_row(rows, s, grads, i, dim, okind, ohp):
+def update_row(rows, s, grads, i, dim, okind, ohp):  # type: ignore[no-untyped-def]
     """Apply gradient ``grads[i]`` to row ``s`` with the table's (built-in) rule."""
     value, state, grad = rows[s, :dim], rows[s, dim:], grads[i]
     if okind == SGD_KIND:
@@ -467,7 +467,7 @@ PUSH_OPS = {"update": OP_UPDATE, "add": OP_ADD, "assign": OP_ASSIGN, "max": OP_M
 
 
 @njit(inline="always", nogil=True, cache=True)
-def push_row(rows, s, grads, i, dim, op, okind, ohp):
+def push_row(rows, s, grads, i, dim, op, okind, ohp):  # type: ignore[no-untyped-def]
     """Row ``s`` takes ``grads[i]`` as push operation ``op`` says."""
     if op == OP_UPDATE:
         update_row(rows, s, grads, i, dim, okind, ohp)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeAlias, overload
 
 import numpy as np
 
@@ -20,14 +20,25 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
 
 
 #: The fields a spec on the wire may have, and the types each may take there (a bool is
-#: never taken for an int).  Their values are then checked by ``TableSpec.__post_init__``.
+#: never taken for an int).  Their values are then checked by ``TableSpec.__init__``.
 _WIRE_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "dim": (int,), "seed": (int,), "optimizer": (str, dict), "initializer": (str, dict),
     "consistency": (str, int, float, type(None)), "aggregate": (bool,), "replicas": (int,), "key_bits": (int,),
     "block_size": (int,)}
 
 
-@dataclass(frozen=True)
+#: What a spec's ``optimizer`` may be given as: a spec object (``FTRL(l1=2)``), a name with
+#: optional hyper-parameters (``"adagrad"``, the CLI's ``"ftrl:alpha=0.1"``, a user's rule
+#: ``"module:function"``) or a wire dict (``{"name": "ftrl", "alpha": 0.1}``).
+OptimizerLike: TypeAlias = Optimizer | str | dict[str, Any]
+#: What a spec's ``initializer`` may be given as, the same three ways.
+InitializerLike: TypeAlias = Initializer | str | dict[str, Any]
+#: What a spec's ``consistency`` may be given as: ``"asp"``, ``"bsp"``, ``"ssp:S"``, the
+#: staleness S as a number, or ``None`` (asp).
+ConsistencyLike: TypeAlias = str | float | None
+
+
+@dataclass(frozen=True, init=False)
 class TableSpec:
     """A table of uint64 keys → float32 rows of width ``dim``.
 
@@ -63,22 +74,54 @@ class TableSpec:
     """
 
     name: str
-    dim: int = 1
-    optimizer: Any = field(default="sgd")
-    initializer: Any = field(default="zeros")
-    seed: int = 0
-    consistency: Any = "asp"
-    aggregate: bool = False
-    replicas: int = 1
-    key_bits: int = 0
-    block_size: int = 0
+    dim: int
+    optimizer: Optimizer
+    initializer: Initializer
+    seed: int
+    consistency: float  # the staleness bound S: 0.0 (bsp), S (ssp:S) or inf (asp)
+    aggregate: bool
+    replicas: int
+    key_bits: int
+    block_size: int
 
-    def __post_init__(self) -> None:
+    # The fields after ``dim`` are passed by name.  The second signature is the old
+    # positional one, kept only for ``Client.create_table`` until it passes them by name.
+    @overload
+    def __init__(self, name: str, dim: int = 1, *, optimizer: OptimizerLike = "sgd",
+                 initializer: InitializerLike = "zeros", seed: int = 0, consistency: ConsistencyLike = "asp",
+                 aggregate: bool = False, replicas: int = 1, key_bits: int = 0, block_size: int = 0) -> None: ...
+
+    @overload
+    def __init__(self, name: str, dim: int, optimizer: OptimizerLike, initializer: InitializerLike = "zeros",
+                 seed: int = 0, consistency: ConsistencyLike = "asp", aggregate: bool = False, replicas: int = 1,
+                 key_bits: int = 0, block_size: int = 0) -> None: ...
+
+    def __init__(self, name: str, dim: int = 1, optimizer: OptimizerLike = "sgd",
+                 initializer: InitializerLike = "zeros", seed: int = 0, consistency: ConsistencyLike = "asp",
+                 aggregate: bool = False, replicas: int = 1, key_bits: int = 0, block_size: int = 0) -> None:
+        """The one constructor path (``from_wire`` and ``dataclasses.replace`` go through it
+        too): checks every field, and stores ``optimizer``, ``initializer`` and
+        ``consistency`` in their normal form (spec objects, the staleness as a float)."""
         from paramserver.consistency.clock import parse_consistency
+
+        for key, value in (("name", name), ("dim", dim), ("seed", seed), ("aggregate", aggregate),
+                           ("replicas", replicas), ("key_bits", key_bits), ("block_size", block_size)):
+            object.__setattr__(self, key, value)
+        object.__setattr__(self, "consistency", parse_consistency(consistency))
+        self._check_fields()
+        opt: Optimizer = Optimizer.parse(optimizer)
+        init: Initializer = Initializer.parse(initializer)
+        if isinstance(opt, FTRL) and not isinstance(init, Zeros):
+            raise ConfigError(f"table {self.name!r}: FTRL derives weights from its state (z, n), so "
+                              f"its initializer must be 'zeros', got {init.name!r}")
+        object.__setattr__(self, "optimizer", opt)
+        object.__setattr__(self, "initializer", init)
+
+    def _check_fields(self) -> None:
+        """``ConfigError`` naming the first field (after ``consistency``) out of its range."""
         from paramserver.routing.hashing import MAX_KEY_BITS
         from paramserver.routing.ring import MAX_REPLICAS
 
-        object.__setattr__(self, "consistency", parse_consistency(self.consistency))
         if self.aggregate and self.consistency != 0:
             raise ConfigError(f"table {self.name!r}: aggregate=True needs consistency 'bsp', "
                               f"got staleness {self.consistency}")
@@ -107,13 +150,6 @@ class TableSpec:
             if not self.key_bits or b > 1 << self.key_bits:
                 raise ConfigError(f"table {self.name!r}: block_size={b} needs a dense table with at least that "
                                   f"many keys: key_bits >= {b.bit_length() - 1}, got key_bits={self.key_bits}")
-        opt = Optimizer.parse(self.optimizer)
-        init = Initializer.parse(self.initializer)
-        if isinstance(opt, FTRL) and not isinstance(init, Zeros):
-            raise ConfigError(f"table {self.name!r}: FTRL derives weights from its state (z, n), so "
-                              f"its initializer must be 'zeros', got {init.name!r}")
-        object.__setattr__(self, "optimizer", opt)
-        object.__setattr__(self, "initializer", init)
 
     @property
     def staleness(self) -> float:

@@ -53,16 +53,17 @@ def _host_problem(host: str) -> str:
     return ""
 
 
-def _one_token(value: Any, limit: int, what: str, like: str) -> str:
-    """``value`` shown for messages, if it is a string of 1 to ``limit`` characters with no
-    whitespace or control character; else ``ProtocolError`` naming it, the rule and the fix."""
+def _one_token(value: Any, limit: int, what: str, like: str) -> tuple[str, str]:
+    """``value`` and its form shown for messages, if it is a string of 1 to ``limit``
+    characters with no whitespace or control character; else ``ProtocolError`` naming it,
+    the rule and the fix."""
     if not isinstance(value, str) or not 0 < len(value) <= limit:
         raise ProtocolError(f"{what} must be a string of 1-{limit} characters like {like}, got {str(value)[:100]!r}")
     shown = repr(value[:100])
     if _CONTROL.search(value):
         raise ProtocolError(f"{what} {shown} has whitespace or a control character: it is one token like {like}; "
                             "strip it (a trailing newline from a file or a shell?)")
-    return shown
+    return value, shown
 
 
 def check_endpoint(address: Any) -> str:
@@ -72,10 +73,10 @@ def check_endpoint(address: Any) -> str:
     ``inproc://NAME``, with no whitespace or control character anywhere; else
     ``ProtocolError`` naming the value, the rule and the fix.  The one check every
     advertised address goes through (a bad one would reach every peer's connect)."""
-    shown = _one_token(address, MAX_ADDRESS, "address", "tcp://HOST:PORT")
-    scheme, sep, rest = address.partition("://")
+    endpoint, shown = _one_token(address, MAX_ADDRESS, "address", "tcp://HOST:PORT")
+    scheme, sep, rest = endpoint.partition("://")
     if scheme == "tcp":
-        m = _TCP.fullmatch(address)
+        m = _TCP.fullmatch(endpoint)
         if not m:
             raise ProtocolError(f"address {shown} is not tcp://HOST:PORT (IPv6 in brackets: tcp://[::1]:PORT)")
         host, port = m.group(1), int(m.group(2))
@@ -88,15 +89,15 @@ def check_endpoint(address: Any) -> str:
         if problem:
             raise ProtocolError(f"address {shown}: {problem}; write tcp://HOST:PORT with this machine's name "
                                 "or address")
-        return address
+        return endpoint
     if scheme == "ipc":
         size = len(rest.encode("utf-8", "surrogatepass"))
         if rest in ("", "*") or size > IPC_PATH_MAX:
             raise ProtocolError(f"address {shown}: an ipc:// path must be 1-{IPC_PATH_MAX} bytes (a Unix socket's "
                                 f"limit on this platform), got {size}; use a shorter path, under /tmp")
-        return address
+        return endpoint
     if scheme == "inproc" and rest:
-        return address
+        return endpoint
     raise ProtocolError(f"address {shown} is not tcp://HOST:PORT, ipc://PATH or inproc://NAME")
 
 
@@ -107,8 +108,8 @@ def check_metrics_url(url: Any) -> str:
     ``ProtocolError`` naming the value, the rule and the fix."""
     if url is None or url == "":
         return ""
-    shown = _one_token(url, MAX_METRICS_URL, "metrics URL", "http://HOST:PORT/metrics")
-    m = _HTTP.fullmatch(url)
+    text, shown = _one_token(url, MAX_METRICS_URL, "metrics URL", "http://HOST:PORT/metrics")
+    m = _HTTP.fullmatch(text)
     if not m:
         raise ProtocolError(f"metrics URL {shown} is not http(s)://HOST:PORT/PATH; send the URL the metrics "
                             "server printed, or nothing")
@@ -116,11 +117,11 @@ def check_metrics_url(url: Any) -> str:
     problem = "the port must be in [1, 65535]" if not 1 <= port <= 65535 else _host_problem(m.group(2))
     if problem:
         raise ProtocolError(f"metrics URL {shown}: {problem}; send the URL the metrics server printed, or nothing")
-    return url
+    return text
 
 
-def bind_router(ctx: zmq.Context, host: str, port: int, max_message_bytes: int,
-                keys: Keys | None = None) -> tuple[zmq.Socket, str]:
+def bind_router(ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int, max_message_bytes: int,
+                keys: Keys | None = None) -> tuple[zmq.Socket[bytes], str]:
     """A ROUTER bound on ``host:port`` (port 0: the OS picks); returns it and its address.
     With ``keys``, a CurveZMQ server (``security.py``)."""
     sock = ctx.socket(zmq.ROUTER)
@@ -150,7 +151,8 @@ def bind_router(ctx: zmq.Context, host: str, port: int, max_message_bytes: int,
     return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
-def connect_dealer(ctx: zmq.Context, address: str, max_message_bytes: int, keys: Keys | None = None) -> zmq.Socket:
+def connect_dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str, max_message_bytes: int,
+                   keys: Keys | None = None) -> zmq.Socket[bytes]:
     sock = ctx.socket(zmq.DEALER)
     _tune(sock, max_message_bytes)
     if keys is not None:
@@ -168,7 +170,7 @@ ROUTER_SNDHWM = 4096
 ROUTER_RCVHWM = 16
 
 
-def _tune(sock: zmq.Socket, max_message_bytes: int) -> None:
+def _tune(sock: zmq.Socket[bytes], max_message_bytes: int) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)  # a DEALER never drops: flow control is request/reply (ROUTER: bounded)
     sock.setsockopt(zmq.RCVHWM, 0)
