@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -491,9 +492,14 @@ class RayCluster(RunsFunctions):
                 member.drained = member.dead = True
                 ray.kill(member.actor, no_restart=True)  # its node exits with it; the queue re-queues its shard
 
-    def kill(self, name: str) -> None:
-        """Kill one node's actor (``"server-0"``, ``"worker-1"``, ``"scheduler"``) as a lost
-        machine would: Ray restarts it if it may (fault injection)."""
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to one node (``"server-0"``, ``"worker-1"``, ``"scheduler"``): fault
+        injection, as ``LocalCluster.kill``.  ``SIGKILL`` (the default) kills the node's
+        actor, as a lost machine would, and the node goes with it; another signal goes to
+        the node's process, whose exit ends its actor.  Ray restarts the actor if it may."""
         if name not in self.members:
             raise KeyError(f"no node {name!r} (have {sorted(self.members)})")
-        ray.kill(self.members[name].actor, no_restart=False)
+        if sig == signal.SIGKILL:
+            ray.kill(self.members[name].actor, no_restart=False)
+        else:  # an actor already gone has no node to signal, as a dead process ignores a signal
+            self._quietly([self.members[name].actor.send_signal.remote(int(sig))])
