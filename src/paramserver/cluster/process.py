@@ -180,7 +180,8 @@ def _command() -> Callable[[list[str]], int]:
     """The ``paramserver`` command's entry point, by name (``python -m paramserver`` in a
     spawned node): a node runs the command a user would type, and the command is the layer
     above every launcher."""
-    return importlib.import_module(COMMAND).main
+    main: Callable[[list[str]], int] = importlib.import_module(COMMAND).main
+    return main
 
 
 def _leave_forked_child(code: Any) -> NoReturn:
