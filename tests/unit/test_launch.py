@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from paramserver.cli.main import main
 from paramserver.cluster.launch import open_cluster, parse_cluster
 from paramserver.cluster.local import LocalCluster
+from paramserver.cluster.protocol import Cluster
 from paramserver.errors import ConfigError
 
 
@@ -47,3 +50,14 @@ def test_ray_cluster_options_are_checked_before_ray_starts():
         ray_module.RayCluster(servers=1, resources={"server": {"cpus": 1}})
     with pytest.raises(ValueError, match="servers must be"):
         ray_module.RayCluster(servers=0)
+
+
+def test_both_launchers_spell_every_cluster_method_alike():
+    """Issue 29: one ``Cluster`` protocol, so a job runs on either launcher; ``kill(name, sig)``
+    takes a signal under Ray too (mypy checks the types: ``launch.open_cluster``)."""
+    ray_module = pytest.importorskip("paramserver.ray", reason="the ray extra is not installed")
+    for name in ("start", "stop", "run", "run_elastic", "add_worker", "add_server", "remove_server", "kill",
+                 "__exit__"):
+        want = inspect.signature(getattr(Cluster, name))
+        assert inspect.signature(getattr(LocalCluster, name)) == want, name
+        assert inspect.signature(getattr(ray_module.RayCluster, name)) == want, name

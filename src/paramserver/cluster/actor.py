@@ -106,6 +106,11 @@ class NodeActor:
         """Returns once the node process has exited (the scheduler actor's death watch)."""
         return self.popen.wait()
 
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the node process (``RayCluster.kill``); its exit, unless asked
+        for, ends this actor."""
+        self.popen.send_signal(sig)
+
     def tail(self, lines: int = 25) -> str:
         try:
             with open(self.log_path, errors="replace") as f:

@@ -3,9 +3,12 @@ this machine, ``LocalCluster``) or ``--cluster ray[:ADDRESS]`` (Ray actors, ``Ra
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paramserver.errors import ConfigError
+
+if TYPE_CHECKING:
+    from paramserver.cluster.protocol import Cluster
 
 CLUSTER_HELP = ("where the nodes run: local (default: processes on this machine) or ray[:ADDRESS] (Ray actors "
                 "in a placement group; ADDRESS auto joins the Ray cluster `ray start` runs here, ray://HOST:PORT "
@@ -24,8 +27,10 @@ def parse_cluster(value: str) -> tuple[str, str | None]:
                       "`ray start --head` runs on this machine, ray:ray://HOST:10001 for a remote one)")
 
 
-def open_cluster(*, servers: int, workers: int, cluster: str = "local", **options: Any) -> Any:
-    """A ``LocalCluster`` or a ``RayCluster`` (not started: use it as a context manager)."""
+def open_cluster(*, servers: int, workers: int, cluster: str = "local", **options: Any) -> Cluster:
+    """A ``LocalCluster`` or a ``RayCluster`` (not started: use it as a context manager);
+    what a job may use of either is ``protocol.Cluster`` (mypy checks both launchers
+    against it here)."""
     kind, address = parse_cluster(cluster)
     if kind != "local":  # Ray's nodes are actors, not forks of this process: nothing to warm for them
         options.pop("warm", None)

@@ -6,7 +6,8 @@ has no other thread yet (a child then starts in milliseconds with numpy, numba a
 project already imported), else started as a fresh interpreter; ports are chosen by the
 OS; everything started is stopped on exit, by request first, then by signal.
 ``run`` is strict (a worker that dies fails it); ``run_elastic`` goes on without the
-dead, and ``add_worker`` starts a worker that joins a running function.
+dead, and ``add_worker`` starts a worker that joins a running function.  How one node's
+process is forked or spawned, logged and ended is ``cluster/process.py``'s.
 
 Example:
     >>> def train(client):                                         # doctest: +SKIP
@@ -20,11 +21,8 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import resource
-import select
 import shutil
 import signal
 import subprocess
@@ -41,9 +39,10 @@ import cloudpickle
 
 from paramserver._runtime import collector
 from paramserver._runtime.warm import Warmup
-from paramserver._runtime.warm import inherited as warm_inherited
 from paramserver.client.client import Client
 from paramserver.client.warmup import warm_client
+from paramserver.cluster.process import NodeProcess, end_all, fork_node, fork_safe, spawn_node
+from paramserver.cluster.process import exit_with_parent as exit_with_parent  # cli.main's import
 from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
 from paramserver.config import load_config
 from paramserver.data.reader import DataError
@@ -53,64 +52,6 @@ from paramserver.server.warmup import warm_server
 from paramserver.wire.security import http_token, load_keys
 
 logger = logging.getLogger(__name__)
-COMMAND = "paramserver.cli.main"  # the node command a forked child runs (``_command``)
-
-
-class _Forked:
-    """A forked node: the part of ``subprocess.Popen``'s interface ``LocalCluster`` uses."""
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        self.returncode: int | None = None
-        try:
-            self._exit_fd: int | None = os.pidfd_open(pid)  # readable once the process exits
-        except (AttributeError, OSError):
-            self._exit_fd = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere
-                pid, status = self.pid, 0
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-                if self._exit_fd is not None:
-                    os.close(self._exit_fd)
-                    self._exit_fd = None
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
-            if self._exit_fd is not None:
-                select.select([self._exit_fd], [], [], left)  # wakes when it exits
-            else:
-                time.sleep(min(0.01, left) if left is not None else 0.01)
-        return self.returncode  # type: ignore[return-value]
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-
-@dataclass
-class _Proc:
-    name: str
-    popen: subprocess.Popen | _Forked
-    log_path: str
-    to_child: Connection | None = None
-    from_child: Connection | None = None
-
-    def tail(self, lines: int = 25) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
 
 
 @dataclass
@@ -120,8 +61,8 @@ class _Active:
     payload: bytes
     call: int  # this run's number: a reply tagged with another is late, from a run given up on
     wake: Connection  # written to when a worker joins, so the waiting loop looks again
-    waiting: dict[Connection, _Proc] = field(default_factory=dict)
-    died: list[_Proc] = field(default_factory=list)  # could not even be sent the function
+    waiting: dict[Connection, NodeProcess] = field(default_factory=dict)
+    died: list[NodeProcess] = field(default_factory=list)  # could not even be sent the function
 
 
 class LocalCluster(RunsFunctions):
@@ -188,7 +129,7 @@ class LocalCluster(RunsFunctions):
         self.log_level = log_level
         self._own_dir = log_dir is None
         self.log_dir = log_dir or ""
-        self.procs: dict[str, _Proc] = {}
+        self.procs: dict[str, NodeProcess] = {}
         self.address = ""
         self._client: Client | None = None
         self._closed = False
@@ -258,87 +199,23 @@ class LocalCluster(RunsFunctions):
         env["PARAMSERVER_LOG_LEVEL"] = self.log_level
         return env
 
-    def _spawn(self, name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> _Proc:
+    def _spawn(self, name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> NodeProcess:
+        """Start node ``name`` (``paramserver ARGS``): forked while that is sound, else spawned."""
         if self.secret_file:
             args = [*args, "--secret-file", self.secret_file]
+        log_path = os.path.join(self.log_dir, f"{name}.log")
         if self._fork_ok:
-            return self._fork(name, args, pass_fds)
-        log_path = os.path.join(self.log_dir, f"{name}.log")
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen([sys.executable, "-m", "paramserver", *args, "--parent-pid", str(os.getpid())],
-                                     env=self._env(),
-                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     pass_fds=pass_fds, start_new_session=True, preexec_fn=self._limit_memory)
-        proc = _Proc(name, popen, log_path)
+            proc = fork_node(name, args, log_path, self._env(), pass_fds, self.memory_limit_mb, self._warmed)
+        else:
+            proc = spawn_node(name, args, log_path, self._env(), pass_fds, self.memory_limit_mb)
         self.procs[name] = proc
         return proc
-
-    def _fork(self, name: str, args: list[str], pass_fds: tuple[int, ...]) -> _Proc:
-        """Run ``paramserver ARGS`` in a child forked from this process.
-
-        Only while this process has one thread (``start`` before the driver client
-        exists): a fork copies the calling thread alone, and a lock another thread held
-        would stay locked in the child forever.  The child gets a new session, the log
-        file as stdout and stderr, the nodes' environment, and no file descriptor of
-        ours but ``pass_fds`` (a worker must not hold another worker's control pipe)."""
-        log_path = os.path.join(self.log_dir, f"{name}.log")
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        env, parent = self._env(), os.getpid()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            code = 1
-            try:
-                self._limit_memory()
-                os.setsid()
-                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-                os.dup2(log_fd, 1)
-                os.dup2(log_fd, 2)
-                # this process's sys.stdout and sys.stderr may not be files 1 and 2 (pytest's capture,
-                # a notebook's streams): the node's prints and logs go to its log file
-                sys.stdout = open(1, "w", buffering=1, closefd=False)
-                sys.stderr = open(2, "w", buffering=1, closefd=False)
-                keep = {0, 1, 2, *pass_fds}
-                for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
-                    if fd not in keep:
-                        try:
-                            os.close(fd)
-                        except OSError:
-                            pass
-                os.environ.update(env)
-                if self._warmed:
-                    warm_inherited()
-                logging.root.handlers.clear()  # the node configures its own logging
-                code = _command()([*args, "--parent-pid", str(parent)])
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                _leave_forked_child(code)
-        os.close(log_fd)
-        proc = _Proc(name, _Forked(pid), log_path)
-        self.procs[name] = proc
-        return proc
-
-    def _limit_memory(self) -> None:
-        """In a node's process, before it runs: cap its data (``RLIMIT_DATA``: heap and private
-        mappings, not the libraries' code) at ``memory_limit_mb``."""
-        if self.memory_limit_mb is not None:  # resource is imported already: no import lock in a child
-            limit = self.memory_limit_mb << 20
-            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
     @property
     def _fork_ok(self) -> bool:
-        # torch's OpenMP pool is not fork-safe: a child of a process that has run a parallel torch
-        # op hangs in its first one (its pool's threads are gone, its state says they are there)
-        return (self.start_method == "fork" and threading.active_count() == 1 and hasattr(os, "fork")
-                and "torch" not in sys.modules)
+        return self.start_method == "fork" and fork_safe()
 
-    def _spawn_worker(self, i: int) -> _Proc:
+    def _spawn_worker(self, i: int) -> NodeProcess:
         self._next_worker = max(self._next_worker, i + 1)
         down_r, down_w = os.pipe()
         up_r, up_w = os.pipe()
@@ -352,7 +229,7 @@ class LocalCluster(RunsFunctions):
         proc.to_child, proc.from_child = Connection(down_w, readable=False), Connection(up_r, writable=False)
         return proc
 
-    def _wait_for_file(self, path: str, proc: _Proc) -> str:
+    def _wait_for_file(self, path: str, proc: NodeProcess) -> str:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if os.path.exists(path):
@@ -372,26 +249,7 @@ class LocalCluster(RunsFunctions):
         for proc in self.procs.values():
             if proc.to_child is not None:
                 proc.to_child.close()  # EOF: the worker finishes and leaves
-        polite = False
-        if self._client is not None:
-            try:
-                self._client.shutdown_cluster()
-                polite = True
-            except Exception as exc:  # no scheduler to pass the word on: signals at once
-                logger.debug("shutdown request failed: %s", exc)
-            self._client.close()
-        deadline = time.monotonic() + timeout_s
-        for sig in ((None,) if polite else ()) + (signal.SIGTERM, signal.SIGKILL):
-            for proc in self.procs.values():
-                if proc.popen.poll() is None and sig is not None:
-                    proc.popen.send_signal(sig)
-            for proc in self.procs.values():
-                try:
-                    proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()) if sig is None else 5)
-                except subprocess.TimeoutExpired:
-                    pass
-            if all(p.popen.poll() is not None for p in self.procs.values()):
-                break
+        end_all(list(self.procs.values()), self._ask_to_shut_down(), timeout_s)
         for proc in self.procs.values():
             if proc.from_child is not None:
                 proc.from_child.close()
@@ -399,6 +257,20 @@ class LocalCluster(RunsFunctions):
             shutil.rmtree(self.log_dir, ignore_errors=True)
         elif keep_logs and self.log_dir:
             logger.warning("the nodes' logs are kept in %s", self.log_dir)
+
+    def _ask_to_shut_down(self) -> bool:
+        """Ask the scheduler to stop every node, and close the driver's client; False when
+        there was nobody to ask (the nodes then get signals at once)."""
+        if self._client is None:
+            return False
+        polite = False
+        try:
+            self._client.shutdown_cluster()
+            polite = True
+        except Exception as exc:  # no scheduler to pass the word on: signals at once
+            logger.debug("shutdown request failed: %s", exc)
+        self._client.close()
+        return polite
 
     # ---- use ---------------------------------------------------------------------------
     @property
@@ -464,7 +336,7 @@ class LocalCluster(RunsFunctions):
             wake_w.close()
         return tally.outcome()
 
-    def _send_function(self, proc: _Proc, joined: bool = False) -> None:
+    def _send_function(self, proc: NodeProcess, joined: bool = False) -> None:
         """Send the active function to ``proc`` (under ``_lock``); ``joined``: it joins the run midway."""
         active = self._active
         assert active is not None and proc.to_child is not None and proc.from_child is not None
@@ -475,7 +347,7 @@ class LocalCluster(RunsFunctions):
         except OSError:  # it is dead already (a broken pipe)
             active.died.append(proc)
 
-    def _died(self, proc: _Proc, tally: Tally) -> None:
+    def _died(self, proc: NodeProcess, tally: Tally) -> None:
         try:
             proc.popen.wait(5)
         except subprocess.TimeoutExpired:
@@ -537,37 +409,11 @@ class LocalCluster(RunsFunctions):
         self.procs[name].popen.send_signal(sig)
 
 
-def _command() -> Callable[[list[str]], int]:
-    """The ``paramserver`` command's entry point, by name (``python -m paramserver`` in a
-    spawned node): a node runs the command a user would type, and the command is the layer
-    above every launcher."""
-    return importlib.import_module(COMMAND).main
-
-
 def _warm_workers() -> None:
     """What every worker runs whatever its function: the readers' parsers and the client's
     routing (a job that knows its model hands in more: ``apps/ctr/warmup.warm_job``)."""
     sample_batches()
     warm_client()
-
-
-def _leave_forked_child(code: Any) -> None:
-    """End a forked node without the parent's exit handlers (they would, say, remove the
-    parent's temporary folders), but as an interpreter exit would for the node: zmq
-    delivers what its sockets still hold (a reply to SHUTDOWN, STOPs), logs are flushed."""
-    try:
-        import zmq
-
-        zmq.Context.instance().destroy(linger=500)  # delivers what is queued, for 0.5 s at most
-    except Exception:
-        pass
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(code if isinstance(code, int) else 1)
 
 
 def run(fn: Callable[..., Any], *args: Any, servers: int = 1, workers: int = 1,
@@ -581,22 +427,3 @@ def run(fn: Callable[..., Any], *args: Any, servers: int = 1, workers: int = 1,
         if setup is not None:
             setup(cluster.client)
         return cluster.run(fn, *args)
-
-
-def exit_with_parent(pid: int, interval_s: float = 0.5) -> None:
-    """In a node ``LocalCluster`` started: exit once the process that started it is gone.
-
-    ``stop()`` ends every node, but a parent killed outright (SIGKILL, or SIGTERM to a
-    Python driver, which skips ``finally``) cannot; its nodes would live on holding ports
-    and tables.  A daemon thread notices the parent is gone (this process was handed to
-    another parent) and ends this one.  Polling rather than ``PR_SET_PDEATHSIG``: that
-    fires when the *thread* that started the child exits, and Linux only.
-    """
-    def watch() -> None:
-        while os.getppid() == pid:
-            time.sleep(interval_s)  # nothing to wait on: a parent's death sends no event here
-        logger.error("the process that started this node (pid %d) is gone: exiting", pid)
-        logging.shutdown()
-        os._exit(3)
-
-    threading.Thread(target=watch, name="paramserver-parent-watch", daemon=True).start()

@@ -6,7 +6,8 @@ with the resources its role is given.  An actor runs the same node command a use
 type (``python -m paramserver server --scheduler ...``) as its child process, bound on its
 machine's IP: the hot path then shares its interpreter with none of Ray's threads, and the
 actor is the node's supervisor (placement, resources, restarts).  The scheduler actor
-reports the address its node bound; the others are given it.
+reports the address its node bound; the others are given it.  What each role asks Ray for,
+and the placement group, are ``cluster/placement.py``'s.
 
 What Ray does and what we do on a failure:
 
@@ -30,9 +31,9 @@ Example:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -47,29 +48,17 @@ from typing import Any
 import cloudpickle
 import ray
 from ray.exceptions import GetTimeoutError, RayError
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from paramserver.client.client import Client
 from paramserver.cluster.actor import NodeActor
+from paramserver.cluster.placement import Placement, free
 from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
 from paramserver.config import load_config
 from paramserver.errors import ClosedError, ConfigError, ConnectError, NodeLostError, WorkerError
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("scheduler", "server", "worker")
-STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
 NAMESPACE = "paramserver"  # every node's actor is named here: paramserver-<cluster id>-server-0, ...
-
-
-def _free() -> dict[str, float]:
-    """The Ray cluster's resources not taken."""
-    return dict(ray.available_resources())  # type: ignore[no-untyped-call]
-
-
-def _free_cpus() -> float:
-    return float(_free().get("CPU", 0.0))
 
 
 @dataclass
@@ -129,22 +118,10 @@ class RayCluster(RunsFunctions):
             raise ValueError(f"servers must be an int >= 1, got {servers!r}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(f"workers must be an int >= 0, got {workers!r}")
-        if strategy not in STRATEGIES:
-            raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-        unknown = sorted(set(resources or {}) - set(ROLES))
-        if unknown:
-            raise ConfigError(f"resources are given per role ({', '.join(ROLES)}), not {unknown}")
-        for role, spec in (resources or {}).items():
-            bad = sorted(set(spec) - {"num_cpus", "num_gpus", "memory", "resources"})
-            if bad:
-                raise ConfigError(f"resources[{role!r}]: {bad} are not Ray actor resources "
-                                  "(num_cpus, num_gpus, memory, resources)")
-        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-            raise ConfigError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}")
+        self.placement = Placement(strategy, resources, max_restarts)  # checks them
         self.n_servers, self.n_workers = servers, workers
         self.ray_address, self.strategy = address, strategy
-        self.resources = {role: dict((resources or {}).get(role, {})) for role in ROLES}
-        self.max_restarts = max_restarts
+        self.resources, self.max_restarts = self.placement.resources, max_restarts
         self.vnodes_per_server = vnodes_per_server
         self.heartbeat_interval_s, self.heartbeat_timeout_s = heartbeat_interval_s, heartbeat_timeout_s
         self.startup_timeout_s, self.log_level = startup_timeout_s, log_level
@@ -157,7 +134,6 @@ class RayCluster(RunsFunctions):
         self.members: dict[str, _Member] = {}
         self._scheduler: _Member | None = None
         self._scheduler_exit: Future[Any] | None = None
-        self._group: Any = None
         self._started_ray = False
         self._client: Client | None = None
         self._closed = False
@@ -184,7 +160,7 @@ class RayCluster(RunsFunctions):
             self._started_ray = True
         self._actor_class = ray.remote(NodeActor)
         try:
-            self._place()
+            self.placement.reserve(self.n_servers, self.n_workers, self.startup_timeout_s)
             self._scheduler = self._start("scheduler", "scheduler", [
                 "--servers", str(self.n_servers), "--workers", str(self.n_workers),
                 "--vnodes-per-server", str(self.vnodes_per_server)], bundle=None)
@@ -209,58 +185,11 @@ class RayCluster(RunsFunctions):
                 raise ConnectError(f"ray cluster did not start: {exc}\n{logs}") from exc
             raise
 
-    def _cpus(self, role: str, free: float, nodes: int) -> float:
-        given = self.resources[role].get("num_cpus")
-        if given is not None:
-            return float(given)
-        if role == "scheduler":
-            return 0.0
-        return 1.0 if nodes <= free else max(0.01, math.floor(100 * free / max(1, nodes)) / 100)
-
-    def _options(self, role: str, cpus: float) -> dict[str, Any]:
-        spec = self.resources[role]
-        options: dict[str, Any] = {"num_cpus": cpus, "max_concurrency": 8,
-                                   "max_restarts": 0 if role == "scheduler" else self.max_restarts}
-        for key in ("num_gpus", "memory", "resources"):
-            if spec.get(key):
-                options[key] = spec[key]
-        return options
-
-    def _place(self) -> None:
-        """The placement group of the first servers and workers, reserved before any starts."""
-        nodes = self.n_servers + self.n_workers
-        free = _free_cpus()
-        self._role_cpus = {role: self._cpus(role, free, nodes) for role in ROLES}
-        bundles = []
-        for role in ["server"] * self.n_servers + ["worker"] * self.n_workers:
-            options = self._options(role, self._role_cpus[role])
-            bundle = {"CPU": options["num_cpus"], "GPU": options.get("num_gpus", 0),
-                      "memory": options.get("memory", 0), **options.get("resources", {})}
-            bundles.append({k: float(v) for k, v in bundle.items() if v} or {"CPU": 0.01})
-        self._bundles = bundles
-        self._group = placement_group(bundles, strategy=self.strategy)
-        try:
-            ray.get(self._group.ready(), timeout=self.startup_timeout_s)
-        except GetTimeoutError:
-            raise ConnectError(
-                f"Ray could not place {self.n_servers} server(s) and {self.n_workers} worker(s) "
-                f"({self.strategy}) within {self.startup_timeout_s:g} s: they ask for {bundles}, the Ray cluster has "
-                f"{_free()} free; ask for less (RayCluster(resources=...)) or add machines") from None
-
     def _start(self, name: str, role: str, args: list[str], bundle: int | None) -> _Member:
-        if bundle is not None and self._group is not None:
-            cpus = self._role_cpus[role]
-            strategy: Any = PlacementGroupSchedulingStrategy(placement_group=self._group,
-                                                             placement_group_bundle_index=bundle)
-        else:  # the scheduler, and nodes added later: outside the group
-            free = _free_cpus()
-            cpus = self._cpus(role, free, 1) if role != "scheduler" else self._role_cpus["scheduler"]
-            if self.resources[role].get("num_cpus") is None and role != "scheduler":
-                cpus = min(cpus, free)  # a node added on a full machine shares it rather than waits forever
-            strategy = "DEFAULT"
-        options = self._options(role, cpus)
+        """Start node ``name``'s actor, in ``bundle`` of the placement group (``None``: outside it)."""
+        options = self.placement.actor_options(role, bundle)
         actor = self._actor_class.options(name=f"paramserver-{self.cluster_id}-{name}", namespace=NAMESPACE,
-                                          scheduling_strategy=strategy, **options).remote(
+                                          **options).remote(
             name, role, args, self._env(), os.path.join(self.log_dir, f"{name}.log"), self.niceness)
         member = _Member(name, role, actor, restarts_left=options["max_restarts"])
         self.members[name] = member
@@ -278,7 +207,7 @@ class RayCluster(RunsFunctions):
             return ray.get(ref, timeout=timeout_s or self.startup_timeout_s)
         except GetTimeoutError:
             raise ConnectError(f"{what} did not start within {timeout_s or self.startup_timeout_s:g} s (Ray may "
-                               f"have no room for it: free {_free()})") from None
+                               f"have no room for it: free {free()})") from None
         except RayError as exc:
             raise ConnectError(f"{what} failed to start: {exc}") from None
 
@@ -314,11 +243,7 @@ class RayCluster(RunsFunctions):
                 ray.kill(member.actor, no_restart=True)
             except Exception:
                 pass
-        if self._group is not None:
-            try:
-                remove_placement_group(self._group)
-            except Exception:
-                pass
+        self.placement.remove()
         if not keep_logs and not self._keep_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)  # this machine's part; each actor removed its own
         elif keep_logs:
@@ -491,9 +416,14 @@ class RayCluster(RunsFunctions):
                 member.drained = member.dead = True
                 ray.kill(member.actor, no_restart=True)  # its node exits with it; the queue re-queues its shard
 
-    def kill(self, name: str) -> None:
-        """Kill one node's actor (``"server-0"``, ``"worker-1"``, ``"scheduler"``) as a lost
-        machine would: Ray restarts it if it may (fault injection)."""
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to one node (``"server-0"``, ``"worker-1"``, ``"scheduler"``): fault
+        injection, as ``LocalCluster.kill``.  ``SIGKILL`` (the default) kills the node's
+        actor, as a lost machine would, and the node goes with it; another signal goes to
+        the node's process, whose exit ends its actor.  Ray restarts the actor if it may."""
         if name not in self.members:
             raise KeyError(f"no node {name!r} (have {sorted(self.members)})")
-        ray.kill(self.members[name].actor, no_restart=False)
+        if sig == signal.SIGKILL:
+            ray.kill(self.members[name].actor, no_restart=False)
+        else:  # an actor already gone has no node to signal, as a dead process ignores a signal
+            self._quietly([self.members[name].actor.send_signal.remote(int(sig))])
