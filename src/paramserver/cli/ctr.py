@@ -21,7 +21,8 @@ from paramserver._runtime import collector
 from paramserver.apps.ctr.modelfile import evaluate, predict_file
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
-from paramserver.apps.ctr.train import TrainConfig, check_job, run_training
+from paramserver.apps.ctr.train import check_job, run_training
+from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.data.files import check_output, write_text
 from paramserver.data.reader import DataFormat, sniff_label_format
 from paramserver.errors import ConfigError

@@ -233,8 +233,8 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
             ConfigError: a bad spec, or the name is taken by a different spec.
         """
         return self.create_table_spec(
-            TableSpec(name, dim, optimizer, initializer, seed, consistency, aggregate, replicas, key_bits,
-                      block_size))
+            TableSpec(name, dim, optimizer=optimizer, initializer=initializer, seed=seed, consistency=consistency,
+                      aggregate=aggregate, replicas=replicas, key_bits=key_bits, block_size=block_size))
 
     def create_table_spec(self, spec: TableSpec) -> TableSpec:
         """Create the table ``spec`` describes, every field of it (a job's table, a

@@ -36,7 +36,8 @@ def load_function(spec: str) -> Callable[..., Any]:
                           "function's name right?") from None
     if not callable(fn):
         raise ConfigError(f"--fn {spec!r} is not callable")
-    return fn
+    function: Callable[..., Any] = fn
+    return function
 
 
 def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:

@@ -44,7 +44,8 @@ class PSClassifier(ClassifierMixin, BaseEstimator):
 
     def fit(self, X: Any, y: Any) -> PSClassifier:
         from paramserver.apps.ctr.models import Model
-        from paramserver.apps.ctr.train import TrainConfig, run_training
+        from paramserver.apps.ctr.train import run_training
+        from paramserver.apps.ctr.train_config import TrainConfig
         from paramserver.data.reader import DataFormat
 
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float32)
@@ -72,7 +73,8 @@ class PSClassifier(ClassifierMixin, BaseEstimator):
 
     def predict(self, X: Any) -> np.ndarray:
         check_is_fitted(self, "model_")
-        return self.classes_[(self.predict_proba(X)[:, 1] > 0.5).astype(int)]
+        classes: np.ndarray = self.classes_[(self.predict_proba(X)[:, 1] > 0.5).astype(int)]
+        return classes
 
 
 def _write_libsvm(path: str, X: Any, labels: np.ndarray) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, TypeAlias, overload
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -84,24 +84,13 @@ class TableSpec:
     key_bits: int
     block_size: int
 
-    # The fields after ``dim`` are passed by name.  The second signature is the old
-    # positional one, kept only for ``Client.create_table`` until it passes them by name.
-    @overload
     def __init__(self, name: str, dim: int = 1, *, optimizer: OptimizerLike = "sgd",
-                 initializer: InitializerLike = "zeros", seed: int = 0, consistency: ConsistencyLike = "asp",
-                 aggregate: bool = False, replicas: int = 1, key_bits: int = 0, block_size: int = 0) -> None: ...
-
-    @overload
-    def __init__(self, name: str, dim: int, optimizer: OptimizerLike, initializer: InitializerLike = "zeros",
-                 seed: int = 0, consistency: ConsistencyLike = "asp", aggregate: bool = False, replicas: int = 1,
-                 key_bits: int = 0, block_size: int = 0) -> None: ...
-
-    def __init__(self, name: str, dim: int = 1, optimizer: OptimizerLike = "sgd",
                  initializer: InitializerLike = "zeros", seed: int = 0, consistency: ConsistencyLike = "asp",
                  aggregate: bool = False, replicas: int = 1, key_bits: int = 0, block_size: int = 0) -> None:
         """The one constructor path (``from_wire`` and ``dataclasses.replace`` go through it
-        too): checks every field, and stores ``optimizer``, ``initializer`` and
-        ``consistency`` in their normal form (spec objects, the staleness as a float)."""
+        too; the fields after ``dim`` are passed by name): checks every field, and stores
+        ``optimizer``, ``initializer`` and ``consistency`` in their normal form (spec
+        objects, the staleness as a float)."""
         from paramserver.consistency.clock import parse_consistency
 
         for key, value in (("name", name), ("dim", dim), ("seed", seed), ("aggregate", aggregate),

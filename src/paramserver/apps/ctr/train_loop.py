@@ -38,7 +38,7 @@ def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
             "rank": client.rank, "trace": trace, "first_batch_at": first}
 
 
-def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple]:
+def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple[Any, ...]]:
     """Every shard the scheduler gives this worker as one stream: ``(task, batch, uniq,
     inverse)`` for each mini-batch, then ``(task, None, stats, None)`` to close the shard.
     Runs in the reader thread, which asks for the next shard as soon as it has read the
@@ -101,8 +101,8 @@ class _Pipeline:
         self.client, self.cfg, self.items, self.on_batch = client, cfg, items, on_batch
         # a deep model's MLP, pulled with each batch
         self.dense_keys = np.arange(cfg.model.dense_rows, dtype=np.uint64)
-        self.ahead: deque = deque()  # (item, its pull or None), in stream order
-        self.pushes: deque = deque()
+        self.ahead: deque[Any] = deque()  # (item, its pull or None), in stream order
+        self.pushes: deque[Any] = deque()
         self.pulling, self.closing = 0, False  # pulls in `ahead`; a shard's end is in it
         self.done = {"examples": 0, "loss_sum": 0.0, "bad_lines": 0}
         self.examples, self.loss_sum = 0, 0.0  # of the current shard

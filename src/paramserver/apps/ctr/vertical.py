@@ -38,7 +38,8 @@ _SALT = np.uint64(0x5851F42D4C957F2D)
 
 
 def _blocks(idx: np.ndarray, parts: int) -> np.ndarray:
-    return (hash64_array(idx.astype(np.uint64) ^ _SALT) % np.uint64(parts)).astype(np.int64)
+    blocks: np.ndarray = (hash64_array(idx.astype(np.uint64) ^ _SALT) % np.uint64(parts)).astype(np.int64)
+    return blocks
 
 
 def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> dict[str, Any]:

@@ -191,7 +191,8 @@ class LassoProgram:
         paired = twin >= 0
         self.updates += pair_steps(m.colptr, m.rows, m.values, worst[paired], twin[paired], self.w, self.r,
                                    self.col_sq, self.n, cfg.lam, self.scratch)
-        return _xtr(m.colptr, m.rows, m.values, self.r)
+        xtr: np.ndarray = _xtr(m.colptr, m.rows, m.values, self.r)
+        return xtr
 
     @property
     def solved(self) -> bool:
