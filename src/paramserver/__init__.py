@@ -1,13 +1,28 @@
 """paramserver: a parameter server for large-scale machine learning.
 
-General layout:
-    client/      Client (pull, push, clock, barrier) and its I/O thread
-    server/      ServerNode, per-vnode hash tables, optimisers
-    scheduler/   SchedulerNode: membership, ring, tables, barriers
-    routing/     hash64, the Ring, batch partitioning
-    wire/        the message format (msgpack header + raw array frames) and sockets
-    cluster/     LocalCluster (processes on 127.0.0.1) and the worker runner
-    apps/        jobs built on the API (the demo)
+The layout, one folder a layer (top to bottom; a module imports only from the layers
+below its own: docs/architecture.md draws them, `make lint` holds them):
+
+    cli/            the ``paramserver`` command: a builder and a handler per command
+    torch.py, sklearn.py, ray.py   the public import paths of the integrations (re-exports)
+    integrations/   PyTorch (sharded embeddings, the 1F1B pipeline) and scikit-learn
+    apps/           ctr/ (training, models, the model file) and rounds/ (Lasso, MF, LDA)
+    testing/        the simulated network and cluster, its workers, the chaos campaign
+    dashboard/      the scheduler's HTTP page and ``paramserver top``
+    cluster/        launchers: LocalCluster, RayCluster, the worker process
+    server/         ServerNode: a loop over its state (tables, dedup, ring) and handlers
+    scheduler/      SchedulerNode: registry, catalog, membership, jobs, barriers
+    client/         Client and its sans-IO core (routing, push numbers, retries)
+    checkpoint/     cold backup files and manifests
+    data/           training data: shards, parsers, batches
+    observe/        each node's metrics
+    tables/         TableSpec, optimisers, update rules, server functions, namespaces
+    config.py       Config and the PARAMSERVER_* settings
+    routing/        the ring, hashing, batching keys per server
+    wire/           the message format, sockets and transports, security
+    consistency/    vector clocks, the staleness gate, BSP buffers
+    _runtime/       start-up tuning: warm-up, the collector, malloc, intrinsics, logs
+    errors.py       the exception tree and the error codes
 """
 
 import gc as _gc
