@@ -57,3 +57,11 @@ def test_every_module_the_docs_name_exists():
                 if not (path in rels if "/" in path else path in names):
                     wrong.append(f"{doc.relative_to(ROOT)}:{number}: {token}")
     assert not wrong, f"the docs name modules that do not exist: {wrong}"
+
+
+def test_the_package_docstring_names_every_folder():
+    import paramserver
+
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    missing = [f for f in folders if f"{f}/" not in (paramserver.__doc__ or "")]
+    assert not missing, f"paramserver/__init__.py's layout note does not name: {missing}"
