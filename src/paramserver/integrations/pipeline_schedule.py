@@ -117,10 +117,10 @@ def one_f_one_b(module: nn.Module, loss_fn: Callable[..., torch.Tensor], s: int,
 
     def backward(i: int) -> None:
         x, out = held.pop(i)
-        if s == k - 1:
-            out.backward()
+        if s == k - 1:  # torch.autograd.backward is Tensor.backward, typed
+            torch.autograd.backward(out)
         else:
-            out.backward(recv_data(nxt, ctrl, g))
+            torch.autograd.backward(out, recv_data(nxt, ctrl, g))
         if s > 0:
             assert prev is not None
             send_tensor(prev, "grad", i, x.grad if x.grad is not None else torch.zeros_like(x), g, ctrl)
