@@ -78,6 +78,8 @@ class Op(str, enum.Enum):  # noqa: UP042 (str(Op.X) stays "Op.X" in logs; StrEnu
     REMOVE_SERVER = "remove_server"
     CLUSTER_INFO = "cluster_info"
     WAIT_SERVERS = "wait_servers"
+    # a link between two processes of one program (wire/link.py: a pipeline's stages)
+    LINK = "link"
 
 
 class Message:
