@@ -11,6 +11,7 @@ these, so they live apart from any of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,11 +33,11 @@ class Shard:
     start: int
     end: int  # -1: to the end of the file
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[Any]:
         return [self.path, self.start, self.end]
 
     @classmethod
-    def from_wire(cls, w: list) -> Shard:
+    def from_wire(cls, w: list[Any]) -> Shard:
         return cls(str(w[0]), int(w[1]), int(w[2]))
 
 
@@ -58,7 +59,8 @@ class Batch:
         40 000 occurrences are ~7 600 distinct keys in a Criteo-like batch of 1 000), so
         models pull and push distinct keys only.
         """
-        return unique_inverse(self.keys, expect)
+        pair: tuple[np.ndarray, np.ndarray] = unique_inverse(self.keys, expect)
+        return pair
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ The parsing itself is numba (``parse.py``, ``csv.py``); a line it refuses is rai
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ class CriteoParser:
         return Batch(self.labels[:n], np.arange(0, (n + 1) * k, k, dtype=np.int64),
                      self.keys[:n].reshape(-1), np.ones(n * k, np.float32))
 
-    def feed(self, arr: np.ndarray, base: int, shard: Shard, stats: dict) -> Iterator[Batch]:
+    def feed(self, arr: np.ndarray, base: int, shard: Shard, stats: dict[str, Any]) -> Iterator[Batch]:
         offset = 0
         while offset < arr.shape[0]:
             n, used, bad, err, err_at = self._parse(arr[offset:], self.filled)
@@ -67,9 +68,10 @@ class CriteoParser:
                 yield self._batch()
                 self._new()
 
-    def _parse(self, arr: np.ndarray, f: int) -> tuple:
-        return parse.parse_criteo(arr, self.size - f, self.fmt.skip_bad, self.fmt.mask, self.labels[f:],
-                                  self.keys[f:], self.line_end, self.fmt.unlabeled)
+    def _parse(self, arr: np.ndarray, f: int) -> tuple[Any, ...]:
+        out: tuple[Any, ...] = parse.parse_criteo(arr, self.size - f, self.fmt.skip_bad, self.fmt.mask,
+                                                  self.labels[f:], self.keys[f:], self.line_end, self.fmt.unlabeled)
+        return out
 
     def flush(self) -> Iterator[Batch]:
         if self.filled:
@@ -95,9 +97,10 @@ class CsvParser(CriteoParser):
         return Batch(self.labels[:n], np.arange(0, (n + 1) * k, k, dtype=np.int64),
                      self.keys[:n].reshape(-1), np.ones(n * k, np.float32))
 
-    def _parse(self, arr: np.ndarray, f: int) -> tuple:
-        return csv.parse_csv(arr, self.size - f, self.fmt.skip_bad, self.fmt.mask, self.columns.roles,
-                             self.columns.namespaces, self.labels[f:], self.keys[f:], self.line_end)
+    def _parse(self, arr: np.ndarray, f: int) -> tuple[Any, ...]:
+        out: tuple[Any, ...] = csv.parse_csv(arr, self.size - f, self.fmt.skip_bad, self.fmt.mask, self.columns.roles,
+                                             self.columns.namespaces, self.labels[f:], self.keys[f:], self.line_end)
+        return out
 
 
 class LibsvmParser:
@@ -107,7 +110,7 @@ class LibsvmParser:
     def __init__(self, fmt: DataFormat, batch_size: int):
         self.fmt = fmt
 
-    def feed(self, arr: np.ndarray, base: int, shard: Shard, stats: dict) -> Iterator[Batch]:
+    def feed(self, arr: np.ndarray, base: int, shard: Shard, stats: dict[str, Any]) -> Iterator[Batch]:
         offset, size = 0, arr.shape[0]
         rows = min(size // 2 + 1, 1 << 16)  # a line takes >= 2 bytes; the loop goes on if more
         labels, line_end = np.empty(rows, np.float32), np.empty(rows, np.int64)

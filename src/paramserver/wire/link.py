@@ -21,6 +21,7 @@ Messages may be as large as ``LINK_MAX_BYTES`` (a mini-batch's activations at on
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +29,10 @@ import numpy as np
 import zmq
 
 from paramserver.wire.message import Message, Op, decode, encode
+from paramserver.wire.security import load_keys
 from paramserver.wire.transport import ZmqSocket, ZmqTransport
+
+logger = logging.getLogger(__name__)
 
 #: The largest message a link takes: its peer is a process of the same program, and an
 #: activation or a gradient is as large as the model and the micro-batch make it.
@@ -99,11 +103,17 @@ class Link:
 
 def link_transport(secret_file: str = "") -> ZmqTransport:
     """The transport of a process's links: CurveZMQ with the keys of ``secret_file`` if
-    one is given (a bound end serves with the cluster's server key, so it must be the
-    cluster's file), on the process's shared context, whose ZAP handler lives as long as
-    the process; plain TCP on a context of its own otherwise."""
-    if secret_file:
+    it is the cluster's file (a bound end serves with the cluster's server key), on the
+    process's shared context, whose ZAP handler lives as long as the process; plain TCP
+    on a context of its own otherwise.  A worker's or a driver's key file cannot serve a
+    link: the links then run plain, as they did before they went through the wire, and
+    the log says so."""
+    if secret_file and load_keys(secret_file).server_secret:
         return ZmqTransport(zmq.Context.instance(), secret_file=secret_file)
+    if secret_file:
+        logger.warning("the pipeline's links are not encrypted: %s holds a %s key, which cannot serve a link "
+                       "(give the stages the cluster's key file to encrypt them)", secret_file,
+                       load_keys(secret_file).role)
     return ZmqTransport(zmq.Context(), secret_file="")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from paramserver.data.reader import Batch, _concat, _slice
+from paramserver.data.batch import Batch, _concat, _slice
 
 RAMP_FROM = 1 << 16  # past 65 536 examples ...
 RAMP_FLOOR = 16  # ... a batch is at least 1/16 of the examples seen: big jobs reach --batch-size at once
