@@ -324,9 +324,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
         if not spec.block_size:
             raise ConfigError(f"table {table!r} has no parameter blocks: create it with key_bits=b and "
                               "block_size=B (a power of two) to range-partition it")
-        with self._lock:
-            ring = self._ring
-        return BlockMap(table, spec.block_size, spec.n_blocks, ring)
+        return BlockMap(table, spec.block_size, spec.n_blocks, self._ring)
 
     def pull_block(self, table: str, block: int) -> Future[Any]:
         """The rows of parameter block ``block`` (keys ``[block B, (block + 1) B)``, in
