@@ -19,6 +19,8 @@ from paramserver.wire.message import Message, Op
 if TYPE_CHECKING:
     from paramserver.client.state import ClientState
 
+DONE = Decision(Verdict.DONE)
+
 
 class Scatter:
     """One pull or push in flight: a request per server piece, and the future.
@@ -105,6 +107,8 @@ class Scatter:
             self._maybe_settled()
 
     def _decision(self, piece: Piece, tries: int, msg: Message | None, exc: BaseException | None) -> Decision:
+        if exc is None and msg is not None and msg.op is not Op.ERROR:
+            return DONE  # what core.decide says of an answer; spared building what it would need
         return core.decide(piece, tries, msg, exc, ring_version=self.state.ring().version, now=time.monotonic(),
                            deadline=self.deadline, scheduler=self.state.scheduler())
 
