@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from paramserver.errors import ConfigError, ParamServerError
+from paramserver.errors import Code, ConfigError, ParamServerError
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.fanout import FanOut
 from paramserver.tables.namespaces import Quota, check_name, namespace_of
@@ -142,7 +142,7 @@ class Catalog:
             if op.errors:
                 if on_error is not None:
                     on_error()
-                self.host.sock.send(error_reply(msg.id, "server", str(next(iter(op.errors.values())))), identity)
+                self.host.sock.send(error_reply(msg.id, Code.SERVER, str(next(iter(op.errors.values())))), identity)
             else:
                 self.host.sock.send(encode({"op": Op.OK.value, "id": msg.id}), identity)
 
@@ -159,7 +159,7 @@ class Catalog:
             try:
                 self.host.dispatch(identity, msg)
             except ParamServerError as exc:
-                self.host.sock.send(error_reply(msg.id, "config", str(exc)), identity)
+                self.host.sock.send(error_reply(msg.id, Code.CONFIG, str(exc)), identity)
             except Exception as exc:
                 logger.exception("deferred %s failed", msg.op.value)
-                self.host.sock.send(error_reply(msg.id, "internal", f"{type(exc).__name__}: {exc}"), identity)
+                self.host.sock.send(error_reply(msg.id, Code.INTERNAL, f"{type(exc).__name__}: {exc}"), identity)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from paramserver.errors import ConfigError
+from paramserver.errors import Code, ConfigError
 from paramserver.routing.ring import Ring, plan_moves
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Op, encode, error_reply
@@ -167,7 +167,7 @@ class Membership:
                 logger.exception("%s of server %d failed", kind, node_id)
                 self.migration = None
                 if requester:
-                    self.host.answer(requester[0], error_reply(requester[1], "config",
+                    self.host.answer(requester[0], error_reply(requester[1], Code.CONFIG,
                                                                f"{kind} of server {node_id} failed: {exc}"))
         if self.migration is None and not self.changes and self.incomplete and self.ring is not None:
             self._repair()
@@ -183,7 +183,8 @@ class Membership:
                          self.ring.version)
             self._failed_migrations += 1
             if m.requester is not None:
-                self.host.answer(m.requester[0], error_reply(m.requester[1], "server", f"migration failed: {failed}"))
+                self.host.answer(m.requester[0],
+                                 error_reply(m.requester[1], Code.SERVER, f"migration failed: {failed}"))
             self._purge_incomplete()
             self.host.migration_over()
             return
@@ -253,7 +254,7 @@ class Membership:
         node = self.host.nodes.get(node_id)
         if node is None or node.role != "server":
             if requester:
-                self.host.answer(requester[0], error_reply(requester[1], "config", f"server {node_id} is gone"))
+                self.host.answer(requester[0], error_reply(requester[1], Code.CONFIG, f"server {node_id} is gone"))
             return
         if kind == "remove" and (node_id not in self.ring.servers or len(self.ring.servers) <= 1):
             raise ConfigError(f"server {node_id} is not one of several servers on the ring {self.ring.servers}")

@@ -32,7 +32,7 @@ from typing import Any
 
 from paramserver._runtime.logutil import Throttled
 from paramserver.config import Config
-from paramserver.errors import ConfigError, ParamServerError, ProtocolError
+from paramserver.errors import Code, ConfigError, ParamServerError, ProtocolError
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.barrier import Barrier
 from paramserver.scheduler.catalog import Catalog
@@ -160,12 +160,12 @@ class SchedulerNode:
             self.dispatch(identity, msg)
         except ParamServerError as exc:
             request_id = failed_request(exc, request_id)
-            code = "protocol" if isinstance(exc, ProtocolError) else "config"
+            code = Code.PROTOCOL if isinstance(exc, ProtocolError) else Code.CONFIG
             self._bad_requests.warning("bad request from %r: %s", identity, exc)
             self.sock.send(error_reply(request_id, code, str(exc)), identity)
         except Exception as exc:  # a bug must not take the cluster down
             self._failures.exception("scheduler failed on a request from %r", identity)
-            self.sock.send(error_reply(request_id, "internal", f"{type(exc).__name__}: {exc}"), identity)
+            self.sock.send(error_reply(request_id, Code.INTERNAL, f"{type(exc).__name__}: {exc}"), identity)
 
     def dispatch(self, identity: bytes, msg: Message) -> None:
         """Hand ``msg`` to its op's handler, if the sender's key may ask for it."""

@@ -18,7 +18,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from paramserver.config import Config
-from paramserver.errors import ProtocolError
+from paramserver.errors import Code, ProtocolError
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.membership import Membership, NodeInfo
 from paramserver.scheduler.waiters import ServerWaiters
@@ -163,7 +163,7 @@ class Registry:
             self.host.sock.send(_BEAT_BACK if seq is None else encode({"op": Op.HEARTBEAT.value, "seq": seq}),
                                 identity)  # and nodes tell a dead scheduler by silence
         else:  # declared dead, then came back: tell it, so it stops serving
-            self.host.sock.send(error_reply(None, "unknown_node", "not registered (declared dead?)"), identity)
+            self.host.sock.send(error_reply(None, Code.UNKNOWN_NODE, "not registered (declared dead?)"), identity)
 
     def leave(self, identity: bytes, msg: Message) -> int | None:
         """``LEAVE``, answered: the node that leaves (None if unknown), for the host to remove."""

@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from paramserver.errors import ConfigError
+from paramserver.errors import Code, ConfigError
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.fanout import FanOut
 from paramserver.tables.spec import TableSpec
@@ -99,7 +99,7 @@ class Restores:
         if r is None or not r.waiting or self.host.moving or self.host.ring is None:
             return
         if r.table not in self.host.tables:
-            self._finish(error_reply(r.request.id, "config", f"table {r.table!r} was dropped during its restore"))
+            self._finish(error_reply(r.request.id, Code.CONFIG, f"table {r.table!r} was dropped during its restore"))
             return
         r.waiting, r.rounds = False, r.rounds + 1
         r.ring_version, r.moves = self.host.ring.version, self.host.ring_moves
@@ -111,13 +111,13 @@ class Restores:
             return
         if op.errors:
             server, error = sorted(op.errors.items())[0]
-            self._finish(error_reply(r.request.id, "config", f"server {server} could not restore {r.table!r}: "
+            self._finish(error_reply(r.request.id, Code.CONFIG, f"server {server} could not restore {r.table!r}: "
                                      f"{error}"))
             return
         ring = self.host.ring
         if op.lost or ring is None or ring.version != r.ring_version or self.host.ring_moves != r.moves:
             if r.rounds >= self.MAX_ROUNDS:
-                self._finish(error_reply(r.request.id, "node_lost", f"the ring changed during each of {r.rounds} "
+                self._finish(error_reply(r.request.id, Code.NODE_LOST, f"the ring changed during each of {r.rounds} "
                                          f"loads of {r.table!r}; restore it again once the cluster is stable"))
                 return
             logger.info("restore of %r: the ring changed while it loaded; loading again once copies are done",

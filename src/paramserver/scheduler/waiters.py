@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from paramserver.errors import ProtocolError
+from paramserver.errors import Code, ProtocolError
 from paramserver.scheduler.membership import Membership, NodeInfo
 from paramserver.wire.message import Message, Op, encode, error_reply
 from paramserver.wire.message import field as hfield
@@ -67,6 +67,6 @@ class ServerWaiters:
                 what = (f"the joining server {lost.id} ({lost.address}) died before its join completed"
                         if isinstance(want, dict) else f"server {lost.id} died while this waited for {want} "
                         f"server(s); the ring heads for {len(heading)} ({sorted(heading)})")
-                send(error_reply(request_id, "node_lost", f"{what}: start another server and wait again"), identity)
+                send(error_reply(request_id, Code.NODE_LOST, f"{what}: start another server and wait again"), identity)
             else:
                 self.waiting.append((identity, request_id, want))

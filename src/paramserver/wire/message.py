@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from paramserver.errors import ProtocolError, code_of
+from paramserver.errors import Code, ProtocolError, code_of
 
 #: Array dtypes allowed on the wire (little-endian).
 DTYPES: dict[str, np.dtype] = {
@@ -193,12 +193,12 @@ def failed_request(exc: BaseException, default: Any = None) -> Any:
     return default if found is None else found
 
 
-def error_code(exc: BaseException) -> str:
+def error_code(exc: BaseException) -> Code:
     """The ``code`` of a node's error reply for ``exc`` (the table: ``errors.Code``)."""
-    return code_of(exc).value
+    return code_of(exc)
 
 
-def error_reply(request_id: Any, code: str, text: str, **fields: Any) -> list[Any]:
+def error_reply(request_id: Any, code: Code, text: str, **fields: Any) -> list[Any]:
     """Frames of an ERROR reply; ``code`` is machine-readable (one of ``errors.Code``), ``text`` for humans."""
     return encode({"op": Op.ERROR.value, "id": request_id, "code": str(code), "error": text, **fields})
 
