@@ -33,7 +33,8 @@ def open_input(path: str) -> IO[bytes]:
         return open(os.path.expanduser(os.fspath(path)), "rb")
     import fsspec
 
-    return fsspec.open(path, "rb", compression="infer").open()
+    opened: IO[bytes] = fsspec.open(path, "rb", compression="infer").open()
+    return opened
 
 
 class LocalFiles:
@@ -69,7 +70,8 @@ def filesystem(url: str, flag: str) -> tuple[Any, str]:
     import fsspec
 
     try:
-        return fsspec.core.url_to_fs(url)
+        found: tuple[Any, str] = fsspec.core.url_to_fs(url)
+        return found
     except ImportError as exc:
         raise ConfigError(f"{flag} {url}: {exc} (pip install it, or write to a local path)") from None
     except ValueError as exc:

@@ -46,7 +46,8 @@ def _filesystem(path: str) -> tuple[Any, str]:
     import fsspec
 
     try:
-        return fsspec.core.url_to_fs(path)  # no glob expansion here (get_fs_token_paths would)
+        found: tuple[Any, str] = fsspec.core.url_to_fs(path)  # no glob expansion here (get_fs_token_paths would)
+        return found
     except ImportError as exc:
         raise DataError(f"{path}: {exc} (pip install it, or copy the data to a local path)") from None
     except ValueError as exc:  # an unknown protocol
@@ -142,7 +143,7 @@ def sniff_label_format(path: str) -> str:
     return "01"
 
 def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
-                 stats: dict | None = None) -> Iterator[Batch]:
+                 stats: dict[str, Any] | None = None) -> Iterator[Batch]:
     """Yield mini-batches of ``batch_size`` examples (the last may be smaller).
 
     ``stats`` (if given) receives ``bad_lines``, ``examples`` and ``bytes``.
@@ -177,7 +178,7 @@ def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
         yield _concat(list(pending))
 
 
-def _check_bad_fraction(shard: Shard, fmt: DataFormat, stats: dict) -> None:
+def _check_bad_fraction(shard: Shard, fmt: DataFormat, stats: dict[str, Any]) -> None:
     """With ``--skip-bad-lines``, more than ``max_bad_fraction`` of the lines read so far
     malformed (once 100 are) means the wrong format, not a few damaged lines: fail, early."""
     bad, good = stats["bad_lines"], stats["examples"]
@@ -200,7 +201,7 @@ def _cache_path(shard: Shard, fmt: DataFormat) -> str:
     return os.path.join(fmt.cache_dir, hashlib.sha1(key.encode()).hexdigest() + ".npz")
 
 
-def _cached_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) -> Iterator[Batch]:
+def _cached_chunks(shard: Shard, fmt: DataFormat, stats: dict[str, Any], batch_size: int) -> Iterator[Batch]:
     """Like ``_read_chunks``, but a shard parsed once is read back from ``fmt.cache_dir``
     (like Vowpal Wabbit's --cache: later epochs skip parsing and hashing)."""
     path = _cache_path(shard, fmt)
@@ -226,7 +227,7 @@ def _cached_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) 
     os.replace(tmp, path)  # whole or absent: a reader never sees half a cache file
 
 
-def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict, batch_size: int) -> Iterator[Batch]:
+def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict[str, Any], batch_size: int) -> Iterator[Batch]:
     """The shard's examples, parsed a chunk of whole lines at a time (batches of any size;
     Criteo's are ``batch_size`` but the last)."""
     path = shard.path
@@ -264,7 +265,7 @@ def _start(f: Any, shard: Shard, fmt: DataFormat, batch_size: int) -> tuple[Any,
     return parser, pos, carry
 
 
-def _parse_lines(f: Any, shard: Shard, stats: dict, parser: Any, pos: int, carry: bytes) -> Iterator[Batch]:
+def _parse_lines(f: Any, shard: Shard, stats: dict[str, Any], parser: Any, pos: int, carry: bytes) -> Iterator[Batch]:
     """Read ``f`` from ``pos`` (after ``carry``) into one reused buffer and feed ``parser``
     the whole lines of each read that start before the shard's end."""
     path, end = shard.path, (shard.end if shard.end >= 0 else None)
@@ -314,10 +315,12 @@ class _Unclosed:
         pass
 
     def readinto(self, view: memoryview) -> int:
-        return self.raw.readinto(view)
+        n: int = self.raw.readinto(view)
+        return n
 
     def readline(self) -> bytes:
-        return self.raw.readline()
+        line: bytes = self.raw.readline()
+        return line
 
     def seek(self, pos: int) -> None:
         raise DataError("standard input cannot be read from the middle: pass a file to split it into shards")

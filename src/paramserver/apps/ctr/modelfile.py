@@ -93,7 +93,7 @@ def _from_checkpoint(url: str, allow_unverified: bool = False) -> tuple[dict[str
 
 
 @njit(nogil=True, cache=True)
-def _feature_keys(indices, mask):
+def _feature_keys(indices, mask):  # type: ignore[no-untyped-def]
     out = np.empty(indices.shape[0], np.uint64)
     for i in range(indices.shape[0]):
         out[i] = feature_key(1, indices[i], mask)

@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from paramserver.apps.ctr.deep import DENSE_BLOCK, Deep, _logloss, _sigmoid
+from paramserver.data.batch import Batch
 from paramserver.errors import ConfigError
 
 MODELS = ("lr", "fm", "deepfm", "wdl")
@@ -31,7 +32,7 @@ DEEP = ("deepfm", "wdl")
 
 
 @njit(nogil=True, cache=True)
-def _lr(indptr, vals, labels, inverse, rows, want_grads):
+def _lr(indptr, vals, labels, inverse, rows, want_grads):  # type: ignore[no-untyped-def]
     n = labels.shape[0]
     grads = np.zeros((rows.shape[0] if want_grads else 0, 1), np.float32)
     preds = np.empty(n, np.float64)
@@ -51,7 +52,7 @@ def _lr(indptr, vals, labels, inverse, rows, want_grads):
 
 
 @njit(nogil=True, cache=True)
-def _fm(indptr, vals, labels, inverse, rows, want_grads, l2):
+def _fm(indptr, vals, labels, inverse, rows, want_grads, l2):  # type: ignore[no-untyped-def]
     n = labels.shape[0]
     k = rows.shape[1] - 1
     grads = np.zeros((rows.shape[0] if want_grads else 0, k + 1), np.float32)
@@ -165,7 +166,7 @@ class Model:
         # factors grow where the data asks for them
         return {"name": "zeros"} if self.name == "lr" else {"name": "normal", "std": 0.001, "zero_columns": 1}
 
-    def step(self, batch, inverse: np.ndarray, rows: np.ndarray,
+    def step(self, batch: Batch, inverse: np.ndarray, rows: np.ndarray,
              dense: np.ndarray | None = None) -> tuple[np.ndarray, float, np.ndarray | None]:
         """One summed gradient row per distinct key, the batch's summed log loss and, for a
         deep model (``dense``: its MLP, flat), the MLP's summed gradient (flat)."""
@@ -177,12 +178,14 @@ class Model:
             grads, loss, _ = _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, True, self.l2)
         return grads, float(loss), None
 
-    def predict(self, batch, inverse: np.ndarray, rows: np.ndarray, dense: np.ndarray | None = None) -> np.ndarray:
+    def predict(self, batch: Batch, inverse: np.ndarray, rows: np.ndarray,
+                dense: np.ndarray | None = None) -> np.ndarray:
         if self.deep is not None:
             return self.deep.predict(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
-        if self.name == "lr":
-            return _lr(batch.indptr, batch.vals, batch.labels, inverse, rows, False)[2]
-        return _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, False, 0.0)[2]
+        out = _lr(batch.indptr, batch.vals, batch.labels, inverse, rows, False) if self.name == "lr" else \
+            _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, False, 0.0)
+        probabilities: np.ndarray = out[2]
+        return probabilities
 
 
 # Adam's rate on the MLP.  Its output layer starts at zero, so the rate says how fast the

@@ -37,7 +37,7 @@ CHUNK_ROWS = 100_000
 
 
 @njit(nogil=True, cache=True)
-def _write_rows(labels, ints, int_missing, tokens, cat_missing, hexdigits, out):
+def _write_rows(labels, ints, int_missing, tokens, cat_missing, hexdigits, out):  # type: ignore[no-untyped-def]
     """Format rows as Criteo TSV into ``out``; return the bytes written."""
     pos = 0
     digits = np.empty(24, np.uint8)
@@ -80,13 +80,13 @@ def _write_rows(labels, ints, int_missing, tokens, cat_missing, hexdigits, out):
 
 
 @njit(nogil=True, cache=True)
-def _planted_weight(field, value, scale):
+def _planted_weight(field, value, scale):  # type: ignore[no-untyped-def]
     h = hash64(value * np.uint64(0x9E3779B97F4A7C15) + np.uint64(field) + np.uint64(0xC0FFEE))
     return scale * (np.float64(h >> np.uint64(11)) / 9007199254740992.0 * 2.0 - 1.0)
 
 
 @njit(nogil=True, cache=True)
-def _margins(ranks, cat_missing, buckets, int_missing, cat_scale, int_scale):
+def _margins(ranks, cat_missing, buckets, int_missing, cat_scale, int_scale):  # type: ignore[no-untyped-def]
     n = ranks.shape[0]
     out = np.zeros(n, np.float64)
     for i in range(n):
@@ -114,10 +114,11 @@ def _features(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.nda
     return ranks, cat_missing, ints, int_missing
 
 
-def _margin(ranks, cat_missing, ints, int_missing) -> np.ndarray:
+def _margin(ranks: np.ndarray, cat_missing: np.ndarray, ints: np.ndarray, int_missing: np.ndarray) -> np.ndarray:
     """The planted model's logit (without bias)."""
     buckets = np.where(ints > 2, np.floor(np.log(np.maximum(ints, 1)) ** 2) + 3, ints + 1).astype(np.int64)
-    return _margins(ranks, cat_missing, buckets, int_missing, np.linspace(0.9, 0.3, N_CAT), 0.25)
+    margin: np.ndarray = _margins(ranks, cat_missing, buckets, int_missing, np.linspace(0.9, 0.3, N_CAT), 0.25)
+    return margin
 
 
 def _chunk(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.ndarray, int_p: np.ndarray,

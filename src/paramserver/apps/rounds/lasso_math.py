@@ -17,7 +17,7 @@ from paramserver.apps.rounds.matrix import Matrix
 
 
 @njit(nogil=True, cache=True)
-def _cd(colptr, rows, values, coords, w, r, col_sq, n, lam, sweeps):
+def _cd(colptr, rows, values, coords, w, r, col_sq, n, lam, sweeps):  # type: ignore[no-untyped-def]
     """``sweeps`` passes of coordinate descent over ``coords`` in order, updating ``w``
     and the residual ``r`` in place."""
     for _ in range(sweeps):
@@ -40,7 +40,7 @@ def _cd(colptr, rows, values, coords, w, r, col_sq, n, lam, sweeps):
 
 
 @njit(nogil=True, cache=True)
-def _apply(colptr, rows, values, coords, delta, r):
+def _apply(colptr, rows, values, coords, delta, r):  # type: ignore[no-untyped-def]
     """``r -= X[:, coords] @ delta``."""
     for t in range(coords.shape[0]):
         d = delta[t]
@@ -51,7 +51,7 @@ def _apply(colptr, rows, values, coords, delta, r):
 
 
 @njit(nogil=True, cache=True)
-def _xtr(colptr, rows, values, r):
+def _xtr(colptr, rows, values, r):  # type: ignore[no-untyped-def]
     out = np.empty(colptr.shape[0] - 1)
     for j in range(out.shape[0]):
         g = 0.0
@@ -62,7 +62,7 @@ def _xtr(colptr, rows, values, r):
 
 
 @njit(nogil=True, cache=True)
-def _residual(colptr, rows, values, y, w):
+def _residual(colptr, rows, values, y, w):  # type: ignore[no-untyped-def]
     r = y.copy()
     for j in range(w.shape[0]):
         if w[j] != 0.0:
@@ -72,7 +72,7 @@ def _residual(colptr, rows, values, y, w):
 
 
 @njit(nogil=True, cache=True)
-def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):
+def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):  # type: ignore[no-untyped-def]
     """Deal ``candidates`` (in priority order) to ``workers``: each to the worker whose
     coordinates it correlates with most, at most ``cap`` a worker, none whose mean
     |correlation| with the other workers' coordinates passes ``rho``.  ``acc[:, q]``

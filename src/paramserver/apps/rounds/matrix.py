@@ -30,7 +30,7 @@ _WHAT = {
 
 
 @njit(nogil=True, cache=True)
-def _parse(buf, labels, indptr, cols, vals):
+def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
     """Lines ``target idx:val ...`` → CSR (0-based columns).  Returns ``(rows, error,
     error offset)``; ``buf`` ends with a newline."""
     n, nnz, pos, size = 0, 0, 0, buf.shape[0]
@@ -82,7 +82,7 @@ def _parse(buf, labels, indptr, cols, vals):
 
 
 @njit(nogil=True, cache=True)
-def _to_csc(indptr, cols, vals, n_cols):
+def _to_csc(indptr, cols, vals, n_cols):  # type: ignore[no-untyped-def]
     """The CSC form of a CSR matrix: column pointers, row of each entry, values."""
     counts = np.zeros(n_cols + 1, np.int64)
     for k in range(cols.shape[0]):
