@@ -145,6 +145,15 @@ def call_header(kind: Op, table: str, *, node_id: int, worker_clock: int | None 
     return header
 
 
+def clock_request(node_id: int, clock: int, token: str = "") -> dict[str, Any]:
+    """The request that tells a server worker ``node_id`` finished clock ``clock`` (with the
+    worker's token when the cluster has keys)."""
+    header: dict[str, Any] = {"op": Op.CLOCK.value, "worker": node_id, "clock": clock}
+    if token:
+        header["worker_token"] = token
+    return header
+
+
 def request(kind: Op, header: dict[str, Any], piece: Piece, tries: int,
             sequencer: Sequencer) -> tuple[dict[str, Any], list[np.ndarray]]:
     """The header and arrays piece ``piece`` goes out as on its ``tries``-th resend: the

@@ -10,6 +10,7 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from paramserver.client.core import clock_request
 from paramserver.errors import ClosedError, ConfigError, NodeLostError
 from paramserver.wire.message import Message, Op
 
@@ -68,9 +69,8 @@ class SyncCalls:
             self._clock += 1
             clock = self._clock
         for address in self._servers.values():
-            self._io.submit(address, {"op": Op.CLOCK.value, "worker": self.node_id, "clock": clock,
-                                      **({"worker_token": self._token["token"]} if self._token else {})},
-                            (), _log_failure)
+            self._io.submit(address, clock_request(self.node_id, clock, self._token.get("token", "")), (),
+                            _log_failure)
         return clock
 
     def barrier(self, timeout_s: float | None = None) -> list[int]:

@@ -31,6 +31,7 @@ from paramserver.client.core import (
     Verdict,
     View,
     call_header,
+    clock_request,
     route,
 )
 from paramserver.config import Config
@@ -315,7 +316,7 @@ class SimWorker:
                 done(self.clock, None)
 
         def send(server: int) -> None:
-            header = {"op": Op.CLOCK.value, "worker": self.node_id, "clock": self.clock}
+            header = clock_request(self.node_id, self.clock)
             if not self.ask(server, header, [], functools.partial(one, server)):
                 one(server, None, None)  # gone from the ring: nothing to tell it
 
