@@ -6,9 +6,9 @@ requests by id, so any number of requests can be in flight to any number of peer
 a pull's reply is scattered into the caller's output array here, while the caller
 computes.  The thread also sends the heartbeats and takes the scheduler's notifications
 (``NODE_LOST`` fails the requests open to that node; ``STOP`` closes the client).  A
-request sent with ``answer_within_s`` that gets no answer in that time fails with
-``NoAnswerError`` (its caller routes it again and resends it: a message lost on the way,
-a reply a server dropped for a slow link); its answer, should it come later, is dropped.
+request sent with ``answer_within_s`` (no request is, by default) that gets no answer in
+that time fails with ``NoAnswerError`` (its caller routes it again and resends it: a
+message lost on the way); its answer, should it come later, is dropped.
 """
 
 from __future__ import annotations

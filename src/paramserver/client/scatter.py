@@ -25,8 +25,8 @@ DONE = Decision(Verdict.DONE)
 class Scatter:
     """One pull or push in flight: a request per server piece, and the future.
 
-    A piece refused for a stale ring, sent to a server that died, or unanswered for
-    ``ClientState.answer_within_s``, is routed again with the newest ring and resent (a push
+    A piece refused for a stale ring, sent to a server that died, or (if it is set)
+    unanswered for ``ClientState.answer_within_s``, is routed again with the newest ring and resent (a push
     keeps its ``seq``: servers apply it once), until ``retry_timeout_s``.  Callbacks are
     bound to this object, which refers to none of them: no reference cycle keeps a pull's
     output array alive after its future is dropped (a cycle of closures did: 64 MB pulls

@@ -32,9 +32,12 @@ class ClientState:
         self.tables: dict[str, TableSpec] = {}
         self.sequencer = Sequencer()  # pushes numbered for exactly-once application
         self.counts: dict[str, int] = {}  # calls by op, and "retries" (pieces routed again): metrics.client_families
-        # a data request unanswered this long is routed again and resent (a lost message, a reply a
-        # slow link's budget dropped): twice the time in which a dead server is declared so
-        self.answer_within_s = 2 * config.heartbeat_timeout_s
+        # a data request unanswered this long fails with NoAnswerError, and is routed again and
+        # resent.  None (the default): a request waits for its answer or for its server to be
+        # declared dead, as before the client's core.  A fixed wait is wrong for some requests:
+        # a pull parked at a BSP/SSP gate may wait for a slow worker for minutes, a server
+        # function may compute for long, a large push on a slow link takes longer to arrive.
+        self.answer_within_s: float | None = None
         self.scheduler_process = ""  # the scheduler's process (its welcome says), to tell a dead one from a stalled one
 
     def apply_view(self, view: dict[str, Any]) -> None:

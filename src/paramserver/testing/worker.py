@@ -131,7 +131,10 @@ class SimWorker:
         self.net, self.config, self.scheduler, self.name = net, config, scheduler, name
         self.host: Host = net.host(name, rate)
         self.transport = self.host.transport()
-        self.answer_within_s = 2 * config.heartbeat_timeout_s  # as Client's
+        # the simulated network loses messages on the workers' links (what a broken connection
+        # does to what it carried): a request unanswered this long fails as the I/O thread's do
+        # when a client sets ClientState.answer_within_s
+        self.answer_within_s = 2 * config.heartbeat_timeout_s
         self.sched = self.transport.connect(scheduler, config.max_message_bytes)
         self.socks: dict[int, SimSocket] = {}
         self.node_id = -1
