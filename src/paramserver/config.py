@@ -34,6 +34,8 @@ ENV: dict[str, tuple[str, str]] = {
                                                                "complete copy of some vnodes is dead (until then "
                                                                "it is fenced and waited for)"),
     "PARAMSERVER_MAX_MESSAGE_BYTES": ("max_message_bytes", "largest message a node accepts"),
+    "PARAMSERVER_KEY_CACHE_BYTES": ("key_cache_bytes", "bytes of key lists a server keeps for the keycache filter "
+                                                       "(least recently used dropped first; default 64 MiB)"),
     "PARAMSERVER_SERVER_THREADS": ("server_threads", "threads a server applies vnodes with (0: one a core)"),
     "PARAMSERVER_RETRY_TIMEOUT_S": ("retry_timeout_s", "how long a pull or push is retried across ring changes"),
     "PARAMSERVER_METRICS_PORT": ("metrics_port", "serve this node's Prometheus metrics on this port (0: any free "
@@ -129,6 +131,7 @@ class Config:
     last_copy_timeout_s: float = 30.0
     max_message_bytes: int = 1 << 30
     server_threads: int = 0
+    key_cache_bytes: int = 64 << 20
     retry_timeout_s: float = 60.0
     metrics_port: int = -1
     http_port: int = -1
@@ -139,7 +142,7 @@ class Config:
 
     def __post_init__(self) -> None:
         for name, lo in (("port", 0), ("servers", 1), ("workers", 0), ("vnodes_per_server", 1),
-                         ("max_message_bytes", 1024), ("server_threads", 0)):
+                         ("max_message_bytes", 1024), ("server_threads", 0), ("key_cache_bytes", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{name} must be an int >= {lo}, got {v!r}")

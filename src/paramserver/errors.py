@@ -10,6 +10,7 @@
     │   └── ProtocolError       ... because the request was malformed (bad op, dtype, size)
     ├── StaleRingError          a server no longer owns a vnode at the request's ring_version
     ├── QuotaError              a push would take a namespace past its quota (nothing was applied)
+    ├── KeyCacheMissError       a request named a key list by signature the server no longer has (resent whole)
     ├── CheckpointError         a checkpoint is missing, incomplete or corrupt
     ├── DataLossError           a server died with vnodes no backup held: acknowledged updates are gone
     └── WorkerError             a user function raised on a worker; carries its traceback
@@ -87,6 +88,12 @@ class QuotaError(ParamServerError):
     """A push would take a namespace past its key or byte quota; nothing of it was applied."""
 
 
+class KeyCacheMissError(ParamServerError):
+    """A request named its key list by signature (the ``keycache`` filter) and the server
+    does not hold that list (evicted, restarted, replaced): nothing of it was applied, and
+    the client sends it again with the list."""
+
+
 def check_flags(rules: list[tuple[str, object, bool, str]]) -> None:
     """Raise ``ConfigError`` for the first ``(flag, value, ok, rule)`` that is not ok:
     "FLAG must be RULE, got VALUE"."""
@@ -108,6 +115,7 @@ class Code(StrEnum):
     CHECKPOINT = "checkpoint"
     SERVER = "server"  # a server failed a step the scheduler ran for the request (a migration)
     UNKNOWN_NODE = "unknown_node"  # the sender is not registered (declared dead)
+    KEY_CACHE_MISS = "key_cache_miss"  # a key list named by signature is not held: resend it whole
     INTERNAL = "internal"  # a bug: the node logged it
     ERROR = "error"  # any other failure
 
@@ -116,6 +124,7 @@ class Code(StrEnum):
 RAISED_AS: dict[str, type[ParamServerError]] = {
     Code.STALE_RING: StaleRingError, Code.UNKNOWN_TABLE: UnknownTableError, Code.PROTOCOL: ProtocolError,
     Code.CONFIG: ConfigError, Code.NODE_LOST: NodeLostError, Code.QUOTA: QuotaError, Code.CHECKPOINT: CheckpointError,
+    Code.KEY_CACHE_MISS: KeyCacheMissError,
 }
 
 
@@ -123,7 +132,8 @@ def code_of(exc: BaseException) -> Code:
     """The code a node answers ``exc`` with (a ``KeyError``: a table it does not know)."""
     for code, kind in (
             (Code.STALE_RING, StaleRingError), (Code.QUOTA, QuotaError), (Code.UNKNOWN_TABLE, KeyError),
-            (Code.CHECKPOINT, CheckpointError), (Code.PROTOCOL, ProtocolError)):
+            (Code.CHECKPOINT, CheckpointError), (Code.PROTOCOL, ProtocolError),
+            (Code.KEY_CACHE_MISS, KeyCacheMissError)):
         if isinstance(exc, kind):
             return code
     return Code.ERROR

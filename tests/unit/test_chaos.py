@@ -34,7 +34,8 @@ def test_every_scenario_runs_clean_on_the_real_code(scenario):
 CATCHERS = {"no-dedup": "counters-r2", "ack-before-backups": "partition", "ignore-ring-version": "membership",
             "no-staleness-gate": "ssp", "no-lease": "counters-r2", "restore-unheld": "restore",
             "write-off-last-copy": "repair-pause", "rejoin-at-the-minimum": "job-ssp",
-            "client-retry-fresh-seq": "counters-r1", "client-forgets-in-flight": "ssp"}
+            "client-retry-fresh-seq": "counters-r1", "client-forgets-in-flight": "ssp",
+            "client-ignores-cache-miss": "filters"}
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))

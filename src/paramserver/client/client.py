@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -19,7 +20,7 @@ import numpy as np
 
 from paramserver.client.calls import FunctionCalls
 from paramserver.client.cluster_calls import ClusterCalls
-from paramserver.client.core import Piece, as_keys, call_header, remote_error
+from paramserver.client.core import Piece, Wire, as_keys, call_header, pull_rows, remote_error
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
 from paramserver.client.losses import Losses
@@ -31,7 +32,6 @@ from paramserver.errors import (
     ConfigError,
     ConnectError,
     ParamServerError,
-    ProtocolError,
     RemoteError,
     UnknownTableError,
 )
@@ -197,12 +197,16 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
                  on_piece: Callable[[Piece, Message], None], result: Any = None,
                  reply_row_bytes: int = 0, seq: int | None = None,
                  on_settled: Callable[[], None] | None = None, distinct: bool = False,
-                 extra_header: dict[str, Any] | None = None) -> Future[Any]:
+                 extra_header: dict[str, Any] | None = None, wire: Wire | None = None,
+                 prepare: Callable[[list[Piece]], list[Piece]] | None = None) -> Future[Any]:
         """Send a pull or push as one request per server; the future resolves to
-        ``result`` once every piece is answered (see ``scatter.Scatter``)."""
+        ``result`` once every piece is answered (see ``scatter.Scatter``).  ``wire``: the
+        table's filters this way; ``prepare``: what the pieces become before they go."""
         self._losses.check()
         layout = self._spec(table).layout
         pieces = self._pieces(kind, keys, extra, layout, distinct)
+        if prepare is not None:
+            pieces = prepare(pieces)
         limit = self.config.max_message_bytes - (1 << 20)  # room for the header
         for piece in pieces:  # check every piece before sending any: never half a push
             nbytes = max(piece.keys.nbytes + (piece.extra.nbytes if kind is Op.PUSH else 0),
@@ -213,13 +217,13 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
         worker_clock = self._clock if self.role == "worker" else None
         header = call_header(kind, table, node_id=self.node_id, worker_clock=worker_clock, seq=seq,
                              token=self._token.get("token", ""), extra=extra_header)
-        return Scatter(self._state, kind, header, layout, on_piece, result, on_settled).start(pieces)
+        return Scatter(self._state, kind, header, layout, on_piece, result, on_settled, wire).start(pieces)
 
     # ---- public API --------------------------------------------------------------------
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
                      aggregate: bool = False, replicas: int = 1, key_bits: int = 0,
-                     block_size: int = 0) -> TableSpec:
+                     block_size: int = 0, filters: Any = None) -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
 
         ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
@@ -227,14 +231,17 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
         on distinct servers survive ``replicas - 1`` failures; ``key_bits = b`` makes a
         dense table of keys < 2**b (one memory access a key), and ``block_size = B``
         range-partitions it into parameter blocks of B contiguous keys (``blocks``,
-        ``pull_block``, ``push_block``).  See ``TableSpec``.
+        ``pull_block``, ``push_block``); ``filters`` says what its pushes, pulls and pull
+        replies go through on the wire (``"lossless"``, ``"compact"``,
+        ``"push=int8,keycache,zstd;pull=keycache"``: ``paramserver.filters``).  See ``TableSpec``.
 
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
         """
         return self.create_table_spec(
             TableSpec(name, dim, optimizer=optimizer, initializer=initializer, seed=seed, consistency=consistency,
-                      aggregate=aggregate, replicas=replicas, key_bits=key_bits, block_size=block_size))
+                      aggregate=aggregate, replicas=replicas, key_bits=key_bits, block_size=block_size,
+                      filters=filters))
 
     def create_table_spec(self, spec: TableSpec) -> TableSpec:
         """Create the table ``spec`` describes, every field of it (a job's table, a
@@ -262,15 +269,15 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
         keys = as_keys(keys)
         spec.check_keys(keys)
         out = np.empty((keys.shape[0], spec.dim), np.float32)
+        filters = self._state.filters
+        replies = filters.reply_chain(spec)
 
         def on_piece(piece: Piece, msg: Message) -> None:
-            vals = msg.arrays[0] if msg.arrays else None
-            if vals is None or vals.shape != (piece.keys.shape[0], spec.dim) or vals.dtype != np.float32:
-                raise ProtocolError(f"pull reply has {None if vals is None else vals.shape}, "
-                                    f"expected ({piece.keys.shape[0]}, {spec.dim}) float32")
-            scatter_rows(vals, piece.extra, out)
+            scatter_rows(pull_rows(msg, piece, spec.dim, replies), piece.extra, out)
 
-        return self._scatter(Op.PULL, table, keys, None, on_piece, result=out, reply_row_bytes=4 * spec.dim)
+        return self._scatter(Op.PULL, table, keys, None, on_piece, result=out, reply_row_bytes=4 * spec.dim,
+                             wire=filters.wire(spec, "pull"),
+                             extra_header={"reply_filters": True} if replies is not None else None)
 
     def push(self, table: str, keys: Any, grads: Any, *, distinct: bool = False, op: str = "update") -> Future[Any]:
         """Send gradients (or values); the future completes once every live replica
@@ -306,16 +313,60 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
         if op in ("assign", "max", "min") and not distinct:
             keys, grads = combine_duplicates(keys, grads, op)
             distinct = True
+        return self._push(spec, keys, grads, op, distinct)
+
+    def _push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, op: str, distinct: bool,
+              exact: bool = False) -> Future[Any]:
+        """A push once checked: through the table's filters (what a worker owes added, and
+        kept, unless ``exact``: a flush), numbered, scattered."""
+        filters = self._state.filters
+        prepare = None
+        if filters.owes(spec, op) and not exact:
+            if not distinct:
+                keys, grads = combine_duplicates(keys, grads, "add")
+                distinct = True
+            keys, grads = filters.before_routing(spec, keys, grads)
+            prepare = functools.partial(filters.after_routing, spec)
         with self._lock:
             seq = self._state.sequencer.take()
         try:  # the seq is settled once no request of it is left anywhere, not when the
             # future fails: a server may still apply and forward a piece in flight
-            return self._scatter(Op.PUSH, table, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
+            return self._scatter(Op.PUSH, spec.name, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
                                  seq=seq, on_settled=lambda: self._settled(seq), distinct=distinct,
-                                 extra_header={"push_op": op} if op != "update" else None)
+                                 extra_header={"push_op": op} if op != "update" else None,
+                                 wire=filters.wire(spec, "push", "assign" if exact else op), prepare=prepare)
         except BaseException:
             self._settled(seq)
             raise
+
+    def flush(self, table: str | None = None, timeout_s: float | None = None) -> int:
+        """Push everything this client's filters still owe (``table``'s, or every
+        table's): the significantly-modified filter's held-back updates and the codecs'
+        rounding, exactly.  Call it when a worker's part of a job ends; returns the keys
+        pushed.  A worker that dies first loses what it owed (``filter_stats``)."""
+        pushed = 0
+        for name in [table] if table is not None else list(self._state.filters.residuals):
+            owed = self._state.filters.drain(name)
+            if owed is not None:
+                keys, rows = owed
+                self._push(self._spec(name), keys, rows, "update", True, exact=True).result(timeout=timeout_s)
+                pushed += int(keys.shape[0])
+        return pushed
+
+    def _flush_due(self, clock: int) -> None:
+        """At the clocks a table's significantly-modified filter says (every N), push what
+        it held back (not waited on: it goes before the clock's tick, on the same links)."""
+        filters = self._state.filters
+        for name in list(filters.residuals):
+            every = filters.sigmod_every(self._spec(name))
+            owed = filters.drain(name) if every and clock % every == 0 else None
+            if owed is not None:
+                self._push(self._spec(name), owed[0], owed[1], "update", True, exact=True)
+
+    def filter_stats(self) -> dict[str, Any]:
+        """Per table and direction, each filter's bytes in and out (this client's
+        requests), and what its residuals owe (``owed``: keys, sum of |value|)."""
+        return self._state.filters.stats()
 
     def blocks(self, table: str) -> BlockMap:
         """Where the parameter blocks of range-partitioned ``table`` are, as of the ring

@@ -11,7 +11,10 @@ so that the chaos campaign exercises the code users run.
 * ``decide``: what a reply means for its piece: done; resent, routed again with the
   newest ring (at once when the ring moved on, after a back-off when it did not, asking
   the scheduler for the ring first when the server knows a newer one); or failed;
-* ``Gather``: which pieces of one call are still unanswered.
+* ``Gather``: which pieces of one call are still unanswered;
+* ``Wire``, ``pull_rows``: a table's filters on the way out (``request``) and on a pull's
+  answer (``paramserver.filters``).  A key list a server no longer holds is resent whole
+  (``decide``: a resend never names a key list by its signature).
 
 ``Client`` and the simulation call ``request`` and ``decide`` through this module (a
 chaos mutation replaces one for a run).  None of it locks: ``Client`` calls it under its
@@ -28,7 +31,17 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.errors import ConfigError, NodeLostError, ParamServerError, StaleRingError, raised
+from paramserver.errors import (
+    ConfigError,
+    KeyCacheMissError,
+    NodeLostError,
+    ParamServerError,
+    ProtocolError,
+    StaleRingError,
+    raised,
+)
+from paramserver.filters.base import Context, Link
+from paramserver.filters.chain import Chain, pack, unpack
 from paramserver.routing.partition import route_pull, route_push
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Message, Op
@@ -154,17 +167,46 @@ def clock_request(node_id: int, clock: int, token: str = "") -> dict[str, Any]:
     return header
 
 
-def request(kind: Op, header: dict[str, Any], piece: Piece, tries: int,
-            sequencer: Sequencer) -> tuple[dict[str, Any], list[np.ndarray]]:
+@dataclass
+class Wire:
+    """The filters one call's requests go through: its direction's ``chain``, the
+    client's ``links`` to each server (what each was sent whole), and ``sizes``, each
+    filter's bytes before and after, added up."""
+
+    chain: Chain
+    links: dict[int, Link]
+    sizes: dict[str, list[int]]
+
+
+def request(kind: Op, header: dict[str, Any], piece: Piece, tries: int, sequencer: Sequencer,
+            wire: Wire | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
     """The header and arrays piece ``piece`` goes out as on its ``tries``-th resend: the
     ring it was routed by, and a push's acked watermark (its ``seq`` is the call's, kept
-    by every retry: that is what makes a retry safe)."""
+    by every retry: that is what makes a retry safe); through ``wire``'s filters, with
+    key lists whole on a resend."""
     out = {**header, "ring_version": piece.ring_version}
     if "seq" in out:
         out["acked"] = sequencer.acked()
     arrays = [piece.keys, piece.extra, piece.vnodes, piece.counts] if kind is Op.PUSH else \
         [piece.keys, piece.vnodes, piece.counts]
+    if wire is not None and wire.chain:
+        link = wire.links.get(piece.server)
+        if link is None:
+            link = wire.links[piece.server] = Link()
+        fields, arrays = pack(wire.chain.direction, wire.chain, arrays, Context(link=link, whole=tries > 0),
+                              wire.sizes)
+        out.update(fields)
     return out, arrays
+
+
+def pull_rows(msg: Message, piece: Piece, dim: int, chain: Chain | None) -> np.ndarray:
+    """The rows a pull's answer carries for ``piece`` (through the table's reply filters)."""
+    arrays = unpack("reply", chain, msg.header, msg.arrays, Context()) if chain is not None else msg.arrays
+    vals = arrays[0] if arrays else None
+    if vals is None or vals.shape != (piece.keys.shape[0], dim) or vals.dtype != np.float32:
+        raise ProtocolError(f"pull reply has {None if vals is None else vals.shape}, "
+                            f"expected ({piece.keys.shape[0]}, {dim}) float32")
+    return vals
 
 
 class Verdict(Enum):
@@ -197,6 +239,8 @@ def decide(piece: Piece, tries: int, msg: Message | None, exc: BaseException | N
     client's ring at ``ring_version``, at ``now``, the call failing at ``deadline``."""
     if exc is None and msg is not None and msg.op is Op.ERROR:
         exc = raised(msg.header.get("code"), str(msg.header.get("error")))
+    if isinstance(exc, KeyCacheMissError) and now < deadline:  # nothing applied: again, with the keys
+        return Decision(Verdict.RESEND)
     routing = isinstance(exc, (StaleRingError, NodeLostError))
     if routing and scheduler.lost and (now >= deadline or scheduler.gone()):
         # without a scheduler the servers serve no more (their leases ran out) and no ring can change:

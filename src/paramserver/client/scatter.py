@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from paramserver.client import core
-from paramserver.client.core import Decision, Gather, Piece, Verdict
+from paramserver.client.core import Decision, Gather, Piece, Verdict, Wire
 from paramserver.errors import NodeLostError
 from paramserver.wire.message import Message, Op
 
@@ -35,8 +35,9 @@ class Scatter:
 
     def __init__(self, state: ClientState, kind: Op, header: dict[str, Any], layout: int,
                  on_piece: Callable[[Piece, Message], None], result: Any,
-                 on_settled: Callable[[], None] | None = None):
+                 on_settled: Callable[[], None] | None = None, wire: Wire | None = None):
         self.state, self.kind, self.header, self.on_piece, self.result = state, kind, header, on_piece, result
+        self.wire = wire  # the table's filters this way (None: none)
         self.layout = layout  # the table's layout: how its keys map to vnodes
         self.on_settled = on_settled  # once done and no request is left in flight
         self.future: Future[Any] = Future()
@@ -69,7 +70,7 @@ class Scatter:
             callback()
 
     def send(self, piece: Piece, tries: int) -> None:
-        address, header, arrays = self.state.outgoing(self.kind, self.header, piece, tries)
+        address, header, arrays = self.state.outgoing(self.kind, self.header, piece, tries, self.wire)
         on_reply = functools.partial(self.answered, piece, tries)
         with self.lock:
             self.in_flight += 1

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from paramserver.client import core
-from paramserver.client.core import Piece, Scheduler, Sequencer, View, route
+from paramserver.client.core import Piece, Scheduler, Sequencer, View, Wire, route
+from paramserver.client.filtering import ClientFilters
 from paramserver.client.io_thread import IOThread
 from paramserver.config import Config
 from paramserver.routing.ring import Ring
@@ -31,6 +32,7 @@ class ClientState:
         self.view = View()  # the ring and the servers this client routes with
         self.tables: dict[str, TableSpec] = {}
         self.sequencer = Sequencer()  # pushes numbered for exactly-once application
+        self.filters = ClientFilters()  # links, residuals and bytes of the tables' filters
         self.counts: dict[str, int] = {}  # calls by op, and "retries" (pieces routed again): metrics.client_families
         # a data request unanswered this long fails with NoAnswerError, and is routed again and
         # resent.  None (the default): a request waits for its answer or for its server to be
@@ -64,11 +66,11 @@ class ClientState:
         """``keys`` routed with the current ring into one piece per server (``core.route``)."""
         return route(self.ring(), kind, keys, extra, layout, distinct)
 
-    def outgoing(self, kind: Op, header: dict[str, Any], piece: Piece,
-                 tries: int) -> tuple[str | None, dict[str, Any], list[np.ndarray]]:
+    def outgoing(self, kind: Op, header: dict[str, Any], piece: Piece, tries: int,
+                 wire: Wire | None = None) -> tuple[str | None, dict[str, Any], list[np.ndarray]]:
         """Where ``piece`` goes (None: its server left the ring) and what it goes out as."""
         with self.lock:
-            out, arrays = core.request(kind, header, piece, tries, self.sequencer)  # through the module: see core
+            out, arrays = core.request(kind, header, piece, tries, self.sequencer, wire)  # through the module: see core
             return self.view.servers.get(piece.server), out, arrays
 
     def scheduler(self) -> Scheduler:

@@ -52,6 +52,8 @@ class SyncCalls:
 
         def server_stats(self, samples: bool = False) -> list[dict[str, Any]]: ...
 
+        def _flush_due(self, clock: int) -> None: ...
+
     @property
     def current_clock(self) -> int:
         """Clocks this worker has finished (its pulls are gated on it)."""
@@ -65,6 +67,7 @@ class SyncCalls:
     def clock(self) -> int:
         """Finish this worker's clock: tell every server (behind this client's pushes)."""
         self._losses.check()
+        self._flush_due(self._clock + 1)  # what a filter held back for these clocks goes out with them
         with self._lock:
             self._clock += 1
             clock = self._clock

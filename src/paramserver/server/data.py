@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.errors import Code, ProtocolError
+from paramserver.errors import Code, ProtocolError, UnknownTableError
+from paramserver.filters.base import Context
+from paramserver.filters.chain import chains, pack, unpack
 from paramserver.server.admin import check_quota
 from paramserver.server.install import check_grads
 from paramserver.server.peers import Acks
@@ -42,7 +44,29 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeSet | None = None) 
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
     out = np.empty((keys.shape[0], table.spec.dim), np.float32)
     _split(state, vnodes, counts, lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
-    return reply(msg, [out])
+    chain = chains(table.spec.filters)["reply"]
+    if not chain or not msg.header.get("reply_filters"):
+        return reply(msg, [out])
+    sizes: dict[str, list[int]] = {}
+    fields, arrays = pack("reply", chain, [out], Context(), sizes)
+    for name, (before, after) in sizes.items():
+        seen = state.filter_bytes.setdefault((table.spec.name, name), [0, 0])
+        seen[0] += before
+        seen[1] += after
+    return reply(msg, arrays, **fields)
+
+
+def unfiltered(state: ServerState, msg: Message, direction: str) -> None:
+    """Take a filtered request's arrays back to what its sender had (in place: a pull the
+    gate parks is served from them later); the table's own filters only."""
+    if "filters" not in msg.header:
+        return
+    name = field(msg, "table", str)
+    table = state.tables.get(name)
+    if table is None:
+        raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(state.tables)})")
+    msg.arrays = unpack(direction, chains(table.spec.filters)[direction], msg.header, msg.arrays,
+                        Context(store=state.key_store))
 
 
 def _split(state: ServerState, vnodes: np.ndarray, counts: np.ndarray, fn: Callable[[slice, slice], None]) -> None:
@@ -57,6 +81,7 @@ class DataPlane:
         self.state, self.port = state, port
 
     def on_pull(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
+        unfiltered(self.state, msg, "pull")
         keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         state = self.state
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
@@ -67,6 +92,7 @@ class DataPlane:
         return serve_pull(state, msg, table)
 
     def on_push(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
+        unfiltered(self.state, msg, "push")
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         state = self.state

@@ -35,6 +35,7 @@ from typing import Any
 from paramserver._runtime.logutil import Throttled
 from paramserver.config import Config
 from paramserver.errors import Code, ConnectError, ParamServerError, ProtocolError
+from paramserver.filters.base import KeyStore
 from paramserver.observe.metrics import serve as serve_metrics
 from paramserver.routing.ring import Ring
 from paramserver.server.admin import Admin
@@ -102,7 +103,7 @@ class ServerNode:
         self.state = ServerState(config, self.clock, tokens_of(self.transport),  # with a secret: ids are proven
                                  Lease(config.heartbeat_timeout_s, clock=self.clock),  # serve clients only under it
                                  threads, ThreadPoolExecutor(threads, thread_name_prefix="paramserver-vnodes")
-                                 if threads > 1 else None)
+                                 if threads > 1 else None, key_store=KeyStore(config.key_cache_bytes))
         self._running = True
         self._beats_stop = threading.Event()
         self.copies = Copies(self.state, self.port)  # vnode copies a migration asked of this server

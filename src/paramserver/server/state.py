@@ -22,6 +22,7 @@ import numpy as np
 from paramserver.config import Config
 from paramserver.consistency.buffers import ClockBuffers
 from paramserver.consistency.clock import StalenessGate
+from paramserver.filters.base import KeyStore
 from paramserver.routing.ring import Ring
 from paramserver.server.dedup import Dedup
 from paramserver.server.lease import Lease
@@ -78,6 +79,8 @@ class ServerState:
     gate: StalenessGate = field(default_factory=StalenessGate)  # live workers' vector clock, parked pulls
     buffers: ClockBuffers = field(default_factory=ClockBuffers)  # BSP: pushes of unfinished clocks
     quotas: dict[str, Quota] = field(default_factory=dict)  # namespace -> its quota (the scheduler says)
+    key_store: KeyStore = field(default_factory=KeyStore)  # key lists sent whole, by signature (keycache filter)
+    filter_bytes: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (table, filter): reply bytes in, out
 
     def ring_version(self) -> int:
         """The version of the ring this server holds (0 before its first)."""

@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from paramserver.errors import ConfigError
+from paramserver.filters.chain import FilterSpec
 from paramserver.tables.optim import FTRL, Initializer, Optimizer, Zeros
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
@@ -24,7 +25,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
 _WIRE_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "dim": (int,), "seed": (int,), "optimizer": (str, dict), "initializer": (str, dict),
     "consistency": (str, int, float, type(None)), "aggregate": (bool,), "replicas": (int,), "key_bits": (int,),
-    "block_size": (int,)}
+    "block_size": (int,), "filters": (str, dict)}
 
 
 #: What a spec's ``optimizer`` may be given as: a spec object (``FTRL(l1=2)``), a name with
@@ -67,6 +68,9 @@ class TableSpec:
             (block ``j`` is keys ``[j B, (j + 1) B)``), each wholly on one server, so a
             scheduled worker pulls or pushes a block in one request; the client knows
             where every block is without asking (``Client.blocks``).
+        filters: what a push, a pull request and a pull reply go through on the wire
+            (``paramserver.filters``): text like ``"push=int8,keycache,zstd;pull=keycache"``,
+            a preset (``"lossless"``, ``"compact"``), a map by direction, or None (none).
 
     Example:
         >>> TableSpec("w", dim=1, optimizer={"name": "ftrl", "alpha": 0.1}).optimizer
@@ -83,10 +87,12 @@ class TableSpec:
     replicas: int
     key_bits: int
     block_size: int
+    filters: FilterSpec
 
     def __init__(self, name: str, dim: int = 1, *, optimizer: OptimizerLike = "sgd",
                  initializer: InitializerLike = "zeros", seed: int = 0, consistency: ConsistencyLike = "asp",
-                 aggregate: bool = False, replicas: int = 1, key_bits: int = 0, block_size: int = 0) -> None:
+                 aggregate: bool = False, replicas: int = 1, key_bits: int = 0, block_size: int = 0,
+                 filters: Any = None) -> None:
         """The one constructor path (``from_wire`` and ``dataclasses.replace`` go through it
         too; the fields after ``dim`` are passed by name): checks every field, and stores
         ``optimizer``, ``initializer`` and ``consistency`` in their normal form (spec
@@ -105,6 +111,10 @@ class TableSpec:
                               f"its initializer must be 'zeros', got {init.name!r}")
         object.__setattr__(self, "optimizer", opt)
         object.__setattr__(self, "initializer", init)
+        try:
+            object.__setattr__(self, "filters", FilterSpec.parse(filters))
+        except ConfigError as exc:
+            raise ConfigError(f"table {self.name!r}: {exc}") from None
 
     def _check_fields(self) -> None:
         """``ConfigError`` naming the first field (after ``consistency``) out of its range."""
@@ -177,7 +187,8 @@ class TableSpec:
                 "optimizer": self.optimizer.to_wire(), "initializer": self.initializer.to_wire(),
                 "consistency": None if math.isinf(self.consistency) else int(self.consistency),
                 "aggregate": self.aggregate, "replicas": self.replicas,
-                "key_bits": self.key_bits, "block_size": self.block_size}
+                "key_bits": self.key_bits, "block_size": self.block_size,
+                **({"filters": self.filters.to_wire()} if self.filters else {})}
 
     @classmethod
     def from_wire(cls, d: Any) -> TableSpec:

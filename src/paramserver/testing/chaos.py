@@ -52,7 +52,8 @@ class Run:
         self.ops = random.Random(f"{scenario}/{seed}/ops")  # a push's op: its own stream, so the rest
         # of a seed's run (and the regression seeds) stay what they were before ops were drawn
         self.plan = SCENARIOS[scenario](self.rng)
-        self.cluster = SimCluster(seed, servers=self.plan.servers, faults=self.plan.faults, trace=trace)
+        self.cluster = SimCluster(seed, servers=self.plan.servers, faults=self.plan.faults, trace=trace,
+                                  key_cache_bytes=self.plan.key_cache_bytes)
         for name, rate in self.plan.rates.items():
             if name in self.cluster.net.hosts:
                 self.cluster.net.hosts[name].set_rate(rate)
@@ -68,6 +69,9 @@ class Run:
         self.calls = 0
         self.limit_s = self.cluster.config.retry_timeout_s + 10.0
         self.sizes: list[int] = []  # the job's shards: examples in each
+        lists = random.Random(f"{scenario}/{seed}/lists")  # own stream: other scenarios' runs unchanged
+        self.key_lists = [np.array(sorted(lists.sample(range(KEYS), lists.randint(1, 12))), np.uint64)
+                          for _ in range(self.plan.key_lists)]
 
     def go(self) -> Result:
         c = self.cluster
@@ -146,7 +150,8 @@ class Run:
         def create() -> None:
             name = names[0]
             spec = TableSpec(name, dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=self.tables[name],
-                             consistency=self.plan.staleness if name == "ssp" else "asp")
+                             consistency=self.plan.staleness if name == "ssp" else "asp",
+                             filters=self.plan.filters or None)
             worker.create_table(spec, made)
 
         create()
@@ -168,6 +173,8 @@ class Run:
             self._pull(w, "counts", again)
 
     def _keys(self) -> np.ndarray:
+        if self.key_lists:
+            return self.key_lists[self.rng.randrange(len(self.key_lists))]
         return np.array(sorted(self.rng.sample(range(KEYS), self.rng.randint(1, 8))), np.uint64)
 
     def _push(self, w: SimWorker, table: str, then: Callable[[], None], keys: np.ndarray | None = None) -> None:

@@ -110,10 +110,10 @@ def _client_retry_fresh_seq() -> Callable[[], None]:
     from paramserver.client import core
     request = core.request
 
-    def renumbered(kind: Any, header: dict[str, Any], piece: Any, tries: int, sequencer: Any) -> Any:
+    def renumbered(kind: Any, header: dict[str, Any], piece: Any, tries: int, sequencer: Any, wire: Any = None) -> Any:
         if tries and "seq" in header:
             header = {**header, "seq": sequencer.take()}
-        return request(kind, header, piece, tries, sequencer)
+        return request(kind, header, piece, tries, sequencer, wire)
 
     return _patch(core, "request", renumbered)
 
@@ -123,6 +123,24 @@ def _client_forgets_in_flight() -> Callable[[], None]:
     forgetting the ones still in flight: servers drop their record of those."""
     from paramserver.client.core import Sequencer
     return _patch(Sequencer, "acked", lambda self: self.seq)
+
+
+def _client_ignores_cache_miss() -> Callable[[], None]:
+    """The client takes a server's "key list not held" for an answer, as ps-lite's key
+    cache once crashed on it: the push it refused is acknowledged and never applied."""
+    from paramserver.client import core
+    from paramserver.errors import KeyCacheMissError
+    from paramserver.wire.message import Op
+    decide = core.decide
+
+    def trusting(piece: Any, tries: int, msg: Any, exc: Any, **kw: Any) -> Any:
+        if msg is not None and msg.op is Op.ERROR and msg.header.get("code") == "key_cache_miss":
+            return core.Decision(core.Verdict.DONE)
+        if isinstance(exc, KeyCacheMissError):
+            return core.Decision(core.Verdict.DONE)
+        return decide(piece, tries, msg, exc, **kw)
+
+    return _patch(core, "decide", trusting)
 
 
 #: name -> (what it switches off, how)
@@ -142,6 +160,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
                                _client_retry_fresh_seq),
     "client-forgets-in-flight": ("the client's acked watermark counts the pushes still in flight as answered",
                                  _client_forgets_in_flight),
+    "client-ignores-cache-miss": ("the client takes a server's key-cache miss for an answer (a push with filters "
+                                  "is acknowledged unapplied)", _client_ignores_cache_miss),
 }
 
 

@@ -31,6 +31,9 @@ class Plan:
     epochs: int = 1
     checkpoint_every: int = 0  # the job checkpoints every N shards done (0: never)
     lossless: bool = False  # no fault of the plan may cost data: any loss the scheduler records is a violation
+    filters: str = ""  # the tables' filters (paramserver.filters), as create_table takes them
+    key_lists: int = 0  # workers push and pull only these many key lists, drawn once (key caching hits)
+    key_cache_bytes: int = 64 << 20  # what a server keeps of them (small: lists are dropped, and missed)
 
 
 def _client_links(a: str, b: str) -> bool:
@@ -140,6 +143,23 @@ def _job_ssp(rng: random.Random) -> Plan:
     return p
 
 
+#: key caching of every list (however short) and a lossy codec each way, every part compressed
+FILTERS = ("push=int8:block=4,keycache:min_keys=1,delta,zstd:min_bytes=0;"
+           "pull=keycache:min_keys=1,delta,zstd:min_bytes=0;reply=fp16,zstd:min_bytes=0")
+
+
+def _filters(rng: random.Random) -> Plan:
+    """The counters through filters: key lists named by signature (servers that restart,
+    join or take over vnodes do not hold them: each miss must be resent whole, never
+    skipped or applied twice), int8 pushes with error feedback and fp16 replies (exact on
+    counters), under lost, duplicated and reordered messages, crashes and ring changes."""
+    p = _counters(2)(rng)
+    p.filters, p.key_lists = FILTERS, rng.randint(3, 8)
+    p.key_cache_bytes = rng.choice([64, 256, 1 << 20])  # a few lists of up to 12 keys, or all of them
+    p.failures.append((rng.uniform(2, RUN_S - 4), rng.choice(["restart", "join", "leave"])))
+    return p
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "counters-r1": _counters(1),
     "counters-r2": _counters(2),
@@ -153,5 +173,6 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "restore": _restore,
     "job": _job,
     "job-ssp": _job_ssp,
+    "filters": _filters,
 }
 assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "campaign.SCENARIO_NAMES lists the scenarios for --help"

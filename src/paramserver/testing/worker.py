@@ -30,10 +30,13 @@ from paramserver.client.core import (
     Sequencer,
     Verdict,
     View,
+    Wire,
     call_header,
     clock_request,
+    pull_rows,
     route,
 )
+from paramserver.client.filtering import ClientFilters
 from paramserver.config import Config
 from paramserver.errors import Code, NodeLostError, ProtocolError
 from paramserver.routing.partition import scatter_rows
@@ -57,8 +60,10 @@ class _Scatter:
     """One pull or push of a ``SimWorker``: as ``client.scatter.Scatter``, on callbacks."""
 
     def __init__(self, worker: SimWorker, kind: Op, header: dict[str, Any], spec: TableSpec,
-                 out: np.ndarray | None, done: Done, on_settled: Callable[[], None] | None) -> None:
+                 out: np.ndarray | None, done: Done, on_settled: Callable[[], None] | None,
+                 wire: Wire | None = None) -> None:
         self.w, self.kind, self.header, self.spec, self.out = worker, kind, header, spec, out
+        self.wire = wire
         self.done, self.on_settled = done, on_settled
         self.gather = Gather(0)
         self.in_flight = 0
@@ -73,7 +78,7 @@ class _Scatter:
             self.send(piece, 0)
 
     def send(self, piece: Piece, tries: int) -> None:
-        header, arrays = core.request(self.kind, self.header, piece, tries, self.w.sequencer)
+        header, arrays = core.request(self.kind, self.header, piece, tries, self.w.sequencer, self.wire)
         self.in_flight += 1
         if not self.w.ask(piece.server, header, arrays, functools.partial(self.answered, piece, tries)):
             self.answered(piece, tries, None, NodeLostError(f"server {piece.server} left the ring"))
@@ -108,11 +113,11 @@ class _Scatter:
             return
         error = decision.error
         if error is None and msg is not None and self.out is not None:
-            vals = msg.arrays[0] if msg.arrays else None
-            if vals is None or vals.shape != (piece.keys.shape[0], self.spec.dim) or vals.dtype != np.float32:
-                error = ProtocolError(f"pull reply has {None if vals is None else vals.shape}")
-            else:
-                scatter_rows(vals, piece.extra, self.out)
+            try:
+                scatter_rows(pull_rows(msg, piece, self.spec.dim, w.filters.reply_chain(self.spec)), piece.extra,
+                             self.out)
+            except ProtocolError as exc:
+                error = exc
         if error is not None:
             if self.gather.fail(error):
                 self._finish()
@@ -141,6 +146,7 @@ class SimWorker:
         self.view = View()
         self.specs: dict[str, TableSpec] = {}
         self.sequencer = Sequencer()
+        self.filters = ClientFilters()  # the tables' filters, as a client's
         self.clock = 0
         self.calls: dict[int, _Call] = {}  # request id -> what waits on its answer
         self.sched_calls: dict[int, Callable[[Message], None]] = {}
@@ -287,18 +293,26 @@ class SimWorker:
         seq = self.sequencer.take()
         header = call_header(Op.PUSH, table, node_id=self.node_id, worker_clock=self.clock, seq=seq,
                              extra={"push_op": op} if op != "update" else None)
-        call = _Scatter(self, Op.PUSH, header, spec, None, done, lambda: self.sequencer.settled(seq))
+        call = _Scatter(self, Op.PUSH, header, spec, None, done, lambda: self.sequencer.settled(seq),
+                        self.filters.wire(spec, "push", op))
         assert self.ring is not None
-        call.start(route(self.ring, Op.PUSH, keys, np.ascontiguousarray(grads, np.float32), spec.layout))
+        grads = np.ascontiguousarray(grads, np.float32)
+        owes = self.filters.owes(spec, op)
+        if owes:  # the client's push: what is owed added (keys are distinct here), the rounding kept
+            keys, grads = self.filters.before_routing(spec, keys, grads)
+        pieces = route(self.ring, Op.PUSH, keys, grads, spec.layout)
+        call.start(self.filters.after_routing(spec, pieces) if owes else pieces)
         return seq
 
     def pull(self, table: str, keys: np.ndarray, done: Done) -> None:
         """Pull ``keys``' rows, as ``Client.pull`` does (gated on this worker's clock)."""
         spec = self.specs[table]
         out = np.empty((keys.shape[0], spec.dim), np.float32)
-        header = call_header(Op.PULL, table, node_id=self.node_id, worker_clock=self.clock)
+        replies = self.filters.reply_chain(spec)
+        header = call_header(Op.PULL, table, node_id=self.node_id, worker_clock=self.clock,
+                             extra={"reply_filters": True} if replies is not None else None)
         assert self.ring is not None
-        _Scatter(self, Op.PULL, header, spec, out, done, None).start(
+        _Scatter(self, Op.PULL, header, spec, out, done, None, self.filters.wire(spec, "pull")).start(
             route(self.ring, Op.PULL, keys, None, spec.layout))
 
     def tick(self, done: Done) -> None:

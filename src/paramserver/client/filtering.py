@@ -1,0 +1,103 @@
+"""A client's side of its tables' filters (``paramserver.filters``): the links to each
+server (the key lists each was sent whole), the residuals a worker owes (error feedback,
+the significantly-modified filter), and the bytes each filter took off, per table and
+direction (``Client.filter_stats``, the report, ``/metrics``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from paramserver.client.core import Piece, Wire
+from paramserver.filters.base import Link
+from paramserver.filters.chain import Chain, chains
+from paramserver.filters.residual import Residuals, after_routing, before_routing
+from paramserver.tables.spec import TableSpec
+
+#: push operations a lossy codec may round: linear ones, whose rounding the next push makes good
+ROUNDED_OPS = ("update", "add")
+
+
+class ClientFilters:
+    """One client's filter state (its methods lock it: pushes come from any thread)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.links: dict[int, Link] = {}
+        self.sizes: dict[tuple[str, str], dict[str, list[int]]] = {}  # (table, direction) -> filter -> [in, out]
+        self.residuals: dict[str, Residuals] = {}
+        self.counts: dict[str, dict[str, int]] = {}  # table -> sigmod_in/out, flushes
+
+    def wire(self, spec: TableSpec, direction: str, op: str = "update") -> Wire | None:
+        """What a call's requests go through (None: the table has no filters that way).  A
+        push that assigns, or keeps the max or min, is never rounded."""
+        chain = chains(spec.filters)[direction]
+        if direction == "push" and op not in ROUNDED_OPS and chain.lossy:
+            chain = chain.exact()
+        if not chain.wire:
+            return None
+        return Wire(chain, self.links, self.sizes.setdefault((spec.name, direction), {}))
+
+    def reply_chain(self, spec: TableSpec) -> Chain | None:
+        chain = chains(spec.filters)["reply"]
+        return chain if chain else None
+
+    def owes(self, spec: TableSpec, op: str) -> bool:
+        chain = chains(spec.filters)["push"]
+        return op in ROUNDED_OPS and (chain.select is not None or bool(chain.lossy))
+
+    def before_routing(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A push's distinct keys and gradients with what is owed added, less what the
+        significantly-modified filter keeps back."""
+        with self.lock:
+            store = self._store(spec)
+            return before_routing(chains(spec.filters)["push"], store, keys, grads,
+                                  self.counts.setdefault(spec.name, {}))
+
+    def after_routing(self, spec: TableSpec, pieces: list[Piece]) -> list[Piece]:
+        """Each piece rounded as its server will decode it; the rounding is owed."""
+        chain = chains(spec.filters)["push"]
+        if not chain.lossy:
+            return pieces
+        with self.lock:
+            store = self._store(spec)
+            return [replace(p, extra=after_routing(chain, store, p.keys, p.extra, p.counts)) for p in pieces]
+
+    def drain(self, table: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Everything ``table`` is owed, taken (to push whole); None when nothing is."""
+        with self.lock:
+            store = self.residuals.get(table)
+            if store is None or not store.size:
+                return None
+            keys, rows = store.drain()
+            c = self.counts.setdefault(table, {})
+            c["flushes"] = c.get("flushes", 0) + 1
+        return (keys, rows) if keys.size else None
+
+    def sigmod_every(self, spec: TableSpec) -> int:
+        select = chains(spec.filters)["push"].select
+        return int(getattr(select, "every", 0)) if select is not None else 0
+
+    def _store(self, spec: TableSpec) -> Residuals:
+        store = self.residuals.get(spec.name)
+        if store is None:
+            store = self.residuals[spec.name] = Residuals(spec.dim)
+        return store
+
+    def stats(self) -> dict[str, Any]:
+        """Per table: per direction, each filter's bytes in and out; what is owed."""
+        out: dict[str, Any] = {}
+        with self.lock:
+            for (table, direction), by_filter in self.sizes.items():
+                out.setdefault(table, {})[direction] = {f: {"bytes_in": b, "bytes_out": a}
+                                                        for f, (b, a) in by_filter.items()}
+            for table, store in self.residuals.items():
+                keys, mass = store.pending()
+                out.setdefault(table, {})["owed"] = {"keys": keys, "sum_abs": mass,
+                                                     **self.counts.get(table, {})}
+        return out
+

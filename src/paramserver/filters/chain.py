@@ -1,0 +1,283 @@
+"""A table's filters: how they are written (``FilterSpec``), built (``Chain``), and put
+on and taken off a message (``pack``, ``unpack``).
+
+Written as text (the CLI's ``--filters``, ``create_table(filters=...)``)::
+
+    push=int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=fp16
+    lossless                       # a preset (PRESETS)
+    push=mypkg.filters:Mine:level=3
+
+or as a map ``{"push": ["int8:block=128", "keycache"], "pull": [...], "reply": [...]}``.
+A filter is a built-in's name (``filters/builtin.py``) or ``"module:Class"``, a subclass
+of ``Filter``, imported by name where the table is created (scheduler, servers,
+clients): it travels by its name, never as code.  Its settings follow as ``:key=value``.
+
+On the wire a filtered message's header says which filters ran, each with its
+parameters (``"filters": [[name, params], ...]``), and which part each array frame is
+(``"parts"``).  A receiver decodes only with filters its table lists for that direction.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from paramserver.errors import ConfigError, ProtocolError
+from paramserver.filters.base import PARTS, STAGES, Context, Filter, Parts
+from paramserver.filters.builtin import BUILTIN
+
+DIRECTIONS = ("push", "pull", "reply")
+PRESETS: dict[str, str] = {
+    "none": "",
+    "lossless": "push=keycache,delta,zstd;pull=keycache,delta,zstd;reply=zstd",
+    "compact": "push=int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=fp16,zstd",
+}
+
+Entry = tuple[str, tuple[tuple[str, Any], ...]]  # a filter's name and its settings
+
+
+@dataclass(frozen=True)
+class FilterSpec:
+    """The filters of a table, per direction, in order (hashable, comparable)."""
+
+    push: tuple[Entry, ...] = ()
+    pull: tuple[Entry, ...] = ()
+    reply: tuple[Entry, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.push or self.pull or self.reply)
+
+    def to_wire(self) -> dict[str, list[list[Any]]]:
+        return {d: [[name, dict(settings)] for name, settings in getattr(self, d)] for d in DIRECTIONS
+                if getattr(self, d)}
+
+    def __str__(self) -> str:
+        def entry(name: str, settings: tuple[tuple[str, Any], ...]) -> str:
+            return ":".join([name, *(f"{k}={v}" for k, v in settings)])
+        return ";".join(f"{d}={','.join(entry(*e) for e in getattr(self, d))}" for d in DIRECTIONS
+                        if getattr(self, d)) or "none"
+
+    @classmethod
+    def parse(cls, spec: Any) -> FilterSpec:
+        """A spec from text, a map (the wire's or a user's), or a ``FilterSpec``; every
+        filter imported and checked (``ConfigError`` naming the value, the rule and the fix)."""
+        if isinstance(spec, FilterSpec):
+            return spec
+        if spec is None:
+            return cls()
+        if isinstance(spec, str):
+            spec = _parse_text(spec)
+        if not isinstance(spec, dict):
+            raise ConfigError(f"filters must be text like 'push=keycache,zstd;pull=keycache' or a map "
+                              f"{{'push': [...], 'pull': [...], 'reply': [...]}}, got {str(spec)[:100]!r}")
+        unknown = [d for d in spec if d not in DIRECTIONS]
+        if unknown:
+            raise ConfigError(f"filters: unknown direction(s) {unknown} (directions: {', '.join(DIRECTIONS)})")
+        made = cls(**{d: tuple(_entry(e, d) for e in _listed(spec[d], d)) for d in spec})
+        for d in DIRECTIONS:
+            Chain(d, getattr(made, d))  # checks the order and the directions
+        return made
+
+
+def _listed(value: Any, direction: str) -> list[Any]:
+    if isinstance(value, str):
+        return [e for e in (p.strip() for p in value.split(",")) if e]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise ConfigError(f"filters for {direction!r} must be a list of filters, got {value!r}")
+
+
+def _parse_text(text: str) -> dict[str, Any]:
+    text = text.strip()
+    if text.lower() in PRESETS:
+        text = PRESETS[text.lower()]
+    out: dict[str, Any] = {}
+    for clause in filter(None, (c.strip() for c in text.split(";"))):
+        direction, eq, chain = clause.partition("=")
+        if not eq or direction.strip() not in DIRECTIONS:
+            raise ConfigError(f"filters: {clause!r} must be DIRECTION=FILTER,FILTER,... with DIRECTION one of "
+                              f"{', '.join(DIRECTIONS)} (e.g. 'push=int8,keycache;pull=keycache'), or a preset "
+                              f"({', '.join(PRESETS)})")
+        out[direction.strip()] = chain
+    return out
+
+
+def _entry(value: Any, direction: str) -> Entry:
+    """``"name[:key=value...]"``, ``"module:Class[:key=value...]"``, ``[name, settings]`` or
+    ``{"name": ..., **settings}`` as (name, settings)."""
+    if isinstance(value, str):
+        segments = [s.strip() for s in value.split(":")]
+        cut = 2 if len(segments) > 1 and "=" not in segments[1] else 1
+        name, settings = ":".join(segments[:cut]), dict[str, Any]()
+        for item in segments[cut:]:
+            key, eq, raw = item.partition("=")
+            if not eq:
+                raise ConfigError(f"filter {value!r}: settings are key=value, got {item!r} (e.g. 'int8:block=128')")
+            settings[key.strip()] = _number(raw, value)
+    elif isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], dict):
+        name, settings = value[0], dict(value[1])
+    elif isinstance(value, dict) and "name" in value:
+        settings = dict(value)
+        name = settings.pop("name")
+    else:
+        raise ConfigError(f"a filter is 'name[:key=value]' or [name, settings], got {value!r}")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a filter's name must be text, got {name!r}")
+    for key, setting in settings.items():
+        if not isinstance(key, str) or isinstance(setting, bool) or not isinstance(setting, (int, float, str)):
+            raise ConfigError(f"filter {name}: setting {key!r} must be a number or text, got {setting!r}")
+    return name, tuple(sorted(settings.items()))
+
+
+def _number(raw: str, where: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw.strip()
+
+
+def filter_class(name: str) -> type[Filter]:
+    """The class a filter's name stands for: a built-in's, or ``module:Class`` imported."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    module, colon, attr = name.partition(":")
+    if not colon:
+        raise ConfigError(f"unknown filter {name!r}: built-ins are {', '.join(sorted(BUILTIN))}; a filter of your "
+                          "own is named 'module:Class'")
+    try:
+        found = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"filter {name!r} does not import here ({type(exc).__name__}: {exc}): its module must be "
+                          "importable on every node (on PYTHONPATH, or installed)") from None
+    if not (isinstance(found, type) and issubclass(found, Filter)):
+        raise ConfigError(f"filter {name!r} is {found!r}, not a subclass of paramserver.filters.Filter")
+    return found
+
+
+@functools.lru_cache(maxsize=256)
+def _build(name: str, settings: tuple[tuple[str, Any], ...]) -> Filter:
+    try:
+        made = filter_class(name)(**dict(settings))
+    except TypeError as exc:
+        raise ConfigError(f"filter {name}: {exc}") from None
+    made.name = name
+    return made
+
+
+class Chain:
+    """The filters of one direction of a table, built and checked: stages in order
+    (``select``, then value codecs, then key codecs, then byte compressors), each listed
+    for a direction it serves."""
+
+    def __init__(self, direction: str, entries: tuple[Entry, ...]) -> None:
+        self.direction, self.entries = direction, entries
+        self.filters = [_build(name, settings) for name, settings in entries]
+        self._exact: Chain | None = None
+        last = 0
+        for f in self.filters:
+            if f.stage not in STAGES:
+                raise ConfigError(f"filter {f.name}: stage must be one of {STAGES}, got {f.stage!r}")
+            if direction not in f.directions:
+                raise ConfigError(f"filter {f.name} serves {', '.join(f.directions)}, not {direction}")
+            if STAGES.index(f.stage) < last:
+                raise ConfigError(f"filters for {direction}: {f.name} ({f.stage}) is listed after a {STAGES[last]} "
+                                  f"filter; list them in the order {' > '.join(STAGES)} (e.g. int8,keycache,zstd)")
+            last = STAGES.index(f.stage)
+        self.select = next((f for f in self.filters if f.stage == "select"), None)
+        self.wire = [f for f in self.filters if f.stage != "select"]
+        self.lossy = [f for f in self.wire if not f.lossless]
+        self.by_name = {f.name: f for f in self.wire}
+
+    def __bool__(self) -> bool:
+        return bool(self.filters)
+
+    def exact(self) -> Chain:
+        """This chain without its lossy filters (what a push that assigns goes through)."""
+        if self._exact is None:
+            self._exact = Chain(self.direction, tuple(e for e, f in zip(self.entries, self.filters) if f.lossless))
+        return self._exact
+
+    def encode(self, parts: Parts, ctx: Context, sizes: dict[str, list[int]] | None = None) -> list[list[Any]]:
+        """Run the encoders in order; the header's entries (filters that changed nothing
+        are left out).  ``sizes`` gathers each filter's bytes before and after."""
+        entries: list[list[Any]] = []
+        for f in self.wire:
+            before = _nbytes(parts)
+            params = f.encode(parts, ctx)
+            if sizes is not None:
+                seen = sizes.setdefault(f.name, [0, 0])
+                seen[0] += before
+                seen[1] += _nbytes(parts)
+            if params:
+                entries.append([f.name, params])
+        return entries
+
+    def decode(self, parts: Parts, entries: Any, ctx: Context) -> None:
+        if not isinstance(entries, list):
+            raise ProtocolError(f"header field 'filters' must be a list, got {entries!r}")
+        for entry in reversed(entries):
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], dict)):
+                raise ProtocolError(f"a filter entry is [name, params], got {str(entry)[:100]!r}")
+            f = self.by_name.get(entry[0])
+            if f is None:
+                raise ProtocolError(f"filter {str(entry[0])[:80]!r} is not one of this table's {self.direction} "
+                                    f"filters ({', '.join(self.by_name) or 'none'})")
+            f.decode(parts, entry[1], ctx)
+
+    def roundtrip(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """What the receiver will decode for ``values`` (the lossy codecs' rounding)."""
+        for f in self.lossy:
+            values = f.roundtrip(values, counts)
+        return values
+
+
+def _nbytes(parts: Parts) -> int:
+    return sum(a.nbytes for a in parts.values())
+
+
+@functools.lru_cache(maxsize=256)
+def chains(spec: FilterSpec) -> dict[str, Chain]:
+    """The built chains of a table's spec, by direction."""
+    return {d: Chain(d, getattr(spec, d)) for d in DIRECTIONS}
+
+
+def pack(direction: str, chain: Chain, arrays: list[np.ndarray], ctx: Context,
+         sizes: dict[str, list[int]] | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """A message's arrays through ``chain``: the header fields to add and the arrays to send."""
+    parts = dict(zip(PARTS[direction], arrays))
+    entries = chain.encode(parts, ctx, sizes)
+    if not entries:
+        return {}, arrays
+    return {"filters": entries, "parts": list(parts)}, list(parts.values())
+
+
+def unpack(direction: str, chain: Chain, header: dict[str, Any], arrays: list[np.ndarray],
+           ctx: Context) -> list[np.ndarray]:
+    """A filtered message's arrays as they were before ``pack`` (the same list when the
+    header names no filters); ``ProtocolError`` for anything that does not decode."""
+    entries = header.get("filters")
+    if entries is None:
+        return arrays
+    names = header.get("parts")
+    if (not isinstance(names, list) or len(names) != len(arrays) or len(set(map(str, names))) != len(names)
+            or not all(isinstance(n, str) for n in names)):
+        raise ProtocolError(f"header field 'parts' must name each of the {len(arrays)} arrays once, got {names!r}")
+    parts = dict(zip(names, arrays))
+    chain.decode(parts, entries, ctx)
+    wanted = PARTS[direction]
+    if set(parts) != set(wanted):
+        raise ProtocolError(f"a filtered {direction} decodes to parts {sorted(parts)}, not {list(wanted)}")
+    out = []
+    for name in wanted:  # as ``wire.message.decode`` gives arrays: aligned and read-only (one numba signature)
+        a = parts[name]
+        if not a.flags.aligned or not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a).copy()
+        a.setflags(write=False)
+        out.append(a)
+    return out

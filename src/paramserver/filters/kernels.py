@@ -1,0 +1,150 @@
+"""The arithmetic of the built-in filters, vectorised (numba, GIL released): keys as
+zigzag deltas in a variable-length code, floats as bf16, and int8 with a power-of-two
+scale per block.
+
+Every decoder checks what it reads (a truncated or overlong code, a block exponent out
+of range) and reports it as a status, never reads past its input: a malformed message
+is refused, it never crashes a node.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+#: rows of an int8 block at most: a block is a run of rows inside one vnode segment
+INT8_BLOCK_VALUES = 256
+#: the exponent of an all-zero block
+ZERO_BLOCK = -128
+
+
+@njit(nogil=True, cache=True)
+def varint_encode(keys):  # type: ignore[no-untyped-def]
+    """``keys`` (uint64) as the LEB128 code of the zigzag of each difference from the key
+    before it: sorted keys (a batch's ``np.unique``) of a 2**24 space take 1-3 bytes each,
+    any order stays lossless (a difference wraps around 2**64)."""
+    out = np.empty(keys.shape[0] * 10, np.uint8)
+    prev = np.uint64(0)
+    p = 0
+    for i in range(keys.shape[0]):
+        d = np.int64(keys[i] - prev)  # wraps: any order round-trips
+        prev = keys[i]
+        z = np.uint64((d << 1) ^ (d >> 63))
+        while z >= np.uint64(0x80):
+            out[p] = np.uint8((z & np.uint64(0x7F)) | np.uint64(0x80))
+            z >>= np.uint64(7)
+            p += 1
+        out[p] = np.uint8(z)
+        p += 1
+    return out[:p]
+
+
+@njit(nogil=True, cache=True)
+def varint_decode(buf, n):  # type: ignore[no-untyped-def]
+    """``varint_encode``'s inverse: (keys, status), status 0 when ``buf`` held exactly
+    ``n`` codes, 1 when it ran out, 2 when bytes were left over, 3 for a code over 10 bytes."""
+    keys = np.empty(n, np.uint64)
+    prev = np.uint64(0)
+    p = 0
+    for i in range(n):
+        z = np.uint64(0)
+        shift = np.uint64(0)
+        while True:
+            if p >= buf.shape[0]:
+                return keys, 1
+            b = np.uint64(buf[p])
+            p += 1
+            z |= (b & np.uint64(0x7F)) << shift
+            if b < np.uint64(0x80):
+                break
+            shift += np.uint64(7)
+            if shift > np.uint64(63):
+                return keys, 3
+        d = np.int64(z >> np.uint64(1)) ^ -np.int64(z & np.uint64(1))
+        prev = prev + np.uint64(d)
+        keys[i] = prev
+    if p != buf.shape[0]:
+        return keys, 2
+    return keys, 0
+
+
+def bf16_encode(values: np.ndarray) -> np.ndarray:
+    """float32 → the upper 16 bits, rounded to the nearest (ties to even); as uint16."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    rounded = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def bf16_decode(half: np.ndarray) -> np.ndarray:
+    return (half.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+@njit(nogil=True, cache=True)
+def _block_exponent(lo, hi, flat):  # type: ignore[no-untyped-def]
+    m = 0.0
+    for j in range(lo, hi):
+        a = abs(flat[j])
+        if a > m:
+            m = a
+    if m == 0.0:
+        return ZERO_BLOCK
+    mant, e = math.frexp(m / 127.0)  # m/127 = mant * 2**e, mant in [0.5, 1): 2**e >= m/127
+    if mant == 0.5:
+        e -= 1  # m/127 is a power of two itself
+    return max(min(e, 127), -127)
+
+
+@njit(nogil=True, cache=True)
+def int8_encode(values, counts, block_rows):  # type: ignore[no-untyped-def]
+    """Rows of ``values`` (float32 [n, dim]) as int8 with one power-of-two scale per block
+    (``block_rows`` rows at most, never across a segment of ``counts``).  Exact on its own
+    output: a decoded block encodes to the same bytes, so a piece routed again after a
+    ring change (its segments whole) carries the values its first encoding did."""
+    n, dim = values.shape
+    flat = values.reshape(-1)
+    n_blocks = 0
+    for c in counts:
+        n_blocks += (c + block_rows - 1) // block_rows
+    q = np.empty(n * dim, np.int8)
+    exps = np.empty(n_blocks, np.int8)
+    row, b = 0, 0
+    for c in counts:
+        end = row + c
+        while row < end:
+            stop = min(row + block_rows, end)
+            e = _block_exponent(row * dim, stop * dim, flat)
+            exps[b] = e
+            scale = 0.0 if e == ZERO_BLOCK else math.ldexp(1.0, -e)
+            for j in range(row * dim, stop * dim):
+                q[j] = np.int8(min(max(np.rint(flat[j] * scale), -127.0), 127.0))
+            row, b = stop, b + 1
+    return q, exps
+
+
+@njit(nogil=True, cache=True)
+def int8_decode(q, exps, counts, block_rows, dim):  # type: ignore[no-untyped-def]
+    """``int8_encode``'s inverse: (values, status), status 0, or 1 when the blocks the
+    counts make do not match ``exps`` and ``q``."""
+    n = 0
+    n_blocks = 0
+    for c in counts:
+        n += c
+        n_blocks += (c + block_rows - 1) // block_rows
+    out = np.zeros((n, dim), np.float32)
+    if n_blocks != exps.shape[0] or n * dim != q.shape[0]:
+        return out, 1
+    flat = out.reshape(-1)
+    row, b = 0, 0
+    for c in counts:
+        end = row + c
+        while row < end:
+            stop = min(row + block_rows, end)
+            e = exps[b]
+            if e != ZERO_BLOCK:
+                scale = math.ldexp(1.0, e)
+                for j in range(row * dim, stop * dim):
+                    flat[j] = np.float32(q[j] * scale)
+            row, b = stop, b + 1
+    return out, 0

@@ -1,0 +1,171 @@
+"""The filters (issue 30): each built-in round-trips (bit for bit, or exactly as its
+``roundtrip`` says), a malformed filtered message is refused with a reason, a key list a
+server does not hold is a miss (nothing applied), the specs parse and travel, and the
+worker's residuals owe exactly what was not sent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paramserver.errors import ConfigError, KeyCacheMissError, ProtocolError
+from paramserver.filters.base import Context, KeyStore, Link
+from paramserver.filters.chain import FilterSpec, chains, pack, unpack
+from paramserver.filters.kernels import int8_decode, int8_encode, varint_decode, varint_encode
+from paramserver.filters.residual import Residuals, after_routing, before_routing
+from paramserver.tables.spec import TableSpec
+
+
+def _push(n=3000, dim=4, seed=0, segments=(1000, 0, 2000)):
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(0, 1 << 24, n * 2).astype(np.uint64))[:n]
+    values = (rng.standard_normal((n, dim)) * np.logspace(-6, 2, n)[:, None]).astype(np.float32)
+    counts = np.array(segments, np.int64)
+    vnodes = np.arange(len(segments), dtype=np.int32)
+    return [keys, values, vnodes, counts]
+
+
+def _through(direction, spec, arrays, link=None, store=None, whole=False):
+    chain = chains(FilterSpec.parse(spec))[direction]
+    header, sent = pack(direction, chain, list(arrays), Context(link=link or Link(), whole=whole))
+    got = unpack(direction, chain, header, sent, Context(store=store or KeyStore()))
+    return header, sent, got, chain
+
+
+@pytest.mark.parametrize("spec", ["push=keycache", "push=delta", "push=zstd:min_bytes=0", "push=keycache,delta,zstd",
+                                  "lossless"])
+def test_lossless_chains_give_the_message_back_bit_for_bit(spec):
+    arrays = _push()
+    header, sent, got, _ = _through("push", spec, arrays)
+    assert "filters" in header
+    for a, b in zip(arrays, got):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+        assert not b.flags.writeable  # as wire.message.decode gives arrays: one numba signature
+
+
+@pytest.mark.parametrize("codec,bound", [("fp16", 1e-3), ("bf16", 8e-3), ("int8", 1e-2)])
+def test_value_codecs_decode_to_what_roundtrip_says(codec, bound):
+    arrays = _push()
+    arrays[1] = (arrays[1] / np.abs(arrays[1]).max(axis=1, keepdims=True)).astype(np.float32)  # rows of one scale
+    _, sent, got, chain = _through("push", f"push={codec},zstd", arrays)
+    expected = chain.roundtrip(arrays[1], arrays[3])
+    assert np.array_equal(got[1], expected)
+    assert 0 < np.abs(got[1] - arrays[1]).max() <= bound
+    assert sum(a.nbytes for a in sent) < sum(a.nbytes for a in arrays)
+
+
+def test_int8_encodes_its_own_output_to_the_same_bytes_in_any_routing_of_whole_segments():
+    """What makes a piece routed again after a ring change carry the values its first
+    encoding did: blocks never span segments, and a decoded block encodes to itself."""
+    _, values, _, counts = _push(segments=(700, 1300, 1000))
+    q, e = int8_encode(values, counts, 64)
+    once, status = int8_decode(q, e, counts, 64, 4)
+    assert status == 0
+    q2, e2 = int8_encode(once, counts, 64)
+    assert np.array_equal(q, q2) and np.array_equal(e, e2)
+    # the middle segment alone (another server took the others)
+    alone, _ = int8_decode(*int8_encode(once[700:2000], np.array([1300]), 64), np.array([1300]), 64, 4)
+    assert np.array_equal(alone, once[700:2000])
+
+
+def test_delta_keys_round_trip_in_any_order_and_sorted_keys_take_few_bytes():
+    rng = np.random.default_rng(1)
+    scattered = rng.integers(0, 2**64 - 1, 5000, dtype=np.uint64)
+    coded = varint_encode(scattered)
+    back, status = varint_decode(coded, scattered.shape[0])
+    assert status == 0 and np.array_equal(back, scattered)
+    dense = np.unique(rng.integers(0, 1 << 24, 50_000).astype(np.uint64))
+    assert varint_encode(dense).nbytes < 2.5 * dense.shape[0]
+
+
+def test_malformed_filtered_messages_are_refused_with_the_reason():
+    arrays = _push()
+    chain = chains(FilterSpec.parse("push=delta,zstd:min_bytes=0"))["push"]
+    header, sent = pack("push", chain, arrays, Context(link=Link()))
+    keys_at = header["parts"].index("keys")
+    cut = list(sent)
+    cut[keys_at] = cut[keys_at][:-3]
+    with pytest.raises(ProtocolError, match="zstd: part 'keys'"):
+        unpack("push", chain, header, cut, Context(store=KeyStore()))
+    with pytest.raises(ProtocolError, match="not one of this table's push filters"):
+        unpack("push", chains(FilterSpec.parse("push=zstd"))["push"], header, sent, Context(store=KeyStore()))
+    with pytest.raises(ProtocolError, match="'parts' must name"):
+        unpack("push", chain, {**header, "parts": ["keys"]}, sent, Context(store=KeyStore()))
+    raw = chains(FilterSpec.parse("push=delta"))["push"]
+    h2, s2 = pack("push", raw, arrays, Context())
+    s2[0] = s2[0][:-1]
+    with pytest.raises(ProtocolError, match="delta: the key code is truncated"):
+        unpack("push", raw, h2, s2, Context())
+
+
+def test_a_key_list_is_named_by_signature_once_sent_and_a_miss_applies_nothing():
+    arrays = _push()
+    link, store = Link(), KeyStore()
+    first, _, _, _ = _through("push", "push=keycache", arrays, link, store)
+    assert first["filters"][0][1].get("keep")
+    header, sent, got, _ = _through("push", "push=keycache", arrays, link, store)
+    assert "keys" not in header["parts"] and np.array_equal(got[0], arrays[0])
+    chain = chains(FilterSpec.parse("push=keycache"))["push"]
+    with pytest.raises(KeyCacheMissError, match="not held here"):  # a restarted server: an empty store
+        unpack("push", chain, header, sent, Context(store=KeyStore()))
+    again, _, _, _ = _through("push", "push=keycache", arrays, link, KeyStore(), whole=True)
+    assert "keys" in again["parts"]  # a resend always carries its keys: that is how a miss heals
+    forged = [header["filters"][0][0], {**header["filters"][0][1], "keep": True}]
+    with pytest.raises(ProtocolError, match="do not have the signature"):
+        unpack("push", chain, {**first, "filters": [forged]}, [arrays[0][::-1].copy(), *arrays[1:]],
+               Context(store=store))
+
+
+def test_the_key_store_keeps_the_newest_lists_within_its_bytes():
+    store = KeyStore(max_bytes=3 * 800)
+    lists = [np.arange(i * 100, i * 100 + 100, dtype=np.uint64) for i in range(5)]
+    for i, keys in enumerate(lists):
+        store.put(bytes([i]) * 16, (keys,))
+    assert store.get(bytes([0]) * 16) is None and store.get(bytes([1]) * 16) is None
+    assert np.array_equal(store.get(bytes([4]) * 16)[0], lists[4])
+    assert store.bytes <= store.max_bytes
+
+
+def test_filter_specs_parse_travel_and_refuse_with_the_fix():
+    spec = FilterSpec.parse("compact")
+    assert FilterSpec.parse(spec.to_wire()) == spec and FilterSpec.parse(str(spec)) == spec
+    t = TableSpec("w", 4, filters="push=int8:block=64,keycache;pull=keycache")
+    assert TableSpec.from_wire(t.to_wire()) == t
+    assert "filters" not in TableSpec("w").to_wire()  # no filters: the spec on the wire is as before
+    for bad, match in [("push=zstd,int8", "list them in the order"), ("pull=fp16", "serves push, reply"),
+                       ("push=nope", "built-ins are"), ("push=int8:block=0", "block must be"),
+                       ("up=zstd", "DIRECTION=FILTER"), ("push=os:path", "not a subclass"),
+                       ("push=no_such_module_x:F", "does not import here")]:
+        with pytest.raises(ConfigError, match=match):
+            TableSpec("w", filters=bad)
+
+
+def test_residuals_owe_what_sigmod_held_back_and_what_rounding_took():
+    spec = FilterSpec.parse("push=sigmod:threshold=0.5,int8")
+    chain = chains(spec)["push"]
+    store, counts = Residuals(1), {}
+    keys = np.arange(6, dtype=np.uint64)
+    grads = np.array([[0.1], [0.9], [0.3], [-0.7], [0.0], [0.2]], np.float32)
+    sent_keys, sent = before_routing(chain, store, keys, grads, counts)
+    assert sent_keys.tolist() == [1, 3] and counts == {"sigmod_in": 6, "sigmod_out": 2}
+    rounded = after_routing(chain, store, sent_keys, sent, np.array([2]))
+    sent_keys2, sent2 = before_routing(chain, store, keys, grads, counts)  # the same again: small ones add up
+    assert sent_keys2.tolist() == [1, 2, 3]
+    owed_keys, owed = store.drain()
+    total = {int(k): float(v) for k, v in zip(sent_keys, rounded[:, 0])}
+    for k, v in zip(sent_keys2.tolist(), sent2[:, 0].tolist()):
+        total[k] = total.get(k, 0.0) + v
+    for k, v in zip(owed_keys.tolist(), owed[:, 0].tolist()):
+        total[k] = total.get(k, 0.0) + v
+    assert np.allclose([total.get(k, 0.0) for k in range(6)], 2 * grads[:, 0], atol=1e-6)  # nothing lost, none twice
+
+
+def test_residuals_grow_and_keep_every_key():
+    store = Residuals(2, capacity=16)
+    keys = np.arange(1000, dtype=np.uint64) * 977
+    store.add(keys, np.ones((1000, 2), np.float32))
+    store.add(keys[:10], np.ones((10, 2), np.float32))
+    got = np.zeros((3, 2), np.float32)
+    store.take(keys[[0, 500, 999]], got)
+    assert got.tolist() == [[2, 2], [1, 1], [1, 1]]
+    assert store.pending() == (997, 2 * 1000 + 2 * 10 - 8)
