@@ -12,7 +12,7 @@ from paramserver.errors import ConfigError, KeyCacheMissError, ProtocolError
 from paramserver.filters.base import Context, KeyStore, Link
 from paramserver.filters.chain import FilterSpec, chains, pack, unpack
 from paramserver.filters.kernels import int8_decode, int8_encode, varint_decode, varint_encode
-from paramserver.filters.residual import Residuals, after_routing, before_routing
+from paramserver.filters.residual import Owed, Residuals, after_routing, before_routing
 from paramserver.tables.spec import TableSpec
 
 
@@ -143,7 +143,7 @@ def test_filter_specs_parse_travel_and_refuse_with_the_fix():
 def test_residuals_owe_what_sigmod_held_back_and_what_rounding_took():
     spec = FilterSpec.parse("push=sigmod:threshold=0.5,int8")
     chain = chains(spec)["push"]
-    store, counts = Residuals(1), {}
+    store, counts = Owed(1), {}
     keys = np.arange(6, dtype=np.uint64)
     grads = np.array([[0.1], [0.9], [0.3], [-0.7], [0.0], [0.2]], np.float32)
     sent_keys, sent = before_routing(chain, store, keys, grads, counts)
@@ -151,7 +151,9 @@ def test_residuals_owe_what_sigmod_held_back_and_what_rounding_took():
     rounded = after_routing(chain, store, sent_keys, sent, np.array([2]))
     sent_keys2, sent2 = before_routing(chain, store, keys, grads, counts)  # the same again: small ones add up
     assert sent_keys2.tolist() == [1, 2, 3]
-    owed_keys, owed = store.drain()
+    held_keys, _ = Owed(1).drain(held_only=True)
+    assert held_keys.size == 0
+    owed_keys, owed = store.drain(held_only=False)
     total = {int(k): float(v) for k, v in zip(sent_keys, rounded[:, 0])}
     for k, v in zip(sent_keys2.tolist(), sent2[:, 0].tolist()):
         total[k] = total.get(k, 0.0) + v

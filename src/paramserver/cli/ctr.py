@@ -69,6 +69,25 @@ def _progress_line(status: dict[str, Any], seconds: float) -> str:
             + (f"  servers lost {failovers} (failed over)" if failovers else ""))
 
 
+def _filter_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The report's lines on the filters: per direction, bytes of the requests' keys and
+    values before and after the chain (``filter_bytes``), and what sigmod held back."""
+    if "filters" not in report:
+        return []
+    lines = [("filters", report["filters"])]
+    for table, by_direction in report.get("filter_bytes", {}).items():
+        for direction, by_filter in by_direction.items():
+            sizes = [v for v in by_filter.values() if isinstance(v, dict)]
+            if direction == "owed":
+                if by_filter.get("sigmod_in"):
+                    lines.append((f"{table} sigmod", f"{by_filter['sigmod_out']:,} of {by_filter['sigmod_in']:,} "
+                                                      "key updates sent at once, the rest later"))
+            elif sizes:
+                before, after = sizes[0]["bytes_in"], sizes[-1]["bytes_out"]
+                lines.append((f"{table} {direction} bytes", f"{before:,} -> {after:,} ({before / max(after, 1):.1f}x)"))
+    return lines
+
+
 def _report_table(report: dict[str, Any]) -> Table:
     from rich.table import Table
 
@@ -82,6 +101,8 @@ def _report_table(report: dict[str, Any]) -> Table:
     for label, key, fmt in rows:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
             table.add_row(label, fmt.format(report[key]))
+    for line in _filter_lines(report):
+        table.add_row(*line)
     if "checkpoints" in report:
         table.add_row("checkpoints written", f"{len(report['checkpoints'])} "
                                              f"({report['checkpoints_abandoned']} abandoned)")
@@ -115,7 +136,7 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
                        batch_ramp=getattr(args, "batch_ramp", 1.0),
                        seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),
                        consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
-                       layout=getattr(args, "table_layout", "auto"))
+                       layout=getattr(args, "table_layout", "auto"), filters=getattr(args, "filters", None))
 
 
 class _Progress:

@@ -316,16 +316,16 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
         return self._push(spec, keys, grads, op, distinct)
 
     def _push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, op: str, distinct: bool,
-              exact: bool = False) -> Future[Any]:
-        """A push once checked: through the table's filters (what a worker owes added, and
-        kept, unless ``exact``: a flush), numbered, scattered."""
+              flushing: bool = False) -> Future[Any]:
+        """A push once checked: through the table's filters (what a worker owes added, less
+        what sigmod holds back, unless ``flushing``; the rounding owed), numbered, scattered."""
         filters = self._state.filters
         prepare = None
-        if filters.owes(spec, op) and not exact:
+        if filters.owes(spec, op):
             if not distinct:
                 keys, grads = combine_duplicates(keys, grads, "add")
                 distinct = True
-            keys, grads = filters.before_routing(spec, keys, grads)
+            keys, grads = filters.before_routing(spec, keys, grads, select=not flushing)
             prepare = functools.partial(filters.after_routing, spec)
         with self._lock:
             seq = self._state.sequencer.take()
@@ -334,7 +334,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
             return self._scatter(Op.PUSH, spec.name, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
                                  seq=seq, on_settled=lambda: self._settled(seq), distinct=distinct,
                                  extra_header={"push_op": op} if op != "update" else None,
-                                 wire=filters.wire(spec, "push", "assign" if exact else op), prepare=prepare)
+                                 wire=filters.wire(spec, "push", op), prepare=prepare)
         except BaseException:
             self._settled(seq)
             raise
@@ -342,14 +342,15 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
     def flush(self, table: str | None = None, timeout_s: float | None = None) -> int:
         """Push everything this client's filters still owe (``table``'s, or every
         table's): the significantly-modified filter's held-back updates and the codecs'
-        rounding, exactly.  Call it when a worker's part of a job ends; returns the keys
-        pushed.  A worker that dies first loses what it owed (``filter_stats``)."""
+        rounding (itself through the codec: what it rounds off, at most 1/254 of a step a
+        key for int8, stays owed).  Call it when a worker's part of a job ends; returns the
+        keys pushed.  A worker that dies first loses what it owed (``filter_stats``)."""
         pushed = 0
         for name in [table] if table is not None else list(self._state.filters.residuals):
             owed = self._state.filters.drain(name)
             if owed is not None:
                 keys, rows = owed
-                self._push(self._spec(name), keys, rows, "update", True, exact=True).result(timeout=timeout_s)
+                self._push(self._spec(name), keys, rows, "update", True, flushing=True).result(timeout=timeout_s)
                 pushed += int(keys.shape[0])
         return pushed
 
@@ -359,9 +360,9 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
         filters = self._state.filters
         for name in list(filters.residuals):
             every = filters.sigmod_every(self._spec(name))
-            owed = filters.drain(name) if every and clock % every == 0 else None
+            owed = filters.drain(name, held_only=True) if every and clock % every == 0 else None
             if owed is not None:
-                self._push(self._spec(name), owed[0], owed[1], "update", True, exact=True)
+                self._push(self._spec(name), owed[0], owed[1], "update", True, flushing=True)
 
     def filter_stats(self) -> dict[str, Any]:
         """Per table and direction, each filter's bytes in and out (this client's

@@ -15,7 +15,7 @@ import numpy as np
 from paramserver.client.core import Piece, Wire
 from paramserver.filters.base import Link
 from paramserver.filters.chain import Chain, chains
-from paramserver.filters.residual import Residuals, after_routing, before_routing
+from paramserver.filters.residual import Owed, after_routing, before_routing
 from paramserver.tables.spec import TableSpec
 
 #: push operations a lossy codec may round: linear ones, whose rounding the next push makes good
@@ -29,7 +29,7 @@ class ClientFilters:
         self.lock = threading.Lock()
         self.links: dict[int, Link] = {}
         self.sizes: dict[tuple[str, str], dict[str, list[int]]] = {}  # (table, direction) -> filter -> [in, out]
-        self.residuals: dict[str, Residuals] = {}
+        self.residuals: dict[str, Owed] = {}
         self.counts: dict[str, dict[str, int]] = {}  # table -> sigmod_in/out, flushes
 
     def wire(self, spec: TableSpec, direction: str, op: str = "update") -> Wire | None:
@@ -50,13 +50,14 @@ class ClientFilters:
         chain = chains(spec.filters)["push"]
         return op in ROUNDED_OPS and (chain.select is not None or bool(chain.lossy))
 
-    def before_routing(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def before_routing(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray,
+                       select: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """A push's distinct keys and gradients with what is owed added, less what the
-        significantly-modified filter keeps back."""
+        significantly-modified filter keeps back (unless not ``select``: a flush)."""
         with self.lock:
             store = self._store(spec)
             return before_routing(chains(spec.filters)["push"], store, keys, grads,
-                                  self.counts.setdefault(spec.name, {}))
+                                  self.counts.setdefault(spec.name, {}), select)
 
     def after_routing(self, spec: TableSpec, pieces: list[Piece]) -> list[Piece]:
         """Each piece rounded as its server will decode it; the rounding is owed."""
@@ -67,13 +68,14 @@ class ClientFilters:
             store = self._store(spec)
             return [replace(p, extra=after_routing(chain, store, p.keys, p.extra, p.counts)) for p in pieces]
 
-    def drain(self, table: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """Everything ``table`` is owed, taken (to push whole); None when nothing is."""
+    def drain(self, table: str, held_only: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+        """What ``table`` is owed (only what sigmod held back, with ``held_only``), taken
+        (to push); None when nothing is."""
         with self.lock:
             store = self.residuals.get(table)
-            if store is None or not store.size:
+            if store is None:
                 return None
-            keys, rows = store.drain()
+            keys, rows = store.drain(held_only)
             c = self.counts.setdefault(table, {})
             c["flushes"] = c.get("flushes", 0) + 1
         return (keys, rows) if keys.size else None
@@ -82,10 +84,10 @@ class ClientFilters:
         select = chains(spec.filters)["push"].select
         return int(getattr(select, "every", 0)) if select is not None else 0
 
-    def _store(self, spec: TableSpec) -> Residuals:
+    def _store(self, spec: TableSpec) -> Owed:
         store = self.residuals.get(spec.name)
         if store is None:
-            store = self.residuals[spec.name] = Residuals(spec.dim)
+            store = self.residuals[spec.name] = Owed(spec.dim)
         return store
 
     def stats(self) -> dict[str, Any]:

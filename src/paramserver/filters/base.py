@@ -18,7 +18,6 @@ what lets a client keep the difference as a residual and add it to the next push
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -26,6 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from paramserver.errors import ConfigError, ProtocolError
+from paramserver.filters.kernels import digest128
 
 Parts = dict[str, np.ndarray]
 #: the parts of each kind of message, in the order its arrays go on the wire
@@ -79,13 +79,10 @@ class Filter:
         return f"{self.name or type(self).__name__}{':' + args if args else ''}"
 
 
-def signature(*arrays: np.ndarray) -> bytes:
-    """A 128-bit digest of arrays' bytes (and shapes): what names a key list in a cache."""
-    h = hashlib.blake2b(digest_size=16)
-    for a in arrays:
-        h.update(np.asarray(a.shape, np.int64).tobytes())
-        h.update(np.ascontiguousarray(a).view(np.uint8).data)
-    return h.digest()
+def signature(keys: np.ndarray) -> bytes:
+    """A 128-bit digest of a key list (``kernels.digest128``): what names it in a cache."""
+    a, b = digest128(np.ascontiguousarray(keys, np.uint64), 0x5EED)
+    return int(a).to_bytes(8, "little") + int(b).to_bytes(8, "little")
 
 
 class Link:

@@ -14,6 +14,34 @@ import math
 import numpy as np
 from numba import njit
 
+_M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
+
+
+@njit(nogil=True, cache=True)
+def _mix(h):  # type: ignore[no-untyped-def]
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xC4CEB9FE1A85EC53)
+    h ^= h >> np.uint64(33)
+    return h
+
+
+@njit(nogil=True, cache=True)
+def digest128(words, seed):  # type: ignore[no-untyped-def]
+    """Two independent 64-bit lanes over ``words`` (uint64): a 128-bit digest of a key list
+    at memory speed (blake2b took 1.1 ms for 80 000 keys, 10x this).  Not a cryptographic
+    hash: what it names is checked by the server that stores it (``KeyStore``), and a
+    cluster that does not trust its workers has keys (CurveZMQ)."""
+    a = np.uint64(seed) ^ _M1
+    b = np.uint64(seed) ^ _M2
+    for i in range(words.shape[0]):  # independent terms (a sum, with each word's place mixed in): vectorised
+        p = np.uint64(i) * _M1
+        a += _mix(words[i] ^ p)
+        b += _mix((words[i] + p) ^ _M2)
+    return _mix(a ^ np.uint64(words.shape[0])), _mix(b + a)
+
+
 #: rows of an int8 block at most: a block is a run of rows inside one vnode segment
 INT8_BLOCK_VALUES = 256
 #: the exponent of an all-zero block

@@ -108,29 +108,54 @@ class Residuals:
         return int((owed != 0).any(axis=1).sum()), float(np.abs(owed).sum())
 
 
-def before_routing(chain: Chain, store: Residuals, keys: np.ndarray, grads: np.ndarray,
-                   counts: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+class Owed:
+    """What one table owes on one worker: the updates ``sigmod`` holds back (``held``:
+    flushed every N clocks) and the codecs' rounding (``rounding``: added to the next push
+    of each key, and flushed when the worker's part ends)."""
+
+    def __init__(self, dim: int) -> None:
+        self.held, self.rounding = Residuals(dim), Residuals(dim)
+
+    def take(self, keys: np.ndarray, into: np.ndarray) -> None:
+        self.held.take(keys, into)
+        self.rounding.take(keys, into)
+
+    def drain(self, held_only: bool) -> tuple[np.ndarray, np.ndarray]:
+        keys, rows = self.held.drain()
+        if held_only:
+            return keys, rows
+        more, extra = self.rounding.drain()
+        return np.concatenate([keys, more]), np.concatenate([rows, extra])
+
+    def pending(self) -> tuple[int, float]:
+        a, b = self.held.pending(), self.rounding.pending()
+        return a[0] + b[0], a[1] + b[1]
+
+
+def before_routing(chain: Chain, owed: Owed, keys: np.ndarray, grads: np.ndarray,
+                   counts: dict[str, int], select_keys: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """A push's distinct ``keys`` and ``grads`` with what is owed added, less what the
-    significantly-modified filter keeps back (``counts``: keys in and out)."""
+    significantly-modified filter keeps back (``counts``: keys in and out; not
+    ``select_keys``: a flush, everything goes)."""
     grads = np.array(grads, np.float32, copy=True)
-    store.take(keys, grads)
+    owed.take(keys, grads)
     select = chain.select
-    if select is None:
+    if select is None or not select_keys:
         return keys, grads
     big = np.abs(grads).max(axis=1) > getattr(select, "threshold", 0.0) if grads.size else np.zeros(0, bool)
     counts["sigmod_in"] = counts.get("sigmod_in", 0) + int(keys.shape[0])
     counts["sigmod_out"] = counts.get("sigmod_out", 0) + int(big.sum())
     if big.all():
         return keys, grads
-    store.add(keys[~big], grads[~big])
+    owed.held.add(keys[~big], grads[~big])
     return keys[big], grads[big]
 
 
-def after_routing(chain: Chain, store: Residuals, keys: np.ndarray, values: np.ndarray,
+def after_routing(chain: Chain, owed: Owed, keys: np.ndarray, values: np.ndarray,
                   counts: np.ndarray) -> np.ndarray:
     """One piece's values as its receiver will decode them; the rounding is owed."""
     if not chain.lossy:
         return values
     sent = chain.roundtrip(np.ascontiguousarray(values, np.float32), counts)
-    store.add(keys, values - sent)
+    owed.rounding.add(keys, values - sent)
     return sent

@@ -110,6 +110,34 @@ def state_families(s: dict[str, Any]) -> list[Family]:
                 [f"{name}_count", {}, float(sum(seen.values()))],
                 [f"{name}_sum", {}, float(sum(k * v for k, v in seen.items()))]]
     out.append([name, "histogram", "clocks a pull's reader was ahead of the slowest worker", samples])
+    return out + _server_filter_families(s.get("filters") or {})
+
+
+def _server_filter_families(f: dict[str, Any]) -> list[Family]:
+    """The keycache filter's store, and the bytes of pull replies before and after the
+    table's reply filters (``paramserver.filters``)."""
+    cache = f.get("key_cache", {})
+    out: list[Family] = [
+        ["paramserver_key_cache_lookups", "counter", "key lists named by signature: found (hit) or resent (miss)",
+         [["paramserver_key_cache_lookups_total", {"result": r}, float(cache.get(k, 0))]
+          for r, k in (("hit", "hits"), ("miss", "misses"))]],
+        ["paramserver_key_cache_bytes", "gauge", "bytes of key lists kept for the keycache filter",
+         [["paramserver_key_cache_bytes", {}, float(cache.get("bytes", 0))]]]]
+    return out + filter_byte_families(
+        [(k.rsplit("/", 1)[0], "reply", k.rsplit("/", 1)[1], v["bytes_in"], v["bytes_out"])
+         for k, v in f.get("reply_bytes", {}).items()])
+
+
+def filter_byte_families(rows: list[tuple[str, str, str, int, int]]) -> list[Family]:
+    """``paramserver_filter_bytes_{in,out}_total{table,direction,filter}`` and the bytes
+    each filter saved, from (table, direction, filter, bytes in, bytes out) rows."""
+    out: list[Family] = []
+    for what, doc, sign in (("in", "bytes of a message's parts before the filter", (1, 0)),
+                            ("out", "bytes of a message's parts after the filter", (0, 1)),
+                            ("saved", "bytes the filter took off (in - out)", (1, -1))):
+        name = f"paramserver_filter_bytes_{what}"
+        out.append([name, "counter", doc, [[f"{name}_total", {"table": t, "direction": d, "filter": f},
+                                            float(sign[0] * b + sign[1] * a)] for t, d, f, b, a in rows]])
     return out
 
 
@@ -123,6 +151,9 @@ def client_families(client: Any) -> list[Family]:
     for what, value in (("sent", client.bytes_sent), ("received", client.bytes_received)):
         out.append([f"paramserver_client_{what}_bytes", "counter", f"bytes {what}",
                     [[f"paramserver_client_{what}_bytes_total", {}, float(value)]]])
+    rows = [(t, d, f, v["bytes_in"], v["bytes_out"]) for t, by_dir in client.filter_stats().items()
+            for d, by_f in by_dir.items() if d != "owed" for f, v in by_f.items()]
+    out += filter_byte_families(rows)
     reported = client.job.reported
     out.append(["paramserver_worker_examples", "counter", "examples this worker trained (as it reported them)",
                 [["paramserver_worker_examples_total", {}, float(reported.get("examples", 0.0))]]])

@@ -61,8 +61,13 @@ class Admin:
     def figures(self) -> dict[str, Any]:
         """What the server holds now: its tables' sizes, memory and consistency figures."""
         n = self.state
+        store = n.key_store
         return {"tables": storage.table_stats(n.tables, n.primary), "rss_bytes": storage.rss_bytes(),
-                "consistency": n.gate.telemetry()}
+                "consistency": n.gate.telemetry(),
+                "filters": {"key_cache": {"lists": len(store.entries), "bytes": store.bytes, "hits": store.hits,
+                                          "misses": store.misses},
+                            "reply_bytes": {f"{t}/{f}": {"bytes_in": b, "bytes_out": a}
+                                            for (t, f), (b, a) in n.filter_bytes.items()}}}
 
     def on_stats(self, msg: Message) -> list[Any]:
         n = self.state

@@ -36,6 +36,7 @@ class TrainConfig:
     consistency: Any = "asp"  # bsp | ssp:S | asp; a worker's clock ticks once a batch
     replicas: int = 1  # copies of every vnode (2 or 3: the job survives a server's death)
     layout: str = "auto"  # the model table's: hash | dense (keys < 2**hash_bits) | auto (see key_bits)
+    filters: Any = None  # what the model's pushes, pulls and replies go through on the wire (paramserver.filters)
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
     slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch
 
@@ -55,7 +56,7 @@ class TrainConfig:
         spec = TableSpec(self.model.table, self.model.dim,
                          optimizer=self.optimizer or self.model.default_optimizer(),
                          initializer=self.model.initializer(), seed=self.seed,
-                         consistency=self.consistency, replicas=self.replicas)
+                         consistency=self.consistency, replicas=self.replicas, filters=self.filters)
         return replace(spec, key_bits=self.key_bits(spec))
 
     def dense_spec(self) -> TableSpec | None:
@@ -65,7 +66,8 @@ class TrainConfig:
             return None
         return TableSpec(self.model.dense_table, DENSE_BLOCK, optimizer=self.model.dense_optimizer(),
                          initializer={"name": "zeros"}, seed=self.seed, consistency=self.consistency,
-                         replicas=self.replicas, key_bits=max(int(self.model.dense_rows - 1).bit_length(), 1))
+                         replicas=self.replicas, key_bits=max(int(self.model.dense_rows - 1).bit_length(), 1),
+                         filters=self.filters)
 
     def key_bits(self, spec: TableSpec) -> int:
         """The table's ``key_bits``: folded features (``--hash-bits B``) make a key space of

@@ -33,9 +33,10 @@ def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
         trace.append((time.perf_counter() - t0, clock, n, loss))
 
     done = _train_stream(client, cfg, on_batch)
+    client.flush()  # what the filters held back goes out before the driver scores the model
     first = time.time() - (time.perf_counter() - t0 - trace[0][0]) if trace else None  # wall clock
     return {**done, "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received,
-            "rank": client.rank, "trace": trace, "first_batch_at": first}
+            "filters": client.filter_stats(), "rank": client.rank, "trace": trace, "first_batch_at": first}
 
 
 def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple[Any, ...]]:
