@@ -339,15 +339,16 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
             self._settled(seq)
             raise
 
-    def flush(self, table: str | None = None, timeout_s: float | None = None) -> int:
-        """Push everything this client's filters still owe (``table``'s, or every
-        table's): the significantly-modified filter's held-back updates and the codecs'
-        rounding (itself through the codec: what it rounds off, at most 1/254 of a step a
-        key for int8, stays owed).  Call it when a worker's part of a job ends; returns the
-        keys pushed.  A worker that dies first loses what it owed (``filter_stats``)."""
+    def flush(self, table: str | None = None, timeout_s: float | None = None, rounding: bool = False) -> int:
+        """Push what this client's filters still owe (``table``'s, or every table's): the
+        updates the significantly-modified filter held back, and with ``rounding`` also
+        the codecs' rounding (under half a step a key: it goes with the next push of each
+        key; flushing it pushes every key ever rounded, once).  ``paramserver train`` calls
+        it when a worker's part ends; returns the keys pushed.  A worker that dies first
+        loses what it owed (``filter_stats``)."""
         pushed = 0
         for name in [table] if table is not None else list(self._state.filters.residuals):
-            owed = self._state.filters.drain(name)
+            owed = self._state.filters.drain(name, held_only=not rounding)
             if owed is not None:
                 keys, rows = owed
                 self._push(self._spec(name), keys, rows, "update", True, flushing=True).result(timeout=timeout_s)
@@ -363,6 +364,16 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
             owed = filters.drain(name, held_only=True) if every and clock % every == 0 else None
             if owed is not None:
                 self._push(self._spec(name), owed[0], owed[1], "update", True, flushing=True)
+
+    def wire_totals(self) -> tuple[int, int]:
+        """Bytes of this client's filtered requests before their filters and after, in all."""
+        before = after = 0
+        for by_direction in self.filter_stats().values():
+            for direction, by_filter in by_direction.items():
+                sizes = list(by_filter.values()) if direction != "owed" else []
+                if sizes:
+                    before, after = before + sizes[0]["bytes_in"], after + sizes[-1]["bytes_out"]
+        return before, after
 
     def filter_stats(self) -> dict[str, Any]:
         """Per table and direction, each filter's bytes in and out (this client's

@@ -197,7 +197,9 @@ async function poll() {
     state.textContent = s.state;
     state.className = "state " + s.state;
     document.getElementById("summary").textContent = s.state === "running"
-      ? `${s.servers.length} server(s), ${s.workers.length} worker(s), ${fmt(s.totals.examples || 0)} examples` : "";
+      ? `${s.servers.length} server(s), ${s.workers.length} worker(s), ${fmt(s.totals.examples || 0)} examples` +
+        (s.totals.wire_bytes_in ? `, filters: ${fmt(s.totals.wire_bytes_in)} → ${fmt(s.totals.wire_bytes_out)} bytes ` +
+          `(${(s.totals.wire_bytes_in / Math.max(1, s.totals.wire_bytes_out)).toFixed(1)}x fewer)` : "") : "";
     drawThroughput(s.history || []);
     drawServers(s.servers, s.ring);
     drawRing(s.ring);

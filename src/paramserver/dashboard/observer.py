@@ -243,7 +243,9 @@ class Observer:
         live = snap.job.get("live", {})
         snap.totals = {"push_keys": total(snap.families, "paramserver_push_keys_total"),
                        "pull_keys": total(snap.families, "paramserver_pull_keys_total"),
-                       "examples": float(live.get("examples", 0.0))}
+                       "examples": float(live.get("examples", 0.0)),
+                       "wire_bytes_in": float(live.get("wire_bytes_in", 0.0)),
+                       "wire_bytes_out": float(live.get("wire_bytes_out", 0.0))}
         if snap.job:
             snap.job["shards_queued"] = max(0, int(snap.job.get("shards", 0)) - int(snap.job.get("shards_done", 0))
                                             - int(snap.job.get("running", 0)))

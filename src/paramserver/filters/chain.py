@@ -33,6 +33,7 @@ from paramserver.filters.builtin import BUILTIN
 DIRECTIONS = ("push", "pull", "reply")
 PRESETS: dict[str, str] = {
     "none": "",
+    "keys": "push=keycache,delta;pull=keycache,delta",
     "lossless": "push=keycache,delta,zstd;pull=keycache,delta,zstd;reply=zstd",
     "compact": "push=int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=fp16,zstd",
 }

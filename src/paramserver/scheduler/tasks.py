@@ -15,6 +15,10 @@ from typing import Any
 
 from paramserver.errors import ConfigError
 
+#: a job's live counters (``progress``): examples and loss so far, and the bytes of the
+#: workers' requests before and after their tables' filters (``Client.wire_totals``)
+LIVE = ("examples", "loss_sum", "wire_bytes_in", "wire_bytes_out")
+
 
 @dataclass
 class TaskQueue:
@@ -27,7 +31,7 @@ class TaskQueue:
     totals: dict[str, float] = field(default_factory=lambda: {
         "examples": 0, "loss_sum": 0.0, "bad_lines": 0, "bytes": 0})
     epoch_examples: list[int] = field(default_factory=list)
-    live: dict[str, float] = field(default_factory=lambda: {"examples": 0, "loss_sum": 0.0})
+    live: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LIVE, 0.0))
     per_worker: dict[int, dict[str, float]] = field(default_factory=dict)  # node -> its live counters
 
     def __post_init__(self) -> None:
@@ -109,7 +113,7 @@ class TaskQueue:
         q.todo = deque(s for s in range(len(shards)) if s not in q.done)
         q.totals.update(values)
         q.epoch_examples = list(per_epoch)
-        q.live = {"examples": values["examples"], "loss_sum": values["loss_sum"]}
+        q.live = {**dict.fromkeys(LIVE, 0.0), "examples": values["examples"], "loss_sum": values["loss_sum"]}
         return q
 
     def progress(self, stats: dict[str, Any], node_id: int | None = None) -> None:
@@ -119,7 +123,7 @@ class TaskQueue:
         for k, v in values.items():
             self.live[k] += v
         if node_id is not None:
-            mine = self.per_worker.setdefault(node_id, {"examples": 0.0, "loss_sum": 0.0, "shards_done": 0})
+            mine = self.per_worker.setdefault(node_id, {**dict.fromkeys(LIVE, 0.0), "shards_done": 0})
             for k, v in values.items():
                 mine[k] += v
 

@@ -109,6 +109,7 @@ class _Pipeline:
         self.examples, self.loss_sum = 0, 0.0  # of the current shard
         self.shown_examples, self.shown_loss, self.shown_at = 0, 0.0, time.monotonic()
         self.exhausted = False
+        self.wire_shown = (0, 0)  # the filters' bytes in and out, as last reported
         self.slow = client.rank == cfg.slow_rank and cfg.slow_factor > 1
 
     def pull_ahead(self) -> None:
@@ -129,6 +130,12 @@ class _Pipeline:
                     model.dense_table, self.dense_keys) if self.dense_keys.size else None)))
                 self.pulling += 1
 
+    def _wire_progress(self) -> dict[str, float]:
+        """The filters' bytes in and out since the last report (none: the job has no filters)."""
+        before, after = self.client.wire_totals()
+        last, self.wire_shown = self.wire_shown, (before, after)
+        return {"wire_bytes_in": before - last[0], "wire_bytes_out": after - last[1]} if before else {}
+
     def _drain(self, keep: int) -> None:
         """Wait for the oldest pushes until at most ``keep`` are unacknowledged."""
         while len(self.pushes) > keep:
@@ -140,7 +147,8 @@ class _Pipeline:
         self.closing = False
         self._drain(0)
         job = self.client.job
-        job.report_progress(examples=self.examples - self.shown_examples, loss_sum=self.loss_sum - self.shown_loss)
+        job.report_progress(examples=self.examples - self.shown_examples, loss_sum=self.loss_sum - self.shown_loss,
+                            **self._wire_progress())
         job.shard_done(task, examples=self.examples, loss_sum=self.loss_sum, bad_lines=stats["bad_lines"],
                        bytes=stats.get("bytes", 0))
         self.done["examples"] += self.examples
@@ -170,5 +178,5 @@ class _Pipeline:
         self.loss_sum += loss
         if time.monotonic() - self.shown_at > PROGRESS_EVERY_S:
             client.job.report_progress(examples=self.examples - self.shown_examples,
-                                       loss_sum=self.loss_sum - self.shown_loss)
+                                       loss_sum=self.loss_sum - self.shown_loss, **self._wire_progress())
             self.shown_examples, self.shown_loss, self.shown_at = self.examples, self.loss_sum, time.monotonic()

@@ -1,0 +1,192 @@
+"""What each filter buys on a throttled link (issue 30): `paramserver train` with its
+servers in one network namespace and its worker in another, joined by a veth pair shaped
+with `tc` (tbf), against the same job unfiltered, in one run.
+
+Run (as root): ``.venv/bin/python bench/filters.py [--rows 1000000] [--links none 1gbit 100mbit]
+[--chains none lossless compact ...] [--model lr|fm] [--k 16]``
+
+Namespace A runs the scheduler and ``--servers`` servers (``paramserver scheduler``,
+``paramserver server``); namespace B runs the job's driver and one worker in one process:
+``run_training`` as ``paramserver train`` runs it, with its cluster replaced by the
+remote one (``RemoteCluster`` below), so every pull and push crosses the veth pair.
+Both ends of the pair are shaped to the link's rate (``tc qdisc ... tbf``).  Printed per
+link and chain: bytes per example each way as the kernel counted them on the worker's
+veth interface (and as the report says), examples/s, job seconds, test log loss and AUC,
+and the ratios against the unfiltered run on the same link.  Data: the heavy-tailed
+Criteo shape (``paramserver synth --shape heavy``) written once to a temporary folder.
+The namespaces are removed at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+WORKER = r"""
+import json, sys, time
+from paramserver.apps.ctr import train as train_mod
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.train_config import TrainConfig
+from paramserver.client.client import Client
+from paramserver.cluster import launch
+
+address, data, test, model, k, chain, servers = sys.argv[1:8]
+
+class RemoteCluster:
+    # the servers are in the other namespace: the driver and one worker run here
+    def __init__(self, **_):
+        self.client = Client(address, connect_timeout_s=60)
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self.client.shutdown_cluster()
+        self.client.close()
+    def run_elastic(self, fn, *args):
+        with Client(address, role="worker", connect_timeout_s=60) as w:
+            return [fn(w, *args)], []
+
+launch.open_cluster = lambda **kw: RemoteCluster(**kw)
+cfg = TrainConfig(Model(model, int(k)), filters=None if chain == "none" else chain)
+t = time.perf_counter()
+report = train_mod.run_training(cfg, [data], [test], servers=int(servers), workers=1)
+report["wall_s"] = time.perf_counter() - t
+report.pop("traces", None)
+print("REPORT " + json.dumps(report, default=str))
+"""
+
+RATES = {"none": None, "1gbit": "1gbit", "100mbit": "100mbit"}
+TARGET = 0.0005  # a filtered run reaches the unfiltered one's final test log loss within this
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), check=check, capture_output=True, text=True, timeout=60)
+
+
+class Link:
+    """Two namespaces joined by a veth pair, shaped both ways; removed on exit."""
+
+    def __init__(self, rate: str | None) -> None:
+        pid = os.getpid()
+        self.tag, self.net = f"psf{pid % 10000}", f"10.{30 + pid % 200}.{(pid // 200) % 250}"
+        self.a, self.b, self.va, self.vb = f"{self.tag}a", f"{self.tag}b", f"{self.tag}va", f"{self.tag}vb"
+        self.rate = rate
+
+    def __enter__(self) -> Link:
+        for step in (("netns", "add", self.a), ("netns", "add", self.b),
+                     ("link", "add", self.va, "type", "veth", "peer", "name", self.vb),
+                     ("link", "set", self.va, "netns", self.a), ("link", "set", self.vb, "netns", self.b),
+                     ("-n", self.a, "addr", "add", f"{self.net}.1/24", "dev", self.va),
+                     ("-n", self.b, "addr", "add", f"{self.net}.2/24", "dev", self.vb),
+                     ("-n", self.a, "link", "set", self.va, "up"), ("-n", self.b, "link", "set", self.vb, "up"),
+                     ("-n", self.a, "link", "set", "lo", "up"), ("-n", self.b, "link", "set", "lo", "up")):
+            sh("ip", *step)
+        if self.rate:
+            for ns, dev in ((self.a, self.va), (self.b, self.vb)):
+                burst = "1mb" if self.rate == "1gbit" else "128kb"
+                sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
+                   "burst", burst, "latency", "50ms")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for ns in (self.a, self.b):
+            sh("ip", "netns", "del", ns, check=False)
+
+    def counters(self) -> tuple[int, int]:
+        """Bytes the kernel counted on the worker's end: sent, received."""
+        read = [int(sh("ip", "netns", "exec", self.b, "cat", f"/sys/class/net/{self.vb}/statistics/{w}_bytes")
+                    .stdout) for w in ("tx", "rx")]
+        return read[0], read[1]
+
+
+def one(link: Link, data: str, test: str, model: str, k: int, chain: str, servers: int) -> dict[str, Any]:
+    port = str(7700 + os.getpid() % 200)
+    host = f"{link.net}.1"
+    env = {**os.environ, "PARAMSERVER_LOG_LEVEL": "WARNING"}
+    in_a = ["ip", "netns", "exec", link.a, sys.executable, "-m", "paramserver"]
+    nodes = [subprocess.Popen([*in_a, "scheduler", "--host", "0.0.0.0", "--port", port, "--servers", str(servers)],
+                              env=env)]
+    nodes += [subprocess.Popen([*in_a, "server", "--host", "0.0.0.0", "--scheduler", f"tcp://{host}:{port}"], env=env)
+              for _ in range(servers)]
+    try:
+        tx0, rx0 = link.counters()
+        done = subprocess.run(["ip", "netns", "exec", link.b, sys.executable, "-c", WORKER, f"tcp://{host}:{port}",
+                               data, test, model, str(k), chain, str(servers)],
+                              env=env, capture_output=True, text=True, timeout=3600)
+        tx1, rx1 = link.counters()
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("REPORT ")]
+        if done.returncode or not lines:
+            raise SystemExit(f"{chain} on {link.rate}: {done.stderr[-3000:]}")
+        report: dict[str, Any] = json.loads(lines[-1][7:])
+        report["kernel_tx"], report["kernel_rx"] = tx1 - tx0, rx1 - rx0
+        return report
+    finally:
+        for p in nodes:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--links", nargs="+", default=["none", "1gbit", "100mbit"], choices=sorted(RATES))
+    ap.add_argument("--chains", nargs="+", default=["none", "keycache", "delta", "zstd", "int8", "fp16", "lossless",
+                                                    "compact"])
+    ap.add_argument("--model", default="lr", choices=("lr", "fm"))
+    ap.add_argument("--k", type=int, default=16, help="FM factor width")
+    ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--data-dir", default="", help="reuse (or write) heavy.tsv and heavy_test.tsv here")
+    ap.add_argument("--json", default="", help="write every run's figures here")
+    args = ap.parse_args()
+    from paramserver.apps.ctr.synth import write_synth
+
+    folder = args.data_dir or tempfile.mkdtemp(prefix="psfilters-")
+    data, test = os.path.join(folder, "heavy.tsv"), os.path.join(folder, "heavy_test.tsv")
+    if not os.path.exists(data):
+        write_synth(data, args.rows, seed=1, shape="heavy")
+        write_synth(test, max(1, args.rows // 10), seed=2, shape="heavy")
+    alone = {"keycache": "push=keycache;pull=keycache", "delta": "push=delta;pull=delta",
+             "zstd": "push=zstd;pull=zstd;reply=zstd", "int8": "push=int8", "fp16": "push=fp16",
+             "bf16": "push=bf16", "int8-replies": "push=int8;reply=int8"}
+    runs: list[dict[str, Any]] = []
+    for rate in args.links:
+        for chain in args.chains:
+            with Link(RATES[rate]) as link:
+                t = time.perf_counter()
+                r = one(link, data, test, args.model, args.k, alone.get(chain, chain), args.servers)
+                r.update(link=rate, chain=chain, spec=alone.get(chain, chain), bench_s=time.perf_counter() - t)
+                runs.append(r)
+                _line(r, runs)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(runs, f, indent=1, default=str)
+
+
+def _line(r: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    """One run's figures, and its ratios against the unfiltered run on the same link.  The
+    time to the unfiltered run's final test loss is the job's time when its own final
+    loss is within ``TARGET`` of it (the test set is scored once, at the end), else '-'."""
+    base = next((b for b in runs if b["link"] == r["link"] and b["chain"] == "none"), r)
+    n = float(r["examples"])
+    sent, recv = r["kernel_tx"] / n, r["kernel_rx"] / n
+    fewer = (base["kernel_tx"] + base["kernel_rx"]) / max(r["kernel_tx"] + r["kernel_rx"], 1)
+    reached = r["logloss"] <= base["logloss"] + TARGET
+    r.update(bytes_per_example_sent=sent, bytes_per_example_received=recv, fewer_bytes=fewer,
+             time_to_target_s=r["seconds"] if reached else None, speedup=base["seconds"] / r["seconds"])
+    target = f"{r['speedup']:.2f}x" if reached else "-"
+    print(f"{r['link']:>8} {r['chain']:<12} sent {sent:7.1f} B/ex  recv {recv:6.1f} B/ex  ({fewer:5.2f}x fewer)  "
+          f"{r['examples_per_s']:>9,.0f} ex/s  job {r['seconds']:6.1f} s  "
+          f"to target {target:>6}  "
+          f"logloss {r['logloss']:.5f} ({r['logloss'] - base['logloss']:+.5f})  auc {r['auc']:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
