@@ -1,0 +1,73 @@
+"""``paramserver lasso --loss logistic``: L1-regularised logistic regression,
+``(1/n)·Σ log(1 + exp(−y_i x_iᵀw)) + λ‖w‖₁`` (labels ±1, no intercept), by the scheduled
+coordinate descent of ``coordinate``: every worker keeps the margin ``z = Xw``; a
+coordinate step is CDN's proximal Newton step with a line search (``l1lr_math``); it stops
+when the duality gap is below ``tol`` times the objective.
+
+λ_max, the smallest λ with ``w = 0``, is ``‖∇f(0)‖∞ = ‖Xᵀy‖∞ / (2n)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from paramserver.apps.rounds.coordinate import LassoConfig, ScheduledCD
+from paramserver.apps.rounds.l1lr_math import (
+    _cdn,
+    logistic_bound,
+    logistic_gradient,
+    logistic_lambda_max,
+    logistic_objective,
+)
+from paramserver.apps.rounds.lasso_math import _apply, _residual
+from paramserver.apps.rounds.matrix import Matrix
+from paramserver.data.reader import DataError
+
+__all__ = ["L1LRProgram", "logistic_bound", "logistic_lambda_max", "logistic_objective", "margin", "signed_labels"]
+
+
+def signed_labels(m: Matrix, path: str) -> Matrix:
+    """``m`` with labels ±1: 1 and −1 kept, 0 read as −1 (0/1 labels) unless −1 occurs too.
+
+    Raises:
+        DataError: another label, or 0 beside −1; the data line named (blank lines not counted)."""
+    y = m.y
+    bad = np.flatnonzero((y != 1) & (y != -1) & ((y != 0) | (y == -1).any()))
+    if bad.size:
+        i = int(bad[0])
+        raise DataError(f"{path}: data line {i + 1} has the label {y[i]:g}; --loss logistic takes labels 1 and -1 "
+                        "(or 1 and 0, 0 read as -1): map the labels to two classes (or use --loss squared)")
+    return replace(m, y=np.where(y == 0, -1.0, y))
+
+
+def margin(m: Matrix, w: np.ndarray) -> np.ndarray:
+    """``Xw``."""
+    z: np.ndarray = _residual(m.colptr, m.rows, m.values, np.zeros(m.shape[0]), -np.asarray(w, np.float64))
+    return z
+
+
+class L1LRProgram(ScheduledCD):
+    """One worker's side of the scheduled L1 logistic regression: the logistic loss's part
+    (see ``coordinate``); the vector is the margin ``z = Xw``.  ``m``'s labels are ±1."""
+
+    def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int):
+        super().__init__(client, m, cfg, rank, workers, curvature=0.25 / m.shape[0])
+        self.z = np.zeros(self.n)
+        self._check(0)
+
+    def _refresh(self) -> np.ndarray:
+        self.z = margin(self.m, self.w)
+        return logistic_gradient(self.m, self.z)
+
+    def _sweep(self, coords: np.ndarray, sweeps: int) -> None:
+        m = self.m
+        _cdn(m.colptr, m.rows, m.values, m.y, coords, self.w, self.z, self.n, self.cfg.lam, sweeps)
+
+    def _shift(self, coords: np.ndarray, delta: np.ndarray) -> None:
+        _apply(self.m.colptr, self.m.rows, self.m.values, coords, -delta, self.z)
+
+    def _bound(self, grad: np.ndarray) -> tuple[float, float]:
+        return logistic_bound(self.m.y, self.z, self.w, grad, self.cfg.lam)
