@@ -115,7 +115,7 @@ def test_a_filtered_coordinate_does_not_move_in_a_proximal_step(tmp_path):
     assert skipped.size > 0
     before = w.copy()
     for j in skipped:  # each one alone, at this point: it stays at zero
-        _cdn(m.colptr, m.rows, m.values, m.y, np.array([j]), w, z, m.shape[0], lam, 1)
+        _cdn(m.colptr, m.rows, m.values, m.y, np.array([j]), w, z, m.shape[0], lam, 1, 0.0, np.zeros(m.shape[0]))
     np.testing.assert_array_equal(w, before)
 
 

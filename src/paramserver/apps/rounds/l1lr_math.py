@@ -28,21 +28,16 @@ SIGMA, HALVINGS = 0.01, 40  # Armijo: the fraction of the model's decrease to ge
 
 
 @njit(nogil=True, cache=True)
-def _nll(u):  # type: ignore[no-untyped-def]
-    """``log(1 + exp(−u))`` without overflow."""
-    return math.log1p(math.exp(-u)) if u > 0.0 else -u + math.log1p(math.exp(u))
-
-
-@njit(nogil=True, cache=True)
-def _newton(colptr, rows, values, y, z, j, wj, n, lam):  # type: ignore[no-untyped-def]
+def _newton(colptr, rows, values, y, z, j, wj, n, lam, tau):  # type: ignore[no-untyped-def]
     """The proximal Newton direction of coordinate ``j`` (at ``wj``) and the model's
-    decrease ``g·d + λ(|wj + d| − |wj|)``."""
+    decrease ``g·d + λ(|wj + d| − |wj|)``; ``tau`` gets ``σ(−y_i z_i)`` of the column's rows."""
     g, h = 0.0, 0.0
     for k in range(colptr[j], colptr[j + 1]):
         i = rows[k]
-        tau = 1.0 / (1.0 + math.exp(y[i] * z[i]))  # σ(−y_i z_i)
-        g -= values[k] * y[i] * tau
-        h += values[k] * values[k] * tau * (1.0 - tau)
+        t = 1.0 / (1.0 + math.exp(y[i] * z[i]))
+        tau[k - colptr[j]] = t
+        g -= values[k] * y[i] * t
+        h += values[k] * values[k] * t * (1.0 - t)
     g /= n
     h = max(h / n, 1e-12)
     if g + lam <= h * wj:
@@ -55,31 +50,43 @@ def _newton(colptr, rows, values, y, z, j, wj, n, lam):  # type: ignore[no-untyp
 
 
 @njit(nogil=True, cache=True)
-def _cdn(colptr, rows, values, y, coords, w, z, n, lam, sweeps):  # type: ignore[no-untyped-def]
-    """``sweeps`` passes of CDN steps over ``coords`` in order, updating ``w`` and the
-    margin ``z`` in place."""
-    for _ in range(sweeps):
+def _step(colptr, rows, values, y, z, j, w, n, lam, tau):  # type: ignore[no-untyped-def]
+    """One CDN step on coordinate ``j``: ``w`` and ``z`` in place; returns the fall of ``F``.
+    ``log(1 + e^(−u−δ)) − log(1 + e^(−u)) = log1p(σ(−u)·expm1(−δ))``: a line search trial
+    costs one ``expm1`` and one ``log1p`` a row."""
+    d, model = _newton(colptr, rows, values, y, z, j, w[j], n, lam, tau)
+    if d == 0.0:
+        return 0.0
+    beta = 1.0
+    for _ in range(HALVINGS):
+        change = 0.0
+        for k in range(colptr[j], colptr[j + 1]):
+            change += math.log1p(tau[k - colptr[j]] * math.expm1(-y[rows[k]] * beta * d * values[k]))
+        change = change / n + lam * (abs(w[j] + beta * d) - abs(w[j]))
+        if change <= SIGMA * beta * model:
+            step = beta * d
+            for k in range(colptr[j], colptr[j + 1]):
+                z[rows[k]] += step * values[k]
+            w[j] += step
+            return -change
+        beta *= 0.5
+    return 0.0
+
+
+@njit(nogil=True, cache=True)
+def _cdn(colptr, rows, values, y, coords, w, z, n, lam, sweeps, stop, tau):  # type: ignore[no-untyped-def]
+    """Up to ``sweeps`` passes of CDN steps over ``coords`` in order, updating ``w`` and the
+    margin ``z`` in place; done after a pass that lowers ``F`` by less than ``stop``
+    (``tau``: scratch, the longest column's length).  Returns the passes made."""
+    for sweep in range(sweeps):
+        fall = 0.0
         for t in range(coords.shape[0]):
             j = coords[t]
-            if colptr[j + 1] == colptr[j]:
-                continue
-            d, model = _newton(colptr, rows, values, y, z, j, w[j], n, lam)
-            if d == 0.0:
-                continue
-            beta = 1.0
-            for _ in range(HALVINGS):
-                change = 0.0
-                for k in range(colptr[j], colptr[j + 1]):
-                    i = rows[k]
-                    change += _nll(y[i] * (z[i] + beta * d * values[k])) - _nll(y[i] * z[i])
-                change = change / n + lam * (abs(w[j] + beta * d) - abs(w[j]))
-                if change <= SIGMA * beta * model:
-                    step = beta * d
-                    for k in range(colptr[j], colptr[j + 1]):
-                        z[rows[k]] += step * values[k]
-                    w[j] += step
-                    break
-                beta *= 0.5
+            if colptr[j + 1] > colptr[j]:
+                fall += _step(colptr, rows, values, y, z, j, w, n, lam, tau)
+        if fall < stop:
+            return sweep + 1
+    return sweeps
 
 
 def _expit_neg(u: np.ndarray) -> np.ndarray:
