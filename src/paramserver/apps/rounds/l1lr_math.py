@@ -29,8 +29,9 @@ SIGMA, HALVINGS = 0.01, 40  # Armijo: the fraction of the model's decrease to ge
 
 @njit(nogil=True, cache=True)
 def _newton(colptr, rows, values, y, z, j, wj, n, lam, tau):  # type: ignore[no-untyped-def]
-    """The proximal Newton direction of coordinate ``j`` (at ``wj``) and the model's
-    decrease ``g·d + λ(|wj + d| − |wj|)``; ``tau`` gets ``σ(−y_i z_i)`` of the column's rows."""
+    """The proximal Newton direction of coordinate ``j`` (at ``wj``), the model's decrease
+    ``g·d + λ(|wj + d| − |wj|)`` and the curvature ``h``; ``tau`` gets ``σ(−y_i z_i)`` of the
+    column's rows."""
     g, h = 0.0, 0.0
     for k in range(colptr[j], colptr[j + 1]):
         i = rows[k]
@@ -46,15 +47,16 @@ def _newton(colptr, rows, values, y, z, j, wj, n, lam, tau):  # type: ignore[no-
         d = -(g - lam) / h
     else:
         d = -wj
-    return d, g * d + lam * (abs(wj + d) - abs(wj))
+    return d, g * d + lam * (abs(wj + d) - abs(wj)), h
 
 
 @njit(nogil=True, cache=True)
 def _step(colptr, rows, values, y, z, j, w, n, lam, tau):  # type: ignore[no-untyped-def]
-    """One CDN step on coordinate ``j``: ``w`` and ``z`` in place; returns the fall of ``F``.
+    """One CDN step on coordinate ``j``: ``w`` and ``z`` in place.  Returns ``h·|d|``, how far
+    the coordinate was from its optimality condition (its gradient's distance to ``−λ·sign``).
     ``log(1 + e^(−u−δ)) − log(1 + e^(−u)) = log1p(σ(−u)·expm1(−δ))``: a line search trial
     costs one ``expm1`` and one ``log1p`` a row."""
-    d, model = _newton(colptr, rows, values, y, z, j, w[j], n, lam, tau)
+    d, model, h = _newton(colptr, rows, values, y, z, j, w[j], n, lam, tau)
     if d == 0.0:
         return 0.0
     beta = 1.0
@@ -68,23 +70,24 @@ def _step(colptr, rows, values, y, z, j, w, n, lam, tau):  # type: ignore[no-unt
             for k in range(colptr[j], colptr[j + 1]):
                 z[rows[k]] += step * values[k]
             w[j] += step
-            return -change
+            break
         beta *= 0.5
-    return 0.0
+    return h * abs(d)
 
 
 @njit(nogil=True, cache=True)
 def _cdn(colptr, rows, values, y, coords, w, z, n, lam, sweeps, stop, tau):  # type: ignore[no-untyped-def]
     """Up to ``sweeps`` passes of CDN steps over ``coords`` in order, updating ``w`` and the
-    margin ``z`` in place; done after a pass that lowers ``F`` by less than ``stop``
-    (``tau``: scratch, the longest column's length).  Returns the passes made."""
+    margin ``z`` in place; done after a pass where every coordinate was within ``stop`` of
+    its optimality condition (``tau``: scratch, the longest column's length).  Returns the
+    passes made."""
     for sweep in range(sweeps):
-        fall = 0.0
+        worst = 0.0
         for t in range(coords.shape[0]):
             j = coords[t]
             if colptr[j + 1] > colptr[j]:
-                fall += _step(colptr, rows, values, y, z, j, w, n, lam, tau)
-        if fall < stop:
+                worst = max(worst, _step(colptr, rows, values, y, z, j, w, n, lam, tau))
+        if worst < stop:
             return sweep + 1
     return sweeps
 
