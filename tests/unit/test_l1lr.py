@@ -87,10 +87,11 @@ def test_zero_one_labels_are_read_as_minus_one_and_others_are_refused_with_the_l
     assert set(m.y.tolist()) == {-1.0, 1.0} and np.array_equal(m.y, y)
     path = tmp_path / "three.svm"
     path.write_text("1 1:1\n\n-1 2:1\n2 1:3\n")
-    with pytest.raises(DataError, match=r"three.svm: data line 3 has the label 2; --loss logistic takes labels 1 "):
+    with pytest.raises(DataError, match=r"three.svm:4: the label 2 is not 1, -1 .*: '2 1:3'; --loss logistic takes "
+                                        "two classes"):
         signed_labels(read_libsvm_matrix(str(path)), str(path))
     path.write_text("1 1:1\n-1 2:1\n0 1:3\n")
-    with pytest.raises(DataError, match="data line 3 has the label 0"):
+    with pytest.raises(DataError, match="three.svm:3: the label 0 is not"):
         signed_labels(read_libsvm_matrix(str(path)), str(path))
 
 

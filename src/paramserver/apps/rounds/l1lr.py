@@ -27,22 +27,30 @@ from paramserver.apps.rounds.l1lr_math import (
 )
 from paramserver.apps.rounds.lasso_math import _apply, _residual
 from paramserver.apps.rounds.matrix import Matrix
-from paramserver.data.reader import DataError
+from paramserver.data.whole import bad_line, read_whole
 
 __all__ = ["L1LRProgram", "logistic_bound", "logistic_lambda_max", "logistic_objective", "margin", "signed_labels"]
 
 
 def signed_labels(m: Matrix, path: str) -> Matrix:
-    """``m`` with labels ±1: 1 and −1 kept, 0 read as −1 (0/1 labels) unless −1 occurs too.
+    """``m`` (read from ``path``) with labels ±1: 1 and −1 kept, 0 read as −1 (0/1 labels)
+    unless −1 occurs too.
 
     Raises:
-        DataError: another label, or 0 beside −1; the data line named (blank lines not counted)."""
+        DataError: another label, or 0 beside −1: the file's line named, with the fix."""
     y = m.y
     bad = np.flatnonzero((y != 1) & (y != -1) & ((y != 0) | (y == -1).any()))
     if bad.size:
-        i = int(bad[0])
-        raise DataError(f"{path}: data line {i + 1} has the label {y[i]:g}; --loss logistic takes labels 1 and -1 "
-                        "(or 1 and 0, 0 read as -1): map the labels to two classes (or use --loss squared)")
+        raw, buf = read_whole(path)  # only now: the line's number and text, blank lines counted
+        at, seen = 0, -1
+        for line in raw.split(b"\n"):
+            seen += bool(line.strip(b" \t\r"))
+            if seen == bad[0]:
+                break
+            at += len(line) + 1
+        raise bad_line(path, raw, buf, at, f"the label {y[bad[0]]:g} is not 1, -1 (or 0, read as -1, where there is "
+                       "no -1)", "--loss logistic takes two classes, 1 and -1 (or 1 and 0): map the labels to them, "
+                       "or use --loss squared")
     return replace(m, y=np.where(y == 0, -1.0, y))
 
 
