@@ -22,14 +22,12 @@ from paramserver.apps.rounds.l1lr_math import (
     _cdn,
     logistic_bound,
     logistic_gradient,
-    logistic_lambda_max,
-    logistic_objective,
 )
 from paramserver.apps.rounds.lasso_math import _apply, _residual
 from paramserver.apps.rounds.matrix import Matrix
 from paramserver.data.whole import bad_line, read_whole
 
-__all__ = ["L1LRProgram", "logistic_bound", "logistic_lambda_max", "logistic_objective", "margin", "signed_labels"]
+__all__ = ["L1LRProgram", "margin", "signed_labels"]
 
 
 def signed_labels(m: Matrix, path: str) -> Matrix:

@@ -54,7 +54,8 @@ from paramserver.apps.rounds.program import (
 )
 from paramserver.errors import ConfigError
 
-__all__ = ["LassoConfig", "LassoProgram", "join64", "run_lasso", "split64"]
+__all__ = ["SCHEDULES", "TABLE", "LassoConfig", "LassoProgram", "check_lasso_flags", "join64", "lasso_config",
+           "lasso_worker", "run_lasso", "solution_report", "split64"]
 PAIRS, TWIN = 64, 0.95  # at each check the worst 64 are solved exactly with their most correlated column, if above 0.95
 
 
