@@ -136,3 +136,6 @@ def test_the_kkt_filter_skips_coordinates_and_leaves_the_solution_as_it_was(tmp_
     active = [h["active_set"] for h in on.history]
     assert min(active) < X.shape[1] and all(h["active_set"] == X.shape[1] for h in off.history)
     assert on.history[-1]["active_set"] >= np.count_nonzero(on.w)
+    assert all(h["active_set"] + h["kkt_filtered"] == X.shape[1] for h in on.history)
+    skipped = [h["kkt_skipped"] for h in on.history] + [on.kkt_skipped]  # so far, at each check; at the end
+    assert skipped == sorted(skipped) and skipped[0] == 0 and skipped[1] >= on.history[0]["kkt_filtered"] > 0

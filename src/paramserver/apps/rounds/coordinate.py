@@ -173,7 +173,8 @@ class ScheduledCD:
         self.checked_at, self.next_check = round_, round_ + CHECK_PASSES * self.pass_rounds
         self.history.append({"round": round_, "seconds": time.perf_counter() - self.started, "objective": self.primal,
                              "gap": self.gap, "nonzeros": int(nonzero.size), "updates": self.updates,
-                             "active_set": int(kept.active.size), "kkt_skipped": self.kkt_skipped})
+                             "active_set": int(kept.active.size), "kkt_filtered": kept.skipped,
+                             "kkt_skipped": self.kkt_skipped})
 
     def _polish(self, grad: np.ndarray) -> np.ndarray:
         """Serial coordinate steps over the worst violators of the optimality conditions,
