@@ -81,6 +81,8 @@ def test_bad_flags_and_outputs_are_refused_before_any_work(tmp_path):
     bad.write_text("1 1:1\n\n-1 2:1\n3 1:2\n")
     run = _cli("--data", str(bad), "--loss", "logistic", "--lambda", "0.1", check=False)
     assert run.returncode == 2 and "bad.svm:4: the label 3 is not 1, -1" in run.stderr
+    run = _cli("--data", path, "--lambda", "0.1", "--intercept", check=False)
+    assert run.returncode == 2 and "--intercept is for --loss logistic" in run.stderr
 
 
 def test_lasso_logistic_solves_to_liblinears_objective_with_the_kkt_filter(tmp_path):

@@ -5,6 +5,9 @@ skipping coordinates without changing the solution."""
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from test_lasso_solver import _solve
@@ -20,6 +23,7 @@ from paramserver.data.reader import DataError
 
 sklearn = pytest.importorskip("sklearn.linear_model")
 datasets = pytest.importorskip("sklearn.datasets")
+ConvergenceWarning = pytest.importorskip("sklearn.exceptions").ConvergenceWarning
 
 
 def _classes(tmp_path, n=300, d=60, seed=0, zero_one=False):
@@ -139,3 +143,30 @@ def test_the_kkt_filter_skips_coordinates_and_leaves_the_solution_as_it_was(tmp_
     assert all(h["active_set"] + h["kkt_filtered"] == X.shape[1] for h in on.history)
     skipped = [h["kkt_skipped"] for h in on.history] + [on.kkt_skipped]  # so far, at each check; at the end
     assert skipped == sorted(skipped) and skipped[0] == 0 and skipped[1] >= on.history[0]["kkt_filtered"] > 0
+
+
+def test_the_unpenalised_intercept_matches_saga_and_moves_lambda_max(tmp_path):
+    X, y, m = _classes(tmp_path, seed=6)
+    y_shifted = np.where(X[:, 0] + X[:, 1] > -0.8, 1.0, -1.0)  # mostly +1: the intercept matters
+    m = replace(m, y=y_shifted)
+    n = X.shape[0]
+    lmax = logistic_lambda_max(m, intercept=True)
+    b0 = np.log((y_shifted > 0).sum() / (y_shifted < 0).sum())  # the best intercept of w = 0
+    p = 1 / (1 + np.exp(-b0))
+    assert lmax == pytest.approx(np.abs(X.T @ (y_shifted * np.where(y_shifted > 0, 1 - p, p))).max() / n, rel=1e-9)
+    above, _ = _solve(m, lmax * 1.001, 2, program=L1LRProgram, intercept=True)
+    assert not above.w.any() and above.b == pytest.approx(b0, rel=1e-9)
+    lam = lmax / 10
+    program, _ = _solve(m, lam, 2, tol=1e-10, program=L1LRProgram, intercept=True)
+    with warnings.catch_warnings():  # saga may say it stopped at max_iter: its objective is compared below
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ref = sklearn.LogisticRegression(l1_ratio=1, solver="saga", C=1 / (n * lam), fit_intercept=True, tol=1e-12,
+                                         max_iter=100_000).fit(X, y_shifted)
+
+    def obj(w, b):
+        return float(np.logaddexp(0.0, -y_shifted * (X @ w + b)).mean() + lam * np.abs(w).sum())
+
+    ours, theirs = obj(program.w, program.b), obj(ref.coef_.ravel(), float(ref.intercept_[0]))
+    assert abs(ours - theirs) <= 1e-8 * theirs and ours <= theirs * (1 + 1e-10), (ours, theirs)
+    assert program.b == pytest.approx(float(ref.intercept_[0]), abs=1e-5) and abs(program.b) > 0.1
+    assert program.gap <= 1e-10 * program.primal

@@ -50,6 +50,9 @@ def add_lasso(sub: Subparsers) -> None:
                      "w = 0: ‖Xᵀy‖∞ / n for squared, ‖Xᵀy‖∞ / (2n) for logistic)")
     p.add_argument("--tol", type=float, default=1e-4, help="stop when the duality gap is below TOL times the "
                    "objective: then the objective is within TOL of the optimum, relatively (default 1e-4; both losses)")
+    p.add_argument("--intercept", action="store_true", help="with --loss logistic: an unpenalised intercept b in "
+                   "the margin x_iᵀw + b (set exactly for the coefficients at each check; --save writes "
+                   "DIR/intercept.npy)")
     p.add_argument("--kkt-filter", action=argparse.BooleanOptionalAction, default=True, help="skip, until the next "
                    "check, the coordinates at zero whose gradient is inside [−λ, λ] (a proximal step leaves them at "
                    "zero): not computed, pushed or pulled; counted in the report as kkt_skipped and active_set "

@@ -77,6 +77,7 @@ class LassoConfig:
     block_size: int = 1024
     loss: str = "squared"  # or "logistic" (labels ±1)
     kkt_filter: bool = True  # skip the coordinates at zero whose gradient is inside [−λ, λ] (``kkt``)
+    intercept: bool = False  # the logistic loss's unpenalised intercept (``l1lr``)
 
 
 class ScheduledCD:

@@ -1,5 +1,5 @@
 """``paramserver lasso --loss logistic``: L1-regularised logistic regression,
-``(1/n)·Σ log(1 + exp(−y_i x_iᵀw)) + λ‖w‖₁`` (labels ±1, no intercept), by the scheduled
+``(1/n)·Σ log(1 + exp(−y_i x_iᵀw)) + λ‖w‖₁`` (labels ±1), by the scheduled
 coordinate descent of ``coordinate``: every worker keeps the margin ``z = Xw``; a
 coordinate step is CDN's proximal Newton step with a line search (``l1lr_math``); it stops
 when the duality gap is below ``tol`` times the objective.  A worker stops sweeping its
@@ -8,6 +8,12 @@ relative gap (at least ``tol``) of optimal
 (the report's ``coordinate_updates`` counts the sweeps a round allows: an upper bound).
 
 λ_max, the smallest λ with ``w = 0``, is ``‖∇f(0)‖∞ = ‖Xᵀy‖∞ / (2n)``.
+
+With ``--intercept``, an unpenalised intercept ``b`` joins the margin (``z = Xw + b``).
+It is not a coordinate of the rounds: every worker sets it alike at each check, at its
+best for the coefficients checked (Newton's method in one variable), which is also what
+makes the dual point feasible (``Σ α_i y_i = 0``); the driver sets it for the final
+coefficients the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import numpy as np
 from paramserver.apps.rounds.coordinate import LassoConfig, ScheduledCD
 from paramserver.apps.rounds.l1lr_math import (
     _cdn,
+    best_intercept,
     logistic_bound,
     logistic_gradient,
 )
@@ -65,11 +72,14 @@ class L1LRProgram(ScheduledCD):
     def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int):
         super().__init__(client, m, cfg, rank, workers, curvature=0.25 / m.shape[0])
         self.z = np.zeros(self.n)
+        self.b = 0.0  # the intercept (cfg.intercept): the same on every worker, set at each check
         self.tau = np.zeros(int(np.diff(m.colptr).max(initial=0)))  # a column's σ(−y_i z_i), for its line search
         self._check(0)
 
     def _refresh(self) -> np.ndarray:
         self.z = margin(self.m, self.w)
+        if self.cfg.intercept:  # at its best for w, so that the dual point meets Σ α_i y_i = 0
+            self.b, self.z = best_intercept(self.m.y, self.z, self.b)
         return logistic_gradient(self.m, self.z)
 
     def _sweep(self, coords: np.ndarray, sweeps: int) -> None:

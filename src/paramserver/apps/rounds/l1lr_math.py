@@ -120,6 +120,32 @@ def logistic_bound(y: np.ndarray, z: np.ndarray, w: np.ndarray, grad: np.ndarray
     return logistic_objective(y, z, w, lam), float(entropy.mean())
 
 
-def logistic_lambda_max(m: Matrix) -> float:
-    """The smallest λ at which every coefficient is zero: ``‖∇f(0)‖∞ = ‖Xᵀy‖∞ / (2n)``."""
-    return float(np.abs(_xtr(m.colptr, m.rows, m.values, m.y)).max() / (2 * m.shape[0]))
+def logistic_lambda_max(m: Matrix, intercept: bool = False) -> float:
+    """The smallest λ at which every coefficient is zero: ``‖∇f(0)‖∞ = ‖Xᵀy‖∞ / (2n)``;
+    with an intercept, ``‖∇_w f(0, b₀)‖∞`` at the intercept ``b₀`` best for ``w = 0``."""
+    if not intercept:
+        return float(np.abs(_xtr(m.colptr, m.rows, m.values, m.y)).max() / (2 * m.shape[0]))
+    _, z = best_intercept(m.y, np.zeros(m.shape[0]), 0.0)
+    return float(np.abs(logistic_gradient(m, z)).max())
+
+
+def best_intercept(y: np.ndarray, xw: np.ndarray, b: float) -> tuple[float, np.ndarray]:
+    """The unpenalised intercept best for the margins ``xw`` (``Xw``), by Newton's method
+    from ``b`` with backtracking, until its derivative is below 1e-15 (or the step is at
+    float64's resolution): ``(b, xw + b)``.  The same arithmetic on every worker."""
+    z = xw + b
+    for _ in range(100):
+        a = _expit_neg(y * z)
+        g = -float((y * a).mean())
+        h = float((a * _expit_neg(-y * z)).mean())
+        if abs(g) <= 1e-15 or h <= 0.0:
+            break
+        step, t = -g / h, 1.0
+        before = float(np.logaddexp(0.0, -y * z).mean())
+        while t > 1e-12 and float(np.logaddexp(0.0, -y * (z + t * step)).mean()) > before + 1e-4 * t * g * step:
+            t *= 0.5
+        if abs(t * step) <= 1e-16 * max(1.0, abs(b)):
+            break
+        b += t * step
+        z = xw + b
+    return b, z

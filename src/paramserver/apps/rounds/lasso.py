@@ -1,4 +1,5 @@
-"""``paramserver lasso``: ``f(w) + λ‖w‖₁`` (no intercept) by coordinate descent scheduled over
+"""``paramserver lasso``: ``f(w) + λ‖w‖₁`` (no intercept; for the logistic loss, optionally an
+unpenalised one) by coordinate descent scheduled over
 the workers as Petuum's STRADS does (``coordinate``), ``f`` the least-squares loss
 ``1/(2n)·‖y − Xw‖²`` (``--loss squared``, here) or the logistic loss (``--loss logistic``,
 ``l1lr``).
@@ -32,7 +33,12 @@ from paramserver.apps.rounds.coordinate import (
 )
 from paramserver.apps.rounds.job import RoundsJob, check_outputs, write_metrics
 from paramserver.apps.rounds.l1lr import L1LRProgram, margin, signed_labels
-from paramserver.apps.rounds.l1lr_math import logistic_bound, logistic_gradient, logistic_lambda_max
+from paramserver.apps.rounds.l1lr_math import (
+    best_intercept,
+    logistic_bound,
+    logistic_gradient,
+    logistic_lambda_max,
+)
 from paramserver.apps.rounds.lasso_math import (
     _apply,
     _cd,
@@ -141,11 +147,12 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
               workers: int, servers: int, save: str | None, metrics_out: str | None,
               max_rounds: int = 200_000, checkpoints: CheckpointOptions = NO_CHECKPOINTS,
               cluster_options: dict[str, Any] | None = None, replicas: int = 1,
-              allow_loss: bool = False, loss: str = "squared", kkt_filter: bool = True) -> dict[str, Any]:
+              allow_loss: bool = False, loss: str = "squared", kkt_filter: bool = True,
+              intercept: bool = False) -> dict[str, Any]:
     """``paramserver lasso``: solve, write ``save/coef.npy`` and the metrics; the report.
     ``checkpoints.every`` counts rounds.  ``replicas``: copies of every vnode; a server's death
     that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
-    check_lasso_flags(lam, lambda_ratio, tol, schedule, loss)
+    check_lasso_flags(lam, lambda_ratio, tol, schedule, loss, intercept)
     check_outputs(save, metrics_out)
     checkpoints.check()
     t0 = time.perf_counter()
@@ -156,10 +163,11 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
                        allow_loss=allow_loss) as job:
             m = reading.result()
             n, d = m.shape
-            lmax, cfg = lasso_config(data, m, lam, lambda_ratio, tol, schedule, max_rounds, loss, kkt_filter)
+            lmax, cfg = lasso_config(data, m, lam, lambda_ratio, tol, schedule, max_rounds, loss, kkt_filter,
+                                     intercept)
             # what the table depends on; the workers, --tol and --schedule may change on a resume
             meta = {"app": "lasso", "rows": n, "features": d, "lambda": cfg.lam,
-                    **({"loss": loss} if loss != "squared" else {})}
+                    **({"loss": loss} if loss != "squared" else {}), **({"intercept": True} if intercept else {})}
             cps, resume = checkpoints.plan(meta, rounds_a_unit=1)
             bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
             block = min(cfg.block_size, 1 << bits)
@@ -182,13 +190,16 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
 
         os.makedirs(save, exist_ok=True)
         np.save(os.path.join(save, "coef.npy"), w)
+        if intercept:
+            np.save(os.path.join(save, "intercept.npy"), np.array([report["intercept"]]))
     write_metrics(metrics_out, report)
     return report
 
 
 def check_lasso_flags(lam: float | None, lambda_ratio: float | None, tol: float, schedule: str,
-                      loss: str = "squared") -> None:
-    """``--lambda`` or ``--lambda-ratio``, ``--tol``, ``--schedule`` and ``--loss``, before any work.
+                      loss: str = "squared", intercept: bool = False) -> None:
+    """``--lambda`` or ``--lambda-ratio``, ``--tol``, ``--schedule``, ``--loss`` and ``--intercept``,
+    before any work.
 
     Raises:
         ConfigError: one out of its range (or both λ flags, or neither)."""
@@ -205,33 +216,37 @@ def check_lasso_flags(lam: float | None, lambda_ratio: float | None, tol: float,
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if loss not in LOSSES:
         raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+    if intercept and loss != "logistic":
+        raise ConfigError("--intercept is for --loss logistic; for the squared loss centre y and the columns instead")
 
 
 def lasso_config(data: str, m: Matrix, lam: float | None, lambda_ratio: float | None, tol: float, schedule: str,
-                 max_rounds: int, loss: str = "squared", kkt_filter: bool = True) -> tuple[float, LassoConfig]:
+                 max_rounds: int, loss: str = "squared", kkt_filter: bool = True,
+                 intercept: bool = False) -> tuple[float, LassoConfig]:
     """``λ_max`` of the data read from ``data`` for ``loss`` and the solver's settings, λ
     given or ``λ_max / lambda_ratio``.
 
     Raises:
         ConfigError: ``Xᵀy`` is zero (every λ gives w = 0)."""
-    lmax = logistic_lambda_max(m) if loss == "logistic" else lambda_max(m)
+    lmax = logistic_lambda_max(m, intercept) if loss == "logistic" else lambda_max(m)
     if lmax == 0:
         raise ConfigError(f"{data}: Xᵀy is zero, so every λ gives w = 0; check the targets")
     if lam is None:
         assert lambda_ratio is not None
         lam = lmax / lambda_ratio
     return lmax, LassoConfig(lam=float(lam), tol=tol, schedule=schedule, max_rounds=max_rounds, loss=loss,
-                             kkt_filter=kkt_filter)
+                             kkt_filter=kkt_filter, intercept=intercept)
 
 
-def certificate(m: Matrix, w: np.ndarray, cfg: LassoConfig) -> tuple[float, float]:
-    """``(objective, duality gap)`` at ``w``, for ``cfg.loss``."""
+def certificate(m: Matrix, w: np.ndarray, cfg: LassoConfig) -> tuple[float, float, float | None]:
+    """``(objective, duality gap, intercept)`` at ``w``, for ``cfg.loss``; the intercept (None
+    without one) at its best for ``w``."""
     if cfg.loss == "logistic":
-        z = margin(m, w)
+        b, z = best_intercept(m.y, margin(m, w), 0.0) if cfg.intercept else (None, margin(m, w))
         primal, dual = logistic_bound(m.y, z, w, logistic_gradient(m, z), cfg.lam)
-        return primal, max(primal - dual, 0.0)
+        return primal, max(primal - dual, 0.0), b
     r = _residual(m.colptr, m.rows, m.values, m.y, w)
-    return duality_gap(m, w, r, _xtr(m.colptr, m.rows, m.values, r), cfg.lam)
+    return *duality_gap(m, w, r, _xtr(m.colptr, m.rows, m.values, r), cfg.lam), None
 
 
 def solution_report(m: Matrix, w: np.ndarray, cfg: LassoConfig, head: dict[str, Any],
@@ -240,7 +255,7 @@ def solution_report(m: Matrix, w: np.ndarray, cfg: LassoConfig, head: dict[str, 
     how the rounds went, as the lowest-ranked worker (``head``) saw them: the active set
     after each check and the coordinate updates the KKT filter skipped (each one a push
     and a pull by every worker saved)."""
-    primal, gap = certificate(m, w, cfg)
+    primal, gap, b = certificate(m, w, cfg)
     # the workers' last check saw these coefficients (to the 2^-48 the table keeps): their dual point (an
     # extrapolated one) bounds the optimum from below too, and is the tighter certificate
     gap = min(gap, float(head["gap"]) + max(primal - float(head["objective"]), 0.0))
@@ -248,5 +263,6 @@ def solution_report(m: Matrix, w: np.ndarray, cfg: LassoConfig, head: dict[str, 
             "nonzeros": int(np.count_nonzero(w)), "seconds": seconds, "rounds": head["rounds"],
             "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"] or gap <= cfg.tol * primal),
             "stalled": bool(head["stalled"]), "phase_seconds": head["phase_seconds"], "lambda": cfg.lam,
-            "loss": cfg.loss, "kkt_filter": cfg.kkt_filter, "kkt_skipped": int(head.get("kkt_skipped", 0)),
+            "loss": cfg.loss, "intercept": b, "kkt_filter": cfg.kkt_filter,
+            "kkt_skipped": int(head.get("kkt_skipped", 0)),
             "active_set": [int(h.get("active_set", 0)) for h in head["history"]]}
