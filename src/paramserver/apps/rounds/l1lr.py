@@ -3,9 +3,9 @@
 coordinate descent of ``coordinate``: every worker keeps the margin ``z = Xw``; a
 coordinate step is CDN's proximal Newton step with a line search (``l1lr_math``); it stops
 when the duality gap is below ``tol`` times the objective.  A worker stops sweeping its
-coordinates in a round once a pass finds them all within ``0.1·λ`` times the last check's
-relative gap (at least ``tol``) of optimal
-(the report's ``coordinate_updates`` counts the sweeps a round allows: an upper bound).
+coordinates in a round once a pass finds each within ``0.1·λ`` times the last check's
+relative gap (at least ``tol``) of its optimality condition (the report's
+``coordinate_updates`` counts the sweeps a round allows: an upper bound).
 
 λ_max, the smallest λ with ``w = 0``, is ``‖∇f(0)‖∞ = ‖Xᵀy‖∞ / (2n)``.
 
