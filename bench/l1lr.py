@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from lasso import DATA, binary_copy
+from lasso import DATA, binary_news20
 
 
 def log_loss(X: Any, y: np.ndarray, w: np.ndarray) -> float:
@@ -73,17 +73,16 @@ def main() -> int:
     ap.add_argument("--ratios", type=float, nargs="+", default=[20, 50, 100, 200, 500, 1000, 2000])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if not os.path.exists(args.data):
-        print(f"skipped: {args.data} is absent (see ../shared/data/SOURCES.md)")
-        return 0
-    from sklearn.datasets import load_svmlight_file
+    if os.path.exists(args.data):
+        return run(args)
+    print(f"skipped: {args.data} is absent (see ../shared/data/SOURCES.md)")
+    return 0
 
+
+def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "news20.svm")
-        binary_copy(args.data, path)
-        X, y = load_svmlight_file(path)
+        path, X, y = binary_news20(args.data, tmp)
         X = X.tocsr()
-        X.indices, X.indptr = X.indices.astype(np.int32), X.indptr.astype(np.int32)
         n = X.shape[0]
         lmax = float(np.abs(X.T @ y).max() / (2 * n))
         ratio, tried = best_ratio(X, y, lmax, args.ratios)
@@ -114,7 +113,7 @@ def main() -> int:
     print("| solver | seconds | objective | rel. difference to liblinear | non-zeros | kkt_skipped | active set |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['solver']} | {r['seconds']:.2f} | {r['objective']:.10f} | {r['relative_difference']:.1e} | "
+        print(f"| {r['solver']} | {r['seconds']:.2f} | {r['objective']:.12f} | {r['relative_difference']:.1e} | "
               f"{r['nonzeros']} | {r.get('kkt_skipped', '')} | {' '.join(map(str, r.get('active_set', [])))} |")
     return 0
 
