@@ -165,9 +165,10 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
             n, d = m.shape
             lmax, cfg = lasso_config(data, m, lam, lambda_ratio, tol, schedule, max_rounds, loss, kkt_filter,
                                      intercept)
-            # what the table depends on; the workers, --tol and --schedule may change on a resume
+            # what the table depends on; the workers, --tol and --schedule may change on a resume.  None for the
+            # squared loss and no intercept: what a checkpoint written before --loss lacks, so it still resumes
             meta = {"app": "lasso", "rows": n, "features": d, "lambda": cfg.lam,
-                    **({"loss": loss} if loss != "squared" else {}), **({"intercept": True} if intercept else {})}
+                    "loss": loss if loss != "squared" else None, "intercept": True if intercept else None}
             cps, resume = checkpoints.plan(meta, rounds_a_unit=1)
             bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
             block = min(cfg.block_size, 1 << bits)
