@@ -1,8 +1,7 @@
-"""``paramserver lasso``: ``f(w) + λ‖w‖₁`` (no intercept; for the logistic loss, optionally an
-unpenalised one) by coordinate descent scheduled over
-the workers as Petuum's STRADS does (``coordinate``), ``f`` the least-squares loss
-``1/(2n)·‖y − Xw‖²`` (``--loss squared``, here) or the logistic loss (``--loss logistic``,
-``l1lr``).
+"""``paramserver lasso``: ``f(w) + λ‖w‖₁`` by coordinate descent scheduled over the workers as
+Petuum's STRADS does (``coordinate``), ``f`` the least-squares loss ``1/(2n)·‖y − Xw‖²``
+(``--loss squared``, here; no intercept) or the logistic loss (``--loss logistic``, ``l1lr``;
+an unpenalised intercept with ``--intercept``).
 
 For the squared loss every worker keeps the residual ``r = y − Xw``; each check also
 takes celer's dual extrapolation for a tighter dual point, and solves the worst
