@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,19 @@ def binary_copy(src: str, dst: str) -> None:
         for line in f:
             label, _, rest = line.strip().partition(" ")
             g.write(f"{1 if 2 <= int(float(label)) <= 6 else -1} {rest}\n")
+
+
+def binary_news20(src: str, tmp: str) -> tuple[str, Any, np.ndarray]:
+    """news20 as ±1 in ``tmp`` (``binary_copy``), read by scikit-learn: the file's path, X (CSC
+    with 32-bit indices, which scikit-learn's solvers take) and y."""
+    from sklearn.datasets import load_svmlight_file
+
+    path = os.path.join(tmp, "news20.svm")
+    binary_copy(src, path)
+    X, y = load_svmlight_file(path)
+    X = X.tocsc()
+    X.indices, X.indptr = X.indices.astype(np.int32), X.indptr.astype(np.int32)
+    return path, X, y
 
 
 def main() -> int:
@@ -47,16 +61,11 @@ def main() -> int:
         print(f"skipped: {args.data} is absent (see ../shared/data/SOURCES.md)")
         return 0
     import celer
-    from sklearn.datasets import load_svmlight_file
     from sklearn.linear_model import Lasso
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "news20.svm")
-        binary_copy(args.data, path)
-        X, y = load_svmlight_file(path)
-        X = X.tocsc()
-        X.indices, X.indptr = X.indices.astype(np.int32), X.indptr.astype(np.int32)
+        path, X, y = binary_news20(args.data, tmp)
         n = X.shape[0]
         lmax = float(np.abs(X.T @ y).max() / n)
 

@@ -78,3 +78,42 @@ def test_bad_flags_and_outputs_are_refused_before_any_work(tmp_path):
     bad.write_text("1 1:1\n2 x:1\n")
     run = _cli("--data", str(bad), "--lambda", "0.1", check=False)
     assert run.returncode == 2 and "bad.svm:2: a feature index is not a whole number >= 1" in run.stderr
+    bad.write_text("1 1:1\n\n-1 2:1\n3 1:2\n")
+    run = _cli("--data", str(bad), "--loss", "logistic", "--lambda", "0.1", check=False)
+    assert run.returncode == 2 and "bad.svm:4: the label 3 is not 1, -1" in run.stderr
+    run = _cli("--data", path, "--lambda", "0.1", "--intercept", check=False)
+    assert run.returncode == 2 and "--intercept is for --loss logistic" in run.stderr
+
+
+def test_lasso_logistic_solves_to_liblinears_objective_with_the_kkt_filter(tmp_path):
+    rng = np.random.default_rng(7)
+    n, d = 500, 200
+    X = rng.standard_normal((n, d)) * (rng.random((n, d)) < 0.1)
+    truth = np.zeros(d)
+    truth[::10] = 2 * rng.standard_normal(truth[::10].size)
+    y01 = (X @ truth + 0.5 * rng.standard_normal(n) > 0).astype(np.int64)  # 0/1 labels: 0 is read as -1
+    path = tmp_path / "classes.svm"
+    path.write_text("".join(f"{y01[i]} " + " ".join(f"{j + 1}:{float(X[i, j])!r}" for j in np.flatnonzero(X[i]))
+                            + "\n" for i in range(n)))
+    y = 2.0 * y01 - 1
+    lam = np.abs(X.T @ y).max() / (2 * n) / 20
+    out, metrics = tmp_path / "model", tmp_path / "m.json"
+    run = _cli("--data", str(path), "--loss", "logistic", "--lambda-ratio", "20", "--tol", "1e-8", "--workers", "2",
+               "--save", str(out), "--metrics-out", str(metrics))
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    coef = np.load(out / "coef.npy")
+    ref = sklearn.LogisticRegression(l1_ratio=1, solver="liblinear", C=1 / (n * lam), fit_intercept=False, tol=1e-8,
+                                     max_iter=10_000).fit(X, y).coef_.ravel()
+
+    def obj(w):
+        return np.logaddexp(0.0, -y * (X @ w)).mean() + lam * np.abs(w).sum()
+
+    assert abs(obj(coef) - obj(ref)) <= 1e-4 * obj(ref), (obj(coef), obj(ref))
+    assert report["loss"] == "logistic" and report["converged"] and report["relative_gap"] <= 1e-8
+    assert report["lambda"] == pytest.approx(lam, rel=1e-9) and report["objective"] == pytest.approx(obj(coef),
+                                                                                                      rel=1e-9)
+    assert report["kkt_filter"] and report["kkt_skipped"] > 0 and report["workers"] == 2
+    assert len(report["active_set"]) >= 2 and min(report["active_set"]) < d
+    saved = json.loads(metrics.read_text())
+    assert saved["active_set"] == [h["active_set"] for h in saved["history"]]
+    assert saved["nonzeros"] == np.count_nonzero(coef) > 0

@@ -62,12 +62,13 @@ class _Cluster:
         return list(range(self.workers))
 
 
-def _solve(m, lam, workers, schedule="priority", tol=1e-6, rounds=5000, **options):
+def _solve(m, lam, workers, schedule="priority", tol=1e-6, rounds=5000, program=LassoProgram, **options):
+    """``program`` (a ``ScheduledCD``: LassoProgram, L1LRProgram) on ``workers`` threads, to ``tol``."""
     from paramserver.apps.rounds.program import run_rounds
 
     cluster = _Cluster(m.shape[1], workers)
     cfg = LassoConfig(lam=lam, tol=tol, schedule=schedule, **{"per_round": 16, **options})
-    programs = [LassoProgram(cluster, m, cfg, q, workers) for q in range(workers)]
+    programs = [program(cluster, m, cfg, q, workers) for q in range(workers)]
     plans: list[list] = [[] for _ in range(workers)]
     for q, p in enumerate(programs):  # record every schedule each worker computes
         p.schedule = (lambda f, out: lambda r, w: out.append(f(r, w)) or out[-1])(p.schedule, plans[q])
@@ -114,9 +115,9 @@ def test_the_scheduled_solution_matches_scikit_learns_objective(tmp_path, worker
 
 
 def test_interfering_workers_are_reined_in_when_the_objective_goes_up(tmp_path, monkeypatch):
-    import paramserver.apps.rounds.lasso as lasso
+    import paramserver.apps.rounds.coordinate as coordinate
 
-    monkeypatch.setattr(lasso, "POLISH", 0)  # the serial polish at each check would clear it up
+    monkeypatch.setattr(coordinate, "POLISH", 0)  # the serial polish at each check would clear it up
     rng = np.random.default_rng(3)
     n, d = 200, 40
     base = rng.standard_normal((n, 4))

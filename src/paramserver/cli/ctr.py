@@ -325,7 +325,8 @@ def lasso(args: argparse.Namespace, _: Any) -> int:
                        schedule=args.schedule, workers=args.workers, servers=args.servers, save=args.save,
                        metrics_out=args.metrics_out, max_rounds=args.max_rounds, checkpoints=_checkpoints(args),
                        cluster_options=_cluster_options(args),
-                       replicas=args.replicas, allow_loss=args.allow_loss)
+                       replicas=args.replicas, allow_loss=args.allow_loss, loss=args.loss,
+                       kkt_filter=args.kkt_filter, intercept=args.intercept)
     report.pop("history", None)
     print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
     if report["stalled"] and not report["converged"]:

@@ -37,17 +37,26 @@ def _cluster_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_lasso(sub: Subparsers) -> None:
-    p = sub.add_parser("lasso", help="least-squares Lasso by coordinate descent scheduled over the workers "
-                                      "(STRADS style) on a local cluster")
+    p = sub.add_parser("lasso", help="L1-regularised least squares (Lasso) or logistic regression by coordinate "
+                                      "descent scheduled over the workers (STRADS style) on a local cluster")
     p.add_argument("--data", required=True, help="LIBSVM file: 'target index:value ...' (target a real number; "
-                                                 ".gz ok; local or fsspec URL)")
+                                                 "with --loss logistic a label 1 or -1, or 1 or 0; .gz ok; local or "
+                                                 "fsspec URL)")
+    p.add_argument("--loss", default="squared", choices=("squared", "logistic"), help="squared (default): "
+                   "1/(2n)·‖y − Xw‖² + λ‖w‖₁; logistic: (1/n)·Σ log(1 + exp(−y_i x_iᵀw)) + λ‖w‖₁ (no intercept)")
     how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--lambda", dest="lam", type=float, metavar="L", help="the L1 weight λ of "
-                     "1/(2n)·‖y − Xw‖² + λ‖w‖₁")
-    how.add_argument("--lambda-ratio", type=float, metavar="R", help="λ = λ_max / R (λ_max = ‖Xᵀy‖∞ / n: the "
-                     "smallest λ with w = 0)")
+    how.add_argument("--lambda", dest="lam", type=float, metavar="L", help="the L1 weight λ")
+    how.add_argument("--lambda-ratio", type=float, metavar="R", help="λ = λ_max / R (λ_max, the smallest λ with "
+                     "w = 0: ‖Xᵀy‖∞ / n for squared, ‖Xᵀy‖∞ / (2n) for logistic)")
     p.add_argument("--tol", type=float, default=1e-4, help="stop when the duality gap is below TOL times the "
-                   "objective: then the objective is within TOL of the optimum, relatively (default 1e-4)")
+                   "objective: then the objective is within TOL of the optimum, relatively (default 1e-4; both losses)")
+    p.add_argument("--intercept", action="store_true", help="with --loss logistic: an unpenalised intercept b in "
+                   "the margin x_iᵀw + b (set exactly for the coefficients at each check; --save writes "
+                   "DIR/intercept.npy)")
+    p.add_argument("--kkt-filter", action=argparse.BooleanOptionalAction, default=True, help="skip, until the next "
+                   "check, the coordinates at zero whose gradient is inside [−λ, λ] (a proximal step leaves them at "
+                   "zero): not computed, pushed or pulled; counted in the report as kkt_skipped and active_set "
+                   "(default on; the gap still looks at every coordinate, so the solution is the same)")
     p.add_argument("--schedule", default="priority", choices=("priority", "cyclic", "random"),
                    help="which coordinates a round updates: priority (default; by recent change, STRADS), "
                         "cyclic or random (for comparison)")
@@ -55,8 +64,8 @@ def add_lasso(sub: Subparsers) -> None:
     p.add_argument("--max-rounds", type=int, default=1_000_000, help="stop after this many rounds even if the "
                    "gap is not below --tol (it is said)")
     p.add_argument("--save", metavar="DIR", help="write DIR/coef.npy: float64, entry i is feature i + 1")
-    p.add_argument("--metrics-out", metavar="FILE", help="write objective, duality gap, non-zeros, seconds and "
-                   "coordinate updates as JSON")
+    p.add_argument("--metrics-out", metavar="FILE", help="write objective, duality gap, non-zeros, seconds, "
+                   "coordinate updates, the active set after each check and kkt_skipped as JSON")
     _round_checkpoint_flags(p, "rounds", 100)
 
 
