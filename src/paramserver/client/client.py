@@ -21,6 +21,7 @@ import numpy as np
 from paramserver.client.calls import FunctionCalls
 from paramserver.client.cluster_calls import ClusterCalls
 from paramserver.client.core import Piece, Wire, as_keys, call_header, pull_rows, remote_error
+from paramserver.client.filter_calls import FilterCalls
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
 from paramserver.client.losses import Losses
@@ -47,7 +48,7 @@ from paramserver.wire.sockets import refused_for
 logger = logging.getLogger(__name__)
 
 
-class Client(ClusterCalls, SyncCalls, FunctionCalls):
+class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
     """A node's handle on the cluster.
 
     Args:
@@ -338,47 +339,6 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls):
         except BaseException:
             self._settled(seq)
             raise
-
-    def flush(self, table: str | None = None, timeout_s: float | None = None, rounding: bool = False) -> int:
-        """Push what this client's filters still owe (``table``'s, or every table's): the
-        updates the significantly-modified filter held back, and with ``rounding`` also
-        the codecs' rounding (under half a step a key: it goes with the next push of each
-        key; flushing it pushes every key ever rounded, once).  ``paramserver train`` calls
-        it when a worker's part ends; returns the keys pushed.  A worker that dies first
-        loses what it owed (``filter_stats``)."""
-        pushed = 0
-        for name in [table] if table is not None else list(self._state.filters.residuals):
-            owed = self._state.filters.drain(name, held_only=not rounding)
-            if owed is not None:
-                keys, rows = owed
-                self._push(self._spec(name), keys, rows, "update", True, flushing=True).result(timeout=timeout_s)
-                pushed += int(keys.shape[0])
-        return pushed
-
-    def _flush_due(self, clock: int) -> None:
-        """At the clocks a table's significantly-modified filter says (every N), push what
-        it held back (not waited on: it goes before the clock's tick, on the same links)."""
-        filters = self._state.filters
-        for name in list(filters.residuals):
-            every = filters.sigmod_every(self._spec(name))
-            owed = filters.drain(name, held_only=True) if every and clock % every == 0 else None
-            if owed is not None:
-                self._push(self._spec(name), owed[0], owed[1], "update", True, flushing=True)
-
-    def wire_totals(self) -> tuple[int, int]:
-        """Bytes of this client's filtered requests before their filters and after, in all."""
-        before = after = 0
-        for by_direction in self.filter_stats().values():
-            for direction, by_filter in by_direction.items():
-                sizes = list(by_filter.values()) if direction != "owed" else []
-                if sizes:
-                    before, after = before + sizes[0]["bytes_in"], after + sizes[-1]["bytes_out"]
-        return before, after
-
-    def filter_stats(self) -> dict[str, Any]:
-        """Per table and direction, each filter's bytes in and out (this client's
-        requests), and what its residuals owe (``owed``: keys, sum of |value|)."""
-        return self._state.filters.stats()
 
     def blocks(self, table: str) -> BlockMap:
         """Where the parameter blocks of range-partitioned ``table`` are, as of the ring
