@@ -326,7 +326,7 @@ def lasso(args: argparse.Namespace, _: Any) -> int:
                        metrics_out=args.metrics_out, max_rounds=args.max_rounds, checkpoints=_checkpoints(args),
                        cluster_options=_cluster_options(args),
                        replicas=args.replicas, allow_loss=args.allow_loss, loss=args.loss,
-                       kkt_filter=args.kkt_filter, intercept=args.intercept)
+                       kkt_filter=args.kkt_filter, intercept=args.intercept, filters=args.filters)
     report.pop("history", None)
     print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
     if report["stalled"] and not report["converged"]:
@@ -349,7 +349,7 @@ def mf(args: argparse.Namespace, _: Any) -> int:
     report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
                     predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out,
                     checkpoints=_checkpoints(args), cluster_options=_cluster_options(args),
-                       replicas=args.replicas, allow_loss=args.allow_loss)
+                    replicas=args.replicas, allow_loss=args.allow_loss, filters=args.filters)
     print(json.dumps(report), flush=True)
     return 0
 
@@ -362,7 +362,7 @@ def lda(args: argparse.Namespace, _: Any) -> int:
     report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
                      metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args),
                      cluster_options=_cluster_options(args),
-                       replicas=args.replicas, allow_loss=args.allow_loss)
+                     replicas=args.replicas, allow_loss=args.allow_loss, filters=args.filters)
     print(json.dumps(report), flush=True)
     return 0
 

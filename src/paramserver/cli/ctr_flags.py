@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from paramserver.cli.parser import cluster_flag, loss_flags, unverified_flag
+from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, unverified_flag
 
 if TYPE_CHECKING:
     from paramserver.cli.parser import Subparsers
@@ -105,11 +105,7 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                         "a block, no process holding a whole example; --data and --test are LIBSVM files (split "
                         "now) or folders from split-columns; needs --workers P")
     p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
-    p.add_argument("--filters", metavar="SPEC", default=None,
-                   help="what pushes, pulls and pull replies go through on the wire (docs/filters.md): none "
-                        "(default), lossless (key caching, delta keys, zstd: the same model in fewer bytes), compact "
-                        "(and int8 pushes with error feedback, fp16 replies), or PUSH/PULL/REPLY chains such as "
-                        "'push=sigmod:threshold=0.001,int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=fp16'")
+    filters_flag(p)
 
 
 def _output_flags(p: argparse.ArgumentParser) -> None:

@@ -76,6 +76,15 @@ def cluster_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="local", metavar="local|ray[:ADDRESS]", help=CLUSTER_HELP)
 
 
+def filters_flag(p: argparse.ArgumentParser) -> None:
+    """``--filters``: what the job's tables send on the wire, the same on every command that trains."""
+    p.add_argument("--filters", metavar="SPEC", default=None,
+                   help="what pushes, pulls and pull replies go through on the wire (docs/filters.md): none "
+                        "(default), keys (key caching and delta keys: the same model), lossless (and zstd), compact "
+                        "(and int8 pushes with error feedback, fp16 replies), or chains per direction such as "
+                        "'push=int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=fp16'")
+
+
 def loss_flags(p: argparse.ArgumentParser) -> None:
     """What a server's death may cost: the same two flags on every command that trains."""
     p.add_argument("--replicas", type=int, default=1,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from paramserver.cli.parser import cluster_flag, loss_flags, unverified_flag
+from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, unverified_flag
 
 if TYPE_CHECKING:
     from paramserver.cli.parser import Subparsers
@@ -34,6 +34,7 @@ def _cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
     cluster_flag(p)
     loss_flags(p)
+    filters_flag(p)
 
 
 def add_lasso(sub: Subparsers) -> None:

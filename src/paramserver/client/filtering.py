@@ -103,3 +103,20 @@ class ClientFilters:
                                                      **self.counts.get(table, {})}
         return out
 
+
+def merge_stats(per_worker: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every worker's ``Client.filter_stats`` summed: per table and direction, each
+    filter's bytes in and out; what was owed at the end (nothing, once flushed)."""
+    out: dict[str, Any] = {}
+    for stats in per_worker:
+        for table, by_direction in stats.items():
+            for direction, by_filter in by_direction.items():
+                into = out.setdefault(table, {}).setdefault(direction, {})
+                for name, value in by_filter.items():
+                    if isinstance(value, dict):
+                        seen = into.setdefault(name, {})
+                        for k, v in value.items():
+                            seen[k] = seen.get(k, 0) + v
+                    else:
+                        into[name] = into.get(name, 0) + value
+    return out

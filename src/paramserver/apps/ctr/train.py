@@ -45,6 +45,7 @@ from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
 from paramserver.apps.ctr.warmup import warm_job
 from paramserver.checkpoint import store as checkpoint
 from paramserver.client.client import Client
+from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
 from paramserver.data.files import check_output, is_plain_local
 from paramserver.data.reader import Batch, DataFormat, Shard, expand, make_shards, read_all, read_batches
@@ -337,7 +338,7 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
     }
     if plan.spec.filters:
         report["filters"] = str(plan.spec.filters)
-        report["filter_bytes"] = merge_filter_stats([r.get("filters", {}) for r in per_worker])
+        report["filter_bytes"] = merge_stats([r.get("filters", {}) for r in per_worker])
     if plan.checkpoints is not None:
         report["checkpoints"] = status["checkpoints"]["written"]
         report["checkpoints_abandoned"] = status["checkpoints"]["abandoned"]
@@ -346,24 +347,6 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
         report["resumed_from"] = plan.step
         report["resumed_examples"] = examples - this_run
     return report
-
-
-def merge_filter_stats(per_worker: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every worker's ``Client.filter_stats`` summed: per table and direction, each
-    filter's bytes in and out; what was owed at the end (nothing, once flushed)."""
-    out: dict[str, Any] = {}
-    for stats in per_worker:
-        for table, by_direction in stats.items():
-            for direction, by_filter in by_direction.items():
-                into = out.setdefault(table, {}).setdefault(direction, {})
-                for name, value in by_filter.items():
-                    if isinstance(value, dict):
-                        seen = into.setdefault(name, {})
-                        for k, v in value.items():
-                            seen[k] = seen.get(k, 0) + v
-                    else:
-                        into[name] = into.get(name, 0) + value
-    return out
 
 
 def check_losses(status: dict[str, Any], allow_loss: bool) -> None:

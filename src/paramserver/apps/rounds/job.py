@@ -12,6 +12,7 @@ it computes from them is its own; the report goes to ``--metrics-out`` (``write_
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import time
@@ -22,7 +23,9 @@ from types import TracebackType
 from typing import Any
 
 from paramserver.apps.rounds.program import RoundResume, took_part
+from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import surfacing_losses, tolerating_loss
+from paramserver.filters.chain import FilterSpec
 
 
 def check_outputs(save: str | None, metrics_out: str | None, *more: tuple[str | None, str]) -> None:
@@ -65,8 +68,10 @@ class RoundsJob:
     (``scratch``) for the parts the driver writes and the workers read, removed last."""
 
     def __init__(self, *, servers: int, workers: int, cluster_options: dict[str, Any] | None, allow_loss: bool,
-                 scratch_prefix: str | None = None) -> None:
+                 scratch_prefix: str | None = None, replicas: int = 1, filters: Any = None) -> None:
         self.servers, self.workers, self.allow_loss = servers, workers, allow_loss
+        # what every table of the job is created with: its copies, and its filters (``paramserver.filters``)
+        self.table_options: dict[str, Any] = {"replicas": replicas, "filters": filters}
         self.options = {"log_level": "WARNING", **(cluster_options or {})}
         self.scratch_prefix = scratch_prefix
         self.scratch = ""
@@ -106,7 +111,24 @@ class RoundsJob:
         with ``allow_loss`` the workers go on through a server's loss of data, and the
         driver's report lists it (the driver decides, in ``surfacing_losses``)."""
         t = time.perf_counter()
-        fn = tolerating_loss(worker) if self.allow_loss else worker
+        fn = functools.partial(_with_bytes, tolerating_loss(worker) if self.allow_loss else worker)
         per_worker, lost = self.cluster.run_elastic(fn, *args)
         per_worker, joined = took_part(per_worker)
         return Ran(per_worker, lost, joined, time.perf_counter() - t)
+
+    def wire(self, ran: Ran) -> dict[str, Any]:
+        """The report's lines on the wire: the workers' bytes each way, and with filters
+        each one's bytes in and out per table and direction (``Client.filter_stats``)."""
+        out: dict[str, Any] = {"bytes_sent": sum(r.get("bytes_sent", 0) for r in ran.per_worker),
+                               "bytes_received": sum(r.get("bytes_received", 0) for r in ran.per_worker)}
+        if self.table_options.get("filters"):
+            out["filters"] = str(FilterSpec.parse(self.table_options["filters"]))
+            out["filter_bytes"] = merge_stats([r.get("filters", {}) for r in ran.per_worker])
+        return out
+
+
+def _with_bytes(worker: Callable[..., dict[str, Any]], client: Any, *args: Any) -> dict[str, Any]:
+    """``worker``'s result, with the bytes its client moved and what its filters took off."""
+    result = worker(client, *args)
+    return {**result, "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received,
+            "filters": client.filter_stats()}

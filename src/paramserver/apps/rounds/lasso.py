@@ -147,7 +147,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
               max_rounds: int = 200_000, checkpoints: CheckpointOptions = NO_CHECKPOINTS,
               cluster_options: dict[str, Any] | None = None, replicas: int = 1,
               allow_loss: bool = False, loss: str = "squared", kkt_filter: bool = True,
-              intercept: bool = False) -> dict[str, Any]:
+              intercept: bool = False, filters: Any = None) -> dict[str, Any]:
     """``paramserver lasso``: solve, write ``save/coef.npy`` and the metrics; the report.
     ``checkpoints.every`` counts rounds.  ``replicas``: copies of every vnode; a server's death
     that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
@@ -159,7 +159,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     with ThreadPoolExecutor(1) as pool:
         reading = pool.submit(read_problem, data, loss)
         with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options,
-                       allow_loss=allow_loss) as job:
+                       allow_loss=allow_loss, replicas=replicas, filters=filters) as job:
             m = reading.result()
             n, d = m.shape
             lmax, cfg = lasso_config(data, m, lam, lambda_ratio, tol, schedule, max_rounds, loss, kkt_filter,
@@ -172,7 +172,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
             bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
             block = min(cfg.block_size, 1 << bits)
             job.tables(resume, lambda client: client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits,
-                                                                  block_size=block, replicas=replicas))
+                                                                  block_size=block, **job.table_options))
             ran = job.run(lasso_worker, data, d, cfg, workers, cps, resume)
             keys, values = job.client.export_table(TABLE)
     w = np.zeros(d)
@@ -182,7 +182,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     head = min(ran.per_worker, key=lambda r: r["rank"])
     report = {**solution_report(m, w, cfg, head, seconds), "lambda_max": lmax, "rows": n, "features": d,
               "workers": workers, "servers": servers, "workers_lost": ran.lost, "workers_joined_midway": ran.joined,
-              "schedule": schedule, "tol": tol, **job.losses.report(),
+              "schedule": schedule, "tol": tol, **job.losses.report(), **job.wire(ran),
               "resumed_at_round": resume.round if resume else None, "checkpoints": head["checkpoints"],
               "history": head["history"]}
     if save:

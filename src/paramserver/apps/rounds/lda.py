@@ -195,7 +195,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
             metrics_out: str | None = None, vocabulary: str | None = None,
             checkpoints: CheckpointOptions = NO_CHECKPOINTS,
             cluster_options: dict[str, Any] | None = None, replicas: int = 1,
-            allow_loss: bool = False) -> dict[str, Any]:
+            allow_loss: bool = False, filters: Any = None) -> dict[str, Any]:
     """``paramserver lda``: sample, write ``save/topic_word.npy`` and the metrics; the report.
     ``checkpoints.every`` counts iterations.  ``replicas``: copies of every vnode; a server's
     death that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
@@ -217,9 +217,10 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
             "tokens": int(corpus.tokens), "docs": int(corpus.docs), "vocabulary": int(V)}
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers if cfg.schedule == "rotate" else 1)
     with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options, allow_loss=allow_loss,
+                   replicas=replicas, filters=filters,
                    scratch_prefix="paramserver-lda-") as job:
         paths = write_parts(job.scratch, corpus, word_block, workers)
-        job.tables(resume, lambda client: _create_tables(client, cfg, V, workers, replicas))
+        job.tables(resume, lambda client: _create_tables(client, cfg, V, workers, job.table_options))
         ran = job.run(lda_worker, paths, word_block, cfg, V, job.scratch, cps, resume)
         keys, rows = job.client.export_table(WORD_TOPIC)
     n_kw = np.zeros((K, V), np.int64)
@@ -232,7 +233,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     report = {"log_likelihood_per_token": loglik / corpus.tokens, "tokens": corpus.tokens, "docs": corpus.docs,
               "vocabulary": V, "vocabulary_file": vocabulary,
               **_run_report(cfg, corpus, n_kw, freq, ran, resume, time.perf_counter() - t0, workers, servers),
-              **job.losses.report()}
+              **job.losses.report(), **job.wire(ran)}
     write_metrics(metrics_out, report)
     return report
 
@@ -251,13 +252,13 @@ def word_counts(data: str, corpus: Corpus, vocabulary: int) -> np.ndarray:
     return freq
 
 
-def _create_tables(client: Any, cfg: LDAConfig, vocabulary: int, workers: int, replicas: int) -> None:
+def _create_tables(client: Any, cfg: LDAConfig, vocabulary: int, workers: int, options: dict[str, Any]) -> None:
     """A fresh job's tables, empty: the word–topic counts (a row of K a word), and the
     slots through which the workers exchange their changes to the topic totals."""
     K = cfg.topics
     client.create_table(WORD_TOPIC, dim=K, optimizer="sgd", key_bits=max(int(vocabulary - 1).bit_length(), 1),
-                        replicas=replicas)
-    client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd", replicas=replicas,
+                        **options)
+    client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd", **options,
                         key_bits=max(int(cfg.regions * workers - 1).bit_length(), 1))
 
 

@@ -278,7 +278,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
            predictions_out: str | None = None, save: str | None = None, metrics_out: str | None = None,
            checkpoints: CheckpointOptions = NO_CHECKPOINTS,
            cluster_options: dict[str, Any] | None = None, replicas: int = 1,
-           allow_loss: bool = False) -> dict[str, Any]:
+           allow_loss: bool = False, filters: Any = None) -> dict[str, Any]:
     """``paramserver mf``: train, then predict ``test`` and write what was asked; the report.
     ``checkpoints.every`` counts epochs.  ``replicas``: copies of every vnode; a server's death
     that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
@@ -301,9 +301,11 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
             "users": int(user_ids.size), "items": int(item_ids.size)}
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers)
     with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options, allow_loss=allow_loss,
+                   replicas=replicas, filters=filters,
                    scratch_prefix="paramserver-mf-") as job:
         paths = write_strata(job.scratch, u, i, r, lay, workers, cfg.seed)
-        job.tables(resume, lambda client: _create_tables(client, cfg, user_ids.size, item_ids.size, replicas))
+        job.tables(resume, lambda client: _create_tables(client, cfg, user_ids.size, item_ids.size,
+                                                         job.table_options))
         ran = job.run(mf_worker, paths, cfg, mu, lay.user_start, lay.item_start, cps, resume)
         P = _rows(job.client, USERS, user_ids.size, k)[lay.user_key]
         Q = _rows(job.client, ITEMS, item_ids.size, k)[lay.item_key]
@@ -312,6 +314,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
                               "global_mean": mu, "train_rmse": float(np.sqrt(np.mean(
                                   (_predict(u, i, P, Q, mu, lo, hi) - r) ** 2)))}
     report.update(job.losses.report())
+    report.update(job.wire(ran))
     if held is not None:
         report.update(_test(held, user_ids, item_ids, P, Q, mu, lo, hi, predictions_out))
     if save:
@@ -331,13 +334,13 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     return report
 
 
-def _create_tables(client: Any, cfg: MFConfig, users: int, items: int, replicas: int) -> None:
+def _create_tables(client: Any, cfg: MFConfig, users: int, items: int, options: dict[str, Any]) -> None:
     """A fresh job's tables: user rows (pushed by their workers once an epoch) and item
     rows, the factors drawn from the seed and the biases zero."""
     k = cfg.rank
     for table, n in ((USERS, users), (ITEMS, items)):
         client.create_table(table, dim=k + 1, optimizer="sgd", key_bits=max(int(n - 1).bit_length(), 1),
-                            replicas=replicas)
+                            **options)
     init = np.zeros((items, k + 1), np.float32)
     init[:, :k] = np.random.default_rng([cfg.seed, 1 << 20]).normal(0.0, cfg.init_std, (items, k))
     client.push(ITEMS, np.arange(items, dtype=np.uint64), init, op="assign", distinct=True).result(timeout=600)
