@@ -171,3 +171,15 @@ def test_residuals_grow_and_keep_every_key():
     store.take(keys[[0, 500, 999]], got)
     assert got.tolist() == [[2, 2], [1, 1], [1, 1]]
     assert store.pending() == (997, 2 * 1000 + 2 * 10 - 8)
+
+
+def test_rounding_owed_is_bounded_and_what_it_lets_go_is_counted():
+    chain = chains(FilterSpec.parse("push=int8"))["push"]
+    owed = Owed(1, max_bytes=1024 * 2 * 13)  # room for 1024 keys
+    rng = np.random.default_rng(5)
+    for i in range(5):
+        keys = np.arange(i * 600, i * 600 + 600, dtype=np.uint64)
+        after_routing(chain, owed, keys, rng.standard_normal((600, 1)).astype(np.float32), np.array([600]))
+        assert owed.rounding.size <= owed.rounding.max_rows
+    assert owed.rounding.dropped_keys > 0 and owed.rounding.dropped > 0
+    assert not owed.must_flush()

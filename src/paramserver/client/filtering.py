@@ -80,6 +80,12 @@ class ClientFilters:
             c["flushes"] = c.get("flushes", 0) + 1
         return (keys, rows) if keys.size else None
 
+    def must_flush(self, table: str) -> bool:
+        """Whether ``table``'s held-back updates fill their store (pushed at the next clock)."""
+        with self.lock:
+            store = self.residuals.get(table)
+            return store is not None and store.must_flush()
+
     def sigmod_every(self, spec: TableSpec) -> int:
         select = chains(spec.filters)["push"].select
         return int(getattr(select, "every", 0)) if select is not None else 0
@@ -89,6 +95,16 @@ class ClientFilters:
         if store is None:
             store = self.residuals[spec.name] = Owed(spec.dim)
         return store
+
+    def totals(self) -> tuple[int, int]:
+        """Bytes of the filtered requests before their first filter and after their last."""
+        before = after = 0
+        with self.lock:
+            for by_filter in self.sizes.values():
+                sizes = list(by_filter.values())
+                if sizes:
+                    before, after = before + sizes[0][0], after + sizes[-1][1]
+        return before, after
 
     def stats(self) -> dict[str, Any]:
         """Per table: per direction, each filter's bytes in and out; what is owed."""
@@ -100,6 +116,8 @@ class ClientFilters:
             for table, store in self.residuals.items():
                 keys, mass = store.pending()
                 out.setdefault(table, {})["owed"] = {"keys": keys, "sum_abs": mass,
+                                                     "rounding_dropped_keys": store.rounding.dropped_keys,
+                                                     "rounding_dropped_sum_abs": store.rounding.dropped,
                                                      **self.counts.get(table, {})}
         return out
 

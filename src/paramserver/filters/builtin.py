@@ -18,7 +18,15 @@ import zstandard
 
 from paramserver.errors import KeyCacheMissError, ProtocolError
 from paramserver.filters.base import Context, Filter, Parts, blob, setting, shape_param, signature
-from paramserver.filters.kernels import bf16_decode, bf16_encode, int8_decode, int8_encode, varint_decode, varint_encode
+from paramserver.filters.kernels import (
+    bf16_decode,
+    bf16_encode,
+    int8_decode,
+    int8_encode,
+    int8_roundtrip,
+    varint_decode,
+    varint_encode,
+)
 from paramserver.wire.message import DTYPES
 
 FP16_MAX = 65504.0
@@ -259,10 +267,8 @@ class Int8(_ValueCodec):
         parts["values"] = values
 
     def roundtrip(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        rows = self._rows(values.shape[1])
-        q, exps = int8_encode(np.ascontiguousarray(values, np.float32), counts, rows)
-        out, _ = int8_decode(q, exps, counts, rows, values.shape[1])
-        return np.asarray(out)
+        out: np.ndarray = int8_roundtrip(np.ascontiguousarray(values, np.float32), counts, self._rows(values.shape[1]))
+        return out
 
 
 class SigMod(Filter):

@@ -152,6 +152,31 @@ def int8_encode(values, counts, block_rows):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
+def int8_roundtrip(values, counts, block_rows):  # type: ignore[no-untyped-def]
+    """``int8_decode(int8_encode(values))`` in one pass a block, without the int8 array:
+    what a worker's error feedback needs to know of a push it rounds."""
+    n, dim = values.shape
+    flat = values.reshape(-1)
+    out = np.empty((n, dim), np.float32)
+    rounded = out.reshape(-1)
+    row = 0
+    for c in counts:
+        end = row + c
+        while row < end:
+            stop = min(row + block_rows, end)
+            e = _block_exponent(row * dim, stop * dim, flat)
+            if e == ZERO_BLOCK:
+                for j in range(row * dim, stop * dim):
+                    rounded[j] = 0.0
+            else:
+                scale, step = math.ldexp(1.0, -e), math.ldexp(1.0, e)
+                for j in range(row * dim, stop * dim):
+                    rounded[j] = np.float32(min(max(np.rint(flat[j] * scale), -127.0), 127.0) * step)
+            row = stop
+    return out
+
+
+@njit(nogil=True, cache=True)
 def int8_decode(q, exps, counts, block_rows, dim):  # type: ignore[no-untyped-def]
     """``int8_encode``'s inverse: (values, status), status 0, or 1 when the blocks the
     counts make do not match ``exps`` and ``q``."""

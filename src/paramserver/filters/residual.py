@@ -60,11 +60,19 @@ def _add(table_keys, used, rows, keys, values):  # type: ignore[no-untyped-def]
     return taken
 
 
-class Residuals:
-    """One table's residual rows on one worker."""
+#: bytes a table's residuals may take on a worker (each store; a row is 4·dim bytes, its
+#: slot 9 more, at most half the slots used)
+RESIDUAL_BYTES = 64 << 20
 
-    def __init__(self, dim: int, capacity: int = 1 << 12) -> None:
+
+class Residuals:
+    """One table's residual rows on one worker, at most ``max_rows`` keys (``full``:
+    whether one more push's keys would pass it)."""
+
+    def __init__(self, dim: int, capacity: int = 1 << 12, max_bytes: int = RESIDUAL_BYTES) -> None:
         self.dim = dim
+        self.max_rows = max(1024, max_bytes // (2 * (4 * dim + 9)))
+        self.dropped, self.dropped_keys = 0.0, 0  # what ``clear`` let go: sum of |value|, keys
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -77,6 +85,17 @@ class Residuals:
         """Add what is owed for ``keys`` (distinct) to ``into``, and owe it no more."""
         if self.size:
             _take(self.keys, self.used, self.rows, keys, into)
+
+    def full(self, more: int) -> bool:
+        return self.size + more > self.max_rows
+
+    def clear(self) -> None:
+        """Let everything owed go (counted in ``dropped``): what a store of rounding does
+        when it is full, rather than grow with every key a worker ever pushed."""
+        keys, mass = self.pending()
+        self.dropped += mass
+        self.dropped_keys += keys
+        self._alloc(min(self.used.shape[0], 1 << 12))
 
     def add(self, keys: np.ndarray, values: np.ndarray) -> None:
         if not keys.shape[0]:
@@ -113,8 +132,8 @@ class Owed:
     flushed every N clocks) and the codecs' rounding (``rounding``: added to the next push
     of each key, and flushed when the worker's part ends)."""
 
-    def __init__(self, dim: int) -> None:
-        self.held, self.rounding = Residuals(dim), Residuals(dim)
+    def __init__(self, dim: int, max_bytes: int = RESIDUAL_BYTES) -> None:
+        self.held, self.rounding = Residuals(dim, max_bytes=max_bytes), Residuals(dim, max_bytes=max_bytes)
 
     def take(self, keys: np.ndarray, into: np.ndarray) -> None:
         self.held.take(keys, into)
@@ -130,6 +149,10 @@ class Owed:
     def pending(self) -> tuple[int, float]:
         a, b = self.held.pending(), self.rounding.pending()
         return a[0] + b[0], a[1] + b[1]
+
+    def must_flush(self) -> bool:
+        """Sigmod holds back as many keys as a store may keep: push them now."""
+        return self.held.full(0)
 
 
 def before_routing(chain: Chain, owed: Owed, keys: np.ndarray, grads: np.ndarray,
@@ -157,5 +180,7 @@ def after_routing(chain: Chain, owed: Owed, keys: np.ndarray, values: np.ndarray
     if not chain.lossy:
         return values
     sent = chain.roundtrip(np.ascontiguousarray(values, np.float32), counts)
+    if owed.rounding.full(keys.shape[0]):  # bounded: the oldest rounding goes (under half a step a key)
+        owed.rounding.clear()
     owed.rounding.add(keys, values - sent)
     return sent
