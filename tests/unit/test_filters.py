@@ -183,3 +183,28 @@ def test_rounding_owed_is_bounded_and_what_it_lets_go_is_counted():
         assert owed.rounding.size <= owed.rounding.max_rows
     assert owed.rounding.dropped_keys > 0 and owed.rounding.dropped > 0
     assert not owed.must_flush()
+
+
+def test_a_dense_tables_keys_go_as_positions_routed_in_order_and_come_back_as_keys():
+    from paramserver.client.core import route
+    from paramserver.routing.hashing import layout_code
+    from paramserver.routing.ring import Ring
+    from paramserver.wire.message import Op
+
+    layout = layout_code(24)
+    ring = Ring.create([1, 2], 32)
+    keys = np.unique(np.random.default_rng(2).integers(0, 1 << 24, 20_000).astype(np.uint64))
+    chain = chains(FilterSpec.parse("pull=delta"))["pull"]
+    sizes = {}
+    for ordered in (False, True):
+        for piece in route(ring, Op.PULL, keys, None, layout, ordered=ordered):
+            assert sorted(keys[piece.extra].tolist()) == sorted(piece.keys.tolist())  # rows follow their keys
+            arrays = [piece.keys, piece.vnodes, piece.counts]
+            header, sent = pack("pull", chain, arrays, Context(layout=layout))
+            assert header["filters"][0][1]["pos"]
+            got = unpack("pull", chain, header, sent, Context(layout=layout))
+            assert np.array_equal(got[0], piece.keys)
+            sizes[ordered] = sizes.get(ordered, 0) + sent[0].nbytes
+    assert sizes[True] < 0.75 * sizes[False]  # positions in order lie close together
+    with pytest.raises(ProtocolError, match="dense positions to a table without them"):
+        unpack("pull", chain, header, sent, Context(layout=0))

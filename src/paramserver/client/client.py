@@ -188,11 +188,12 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
         return spec
 
     def _pieces(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
-                distinct: bool = False) -> list[Piece]:
+                distinct: bool = False, ordered: bool = False) -> list[Piece]:
         """Route ``keys`` with the current ring into one piece per server.  ``extra`` rides
         along: a pull's output row of each key (None: the identity), a push's gradients;
-        ``layout`` is the table's (``TableSpec.layout``); ``distinct``: a push's keys need no merging."""
-        return self._state.routed(kind, keys, extra, layout, distinct)
+        ``layout`` is the table's (``TableSpec.layout``); ``distinct``: a push's keys need no
+        merging; ``ordered``: each vnode's keys in dense-position order (a key codec's)."""
+        return self._state.routed(kind, keys, extra, layout, distinct, ordered)
 
     def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
                  on_piece: Callable[[Piece, Message], None], result: Any = None,
@@ -205,7 +206,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
         table's filters this way; ``prepare``: what the pieces become before they go."""
         self._losses.check()
         layout = self._spec(table).layout
-        pieces = self._pieces(kind, keys, extra, layout, distinct)
+        pieces = self._pieces(kind, keys, extra, layout, distinct, wire is not None and wire.chain.ordered)
         if prepare is not None:
             pieces = prepare(pieces)
         limit = self.config.max_message_bytes - (1 << 20)  # room for the header

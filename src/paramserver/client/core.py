@@ -85,18 +85,19 @@ class View:
 
 
 def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
-          distinct: bool = False) -> list[Piece]:
+          distinct: bool = False, ordered: bool = False) -> list[Piece]:
     """Route ``keys`` with ``ring`` into one piece per server.  ``extra`` rides along: a
     pull's output row of each key (None: the identity), a push's gradients; ``layout`` is
-    the table's (``TableSpec.layout``); ``distinct``: a push's keys need no merging."""
+    the table's (``TableSpec.layout``); ``distinct``: a push's keys need no merging;
+    ``ordered``: each vnode's keys by dense position (for a key codec: ``Chain.ordered``)."""
     index: np.ndarray  # a pull's destination rows; a push's summed gradients
     if kind is not Op.PUSH:  # a pull, or a server-side function over keys
-        routed = route_pull(ring, keys, layout)
+        routed = route_pull(ring, keys, layout, ordered)
         assert routed.order is not None
         index = routed.order if extra is None else extra[routed.order]
     else:
         assert extra is not None, "a push carries its gradients"
-        routed = route_push(ring, keys, extra, layout, distinct)
+        routed = route_push(ring, keys, extra, layout, distinct, ordered)
         assert routed.grads is not None
         index = routed.grads
     return [Piece(part.server, ring.version, routed.keys[part.start:part.stop], index[part.start:part.stop],
@@ -176,6 +177,7 @@ class Wire:
     chain: Chain
     links: dict[int, Link]
     sizes: dict[str, list[int]]
+    layout: int = 0  # the table's (TableSpec.layout): a key codec may use its dense positions
 
 
 def request(kind: Op, header: dict[str, Any], piece: Piece, tries: int, sequencer: Sequencer,
@@ -193,8 +195,8 @@ def request(kind: Op, header: dict[str, Any], piece: Piece, tries: int, sequence
         link = wire.links.get(piece.server)
         if link is None:
             link = wire.links[piece.server] = Link()
-        fields, arrays = pack(wire.chain.direction, wire.chain, arrays, Context(link=link, whole=tries > 0),
-                              wire.sizes)
+        fields, arrays = pack(wire.chain.direction, wire.chain, arrays,
+                              Context(link=link, whole=tries > 0, layout=wire.layout), wire.sizes)
         out.update(fields)
     return out, arrays
 

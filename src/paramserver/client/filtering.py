@@ -40,7 +40,7 @@ class ClientFilters:
             chain = chain.exact()
         if not chain.wire:
             return None
-        return Wire(chain, self.links, self.sizes.setdefault((spec.name, direction), {}))
+        return Wire(chain, self.links, self.sizes.setdefault((spec.name, direction), {}), spec.layout)
 
     def reply_chain(self, spec: TableSpec) -> Chain | None:
         chain = chains(spec.filters)["reply"]

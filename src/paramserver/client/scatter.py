@@ -89,7 +89,8 @@ class Scatter:
             return
         self.state.count("retries")
         try:
-            again = self.state.routed(self.kind, piece.keys, piece.extra, self.layout, distinct=True)
+            again = self.state.routed(self.kind, piece.keys, piece.extra, self.layout, distinct=True,
+                                      ordered=self.wire is not None and self.wire.chain.ordered)
         except Exception as exc:
             self.fail(exc)
             return

@@ -62,9 +62,9 @@ class ClientState:
         self.io.submit(self.config.scheduler, {"op": Op.CLUSTER_INFO.value}, (), done)
 
     def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
-               distinct: bool = False) -> list[Piece]:
+               distinct: bool = False, ordered: bool = False) -> list[Piece]:
         """``keys`` routed with the current ring into one piece per server (``core.route``)."""
-        return route(self.ring(), kind, keys, extra, layout, distinct)
+        return route(self.ring(), kind, keys, extra, layout, distinct, ordered)
 
     def outgoing(self, kind: Op, header: dict[str, Any], piece: Piece, tries: int,
                  wire: Wire | None = None) -> tuple[str | None, dict[str, Any], list[np.ndarray]]:

@@ -56,6 +56,7 @@ class Filter:
 
     stage: ClassVar[str] = "bytes"
     lossless: ClassVar[bool] = True
+    ordered: ClassVar[bool] = False  # it packs keys smaller when each vnode's lie in dense-position order
     directions: ClassVar[tuple[str, ...]] = ("push", "pull", "reply")
     name: str = ""  # the name it was listed by (set by the chain)
 
@@ -147,6 +148,7 @@ class Context:
     link: Link | None = None
     store: KeyStore | None = None
     whole: bool = False
+    layout: int = 0  # the table's layout (``TableSpec.layout``): a dense one gives keys positions
     scratch: dict[str, Any] = field(default_factory=dict)
 
 

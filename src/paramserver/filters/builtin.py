@@ -27,6 +27,8 @@ from paramserver.filters.kernels import (
     varint_decode,
     varint_encode,
 )
+from paramserver.routing.hashing import from_positions, to_positions
+from paramserver.routing.partition import positioned
 from paramserver.wire.message import DTYPES
 
 FP16_MAX = 65504.0
@@ -83,15 +85,21 @@ class KeyCache(Filter):
 
 class Delta(Filter):
     """Keys as the zigzag of each difference from the key before, in a variable-length
-    code: a batch's sorted keys take 1–3 bytes each instead of 8 (any order round-trips)."""
+    code: a batch's sorted keys take 1–3 bytes each instead of 8 (any order round-trips).
+    A dense table's keys go as their dense positions, which the client routes in order
+    within each vnode (``ordered``): they lie close together, and take 1–2 bytes."""
 
     stage = "keys"
     directions = ("push", "pull")
+    ordered = True
 
     def encode(self, parts: Parts, ctx: Context) -> dict[str, Any]:
         keys = parts.get("keys")
         if keys is None:
             return {}
+        if positioned(ctx.layout):
+            parts["keys"] = varint_encode(to_positions(keys, ctx.layout))
+            return {"n": int(keys.shape[0]), "pos": True}
         parts["keys"] = varint_encode(keys)
         return {"n": int(keys.shape[0])}
 
@@ -105,6 +113,10 @@ class Delta(Filter):
         if status:
             why = ("", "truncated", "longer than its keys", "corrupt")[status]
             raise ProtocolError(f"delta: the key code is {why}")
+        if params.get("pos"):
+            if not positioned(ctx.layout):
+                raise ProtocolError("delta: keys sent as dense positions to a table without them")
+            keys = from_positions(keys, ctx.layout)
         parts["keys"] = keys
 
 

@@ -193,6 +193,7 @@ class Chain:
         self.select = next((f for f in self.filters if f.stage == "select"), None)
         self.wire = [f for f in self.filters if f.stage != "select"]
         self.lossy = [f for f in self.wire if not f.lossless]
+        self.ordered = any(f.ordered for f in self.wire)  # the client routes keys in dense-position order
         self.by_name = {f.name: f for f in self.wire}
 
     def __bool__(self) -> bool:

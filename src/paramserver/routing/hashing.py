@@ -157,6 +157,22 @@ def vnode_of_key(key, n_vnodes, layout):  # type: ignore[no-untyped-def]
     return np.int64((dense_pos(key, layout) * np.uint64(n_vnodes)) >> np.uint64(bits))
 
 
+def to_positions(keys: np.ndarray, layout: int) -> np.ndarray:
+    """``dense_pos`` of every key (a scattered dense layout), vectorised."""
+    mask = np.uint64((1 << (layout & 0xFF)) - 1)
+    with np.errstate(over="ignore"):
+        out: np.ndarray = (keys.astype(np.uint64) * _FIB_U) & mask
+    return out
+
+
+def from_positions(positions: np.ndarray, layout: int) -> np.ndarray:
+    """``dense_key`` of every position: ``to_positions``' inverse (keys < 2**key_bits)."""
+    mask = np.uint64((1 << (layout & 0xFF)) - 1)
+    with np.errstate(over="ignore"):
+        out: np.ndarray = (positions.astype(np.uint64) * _FIB_INV) & mask
+    return out
+
+
 def dense_range(v: int, n_vnodes: int, layout: int) -> tuple[int, int]:
     """Positions ``[start, stop)`` of vnode ``v`` in a dense table's ``2**key_bits``
     positions: equal shares, cut at block boundaries if range-partitioned."""

@@ -66,7 +66,7 @@ def unfiltered(state: ServerState, msg: Message, direction: str) -> None:
     if table is None:
         raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(state.tables)})")
     msg.arrays = unpack(direction, chains(table.spec.filters)[direction], msg.header, msg.arrays,
-                        Context(store=state.key_store))
+                        Context(store=state.key_store, layout=table.spec.layout))
 
 
 def _split(state: ServerState, vnodes: np.ndarray, counts: np.ndarray, fn: Callable[[slice, slice], None]) -> None:

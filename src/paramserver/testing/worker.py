@@ -87,7 +87,8 @@ class _Scatter:
         if self.gather.over:
             return
         assert self.w.ring is not None
-        again = route(self.w.ring, self.kind, piece.keys, piece.extra, self.spec.layout, distinct=True)
+        again = route(self.w.ring, self.kind, piece.keys, piece.extra, self.spec.layout, distinct=True,
+                      ordered=self.wire is not None and self.wire.chain.ordered)
         if self.gather.rerouted(len(again)):
             self._finish()
         for p in again:
@@ -293,14 +294,14 @@ class SimWorker:
         seq = self.sequencer.take()
         header = call_header(Op.PUSH, table, node_id=self.node_id, worker_clock=self.clock, seq=seq,
                              extra={"push_op": op} if op != "update" else None)
-        call = _Scatter(self, Op.PUSH, header, spec, None, done, lambda: self.sequencer.settled(seq),
-                        self.filters.wire(spec, "push", op))
+        wire = self.filters.wire(spec, "push", op)
+        call = _Scatter(self, Op.PUSH, header, spec, None, done, lambda: self.sequencer.settled(seq), wire)
         assert self.ring is not None
         grads = np.ascontiguousarray(grads, np.float32)
         owes = self.filters.owes(spec, op)
         if owes:  # the client's push: what is owed added (keys are distinct here), the rounding kept
             keys, grads = self.filters.before_routing(spec, keys, grads)
-        pieces = route(self.ring, Op.PUSH, keys, grads, spec.layout)
+        pieces = route(self.ring, Op.PUSH, keys, grads, spec.layout, ordered=wire is not None and wire.chain.ordered)
         call.start(self.filters.after_routing(spec, pieces) if owes else pieces)
         return seq
 
@@ -312,8 +313,9 @@ class SimWorker:
         header = call_header(Op.PULL, table, node_id=self.node_id, worker_clock=self.clock,
                              extra={"reply_filters": True} if replies is not None else None)
         assert self.ring is not None
-        _Scatter(self, Op.PULL, header, spec, out, done, None, self.filters.wire(spec, "pull")).start(
-            route(self.ring, Op.PULL, keys, None, spec.layout))
+        wire = self.filters.wire(spec, "pull")
+        _Scatter(self, Op.PULL, header, spec, out, done, None, wire).start(
+            route(self.ring, Op.PULL, keys, None, spec.layout, ordered=wire is not None and wire.chain.ordered))
 
     def tick(self, done: Done) -> None:
         """Finish this worker's clock: every server hears the new one."""
