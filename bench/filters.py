@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -94,7 +95,9 @@ class Link:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for ns in (self.a, self.b):
+        for ns in (self.a, self.b):  # whatever still runs in them first, then the namespaces
+            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                sh("kill", "-9", pid, check=False)
             sh("ip", "netns", "del", ns, check=False)
 
     def counters(self) -> tuple[int, int]:
@@ -146,6 +149,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default="", help="reuse (or write) heavy.tsv and heavy_test.tsv here")
     ap.add_argument("--json", default="", help="write every run's figures here")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the namespaces
     from paramserver.apps.ctr.synth import write_synth
 
     folder = args.data_dir or tempfile.mkdtemp(prefix="psfilters-")

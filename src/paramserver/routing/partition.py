@@ -203,20 +203,37 @@ def _parts(ring: Ring, offsets: np.ndarray) -> list[Part]:
 
 @njit(nogil=True, cache=True)
 def _by_position(keys, rows, offsets, layout):  # type: ignore[no-untyped-def]
-    """Each vnode's keys (and their rows) in the order of their dense positions, in place."""
+    """Each vnode's keys (and their rows) in the order of their dense positions, in place:
+    an LSD radix sort of (vnode bucket, position), 11 bits a pass, O(n) each (an argsort a
+    vnode took 1.6 ms for 30 000 keys).  Keys in first-seen order (``unique_inverse``'s)
+    are in no order at all, so a key codec needs this to find them close together."""
+    n = keys.shape[0]
+    bits = layout_bits(layout)
+    comp = np.empty(n, np.uint64)
     for b in range(offsets.shape[0] - 1):
-        lo, hi = offsets[b], offsets[b + 1]
-        if hi - lo < 2:
-            continue
-        pos = np.empty(hi - lo, np.uint64)
-        for i in range(lo, hi):
-            pos[i - lo] = dense_pos(keys[i], layout)
-        idx = np.argsort(pos)
-        seg_keys = keys[lo:hi].copy()
-        seg_rows = rows[lo:hi].copy()
-        for i in range(hi - lo):
-            keys[lo + i] = seg_keys[idx[i]]
-            rows[lo + i] = seg_rows[idx[i]]
+        for i in range(offsets[b], offsets[b + 1]):
+            comp[i] = (np.uint64(b) << np.uint64(bits)) | dense_pos(keys[i], layout)
+    top = np.uint64(offsets.shape[0]) << np.uint64(bits)
+    idx = np.arange(n)
+    comp2, idx2 = np.empty(n, np.uint64), np.empty(n, np.int64)
+    shift = np.uint64(0)
+    while (top >> shift) > 0:
+        count = np.zeros(2049, np.int64)
+        for j in range(n):
+            count[((comp[j] >> shift) & np.uint64(2047)) + 1] += 1
+        for d in range(2048):
+            count[d + 1] += count[d]
+        for j in range(n):
+            d = (comp[j] >> shift) & np.uint64(2047)
+            at = count[d]
+            comp2[at], idx2[at] = comp[j], idx[j]
+            count[d] = at + 1
+        comp, comp2, idx, idx2 = comp2, comp, idx2, idx
+        shift += np.uint64(11)
+    sorted_keys = keys[idx]
+    sorted_rows = rows[idx]
+    keys[:] = sorted_keys
+    rows[:] = sorted_rows
 
 
 def positioned(layout: int) -> bool:
