@@ -148,7 +148,12 @@ def main() -> None:
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--data-dir", default="", help="reuse (or write) heavy.tsv and heavy_test.tsv here")
     ap.add_argument("--json", default="", help="write every run's figures here")
+    ap.add_argument("--markdown", default="", metavar="JSON", help="print the table of a --json file, and stop")
     args = ap.parse_args()
+    if args.markdown:
+        with open(args.markdown) as f:
+            markdown(json.load(f))
+        return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the namespaces
     from paramserver.apps.ctr.synth import write_synth
 
@@ -172,6 +177,22 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(runs, f, indent=1, default=str)
+
+
+def markdown(runs: list[dict[str, Any]]) -> None:
+    """The runs of one --json file as docs/benchmarks.md's table."""
+    print("| link | chain | sent B/ex | received B/ex | fewer bytes | examples/s | job s | to target | test logloss "
+          "| AUC |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        base = next(b for b in runs if b["link"] == r["link"] and b["chain"] == "none")
+        n = float(r["examples"])
+        fewer = (base["kernel_tx"] + base["kernel_rx"]) / max(r["kernel_tx"] + r["kernel_rx"], 1)
+        reached = r["logloss"] <= base["logloss"] + TARGET
+        target = f"{base['seconds'] / r['seconds']:.2f}x" if reached else "not reached"
+        chain = r["chain"] if len(r["chain"]) < 20 else "int8 replies (see below)"
+        print(f"| {r['link']} | {chain} | {r['kernel_tx'] / n:.1f} | {r['kernel_rx'] / n:.1f} | {fewer:.2f}x | "
+              f"{r['examples_per_s']:,.0f} | {r['seconds']:.1f} | {target} | {r['logloss']:.5f} | {r['auc']:.4f} |")
 
 
 def _line(r: dict[str, Any], runs: list[dict[str, Any]]) -> None:

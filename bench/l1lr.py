@@ -11,6 +11,12 @@ the solver's coefficients; the relative difference is to liblinear's; the active
 the filter's after each check (passes over the working set are counted in kkt_skipped).
 
     .venv/bin/python bench/l1lr.py [--ratios 20 50 100 200 500 1000 2000] [--json]
+    .venv/bin/python bench/l1lr.py --criteo   # the Criteo sample (8 000 rows), its 39 fields hashed to 2^20
+
+With ``--criteo`` the problem is the Criteo sample's training rows (``criteo/*_train.tsv.gz``,
+parsed by paramserver's own Criteo parser at ``--hash-bits 20``: one indicator feature a
+field), labels 0/1 as -1/+1; the active set is what matters there (issue 30: at most 5 % of
+the coordinates after one pass at the λ with the best held-out log loss).
 """
 
 from __future__ import annotations
@@ -72,16 +78,43 @@ def main() -> int:
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--ratios", type=float, nargs="+", default=[20, 50, 100, 200, 500, 1000, 2000])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--criteo", action="store_true", help="the Criteo sample instead of news20")
     args = ap.parse_args()
+    if args.criteo:
+        args.data = CRITEO
     if os.path.exists(args.data):
         return run(args)
     print(f"skipped: {args.data} is absent (see ../shared/data/SOURCES.md)")
     return 0
 
 
+CRITEO = os.path.join(os.path.dirname(DATA), "..", "criteo", "criteo_kaggle_wideresdnn_train.tsv.gz")
+
+
+def criteo_libsvm(src: str, tmp: str) -> tuple[str, Any, np.ndarray]:
+    """The Criteo sample as a LIBSVM file (features: hashed field values, 1-based), X, y."""
+    import scipy.sparse as sp
+
+    from paramserver.data.batch import DataFormat
+    from paramserver.data.reader import read_all
+
+    b = read_all([src], DataFormat("criteo", hash_bits=20))
+    y = np.where(b.labels > 0.5, 1.0, -1.0)
+    cols = b.keys.astype(np.int64)
+    X = sp.csr_matrix((np.ones(cols.size), cols, b.indptr), shape=(len(y), int(cols.max()) + 1))
+    X.sum_duplicates()
+    X.data[:] = 1.0
+    path = os.path.join(tmp, "criteo.svm")
+    with open(path, "w") as f:
+        for i in range(X.shape[0]):
+            cols = X.indices[X.indptr[i]:X.indptr[i + 1]]
+            f.write(f"{int(y[i])} " + " ".join(f"{c + 1}:1" for c in np.sort(cols)) + "\n")
+    return path, X.tocsc(), y
+
+
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        path, X, y = binary_news20(args.data, tmp)
+        path, X, y = (criteo_libsvm if args.criteo else binary_news20)(args.data, tmp)
         X = X.tocsr()
         n = X.shape[0]
         lmax = float(np.abs(X.T @ y).max() / (2 * n))
