@@ -16,6 +16,7 @@ from paramserver.apps.ctr.deep import DENSE_BLOCK
 from paramserver.apps.ctr.models import Model
 from paramserver.data.reader import DataFormat
 from paramserver.errors import ConfigError
+from paramserver.filters.chain import FilterSpec
 from paramserver.routing.hashing import MAX_KEY_BITS
 from paramserver.tables.spec import TableSpec
 
@@ -51,6 +52,10 @@ class TrainConfig:
             raise ConfigError(f"--pipeline must be in [1, 64], got {self.pipeline}")
         if self.layout not in LAYOUTS:
             raise ConfigError(f"--table-layout must be one of {LAYOUTS}, got {self.layout!r}")
+        try:  # said with the flag's name, before any node starts
+            FilterSpec.parse(self.filters)
+        except ConfigError as exc:
+            raise ConfigError(f"--filters {self.filters!r}: {exc}") from None
 
     def table_spec(self) -> TableSpec:
         spec = TableSpec(self.model.table, self.model.dim,
