@@ -101,6 +101,8 @@ def test_a_malformed_test_file_is_said_in_one_line_before_the_job(tmp_path):
     (["--data", "{synth}", "--checkpoint-dir", "{tmp}/ck", "--checkpoint-every", "0"],
      "--checkpoint-every must be an int >= 1 (data shards done between two checkpoints), got 0"),
     (["--data", "{synth}", "--checkpoint-every", "5"], "--checkpoint-every 5 needs --checkpoint-dir URL"),
+    (["--data", "{synth}", "--filters", "push=nosuch"], "--filters 'push=nosuch': unknown filter 'nosuch'"),
+    (["--data", "{synth}", "--filters", "push=zstd,int8"], "list them in the order select > values > keys > bytes"),
     (["--data", "{synth}", "--resume", "{tmp}"], "no complete checkpoint under"),
     (["--data", "{synth}", "--resume", "{tmp}/nothing"], "no checkpoint at"),
 ])
