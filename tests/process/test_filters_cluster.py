@@ -116,3 +116,27 @@ def test_key_caching_loses_nothing_acknowledged_through_a_killed_server():
             c.push("n", keys, ones, op="add").result(timeout=120)
         got = c.pull("n", keys).result(timeout=120)
         np.testing.assert_array_equal(got, np.full((keys.size, 1), 30, np.float32))
+
+
+def test_sigmod_holds_small_updates_back_until_they_add_up_or_are_flushed():
+    keys = np.arange(100, dtype=np.uint64)
+    with LocalCluster(servers=2, workers=0, log_level="WARNING") as cluster:
+        c = cluster.client
+        c.create_table("s", dim=1, optimizer={"name": "sgd", "lr": 1.0}, filters="push=sigmod:threshold=0.5,keycache")
+        small = np.full((100, 1), 0.2, np.float32)
+        small[:10] = 0.9  # these pass the threshold at once
+        c.push("s", keys, small).result(timeout=60)
+        got = c.pull("s", keys).result(timeout=60)[:, 0]
+        np.testing.assert_allclose(got[:10], -0.9, rtol=1e-6)
+        np.testing.assert_array_equal(got[10:], 0.0)  # held back on this client
+        c.push("s", keys, small).result(timeout=60)
+        c.push("s", keys, small).result(timeout=60)  # 0.6 gathered: over the threshold, sent
+        got = c.pull("s", keys).result(timeout=60)[:, 0]
+        np.testing.assert_allclose(got[10:], -0.6, rtol=1e-6)
+        c.push("s", keys, small).result(timeout=60)
+        owed = c.filter_stats()["s"]["owed"]
+        assert owed["keys"] == 90 and owed["sigmod_in"] == 400
+        assert c.flush() == 90
+        got = c.pull("s", keys).result(timeout=60)[:, 0]
+        np.testing.assert_allclose(got[10:], -0.8, rtol=1e-6)  # nothing lost, nothing twice
+        np.testing.assert_allclose(got[:10], -3.6, rtol=1e-6)
