@@ -209,3 +209,40 @@ def test_a_dense_tables_keys_go_as_positions_routed_in_order_and_come_back_as_ke
     assert sizes[True] < 0.75 * sizes[False]  # positions in order lie close together
     with pytest.raises(ProtocolError, match="dense positions to a table without them"):
         unpack("pull", chain, header, sent, Context(layout=0))
+
+
+def test_a_claimed_size_is_checked_before_anything_is_allocated():
+    arrays = _push()
+    chain = chains(FilterSpec.parse("push=delta,zstd:min_bytes=0"))["push"]
+    header, sent = pack("push", chain, arrays, Context())
+    huge = [list(e) for e in header["filters"]]
+    zstd_at = [e[0] for e in huge].index("zstd")
+    huge[zstd_at] = ["zstd", {"parts": {"values": ["<f4", [1 << 39, 1 << 39]]}}]
+    with pytest.raises(ProtocolError, match="over the limit"):
+        unpack("push", chain, {**header, "filters": huge}, sent, Context())
+    raw = chains(FilterSpec.parse("push=delta"))["push"]
+    h2, s2 = pack("push", raw, arrays, Context())
+    h2["filters"][0][1]["n"] = 1 << 39
+    with pytest.raises(ProtocolError, match="must be the count of keys"):
+        unpack("push", raw, h2, s2, Context())
+
+
+@pytest.mark.parametrize("spec", ["compact", "push=int8,keycache,delta,zstd:min_bytes=0", "push=bf16,delta"])
+def test_a_corrupted_filtered_push_is_refused_with_a_protocol_error_never_a_crash(spec):
+    from paramserver.errors import ParamServerError
+
+    rng = np.random.default_rng(11)
+    arrays = _push(n=500, segments=(200, 300))
+    chain = chains(FilterSpec.parse(spec))["push"]
+    header, sent = pack("push", chain, arrays, Context(link=Link()))
+    for _ in range(300):
+        frames = [a.copy() for a in sent]
+        a = frames[rng.integers(len(frames))]
+        if a.size and a.dtype == np.uint8:
+            a[rng.integers(a.size, size=rng.integers(1, 4))] ^= rng.integers(1, 256, dtype=np.uint8)
+        elif rng.random() < 0.5:
+            frames[rng.integers(len(frames))] = a[: a.size // 2]
+        try:
+            unpack("push", chain, header, frames, Context(store=KeyStore()))
+        except ParamServerError:
+            pass  # refused, with a reason: what a server answers

@@ -10,6 +10,7 @@ significantly-modified filter) picks which keys a worker pushes at all.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, ClassVar
 
@@ -29,7 +30,7 @@ from paramserver.filters.kernels import (
 )
 from paramserver.routing.hashing import from_positions, to_positions
 from paramserver.routing.partition import positioned
-from paramserver.wire.message import DTYPES
+from paramserver.wire.message import DTYPES, MAX_MESSAGE_BYTES
 
 FP16_MAX = 65504.0
 
@@ -107,9 +108,11 @@ class Delta(Filter):
         if not params:
             return
         n = params.get("n")
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 1 << 40:
-            raise ProtocolError(f"delta: parameter 'n' must be a count of keys, got {n!r}")
-        keys, status = varint_decode(blob(parts, "keys", "delta"), n)
+        coded = blob(parts, "keys", "delta")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= coded.nbytes:  # a key takes a byte at least
+            raise ProtocolError(f"delta: parameter 'n' must be the count of keys coded in {coded.nbytes} bytes, "
+                                f"got {n!r}")
+        keys, status = varint_decode(coded, n)
         if status:
             why = ("", "truncated", "longer than its keys", "corrupt")[status]
             raise ProtocolError(f"delta: the key code is {why}")
@@ -159,7 +162,10 @@ class Zstd(Filter):
         for name, spec in packed.items():
             dtype = _wire_dtype(spec, name)
             shape = shape_param({"shape": spec[1]}, f"zstd part {name!r}")
-            size = int(np.prod(shape)) * dtype.itemsize
+            size = math.prod(shape) * dtype.itemsize  # Python ints: no wrap-around
+            if size > MAX_MESSAGE_BYTES:  # a claimed size is checked before anything is allocated
+                raise ProtocolError(f"zstd: part {name!r} would decompress to {size} bytes, over the limit of "
+                                    f"{MAX_MESSAGE_BYTES}")
             try:
                 raw = unpacker.decompress(blob(parts, name, "zstd").data, max_output_size=size)
             except zstandard.ZstdError as exc:
@@ -196,7 +202,7 @@ class _ValueCodec(Filter):
             return
         shape = shape_param(params, self.name)
         packed = blob(parts, "values", self.name)
-        if packed.nbytes != int(np.prod(shape)) * self.width:
+        if packed.nbytes != math.prod(shape) * self.width:
             raise ProtocolError(f"{self.name}: {packed.nbytes} bytes cannot hold values of shape {shape}")
         parts["values"] = self._unpack(packed, shape, parts)
 
