@@ -29,6 +29,8 @@ import tempfile
 import time
 from typing import Any
 
+from netns import stop
+
 WORKER = r"""
 import json, sys, time
 from paramserver.apps.ctr import train as train_mod
@@ -129,12 +131,7 @@ def one(link: Link, data: str, test: str, model: str, k: int, chain: str, server
         report["kernel_tx"], report["kernel_rx"] = tx1 - tx0, rx1 - rx0
         return report
     finally:
-        for p in nodes:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+        stop(nodes, 30)
 
 
 def main() -> None:

@@ -57,11 +57,17 @@ def run(ns_server: str, ns_client: str, host: str, keys: int, rounds: int) -> di
             raise SystemExit(done.stderr)
         return json.loads(done.stdout.strip().splitlines()[-1])
     finally:
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs, 20)
+
+
+def stop(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    """Wait for each process to end (they were told to), killing one that does not."""
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
 
 
 def main() -> None:

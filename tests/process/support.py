@@ -18,6 +18,18 @@ def shared(rel: str) -> str:
     return str(path)
 
 
+def user_module(tmp_path, monkeypatch, name: str, text: str):
+    """A module of the user's (rules, filters), importable by the cluster's nodes: written
+    under ``tmp_path``, which goes on sys.path (LocalCluster hands it to its nodes as
+    PYTHONPATH); a generator for a fixture, which forgets the module afterwards."""
+    import sys
+
+    (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
 def wait_for(condition, timeout_s=60.0, what="condition"):
     """Poll ``condition()`` until it is true (bounded): synchronisation on state, not on time."""
     deadline = time.monotonic() + timeout_s

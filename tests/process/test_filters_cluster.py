@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+from support import user_module
 
 from paramserver import LocalCluster
 from paramserver.apps.ctr.models import Model
@@ -49,10 +49,7 @@ FILTER = textwrap.dedent('''
 
 @pytest.fixture
 def filter_module(tmp_path, monkeypatch):
-    (tmp_path / "ps_user_filters.py").write_text(FILTER)
-    monkeypatch.syspath_prepend(str(tmp_path))  # LocalCluster hands sys.path to its nodes as PYTHONPATH
-    yield "ps_user_filters"
-    sys.modules.pop("ps_user_filters", None)
+    yield from user_module(tmp_path, monkeypatch, "ps_user_filters", FILTER)
 
 
 def test_a_users_filter_is_imported_by_name_on_two_servers_and_round_trips_exactly(filter_module):

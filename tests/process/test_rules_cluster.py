@@ -4,13 +4,12 @@ max with duplicate keys; an add applied exactly once through a SIGKILLed server.
 
 from __future__ import annotations
 
-import sys
 import textwrap
 import threading
 
 import numpy as np
 import pytest
-from support import wait_for
+from support import user_module, wait_for
 
 from paramserver import ConfigError, LocalCluster
 
@@ -35,10 +34,7 @@ RULE = textwrap.dedent('''
 
 @pytest.fixture
 def rules_module(tmp_path, monkeypatch):
-    (tmp_path / "ps_user_rules.py").write_text(RULE)
-    monkeypatch.syspath_prepend(str(tmp_path))  # LocalCluster hands sys.path to its nodes as PYTHONPATH
-    yield "ps_user_rules"
-    sys.modules.pop("ps_user_rules", None)
+    yield from user_module(tmp_path, monkeypatch, "ps_user_rules", RULE)
 
 
 def test_a_users_rule_and_the_push_ops_on_two_servers(rules_module):
