@@ -14,6 +14,9 @@ node), which the scheduler implements with its socket and a test with lists.
   every later push to it), and once every copy is acknowledged the ring flips.
 * Copies a failed or abandoned migration left unconfirmed are redone (repair), from a
   complete live holder.
+* A fenced server beats again (``server_returned``): it may have missed the ring, a
+  ``MIGRATE``, copies or their answers on a cut link; it gets the ring again, and a
+  migration it takes part in is abandoned and planned again.
 * Joins and removals wait while vnodes move, and while the host holds them (a restore).
 """
 
@@ -237,14 +240,16 @@ class Membership:
         (``detector.py``), beats again.  What went to it or came from it meanwhile may be
         gone (a cut link drops it): a ring, a ``MIGRATE``, vnode copies, their answers.
         Waiting on them would wait forever, with the ring naming holders that never got
-        their copy.  So it is sent the ring again, and a migration it takes part in (a
-        source that has not confirmed, or a receiver of such a source's copies) is
+        their copy.  So it is sent the ring again, and a migration it takes part in is
         abandoned and planned again: its unconfirmed copies are still in ``incomplete``,
-        so the next change or repair redoes them from a complete holder."""
+        so the next change or repair redoes them from a complete holder.  Even as a
+        source that confirmed, or a receiver whose copies all were: the ring sent again
+        ends its forwarding of pushes to new holders (``on_ring``), and forwards lost on
+        the cut link are not sent again either."""
         self.host.resync(node_id)
         m = self.migration
-        if m is None or not (node_id in m.waiting or any(
-                dest == node_id for source in m.waiting for _, _, dest in m.moves.get(source, []))):
+        if m is None or not (node_id in m.moves or any(dest == node_id for todo in m.moves.values()
+                                                       for _, _, dest in todo)):
             return
         logger.warning("migration %d abandoned: server %d was cut off, so its copies or their answers may be "
                        "lost; planned again", m.id, node_id)
