@@ -348,3 +348,25 @@ def test_a_repair_source_cut_off_then_back_gets_the_ring_again_and_the_repair_is
     assert unconfirmed <= redone
     migrate = [n for n, h in s.notes if h["op"] == Op.MIGRATE.value and h["migration"] == again.id]
     assert sorted(migrate) == sorted(again.waiting)
+
+
+def test_a_server_whose_lease_came_back_gets_the_ring_again(make):
+    """Heartbeats kept coming but the scheduler's messages were cut (its answers too, so
+    the server's lease ran out): a beat saying the lease was regained makes the scheduler
+    send the ring again and plan again a migration the server takes part in."""
+    s = make([1, 2, 3, 4], [TableSpec("t", 1, replicas=2)])
+    s._remove(4, "dead")
+    repair = s.migration
+    assert repair is not None
+    source = sorted(repair.waiting)[0]
+    s.notes.clear()
+    beat = {"op": "heartbeat", "node_id": source, "seq": 7}
+    s.registry.heartbeat(b"s%d" % source, Message(beat, []))
+    assert s.migration is repair and not s.notes  # an ordinary beat changes nothing
+    s.registry.heartbeat(b"s%d" % source, Message({**beat, "regained": 1}, []))
+    assert (source, Op.RING.value) in [(n, h["op"]) for n, h in s.notes]
+    assert s.migration is not None and s.migration.id != repair.id
+    s.notes.clear()
+    again = s.migration
+    s.registry.heartbeat(b"s%d" % source, Message({**beat, "regained": 1}, []))  # said again: once is enough
+    assert s.migration is again and not s.notes

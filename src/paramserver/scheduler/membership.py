@@ -50,6 +50,7 @@ class NodeInfo:
     rank: int = -1
     metrics: str = ""  # its /metrics URL (--metrics-port), or ""
     process: str = ""  # who its process is (wire/liveness.py), or ""
+    regained: int = 0  # a server's leases regained, as its last beat said (``Lease.regained``)
     pid: int = 0  # its process id, as it registered (0: not given); a launcher waits for its joiner by it
 
 
