@@ -63,3 +63,25 @@ def test_a_paused_server_finds_its_lease_gone_however_long_it_slept():
     lease.beat()
     clock.t += 60.0  # SIGSTOP for a minute: the beat's answer was never read
     assert not lease.valid() and lease.expired_for() > 58
+
+
+def test_a_lease_that_ran_out_and_came_back_is_counted():
+    """Answers that stopped past the lease (a cut link from the scheduler) mean its other
+    messages of that time may be lost too: each lease regained is counted, and the beats
+    say it, so the scheduler sends the ring again (``Membership.server_returned``)."""
+    clock = _Clock()
+    lease = Lease(4.0, clock=clock)
+    lease.granted(clock.t)  # the first grant is no return
+    assert lease.regained == 0
+    beat = lease.beat()
+    clock.t += 1.0
+    lease.answered(beat)  # renewed in time: nothing to say
+    assert lease.regained == 0
+    lost = lease.beat()  # its answer is lost ...
+    clock.t += 5.0  # ... and the lease runs out
+    late = lease.beat()
+    clock.t += 0.1
+    lease.answered(lost)  # an answer too old to grant a lease: not back yet
+    assert not lease.valid() and lease.regained == 0
+    lease.answered(late)  # back
+    assert lease.valid() and lease.regained == 1

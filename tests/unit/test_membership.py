@@ -318,3 +318,55 @@ def test_a_scheduler_stopped_in_the_middle_of_a_turn_declares_nobody_dead(make):
         t["now"] += s.poll_s
         s.turn()
     assert not any(n.role == "server" for n in s.nodes.values())
+
+
+def test_a_repair_source_cut_off_then_back_gets_the_ring_again_and_the_repair_is_planned_again(make):
+    """A repair's source cut off past the heartbeat timeout while it holds the last copy of
+    some vnodes is fenced, not declared dead; what went to it meanwhile (the ring, its
+    MIGRATE, copies and their answers) may be lost on the cut link, so once it beats again
+    it is sent the ring again and the repair is planned again: waiting on the old one
+    waited for ever, the ring naming backups that never got their vnodes (chaos
+    restart-isolate; seeds 256 and 313 of an earlier filters draw)."""
+    s = make([1, 2, 3, 4], [TableSpec("t", 1, replicas=2)])
+    s._remove(4, "dead")  # failover: the repair's copies go to the new backups
+    repair = s.migration
+    assert repair is not None and not repair.flip
+    cut = next(x for x in sorted(repair.waiting) if s.membership.last_copies(x))
+    unconfirmed = set(s.membership.incomplete)
+    s.nodes[cut].last_seen -= s.config.heartbeat_timeout_s + 1  # cut off
+    s._check_heartbeats(s.clock())
+    assert cut in s.nodes and cut in s.detector.fenced and s.migration is repair  # waited for
+    s.notes.clear()
+    s.nodes[cut].last_seen = s.clock()  # it beats again
+    s._check_heartbeats(s.clock())
+    assert not s.detector.fenced
+    assert (cut, Op.RING.value) in [(n, h["op"]) for n, h in s.notes]  # the ring it may have missed
+    again = s.migration
+    assert again is not None and again.id != repair.id and not again.flip  # planned again
+    assert unconfirmed <= s.membership.incomplete  # nothing counts as copied that was not confirmed
+    redone = {(t, v, d) for todo in again.moves.values() for t, v, d in todo}
+    assert unconfirmed <= redone
+    migrate = [n for n, h in s.notes if h["op"] == Op.MIGRATE.value and h["migration"] == again.id]
+    assert sorted(migrate) == sorted(again.waiting)
+
+
+def test_a_server_whose_lease_came_back_gets_the_ring_again(make):
+    """Heartbeats kept coming but the scheduler's messages were cut (its answers too, so
+    the server's lease ran out): a beat saying the lease was regained makes the scheduler
+    send the ring again and plan again a migration the server takes part in."""
+    s = make([1, 2, 3, 4], [TableSpec("t", 1, replicas=2)])
+    s._remove(4, "dead")
+    repair = s.migration
+    assert repair is not None
+    source = sorted(repair.waiting)[0]
+    s.notes.clear()
+    beat = {"op": "heartbeat", "node_id": source, "seq": 7}
+    s.registry.heartbeat(b"s%d" % source, Message(beat, []))
+    assert s.migration is repair and not s.notes  # an ordinary beat changes nothing
+    s.registry.heartbeat(b"s%d" % source, Message({**beat, "regained": 1}, []))
+    assert (source, Op.RING.value) in [(n, h["op"]) for n, h in s.notes]
+    assert s.migration is not None and s.migration.id != repair.id
+    s.notes.clear()
+    again = s.migration
+    s.registry.heartbeat(b"s%d" % source, Message({**beat, "regained": 1}, []))  # said again: once is enough
+    assert s.migration is again and not s.notes

@@ -138,3 +138,46 @@ def test_a_pull_parked_under_the_lease_is_refused_if_released_after_it_ran_out(h
     pulls = [r for _, r in h.replies if r.get("id") == 5]
     assert len(pulls) == 1 and pulls[0]["op"] == "error" and pulls[0]["code"] == "stale_ring", pulls
     assert "lease ran out" in pulls[0]["error"]
+
+
+def test_a_new_migration_voids_the_unanswered_copies_of_the_one_before():
+    """Copies (or their answers) lost on a cut link held their ``COPIES_IN_FLIGHT`` places
+    for ever: the migration that followed (the scheduler abandoned that one) never sent a
+    copy.  A new ``MIGRATE`` voids the old copies, and a late answer to one is ignored."""
+    from paramserver.server.copies import COPIES_IN_FLIGHT, Copies
+    from paramserver.server.peers import Acks
+
+    class FakePeers:
+        def __init__(self) -> None:
+            self.awaiting: dict[int, Acks] = {}
+            self.finished: list[Acks] = []
+
+        def acked(self, acks: Acks, error: str | None = None) -> None:
+            acks.pending -= 1
+            if acks.pending <= 0:
+                self.finished.append(acks)
+
+        def drop(self, waiting: set[Acks]) -> None:
+            self.awaiting = {r: a for r, a in self.awaiting.items() if a not in waiting}
+
+    class FakePort:
+        peers = FakePeers()
+
+    copies = Copies(state=None, port=FakePort())  # type: ignore[arg-type]  # no copy is sent here
+    done: list[str | None] = []
+    copies.plan([("t", v, 9) for v in range(4)], done.append)
+    old = Acks(done=done.append)  # the first migration's, as plan made it
+    lost = []
+    for i in range(COPIES_IN_FLIGHT):  # as send_next does; then the copies, or their answers, are lost
+        copy = Acks()
+        copy.done = lambda failed, c=copy: copies._copied(old, c, failed, 1)
+        copies.in_flight += 1
+        copies.unanswered.add(copy)
+        FakePort.peers.awaiting[i] = copy
+        lost.append(copy)
+    assert not copies.ready()  # stuck, before the next migration
+    copies.plan([("t", 0, 9)], done.append)
+    assert copies.ready() and copies.in_flight == 0 and len(copies.queue) == 2
+    assert not FakePort.peers.awaiting  # no answer is waited for any more
+    lost[0].done(None)  # a late answer to a voided copy holds no place
+    assert copies.in_flight == 0

@@ -8,7 +8,9 @@ compile, a long collection or a swapped-out VM stop the heartbeats of a process 
 answer again.  Such a server is **fenced** instead: its lease runs out on its own (¾ of
 the heartbeat timeout, ``server/lease.py``), so it serves no client, and nothing else
 changes; the scheduler waits for it up to ``last_copy_timeout_s`` of silence.  If it beats
-again it is un-fenced and nothing was lost; only after that bound, or at once when its
+again it is un-fenced and nothing was lost (what was sent to it, or by it, while it was
+cut off may be: the scheduler sends it the ring again and plans again a migration it
+took part in, ``Membership.server_returned``); only after that bound, or at once when its
 process is known to be gone (same machine: ``wire/liveness.py``), is it declared dead,
 and the loss is recorded and logged as such (``Membership._record_losses``).
 """
@@ -38,6 +40,7 @@ class Detector:
     def __init__(self, host: DetectorHost) -> None:
         self.host = host
         self.fenced: dict[int, float] = {}  # server -> when its silence began
+        self.returned: list[int] = []  # un-fenced servers the host has not resynced yet (``take_returned``)
 
     def dead(self, now: float, waiting_on_us: set[int]) -> list[int]:
         """The nodes to declare dead now: silent past the heartbeat timeout, less the fenced
@@ -49,6 +52,7 @@ class Detector:
             silent = self.host.nodes[server].last_seen - self.fenced.pop(server)
             logger.warning("server %d answered again after %.1f s of silence: un-fenced, nothing was lost",
                            server, silent)
+            self.returned.append(server)
         dead = []
         for node in [n for n in self.host.nodes.values() if n.last_seen < deadline and n.id not in waiting_on_us]:
             if node.role == "server" and self._wait_for(node, now):
@@ -84,6 +88,13 @@ class Detector:
                            "before that data is written off (PARAMSERVER_LAST_COPY_TIMEOUT_S)", node.id, silent,
                            len(vnodes), sorted(last), bound)
         return True
+
+    def take_returned(self) -> list[int]:
+        """The fenced servers that beat again since the last call: messages to and from
+        them during their silence may be lost (a cut link), so the scheduler resyncs them
+        (``Membership.server_returned``)."""
+        returned, self.returned = self.returned, []
+        return returned
 
     def forget(self, node_id: int) -> None:
         self.fenced.pop(node_id, None)

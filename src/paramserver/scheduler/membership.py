@@ -14,6 +14,9 @@ node), which the scheduler implements with its socket and a test with lists.
   every later push to it), and once every copy is acknowledged the ring flips.
 * Copies a failed or abandoned migration left unconfirmed are redone (repair), from a
   complete live holder.
+* A fenced server beats again (``server_returned``): it may have missed the ring, a
+  ``MIGRATE``, copies or their answers on a cut link; it gets the ring again, and a
+  migration it takes part in is abandoned and planned again.
 * Joins and removals wait while vnodes move, and while the host holds them (a restore).
 """
 
@@ -47,6 +50,7 @@ class NodeInfo:
     rank: int = -1
     metrics: str = ""  # its /metrics URL (--metrics-port), or ""
     process: str = ""  # who its process is (wire/liveness.py), or ""
+    regained: int = 0  # a server's leases regained, as its last beat said (``Lease.regained``)
     pid: int = 0  # its process id, as it registered (0: not given); a launcher waits for its joiner by it
 
 
@@ -81,6 +85,7 @@ class MembershipHost(Protocol):
     def holding(self) -> bool: ...  # joins and removals must wait (a restore runs)
     def between_changes(self) -> None: ...  # no vnode moves now: what waited for that may start
     def migration_over(self) -> None: ...  # vnodes stopped moving: what waited may run
+    def resync(self, node_id: int) -> None: ...  # the ring again, to a server that may have missed it
 
 
 class Membership:
@@ -199,16 +204,8 @@ class Membership:
         refilled and the primaries copy to their new backups (repair) afterwards."""
         m = self.migration
         if m is not None:  # its plan is void: start again from the new ring
-            self.migration = None
             logger.warning("migration %d abandoned: server %d is gone", m.id, node_id)
-            if m.leaving is not None and m.leaving != node_id:
-                self.changes.appendleft(("remove", m.leaving, m.requester))
-            elif m.leaving is not None and m.requester is not None:
-                self.host.answer(m.requester[0], encode({"op": Op.OK.value, "id": m.requester[1]}))
-            joining = [n for n in m.target.servers if self.ring is not None and n not in self.ring.servers]
-            for n in joining:
-                if n != node_id:
-                    self.changes.appendleft(("join", n, None))
+            self._abandon(m, gone=node_id)
         if self.ring is None or node_id not in self.ring.servers:
             self._purge_incomplete()
             self.next_change()
@@ -238,6 +235,40 @@ class Membership:
         self.host.ring_changed(everyone=True)
         self.incomplete = {c for c in self.incomplete if c[2] != node_id}
         self._start_migration(self.ring, moves, flip=False)
+
+    def server_returned(self, node_id: int) -> None:
+        """A server silent past the heartbeat timeout, fenced rather than declared dead
+        (``detector.py``), beats again.  What went to it or came from it meanwhile may be
+        gone (a cut link drops it): a ring, a ``MIGRATE``, vnode copies, their answers.
+        Waiting on them would wait forever, with the ring naming holders that never got
+        their copy.  So it is sent the ring again, and a migration it takes part in is
+        abandoned and planned again: its unconfirmed copies are still in ``incomplete``,
+        so the next change or repair redoes them from a complete holder.  Even as a
+        source that confirmed, or a receiver whose copies all were: the ring sent again
+        ends its forwarding of pushes to new holders (``on_ring``), and forwards lost on
+        the cut link are not sent again either."""
+        self.host.resync(node_id)
+        m = self.migration
+        if m is None or not (node_id in m.moves or any(dest == node_id for todo in m.moves.values()
+                                                       for _, _, dest in todo)):
+            return
+        logger.warning("migration %d abandoned: server %d was cut off, so its copies or their answers may be "
+                       "lost; planned again", m.id, node_id)
+        self._abandon(m, gone=None)
+        self.next_change()
+
+    def _abandon(self, m: Migration, gone: int | None) -> None:
+        """Drop migration ``m`` unfinished (``gone``: a server that died meanwhile): the
+        join or removal it made is queued again; its copies stay unconfirmed."""
+        self.migration = None
+        if m.leaving is not None and m.leaving != gone:
+            self.changes.appendleft(("remove", m.leaving, m.requester))
+        elif m.leaving is not None and m.requester is not None:
+            self.host.answer(m.requester[0], encode({"op": Op.OK.value, "id": m.requester[1]}))
+        joining = [n for n in m.target.servers if self.ring is not None and n not in self.ring.servers]
+        for n in joining:
+            if n != gone:
+                self.changes.appendleft(("join", n, None))
 
     # ---- the changes -------------------------------------------------------------------
     def _form_ring(self, version: int) -> None:

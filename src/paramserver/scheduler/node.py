@@ -237,6 +237,11 @@ class SchedulerNode:
     def ring_formed(self) -> None:
         self.registry.ring_formed()
 
+    def resync(self, node_id: int) -> None:
+        """The ring, to one server that may have missed it (cut off while it changed)."""
+        if node_id in self.nodes and self.ring is not None:
+            self._notify(self.nodes[node_id], {"op": Op.RING.value, **self.cluster_view()})
+
     def joining(self, node_id: int) -> None:
         self.ring_changed(everyone=True)  # every server learns the joiner's address, it the tables
         self.notify(node_id, {"op": Op.WORKERS.value, "workers": self._announced or []})
@@ -309,6 +314,9 @@ class SchedulerNode:
         for node_id in self.detector.dead(now, parked):  # silent ones, less fenced servers (scheduler/detector.py)
             if node_id in self.nodes:
                 self._remove(node_id, "dead")
+        for node_id in self.detector.take_returned():  # fenced, then beat again: what it missed is redone
+            if node_id in self.nodes:
+                self.membership.server_returned(node_id)
 
     def alive(self, process: str) -> bool | None:
         return self.transport.alive(process)

@@ -162,6 +162,11 @@ class Registry:
             seq = msg.header.get("seq")  # a server's beat: echoed, it renews the server's lease
             self.host.sock.send(_BEAT_BACK if seq is None else encode({"op": Op.HEARTBEAT.value, "seq": seq}),
                                 identity)  # and nodes tell a dead scheduler by silence
+            regained = msg.header.get("regained")
+            if isinstance(regained, int) and regained > node.regained and node.role == "server":
+                # its lease ran out and came back: what we sent it meanwhile may be lost
+                node.regained = regained
+                self.host.membership.server_returned(node.id)
         else:  # declared dead, then came back: tell it, so it stops serving
             self.host.sock.send(error_reply(None, Code.UNKNOWN_NODE, "not registered (declared dead?)"), identity)
 

@@ -36,9 +36,21 @@ class Copies:
         self.state, self.port = state, port
         self.queue: deque[tuple[Acks, str | None, int, int]] = deque()  # (migration's acks, table, vnode, dest)
         self.in_flight = 0
+        self.plans = 0  # migrations planned here: a copy's answer counts only for the newest
+        self.unanswered: set[Acks] = set()  # the copies sent and not answered yet
 
     def plan(self, moves: list[tuple[str, int, int]], done: Callable[[str | None], None]) -> None:
-        """Queue a migration's copies; ``done(failed)`` once every one is acknowledged."""
+        """Queue a migration's copies; ``done(failed)`` once every one is acknowledged.
+
+        The scheduler runs one migration at a time, so a new one means the one before
+        was abandoned: its copies not sent yet are dropped, and those unanswered no
+        longer count against ``COPIES_IN_FLIGHT`` (a copy or its answer lost on a cut
+        link would otherwise hold their places for ever, and no copy would go again)."""
+        self.plans += 1
+        self.queue.clear()
+        self.in_flight = 0
+        self.port.peers.drop(self.unanswered)  # an answer still to come is ignored
+        self.unanswered.clear()
         acks = Acks(done=done)
         acks.pending = 1  # held until the last copy is sent: done cannot come before
         self.queue.extend((acks, name, vnode, dest) for name, vnode, dest in moves)
@@ -81,9 +93,12 @@ class Copies:
             "clocks": {str(w): c for w, c in state.gate.vector.clocks.items()}, "append": False}
         # a vnode bigger than a message goes in several: the first replaces, the rest add
         step = max(1, (state.config.max_message_bytes - (2 << 20)) // (8 + 4 * table.width))
-        copy = Acks(done=lambda failed: self._copied(acks, failed))
+        plan = self.plans
+        copy = Acks()
+        copy.done = lambda failed: self._copied(acks, copy, failed, plan)
         acks.pending += 1
         self.in_flight += 1
+        self.unanswered.add(copy)
         for start in range(0, max(1, keys.shape[0]), step):
             chunk = [keys[start:start + step], rows[start:start + step]]
             if start == 0:
@@ -94,6 +109,8 @@ class Copies:
         state.moving.setdefault(name, {}).setdefault(vnode, set()).add(dest)
         return True
 
-    def _copied(self, acks: Acks, failed: str | None) -> None:
-        self.in_flight -= 1
+    def _copied(self, acks: Acks, copy: Acks, failed: str | None, plan: int) -> None:
+        if plan == self.plans:  # else its migration was abandoned: it no longer holds a place
+            self.in_flight -= 1
+            self.unanswered.discard(copy)
         self.port.peers.acked(acks, failed)

@@ -50,10 +50,16 @@ class Lease:
         self._until = -math.inf
         self._seq = 0
         self._sent: dict[int, float] = {}  # beat number -> when it was sent
+        # times the lease ran out and came back: the scheduler's messages of that time may be
+        # lost (a cut link), so each beat says it (``Membership.server_returned`` resyncs)
+        self.regained = 0
 
     def granted(self, sent_at: float) -> None:
         """The scheduler answered a message this server sent at ``sent_at``."""
+        lapsed = self._until > -math.inf and not self.valid()
         self._until = max(self._until, sent_at + self.length)
+        if lapsed and self.valid():
+            self.regained += 1
 
     def beat(self) -> int:
         """A heartbeat goes out now: its number, for the scheduler to echo."""

@@ -247,7 +247,8 @@ class ServerNode:
             self._running = False
             return False
         sock.send(encode({"op": Op.HEARTBEAT.value, "node_id": self.node_id, "seq": self.state.lease.beat(),
-                          **({"token": self.node_token} if self.node_token else {})}))
+                          **({"token": self.node_token} if self.node_token else {}),
+                          **({"regained": self.state.lease.regained} if self.state.lease.regained else {})}))
         while sock.poll(0):
             msg = decode(sock.recv())
             if msg.op is Op.HEARTBEAT:  # the scheduler heard the beat: the lease runs on

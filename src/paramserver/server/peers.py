@@ -137,6 +137,13 @@ class Peers:
                 del self.awaiting[request_id]
                 self.acked(acks)
 
+    def drop(self, waiting: set[Acks]) -> None:
+        """Stop waiting for the answers ``waiting`` awaits (their requests are void): a late
+        answer is ignored, and one lost on a cut link is no longer waited for."""
+        if waiting:
+            for request_id in [r for r, (_, acks) in self.awaiting.items() if acks in waiting]:
+                del self.awaiting[request_id]
+
     def close(self) -> None:
         for server in list(self.socks):
             self._close(server)

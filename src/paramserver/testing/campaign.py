@@ -25,7 +25,7 @@ from typing import Any
 #: ``chaos.SCENARIOS``' names, here so that ``paramserver --help`` need not import the simulation
 SCENARIO_NAMES = ("counters-r1", "counters-r2", "counters-r3", "filters", "job", "job-ssp", "membership", "partition",
                   "repair-pause",
-                  "restore", "ssp", "stalled-scheduler", "stalled-server")
+                  "restart-isolate", "restore", "ssp", "stalled-scheduler", "stalled-server")
 
 
 def add_parser(sub: Any) -> None:

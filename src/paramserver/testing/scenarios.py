@@ -143,6 +143,25 @@ def _job_ssp(rng: random.Random) -> Plan:
     return p
 
 
+def _restart_isolate(rng: random.Random) -> Plan:
+    """Two failures close together at r = 2: a restart (a crash, then a new server joins
+    0.2-2 s later) and, within a second, the isolation of another server past the
+    heartbeat timeout.  The repair after the crash plans copies to and from the isolated
+    server, which holds the last complete copy of some vnodes, so it is fenced and
+    waited for: the copies, the ``MIGRATE`` and the ring it missed must be redone once
+    it is back, or the ring names holders that never got their vnodes and acknowledged
+    pushes are lost, unsaid (seeds 256 and 313 of an earlier draw of ``filters``)."""
+    p = Plan(servers=4 + rng.randint(0, 1), workers=rng.randint(2, 3), replicas=2)
+    p.faults = Faults(drop=0.01, duplicate=0.03, delay=0.1, delay_s=0.3, reorder=0.05, only=_client_links)
+    when = rng.uniform(2, RUN_S - 10)
+    p.failures = [(when, "restart"), (when + rng.uniform(0.05, 1.0), "isolate")]
+    if rng.random() < 0.5:
+        p.failures.append((rng.uniform(1, RUN_S - 2), "short-pause"))
+    p.rates = {f"server-{i + 1}": rng.uniform(0.9, 1.1) for i in range(p.servers)}
+    p.speeds = [rng.choice([0.02, 0.1, 0.3]) for _ in range(p.workers)]
+    return p
+
+
 #: key caching of every list (however short) and a lossy codec each way, every part compressed
 FILTERS = ("push=int8:block=4,keycache:min_keys=1,delta,zstd:min_bytes=0;"
            "pull=keycache:min_keys=1,delta,zstd:min_bytes=0;reply=fp16,zstd:min_bytes=0")
@@ -172,6 +191,7 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "stalled-server": _stalled_server,
     "repair-pause": _repair_pause,
     "partition": _partition,
+    "restart-isolate": _restart_isolate,
     "restore": _restore,
     "job": _job,
     "job-ssp": _job_ssp,
