@@ -26,7 +26,8 @@ def overloads():  # by the kernel's own name: one imported into several modules 
 
 before = overloads()
 from paramserver.testing.chaos import run
-runs = [(s, seed) for s in ("counters-r2", "counters-r1", "repair-pause", "ssp", "job", "restore", "membership")
+runs = [(s, seed) for s in ("counters-r2", "counters-r1", "repair-pause", "ssp", "job", "restore", "membership",
+                             "filters")
         for seed in (0, 1)]
 violations = sum(len(run(s, seed).violations) for s, seed in runs)
 new = {k: sorted(v - before.get(k, set())) for k, v in overloads().items() if v - before.get(k, set())}

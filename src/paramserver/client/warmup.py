@@ -6,15 +6,18 @@ from __future__ import annotations
 import numpy as np
 
 from paramserver._runtime.warm import is_inherited, load_numba
+from paramserver.filters.warmup import warm_filters
 from paramserver.routing.partition import route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Op, decode, encode
 
 
-def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None, combine: bool = True) -> None:
+def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None, combine: bool = True,
+                filters: bool = True) -> None:
     """Route a push of ``grads`` to ``keys`` (distinct keys; ``combine``: also a push whose
     duplicate keys are merged) and a pull of them, and scatter the pull's reply from a
-    received (read-only) frame.  Without ``keys``: three keys of dim 1."""
+    received (read-only) frame; with ``filters``, every built-in filter's kernels.  Without
+    ``keys``: three keys of dim 1."""
     if is_inherited():
         return
     load_numba()
@@ -29,3 +32,5 @@ def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None,
     frames = encode({"op": Op.OK.value}, [np.zeros((keys.size, 1), np.float32)])
     (vals,) = decode([bytes(f) for f in frames]).arrays
     scatter_rows(vals, routed.order, np.empty((keys.size, 1), np.float32))
+    if filters:
+        warm_filters()  # a filtered table's requests, residuals and routing in position order

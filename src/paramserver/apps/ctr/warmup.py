@@ -13,14 +13,16 @@ from paramserver._runtime.warm import Warmup, is_inherited, load_numba
 from paramserver.apps.ctr.models import Model
 from paramserver.client.warmup import warm_client
 from paramserver.data.warmup import sample_batches
+from paramserver.filters.warmup import warm_filters
 from paramserver.server.warmup import warm_server
 
 
 def warm_worker(formats: tuple[str, ...] = ("criteo", "libsvm"), models: tuple[Any, ...] | None = None,
-                combine: bool = True) -> None:
+                combine: bool = True, filters: bool = True) -> None:
     """Load (or compile) the training kernels on tiny inputs: parsing ``formats``,
     deduplication, ``models``' steps and predictions (default: lr, fm and deepfm), routing
-    (``combine``: a push whose duplicate keys are merged too) and scattering a pull's reply."""
+    (``combine``: a push whose duplicate keys are merged too) and scattering a pull's reply;
+    with ``filters``, the filters' kernels."""
     if is_inherited():
         return
     load_numba()
@@ -33,7 +35,9 @@ def warm_worker(formats: tuple[str, ...] = ("criteo", "libsvm"), models: tuple[A
             dense = model.dense_initial(0) if model.deep else None
             grads, _, _ = model.step(batch, inverse, rows, dense)
             model.predict(batch, inverse, rows, dense)
-            warm_client(uniq, grads, combine)
+            warm_client(uniq, grads, combine, filters=False)
+    if filters:
+        warm_filters()
 
 
 def warm_all() -> None:
@@ -47,8 +51,9 @@ def default_warmup() -> Warmup:
     return Warmup(servers=warm_server, workers=warm_worker)
 
 
-def warm_job(fmt: str, model: Any, layout: str) -> Warmup:
+def warm_job(fmt: str, model: Any, layout: str, filters: bool = False) -> Warmup:
     """What one training job uses: the server kernels of its table's ``layout``
-    (``"hash"`` or ``"dense"``), then parsing ``fmt`` and ``model``'s step and prediction."""
-    return Warmup(servers=functools.partial(warm_server, (layout,)),
-                  workers=functools.partial(warm_worker, (fmt,), (model,), combine=False))
+    (``"hash"`` or ``"dense"``), then parsing ``fmt`` and ``model``'s step and prediction;
+    the filters' kernels if its tables have filters."""
+    return Warmup(servers=functools.partial(warm_server, (layout,), filters),
+                  workers=functools.partial(warm_worker, (fmt,), (model,), combine=False, filters=filters))
