@@ -65,6 +65,7 @@ print("REPORT " + json.dumps(report, default=str))
 
 RATES = {"none": None, "1gbit": "1gbit", "100mbit": "100mbit"}
 TARGET = 0.0005  # a filtered run reaches the unfiltered one's final test log loss within this
+BEST = "push=int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=int8,zstd"  # compact, with int8 replies
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -138,8 +139,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--links", nargs="+", default=["none", "1gbit", "100mbit"], choices=sorted(RATES))
-    ap.add_argument("--chains", nargs="+", default=["none", "keycache", "delta", "zstd", "int8", "fp16", "lossless",
-                                                    "compact"])
+    ap.add_argument("--chains", nargs="+", default=["none", "keycache", "delta", "zstd", "fp16", "int8", "keys",
+                                                    "lossless", "compact", "best"],
+                    help="presets, single filters (each alone), best, or chain specs")
     ap.add_argument("--model", default="lr", choices=("lr", "fm"))
     ap.add_argument("--k", type=int, default=16, help="FM factor width")
     ap.add_argument("--servers", type=int, default=1)
@@ -161,7 +163,7 @@ def main() -> None:
         write_synth(test, max(1, args.rows // 10), seed=2, shape="heavy")
     alone = {"keycache": "push=keycache;pull=keycache", "delta": "push=delta;pull=delta",
              "zstd": "push=zstd;pull=zstd;reply=zstd", "int8": "push=int8", "fp16": "push=fp16",
-             "bf16": "push=bf16", "int8-replies": "push=int8;reply=int8"}
+             "bf16": "push=bf16", "best": BEST}
     runs: list[dict[str, Any]] = []
     for rate in args.links:
         for chain in args.chains:
@@ -187,7 +189,7 @@ def markdown(runs: list[dict[str, Any]]) -> None:
         fewer = (base["kernel_tx"] + base["kernel_rx"]) / max(r["kernel_tx"] + r["kernel_rx"], 1)
         reached = r["logloss"] <= base["logloss"] + TARGET
         target = f"{base['seconds'] / r['seconds']:.2f}x" if reached else "not reached"
-        chain = r["chain"] if len(r["chain"]) < 20 else "int8 replies (see below)"
+        chain = "best" if r.get("spec") == BEST else r["chain"]
         print(f"| {r['link']} | {chain} | {r['kernel_tx'] / n:.1f} | {r['kernel_rx'] / n:.1f} | {fewer:.2f}x | "
               f"{r['examples_per_s']:,.0f} | {r['seconds']:.1f} | {target} | {r['logloss']:.5f} | {r['auc']:.4f} |")
 
