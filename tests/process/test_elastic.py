@@ -6,10 +6,11 @@ import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from support import shared, wait_for
 
-from paramserver import Client, LocalCluster, WorkerError
+from paramserver import Client, ConfigError, LocalCluster, WorkerError
 from paramserver.data.reader import Shard
 
 
@@ -141,3 +142,21 @@ def test_train_with_a_bad_line_in_its_only_shard_and_two_workers_fails_instead_o
                            "--workers", "2", "--quiet"], capture_output=True, text=True, timeout=90)
     assert done.returncode == 2
     assert f"{bad}:51" in done.stderr and "--skip-bad-lines" in done.stderr
+
+
+def test_the_name_add_server_returns_is_what_remove_server_takes():
+    """Issue 33.1: remove_server('server-2') raised a raw ValueError; the node id was 4."""
+    keys = np.arange(500, dtype=np.uint64)
+    with LocalCluster(servers=1, workers=0, log_level="WARNING") as cluster:
+        c = cluster.client
+        c.create_table("t", dim=1, optimizer="sgd")
+        c.push("t", keys, np.ones((500, 1), np.float32), op="add").result(timeout=60)
+        name = cluster.add_server()
+        assert len(c.cluster_info()["ring_servers"]) == 2
+        with pytest.raises(ConfigError, match="takes the server's node id"):
+            c.remove_server(name)
+        with pytest.raises(ConfigError, match="no server process 'server-9'"):
+            cluster.remove_server("server-9")
+        cluster.remove_server(name)
+        assert len(c.cluster_info()["ring_servers"]) == 1
+        np.testing.assert_array_equal(c.pull("t", keys).result(timeout=60), np.ones((500, 1), np.float32))

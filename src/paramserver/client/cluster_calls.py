@@ -8,6 +8,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from paramserver.errors import ConfigError
 from paramserver.wire.message import Message, Op
 
@@ -52,7 +54,15 @@ class ClusterCalls:
     def remove_server(self, node_id: int, timeout_s: float | None = None) -> int:
         """Take a server out of the ring while jobs run: its vnodes are copied to the
         others (writes made meanwhile included), the ring flips, then it stops.
-        Returns the new ring version."""
+        Returns the new ring version.
+
+        Raises:
+            ConfigError: ``node_id`` is not a node id (a launcher's ``remove_server`` takes
+                the process name its ``add_server`` returned)."""
+        if isinstance(node_id, bool) or not isinstance(node_id, (int, np.integer)):
+            raise ConfigError(f"remove_server takes the server's node id (an int, as `cluster status` lists them), "
+                              f"got {node_id!r}; LocalCluster.remove_server and RayCluster.remove_server also take "
+                              "the name add_server returned")
         return int(self._call(self.config.scheduler, {"op": Op.REMOVE_SERVER.value, "node_id": int(node_id)},
                               timeout_s=timeout_s).get("ring_version", 0))
 

@@ -398,15 +398,31 @@ class LocalCluster(RunsFunctions):
         self.client.cluster_info()
         return name
 
-    def remove_server(self, node_id: int, timeout_s: float | None = None) -> int:
-        """Take server ``node_id`` out of the ring live (see ``Client.remove_server``)."""
-        return self.client.remove_server(node_id, timeout_s=timeout_s or self.startup_timeout_s)
+    def remove_server(self, server: int | str, timeout_s: float | None = None) -> int:
+        """Take a server out of the ring live (see ``Client.remove_server``): its node id,
+        or its process name (``add_server``'s answer, ``"server-0"``...)."""
+        if isinstance(server, str):
+            proc = self.procs.get(server)
+            if proc is None or not server.startswith("server-"):
+                raise ConfigError(f"no server process {server!r} (servers: "
+                                  f"{sorted(n for n in self.procs if n.startswith('server-'))}); pass a name "
+                                  "add_server returned, or a node id")
+            server = node_of_pid(self.client, proc.popen.pid, server)
+        return self.client.remove_server(server, timeout_s=timeout_s or self.startup_timeout_s)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to one node (``"server-0"``, ``"worker-1"``): fault injection."""
         if name not in self.procs:
             raise KeyError(f"no process {name!r} (have {sorted(self.procs)})")
         self.procs[name].popen.send_signal(sig)
+
+
+def node_of_pid(client: Client, pid: int, name: str) -> int:
+    """The node id of the server whose process is ``pid`` (its stats say), or ``ConfigError``."""
+    for stats in client.server_stats():
+        if int(stats.get("pid", -1)) == pid:
+            return int(stats["node_id"])
+    raise ConfigError(f"{name} (pid {pid}) is not serving on the ring")
 
 
 def _warm_workers() -> None:

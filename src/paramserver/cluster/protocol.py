@@ -57,8 +57,9 @@ class Cluster(Protocol):
     def add_server(self, timeout_s: float | None = None) -> str:
         """Start one more server; its name once it serves on the ring."""
 
-    def remove_server(self, node_id: int, timeout_s: float | None = None) -> int:
-        """Take server ``node_id`` out of the ring live; the ring's new version."""
+    def remove_server(self, server: int | str, timeout_s: float | None = None) -> int:
+        """Take a server out of the ring live: its node id, or the name ``add_server``
+        returned (``"server-2"``); the ring's new version."""
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to one node (fault injection); ``KeyError`` for a name it does not have."""

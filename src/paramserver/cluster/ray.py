@@ -370,10 +370,22 @@ class RayCluster(RunsFunctions):
         self.client.cluster_info()
         return name
 
-    def remove_server(self, node_id: int, timeout_s: float | None = None) -> int:
-        """Take server ``node_id`` out of the ring live (see ``Client.remove_server``); its
-        actor then ends."""
-        address = self.client.cluster_info().get("servers", {}).get(str(node_id), "")
+    def remove_server(self, server: int | str, timeout_s: float | None = None) -> int:
+        """Take a server out of the ring live (see ``Client.remove_server``): its node id,
+        or its actor's name (``add_server``'s answer); its actor then ends."""
+        servers = self.client.cluster_info().get("servers", {})
+        if isinstance(server, str):
+            member = self.members.get(server)
+            if member is None or member.role != "server":
+                raise ConfigError(f"no server actor {server!r} (servers: "
+                                  f"{sorted(n for n, m in self.members.items() if m.role == 'server')})")
+            mine = self._address_of(member)
+            found = [int(i) for i, a in servers.items() if a == mine]
+            if not found:
+                raise ConfigError(f"{server} is not serving on the ring")
+            server = found[0]
+        node_id = int(server)
+        address = servers.get(str(node_id), "")
         for member in self.members.values():
             if member.role == "server" and not member.drained and self._address_of(member) == address:
                 member.drained = True
