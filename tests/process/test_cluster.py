@@ -1,6 +1,7 @@
 """Real processes on 127.0.0.1: exact sums, bad messages, errors, roles started by hand."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -469,3 +470,18 @@ def test_a_dense_table_the_servers_cannot_hold_is_refused_and_not_listed():
         client.create_table("small", dim=1, optimizer="sgd")  # the cluster goes on
         client.push("small", np.arange(10, dtype=np.uint64), np.ones((10, 1), np.float32)).result(timeout=30)
         assert all(p.popen.poll() is None for n, p in cluster.procs.items() if n.startswith("server"))
+
+
+def test_a_failed_job_keeps_the_logs_its_progress_line_named():
+    """Issue 33.2: the folder printed as "logs DIR" was gone when the job failed, though
+    --log-dir's help says a failed job keeps it; a job that ends well removes it."""
+    from paramserver.data.reader import DataError
+
+    with pytest.raises(DataError):
+        with LocalCluster(servers=1, workers=0, log_level="WARNING") as failed:
+            raise DataError("a bad line")
+    assert os.path.isdir(failed.log_dir) and os.listdir(failed.log_dir)
+    shutil.rmtree(failed.log_dir)
+    with LocalCluster(servers=1, workers=0, log_level="WARNING") as fine:
+        pass
+    assert not os.path.exists(fine.log_dir)

@@ -168,8 +168,13 @@ class _Progress:
             _console(True).print(self.where[-1])  # said once, whatever the progress line does
 
     def stop(self) -> None:
+        """End the live line; the next output starts on a line of its own, even off a
+        terminal (an error was once glued to the "scheduler ..., logs DIR" line)."""
         if self.live is not None:
             self.live.stop()
+            if not _console(True).is_terminal:
+                _console(True).print()
+            self.live = None
 
 
 def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list[str],
@@ -209,8 +214,6 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
         report = _run(cfg, args, data, test, progress)
     finally:
         progress.stop()
-    if not _console(True).is_terminal and not quiet:
-        _console(True).print()  # end the last progress line
     _console(False).print(_report_table(report))
     metrics_out = getattr(args, "metrics_out", None)
     if metrics_out:

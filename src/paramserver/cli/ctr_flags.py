@@ -123,7 +123,7 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
     unverified_flag(p)
     p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")
     p.add_argument("--log-dir", metavar="DIR", help="keep the nodes' logs here (default: a temporary folder, "
-                                                    "removed unless the job fails)")
+                                                    "removed unless the job fails or is interrupted)")
     p.add_argument("--quiet", action="store_true", help="no live progress")
 
 

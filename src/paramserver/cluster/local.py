@@ -144,10 +144,13 @@ class LocalCluster(RunsFunctions):
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        # a node died or lost data, or a bug: the nodes' logs may say why (bad input or a user
-        # function's error says it all in its message)
+        # a job that failed, or was interrupted, keeps its nodes' logs, as `--log-dir`'s help
+        # promises (the folder the progress line named is still there); where is said when
+        # the logs may tell why: not for bad input or a user function's error, whose own
+        # message says it all, and is then the one line a user reads
         said = (ConfigError, DataError, WorkerError, ClosedError)
-        self.stop(keep_logs=exc_type is not None and not issubclass(exc_type, said))
+        failed = exc_type is not None and not issubclass(exc_type, ClosedError)
+        self.stop(keep_logs=failed, say_where=failed and not issubclass(exc_type, said))
 
     def start(self) -> None:
         if self.log_dir:
@@ -240,9 +243,10 @@ class LocalCluster(RunsFunctions):
             time.sleep(0.02)  # polling a file the child writes atomically; bounded above
         raise ConnectError(f"{proc.name} did not report its address within {self.startup_timeout_s:g} s")
 
-    def stop(self, timeout_s: float = 10.0, keep_logs: bool = False) -> None:
+    def stop(self, timeout_s: float = 10.0, keep_logs: bool = False, say_where: bool = True) -> None:
         """Stop every process: ask the scheduler, then SIGTERM, then SIGKILL.  The node logs
-        of a temporary folder are removed, unless ``keep_logs`` (then their folder is logged)."""
+        of a temporary folder are removed, unless ``keep_logs`` (then, with ``say_where``,
+        their folder is logged)."""
         if self._closed:
             return
         self._closed = True
@@ -255,7 +259,7 @@ class LocalCluster(RunsFunctions):
                 proc.from_child.close()
         if self._own_dir and self.log_dir and not keep_logs:
             shutil.rmtree(self.log_dir, ignore_errors=True)
-        elif keep_logs and self.log_dir:
+        elif keep_logs and self.log_dir and say_where:
             logger.warning("the nodes' logs are kept in %s", self.log_dir)
 
     def _ask_to_shut_down(self) -> bool:
