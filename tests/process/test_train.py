@@ -350,3 +350,22 @@ def test_train_and_predict_read_standard_input(tmp_path):
     empty = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", "-"], input="",
                            capture_output=True, text=True, timeout=60)
     assert empty.returncode == 2 and "standard input is empty" in empty.stderr
+
+
+def test_eval_and_predict_say_what_a_folder_or_a_stray_flag_is_and_predict_writes_to_stdout(tmp_path):
+    """Issue 33.4: a raw "[Errno 21] Is a directory", `--out -` written to a file named "-",
+    and --label-format pm1 silently ignored with --format criteo."""
+    train, test = str(tmp_path / "train.tsv"), str(tmp_path / "test.tsv")
+    write_synth(train, 3_000, seed=1)
+    write_synth(test, 50, seed=2)
+    model = str(tmp_path / "model")
+    assert cli("train", "--data", train, "--quiet", "--save", model).returncode == 0
+    for command in (("eval",), ("predict", "--out", str(tmp_path / "p.txt"))):
+        proc = cli(*command, "--model", model, "--data", str(tmp_path))
+        assert proc.returncode == 2 and f"{tmp_path} is a directory; pass the files in it" in proc.stderr
+    proc = cli("predict", "--model", model, "--data", test, "--out", "-")
+    assert proc.returncode == 0 and not (tmp_path / "-").exists() and not os.path.exists("-")
+    preds = np.array(proc.stdout.split(), float)
+    assert preds.shape == (50,) and ((preds > 0) & (preds < 1)).all()
+    proc = cli("eval", "--model", model, "--data", test, "--label-format", "pm1")
+    assert proc.returncode == 2 and "--label-format pm1 applies to --format libsvm" in proc.stderr

@@ -269,7 +269,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def predict(args: argparse.Namespace, _: Any) -> int:
     n = predict_file(args.model, args.data, args.out, args.skip_bad_lines, _overrides(args),
                      args.allow_unverified_checkpoint)
-    _console(True).print(f"wrote {n:,} predictions to {args.out}")
+    _console(True).print(f"wrote {n:,} predictions to {'standard output' if args.out == '-' else args.out}")
     return 0
 
 

@@ -151,7 +151,8 @@ def add_predict(sub: Subparsers) -> None:
     p = sub.add_parser("predict", help="write one probability a line for DATA (no cluster needed)")
     p.add_argument("--model", required=True, metavar="DIR", help="a directory written by train --save")
     p.add_argument("--data", nargs="+", required=True, help="files to score (labels optional; globs ok)")
-    p.add_argument("--out", required=True, help="one probability a line, in the order of --data's lines")
+    p.add_argument("--out", required=True, help="one probability a line, in the order of --data's lines "
+                                                "(- for standard output)")
     _scoring_flags(p)
 
 

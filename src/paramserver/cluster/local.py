@@ -128,6 +128,7 @@ class LocalCluster(RunsFunctions):
         self.startup_timeout_s = startup_timeout_s
         self.log_level = log_level
         self._own_dir = log_dir is None
+        self._say_where = True  # where kept logs are is logged (not after an error that says it all)
         self.log_dir = log_dir or ""
         self.procs: dict[str, NodeProcess] = {}
         self.address = ""
@@ -150,7 +151,8 @@ class LocalCluster(RunsFunctions):
         # message says it all, and is then the one line a user reads
         said = (ConfigError, DataError, WorkerError, ClosedError)
         failed = exc_type is not None and not issubclass(exc_type, ClosedError)
-        self.stop(keep_logs=failed, say_where=failed and not issubclass(exc_type, said))
+        self._say_where = not failed or not issubclass(exc_type, said)
+        self.stop(keep_logs=failed)
 
     def start(self) -> None:
         if self.log_dir:
@@ -243,10 +245,10 @@ class LocalCluster(RunsFunctions):
             time.sleep(0.02)  # polling a file the child writes atomically; bounded above
         raise ConnectError(f"{proc.name} did not report its address within {self.startup_timeout_s:g} s")
 
-    def stop(self, timeout_s: float = 10.0, keep_logs: bool = False, say_where: bool = True) -> None:
+    def stop(self, timeout_s: float = 10.0, keep_logs: bool = False) -> None:
         """Stop every process: ask the scheduler, then SIGTERM, then SIGKILL.  The node logs
-        of a temporary folder are removed, unless ``keep_logs`` (then, with ``say_where``,
-        their folder is logged)."""
+        of a temporary folder are removed, unless ``keep_logs`` (then their folder is logged,
+        unless the job failed on an error whose message says it all: ``__exit__``)."""
         if self._closed:
             return
         self._closed = True
@@ -259,7 +261,7 @@ class LocalCluster(RunsFunctions):
                 proc.from_child.close()
         if self._own_dir and self.log_dir and not keep_logs:
             shutil.rmtree(self.log_dir, ignore_errors=True)
-        elif keep_logs and self.log_dir and say_where:
+        elif keep_logs and self.log_dir and self._say_where:
             logger.warning("the nodes' logs are kept in %s", self.log_dir)
 
     def _ask_to_shut_down(self) -> bool:

@@ -90,6 +90,9 @@ class DataFormat:
         if self.label_format not in parse.LABEL_FORMATS:
             raise ConfigError(f"label format must be one of {sorted(parse.LABEL_FORMATS)}, "
                               f"got {self.label_format!r}")
+        if self.label_format != "01" and self.name != "libsvm":
+            raise ConfigError(f"--label-format {self.label_format} applies to --format libsvm; --format {self.name}'s "
+                              "labels are 0/1: drop --label-format")
 
     @property
     def mask(self) -> np.uint64:

@@ -334,9 +334,19 @@ def _read_into(f: Any, view: memoryview, path: str, offset: int) -> int:
         raise DataError(f"{path}: cannot decompress it (after {offset:,} bytes of content) ({exc}); is the file "
                         "whole (an interrupted download or copy?) and really in the format its name says?") from None
 
+def check_inputs(paths: list[str]) -> list[str]:
+    """``paths`` with globs expanded, each a file that is there and not empty, else a
+    ``DataError`` that says so (a folder: pass the files in it)."""
+    found = expand(paths)
+    for path in found:
+        if path != STDIN:
+            _check_exists(path)
+    return found
+
+
 def read_all(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16) -> Batch:
     """Every example of ``paths`` (globs expanded) in one batch (for test sets)."""
-    paths = expand(paths)
+    paths = check_inputs(paths)
     parts = [b for p in paths for b in read_batches(Shard(p, 0, -1), fmt, batch_size)]
     if not parts:
         raise DataError(f"no examples in {', '.join(paths)}")

@@ -16,9 +16,11 @@ bad path costs a second, not a trained model.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import sys
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -27,9 +29,20 @@ from numba import njit
 
 from paramserver.apps.ctr.deep import DENSE_BLOCK
 from paramserver.apps.ctr.models import Model, auc, logloss
+from paramserver.data.batch import STDIN
 from paramserver.data.files import check_output, filesystem, write_text
 from paramserver.data.parse import feature_key
-from paramserver.data.reader import Batch, DataError, DataFormat, Shard, expand, read_all, read_batches, sniff_unlabeled
+from paramserver.data.reader import (
+    Batch,
+    DataError,
+    DataFormat,
+    Shard,
+    check_inputs,
+    expand,
+    read_all,
+    read_batches,
+    sniff_unlabeled,
+)
 from paramserver.server.table import VnodeTable
 from paramserver.tables.optim import SGD, Initializer
 from paramserver.tables.spec import TableSpec
@@ -203,20 +216,32 @@ def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
 
 def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = False,
                  overrides: dict[str, Any] | None = None, allow_unverified: bool = False) -> int:
-    """Write one probability a line for every line of ``data`` (labelled or not)."""
-    check_output(out, "--out", folder=False)
+    """Write one probability a line for every line of ``data`` (labelled or not) to ``out``
+    (``-``: standard output)."""
+    if out != STDIN:
+        check_output(out, "--out", folder=False)
     model = LocalModel(model_dir, allow_unverified)
     fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad} | (overrides or {})))
-    n = 0
-    fs, path = filesystem(out, "--out")
-    with fs.open(path, "w") as f:
-        for file in expand(data):
-            file_fmt = replace(fmt, unlabeled=sniff_unlabeled(file, fmt))  # test files often have no label
-            for batch in read_batches(Shard(file, 0, -1), file_fmt, 1 << 16):
-                np.savetxt(f, model.proba(batch), fmt="%.6f")
-                n += len(batch)
+    files = check_inputs(data)
+    with contextlib.ExitStack() as stack:
+        if out == STDIN:
+            f: Any = sys.stdout
+        else:
+            fs, path = filesystem(out, "--out")
+            f = stack.enter_context(fs.open(path, "w"))
+        n = _write_predictions(model, fmt, files, f)
     if n == 0:
         raise DataError(f"no examples in {', '.join(data)}")
+    return n
+
+
+def _write_predictions(model: LocalModel, fmt: DataFormat, files: list[str], f: Any) -> int:
+    n = 0
+    for file in files:
+        file_fmt = replace(fmt, unlabeled=sniff_unlabeled(file, fmt))  # test files often have no label
+        for batch in read_batches(Shard(file, 0, -1), file_fmt, 1 << 16):
+            np.savetxt(f, model.proba(batch), fmt="%.6f")
+            n += len(batch)
     return n
 
 
