@@ -94,3 +94,17 @@ def test_bad_progress_is_refused():
         TaskQueue.resume(SHARDS, 2, {"epoch": 1, "done": [], "epoch_examples": [1]})
     with pytest.raises(ConfigError, match="must be a map"):
         TaskQueue.resume(SHARDS, 2, None)
+
+
+def test_a_resumed_job_says_what_it_resumed_from_so_its_live_rate_is_this_runs():
+    """Issue 33.4: after --resume the live line counted the examples done before in its rate."""
+    from paramserver.cli.ctr import _progress_line
+
+    q = TaskQueue(SHARDS, epochs=2)
+    drain(q, stop_after=2)
+    resumed = TaskQueue.resume(SHARDS, 2, q.snapshot())
+    done_before = resumed.status()["live"]["examples"]
+    assert done_before > 0 and resumed.status()["resumed_examples"] == done_before
+    resumed.progress({"examples": 50, "loss_sum": 1.0})
+    assert "50/s" in _progress_line(resumed.status(), 1.0)
+    assert TaskQueue(SHARDS, epochs=1).status()["resumed_examples"] == 0

@@ -102,8 +102,10 @@ def keygen(args: argparse.Namespace) -> int:
         raise ConfigError(f"keygen: two files named ({args.path} and --out {args.out}); name one")
     out = args.out or args.path or "cluster.key"
     write_keys(out, args.role, args.base)
-    print(f"wrote {args.role} keys to {out}: give it to every node as --secret-file "
-          "(PARAMSERVER_SECRET_FILE)")
+    who = {"worker": "the workers only (the scheduler and the servers take the cluster's key file)",
+           "driver": "the drivers only (the scheduler and the servers take the cluster's key file)"}.get(
+        args.role, "the scheduler, every server and every client")
+    print(f"wrote {args.role} keys to {out}: give them to {who}, as --secret-file (PARAMSERVER_SECRET_FILE)")
     return 0
 
 

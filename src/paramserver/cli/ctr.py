@@ -62,7 +62,7 @@ def _progress_line(status: dict[str, Any], seconds: float) -> str:
     live = status.get("live", {})
     examples = int(live.get("examples", 0))
     loss = live.get("loss_sum", 0.0) / examples if examples else float("nan")
-    rate = examples / seconds if seconds > 0 else 0.0
+    rate = (examples - int(status.get("resumed_examples", 0))) / seconds if seconds > 0 else 0.0  # this run's
     failovers = len(status.get("failovers") or [])
     return (f"epoch {status['epoch'] + 1}/{status['epochs']}  shards {status['shards_done']}/{status['shards']}  "
             f"examples {examples:,}  {rate:,.0f}/s  train logloss {loss:.4f}"

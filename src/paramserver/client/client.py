@@ -74,8 +74,8 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
                                             secret_file=secret_file)
         self._losses = Losses(self.config.allow_loss if allow_loss is None else bool(allow_loss))
         if not self.config.scheduler:
-            raise ConnectError("no scheduler address: pass Client('tcp://HOST:PORT') "
-                               "or set PARAMSERVER_SCHEDULER")
+            raise ConnectError("no scheduler address: give --scheduler tcp://HOST:PORT (the address the scheduler "
+                               "printed), set PARAMSERVER_SCHEDULER, or in Python pass Client('tcp://HOST:PORT')")
         self.role = role
         if role == "driver":  # a person waiting: nothing listening is said in seconds, not after the timeout
             refused_for(self.config.scheduler, min(3.0, self.config.connect_timeout_s))

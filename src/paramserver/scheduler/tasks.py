@@ -33,6 +33,7 @@ class TaskQueue:
     epoch_examples: list[int] = field(default_factory=list)
     live: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LIVE, 0.0))
     per_worker: dict[int, dict[str, float]] = field(default_factory=dict)  # node -> its live counters
+    resumed_examples: float = 0.0  # examples done before the checkpoint this job resumed from
 
     def __post_init__(self) -> None:
         if not self.shards:
@@ -114,6 +115,7 @@ class TaskQueue:
         q.totals.update(values)
         q.epoch_examples = list(per_epoch)
         q.live = {**dict.fromkeys(LIVE, 0.0), "examples": values["examples"], "loss_sum": values["loss_sum"]}
+        q.resumed_examples = float(values["examples"])
         return q
 
     def progress(self, stats: dict[str, Any], node_id: int | None = None) -> None:
@@ -140,4 +142,5 @@ class TaskQueue:
                 "shards_done": len(self.done),
                 "running": len(self.running), "finished": self.finished,
                 "epoch_examples": list(self.epoch_examples), "live": dict(self.live),
+                "resumed_examples": self.resumed_examples,
                 "per_worker": {str(k): dict(v) for k, v in self.per_worker.items()}, **self.totals}
