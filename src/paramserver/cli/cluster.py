@@ -5,6 +5,7 @@ links are authenticated and encrypted with)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from paramserver.cli.nodes import node_config, node_flags
@@ -36,7 +37,10 @@ def cluster(args: argparse.Namespace) -> int:
         return 0
     from paramserver.client.client import Client
 
-    with Client(config=node_config(args)) as client:
+    config = node_config(args)
+    if args.action == "status":  # a question about a running cluster: said in seconds, not the start-up's 30
+        config = dataclasses.replace(config, connect_timeout_s=min(config.connect_timeout_s, 5.0))
+    with Client(config=config) as client:
         if args.action == "remove-server":
             version = client.remove_server(args.id)
             print(f"server {args.id} removed; ring version {version}")

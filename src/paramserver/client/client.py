@@ -43,7 +43,7 @@ from paramserver.tables.namespaces import Quota, check_name, summarize
 from paramserver.tables.optim import PUSH_OPS
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op
-from paramserver.wire.sockets import refused_for
+from paramserver.wire.sockets import listens, refused_for
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +168,12 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
             answer: dict[str, Any] = self._request(address, header).result(timeout=timeout_s).header
             return answer
         except TimeoutError:
+            if connecting and not self.config.secret_file and listens(address):
+                raise ConnectError(
+                    f"{self.role}: something listens at {address} but did not answer within {timeout_s:g} s: a "
+                    "cluster started with keys answers only nodes that have them, so give --secret-file FILE "
+                    "(PARAMSERVER_SECRET_FILE); else the scheduler may be overloaded or not a paramserver scheduler"
+                ) from None
             if connecting:
                 raise ConnectError(
                     f"{self.role} could not reach the scheduler at {address} within {timeout_s:g} s: "

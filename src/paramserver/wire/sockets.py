@@ -228,6 +228,20 @@ def route_to(address: str) -> str:
         return "127.0.0.1"
 
 
+def listens(address: str, timeout_s: float = 1.0) -> bool:
+    """Whether a TCP connection to ``address`` is accepted now (something listens there)."""
+    import socket
+
+    m = _TCP.match(address)
+    if not m:
+        return False
+    try:
+        with socket.create_connection((m.group(1).strip("[]"), int(m.group(2))), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 def refused_for(address: str, grace_s: float) -> None:
     """Raise ``ConnectError`` if every TCP connection to ``address`` is refused for
     ``grace_s`` (nothing listens there); a host that does not answer at all is left to the
