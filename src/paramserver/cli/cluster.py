@@ -75,10 +75,11 @@ def _status(client: Any) -> None:
             print(f"  namespace {name}: {len(ns['tables'])} table(s), {ns['keys']:,} keys, {ns['bytes']:,} bytes "
                   f"({limits})")
     workers = info.get("workers", {})
-    print(f"  workers: {len(workers)}" + (f" (node: rank {', '.join(f'{k}: {v}' for k, v in workers.items())})"
+    print(f"  workers: {len(workers)}" + (" (" + ", ".join(f"node {k} rank {v}" for k, v in workers.items()) + ")"
                                           if workers else ""))
-    if info.get("http"):
-        print(f"  dashboard {info['http']}, the cluster's metrics at {info['http']}metrics")
+    if info.get("http"):  # a URL never has punctuation glued to it: a terminal would take it into the link
+        print(f"  dashboard {info['http']}")
+        print(f"  the cluster's metrics {info['http']}metrics")
     for node, url in sorted(info.get("metrics", {}).items()):
         print(f"  node {node} metrics at {url}")
     job = client.job.status()

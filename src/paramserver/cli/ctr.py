@@ -95,7 +95,7 @@ def _report_table(report: dict[str, Any]) -> Table:
     rows = [("test logloss", "logloss", "{:.4f}"), ("test AUC", "auc", "{:.4f}"),
             ("test examples", "test_examples", "{:,}"), ("train logloss", "train_logloss", "{:.4f}"),
             ("examples", "examples", "{:,}"), ("examples/s", "examples_per_s", "{:,.0f}"),
-            ("seconds", "seconds", "{:.1f}"), ("start-up to first example (s)", "first_example_s", "{:.2f}"),
+            ("training seconds", "seconds", "{:.1f}"), ("start-up to first example (s)", "first_example_s", "{:.2f}"),
             ("bytes sent", "bytes_sent", "{:,}"),
             ("bytes received", "bytes_received", "{:,}"), ("bad lines skipped", "bad_lines", "{:,}")]
     for label, key, fmt in rows:
@@ -164,7 +164,7 @@ class _Progress:
         self.where.append(f"scheduler {cluster.address}, logs {cluster.log_dir}")
         if getattr(cluster, "http_url", ""):
             token = f"?token={cluster.http_token}" if getattr(cluster, "http_token", "") else ""
-            self.where.append(f"dashboard {cluster.http_url}{token}, metrics {cluster.http_url}metrics{token}")
+            self.where.append(f"dashboard {cluster.http_url}{token}   metrics {cluster.http_url}metrics{token}")
             _console(True).print(self.where[-1])  # said once, whatever the progress line does
 
     def stop(self) -> None:

@@ -41,11 +41,12 @@ def render(snap: Snapshot) -> Group:
     for s in snap.servers:
         servers.add_row(str(s["id"]), s["address"], _n(s["keys"]), f"{s['rss_bytes'] / 2**20:,.0f}",
                         _n(s.get("keys_per_s", 0.0)), str(s["vnodes"]), style="bold red" if s.get("hot") else None)
-    workers = Table("worker", "rank", "examples", "examples/s", "shards done", "", title="workers",
+    workers = Table("worker", "rank", "examples", "examples/s", "shards done", "state", title="workers",
                     title_justify="left")
     for w in snap.workers:
         workers.add_row(str(w["id"]), str(w["rank"]), _n(w["examples"]), _n(w.get("examples_per_s", 0.0)),
-                        str(w["shards_done"]), "straggler" if w.get("straggler") else "" if w["alive"] else "gone",
+                        str(w["shards_done"]),
+                        "straggler" if w.get("straggler") else "running" if w["alive"] else "gone",
                         style="bold red" if w.get("straggler") else None)
     stale = Text("staleness (clocks: pulls)  " + "  ".join(f"{b['label']}: {b['count']}" for b in snap.staleness))
     events = [Text(time.strftime("%H:%M:%S ", time.localtime(e["at"])) + e["what"],

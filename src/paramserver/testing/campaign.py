@@ -95,7 +95,8 @@ def main(args: argparse.Namespace) -> int:
     from paramserver.testing.mutations import MUTATIONS
 
     if args.list_mutations:
-        print("\n".join(MUTATIONS))
+        width = max(map(len, MUTATIONS))
+        print("\n".join(f"{name:<{width}}  {what}" for name, (what, _) in MUTATIONS.items()))
         return 0
     if args.mutate is not None and args.mutate not in MUTATIONS:
         raise ConfigError(f"--mutate {args.mutate!r} is not a mutation; known: {', '.join(MUTATIONS)}")
