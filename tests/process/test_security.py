@@ -345,3 +345,19 @@ def test_the_secret_from_the_environment_secures_a_cluster_and_its_clients(tmp_p
             Client(cluster.address, connect_timeout_s=1.0)
         with Client(cluster.address, secret_file=key) as client:  # or given
             assert client.pull("t", KEYS[:2]).result(timeout=30).shape == (2, 1)
+
+
+def test_the_training_commands_take_the_secret_file_flag_as_the_role_commands_do(tmp_path, keyfile):
+    """Issue 33.7: train, mf, lda and lasso refused --secret-file (only the variable worked)."""
+    from paramserver.apps.ctr.synth import write_synth
+
+    data = str(tmp_path / "d.tsv")
+    write_synth(data, 2_000, seed=1)
+    env = {k: v for k, v in os.environ.items() if k != "PARAMSERVER_SECRET_FILE"}
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", data, "--quiet",
+                           "--secret-file", keyfile], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("lasso", "mf", "lda"):
+        out = subprocess.run([sys.executable, "-m", "paramserver", command, "--help"], capture_output=True, text=True,
+                             timeout=60)
+        assert "--secret-file" in out.stdout, command

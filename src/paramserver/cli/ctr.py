@@ -300,6 +300,11 @@ def _cluster_options(args: argparse.Namespace) -> dict[str, Any]:
         options["cluster"] = where
     if getattr(args, "log_dir", None):
         options["log_dir"] = args.log_dir
+    if getattr(args, "secret_file", None):
+        if "cluster" in options:
+            raise ConfigError(f"--secret-file keys a local cluster; with --cluster {where} give the nodes "
+                              "PARAMSERVER_SECRET_FILE")
+        options["secret_file"] = args.secret_file
     dashboard = getattr(args, "dashboard", None)
     if dashboard is not None:
         if "cluster" in options:

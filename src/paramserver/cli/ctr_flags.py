@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, unverified_flag
+from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, secret_flag, unverified_flag
 
 if TYPE_CHECKING:
     from paramserver.cli.parser import Subparsers
@@ -106,6 +106,7 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                         "now) or folders from split-columns; needs --workers P")
     p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
     filters_flag(p)
+    secret_flag(p)
 
 
 def _output_flags(p: argparse.ArgumentParser) -> None:

@@ -76,6 +76,13 @@ def cluster_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="local", metavar="local|ray[:ADDRESS]", help=CLUSTER_HELP)
 
 
+def secret_flag(p: argparse.ArgumentParser) -> None:
+    """``--secret-file``: the cluster's keys, the same flag as the role commands, top and cluster take."""
+    p.add_argument("--secret-file", metavar="FILE",
+                   help="the cluster's keys (paramserver keygen): every link of the job's local cluster is CurveZMQ "
+                        "[PARAMSERVER_SECRET_FILE]")
+
+
 def filters_flag(p: argparse.ArgumentParser) -> None:
     """``--filters``: what the job's tables send on the wire, the same on every command that trains."""
     p.add_argument("--filters", metavar="SPEC", default=None,

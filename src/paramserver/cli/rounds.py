@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, unverified_flag
+from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, secret_flag, unverified_flag
 
 if TYPE_CHECKING:
     from paramserver.cli.parser import Subparsers
@@ -35,6 +35,7 @@ def _cluster_flags(p: argparse.ArgumentParser) -> None:
     cluster_flag(p)
     loss_flags(p)
     filters_flag(p)
+    secret_flag(p)
 
 
 def add_lasso(sub: Subparsers) -> None:
