@@ -131,3 +131,20 @@ def test_the_vocabulary_beside_an_lda_c_corpus_sets_v(tmp_path):
     uci.write_text("1\n7\n1\n1 2 1\n")
     (tmp_path / "vocab.txt").write_text("".join(f"w{i}\n" for i in range(20)))
     assert vocabulary_size(str(uci), read_corpus(str(uci)), None) == (7, None)  # the header says V
+
+
+def test_top_words_name_each_topics_most_frequent_words_when_a_vocabulary_is_known(tmp_path):
+    """Issue 33.12: LDA's output was only topic_word.npy."""
+    import numpy as np
+
+    from paramserver.apps.rounds.corpus import top_words
+
+    data = tmp_path / "docword.train.txt"
+    data.write_text("")
+    n_kw = np.array([[0, 5, 1, 9], [7, 0, 0, 2]])
+    assert top_words(n_kw, str(data), None) is None  # no vocabulary beside it
+    (tmp_path / "vocab.txt").write_text("apple\nbanana\ncherry\ndate\n")
+    assert top_words(n_kw, str(data), None, k=3) == [["date", "banana", "cherry"], ["apple", "date"]]
+    short = tmp_path / "short.txt"
+    short.write_text("apple\n")
+    assert top_words(n_kw, str(data), str(short)) is None  # a vocabulary that does not cover the words

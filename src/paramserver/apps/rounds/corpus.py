@@ -238,6 +238,21 @@ def vocabulary_file(data: str) -> str | None:
     return None
 
 
+def top_words(n_kw: np.ndarray, data: str, vocabulary: str | None, k: int = 10) -> list[list[str]] | None:
+    """Each topic's ``k`` most frequent words, by name, when a vocabulary is known
+    (``vocabulary``, else one beside ``data``: ``vocabulary_file``) and covers the words;
+    None otherwise.  Line i of the file is word i (UCI's 1-based ids were made 0-based)."""
+    path = vocabulary or vocabulary_file(data)
+    if path is None:
+        return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        words = [line.strip() for line in f if line.strip()]
+    if len(words) < n_kw.shape[1]:
+        return None
+    top = np.argsort(-n_kw, axis=1, kind="stable")[:, :k]
+    return [[words[int(w)] for w in row if n_kw[t, w] > 0] for t, row in enumerate(top)]
+
+
 def vocabulary_size(data: str, corpus: Corpus, vocabulary: str | None) -> tuple[int, str | None]:
     """V for topic_word.npy: the header's for UCI docword; for LDA-C, the line count of
     ``vocabulary`` (or of the file beside the corpus) if it covers every word seen, so

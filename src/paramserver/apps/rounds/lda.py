@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from paramserver.apps.rounds.corpus import Corpus, read_corpus, vocabulary_size
+from paramserver.apps.rounds.corpus import Corpus, read_corpus, top_words, vocabulary_size
 from paramserver.apps.rounds.job import Ran, RoundsJob, check_outputs, write_metrics
 from paramserver.apps.rounds.program import NO_CHECKPOINTS, CheckpointOptions, RoundResume, balanced_groups
 from paramserver.errors import ConfigError, check_flags
@@ -227,11 +227,15 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     inside = keys < V
     n_kw[:, keys[inside].astype(np.int64)] = np.rint(rows[inside]).astype(np.int64).T
     loglik = word_loglik(n_kw, cfg.beta) + sum(r["doc_loglik"] for r in ran.per_worker)
+    words = top_words(n_kw, data, vocabulary)
     if save:
         os.makedirs(save, exist_ok=True)
         np.save(os.path.join(save, "topic_word.npy"), n_kw)
+        if words is not None:  # what a person reads first: a topic a line, its 10 most frequent words
+            with open(os.path.join(save, "topics.txt"), "w", encoding="utf-8") as f:
+                f.writelines(f"{t}\t{' '.join(w)}\n" for t, w in enumerate(words))
     report = {"log_likelihood_per_token": loglik / corpus.tokens, "tokens": corpus.tokens, "docs": corpus.docs,
-              "vocabulary": V, "vocabulary_file": vocabulary,
+              "vocabulary": V, "vocabulary_file": vocabulary, "top_words": words,
               **_run_report(cfg, corpus, n_kw, freq, ran, resume, time.perf_counter() - t0, workers, servers),
               **job.losses.report(), **job.wire(ran)}
     write_metrics(metrics_out, report)
