@@ -323,3 +323,16 @@ def test_local_paths_are_read_without_fsspec_and_may_be_pathlib_paths(tmp_path):
         check_output(data, "--save", folder=True)
     with pytest.raises(ConfigError, match="is a folder; name a file"):
         check_output(tmp_path, "--metrics-out", folder=False)
+
+
+def test_a_file_that_starts_with_a_byte_order_mark_reads_as_without_it(tmp_path):
+    """Issue 33.4: a LIBSVM file that starts with a UTF-8 byte-order mark failed on line 1."""
+    from paramserver.data.reader import DataFormat, read_all
+
+    lines = "1 3:1 5:1\n0 2:1\n1 3:1 7:1\n"
+    plain, marked = tmp_path / "plain.svm", tmp_path / "marked.svm"
+    plain.write_text(lines)
+    marked.write_bytes(b"\xef\xbb\xbf" + lines.encode())
+    a, b = (read_all([str(p)], DataFormat("libsvm")) for p in (plain, marked))
+    assert a.labels.tolist() == b.labels.tolist() == [1.0, 0.0, 1.0]
+    assert a.keys.tolist() == b.keys.tolist() and a.indptr.tolist() == b.indptr.tolist()

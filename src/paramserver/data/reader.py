@@ -227,6 +227,9 @@ def _cached_chunks(shard: Shard, fmt: DataFormat, stats: dict[str, Any], batch_s
     os.replace(tmp, path)  # whole or absent: a reader never sees half a cache file
 
 
+BOM = b"\xef\xbb\xbf"
+
+
 def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict[str, Any], batch_size: int) -> Iterator[Batch]:
     """The shard's examples, parsed a chunk of whole lines at a time (batches of any size;
     Criteo's are ``batch_size`` but the last)."""
@@ -258,6 +261,9 @@ def _start(f: Any, shard: Shard, fmt: DataFormat, batch_size: int) -> tuple[Any,
             carry = header
     else:
         parser = (CriteoParser if fmt.name == "criteo" else LibsvmParser)(fmt, batch_size)
+        if pos == 0 and path != STDIN:  # a file some editors wrote starts with a UTF-8 byte-order mark: not data
+            pos = len(BOM) if f.read(len(BOM)) == BOM else 0
+            f.seek(pos)
     if 0 < pos == shard.start:  # the line straddling start belongs to the previous shard
         f.seek(shard.start - 1)
         skipped = f.readline()
