@@ -44,8 +44,10 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeSet | None = None) 
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
     out = np.empty((keys.shape[0], table.spec.dim), np.float32)
     _split(state, vnodes, counts, lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
+    if not table.spec.filters or not msg.header.get("reply_filters"):  # the default: no lookup
+        return reply(msg, [out])
     chain = chains(table.spec.filters)["reply"]
-    if not chain or not msg.header.get("reply_filters"):
+    if not chain:
         return reply(msg, [out])
     sizes: dict[str, list[int]] = {}
     fields, arrays = pack("reply", chain, [out], Context(), sizes)
