@@ -376,6 +376,16 @@ def lda(args: argparse.Namespace, _: Any) -> int:
 
 
 def synth(args: argparse.Namespace, _: Any) -> int:
-    size = write_synth(args.out, args.rows, args.seed, getattr(args, "shape", "simple"))
-    _console(True).print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")
+    shape, days = getattr(args, "shape", "simple"), getattr(args, "days", None)
+    if shape != "drift":
+        if days is not None:
+            raise ConfigError(f"--days is for --shape drift only, not --shape {shape}")
+        size = write_synth(args.out, args.rows, args.seed, shape)
+        _console(True).print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")
+        return 0
+    from paramserver.apps.ctr.drift import DEFAULT_DAYS, write_drift
+
+    days = DEFAULT_DAYS if days is None else days
+    size = write_drift(args.out, args.rows, days, args.seed)
+    _console(True).print(f"wrote {days} days of {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}/day-*.tsv")
     return 0

@@ -176,12 +176,16 @@ def add_split_columns(sub: Subparsers) -> None:
 
 def add_synth(sub: Subparsers) -> None:
     p = sub.add_parser("synth", help="write synthetic Criteo-format data")
-    p.add_argument("--rows", type=int, required=True, help="rows to write")
-    p.add_argument("--out", required=True, help="output path (.gz to compress)")
+    p.add_argument("--rows", type=int, required=True, help="rows to write (with --shape drift: rows a day)")
+    p.add_argument("--out", required=True, help="output path (.gz to compress); with --shape drift a folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the data (another seed: other rows, same shape)")
-    p.add_argument("--shape", default="simple", choices=("simple", "heavy"),
+    p.add_argument("--shape", default="simple", choices=("simple", "heavy", "drift"),
                    help="simple (default) or heavy: Criteo's own cardinalities (to 10^7 values a field), "
-                        "Zipf(1.15) values, millions of keys (see paramserver.apps.ctr.synth)")
+                        "Zipf(1.15) values, millions of keys (see paramserver.apps.ctr.synth); drift: "
+                        "--days files OUT/day-DD.tsv whose ids retire and are born day to day and whose click "
+                        "rate moves (see paramserver.apps.ctr.drift)")
+    p.add_argument("--days", type=int, default=None,
+                   help="with --shape drift: days to write, one file each (default 7)")
 
 
 def add_demo(sub: Subparsers) -> None:

@@ -108,10 +108,16 @@ def _features(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.nda
     for f, card in enumerate(cards):
         ranks[:, f] = (rng.zipf(zipf_s[f], n) - 1) % card
     cat_missing = rng.random((n, N_CAT)) < cat_p
+    ints, int_missing = _int_features(rng, n, int_p)
+    return ranks, cat_missing, ints, int_missing
+
+
+def _int_features(rng: np.random.Generator, n: int, int_p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Integer values (log-normal counts) and their missing mask for ``n`` rows."""
     ints = np.floor(rng.lognormal(1.0, 1.6, (n, N_INT))).astype(np.int64)
     ints[:, 1] -= (rng.random(n) < 0.05).astype(np.int64) * 3  # field 2 has small negatives, as in Criteo
     int_missing = rng.random((n, N_INT)) < int_p
-    return ranks, cat_missing, ints, int_missing
+    return ints, int_missing
 
 
 def _margin(ranks: np.ndarray, cat_missing: np.ndarray, ints: np.ndarray, int_missing: np.ndarray) -> np.ndarray:
