@@ -24,6 +24,7 @@ from paramserver.client.core import Piece, Wire, as_keys, call_header, pull_rows
 from paramserver.client.filter_calls import FilterCalls
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
+from paramserver.client.life_calls import LifeCalls
 from paramserver.client.losses import Losses
 from paramserver.client.scatter import Scatter
 from paramserver.client.state import ClientState
@@ -48,7 +49,7 @@ from paramserver.wire.sockets import listens, refused_for
 logger = logging.getLogger(__name__)
 
 
-class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
+class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
     """A node's handle on the cluster.
 
     Args:
@@ -231,7 +232,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
                      aggregate: bool = False, replicas: int = 1, key_bits: int = 0,
-                     block_size: int = 0, filters: Any = None) -> TableSpec:
+                     block_size: int = 0, filters: Any = None, lifecycle: Any = None) -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
 
         ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
@@ -241,7 +242,9 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
         range-partitions it into parameter blocks of B contiguous keys (``blocks``,
         ``pull_block``, ``push_block``); ``filters`` says what its pushes, pulls and pull
         replies go through on the wire (``"lossless"``, ``"compact"``,
-        ``"push=int8,keycache,zstd;pull=keycache"``: ``paramserver.filters``).  See ``TableSpec``.
+        ``"push=int8,keycache,zstd;pull=keycache"``: ``paramserver.filters``); ``lifecycle``
+        what happens to its keys over time (``"admit=after:2;ttl=1e6"``: ``paramserver.lifecycle``).
+        See ``TableSpec``.
 
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
@@ -249,7 +252,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
         return self.create_table_spec(
             TableSpec(name, dim, optimizer=optimizer, initializer=initializer, seed=seed, consistency=consistency,
                       aggregate=aggregate, replicas=replicas, key_bits=key_bits, block_size=block_size,
-                      filters=filters))
+                      filters=filters, lifecycle=lifecycle))
 
     def create_table_spec(self, spec: TableSpec) -> TableSpec:
         """Create the table ``spec`` describes, every field of it (a job's table, a
@@ -341,7 +344,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
             # future fails: a server may still apply and forward a piece in flight
             return self._scatter(Op.PUSH, spec.name, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
                                  seq=seq, on_settled=lambda: self._settled(seq), distinct=distinct,
-                                 extra_header={"push_op": op} if op != "update" else None,
+                                 extra_header=self._push_header(spec, op),
                                  wire=filters.wire(spec, "push", op), prepare=prepare)
         except BaseException:
             self._settled(seq)

@@ -38,6 +38,10 @@ class Admin:
     def on_export(self, msg: Message) -> list[Any]:
         """Every key this server is primary of for a table, with its value (state left out)."""
         n = self.state
+        if "since" in msg.header:  # a delta (``Client.export_delta``)
+            arrays, fields = storage.export_delta(n.tables, n.primary, field(msg, "table", str), msg.header["since"],
+                                                  n.config.max_message_bytes, n.node_id)
+            return reply(msg, arrays, ring_version=n.ring_version(), **fields)
         return reply(msg, list(storage.export_rows(n.tables, n.primary, field(msg, "table", str),
                                                    n.config.max_message_bytes, n.node_id)))
 

@@ -23,12 +23,13 @@ from paramserver.filters.base import Context
 from paramserver.filters.chain import chains, pack, unpack
 from paramserver.server.admin import check_quota
 from paramserver.server.install import check_grads
+from paramserver.server.life import subset
 from paramserver.server.peers import Acks
 from paramserver.server.requests import checked_table, push_op, split
 from paramserver.server.state import Port, ServerState
 from paramserver.server.vnodes import VnodeSet
 from paramserver.tables.optim import OP_UPDATE
-from paramserver.wire.message import Message, error_reply, expect, field, reply
+from paramserver.wire.message import Message, Op, error_reply, expect, field, reply
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,22 @@ def unfiltered(state: ServerState, msg: Message, direction: str) -> None:
                         Context(store=state.key_store, layout=table.spec.layout))
 
 
+def push_time(msg: Message) -> float | None:
+    """The time a push says it is (``Client.set_time``), None when it says none."""
+    t = msg.header.get("time")
+    if t is None:
+        return None
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t):
+        raise ProtocolError(f"a push's time must be a finite number, got {t!r}")
+    return float(t)
+
+
+def stored_part(table: VnodeSet, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
+                counts: np.ndarray) -> Arrays:
+    """The part of a push whose keys this server stores (a lifecycle that admits)."""
+    return subset(table.stored(vnodes, counts, keys), keys, grads, vnodes, counts)
+
+
 def _split(state: ServerState, vnodes: np.ndarray, counts: np.ndarray, fn: Callable[[slice, slice], None]) -> None:
     split(state.pool, state.threads, vnodes, counts, fn)
 
@@ -101,18 +118,31 @@ class DataPlane:
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
         check_grads(table, keys, grads)
         check_quota(state, table, vnodes, counts, keys)  # before the dedup marks it applied
-        self._apply(table, msg, *self._fresh(table, msg, keys, grads, vnodes, counts))
+        fresh = self._fresh(table, msg, keys, grads, vnodes, counts)
+        life = table.life
+        if life is not None:  # what the admission policy lets in; stamped once applied
+            fresh = life.admit(*fresh)
+        self._apply(table, msg, *fresh)
+        if life is not None:
+            life.touched(fresh[2], fresh[3], fresh[0], push_time(msg))
+            if life.policy is not None:  # backups store what this primary stores, and only that
+                keys, grads, vnodes, counts = stored_part(table, keys, grads, vnodes, counts)
         # forwarded whole, even the part already applied here: a retry after a failover
         # may find this server with the push and a backup without it; backups dedup too
         targets = state.targets.get(table.spec.name)
-        if targets is None or state.ring is None:
-            return reply(msg)
-        return None if self.port.peers.forward(targets, state.ring.version, table.spec.name, msg, keys, grads,
-                                               vnodes, counts, identity) else reply(msg)
+        waits = targets is not None and state.ring is not None and \
+            self.port.peers.forward(targets, state.ring.version, table.spec.name, msg, keys, grads, vnodes, counts,
+                                    identity)
+        if life is not None and life.due(state.primary):  # after the push's forward: backups see both in order
+            self._forward_evicted(table, life.sweep(state.primary))
+        return None if waits else reply(msg)
 
     def on_replicate(self, msg: Message) -> list[Any]:
         """A push the primary applied, forwarded: apply it to the vnodes held here (a
-        ring flip may have moved some meanwhile; those are no longer this server's)."""
+        ring flip may have moved some meanwhile; those are no longer this server's).  Or
+        (``evict``) the keys its primary evicted: drop them here too."""
+        if msg.header.get("evict") is True:
+            return self._evicted(msg)
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(self.state, msg, keys.shape[0], vnodes, counts, primary=False)  # the primary retries
@@ -123,7 +153,41 @@ class DataPlane:
             keys, grads, vnodes, counts = keys[rows], grads[rows], vnodes[held], counts[held]
         keys, grads, vnodes, counts = self._fresh(table, msg, keys, grads, vnodes, counts)
         self._apply(table, msg, keys, grads, vnodes, counts)
+        if table.life is not None:
+            table.life.touched(vnodes, counts, keys, push_time(msg))
         return reply(msg, applied=int(keys.shape[0]))
+
+    def _evicted(self, msg: Message) -> list[Any]:
+        keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        table = checked_table(self.state, msg, keys.shape[0], vnodes, counts, primary=False)
+        if table.life is None:
+            raise ProtocolError(f"evict on table {table.spec.name!r}, which has no lifecycle")
+        ends = np.cumsum(counts)
+        dropped = sum(table.life.evict(int(v), keys[e - c:e]) for v, c, e in zip(vnodes, counts, ends, strict=True)
+                      if table.holds(np.array([v], np.int32))[0])
+        return reply(msg, applied=dropped)
+
+    def _forward_evicted(self, table: VnodeSet, evicted: list[tuple[int, np.ndarray]]) -> None:
+        """Tell the servers that also hold the swept vnodes what this primary evicted."""
+        state = self.state
+        targets = state.targets.get(table.spec.name)
+        if not evicted or targets is None or state.ring is None:
+            return
+        vnodes = np.array([v for v, _ in evicted], np.int32)
+        counts = np.array([k.shape[0] for _, k in evicted], np.int64)
+        keys = np.concatenate([k for _, k in evicted])
+        per_segment = targets[vnodes]
+        header = {"op": Op.REPLICATE.value, "table": table.spec.name, "ring_version": state.ring.version,
+                  "evict": True}
+        def done(failed: str | None) -> None:
+            if failed:  # that copy keeps the keys: the chaos campaign checks that copies agree
+                logger.warning("server %d: eviction not applied by a copy: %s", state.node_id, failed)
+
+        acks = Acks(done=done)
+        for server in np.unique(per_segment[per_segment >= 0]).tolist():
+            segs = (per_segment == server).any(axis=1)
+            rows = np.repeat(segs, counts)
+            self.port.peers.ask(server, header, [keys[rows], vnodes[segs], counts[segs]], acks)
 
     def finished(self, acks: Acks) -> None:
         """Every live server a push was forwarded to answered (``Peers``' callback): the

@@ -125,6 +125,8 @@ class DenseVnode:
     """One vnode of a dense table (``TableSpec.key_bits > 0``): same interface as
     ``VnodeTable`` (``lookup``/``apply`` go through ``VnodeSet``)."""
 
+    life = None  # a lifecycle needs hash vnodes (``TableSpec``): dense ones have no life rows
+
     def __init__(self, spec, n_vnodes: int, vnode: int):
         self.dim = spec.dim
         self.width = spec.width

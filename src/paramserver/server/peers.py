@@ -25,8 +25,8 @@ from paramserver.wire.transport import Poller, Transport
 logger = logging.getLogger(__name__)
 
 
-#: what a backup needs of a push besides its arrays: exactly-once, BSP clock, push op
-FORWARDED = ("sender", "sender_token", "seq", "acked", "clock", "push_op")
+#: what a backup needs of a push besides its arrays: exactly-once, BSP clock, push op, lifecycle time
+FORWARDED = ("sender", "sender_token", "seq", "acked", "clock", "push_op", "time")
 
 class Acks:
     """What waits on answers from other servers: a client's push (``request``, answered

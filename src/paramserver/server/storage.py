@@ -87,16 +87,44 @@ def restore_rows(tables: dict[str, VnodeSet], primary: np.ndarray, ring: Ring, n
             if vt is not None:
                 mine = vnodes == v
                 vt.load(keys[mine], rows[mine])
+                if table.life is not None:
+                    table.refresh()  # the vnode may have grown: its life rows are placed in the new arrays
+                    table.life.loaded(v, keys[mine])
                 loaded += int(mine.sum()) if primary[v] else 0  # backups load too
     table.refresh()
     return loaded
 
 
-def table_stats(tables: dict[str, VnodeSet], primary: np.ndarray) -> dict[str, dict[str, int]]:
-    """Per table: keys and bytes stored here, vnodes held, keys this server is primary of."""
-    return {name: {"keys": len(t), "bytes": t.nbytes, "vnodes": len(t.tables),
-                   "primary_keys": sum(len(vt) for v, vt in t.tables.items() if primary[v])}
-            for name, t in tables.items()}
+def table_stats(tables: dict[str, VnodeSet], primary: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per table: keys and bytes stored here (rows, life rows, an admission policy's
+    counts), vnodes held, keys this server is primary of, what its lifecycle did."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, t in tables.items():
+        policy = t.life.policy.nbytes if t.life is not None and t.life.policy is not None else 0
+        out[name] = {"keys": len(t), "bytes": t.nbytes + policy, "vnodes": len(t.tables),
+                     "primary_keys": sum(len(vt) for v, vt in t.tables.items() if primary[v])}
+        if t.life is not None:
+            out[name]["lifecycle"] = t.life.figures()
+    return out
+
+
+def export_delta(tables: dict[str, VnodeSet], primary: np.ndarray, name: str, since: int, max_bytes: int,
+                 node_id: int) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """The keys of table ``name`` this server is primary of that changed at epoch >=
+    ``since``, their values and the keys evicted since (``TableLife.delta``)."""
+    table = tables.get(name)
+    if table is None:
+        raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(tables)})")
+    if table.life is None:
+        raise ProtocolError(f"table {name!r} tracks no changes: create it with a lifecycle (lifecycle='track', "
+                            "or any admission or eviction) to export deltas")
+    if isinstance(since, bool) or not isinstance(since, int) or since < 0:
+        raise ProtocolError(f"export: since must be an epoch >= 0, got {since!r}")
+    keys, values, deleted, whole = table.life.delta(primary, since)
+    if keys.nbytes + values.nbytes + deleted.nbytes > max_bytes - (1 << 20):
+        raise ProtocolError(f"the delta of table {name!r} on server {node_id} ({keys.size} keys) is too large for "
+                            "one message; export more often, or raise max_message_bytes")
+    return [keys, values, deleted], {"whole": whole, "epoch": table.life.epoch}
 
 
 def rss_bytes() -> int:

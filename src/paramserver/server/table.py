@@ -180,8 +180,10 @@ class VnodeTable:
         seed: table seed; a key's initial row depends only on (seed, key).
     """
 
-    def __init__(self, dim: int, optimizer, initializer, seed: int, capacity: int = MIN_CAPACITY, kernels=None):
+    def __init__(self, dim: int, optimizer, initializer, seed: int, capacity: int = MIN_CAPACITY, kernels=None,
+                 life_width: int = 0):
         self.dim = dim
+        self.life_width = life_width  # columns of the lifecycle's life rows (``life_kernels.py``), 0: none
         self.width = dim + optimizer.state_width(dim)
         if kernels is None:
             from paramserver.server.kernels import kernels_for
@@ -196,6 +198,7 @@ class VnodeTable:
     def _alloc(self, capacity: int) -> None:
         self.keys = np.zeros(capacity, np.uint64)
         self.rows = np.zeros((capacity + 1, self.width), np.float32)
+        self.life = np.zeros((capacity + 1, self.life_width), np.float32) if self.life_width else None
 
     def __len__(self) -> int:
         return int(self._meta[_COUNT])
@@ -206,16 +209,19 @@ class VnodeTable:
 
     @property
     def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.rows.nbytes)
+        return int(self.keys.nbytes + self.rows.nbytes + (self.life.nbytes if self.life is not None else 0))
 
     def _limit(self) -> int:
         return int(self.capacity * MAX_LOAD)  # < capacity: a probe always meets an empty slot
 
     def _grow(self, needed: int) -> None:
         cap = max(int(self.capacity * GROWTH) + 1, int(needed / MAX_LOAD) + 2)
-        old_keys, old_rows = self.keys, self.rows
+        old_keys, old_rows, old_life = self.keys, self.rows, self.life
         self._alloc(cap)
         _rehash(old_keys, old_rows, self.keys, self.rows)
+        if old_life is not None:
+            from paramserver.server.life_kernels import _rehash_life
+            _rehash_life(old_keys, old_life, self.keys, self._meta, self.life)
 
     def lookup(self, keys: np.ndarray, out: np.ndarray) -> None:
         """``out[i] = row value of keys[i]`` (initial value for keys never pushed)."""
@@ -233,12 +239,38 @@ class VnodeTable:
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All stored keys and their full rows (value and state), in slot order."""
+        keys, rows, _ = self.items_with_life()
+        return keys, rows
+
+    def items_with_life(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``items()`` and the keys' life rows (None without a lifecycle), in one order."""
         occupied = np.flatnonzero(self.keys)
         keys, rows = self.keys[occupied], self.rows[occupied]
+        life = self.life[occupied] if self.life is not None else None
         if self._meta[_HAS_ZERO]:
             keys = np.append(keys, np.uint64(0))
             rows = np.vstack([rows, self.rows[-1:]])
-        return keys, rows
+            life = np.vstack([life, self.life[-1:]]) if life is not None and self.life is not None else life
+        return keys, rows, life
+
+    def keep(self, mask: np.ndarray, room: int = 0) -> None:
+        """Keep only the keys ``mask`` marks (in ``items()``'s order), in new arrays with
+        room for ``room`` keys (at least those kept), so the memory of the others is freed."""
+        keys, rows, life = self.items_with_life()
+        keys, rows = keys[mask], rows[mask]
+        self._meta[:] = 0
+        self._alloc(max(MIN_CAPACITY, int(max(keys.shape[0], room) / MAX_LOAD) + 2))
+        self.load(keys, rows)
+        if life is not None:
+            self.set_life(keys, life[mask])
+
+    def set_life(self, keys: np.ndarray, life: np.ndarray) -> None:
+        """Set the life rows of stored ``keys`` (a lifecycle's table)."""
+        from paramserver.server.life_kernels import _place_life
+
+        assert self.life is not None, "a table without a lifecycle has no life rows"
+        _place_life(self.keys, self._meta, self.life, frozen(np.ascontiguousarray(keys, np.uint64)),
+                    frozen(np.ascontiguousarray(life, np.float32)))
 
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Set whole rows (value and state) for ``keys``, inserting those not present."""

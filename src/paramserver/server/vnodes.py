@@ -7,6 +7,8 @@ dense: ``dense.py``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numba import njit
 from numba.typed import List
@@ -16,9 +18,20 @@ from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_range
 from paramserver.server.dense import DenseVnode, _dense_check_many, _dense_lookup_many, _dense_missing_many
 from paramserver.server.kernels import kernels_for
+from paramserver.server.life_kernels import (
+    _stored_many,
+    _touch_many,
+    append_life,
+    life_width,
+    new_life_list,
+    set_life,
+)
 from paramserver.server.memory import available_memory, populating_later
 from paramserver.server.table import VnodeTable, _apply, _find, _lookup
 from paramserver.tables.optim import OP_UPDATE
+
+if TYPE_CHECKING:
+    from paramserver.server.life import TableLife
 
 
 @njit(nogil=True, cache=True)
@@ -115,13 +128,19 @@ class VnodeSet:
         self._okind, self._ohp, self._ikind, self._ihp = opt.kind, opt.params(), init.kind, init.params()
         self._seed = np.uint64(spec.seed)
         self._kernels = kernels_for(opt, spec.dim)  # the built-in rules' (cached), or a user rule's own
+        self.life_width = life_width(spec.lifecycle)  # the lifecycle's columns a slot (``life_kernels.py``)
+        self._life = None
+        self.life: TableLife | None = None
+        if spec.lifecycle:
+            from paramserver.server.life import TableLife
+            self.life = TableLife(self)
         self.set_vnodes(vnodes)
 
     def _new_table(self, vnode: int) -> VnodeTable | DenseVnode:
         if self.bits:
             return DenseVnode(self.spec, self.n_vnodes, vnode)
         return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
-                          kernels=self._kernels)
+                          kernels=self._kernels, life_width=self.life_width)
 
     def set_vnodes(self, vnodes) -> None:
         """Hold exactly ``vnodes``: keep the ones held already, start the others empty,
@@ -144,6 +163,11 @@ class VnodeSet:
         """Replace ``vnode`` whole by a copy of it (keys, values and state) from another
         server, or (``replace=False``) add more of such a copy's rows."""
         keys, rows = frozen(keys), frozen(rows)
+        self._install(int(vnode), keys, rows, replace)
+        if self.life is not None:
+            self.life.loaded(int(vnode), keys)
+
+    def _install(self, vnode: int, keys: np.ndarray, rows: np.ndarray, replace: bool) -> None:
         if replace or int(vnode) not in self.tables:
             vt = self._new_table(int(vnode))
             vt.load(keys, rows)
@@ -152,9 +176,7 @@ class VnodeSet:
         else:
             vt = self.tables[int(vnode)]
             vt.load(keys, rows)
-            t = int(self.slot[int(vnode)])
-            _set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
-            self._limits[t] = vt._limit()
+            self._reset(int(vnode))
 
     def _rebuild(self) -> None:
         self.slot[:] = -1
@@ -169,6 +191,19 @@ class VnodeSet:
             else:
                 _append_arrays(self._keys, self._rows, self._meta, vt.keys, vt.rows, vt._meta)
             self._limits[t] = vt._limit()
+        if self.life_width:
+            lives = [vt.life for vt in self.tables.values()]
+            self._life = new_life_list(lives[0]) if lives else None
+            for life in lives[1:]:
+                append_life(self._life, life)
+
+    def _reset(self, vnode: int) -> None:
+        """Re-read ``vnode``'s arrays into the typed lists (it grew, or was rebuilt)."""
+        vt, t = self.tables[vnode], int(self.slot[vnode])
+        _set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
+        self._limits[t] = vt._limit()
+        if self.life_width:
+            set_life(self._life, t, vt.life)
 
     def __len__(self) -> int:
         return sum(len(t) for t in self.tables.values())
@@ -223,10 +258,8 @@ class VnodeSet:
 
     def refresh(self) -> None:
         """Re-read every vnode's arrays (after a vnode grew outside ``apply``, e.g. ``load``)."""
-        for v, vt in self.tables.items():
-            t = int(self.slot[v])
-            _set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
-            self._limits[t] = vt._limit()
+        for v in self.tables:
+            self._reset(v)
 
     def apply(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray,
               op: int = OP_UPDATE) -> None:
@@ -247,8 +280,29 @@ class VnodeSet:
             if seg == vnodes.shape[0]:
                 return
             v = int(vnodes[seg])
-            vt, t = self.tables[v], int(self.slot[v])
+            vt = self.tables[v]
             assert isinstance(vt, VnodeTable), "a dense vnode never asks to grow"
             vt._grow(len(vt) + 1)
-            _set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
-            self._limits[t] = vt._limit()
+            self._reset(v)
+
+    # ---- the key lifecycle (``server/life.py``) --------------------------------------------
+    def touch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, epoch: float, time: float,
+              half_life: float) -> None:
+        """Stamp the life rows of ``keys`` (grouped like ``lookup``'s) that are stored."""
+        if self.tables and self.life_width:
+            _touch_many(self._keys, self._meta, self._life, self.slot, frozen(vnodes), frozen(counts), frozen(keys),
+                        np.float32(epoch), np.float32(time), float(half_life))
+
+    def stored(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """``bool[len(keys)]``: which of ``keys`` (grouped like ``lookup``'s) are stored."""
+        out = np.zeros(keys.shape[0], np.bool_)
+        if self.tables and not self.bits:
+            _stored_many(self._keys, self._meta, self.slot, frozen(vnodes), frozen(counts), frozen(keys), out)
+        return out
+
+    def keep(self, vnode: int, mask: np.ndarray, room: int = 0) -> None:
+        """Keep only the keys of ``vnode`` that ``mask`` marks (``VnodeTable.keep``)."""
+        vt = self.tables[vnode]
+        assert isinstance(vt, VnodeTable), "a lifecycle needs hash vnodes"
+        vt.keep(mask, room)
+        self._reset(vnode)

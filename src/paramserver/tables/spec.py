@@ -15,6 +15,7 @@ import numpy as np
 
 from paramserver.errors import ConfigError
 from paramserver.filters.chain import FilterSpec
+from paramserver.lifecycle.spec import Lifecycle
 from paramserver.tables.optim import FTRL, Initializer, Optimizer, Zeros
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
@@ -25,7 +26,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
 _WIRE_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "dim": (int,), "seed": (int,), "optimizer": (str, dict), "initializer": (str, dict),
     "consistency": (str, int, float, type(None)), "aggregate": (bool,), "replicas": (int,), "key_bits": (int,),
-    "block_size": (int,), "filters": (str, dict)}
+    "block_size": (int,), "filters": (str, dict), "lifecycle": (str, dict)}
 
 
 #: What a spec's ``optimizer`` may be given as: a spec object (``FTRL(l1=2)``), a name with
@@ -71,6 +72,11 @@ class TableSpec:
         filters: what a push, a pull request and a pull reply go through on the wire
             (``paramserver.filters``): text like ``"push=int8,keycache,zstd;pull=keycache"``,
             a preset (``"lossless"``, ``"compact"``), a map by direction, or None (none).
+        lifecycle: what happens to keys over time (``paramserver.lifecycle``): admission
+            (``"admit=after:2"``), eviction (``"ttl=1e6"``, ``"cap_keys=1000000"``,
+            ``"half_life=1e6;min_score=0.5"``) and change tracking for delta exports
+            (``"track"``), as text or a map; None (default): keys stay for ever.  Needs a
+            hash table (``key_bits=0``).
 
     Example:
         >>> TableSpec("w", dim=1, optimizer={"name": "ftrl", "alpha": 0.1}).optimizer
@@ -88,11 +94,12 @@ class TableSpec:
     key_bits: int
     block_size: int
     filters: FilterSpec
+    lifecycle: Lifecycle
 
     def __init__(self, name: str, dim: int = 1, *, optimizer: OptimizerLike = "sgd",
                  initializer: InitializerLike = "zeros", seed: int = 0, consistency: ConsistencyLike = "asp",
                  aggregate: bool = False, replicas: int = 1, key_bits: int = 0, block_size: int = 0,
-                 filters: Any = None) -> None:
+                 filters: Any = None, lifecycle: Any = None) -> None:
         """The one constructor path (``from_wire`` and ``dataclasses.replace`` go through it
         too; the fields after ``dim`` are passed by name): checks every field, and stores
         ``optimizer``, ``initializer`` and ``consistency`` in their normal form (spec
@@ -113,8 +120,15 @@ class TableSpec:
         object.__setattr__(self, "initializer", init)
         try:
             object.__setattr__(self, "filters", FilterSpec.parse(filters))
+            object.__setattr__(self, "lifecycle", Lifecycle.parse(lifecycle))
         except ConfigError as exc:
             raise ConfigError(f"table {self.name!r}: {exc}") from None
+        if self.lifecycle and self.key_bits:
+            raise ConfigError(f"table {self.name!r}: a lifecycle ({self.lifecycle}) needs a hash table, whose memory "
+                              f"follows its keys; this one is dense (key_bits={self.key_bits}): use key_bits=0")
+        if self.lifecycle and self.aggregate:
+            raise ConfigError(f"table {self.name!r}: a lifecycle ({self.lifecycle}) needs pushes applied as they "
+                              "arrive; aggregate=True holds them to the end of each clock: drop one of them")
 
     def _check_fields(self) -> None:
         """``ConfigError`` naming the first field (after ``consistency``) out of its range."""
@@ -188,7 +202,8 @@ class TableSpec:
                 "consistency": None if math.isinf(self.consistency) else int(self.consistency),
                 "aggregate": self.aggregate, "replicas": self.replicas,
                 "key_bits": self.key_bits, "block_size": self.block_size,
-                **({"filters": self.filters.to_wire()} if self.filters else {})}
+                **({"filters": self.filters.to_wire()} if self.filters else {}),
+                **({"lifecycle": self.lifecycle.to_wire()} if self.lifecycle else {})}
 
     @classmethod
     def from_wire(cls, d: Any) -> TableSpec:

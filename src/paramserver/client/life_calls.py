@@ -1,0 +1,118 @@
+"""The client's calls on its tables' key lifecycle (``paramserver.lifecycle``): the time
+its pushes carry (``set_time``), and delta exports (``export_delta``).  ``Client``
+inherits them.
+
+A delta token is text, ``"<ring version>:<server>=<epoch>,..."``: the epoch each server
+starts its next delta from.  The ring is part of it: after a server died, joined or left,
+the vnodes have other primaries, whose epochs do not continue these, so such a token
+gets a full export (``Delta.base`` True) and a fresh token.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from paramserver.errors import ConfigError
+from paramserver.wire.message import Message, Op
+
+if TYPE_CHECKING:
+    from paramserver.client.losses import Losses
+    from paramserver.routing.ring import Ring
+    from paramserver.tables.spec import TableSpec
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What changed in a table: ``keys`` and their ``values`` (set them), ``deleted``
+    (keys evicted: drop them; apply before the sets), and the ``token`` to ask from next
+    time.  ``base``: this is every key of the table, not a change (``since`` was None,
+    or could not be honoured): replace what you hold by it."""
+
+    keys: np.ndarray
+    values: np.ndarray
+    deleted: np.ndarray
+    token: str
+    base: bool
+
+
+def parse_token(token: str) -> tuple[int, dict[int, int]]:
+    """A token's ring version and epochs (``ConfigError`` for text that is not one)."""
+    try:
+        ring, _, rest = token.partition(":")
+        epochs = {int(s): int(e) for s, e in (item.split("=") for item in rest.split(",") if item)}
+        return int(ring), epochs
+    except ValueError:
+        raise ConfigError(f"{token!r} is not a delta token (one that export_delta returned, like "
+                          "'3:1=5,2=5')") from None
+
+
+class LifeCalls:
+    """Lifecycle calls of a ``Client`` (it provides the requests underneath)."""
+
+    _time: float | None = None
+
+    if TYPE_CHECKING:
+        _losses: Losses
+
+        def _spec(self, table: str) -> TableSpec: ...
+
+        @property
+        def _servers(self) -> dict[int, str]: ...
+
+        @property
+        def _ring(self) -> Ring: ...
+
+        def _request(self, address: str, header: dict[str, Any]) -> Future[Message]: ...
+
+    def set_time(self, time: float | None) -> None:
+        """The time this client's pushes carry from now on (any unit, never going back:
+        examples, seconds, your data's timestamps): a lifecycle's TTL and score count in
+        it (``Lifecycle``).  None: pushes carry none (the server keeps its latest)."""
+        if time is not None and (isinstance(time, bool) or not np.isfinite(float(time))):
+            raise ConfigError(f"set_time takes a finite number or None, got {time!r}")
+        self._time = None if time is None else float(time)
+
+    def _push_header(self, spec: TableSpec, op: str) -> dict[str, Any] | None:
+        header: dict[str, Any] = {"push_op": op} if op != "update" else {}
+        if self._time is not None and spec.lifecycle:
+            header["time"] = self._time
+        return header or None
+
+    def export_delta(self, table: str, since: str | None = None, timeout_s: float | None = None) -> Delta:
+        """The keys of ``table`` that changed since ``since`` (a token an earlier call
+        returned; None: every key), their values, and the keys evicted since.  Each
+        server answers as of the moment it is asked; call it at a clock boundary, or
+        with the workers paused, for one cut of the whole table.  The table needs a
+        lifecycle (``"track"`` at least)."""
+        self._losses.check()
+        spec = self._spec(table)
+        if not spec.lifecycle:
+            raise ConfigError(f"table {table!r} tracks no changes: create it with lifecycle='track' (or any "
+                              "admission or eviction) to export deltas")
+        ring = self._ring
+        epochs: dict[int, int] = {}
+        base = since is None
+        if since is not None:
+            version, epochs = parse_token(since)
+            base = version != ring.version or set(epochs) != set(self._servers)
+        replies = self._ask_each(table, {} if base else epochs, timeout_s)
+        moved = any(m.header.get("ring_version") != ring.version for m in replies.values())
+        if not base and (moved or not all(m.header.get("whole") for m in replies.values())):
+            replies = self._ask_each(table, {}, timeout_s)
+            base = True
+        parts = [m.arrays for m in replies.values()]
+        keys = np.concatenate([a[0] for a in parts]) if parts else np.zeros(0, np.uint64)
+        values = np.concatenate([a[1] for a in parts]) if parts else np.zeros((0, spec.dim), np.float32)
+        deleted = np.zeros(0, np.uint64) if base else np.setdiff1d(np.concatenate([a[2] for a in parts]), keys)
+        token = f"{ring.version}:" + ",".join(f"{s}={int(m.header['epoch'])}" for s, m in sorted(replies.items()))
+        return Delta(keys, values, deleted, token, base)
+
+    def _ask_each(self, table: str, since: dict[int, int], timeout_s: float | None) -> dict[int, Message]:
+        """Every server's delta of ``table`` from its epoch in ``since`` (0: all its keys)."""
+        futures = {s: self._request(address, {"op": Op.EXPORT.value, "table": table, "since": since.get(s, 0)})
+                   for s, address in self._servers.items()}
+        return {s: f.result(timeout=timeout_s) for s, f in futures.items()}

@@ -1,0 +1,129 @@
+"""Admission policies: which keys a table stores, of those a push carries that it does not
+hold yet.  A policy is a plug-in like an update rule: a built-in's name with settings
+(``after:2``, ``prob:0.25``) or a user's class by ``"module:Class[:key=value,...]"``, a
+subclass of ``AdmissionPolicy``, imported by name on the servers.
+
+A key not admitted is not stored: a pull reads the table's initial value, and the update
+is counted (``LifeStats.refused``) but not applied.  Only a vnode's primary decides; its
+backups store what it stored (the forwarded push carries only those keys), so a failover
+never finds a key on one copy and not the other.  A new primary starts counting afresh:
+the sightings of keys not yet admitted are the one thing a failover forgets.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, ClassVar
+
+import numpy as np
+
+from paramserver.errors import ConfigError
+from paramserver.lifecycle.sketch import Sightings
+from paramserver.routing.hashing import hash64_array
+
+
+class AdmissionPolicy:
+    """Base of admission policies: ``admit(keys, time)`` says which of ``keys`` (distinct,
+    none of them stored yet on this vnode set) to store now.  Settings come as keyword
+    arguments (numbers), from the spec's ``:key=value`` part."""
+
+    name: ClassVar[str] = "policy"
+
+    def admit(self, keys: np.ndarray, time: float) -> np.ndarray:
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the policy holds (reported with the table's)."""
+        return 0
+
+
+class AfterN(AdmissionPolicy):
+    """Store a key at its ``n``-th sighting (a push that carries it), counted in a sketch
+    of about 2 bytes a key (``lifecycle/sketch.py``, whose docstring gives the rate of
+    false admissions).  ``max_mb``: the most the sketch may take on a server."""
+
+    name = "after"
+
+    def __init__(self, n: float = 2, max_mb: float = 64) -> None:
+        if not float(n).is_integer() or not 1 <= n <= 255:
+            raise ConfigError(f"admission after:N needs an integer N in [1, 255] (sightings), got {n!r}")
+        if not 0 < max_mb <= 1 << 20:
+            raise ConfigError(f"admission after: max_mb must be in (0, 2**20], got {max_mb!r}")
+        self.n = int(n)
+        self.sketch = Sightings(self.n, int(max_mb * (1 << 20))) if self.n > 1 else None
+
+    def admit(self, keys: np.ndarray, time: float) -> np.ndarray:
+        if self.sketch is None:
+            return np.ones(keys.shape[0], bool)
+        return self.sketch.see(keys)
+
+    @property
+    def nbytes(self) -> int:
+        return self.sketch.nbytes if self.sketch is not None else 0
+
+
+class Probabilistic(AdmissionPolicy):
+    """Store a key with probability ``p`` at each sighting, keeping no count (Monolith's:
+    a key seen c times is stored with probability 1 - (1 - p)**c)."""
+
+    name = "prob"
+
+    def __init__(self, p: float = 0.25, seed: float = 0) -> None:
+        if not 0 < p <= 1:
+            raise ConfigError(f"admission prob:P needs P in (0, 1], got {p!r}")
+        self.p = float(p)
+        self._draws = np.uint64(int(seed))
+
+    def admit(self, keys: np.ndarray, time: float) -> np.ndarray:
+        self._draws += np.uint64(1)
+        u = hash64_array(keys ^ (self._draws * np.uint64(0x9E3779B97F4A7C15)))
+        admitted: np.ndarray = u < np.uint64(min(int(self.p * 2.0**64), 2**64 - 1))
+        return admitted
+
+
+BUILTIN: dict[str, type[AdmissionPolicy]] = {"after": AfterN, "prob": Probabilistic}
+
+
+def load_policy(text: str) -> AdmissionPolicy:
+    """The policy ``text`` names, built: ``after:2``, ``prob:0.25``, ``after:n=3,max_mb=16``
+    or ``module:Class[:key=value,...]``."""
+    head, _, rest = text.partition(":")
+    head = head.strip()
+    if head in BUILTIN:
+        cls: type[AdmissionPolicy] = BUILTIN[head]
+        settings = rest
+    else:
+        attr, _, settings = rest.partition(":")
+        if not head or not attr:
+            raise ConfigError(f"admission policy {text!r}: use one of {sorted(BUILTIN)} (after:2, prob:0.25) "
+                              "or 'module:Class' (a subclass of paramserver.lifecycle.AdmissionPolicy)")
+        try:
+            found = getattr(importlib.import_module(head), attr.strip())
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"admission policy {text!r}: cannot import {head}:{attr} ({exc})") from None
+        if not (isinstance(found, type) and issubclass(found, AdmissionPolicy)):
+            raise ConfigError(f"admission policy {text!r} is not a subclass of AdmissionPolicy")
+        cls = found
+    args, kwargs = _settings(text, settings)
+    try:
+        return cls(*args, **kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"admission policy {text!r}: {exc}") from None
+
+
+def _settings(text: str, settings: str) -> tuple[list[float], dict[str, Any]]:
+    args: list[float] = []
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in settings.split(","))):
+        key, eq, value = item.partition("=")
+        try:
+            number = float(value if eq else key)
+        except ValueError:
+            raise ConfigError(f"admission policy {text!r}: {item!r} is not a number (e.g. after:2, "
+                              "prob:p=0.25)") from None
+        if eq:
+            kwargs[key.strip()] = number
+        else:
+            args.append(number)
+    return args, kwargs

@@ -1,0 +1,229 @@
+"""A table's key lifecycle on one server (``TableSpec.lifecycle``): admission, the life
+rows' stamps, eviction sweeps, tombstones and delta exports.
+
+Only a vnode's primary decides.  It admits (``lifecycle/policies.py``) before applying a
+push, and forwards to its backups only the keys it stores; it sweeps (TTL, decayed
+score, caps) and forwards what it evicted as a ``REPLICATE`` marked ``evict``, on the
+same link and so in the same order as the pushes.  A backup applies both as told and
+never decides, so the copies of a vnode hold the same keys whatever fails.
+
+Eviction frees memory: a swept vnode is rebuilt in arrays sized for what it keeps
+(``VnodeTable.keep``), and a capped table's vnodes are sized for their share of the cap
+(``cap_keys / n_vnodes`` keys each) and swept before they would grow past it.
+
+Every change is stamped with the server's export epoch; ``delta`` returns the keys whose
+stamp is at least a token's, and the keys evicted since (tombstones), then starts a new
+epoch.  Tombstones are kept for ``TOMBSTONE_KEYS`` keys at most: a token older than the
+oldest kept is told to take a full export instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from paramserver.lifecycle.policies import AdmissionPolicy, load_policy
+from paramserver.server.life_kernels import SCORE, STAMP, VER, touched_life
+
+if TYPE_CHECKING:
+    from paramserver.server.vnodes import VnodeSet
+
+logger = logging.getLogger(__name__)
+
+TOMBSTONE_KEYS = 1 << 24
+CAP_SLACK = 0.05  # a capped vnode is swept down to (1 - CAP_SLACK) of its share
+SWEEPS_PER_TTL = 8  # a TTL or score sweep runs when time moved on by ttl / SWEEPS_PER_TTL
+
+
+@dataclass
+class LifeStats:
+    """What the lifecycle did on this server (``STATS``' ``lifecycle``)."""
+
+    admitted: int = 0  # keys stored at their admission
+    refused: int = 0  # key updates not applied: the key was not admitted (yet)
+    evicted: int = 0  # keys evicted (here as primary, or as told by it)
+    sweeps: int = 0
+
+
+class TableLife:
+    """The lifecycle of one table on one server."""
+
+    def __init__(self, table: VnodeSet) -> None:
+        self.table = table
+        self.spec = table.spec.lifecycle
+        self.policy: AdmissionPolicy | None = load_policy(self.spec.admit) if self.spec.admit else None
+        self.now = 0.0  # the latest push time seen
+        self.epoch = 1  # changes now are stamped with it; an export starts the next
+        self.floor = 1  # tombstones are whole from this epoch on
+        self.tombstones: list[tuple[int, np.ndarray]] = []
+        self.tomb_keys = 0
+        self.last_sweep = 0.0
+        self.stats = LifeStats()
+
+    # ---- the hot path ---------------------------------------------------------------------
+    def admit(self, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
+              counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The part of a push (fresh, on vnodes this server is primary of) to apply: keys
+        stored already, and the new ones the policy admits now."""
+        if self.policy is None or keys.size == 0:
+            return keys, grads, vnodes, counts
+        new = ~self.table.stored(vnodes, counts, keys)
+        if not new.any():
+            return keys, grads, vnodes, counts
+        keep = np.ones(keys.shape[0], bool)
+        keep[new] = self.policy.admit(keys[new], self.now)
+        admitted = int(keep[new].sum())
+        self.stats.admitted += admitted
+        self.stats.refused += int(new.sum()) - admitted
+        return subset(keep, keys, grads, vnodes, counts)
+
+    def touched(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, time: float | None) -> None:
+        """A push was applied: stamp its keys with this epoch and its time."""
+        t = self.now if time is None else float(time)
+        self.now = max(self.now, t)
+        self.table.touch(vnodes, counts, keys, self.epoch, t, self.spec.half_life)
+
+    def loaded(self, vnode: int, keys: np.ndarray) -> None:
+        """Rows set whole (a copy installed, a restore): changed now, seen now."""
+        vt = self.table.tables.get(vnode)
+        if vt is not None and getattr(vt, "life", None) is not None and keys.size:
+            life = np.zeros((keys.shape[0], self.table.life_width), np.float32)
+            touched_life(life, self.epoch, self.now)
+            vt.set_life(keys, life)  # type: ignore[union-attr]
+
+    # ---- eviction --------------------------------------------------------------------------
+    def share(self) -> int:
+        """Keys a vnode may hold under the table's caps (0: no cap)."""
+        spec, n = self.spec, self.table.n_vnodes
+        caps = []
+        if spec.cap_keys:
+            caps.append(max(1, spec.cap_keys // n))
+        if spec.cap_bytes:
+            from paramserver.server.table import MAX_LOAD
+
+            slot = 8 + 4 * self.table.width + 4 * self.table.life_width
+            caps.append(max(1, int(spec.cap_bytes / n / slot * MAX_LOAD) - 2))
+        return min(caps) if caps else 0
+
+    def due(self, primary: np.ndarray) -> bool:
+        """Whether a sweep should run now (after a push)."""
+        spec = self.spec
+        if not spec.evicts:
+            return False
+        period = min(p for p in (spec.ttl, spec.half_life if spec.min_score else 0.0) if p) / SWEEPS_PER_TTL \
+            if (spec.ttl or spec.min_score) else 0.0
+        if period and self.now - self.last_sweep >= period:
+            return True
+        share = self.share()
+        return bool(share) and any(len(vt) > share for v, vt in self.table.tables.items() if primary[v])
+
+    def sweep(self, primary: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """Evict, from the vnodes this server is primary of, what the lifecycle says;
+        the keys evicted, per vnode (to forward to the backups)."""
+        self.last_sweep = self.now
+        self.stats.sweeps += 1
+        share = self.share()
+        out = []
+        for v, vt in list(self.table.tables.items()):
+            if not primary[v] or not len(vt):
+                continue
+            keys, _, life = vt.items_with_life()  # type: ignore[union-attr]
+            assert life is not None, "a lifecycle's vnodes have life rows"
+            drop = self._victims(life, share)
+            if drop.any() or (share and vt.capacity < share):
+                self.table.keep(v, ~drop, room=share)
+                out.append((v, keys[drop]))
+        evicted = [k for _, k in out if k.size]
+        if evicted:
+            self._buried(np.concatenate(evicted))
+        return [(v, k) for v, k in out if k.size]
+
+    def _victims(self, life: np.ndarray, share: int) -> np.ndarray:
+        spec, now = self.spec, np.float32(self.now)
+        drop = np.zeros(life.shape[0], bool)
+        if spec.ttl:
+            drop |= life[:, STAMP] < now - np.float32(spec.ttl)
+        score = None
+        if spec.half_life:
+            score = life[:, SCORE] * np.exp2(-(now - life[:, STAMP]) / np.float32(spec.half_life))
+            if spec.min_score:
+                drop |= score < spec.min_score
+        if share:
+            over = int((~drop).sum()) - share
+            if over > 0:
+                excess = over + int(share * CAP_SLACK)
+                rank = np.where(drop, -np.inf, score if spec.victim == "lfu" and score is not None else life[:, STAMP])
+                drop[np.argpartition(rank, min(excess, rank.size - 1))[:excess]] = True
+        return drop
+
+    def evict(self, vnode: int, keys: np.ndarray) -> int:
+        """Drop ``keys`` of ``vnode`` (a backup, as its primary said); how many were held."""
+        vt = self.table.tables.get(vnode)
+        if vt is None or not len(vt) or not keys.size:
+            return 0
+        held, _, _ = vt.items_with_life()  # type: ignore[union-attr]
+        drop = np.isin(held, keys)
+        if drop.any():
+            self.table.keep(vnode, ~drop, room=self.share())
+            self._buried(held[drop])
+        return int(drop.sum())
+
+    def _buried(self, keys: np.ndarray) -> None:
+        self.stats.evicted += int(keys.size)
+        self.tombstones.append((self.epoch, keys))
+        self.tomb_keys += int(keys.size)
+        while self.tomb_keys > TOMBSTONE_KEYS and len(self.tombstones) > 1:
+            _, old = self.tombstones.pop(0)
+            self.tomb_keys -= int(old.size)
+            self.floor = self.tombstones[0][0]
+        release_memory()
+
+    # ---- delta export ----------------------------------------------------------------------
+    def delta(self, primary: np.ndarray, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """Keys (primary here) changed at epoch >= ``since`` with their values, the keys
+        evicted since, and whether that is whole (False: ``since`` predates the tombstones
+        kept); then a new epoch starts.  ``since`` 0: every key."""
+        dim = self.table.spec.dim
+        parts_k, parts_v = [], []
+        for v, vt in self.table.tables.items():
+            if primary[v] and len(vt):
+                keys, rows, life = vt.items_with_life()  # type: ignore[union-attr]
+                assert life is not None, "a lifecycle's vnodes have life rows"
+                changed = life[:, VER] >= np.float32(since) if since else np.ones(keys.shape[0], bool)
+                parts_k.append(keys[changed])
+                parts_v.append(rows[changed, :dim])
+        keys = np.concatenate(parts_k) if parts_k else np.zeros(0, np.uint64)
+        values = np.concatenate(parts_v) if parts_v else np.zeros((0, dim), np.float32)
+        tombs = [k for e, k in self.tombstones if e >= since] if since else []
+        deleted = np.setdiff1d(np.concatenate(tombs), keys) if tombs else np.zeros(0, np.uint64)
+        whole = since == 0 or since >= self.floor
+        self.epoch += 1
+        return keys, np.ascontiguousarray(values), deleted, whole
+
+    def figures(self) -> dict[str, float]:
+        s = self.stats
+        return {"admitted": s.admitted, "refused": s.refused, "evicted": s.evicted, "sweeps": s.sweeps,
+                "epoch": self.epoch, "now": self.now, "tombstones": self.tomb_keys,
+                "policy_bytes": self.policy.nbytes if self.policy is not None else 0}
+
+
+def subset(keep: np.ndarray, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
+           counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The keys of a push ``keep`` marks, with their rows, its vnode segments recounted."""
+    if keep.all():
+        return keys, grads, vnodes, counts
+    segment = np.repeat(np.arange(counts.shape[0]), counts)
+    return keys[keep], grads[keep], vnodes, np.bincount(segment[keep], minlength=counts.shape[0]).astype(np.int64)
+
+
+def release_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``), so the
+    RSS follows the arrays an eviction freed; nothing where there is no glibc."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
