@@ -73,11 +73,11 @@ class Probabilistic(AdmissionPolicy):
         if not 0 < p <= 1:
             raise ConfigError(f"admission prob:P needs P in (0, 1], got {p!r}")
         self.p = float(p)
-        self._draws = np.uint64(int(seed))
+        self._draws = int(seed)
 
     def admit(self, keys: np.ndarray, time: float) -> np.ndarray:
-        self._draws += np.uint64(1)
-        u = hash64_array(keys ^ (self._draws * np.uint64(0x9E3779B97F4A7C15)))
+        self._draws += 1  # another draw for each call: a key seen again gets another chance
+        u = hash64_array(keys ^ np.uint64((self._draws * 0x9E3779B97F4A7C15) % (1 << 64)))
         admitted: np.ndarray = u < np.uint64(min(int(self.p * 2.0**64), 2**64 - 1))
         return admitted
 
