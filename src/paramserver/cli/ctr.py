@@ -88,6 +88,21 @@ def _filter_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     return lines
 
 
+def _lifecycle_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The report's lines on the model table's lifecycle and publications."""
+    lines = []
+    if "lifecycle" in report:
+        lines += [("lifecycle", report["lifecycle"]),
+                  ("keys held", f"{report['keys']:,} ({report['bytes_per_key']:.1f} bytes a key, all copies)"),
+                  ("updates refused (not admitted)", f"{report['updates_refused']:,}"),
+                  ("keys evicted", f"{report['keys_evicted']:,}")]
+    if "publish" in report:
+        p = report["publish"]
+        lines.append(("published", f"{p['bases']} base(s), {p['deltas']} delta(s) to {p['url']} (longest export "
+                                   f"{p['export_s_max'] * 1000:.0f} ms)"))
+    return lines
+
+
 def _report_table(report: dict[str, Any]) -> Table:
     from rich.table import Table
 
@@ -101,7 +116,7 @@ def _report_table(report: dict[str, Any]) -> Table:
     for label, key, fmt in rows:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
             table.add_row(label, fmt.format(report[key]))
-    for line in _filter_lines(report):
+    for line in _filter_lines(report) + _lifecycle_lines(report):
         table.add_row(*line)
     if "checkpoints" in report:
         table.add_row("checkpoints written", f"{len(report['checkpoints'])} "
@@ -136,7 +151,8 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
                        batch_ramp=getattr(args, "batch_ramp", 1.0),
                        seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),
                        consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
-                       layout=getattr(args, "table_layout", "auto"), filters=getattr(args, "filters", None))
+                       layout=getattr(args, "table_layout", "auto"), filters=getattr(args, "filters", None),
+                       lifecycle=getattr(args, "lifecycle", None))
 
 
 class _Progress:
@@ -197,7 +213,8 @@ def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list
                         checkpoint_every=getattr(args, "checkpoint_every", None),
                         resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False),
                         keep_checkpoints=getattr(args, "keep_checkpoints", 3),
-                        allow_unverified=getattr(args, "allow_unverified_checkpoint", False))
+                        allow_unverified=getattr(args, "allow_unverified_checkpoint", False),
+                        publish=getattr(args, "publish", None), publish_every=getattr(args, "publish_every", 10.0))
 
 
 def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list[str],

@@ -11,7 +11,14 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, secret_flag, unverified_flag
+from paramserver.cli.parser import (
+    cluster_flag,
+    filters_flag,
+    lifecycle_flag,
+    loss_flags,
+    secret_flag,
+    unverified_flag,
+)
 
 if TYPE_CHECKING:
     from paramserver.cli.parser import Subparsers
@@ -106,6 +113,7 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                         "now) or folders from split-columns; needs --workers P")
     p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
     filters_flag(p)
+    lifecycle_flag(p)
     secret_flag(p)
 
 
@@ -122,6 +130,12 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
                    help="go on from the newest complete checkpoint in this folder (or this step), "
                         "onto any number of servers; same --data, --shard-mb and model flags")
     unverified_flag(p)
+    p.add_argument("--publish", metavar="URL",
+                   help="publish the model here while it trains: a base, then what changed (keys set and evicted) "
+                        "every --publish-every seconds and at the end; paramserver.load_model(URL) and predict "
+                        "--model URL read it (docs/lifecycle.md)")
+    p.add_argument("--publish-every", type=float, default=10.0, metavar="S",
+                   help="seconds between two publications under --publish (default 10)")
     p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")
     p.add_argument("--log-dir", metavar="DIR", help="keep the nodes' logs here (default: a temporary folder, "
                                                     "removed unless the job fails or is interrupted)")

@@ -83,6 +83,15 @@ def secret_flag(p: argparse.ArgumentParser) -> None:
                         "[PARAMSERVER_SECRET_FILE]")
 
 
+def lifecycle_flag(p: argparse.ArgumentParser) -> None:
+    """``--lifecycle``: what happens to the model table's keys over time, the same on every command."""
+    p.add_argument("--lifecycle", metavar="SPEC", default=None,
+                   help="admission, eviction and change tracking of the model's keys (docs/lifecycle.md): items "
+                        "joined by ';' such as 'admit=after:2' (store a key at its 2nd sighting), 'admit=prob:0.25', "
+                        "'ttl=5e6' (drop keys unseen for 5e6 examples), 'half_life=1e6;min_score=0.5', "
+                        "'cap_keys=10000000' or 'cap_bytes=2G' with 'victim=lru|lfu'; default: keys stay for ever")
+
+
 def filters_flag(p: argparse.ArgumentParser) -> None:
     """``--filters``: what the job's tables send on the wire, the same on every command that trains."""
     p.add_argument("--filters", metavar="SPEC", default=None,

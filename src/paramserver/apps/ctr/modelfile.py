@@ -29,6 +29,8 @@ from numba import njit
 
 from paramserver.apps.ctr.deep import DENSE_BLOCK
 from paramserver.apps.ctr.models import Model, auc, logloss
+from paramserver.checkpoint.publish import INDEX as PUBLISHED
+from paramserver.checkpoint.publish import read_chain
 from paramserver.data.batch import STDIN
 from paramserver.data.files import check_output, filesystem, write_text
 from paramserver.data.parse import feature_key
@@ -78,6 +80,22 @@ def dense_vector(model: Model, keys: np.ndarray, rows: np.ndarray) -> np.ndarray
                         f"(--hidden {','.join(map(str, model.hidden))}, width {model.k}): the model files are "
                         "damaged")
     return np.ascontiguousarray(rows[order][:, :DENSE_BLOCK], np.float32).reshape(-1)[:model.deep.mlp.size]
+
+
+def _read_saved(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None]:
+    """A model folder (``--save``): its meta, keys, values and a deep model's MLP."""
+    fs, path = filesystem(url, "--model")
+    try:
+        with fs.open(f"{path.rstrip('/')}/model.json", "r") as f:
+            meta = json.load(f)
+        with fs.open(f"{path.rstrip('/')}/table.npz", "rb") as f:
+            arrays = np.load(io.BytesIO(f.read()))
+        return meta, arrays["keys"], arrays["values"], arrays["dense"] if "dense" in arrays.files else None
+    except FileNotFoundError as exc:
+        raise DataError(f"{url} is not a saved model ({exc.filename or exc} is missing); "
+                        "save one with paramserver train --save DIR") from None
+    except (ValueError, KeyError, OSError) as exc:
+        raise DataError(f"{url}: the model files are damaged ({exc})") from None
 
 
 def _from_checkpoint(url: str, allow_unverified: bool = False) -> tuple[dict[str, Any], np.ndarray, np.ndarray,
@@ -143,6 +161,9 @@ probabilities of a parsed ``Batch``."""
 
     def __init__(self, url: str, allow_unverified: bool = False):
         fs, path = filesystem(url, "--model")
+        if fs.exists(f"{path.rstrip('/')}/{PUBLISHED}"):  # a base and its deltas (train --publish)
+            self._load(*read_chain(url, _read_saved))
+            return
         if not fs.exists(f"{path.rstrip('/')}/model.json"):  # a training checkpoint, maybe
             from paramserver.checkpoint.store import MANIFEST
             if fs.exists(f"{path.rstrip('/')}/{MANIFEST}") or any(
@@ -150,19 +171,7 @@ probabilities of a parsed ``Batch``."""
                                                                        if fs.isdir(path) else [])):
                 self._load(*_from_checkpoint(url, allow_unverified))
                 return
-        try:
-            with fs.open(f"{path.rstrip('/')}/model.json", "r") as f:
-                meta = json.load(f)
-            with fs.open(f"{path.rstrip('/')}/table.npz", "rb") as f:
-                arrays = np.load(io.BytesIO(f.read()))
-            keys, values = arrays["keys"], arrays["values"]
-            dense = arrays["dense"] if "dense" in arrays.files else None
-        except FileNotFoundError as exc:
-            raise DataError(f"{url} is not a saved model ({exc.filename or exc} is missing); "
-                            "save one with paramserver train --save DIR") from None
-        except (ValueError, KeyError, OSError) as exc:
-            raise DataError(f"{url}: the model files are damaged ({exc})") from None
-        self._load(meta, keys, values, dense)
+        self._load(*_read_saved(url))
 
     def _load(self, meta: dict[str, Any], keys: np.ndarray, values: np.ndarray, dense: np.ndarray | None) -> None:
         self.model = Model(**meta["model"])
@@ -204,8 +213,9 @@ probabilities of a parsed ``Batch``."""
 
 
 def load_model(path: str, allow_unverified: bool = False) -> LocalModel:
-    """A model saved by ``paramserver train --save DIR`` (or a training checkpoint), to
-    score with ``predict_proba``; no cluster needed (``allow_unverified``: a checkpoint of
+    """A model saved by ``paramserver train --save DIR``, published by ``--publish URL``
+    (its base and deltas, applied in order) or a training checkpoint, to score with
+    ``predict_proba``; no cluster needed (``allow_unverified``: a checkpoint of
     the first format, whose files have no hashes, is read anyway)."""
     return LocalModel(path, allow_unverified)
 

@@ -25,13 +25,14 @@ in ``ramp``, the job's settings in ``train_config``, the checkpoint and resume c
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ import numpy as np
 from paramserver._runtime.warm import load_numba
 from paramserver.apps.ctr.modelfile import dense_vector, metrics, model_meta, save_model
 from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.publishing import JobPublisher, lifecycle_report
 from paramserver.apps.ctr.resume import checkpoint_option, train_resume_point
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
@@ -50,6 +52,7 @@ from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
 from paramserver.data.files import check_output, is_plain_local
 from paramserver.data.reader import Batch, DataFormat, Shard, expand, make_shards, read_all, read_batches
 from paramserver.errors import ConfigError, DataLossError, WorkerError
+from paramserver.lifecycle.spec import Lifecycle
 from paramserver.tables.spec import TableSpec
 
 
@@ -135,7 +138,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                  checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
                  resume: str | None = None, setup: Callable[[Any], Any] | None = None,
                  cluster_options: dict[str, Any] | None = None, allow_loss: bool = False,
-                 keep_checkpoints: int = 3, allow_unverified: bool = False) -> dict[str, Any]:
+                 keep_checkpoints: int = 3, allow_unverified: bool = False, publish: str | None = None,
+                 publish_every: float = 10.0) -> dict[str, Any]:
     """Train on a fresh local cluster; return the report (see ``docs``).
 
     Args:
@@ -153,12 +157,16 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             there (0: keep all).
         allow_unverified: ``resume`` from a first-format checkpoint, whose files have no
             sha256 to check (refused otherwise; ``--allow-unverified-checkpoint``).
+        publish: publish the model under this URL while it trains, a base and then what
+            changed (``checkpoint/publish.py``; ``load_model(URL)`` reads it) ...
+        publish_every: ... every this many seconds, and once more at the end.
     """
     from paramserver.cluster.launch import open_cluster
 
     plan = _plan_job(cfg, data, test, servers=servers, workers=workers, save=save, shard_bytes=shard_bytes,
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-                     keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified)
+                     keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
+                     publish_every=publish_every)
     # the nodes are forked once this process has loaded what the job runs: its parser, model and table layout
     warm = warm_job(cfg.data.name, cfg.model, "dense" if plan.spec.key_bits else "hash", bool(plan.spec.filters))
     options = {"log_level": "WARNING", "warm": warm, **(cluster_options or {})}
@@ -172,13 +180,26 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         table_seconds = _make_tables(client, cfg, plan, allow_unverified)
         if setup is not None:
             setup(cluster)
+        publisher = JobPublisher(publish, publish_every, cfg, plan.spec) if publish else None
         client.job.start(plan.shards, cfg.epochs, checkpoint=plan.checkpoints, resume=plan.progress)
         ran = _run_job(cluster, cfg, test_read, on_progress=on_progress, allow_loss=allow_loss,
-                       checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints)
+                       checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher)
         if test and test_read is None:
             test_read = reader.submit(read_all, test, cfg.data)
-        report = _results(client, cfg, plan.spec, ran, test_read, save)
+        report = _results(client, cfg, plan.spec, ran, test_read, save) | _lived(client, plan.spec, publisher)
     report.update(_job_report(cfg, plan, ran, servers=servers, workers=workers, table_seconds=table_seconds))
+    return report
+
+
+def _lived(client: Client, spec: TableSpec, publisher: JobPublisher | None) -> dict[str, Any]:
+    """The model as it ended published (``--publish``), and the report's lines on that
+    and on the table's lifecycle."""
+    report: dict[str, Any] = {}
+    if publisher is not None:
+        publisher.publish(client)
+        report["publish"] = publisher.stats()
+    if spec.lifecycle:
+        report.update(lifecycle_report(client, spec))
     return report
 
 
@@ -197,7 +218,8 @@ class _Plan:
 
 def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: int, workers: int, save: str | None,
               shard_bytes: int, checkpoint_dir: str | None, checkpoint_every: int | None, resume: str | None,
-              keep_checkpoints: int, allow_unverified: bool) -> _Plan:
+              keep_checkpoints: int, allow_unverified: bool, publish: str | None = None,
+              publish_every: float = 10.0) -> _Plan:
     """The job's arguments checked, its outputs writable, its inputs there, all said before
     anything starts; its shards, tables, checkpoints and resume point."""
     check_job(servers, workers, shard_bytes)
@@ -205,8 +227,13 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
         raise ConfigError(f"--keep-checkpoints must be a whole number >= 0 (0: keep all), got {keep_checkpoints!r}")
     check_output(save, "--save", folder=True)  # every output now, not after the job
     check_output(checkpoint_dir, "--checkpoint-dir", folder=True)
+    check_output(publish, "--publish", folder=True)
+    if not (isinstance(publish_every, (int, float)) and math.isfinite(publish_every) and publish_every > 0):
+        raise ConfigError(f"--publish-every must be a number of seconds > 0, got {publish_every!r}")
     shards = make_shards(data, shard_bytes)
     spec, dense_spec = cfg.table_spec(), cfg.dense_spec()
+    if publish and not spec.lifecycle:  # a delta needs the table's changes tracked
+        spec = replace(spec, lifecycle=Lifecycle(track=True))
     job_checkpoints = checkpoint_option(checkpoint_dir, checkpoint_every, len(shards))
     if job_checkpoints is not None:  # eval and predict read a checkpoint with these
         job_checkpoints["meta"] = model_meta(cfg.model, cfg.data)
@@ -250,7 +277,7 @@ class _Ran:
 
 def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[Batch] | None, *,
              on_progress: Callable[[dict[str, Any], float], None] | None, allow_loss: bool,
-             checkpoint_dir: str | None, keep_checkpoints: int) -> _Ran:
+             checkpoint_dir: str | None, keep_checkpoints: int, publisher: JobPublisher | None = None) -> _Ran:
     """``train_worker`` on every worker until the job is done, watched from here: its
     progress shown, a loss of data or bad test rows ending it at once, old checkpoints
     pruned as new ones are written.
@@ -276,6 +303,8 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[Batch] | None, *,
                 pruned_at = written
             if test_read is not None and test_read.done() and (bad := test_read.exception()) is not None:
                 raise bad  # bad test data: stop now, not after the job
+            if publisher is not None and publisher.due():
+                publisher.publish(client)
             wait([running], timeout=PROGRESS_EVERY_S)
         per_worker, failed_workers = running.result()  # re-raises a worker's error
     finally:

@@ -17,6 +17,7 @@ from paramserver.apps.ctr.models import Model
 from paramserver.data.reader import DataFormat
 from paramserver.errors import ConfigError
 from paramserver.filters.chain import FilterSpec
+from paramserver.lifecycle.spec import Lifecycle
 from paramserver.routing.hashing import MAX_KEY_BITS
 from paramserver.tables.spec import TableSpec
 
@@ -38,6 +39,7 @@ class TrainConfig:
     replicas: int = 1  # copies of every vnode (2 or 3: the job survives a server's death)
     layout: str = "auto"  # the model table's: hash | dense (keys < 2**hash_bits) | auto (see key_bits)
     filters: Any = None  # what the model's pushes, pulls and replies go through on the wire (paramserver.filters)
+    lifecycle: Any = None  # admission, eviction, change tracking of the model's table (paramserver.lifecycle)
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
     slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch
 
@@ -56,12 +58,20 @@ class TrainConfig:
             FilterSpec.parse(self.filters)
         except ConfigError as exc:
             raise ConfigError(f"--filters {self.filters!r}: {exc}") from None
+        try:
+            lifecycle = Lifecycle.parse(self.lifecycle)
+        except ConfigError as exc:
+            raise ConfigError(f"--lifecycle {self.lifecycle!r}: {exc}") from None
+        if lifecycle and self.layout == "dense":
+            raise ConfigError(f"--lifecycle {self.lifecycle!r} needs a hash table, whose memory follows its keys: "
+                              "use --table-layout hash or auto (the default)")
 
     def table_spec(self) -> TableSpec:
         spec = TableSpec(self.model.table, self.model.dim,
                          optimizer=self.optimizer or self.model.default_optimizer(),
                          initializer=self.model.initializer(), seed=self.seed,
-                         consistency=self.consistency, replicas=self.replicas, filters=self.filters)
+                         consistency=self.consistency, replicas=self.replicas, filters=self.filters,
+                         lifecycle=self.lifecycle)
         return replace(spec, key_bits=self.key_bits(spec))
 
     def dense_spec(self) -> TableSpec | None:
@@ -79,7 +89,7 @@ class TrainConfig:
         2**B, which ``dense`` stores as arrays; ``auto`` does so when all its copies
         take at most ``DENSE_AUTO_BYTES`` (2**24 dim-1 FTRL rows take 256 MiB)."""
         bits = self.data.hash_bits if self.data.hash_bits < 64 else 0
-        if self.layout == "hash":
+        if self.layout == "hash" or spec.lifecycle:  # a lifecycle frees memory only in a hash table
             return 0
         if self.layout == "dense":
             if not 1 <= bits <= MAX_KEY_BITS:

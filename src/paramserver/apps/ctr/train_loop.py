@@ -111,6 +111,9 @@ class _Pipeline:
         self.exhausted = False
         self.wire_shown = (0, 0)  # the filters' bytes in and out, as last reported
         self.slow = client.rank == cfg.slow_rank and cfg.slow_factor > 1
+        # a lifecycle's time: the examples the job trained (this worker's, times the workers; from where it resumed)
+        self.timed = bool(cfg.lifecycle)
+        self.time_base = float(client.job.status().get("examples", 0)) if self.timed else 0.0
 
     def pull_ahead(self) -> None:
         """Pull up to a shard's end, not past it: the next shard's pulls go out once this
@@ -168,6 +171,9 @@ class _Pipeline:
         if self.slow:  # a straggler, for consistency benchmarks: each batch takes factor x as long
             time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
         self._drain(cfg.pipeline - 1)
+        if self.timed:
+            trained = self.done["examples"] + self.examples + len(batch)
+            client.set_time(self.time_base + trained * max(client.num_workers, 1))
         self.pushes.append([client.push(model.table, uniq, grads, distinct=True)] + (
             [] if dense_grads is None else
             [client.push(model.dense_table, dense_keys, to_rows(dense_grads, dense_keys.size), distinct=True)]))
