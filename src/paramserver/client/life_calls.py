@@ -50,6 +50,15 @@ def parse_token(token: str) -> tuple[int, dict[int, int]]:
                           "'3:1=5,2=5')") from None
 
 
+def push_header(spec: TableSpec, op: str, time: float | None) -> dict[str, Any] | None:
+    """What a push's header says beyond the call's: its op (unless ``update``), and the
+    time for a table with a lifecycle."""
+    header: dict[str, Any] = {"push_op": op} if op != "update" else {}
+    if time is not None and spec.lifecycle:
+        header["time"] = time
+    return header or None
+
+
 class LifeCalls:
     """Lifecycle calls of a ``Client`` (it provides the requests underneath)."""
 
@@ -77,10 +86,7 @@ class LifeCalls:
         self._time = None if time is None else float(time)
 
     def _push_header(self, spec: TableSpec, op: str) -> dict[str, Any] | None:
-        header: dict[str, Any] = {"push_op": op} if op != "update" else {}
-        if self._time is not None and spec.lifecycle:
-            header["time"] = self._time
-        return header or None
+        return push_header(spec, op, self._time)
 
     def export_delta(self, table: str, since: str | None = None, timeout_s: float | None = None) -> Delta:
         """The keys of ``table`` that changed since ``since`` (a token an earlier call

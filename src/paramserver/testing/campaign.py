@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from typing import Any
 
 #: ``chaos.SCENARIOS``' names, here so that ``paramserver --help`` need not import the simulation
-SCENARIO_NAMES = ("counters-r1", "counters-r2", "counters-r3", "filters", "job", "job-ssp", "membership", "partition",
-                  "repair-pause",
+SCENARIO_NAMES = ("counters-r1", "counters-r2", "counters-r3", "filters", "job", "job-ssp", "lifecycle", "membership",
+                  "partition", "repair-pause",
                   "restart-isolate", "restore", "ssp", "stalled-scheduler", "stalled-server")
 
 

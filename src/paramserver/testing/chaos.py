@@ -57,10 +57,12 @@ class Run:
         for name, rate in self.plan.rates.items():
             if name in self.cluster.net.hosts:
                 self.cluster.net.hosts[name].set_rate(rate)
-        self.check = Invariants(self.cluster, KEYS)
+        self.check = Invariants(self.cluster, KEYS, frozenset({"life"}) if self.plan.lifecycle else frozenset())
         self.tables = {"counts": self.plan.replicas}
         if self.plan.staleness is not None:
             self.tables["ssp"] = self.plan.replicas
+        if self.plan.lifecycle:  # a second table whose keys come and go: copies must agree
+            self.tables["life"] = self.plan.replicas
         self.ready = False
         self.stopping = False
         self.paused = False  # the workload waits (a checkpoint and restore is under way)
@@ -151,7 +153,8 @@ class Run:
             name = names[0]
             spec = TableSpec(name, dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=self.tables[name],
                              consistency=self.plan.staleness if name == "ssp" else "asp",
-                             filters=self.plan.filters or None)
+                             filters=self.plan.filters or None,
+                             lifecycle=self.plan.lifecycle if name == "life" else None)
             worker.create_table(spec, made)
 
         create()
@@ -165,12 +168,13 @@ class Run:
         i = self.cluster.workers.index(w)
         think = self.rng.expovariate(1 / self.plan.speeds[i % len(self.plan.speeds)])
         again = lambda: w.host.after(think, self._next, w)  # noqa: E731
+        table = "life" if self.plan.lifecycle and self.rng.random() < 0.5 else "counts"
         if self.plan.staleness is not None:
             self._ssp_step(w, again)
         elif self.rng.random() < 0.6:
-            self._push(w, "counts", again)
+            self._push(w, table, again)
         else:
-            self._pull(w, "counts", again)
+            self._pull(w, table, again)
 
     def _keys(self) -> np.ndarray:
         if self.key_lists:
@@ -197,7 +201,8 @@ class Run:
     def _pull(self, w: SimWorker, table: str, then: Callable[[], None]) -> None:
         keys = self._keys()
         ks = keys.astype(np.int64)
-        floor = self.check.floor(w.name, table, ks)
+        # a key's own pushes are a floor unless the table may drop its updates (admission) or the key (eviction)
+        floor = self.check.floor(w.name, table, ks) if table != "life" else np.zeros(ks.shape[0], np.int64)
         call = self.check.call(f"{w.name} pull from {table!r}", self.limit_s, w.name)
         self.calls += 1
 

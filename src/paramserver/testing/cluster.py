@@ -152,6 +152,18 @@ class SimCluster:
     def ring_settled(self) -> bool:
         return self.scheduler.membership.settled
 
+    def stored(self, server: SimServer, table: str, key: int) -> float | None:
+        """The value ``server`` stores for ``key``, None where it stores none (it does not
+        hold the key, or its vnode)."""
+        t = server.node.tables.get(table)
+        if t is None or server.node.ring is None:
+            return None
+        v = server.node.ring.vnodes(np.array([key], np.uint64), t.layout)[:1].astype(np.int32)
+        k, one = np.array([key], np.uint64), np.array([1], np.int64)
+        if not t.holds(v)[0] or not t.stored(v, one, k)[0]:
+            return None
+        return self.value(server, table, key)
+
     def value(self, server: SimServer, table: str, key: int) -> float | None:
         """The value ``server`` stores for ``key`` (None: it does not hold the vnode)."""
         node = server.node

@@ -37,7 +37,8 @@ class Violation:
 class Invariants:
     """The bookkeeping of one run: what was sent, acknowledged and read."""
 
-    def __init__(self, cluster: SimCluster, keys: int) -> None:
+    def __init__(self, cluster: SimCluster, keys: int, lives: frozenset[str] = frozenset()) -> None:
+        self.lives = lives  # tables with a lifecycle: their copies must agree (``_copies_agree``)
         self.cluster = cluster
         self.keys = keys
         self.sent: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(keys, np.int64))
@@ -200,6 +201,30 @@ class Invariants:
                       f"({job.totals.get('examples')} in all); its shards hold {want}")
 
     # ---- the end ------------------------------------------------------------------------
+    def _copies_agree(self, table: str, replicas: int) -> None:
+        """A table with a lifecycle (keys admitted late, evicted): no key holds more than
+        was pushed to it, and the live copies of a vnode hold the same keys with the same
+        values, wherever no push to the key is in doubt."""
+        ring = self.cluster.scheduler.ring
+        assert ring is not None
+        lost = self.lost_vnodes(table)
+        for key, v in zip(range(self.keys), ring.vnodes(np.arange(self.keys, dtype=np.uint64), 0).tolist()):
+            if v in lost:
+                continue
+            hi = self.acked[table][key] + self.doubtful[table][key]
+            copies = {}
+            for server_id in ring.chains[v, :replicas].tolist():
+                server = self.cluster.server(int(server_id))
+                if server is not None and server.live:
+                    copies[int(server_id)] = self.cluster.stored(server, table, key)
+            for server_id, got in copies.items():
+                if got is not None and got > hi:
+                    self.fail("applied-twice", f"server {server_id} holds {got:g} for key {key} of {table!r}, "
+                              f"more than the {hi} pushes sent to it")
+            if self.doubtful[table][key] == 0 and len(set(copies.values())) > 1:
+                self.fail("copies-differ", f"the copies of key {key} of {table!r} (vnode {v}) differ: "
+                          + ", ".join(f"server {s}: {'absent' if g is None else f'{g:g}'}" for s, g in copies.items()))
+
     def final(self, tables: dict[str, int]) -> None:
         """Every live replica holds exactly the acknowledged pushes (``tables``: name -> r)."""
         sched = self.cluster.scheduler
@@ -209,6 +234,9 @@ class Invariants:
             return
         keys = np.arange(self.keys, dtype=np.uint64)
         for table, replicas in tables.items():
+            if table in self.lives:
+                self._copies_agree(table, replicas)
+                continue
             lost = self.lost_vnodes(table)
             vnodes = ring.vnodes(keys, 0)
             for key, v in zip(keys.tolist(), vnodes.tolist()):

@@ -143,6 +143,13 @@ def _client_ignores_cache_miss() -> Callable[[], None]:
     return _patch(core, "decide", trusting)
 
 
+def _evict_on_primary_only() -> Callable[[], None]:
+    """A lifecycle's primary evicts and tells no copy: the copies keep the keys (and after
+    a failover the old values come back)."""
+    from paramserver.server.data import DataPlane
+    return _patch(DataPlane, "_forward_evicted", lambda self, table, evicted: None)
+
+
 #: name -> (what it switches off, how)
 MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
     "no-dedup": ("skip the retry dedup: a resent push is applied again", _no_dedup),
@@ -162,6 +169,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
                                  _client_forgets_in_flight),
     "client-ignores-cache-miss": ("the client takes a server's key-cache miss for an answer (a push with filters "
                                   "is acknowledged unapplied)", _client_ignores_cache_miss),
+    "evict-on-primary-only": ("a table's primary evicts keys without telling the other copies",
+                              _evict_on_primary_only),
 }
 
 

@@ -34,6 +34,7 @@ class Plan:
     filters: str = ""  # the tables' filters (paramserver.filters), as create_table takes them
     key_lists: int = 0  # workers push and pull only these many key lists, drawn once (key caching hits)
     key_cache_bytes: int = 64 << 20  # what a server keeps of them (small: lists are dropped, and missed)
+    lifecycle: str = ""  # a second table, "life", with this lifecycle (its copies must agree at the end)
 
 
 def _client_links(a: str, b: str) -> bool:
@@ -181,6 +182,19 @@ def _filters(rng: random.Random) -> Plan:
     return p
 
 
+def _lifecycle(rng: random.Random) -> Plan:
+    """The counters, and a second table whose keys are admitted at their second sighting
+    and evicted (unseen for a few seconds of the workers' clocks, or over a cap of a
+    quarter of the keys): each primary decides and forwards what it stored and evicted,
+    so at the end every copy of a vnode holds the same keys and values (a copy that kept
+    what its primary evicted would come back, with its old value, after a failover)."""
+    p = _counters(2)(rng)
+    ttl = rng.choice([2.0, 4.0, 8.0])
+    p.lifecycle = rng.choice([f"admit=after:2;ttl={ttl}", "admit=after:2;cap_keys=12",
+                              f"ttl={ttl};cap_keys=24;victim=lfu;half_life={ttl}", "admit=prob:0.5;ttl=3"])
+    return p
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "counters-r1": _counters(1),
     "counters-r2": _counters(2),
@@ -196,5 +210,6 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "job": _job,
     "job-ssp": _job_ssp,
     "filters": _filters,
+    "lifecycle": _lifecycle,
 }
 assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "campaign.SCENARIO_NAMES lists the scenarios for --help"

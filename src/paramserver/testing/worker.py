@@ -37,6 +37,7 @@ from paramserver.client.core import (
     route,
 )
 from paramserver.client.filtering import ClientFilters
+from paramserver.client.life_calls import push_header
 from paramserver.config import Config
 from paramserver.errors import Code, NodeLostError, ProtocolError
 from paramserver.routing.partition import scatter_rows
@@ -293,7 +294,7 @@ class SimWorker:
         spec = self.specs[table]
         seq = self.sequencer.take()
         header = call_header(Op.PUSH, table, node_id=self.node_id, worker_clock=self.clock, seq=seq,
-                             extra={"push_op": op} if op != "update" else None)
+                             extra=push_header(spec, op, self.host.now()))
         wire = self.filters.wire(spec, "push", op)
         call = _Scatter(self, Op.PUSH, header, spec, None, done, lambda: self.sequencer.settled(seq), wire)
         assert self.ring is not None
