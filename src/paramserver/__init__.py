@@ -18,6 +18,7 @@ below its own: docs/architecture.md draws them, `make lint` holds them):
     observe/        each node's metrics
     tables/         TableSpec, optimisers, update rules, server functions, namespaces
     filters/        what a message's keys and values go through on the wire (plug-ins)
+    lifecycle/      what happens to a table's keys over time: admission, eviction (plug-ins)
     config.py       Config and the PARAMSERVER_* settings
     routing/        the ring, hashing, batching keys per server
     wire/           the message format, sockets and transports, security

@@ -121,11 +121,45 @@ class Publisher:
         base_keys = parts[0]["keys"]
         since_base = sum(p["keys"] + p.get("deleted", 0) for p in parts[1:])
         self.index = {**self.index, "seq": seq, "parts": parts, "at": time.time(),
-                      "token": None if since_base > max(base_keys, 1) else delta.token}
+                      "token": None if since_base > max(base_keys, 1) else (delta.token or None)}
         _write_index(self.url, self.index)
         for part in old:  # the chain before the new base: nobody reads it any more
             fs.rm(f"{root}/{part['path']}", recursive=True)
         return entry
+
+
+def write_table(url: str, spec: dict[str, Any], keys: np.ndarray, values: np.ndarray) -> None:
+    """A base of any table (``paramserver export``): ``table.npz`` (keys, values) and
+    ``table.json`` (its spec), the latter last."""
+    fs, root = _fs(url)
+    fs.makedirs(root, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(buf, keys=keys, values=values)
+    with fs.open(f"{root}/table.npz", "wb") as f:
+        f.write(buf.getvalue())
+    with fs.open(f"{root}/table.json", "w") as f:
+        f.write(json.dumps({"format": "paramserver-table-1", "table": spec}, indent=1))
+
+
+def read_table_folder(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None]:
+    """A base folder's table spec (``table.json``, or a model's ``model.json``), keys and values."""
+    fs, root = _fs(url)
+    meta_file = f"{root}/table.json" if fs.exists(f"{root}/table.json") else f"{root}/model.json"
+    try:
+        with fs.open(meta_file, "rb") as f:
+            meta = json.loads(f.read())
+        with fs.open(f"{root}/table.npz", "rb") as f:
+            arrays = np.load(io.BytesIO(f.read()))
+        return meta, arrays["keys"], arrays["values"], arrays["dense"] if "dense" in arrays.files else None
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{url}: the published table is damaged or missing ({exc})") from None
+
+
+def load_table(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """A table published under ``url`` (``paramserver export``, ``train --publish``): its
+    spec (as ``TableSpec.to_wire``), keys and values, the deltas applied in order."""
+    meta, keys, values, _ = read_chain(url, read_table_folder)
+    return meta["table"], keys, values
 
 
 def read_chain(url: str, read_base: Callable[[str], tuple[Any, np.ndarray, np.ndarray, np.ndarray | None]]

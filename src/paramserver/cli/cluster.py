@@ -66,9 +66,16 @@ def _status(client: Any) -> None:
               f"holds {held} (copies included), {keys:,} keys, {sum(t.get('bytes', 0) for t in tables.values()):,} "
               f"table bytes, RSS {st.get('rss_bytes', 0) / 2**20:,.0f} MiB")
     for name, spec in client.tables().items():
-        keys = sum(s["tables"].get(name, {}).get("primary_keys", 0) for s in stats.values())
+        per = [s["tables"].get(name, {}) for s in stats.values()]
+        keys = sum(t.get("primary_keys", 0) for t in per)
+        held, nbytes = sum(t.get("keys", 0) for t in per), sum(t.get("bytes", 0) for t in per)
         print(f"  table {name}: dim {spec.dim}, {spec.optimizer.name}, replicas {spec.replicas}, "
-              f"{'dense' if spec.key_bits else 'hash'}, {keys:,} keys")
+              f"{'dense' if spec.key_bits else 'hash'}, {keys:,} keys, "
+              f"{nbytes / held if held else 0:,.1f} bytes a key stored")
+        if spec.lifecycle:
+            life = [t.get("lifecycle", {}) for t in per]
+            print(f"    lifecycle {spec.lifecycle}: {sum(x.get('refused', 0) for x in life):,} updates refused, "
+                  f"{sum(x.get('evicted', 0) for x in life) // spec.replicas:,} keys evicted")
     for name, ns in client.namespaces().items():
         if name:
             limits = ", ".join(f"{k} {ns[k]:,}" for k in ("max_keys", "max_bytes") if ns[k]) or "no quota"

@@ -25,7 +25,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from paramserver._runtime import collector
-from paramserver.cli import cluster, ctr_flags, nodes, rounds
+from paramserver.cli import cluster, ctr_flags, export, nodes, rounds
 from paramserver.cli.parser import Command, root_parser
 from paramserver.errors import ParamServerError, WorkerError
 
@@ -54,6 +54,7 @@ COMMANDS: dict[str, Command] = {
     "cluster": Command(cluster.add_cluster, cluster.cluster),
     "keygen": Command(cluster.add_keygen, cluster.keygen),
     "top": Command(cluster.add_top, cluster.top),
+    "export": Command(export.add_export, export.export),
     "train": Command(ctr_flags.add_train, ctr_flags.run_ctr),
     "predict": Command(ctr_flags.add_predict, ctr_flags.run_ctr),
     "eval": Command(ctr_flags.add_eval, ctr_flags.run_ctr),

@@ -87,6 +87,19 @@ class ServerMetrics:
         return out + state_families(self.state() if state is None else state)
 
 
+def _lifecycle_families(tables: dict[str, Any]) -> list[Family]:
+    """Per table with a lifecycle: keys admitted, updates refused, keys evicted (counters)."""
+    out: list[Family] = []
+    lives = {t: v["lifecycle"] for t, v in tables.items() if "lifecycle" in v}
+    for what, doc in (("admitted", "keys stored at their admission"),
+                      ("refused", "key updates not applied: the key was not admitted (yet)"),
+                      ("evicted", "keys evicted (as primary, or as its copy)")):
+        name = f"paramserver_lifecycle_{what}"
+        out.append([name, "counter", f"per table: {doc}",
+                    [[f"{name}_total", {"table": t}, float(v[what])] for t, v in lives.items()]])
+    return out
+
+
 def state_families(s: dict[str, Any]) -> list[Family]:
     """A server's gauges and consistency figures."""
     out: list[Family] = []
@@ -95,8 +108,13 @@ def state_families(s: dict[str, Any]) -> list[Family]:
         name = f"paramserver_table_{what}"
         out.append([name, "gauge", f"per table: {doc}",
                     [[name, {"table": t}, float(v[what])] for t, v in s["tables"].items()]])
+    name = "paramserver_table_bytes_per_key"
+    out.append([name, "gauge", "per table: bytes stored a key (keys, rows, life rows, admission counts)",
+                [[name, {"table": t}, float(v["bytes"]) / v["keys"] if v["keys"] else 0.0]
+                 for t, v in s["tables"].items()]])
     out.append(["paramserver_resident_memory_bytes", "gauge", "resident memory of the process",
                 [["paramserver_resident_memory_bytes", {}, float(s["rss_bytes"])]]])
+    out += _lifecycle_families(s["tables"])
     c = s["consistency"]
     out.append(["paramserver_parked_pulls", "counter", "pulls held back by the staleness bound",
                 [["paramserver_parked_pulls_total", {}, float(c["parked_pulls"])]]])
