@@ -86,7 +86,8 @@ class Lifecycle:
 
     def __str__(self) -> str:
         wire = self.to_wire()
-        return ";".join("track" if k == "track" else f"{k}={v}" for k, v in wire.items()) or "none"
+        return ";".join("track" if k == "track" else f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in wire.items()) or "none"
 
     @classmethod
     def parse(cls, spec: Any) -> Lifecycle:

@@ -8,8 +8,9 @@ same link and so in the same order as the pushes.  A backup applies both as told
 never decides, so the copies of a vnode hold the same keys whatever fails.
 
 Eviction frees memory: a swept vnode is rebuilt in arrays sized for what it keeps
-(``VnodeTable.keep``), and a capped table's vnodes are sized for their share of the cap
-(``cap_keys / n_vnodes`` keys each) and swept before they would grow past it.
+(``VnodeTable.keep``).  A cap is held per server: its share of the cap (as its share of
+the vnodes it is primary of) over all those vnodes, the least recently (or frequently)
+pushed keys of any of them going first.
 
 Every change is stamped with the server's export epoch; ``delta`` returns the keys whose
 stamp is at least a token's, and the keys evicted since (tombstones), then starts a new
@@ -96,18 +97,20 @@ class TableLife:
             vt.set_life(keys, life)  # type: ignore[union-attr]
 
     # ---- eviction --------------------------------------------------------------------------
-    def share(self) -> int:
-        """Keys a vnode may hold under the table's caps (0: no cap)."""
+    def cap(self, primary: np.ndarray) -> int:
+        """Keys this server may hold as primary under the table's caps (0: no cap): its
+        share of the cap, as its share of the vnodes."""
         spec, n = self.spec, self.table.n_vnodes
+        fraction = float(primary.sum()) / n
         caps = []
         if spec.cap_keys:
-            caps.append(max(1, spec.cap_keys // n))
-        if spec.cap_bytes:
+            caps.append(spec.cap_keys * fraction)
+        if spec.cap_bytes:  # arrays sized for the keys kept, with the room a sweep leaves them (``sweep``)
             from paramserver.server.table import MAX_LOAD
 
             slot = 8 + 4 * self.table.width + 4 * self.table.life_width
-            caps.append(max(1, int(spec.cap_bytes / n / slot * MAX_LOAD) - 2))
-        return min(caps) if caps else 0
+            caps.append(spec.cap_bytes * fraction / slot * MAX_LOAD * (1 - CAP_SLACK))
+        return max(1, int(min(caps))) if caps else 0
 
     def due(self, primary: np.ndarray) -> bool:
         """Whether a sweep should run now (after a push)."""
@@ -118,47 +121,66 @@ class TableLife:
             if (spec.ttl or spec.min_score) else 0.0
         if period and self.now - self.last_sweep >= period:
             return True
-        share = self.share()
-        return bool(share) and any(len(vt) > share for v, vt in self.table.tables.items() if primary[v])
+        cap = self.cap(primary)
+        return bool(cap) and sum(len(vt) for v, vt in self.table.tables.items() if primary[v]) > cap
 
     def sweep(self, primary: np.ndarray) -> list[tuple[int, np.ndarray]]:
-        """Evict, from the vnodes this server is primary of, what the lifecycle says;
-        the keys evicted, per vnode (to forward to the backups)."""
+        """Evict, from the vnodes this server is primary of, what the lifecycle says: keys
+        past their TTL or below the score, then, over the cap, the least recently (or
+        frequently) pushed of all of them, down to ``1 - CAP_SLACK`` of it.  The keys
+        evicted, per vnode (to forward to the backups)."""
         self.last_sweep = self.now
         self.stats.sweeps += 1
-        share = self.share()
-        out = []
-        for v, vt in list(self.table.tables.items()):
-            if not primary[v] or not len(vt):
-                continue
-            keys, _, life = vt.items_with_life()  # type: ignore[union-attr]
+        mine = [(v, vt) for v, vt in self.table.tables.items() if primary[v] and len(vt)]
+        held = [vt.items_with_life() for _, vt in mine]  # type: ignore[union-attr]
+        lives: list[np.ndarray] = []
+        for _, _, life in held:
             assert life is not None, "a lifecycle's vnodes have life rows"
-            drop = self._victims(life, share)
-            if drop.any() or (share and vt.capacity < share):
-                self.table.keep(v, ~drop, room=share)
+            lives.append(life)
+        drops, ranks = zip(*[self._expired(life) for life in lives]) if lives else ((), ())
+        cap = self.cap(primary)
+        if cap and lives:
+            self._over_cap(list(drops), list(ranks), cap)
+        out = []
+        for (v, _), (keys, _, _), drop in zip(mine, held, drops, strict=True):
+            if drop.any():  # rebuilt for the keys kept, with room to grow back to the cap
+                kept = int((~drop).sum())
+                self.table.keep(v, ~drop, room=int(kept / (1 - CAP_SLACK)) + 1 if cap else kept)
                 out.append((v, keys[drop]))
-        evicted = [k for _, k in out if k.size]
-        if evicted:
-            self._buried(np.concatenate(evicted))
-        return [(v, k) for v, k in out if k.size]
+        if out:
+            self._buried(np.concatenate([k for _, k in out]))
+        return out
 
-    def _victims(self, life: np.ndarray, share: int) -> np.ndarray:
+    def _expired(self, life: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which keys (life rows) are past their TTL or below the score, and each key's
+        rank for a cap (lower goes first: the stamp, or with ``lfu`` the decayed score)."""
         spec, now = self.spec, np.float32(self.now)
         drop = np.zeros(life.shape[0], bool)
         if spec.ttl:
             drop |= life[:, STAMP] < now - np.float32(spec.ttl)
-        score = None
+        rank = life[:, STAMP]
         if spec.half_life:
             score = life[:, SCORE] * np.exp2(-(now - life[:, STAMP]) / np.float32(spec.half_life))
             if spec.min_score:
                 drop |= score < spec.min_score
-        if share:
-            over = int((~drop).sum()) - share
-            if over > 0:
-                excess = over + int(share * CAP_SLACK)
-                rank = np.where(drop, -np.inf, score if spec.victim == "lfu" and score is not None else life[:, STAMP])
-                drop[np.argpartition(rank, min(excess, rank.size - 1))[:excess]] = True
-        return drop
+            if spec.victim == "lfu":
+                rank = score
+        return drop, rank
+
+    def _over_cap(self, drops: list[np.ndarray], ranks: list[np.ndarray], cap: int) -> None:
+        """Mark, in ``drops``, the lowest-ranked keys of all the vnodes (not yet dropped)
+        beyond ``(1 - CAP_SLACK)`` of ``cap``."""
+        drop, rank = np.concatenate(drops), np.concatenate(ranks)
+        over = int((~drop).sum()) - cap
+        if over <= 0:
+            return
+        excess = min(over + int(cap * CAP_SLACK), int((~drop).sum()))
+        rank = np.where(drop, -np.inf, rank)
+        victims = np.argpartition(rank, excess - 1)[:excess] if excess < rank.size else np.arange(rank.size)
+        drop[victims] = True
+        ends = np.cumsum([d.size for d in drops])
+        for i, part in enumerate(np.split(drop, ends[:-1])):
+            drops[i][:] = part
 
     def evict(self, vnode: int, keys: np.ndarray) -> int:
         """Drop ``keys`` of ``vnode`` (a backup, as its primary said); how many were held."""
@@ -168,7 +190,8 @@ class TableLife:
         held, _, _ = vt.items_with_life()  # type: ignore[union-attr]
         drop = np.isin(held, keys)
         if drop.any():
-            self.table.keep(vnode, ~drop, room=self.share())
+            kept = int((~drop).sum())
+            self.table.keep(vnode, ~drop, room=int(kept / (1 - CAP_SLACK)) + 1 if self.spec.cap_keys or self.spec.cap_bytes else kept)
             self._buried(held[drop])
         return int(drop.sum())
 
