@@ -143,13 +143,17 @@ class TableLife:
             self._over_cap(list(drops), list(ranks), cap)
         out = []
         for (v, _), (keys, _, _), drop in zip(mine, held, drops, strict=True):
-            if drop.any():  # rebuilt for the keys kept, with room to grow back to the cap
-                kept = int((~drop).sum())
-                self.table.keep(v, ~drop, room=int(kept / (1 - CAP_SLACK)) + 1 if cap else kept)
+            if drop.any():
+                self.table.keep(v, ~drop, room=self._room(int((~drop).sum())))
                 out.append((v, keys[drop]))
         if out:
             self._buried(np.concatenate([k for _, k in out]))
         return out
+
+    def _room(self, kept: int) -> int:
+        """Keys a vnode rebuilt with ``kept`` keys has room for: under a cap, as many as it
+        may grow back to before the next sweep (primary and copies alike)."""
+        return int(kept / (1 - CAP_SLACK)) + 1 if self.spec.cap_keys or self.spec.cap_bytes else kept
 
     def _expired(self, life: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Which keys (life rows) are past their TTL or below the score, and each key's
@@ -190,8 +194,7 @@ class TableLife:
         held, _, _ = vt.items_with_life()  # type: ignore[union-attr]
         drop = np.isin(held, keys)
         if drop.any():
-            kept = int((~drop).sum())
-            self.table.keep(vnode, ~drop, room=int(kept / (1 - CAP_SLACK)) + 1 if self.spec.cap_keys or self.spec.cap_bytes else kept)
+            self.table.keep(vnode, ~drop, room=self._room(int((~drop).sum())))
             self._buried(held[drop])
         return int(drop.sum())
 
