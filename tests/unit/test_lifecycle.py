@@ -215,3 +215,34 @@ def test_an_eviction_forwarded_to_a_table_without_a_lifecycle_is_refused(h):
     header = {"op": "replicate", "table": "t", "ring_version": ring.version, "id": 5, "evict": True}
     h.deliver(backup, header, [keys, np.array([v], np.int32), np.array([1], np.int64)])
     assert any(r.get("op") == "error" and "no lifecycle" in r.get("error", "") for _, r in h.replies)
+
+
+def test_score_admission_counts_shows_and_clicks():
+    table, ring, _ = _table("admit=score:threshold=1,show=0.1,click=1")
+    assert table.spec.push_width == 3 and table.life.counted
+    keys = np.arange(1, 5, dtype=np.uint64)
+    # key 1: a click (1.0) at once; key 2: 5 shows (0.5); key 3: 10 shows (1.0); key 4: nothing
+    stats = np.array([[1, 1], [5, 0], [10, 0], [0, 0]], np.float32)
+    grads = np.hstack([np.ones((4, 1), np.float32), stats])
+    routed = route_push(ring, keys, grads, table.layout)
+    vnodes = np.concatenate([p.vnodes for p in routed.parts])
+    counts = np.concatenate([p.counts for p in routed.parts])
+    k, g, v, c = table.life.admit(routed.keys, routed.grads, vnodes, counts)
+    assert g.shape[1] == 1 and sorted(k.tolist()) == [1, 3]
+    _ = v, c
+
+
+def test_stats_are_for_tables_that_count_them_and_value_codecs_are_refused_there():
+    from paramserver.client.life_calls import with_stats
+
+    plain = TableSpec("p")
+    with pytest.raises(ConfigError, match="stats"):
+        with_stats(plain, np.ones((2, 1), np.float32), np.ones((2, 2)))
+    scored = TableSpec("s", lifecycle="admit=score:10")
+    assert with_stats(scored, np.ones((2, 1), np.float32), None).tolist() == [[1, 1, 0], [1, 1, 0]]
+    with pytest.raises(ConfigError, match="shape"):
+        with_stats(scored, np.ones((2, 1), np.float32), np.ones((3, 2)))
+    with pytest.raises(ConfigError, match="value codecs"):
+        TableSpec("s", lifecycle="admit=score:10", filters="push=int8")
+    with pytest.raises(ConfigError, match=r"\[1, 255\]"):
+        Lifecycle.parse("admit=score:threshold=100")

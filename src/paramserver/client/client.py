@@ -24,7 +24,7 @@ from paramserver.client.core import Piece, Wire, as_keys, call_header, pull_rows
 from paramserver.client.filter_calls import FilterCalls
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
-from paramserver.client.life_calls import LifeCalls
+from paramserver.client.life_calls import LifeCalls, with_stats
 from paramserver.client.losses import Losses
 from paramserver.client.scatter import Scatter
 from paramserver.client.state import ClientState
@@ -290,7 +290,8 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
                              wire=filters.wire(spec, "pull"),
                              extra_header={"reply_filters": True} if replies is not None else None)
 
-    def push(self, table: str, keys: Any, grads: Any, *, distinct: bool = False, op: str = "update") -> Future[Any]:
+    def push(self, table: str, keys: Any, grads: Any, *, distinct: bool = False, op: str = "update",
+             stats: Any = None) -> Future[Any]:
         """Send gradients (or values); the future completes once every live replica
         applied them (each exactly once, retries included).
 
@@ -303,6 +304,8 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         ``distinct=True`` says ``keys`` has no duplicates (they came from ``np.unique``
         or ``Batch.unique``), so the client does not look for them: routing a push costs
         a third.  Should one slip through, the server applies it as a second update.
+        ``stats``: each key's shows and clicks (``[n, 2]``), for a table whose admission
+        counts them (``lifecycle="admit=score:10"``; default one show, no click).
         """
         if op not in PUSH_OPS:
             raise ConfigError(f"push to {table!r}: op must be one of {sorted(PUSH_OPS)}, got {op!r}")
@@ -321,6 +324,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         if not np.isfinite(grads).all():
             raise ConfigError(f"push to {table!r}: grads contain NaN or inf (check the learning "
                               "rate and the loss)")
+        grads = with_stats(spec, grads, stats)
         if op in ("assign", "max", "min") and not distinct:
             keys, grads = combine_duplicates(keys, grads, op)
             distinct = True

@@ -59,6 +59,25 @@ def push_header(spec: TableSpec, op: str, time: float | None) -> dict[str, Any] 
     return header or None
 
 
+def with_stats(spec: TableSpec, grads: np.ndarray, stats: Any) -> np.ndarray:
+    """A push's rows as its table takes them: where its admission counts shows and clicks
+    (``Lifecycle.stats``), those after the values (``stats``, ``[n, 2]``; None: one show
+    and no click a key); elsewhere the values alone (``stats`` must then be None)."""
+    if not spec.lifecycle.stats:
+        if stats is not None:
+            raise ConfigError(f"push to {spec.name!r}: stats (shows, clicks) are for a table whose admission "
+                              f"counts them (lifecycle 'admit=score:...'); its lifecycle is {str(spec.lifecycle)!r}")
+        return grads
+    n = grads.shape[0]
+    if stats is None:
+        stats = np.column_stack([np.ones(n, np.float32), np.zeros(n, np.float32)])
+    stats = np.asarray(stats, np.float32)
+    if stats.shape != (n, 2) or not np.isfinite(stats).all() or (stats < 0).any():
+        raise ConfigError(f"push to {spec.name!r}: stats must be finite shows and clicks >= 0 of shape ({n}, 2), "
+                          f"got shape {stats.shape}")
+    return np.hstack([grads, stats])
+
+
 class LifeCalls:
     """Lifecycle calls of a ``Client`` (it provides the requests underneath)."""
 

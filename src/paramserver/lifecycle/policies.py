@@ -24,12 +24,16 @@ from paramserver.routing.hashing import hash64_array
 
 class AdmissionPolicy:
     """Base of admission policies: ``admit(keys, time)`` says which of ``keys`` (distinct,
-    none of them stored yet on this vnode set) to store now.  Settings come as keyword
-    arguments (numbers), from the spec's ``:key=value`` part."""
+    none of them stored yet on this server) to store now.  Settings come as keyword
+    arguments (numbers), from the spec's ``:key=value`` part.  A policy that sets
+    ``wants_stats`` is called ``admit(keys, time, stats)``, ``stats`` being
+    ``float32[len(keys), 2]``: each key's shows and clicks in the push
+    (``Client.push(..., stats=)``; one show and no click a key where the pusher gave none)."""
 
     name: ClassVar[str] = "policy"
+    wants_stats: ClassVar[bool] = False
 
-    def admit(self, keys: np.ndarray, time: float) -> np.ndarray:
+    def admit(self, keys: np.ndarray, time: float, stats: np.ndarray | None = None) -> np.ndarray:
         raise NotImplementedError
 
     @property
@@ -53,7 +57,7 @@ class AfterN(AdmissionPolicy):
         self.n = int(n)
         self.sketch = Sightings(self.n, int(max_mb * (1 << 20))) if self.n > 1 else None
 
-    def admit(self, keys: np.ndarray, time: float) -> np.ndarray:
+    def admit(self, keys: np.ndarray, time: float, stats: np.ndarray | None = None) -> np.ndarray:
         if self.sketch is None:
             return np.ones(keys.shape[0], bool)
         return self.sketch.see(keys)
@@ -75,19 +79,52 @@ class Probabilistic(AdmissionPolicy):
         self.p = float(p)
         self._draws = int(seed)
 
-    def admit(self, keys: np.ndarray, time: float) -> np.ndarray:
+    def admit(self, keys: np.ndarray, time: float, stats: np.ndarray | None = None) -> np.ndarray:
         self._draws += 1  # another draw for each call: a key seen again gets another chance
         u = hash64_array(keys ^ np.uint64((self._draws * 0x9E3779B97F4A7C15) % (1 << 64)))
         admitted: np.ndarray = u < np.uint64(min(int(self.p * 2.0**64), 2**64 - 1))
         return admitted
 
 
-BUILTIN: dict[str, type[AdmissionPolicy]] = {"after": AfterN, "prob": Probabilistic}
+class Score(AdmissionPolicy):
+    """Store a key once its score, ``show`` a show plus ``click`` a click summed over the
+    pushes that carried it, reaches ``threshold`` (Paddle's CTR accessor: 0.1, 1 and 10
+    by default).  Pushes carry each key's shows and clicks (``Client.push(stats=...)``;
+    ``paramserver train`` sends them); the score is counted in units of the smaller
+    weight, in the sketch of ``after:N`` (8-bit counters: ``threshold`` at most 255 units)."""
+
+    name = "score"
+    wants_stats = True
+
+    def __init__(self, threshold: float = 10.0, show: float = 0.1, click: float = 1.0, max_mb: float = 64) -> None:
+        if not (show > 0 and click > 0 and threshold > 0):
+            raise ConfigError(f"admission score needs threshold, show and click > 0, got {threshold!r}, {show!r}, "
+                              f"{click!r}")
+        self.unit = min(show, click)
+        units = round(threshold / self.unit)
+        if not 1 <= units <= 255:
+            raise ConfigError(f"admission score: threshold/min(show, click) must be in [1, 255] (it is counted in "
+                              f"8-bit units of {self.unit:g}), got {threshold / self.unit:g}; e.g. score:10")
+        self.show, self.click = show, click
+        self.sketch = Sightings(units, int(max_mb * (1 << 20)), bits=8)
+
+    def admit(self, keys: np.ndarray, time: float, stats: np.ndarray | None = None) -> np.ndarray:
+        shows = stats[:, 0] if stats is not None else np.ones(keys.shape[0])
+        clicks = stats[:, 1] if stats is not None else np.zeros(keys.shape[0])
+        units = np.rint((self.show * shows + self.click * clicks) / self.unit)
+        return self.sketch.see(keys, np.clip(units, 0, 255))
+
+    @property
+    def nbytes(self) -> int:
+        return self.sketch.nbytes
+
+
+BUILTIN: dict[str, type[AdmissionPolicy]] = {"after": AfterN, "prob": Probabilistic, "score": Score}
 
 
 def load_policy(text: str) -> AdmissionPolicy:
-    """The policy ``text`` names, built: ``after:2``, ``prob:0.25``, ``after:n=3,max_mb=16``
-    or ``module:Class[:key=value,...]``."""
+    """The policy ``text`` names, built: ``after:2``, ``prob:0.25``, ``after:n=3,max_mb=16``,
+    ``score:10`` (``score:threshold=10,show=0.1,click=1``) or ``module:Class[:key=value,...]``."""
     head, _, rest = text.partition(":")
     head = head.strip()
     if head in BUILTIN:

@@ -63,10 +63,10 @@ def _least(counters, bits, h1, h2):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _see(counters, old, bits, keys, threshold, admitted):  # type: ignore[no-untyped-def]
-    """Count one sighting of each of ``keys`` in ``counters`` (``old``: the generation
-    before, read only, whose counts add); ``admitted[i]`` when key i reached the
-    threshold.  Returns how many keys were left below it."""
+def _see(counters, old, bits, keys, weights, threshold, admitted):  # type: ignore[no-untyped-def]
+    """Count ``weights[i]`` sightings of each of ``keys`` in ``counters`` (``old``: the
+    generation before, read only, whose counts add); ``admitted[i]`` when key i reached
+    the threshold.  Returns how many keys were left below it."""
     m = counters.shape[0] * (8 // bits)
     top = (1 << bits) - 1
     below = 0
@@ -76,11 +76,12 @@ def _see(counters, old, bits, keys, threshold, admitted):  # type: ignore[no-unt
         h2 = np.int64(h >> np.uint64(32)) | 1
         low = _least(counters, bits, h1, h2)
         if low < top:
+            new = min(low + weights[i], top)
             for j in range(3):
                 p = (h1 + j * h2) & (m - 1)
-                if _get(counters, p, bits) == low:  # the conservative update
-                    _set(counters, p, bits, low + 1)
-            low += 1
+                if _get(counters, p, bits) < new:  # the conservative update
+                    _set(counters, p, bits, new)
+            low = new
         if old.shape[0]:
             low += _least(old, bits, h1, h2)
         admitted[i] = low >= threshold
@@ -109,11 +110,12 @@ class Sightings:
     Args:
         threshold: sightings a key needs (2 to 255).
         max_bytes: the most the counters may take (they start at 4 KiB).
+        bits: bits a counter (2, 4 or 8; default: what ``threshold`` needs).
     """
 
-    def __init__(self, threshold: int, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, threshold: int, max_bytes: int = 64 << 20, bits: int = 0) -> None:
         self.threshold = threshold
-        self.bits = counter_bits(threshold)
+        self.bits = bits or counter_bits(threshold)
         self.max_bytes = max(MIN_BYTES, 1 << max(int(max_bytes).bit_length() - 1, 0))
         self.counters = np.zeros(MIN_BYTES, np.uint8)
         self.old = np.zeros(0, np.uint8)  # the generation before the last doubling (read only)
@@ -124,10 +126,12 @@ class Sightings:
     def nbytes(self) -> int:
         return int(self.counters.nbytes + self.old.nbytes)
 
-    def see(self, keys: np.ndarray) -> np.ndarray:
-        """Count a sighting of each of ``keys`` (distinct); which of them are now admitted."""
+    def see(self, keys: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """Count a sighting of each of ``keys`` (distinct; ``weights[i]`` sightings, whole
+        numbers >= 0, where given); which of them are now admitted."""
         admitted = np.empty(keys.shape[0], np.bool_)
-        self.pending += int(_see(self.counters, self.old, self.bits, keys, self.threshold, admitted))
+        w = np.ones(keys.shape[0], np.int64) if weights is None else np.ascontiguousarray(weights, np.int64)
+        self.pending += int(_see(self.counters, self.old, self.bits, keys, w, self.threshold, admitted))
         if self.pending * BYTES_PER_KEY > self.counters.nbytes:
             if 2 * self.counters.nbytes + self.counters.nbytes <= self.max_bytes:
                 self.old, self.counters = self.counters, np.zeros(2 * self.counters.nbytes, np.uint8)

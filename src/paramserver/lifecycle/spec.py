@@ -5,6 +5,7 @@ by ``;``::
 
     admit=after:2                  # store a key once it was seen in 2 pushes (a sketch counts)
     admit=prob:0.25                # store it with probability 0.25 at each sighting (Monolith)
+    admit=score:10                 # store it once 0.1 a show + 1 a click reach 10 (Paddle's)
     admit=mypkg.policies:Mine:k=3  # a user's policy (``lifecycle.policies.AdmissionPolicy``)
     ttl=5e6                        # drop a key not pushed for 5e6 time units
     half_life=1e6;min_score=0.5    # a key's score: sightings, halved every 1e6 units; drop below 0.5
@@ -21,6 +22,7 @@ push that carried it.  Any of these also tracks changes, for ``Client.export_del
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -28,6 +30,7 @@ from typing import Any
 from paramserver.errors import ConfigError
 
 VICTIMS = ("lru", "lfu")
+STATS = 2  # columns a push of a table whose admission wants stats carries after its values: shows, clicks
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -77,6 +80,12 @@ class Lifecycle:
         return bool(self.ttl or self.min_score or self.cap_keys or self.cap_bytes)
 
     @property
+    def stats(self) -> bool:
+        """Whether pushes carry each key's shows and clicks (the admission policy asks for
+        them: two columns after the values, ``STATS``)."""
+        return bool(self.admit) and _wants_stats(self.admit)
+
+    @property
     def scored(self) -> bool:
         """Whether a key keeps a decayed count of its sightings (a third life column)."""
         return bool(self.half_life)
@@ -110,6 +119,13 @@ class Lifecycle:
             default = known[key].default
             values[key] = _coerce(key, value, type(default))
         return cls(**values)
+
+
+@functools.lru_cache(maxsize=64)
+def _wants_stats(admit: str) -> bool:
+    from paramserver.lifecycle.policies import load_policy
+
+    return load_policy(admit).wants_stats
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:

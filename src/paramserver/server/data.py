@@ -116,7 +116,7 @@ class DataPlane:
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         state = self.state
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
-        check_grads(table, keys, grads)
+        check_grads(table, keys, grads, table.spec.push_width)  # a client's: values, and stats where asked
         check_quota(state, table, vnodes, counts, keys)  # before the dedup marks it applied
         fresh = self._fresh(table, msg, keys, grads, vnodes, counts)
         life = table.life
@@ -126,7 +126,7 @@ class DataPlane:
         if life is not None:
             life.touched(fresh[2], fresh[3], fresh[0], push_time(msg))
             if life.policy is not None:  # backups store what this primary stores, and only that
-                keys, grads, vnodes, counts = stored_part(table, keys, grads, vnodes, counts)
+                keys, grads, vnodes, counts = stored_part(table, keys, life.values(grads), vnodes, counts)
         # forwarded whole, even the part already applied here: a retry after a failover
         # may find this server with the push and a backup without it; backups dedup too
         targets = state.targets.get(table.spec.name)

@@ -91,9 +91,12 @@ def check_install(msg: Message, table: VnodeSet, ring: Ring, name: str, vnode: i
     return pairs
 
 
-def check_grads(table: VnodeSet, keys: np.ndarray, grads: np.ndarray) -> None:
-    if grads.shape != (keys.shape[0], table.spec.dim):
+def check_grads(table: VnodeSet, keys: np.ndarray, grads: np.ndarray, width: int | None = None) -> None:
+    """A push's rows: ``width`` (default ``dim``; a client's push, ``spec.push_width``)
+    finite floats a key."""
+    width = table.spec.dim if width is None else width
+    if grads.shape != (keys.shape[0], width):
         raise ProtocolError(f"push to {table.spec.name!r}: grads must have shape "
-                            f"({keys.shape[0]}, {table.spec.dim}), got {grads.shape}")
+                            f"({keys.shape[0]}, {width}), got {grads.shape}")
     if not np.isfinite(grads).all():
         raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")

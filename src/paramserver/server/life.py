@@ -57,6 +57,7 @@ class TableLife:
         self.table = table
         self.spec = table.spec.lifecycle
         self.policy: AdmissionPolicy | None = load_policy(self.spec.admit) if self.spec.admit else None
+        self.counted = self.spec.stats  # pushes carry shows and clicks after their values
         self.now = 0.0  # the latest push time seen
         self.epoch = 1  # changes now are stamped with it; an export starts the next
         self.floor = 1  # tombstones are whole from this epoch on
@@ -66,17 +67,26 @@ class TableLife:
         self.stats = LifeStats()
 
     # ---- the hot path ---------------------------------------------------------------------
+    def values(self, grads: np.ndarray) -> np.ndarray:
+        """A client's push rows without the shows and clicks they carry for admission."""
+        dim = self.table.spec.dim
+        return np.ascontiguousarray(grads[:, :dim]) if self.counted else grads
+
     def admit(self, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
               counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The part of a push (fresh, on vnodes this server is primary of) to apply: keys
-        stored already, and the new ones the policy admits now."""
+        stored already, and the new ones the policy admits now (their rows' values: the
+        shows and clicks some carry are the policy's)."""
+        stats = grads[:, self.table.spec.dim:] if self.counted else None
+        grads = self.values(grads)
         if self.policy is None or keys.size == 0:
             return keys, grads, vnodes, counts
         new = ~self.table.stored(vnodes, counts, keys)
         if not new.any():
             return keys, grads, vnodes, counts
         keep = np.ones(keys.shape[0], bool)
-        keep[new] = self.policy.admit(keys[new], self.now)
+        keep[new] = self.policy.admit(keys[new], self.now, stats[new]) if stats is not None else \
+            self.policy.admit(keys[new], self.now)
         admitted = int(keep[new].sum())
         self.stats.admitted += admitted
         self.stats.refused += int(new.sum()) - admitted

@@ -126,6 +126,10 @@ class TableSpec:
         if self.lifecycle and self.key_bits:
             raise ConfigError(f"table {self.name!r}: a lifecycle ({self.lifecycle}) needs a hash table, whose memory "
                               f"follows its keys; this one is dense (key_bits={self.key_bits}): use key_bits=0")
+        if self.lifecycle.stats and any(e[0] in ("int8", "fp16", "bf16", "sigmod") for e in self.filters.push):
+            raise ConfigError(f"table {self.name!r}: admission {self.lifecycle.admit!r} counts the shows and clicks "
+                              f"pushes carry beside the values, which the push filters {str(self.filters)!r} would "
+                              "round: keep the value codecs off the pushes (keycache, delta and zstd are fine)")
         if self.lifecycle and self.aggregate:
             raise ConfigError(f"table {self.name!r}: a lifecycle ({self.lifecycle}) needs pushes applied as they "
                               "arrive; aggregate=True holds them to the end of each clock: drop one of them")
@@ -172,6 +176,14 @@ class TableSpec:
     def width(self) -> int:
         """Floats a key's row takes in a server: the value, then the optimiser state."""
         return self.dim + self.optimizer.state_width(self.dim)
+
+    @property
+    def push_width(self) -> int:
+        """Floats a pushed key carries: its values, and its shows and clicks where the
+        table's admission counts them (``Lifecycle.stats``)."""
+        from paramserver.lifecycle.spec import STATS
+
+        return self.dim + (STATS if self.lifecycle.stats else 0)
 
     @property
     def layout(self) -> int:

@@ -191,7 +191,8 @@ def _lifecycle(rng: random.Random) -> Plan:
     p = _counters(2)(rng)
     ttl = rng.choice([2.0, 4.0, 8.0])
     p.lifecycle = rng.choice([f"admit=after:2;ttl={ttl}", "admit=after:2;cap_keys=12",
-                              f"ttl={ttl};cap_keys=24;victim=lfu;half_life={ttl}", "admit=prob:0.5;ttl=3"])
+                              f"ttl={ttl};cap_keys=24;victim=lfu;half_life={ttl}", "admit=prob:0.5;ttl=3",
+                              "admit=score:threshold=0.2;ttl=4"])
     return p
 
 

@@ -37,7 +37,7 @@ from paramserver.client.core import (
     route,
 )
 from paramserver.client.filtering import ClientFilters
-from paramserver.client.life_calls import push_header
+from paramserver.client.life_calls import push_header, with_stats
 from paramserver.config import Config
 from paramserver.errors import Code, NodeLostError, ProtocolError
 from paramserver.routing.partition import scatter_rows
@@ -298,7 +298,7 @@ class SimWorker:
         wire = self.filters.wire(spec, "push", op)
         call = _Scatter(self, Op.PUSH, header, spec, None, done, lambda: self.sequencer.settled(seq), wire)
         assert self.ring is not None
-        grads = np.ascontiguousarray(grads, np.float32)
+        grads = with_stats(spec, np.ascontiguousarray(grads, np.float32), None)
         owes = self.filters.owes(spec, op)
         if owes:  # the client's push: what is owed added (keys are distinct here), the rounding kept
             keys, grads = self.filters.before_routing(spec, keys, grads)

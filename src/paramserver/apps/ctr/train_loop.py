@@ -20,6 +20,7 @@ from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.client.client import Client
 from paramserver.data.prefetch import Prefetch
 from paramserver.data.reader import Shard, read_batches
+from paramserver.lifecycle.spec import Lifecycle
 
 PROGRESS_EVERY_S = 0.5  # a worker reports its progress this often (and the driver asks for the job's)
 
@@ -91,6 +92,13 @@ def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
     return loop.done
 
 
+def key_stats(batch: Any, inverse: np.ndarray, n: int) -> np.ndarray:
+    """Each distinct key's shows (examples it is in) and clicks (those labelled 1) in a batch."""
+    labels = np.repeat(batch.labels > 0, np.diff(batch.indptr))
+    return np.column_stack([np.bincount(inverse, minlength=n), np.bincount(inverse, labels, minlength=n)]
+                           ).astype(np.float32)
+
+
 class _Pipeline:
     """The batches of ``_train_items`` in flight: those pulled ahead (``ahead``, each with
     its pulls or ``None`` for a shard's end, in stream order) and the pushes not yet
@@ -113,6 +121,7 @@ class _Pipeline:
         self.slow = client.rank == cfg.slow_rank and cfg.slow_factor > 1
         # a lifecycle's time: the examples the job trained (this worker's, times the workers; from where it resumed)
         self.timed = bool(cfg.lifecycle)
+        self.counted = Lifecycle.parse(cfg.lifecycle).stats  # admission by shows and clicks: pushes carry them
         self.time_base = float(client.job.status().get("examples", 0)) if self.timed else 0.0
 
     def pull_ahead(self) -> None:
@@ -174,7 +183,8 @@ class _Pipeline:
         if self.timed:
             trained = self.done["examples"] + self.examples + len(batch)
             client.set_time(self.time_base + trained * max(client.num_workers, 1))
-        self.pushes.append([client.push(model.table, uniq, grads, distinct=True)] + (
+        stats = key_stats(batch, inverse, uniq.shape[0]) if self.counted else None
+        self.pushes.append([client.push(model.table, uniq, grads, distinct=True, stats=stats)] + (
             [] if dense_grads is None else
             [client.push(model.dense_table, dense_keys, to_rows(dense_grads, dense_keys.size), distinct=True)]))
         client.clock()
