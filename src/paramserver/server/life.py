@@ -227,11 +227,9 @@ class TableLife:
         parts_k, parts_v = [], []
         for v, vt in self.table.tables.items():
             if primary[v] and len(vt):
-                keys, rows, life = vt.items_with_life()  # type: ignore[union-attr]
-                assert life is not None, "a lifecycle's vnodes have life rows"
-                changed = life[:, VER] >= np.float32(since) if since else np.ones(keys.shape[0], bool)
-                parts_k.append(keys[changed])
-                parts_v.append(rows[changed, :dim])
+                keys, rows = vt.changed(VER, float(since)) if since else vt.items()  # type: ignore[union-attr]
+                parts_k.append(keys)
+                parts_v.append(rows[:, :dim])
         keys = np.concatenate(parts_k) if parts_k else np.zeros(0, np.uint64)
         values = np.concatenate(parts_v) if parts_v else np.zeros((0, dim), np.float32)
         tombs = [k for e, k in self.tombstones if e >= since] if since else []

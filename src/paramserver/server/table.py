@@ -253,6 +253,17 @@ class VnodeTable:
             life = np.vstack([life, self.life[-1:]]) if life is not None and self.life is not None else life
         return keys, rows, life
 
+    def changed(self, column: int, since: float) -> tuple[np.ndarray, np.ndarray]:
+        """The stored keys whose life row's ``column`` is at least ``since``, and their
+        rows: a scan of that column, then only the rows asked for are copied."""
+        assert self.life is not None, "a table without a lifecycle has no life rows"
+        slots = np.flatnonzero(self.life[:-1, column] >= since)
+        slots = slots[self.keys[slots] != 0]
+        keys, rows = self.keys[slots], self.rows[slots]
+        if self._meta[_HAS_ZERO] and self.life[-1, column] >= since:
+            keys, rows = np.append(keys, np.uint64(0)), np.vstack([rows, self.rows[-1:]])
+        return keys, rows
+
     def keep(self, mask: np.ndarray, room: int = 0) -> None:
         """Keep only the keys ``mask`` marks (in ``items()``'s order), in new arrays with
         room for ``room`` keys (at least those kept), so the memory of the others is freed."""
