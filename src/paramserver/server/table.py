@@ -32,6 +32,16 @@ from numba import njit
 
 from paramserver._runtime.intrinsics import frozen, prefetch_row
 from paramserver.routing.hashing import hash64, slot_of_hash
+from paramserver.server.compact import (
+    ROW_DTYPES,
+    decode_rows,
+    encode_rows,
+    load_row,
+    new_scratch,
+    store_row,
+    value_at,
+    work_rows,
+)
 from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 
 MAX_LOAD = 0.875
@@ -79,7 +89,7 @@ def _lookup(tkeys, rows, meta, keys, out, dim, ikind, ihp, seed):
         s = _find(tkeys, meta, key)
         if s >= 0:
             for j in range(dim):
-                out[i, j] = rows[s, j]
+                out[i, j] = value_at(rows, s, j)
         else:
             for j in range(dim):
                 out[i, j] = init_value(key, j, ikind, ihp, seed)
@@ -93,9 +103,12 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ik
     """
     cap = tkeys.shape[0]
     width = rows.shape[1]
+    scratch = new_scratch(rows)  # compact rows (``compact.py``) are updated in a float32 copy
+    work = work_rows(rows, scratch)
     for i in range(start, keys.shape[0]):
         _prefetch_home(tkeys, rows, keys, i + PREFETCH_AHEAD)
         key = keys[i]
+        fresh = False
         if key == 0:
             s = cap
             if not meta[_HAS_ZERO]:
@@ -103,7 +116,7 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ik
                     return i
                 meta[_HAS_ZERO] = 1
                 meta[_COUNT] += 1
-                init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed)
+                fresh = True
         else:
             s = slot_of_hash(hash64(key), cap)
             while True:
@@ -115,12 +128,16 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ik
                         return i
                     tkeys[s] = key
                     meta[_COUNT] += 1
-                    init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed)
+                    fresh = True
                     break
                 s += 1
                 if s == cap:
                     s = 0
-        push_row(rows, s, grads, i, dim, op, okind, ohp)
+        r = load_row(rows, s, scratch, width, dim)  # row r of work: s itself for float32 rows
+        if fresh:
+            init_row(work, r, key, dim, width, okind, ohp, ikind, ihp, seed)
+        push_row(work, r, grads, i, dim, op, okind, ohp)
+        store_row(rows, s, scratch, width, dim, key)
     return keys.shape[0]
 
 
@@ -178,14 +195,18 @@ class VnodeTable:
         optimizer: an ``Optimizer`` spec (fixes the state width and the update rule).
         initializer: an ``Initializer`` spec.
         seed: table seed; a key's initial row depends only on (seed, key).
+        storage: ``TableSpec.storage``: ``"float32"``, or ``"fp16"``/``"bf16"`` for rows of
+            16-bit columns (``compact.py``).
     """
 
-    def __init__(self, dim: int, optimizer, initializer, seed: int, capacity: int = MIN_CAPACITY, kernels=None):
+    def __init__(self, dim: int, optimizer, initializer, seed: int, capacity: int = MIN_CAPACITY, kernels=None,
+                 storage: str = "float32"):
         self.dim = dim
         self.width = dim + optimizer.state_width(dim)
+        self.dtype = ROW_DTYPES[storage]
         if kernels is None:
             from paramserver.server.kernels import kernels_for
-            kernels = kernels_for(optimizer, dim)
+            kernels = kernels_for(optimizer, dim, storage)
         self._apply_kernel = kernels.apply
         self._okind, self._ohp = optimizer.kind, optimizer.params()
         self._ikind, self._ihp = initializer.kind, initializer.params()
@@ -195,7 +216,7 @@ class VnodeTable:
 
     def _alloc(self, capacity: int) -> None:
         self.keys = np.zeros(capacity, np.uint64)
-        self.rows = np.zeros((capacity + 1, self.width), np.float32)
+        self.rows = np.zeros((capacity + 1, self.width), self.dtype)
 
     def __len__(self) -> int:
         return int(self._meta[_COUNT])
@@ -232,17 +253,18 @@ class VnodeTable:
             self._grow(len(self) + 1)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """All stored keys and their full rows (value and state), in slot order."""
+        """All stored keys and their full rows (value and state), in slot order, as float32."""
         occupied = np.flatnonzero(self.keys)
         keys, rows = self.keys[occupied], self.rows[occupied]
         if self._meta[_HAS_ZERO]:
             keys = np.append(keys, np.uint64(0))
             rows = np.vstack([rows, self.rows[-1:]])
-        return keys, rows
+        return keys, decode_rows(rows, self.dim, self.width)
 
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Set whole rows (value and state) for ``keys``, inserting those not present."""
         if len(self) + keys.shape[0] >= self._limit():
             self._grow(len(self) + keys.shape[0])
-        _insert_rows(self.keys, self.rows, self._meta, frozen(np.ascontiguousarray(keys, np.uint64)),
-                     frozen(np.ascontiguousarray(rows, np.float32)))
+        keys = np.ascontiguousarray(keys, np.uint64)
+        _insert_rows(self.keys, self.rows, self._meta, frozen(keys), frozen(encode_rows(rows, self.dim, keys,
+                                                                                         self.dtype)))
