@@ -241,3 +241,21 @@ def test_bad_storage_is_refused(bad):
 def test_storage_of_a_wrong_type_on_the_wire_is_refused():
     with pytest.raises(ConfigError, match="'storage' must be str"):
         TableSpec.from_wire({"name": "w", "storage": 16})
+
+
+def test_a_primary_and_its_backup_store_the_same_bits(h):
+    h.make(1, 2)
+    spec = TableSpec("t", 4, optimizer={"name": "ftrl_adagrad", "lr": 0.05}, initializer="normal", replicas=2,
+                     storage="bf16")
+    ring = Ring.create([1, 2], 4)
+    h.ring(ring, [spec])
+    rng = np.random.default_rng(6)
+    keys = np.unique(rng.integers(1, 2**40, 300)).astype(np.uint64)
+    for _ in range(5):
+        h.push(ring, "t", keys, (rng.standard_normal((keys.size, 4)) * 3).astype(np.float32))
+        h.pump()
+    a, b = h.by_id(1).tables["t"], h.by_id(2).tables["t"]
+    assert a.row_bytes == 8 + 2 * spec.width
+    assert set(a.tables) == set(b.tables) and len(a) == len(b) == keys.size
+    for v in a.tables:
+        _same(a.tables[v], b.tables[v])

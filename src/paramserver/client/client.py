@@ -231,7 +231,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
                      aggregate: bool = False, replicas: int = 1, key_bits: int = 0,
-                     block_size: int = 0, filters: Any = None) -> TableSpec:
+                     block_size: int = 0, filters: Any = None, storage: str = "float32") -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
 
         ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
@@ -241,7 +241,8 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
         range-partitions it into parameter blocks of B contiguous keys (``blocks``,
         ``pull_block``, ``push_block``); ``filters`` says what its pushes, pulls and pull
         replies go through on the wire (``"lossless"``, ``"compact"``,
-        ``"push=int8,keycache,zstd;pull=keycache"``: ``paramserver.filters``).  See ``TableSpec``.
+        ``"push=int8,keycache,zstd;pull=keycache"``: ``paramserver.filters``); ``storage``
+        ``"fp16"`` or ``"bf16"`` stores its rows in 16 bits a column.  See ``TableSpec``.
 
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
@@ -249,7 +250,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls):
         return self.create_table_spec(
             TableSpec(name, dim, optimizer=optimizer, initializer=initializer, seed=seed, consistency=consistency,
                       aggregate=aggregate, replicas=replicas, key_bits=key_bits, block_size=block_size,
-                      filters=filters))
+                      filters=filters, storage=storage))
 
     def create_table_spec(self, spec: TableSpec) -> TableSpec:
         """Create the table ``spec`` describes, every field of it (a job's table, a

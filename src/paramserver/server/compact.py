@@ -119,6 +119,10 @@ def work_rows(rows: Any, scratch: Any) -> Any:
     """The array an update runs on: ``rows`` itself, or the scratch row."""
 
 
+def work_slot(rows: Any, s: Any) -> Any:
+    """The row of ``work_rows`` that stands for row ``s``: ``s``, or the scratch row's 0."""
+
+
 def load_row(rows: Any, s: Any, scratch: Any, width: Any, dim: Any) -> Any:
     """Row ``s`` decoded into ``scratch[0]``; returns the row of ``work_rows`` to update."""
 
@@ -161,6 +165,15 @@ def _work_rows(rows, scratch):  # type: ignore[no-untyped-def]
         return lambda rows, scratch: rows
     if _kind(rows) > 0:
         return lambda rows, scratch: scratch
+    return None
+
+
+@overload(work_slot)
+def _work_slot(rows, s):  # type: ignore[no-untyped-def]
+    if _kind(rows) == 0:
+        return lambda rows, s: s
+    if _kind(rows) > 0:
+        return lambda rows, s: 0
     return None
 
 

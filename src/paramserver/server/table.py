@@ -41,6 +41,7 @@ from paramserver.server.compact import (
     store_row,
     value_at,
     work_rows,
+    work_slot,
 )
 from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 
@@ -108,7 +109,6 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ik
     for i in range(start, keys.shape[0]):
         _prefetch_home(tkeys, rows, keys, i + PREFETCH_AHEAD)
         key = keys[i]
-        fresh = False
         if key == 0:
             s = cap
             if not meta[_HAS_ZERO]:
@@ -116,7 +116,8 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ik
                     return i
                 meta[_HAS_ZERO] = 1
                 meta[_COUNT] += 1
-                fresh = True
+                init_row(work, work_slot(rows, s), key, dim, width, okind, ohp, ikind, ihp, seed)
+                store_row(rows, s, scratch, width, dim, key)
         else:
             s = slot_of_hash(hash64(key), cap)
             while True:
@@ -128,15 +129,13 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ik
                         return i
                     tkeys[s] = key
                     meta[_COUNT] += 1
-                    fresh = True
+                    init_row(work, work_slot(rows, s), key, dim, width, okind, ohp, ikind, ihp, seed)
+                    store_row(rows, s, scratch, width, dim, key)
                     break
                 s += 1
                 if s == cap:
                     s = 0
-        r = load_row(rows, s, scratch, width, dim)  # row r of work: s itself for float32 rows
-        if fresh:
-            init_row(work, r, key, dim, width, okind, ohp, ikind, ihp, seed)
-        push_row(work, r, grads, i, dim, op, okind, ohp)
+        push_row(work, load_row(rows, s, scratch, width, dim), grads, i, dim, op, okind, ohp)
         store_row(rows, s, scratch, width, dim, key)
     return keys.shape[0]
 
