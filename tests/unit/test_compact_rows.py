@@ -138,7 +138,7 @@ def _train(storage: str, key_bits: int, dim: int, optimizer, initializer="zeros"
                      seed=3)
     table, ring = _set(spec)
     rng = np.random.default_rng(4)
-    keys = np.unique(rng.integers(0, 1 << 12, 600)).astype(np.uint64)
+    keys = np.unique(np.append(rng.integers(1, 1 << 12, 600), 0)).astype(np.uint64)  # key 0 has a row of its own
     for _ in range(steps):
         _push(table, ring, keys, rng.standard_normal((keys.size, dim)) * 0.5)
     return table, ring, keys

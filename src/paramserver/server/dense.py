@@ -4,8 +4,9 @@ folded into ``2**key_bits`` positions (``TableSpec.key_bits``).
 ``DenseVnode.rows`` is ``float32[positions, width + 1]``: the row of a key is its position
 (``hashing.dense_pos``) minus the vnode's first position, and the extra last column is 1
 once the key is stored (``width + 1`` is 4 floats for dim-1 FTRL: one aligned 16-byte
-row).  No keys, no probing, no growth: a read or an update is one memory access where
-the hash table (``table.py``) needs two or more.  The array is mapped whole when the
+row; 8 bytes with ``TableSpec.storage`` fp16 or bf16: 16-bit columns, ``compact.py``).
+No keys, no probing, no growth: a read or an update is one memory access where the hash
+table (``table.py``) needs two or more.  The array is mapped whole when the
 vnode is created (``memory.zeroed_rows``, which has a background thread map its pages):
 a dense table's memory is known up front, and its page faults stay off the hot path.
 The ``*_many`` kernels walk every vnode segment of a request in one call (``vnodes.py``).

@@ -15,6 +15,9 @@ Capacities are not powers of two (``slot_of_hash`` is a multiply-shift).
 Pulls never insert: a key not in the table reads as its deterministic initial value.
 Pushes insert (initial value + fresh state) then apply the optimiser.
 
+With ``TableSpec.storage`` ``"fp16"`` or ``"bf16"``, ``rows`` holds 16-bit patterns
+(``compact.py``: 14 bytes a slot for dim-1 FTRL); the kernels decode and encode them.
+
 A dense table (``TableSpec.key_bits``) stores a plain array instead (``dense.py``), and a
 server works all the vnodes of a table it holds together (``vnodes.py``).
 
