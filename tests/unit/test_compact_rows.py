@@ -259,3 +259,24 @@ def test_a_primary_and_its_backup_store_the_same_bits(h):
     assert set(a.tables) == set(b.tables) and len(a) == len(b) == keys.size
     for v in a.tables:
         _same(a.tables[v], b.tables[v])
+
+
+@pytest.mark.parametrize("key_bits", [0, 12])
+def test_a_checkpoint_holds_float32_rows_and_restores_exactly(tmp_path, key_bits):
+    from dataclasses import replace
+
+    from paramserver.server import storage
+
+    dim, optimizer, initializer = CASES[1]
+    table, ring, keys = _train("fp16", key_bits, dim, optimizer, initializer, steps=3)
+    primary = np.ones(ring.n_vnodes, bool)
+    step = str(tmp_path / "step")
+    files = storage.write_checkpoint({"w": table}, primary, step)["w"]
+    restored, _ = _set(table.spec)
+    assert storage.restore_rows({"w": restored}, primary, ring, "w", step, list(files.values())) == keys.size
+    for v, vt in table.tables.items():
+        _same(restored.tables[v], vt)
+    # the same checkpoint restores into a float32 table (a table's storage can change at a restore)
+    wide, _ = _set(replace(table.spec, storage="float32"))
+    storage.restore_rows({"w": wide}, primary, ring, "w", step, list(files.values()))
+    np.testing.assert_array_equal(_pull(wide, ring, keys), _pull(table, ring, keys))
