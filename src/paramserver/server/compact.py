@@ -218,9 +218,12 @@ def _store_row(rows, s, scratch, width, dim, key):  # type: ignore[no-untyped-de
                 rows[s, j] = dt(f32_to_f16(x) if kind == 16 else f32_to_bf16(x))
             if dim < width:
                 h = _row_seed(scratch, width, key)
-                for j in range(dim, width):
-                    r = hash64(h + np.uint64(j) * _GOLDEN)
-                    rows[s, j] = dt(f32_to_bf16_sr(scratch[0, j], r))
+                r = np.uint64(0)
+                for j in range(dim, width):  # one hash gives four columns 16 random bits each
+                    q = (j - dim) & 3
+                    if q == 0:
+                        r = hash64(h + np.uint64(j) * _GOLDEN)
+                    rows[s, j] = dt(f32_to_bf16_sr(scratch[0, j], r >> np.uint64(16 * q)))
 
         return store
     return None
