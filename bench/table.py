@@ -8,7 +8,8 @@ vnodes as a worker routes them, and passed through the wire codec (requests arri
 read-only frames).  Calls come in a worker's pipelined order: the pull of batch t+1 is
 served between the pull and the push of batch t.  Dim-1 FTRL by default
 (``--optimizers ftrl,sgd,adagrad,adam,rmsprop`` for more built-in update rules, or a
-user's rule by its ``module:function`` name),
+user's rule by its ``module:function`` name; ``--storages float32,fp16,bf16`` for compact
+rows, ``TableSpec.storage``),
 in this process, no sockets: this is the part of a server's time that the table layout
 and the update rule decide.
 """
@@ -41,7 +42,7 @@ def frames(arrays: list[np.ndarray]) -> list[np.ndarray]:
     return decode([bytes(f) for f in encode({"op": Op.PUSH.value}, arrays)]).arrays
 
 
-def run(batches, bits: int, seed: int = 0, optimizer: str = "ftrl") -> dict:
+def run(batches, bits: int, seed: int = 0, optimizer: str = "ftrl", storage: str = "float32") -> dict:
     ring = Ring.create([1], 64)
     rng = np.random.default_rng(seed)
     requests = []
@@ -52,8 +53,9 @@ def run(batches, bits: int, seed: int = 0, optimizer: str = "ftrl") -> dict:
         requests.append((frames([pull.keys, pull.parts[0].vnodes, pull.parts[0].counts]),
                          frames([push.keys, push.grads, push.parts[0].vnodes, push.parts[0].counts])))
     t0 = time.perf_counter()
-    table = VnodeSet(TableSpec("t", 1, optimizer=OPTIMIZERS.get(optimizer, optimizer), key_bits=bits), ring.n_vnodes,
-                     range(ring.n_vnodes))
+    compact = {"storage": storage} if storage != "float32" else {}  # (runs on a tree without storage too)
+    table = VnodeSet(TableSpec("t", 1, optimizer=OPTIMIZERS.get(optimizer, optimizer), key_bits=bits, **compact),
+                     ring.n_vnodes, range(ring.n_vnodes))
     create = time.perf_counter() - t0
     lookup = update = 0.0
     keys = 0
@@ -74,7 +76,8 @@ def run(batches, bits: int, seed: int = 0, optimizer: str = "ftrl") -> dict:
         table.apply(v, c, k, g)
         update += time.perf_counter() - t1
         lookup += t1 - t0
-    return {"layout": "dense" if bits else "hash", "optimizer": optimizer, "keys": keys, "create_s": create,
+    return {"layout": "dense" if bits else "hash", "optimizer": optimizer, "storage": storage, "keys": keys,
+            "create_s": create,
             "lookup_ns": lookup / keys * 1e9, "update_ns": update / keys * 1e9, "stored": len(table)}
 
 
@@ -87,6 +90,7 @@ def main() -> None:
     ap.add_argument("--optimizers", default="ftrl",
                     help="comma-separated rules to time: built-in names, or a user's rule as module:function "
                          "(default: ftrl)")
+    ap.add_argument("--storages", default="float32", help="comma-separated TableSpec.storage values to time")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     tune_allocator()  # as servers do
@@ -96,18 +100,21 @@ def main() -> None:
         batches = list(read_batches(Shard(path, 0, -1), DataFormat("criteo", hash_bits=args.hash_bits),
                                     args.batch_size))
     optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
+    storages = [s.strip() for s in args.storages.split(",") if s.strip()]
     for opt in optimizers:  # compile
-        run(batches[:4], 0, optimizer=opt)
-        run(batches[:4], args.hash_bits, optimizer=opt)
-    rows = [run(batches, bits, optimizer=opt) for _ in range(args.repeat) for opt in optimizers
-            for bits in (0, args.hash_bits)]
+        for st in storages:
+            run(batches[:4], 0, optimizer=opt, storage=st)
+            run(batches[:4], args.hash_bits, optimizer=opt, storage=st)
+    rows = [run(batches, bits, optimizer=opt, storage=st) for _ in range(args.repeat) for opt in optimizers
+            for st in storages for bits in (0, args.hash_bits)]
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'layout':<7} {'optimizer':<9} {'keys':>10} {'create s':>9} {'lookup ns/key':>14} {'update ns/key':>14}")
+    print(f"{'layout':<7} {'optimizer':<9} {'storage':<8} {'keys':>10} {'create s':>9} {'lookup ns/key':>14} "
+          f"{'update ns/key':>14}")
     for r in rows:
-        print(f"{r['layout']:<7} {r['optimizer']:<9} {r['keys']:>10,} {r['create_s']:>9.3f} {r['lookup_ns']:>14.1f} "
-              f"{r['update_ns']:>14.1f}")
+        print(f"{r['layout']:<7} {r['optimizer']:<9} {r['storage']:<8} {r['keys']:>10,} {r['create_s']:>9.3f} "
+              f"{r['lookup_ns']:>14.1f} {r['update_ns']:>14.1f}")
 
 
 if __name__ == "__main__":

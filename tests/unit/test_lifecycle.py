@@ -246,3 +246,25 @@ def test_stats_are_for_tables_that_count_them_and_value_codecs_are_refused_there
         TableSpec("s", lifecycle="admit=score:10", filters="push=int8")
     with pytest.raises(ConfigError, match=r"\[1, 255\]"):
         Lifecycle.parse("admit=score:threshold=100")
+
+
+@pytest.mark.parametrize("storage", ["fp16", "bf16"])
+def test_eviction_and_deltas_on_compact_rows(storage):
+    ring = Ring.create([1], 8)
+    spec = TableSpec("t", optimizer="adagrad", lifecycle="ttl=2", storage=storage)
+    table, primary = VnodeSet(spec, ring.n_vnodes, range(ring.n_vnodes)), np.ones(ring.n_vnodes, bool)
+    _push(table, ring, np.arange(1, 2001, dtype=np.uint64), time=0)
+    before = {int(k): v for k, v in zip(*table.life.delta(primary, 0)[:2], strict=True)}
+    since = table.life.epoch
+    _push(table, ring, np.arange(1, 11, dtype=np.uint64), time=5)
+    table.life.sweep(primary)
+    assert (_keys(table) == np.arange(1, 11)).all()
+    keys, values, deleted, _ = table.life.delta(primary, since)
+    assert sorted(keys.tolist()) == list(range(1, 11)) and deleted.size == 1990
+    kept = {int(k): v for k, v in zip(*_keys_values(table), strict=True)}
+    assert all(kept[k][0] != before[k][0] for k in range(1, 11))  # updated, and read back in float32
+
+
+def _keys_values(table):
+    parts = [vt.items() for vt in table.tables.values()]
+    return np.concatenate([k for k, _ in parts]), np.concatenate([r[:, :1] for _, r in parts])

@@ -14,6 +14,9 @@ little-endian uint64 (an unaligned load, one instruction on x86-64 and arm64), s
 parser can look at 8 characters at once.  It does not check bounds: the caller keeps
 ``i + 8 <= buf.shape[0]``.
 
+``f32_bits(x)`` and ``bits_f32(u)`` reinterpret a float32 as its uint32 bits and back
+(``server/compact.py``'s 16-bit row formats: numba has no float16 on the CPU).
+
 ``frozen(a)`` is ``a`` as a read-only array, for the kernels' arguments that they only read.
 """
 
@@ -74,3 +77,29 @@ def frozen(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.flags.writeable = False
     return view
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The bits of float32 ``x`` as a uint32."""
+    if not isinstance(x, types.Float) or x.bitwidth != 32:
+        return None
+    sig = types.uint32(x)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def bits_f32(typingctx, u):
+    """The float32 whose bits are uint32 ``u``."""
+    if not isinstance(u, types.Integer) or u.bitwidth != 32:
+        return None
+    sig = types.float32(u)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen

@@ -232,7 +232,8 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
                      aggregate: bool = False, replicas: int = 1, key_bits: int = 0,
-                     block_size: int = 0, filters: Any = None, lifecycle: Any = None) -> TableSpec:
+                     block_size: int = 0, filters: Any = None, lifecycle: Any = None,
+                     storage: str = "float32") -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
 
         ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
@@ -243,8 +244,8 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         ``pull_block``, ``push_block``); ``filters`` says what its pushes, pulls and pull
         replies go through on the wire (``"lossless"``, ``"compact"``,
         ``"push=int8,keycache,zstd;pull=keycache"``: ``paramserver.filters``); ``lifecycle``
-        what happens to its keys over time (``"admit=after:2;ttl=1e6"``: ``paramserver.lifecycle``).
-        See ``TableSpec``.
+        what happens to its keys over time (``"admit=after:2;ttl=1e6"``: ``paramserver.lifecycle``);
+        ``storage`` ``"fp16"`` or ``"bf16"`` stores its rows in 16 bits a column.  See ``TableSpec``.
 
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
@@ -252,7 +253,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         return self.create_table_spec(
             TableSpec(name, dim, optimizer=optimizer, initializer=initializer, seed=seed, consistency=consistency,
                       aggregate=aggregate, replicas=replicas, key_bits=key_bits, block_size=block_size,
-                      filters=filters, lifecycle=lifecycle))
+                      filters=filters, lifecycle=lifecycle, storage=storage))
 
     def create_table_spec(self, spec: TableSpec) -> TableSpec:
         """Create the table ``spec`` describes, every field of it (a job's table, a

@@ -4,8 +4,9 @@ folded into ``2**key_bits`` positions (``TableSpec.key_bits``).
 ``DenseVnode.rows`` is ``float32[positions, width + 1]``: the row of a key is its position
 (``hashing.dense_pos``) minus the vnode's first position, and the extra last column is 1
 once the key is stored (``width + 1`` is 4 floats for dim-1 FTRL: one aligned 16-byte
-row).  No keys, no probing, no growth: a read or an update is one memory access where
-the hash table (``table.py``) needs two or more.  The array is mapped whole when the
+row; 8 bytes with ``TableSpec.storage`` fp16 or bf16: 16-bit columns, ``compact.py``).
+No keys, no probing, no growth: a read or an update is one memory access where the hash
+table (``table.py``) needs two or more.  The array is mapped whole when the
 vnode is created (``memory.zeroed_rows``, which has a background thread map its pages):
 a dense table's memory is known up front, and its page faults stay off the hot path.
 The ``*_many`` kernels walk every vnode segment of a request in one call (``vnodes.py``).
@@ -19,6 +20,16 @@ from numba import njit
 from paramserver._runtime.intrinsics import frozen, prefetch_row
 from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_keys_of, dense_pos, dense_range, layout_bits, vnode_of_key
+from paramserver.server.compact import (
+    ROW_DTYPES,
+    decode_rows,
+    encode_rows,
+    load_row,
+    new_scratch,
+    store_row,
+    value_at,
+    work_rows,
+)
 from paramserver.server.memory import zeroed_rows
 from paramserver.server.table import _COUNT, PREFETCH_AHEAD
 from paramserver.tables.optim import FTRL_KIND, OP_UPDATE, init_row, init_value, push_row
@@ -48,7 +59,7 @@ def _dense_lookup_rows(rows, start, keys, out, dim, layout, ikind, ihp, seed):
             return i
         if rows[r, flag] != 0:
             for j in range(dim):
-                out[i, j] = rows[r, j]
+                out[i, j] = value_at(rows, r, j)
         else:
             for j in range(dim):
                 out[i, j] = init_value(key, j, ikind, ihp, seed)
@@ -87,17 +98,21 @@ def _dense_apply(rows, meta, start, keys, grads, dim, layout, op, okind, ohp, ik
 @njit(inline="always", nogil=True, cache=True)
 def _dense_apply_rows(rows, meta, start, keys, grads, dim, layout, op, okind, ohp, ikind, ihp, seed):
     flag = rows.shape[1] - 1
+    scratch = new_scratch(rows)  # compact rows (``compact.py``) are updated in a float32 copy
+    work = work_rows(rows, scratch)
     n = keys.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:  # checked in range above
             prefetch_row(rows, np.int64(dense_pos(keys[i + PREFETCH_AHEAD], layout)) - start)
         key = keys[i]
         r = np.int64(dense_pos(key, layout)) - start
+        w = load_row(rows, r, scratch, flag, dim)  # row w of work: r itself for float32 rows
         if rows[r, flag] == 0:
-            init_row(rows, r, key, dim, flag, okind, ohp, ikind, ihp, seed)
-            rows[r, flag] = 1.0
+            init_row(work, w, key, dim, flag, okind, ohp, ikind, ihp, seed)
+            rows[r, flag] = 1
             meta[_COUNT] += 1
-        push_row(rows, r, grads, i, dim, op, okind, ohp)
+        push_row(work, w, grads, i, dim, op, okind, ohp)
+        store_row(rows, r, scratch, flag, dim, key)
 
 
 @njit(nogil=True, cache=True)
@@ -113,7 +128,7 @@ def _dense_load(rows, meta, start, keys, src_rows, layout):
         for j in range(flag):
             rows[r, j] = src_rows[i, j]
         if rows[r, flag] == 0:
-            rows[r, flag] = 1.0
+            rows[r, flag] = 1
             meta[_COUNT] += 1
     return -1
 
@@ -133,7 +148,7 @@ class DenseVnode:
         self.bits = spec.key_bits
         self.layout = spec.layout
         self.start, stop = dense_range(vnode, n_vnodes, self.layout)
-        self.rows = zeroed_rows(stop - self.start, self.width + 1)
+        self.rows = zeroed_rows(stop - self.start, self.width + 1, ROW_DTYPES[spec.storage])
         self.keys = _NO_KEYS  # VnodeSet's kernel lists take one key array per vnode
         self._meta = np.zeros(2, np.int64)
 
@@ -154,12 +169,13 @@ class DenseVnode:
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All stored keys and their full rows (value and state), in position order."""
         stored = np.flatnonzero(self.rows[:, self.width])
-        return dense_keys_of(self.start, stored, self.layout), self.rows[stored, : self.width]
+        return dense_keys_of(self.start, stored, self.layout), decode_rows(self.rows[stored], self.dim, self.width)
 
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Set whole rows (value and state) for ``keys``; all must be in this vnode."""
-        bad = _dense_load(self.rows, self._meta, self.start, frozen(np.ascontiguousarray(keys, np.uint64)),
-                          frozen(np.ascontiguousarray(rows, np.float32)), self.layout)
+        keys = np.ascontiguousarray(keys, np.uint64)
+        bad = _dense_load(self.rows, self._meta, self.start, frozen(keys),
+                          frozen(encode_rows(rows, self.dim, keys, self.rows.dtype)), self.layout)
         if bad >= 0:
             raise ProtocolError(f"key {int(keys[bad])} is not in this dense vnode (positions {self.start}.."
                                 f"{self.start + self.capacity - 1} of 2**{self.bits})")

@@ -32,8 +32,10 @@ class Kernels:
 _custom: dict[tuple[str, int], Kernels] = {}
 
 
-def kernels_for(optimizer: Any, dim: int) -> Kernels:
-    """The kernels of a table with this optimiser spec and ``dim``."""
+def kernels_for(optimizer: Any, dim: int, storage: str = "float32") -> Kernels:
+    """The kernels of a table with this optimiser spec and ``dim``; a user rule's are tried
+    (compiled) on rows of ``storage`` (``TableSpec.storage``) too: compact rows run the rule
+    on a float32 copy of the row (``compact.py``)."""
     from paramserver.server import dense, table, vnodes
     from paramserver.tables.optim import CUSTOM_KIND
 
@@ -42,6 +44,8 @@ def kernels_for(optimizer: Any, dim: int) -> Kernels:
     key = (optimizer.name, dim)
     if key not in _custom:
         _custom[key] = _compile(optimizer, dim)
+    if storage != "float32":
+        _try(_custom[key], optimizer, dim, optimizer.state_width(dim), storage)
     return _custom[key]
 
 
@@ -93,13 +97,14 @@ def _compile(optimizer: Any, dim: int) -> Kernels:
     return kernels
 
 
-def _try(k: Kernels, optimizer: Any, dim: int, width: int) -> None:
+def _try(k: Kernels, optimizer: Any, dim: int, width: int, storage: str = "float32") -> None:
     """Compile now, on a scratch row, so that a rule numba cannot compile (or that fails
     on a row) is refused when its table is created, not at its first push."""
+    from paramserver.server.compact import ROW_DTYPES
     from paramserver.tables.optim import OP_UPDATE
 
     keys = np.zeros(8, np.uint64)
-    rows = np.zeros((9, dim + width), np.float32)
+    rows = np.zeros((9, dim + width), ROW_DTYPES[storage])
     grads = np.zeros((1, dim), np.float32)
     grads.flags.writeable = False  # as pushes arrive: read-only frames
     try:
@@ -107,5 +112,6 @@ def _try(k: Kernels, optimizer: Any, dim: int, width: int) -> None:
                 optimizer.kind, optimizer.params(), 0, np.zeros(2), np.uint64(0))
     except Exception as exc:
         message = str(exc).strip().splitlines()
-        raise ConfigError(f"update rule {optimizer.name!r} does not compile for dim={dim}, state_width={width}: "
+        raise ConfigError(f"update rule {optimizer.name!r} does not compile for dim={dim}, state_width={width}"
+                          f"{'' if storage == 'float32' else f', storage={storage!r}'}: "
                           f"{type(exc).__name__}: {' '.join(message[:6])[:800]}") from None

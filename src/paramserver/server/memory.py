@@ -50,19 +50,20 @@ def populating_later() -> AbstractContextManager[None]:
     return _populater.held()
 
 
-def zeroed_rows(n: int, width: int) -> np.ndarray:
-    """``float32[n, width]`` of zeros whose pages are mapped now or by the background
-    thread (never by the first pushes, unless they get there first)."""
-    nbytes = n * width * 4
+def zeroed_rows(n: int, width: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """``dtype[n, width]`` (float32 by default) of zeros whose pages are mapped now or by
+    the background thread (never by the first pushes, unless they get there first)."""
+    size = np.dtype(dtype).itemsize
+    nbytes = n * width * size
     if not nbytes:
-        return np.zeros((n, width), np.float32)
+        return np.zeros((n, width), dtype)
     try:
         area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, OverflowError) as exc:
         raise MemoryError(f"cannot map {nbytes:,} bytes for a dense vnode: {exc}") from None
-    rows = np.frombuffer(area, np.float32).reshape(n, width)  # the array keeps the mapping alive
+    rows = np.frombuffer(area, dtype).reshape(n, width)  # the array keeps the mapping alive
     if nbytes < BACKGROUND_BYTES or not _populater.submit(rows):
-        rows.reshape(-1)[:: PAGE // 4] = 0  # touch every page now
+        rows.reshape(-1)[:: PAGE // size] = 0  # touch every page now
     return rows
 
 

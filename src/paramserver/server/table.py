@@ -15,6 +15,9 @@ Capacities are not powers of two (``slot_of_hash`` is a multiply-shift).
 Pulls never insert: a key not in the table reads as its deterministic initial value.
 Pushes insert (initial value + fresh state) then apply the optimiser.
 
+With ``TableSpec.storage`` ``"fp16"`` or ``"bf16"``, ``rows`` holds 16-bit patterns
+(``compact.py``: 14 bytes a slot for dim-1 FTRL); the kernels decode and encode them.
+
 A dense table (``TableSpec.key_bits``) stores a plain array instead (``dense.py``), and a
 server works all the vnodes of a table it holds together (``vnodes.py``).
 
@@ -32,6 +35,17 @@ from numba import njit
 
 from paramserver._runtime.intrinsics import frozen, prefetch_row
 from paramserver.routing.hashing import hash64, slot_of_hash
+from paramserver.server.compact import (
+    ROW_DTYPES,
+    decode_rows,
+    encode_rows,
+    load_row,
+    new_scratch,
+    store_row,
+    value_at,
+    work_rows,
+    work_slot,
+)
 from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 
 MAX_LOAD = 0.875
@@ -79,7 +93,7 @@ def _lookup(tkeys, rows, meta, keys, out, dim, ikind, ihp, seed):
         s = _find(tkeys, meta, key)
         if s >= 0:
             for j in range(dim):
-                out[i, j] = rows[s, j]
+                out[i, j] = value_at(rows, s, j)
         else:
             for j in range(dim):
                 out[i, j] = init_value(key, j, ikind, ihp, seed)
@@ -93,6 +107,8 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ik
     """
     cap = tkeys.shape[0]
     width = rows.shape[1]
+    scratch = new_scratch(rows)  # compact rows (``compact.py``) are updated in a float32 copy
+    work = work_rows(rows, scratch)
     for i in range(start, keys.shape[0]):
         _prefetch_home(tkeys, rows, keys, i + PREFETCH_AHEAD)
         key = keys[i]
@@ -103,7 +119,8 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ik
                     return i
                 meta[_HAS_ZERO] = 1
                 meta[_COUNT] += 1
-                init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed)
+                init_row(work, work_slot(rows, s), key, dim, width, okind, ohp, ikind, ihp, seed)
+                store_row(rows, s, scratch, width, dim, key)
         else:
             s = slot_of_hash(hash64(key), cap)
             while True:
@@ -115,12 +132,14 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ik
                         return i
                     tkeys[s] = key
                     meta[_COUNT] += 1
-                    init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed)
+                    init_row(work, work_slot(rows, s), key, dim, width, okind, ohp, ikind, ihp, seed)
+                    store_row(rows, s, scratch, width, dim, key)
                     break
                 s += 1
                 if s == cap:
                     s = 0
-        push_row(rows, s, grads, i, dim, op, okind, ohp)
+        push_row(work, load_row(rows, s, scratch, width, dim), grads, i, dim, op, okind, ohp)
+        store_row(rows, s, scratch, width, dim, key)
     return keys.shape[0]
 
 
@@ -178,16 +197,19 @@ class VnodeTable:
         optimizer: an ``Optimizer`` spec (fixes the state width and the update rule).
         initializer: an ``Initializer`` spec.
         seed: table seed; a key's initial row depends only on (seed, key).
+        storage: ``TableSpec.storage``: ``"float32"``, or ``"fp16"``/``"bf16"`` for rows of
+            16-bit columns (``compact.py``).
     """
 
     def __init__(self, dim: int, optimizer, initializer, seed: int, capacity: int = MIN_CAPACITY, kernels=None,
-                 life_width: int = 0):
+                 life_width: int = 0, storage: str = "float32"):
         self.dim = dim
         self.life_width = life_width  # columns of the lifecycle's life rows (``life_kernels.py``), 0: none
         self.width = dim + optimizer.state_width(dim)
+        self.dtype = ROW_DTYPES[storage]
         if kernels is None:
             from paramserver.server.kernels import kernels_for
-            kernels = kernels_for(optimizer, dim)
+            kernels = kernels_for(optimizer, dim, storage)
         self._apply_kernel = kernels.apply
         self._okind, self._ohp = optimizer.kind, optimizer.params()
         self._ikind, self._ihp = initializer.kind, initializer.params()
@@ -197,7 +219,7 @@ class VnodeTable:
 
     def _alloc(self, capacity: int) -> None:
         self.keys = np.zeros(capacity, np.uint64)
-        self.rows = np.zeros((capacity + 1, self.width), np.float32)
+        self.rows = np.zeros((capacity + 1, self.width), self.dtype)
         self.life = np.zeros((capacity + 1, self.life_width), np.float32) if self.life_width else None
 
     def __len__(self) -> int:
@@ -238,12 +260,17 @@ class VnodeTable:
             self._grow(len(self) + 1)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """All stored keys and their full rows (value and state), in slot order."""
-        keys, rows, _ = self.items_with_life()
-        return keys, rows
+        """All stored keys and their full rows (value and state), in slot order, as float32."""
+        keys, rows, _ = self._occupied()
+        return keys, decode_rows(rows, self.dim, self.width)
 
     def items_with_life(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """``items()`` and the keys' life rows (None without a lifecycle), in one order."""
+        keys, rows, life = self._occupied()
+        return keys, decode_rows(rows, self.dim, self.width), life
+
+    def _occupied(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The stored keys, their rows as stored (``storage``'s format) and life rows."""
         occupied = np.flatnonzero(self.keys)
         keys, rows = self.keys[occupied], self.rows[occupied]
         life = self.life[occupied] if self.life is not None else None
@@ -255,23 +282,23 @@ class VnodeTable:
 
     def changed(self, column: int, since: float) -> tuple[np.ndarray, np.ndarray]:
         """The stored keys whose life row's ``column`` is at least ``since``, and their
-        rows: a scan of that column, then only the rows asked for are copied."""
+        rows (float32): a scan of that column, then only the rows asked for are copied."""
         assert self.life is not None, "a table without a lifecycle has no life rows"
         slots = np.flatnonzero(self.life[:-1, column] >= since)
         slots = slots[self.keys[slots] != 0]
         keys, rows = self.keys[slots], self.rows[slots]
         if self._meta[_HAS_ZERO] and self.life[-1, column] >= since:
             keys, rows = np.append(keys, np.uint64(0)), np.vstack([rows, self.rows[-1:]])
-        return keys, rows
+        return keys, decode_rows(rows, self.dim, self.width)
 
     def keep(self, mask: np.ndarray, room: int = 0) -> None:
         """Keep only the keys ``mask`` marks (in ``items()``'s order), in new arrays with
         room for ``room`` keys (at least those kept), so the memory of the others is freed."""
-        keys, rows, life = self.items_with_life()
-        keys, rows = keys[mask], rows[mask]
+        keys, rows, life = self._occupied()  # rows as stored: moved, not decoded and encoded again
+        keys, rows = np.ascontiguousarray(keys[mask]), np.ascontiguousarray(rows[mask])
         self._meta[:] = 0
         self._alloc(max(MIN_CAPACITY, int(max(keys.shape[0], room) / MAX_LOAD) + 2))
-        self.load(keys, rows)
+        _insert_rows(self.keys, self.rows, self._meta, frozen(keys), frozen(rows))
         if life is not None:
             self.set_life(keys, life[mask])
 
@@ -287,5 +314,6 @@ class VnodeTable:
         """Set whole rows (value and state) for ``keys``, inserting those not present."""
         if len(self) + keys.shape[0] >= self._limit():
             self._grow(len(self) + keys.shape[0])
-        _insert_rows(self.keys, self.rows, self._meta, frozen(np.ascontiguousarray(keys, np.uint64)),
-                     frozen(np.ascontiguousarray(rows, np.float32)))
+        keys = np.ascontiguousarray(keys, np.uint64)
+        _insert_rows(self.keys, self.rows, self._meta, frozen(keys), frozen(encode_rows(rows, self.dim, keys,
+                                                                                         self.dtype)))

@@ -16,6 +16,7 @@ from numba.typed import List
 from paramserver._runtime.intrinsics import frozen
 from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_range
+from paramserver.server.compact import ROW_DTYPES
 from paramserver.server.dense import DenseVnode, _dense_check_many, _dense_lookup_many, _dense_missing_many
 from paramserver.server.kernels import kernels_for
 from paramserver.server.life_kernels import (
@@ -127,7 +128,7 @@ class VnodeSet:
         opt, init = spec.optimizer, spec.initializer
         self._okind, self._ohp, self._ikind, self._ihp = opt.kind, opt.params(), init.kind, init.params()
         self._seed = np.uint64(spec.seed)
-        self._kernels = kernels_for(opt, spec.dim)  # the built-in rules' (cached), or a user rule's own
+        self._kernels = kernels_for(opt, spec.dim, spec.storage)  # the built-in rules' (cached), or a user rule's own
         self.life_width = life_width(spec.lifecycle)  # the lifecycle's columns a slot (``life_kernels.py``)
         self._life = None
         self.life: TableLife | None = None
@@ -140,7 +141,7 @@ class VnodeSet:
         if self.bits:
             return DenseVnode(self.spec, self.n_vnodes, vnode)
         return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
-                          kernels=self._kernels, life_width=self.life_width)
+                          kernels=self._kernels, life_width=self.life_width, storage=self.spec.storage)
 
     def set_vnodes(self, vnodes) -> None:
         """Hold exactly ``vnodes``: keep the ones held already, start the others empty,
@@ -149,7 +150,7 @@ class VnodeSet:
         if self.bits:  # dense vnodes are mapped whole: refuse what this machine cannot hold, before any
             new = [v for v in wanted if v not in self.tables]
             need = sum(int(np.subtract(*dense_range(v, self.n_vnodes, self.layout)[::-1])) for v in new) * \
-                (self.width + 1) * 4
+                (self.width + 1) * self.itemsize
             free = available_memory()
             if need and free and need > 0.9 * free:
                 raise MemoryError(f"dense table {self.spec.name!r} (key_bits={self.bits}, dim={self.spec.dim}) needs "
@@ -245,7 +246,12 @@ class VnodeSet:
     @property
     def row_bytes(self) -> int:
         """Bytes a stored key takes, counted by quotas: its key and its row (value and state)."""
-        return 8 + 4 * self.width
+        return 8 + self.itemsize * self.width
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes a row's column takes: 4 (float32) or 2 (``TableSpec.storage`` fp16, bf16)."""
+        return int(ROW_DTYPES[self.spec.storage].itemsize)
 
     def missing(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> int:
         """How many of ``keys`` (grouped like ``lookup``'s) are not stored yet."""

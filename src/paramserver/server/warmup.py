@@ -15,13 +15,15 @@ from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Op, decode, encode
 
 
-def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = True) -> None:
+def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = True,
+                storages: tuple[str, ...] = ("float32", "fp16", "bf16")) -> None:
     """Load (or compile) the table kernels for the array types requests bring (read-only
     frames; every other array goes to the kernels read-only too, ``intrinsics.frozen``), for
     ``layouts`` (a hash table's through a vnode's growth): a table of more than one vnode, a
     request's segment check, its update and its lookup, a quota's count, an export, an
     install; with ``filters``, every built-in filter's decoding and encoding (0.3 s from the
-    cache: a job that knows it has none skips them).  Nothing is left to compile in the
+    cache: a job that knows it has none skips them); for the row formats ``storages``
+    (``TableSpec.storage``: each has kernels of its own).  Nothing is left to compile in the
     serving loop, where a compile of 10-25 s (a fresh install's cold cache) once starved the
     heartbeats mid-repair."""
     if is_inherited():
@@ -31,8 +33,8 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = Tr
     frames = encode({"op": Op.PUSH.value}, [np.arange(1, n + 1, dtype=np.uint64), np.ones((n, 1), np.float32),
                                             np.zeros(1, np.int32), np.array([n], np.int64)])
     keys, grads, vnodes, counts = decode([bytes(f) for f in frames]).arrays  # read-only, as requests
-    for bits in [{"hash": 0, "dense": 8}[layout] for layout in layouts]:
-        spec = TableSpec("warm-up", optimizer=SGD(), initializer=Zeros(), key_bits=bits)
+    for bits, storage in [({"hash": 0, "dense": 8}[layout], s) for layout in layouts for s in storages]:
+        spec = TableSpec("warm-up", optimizer=SGD(), initializer=Zeros(), key_bits=bits, storage=storage)
         VnodeSet(spec, 2, [0, 1])  # a table's vnodes are listed for the kernels one by one
         table = VnodeSet(spec, 1, [0])
         _segment_fault(vnodes, counts, n, 1, np.ones(1, np.bool_), True, table.slot)

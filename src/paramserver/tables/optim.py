@@ -4,7 +4,8 @@ Sorted by increasing complexity: SGD → AdaGrad → FTRL-Proximal → Adam, the
 FTRL+AdaGrad (a factorization machine's row: FTRL on the linear weight, AdaGrad on the
 factors).  A table row is
 ``[value (dim) | optimiser state (state_width(dim))]`` in one float32 row, so an update
-touches one cache line for small ``dim``.  Arithmetic is done in float64, stored float32.
+touches one cache line for small ``dim``.  Arithmetic is done in float64, stored float32
+(or 16 bits a column, ``TableSpec.storage``: the rules then run on a float32 copy of the row).
 
 Each spec is a frozen dataclass checked when it is built; it travels on the wire as a
 plain dict (``to_wire``/``from_wire``), never pickled.

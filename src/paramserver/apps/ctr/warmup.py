@@ -54,6 +54,7 @@ def default_warmup() -> Warmup:
 def warm_job(fmt: str, model: Any, layout: str, filters: bool = False) -> Warmup:
     """What one training job uses: the server kernels of its table's ``layout``
     (``"hash"`` or ``"dense"``), then parsing ``fmt`` and ``model``'s step and prediction;
-    the filters' kernels if its tables have filters."""
-    return Warmup(servers=functools.partial(warm_server, (layout,), filters),
+    the filters' kernels if its tables have filters.  Its table's rows are float32 (the CTR
+    app's tables have the default ``storage``): the 16-bit formats' kernels are left out."""
+    return Warmup(servers=functools.partial(warm_server, (layout,), filters, ("float32",)),
                   workers=functools.partial(warm_worker, (fmt,), (model,), combine=False, filters=filters))
