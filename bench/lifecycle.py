@@ -85,13 +85,8 @@ def load_days(folder: str, args: argparse.Namespace) -> list[list[Any]]:
 
 def distinct_keys(days: list[list[Any]]) -> tuple[int, list[int]]:
     """Distinct keys of the whole stream, and of each day."""
-    seen = np.zeros(0, np.uint64)
-    per_day = []
-    for day in days:
-        keys = np.unique(np.concatenate([b.keys for b in day]))
-        per_day.append(int(keys.size))
-        seen = np.union1d(seen, keys)
-    return int(seen.size), per_day
+    uniques = [np.unique(np.concatenate([b.keys for b in day])) for day in days]
+    return int(np.unique(np.concatenate(uniques)).size), [int(u.size) for u in uniques]
 
 
 def configs(args: argparse.Namespace, stream_keys: int) -> dict[str, str | None]:
@@ -109,7 +104,8 @@ def configs(args: argparse.Namespace, stream_keys: int) -> dict[str, str | None]
 # ---- one cluster --------------------------------------------------------------------------
 def stats(client: Any) -> dict[str, Any]:
     """The table's keys, bytes and lifecycle figures summed over the servers, and RSS."""
-    out = {"keys": 0, "stored": 0, "bytes": 0, "rss": 0, "refused": 0, "evicted": 0, "admitted": 0}
+    out = {"keys": 0, "stored": 0, "bytes": 0, "rss": 0, "refused": 0, "evicted": 0, "admitted": 0,
+           "tombstones": 0, "policy_bytes": 0}
     for s in client.server_stats():
         out["rss"] += int(s.get("rss_bytes", 0))
         t = s.get("tables", {}).get(TABLE)
@@ -119,7 +115,7 @@ def stats(client: Any) -> dict[str, Any]:
         out["stored"] += int(t["keys"])
         out["bytes"] += int(t["bytes"])
         life = t.get("lifecycle", {})
-        for k in ("refused", "evicted", "admitted"):
+        for k in ("refused", "evicted", "admitted", "tombstones", "policy_bytes"):
             out[k] += int(life.get(k, 0))
     return out
 
