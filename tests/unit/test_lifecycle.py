@@ -63,9 +63,18 @@ def test_the_sketch_admits_at_the_nth_sighting_and_falsely_at_its_stated_rate():
     assert np.concatenate(second).all()  # a count-min sketch never undercounts
     rate = np.concatenate(first).mean()
     assert s.nbytes <= 2 * keys.size  # at most 2 bytes a key
-    assert rate < 0.06, rate  # the docstring's 4.2 % (measured on 10**6 keys)
+    assert rate < 0.04, rate  # the docstring's 2.8 % (measured on 10**6 keys)
     s3 = Sightings(3)
     assert not s3.see(keys[:10]).any() and not s3.see(keys[:10]).any() and s3.see(keys[:10]).all()
+
+
+def test_the_sketch_grows_with_large_calls_and_stays_under_two_bytes_a_key():
+    """A push of tens of thousands of new keys once filled a 4 KiB sketch in one call, and
+    every key after that read as seen (94 % admitted)."""
+    s = Sightings(2)
+    keys = np.arange(1, 400_001, dtype=np.uint64)
+    rate = np.concatenate([s.see(keys[i:i + 40_000]) for i in range(0, keys.size, 40_000)]).mean()
+    assert rate < 0.04 and s.nbytes <= 2 * keys.size, (rate, s.nbytes)
 
 
 def test_the_sketch_stays_bounded_and_halves_at_its_limit():
