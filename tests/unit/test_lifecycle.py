@@ -171,17 +171,27 @@ def test_decayed_score_evicts_the_rarely_seen():
 
 def test_delta_has_the_changed_keys_and_tombstones():
     table, ring, primary = _table("ttl=5")
-    _push(table, ring, np.arange(1, 101, dtype=np.uint64), time=0)
+    _push(table, ring, np.arange(1, 1001, dtype=np.uint64), time=0)
+    _push(table, ring, np.arange(1, 991, dtype=np.uint64), time=3)
     keys, values, deleted, whole = table.life.delta(primary, 0)
-    assert keys.size == 100 and values.shape == (100, 1) and whole
+    assert keys.size == 1000 and values.shape == (1000, 1) and whole
     since = table.life.epoch
-    _push(table, ring, np.arange(1, 11, dtype=np.uint64), time=10)
-    table.life.sweep(primary)  # keys 11..100 unseen since 0: evicted
+    _push(table, ring, np.arange(1, 11, dtype=np.uint64), time=6)
+    table.life.sweep(primary)  # keys 991..1000, unseen since 0: evicted
     keys, _, deleted, whole = table.life.delta(primary, since)
-    assert (np.sort(keys) == np.arange(1, 11)).all() and (np.sort(deleted) == np.arange(11, 101)).all() and whole
+    assert (np.sort(keys) == np.arange(1, 11)).all() and (np.sort(deleted) == np.arange(991, 1001)).all() and whole
     keys, _, deleted, _ = table.life.delta(primary, table.life.epoch)
     assert keys.size == 0 and deleted.size == 0
 
+
+def test_a_delta_larger_than_the_table_asks_for_a_base():
+    table, ring, primary = _table("ttl=5")
+    _push(table, ring, np.arange(1, 101, dtype=np.uint64), time=0)
+    table.life.delta(primary, 0)  # a base: the epoch moves on
+    since = table.life.epoch
+    _push(table, ring, np.arange(1, 11, dtype=np.uint64), time=10)
+    table.life.sweep(primary)  # 90 of 100 keys evicted: the delta outweighs the 10 kept
+    assert table.life.delta(primary, since)[3] is False
 
 def _held(node, table="t") -> set[int]:
     return {int(k) for vt in node.tables[table].tables.values() for k in vt.items()[0]}

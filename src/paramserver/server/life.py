@@ -7,15 +7,16 @@ score, caps) and forwards what it evicted as a ``REPLICATE`` marked ``evict``, o
 same link and so in the same order as the pushes.  A backup applies both as told and
 never decides, so the copies of a vnode hold the same keys whatever fails.
 
-Eviction frees memory: a swept vnode is rebuilt in arrays sized for what it keeps
-(``VnodeTable.keep``).  A cap is held per server: its share of the cap (as its share of
+Eviction frees memory: keys are removed in place (backward-shift deletion), their slots
+reused by new keys, and a vnode left under ``SHRINK_LOAD`` of its slots is rebuilt in
+arrays sized for what it keeps (``VnodeTable.keep``).  A cap is held per server: its share of the cap (as its share of
 the vnodes it is primary of) over all those vnodes, the least recently (or frequently)
 pushed keys of any of them going first.
 
 Every change is stamped with the server's export epoch; ``delta`` returns the keys whose
 stamp is at least a token's, and the keys evicted since (tombstones), then starts a new
-epoch.  Tombstones are kept for ``TOMBSTONE_KEYS`` keys at most: a token older than the
-oldest kept is told to take a full export instead.
+epoch.  Tombstones are kept for at most an eighth of the keys held (a byte a key): a
+token older than the oldest kept, or a delta larger than the table, gets a full export.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TOMBSTONE_KEYS = 1 << 24
-CAP_SLACK = 0.05  # a capped vnode is swept down to (1 - CAP_SLACK) of its share
+TOMBSTONE_MIN = 1 << 16  # tombstones kept, at least ...
+TOMBSTONES_PER_KEY = 0.125  # ... and at most this many a key held (a byte a key): a delta that deletes more is a base
+CAP_SLACK = 0.05  # over a cap, a server sweeps down to (1 - CAP_SLACK) of its share
+SHRINK_LOAD = 0.3  # a vnode this empty after evictions is rebuilt smaller (its memory given back)
 SWEEPS_PER_TTL = 8  # a TTL or score sweep runs when time moved on by ttl / SWEEPS_PER_TTL
 
 
@@ -132,44 +135,67 @@ class TableLife:
         if period and self.now - self.last_sweep >= period:
             return True
         cap = self.cap(primary)
-        return bool(cap) and sum(len(vt) for v, vt in self.table.tables.items() if primary[v]) > cap
+        return bool(cap) and (sum(len(vt) for v, vt in self.table.tables.items() if primary[v]) > cap
+                              or self._over_bytes(primary))
+
+    def _over_bytes(self, primary: np.ndarray) -> bool:
+        """Whether the arrays of the vnodes this server is primary of take more than its
+        share of ``cap_bytes`` (their slots grew past what the keys need)."""
+        if not self.spec.cap_bytes:
+            return False
+        share = self.spec.cap_bytes * float(primary.sum()) / self.table.n_vnodes
+        return sum(vt.nbytes for v, vt in self.table.tables.items() if primary[v]) > share
 
     def sweep(self, primary: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """Evict, from the vnodes this server is primary of, what the lifecycle says: keys
         past their TTL or below the score, then, over the cap, the least recently (or
         frequently) pushed of all of them, down to ``1 - CAP_SLACK`` of it.  The keys
-        evicted, per vnode (to forward to the backups)."""
+        evicted, per vnode (to forward to the backups).  Read from the life rows in
+        place; the keys are removed in place (``VnodeTable.remove``)."""
         self.last_sweep = self.now
         self.stats.sweeps += 1
         mine = [(v, vt) for v, vt in self.table.tables.items() if primary[v] and len(vt)]
-        held = [vt.items_with_life() for _, vt in mine]  # type: ignore[union-attr]
-        lives: list[np.ndarray] = []
-        for _, _, life in held:
-            assert life is not None, "a lifecycle's vnodes have life rows"
-            lives.append(life)
-        drops, ranks = zip(*[self._expired(life) for life in lives]) if lives else ((), ())
+        slots = [_slots(vt) for _, vt in mine]  # per vnode: occupied, life rows (the last: key 0's)
+        drops, ranks = zip(*[self._expired(occupied, life) for occupied, life in slots]) if mine else ((), ())
         cap = self.cap(primary)
-        if cap and lives:
+        if cap and mine:
             self._over_cap(list(drops), list(ranks), cap)
         out = []
-        for (v, _), (keys, _, _), drop in zip(mine, held, drops, strict=True):
-            if drop.any():
-                self.table.keep(v, ~drop, room=self._room(int((~drop).sum())))
-                out.append((v, keys[drop]))
+        for (v, vt), drop in zip(mine, drops, strict=True):
+            where = np.flatnonzero(drop)
+            if where.size:
+                keys = np.where(where == vt.capacity, np.uint64(0), vt.keys[np.minimum(where, vt.capacity - 1)])
+                self._remove(v, keys)
+                out.append((v, keys))
         if out:
-            self._buried(np.concatenate([k for _, k in out]))
+            self._buried(np.concatenate([k for _, k in out]), sum(len(vt) for _, vt in mine))
+        if self._over_bytes(primary):  # slots grown past the keys: every vnode sized for what it keeps
+            for v, vt in mine:
+                self.table.keep(v, np.ones(len(vt), bool), room=self._room(len(vt)))
+            release_memory()
         return out
+
+    def _remove(self, vnode: int, keys: np.ndarray) -> int:
+        """Remove ``keys`` from ``vnode`` in place; a vnode left far emptier than its arrays
+        (under ``SHRINK_LOAD``) is rebuilt smaller, so its memory is given back."""
+        vt = self.table.tables[vnode]
+        removed = vt.remove(keys)  # type: ignore[union-attr]
+        if vt.capacity > 64 and len(vt) < SHRINK_LOAD * vt.capacity:
+            self.table.keep(vnode, np.ones(len(vt), bool), room=self._room(len(vt)))
+            release_memory()
+        return removed
 
     def _room(self, kept: int) -> int:
         """Keys a vnode rebuilt with ``kept`` keys has room for: under a cap, as many as it
         may grow back to before the next sweep (primary and copies alike)."""
         return int(kept / (1 - CAP_SLACK)) + 1 if self.spec.cap_keys or self.spec.cap_bytes else kept
 
-    def _expired(self, life: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Which keys (life rows) are past their TTL or below the score, and each key's
-        rank for a cap (lower goes first: the stamp, or with ``lfu`` the decayed score)."""
+    def _expired(self, occupied: np.ndarray, life: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which slots (their life rows) hold keys past their TTL or below the score, and
+        each slot's rank for a cap (lower goes first: the stamp, or with ``lfu`` the decayed
+        score; empty slots never)."""
         spec, now = self.spec, np.float32(self.now)
-        drop = np.zeros(life.shape[0], bool)
+        drop = np.zeros(occupied.shape[0], bool)
         if spec.ttl:
             drop |= life[:, STAMP] < now - np.float32(spec.ttl)
         rank = life[:, STAMP]
@@ -179,44 +205,47 @@ class TableLife:
                 drop |= score < spec.min_score
             if spec.victim == "lfu":
                 rank = score
-        return drop, rank
+        drop &= occupied
+        return drop, np.where(occupied, rank, np.inf)
 
     def _over_cap(self, drops: list[np.ndarray], ranks: list[np.ndarray], cap: int) -> None:
         """Mark, in ``drops``, the lowest-ranked keys of all the vnodes (not yet dropped)
         beyond ``(1 - CAP_SLACK)`` of ``cap``."""
         drop, rank = np.concatenate(drops), np.concatenate(ranks)
-        over = int((~drop).sum()) - cap
+        alive = int(np.isfinite(rank).sum()) - int(drop.sum())
+        over = alive - cap
         if over <= 0:
             return
-        excess = min(over + int(cap * CAP_SLACK), int((~drop).sum()))
+        excess = min(over + int(cap * CAP_SLACK), alive)
         rank = np.where(drop, -np.inf, rank)
-        victims = np.argpartition(rank, excess - 1)[:excess] if excess < rank.size else np.arange(rank.size)
-        drop[victims] = True
+        drop[np.argpartition(rank, excess - 1)[:excess]] = True
         ends = np.cumsum([d.size for d in drops])
         for i, part in enumerate(np.split(drop, ends[:-1])):
             drops[i][:] = part
 
     def evict(self, vnode: int, keys: np.ndarray) -> int:
-        """Drop ``keys`` of ``vnode`` (a backup, as its primary said); how many were held."""
+        """Drop ``keys`` of ``vnode`` (a backup, as its primary said); how many were held.
+        A backup keeps no tombstones: after a failover the ring changed, and every delta
+        starts from a base."""
         vt = self.table.tables.get(vnode)
         if vt is None or not len(vt) or not keys.size:
             return 0
-        held, _, _ = vt.items_with_life()  # type: ignore[union-attr]
-        drop = np.isin(held, keys)
-        if drop.any():
-            self.table.keep(vnode, ~drop, room=self._room(int((~drop).sum())))
-            self._buried(held[drop])
-        return int(drop.sum())
+        removed = self._remove(vnode, keys)
+        self.stats.evicted += removed
+        return removed
 
-    def _buried(self, keys: np.ndarray) -> None:
+    def _buried(self, keys: np.ndarray, held: int) -> None:
+        """Keep ``keys`` as this epoch's tombstones, at most ``TOMBSTONES_PER_KEY`` of the
+        keys ``held`` here (and ``TOMBSTONE_MIN``): older ones go, and a token older than
+        those kept gets a base."""
         self.stats.evicted += int(keys.size)
         self.tombstones.append((self.epoch, keys))
         self.tomb_keys += int(keys.size)
-        while self.tomb_keys > TOMBSTONE_KEYS and len(self.tombstones) > 1:
-            _, old = self.tombstones.pop(0)
+        limit = max(TOMBSTONE_MIN, int(held * TOMBSTONES_PER_KEY))
+        while self.tomb_keys > limit and self.tombstones:
+            epoch, old = self.tombstones.pop(0)
             self.tomb_keys -= int(old.size)
-            self.floor = self.tombstones[0][0]
-        release_memory()
+            self.floor = epoch + 1
 
     # ---- delta export ----------------------------------------------------------------------
     def delta(self, primary: np.ndarray, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
@@ -234,14 +263,22 @@ class TableLife:
         values = np.concatenate(parts_v) if parts_v else np.zeros((0, dim), np.float32)
         tombs = [k for e, k in self.tombstones if e >= since] if since else []
         deleted = np.setdiff1d(np.concatenate(tombs), keys) if tombs else np.zeros(0, np.uint64)
-        whole = since == 0 or since >= self.floor
+        held = sum(len(vt) for v, vt in self.table.tables.items() if primary[v])
+        # a delta larger than the table (or missing tombstones it needs) is worth less than a base
+        row = 8 + 4 * dim
+        whole = since == 0 or (since >= self.floor and keys.size * row + deleted.size * 8 <= held * row)
         self.epoch += 1
         return keys, np.ascontiguousarray(values), deleted, whole
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the lifecycle holds besides the life rows: the policy's, the tombstones."""
+        return (self.policy.nbytes if self.policy is not None else 0) + 8 * self.tomb_keys
 
     def figures(self) -> dict[str, float]:
         s = self.stats
         return {"admitted": s.admitted, "refused": s.refused, "evicted": s.evicted, "sweeps": s.sweeps,
-                "epoch": self.epoch, "now": self.now, "tombstones": self.tomb_keys,
+                "epoch": self.epoch, "now": self.now, "tombstones": self.tomb_keys, "tombstone_bytes": 8 * self.tomb_keys,
                 "policy_bytes": self.policy.nbytes if self.policy is not None else 0}
 
 
@@ -252,6 +289,16 @@ def subset(keep: np.ndarray, keys: np.ndarray, grads: np.ndarray, vnodes: np.nda
         return keys, grads, vnodes, counts
     segment = np.repeat(np.arange(counts.shape[0]), counts)
     return keys[keep], grads[keep], vnodes, np.bincount(segment[keep], minlength=counts.shape[0]).astype(np.int64)
+
+
+def _slots(vt: object) -> tuple[np.ndarray, np.ndarray]:
+    """A hash vnode's slots as a sweep reads them: which hold a key, and the life rows
+    (both ``capacity + 1`` long, the last being key 0's), without copying the rows."""
+    keys, life = vt.keys, vt.life  # type: ignore[attr-defined]
+    occupied = np.empty(keys.shape[0] + 1, bool)
+    np.not_equal(keys, 0, out=occupied[:-1])
+    occupied[-1] = bool(vt._meta[1])  # type: ignore[attr-defined]
+    return occupied, life
 
 
 def release_memory() -> None:

@@ -20,7 +20,8 @@ import numpy as np
 from numba import njit
 from numba.typed import List
 
-from paramserver.server.table import _find
+from paramserver.routing.hashing import hash64, slot_of_hash
+from paramserver.server.table import _COUNT, _HAS_ZERO, _find
 
 VER, STAMP, SCORE = 0, 1, 2
 
@@ -81,6 +82,61 @@ def _place_life(tkeys, meta, life, keys, src):  # type: ignore[no-untyped-def]
         if s >= 0:
             for j in range(life.shape[1]):
                 life[s, j] = src[i, j]
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _move_slot(tkeys, rows, life, dst, src):  # type: ignore[no-untyped-def]
+    tkeys[dst] = tkeys[src]
+    for j in range(rows.shape[1]):
+        rows[dst, j] = rows[src, j]
+    for j in range(life.shape[1]):
+        life[dst, j] = life[src, j]
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _clear_slot(rows, life, s):  # type: ignore[no-untyped-def]
+    for j in range(rows.shape[1]):
+        rows[s, j] = 0
+    for j in range(life.shape[1]):
+        life[s, j] = 0.0
+
+
+@njit(nogil=True, cache=True)
+def _delete(tkeys, rows, meta, life, keys):  # type: ignore[no-untyped-def]
+    """Remove ``keys`` from a linear-probing vnode in place (backward-shift deletion: each
+    key after a freed slot in its run moves back into it unless its home lies between, so
+    every probe still finds its key); their rows and life rows are zeroed.  Returns how
+    many were stored."""
+    cap = tkeys.shape[0]
+    removed = 0
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        s = _find(tkeys, meta, key)
+        if s < 0:
+            continue
+        removed += 1
+        meta[_COUNT] -= 1
+        if key == 0:
+            meta[_HAS_ZERO] = 0
+            _clear_slot(rows, life, cap)
+            continue
+        j = s
+        while True:
+            j += 1
+            if j == cap:
+                j = 0
+            k = tkeys[j]
+            if k == 0:
+                break
+            home = slot_of_hash(hash64(k), cap)
+            # k stays where it is if its home is cyclically within (s, j]
+            if (s < j and s < home <= j) or (j < s and (home > s or home <= j)):
+                continue
+            _move_slot(tkeys, rows, life, s, j)
+            s = j
+        tkeys[s] = 0
+        _clear_slot(rows, life, s)
+    return removed
 
 
 @njit(cache=True)

@@ -100,7 +100,7 @@ def table_stats(tables: dict[str, VnodeSet], primary: np.ndarray) -> dict[str, d
     counts), vnodes held, keys this server is primary of, what its lifecycle did."""
     out: dict[str, dict[str, Any]] = {}
     for name, t in tables.items():
-        policy = t.life.policy.nbytes if t.life is not None and t.life.policy is not None else 0
+        policy = t.life.nbytes if t.life is not None else 0  # an admission policy's counts, tombstones
         out[name] = {"keys": len(t), "bytes": t.nbytes + policy, "vnodes": len(t.tables),
                      "primary_keys": sum(len(vt) for v, vt in t.tables.items() if primary[v])}
         if t.life is not None:

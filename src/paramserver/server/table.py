@@ -291,6 +291,15 @@ class VnodeTable:
             keys, rows = np.append(keys, np.uint64(0)), np.vstack([rows, self.rows[-1:]])
         return keys, decode_rows(rows, self.dim, self.width)
 
+    def remove(self, keys: np.ndarray) -> int:
+        """Remove ``keys`` in place (a lifecycle's table: ``life_kernels._delete``); how
+        many were stored.  The arrays keep their size (new keys reuse the slots)."""
+        from paramserver.server.life_kernels import _delete
+
+        assert self.life is not None, "in-place removal moves life rows: a lifecycle's tables only"
+        return int(_delete(self.keys, self.rows, self._meta, self.life,
+                           frozen(np.ascontiguousarray(keys, np.uint64))))
+
     def keep(self, mask: np.ndarray, room: int = 0) -> None:
         """Keep only the keys ``mask`` marks (in ``items()``'s order), in new arrays with
         room for ``room`` keys (at least those kept), so the memory of the others is freed."""
