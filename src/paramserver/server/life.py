@@ -278,7 +278,8 @@ class TableLife:
     def figures(self) -> dict[str, float]:
         s = self.stats
         return {"admitted": s.admitted, "refused": s.refused, "evicted": s.evicted, "sweeps": s.sweeps,
-                "epoch": self.epoch, "now": self.now, "tombstones": self.tomb_keys, "tombstone_bytes": 8 * self.tomb_keys,
+                "epoch": self.epoch, "now": self.now, "tombstones": self.tomb_keys,
+                "tombstone_bytes": 8 * self.tomb_keys,
                 "policy_bytes": self.policy.nbytes if self.policy is not None else 0}
 
 
