@@ -172,7 +172,8 @@ class TableLife:
         if self._over_bytes(primary):  # slots grown past the keys: every vnode sized for what it keeps
             for v, vt in mine:
                 self.table.keep(v, np.ones(len(vt), bool), room=self._room(len(vt)))
-            release_memory()
+        if out:
+            release_memory()  # the heap's free pages (arrays outgrown, rebuilt) go back to the system
         return out
 
     def _remove(self, vnode: int, keys: np.ndarray) -> int:
@@ -182,7 +183,6 @@ class TableLife:
         removed = vt.remove(keys)  # type: ignore[union-attr]
         if vt.capacity > 64 and len(vt) < SHRINK_LOAD * vt.capacity:
             self.table.keep(vnode, np.ones(len(vt), bool), room=self._room(len(vt)))
-            release_memory()
         return removed
 
     def _room(self, kept: int) -> int:
@@ -268,6 +268,7 @@ class TableLife:
         row = 8 + 4 * dim
         whole = since == 0 or (since >= self.floor and keys.size * row + deleted.size * 8 <= held * row)
         self.epoch += 1
+        release_memory()
         return keys, np.ascontiguousarray(values), deleted, whole
 
     @property
