@@ -152,7 +152,7 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
                        seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),
                        consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
                        layout=getattr(args, "table_layout", "auto"), filters=getattr(args, "filters", None),
-                       lifecycle=getattr(args, "lifecycle", None))
+                       lifecycle=getattr(args, "lifecycle", None), storage=getattr(args, "storage", "float32"))
 
 
 class _Progress:

@@ -17,6 +17,7 @@ from paramserver.cli.parser import (
     lifecycle_flag,
     loss_flags,
     secret_flag,
+    storage_flag,
     unverified_flag,
 )
 
@@ -114,6 +115,7 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
     filters_flag(p)
     lifecycle_flag(p)
+    storage_flag(p)
     secret_flag(p)
 
 

@@ -92,6 +92,14 @@ def lifecycle_flag(p: argparse.ArgumentParser) -> None:
                         "'cap_keys=10000000' or 'cap_bytes=2G' with 'victim=lru|lfu'; default: keys stay for ever")
 
 
+def storage_flag(p: argparse.ArgumentParser) -> None:
+    """``--storage``: how servers store the model table's rows."""
+    p.add_argument("--storage", default="float32", choices=("float32", "fp16", "bf16"),
+                   help="how servers store the model's rows: float32 (default), or 16 bits a column (fp16: 11 "
+                        "significant bits; bf16: float32's range), the optimiser state in bf16 with stochastic "
+                        "rounding: ~30 %% (dim 1) to ~47 %% (dim 16) fewer bytes a key (docs/lifecycle.md)")
+
+
 def filters_flag(p: argparse.ArgumentParser) -> None:
     """``--filters``: what the job's tables send on the wire, the same on every command that trains."""
     p.add_argument("--filters", metavar="SPEC", default=None,

@@ -144,7 +144,7 @@ class TableLife:
         if not self.spec.cap_bytes:
             return False
         share = self.spec.cap_bytes * float(primary.sum()) / self.table.n_vnodes
-        return sum(vt.nbytes for v, vt in self.table.tables.items() if primary[v]) > share
+        return bool(sum(vt.nbytes for v, vt in self.table.tables.items() if primary[v]) > share)
 
     def sweep(self, primary: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """Evict, from the vnodes this server is primary of, what the lifecycle says: keys

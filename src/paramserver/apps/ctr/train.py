@@ -168,7 +168,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
                      publish_every=publish_every)
     # the nodes are forked once this process has loaded what the job runs: its parser, model and table layout
-    warm = warm_job(cfg.data.name, cfg.model, "dense" if plan.spec.key_bits else "hash", bool(plan.spec.filters))
+    warm = warm_job(cfg.data.name, cfg.model, "dense" if plan.spec.key_bits else "hash", bool(plan.spec.filters),
+                    plan.spec.storage)
     options = {"log_level": "WARNING", "warm": warm, **(cluster_options or {})}
     with open_cluster(servers=servers, workers=workers, **options) as cluster, \
             ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:

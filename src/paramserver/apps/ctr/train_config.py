@@ -40,6 +40,7 @@ class TrainConfig:
     layout: str = "auto"  # the model table's: hash | dense (keys < 2**hash_bits) | auto (see key_bits)
     filters: Any = None  # what the model's pushes, pulls and replies go through on the wire (paramserver.filters)
     lifecycle: Any = None  # admission, eviction, change tracking of the model's table (paramserver.lifecycle)
+    storage: str = "float32"  # how servers store the model table's rows: float32, fp16 or bf16
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
     slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch
 
@@ -71,7 +72,7 @@ class TrainConfig:
                          optimizer=self.optimizer or self.model.default_optimizer(),
                          initializer=self.model.initializer(), seed=self.seed,
                          consistency=self.consistency, replicas=self.replicas, filters=self.filters,
-                         lifecycle=self.lifecycle)
+                         lifecycle=self.lifecycle, storage=self.storage)
         return replace(spec, key_bits=self.key_bits(spec))
 
     def dense_spec(self) -> TableSpec | None:

@@ -51,10 +51,11 @@ def default_warmup() -> Warmup:
     return Warmup(servers=warm_server, workers=warm_worker)
 
 
-def warm_job(fmt: str, model: Any, layout: str, filters: bool = False) -> Warmup:
+def warm_job(fmt: str, model: Any, layout: str, filters: bool = False, storage: str = "float32") -> Warmup:
     """What one training job uses: the server kernels of its table's ``layout``
-    (``"hash"`` or ``"dense"``), then parsing ``fmt`` and ``model``'s step and prediction;
-    the filters' kernels if its tables have filters.  Its table's rows are float32 (the CTR
-    app's tables have the default ``storage``): the 16-bit formats' kernels are left out."""
-    return Warmup(servers=functools.partial(warm_server, (layout,), filters, ("float32",)),
+    (``"hash"`` or ``"dense"``) and row ``storage`` (a deep model's MLP is float32), then
+    parsing ``fmt`` and ``model``'s step and prediction; the filters' kernels if its
+    tables have filters.  The other row formats' kernels are left out."""
+    storages = tuple(dict.fromkeys(("float32", storage)))
+    return Warmup(servers=functools.partial(warm_server, (layout,), filters, storages),
                   workers=functools.partial(warm_worker, (fmt,), (model,), combine=False, filters=filters))
