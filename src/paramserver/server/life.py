@@ -15,7 +15,7 @@ pushed keys of any of them going first.
 
 Every change is stamped with the server's export epoch; ``delta`` returns the keys whose
 stamp is at least a token's, and the keys evicted since (tombstones), then starts a new
-epoch.  Tombstones are kept for at most an eighth of the keys held (a byte a key): a
+epoch.  Tombstones are kept for at most a quarter of the keys held (2 bytes a key): a
 token older than the oldest kept, or a delta larger than the table, gets a full export.
 """
 
@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TOMBSTONE_MIN = 1 << 16  # tombstones kept, at least ...
-TOMBSTONES_PER_KEY = 0.125  # ... and at most this many a key held (a byte a key): a delta that deletes more is a base
+TOMBSTONES_PER_KEY = 0.25  # ... and at most this many a key held (2 bytes a key): deleting more, a delta is a base
 CAP_SLACK = 0.05  # over a cap, a server sweeps down to (1 - CAP_SLACK) of its share
-SHRINK_LOAD = 0.3  # a vnode this empty after evictions is rebuilt smaller (its memory given back)
+SHRINK_LOAD = 0.3  # a vnode this empty after evictions is rebuilt smaller (its memory given back) ...
+CAPPED_SHRINK_LOAD = 0.6  # ... and under a cap, where it grew while filling up: sized for its share then
 SWEEPS_PER_TTL = 8  # a TTL or score sweep runs when time moved on by ttl / SWEEPS_PER_TTL
 
 
@@ -181,7 +182,8 @@ class TableLife:
         (under ``SHRINK_LOAD``) is rebuilt smaller, so its memory is given back."""
         vt = self.table.tables[vnode]
         removed = vt.remove(keys)  # type: ignore[union-attr]
-        if vt.capacity > 64 and len(vt) < SHRINK_LOAD * vt.capacity:
+        capped = self.spec.cap_keys or self.spec.cap_bytes  # sized for its share, grown slots are given back
+        if vt.capacity > 64 and len(vt) < (CAPPED_SHRINK_LOAD if capped else SHRINK_LOAD) * vt.capacity:
             self.table.keep(vnode, np.ones(len(vt), bool), room=self._room(len(vt)))
         return removed
 
