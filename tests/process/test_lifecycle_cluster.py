@@ -71,3 +71,33 @@ def test_a_bad_lifecycle_flag_is_said_with_its_rule(tmp_path):
     assert r.returncode != 0 and "--lifecycle 'admit=after:0'" in r.stderr and "[1, 255]" in r.stderr
     r = cli("train", "--data", str(data), "--lifecycle", "ttl=5", "--table-layout", "dense", "--hash-bits", "10")
     assert r.returncode != 0 and "needs a hash table" in r.stderr
+
+
+def test_incremental_checkpoints_restore_their_chain_exactly(tmp_path):
+    from paramserver.checkpoint.store import read_manifest
+
+    folder = str(tmp_path / "ckpt")
+    with LocalCluster(servers=2) as c:
+        client = c.client
+        client.create_table("w", optimizer="adagrad", lifecycle="ttl=5")
+        client.create_table("plain")
+        client.set_time(0)
+        client.push("w", np.arange(1, 1001, dtype=np.uint64), np.ones(1000, np.float32)).result()
+        client.push("plain", np.arange(1, 11, dtype=np.uint64), np.ones(10, np.float32)).result()
+        steps = [client.checkpoint(folder, incremental=True)]  # the first: whole
+        client.set_time(3)
+        client.push("w", np.arange(1, 951, dtype=np.uint64), np.ones(950, np.float32)).result()
+        steps.append(client.checkpoint(folder, incremental=True))
+        client.set_time(6)
+        client.push("w", np.arange(1, 21, dtype=np.uint64), np.ones(20, np.float32)).result()  # 951..1000 go
+        steps.append(client.checkpoint(folder, incremental=True))
+        want = client.export_table("w")
+    manifests = [read_manifest(s) for s in steps]
+    assert [m.get("base") for m in manifests] == [None, *(s.rsplit("/", 1)[-1] for s in steps[:2])]
+    assert [sum(e[1] for e in m["files"]["w"].values()) for m in manifests] == [1000, 950, 20]
+    assert sum(e[1] for e in manifests[2]["deleted"]["w"]) == 50
+    with LocalCluster(servers=3) as c:  # onto another number of servers
+        assert c.client.restore(folder) == {"w": 950, "plain": 10}
+        got = c.client.export_table("w")
+    assert np.array_equal(*(k[np.argsort(k)] for k in (want[0], got[0])))
+    assert np.array_equal(want[1][np.argsort(want[0])], got[1][np.argsort(got[0])])

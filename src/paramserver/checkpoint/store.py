@@ -87,14 +87,48 @@ def assemble_manifest(replies: list[dict[str, Any]], ring: dict[str, Any], table
     ``clocks``), the ring and the table specs (wire forms); ``extra`` is added as is."""
     files: dict[str, dict[str, list[Any]]] = {}
     clocks: dict[str, int] = {}
+    epochs: dict[str, dict[str, int]] = {}  # tables with a lifecycle: server -> its epoch after this step
+    deleted: dict[str, list[Any]] = {}  # an incremental step: per table, each server's file of keys evicted
     for header in replies:
         for table, vnodes in header["files"].items():
             files.setdefault(table, {}).update(vnodes)
         clocks.update(header.get("clocks", {}))
-    return {"ring": ring, "tables": tables, "files": files, "clocks": clocks, **extra}
+        for table, epoch in (header.get("epochs") or {}).items():
+            epochs.setdefault(table, {})[str(header.get("node_id"))] = epoch
+        for table, entry in (header.get("deleted") or {}).items():
+            deleted.setdefault(table, []).append(entry)
+    return {"ring": ring, "tables": tables, "files": files, "clocks": clocks, "epochs": epochs,
+            **({"deleted": deleted} if deleted else {}), **extra}
 
 
-def write_vnode(url: str, table: str, vnode: int, keys: np.ndarray, rows: np.ndarray) -> list[Any]:
+def incremental_since(url: str, ring_version: int, servers: set[int]) -> tuple[str, dict[str, Any]] | None:
+    """For an incremental step under ``url``: the newest complete step there (its name)
+    and its epochs (table -> server -> epoch), if the ring and its servers are still the
+    ones it was written under (else None: the step must be whole)."""
+    try:
+        step = latest_step(url)
+    except CheckpointError:
+        return None
+    manifest = read_manifest(step)
+    epochs = manifest.get("epochs")
+    if manifest.get("ring", {}).get("version") != ring_version or not isinstance(epochs, dict) or not epochs \
+            or any({int(s) for s in e} != servers for e in epochs.values()):
+        return None
+    return step.rstrip("/").rsplit("/", 1)[-1], epochs
+
+
+def step_chain(step: str, allow_unverified: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """An incremental step and the steps it builds on (``base``), oldest (a whole step) first."""
+    chain = [(step, read_manifest(step, allow_unverified))]
+    while isinstance(base := chain[0][1].get("base"), str):
+        if len(chain) > 10_000 or "/" in base or base in ("", ".", ".."):
+            raise CheckpointError(f"{chain[0][0]}: its base {base!r} is not a step of its folder")
+        parent = f"{step.rstrip('/').rsplit('/', 1)[0]}/{base}"
+        chain.insert(0, (parent, read_manifest(parent, allow_unverified)))
+    return chain
+
+
+def write_vnode(url: str, table: str, vnode: int | str, keys: np.ndarray, rows: np.ndarray) -> list[Any]:
     """Write one vnode's file under step ``url``; return its manifest entry
     ``[relative path, keys, sha256, bytes]``."""
     import fsspec
@@ -274,14 +308,29 @@ def prune(url: str, keep: int) -> list[str]:
         steps = sorted(p.rstrip("/") for p in fs.ls(root, detail=False) if fs.exists(f"{p}/{MANIFEST}"))
     except FileNotFoundError:
         return []
+    needed = _bases(url, [p.rsplit("/", 1)[-1] for p in steps[-max(1, keep):]])
     removed = []
     for path in steps[:-max(1, keep)]:
+        if path.rsplit("/", 1)[-1] in needed:
+            continue
         try:
             fs.rm(path, recursive=True)
             removed.append(path)
         except OSError as exc:  # someone else's, or read-only: it stays
             logger.warning("could not remove the old checkpoint %s: %s", path, exc)
     return removed
+
+
+def _bases(url: str, names: list[str]) -> set[str]:
+    """The steps ``names`` (under ``url``) build on, themselves included (a step whose
+    manifest cannot be read builds on nothing here)."""
+    needed: set[str] = set()
+    for name in names:
+        try:
+            needed.update(p.rstrip("/").rsplit("/", 1)[-1] for p, _ in step_chain(f"{url.rstrip('/')}/{name}", True))
+        except CheckpointError:
+            needed.add(name)
+    return needed
 
 
 def latest_step(url: str) -> str:
@@ -334,38 +383,32 @@ def read_manifest(step: str, allow_unverified: bool = False) -> dict[str, Any]:
 
 
 def restore_tables(client: Any, url: str, allow_unverified: bool = False) -> dict[str, int]:
-    """``Client.restore``: every file of the step checked (``read_vnode``) before any table is
-    created; then each table created with its whole spec and loaded by every server; a
-    failure drops the tables this restore created.  A first-format step (no sha256 to
-    check its files against) only with ``allow_unverified``."""
+    """``Client.restore``: every file of the step (and, for an incremental step, of the
+    steps it builds on) checked (``read_vnode``) before any table is created; then each
+    table created with its whole spec and loaded by every server, step after step (an
+    incremental step's rows set, its evicted keys dropped); a failure drops the tables
+    this restore created.  A first-format step (no sha256 to check its files against)
+    only with ``allow_unverified``."""
     from paramserver.tables.spec import TableSpec
-    from paramserver.wire.message import Op
 
-    manifest = read_manifest(step := resolve_step(url), allow_unverified)
-    plan = []
-    for name, wire in manifest["tables"].items():  # every file checked before anything is created
-        spec = TableSpec.from_wire(wire)
-        entries = list(manifest["files"].get(name, {}).values())
-        for entry in entries:
-            read_vnode(entry_path(step, entry, allow_unverified), entry)
-        plan.append((spec, entries))
+    chain = step_chain(resolve_step(url), allow_unverified)
+    for step, manifest in chain:  # every file checked before anything is created
+        for name in manifest["tables"]:
+            for entry in [*manifest["files"].get(name, {}).values(), *manifest.get("deleted", {}).get(name, [])]:
+                read_vnode(entry_path(step, entry, allow_unverified), entry)
     existing = set(client.tables())  # never dropped by a failed restore
     restored: dict[str, int] = {}
     try:
-        for spec, entries in plan:
+        for name, wire in chain[-1][1]["tables"].items():
+            spec = TableSpec.from_wire(wire)
             client.create_table_spec(replace(spec, replicas=min(spec.replicas, len(client.ring.servers))))
-            restored[spec.name] = 0
-            # the scheduler has every server of the ring load its keys, holding joins and
-            # removals meanwhile, and loads again if a server dies (``scheduler/restores.py``)
-            request: dict[str, Any] = {"op": Op.RESTORE.value, "table": spec.name, "step": step, "entries": entries}
-            if allow_unverified:  # the servers refuse first-format entries unless told
-                request["allow_unverified"] = True
-            loaded = int(client._call(client.config.scheduler, request)["loaded"])
-            expected = sum(int(entry[1]) for entry in entries)
-            if loaded != expected:
-                raise CheckpointError(f"restoring {spec.name!r} from {step} loaded {loaded} keys, "
-                                      f"the manifest lists {expected}")
-            restored[spec.name] = loaded
+            restored[name] = 0
+            for step, manifest in chain:
+                if name in manifest["tables"]:
+                    restored[name] = _load(client, name, step, manifest, allow_unverified)
+        if len(chain) > 1:  # steps on a base: the keys held at the end, not the last step's
+            stats = client.server_stats()
+            restored = {n: sum(int(s["tables"].get(n, {}).get("primary_keys", 0)) for s in stats) for n in restored}
     except BaseException:
         for name in set(restored) - existing:  # a failed restore leaves nothing: the tables it created go
             try:
@@ -374,3 +417,23 @@ def restore_tables(client: Any, url: str, allow_unverified: bool = False) -> dic
                 logger.error("could not drop %r after a failed restore: %s", name, exc)
         raise
     return restored
+
+
+def _load(client: Any, name: str, step: str, manifest: dict[str, Any], allow_unverified: bool) -> int:
+    """Have every server load table ``name``'s keys of one step (and drop the keys it
+    evicted, for an incremental step); the keys loaded."""
+    from paramserver.wire.message import Op
+
+    entries = list(manifest["files"].get(name, {}).values())
+    # the scheduler has every server of the ring load its keys, holding joins and
+    # removals meanwhile, and loads again if a server dies (``scheduler/restores.py``)
+    request: dict[str, Any] = {"op": Op.RESTORE.value, "table": name, "step": step, "entries": entries}
+    if manifest.get("deleted", {}).get(name):
+        request["deleted"] = manifest["deleted"][name]
+    if allow_unverified:  # the servers refuse first-format entries unless told
+        request["allow_unverified"] = True
+    loaded = int(client._call(client.config.scheduler, request)["loaded"])
+    expected = sum(int(entry[1]) for entry in entries)
+    if loaded != expected:
+        raise CheckpointError(f"restoring {name!r} from {step} loaded {loaded} keys, the manifest lists {expected}")
+    return loaded

@@ -413,7 +413,8 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         futures = [self._request(address, header) for address in self._servers.values()]
         return [f.result(timeout=timeout_s) for f in futures]
 
-    def checkpoint(self, url: str, *, step: str | None = None, extra: dict[str, Any] | None = None) -> str:
+    def checkpoint(self, url: str, *, step: str | None = None, extra: dict[str, Any] | None = None,
+                   incremental: bool = False) -> str:
         """Write every table (keys, values, optimiser state) under ``url``; return the step's URL.
 
         Call it at a clock boundary (workers between batches); the manifest is written
@@ -421,18 +422,27 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         names the step (``checkpoint.step_url``) when the caller must know it first (the
         rounds of ``schedule.run_rounds`` write their own files into it); ``extra`` goes
         into the manifest as is.  A local path is made absolute here, so every server
-        writes into the same folder (an empty one is refused).
+        writes into the same folder (an empty one is refused).  ``incremental``: the
+        tables with a lifecycle write only what changed since the newest step under
+        ``url`` (rows set, keys evicted), a step that ``restore`` applies on its base; a
+        whole step where that cannot be (none yet, the servers changed, too much changed).
         """
         from paramserver.checkpoint import store as ckpt
 
         url = ckpt.local_url(url)
         step = ckpt.local_url(step, "checkpoint step") if step is not None else ckpt.new_step_url(url)
         self._losses.check()  # a checkpoint of a model that lost data would hide the loss
-        replies = self._on_every_server({"op": Op.CHECKPOINT.value, "url": step})
+        base = ckpt.incremental_since(url, self._ring.version, set(self._servers)) if incremental else None
+        header = {"op": Op.CHECKPOINT.value, "url": step, **({"since": base[1]} if base else {})}
+        replies = self._on_every_server(header)
+        if base and not all(all(m.header.get("whole", {}).values()) for m in replies):
+            ckpt.remove_step(step)  # a delta that cannot be whole: the step is written whole instead
+            return self.checkpoint(url, extra=extra)
         tables = {n: TableSpec.from_wire(w).to_wire()
                   for n, w in self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"].items()}
-        ckpt.write_manifest(step, ckpt.assemble_manifest([m.header for m in replies], self._ring.to_wire(),
-                                                         tables, **(extra or {})))
+        extra = {**(extra or {}), **({"base": base[0]} if base else {})}  # an incremental step names its base
+        ckpt.write_manifest(step, ckpt.assemble_manifest([m.header for m in replies], self._ring.to_wire(), tables,
+                                                         **extra))
         return step
 
     def restore(self, url: str, *, allow_unverified: bool = False) -> dict[str, int]:

@@ -86,6 +86,8 @@ class Restores:
                   "entries": hfield(msg, "entries", list)}
         if msg.header.get("allow_unverified") is True:  # first-format entries (no sha256): the client opted in
             header["allow_unverified"] = True
+        if isinstance(msg.header.get("deleted"), list):  # an incremental step's evictions
+            header["deleted"] = msg.header["deleted"]
         self.queue.append(Restore(identity, msg, table, header))
         self.settled()
 

@@ -49,17 +49,23 @@ class Admin:
         """Write every stored vnode (keys, values and optimiser state) under ``url`` (a
         client's, or during a job the scheduler's, answered on the control socket)."""
         n = self.state
-        files = storage.write_checkpoint(n.tables, n.primary, confine(field(msg, "url", str),
-                                                                      n.config.checkpoint_root))
-        return reply(msg, files=files, clocks={str(k): v for k, v in n.gate.vector.clocks.items()})
+        since = msg.header.get("since") or {}  # an incremental step: table -> server -> epoch
+        if not isinstance(since, dict) or not all(isinstance(t, dict) for t in since.values()):
+            raise ProtocolError(f"checkpoint: since must map tables to {{server: epoch}}, got {str(since)[:200]}")
+        mine = {t: int(e[str(n.node_id)]) for t, e in since.items() if isinstance(e.get(str(n.node_id)), int)}
+        written = storage.write_checkpoint(n.tables, n.primary, confine(field(msg, "url", str),
+                                                                        n.config.checkpoint_root), mine, n.node_id)
+        return reply(msg, **written, node_id=n.node_id, clocks={str(k): v for k, v in n.gate.vector.clocks.items()})
 
     def on_restore(self, msg: Message) -> list[Any]:
         """Load the keys this server holds (under the current ring) from checkpoint files."""
         n = self.state
         assert n.ring is not None
+        deleted = msg.header.get("deleted")
         loaded = storage.restore_rows(n.tables, n.primary, n.ring, field(msg, "table", str),
                                       confine(field(msg, "step", str), n.config.checkpoint_root),
-                                      field(msg, "entries", list), msg.header.get("allow_unverified") is True)
+                                      field(msg, "entries", list), msg.header.get("allow_unverified") is True,
+                                      deleted if isinstance(deleted, list) else None)
         return reply(msg, loaded=loaded)
 
     def figures(self) -> dict[str, Any]:

@@ -253,25 +253,37 @@ class TableLife:
     def delta(self, primary: np.ndarray, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """Keys (primary here) changed at epoch >= ``since`` with their values, the keys
         evicted since, and whether that is whole (False: ``since`` predates the tombstones
-        kept); then a new epoch starts.  ``since`` 0: every key."""
+        kept, or the delta outweighs the table); then a new epoch starts.  ``since`` 0:
+        every key."""
         dim = self.table.spec.dim
-        parts_k, parts_v = [], []
+        parts, deleted, whole = self.changes(primary, since)
+        keys = np.concatenate([k for _, k, _ in parts]) if parts else np.zeros(0, np.uint64)
+        values = np.concatenate([r[:, :dim] for _, _, r in parts]) if parts else np.zeros((0, dim), np.float32)
+        return keys, np.ascontiguousarray(values), deleted, whole
+
+    def changes(self, primary: np.ndarray, since: int) -> tuple[list[tuple[int, np.ndarray, np.ndarray]],
+                                                                   np.ndarray, bool]:
+        """Per vnode this server is primary of, the keys changed at epoch >= ``since`` and
+        their whole rows (values and state: an incremental checkpoint's); the keys evicted
+        since; whether that is whole; then a new epoch starts."""
+        parts = []
         for v, vt in self.table.tables.items():
             if primary[v] and len(vt):
                 keys, rows = vt.changed(VER, float(since)) if since else vt.items()  # type: ignore[union-attr]
-                parts_k.append(keys)
-                parts_v.append(rows[:, :dim])
-        keys = np.concatenate(parts_k) if parts_k else np.zeros(0, np.uint64)
-        values = np.concatenate(parts_v) if parts_v else np.zeros((0, dim), np.float32)
+                parts.append((v, keys, rows))
+        changed = sum(k.size for _, k, _ in parts)
         tombs = [k for e, k in self.tombstones if e >= since] if since else []
-        deleted = np.setdiff1d(np.concatenate(tombs), keys) if tombs else np.zeros(0, np.uint64)
+        deleted = np.zeros(0, np.uint64)
+        if tombs:  # a key evicted, then pushed again since, is a change, not a deletion
+            kept = np.concatenate([k for _, k, _ in parts]) if parts else deleted
+            deleted = np.setdiff1d(np.concatenate(tombs), kept)
         held = sum(len(vt) for v, vt in self.table.tables.items() if primary[v])
         # a delta larger than the table (or missing tombstones it needs) is worth less than a base
-        row = 8 + 4 * dim
-        whole = since == 0 or (since >= self.floor and keys.size * row + deleted.size * 8 <= held * row)
+        row = 8 + 4 * self.table.spec.dim
+        whole = since == 0 or (since >= self.floor and changed * row + deleted.size * 8 <= held * row)
         self.epoch += 1
         release_memory()
-        return keys, np.ascontiguousarray(values), deleted, whole
+        return parts, deleted, whole
 
     @property
     def nbytes(self) -> int:

@@ -40,30 +40,50 @@ def primary_rows(table: VnodeSet, primary: np.ndarray) -> tuple[np.ndarray, np.n
     return keys, np.ascontiguousarray(rows)
 
 
-def write_checkpoint(tables: dict[str, VnodeSet], primary: np.ndarray, url: str) -> dict[str, dict[str, list[Any]]]:
+def write_checkpoint(tables: dict[str, VnodeSet], primary: np.ndarray, url: str,
+                     since: dict[str, int] | None = None, node_id: int = -1) -> dict[str, Any]:
     """Write every stored vnode this server is primary of (keys, values and optimiser
-    state) under ``url``; the manifest entries, per table and vnode."""
-    files: dict[str, dict[str, list[Any]]] = {}
+    state) under ``url``; the manifest entries, per table and vnode.  A table with a
+    lifecycle starts a new epoch, said in ``epochs``; with ``since`` (table -> this
+    server's epoch at the step before: an incremental checkpoint) only its keys changed
+    since then are written, and the keys evicted since (``deleted``, one file), and
+    ``whole`` says, per such table, whether that is everything that changed."""
+    out: dict[str, Any] = {"files": {}, "deleted": {}, "epochs": {}, "whole": {}}
     try:
         for name, table in tables.items():
-            for v, vt in table.tables.items():
-                if not primary[v]:  # one copy of each vnode: the primary's
-                    continue
-                keys, rows = vt.items()
+            for v, keys, rows in _checkpoint_parts(table, primary, name, (since or {}).get(name), out):
                 if keys.size:
-                    files.setdefault(name, {})[str(v)] = checkpoint.write_vnode(url, name, v, keys, rows)
+                    out["files"].setdefault(name, {})[str(v)] = checkpoint.write_vnode(url, name, v, keys, rows)
+            if name in out["deleted"]:
+                keys = out["deleted"][name]
+                out["deleted"][name] = checkpoint.write_vnode(url, name, f"deleted-{node_id}", keys,
+                                                              np.zeros((keys.size, 0), np.float32))
     except OSError as exc:  # a full disk, a quota, a permission: named, and what was written goes
-        written = [entry[0] for vnodes in files.values() for entry in vnodes.values()]
+        written = [entry[0] for vnodes in out["files"].values() for entry in vnodes.values()]
         removed = checkpoint.remove_files(url, written)
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         raise CheckpointError(f"could not write checkpoint files under {url}: {exc.strerror or exc}"
                               + (" (the disk is full: free space there, or checkpoint elsewhere)" if full else "")
                               + f"; the {removed} file(s) this server had written for it are removed") from None
-    return files
+    return out
+
+
+def _checkpoint_parts(table: VnodeSet, primary: np.ndarray, name: str, since: int | None,
+                      out: dict[str, Any]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """What a checkpoint writes of ``table``: per vnode this server is primary of, its
+    keys and rows (those changed since ``since``, for an incremental one of a table with
+    a lifecycle, whose deletions and epoch go into ``out``)."""
+    if table.life is None:
+        return [(v, *vt.items()) for v, vt in table.tables.items() if primary[v]]
+    parts, deleted, whole = table.life.changes(primary, since or 0)
+    out["epochs"][name], out["whole"][name] = table.life.epoch, whole
+    if since:
+        out["deleted"][name] = deleted
+    return parts
 
 
 def restore_rows(tables: dict[str, VnodeSet], primary: np.ndarray, ring: Ring, name: str, step: str,
-                 entries: list[Any], allow_unverified: bool = False) -> int:
+                 entries: list[Any], allow_unverified: bool = False, deleted: list[Any] | None = None) -> int:
     """Load the keys this server holds under ``ring`` from a checkpoint's files (each
     checked, size, sha256 and keys, before anything is kept); the keys it is primary of.
     First-format entries (no sha256) only with ``allow_unverified``."""
@@ -92,6 +112,15 @@ def restore_rows(tables: dict[str, VnodeSet], primary: np.ndarray, ring: Ring, n
                     table.life.loaded(v, keys[mine])
                 loaded += int(mine.sum()) if primary[v] else 0  # backups load too
     table.refresh()
+    for entry in deleted or []:  # an incremental step's evictions: every copy drops them
+        path = checkpoint.entry_path(step, entry, allow_unverified)
+        keys, _ = checkpoint.read_vnode(path, entry)
+        if table.life is None:
+            raise CheckpointError(f"{path}: deletions for table {name!r}, which has no lifecycle")
+        vnodes = ring.vnodes(keys, table.layout)
+        for v in np.unique(vnodes).tolist():
+            if v in table.tables:
+                table.life.evict(v, keys[vnodes == v])
     return loaded
 
 
