@@ -48,6 +48,7 @@ from paramserver.apps.ctr.synth import (
     _int_features,
     _margin,
     _write_rows,
+    bias_for,
 )
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
@@ -125,16 +126,7 @@ def _rows(rng: np.random.Generator, n: int, day: int, seed: int) -> tuple[np.nda
 
 def _intercept(seed: int, day: int) -> float:
     """The intercept giving about ``day_ctr`` positives (bisection on a sample of the day)."""
-    z = _rows(np.random.default_rng([seed, day, 0xB1A5]), 20_000, day, seed)[-1]
-    target = day_ctr(seed, day)
-    lo, hi = -10.0, 10.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        if np.mean(1 / (1 + np.exp(-(z + mid)))) > target:
-            hi = mid
-        else:
-            lo = mid
-    return (lo + hi) / 2
+    return bias_for(_rows(np.random.default_rng([seed, day, 0xB1A5]), 20_000, day, seed)[-1], day_ctr(seed, day))
 
 
 def write_day(path: str, rows: int, day: int, seed: int = 0) -> int:

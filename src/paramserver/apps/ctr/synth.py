@@ -170,7 +170,12 @@ def write_synth(path: str, rows: int, seed: int = 0, shape: str = "simple") -> i
 def _calibrate_bias(seed: int, cards: np.ndarray, cat_p: np.ndarray, int_p: np.ndarray, zipf_s: np.ndarray,
                     target: float = 0.25) -> float:
     """The bias giving about ``target`` positives (bisection on a sample)."""
-    z = _margin(*_features(np.random.default_rng(seed + 1), 20_000, cards, cat_p, int_p, zipf_s))
+    return bias_for(_margin(*_features(np.random.default_rng(seed + 1), 20_000, cards, cat_p, int_p, zipf_s)),
+                    target)
+
+
+def bias_for(z: np.ndarray, target: float) -> float:
+    """The bias ``b`` whose logistic model ``sigmoid(z + b)`` has mean ``target`` (bisection)."""
     lo, hi = -10.0, 10.0
     for _ in range(40):
         mid = (lo + hi) / 2
