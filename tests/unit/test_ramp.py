@@ -81,7 +81,8 @@ class _InProcessClient:
         self.table.lookup(keys, out)
         return _Done(out)
 
-    def push(self, name, keys, grads, distinct=False):
+    def push(self, name, keys, grads, distinct=False, stats=None):
+        assert stats is None, "this job's table counts no shows and clicks"
         self.table.apply(keys, grads)
         return _Done()
 
