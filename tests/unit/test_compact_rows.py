@@ -271,7 +271,7 @@ def test_a_checkpoint_holds_float32_rows_and_restores_exactly(tmp_path, key_bits
     table, ring, keys = _train("fp16", key_bits, dim, optimizer, initializer, steps=3)
     primary = np.ones(ring.n_vnodes, bool)
     step = str(tmp_path / "step")
-    files = storage.write_checkpoint({"w": table}, primary, step)["w"]
+    files = storage.write_checkpoint({"w": table}, primary, step)["files"]["w"]
     restored, _ = _set(table.spec)
     assert storage.restore_rows({"w": restored}, primary, ring, "w", step, list(files.values())) == keys.size
     for v, vt in table.tables.items():
