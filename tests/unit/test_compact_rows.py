@@ -210,8 +210,8 @@ def test_ftrl_dim1_compact_row_is_14_bytes_a_slot():
         assert vt.nbytes == vt.capacity * 8 + (vt.capacity + 1) * (slot - 8)
 
 
-@pytest.mark.parametrize("storage", ["fp16", "bf16"])
-@pytest.mark.parametrize("key_bits", [0, 12])
+# a user rule's kernels are compiled afresh (never cached, ~6-13 s each): one format a layout
+@pytest.mark.parametrize("storage, key_bits", [("fp16", 0), ("bf16", 12)])
 def test_a_user_rule_runs_on_compact_rows(storage, key_bits):
     opt = {"name": f"{RULES}:my_adagrad", "lr": 0.1, "start": 1.0}
     ref, ring, keys = _train("float32", key_bits, 2, opt, steps=5)
