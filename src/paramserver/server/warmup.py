@@ -16,16 +16,20 @@ from paramserver.wire.message import Op, decode, encode
 
 
 def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = True,
-                storages: tuple[str, ...] = ("float32", "fp16", "bf16")) -> None:
+                storages: tuple[str, ...] = ("float32",)) -> None:
     """Load (or compile) the table kernels for the array types requests bring (read-only
     frames; every other array goes to the kernels read-only too, ``intrinsics.frozen``), for
     ``layouts`` (a hash table's through a vnode's growth): a table of more than one vnode, a
     request's segment check, its update and its lookup, a quota's count, an export, an
     install; with ``filters``, every built-in filter's decoding and encoding (0.3 s from the
     cache: a job that knows it has none skips them); for the row formats ``storages``
-    (``TableSpec.storage``: each has kernels of its own).  Nothing is left to compile in the
-    serving loop, where a compile of 10-25 s (a fresh install's cold cache) once starved the
-    heartbeats mid-repair."""
+    (``TableSpec.storage``: each has kernels of its own).  Nothing of float32 tables is left
+    to compile in the serving loop, where a compile of 10-25 s (a fresh install's cold cache)
+    once starved the heartbeats mid-repair.  The 16-bit formats are not warmed unless asked
+    (``train --storage`` asks for its own): they added 49 s to a cold server start for every
+    user, and their first table compiles its kernels at its first request instead (7 s for a
+    first fp16 push on a cold cache, measured with two servers that kept beating; then from
+    the disk cache)."""
     if is_inherited():
         return
     load_numba()
