@@ -39,7 +39,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 unit: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q --ignore=tests/process
 
-test: lint /usr/bin/chromium
+# the kernels compile into numba's cache on the second core while the first lints (tools/prewarm.py)
+test: $(VENV)/.installed-dev /usr/bin/chromium
+	$(BIN)/python tools/prewarm.py & warm=$$!; $(MAKE) lint; linted=$$?; wait $$warm; warmed=$$?; \
+		[ $$linted = 0 ] && [ $$warmed = 0 ]
 	$(BIN)/python -m pytest -q --ignore=tests/process
 	$(BIN)/paramserver chaos --seeds 300 --first-seed 1000
 	$(BIN)/python -m pytest -q --durations=15 tests/process --ignore=tests/process/test_torch.py \

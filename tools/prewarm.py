@@ -1,0 +1,24 @@
+"""Compile (into numba's disk cache) the kernels the tests and the nodes load: every
+server table layout and row format, the filters, the training workers' parsers, models
+and routing.  ``make test`` runs it on the second core while the first lints, so the
+tests find the cache warm instead of compiling it on a fresh clone (about a minute and a
+half of kernels).  Run: ``.venv/bin/python tools/prewarm.py``."""
+
+from __future__ import annotations
+
+import time
+
+from paramserver.apps.ctr.warmup import warm_worker
+from paramserver.server.warmup import warm_server
+
+
+def main() -> int:
+    t0 = time.perf_counter()
+    warm_server(storages=("float32", "fp16", "bf16"))
+    warm_worker()
+    print(f"prewarm: numba's cache filled in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
