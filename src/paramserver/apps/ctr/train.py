@@ -163,6 +163,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     """
     from paramserver.cluster.launch import open_cluster
 
+    cfg = _tracked(cfg, publish)
     plan = _plan_job(cfg, data, test, servers=servers, workers=workers, save=save, shard_bytes=shard_bytes,
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
@@ -190,6 +191,16 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         report = _results(client, cfg, plan.spec, ran, test_read, save) | _lived(client, plan.spec, publisher)
     report.update(_job_report(cfg, plan, ran, servers=servers, workers=workers, table_seconds=table_seconds))
     return report
+
+
+def _tracked(cfg: TrainConfig, publish: str | None) -> TrainConfig:
+    """``cfg``, its table's changes tracked when the job publishes (a delta needs them)."""
+    if not publish or Lifecycle.parse(cfg.lifecycle):
+        return cfg
+    if cfg.layout == "dense":
+        raise ConfigError("--publish needs the model table's changes tracked, which a dense table cannot: "
+                          "use --table-layout auto (the default) or hash")
+    return replace(cfg, lifecycle="track")
 
 
 def _lived(client: Client, spec: TableSpec, publisher: JobPublisher | None) -> dict[str, Any]:
@@ -233,8 +244,6 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
         raise ConfigError(f"--publish-every must be a number of seconds > 0, got {publish_every!r}")
     shards = make_shards(data, shard_bytes)
     spec, dense_spec = cfg.table_spec(), cfg.dense_spec()
-    if publish and not spec.lifecycle:  # a delta needs the table's changes tracked
-        spec = replace(spec, lifecycle=Lifecycle(track=True))
     job_checkpoints = checkpoint_option(checkpoint_dir, checkpoint_every, len(shards))
     if job_checkpoints is not None:  # eval and predict read a checkpoint with these
         job_checkpoints["meta"] = model_meta(cfg.model, cfg.data)
