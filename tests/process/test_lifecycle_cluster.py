@@ -32,6 +32,7 @@ def test_train_with_a_lifecycle_publishes_a_base_and_deltas_that_equal_the_saved
     cfg = TrainConfig(Model("lr"), DataFormat("criteo"), batch_size=500, lifecycle="admit=after:2;ttl=30000")
     report = run_training(cfg, days[:2], [days[2]], servers=2, workers=1, save=str(tmp_path / "saved"),
                           publish=str(tmp_path / "pub"), publish_every=0.2, shard_bytes=1 << 20)
+    assert (report["model"], report["format"], report["hash_bits"], report["data"]) == ("lr", "criteo", 24, days[:2])
     assert report["lifecycle"] == "admit=after:2;ttl=30000"
     assert report["updates_refused"] > 0 and report["keys_evicted"] > 0 and report["keys"] > 0
     assert report["publish"]["deltas"] + report["publish"]["bases"] >= 2, report["publish"]

@@ -88,6 +88,18 @@ def _filter_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     return lines
 
 
+def _run_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The report's lines on what ran: the model, its rows' format and hashing, the files."""
+    if "model" not in report:
+        return []
+    bits = report["hash_bits"]
+    hashing = "no folding" if bits in (0, 64) else f"{bits} hash bits"
+    files = report.get("data", [])
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return [("model", f"{report['model']} (a key's row: {report['table_dim']} values), {report['format']} rows, "
+                      f"{hashing}"), ("data", shown)]
+
+
 def _lifecycle_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     """The report's lines on the model table's lifecycle and publications."""
     lines = []
@@ -116,7 +128,7 @@ def _report_table(report: dict[str, Any]) -> Table:
     for label, key, fmt in rows:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
             table.add_row(label, fmt.format(report[key]))
-    for line in _filter_lines(report) + _lifecycle_lines(report):
+    for line in _run_lines(report) + _filter_lines(report) + _lifecycle_lines(report):
         table.add_row(*line)
     if "checkpoints" in report:
         table.add_row("checkpoints written", f"{len(report['checkpoints'])} "

@@ -370,6 +370,9 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
         "bad_lines": int(status["bad_lines"]),
         "bytes_sent": sum(r["bytes_sent"] for r in per_worker),
         "bytes_received": sum(r["bytes_received"] for r in per_worker),
+        # what ran, said back: a flag that did not take effect shows here (issue 33.6)
+        "model": cfg.model.name, "format": cfg.data.name, "hash_bits": cfg.data.hash_bits,
+        "data": list(dict.fromkeys(s.path for s in plan.shards)), "table_dim": plan.spec.dim,
         "epochs": cfg.epochs, "servers": servers, "workers": workers, "table_seconds": table_seconds,
         "optimizer": plan.spec.to_wire()["optimizer"], "batch_size": cfg.batch_size, "batch_ramp": cfg.batch_ramp,
         "table_layout": "dense" if plan.spec.key_bits else "hash",
