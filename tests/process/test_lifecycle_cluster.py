@@ -10,6 +10,7 @@ import numpy as np
 
 from paramserver import LocalCluster, load_model
 from paramserver.apps.ctr.drift import write_drift
+from paramserver.apps.ctr.modelfile import evaluate, predict_file
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.train import TrainConfig, run_training
 from paramserver.checkpoint.publish import load_table, read_index
@@ -41,6 +42,12 @@ def test_train_with_a_lifecycle_publishes_a_base_and_deltas_that_equal_the_saved
     sk, sv = _sorted(*saved.table.items())
     assert np.array_equal(pk, sk) and np.array_equal(pv, sv)
     assert np.array_equal(published.predict_proba(days[2]), saved.predict_proba(days[2]))
+    # scoring says how much of the data the model never saw (issue 33.9): some of a next day's ids are new
+    scored = evaluate(str(tmp_path / "pub"), [days[2]])
+    assert 0.0 < scored["unseen_feature_share"] < 0.5 and scored["bad_lines"] == 0
+    seen = {}
+    predict_file(str(tmp_path / "saved"), [days[2]], str(tmp_path / "p.txt"), seen=seen)
+    assert seen["unseen_feature_share"] == scored["unseen_feature_share"]
 
 
 def test_export_writes_a_base_then_deltas_of_a_running_table(tmp_path):

@@ -296,9 +296,13 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def predict(args: argparse.Namespace, _: Any) -> int:
+    seen: dict[str, Any] = {}
     n = predict_file(args.model, args.data, args.out, args.skip_bad_lines, _overrides(args),
-                     args.allow_unverified_checkpoint)
-    _console(True).print(f"wrote {n:,} predictions to {'standard output' if args.out == '-' else args.out}")
+                     args.allow_unverified_checkpoint, seen)
+    share = seen["unseen_feature_share"]
+    _console(True).print(f"wrote {n:,} predictions to {'standard output' if args.out == '-' else args.out}; "
+                         f"{share:.1%} of their features were never seen in training"
+                         + (" (is this the data the model was trained for?)" if share > 0.5 else ""))
     return 0
 
 

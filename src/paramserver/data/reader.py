@@ -350,10 +350,17 @@ def check_inputs(paths: list[str]) -> list[str]:
     return found
 
 
-def read_all(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16) -> Batch:
-    """Every example of ``paths`` (globs expanded) in one batch (for test sets)."""
+def read_all(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16,
+             stats: dict[str, Any] | None = None) -> Batch:
+    """Every example of ``paths`` (globs expanded) in one batch (for test sets); the bad
+    lines skipped (``fmt.skip_bad``) are added to ``stats["bad_lines"]``."""
     paths = check_inputs(paths)
-    parts = [b for p in paths for b in read_batches(Shard(p, 0, -1), fmt, batch_size)]
+    parts = []
+    for p in paths:
+        seen: dict[str, Any] = {}
+        parts += list(read_batches(Shard(p, 0, -1), fmt, batch_size, seen))
+        if stats is not None:
+            stats["bad_lines"] = stats.get("bad_lines", 0) + int(seen.get("bad_lines", 0))
     if not parts:
         raise DataError(f"no examples in {', '.join(paths)}")
     return _concat(parts)

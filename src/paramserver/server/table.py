@@ -144,6 +144,12 @@ def _apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ik
 
 
 @njit(nogil=True, cache=True)
+def _stored(tkeys, meta, keys, out):
+    for i in range(keys.shape[0]):
+        out[i] = _find(tkeys, meta, keys[i]) >= 0
+
+
+@njit(nogil=True, cache=True)
 def _rehash(old_keys, old_rows, new_keys, new_rows):
     cap_old = old_keys.shape[0]
     cap = new_keys.shape[0]
@@ -290,6 +296,12 @@ class VnodeTable:
         if self._meta[_HAS_ZERO] and self.life[-1, column] >= since:
             keys, rows = np.append(keys, np.uint64(0)), np.vstack([rows, self.rows[-1:]])
         return keys, decode_rows(rows, self.dim, self.width)
+
+    def stored(self, keys: np.ndarray) -> np.ndarray:
+        """``bool[len(keys)]``: which of ``keys`` are stored (the others read as initial values)."""
+        out = np.zeros(keys.shape[0], np.bool_)
+        _stored(self.keys, self._meta, frozen(np.ascontiguousarray(keys, np.uint64)), out)
+        return out
 
     def remove(self, keys: np.ndarray) -> int:
         """Remove ``keys`` in place (a lifecycle's table: ``life_kernels._delete``); how

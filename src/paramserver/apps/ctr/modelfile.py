@@ -180,10 +180,17 @@ probabilities of a parsed ``Batch``."""
                             f"({None if dense is None else dense.size} values, {self.model.deep.mlp.size} expected): "
                             "the model files are damaged; save the model again")
         self.dense = dense
+        self.features, self.unseen = 0, 0  # features scored, and of them the model never saw (proba)
         self.data = DataFormat(**meta["data"])
         spec = TableSpec.from_wire(meta["table"])
         self.table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed)
         self.table.load(keys, np.ascontiguousarray(values[:, :spec.dim]))  # a checkpoint's rows carry state too
+
+    @property
+    def unseen_share(self) -> float:
+        """The share of the features scored so far that the model never saw in training
+        (their weights are the initial ones): near 1, the data is not what it learned from."""
+        return self.unseen / self.features if self.features else 0.0
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """The probability of label 1 for every row of ``X`` (see the class)."""
@@ -205,10 +212,13 @@ probabilities of a parsed ``Batch``."""
         return (self.predict_proba(X) > 0.5).astype(np.int8)
 
     def proba(self, batch: Batch) -> np.ndarray:
-        """Probabilities of a parsed ``Batch``."""
+        """Probabilities of a parsed ``Batch`` (its features the model never saw are
+        counted: ``unseen_share``)."""
         uniq, inverse = batch.unique()
         rows = np.empty((uniq.shape[0], self.model.dim), np.float32)
         self.table.lookup(uniq, rows)
+        self.features += int(inverse.shape[0])
+        self.unseen += int((~self.table.stored(uniq))[inverse].sum())
         return self.model.predict(batch, inverse, rows, self.dense)
 
 
@@ -225,9 +235,11 @@ def metrics(labels: np.ndarray, preds: np.ndarray) -> dict[str, float]:
 
 
 def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = False,
-                 overrides: dict[str, Any] | None = None, allow_unverified: bool = False) -> int:
+                 overrides: dict[str, Any] | None = None, allow_unverified: bool = False,
+                 seen: dict[str, Any] | None = None) -> int:
     """Write one probability a line for every line of ``data`` (labelled or not) to ``out``
-    (``-``: standard output)."""
+    (``-``: standard output); the lines written.  ``seen`` gets ``unseen_feature_share``:
+    the share of the rows' features the model never saw in training."""
     if out != STDIN:
         check_output(out, "--out", folder=False)
     model = LocalModel(model_dir, allow_unverified)
@@ -242,6 +254,8 @@ def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = Fal
         n = _write_predictions(model, fmt, files, f)
     if n == 0:
         raise DataError(f"no examples in {', '.join(data)}")
+    if seen is not None:
+        seen["unseen_feature_share"] = model.unseen_share
     return n
 
 
@@ -260,5 +274,7 @@ def evaluate(model_dir: str, data: list[str], skip_bad: bool = False,
     """Log loss and AUC of the saved model on labelled ``data``."""
     model = LocalModel(model_dir, allow_unverified)
     fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad} | (overrides or {})))
-    batch = read_all(data, fmt)
-    return metrics(batch.labels, model.proba(batch))
+    stats: dict[str, Any] = {}
+    batch = read_all(data, fmt, stats=stats)
+    report = metrics(batch.labels, model.proba(batch))
+    return report | {"unseen_feature_share": model.unseen_share, "bad_lines": int(stats.get("bad_lines", 0))}
