@@ -1,0 +1,19 @@
+"""The train report's lines that summarise: what ran, and the staleness pulls saw."""
+
+from paramserver.cli.ctr import _run_lines, _staleness
+
+
+def test_staleness_is_one_short_line():
+    assert _staleness({"0": 90, "1": 5, "3": 5}) == "90% at 0, 95% ≤ 1, max 3 (100 pulls)"
+    assert _staleness({}) == "-"
+    assert len(_staleness({str(k): 10**6 for k in range(40)})) < 45  # no wrap in an 80-column table
+
+
+def test_the_report_names_what_ran():
+    lines = dict(_run_lines({"model": "fm", "table_dim": 9, "format": "criteo", "hash_bits": 24,
+                             "data": ["a.tsv", "b.tsv", "c.tsv", "d.tsv"]}))
+    assert lines["model"] == "fm (a key's row: 9 values), criteo rows, 24 hash bits"
+    assert lines["data"] == "a.tsv, b.tsv, c.tsv and 1 more"
+    assert dict(_run_lines({"model": "lr", "table_dim": 1, "format": "libsvm", "hash_bits": 0,
+                            "data": ["x"]}))["model"].endswith("no folding")
+    assert _run_lines({}) == []
