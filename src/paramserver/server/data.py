@@ -175,19 +175,15 @@ class DataPlane:
             return
         vnodes = np.array([v for v, _ in evicted], np.int32)
         counts = np.array([k.shape[0] for _, k in evicted], np.int64)
-        keys = np.concatenate([k for _, k in evicted])
-        per_segment = targets[vnodes]
         header = {"op": Op.REPLICATE.value, "table": table.spec.name, "ring_version": state.ring.version,
                   "evict": True}
+
         def done(failed: str | None) -> None:
             if failed:  # that copy keeps the keys: the chaos campaign checks that copies agree
                 logger.warning("server %d: eviction not applied by a copy: %s", state.node_id, failed)
 
-        acks = Acks(done=done)
-        for server in np.unique(per_segment[per_segment >= 0]).tolist():
-            segs = (per_segment == server).any(axis=1)
-            rows = np.repeat(segs, counts)
-            self.port.peers.ask(server, header, [keys[rows], vnodes[segs], counts[segs]], acks)
+        self.port.peers.scatter(targets, vnodes, counts, header, [np.concatenate([k for _, k in evicted])],
+                                Acks(done=done))
 
     def finished(self, acks: Acks) -> None:
         """Every live server a push was forwarded to answered (``Peers``' callback): the

@@ -111,22 +111,26 @@ class Peers:
         waits for theirs."""
         if vnodes.size == 0:
             return False
-        per_segment = targets[vnodes]
-        servers = np.unique(per_segment[per_segment >= 0]).tolist()
-        if not servers:
-            return False
-        acks = Acks(identity, msg)
         header: dict[str, Any] = {"op": Op.REPLICATE.value, "table": table, "ring_version": ring_version,
                                   **{k: msg.header[k] for k in FORWARDED if k in msg.header}}
+        return self.scatter(targets, vnodes, counts, header, [keys, grads], Acks(identity, msg))
+
+    def scatter(self, targets: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, header: dict[str, Any],
+                rows: list[np.ndarray], acks: Acks) -> bool:
+        """Send ``header`` to every server ``targets`` names for some of ``vnodes``, with the
+        ``rows`` arrays' rows of those vnodes' segments, then their vnodes and counts;
+        ``acks`` hears every answer.  False if no server was named."""
+        per_segment = targets[vnodes]
+        servers = np.unique(per_segment[per_segment >= 0]).tolist()
         for server in servers:
             segs = (per_segment == server).any(axis=1)
             if segs.all():
-                arrays = [keys, grads, vnodes, counts]
+                arrays = [*rows, vnodes, counts]
             else:
-                rows = np.repeat(segs, counts)
-                arrays = [keys[rows], grads[rows], vnodes[segs], counts[segs]]
+                mine = np.repeat(segs, counts)
+                arrays = [*(a[mine] for a in rows), vnodes[segs], counts[segs]]
             self.ask(server, header, arrays, acks)
-        return True
+        return bool(servers)
 
     def lost(self, server: int) -> None:
         """``server`` died: nothing waits on it any more."""
