@@ -270,11 +270,6 @@ class VnodeTable:
         keys, rows, _ = self._occupied()
         return keys, decode_rows(rows, self.dim, self.width)
 
-    def items_with_life(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """``items()`` and the keys' life rows (None without a lifecycle), in one order."""
-        keys, rows, life = self._occupied()
-        return keys, decode_rows(rows, self.dim, self.width), life
-
     def _occupied(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The stored keys, their rows as stored (``storage``'s format) and life rows."""
         occupied = np.flatnonzero(self.keys)
