@@ -1,5 +1,5 @@
 # make demo: set up .venv and run the main job on a local cluster
-# make test: set up .venv with the dev, torch and ray extras (and Debian's chromium), lint, then run the in-process
+# make test: set up .venv with the dev, torch, ray, serve and redis extras (and Debian's chromium and redis-server), lint, then run the in-process
 #   tests, then the process tests
 # make unit: the in-process tests alone (under 2 minutes), for the edit-test loop
 # make lint: ruff (style, imports, likely bugs, complexity), mypy (types; strict on the core), the layers
@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 # the torch and ray extras are part of the product (paramserver.torch, paramserver.ray): their tests run, not skip
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,torch,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch,ray,serve,redis]'
 	$(BIN)/python -m compileall -q src
 	touch $@ $(VENV)/.installed
 
@@ -36,11 +36,15 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 /usr/bin/chromium:
 	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
 
+# the streaming tests read from a real Redis (Debian's redis-server), which they start and stop themselves
+/usr/bin/redis-server:
+	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq redis-server
+
 unit: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q --ignore=tests/process
 
 # the kernels compile into numba's cache on the second core while the first lints (tools/prewarm.py)
-test: $(VENV)/.installed-dev /usr/bin/chromium
+test: $(VENV)/.installed-dev /usr/bin/chromium /usr/bin/redis-server
 	$(BIN)/python tools/prewarm.py & warm=$$!; $(MAKE) lint; linted=$$?; wait $$warm; warmed=$$?; \
 		[ $$linted = 0 ] && [ $$warmed = 0 ]
 	$(BIN)/python -m pytest -q --ignore=tests/process

@@ -6,6 +6,7 @@ below its own: docs/architecture.md draws them, `make lint` holds them):
     cli/            the ``paramserver`` command: a builder and a handler per command
     torch.py, sklearn.py, ray.py   the public import paths of the integrations (re-exports)
     integrations/   PyTorch (sharded embeddings, the 1F1B pipeline) and scikit-learn
+    serving/        ``paramserver serve``: HTTP predictions from a saved or followed model
     apps/           ctr/ (training, models, the model file) and rounds/ (Lasso, MF, LDA)
     testing/        the simulated network and cluster, its workers, the chaos campaign
     dashboard/      the scheduler's HTTP page and ``paramserver top``
