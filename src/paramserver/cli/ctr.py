@@ -7,14 +7,16 @@ The CLI parses; this module turns arguments into library calls and shows the res
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from paramserver._runtime import collector
@@ -64,8 +66,9 @@ def _progress_line(status: dict[str, Any], seconds: float) -> str:
     loss = live.get("loss_sum", 0.0) / examples if examples else float("nan")
     rate = (examples - int(status.get("resumed_examples", 0))) / seconds if seconds > 0 else 0.0  # this run's
     failovers = len(status.get("failovers") or [])
-    return (f"epoch {status['epoch'] + 1}/{status['epochs']}  shards {status['shards_done']}/{status['shards']}  "
-            f"examples {examples:,}  {rate:,.0f}/s  train logloss {loss:.4f}"
+    where = (f"stream shards {status['shards_done']}/{status['shards']}" if "stream" in status else
+             f"epoch {status['epoch'] + 1}/{status['epochs']}  shards {status['shards_done']}/{status['shards']}")
+    return (f"{where}  examples {examples:,}  {rate:,.0f}/s  train logloss {loss:.4f}"
             + (f"  servers lost {failovers} (failed over)" if failovers else ""))
 
 
@@ -235,7 +238,10 @@ def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list
                         resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False),
                         keep_checkpoints=getattr(args, "keep_checkpoints", 3),
                         allow_unverified=getattr(args, "allow_unverified_checkpoint", False),
-                        publish=getattr(args, "publish", None), publish_every=getattr(args, "publish_every", 10.0))
+                        publish=getattr(args, "publish", None), publish_every=getattr(args, "publish_every", 10.0),
+                        stream=getattr(args, "stream", None), max_examples=getattr(args, "max_examples", None),
+                        until=getattr(args, "until", None),
+                        checkpoint_seconds=getattr(args, "checkpoint_seconds", None))
 
 
 def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list[str],
@@ -261,6 +267,15 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
 
 def train(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]) -> int:
     optimizer = parse_optimizer(args.optimizer)
+    if args.stream is None and (args.max_examples is not None or args.until is not None):
+        raise ConfigError(f"{'--max-examples' if args.max_examples is not None else '--until'} is for --stream "
+                          "(a job on --data ends with its data)")
+    if args.stream is not None:
+        with _stops_streams():
+            _train(args, optimizer, args.data, args.test, _fmt(args))
+        return 0
+    if not args.data:
+        raise ConfigError("train needs --data FILE... (or --stream SOURCE: rows as they arrive)")
     if "-" not in args.data:
         _train(args, optimizer, args.data, args.test, _fmt(args))
         return 0
@@ -275,6 +290,28 @@ def train(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]
         args.data = [spool if p == "-" else p for p in args.data]
         _train(args, optimizer, args.data, args.test, _fmt(args))
     return 0
+
+
+@contextlib.contextmanager
+def _stops_streams() -> Iterator[None]:
+    """The first Ctrl-C or SIGTERM closes the stream (the job finishes what was cut and
+    reports); a second Ctrl-C interrupts it."""
+    from paramserver.apps.ctr.train import stop_streams
+
+    def stop(signum: int, frame: Any) -> None:
+        if stopping or not stop_streams():  # a second time, or no stream runs yet: interrupted
+            raise KeyboardInterrupt
+        stopping.append(signum)
+        _console(True).print("stopping: the stream is closed, the job finishes what it read (Ctrl-C again to "
+                             "interrupt)")
+
+    stopping: list[int] = []
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def demo(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]) -> int:

@@ -49,7 +49,19 @@ def parse_optimizer(text: str | None) -> Any:
 
 def _data_flags(p: argparse.ArgumentParser) -> None:
     """What ``train`` reads and how: the files, their format, the feature hashing, bad lines."""
-    p.add_argument("--data", nargs="+", required=True, help="training files (local or fsspec URLs, .gz ok)")
+    p.add_argument("--data", nargs="+", default=[], help="training files (local or fsspec URLs, .gz ok)")
+    p.add_argument("--stream", metavar="SOURCE",
+                   help="train on rows as they arrive, instead of --data, until --max-examples, --until or Ctrl-C "
+                        "(the first Ctrl-C or SIGTERM stops cutting and finishes what was cut): a folder whose files "
+                        "arrive (any fsspec URL; a file is taken once its size has not changed for 1 s, in name "
+                        "order), redis://HOST:PORT/STREAM[?group=G] (Redis Streams; needs the redis extra), - "
+                        "(standard input), or module:Class=URL (your source; docs/streaming.md)")
+    p.add_argument("--max-examples", type=int, metavar="N",
+                   help="with --stream: stop after N rows (from Redis exactly; from files at the end of the file "
+                        "that reaches N), counted over resumes")
+    p.add_argument("--until", metavar="WHEN",
+                   help="with --stream: stop cutting new rows at this time: a duration (90s, 10m, 2h, 1d) or a "
+                        "local time (2026-11-27T06:00)")
     p.add_argument("--test", nargs="+", default=[], help="test files, scored after training")
     p.add_argument("--format", default="criteo",
                    help="criteo (default: label, 13 integers, 26 categorical, tab-separated), libsvm, avazu (the "
@@ -127,10 +139,14 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-checkpoints", type=int, default=3, metavar="N",
                    help="keep the newest N complete checkpoints under --checkpoint-dir, remove older ones (0: all)")
     p.add_argument("--checkpoint-every", type=int, metavar="N",
-                   help="data shards done between two checkpoints (default: one checkpoint an epoch)")
+                   help="data shards done between two checkpoints (default: one checkpoint an epoch; with --stream "
+                        "every 30 s)")
+    p.add_argument("--checkpoint-seconds", type=float, metavar="S",
+                   help="checkpoint (also) every S seconds of training; with --stream the default is 30, and the "
+                        "stream's position is committed with each checkpoint (exactly once on --resume)")
     p.add_argument("--resume", metavar="URL",
                    help="go on from the newest complete checkpoint in this folder (or this step), "
-                        "onto any number of servers; same --data, --shard-mb and model flags")
+                        "onto any number of servers; same --data (or --stream), --shard-mb and model flags")
     unverified_flag(p)
     p.add_argument("--publish", metavar="URL",
                    help="publish the model here while it trains: a base, then what changed (keys set and evicted) "

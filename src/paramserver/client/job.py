@@ -30,17 +30,22 @@ class Job:
         self.reported: dict[str, float] = {}  # what this client's report_progress added up to
 
     def start(self, shards: list[Any], epochs: int = 1, *, checkpoint: dict[str, Any] | None = None,
-              resume: dict[str, Any] | None = None) -> None:
-        """Give the scheduler the shards to hand out, ``epochs`` times over.
+              resume: dict[str, Any] | None = None, stream: str | None = None) -> None:
+        """Give the scheduler the shards to hand out, ``epochs`` times over; or, with
+        ``stream`` (its source's URL), start a job whose shards are added as they arrive
+        (``add``).
 
-        ``checkpoint={"url": URL, "every": N}``: the scheduler checkpoints every table at a
-        clock boundary after every N shards done, with the job's progress in the manifest.
-        ``resume``: the ``"job"`` part of such a manifest (epoch, shards done, totals).
-        A local checkpoint path is made absolute here (the scheduler and the servers may
-        each run in another working directory).
+        ``checkpoint={"url": URL, "every": N, "seconds": S}``: the scheduler checkpoints
+        every table at a clock boundary after every N shards done (or S seconds), with the
+        job's progress in the manifest.  ``resume``: the ``"job"`` part of such a manifest
+        (epoch, shards done, totals; a stream's position and pending shards).  A local
+        checkpoint path is made absolute here (the scheduler and the servers may each run
+        in another working directory).
         """
         header: dict[str, Any] = {"op": Op.JOB_START.value, "shards": [s.to_wire() for s in shards],
                                   "epochs": epochs}
+        if stream is not None:
+            header["stream"] = stream
         if checkpoint is not None:
             from paramserver.checkpoint.store import local_url
 
@@ -49,6 +54,12 @@ class Job:
         if resume is not None:
             header["resume"] = resume
         self._client._call(self._scheduler, header)
+
+    def add(self, shards: list[Any], position: Any, close: bool = False) -> None:
+        """A stream job's new shards (in the source's order), the source's position after
+        them (what a checkpoint records), and ``close`` once no more will come."""
+        self._client._call(self._scheduler, {"op": Op.JOB_ADD.value, "shards": [s.to_wire() for s in shards],
+                                             "position": position, "close": close})
 
     def next_shard(self, timeout_s: float | None = None) -> dict[str, Any] | None:
         """The next shard to process (``{"shard_id", "shard", "epoch"}``), None when done.

@@ -29,16 +29,29 @@ class DataError(ParamServerError):
 
 @dataclass(frozen=True)
 class Shard:
+    """The lines of ``path`` whose first byte lies in ``[start, end)``; or, cut from a
+    stream by a source plug-in (``source``, ``module:Class``, see ``streams.py``), the
+    entries ``span`` names in the source's own words (``start`` and ``end`` unused)."""
+
     path: str
     start: int
     end: int  # -1: to the end of the file
+    span: str = ""  # a stream's entries, as its source says them (e.g. Redis ids "(FIRST LAST")
+    source: str = ""  # the source plug-in that reads them ("": a file)
 
     def to_wire(self) -> list[Any]:
-        return [self.path, self.start, self.end]
+        return [self.path, self.start, self.end, self.span, self.source] if self.source else \
+            [self.path, self.start, self.end]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> Shard:
+        if len(w) == 5:
+            return cls(str(w[0]), int(w[1]), int(w[2]), str(w[3]), str(w[4]))
         return cls(str(w[0]), int(w[1]), int(w[2]))
+
+    def where(self) -> str:
+        """The shard as an error names it."""
+        return f"{self.path} (entries {self.span})" if self.source else self.path
 
 
 @dataclass

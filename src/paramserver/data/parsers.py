@@ -163,10 +163,10 @@ def raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base
     text = bytes(arr[at:stop]).decode("utf-8", errors="replace")
     if len(text) > 200:
         text = text[:200] + "..."
-    line = _line_number(shard.path, base + at) if shard.path != STDIN else f"byte {base + at}"
+    line = _line_number(shard.path, base + at) if shard.path != STDIN and not shard.source else f"byte {base + at}"
     first = line == 1 or (fmt.name in ("csv", "avazu") and line == 2) or line == "byte 0"
     fix = (f"is the file really in this format? (--format {'|'.join(FORMATS)})" if first else
            "fix or drop the line, or pass --skip-bad-lines to skip and count such lines")
     if err == parse.ERR_LABEL and fmt.name == "libsvm" and first:
         fix = "pass --label-format 01|pm1|12, or check --format"
-    raise DataError(f"{shard.path}:{line}: {_what_is_wrong(fmt, err, columns)} ({fmt.name} format): {text!r}; {fix}")
+    raise DataError(f"{shard.where()}:{line}: {_what_is_wrong(fmt, err, columns)} ({fmt.name} format): {text!r}; {fix}")

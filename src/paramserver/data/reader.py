@@ -235,7 +235,12 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict[str, Any], batch_siz
     Criteo's are ``batch_size`` but the last)."""
     path = shard.path
     try:
-        f = _Unclosed(sys.stdin.buffer) if path == STDIN else open_input(path)
+        if shard.source:  # cut from a stream: its source plug-in reads it
+            from paramserver.data.streams import open_shard
+
+            f: Any = open_shard(shard)
+        else:
+            f = _Unclosed(sys.stdin.buffer) if path == STDIN else open_input(path)
     except FileNotFoundError:
         raise DataError(f"no such file: {path}") from None
     stats.setdefault("bytes", 0)
@@ -255,13 +260,13 @@ def _start(f: Any, shard: Shard, fmt: DataFormat, batch_size: int) -> tuple[Any,
                                  fmt.ignore_columns)
         parser: Any = CsvParser(fmt, batch_size, columns)
         pos = max(pos, len(header) if columns.header else 0)
-        if path != STDIN:
+        if path != STDIN and not shard.source:
             f.seek(pos)
         elif not columns.header:
             carry = header
     else:
         parser = (CriteoParser if fmt.name == "criteo" else LibsvmParser)(fmt, batch_size)
-        if pos == 0 and path != STDIN:  # a file some editors wrote starts with a UTF-8 byte-order mark: not data
+        if pos == 0 and path != STDIN and not shard.source:  # some editors start a file with a UTF-8 byte-order mark
             pos = len(BOM) if f.read(len(BOM)) == BOM else 0
             f.seek(pos)
     if 0 < pos == shard.start:  # the line straddling start belongs to the previous shard

@@ -1,5 +1,6 @@
-"""A training job as the scheduler runs it: the data-shard queue (``tasks.TaskQueue``)
-and the coordinated checkpoints that stop it at clock boundaries.
+"""A training job as the scheduler runs it: the data-shard queue (``tasks.TaskQueue``, or
+``tasks.StreamQueue`` for a stream) and the coordinated checkpoints that stop it at clock
+boundaries.
 
 No sockets here.  ``Jobs`` takes the job's requests (``start``, ``next_shard``,
 ``shard_done``, ``progress``, ``status``) and the cluster's events (a node removed, a
@@ -7,7 +8,7 @@ checkpoint's answers), and acts through the small ``JobHost`` interface the sche
 implements: answer a request, send a command to every server, say that the set of busy
 workers changed.
 
-Checkpoints: every ``every`` shards done the queue stops handing out shards ("draining");
+Checkpoints: every ``every`` shards done (or ``seconds``) the queue stops handing out shards ("draining");
 once no shard runs (each worker drains its pushes before ``shard_done``: the servers are
 quiet, a clock boundary) every server writes its vnodes ("writing"), then the manifest
 is written, last.  A failed step is abandoned (it has no manifest, so it is never used)
@@ -17,6 +18,7 @@ and training goes on.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,7 +27,7 @@ from paramserver.checkpoint import store as checkpoint
 from paramserver.errors import ConfigError, ProtocolError
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.fanout import FanOut
-from paramserver.scheduler.tasks import TaskQueue
+from paramserver.scheduler.tasks import StreamQueue, TaskQueue
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op, encode, reply
 from paramserver.wire.message import field as hfield
@@ -55,12 +57,16 @@ RETRIES = 3  # a checkpoint that failed is tried again at the next boundary, thi
 
 @dataclass
 class JobCheckpoints:
-    """``JOB_START``'s ``checkpoint``: every ``every`` shards done, stop handing out
-    shards, let the running ones finish (a clock boundary), checkpoint, go on."""
+    """``JOB_START``'s ``checkpoint``: every ``every`` shards done (or once ``seconds``
+    have passed and a shard was done), stop handing out shards, let the running ones
+    finish (a clock boundary), checkpoint, go on."""
 
     url: str
     every: int
     timeout_s: float
+    seconds: float | None = None
+    last_at: float = field(default_factory=time.monotonic)  # when the last one was written (or the job started)
+    stream: dict[str, Any] | None = None  # a stream job's state in the last manifest written (what it committed)
     since: int = 0  # shards done since the last checkpoint (or its attempt)
     phase: str | None = None  # None, "draining" (waiting for running shards), "writing"
     step: str = ""
@@ -73,16 +79,26 @@ class JobCheckpoints:
 
     @classmethod
     def from_wire(cls, w: Any) -> JobCheckpoints:
-        every, timeout_s = (w.get("every"), w.get("timeout_s", 600)) if isinstance(w, dict) else (0, 0)
+        every, timeout_s, seconds = (w.get("every"), w.get("timeout_s", 600), w.get("seconds")) \
+            if isinstance(w, dict) else (0, 0, None)
+        if every is None and isinstance(seconds, (int, float)):
+            every = 1 << 62  # by time only
         if (not isinstance(w, dict) or not isinstance(w.get("url"), str) or not w["url"]
                 or isinstance(every, bool) or not isinstance(every, int) or every < 1
-                or isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0):
+                or isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0
+                or not (seconds is None or (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                                            and seconds > 0))):
             raise ConfigError(f"job_start checkpoint must be {{url: str, every: int >= 1, timeout_s: "
-                              f"number > 0}}, got {w!r}")
+                              f"number > 0, seconds: number > 0 or absent}}, got {w!r}")
         meta = w.get("meta", {})
         if not isinstance(meta, dict):
             raise ConfigError(f"job_start checkpoint meta must be a map, got {meta!r}")
-        return cls(w["url"], every, float(timeout_s), meta=meta)
+        return cls(w["url"], every, float(timeout_s), None if seconds is None else float(seconds), meta=meta)
+
+    def due(self, running: int = 0) -> bool:
+        """Whether the shards done (and ``running``, once done) bring a checkpoint."""
+        return self.since + running >= self.every or (
+            self.seconds is not None and self.since + running > 0 and time.monotonic() - self.last_at >= self.seconds)
 
 
 class Jobs:
@@ -90,31 +106,50 @@ class Jobs:
 
     def __init__(self, host: JobHost) -> None:
         self.host = host
-        self.job: TaskQueue | None = None
+        self.job: TaskQueue | StreamQueue | None = None
         self.checkpoints: JobCheckpoints | None = None
         self.waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, node id) asking for a shard
 
     # ---- requests ----------------------------------------------------------------------
     def start(self, identity: bytes, msg: Message) -> None:
-        """``shards``, ``epochs``; optional ``checkpoint: {url, every, timeout_s}`` (every
-        ``every`` shards done) and ``resume`` (``TaskQueue.snapshot()`` of a checkpoint)."""
-        shards = msg.header.get("shards")
-        epochs = msg.header.get("epochs")
-        if not isinstance(shards, list) or not isinstance(epochs, int):
-            raise ProtocolError("job_start takes shards (a list) and epochs (an int)")
+        """``shards``, ``epochs`` (or ``stream``: the source's URL, shards added later);
+        optional ``checkpoint: {url, every, timeout_s, seconds}`` (every ``every`` shards
+        done, or ``seconds``) and ``resume`` (``snapshot()`` of a checkpoint's queue)."""
+        shards, epochs, stream = msg.header.get("shards"), msg.header.get("epochs"), msg.header.get("stream")
+        if stream is None and (not isinstance(shards, list) or not isinstance(epochs, int)):
+            raise ProtocolError("job_start takes shards (a list) and epochs (an int), or stream (a source's URL)")
+        if stream is not None and not isinstance(stream, str):
+            raise ProtocolError(f"job_start's stream must be the source's URL, got {stream!r}")
         if (self.job is not None and not self.job.finished) or self.checkpointing:
             raise ConfigError("a job is already running on this cluster; wait for it to finish")
         ckpt = msg.header.get("checkpoint")
         checkpoints = None if ckpt is None else JobCheckpoints.from_wire(ckpt)
         resume = msg.header.get("resume")
-        self.job = TaskQueue(shards, epochs) if resume is None else TaskQueue.resume(shards, epochs, resume)
+        if isinstance(stream, str):
+            self.job = StreamQueue(source=stream) if resume is None else StreamQueue.resume(stream, resume)
+        else:
+            assert isinstance(shards, list) and isinstance(epochs, int)
+            self.job = TaskQueue(shards, epochs) if resume is None else TaskQueue.resume(shards, epochs, resume)
         self.checkpoints = checkpoints
-        logger.info("job started: %d shard(s), %d epoch(s)%s%s", len(shards), epochs,
-                    f", resumed at epoch {self.job.epoch} with {len(self.job.done)} shard(s) done"
-                    if resume is not None else "",
-                    f", a checkpoint every {checkpoints.every} shard(s) under {checkpoints.url}"
-                    if checkpoints else "")
+        logger.info("job started: %s%s%s", f"the stream {stream}" if stream else f"{len(shards or [])} shard(s), "
+                    f"{epochs} epoch(s)", f", resumed with {self.job.describe()}" if resume is not None else "",
+                    f", a checkpoint every {checkpoints.every} shard(s) or {checkpoints.seconds} s under "
+                    f"{checkpoints.url}" if checkpoints else "")
         self.host.answer(identity, reply(msg))
+
+    def add(self, identity: bytes, msg: Message) -> None:
+        """A stream's driver adds ``shards`` cut from its source, the source's ``position``
+        after them, and ``close`` once it cuts no more."""
+        if not isinstance(self.job, StreamQueue):
+            raise ConfigError("no stream job is running (job_add adds shards to a job started with stream=)")
+        shards, close = msg.header.get("shards", []), msg.header.get("close", False)
+        if not isinstance(shards, list) or not isinstance(close, bool):
+            raise ProtocolError("job_add takes shards (a list), position and close (a bool)")
+        self.job.add(shards, msg.header.get("position"), close)
+        self.host.answer(identity, reply(msg))
+        self._last_checkpoint()
+        self.serve()
+        self.host.workers_changed()
 
     def next_shard(self, identity: bytes, msg: Message, node_id: int | None) -> None:
         if node_id is None or self.job is None:
@@ -132,11 +167,21 @@ class Jobs:
         ckpt = self.checkpoints
         if ckpt is not None:
             ckpt.since += 1
-            if ckpt.since >= ckpt.every and ckpt.phase is None:
+            if ckpt.due() and ckpt.phase is None:
                 ckpt.phase = "draining"
+            self._last_checkpoint()
             self.maybe_checkpoint()  # the last running shard may have just finished
         self.serve()
         self.host.workers_changed()
+
+    def _last_checkpoint(self) -> None:
+        """A stream that ended is checkpointed at its end (a job resumed from there reads
+        only what came after); the workers hear that it is done once that is written."""
+        ckpt = self.checkpoints
+        if ckpt is not None and isinstance(self.job, StreamQueue) and self.job.finished and ckpt.since > 0 \
+                and ckpt.phase is None:
+            ckpt.phase = "draining"
+            self.maybe_checkpoint()
 
     def progress(self, msg: Message, node_id: int | None = None) -> None:
         if self.job is not None:
@@ -150,6 +195,8 @@ class Jobs:
         if self.job and ckpt is not None:
             status["checkpoints"] = {"written": list(ckpt.written), "abandoned": ckpt.abandoned,
                                      "failures": list(ckpt.failures), "in_progress": ckpt.phase is not None}
+            if ckpt.stream is not None:
+                status["checkpoints"]["stream"] = ckpt.stream
         self.host.answer(identity, reply(msg, job=status))
 
     # ---- events ------------------------------------------------------------------------
@@ -190,7 +237,7 @@ class Jobs:
         stay N to N + workers - 1 shards apart)."""
         ckpt, job = self.checkpoints, self.job
         return (ckpt is not None and job is not None and node_id in job.running.values()
-                and ckpt.since + len(job.running) >= ckpt.every)
+                and ckpt.due(len(job.running)))
 
     # ---- coordinated checkpoints -------------------------------------------------------
     @property
@@ -226,7 +273,7 @@ class Jobs:
             return
         manifest = checkpoint.assemble_manifest(
             list(op.replies.values()), ring.to_wire(), {n: s.to_wire() for n, s in self.host.tables.items()},
-            job={"shards": job.shards, "epochs": job.epochs, **job.snapshot()},
+            job=job.manifest(),
             **({"train": ckpt.meta} if ckpt.meta else {}))
         try:
             checkpoint.write_manifest(ckpt.step, manifest)
@@ -234,7 +281,9 @@ class Jobs:
             self._checkpoint_done(f"the manifest cannot be written ({type(exc).__name__}: {exc})")
             return
         ckpt.written.append(ckpt.step)
-        logger.info("checkpoint %s written (epoch %d, %d shard(s) done)", ckpt.step, job.epoch, len(job.done))
+        ckpt.last_at = time.monotonic()
+        ckpt.stream = job.stream_state() if isinstance(job, StreamQueue) else None
+        logger.info("checkpoint %s written (%s)", ckpt.step, job.describe())
         self._checkpoint_done(None)
 
     def _checkpoint_done(self, failure: str | None) -> None:

@@ -98,6 +98,7 @@ class SchedulerNode:
             Op.SHUTDOWN: self.on_shutdown,
             Op.WAIT_WORKERS: self.registry.wait_workers,
             Op.JOB_START: self.jobs.start,
+            Op.JOB_ADD: self.jobs.add,
             Op.NEXT_SHARD: lambda identity, msg: self.jobs.next_shard(identity, msg, self.by_identity.get(identity)),
             Op.SHARD_DONE: lambda identity, msg: self.jobs.shard_done(identity, msg, self.by_identity.get(identity)),
             Op.JOB_STATUS: self.jobs.status,

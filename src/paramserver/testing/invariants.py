@@ -191,8 +191,7 @@ class Invariants:
         """The job finished, and counted every example once per epoch."""
         job = self.cluster.scheduler.jobs.job
         if job is None or not job.finished:
-            where = "" if job is None else \
-                f": epoch {job.epoch}, {len(job.done)} of {len(job.shards)} shards done, {len(job.running)} running"
+            where = "" if job is None else f": {job.describe()}, {len(job.running)} running"
             self.fail("job-unfinished", "the job did not finish" + where)
             return
         want = [sum(sizes)] * epochs

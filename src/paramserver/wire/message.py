@@ -48,6 +48,7 @@ class Op(str, enum.Enum):  # noqa: UP042 (str(Op.X) stays "Op.X" in logs; StrEnu
     SHUTDOWN = "shutdown"
     WAIT_WORKERS = "wait_workers"
     JOB_START = "job_start"
+    JOB_ADD = "job_add"
     NEXT_SHARD = "next_shard"
     SHARD_DONE = "shard_done"
     JOB_STATUS = "job_status"

@@ -53,7 +53,7 @@ WORKER_OPS = frozenset({"register", "heartbeat", "leave", "table_info", "cluster
                         "wait_servers", "next_shard", "shard_done", "progress", "job_status", "pull", "push",
                         "clock", "stats", "checkpoint"})
 DRIVER_OPS = WORKER_OPS | {"create_table", "drop_table", "create_namespace", "drop_namespace", "job_start",
-                           "restore", "export", "call"}
+                           "job_add", "restore", "export", "call"}
 MAY_SEND = {"worker": WORKER_OPS, "driver": DRIVER_OPS}
 
 

@@ -17,31 +17,68 @@ from paramserver.errors import CheckpointError, ConfigError
 from paramserver.tables.spec import TableSpec
 
 
-def checkpoint_option(url: str | None, every: int | None, n_shards: int) -> dict[str, Any] | None:
+def checkpoint_option(url: str | None, every: int | None, n_shards: int, seconds: float | None = None,
+                      stream: bool = False) -> dict[str, Any] | None:
+    """The scheduler's checkpoint option: every ``every`` shards (a file job's default: once
+    an epoch) and/or ``seconds`` (a stream's default: 30 s)."""
     if url is None:
-        if every is not None:
-            raise ConfigError(f"--checkpoint-every {every} needs --checkpoint-dir URL (where to write them)")
+        for flag, value in (("--checkpoint-every", every), ("--checkpoint-seconds", seconds)):
+            if value is not None:
+                raise ConfigError(f"{flag} {value} needs --checkpoint-dir URL (where to write them)")
         return None
     if not url:
         raise ConfigError("--checkpoint-dir must be a folder or URL, got an empty string")
-    if every is None:
-        every = n_shards  # once an epoch
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not seconds > 0):
+        raise ConfigError(f"--checkpoint-seconds must be a number of seconds > 0, got {seconds!r}")
+    if every is None and seconds is None:
+        every, seconds = (None, STREAM_CHECKPOINT_S) if stream else (n_shards, None)  # once an epoch
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise ConfigError(f"--checkpoint-every must be an int >= 1 (data shards done between two "
                           f"checkpoints), got {every!r}")
-    return {"url": url, "every": every}
+    return {"url": url, "every": every, **({"seconds": float(seconds)} if seconds is not None else {})}
+
+
+STREAM_CHECKPOINT_S = 30.0  # a stream job checkpoints this often unless told otherwise
+
+
+def stream_resume_point(url: str, source: Any, spec: TableSpec, cfg: TrainConfig,
+                        allow_unverified: bool = False) -> tuple[str, dict[str, Any]]:
+    """The step to restore and the stream job's progress there (its source's position and
+    the shards cut before it and not done), checked against this job."""
+    step, manifest, job = _manifest(url, allow_unverified)
+    stream = job.get("stream")
+    if not isinstance(stream, dict):
+        raise ConfigError(f"--resume {step}: this checkpoint is of a job on files (--data), not on a stream; "
+                          "resume it with its --data")
+    if stream.get("source") != source.url:
+        raise ConfigError(f"--resume {step}: the checkpointed job read the stream {stream.get('source')!r}, not "
+                          f"{source.url!r}; pass its --stream")
+    if not source.resumable:
+        source.start(stream.get("position"))  # says why it cannot
+    _check_tables(step, manifest, spec, cfg)
+    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples", "stream") if k in job}
+
+
+def _manifest(url: str, allow_unverified: bool) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The step ``url`` resolves to, its manifest and the job's progress in it."""
+    step = checkpoint.resolve_step(checkpoint.local_url(url, "--resume"))
+    manifest = checkpoint.read_manifest(step, allow_unverified)
+    job = manifest.get("job")
+    if not isinstance(job, dict) or not (isinstance(job.get("shards"), list) or isinstance(job.get("stream"), dict)):
+        raise CheckpointError(f"--resume {step}: this checkpoint has no job progress (it was written by "
+                              "Client.checkpoint, not by train --checkpoint-dir); restore it with "
+                              "Client.restore, or resume from a training checkpoint")
+    return step, manifest, job
 
 
 def train_resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: TrainConfig, data: list[str],
                        shard_bytes: int, allow_unverified: bool = False) -> tuple[str, dict[str, Any]]:
     """The step to restore and the job progress to start from, checked against this job."""
-    step = checkpoint.resolve_step(checkpoint.local_url(url, "--resume"))
-    manifest = checkpoint.read_manifest(step, allow_unverified)
-    job = manifest.get("job")
-    if not isinstance(job, dict) or not isinstance(job.get("shards"), list):
-        raise CheckpointError(f"--resume {step}: this checkpoint has no job progress (it was written by "
-                              "Client.checkpoint, not by train --checkpoint-dir); restore it with "
-                              "Client.restore, or resume from a training checkpoint")
+    step, manifest, job = _manifest(url, allow_unverified)
+    if not isinstance(job.get("shards"), list):
+        raise ConfigError(f"--resume {step}: this checkpoint is of a job on the stream "
+                          f"{job.get('stream', {}).get('source')!r}; resume it with that --stream")
     ours, theirs = [s.to_wire() for s in shards], job["shards"]
     if ours != theirs:
         diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
@@ -51,6 +88,16 @@ def train_resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: Trai
                           f"{' '.join(data)} with --shard-mb {shard_bytes / (1 << 20):g} gives {len(ours)} "
                           f"(shard {diff}: {there} there, {here} here); pass the --data and --shard-mb of "
                           "the checkpointed job")
+    _check_tables(step, manifest, spec, cfg)
+    epoch = job.get("epoch")
+    if isinstance(epoch, int) and epoch >= cfg.epochs:
+        raise ConfigError(f"--resume {step}: the checkpoint is in epoch {epoch + 1} of the job, but --epochs "
+                          f"is {cfg.epochs}; pass --epochs {job.get('epochs')} (or more)")
+    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples") if k in job}
+
+
+def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: TrainConfig) -> None:
+    """The checkpoint's tables are the ones these flags train (each difference said with its flags)."""
     dense_spec = cfg.dense_spec()
     theirs_model = (manifest.get("train") or {}).get("model")
     if dense_spec is not None and (theirs_model is None or Model(**theirs_model) != cfg.model
@@ -67,8 +114,3 @@ def train_resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: Trai
         raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} is {theirs_spec}, but these "
                           f"flags give {spec.to_wire()}; pass the --model, --optimizer, --seed, "
                           "--consistency, --hash-bits and --table-layout of the checkpointed job")
-    epoch = job.get("epoch")
-    if isinstance(epoch, int) and epoch >= cfg.epochs:
-        raise ConfigError(f"--resume {step}: the checkpoint is in epoch {epoch + 1} of the job, but --epochs "
-                          f"is {cfg.epochs}; pass --epochs {job.get('epochs')} (or more)")
-    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples") if k in job}

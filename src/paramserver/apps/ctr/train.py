@@ -41,7 +41,8 @@ from paramserver._runtime.warm import load_numba
 from paramserver.apps.ctr.modelfile import dense_vector, metrics, model_meta, save_model
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.publishing import JobPublisher, lifecycle_report
-from paramserver.apps.ctr.resume import checkpoint_option, train_resume_point
+from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
+from paramserver.apps.ctr.streaming import Feeder, parse_until
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
 from paramserver.apps.ctr.warmup import warm_job
@@ -51,6 +52,7 @@ from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
 from paramserver.data.files import check_output, is_plain_local
 from paramserver.data.reader import Batch, DataFormat, Shard, expand, make_shards, read_all, read_batches
+from paramserver.data.streams import StreamSource, open_source
 from paramserver.errors import ConfigError, DataLossError, WorkerError
 from paramserver.lifecycle.spec import Lifecycle
 from paramserver.tables.spec import TableSpec
@@ -139,7 +141,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                  resume: str | None = None, setup: Callable[[Any], Any] | None = None,
                  cluster_options: dict[str, Any] | None = None, allow_loss: bool = False,
                  keep_checkpoints: int = 3, allow_unverified: bool = False, publish: str | None = None,
-                 publish_every: float = 10.0) -> dict[str, Any]:
+                 publish_every: float = 10.0, stream: str | None = None, max_examples: int | None = None,
+                 until: str | None = None, checkpoint_seconds: float | None = None) -> dict[str, Any]:
     """Train on a fresh local cluster; return the report (see ``docs``).
 
     Args:
@@ -160,6 +163,12 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         publish: publish the model under this URL while it trains, a base and then what
             changed (``checkpoint/publish.py``; ``load_model(URL)`` reads it) ...
         publish_every: ... every this many seconds, and once more at the end.
+        stream: train on a stream instead of ``data`` (``data/streams.py``: a folder whose
+            files arrive, ``redis://HOST:PORT/STREAM``, ``-``, ``module:Class=URL``) until
+            ``max_examples`` rows, the time ``until`` (``apps/ctr/streaming.parse_until``),
+            the source's end, or a stop (``run_training.stop``).
+        checkpoint_seconds: with ``checkpoint_dir``, checkpoint (also) every this many
+            seconds (a stream's default: 30).
     """
     from paramserver.cluster.launch import open_cluster
 
@@ -167,7 +176,11 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     plan = _plan_job(cfg, data, test, servers=servers, workers=workers, save=save, shard_bytes=shard_bytes,
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
-                     publish_every=publish_every)
+                     publish_every=publish_every, stream=stream, checkpoint_seconds=checkpoint_seconds)
+    deadline = parse_until(until)
+    if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
+                                     or max_examples < 1):
+        raise ConfigError(f"--max-examples must be a whole number >= 1, got {max_examples!r}")
     # the nodes are forked once this process has loaded what the job runs: its parser, model and table layout
     warm = warm_job(cfg.data.name, cfg.model, "dense" if plan.spec.key_bits else "hash", bool(plan.spec.filters),
                     plan.spec.storage)
@@ -183,14 +196,39 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         if setup is not None:
             setup(cluster)
         publisher = JobPublisher(publish, publish_every, cfg, plan.spec) if publish else None
-        client.job.start(plan.shards, cfg.epochs, checkpoint=plan.checkpoints, resume=plan.progress)
-        ran = _run_job(cluster, cfg, test_read, on_progress=on_progress, allow_loss=allow_loss,
-                       checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher)
+        client.job.start(plan.shards, cfg.epochs, checkpoint=plan.checkpoints, resume=plan.progress,
+                         stream=plan.source.url if plan.source else None)
+        feeder = Feeder(client, plan.source, max_examples=max_examples, until=deadline,
+                        checkpoints=plan.checkpoints is not None,
+                        position=(plan.progress or {}).get("stream", {}).get("position") if plan.step else None
+                        ).start() if plan.source else None
+        STOPS.extend([feeder] if feeder else [])
+        try:
+            ran = _run_job(cluster, cfg, test_read, on_progress=on_progress, allow_loss=allow_loss,
+                           checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
+                           feeder=feeder)
+        finally:
+            if feeder is not None:
+                STOPS.remove(feeder)
+        if feeder is not None:
+            feeder.finish()
         if test and test_read is None:
             test_read = reader.submit(read_all, test, cfg.data)
         report = _results(client, cfg, plan.spec, ran, test_read, save) | _lived(client, plan.spec, publisher)
     report.update(_job_report(cfg, plan, ran, servers=servers, workers=workers, table_seconds=table_seconds))
     return report
+
+
+#: the feeders of the stream jobs running in this process: ``stop_streams`` closes them
+STOPS: list[Feeder] = []
+
+
+def stop_streams() -> bool:
+    """Close every stream job of this process (the first Ctrl-C): each finishes what was
+    cut, checkpoints and reports.  False if none runs."""
+    for feeder in STOPS:
+        feeder.stop()
+    return bool(STOPS)
 
 
 def _tracked(cfg: TrainConfig, publish: str | None) -> TrainConfig:
@@ -226,12 +264,13 @@ class _Plan:
     step: str | None  # the checkpoint step the job resumes from ...
     progress: dict[str, Any] | None  # ... and the job's progress there
     overlap: bool  # the test rows are read while the job runs (else after it)
+    source: StreamSource | None = None  # the stream the job reads (--stream), or None: its shards
 
 
 def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: int, workers: int, save: str | None,
               shard_bytes: int, checkpoint_dir: str | None, checkpoint_every: int | None, resume: str | None,
               keep_checkpoints: int, allow_unverified: bool, publish: str | None = None,
-              publish_every: float = 10.0) -> _Plan:
+              publish_every: float = 10.0, stream: str | None = None, checkpoint_seconds: float | None = None) -> _Plan:
     """The job's arguments checked, its outputs writable, its inputs there, all said before
     anything starts; its shards, tables, checkpoints and resume point."""
     check_job(servers, workers, shard_bytes)
@@ -242,19 +281,25 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
     check_output(publish, "--publish", folder=True)
     if not (isinstance(publish_every, (int, float)) and math.isfinite(publish_every) and publish_every > 0):
         raise ConfigError(f"--publish-every must be a number of seconds > 0, got {publish_every!r}")
-    shards = make_shards(data, shard_bytes)
+    if stream is not None and data:
+        raise ConfigError(f"--stream {stream} and --data {' '.join(data)}: give one (the files of a folder that "
+                          "fills: --stream FOLDER)")
+    source = open_source(stream, shard_bytes, cfg.data.name) if stream is not None else None
+    shards = make_shards(data, shard_bytes) if source is None else []
     spec, dense_spec = cfg.table_spec(), cfg.dense_spec()
-    job_checkpoints = checkpoint_option(checkpoint_dir, checkpoint_every, len(shards))
+    job_checkpoints = checkpoint_option(checkpoint_dir, checkpoint_every, len(shards), checkpoint_seconds,
+                                        stream=source is not None)
     if job_checkpoints is not None:  # eval and predict read a checkpoint with these
         job_checkpoints["meta"] = model_meta(cfg.model, cfg.data)
-    step, progress = train_resume_point(resume, shards, spec, cfg, data, shard_bytes, allow_unverified) \
-        if resume else (None, None)
+    step, progress = (None, None) if not resume else \
+        stream_resume_point(resume, source, spec, cfg, allow_unverified) if source is not None else \
+        train_resume_point(resume, shards, spec, cfg, data, shard_bytes, allow_unverified)
     overlap = _core_to_spare(servers, workers)  # else the test rows are read after the job
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
         if not overlap:
             _check_test_head(test, cfg.data)
-    return _Plan(shards, spec, dense_spec, job_checkpoints, step, progress, overlap)
+    return _Plan(shards, spec, dense_spec, job_checkpoints, step, progress, overlap, source)
 
 
 def _make_tables(client: Client, cfg: TrainConfig, plan: _Plan, allow_unverified: bool) -> float:
@@ -287,7 +332,8 @@ class _Ran:
 
 def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[Batch] | None, *,
              on_progress: Callable[[dict[str, Any], float], None] | None, allow_loss: bool,
-             checkpoint_dir: str | None, keep_checkpoints: int, publisher: JobPublisher | None = None) -> _Ran:
+             checkpoint_dir: str | None, keep_checkpoints: int, publisher: JobPublisher | None = None,
+             feeder: Feeder | None = None) -> _Ran:
     """``train_worker`` on every worker until the job is done, watched from here: its
     progress shown, a loss of data or bad test rows ending it at once, old checkpoints
     pruned as new ones are written.
@@ -315,6 +361,8 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[Batch] | None, *,
                 raise bad  # bad test data: stop now, not after the job
             if publisher is not None and publisher.due():
                 publisher.publish(client)
+            if feeder is not None and feeder.error is not None:
+                raise feeder.error  # the stream failed (unreachable, deleted): stop now
             wait([running], timeout=PROGRESS_EVERY_S)
         per_worker, failed_workers = running.result()  # re-raises a worker's error
     finally:
@@ -372,7 +420,8 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
         "bytes_received": sum(r["bytes_received"] for r in per_worker),
         # what ran, said back: a flag that did not take effect shows here (issue 33.6)
         "model": cfg.model.name, "format": cfg.data.name, "hash_bits": cfg.data.hash_bits,
-        "data": list(dict.fromkeys(s.path for s in plan.shards)), "table_dim": plan.spec.dim,
+        "data": [plan.source.url] if plan.source else list(dict.fromkeys(s.path for s in plan.shards)),
+        "table_dim": plan.spec.dim,
         "epochs": cfg.epochs, "servers": servers, "workers": workers, "table_seconds": table_seconds,
         "optimizer": plan.spec.to_wire()["optimizer"], "batch_size": cfg.batch_size, "batch_ramp": cfg.batch_ramp,
         "table_layout": "dense" if plan.spec.key_bits else "hash",

@@ -1,0 +1,142 @@
+"""A training job on a stream (``paramserver train --stream SOURCE``): the driver's feeder.
+
+The feeder thread polls the source (``data/streams.py``) every ``POLL_S``, adds the
+shards that arrived to the scheduler's stream queue with the source's position after
+them, and commits to the source what is applied and saved: the position of the last
+checkpoint written (with its pending shards), or without checkpoints what the workers
+have done.  It closes the stream (the workers finish what was cut, then the job ends)
+at ``--max-examples``, at ``--until``, when the source ends (standard input), or when
+asked to stop (the first Ctrl-C or SIGTERM).
+
+The position the scheduler keeps is ``{"source": the source's, "rows": rows cut so
+far}`` (``rows`` None where the source cannot count them before they are read: then
+``--max-examples`` counts the examples trained, and the job stops at the end of the
+shard that reaches it; from Redis it stops exactly).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import threading
+import time
+from typing import Any
+
+from paramserver.data.batch import Shard
+from paramserver.data.streams import StreamSource
+from paramserver.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.2  # how often the source is asked what arrived
+COMMIT_S = 1.0  # without checkpoints: how often what the workers did is committed to the source
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|m|h|d)\s*$")
+
+
+def parse_until(text: str | None, now: float | None = None) -> float | None:
+    """``--until``: a duration from now (``90s``, ``10m``, ``2h``, ``1d``) or an ISO time
+    (``2026-11-27T06:00``, local unless it names a zone), as a wall-clock time."""
+    if text is None:
+        return None
+    now = time.time() if now is None else now
+    if m := _DURATION.match(text):
+        return now + float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    try:
+        return dt.datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise ConfigError(f"--until {text!r}: give a duration (90s, 10m, 2h, 1d) or a time (2026-11-27T06:00)") \
+            from None
+
+
+class Feeder:
+    """The feeder thread (see the module); ``error`` holds what stopped it, for the driver."""
+
+    def __init__(self, client: Any, source: StreamSource, *, max_examples: int | None, until: float | None,
+                 checkpoints: bool, position: Any = None) -> None:
+        self.client, self.source, self.checkpoints = client, source, checkpoints
+        self.max_examples, self.until = max_examples, until
+        resumed = position if isinstance(position, dict) else {}
+        self.rows: int | None = resumed.get("rows", 0) if position is not None else 0
+        self.source.start(resumed.get("source") if position is not None else None)
+        self.stop_asked = threading.Event()
+        self.closed = False
+        self.error: BaseException | None = None
+        self.committed_at = 0.0
+        self.thread = threading.Thread(target=self._run, name="paramserver-stream-feeder", daemon=True)
+
+    def start(self) -> Feeder:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Close the stream at the next poll: the job finishes what was cut."""
+        self.stop_asked.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while not self.closed:
+                self._feed_once()
+                self._commit()
+                if not self.closed:
+                    self.stop_asked.wait(POLL_S)
+        except BaseException as exc:  # the driver's loop raises it
+            self.error = exc
+
+    def finish(self) -> None:
+        """Once the job is done: commit its end to the source, and let the source go."""
+        self.join()
+        try:
+            self._commit(final=True)
+        finally:
+            self.source.close()
+
+    def _limit(self) -> int | None:
+        """The rows the source may still cut (None: no limit, or it cannot count them)."""
+        if self.max_examples is None or self.rows is None:
+            return None
+        return max(0, self.max_examples - self.rows)
+
+    def _feed_once(self) -> None:
+        if self._must_close():
+            self._add([], None, close=True)
+            return
+        shards, position, rows, ended = self.source.poll(self._limit())
+        if rows is None:
+            self.rows = None
+        elif self.rows is not None:
+            self.rows += rows
+        close = ended or (self.max_examples is not None and self.rows is not None and self.rows >= self.max_examples)
+        if shards or close:
+            self._add(shards, {"source": position, "rows": self.rows}, close)
+
+    def _must_close(self) -> bool:
+        if self.stop_asked.is_set() or (self.until is not None and time.time() >= self.until):
+            return True
+        if self.max_examples is not None and self.rows is None:  # a source that cannot count: what was trained
+            return int(self.client.job.status().get("examples", 0)) >= self.max_examples
+        return False
+
+    def _add(self, shards: list[Shard], position: Any, close: bool) -> None:
+        if position is None:  # closing only: the position stays what it is
+            position = self.client.job.status().get("stream", {}).get("position")
+        self.client.job.add(shards, position, close=close)
+        self.closed = close
+        if close:
+            logger.info("the stream is closed: the workers finish the %d shard(s) cut", len(shards))
+
+    def _commit(self, final: bool = False) -> None:
+        """Tell the source what is applied and saved (see the module)."""
+        if not final and time.monotonic() - self.committed_at < (POLL_S if self.checkpoints else COMMIT_S):
+            return
+        self.committed_at = time.monotonic()
+        status = self.client.job.status()
+        state = (status.get("checkpoints") or {}).get("stream") if self.checkpoints else status.get("stream")
+        if not state or not isinstance(state.get("position"), dict):
+            return
+        pending = [Shard.from_wire(w) for w in state.get("pending", [])]  # not done: cut, queued or running
+        self.source.commit(state["position"].get("source"), pending)

@@ -1,0 +1,235 @@
+"""Streaming sources: where ``paramserver train --stream SOURCE`` reads rows that keep arriving.
+
+A source is cut on the driver and read on the workers.  The driver asks it for the
+shards that arrived (``poll``) with the source's position after them, hands them to the
+scheduler's ``StreamQueue``, and tells it what a checkpoint (or, without checkpoints,
+the shards done) committed (``commit``).  A worker reads a shard with ``read_batches``,
+as a file's: a shard cut by a plug-in names it (``Shard.source``) and the reader opens it
+through ``open_shard``.  The position is the source's own JSON; a checkpoint records it
+with the shards cut before it and not done, so a job resumed from it reads every row
+exactly once.
+
+Built in:
+    a folder (any fsspec URL)   its files, in name order, each read once when complete:
+                                its size and modification time unchanged for
+                                ``SETTLE_S`` (names starting with '.' or '_', or ending in
+                                .tmp, .part or ._COPYING_ are being written: skipped);
+                                each file is cut into shards as ``--data`` files are
+    ``-``                       standard input: one shard, read to its end (not resumable)
+    ``redis://HOST:PORT/STREAM``  Redis Streams (``redis_source.py``)
+    ``module:Class=URL``        a user's source class, given URL (the protocol below)
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
+
+from paramserver.data.batch import STDIN, DataError, Shard
+from paramserver.errors import ConfigError
+
+SETTLE_S = 1.0  # a folder's file is complete once unchanged this long
+_WRITING = (".tmp", ".part", "._COPYING_")
+
+
+@runtime_checkable
+class StreamSource(Protocol):
+    """What a source plug-in implements (``module:Class=URL``: ``Class(URL, shard_bytes)``).
+
+    Driver side: ``start`` once, then ``poll`` and ``commit`` from one thread, ``close``
+    at the end.  Worker side: the class method ``open_shard``, in any process."""
+
+    url: str
+    resumable: bool  # its positions can be read again (standard input's cannot)
+
+    def start(self, position: Any | None) -> None:
+        """Begin after ``position`` (a checkpoint's), or None: where the source says a new
+        reader starts (the beginning, or what the source last committed)."""
+
+    def poll(self, max_rows: int | None) -> tuple[list[Shard], Any, int | None, bool]:
+        """The shards arrived since the last poll (at most ``max_rows`` rows where the
+        source counts them, None: no limit), the position after them, the rows in them
+        (None: the source cannot count them before they are read), and whether the source
+        has ended (standard input at its end)."""
+
+    def commit(self, position: Any, pending: list[Shard]) -> None:
+        """Everything before ``position`` but ``pending`` is applied and saved: the source
+        may forget it (acknowledge it, move its group)."""
+
+    def close(self) -> None:
+        """Release the driver's connections."""
+
+    @classmethod
+    def open_shard(cls, shard: Shard) -> Any:
+        """A shard's rows as a binary file (``readinto``, ``readline``), whole lines."""
+
+
+def open_source(spec: str, shard_bytes: int, fmt_name: str) -> StreamSource:
+    """The source ``--stream SPEC`` names (see the module)."""
+    if not spec:
+        raise ConfigError("--stream needs a source: a folder, redis://HOST:PORT/STREAM, - or module:Class=URL")
+    if spec == STDIN:
+        return StdinSource()
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        from paramserver.data.redis_source import RedisSource
+
+        return RedisSource(spec, shard_bytes, fmt_name)
+    head, eq, url = spec.partition("=")
+    if eq and ":" in head and "://" not in head:
+        cls = _plugin(head)
+        source = cls(url, shard_bytes)
+        if not isinstance(source, StreamSource):
+            raise ConfigError(f"--stream {spec}: {head} does not implement the source protocol "
+                              "(paramserver.data.streams.StreamSource)")
+        return source
+    return FolderSource(spec, shard_bytes)
+
+
+def _plugin(path: str) -> Any:
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--stream {path}=...: cannot load the source class {path} ({exc}); is its module on "
+                          "PYTHONPATH on the driver and every worker?") from None
+
+
+def open_shard(shard: Shard) -> Any:
+    """A stream shard's rows, opened by the source plug-in that cut it (``Shard.source``)."""
+    return _plugin(shard.source).open_shard(shard)
+
+
+class ChunkFile:
+    """Chunks of bytes (whole lines) read as a binary file: what ``read_batches`` reads."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.head, self.at = chunks, b"", 0
+
+    def __enter__(self) -> ChunkFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        close = getattr(self.chunks, "close", None)
+        if close is not None:
+            close()
+
+    def _fill(self) -> bool:
+        while self.at >= len(self.head):
+            nxt = next(self.chunks, None)
+            if nxt is None:
+                return False
+            self.head, self.at = nxt, 0
+        return True
+
+    def readinto(self, view: memoryview) -> int:
+        if not self._fill():
+            return 0
+        n = min(len(view), len(self.head) - self.at)
+        view[:n] = self.head[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def readline(self) -> bytes:
+        parts = []
+        while self._fill():
+            end = self.head.find(b"\n", self.at)
+            stop = len(self.head) if end < 0 else end + 1
+            parts.append(self.head[self.at:stop])
+            self.at = stop
+            if end >= 0:
+                break
+        return b"".join(parts)
+
+
+class StdinSource:
+    """Standard input: one shard, read to its end by one worker, as ``--data -`` is."""
+
+    url, resumable = STDIN, False
+
+    def __init__(self) -> None:
+        self.given = False
+
+    def start(self, position: Any | None) -> None:
+        if position is not None:
+            raise ConfigError("--stream -: standard input cannot be read again, so a job that read it cannot be "
+                              "resumed; stream from a folder or redis:// to resume")
+
+    def poll(self, max_rows: int | None) -> tuple[list[Shard], Any, int | None, bool]:
+        shards = [] if self.given else [Shard(STDIN, 0, -1)]
+        self.given = True
+        return shards, None, None, True
+
+    def commit(self, position: Any, pending: list[Shard]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    @classmethod
+    def open_shard(cls, shard: Shard) -> Any:
+        raise DataError("standard input is read as a file, not through a source")
+
+
+class FolderSource:
+    """A folder's files as they arrive (see the module): position ``{"taken": [names]}``."""
+
+    resumable = True
+
+    def __init__(self, url: str, shard_bytes: int) -> None:
+        from paramserver.data.reader import _filesystem
+
+        self.url, self.shard_bytes = url.rstrip("/"), shard_bytes
+        self.fs, self.root = _filesystem(self.url)
+        self.protocol = self.url.split("://", 1)[0] + "://" if "://" in self.url else ""
+        if not self.fs.exists(self.root) or not self.fs.isdir(self.root):
+            raise ConfigError(f"--stream {url}: no such folder (a folder whose files arrive, "
+                              "redis://HOST:PORT/STREAM, or - for standard input)")
+        self.taken: set[str] = set()
+        self.seen: dict[str, tuple[Any, Any, float]] = {}  # name -> (size, mtime, since when unchanged)
+
+    def start(self, position: Any | None) -> None:
+        if position is not None:
+            taken = position.get("taken") if isinstance(position, dict) else None
+            if not isinstance(taken, list) or not all(isinstance(n, str) for n in taken):
+                raise ConfigError(f"--resume: the checkpoint's position in {self.url} is not a folder's "
+                                  f"({position!r}): pass the --stream of the checkpointed job")
+            self.taken = set(taken)
+
+    def _complete(self, now: float) -> list[str]:
+        """The files not taken yet whose size and mtime have not changed for SETTLE_S, by name."""
+        ready = []
+        for info in self.fs.ls(self.root, detail=True):
+            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            if info.get("type") != "file" or name in self.taken or name.startswith((".", "_")) \
+                    or name.endswith(_WRITING):
+                continue
+            stamp = (info.get("size"), info.get("mtime") or info.get("LastModified") or info.get("created"))
+            last = self.seen.get(name)
+            if last is None or last[:2] != stamp:
+                self.seen[name] = (*stamp, now)
+            elif now - last[2] >= SETTLE_S and (stamp[0] or 0) > 0:
+                ready.append(name)
+        return sorted(ready)
+
+    def poll(self, max_rows: int | None) -> tuple[list[Shard], Any, int | None, bool]:
+        from paramserver.data.reader import make_shards
+
+        shards: list[Shard] = []
+        for name in self._complete(time.monotonic()):
+            self.taken.add(name)
+            self.seen.pop(name, None)
+            shards += make_shards([f"{self.protocol}{self.root}/{name}" if self.protocol else
+                                   f"{self.root}/{name}"], self.shard_bytes)
+        return shards, {"taken": sorted(self.taken)}, None, False
+
+    def commit(self, position: Any, pending: list[Shard]) -> None:
+        pass  # the files stay: what was read is in the position
+
+    def close(self) -> None:
+        pass
+
+    @classmethod
+    def open_shard(cls, shard: Shard) -> Any:
+        raise DataError("a folder's shards are files, read as --data files are")

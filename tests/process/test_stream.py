@@ -1,0 +1,174 @@
+"""``train --stream``: a real redis-server (Debian's, started and stopped here) and a folder
+whose files arrive; exactly once across whole-job SIGKILLs, counted with a table whose
+update rule adds each example's gradient to a counter and keeps the weight at 0 (so every
+example's gradient is exactly 0.5: the counter is half the examples a key was in)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from tests.process.support import user_module, wait_for
+
+RULE = """
+import paramserver
+
+@paramserver.rule(state_width=1)
+def count(value, state, grad, hp):
+    state[0] += grad[0]  # the weight stays 0: p = 0.5, a label-0 example's gradient 0.5
+"""
+
+
+@pytest.fixture
+def rules(tmp_path, monkeypatch):
+    yield from user_module(tmp_path, monkeypatch, "stream_rules", RULE)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A redis-server of its own on a free port, with its data in tmp_path; stopped after."""
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed: make test installs Debian's redis-server")
+    redis = pytest.importorskip("redis", reason="the redis extra (make test installs it)")
+    port = _free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+
+    def up():
+        try:
+            return client.ping()
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_for(up, 20, "redis-server to answer")
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def _feed(url: str, stream: str, rows: list[bytes]) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    pipe = client.pipeline(transaction=False)
+    for i, row in enumerate(rows):
+        pipe.xadd(stream, {"line": row})
+        if i % 2000 == 1999:
+            pipe.execute()
+    pipe.execute()
+    client.close()
+
+
+def _train(args: list[str], tmp_path, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    return subprocess.Popen([sys.executable, "-m", "paramserver", "train", "--quiet", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+
+
+def _counts(checkpoint_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    from paramserver.apps.ctr.modelfile import _from_checkpoint
+
+    _, keys, rows, _ = _from_checkpoint(checkpoint_dir)
+    return keys, rows[:, 1] * 2  # the rule's counter: 0.5 an example
+
+
+def test_redis_stream_exactly_once_over_sigkills(tmp_path, rules, redis_url):
+    """Whole-job SIGKILLs at random moments, then --resume: every example applied exactly
+    once (each id's counter 1, the bias's N), the report's examples N, the group caught up."""
+    import redis
+
+    n = 24_000
+    _feed(redis_url, "clicks", [f"0 {i + 1}:1".encode() for i in range(n)])
+    ckpt = str(tmp_path / "ckpt")
+    args = ["--stream", f"{redis_url}/clicks", "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
+            "--optimizer", "stream_rules:count", "--batch-size", "200", "--shard-mb", "0.5",
+            "--checkpoint-dir", ckpt, "--checkpoint-seconds", "0.2", "--max-examples", str(n),
+            "--metrics-out", str(tmp_path / "report.json")]
+    rng = random.Random(7)
+    kills = 0
+    for attempt in range(12):
+        resume = ["--resume", ckpt] if os.path.isdir(ckpt) and any(
+            os.path.exists(os.path.join(ckpt, s, "MANIFEST.json")) for s in os.listdir(ckpt)) else []
+        proc = _train(args + resume, tmp_path)
+        if attempt < 3:  # killed whole, at a random moment of its run
+            try:
+                proc.wait(timeout=rng.uniform(2.0, 5.0))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+                kills += 1
+                continue
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+        break
+    else:
+        pytest.fail("the job never finished")
+    assert kills >= 1, "no run was killed: the test proved nothing"
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["examples"] == n
+    keys, counts = _counts(ckpt)
+    bias = counts.max()
+    assert bias == n, f"the bias key counted {bias} examples, not {n}"
+    ids = counts[counts != bias]
+    assert ids.size == n and np.all(ids == 1), (f"{np.sum(ids > 1)} ids applied twice, "
+                                                f"{n - ids.size} missing")
+    group = redis.Redis.from_url(redis_url).xinfo_groups("clicks")[0]
+    assert group["lag"] == 0 and group["pending"] == 0
+
+
+def test_folder_stream_takes_files_as_they_arrive_once(tmp_path, rules):
+    """Files arriving in a folder are each read once, in name order, half-written ones
+    (a temporary name, then a rename) never; Ctrl-C (SIGINT) ends the job with its report."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.txt").write_text("".join(f"0 {i + 1}:1\n" for i in range(3000)))
+    proc = _train(["--stream", str(folder), "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
+                   "--optimizer", "stream_rules:count", "--save", str(tmp_path / "model"),
+                   "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-seconds", "0.3",
+                   "--metrics-out", str(tmp_path / "r.json")],
+                  tmp_path)
+    try:
+        wait_for(lambda: _examples(tmp_path / "ckpt") >= 3000, 120, "the first file trained")
+        tmp = folder / ".b.txt.tmp"
+        tmp.write_text("".join(f"0 {i + 1}:1\n" for i in range(3000, 5000)))
+        tmp.rename(folder / "b.txt")
+        wait_for(lambda: _examples(tmp_path / "ckpt") >= 5000, 120, "both files trained")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err[-3000:]
+    assert json.loads((tmp_path / "r.json").read_text())["examples"] == 5000
+    keys, counts = _counts(str(tmp_path / "ckpt"))
+    assert counts.max() == 5000 and np.all(counts[counts != 5000] == 1) and np.sum(counts == 1) == 5000
+
+
+def _examples(ckpt) -> int:
+    """Examples in the newest complete checkpoint under ``ckpt`` (0 before the first)."""
+    from paramserver.checkpoint import store
+
+    try:
+        step = store.resolve_step(str(ckpt))
+        return int(store.read_manifest(step)["job"]["totals"]["examples"])
+    except Exception:
+        return 0
