@@ -68,7 +68,9 @@ def _progress_line(status: dict[str, Any], seconds: float) -> str:
     failovers = len(status.get("failovers") or [])
     where = (f"stream shards {status['shards_done']}/{status['shards']}" if "stream" in status else
              f"epoch {status['epoch'] + 1}/{status['epochs']}  shards {status['shards_done']}/{status['shards']}")
-    return (f"{where}  examples {examples:,}  {rate:,.0f}/s  train logloss {loss:.4f}"
+    pv = (status.get("progressive") or {}).get("window_seconds") or {}
+    scored = f"  progressive AUC {pv['auc']:.4f} (last {pv['size']:g} s)" if pv.get("examples") else ""
+    return (f"{where}  examples {examples:,}  {rate:,.0f}/s  train logloss {loss:.4f}{scored}"
             + (f"  servers lost {failovers} (failed over)" if failovers else ""))
 
 
@@ -115,6 +117,27 @@ def _run_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
                       f"{hashing}"), ("data", shown)]
 
 
+def _progressive_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The report's lines on progressive validation: each example scored before the model
+    trained on it, over the whole run, the last examples, the last seconds and the trend."""
+    pv = report.get("progressive")
+    if not pv:
+        return []
+
+    def pair(w: dict[str, Any]) -> str:
+        return f"logloss {w['logloss']:.4f}, AUC {w['auc']:.4f} ({w['examples']:,} examples)"
+
+    ws, trend = pv["window_seconds"], pv["trend"]
+    lines = [("progressive (scored before training)", pair(pv["all"])),
+             (f"  last {pv['window_examples']['size']:,} examples", pair(pv["window_examples"]))]
+    if ws["examples"]:
+        lines.append((f"  last {ws['size']:g} s", pair(ws)))
+    if not math.isnan(trend["logloss"]):
+        lines.append(("  trend", f"logloss {trend['logloss']:+.4f}, AUC {trend['auc']:+.4f} against the "
+                                 f"{trend['over_seconds']:g} s before"))
+    return lines
+
+
 def _lifecycle_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     """The report's lines on the model table's lifecycle and publications."""
     lines = []
@@ -143,7 +166,7 @@ def _report_table(report: dict[str, Any]) -> Table:
     for label, key, fmt in rows:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
             table.add_row(label, fmt.format(report[key]))
-    for line in _run_lines(report) + _filter_lines(report) + _lifecycle_lines(report):
+    for line in _progressive_lines(report) + _run_lines(report) + _filter_lines(report) + _lifecycle_lines(report):
         table.add_row(*line)
     if "checkpoints" in report:
         table.add_row("checkpoints written", f"{len(report['checkpoints'])} "

@@ -80,11 +80,15 @@ class Job:
         self._client._call(self._scheduler, {"op": Op.SHARD_DONE.value, "shard_id": task["shard_id"],
                                              "epoch": task["epoch"], "stats": stats})
 
-    def report_progress(self, **stats: float) -> None:
-        """Add to the job's live counters (fire and forget; for progress displays)."""
+    def report_progress(self, scores: dict[str, Any] | None = None, **stats: float) -> None:
+        """Add to the job's live counters (fire and forget; for progress displays), with
+        the examples' scores before training on them (``observe.progressive.Scores.take``)."""
         for k, v in stats.items():  # this worker's own, for its --metrics-port
             self.reported[k] = self.reported.get(k, 0.0) + float(v)
-        self._client._io.submit(self._scheduler, {"op": Op.PROGRESS.value, "stats": stats})
+        header: dict[str, Any] = {"op": Op.PROGRESS.value, "stats": stats}
+        if scores is not None:
+            header["scores"] = scores
+        self._client._io.submit(self._scheduler, header)
 
     def status(self) -> dict[str, Any]:
         """Epoch, shards done and running, totals, live counters, checkpoints, losses and

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from paramserver.checkpoint import store as checkpoint
 from paramserver.errors import ConfigError, ProtocolError
+from paramserver.observe.progressive import Scoreboard
 from paramserver.routing.ring import Ring
 from paramserver.scheduler.fanout import FanOut
 from paramserver.scheduler.tasks import StreamQueue, TaskQueue
@@ -107,6 +108,7 @@ class Jobs:
     def __init__(self, host: JobHost) -> None:
         self.host = host
         self.job: TaskQueue | StreamQueue | None = None
+        self.scores = Scoreboard()  # the job's progressive validation (observe/progressive.py)
         self.checkpoints: JobCheckpoints | None = None
         self.waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, node id) asking for a shard
 
@@ -131,6 +133,7 @@ class Jobs:
             assert isinstance(shards, list) and isinstance(epochs, int)
             self.job = TaskQueue(shards, epochs) if resume is None else TaskQueue.resume(shards, epochs, resume)
         self.checkpoints = checkpoints
+        self.scores = Scoreboard()
         logger.info("job started: %s%s%s", f"the stream {stream}" if stream else f"{len(shards or [])} shard(s), "
                     f"{epochs} epoch(s)", f", resumed with {self.job.describe()}" if resume is not None else "",
                     f", a checkpoint every {checkpoints.every} shard(s) or {checkpoints.seconds} s under "
@@ -186,11 +189,18 @@ class Jobs:
     def progress(self, msg: Message, node_id: int | None = None) -> None:
         if self.job is not None:
             self.job.progress(msg.header.get("stats") or {}, node_id)
+            if (scores := msg.header.get("scores")) is not None:
+                try:
+                    self.scores.add(scores)
+                except (ValueError, KeyError, TypeError) as exc:  # a malformed report is dropped, said once
+                    logger.warning("node %s sent malformed scores (%s): dropped", node_id, exc)
 
     def status(self, identity: bytes, msg: Message) -> None:
         status = self.job.status() if self.job else {}
         if self.job:  # what servers' deaths cost the job
             status["losses"], status["failovers"] = self.host.losses, self.host.failovers
+            if self.scores.all_n:
+                status["progressive"] = self.scores.summary()
         ckpt = self.checkpoints
         if self.job and ckpt is not None:
             status["checkpoints"] = {"written": list(ckpt.written), "abandoned": ckpt.abandoned,

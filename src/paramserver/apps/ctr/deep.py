@@ -167,6 +167,12 @@ class Deep:
     def step(self, batch: Any, inverse: np.ndarray, rows: np.ndarray,
              dense: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
         """Summed gradient rows a distinct key, the summed log loss, the dense gradient."""
+        grads, loss, dense_grad, _ = self.scored_step(batch, inverse, rows, dense)
+        return grads, loss, dense_grad
+
+    def scored_step(self, batch: Any, inverse: np.ndarray, rows: np.ndarray,
+                    dense: np.ndarray) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+        """``step``, and each example's probability before its update."""
         lin, s, q = _pool(batch.indptr, batch.vals, inverse, rows)
         h, b = self._inputs(s, q)
         acts = self.mlp.forward(h, dense)
@@ -183,7 +189,7 @@ class Deep:
             a = np.zeros_like(gh)
             c = gh
         grads = _scatter(batch.indptr, batch.vals, inverse, rows, e, a, c, self.l2)
-        return grads, float(loss), dense_grad
+        return grads, float(loss), dense_grad, p
 
     def predict(self, batch: Any, inverse: np.ndarray, rows: np.ndarray, dense: np.ndarray) -> np.ndarray:
         lin, s, q = _pool(batch.indptr, batch.vals, inverse, rows)

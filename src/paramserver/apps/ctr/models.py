@@ -170,13 +170,20 @@ class Model:
              dense: np.ndarray | None = None) -> tuple[np.ndarray, float, np.ndarray | None]:
         """One summed gradient row per distinct key, the batch's summed log loss and, for a
         deep model (``dense``: its MLP, flat), the MLP's summed gradient (flat)."""
+        grads, loss, dense_grads, _ = self.scored_step(batch, inverse, rows, dense)
+        return grads, loss, dense_grads
+
+    def scored_step(self, batch: Batch, inverse: np.ndarray, rows: np.ndarray, dense: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, float, np.ndarray | None, np.ndarray]:
+        """``step``, and each example's probability under the rows it was given (before its
+        own update: progressive validation)."""
         if self.deep is not None:
-            return self.deep.step(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
+            return self.deep.scored_step(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
         if self.name == "lr":
-            grads, loss, _ = _lr(batch.indptr, batch.vals, batch.labels, inverse, rows, True)
+            grads, loss, p = _lr(batch.indptr, batch.vals, batch.labels, inverse, rows, True)
         else:
-            grads, loss, _ = _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, True, self.l2)
-        return grads, float(loss), None
+            grads, loss, p = _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, True, self.l2)
+        return grads, float(loss), None, p
 
     def predict(self, batch: Batch, inverse: np.ndarray, rows: np.ndarray,
                 dense: np.ndarray | None = None) -> np.ndarray:

@@ -427,6 +427,8 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
         "table_layout": "dense" if plan.spec.key_bits else "hash",
         "failed_workers": ran.failed_workers,
     }
+    if "progressive" in status:  # each example scored before the model trained on it
+        report["progressive"] = status["progressive"]
     if plan.spec.filters:
         report["filters"] = str(plan.spec.filters)
         report["filter_bytes"] = merge_stats([r.get("filters", {}) for r in per_worker])

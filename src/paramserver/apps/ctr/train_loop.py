@@ -21,6 +21,7 @@ from paramserver.client.client import Client
 from paramserver.data.prefetch import Prefetch
 from paramserver.data.reader import Shard, read_batches
 from paramserver.lifecycle.spec import Lifecycle
+from paramserver.observe.progressive import Scores
 
 PROGRESS_EVERY_S = 0.5  # a worker reports its progress this often (and the driver asks for the job's)
 
@@ -117,6 +118,7 @@ class _Pipeline:
         self.examples, self.loss_sum = 0, 0.0  # of the current shard
         self.shown_examples, self.shown_loss, self.shown_at = 0, 0.0, time.monotonic()
         self.exhausted = False
+        self.scores = Scores()  # progressive validation since the last report
         self.wire_shown = (0, 0)  # the filters' bytes in and out, as last reported
         self.slow = client.rank == cfg.slow_rank and cfg.slow_factor > 1
         # a lifecycle's time: the examples the job trained (this worker's, times the workers; from where it resumed)
@@ -160,7 +162,7 @@ class _Pipeline:
         self._drain(0)
         job = self.client.job
         job.report_progress(examples=self.examples - self.shown_examples, loss_sum=self.loss_sum - self.shown_loss,
-                            **self._wire_progress())
+                            scores=self.scores.take(), **self._wire_progress())
         job.shard_done(task, examples=self.examples, loss_sum=self.loss_sum, bad_lines=stats["bad_lines"],
                        bytes=stats.get("bytes", 0))
         self.done["examples"] += self.examples
@@ -175,8 +177,9 @@ class _Pipeline:
         client, cfg, model, dense_keys = self.client, self.cfg, self.cfg.model, self.dense_keys
         self.pulling -= 1
         rows, dense = pulled
-        grads, loss, dense_grads = model.step(batch, inverse, rows.result(timeout=300),
-                                              None if dense is None else dense.result(timeout=300))
+        grads, loss, dense_grads, p = model.scored_step(batch, inverse, rows.result(timeout=300),
+                                                        None if dense is None else dense.result(timeout=300))
+        self.scores.add(p, batch.labels, loss)  # scored before its own update: progressive validation
         if self.slow:  # a straggler, for consistency benchmarks: each batch takes factor x as long
             time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
         self._drain(cfg.pipeline - 1)
@@ -194,5 +197,6 @@ class _Pipeline:
         self.loss_sum += loss
         if time.monotonic() - self.shown_at > PROGRESS_EVERY_S:
             client.job.report_progress(examples=self.examples - self.shown_examples,
-                                       loss_sum=self.loss_sum - self.shown_loss, **self._wire_progress())
+                                       loss_sum=self.loss_sum - self.shown_loss, scores=self.scores.take(),
+                                       **self._wire_progress())
             self.shown_examples, self.shown_loss, self.shown_at = self.examples, self.loss_sum, time.monotonic()
