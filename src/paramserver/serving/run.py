@@ -44,17 +44,24 @@ def serve(cfg: ServeConfig) -> int:
     """Serve until SIGINT or SIGTERM; 0.  A ``--model`` that cannot be read fails before binding."""
     holder, stats = Holder(), Stats()
     follower = None
-    if cfg.model:
-        holder.swap(load_once(cfg.model))
-    else:
-        follower = Follower(cfg.follow, holder, stats, cfg.poll_s)
-        follower.start()
+    signal.signal(signal.SIGTERM, _interrupt)  # while loading too: a stop, not a kill
     try:
+        if cfg.model:
+            holder.swap(load_once(cfg.model))
+        else:
+            follower = Follower(cfg.follow, holder, stats, cfg.poll_s)
+            follower.start()
         asyncio.run(_serve(cfg, make_app(holder, stats, cfg.token)))
+    except KeyboardInterrupt:
+        pass
     finally:
         if follower is not None:
             follower.stop()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 async def _serve(cfg: ServeConfig, app: web.Application) -> None:
