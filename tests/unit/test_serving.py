@@ -283,9 +283,11 @@ def test_a_secret_asks_every_endpoint_but_healthz_for_the_token(tmp_path):
     assert out["query"] == 200 and out["bearer"] == 200 and out["wrong"] == 401
 
 
-def test_json_answer_is_exact(tmp_path):
+def test_the_answer_reads_back_as_the_same_floats():
     from paramserver.serving.app import _answer
 
-    p = np.random.default_rng(0).random(1000)
-    doc = json.loads(_answer(p, "v", 1.5))
-    assert np.array_equal(np.array(doc["probabilities"]), p) and doc["model_version"] == "v"
+    rng = np.random.default_rng(0)
+    edges = [0.0, 1.0, 0.5, 0.1, 1e-6, 1e-7, 0.3, np.nextafter(1.0, 0), np.nextafter(0.1, 0), np.nextafter(1e-6, 1)]
+    for p in (rng.random(50_000), 10 ** rng.uniform(-6, 0, 50_000), np.array(edges)):
+        doc = json.loads(_answer(p, "v", 1.5))
+        assert np.array_equal(np.array(doc["probabilities"]), p) and doc["model_version"] == "v"

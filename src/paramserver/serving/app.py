@@ -20,6 +20,7 @@ import numpy as np
 from aiohttp import web
 
 from paramserver.data.reader import DataError
+from paramserver.serving.encode import floats_json
 from paramserver.serving.model import Holder, Snapshot, score
 from paramserver.serving.rows import json_batch, text_batch
 from paramserver.serving.stats import Stats, renderer
@@ -134,6 +135,6 @@ async def _predict(request: web.Request) -> web.Response:
 
 
 def _answer(probabilities: np.ndarray, version: str, age: float) -> bytes:
-    """The answer's JSON: the probabilities exactly (Python's shortest repr of each float64)."""
-    return (b'{"probabilities": ' + json.dumps(probabilities.tolist()).encode() + b', "model_version": '
+    """The answer's JSON: the probabilities exactly (each reads back as the same float64)."""
+    return (b'{"probabilities": ' + floats_json(probabilities) + b', "model_version": '
             + json.dumps(version).encode() + f', "model_age_s": {age:.3f}}}'.encode())

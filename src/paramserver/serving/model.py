@@ -95,7 +95,7 @@ def score(replica: Replica, batch: Batch) -> Scored:
     uniq, inverse = batch.unique()
     rows = np.empty((uniq.shape[0], replica.model.dim), np.float32)
     replica.table.lookup(uniq, rows)
-    unseen = int((~replica.table.stored(uniq))[inverse].sum())
+    unseen = int(inverse.shape[0]) - int(np.count_nonzero(replica.table.stored(uniq)[inverse]))
     return Scored(replica.model.predict(batch, inverse, rows, replica.dense), int(inverse.shape[0]), unseen)
 
 
