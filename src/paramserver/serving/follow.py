@@ -24,7 +24,7 @@ import numpy as np
 
 from paramserver.checkpoint.publish import INDEX, apply_delta, read_index, read_table_folder
 from paramserver.errors import CheckpointError
-from paramserver.serving.model import Holder, Replica, Snapshot, apply_to, new_replica
+from paramserver.serving.model import Holder, Replica, Snapshot, apply_to, new_replica, warm
 from paramserver.serving.stats import Stats
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,8 @@ class Follower:
             keys, values = apply_delta(keys, values, d.keys, d.values, d.deleted)
             dense = d.dense if d.dense is not None else dense
         replicas = [new_replica(meta, keys, values, dense), new_replica(meta, keys, values, dense)]
+        for replica in replicas:
+            warm(replica)
         last = read[-1].part if read else base
         self.holder.swap(_snapshot(replicas[0], last, index, len(read) == len(deltas)))
         self.replicas = replicas

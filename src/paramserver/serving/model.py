@@ -99,6 +99,25 @@ def score(replica: Replica, batch: Batch) -> Scored:
     return Scored(replica.model.predict(batch, inverse, rows, replica.dense), int(inverse.shape[0]), unseen)
 
 
+WARM_ROWS = {"criteo": b"0" + b"\t" * 38 + b"\n", "libsvm": b"1:1\n"}  # a row of each format the kernels can compile on
+
+
+def warm(replica: Replica) -> None:
+    """Run every kernel a request and a delta call, once, before the replica serves: their
+    first call loads them from numba's cache (tens of milliseconds, the interpreter held),
+    which must not fall on a request or on a delta applied while requests go on."""
+    from paramserver.serving.encode import floats_json
+    from paramserver.serving.rows import text_batch
+
+    row = WARM_ROWS.get(replica.data.name)
+    if row is not None:
+        floats_json(score(replica, text_batch(row, replica.data)).probabilities)
+    empty = np.zeros(0, np.uint64)
+    if replica.table.life is not None:  # a followed model's: deltas remove keys
+        replica.table.remove(empty)
+    replica.table.load(empty, np.zeros((0, replica.table.dim), np.float32))
+
+
 @dataclass(eq=False)
 class Holder:
     """The current snapshot (None until a model is loaded), swapped atomically."""
@@ -148,6 +167,7 @@ def load_once(url: str) -> Snapshot:
 
     local = LocalModel(url)
     replica = Replica(local.model, local.data, local.table, local.dense)
+    warm(replica)
     index = read_index(url) if _is_published(url) else None
     if index is not None and index["parts"]:
         last = index["parts"][-1]
