@@ -291,3 +291,15 @@ def test_the_answer_reads_back_as_the_same_floats():
     for p in (rng.random(50_000), 10 ** rng.uniform(-6, 0, 50_000), np.array(edges)):
         doc = json.loads(_answer(p, "v", 1.5))
         assert np.array_equal(np.array(doc["probabilities"]), p) and doc["model_version"] == "v"
+
+
+def test_serve_without_aiohttp_says_which_extra_to_install(monkeypatch):
+    import argparse
+    import sys
+
+    from paramserver.cli.serve import serve
+    from paramserver.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "aiohttp", None)  # an import of it raises ImportError
+    with pytest.raises(ConfigError, match=r"paramserver serve needs aiohttp: pip install 'paramserver\[serve\]'"):
+        serve(argparse.Namespace(model="m", follow=None, host="127.0.0.1", port=0, secret_file=None, poll=1.0))
