@@ -5,6 +5,7 @@ a secret asks for the token, and readiness waits for a model."""
 
 import asyncio
 import json
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -303,3 +304,58 @@ def test_serve_without_aiohttp_says_which_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "aiohttp", None)  # an import of it raises ImportError
     with pytest.raises(ConfigError, match=r"paramserver serve needs aiohttp: pip install 'paramserver\[serve\]'"):
         serve(argparse.Namespace(model="m", follow=None, host="127.0.0.1", port=0, secret_file=None, poll=1.0))
+
+
+def test_every_request_during_swaps_is_answered_by_one_whole_model_version(tmp_path):
+    """Deltas land while requests go on: each answer is exactly what load_model gives at
+    the version the request was served by, never a mix of two."""
+    import shutil
+    import threading
+
+    from paramserver.serving.model import score
+
+    model, fmt = Model("fm", k=4), DataFormat("criteo")
+    rows = _criteo_rows(tmp_path, n=200)
+    batch = text_batch(("\n".join(rows) + "\n").encode(), fmt)
+    url, index = tmp_path / "pub", tmp_path / "pub" / "PUBLISH.json"
+    keys, values = _table(rows, model, fmt, 1)
+    pub, rng = _publisher(str(url), model, fmt), np.random.default_rng(4)
+    expected, stages = {}, []
+    for step in range(8):  # every version's parts written first; the index then shows them one by one
+        if step == 0:
+            entry = pub.publish(_delta(keys, values, base=True))
+        else:
+            changed = rng.choice(keys, keys.size // 2, replace=False)
+            entry = pub.publish(_delta(changed, rng.normal(0, 1, (changed.size, model.dim)).astype(np.float32),
+                                       rng.choice(keys, 10, replace=False)))
+        expected[entry["path"]] = load_model(str(url)).predict_proba(batch)
+        stages.append(tmp_path / f"index-{step}.json")
+        shutil.copy(index, stages[-1])
+    shutil.copy(stages[0], index)
+    holder, stats = Holder(), Stats()
+    follower = Follower(str(url), holder, stats, poll_s=0.001)
+    assert follower.poll_once()
+    follower.start()
+
+    def reveal():
+        for stage in stages[1:]:
+            time.sleep(0.02)
+            shutil.copy(stage, tmp_path / "next.json")
+            (tmp_path / "next.json").replace(index)
+
+    revealer = threading.Thread(target=reveal)
+    revealer.start()
+    served = set()
+    try:
+        while revealer.is_alive() or holder.current.version != entry["path"]:
+            snap = holder.acquire()
+            try:
+                got = score(snap.replica, batch).probabilities
+            finally:
+                holder.release(snap)
+            assert np.array_equal(got, expected[snap.version]), snap.version
+            served.add(snap.version)
+    finally:
+        revealer.join(10)
+        follower.stop()
+    assert holder.current.version == entry["path"] and len(served) >= 3 and stats.deltas_applied >= 2
