@@ -359,3 +359,27 @@ def test_every_request_during_swaps_is_answered_by_one_whole_model_version(tmp_p
         revealer.join(10)
         follower.stop()
     assert holder.current.version == entry["path"] and len(served) >= 3 and stats.deltas_applied >= 2
+
+
+def test_a_csv_model_reads_a_body_that_starts_with_its_header(tmp_path):
+    model, fmt = Model("lr"), DataFormat("csv", label_column="y")
+    lines = ["y,site,hour_of_day,device", "1,a.com,3,phone", "0,b.org,7,tablet", "1,a.com,9,desktop"]
+    url = str(tmp_path / "m")
+    keys = np.unique(text_batch(("\n".join(lines) + "\n").encode(), fmt).keys)
+    save_model(url, model, fmt, _spec(model), keys, np.linspace(-1, 1, keys.size, dtype=np.float32)[:, None])
+    (tmp_path / "rows.csv").write_text("\n".join(lines) + "\n")
+    want = load_model(url).predict_proba(str(tmp_path / "rows.csv"))
+
+    async def calls(client):
+        return [await _post(client, ("\n".join(lines)).encode()),
+                await _post(client, None, {"header": lines[0], "rows": lines[1:]}),
+                await _post(client, None, {"header": lines[0].split(","), "rows": [r.split(",") for r in lines[1:]]}),
+                await _post(client, None, {"rows": lines[1:]}),
+                await _post(client, b"y,site,hour_of_day,device\n1,a.com,3\n")]
+
+    text, joined, tokens, no_header, short = _client_call(_serve_once(url), calls)
+    for status, _, body in (text, joined, tokens):
+        assert status == 200, body
+        assert np.array_equal(np.array(body["probabilities"]), want)
+    assert no_header[0] == 400 and '"header"' in no_header[2]["error"]
+    assert short[0] == 400 and "line 2:" in short[2]["error"] and "4 comma-separated fields" in short[2]["error"]
