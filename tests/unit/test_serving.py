@@ -127,9 +127,13 @@ def test_bad_rows_are_a_400_naming_the_row_and_the_rule_and_the_server_goes_on(t
                 await _post(client, None, {"rows": ["3:1", "4:1 4:2"]}),
                 await _post(client, None, {"rows": ["3:1", {"a": 1}]}),
                 await _post(client, None, {"nope": []}),
-                await _post(client, b"1 3:1\n")]
+                await _post(client, b"1 3:1\n"),
+                await _post(client, None, {"rows": ["3:1", " ", "4:1"]}),
+                await _post(client, None, {"rows": [["3:1"], ["4:1", "x"]]})]
 
-    bad_value, empty, duplicate, not_a_row, no_rows, ok = _client_call(_serve_once(url), calls)
+    bad_value, empty, duplicate, not_a_row, no_rows, ok, blank, token = _client_call(_serve_once(url), calls)
+    assert blank[0] == 400 and "row 2: an empty row" in blank[2]["error"]
+    assert token[0] == 400 and "row 2:" in token[2]["error"] and "index:value" in token[2]["error"]
     assert bad_value[0] == 400 and "line 2:" in bad_value[2]["error"] and "not a finite number" in bad_value[2]["error"]
     assert empty[0] == 400 and "no rows" in empty[2]["error"]
     assert duplicate[0] == 400 and "row 2:" in duplicate[2]["error"] and "appears twice" in duplicate[2]["error"]

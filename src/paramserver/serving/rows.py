@@ -114,18 +114,36 @@ def json_batch(body: bytes, fmt: DataFormat) -> Batch:
     if not isinstance(rows, list) or not rows:
         raise DataError("a JSON body needs \"rows\": a non-empty list of rows (each a line of text, or a list "
                         "of tokens)")
+    head = _csv_header(doc, fmt) if fmt.name in ("csv", "avazu") else ""
     sep = "\t" if fmt.name == "criteo" else "," if fmt.name in ("csv", "avazu") else " "
+    text = _joined(rows, sep)
+    if text is not None and text.count("\n") == len(rows) - 1:  # the usual case: no look at each row
+        batch = text_batch((head + text + "\n").encode(), fmt, "row")
+        if len(batch) == len(rows):
+            return batch  # else an empty row: found below
     lines = [_row_text(i, row, fmt, sep) for i, row in enumerate(rows, 1)]
-    text = "\n".join(lines) + "\n"
-    if fmt.name in ("csv", "avazu"):
-        header = doc.get("header")
-        if isinstance(header, list):
-            header = ",".join(map(str, header))
-        if not isinstance(header, str) or not header.strip():
-            raise DataError(f"a {fmt.name} model's JSON body names its columns: \"header\": \"c1,c2,...\" (the label "
-                            "column among them, as in training)")
-        text = header.strip() + "\n" + text
-    return text_batch(text.encode(), fmt, "row")
+    return text_batch((head + "\n".join(lines) + "\n").encode(), fmt, "row")
+
+
+def _joined(rows: list[Any], sep: str) -> str | None:
+    """Rows that are lines or lists of string tokens, as lines (None: some other row, for
+    ``_row_text`` to name)."""
+    try:
+        return "\n".join([r if type(r) is str else sep.join(r) if type(r) is list else None  # type: ignore[misc]
+                          for r in rows])
+    except TypeError:
+        return None
+
+
+def _csv_header(doc: dict[str, Any], fmt: DataFormat) -> str:
+    """A CSV model's JSON body's ``"header"`` line (its columns, the label's among them)."""
+    header = doc.get("header")
+    if isinstance(header, list):
+        header = ",".join(map(str, header))
+    if not isinstance(header, str) or not header.strip():
+        raise DataError(f"a {fmt.name} model's JSON body names its columns: \"header\": \"c1,c2,...\" (the label "
+                        "column among them, as in training)")
+    return header.strip() + "\n"
 
 
 def _row_text(number: int, row: Any, fmt: DataFormat, sep: str) -> str:
