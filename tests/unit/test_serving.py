@@ -387,3 +387,26 @@ def test_a_csv_model_reads_a_body_that_starts_with_its_header(tmp_path):
         assert np.array_equal(np.array(body["probabilities"]), want)
     assert no_header[0] == 400 and '"header"' in no_header[2]["error"]
     assert short[0] == 400 and "line 2:" in short[2]["error"] and "4 comma-separated fields" in short[2]["error"]
+
+
+def test_a_deep_model_follows_its_mlp_through_the_deltas(tmp_path):
+    model, fmt = Model("deepfm", k=4, hidden=(8,)), DataFormat("criteo")
+    rows = _criteo_rows(tmp_path, n=30)
+    batch = text_batch(("\n".join(rows) + "\n").encode(), fmt)
+    url = str(tmp_path / "pub")
+    keys, values = _table(rows, model, fmt, 1)
+    pub, rng = _publisher(url, model, fmt), np.random.default_rng(5)
+    holder = Holder()
+    follower = Follower(url, holder, Stats())
+    from paramserver.serving.model import score
+
+    seen = []
+    for step in range(3):
+        mlp = rng.normal(0, 0.3, model.deep.mlp.size).astype(np.float32)
+        delta = _delta(keys, values, base=True) if step == 0 else _delta(keys[:5], values[:5] * 2)
+        pub.publish(delta, dense=mlp)
+        assert follower.poll_once()
+        got = score(holder.current.replica, batch).probabilities
+        assert np.array_equal(got, load_model(url).predict_proba(batch)), step
+        seen.append(got)
+    assert not np.array_equal(seen[1], seen[2])
