@@ -227,6 +227,12 @@ def test_a_damaged_delta_keeps_the_old_model_and_is_applied_once_whole(tmp_path)
     with pytest.raises(CheckpointError, match="sha256"):
         follower.poll_once()
     assert holder.current is before and stats.deltas_applied == 0
+    fresh = Holder()  # a server started now serves the base, aged by its file's time, and says what is wrong
+    with pytest.raises(CheckpointError, match="sha256"):
+        Follower(url, fresh, Stats()).poll_once()
+    assert fresh.current.version == "00000001-base"
+    base_written = (tmp_path / "pub" / "00000001-base" / "table.npz").stat().st_mtime
+    assert fresh.current.published_at == pytest.approx(base_written)
     part.unlink()
     with pytest.raises(CheckpointError, match="missing"):
         follower.poll_once()

@@ -120,7 +120,7 @@ class Follower:
         for replica in replicas:
             warm(replica)
         last = read[-1].part if read else base
-        self.holder.swap(_snapshot(replicas[0], last, index, len(read) == len(deltas)))
+        self.holder.swap(_snapshot(self.url, replicas[0], last, index, len(read) == len(deltas)))
         self.replicas = replicas
         self.base = (str(base["path"]), str(base["sha256"]))
         self.applied = [(str(d.part["path"]), str(d.part["sha256"])) for d in read]
@@ -157,7 +157,7 @@ class Follower:
         for d in deltas:
             apply_to(idle, d.keys, d.values, d.deleted, d.dense)
         last = deltas[-1].part
-        self.holder.swap(_snapshot(idle, last, index, last is index["parts"][-1]))  # waits for serving to be idle
+        self.holder.swap(_snapshot(self.url, idle, last, index, last is index["parts"][-1]))  # waits: serving idle
         self.stats.last_swap_s = time.perf_counter() - t0
         for d in deltas:
             apply_to(serving, d.keys, d.values, d.deleted, d.dense)
@@ -167,17 +167,30 @@ class Follower:
         logger.info("serving %s (%d delta(s) applied in %.3f s)", last["path"], len(deltas), self.stats.last_swap_s)
 
 
-def _snapshot(replica: Replica, part: dict[str, Any], index: dict[str, Any], newest: bool) -> Snapshot:
+def _snapshot(url: str, replica: Replica, part: dict[str, Any], index: dict[str, Any], newest: bool) -> Snapshot:
     """``replica`` at ``part``: published at the index's time when it is the index's last
-    part, else at its file's time (the index records one time, its last part's)."""
+    part (the index records one time, its last part's), else at its file's time."""
     at = float(index.get("at") or index.get("written_at") or time.time())
     if not newest:
-        at = _part_time(part, at)
+        at = _part_time(f"{url}/{part['path']}/{'table' if part['kind'] == 'base' else 'delta'}.npz", at)
     return Snapshot(replica, str(part["path"]), int(part["seq"]), at)
 
 
-def _part_time(part: dict[str, Any], default: float) -> float:
-    return default if part.get("at") is None else float(part["at"])
+def _part_time(path: str, default: float) -> float:
+    """When the file at ``path`` was written (``default`` where the filesystem does not say)."""
+    import fsspec
+
+    try:
+        info = fsspec.core.url_to_fs(path)[0].info(path)
+    except (OSError, ValueError):
+        return default
+    for key in ("mtime", "LastModified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+    return default
 
 
 def _read(path: str) -> bytes:
