@@ -25,7 +25,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from paramserver._runtime import collector
-from paramserver.cli import cluster, ctr_flags, export, nodes, rounds
+from paramserver.cli import cluster, ctr_flags, export, nodes, rounds, serve
 from paramserver.cli.parser import Command, root_parser
 from paramserver.errors import ParamServerError, WorkerError
 
@@ -55,6 +55,7 @@ COMMANDS: dict[str, Command] = {
     "keygen": Command(cluster.add_keygen, cluster.keygen),
     "top": Command(cluster.add_top, cluster.top),
     "export": Command(export.add_export, export.export),
+    "serve": Command(serve.add_serve, serve.serve),
     "train": Command(ctr_flags.add_train, ctr_flags.run_ctr),
     "predict": Command(ctr_flags.add_predict, ctr_flags.run_ctr),
     "eval": Command(ctr_flags.add_eval, ctr_flags.run_ctr),

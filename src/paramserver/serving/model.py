@@ -1,0 +1,203 @@
+"""The model a server answers with: replicas of its table, immutable snapshots of them, and
+the holder that swaps one snapshot for the next while requests go on.
+
+A *replica* is one copy of the model's table (a ``VnodeTable``) and a deep model's MLP.
+A *snapshot* names a replica at one model version (the part of the published chain it
+ends with, and when that part was published).  A request takes the holder's current
+snapshot (``acquire``), scores with it and gives it back (``release``): it sees one
+model version from start to end.  ``swap`` makes another snapshot current, then waits
+until no request still reads the replica it replaced, so that the caller may change
+that one (``follow.py`` keeps two replicas: a delta goes into the idle one, which is
+swapped in, then into the other).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from paramserver.apps.ctr.models import Model
+from paramserver.data.reader import Batch, DataFormat
+from paramserver.server.table import VnodeTable
+from paramserver.tables.optim import SGD, Initializer
+from paramserver.tables.spec import TableSpec
+
+
+@dataclass(eq=False)
+class Replica:
+    """One copy of a model's table and MLP; ``readers``: the requests scoring with it now."""
+
+    model: Model
+    data: DataFormat
+    table: VnodeTable
+    dense: np.ndarray | None
+    readers: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """A replica at one model version: ``version`` (a part's path, or the model's folder),
+    ``seq`` (the part's number, 0 for a model loaded once), ``published_at`` (Unix time)."""
+
+    replica: Replica
+    version: str
+    seq: int
+    published_at: float
+
+    @property
+    def age_s(self) -> float:
+        return max(0.0, time.time() - self.published_at)
+
+
+@dataclass
+class Scored:
+    """A request's probabilities and what it counts towards the unseen feature share."""
+
+    probabilities: np.ndarray
+    features: int
+    unseen: int
+
+
+def new_replica(meta: dict[str, Any], keys: np.ndarray, values: np.ndarray, dense: np.ndarray | None) -> Replica:
+    """A replica of a model folder's ``model.json`` (``meta``), keys, values and MLP, with a
+    table whose keys can be removed (a delta's deleted keys)."""
+    model = Model(**meta["model"])
+    data = DataFormat(**meta["data"])
+    spec = TableSpec.from_wire(meta["table"])
+    table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed,
+                       capacity=int(keys.shape[0] / 0.7) + 8, life_width=1)
+    table.load(keys, np.ascontiguousarray(values[:, :spec.dim], np.float32))  # a checkpoint's rows carry state too
+    return Replica(model, data, table, dense)
+
+
+def apply_to(replica: Replica, keys: np.ndarray, values: np.ndarray, deleted: np.ndarray,
+             dense: np.ndarray | None) -> None:
+    """A delta into ``replica`` (no request may be reading it): ``deleted`` removed, then
+    ``keys`` set; a delta's MLP replaces the replica's.  Work in the delta's size (the
+    table grows now and then, as any table does)."""
+    table = replica.table
+    if deleted.size:
+        table.remove(np.ascontiguousarray(deleted, np.uint64))
+    if keys.size:
+        rows = np.asarray(values, np.float32).reshape(keys.shape[0], -1)[:, :table.dim]
+        table.load(np.ascontiguousarray(keys, np.uint64), np.ascontiguousarray(rows))
+    if dense is not None:
+        replica.dense = dense
+
+
+def score(replica: Replica, batch: Batch) -> Scored:
+    """Probabilities of a parsed batch, as ``LocalModel.proba`` gives them."""
+    uniq, inverse = batch.unique()
+    rows = np.empty((uniq.shape[0], replica.model.dim), np.float32)
+    replica.table.lookup(uniq, rows)
+    unseen = int(inverse.shape[0]) - int(np.count_nonzero(replica.table.stored(uniq)[inverse]))
+    return Scored(replica.model.predict(batch, inverse, rows, replica.dense), int(inverse.shape[0]), unseen)
+
+
+WARM_ROWS = {"criteo": b"0" + b"\t" * 38 + b"\n", "libsvm": b"1:1\n"}  # a row of each format the kernels can compile on
+
+
+def warm(replica: Replica) -> None:
+    """Run every kernel a request and a delta call, once, before the replica serves: their
+    first call loads them from numba's cache (tens of milliseconds, the interpreter held),
+    which must not fall on a request or on a delta applied while requests go on."""
+    from paramserver.serving.encode import floats_json
+    from paramserver.serving.rows import text_batch
+
+    row = WARM_ROWS.get(replica.data.name)
+    if row is not None:
+        floats_json(score(replica, text_batch(row, replica.data)).probabilities)
+    empty = np.zeros(0, np.uint64)
+    if replica.table.life is not None:  # a followed model's: deltas remove keys
+        replica.table.remove(empty)
+    replica.table.load(empty, np.zeros((0, replica.table.dim), np.float32))
+
+
+@dataclass(eq=False)
+class Holder:
+    """The current snapshot (None until a model is loaded), swapped atomically."""
+
+    current: Snapshot | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def acquire(self) -> Snapshot | None:
+        """The current snapshot, its replica counted as read until ``release``."""
+        with self._lock:
+            snap = self.current
+            if snap is not None:
+                snap.replica.readers += 1
+            return snap
+
+    def release(self, snap: Snapshot) -> None:
+        with self._lock:
+            snap.replica.readers -= 1
+
+    def swap(self, snap: Snapshot, timeout_s: float = 30.0) -> Snapshot | None:
+        """Make ``snap`` current; the one it replaced, once no request reads its replica
+        (unless it is ``snap``'s own)."""
+        with self._lock:
+            old, self.current = self.current, snap
+        if old is not None and old.replica is not snap.replica:
+            self.wait_idle(old.replica, timeout_s)
+        return old
+
+    def wait_idle(self, replica: Replica, timeout_s: float = 30.0) -> None:
+        """Until no request reads ``replica`` (a request takes a few milliseconds)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if replica.readers <= 0:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"requests held a replaced model for {timeout_s:g} s")
+            time.sleep(0.0005)
+
+
+def load_once(url: str) -> Snapshot:
+    """A saved model, a training checkpoint or a published folder, loaded once (``--model``):
+    its version is the last part of the chain or the folder's name, its time the index's or
+    the folder's mtime."""
+    from paramserver.apps.ctr.modelfile import LocalModel
+    from paramserver.checkpoint.publish import read_index
+
+    local = LocalModel(url)
+    replica = Replica(local.model, local.data, local.table, local.dense)
+    warm(replica)
+    index = read_index(url) if _is_published(url) else None
+    if index is not None and index["parts"]:
+        last = index["parts"][-1]
+        return Snapshot(replica, str(last["path"]), int(last["seq"]), float(index.get("at", time.time())))
+    return Snapshot(replica, os.path.basename(url.rstrip("/")) or url, 0, _mtime(url))
+
+
+def _is_published(url: str) -> bool:
+    from paramserver.checkpoint.publish import INDEX
+    from paramserver.data.files import filesystem
+
+    fs, path = filesystem(url, "--model")
+    return bool(fs.exists(f"{path.rstrip('/')}/{INDEX}"))
+
+
+def _mtime(url: str) -> float:
+    """When the model at ``url`` was written: its ``model.json``'s time, else the folder's."""
+    import fsspec
+
+    for p in (f"{url.rstrip('/')}/model.json", url):
+        try:
+            if os.path.exists(p):
+                return os.path.getmtime(p)
+            info = fsspec.core.url_to_fs(p)[0].info(p)
+        except (OSError, ValueError, ImportError):
+            continue
+        for key in ("mtime", "LastModified", "updated", "created"):
+            value = info.get(key)
+            if isinstance(value, (int, float)):
+                return float(value)
+            if hasattr(value, "timestamp"):
+                return float(value.timestamp())
+    return time.time()
