@@ -319,7 +319,7 @@ def train(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]
 def _stops_streams() -> Iterator[None]:
     """The first Ctrl-C or SIGTERM closes the stream (the job finishes what was cut and
     reports); a second Ctrl-C interrupts it."""
-    from paramserver.apps.ctr.train import stop_streams
+    from paramserver.apps.ctr.streaming import stop_streams
 
     def stop(signum: int, frame: Any) -> None:
         if stopping or not stop_streams():  # a second time, or no stream runs yet: interrupted

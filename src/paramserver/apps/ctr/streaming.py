@@ -16,11 +16,13 @@ shard that reaches it; from Redis it stops exactly).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import re
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from paramserver.data.batch import Shard
@@ -48,6 +50,42 @@ def parse_until(text: str | None, now: float | None = None) -> float | None:
     except ValueError:
         raise ConfigError(f"--until {text!r}: give a duration (90s, 10m, 2h, 1d) or a time (2026-11-27T06:00)") \
             from None
+
+
+def stream_limits(max_examples: int | None, until: str | None) -> float | None:
+    """``--max-examples`` checked, and ``--until`` as a wall-clock time (None: no end)."""
+    if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
+                                     or max_examples < 1):
+        raise ConfigError(f"--max-examples must be a whole number >= 1, got {max_examples!r}")
+    return parse_until(until)
+
+
+#: the feeders of the stream jobs running in this process: ``stop_streams`` closes them
+STOPS: list[Feeder] = []
+
+
+def stop_streams() -> bool:
+    """Close every stream job of this process (the first Ctrl-C): each finishes what was
+    cut, checkpoints and reports.  False if none runs."""
+    for feeder in STOPS:
+        feeder.stop()
+    return bool(STOPS)
+
+
+@contextlib.contextmanager
+def fed(client: Any, source: StreamSource | None, **options: Any) -> Iterator[Feeder | None]:
+    """A feeder for ``source`` (None: a job on files, nothing to feed) while the job runs,
+    ``stop_streams`` able to close it; once the job is done, its end committed."""
+    if source is None:
+        yield None
+        return
+    feeder = Feeder(client, source, **options).start()
+    STOPS.append(feeder)
+    try:
+        yield feeder
+    finally:
+        STOPS.remove(feeder)
+    feeder.finish()
 
 
 class Feeder:

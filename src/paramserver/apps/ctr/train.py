@@ -42,7 +42,7 @@ from paramserver.apps.ctr.modelfile import dense_vector, metrics, model_meta, sa
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.publishing import JobPublisher, lifecycle_report
 from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
-from paramserver.apps.ctr.streaming import Feeder, parse_until
+from paramserver.apps.ctr.streaming import Feeder, fed, stream_limits
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
 from paramserver.apps.ctr.warmup import warm_job
@@ -147,7 +147,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
 
     Args:
         checkpoint_dir: checkpoint the tables and the job's progress under this URL ...
-        checkpoint_every: ... every N shards done (default: once an epoch).
+        checkpoint_every: ... every N shards done (default: once an epoch) ...
+        checkpoint_seconds: ... or (also) every this many seconds (a stream's default: 30).
         resume: a checkpoint folder (its newest complete step) or step written by a
             job with ``checkpoint_dir``: restore it and go on from its progress.  The data
             must cut into the same shards, the model and optimiser must be the same.
@@ -166,9 +167,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         stream: train on a stream instead of ``data`` (``data/streams.py``: a folder whose
             files arrive, ``redis://HOST:PORT/STREAM``, ``-``, ``module:Class=URL``) until
             ``max_examples`` rows, the time ``until`` (``apps/ctr/streaming.parse_until``),
-            the source's end, or a stop (``run_training.stop``).
-        checkpoint_seconds: with ``checkpoint_dir``, checkpoint (also) every this many
-            seconds (a stream's default: 30).
+            the source's end, or a stop (``streaming.stop_streams``).
     """
     from paramserver.cluster.launch import open_cluster
 
@@ -177,58 +176,45 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
                      publish_every=publish_every, stream=stream, checkpoint_seconds=checkpoint_seconds)
-    deadline = parse_until(until)
-    if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
-                                     or max_examples < 1):
-        raise ConfigError(f"--max-examples must be a whole number >= 1, got {max_examples!r}")
-    # the nodes are forked once this process has loaded what the job runs: its parser, model and table layout
-    warm = warm_job(cfg.data.name, cfg.model, "dense" if plan.spec.key_bits else "hash", bool(plan.spec.filters),
-                    plan.spec.storage)
-    options = {"log_level": "WARNING", "warm": warm, **(cluster_options or {})}
-    with open_cluster(servers=servers, workers=workers, **options) as cluster, \
+    deadline = stream_limits(max_examples, until)
+    with open_cluster(servers=servers, workers=workers, **_cluster_options(cfg, plan, cluster_options)) as cluster, \
             ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:
-        # read while the job runs where a core is free for it (a thread only now: the nodes were forked from
-        # this process)
+        # read while the job runs where a core is free for it (a thread only now: the nodes were forked)
         test_read = reader.submit(_read_niced, test, cfg.data) if test and plan.overlap else None
-        client = cluster.client
-        client.allow_loss = True  # this driver watches the job's losses and decides (check_losses)
-        table_seconds = _make_tables(client, cfg, plan, allow_unverified)
-        if setup is not None:
-            setup(cluster)
+        table_seconds = _start_job(cluster, cfg, plan, setup, allow_unverified)
         publisher = JobPublisher(publish, publish_every, cfg, plan.spec) if publish else None
-        client.job.start(plan.shards, cfg.epochs, checkpoint=plan.checkpoints, resume=plan.progress,
-                         stream=plan.source.url if plan.source else None)
-        feeder = Feeder(client, plan.source, max_examples=max_examples, until=deadline,
-                        checkpoints=plan.checkpoints is not None,
-                        position=(plan.progress or {}).get("stream", {}).get("position") if plan.step else None
-                        ).start() if plan.source else None
-        STOPS.extend([feeder] if feeder else [])
-        try:
+        with fed(cluster.client, plan.source, max_examples=max_examples, until=deadline,
+                 checkpoints=plan.checkpoints is not None, position=plan.stream_position) as feeder:
             ran = _run_job(cluster, cfg, test_read, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
-        finally:
-            if feeder is not None:
-                STOPS.remove(feeder)
-        if feeder is not None:
-            feeder.finish()
-        if test and test_read is None:
-            test_read = reader.submit(read_all, test, cfg.data)
-        report = _results(client, cfg, plan.spec, ran, test_read, save) | _lived(client, plan.spec, publisher)
+        test_read = reader.submit(read_all, test, cfg.data) if test and test_read is None else test_read
+        report = _results(cluster.client, cfg, plan.spec, ran, test_read, save) | _lived(cluster.client, plan.spec,
+                                                                                           publisher)
     report.update(_job_report(cfg, plan, ran, servers=servers, workers=workers, table_seconds=table_seconds))
     return report
 
 
-#: the feeders of the stream jobs running in this process: ``stop_streams`` closes them
-STOPS: list[Feeder] = []
+def _cluster_options(cfg: TrainConfig, plan: _Plan, more: dict[str, Any] | None) -> dict[str, Any]:
+    """The local cluster's options: the nodes are forked once this process has loaded what
+    the job runs (its parser, model and table layout)."""
+    warm = warm_job(cfg.data.name, cfg.model, "dense" if plan.spec.key_bits else "hash", bool(plan.spec.filters),
+                    plan.spec.storage)
+    return {"log_level": "WARNING", "warm": warm, **(more or {})}
 
 
-def stop_streams() -> bool:
-    """Close every stream job of this process (the first Ctrl-C): each finishes what was
-    cut, checkpoints and reports.  False if none runs."""
-    for feeder in STOPS:
-        feeder.stop()
-    return bool(STOPS)
+def _start_job(cluster: Any, cfg: TrainConfig, plan: _Plan, setup: Callable[[Any], Any] | None,
+               allow_unverified: bool) -> float:
+    """The job's tables made (or restored), ``setup`` called, the job started on the
+    scheduler; the seconds the tables took."""
+    client = cluster.client
+    client.allow_loss = True  # this driver watches the job's losses and decides (check_losses)
+    table_seconds = _make_tables(client, cfg, plan, allow_unverified)
+    if setup is not None:
+        setup(cluster)
+    client.job.start(plan.shards, cfg.epochs, checkpoint=plan.checkpoints, resume=plan.progress,
+                     stream=plan.source.url if plan.source else None)
+    return table_seconds
 
 
 def _tracked(cfg: TrainConfig, publish: str | None) -> TrainConfig:
@@ -265,6 +251,11 @@ class _Plan:
     progress: dict[str, Any] | None  # ... and the job's progress there
     overlap: bool  # the test rows are read while the job runs (else after it)
     source: StreamSource | None = None  # the stream the job reads (--stream), or None: its shards
+
+    @property
+    def stream_position(self) -> Any:
+        """Where the stream job resumes: the position in its checkpoint (None: not resumed)."""
+        return (self.progress or {}).get("stream", {}).get("position") if self.step else None
 
 
 def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: int, workers: int, save: str | None,
