@@ -161,6 +161,12 @@ def test_the_dashboard_in_chromium_shows_what_the_cluster_reports(tmp_path):
             seen = sum(sum(s["consistency"]["staleness_histogram"].values()) for s in stats.values())
             bars = sum(int(e.get_attribute("data-count")) for e in page.query_selector_all("rect.bucket"))
             assert bars == seen > 0  # every pull answered is in the staleness chart
+            pv = client.job.status()["progressive"]["all"]  # every example scored before its update
+            assert pv["examples"] == 30_000 and 0.5 < pv["auc"] < 1
+            assert get(scrape(cluster.http_url + "metrics"), "paramserver_progressive_auc",
+                       window="all") == pytest.approx(pv["auc"])
+            page.wait_for_function("n => document.querySelector('#progressive').textContent.includes("
+                                   "'whole run: log loss ' + n)", arg=f"{pv['logloss']:.4f}", timeout=30_000)
             pushed = sum(float(e.get_attribute("data-push-keys")) for e in page.query_selector_all("tr.server"))
             assert pushed == get(scrape(cluster.http_url + "metrics"), "paramserver_push_keys_total",
                                  table=cfg.model.table)  # the page and /metrics: the same numbers

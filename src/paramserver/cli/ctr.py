@@ -69,7 +69,7 @@ def _progress_line(status: dict[str, Any], seconds: float) -> str:
     where = (f"stream shards {status['shards_done']}/{status['shards']}" if "stream" in status else
              f"epoch {status['epoch'] + 1}/{status['epochs']}  shards {status['shards_done']}/{status['shards']}")
     pv = (status.get("progressive") or {}).get("window_seconds") or {}
-    scored = f"  progressive AUC {pv['auc']:.4f} (last {pv['size']:g} s)" if pv.get("examples") else ""
+    scored = f"  progressive AUC {pv['auc']:.4f} (last {pv['size']:g} s)" if pv.get("auc") is not None else ""
     return (f"{where}  examples {examples:,}  {rate:,.0f}/s  train logloss {loss:.4f}{scored}"
             + (f"  servers lost {failovers} (failed over)" if failovers else ""))
 
@@ -125,14 +125,17 @@ def _progressive_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
         return []
 
     def pair(w: dict[str, Any]) -> str:
-        return f"logloss {w['logloss']:.4f}, AUC {w['auc']:.4f} ({w['examples']:,} examples)"
+        def num(x: float | None) -> str:
+            return "-" if x is None else f"{x:.4f}"
+
+        return f"logloss {num(w['logloss'])}, AUC {num(w['auc'])} ({w['examples']:,} examples)"
 
     ws, trend = pv["window_seconds"], pv["trend"]
     lines = [("progressive (scored before training)", pair(pv["all"])),
              (f"  last {pv['window_examples']['size']:,} examples", pair(pv["window_examples"]))]
     if ws["examples"]:
         lines.append((f"  last {ws['size']:g} s", pair(ws)))
-    if not math.isnan(trend["logloss"]):
+    if trend["logloss"] is not None and trend["auc"] is not None:
         lines.append(("  trend", f"logloss {trend['logloss']:+.4f}, AUC {trend['auc']:+.4f} against the "
                                  f"{trend['over_seconds']:g} s before"))
     return lines

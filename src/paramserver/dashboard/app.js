@@ -165,10 +165,27 @@ function drawWorkers(workers, job) {
     [w.id, w.rank ?? "—", fmt(w.examples), fmt(w.examples_per_s || 0), w.shards_done,
      w.straggler ? [html("span", {class: "tag"}, "straggler")] : (w.alive ? "" : "gone")]]);
   const p = document.getElementById("job");
+  const where = job && job.stream ? `stream ${job.stream.source}${job.stream.closed ? " (closed)" : ""}: ` :
+    job ? `epoch ${job.epoch + 1}/${job.epochs}: ` : "";
   p.textContent = job && job.shards !== undefined
-    ? `epoch ${job.epoch + 1}/${job.epochs}: shards ${job.shards_done}/${job.shards} done, ${job.running} running, ` +
+    ? `${where}shards ${job.shards_done}/${job.shards} done, ${job.running} running, ` +
       `${job.shards_queued} queued${job.finished ? " — finished" : ""}`
     : "no job";
+  drawProgressive(job && job.progressive);
+}
+
+// progressive validation: each example scored before the model trained on it, by window, and the trend
+function drawProgressive(pv) {
+  const p = document.getElementById("progressive");
+  if (!pv) { p.textContent = ""; return; }
+  const num = x => (x === null ? "–" : x.toFixed(4));
+  const one = (label, w) => w.examples
+    ? `${label}: log loss ${num(w.logloss)}, AUC ${num(w.auc)} (${fmt(w.examples)} examples)` : "";
+  const t = pv.trend, sign = x => (x >= 0 ? "+" : "") + x.toFixed(4);
+  p.textContent = ["progressive validation — " + one(`last ${fmt(pv.window_examples.size)} examples`,
+    pv.window_examples), one(`last ${pv.window_seconds.size} s`, pv.window_seconds), one("whole run", pv.all),
+    t.logloss !== null && t.auc !== null ? `trend: log loss ${sign(t.logloss)}, AUC ${sign(t.auc)}` : ""]
+    .filter(x => x).join(" · ");
 }
 
 function drawEvents(events, job) {

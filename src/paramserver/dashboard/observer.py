@@ -86,12 +86,30 @@ class Snapshot:
         name = "paramserver_worker_examples_per_second"
         out.append([name, "gauge", "each worker's examples a second, lately",
                     [[name, {"worker": str(w["id"])}, float(w.get("examples_per_s", 0.0))] for w in self.workers]])
-        return out
+        return out + progressive_families(self.job.get("progressive"))
 
     def to_json(self) -> dict[str, Any]:
         return {"at": self.at, "state": self.state, "servers": self.servers, "workers": self.workers,
                 "ring": self.ring, "job": self.job, "events": self.events, "staleness": self.staleness,
                 "totals": self.totals}
+
+
+def progressive_families(pv: dict[str, Any] | None) -> list[Family]:
+    """Progressive validation (each example scored before the model trained on it) as
+    gauges by window: the last examples, the last seconds, the whole run; and the trend."""
+    if not pv:
+        return []
+    windows = (("examples", pv["window_examples"]), ("seconds", pv["window_seconds"]), ("all", pv["all"]))
+    out: list[Family] = []
+    for metric, doc in (("logloss", "log loss"), ("auc", "AUC")):
+        name = f"paramserver_progressive_{metric}"
+        out.append([name, "gauge", f"the {doc} of examples scored before training on them, by window",
+                    [[name, {"window": w}, float(v[metric])] for w, v in windows if v[metric] is not None]])
+        name = f"paramserver_progressive_{metric}_trend"
+        trend = pv["trend"][metric]
+        out.append([name, "gauge", f"the last seconds' progressive {doc} minus the window's before",
+                    [[name, {}, float(trend)]] if trend is not None else []])
+    return out
 
 
 STALENESS_BINS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 63), (64, None))

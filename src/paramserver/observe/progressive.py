@@ -11,7 +11,8 @@ answers, in the job's status, log loss and AUC over
 * the last ``window_seconds`` seconds,
 * the whole run,
 
-and the trend: the time window's log loss and AUC minus the window's before it.
+and the trend: the time window's log loss and AUC minus the window's before it (a value
+that cannot be had, an empty window or one class only, is None).
 The AUC of a histogram counts a tie (one bin: 0.008 of a logit) as half, as the exact
 AUC counts equal scores; on CTR scores it is within 1e-4 of the exact one.
 """
@@ -150,7 +151,7 @@ class Scoreboard:
         key = (len(self.reports), self.all_n)
         if self._cached is not None and self._cached[0] == key and at - self._cached[1] < CACHE_S:
             return self._cached[2]
-        answer = self._summarise(at)
+        answer = _nan_free(self._summarise(at))
         self._cached = (key, at, answer)
         return answer
 
@@ -172,3 +173,10 @@ class Scoreboard:
                 "all": all_runs,
                 "trend": {"logloss": by_time["logloss"] - earlier["logloss"], "auc": by_time["auc"] - earlier["auc"],
                           "over_seconds": self.window_seconds}}
+
+
+def _nan_free(summary: dict[str, Any]) -> dict[str, Any]:
+    """NaN (an empty window, one class only) as None: the status goes out as JSON too,
+    where NaN is no number a browser reads."""
+    return {k: _nan_free(v) if isinstance(v, dict) else (None if isinstance(v, float) and math.isnan(v) else v)
+            for k, v in summary.items()}
