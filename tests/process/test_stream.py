@@ -172,3 +172,42 @@ def _examples(ckpt) -> int:
         return int(store.read_manifest(step)["job"]["totals"]["examples"])
     except Exception:
         return 0
+
+
+def test_bad_input_on_a_stream_is_said_clearly_and_loses_nothing_committed(tmp_path, rules, redis_url):
+    """A malformed entry fails the job naming the stream and its entries (as a file's line
+    would), a deleted stream fails it saying so; the group keeps what the last checkpoint
+    committed, and --skip-bad-lines skips and counts, under --max-bad-fraction."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    _feed(redis_url, "bad", [b"0 1:1", b"0 2:1", b"zero 3:1", b"0 4:1"])
+    base = ["--format", "libsvm", "--label-format", "01", "--hash-bits", "64"]
+    proc = _train(["--stream", f"{redis_url}/bad", *base, "--max-examples", "4"], tmp_path)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and f"{redis_url}/bad (entries (0-0 " in err and "'zero 3:1'" in err, err[-2000:]
+    assert "Traceback" not in err
+    proc = _train(["--stream", f"{redis_url}/bad?group=skip", *base, "--max-examples", "4", "--skip-bad-lines",
+                   "--metrics-out", str(tmp_path / "r.json")], tmp_path)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["examples"] == 3 and report["bad_lines"] == 1
+
+    _feed(redis_url, "gone", [f"0 {i + 1}:1".encode() for i in range(1000)])
+    ckpt = str(tmp_path / "ckpt")
+    proc = _train(["--stream", f"{redis_url}/gone", *base, "--checkpoint-dir", ckpt, "--checkpoint-seconds", "0.2"],
+                  tmp_path)
+    try:
+        wait_for(lambda: _examples(ckpt) >= 1000, 120, "the stream trained and checkpointed")
+        committed = wait_for(lambda: client.xinfo_groups("gone")[0]["last-delivered-id"] != b"0-0" and
+                             client.xinfo_groups("gone")[0]["last-delivered-id"], 30, "the checkpoint committed")
+        client.delete("gone")
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode != 0 and "the stream is gone" in err and "Traceback" not in err, err[-2000:]
+    assert committed != b"0-0" and _examples(ckpt) == 1000  # what was committed stays committed
+    client.close()

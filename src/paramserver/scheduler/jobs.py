@@ -177,6 +177,14 @@ class Jobs:
         self.serve()
         self.host.workers_changed()
 
+    def tick(self) -> None:
+        """The scheduler's loop, at every turn: a checkpoint due by time since the last
+        shard done (no other shard may come soon: a quiet stream) is begun now."""
+        ckpt = self.checkpoints
+        if ckpt is not None and self.job is not None and ckpt.phase is None and ckpt.since > 0 and ckpt.due():
+            ckpt.phase = "draining"
+            self.maybe_checkpoint()
+
     def _last_checkpoint(self) -> None:
         """A stream that ended is checkpointed at its end (a job resumed from there reads
         only what came after); the workers hear that it is done once that is written."""

@@ -147,6 +147,7 @@ class SchedulerNode:
             self._check_heartbeats(started)
             self.fanouts.expire(now)
             self._say_who_is_missing(now)
+            self.jobs.tick()  # a checkpoint due by time though no shard was done since (a quiet stream)
         except Exception:  # a bug must not take the cluster down
             logger.exception("scheduler failed while checking deadlines")
 
