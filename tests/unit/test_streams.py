@@ -113,7 +113,7 @@ def test_sources_are_named_clearly(tmp_path):
     with pytest.raises(ConfigError, match="cannot load the source class"):
         streams.open_source("nomodule_here:Source=x://y", 1, "criteo")
     with pytest.raises(ConfigError, match="cannot be resumed"):
-        streams.StdinSource().start({"any": 1})
+        streams.StdinSource(1).start({"any": 1})
 
 
 class Lines:
@@ -214,3 +214,25 @@ def test_the_scoreboard_windows_by_examples_and_seconds_and_the_trend():
     with pytest.raises(ValueError):
         board.add({"n": 0, "loss": 1.0, "pos": [[], []], "neg": [[], []]})
     assert Scores().take() is None
+
+
+def test_standard_input_is_spooled_into_whole_line_files_as_it_arrives():
+    read, write = os.pipe()
+    source = streams.StdinSource(shard_bytes=16, fd=read)
+    source.start(None)
+    os.write(write, b"1 1:1\n0 2:1\n1 3")  # the last line comes in two parts
+    os.write(write, b":1\n0 4:1")  # and the last has no newline
+    os.close(write)
+    shards, ended = [], False
+    deadline = time.monotonic() + 10
+    while not ended:
+        assert time.monotonic() < deadline
+        got, _, _, ended = source.poll(None)
+        shards += got
+    text = b"".join(open(s.path, "rb").read() for s in shards)
+    assert text == b"1 1:1\n0 2:1\n1 3:1\n0 4:1\n" and all(open(s.path, "rb").read().endswith(b"\n") for s in shards)
+    source.commit(None, shards[-1:])
+    assert [os.path.exists(s.path) for s in shards] == [False] * (len(shards) - 1) + [True]
+    source.close()
+    os.close(read)
+    assert not os.path.exists(source.folder)

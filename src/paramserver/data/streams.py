@@ -15,7 +15,8 @@ Built in:
                                 ``SETTLE_S`` (names starting with '.' or '_', or ending in
                                 .tmp, .part or ._COPYING_ are being written: skipped);
                                 each file is cut into shards as ``--data`` files are
-    ``-``                       standard input: one shard, read to its end (not resumable)
+    ``-``                       standard input, spooled into files of whole lines as it
+                                arrives (not resumable)
     ``redis://HOST:PORT/STREAM``  Redis Streams (``redis_source.py``)
     ``module:Class=URL``        a user's source class, given URL (the protocol below)
 """
@@ -23,6 +24,8 @@ Built in:
 from __future__ import annotations
 
 import importlib
+import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
@@ -31,6 +34,7 @@ from paramserver.data.batch import STDIN, DataError, Shard
 from paramserver.errors import ConfigError
 
 SETTLE_S = 1.0  # a folder's file is complete once unchanged this long
+SPOOL_S = 0.5  # standard input is cut into a shard at least this often while lines arrive
 _WRITING = (".tmp", ".part", "._COPYING_")
 
 
@@ -71,7 +75,7 @@ def open_source(spec: str, shard_bytes: int, fmt_name: str) -> StreamSource:
     if not spec:
         raise ConfigError("--stream needs a source: a folder, redis://HOST:PORT/STREAM, - or module:Class=URL")
     if spec == STDIN:
-        return StdinSource()
+        return StdinSource(shard_bytes)
     if spec.startswith(("redis://", "rediss://", "unix://")):
         from paramserver.data.redis_source import RedisSource
 
@@ -144,32 +148,83 @@ class ChunkFile:
 
 
 class StdinSource:
-    """Standard input: one shard, read to its end by one worker, as ``--data -`` is."""
+    """Standard input, as it arrives: a thread spools it into files of whole lines (at most
+    ``shard_bytes``, or what came in ``SPOOL_S``), each a shard, in a temporary folder
+    removed at the end (the workers are other processes: they read the files).  Not
+    resumable: what was read cannot be read again."""
 
     url, resumable = STDIN, False
 
-    def __init__(self) -> None:
-        self.given = False
+    def __init__(self, shard_bytes: int = 16 << 20, fd: int = 0) -> None:
+        import tempfile
+
+        self.shard_bytes, self.fd = max(1, int(shard_bytes)), fd
+        self.folder = tempfile.mkdtemp(prefix="paramserver-stdin-")
+        self.ready: list[str] = []  # chunk files written, not yet cut into shards
+        self.lock = threading.Lock()
+        self.ended = False
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
 
     def start(self, position: Any | None) -> None:
         if position is not None:
             raise ConfigError("--stream -: standard input cannot be read again, so a job that read it cannot be "
                               "resumed; stream from a folder or redis:// to resume")
+        self.thread = threading.Thread(target=self._spool, name="paramserver-stdin", daemon=True)
+        self.thread.start()
+
+    def _spool(self) -> None:
+        buf, since, n = bytearray(), 0.0, 0
+        try:
+            while True:
+                data = os.read(self.fd, 1 << 20)
+                if data and not buf:
+                    since = time.monotonic()
+                buf += data
+                cut = buf.rfind(b"\n") + 1 if data else len(buf)
+                if cut and (not data or len(buf) >= self.shard_bytes or time.monotonic() - since >= SPOOL_S):
+                    chunk = bytes(buf[:cut]) + (b"" if buf[cut - 1:cut] == b"\n" else b"\n")
+                    del buf[:cut]
+                    self._write(n, chunk)
+                    n, since = n + 1, time.monotonic()
+                if not data:
+                    break
+        except BaseException as exc:  # said by the next poll
+            self.error = exc
+        self.ended = True
+
+    def _write(self, n: int, chunk: bytes) -> None:
+        path = os.path.join(self.folder, f"{n:09d}.txt")
+        with open(path + ".tmp", "wb") as f:
+            f.write(chunk)
+        os.replace(path + ".tmp", path)
+        with self.lock:
+            self.ready.append(path)
 
     def poll(self, max_rows: int | None) -> tuple[list[Shard], Any, int | None, bool]:
-        shards = [] if self.given else [Shard(STDIN, 0, -1)]
-        self.given = True
-        return shards, None, None, True
+        if self.error is not None:
+            raise DataError(f"standard input could not be read: {self.error}")
+        ended = self.ended  # read first: the files written before it are all in ready
+        with self.lock:
+            paths, self.ready = self.ready, []
+        return [Shard(p, 0, -1) for p in paths], None, None, ended and not self.ready
 
     def commit(self, position: Any, pending: list[Shard]) -> None:
-        pass
+        """The spooled files before the first pending one are trained: removed."""
+        first = min((s.path for s in pending), default=None)
+        for name in sorted(os.listdir(self.folder)):
+            path = os.path.join(self.folder, name)
+            if name.endswith(".txt") and (first is None or path < first) and path not in self.ready:
+                os.remove(path)
 
     def close(self) -> None:
-        pass
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     @classmethod
     def open_shard(cls, shard: Shard) -> Any:
-        raise DataError("standard input is read as a file, not through a source")
+        raise DataError("standard input's shards are files, read as --data files are")
 
 
 class FolderSource:
