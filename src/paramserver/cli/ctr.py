@@ -297,6 +297,9 @@ def train(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]
         raise ConfigError(f"{'--max-examples' if args.max_examples is not None else '--until'} is for --stream "
                           "(a job on --data ends with its data)")
     if args.stream is not None:
+        if getattr(args, "feature_partition", None) is not None:
+            raise ConfigError("--feature-partition trains on files cut by columns (paramserver split-columns); it "
+                              "cannot read --stream")
         with _stops_streams():
             _train(args, optimizer, args.data, args.test, _fmt(args))
         return 0

@@ -275,6 +275,8 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
     if stream is not None and data:
         raise ConfigError(f"--stream {stream} and --data {' '.join(data)}: give one (the files of a folder that "
                           "fills: --stream FOLDER)")
+    if stream is not None and cfg.epochs != 1:
+        raise ConfigError(f"--epochs {cfg.epochs} with --stream: a stream is read once; drop --epochs")
     source = open_source(stream, shard_bytes, cfg.data.name) if stream is not None else None
     shards = make_shards(data, shard_bytes) if source is None else []
     spec, dense_spec = cfg.table_spec(), cfg.dense_spec()
