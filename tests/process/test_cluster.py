@@ -486,3 +486,24 @@ def test_a_failed_job_keeps_the_logs_its_progress_line_named():
     with LocalCluster(servers=1, workers=0, log_level="WARNING") as fine:
         pass
     assert not os.path.exists(fine.log_dir)
+
+
+def test_every_node_is_named_for_ps_and_top(cluster):
+    """``ps`` shows ``paramserver: server 2 ADDRESS``, ``top`` ``ps-server-2`` (issue 33.11):
+    not a dozen identical python command lines."""
+    from tests.process.support import wait_for
+
+    def names():
+        out = {}
+        for name, proc in cluster.procs.items():
+            with open(f"/proc/{proc.popen.pid}/cmdline", "rb") as f:
+                out[name] = (f.read().split(b"\0")[0].decode(), open(f"/proc/{proc.popen.pid}/comm").read().strip())
+        return out
+
+    seen = wait_for(lambda: (n := names()) and all(t.startswith("paramserver: ") and "(starting)" not in t
+                                                   for t, _ in n.values()) and n, 30, "every node named")
+    for name, (title, comm) in seen.items():
+        role = name.split("-")[0]
+        assert title.startswith(f"paramserver: {role} ") and comm.startswith(f"ps-{role}"), (name, title, comm)
+    servers = {title.split()[2] for name, (title, _) in seen.items() if name.startswith("server")}
+    assert len(servers) == len([n for n in seen if n.startswith("server")])  # each its own id

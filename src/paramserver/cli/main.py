@@ -25,6 +25,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from paramserver._runtime import collector
+from paramserver._runtime.proctitle import set_title
 from paramserver.cli import cluster, ctr_flags, export, nodes, rounds, serve
 from paramserver.cli.parser import Command, root_parser
 from paramserver.errors import ParamServerError, WorkerError
@@ -115,6 +116,8 @@ def _start(args: argparse.Namespace) -> None:
     level = getattr(args, "log_level", "WARNING" if args.command in _QUIET else "INFO")
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
+    if args.command in _NODES:  # a command a user typed keeps its line; a node is named for ps and top
+        set_title(f"{args.command} (starting)")
     if args.command in _NODES or getattr(args, "action", "") == "add-server":
         from paramserver._runtime.malloc import tune_allocator
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
+from paramserver._runtime.proctitle import prepare as prepare_title
 from paramserver._runtime.warm import inherited as warm_inherited
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,7 @@ def _be_the_node(log_fd: int, argv: list[str], env: dict[str, str], pass_fds: tu
     """The forked child: become the node, run its command, exit with its code; never returns."""
     code: Any = 1
     try:
+        prepare_title()  # before the environment changes (os.environ.update below)
         limit_memory(memory_limit_mb)
         os.setsid()
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)

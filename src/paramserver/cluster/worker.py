@@ -17,6 +17,7 @@ from typing import Any
 
 import cloudpickle
 
+from paramserver._runtime.proctitle import set_title
 from paramserver.client.client import Client
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError
@@ -85,6 +86,7 @@ def main(config: Config, fn: str | None, control_fds: str | None, warm: Callable
     with Client(config=config, role="worker", metrics_url=metrics_url) as client:
         ours.append(client)
         logger.info("worker rank %d (node %d) connected", client.rank, client.node_id)
+        set_title(f"worker {client.rank} (node {client.node_id})", f"ps-worker-{client.rank}")
         if control_fds:
             r, w = (int(x) for x in control_fds.split(","))
             serve_functions(client, r, w)

@@ -29,6 +29,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from paramserver._runtime.proctitle import set_title
 from paramserver.config import Config, load_config
 from paramserver.errors import ConfigError, ConnectError
 from paramserver.observe.metrics import Family, WireCollector, aggregate, total
@@ -321,6 +322,7 @@ def run_scheduler(config: Config, on_ready: Any = None) -> None:
                                              config.metrics_port, observer.token)
     if on_ready:
         on_ready(node.address)
+    set_title(f"scheduler {node.address}")
     try:
         node.run()
     finally:

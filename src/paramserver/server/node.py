@@ -33,6 +33,7 @@ from functools import partial
 from typing import Any
 
 from paramserver._runtime.logutil import Throttled
+from paramserver._runtime.proctitle import set_title
 from paramserver.config import Config
 from paramserver.errors import Code, ConnectError, ParamServerError, ProtocolError
 from paramserver.filters.base import KeyStore
@@ -179,6 +180,7 @@ class ServerNode:
         self.node_token = str(msg.header.get("node_token", ""))
         self.state.lease.granted(self._register_sent)
         logger.info("server %d serving at %s", self.node_id, self.address)
+        set_title(f"server {self.node_id} {self.address}", f"ps-server-{self.node_id}")
 
     def run(self) -> None:
         warm_server()
