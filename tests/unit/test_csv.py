@@ -146,3 +146,36 @@ def test_header_problems_are_one_line(tmp_path, fmt, header, match):
     path = _write(tmp_path / "x.csv", header + "1,2,3\n")
     with pytest.raises(ConfigError, match=match):
         read_all([path], fmt)
+
+
+def test_numeric_columns_are_bucketed_by_size_as_criteos_integers(tmp_path):
+    """17 and 18 share a key (as Criteo's integers do), 17 and 1700 do not; a fraction is
+    bucketed by log size and sign; an empty value is the column's missing token; the
+    column hashed as a string (no flag) gives every value a key of its own."""
+    header = "click,price,site\n"
+    rows = ["1,17,a\n", "0,18,a\n", "1,1700,a\n", "0,0.25,a\n", "1,-0.25,a\n", "0,,a\n", "1,0.26,a\n"]
+    path = _write(tmp_path / "n.csv", header + "".join(rows))
+    fmt = DataFormat("csv", hash_bits=0, label_column="click", numeric_columns=("price",))
+    batch = read_all([path], fmt)
+    price = batch.keys.reshape(len(rows), 3)[:, 1].tolist()  # bias, price, site
+    assert price[0] == price[1] != price[2]  # 17 ~ 18, not 1700
+    assert price[3] != price[4] and price[3] == price[6]  # sign kept; 0.25 ~ 0.26
+    assert len(set(price)) == 5
+    plain = read_all([path], DataFormat("csv", hash_bits=0, label_column="click")).keys.reshape(len(rows), 3)
+    assert len(set(plain[:, 1].tolist())) == 7
+    from paramserver.data.csv import numeric_bucket
+    from paramserver.data.parse import bucket_int
+    assert numeric_bucket(17.0) == bucket_int(17) and numeric_bucket(2.0) == bucket_int(2)
+
+
+def test_numeric_columns_are_checked(tmp_path):
+    path = _write(tmp_path / "n.csv", "click,price\n1,12\n0,cheap\n")
+    with pytest.raises(DataError, match=r"n.csv:3: a value of a numeric column \(price: --numeric-columns\) is not a "
+                                        "number"):
+        read_all([path], DataFormat("csv", label_column="click", numeric_columns=("price",)))
+    with pytest.raises(ConfigError, match="--numeric-columns cost: not in the header"):
+        read_all([path], DataFormat("csv", label_column="click", numeric_columns=("cost",)))
+    with pytest.raises(ConfigError, match="the label or an ignored column"):
+        read_all([path], DataFormat("csv", label_column="click", numeric_columns=("click",)))
+    with pytest.raises(ConfigError, match="criteo's 13 integer fields are numeric already"):
+        DataFormat("criteo", numeric_columns=("x",))

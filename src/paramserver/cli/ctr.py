@@ -55,6 +55,7 @@ def _fmt(args: argparse.Namespace) -> DataFormat:
     return DataFormat(args.format, args.hash_bits, label_format, args.skip_bad_lines, getattr(args, "cache", ""),
                       label_column=getattr(args, "label", ""),
                       ignore_columns=tuple(getattr(args, "ignore_columns", ())),
+                      numeric_columns=tuple(getattr(args, "numeric_columns", ())),
                       max_bad_fraction=getattr(args, "max_bad_fraction", 0.01))
 
 

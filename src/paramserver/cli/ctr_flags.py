@@ -70,6 +70,9 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", default="", metavar="COLUMN", help="csv: the column holding the 0/1 label")
     p.add_argument("--ignore-columns", nargs="*", default=[], metavar="COLUMN",
                    help="csv/avazu: columns that are not features (ids, free text)")
+    p.add_argument("--numeric-columns", nargs="*", default=[], metavar="COLUMN",
+                   help="csv/avazu: columns of numbers, bucketed by size as Criteo's integer fields are (17 and 18 "
+                        "share a key), instead of hashed as strings (every value its own key)")
     p.add_argument("--label-format", help="libsvm labels: 01, pm1 (-1/+1) or 12 (default: sniffed)")
     p.add_argument("--hash-bits", type=int, default=24,
                    help="fold feature keys into 2^B buckets, as Vowpal Wabbit's -b does (default 24: the model "

@@ -87,6 +87,7 @@ class DataFormat:
     cache_dir: str = ""  # parsed shards are kept here and reused by later epochs
     label_column: str = ""  # csv: the 0/1 label's column (avazu: click)
     ignore_columns: tuple[str, ...] = ()  # csv/avazu: columns that are not features (avazu: id too)
+    numeric_columns: tuple[str, ...] = ()  # csv/avazu: columns of numbers, bucketed by size (as Criteo's integers)
     unlabeled: bool = False  # criteo/libsvm lines without a label (to predict; see sniff_unlabeled)
     max_bad_fraction: float = 0.01  # with skip_bad: more malformed lines than this fails the job
 
@@ -100,6 +101,10 @@ class DataFormat:
         if self.label_column and self.name not in ("csv", "avazu"):
             raise ConfigError(f"--label names a CSV column; --format {self.name} has its label in a fixed place")
         object.__setattr__(self, "ignore_columns", tuple(self.ignore_columns))  # a list from JSON
+        object.__setattr__(self, "numeric_columns", tuple(self.numeric_columns))
+        if self.numeric_columns and self.name not in ("csv", "avazu"):
+            raise ConfigError(f"--numeric-columns names CSV columns; --format {self.name} has its own fields "
+                              "(criteo's 13 integer fields are numeric already)")
         if self.label_format not in parse.LABEL_FORMATS:
             raise ConfigError(f"label format must be one of {sorted(parse.LABEL_FORMATS)}, "
                               f"got {self.label_format!r}")

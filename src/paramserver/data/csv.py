@@ -4,9 +4,16 @@
 Every column but the label (and those ignored) is a categorical field: its value is
 hashed as a token with the column's *name* as namespace, as Criteo's categorical fields
 are, so files whose columns come in another order give the same keys.  An empty value is
-the field's "missing" token.  Avazu's ``hour`` (YYMMDDHH) becomes two features, the hour
-of the day and the day of the week (the raw value is unique to each hour of the log and
-so never seen again at test time); its ``id`` (unique per row) is ignored.
+the field's "missing" token.
+
+A numeric column (``--numeric-columns``) is bucketed by size instead, so that 17 and 18
+share a key as Criteo's integer fields do: a whole number by Criteo's buckets (itself up
+to 2, then ⌊ln(v)²⌋), any other number by ⌊16·ln(1 + |v|)⌋ and its sign; a value that
+is not a number is a malformed line.
+
+Avazu's ``hour`` (YYMMDDHH) becomes two features, the hour of the day and the day of the
+week (the raw value is unique to each hour of the log and so never seen again at test
+time); its ``id`` (unique per row) is ignored.
 
 Quoted fields are not supported (the parser stops at the first ``"`` and says so): CTR
 logs do not quote, and a quote-aware parser costs every file the time.  Lines end in
@@ -18,6 +25,7 @@ not name ``click`` is data, in Avazu's column order.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,14 +41,16 @@ from paramserver.data.parse import (
     ERR_NONE,
     NL,
     _bytes_hash,
+    _parse_float,
+    bucket_int,
     feature_key,
 )
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
 
-ROLE_FEATURE, ROLE_LABEL, ROLE_IGNORE, ROLE_HOUR = 0, 1, 2, 3
+ROLE_FEATURE, ROLE_LABEL, ROLE_IGNORE, ROLE_HOUR, ROLE_NUMERIC = 0, 1, 2, 3, 4
 COMMA, QUOTE = 44, 34
-ERR_QUOTE = 100  # past parse.py's codes
+ERR_QUOTE, ERR_NUMBER = 100, 101  # past parse.py's codes
 AVAZU_LABEL, AVAZU_IGNORE, AVAZU_HOUR = "click", ("id",), "hour"
 AVAZU_COLUMNS = ("id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id",
                  "app_domain", "app_category", "device_id", "device_ip", "device_model", "device_type",
@@ -59,7 +69,8 @@ class Columns:
     header: bool  # the first line names the columns (else it is data: Avazu's files without a header)
 
 
-def columns_of(header: str, path: str, fmt_name: str, label: str, ignore: tuple[str, ...]) -> Columns:
+def columns_of(header: str, path: str, fmt_name: str, label: str, ignore: tuple[str, ...],
+               numeric: tuple[str, ...] = ()) -> Columns:
     """The roles of a header's columns, checked: the label column must be there.  An
     Avazu file whose first line is data (24 fields, no ``click``) has Avazu's columns."""
     names = tuple(c.strip() for c in header.rstrip("\r\n").split(","))
@@ -86,17 +97,39 @@ def columns_of(header: str, path: str, fmt_name: str, label: str, ignore: tuple[
     if missing:
         raise ConfigError(f"--ignore-columns {', '.join(missing)}: not in the header of {path} "
                           f"(columns: {shown})")
+    _check_numeric(numeric, names, label, ignore, path, shown)
     if len(set(names)) != len(names):
         dup = sorted({c for c in names if names.count(c) > 1})
         raise ConfigError(f"{path}:1: the header names columns more than once ({', '.join(dup)}); rename them")
-    roles = np.array([ROLE_LABEL if c == label else ROLE_IGNORE if c in ignore else
-                      ROLE_HOUR if c == hour else ROLE_FEATURE for c in names], np.int8)
+    roles = np.array([ROLE_LABEL if c == label else ROLE_IGNORE if c in ignore else ROLE_NUMERIC if c in numeric
+                      else ROLE_HOUR if c == hour else ROLE_FEATURE for c in names], np.int8)
     namespaces = np.array([_name_hash(c.encode()) for c in names], np.uint64)
-    keys = 1 + int((roles == ROLE_FEATURE).sum()) + 2 * int((roles == ROLE_HOUR).sum())
+    keys = 1 + int(np.isin(roles, (ROLE_FEATURE, ROLE_NUMERIC)).sum()) + 2 * int((roles == ROLE_HOUR).sum())
     if keys == 1:
         raise ConfigError(f"{path}: no feature column left (columns: {shown}; label {label!r}, "
                           f"ignored {', '.join(ignore) or 'none'})")
     return Columns(names, roles, namespaces, keys, has_header)
+
+
+def _check_numeric(numeric: tuple[str, ...], names: tuple[str, ...], label: str, ignore: tuple[str, ...],
+                   path: str, shown: str) -> None:
+    """``--numeric-columns``: columns of the header, neither the label nor ignored."""
+    missing = [c for c in numeric if c not in names]
+    if missing:
+        raise ConfigError(f"--numeric-columns {', '.join(missing)}: not in the header of {path} (columns: {shown})")
+    clash = [c for c in numeric if c == label or c in ignore]
+    if clash:
+        raise ConfigError(f"--numeric-columns {', '.join(clash)}: the label or an ignored column, not a feature")
+
+
+@njit(inline="always", nogil=True, cache=True)
+def numeric_bucket(v):
+    """A number's bucket: a whole number's as Criteo's integers, any other by
+    ⌊16·ln(1 + |v|)⌋ with its sign, apart (bit 40)."""
+    if v == math.floor(v) and abs(v) < 9.0e15:
+        return bucket_int(np.int64(v))
+    b = np.uint64(int(math.floor(16.0 * math.log1p(abs(v)))))
+    return (np.uint64(1) << np.uint64(40)) | (b << np.uint64(1)) | np.uint64(1 if v < 0 else 0)
 
 
 def _name_hash(name: bytes) -> int:
@@ -159,6 +192,16 @@ def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, li
                     break
             elif role == ROLE_FEATURE:
                 keys[n, k] = _ns_key(namespaces[col], _MISSING if e == a else _bytes_hash(buf, a, e), mask)
+                k += 1
+            elif role == ROLE_NUMERIC:
+                if e == a:
+                    keys[n, k] = _ns_key(namespaces[col], _MISSING, mask)
+                else:
+                    ok, v = _parse_float(buf, a, e)
+                    if not ok:
+                        err = ERR_NUMBER
+                        break
+                    keys[n, k] = _ns_key(namespaces[col], numeric_bucket(v), mask)
                 k += 1
             elif role == ROLE_HOUR:
                 ok = e - a == 8

@@ -142,6 +142,9 @@ LABELS_ALLOWED = {"01": "0 or 1", "pm1": "-1 or +1", "12": "1 or 2"}
 def _what_is_wrong(fmt: DataFormat, err: int, columns: csv.Columns | None) -> str:
     if err == csv.ERR_QUOTE:
         return "a quoted field (quoted CSV is not supported: remove the quotes)"
+    if err == csv.ERR_NUMBER:
+        numeric = ", ".join(fmt.numeric_columns)
+        return f"a value of a numeric column ({numeric}: --numeric-columns) is not a number"
     if fmt.name in ("csv", "avazu") and columns is not None:
         if err == parse.ERR_FIELDS:
             return f"expected {len(columns.names)} comma-separated fields, as the header has"

@@ -197,7 +197,7 @@ def _cache_path(shard: Shard, fmt: DataFormat) -> str:
     info = fs.info(p)
     key = json.dumps([shard.path, shard.start, shard.end, info.get("size"), info.get("mtime"),
                       fmt.name, fmt.hash_bits, fmt.label_format, fmt.skip_bad, fmt.unlabeled, fmt.label_column,
-                      list(fmt.ignore_columns)], default=str)
+                      list(fmt.ignore_columns), list(fmt.numeric_columns)], default=str)
     return os.path.join(fmt.cache_dir, hashlib.sha1(key.encode()).hexdigest() + ".npz")
 
 
@@ -257,7 +257,7 @@ def _start(f: Any, shard: Shard, fmt: DataFormat, batch_size: int) -> tuple[Any,
     if fmt.name in ("csv", "avazu"):  # the header: the file's first line, wherever the shard starts
         header = f.readline()
         columns = csv.columns_of(header.decode("utf-8", errors="replace"), path, fmt.name, fmt.label_column,
-                                 fmt.ignore_columns)
+                                 fmt.ignore_columns, fmt.numeric_columns)
         parser: Any = CsvParser(fmt, batch_size, columns)
         pos = max(pos, len(header) if columns.header else 0)
         if path != STDIN and not shard.source:

@@ -90,7 +90,7 @@ def _csv(body: bytes, fmt: DataFormat, what: str) -> Batch:
     cut = body.find(NL) + 1
     try:
         columns = csv.columns_of(body[:cut].decode("utf-8", errors="replace"), "the request", fmt.name,
-                                 fmt.label_column, fmt.ignore_columns)
+                                 fmt.label_column, fmt.ignore_columns, fmt.numeric_columns)
     except ConfigError as exc:
         raise DataError(str(exc)) from None
     data = body[cut:] if columns.header else body
