@@ -120,7 +120,7 @@ def tomotopy_run(train: Corpus, K: int, iterations: int, alpha: float, beta: flo
 def ours(path: str, K: int, iterations: int, tmp: str, extra: list[str]) -> tuple[np.ndarray, float, dict]:
     out = os.path.join(tmp, "model")
     t = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "paramserver", "lda", "--data", path, "--topics", str(K),
+    run = subprocess.run([sys.executable, "-m", "paramserver", "lda", "--json", "--data", path, "--topics", str(K),
                           "--iterations", str(iterations), "--workers", "2", "--save", out, *extra],
                          capture_output=True, text=True, timeout=3600)
     seconds = time.perf_counter() - t

@@ -80,8 +80,9 @@ def surprise_svd(train: str, test: str) -> dict[str, float]:
 def ours(train: str, test: str, tmp: str, extra: list[str]) -> dict[str, float]:
     out = os.path.join(tmp, "pred.txt")
     t = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "paramserver", "mf", "--data", train, "--test", test, "--workers", "2",
-                          "--predictions-out", out, *extra], capture_output=True, text=True, timeout=3600)
+    run = subprocess.run([sys.executable, "-m", "paramserver", "mf", "--json", "--data", train, "--test", test,
+                          "--workers", "2", "--predictions-out", out, *extra], capture_output=True, text=True,
+                         timeout=3600)
     seconds = time.perf_counter() - t
     if run.returncode:
         raise SystemExit(f"paramserver mf failed:\n{run.stderr}")

@@ -17,8 +17,8 @@ sklearn = pytest.importorskip("sklearn.linear_model")
 
 
 def _cli(*args, check=True):
-    run = subprocess.run([sys.executable, "-m", "paramserver", "lasso", *args], capture_output=True, text=True,
-                         timeout=200)
+    run = subprocess.run([sys.executable, "-m", "paramserver", "lasso", "--json", *args], capture_output=True,
+                         text=True, timeout=200)
     if check:
         assert run.returncode == 0, run.stderr
     return run

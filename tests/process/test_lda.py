@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _cli(*args, check=True):
-    run = subprocess.run([sys.executable, "-m", "paramserver", "lda", *args], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "paramserver", "lda", "--json", *args], capture_output=True, text=True,
                          timeout=200)
     if check:
         assert run.returncode == 0, run.stderr

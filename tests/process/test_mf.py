@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _cli(*args, check=True):
-    run = subprocess.run([sys.executable, "-m", "paramserver", "mf", *args], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "paramserver", "mf", "--json", *args], capture_output=True, text=True,
                          timeout=200)
     if check:
         assert run.returncode == 0, run.stderr
@@ -133,3 +133,18 @@ def test_a_malformed_line_is_named(tmp_path):
     path.write_text("1\t2\t3\n1\t3\tfive\n")
     run = _cli("--data", str(path), check=False)
     assert run.returncode == 2 and f"{path}:2:" in run.stderr and "rating" in run.stderr
+
+
+def test_mf_is_watched_as_train_is(tmp_path):
+    """``mf`` takes train's watch flags and ends with the same kind of report (issue 33.7):
+    --log-dir keeps the nodes' logs, --dashboard prints its URL, the report is a table (and
+    --json one line); --quiet shows no live line."""
+    _, _, train_path, test_path = _ratings(tmp_path, n_users=60, n_items=40, n=3000)
+    logs = tmp_path / "logs"
+    run = subprocess.run([sys.executable, "-m", "paramserver", "mf", "--data", str(train_path), "--test",
+                          str(test_path), "--epochs", "2", "--log-dir", str(logs), "--dashboard", "--quiet"],
+                         capture_output=True, text=True, timeout=200)
+    assert run.returncode == 0, run.stderr
+    assert "paramserver mf" in run.stdout and "test rmse" in run.stdout and "{" not in run.stdout
+    assert "dashboard http://127.0.0.1:" in run.stdout + run.stderr
+    assert {p.name for p in logs.iterdir()} >= {"scheduler.log", "server-0.log", "worker-0.log"}

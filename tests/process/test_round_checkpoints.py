@@ -51,7 +51,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 def _cli(*args, check=True):
-    run = subprocess.run([sys.executable, "-m", "paramserver", *args], capture_output=True, text=True, timeout=250)
+    run = subprocess.run([sys.executable, "-m", "paramserver", args[0], "--json", *args[1:]], capture_output=True,
+                         text=True, timeout=250)
     if check:
         assert run.returncode == 0, run.stderr
     return run

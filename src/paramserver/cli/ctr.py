@@ -210,8 +210,8 @@ class _Progress:
     """What a job shows while it runs: a live progress line on stderr (none when quiet), and
     under it where to look (the scheduler, the logs, the dashboard)."""
 
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
+    def __init__(self, quiet: bool, line: Callable[[dict[str, Any], float], str] | None = None) -> None:
+        self.quiet, self.line = quiet, line or _progress_line
         self.live: Live | None = None  # started with the first progress line: once the nodes are started (forked
         # from this process while it has no other thread: Live's refresh thread would be one)
         self.where: list[str] = []
@@ -224,7 +224,7 @@ class _Progress:
 
             self.live = Live(console=_console(True), refresh_per_second=4, transient=False)
             self.live.start()
-        self.live.update(_progress_line(status, seconds) + "".join(f"\n{w}" for w in self.where))
+        self.live.update(self.line(status, seconds) + "".join(f"\n{w}" for w in self.where))
 
     def announce(self, cluster: Any) -> None:  # where to look while it runs: on the progress line
         collector.resume()  # the nodes are up: start-up is over (cli.main)
@@ -432,20 +432,66 @@ def _checkpoints(args: argparse.Namespace) -> Any:
                              getattr(args, "allow_unverified_checkpoint", False))
 
 
+@contextlib.contextmanager
+def _watched(app: str, args: argparse.Namespace) -> Iterator[Any]:
+    """A scheduled app's watch (``apps/rounds/job.Watch``): where to look once its nodes
+    are up, and its rounds on a live line (none with ``--quiet``), as train shows its job."""
+    from paramserver.apps.rounds.job import Watch
+
+    def line(status: dict[str, Any], seconds: float) -> str:
+        live = status.get("live", {})
+        done, most = int(live.get("rounds", 0)), int(live.get("rounds_max", 0) - live.get("rounds_start", 0))
+        of = f" of {most:,}" if 0 < most < 100_000 else ""
+        return f"{app}: round {done:,}{of}  {seconds:,.0f} s" if done else f"{app}: starting ({seconds:,.0f} s)"
+
+    quiet = getattr(args, "quiet", False) or getattr(args, "json", False) or (
+        not sys.stderr.isatty() and os.environ.get("CI"))
+    progress = _Progress(bool(quiet), line)
+    if getattr(args, "log_dir", None):
+        os.makedirs(args.log_dir, exist_ok=True)
+    try:
+        yield Watch(announce=progress.announce, progress=progress.show)
+    finally:
+        progress.stop()
+
+
+def _round_report(app: str, args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """A scheduled app's report: a table as train's (``--json``: one JSON line)."""
+    if getattr(args, "json", False):
+        print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
+        return
+    from rich.table import Table
+
+    table = Table(title=f"paramserver {app}", show_header=False)
+    for key, value in report.items():
+        if isinstance(value, bool) or value is None:
+            table.add_row(key.replace("_", " "), str(value).lower())
+        elif isinstance(value, int):
+            table.add_row(key.replace("_", " "), f"{value:,}")
+        elif isinstance(value, float):
+            table.add_row(key.replace("_", " "), f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.6g}")
+        elif isinstance(value, str):
+            table.add_row(key.replace("_", " "), value)
+        elif isinstance(value, (list, dict)) and len(json.dumps(value)) <= 80:
+            table.add_row(key.replace("_", " "), json.dumps(value))
+    _console(False).print(table)
+
+
 def lasso(args: argparse.Namespace, _: Any) -> int:
     from paramserver.apps.rounds.lasso import run_lasso
 
     for flag, value in (("--workers", args.workers), ("--servers", args.servers), ("--max-rounds", args.max_rounds)):
         if value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
-    report = run_lasso(args.data, lam=args.lam, lambda_ratio=args.lambda_ratio, tol=args.tol,
-                       schedule=args.schedule, workers=args.workers, servers=args.servers, save=args.save,
-                       metrics_out=args.metrics_out, max_rounds=args.max_rounds, checkpoints=_checkpoints(args),
-                       cluster_options=_cluster_options(args),
-                       replicas=args.replicas, allow_loss=args.allow_loss, loss=args.loss,
-                       kkt_filter=args.kkt_filter, intercept=args.intercept, filters=args.filters)
+    with _watched("lasso", args) as watch:
+        report = run_lasso(args.data, lam=args.lam, lambda_ratio=args.lambda_ratio, tol=args.tol,
+                           schedule=args.schedule, workers=args.workers, servers=args.servers, save=args.save,
+                           metrics_out=args.metrics_out, max_rounds=args.max_rounds, checkpoints=_checkpoints(args),
+                           cluster_options=_cluster_options(args),
+                           replicas=args.replicas, allow_loss=args.allow_loss, loss=args.loss,
+                           kkt_filter=args.kkt_filter, intercept=args.intercept, filters=args.filters, watch=watch)
     report.pop("history", None)
-    print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
+    _round_report("lasso", args, report)
     if report["stalled"] and not report["converged"]:
         err = _console(True)
         err.print(f"lasso: the objective stopped improving (by less than 1e-9 of itself over 10 checks) with the "
@@ -463,11 +509,12 @@ def mf(args: argparse.Namespace, _: Any) -> int:
     from paramserver.apps.rounds.mf import MFConfig, run_mf
 
     cfg = MFConfig(rank=args.rank, epochs=args.epochs, lr=args.lr, reg=args.reg, seed=args.seed)
-    report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
-                    predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out,
-                    checkpoints=_checkpoints(args), cluster_options=_cluster_options(args),
-                    replicas=args.replicas, allow_loss=args.allow_loss, filters=args.filters)
-    print(json.dumps(report), flush=True)
+    with _watched("mf", args) as watch:
+        report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
+                        predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out,
+                        checkpoints=_checkpoints(args), cluster_options=_cluster_options(args),
+                        replicas=args.replicas, allow_loss=args.allow_loss, filters=args.filters, watch=watch)
+    _round_report("mf", args, report)
     return 0
 
 
@@ -476,11 +523,12 @@ def lda(args: argparse.Namespace, _: Any) -> int:
 
     cfg = LDAConfig(topics=args.topics, iterations=args.iterations, alpha=args.alpha, beta=args.beta, seed=args.seed,
                     schedule=args.schedule, staleness=args.staleness)
-    report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
-                     metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args),
-                     cluster_options=_cluster_options(args),
-                     replicas=args.replicas, allow_loss=args.allow_loss, filters=args.filters)
-    print(json.dumps(report), flush=True)
+    with _watched("lda", args) as watch:
+        report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
+                         metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args),
+                         cluster_options=_cluster_options(args),
+                         replicas=args.replicas, allow_loss=args.allow_loss, filters=args.filters, watch=watch)
+    _round_report("lda", args, report)
     return 0
 
 

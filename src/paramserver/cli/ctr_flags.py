@@ -19,6 +19,7 @@ from paramserver.cli.parser import (
     secret_flag,
     storage_flag,
     unverified_flag,
+    watch_flags,
 )
 
 if TYPE_CHECKING:
@@ -158,17 +159,12 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--publish-every", type=float, default=10.0, metavar="S",
                    help="seconds between two publications under --publish (default 10)")
     p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")
-    p.add_argument("--log-dir", metavar="DIR", help="keep the nodes' logs here (default: a temporary folder, "
-                                                    "removed unless the job fails or is interrupted)")
-    p.add_argument("--quiet", action="store_true", help="no live progress")
 
 
 def add_train(sub: Subparsers) -> None:
     p = sub.add_parser("train", help="train lr, fm, deepfm or wdl on a local cluster and report test metrics")
     _data_flags(p)
-    p.add_argument("--dashboard", nargs="?", type=int, const=0, metavar="PORT",
-                   help="serve a live dashboard and the cluster's Prometheus metrics on 127.0.0.1:PORT while it "
-                        "trains (no PORT: any free one); the URL is printed")
+    watch_flags(p)
     _model_flags(p)
     _job_flags(p)
     _output_flags(p)

@@ -83,6 +83,17 @@ def secret_flag(p: argparse.ArgumentParser) -> None:
                         "[PARAMSERVER_SECRET_FILE]")
 
 
+def watch_flags(p: argparse.ArgumentParser) -> None:
+    """How a job on a local cluster is watched, the same on every command that runs one
+    (train, lasso, mf, lda): its live line, its dashboard, its nodes' logs."""
+    p.add_argument("--dashboard", nargs="?", type=int, const=0, metavar="PORT",
+                   help="serve a live dashboard and the cluster's Prometheus metrics on 127.0.0.1:PORT while it "
+                        "runs (no PORT: any free one); the URL is printed")
+    p.add_argument("--log-dir", metavar="DIR", help="keep the nodes' logs here (default: a temporary folder, "
+                                                    "removed unless the job fails or is interrupted)")
+    p.add_argument("--quiet", action="store_true", help="no live progress")
+
+
 def lifecycle_flag(p: argparse.ArgumentParser) -> None:
     """``--lifecycle``: what happens to the model table's keys over time, the same on every command."""
     p.add_argument("--lifecycle", metavar="SPEC", default=None,

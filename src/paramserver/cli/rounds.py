@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, secret_flag, unverified_flag
+from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, secret_flag, unverified_flag, watch_flags
 
 if TYPE_CHECKING:
     from paramserver.cli.parser import Subparsers
@@ -36,6 +36,8 @@ def _cluster_flags(p: argparse.ArgumentParser) -> None:
     loss_flags(p)
     filters_flag(p)
     secret_flag(p)
+    watch_flags(p)
+    p.add_argument("--json", action="store_true", help="print the report as one JSON line, not a table")
 
 
 def add_lasso(sub: Subparsers) -> None:

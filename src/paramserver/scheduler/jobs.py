@@ -109,6 +109,7 @@ class Jobs:
         self.host = host
         self.job: TaskQueue | StreamQueue | None = None
         self.scores = Scoreboard()  # the job's progressive validation (observe/progressive.py)
+        self.loose: dict[str, float] = {}  # progress sent with no job running (a scheduled program's rounds)
         self.checkpoints: JobCheckpoints | None = None
         self.waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, node id) asking for a shard
 
@@ -195,6 +196,12 @@ class Jobs:
             self.maybe_checkpoint()
 
     def progress(self, msg: Message, node_id: int | None = None) -> None:
+        if self.job is None:  # a scheduled program's rounds (no task queue): counted for its driver's line
+            stats = msg.header.get("stats") or {}
+            for k, v in stats.items() if isinstance(stats, dict) else ():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.loose[str(k)] = self.loose.get(str(k), 0.0) + float(v)
+            return
         if self.job is not None:
             self.job.progress(msg.header.get("stats") or {}, node_id)
             if (scores := msg.header.get("scores")) is not None:
@@ -204,7 +211,7 @@ class Jobs:
                     logger.warning("node %s sent malformed scores (%s): dropped", node_id, exc)
 
     def status(self, identity: bytes, msg: Message) -> None:
-        status = self.job.status() if self.job else {}
+        status: dict[str, Any] = self.job.status() if self.job else ({"live": dict(self.loose)} if self.loose else {})
         if self.job:  # what servers' deaths cost the job
             status["losses"], status["failovers"] = self.host.losses, self.host.failovers
             if self.scores.all_n:

@@ -17,6 +17,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import TracebackType
@@ -51,6 +52,16 @@ def write_metrics(metrics_out: str | None, report: dict[str, Any]) -> None:
 
 
 @dataclass(frozen=True)
+class Watch:
+    """What the command line watches a scheduled job with: ``announce(cluster)`` once its
+    nodes are up (where to look: the scheduler, the logs, the dashboard), and
+    ``progress(status, seconds)`` twice a second while the workers run."""
+
+    announce: Callable[[Any], Any] | None = None
+    progress: Callable[[dict[str, Any], float], None] | None = None
+
+
+@dataclass(frozen=True)
 class Ran:
     """What the workers of a scheduled job returned, and how the run went."""
 
@@ -68,8 +79,10 @@ class RoundsJob:
     (``scratch``) for the parts the driver writes and the workers read, removed last."""
 
     def __init__(self, *, servers: int, workers: int, cluster_options: dict[str, Any] | None, allow_loss: bool,
-                 scratch_prefix: str | None = None, replicas: int = 1, filters: Any = None) -> None:
+                 scratch_prefix: str | None = None, replicas: int = 1, filters: Any = None,
+                 watch: Watch | None = None) -> None:
         self.servers, self.workers, self.allow_loss = servers, workers, allow_loss
+        self.watch = watch or Watch()
         # what every table of the job is created with: its copies, and its filters (``paramserver.filters``)
         self.table_options: dict[str, Any] = {"replicas": replicas, "filters": filters}
         self.options = {"log_level": "WARNING", **(cluster_options or {})}
@@ -86,6 +99,8 @@ class RoundsJob:
             self.cluster = stack.enter_context(open_cluster(servers=self.servers, workers=self.workers,
                                                             **self.options))
             self.losses = stack.enter_context(surfacing_losses(self.cluster, self.allow_loss))
+            if self.watch.announce is not None:
+                self.watch.announce(self.cluster)
             self._stack = stack.pop_all()  # entered: they are left in __exit__
         return self
 
@@ -112,9 +127,26 @@ class RoundsJob:
         driver's report lists it (the driver decides, in ``surfacing_losses``)."""
         t = time.perf_counter()
         fn = functools.partial(_with_bytes, tolerating_loss(worker) if self.allow_loss else worker)
-        per_worker, lost = self.cluster.run_elastic(fn, *args)
+        per_worker, lost = self._watched(fn, *args)
         per_worker, joined = took_part(per_worker)
         return Ran(per_worker, lost, joined, time.perf_counter() - t)
+
+    def _watched(self, fn: Callable[..., dict[str, Any]], *args: Any) -> tuple[list[Any], list[str]]:
+        """``run_elastic``, and while it runs the cluster's progress handed to the watch
+        (the rounds done, twice a second)."""
+        show = self.watch.progress
+        if show is None:
+            found: tuple[list[Any], list[str]] = self.cluster.run_elastic(fn, *args)
+            return found
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(1, thread_name_prefix="paramserver-rounds") as pool:
+            running = pool.submit(self.cluster.run_elastic, fn, *args)
+            while not running.done():
+                show(self.client.job.status(), time.perf_counter() - t0)
+                wait([running], timeout=0.5)
+            show(self.client.job.status(), time.perf_counter() - t0)
+            done: tuple[list[Any], list[str]] = running.result()
+            return done
 
     def wire(self, ran: Ran) -> dict[str, Any]:
         """The report's lines on the wire: the workers' bytes each way, and with filters

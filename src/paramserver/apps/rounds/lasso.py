@@ -30,7 +30,7 @@ from paramserver.apps.rounds.coordinate import (
     join64,
     split64,
 )
-from paramserver.apps.rounds.job import RoundsJob, check_outputs, write_metrics
+from paramserver.apps.rounds.job import RoundsJob, Watch, check_outputs, write_metrics
 from paramserver.apps.rounds.l1lr import L1LRProgram, margin, signed_labels
 from paramserver.apps.rounds.l1lr_math import (
     best_intercept,
@@ -147,7 +147,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
               max_rounds: int = 200_000, checkpoints: CheckpointOptions = NO_CHECKPOINTS,
               cluster_options: dict[str, Any] | None = None, replicas: int = 1,
               allow_loss: bool = False, loss: str = "squared", kkt_filter: bool = True,
-              intercept: bool = False, filters: Any = None) -> dict[str, Any]:
+              intercept: bool = False, filters: Any = None, watch: Watch | None = None) -> dict[str, Any]:
     """``paramserver lasso``: solve, write ``save/coef.npy`` and the metrics; the report.
     ``checkpoints.every`` counts rounds.  ``replicas``: copies of every vnode; a server's death
     that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
@@ -159,7 +159,7 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     with ThreadPoolExecutor(1) as pool:
         reading = pool.submit(read_problem, data, loss)
         with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options,
-                       allow_loss=allow_loss, replicas=replicas, filters=filters) as job:
+                       allow_loss=allow_loss, replicas=replicas, filters=filters, watch=watch) as job:
             m = reading.result()
             n, d = m.shape
             lmax, cfg = lasso_config(data, m, lam, lambda_ratio, tol, schedule, max_rounds, loss, kkt_filter,

@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from paramserver.apps.rounds.corpus import Corpus, read_corpus, top_words, vocabulary_size
-from paramserver.apps.rounds.job import Ran, RoundsJob, check_outputs, write_metrics
+from paramserver.apps.rounds.job import Ran, RoundsJob, Watch, check_outputs, write_metrics
 from paramserver.apps.rounds.program import NO_CHECKPOINTS, CheckpointOptions, RoundResume, balanced_groups
 from paramserver.errors import ConfigError, check_flags
 
@@ -195,7 +195,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
             metrics_out: str | None = None, vocabulary: str | None = None,
             checkpoints: CheckpointOptions = NO_CHECKPOINTS,
             cluster_options: dict[str, Any] | None = None, replicas: int = 1,
-            allow_loss: bool = False, filters: Any = None) -> dict[str, Any]:
+            allow_loss: bool = False, filters: Any = None, watch: Watch | None = None) -> dict[str, Any]:
     """``paramserver lda``: sample, write ``save/topic_word.npy`` and the metrics; the report.
     ``checkpoints.every`` counts iterations.  ``replicas``: copies of every vnode; a server's
     death that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
@@ -217,7 +217,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
             "tokens": int(corpus.tokens), "docs": int(corpus.docs), "vocabulary": int(V)}
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers if cfg.schedule == "rotate" else 1)
     with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options, allow_loss=allow_loss,
-                   replicas=replicas, filters=filters,
+                   replicas=replicas, filters=filters, watch=watch,
                    scratch_prefix="paramserver-lda-") as job:
         paths = write_parts(job.scratch, corpus, word_block, workers)
         job.tables(resume, lambda client: _create_tables(client, cfg, V, workers, job.table_options))

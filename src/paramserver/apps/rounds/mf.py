@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from paramserver.apps.rounds.job import RoundsJob, check_outputs, write_metrics
+from paramserver.apps.rounds.job import RoundsJob, Watch, check_outputs, write_metrics
 from paramserver.apps.rounds.program import (
     NO_CHECKPOINTS,
     CheckpointOptions,
@@ -278,7 +278,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
            predictions_out: str | None = None, save: str | None = None, metrics_out: str | None = None,
            checkpoints: CheckpointOptions = NO_CHECKPOINTS,
            cluster_options: dict[str, Any] | None = None, replicas: int = 1,
-           allow_loss: bool = False, filters: Any = None) -> dict[str, Any]:
+           allow_loss: bool = False, filters: Any = None, watch: Watch | None = None) -> dict[str, Any]:
     """``paramserver mf``: train, then predict ``test`` and write what was asked; the report.
     ``checkpoints.every`` counts epochs.  ``replicas``: copies of every vnode; a server's death
     that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
@@ -301,7 +301,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
             "users": int(user_ids.size), "items": int(item_ids.size)}
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers)
     with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options, allow_loss=allow_loss,
-                   replicas=replicas, filters=filters,
+                   replicas=replicas, filters=filters, watch=watch,
                    scratch_prefix="paramserver-mf-") as job:
         paths = write_strata(job.scratch, u, i, r, lay, workers, cfg.seed)
         job.tables(resume, lambda client: _create_tables(client, cfg, user_ids.size, item_ids.size,
