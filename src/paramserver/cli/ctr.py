@@ -1,4 +1,5 @@
-"""What the ``train``, ``predict``, ``eval``, ``synth`` and ``demo`` commands do.
+"""What the ``train``, ``predict``, ``eval``, ``split-columns``, ``synth`` and ``demo``
+commands do.
 
 The CLI parses; this module turns arguments into library calls and shows the results
 (a live progress line on stderr, a final report on stdout).
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import math
 import os
@@ -25,22 +25,13 @@ from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train import check_job, run_training
 from paramserver.apps.ctr.train_config import TrainConfig
+from paramserver.cli.running import Progress, cluster_options, console
 from paramserver.data.files import check_output, write_text
 from paramserver.data.reader import DataFormat, sniff_label_format
 from paramserver.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.live import Live
     from rich.table import Table
-
-
-@functools.cache
-def _console(stderr: bool) -> Console:
-    """rich's console (imported on first use: 0.015 s a job need not spend before its first example)."""
-    from rich.console import Console
-
-    return Console(stderr=stderr)
 
 
 def _fmt(args: argparse.Namespace) -> DataFormat:
@@ -206,46 +197,8 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
                        lifecycle=getattr(args, "lifecycle", None), storage=getattr(args, "storage", "float32"))
 
 
-class _Progress:
-    """What a job shows while it runs: a live progress line on stderr (none when quiet), and
-    under it where to look (the scheduler, the logs, the dashboard)."""
-
-    def __init__(self, quiet: bool, line: Callable[[dict[str, Any], float], str] | None = None) -> None:
-        self.quiet, self.line = quiet, line or _progress_line
-        self.live: Live | None = None  # started with the first progress line: once the nodes are started (forked
-        # from this process while it has no other thread: Live's refresh thread would be one)
-        self.where: list[str] = []
-
-    def show(self, status: dict[str, Any], seconds: float) -> None:
-        if self.quiet:
-            return
-        if self.live is None:
-            from rich.live import Live
-
-            self.live = Live(console=_console(True), refresh_per_second=4, transient=False)
-            self.live.start()
-        self.live.update(self.line(status, seconds) + "".join(f"\n{w}" for w in self.where))
-
-    def announce(self, cluster: Any) -> None:  # where to look while it runs: on the progress line
-        collector.resume()  # the nodes are up: start-up is over (cli.main)
-        self.where.append(f"scheduler {cluster.address}, logs {cluster.log_dir}")
-        if getattr(cluster, "http_url", ""):
-            token = f"?token={cluster.http_token}" if getattr(cluster, "http_token", "") else ""
-            self.where.append(f"dashboard {cluster.http_url}{token}   metrics {cluster.http_url}metrics{token}")
-            _console(True).print(self.where[-1])  # said once, whatever the progress line does
-
-    def stop(self) -> None:
-        """End the live line; the next output starts on a line of its own, even off a
-        terminal (an error was once glued to the "scheduler ..., logs DIR" line)."""
-        if self.live is not None:
-            self.live.stop()
-            if not _console(True).is_terminal:
-                _console(True).print()
-            self.live = None
-
-
 def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list[str],
-         progress: _Progress) -> dict[str, Any]:
+         progress: Progress) -> dict[str, Any]:
     """The job on its cluster: vertical (``--feature-partition``) or by data shards."""
     parts = getattr(args, "feature_partition", None)
     if parts is not None:
@@ -255,9 +208,9 @@ def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list
 
         return run_vertical(cfg, data, test, parts, servers=args.servers, workers=args.workers,
                             save=getattr(args, "save", None),
-                            cluster_options=_cluster_options(args))
+                            cluster_options=cluster_options(args))
     return run_training(cfg, data, test, servers=args.servers, workers=args.workers, setup=progress.announce,
-                        cluster_options=_cluster_options(args),
+                        cluster_options=cluster_options(args),
                         save=getattr(args, "save", None),
                         shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=progress.show,
                         checkpoint_dir=getattr(args, "checkpoint_dir", None),
@@ -277,7 +230,7 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     cfg.table_spec()  # validate the optimizer before starting processes
     check_output(getattr(args, "metrics_out", None), "--metrics-out", folder=False)
     quiet = getattr(args, "quiet", False) or not sys.stderr.isatty() and os.environ.get("CI")
-    progress = _Progress(bool(quiet))
+    progress = Progress(bool(quiet), _progress_line)
     log_dir = getattr(args, "log_dir", None)
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
@@ -285,7 +238,7 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
         report = _run(cfg, args, data, test, progress)
     finally:
         progress.stop()
-    _console(False).print(_report_table(report))
+    console(False).print(_report_table(report))
     metrics_out = getattr(args, "metrics_out", None)
     if metrics_out:
         write_text(metrics_out, json.dumps({k: v for k, v in report.items() if k != "traces"}, indent=1))
@@ -332,7 +285,7 @@ def _stops_streams() -> Iterator[None]:
         if stopping or not stop_streams():  # a second time, or no stream runs yet: interrupted
             raise KeyboardInterrupt
         stopping.append(signum)
-        _console(True).print("stopping: the stream is closed, the job finishes what it read (Ctrl-C again to "
+        console(True).print("stopping: the stream is closed, the job finishes what it read (Ctrl-C again to "
                              "interrupt)")
 
     stopping: list[int] = []
@@ -350,10 +303,10 @@ def demo(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any])
         raise ConfigError(f"--rows must be >= 1, got {args.rows}")
     with tempfile.TemporaryDirectory(prefix="paramserver-demo-") as tmp:
         train_path, test_path = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
-        _console(True).print(f"writing {args.rows:,} synthetic Criteo-format rows (+ {args.rows // 10:,} test rows)")
+        console(True).print(f"writing {args.rows:,} synthetic Criteo-format rows (+ {args.rows // 10:,} test rows)")
         write_synth(train_path, args.rows, seed=1)
         write_synth(test_path, max(1, args.rows // 10), seed=2)
-        _console(True).print(f"training logistic regression (FTRL) on {args.servers} server(s) and "
+        console(True).print(f"training logistic regression (FTRL) on {args.servers} server(s) and "
                   f"{args.workers} worker(s)")
         ns = argparse.Namespace(model="lr", epochs=1, batch_size=4000, servers=args.servers,
                                 workers=args.workers, shard_mb=4, quiet=False)
@@ -376,7 +329,7 @@ def predict(args: argparse.Namespace, _: Any) -> int:
     n = predict_file(args.model, args.data, args.out, args.skip_bad_lines, _overrides(args),
                      args.allow_unverified_checkpoint, seen)
     share = seen["unseen_feature_share"]
-    _console(True).print(f"wrote {n:,} predictions to {'standard output' if args.out == '-' else args.out}; "
+    console(True).print(f"wrote {n:,} predictions to {'standard output' if args.out == '-' else args.out}; "
                          f"{share:.1%} of their features were never seen in training"
                          + (" (is this the data the model was trained for?)" if share > 0.5 else ""))
     return 0
@@ -395,140 +348,7 @@ def split_columns(args: argparse.Namespace, _: Any) -> int:
     from paramserver.apps.ctr.vertical import split_columns as split
 
     manifest = split(args.data, args.parts, args.out, args.format)
-    _console(False).print(f"{manifest['lines']:,} lines in {args.parts} column blocks under {args.out}")
-    return 0
-
-
-def _cluster_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The launcher (``--cluster``, checked now, before any data is read) and its options."""
-    from paramserver.cluster.launch import parse_cluster
-
-    options: dict[str, Any] = {}
-    where = getattr(args, "cluster", None) or "local"
-    if parse_cluster(where)[0] != "local":
-        options["cluster"] = where
-    if getattr(args, "log_dir", None):
-        options["log_dir"] = args.log_dir
-    if getattr(args, "secret_file", None):
-        if "cluster" in options:
-            raise ConfigError(f"--secret-file keys a local cluster; with --cluster {where} give the nodes "
-                              "PARAMSERVER_SECRET_FILE")
-        options["secret_file"] = args.secret_file
-    dashboard = getattr(args, "dashboard", None)
-    if dashboard is not None:
-        if "cluster" in options:
-            raise ConfigError(f"--dashboard serves from a local cluster's scheduler; with --cluster {where} set "
-                              "PARAMSERVER_HTTP_PORT for the scheduler instead")
-        if not 0 <= dashboard <= 65535:
-            raise ConfigError(f"--dashboard {dashboard}: a port must be in [0, 65535] (0 or none: any free one)")
-        options["http_port"] = dashboard
-    return options
-
-
-def _checkpoints(args: argparse.Namespace) -> Any:
-    from paramserver.apps.rounds.program import CheckpointOptions
-
-    return CheckpointOptions(args.checkpoint_dir, args.checkpoint_every, args.keep_checkpoints, args.resume,
-                             getattr(args, "allow_unverified_checkpoint", False))
-
-
-@contextlib.contextmanager
-def _watched(app: str, args: argparse.Namespace) -> Iterator[Any]:
-    """A scheduled app's watch (``apps/rounds/job.Watch``): where to look once its nodes
-    are up, and its rounds on a live line (none with ``--quiet``), as train shows its job."""
-    from paramserver.apps.rounds.job import Watch
-
-    def line(status: dict[str, Any], seconds: float) -> str:
-        live = status.get("live", {})
-        done, most = int(live.get("rounds", 0)), int(live.get("rounds_max", 0) - live.get("rounds_start", 0))
-        of = f" of {most:,}" if 0 < most < 100_000 else ""
-        return f"{app}: round {done:,}{of}  {seconds:,.0f} s" if done else f"{app}: starting ({seconds:,.0f} s)"
-
-    quiet = getattr(args, "quiet", False) or getattr(args, "json", False) or (
-        not sys.stderr.isatty() and os.environ.get("CI"))
-    progress = _Progress(bool(quiet), line)
-    if getattr(args, "log_dir", None):
-        os.makedirs(args.log_dir, exist_ok=True)
-    try:
-        yield Watch(announce=progress.announce, progress=progress.show)
-    finally:
-        progress.stop()
-
-
-def _round_report(app: str, args: argparse.Namespace, report: dict[str, Any]) -> None:
-    """A scheduled app's report: a table as train's (``--json``: one JSON line)."""
-    if getattr(args, "json", False):
-        print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
-        return
-    from rich.table import Table
-
-    table = Table(title=f"paramserver {app}", show_header=False)
-    for key, value in report.items():
-        if isinstance(value, bool) or value is None:
-            table.add_row(key.replace("_", " "), str(value).lower())
-        elif isinstance(value, int):
-            table.add_row(key.replace("_", " "), f"{value:,}")
-        elif isinstance(value, float):
-            table.add_row(key.replace("_", " "), f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.6g}")
-        elif isinstance(value, str):
-            table.add_row(key.replace("_", " "), value)
-        elif isinstance(value, (list, dict)) and len(json.dumps(value)) <= 80:
-            table.add_row(key.replace("_", " "), json.dumps(value))
-    _console(False).print(table)
-
-
-def lasso(args: argparse.Namespace, _: Any) -> int:
-    from paramserver.apps.rounds.lasso import run_lasso
-
-    for flag, value in (("--workers", args.workers), ("--servers", args.servers), ("--max-rounds", args.max_rounds)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {value}")
-    with _watched("lasso", args) as watch:
-        report = run_lasso(args.data, lam=args.lam, lambda_ratio=args.lambda_ratio, tol=args.tol,
-                           schedule=args.schedule, workers=args.workers, servers=args.servers, save=args.save,
-                           metrics_out=args.metrics_out, max_rounds=args.max_rounds, checkpoints=_checkpoints(args),
-                           cluster_options=_cluster_options(args),
-                           replicas=args.replicas, allow_loss=args.allow_loss, loss=args.loss,
-                           kkt_filter=args.kkt_filter, intercept=args.intercept, filters=args.filters, watch=watch)
-    report.pop("history", None)
-    _round_report("lasso", args, report)
-    if report["stalled"] and not report["converged"]:
-        err = _console(True)
-        err.print(f"lasso: the objective stopped improving (by less than 1e-9 of itself over 10 checks) with the "
-                  f"duality gap at {report['relative_gap']:.2g} of it, above --tol {args.tol:g}: the gap is a loose "
-                  "bound here (concurrent updates leave small optimality violations the objective no longer feels); "
-                  "--workers 1 certifies tighter, more slowly")
-    elif not report["converged"]:
-        _console(True).print(f"lasso: stopped after {report['rounds']:,} rounds with the duality gap at "
-                             f"{report['relative_gap']:.2g} of the objective, above --tol {args.tol:g}: "
-                             "raise --max-rounds")
-    return 0
-
-
-def mf(args: argparse.Namespace, _: Any) -> int:
-    from paramserver.apps.rounds.mf import MFConfig, run_mf
-
-    cfg = MFConfig(rank=args.rank, epochs=args.epochs, lr=args.lr, reg=args.reg, seed=args.seed)
-    with _watched("mf", args) as watch:
-        report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
-                        predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out,
-                        checkpoints=_checkpoints(args), cluster_options=_cluster_options(args),
-                        replicas=args.replicas, allow_loss=args.allow_loss, filters=args.filters, watch=watch)
-    _round_report("mf", args, report)
-    return 0
-
-
-def lda(args: argparse.Namespace, _: Any) -> int:
-    from paramserver.apps.rounds.lda import LDAConfig, run_lda
-
-    cfg = LDAConfig(topics=args.topics, iterations=args.iterations, alpha=args.alpha, beta=args.beta, seed=args.seed,
-                    schedule=args.schedule, staleness=args.staleness)
-    with _watched("lda", args) as watch:
-        report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
-                         metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args),
-                         cluster_options=_cluster_options(args),
-                         replicas=args.replicas, allow_loss=args.allow_loss, filters=args.filters, watch=watch)
-    _round_report("lda", args, report)
+    console(False).print(f"{manifest['lines']:,} lines in {args.parts} column blocks under {args.out}")
     return 0
 
 
@@ -538,11 +358,11 @@ def synth(args: argparse.Namespace, _: Any) -> int:
         if days is not None:
             raise ConfigError(f"--days is for --shape drift only, not --shape {shape}")
         size = write_synth(args.out, args.rows, args.seed, shape)
-        _console(True).print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")
+        console(True).print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")
         return 0
     from paramserver.apps.ctr.drift import DEFAULT_DAYS, write_drift
 
     days = DEFAULT_DAYS if days is None else days
     size = write_drift(args.out, args.rows, days, args.seed)
-    _console(True).print(f"wrote {days} days of {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}/day-*.tsv")
+    console(True).print(f"wrote {days} days of {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}/day-*.tsv")
     return 0

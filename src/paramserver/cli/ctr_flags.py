@@ -227,8 +227,8 @@ def add_demo(sub: Subparsers) -> None:
 
 
 def run_ctr(args: argparse.Namespace) -> int:
-    """Any command of cli/ctr.py (the CTR commands, and the round apps' lasso, mf and lda):
-    the function of the command's name there, given the parser of ``--optimizer``."""
+    """Any command of cli/ctr.py (the CTR commands): the function of the command's name
+    there, given the parser of ``--optimizer``."""
     from paramserver.cli import ctr
 
     run: Callable[[argparse.Namespace, Callable[[str | None], Any]], int] = getattr(ctr, args.command.replace("-", "_"))

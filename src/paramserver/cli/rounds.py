@@ -1,15 +1,21 @@
 """The command line of the round apps (apps/rounds): ``lasso``, ``mf`` and ``lda``, scheduled
-programs that run on a local cluster of their own and checkpoint at round boundaries.
-
-What they do is cli/ctr.py's ``lasso``, ``mf`` and ``lda`` (cli/ctr_flags.run_ctr).
+programs that run on a local cluster of their own and checkpoint at round boundaries: their
+flags, and what they do (watched as ``train`` is: ``cli/running.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, secret_flag, unverified_flag, watch_flags
+from paramserver.cli.running import Progress, cluster_options, console
+from paramserver.errors import ConfigError
 
 if TYPE_CHECKING:
     from paramserver.cli.parser import Subparsers
@@ -117,3 +123,110 @@ def add_lda(sub: Subparsers) -> None:
     p.add_argument("--metrics-out", metavar="FILE", help="write log-likelihood per token, tokens and "
                    "token-iterations/s as JSON")
     _round_checkpoint_flags(p, "iterations", 20)
+
+
+def _checkpoints(args: argparse.Namespace) -> Any:
+    from paramserver.apps.rounds.program import CheckpointOptions
+
+    return CheckpointOptions(args.checkpoint_dir, args.checkpoint_every, args.keep_checkpoints, args.resume,
+                             getattr(args, "allow_unverified_checkpoint", False))
+
+
+@contextlib.contextmanager
+def _watched(app: str, args: argparse.Namespace) -> Iterator[Any]:
+    """A scheduled app's watch (``apps/rounds/job.Watch``): where to look once its nodes
+    are up, and its rounds on a live line (none with ``--quiet``), as train shows its job."""
+    from paramserver.apps.rounds.job import Watch
+
+    def line(status: dict[str, Any], seconds: float) -> str:
+        live = status.get("live", {})
+        done, most = int(live.get("rounds", 0)), int(live.get("rounds_max", 0) - live.get("rounds_start", 0))
+        of = f" of {most:,}" if 0 < most < 100_000 else ""
+        return f"{app}: round {done:,}{of}  {seconds:,.0f} s" if done else f"{app}: starting ({seconds:,.0f} s)"
+
+    quiet = getattr(args, "quiet", False) or getattr(args, "json", False) or (
+        not sys.stderr.isatty() and os.environ.get("CI"))
+    progress = Progress(bool(quiet), line)
+    if getattr(args, "log_dir", None):
+        os.makedirs(args.log_dir, exist_ok=True)
+    try:
+        yield Watch(announce=progress.announce, progress=progress.show)
+    finally:
+        progress.stop()
+
+
+def _round_report(app: str, args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """A scheduled app's report: a table as train's (``--json``: one JSON line)."""
+    if getattr(args, "json", False):
+        print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
+        return
+    from rich.table import Table
+
+    table = Table(title=f"paramserver {app}", show_header=False)
+    for key, value in report.items():
+        if isinstance(value, bool) or value is None:
+            table.add_row(key.replace("_", " "), str(value).lower())
+        elif isinstance(value, int):
+            table.add_row(key.replace("_", " "), f"{value:,}")
+        elif isinstance(value, float):
+            table.add_row(key.replace("_", " "), f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.6g}")
+        elif isinstance(value, str):
+            table.add_row(key.replace("_", " "), value)
+        elif isinstance(value, (list, dict)) and len(json.dumps(value)) <= 80:
+            table.add_row(key.replace("_", " "), json.dumps(value))
+    console(False).print(table)
+
+
+def lasso(args: argparse.Namespace) -> int:
+    from paramserver.apps.rounds.lasso import run_lasso
+
+    for flag, value in (("--workers", args.workers), ("--servers", args.servers), ("--max-rounds", args.max_rounds)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    with _watched("lasso", args) as watch:
+        report = run_lasso(args.data, lam=args.lam, lambda_ratio=args.lambda_ratio, tol=args.tol,
+                           schedule=args.schedule, workers=args.workers, servers=args.servers, save=args.save,
+                           metrics_out=args.metrics_out, max_rounds=args.max_rounds, checkpoints=_checkpoints(args),
+                           cluster_options=cluster_options(args),
+                           replicas=args.replicas, allow_loss=args.allow_loss, loss=args.loss,
+                           kkt_filter=args.kkt_filter, intercept=args.intercept, filters=args.filters, watch=watch)
+    report.pop("history", None)
+    _round_report("lasso", args, report)
+    if report["stalled"] and not report["converged"]:
+        err = console(True)
+        err.print(f"lasso: the objective stopped improving (by less than 1e-9 of itself over 10 checks) with the "
+                  f"duality gap at {report['relative_gap']:.2g} of it, above --tol {args.tol:g}: the gap is a loose "
+                  "bound here (concurrent updates leave small optimality violations the objective no longer feels); "
+                  "--workers 1 certifies tighter, more slowly")
+    elif not report["converged"]:
+        console(True).print(f"lasso: stopped after {report['rounds']:,} rounds with the duality gap at "
+                             f"{report['relative_gap']:.2g} of the objective, above --tol {args.tol:g}: "
+                             "raise --max-rounds")
+    return 0
+
+
+def mf(args: argparse.Namespace) -> int:
+    from paramserver.apps.rounds.mf import MFConfig, run_mf
+
+    cfg = MFConfig(rank=args.rank, epochs=args.epochs, lr=args.lr, reg=args.reg, seed=args.seed)
+    with _watched("mf", args) as watch:
+        report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
+                        predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out,
+                        checkpoints=_checkpoints(args), cluster_options=cluster_options(args),
+                        replicas=args.replicas, allow_loss=args.allow_loss, filters=args.filters, watch=watch)
+    _round_report("mf", args, report)
+    return 0
+
+
+def lda(args: argparse.Namespace) -> int:
+    from paramserver.apps.rounds.lda import LDAConfig, run_lda
+
+    cfg = LDAConfig(topics=args.topics, iterations=args.iterations, alpha=args.alpha, beta=args.beta, seed=args.seed,
+                    schedule=args.schedule, staleness=args.staleness)
+    with _watched("lda", args) as watch:
+        report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
+                         metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args),
+                         cluster_options=cluster_options(args),
+                         replicas=args.replicas, allow_loss=args.allow_loss, filters=args.filters, watch=watch)
+    _round_report("lda", args, report)
+    return 0
