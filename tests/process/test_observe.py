@@ -199,3 +199,35 @@ def test_top_shows_the_servers_of_a_running_cluster_and_refuses_a_dead_address()
     proc = subprocess.run([sys.executable, "-m", "paramserver", "top", "--scheduler", "tcp://127.0.0.1:1", "--once"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "nothing listens at tcp://127.0.0.1:1" in proc.stderr
+
+
+def test_keep_dashboard_leaves_the_page_up_after_the_report_until_ctrl_c(tmp_path):
+    """``train --keep-dashboard`` (issue 33.13): the report is printed, then the dashboard
+    still answers with the finished job, until Ctrl-C ends the command cleanly."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = str(tmp_path / "d.tsv")
+    write_synth(data, 5_000, seed=4)
+    proc = subprocess.Popen([sys.executable, "-m", "paramserver", "train", "--data", data, "--keep-dashboard",
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        err = ""
+        deadline = time.monotonic() + 120
+        while "stays up" not in err:
+            assert time.monotonic() < deadline and proc.poll() is None, err
+            err += proc.stderr.readline()
+        url = re.search(r"dashboard (http://\S+?)(\?token=\S+)?\s", err).group(1)
+        state = json.loads(urllib.request.urlopen(url + "api/state", timeout=30).read())
+        assert state["job"]["finished"] and state["job"]["examples"] == 5_000
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err + rest
+    assert "paramserver train" in out and "Traceback" not in rest

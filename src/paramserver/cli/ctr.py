@@ -198,7 +198,7 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
 
 
 def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list[str],
-         progress: Progress) -> dict[str, Any]:
+         progress: Progress, done: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The job on its cluster: vertical (``--feature-partition``) or by data shards."""
     parts = getattr(args, "feature_partition", None)
     if parts is not None:
@@ -221,7 +221,7 @@ def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list
                         publish=getattr(args, "publish", None), publish_every=getattr(args, "publish_every", 10.0),
                         stream=getattr(args, "stream", None), max_examples=getattr(args, "max_examples", None),
                         until=getattr(args, "until", None),
-                        checkpoint_seconds=getattr(args, "checkpoint_seconds", None))
+                        checkpoint_seconds=getattr(args, "checkpoint_seconds", None), on_done=done)
 
 
 def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list[str],
@@ -234,15 +234,42 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
     log_dir = getattr(args, "log_dir", None)
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
+    shown: list[dict[str, Any]] = []
+
+    def done(report: dict[str, Any]) -> None:  # the cluster (and its dashboard) still up
+        progress.stop()
+        _show(args, report)
+        shown.append(report)
+        if getattr(args, "keep_dashboard", False):
+            _linger(progress)
+
     try:
-        report = _run(cfg, args, data, test, progress)
+        report = _run(cfg, args, data, test, progress, done)
     finally:
         progress.stop()
+    if not shown:  # --feature-partition's job reports once its cluster is gone
+        _show(args, report)
+    return report
+
+
+def _show(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """The report: a table on stdout, and the JSON of --metrics-out."""
     console(False).print(_report_table(report))
     metrics_out = getattr(args, "metrics_out", None)
     if metrics_out:
         write_text(metrics_out, json.dumps({k: v for k, v in report.items() if k != "traces"}, indent=1))
-    return report
+
+
+def _linger(progress: Progress) -> None:
+    """``--keep-dashboard``: the job is done and reported; its dashboard stays up until Ctrl-C."""
+    import threading
+
+    where = next((w for w in progress.where if w.startswith("dashboard")), "the dashboard")
+    console(True).print(f"the job is done; {where} stays up for a last look: Ctrl-C to end")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        console(True).print("ending")
 
 
 def train(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]) -> int:

@@ -165,6 +165,9 @@ def add_train(sub: Subparsers) -> None:
     p = sub.add_parser("train", help="train lr, fm, deepfm or wdl on a local cluster and report test metrics")
     _data_flags(p)
     watch_flags(p)
+    p.add_argument("--keep-dashboard", action="store_true",
+                   help="once the job is done and reported, keep its dashboard (and cluster) up for a last look "
+                        "until Ctrl-C (implies --dashboard)")
     _model_flags(p)
     _job_flags(p)
     _output_flags(p)

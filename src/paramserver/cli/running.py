@@ -80,6 +80,8 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
                               "PARAMSERVER_SECRET_FILE")
         options["secret_file"] = args.secret_file
     dashboard = getattr(args, "dashboard", None)
+    if dashboard is None and getattr(args, "keep_dashboard", False):
+        dashboard = 0  # any free port
     if dashboard is not None:
         if "cluster" in options:
             raise ConfigError(f"--dashboard serves from a local cluster's scheduler; with --cluster {where} set "

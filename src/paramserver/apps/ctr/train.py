@@ -142,7 +142,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                  cluster_options: dict[str, Any] | None = None, allow_loss: bool = False,
                  keep_checkpoints: int = 3, allow_unverified: bool = False, publish: str | None = None,
                  publish_every: float = 10.0, stream: str | None = None, max_examples: int | None = None,
-                 until: str | None = None, checkpoint_seconds: float | None = None) -> dict[str, Any]:
+                 until: str | None = None, checkpoint_seconds: float | None = None,
+                 on_done: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train on a fresh local cluster; return the report (see ``docs``).
 
     Args:
@@ -168,6 +169,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             files arrive, ``redis://HOST:PORT/STREAM``, ``-``, ``module:Class=URL``) until
             ``max_examples`` rows, the time ``until`` (``apps/ctr/streaming.parse_until``),
             the source's end, or a stop (``streaming.stop_streams``).
+        on_done: called with the report while the cluster is still up (its dashboard too).
     """
     from paramserver.cluster.launch import open_cluster
 
@@ -191,7 +193,9 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         test_read = reader.submit(read_all, test, cfg.data) if test and test_read is None else test_read
         report = _results(cluster.client, cfg, plan.spec, ran, test_read, save) | _lived(cluster.client, plan.spec,
                                                                                            publisher)
-    report.update(_job_report(cfg, plan, ran, servers=servers, workers=workers, table_seconds=table_seconds))
+        report.update(_job_report(cfg, plan, ran, servers=servers, workers=workers, table_seconds=table_seconds))
+        if on_done is not None:
+            on_done(report)
     return report
 
 
