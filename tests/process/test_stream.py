@@ -211,3 +211,31 @@ def test_bad_input_on_a_stream_is_said_clearly_and_loses_nothing_committed(tmp_p
     assert proc.returncode != 0 and "the stream is gone" in err and "Traceback" not in err, err[-2000:]
     assert committed != b"0-0" and _examples(ckpt) == 1000  # what was committed stays committed
     client.close()
+
+
+def test_a_stream_fed_while_the_job_runs_stops_exactly_at_max_examples(tmp_path, redis_url):
+    """A job started on an empty stream (its group new: Redis does not know how many entries
+    it read) counts what arrives, and stops at --max-examples exactly, not before."""
+    proc = _train(["--stream", f"{redis_url}/later", "--format", "libsvm", "--label-format", "01",
+                   "--max-examples", "3000", "--metrics-out", str(tmp_path / "r.json")], tmp_path)
+    try:
+        import redis
+
+        client = redis.Redis.from_url(redis_url)
+        wait_for(lambda: client.exists("later") and client.xinfo_groups("later"), 60, "the job's group")
+        for part in range(4):  # 4 x 1000 rows, while it runs: it takes the first 3000
+            _feed_more(client, "later", [f"0 {part * 1000 + i + 1}:1".encode() for i in range(1000)])
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert json.loads((tmp_path / "r.json").read_text())["examples"] == 3000
+
+
+def _feed_more(client, stream: str, rows: list[bytes]) -> None:
+    pipe = client.pipeline(transaction=False)
+    for row in rows:
+        pipe.xadd(stream, {"line": row})
+    pipe.execute()

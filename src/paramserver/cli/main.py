@@ -70,6 +70,7 @@ COMMANDS: dict[str, Command] = {
 }
 _QUIET = frozenset({"train", "demo", "predict", "eval", "synth", "chaos"})  # log warnings and up, not INFO
 _NODES = frozenset({"scheduler", "server", "worker", "node"})  # they serve: the allocator is tuned for it
+_COMPILES = frozenset({"train", "predict", "eval", "demo", "lasso", "mf", "lda", "serve", "split-columns"})
 _JOBS = frozenset({"train", "demo"})  # a job turns the collector back on once its nodes are up
 
 
@@ -118,6 +119,10 @@ def _start(args: argparse.Namespace) -> None:
                         format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
     if args.command in _NODES:  # a command a user typed keeps its line; a node is named for ps and top
         set_title(f"{args.command} (starting)")
+    elif args.command in _COMPILES:  # a first run compiles for tens of seconds: said, not silent
+        from paramserver._runtime.compiling import announce_compiles
+
+        announce_compiles(lambda text: print(text, file=sys.stderr, flush=True))
     if args.command in _NODES or getattr(args, "action", "") == "add-server":
         from paramserver._runtime.malloc import tune_allocator
 

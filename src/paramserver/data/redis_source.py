@@ -44,6 +44,13 @@ _NTH = """local r = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2]
 if #r == 0 then return false end
 return r[#r][1]"""
 
+# the entries after an id, and the stream's entries-added, at one moment (once, where the
+# group does not know how many entries it has read)
+_AFTER = """local n = #redis.call('XRANGE', KEYS[1], ARGV[1], '+')
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+for i = 1, #info, 2 do if info[i] == 'entries-added' then return {n, info[i + 1]} end end
+return {n, -1}"""
+
 
 def parse_url(url: str) -> tuple[str, str, str]:
     """``(the Redis server's URL, the stream, the group)`` of ``redis://HOST:PORT[/DB]/STREAM[?group=G]``."""
@@ -137,11 +144,18 @@ class RedisSource:
             group = next(g for g in self._call("XINFO GROUPS", self.redis.xinfo_groups, self.stream)
                          if (g["name"].decode() if isinstance(g["name"], bytes) else g["name"]) == self.group)
             self.cursor, self.added = _id(group["last-delivered-id"]), group.get("entries-read")
+            if self.added is None:  # Redis does not know (a group made on an empty stream, or moved by id)
+                self.added = 0 if self.cursor == (0, 0) else self._added_at_cursor()
             return
         if not isinstance(position, dict) or "id" not in position:
             raise ConfigError(f"--resume: the checkpoint's position {position!r} is not a Redis stream's: pass the "
                               "--stream of the checkpointed job")
         self.cursor, self.added = _id(position["id"]), position.get("added")
+
+    def _added_at_cursor(self) -> int | None:
+        """The stream's entries-added when the entry at the cursor was added: counted (once)."""
+        after, added = self._call("XRANGE", self.redis.eval, _AFTER, 1, self.stream, f"({_text(self.cursor)}")
+        return int(added) - int(after) if int(added) >= 0 else None
 
     def _info(self) -> tuple[tuple[int, int], int]:
         import redis
