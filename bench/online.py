@@ -10,9 +10,7 @@ It starts its own ``redis-server`` (a free port, ``--save '' --appendonly no``, 
 temporary folder) and every ``paramserver`` command it measures as a subprocess with the
 default flags (headline rows), all stopped in ``finally`` (SIGTERM to the process group, a
 bounded wait, then SIGKILL); the temporary folder is removed (``--keep``: kept, with every
-command's stderr in ``logs/``).  Each stream's consumer group is made by this script before
-the job starts, with ENTRIESREAD 0 (``make_group``: without it, a job on a stream fed while
-it runs stops far short of ``--max-examples``).  Sections:
+command's stderr in ``logs/``).  The jobs make their own consumer groups.  Sections:
 
 1. ``stream`` -- stream vs file throughput: ``--rows`` rows of drift data (day 0 of
    ``paramserver synth --shape drift``) are XADDed to a stream (pipelined; the feed rate is
@@ -263,15 +261,6 @@ def redis_server(tmp: str, procs: Procs) -> Iterator[tuple[str, Any]]:
         procs.stop(proc)
 
 
-def make_group(client: Any, stream: str, group: str = "paramserver") -> None:
-    """Create the job's consumer group before the job does, at the stream's start with
-    ENTRIESREAD 0.  Without it, Redis 7.0 gives a group made at id 0 on a new stream an
-    unknown entries-read, and ``RedisSource`` then counts the whole stream again at every
-    poll: ``--max-examples`` closes a stream that is fed while the job runs far too early
-    (seen here: 6,494 of 60,000 rows trained)."""
-    client.xgroup_create(stream, group, id="0", mkstream=True, entries_read=0)
-
-
 def read_lines(path: str) -> list[bytes]:
     with open(path, "rb") as f:
         return f.read().splitlines()
@@ -323,8 +312,6 @@ def section_stream(args: argparse.Namespace, tmp: str, url: str, client: Any, pr
     write_day(path, args.rows, 0, args.seed)
     log(f"[stream] wrote {args.rows:,} drift rows in {time.time() - t0:.1f} s")
     lines = read_lines(path)
-    for group in ["warmup", *(f"run{i}" for i in range(args.repeat))]:
-        make_group(client, "s", group)
     fed_s = feed(client, "s", lines)
     del lines
     feed_rate = args.rows / fed_s
@@ -435,7 +422,6 @@ def fresh_run(args: argparse.Namespace, tmp: str, url: str, client: Any, procs: 
     report = os.path.join(tmp, f"fresh-{int(sync_s)}.json")
     total = args.hour_rows * len(hours)
     port = free_port()
-    make_group(client, stream)
     serve = procs.start(PS + ["serve", "--follow", pub, "--port", str(port), "--poll", f"{poll:g}"])
     train = procs.start(PS + ["train", "--stream", f"{url}/{stream}", "--max-examples", str(total), "--publish", pub,
                               "--publish-every", f"{every:g}", "--quiet", "--metrics-out", report])
@@ -717,7 +703,6 @@ def section_latency(args: argparse.Namespace, tmp: str, url: str, client: Any, p
     write_day(base_path, args.latency_rows, 0, args.seed)
     write_day(more_path, max(100_000, args.latency_rows // 4), 1, args.seed)
     base = read_lines(base_path)
-    make_group(client, "lat")
     fed_s = feed(client, "lat", base)
     log(f"[latency] XADDed {len(base):,} rows in {fed_s:.1f} s; training the served model")
     pub, ckpt = os.path.join(tmp, "pub-lat"), os.path.join(tmp, "ckpt-lat")
@@ -832,7 +817,6 @@ def section_recovery(args: argparse.Namespace, tmp: str, url: str, client: Any, 
     os.makedirs(mod_dir, exist_ok=True)
     with open(os.path.join(mod_dir, "bench_count_rule.py"), "w") as f:
         f.write(RULE)
-    make_group(client, "rec")
     feeder = RateFeeder(client, "rec", [f"0 {i + 1}:1".encode() for i in range(n)], args.recovery_rate, limit=n)
     log(f"[recovery] XADDing {n:,} rows at {args.recovery_rate:,.0f} rows/s while the job runs")
     ckpt = os.path.join(tmp, "ckpt-rec")
