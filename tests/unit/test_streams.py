@@ -236,3 +236,42 @@ def test_standard_input_is_spooled_into_whole_line_files_as_it_arrives():
     source.close()
     os.close(read)
     assert not os.path.exists(source.folder)
+
+
+def _resp(entries) -> bytes:
+    """An XRANGE reply in RESP2: entries of (id, [(field, value), ...])."""
+    def bulk(b):
+        return b"$%d\r\n%s\r\n" % (len(b), b)
+    out = b"*%d\r\n" % len(entries)
+    for ident, fields in entries:
+        out += b"*2\r\n" + bulk(ident) + b"*%d\r\n" % (2 * len(fields))
+        out += b"".join(bulk(k) + bulk(v) for k, v in fields)
+    return out
+
+
+class _Sock:
+    """A socket that hands out a reply a few bytes at a time (the worst case of a read)."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self.data, self.step = data, step
+
+    def recv_into(self, view) -> int:
+        n = min(self.step, len(view), len(self.data))
+        view[:n] = self.data[:n]
+        self.data = self.data[n:]
+        return n
+
+
+@pytest.mark.parametrize("step", [1, 7, 1 << 20])
+def test_an_xrange_page_is_read_off_the_socket_whole_in_any_pieces(step):
+    from types import SimpleNamespace
+
+    from paramserver.data.resp import _read_page
+
+    entries = [(b"1-0", [(b"line", b"0 1:1")]), (b"1-1", [(b"other", b"x"), (b"line", b"1 2:1 3:1")]),
+               (b"2-0", [(b"first", b"0 4:1"), (b"second", b"no")]), (b"3-7", [(b"line", b"")])]
+    rows, last, n = _read_page(SimpleNamespace(_sock=_Sock(_resp(entries), step)))
+    assert (rows, last, n) == (b"0 1:1\n1 2:1 3:1\n0 4:1\n\n", b"3-7", 4)
+    assert _read_page(SimpleNamespace(_sock=_Sock(b"*0\r\n", step))) == (b"", b"", 0)
+    with pytest.raises(DataError, match="Redis refused XRANGE: WRONGTYPE"):
+        _read_page(SimpleNamespace(_sock=_Sock(b"-WRONGTYPE not a stream\r\n", step)))

@@ -112,6 +112,9 @@ class RedisSource:
         self.server, self.stream, self.group = parse_url(url)
         self.per_shard = max(1, int(shard_bytes) // ENTRY_BYTES)
         self.redis = _connect(self.server)
+        from paramserver.data.resp import warm
+
+        warm()  # the workers are forked from this process: they inherit the page kernel
         self.cursor: tuple[int, int] = (0, 0)
         self.added: int | None = 0
         self.committed: tuple[int, int] | None = None
@@ -217,19 +220,19 @@ class RedisSource:
 
 
 def _entries(shard: Shard) -> Iterator[bytes]:
-    """The rows of a shard's entries, a page of ``XRANGE`` at a time, each value a line."""
+    """The rows of a shard's entries, a page of ``XRANGE`` at a time (read off the socket
+    by ``resp.py``'s kernel), each value a line."""
+    from paramserver.data.resp import xrange_page
+
     server, stream, _ = parse_url(shard.path)
     client = _connect(server)
     reader = RedisSource.__new__(RedisSource)  # only its retrying _call
     reader.url = shard.path
     start, end = shard.span.split()
     while True:
-        page = reader._call("XRANGE", client.xrange, stream, start, end, count=PAGE)
-        if not page:
+        rows, last, n = reader._call("XRANGE", xrange_page, client, stream, start, end, PAGE)
+        if n:
+            yield rows
+        if n < PAGE:
             return
-        values = [fields.get(b"line") or next(iter(fields.values()), b"") for _, fields in page]
-        values.append(b"")
-        yield b"\n".join(values)
-        if len(page) < PAGE:
-            return
-        start = b"(" + page[-1][0]
+        start = b"(" + last
