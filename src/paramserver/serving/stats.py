@@ -24,8 +24,9 @@ class Stats:
     requests: dict[tuple[str, int], int] = field(default_factory=dict)  # (endpoint, status) -> requests
     latency: list[float] = field(default_factory=lambda: [0.0] * (len(LATENCY_BUCKETS) + 2))  # buckets, +Inf, sum
     rows: int = 0
-    features: int = 0
-    unseen: int = 0
+    scored: int = 0  # /predict requests scored (the unseen share samples the large ones)
+    features: int = 0  # of the requests sampled for the unseen share ...
+    unseen: int = 0  # ... and of those, the model never saw
     deltas_applied: int = 0
     bases_loaded: int = 0
     follow_errors: int = 0
