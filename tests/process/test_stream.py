@@ -239,3 +239,51 @@ def _feed_more(client, stream: str, rows: list[bytes]) -> None:
     for row in rows:
         pipe.xadd(stream, {"line": row})
     pipe.execute()
+
+
+def _workers_of(driver: int) -> list[int]:
+    """The pids of a job's training workers: the driver's children named for ps as workers."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if title.startswith(b"paramserver: worker") and parent == driver:
+            found.append(int(pid))
+    return found
+
+
+def test_a_worker_that_dies_mid_stream_has_its_shard_read_again_by_another(tmp_path, rules, redis_url):
+    """SIGKILL one of the two workers while the stream is read: the shard it held goes back
+    to the queue and the other worker reads it; every example still counts once."""
+    n = 40_000
+    _feed(redis_url, "one", [f"0 {i + 1}:1".encode() for i in range(n)])
+    ckpt = str(tmp_path / "ckpt")
+    proc = _train(["--stream", f"{redis_url}/one", "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
+                   "--optimizer", "stream_rules:count", "--batch-size", "100", "--shard-mb", "0.25", "--workers", "2",
+                   "--checkpoint-dir", ckpt, "--max-examples", str(n), "--metrics-out", str(tmp_path / "r.json")],
+                  tmp_path)
+    try:
+        import redis
+
+        client = redis.Redis.from_url(redis_url)
+        workers = wait_for(lambda: len(w := _workers_of(proc.pid)) == 2 and w, 60, "two named workers")
+        wait_for(lambda: client.info("commandstats").get("cmdstat_xrange", {}).get("calls", 0) >= 4, 60,
+                 "the workers reading the stream")
+        os.kill(workers[0], signal.SIGKILL)  # mid-stream: the shard it holds is not done
+        client.close()
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["examples"] == n and report["failed_workers"], report.get("failed_workers")
+    keys, counts = _counts(ckpt)
+    assert counts.max() == n and np.all(counts[counts != n] == 1) and np.sum(counts == 1) == n
+
