@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from paramserver._runtime import collector
 from paramserver.apps.ctr.modelfile import evaluate, predict_file
 from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.streaming import StreamJob
 from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train import check_job, run_training
 from paramserver.apps.ctr.train_config import TrainConfig
@@ -219,8 +220,8 @@ def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list
                         keep_checkpoints=getattr(args, "keep_checkpoints", 3),
                         allow_unverified=getattr(args, "allow_unverified_checkpoint", False),
                         publish=getattr(args, "publish", None), publish_every=getattr(args, "publish_every", 10.0),
-                        stream=getattr(args, "stream", None), max_examples=getattr(args, "max_examples", None),
-                        until=getattr(args, "until", None),
+                        stream=StreamJob(args.stream, getattr(args, "max_examples", None),
+                                         getattr(args, "until", None)) if getattr(args, "stream", None) else None,
                         checkpoint_seconds=getattr(args, "checkpoint_seconds", None), on_done=done)
 
 

@@ -23,6 +23,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from paramserver.data.batch import Shard
@@ -52,6 +53,18 @@ def parse_until(text: str | None, now: float | None = None) -> float | None:
             from None
 
 
+@dataclass(frozen=True)
+class StreamJob:
+    """``train --stream``: the source (``data/streams.open_source``: a folder whose files
+    arrive, ``redis://HOST:PORT/STREAM``, ``-``, ``module:Class=URL``) and when to stop:
+    after ``max_examples`` rows, at the time ``until`` (``parse_until``); else at the
+    source's end or a stop (``stop_streams``)."""
+
+    source: str
+    max_examples: int | None = None
+    until: str | None = None
+
+
 def stream_limits(max_examples: int | None, until: str | None) -> float | None:
     """``--max-examples`` checked, and ``--until`` as a wall-clock time (None: no end)."""
     if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
@@ -73,13 +86,15 @@ def stop_streams() -> bool:
 
 
 @contextlib.contextmanager
-def fed(client: Any, source: StreamSource | None, **options: Any) -> Iterator[Feeder | None]:
-    """A feeder for ``source`` (None: a job on files, nothing to feed) while the job runs,
-    ``stop_streams`` able to close it; once the job is done, its end committed."""
-    if source is None:
+def fed(client: Any, source: StreamSource | None, stream: StreamJob | None, **options: Any) -> Iterator[Feeder | None]:
+    """A feeder for ``source`` (None: a job on files, nothing to feed), stopping as
+    ``stream`` says, while the job runs, ``stop_streams`` able to close it; once the job is
+    done, its end committed."""
+    if source is None or stream is None:
         yield None
         return
-    feeder = Feeder(client, source, **options).start()
+    feeder = Feeder(client, source, max_examples=stream.max_examples, until=parse_until(stream.until),
+                    **options).start()
     STOPS.append(feeder)
     try:
         yield feeder

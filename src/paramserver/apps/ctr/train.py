@@ -42,7 +42,7 @@ from paramserver.apps.ctr.modelfile import dense_vector, metrics, model_meta, sa
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.publishing import JobPublisher, lifecycle_report
 from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
-from paramserver.apps.ctr.streaming import Feeder, fed, stream_limits
+from paramserver.apps.ctr.streaming import Feeder, StreamJob, fed, stream_limits
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
 from paramserver.apps.ctr.warmup import warm_job
@@ -141,8 +141,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                  resume: str | None = None, setup: Callable[[Any], Any] | None = None,
                  cluster_options: dict[str, Any] | None = None, allow_loss: bool = False,
                  keep_checkpoints: int = 3, allow_unverified: bool = False, publish: str | None = None,
-                 publish_every: float = 10.0, stream: str | None = None, max_examples: int | None = None,
-                 until: str | None = None, checkpoint_seconds: float | None = None,
+                 publish_every: float = 10.0, stream: StreamJob | None = None,
+                 checkpoint_seconds: float | None = None,
                  on_done: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train on a fresh local cluster; return the report (see ``docs``).
 
@@ -165,10 +165,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         publish: publish the model under this URL while it trains, a base and then what
             changed (``checkpoint/publish.py``; ``load_model(URL)`` reads it) ...
         publish_every: ... every this many seconds, and once more at the end.
-        stream: train on a stream instead of ``data`` (``data/streams.py``: a folder whose
-            files arrive, ``redis://HOST:PORT/STREAM``, ``-``, ``module:Class=URL``) until
-            ``max_examples`` rows, the time ``until`` (``apps/ctr/streaming.parse_until``),
-            the source's end, or a stop (``streaming.stop_streams``).
+        stream: train on a stream instead of ``data`` until its end or a stop
+            (``apps/ctr/streaming.StreamJob``).
         on_done: called with the report while the cluster is still up (its dashboard too).
     """
     from paramserver.cluster.launch import open_cluster
@@ -178,15 +176,14 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
                      publish_every=publish_every, stream=stream, checkpoint_seconds=checkpoint_seconds)
-    deadline = stream_limits(max_examples, until)
     with open_cluster(servers=servers, workers=workers, **_cluster_options(cfg, plan, cluster_options)) as cluster, \
             ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:
         # read while the job runs where a core is free for it (a thread only now: the nodes were forked)
         test_read = reader.submit(_read_niced, test, cfg.data) if test and plan.overlap else None
         table_seconds = _start_job(cluster, cfg, plan, setup, allow_unverified)
         publisher = JobPublisher(publish, publish_every, cfg, plan.spec) if publish else None
-        with fed(cluster.client, plan.source, max_examples=max_examples, until=deadline,
-                 checkpoints=plan.checkpoints is not None, position=plan.stream_position) as feeder:
+        with fed(cluster.client, plan.source, stream, checkpoints=plan.checkpoints is not None,
+                 position=plan.stream_position) as feeder:
             ran = _run_job(cluster, cfg, test_read, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
@@ -194,9 +191,12 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         report = _results(cluster.client, cfg, plan.spec, ran, test_read, save) | _lived(cluster.client, plan.spec,
                                                                                            publisher)
         report.update(_job_report(cfg, plan, ran, servers=servers, workers=workers, table_seconds=table_seconds))
-        if on_done is not None:
-            on_done(report)
+        (on_done or _nothing)(report)  # the cluster (and its dashboard) still up
     return report
+
+
+def _nothing(report: dict[str, Any]) -> None:
+    pass
 
 
 def _cluster_options(cfg: TrainConfig, plan: _Plan, more: dict[str, Any] | None) -> dict[str, Any]:
@@ -265,7 +265,8 @@ class _Plan:
 def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: int, workers: int, save: str | None,
               shard_bytes: int, checkpoint_dir: str | None, checkpoint_every: int | None, resume: str | None,
               keep_checkpoints: int, allow_unverified: bool, publish: str | None = None,
-              publish_every: float = 10.0, stream: str | None = None, checkpoint_seconds: float | None = None) -> _Plan:
+              publish_every: float = 10.0, stream: StreamJob | None = None,
+              checkpoint_seconds: float | None = None) -> _Plan:
     """The job's arguments checked, its outputs writable, its inputs there, all said before
     anything starts; its shards, tables, checkpoints and resume point."""
     check_job(servers, workers, shard_bytes)
@@ -277,11 +278,13 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
     if not (isinstance(publish_every, (int, float)) and math.isfinite(publish_every) and publish_every > 0):
         raise ConfigError(f"--publish-every must be a number of seconds > 0, got {publish_every!r}")
     if stream is not None and data:
-        raise ConfigError(f"--stream {stream} and --data {' '.join(data)}: give one (the files of a folder that "
-                          "fills: --stream FOLDER)")
+        raise ConfigError(f"--stream {stream.source} and --data {' '.join(data)}: give one (the files of a folder "
+                          "that fills: --stream FOLDER)")
     if stream is not None and cfg.epochs != 1:
         raise ConfigError(f"--epochs {cfg.epochs} with --stream: a stream is read once; drop --epochs")
-    source = open_source(stream, shard_bytes, cfg.data.name) if stream is not None else None
+    if stream is not None:
+        stream_limits(stream.max_examples, stream.until)  # checked now, before anything starts
+    source = open_source(stream.source, shard_bytes, cfg.data.name) if stream is not None else None
     shards = make_shards(data, shard_bytes) if source is None else []
     spec, dense_spec = cfg.table_spec(), cfg.dense_spec()
     job_checkpoints = checkpoint_option(checkpoint_dir, checkpoint_every, len(shards), checkpoint_seconds,
