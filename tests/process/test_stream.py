@@ -5,6 +5,7 @@ example's gradient is exactly 0.5: the counter is half the examples a key was in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -83,6 +84,27 @@ def _train(args: list[str], tmp_path, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
 
 
+@contextlib.contextmanager
+def _running(args: list[str], tmp_path):
+    """``paramserver train ARGS`` in a session of its own; killed whole if still running
+    when the block ends (a failed assertion, a timeout)."""
+    proc = _train(args, tmp_path)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def _counted_once(checkpoint_dir: str, n: int) -> None:
+    """Every one of the ``n`` examples applied exactly once: each id's counter 1, the bias's n."""
+    _, counts = _counts(checkpoint_dir)
+    ids = counts[counts != n]
+    assert counts.max() == n and ids.size == n and np.all(ids == 1), (
+        f"bias {counts.max()}, {np.sum(ids > 1)} ids applied twice, {n - np.sum(ids == 1)} missing")
+
+
 def _counts(checkpoint_dir: str) -> tuple[np.ndarray, np.ndarray]:
     from paramserver.apps.ctr.modelfile import _from_checkpoint
 
@@ -124,12 +146,7 @@ def test_redis_stream_exactly_once_over_sigkills(tmp_path, rules, redis_url):
     assert kills >= 1, "no run was killed: the test proved nothing"
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["examples"] == n
-    keys, counts = _counts(ckpt)
-    bias = counts.max()
-    assert bias == n, f"the bias key counted {bias} examples, not {n}"
-    ids = counts[counts != bias]
-    assert ids.size == n and np.all(ids == 1), (f"{np.sum(ids > 1)} ids applied twice, "
-                                                f"{n - ids.size} missing")
+    _counted_once(ckpt, n)
     group = redis.Redis.from_url(redis_url).xinfo_groups("clicks")[0]
     assert group["lag"] == 0 and group["pending"] == 0
 
@@ -140,12 +157,10 @@ def test_folder_stream_takes_files_as_they_arrive_once(tmp_path, rules):
     folder = tmp_path / "in"
     folder.mkdir()
     (folder / "a.txt").write_text("".join(f"0 {i + 1}:1\n" for i in range(3000)))
-    proc = _train(["--stream", str(folder), "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
+    with _running(["--stream", str(folder), "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
                    "--optimizer", "stream_rules:count", "--save", str(tmp_path / "model"),
                    "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-seconds", "0.3",
-                   "--metrics-out", str(tmp_path / "r.json")],
-                  tmp_path)
-    try:
+                   "--metrics-out", str(tmp_path / "r.json")], tmp_path) as proc:
         wait_for(lambda: _examples(tmp_path / "ckpt") >= 3000, 120, "the first file trained")
         tmp = folder / ".b.txt.tmp"
         tmp.write_text("".join(f"0 {i + 1}:1\n" for i in range(3000, 5000)))
@@ -153,14 +168,9 @@ def test_folder_stream_takes_files_as_they_arrive_once(tmp_path, rules):
         wait_for(lambda: _examples(tmp_path / "ckpt") >= 5000, 120, "both files trained")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
     assert proc.returncode == 0, err[-3000:]
     assert json.loads((tmp_path / "r.json").read_text())["examples"] == 5000
-    keys, counts = _counts(str(tmp_path / "ckpt"))
-    assert counts.max() == 5000 and np.all(counts[counts != 5000] == 1) and np.sum(counts == 1) == 5000
+    _counted_once(str(tmp_path / "ckpt"), 5000)
 
 
 def _examples(ckpt) -> int:
@@ -196,18 +206,13 @@ def test_bad_input_on_a_stream_is_said_clearly_and_loses_nothing_committed(tmp_p
 
     _feed(redis_url, "gone", [f"0 {i + 1}:1".encode() for i in range(1000)])
     ckpt = str(tmp_path / "ckpt")
-    proc = _train(["--stream", f"{redis_url}/gone", *base, "--checkpoint-dir", ckpt, "--checkpoint-seconds", "0.2"],
-                  tmp_path)
-    try:
+    with _running(["--stream", f"{redis_url}/gone", *base, "--checkpoint-dir", ckpt, "--checkpoint-seconds", "0.2"],
+                  tmp_path) as proc:
         wait_for(lambda: _examples(ckpt) >= 1000, 120, "the stream trained and checkpointed")
         committed = wait_for(lambda: client.xinfo_groups("gone")[0]["last-delivered-id"] != b"0-0" and
                              client.xinfo_groups("gone")[0]["last-delivered-id"], 30, "the checkpoint committed")
         client.delete("gone")
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
     assert proc.returncode != 0 and "the stream is gone" in err and "Traceback" not in err, err[-2000:]
     assert committed != b"0-0" and _examples(ckpt) == 1000  # what was committed stays committed
     client.close()
@@ -216,20 +221,15 @@ def test_bad_input_on_a_stream_is_said_clearly_and_loses_nothing_committed(tmp_p
 def test_a_stream_fed_while_the_job_runs_stops_exactly_at_max_examples(tmp_path, redis_url):
     """A job started on an empty stream (its group new: Redis does not know how many entries
     it read) counts what arrives, and stops at --max-examples exactly, not before."""
-    proc = _train(["--stream", f"{redis_url}/later", "--format", "libsvm", "--label-format", "01",
-                   "--max-examples", "3000", "--metrics-out", str(tmp_path / "r.json")], tmp_path)
-    try:
-        import redis
+    import redis
 
-        client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(redis_url)
+    with _running(["--stream", f"{redis_url}/later", "--format", "libsvm", "--label-format", "01",
+                   "--max-examples", "3000", "--metrics-out", str(tmp_path / "r.json")], tmp_path) as proc:
         wait_for(lambda: client.exists("later") and client.xinfo_groups("later"), 60, "the job's group")
         for part in range(4):  # 4 x 1000 rows, while it runs: it takes the first 3000
             _feed_more(client, "later", [f"0 {part * 1000 + i + 1}:1".encode() for i in range(1000)])
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
     assert proc.returncode == 0, err[-2000:]
     assert json.loads((tmp_path / "r.json").read_text())["examples"] == 3000
 
@@ -263,27 +263,21 @@ def test_a_worker_that_dies_mid_stream_has_its_shard_read_again_by_another(tmp_p
     n = 40_000
     _feed(redis_url, "one", [f"0 {i + 1}:1".encode() for i in range(n)])
     ckpt = str(tmp_path / "ckpt")
-    proc = _train(["--stream", f"{redis_url}/one", "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    with _running(["--stream", f"{redis_url}/one", "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
                    "--optimizer", "stream_rules:count", "--batch-size", "100", "--shard-mb", "0.25", "--workers", "2",
                    "--checkpoint-dir", ckpt, "--max-examples", str(n), "--metrics-out", str(tmp_path / "r.json")],
-                  tmp_path)
-    try:
-        import redis
-
-        client = redis.Redis.from_url(redis_url)
+                  tmp_path) as proc:
         workers = wait_for(lambda: len(w := _workers_of(proc.pid)) == 2 and w, 60, "two named workers")
         wait_for(lambda: client.info("commandstats").get("cmdstat_xrange", {}).get("calls", 0) >= 4, 60,
                  "the workers reading the stream")
         os.kill(workers[0], signal.SIGKILL)  # mid-stream: the shard it holds is not done
-        client.close()
         _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    client.close()
     assert proc.returncode == 0, err[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["examples"] == n and report["failed_workers"], report.get("failed_workers")
-    keys, counts = _counts(ckpt)
-    assert counts.max() == n and np.all(counts[counts != n] == 1) and np.sum(counts == 1) == n
+    _counted_once(ckpt, n)
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from paramserver.checkpoint.publish import INDEX, apply_delta, read_index, read_table_folder
 from paramserver.errors import CheckpointError
-from paramserver.serving.model import Holder, Replica, Snapshot, apply_to, new_replica, warm
+from paramserver.serving.model import Holder, Replica, Snapshot, apply_to, new_replica, warm, written_at
 from paramserver.serving.stats import Stats
 
 logger = logging.getLogger(__name__)
@@ -178,19 +178,8 @@ def _snapshot(url: str, replica: Replica, part: dict[str, Any], index: dict[str,
 
 def _part_time(path: str, default: float) -> float:
     """When the file at ``path`` was written (``default`` where the filesystem does not say)."""
-    import fsspec
-
-    try:
-        info = fsspec.core.url_to_fs(path)[0].info(path)
-    except (OSError, ValueError):
-        return default
-    for key in ("mtime", "LastModified", "updated", "created"):
-        value = info.get(key)
-        if isinstance(value, (int, float)):
-            return float(value)
-        if hasattr(value, "timestamp"):
-            return float(value.timestamp())
-    return default
+    at = written_at(path)
+    return default if at is None else at
 
 
 def _read(path: str) -> bytes:

@@ -188,19 +188,27 @@ def _is_published(url: str) -> bool:
 
 def _mtime(url: str) -> float:
     """When the model at ``url`` was written: its ``model.json``'s time, else the folder's."""
-    import fsspec
-
     for p in (f"{url.rstrip('/')}/model.json", url):
-        try:
-            if os.path.exists(p):
-                return os.path.getmtime(p)
-            info = fsspec.core.url_to_fs(p)[0].info(p)
-        except (OSError, ValueError, ImportError):
-            continue
-        for key in ("mtime", "LastModified", "updated", "created"):
-            value = info.get(key)
-            if isinstance(value, (int, float)):
-                return float(value)
-            if hasattr(value, "timestamp"):
-                return float(value.timestamp())
+        if (at := written_at(p)) is not None:
+            return at
     return time.time()
+
+
+def written_at(path: str) -> float | None:
+    """When the file or folder at ``path`` (local or any fsspec URL) was written; None where
+    it is missing or its filesystem does not say."""
+    try:
+        if os.path.exists(path):
+            return os.path.getmtime(path)
+        import fsspec
+
+        info = fsspec.core.url_to_fs(path)[0].info(path)
+    except (OSError, ValueError, ImportError):
+        return None
+    for key in ("mtime", "LastModified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+    return None
