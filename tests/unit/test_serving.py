@@ -416,3 +416,32 @@ def test_a_deep_model_follows_its_mlp_through_the_deltas(tmp_path):
         assert np.array_equal(got, load_model(url).predict_proba(batch)), step
         seen.append(got)
     assert not np.array_equal(seen[1], seen[2])
+
+
+def test_an_lr_models_rows_by_key_score_as_its_table_does_through_deltas(tmp_path):
+    """Within --hash-bits 24, an LR model's rows are also one array by key (one gather a
+    request): its probabilities and unseen counts are the table's, before and after a delta
+    that sets and deletes keys."""
+    from paramserver.serving.model import Replica, apply_to, new_replica, score
+
+    model, fmt = Model("lr"), DataFormat("criteo", hash_bits=24)
+    rows = _criteo_rows(tmp_path, n=300)
+    keys, values = _table(rows, model, fmt, seed=1)
+    meta = {"model": {"name": "lr"}, "data": {"name": "criteo", "hash_bits": 24}, "table": _spec(model).to_wire()}
+    flat = new_replica(meta, keys, values, None)
+    assert flat.flat is not None and flat.seen is not None and int(flat.seen.sum()) == keys.size
+    batch = text_batch(("\n".join(rows) + "\n").encode(), fmt)
+
+    def same() -> None:
+        table = Replica(flat.model, flat.data, flat.table, flat.dense)  # the same table, scored by probing it
+        a, b = score(flat, batch), score(table, batch)
+        np.testing.assert_array_equal(a.probabilities, b.probabilities)
+        assert (a.features, a.unseen) == (b.features, b.unseen) and a.unseen > 0
+
+    same()
+    apply_to(flat, keys[:50], values[:50] + 1, keys[50:90], None)
+    same()
+    wide = dict(meta, data={"name": "criteo", "hash_bits": 30})
+    assert new_replica(wide, keys, values, None).flat is None  # 2^30 rows: the table alone
+    assert new_replica(dict(meta, model={"name": "fm"}, table=_spec(Model("fm")).to_wire()), keys,
+                       np.zeros((keys.size, 9), np.float32), None).flat is None  # its factors start random

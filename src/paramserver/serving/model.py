@@ -28,15 +28,26 @@ from paramserver.tables.optim import SGD, Initializer
 from paramserver.tables.spec import TableSpec
 
 
+FLAT_BYTES = 256 << 20  # a model's rows up to this size are also kept as one array indexed by key
+
+
 @dataclass(eq=False)
 class Replica:
-    """One copy of a model's table and MLP; ``readers``: the requests scoring with it now."""
+    """One copy of a model's table and MLP; ``readers``: the requests scoring with it now.
+
+    ``flat`` (with ``seen``): where every key is below ``2^hash_bits`` (``--hash-bits`` up
+    to 24, the default) and a key never stored reads zeros (LR's initialiser), the rows as
+    one array indexed by the key itself.  A request then gathers each feature's row in one
+    numpy call, with no sort for distinct keys and no hash probe: 1,000 rows' lookups took
+    1.1 ms through the table (sorting the keys, probing them) and about 0.1 ms this way."""
 
     model: Model
     data: DataFormat
     table: VnodeTable
     dense: np.ndarray | None
     readers: int = 0
+    flat: np.ndarray | None = None  # float32 [2^hash_bits, dim]
+    seen: np.ndarray | None = None  # bool [2^hash_bits]: the key is stored
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,8 +82,20 @@ def new_replica(meta: dict[str, Any], keys: np.ndarray, values: np.ndarray, dens
     spec = TableSpec.from_wire(meta["table"])
     table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed,
                        capacity=int(keys.shape[0] / 0.7) + 8, life_width=1)
-    table.load(keys, np.ascontiguousarray(values[:, :spec.dim], np.float32))  # a checkpoint's rows carry state too
-    return Replica(model, data, table, dense)
+    rows = np.ascontiguousarray(values[:, :spec.dim], np.float32)  # a checkpoint's rows carry state too
+    table.load(keys, rows)
+    return flattened(Replica(model, data, table, dense), keys, rows)
+
+
+def flattened(replica: Replica, keys: np.ndarray, rows: np.ndarray) -> Replica:
+    """``replica`` with its rows (``keys``, ``rows``) also as one array by key, where that
+    is right (see ``Replica``)."""
+    bits, dim = replica.data.hash_bits, replica.table.dim
+    if 0 < bits <= 24 and replica.model.initializer().get("name") == "zeros" and (dim << bits) * 4 <= FLAT_BYTES \
+            and (keys.size == 0 or int(keys.max()) < (1 << bits)):
+        replica.flat, replica.seen = np.zeros((1 << bits, dim), np.float32), np.zeros(1 << bits, np.bool_)
+        replica.flat[keys], replica.seen[keys] = rows, True
+    return replica
 
 
 def apply_to(replica: Replica, keys: np.ndarray, values: np.ndarray, deleted: np.ndarray,
@@ -86,6 +109,11 @@ def apply_to(replica: Replica, keys: np.ndarray, values: np.ndarray, deleted: np
     if keys.size:
         rows = np.asarray(values, np.float32).reshape(keys.shape[0], -1)[:, :table.dim]
         table.load(np.ascontiguousarray(keys, np.uint64), np.ascontiguousarray(rows))
+    if replica.flat is not None and replica.seen is not None:
+        if deleted.size:
+            replica.flat[deleted], replica.seen[deleted] = 0.0, False
+        if keys.size:
+            replica.flat[keys], replica.seen[keys] = rows, True
     if dense is not None:
         replica.dense = dense
 
@@ -94,6 +122,12 @@ def score(replica: Replica, batch: Batch, count_unseen: bool = True) -> Scored:
     """Probabilities of a parsed batch, as ``LocalModel.proba`` gives them; with
     ``count_unseen``, how many of its features the model never saw (a second probe of the
     table for every key: a quarter of a 1,000-row request's time, so the service samples)."""
+    if replica.flat is not None and replica.seen is not None:  # a row per feature, gathered by key
+        features = int(batch.keys.shape[0])
+        unseen = features - int(np.count_nonzero(replica.seen[batch.keys])) if count_unseen else 0
+        every = np.arange(features, dtype=np.int64)
+        return Scored(replica.model.predict(batch, every, replica.flat[batch.keys], replica.dense),
+                      features if count_unseen else 0, unseen)
     uniq, inverse = batch.unique()
     rows = np.empty((uniq.shape[0], replica.model.dim), np.float32)
     replica.table.lookup(uniq, rows)
@@ -169,7 +203,7 @@ def load_once(url: str) -> Snapshot:
     from paramserver.checkpoint.publish import read_index
 
     local = LocalModel(url)
-    replica = Replica(local.model, local.data, local.table, local.dense)
+    replica = flattened(Replica(local.model, local.data, local.table, local.dense), *local.table.items())
     warm(replica)
     index = read_index(url) if _is_published(url) else None
     if index is not None and index["parts"]:
