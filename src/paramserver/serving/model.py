@@ -27,7 +27,6 @@ from paramserver.server.table import VnodeTable
 from paramserver.tables.optim import SGD, Initializer
 from paramserver.tables.spec import TableSpec
 
-
 FLAT_BYTES = 256 << 20  # a model's rows up to this size are also kept as one array indexed by key
 
 
