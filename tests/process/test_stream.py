@@ -132,7 +132,7 @@ def test_redis_stream_exactly_once_over_sigkills(tmp_path, rules, redis_url):
         proc = _train(args + resume, tmp_path)
         if attempt < 3:  # killed whole, at a random moment of its run
             try:
-                proc.wait(timeout=rng.uniform(2.0, 5.0))
+                proc.wait(timeout=rng.uniform(1.5, 3.5))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
