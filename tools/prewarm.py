@@ -8,10 +8,13 @@ Run: ``.venv/bin/python tools/prewarm.py [--quick-start]``."""
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import time
 
 from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.warmup import warm_worker
 from paramserver.server.warmup import warm_server
 
@@ -21,6 +24,8 @@ def main() -> int:
     if "--quick-start" in sys.argv[1:]:
         warm_server(("hash", "dense"))
         warm_worker(("criteo",), (Model("lr"), Model("fm")), combine=False, filters=False)
+        with tempfile.TemporaryDirectory() as tmp:  # paramserver demo writes its rows first
+            write_synth(os.path.join(tmp, "rows.tsv"), 10, seed=1)
     else:
         warm_server(storages=("float32", "fp16", "bf16"))
         warm_worker()
