@@ -120,20 +120,7 @@ class RedisSource:
         self.committed: tuple[int, int] | None = None
 
     def _call(self, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
-        """A Redis call, retried while Redis is unreachable (a restart), up to RETRY_S."""
-        import redis
-
-        deadline = time.monotonic() + RETRY_S
-        while True:
-            try:
-                return fn(*args, **kw)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if time.monotonic() > deadline:
-                    raise DataError(f"{self.url}: Redis did not answer {what} for {RETRY_S:g} s ({exc}); the job "
-                                    "stopped, and what its last checkpoint holds is kept: --resume goes on from "
-                                    "there") from None
-                logger.warning("%s: Redis unreachable (%s), trying again", self.url, exc)
-                time.sleep(0.5)
+        return _retrying(self.url, what, fn, *args, **kw)
 
     def start(self, position: Any | None) -> None:
         import redis
@@ -219,6 +206,22 @@ class RedisSource:
         return ChunkFile(_entries(shard))
 
 
+def _retrying(url: str, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
+    """A Redis call, retried while Redis is unreachable (a restart), up to RETRY_S."""
+    import redis
+
+    deadline = time.monotonic() + RETRY_S
+    while True:
+        try:
+            return fn(*args, **kw)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if time.monotonic() > deadline:
+                raise DataError(f"{url}: Redis did not answer {what} for {RETRY_S:g} s ({exc}); the job stopped, "
+                                "and what its last checkpoint holds is kept: --resume goes on from there") from None
+            logger.warning("%s: Redis unreachable (%s), trying again", url, exc)
+            time.sleep(0.5)
+
+
 def _entries(shard: Shard) -> Iterator[bytes]:
     """The rows of a shard's entries, a page of ``XRANGE`` at a time (read off the socket
     by ``resp.py``'s kernel), each value a line."""
@@ -226,11 +229,9 @@ def _entries(shard: Shard) -> Iterator[bytes]:
 
     server, stream, _ = parse_url(shard.path)
     client = _connect(server)
-    reader = RedisSource.__new__(RedisSource)  # only its retrying _call
-    reader.url = shard.path
     start, end = shard.span.split()
     while True:
-        rows, last, n = reader._call("XRANGE", xrange_page, client, stream, start, end, PAGE)
+        rows, last, n = _retrying(shard.path, "XRANGE", xrange_page, client, stream, start, end, PAGE)
         if n:
             yield rows
         if n < PAGE:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from paramserver._runtime.logutil import Throttled
 from paramserver.checkpoint import store as checkpoint
 from paramserver.errors import ConfigError, ProtocolError
 from paramserver.observe.progressive import Scoreboard
@@ -110,6 +111,7 @@ class Jobs:
         self.job: TaskQueue | StreamQueue | None = None
         self.scores = Scoreboard()  # the job's progressive validation (observe/progressive.py)
         self.loose: dict[str, float] = {}  # progress sent with no job running (a scheduled program's rounds)
+        self._bad_scores = Throttled(logger)
         self.checkpoints: JobCheckpoints | None = None
         self.waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, node id) asking for a shard
 
@@ -202,13 +204,12 @@ class Jobs:
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self.loose[str(k)] = self.loose.get(str(k), 0.0) + float(v)
             return
-        if self.job is not None:
-            self.job.progress(msg.header.get("stats") or {}, node_id)
-            if (scores := msg.header.get("scores")) is not None:
-                try:
-                    self.scores.add(scores)
-                except (ValueError, KeyError, TypeError) as exc:  # a malformed report is dropped, said once
-                    logger.warning("node %s sent malformed scores (%s): dropped", node_id, exc)
+        self.job.progress(msg.header.get("stats") or {}, node_id)
+        if (scores := msg.header.get("scores")) is not None:
+            try:
+                self.scores.add(scores)
+            except (ValueError, KeyError, TypeError) as exc:  # a malformed report is dropped, and said (throttled)
+                self._bad_scores.warning("node %s sent malformed scores (%s): dropped", node_id, exc)
 
     def status(self, identity: bytes, msg: Message) -> None:
         status: dict[str, Any] = self.job.status() if self.job else ({"live": dict(self.loose)} if self.loose else {})
