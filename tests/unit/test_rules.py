@@ -166,3 +166,47 @@ def test_server_function_results_merge_as_declared():
         f.run(bad, keys, vals, {})
     with pytest.raises(ConfigError, match="merge must be one of"):
         f.server_function(merge="mean")
+
+
+def test_a_user_rules_kernels_are_cached_on_disk_and_keyed_by_what_they_are_compiled_from(tmp_path, monkeypatch):
+    """Issue 33.5: a user rule recompiled for seconds at every cluster start.  Its kernels
+    are cached beside an anchor file named by a digest of the rule's source, dim and the
+    kernels' sources: a second process (here: the memo cleared) loads them from disk, and
+    another dim or an edited rule gets another anchor, never a stale kernel."""
+    import importlib
+    import shutil
+    import sys
+
+    from paramserver.server import kernels
+
+    spec = TableSpec("w", dim=3, optimizer={"name": f"{RULES}:clipped_sgd", "lr": 0.5})
+    kernels.kernels_for(spec.optimizer, 3)  # compiled and cached (in a full run: cached by the tests above)
+    monkeypatch.setattr(kernels, "_custom", {})
+    again = kernels.kernels_for(spec.optimizer, 3)
+    assert sum(again.apply.stats.cache_hits.values()) == 1 and not again.apply.stats.cache_misses
+
+    monkeypatch.setenv("PARAMSERVER_CACHE_DIR", str(tmp_path / "cache"))
+    anchor = kernels._anchor(spec.optimizer, 3)
+    assert anchor is not None and anchor.startswith(str(tmp_path / "cache" / "rules"))
+    assert kernels._anchor(spec.optimizer, 3) == anchor and kernels._anchor(spec.optimizer, 4) != anchor
+    # the same rule name from an edited source file: another anchor
+    pkg = tmp_path / "src"
+    pkg.mkdir()
+    shutil.copy(importlib.import_module(RULES).__file__, pkg / "edited_rules.py")
+    monkeypatch.syspath_prepend(str(pkg))
+    edited = TableSpec("w", dim=3, optimizer="edited_rules:clipped_sgd").optimizer
+    before = kernels._anchor(edited, 3)
+    with open(pkg / "edited_rules.py", "a") as f:
+        f.write("\n# an edit\n")
+    assert kernels._anchor(edited, 3) != before
+    sys.modules.pop("edited_rules", None)
+
+
+def test_a_rule_whose_cache_folder_cannot_be_written_still_compiles(tmp_path, monkeypatch):
+    from paramserver.server import kernels
+
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("PARAMSERVER_CACHE_DIR", str(blocked))
+    spec = TableSpec("w", dim=3, optimizer={"name": f"{RULES}:clipped_sgd", "lr": 0.5})
+    assert kernels._anchor(spec.optimizer, 3) is None

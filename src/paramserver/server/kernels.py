@@ -6,14 +6,29 @@ rule (``paramserver.tables.rules``) cannot join that switch, and numba cannot ca
 that takes a function as an argument or closes over one.  So a user rule gets the same
 kernels compiled again from the same Python source, with the names of the per-row steps
 (``update_row``, ``init_row``, and the kernels they are called from) bound to versions that
-call the rule: one source for every table, no copy of any kernel.  They are compiled in
-each server process the first time a table of that rule and ``dim`` is created there.
+call the rule: one source for every table, no copy of any kernel.
+
+Compiling them takes seconds, so they are cached on disk like the built-ins' (issue 33.5:
+the docs' example recompiled for 12.5 s at every cluster start).  numba keys a cached
+kernel by its source file and its bytecode, never by the globals a clone rebinds, so each
+clone is compiled as if it came from an *anchor* file of its own (``_anchor``): an empty
+file whose name is a digest of everything the kernels are compiled from (the rule's source
+file, ``dim``, ``storage``'s state width, the kernels' source files, numba's and Python's
+versions).  Change any of them and the name changes: a stale kernel is never loaded.  As
+with numba's own ``cache=True``, a change to a module the rule's file imports from is not
+seen; ``PARAMSERVER_CACHE_DIR`` moves the cache (default ``~/.cache/paramserver``), and a
+rule with no source file (defined in ``__main__`` at a prompt) is compiled as before.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import os
+import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -49,13 +64,59 @@ def kernels_for(optimizer: Any, dim: int, storage: str = "float32") -> Kernels:
     return _custom[key]
 
 
-def _rebind(fn: Any, inline: Literal["never", "always"] = "never", **names: Any) -> Any:
-    """``fn`` (a numba function) compiled again with some of its global names bound anew."""
+def _rebind(fn: Any, inline: Literal["never", "always"] = "never", anchor: str | None = None, **names: Any) -> Any:
+    """``fn`` (a numba function) compiled again with some of its global names bound anew;
+    cached on disk as if its source were the file ``anchor`` (see the module's doc)."""
     py = fn.py_func
     scope = dict(py.__globals__)
     scope.update(names)
-    clone = types.FunctionType(py.__code__, scope, py.__name__, py.__defaults__, py.__closure__)
-    return njit(nogil=True, inline=inline)(clone)
+    code = py.__code__ if anchor is None else py.__code__.replace(co_filename=anchor)
+    clone = types.FunctionType(code, scope, py.__name__, py.__defaults__, py.__closure__)
+    return njit(nogil=True, inline=inline, cache=anchor is not None)(clone)
+
+
+#: the packages whose sources the kernels are compiled from (a file changed: new anchors)
+_KERNEL_PACKAGES = ("server", "tables", "routing", "_runtime")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("PARAMSERVER_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "paramserver")
+    return Path(root) / "rules"
+
+
+def _anchor(optimizer: Any, dim: int) -> str | None:
+    """The anchor file of a user rule's kernels for ``dim`` (created if absent), or None
+    where they cannot be cached: no source file, or no writable cache folder."""
+    import numba
+
+    rule = optimizer.rule
+    digest = hashlib.sha256(f"{rule.name}|{dim}|{rule.state_width(dim)}|{numba.__version__}|{sys.version}".encode())
+    try:
+        for fn in (rule.fn, rule.init):
+            if fn is not None:
+                digest.update(Path(inspect.getsourcefile(fn) or "").read_bytes())
+        package = Path(__file__).resolve().parent.parent
+        for sub in _KERNEL_PACKAGES:
+            for path in sorted((package / sub).glob("*.py")):
+                digest.update(path.name.encode() + path.read_bytes())
+        folder = cache_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        name = "".join(c if c.isalnum() else "_" for c in rule.name)[:60]
+        anchor = folder / f"{name}_dim{dim}_{digest.hexdigest()[:20]}.py"
+        if not anchor.exists():  # written once: numba keys its index by the file's mtime and size
+            tmp = anchor.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(f"# the compiled kernels of update rule {rule.name} for dim={dim} are cached beside\n"
+                           "# this file (paramserver.server.kernels); it holds no code\n")
+            try:
+                os.link(tmp, anchor)  # whole, and never replaced: two servers may race here
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        return str(anchor)
+    except (OSError, TypeError):  # no source (a prompt's rule), or the cache folder is not writable
+        return None
 
 
 @njit(inline="always", nogil=True)
@@ -87,12 +148,13 @@ def _compile(optimizer: Any, dim: int) -> Kernels:
             rows[s, j] = 0.0
         init(rows[s, dim:end], ohp)
 
+    at = _anchor(optimizer, dim)
     push_row = _rebind(optim.push_row, inline="always", update_row=update_row)  # inlined, as the built-ins'
-    apply = _rebind(table._apply, push_row=push_row, init_row=init_row)
-    dense_apply = _rebind(dense._dense_apply, _dense_apply_rows=_rebind(dense._dense_apply_rows, inline="always",
-                                                                         push_row=push_row, init_row=init_row))
-    kernels = Kernels(apply, _rebind(vnodes._apply_many, _apply=apply),
-                      _rebind(dense._dense_apply_many, _dense_apply=dense_apply))
+    apply = _rebind(table._apply, anchor=at, push_row=push_row, init_row=init_row)
+    dense_apply = _rebind(dense._dense_apply, anchor=at, _dense_apply_rows=_rebind(
+        dense._dense_apply_rows, inline="always", push_row=push_row, init_row=init_row))
+    kernels = Kernels(apply, _rebind(vnodes._apply_many, anchor=at, _apply=apply),
+                      _rebind(dense._dense_apply_many, anchor=at, _dense_apply=dense_apply))
     _try(kernels, optimizer, dim, width)
     return kernels
 

@@ -28,8 +28,8 @@ An update rule says what a push does to one row of a table::
 
 The built-in optimisers (``sgd``, ``adagrad``, ``ftrl``, ``adam``, ``rmsprop``,
 ``ftrl_adagrad``) are rules of this kind too (``server/optim.py``); their kernels are
-compiled ahead and cached, while a user's rule is compiled in each server process when
-its table is first created there (a second or two).
+compiled ahead and cached; a user's rule's kernels are compiled the first time a table of
+it is created (a few seconds) and cached on disk for later runs (``server/kernels.py``).
 """
 
 from __future__ import annotations
