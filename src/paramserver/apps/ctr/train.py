@@ -51,7 +51,7 @@ from paramserver.client.client import Client
 from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
 from paramserver.data.files import check_output, is_plain_local
-from paramserver.data.reader import Batch, DataFormat, Shard, expand, make_shards, read_all, read_batches
+from paramserver.data.reader import Batch, DataFormat, Shard, expand, make_shards, read_batches, read_parts
 from paramserver.data.streams import StreamSource, open_source
 from paramserver.errors import ConfigError, DataLossError, WorkerError
 from paramserver.lifecycle.spec import Lifecycle
@@ -84,15 +84,15 @@ def _merge_consistency(per_server: list[dict[str, Any]]) -> dict[str, Any]:
             "parked_seconds": sum(s["parked_seconds"] for s in per_server)}
 
 
-def _read_niced(paths: list[str], fmt: DataFormat) -> Batch:
-    """``read_all`` at the lowest CPU priority (Linux gives a thread its own niceness): the
+def _read_niced(paths: list[str], fmt: DataFormat) -> list[Batch]:
+    """``read_parts`` at the lowest CPU priority (Linux gives a thread its own niceness): the
     test rows read while the job starts and trains give way to the nodes."""
     if sys.platform.startswith("linux"):  # elsewhere a thread id is no process id
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except OSError:
             pass
-    return read_all(paths, fmt)
+    return read_parts(paths, fmt)
 
 
 def _core_to_spare(servers: int, workers: int) -> bool:
@@ -187,7 +187,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             ran = _run_job(cluster, cfg, test_read, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
-        test_read = reader.submit(read_all, test, cfg.data) if test and test_read is None else test_read
+        test_read = reader.submit(read_parts, test, cfg.data) if test and test_read is None else test_read
         report = _results(cluster.client, cfg, plan.spec, ran, test_read, save) | _lived(cluster.client, plan.spec,
                                                                                            publisher)
         report.update(_job_report(cfg, plan, ran, servers=servers, workers=workers, table_seconds=table_seconds))
@@ -330,7 +330,7 @@ class _Ran:
     status: dict[str, Any]
 
 
-def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[Batch] | None, *,
+def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | None, *,
              on_progress: Callable[[dict[str, Any], float], None] | None, allow_loss: bool,
              checkpoint_dir: str | None, keep_checkpoints: int, publisher: JobPublisher | None = None,
              feeder: Feeder | None = None) -> _Ran:
@@ -379,7 +379,7 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[Batch] | None, *,
     return _Ran(per_worker, failed_workers, seconds, status)
 
 
-def _results(client: Client, cfg: TrainConfig, spec: TableSpec, ran: _Ran, test_read: Future[Batch] | None,
+def _results(client: Client, cfg: TrainConfig, spec: TableSpec, ran: _Ran, test_read: Future[list[Batch]] | None,
              save: str | None) -> dict[str, Any]:
     """Once the job is done, with the cluster still up: the first example's time, the test
     set scored, the model saved (``--save``), the staleness readers saw, each worker's
@@ -390,8 +390,9 @@ def _results(client: Client, cfg: TrainConfig, spec: TableSpec, ran: _Ran, test_
     if firsts:
         report["first_example_s"] = min(firsts) - process_start_time()
     if test_read is not None:
-        test_batch = test_read.result()
-        report.update(metrics(test_batch.labels, score(client, cfg.model, test_batch)))
+        parts = test_read.result()  # scored a part at a time: the driver's peak memory stays small
+        report.update(metrics(np.concatenate([b.labels for b in parts]),
+                              np.concatenate([score(client, cfg.model, b) for b in parts])))
         report["test_examples"] = report.pop("examples")
     if save:
         keys, values = client.export_table(spec.name)
