@@ -180,3 +180,26 @@ def test_train_layout_auto_is_dense_when_the_key_space_is_small_enough():
         TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=0), layout="dense").table_spec()
     with pytest.raises(ConfigError, match="--table-layout must be one of"):
         TrainConfig(layout="sparse")
+
+
+def test_train_layout_auto_is_a_hash_table_when_the_input_cannot_fill_the_arrays(tmp_path):
+    """Issue 34: a dense table's 2**B rows are paid up front; auto takes one only for input
+    of at least 64 bytes a row (2**24 rows: 1 GiB of text; a compressed file counts 4x its
+    size) or a stream, whose size is not known.  10^6 heavy rows (260 MB) made 1.5 M keys:
+    40 MB in a hash table against 256 MB of arrays."""
+    from paramserver.data.reader import COMPRESSION_RATIO, input_bytes
+
+    lr24 = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=24))
+    fill = (1 << 24) * 64
+    assert lr24.table_spec(input_bytes=fill - 1).key_bits == 0
+    assert lr24.table_spec(input_bytes=fill).key_bits == 24
+    assert lr24.table_spec(input_bytes=None).key_bits == 24  # a stream
+    assert TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=16)).table_spec(input_bytes=(1 << 16) * 64
+                                                                                    ).key_bits == 16
+    assert TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=24), layout="dense"
+                       ).table_spec(input_bytes=1).key_bits == 24  # asked for: given
+    plain, packed = tmp_path / "a.tsv", tmp_path / "b.tsv.gz"
+    plain.write_bytes(b"x" * 1000)
+    packed.write_bytes(b"y" * 100)
+    assert input_bytes([str(plain), str(packed)]) == 1000 + 100 * COMPRESSION_RATIO
+    assert input_bytes(["-"]) is None

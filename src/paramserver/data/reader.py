@@ -83,6 +83,22 @@ def _check_exists(path: str) -> int:
     return size
 
 
+#: how much text a compressed file of a byte holds, about (gzip on CTR rows: 4-6x)
+COMPRESSION_RATIO = 4
+
+
+def input_bytes(paths: list[str]) -> int | None:
+    """About how many bytes of text ``paths`` hold (a compressed file's size times
+    ``COMPRESSION_RATIO``); None for standard input, whose size is not known."""
+    total = 0
+    for path in expand(paths):
+        if path == STDIN:
+            return None
+        size = _check_exists(path)
+        total += size * COMPRESSION_RATIO if path.endswith(COMPRESSED) else size
+    return total
+
+
 def make_shards(paths: list[str], shard_bytes: int = 64 << 20) -> list[Shard]:
     """Cut ``paths`` into shards of about ``shard_bytes`` (compressed files: one each)."""
     if not paths:

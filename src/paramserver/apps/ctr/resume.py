@@ -7,6 +7,7 @@ to restore with the job's progress, checked against this job's shards, model and
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from paramserver.apps.ctr.models import Model
@@ -57,7 +58,8 @@ def stream_resume_point(url: str, source: Any, spec: TableSpec, cfg: TrainConfig
     if not source.resumable:
         source.start(stream.get("position"))  # says why it cannot
     _check_tables(step, manifest, spec, cfg)
-    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples", "stream") if k in job}
+    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples", "stream") if k in job} | {
+        "key_bits": TableSpec.from_wire(manifest["tables"][spec.name]).key_bits}
 
 
 def _manifest(url: str, allow_unverified: bool) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -110,7 +112,8 @@ def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: Tra
     if theirs_spec is None:
         raise ConfigError(f"--resume {step}: the checkpoint has table(s) {sorted(manifest['tables'])}, not "
                           f"{spec.name!r} that these flags train; pass the --model of the checkpointed job")
-    if TableSpec.from_wire(theirs_spec).to_wire() != spec.to_wire():
+    mine = spec if cfg.layout != "auto" else replace(spec, key_bits=TableSpec.from_wire(theirs_spec).key_bits)
+    if TableSpec.from_wire(theirs_spec).to_wire() != mine.to_wire():  # auto: the layout the job began with
         raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} is {theirs_spec}, but these "
                           f"flags give {spec.to_wire()}; pass the --model, --optimizer, --seed, "
                           "--consistency, --hash-bits and --table-layout of the checkpointed job")

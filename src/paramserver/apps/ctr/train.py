@@ -51,7 +51,16 @@ from paramserver.client.client import Client
 from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
 from paramserver.data.files import check_output, is_plain_local
-from paramserver.data.reader import Batch, DataFormat, Shard, expand, make_shards, read_batches, read_parts
+from paramserver.data.reader import (
+    Batch,
+    DataFormat,
+    Shard,
+    expand,
+    input_bytes,
+    make_shards,
+    read_batches,
+    read_parts,
+)
 from paramserver.data.streams import StreamSource, open_source
 from paramserver.errors import ConfigError, DataLossError, WorkerError
 from paramserver.lifecycle.spec import Lifecycle
@@ -286,7 +295,7 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
         stream_limits(stream.max_examples, stream.until)  # checked now, before anything starts
     source = open_source(stream.source, shard_bytes, cfg.data.name) if stream is not None else None
     shards = make_shards(data, shard_bytes) if source is None else []
-    spec, dense_spec = cfg.table_spec(), cfg.dense_spec()
+    spec, dense_spec = cfg.table_spec(input_bytes(data) if source is None else None), cfg.dense_spec()
     job_checkpoints = checkpoint_option(checkpoint_dir, checkpoint_every, len(shards), checkpoint_seconds,
                                         stream=source is not None)
     if job_checkpoints is not None:  # eval and predict read a checkpoint with these
@@ -294,6 +303,8 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
     step, progress = (None, None) if not resume else \
         stream_resume_point(resume, source, spec, cfg, allow_unverified) if source is not None else \
         train_resume_point(resume, shards, spec, cfg, data, shard_bytes, allow_unverified)
+    if progress is not None and cfg.layout == "auto":  # a resumed job keeps the layout it began with
+        spec = replace(spec, key_bits=int(progress["key_bits"]))
     overlap = _core_to_spare(servers, workers)  # else the test rows are read after the job
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training

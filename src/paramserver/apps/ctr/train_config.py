@@ -23,6 +23,12 @@ from paramserver.tables.spec import TableSpec
 
 LAYOUTS = ("auto", "hash", "dense")
 DENSE_AUTO_BYTES = 1 << 30  # --table-layout auto: dense when every copy together fits in this
+# ... and when the input is large enough to fill it: this many bytes of text a dense row (2**24 rows:
+# 1 GiB of input).  A hash table's memory follows the keys (~26 B a key of dim-1 FTRL) and a dense one's
+# is all paid up front (16 B a row): on Criteo-like rows (~40 features in ~260 B) the hash table reaches
+# the dense one's size after about 1 GiB of input; below that, the hash table is the smaller by far (10^6
+# heavy rows, 1.5 M keys: 40 MB against 256 MB), for ~15 % of the examples/s
+DENSE_AUTO_INPUT_A_ROW = 64
 
 
 @dataclass(frozen=True)
@@ -67,13 +73,15 @@ class TrainConfig:
             raise ConfigError(f"--lifecycle {self.lifecycle!r} needs a hash table, whose memory follows its keys: "
                               "use --table-layout hash or auto (the default)")
 
-    def table_spec(self) -> TableSpec:
+    def table_spec(self, input_bytes: int | None = None) -> TableSpec:
+        """The model's table; ``input_bytes``, the training data's size (None: a stream, or
+        not known), is what ``auto`` weighs the dense layout against (``key_bits``)."""
         spec = TableSpec(self.model.table, self.model.dim,
                          optimizer=self.optimizer or self.model.default_optimizer(),
                          initializer=self.model.initializer(), seed=self.seed,
                          consistency=self.consistency, replicas=self.replicas, filters=self.filters,
                          lifecycle=self.lifecycle, storage=self.storage)
-        return replace(spec, key_bits=self.key_bits(spec))
+        return replace(spec, key_bits=self.key_bits(spec, input_bytes))
 
     def dense_spec(self) -> TableSpec | None:
         """A deep model's MLP table (``None`` for lr and fm): the consistency and copies of
@@ -85,10 +93,11 @@ class TrainConfig:
                          replicas=self.replicas, key_bits=max(int(self.model.dense_rows - 1).bit_length(), 1),
                          filters=self.filters)
 
-    def key_bits(self, spec: TableSpec) -> int:
+    def key_bits(self, spec: TableSpec, input_bytes: int | None = None) -> int:
         """The table's ``key_bits``: folded features (``--hash-bits B``) make a key space of
-        2**B, which ``dense`` stores as arrays; ``auto`` does so when all its copies
-        take at most ``DENSE_AUTO_BYTES`` (2**24 dim-1 FTRL rows take 256 MiB)."""
+        2**B, which ``dense`` stores as arrays; ``auto`` does so when all its copies take at
+        most ``DENSE_AUTO_BYTES`` (2**24 dim-1 FTRL rows take 256 MiB) and the input is big
+        enough to fill them (``DENSE_AUTO_INPUT_A_ROW`` bytes a row, or a stream)."""
         bits = self.data.hash_bits if self.data.hash_bits < 64 else 0
         if self.layout == "hash" or spec.lifecycle:  # a lifecycle frees memory only in a hash table
             return 0
@@ -98,6 +107,8 @@ class TrainConfig:
                                   f"space), got {self.data.hash_bits}; fold the features or use --table-layout "
                                   "hash")
             return bits
-        if 1 <= bits <= MAX_KEY_BITS and (1 << bits) * 4 * (spec.width + 1) * self.replicas <= DENSE_AUTO_BYTES:
-            return bits
-        return 0
+        if not 1 <= bits <= MAX_KEY_BITS or (1 << bits) * 4 * (spec.width + 1) * self.replicas > DENSE_AUTO_BYTES:
+            return 0
+        if input_bytes is not None and input_bytes < (1 << bits) * DENSE_AUTO_INPUT_A_ROW:
+            return 0  # too little data to fill the arrays: a hash table holds its keys in a fraction of them
+        return bits
