@@ -4,11 +4,12 @@
 # make unit: the in-process tests alone (under 2 minutes), for the edit-test loop
 # make lint: ruff (style, imports, likely bugs, complexity), mypy (types; strict on the core), the layers
 #   (import-linter's contract in pyproject.toml) and the sizes of files and functions (tools/shape.py)
+# make seeds: bench/seeds.py, against Spark MLlib and TensorFlow (a venv of its own: .venv-seeds; SEEDS_FLAGS="--sections lr" etc.)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: chaos demo test unit lint bench clean
+.PHONY: chaos demo test unit lint bench seeds clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,5 +71,24 @@ lint: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m pip install --quiet -e ".[bench]" && $(BIN)/python bench/pushpull.py && $(BIN)/python bench/train.py
 
+# bench/seeds.py: against Spark MLlib and TensorFlow's parameter-server training (issue 34), in a venv of its
+# own (pyspark and tensorflow-cpu are ~1.5 GB and never meet the test environment); Spark needs Java 17+
+SEEDS := .venv-seeds
+$(SEEDS)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(SEEDS)
+	$(SEEDS)/bin/python -m pip install --quiet --upgrade pip
+	$(SEEDS)/bin/python -m pip install --quiet -e '.[seeds]'
+	touch $@
+
+# MXNet 1.9.1 (2022, the project is retired) imports only beside numpy < 1.24: a venv of its own, optional
+.venv-mxnet/.installed:
+	$(PYTHON) -m venv .venv-mxnet
+	.venv-mxnet/bin/python -m pip install --quiet 'mxnet==1.9.1' 'numpy<1.24' && touch $@ || \
+		echo "make seeds: MXNet did not install; bench/seeds.py skips it and says why"
+
+seeds: $(SEEDS)/.installed .venv-mxnet/.installed
+	@command -v java >/dev/null || { echo "make seeds: Spark needs Java 17+ (Debian: apt-get install openjdk-17-jre-headless)"; exit 1; }
+	$(SEEDS)/bin/python bench/seeds.py $(SEEDS_FLAGS)
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(SEEDS) .venv-mxnet build src/*.egg-info .pytest_cache

@@ -55,7 +55,13 @@ def write_ldac(c: Corpus, path: str) -> None:
 
 def perplexity(n_kw: np.ndarray, test: Corpus, alpha: float, beta: float, seed: int = 0) -> float:
     K, V = n_kw.shape
-    phi = (n_kw + beta) / (n_kw.sum(1, keepdims=True) + V * beta)
+    return fold_in_perplexity((n_kw + beta) / (n_kw.sum(1, keepdims=True) + V * beta), test, alpha, seed)
+
+
+def fold_in_perplexity(phi: np.ndarray, test: Corpus, alpha: float, seed: int = 0) -> float:
+    """Document completion: a test document's tokens shuffled, the first half folds θ in
+    (50 EM steps with φ, K × V, fixed; prior α), the second half is scored."""
+    K = phi.shape[0]
     rng = np.random.default_rng(seed)
     total, count = 0.0, 0
     for d in range(test.docs):
