@@ -201,7 +201,12 @@ class Row:
 
     def error(self) -> str:
         errs = [r["error"] for r in self.runs if "error" in r]
-        return errs[0] if errs else ""
+        if not errs:
+            return ""
+        for cause in ("java.lang.OutOfMemoryError: Java heap space", "SparkContext was shut down"):
+            if cause in errs[0]:
+                return cause  # the JVM's own reason, not py4j's wrapping of it
+        return str(errs[0])
 
 
 # ---------------------------------------------------------------- data
@@ -444,13 +449,19 @@ def run_mf(args: argparse.Namespace, work: str) -> list[Row]:
             ("Spark MLlib ALS", "defaults (rank 10, maxIter 10, regParam 0.1)",
              lambda w, t, a=train, b=test: spark_mf(a, b, w, t, [])),
         ]
-        mine = [Row("mf", name, n, s) for n, s, _ in systems]
-        rows += mine
-        for r in range(args.repeat):
-            print(f"MF on {name}, round {r + 1}/{args.repeat}", flush=True)
-            for row, (_, _, go) in zip(mine, systems, strict=True):
-                if chosen(args, row):
-                    row.add(*go(work, args.timeout))
+        rows += run_rounds(args, work, "mf", name, systems)
+    return rows
+
+
+def run_rounds(args: argparse.Namespace, work: str, section: str, dataset: str,
+               systems: list[tuple[str, str, Any]]) -> list[Row]:
+    """Every system on one data set, ``--repeat`` interleaved rounds."""
+    rows = [Row(section, dataset, n, s) for n, s, _ in systems]
+    for r in range(args.repeat):
+        print(f"{section.upper()} on {dataset}, round {r + 1}/{args.repeat}", flush=True)
+        for row, (_, _, go) in zip(rows, systems, strict=True):
+            if chosen(args, row):
+                row.add(*go(work, args.timeout))
     return rows
 
 
@@ -505,13 +516,7 @@ def run_lda(args: argparse.Namespace, work: str) -> list[Row]:
         ("Spark MLlib LDA EM", f"defaults (maxIter 20), k={k}, optimizer em",
          lambda w, t: spark_lda(train, test_path, test, w, t, k, "em")),
     ]
-    rows = [Row("lda", "20 Newsgroups", n, s) for n, s, _ in systems]
-    for r in range(args.repeat):
-        print(f"LDA on 20 Newsgroups, round {r + 1}/{args.repeat}", flush=True)
-        for row, (_, _, go) in zip(rows, systems, strict=True):
-            if chosen(args, row):
-                row.add(*go(work, args.timeout))
-    return rows
+    return run_rounds(args, work, "lda", "20 Newsgroups", systems)
 
 
 # ---------------------------------------------------------------- report
@@ -594,9 +599,11 @@ def _round_goals(rows: list[Row], section: str, mine: str, key: str, slack: floa
         here = [r for r in rows if r.dataset == ds]
         best, row = _best(here, "Spark", key)
         wall = _best(here, "Spark", "wall")[0]
+        if row is None:
+            continue  # no Spark row ran (--only), nothing to compare with
         for me in (r for r in here if r.system == mine):
             what = f"{section} {ds}, {me.settings}"
-            if not me.ok() or row is None:
+            if not me.ok():
                 out.append((what, "a run failed", False))
                 continue
             out.append((f"{what}: {key} ≤ {slack:g}× Spark's best", f"{me.worst(key):.4f} against {best:.4f}",
