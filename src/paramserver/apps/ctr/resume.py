@@ -95,7 +95,8 @@ def train_resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: Trai
     if isinstance(epoch, int) and epoch >= cfg.epochs:
         raise ConfigError(f"--resume {step}: the checkpoint is in epoch {epoch + 1} of the job, but --epochs "
                           f"is {cfg.epochs}; pass --epochs {job.get('epochs')} (or more)")
-    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples") if k in job}
+    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples") if k in job} | {
+        "key_bits": TableSpec.from_wire(manifest["tables"][spec.name]).key_bits}  # the layout it began with
 
 
 def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: TrainConfig) -> None:
