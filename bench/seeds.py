@@ -49,6 +49,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,7 +124,6 @@ def measure(cmd: list[str], timeout: float, env: dict[str, str] | None = None, c
         proc = subprocess.Popen(cmd, stdin=null, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=env, cwd=cwd, start_new_session=True)
     ps = psutil.Process(proc.pid)
-    import threading
     chunks: dict[str, list[str]] = {"out": [], "err": []}
     readers = [threading.Thread(target=lambda s=s, k=k: chunks[k].extend(iter(s.readline, "")), daemon=True)
                for s, k in ((proc.stdout, "out"), (proc.stderr, "err"))]

@@ -121,18 +121,25 @@ def test_redis_stream_exactly_once_over_sigkills(tmp_path, rules, redis_url):
     _feed(redis_url, "clicks", [f"0 {i + 1}:1".encode() for i in range(n)])
     ckpt = str(tmp_path / "ckpt")
     args = ["--stream", f"{redis_url}/clicks", "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
-            "--optimizer", "stream_rules:count", "--batch-size", "200", "--shard-mb", "0.5",
+            "--optimizer", "stream_rules:count", "--batch-size", "200", "--shard-mb", "0.02",  # ~12 shards
             "--checkpoint-dir", ckpt, "--checkpoint-seconds", "0.2", "--max-examples", str(n),
             "--metrics-out", str(tmp_path / "report.json")]
     rng = random.Random(7)
     kills = 0
+
+    def steps() -> int:
+        return sum(os.path.exists(os.path.join(ckpt, s, "MANIFEST.json")) for s in os.listdir(ckpt)) \
+            if os.path.isdir(ckpt) else 0
+
     for attempt in range(12):
-        resume = ["--resume", ckpt] if os.path.isdir(ckpt) and any(
-            os.path.exists(os.path.join(ckpt, s, "MANIFEST.json")) for s in os.listdir(ckpt)) else []
-        proc = _train(args + resume, tmp_path)
-        if attempt < 3:  # killed whole, at a random moment of its run
+        before = steps()
+        proc = _train(args + (["--resume", ckpt] if before else []), tmp_path)
+        if attempt < 3:  # killed whole once it checkpointed anew, at a random moment after
+            # (a condition, not a time: the job's speed depends on whether numba's cache holds the rule)
+            wait_for(lambda p=proc, n=before: p.poll() is not None or steps() > n, timeout_s=120,
+                     what="a new checkpoint")
             try:
-                proc.wait(timeout=rng.uniform(1.5, 3.5))
+                proc.wait(timeout=rng.uniform(0.0, 0.4))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)

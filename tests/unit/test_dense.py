@@ -203,3 +203,19 @@ def test_train_layout_auto_is_a_hash_table_when_the_input_cannot_fill_the_arrays
     packed.write_bytes(b"y" * 100)
     assert input_bytes([str(plain), str(packed)]) == 1000 + 100 * COMPRESSION_RATIO
     assert input_bytes(["-"]) is None
+
+
+def test_a_resumed_auto_job_keeps_the_layout_its_checkpoint_has():
+    """auto weighs the input; a job resumed with other input keeps the checkpoint's layout
+    rather than being refused, while a layout asked for must match."""
+    from paramserver.apps.ctr.resume import _check_tables
+
+    dense = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=24)).table_spec(input_bytes=None)
+    manifest = {"tables": {dense.name: dense.to_wire()}}
+    auto = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=24))
+    hashed = auto.table_spec(input_bytes=1000)
+    assert hashed.key_bits == 0 and dense.key_bits == 24
+    assert _check_tables("step", manifest, hashed, auto).key_bits == 24
+    asked = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=24), layout="hash")
+    with pytest.raises(ConfigError, match="--table-layout of the checkpointed job"):
+        _check_tables("step", manifest, asked.table_spec(), asked)

@@ -44,9 +44,9 @@ STREAM_CHECKPOINT_S = 30.0  # a stream job checkpoints this often unless told ot
 
 
 def stream_resume_point(url: str, source: Any, spec: TableSpec, cfg: TrainConfig,
-                        allow_unverified: bool = False) -> tuple[str, dict[str, Any]]:
-    """The step to restore and the stream job's progress there (its source's position and
-    the shards cut before it and not done), checked against this job."""
+                        allow_unverified: bool = False) -> tuple[str, dict[str, Any], TableSpec]:
+    """The step to restore, the stream job's progress there (its source's position and the
+    shards cut before it and not done) and its model table's spec, checked against this job."""
     step, manifest, job = _manifest(url, allow_unverified)
     stream = job.get("stream")
     if not isinstance(stream, dict):
@@ -57,9 +57,8 @@ def stream_resume_point(url: str, source: Any, spec: TableSpec, cfg: TrainConfig
                           f"{source.url!r}; pass its --stream")
     if not source.resumable:
         source.start(stream.get("position"))  # says why it cannot
-    _check_tables(step, manifest, spec, cfg)
-    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples", "stream") if k in job} | {
-        "key_bits": TableSpec.from_wire(manifest["tables"][spec.name]).key_bits}
+    spec = _check_tables(step, manifest, spec, cfg)
+    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples", "stream") if k in job}, spec
 
 
 def _manifest(url: str, allow_unverified: bool) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -75,8 +74,9 @@ def _manifest(url: str, allow_unverified: bool) -> tuple[str, dict[str, Any], di
 
 
 def train_resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: TrainConfig, data: list[str],
-                       shard_bytes: int, allow_unverified: bool = False) -> tuple[str, dict[str, Any]]:
-    """The step to restore and the job progress to start from, checked against this job."""
+                       shard_bytes: int, allow_unverified: bool = False) -> tuple[str, dict[str, Any], TableSpec]:
+    """The step to restore, the job progress to start from and the model table's spec (a
+    layout ``auto`` chose stays), checked against this job."""
     step, manifest, job = _manifest(url, allow_unverified)
     if not isinstance(job.get("shards"), list):
         raise ConfigError(f"--resume {step}: this checkpoint is of a job on the stream "
@@ -90,17 +90,17 @@ def train_resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: Trai
                           f"{' '.join(data)} with --shard-mb {shard_bytes / (1 << 20):g} gives {len(ours)} "
                           f"(shard {diff}: {there} there, {here} here); pass the --data and --shard-mb of "
                           "the checkpointed job")
-    _check_tables(step, manifest, spec, cfg)
+    spec = _check_tables(step, manifest, spec, cfg)
     epoch = job.get("epoch")
     if isinstance(epoch, int) and epoch >= cfg.epochs:
         raise ConfigError(f"--resume {step}: the checkpoint is in epoch {epoch + 1} of the job, but --epochs "
                           f"is {cfg.epochs}; pass --epochs {job.get('epochs')} (or more)")
-    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples") if k in job} | {
-        "key_bits": TableSpec.from_wire(manifest["tables"][spec.name]).key_bits}  # the layout it began with
+    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples") if k in job}, spec
 
 
-def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: TrainConfig) -> None:
-    """The checkpoint's tables are the ones these flags train (each difference said with its flags)."""
+def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: TrainConfig) -> TableSpec:
+    """The checkpoint's tables are the ones these flags train (each difference said with its
+    flags); the model table's spec to go on with (``auto``: the layout the job began with)."""
     dense_spec = cfg.dense_spec()
     theirs_model = (manifest.get("train") or {}).get("model")
     if dense_spec is not None and (theirs_model is None or Model(**theirs_model) != cfg.model
@@ -113,8 +113,10 @@ def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: Tra
     if theirs_spec is None:
         raise ConfigError(f"--resume {step}: the checkpoint has table(s) {sorted(manifest['tables'])}, not "
                           f"{spec.name!r} that these flags train; pass the --model of the checkpointed job")
-    mine = spec if cfg.layout != "auto" else replace(spec, key_bits=TableSpec.from_wire(theirs_spec).key_bits)
-    if TableSpec.from_wire(theirs_spec).to_wire() != mine.to_wire():  # auto: the layout the job began with
+    theirs = TableSpec.from_wire(theirs_spec)
+    mine = spec if cfg.layout != "auto" else replace(spec, key_bits=theirs.key_bits)
+    if theirs.to_wire() != mine.to_wire():
         raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} is {theirs_spec}, but these "
                           f"flags give {spec.to_wire()}; pass the --model, --optimizer, --seed, "
                           "--consistency, --hash-bits and --table-layout of the checkpointed job")
+    return mine

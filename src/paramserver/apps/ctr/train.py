@@ -300,11 +300,9 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
                                         stream=source is not None)
     if job_checkpoints is not None:  # eval and predict read a checkpoint with these
         job_checkpoints["meta"] = model_meta(cfg.model, cfg.data)
-    step, progress = (None, None) if not resume else \
+    step, progress, spec = (None, None, spec) if not resume else \
         stream_resume_point(resume, source, spec, cfg, allow_unverified) if source is not None else \
         train_resume_point(resume, shards, spec, cfg, data, shard_bytes, allow_unverified)
-    if progress is not None and cfg.layout == "auto":  # a resumed job keeps the layout it began with
-        spec = replace(spec, key_bits=int(progress["key_bits"]))
     overlap = _core_to_spare(servers, workers)  # else the test rows are read after the job
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
