@@ -136,6 +136,10 @@ class Jobs:
             assert isinstance(shards, list) and isinstance(epochs, int)
             self.job = TaskQueue(shards, epochs) if resume is None else TaskQueue.resume(shards, epochs, resume)
         self.checkpoints = checkpoints
+        if checkpoints is not None and resume is not None and isinstance(self.job, StreamQueue):
+            # the checkpoint resumed from is saved: committable even if this run writes none (it resumed at
+            # the stream's end), else a SIGKILL between a last checkpoint and its commit left the group behind
+            checkpoints.stream = self.job.stream_state()
         self.scores = Scoreboard()
         logger.info("job started: %s%s%s", f"the stream {stream}" if stream else f"{len(shards or [])} shard(s), "
                     f"{epochs} epoch(s)", f", resumed with {self.job.describe()}" if resume is not None else "",
