@@ -11,7 +11,10 @@ train and a test file drawn with two seeds share one model):
   ``a`` has a hidden vector ``u_{a,v}`` in R^r, drawn N(0, σ²/ sqrt(r)) per coordinate.
   For each planted pair of fields ``(a, b)`` the logit gets ``<u_{a,x_a}, u_{b,x_b}>``.
   The vectors have mean zero, so a pair's term has no main effect: a linear model sees
-  none of it, a factorization machine can fit it exactly (rank r <= its k).
+  none of it.  Where every pair of the pair fields is planted (variants b, c, d, e) the
+  logit is a factorization machine's own, which an FM of k >= r can fit exactly; where
+  only some pairs are (variant a), an FM, with one vector a value for all its pairs, needs
+  k >= r * (pairs) to leave the others out, and k = 8 cannot.
 * ``M`` further fields have main effects only: a weight a value, N(0, 0.5²).
 * The remaining categorical fields (1 000 values each, drawn Zipf(1.2)) and the 13
   integer fields (log-normal counts, 10 % missing) are noise: they do not enter the logit.
@@ -23,12 +26,22 @@ train and a test file drawn with two seeds share one model):
 Pair and main-effect values are drawn uniformly (variant ``a``) or the pair values
 Zipf-like (variant ``b``); every value is written as 8 hex digits, as Criteo's are.
 
-Variants:
+Variants (the noise fields fill the 26 categorical fields up):
 
 * ``a``: 6 pair fields of 50-200 values, 6 pairs (a chain of five and one chord), r = 4,
   σ = 0.6 (the pairs' sum has sd ~0.9); 4 main-effect fields of 1 000 values.
 * ``b``: 8 pair fields of 300-3 000 values drawn Zipf(1.1), all 28 pairs among them,
   r = 2, σ = 0.4 (sd ~0.85); 6 main-effect fields of 10 000 values.
+* ``c``: 4 pair fields of 20-200 values, all 6 pairs, r = 4, σ = 0.71 (0.5 a coordinate);
+  4 main-effect fields of 1 000 values.
+* ``d``: 2 pair fields of 10 values, their one pair at r = 8, σ = 1.51 (0.9 a coordinate):
+  a strong interaction of two small fields, XOR-like; 2 main-effect fields of 100 values.
+* ``e``: 5 pair fields of 200-5 000 values drawn Zipf(1.1), all 10 pairs, r = 4, σ = 0.71;
+  4 main-effect fields of 10 000 values.
+
+On a and b a one-pass FM learns little even example by example (an offline per-example
+AdaGrad FM: 0.004-0.005 under LR's test log loss at 10^6 rows), so they test that an FM
+does no harm; c, d and e are where one pass can learn the interactions.
 """
 
 from __future__ import annotations
@@ -48,6 +61,12 @@ VARIANTS = {
     "b": {"pair_cards": [300, 500, 800, 1000, 1500, 2000, 2500, 3000],
           "pairs": list(itertools.combinations(range(8), 2)),
           "rank": 2, "sigma": 0.4, "main_cards": [10_000] * 6, "zipf": 1.1},
+    "c": {"pair_cards": [20, 50, 100, 200], "pairs": list(itertools.combinations(range(4), 2)),
+          "rank": 4, "sigma": 0.5 * 4 ** 0.25, "main_cards": [1000] * 4, "zipf": 0.0},
+    "d": {"pair_cards": [10, 10], "pairs": [(0, 1)], "rank": 8, "sigma": 0.9 * 8 ** 0.25,
+          "main_cards": [100] * 2, "zipf": 0.0},
+    "e": {"pair_cards": [200, 500, 1000, 2000, 5000], "pairs": list(itertools.combinations(range(5), 2)),
+          "rank": 4, "sigma": 0.5 * 4 ** 0.25, "main_cards": [10_000] * 4, "zipf": 1.1},
 }
 NOISE_CARD = 1000
 NOISE_ZIPF = 1.2  # noise values are drawn Zipf(1.2), as real logs' are heavy tailed

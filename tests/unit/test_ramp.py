@@ -18,9 +18,8 @@ from paramserver.tables.optim import FTRL, Zeros
 def test_ramp_grows_like_the_square_root_of_the_examples_seen():
     assert [ramp_size(s, 1000, 1.0) for s in (0, 1, 3, 4, 8, 9)] == [1, 1, 1, 2, 2, 3]
     assert ramp_size(10_000, 1000, 1.0) == 100
-    assert ramp_size(65_535, 10**6, 1.0) == 255  # the sqrt rule up to 65 536 examples ...
-    assert ramp_size(65_536, 10**6, 1.0) == 4096 and ramp_size(131_072, 10**6, 1.0) == 8192  # ... then seen/16
-    assert ramp_size(65_536, 4000, 1.0) == 4000 and ramp_size(10**8, 1000, 1.0) == 1000
+    assert ramp_size(65_536, 10**6, 1.0) == 256 and ramp_size(10**6, 10**6, 1.0) == 1000  # no jump, ever
+    assert ramp_size(16 * 10**6, 4000, 1.0) == 4000 and ramp_size(10**8, 4000, 1.0) == 4000  # capped by --batch-size
     assert ramp_size(400, 1000, 2.0) == 40
     assert ramp_size(0, 1000, 0.0) == 1000  # no ramp
 

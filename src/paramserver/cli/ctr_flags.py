@@ -108,12 +108,12 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     cluster_flag(p)
     p.add_argument("--epochs", type=int, default=1, help="passes over the training data")
     p.add_argument("--batch-size", type=int, default=4000,
-                   help="the largest mini-batch, in examples (default 4000, reached after 65 536 examples: see "
-                        "--batch-ramp)")
+                   help="the largest mini-batch, in examples (default 4000, reached after 1.6 * 10^7 examples: "
+                        "see --batch-ramp)")
     p.add_argument("--batch-ramp", type=float, default=1.0,
                    help="batches start at 1 example and grow to --batch-size, at most R * sqrt(examples the "
-                        "worker has trained on), at least 1/16 of them past 65 536 (default 1: 100 after 10^4 "
-                        "examples, 256 after 65 535, then 4096; 0: no ramp)")
+                        "worker has trained on) (default 1: 100 after 10^4 examples, 1 000 after 10^6; 0: no "
+                        "ramp, every batch --batch-size)")
     p.add_argument("--pipeline", type=int, default=2,
                    help="mini-batches in flight per worker (1: each sees every earlier push)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tables' initial values")
