@@ -25,13 +25,14 @@ def ramp_size(seen: int, batch_size: int, ramp: float) -> int:
     examples, 1 000 after 10^6 and the default ``--batch-size`` 4 000 after 1.6 * 10^7.
 
     A batch that grows faster breaks that bound, and every key present in many rows
-    (a field of few values) then overshoots at once: the floors this rule once had
-    (batches of at least 1/16 of the examples seen past 65 536, earlier 1/256) looked
-    free on heavy-tailed data, but at default flags they took LR's test log loss on 10^5
-    rows of planted-interaction data from 0.487 to 0.526, on 3 * 10^5 rows from 0.445 to
-    0.754, and stopped an FM's factors from growing (0.464 against 0.408 at 10^6 rows).
-    Without them a 10^6-row job makes ~2 000 batches instead of ~750, for ~35 % fewer
-    examples a second on the heavy shape (docs/benchmarks.md, "FM's defaults").
+    (a field of few values) then overshoots at once.  The floor this rule once had (at
+    least 1/16 of the examples seen past 65 536: ``--batch-size`` at once) looked free on
+    heavy-tailed data, but at default flags it took LR's test log loss on 10^5 rows of
+    planted-interaction data from 0.487 to 0.526 (0.445 to 0.754 on 3 * 10^5 rows with
+    the floor moved to 2^18), and it stopped an FM's factors from growing (0.486 against
+    0.408 at 10^6 rows, the same factor rates).  Without it a 10^6-row job makes ~2 000
+    batches instead of ~750: ~35 % fewer examples a second and ~50 % more bytes an
+    example on the heavy shape (docs/benchmarks.md, "FM's defaults").
     """
     if ramp <= 0:
         return batch_size
