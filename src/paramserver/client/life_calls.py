@@ -2,10 +2,14 @@
 its pushes carry (``set_time``), and delta exports (``export_delta``).  ``Client``
 inherits them.
 
-A delta token is text, ``"<ring version>:<server>=<epoch>,..."``: the epoch each server
-starts its next delta from.  The ring is part of it: after a server died, joined or left,
-the vnodes have other primaries, whose epochs do not continue these, so such a token
-gets a full export (``Delta.base`` True) and a fresh token.
+A delta token is text, ``"<ring version>:<server>=<epoch>@<origin>,..."``: the epoch each
+server starts its next delta from, and which run of the table's epochs it counts in.  The
+ring is part of it: after a server died, joined or left, the vnodes have other primaries,
+whose epochs do not continue these, so such a token gets a full export (``Delta.base``
+True) and a fresh token; so does a token from another run of a server's table (the
+server was restarted or restored, or the token is another cluster's).  A token naming an
+epoch its server never reached is refused (``ProtocolError``): it was altered, and a
+delta from it would leave out changes.
 """
 
 from __future__ import annotations
@@ -39,15 +43,24 @@ class Delta:
     base: bool
 
 
-def parse_token(token: str) -> tuple[int, dict[int, int]]:
-    """A token's ring version and epochs (``ConfigError`` for text that is not one)."""
+def parse_token(token: str) -> tuple[int, dict[int, int], dict[int, int]]:
+    """A token's ring version, epochs and their origins by server (an older token, with
+    none, gives none); ``ConfigError`` for text that is not one."""
     try:
         ring, _, rest = token.partition(":")
-        epochs = {int(s): int(e) for s, e in (item.split("=") for item in rest.split(",") if item)}
-        return int(ring), epochs
+        epochs, origins = {}, {}
+        for item in filter(None, rest.split(",")):
+            server, _, value = item.partition("=")
+            epoch, at, origin = value.partition("@")
+            epochs[int(server)] = int(epoch)
+            if at:
+                origins[int(server)] = int(origin)
+        if any(e < 0 for e in epochs.values()):
+            raise ValueError("a negative epoch")
+        return int(ring), epochs, origins
     except ValueError:
         raise ConfigError(f"{token!r} is not a delta token (one that export_delta returned, like "
-                          "'3:1=5,2=5')") from None
+                          "'3:1=5@81,2=5@93')") from None
 
 
 def push_header(spec: TableSpec, op: str, time: float | None) -> dict[str, Any] | None:
@@ -120,24 +133,29 @@ class LifeCalls:
                               "admission or eviction) to export deltas")
         ring = self._ring
         epochs: dict[int, int] = {}
+        origins: dict[int, int] = {}
         base = since is None
         if since is not None:
-            version, epochs = parse_token(since)
+            version, epochs, origins = parse_token(since)
             base = version != ring.version or set(epochs) != set(self._servers)
-        replies = self._ask_each(table, {} if base else epochs, timeout_s)
+        replies = self._ask_each(table, {} if base else epochs, origins, timeout_s)
         moved = any(m.header.get("ring_version") != ring.version for m in replies.values())
         if not base and (moved or not all(m.header.get("whole") for m in replies.values())):
-            replies = self._ask_each(table, {}, timeout_s)
+            replies = self._ask_each(table, {}, {}, timeout_s)
             base = True
         parts = [m.arrays for m in replies.values()]
         keys = np.concatenate([a[0] for a in parts]) if parts else np.zeros(0, np.uint64)
         values = np.concatenate([a[1] for a in parts]) if parts else np.zeros((0, spec.dim), np.float32)
         deleted = np.zeros(0, np.uint64) if base else np.setdiff1d(np.concatenate([a[2] for a in parts]), keys)
-        token = f"{ring.version}:" + ",".join(f"{s}={int(m.header['epoch'])}" for s, m in sorted(replies.items()))
+        token = f"{ring.version}:" + ",".join(f"{s}={int(m.header['epoch'])}@{int(m.header.get('origin', 0))}"
+                                              for s, m in sorted(replies.items()))
         return Delta(keys, values, deleted, token, base)
 
-    def _ask_each(self, table: str, since: dict[int, int], timeout_s: float | None) -> dict[int, Message]:
-        """Every server's delta of ``table`` from its epoch in ``since`` (0: all its keys)."""
-        futures = {s: self._request(address, {"op": Op.EXPORT.value, "table": table, "since": since.get(s, 0)})
+    def _ask_each(self, table: str, since: dict[int, int], origins: dict[int, int],
+                  timeout_s: float | None) -> dict[int, Message]:
+        """Every server's delta of ``table`` from its epoch in ``since`` (0: all its keys),
+        counted in the run ``origins`` names (none: an older token's, unchecked)."""
+        futures = {s: self._request(address, {"op": Op.EXPORT.value, "table": table, "since": since.get(s, 0)}
+                                    | ({"origin": origins[s]} if s in origins else {}))
                    for s, address in self._servers.items()}
         return {s: f.result(timeout=timeout_s) for s, f in futures.items()}

@@ -40,7 +40,7 @@ class Admin:
         n = self.state
         if "since" in msg.header:  # a delta (``Client.export_delta``)
             arrays, fields = storage.export_delta(n.tables, n.primary, field(msg, "table", str), msg.header["since"],
-                                                  n.config.max_message_bytes, n.node_id)
+                                                  n.config.max_message_bytes, n.node_id, msg.header.get("origin"))
             return reply(msg, arrays, ring_version=n.ring_version(), **fields)
         return reply(msg, list(storage.export_rows(n.tables, n.primary, field(msg, "table", str),
                                                    n.config.max_message_bytes, n.node_id)))

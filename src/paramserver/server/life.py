@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,7 @@ class TableLife:
         self.counted = self.spec.stats  # pushes carry shows and clicks after their values
         self.now = 0.0  # the latest push time seen
         self.epoch = 1  # changes now are stamped with it; an export starts the next
+        self.origin = secrets.randbits(62)  # names this run of the epochs: a token from another is not continued
         self.floor = 1  # tombstones are whole from this epoch on
         self.tombstones: list[tuple[int, np.ndarray]] = []
         self.tomb_keys = 0

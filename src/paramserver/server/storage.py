@@ -138,9 +138,13 @@ def table_stats(tables: dict[str, VnodeSet], primary: np.ndarray) -> dict[str, d
 
 
 def export_delta(tables: dict[str, VnodeSet], primary: np.ndarray, name: str, since: int, max_bytes: int,
-                 node_id: int) -> tuple[list[np.ndarray], dict[str, Any]]:
+                 node_id: int, origin: int | None = None) -> tuple[list[np.ndarray], dict[str, Any]]:
     """The keys of table ``name`` this server is primary of that changed at epoch >=
-    ``since``, their values and the keys evicted since (``TableLife.delta``)."""
+    ``since``, their values and the keys evicted since (``TableLife.delta``).  ``origin``
+    (the token's, None for an older token): epochs counted by another run of this table
+    (a restarted or restored server, another cluster) cannot be continued, so nothing is
+    exported and the answer is not whole (the client asks for a base); an epoch this run
+    never reached is refused."""
     table = tables.get(name)
     if table is None:
         raise UnknownTableError(f"unknown table {name!r} (tables: {sorted(tables)})")
@@ -149,11 +153,20 @@ def export_delta(tables: dict[str, VnodeSet], primary: np.ndarray, name: str, si
                             "or any admission or eviction) to export deltas")
     if isinstance(since, bool) or not isinstance(since, int) or since < 0:
         raise ProtocolError(f"export: since must be an epoch >= 0, got {since!r}")
-    keys, values, deleted, whole = table.life.delta(primary, since)
+    life = table.life
+    if since and origin is not None and origin != life.origin:
+        empty = np.zeros(0, np.uint64)
+        return [empty, np.zeros((0, table.spec.dim), np.float32), empty], {"whole": False, "epoch": life.epoch,
+                                                                           "origin": life.origin}
+    if since > life.epoch:
+        raise ProtocolError(f"the delta token names epoch {since} of table {name!r} on server {node_id}, which has "
+                            f"reached epoch {life.epoch} only: the token was altered or comes from another cluster; "
+                            "refused (export without --delta writes a new base, and deltas follow it)")
+    keys, values, deleted, whole = life.delta(primary, since)
     if keys.nbytes + values.nbytes + deleted.nbytes > max_bytes - (1 << 20):
         raise ProtocolError(f"the delta of table {name!r} on server {node_id} ({keys.size} keys) is too large for "
                             "one message; export more often, or raise max_message_bytes")
-    return [keys, values, deleted], {"whole": whole, "epoch": table.life.epoch}
+    return [keys, values, deleted], {"whole": whole, "epoch": life.epoch, "origin": life.origin}
 
 
 def rss_bytes() -> int:

@@ -3,17 +3,25 @@ kept current while it trains.
 
 A thread reads the folder's ``PUBLISH.json`` every ``poll`` seconds.  A new base (or a
 chain that is not the one being served) is loaded whole, with its deltas, into two
-replicas; new deltas are read, checked against their sha256, applied to the idle
-replica, which is then swapped in, and applied to the other once no request reads it:
-the work is the delta's, twice, never the table's.  A part that is damaged or missing (a
-half-written copy, a chain replaced under the reader) is logged and tried again at the
-next poll; the model served stays the last whole one.
+replicas; new deltas are read, checked against their sha256 and against the model (keys
+inside its hash space, rows of its width), applied to the idle replica, which is then
+swapped in, and applied to the other once no request reads it: the work is the delta's,
+twice, never the table's.
+
+A follower that cannot follow says so and serves the last whole model meanwhile.  Any
+error of a poll (a damaged or missing part, a part that does not fit the model, an index
+that goes back, a bug) is caught, logged once per distinct message, counted
+(``follow_errors``) and tried again at the next poll; ``Stats.follow_*`` tell ``/readyz``
+and ``/metrics`` whether the loop lives and when it last succeeded.  A replica is never
+served half written: a delta is checked whole before any of it is applied, and a replica
+an apply failed on is dropped, the chain loaded afresh into new replicas at the next poll.
+The sequence numbers served only go forward: an index whose newest part is older than
+the one served (a stale copy of ``PUBLISH.json``, a restored backup) is refused unless
+the service was started with ``allow_rollback`` (``serve --allow-rollback``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import logging
 import threading
 import time
@@ -22,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.checkpoint.publish import INDEX, apply_delta, read_index, read_table_folder
+from paramserver.checkpoint.publish import INDEX, apply_delta, parse_base, parse_delta, read_index, read_part
 from paramserver.errors import CheckpointError
 from paramserver.serving.model import Holder, Replica, Snapshot, apply_to, new_replica, warm, written_at
 from paramserver.serving.stats import Stats
@@ -43,20 +51,35 @@ class Delta:
     dense: np.ndarray | None
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What a delta must fit: the model's hash bits (0: keys not folded), its rows' width
+    and its MLP's size (None: no MLP)."""
+
+    hash_bits: int
+    dim: int
+    dense: int | None
+
+
 class Follower:
     """Keeps ``holder`` at the newest model published under ``url`` (``start``, ``stop``;
     ``poll_once`` does one look, for tests)."""
 
-    def __init__(self, url: str, holder: Holder, stats: Stats, poll_s: float = 1.0) -> None:
+    def __init__(self, url: str, holder: Holder, stats: Stats, poll_s: float = 1.0,
+                 allow_rollback: bool = False) -> None:
         self.url, self.holder, self.stats, self.poll_s = url.rstrip("/"), holder, stats, poll_s
+        self.allow_rollback = allow_rollback
         self.base: Part | None = None
         self.applied: list[Part] = []
         self.replicas: list[Replica] = []  # [serving, idle] once a base is loaded
+        self.seq, self.served = 0, ("", "")  # the newest part served: its number, (path, sha256)
         self.last_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        stats.follow_url = self.url
 
     def start(self) -> None:
+        self.stats.follow_alive = True  # from now: readiness must not see a loop that has not begun as dead
         self._thread = threading.Thread(target=self._run, name="paramserver-serve-follow", daemon=True)
         self._thread.start()
 
@@ -67,21 +90,32 @@ class Follower:
 
     def _run(self) -> None:
         waiting_logged = False
-        while not self._stop.is_set():
-            try:
-                found = self.poll_once()
-                self.last_error = ""
-                if not found and not waiting_logged:
-                    logger.info("nothing is published under %s yet: waiting for it", self.url)
-                    waiting_logged = True
-            except (CheckpointError, OSError, ValueError, KeyError, TypeError) as exc:
-                message = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-                if message != self.last_error:
-                    logger.warning("%s: %s; still serving %s, trying again in %g s", self.url, message,
-                                   self.holder.current.version if self.holder.current else "no model", self.poll_s)
-                self.last_error = message
-                self.stats.follow_errors += 1
-            self._stop.wait(self.poll_s)
+        self.stats.follow_alive = True
+        try:
+            while not self._stop.is_set():
+                try:
+                    found = self.poll_once()
+                except Exception as exc:  # noqa: BLE001 - any failure: said, counted, tried again; never the loop's end
+                    self._failed(exc)
+                else:
+                    self.last_error = self.stats.follow_last_error = ""
+                    self.stats.follow_last_ok_at = time.time()
+                    if not found and not waiting_logged:
+                        logger.info("nothing is published under %s yet: waiting for it", self.url)
+                        waiting_logged = True
+                self._stop.wait(self.poll_s)
+        finally:
+            self.stats.follow_alive = False
+
+    def _failed(self, exc: Exception) -> None:
+        known = isinstance(exc, (CheckpointError, OSError, ValueError, KeyError, TypeError))
+        message = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+        if message != self.last_error:
+            current = self.holder.current
+            logger.warning("%s: %s; still serving %s, trying again every %g s", self.url, message,
+                           current.version if current else "no model", self.poll_s, exc_info=not known)
+        self.last_error = self.stats.follow_last_error = message
+        self.stats.follow_errors += 1
 
     def poll_once(self) -> bool:
         """Read the index and bring the model up to it; False while nothing is published.
@@ -91,12 +125,20 @@ class Follower:
             return False
         base, *deltas = index["parts"]
         chain = [(str(p["path"]), str(p["sha256"])) for p in deltas]
-        if self.base != (str(base["path"]), str(base["sha256"])) or chain[:len(self.applied)] != self.applied:
+        same = self.base == (str(base["path"]), str(base["sha256"])) and chain[:len(self.applied)] == self.applied
+        last = index["parts"][-1]
+        newest = int(last["seq"])
+        back = newest < self.seq or (newest == self.seq and (str(last["path"]), str(last["sha256"])) != self.served)
+        if back and not same and not self.allow_rollback:
+            raise CheckpointError(f"{INDEX} now ends at seq {newest} ({index['parts'][-1]['path']}), not after the "
+                                  f"seq {self.seq} served: an older or replaced index, refused (serve "
+                                  "--allow-rollback to follow it back)")
+        if not same or not self.replicas:
             self._load_chain(index)
             return True
         new = deltas[len(self.applied):]
         if new:
-            read, error = self._read_deltas(new)
+            read, error = self._read_deltas(new, _shape(self.replicas[0]))
             if read:
                 self._apply(read, index)
             if error is not None:
@@ -107,12 +149,16 @@ class Follower:
         """A new base and its deltas, into two fresh replicas, swapped in."""
         t0 = time.perf_counter()
         base, *deltas = index["parts"]
-        folder = f"{self.url}/{base['path']}"
-        if _digest(f"{folder}/table.npz") != base["sha256"]:
-            raise CheckpointError(f"{folder}/table.npz does not match its sha256 in {INDEX}: damaged or half "
-                                  "written")
-        meta, keys, values, dense = read_table_folder(folder)
-        read, error = self._read_deltas(deltas)
+        meta, keys, values, dense = parse_base(f"{self.url}/{base['path']}", read_part(self.url, base))
+        if not isinstance(meta, dict) or not {"model", "data", "table"} <= set(meta):
+            raise CheckpointError(f"{self.url}/{base['path']} holds a table, not a model (its model.json is missing "
+                                  "or lacks the model): serve follows what paramserver train --publish writes")
+        shape = Shape(int(meta["data"].get("hash_bits", 0)), int(meta["table"]["dim"]),
+                      None if dense is None else int(np.asarray(dense).size))
+        if values.ndim != 2 or values.shape[1] < shape.dim or values.shape[0] != keys.shape[0]:
+            raise CheckpointError(f"{self.url}/{base['path']}: its values of shape {values.shape} do not fit "
+                                  f"{keys.shape[0]} keys of dim {shape.dim}: damaged")
+        read, error = self._read_deltas(deltas, shape)
         for d in read:
             keys, values = apply_delta(keys, values, d.keys, d.values, d.deleted)
             dense = d.dense if d.dense is not None else dense
@@ -124,47 +170,79 @@ class Follower:
         self.replicas = replicas
         self.base = (str(base["path"]), str(base["sha256"]))
         self.applied = [(str(d.part["path"]), str(d.part["sha256"])) for d in read]
+        self.seq, self.served = int(last["seq"]), (str(last["path"]), str(last["sha256"]))
         self.stats.bases_loaded += 1
         self.stats.last_swap_s = time.perf_counter() - t0
         logger.info("serving %s (%d keys) from %s", last["path"], keys.shape[0], self.url)
         if error is not None:
             raise error
 
-    def _read_deltas(self, parts: list[dict[str, Any]]) -> tuple[list[Delta], CheckpointError | None]:
-        """The parts read and checked, up to the first that is not whole, and what was wrong with it."""
+    def _read_deltas(self, parts: list[dict[str, Any]], shape: Shape) -> tuple[list[Delta], CheckpointError | None]:
+        """The parts read and checked whole (files, then fit), up to the first that is
+        not, and what was wrong with it."""
         out: list[Delta] = []
         for part in parts:
-            path = f"{self.url}/{part['path']}/delta.npz"
+            where = f"{self.url}/{part['path']}"
             try:
-                body = _read(path)
-                if hashlib.sha256(body).hexdigest() != part["sha256"]:
-                    raise CheckpointError(f"{path} does not match its sha256 in {INDEX}: damaged or half written")
-                d = np.load(io.BytesIO(body))
-                out.append(Delta(part, d["keys"], d["values"], d["deleted"], d["dense"] if "dense" in d.files
-                                 else None))
-            except FileNotFoundError:
-                return out, CheckpointError(f"{path} is missing (the chain was replaced, or a copy is partial)")
+                keys, values, deleted, dense = parse_delta(where, read_part(self.url, part))
+                out.append(_fitted(where, Delta(part, keys, values, deleted, dense), shape))
             except CheckpointError as exc:
                 return out, exc
-            except (OSError, ValueError, KeyError) as exc:
-                return out, CheckpointError(f"{path} is damaged ({exc})")
         return out, None
 
     def _apply(self, deltas: list[Delta], index: dict[str, Any]) -> None:
-        """``deltas`` into the idle replica, swapped in, then into the other (once idle)."""
+        """``deltas`` into the idle replica, swapped in, then into the other (once idle).
+        Should anything fail on the way, both replicas are dropped: the next poll loads
+        the chain afresh rather than serve or patch a replica written in part."""
         t0 = time.perf_counter()
         serving, idle = self.replicas
-        for d in deltas:
-            apply_to(idle, d.keys, d.values, d.deleted, d.dense)
-        last = deltas[-1].part
-        self.holder.swap(_snapshot(self.url, idle, last, index, last is index["parts"][-1]))  # waits: serving idle
-        self.stats.last_swap_s = time.perf_counter() - t0
-        for d in deltas:
-            apply_to(serving, d.keys, d.values, d.deleted, d.dense)
+        try:
+            for d in deltas:
+                apply_to(idle, d.keys, d.values, d.deleted, d.dense)
+            last = deltas[-1].part
+            self.holder.swap(_snapshot(self.url, idle, last, index, last is index["parts"][-1]))  # waits: serving idle
+            self.stats.last_swap_s = time.perf_counter() - t0
+            for d in deltas:
+                apply_to(serving, d.keys, d.values, d.deleted, d.dense)
+        except BaseException:
+            self.replicas, self.base, self.applied = [], None, []
+            raise
         self.replicas = [idle, serving]
         self.applied += [(str(d.part["path"]), str(d.part["sha256"])) for d in deltas]
+        self.seq, self.served = int(last["seq"]), (str(last["path"]), str(last["sha256"]))
         self.stats.deltas_applied += len(deltas)
         logger.info("serving %s (%d delta(s) applied in %.3f s)", last["path"], len(deltas), self.stats.last_swap_s)
+
+
+def _shape(replica: Replica) -> Shape:
+    return Shape(replica.data.hash_bits, replica.table.dim, None if replica.dense is None else replica.dense.size)
+
+
+def _fitted(where: str, d: Delta, shape: Shape) -> Delta:
+    """``d`` with its arrays as the model takes them, or ``CheckpointError`` saying how it
+    does not fit the model being served (nothing of it applied)."""
+    keys, deleted = np.asarray(d.keys), np.asarray(d.deleted)
+    for name, a in (("keys", keys), ("deleted", deleted)):
+        if a.ndim != 1 or a.dtype.kind not in "ui" or (a.dtype.kind == "i" and a.size and int(a.min()) < 0):
+            raise CheckpointError(f"{where}: its {name} are {a.dtype} of shape {a.shape}, not keys (whole numbers "
+                                  ">= 0): not applied; the part is damaged or not a delta of this model")
+    values = np.asarray(d.values)
+    if values.dtype.kind != "f" or values.size % max(keys.size, 1) or (
+            keys.size and values.size // keys.size < shape.dim):
+        raise CheckpointError(f"{where}: its values ({values.dtype}, shape {values.shape}) are not {keys.size} rows "
+                              f"of at least {shape.dim} numbers: not applied; not a delta of this model")
+    if shape.hash_bits:
+        top = max(int(keys.max()) if keys.size else 0, int(deleted.max()) if deleted.size else 0)
+        if top >= 1 << shape.hash_bits:
+            raise CheckpointError(f"{where}: key {top} lies outside the model's hash space (2^{shape.hash_bits}, "
+                                  f"--hash-bits {shape.hash_bits}): not applied; was it published by another "
+                                  "model's job?")
+    dense = d.dense
+    if dense is not None and (shape.dense is None or np.asarray(dense).size != shape.dense):
+        raise CheckpointError(f"{where}: its MLP has {np.asarray(dense).size} numbers, the model's "
+                              f"{shape.dense or 0}: not applied; not a delta of this model")
+    return Delta(d.part, keys.astype(np.uint64), values.reshape(keys.size, -1) if keys.size else values,
+                 deleted.astype(np.uint64), dense)
 
 
 def _snapshot(url: str, replica: Replica, part: dict[str, Any], index: dict[str, Any], newest: bool) -> Snapshot:
@@ -180,15 +258,3 @@ def _part_time(path: str, default: float) -> float:
     """When the file at ``path`` was written (``default`` where the filesystem does not say)."""
     at = written_at(path)
     return default if at is None else at
-
-
-def _read(path: str) -> bytes:
-    import fsspec
-
-    with fsspec.open(path, "rb") as f:
-        body: bytes = f.read()
-    return body
-
-
-def _digest(path: str) -> str:
-    return hashlib.sha256(_read(path)).hexdigest()

@@ -31,6 +31,10 @@ class Stats:
     bases_loaded: int = 0
     follow_errors: int = 0
     last_swap_s: float = 0.0
+    follow_url: str = ""  # "" unless following (--follow)
+    follow_alive: bool = False  # the follow thread runs its loop
+    follow_last_ok_at: float = 0.0  # time.time() of the last poll that ended without error
+    follow_last_error: str = ""  # the last poll's error ("" when it was fine)
 
     def request(self, endpoint: str, status: int, seconds: float) -> None:
         key = (endpoint, status)

@@ -162,7 +162,7 @@ probabilities of a parsed ``Batch``."""
     def __init__(self, url: str, allow_unverified: bool = False):
         fs, path = filesystem(url, "--model")
         if fs.exists(f"{path.rstrip('/')}/{PUBLISHED}"):  # a base and its deltas (train --publish)
-            self._load(*read_chain(url, _read_saved))
+            self._load(*read_chain(url))
             return
         if not fs.exists(f"{path.rstrip('/')}/model.json"):  # a training checkpoint, maybe
             from paramserver.checkpoint.store import MANIFEST
