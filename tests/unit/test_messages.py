@@ -81,3 +81,79 @@ def test_a_resume_from_python_is_told_the_flags_to_pass(monkeypatch):
     with pytest.raises(ConfigError, match=r"--storage: the checkpoint has bf16, this command asks float32; "
                                           r"pass the checkpoint's --storage bf16$"):
         _check_tables("ck/step-9", _manifest(checkpointed), asked.table_spec(None), asked)
+
+
+# ---- 22: the report says the table's storage and bytes a key, lifecycle or not ------------------------
+class _Stats:
+    """A client whose servers hold ``keys`` keys of table t (two copies) in ``nbytes``."""
+
+    def __init__(self, keys: int, nbytes: int):
+        self.keys, self.nbytes = keys, nbytes
+
+    def server_stats(self):
+        one = {"keys": self.keys, "primary_keys": self.keys // 2, "bytes": self.nbytes // 2}
+        return [{"tables": {"t": one}, "rss_bytes": 100}, {"tables": {"t": one}, "rss_bytes": 100}]
+
+
+def test_the_table_report_states_storage_and_bytes_a_key_without_a_lifecycle():
+    from paramserver.apps.ctr.publishing import table_report
+    from paramserver.cli.ctr import _lifecycle_lines
+    from paramserver.tables.spec import TableSpec
+
+    report = table_report(_Stats(1000, 14_000), TableSpec("t", storage="fp16", replicas=2))
+    assert report["storage"] == "fp16" and report["bytes_per_key"] == 7.0 and report["keys"] == 1000
+    assert "lifecycle" not in report
+    lines = dict(_lifecycle_lines({**report, "table_layout": "hash"}))
+    assert lines["table storage"] == "hash table, fp16 rows"
+    assert lines["keys held"] == "1,000 (7.0 bytes a key, all copies)"
+    with_life = table_report(_Stats(10, 100), TableSpec("t", lifecycle="ttl=5"))
+    assert with_life["storage"] == "float32" and with_life["lifecycle"] == "ttl=5"
+    assert dict(_lifecycle_lines(with_life))["lifecycle"] == "ttl=5"
+
+
+# ---- 25: the prewarm says what it does, how long it takes, and how far it is --------------------------
+def _prewarm():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "prewarm.py"
+    spec = importlib.util.spec_from_file_location("prewarm_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_prewarm_says_first_what_it_does_then_a_line_a_group_then_the_time():
+    import io
+
+    prewarm = _prewarm()
+    done, out, now = [], io.StringIO(), iter([0.0, 0.0, 30.0, 30.0, 75.0, 75.0])
+    todo = [("server tables, hash layout", lambda: done.append(1)), ("FM", lambda: done.append(2))]
+    assert prewarm.run(todo, out, clock=lambda: next(now)) == 75.0
+    lines = out.getvalue().splitlines()
+    assert done == [1, 2] and len(lines) == 4
+    assert "compiling" in lines[0] and "about two minutes" in lines[0] and "once" in lines[0]
+    assert lines[1] == "prewarm: [1/2] server tables, hash layout: 30 s" and lines[2] == "prewarm: [2/2] FM: 45 s"
+    assert lines[3] == "prewarm: numba's cache filled in 75 s"
+
+
+def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
+    """The groups together call the same warm-ups, with the same arguments, as the calls
+    they replace (issue 43.25: say more, compile nothing else)."""
+    prewarm = _prewarm()
+    calls = []
+    for name in ("warm_server", "warm_worker", "warm_filters", "_synth_rows"):
+        monkeypatch.setattr(prewarm, name, lambda *a, _n=name, **k: calls.append((_n, a, k)))
+    for _, compile_group in prewarm.groups(quick_start=True):
+        compile_group()
+    servers = [(a, k) for n, a, k in calls if n == "warm_server"]
+    assert {a[0][0] for a, _ in servers} == {"hash", "dense"} and all(k == {"filters": False} for _, k in servers)
+    workers = [a for n, a, _ in calls if n == "warm_worker"]
+    assert {m.name for a in workers for m in a[1]} == {"lr", "fm"} and all(a[0] == ("criteo",) for a in workers)
+    assert [n for n, _, _ in calls].count("warm_filters") == 1 and ("_synth_rows", (), {}) in calls
+    calls.clear()
+    for _, compile_group in prewarm.groups(quick_start=False):
+        compile_group()
+    assert sorted(k["storages"][0] for n, _, k in calls if n == "warm_server") == ["bf16", "float32", "fp16"]
+    assert sorted(a[0][0] for n, a, _ in calls if n == "warm_worker") == ["criteo", "libsvm"]
+    assert [n for n, _, _ in calls].count("warm_filters") == 1
