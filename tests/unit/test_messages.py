@@ -106,6 +106,8 @@ def test_the_table_report_states_storage_and_bytes_a_key_without_a_lifecycle():
     lines = dict(_lifecycle_lines({**report, "table_layout": "hash"}))
     assert lines["table storage"] == "hash table, fp16 rows"
     assert lines["keys held"] == "1,000 (7.0 bytes a key, all copies)"
+    dense = dict(_lifecycle_lines({**report, "table_layout": "dense", "hash_bits": 20}))
+    assert dense["keys held"] == "1,000 (7.0 bytes a key, all copies: arrays of all 2^20 keys)"
     with_life = table_report(_Stats(10, 100), TableSpec("t", lifecycle="ttl=5"))
     assert with_life["storage"] == "float32" and with_life["lifecycle"] == "ttl=5"
     assert dict(_lifecycle_lines(with_life))["lifecycle"] == "ttl=5"
@@ -157,3 +159,47 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     assert sorted(k["storages"][0] for n, _, k in calls if n == "warm_server") == ["bf16", "float32", "fp16"]
     assert sorted(a[0][0] for n, a, _ in calls if n == "warm_worker") == ["criteo", "libsvm"]
     assert [n for n, _, _ in calls].count("warm_filters") == 1
+
+
+# ---- 20: why a scheduler does not answer a node with keys ----------------------------------------------
+@pytest.fixture()
+def curve_server():
+    """A CurveZMQ ROUTER and a plain one on 127.0.0.1 (no ZAP handler: any client key passes)."""
+    import zmq
+
+    ctx = zmq.Context()
+    public, secret = zmq.curve_keypair()
+    curve, plain = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    curve.curve_server, curve.curve_secretkey = True, secret
+    addresses = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (curve, plain)]
+    yield public, *addresses
+    ctx.destroy(linger=0)
+
+
+def test_a_handshake_apart_tells_a_refused_key_from_no_keys_and_from_nothing_there(curve_server):
+    import time
+
+    import zmq
+
+    from paramserver.wire.handshake import OK, PLAIN, REFUSED, UNKNOWN, handshake
+    from paramserver.wire.security import Keys
+
+    server_public, curve, plain = curve_server
+    ours = Keys("driver", server_public, *zmq.curve_keypair())
+    other = Keys("driver", zmq.curve_keypair()[0], *zmq.curve_keypair())  # another cluster's server key
+    started = time.monotonic()
+    assert handshake(curve, ours) == OK
+    assert handshake(curve, other) == REFUSED
+    assert handshake(plain, ours) == PLAIN
+    assert time.monotonic() - started < 3.0  # verdicts in milliseconds (a refusal settles in 0.5 s)
+    assert handshake("tcp://127.0.0.1:1", ours, timeout_s=0.3) == UNKNOWN
+    assert handshake("inproc://x", ours) == UNKNOWN
+
+
+def test_an_unanswered_node_without_keys_is_told_what_it_was_before():
+    from paramserver.wire.handshake import unanswered
+
+    assert unanswered("tcp://h:1", None, "driver", 30, listening=False) == (
+        "driver could not reach the scheduler at tcp://h:1 within 30 s: is it running, and is the address right? "
+        "(--scheduler / PARAMSERVER_SCHEDULER)")
+    assert "give --secret-file FILE" in unanswered("tcp://h:1", None, "worker", 30, listening=True)

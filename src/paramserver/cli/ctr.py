@@ -140,8 +140,9 @@ def _lifecycle_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     lines = []
     if "storage" in report:
         layout = f"{report['table_layout']} table, " if "table_layout" in report else ""
+        whole = f": arrays of all 2^{report['hash_bits']} keys" if report.get("table_layout") == "dense" else ""
         lines += [("table storage", f"{layout}{report['storage']} rows"),
-                  ("keys held", f"{report['keys']:,} ({report['bytes_per_key']:.1f} bytes a key, all copies)")]
+                  ("keys held", f"{report['keys']:,} ({report['bytes_per_key']:.1f} bytes a key, all copies{whole})")]
     if "lifecycle" in report:
         lines += [("lifecycle", report["lifecycle"]),
                   ("updates refused (not admitted)", f"{report['updates_refused']:,}"),
