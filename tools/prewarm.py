@@ -4,6 +4,10 @@ and routing.  ``make test`` runs it on the second core while the first lints, so
 tests find the cache warm instead of compiling it on a fresh clone (about a minute and a
 half of kernels); ``make demo``'s install runs it with ``--quick-start``: the kernels of
 ``paramserver demo`` and of the README's first commands (Criteo rows, LR and FM).
+
+It says what it does and about how long it takes before it starts (a fresh machine's
+cold cache: about two minutes, during which nothing else would be printed), one line a
+group of kernels as each is done, and the time in all at the end.
 Run: ``.venv/bin/python tools/prewarm.py [--quick-start]``."""
 
 from __future__ import annotations
@@ -12,24 +16,62 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import TextIO
 
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.warmup import warm_worker
+from paramserver.filters.warmup import warm_filters
 from paramserver.server.warmup import warm_server
 
+Group = tuple[str, Callable[[], None]]  # what a group of kernels is, and what compiles it
 
-def main() -> int:
-    t0 = time.perf_counter()
-    if "--quick-start" in sys.argv[1:]:
-        warm_server(("hash", "dense"))
-        warm_worker(("criteo",), (Model("lr"), Model("fm")), combine=False, filters=False)
-        with tempfile.TemporaryDirectory() as tmp:  # paramserver demo writes its rows first
-            write_synth(os.path.join(tmp, "rows.tsv"), 10, seed=1)
-    else:
-        warm_server(storages=("float32", "fp16", "bf16"))
-        warm_worker()
-    print(f"prewarm: numba's cache filled in {time.perf_counter() - t0:.0f} s")
+
+def _synth_rows() -> None:
+    with tempfile.TemporaryDirectory() as tmp:  # paramserver demo writes its rows first
+        write_synth(os.path.join(tmp, "rows.tsv"), 10, seed=1)
+
+
+def groups(quick_start: bool) -> list[Group]:
+    """The kernels to compile, in groups of a few to some tens of seconds on a cold cache:
+    together what ``warm_server`` and ``warm_worker`` compile, for the quick start (its
+    layouts, Criteo rows, LR and FM) or for everything the tests load."""
+    if quick_start:
+        return [("server tables, hash layout", lambda: warm_server(("hash",), filters=False)),
+                ("server tables, dense layout", lambda: warm_server(("dense",), filters=False)),
+                ("the filters", warm_filters),
+                ("Criteo rows and LR", lambda: warm_worker(("criteo",), (Model("lr"),), combine=False, filters=False)),
+                ("FM", lambda: warm_worker(("criteo",), (Model("fm"),), combine=False, filters=False)),
+                ("the demo's synthetic rows", _synth_rows)]
+    every = [(f"server tables, {storage} rows", lambda s=storage: warm_server(storages=(s,), filters=False))
+             for storage in ("float32", "fp16", "bf16")]
+    return [*every, ("the filters", warm_filters),
+            ("Criteo rows: LR, FM, DeepFM", lambda: warm_worker(("criteo",), filters=False)),
+            ("LIBSVM rows: LR, FM, DeepFM", lambda: warm_worker(("libsvm",), filters=False))]
+
+
+def run(todo: list[Group], out: TextIO = sys.stderr, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Compile ``todo``, saying so: a first line (what, and how long once), a line a group
+    as it is done, the time in all at the end; the seconds it took."""
+    def say(text: str) -> None:
+        print(f"prewarm: {text}", file=out, flush=True)
+
+    say(f"compiling paramserver's numba kernels into their disk cache, {len(todo)} groups: about two minutes on a "
+        "fresh machine, once (then seconds)")
+    t0 = clock()
+    for i, (what, compile_group) in enumerate(todo, 1):
+        started = clock()
+        compile_group()
+        say(f"[{i}/{len(todo)}] {what}: {clock() - started:.0f} s")
+    took = clock() - t0
+    say(f"numba's cache filled in {took:.0f} s")
+    return took
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    run(groups("--quick-start" in args))
     return 0
 
 

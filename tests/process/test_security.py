@@ -81,8 +81,10 @@ def test_peers_without_the_clusters_keys_change_nothing_and_are_logged(tmp_path,
         servers = set(client.cluster_info()["ring_servers"])
         addresses = [cluster.address, *client.cluster_info()["servers"].values()]
         # a client without the keys, or with another cluster's: refused within its connect timeout
-        # (one without keys is told the cluster may need them: something listens, nothing answers)
-        for secret, said in ((None, "give --secret-file FILE"), (other, "could not reach the scheduler")):
+        # (one without keys is told the cluster may need them: something listens, nothing answers; one
+        # with another cluster's, that the scheduler did not accept its key, issue 43.20)
+        for secret, said in ((None, "give --secret-file FILE"), (other, f"did not accept the key of --secret-file "
+                                                                      f"{other}")):
             started = time.monotonic()
             with pytest.raises(ConnectError, match=said):
                 Client(config=load_config(scheduler=cluster.address, connect_timeout_s=2.0, secret_file=secret))

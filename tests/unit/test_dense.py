@@ -217,5 +217,6 @@ def test_a_resumed_auto_job_keeps_the_layout_its_checkpoint_has():
     assert hashed.key_bits == 0 and dense.key_bits == 24
     assert _check_tables("step", manifest, hashed, auto).key_bits == 24
     asked = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=24), layout="hash")
-    with pytest.raises(ConfigError, match="--table-layout of the checkpointed job"):
+    with pytest.raises(ConfigError, match=r"--table-layout: the checkpoint has dense \(--hash-bits 24\), this command "
+                                          "asks hash"):
         _check_tables("step", manifest, asked.table_spec(), asked)

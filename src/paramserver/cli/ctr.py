@@ -135,11 +135,16 @@ def _progressive_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _lifecycle_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """The report's lines on the model table's lifecycle and publications."""
+    """The report's lines on the model table (its rows' storage, keys held and bytes a
+    key, always), its lifecycle and publications."""
     lines = []
+    if "storage" in report:
+        layout = f"{report['table_layout']} table, " if "table_layout" in report else ""
+        whole = f": arrays of all 2^{report['hash_bits']} keys" if report.get("table_layout") == "dense" else ""
+        lines += [("table storage", f"{layout}{report['storage']} rows"),
+                  ("keys held", f"{report['keys']:,} ({report['bytes_per_key']:.1f} bytes a key, all copies{whole})")]
     if "lifecycle" in report:
         lines += [("lifecycle", report["lifecycle"]),
-                  ("keys held", f"{report['keys']:,} ({report['bytes_per_key']:.1f} bytes a key, all copies)"),
                   ("updates refused (not admitted)", f"{report['updates_refused']:,}"),
                   ("keys evicted", f"{report['keys_evicted']:,}")]
     if "publish" in report:

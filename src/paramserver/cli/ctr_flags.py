@@ -152,7 +152,9 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
                         "stream's position is committed with each checkpoint (exactly once on --resume)")
     p.add_argument("--resume", metavar="URL",
                    help="go on from the newest complete checkpoint in this folder (or this step), "
-                        "onto any number of servers; same --data (or --stream), --shard-mb and model flags")
+                        "onto any number of servers; same --data (or --stream), --shard-mb and model flags "
+                        "(a table flag that differs, such as --storage or --lifecycle, is named with the "
+                        "checkpoint's value and the command line that resumes)")
     unverified_flag(p)
     p.add_argument("--publish", metavar="URL",
                    help="publish the model here while it trains: a base, then what changed (keys set and evicted) "

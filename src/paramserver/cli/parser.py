@@ -108,7 +108,8 @@ def storage_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", default="float32", choices=("float32", "fp16", "bf16"),
                    help="how servers store the model's rows: float32 (default), or 16 bits a column (fp16: 11 "
                         "significant bits; bf16: float32's range), the optimiser state in bf16 with stochastic "
-                        "rounding: ~30 %% (dim 1) to ~47 %% (dim 16) fewer bytes a key (docs/lifecycle.md)")
+                        "rounding: ~30 %% (dim 1) to ~47 %% (dim 16) fewer bytes a key (docs/lifecycle.md); the "
+                        "report and --metrics-out state the storage and the bytes a key")
 
 
 def filters_flag(p: argparse.ArgumentParser) -> None:

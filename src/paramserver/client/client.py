@@ -20,6 +20,7 @@ import numpy as np
 
 from paramserver.client.calls import FunctionCalls
 from paramserver.client.cluster_calls import ClusterCalls
+from paramserver.client.connect import registered
 from paramserver.client.core import Piece, Wire, as_keys, call_header, pull_rows, remote_error
 from paramserver.client.filter_calls import FilterCalls
 from paramserver.client.io_thread import IOThread
@@ -44,7 +45,7 @@ from paramserver.tables.namespaces import Quota, check_name, summarize
 from paramserver.tables.optim import PUSH_OPS
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op
-from paramserver.wire.sockets import listens, refused_for
+from paramserver.wire.sockets import refused_for
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,8 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
             (default: ``PARAMSERVER_ALLOW_LOSS``, else False; ``client/losses.py``).
 
     Raises:
-        ConnectError: the scheduler did not answer within ``connect_timeout_s``.
+        ConnectError: the scheduler did not answer within ``connect_timeout_s``, or (with
+            a ``secret_file``) refused its keys: said in about a second, naming the file.
     """
 
     def __init__(self, scheduler: str | None = None, *, role: str = "driver",
@@ -164,23 +166,13 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
 
     def _call(self, address: str, header: dict[str, Any], timeout_s: float | None = None,
               connecting: bool = False) -> dict[str, Any]:
-        """One request, blocking: the reply's header."""
-        try:
-            answer: dict[str, Any] = self._request(address, header).result(timeout=timeout_s).header
-            return answer
-        except TimeoutError:
-            if connecting and not self.config.secret_file and listens(address):
-                raise ConnectError(
-                    f"{self.role}: something listens at {address} but did not answer within {timeout_s:g} s: a "
-                    "cluster started with keys answers only nodes that have them, so give --secret-file FILE "
-                    "(PARAMSERVER_SECRET_FILE); else the scheduler may be overloaded or not a paramserver scheduler"
-                ) from None
-            if connecting:
-                raise ConnectError(
-                    f"{self.role} could not reach the scheduler at {address} within {timeout_s:g} s: "
-                    "is it running, and is the address right? (--scheduler / PARAMSERVER_SCHEDULER)"
-                ) from None
-            raise
+        """One request, blocking: the reply's header (``connecting``: a registration, whose
+        timeout is a ``ConnectError`` saying why, ``client/connect.py``)."""
+        reply = self._request(address, header)
+        if connecting:
+            return registered(reply, address, self.config, self.role, timeout_s or self.config.connect_timeout_s)
+        answer: dict[str, Any] = reply.result(timeout=timeout_s).header
+        return answer
 
     def _spec(self, table: str) -> TableSpec:
         spec = self._tables.get(table)

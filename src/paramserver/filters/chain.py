@@ -80,8 +80,20 @@ class FilterSpec:
             raise ConfigError(f"filters: unknown direction(s) {unknown} (directions: {', '.join(DIRECTIONS)})")
         made = cls(**{d: tuple(_entry(e, d) for e in _listed(spec[d], d)) for d in spec})
         for d in DIRECTIONS:
+            _once(d, getattr(made, d))
+        for d in DIRECTIONS:
             Chain(d, getattr(made, d))  # checks the order and the directions
         return made
+
+
+def _once(direction: str, entries: tuple[Entry, ...]) -> None:
+    """``ConfigError`` if a filter is listed twice in one direction (a message would go
+    through it twice, and a receiver tells filters apart by name)."""
+    names = [name for name, _ in entries]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"filters for {direction}: {', '.join(twice)} listed twice ({','.join(names)}); list each "
+                          f"filter once (e.g. '{direction}={','.join(dict.fromkeys(names))}')")
 
 
 def _listed(value: Any, direction: str) -> list[Any]:
@@ -103,7 +115,13 @@ def _parse_text(text: str) -> dict[str, Any]:
             raise ConfigError(f"filters: {clause!r} must be DIRECTION=FILTER,FILTER,... with DIRECTION one of "
                               f"{', '.join(DIRECTIONS)} (e.g. 'push=int8,keycache;pull=keycache'), or a preset "
                               f"({', '.join(PRESETS)})")
-        out[direction.strip()] = chain
+        direction = direction.strip()
+        if direction in out:  # a second clause would silently replace the first
+            raise ConfigError(f"filters: the direction {direction!r} is given twice ({direction}={out[direction]} "
+                              f"and {direction}={chain}) in {text!r}; give it once, with its whole chain: "
+                              f"'{direction}={out[direction]}' or '{direction}={chain}', the one you mean (a "
+                              "direction's filters are one comma-separated chain, e.g. 'push=int8,keycache,zstd')")
+        out[direction] = chain
     return out
 
 
@@ -118,6 +136,9 @@ def _entry(value: Any, direction: str) -> Entry:
             key, eq, raw = item.partition("=")
             if not eq:
                 raise ConfigError(f"filter {value!r}: settings are key=value, got {item!r} (e.g. 'int8:block=128')")
+            if key.strip() in settings:
+                raise ConfigError(f"filter {value!r}: the setting {key.strip()!r} is given twice; give it once "
+                                  f"(e.g. '{name}:{key.strip()}={raw.strip()}')")
             settings[key.strip()] = _number(raw, value)
     elif isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], dict):
         name, settings = value[0], dict(value[1])

@@ -159,6 +159,9 @@ def _settings(text: str, settings: str) -> tuple[list[float], dict[str, Any]]:
         except ValueError:
             raise ConfigError(f"admission policy {text!r}: {item!r} is not a number (e.g. after:2, "
                               "prob:p=0.25)") from None
+        if eq and key.strip() in kwargs:  # the second would silently replace the first
+            raise ConfigError(f"admission policy {text!r}: {key.strip()} is given twice; give it once "
+                              f"(e.g. {key.strip()}={value.strip()})")
         if eq:
             kwargs[key.strip()] = number
         else:

@@ -160,6 +160,10 @@ def _parse_text(text: str) -> dict[str, Any]:
     for item in filter(None, (p.strip() for p in text.split(";"))):
         key, eq, value = item.partition("=")
         key = key.strip()
+        if key in out:  # a second one would silently replace the first
+            given = "track and track" if key == "track" else f"{key}={out[key]} and {key}={value.strip()}"
+            raise ConfigError(f"lifecycle: {key} is given twice ({given}) in {text!r}; give each setting once, "
+                              "e.g. 'admit=after:2;ttl=1e6'")
         if not eq:
             if key != "track":
                 raise ConfigError(f"lifecycle items are name=value (or 'track'), got {item!r} in {text!r}; "

@@ -50,9 +50,10 @@ from paramserver.server.peers import Acks, Peers
 from paramserver.server.state import ServerState
 from paramserver.server.vnodes import VnodeSet
 from paramserver.server.warmup import warm_server
+from paramserver.wire.handshake import CHECK_AFTER_S, refusal, unanswered
 from paramserver.wire.message import Message, Op, decode, encode, error_code, error_reply, failed_request
 from paramserver.wire.security import http_token, load_keys, refused_op, tokens_of, user_role
-from paramserver.wire.sockets import advertised
+from paramserver.wire.sockets import advertised, listens
 from paramserver.wire.transport import Transport, transport_for
 
 logger = logging.getLogger(__name__)
@@ -157,13 +158,19 @@ class ServerNode:
         """Register and wait for the scheduler's answer (``ConnectError`` on timeout)."""
         self.send_register()
         deadline = self.clock() + self.config.connect_timeout_s
+        key_checked = not self.config.secret_file  # with keys: a refused key is said in a second (wire/handshake.py)
         while self.clock() < deadline:
             if self.control.poll(100):
                 self.registered(self.control.recv())
                 return
-        raise ConnectError(f"server could not reach the scheduler at {self.config.scheduler} within "
-                           f"{self.config.connect_timeout_s:g} s: is it running, and is the address "
-                           "right? (--scheduler / PARAMSERVER_SCHEDULER)")
+            if not key_checked and self.clock() - self._register_sent > CHECK_AFTER_S:
+                key_checked = True
+                said = refusal(self.config.scheduler, str(self.config.secret_file), "server")
+                if said:
+                    raise ConnectError(said)
+        secret, address = self.config.secret_file, str(self.config.scheduler)
+        raise ConnectError(unanswered(address, secret, "server", self.config.connect_timeout_s,
+                                      bool(secret) and listens(address)))
 
     def send_register(self) -> None:
         self._register_sent = self.clock()

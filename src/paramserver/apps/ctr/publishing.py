@@ -1,7 +1,7 @@
 """What a training job does for a model that lives on: publishing it while it trains
 (``--publish URL --publish-every S``: a base, then deltas; ``checkpoint/publish.py``), and
-the report's lines on the model table's lifecycle (``--lifecycle``): keys held, bytes a
-key, updates refused by admission, keys evicted."""
+the report's lines on the model table: its storage (``--storage``), keys held and bytes a
+key, and with a lifecycle (``--lifecycle``) updates refused by admission, keys evicted."""
 
 from __future__ import annotations
 
@@ -56,18 +56,22 @@ class JobPublisher:
                 if self.export_s else 0.0}
 
 
-def lifecycle_report(client: Client, spec: TableSpec) -> dict[str, Any]:
-    """The model table's lifecycle on every server, summed: keys (one copy), bytes (all
-    copies), bytes a key, updates refused, keys admitted and evicted (as primaries)."""
+def table_report(client: Client, spec: TableSpec) -> dict[str, Any]:
+    """The model table on every server, summed: how its rows are stored (``storage``),
+    keys (one copy), bytes (all copies), bytes a stored key, the servers' RSS; with a
+    lifecycle, updates refused, keys admitted and evicted (as primaries)."""
     stats = client.server_stats()
     per_server = [s.get("tables", {}).get(spec.name, {}) for s in stats]
     keys = sum(int(t.get("primary_keys", 0)) for t in per_server)
     stored = sum(int(t.get("keys", 0)) for t in per_server)
     nbytes = sum(int(t.get("bytes", 0)) for t in per_server)
-    life = [t.get("lifecycle", {}) for t in per_server]
-    return {"lifecycle": str(spec.lifecycle), "keys": keys, "table_bytes": nbytes,
-            "bytes_per_key": nbytes / stored if stored else 0.0,
-            "updates_refused": sum(int(x.get("refused", 0)) for x in life),
-            "keys_admitted": sum(int(x.get("admitted", 0)) for x in life),
-            "keys_evicted": sum(int(x.get("evicted", 0)) for x in life) // max(spec.replicas, 1),
-            "server_rss_bytes": sum(int(s.get("rss_bytes", 0)) for s in stats)}
+    report: dict[str, Any] = {"storage": spec.storage, "keys": keys, "table_bytes": nbytes,
+                              "bytes_per_key": nbytes / stored if stored else 0.0,
+                              "server_rss_bytes": sum(int(s.get("rss_bytes", 0)) for s in stats)}
+    if spec.lifecycle:
+        life = [t.get("lifecycle", {}) for t in per_server]
+        report |= {"lifecycle": str(spec.lifecycle),
+                   "updates_refused": sum(int(x.get("refused", 0)) for x in life),
+                   "keys_admitted": sum(int(x.get("admitted", 0)) for x in life),
+                   "keys_evicted": sum(int(x.get("evicted", 0)) for x in life) // max(spec.replicas, 1)}
+    return report

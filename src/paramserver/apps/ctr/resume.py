@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.spec_flags import differences, fix, said
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.checkpoint import store as checkpoint
 from paramserver.data.reader import Shard
@@ -116,7 +117,7 @@ def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: Tra
     theirs = TableSpec.from_wire(theirs_spec)
     mine = spec if cfg.layout != "auto" else replace(spec, key_bits=theirs.key_bits)
     if theirs.to_wire() != mine.to_wire():
-        raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} is {theirs_spec}, but these "
-                          f"flags give {spec.to_wire()}; pass the --model, --optimizer, --seed, "
-                          "--consistency, --hash-bits and --table-layout of the checkpointed job")
+        diffs = differences(theirs, mine, theirs_model)
+        raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} was made with other settings "
+                          f"than this command's: {said(diffs)}; {fix(diffs)}")
     return mine

@@ -40,7 +40,7 @@ import numpy as np
 from paramserver._runtime.warm import load_numba
 from paramserver.apps.ctr.modelfile import dense_vector, metrics, model_meta, save_model
 from paramserver.apps.ctr.models import Model
-from paramserver.apps.ctr.publishing import JobPublisher, lifecycle_report
+from paramserver.apps.ctr.publishing import JobPublisher, table_report
 from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
 from paramserver.apps.ctr.streaming import Feeder, StreamJob, fed, stream_limits
 from paramserver.apps.ctr.train_config import TrainConfig
@@ -242,13 +242,12 @@ def _tracked(cfg: TrainConfig, publish: str | None) -> TrainConfig:
 
 def _lived(client: Client, spec: TableSpec, publisher: JobPublisher | None) -> dict[str, Any]:
     """The model as it ended published (``--publish``), and the report's lines on that
-    and on the table's lifecycle."""
+    and on the table: its storage and bytes a key always, its lifecycle if it has one."""
     report: dict[str, Any] = {}
     if publisher is not None:
         publisher.publish(client)
         report["publish"] = publisher.stats()
-    if spec.lifecycle:
-        report.update(lifecycle_report(client, spec))
+    report.update(table_report(client, spec))
     return report
 
 

@@ -1,0 +1,205 @@
+"""Issue 43's messages (items 21, 22, 24, 25): a resume refused flag by flag with the command
+that resumes, a duplicated key of a spec refused, the report's storage and bytes a key, the
+prewarm's progress."""
+
+import pytest
+
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.resume import _check_tables
+from paramserver.apps.ctr.train_config import TrainConfig
+from paramserver.data.reader import DataFormat
+from paramserver.errors import ConfigError
+from paramserver.filters.chain import FilterSpec
+from paramserver.lifecycle.spec import Lifecycle
+
+
+# ---- 24: a key given twice in a spec ---------------------------------------------------------------
+@pytest.mark.parametrize("text, said", [
+    ("push=int8;push=fp16", "the direction 'push' is given twice (push=int8 and push=fp16)"),
+    ("push=keycache;pull=keycache;push=zstd", "the direction 'push' is given twice (push=keycache and push=zstd)"),
+    ("push=int8,keycache,int8", "filters for push: int8 listed twice"),
+    ("push=int8:block=128:block=64", "the setting 'block' is given twice"),
+])
+def test_a_filter_spec_that_gives_a_key_twice_is_refused_with_the_fix(text, said):
+    with pytest.raises(ConfigError, match="give it once|list each filter once") as refused:
+        FilterSpec.parse(text)
+    assert said in str(refused.value)
+
+
+def test_a_duplicated_direction_is_refused_on_the_command_line_flag():
+    with pytest.raises(ConfigError, match=r"--filters 'push=int8;push=fp16': .*'push=int8' or 'push=fp16'"):
+        TrainConfig(filters="push=int8;push=fp16")
+
+
+@pytest.mark.parametrize("text, said", [
+    ("ttl=1e6;ttl=2e6", "ttl is given twice (ttl=1e6 and ttl=2e6)"),
+    ("admit=after:2;ttl=5e6;admit=prob:0.5", "admit is given twice (admit=after:2 and admit=prob:0.5)"),
+    ("track;track", "track is given twice"),
+    ("admit=after:n=2,n=3", "n is given twice"),
+])
+def test_a_lifecycle_spec_that_gives_a_setting_twice_is_refused(text, said):
+    with pytest.raises(ConfigError, match="give (each setting|it) once") as refused:
+        Lifecycle.parse(text)
+    assert said in str(refused.value)
+
+
+def test_specs_that_give_each_key_once_still_parse():
+    assert str(FilterSpec.parse("push=int8,keycache;pull=keycache;reply=fp16")) == \
+        "push=int8,keycache;pull=keycache;reply=fp16"
+    assert str(Lifecycle.parse("admit=after:2;ttl=1e6;cap_keys=1000")) == "admit=after:2;ttl=1e+06;cap_keys=1000"
+
+
+# ---- 21: a resume refused flag by flag ----------------------------------------------------------------
+def _manifest(cfg: TrainConfig) -> dict:
+    spec = cfg.table_spec(None)
+    return {"tables": {spec.name: spec.to_wire()},
+            "train": {"model": {"name": cfg.model.name, "k": cfg.model.k, "l2": cfg.model.l2,
+                                "hidden": list(cfg.model.hidden)}}}
+
+
+def test_a_resume_with_other_settings_names_each_flag_both_values_and_the_command(monkeypatch):
+    checkpointed = TrainConfig(Model("fm", k=4), DataFormat("criteo"), storage="fp16",
+                               lifecycle="admit=after:2;ttl=1e6")
+    asked = TrainConfig(Model("fm", k=4), DataFormat("criteo"), seed=3)
+    monkeypatch.setattr("sys.argv", ["/venv/bin/paramserver", "train", "--data", "a b.tsv", "--resume", "ck",
+                                     "--storage=float32", "--seed", "3", "--model", "fm", "--k", "4"])
+    with pytest.raises(ConfigError) as refused:
+        _check_tables("ck/step-9", _manifest(checkpointed), asked.table_spec(None), asked)
+    said = str(refused.value)
+    assert "--storage: the checkpoint has fp16, this command asks float32" in said
+    assert "--lifecycle: the checkpoint has 'admit=after:2;ttl=1e+06', this command asks none" in said
+    assert "--seed: the checkpoint has 0, this command asks 3" in said
+    assert "--optimizer" not in said and "{" not in said and len(said) < 600  # no table dicts
+    assert said.endswith("resume with the checkpoint's settings: paramserver train --data 'a b.tsv' --resume ck "
+                         "--model fm --k 4 --seed 0 --lifecycle 'admit=after:2;ttl=1e+06' --storage fp16")
+
+
+def test_a_resume_from_python_is_told_the_flags_to_pass(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["pytest"])
+    checkpointed = TrainConfig(Model("lr"), storage="bf16")
+    asked = TrainConfig(Model("lr"))
+    with pytest.raises(ConfigError, match=r"--storage: the checkpoint has bf16, this command asks float32; "
+                                          r"pass the checkpoint's --storage bf16$"):
+        _check_tables("ck/step-9", _manifest(checkpointed), asked.table_spec(None), asked)
+
+
+# ---- 22: the report says the table's storage and bytes a key, lifecycle or not ------------------------
+class _Stats:
+    """A client whose servers hold ``keys`` keys of table t (two copies) in ``nbytes``."""
+
+    def __init__(self, keys: int, nbytes: int):
+        self.keys, self.nbytes = keys, nbytes
+
+    def server_stats(self):
+        one = {"keys": self.keys, "primary_keys": self.keys // 2, "bytes": self.nbytes // 2}
+        return [{"tables": {"t": one}, "rss_bytes": 100}, {"tables": {"t": one}, "rss_bytes": 100}]
+
+
+def test_the_table_report_states_storage_and_bytes_a_key_without_a_lifecycle():
+    from paramserver.apps.ctr.publishing import table_report
+    from paramserver.cli.ctr import _lifecycle_lines
+    from paramserver.tables.spec import TableSpec
+
+    report = table_report(_Stats(1000, 14_000), TableSpec("t", storage="fp16", replicas=2))
+    assert report["storage"] == "fp16" and report["bytes_per_key"] == 7.0 and report["keys"] == 1000
+    assert "lifecycle" not in report
+    lines = dict(_lifecycle_lines({**report, "table_layout": "hash"}))
+    assert lines["table storage"] == "hash table, fp16 rows"
+    assert lines["keys held"] == "1,000 (7.0 bytes a key, all copies)"
+    dense = dict(_lifecycle_lines({**report, "table_layout": "dense", "hash_bits": 20}))
+    assert dense["keys held"] == "1,000 (7.0 bytes a key, all copies: arrays of all 2^20 keys)"
+    with_life = table_report(_Stats(10, 100), TableSpec("t", lifecycle="ttl=5"))
+    assert with_life["storage"] == "float32" and with_life["lifecycle"] == "ttl=5"
+    assert dict(_lifecycle_lines(with_life))["lifecycle"] == "ttl=5"
+
+
+# ---- 25: the prewarm says what it does, how long it takes, and how far it is --------------------------
+def _prewarm():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "prewarm.py"
+    spec = importlib.util.spec_from_file_location("prewarm_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_prewarm_says_first_what_it_does_then_a_line_a_group_then_the_time():
+    import io
+
+    prewarm = _prewarm()
+    done, out, now = [], io.StringIO(), iter([0.0, 0.0, 30.0, 30.0, 75.0, 75.0])
+    todo = [("server tables, hash layout", lambda: done.append(1)), ("FM", lambda: done.append(2))]
+    assert prewarm.run(todo, out, clock=lambda: next(now)) == 75.0
+    lines = out.getvalue().splitlines()
+    assert done == [1, 2] and len(lines) == 4
+    assert "compiling" in lines[0] and "about two minutes" in lines[0] and "once" in lines[0]
+    assert lines[1] == "prewarm: [1/2] server tables, hash layout: 30 s" and lines[2] == "prewarm: [2/2] FM: 45 s"
+    assert lines[3] == "prewarm: numba's cache filled in 75 s"
+
+
+def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
+    """The groups together call the same warm-ups, with the same arguments, as the calls
+    they replace (issue 43.25: say more, compile nothing else)."""
+    prewarm = _prewarm()
+    calls = []
+    for name in ("warm_server", "warm_worker", "warm_filters", "_synth_rows"):
+        monkeypatch.setattr(prewarm, name, lambda *a, _n=name, **k: calls.append((_n, a, k)))
+    for _, compile_group in prewarm.groups(quick_start=True):
+        compile_group()
+    servers = [(a, k) for n, a, k in calls if n == "warm_server"]
+    assert {a[0][0] for a, _ in servers} == {"hash", "dense"} and all(k == {"filters": False} for _, k in servers)
+    workers = [a for n, a, _ in calls if n == "warm_worker"]
+    assert {m.name for a in workers for m in a[1]} == {"lr", "fm"} and all(a[0] == ("criteo",) for a in workers)
+    assert [n for n, _, _ in calls].count("warm_filters") == 1 and ("_synth_rows", (), {}) in calls
+    calls.clear()
+    for _, compile_group in prewarm.groups(quick_start=False):
+        compile_group()
+    assert sorted(k["storages"][0] for n, _, k in calls if n == "warm_server") == ["bf16", "float32", "fp16"]
+    assert sorted(a[0][0] for n, a, _ in calls if n == "warm_worker") == ["criteo", "libsvm"]
+    assert [n for n, _, _ in calls].count("warm_filters") == 1
+
+
+# ---- 20: why a scheduler does not answer a node with keys ----------------------------------------------
+@pytest.fixture()
+def curve_server():
+    """A CurveZMQ ROUTER and a plain one on 127.0.0.1 (no ZAP handler: any client key passes)."""
+    import zmq
+
+    ctx = zmq.Context()
+    public, secret = zmq.curve_keypair()
+    curve, plain = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    curve.curve_server, curve.curve_secretkey = True, secret
+    addresses = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in (curve, plain)]
+    yield public, *addresses
+    ctx.destroy(linger=0)
+
+
+def test_a_handshake_apart_tells_a_refused_key_from_no_keys_and_from_nothing_there(curve_server):
+    import time
+
+    import zmq
+
+    from paramserver.wire.handshake import OK, PLAIN, REFUSED, UNKNOWN, handshake
+    from paramserver.wire.security import Keys
+
+    server_public, curve, plain = curve_server
+    ours = Keys("driver", server_public, *zmq.curve_keypair())
+    other = Keys("driver", zmq.curve_keypair()[0], *zmq.curve_keypair())  # another cluster's server key
+    started = time.monotonic()
+    assert handshake(curve, ours) == OK
+    assert handshake(curve, other) == REFUSED
+    assert handshake(plain, ours) == PLAIN
+    assert time.monotonic() - started < 3.0  # verdicts in milliseconds (a refusal settles in 0.5 s)
+    assert handshake("tcp://127.0.0.1:1", ours, timeout_s=0.3) == UNKNOWN
+    assert handshake("inproc://x", ours) == UNKNOWN
+
+
+def test_an_unanswered_node_without_keys_is_told_what_it_was_before():
+    from paramserver.wire.handshake import unanswered
+
+    assert unanswered("tcp://h:1", None, "driver", 30, listening=False) == (
+        "driver could not reach the scheduler at tcp://h:1 within 30 s: is it running, and is the address right? "
+        "(--scheduler / PARAMSERVER_SCHEDULER)")
+    assert "give --secret-file FILE" in unanswered("tcp://h:1", None, "worker", 30, listening=True)
