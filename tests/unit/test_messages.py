@@ -203,3 +203,11 @@ def test_an_unanswered_node_without_keys_is_told_what_it_was_before():
         "driver could not reach the scheduler at tcp://h:1 within 30 s: is it running, and is the address right? "
         "(--scheduler / PARAMSERVER_SCHEDULER)")
     assert "give --secret-file FILE" in unanswered("tcp://h:1", None, "worker", 30, listening=True)
+
+
+def test_an_optimizer_parameter_given_twice_is_refused():
+    from paramserver.tables.optim import parse_text
+
+    with pytest.raises(ConfigError, match=r"alpha is given twice in 'ftrl:alpha=0.1,alpha=0.2': give each"):
+        parse_text("ftrl:alpha=0.1,alpha=0.2")
+    assert parse_text("ftrl:alpha=0.1,l1=1") == {"name": "ftrl", "alpha": 0.1, "l1": 1.0}

@@ -87,6 +87,8 @@ def parse_text(text: str) -> dict[str, Any]:
         key, eq, value = item.partition("=")
         if not eq:
             raise ConfigError(f"parameters are key=value, got {item!r} in {text!r} (e.g. ftrl:alpha=0.1,l1=1)")
+        if key.strip() in spec:
+            raise ConfigError(f"{key.strip()} is given twice in {text!r}: give each parameter once")
         try:
             spec[key.strip()] = float(value)
         except ValueError:
