@@ -55,8 +55,9 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
                    help="train on rows as they arrive, instead of --data, until --max-examples, --until or Ctrl-C "
                         "(the first Ctrl-C or SIGTERM stops cutting and finishes what was cut): a folder whose files "
                         "arrive (any fsspec URL; a file is taken once its size has not changed for 1 s, in name "
-                        "order), redis://HOST:PORT/STREAM[?group=G] (Redis Streams; needs the redis extra), - "
-                        "(standard input), or module:Class=URL (your source; docs/streaming.md)")
+                        "order, and read once as it was then: --changed-files), redis://HOST:PORT/STREAM[?group=G] "
+                        "(Redis Streams; needs the redis extra), - (standard input), or module:Class=URL (your "
+                        "source; docs/streaming.md)")
     p.add_argument("--max-examples", type=int, metavar="N",
                    help="with --stream: stop after N rows (from Redis exactly; from files at the end of the file "
                         "that reaches N), counted over resumes")
