@@ -203,3 +203,24 @@ def test_a_folder_url_is_stamped_from_fsspec_and_checked_when_read(tmp_path):
     (tmp_path / "a.txt").unlink()
     with pytest.raises(FileChangedError, match="gone"):
         _rows(shards)
+
+
+def test_a_taken_files_shards_are_checked_with_cache_too_and_not_cached(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text(ROWS)
+    _, shards = _taken(tmp_path / "in", shard_bytes=400)
+    cached = DataFormat("libsvm", 64, "01", cache_dir=str(tmp_path / "cache"))
+    assert _rows(shards, cached) == 100 and not (tmp_path / "cache").exists()  # read once: nothing to cache
+    (tmp_path / "in" / "a.txt").unlink()
+    with pytest.raises(FileChangedError, match="gone"):
+        _rows(shards, cached)
+
+
+def test_changed_files_is_refused_without_a_stream():
+    import argparse
+
+    from paramserver.cli.ctr import _changed_files
+
+    assert _changed_files(argparse.Namespace(changed_files="skip", stream="in/")) == "skip"
+    with pytest.raises(ConfigError, match="--changed-files skip applies to --stream FOLDER"):
+        _changed_files(argparse.Namespace(changed_files="skip", stream=None))

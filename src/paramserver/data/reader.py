@@ -178,7 +178,8 @@ def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
     stats.setdefault("examples", 0)
     pending: deque[Batch] = deque()
     pending_rows = 0
-    pieces = (_cached_chunks(shard, fmt, stats, batch_size) if fmt.cache_dir else
+    # a stream's file (stamped) is read once: a cache of it would never be read back
+    pieces = (_cached_chunks(shard, fmt, stats, batch_size) if fmt.cache_dir and shard.stamp is None else
               _read_chunks(shard, fmt, stats, batch_size))
     for piece in pieces:  # Criteo's come whole: taken as they are, no copy
         _check_bad_fraction(shard, fmt, stats)
