@@ -8,7 +8,10 @@ file cannot be split and is one shard.  Paths go through fsspec (``s3://``, ``gs
 ``read_batches`` reads a shard in chunks of whole lines, parses each chunk with the
 numba parser of its format (``parsers.py``) and yields ``Batch``es (``batch.py``: the
 shard, batch and format types, re-exported here).  A malformed line raises
-``DataError`` naming the file, the line number and the text, unless ``skip_bad``.
+``DataError`` naming the file, the line number and the text, unless ``skip_bad``.  A
+shard of a file a stream took (``Shard.stamp``) is read only if the file is still the one
+taken (``taken.py``); else ``FileChangedError``, or with ``--changed-files skip`` no rows
+and the shard counted as skipped.
 """
 
 from __future__ import annotations
