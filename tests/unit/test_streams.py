@@ -97,7 +97,8 @@ def test_a_folder_source_takes_each_complete_file_once_in_name_order(tmp_path, m
     assert source.poll(None)[0] == []  # first seen: not yet known to be complete
     shards, position, rows, ended = source.poll(None)
     assert [os.path.basename(s.path) for s in shards] == ["a.txt", "b.txt"] and rows is None and not ended
-    assert position == {"taken": ["a.txt", "b.txt"]}
+    assert position["taken"] == ["a.txt", "b.txt"] and sorted(position["stamps"]) == ["a.txt", "b.txt"]
+    assert [s.stamp.size for s in shards] == [6, 6] and [s.end for s in shards] == [6, 6]  # as taken
     assert source.poll(None)[0] == []  # each once
     (tmp_path / "c.txt").write_text("1 3:1\n")
     again = streams.open_source(str(tmp_path), 1 << 20, "libsvm")

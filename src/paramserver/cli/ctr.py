@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from paramserver._runtime import collector
 from paramserver.apps.ctr.modelfile import evaluate, predict_file
 from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.stream_files import stream_file_lines
 from paramserver.apps.ctr.streaming import StreamJob
 from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train import check_job, run_training
@@ -48,7 +49,17 @@ def _fmt(args: argparse.Namespace) -> DataFormat:
                       label_column=getattr(args, "label", ""),
                       ignore_columns=tuple(getattr(args, "ignore_columns", ())),
                       numeric_columns=tuple(getattr(args, "numeric_columns", ())),
-                      max_bad_fraction=getattr(args, "max_bad_fraction", 0.01))
+                      max_bad_fraction=getattr(args, "max_bad_fraction", 0.01),
+                      changed_files=_changed_files(args))
+
+
+def _changed_files(args: argparse.Namespace) -> str:
+    """``--changed-files``, which only a folder stream's files can need."""
+    changed: str = getattr(args, "changed_files", "fail")
+    if changed != "fail" and not getattr(args, "stream", None):
+        raise ConfigError(f"--changed-files {changed} applies to --stream FOLDER (files that change after they "
+                          "are taken); --data files are read as they are: drop it")
+    return changed
 
 
 def _progress_line(status: dict[str, Any], seconds: float) -> str:
@@ -167,7 +178,8 @@ def _report_table(report: dict[str, Any]) -> Table:
     for label, key, fmt in rows:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
             table.add_row(label, fmt.format(report[key]))
-    for line in _progressive_lines(report) + _run_lines(report) + _filter_lines(report) + _lifecycle_lines(report):
+    for line in _progressive_lines(report) + _run_lines(report) + _filter_lines(report) + _lifecycle_lines(report) \
+            + stream_file_lines(report):
         table.add_row(*line)
     if "checkpoints" in report:
         table.add_row("checkpoints written", f"{len(report['checkpoints'])} "

@@ -55,11 +55,20 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
                    help="train on rows as they arrive, instead of --data, until --max-examples, --until or Ctrl-C "
                         "(the first Ctrl-C or SIGTERM stops cutting and finishes what was cut): a folder whose files "
                         "arrive (any fsspec URL; a file is taken once its size has not changed for 1 s, in name "
-                        "order), redis://HOST:PORT/STREAM[?group=G] (Redis Streams; needs the redis extra), - "
-                        "(standard input), or module:Class=URL (your source; docs/streaming.md)")
+                        "order, and read once as it was then: --changed-files), redis://HOST:PORT/STREAM[?group=G] "
+                        "(Redis Streams; needs the redis extra), - (standard input), or module:Class=URL (your "
+                        "source; docs/streaming.md)")
     p.add_argument("--max-examples", type=int, metavar="N",
                    help="with --stream: stop after N rows (from Redis exactly; from files at the end of the file "
                         "that reaches N), counted over resumes")
+    p.add_argument("--changed-files", choices=("fail", "skip"), default="fail",
+                   help="with --stream FOLDER: a file changed after it was taken (its size, modification time and "
+                        "inode are recorded when taken, checked when each of its shards is read): replaced, "
+                        "appended to, truncated or deleted before all of it was read. fail (default): the job "
+                        "stops, naming the file, what was taken and what is there now (also on --resume); skip: "
+                        "its shards not yet read are skipped, and the file, shards, bytes and about how many rows "
+                        "are counted in the report and --metrics-out. A file changed after it was read is never "
+                        "read again (each file once): a WARNING says how many bytes were not trained")
     p.add_argument("--until", metavar="WHEN",
                    help="with --stream: stop cutting new rows at this time: a duration (90s, 10m, 2h, 1d) or a "
                         "local time (2026-11-27T06:00)")

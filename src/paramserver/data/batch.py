@@ -10,6 +10,7 @@ these, so they live apart from any of them.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from paramserver.routing.partition import unique_inverse
 
 FORMATS = ("criteo", "libsvm", "avazu", "csv")
 STDIN = "-"  # --data -: standard input
+CHANGED_FILES = ("fail", "skip")  # --changed-files: a stream's file changed after it was taken
 
 
 class DataError(ParamServerError):
@@ -28,23 +30,74 @@ class DataError(ParamServerError):
 
 
 @dataclass(frozen=True)
+class FileStamp:
+    """A file as a stream took it: its size and modification time (seconds), and where its
+    filesystem says them its inode and device (local) or ETag (an object store); 0 and ""
+    are "not known", and are not compared."""
+
+    size: int
+    mtime: float = 0.0
+    ino: int = 0
+    dev: int = 0
+    etag: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"size": self.size, **{k: v for k, v in (("mtime", self.mtime), ("ino", self.ino), ("dev", self.dev),
+                                                         ("etag", self.etag)) if v}}
+
+    @classmethod
+    def from_wire(cls, w: Any) -> FileStamp:
+        if not isinstance(w, dict) or not isinstance(w.get("size"), int):
+            raise DataError(f"a shard's file stamp must be a map with its size, got {w!r}")
+        return cls(int(w["size"]), float(w.get("mtime", 0.0)), int(w.get("ino", 0)), int(w.get("dev", 0)),
+                   str(w.get("etag", "")))
+
+    def changes(self, now: FileStamp | None) -> str:
+        """How the file is no longer the one taken, said in a few words ("": it is)."""
+        if now is None:
+            return "it is gone (deleted, or moved away)"
+        if any(a and b and a != b for a, b in ((self.ino, now.ino), (self.dev, now.dev), (self.etag, now.etag))):
+            return "it was replaced: another file has its name"
+        if now.size > self.size:
+            return f"it grew by {now.size - self.size:,} bytes (appended to, or rewritten)"
+        if now.size < self.size:
+            return f"it shrank by {self.size - now.size:,} bytes (truncated, or rewritten)"
+        if self.mtime and now.mtime and self.mtime != now.mtime:
+            return "it was rewritten in place (its size is the same, its modification time is not)"
+        return ""
+
+    def describe(self) -> str:
+        """``4,088,895 bytes, modified 2026-11-28 19:14:03.731 UTC``."""
+        when = dt.datetime.fromtimestamp(self.mtime, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] \
+            if self.mtime else "?"
+        return f"{self.size:,} bytes, modified {when} UTC"
+
+
+@dataclass(frozen=True)
 class Shard:
     """The lines of ``path`` whose first byte lies in ``[start, end)``; or, cut from a
     stream by a source plug-in (``source``, ``module:Class``, see ``streams.py``), the
-    entries ``span`` names in the source's own words (``start`` and ``end`` unused)."""
+    entries ``span`` names in the source's own words (``start`` and ``end`` unused).
+    ``stamp``: the file as a stream took it (a folder's), checked when the shard is read."""
 
     path: str
     start: int
     end: int  # -1: to the end of the file
     span: str = ""  # a stream's entries, as its source says them (e.g. Redis ids "(FIRST LAST")
     source: str = ""  # the source plug-in that reads them ("": a file)
+    stamp: FileStamp | None = None  # the file when taken (None: not checked, a --data file's)
 
     def to_wire(self) -> list[Any]:
+        if self.stamp is not None:
+            return [self.path, self.start, self.end, self.span, self.source, self.stamp.to_wire()]
         return [self.path, self.start, self.end, self.span, self.source] if self.source else \
             [self.path, self.start, self.end]
 
     @classmethod
     def from_wire(cls, w: list[Any]) -> Shard:
+        """A shard as ``to_wire`` wrote it, or as earlier versions did (3 or 5 items, no stamp)."""
+        if len(w) == 6:
+            return cls(str(w[0]), int(w[1]), int(w[2]), str(w[3]), str(w[4]), FileStamp.from_wire(w[5]))
         if len(w) == 5:
             return cls(str(w[0]), int(w[1]), int(w[2]), str(w[3]), str(w[4]))
         return cls(str(w[0]), int(w[1]), int(w[2]))
@@ -52,6 +105,11 @@ class Shard:
     def where(self) -> str:
         """The shard as an error names it."""
         return f"{self.path} (entries {self.span})" if self.source else self.path
+
+    def taken_bytes(self) -> int:
+        """The bytes of the file this shard covers (its stamp's size bounds an open end)."""
+        end = self.end if self.end >= 0 else (self.stamp.size if self.stamp is not None else self.start)
+        return max(0, end - self.start)
 
 
 @dataclass
@@ -90,12 +148,15 @@ class DataFormat:
     numeric_columns: tuple[str, ...] = ()  # csv/avazu: columns of numbers, bucketed by size (as Criteo's integers)
     unlabeled: bool = False  # criteo/libsvm lines without a label (to predict; see sniff_unlabeled)
     max_bad_fraction: float = 0.01  # with skip_bad: more malformed lines than this fails the job
+    changed_files: str = "fail"  # a stream's file changed after it was taken: fail, or skip what is left of it
 
     def __post_init__(self) -> None:
         if self.name not in FORMATS:
             raise ConfigError(f"--format must be one of {FORMATS}, got {self.name!r}")
         if not 0 <= self.hash_bits <= 64:
             raise ConfigError(f"--hash-bits must be in [0, 64] (0: no folding), got {self.hash_bits}")
+        if self.changed_files not in CHANGED_FILES:
+            raise ConfigError(f"--changed-files must be one of {CHANGED_FILES}, got {self.changed_files!r}")
         if not 0 <= self.max_bad_fraction <= 1:
             raise ConfigError(f"--max-bad-fraction must be in [0, 1], got {self.max_bad_fraction}")
         if self.label_column and self.name not in ("csv", "avazu"):

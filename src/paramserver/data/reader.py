@@ -8,7 +8,10 @@ file cannot be split and is one shard.  Paths go through fsspec (``s3://``, ``gs
 ``read_batches`` reads a shard in chunks of whole lines, parses each chunk with the
 numba parser of its format (``parsers.py``) and yields ``Batch``es (``batch.py``: the
 shard, batch and format types, re-exported here).  A malformed line raises
-``DataError`` naming the file, the line number and the text, unless ``skip_bad``.
+``DataError`` naming the file, the line number and the text, unless ``skip_bad``.  A
+shard of a file a stream took (``Shard.stamp``) is read only if the file is still the one
+taken (``taken.py``); else ``FileChangedError``, or with ``--changed-files skip`` no rows
+and the shard counted as skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import lzma
 import os
 import sys
@@ -27,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.data import csv, parse
-from paramserver.data.batch import FORMATS, STDIN, Batch, DataError, DataFormat, Shard, _concat, _slice
+from paramserver.data.batch import FORMATS, STDIN, Batch, DataError, DataFormat, FileStamp, Shard, _concat, _slice
 from paramserver.data.files import COMPRESSED, local_files, open_input
 from paramserver.data.parsers import CriteoParser, CsvParser, LibsvmParser
 from paramserver.errors import ConfigError
@@ -35,9 +39,11 @@ from paramserver.errors import ConfigError
 #: What importers take from here: the reader's own names, and the vocabulary of batch.py
 #: (``Batch``, ``DataFormat``, ``Shard``, ``DataError``) that it reads in.
 __all__ = ["CHUNK_BYTES", "FORMATS", "STDIN", "Batch", "DataError", "DataFormat", "Shard", "expand", "make_shards",
-           "read_all", "read_batches", "sniff_label_format", "sniff_unlabeled"]
+           "cut_file", "read_all", "read_batches", "sniff_label_format", "sniff_unlabeled"]
 
 CHUNK_BYTES = 4 << 20
+
+logger = logging.getLogger(__name__)
 
 
 def _filesystem(path: str) -> tuple[Any, str]:
@@ -110,13 +116,17 @@ def make_shards(paths: list[str], shard_bytes: int = 64 << 20) -> list[Shard]:
         if path == STDIN:  # one shard, read once, in order
             shards.append(Shard(path, 0, -1))
             continue
-        size = _check_exists(path)
-        if path.endswith(COMPRESSED) or size <= shard_bytes:
-            shards.append(Shard(path, 0, -1))
-            continue
-        for start in range(0, size, shard_bytes):
-            shards.append(Shard(path, start, min(start + shard_bytes, size)))
+        shards += cut_file(path, _check_exists(path), shard_bytes)
     return shards
+
+
+def cut_file(path: str, size: int, shard_bytes: int, stamp: FileStamp | None = None) -> list[Shard]:
+    """The shards of a file of ``size`` bytes (compressed: one).  With its ``stamp`` (a
+    stream took it) every shard carries it and ends at ``size``: bytes appended later are
+    not read into the last one (``data/taken.py`` says they were appended)."""
+    if path.endswith(COMPRESSED) or size <= shard_bytes:
+        return [Shard(path, 0, size if stamp is not None and not path.endswith(COMPRESSED) else -1, stamp=stamp)]
+    return [Shard(path, start, min(start + shard_bytes, size), stamp=stamp) for start in range(0, size, shard_bytes)]
 
 
 def sniff_unlabeled(path: str, fmt: DataFormat) -> bool:
@@ -171,7 +181,8 @@ def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
     stats.setdefault("examples", 0)
     pending: deque[Batch] = deque()
     pending_rows = 0
-    pieces = (_cached_chunks(shard, fmt, stats, batch_size) if fmt.cache_dir else
+    # a stream's file (stamped) is read once: a cache of it would never be read back
+    pieces = (_cached_chunks(shard, fmt, stats, batch_size) if fmt.cache_dir and shard.stamp is None else
               _read_chunks(shard, fmt, stats, batch_size))
     for piece in pieces:  # Criteo's come whole: taken as they are, no copy
         _check_bad_fraction(shard, fmt, stats)
@@ -255,6 +266,10 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict[str, Any], batch_siz
             from paramserver.data.streams import open_shard
 
             f: Any = open_shard(shard)
+        elif shard.stamp is not None:  # a file a stream took: read only if it is still that file
+            f = _open_taken(shard, fmt, stats)
+            if f is None:
+                return
         else:
             f = _Unclosed(sys.stdin.buffer) if path == STDIN else open_input(path)
     except FileNotFoundError:
@@ -264,6 +279,26 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict[str, Any], batch_siz
         parser, pos, carry = _start(f, shard, fmt, batch_size)
         yield from _parse_lines(f, shard, stats, parser, pos, carry)
         yield from parser.flush()
+
+
+def _open_taken(shard: Shard, fmt: DataFormat, stats: dict[str, Any]) -> Any:
+    """The shard's file if it is still the one taken; else ``FileChangedError``, or with
+    ``--changed-files skip`` None and the shard counted as skipped in ``stats``
+    (``skipped_shards``, ``skipped_bytes``, ``skipped``: the file and what changed)."""
+    from paramserver.data.taken import FileChangedError, open_taken
+
+    assert shard.stamp is not None
+    try:
+        return open_taken(shard.path, shard.stamp)
+    except FileChangedError as exc:
+        if fmt.changed_files != "skip":
+            raise
+        logger.warning("%s: skipped %s of it (--changed-files skip): %s", shard.path,
+                       f"bytes {shard.start:,}-{shard.start + shard.taken_bytes():,}", exc.what)
+        stats["skipped_shards"] = stats.get("skipped_shards", 0) + 1
+        stats["skipped_bytes"] = stats.get("skipped_bytes", 0) + shard.taken_bytes()
+        stats["skipped"] = {"file": shard.path, "what": exc.what}
+        return None
 
 
 def _start(f: Any, shard: Shard, fmt: DataFormat, batch_size: int) -> tuple[Any, int, bytes]:

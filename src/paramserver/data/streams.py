@@ -14,7 +14,10 @@ Built in:
                                 its size and modification time unchanged for
                                 ``SETTLE_S`` (names starting with '.' or '_', or ending in
                                 .tmp, .part or ._COPYING_ are being written: skipped);
-                                each file is cut into shards as ``--data`` files are
+                                each file is cut into shards as ``--data`` files are,
+                                each shard stamped with the file as taken and read only
+                                if it is still that file (``taken.py``; else the job
+                                fails, or ``--changed-files skip`` skips and counts)
     ``-``                       standard input, spooled into files of whole lines as it
                                 arrives (not resumable)
     ``redis://HOST:PORT/STREAM``  Redis Streams (``redis_source.py``)
@@ -24,14 +27,18 @@ Built in:
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from paramserver.data.batch import STDIN, DataError, Shard
+from paramserver.data.batch import STDIN, DataError, FileStamp, Shard
+from paramserver.data.taken import stamp_from_info, stamp_of
 from paramserver.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 SETTLE_S = 1.0  # a folder's file is complete once unchanged this long
 SPOOL_S = 0.5  # standard input is cut into a shard at least this often while lines arrive
@@ -228,7 +235,14 @@ class StdinSource:
 
 
 class FolderSource:
-    """A folder's files as they arrive (see the module): position ``{"taken": [names]}``."""
+    """A folder's files as they arrive (see the module): position ``{"taken": [names],
+    "stamps": {name: FileStamp wire}}`` (a position without stamps, an earlier version's:
+    the files as they are when the job resumes).
+
+    Each shard carries its file's stamp, checked by the worker that reads it
+    (``data/taken.py``).  A file taken that changes later is said at the next look, once it
+    has settled, with a WARNING (and ``changed``, for the report): a folder's file is read
+    once, so its new bytes are never read (write new rows to a new file)."""
 
     resumable = True
 
@@ -242,7 +256,11 @@ class FolderSource:
             raise ConfigError(f"--stream {url}: no such folder (a folder whose files arrive, "
                               "redis://HOST:PORT/STREAM, or - for standard input)")
         self.taken: set[str] = set()
+        self.stamps: dict[str, FileStamp] = {}  # name -> the file as taken (not known: taken before stamps)
         self.seen: dict[str, tuple[Any, Any, float]] = {}  # name -> (size, mtime, since when unchanged)
+        self.changed: dict[str, dict[str, Any]] = {}  # name -> what changed after it was taken, bytes ignored
+        self._said: dict[str, tuple[FileStamp, float]] = {}  # name -> its changed stamp, since when (said: -1)
+        self._position: dict[str, Any] | None = None
 
     def start(self, position: Any | None) -> None:
         if position is not None:
@@ -251,14 +269,28 @@ class FolderSource:
                 raise ConfigError(f"--resume: the checkpoint's position in {self.url} is not a folder's "
                                   f"({position!r}): pass the --stream of the checkpointed job")
             self.taken = set(taken)
+            stamps = position.get("stamps") or {}
+            self.stamps = {n: FileStamp.from_wire(w) for n, w in stamps.items() if n in self.taken}
+            for name in self.taken - set(self.stamps):  # taken before stamps: as they are now
+                if (now := stamp_of(self.path_of(name))) is not None:
+                    self.stamps[name] = now
 
-    def _complete(self, now: float) -> list[str]:
+    def path_of(self, name: str) -> str:
+        return f"{self.protocol}{self.root}/{name}" if self.protocol else f"{self.root}/{name}"
+
+    def _files(self) -> dict[str, dict[str, Any]]:
+        """The folder's files by name (what fsspec's ``ls`` says of each)."""
+        found = {}
+        for info in self.fs.ls(self.root, detail=True):
+            if info.get("type") == "file":
+                found[info["name"].rstrip("/").rsplit("/", 1)[-1]] = info
+        return found
+
+    def _complete(self, files: dict[str, dict[str, Any]], now: float) -> list[str]:
         """The files not taken yet whose size and mtime have not changed for SETTLE_S, by name."""
         ready = []
-        for info in self.fs.ls(self.root, detail=True):
-            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
-            if info.get("type") != "file" or name in self.taken or name.startswith((".", "_")) \
-                    or name.endswith(_WRITING):
+        for name, info in files.items():
+            if name in self.taken or name.startswith((".", "_")) or name.endswith(_WRITING):
                 continue
             stamp = (info.get("size"), info.get("mtime") or info.get("LastModified") or info.get("created"))
             last = self.seen.get(name)
@@ -268,16 +300,57 @@ class FolderSource:
                 ready.append(name)
         return sorted(ready)
 
-    def poll(self, max_rows: int | None) -> tuple[list[Shard], Any, int | None, bool]:
-        from paramserver.data.reader import make_shards
+    def _watch_taken(self, files: dict[str, dict[str, Any]], now: float) -> None:
+        """Say (once it settled) each file taken that changed since: its new bytes are not read."""
+        for name, info in sorted(files.items()):
+            taken = self.stamps.get(name)
+            if taken is None:
+                continue
+            current = stamp_from_info(info)
+            if not taken.changes(current):
+                self._said.pop(name, None)
+                continue
+            last = self._said.get(name)
+            if last is None or last[0] != current:
+                self._said[name] = (current, now)
+            elif last[1] >= 0 and now - last[1] >= SETTLE_S:
+                self._said[name] = (current, -1.0)
+                self._say_changed(name, taken, current)
 
+    def _say_changed(self, name: str, taken: FileStamp, now: FileStamp) -> None:
+        what = taken.changes(now)
+        grew = what.startswith("it grew")
+        ignored = now.size - taken.size if grew else now.size
+        self.changed[name] = {"what": what, "bytes_ignored": ignored}
+        logger.warning("%s changed after the stream took it: %s (taken: %s; now: %s). A folder's file is read "
+                       "once: %s are not trained. Write new rows to a new file (under a temporary name, "
+                       "renamed when whole)", self.path_of(name), what, taken.describe(), now.describe(),
+                       f"the {ignored:,} bytes appended" if grew else f"its {ignored:,} bytes now")
+
+    def poll(self, max_rows: int | None) -> tuple[list[Shard], Any, int | None, bool]:
+        from paramserver.data.reader import cut_file
+
+        now, files = time.monotonic(), self._files()
+        self._watch_taken(files, now)
         shards: list[Shard] = []
-        for name in self._complete(time.monotonic()):
-            self.taken.add(name)
+        for name in self._complete(files, now):
             self.seen.pop(name, None)
-            shards += make_shards([f"{self.protocol}{self.root}/{name}" if self.protocol else
-                                   f"{self.root}/{name}"], self.shard_bytes)
-        return shards, {"taken": sorted(self.taken)}, None, False
+            path = self.path_of(name)
+            stamp = stamp_of(path) if not self.protocol else stamp_from_info(files[name])
+            if stamp is None or stamp.size == 0:  # gone (or emptied) since the look: not taken
+                continue
+            self.taken.add(name)
+            self.stamps[name] = stamp
+            shards += cut_file(path, stamp.size, self.shard_bytes, stamp)
+        return shards, self.position(), None, False
+
+    def position(self) -> dict[str, Any]:
+        """The names taken and their stamps (made again only once a file is taken: a folder of
+        10^5 files is polled five times a second)."""
+        if self._position is None or len(self._position["taken"]) != len(self.taken):
+            self._position = {"taken": sorted(self.taken),
+                              "stamps": {n: self.stamps[n].to_wire() for n in sorted(self.stamps)}}
+        return self._position
 
     def commit(self, position: Any, pending: list[Shard]) -> None:
         pass  # the files stay: what was read is in the position

@@ -32,7 +32,10 @@ class _Queue:
 
     running: dict[int, int] = field(default_factory=dict)  # shard -> node
     totals: dict[str, float] = field(default_factory=lambda: {
-        "examples": 0, "loss_sum": 0.0, "bad_lines": 0, "bytes": 0})
+        "examples": 0, "loss_sum": 0.0, "bad_lines": 0, "bytes": 0, "skipped_shards": 0, "skipped_bytes": 0})
+    # a stream's files that changed after they were taken, their shards skipped (--changed-files skip):
+    # file -> {what changed, shards, bytes}
+    skipped_files: dict[str, dict[str, Any]] = field(default_factory=dict)
     epoch_examples: list[int] = field(default_factory=lambda: [0])
     live: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LIVE, 0.0))
     per_worker: dict[int, dict[str, float]] = field(default_factory=dict)  # node -> its live counters
@@ -53,6 +56,14 @@ class _Queue:
         for k, v in values.items():
             self.totals[k] += v
         self.epoch_examples[-1] += int(values["examples"])
+        self.count_skipped(stats.get("skipped"), values["skipped_shards"], values["skipped_bytes"])
+
+    def count_skipped(self, skipped: Any, shards: float, nbytes: float) -> None:
+        """A file's shards skipped (``{"file", "what"}``), added to its line in ``skipped_files``."""
+        if isinstance(skipped, dict) and isinstance(skipped.get("file"), str):
+            line = self.skipped_files.setdefault(skipped["file"], {"what": "", "shards": 0, "bytes": 0})
+            line.update(what=str(skipped.get("what", "")), shards=line["shards"] + int(shards),
+                        bytes=line["bytes"] + int(nbytes))
 
     def _resume_totals(self, progress: dict[str, Any]) -> dict[str, float]:
         """The totals of a snapshot to resume from, checked, taken as this queue's."""
@@ -87,6 +98,7 @@ class _Queue:
 
     def _status(self) -> dict[str, Any]:
         return {"running": len(self.running), "epoch_examples": list(self.epoch_examples), "live": dict(self.live),
+                "skipped_files": {k: dict(v) for k, v in self.skipped_files.items()},
                 "resumed_examples": self.resumed_examples,
                 "per_worker": {str(k): dict(v) for k, v in self.per_worker.items()}, **self.totals}
 
@@ -221,7 +233,7 @@ class StreamQueue(_Queue):
         """The job's progress, to resume from: totals, and the stream's position with the
         shards cut before it and not done (running ones are not done: take it when none runs)."""
         return {"epoch": 0, "done": [], "totals": dict(self.totals), "epoch_examples": list(self.epoch_examples),
-                "stream": self.stream_state()}
+                "stream": self.stream_state(), "skipped_files": {k: dict(v) for k, v in self.skipped_files.items()}}
 
     def stream_state(self) -> dict[str, Any]:
         return {"source": self.source, "position": self.position,
@@ -244,6 +256,10 @@ class StreamQueue(_Queue):
             raise ConfigError(f"the job to resume read the stream {stream.get('source')!r}, not {source!r}")
         q._resume_totals(progress)
         q.epoch_examples = [int(q.totals["examples"])]
+        for file, line in (progress.get("skipped_files") or {}).items():  # before the checkpoint, or on resuming
+            if isinstance(line, dict):
+                q.count_skipped({"file": file, "what": line.get("what", "")}, line.get("shards", 0),
+                                line.get("bytes", 0))
         q.add(list(stream["pending"]), stream.get("position"))
         return q
 

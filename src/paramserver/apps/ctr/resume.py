@@ -12,6 +12,7 @@ from typing import Any
 
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.spec_flags import differences, fix, said
+from paramserver.apps.ctr.stream_files import check_pending
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.checkpoint import store as checkpoint
 from paramserver.data.reader import Shard
@@ -59,7 +60,10 @@ def stream_resume_point(url: str, source: Any, spec: TableSpec, cfg: TrainConfig
     if not source.resumable:
         source.start(stream.get("position"))  # says why it cannot
     spec = _check_tables(step, manifest, spec, cfg)
-    return step, {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples", "stream") if k in job}, spec
+    progress: dict[str, Any] = {k: job[k] for k in ("epoch", "done", "totals", "epoch_examples", "stream",
+                                                    "skipped_files") if k in job}
+    # a folder's file its pending shards name, changed since it was taken: refused now, or skipped and counted
+    return step, check_pending(step, progress, source, cfg.data.changed_files == "skip"), spec
 
 
 def _manifest(url: str, allow_unverified: bool) -> tuple[str, dict[str, Any], dict[str, Any]]:

@@ -42,6 +42,7 @@ from paramserver.apps.ctr.modelfile import dense_vector, metrics, model_meta, sa
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.publishing import JobPublisher, table_report
 from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
+from paramserver.apps.ctr.stream_files import stream_file_report
 from paramserver.apps.ctr.streaming import Feeder, StreamJob, fed, stream_limits
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
@@ -448,6 +449,7 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
     if plan.step is not None:
         report["resumed_from"] = plan.step
         report["resumed_examples"] = examples - this_run
+    report.update(stream_file_report(status, plan.source))  # a folder's files changed after they were taken
     return report
 
 

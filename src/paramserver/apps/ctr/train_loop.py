@@ -164,7 +164,8 @@ class _Pipeline:
         job.report_progress(examples=self.examples - self.shown_examples, loss_sum=self.loss_sum - self.shown_loss,
                             scores=self.scores.take(), **self._wire_progress())
         job.shard_done(task, examples=self.examples, loss_sum=self.loss_sum, bad_lines=stats["bad_lines"],
-                       bytes=stats.get("bytes", 0))
+                       bytes=stats.get("bytes", 0),  # and a stream's file changed, its shard skipped (reader.py)
+                       **{k: stats[k] for k in ("skipped_shards", "skipped_bytes", "skipped") if k in stats})
         self.done["examples"] += self.examples
         self.done["loss_sum"] += self.loss_sum
         self.done["bad_lines"] += stats["bad_lines"]
