@@ -65,7 +65,8 @@ def save_model(url: str, model: Model, data: DataFormat, spec: TableSpec, keys: 
 
 def model_meta(model: Model, data: DataFormat) -> dict[str, Any]:
     """What predict and eval need besides the table: the model and the data format."""
-    return {"model": asdict(model), "data": asdict(data) | {"skip_bad": False, "cache_dir": ""}}
+    reading = {"skip_bad": False, "cache_dir": "", "changed_files": "fail"}  # how a job read, not what a model is
+    return {"model": asdict(model), "data": asdict(data) | reading}
 
 
 def dense_vector(model: Model, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
