@@ -20,9 +20,11 @@ import zmq
 from paramserver.wire.security import Keys, load_keys, secure_client
 
 OK, REFUSED, PLAIN, UNKNOWN = "ok", "refused", "plain", "unknown"
-#: after a handshake closed with no detail, how long the next tries (every 0.1 s) are watched
-#: for a mechanism error (a cluster without keys gave it at the first to the third try)
-SETTLE_S = 0.5
+#: after a handshake closed with no detail, how long the next tries (every ``RETRY_MS``) are
+#: watched for a mechanism error (a cluster without keys gave it at the first to the third try
+#: at ZeroMQ's 0.1 s retries; at 0.5 s of watching, one look in six under load saw none)
+SETTLE_S = 1.0
+RETRY_MS = 20
 #: how long a node waits for the scheduler's first answer before it tries a handshake apart:
 #: a scheduler answers a registration in milliseconds, so a second without one is worth a look
 #: (the look costs one connection; a right key then waits the rest of its connect timeout)
@@ -37,6 +39,7 @@ def handshake(address: str, keys: Keys, timeout_s: float = 2.0) -> str:
     ctx: zmq.Context[Any] = zmq.Context()  # its own: this process's sockets and ZAP handler stay out of it
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
+    sock.reconnect_ivl = RETRY_MS
     secure_client(sock, keys)
     monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                                       | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
