@@ -58,8 +58,9 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
                         "order), redis://HOST:PORT/STREAM[?group=G] (Redis Streams; needs the redis extra), - "
                         "(standard input), or module:Class=URL (your source; docs/streaming.md)")
     p.add_argument("--max-examples", type=int, metavar="N",
-                   help="with --stream: stop after N rows (from Redis exactly; from files at the end of the file "
-                        "that reaches N), counted over resumes")
+                   help="with --stream: stop after N rows (from Redis exactly N rows, whatever its entries hold: "
+                        "the entry holding the N-th row is cut there, and a resumed job reads its rest; from files "
+                        "at the end of the file that reaches N), counted over resumes")
     p.add_argument("--until", metavar="WHEN",
                    help="with --stream: stop cutting new rows at this time: a duration (90s, 10m, 2h, 1d) or a "
                         "local time (2026-11-27T06:00)")

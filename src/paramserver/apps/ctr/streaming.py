@@ -11,7 +11,8 @@ asked to stop (the first Ctrl-C or SIGTERM).
 The position the scheduler keeps is ``{"source": the source's, "rows": rows cut so
 far}`` (``rows`` None where the source cannot count them before they are read: then
 ``--max-examples`` counts the examples trained, and the job stops at the end of the
-shard that reaches it; from Redis it stops exactly).
+shard that reaches it; from Redis, which counts each entry's rows, it stops at the N-th
+row exactly, inside an entry if need be).
 """
 
 from __future__ import annotations
