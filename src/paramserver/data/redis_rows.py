@@ -19,15 +19,16 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_SEQ = (1 << 64) - 1
-FIELD = "line"  # the field a row is read from (else the entry's first field)
+FIELD = "line"  # the field rows are read from by default (else the entry's first field)
 
 # each entry's id and its rows, for the entries of XRANGE KEYS[1] ARGV[1] ARGV[2] COUNT ARGV[3]
+# (the rows of its field ARGV[4], else of its first field)
 COUNT_ROWS = """local r = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[2], 'COUNT', ARGV[3])
 local out = {}
 for k = 1, #r do
   local f = r[k][2]
   local v = f[2] or ''
-  for i = 1, #f, 2 do if f[i] == 'line' then v = f[i + 1] end end
+  for i = 1, #f, 2 do if f[i] == ARGV[4] then v = f[i + 1] end end
   local n, i, len = 0, 1, #v
   while i <= len do
     local j = string.find(v, '\\n', i, true)
@@ -58,9 +59,9 @@ def before(ident: Id) -> Id:
     return (ident[0], ident[1] - 1) if ident[1] else (ident[0] - 1, MAX_SEQ)
 
 
-def value_of(fields: dict[Any, Any]) -> bytes:
-    """An entry's field ``line``, or its first field's value (redis-py's dict of fields)."""
-    for key in (FIELD, FIELD.encode()):
+def value_of(fields: dict[Any, Any], field: str = FIELD) -> bytes:
+    """An entry's ``field``, or its first field's value (redis-py's dict of fields)."""
+    for key in (field, field.encode()):
         if key in fields:
             return bytes(fields[key])
     return bytes(next(iter(fields.values()), b""))
@@ -104,18 +105,18 @@ class Span:
         return cls(parse_id(start), parse_id(end), int(skip or 0) if words[0] == "from" else 0, int(take or 0))
 
 
-def entry_rows(client: Any, stream: str, ident: Id) -> list[bytes]:
+def entry_rows(client: Any, stream: str, ident: Id, field: str = FIELD) -> list[bytes]:
     """The rows of one entry ([] if it was deleted)."""
     got = client.xrange(stream, id_text(ident), id_text(ident), count=1)
-    return rows_of(value_of(got[0][1])) if got else []
+    return rows_of(value_of(got[0][1], field)) if got else []
 
 
-def entries(client: Any, stream: str, span: Span, page: int) -> Iterator[tuple[bytes, bytes]]:
+def entries(client: Any, stream: str, span: Span, page: int, field: str = FIELD) -> Iterator[tuple[bytes, bytes]]:
     """``(id, the bytes a worker reads of it)`` for each entry of ``span``, by redis-py (slow:
     to locate a row, not to train)."""
     start = id_text(span.start)
     if span.skip:
-        rows = entry_rows(client, stream, span.start)
+        rows = entry_rows(client, stream, span.start, field)
         yield start.encode(), joined(rows[span.skip:span.take or None] if span.start == span.end else
                                      rows[span.skip:])
         if span.start == span.end:
@@ -125,18 +126,19 @@ def entries(client: Any, stream: str, span: Span, page: int) -> Iterator[tuple[b
         got = client.xrange(stream, start, id_text(span.end), count=page)
         for ident, fields in got:
             if span.take and parse_id(ident) == span.end:
-                yield bytes(ident), joined(rows_of(value_of(fields))[:span.take])
+                yield bytes(ident), joined(rows_of(value_of(fields, field))[:span.take])
             else:
-                yield bytes(ident), value_of(fields) + b"\n"
+                yield bytes(ident), value_of(fields, field) + b"\n"
         if len(got) < page:
             return
         start = "(" + bytes(got[-1][0]).decode()
 
 
-def locate(client: Any, stream: str, span: Span, offset: int, page: int) -> tuple[str, int] | None:
+def locate(client: Any, stream: str, span: Span, offset: int, page: int, field: str = FIELD
+           ) -> tuple[str, int] | None:
     """The entry id and the row (from 1) at byte ``offset`` of what a worker read of ``span``."""
     at = 0
-    for ident, data in entries(client, stream, span, page):
+    for ident, data in entries(client, stream, span, page, field):
         if offset < at + len(data):
             head = data[:offset - at]
             first = span.skip if span.skip and parse_id(ident) == span.start else 0

@@ -1,10 +1,10 @@
 """Redis Streams as a training source: ``train --stream redis://HOST:PORT/STREAM``.
 
 Each entry holds rows of the job's ``--format`` (criteo or libsvm: a stream has no CSV
-header) in its field ``line`` (or its first field); a value may hold several rows, one
-a line (``paramserver feed`` writes them so).  The driver counts each new entry's rows in
-Redis (``redis_rows.COUNT_ROWS``: ids and counts come back, not rows) and cuts the
-entries into shards of about ``shard_bytes / 256`` rows; ``--max-examples N`` cuts at the
+header) in its field ``line`` (``?field=NAME``: that one; else its first field); a value
+may hold several rows, one a line (``paramserver feed`` writes them so).  The driver
+counts each new entry's rows in Redis (``redis_rows.COUNT_ROWS``: ids and counts come
+back, not rows) and cuts the entries into shards of about ``shard_bytes / 256`` rows; ``--max-examples N`` cuts at the
 N-th row exactly, inside an entry if it falls there (``redis_rows.py``).  Workers read
 their shard's entries with ``XRANGE`` in pages (``resp.py``).
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from paramserver.data.batch import DataError, Shard
 from paramserver.data.redis_outage import retrying
-from paramserver.data.redis_rows import COUNT_ROWS, Id, Span, before, entry_rows, id_text, joined, parse_id
+from paramserver.data.redis_rows import COUNT_ROWS, FIELD, Id, Span, before, entry_rows, id_text, joined, parse_id
 from paramserver.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -53,15 +53,36 @@ return {n, -1}"""
 
 
 def parse_url(url: str) -> tuple[str, str, str]:
-    """``(the Redis server's URL, the stream, the group)`` of ``redis://HOST:PORT[/DB]/STREAM[?group=G]``."""
+    """``(the Redis server's URL, the stream, the group)`` of
+    ``redis://HOST:PORT[/DB]/STREAM[?group=G][&field=F]``."""
     parts = urlsplit(url)
     path = [p for p in parts.path.split("/") if p]
     if not path or not parts.hostname and parts.scheme != "unix":
         raise ConfigError(f"--stream {url}: a Redis stream is redis://HOST:PORT/STREAM (or redis://HOST:PORT/DB/STREAM,"
-                          " ?group=NAME for the consumer group, default paramserver)")
+                          " ?group=NAME for the consumer group, default paramserver; &field=NAME for the entries' "
+                          "field, default line)")
     stream, db = path[-1], "/".join(path[:-1])
     group = parse_qs(parts.query).get("group", ["paramserver"])[0]
     return urlunsplit((parts.scheme, parts.netloc, f"/{db}" if db else "", "", "")), stream, group
+
+
+def field_of(url: str) -> str:
+    """The field an entry's rows are in: ``?field=NAME`` (default ``line``; else the entry's first field)."""
+    return parse_qs(urlsplit(url).query).get("field", [FIELD])[0]
+
+
+def connect_to(server: str, url: str) -> Any:
+    """A new client of ``server``, checked to answer (``url``: the stream, as errors name it)."""
+    import redis
+
+    client = _connect(server)
+    _clients.pop(server, None)  # the caller's own: it closes it
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        client.close()
+        raise ConfigError(f"{url}: cannot reach Redis ({exc}); is redis-server running there?") from None
+    return client
 
 
 def _connect(server: str) -> Any:
@@ -89,6 +110,7 @@ class RedisSource:
                               "criteo or libsvm rows, or stream a folder of CSV files")
         self.url = url
         self.server, self.stream, self.group = parse_url(url)
+        self.field = field_of(url)
         self.per_shard = max(1, int(shard_bytes) // ROW_BYTES)
         self.redis = _connect(self.server)
         from paramserver.data.resp import warm
@@ -185,7 +207,8 @@ class RedisSource:
         ids: list[bytes] = []
         counts: list[int] = []
         while True:
-            got = self._call("XRANGE", self.redis.eval, COUNT_ROWS, 1, self.stream, start, id_text(last), PAGE)
+            got = self._call("XRANGE", self.redis.eval, COUNT_ROWS, 1, self.stream, start, id_text(last), PAGE,
+                             self.field)
             ids += got[::2]
             counts += got[1::2]
             if len(got) < 2 * PAGE:
@@ -260,7 +283,7 @@ class RedisSource:
 
         server, stream, _ = parse_url(shard.path)
         try:
-            found = locate(_connect(server), stream, Span.parse(shard.span), offset, PAGE)
+            found = locate(_connect(server), stream, Span.parse(shard.span), offset, PAGE, field_of(shard.path))
         except Exception:  # noqa: BLE001  (naming the row is best effort: the error is said anyway)
             logger.debug("cannot locate byte %d of %s", offset, shard.where(), exc_info=True)
             return None
@@ -277,19 +300,19 @@ def _entries(shard: Shard) -> Iterator[bytes]:
 
     server, stream, _ = parse_url(shard.path)
     client = _connect(server)
-    span = Span.parse(shard.span)
+    span, field = Span.parse(shard.span), field_of(shard.path)
     if span.skip:
-        rows = retrying(shard.path, "XRANGE", entry_rows, client, stream, span.start)
+        rows = retrying(shard.path, "XRANGE", entry_rows, client, stream, span.start, field)
         yield joined(rows[span.skip:span.take or None] if span.start == span.end else rows[span.skip:])
         if span.start == span.end:
             return
     start, end = b"(" + id_text(span.start).encode(), ("(" if span.take else "") + id_text(span.end)
     while True:
-        page, last, n = retrying(shard.path, "XRANGE", xrange_page, client, stream, start, end, PAGE)
+        page, last, n = retrying(shard.path, "XRANGE", xrange_page, client, stream, start, end, PAGE, field)
         if n:
             yield page
         if n < PAGE:
             break
         start = b"(" + last
     if span.take:
-        yield joined(retrying(shard.path, "XRANGE", entry_rows, client, stream, span.end)[:span.take])
+        yield joined(retrying(shard.path, "XRANGE", entry_rows, client, stream, span.end, field)[:span.take])
