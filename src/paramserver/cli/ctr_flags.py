@@ -161,7 +161,9 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
                         "--model URL read it (docs/lifecycle.md)")
     p.add_argument("--publish-every", type=float, default=10.0, metavar="S",
                    help="seconds between two publications under --publish (default 10)")
-    p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")
+    p.add_argument("--metrics-out", metavar="FILE",
+                   help="write the final report as JSON here (also when the job fails: the error, and the "
+                        "examples, seconds and stream position it reached)")
 
 
 def add_train(sub: Subparsers) -> None:

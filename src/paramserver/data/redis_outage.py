@@ -21,6 +21,9 @@ from typing import Any
 from paramserver.data.batch import DataError
 
 logger = logging.getLogger(__name__)
+# its lines are what a stream job's user must see of an outage, its end included, also where
+# the command logs warnings only (train): this logger says INFO and up
+logger.setLevel(logging.INFO)
 
 RETRY_S = 60.0  # how long Redis may be unreachable before the job fails
 REMIND_S = 30.0  # how often a reminder is said while it is
