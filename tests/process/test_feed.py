@@ -102,3 +102,51 @@ def test_standard_input_is_fed_and_a_bad_stream_url_is_refused(tmp_path, redis_u
     assert csv.returncode == 2 and "no CSV header" in csv.stderr
     helped = _paramserver(["feed", "--help"], tmp_path)
     assert "train --stream redis://" in helped.stdout and "--rows-per-entry" in helped.stdout
+
+
+def test_entries_of_many_rows_are_applied_once_over_limits_inside_entries_and_sigkills(
+        tmp_path, rules, redis_url):  # noqa: F811
+    """Jobs stopped at limits inside entries (37 rows an entry), and killed whole at random
+    moments after a checkpoint, each resumed: every row applied exactly once."""
+    import random
+    import signal
+
+    from tests.process.support import wait_for
+
+    n = 12_000
+    path = tmp_path / "rows.txt"
+    path.write_text("".join(f"0 {i + 1}:1\n" for i in range(n)))
+    fed = _paramserver(["feed", str(path), "--stream", f"{redis_url}/k", "--rows-per-entry", "37"], tmp_path)
+    assert fed.returncode == 0, fed.stderr[-2000:]
+    ckpt = str(tmp_path / "ckpt")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    base = [sys.executable, "-m", "paramserver", "train", "--quiet", "--stream", f"{redis_url}/k", "--format", "libsvm",
+            "--label-format", "01", "--hash-bits", "64", "--optimizer", "feed_rules:count", "--batch-size", "100",
+            "--shard-mb", "0.01", "--checkpoint-dir", ckpt, "--checkpoint-seconds", "0.2"]
+    rng = random.Random(11)
+    kills = 0
+
+    def steps() -> int:
+        return sum(os.path.exists(os.path.join(ckpt, s, "MANIFEST.json")) for s in os.listdir(ckpt)) \
+            if os.path.isdir(ckpt) else 0
+
+    for limit in (2_000, 5_003, 8_111, n):  # each inside an entry (37 does not divide them)
+        for attempt in range(8):
+            before = steps()
+            proc = subprocess.Popen([*base, "--max-examples", str(limit), *(["--resume", ckpt] if before else [])],
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            if attempt == 0 and limit != 2_000:  # killed once it checkpointed anew, at a random moment after
+                wait_for(lambda p=proc, b=before: p.poll() is not None or steps() > b, 120, "a new checkpoint")
+                try:
+                    proc.wait(timeout=rng.uniform(0.0, 0.3))
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=30)
+                    kills += 1
+                    continue
+            _, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, err[-3000:]
+            break
+        _once(ckpt, limit)
+    assert kills >= 1, "no run was killed: the test proved nothing"
