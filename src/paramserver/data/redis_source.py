@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 SOURCE = "paramserver.data.redis_source:RedisSource"
 PAGE = 2000  # entries a worker reads (or the driver counts) a call
 ROW_BYTES = 256  # what a shard's size in rows assumes of a row
+COUNT_ROWS_A_CALL = 20_000  # rows the driver counts a call, about (see _count)
+FIRST_COUNT_PAGE = 256  # entries of the first call of a poll, before their rows are known
 POLL_ENTRIES = 200_000  # at most this many entries are counted (and cut) a poll: a backlog takes a few
 
 _clients: dict[str, Any] = {}  # a worker's connection per Redis, reused across shards
@@ -202,22 +204,28 @@ class RedisSource:
     def _count(self, last: Id, max_rows: int | None) -> tuple[list[bytes], np.ndarray, bool]:
         """The ids of the entries after the cursor (the cursor's own first, if cut in part)
         through ``last``, their rows (the cursor's not cut yet), and whether they reach
-        ``last``: counted in pages until ``max_rows`` rows or ``POLL_ENTRIES`` entries."""
+        ``last``: counted in pages until ``max_rows`` rows or ``POLL_ENTRIES`` entries.  A
+        page is sized to about ``COUNT_ROWS_A_CALL`` rows: the script blocks Redis while it
+        runs (2,000 entries of 100 Criteo rows took 158 ms here; 20,000 rows take ~15)."""
         start = id_text(self.cursor) if self.part else "(" + id_text(self.cursor)
         ids: list[bytes] = []
         counts: list[int] = []
+        page, total = FIRST_COUNT_PAGE, 0
         while True:
-            got = self._call("XRANGE", self.redis.eval, COUNT_ROWS, 1, self.stream, start, id_text(last), PAGE,
+            got = self._call("XRANGE", self.redis.eval, COUNT_ROWS, 1, self.stream, start, id_text(last), page,
                              self.field)
             ids += got[::2]
             counts += got[1::2]
-            if len(got) < 2 * PAGE:
+            here = sum(got[1::2])
+            total += here
+            if len(got) < 2 * page:
                 whole = True
                 break
-            if max_rows is not None and sum(counts) >= max_rows + self.part or len(ids) >= POLL_ENTRIES:
+            if max_rows is not None and total >= max_rows + self.part or len(ids) >= POLL_ENTRIES:
                 whole = False
                 break
             start = "(" + bytes(got[-2]).decode()
+            page = max(16, min(PAGE, COUNT_ROWS_A_CALL * page // max(here, 1)))
         rows = np.array(counts, np.int64)
         if self._partial(ids):
             rows[0] = max(0, rows[0] - self.part)
