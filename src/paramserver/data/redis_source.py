@@ -233,9 +233,8 @@ class RedisSource:
 
     def _cut(self, ids: list[bytes], rows: np.ndarray, end: Id, take: int) -> list[Shard]:
         """Shards of about ``per_shard`` rows (whole entries, the last one's rows before ``take``)."""
-        if not ids:
-            return [Shard(self.url, 0, -1, Span(self.cursor, end, self.part).text(), SOURCE)] \
-                if end != self.cursor else []
+        if not ids:  # none left between the cursor and the end (deleted): nothing to read
+            return []
         group = (np.cumsum(rows) - rows) // self.per_shard
         ends = [int(i) for i in np.flatnonzero(np.diff(group))] + [len(ids) - 1]
         shards, start, skip = [], self.cursor, self.part
