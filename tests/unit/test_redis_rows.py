@@ -68,3 +68,16 @@ def test_an_outage_longer_than_the_retries_fails_the_job_saying_so(caplog):
     with caplog.at_level(logging.INFO, logger=redis_outage.__name__), pytest.raises(DataError, match="60 s"):
         redis_outage.retrying("redis://h:2/s", "XRANGE", down.call, clock=down.clock, sleep=down.sleep)
     assert len(caplog.records) == 2  # the first line and one reminder, not one a try
+
+
+def test_feed_cuts_a_chunk_into_entries_of_n_rows_as_train_counts_them():
+    from paramserver.data.redis_feed import chunks, entries_of
+
+    chunk = b"a\n\nb\r\n\r\nc\nd\ne\n"  # blank lines (empty, or only \r) are no rows
+    values, counts = entries_of(chunk, 2)
+    assert values == [b"a\n\nb\r", b"c\nd", b"e"] and counts == [2, 2, 1]
+    assert [len(rows_of(v)) for v in values] == counts  # as the driver's script counts them
+    assert entries_of(b"\n\n", 3) == ([], []) and entries_of(b"", 3) == ([], [])
+    import io
+
+    assert list(chunks(io.BytesIO(b"x\ny"))) == [b"x\n", b"y\n"]  # the last line given its newline
