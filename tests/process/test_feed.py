@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 from tests.process.redis_support import redis_url  # noqa: F401  (a fixture)
-from tests.process.support import user_module
+from tests.process.support import user_module, wait_for
 
 RULE = """
 import paramserver
@@ -111,8 +111,6 @@ def test_entries_of_many_rows_are_applied_once_over_limits_inside_entries_and_si
     import random
     import signal
 
-    from tests.process.support import wait_for
-
     n = 12_000
     path = tmp_path / "rows.txt"
     path.write_text("".join(f"0 {i + 1}:1\n" for i in range(n)))
@@ -150,3 +148,25 @@ def test_entries_of_many_rows_are_applied_once_over_limits_inside_entries_and_si
             break
         _once(ckpt, limit)
     assert kills >= 1, "no run was killed: the test proved nothing"
+
+
+def test_rows_trickling_in_on_standard_input_reach_the_stream_as_they_come(tmp_path, redis_url):  # noqa: F811
+    import redis
+
+    proc = subprocess.Popen([sys.executable, "-m", "paramserver", "feed", "-", "--stream", f"{redis_url}/live"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(b"0 1:1\n0 2:1\n")
+        proc.stdin.flush()  # the pipe stays open: the rows must not wait for 4 MiB or 100 entries
+        wait_for(lambda: client.exists("live") and client.xlen("live") == 1, 60, "the first rows in the stream")
+        out, err = proc.communicate(b"0 3:1\n", timeout=60)  # then standard input ends
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert b"fed 3 rows in 2 entries" in out and [v[b"line"] for _, v in client.xrange("live")] == \
+        [b"0 1:1\n0 2:1", b"0 3:1"]
+    client.close()

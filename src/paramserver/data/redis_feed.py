@@ -10,7 +10,8 @@ transaction), each with ``MAXLEN ~ N`` if asked.  Measured here (200,000 libsvm 
 features, a local redis-server): 100 rows an entry and 100 entries a round trip fed 3.5
 million rows/s; an entry a row, pipelined, 135,000; an entry a row, a round trip each,
 17,500.  Cutting a chunk into entries is numpy over its newlines, no Python a row; an
-entry holds fewer rows at the end of a chunk (4 MiB) and of the input.
+entry holds fewer rows at the end of a chunk (up to 4 MiB: what one read gave, so rows
+trickling in from a pipe go on as they come) and of the input.
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ def entries_of(chunk: bytes, rows_per_entry: int) -> tuple[list[bytes], list[int
 
 
 def chunks(f: IO[bytes]) -> Iterator[bytes]:
-    """``f`` read as chunks of whole lines (the last line given its newline)."""
+    """``f`` read as chunks of whole lines (the last line given its newline), each as soon as
+    it is there (``read1``: a pipe's rows go on when they arrive, not once 4 MiB have)."""
     carry = b""
+    read = getattr(f, "read1", f.read)
     while True:
-        data = f.read(CHUNK_BYTES)
+        data = read(CHUNK_BYTES)
         if not data:
             break
         data = carry + data
@@ -148,6 +151,7 @@ def feed(f: IO[bytes], client: Any, stream: str, *, field: str = "line", rows_pe
                 queued.append(count)
                 if len(queued) >= pipeline:
                     _flush(pipe, queued, done)
+            _flush(pipe, queued, done)  # what was read is in Redis before the next read waits
             done.bytes += len(chunk)
             if on_progress is not None and time.monotonic() - said >= progress_s:
                 on_progress(done)

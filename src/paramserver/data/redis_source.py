@@ -74,11 +74,11 @@ def field_of(url: str) -> str:
 
 
 def connect_to(server: str, url: str) -> Any:
-    """A new client of ``server``, checked to answer (``url``: the stream, as errors name it)."""
+    """A client of ``server`` of the caller's own (it closes it), checked to answer
+    (``url``: the stream, as errors name it)."""
     import redis
 
-    client = _connect(server)
-    _clients.pop(server, None)  # the caller's own: it closes it
+    client = _new_client(server)
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -88,15 +88,19 @@ def connect_to(server: str, url: str) -> Any:
 
 
 def _connect(server: str) -> Any:
+    client = _clients.get(server)
+    if client is None:
+        client = _clients[server] = _new_client(server)
+    return client
+
+
+def _new_client(server: str) -> Any:
     try:
         import redis
     except ImportError:
-        raise ConfigError("--stream redis://...: reading Redis Streams needs the redis package: "
-                          "pip install 'paramserver[redis]'") from None
-    client = _clients.get(server)
-    if client is None:
-        client = _clients[server] = redis.Redis.from_url(server, socket_timeout=30, socket_connect_timeout=5)
-    return client
+        raise ConfigError("redis://...: Redis Streams need the redis package: pip install 'paramserver[redis]'") \
+            from None
+    return redis.Redis.from_url(server, socket_timeout=30, socket_connect_timeout=5)
 
 
 class RedisSource:
