@@ -192,8 +192,8 @@ def _examples(ckpt) -> int:
 
 
 def test_bad_input_on_a_stream_is_said_clearly_and_loses_nothing_committed(tmp_path, rules, redis_url):
-    """A malformed entry fails the job naming the stream and its entries (as a file's line
-    would), a deleted stream fails it saying so; the group keeps what the last checkpoint
+    """A malformed entry fails the job naming the stream, the entry's id and its row (the
+    fix: XDEL it), a deleted stream fails it saying so; the group keeps what the last checkpoint
     committed, and --skip-bad-lines skips and counts, under --max-bad-fraction."""
     import redis
 
@@ -202,7 +202,9 @@ def test_bad_input_on_a_stream_is_said_clearly_and_loses_nothing_committed(tmp_p
     base = ["--format", "libsvm", "--label-format", "01", "--hash-bits", "64"]
     proc = _train(["--stream", f"{redis_url}/bad", *base, "--max-examples", "4"], tmp_path)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0 and f"{redis_url}/bad (entries (0-0 " in err and "'zero 3:1'" in err, err[-2000:]
+    bad = client.xrange("bad")[2][0].decode()  # named by its entry id and row, to XDEL it
+    assert proc.returncode != 0 and f"{redis_url}/bad entry {bad}, row 1: " in err and "'zero 3:1'" in err, err[-2000:]
+    assert f"XDEL bad {bad}" in err
     assert "Traceback" not in err
     proc = _train(["--stream", f"{redis_url}/bad?group=skip", *base, "--max-examples", "4", "--skip-bad-lines",
                    "--metrics-out", str(tmp_path / "r.json")], tmp_path)

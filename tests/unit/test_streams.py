@@ -15,7 +15,7 @@ from paramserver.apps.ctr.streaming import parse_until, stream_limits
 from paramserver.data import streams
 from paramserver.data.batch import DataError, DataFormat, Shard
 from paramserver.data.reader import read_batches
-from paramserver.data.redis_source import RedisSource, split_ids
+from paramserver.data.redis_source import RedisSource
 from paramserver.observe.progressive import Scoreboard, Scores, auc_of, bins_of
 from paramserver.scheduler.jobs import JobCheckpoints
 from paramserver.scheduler.tasks import StreamQueue
@@ -68,15 +68,6 @@ def test_checkpoints_by_time_are_due_once_a_shard_was_done_and_the_seconds_passe
 
 
 # ---- sources --------------------------------------------------------------------------
-
-
-def test_redis_ids_split_a_backlog_into_ordered_pieces_that_cover_it_exactly():
-    ends = split_ids((100, 0), (200, 5), 4)
-    assert ends[-1] == (200, 5) and ends == sorted(ends) and len(ends) == 4
-    assert all((100, 0) < e <= (200, 5) for e in ends)
-    within = split_ids((7, 10), (7, 110), 5)  # one millisecond: split by sequence
-    assert within == [(7, 30), (7, 50), (7, 70), (7, 90), (7, 110)]
-    assert split_ids((5, 0), (5, 0), 3) == [(5, 0)]
 
 
 def test_a_redis_stream_of_csv_rows_is_refused_before_any_connection():

@@ -178,6 +178,11 @@ def _report_table(report: dict[str, Any]) -> Table:
     for label, key, fmt in rows:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
             table.add_row(label, fmt.format(report[key]))
+    if "examples_per_s_wall" in report:  # a stream job: it may have waited for rows
+        table.add_row("examples/s over wall time",
+                      f"{report['examples_per_s_wall']:,.0f} over {report['seconds']:.1f} s, of which "
+                      f"{report['idle_seconds']:.1f} s waiting for rows (examples/s above: over the "
+                      f"{report['busy_seconds']:.1f} s with rows in hand)")
     for line in _progressive_lines(report) + _run_lines(report) + _filter_lines(report) + _lifecycle_lines(report) \
             + stream_file_lines(report):
         table.add_row(*line)
@@ -263,6 +268,10 @@ def _train(args: argparse.Namespace, optimizer: Any, data: list[str], test: list
 
     try:
         report = _run(cfg, args, data, test, progress, done)
+    except Exception as exc:
+        if not shown:  # --metrics-out says the job failed, and how far it got
+            _failed_metrics(args, exc, progress)
+        raise
     finally:
         progress.stop()
     if not shown:  # --feature-partition's job reports once its cluster is gone
@@ -276,6 +285,25 @@ def _show(args: argparse.Namespace, report: dict[str, Any]) -> None:
     metrics_out = getattr(args, "metrics_out", None)
     if metrics_out:
         write_text(metrics_out, json.dumps({k: v for k, v in report.items() if k != "traces"}, indent=1))
+
+
+def _failed_metrics(args: argparse.Namespace, exc: Exception, progress: Progress) -> None:
+    """``--metrics-out`` of a job that failed: the error, and its last status (examples,
+    seconds, bad lines, a stream's position)."""
+    metrics_out = getattr(args, "metrics_out", None)
+    if not metrics_out:
+        return
+    status, seconds = progress.last or ({}, 0.0)
+    failed = {"failed": True, "error": str(exc), "error_type": type(exc).__name__,
+              "data": [args.stream] if getattr(args, "stream", None) else list(getattr(args, "data", [])),
+              "examples": int(status.get("examples", 0)), "seconds": seconds,
+              "bad_lines": int(status.get("bad_lines", 0))}
+    if isinstance(status.get("stream"), dict):
+        failed["stream_position"] = status["stream"].get("position")
+    try:
+        write_text(metrics_out, json.dumps(failed, indent=1, default=str))
+    except OSError as write_error:  # the job's own error is the one to say
+        print(f"paramserver train: --metrics-out {metrics_out}: cannot write it: {write_error}", file=sys.stderr)
 
 
 def _linger(progress: Progress) -> None:

@@ -59,8 +59,9 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
                         "(Redis Streams; needs the redis extra), - (standard input), or module:Class=URL (your "
                         "source; docs/streaming.md)")
     p.add_argument("--max-examples", type=int, metavar="N",
-                   help="with --stream: stop after N rows (from Redis exactly; from files at the end of the file "
-                        "that reaches N), counted over resumes")
+                   help="with --stream: stop after N rows (from Redis exactly N rows, whatever its entries hold: "
+                        "the entry holding the N-th row is cut there, and a resumed job reads its rest; from files "
+                        "at the end of the file that reaches N), counted over resumes")
     p.add_argument("--changed-files", choices=("fail", "skip"), default="fail",
                    help="with --stream FOLDER: a file changed after it was taken (its size, modification time and "
                         "inode are recorded when taken, checked when each of its shards is read): replaced, "
@@ -171,7 +172,9 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
                         "--model URL read it (docs/lifecycle.md)")
     p.add_argument("--publish-every", type=float, default=10.0, metavar="S",
                    help="seconds between two publications under --publish (default 10)")
-    p.add_argument("--metrics-out", metavar="FILE", help="write the final report as JSON here")
+    p.add_argument("--metrics-out", metavar="FILE",
+                   help="write the final report as JSON here (also when the job fails: the error, and the "
+                        "examples, seconds and stream position it reached)")
 
 
 def add_train(sub: Subparsers) -> None:

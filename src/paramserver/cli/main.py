@@ -8,6 +8,7 @@
     paramserver cluster remove-server --id 3 --scheduler ...     # shrink it, live
     paramserver cluster status --scheduler ...
     paramserver chaos --seeds 500 --json                 # fault-injection campaign (simulated)
+    paramserver feed rows.tsv.gz --stream redis://HOST:6379/clicks   # rows into a Redis stream
 
 Every flag of a node also reads a ``PARAMSERVER_*`` variable (see config.ENV).
 
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from paramserver._runtime import collector
 from paramserver._runtime.proctitle import set_title
-from paramserver.cli import cluster, ctr_flags, export, nodes, rounds, serve
+from paramserver.cli import cluster, ctr_flags, export, feed, nodes, rounds, serve
 from paramserver.cli.parser import Command, root_parser
 from paramserver.errors import ParamServerError, WorkerError
 
@@ -57,6 +58,7 @@ COMMANDS: dict[str, Command] = {
     "top": Command(cluster.add_top, cluster.top),
     "export": Command(export.add_export, export.export),
     "serve": Command(serve.add_serve, serve.serve),
+    "feed": Command(feed.add_feed, feed.feed),
     "train": Command(ctr_flags.add_train, ctr_flags.run_ctr),
     "predict": Command(ctr_flags.add_predict, ctr_flags.run_ctr),
     "eval": Command(ctr_flags.add_eval, ctr_flags.run_ctr),

@@ -35,8 +35,10 @@ class Progress:
         self.live: Live | None = None  # started with the first progress line: once the nodes are started (forked
         # from this process while it has no other thread: Live's refresh thread would be one)
         self.where: list[str] = []
+        self.last: tuple[dict[str, Any], float] | None = None  # the last status shown (quiet or not)
 
     def show(self, status: dict[str, Any], seconds: float) -> None:
+        self.last = (status, seconds)
         if self.quiet:
             return
         if self.live is None:

@@ -172,4 +172,10 @@ def raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base
            "fix or drop the line, or pass --skip-bad-lines to skip and count such lines")
     if err == parse.ERR_LABEL and fmt.name == "libsvm" and first:
         fix = "pass --label-format 01|pm1|12, or check --format"
-    raise DataError(f"{shard.where()}:{line}: {_what_is_wrong(fmt, err, columns)} ({fmt.name} format): {text!r}; {fix}")
+    where = f"{shard.where()}:{line}"
+    if shard.source:  # a stream's row: named as its source names it (Redis: the entry id, to XDEL it)
+        from paramserver.data.streams import locate_row
+
+        if (found := locate_row(shard, base + at)) is not None:
+            where, fix = found[0], f"fix: {found[1]}, or pass --skip-bad-lines to skip and count such rows"
+    raise DataError(f"{where}: {_what_is_wrong(fmt, err, columns)} ({fmt.name} format): {text!r}; {fix}")

@@ -5,9 +5,10 @@ redis-py (with hiredis) makes five Python objects an entry, under the GIL; at a 
 pace that cost each worker a third of a core and the job half its examples a second
 against reading the same rows from a file.  Here the reply's bytes go straight from the
 socket into a buffer, and ``_page`` (nogil) copies each entry's row out of them: its field
-``line``, or its first field.  The command goes through the client's own connection
-(authenticated, on the right database, TLS or not), and the reply is read on its socket;
-a connection left mid-reply by an error is closed, not reused.
+``line`` (or the one the URL names, ``?field=``), or its first field.  The command goes
+through the client's own connection (authenticated, on the right database, TLS or not),
+and the reply is read on its socket; a connection left mid-reply by an error is closed,
+not reused.
 
 RESP2 only (what a connection speaks unless it said HELLO 3): an XRANGE reply is an array
 of entries, each ``[id, [field, value, ...]]``; an error reply (``-ERR ...``) is raised.
@@ -122,18 +123,18 @@ def _page(buf, n, pos, remaining, out, out_len, line):  # type: ignore[no-untype
     return DONE, pos, 0, out_len, ida, idb
 
 
-def xrange_page(client: Any, stream: str, start: bytes | str, end: bytes | str, count: int
-                ) -> tuple[bytes, bytes, int]:
+def xrange_page(client: Any, stream: str, start: bytes | str, end: bytes | str, count: int,
+                field: str = "line") -> tuple[bytes, bytes, int]:
     """``XRANGE stream start end COUNT count`` on ``client`` (redis-py): the entries' rows
-    joined by newlines (each ending in one), the last entry's id (b"" if none), and how
-    many entries there were."""
+    (their ``field``, else their first field) joined by newlines (each ending in one), the
+    last entry's id (b"" if none), and how many entries there were."""
     try:
         conn = client.connection_pool.get_connection()
     except TypeError:  # redis-py before 5.3 asks for the command's name
         conn = client.connection_pool.get_connection("XRANGE")
     try:
         conn.send_command("XRANGE", stream, start, end, "COUNT", count)
-        rows, last, n = _read_page(conn)
+        rows, last, n = _read_page(conn, _LINE if field == "line" else np.frombuffer(field.encode(), np.uint8))
     except BaseException:
         conn.disconnect()  # mid-reply: the next command must not read this one's rest
         raise
@@ -142,7 +143,7 @@ def xrange_page(client: Any, stream: str, start: bytes | str, end: bytes | str, 
     return rows, last, n
 
 
-def _read_page(conn: Any) -> tuple[bytes, bytes, int]:
+def _read_page(conn: Any, field: np.ndarray = _LINE) -> tuple[bytes, bytes, int]:
     import redis
 
     sock = conn._sock
@@ -159,7 +160,7 @@ def _read_page(conn: Any) -> tuple[bytes, bytes, int]:
             raise redis.ConnectionError("Redis closed the connection mid-reply")
         have += got
         view = np.frombuffer(buf, np.uint8, count=have)
-        status, pos, remaining, out_len, a, b = _page(view, have, pos, remaining, out, out_len, _LINE)
+        status, pos, remaining, out_len, a, b = _page(view, have, pos, remaining, out, out_len, field)
         del view  # no view of buf may outlive a read: the buffer may grow
         if b > a:
             last = bytes(buf[a:b])

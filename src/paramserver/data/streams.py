@@ -112,6 +112,14 @@ def open_shard(shard: Shard) -> Any:
     return _plugin(shard.source).open_shard(shard)
 
 
+def locate_row(shard: Shard, offset: int) -> tuple[str, str] | None:
+    """Where the row at byte ``offset`` of a stream shard is, in the source's words (Redis:
+    ``URL entry ID, row R``), and the fix that drops it; None where the source cannot say
+    (an optional ``locate`` class method of a plug-in)."""
+    locate = getattr(_plugin(shard.source), "locate", None)
+    return locate(shard, offset) if locate is not None else None
+
+
 class ChunkFile:
     """Chunks of bytes (whole lines) read as a binary file: what ``read_batches`` reads."""
 

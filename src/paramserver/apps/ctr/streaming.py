@@ -8,10 +8,15 @@ have done.  It closes the stream (the workers finish what was cut, then the job 
 at ``--max-examples``, at ``--until``, when the source ends (standard input), or when
 asked to stop (the first Ctrl-C or SIGTERM).
 
+The feeder also measures the job's training time: the seconds it had rows in hand (cut,
+not done), so that a job that waited 75 s for rows does not read as a slow trainer.  The
+report gives examples/s over that time and over the wall time (``stream_rates``).
+
 The position the scheduler keeps is ``{"source": the source's, "rows": rows cut so
 far}`` (``rows`` None where the source cannot count them before they are read: then
 ``--max-examples`` counts the examples trained, and the job stops at the end of the
-shard that reaches it; from Redis it stops exactly).
+shard that reaches it; from Redis, which counts each entry's rows, it stops at the N-th
+row exactly, inside an entry if need be).
 """
 
 from __future__ import annotations
@@ -73,6 +78,15 @@ def stream_limits(max_examples: int | None, until: str | None) -> float | None:
     return parse_until(until)
 
 
+def stream_rates(examples: int, seconds: float, busy_s: float) -> dict[str, Any]:
+    """The report's rates of a stream job: ``examples_per_s`` over ``busy_s``, the time it
+    had rows in hand (what its trainers do), ``examples_per_s_wall`` over ``seconds``, the
+    wall time (what the stream gave), and ``idle_seconds``, the time it waited for rows."""
+    busy = min(busy_s, seconds)
+    return {"examples_per_s": examples / busy if busy > 0 else 0.0, "busy_seconds": busy,
+            "examples_per_s_wall": examples / seconds if seconds > 0 else 0.0, "idle_seconds": seconds - busy}
+
+
 #: the feeders of the stream jobs running in this process: ``stop_streams`` closes them
 STOPS: list[Feeder] = []
 
@@ -117,6 +131,8 @@ class Feeder:
         self.closed = False
         self.error: BaseException | None = None
         self.committed_at = 0.0
+        self.busy_s = 0.0  # seconds the job had rows in hand (cut, not done): its training time
+        self.ticked_at, self.in_hand = time.monotonic(), False
         self.thread = threading.Thread(target=self._run, name="paramserver-stream-feeder", daemon=True)
 
     def start(self) -> Feeder:
@@ -135,10 +151,24 @@ class Feeder:
             while not self.closed:
                 self._feed_once()
                 self._commit()
+                self._tick(bool(self.client.job.status().get("stream", {}).get("pending")))
                 if not self.closed:
                     self.stop_asked.wait(POLL_S)
         except BaseException as exc:  # the driver's loop raises it
             self.error = exc
+
+    def _tick(self, in_hand: bool) -> None:
+        """Count the time since the last tick as training time if the job had rows in hand."""
+        now = time.monotonic()
+        if self.in_hand:
+            self.busy_s += now - self.ticked_at
+        self.ticked_at, self.in_hand = now, in_hand
+
+    def training_seconds(self) -> float:
+        """Once the job is done: the seconds it had rows in hand (once the stream is closed,
+        the workers finish what was cut: the job ends when they have)."""
+        self._tick(False)
+        return self.busy_s
 
     def finish(self) -> None:
         """Once the job is done: commit its end to the source, and let the source go."""

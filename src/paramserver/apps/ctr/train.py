@@ -43,7 +43,7 @@ from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.publishing import JobPublisher, table_report
 from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
 from paramserver.apps.ctr.stream_files import stream_file_report
-from paramserver.apps.ctr.streaming import Feeder, StreamJob, fed, stream_limits
+from paramserver.apps.ctr.streaming import Feeder, StreamJob, fed, stream_limits, stream_rates
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
 from paramserver.apps.ctr.warmup import warm_job
@@ -337,6 +337,7 @@ class _Ran:
     failed_workers: list[str]
     seconds: float
     status: dict[str, Any]
+    busy_seconds: float | None = None  # a stream job's: the seconds it had rows in hand
 
 
 def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | None, *,
@@ -385,7 +386,7 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | No
         raise WorkerError(f"the job did not finish (status {status}); failed workers: {failed_workers}")
     if on_progress:
         on_progress(status, seconds)
-    return _Ran(per_worker, failed_workers, seconds, status)
+    return _Ran(per_worker, failed_workers, seconds, status, feeder.training_seconds() if feeder else None)
 
 
 def _results(client: Client, cfg: TrainConfig, spec: TableSpec, ran: _Ran, test_read: Future[list[Batch]] | None,
@@ -437,6 +438,8 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
         "table_layout": "dense" if plan.spec.key_bits else "hash",
         "failed_workers": ran.failed_workers,
     }
+    if ran.busy_seconds is not None:  # a stream job: its rate while it had rows, and over the wall time
+        report.update(stream_rates(this_run, seconds, ran.busy_seconds))
     if "progressive" in status:  # each example scored before the model trained on it
         report["progressive"] = status["progressive"]
     if plan.spec.filters:
