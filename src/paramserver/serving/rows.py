@@ -33,6 +33,7 @@ from paramserver.errors import ConfigError
 NL = b"\n"
 PIECE_BYTES = 4 << 20  # a text body is parsed and scored this much at a time
 PIECE_ROWS = 8192  # a JSON body's rows, as many at a time
+SNIFF_BYTES = 1 << 16  # the first line's bytes that say whether rows are labelled (a Criteo row is ~40 fields)
 
 
 def text_batches(body: bytes | bytearray, fmt: DataFormat) -> Iterator[Batch]:
@@ -42,7 +43,7 @@ def text_batches(body: bytes | bytearray, fmt: DataFormat) -> Iterator[Batch]:
     unlabeled, columns, start, first = _unlabeled(body, fmt), None, 0, 1
     if fmt.name in ("csv", "avazu"):
         cut = body.find(NL) + 1 or len(body)
-        columns = _columns(bytes(body[:cut]), fmt)
+        columns = _columns(bytes(memoryview(body)[:cut]), fmt)
         if columns.header:
             start, first = cut, 2
     view = memoryview(body)
@@ -107,9 +108,9 @@ def text_batch(body: bytes, fmt: DataFormat, what: str = "line", *, first: int =
 def _unlabeled(body: bytes | bytearray, fmt: DataFormat) -> bool:
     """Whether the rows have no label: the first non-blank line says (as ``sniff_unlabeled``)."""
     start = 0
-    while True:
+    while True:  # the first line that is not blank, its first SNIFF_BYTES (not a copy of a body of one line)
         end = body.find(NL, start)
-        line = bytes(body[start:end if end >= 0 else len(body)]).rstrip(b"\r")
+        line = bytes(body[start:min(end if end >= 0 else len(body), start + SNIFF_BYTES)]).rstrip(b"\r")
         if line.strip() or end < 0:
             break
         start = end + 1
