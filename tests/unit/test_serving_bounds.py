@@ -369,3 +369,43 @@ def test_the_service_answers_readyz_and_metrics_from_the_followers_fields(criteo
     assert "paramserver_serve_follow_alive 0.0" in metrics and "paramserver_serve_follow_errors_total 4.0" in metrics
     age = float(metrics.split("\nparamserver_serve_follow_last_ok_age_seconds ")[1].split()[0])
     assert 29 <= age < 120 and "paramserver_serve_follow_failing 1.0" in metrics
+
+
+# ---- the flags ---------------------------------------------------------------------------------------------------
+
+def test_the_bounds_are_flags_of_serve_checked_with_the_flag_named(monkeypatch):
+    from paramserver.cli import serve as cli_serve
+    from paramserver.cli.main import build_parser
+    from paramserver.errors import ConfigError
+    from paramserver.serving import run
+
+    seen = []
+    monkeypatch.setattr(run, "serve", seen.append)
+    args = build_parser("serve").parse_args(
+        ["serve", "--follow", "pub", "--header-timeout", "3", "--body-timeout", "4", "--max-connections", "50",
+         "--max-rows", "7", "--max-body-mb", "2", "--max-held-mb", "8", "--max-age", "600"])
+    cli_serve.serve(args)
+    assert seen[0].limits == Limits(3, 4, 50, 7, 2 * MIB, 8 * MIB) and seen[0].max_age_s == 600
+    defaults = build_parser("serve").parse_args(["serve", "--model", "m"])
+    assert (defaults.header_timeout, defaults.body_timeout, defaults.max_connections, defaults.max_rows,
+            defaults.max_age) == (10, 60, 1000, 100_000, 0)
+    helptext = _help()
+    assert "first byte that is not blank is { or [" in helptext and "--max-rows" in helptext
+    for bad, flag in [(dict(header_timeout_s=0), "--header-timeout"), (dict(max_rows=0), "--max-rows"),
+                      (dict(max_body_bytes=4 * MIB, max_held_bytes=2 * MIB), "--max-held-mb")]:
+        with pytest.raises(ConfigError, match=flag):
+            Limits(**bad)
+    with pytest.raises(ConfigError, match="--max-age bounds the age of a followed model"):
+        run.ServeConfig(model="m", max_age_s=60)
+
+
+def _help():
+    import contextlib
+    import io
+
+    from paramserver.cli.main import build_parser
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        build_parser("serve").parse_args(["serve", "--help"])
+    return " ".join(out.getvalue().split())
