@@ -74,8 +74,9 @@ def _middleware(token: str, holder: Holder, stats: Stats, guards: dict[Any, Guar
                 response: web.StreamResponse = _error(401, "this service has a secret (--secret-file): pass the "
                                                            "cluster's HTTP token as ?token=T or the header "
                                                            "Authorization: Bearer T")
-            else:
-                response = await _answer_of(request, handler, holder)
+            else:  # /healthz asks for no token: with a secret, it says nothing of the model either
+                response = await _answer_of(request, handler, holder if not token or request.path != "/healthz"
+                                            else None)
         except ClientGone as exc:
             stats.client_disconnects += 1
             logger.debug("%s %s: the client hung up mid-body (%s)", request.method, request.path, exc)
@@ -90,8 +91,8 @@ def _middleware(token: str, holder: Holder, stats: Stats, guards: dict[Any, Guar
     return middleware
 
 
-async def _answer_of(request: web.Request, handler: Handler, holder: Holder) -> web.StreamResponse:
-    """The handler's answer, an error's as JSON, with the model's headers (the token was checked)."""
+async def _answer_of(request: web.Request, handler: Handler, holder: Holder | None) -> web.StreamResponse:
+    """The handler's answer, an error's as JSON, with ``holder``'s model's headers (None: none)."""
     try:
         response = await handler(request)
     except web.HTTPException as exc:
@@ -102,7 +103,7 @@ async def _answer_of(request: web.Request, handler: Handler, holder: Holder) -> 
     except Exception:  # a bug must not take the service down: logged, answered 500
         logger.exception("%s %s failed", request.method, request.path)
         response = _error(500, "internal error (logged by the server)")
-    if "X-Model-Version" not in response.headers:
+    if holder is not None and "X-Model-Version" not in response.headers:
         _model_headers(response, holder.current)
     return response
 
