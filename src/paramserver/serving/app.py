@@ -1,15 +1,20 @@
 """The HTTP service: ``POST /predict``, ``GET /healthz``, ``/readyz`` and ``/metrics``.
 
-``/predict`` scores on the event loop, start to end with no ``await`` between taking the
-model's snapshot and giving it back, so a request is answered by one model version; a
-request of 1 000 rows takes about a millisecond.  Every answer says the model's version
-and age (``X-Model-Version``, ``X-Model-Age``); with a secret, every endpoint but
+``/predict`` reads its body whole under the service's bounds (``body.py``), then takes the
+model's snapshot and scores the body with it a piece at a time (``rows.py``), letting
+other requests in between two pieces of a large body: a request is answered by one model
+version, and a request of 1 000 rows takes about a millisecond.  An answer given once the
+token is checked says the model's version and age (``X-Model-Version``,
+``X-Model-Age``); a 401 says nothing of the model.  With a secret, every endpoint but
 ``/healthz`` asks for the cluster's HTTP token (``?token=`` or ``Authorization: Bearer``).
-A malformed request is a 400 that says what is wrong and where, never a 500.
+A malformed request is a 400 that says what is wrong and where, never a 500; a request
+over a bound is a 413, 408 or 503 that names the bound and its flag; a client that hangs up
+mid-body is counted (``client_disconnects_total``) and logged at DEBUG, not answered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -20,21 +25,24 @@ import numpy as np
 from aiohttp import web
 
 from paramserver.data.reader import DataError
-from paramserver.serving.encode import floats_json
+from paramserver.serving.body import ClientGone, Refused, check_json_shape, has_rows, is_json, read_body, too_many_rows
+from paramserver.serving.encode import floats_json_view
+from paramserver.serving.limits import Guard, Limits
 from paramserver.serving.model import Holder, Snapshot, score
-from paramserver.serving.rows import json_batch, text_batch
-from paramserver.serving.stats import Stats, renderer
+from paramserver.serving.rows import PIECE_BYTES, json_batches, json_rows, text_batches
+from paramserver.serving.stats import Stats, readiness, renderer
 from paramserver.wire.security import authorized
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ENDPOINTS = frozenset({"/predict", "/healthz", "/readyz", "/metrics"})
-MAX_BODY = 256 << 20
 SMALL = 64  # rows: a request this small always counts its unseen features
 
 HOLDER: web.AppKey[Holder] = web.AppKey("holder", Holder)
 STATS: web.AppKey[Stats] = web.AppKey("stats", Stats)
+LIMITS: web.AppKey[Limits] = web.AppKey("limits", Limits)
+GUARDS: web.AppKey[dict[Any, Guard]] = web.AppKey("guards", dict)  # aiohttp protocol -> its connection's guard
 
 
 def _json(doc: dict[str, Any], status: int = 200) -> web.Response:
@@ -54,25 +62,28 @@ def _model_headers(response: web.StreamResponse, snap: Snapshot | None) -> None:
         response.headers["X-Model-Age"] = f"{snap.age_s:.3f}"
 
 
-def _middleware(token: str, holder: Holder, stats: Stats) -> Any:
+def _middleware(token: str, holder: Holder, stats: Stats, guards: dict[Any, Guard]) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         t0 = time.perf_counter()
-        if token and request.path != "/healthz" and not authorized(request.query_string, request.headers, token):
-            response: web.StreamResponse = _error(401, "this service has a secret (--secret-file): pass the cluster's "
-                                                       "HTTP token as ?token=T or the header Authorization: Bearer T")
-        else:
-            try:
-                response = await handler(request)
-            except web.HTTPException as exc:
-                response = _error(exc.status, exc.reason if exc.status != 404 else
-                                  f"no {request.path}: the endpoints are POST /predict, GET /healthz, /readyz, "
-                                  "/metrics")
-            except Exception:  # a bug must not take the service down: logged, answered 500
-                logger.exception("%s %s failed", request.method, request.path)
-                response = _error(500, "internal error (logged by the server)")
-        if "X-Model-Version" not in response.headers:
-            _model_headers(response, holder.current)
+        guard = guards.get(request.protocol)
+        if guard is not None:
+            guard.request_started()
+        try:
+            if token and request.path != "/healthz" and not authorized(request.query_string, request.headers, token):
+                response: web.StreamResponse = _error(401, "this service has a secret (--secret-file): pass the "
+                                                           "cluster's HTTP token as ?token=T or the header "
+                                                           "Authorization: Bearer T")
+            else:  # /healthz asks for no token: with a secret, it says nothing of the model either
+                response = await _answer_of(request, handler, holder if not token or request.path != "/healthz"
+                                            else None)
+        except ClientGone as exc:
+            stats.client_disconnects += 1
+            logger.debug("%s %s: the client hung up mid-body (%s)", request.method, request.path, exc)
+            return web.Response(status=400)  # never sent: the connection is gone
+        finally:
+            if guard is not None:
+                guard.request_ended()
         endpoint = request.path if request.path in ENDPOINTS else "other"
         stats.request(endpoint, response.status, time.perf_counter() - t0)
         return response
@@ -80,20 +91,40 @@ def _middleware(token: str, holder: Holder, stats: Stats) -> Any:
     return middleware
 
 
-def make_app(holder: Holder, stats: Stats, token: str = "") -> web.Application:
-    """The service over ``holder``'s model (``token``: the HTTP token asked for, "" for none)."""
-    app = web.Application(middlewares=[_middleware(token, holder, stats)], client_max_size=MAX_BODY)
-    app[HOLDER], app[STATS] = holder, stats
+async def _answer_of(request: web.Request, handler: Handler, holder: Holder | None) -> web.StreamResponse:
+    """The handler's answer, an error's as JSON, with ``holder``'s model's headers (None: none)."""
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        response = _error(exc.status, exc.reason if exc.status != 404 else
+                          f"no {request.path}: the endpoints are POST /predict, GET /healthz, /readyz, /metrics")
+    except ClientGone:
+        raise
+    except Exception:  # a bug must not take the service down: logged, answered 500
+        logger.exception("%s %s failed", request.method, request.path)
+        response = _error(500, "internal error (logged by the server)")
+    if holder is not None and "X-Model-Version" not in response.headers:
+        _model_headers(response, holder.current)
+    return response
+
+
+def make_app(holder: Holder, stats: Stats, token: str = "", limits: Limits | None = None,
+             max_age_s: float = 0.0) -> web.Application:
+    """The service over ``holder``'s model (``token``: the HTTP token asked for, "" for none;
+    ``max_age_s``: how old a followed model may be and still be ready, 0 for no bound)."""
+    limits = limits or Limits()
+    guards: dict[Any, Guard] = {}
+    app = web.Application(middlewares=[_middleware(token, holder, stats, guards)],
+                          client_max_size=limits.max_body_bytes)
+    app[HOLDER], app[STATS], app[LIMITS], app[GUARDS] = holder, stats, limits, guards
     render = renderer(lambda: stats.families(holder.current))
 
     async def healthz(request: web.Request) -> web.Response:
         return _json({"status": "up"})
 
     async def readyz(request: web.Request) -> web.Response:
-        snap = holder.current
-        if snap is None:
-            return _json({"ready": False, "reason": "no model loaded yet (nothing published, or loading)"}, 503)
-        return _json({"ready": True, "model_version": snap.version, "model_age_s": snap.age_s})
+        status, doc = readiness(holder.current, stats, max_age_s)
+        return _json(doc, status)
 
     async def metrics(request: web.Request) -> web.Response:
         body, content_type = render()
@@ -107,36 +138,72 @@ def make_app(holder: Holder, stats: Stats, token: str = "") -> web.Application:
 
 
 async def _predict(request: web.Request) -> web.Response:
-    body = await request.read()
-    holder, stats = request.app[HOLDER], request.app[STATS]
-    if not body.strip():
-        return _error(400, "the request has no rows: POST lines in the model's format (text/plain), or JSON "
-                           "{\"rows\": [...]}")
-    snap = holder.acquire()  # from here to release: no await, one model version
+    holder, stats, limits = request.app[HOLDER], request.app[STATS], request.app[LIMITS]
+    try:
+        async with read_body(request, limits, stats) as body:
+            return await _scored(request, body, holder, stats, limits)
+    except Refused as exc:
+        response = _error(exc.status, exc.message)
+        if exc.retry_after_s:
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+        response.force_close()  # the rest of the body is not read
+        return response
+
+
+async def _scored(request: web.Request, body: bytearray, holder: Holder, stats: Stats, limits: Limits) -> web.Response:
+    """``body``'s probabilities, scored with one snapshot, a piece at a time."""
+    if not has_rows(body):
+        return _error(400, "the request has no rows: POST lines in the model's format, or JSON {\"rows\": [...]} "
+                           "(see --help: a body starting with { or [ is JSON unless its type is text/...)")
+    as_json = is_json(request.content_type, body)
+    if as_json:
+        try:
+            check_json_shape(body, limits.max_rows)
+        except DataError as exc:
+            return _error(400, str(exc))
+    elif (lines := body.count(b"\n")) > limits.max_rows + 2:  # a header and a blank last line may come with them
+        raise Refused(413, too_many_rows(lines, limits.max_rows))
+    large = len(body) > PIECE_BYTES
+    snap = holder.acquire()  # from here to release: one model version
     if snap is None:
         return _error(503, "no model loaded yet: see /readyz")
     try:
         fmt = snap.replica.data
-        batch = json_batch(body, fmt) if request.content_type == "application/json" else text_batch(body, fmt)
+        pieces = json_batches(json_rows(body, fmt), fmt) if as_json else text_batches(body, fmt)
+        probabilities: list[np.ndarray] = []
+        rows = features = unseen = 0
         stats.scored += 1  # the unseen share from every request of a few rows, and one large request in 8
-        scored = score(snap.replica, batch, count_unseen=len(batch) <= SMALL or stats.scored % 8 == 0)
+        sample = stats.scored % 8 == 0
+        for batch in pieces:
+            rows += len(batch)
+            if rows > limits.max_rows:
+                raise Refused(413, too_many_rows(rows, limits.max_rows))
+            scored = score(snap.replica, batch, count_unseen=sample or (rows <= SMALL and not probabilities))
+            probabilities.append(scored.probabilities)
+            features, unseen = features + scored.features, unseen + scored.unseen
+            if large:
+                await asyncio.sleep(0)  # other requests, between two pieces of a large body
     except DataError as exc:
         response = _error(400, str(exc))
         _model_headers(response, snap)
         return response
     finally:
         holder.release(snap)
-    stats.rows += len(batch)
-    stats.features += scored.features
-    stats.unseen += scored.unseen
+    if not probabilities:
+        return _error(400, "the request has no rows: POST lines in the model's format, or JSON {\"rows\": [...]}")
+    stats.rows += rows
+    stats.features += features
+    stats.unseen += unseen
     age = snap.age_s
-    out = web.Response(body=_answer(scored.probabilities, snap.version, age), content_type="application/json")
+    out = web.Response(body=_answer(np.concatenate(probabilities) if len(probabilities) > 1 else probabilities[0],
+                                    snap.version, age), content_type="application/json")
     out.headers["X-Model-Version"] = snap.version
     out.headers["X-Model-Age"] = f"{age:.3f}"
     return out
 
 
 def _answer(probabilities: np.ndarray, version: str, age: float) -> bytes:
-    """The answer's JSON: the probabilities exactly (each reads back as the same float64)."""
-    return (b'{"probabilities": ' + floats_json(probabilities) + b', "model_version": '
-            + json.dumps(version).encode() + f', "model_age_s": {age:.3f}}}'.encode())
+    """The answer's JSON: the probabilities exactly (each reads back as the same float64),
+    written once into the answer (a large request's answer is tens of MB)."""
+    return b"".join((b'{"probabilities": ', floats_json_view(probabilities), b', "model_version": ',
+                     json.dumps(version).encode(), f', "model_age_s": {age:.3f}}}'.encode()))

@@ -96,6 +96,12 @@ def _write(p, out):  # type: ignore[no-untyped-def]
 
 def floats_json(p: np.ndarray) -> bytes:
     """A JSON array of ``p``'s values, each reading back as the same float64."""
+    return bytes(floats_json_view(p))
+
+
+def floats_json_view(p: np.ndarray) -> bytes | memoryview:
+    """``floats_json``, as a view of the buffer it was written in where it could be (no copy:
+    a caller joins it into its answer)."""
     p = np.ascontiguousarray(p, np.float64)
     out = np.empty(p.shape[0] * _WIDTH + 2, np.uint8)
     out[0] = ord("[")
@@ -103,4 +109,4 @@ def floats_json(p: np.ndarray) -> bytes:
     if n < 0:
         return json.dumps(p.tolist()).encode()
     out[n + 1] = ord("]")
-    return out[:n + 2].tobytes()
+    return out[:n + 2].data

@@ -211,13 +211,18 @@ def tokens_of(transport: Any) -> NodeTokens | None:
 
 def authorized(query: str, headers: Any, token: str) -> bool:
     """Whether a request carries ``token`` (``?token=`` or ``Authorization: Bearer``); any
-    request does when there is none."""
+    request does when there is none.
+
+    The two are compared as UTF-8 bytes, in constant time: ``hmac.compare_digest`` refuses a
+    ``str`` that is not ASCII with a ``TypeError``, so a token like ``?token=%C3%A9`` (or a
+    header byte the HTTP parser kept as a surrogate) must be a plain "no", never an error."""
     if not token:
         return True
     from urllib.parse import parse_qs
 
-    given = parse_qs(query).get("token", [""])[0] or headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    return hmac.compare_digest(given, token)
+    given = parse_qs(query).get("token", [""])[0] or str(headers.get("Authorization", "")).removeprefix(
+        "Bearer ").strip()
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode("utf-8", "surrogatepass"))
 
 
 def secure_server(sock: zmq.Socket[Any], keys: Keys) -> None:
