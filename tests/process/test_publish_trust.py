@@ -125,6 +125,11 @@ def test_a_delta_that_does_not_fit_keeps_the_model_whole_and_the_follower_follow
         wait_for(lambda: (_metric(serve.base, "paramserver_serve_follow_errors_total") or 0) >= 2, 30,
                  "the follower to count the bad part, poll after poll")
         assert serve.version() == last  # the last whole model, not the bad part
+        status, _, body = _get(f"{serve.base}/readyz")
+        ready = json.loads(body)
+        assert status == 200 and ready["status"] == "degraded" and "outside the model's hash space" in ready["reason"]
+        assert _metric(serve.base, "paramserver_serve_follow_alive") == 1.0
+        assert _metric(serve.base, "paramserver_serve_follow_failing") == 1.0
         # the loop lives: a new job's base (a fresh publisher starts with one) is followed
         again = cli("train", "--data", str(published / "d.tsv"), "--publish", str(pub), "--publish-every", "60",
                     "--batch-size", "500", "--quiet")
@@ -132,6 +137,7 @@ def test_a_delta_that_does_not_fit_keeps_the_model_whole_and_the_follower_follow
         newest = read_index(str(pub))["parts"][-1]
         assert newest["seq"] > bad["seq"] and read_index(str(pub))["parts"][0]["kind"] == "base"
         wait_for(lambda: serve.version() == newest["path"], 30, f"serve to follow on to {newest['path']}")
+        assert json.loads(_get(f"{serve.base}/readyz")[2])["status"] == "ready"
     finally:
         err = serve.close()
     assert "Traceback" not in err, err
@@ -192,6 +198,15 @@ def test_an_older_index_does_not_roll_the_served_model_back(published, tmp_path)
     finally:
         err = serve.close()
     assert f"now ends at seq {index['parts'][1]['seq']}" in err and "--allow-rollback" in err, err
+    (pub / "PUBLISH.json").write_text(json.dumps(index))
+    back = Serve("--follow", str(pub), "--poll", "0.1", "--allow-rollback")  # asked for: it follows the index back
+    try:
+        wait_for(lambda: back.version() == newest["path"], 30, f"serve to load {newest['path']}")
+        (pub / "next.json").write_text(json.dumps(older))
+        (pub / "next.json").replace(pub / "PUBLISH.json")
+        wait_for(lambda: back.version() == index["parts"][1]["path"], 30, "serve to roll back, as allowed")
+    finally:
+        back.close()
 
 
 def test_a_token_naming_an_epoch_never_reached_is_refused_and_another_runs_gets_a_base(tmp_path):

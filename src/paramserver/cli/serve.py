@@ -40,6 +40,10 @@ def add_serve(sub: Subparsers) -> None:
                         "newer published, or polls failing), e.g. 3600 for a model published every minute; 0 (the "
                         "default): no bound, as every replica following one folder would turn unready at once when "
                         "training pauses; a failing poll is reported as degraded either way")
+    p.add_argument("--allow-rollback", action="store_true",
+                   help="with --follow: follow the index back when its newest part is older than the one served (a "
+                        "restored backup of the folder, a job publishing into an emptied one); without it such an "
+                        "index is refused, counted and logged, and the served model kept")
     bounds = p.add_argument_group("bounds", "what one client may hold of the service (production defaults)")
     bounds.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
                         help="a request's headers must arrive whole within S seconds of its first byte (or of the "
@@ -74,7 +78,7 @@ def serve(args: argparse.Namespace) -> int:
     secret = load_config(secret_file=args.secret_file).secret_file
     token = http_token(load_keys(secret)) if secret else ""
     return run(ServeConfig(model=args.model or "", follow=args.follow or "", host=args.host, port=args.port,
-                           token=token, poll_s=args.poll, max_age_s=args.max_age,
+                           token=token, poll_s=args.poll, max_age_s=args.max_age, allow_rollback=args.allow_rollback,
                            limits=Limits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                                          max_connections=args.max_connections, max_rows=args.max_rows,
                                          max_body_bytes=args.max_body_mb * MIB, max_held_bytes=args.max_held_mb * MIB)))

@@ -35,6 +35,7 @@ class ServeConfig:
     poll_s: float = 1.0
     limits: Limits = field(default_factory=Limits)
     max_age_s: float = 0.0  # a followed model older than this is not ready (0: no bound)
+    allow_rollback: bool = False  # --follow may go back to an older index (Follower)
 
     def __post_init__(self) -> None:
         if bool(self.model) == bool(self.follow):
@@ -46,6 +47,9 @@ class ServeConfig:
             raise ConfigError(f"--port must be in [0, 65535] (0: any free port), got {self.port}")
         if not self.max_age_s >= 0:
             raise ConfigError(f"--max-age must be >= 0 seconds (0: no bound), got {self.max_age_s:g}")
+        if self.allow_rollback and self.model:
+            raise ConfigError("--allow-rollback lets --follow go back to an older published index; a --model is "
+                              "loaded once: drop --allow-rollback")
         if self.max_age_s and self.model:
             raise ConfigError("--max-age bounds the age of a followed model (--follow); a --model is loaded once "
                               "and only grows older: drop --max-age, or --follow the folder train --publish writes")
@@ -60,7 +64,7 @@ def serve(cfg: ServeConfig) -> int:
         if cfg.model:
             holder.swap(load_once(cfg.model))
         else:
-            follower = Follower(cfg.follow, holder, stats, cfg.poll_s)
+            follower = Follower(cfg.follow, holder, stats, cfg.poll_s, cfg.allow_rollback)
             follower.start()
         asyncio.run(_serve(cfg, make_app(holder, stats, cfg.token, _within_file_limit(cfg.limits), cfg.max_age_s)))
     except KeyboardInterrupt:
