@@ -37,3 +37,15 @@ def wait_for(condition, timeout_s=60.0, what="condition"):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
     return value
+
+
+#: an update rule that counts, in a key's state, the gradients pushed to it (the weight stays
+#: 0, so a label-0 example's gradient is 0.5): what the stream tests read back to check that
+#: every row was applied exactly once
+COUNTING_RULE = """
+import paramserver
+
+@paramserver.rule(state_width=1)
+def count(value, state, grad, hp):
+    state[0] += grad[0]  # the weight stays 0: p = 0.5, a label-0 example's gradient 0.5
+"""

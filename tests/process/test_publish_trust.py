@@ -12,15 +12,13 @@
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from serve_support import Served
 from support import wait_for
 
 from paramserver import LocalCluster
@@ -33,56 +31,6 @@ ENV = {**os.environ, "CI": "1"}
 def cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "paramserver", *args], capture_output=True, text=True,
                           timeout=timeout, env=ENV)
-
-
-def _get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read()
-    except OSError:
-        return 0, {}, b""
-
-
-def _metric(base, name):
-    for line in _get(f"{base}/metrics")[2].decode().splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
-class Serve:
-    """``paramserver serve`` as a process, its port read from its first line."""
-
-    def __init__(self, *args):
-        self.proc = subprocess.Popen([sys.executable, "-m", "paramserver", "serve", "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-        line = self.proc.stdout.readline()
-        assert line.startswith("serving on http://"), f"serve did not start: {line}{self._stderr()}"
-        self.base = line.split()[2]
-
-    def version(self):
-        return _get(f"{self.base}/readyz")[1].get("X-Model-Version")
-
-    def _stderr(self):
-        self.stop()
-        return self.proc.stderr.read()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def close(self):
-        err = self._stderr()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        return err
 
 
 @pytest.fixture(scope="module")
@@ -117,19 +65,19 @@ def _append_delta(pub, keys):
 def test_a_delta_that_does_not_fit_keeps_the_model_whole_and_the_follower_following(published, tmp_path):
     pub = _copy(published, tmp_path)
     last = read_index(str(pub))["parts"][-1]["path"]
-    serve = Serve("--follow", str(pub), "--poll", "0.1")
+    serve = Served("--follow", str(pub), "--poll", "0.1")
     try:
         wait_for(lambda: serve.version() == last, 30, f"serve to load {last}")
-        assert _metric(serve.base, "paramserver_serve_follow_errors_total") == 0
+        assert serve.metric("paramserver_serve_follow_errors_total") == 0
         bad = _append_delta(pub, [5, 1 << 24, (1 << 24) + 7])  # outside the model's 2^24 buckets
-        wait_for(lambda: (_metric(serve.base, "paramserver_serve_follow_errors_total") or 0) >= 2, 30,
+        wait_for(lambda: (serve.metric("paramserver_serve_follow_errors_total") or 0) >= 2, 30,
                  "the follower to count the bad part, poll after poll")
         assert serve.version() == last  # the last whole model, not the bad part
-        status, _, body = _get(f"{serve.base}/readyz")
+        status, _, body = serve.get("/readyz")
         ready = json.loads(body)
         assert status == 200 and ready["status"] == "degraded" and "outside the model's hash space" in ready["reason"]
-        assert _metric(serve.base, "paramserver_serve_follow_alive") == 1.0
-        assert _metric(serve.base, "paramserver_serve_follow_failing") == 1.0
+        assert serve.metric("paramserver_serve_follow_alive") == 1.0
+        assert serve.metric("paramserver_serve_follow_failing") == 1.0
         # the loop lives: a new job's base (a fresh publisher starts with one) is followed
         again = cli("train", "--data", str(published / "d.tsv"), "--publish", str(pub), "--publish-every", "60",
                     "--batch-size", "500", "--quiet")
@@ -137,7 +85,7 @@ def test_a_delta_that_does_not_fit_keeps_the_model_whole_and_the_follower_follow
         newest = read_index(str(pub))["parts"][-1]
         assert newest["seq"] > bad["seq"] and read_index(str(pub))["parts"][0]["kind"] == "base"
         wait_for(lambda: serve.version() == newest["path"], 30, f"serve to follow on to {newest['path']}")
-        assert json.loads(_get(f"{serve.base}/readyz")[2])["status"] == "ready"
+        assert json.loads(serve.get("/readyz")[2])["status"] == "ready"
     finally:
         err = serve.close()
     assert "Traceback" not in err, err
@@ -157,11 +105,11 @@ def test_a_part_path_outside_the_folder_is_refused_by_every_reader(published, tm
     once = subprocess.run([sys.executable, "-m", "paramserver", "serve", "--model", str(pub), "--port", "0"],
                           capture_output=True, text=True, timeout=60, env=ENV)
     assert once.returncode != 0 and "one plain name" in once.stderr, once.stderr
-    serve = Serve("--follow", str(pub), "--poll", "0.1")
+    serve = Served("--follow", str(pub), "--poll", "0.1")
     try:
-        wait_for(lambda: (_metric(serve.base, "paramserver_serve_follow_errors_total") or 0) >= 1, 30,
+        wait_for(lambda: (serve.metric("paramserver_serve_follow_errors_total") or 0) >= 1, 30,
                  "the follower to refuse the index")
-        assert serve.version() in (None, "none") and _get(f"{serve.base}/readyz")[0] == 503
+        assert serve.version() in (None, "none") and serve.get("/readyz")[0] == 503
     finally:
         serve.close()
 
@@ -186,20 +134,20 @@ def test_an_older_index_does_not_roll_the_served_model_back(published, tmp_path)
     index = read_index(str(pub))
     newest = index["parts"][-1]
     older = {**index, "parts": index["parts"][:2]}  # a stale copy of the index: the chain as it was earlier
-    serve = Serve("--follow", str(pub), "--poll", "0.1")
+    serve = Served("--follow", str(pub), "--poll", "0.1")
     try:
         wait_for(lambda: serve.version() == newest["path"], 30, f"serve to load {newest['path']}")
         (pub / "next.json").write_text(json.dumps(older))
         (pub / "next.json").replace(pub / "PUBLISH.json")
-        wait_for(lambda: (_metric(serve.base, "paramserver_serve_follow_errors_total") or 0) >= 2, 30,
+        wait_for(lambda: (serve.metric("paramserver_serve_follow_errors_total") or 0) >= 2, 30,
                  "the follower to refuse the older index")
         assert serve.version() == newest["path"]
-        assert _metric(serve.base, "paramserver_serve_model_version") == newest["seq"]
+        assert serve.metric("paramserver_serve_model_version") == newest["seq"]
     finally:
         err = serve.close()
     assert f"now ends at seq {index['parts'][1]['seq']}" in err and "--allow-rollback" in err, err
     (pub / "PUBLISH.json").write_text(json.dumps(index))
-    back = Serve("--follow", str(pub), "--poll", "0.1", "--allow-rollback")  # asked for: it follows the index back
+    back = Served("--follow", str(pub), "--poll", "0.1", "--allow-rollback")  # asked for: it follows the index back
     try:
         wait_for(lambda: back.version() == newest["path"], 30, f"serve to load {newest['path']}")
         (pub / "next.json").write_text(json.dumps(older))

@@ -4,20 +4,14 @@ the memory a body costs stays within twice its size, four at once within the bou
 bodies held."""
 
 import json
-import os
-import select
 import selectors
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
+from serve_support import Served
 
 from paramserver.apps.ctr.modelfile import save_model
 from paramserver.apps.ctr.models import Model
@@ -39,62 +33,6 @@ def model(tmp_path_factory):
     values = np.random.default_rng(0).normal(0, 0.1, (keys.size, m.dim)).astype(np.float32)
     save_model(str(tmp / "m"), m, fmt, TableSpec(m.table, m.dim, initializer=m.initializer(), seed=7), keys, values)
     return str(tmp / "m"), rows
-
-
-class Served:
-    """``paramserver serve --model`` on a free port, stopped (SIGTERM) on exit."""
-
-    def __init__(self, url, *flags):
-        self.proc = subprocess.Popen([sys.executable, "-m", "paramserver", "serve", "--model", url, "--port", "0",
-                                      *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "CI": "1"})
-        self.port = self._port()
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def _port(self, timeout_s=60.0):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if select.select([self.proc.stdout], [], [], 0.1)[0]:
-                line = self.proc.stdout.readline()
-                assert line, f"serve exited: {self.proc.stderr.read()}"
-                if line.startswith("serving on http://"):
-                    return int(line.split()[2].rsplit(":", 1)[1])
-            assert self.proc.poll() is None, f"serve exited: {self.proc.stderr.read()}"
-        raise AssertionError("serve did not say its port in time")
-
-    def memory_mb(self, key):
-        """VmRSS or VmHWM (the peak) of the serving process, in MB."""
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(key))
-
-    def post(self, body, timeout_s=30):
-        """(status, headers, answer, seconds) of a /predict."""
-        request = urllib.request.Request(f"{self.base}/predict", data=body, headers={"Content-Type": "text/plain"})
-        t0 = time.monotonic()
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as r:
-                return r.status, dict(r.headers), r.read(), time.monotonic() - t0
-        except urllib.error.HTTPError as exc:
-            return exc.code, dict(exc.headers), exc.read(), time.monotonic() - t0
-
-    def metrics(self):
-        with urllib.request.urlopen(f"{self.base}/metrics", timeout=10) as r:
-            return r.read().decode()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.stderr = self.proc.stderr.read()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
 
 
 def _slow_sockets(port, n, first):
@@ -124,7 +62,7 @@ def _closed_by_server(sel, live, closed_at):
 def test_slow_headers_and_bodies_are_closed_in_time_while_predict_keeps_answering(model):
     url, rows = model
     body = b"".join(rows.splitlines(True)[:100])
-    with Served(url, "--header-timeout", "2", "--body-timeout", "2") as served:
+    with Served("--model", url, "--header-timeout", "2", "--body-timeout", "2") as served:
         assert served.post(body)[0] == 200  # warm
         t0 = time.monotonic()
         headers = _slow_sockets(served.port, 300, b"POST /predict HTTP/1.1\r\nHost: x\r\n")
@@ -173,7 +111,7 @@ def _rows_of(rows, mb):
 def test_a_body_costs_at_most_twice_its_size_and_four_at_once_stay_within_the_bound(model):
     url, rows = model
     body, n = _rows_of(rows, 48)
-    with Served(url, "--max-rows", str(10 * n), "--max-body-mb", "64", "--max-held-mb", "128") as served:
+    with Served("--model", url, "--max-rows", str(10 * n), "--max-body-mb", "64", "--max-held-mb", "128") as served:
         assert served.post(rows)[0] == 200  # warm
         idle = served.memory_mb("VmRSS")
         status, _, answer, _ = served.post(body)

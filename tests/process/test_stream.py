@@ -17,20 +17,12 @@ import sys
 
 import numpy as np
 import pytest
-from tests.process.support import user_module, wait_for
-
-RULE = """
-import paramserver
-
-@paramserver.rule(state_width=1)
-def count(value, state, grad, hp):
-    state[0] += grad[0]  # the weight stays 0: p = 0.5, a label-0 example's gradient 0.5
-"""
+from tests.process.support import COUNTING_RULE, user_module, wait_for
 
 
 @pytest.fixture
 def rules(tmp_path, monkeypatch):
-    yield from user_module(tmp_path, monkeypatch, "stream_rules", RULE)
+    yield from user_module(tmp_path, monkeypatch, "stream_rules", COUNTING_RULE)
 
 
 def _free_port() -> int:
