@@ -76,10 +76,10 @@ class Follower:
         self.last_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        stats.follow_url = self.url
 
     def start(self) -> None:
-        self.stats.follow_alive = True  # from now: readiness must not see a loop that has not begun as dead
+        self.stats.follow_url = self.url  # following from now: readiness asks whether the loop lives
+        self.stats.follow_alive = True  # ... and must not see a loop that has not begun as dead
         self._thread = threading.Thread(target=self._run, name="paramserver-serve-follow", daemon=True)
         self._thread.start()
 
