@@ -282,3 +282,39 @@ def test_a_worker_that_dies_mid_stream_has_its_shard_read_again_by_another(tmp_p
     assert report["examples"] == n and report["failed_workers"], report.get("failed_workers")
     _counted_once(ckpt, n)
 
+
+
+def test_max_examples_is_rows_exactly_from_a_folder_and_a_resumed_job_reads_the_rest(tmp_path, rules):
+    """--max-examples N trains exactly N rows from a folder (issue 43, item 15): the file
+    that reaches N is cut after its N-th row, blank lines are not rows, and a job resumed
+    with a larger N reads the rest of that file and the next, each row once."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.txt").write_text("".join(f"0 {i + 1}:1\n" for i in range(3000)))
+    (folder / "b.txt").write_text("".join(f"0 {i + 1}:1\n\n" for i in range(3000, 5000)))
+    (folder / "c.txt").write_text("".join(f"0 {i + 1}:1\n" for i in range(5000, 6000)))
+    common = ["--stream", str(folder), "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
+              "--optimizer", "stream_rules:count", "--shard-mb", "0.01", "--checkpoint-dir", str(tmp_path / "ckpt"),
+              "--metrics-out", str(tmp_path / "r.json")]
+    for flags, n in ((["--max-examples", "4321"], 4321), (["--max-examples", "5500", "--resume",
+                                                          str(tmp_path / "ckpt")], 5500)):
+        with _running([*common, *flags], tmp_path) as proc:
+            out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-3000:]
+        assert json.loads((tmp_path / "r.json").read_text())["examples"] == n
+        _counted_once(str(tmp_path / "ckpt"), n)
+
+
+def test_max_examples_is_rows_exactly_from_standard_input(tmp_path, rules):
+    rows = "".join(f"0 {i + 1}:1\n" for i in range(3000))
+    proc = _train(["--stream", "-", "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
+                   "--optimizer", "stream_rules:count", "--max-examples", "1777", "--metrics-out",
+                   str(tmp_path / "r.json")], tmp_path, stdin=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(rows, timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err[-3000:]
+    assert json.loads((tmp_path / "r.json").read_text())["examples"] == 1777

@@ -59,9 +59,10 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
                         "(Redis Streams; needs the redis extra), - (standard input), or module:Class=URL (your "
                         "source; docs/streaming.md)")
     p.add_argument("--max-examples", type=int, metavar="N",
-                   help="with --stream: stop after N rows (from Redis exactly N rows, whatever its entries hold: "
-                        "the entry holding the N-th row is cut there, and a resumed job reads its rest; from files "
-                        "at the end of the file that reaches N), counted over resumes")
+                   help="with --stream: stop after exactly N rows (lines that are not blank; a CSV header is not "
+                        "one), counted over resumes: the Redis entry, folder file or spooled standard input that "
+                        "holds the N-th row is cut after it, and a resumed job reads the rest (a compressed file "
+                        "cannot be cut: it is taken whole)")
     p.add_argument("--changed-files", choices=("fail", "skip"), default="fail",
                    help="with --stream FOLDER: a file changed after it was taken (its size, modification time and "
                         "inode are recorded when taken, checked when each of its shards is read): replaced, "

@@ -31,10 +31,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 from paramserver.data.batch import STDIN, DataError, FileStamp, Shard
+from paramserver.data.row_count import HEADERS, count_lines, rows_until
 from paramserver.data.taken import stamp_from_info, stamp_of
 from paramserver.errors import ConfigError
 
@@ -82,7 +83,7 @@ def open_source(spec: str, shard_bytes: int, fmt_name: str) -> StreamSource:
     if not spec:
         raise ConfigError("--stream needs a source: a folder, redis://HOST:PORT/STREAM, - or module:Class=URL")
     if spec == STDIN:
-        return StdinSource(shard_bytes)
+        return StdinSource(shard_bytes, header=HEADERS.get(fmt_name))
     if spec.startswith(("redis://", "rediss://", "unix://")):
         from paramserver.data.redis_source import RedisSource
 
@@ -95,7 +96,7 @@ def open_source(spec: str, shard_bytes: int, fmt_name: str) -> StreamSource:
             raise ConfigError(f"--stream {spec}: {head} does not implement the source protocol "
                               "(paramserver.data.streams.StreamSource)")
         return source
-    return FolderSource(spec, shard_bytes)
+    return FolderSource(spec, shard_bytes, fmt_name)
 
 
 def _plugin(path: str) -> Any:
@@ -170,12 +171,14 @@ class StdinSource:
 
     url, resumable = STDIN, False
 
-    def __init__(self, shard_bytes: int = 16 << 20, fd: int = 0) -> None:
+    def __init__(self, shard_bytes: int = 16 << 20, fd: int = 0, header: Callable[[bytes], bool] | None = None
+                 ) -> None:
         import tempfile
 
         self.shard_bytes, self.fd = max(1, int(shard_bytes)), fd
+        self.header = header  # the format's test of a first line that is a header (csv), or None
         self.folder = tempfile.mkdtemp(prefix="paramserver-stdin-")
-        self.ready: list[str] = []  # chunk files written, not yet cut into shards
+        self.ready: list[tuple[str, int, bool]] = []  # chunk files written, not yet cut: (path, rows, header)
         self.lock = threading.Lock()
         self.ended = False
         self.error: BaseException | None = None
@@ -213,23 +216,38 @@ class StdinSource:
         with open(path + ".tmp", "wb") as f:
             f.write(chunk)
         os.replace(path + ".tmp", path)
+        header = n == 0 and self.header is not None and self.header(chunk[:chunk.find(b"\n") + 1])
+        rows = count_lines(chunk, None)[0] - (1 if header and chunk.strip(b"\r\n") else 0)
         with self.lock:
-            self.ready.append(path)
+            self.ready.append((path, rows, header))
 
     def poll(self, max_rows: int | None) -> tuple[list[Shard], Any, int | None, bool]:
         if self.error is not None:
             raise DataError(f"standard input could not be read: {self.error}")
         ended = self.ended  # read first: the files written before it are all in ready
         with self.lock:
-            paths, self.ready = self.ready, []
-        return [Shard(p, 0, -1) for p in paths], None, None, ended and not self.ready
+            chunks, self.ready = self.ready, []
+        shards, counted = [], 0
+        for path, rows, header in chunks:  # rows counted as spooled: --max-examples cuts the chunk that reaches it
+            left = None if max_rows is None else max_rows - counted
+            if left is not None and left <= 0:
+                break  # standard input is read once: the rows past the limit are not trained
+            if left is not None and rows > left:
+                counted, stop = counted + left, rows_until(path, 0, left, header)[1]
+                shards.append(Shard(path, 0, stop))
+                break
+            shards.append(Shard(path, 0, -1))
+            counted += rows
+        return shards, None, counted, ended and not self.ready
 
     def commit(self, position: Any, pending: list[Shard]) -> None:
         """The spooled files before the first pending one are trained: removed."""
         first = min((s.path for s in pending), default=None)
+        with self.lock:
+            waiting = {path for path, _, _ in self.ready}
         for name in sorted(os.listdir(self.folder)):
             path = os.path.join(self.folder, name)
-            if name.endswith(".txt") and (first is None or path < first) and path not in self.ready:
+            if name.endswith(".txt") and (first is None or path < first) and path not in waiting:
                 os.remove(path)
 
     def close(self) -> None:
@@ -244,8 +262,9 @@ class StdinSource:
 
 class FolderSource:
     """A folder's files as they arrive (see the module): position ``{"taken": [names],
-    "stamps": {name: FileStamp wire}}`` (a position without stamps, an earlier version's:
-    the files as they are when the job resumes).
+    "stamps": {name: FileStamp wire}, "cut_at": {name: byte}}`` (a position without stamps,
+    an earlier version's: the files as they are when the job resumes; ``cut_at``: a file
+    ``--max-examples`` cut after a row, its rows from that byte not yet taken).
 
     Each shard carries its file's stamp, checked by the worker that reads it
     (``data/taken.py``).  A file taken that changes later is said at the next look, once it
@@ -254,10 +273,12 @@ class FolderSource:
 
     resumable = True
 
-    def __init__(self, url: str, shard_bytes: int) -> None:
+    def __init__(self, url: str, shard_bytes: int, fmt_name: str = "criteo") -> None:
         from paramserver.data.reader import _filesystem
 
         self.url, self.shard_bytes = url.rstrip("/"), shard_bytes
+        self.header = HEADERS.get(fmt_name)  # a file's first line may be a header, not a row
+        self.cut_at: dict[str, int] = {}  # name -> where its rows taken end (--max-examples cut it there)
         self.fs, self.root = _filesystem(self.url)
         self.protocol = self.url.split("://", 1)[0] + "://" if "://" in self.url else ""
         if not self.fs.exists(self.root) or not self.fs.isdir(self.root):
@@ -277,6 +298,7 @@ class FolderSource:
                 raise ConfigError(f"--resume: the checkpoint's position in {self.url} is not a folder's "
                                   f"({position!r}): pass the --stream of the checkpointed job")
             self.taken = set(taken)
+            self.cut_at = {str(n): int(at) for n, at in (position.get("cut_at") or {}).items() if n in self.taken}
             stamps = position.get("stamps") or {}
             self.stamps = {n: FileStamp.from_wire(w) for n, w in stamps.items() if n in self.taken}
             for name in self.taken - set(self.stamps):  # taken before stamps: as they are now
@@ -336,12 +358,23 @@ class FolderSource:
                        f"the {ignored:,} bytes appended" if grew else f"its {ignored:,} bytes now")
 
     def poll(self, max_rows: int | None) -> tuple[list[Shard], Any, int | None, bool]:
-        from paramserver.data.reader import cut_file
-
+        """With ``max_rows`` (``--max-examples``: the rows still to train) the files' rows
+        are counted as they are taken, and the file that reaches it is cut after its
+        ``max_rows``-th row (the rest of it stays for a job resumed with a larger limit);
+        without, they are not read here, and the rows are not known (None)."""
         now, files = time.monotonic(), self._files()
         self._watch_taken(files, now)
         shards: list[Shard] = []
+        left = max_rows
+        for name in sorted(self.cut_at):  # the rest of a file cut at an earlier limit
+            if left is not None and left <= 0:
+                break
+            if (stamp := self.stamps.get(name)) is not None:
+                left = self._take(name, stamp, self.cut_at.pop(name), left, shards)
+                self._position = None
         for name in self._complete(files, now):
+            if left is not None and left <= 0:
+                break  # taken by a later job (or this one resumed with a larger limit)
             self.seen.pop(name, None)
             path = self.path_of(name)
             stamp = stamp_of(path) if not self.protocol else stamp_from_info(files[name])
@@ -349,15 +382,41 @@ class FolderSource:
                 continue
             self.taken.add(name)
             self.stamps[name] = stamp
-            shards += cut_file(path, stamp.size, self.shard_bytes, stamp)
-        return shards, self.position(), None, False
+            left = self._take(name, stamp, 0, left, shards)
+        return shards, self.position(), None if max_rows is None else max_rows - (left or 0), False
+
+    def _take(self, name: str, stamp: FileStamp, start: int, left: int | None, shards: list[Shard]) -> int | None:
+        """``name``'s shards from byte ``start``, up to ``left`` rows (None: all, uncounted),
+        into ``shards``; the rows still to take after it."""
+        from paramserver.data.reader import cut_file
+
+        path = self.path_of(name)
+        rows, stop = 0, stamp.size
+        if left is not None:
+            header = self.header is not None and start == 0 and self.header(_first_line(path))
+            rows, stop = rows_until(path, start, left, header)
+        end = stamp.size if stop < 0 else stop
+        if start == 0:
+            shards += cut_file(path, end, self.shard_bytes, stamp)
+        else:
+            shards += [Shard(path, at, min(at + self.shard_bytes, end), stamp=stamp)
+                       for at in range(start, end, self.shard_bytes)]
+        if left is None:
+            return None
+        if 0 <= stop < stamp.size and rows >= left:
+            self.cut_at[name] = stop
+            self._position = None
+        return left - rows
 
     def position(self) -> dict[str, Any]:
-        """The names taken and their stamps (made again only once a file is taken: a folder of
-        10^5 files is polled five times a second)."""
+        """The names taken, their stamps, and where a file cut at ``--max-examples`` was
+        cut (made again only once a file is taken: a folder of 10^5 files is polled five
+        times a second)."""
         if self._position is None or len(self._position["taken"]) != len(self.taken):
             self._position = {"taken": sorted(self.taken),
                               "stamps": {n: self.stamps[n].to_wire() for n in sorted(self.stamps)}}
+            if self.cut_at:
+                self._position["cut_at"] = dict(sorted(self.cut_at.items()))
         return self._position
 
     def commit(self, position: Any, pending: list[Shard]) -> None:
@@ -369,3 +428,11 @@ class FolderSource:
     @classmethod
     def open_shard(cls, shard: Shard) -> Any:
         raise DataError("a folder's shards are files, read as --data files are")
+
+
+def _first_line(path: str) -> bytes:
+    """The first line of the file at ``path`` (at most 1 MiB of it), decompressed."""
+    from paramserver.data.files import open_input
+
+    with open_input(path) as f:
+        return f.readline(1 << 20)
