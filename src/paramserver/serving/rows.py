@@ -13,7 +13,7 @@ A body is parsed a piece at a time (``text_batches``, ``json_batches``): ``PIECE
 whole lines, or ``PIECE_ROWS`` rows of JSON, each scored before the next is parsed, so that
 the parsers' arrays (up to ten times the bytes they parse, for LIBSVM) are a piece's and
 not the body's: a 250 MB body of Criteo rows peaked at 1.3 times its size over the idle
-server, 5.5 times when parsed whole (``tools/serve_memory.py``).
+server, 5.5 times when parsed whole (``bench/serve_memory.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Peak memory of ``paramserver serve --model`` answering large ``/predict`` bodies.
 
-    PYTHONPATH=src python tools/serve_memory.py --mb 250 --clients 1 -- --max-rows 2000000
+    PYTHONPATH=src python bench/serve_memory.py --mb 250 --clients 1 -- --max-rows 2000000
 
 writes a Criteo LR model (2 000 synthetic rows' keys, rows by key: 2^24) and a body of
 ``--mb`` MB of its unlabelled rows, repeated, under ``--dir``; starts ``serve --model``
