@@ -129,7 +129,7 @@ def test_entries_of_many_rows_are_applied_once_over_limits_inside_entries_and_si
             if attempt == 0 and limit != 2_000:  # killed once it checkpointed anew, at a random moment after
                 wait_for(lambda p=proc, b=before: p.poll() is not None or steps() > b, 120, "a new checkpoint")
                 try:
-                    proc.wait(timeout=rng.uniform(0.0, 0.3))
+                    proc.wait(timeout=rng.uniform(0.0, 0.05))
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(timeout=30)

@@ -59,6 +59,19 @@ def before(ident: Id) -> Id:
     return (ident[0], ident[1] - 1) if ident[1] else (ident[0] - 1, MAX_SEQ)
 
 
+def split_ids(first: Id, last: Id, pieces: int) -> list[Id]:
+    """``pieces`` ends of ranges that cut ``(first, last]``, by interpolating the ids' time
+    (or their sequence, within one millisecond); the last end is ``last``."""
+    if pieces <= 1 or first >= last:
+        return [last]
+    if first[0] == last[0]:
+        ends = [(first[0], first[1] + (last[1] - first[1]) * i // pieces) for i in range(1, pieces)]
+    else:
+        ends = [(first[0] + (last[0] - first[0]) * i // pieces, MAX_SEQ) for i in range(1, pieces)]
+    ends = [e for e in ends if first < e < last]
+    return sorted(set(ends)) + [last]
+
+
 def value_of(fields: dict[Any, Any], field: str = FIELD) -> bytes:
     """An entry's ``field``, or its first field's value (redis-py's dict of fields)."""
     for key in (field, field.encode()):

@@ -3,10 +3,14 @@
 Each entry holds rows of the job's ``--format`` (criteo or libsvm: a stream has no CSV
 header) in its field ``line`` (``?field=NAME``: that one; else its first field); a value
 may hold several rows, one a line (``paramserver feed`` writes them so).  The driver
-counts each new entry's rows in Redis (``redis_rows.COUNT_ROWS``: ids and counts come
-back, not rows) and cuts the entries into shards of about ``shard_bytes / 256`` rows; ``--max-examples N`` cuts at the
-N-th row exactly, inside an entry if it falls there (``redis_rows.py``).  Workers read
-their shard's entries with ``XRANGE`` in pages (``resp.py``).
+cuts the new entries into shards of about ``shard_bytes / 256`` rows by interpolating
+their ids (the rows an entry guessed from a few), reading none of them.  With
+``--max-examples N`` it counts their rows first, a page of ``XRANGE`` at a time read by
+``resp.py``'s kernel (Redis's work the same as a worker's read: a Lua script that
+counted each entry cost Redis six times as much, and the stream job a fifth of its
+examples a second), and cuts at the N-th row exactly, inside an entry if it falls there
+(``redis_rows.COUNT_ROWS`` finds which, in that page alone).  Workers read their shard's
+entries with ``XRANGE`` in pages (``resp.py``).
 
 The job's consumer group (``?group=NAME``, default ``paramserver``) holds what the job
 committed: after each checkpoint (or, without checkpoints, as shards are done) its
@@ -24,6 +28,7 @@ checkpoints).  A worker that dies has its shard read again by another.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -32,7 +37,20 @@ import numpy as np
 
 from paramserver.data.batch import DataError, Shard
 from paramserver.data.redis_outage import retrying
-from paramserver.data.redis_rows import COUNT_ROWS, FIELD, Id, Span, before, entry_rows, id_text, joined, parse_id
+from paramserver.data.redis_rows import (
+    COUNT_ROWS,
+    FIELD,
+    Id,
+    Span,
+    before,
+    entry_rows,
+    id_text,
+    joined,
+    parse_id,
+    split_ids,
+)
+from paramserver.data.resp import xrange_page
+from paramserver.data.row_count import count_lines
 from paramserver.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -40,8 +58,7 @@ logger = logging.getLogger(__name__)
 SOURCE = "paramserver.data.redis_source:RedisSource"
 PAGE = 2000  # entries a worker reads (or the driver counts) a call
 ROW_BYTES = 256  # what a shard's size in rows assumes of a row
-COUNT_ROWS_A_CALL = 20_000  # rows the driver counts a call, about (see _count)
-FIRST_COUNT_PAGE = 256  # entries of the first call of a poll, before their rows are known
+SAMPLE = 64  # entries read to guess an entry's rows, where they are not counted
 POLL_ENTRIES = 200_000  # at most this many entries are counted (and cut) a poll: a backlog takes a few
 
 _clients: dict[str, Any] = {}  # a worker's connection per Redis, reused across shards
@@ -182,72 +199,94 @@ class RedisSource:
         return last, added
 
     def poll(self, max_rows: int | None) -> tuple[list[Shard], Any, int | None, bool]:
+        """The entries after the cursor, cut into shards.  With ``max_rows`` (``--max-examples``:
+        the rows still to train) their rows are counted first, a page of ``XRANGE`` at a time
+        read by ``resp.py``'s kernel (the entry holding the ``max_rows``-th row found by
+        ``COUNT_ROWS`` in its page alone, and cut there); without, nothing is read here: the
+        shards are cut by interpolating the entries' ids, and the rows are not known (None)."""
         last, added = self._info()
         if max_rows == 0 or (last == self.cursor and not self.part):
             return [], self.position(), 0, False
-        ids, rows, whole = self._count(last, max_rows)
-        take = 0
-        if max_rows is not None and rows.size and int(rows.sum()) >= max_rows:  # stop at the max_rows-th row
-            k = int(np.searchsorted(np.cumsum(rows), max_rows))
-            need = max_rows - int(rows[:k].sum())
-            if need < rows[k]:  # inside the entry: the rows before take
-                take = need + (self.part if k == 0 and self._partial(ids) else 0)
-            ids, rows, whole = ids[:k + 1], rows[:k + 1].copy(), whole and k == rows.size - 1 and not take
-            rows[k] = need
-        shards = self._cut(ids, rows, last if whole else parse_id(ids[-1]), take)
-        new = len(ids) - (1 if self._partial(ids) else 0)
-        self.cursor, self.part = (parse_id(ids[-1]), take) if take else (last if whole else parse_id(ids[-1]), 0)
+        if max_rows is None:
+            return self._cut_by_ids(last, added), self.position(), None, False
+        pages, take, whole, new = self._count(last, max_rows)
+        end = last if whole else pages[-1][0] if pages else self.cursor
+        shards = self._cut(pages, end, take)
+        self.cursor, self.part = (pages[-1][0], take) if take else (end, 0)
         if self.added is not None:
             self.added = added if whole else self.added + new
-        return shards, self.position(), int(rows.sum()), False
+        return shards, self.position(), sum(r for _, r in pages), False
 
-    def _partial(self, ids: list[bytes]) -> bool:
-        """Whether the first entry counted is the cursor's, cut in part before."""
-        return bool(self.part and ids and parse_id(ids[0]) == self.cursor)
-
-    def _count(self, last: Id, max_rows: int | None) -> tuple[list[bytes], np.ndarray, bool]:
-        """The ids of the entries after the cursor (the cursor's own first, if cut in part)
-        through ``last``, their rows (the cursor's not cut yet), and whether they reach
-        ``last``: counted in pages until ``max_rows`` rows or ``POLL_ENTRIES`` entries.  A
-        page is sized to about ``COUNT_ROWS_A_CALL`` rows: the script blocks Redis while it
-        runs (2,000 entries of 100 Criteo rows took 158 ms here; 20,000 rows take ~15)."""
-        start = id_text(self.cursor) if self.part else "(" + id_text(self.cursor)
-        ids: list[bytes] = []
-        counts: list[int] = []
-        page, total = FIRST_COUNT_PAGE, 0
-        while True:
-            got = self._call("XRANGE", self.redis.eval, COUNT_ROWS, 1, self.stream, start, id_text(last), page,
-                             self.field)
-            ids += got[::2]
-            counts += got[1::2]
-            here = sum(got[1::2])
-            total += here
-            if len(got) < 2 * page:
-                whole = True
-                break
-            if max_rows is not None and total >= max_rows + self.part or len(ids) >= POLL_ENTRIES:
-                whole = False
-                break
-            start = "(" + bytes(got[-2]).decode()
-            page = max(16, min(PAGE, COUNT_ROWS_A_CALL * page // max(here, 1)))
-        rows = np.array(counts, np.int64)
-        if self._partial(ids):
-            rows[0] = max(0, rows[0] - self.part)
-        return ids, rows, whole
-
-    def _cut(self, ids: list[bytes], rows: np.ndarray, end: Id, take: int) -> list[Shard]:
-        """Shards of about ``per_shard`` rows (whole entries, the last one's rows before ``take``)."""
-        if not ids:  # none left between the cursor and the end (deleted): nothing to read
-            return []
-        group = (np.cumsum(rows) - rows) // self.per_shard
-        ends = [int(i) for i in np.flatnonzero(np.diff(group))] + [len(ids) - 1]
+    def _cut_by_ids(self, last: Id, added: int) -> list[Shard]:
+        """The entries after the cursor through ``last``, uncounted, in shards of about
+        ``per_shard`` rows: the entries' ids interpolated, the rows an entry guessed from a
+        few at the cursor."""
+        count = added - self.added if self.added is not None else added
+        sample, _, n = self._call("XRANGE", xrange_page, self.redis, self.stream, "(" + id_text(self.cursor),
+                                  id_text(last), SAMPLE, self.field)
+        per_entry = max(1.0, count_lines(sample, None)[0] / n) if n else 1.0
+        ends = split_ids(self.cursor, last, math.ceil(max(count, 1) * per_entry / self.per_shard))
         shards, start, skip = [], self.cursor, self.part
-        for n, i in enumerate(ends):
-            final = n == len(ends) - 1
-            stop = end if final else parse_id(ids[i])
-            span = Span(start, stop, skip, take if final else 0)
-            shards.append(Shard(self.url, 0, -1, span.text(), SOURCE))
-            start, skip = stop, 0
+        for end in ends:
+            shards.append(Shard(self.url, 0, -1, Span(start, end, skip).text(), SOURCE))
+            start, skip = end, 0
+        self.cursor, self.part = last, 0
+        self.added = added if self.added is not None else None
+        return shards
+
+    def _count(self, last: Id, max_rows: int) -> tuple[list[tuple[Id, int]], int, bool, int]:
+        """Pages of the entries after the cursor (the cursor's own first, if cut in part),
+        each ``(its last id, its rows)``, until ``max_rows`` rows, ``POLL_ENTRIES`` entries or
+        ``last``; the rows of the last page's last entry to take (0: all), whether they reach
+        ``last``, and the entries new to the group."""
+        start = id_text(self.cursor) if self.part else "(" + id_text(self.cursor)
+        pages: list[tuple[Id, int]] = []
+        total = new = 0
+        skip = self.part  # the first entry's rows cut before
+        while True:
+            data, last_id, n = self._call("XRANGE", xrange_page, self.redis, self.stream, start, id_text(last), PAGE,
+                                          self.field)
+            if not n:
+                return pages, 0, True, new
+            rows = count_lines(data, None)[0] - skip
+            if total + rows >= max_rows:  # the limit falls in this page: which entry, which row
+                end, rows, take, entries = self._nth(start, last_id, n, max_rows - total, skip)
+                return [*pages, (end, rows)], take, False, new + entries
+            pages.append((parse_id(last_id), rows))
+            total, new, skip = total + rows, new + n - (1 if skip else 0), 0
+            if n < PAGE:
+                return pages, 0, True, new
+            if new >= POLL_ENTRIES:
+                return pages, 0, False, new
+            start = "(" + last_id.decode()
+
+    def _nth(self, start: str, last_id: bytes, n: int, need: int, skip: int) -> tuple[Id, int, int, int]:
+        """In the page from ``start`` through ``last_id`` (``n`` entries, the first's first
+        ``skip`` rows cut before): the entry holding its ``need``-th row, the rows up to it,
+        the rows of that entry to take (0: all of it) and the entries new to the group."""
+        got = self._call("XRANGE", self.redis.eval, COUNT_ROWS, 1, self.stream, start, last_id.decode(), n, self.field)
+        ids, counts = got[::2], np.array(got[1::2], np.int64)
+        if skip and counts.size:
+            counts[0] = max(0, counts[0] - skip)
+        k = min(int(np.searchsorted(np.cumsum(counts), need)), counts.size - 1)
+        before_k = int(counts[:k].sum())
+        rows = min(need - before_k, int(counts[k]))
+        take = rows + (skip if k == 0 else 0) if rows < counts[k] else 0
+        return parse_id(ids[k]), before_k + rows, take, k + 1 - (1 if skip else 0)
+
+    def _cut(self, pages: list[tuple[Id, int]], end: Id, take: int) -> list[Shard]:
+        """Shards of about ``per_shard`` rows, whole pages each, from the cursor through
+        ``end`` (its rows before ``take``, when cut at a row)."""
+        if not pages:  # none left between the cursor and the end (deleted): nothing to read
+            return []
+        shards, start, skip, held = [], self.cursor, self.part, 0
+        for i, (stop, rows) in enumerate(pages):
+            held += rows
+            final = i == len(pages) - 1
+            if final or held >= self.per_shard:
+                stop = end if final else stop
+                shards.append(Shard(self.url, 0, -1, Span(start, stop, skip, take if final else 0).text(), SOURCE))
+                start, skip, held = stop, 0, 0
         return shards
 
     def position(self) -> dict[str, Any]:
@@ -307,8 +346,6 @@ class RedisSource:
 def _entries(shard: Shard) -> Iterator[bytes]:
     """The rows of a shard's entries, a page of ``XRANGE`` at a time (read off the socket
     by ``resp.py``'s kernel), each value a line; an entry cut at a row read alone."""
-    from paramserver.data.resp import xrange_page
-
     server, stream, _ = parse_url(shard.path)
     client = _connect(server)
     span, field = Span.parse(shard.span), field_of(shard.path)
