@@ -48,6 +48,80 @@ def binary_news20(src: str, tmp: str) -> tuple[str, Any, np.ndarray]:
     return path, X, y
 
 
+def lambda_max(X: Any, y: np.ndarray) -> float:
+    """The smallest λ at which every coefficient is 0."""
+    return float(np.abs(X.T @ y).max() / X.shape[0])
+
+
+def objective(X: Any, y: np.ndarray, w: np.ndarray, lam: float) -> float:
+    """Lasso's objective, ||y - Xw||² / 2n + λ|w|₁, recomputed here for every solver alike."""
+    r = y - X @ w
+    return float(r @ r / (2 * X.shape[0]) + lam * np.abs(w).sum())
+
+
+def fit_sklearn(X: Any, y: np.ndarray, lam: float) -> tuple[float, np.ndarray]:
+    """scikit-learn's coordinate descent at tol 1e-4: seconds of its ``fit`` call, and the coefficients."""
+    from sklearn.linear_model import Lasso
+
+    t = time.perf_counter()
+    w = Lasso(alpha=lam, fit_intercept=False, tol=1e-4, max_iter=1_000_000).fit(X, y).coef_
+    return time.perf_counter() - t, w
+
+
+def fit_celer(X: Any, y: np.ndarray, lam: float, tol: float = 1e-4,
+              max_iter: int | None = None) -> tuple[float, np.ndarray]:
+    """celer (its own iteration cap unless ``max_iter``; tol 1e-10 and 200 iterations give the reference
+    optimum): seconds of its ``fit`` call, and the coefficients."""
+    import celer
+
+    cap = {} if max_iter is None else {"max_iter": max_iter}
+    t = time.perf_counter()
+    w = celer.Lasso(alpha=lam, fit_intercept=False, tol=tol, **cap).fit(X, y).coef_
+    return time.perf_counter() - t, w
+
+
+def run_paramserver(path: str, ratio: float, tmp: str, schedule: str = "priority",
+                    max_rounds: int | None = None) -> tuple[float, np.ndarray, dict]:
+    """``paramserver lasso`` as a whole command (default flags, which are 2 workers; a schedule and a round
+    cap when given): its seconds, its coefficients and its ``--metrics-out`` report."""
+    out = os.path.join(tmp, f"ps-{schedule}")
+    cap = [] if max_rounds is None else ["--max-rounds", str(max_rounds)]
+    t = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "paramserver", "lasso", "--data", path, "--lambda-ratio",
+                          str(ratio), "--workers", "2", "--schedule", schedule, "--save", out,
+                          "--metrics-out", out + ".json", *cap], capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    if run.returncode:
+        raise SystemExit(f"paramserver lasso failed:\n{run.stderr}")
+    with open(out + ".json") as f:
+        metrics = json.load(f)
+    return seconds, np.load(os.path.join(out, "coef.npy")), metrics
+
+
+def solve_all(path: str, X: Any, y: np.ndarray, ratio: float, schedules: list[str], max_rounds: int,
+              tmp: str) -> list[dict]:
+    """Every solver at λ_max/``ratio``, one run each: a row each, sub-optimality against the best objective."""
+    lam = lambda_max(X, y) / ratio
+    seconds, w = fit_sklearn(X, y, lam)
+    found: list[tuple[str, float, float, int | None]] = [
+        ("scikit-learn CD (tol 1e-4)", seconds, objective(X, y, w, lam), None)]
+    seconds, w = fit_celer(X, y, lam)
+    found.append(("celer (tol 1e-4)", seconds, objective(X, y, w, lam), None))
+    best = objective(X, y, fit_celer(X, y, lam, tol=1e-10, max_iter=200)[1], lam)
+    for schedule in schedules:
+        cap = None if schedule == "priority" else max_rounds
+        seconds, w, metrics = run_paramserver(path, ratio, tmp, schedule, cap)
+        name = "paramserver lasso" + (" (default flags, --workers 2)" if schedule == "priority"
+                                      else f" --schedule {schedule}")
+        if not metrics["converged"]:
+            name += f" (stopped at {metrics['rounds']} rounds, gap {metrics['relative_gap']:.1e})"
+        found.append((name, seconds, objective(X, y, w, lam), metrics["coordinate_updates"]))
+    best = min([best] + [f[2] for f in found])
+    return [{"ratio": ratio, "solver": name, "seconds": round(seconds, 2), "objective": value,
+             "relative_suboptimality": (value - best) / best, "coordinate_updates": updates}
+            for name, seconds, value, updates in found]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=DATA)
@@ -60,51 +134,11 @@ def main() -> int:
     if not os.path.exists(args.data):
         print(f"skipped: {args.data} is absent (see ../shared/data/SOURCES.md)")
         return 0
-    import celer
-    from sklearn.linear_model import Lasso
-
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path, X, y = binary_news20(args.data, tmp)
-        n = X.shape[0]
-        lmax = float(np.abs(X.T @ y).max() / n)
-
-        def obj(w: np.ndarray, lam: float) -> float:
-            r = y - X @ w
-            return float(r @ r / (2 * n) + lam * np.abs(w).sum())
-
         for ratio in args.ratios:
-            lam = lmax / ratio
-            found = []
-            t = time.perf_counter()
-            w = Lasso(alpha=lam, fit_intercept=False, tol=1e-4, max_iter=1_000_000).fit(X, y).coef_
-            found.append(("scikit-learn CD (tol 1e-4)", time.perf_counter() - t, obj(w, lam), None))
-            t = time.perf_counter()
-            w = celer.Lasso(alpha=lam, fit_intercept=False, tol=1e-4).fit(X, y).coef_
-            found.append(("celer (tol 1e-4)", time.perf_counter() - t, obj(w, lam), None))
-            best = obj(celer.Lasso(alpha=lam, fit_intercept=False, tol=1e-10, max_iter=200).fit(X, y).coef_, lam)
-            for schedule in args.schedules:
-                out = os.path.join(tmp, f"ps-{schedule}")
-                t = time.perf_counter()
-                cap = [] if schedule == "priority" else ["--max-rounds", str(args.max_rounds)]
-                run = subprocess.run([sys.executable, "-m", "paramserver", "lasso", "--data", path, "--lambda-ratio",
-                                      str(ratio), "--workers", "2", "--schedule", schedule, "--save", out,
-                                      "--metrics-out", out + ".json", *cap], capture_output=True, text=True)
-                seconds = time.perf_counter() - t
-                if run.returncode:
-                    print(run.stderr, file=sys.stderr)
-                    return 1
-                metrics = json.load(open(out + ".json"))
-                name = "paramserver lasso" + (" (default flags, --workers 2)" if schedule == "priority"
-                                              else f" --schedule {schedule}")
-                if not metrics["converged"]:
-                    name += f" (stopped at {metrics['rounds']} rounds, gap {metrics['relative_gap']:.1e})"
-                found.append((name, seconds, obj(np.load(os.path.join(out, "coef.npy")), lam),
-                              metrics["coordinate_updates"]))
-            best = min([best] + [f[2] for f in found])
-            for name, seconds, value, updates in found:
-                rows.append({"ratio": ratio, "solver": name, "seconds": round(seconds, 2), "objective": value,
-                             "relative_suboptimality": (value - best) / best, "coordinate_updates": updates})
+            rows += solve_all(path, X, y, ratio, args.schedules, args.max_rounds, tmp)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

@@ -135,6 +135,25 @@ def ours(path: str, K: int, iterations: int, tmp: str, extra: list[str]) -> tupl
     return np.load(os.path.join(out, "topic_word.npy")), seconds, json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def load_corpus(name: str, tmp: str) -> tuple[str, Corpus, Corpus] | None:
+    """Corpus ``name`` (20ng: its own train and test files; nyt: every 10th document held out, the rest
+    written to ``tmp``): the training file's path, the training and the test corpus; None, said, where absent."""
+    if name == "20ng":
+        src = os.path.join(LDA, "20newsgroups_etm", "docword.train.txt.gz")
+        if not os.path.exists(src):
+            print(f"skipped 20ng: {src} is absent (see ../shared/data/SOURCES.md)")
+            return None
+        return src, read_corpus(src), read_corpus(os.path.join(LDA, "20newsgroups_etm", "docword.test.txt.gz"))
+    src = os.path.join(LDA, "nyt", "nyt.ldac.gz")
+    if not os.path.exists(src):
+        print(f"skipped nyt: {src} is absent (see ../shared/data/SOURCES.md)")
+        return None
+    train, test = split_every(read_corpus(src), 10)
+    path = os.path.join(tmp, "nyt.train.ldac")
+    write_ldac(train, path)
+    return path, train, test
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=200)
@@ -146,21 +165,10 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.corpora:
-            if name == "20ng":
-                src = os.path.join(LDA, "20newsgroups_etm", "docword.train.txt.gz")
-                if not os.path.exists(src):
-                    print(f"skipped 20ng: {src} is absent (see ../shared/data/SOURCES.md)")
-                    continue
-                path, train = src, read_corpus(src)
-                test = read_corpus(os.path.join(LDA, "20newsgroups_etm", "docword.test.txt.gz"))
-            else:
-                src = os.path.join(LDA, "nyt", "nyt.ldac.gz")
-                if not os.path.exists(src):
-                    print(f"skipped nyt: {src} is absent (see ../shared/data/SOURCES.md)")
-                    continue
-                train, test = split_every(read_corpus(src), 10)
-                path = os.path.join(tmp, "nyt.train.ldac")
-                write_ldac(train, path)
+            found = load_corpus(name, tmp)
+            if found is None:
+                continue
+            path, train, test = found
             tokens = train.tokens * it
             n_tp, s_tp = tomotopy_run(train, K, it, alpha, beta)
             n_ps, s_ps, rep = ours(path, K, it, tmp, [])

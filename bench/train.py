@@ -42,6 +42,7 @@ import numpy as np
 
 from paramserver.apps.ctr.models import auc, logloss
 from paramserver.apps.ctr.synth import write_synth
+from sidebyside import Learner, interleave
 
 PS = [sys.executable, "-m", "paramserver", "train", "--quiet"]
 
@@ -98,7 +99,7 @@ def bench_paramserver(label: str, flags: list[str], train: str, test: str, tmp: 
             "first_example_s": r.get("first_example_s"), "logloss": r["logloss"], "auc": r["auc"]}
 
 
-def _summary(runs: list[dict]) -> dict:
+def summary(runs: list[dict]) -> dict:
     """One learner's runs: medians, and the worst test log loss (and its AUC) of any run."""
     worst = max(runs, key=lambda r: r["logloss"])
     out = {"learner": runs[0]["learner"], "logloss": worst["logloss"], "auc": worst["auc"],
@@ -111,7 +112,9 @@ def _summary(runs: list[dict]) -> dict:
     return out
 
 
-def run_shape(shape: str, rows: int, repeat: int, tuned: list[str], tmp: str, warmup: int = 1) -> list[dict]:
+def prepare_shape(shape: str, rows: int, tmp: str) -> tuple[str, str, np.ndarray]:
+    """A training file of ``rows`` rows and a test file of ``rows / 10`` in ``tmp``, each also in VW's
+    format beside it (``PATH.vw``): the two paths and the test labels."""
     train, test = os.path.join(tmp, f"{shape}.train.tsv"), os.path.join(tmp, f"{shape}.test.tsv")
     print(f"{shape}: writing {rows:,} + {rows // 10:,} rows", file=sys.stderr)
     write_synth(train, rows, seed=1, shape=shape)
@@ -119,22 +122,21 @@ def run_shape(shape: str, rows: int, repeat: int, tuned: list[str], tmp: str, wa
     to_vw(train, train + ".vw")
     test_labels = to_vw(test, test + ".vw")
     os.sync()  # written back now, not while a learner is timed
-    learners = [lambda: bench_paramserver("paramserver (defaults)", [], train, test, tmp),
-                lambda: bench_paramserver("paramserver 2+2 (defaults)", ["--servers", "2", "--workers", "2"],
-                                          train, test, tmp)]
+    return train, test, test_labels
+
+
+def run_shape(shape: str, rows: int, repeat: int, tuned: list[str], tmp: str, warmup: int = 1) -> list[dict]:
+    train, test, test_labels = prepare_shape(shape, rows, tmp)
+    learners: dict[str, Learner] = {
+        "paramserver (defaults)": lambda: bench_paramserver("paramserver (defaults)", [], train, test, tmp),
+        "paramserver 2+2 (defaults)": lambda: bench_paramserver(
+            "paramserver 2+2 (defaults)", ["--servers", "2", "--workers", "2"], train, test, tmp)}
     for flags in tuned:
-        learners.append(lambda f=flags: bench_paramserver(f"paramserver (tuned: {f})", f.split(), train, test, tmp))
-    learners.append(lambda: bench_vw(train + ".vw", test + ".vw", test_labels, rows, tmp))
-    for _ in range(warmup):  # untimed: the files just written, the machine settling after the conversion
-        for learner in learners:
-            print(shape, "warm-up", learner()["learner"], file=sys.stderr)
-    runs: dict[str, list[dict]] = {}
-    for _ in range(repeat):  # interleaved: a slow spell of the machine hits every learner
-        for learner in learners:
-            run = learner()
-            runs.setdefault(run["learner"], []).append(run)
-            print(shape, run, file=sys.stderr)
-    table = [_summary(r) for r in runs.values()]
+        label = f"paramserver (tuned: {flags})"
+        learners[label] = lambda f=flags, n=label: bench_paramserver(n, f.split(), train, test, tmp)
+    learners["vowpalwabbit"] = lambda: bench_vw(train + ".vw", test + ".vw", test_labels, rows, tmp)
+    # interleaved: a slow spell of the machine hits every learner
+    table = [summary(r) for r in interleave(learners, repeat, warmup, shape).values()]
     vw = next(r for r in table if r["learner"] == "vowpalwabbit")
     for r in table:
         r.update(shape=shape, rows=rows, vs_vw=r["examples_per_s"] / vw["examples_per_s"])

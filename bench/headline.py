@@ -1,0 +1,344 @@
+"""The comparisons this project is judged by, side by side in one run, in one table (issue 44.4).
+
+    .venv/bin/python bench/headline.py [--sections train,lasso,mf,lda,pushpull] [--repeat 3] [--quick]
+                                       [--json FILE]
+    make headline HEADLINE_FLAGS="--sections train --repeat 5"
+
+Each row is one ratio of paramserver at its DEFAULT flags to a peer measured in the same run,
+its goal (the constants below) and PASS or FAIL.  The sections reuse the scripts that own each
+comparison, so a row here and a row of those scripts are the same measurement:
+
+* train (``bench/train.py``): ``paramserver train --data TRAIN --test TEST`` (1 server, 1 worker)
+  against Vowpal Wabbit on 10^6 heavy-tailed rows (``paramserver synth --shape heavy``); our
+  command from interpreter start to exit, VW's training pass and scoring in this process.
+* lasso (``bench/lasso.py``): ``paramserver lasso`` (its default: 2 workers, as for mf and lda) on
+  news20 at λ_max/2000 against scikit-learn's coordinate descent (tol 1e-4); sub-optimality
+  against celer's optimum (tol 1e-10).  Times: scikit-learn's ``fit`` call, our whole command.
+* mf (``bench/mf.py``): ``paramserver mf`` (whole command) against Surprise's SVD (its ``fit``)
+  on 4 M synthetic ratings, where start-up is a small part of the command.
+* lda (``bench/lda.py``): ``paramserver lda`` (whole command) against tomotopy (its ``train``,
+  2 threads) on 20 Newsgroups and NYT, K = 50, 200 iterations; held-out perplexity.
+* pushpull (``bench/pushpull.py``): keys/s both ways, 1 server, dim 1, batches of 10^6 keys.
+
+``--repeat N`` runs each pair N times, taking turns (medians of times, the worst of quality);
+push/pull measures for a fixed time instead.  A section whose peer is not installed, or whose
+data is absent, is "not run" and says why.  ``--quick`` is a smoke run of the script itself on
+small sizes: its table is labelled "quick: not the headline".  The exit status is 0 whatever the
+ratios; 1 only where a section failed to run (its error is in the table and on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from sidebyside import interleave
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    """A ratio's goal: ``op`` is ">=" or "<=", and ``why`` says where the bound comes from."""
+
+    op: str
+    bound: float
+    why: str
+
+    def met(self, value: float) -> bool:
+        return value >= self.bound if self.op == ">=" else value <= self.bound
+
+    def __str__(self) -> str:
+        bound = f"{self.bound:.0e}" if self.bound < 0.01 else f"{self.bound:g}"
+        return f"{'≥' if self.op == '>=' else '≤'} {bound}"
+
+
+# issue 44's goals: Fwumious Wabbit runs 7.8-14.8x VW on one core, so a compiled per-key path can beat VW 3x
+TRAIN_SPEED = Goal(">=", 3.0, "issue 44: the default job at 3x VW's examples/s")
+# the user times the whole command (start-up, cluster, training, scoring), not the training loop alone
+TRAIN_COMMAND = Goal("<=", 0.5, "issue 44: the whole command in half VW's time")
+# speed bought with a worse model is no gain: the test log loss may not exceed VW's
+TRAIN_LOSS = Goal("<=", 1.0, "issue 44: test log loss at most VW's")
+# issue 44: scikit-learn's CD is the solver a user has already; twice as fast, or there is no reason to switch
+LASSO_TIME = Goal("<=", 0.5, "issue 44: half scikit-learn's time at λ_max/2000")
+# issue 15: the same optimum to 1e-4 of the objective, against celer at tol 1e-10 (the reference)
+LASSO_SUBOPT = Goal("<=", 1e-4, "issue 15/44: relative sub-optimality against celer's optimum")
+# issue 15: the whole command against Surprise's fit alone, on the multi-million set where start-up is small
+MF_TIME = Goal("<=", 0.5, "issue 15: half Surprise's fit time")
+# issue 15: the same or a better held-out RMSE
+MF_RMSE = Goal("<=", 1.0, "issue 15: test RMSE at most Surprise's")
+# issue 44.5: the round apps on the engine, at parity with tomotopy's C++ sampler (issue 15 asked 0.5x)
+LDA_SPEED = Goal(">=", 1.0, "issue 44.5: tomotopy's token-iterations/s")
+# 5x the gap issue 15 measured (0.999-1.001x): room for the sampler's noise, none for a worse model
+LDA_PERPLEXITY = Goal("<=", 1.005, "issue 44.5: perplexity within 0.5 % of tomotopy's")
+# issue 44: twice ps-lite's stock server, both directions, 1 server
+PUSHPULL = Goal(">=", 2.0, "issue 44: 2x ps-lite's stock server")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One line of the table: a ratio, its goal, the figures it is made of, and the verdict."""
+
+    section: str
+    ratio: str
+    goal: str
+    value: float | None
+    ours: str
+    peer: str
+    result: str  # PASS, FAIL, not run, not measured, error
+
+
+def judged(section: str, ratio: str, goal: Goal, value: float, ours: str, peer: str) -> Row:
+    return Row(section, ratio, str(goal), value, ours, peer, "PASS" if goal.met(value) else "FAIL")
+
+
+def not_run(section: str, why: str, result: str = "not run") -> Row:
+    return Row(section, "-", "-", None, "-", "-", f"{result}: {why}")
+
+
+Section = Callable[[argparse.Namespace, str], tuple[list[Row], dict[str, Any]]]
+
+
+def fresh(tmp: str) -> str:
+    """A new folder in ``tmp``: each run writes its model and predictions apart from the last one's."""
+    return tempfile.mkdtemp(dir=tmp)
+
+
+def median(runs: list[dict], key: str) -> float:
+    return float(np.median([r[key] for r in runs]))
+
+
+def worst(runs: list[dict], key: str) -> float:
+    return float(max(r[key] for r in runs))
+
+
+def section_train(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
+    from train import bench_paramserver, bench_vw, prepare_shape, summary
+
+    n = 20_000 if args.quick else 1_000_000
+    train, test, labels = prepare_shape("heavy", n, tmp)
+    runs = interleave({"paramserver": lambda: bench_paramserver("paramserver (defaults)", [], train, test, tmp),
+                       "vowpalwabbit": lambda: bench_vw(train + ".vw", test + ".vw", labels, n, tmp)},
+                      args.repeat, warmup=1, tag="train")
+    ps, vw = summary(runs["paramserver"]), summary(runs["vowpalwabbit"])
+    name = f"train heavy {n:,}"
+    rows = [judged(name, "examples/s ÷ VW's", TRAIN_SPEED, ps["examples_per_s"] / vw["examples_per_s"],
+                   f"{ps['examples_per_s']:,.0f} ex/s", f"{vw['examples_per_s']:,.0f} ex/s"),
+            judged(name, "whole command ÷ VW's", TRAIN_COMMAND, ps["command_s"] / vw["command_s"],
+                   f"{ps['command_s']:.2f} s", f"{vw['command_s']:.2f} s"),
+            judged(name, "test log loss ÷ VW's", TRAIN_LOSS, ps["logloss"] / vw["logloss"],
+                   f"{ps['logloss']:.5f}", f"{vw['logloss']:.5f}")]
+    return rows, {"rows": n, "paramserver": ps, "vowpalwabbit": vw}
+
+
+def section_lasso(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
+    from lasso import DATA, binary_news20, fit_celer, fit_sklearn, lambda_max, objective, run_paramserver
+
+    if not os.path.exists(DATA):
+        return [not_run("lasso", f"news20 is absent: {os.path.normpath(DATA)} (see ../shared/data/SOURCES.md)")], {}
+    ratio = 20 if args.quick else 2000
+    path, X, y = binary_news20(DATA, tmp)
+    lam = lambda_max(X, y) / ratio
+
+    def sklearn() -> dict:
+        seconds, w = fit_sklearn(X, y, lam)
+        return {"seconds": seconds, "objective": objective(X, y, w, lam)}
+
+    def ours() -> dict:
+        seconds, w, metrics = run_paramserver(path, ratio, fresh(tmp))
+        return {"seconds": seconds, "objective": objective(X, y, w, lam), "rounds": metrics["rounds"],
+                "converged": metrics["converged"], "coordinate_updates": metrics["coordinate_updates"]}
+
+    runs = interleave({"scikit-learn": sklearn, "paramserver": ours}, args.repeat, tag="lasso")
+    optimum = objective(X, y, fit_celer(X, y, lam, tol=1e-10, max_iter=200)[1], lam)
+    best = min([optimum] + [r["objective"] for rs in runs.values() for r in rs])  # as bench/lasso.py does
+    ps_s, sk_s = median(runs["paramserver"], "seconds"), median(runs["scikit-learn"], "seconds")
+    ps_sub = (worst(runs["paramserver"], "objective") - best) / best
+    sk_sub = (worst(runs["scikit-learn"], "objective") - best) / best
+    name = f"lasso news20 λmax/{ratio}"
+    rows = [judged(name, "time ÷ scikit-learn's", LASSO_TIME, ps_s / sk_s, f"{ps_s:.2f} s", f"{sk_s:.2f} s"),
+            judged(name, "rel. sub-optimality (celer's optimum)", LASSO_SUBOPT, ps_sub, f"{ps_sub:.1e}",
+                   f"scikit-learn {sk_sub:.1e}")]
+    return rows, {"lambda_ratio": ratio, "lambda": lam, "celer_optimum": optimum, "best_objective": best, **runs}
+
+
+def section_mf(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
+    from mf import ours, surprise_svd, synthetic
+
+    n = 200_000 if args.quick else 4_000_000
+    train, test = os.path.join(tmp, "mf.train.tsv"), os.path.join(tmp, "mf.test.tsv")
+    synthetic(train, test, n)
+    runs = interleave({"surprise": lambda: surprise_svd(train, test),
+                       "paramserver": lambda: ours(train, test, fresh(tmp), [])}, args.repeat, tag="mf")
+    ps_s, su_s = median(runs["paramserver"], "seconds"), median(runs["surprise"], "seconds")
+    ps_rmse, su_rmse = worst(runs["paramserver"], "rmse"), worst(runs["surprise"], "rmse")
+    name = f"mf synthetic {n / 1e6:g} M"
+    rows = [judged(name, "whole command ÷ Surprise's fit", MF_TIME, ps_s / su_s, f"{ps_s:.2f} s", f"{su_s:.2f} s"),
+            judged(name, "test RMSE ÷ Surprise's", MF_RMSE, ps_rmse / su_rmse, f"{ps_rmse:.4f}", f"{su_rmse:.4f}")]
+    return rows, {"ratings": n, **runs}
+
+
+def lda_corpus(name: str, args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
+    from lda import load_corpus, ours, perplexity, tomotopy_run
+
+    found = load_corpus(name, tmp)
+    if found is None:
+        return [not_run(f"lda {name}", "its corpus is absent (see ../shared/data/SOURCES.md)")], {}
+    path, train, test = found
+    alpha, beta = 0.1, 0.01  # bench/lda.py's
+    K, it = (20, 20) if args.quick else (50, 200)
+    work = train.tokens * it
+
+    def tomotopy() -> dict:
+        n_kw, seconds = tomotopy_run(train, K, it, alpha, beta)
+        return {"seconds": seconds, "token_iterations_per_s": work / seconds,
+                "perplexity": perplexity(n_kw, test, alpha, beta)}
+
+    def paramserver() -> dict:
+        n_kw, seconds, _ = ours(path, K, it, fresh(tmp), [])
+        return {"seconds": seconds, "token_iterations_per_s": work / seconds,
+                "perplexity": perplexity(n_kw, test, alpha, beta)}
+
+    runs = interleave({"tomotopy": tomotopy, "paramserver": paramserver}, args.repeat, tag=f"lda {name}")
+    ps_v, tp_v = (median(runs[k], "token_iterations_per_s") for k in ("paramserver", "tomotopy"))
+    ps_p, tp_p = (worst(runs[k], "perplexity") for k in ("paramserver", "tomotopy"))
+    label = f"lda {name} K={K} {it} it"
+    rows = [judged(label, "token-it/s ÷ tomotopy's", LDA_SPEED, ps_v / tp_v, f"{ps_v / 1e6:.2f} M/s",
+                   f"{tp_v / 1e6:.2f} M/s"),
+            judged(label, "perplexity ÷ tomotopy's", LDA_PERPLEXITY, ps_p / tp_p, f"{ps_p:.1f}", f"{tp_p:.1f}")]
+    return rows, {"topics": K, "iterations": it, "tokens": train.tokens, **runs}
+
+
+def section_lda(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
+    for name in ["nyt"] if args.quick else ["20ng", "nyt"]:
+        more, raw[name] = lda_corpus(name, args, tmp)
+        rows += more
+    return rows, raw
+
+
+def section_pushpull(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
+    from paramserver._runtime.malloc import tune_allocator
+    from pushpull import throughput_rows
+
+    tune_allocator()  # this process plays the worker, as in pushpull.py (and this section runs last)
+    batch = 100_000 if args.quick else 1_000_000
+    measured = throughput_rows(1, [batch], [1], 1, args.quick)
+    rows = [Row(f"pushpull 1 server dim 1 {batch:,} keys", f"{r['op']} keys/s ÷ ps-lite's", str(PUSHPULL), None,
+                f"{r['keys_per_s'] / 1e6:.2f} M keys/s", "-", "not measured: ps-lite is not built (issue 44.3)")
+            for r in measured]
+    return rows, {"rows": measured}
+
+
+# name: (the section, the peers it imports as (module, package to install)); run in this order, push/pull
+# last because it tunes this process's allocator
+SECTIONS: dict[str, tuple[Section, list[tuple[str, str]]]] = {
+    "train": (section_train, [("vowpalwabbit", "vowpalwabbit")]),
+    "lasso": (section_lasso, [("sklearn", "scikit-learn"), ("celer", "celer")]),
+    "mf": (section_mf, [("surprise", "scikit-surprise"), ("pandas", "pandas")]),
+    "lda": (section_lda, [("tomotopy", "tomotopy")]),
+    "pushpull": (section_pushpull, []),
+}
+
+
+def run_section(name: str, args: argparse.Namespace) -> tuple[list[Row], dict[str, Any], bool]:
+    """One section's rows and raw figures, and False where it failed to run (its error on stderr)."""
+    section, peers = SECTIONS[name]
+    missing = [package for module, package in peers if importlib.util.find_spec(module) is None]
+    if missing:
+        return [not_run(name, f"pip install {' '.join(missing)} (the .[bench] extra)")], {"missing": missing}, True
+    print(f"headline: {name}", file=sys.stderr, flush=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"paramserver-headline-{name}-") as tmp:
+            rows, raw = section(args, tmp)
+        return rows, raw, True
+    except (Exception, SystemExit) as exc:  # a paramserver command that failed raises SystemExit in the scripts
+        traceback.print_exc()
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        why = lines[0] + (f" ... {lines[-1]}" if len(lines) > 1 else "")
+        return [not_run(name, why[:200], "error")], {"error": str(exc)}, False
+
+
+def commit() -> str:
+    """The commit this tree is at, with "+dirty" where it has changes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain"], capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty.strip() else "")
+
+
+def print_table(title: str, rows: list[Row]) -> None:
+    print(title)
+    print("| section | ratio | goal | measured | paramserver | peer | result |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        value = "-" if r.value is None else f"{r.value:.4g}"  # 4 digits: a loss ratio of 1.007 is not 1.01
+        print(f"| {r.section} | {r.ratio} | {r.goal} | {value} | {r.ours} | {r.peer} | {r.result} |")
+
+
+def sections_arg(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown section {unknown[0] if unknown else text!r}: "
+                                         f"choose from {','.join(SECTIONS)}, comma-separated")
+    return [n for n in SECTIONS if n in names]  # push/pull last, whatever the order given
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sections", type=sections_arg, default=list(SECTIONS),
+                    help=f"comma-separated, of {','.join(SECTIONS)} (default: all)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="runs of each pair, taking turns (default 3; 1 with --quick); push/pull runs once")
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run of the script, not the headline")
+    ap.add_argument("--json", metavar="FILE", help="write every number to FILE")
+    args = ap.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    if args.repeat < 1:
+        ap.error(f"--repeat must be >= 1, got {args.repeat}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started, load_start = datetime.datetime.now(datetime.UTC), os.getloadavg()[0]
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
+    ok = True
+    for name in args.sections:
+        more, raw[name], ran = run_section(name, args)
+        rows += more
+        ok = ok and ran
+    load_end = os.getloadavg()[0]
+    title = (f"{'quick: not the headline' if args.quick else 'headline'}: commit {commit()}, "
+             f"{started:%Y-%m-%d %H:%M} UTC, --repeat {args.repeat}, load average {load_start:.1f} -> {load_end:.1f}")
+    print_table(title, rows)
+    if args.json:
+        goals = {k: asdict(v) for k, v in globals().items() if isinstance(v, Goal)}
+        report = {"title": title, "quick": args.quick, "repeat": args.repeat, "commit": commit(),
+                  "started": started.isoformat(), "load_average": [load_start, load_end], "goals": goals,
+                  "rows": [asdict(r) for r in rows], "sections": raw}
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=float)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

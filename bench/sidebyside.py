@@ -1,0 +1,30 @@
+"""Learners run side by side in one run: taking turns, so that a slow spell of this shared
+VM hits each of them alike.  Used by ``bench/train.py`` and ``bench/headline.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Learner = Callable[[], dict[str, Any]]
+
+
+def interleave(learners: Mapping[str, Learner], repeat: int, warmup: int = 0, tag: str = "") -> dict[str, list[dict]]:
+    """Every learner ``warmup`` times untimed, then ``repeat`` rounds of each in turn.
+
+    Returns:
+        Each learner's timed runs, by its name in ``learners``.
+    """
+    for _ in range(warmup):  # untimed: files just written, the machine settling after the set-up
+        for name, learner in learners.items():
+            learner()
+            print(tag, "warm-up", name, file=sys.stderr)
+    runs: dict[str, list[dict]] = {name: [] for name in learners}
+    for _ in range(repeat):
+        for name, learner in learners.items():
+            run = learner()
+            runs[name].append(run)
+            print(tag, name, run, file=sys.stderr, flush=True)
+    return runs
