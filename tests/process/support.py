@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -49,3 +52,15 @@ import paramserver
 def count(value, state, grad, hp):
     state[0] += grad[0]  # the weight stays 0: p = 0.5, a label-0 example's gradient 0.5
 """
+
+
+@contextlib.contextmanager
+def killed_on_exit(proc):
+    """``proc`` (started with ``start_new_session=True``) killed whole, its process group,
+    if still running when the block ends (a failed assertion, a timeout)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)

@@ -5,7 +5,6 @@ example's gradient is exactly 0.5: the counter is half the examples a key was in
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -17,7 +16,7 @@ import sys
 
 import numpy as np
 import pytest
-from tests.process.support import COUNTING_RULE, user_module, wait_for
+from tests.process.support import COUNTING_RULE, killed_on_exit, user_module, wait_for
 
 
 @pytest.fixture
@@ -76,17 +75,10 @@ def _train(args: list[str], tmp_path, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
 
 
-@contextlib.contextmanager
 def _running(args: list[str], tmp_path):
-    """``paramserver train ARGS`` in a session of its own; killed whole if still running
-    when the block ends (a failed assertion, a timeout)."""
-    proc = _train(args, tmp_path)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    """``paramserver train ARGS`` in a session of its own, killed whole if still running
+    when the block ends."""
+    return killed_on_exit(_train(args, tmp_path))
 
 
 def _counted_once(checkpoint_dir: str, n: int) -> None:

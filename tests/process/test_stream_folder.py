@@ -11,7 +11,6 @@ before the change: exactly the window the issue's ``mv`` 3.5 s after the take fe
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -19,7 +18,7 @@ import subprocess
 import sys
 
 import pytest
-from tests.process.support import user_module, wait_for
+from tests.process.support import killed_on_exit, user_module, wait_for
 
 HELD = '''
 import os, time
@@ -63,17 +62,6 @@ def _train(args: list[str], tmp_path, err=subprocess.PIPE) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
 
 
-@contextlib.contextmanager
-def _running(proc: subprocess.Popen):
-    """``proc`` killed whole if still running when the block ends (a failure, a timeout)."""
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-
 def _change(path, change: str) -> None:
     """What a user did to a file the stream had taken."""
     if change == "replace":  # a new file moved onto its name, as `mv` does
@@ -92,7 +80,8 @@ def _held_job(tmp_path, change: str, more: list[str]) -> tuple[int, str]:
     folder.mkdir(exist_ok=True)
     _rows(folder / "a.txt", 0, 1000)
     _rows(folder / "b.txt", 1000, 2000)
-    with _running(_train(["--stream", f"folder_held:Held={folder}", "--shard-mb", "0.004", *more], tmp_path)) as p:
+    job = _train(["--stream", f"folder_held:Held={folder}", "--shard-mb", "0.004", *more], tmp_path)
+    with killed_on_exit(job) as p:
         mark = tmp_path / "in.held"
         wait_for(lambda: mark.exists() or p.poll() is not None, 120, "the files taken")
         assert p.poll() is None, p.communicate()[1][-3000:]
@@ -137,7 +126,7 @@ def test_a_file_changed_after_it_was_read_is_warned_about_and_counted(tmp_path):
     _rows(folder / "a.txt", 0, 3000)
     _rows(folder / "b.txt", 3000, 1000)
     log = tmp_path / "err.txt"
-    with open(log, "w") as err_file, _running(_train(
+    with open(log, "w") as err_file, killed_on_exit(_train(
             ["--stream", str(folder), "--checkpoint-dir", str(ckpt), "--checkpoint-seconds", "0.3",
              "--metrics-out", str(tmp_path / "r.json")], tmp_path, err=err_file)) as proc:
         wait_for(lambda: _examples(ckpt) >= 4000 or proc.poll() is not None, 120, "both files trained")
@@ -191,7 +180,7 @@ def test_a_resume_whose_pending_shards_name_a_deleted_file_says_so_or_skips_them
     folder.mkdir()
     _rows(folder / "a.txt", 0, 1000)
     _rows(folder / "b.txt", 1000, 2000)
-    with _running(_train(["--stream", f"folder_held:Held={folder}", "--shard-mb", "0.004",
+    with killed_on_exit(_train(["--stream", f"folder_held:Held={folder}", "--shard-mb", "0.004",
                           "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1", "--keep-checkpoints", "0"],
                          tmp_path)) as proc:
         wait_for(lambda: (tmp_path / "in.held").exists() or proc.poll() is not None, 120, "the files taken")
