@@ -347,15 +347,20 @@ def test_every_request_during_swaps_is_answered_by_one_whole_model_version(tmp_p
     assert follower.poll_once()
     follower.start()
 
-    def reveal():
-        for stage in stages[1:]:
-            time.sleep(0.02)
+    versions = list(expected)  # each stage's newest part, in order
+
+    def reveal():  # the next stage once the one before has answered a request (not on a clock: a cold
+        for version, stage in zip(versions, stages[1:]):  # first call may take longer than a stage)
+            deadline = time.monotonic() + 30
+            while version not in served and time.monotonic() < deadline:
+                time.sleep(0.002)
+            time.sleep(0.01)
             shutil.copy(stage, tmp_path / "next.json")
             (tmp_path / "next.json").replace(index)
 
+    served = set()
     revealer = threading.Thread(target=reveal)
     revealer.start()
-    served = set()
     try:
         while revealer.is_alive() or holder.current.version != entry["path"]:
             snap = holder.acquire()

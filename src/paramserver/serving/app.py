@@ -27,9 +27,10 @@ from aiohttp import web
 from paramserver.data.reader import DataError
 from paramserver.serving.body import ClientGone, Refused, check_json_shape, has_rows, is_json, read_body, too_many_rows
 from paramserver.serving.encode import floats_json_view
+from paramserver.serving.json_body import json_rows
 from paramserver.serving.limits import Guard, Limits
 from paramserver.serving.model import Holder, Snapshot, score
-from paramserver.serving.rows import PIECE_BYTES, json_batches, json_rows, text_batches
+from paramserver.serving.rows import PIECE_BYTES, json_batches, text_batches
 from paramserver.serving.stats import Stats, readiness, renderer
 from paramserver.wire.security import authorized
 
@@ -169,7 +170,7 @@ async def _scored(request: web.Request, body: bytearray, holder: Holder, stats: 
         return _error(503, "no model loaded yet: see /readyz")
     try:
         fmt = snap.replica.data
-        pieces = json_batches(json_rows(body, fmt), fmt) if as_json else text_batches(body, fmt)
+        pieces = json_batches(json_rows(body, limits.max_rows), fmt) if as_json else text_batches(body, fmt)
         probabilities: list[np.ndarray] = []
         rows = features = unseen = 0
         stats.scored += 1  # the unseen share from every request of a few rows, and one large request in 8

@@ -148,6 +148,11 @@ def warm(replica: Replica) -> None:
     row = WARM_ROWS.get(replica.data.name)
     if row is not None:
         floats_json(score(replica, text_batch(row, replica.data)).probabilities)
+    from paramserver.serving.body import check_json_shape
+    from paramserver.serving.json_body import json_rows
+
+    check_json_shape(b'{"rows": ["0"]}', 1)  # a JSON body's kernels: its shape, then where its rows are
+    json_rows(bytearray(b'{"rows": ["0"]}'), 1)
     empty = np.zeros(0, np.uint64)
     if replica.table.life is not None:  # a followed model's: deltas remove keys
         replica.table.remove(empty)

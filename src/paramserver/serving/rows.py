@@ -13,15 +13,14 @@ A body is parsed a piece at a time (``text_batches``, ``json_batches``): ``PIECE
 whole lines, or ``PIECE_ROWS`` rows of JSON, each scored before the next is parsed, so that
 the parsers' arrays (up to ten times the bytes they parse, for LIBSVM) are a piece's and
 not the body's: a 250 MB body of Criteo rows peaked at 1.3 times its size over the idle
-server, 5.5 times when parsed whole (``bench/serve_memory.py``).
+server, 5.5 times when parsed whole (``bench/serve_memory.py``).  A JSON body's rows come a
+piece at a time from its bytes too (``json_body.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,7 @@ from paramserver.data import csv, parse
 from paramserver.data.parsers import _what_is_wrong
 from paramserver.data.reader import Batch, DataError, DataFormat
 from paramserver.errors import ConfigError
+from paramserver.serving.json_body import JsonRows
 
 NL = b"\n"
 PIECE_BYTES = 1 << 20  # a text body is parsed and scored this much at a time (its work: ~8 MB for Criteo rows)
@@ -161,51 +161,24 @@ def _csv(body: bytes, fmt: DataFormat, what: str, columns: csv.Columns | None, f
                  np.ones(n * k, np.float32))
 
 
-def json_rows(body: bytearray, fmt: DataFormat) -> JsonRows:
-    """A JSON body's rows and, for a CSV model, its header line.  The body is emptied once
-    decoded: its text and its rows are then all that is held (~2 times the body for rows
-    of text; rows as lists of tokens take more, bounded by ``--max-rows``)."""
-    try:
-        text = body.decode(json.detect_encoding(body), "surrogatepass")
-        with contextlib.suppress(BufferError):  # a view of it still open: kept
-            body.clear()
-        doc = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DataError(f"the body is not JSON ({exc}): send {{\"rows\": [...]}}, or rows as text/plain") from None
-    except RecursionError:
-        raise DataError("the JSON body nests too deep: send {\"rows\": [...]}, each row a line or a list of "
-                        "tokens") from None
-    del text
-    rows = doc.get("rows") if isinstance(doc, dict) else None
-    if not isinstance(rows, list) or not rows:
-        raise DataError("a JSON body needs \"rows\": a non-empty list of rows (each a line of text, or a list "
-                        "of tokens)")
-    return JsonRows(rows, _csv_header(doc, fmt) if fmt.name in ("csv", "avazu") else "")
-
-
-@dataclass(frozen=True)
-class JsonRows:
-    rows: list[Any]
-    head: str  # a CSV model's header line, "" for others
-
-
 def json_batches(doc: JsonRows, fmt: DataFormat) -> Iterator[Batch]:
     """A JSON body's rows, ``PIECE_ROWS`` at a time (as ``text_batches``); whether they are
     labelled, the first row says for all."""
     sep = "\t" if fmt.name == "criteo" else "," if fmt.name in ("csv", "avazu") else " "
+    head = _csv_header(doc.rest, fmt) if fmt.name in ("csv", "avazu") else ""
     unlabeled = None
-    for start in range(0, len(doc.rows), PIECE_ROWS):
-        rows = doc.rows[start:start + PIECE_ROWS]
+    for start in range(0, doc.count, PIECE_ROWS):
+        rows = doc.piece(start, min(start + PIECE_ROWS, doc.count))
         text = _joined(rows, sep)
         if text is not None and text.count("\n") == len(rows) - 1:  # the usual case: no look at each row
-            body = (doc.head + text + "\n").encode()
+            body = (head + text + "\n").encode()
             unlabeled = _unlabeled(body, fmt) if unlabeled is None else unlabeled
             batch = text_batch(body, fmt, "row", first=start + 1, unlabeled=unlabeled)
             if len(batch) == len(rows):
                 yield batch
                 continue  # else an empty row: found below
         lines = [_row_text(i, row, fmt, sep) for i, row in enumerate(rows, start + 1)]
-        body = (doc.head + "\n".join(lines) + "\n").encode()
+        body = (head + "\n".join(lines) + "\n").encode()
         unlabeled = _unlabeled(body, fmt) if unlabeled is None else unlabeled
         yield text_batch(body, fmt, "row", first=start + 1, unlabeled=unlabeled)
 
