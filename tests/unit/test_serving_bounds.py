@@ -410,3 +410,45 @@ def _help():
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         build_parser("serve").parse_args(["serve", "--help"])
     return " ".join(out.getvalue().split())
+
+
+# ---- Expect: 100-continue: a request the service would refuse is refused before its body is sent ----------------
+
+async def _expecting(port, head, body=b""):
+    """The server's first answer to a request with ``Expect: 100-continue`` (before any body),
+    and, when that is ``100 Continue``, its answer once ``body`` is sent."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + b"Expect: 100-continue\r\n\r\n")
+        await writer.drain()
+        first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        if not first.startswith(b"HTTP/1.1 100"):
+            return first, b""
+        writer.write(body)
+        await writer.drain()
+        return first, await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+
+
+def test_an_oversized_or_unauthorized_body_is_refused_before_it_is_sent(criteo, tmp_path):
+    keygen(str(tmp_path / "k"))
+    token = http_token(load_keys(str(tmp_path / "k")))
+    stats = Stats()
+    app = _app(criteo[0], stats, token=token, limits=Limits(max_body_bytes=1 << 20, max_held_bytes=1 << 20))
+    rows = b"".join(line.split(b"\t", 1)[1] for line in criteo[1].read_bytes().splitlines(True)[:20])
+
+    async def calls(client):
+        port = client.server.port
+        big = await _expecting(port, b"POST /predict?token=%s HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                                     b"Content-Length: 999999999\r\n" % token.encode())
+        anonymous = await _expecting(port, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % len(rows))
+        fine = await _expecting(port, b"POST /predict?token=%s HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                                      b"Content-Length: %d\r\n" % (token.encode(), len(rows)), rows)
+        return big, anonymous, fine
+
+    big, anonymous, fine = _call(app, calls)
+    assert big[0].startswith(b"HTTP/1.1 413") and anonymous[0].startswith(b"HTTP/1.1 401")
+    assert b"X-Model-Version" not in anonymous[0]
+    assert fine[0].startswith(b"HTTP/1.1 100 Continue") and fine[1].startswith(b"HTTP/1.1 200")
+    assert stats.requests[("/predict", 413)] == 1 and stats.requests[("/predict", 401)] == 1

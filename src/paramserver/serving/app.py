@@ -25,7 +25,16 @@ import numpy as np
 from aiohttp import web
 
 from paramserver.data.reader import DataError
-from paramserver.serving.body import ClientGone, Refused, check_json_shape, has_rows, is_json, read_body, too_many_rows
+from paramserver.serving.body import (
+    ClientGone,
+    Refused,
+    check_json_shape,
+    has_rows,
+    is_json,
+    read_body,
+    too_large,
+    too_many_rows,
+)
 from paramserver.serving.encode import floats_json_view
 from paramserver.serving.json_body import json_rows
 from paramserver.serving.limits import Guard, Limits
@@ -54,6 +63,36 @@ def _error(status: int, message: str) -> web.Response:
     return _json({"error": message}, status)
 
 
+UNAUTHORIZED = ("this service has a secret (--secret-file): pass the cluster's HTTP token as ?token=T or the "
+                "header Authorization: Bearer T")
+
+
+def _expect(token: str, limits: Limits, stats: Stats) -> Any:
+    """``/predict``'s answer to ``Expect: 100-continue``: a request the service would refuse
+    (no token, a body over ``--max-body-mb``) is answered at once, before the client sends
+    its body; any other is told to go on."""
+
+    async def expect(request: web.Request) -> web.StreamResponse | None:
+        refusal = None
+        if token and not authorized(request.query_string, request.headers, token):
+            refusal = _error(401, UNAUTHORIZED)
+        elif request.content_length is not None and request.content_length > limits.max_body_bytes:
+            refusal = _error(413, too_large(f"{request.content_length} bytes", limits.max_body_bytes))
+        elif request.headers.get("Expect", "").lower() != "100-continue":
+            refusal = _error(417, f"Expect: {request.headers.get('Expect', '')[:100]} is not one this service "
+                                  "meets (only 100-continue)")
+        if refusal is not None:
+            refusal.force_close()  # the body, if the client sends it anyway, is not read
+            stats.request("/predict", refusal.status, 0.0)
+            return refusal
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the answer proper starts after it
+        return None
+
+    return expect
+
+
 def _model_headers(response: web.StreamResponse, snap: Snapshot | None) -> None:
     if snap is None:
         response.headers["X-Model-Version"] = "none"
@@ -72,9 +111,7 @@ def _middleware(token: str, holder: Holder, stats: Stats, guards: dict[Any, Guar
             guard.request_started()
         try:
             if token and request.path != "/healthz" and not authorized(request.query_string, request.headers, token):
-                response: web.StreamResponse = _error(401, "this service has a secret (--secret-file): pass the "
-                                                           "cluster's HTTP token as ?token=T or the header "
-                                                           "Authorization: Bearer T")
+                response: web.StreamResponse = _error(401, UNAUTHORIZED)
             else:  # /healthz asks for no token: with a secret, it says nothing of the model either
                 response = await _answer_of(request, handler, holder if not token or request.path != "/healthz"
                                             else None)
@@ -131,7 +168,7 @@ def make_app(holder: Holder, stats: Stats, token: str = "", limits: Limits | Non
         body, content_type = render()
         return web.Response(body=body, headers={"Content-Type": content_type})
 
-    app.router.add_post("/predict", _predict)
+    app.router.add_post("/predict", _predict, expect_handler=_expect(token, limits, stats))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -69,14 +69,14 @@ async def read_body(request: web.Request, limits: Limits, stats: Stats) -> Async
 async def _read(request: web.Request, limits: Limits, stats: Stats, held: list[int]) -> bytearray:
     length, cap = request.content_length, limits.max_body_bytes
     if length is not None and length > cap:
-        raise Refused(413, _too_large(f"{length} bytes", cap))
+        raise Refused(413, too_large(f"{length} bytes", cap))
     body = bytearray()
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout_at(loop.time() + limits.body_timeout_s):
             while chunk := await request.content.readany():
                 if len(body) + len(chunk) > cap:
-                    raise Refused(413, _too_large(f"over {cap} bytes", cap))
+                    raise Refused(413, too_large(f"over {cap} bytes", cap))
                 if stats.body_bytes_held + len(chunk) > limits.max_held_bytes:
                     raise Refused(503, f"the server holds {stats.body_bytes_held / MIB:.0f} MiB of request bodies, "
                                        f"its bound (--max-held-mb {limits.max_held_bytes // MIB}): retry shortly",
@@ -94,7 +94,7 @@ async def _read(request: web.Request, limits: Limits, stats: Stats, held: list[i
     return body
 
 
-def _too_large(size: str, cap: int) -> str:
+def too_large(size: str, cap: int) -> str:
     return (f"the body is {size}, over the service's bound (--max-body-mb {cap // MIB}): send fewer rows a "
             "request, or start serve with a larger --max-body-mb")
 
