@@ -26,10 +26,10 @@ from typing import IO, Any
 import numpy as np
 
 from paramserver.data.batch import STDIN, DataError
+from paramserver.data.row_count import lines
 from paramserver.errors import ConfigError
 
 CHUNK_BYTES = 4 << 20  # read a time
-NL, CR = 10, 13
 
 
 @dataclass
@@ -62,13 +62,9 @@ def check_feed(rows_per_entry: Any, pipeline: Any, maxlen: Any) -> None:
 def entries_of(chunk: bytes, rows_per_entry: int) -> tuple[list[bytes], list[int]]:
     """A chunk of whole lines cut into entries' values of ``rows_per_entry`` rows (the last
     may hold fewer), and the rows of each: the ends found by numpy, a slice an entry."""
-    arr = np.frombuffer(chunk, np.uint8)
-    ends = np.flatnonzero(arr == NL)  # each line's newline
-    if ends.size == 0:
+    if not chunk:
         return [], []
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    length = ends - starts
-    is_row = (length > 1) | ((length == 1) & (arr[starts] != CR))
+    starts, ends, is_row = lines(np.frombuffer(chunk, np.uint8))  # a row: a line that is not blank
     rows = np.flatnonzero(is_row)
     if rows.size == 0:
         return [], []

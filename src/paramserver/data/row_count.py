@@ -29,19 +29,26 @@ HEADERS: dict[str, Callable[[bytes], bool]] = {
 }
 
 
-def count_lines(data: bytes | memoryview, limit: int | None) -> tuple[int, int]:
-    """(rows, end) of ``data``, whole lines with perhaps an unfinished last one: its rows
-    (at most ``limit``, None: all) and the byte after the last row counted (``len(data)``
-    when every row was).  Vectorised: one pass of numpy over the bytes."""
-    buf = np.frombuffer(data, np.uint8)
-    if buf.size == 0 or (limit is not None and limit <= 0):
-        return 0, 0
+def lines(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each line of the bytes ``buf`` (non-empty): where it starts, where it ends (its
+    newline, or the data's end for an unfinished last line) and whether it is a row (not
+    blank).  Vectorised: one pass of numpy over the bytes."""
     ends = np.flatnonzero(buf == 10)
     if ends.size == 0 or ends[-1] != buf.size - 1:
         ends = np.append(ends, buf.size)  # an unfinished last line ends with the data
     starts = np.concatenate(([0], ends[:-1] + 1))
     length = ends - starts
-    row = (length > 1) | ((length == 1) & (buf[np.minimum(starts, buf.size - 1)] != 13))
+    return starts, ends, (length > 1) | ((length == 1) & (buf[np.minimum(starts, buf.size - 1)] != 13))
+
+
+def count_lines(data: bytes | memoryview, limit: int | None) -> tuple[int, int]:
+    """(rows, end) of ``data``, whole lines with perhaps an unfinished last one: its rows
+    (at most ``limit``, None: all) and the byte after the last row counted (``len(data)``
+    when every row was)."""
+    buf = np.frombuffer(data, np.uint8)
+    if buf.size == 0 or (limit is not None and limit <= 0):
+        return 0, 0
+    _, ends, row = lines(buf)
     counted = np.cumsum(row)
     total = int(counted[-1])
     if limit is None or total <= limit:
