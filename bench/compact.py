@@ -23,7 +23,7 @@ import tempfile
 import numpy as np
 
 from paramserver.data.reader import DataFormat, Shard, read_batches
-from paramserver.server.table import VnodeTable
+from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import FTRL, Zeros
 
 STORAGES = ("float32", "fp16", "bf16")
@@ -35,7 +35,7 @@ def memory(storage: str, dim: int, optimizer: str, n: int) -> dict:
     from paramserver.routing.partition import route_push
     from paramserver.routing.ring import Ring
     from paramserver.server.storage import rss_bytes
-    from paramserver.server.vnodes import VnodeSet
+    from paramserver.store.vnodes import VnodeSet
     from paramserver.tables.spec import TableSpec
 
     ring = Ring.create([1], 64)

@@ -29,7 +29,7 @@ from paramserver.apps.ctr.synth import write_synth
 from paramserver.data.reader import DataFormat, Shard, read_batches
 from paramserver.routing.partition import route_pull, route_push
 from paramserver.routing.ring import Ring
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Op, decode, encode
 

@@ -12,7 +12,7 @@ from paramserver.routing.blocks import BlockMap
 from paramserver.routing.hashing import dense_keys_of, dense_range, layout_code, vnodes_of_keys
 from paramserver.routing.partition import route_pull, route_push
 from paramserver.routing.ring import Ring, plan_moves
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message
 

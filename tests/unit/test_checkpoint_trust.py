@@ -290,7 +290,7 @@ def test_a_full_disk_is_named_and_the_partial_files_are_removed(tmp_path, monkey
     import errno
 
     from paramserver.server import storage
-    from paramserver.server.vnodes import VnodeSet
+    from paramserver.store.vnodes import VnodeSet
     from paramserver.tables.optim import SGD
 
     table = VnodeSet(TableSpec("t", optimizer=SGD()), 4, [0, 1, 2, 3])

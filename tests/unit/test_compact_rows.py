@@ -1,4 +1,4 @@
-"""Compact rows (``TableSpec.storage``, ``server/compact.py``): the 16-bit conversions
+"""Compact rows (``TableSpec.storage``, ``store/compact.py``, ``store/loops/compact.py``): the 16-bit conversions
 against numpy and a float64 reference, stochastic rounding, tables of every layout
 against float32 ones, float32 items/load round trips, the spec on the wire."""
 
@@ -10,8 +10,8 @@ import pytest
 from paramserver import ConfigError, TableSpec
 from paramserver.routing.partition import route_pull, route_push
 from paramserver.routing.ring import Ring
-from paramserver.server.compact import ROW_DTYPES, decode_rows, encode_rows
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.compact import ROW_DTYPES, decode_rows, encode_rows
+from paramserver.store.vnodes import VnodeSet
 
 RULES = "tests.unit.plugins.myrules"
 # relative precision of a value column (half a unit in the last place)

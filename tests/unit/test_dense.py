@@ -13,8 +13,8 @@ from paramserver.errors import ConfigError, ProtocolError
 from paramserver.routing.hashing import dense_keys_of, dense_range, vnodes_of_keys
 from paramserver.routing.partition import route_pull, route_push
 from paramserver.routing.ring import Ring, plan_moves
-from paramserver.server.dense import DenseVnode
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.dense import DenseVnode
+from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message
 

@@ -12,7 +12,7 @@ from paramserver.lifecycle.policies import AfterN, Probabilistic, load_policy
 from paramserver.lifecycle.sketch import Sightings
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.spec import TableSpec
 
 

@@ -1,4 +1,4 @@
-"""Dense vnode memory (server/memory.py) and the kernel warm-up (warm.py)."""
+"""Dense vnode memory (store/memory.py) and the kernel warm-up (warm.py)."""
 
 import subprocess
 import sys
@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from paramserver.server import memory
-from paramserver.server.memory import BACKGROUND_BYTES, PAGE, zeroed_rows
+from paramserver.store import memory
+from paramserver.store.memory import BACKGROUND_BYTES, PAGE, zeroed_rows
 
 
 def test_zeroed_rows_are_zero_and_keep_writes_made_while_pages_are_mapped():

@@ -9,7 +9,7 @@ import pytest
 from paramserver import ConfigError, TableSpec
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.namespaces import Quota, check_name, namespace_of, summarize
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from paramserver import FTRL, SGD, AdaGrad, Adam, ConfigError, FtrlAdagrad, TableSpec
-from paramserver.server.table import VnodeTable
+from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import Normal, Uniform, Zeros
 
 STEPS, N, DIM = 6, 50, 3

@@ -11,7 +11,7 @@ from paramserver.apps.ctr.ramp import ramp_size, ramped
 from paramserver.apps.ctr.train import TrainConfig
 from paramserver.apps.ctr.train_loop import _train_stream
 from paramserver.data.reader import DataFormat, Shard, read_all, read_batches
-from paramserver.server.table import VnodeTable
+from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import FTRL, Zeros
 
 

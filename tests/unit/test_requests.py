@@ -6,7 +6,7 @@ import pytest
 from paramserver import Ring, TableSpec
 from paramserver.errors import ProtocolError, StaleRingError
 from paramserver.server.requests import check_segments
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.vnodes import VnodeSet
 
 RING = Ring.create([1, 2], 4)  # 8 vnodes, server 1 the primary of the even ones
 HELD = [0, 2, 4, 6]

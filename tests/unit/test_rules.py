@@ -11,8 +11,8 @@ import pytest
 import paramserver
 from paramserver import ConfigError, TableSpec
 from paramserver.routing.ring import Ring
-from paramserver.server.table import VnodeTable
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.table import VnodeTable
+from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.optim import OP_ADD, OP_ASSIGN, OP_MAX, OP_MIN, RMSProp, Zeros
 
 RULES = "tests.unit.plugins.myrules"
@@ -177,7 +177,7 @@ def test_a_user_rules_kernels_are_cached_on_disk_and_keyed_by_what_they_are_comp
     import shutil
     import sys
 
-    from paramserver.server import kernels
+    from paramserver.store import kernels
 
     spec = TableSpec("w", dim=3, optimizer={"name": f"{RULES}:clipped_sgd", "lr": 0.5})
     kernels.kernels_for(spec.optimizer, 3)  # compiled and cached (in a full run: cached by the tests above)
@@ -203,7 +203,7 @@ def test_a_user_rules_kernels_are_cached_on_disk_and_keyed_by_what_they_are_comp
 
 
 def test_a_rule_whose_cache_folder_cannot_be_written_still_compiles(tmp_path, monkeypatch):
-    from paramserver.server import kernels
+    from paramserver.store import kernels
 
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")

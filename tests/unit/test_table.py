@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from paramserver.server.table import MAX_LOAD, VnodeTable
+from paramserver.store.table import MAX_LOAD, VnodeTable
 from paramserver.tables.optim import FTRL, SGD, Zeros
 
 EDGE = np.array([0, 1, 2**63, 2**64 - 1, 2**64 - 2], np.uint64)

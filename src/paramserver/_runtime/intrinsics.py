@@ -15,7 +15,7 @@ parser can look at 8 characters at once.  It does not check bounds: the caller k
 ``i + 8 <= buf.shape[0]``.
 
 ``f32_bits(x)`` and ``bits_f32(u)`` reinterpret a float32 as its uint32 bits and back
-(``server/compact.py``'s 16-bit row formats: numba has no float16 on the CPU).
+(``store/loops/compact.py``'s 16-bit row formats: numba has no float16 on the CPU).
 
 ``frozen(a)`` is ``a`` as a read-only array, for the kernels' arguments that they only read.
 """

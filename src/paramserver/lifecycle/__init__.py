@@ -1,6 +1,6 @@
 """What happens to a table's keys over time: admission (``policies.py``, counted in
 ``sketch.py``), eviction and change tracking (``spec.py``'s ``Lifecycle``; run on the
-servers by ``server/life.py``), and docs/lifecycle.md.
+servers by ``store/life.py``), and docs/lifecycle.md.
 
     client.create_table("w", optimizer="ftrl", lifecycle="admit=after:2;ttl=5e6;cap_keys=10000000")
     paramserver train --lifecycle "admit=after:2;ttl=5e6" ...

@@ -19,7 +19,7 @@ from paramserver.observe.metrics import ServerMetrics
 from paramserver.server import storage
 from paramserver.server.requests import checked_table
 from paramserver.server.state import Port, ServerState
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.protocol import VnodeStore
 from paramserver.tables import functions
 from paramserver.tables.namespaces import Quota, namespace_of
 from paramserver.wire.message import Message, expect, field, reply
@@ -127,7 +127,7 @@ def quotas_of(wire: dict[str, Any]) -> dict[str, Quota]:
     return {name: q for name, w in wire.items() if not (q := Quota.from_wire(w)).unlimited}
 
 
-def check_quota(state: ServerState, table: VnodeSet, vnodes: np.ndarray, counts: np.ndarray,
+def check_quota(state: ServerState, table: VnodeStore, vnodes: np.ndarray, counts: np.ndarray,
                 keys: np.ndarray) -> None:
     """Refuse, whole and before anything is applied, a push that would take this
     server's share of its namespace's quota past it (see ``namespaces.Quota.share``)."""

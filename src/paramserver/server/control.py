@@ -20,7 +20,7 @@ from paramserver.server.copies import Copies
 from paramserver.server.dedup import Dedup
 from paramserver.server.install import check_moves
 from paramserver.server.state import Port, ServerState
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op, encode, field, reply
 

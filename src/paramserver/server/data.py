@@ -23,11 +23,11 @@ from paramserver.filters.base import Context
 from paramserver.filters.chain import chains, pack, unpack
 from paramserver.server.admin import check_quota
 from paramserver.server.install import check_grads
-from paramserver.server.life import subset
 from paramserver.server.peers import Acks
 from paramserver.server.requests import checked_table, push_op, split
 from paramserver.server.state import Port, ServerState
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.life import subset
+from paramserver.store.protocol import VnodeStore
 from paramserver.tables.optim import OP_UPDATE
 from paramserver.wire.message import Message, Op, error_reply, expect, field, reply
 
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-def serve_pull(state: ServerState, msg: Message, table: VnodeSet | None = None) -> list[Any]:
+def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None) -> list[Any]:
     """Answer a pull (``table``: checked for this request already; a pull the gate
     held is checked again, the ring may have moved meanwhile)."""
     keys, vnodes, counts = msg.arrays
@@ -82,7 +82,7 @@ def push_time(msg: Message) -> float | None:
     return float(t)
 
 
-def stored_part(table: VnodeSet, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
+def stored_part(table: VnodeStore, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
                 counts: np.ndarray) -> Arrays:
     """The part of a push whose keys this server stores (a lifecycle that admits)."""
     return subset(table.stored(vnodes, counts, keys), keys, grads, vnodes, counts)
@@ -167,7 +167,7 @@ class DataPlane:
                       if table.holds(np.array([v], np.int32))[0])
         return reply(msg, applied=dropped)
 
-    def _forward_evicted(self, table: VnodeSet, evicted: list[tuple[int, np.ndarray]]) -> None:
+    def _forward_evicted(self, table: VnodeStore, evicted: list[tuple[int, np.ndarray]]) -> None:
         """Tell the servers that also hold the swept vnodes what this primary evicted."""
         state = self.state
         targets = state.targets.get(table.spec.name)
@@ -198,7 +198,7 @@ class DataPlane:
         if acks.done is not None:
             acks.done(acks.failed)
 
-    def _fresh(self, table: VnodeSet, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
+    def _fresh(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
                counts: np.ndarray) -> Arrays:
         """The part of a push not applied yet (a retry may have reached some vnodes)."""
         state = self.state
@@ -220,7 +220,7 @@ class DataPlane:
         dedup.mark(sender, seq, vnodes)
         return keys, grads, vnodes, counts
 
-    def _apply(self, table: VnodeSet, msg: Message, keys: np.ndarray, grads: np.ndarray,
+    def _apply(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray,
                vnodes: np.ndarray, counts: np.ndarray) -> None:
         state = self.state
         op = push_op(msg, table)

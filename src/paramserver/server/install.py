@@ -17,7 +17,7 @@ import numpy as np
 from paramserver.errors import ProtocolError, UnknownTableError
 from paramserver.routing.ring import Ring
 from paramserver.server.state import ServerState
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.protocol import VnodeStore
 from paramserver.wire.message import Message, field, reply
 
 
@@ -62,7 +62,7 @@ def check_moves(moves: Any) -> list[tuple[str, int, int]]:
     return [(m[0], m[1], m[2]) for m in moves]
 
 
-def check_install(msg: Message, table: VnodeSet, ring: Ring, name: str, vnode: int, buffered: list[Any],
+def check_install(msg: Message, table: VnodeStore, ring: Ring, name: str, vnode: int, buffered: list[Any],
                   seqs: list[Any], clocks: Any) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """Refuse a malformed copy of ``vnode`` before anything is installed; return its
     buffered pushes as ``(clock, keys, grads)``."""
@@ -91,7 +91,7 @@ def check_install(msg: Message, table: VnodeSet, ring: Ring, name: str, vnode: i
     return pairs
 
 
-def check_grads(table: VnodeSet, keys: np.ndarray, grads: np.ndarray, width: int | None = None) -> None:
+def check_grads(table: VnodeStore, keys: np.ndarray, grads: np.ndarray, width: int | None = None) -> None:
     """A push's rows: ``width`` (default ``dim``; a client's push, ``spec.push_width``)
     finite floats a key."""
     width = table.spec.dim if width is None else width

@@ -48,8 +48,8 @@ from paramserver.server.install import install_copy
 from paramserver.server.lease import Lease, scheduler_gone_s
 from paramserver.server.peers import Acks, Peers
 from paramserver.server.state import ServerState
-from paramserver.server.vnodes import VnodeSet
 from paramserver.server.warmup import warm_server
+from paramserver.store.protocol import VnodeStore
 from paramserver.wire.handshake import CHECK_AFTER_S, refusal, unanswered
 from paramserver.wire.message import Message, Op, decode, encode, error_code, error_reply, failed_request
 from paramserver.wire.security import http_token, load_keys, refused_op, tokens_of, user_role
@@ -150,7 +150,7 @@ class ServerNode:
         return self.state.ring
 
     @property
-    def tables(self) -> dict[str, VnodeSet]:
+    def tables(self) -> dict[str, VnodeStore]:
         return self.state.tables
 
     # ---- lifecycle ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ import numpy as np
 
 from paramserver.errors import ProtocolError
 from paramserver.routing.ring import Ring
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.protocol import VnodeStore
 from paramserver.wire.message import Message, Op, decode, encode
 from paramserver.wire.transport import Poller, Transport
 
@@ -167,7 +167,7 @@ class Peers:
             sock.close()
 
 
-def forward_targets(ring: Ring, tables: Mapping[str, VnodeSet], moving: dict[str, dict[int, set[int]]],
+def forward_targets(ring: Ring, tables: Mapping[str, VnodeStore], moving: dict[str, dict[int, set[int]]],
                     skip: set[int]) -> dict[str, np.ndarray]:
     """Per table, ``int32[n_vnodes, k]``: the servers a push to each vnode is forwarded to
     (its backups, and whoever the vnode is being copied to), -1 where none; ``skip`` (the

@@ -19,7 +19,7 @@ from numba import njit
 from paramserver.errors import ProtocolError, StaleRingError, UnknownTableError
 from paramserver.routing.ring import Ring
 from paramserver.server.state import ServerState
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.protocol import VnodeStore
 from paramserver.tables.optim import OP_UPDATE, PUSH_OPS
 from paramserver.wire.message import Message, field
 
@@ -28,7 +28,7 @@ PARALLEL_MIN_KEYS = 32_768
 
 
 def checked_table(state: ServerState, msg: Message, n_keys: int, vnodes: np.ndarray, counts: np.ndarray,
-                  primary: bool = True) -> VnodeSet:
+                  primary: bool = True) -> VnodeStore:
     """The request's table, after checking its vnode segments (and, for a client's
     request, that this server is their primary: else the client's ring is stale).  A
     client's request is served under the lease only: also a pull the staleness gate
@@ -47,7 +47,7 @@ def checked_table(state: ServerState, msg: Message, n_keys: int, vnodes: np.ndar
     return table
 
 
-def check_segments(table: VnodeSet, ring: Ring, keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray,
+def check_segments(table: VnodeStore, ring: Ring, keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray,
                    primary_of: np.ndarray | None, node_id: int, ring_version: int) -> None:
     """Refuse a malformed request whole; ``primary_of`` (a client's request): the vnodes
     this server is primary of, all of which the request's must be."""
@@ -121,7 +121,7 @@ def split(pool: ThreadPoolExecutor | None, threads: int, vnodes: np.ndarray, cou
         f.result()
 
 
-def push_op(msg: Message, table: VnodeSet) -> int:
+def push_op(msg: Message, table: VnodeStore) -> int:
     """The push operation a ``push`` (or its ``replicate``) asks for (``optim.PUSH_OPS``;
     ``update``, the table's rule, when it names none)."""
     name = msg.header.get("push_op", "update")

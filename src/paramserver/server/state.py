@@ -27,7 +27,7 @@ from paramserver.routing.ring import Ring
 from paramserver.server.dedup import Dedup
 from paramserver.server.lease import Lease
 from paramserver.server.peers import Peers, forward_targets
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.protocol import VnodeStore
 from paramserver.tables.namespaces import Quota
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.security import NodeTokens
@@ -68,7 +68,7 @@ class ServerState:
     pool: ThreadPoolExecutor | None
     node_id: int = -1
     ring: Ring | None = None
-    tables: dict[str, VnodeSet] = field(default_factory=dict)
+    tables: dict[str, VnodeStore] = field(default_factory=dict)
     early_tables: dict[str, TableSpec] = field(default_factory=dict)  # created before the first ring
     dedup: dict[str, Dedup] = field(default_factory=dict)  # table -> exactly-once record
     primary: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per vnode: this server is its primary

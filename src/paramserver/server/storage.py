@@ -16,10 +16,10 @@ import numpy as np
 from paramserver.checkpoint import store as checkpoint
 from paramserver.errors import CheckpointError, ProtocolError, UnknownTableError
 from paramserver.routing.ring import Ring
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.protocol import VnodeStore
 
 
-def export_rows(tables: dict[str, VnodeSet], primary: np.ndarray, name: str, max_bytes: int,
+def export_rows(tables: dict[str, VnodeStore], primary: np.ndarray, name: str, max_bytes: int,
                 node_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Every key of table ``name`` this server is primary of, with its value (state left out)."""
     table = tables.get(name)
@@ -31,7 +31,7 @@ def export_rows(tables: dict[str, VnodeSet], primary: np.ndarray, name: str, max
     return primary_rows(table, primary)
 
 
-def primary_rows(table: VnodeSet, primary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def primary_rows(table: VnodeStore, primary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every key of ``table`` this server is primary of, with its value (state left out)."""
     parts = [vt.items() for v, vt in table.tables.items() if primary[v]]
     keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
@@ -40,7 +40,7 @@ def primary_rows(table: VnodeSet, primary: np.ndarray) -> tuple[np.ndarray, np.n
     return keys, np.ascontiguousarray(rows)
 
 
-def write_checkpoint(tables: dict[str, VnodeSet], primary: np.ndarray, url: str,
+def write_checkpoint(tables: dict[str, VnodeStore], primary: np.ndarray, url: str,
                      since: dict[str, int] | None = None, node_id: int = -1) -> dict[str, Any]:
     """Write every stored vnode this server is primary of (keys, values and optimiser
     state) under ``url``; the manifest entries, per table and vnode.  A table with a
@@ -68,7 +68,7 @@ def write_checkpoint(tables: dict[str, VnodeSet], primary: np.ndarray, url: str,
     return out
 
 
-def _checkpoint_parts(table: VnodeSet, primary: np.ndarray, name: str, since: int | None,
+def _checkpoint_parts(table: VnodeStore, primary: np.ndarray, name: str, since: int | None,
                       out: dict[str, Any]) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """What a checkpoint writes of ``table``: per vnode this server is primary of, its
     keys and rows (those changed since ``since``, for an incremental one of a table with
@@ -82,7 +82,7 @@ def _checkpoint_parts(table: VnodeSet, primary: np.ndarray, name: str, since: in
     return parts
 
 
-def restore_rows(tables: dict[str, VnodeSet], primary: np.ndarray, ring: Ring, name: str, step: str,
+def restore_rows(tables: dict[str, VnodeStore], primary: np.ndarray, ring: Ring, name: str, step: str,
                  entries: list[Any], allow_unverified: bool = False, deleted: list[Any] | None = None) -> int:
     """Load the keys this server holds under ``ring`` from a checkpoint's files (each
     checked, size, sha256 and keys, before anything is kept); the keys it is primary of.
@@ -124,7 +124,7 @@ def restore_rows(tables: dict[str, VnodeSet], primary: np.ndarray, ring: Ring, n
     return loaded
 
 
-def table_stats(tables: dict[str, VnodeSet], primary: np.ndarray) -> dict[str, dict[str, Any]]:
+def table_stats(tables: dict[str, VnodeStore], primary: np.ndarray) -> dict[str, dict[str, Any]]:
     """Per table: keys and bytes stored here (rows, life rows, an admission policy's
     counts), vnodes held, keys this server is primary of, what its lifecycle did."""
     out: dict[str, dict[str, Any]] = {}
@@ -137,7 +137,7 @@ def table_stats(tables: dict[str, VnodeSet], primary: np.ndarray) -> dict[str, d
     return out
 
 
-def export_delta(tables: dict[str, VnodeSet], primary: np.ndarray, name: str, since: int, max_bytes: int,
+def export_delta(tables: dict[str, VnodeStore], primary: np.ndarray, name: str, since: int, max_bytes: int,
                  node_id: int, origin: int | None = None) -> tuple[list[np.ndarray], dict[str, Any]]:
     """The keys of table ``name`` this server is primary of that changed at epoch >=
     ``since``, their values and the keys evicted since (``TableLife.delta``).  ``origin``
@@ -178,6 +178,6 @@ def rss_bytes() -> int:
         return 0
 
 
-def primary_keys(table: VnodeSet, primary: np.ndarray) -> int:
+def primary_keys(table: VnodeStore, primary: np.ndarray) -> int:
     """Keys of ``table`` stored in the vnodes this server is primary of."""
     return sum(len(vt) for v, vt in table.tables.items() if primary[v])

@@ -9,7 +9,7 @@ from paramserver._runtime.warm import is_inherited, load_numba
 from paramserver.filters.warmup import warm_filters
 from paramserver.routing.ring import Ring
 from paramserver.server.requests import _segment_fault
-from paramserver.server.vnodes import VnodeSet
+from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.optim import SGD, Zeros
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Op, decode, encode

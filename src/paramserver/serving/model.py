@@ -23,7 +23,7 @@ import numpy as np
 
 from paramserver.apps.ctr.models import Model
 from paramserver.data.reader import Batch, DataFormat
-from paramserver.server.table import VnodeTable
+from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import SGD, Initializer
 from paramserver.tables.spec import TableSpec
 

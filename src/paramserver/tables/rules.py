@@ -29,7 +29,7 @@ An update rule says what a push does to one row of a table::
 The built-in optimisers (``sgd``, ``adagrad``, ``ftrl``, ``adam``, ``rmsprop``,
 ``ftrl_adagrad``) are rules of this kind too (``server/optim.py``); their kernels are
 compiled ahead and cached; a user's rule's kernels are compiled the first time a table of
-it is created (a few seconds) and cached on disk for later runs (``server/kernels.py``).
+it is created (a few seconds) and cached on disk for later runs (``store/kernels.py``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ _WIRE_FIELDS: dict[str, tuple[type, ...]] = {
     "consistency": (str, int, float, type(None)), "aggregate": (bool,), "replicas": (int,), "key_bits": (int,),
     "block_size": (int,), "filters": (str, dict), "lifecycle": (str, dict), "storage": (str,)}
 
-#: How a server may store a table's rows (``server/compact.py``).
+#: How a server may store a table's rows (``store/compact.py``).
 STORAGES = ("float32", "fp16", "bf16")
 
 

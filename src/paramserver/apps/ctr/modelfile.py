@@ -45,7 +45,7 @@ from paramserver.data.reader import (
     read_batches,
     sniff_unlabeled,
 )
-from paramserver.server.table import VnodeTable
+from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import SGD, Initializer
 from paramserver.tables.spec import TableSpec
 

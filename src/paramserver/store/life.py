@@ -9,14 +9,18 @@ never decides, so the copies of a vnode hold the same keys whatever fails.
 
 Eviction frees memory: keys are removed in place (backward-shift deletion), their slots
 reused by new keys, and a vnode left under ``SHRINK_LOAD`` of its slots is rebuilt in
-arrays sized for what it keeps (``VnodeTable.keep``).  A cap is held per server: its share of the cap (as its share of
-the vnodes it is primary of) over all those vnodes, the least recently (or frequently)
-pushed keys of any of them going first.
+arrays sized for what it keeps (``VnodeTable.keep``).  A cap is held per server: its
+share of the cap (as its share of the vnodes it is primary of) over all those vnodes,
+the least recently (or frequently) pushed keys of any of them going first.
 
 Every change is stamped with the server's export epoch; ``delta`` returns the keys whose
 stamp is at least a token's, and the keys evicted since (tombstones), then starts a new
 epoch.  Tombstones are kept for at most a quarter of the keys held (2 bytes a key): a
 token older than the oldest kept, or a delta larger than the table, gets a full export.
+
+``TableLife`` works on the hash vnodes' slots and life rows (``protocol.LifeRows``: the
+``VnodeSet`` passes itself as such), not on the whole set; the life rows' columns and
+their loops are in ``loops/life.py``.
 """
 
 from __future__ import annotations
@@ -25,15 +29,14 @@ import ctypes
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paramserver.lifecycle.policies import AdmissionPolicy, load_policy
-from paramserver.server.life_kernels import SCORE, STAMP, VER, touched_life
-
-if TYPE_CHECKING:
-    from paramserver.server.vnodes import VnodeSet
+from paramserver.lifecycle.spec import Lifecycle
+from paramserver.store.loops.life import SCORE, STAMP, VER
+from paramserver.store.protocol import LifeRows, LifeVnode
+from paramserver.store.table import MAX_LOAD
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +59,18 @@ class LifeStats:
 
 
 class TableLife:
-    """The lifecycle of one table on one server."""
+    """The lifecycle of one table on one server.
 
-    def __init__(self, table: VnodeSet) -> None:
-        self.table = table
-        self.spec = table.spec.lifecycle
+    Args:
+        spec: the table's ``Lifecycle``.
+        dim: the table's values a key (a push row carries the shows and clicks after them).
+        rows: its hash vnodes' slots and life rows (a ``VnodeSet``).
+    """
+
+    def __init__(self, spec: Lifecycle, dim: int, rows: LifeRows) -> None:
+        self.rows = rows
+        self.dim = dim
+        self.spec = spec
         self.policy: AdmissionPolicy | None = load_policy(self.spec.admit) if self.spec.admit else None
         self.counted = self.spec.stats  # pushes carry shows and clicks after their values
         self.now = 0.0  # the latest push time seen
@@ -75,19 +85,18 @@ class TableLife:
     # ---- the hot path ---------------------------------------------------------------------
     def values(self, grads: np.ndarray) -> np.ndarray:
         """A client's push rows without the shows and clicks they carry for admission."""
-        dim = self.table.spec.dim
-        return np.ascontiguousarray(grads[:, :dim]) if self.counted else grads
+        return np.ascontiguousarray(grads[:, :self.dim]) if self.counted else grads
 
     def admit(self, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
               counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The part of a push (fresh, on vnodes this server is primary of) to apply: keys
         stored already, and the new ones the policy admits now (their rows' values: the
         shows and clicks some carry are the policy's)."""
-        stats = grads[:, self.table.spec.dim:] if self.counted else None
+        stats = grads[:, self.dim:] if self.counted else None
         grads = self.values(grads)
         if self.policy is None or keys.size == 0:
             return keys, grads, vnodes, counts
-        new = ~self.table.stored(vnodes, counts, keys)
+        new = ~self.rows.stored(vnodes, counts, keys)
         if not new.any():
             return keys, grads, vnodes, counts
         keep = np.ones(keys.shape[0], bool)
@@ -102,29 +111,27 @@ class TableLife:
         """A push was applied: stamp its keys with this epoch and its time."""
         t = self.now if time is None else float(time)
         self.now = max(self.now, t)
-        self.table.touch(vnodes, counts, keys, self.epoch, t, self.spec.half_life)
+        self.rows.touch(vnodes, counts, keys, self.epoch, t, self.spec.half_life)
 
     def loaded(self, vnode: int, keys: np.ndarray) -> None:
         """Rows set whole (a copy installed, a restore): changed now, seen now."""
-        vt = self.table.tables.get(vnode)
-        if vt is not None and getattr(vt, "life", None) is not None and keys.size:
-            life = np.zeros((keys.shape[0], self.table.life_width), np.float32)
+        vt = self.rows.hash_vnodes.get(vnode)
+        if vt is not None and vt.life is not None and keys.size:
+            life = np.zeros((keys.shape[0], self.rows.life_width), np.float32)
             touched_life(life, self.epoch, self.now)
-            vt.set_life(keys, life)  # type: ignore[union-attr]
+            vt.set_life(keys, life)
 
     # ---- eviction --------------------------------------------------------------------------
     def cap(self, primary: np.ndarray) -> int:
         """Keys this server may hold as primary under the table's caps (0: no cap): its
         share of the cap, as its share of the vnodes."""
-        spec, n = self.spec, self.table.n_vnodes
+        spec, n = self.spec, self.rows.n_vnodes
         fraction = float(primary.sum()) / n
         caps = []
         if spec.cap_keys:
             caps.append(spec.cap_keys * fraction)
         if spec.cap_bytes:  # arrays sized for the keys kept, with the room a sweep leaves them (``sweep``)
-            from paramserver.server.table import MAX_LOAD
-
-            slot = 8 + 4 * self.table.width + 4 * self.table.life_width
+            slot = 8 + 4 * self.rows.width + 4 * self.rows.life_width
             caps.append(spec.cap_bytes * fraction / slot * MAX_LOAD * (1 - CAP_SLACK))
         return max(1, int(min(caps))) if caps else 0
 
@@ -138,7 +145,7 @@ class TableLife:
         if period and self.now - self.last_sweep >= period:
             return True
         cap = self.cap(primary)
-        return bool(cap) and (sum(len(vt) for v, vt in self.table.tables.items() if primary[v]) > cap
+        return bool(cap) and (sum(len(vt) for v, vt in self.rows.hash_vnodes.items() if primary[v]) > cap
                               or self._over_bytes(primary))
 
     def _over_bytes(self, primary: np.ndarray) -> bool:
@@ -146,8 +153,8 @@ class TableLife:
         share of ``cap_bytes`` (their slots grew past what the keys need)."""
         if not self.spec.cap_bytes:
             return False
-        share = self.spec.cap_bytes * float(primary.sum()) / self.table.n_vnodes
-        return bool(sum(vt.nbytes for v, vt in self.table.tables.items() if primary[v]) > share)
+        share = self.spec.cap_bytes * float(primary.sum()) / self.rows.n_vnodes
+        return bool(sum(vt.nbytes for v, vt in self.rows.hash_vnodes.items() if primary[v]) > share)
 
     def sweep(self, primary: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """Evict, from the vnodes this server is primary of, what the lifecycle says: keys
@@ -157,7 +164,7 @@ class TableLife:
         place; the keys are removed in place (``VnodeTable.remove``)."""
         self.last_sweep = self.now
         self.stats.sweeps += 1
-        mine = [(v, vt) for v, vt in self.table.tables.items() if primary[v] and len(vt)]
+        mine = [(v, vt) for v, vt in self.rows.hash_vnodes.items() if primary[v] and len(vt)]
         slots = [_slots(vt) for _, vt in mine]  # per vnode: occupied, life rows (the last: key 0's)
         drops, ranks = zip(*[self._expired(occupied, life) for occupied, life in slots]) if mine else ((), ())
         cap = self.cap(primary)
@@ -174,7 +181,7 @@ class TableLife:
             self._buried(np.concatenate([k for _, k in out]), sum(len(vt) for _, vt in mine))
         if self._over_bytes(primary):  # slots grown past the keys: every vnode sized for what it keeps
             for v, vt in mine:
-                self.table.keep(v, np.ones(len(vt), bool), room=self._room(len(vt)))
+                self.rows.keep(v, np.ones(len(vt), bool), room=self._room(len(vt)))
         if out:
             release_memory()  # the heap's free pages (arrays outgrown, rebuilt) go back to the system
         return out
@@ -182,11 +189,11 @@ class TableLife:
     def _remove(self, vnode: int, keys: np.ndarray) -> int:
         """Remove ``keys`` from ``vnode`` in place; a vnode left far emptier than its arrays
         (under ``SHRINK_LOAD``) is rebuilt smaller, so its memory is given back."""
-        vt = self.table.tables[vnode]
-        removed = vt.remove(keys)  # type: ignore[union-attr]
+        vt = self.rows.hash_vnodes[vnode]
+        removed = vt.remove(keys)
         capped = self.spec.cap_keys or self.spec.cap_bytes  # sized for its share, grown slots are given back
         if vt.capacity > 64 and len(vt) < (CAPPED_SHRINK_LOAD if capped else SHRINK_LOAD) * vt.capacity:
-            self.table.keep(vnode, np.ones(len(vt), bool), room=self._room(len(vt)))
+            self.rows.keep(vnode, np.ones(len(vt), bool), room=self._room(len(vt)))
         return removed
 
     def _room(self, kept: int) -> int:
@@ -231,7 +238,7 @@ class TableLife:
         """Drop ``keys`` of ``vnode`` (a backup, as its primary said); how many were held.
         A backup keeps no tombstones: after a failover the ring changed, and every delta
         starts from a base."""
-        vt = self.table.tables.get(vnode)
+        vt = self.rows.hash_vnodes.get(vnode)
         if vt is None or not len(vt) or not keys.size:
             return 0
         removed = self._remove(vnode, keys)
@@ -257,7 +264,7 @@ class TableLife:
         evicted since, and whether that is whole (False: ``since`` predates the tombstones
         kept, or the delta outweighs the table); then a new epoch starts.  ``since`` 0:
         every key."""
-        dim = self.table.spec.dim
+        dim = self.dim
         parts, deleted, whole = self.changes(primary, since)
         keys = np.concatenate([k for _, k, _ in parts]) if parts else np.zeros(0, np.uint64)
         values = np.concatenate([r[:, :dim] for _, _, r in parts]) if parts else np.zeros((0, dim), np.float32)
@@ -269,9 +276,9 @@ class TableLife:
         their whole rows (values and state: an incremental checkpoint's); the keys evicted
         since; whether that is whole; then a new epoch starts."""
         parts = []
-        for v, vt in self.table.tables.items():
+        for v, vt in self.rows.hash_vnodes.items():
             if primary[v] and len(vt):
-                keys, rows = vt.changed(VER, float(since)) if since else vt.items()  # type: ignore[union-attr]
+                keys, rows = vt.changed(VER, float(since)) if since else vt.items()
                 parts.append((v, keys, rows))
         changed = sum(k.size for _, k, _ in parts)
         tombs = [k for e, k in self.tombstones if e >= since] if since else []
@@ -279,9 +286,9 @@ class TableLife:
         if tombs:  # a key evicted, then pushed again since, is a change, not a deletion
             kept = np.concatenate([k for _, k, _ in parts]) if parts else deleted
             deleted = np.setdiff1d(np.concatenate(tombs), kept)
-        held = sum(len(vt) for v, vt in self.table.tables.items() if primary[v])
+        held = sum(len(vt) for v, vt in self.rows.hash_vnodes.items() if primary[v])
         # a delta larger than the table (or missing tombstones it needs) is worth less than a base
-        row = 8 + 4 * self.table.spec.dim
+        row = 8 + 4 * self.dim
         whole = since == 0 or (since >= self.floor and changed * row + deleted.size * 8 <= held * row)
         self.epoch += 1
         release_memory()
@@ -309,13 +316,14 @@ def subset(keep: np.ndarray, keys: np.ndarray, grads: np.ndarray, vnodes: np.nda
     return keys[keep], grads[keep], vnodes, np.bincount(segment[keep], minlength=counts.shape[0]).astype(np.int64)
 
 
-def _slots(vt: object) -> tuple[np.ndarray, np.ndarray]:
+def _slots(vt: LifeVnode) -> tuple[np.ndarray, np.ndarray]:
     """A hash vnode's slots as a sweep reads them: which hold a key, and the life rows
     (both ``capacity + 1`` long, the last being key 0's), without copying the rows."""
-    keys, life = vt.keys, vt.life  # type: ignore[attr-defined]
+    keys, life = vt.keys, vt.life
+    assert life is not None, "a lifecycle's vnodes have life rows"
     occupied = np.empty(keys.shape[0] + 1, bool)
     np.not_equal(keys, 0, out=occupied[:-1])
-    occupied[-1] = bool(vt._meta[1])  # type: ignore[attr-defined]
+    occupied[-1] = vt.has_zero
     return occupied, life
 
 
@@ -326,3 +334,18 @@ def release_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def life_width(lifecycle: Lifecycle | None) -> int:
+    """Columns of a life row: none without a lifecycle, 3 with a score, else 2."""
+    if not lifecycle:
+        return 0
+    return 3 if lifecycle.scored else 2
+
+
+def touched_life(life: np.ndarray, epoch: float, time: float) -> None:
+    """Life rows of keys set whole (a restore, a copy installed): changed now, seen now."""
+    life[:, VER] = epoch
+    life[:, STAMP] = time
+    if life.shape[1] > SCORE:
+        life[:, SCORE] = np.maximum(life[:, SCORE], 1.0)

@@ -2,106 +2,32 @@
 
 A request carries its keys grouped by vnode (``routing/partition.py``); one numba call
 walks all its segments, over typed lists of the vnodes' arrays (hash: ``table.py``;
-dense: ``dense.py``).
+dense: ``dense.py``; the loops: ``store/loops/many.py`` and ``loops/dense.py``).  It is
+the ``VnodeStore`` (``protocol.py``) a server types against.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 import numpy as np
-from numba import njit
 from numba.typed import List
 
 from paramserver._runtime.intrinsics import frozen
 from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_range
-from paramserver.server.compact import ROW_DTYPES
-from paramserver.server.dense import DenseVnode, _dense_check_many, _dense_lookup_many, _dense_missing_many
-from paramserver.server.kernels import kernels_for
-from paramserver.server.life_kernels import (
-    _stored_many,
-    _touch_many,
-    append_life,
-    life_width,
-    new_life_list,
-    set_life,
-)
-from paramserver.server.memory import available_memory, populating_later
-from paramserver.server.table import VnodeTable, _apply, _find, _lookup
+from paramserver.store.compact import ROW_DTYPES
+from paramserver.store.dense import DenseVnode
+from paramserver.store.kernels import kernels_for
+from paramserver.store.life import TableLife, life_width
+from paramserver.store.loops import life as life_loops
+from paramserver.store.loops import many
+from paramserver.store.loops.dense import dense_check_many, dense_lookup_many, dense_missing_many
+from paramserver.store.memory import available_memory, populating_later
+from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import OP_UPDATE
-
-if TYPE_CHECKING:
-    from paramserver.server.life import TableLife
-
-
-@njit(nogil=True, cache=True)
-def _lookup_many(keys_l, rows_l, meta_l, slot, vnodes, counts, keys, out, dim, ikind, ihp, seed):
-    a = 0
-    for s in range(vnodes.shape[0]):
-        t = slot[vnodes[s]]
-        b = a + counts[s]
-        _lookup(keys_l[t], rows_l[t], meta_l[t], keys[a:b], out[a:b], dim, ikind, ihp, seed)
-        a = b
-
-
-@njit(nogil=True, cache=True)
-def _apply_many(keys_l, rows_l, meta_l, limits, slot, vnodes, counts, keys, grads, seg, start,
-                dim, op, okind, ohp, ikind, ihp, seed):
-    """Apply segment by segment from (``seg``, key ``start`` in it); return where a vnode
-    must grow first, or ``(len(vnodes), 0)`` when done."""
-    a = 0
-    for s in range(seg):
-        a += counts[s]
-    for s in range(seg, vnodes.shape[0]):
-        t = slot[vnodes[s]]
-        b = a + counts[s]
-        i = _apply(keys_l[t], rows_l[t], meta_l[t], keys[a:b], grads[a:b], start, limits[t],
-                   dim, op, okind, ohp, ikind, ihp, seed)
-        if i < b - a:
-            return s, i
-        start = 0
-        a = b
-    return vnodes.shape[0], 0
-
-
-@njit(nogil=True, cache=True)
-def _missing_many(keys_l, meta_l, slot, vnodes, counts, keys):
-    missing, a = 0, 0
-    for s in range(vnodes.shape[0]):
-        t = slot[vnodes[s]]
-        for i in range(a, a + counts[s]):
-            if _find(keys_l[t], meta_l[t], keys[i]) < 0:
-                missing += 1
-        a += counts[s]
-    return missing
-
-
-@njit(cache=True)
-def _new_lists(keys, rows, meta):
-    """Typed lists holding one vnode's arrays: built in compiled (and cached) code,
-    because a typed list made and appended to from Python compiles afresh in every
-    process (~0.9 s of each server's start)."""
-    keys_l, rows_l, meta_l = List(), List(), List()
-    keys_l.append(keys)
-    rows_l.append(rows)
-    meta_l.append(meta)
-    return keys_l, rows_l, meta_l
-
-
-@njit(cache=True)
-def _append_arrays(keys_l, rows_l, meta_l, keys, rows, meta):
-    keys_l.append(keys)
-    rows_l.append(rows)
-    meta_l.append(meta)
-
-
-@njit(cache=True)
-def _set_arrays(keys_l, rows_l, t, keys, rows):
-    """``keys_l[t], rows_l[t] = keys, rows``: a typed list's ``__setitem__`` called from
-    Python is compiled afresh in every process (~1 s, measured with py-spy); this is cached."""
-    keys_l[t] = keys
-    rows_l[t] = rows
+from paramserver.tables.spec import TableSpec
 
 
 class VnodeSet:
@@ -117,7 +43,7 @@ class VnodeSet:
         vnodes: the vnodes this server owns.
     """
 
-    def __init__(self, spec, n_vnodes: int, vnodes):
+    def __init__(self, spec: TableSpec, n_vnodes: int, vnodes: Iterable[int]) -> None:
         self.spec = spec
         self.width = spec.width
         self.tables: dict[int, VnodeTable | DenseVnode] = {}
@@ -129,12 +55,11 @@ class VnodeSet:
         self._okind, self._ohp, self._ikind, self._ihp = opt.kind, opt.params(), init.kind, init.params()
         self._seed = np.uint64(spec.seed)
         self._kernels = kernels_for(opt, spec.dim, spec.storage)  # the built-in rules' (cached), or a user rule's own
-        self.life_width = life_width(spec.lifecycle)  # the lifecycle's columns a slot (``life_kernels.py``)
-        self._life = None
+        self.life_width = life_width(spec.lifecycle)  # the lifecycle's columns a slot (``loops/life.py``)
+        self._life: Any = None  # the typed list of the vnodes' life rows
         self.life: TableLife | None = None
         if spec.lifecycle:
-            from paramserver.server.life import TableLife
-            self.life = TableLife(self)
+            self.life = TableLife(spec.lifecycle, spec.dim, self)
         self.set_vnodes(vnodes)
 
     def _new_table(self, vnode: int) -> VnodeTable | DenseVnode:
@@ -143,7 +68,7 @@ class VnodeSet:
         return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
                           kernels=self._kernels, life_width=self.life_width, storage=self.spec.storage)
 
-    def set_vnodes(self, vnodes) -> None:
+    def set_vnodes(self, vnodes: Iterable[int]) -> None:
         """Hold exactly ``vnodes``: keep the ones held already, start the others empty,
         drop the rest (the ring changed)."""
         wanted = sorted({int(v) for v in vnodes})
@@ -188,23 +113,23 @@ class VnodeSet:
             self.slot[v] = t
             self._starts[t] = getattr(vt, "start", 0)
             if t == 0:
-                self._keys, self._rows, self._meta = _new_lists(vt.keys, vt.rows, vt._meta)
+                self._keys, self._rows, self._meta = many.new_lists(vt.keys, vt.rows, vt._meta)
             else:
-                _append_arrays(self._keys, self._rows, self._meta, vt.keys, vt.rows, vt._meta)
+                many.append_arrays(self._keys, self._rows, self._meta, vt.keys, vt.rows, vt._meta)
             self._limits[t] = vt._limit()
         if self.life_width:
             lives = [vt.life for vt in self.tables.values()]
-            self._life = new_life_list(lives[0]) if lives else None
+            self._life = life_loops.new_life_list(lives[0]) if lives else None
             for life in lives[1:]:
-                append_life(self._life, life)
+                life_loops.append_life(self._life, life)
 
     def _reset(self, vnode: int) -> None:
         """Re-read ``vnode``'s arrays into the typed lists (it grew, or was rebuilt)."""
         vt, t = self.tables[vnode], int(self.slot[vnode])
-        _set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
+        many.set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
         self._limits[t] = vt._limit()
         if self.life_width:
-            set_life(self._life, t, vt.life)
+            life_loops.set_life(self._life, t, vt.life)
 
     def __len__(self) -> int:
         return sum(len(t) for t in self.tables.values())
@@ -226,7 +151,7 @@ class VnodeSet:
         if not self.bits:
             return -1
         vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
-        return int(_dense_check_many(self.n_vnodes, self.layout, vnodes, counts, keys))
+        return int(dense_check_many(self.n_vnodes, self.layout, vnodes, counts, keys))
 
     def _misplaced(self, bad: int, keys: np.ndarray) -> None:
         if bad >= 0:
@@ -237,11 +162,11 @@ class VnodeSet:
         """Rows of ``keys``, grouped by ``vnodes`` (``counts`` keys each), into ``out``."""
         vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
         if self.tables and self.bits:
-            self._misplaced(_dense_lookup_many(self._rows, self._starts, self.slot, vnodes, counts, keys, out,
-                                               self.spec.dim, self.layout, self._ikind, self._ihp, self._seed), keys)
+            self._misplaced(dense_lookup_many(self._rows, self._starts, self.slot, vnodes, counts, keys, out,
+                                              self.spec.dim, self.layout, self._ikind, self._ihp, self._seed), keys)
         elif self.tables:
-            _lookup_many(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
-                         self.spec.dim, self._ikind, self._ihp, self._seed)
+            many.lookup_many(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
+                             self.spec.dim, self._ikind, self._ihp, self._seed)
 
     @property
     def row_bytes(self) -> int:
@@ -259,8 +184,8 @@ class VnodeSet:
             return 0
         vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
         if self.bits:
-            return int(_dense_missing_many(self._rows, self._starts, self.slot, vnodes, counts, keys, self.layout))
-        return int(_missing_many(self._keys, self._meta, self.slot, vnodes, counts, keys))
+            return int(dense_missing_many(self._rows, self._starts, self.slot, vnodes, counts, keys, self.layout))
+        return int(many.missing_many(self._keys, self._meta, self.slot, vnodes, counts, keys))
 
     def refresh(self) -> None:
         """Re-read every vnode's arrays (after a vnode grew outside ``apply``, e.g. ``load``)."""
@@ -291,19 +216,20 @@ class VnodeSet:
             vt._grow(len(vt) + 1)
             self._reset(v)
 
-    # ---- the key lifecycle (``server/life.py``) --------------------------------------------
+    # ---- the key lifecycle (``store/life.py``) --------------------------------------------
     def touch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, epoch: float, time: float,
               half_life: float) -> None:
         """Stamp the life rows of ``keys`` (grouped like ``lookup``'s) that are stored."""
         if self.tables and self.life_width:
-            _touch_many(self._keys, self._meta, self._life, self.slot, frozen(vnodes), frozen(counts), frozen(keys),
-                        np.float32(epoch), np.float32(time), float(half_life))
+            life_loops.touch_many(self._keys, self._meta, self._life, self.slot, frozen(vnodes), frozen(counts),
+                                  frozen(keys), np.float32(epoch), np.float32(time), float(half_life))
 
     def stored(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """``bool[len(keys)]``: which of ``keys`` (grouped like ``lookup``'s) are stored."""
         out = np.zeros(keys.shape[0], np.bool_)
         if self.tables and not self.bits:
-            _stored_many(self._keys, self._meta, self.slot, frozen(vnodes), frozen(counts), frozen(keys), out)
+            life_loops.stored_many(self._keys, self._meta, self.slot, frozen(vnodes), frozen(counts), frozen(keys),
+                                   out)
         return out
 
     def keep(self, vnode: int, mask: np.ndarray, room: int = 0) -> None:
@@ -312,3 +238,9 @@ class VnodeSet:
         assert isinstance(vt, VnodeTable), "a lifecycle needs hash vnodes"
         vt.keep(mask, room)
         self._reset(vnode)
+
+    @property
+    def hash_vnodes(self) -> Mapping[int, VnodeTable]:
+        """The vnodes as the lifecycle works them (``protocol.LifeRows``): a table with a
+        lifecycle has hash vnodes only (``TableSpec`` refuses ``key_bits`` with one)."""
+        return cast(Mapping[int, VnodeTable], self.tables)

@@ -1,35 +1,34 @@
-"""The kernels of a table's key lifecycle (``server/life.py``) over its hash vnodes.
+"""The loops of a table's key lifecycle (``store/life.py``) over its hash vnodes.
 
 A table with a lifecycle (``TableSpec.lifecycle``) gives every slot of its vnodes a *life
 row* beside its key and its row: ``float32[capacity + 1, LIFE]`` (``VnodeTable.life``),
-the last row being key 0's as in ``table.py``:
+the last row being key 0's as in ``store/table.py``:
 
 * ``VER``: the export epoch of the key's last change (``Client.export_delta``: exact to
   2**24 exports a server);
 * ``STAMP``: the latest time of a push that carried it (the push's ``time``);
 * ``SCORE`` (with ``half_life``): its sightings, each halved every ``half_life`` since.
 
-They are written after a push is applied (``_touch_many``: one more probe a key, whose
+They are written after a push is applied (``touch_many``: one more probe a key, whose
 slot the push has just brought into the cache), moved when a vnode grows
-(``_rehash_life``), and read by the eviction sweep.  Tables without a lifecycle have none.
+(``rehash_life``), and read by the eviction sweep.  Tables without a lifecycle have none.
 """
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 from numba.typed import List
 
 from paramserver.routing.hashing import hash64, slot_of_hash
-from paramserver.server.table import _COUNT, _HAS_ZERO, _find
+from paramserver.store.loops.hash import COUNT, HAS_ZERO, find
 
 VER, STAMP, SCORE = 0, 1, 2
 
 
 @njit(nogil=True, cache=True)
-def _touch(tkeys, meta, life, keys, epoch, time, half_life):  # type: ignore[no-untyped-def]
+def touch(tkeys, meta, life, keys, epoch, time, half_life):
     for i in range(keys.shape[0]):
-        s = _find(tkeys, meta, keys[i])
+        s = find(tkeys, meta, keys[i])
         if s < 0:
             continue
         old = life[s, STAMP]
@@ -42,50 +41,50 @@ def _touch(tkeys, meta, life, keys, epoch, time, half_life):  # type: ignore[no-
 
 
 @njit(nogil=True, cache=True)
-def _touch_many(keys_l, meta_l, life_l, slot, vnodes, counts, keys, epoch, time, half_life):  # type: ignore[no-untyped-def]
+def touch_many(keys_l, meta_l, life_l, slot, vnodes, counts, keys, epoch, time, half_life):
     a = 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
         b = a + counts[s]
-        _touch(keys_l[t], meta_l[t], life_l[t], keys[a:b], epoch, time, half_life)
+        touch(keys_l[t], meta_l[t], life_l[t], keys[a:b], epoch, time, half_life)
         a = b
 
 
 @njit(nogil=True, cache=True)
-def _stored_many(keys_l, meta_l, slot, vnodes, counts, keys, out):  # type: ignore[no-untyped-def]
+def stored_many(keys_l, meta_l, slot, vnodes, counts, keys, out):
     """``out[i]``: whether ``keys[i]`` is stored (grouped by vnode, as a pull's)."""
     a = 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
         for i in range(a, a + counts[s]):
-            out[i] = _find(keys_l[t], meta_l[t], keys[i]) >= 0
+            out[i] = find(keys_l[t], meta_l[t], keys[i]) >= 0
         a += counts[s]
 
 
 @njit(nogil=True, cache=True)
-def _rehash_life(old_keys, old_life, new_keys, new_meta, new_life):  # type: ignore[no-untyped-def]
+def rehash_life(old_keys, old_life, new_keys, new_meta, new_life):
     """Move each key's life row to its slot in the grown vnode (keys already moved)."""
     width = old_life.shape[1]
     for j in range(width):  # key 0 keeps the last row
         new_life[new_keys.shape[0], j] = old_life[old_keys.shape[0], j]
     for i in range(old_keys.shape[0]):
         if old_keys[i] != 0:
-            s = _find(new_keys, new_meta, old_keys[i])
+            s = find(new_keys, new_meta, old_keys[i])
             for j in range(width):
                 new_life[s, j] = old_life[i, j]
 
 
 @njit(nogil=True, cache=True)
-def _place_life(tkeys, meta, life, keys, src):  # type: ignore[no-untyped-def]
+def place_life(tkeys, meta, life, keys, src):
     for i in range(keys.shape[0]):
-        s = _find(tkeys, meta, keys[i])
+        s = find(tkeys, meta, keys[i])
         if s >= 0:
             for j in range(life.shape[1]):
                 life[s, j] = src[i, j]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _move_slot(tkeys, rows, life, dst, src):  # type: ignore[no-untyped-def]
+def move_slot(tkeys, rows, life, dst, src):
     tkeys[dst] = tkeys[src]
     for j in range(rows.shape[1]):
         rows[dst, j] = rows[src, j]
@@ -94,7 +93,7 @@ def _move_slot(tkeys, rows, life, dst, src):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _clear_slot(rows, life, s):  # type: ignore[no-untyped-def]
+def clear_slot(rows, life, s):
     for j in range(rows.shape[1]):
         rows[s, j] = 0
     for j in range(life.shape[1]):
@@ -102,7 +101,7 @@ def _clear_slot(rows, life, s):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _delete(tkeys, rows, meta, life, keys):  # type: ignore[no-untyped-def]
+def delete(tkeys, rows, meta, life, keys):
     """Remove ``keys`` from a linear-probing vnode in place (backward-shift deletion: each
     key after a freed slot in its run moves back into it unless its home lies between, so
     every probe still finds its key); their rows and life rows are zeroed.  Returns how
@@ -111,14 +110,14 @@ def _delete(tkeys, rows, meta, life, keys):  # type: ignore[no-untyped-def]
     removed = 0
     for i in range(keys.shape[0]):
         key = keys[i]
-        s = _find(tkeys, meta, key)
+        s = find(tkeys, meta, key)
         if s < 0:
             continue
         removed += 1
-        meta[_COUNT] -= 1
+        meta[COUNT] -= 1
         if key == 0:
-            meta[_HAS_ZERO] = 0
-            _clear_slot(rows, life, cap)
+            meta[HAS_ZERO] = 0
+            clear_slot(rows, life, cap)
             continue
         j = s
         while True:
@@ -132,41 +131,26 @@ def _delete(tkeys, rows, meta, life, keys):  # type: ignore[no-untyped-def]
             # k stays where it is if its home is cyclically within (s, j]
             if (s < j and s < home <= j) or (j < s and (home > s or home <= j)):
                 continue
-            _move_slot(tkeys, rows, life, s, j)
+            move_slot(tkeys, rows, life, s, j)
             s = j
         tkeys[s] = 0
-        _clear_slot(rows, life, s)
+        clear_slot(rows, life, s)
     return removed
 
 
 @njit(cache=True)
-def new_life_list(life):  # type: ignore[no-untyped-def]
-    """A typed list of one vnode's life array (built in cached code: see vnodes._new_lists)."""
+def new_life_list(life):
+    """A typed list of one vnode's life array (built in cached code: see ``many.new_lists``)."""
     out = List()
     out.append(life)
     return out
 
 
 @njit(cache=True)
-def append_life(life_l, life):  # type: ignore[no-untyped-def]
+def append_life(life_l, life):
     life_l.append(life)
 
 
 @njit(cache=True)
-def set_life(life_l, t, life):  # type: ignore[no-untyped-def]
+def set_life(life_l, t, life):
     life_l[t] = life
-
-
-def life_width(lifecycle) -> int:  # type: ignore[no-untyped-def]
-    """Columns of a life row: none without a lifecycle, 3 with a score, else 2."""
-    if not lifecycle:
-        return 0
-    return 3 if lifecycle.scored else 2
-
-
-def touched_life(life: np.ndarray, epoch: float, time: float) -> None:
-    """Life rows of keys set whole (a restore, a copy installed): changed now, seen now."""
-    life[:, VER] = epoch
-    life[:, STAMP] = time
-    if life.shape[1] > SCORE:
-        life[:, SCORE] = np.maximum(life[:, SCORE], 1.0)

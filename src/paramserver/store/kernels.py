@@ -1,7 +1,7 @@
 """The compiled kernels a table's pushes run: the built-in rules', or a user rule's own.
 
 The built-in rules are dispatched by a switch inside kernels compiled once and cached on
-disk (``table._apply``, ``vnodes._apply_many``, ``dense._dense_apply(_many)``).  A user's
+disk (``loops/hash.apply``, ``loops/many.apply_many``, ``loops/dense.dense_apply(_many)``).  A user's
 rule (``paramserver.tables.rules``) cannot join that switch, and numba cannot cache a kernel
 that takes a function as an argument or closes over one.  So a user rule gets the same
 kernels compiled again from the same Python source, with the names of the per-row steps
@@ -35,13 +35,18 @@ import numpy as np
 from numba import njit
 
 from paramserver.errors import ConfigError
+from paramserver.store.compact import ROW_DTYPES
+from paramserver.store.loops import dense, many
+from paramserver.store.loops import hash as hash_loops
+from paramserver.tables import optim
+from paramserver.tables.optim import CUSTOM_KIND, OP_UPDATE, init_value
 
 
 @dataclass(frozen=True)
 class Kernels:
-    apply: Any  # table._apply's signature: one hash vnode
-    apply_many: Any  # vnodes._apply_many's: every hash vnode segment of a request
-    dense_apply_many: Any  # dense._dense_apply_many's
+    apply: Any  # loops.hash.apply's signature: one hash vnode
+    apply_many: Any  # loops.many.apply_many's: every hash vnode segment of a request
+    dense_apply_many: Any  # loops.dense.dense_apply_many's
 
 
 _custom: dict[tuple[str, int], Kernels] = {}
@@ -51,11 +56,8 @@ def kernels_for(optimizer: Any, dim: int, storage: str = "float32") -> Kernels:
     """The kernels of a table with this optimiser spec and ``dim``; a user rule's are tried
     (compiled) on rows of ``storage`` (``TableSpec.storage``) too: compact rows run the rule
     on a float32 copy of the row (``compact.py``)."""
-    from paramserver.server import dense, table, vnodes
-    from paramserver.tables.optim import CUSTOM_KIND
-
     if optimizer.kind != CUSTOM_KIND:
-        return Kernels(table._apply, vnodes._apply_many, dense._dense_apply_many)
+        return Kernels(hash_loops.apply, many.apply_many, dense.dense_apply_many)
     key = (optimizer.name, dim)
     if key not in _custom:
         _custom[key] = _compile(optimizer, dim)
@@ -76,7 +78,7 @@ def _rebind(fn: Any, inline: Literal["never", "always"] = "never", anchor: str |
 
 
 #: the packages whose sources the kernels are compiled from (a file changed: new anchors)
-_KERNEL_PACKAGES = ("server", "tables", "routing", "_runtime")
+_KERNEL_PACKAGES = ("store", "store/loops", "tables", "routing", "_runtime")
 
 
 def cache_dir() -> Path:
@@ -107,7 +109,7 @@ def _anchor(optimizer: Any, dim: int) -> str | None:
         if not anchor.exists():  # written once: numba keys its index by the file's mtime and size
             tmp = anchor.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(f"# the compiled kernels of update rule {rule.name} for dim={dim} are cached beside\n"
-                           "# this file (paramserver.server.kernels); it holds no code\n")
+                           "# this file (paramserver.store.kernels); it holds no code\n")
             try:
                 os.link(tmp, anchor)  # whole, and never replaced: two servers may race here
             except FileExistsError:
@@ -125,10 +127,6 @@ def _zeros(state, hp):  # type: ignore[no-untyped-def]
 
 
 def _compile(optimizer: Any, dim: int) -> Kernels:
-    from paramserver.server import dense, table, vnodes
-    from paramserver.tables import optim
-    from paramserver.tables.optim import init_value
-
     rule = optimizer.rule
     f, init = rule.jitted()
     width = rule.state_width(dim)
@@ -150,11 +148,11 @@ def _compile(optimizer: Any, dim: int) -> Kernels:
 
     at = _anchor(optimizer, dim)
     push_row = _rebind(optim.push_row, inline="always", update_row=update_row)  # inlined, as the built-ins'
-    apply = _rebind(table._apply, anchor=at, push_row=push_row, init_row=init_row)
-    dense_apply = _rebind(dense._dense_apply, anchor=at, _dense_apply_rows=_rebind(
-        dense._dense_apply_rows, inline="always", push_row=push_row, init_row=init_row))
-    kernels = Kernels(apply, _rebind(vnodes._apply_many, anchor=at, _apply=apply),
-                      _rebind(dense._dense_apply_many, anchor=at, _dense_apply=dense_apply))
+    apply = _rebind(hash_loops.apply, anchor=at, push_row=push_row, init_row=init_row)
+    dense_apply = _rebind(dense.dense_apply, anchor=at, dense_apply_rows=_rebind(
+        dense.dense_apply_rows, inline="always", push_row=push_row, init_row=init_row))
+    kernels = Kernels(apply, _rebind(many.apply_many, anchor=at, apply=apply),
+                      _rebind(dense.dense_apply_many, anchor=at, dense_apply=dense_apply))
     _try(kernels, optimizer, dim, width)
     return kernels
 
@@ -162,9 +160,6 @@ def _compile(optimizer: Any, dim: int) -> Kernels:
 def _try(k: Kernels, optimizer: Any, dim: int, width: int, storage: str = "float32") -> None:
     """Compile now, on a scratch row, so that a rule numba cannot compile (or that fails
     on a row) is refused when its table is created, not at its first push."""
-    from paramserver.server.compact import ROW_DTYPES
-    from paramserver.tables.optim import OP_UPDATE
-
     keys = np.zeros(8, np.uint64)
     rows = np.zeros((9, dim + width), ROW_DTYPES[storage])
     grads = np.zeros((1, dim), np.float32)

@@ -16,14 +16,14 @@ A compact row is ``[value (dim) | optimiser state]`` as 16-bit patterns:
   row whose update changed nothing stores the same bits again.
 
 Numba has no float16 on the CPU, so the arrays hold bit patterns, and the dtype says
-the value format: ``int16`` for fp16, ``uint16`` for bf16 (``ROW_DTYPES``).  The table
-kernels (``table._apply``, ``dense._dense_apply_rows``, the lookups) call the helpers
+the value format: ``int16`` for fp16, ``uint16`` for bf16 (``store/compact.py``'s
+``ROW_DTYPES``).  The table loops (``hash.apply``, ``dense.dense_apply_rows``, the lookups) call the helpers
 below, which dispatch on the rows' dtype when the kernel is compiled (numba
 ``overload``): on a float32 table they are the identity and fold away, so one source,
 compiled and cached once per dtype, serves every table.  An update decodes its row into
 a float32 scratch row, runs the rule (``optim.push_row``, or a user rule's) on it and
 encodes it back; a lookup decodes the value columns.  ``items``/``load`` see float32
-rows (``decode_rows``/``encode_rows``): checkpoints, exports and migrations do not know
+rows (``store/compact.py``: ``decode_rows``/``encode_rows``): checkpoints, exports and migrations do not know
 the storage, and a decoded value encodes to the same bits (a save/restore is exact).
 """
 
@@ -38,9 +38,6 @@ from numba.extending import overload
 from paramserver._runtime import intrinsics
 from paramserver.routing.hashing import hash64
 
-#: the row array's dtype for each ``TableSpec.storage``
-ROW_DTYPES: dict[str, np.dtype[Any]] = {"float32": np.dtype(np.float32), "fp16": np.dtype(np.int16),
-                                        "bf16": np.dtype(np.uint16)}
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -52,7 +49,7 @@ _bits_f32: Any = intrinsics.bits_f32
 
 
 @njit(inline="always", nogil=True, cache=True)
-def f32_to_f16(x):  # type: ignore[no-untyped-def]
+def f32_to_f16(x):
     """IEEE half bits of ``x`` rounded to nearest even (numpy's ``float16(x)``)."""
     u = np.int64(_f32_bits(np.float32(x)))
     sign = (u >> 16) & 0x8000
@@ -67,7 +64,7 @@ def f32_to_f16(x):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def f16_to_f32(h):  # type: ignore[no-untyped-def]
+def f16_to_f32(h):
     h = np.int64(h) & 0xFFFF
     sign = (h & 0x8000) << 16
     e = (h >> 10) & 0x1F
@@ -81,7 +78,7 @@ def f16_to_f32(h):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def f32_to_bf16(x):  # type: ignore[no-untyped-def]
+def f32_to_bf16(x):
     """bfloat16 bits of ``x`` rounded to nearest even."""
     u = np.int64(_f32_bits(np.float32(x)))
     if (u & 0x7FFFFFFF) > 0x7F800000:
@@ -90,7 +87,7 @@ def f32_to_bf16(x):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def f32_to_bf16_sr(x, r):  # type: ignore[no-untyped-def]
+def f32_to_bf16_sr(x, r):
     """bfloat16 bits of ``x`` rounded stochastically by the random bits ``r``: up (in
     magnitude) with probability (dropped bits) / 2**16; exact values stay exact."""
     u = np.int64(_f32_bits(np.float32(x)))
@@ -100,7 +97,7 @@ def f32_to_bf16_sr(x, r):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def bf16_to_f32(h):  # type: ignore[no-untyped-def]
+def bf16_to_f32(h):
     return _bits_f32(np.uint32((np.int64(h) & 0xFFFF) << 16))
 
 
@@ -139,7 +136,7 @@ def _kind(rows: Any) -> int:
 
 
 @overload(value_at)
-def _value_at(rows, s, j):  # type: ignore[no-untyped-def]
+def _value_at(rows, s, j):
     kind = _kind(rows)
     if kind == 0:
         return lambda rows, s, j: rows[s, j]
@@ -151,7 +148,7 @@ def _value_at(rows, s, j):  # type: ignore[no-untyped-def]
 
 
 @overload(new_scratch)
-def _new_scratch(rows):  # type: ignore[no-untyped-def]
+def _new_scratch(rows):
     if _kind(rows) == 0:
         return lambda rows: rows[:0]
     if _kind(rows) > 0:
@@ -160,7 +157,7 @@ def _new_scratch(rows):  # type: ignore[no-untyped-def]
 
 
 @overload(work_rows)
-def _work_rows(rows, scratch):  # type: ignore[no-untyped-def]
+def _work_rows(rows, scratch):
     if _kind(rows) == 0:
         return lambda rows, scratch: rows
     if _kind(rows) > 0:
@@ -169,7 +166,7 @@ def _work_rows(rows, scratch):  # type: ignore[no-untyped-def]
 
 
 @overload(work_slot)
-def _work_slot(rows, s):  # type: ignore[no-untyped-def]
+def _work_slot(rows, s):
     if _kind(rows) == 0:
         return lambda rows, s: s
     if _kind(rows) > 0:
@@ -178,12 +175,12 @@ def _work_slot(rows, s):  # type: ignore[no-untyped-def]
 
 
 @overload(load_row)
-def _load_row(rows, s, scratch, width, dim):  # type: ignore[no-untyped-def]
+def _load_row(rows, s, scratch, width, dim):
     kind = _kind(rows)
     if kind == 0:
         return lambda rows, s, scratch, width, dim: s
     if kind > 0:
-        def load(rows, s, scratch, width, dim):  # type: ignore[no-untyped-def]
+        def load(rows, s, scratch, width, dim):
             for j in range(dim):
                 scratch[0, j] = f16_to_f32(rows[s, j]) if kind == 16 else bf16_to_f32(rows[s, j])
             for j in range(dim, width):
@@ -195,7 +192,7 @@ def _load_row(rows, s, scratch, width, dim):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _row_seed(scratch, width, key):  # type: ignore[no-untyped-def]
+def _row_seed(scratch, width, key):
     """A hash of the key and the float32 bits of the updated row."""
     h = np.uint64(key)
     for j in range(width):
@@ -205,14 +202,14 @@ def _row_seed(scratch, width, key):  # type: ignore[no-untyped-def]
 
 
 @overload(store_row)
-def _store_row(rows, s, scratch, width, dim, key):  # type: ignore[no-untyped-def]
+def _store_row(rows, s, scratch, width, dim, key):
     kind = _kind(rows)
     if kind == 0:
         return lambda rows, s, scratch, width, dim, key: None
     if kind > 0:
         dt = np.int16 if kind == 16 else np.uint16
 
-        def store(rows, s, scratch, width, dim, key):  # type: ignore[no-untyped-def]
+        def store(rows, s, scratch, width, dim, key):
             for j in range(dim):
                 x = scratch[0, j]
                 rows[s, j] = dt(f32_to_f16(x) if kind == 16 else f32_to_bf16(x))
@@ -229,36 +226,16 @@ def _store_row(rows, s, scratch, width, dim, key):  # type: ignore[no-untyped-de
     return None
 
 
-# ---- whole rows, float32 in and out: items() and load() ---------------------------------
+# ---- whole rows, float32 in and out: ``store/compact.py``'s decode_rows and encode_rows ----
 
 
 @njit(nogil=True, cache=True)
-def _decode(rows, dim, out):  # type: ignore[no-untyped-def]
+def decode_into(rows, dim, out):
     for i in range(rows.shape[0]):
         load_row(rows, i, out[i:i + 1], out.shape[1], dim)
 
 
 @njit(nogil=True, cache=True)
-def _encode(src, dim, keys, out):  # type: ignore[no-untyped-def]
+def encode_into(src, dim, keys, out):
     for i in range(src.shape[0]):
         store_row(out, i, src[i:i + 1], src.shape[1], dim, keys[i])
-
-
-def decode_rows(rows: np.ndarray, dim: int, width: int) -> np.ndarray:
-    """``rows[:, :width]`` (compact or float32) as float32."""
-    if rows.dtype == np.float32:
-        return rows[:, :width]
-    out = np.empty((rows.shape[0], width), np.float32)
-    _decode(rows, dim, out)
-    return out
-
-
-def encode_rows(rows: np.ndarray, dim: int, keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """float32 ``rows`` (of ``keys``) in the storage ``dtype``; a row ``decode_rows`` gave
-    encodes to the bits it was decoded from."""
-    src = np.ascontiguousarray(rows, np.float32)
-    if dtype == np.float32:
-        return src
-    out = np.empty(src.shape, dtype)
-    _encode(src, dim, np.ascontiguousarray(keys, np.uint64), out)
-    return out

@@ -1,0 +1,163 @@
+"""The loops of the hash vnode table (``store/table.py``: its layout, its load and growth).
+
+Open addressing with linear probing from the slot the low 32 bits of ``hash64(key)``
+give; ``keys[s] == 0`` marks an empty slot, and key 0 owns the extra last row (its
+presence is ``meta[HAS_ZERO]``).  Every loop prefetches the home slot of the key
+``PREFETCH_AHEAD`` keys on, so the cache misses of a request overlap.
+
+These are the numba loops only, below the classes: ``store/table.py`` and
+``store/vnodes.py`` call them, never the reverse.  ``store/kernels.py`` compiles ``apply``
+again for a user's rule, rebinding its globals ``push_row`` and ``init_row`` by name.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from paramserver._runtime.intrinsics import prefetch_row
+from paramserver.routing.hashing import hash64, slot_of_hash
+from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows, work_slot
+from paramserver.tables.optim import init_row, init_value, push_row
+
+# meta[0] = number of keys stored (key 0 included); meta[1] = 1 when key 0 is stored
+COUNT, HAS_ZERO = 0, 1
+#: rows are prefetched this many keys ahead of their use (a row is a cache miss, and an
+#: update's arithmetic leaves the CPU too few keys in flight to overlap the misses itself)
+PREFETCH_AHEAD = 24
+
+
+@njit(inline="always", nogil=True, cache=True)
+def find(tkeys, meta, key):
+    """Slot of ``key``, or -1."""
+    cap = tkeys.shape[0]
+    if key == 0:
+        return cap if meta[HAS_ZERO] else -1
+    s = slot_of_hash(hash64(key), cap)
+    while True:
+        k = tkeys[s]
+        if k == key:
+            return s
+        if k == 0:
+            return -1
+        s += 1
+        if s == cap:
+            s = 0
+
+
+@njit(inline="always", nogil=True, cache=True)
+def prefetch_home(tkeys, rows, keys, i):
+    """Prefetch the home slot of ``keys[i]`` (where its probe starts), if there is one."""
+    if i < keys.shape[0]:
+        s = slot_of_hash(hash64(keys[i]), tkeys.shape[0])
+        prefetch_row(tkeys, s)
+        prefetch_row(rows, s)
+
+
+@njit(nogil=True, cache=True)
+def lookup(tkeys, rows, meta, keys, out, dim, ikind, ihp, seed):
+    for i in range(keys.shape[0]):
+        prefetch_home(tkeys, rows, keys, i + PREFETCH_AHEAD)
+        key = keys[i]
+        s = find(tkeys, meta, key)
+        if s >= 0:
+            for j in range(dim):
+                out[i, j] = value_at(rows, s, j)
+        else:
+            for j in range(dim):
+                out[i, j] = init_value(key, j, ikind, ihp, seed)
+
+
+@njit(nogil=True, cache=True)
+def apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, ikind, ihp, seed):
+    """Apply ``grads[start:]``; stop before a new key would push the count past ``limit``.
+
+    Returns the index of the first key not applied (``len(keys)`` when all were).
+    """
+    cap = tkeys.shape[0]
+    width = rows.shape[1]
+    scratch = new_scratch(rows)  # compact rows (``compact.py``) are updated in a float32 copy
+    work = work_rows(rows, scratch)
+    for i in range(start, keys.shape[0]):
+        prefetch_home(tkeys, rows, keys, i + PREFETCH_AHEAD)
+        key = keys[i]
+        if key == 0:
+            s = cap
+            if not meta[HAS_ZERO]:
+                if meta[COUNT] >= limit:
+                    return i
+                meta[HAS_ZERO] = 1
+                meta[COUNT] += 1
+                init_row(work, work_slot(rows, s), key, dim, width, okind, ohp, ikind, ihp, seed)
+                store_row(rows, s, scratch, width, dim, key)
+        else:
+            s = slot_of_hash(hash64(key), cap)
+            while True:
+                k = tkeys[s]
+                if k == key:
+                    break
+                if k == 0:
+                    if meta[COUNT] >= limit:
+                        return i
+                    tkeys[s] = key
+                    meta[COUNT] += 1
+                    init_row(work, work_slot(rows, s), key, dim, width, okind, ohp, ikind, ihp, seed)
+                    store_row(rows, s, scratch, width, dim, key)
+                    break
+                s += 1
+                if s == cap:
+                    s = 0
+        push_row(work, load_row(rows, s, scratch, width, dim), grads, i, dim, op, okind, ohp)
+        store_row(rows, s, scratch, width, dim, key)
+    return keys.shape[0]
+
+
+@njit(nogil=True, cache=True)
+def stored(tkeys, meta, keys, out):
+    for i in range(keys.shape[0]):
+        out[i] = find(tkeys, meta, keys[i]) >= 0
+
+
+@njit(nogil=True, cache=True)
+def rehash(old_keys, old_rows, new_keys, new_rows):
+    cap_old = old_keys.shape[0]
+    cap = new_keys.shape[0]
+    width = old_rows.shape[1]
+    for j in range(width):  # key 0 keeps the last row
+        new_rows[cap, j] = old_rows[cap_old, j]
+    for i in range(cap_old):
+        key = old_keys[i]
+        if key == 0:
+            continue
+        s = slot_of_hash(hash64(key), cap)
+        while new_keys[s] != 0:
+            s += 1
+            if s == cap:
+                s = 0
+        new_keys[s] = key
+        for j in range(width):
+            new_rows[s, j] = old_rows[i, j]
+
+
+@njit(nogil=True, cache=True)
+def insert_rows(tkeys, rows, meta, keys, src_rows):
+    """Overwrite (or insert) whole rows: restore and migration. Capacity must suffice."""
+    cap = tkeys.shape[0]
+    width = rows.shape[1]
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        if key == 0:
+            s = cap
+            if not meta[HAS_ZERO]:
+                meta[HAS_ZERO] = 1
+                meta[COUNT] += 1
+        else:
+            s = slot_of_hash(hash64(key), cap)
+            while tkeys[s] != 0 and tkeys[s] != key:
+                s += 1
+                if s == cap:
+                    s = 0
+            if tkeys[s] == 0:
+                tkeys[s] = key
+                meta[COUNT] += 1
+        for j in range(width):
+            rows[s, j] = src_rows[i, j]
