@@ -17,6 +17,7 @@ below its own: docs/architecture.md draws them, `make lint` holds them):
     checkpoint/     cold backup files and manifests
     data/           training data: shards, parsers, batches
     observe/        each node's metrics
+    store/          the storage engine: vnode tables, their numba loops (loops/), life rows
     tables/         TableSpec, optimisers, update rules, server functions, namespaces
     filters/        what a message's keys and values go through on the wire (plug-ins)
     lifecycle/      what happens to a table's keys over time: admission, eviction (plug-ins)
