@@ -42,46 +42,56 @@ case "$OUT/" in
 esac
 
 # Debian's packages (root, or sudo, installs them), as the Makefile does for chromium
-SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-missing=()
-for pkg in libzmq3-dev libprotobuf-dev protobuf-compiler cmake g++; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "build.sh: installing ${missing[*]} (apt-get)" >&2
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+if command -v dpkg-query >/dev/null; then
+    SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+    missing=()
+    for pkg in libzmq3-dev libprotobuf-dev protobuf-compiler cmake g++ git; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "build.sh: installing ${missing[*]} (apt-get)" >&2
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+    fi
+else
+    echo "build.sh: not Debian (no dpkg-query): libzmq, protobuf with protoc, cmake and g++ must be installed" >&2
 fi
 
-# the source, fresh: a build never mixes two trees
-rm -rf "$OUT/src" "$OUT/build" "$OUT/bin"
-mkdir -p "$OUT/src" "$OUT/bin"
+# the source: checked before the last build is cleared
 if [ -z "$SRC_FROM" ] && [ -d "$MIRROR" ]; then
     SRC_FROM=$MIRROR
 fi
+CLONE=$CACHE/clone-$$
+trap 'rm -rf "$CLONE"' EXIT
 if [ -z "$SRC_FROM" ]; then
-    echo "build.sh: cloning https://github.com/dmlc/ps-lite at $COMMIT" >&2
-    git clone --quiet https://github.com/dmlc/ps-lite "$OUT/clone"
-    SRC_FROM=$OUT/clone
+    echo "build.sh: cloning https://github.com/dmlc/ps-lite for $COMMIT" >&2
+    git clone --quiet https://github.com/dmlc/ps-lite "$CLONE"
+    SRC_FROM=$CLONE
 fi
 if [ ! -d "$SRC_FROM" ]; then
     echo "build.sh: ps-lite's source $SRC_FROM is not a directory (--pslite-src or PSLITE_SRC)" >&2
     exit 2
 fi
-if git --git-dir="$SRC_FROM" rev-parse --git-dir >/dev/null 2>&1 || git -C "$SRC_FROM" rev-parse --git-dir >/dev/null 2>&1; then
-    gitdir=$(git --git-dir="$SRC_FROM" rev-parse --git-dir 2>/dev/null || git -C "$SRC_FROM" rev-parse --absolute-git-dir)
+gitdir=$(git --git-dir="$SRC_FROM" rev-parse --git-dir 2>/dev/null || git -C "$SRC_FROM" rev-parse --absolute-git-dir 2>/dev/null || true)
+if [ -n "$gitdir" ]; then
     git --git-dir="$gitdir" cat-file -e "$COMMIT^{commit}" 2>/dev/null || {
         echo "build.sh: $SRC_FROM has no commit $COMMIT (fetch it, or set PSLITE_COMMIT)" >&2; exit 2; }
+elif [ ! -f "$SRC_FROM/include/ps/ps.h" ]; then
+    echo "build.sh: $SRC_FROM is not ps-lite's source (no include/ps/ps.h)" >&2
+    exit 2
+fi
+
+# a fresh tree: a build never mixes two
+rm -rf "$OUT/src" "$OUT/build" "$OUT/bin"
+mkdir -p "$OUT/src" "$OUT/bin"
+if [ -n "$gitdir" ]; then
     git --git-dir="$gitdir" archive "$COMMIT" | tar -x -C "$OUT/src"
     echo "build.sh: ps-lite $COMMIT from $SRC_FROM" >&2
 else
-    [ -f "$SRC_FROM/include/ps/ps.h" ] || {
-        echo "build.sh: $SRC_FROM is not ps-lite's source (no include/ps/ps.h)" >&2; exit 2; }
     cp -a "$SRC_FROM/." "$OUT/src/"
     COMMIT=unchecked
     echo "build.sh: ps-lite from the plain tree $SRC_FROM (not a git checkout: its commit is not checked)" >&2
 fi
-rm -rf "$OUT/clone"
 
 # ps-lite's library: its CMakeLists, Release (-O3), the `pslite` target alone (not its tests)
 cmake -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 || {
