@@ -112,16 +112,21 @@ def memory_row(n_keys: int) -> dict:
         return row
 
 
+def pslite_unfit(args: argparse.Namespace) -> str | None:
+    """Why ps-lite's figures would not compare with this run's, or None where they would."""
+    if 1 not in args.servers or 1 not in args.dims:
+        return "it is run for 1 server and dim 1 (its stock handle stores one float a key): add 1 to --servers, --dims"
+    if args.secret:
+        return "ps-lite has no encryption: a ratio against --secret (CurveZMQ) would not compare like with like"
+    return None
+
+
 def pslite_rows(args: argparse.Namespace, ours: list[dict]) -> tuple[list[dict], bool]:
     """ps-lite's rows and the ratios ours ÷ ps-lite's, or none (and why, on stderr) where it is not
     built or not comparable; False where ps-lite was asked for, or built, and failed."""
-    why = None
     if args.pslite is False:
         return [], True
-    if 1 not in args.servers or 1 not in args.dims:
-        why = "it is run for 1 server and dim 1 (its stock handle stores one float a key): add 1 to --servers, --dims"
-    elif args.secret:
-        why = "ps-lite has no encryption: a ratio against --secret (CurveZMQ) would not compare like with like"
+    why = pslite_unfit(args)
     if why is None:
         try:
             peer = run_pslite(args.batches, *budget(args.quick), window=args.window)
@@ -176,11 +181,13 @@ def main() -> None:
                     help="ps-lite's stock server in the same run, 1 server, dim 1, with the ratios: by default "
                          "where it is built (make pslite); --pslite requires it, --no-pslite leaves it out")
     args = ap.parse_args()
-    if args.pslite:
+    if args.pslite:  # checked before ours runs for minutes
         try:
-            find_driver()  # before ours runs for minutes
+            find_driver()
         except NotBuilt as exc:
             ap.error(f"--pslite: {exc}")
+        if pslite_unfit(args):
+            ap.error(f"--pslite: {pslite_unfit(args)}")
     tune_allocator()  # this process plays the worker: tune it as worker processes are
     rows = []
     with tempfile.TemporaryDirectory(prefix="paramserver-bench-keys-") as keys:
