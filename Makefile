@@ -5,12 +5,15 @@
 # make lint: ruff (style, imports, likely bugs, complexity), mypy (types; strict on the core), the layers
 #   (import-linter's contract in pyproject.toml) and the sizes of files and functions (tools/shape.py)
 # make headline: bench/headline.py, the comparisons the project is judged by, in one table (HEADLINE_FLAGS="--quick" etc.)
+# make pslite: ps-lite's stock server from its source (Debian's libzmq and protobuf) and our driver for it
+#   (bench/pslite/build.sh), under ~/.cache/paramserver/pslite: bench/pushpull.py and the headline then set
+#   push/pull against it (PSLITE_FLAGS="--pslite-src DIR" builds another checkout)
 # make seeds: bench/seeds.py, against Spark MLlib and TensorFlow (a venv of its own: .venv-seeds; SEEDS_FLAGS="--sections lr" etc.)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: chaos demo test unit lint bench headline seeds clean
+.PHONY: chaos demo test unit lint bench headline pslite seeds clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +83,11 @@ bench: $(VENV)/.installed-dev
 # it on a quiet machine)
 headline: $(VENV)/.installed-dev
 	$(BIN)/python -m pip install --quiet -e ".[bench]" && $(BIN)/python bench/headline.py $(HEADLINE_FLAGS)
+
+# issue 44.3: the peer of bench/pushpull.py, built outside the repository (ps-lite's own Makefile downloads its
+# dependencies: build.sh uses its CMakeLists.txt against Debian's packages, which it installs where missing)
+pslite:
+	bash bench/pslite/build.sh $(PSLITE_FLAGS)
 
 # bench/seeds.py: against Spark MLlib and TensorFlow's parameter-server training (issue 34), in a venv of its
 # own (pyspark and tensorflow-cpu are ~1.5 GB and never meet the test environment); Spark needs Java 17+

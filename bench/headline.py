@@ -18,7 +18,9 @@ comparison, so a row here and a row of those scripts are the same measurement:
   on 4 M synthetic ratings, where start-up is a small part of the command.
 * lda (``bench/lda.py``): ``paramserver lda`` (whole command) against tomotopy (its ``train``,
   2 threads) on 20 Newsgroups and NYT, K = 50, 200 iterations; held-out perplexity.
-* pushpull (``bench/pushpull.py``): keys/s both ways, 1 server, dim 1, batches of 10^6 keys.
+* pushpull (``bench/pushpull.py``): keys/s both ways, 1 server, dim 1, batches of 10^6 keys,
+  against ps-lite's stock server (``KVServerDefaultHandle``) in the same run, built from its source
+  by ``make pslite`` (``bench/pslite/``); "not run" where it is not built.
 
 ``--repeat N`` runs each pair N times, taking turns (medians of times, the worst of quality);
 push/pull measures for a fixed time instead.  A section whose peer is not installed, or whose
@@ -230,15 +232,24 @@ def section_lda(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str
 
 def section_pushpull(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
     from paramserver._runtime.malloc import tune_allocator
-    from pushpull import throughput_rows
+    from pslite.driver import NotBuilt, ratios
+    from pslite.driver import run as run_pslite
+    from pushpull import budget, throughput_rows
 
     tune_allocator()  # this process plays the worker, as in pushpull.py (and this section runs last)
     batch = 100_000 if args.quick else 1_000_000
     measured = throughput_rows(1, [batch], [1], 1, args.quick)
-    rows = [Row(f"pushpull 1 server dim 1 {batch:,} keys", f"{r['op']} keys/s ÷ ps-lite's", str(PUSHPULL), None,
-                f"{r['keys_per_s'] / 1e6:.2f} M keys/s", "-", "not measured: ps-lite is not built (issue 44.3)")
-            for r in measured]
-    return rows, {"rows": measured}
+    name = f"pushpull 1 server dim 1 {batch:,} keys"
+    try:
+        peer = run_pslite([batch], *budget(args.quick))  # the same batch, window (1) and time budget
+    except NotBuilt as exc:
+        print(f"headline: pushpull: {exc}", file=sys.stderr)
+        return [Row(name, f"{r['op']} keys/s ÷ ps-lite's", str(PUSHPULL), None, f"{r['keys_per_s'] / 1e6:.2f} M keys/s",
+                    "-", "not run: ps-lite not built (make pslite)") for r in measured], {"rows": measured}
+    rows = [judged(name, f"{r['op']} keys/s ÷ ps-lite's", PUSHPULL, r["ratio"],
+                   f"{r['paramserver_keys_per_s'] / 1e6:.2f} M keys/s", f"{r['pslite_keys_per_s'] / 1e6:.2f} M keys/s")
+            for r in ratios(measured, peer)]
+    return rows, {"rows": measured, "pslite": peer}
 
 
 # name: (the section, the peers it imports as (module, package to install)); run in this order, push/pull
