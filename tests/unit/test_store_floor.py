@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from paramserver.store import kernels
+from paramserver.store import specialize
 from paramserver.store.life import TableLife, life_width, touched_life
 from paramserver.store.table import VnodeTable
 from paramserver.store.vnodes import VnodeSet
@@ -53,9 +53,9 @@ def test_a_server_builds_a_vnode_set_only_where_a_table_is_made_and_types_agains
 def test_the_kernel_anchors_digest_every_source_of_the_loops():
     """A user rule's cached kernels are named by a digest of the sources they are compiled
     from: every folder holding a loop (or a class a loop's doc names) is in it."""
-    digested = {PACKAGE / sub for sub in kernels._KERNEL_PACKAGES}
+    digested = {PACKAGE / sub for sub in specialize.KERNEL_PACKAGES}
     assert {PACKAGE / "store", PACKAGE / "store" / "loops", PACKAGE / "tables"} <= digested
-    assert not any((PACKAGE / sub).name == "server" for sub in kernels._KERNEL_PACKAGES)
+    assert not any((PACKAGE / sub).name == "server" for sub in specialize.KERNEL_PACKAGES)
 
 
 class _Rows:

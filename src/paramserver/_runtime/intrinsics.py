@@ -103,3 +103,22 @@ def bits_f32(typingctx, u):
         return builder.bitcast(args[0], ir.FloatType())
 
     return sig, codegen
+
+
+@intrinsic
+def prefetch_address(typingctx, address):
+    """Prefetch (for writing, high locality) the line at ``address``, an integer such as
+    ``arr.ctypes.data + offset``: a loop that fetches ahead across many arrays keeps
+    addresses, not the arrays (``store/loops/slots.py``)."""
+    if not isinstance(address, types.Integer):
+        return None
+    sig = types.void(address)
+
+    def codegen(context, builder, signature, args):
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(1), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen

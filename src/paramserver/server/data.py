@@ -44,7 +44,7 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
     if table is None:
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
     out = np.empty((keys.shape[0], table.spec.dim), np.float32)
-    _split(state, vnodes, counts, lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
+    _split(state, vnodes, counts, keys.shape[0], lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
     if not table.spec.filters or not msg.header.get("reply_filters"):  # the default: no lookup
         return reply(msg, [out])
     chain = chains(table.spec.filters)["reply"]
@@ -88,8 +88,9 @@ def stored_part(table: VnodeStore, keys: np.ndarray, grads: np.ndarray, vnodes: 
     return subset(table.stored(vnodes, counts, keys), keys, grads, vnodes, counts)
 
 
-def _split(state: ServerState, vnodes: np.ndarray, counts: np.ndarray, fn: Callable[[slice, slice], None]) -> None:
-    split(state.pool, state.threads, vnodes, counts, fn)
+def _split(state: ServerState, vnodes: np.ndarray, counts: np.ndarray, total: int,
+           fn: Callable[[slice, slice], None]) -> None:
+    split(state.pool, state.threads, vnodes, counts, total, fn)
 
 
 class DataPlane:
@@ -225,7 +226,8 @@ class DataPlane:
         state = self.state
         op = push_op(msg, table)
         if op != OP_UPDATE:
-            _split(state, vnodes, counts, lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k], op))
+            _split(state, vnodes, counts, keys.shape[0],
+                   lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k], op))
             return
         if table.spec.aggregate:  # BSP aggregation: applied once the clock is finished
             clock = field(msg, "clock", int)
@@ -235,4 +237,4 @@ class DataPlane:
             # its clock was already applied (a worker that rejoined behind the others):
             # apply it now, as a late update, rather than lose it
             logger.warning("push for finished clock %d applied late on %r", clock, table.spec.name)
-        _split(state, vnodes, counts, lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k]))
+        _split(state, vnodes, counts, keys.shape[0], lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k]))

@@ -103,15 +103,14 @@ def _segment_fault(vnodes: np.ndarray, counts: np.ndarray, n_keys: int, n_vnodes
     return FAULT_NONE
 
 
-def split(pool: ThreadPoolExecutor | None, threads: int, vnodes: np.ndarray, counts: np.ndarray,
+def split(pool: ThreadPoolExecutor | None, threads: int, vnodes: np.ndarray, counts: np.ndarray, total: int,
           fn: Callable[[slice, slice], None]) -> None:
-    """Call ``fn(segments, keys)`` on slices of the request: one, or one per vnode thread
-    when the request is big (vnodes are independent; kernels drop the GIL)."""
-    ends = np.cumsum(counts)
-    total = int(ends[-1]) if ends.size else 0
-    if pool is None or vnodes.size < 2 or total < PARALLEL_MIN_KEYS:
+    """Call ``fn(segments, keys)`` on slices of the request (``total`` keys): one, or one
+    per vnode thread when the request is big (vnodes are independent; kernels drop the GIL)."""
+    if pool is None or vnodes.size < 2 or total < PARALLEL_MIN_KEYS:  # the common case: no NumPy call
         fn(slice(0, vnodes.size), slice(0, total))
         return
+    ends = np.cumsum(counts)
     cuts = np.unique(np.searchsorted(ends, np.arange(1, threads) * total / threads) + 1)
     bounds = [0, *[int(c) for c in cuts if 0 < c < vnodes.size], int(vnodes.size)]
     starts = np.concatenate([[0], ends])

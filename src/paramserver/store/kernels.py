@@ -11,7 +11,8 @@ call the rule: one source for every table, no copy of any kernel.
 Compiling them takes seconds, so they are cached on disk like the built-ins' (issue 33.5:
 the docs' example recompiled for 12.5 s at every cluster start).  numba keys a cached
 kernel by its source file and its bytecode, never by the globals a clone rebinds, so each
-clone is compiled as if it came from an *anchor* file of its own (``_anchor``): an empty
+clone is compiled as if it came from an *anchor* file of its own (``_anchor``,
+``specialize.anchor_file``): an empty
 file whose name is a digest of everything the kernels are compiled from (the rule's source
 file, ``dim``, ``storage``'s state width, the kernels' source files, numba's and Python's
 versions).  Change any of them and the name changes: a stale kernel is never loaded.  As
@@ -22,14 +23,10 @@ rule with no source file (defined in ``__main__`` at a prompt) is compiled as be
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import os
-import sys
-import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -38,6 +35,7 @@ from paramserver.errors import ConfigError
 from paramserver.store.compact import ROW_DTYPES
 from paramserver.store.loops import dense, many
 from paramserver.store.loops import hash as hash_loops
+from paramserver.store.specialize import RequestLoops, anchor_file, rebind, request_loops, rule_request_loops
 from paramserver.tables import optim
 from paramserver.tables.optim import CUSTOM_KIND, OP_UPDATE, init_value
 
@@ -47,6 +45,7 @@ class Kernels:
     apply: Any  # loops.hash.apply's signature: one hash vnode
     apply_many: Any  # loops.many.apply_many's: every hash vnode segment of a request
     dense_apply_many: Any  # loops.dense.dense_apply_many's
+    request: RequestLoops | None = None  # a hash table's request loops for its row (``specialize.py``), if any
 
 
 _custom: dict[tuple[str, int], Kernels] = {}
@@ -57,7 +56,7 @@ def kernels_for(optimizer: Any, dim: int, storage: str = "float32") -> Kernels:
     (compiled) on rows of ``storage`` (``TableSpec.storage``) too: compact rows run the rule
     on a float32 copy of the row (``compact.py``)."""
     if optimizer.kind != CUSTOM_KIND:
-        return Kernels(hash_loops.apply, many.apply_many, dense.dense_apply_many)
+        return Kernels(hash_loops.apply, many.apply_many, dense.dense_apply_many, request_loops(optimizer, dim))
     key = (optimizer.name, dim)
     if key not in _custom:
         _custom[key] = _compile(optimizer, dim)
@@ -66,59 +65,15 @@ def kernels_for(optimizer: Any, dim: int, storage: str = "float32") -> Kernels:
     return _custom[key]
 
 
-def _rebind(fn: Any, inline: Literal["never", "always"] = "never", anchor: str | None = None, **names: Any) -> Any:
-    """``fn`` (a numba function) compiled again with some of its global names bound anew;
-    cached on disk as if its source were the file ``anchor`` (see the module's doc)."""
-    py = fn.py_func
-    scope = dict(py.__globals__)
-    scope.update(names)
-    code = py.__code__ if anchor is None else py.__code__.replace(co_filename=anchor)
-    clone = types.FunctionType(code, scope, py.__name__, py.__defaults__, py.__closure__)
-    return njit(nogil=True, inline=inline, cache=anchor is not None)(clone)
-
-
-#: the packages whose sources the kernels are compiled from (a file changed: new anchors)
-_KERNEL_PACKAGES = ("store", "store/loops", "tables", "routing", "_runtime")
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("PARAMSERVER_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "paramserver")
-    return Path(root) / "rules"
-
-
 def _anchor(optimizer: Any, dim: int) -> str | None:
     """The anchor file of a user rule's kernels for ``dim`` (created if absent), or None
     where they cannot be cached: no source file, or no writable cache folder."""
-    import numba
-
     rule = optimizer.rule
-    digest = hashlib.sha256(f"{rule.name}|{dim}|{rule.state_width(dim)}|{numba.__version__}|{sys.version}".encode())
     try:
-        for fn in (rule.fn, rule.init):
-            if fn is not None:
-                digest.update(Path(inspect.getsourcefile(fn) or "").read_bytes())
-        package = Path(__file__).resolve().parent.parent
-        for sub in _KERNEL_PACKAGES:
-            for path in sorted((package / sub).glob("*.py")):
-                digest.update(path.name.encode() + path.read_bytes())
-        folder = cache_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        name = "".join(c if c.isalnum() else "_" for c in rule.name)[:60]
-        anchor = folder / f"{name}_dim{dim}_{digest.hexdigest()[:20]}.py"
-        if not anchor.exists():  # written once: numba keys its index by the file's mtime and size
-            tmp = anchor.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(f"# the compiled kernels of update rule {rule.name} for dim={dim} are cached beside\n"
-                           "# this file (paramserver.store.kernels); it holds no code\n")
-            try:
-                os.link(tmp, anchor)  # whole, and never replaced: two servers may race here
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink()
-        return str(anchor)
-    except (OSError, TypeError):  # no source (a prompt's rule), or the cache folder is not writable
+        sources = [Path(inspect.getsourcefile(fn) or "") for fn in (rule.fn, rule.init) if fn is not None]
+    except TypeError:  # no source (a prompt's rule)
         return None
+    return anchor_file(rule.name, dim, sources, f"{rule.state_width(dim)}")
 
 
 @njit(inline="always", nogil=True)
@@ -147,12 +102,13 @@ def _compile(optimizer: Any, dim: int) -> Kernels:
         init(rows[s, dim:end], ohp)
 
     at = _anchor(optimizer, dim)
-    push_row = _rebind(optim.push_row, inline="always", update_row=update_row)  # inlined, as the built-ins'
-    apply = _rebind(hash_loops.apply, anchor=at, push_row=push_row, init_row=init_row)
-    dense_apply = _rebind(dense.dense_apply, anchor=at, dense_apply_rows=_rebind(
+    push_row = rebind(optim.push_row, inline="always", update_row=update_row)  # inlined, as the built-ins'
+    apply = rebind(hash_loops.apply, anchor=at, push_row=push_row, init_row=init_row)
+    dense_apply = rebind(dense.dense_apply, anchor=at, dense_apply_rows=rebind(
         dense.dense_apply_rows, inline="always", push_row=push_row, init_row=init_row))
-    kernels = Kernels(apply, _rebind(many.apply_many, anchor=at, apply=apply),
-                      _rebind(dense.dense_apply_many, anchor=at, dense_apply=dense_apply))
+    kernels = Kernels(apply, rebind(many.apply_many, anchor=at, apply=apply),
+                      rebind(dense.dense_apply_many, anchor=at, dense_apply=dense_apply),
+                      rule_request_loops(dim, at, push_row=push_row, init_row=init_row))
     _try(kernels, optimizer, dim, width)
     return kernels
 

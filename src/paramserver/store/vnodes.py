@@ -55,6 +55,8 @@ class VnodeSet:
         self._okind, self._ohp, self._ikind, self._ihp = opt.kind, opt.params(), init.kind, init.params()
         self._seed = np.uint64(spec.seed)
         self._kernels = kernels_for(opt, spec.dim, spec.storage)  # the built-in rules' (cached), or a user rule's own
+        # a hash table's requests in one call compiled for its row (``store/specialize.py``), where there is one
+        self._loops = None if spec.key_bits else self._kernels.request
         self.life_width = life_width(spec.lifecycle)  # the lifecycle's columns a slot (``loops/life.py``)
         self._life: Any = None  # the typed list of the vnodes' life rows
         self.life: TableLife | None = None
@@ -164,6 +166,9 @@ class VnodeSet:
         if self.tables and self.bits:
             self._misplaced(dense_lookup_many(self._rows, self._starts, self.slot, vnodes, counts, keys, out,
                                               self.spec.dim, self.layout, self._ikind, self._ihp, self._seed), keys)
+        elif self.tables and self._loops is not None:
+            self._loops.lookup(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
+                               self._ikind, self._ihp, self._seed)
         elif self.tables:
             many.lookup_many(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
                              self.spec.dim, self._ikind, self._ihp, self._seed)
@@ -204,10 +209,15 @@ class VnodeSet:
                                                self._ikind, self._ihp, self._seed), keys)
             return
         seg, start = 0, 0
+        loops = self._loops if op == OP_UPDATE else None
         while self.tables:
-            seg, start = k.apply_many(self._keys, self._rows, self._meta, self._limits, self.slot, vnodes,
-                                      counts, keys, grads, seg, start, self.spec.dim, op, self._okind, self._ohp,
-                                      self._ikind, self._ihp, self._seed)
+            if loops is not None:
+                seg, start = loops.apply(self._keys, self._rows, self._meta, self._limits, self.slot, vnodes, counts,
+                                         keys, grads, seg, start, self._ohp, self._ikind, self._ihp, self._seed)
+            else:
+                seg, start = k.apply_many(self._keys, self._rows, self._meta, self._limits, self.slot, vnodes,
+                                          counts, keys, grads, seg, start, self.spec.dim, op, self._okind,
+                                          self._ohp, self._ikind, self._ihp, self._seed)
             if seg == vnodes.shape[0]:
                 return
             v = int(vnodes[seg])

@@ -1,0 +1,147 @@
+"""The storage engine alone (issue 44.3): key updates and reads a second on one core, and
+the nanoseconds of a key split into probe, miss and arithmetic.  No sockets, no wire.
+
+Run: ``.venv/bin/python bench/engine.py [--keys 10000000] [--batches 1000,100000] [--json F]``
+
+Each case is a table of one server's 64 vnodes (``VnodeSet``) filled with ``--keys`` keys,
+then worked by batches of ``--batches`` Zipf(1.1) draws over those keys, deduplicated and
+grouped by vnode as a worker sends them (``route_push``; the request's arrays read-only,
+as frames arrive).  Cases:
+
+* FTRL on a dim-1 table of ``--keys`` keys (the goal: 50 M key updates/s, batches of 1 000);
+* AdaGrad on a dim-16 table of ``--keys16`` keys (a 136-byte slot: 10^6 keys by default,
+  1.4 GB at 10^7).
+
+Each is run with the request loops compiled for its row (``store/specialize.py``, the
+default) and with the generic kernels (``generic``), alternating, so the two see the same
+machine.  The split of a key's time, from three runs of the same batches:
+
+* ``probe``: a read (pull) of the batch on a table of 2^14 keys that stays in cache,
+  the batch's keys folded into its key space: hashing, probing and copying, no misses;
+* ``arithmetic``: an update on that table less its read: the rule;
+* ``miss``: an update on the big table less the update on the small one: waiting for memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from paramserver._runtime.malloc import tune_allocator
+from paramserver.routing.partition import route_push
+from paramserver.routing.ring import Ring
+from paramserver.store.vnodes import VnodeSet
+from paramserver.tables.spec import TableSpec
+
+CASES = {"ftrl": (1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 1.0, "l2": 1.0}),
+         "adagrad16": (16, {"name": "adagrad", "lr": 0.05})}
+SMALL = 1 << 14
+SCRAMBLE = np.uint64(0x9E3779B97F4A7C15)
+
+
+def key_ids(ids: np.ndarray) -> np.ndarray:
+    """Key ids 1..N as scattered uint64 keys (hot keys are not neighbours)."""
+    return ids.astype(np.uint64) * SCRAMBLE + np.uint64(1)
+
+
+def zipf_batches(n_keys: int, batch: int, total: int, seed: int = 0) -> list[np.ndarray]:
+    """Batches of ``batch`` Zipf(1.1) draws over ids 1..n_keys, each deduplicated."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(max(4, total // batch)):
+        ids = np.zeros(0, np.int64)
+        while ids.size < batch:
+            draw = rng.zipf(1.1, 2 * batch)
+            ids = np.concatenate([ids, draw[draw <= n_keys]])
+        out.append(np.unique(ids[:batch]))
+    return out
+
+
+def frozen_request(ring: Ring, keys: np.ndarray, dim: int) -> tuple[np.ndarray, ...]:
+    grads = np.full((keys.size, dim), 0.01, np.float32)
+    r = route_push(ring, keys, grads, distinct=True)
+    arrays = (r.keys, r.grads, r.parts[0].vnodes, r.parts[0].counts)
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
+def filled(ring: Ring, dim: int, optimizer: dict, n_keys: int, generic: bool) -> VnodeSet:
+    table = VnodeSet(TableSpec("t", dim, optimizer=optimizer), ring.n_vnodes, range(ring.n_vnodes))
+    if generic:
+        table._loops = None
+    step = 1 << 20
+    for a in range(1, n_keys + 1, step):
+        k, g, v, c = frozen_request(ring, key_ids(np.arange(a, min(a + step, n_keys + 1))), dim)
+        table.apply(v, c, k, g)
+    return table
+
+
+def timed(table: VnodeSet, requests: list[tuple[np.ndarray, ...]], dim: int, read: bool) -> float:
+    """Seconds for every request: an update, or (``read``) a read of its keys."""
+    out = np.empty((max(r[0].size for r in requests), dim), np.float32)
+    t0 = time.perf_counter()
+    for k, g, v, c in requests:
+        if read:
+            table.lookup(v, c, k, out[:k.size])
+        else:
+            table.apply(v, c, k, g)
+    return time.perf_counter() - t0
+
+
+def case(name: str, n_keys: int, batch: int, total: int, generic: bool) -> dict:
+    dim, optimizer = CASES[name]
+    ring = Ring.create([1], 64)
+    ids = zipf_batches(n_keys, batch, total)
+    big = [frozen_request(ring, key_ids(b), dim) for b in ids]
+    small = [frozen_request(ring, key_ids(np.unique((b - 1) % SMALL + 1)), dim) for b in ids]
+    table = filled(ring, dim, optimizer, n_keys, generic)
+    cache = filled(ring, dim, optimizer, SMALL, generic)
+    for read in (False, True):  # compiled, and the first pages touched
+        timed(table, big[:2], dim, read)
+        timed(cache, small[:2], dim, read)
+    keys, small_keys = sum(r[0].size for r in big), sum(r[0].size for r in small)
+    update = timed(table, big, dim, False) / keys * 1e9
+    read = timed(table, big, dim, True) / keys * 1e9
+    small_update = timed(cache, small, dim, False) / small_keys * 1e9
+    probe = timed(cache, small, dim, True) / small_keys * 1e9
+    return {"case": name, "kernels": "generic" if generic else "request loops", "keys": n_keys, "batch": batch,
+            "distinct_per_batch": keys / len(big), "update_ns": update, "read_ns": read,
+            "updates_per_s": 1e9 / update, "reads_per_s": 1e9 / read, "probe_ns": probe,
+            "arithmetic_ns": small_update - probe, "miss_ns": update - small_update}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keys", type=int, default=10_000_000, help="keys of the dim-1 FTRL table")
+    ap.add_argument("--keys16", type=int, default=1_000_000, help="keys of the dim-16 AdaGrad table")
+    ap.add_argument("--batches", default="1000,100000", help="Zipf draws a batch, comma-separated")
+    ap.add_argument("--updates", type=int, default=2_000_000, help="draws a case, over all its batches")
+    ap.add_argument("--cases", default="ftrl,adagrad16")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    tune_allocator()  # as servers do
+    rows = []
+    for name in args.cases.split(","):
+        n_keys = args.keys if name == "ftrl" else args.keys16
+        for batch in (int(b) for b in args.batches.split(",")):
+            for generic in (False, True):
+                rows.append(case(name, n_keys, batch, args.updates, generic))
+                r = rows[-1]
+                print(f"{r['case']:<10} {r['kernels']:<14} {n_keys:>11,} keys  batch {batch:>7,} "
+                      f"({r['distinct_per_batch']:>8,.0f} distinct)  update {r['updates_per_s'] / 1e6:6.1f} M/s "
+                      f"({r['update_ns']:5.1f} ns = probe {r['probe_ns']:4.1f} + arithmetic "
+                      f"{r['arithmetic_ns']:4.1f} + miss {r['miss_ns']:5.1f})  read {r['reads_per_s'] / 1e6:6.1f} M/s",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""A request's keys over hash vnodes in one compiled call: probe, apply or read, every
+vnode segment of the request, with the misses of the keys ``AHEAD`` on in flight.
+
+A hash vnode keeps each key and its row in one slot (``VnodeTable``: ``[key | value |
+state]``, 20 bytes for a dim-1 FTRL row), so a key costs one cache line, rarely two, where
+a key array beside a row array cost two.  These loops walk a request as it arrives,
+grouped by vnode (``routing/partition.py``), in two passes: ``homes`` hashes every key
+once and keeps its home slot and that slot's address; the walk then prefetches the
+address ``AHEAD`` keys on, across the boundaries of the vnodes (a request's vnodes hold a
+few keys each: a 1 000-key batch spreads over 64, so a look-ahead inside one vnode would
+overlap nothing).
+
+The row's width and the update rule are compile-time constants: ``DIM`` and ``KIND`` (and,
+for a user's rule, ``push_row`` and ``init_row``) are rebound per table and the loops
+compiled again from this source (``store/specialize.py``), so the inner loop has no
+switch on the rule, no loop over a width it does not know, and the arithmetic is exactly
+the generic kernels' (``tables/optim.py``): same operations, same order, same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from paramserver._runtime.intrinsics import prefetch_address
+from paramserver.routing.hashing import hash64, slot_of_hash
+from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows, work_slot
+from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
+
+#: rebound per table (``store/specialize.py``): the value columns of a row, and the rule
+DIM = 1
+KIND = 0
+#: keys between the look-ahead cursor and the key being worked: enough misses in flight
+#: to cover DRAM's latency behind an update's arithmetic
+AHEAD = 16
+_COUNT, _HAS_ZERO = 0, 1
+
+
+@njit(nogil=True, cache=True)
+def homes(keys_l, rows_l, slot, vnodes, counts, keys, first):
+    """From key ``first`` on: each key's home slot (where its probe starts; the last row for
+    key 0) and the address of that slot's row.  One sequential pass, no misses: the
+    walk that follows fetches ``AHEAD`` keys on by address, whatever vnode they are in."""
+    n = keys.shape[0]
+    home = np.empty(n, np.int64)
+    address = np.zeros(n + AHEAD, np.int64)  # AHEAD zeros at the end: no fetch past the last key
+    a = 0
+    for seg in range(vnodes.shape[0]):
+        b = a + counts[seg]
+        if b > first:
+            t = slot[vnodes[seg]]
+            rows = rows_l[t]
+            cap = keys_l[t].shape[0]
+            base, stride = rows.ctypes.data, rows.strides[0]
+            for i in range(max(a, first), b):
+                key = keys[i]
+                s = slot_of_hash(hash64(key), cap) if key != 0 else cap
+                home[i] = s
+                address[i] = base + s * stride
+        a = b
+    for i in range(first, min(first + AHEAD, n)):
+        prefetch_address(address[i])
+    return home, address
+
+
+@njit(nogil=True, cache=True)
+def lookup_request(keys_l, rows_l, meta_l, slot, vnodes, counts, keys, out, ikind, ihp, seed):
+    """``out[i]`` = the value of ``keys[i]`` (its initial value when not stored)."""
+    home, address = homes(keys_l, rows_l, slot, vnodes, counts, keys, 0)
+    a = 0
+    for seg in range(vnodes.shape[0]):
+        t = slot[vnodes[seg]]
+        tkeys, rows, meta = keys_l[t], rows_l[t], meta_l[t]
+        cap = tkeys.shape[0]
+        b = a + counts[seg]
+        for i in range(a, b):
+            prefetch_address(address[i + AHEAD])
+            key = keys[i]
+            s = home[i]
+            if key == 0:
+                if not meta[_HAS_ZERO]:
+                    s = -1
+            else:
+                while True:
+                    k = tkeys[s]
+                    if k == key:
+                        break
+                    if k == 0:
+                        s = -1
+                        break
+                    s += 1
+                    if s == cap:
+                        s = 0
+            if s >= 0:
+                for j in range(DIM):
+                    out[i, j] = value_at(rows, s, j)
+            else:
+                for j in range(DIM):
+                    out[i, j] = init_value(key, j, ikind, ihp, seed)
+        a = b
+
+
+@njit(nogil=True, cache=True)
+def apply_request(keys_l, rows_l, meta_l, limits, slot, vnodes, counts, keys, grads, seg, start, ohp, ikind,
+                  ihp, seed):
+    """Apply ``grads`` to ``keys`` with the table's rule, from key ``start`` of segment
+    ``seg``; return where a vnode must grow first (its segment and the key in it), or
+    ``(len(vnodes), 0)`` when every key is applied (``vnodes._apply_many``'s contract)."""
+    a = 0
+    for s in range(seg):
+        a += counts[s]
+    home, address = homes(keys_l, rows_l, slot, vnodes, counts, keys, a + start)
+    for sg in range(seg, vnodes.shape[0]):
+        t = slot[vnodes[sg]]
+        tkeys, rows, meta = keys_l[t], rows_l[t], meta_l[t]
+        cap, width, limit = tkeys.shape[0], rows.shape[1], limits[t]
+        scratch = new_scratch(rows)  # compact rows are updated in a float32 copy (``compact.py``)
+        work = work_rows(rows, scratch)
+        b = a + counts[sg]
+        for i in range(a + start if sg == seg else a, b):
+            prefetch_address(address[i + AHEAD])
+            key = keys[i]
+            s = home[i]
+            if key == 0:
+                if not meta[_HAS_ZERO]:
+                    if meta[_COUNT] >= limit:
+                        return sg, i - a
+                    meta[_HAS_ZERO] = 1
+                    meta[_COUNT] += 1
+                    init_row(work, work_slot(rows, s), key, DIM, width, KIND, ohp, ikind, ihp, seed)
+                    store_row(rows, s, scratch, width, DIM, key)
+            else:
+                while True:
+                    k = tkeys[s]
+                    if k == key:
+                        break
+                    if k == 0:
+                        if meta[_COUNT] >= limit:
+                            return sg, i - a
+                        tkeys[s] = key
+                        meta[_COUNT] += 1
+                        init_row(work, work_slot(rows, s), key, DIM, width, KIND, ohp, ikind, ihp, seed)
+                        store_row(rows, s, scratch, width, DIM, key)
+                        break
+                    s += 1
+                    if s == cap:
+                        s = 0
+            push_row(work, load_row(rows, s, scratch, width, DIM), grads, i, DIM, OP_UPDATE, KIND, ohp)
+            store_row(rows, s, scratch, width, DIM, key)
+        a = b
+    return vnodes.shape[0], 0
