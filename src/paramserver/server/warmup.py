@@ -9,6 +9,7 @@ from paramserver._runtime.warm import is_inherited, load_numba
 from paramserver.filters.warmup import warm_filters
 from paramserver.routing.ring import Ring
 from paramserver.server.requests import _segment_fault
+from paramserver.store.specialize import MAX_DIM
 from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.optim import SGD, Zeros
 from paramserver.tables.spec import TableSpec
@@ -16,7 +17,7 @@ from paramserver.wire.message import Op, decode, encode
 
 
 def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = True,
-                storages: tuple[str, ...] = ("float32",)) -> None:
+                storages: tuple[str, ...] = ("float32",), tables: tuple[TableSpec, ...] = ()) -> None:
     """Load (or compile) the table kernels for the array types requests bring (read-only
     frames; every other array goes to the kernels read-only too, ``intrinsics.frozen``), for
     ``layouts`` (a hash table's through a vnode's growth): a table of more than one vnode, a
@@ -29,7 +30,9 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = Tr
     (``train --storage`` asks for its own): they added 49 s to a cold server start for every
     user, and their first table compiles its kernels at its first request instead (7 s for a
     first fp16 push on a cold cache, measured with two servers that kept beating; then from
-    the disk cache)."""
+    the disk cache).  ``tables``: a job's own tables, whose request loops (compiled for their
+    rows, ``store/specialize.py``) are loaded too: each is a kernel of its own, ~0.1 s from
+    the disk cache at a table's first request otherwise."""
     if is_inherited():
         return
     load_numba()
@@ -45,9 +48,20 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = Tr
         table.check(vnodes, counts, keys)
         table.apply(vnodes, counts, keys, grads)
         table.lookup(vnodes, counts, keys, np.empty((n, 1), np.float32))
+        if not bits:  # the generic loops: other push operations, rows wider than request loops take
+            wide = VnodeSet(TableSpec("warm-up", MAX_DIM + 1, optimizer=SGD(), initializer=Zeros(), storage=storage),
+                            1, [0])
+            wide_grads = np.ones((n, MAX_DIM + 1), np.float32)
+            wide_grads.flags.writeable = False
+            wide.apply(vnodes, counts, keys, wide_grads)
+            wide.lookup(vnodes, counts, keys, np.empty((n, MAX_DIM + 1), np.float32))
         table.missing(vnodes, counts, keys)  # a namespace's quota
         stored, rows = table.tables[0].items()  # an export, a checkpoint, a vnode's copy
         table.install(0, stored, rows)  # a copy received (a repair, a join), a restore
         Ring.create([1]).vnodes(keys, spec.layout)  # an install's and a restore's keys checked
+    for spec in tables:  # their request loops, run once (``store/vnodes._exercise``)
+        if not spec.key_bits:  # a dense table has none
+            VnodeSet(TableSpec("warm-up", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                               storage=spec.storage), 1, [0])
     if filters:
         warm_filters()  # a filtered request's decoding, a filtered reply's encoding

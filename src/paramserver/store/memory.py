@@ -1,5 +1,6 @@
-"""Memory for dense vnodes: the up-front check and zeroed arrays whose pages are mapped
-off the hot path.
+"""Memory for vnodes: a hash vnode's slots (``new_slots``, ``slot_views``: a key and its row
+side by side, on huge pages where the kernel allows), and for dense vnodes the up-front
+check and zeroed arrays whose pages are mapped off the hot path.
 
 A dense vnode is allocated whole when it is created, so its memory is known (and
 refused, ``available_memory``) before any push.  Left to the first touch, a 2**24-row
@@ -24,6 +25,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +33,7 @@ PAGE = 4096
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>
 BACKGROUND_BYTES = 1 << 20  # smaller arrays are populated at once (256 pages: ~1 ms)
 CHUNK = 16 << 20  # one madvise call: the thread notices a process exit between chunks
+HUGE_BYTES = 2 << 20  # a hash vnode this large asks for huge pages (one is 2 MiB)
 
 
 def available_memory() -> int:
@@ -65,6 +68,46 @@ def zeroed_rows(n: int, width: int, dtype: np.dtype | type = np.float32) -> np.n
     if nbytes < BACKGROUND_BYTES or not _populater.submit(rows):
         rows.reshape(-1)[:: PAGE // size] = 0  # touch every page now
     return rows
+
+
+def huge_zeros(nbytes: int) -> np.ndarray:
+    """``uint8[nbytes]`` of zeros whose pages the kernel may back with 2 MiB pages
+    (``MADV_HUGEPAGE``, where transparent huge pages are ``madvise``, Debian's default):
+    a table of random rows costs a TLB miss a key on 4 KiB pages, whose page walk misses
+    the cache as often as the row itself.  NumPy asks for huge pages only from 4 MiB, and
+    a hash vnode of a 10^7-key table is 3.9 MB."""
+    if nbytes < HUGE_BYTES:
+        return np.zeros(nbytes, np.uint8)
+    try:
+        area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, OverflowError) as exc:
+        raise MemoryError(f"cannot map {nbytes:,} bytes for a hash vnode: {exc}") from None
+    try:
+        area.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):  # no THP in this kernel, or it is off: 4 KiB pages, as before
+        pass
+    return np.frombuffer(area, np.uint8)  # the array keeps the mapping alive
+
+
+def new_slots(capacity: int, width: int, dtype: np.dtype[Any]) -> np.ndarray:
+    """The bytes of ``capacity + 1`` slots of ``[key (uint64) | row (width x dtype)]``
+    (and 4 bytes to shift them by, ``slot_views``)."""
+    return huge_zeros((capacity + 1) * (8 + width * dtype.itemsize) + 4)
+
+
+def slot_views(slots: np.ndarray, capacity: int, width: int, dtype: np.dtype[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The key column (``uint64[capacity]``) and the rows (``dtype[capacity + 1, width]``)
+    of ``slots``, as views whose stride is a slot: a key and its row share a cache line.
+
+    Keys are unaligned wherever a slot is not a multiple of 8 bytes (one instruction on
+    x86-64 and arm64 all the same); where it is, the slots start 4 bytes in, so that every
+    table's keys are of one array type and the kernels are compiled (and warmed) once, not
+    once for aligned keys and again for unaligned ones."""
+    size = 8 + width * dtype.itemsize
+    start = 4 if size % 8 == 0 else 0
+    keys = np.ndarray((capacity,), np.uint64, slots, start, (size,))
+    rows = np.ndarray((capacity + 1, width), dtype, slots, start + 8, (size, dtype.itemsize))
+    return keys, rows
 
 
 class _Populater:

@@ -47,27 +47,12 @@ from paramserver.store.kernels import Kernels, kernels_for
 from paramserver.store.loops import hash as hash_loops
 from paramserver.store.loops import life as life_loops
 from paramserver.store.loops.hash import COUNT, HAS_ZERO
+from paramserver.store.memory import new_slots, slot_views
 from paramserver.tables.optim import OP_UPDATE, Initializer, Optimizer
 
 MAX_LOAD = 0.875
 GROWTH = 1.25
 MIN_CAPACITY = 8
-
-
-def new_slots(capacity: int, width: int, dtype: np.dtype[Any]) -> np.ndarray:
-    """The bytes of ``capacity + 1`` slots of ``[key (uint64) | row (width x dtype)]``."""
-    return np.zeros((capacity + 1) * (8 + width * dtype.itemsize), np.uint8)
-
-
-def slot_views(slots: np.ndarray, capacity: int, width: int, dtype: np.dtype[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """The key column (``uint64[capacity]``) and the rows (``dtype[capacity + 1, width]``)
-    of ``slots``, as views whose stride is a slot: a key and its row share a cache line
-    (keys are unaligned where a slot is not a multiple of 8 bytes: one instruction on
-    x86-64 and arm64 all the same)."""
-    size = 8 + width * dtype.itemsize
-    keys = np.ndarray((capacity,), np.uint64, slots, 0, (size,))
-    rows = np.ndarray((capacity + 1, width), dtype, slots, 8, (size, dtype.itemsize))
-    return keys, rows
 
 
 class VnodeTable:

@@ -63,6 +63,8 @@ class VnodeSet:
         if spec.lifecycle:
             self.life = TableLife(spec.lifecycle, spec.dim, self)
         self.set_vnodes(vnodes)
+        if self._loops is not None:
+            _exercise(spec)
 
     def _new_table(self, vnode: int) -> VnodeTable | DenseVnode:
         if self.bits:
@@ -254,3 +256,26 @@ class VnodeSet:
         """The vnodes as the lifecycle works them (``protocol.LifeRows``): a table with a
         lifecycle has hash vnodes only (``TableSpec`` refuses ``key_bits`` with one)."""
         return cast(Mapping[int, VnodeTable], self.tables)
+
+
+#: the rows whose request loops have run in this process (``_exercise``)
+_exercised: set[tuple[Any, ...]] = set()
+
+
+def _exercise(spec: TableSpec) -> None:
+    """Run a table's request loops once on a scratch table, when the table is created:
+    compiled for its row (``store/specialize.py``), they are loaded (or, on a cold cache,
+    compiled) at their first call, which is then a table's creation and not its first
+    request, in the serving loop (as a user rule's kernels, ``kernels._try``)."""
+    row = (spec.optimizer, spec.dim, spec.storage)
+    if row in _exercised:
+        return
+    _exercised.add(row)
+    scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                                 storage=spec.storage), 1, [0])
+    keys, vnodes, counts = np.ones(1, np.uint64), np.zeros(1, np.int32), np.ones(1, np.int64)
+    grads = np.zeros((1, spec.dim), np.float32)
+    for a in (keys, vnodes, counts, grads):
+        a.flags.writeable = False  # as a request's frames arrive
+    scratch.apply(vnodes, counts, keys, grads)
+    scratch.lookup(vnodes, counts, keys, np.empty((1, spec.dim), np.float32))

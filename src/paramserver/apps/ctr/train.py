@@ -212,8 +212,7 @@ def _nothing(report: dict[str, Any]) -> None:
 def _cluster_options(cfg: TrainConfig, plan: _Plan, more: dict[str, Any] | None) -> dict[str, Any]:
     """The local cluster's options: the nodes are forked once this process has loaded what
     the job runs (its parser, model and table layout)."""
-    warm = warm_job(cfg.data.name, cfg.model, "dense" if plan.spec.key_bits else "hash", bool(plan.spec.filters),
-                    plan.spec.storage)
+    warm = warm_job(cfg.data.name, cfg.model, plan.spec)
     return {"log_level": "WARNING", "warm": warm, **(more or {})}
 
 

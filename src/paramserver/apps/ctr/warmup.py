@@ -15,6 +15,7 @@ from paramserver.client.warmup import warm_client
 from paramserver.data.warmup import sample_batches
 from paramserver.filters.warmup import warm_filters
 from paramserver.server.warmup import warm_server
+from paramserver.tables.spec import TableSpec
 
 
 def warm_worker(formats: tuple[str, ...] = ("criteo", "libsvm"), models: tuple[Any, ...] | None = None,
@@ -51,11 +52,12 @@ def default_warmup() -> Warmup:
     return Warmup(servers=warm_server, workers=warm_worker)
 
 
-def warm_job(fmt: str, model: Any, layout: str, filters: bool = False, storage: str = "float32") -> Warmup:
-    """What one training job uses: the server kernels of its table's ``layout``
-    (``"hash"`` or ``"dense"``) and row ``storage`` (a deep model's MLP is float32), then
-    parsing ``fmt`` and ``model``'s step and prediction; the filters' kernels if its
-    tables have filters.  The other row formats' kernels are left out."""
-    storages = tuple(dict.fromkeys(("float32", storage)))
-    return Warmup(servers=functools.partial(warm_server, (layout,), filters, storages),
+def warm_job(fmt: str, model: Any, table: TableSpec) -> Warmup:
+    """What one training job uses: the server kernels of its ``table``'s layout (hash or
+    dense), row storage (a deep model's MLP is float32) and request loops, then parsing
+    ``fmt`` and ``model``'s step and prediction; the filters' kernels if the table has
+    filters.  The other row formats' kernels are left out."""
+    storages = tuple(dict.fromkeys(("float32", table.storage)))
+    layout, filters = "dense" if table.key_bits else "hash", bool(table.filters)
+    return Warmup(servers=functools.partial(warm_server, (layout,), filters, storages, (table,)),
                   workers=functools.partial(warm_worker, (fmt,), (model,), combine=False, filters=filters))
