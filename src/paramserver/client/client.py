@@ -469,6 +469,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         """Leave the cluster and stop the I/O thread (idempotent)."""
         stopped = self._cluster_stopped or self.config.scheduler in self._io._lost
         if self._io.is_alive() and not self._io._closed.is_set() and not stopped:
+            self.send_ticks()  # a clock no request carried yet: the servers' vector clocks hear it
             try:
                 self._call(self.config.scheduler, {"op": Op.LEAVE.value}, timeout_s=2)
             except (ParamServerError, TimeoutError):

@@ -159,6 +159,16 @@ def call_header(kind: Op, table: str, *, node_id: int, worker_clock: int | None 
     return header
 
 
+def tick_fields(node_id: int, clock: int, token: str = "") -> dict[str, Any]:
+    """The fields by which a pull or a push carries worker ``node_id``'s finished clock to
+    its server (``ClientState.outgoing``): the server takes the tick before the request,
+    as the clock message it replaces (with the worker's token when the cluster has keys)."""
+    fields: dict[str, Any] = {"tick": clock, "tick_worker": node_id}
+    if token:
+        fields["tick_token"] = token
+    return fields
+
+
 def clock_request(node_id: int, clock: int, token: str = "") -> dict[str, Any]:
     """The request that tells a server worker ``node_id`` finished clock ``clock`` (with the
     worker's token when the cluster has keys)."""

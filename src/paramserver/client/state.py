@@ -41,6 +41,11 @@ class ClientState:
         # function may compute for long, a large push on a slow link takes longer to arrive.
         self.answer_within_s: float | None = None
         self.scheduler_process = ""  # the scheduler's process (its welcome says), to tell a dead one from a stalled one
+        # a server's address -> the fields of the clock this worker finished last, which no
+        # request has carried to that server yet: the next pull or push to it does
+        # (``outgoing``), or a clock message once ``TICK_RIDE_S`` passed (``SyncCalls.clock``)
+        self.ticks: dict[str, dict[str, Any]] = {}
+        self.tick_timer = False  # a timer will send the ticks no request carried
 
     def apply_view(self, view: dict[str, Any]) -> None:
         """Take a view of the cluster (tables included), unless older than the one held."""
@@ -71,7 +76,16 @@ class ClientState:
         """Where ``piece`` goes (None: its server left the ring) and what it goes out as."""
         with self.lock:
             out, arrays = core.request(kind, header, piece, tries, self.sequencer, wire)  # through the module: see core
-            return self.view.servers.get(piece.server), out, arrays
+            address = self.view.servers.get(piece.server)
+            if self.ticks and address is not None and (tick := self.ticks.pop(address, None)) is not None:
+                out.update(tick)  # behind this worker's pushes to that server, as a clock message would be
+            return address, out, arrays
+
+    def take_ticks(self) -> dict[str, dict[str, Any]]:
+        """The ticks no request carried, each server's now to be sent on its own."""
+        with self.lock:
+            ticks, self.ticks, self.tick_timer = self.ticks, {}, False
+        return ticks
 
     def scheduler(self) -> Scheduler:
         """What a decision on an answer needs to know of the scheduler."""

@@ -10,16 +10,22 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from paramserver.client.core import clock_request
+from paramserver.client.core import clock_request, tick_fields
 from paramserver.errors import ClosedError, ConfigError, NodeLostError
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
     from paramserver.client.io_thread import IOThread
     from paramserver.client.losses import Losses
+    from paramserver.client.state import ClientState
     from paramserver.config import Config
 
 logger = logging.getLogger("paramserver.client.client")  # one log for the client
+
+#: a finished clock waits this long for a pull or a push to its server to carry it, then
+#: goes on its own: a worker's next request follows its clock at once, and a clock message
+#: of its own had cost each server a request and its answer, a third of a training job's
+TICK_RIDE_S = 0.02
 
 
 def _log_failure(msg: Message | None, exc: BaseException | None) -> None:
@@ -41,6 +47,7 @@ class SyncCalls:
         _io: IOThread
         _losses: Losses
         _token: dict[str, str]
+        _state: ClientState
 
         @property
         def _servers(self) -> dict[int, str]: ...
@@ -65,21 +72,37 @@ class SyncCalls:
         return [s["consistency"] for s in self.server_stats()]
 
     def clock(self) -> int:
-        """Finish this worker's clock: tell every server (behind this client's pushes)."""
+        """Finish this worker's clock: tell every server (behind this client's pushes), on
+        the next pull or push to it, or on its own after ``TICK_RIDE_S``."""
         self._losses.check()
         self._flush_due(self._clock + 1)  # what a filter held back for these clocks goes out with them
         with self._lock:
             self._clock += 1
             clock = self._clock
-        for address in self._servers.values():
-            self._io.submit(address, clock_request(self.node_id, clock, self._token.get("token", "")), (),
-                            _log_failure)
+        tick, state = tick_fields(self.node_id, clock, self._token.get("token", "")), self._state
+        with state.lock:
+            for address in self._servers.values():
+                state.ticks[address] = tick  # the next pull or push to it carries it (``ClientState.outgoing``)
+            arm, state.tick_timer = not state.tick_timer, True
+        if arm:
+            self._io.call_later(TICK_RIDE_S, self.send_ticks)
         return clock
+
+    def send_ticks(self) -> None:
+        """Send the finished clock no request carried to its server, each on its own: the
+        worker may wait a while before its next request (a barrier, its last batch)."""
+        for address, tick in self._state.take_ticks().items():
+            try:
+                self._io.submit(address, clock_request(self.node_id, tick["tick"], tick.get("tick_token", "")),
+                                (), _log_failure)
+            except ClosedError:
+                return
 
     def barrier(self, timeout_s: float | None = None) -> list[int]:
         """Block until every live worker has called ``barrier``; the ranks of those workers
         (every one released from a barrier gets the same list: a dead worker is missing)."""
         self._losses.check()
+        self.send_ticks()  # the others may wait on this worker's clock, not on its next request
         if self.role != "worker":
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         return list(self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s).get("workers", []))
@@ -90,6 +113,7 @@ class SyncCalls:
         A worker may arrive at later generations meanwhile (SSP rounds: wait on round
         r − s, arrive at r); each generation is released on its own."""
         self._losses.check()
+        self.send_ticks()
         if self.role != "worker":
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         if isinstance(generation, bool) or not isinstance(generation, int):

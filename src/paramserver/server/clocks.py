@@ -5,7 +5,9 @@ moved: the pushes buffered for finished clocks are applied (BSP aggregation,
 are answered (``consistency/clock.py``).
 
 Ticks travel behind a worker's pushes on one FIFO channel, so by the time a clock is
-finished here, every push of it was applied or buffered here.
+finished here, every push of it was applied or buffered here.  A tick rides on the
+worker's next pull or push to this server (``carried``), or comes as a ``CLOCK`` message
+of its own when none follows soon (``client/sync_calls.py``).
 """
 
 from __future__ import annotations
@@ -33,13 +35,20 @@ class Clocks:
 
     def on_clock(self, msg: Message) -> list[Any]:
         """A worker finished a clock."""
+        self._tick(field(msg, "worker", int), field(msg, "clock", int), msg.header.get("worker_token"))
+        return reply(msg)
+
+    def carried(self, msg: Message) -> None:
+        """A worker's finished clock carried by its pull or push (``tick``, ``tick_worker``):
+        taken before the request, as the clock message it replaces would have been."""
+        self._tick(field(msg, "tick_worker", int), field(msg, "tick", int), msg.header.get("tick_token"))
+
+    def _tick(self, worker: int, clock: int, token: Any) -> None:
         state = self.state
-        worker, clock = field(msg, "worker", int), field(msg, "clock", int)
         if state.tokens is not None:
-            state.tokens.check(worker, msg.header.get("worker_token"), "a clock")
+            state.tokens.check(worker, token, "a clock")
         state.gate.vector.tick(worker, clock)
         self.moved()
-        return reply(msg)
 
     def on_workers(self, msg: Message) -> None:
         """The scheduler's list of the live workers (the vector clock's members)."""

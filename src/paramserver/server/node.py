@@ -286,6 +286,8 @@ class ServerNode:
                 raise ProtocolError(refused)  # what the sender's key may ask (wire/security.py)
             started = time.perf_counter()
             if msg.op in (Op.PULL, Op.PUSH):
+                if "tick" in msg.header:  # a worker's finished clock, carried in place of a clock message
+                    self.clocks.carried(msg)
                 answer = handler(msg, identity)
                 self.metrics.request("push" if msg.op is Op.PUSH else "pull", msg.header["table"],
                                      len(msg.arrays[0]), sum(map(len, frames)), time.perf_counter() - started)
