@@ -9,8 +9,7 @@ from paramserver._runtime.warm import is_inherited, load_numba
 from paramserver.filters.warmup import warm_filters
 from paramserver.routing.ring import Ring
 from paramserver.server.requests import _segment_fault
-from paramserver.store.specialize import MAX_DIM
-from paramserver.store.vnodes import VnodeSet
+from paramserver.store.vnodes import GENERIC_DIM, VnodeSet
 from paramserver.tables.optim import SGD, Zeros
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Op, decode, encode
@@ -49,12 +48,12 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = Tr
         table.apply(vnodes, counts, keys, grads)
         table.lookup(vnodes, counts, keys, np.empty((n, 1), np.float32))
         if not bits:  # the generic loops: other push operations, rows wider than request loops take
-            wide = VnodeSet(TableSpec("warm-up", MAX_DIM + 1, optimizer=SGD(), initializer=Zeros(), storage=storage),
+            wide = VnodeSet(TableSpec("warm-up", GENERIC_DIM, optimizer=SGD(), initializer=Zeros(), storage=storage),
                             1, [0])
-            wide_grads = np.ones((n, MAX_DIM + 1), np.float32)
+            wide_grads = np.ones((n, GENERIC_DIM), np.float32)
             wide_grads.flags.writeable = False
             wide.apply(vnodes, counts, keys, wide_grads)
-            wide.lookup(vnodes, counts, keys, np.empty((n, MAX_DIM + 1), np.float32))
+            wide.lookup(vnodes, counts, keys, np.empty((n, GENERIC_DIM), np.float32))
         table.missing(vnodes, counts, keys)  # a namespace's quota
         stored, rows = table.tables[0].items()  # an export, a checkpoint, a vnode's copy
         table.install(0, stored, rows)  # a copy received (a repair, a join), a restore

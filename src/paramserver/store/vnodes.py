@@ -25,6 +25,7 @@ from paramserver.store.loops import life as life_loops
 from paramserver.store.loops import many
 from paramserver.store.loops.dense import dense_check_many, dense_lookup_many, dense_missing_many
 from paramserver.store.memory import available_memory, populating_later
+from paramserver.store.specialize import MAX_DIM
 from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import OP_UPDATE
 from paramserver.tables.spec import TableSpec
@@ -257,6 +258,10 @@ class VnodeSet:
         lifecycle has hash vnodes only (``TableSpec`` refuses ``key_bits`` with one)."""
         return cast(Mapping[int, VnodeTable], self.tables)
 
+
+#: a row width whose hash tables take the generic loops (wider than request loops take):
+#: what a warm-up uses to load them (``server/warmup.py``)
+GENERIC_DIM = MAX_DIM + 1
 
 #: the rows whose request loops have run in this process (``_exercise``)
 _exercised: set[tuple[Any, ...]] = set()
