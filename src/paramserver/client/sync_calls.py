@@ -26,13 +26,14 @@ logger = logging.getLogger("paramserver.client.client")  # one log for the clien
 #: goes on its own: a worker's next request follows its clock at once, and a clock message
 #: of its own had cost each server a request and its answer, a third of a training job's
 TICK_RIDE_S = 0.02
+#: ``send_ticks(wait=True)`` waits this long for each server to take the tick
+TICK_WAIT_S = 30.0
 
 
-def _log_failure(msg: Message | None, exc: BaseException | None) -> None:
+def _tick_failed(future: Future[Any]) -> None:
+    exc = future.exception()
     if exc is not None and not isinstance(exc, ClosedError):
         logger.warning("clock tick failed: %s", exc)
-    elif msg is not None and msg.op is Op.ERROR:
-        logger.warning("clock tick refused: %s", msg.header.get("error"))
 
 
 class SyncCalls:
@@ -88,21 +89,32 @@ class SyncCalls:
             self._io.call_later(TICK_RIDE_S, self.send_ticks)
         return clock
 
-    def send_ticks(self) -> None:
+    def send_ticks(self, wait: bool = False) -> None:
         """Send the finished clock no request carried to its server, each on its own: the
-        worker may wait a while before its next request (a barrier, its last batch)."""
+        worker may wait a while before its next request (a barrier, its last batch).  With
+        ``wait``, until each server has taken it (what this worker says next, a result or a
+        shard done, may be acted on by others at once: a read of the tables it trained)."""
+        futures = []
         for address, tick in self._state.take_ticks().items():
             try:
-                self._io.submit(address, clock_request(self.node_id, tick["tick"], tick.get("tick_token", "")),
-                                (), _log_failure)
+                futures.append(self._request(address, clock_request(self.node_id, tick["tick"],
+                                                                    tick.get("tick_token", ""))))
             except ClosedError:
                 return
+        for future in futures:
+            if wait:
+                try:
+                    future.result(timeout=TICK_WAIT_S)
+                except Exception as exc:  # a server lost meanwhile: its clock no longer matters
+                    logger.warning("clock tick not taken: %s", exc)
+            else:
+                future.add_done_callback(_tick_failed)
 
     def barrier(self, timeout_s: float | None = None) -> list[int]:
         """Block until every live worker has called ``barrier``; the ranks of those workers
         (every one released from a barrier gets the same list: a dead worker is missing)."""
         self._losses.check()
-        self.send_ticks()  # the others may wait on this worker's clock, not on its next request
+        self.send_ticks(wait=True)  # the others may wait on this worker's clock, not on its next request
         if self.role != "worker":
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         return list(self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s).get("workers", []))
@@ -113,7 +125,7 @@ class SyncCalls:
         A worker may arrive at later generations meanwhile (SSP rounds: wait on round
         r − s, arrive at r); each generation is released on its own."""
         self._losses.check()
-        self.send_ticks()
+        self.send_ticks(wait=True)
         if self.role != "worker":
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         if isinstance(generation, bool) or not isinstance(generation, int):

@@ -66,6 +66,7 @@ def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
             text = f"the function's result cannot be pickled: {exc}"
             data = cloudpickle.dumps((call, "error", client.rank, (text, text)))
         client.joined_midway = False
+        client.send_ticks(wait=True)  # its last clock reaches the servers before the driver hears it is done
         up.send_bytes(data)
 
 
