@@ -10,7 +10,9 @@ as frames arrive).  Cases:
 
 * FTRL on a dim-1 table of ``--keys`` keys (the goal: 50 M key updates/s, batches of 1 000);
 * AdaGrad on a dim-16 table of ``--keys16`` keys (a 136-byte slot: 10^6 keys by default,
-  1.4 GB at 10^7).
+  1.4 GB at 10^7);
+* (``--cases adagrad33``) AdaGrad on a dim-33 table of ``--keys16`` keys: a row wider than
+  the request loops take, so both columns are the generic loops.
 
 Each is run with the request loops compiled for its row (``store/specialize.py``, the
 default) and with the generic kernels (``generic``), alternating, so the two see the same
@@ -38,7 +40,8 @@ from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.spec import TableSpec
 
 CASES = {"ftrl": (1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 1.0, "l2": 1.0}),
-         "adagrad16": (16, {"name": "adagrad", "lr": 0.05})}
+         "adagrad16": (16, {"name": "adagrad", "lr": 0.05}),
+         "adagrad33": (33, {"name": "adagrad", "lr": 0.05})}  # wider than request loops take: the generic loops
 SMALL = 1 << 14
 SCRAMBLE = np.uint64(0x9E3779B97F4A7C15)
 
@@ -127,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     tune_allocator()  # as servers do
     rows = []
     for name in args.cases.split(","):
+        if name not in CASES:
+            raise SystemExit(f"--cases: {name!r} is not one of {sorted(CASES)}")
         n_keys = args.keys if name == "ftrl" else args.keys16
         for batch in (int(b) for b in args.batches.split(",")):
             for generic in (False, True):
