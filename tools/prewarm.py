@@ -33,6 +33,24 @@ def _synth_rows() -> None:
         write_synth(os.path.join(tmp, "rows.tsv"), 10, seed=1)
 
 
+def _request_loops(rows: list[tuple[object, int]]) -> None:
+    """The request loops of hash tables of these (optimiser, dim) rows: compiled for their
+    row (``store/specialize.py``), each a kernel of its own."""
+    from paramserver.tables.spec import TableSpec
+
+    warm_server((), filters=False, tables=tuple(TableSpec("warm-up", dim, optimizer=opt) for opt, dim in rows))
+
+
+def _job_rows() -> list[tuple[object, int]]:
+    """The rows of the quick start's tables: LR's and FM's at their default flags."""
+    return [(m.default_optimizer(), m.dim) for m in (Model("lr"), Model("fm"))]
+
+
+#: the built-in rules and the widths the tests' tables use
+RULES = ("sgd", "adagrad", "ftrl", "ftrl_adagrad", "adam", "rmsprop")
+WIDTHS = (1, 2, 3, 4, 16)
+
+
 def groups(quick_start: bool) -> list[Group]:
     """The kernels to compile, in groups of a few to some tens of seconds on a cold cache:
     together what ``warm_server`` and ``warm_worker`` compile, for the quick start (its
@@ -43,10 +61,13 @@ def groups(quick_start: bool) -> list[Group]:
                 ("the filters", warm_filters),
                 ("Criteo rows and LR", lambda: warm_worker(("criteo",), (Model("lr"),), combine=False, filters=False)),
                 ("FM", lambda: warm_worker(("criteo",), (Model("fm"),), combine=False, filters=False)),
+                ("LR's and FM's request loops", lambda: _request_loops(_job_rows())),
                 ("the demo's synthetic rows", _synth_rows)]
     every = [(f"server tables, {storage} rows", lambda s=storage: warm_server(storages=(s,), filters=False))
              for storage in ("float32", "fp16", "bf16")]
-    return [*every, ("the filters", warm_filters),
+    loops = [(f"request loops, {rule}", lambda r=rule: _request_loops([(r, d) for d in WIDTHS])) for rule in RULES]
+    return [*every, ("the filters", warm_filters), *loops,
+            ("LR's and FM's request loops", lambda: _request_loops(_job_rows())),
             ("Criteo rows: LR, FM, DeepFM", lambda: warm_worker(("criteo",), filters=False)),
             ("LIBSVM rows: LR, FM, DeepFM", lambda: warm_worker(("libsvm",), filters=False))]
 

@@ -148,15 +148,20 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
         monkeypatch.setattr(prewarm, name, lambda *a, _n=name, **k: calls.append((_n, a, k)))
     for _, compile_group in prewarm.groups(quick_start=True):
         compile_group()
-    servers = [(a, k) for n, a, k in calls if n == "warm_server"]
+    servers = [(a, k) for n, a, k in calls if n == "warm_server" and "tables" not in k]
     assert {a[0][0] for a, _ in servers} == {"hash", "dense"} and all(k == {"filters": False} for _, k in servers)
+    loops = [k["tables"] for n, _, k in calls if n == "warm_server" and "tables" in k]  # the job tables' request loops
+    assert [{(t.optimizer.name, t.dim) for t in tables} for tables in loops] == [{("ftrl", 1), ("ftrl_adagrad", 9)}]
     workers = [a for n, a, _ in calls if n == "warm_worker"]
     assert {m.name for a in workers for m in a[1]} == {"lr", "fm"} and all(a[0] == ("criteo",) for a in workers)
     assert [n for n, _, _ in calls].count("warm_filters") == 1 and ("_synth_rows", (), {}) in calls
     calls.clear()
     for _, compile_group in prewarm.groups(quick_start=False):
         compile_group()
-    assert sorted(k["storages"][0] for n, _, k in calls if n == "warm_server") == ["bf16", "float32", "fp16"]
+    assert sorted(k["storages"][0] for n, _, k in calls if n == "warm_server" and "storages" in k) == \
+        ["bf16", "float32", "fp16"]
+    rows = {(t.optimizer.name, t.dim) for n, _, k in calls if n == "warm_server" for t in k.get("tables", ())}
+    assert {(r, d) for r in prewarm.RULES for d in prewarm.WIDTHS} <= rows
     assert sorted(a[0][0] for n, a, _ in calls if n == "warm_worker") == ["criteo", "libsvm"]
     assert [n for n, _, _ in calls].count("warm_filters") == 1
 
