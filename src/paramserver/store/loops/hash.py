@@ -29,16 +29,51 @@ PREFETCH_AHEAD = 24
 @njit(inline="always", nogil=True, cache=True)
 def find(tkeys, meta, key):
     """Slot of ``key``, or -1."""
+    return find_from(tkeys, meta, key, slot_of_hash(hash64(key), tkeys.shape[0]) if key != 0 else 0)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def find_from(tkeys, meta, key, s):
+    """Slot of ``key``, probing from its home slot ``s`` (ignored for key 0), or -1."""
     cap = tkeys.shape[0]
     if key == 0:
         return cap if meta[HAS_ZERO] else -1
-    s = slot_of_hash(hash64(key), cap)
     while True:
         k = tkeys[s]
         if k == key:
             return s
         if k == 0:
             return -1
+        s += 1
+        if s == cap:
+            s = 0
+
+
+@njit(inline="always", nogil=True, cache=True)
+def claim(tkeys, meta, key, s, limit):
+    """``(slot, new)`` of ``key``, probing from its home slot ``s`` (ignored for key 0): a
+    key not stored takes the first empty slot, counted (``new``: its row is the caller's to
+    initialise, with the rule the caller was compiled with); ``(-1, False)`` where one more
+    key would pass ``limit`` (the table must grow first)."""
+    cap = tkeys.shape[0]
+    if key == 0:
+        if meta[HAS_ZERO]:
+            return cap, False
+        if meta[COUNT] >= limit:
+            return -1, False
+        meta[HAS_ZERO] = 1
+        meta[COUNT] += 1
+        return cap, True
+    while True:
+        k = tkeys[s]
+        if k == key:
+            return s, False
+        if k == 0:
+            if meta[COUNT] >= limit:
+                return -1, False
+            tkeys[s] = key
+            meta[COUNT] += 1
+            return s, True
         s += 1
         if s == cap:
             s = 0
@@ -80,32 +115,12 @@ def apply(tkeys, rows, meta, keys, grads, start, limit, dim, op, okind, ohp, iki
     for i in range(start, keys.shape[0]):
         prefetch_home(tkeys, rows, keys, i + PREFETCH_AHEAD)
         key = keys[i]
-        if key == 0:
-            s = cap
-            if not meta[HAS_ZERO]:
-                if meta[COUNT] >= limit:
-                    return i
-                meta[HAS_ZERO] = 1
-                meta[COUNT] += 1
-                init_row(work, work_slot(rows, s), key, dim, width, okind, ohp, ikind, ihp, seed)
-                store_row(rows, s, scratch, width, dim, key)
-        else:
-            s = slot_of_hash(hash64(key), cap)
-            while True:
-                k = tkeys[s]
-                if k == key:
-                    break
-                if k == 0:
-                    if meta[COUNT] >= limit:
-                        return i
-                    tkeys[s] = key
-                    meta[COUNT] += 1
-                    init_row(work, work_slot(rows, s), key, dim, width, okind, ohp, ikind, ihp, seed)
-                    store_row(rows, s, scratch, width, dim, key)
-                    break
-                s += 1
-                if s == cap:
-                    s = 0
+        s, new = claim(tkeys, meta, key, slot_of_hash(hash64(key), cap) if key != 0 else 0, limit)
+        if s < 0:
+            return i
+        if new:
+            init_row(work, work_slot(rows, s), key, dim, width, okind, ohp, ikind, ihp, seed)
+            store_row(rows, s, scratch, width, dim, key)
         push_row(work, load_row(rows, s, scratch, width, dim), grads, i, dim, op, okind, ohp)
         store_row(rows, s, scratch, width, dim, key)
     return keys.shape[0]

@@ -25,6 +25,7 @@ from numba import njit
 from paramserver._runtime.intrinsics import prefetch_address
 from paramserver.routing.hashing import hash64, slot_of_hash
 from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows, work_slot
+from paramserver.store.loops.hash import claim, find_from
 from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 
 #: rebound per table (``store/specialize.py``): the value columns of a row, and the rule
@@ -33,7 +34,6 @@ KIND = 0
 #: keys between the look-ahead cursor and the key being worked: enough misses in flight
 #: to cover DRAM's latency behind an update's arithmetic
 AHEAD = 16
-_COUNT, _HAS_ZERO = 0, 1
 
 
 @njit(nogil=True, cache=True)
@@ -71,26 +71,11 @@ def lookup_request(keys_l, rows_l, meta_l, slot, vnodes, counts, keys, out, ikin
     for seg in range(vnodes.shape[0]):
         t = slot[vnodes[seg]]
         tkeys, rows, meta = keys_l[t], rows_l[t], meta_l[t]
-        cap = tkeys.shape[0]
         b = a + counts[seg]
         for i in range(a, b):
             prefetch_address(address[i + AHEAD])
             key = keys[i]
-            s = home[i]
-            if key == 0:
-                if not meta[_HAS_ZERO]:
-                    s = -1
-            else:
-                while True:
-                    k = tkeys[s]
-                    if k == key:
-                        break
-                    if k == 0:
-                        s = -1
-                        break
-                    s += 1
-                    if s == cap:
-                        s = 0
+            s = find_from(tkeys, meta, key, home[i])
             if s >= 0:
                 for j in range(DIM):
                     out[i, j] = value_at(rows, s, j)
@@ -105,7 +90,7 @@ def apply_request(keys_l, rows_l, meta_l, limits, slot, vnodes, counts, keys, gr
                   ihp, seed):
     """Apply ``grads`` to ``keys`` with the table's rule, from key ``start`` of segment
     ``seg``; return where a vnode must grow first (its segment and the key in it), or
-    ``(len(vnodes), 0)`` when every key is applied (``vnodes._apply_many``'s contract)."""
+    ``(len(vnodes), 0)`` when every key is applied (``many.apply_many``'s contract)."""
     a = 0
     for s in range(seg):
         a += counts[s]
@@ -113,38 +98,19 @@ def apply_request(keys_l, rows_l, meta_l, limits, slot, vnodes, counts, keys, gr
     for sg in range(seg, vnodes.shape[0]):
         t = slot[vnodes[sg]]
         tkeys, rows, meta = keys_l[t], rows_l[t], meta_l[t]
-        cap, width, limit = tkeys.shape[0], rows.shape[1], limits[t]
+        width, limit = rows.shape[1], limits[t]
         scratch = new_scratch(rows)  # compact rows are updated in a float32 copy (``compact.py``)
         work = work_rows(rows, scratch)
         b = a + counts[sg]
         for i in range(a + start if sg == seg else a, b):
             prefetch_address(address[i + AHEAD])
             key = keys[i]
-            s = home[i]
-            if key == 0:
-                if not meta[_HAS_ZERO]:
-                    if meta[_COUNT] >= limit:
-                        return sg, i - a
-                    meta[_HAS_ZERO] = 1
-                    meta[_COUNT] += 1
-                    init_row(work, work_slot(rows, s), key, DIM, width, KIND, ohp, ikind, ihp, seed)
-                    store_row(rows, s, scratch, width, DIM, key)
-            else:
-                while True:
-                    k = tkeys[s]
-                    if k == key:
-                        break
-                    if k == 0:
-                        if meta[_COUNT] >= limit:
-                            return sg, i - a
-                        tkeys[s] = key
-                        meta[_COUNT] += 1
-                        init_row(work, work_slot(rows, s), key, DIM, width, KIND, ohp, ikind, ihp, seed)
-                        store_row(rows, s, scratch, width, DIM, key)
-                        break
-                    s += 1
-                    if s == cap:
-                        s = 0
+            s, new = claim(tkeys, meta, key, home[i], limit)
+            if s < 0:
+                return sg, i - a
+            if new:
+                init_row(work, work_slot(rows, s), key, DIM, width, KIND, ohp, ikind, ihp, seed)
+                store_row(rows, s, scratch, width, DIM, key)
             push_row(work, load_row(rows, s, scratch, width, DIM), grads, i, DIM, OP_UPDATE, KIND, ohp)
             store_row(rows, s, scratch, width, DIM, key)
         a = b
