@@ -49,9 +49,14 @@ def _count_bins(p: np.ndarray, labels: np.ndarray, pos: np.ndarray, neg: np.ndar
     took (two 4 096-bin ``bincount`` among them) cost ~50 µs of every training batch."""
     scale = BINS / (2 * SPAN)
     for i in range(p.shape[0]):
-        q = min(max(np.float64(p[i]), 1e-12), 1 - 1e-12)
+        q = float(p[i])
+        q = 1e-12 if q < 1e-12 else (1 - 1e-12 if q > 1 - 1e-12 else q)
         z = (np.log(q) - np.log1p(-q) + SPAN) * scale
-        b = min(max(np.int64(z), 0), BINS - 1) if z == z else 0  # NaN: bin 0, as NumPy's clip of it
+        b = 0  # NaN and below the span: bin 0, as NumPy's clip of them
+        if z >= BINS - 1:
+            b = BINS - 1
+        elif z > 0:
+            b = int(z)
         if labels[i] > 0:
             pos[b] += 1
         else:
