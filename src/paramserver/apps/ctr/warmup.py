@@ -14,6 +14,7 @@ from paramserver.apps.ctr.models import Model
 from paramserver.client.warmup import warm_client
 from paramserver.data.warmup import sample_batches
 from paramserver.filters.warmup import warm_filters
+from paramserver.observe.progressive import Scores
 from paramserver.server.warmup import warm_server
 from paramserver.tables.spec import TableSpec
 
@@ -21,7 +22,8 @@ from paramserver.tables.spec import TableSpec
 def warm_worker(formats: tuple[str, ...] = ("criteo", "libsvm"), models: tuple[Any, ...] | None = None,
                 combine: bool = True, filters: bool = True) -> None:
     """Load (or compile) the training kernels on tiny inputs: parsing ``formats``,
-    deduplication, ``models``' steps and predictions (default: lr, fm and deepfm), routing
+    deduplication, ``models``' steps and predictions (default: lr, fm and deepfm) and their
+    progressive scores, routing
     (``combine``: a push whose duplicate keys are merged too) and scattering a pull's reply;
     with ``filters``, the filters' kernels."""
     if is_inherited():
@@ -35,7 +37,7 @@ def warm_worker(formats: tuple[str, ...] = ("criteo", "libsvm"), models: tuple[A
             rows = np.zeros((uniq.size, model.dim), np.float32)
             dense = model.dense_initial(0) if model.deep else None
             grads, _, _ = model.step(batch, inverse, rows, dense)
-            model.predict(batch, inverse, rows, dense)
+            Scores().add(model.predict(batch, inverse, rows, dense), batch.labels, 0.0)  # progressive validation
             warm_client(uniq, grads, combine, filters=False)
     if filters:
         warm_filters()
