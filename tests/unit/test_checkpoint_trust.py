@@ -50,14 +50,12 @@ class _Client:
     def __init__(self) -> None:
         self.created: list[str] = []
         self.requests: list[dict] = []
-        self.ring = SimpleNamespace(servers=[0, 1])
         self.config = SimpleNamespace(scheduler="tcp://scheduler")
+        self.admin = SimpleNamespace(ring=SimpleNamespace(servers=[0, 1]),
+                                     create_table_spec=lambda spec: self.created.append(spec.name))
 
     def tables(self) -> dict:
         return {}
-
-    def create_table_spec(self, spec: TableSpec) -> None:
-        self.created.append(spec.name)
 
     def drop_table(self, name: str) -> None:
         self.created.remove(name)

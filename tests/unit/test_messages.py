@@ -89,6 +89,7 @@ class _Stats:
 
     def __init__(self, keys: int, nbytes: int):
         self.keys, self.nbytes = keys, nbytes
+        self.stats = self  # client.stats.server_stats
 
     def server_stats(self):
         one = {"keys": self.keys, "primary_keys": self.keys // 2, "bytes": self.nbytes // 2}

@@ -70,7 +70,7 @@ class _InProcessClient:
 
     def __init__(self, table, shards):
         self.table, self.tasks, self.current_clock, self.done = table, list(shards), 0, []
-        self.job = self  # client.job: the shard queue
+        self.job = self.stats = self  # client.job: the shard queue; client.stats: the wire's totals
 
     def next_shard(self):
         return {"shard": self.tasks.pop(0).to_wire(), "id": 0} if self.tasks else None

@@ -401,13 +401,13 @@ def restore_tables(client: Any, url: str, allow_unverified: bool = False) -> dic
     try:
         for name, wire in chain[-1][1]["tables"].items():
             spec = TableSpec.from_wire(wire)
-            client.create_table_spec(replace(spec, replicas=min(spec.replicas, len(client.ring.servers))))
+            client.admin.create_table_spec(replace(spec, replicas=min(spec.replicas, len(client.admin.ring.servers))))
             restored[name] = 0
             for step, manifest in chain:
                 if name in manifest["tables"]:
                     restored[name] = _load(client, name, step, manifest, allow_unverified)
         if len(chain) > 1:  # steps on a base: the keys held at the end, not the last step's
-            stats = client.server_stats()
+            stats = client.stats.server_stats()
             restored = {n: sum(int(s["tables"].get(n, {}).get("primary_keys", 0)) for s in stats) for n in restored}
     except BaseException:
         for name in set(restored) - existing:  # a failed restore leaves nothing: the tables it created go

@@ -42,7 +42,7 @@ def cluster(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, connect_timeout_s=min(config.connect_timeout_s, 5.0))
     with Client(config=config) as client:
         if args.action == "remove-server":
-            version = client.remove_server(args.id)
+            version = client.admin.remove_server(args.id)
             print(f"server {args.id} removed; ring version {version}")
         else:
             _status(client)
@@ -52,9 +52,9 @@ def cluster(args: argparse.Namespace) -> int:
 def _status(client: Any) -> None:
     """``cluster status``: the ring, each server's tables, keys, memory and vnodes held,
     the tables, the workers and the job's progress."""
-    info = client.cluster_info()
-    ring = client.ring
-    stats = {s["node_id"]: s for s in client.server_stats()}
+    info = client.admin.cluster_info()
+    ring = client.admin.ring
+    stats = {s["node_id"]: s for s in client.stats.server_stats()}
     moving = ", vnodes moving" if info.get("migrating") else ""
     print(f"ring version {info.get('ring_version')}, {ring.n_vnodes} vnodes{moving}")
     for sid in info.get("ring_servers", []):
@@ -76,7 +76,7 @@ def _status(client: Any) -> None:
             life = [t.get("lifecycle", {}) for t in per]
             print(f"    lifecycle {spec.lifecycle}: {sum(x.get('refused', 0) for x in life):,} updates refused, "
                   f"{sum(x.get('evicted', 0) for x in life) // spec.replicas:,} keys evicted")
-    for name, ns in client.namespaces().items():
+    for name, ns in client.admin.namespaces().items():
         if name:
             limits = ", ".join(f"{k} {ns[k]:,}" for k in ("max_keys", "max_bytes") if ns[k]) or "no quota"
             print(f"  namespace {name}: {len(ns['tables'])} table(s), {ns['keys']:,} keys, {ns['bytes']:,} bytes "

@@ -18,30 +18,25 @@ from typing import Any
 
 import numpy as np
 
+from paramserver.client.admin import Admin
 from paramserver.client.calls import FunctionCalls
-from paramserver.client.cluster_calls import ClusterCalls
-from paramserver.client.connect import registered
-from paramserver.client.core import Piece, Wire, as_keys, call_header, pull_rows, remote_error
+from paramserver.client.core import Piece, Wire, as_keys, call_header, pull_rows
 from paramserver.client.filter_calls import FilterCalls
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
 from paramserver.client.life_calls import LifeCalls, with_stats
 from paramserver.client.losses import Losses
+from paramserver.client.moved import MOVED, moved
+from paramserver.client.rpc import Rpc
 from paramserver.client.scatter import Scatter
 from paramserver.client.state import ClientState
+from paramserver.client.stats import Stats
 from paramserver.client.sync_calls import SyncCalls
 from paramserver.config import Config, load_config
-from paramserver.errors import (
-    ConfigError,
-    ConnectError,
-    ParamServerError,
-    RemoteError,
-    UnknownTableError,
-)
+from paramserver.errors import ConfigError, ConnectError, ParamServerError, UnknownTableError
 from paramserver.routing.blocks import BlockMap
 from paramserver.routing.partition import combine_duplicates, scatter_rows
 from paramserver.routing.ring import Ring
-from paramserver.tables.namespaces import Quota, check_name, summarize
 from paramserver.tables.optim import PUSH_OPS
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op
@@ -50,7 +45,7 @@ from paramserver.wire.sockets import refused_for
 logger = logging.getLogger(__name__)
 
 
-class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
+class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
     """A node's handle on the cluster.
 
     Args:
@@ -87,9 +82,10 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         self._io.start()
         self._state = ClientState(self.config, self._io)  # what every call shares: view, push numbers, counts
         self._lock = self._state.lock
-        self.counts = self._state.counts  # calls by op, and "retries" (pieces routed again): metrics.client_families
+        self._rpc = Rpc(self.config, self._io, self._state, role)
+        self.admin = Admin(self._rpc, self._state)  # the cluster's administration
+        self.stats = Stats(self._rpc, self._io, self._state, self._losses)  # what was measured
         self._clock = 0
-        self._cluster_stopped = False
         try:
             view = self._call(self.config.scheduler, {"op": Op.REGISTER.value, "role": role, "metrics": metrics_url},
                               timeout_s=self.config.connect_timeout_s, connecting=True)
@@ -132,47 +128,12 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         elif msg.op is Op.NODE_LOST and msg.header.get("role") == "server":
             self._losses.record(msg.header)
 
-    @property
-    def losses(self) -> list[dict[str, Any]]:
-        """The servers' deaths that lost data, as this client was told (each: ``server``,
-        ``tables``, ``by_table`` vnode ids, ``vnodes``)."""
-        return list(self._losses.seen)
-
-    @property
-    def allow_loss(self) -> bool:
-        """Whether a loss is only logged and kept in ``losses`` (else the next call raises)."""
-        return self._losses.allow
-
-    @allow_loss.setter
-    def allow_loss(self, allow: bool) -> None:
-        self._losses.allow = bool(allow)
-
     def _request(self, address: str, header: dict[str, Any]) -> Future[Any]:
-        """Send one request; the future holds the reply ``Message`` or the error it carried."""
-        fut: Future[Any] = Future()
-
-        def done(msg: Message | None, exc: BaseException | None) -> None:
-            if exc is not None:
-                fut.set_exception(exc)
-            elif msg is None:
-                fut.set_exception(RemoteError(f"no reply from {address}"))
-            elif msg.op is Op.ERROR:
-                fut.set_exception(remote_error(msg))
-            else:
-                fut.set_result(msg)
-
-        self._io.submit(address, header, (), done)
-        return fut
+        return self._rpc.request(address, header)
 
     def _call(self, address: str, header: dict[str, Any], timeout_s: float | None = None,
               connecting: bool = False) -> dict[str, Any]:
-        """One request, blocking: the reply's header (``connecting``: a registration, whose
-        timeout is a ``ConnectError`` saying why, ``client/connect.py``)."""
-        reply = self._request(address, header)
-        if connecting:
-            return registered(reply, address, self.config, self.role, timeout_s or self.config.connect_timeout_s)
-        answer: dict[str, Any] = reply.result(timeout=timeout_s).header
-        return answer
+        return self._rpc.call(address, header, timeout_s, connecting)
 
     def _spec(self, table: str) -> TableSpec:
         spec = self._tables.get(table)
@@ -242,18 +203,10 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
         """
-        return self.create_table_spec(
+        return self.admin.create_table_spec(
             TableSpec(name, dim, optimizer=optimizer, initializer=initializer, seed=seed, consistency=consistency,
                       aggregate=aggregate, replicas=replicas, key_bits=key_bits, block_size=block_size,
                       filters=filters, lifecycle=lifecycle, storage=storage))
-
-    def create_table_spec(self, spec: TableSpec) -> TableSpec:
-        """Create the table ``spec`` describes, every field of it (a job's table, a
-        checkpoint's): the one path by which a spec reaches the scheduler."""
-        self._call(self.config.scheduler, {"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()})
-        with self._lock:
-            self._tables[spec.name] = spec
-        return spec
 
     def drop_table(self, name: str) -> None:
         self._call(self.config.scheduler, {"op": Op.DROP_TABLE.value, "name": name})
@@ -366,26 +319,6 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         one request, applied exactly once, acknowledged once every replica has it."""
         return self.push(table, self.blocks(table).keys(block), values, distinct=True, op=op)
 
-    # ---- namespaces ---------------------------------------------------------------------
-    def create_namespace(self, name: str, *, max_keys: int | None = None, max_bytes: int | None = None) -> None:
-        """Set the quota of namespace ``name`` (its tables are named ``"name/..."``): a
-        push that would take it past ``max_keys`` keys or ``max_bytes`` bytes is refused
-        with ``QuotaError`` and changes nothing (``paramserver.tables.namespaces``).  Again, to
-        change it; with no limit, to lift it."""
-        quota = Quota(max_keys, max_bytes)
-        self._call(self.config.scheduler, {"op": Op.CREATE_NAMESPACE.value, "name": check_name(name),
-                                           "quota": quota.to_wire()})
-
-    def drop_namespace(self, name: str) -> list[str]:
-        """Drop every table of namespace ``name`` and its quota; return the tables dropped."""
-        return list(self._call(self.config.scheduler, {"op": Op.DROP_NAMESPACE.value,
-                                                       "name": check_name(name)})["tables"])
-
-    def namespaces(self) -> dict[str, dict[str, Any]]:
-        """Each namespace's tables, keys, bytes and quota (``""``: tables with no ``/``)."""
-        info = self.cluster_info()
-        return summarize(info.get("tables", {}), info.get("namespaces", {}), self.server_stats())
-
     def _settled(self, seq: int) -> None:
         with self._lock:
             self._state.sequencer.settled(seq)
@@ -401,9 +334,7 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
 
     # ---- cold backup ------------------------------------------------------------------
     def _on_every_server(self, header: dict[str, Any], timeout_s: float | None = None) -> list[Message]:
-        """Send ``header`` to every server at once; their replies, in server order."""
-        futures = [self._request(address, header) for address in self._servers.values()]
-        return [f.result(timeout=timeout_s) for f in futures]
+        return self._rpc.on_every_server(header, timeout_s)
 
     def checkpoint(self, url: str, *, step: str | None = None, extra: dict[str, Any] | None = None,
                    incremental: bool = False) -> str:
@@ -453,21 +384,9 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
 
         return restore_tables(self, local_url(url), allow_unverified)
 
-    @property
-    def bytes_sent(self) -> int:
-        return self._io.bytes_sent
-
-    @property
-    def bytes_received(self) -> int:
-        return self._io.bytes_received
-
-    @property
-    def ring(self) -> Ring:
-        return self._ring
-
     def close(self) -> None:
         """Leave the cluster and stop the I/O thread (idempotent)."""
-        stopped = self._cluster_stopped or self.config.scheduler in self._io._lost
+        stopped = self.admin.stopped or self.config.scheduler in self._io._lost
         if self._io.is_alive() and not self._io._closed.is_set() and not stopped:
             self.send_ticks()  # a clock no request carried yet: the servers' vector clocks hear it
             try:
@@ -481,3 +400,17 @@ class Client(ClusterCalls, SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        """The names that moved into ``admin`` and ``stats`` still answer, with a note of
+        where they live now (``client/moved.py``)."""
+        group = MOVED.get(name)
+        if group is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(getattr(self, group), moved(name, group))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in MOVED:  # ``client.allow_loss = True``: set where it lives now, not on the client
+            setattr(getattr(self, MOVED[name]), moved(name, MOVED[name]), value)
+            return
+        super().__setattr__(name, value)

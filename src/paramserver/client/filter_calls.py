@@ -1,6 +1,6 @@
 """The client's calls on its tables' filters (``paramserver.filters``): pushing what they
-still owe (``flush``, and every N clocks for the significantly-modified filter), and
-what they took off (``filter_stats``, ``wire_totals``).  ``Client`` inherits them; the
+still owe (``flush``, and every N clocks for the significantly-modified filter); what
+they took off is ``client.stats``' (``filter_stats``, ``wire_totals``).  ``Client`` inherits them; the
 filters' state is ``ClientState.filters`` (``client/filtering.py``)."""
 
 from __future__ import annotations
@@ -52,12 +52,3 @@ class FilterCalls:
             owed = filters.drain(name, held_only=True) if due else None
             if owed is not None:
                 self._push(self._spec(name), owed[0], owed[1], "update", True, flushing=True)
-
-    def wire_totals(self) -> tuple[int, int]:
-        """Bytes of this client's filtered requests before their filters and after, in all."""
-        return self._state.filters.totals()  # cheap: a training loop asks twice a second
-
-    def filter_stats(self) -> dict[str, Any]:
-        """Per table and direction, each filter's bytes in and out (this client's
-        requests), and what its residuals owe (``owed``: keys, sum of |value|)."""
-        return self._state.filters.stats()

@@ -82,7 +82,7 @@ def tolerating_loss(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _tolerant(fn: Callable[..., Any], client: Any, *args: Any, **kwargs: Any) -> Any:
-    client.allow_loss = True
+    client.stats.allow_loss = True
     return fn(client, *args, **kwargs)
 
 
@@ -97,11 +97,11 @@ class surfacing_losses:  # noqa: N801 (a context manager, used like a function)
 
     def __enter__(self) -> surfacing_losses:
         self.client = self.cluster.client
-        self.client.allow_loss = True  # the driver decides here, with the command's own words
+        self.client.stats.allow_loss = True  # the driver decides here, with the command's own words
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        losses = self.client.losses
+        losses = self.client.stats.losses
         if self.allow_loss or not (losses or isinstance(exc, DataLossError) or
                                    (isinstance(exc, WorkerError) and "DataLossError" in str(exc))):
             return
@@ -111,5 +111,5 @@ class surfacing_losses:  # noqa: N801 (a context manager, used like a function)
 
     def report(self) -> dict[str, Any]:
         """``{"data_loss": [...]}`` when servers died with data (allowed), else nothing."""
-        losses = self.client.losses
+        losses = self.client.stats.losses
         return {"data_loss": losses} if losses else {}

@@ -1,7 +1,7 @@
 """The client's clocks and barriers: a worker finishing its clock (the staleness gate and
 BSP aggregation key on it), taking the live servers' minimum when it joins, and the
 scheduler's barriers, whole or numbered.  ``Client`` inherits them; the data plane's
-calls (pull, push) are in ``client.py``, the membership's in ``cluster_calls.py``."""
+calls (pull, push) are in ``client.py``, the cluster's administration in ``admin.py``."""
 
 from __future__ import annotations
 
@@ -58,19 +58,12 @@ class SyncCalls:
 
         def _request(self, address: str, header: dict[str, Any]) -> Future[Message]: ...
 
-        def server_stats(self, samples: bool = False) -> list[dict[str, Any]]: ...
-
         def _flush_due(self, clock: int) -> None: ...
 
     @property
     def current_clock(self) -> int:
         """Clocks this worker has finished (its pulls are gated on it)."""
         return self._clock
-
-    def consistency_stats(self) -> list[dict[str, Any]]:
-        """Per server: the staleness readers saw (histogram of c - min clock at answer
-        time), pulls parked and seconds spent parked, and the vector clock."""
-        return [s["consistency"] for s in self.server_stats()]
 
     def clock(self) -> int:
         """Finish this worker's clock: tell every server (behind this client's pushes), on

@@ -166,9 +166,9 @@ class LocalCluster(RunsFunctions):
                 scheduler=self.address, connect_timeout_s=self.startup_timeout_s, secret_file=self.secret_file or None,
                 heartbeat_interval_s=self.heartbeat_interval_s, heartbeat_timeout_s=self.heartbeat_timeout_s))
             if self.http_port is not None:
-                self.http_url = self._client.cluster_info().get("http", "")
+                self.http_url = self._client.admin.cluster_info().get("http", "")
             if self.n_workers:  # every worker in, so all start at clock 0 and take part from the start
-                self._client.wait_for_workers(self.n_workers, timeout_s=self.startup_timeout_s)
+                self._client.admin.wait_for_workers(self.n_workers, timeout_s=self.startup_timeout_s)
         except BaseException as exc:
             logs = "\n".join(f"--- {p.name} (exit {p.popen.poll()}):\n{p.tail()}" for p in self.procs.values())
             self.stop()
@@ -271,7 +271,7 @@ class LocalCluster(RunsFunctions):
             return False
         polite = False
         try:
-            self._client.shutdown_cluster()
+            self._client.admin.shutdown_cluster()
             polite = True
         except Exception as exc:  # no scheduler to pass the word on: signals at once
             logger.debug("shutdown request failed: %s", exc)
@@ -388,7 +388,7 @@ class LocalCluster(RunsFunctions):
         proc = self._spawn(name, ["server", "--scheduler", self.address])
         # wait for *this* server on the settled ring, not for a count: another server dying
         # during the join must not turn a join that completed into an error
-        ready = self.client.server_joined(pid=proc.popen.pid)
+        ready = self.client.admin.server_joined(pid=proc.popen.pid)
         deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
         while True:  # the answer, or the joiner's exit (before it registered, nobody else would notice)
             try:
@@ -401,7 +401,7 @@ class LocalCluster(RunsFunctions):
                 if time.monotonic() >= deadline:
                     raise TimeoutError(f"{name} did not join the ring within {timeout_s or self.startup_timeout_s:g} "
                                        "s") from None
-        self.client.cluster_info()
+        self.client.admin.cluster_info()
         return name
 
     def remove_server(self, server: int | str, timeout_s: float | None = None) -> int:
@@ -414,7 +414,7 @@ class LocalCluster(RunsFunctions):
                                   f"{sorted(n for n in self.procs if n.startswith('server-'))}); pass a name "
                                   "add_server returned, or a node id")
             server = node_of_pid(self.client, proc.popen.pid, server)
-        return self.client.remove_server(server, timeout_s=timeout_s or self.startup_timeout_s)
+        return self.client.admin.remove_server(server, timeout_s=timeout_s or self.startup_timeout_s)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to one node (``"server-0"``, ``"worker-1"``): fault injection."""
@@ -425,7 +425,7 @@ class LocalCluster(RunsFunctions):
 
 def node_of_pid(client: Client, pid: int, name: str) -> int:
     """The node id of the server whose process is ``pid`` (its stats say), or ``ConfigError``."""
-    for stats in client.server_stats():
+    for stats in client.stats.server_stats():
         if int(stats.get("pid", -1)) == pid:
             return int(stats["node_id"])
     raise ConfigError(f"{name} (pid {pid}) is not serving on the ring")

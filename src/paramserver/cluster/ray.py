@@ -177,7 +177,7 @@ class RayCluster(RunsFunctions):
                 scheduler=self.address, connect_timeout_s=self.startup_timeout_s,
                 heartbeat_interval_s=self.heartbeat_interval_s, heartbeat_timeout_s=self.heartbeat_timeout_s))
             if self.n_workers:
-                self._client.wait_for_workers(self.n_workers, timeout_s=self.startup_timeout_s)
+                self._client.admin.wait_for_workers(self.n_workers, timeout_s=self.startup_timeout_s)
         except BaseException as exc:
             logs = self._logs()
             self.stop()
@@ -231,7 +231,7 @@ class RayCluster(RunsFunctions):
         scheduler_gone = self._scheduler_exit is not None and self._scheduler_exit.done()
         if self._client is not None and not scheduler_gone:
             try:
-                self._client.shutdown_cluster()
+                self._client.admin.shutdown_cluster()
             except Exception as exc:
                 logger.debug("shutdown request failed: %s", exc)
         if self._client is not None:
@@ -366,14 +366,14 @@ class RayCluster(RunsFunctions):
         member = self._start(name, "server", ["--scheduler", self.address], bundle=None)
         info = self._get(member.actor.info.remote(), name, wait_s)
         # this server on the settled ring, not a count (another server dying meanwhile is no failure)
-        self.client.server_joined(address=str(info["address"])).result(timeout=wait_s)
-        self.client.cluster_info()
+        self.client.admin.server_joined(address=str(info["address"])).result(timeout=wait_s)
+        self.client.admin.cluster_info()
         return name
 
     def remove_server(self, server: int | str, timeout_s: float | None = None) -> int:
         """Take a server out of the ring live (see ``Client.remove_server``): its node id,
         or its actor's name (``add_server``'s answer); its actor then ends."""
-        servers = self.client.cluster_info().get("servers", {})
+        servers = self.client.admin.cluster_info().get("servers", {})
         if isinstance(server, str):
             member = self.members.get(server)
             if member is None or member.role != "server":
@@ -390,7 +390,7 @@ class RayCluster(RunsFunctions):
             if member.role == "server" and not member.drained and self._address_of(member) == address:
                 member.drained = True
                 self._quietly([member.actor.prepare_stop.remote()])
-        version = self.client.remove_server(node_id, timeout_s=timeout_s or self.startup_timeout_s)
+        version = self.client.admin.remove_server(node_id, timeout_s=timeout_s or self.startup_timeout_s)
         for member in self.members.values():
             if member.drained and member.role == "server" and not member.dead:
                 member.dead = True
@@ -413,7 +413,7 @@ class RayCluster(RunsFunctions):
         if servers is not None:
             if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
                 raise ConfigError(f"servers must be a whole number >= 1, got {servers!r}")
-            ring = [int(s) for s in self.client.cluster_info().get("ring_servers", [])]
+            ring = [int(s) for s in self.client.admin.cluster_info().get("ring_servers", [])]
             for _ in range(servers - len(ring)):
                 self.add_server(timeout_s)
             for node_id in sorted(ring, reverse=True)[:max(0, len(ring) - servers)]:

@@ -222,14 +222,14 @@ class Observer:
             client = self.client()
         except ConnectError:  # no ring yet: the cluster is starting
             return snap
-        info = client.cluster_info()
+        info = client.admin.cluster_info()
         if "ring" not in info:
             return snap
         snap.state = "running"
-        stats = client.server_stats(samples=True)
+        stats = client.stats.server_stats(samples=True)
         snap.job = client.job.status() or {}
         snap.families = aggregate([(int(s["node_id"]), s.get("samples") or []) for s in stats])
-        owners = client.ring.owners  # cluster_info applied the ring it carries
+        owners = client.admin.ring.owners  # cluster_info applied the ring it carries
         per_server = {int(s): int((owners == int(s)).sum()) for s in info["ring_servers"]}
         snap.ring = {"version": info["ring_version"], "servers": [int(s) for s in info["ring_servers"]],
                      "vnodes": per_server, "owners": owners.tolist(), "migrating": info.get("migrating", False),

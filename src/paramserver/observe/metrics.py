@@ -161,15 +161,15 @@ def filter_byte_families(rows: list[tuple[str, str, str, int, int]]) -> list[Fam
 
 def client_families(client: Any) -> list[Family]:
     """A worker's (a client's) own: calls by op, retries, bytes, and the examples it reported."""
-    counts = dict(client.counts)
+    counts = dict(client.stats.counts)
     calls = [["paramserver_client_calls_total", {"op": op}, float(n)] for op, n in counts.items() if op != "retries"]
     out: list[Family] = [["paramserver_client_calls", "counter", "pulls, pushes and other calls made", calls],
                          ["paramserver_client_retries", "counter", "pieces routed again (stale ring, lost server)",
                           [["paramserver_client_retries_total", {}, float(counts.get("retries", 0))]]]]
-    for what, value in (("sent", client.bytes_sent), ("received", client.bytes_received)):
+    for what, value in (("sent", client.stats.bytes_sent), ("received", client.stats.bytes_received)):
         out.append([f"paramserver_client_{what}_bytes", "counter", f"bytes {what}",
                     [[f"paramserver_client_{what}_bytes_total", {}, float(value)]]])
-    rows = [(t, d, f, v["bytes_in"], v["bytes_out"]) for t, by_dir in client.filter_stats().items()
+    rows = [(t, d, f, v["bytes_in"], v["bytes_out"]) for t, by_dir in client.stats.filter_stats().items()
             for d, by_f in by_dir.items() if d != "owed" for f, v in by_f.items()]
     out += filter_byte_families(rows)
     reported = client.job.reported

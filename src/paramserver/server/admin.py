@@ -146,5 +146,5 @@ def check_quota(state: ServerState, table: VnodeStore, vnodes: np.ndarray, count
     refusal = quota.refusal(fraction, used_keys, used_bytes, new, new * table.row_bytes)
     if refusal:
         raise QuotaError(f"namespace {name!r}: {refusal}; nothing of this push was applied: raise the quota "
-                         f"(client.create_namespace({name!r}, max_keys=..., max_bytes=...)), drop tables, or "
+                         f"(client.admin.create_namespace({name!r}, max_keys=..., max_bytes=...)), drop tables, or "
                          "use fewer keys")

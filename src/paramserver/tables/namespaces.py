@@ -1,9 +1,9 @@
 """Namespaces: several jobs on one server group, each with its own tables and quota.
 
 A table named ``"job/w"`` lives in namespace ``"job"`` (a name without ``/`` is in the
-default namespace ``""``, which has no quota).  ``client.create_namespace("job",
-max_keys=…, max_bytes=…)`` sets a quota; ``client.drop_namespace("job")`` drops every
-table of the job and nothing else; ``client.namespaces()`` (and ``paramserver cluster
+default namespace ``""``, which has no quota).  ``client.admin.create_namespace("job",
+max_keys=…, max_bytes=…)`` sets a quota; ``client.admin.drop_namespace("job")`` drops every
+table of the job and nothing else; ``client.admin.namespaces()`` (and ``paramserver cluster
 status``) lists them with their tables, keys and bytes.
 
 A quota is enforced where keys are inserted, by the primary, before anything of a push

@@ -60,7 +60,7 @@ def table_report(client: Client, spec: TableSpec) -> dict[str, Any]:
     """The model table on every server, summed: how its rows are stored (``storage``),
     keys (one copy), bytes (all copies), bytes a stored key, the servers' RSS; with a
     lifecycle, updates refused, keys admitted and evicted (as primaries)."""
-    stats = client.server_stats()
+    stats = client.stats.server_stats()
     per_server = [s.get("tables", {}).get(spec.name, {}) for s in stats]
     keys = sum(int(t.get("primary_keys", 0)) for t in per_server)
     stored = sum(int(t.get("keys", 0)) for t in per_server)

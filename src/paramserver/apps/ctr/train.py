@@ -221,7 +221,7 @@ def _start_job(cluster: Any, cfg: TrainConfig, plan: _Plan, setup: Callable[[Any
     """The job's tables made (or restored), ``setup`` called, the job started on the
     scheduler; the seconds the tables took."""
     client = cluster.client
-    client.allow_loss = True  # this driver watches the job's losses and decides (check_losses)
+    client.stats.allow_loss = True  # this driver watches the job's losses and decides (check_losses)
     table_seconds = _make_tables(client, cfg, plan, allow_unverified)
     if setup is not None:
         setup(cluster)
@@ -319,9 +319,9 @@ def _make_tables(client: Client, cfg: TrainConfig, plan: _Plan, allow_unverified
         # creates the tables with the checkpoint's (identical) specs
         client.restore(plan.step, allow_unverified=allow_unverified)
     else:
-        client.create_table_spec(plan.spec)
+        client.admin.create_table_spec(plan.spec)
         if plan.dense_spec is not None:  # a deep model's MLP starts from its seed, on the servers
-            client.create_table_spec(plan.dense_spec)
+            client.admin.create_table_spec(plan.dense_spec)
             client.push(plan.dense_spec.name, np.arange(cfg.model.dense_rows, dtype=np.uint64),
                         cfg.model.dense_initial(cfg.seed), op="assign", distinct=True).result(timeout=600)
     return time.perf_counter() - created
@@ -406,7 +406,7 @@ def _results(client: Client, cfg: TrainConfig, spec: TableSpec, ran: _Ran, test_
     if save:
         keys, values = client.export_table(spec.name)
         save_model(save, cfg.model, cfg.data, spec, keys, values, dense=pull_dense(client, cfg.model))
-    report["consistency"] = _merge_consistency(client.consistency_stats())
+    report["consistency"] = _merge_consistency(client.stats.consistency_stats())
     report["traces"] = {r["rank"]: r["trace"] for r in per_worker}
     if status.get("failovers") or status.get("losses"):
         report["failovers"], report["data_loss"] = status.get("failovers", []), status.get("losses", [])

@@ -37,8 +37,8 @@ def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
     done = _train_stream(client, cfg, on_batch)
     client.flush()  # what the filters held back goes out before the driver scores the model
     first = time.time() - (time.perf_counter() - t0 - trace[0][0]) if trace else None  # wall clock
-    return {**done, "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received,
-            "filters": client.filter_stats(), "rank": client.rank, "trace": trace, "first_batch_at": first}
+    return {**done, "bytes_sent": client.stats.bytes_sent, "bytes_received": client.stats.bytes_received,
+            "filters": client.stats.filter_stats(), "rank": client.rank, "trace": trace, "first_batch_at": first}
 
 
 def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple[Any, ...]]:
@@ -146,7 +146,7 @@ class _Pipeline:
 
     def _wire_progress(self) -> dict[str, float]:
         """The filters' bytes in and out since the last report (none: the job has no filters)."""
-        before, after = self.client.wire_totals()
+        before, after = self.client.stats.wire_totals()
         last, self.wire_shown = self.wire_shown, (before, after)
         return {"wire_bytes_in": before - last[0], "wire_bytes_out": after - last[1]} if before else {}
 

@@ -199,7 +199,7 @@ def vertical_worker(client: Any, cfg: Any, train_blocks: list[str], test_blocks:
             scores.append(1.0 / (1.0 + np.exp(-z)))
             labels.append(batch.labels)
     return {"rank": p, "examples": examples, "loss_sum": loss_sum, "first_batch_at": first_at,
-            "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received,
+            "bytes_sent": client.stats.bytes_sent, "bytes_received": client.stats.bytes_received,
             "test_p": np.concatenate(scores) if scores and p == 0 else None,
             "test_y": np.concatenate(labels) if labels and p == 0 else None}
 
@@ -229,7 +229,7 @@ def run_vertical(cfg: Any, data: list[str], test: list[str], parts: int, *, serv
         with open_cluster(servers=servers, workers=workers, **{"log_level": "WARNING", **(cluster_options or {})}) \
                 as cluster:
             client = cluster.client
-            client.create_table_spec(spec)
+            client.admin.create_table_spec(spec)
             client.create_table("margins", dim=1, optimizer="sgd")
             t0 = time.perf_counter()
             per_worker = cluster.run(vertical_worker, cfg, train_blocks, test_blocks)

@@ -162,5 +162,5 @@ class RoundsJob:
 def _with_bytes(worker: Callable[..., dict[str, Any]], client: Any, *args: Any) -> dict[str, Any]:
     """``worker``'s result, with the bytes its client moved and what its filters took off."""
     result = worker(client, *args)
-    return {**result, "bytes_sent": client.bytes_sent, "bytes_received": client.bytes_received,
-            "filters": client.filter_stats()}
+    return {**result, "bytes_sent": client.stats.bytes_sent, "bytes_received": client.stats.bytes_received,
+            "filters": client.stats.filter_stats()}
