@@ -74,7 +74,7 @@ def _sign(buf, a, b):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _parse_int(buf, a, b):
+def parse_int(buf, a, b):
     """(ok, value) of the decimal integer in buf[a:b] (optional sign)."""
     if a >= b:
         return False, 0
@@ -91,7 +91,7 @@ def _parse_int(buf, a, b):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _parse_float(buf, a, b):
+def parse_float(buf, a, b):
     """(ok, value) of a decimal number ``[-+]digits[.digits][e[-+]digits]`` in buf[a:b]."""
     if a >= b:
         return False, 0.0
@@ -111,7 +111,7 @@ def _parse_float(buf, a, b):
     if digits == 0:
         return False, 0.0
     if i < b and (buf[i] == 101 or buf[i] == 69):  # e / E
-        ok, e = _parse_int(buf, i + 1, b)
+        ok, e = parse_int(buf, i + 1, b)
         if not ok:
             return False, 0.0
         scale += e
@@ -245,7 +245,7 @@ def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end, unlabele
                     if _LITTLE and b - a <= 7 and a + 8 <= size:
                         ok, v = _digits(load_u64(buf, a), b - a)
                     if not ok:  # a sign, 8+ digits, the buffer's last bytes, or not a number
-                        ok, v = _parse_int(buf, a, b)
+                        ok, v = parse_int(buf, a, b)
                         if not ok:
                             err = ERR_INT
                             break
@@ -294,7 +294,7 @@ def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, ke
         b = a
         while b < end and buf[b] != SPACE and buf[b] != TAB and buf[b] != CR and not unlabeled:
             b += 1
-        ok, raw = _parse_float(buf, a, b)
+        ok, raw = parse_float(buf, a, b)
         label = 0.0 if unlabeled else -1.0  # unlabeled: no label token, features from the start
         if ok and not unlabeled:
             if label_format == LABELS_01 and (raw == 0.0 or raw == 1.0):
@@ -326,11 +326,11 @@ def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, ke
                 if colon < 0:
                     err = ERR_PAIR
                     break
-                ok, idx = _parse_int(buf, a, colon)
+                ok, idx = parse_int(buf, a, colon)
                 if not ok or idx < 1:
                     err = ERR_INDEX
                     break
-                ok, v = _parse_float(buf, colon + 1, b)
+                ok, v = parse_float(buf, colon + 1, b)
                 if not ok:
                     err = ERR_VALUE
                     break

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.data.parse import _parse_int
+from paramserver.data.parse import parse_int
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
 from paramserver.errors import ConfigError
@@ -67,7 +67,7 @@ def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):  # type: i
             if f == 3:
                 f = 4
                 break
-            ok, v = _parse_int(buf, a, b)
+            ok, v = parse_int(buf, a, b)
             if not ok:
                 return n, _NUMBER, pos
             vals[f] = v
@@ -110,7 +110,7 @@ def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def
         b = a
         while b < end and not _blank(buf[b]):
             b += 1
-        ok, distinct = _parse_int(buf, a, b)
+        ok, distinct = parse_int(buf, a, b)
         if not ok:
             return docs, _NUMBER, pos
         pairs = 0
@@ -127,8 +127,8 @@ def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def
                 b += 1
             if colon < 0:
                 return docs, _FIELDS, pos
-            ok, w = _parse_int(buf, a, colon)
-            ok2, c = _parse_int(buf, colon + 1, b)
+            ok, w = parse_int(buf, a, colon)
+            ok2, c = parse_int(buf, colon + 1, b)
             if not ok or not ok2:
                 return docs, _NUMBER, pos
             if w < 0 or c < 1:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.data.parse import _parse_float, _parse_int
+from paramserver.data.parse import parse_float, parse_int
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
 
@@ -48,7 +48,7 @@ def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
         b = a
         while b < end and buf[b] != _SPACE and buf[b] != _TAB and buf[b] != _CR:
             b += 1
-        ok, y = _parse_float(buf, a, b)
+        ok, y = parse_float(buf, a, b)
         if not ok or not np.isfinite(y):
             return n, _LABEL, pos
         a = b
@@ -64,10 +64,10 @@ def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
                 b += 1
             if colon < 0:
                 return n, _PAIR, pos
-            ok, idx = _parse_int(buf, a, colon)
+            ok, idx = parse_int(buf, a, colon)
             if not ok or idx < 1:
                 return n, _INDEX, pos
-            ok, v = _parse_float(buf, colon + 1, b)
+            ok, v = parse_float(buf, colon + 1, b)
             if not ok or not np.isfinite(v):
                 return n, _VALUE, pos
             cols[nnz] = idx - 1
