@@ -46,23 +46,18 @@ class RestoreHost(Protocol):
 
     paused: bool
     stopping: bool
+    rng: random.Random
+    plan: Plan
+    cluster: SimCluster
+    check: Invariants
+    tables: dict[str, int]
+    limit_s: float
 
     @property
-    def rng(self) -> random.Random: ...
-    @property
-    def plan(self) -> Plan: ...
-    @property
-    def cluster(self) -> SimCluster: ...
-    @property
-    def check(self) -> Invariants: ...
-    @property
-    def tables(self) -> dict[str, int]: ...
-    @property
-    def limit_s(self) -> float: ...
-    @property
     def checkpoint_url(self) -> str: ...
+
     @property
-    def failures(self) -> Striker: ...
+    def failures(self) -> Striker: ...  # the faults: they strike during a restore too
 
     def _copies_open(self) -> bool: ...
 
