@@ -96,11 +96,17 @@ class NodeProcess:
     from_child: Connection | None = None
 
     def tail(self, lines: int = 25) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        return tail_log(self.log_path, lines)
+
+
+def tail_log(path: str, lines: int = 25) -> str:
+    """The last ``lines`` of a node's log (``""`` when it cannot be read): what an error about
+    the node quotes."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def fork_safe() -> bool:
