@@ -67,6 +67,36 @@ def _bytes_hash(buf, a, b):
 
 
 @njit(inline="always", nogil=True, cache=True)
+def _blank(c):
+    return c == SPACE or c == TAB or c == CR
+
+
+@njit(inline="always", nogil=True, cache=True)
+def next_token(buf, a, end):
+    """(start, end, its first colon or -1) of the next blank-separated token of ``buf[a:end]``;
+    start is ``end`` when none is left.  Inlined: a reader's byte loop pays no call."""
+    while a < end and _blank(buf[a]):
+        a += 1
+    b, colon = a, -1
+    while b < end and not _blank(buf[b]):
+        if buf[b] == COLON and colon < 0:
+            colon = b
+        b += 1
+    return a, b, colon
+
+
+@njit(inline="always", nogil=True, cache=True)
+def line_head(buf, pos):
+    """(start, end, newline) of the first token of the line that starts at ``pos``; start is
+    the newline for a blank line (``buf`` ends with a newline)."""
+    end = pos
+    while buf[end] != NL:
+        end += 1
+    a, b, _ = next_token(buf, pos, end)
+    return a, b, end
+
+
+@njit(inline="always", nogil=True, cache=True)
 def _sign(buf, a, b):
     """(negative, first digit's offset) of a number in buf[a:b] (``a < b``)."""
     neg = buf[a] == MINUS
