@@ -17,7 +17,8 @@ file it comes from as surely as a call does).
 - **Private names.**  A name with a leading underscore, a module (``data/_x.py``) or an attribute
   (``from ..data.parse import _parse_int``), is its room's own.  Another room that needs it gets
   it public: rename it in its module (keeping the private spelling as an alias where the room
-  itself uses it).  Inside a room, private imports stay allowed.  The package-wide
+  itself uses it).  Inside a room, private imports stay allowed.  The check reads import
+  statements: a private attribute reached through an imported module (``parse._x``) is not seen.  The package-wide
   ``_runtime`` folder is a room like any other: its name says it is not for users, not that its
   modules are private to itself.
 """
