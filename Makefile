@@ -3,7 +3,8 @@
 #   tests, then the process tests
 # make unit: the in-process tests alone (under 2 minutes), for the edit-test loop
 # make lint: ruff (style, imports, likely bugs, complexity), mypy (types; strict on the core), the layers
-#   (import-linter's contract in pyproject.toml) and the sizes of files and functions (tools/shape.py)
+#   (import-linter's contract in pyproject.toml), the sizes of files and functions (tools/shape.py) and the
+#   ties inside and between rooms: no circle of imports, no private name across rooms (tools/ties.py)
 # make headline: bench/headline.py, the comparisons the project is judged by, in one table (HEADLINE_FLAGS="--quick" etc.)
 # make pslite: ps-lite's stock server from its source (Debian's libzmq and protobuf) and our driver for it
 #   (bench/pslite/build.sh), under ~/.cache/paramserver/pslite: bench/pushpull.py and the headline then set
@@ -74,6 +75,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python tools/shape.py
+	$(BIN)/python tools/ties.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m pip install --quiet -e ".[bench]" && $(BIN)/python bench/pushpull.py && $(BIN)/python bench/train.py

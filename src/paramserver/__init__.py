@@ -40,6 +40,7 @@ _gc.disable()
 from paramserver.apps.ctr.modelfile import load_model
 from paramserver.client.client import Client
 from paramserver.cluster.local import LocalCluster, run
+from paramserver.cluster.process import use_command as _use_command
 from paramserver.config import Config
 from paramserver.errors import (
     CheckpointError,
@@ -71,6 +72,17 @@ __all__ = [
     "DataLossError",
 ]
 __version__ = "0.1.0"
+
+
+def _node_command(argv: list[str]) -> int:
+    """What a node a ``LocalCluster`` forks runs: the command line, loaded only then (a library
+    user's import does not pay for it)."""
+    from paramserver.cli.main import main
+
+    return main(argv)
+
+
+_use_command(_node_command)  # the command line hands the launchers its command: they sit below it
 
 if _collecting:
     _gc.enable()

@@ -61,3 +61,15 @@ def test_both_launchers_spell_every_cluster_method_alike():
         want = inspect.signature(getattr(Cluster, name))
         assert inspect.signature(getattr(LocalCluster, name)) == want, name
         assert inspect.signature(getattr(ray_module.RayCluster, name)) == want, name
+
+
+def test_a_stopped_launchers_client_is_a_clear_error_whichever_launcher():
+    """``client`` is the launchers' one property (``cluster/runs.py``): once stopped, it says so."""
+    from paramserver.cluster.runs import RunsFunctions
+    from paramserver.errors import ClosedError
+
+    class Stopped(RunsFunctions):
+        _client, _closed = None, True
+
+    with pytest.raises(ClosedError, match="the cluster is stopped"):
+        _ = Stopped().client

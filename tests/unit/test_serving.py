@@ -21,7 +21,8 @@ from paramserver.data.reader import DataFormat
 from paramserver.errors import CheckpointError
 from paramserver.serving.app import make_app
 from paramserver.serving.follow import Follower
-from paramserver.serving.model import Holder, load_once
+from paramserver.serving.loading import load_once
+from paramserver.serving.model import Holder
 from paramserver.serving.rows import text_batch
 from paramserver.serving.stats import Stats
 from paramserver.tables.spec import TableSpec

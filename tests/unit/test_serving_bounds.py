@@ -23,7 +23,8 @@ from paramserver.serving import rows as rows_module
 from paramserver.serving.app import make_app
 from paramserver.serving.body import MAX_JSON_DEPTH, is_json
 from paramserver.serving.limits import MIB, Limits
-from paramserver.serving.model import Holder, Snapshot, load_once
+from paramserver.serving.loading import load_once
+from paramserver.serving.model import Holder, Snapshot
 from paramserver.serving.rows import text_batch
 from paramserver.serving.run import open_http
 from paramserver.serving.stats import Stats, readiness

@@ -14,18 +14,35 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from paramserver.wire.message import Op
 
 if TYPE_CHECKING:
-    from paramserver.client.client import Client
+    from paramserver.client.io_thread import IOThread
+    from paramserver.config import Config
+
+
+class JobHost(Protocol):
+    """What a ``Job`` uses of the ``Client`` that holds it (named here, not imported: the
+    client builds its job, so the job must not import the client back)."""
+
+    config: Config
+    role: str
+    _io: IOThread
+
+    def _call(self, address: str, header: dict[str, Any], timeout_s: float | None = None,
+              connecting: bool = False) -> dict[str, Any]: ...
+
+    def _resync_clock(self) -> None: ...
+
+    def send_ticks(self, wait: bool = False) -> None: ...
 
 
 class Job:
     """The job API of one ``Client``: every call goes to the scheduler."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: JobHost) -> None:
         self._client = client
         self.reported: dict[str, float] = {}  # what this client's report_progress added up to
 

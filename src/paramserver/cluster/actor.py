@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 
+from paramserver.cluster.process import tail_log
 from paramserver.errors import ConnectError
 
 
@@ -112,11 +113,7 @@ class NodeActor:
         self.popen.send_signal(sig)
 
     def tail(self, lines: int = 25) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        return tail_log(self.log_path, lines)
 
     def prepare_stop(self) -> None:
         """From now on the node's exit is asked for: no restart; a worker's pipe is closed

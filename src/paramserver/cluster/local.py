@@ -279,13 +279,6 @@ class LocalCluster(RunsFunctions):
         return polite
 
     # ---- use ---------------------------------------------------------------------------
-    @property
-    def client(self) -> Client:
-        """A driver client of this cluster (create tables, inspect, pull results)."""
-        if self._closed or self._client is None:
-            raise ClosedError("the cluster is stopped")
-        return self._client
-
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float | None,
              elastic: bool) -> Outcome:
         wake_r, wake_w = Pipe(duplex=False)

@@ -14,7 +14,6 @@ process and the operating system, not about what a cluster of them does.
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import os
 import resource
@@ -33,7 +32,16 @@ from paramserver._runtime.proctitle import prepare as prepare_title
 from paramserver._runtime.warm import inherited as warm_inherited
 
 logger = logging.getLogger(__name__)
-COMMAND = "paramserver.cli.main"  # the node command a forked child runs (``_command``)
+#: the node command a forked child runs: ``paramserver``'s entry point, handed in from above
+#: (``use_command``; the command line is the layer above every launcher, which must not name it)
+_node_command: Callable[[list[str]], int] | None = None
+
+
+def use_command(main: Callable[[list[str]], int]) -> None:
+    """Set the command a forked node runs with its arguments (``paramserver server ...``):
+    the package hands in its command line's ``main`` when it loads."""
+    global _node_command
+    _node_command = main
 
 
 class Forked:
@@ -88,11 +96,17 @@ class NodeProcess:
     from_child: Connection | None = None
 
     def tail(self, lines: int = 25) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
-        except OSError:
-            return ""
+        return tail_log(self.log_path, lines)
+
+
+def tail_log(path: str, lines: int = 25) -> str:
+    """The last ``lines`` of a node's log (``""`` when it cannot be read): what an error about
+    the node quotes."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def fork_safe() -> bool:
@@ -179,11 +193,12 @@ def _be_the_node(log_fd: int, argv: list[str], env: dict[str, str], pass_fds: tu
 
 
 def _command() -> Callable[[list[str]], int]:
-    """The ``paramserver`` command's entry point, by name (``python -m paramserver`` in a
-    spawned node): a node runs the command a user would type, and the command is the layer
-    above every launcher."""
-    main: Callable[[list[str]], int] = importlib.import_module(COMMAND).main
-    return main
+    """The ``paramserver`` command's entry point, as handed in by ``use_command`` (a spawned
+    node runs it as ``python -m paramserver``)."""
+    if _node_command is None:
+        raise RuntimeError("no node command: paramserver/__init__.py hands cluster.process its command line "
+                           "(use_command); import paramserver before starting a node")
+    return _node_command
 
 
 def _leave_forked_child(code: Any) -> NoReturn:

@@ -261,12 +261,6 @@ class RayCluster(RunsFunctions):
                 pass
 
     # ---- use ---------------------------------------------------------------------------
-    @property
-    def client(self) -> Client:
-        if self._closed or self._client is None:
-            raise ClosedError("the cluster is stopped")
-        return self._client
-
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float | None,
              elastic: bool) -> Outcome:
         with self._lock:

@@ -1,15 +1,19 @@
-"""``run`` and ``run_elastic``, as every launcher has them (``LocalCluster``, ``RayCluster``):
-what a run's outcome means is the same whatever started the workers; a launcher supplies
-``_run``, which sends the function to its workers and collects what came back."""
+"""``run``, ``run_elastic`` and ``client``, as every launcher has them (``LocalCluster``,
+``RayCluster``): what a run's outcome means is the same whatever started the workers; a
+launcher supplies ``_run``, which sends the function to its workers and collects what came
+back, and its driver's client (``_client``, ``_closed`` once stopped)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from paramserver.errors import WorkerError
+from paramserver.errors import ClosedError, WorkerError
+
+if TYPE_CHECKING:
+    from paramserver.client.client import Client
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +54,16 @@ class Tally:
 
 
 class RunsFunctions:
+    _client: Client | None  # the launcher's driver client, once its cluster is up
+    _closed: bool
+
+    @property
+    def client(self) -> Client:
+        """A driver client of this cluster (create tables, inspect, pull results)."""
+        if self._closed or self._client is None:
+            raise ClosedError("the cluster is stopped")
+        return self._client
+
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float | None,
              elastic: bool) -> Outcome:
         """Results in rank order; errors (full text) and summaries, of deaths included; deaths.

@@ -3,7 +3,7 @@
 ``DataFormat`` says how lines parse (which format, how keys fold, how labels read,
 what to do with a bad line); a ``Shard`` is the byte range of a file one reader reads;
 a ``Batch`` is examples in CSR form (labels, row pointers, keys, values), and
-``_slice``/``_concat`` cut and join batches without a per-row loop.  The reader
+``slice_batch``/``concat_batches`` cut and join batches without a per-row loop.  The reader
 (``reader.py``), the per-format parsers (``parsers.py``) and the trainers all speak in
 these, so they live apart from any of them.
 """
@@ -180,15 +180,18 @@ class DataFormat:
 
 
 
-def _slice(b: Batch, lo: int, hi: int) -> Batch:
+def slice_batch(b: Batch, lo: int, hi: int) -> Batch:
     a, z = int(b.indptr[lo]), int(b.indptr[hi])
     return Batch(b.labels[lo:hi], b.indptr[lo: hi + 1] - a, b.keys[a:z], b.vals[a:z])
 
 
-def _concat(batches: list[Batch]) -> Batch:
+def concat_batches(batches: list[Batch]) -> Batch:
     if len(batches) == 1:
         return batches[0]
     offsets = np.cumsum([0] + [int(b.indptr[-1]) for b in batches[:-1]])
     indptr = np.concatenate([batches[0].indptr[:1]] + [b.indptr[1:] + o for b, o in zip(batches, offsets)])
     return Batch(np.concatenate([b.labels for b in batches]), indptr,
                  np.concatenate([b.keys for b in batches]), np.concatenate([b.vals for b in batches]))
+
+
+_slice, _concat = slice_batch, concat_batches  # the reader's spellings (inside data/)

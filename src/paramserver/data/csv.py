@@ -41,9 +41,9 @@ from paramserver.data.parse import (
     ERR_NONE,
     NL,
     _bytes_hash,
-    _parse_float,
     bucket_int,
     feature_key,
+    parse_float,
 )
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
@@ -197,7 +197,7 @@ def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, li
                 if e == a:
                     keys[n, k] = _ns_key(namespaces[col], _MISSING, mask)
                 else:
-                    ok, v = _parse_float(buf, a, e)
+                    ok, v = parse_float(buf, a, e)
                     if not ok:
                         err = ERR_NUMBER
                         break

@@ -67,6 +67,36 @@ def _bytes_hash(buf, a, b):
 
 
 @njit(inline="always", nogil=True, cache=True)
+def _blank(c):
+    return c == SPACE or c == TAB or c == CR
+
+
+@njit(inline="always", nogil=True, cache=True)
+def next_token(buf, a, end):
+    """(start, end, its first colon or -1) of the next blank-separated token of ``buf[a:end]``;
+    start is ``end`` when none is left.  Inlined: a reader's byte loop pays no call."""
+    while a < end and _blank(buf[a]):
+        a += 1
+    b, colon = a, -1
+    while b < end and not _blank(buf[b]):
+        if buf[b] == COLON and colon < 0:
+            colon = b
+        b += 1
+    return a, b, colon
+
+
+@njit(inline="always", nogil=True, cache=True)
+def line_head(buf, pos):
+    """(start, end, newline) of the first token of the line that starts at ``pos``; start is
+    the newline for a blank line (``buf`` ends with a newline)."""
+    end = pos
+    while buf[end] != NL:
+        end += 1
+    a, b, _ = next_token(buf, pos, end)
+    return a, b, end
+
+
+@njit(inline="always", nogil=True, cache=True)
 def _sign(buf, a, b):
     """(negative, first digit's offset) of a number in buf[a:b] (``a < b``)."""
     neg = buf[a] == MINUS
@@ -74,7 +104,7 @@ def _sign(buf, a, b):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _parse_int(buf, a, b):
+def parse_int(buf, a, b):
     """(ok, value) of the decimal integer in buf[a:b] (optional sign)."""
     if a >= b:
         return False, 0
@@ -91,7 +121,7 @@ def _parse_int(buf, a, b):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _parse_float(buf, a, b):
+def parse_float(buf, a, b):
     """(ok, value) of a decimal number ``[-+]digits[.digits][e[-+]digits]`` in buf[a:b]."""
     if a >= b:
         return False, 0.0
@@ -111,7 +141,7 @@ def _parse_float(buf, a, b):
     if digits == 0:
         return False, 0.0
     if i < b and (buf[i] == 101 or buf[i] == 69):  # e / E
-        ok, e = _parse_int(buf, i + 1, b)
+        ok, e = parse_int(buf, i + 1, b)
         if not ok:
             return False, 0.0
         scale += e
@@ -245,7 +275,7 @@ def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end, unlabele
                     if _LITTLE and b - a <= 7 and a + 8 <= size:
                         ok, v = _digits(load_u64(buf, a), b - a)
                     if not ok:  # a sign, 8+ digits, the buffer's last bytes, or not a number
-                        ok, v = _parse_int(buf, a, b)
+                        ok, v = parse_int(buf, a, b)
                         if not ok:
                             err = ERR_INT
                             break
@@ -294,7 +324,7 @@ def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, ke
         b = a
         while b < end and buf[b] != SPACE and buf[b] != TAB and buf[b] != CR and not unlabeled:
             b += 1
-        ok, raw = _parse_float(buf, a, b)
+        ok, raw = parse_float(buf, a, b)
         label = 0.0 if unlabeled else -1.0  # unlabeled: no label token, features from the start
         if ok and not unlabeled:
             if label_format == LABELS_01 and (raw == 0.0 or raw == 1.0):
@@ -326,11 +356,11 @@ def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, ke
                 if colon < 0:
                     err = ERR_PAIR
                     break
-                ok, idx = _parse_int(buf, a, colon)
+                ok, idx = parse_int(buf, a, colon)
                 if not ok or idx < 1:
                     err = ERR_INDEX
                     break
-                ok, v = _parse_float(buf, colon + 1, b)
+                ok, v = parse_float(buf, colon + 1, b)
                 if not ok:
                     err = ERR_VALUE
                     break

@@ -139,7 +139,7 @@ class LibsvmParser:
 LABELS_ALLOWED = {"01": "0 or 1", "pm1": "-1 or +1", "12": "1 or 2"}
 
 
-def _what_is_wrong(fmt: DataFormat, err: int, columns: csv.Columns | None) -> str:
+def what_is_wrong(fmt: DataFormat, err: int, columns: csv.Columns | None) -> str:
     if err == csv.ERR_QUOTE:
         return "a quoted field (quoted CSV is not supported: remove the quotes)"
     if err == csv.ERR_NUMBER:
@@ -178,4 +178,4 @@ def raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base
 
         if (found := locate_row(shard, base + at)) is not None:
             where, fix = found[0], f"fix: {found[1]}, or pass --skip-bad-lines to skip and count such rows"
-    raise DataError(f"{where}: {_what_is_wrong(fmt, err, columns)} ({fmt.name} format): {text!r}; {fix}")
+    raise DataError(f"{where}: {what_is_wrong(fmt, err, columns)} ({fmt.name} format): {text!r}; {fix}")

@@ -32,7 +32,8 @@ import numpy as np
 
 from paramserver.checkpoint.publish import INDEX, apply_delta, parse_base, parse_delta, read_index, read_part
 from paramserver.errors import CheckpointError
-from paramserver.serving.model import Holder, Replica, Snapshot, apply_to, new_replica, warm, written_at
+from paramserver.serving.loading import warm
+from paramserver.serving.model import Holder, Replica, Snapshot, apply_to, new_replica, written_at
 from paramserver.serving.stats import Stats
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.data import csv, parse
-from paramserver.data.parsers import _what_is_wrong
+from paramserver.data.parsers import what_is_wrong
 from paramserver.data.reader import Batch, DataError, DataFormat
 from paramserver.errors import ConfigError
 from paramserver.serving.json_body import JsonRows
@@ -130,7 +130,7 @@ def _check(body: bytes, fmt: DataFormat, err: int, at: int, what: str, columns: 
     text = body[at:stop if stop >= 0 else len(body)].decode("utf-8", errors="replace")
     text = text if len(text) <= 200 else text[:200] + "..."
     number = body.count(NL, 0, at) + first
-    raise DataError(f"{what} {number}: {_what_is_wrong(fmt, err, columns)} ({fmt.name} format, as the model was "
+    raise DataError(f"{what} {number}: {what_is_wrong(fmt, err, columns)} ({fmt.name} format, as the model was "
                     f"trained on): {text!r}")
 
 

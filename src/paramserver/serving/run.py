@@ -17,7 +17,8 @@ from paramserver.errors import ConfigError
 from paramserver.serving.app import GUARDS, LIMITS, STATS, make_app
 from paramserver.serving.follow import Follower
 from paramserver.serving.limits import KEEPALIVE_S, LINGER_S, Limits, guarded
-from paramserver.serving.model import Holder, load_once
+from paramserver.serving.loading import load_once
+from paramserver.serving.model import Holder
 from paramserver.serving.stats import Stats
 
 logger = logging.getLogger(__name__)

@@ -22,10 +22,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-#: ``chaos.SCENARIOS``' names, here so that ``paramserver --help`` need not import the simulation
-SCENARIO_NAMES = ("counters-r1", "counters-r2", "counters-r3", "filters", "job", "job-ssp", "lifecycle", "membership",
-                  "partition", "repair-pause",
-                  "restart-isolate", "restore", "ssp", "stalled-scheduler", "stalled-server")
+from paramserver.testing.names import SCENARIO_NAMES
 
 
 def add_parser(sub: Any) -> None:

@@ -7,21 +7,25 @@ order the plan's failures strike, so that a seed gives the same run."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from paramserver.testing.cluster import SimServer
-from paramserver.testing.restore import CheckpointRestore
+from paramserver.testing.restore import CheckpointRestore, RestoreHost
 from paramserver.testing.sim import Faults
 from paramserver.wire.message import Op
 
-if TYPE_CHECKING:
-    from paramserver.testing.chaos import Run
+
+class FaultsHost(RestoreHost, Protocol):
+    """What the faults use of the run that strikes them (``chaos.Run``): a restore's view, and
+    the restore under way."""
+
+    restore: CheckpointRestore | None
 
 
 class Failures:
     """What strikes the cluster of one run."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: FaultsHost) -> None:
         self.run, self.cluster, self.rng = run, run.cluster, run.rng
         self.timeout = run.cluster.config.heartbeat_timeout_s
         self._kinds: dict[str, Callable[[str], None]] = {

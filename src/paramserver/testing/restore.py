@@ -15,9 +15,10 @@ workload resumes.  What must hold:
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -27,16 +28,44 @@ from paramserver.testing.sim import Faults
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
-    from paramserver.testing.chaos import Run
+    from paramserver.testing.cluster import SimCluster
+    from paramserver.testing.invariants import Invariants
+    from paramserver.testing.scenarios import Plan
 
 TABLE = "counts"
 DISTURBANCES = ("none", "pushes", "crash", "join", "pushes-and-crash", "join-while-restoring", "crash-while-restoring")
 
 
+class Striker(Protocol):
+    def strike(self, kind: str) -> None: ...
+
+
+class RestoreHost(Protocol):
+    """What a restore (and a fault, ``faults.FaultsHost``) uses of the run that holds it,
+    ``chaos.Run``: named here, not imported, for the run imports the faults it strikes."""
+
+    paused: bool
+    stopping: bool
+    rng: random.Random
+    plan: Plan
+    cluster: SimCluster
+    check: Invariants
+    tables: dict[str, int]
+    limit_s: float
+
+    @property
+    def checkpoint_url(self) -> str: ...
+
+    @property
+    def failures(self) -> Striker: ...  # the faults: they strike during a restore too
+
+    def _copies_open(self) -> bool: ...
+
+
 class CheckpointRestore:
     """One checkpoint-then-restore, driven by callbacks on the simulated cluster."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: RestoreHost) -> None:
         self.run, self.cluster = run, run.cluster
         self.worker = run.cluster.workers[0]
         # at r = 1 a server lost while it restores loses restored rows, and that is no restore's fault

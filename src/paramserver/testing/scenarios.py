@@ -9,7 +9,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from paramserver.testing.campaign import SCENARIO_NAMES
+from paramserver.testing.names import SCENARIO_NAMES
 from paramserver.testing.sim import Faults
 
 RUN_S = 24.0  # virtual seconds of workload
@@ -213,4 +213,4 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "filters": _filters,
     "lifecycle": _lifecycle,
 }
-assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "campaign.SCENARIO_NAMES lists the scenarios for --help"
+assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "names.SCENARIO_NAMES lists the scenarios for --help"

@@ -22,7 +22,7 @@ import json
 import os
 import sys
 from dataclasses import asdict, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba import njit
@@ -48,6 +48,9 @@ from paramserver.data.reader import (
 from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import SGD, Initializer
 from paramserver.tables.spec import TableSpec
+
+if TYPE_CHECKING:
+    from paramserver.client.client import Client
 
 
 def save_model(url: str, model: Model, data: DataFormat, spec: TableSpec, keys: np.ndarray,
@@ -81,6 +84,15 @@ def dense_vector(model: Model, keys: np.ndarray, rows: np.ndarray) -> np.ndarray
                         f"(--hidden {','.join(map(str, model.hidden))}, width {model.k}): the model files are "
                         "damaged")
     return np.ascontiguousarray(rows[order][:, :DENSE_BLOCK], np.float32).reshape(-1)[:model.deep.mlp.size]
+
+
+def pull_dense(client: Client, model: Model) -> np.ndarray | None:
+    """A deep model's MLP, flat, pulled from the cluster (``None`` for lr and fm): what a saved
+    model (``train``) and a published one (``publishing``) both carry."""
+    if model.deep is None:
+        return None
+    keys = np.arange(model.dense_rows, dtype=np.uint64)
+    return dense_vector(model, keys, client.pull(model.dense_table, keys).result(timeout=600))
 
 
 def _read_saved(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None]:

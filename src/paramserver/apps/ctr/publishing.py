@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.apps.ctr.modelfile import save_model
+from paramserver.apps.ctr.modelfile import pull_dense, save_model
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.checkpoint.publish import Publisher
 from paramserver.client.client import Client
@@ -37,8 +37,6 @@ class JobPublisher:
         return time.monotonic() - self.last >= self.every
 
     def publish(self, client: Client) -> dict[str, Any]:
-        from paramserver.apps.ctr.train import pull_dense
-
         t0 = time.perf_counter()
         delta = client.export_delta(self.spec.name, since=self.publisher.token)
         self.export_s.append(time.perf_counter() - t0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from paramserver.data.batch import Batch, _concat, _slice
+from paramserver.data.batch import Batch, concat_batches, slice_batch
 
 
 def ramp_size(seen: int, batch_size: int, ramp: float) -> int:
@@ -52,14 +52,14 @@ def ramped(batches: Iterator[Batch], batch_size: int, ramp: float, seen: int = 0
             if not held and lo == 0 and size == n:
                 piece, lo = batch, n  # no copy
             elif have + n - lo < size:  # too few here: they start the next piece
-                held.append(_slice(batch, lo, n))
+                held.append(slice_batch(batch, lo, n))
                 have, lo = have + n - lo, n
                 continue
             else:
-                tail = _slice(batch, lo, lo + size - have)
-                piece = _concat([*held, tail]) if held else tail
+                tail = slice_batch(batch, lo, lo + size - have)
+                piece = concat_batches([*held, tail]) if held else tail
                 held, have, lo = [], 0, lo + size - have
             seen += len(piece)
             yield piece
     if held:
-        yield _concat(held)
+        yield concat_batches(held)

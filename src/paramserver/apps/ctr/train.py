@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from paramserver._runtime.warm import load_numba
-from paramserver.apps.ctr.modelfile import dense_vector, metrics, model_meta, save_model
+from paramserver.apps.ctr.modelfile import metrics, model_meta, pull_dense, save_model
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.publishing import JobPublisher, table_report
 from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
@@ -131,14 +131,6 @@ def score(client: Client, model: Model, batch: Batch) -> np.ndarray:
     uniq, inverse = batch.unique()
     rows = client.pull(model.table, uniq).result(timeout=600)
     return model.predict(batch, inverse, rows, pull_dense(client, model))
-
-
-def pull_dense(client: Client, model: Model) -> np.ndarray | None:
-    """A deep model's MLP, flat (``None`` for lr and fm)."""
-    if model.deep is None:
-        return None
-    keys = np.arange(model.dense_rows, dtype=np.uint64)
-    return dense_vector(model, keys, client.pull(model.dense_table, keys).result(timeout=600))
 
 
 # ---- the driver --------------------------------------------------------------------

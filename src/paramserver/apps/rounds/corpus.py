@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.data.parse import _parse_int
+from paramserver.data.parse import line_head, next_token, parse_int
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
 from paramserver.errors import ConfigError
@@ -67,7 +67,7 @@ def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):  # type: i
             if f == 3:
                 f = 4
                 break
-            ok, v = _parse_int(buf, a, b)
+            ok, v = parse_int(buf, a, b)
             if not ok:
                 return n, _NUMBER, pos
             vals[f] = v
@@ -93,42 +93,27 @@ def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):  # type: i
 
 
 @njit(nogil=True, cache=True)
-def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def]  # noqa: C901  (a numba byte loop)
+def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def]
     """Lines ``N w:c …`` → (docs, error, error offset); doc_ptr over the pairs."""
     docs, n, pos, size = 0, 0, 0, buf.shape[0]
     doc_ptr[0] = 0
     while pos < size:
-        end = pos
-        while buf[end] != _NL:
-            end += 1
-        a = pos
-        while a < end and _blank(buf[a]):
-            a += 1
+        a, b, end = line_head(buf, pos)
         if a == end:
             pos = end + 1
             continue
-        b = a
-        while b < end and not _blank(buf[b]):
-            b += 1
-        ok, distinct = _parse_int(buf, a, b)
+        ok, distinct = parse_int(buf, a, b)
         if not ok:
             return docs, _NUMBER, pos
         pairs = 0
-        a = b
         while True:
-            while a < end and _blank(buf[a]):
-                a += 1
+            a, b, colon = next_token(buf, b, end)
             if a >= end:
                 break
-            b, colon = a, -1
-            while b < end and not _blank(buf[b]):
-                if buf[b] == 58 and colon < 0:
-                    colon = b
-                b += 1
             if colon < 0:
                 return docs, _FIELDS, pos
-            ok, w = _parse_int(buf, a, colon)
-            ok2, c = _parse_int(buf, colon + 1, b)
+            ok, w = parse_int(buf, a, colon)
+            ok2, c = parse_int(buf, colon + 1, b)
             if not ok or not ok2:
                 return docs, _NUMBER, pos
             if w < 0 or c < 1:
@@ -137,7 +122,6 @@ def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def
             count_of[n] = c
             n += 1
             pairs += 1
-            a = b
         if pairs != distinct:
             return docs, _DISTINCT, pos
         docs += 1

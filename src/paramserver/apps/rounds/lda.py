@@ -20,8 +20,9 @@ A worker that dies is survived: the others adopt its documents from its last
 round-boundary snapshot, and the counts on the servers are rebuilt from every
 document's topics, so ``Σ_k n_wk`` stays each word's count in the corpus.
 
-This module holds the sampler's kernels and the driver (``run_lda``); a worker's side, the
-program and the parts it holds, is in ``lda_program``.
+This module holds the driver (``run_lda``); the tables, the settings and the sampler's
+kernels are in ``lda_sampler``; a worker's side, the program and the parts it holds, is in
+``lda_program``.
 """
 
 from __future__ import annotations
@@ -29,152 +30,19 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from paramserver.apps.rounds.corpus import Corpus, read_corpus, top_words, vocabulary_size
 from paramserver.apps.rounds.job import Ran, RoundsJob, Watch, check_outputs, write_metrics
+from paramserver.apps.rounds.lda_sampler import MAX_COUNT, word_loglik
+from paramserver.apps.rounds.lda_sampler import TOPIC_DELTA as TOPIC_DELTA  # the old spellings: lda.LDAConfig etc.
+from paramserver.apps.rounds.lda_sampler import WORD_TOPIC as WORD_TOPIC
+from paramserver.apps.rounds.lda_sampler import LDAConfig as LDAConfig
 from paramserver.apps.rounds.program import NO_CHECKPOINTS, CheckpointOptions, RoundResume, balanced_groups
 from paramserver.errors import ConfigError, check_flags
-
-WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
-MAX_COUNT = 1 << 24  # a word–topic count is a float32 on the servers: exact below this
-
-
-@njit(cache=True)
-def _seed(seed):  # type: ignore[no-untyped-def]
-    np.random.seed(seed)
-
-
-@njit(nogil=True, cache=True)
-def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcnt, alpha, beta, vbeta, Y, cum):  # type: ignore[no-untyped-def]
-    """Gibbs-sample the tokens of segments ``[s_lo, s_hi)`` (one word each; the word's
-    counts are row ``seg_row[s]`` of ``nwk``) in place: ``z``, ``nwk``, ``nk``, ``ndk``
-    and the documents' non-zero topic lists ``dtop[doff[d]:doff[d] + dcnt[d]]``."""
-    K = nk.shape[0]
-    for s in range(s_lo, s_hi):
-        nw = nwk[seg_row[s]]
-        wsum = 0.0
-        for k in range(K):
-            Y[k] = (nw[k] + beta) / (nk[k] + vbeta)
-            wsum += Y[k]
-        wsum *= alpha
-        for t in range(seg_ptr[s], seg_ptr[s + 1]):
-            d, old = tdoc[t], z[t]
-            base = doff[d]
-            nw[old] -= 1
-            nk[old] -= 1
-            c = ndk[d, old] - 1
-            ndk[d, old] = c
-            if c == 0:  # the topic leaves the document's list
-                n = dcnt[d]
-                for j in range(n):
-                    if dtop[base + j] == old:
-                        dtop[base + j] = dtop[base + n - 1]
-                        break
-                dcnt[d] = n - 1
-            y = (nw[old] + beta) / (nk[old] + vbeta)
-            wsum += alpha * (y - Y[old])
-            Y[old] = y
-            dsum = 0.0
-            n = dcnt[d]
-            for j in range(n):
-                k = dtop[base + j]
-                dsum += ndk[d, k] * Y[k]
-                cum[j] = dsum
-            u = np.random.random() * (dsum + wsum)
-            new = -1
-            if u < dsum:
-                for j in range(n):
-                    if u < cum[j]:
-                        new = dtop[base + j]
-                        break
-            if new < 0:  # the smoothing bucket: α·Y_k
-                u -= dsum
-                acc = 0.0
-                new = K - 1
-                for k in range(K):
-                    acc += alpha * Y[k]
-                    if u < acc:
-                        new = k
-                        break
-            nw[new] += 1
-            nk[new] += 1
-            c = ndk[d, new] + 1
-            ndk[d, new] = c
-            if c == 1:
-                dtop[base + dcnt[d]] = new
-                dcnt[d] += 1
-            y = (nw[new] + beta) / (nk[new] + vbeta)
-            wsum += alpha * (y - Y[new])
-            Y[new] = y
-            z[t] = new
-
-
-@njit(nogil=True, cache=True)
-def _doc_lists(tdoc, z, ndk, dtop, doff, dcnt):  # type: ignore[no-untyped-def]
-    """``ndk`` and the non-zero topic lists from the tokens' topics (all zero on entry)."""
-    for t in range(z.shape[0]):
-        d, k = tdoc[t], z[t]
-        ndk[d, k] += 1
-        if ndk[d, k] == 1:
-            dtop[doff[d] + dcnt[d]] = k
-            dcnt[d] += 1
-
-
-@njit(nogil=True, cache=True)
-def _doc_loglik(ndk, dlen, alpha):  # type: ignore[no-untyped-def]
-    """Σ_d [Σ_k lgamma(n_dk + α) − lgamma(n_d + Kα)] + D·[lgamma(Kα) − K·lgamma(α)]."""
-    K = ndk.shape[1]
-    total = 0.0
-    for d in range(ndk.shape[0]):
-        for k in range(K):
-            if ndk[d, k]:
-                total += math.lgamma(ndk[d, k] + alpha) - math.lgamma(alpha)
-        total += math.lgamma(K * alpha) - math.lgamma(dlen[d] + K * alpha)
-    return total
-
-
-@njit(nogil=True, cache=True)
-def word_loglik(n_kw, beta):  # type: ignore[no-untyped-def]
-    """log p(w | z) = Σ_k [Σ_w lgamma(n_kw + β) − lgamma(n_k + Vβ)] + K·[lgamma(Vβ) − V·lgamma(β)]."""
-    K, V = n_kw.shape
-    total = 0.0
-    for k in range(K):
-        n = 0
-        for w in range(V):
-            c = n_kw[k, w]
-            if c:
-                total += math.lgamma(c + beta) - math.lgamma(beta)
-                n += c
-        total += math.lgamma(V * beta) - math.lgamma(n + V * beta)
-    return total
-
-
-@dataclass(frozen=True)
-class LDAConfig:
-    topics: int = 50
-    iterations: int = 200
-    alpha: float = 0.1
-    beta: float = 0.01
-    seed: int = 0
-    schedule: str = "rotate"  # or "none": every worker samples every word each round (AD-LDA), to compare
-    staleness: int = 0  # rounds a worker may run ahead of the slowest (SSP); 0: BSP rounds
-
-    @property
-    def regions(self) -> int:
-        """Slots of ``lda/topic_delta`` a worker has: 2s + 2 for the rounds, one for the
-        start, one for a recount after a death or a resume.  Round q's slot is written
-        again by round q + 2s + 2: a worker takes round q's pull before it arrives at
-        round q + s + 1, and nobody starts round q + 2s + 2 before all have arrived there."""
-        return 2 * self.staleness + 4
-
-    @property
-    def round_regions(self) -> int:
-        return 2 * self.staleness + 2
 
 
 def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
@@ -199,7 +67,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     """``paramserver lda``: sample, write ``save/topic_word.npy`` and the metrics; the report.
     ``checkpoints.every`` counts iterations.  ``replicas``: copies of every vnode; a server's
     death that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
-    # the workers' side builds on the kernels here: it is loaded once the job runs
+    # the workers' side (and fsspec, which it writes the parts with) is loaded once the job runs
     from paramserver.apps.rounds.lda_program import lda_worker, write_parts
 
     check_config(cfg, workers, servers)

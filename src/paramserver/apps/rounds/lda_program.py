@@ -1,5 +1,5 @@
-"""One worker's side of ``paramserver lda`` (the sampler and the driver are in
-``paramserver.apps.rounds.lda``): the parts of the corpus the driver writes
+"""One worker's side of ``paramserver lda`` (the driver is in
+``paramserver.apps.rounds.lda``, the sampler in ``lda_sampler``): the parts of the corpus the driver writes
 (``write_parts``) and a worker holds, and ``LDAProgram``, the scheduled program that
 samples them word block by word block, keeps its documents' topic counts and its copy of
 the topic totals, saves its parts' topics for a restart and takes over a dead worker's.
@@ -20,7 +20,7 @@ import fsspec
 import numpy as np
 
 from paramserver.apps.rounds.corpus import Corpus
-from paramserver.apps.rounds.lda import (
+from paramserver.apps.rounds.lda_sampler import (
     TOPIC_DELTA,
     WORD_TOPIC,
     LDAConfig,

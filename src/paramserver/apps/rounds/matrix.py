@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.data.parse import _parse_float, _parse_int
+from paramserver.data.parse import line_head, next_token, parse_float, parse_int
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
 
-_NL, _SPACE, _TAB, _CR, _COLON = 10, 32, 9, 13, 58
+_NL, _COLON = 10, 58
 _OK, _LABEL, _PAIR, _INDEX, _VALUE = 0, 1, 2, 3, 4
 _WHAT = {
     _LABEL: "the target (first token) is not a number",
@@ -36,44 +36,28 @@ def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
     n, nnz, pos, size = 0, 0, 0, buf.shape[0]
     indptr[0] = 0
     while pos < size:
-        end = pos
-        while buf[end] != _NL:
-            end += 1
-        a = pos
-        while a < end and (buf[a] == _SPACE or buf[a] == _TAB or buf[a] == _CR):
-            a += 1
+        a, b, end = line_head(buf, pos)
         if a == end:
             pos = end + 1
             continue
-        b = a
-        while b < end and buf[b] != _SPACE and buf[b] != _TAB and buf[b] != _CR:
-            b += 1
-        ok, y = _parse_float(buf, a, b)
+        ok, y = parse_float(buf, a, b)
         if not ok or not np.isfinite(y):
             return n, _LABEL, pos
-        a = b
         while True:
-            while a < end and (buf[a] == _SPACE or buf[a] == _TAB or buf[a] == _CR):
-                a += 1
+            a, b, colon = next_token(buf, b, end)
             if a >= end:
                 break
-            b, colon = a, -1
-            while b < end and buf[b] != _SPACE and buf[b] != _TAB and buf[b] != _CR:
-                if buf[b] == _COLON and colon < 0:
-                    colon = b
-                b += 1
             if colon < 0:
                 return n, _PAIR, pos
-            ok, idx = _parse_int(buf, a, colon)
+            ok, idx = parse_int(buf, a, colon)
             if not ok or idx < 1:
                 return n, _INDEX, pos
-            ok, v = _parse_float(buf, colon + 1, b)
+            ok, v = parse_float(buf, colon + 1, b)
             if not ok or not np.isfinite(v):
                 return n, _VALUE, pos
             cols[nnz] = idx - 1
             vals[nnz] = v
             nnz += 1
-            a = b
         labels[n] = y
         n += 1
         indptr[n] = nnz

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.data.parse import _parse_float, _parse_int
+from paramserver.data.parse import parse_float, parse_int
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
 
@@ -68,13 +68,13 @@ def _parse(buf, start, users, items, ratings):  # type: ignore[no-untyped-def]
             continue
         if fields < 3:
             return n, _FIELDS, pos
-        ok, u = _parse_int(buf, bounds[0], bounds[1])
+        ok, u = parse_int(buf, bounds[0], bounds[1])
         if not ok:
             return n, _USER, pos
-        ok, i = _parse_int(buf, bounds[2], bounds[3])
+        ok, i = parse_int(buf, bounds[2], bounds[3])
         if not ok:
             return n, _ITEM, pos
-        ok, r = _parse_float(buf, bounds[4], bounds[5])
+        ok, r = parse_float(buf, bounds[4], bounds[5])
         if not ok or not np.isfinite(r):
             return n, _RATING, pos
         users[n] = u
