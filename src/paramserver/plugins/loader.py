@@ -246,6 +246,8 @@ def _candidates(k: Kind, module: Any) -> str:
     """What ``module`` holds that ``k`` accepts: the names the spec could have meant."""
     found = []
     for key, value in sorted(vars(module).items()):
+        if isinstance(value, type) and value.__module__ != module.__name__:
+            continue  # a class it imports (the kind's base, most often), not one it holds
         try:
             if not key.startswith("_") and k.accepts(value):
                 found.append(key)
