@@ -111,7 +111,7 @@ def test_a_built_in_registered_by_its_module_name_is_imported_on_first_use(widge
     ("widgetmod:helper", ["widget 'widgetmod:helper' is not one: widgetmod:helper is <built-in function len>, "
                           "not a subclass of Widget; subclass Widget in helper",
                           "(module 'widgetmod' has: Oval, Square)"]),
-    ("squarish", ["unknown widget 'squarish': built-ins are round; a widget of your own is named 'module:attr', "
+    ("squarish", ["unknown widget 'squarish': built-ins are round; one of your own is named 'module:attr', "
                   "a subclass of Widget (e.g. 'widgetmod:Square:size=3')"]),
     ("round:size=1,size=2", ["widget 'round:size=1,size=2': the setting 'size' is given twice; give it once"]),
     ("", ["widget '': name it one of round (a built-in) or 'module:attr[:key=value,...]', a subclass of Widget"]),
@@ -162,3 +162,31 @@ def test_filters_take_the_new_settings_inside_a_chain_and_print_them_so():
     assert str(spec) == "push=int8:block=64,keycache,zstd:level=3,min_bytes=1024;pull=keycache"
     assert FilterSpec.parse(str(spec)) == spec == FilterSpec.parse("push=int8:block=64,keycache,zstd:level=3:"
                                                                    "min_bytes=1024;pull=keycache")
+
+
+@pytest.mark.parametrize("kind, where", [
+    ("rule", "the scheduler and every server"), ("function", "every server"),
+    ("filter", "every node (scheduler, servers, clients)"), ("policy", "every server"),
+    ("source", "the driver and every worker"), ("fn", "the worker (its package on PYTHONPATH, or installed)"),
+])
+def test_every_kind_says_a_module_that_does_not_import_in_the_same_words(kind, where):
+    import paramserver.cluster.worker  # noqa: F401  (each module declares its kind)
+    import paramserver.data.streams  # noqa: F401
+    import paramserver.lifecycle.policies  # noqa: F401
+    import paramserver.tables.functions  # noqa: F401
+
+    label = kinds()[kind].label
+    with pytest.raises(ConfigError) as info:
+        load_plugin(kind, "no_such_module_xyz:thing")
+    assert str(info.value).startswith(f"{label} 'no_such_module_xyz:thing': module 'no_such_module_xyz' does not "
+                                      f"import here (ModuleNotFoundError: No module named 'no_such_module_xyz'); it "
+                                      f"must be importable on {where}: put its folder on PYTHONPATH")
+
+
+def test_a_worker_function_named_without_its_module_is_told_the_form():
+    from paramserver.cluster.worker import load_function
+
+    with pytest.raises(ConfigError, match=r"^--fn 'main': name it 'module:attr', a function called with the "
+                                          r"connected Client \(e.g. 'mypkg.jobs:train'\)$"):
+        load_function("main")
+    assert load_function("paramserver.cluster.worker:load_function") is load_function

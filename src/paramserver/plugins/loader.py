@@ -10,7 +10,7 @@ by name in the same table (``register``).  One grammar names any of them::
     module:attr[:key=value,...]      a user's, imported here    mypkg.filters:Mine:level=3
 
 ``load_plugin(kind, spec)`` parses ``spec``, imports what it names (this module holds the
-package's one ``import_module`` for plug-ins), checks it is what the kind needs and hands
+package's one import by name for plug-ins), checks it is what the kind needs and hands
 back a ``Plugin``: its name, the object and its settings (text; the kind reads them).  A
 spec that does not load fails with one ``ConfigError`` naming the kind, the spec, what
 the module holds of that kind, and the fix.  The grammars that combine several plug-ins
@@ -209,9 +209,10 @@ def _resolve(k: Kind, name: str, spec: str) -> Any:
         return found
     module_name, colon, attr = name.partition(":")
     if not colon or not module_name or not attr:
-        known = f"built-ins are {', '.join(builtins(k.key))}; a {k.label} of your own" if table else f"a {k.label}"
-        raise ConfigError(f"unknown {k.label} {name!r}: {known} is named 'module:attr', {k.must} "
-                          f"(e.g. {k.example!r})")
+        if not table:
+            raise ConfigError(f"{k.label} {name!r}: name it 'module:attr', {k.must} (e.g. {k.example!r})")
+        raise ConfigError(f"unknown {k.label} {name!r}: built-ins are {', '.join(builtins(k.key))}; one of your "
+                          f"own is named 'module:attr', {k.must} (e.g. {k.example!r})")
     if module_name in k.moved:
         new = k.moved[module_name]
         old_spelling(k, spec, attr if attr in table else f"{new}:{attr}")
