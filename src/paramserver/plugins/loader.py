@@ -124,7 +124,7 @@ def split(kind: Kind | str, spec: str) -> tuple[str, tuple[tuple[str, str], ...]
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"{k.label} {spec!r}: {_forms(k)}")
     segments = [s.strip() for s in spec.strip().split(":")]
-    bare = k.positional and segments[0] in _BUILTINS[k.key]  # after:2: a built-in's value, not a module's attr
+    bare = k.positional and segments[0] in _BUILTINS.get(k.key, {})  # after:2: a built-in's value, not a module's attr
     cut = 2 if len(segments) > 1 and "=" not in segments[1] and not bare else 1
     name, rest = ":".join(segments[:cut]), segments[cut:]
     settings: dict[str, str] = {}
@@ -201,7 +201,7 @@ def _forms(k: Kind) -> str:
 
 
 def _resolve(k: Kind, name: str, spec: str) -> Any:
-    table = _BUILTINS[k.key]
+    table = _BUILTINS.setdefault(k.key, {})
     if name in table:
         found = table[name]
         if isinstance(found, str):  # registered lazily: imported on first use
