@@ -22,6 +22,7 @@ below its own: docs/architecture.md draws them, `make lint` holds them):
     filters/        what a message's keys and values go through on the wire (plug-ins)
     lifecycle/      what happens to a table's keys over time: admission, eviction (plug-ins)
     config.py       Config and the PARAMSERVER_* settings
+    plugins/        plug-ins found by name: the kinds, their built-ins, one grammar, one loader
     routing/        the ring, hashing, batching keys per server
     wire/           the message format, sockets and transports, security
     consistency/    vector clocks, the staleness gate, BSP buffers

@@ -453,7 +453,7 @@ def test_a_bad_fn_is_said_before_connecting():
                            "--scheduler", "tcp://127.0.0.1:9", "--connect-timeout-s", "30"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "--fn 'no_such_module:main': No module named 'no_such_module'" in proc.stderr
+    assert "--fn 'no_such_module:main': module 'no_such_module' does not import here" in proc.stderr
     assert time.monotonic() - t0 < 20  # not after a 30 s connect timeout
 
 

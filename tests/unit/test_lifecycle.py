@@ -34,7 +34,7 @@ def test_spec_text_map_and_wire_round_trip():
     ("cap_keys=10;victim=lfu", "victim=lfu needs half_life"),
     ("admit=after:0", "integer N in [1, 255]"),
     ("admit=prob:1.5", "P in (0, 1]"),
-    ("admit=nosuch.module:Policy", "cannot import"),
+    ("admit=nosuch.module:Policy", "module 'nosuch.module' does not import here"),
     ("admit=builtins:dict", "not a subclass of AdmissionPolicy"),
     ("ttl", "name=value"),
     ("ttl=abc", "is not a number"),

@@ -35,7 +35,7 @@ def test_a_duplicated_direction_is_refused_on_the_command_line_flag():
     ("ttl=1e6;ttl=2e6", "ttl is given twice (ttl=1e6 and ttl=2e6)"),
     ("admit=after:2;ttl=5e6;admit=prob:0.5", "admit is given twice (admit=after:2 and admit=prob:0.5)"),
     ("track;track", "track is given twice"),
-    ("admit=after:n=2,n=3", "n is given twice"),
+    ("admit=after:n=2,n=3", "the setting 'n' is given twice"),
 ])
 def test_a_lifecycle_spec_that_gives_a_setting_twice_is_refused(text, said):
     with pytest.raises(ConfigError, match="give (each setting|it) once") as refused:

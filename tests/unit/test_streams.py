@@ -102,7 +102,7 @@ def test_sources_are_named_clearly(tmp_path):
     assert isinstance(streams.open_source("-", 1, "criteo"), streams.StdinSource)
     with pytest.raises(ConfigError, match="no such folder"):
         streams.open_source(str(tmp_path / "nope"), 1, "criteo")
-    with pytest.raises(ConfigError, match="cannot load the source class"):
+    with pytest.raises(ConfigError, match="module .nomodule_here. does not import here"):
         streams.open_source("nomodule_here:Source=x://y", 1, "criteo")
     with pytest.raises(ConfigError, match="cannot be resumed"):
         streams.StdinSource(1).start({"any": 1})

@@ -8,7 +8,6 @@ parent to the child it started itself; nothing from the network is ever unpickle
 
 from __future__ import annotations
 
-import importlib
 import logging
 import traceback
 from collections.abc import Callable
@@ -21,23 +20,19 @@ from paramserver._runtime.proctitle import set_title
 from paramserver.client.client import Client
 from paramserver.config import Config
 from paramserver.errors import ConfigError, ParamServerError
+from paramserver.plugins import Kind, declare, load_plugin
 
 logger = logging.getLogger(__name__)
 
 
+FN = declare(Kind("fn", "--fn", "a function called with the connected Client", callable,
+                   "the worker (its package on PYTHONPATH, or installed)", "mypkg.jobs:train", settings=False))
+
+
 def load_function(spec: str) -> Callable[..., Any]:
-    """``"package.module:function"`` → the function."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"--fn must look like package.module:function, got {spec!r}")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"--fn {spec!r}: {exc}; is its package on PYTHONPATH (or installed) and the "
-                          "function's name right?") from None
-    if not callable(fn):
-        raise ConfigError(f"--fn {spec!r} is not callable")
-    function: Callable[..., Any] = fn
+    """``"package.module:function"`` → the function (a plug-in of kind ``fn``,
+    ``docs/plugins.md``)."""
+    function: Callable[..., Any] = load_plugin(FN, spec).obj
     return function
 
 

@@ -37,6 +37,22 @@ def open_input(path: str) -> IO[bytes]:
     return opened
 
 
+def fsspec_filesystem(path: str) -> tuple[Any, str]:
+    """The fsspec filesystem of ``path`` and its path there; a missing driver (s3fs for
+    s3://, gcsfs for gs://, ...) is a one-line error naming the package."""
+    import fsspec
+
+    from paramserver.data.batch import DataError
+
+    try:
+        found: tuple[Any, str] = fsspec.core.url_to_fs(path)  # no glob expansion here (get_fs_token_paths would)
+        return found
+    except ImportError as exc:
+        raise DataError(f"{path}: {exc} (pip install it, or copy the data to a local path)") from None
+    except ValueError as exc:  # an unknown protocol
+        raise DataError(f"{path}: {exc}") from None
+
+
 class LocalFiles:
     """The calls of an fsspec filesystem that checking and writing files makes, with ``os``."""
 

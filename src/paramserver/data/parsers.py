@@ -174,7 +174,7 @@ def raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base
         fix = "pass --label-format 01|pm1|12, or check --format"
     where = f"{shard.where()}:{line}"
     if shard.source:  # a stream's row: named as its source names it (Redis: the entry id, to XDEL it)
-        from paramserver.data.streams import locate_row
+        from paramserver.data.sources import locate_row
 
         if (found := locate_row(shard, base + at)) is not None:
             where, fix = found[0], f"fix: {found[1]}, or pass --skip-bad-lines to skip and count such rows"

@@ -32,8 +32,9 @@ import numpy as np
 
 from paramserver.data import csv, parse
 from paramserver.data.batch import FORMATS, STDIN, Batch, DataError, DataFormat, FileStamp, Shard, _concat, _slice
-from paramserver.data.files import COMPRESSED, local_files, open_input
+from paramserver.data.files import COMPRESSED, fsspec_filesystem, local_files, open_input
 from paramserver.data.parsers import CriteoParser, CsvParser, LibsvmParser
+from paramserver.data.sources import open_shard
 from paramserver.errors import ConfigError
 
 #: What importers take from here: the reader's own names, and the vocabulary of batch.py
@@ -46,20 +47,6 @@ CHUNK_BYTES = 4 << 20
 logger = logging.getLogger(__name__)
 
 
-def _filesystem(path: str) -> tuple[Any, str]:
-    """The fsspec filesystem of ``path`` and its path there; a missing driver (s3fs for
-    s3://, gcsfs for gs://, ...) is a one-line error naming the package."""
-    import fsspec
-
-    try:
-        found: tuple[Any, str] = fsspec.core.url_to_fs(path)  # no glob expansion here (get_fs_token_paths would)
-        return found
-    except ImportError as exc:
-        raise DataError(f"{path}: {exc} (pip install it, or copy the data to a local path)") from None
-    except ValueError as exc:  # an unknown protocol
-        raise DataError(f"{path}: {exc}") from None
-
-
 def expand(paths: list[str]) -> list[str]:
     """``paths`` with glob patterns (``*``, ``?``, ``[``) expanded, each in sorted order;
     a pattern that matches nothing is an error."""
@@ -68,7 +55,7 @@ def expand(paths: list[str]) -> list[str]:
         if path == "-" or not any(c in path for c in "*?["):
             out.append(path)
             continue
-        fs, pattern = _filesystem(path)
+        fs, pattern = fsspec_filesystem(path)
         protocol = path.split("://", 1)[0] + "://" if "://" in path else ""
         found = sorted(p for p in fs.glob(pattern) if not fs.isdir(p))
         if not found:
@@ -78,7 +65,7 @@ def expand(paths: list[str]) -> list[str]:
 
 
 def _check_exists(path: str) -> int:
-    fs, p = local_files(path) or _filesystem(path)
+    fs, p = local_files(path) or fsspec_filesystem(path)
     if not fs.exists(p):
         raise DataError(f"no such file: {path}")
     if fs.isdir(p):
@@ -263,8 +250,6 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict[str, Any], batch_siz
     path = shard.path
     try:
         if shard.source:  # cut from a stream: its source plug-in reads it
-            from paramserver.data.streams import open_shard
-
             f: Any = open_shard(shard)
         elif shard.stamp is not None:  # a file a stream took: read only if it is still that file
             f = _open_taken(shard, fmt, stats)

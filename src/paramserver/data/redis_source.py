@@ -51,6 +51,7 @@ from paramserver.data.redis_rows import (
 )
 from paramserver.data.resp import xrange_page
 from paramserver.data.row_count import count_lines
+from paramserver.data.sources import ChunkFile
 from paramserver.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -321,8 +322,6 @@ class RedisSource:
 
     @classmethod
     def open_shard(cls, shard: Shard) -> Any:
-        from paramserver.data.streams import ChunkFile
-
         return ChunkFile(_entries(shard))
 
     @classmethod

@@ -21,61 +21,36 @@ Built in:
     ``-``                       standard input, spooled into files of whole lines as it
                                 arrives (not resumable)
     ``redis://HOST:PORT/STREAM``  Redis Streams (``redis_source.py``)
-    ``module:Class=URL``        a user's source class, given URL (the protocol below)
+    ``module:Class=URL``        a user's source class, given URL: a plug-in of kind
+                                ``source`` (the protocol, ``StreamSource``, and how a
+                                shard is opened by its source are in ``sources.py``)
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any
 
 from paramserver.data.batch import STDIN, DataError, FileStamp, Shard
+from paramserver.data.files import fsspec_filesystem
 from paramserver.data.row_count import HEADERS, count_lines, rows_until
+from paramserver.data.sources import ChunkFile, StreamSource, locate_row, open_shard, source_class
 from paramserver.data.taken import stamp_from_info, stamp_of
 from paramserver.errors import ConfigError
+from paramserver.plugins import register
+
+#: what other modules took from here before the source plug-in moved to sources.py
+__all__ = ["ChunkFile", "FolderSource", "StdinSource", "StreamSource", "locate_row", "open_shard", "open_source"]
 
 logger = logging.getLogger(__name__)
 
 SETTLE_S = 1.0  # a folder's file is complete once unchanged this long
 SPOOL_S = 0.5  # standard input is cut into a shard at least this often while lines arrive
 _WRITING = (".tmp", ".part", "._COPYING_")
-
-
-@runtime_checkable
-class StreamSource(Protocol):
-    """What a source plug-in implements (``module:Class=URL``: ``Class(URL, shard_bytes)``).
-
-    Driver side: ``start`` once, then ``poll`` and ``commit`` from one thread, ``close``
-    at the end.  Worker side: the class method ``open_shard``, in any process."""
-
-    url: str
-    resumable: bool  # its positions can be read again (standard input's cannot)
-
-    def start(self, position: Any | None) -> None:
-        """Begin after ``position`` (a checkpoint's), or None: where the source says a new
-        reader starts (the beginning, or what the source last committed)."""
-
-    def poll(self, max_rows: int | None) -> tuple[list[Shard], Any, int | None, bool]:
-        """The shards arrived since the last poll (at most ``max_rows`` rows where the
-        source counts them, None: no limit), the position after them, the rows in them
-        (None: the source cannot count them before they are read), and whether the source
-        has ended (standard input at its end)."""
-
-    def commit(self, position: Any, pending: list[Shard]) -> None:
-        """Everything before ``position`` but ``pending`` is applied and saved: the source
-        may forget it (acknowledge it, move its group)."""
-
-    def close(self) -> None:
-        """Release the driver's connections."""
-
-    @classmethod
-    def open_shard(cls, shard: Shard) -> Any:
-        """A shard's rows as a binary file (``readinto``, ``readline``), whole lines."""
 
 
 def open_source(spec: str, shard_bytes: int, fmt_name: str) -> StreamSource:
@@ -90,77 +65,12 @@ def open_source(spec: str, shard_bytes: int, fmt_name: str) -> StreamSource:
         return RedisSource(spec, shard_bytes, fmt_name)
     head, eq, url = spec.partition("=")
     if eq and ":" in head and "://" not in head:
-        cls = _plugin(head)
-        source = cls(url, shard_bytes)
+        source = source_class(head)(url, shard_bytes)
         if not isinstance(source, StreamSource):
             raise ConfigError(f"--stream {spec}: {head} does not implement the source protocol "
                               "(paramserver.data.streams.StreamSource)")
         return source
     return FolderSource(spec, shard_bytes, fmt_name)
-
-
-def _plugin(path: str) -> Any:
-    module, _, name = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"--stream {path}=...: cannot load the source class {path} ({exc}); is its module on "
-                          "PYTHONPATH on the driver and every worker?") from None
-
-
-def open_shard(shard: Shard) -> Any:
-    """A stream shard's rows, opened by the source plug-in that cut it (``Shard.source``)."""
-    return _plugin(shard.source).open_shard(shard)
-
-
-def locate_row(shard: Shard, offset: int) -> tuple[str, str] | None:
-    """Where the row at byte ``offset`` of a stream shard is, in the source's words (Redis:
-    ``URL entry ID, row R``), and the fix that drops it; None where the source cannot say
-    (an optional ``locate`` class method of a plug-in)."""
-    locate = getattr(_plugin(shard.source), "locate", None)
-    return locate(shard, offset) if locate is not None else None
-
-
-class ChunkFile:
-    """Chunks of bytes (whole lines) read as a binary file: what ``read_batches`` reads."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self.chunks, self.head, self.at = chunks, b"", 0
-
-    def __enter__(self) -> ChunkFile:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        close = getattr(self.chunks, "close", None)
-        if close is not None:
-            close()
-
-    def _fill(self) -> bool:
-        while self.at >= len(self.head):
-            nxt = next(self.chunks, None)
-            if nxt is None:
-                return False
-            self.head, self.at = nxt, 0
-        return True
-
-    def readinto(self, view: memoryview) -> int:
-        if not self._fill():
-            return 0
-        n = min(len(view), len(self.head) - self.at)
-        view[:n] = self.head[self.at:self.at + n]
-        self.at += n
-        return n
-
-    def readline(self) -> bytes:
-        parts = []
-        while self._fill():
-            end = self.head.find(b"\n", self.at)
-            stop = len(self.head) if end < 0 else end + 1
-            parts.append(self.head[self.at:stop])
-            self.at = stop
-            if end >= 0:
-                break
-        return b"".join(parts)
 
 
 class StdinSource:
@@ -274,12 +184,10 @@ class FolderSource:
     resumable = True
 
     def __init__(self, url: str, shard_bytes: int, fmt_name: str = "criteo") -> None:
-        from paramserver.data.reader import _filesystem
-
         self.url, self.shard_bytes = url.rstrip("/"), shard_bytes
         self.header = HEADERS.get(fmt_name)  # a file's first line may be a header, not a row
         self.cut_at: dict[str, int] = {}  # name -> where its rows taken end (--max-examples cut it there)
-        self.fs, self.root = _filesystem(self.url)
+        self.fs, self.root = fsspec_filesystem(self.url)
         self.protocol = self.url.split("://", 1)[0] + "://" if "://" in self.url else ""
         if not self.fs.exists(self.root) or not self.fs.isdir(self.root):
             raise ConfigError(f"--stream {url}: no such folder (a folder whose files arrive, "
@@ -436,3 +344,7 @@ def _first_line(path: str) -> bytes:
 
     with open_input(path) as f:
         return f.readline(1 << 20)
+
+
+register("source", "folder", FolderSource)
+register("source", "stdin", StdinSource)

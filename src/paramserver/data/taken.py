@@ -15,7 +15,7 @@ import os
 from typing import IO, Any
 
 from paramserver.data.batch import DataError, FileStamp
-from paramserver.data.files import is_plain_local, open_input
+from paramserver.data.files import fsspec_filesystem, is_plain_local, open_input
 
 #: what ``--changed-files skip`` says when a file's shards are skipped
 FIX = ("restore the file as it was taken and resume, or pass --changed-files skip to skip what is left of it "
@@ -66,9 +66,7 @@ def stamp_of(path: str) -> FileStamp | None:
             return stamp_of_stat(os.stat(os.path.expanduser(path)))
         except FileNotFoundError:
             return None
-    from paramserver.data.reader import _filesystem
-
-    fs, p = _filesystem(path)
+    fs, p = fsspec_filesystem(path)
     try:
         return stamp_from_info(fs.info(p))
     except FileNotFoundError:

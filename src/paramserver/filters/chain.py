@@ -5,12 +5,14 @@ Written as text (the CLI's ``--filters``, ``create_table(filters=...)``)::
 
     push=int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=fp16
     lossless                       # a preset (PRESETS)
-    push=mypkg.filters:Mine:level=3
+    push=mypkg.filters:Mine:level=3,window=8
 
 or as a map ``{"push": ["int8:block=128", "keycache"], "pull": [...], "reply": [...]}``.
-A filter is a built-in's name (``filters/builtin.py``) or ``"module:Class"``, a subclass
-of ``Filter``, imported by name where the table is created (scheduler, servers,
-clients): it travels by its name, never as code.  Its settings follow as ``:key=value``.
+A filter is a plug-in of kind ``filter`` (``paramserver.plugins``, ``docs/plugins.md``):
+a built-in's name (``filters/builtin.py``) or ``"module:Class"``, a subclass of
+``Filter``, imported by name where the table is created (scheduler, servers, clients):
+it travels by its name, never as code.  Its settings follow as ``:key=value,...``
+(``:key=value:key=value``, the old spelling, still loads).
 
 On the wire a filtered message's header says which filters ran, each with its
 parameters (``"filters": [[name, params], ...]``), and which part each array frame is
@@ -20,7 +22,6 @@ parameters (``"filters": [[name, params], ...]``), and which part each array fra
 from __future__ import annotations
 
 import functools
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy as np
 from paramserver.errors import ConfigError, ProtocolError
 from paramserver.filters.base import PARTS, STAGES, Context, Filter, Parts
 from paramserver.filters.builtin import BUILTIN
+from paramserver.plugins import Kind, declare, load_object, number, register, split
 
 DIRECTIONS = ("push", "pull", "reply")
 PRESETS: dict[str, str] = {
@@ -39,6 +41,13 @@ PRESETS: dict[str, str] = {
 }
 
 Entry = tuple[str, tuple[tuple[str, Any], ...]]  # a filter's name and its settings
+
+FILTER = declare(Kind(
+    "filter", "filter", "a subclass of Filter (paramserver.filters)",
+    lambda obj: isinstance(obj, type) and issubclass(obj, Filter), "every node (scheduler, servers, clients)",
+    "mypkg.filters:Mine:level=3"))
+for _name, _cls in BUILTIN.items():
+    register("filter", _name, _cls)
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ class FilterSpec:
 
     def __str__(self) -> str:
         def entry(name: str, settings: tuple[tuple[str, Any], ...]) -> str:
-            return ":".join([name, *(f"{k}={v}" for k, v in settings)])
+            return f"{name}:{','.join(f'{k}={v}' for k, v in settings)}" if settings else name
         return ";".join(f"{d}={','.join(entry(*e) for e in getattr(self, d))}" for d in DIRECTIONS
                         if getattr(self, d)) or "none"
 
@@ -98,7 +107,13 @@ def _once(direction: str, entries: tuple[Entry, ...]) -> None:
 
 def _listed(value: Any, direction: str) -> list[Any]:
     if isinstance(value, str):
-        return [e for e in (p.strip() for p in value.split(",")) if e]
+        out: list[str] = []
+        for e in filter(None, (p.strip() for p in value.split(","))):
+            if out and "=" in e and ":" not in e and ":" in out[-1]:
+                out[-1] += "," + e  # int8:block=128,scale=2: the filter's next setting, not a filter
+            else:
+                out.append(e)
+        return out
     if isinstance(value, (list, tuple)):
         return list(value)
     raise ConfigError(f"filters for {direction!r} must be a list of filters, got {value!r}")
@@ -126,20 +141,12 @@ def _parse_text(text: str) -> dict[str, Any]:
 
 
 def _entry(value: Any, direction: str) -> Entry:
-    """``"name[:key=value...]"``, ``"module:Class[:key=value...]"``, ``[name, settings]`` or
+    """``"name[:key=value,...]"``, ``"module:Class[:key=value,...]"`` (the plug-in grammar;
+    ``name:key=value:key=value``, the old spelling, too), ``[name, settings]`` or
     ``{"name": ..., **settings}`` as (name, settings)."""
     if isinstance(value, str):
-        segments = [s.strip() for s in value.split(":")]
-        cut = 2 if len(segments) > 1 and "=" not in segments[1] else 1
-        name, settings = ":".join(segments[:cut]), dict[str, Any]()
-        for item in segments[cut:]:
-            key, eq, raw = item.partition("=")
-            if not eq:
-                raise ConfigError(f"filter {value!r}: settings are key=value, got {item!r} (e.g. 'int8:block=128')")
-            if key.strip() in settings:
-                raise ConfigError(f"filter {value!r}: the setting {key.strip()!r} is given twice; give it once "
-                                  f"(e.g. '{name}:{key.strip()}={raw.strip()}')")
-            settings[key.strip()] = _number(raw, value)
+        name, given, _ = split(FILTER, value)
+        settings: dict[str, Any] = {key: number(raw) for key, raw in given}
     elif isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], dict):
         name, settings = value[0], dict(value[1])
     elif isinstance(value, dict) and "name" in value:
@@ -155,30 +162,9 @@ def _entry(value: Any, direction: str) -> Entry:
     return name, tuple(sorted(settings.items()))
 
 
-def _number(raw: str, where: str) -> int | float | str:
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw.strip()
-
-
 def filter_class(name: str) -> type[Filter]:
     """The class a filter's name stands for: a built-in's, or ``module:Class`` imported."""
-    if name in BUILTIN:
-        return BUILTIN[name]
-    module, colon, attr = name.partition(":")
-    if not colon:
-        raise ConfigError(f"unknown filter {name!r}: built-ins are {', '.join(sorted(BUILTIN))}; a filter of your "
-                          "own is named 'module:Class'")
-    try:
-        found = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"filter {name!r} does not import here ({type(exc).__name__}: {exc}): its module must be "
-                          "importable on every node (on PYTHONPATH, or installed)") from None
-    if not (isinstance(found, type) and issubclass(found, Filter)):
-        raise ConfigError(f"filter {name!r} is {found!r}, not a subclass of paramserver.filters.Filter")
+    found: type[Filter] = load_object(FILTER, name)
     return found
 
 

@@ -1,7 +1,9 @@
 """Admission policies: which keys a table stores, of those a push carries that it does not
-hold yet.  A policy is a plug-in like an update rule: a built-in's name with settings
-(``after:2``, ``prob:0.25``) or a user's class by ``"module:Class[:key=value,...]"``, a
-subclass of ``AdmissionPolicy``, imported by name on the servers.
+hold yet.  A policy is a plug-in of kind ``policy`` (``paramserver.plugins``,
+``docs/plugins.md``): a built-in's name with settings (``after:n=2``, ``prob:p=0.25``;
+``after:2``, the old spelling, still loads) or a user's class by
+``"module:Class[:key=value,...]"``, a subclass of ``AdmissionPolicy``, imported by name
+on the servers.
 
 A key not admitted is not stored: a pull reads the table's initial value, and the update
 is counted (``LifeStats.refused``) but not applied.  Only a vnode's primary decides; its
@@ -12,13 +14,13 @@ the sightings of keys not yet admitted are the one thing a failover forgets.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from paramserver.errors import ConfigError
 from paramserver.lifecycle.sketch import Sightings
+from paramserver.plugins import Kind, declare, load_plugin, register
 from paramserver.routing.hashing import hash64_array
 
 
@@ -120,50 +122,31 @@ class Score(AdmissionPolicy):
 
 
 BUILTIN: dict[str, type[AdmissionPolicy]] = {"after": AfterN, "prob": Probabilistic, "score": Score}
+POLICY = declare(Kind(
+    "policy", "admission policy", "a subclass of AdmissionPolicy (paramserver.lifecycle)",
+    lambda obj: isinstance(obj, type) and issubclass(obj, AdmissionPolicy), "every server",
+    "mypkg.policies:Mine:n=3", positional=True))
+for _name, _cls in BUILTIN.items():
+    register("policy", _name, _cls)
 
 
 def load_policy(text: str) -> AdmissionPolicy:
-    """The policy ``text`` names, built: ``after:2``, ``prob:0.25``, ``after:n=3,max_mb=16``,
-    ``score:10`` (``score:threshold=10,show=0.1,click=1``) or ``module:Class[:key=value,...]``."""
-    head, _, rest = text.partition(":")
-    head = head.strip()
-    if head in BUILTIN:
-        cls: type[AdmissionPolicy] = BUILTIN[head]
-        settings = rest
-    else:
-        attr, _, settings = rest.partition(":")
-        if not head or not attr:
-            raise ConfigError(f"admission policy {text!r}: use one of {sorted(BUILTIN)} (after:2, prob:0.25) "
-                              "or 'module:Class' (a subclass of paramserver.lifecycle.AdmissionPolicy)")
-        try:
-            found = getattr(importlib.import_module(head), attr.strip())
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"admission policy {text!r}: cannot import {head}:{attr} ({exc})") from None
-        if not (isinstance(found, type) and issubclass(found, AdmissionPolicy)):
-            raise ConfigError(f"admission policy {text!r} is not a subclass of AdmissionPolicy")
-        cls = found
-    args, kwargs = _settings(text, settings)
+    """The policy ``text`` names, built: ``after:n=3,max_mb=16``, ``prob:p=0.25``,
+    ``score:threshold=10,show=0.1,click=1`` or ``module:Class[:key=value,...]``; a bare
+    value (``after:2``, ``prob:0.25``, ``score:10``: the old spelling) is the first setting."""
+    plugin = load_plugin(POLICY, text)
+    args = [_float(text, v, v) for v in plugin.args]
+    kwargs = {key: _float(text, f"{key}={v}", v) for key, v in plugin.settings}
     try:
-        return cls(*args, **kwargs)
+        made: AdmissionPolicy = plugin.obj(*args, **kwargs)
     except TypeError as exc:
         raise ConfigError(f"admission policy {text!r}: {exc}") from None
+    return made
 
 
-def _settings(text: str, settings: str) -> tuple[list[float], dict[str, Any]]:
-    args: list[float] = []
-    kwargs: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in settings.split(","))):
-        key, eq, value = item.partition("=")
-        try:
-            number = float(value if eq else key)
-        except ValueError:
-            raise ConfigError(f"admission policy {text!r}: {item!r} is not a number (e.g. after:2, "
-                              "prob:p=0.25)") from None
-        if eq and key.strip() in kwargs:  # the second would silently replace the first
-            raise ConfigError(f"admission policy {text!r}: {key.strip()} is given twice; give it once "
-                              f"(e.g. {key.strip()}={value.strip()})")
-        if eq:
-            kwargs[key.strip()] = number
-        else:
-            args.append(number)
-    return args, kwargs
+def _float(text: str, item: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"admission policy {text!r}: {item!r} is not a number (e.g. after:n=2, "
+                          "prob:p=0.25)") from None

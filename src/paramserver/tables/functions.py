@@ -12,11 +12,12 @@ all of them — and merges what the servers return as the function declares:
 A function is ``f(keys, values, args)``: ``keys`` uint64[n] and ``values`` float32[n, dim]
 (read-only), ``args`` the call's dict (numbers, strings, lists).  Like update rules
 (``paramserver.tables.rules``), it is named ``"module:function"`` and imported by the servers:
-code never travels on the wire.  The ones below ship with the package::
+code never travels on the wire.  The ones below ship with the package, registered by
+name (``"paramserver.functions:top_k"``, their older name, still loads)::
 
-    client.call("w", "paramserver.functions:dot", args={"vector": v})        # keys, values @ v
-    client.call("w", "paramserver.functions:sum_of_squares")                 # squared L2 norm
-    client.call("w", "paramserver.functions:top_k", args={"k": 10})         # largest |value|
+    client.call("w", "dot", args={"vector": v})        # keys, values @ v
+    client.call("w", "sum_of_squares")                 # squared L2 norm
+    client.call("w", "top_k", args={"k": 10})          # largest |value|
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.errors import ConfigError
+from paramserver.plugins import Kind, declare, load_plugin, register
 
 MERGES = ("sum", "concat", "topk")
 
@@ -58,10 +60,9 @@ def server_function(merge: str = "sum") -> Callable[[Callable[..., Any]], Server
 
 
 def load_function(name: str) -> ServerFunction:
-    """The server-side function ``"module:function"`` names, imported."""
-    from paramserver.tables.rules import load_named
-
-    obj = load_named(name, "server-side function", ServerFunction, "@paramserver.server_function(...)")
+    """The server-side function ``name`` names: a shipped one's (``"top_k"``), or
+    ``"module:function"`` imported (a plug-in of kind ``function``, ``docs/plugins.md``)."""
+    obj = load_plugin(FUNCTION, name).obj
     assert isinstance(obj, ServerFunction)
     return obj
 
@@ -162,3 +163,13 @@ def sample(keys: np.ndarray, values: np.ndarray, args: dict[str, Any]) -> tuple[
     seed = np.uint64(int(args.get("seed", 0)) & 0xFFFFFFFFFFFFFFFF)
     h = hash64_array(keys ^ seed)
     return keys, (h >> np.uint64(40)).astype(np.float32)
+
+
+FUNCTION = declare(Kind(
+    "function", "server-side function", "a function decorated with @paramserver.server_function(...)",
+    lambda obj: isinstance(obj, ServerFunction), "every server", "mypackage.functions:norms",
+    fix="decorate {attr} with @paramserver.server_function(...)",
+    moved={"paramserver.functions": "paramserver.tables.functions"}, settings=False))
+for _name, _fn in list(globals().items()):  # the ones that ship, by name: "top_k"
+    if isinstance(_fn, ServerFunction):
+        register("function", _name, _fn)

@@ -23,8 +23,9 @@ An update rule says what a push does to one row of a table::
 * The rule is compiled with numba (``nopython``): loops, ``math``, numpy on the views.
 * A rule travels by its name, ``"module:function"``, never as code: the scheduler and
   every server import it when the table is created, so the module must be importable
-  there (on ``PYTHONPATH``, or installed).  A name that does not import is refused with
-  the module, the reason and the fix.
+  there (on ``PYTHONPATH``, or installed).  It is a plug-in of kind ``rule``
+  (``paramserver.plugins``, ``docs/plugins.md``): a name that does not import is refused
+  with the module, what it holds and the fix.
 
 The built-in optimisers (``sgd``, ``adagrad``, ``ftrl``, ``adam``, ``rmsprop``,
 ``ftrl_adagrad``) are rules of this kind too (``server/optim.py``); their kernels are
@@ -34,12 +35,12 @@ it is created (a few seconds) and cached on disk for later runs (``store/kernels
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from paramserver.errors import ConfigError
+from paramserver.plugins import Kind, declare, load_plugin, register
 
 StateWidth = int | Callable[[int], int]
 
@@ -125,38 +126,25 @@ def rule(state_width: StateWidth = 0, params: Sequence[str] | Mapping[str, float
     return wrap
 
 
-def load_rule(name: str) -> Rule:
-    """The rule ``"module:function"`` names, imported (the server's way to find it)."""
-    obj = load_named(name, "update rule", Rule, "@paramserver.rule(...)")
-    assert isinstance(obj, Rule)
-    return obj
-
-
 #: the names the shipped plug-ins are known by (``"paramserver.functions:top_k"``), kept
 #: when their modules moved into ``tables/``: a name is part of a table's spec and a call
+#: (old spellings now: the built-ins are registered by name, ``"top_k"``)
 SHIPPED = {"paramserver.functions": "paramserver.tables.functions", "paramserver.rules": "paramserver.tables.rules"}
+_OPTIMIZERS = {"sgd": "SGD", "adagrad": "AdaGrad", "ftrl": "FTRL", "adam": "Adam", "rmsprop": "RMSProp",
+               "ftrl_adagrad": "FtrlAdagrad"}
+
+RULE = declare(Kind(
+    "rule", "update rule", "a function decorated with @paramserver.rule(...)", lambda obj: isinstance(obj, Rule),
+    "the scheduler and every server", "mypackage.rules:clipped_sgd", fix="decorate {attr} with @paramserver.rule(...)",
+    moved=SHIPPED, settings=False))
+for _name, _cls in _OPTIMIZERS.items():  # integer kinds, built by tables/optim.py (which imports this module)
+    register("rule", _name, f"paramserver.tables.optim:{_cls}")
 
 
-def load_named(name: str, what: str, kind: type, decorator: str) -> Any:
-    """The object of type ``kind`` that ``"module:attribute"`` names, imported; a name that
-    does not import, or names something else, is refused naming the module and the fix."""
-    module_name, sep, attr = name.partition(":")
-    module_name = SHIPPED.get(module_name, module_name)
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"{what} {name!r}: name it as 'module:function' (e.g. 'mypackage.rules:clipped_sgd')")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ConfigError(f"{what} {name!r}: module {module_name!r} does not import ({type(exc).__name__}: "
-                          f"{exc}); it must be importable by the scheduler and every server: put its folder on "
-                          "PYTHONPATH, or install its package, where they run") from None
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            known = sorted(k for k, v in vars(module).items() if isinstance(v, kind))
-            raise ConfigError(f"{what} {name!r}: module {module_name!r} has no {attr!r} (it has: "
-                              f"{', '.join(known) or 'none of that kind'})")
-        obj = getattr(obj, part)
-    if not isinstance(obj, kind):
-        raise ConfigError(f"{what} {name!r} is not one: decorate {attr} with {decorator}")
+def load_rule(name: str) -> Rule:
+    """The rule ``"module:function"`` names, imported (the server's way to find it)."""
+    obj = load_plugin(RULE, name).obj
+    if not isinstance(obj, Rule):  # a built-in optimiser's name: tables/optim.py builds those
+        raise ConfigError(f"update rule {name!r} is a built-in optimiser, not a @paramserver.rule: pass it as the "
+                          f"table's optimizer ({name!r}), which builds it")
     return obj
