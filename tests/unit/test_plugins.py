@@ -14,9 +14,6 @@ from paramserver.plugins import Kind, builtins, declare, kinds, load_object, loa
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "paramserver"
 #: imports by name that are not plug-ins: the forked node's command (issue 45.5 hands it down)
-NOT_PLUGINS = {"cluster/process.py"}
-
-
 class Widget:
     pass
 
@@ -60,8 +57,7 @@ def _calls_by_name(path: pathlib.Path) -> int:
 def test_the_package_imports_plug_ins_in_one_place():
     found = {p.relative_to(SRC).as_posix(): c for p in sorted(SRC.rglob("*.py")) if (c := _calls_by_name(p))}
     assert found.pop("plugins/loader.py", 0) == 1
-    extra = {path: n for path, n in found.items() if path not in NOT_PLUGINS}
-    assert not extra, (f"import by name outside paramserver.plugins: {extra}; load a plug-in with "
+    assert not found, (f"import by name outside paramserver.plugins: {found}; load a plug-in with "
                        "paramserver.plugins.load_plugin(kind, spec) (docs/plugins.md)")
 
 
