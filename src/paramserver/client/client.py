@@ -10,7 +10,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -20,7 +19,7 @@ import numpy as np
 
 from paramserver.client.admin import Admin
 from paramserver.client.calls import FunctionCalls
-from paramserver.client.core import Piece, Wire, as_keys, call_header, pull_rows
+from paramserver.client.core import Piece, Wire, as_keys, call_header, rows_into
 from paramserver.client.filter_calls import FilterCalls
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
@@ -35,7 +34,7 @@ from paramserver.client.sync_calls import SyncCalls
 from paramserver.config import Config, load_config
 from paramserver.errors import ConfigError, ConnectError, ParamServerError, UnknownTableError
 from paramserver.routing.blocks import BlockMap
-from paramserver.routing.partition import combine_duplicates, scatter_rows
+from paramserver.routing.partition import combine_duplicates
 from paramserver.routing.ring import Ring
 from paramserver.tables.optim import PUSH_OPS
 from paramserver.tables.spec import TableSpec
@@ -127,6 +126,7 @@ class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
             self._apply_view(msg.header)
         elif msg.op is Op.NODE_LOST and msg.header.get("role") == "server":
             self._losses.record(msg.header)
+            self._state.refresh_view()  # the ring will move: ask for it now, as the simulated worker does
 
     def _request(self, address: str, header: dict[str, Any]) -> Future[Any]:
         return self._rpc.request(address, header)
@@ -228,11 +228,8 @@ class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         out = np.empty((keys.shape[0], spec.dim), np.float32)
         filters = self._state.filters
         replies = filters.reply_chain(spec)
-
-        def on_piece(piece: Piece, msg: Message) -> None:
-            scatter_rows(pull_rows(msg, piece, spec.dim, replies), piece.extra, out)
-
-        return self._scatter(Op.PULL, table, keys, None, on_piece, result=out, reply_row_bytes=4 * spec.dim,
+        return self._scatter(Op.PULL, table, keys, None, rows_into(out, spec.dim, replies), result=out,
+                             reply_row_bytes=4 * spec.dim,
                              wire=filters.wire(spec, "pull"),
                              extra_header={"reply_filters": True} if replies is not None else None)
 
@@ -281,13 +278,7 @@ class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         """A push once checked: through the table's filters (what a worker owes added, less
         what sigmod holds back, unless ``flushing``; the rounding owed), numbered, scattered."""
         filters = self._state.filters
-        prepare = None
-        if filters.owes(spec, op):
-            if not distinct:
-                keys, grads = combine_duplicates(keys, grads, "add")
-                distinct = True
-            keys, grads = filters.before_routing(spec, keys, grads, select=not flushing)
-            prepare = functools.partial(filters.after_routing, spec)
+        keys, grads, distinct, prepare = filters.push_steps(spec, keys, grads, op, distinct, flushing)
         with self._lock:
             seq = self._state.sequencer.take()
         try:  # the seq is settled once no request of it is left anywhere, not when the

@@ -42,7 +42,7 @@ from paramserver.errors import (
 )
 from paramserver.filters.base import Context, Link
 from paramserver.filters.chain import Chain, pack, unpack
-from paramserver.routing.partition import route_pull, route_push
+from paramserver.routing.partition import route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Message, Op
 
@@ -219,6 +219,14 @@ def pull_rows(msg: Message, piece: Piece, dim: int, chain: Chain | None) -> np.n
         raise ProtocolError(f"pull reply has {None if vals is None else vals.shape}, "
                             f"expected ({piece.keys.shape[0]}, {dim}) float32")
     return vals
+
+
+def rows_into(out: np.ndarray, dim: int, chain: Chain | None) -> Callable[[Piece, Message], None]:
+    """What a pull does with each piece's answer: its rows (``pull_rows``) scattered into
+    ``out`` at the rows the piece's keys came from (``Piece.extra``)."""
+    def on_piece(piece: Piece, msg: Message) -> None:
+        scatter_rows(pull_rows(msg, piece, dim, chain), piece.extra, out)
+    return on_piece
 
 
 class Verdict(Enum):

@@ -6,7 +6,9 @@ direction (``Client.filter_stats``, the report, ``/metrics``).
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +18,11 @@ from paramserver.client.core import Piece, Wire
 from paramserver.filters.base import Link
 from paramserver.filters.chain import Chain, chains
 from paramserver.filters.residual import Owed, after_routing, before_routing
+from paramserver.routing.partition import combine_duplicates
 from paramserver.tables.spec import TableSpec
+
+#: what a push's routed pieces go through before they are sent
+Prepare = Callable[[list[Piece]], list[Piece]]
 
 #: push operations a lossy codec may round: linear ones, whose rounding the next push makes good
 ROUNDED_OPS = ("update", "add")
@@ -64,6 +70,20 @@ class ClientFilters:
             store = self._store(spec)
             return before_routing(chains(spec.filters)["push"], store, keys, grads,
                                   self.counts.setdefault(spec.name, {}), select)
+
+    def push_steps(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, op: str, distinct: bool,
+                   flushing: bool = False) -> tuple[np.ndarray, np.ndarray, bool, Prepare | None]:
+        """A push through its table's filters before it is routed, and what its routed
+        pieces go through after (None: nothing): what is owed added (duplicates summed
+        first: owed rows are a key's), less what the significantly-modified filter holds
+        back unless ``flushing``; each piece's rounding owed.  Returns the keys, the
+        gradients, whether they are distinct now, and that last step."""
+        if not self.owes(spec, op):
+            return keys, grads, distinct, None
+        if not distinct:
+            keys, grads = combine_duplicates(keys, grads, "add")
+        keys, grads = self.before_routing(spec, keys, grads, select=not flushing)
+        return keys, grads, True, functools.partial(self.after_routing, spec)
 
     def after_routing(self, spec: TableSpec, pieces: list[Piece]) -> list[Piece]:
         """Each piece rounded as its server will decode it; the rounding is owed."""

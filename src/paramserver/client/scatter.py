@@ -1,25 +1,58 @@
-"""One pull or push in flight (``Scatter``): its pieces sent through the client's I/O
-thread, each answer decided on by the sans-IO core (``client/core.py``), and the future.
+"""One pull or push in flight (``Scatter``): its pieces sent through a ``Port``, each
+answer decided on by the sans-IO core (``client/core.py``), and the future.
+
+The port is what a call needs of its client: the client's own (``ClientState``: its I/O
+thread, its view) or the simulation's (``testing/worker.SimPort``: the simulated network,
+its virtual clock).  Both drive this one class, so the chaos campaign runs the code users
+run: the same sends, resends, decisions and completion.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from paramserver.client import core
-from paramserver.client.core import Decision, Gather, Piece, Verdict, Wire
+from paramserver.client.core import Decision, Gather, Piece, Scheduler, Verdict, Wire
 from paramserver.errors import NodeLostError
+from paramserver.routing.ring import Ring
 from paramserver.wire.message import Message, Op
 
-if TYPE_CHECKING:
-    from paramserver.client.state import ClientState
-
 DONE = Decision(Verdict.DONE)
+
+OnReply = Callable[[Message | None, BaseException | None], None]
+
+
+class Port(Protocol):
+    """What a call in flight needs of its client, threaded or simulated."""
+
+    @property
+    def retry_timeout_s(self) -> float: ...  # a call routed again and resent gives up after this long
+
+    def now(self) -> float: ...  # seconds, monotonic (the simulation's: virtual)
+
+    def ring(self) -> Ring: ...
+
+    def scheduler(self) -> Scheduler: ...
+
+    def refresh_view(self) -> None: ...  # ask the scheduler for the ring (not waited on)
+
+    def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
+               distinct: bool = False, ordered: bool = False) -> list[Piece]: ...
+
+    def outgoing(self, kind: Op, header: dict[str, Any], piece: Piece, tries: int,
+                 wire: Wire | None = None) -> tuple[str | None, dict[str, Any], list[np.ndarray]]: ...
+
+    def submit(self, address: str, header: dict[str, Any], arrays: list[np.ndarray], on_reply: OnReply) -> None: ...
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> None: ...
+
+    def count(self, what: str) -> None: ...
 
 
 class Scatter:
@@ -33,10 +66,10 @@ class Scatter:
     page-faulted afresh).
     """
 
-    def __init__(self, state: ClientState, kind: Op, header: dict[str, Any], layout: int,
+    def __init__(self, port: Port, kind: Op, header: dict[str, Any], layout: int,
                  on_piece: Callable[[Piece, Message], None], result: Any,
                  on_settled: Callable[[], None] | None = None, wire: Wire | None = None):
-        self.state, self.kind, self.header, self.on_piece, self.result = state, kind, header, on_piece, result
+        self.port, self.kind, self.header, self.on_piece, self.result = port, kind, header, on_piece, result
         self.wire = wire  # the table's filters this way (None: none)
         self.layout = layout  # the table's layout: how its keys map to vnodes
         self.on_settled = on_settled  # once done and no request is left in flight
@@ -44,8 +77,8 @@ class Scatter:
         self.gather = Gather(0)
         self.in_flight = 0  # requests sent and not answered (a failed future may still have some)
         self.lock = threading.Lock()
-        self.deadline = time.monotonic() + state.config.retry_timeout_s
-        state.count(kind.value)
+        self.deadline = port.now() + port.retry_timeout_s
+        port.count(kind.value)
 
     def start(self, pieces: list[Piece]) -> Future[Any]:
         self.gather = Gather(len(pieces))
@@ -70,7 +103,7 @@ class Scatter:
             callback()
 
     def send(self, piece: Piece, tries: int) -> None:
-        address, header, arrays = self.state.outgoing(self.kind, self.header, piece, tries, self.wire)
+        address, header, arrays = self.port.outgoing(self.kind, self.header, piece, tries, self.wire)
         on_reply = functools.partial(self.answered, piece, tries)
         with self.lock:
             self.in_flight += 1
@@ -78,7 +111,7 @@ class Scatter:
             on_reply(None, NodeLostError(f"server {piece.server} left the ring"))
             return
         try:
-            self.state.io.submit(address, header, arrays, on_reply, answer_within_s=self.state.answer_within_s)
+            self.port.submit(address, header, arrays, on_reply)
         except Exception as exc:  # closed meanwhile
             with self.lock:
                 self.in_flight -= 1
@@ -87,9 +120,9 @@ class Scatter:
     def resend(self, piece: Piece, tries: int) -> None:
         if self.future.done():
             return
-        self.state.count("retries")
+        self.port.count("retries")
         try:
-            again = self.state.routed(self.kind, piece.keys, piece.extra, self.layout, distinct=True,
+            again = self.port.routed(self.kind, piece.keys, piece.extra, self.layout, distinct=True,
                                       ordered=self.wire is not None and self.wire.chain.ordered)
         except Exception as exc:
             self.fail(exc)
@@ -111,8 +144,8 @@ class Scatter:
     def _decision(self, piece: Piece, tries: int, msg: Message | None, exc: BaseException | None) -> Decision:
         if exc is None and msg is not None and msg.op is not Op.ERROR:
             return DONE  # what core.decide says of an answer; spared building what it would need
-        return core.decide(piece, tries, msg, exc, ring_version=self.state.ring().version, now=time.monotonic(),
-                           deadline=self.deadline, scheduler=self.state.scheduler())
+        return core.decide(piece, tries, msg, exc, ring_version=self.port.ring().version, now=self.port.now(),
+                           deadline=self.deadline, scheduler=self.port.scheduler())
 
     def _answered(self, piece: Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
         if self.future.done():
@@ -120,8 +153,8 @@ class Scatter:
         decision = self._decision(piece, tries, msg, exc)
         if decision.verdict is Verdict.RESEND:
             if decision.refresh:
-                self.state.refresh_view()
-            self.state.io.call_later(decision.delay_s, functools.partial(self.resend, piece, tries))
+                self.port.refresh_view()
+            self.port.call_later(decision.delay_s, functools.partial(self.resend, piece, tries))
             return
         error = decision.error
         try:

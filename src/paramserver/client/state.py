@@ -8,6 +8,8 @@ machinery of its calls meet here and nowhere else.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,8 @@ from paramserver.wire.message import Message, Op
 
 
 class ClientState:
-    """One client's shared state; its methods take ``lock`` where they read or change it."""
+    """One client's shared state; its methods take ``lock`` where they read or change it.
+    It is the ``scatter.Port`` of the client's calls in flight."""
 
     def __init__(self, config: Config, io: IOThread) -> None:
         self.config, self.io = config, io
@@ -52,6 +55,21 @@ class ClientState:
         with self.lock:
             if self.view.apply(view):
                 self.tables = {n: TableSpec.from_wire(w) for n, w in view.get("tables", {}).items()}
+
+    @property
+    def retry_timeout_s(self) -> float:
+        return self.config.retry_timeout_s
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def submit(self, address: str, header: dict[str, Any], arrays: list[np.ndarray],
+               on_reply: Callable[[Message | None, BaseException | None], None]) -> None:
+        """Send a request through the I/O thread (``ClosedError``: the client is closed)."""
+        self.io.submit(address, header, arrays, on_reply, answer_within_s=self.answer_within_s)
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        self.io.call_later(delay_s, fn)
 
     def ring(self) -> Ring:
         with self.lock:

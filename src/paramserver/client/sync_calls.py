@@ -5,12 +5,14 @@ calls (pull, push) are in ``client.py``, the cluster's administration in ``admin
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from paramserver.client.core import clock_request, tick_fields
+from paramserver.client.ticks import send_tick
 from paramserver.errors import ClosedError, ConfigError, NodeLostError
 from paramserver.wire.message import Message, Op
 
@@ -26,8 +28,20 @@ logger = logging.getLogger("paramserver.client.client")  # one log for the clien
 #: goes on its own: a worker's next request follows its clock at once, and a clock message
 #: of its own had cost each server a request and its answer, a third of a training job's
 TICK_RIDE_S = 0.02
-#: ``send_ticks(wait=True)`` waits this long for each server to take the tick
-TICK_WAIT_S = 30.0
+#: ``send_ticks(wait=True)`` waits this much longer than a tick's own deadline for its answer
+TICK_WAIT_S = 5.0
+
+
+def _settle(future: Future[None], error: BaseException | None) -> None:
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _on_ring(state: ClientState, address: str) -> bool:
+    with state.lock:
+        return address in state.view.servers.values()
 
 
 def _tick_failed(future: Future[Any]) -> None:
@@ -83,22 +97,23 @@ class SyncCalls:
         return clock
 
     def send_ticks(self, wait: bool = False) -> None:
-        """Send the finished clock no request carried to its server, each on its own: the
-        worker may wait a while before its next request (a barrier, its last batch).  With
-        ``wait``, until each server has taken it (what this worker says next, a result or a
-        shard done, may be acted on by others at once: a read of the tables it trained)."""
+        """Send the finished clock no request carried to its server, each on its own, tried
+        again while the server refuses it (``client/ticks.py`` says why): the worker may
+        wait a while before its next request (a barrier, its last batch).  With ``wait``,
+        until each server has taken it (what this worker says next, a result or a shard
+        done, may be acted on by others at once: a read of the tables it trained)."""
         futures = []
-        for address, tick in self._state.take_ticks().items():
-            try:
-                futures.append(self._request(address, clock_request(self.node_id, tick["tick"],
-                                                                    tick.get("tick_token", ""))))
-            except ClosedError:
-                return
+        state = self._state
+        for address, tick in state.take_ticks().items():
+            future: Future[None] = Future()
+            futures.append(future)
+            send_tick(state, address, clock_request(self.node_id, tick["tick"], tick.get("tick_token", "")),
+                      functools.partial(_settle, future), functools.partial(_on_ring, state, address))
         for future in futures:
             if wait:
                 try:
-                    future.result(timeout=TICK_WAIT_S)
-                except Exception as exc:  # a server lost meanwhile: its clock no longer matters
+                    future.result(timeout=self.config.retry_timeout_s + TICK_WAIT_S)
+                except Exception as exc:  # given up at its deadline: said, and the worker goes on
                     logger.warning("clock tick not taken: %s", exc)
             else:
                 future.add_done_callback(_tick_failed)

@@ -1,15 +1,16 @@
-"""A worker on the simulated network: the client's own core (``client/core.py``) driven by
-callbacks, where ``Client`` drives it from its I/O thread.
+"""A worker on the simulated network: the client's own call driver (``client/scatter.py``:
+``Scatter``, which ``Client`` drives from its I/O thread) through ``SimPort``, on callbacks.
 
-What a pull or a push does is the client's: routing to pieces (``route``), the call's
-header and each piece's request (``call_header``, ``request``: the ring version, the
-push's ``seq`` kept by every retry, the acked watermark of ``Sequencer``), and the
-decision on every answer (``decide``: done, resend routed again with the newest ring
-after the client's back-off, or fail).  What is the simulation's is only the I/O: the
-sockets, the request ids, the timers on the host's virtual clock, and a request
-unanswered for ``answer_within_s`` failing with ``NoAnswerError`` as the I/O thread's
-do.  Registration, heartbeats and the scheduler's notifications are the client's
-protocol, written as callbacks (nothing here may block).
+What a pull or a push does is the client's: routing to pieces (``route``), the filters'
+steps of a push (``ClientFilters.push_steps``), the call's header and each piece's
+request (``call_header``, ``request``: the ring version, the push's ``seq`` kept by every
+retry, the acked watermark of ``Sequencer``), the decision on every answer (``decide``:
+done, resend routed again with the newest ring after the client's back-off, or fail),
+and the sends, resends and completion of the call (``Scatter``).  What is the
+simulation's is only the I/O (``SimPort``): the sockets, the request ids, the timers on
+the host's virtual clock, and a request unanswered for ``answer_within_s`` failing with
+``NoAnswerError`` as the I/O thread's do.  Registration, heartbeats and the scheduler's
+notifications are the client's protocol, written as callbacks (nothing here may block).
 """
 
 from __future__ import annotations
@@ -17,30 +18,30 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from paramserver.client import core
 from paramserver.client.core import (
-    Gather,
     NoAnswerError,
     Piece,
     Scheduler,
     Sequencer,
-    Verdict,
     View,
     Wire,
     call_header,
     clock_request,
-    pull_rows,
     route,
+    rows_into,
 )
 from paramserver.client.filtering import ClientFilters
 from paramserver.client.life_calls import push_header, with_stats
+from paramserver.client.scatter import Scatter
+from paramserver.client.ticks import send_tick
 from paramserver.config import Config
-from paramserver.errors import Code, NodeLostError, ProtocolError
-from paramserver.routing.partition import scatter_rows
+from paramserver.errors import Code, NodeLostError
 from paramserver.routing.ring import Ring
 from paramserver.tables.spec import TableSpec
 from paramserver.testing.sim import Host, SimNetwork, SimSocket
@@ -57,78 +58,58 @@ class _Call:
         self.server, self.done, self.sent_at = server, done, sent_at
 
 
-class _Scatter:
-    """One pull or push of a ``SimWorker``: as ``client.scatter.Scatter``, on callbacks."""
+class SimPort:
+    """A ``SimWorker``'s ``scatter.Port``: the client's calls in flight (``scatter.Scatter``,
+    the class ``Client`` drives) on this worker's view and push numbers, through the
+    simulated network, on the host's virtual clock."""
 
-    def __init__(self, worker: SimWorker, kind: Op, header: dict[str, Any], spec: TableSpec,
-                 out: np.ndarray | None, done: Done, on_settled: Callable[[], None] | None,
-                 wire: Wire | None = None) -> None:
-        self.w, self.kind, self.header, self.spec, self.out = worker, kind, header, spec, out
-        self.wire = wire
-        self.done, self.on_settled = done, on_settled
-        self.gather = Gather(0)
-        self.in_flight = 0
-        self.deadline = worker.host.now() + worker.config.retry_timeout_s
+    def __init__(self, worker: SimWorker) -> None:
+        self.w = worker
 
-    def start(self, pieces: list[Piece]) -> None:
-        self.gather = Gather(len(pieces))
-        if not pieces:
-            self._finish()
-            return
-        for piece in pieces:
-            self.send(piece, 0)
+    @property
+    def retry_timeout_s(self) -> float:
+        return self.w.config.retry_timeout_s
 
-    def send(self, piece: Piece, tries: int) -> None:
-        header, arrays = core.request(self.kind, self.header, piece, tries, self.w.sequencer, self.wire)
-        self.in_flight += 1
-        if not self.w.ask(piece.server, header, arrays, functools.partial(self.answered, piece, tries)):
-            self.answered(piece, tries, None, NodeLostError(f"server {piece.server} left the ring"))
+    def now(self) -> float:
+        return self.w.host.now()
 
-    def resend(self, piece: Piece, tries: int) -> None:
-        if self.gather.over:
-            return
-        assert self.w.ring is not None
-        again = route(self.w.ring, self.kind, piece.keys, piece.extra, self.spec.layout, distinct=True,
-                      ordered=self.wire is not None and self.wire.chain.ordered)
-        if self.gather.rerouted(len(again)):
-            self._finish()
-        for p in again:
-            self.send(p, tries + 1)
+    def ring(self) -> Ring:
+        assert self.w.ring is not None, "a worker routes once it was welcomed"
+        return self.w.ring
 
-    def answered(self, piece: Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
-        self.in_flight -= 1
-        if not self.gather.over:
-            self._decide(piece, tries, msg, exc)
-        if self.gather.over and self.in_flight == 0 and self.on_settled is not None:
-            settled, self.on_settled = self.on_settled, None
-            settled()
+    def scheduler(self) -> Scheduler:
+        return Scheduler(self.w.scheduler, self.w.config.heartbeat_timeout_s)
 
-    def _decide(self, piece: Piece, tries: int, msg: Message | None, exc: BaseException | None) -> None:
-        w = self.w
-        assert w.ring is not None
-        decision = core.decide(piece, tries, msg, exc, ring_version=w.ring.version, now=w.host.now(),
-                          deadline=self.deadline, scheduler=Scheduler(w.scheduler, w.config.heartbeat_timeout_s))
-        if decision.verdict is Verdict.RESEND:
-            if decision.refresh:
-                w.refresh()
-            w.host.after(decision.delay_s, self.resend, piece, tries)
-            return
-        error = decision.error
-        if error is None and msg is not None and self.out is not None:
-            try:
-                scatter_rows(pull_rows(msg, piece, self.spec.dim, w.filters.reply_chain(self.spec)), piece.extra,
-                             self.out)
-            except ProtocolError as exc:
-                error = exc
-        if error is not None:
-            if self.gather.fail(error):
-                self._finish()
-        elif self.gather.answered():
-            self._finish()
+    def refresh_view(self) -> None:
+        self.w.refresh()
 
-    def _finish(self) -> None:
-        error = self.gather.error
-        self.done(self.out, None if error is None else f"{type(error).__name__}: {error}")
+    def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
+               distinct: bool = False, ordered: bool = False) -> list[Piece]:
+        return route(self.ring(), kind, keys, extra, layout, distinct, ordered)
+
+    def outgoing(self, kind: Op, header: dict[str, Any], piece: Piece, tries: int,
+                 wire: Wire | None = None) -> tuple[str | None, dict[str, Any], list[np.ndarray]]:
+        out, arrays = core.request(kind, header, piece, tries, self.w.sequencer, wire)  # through the module: see core
+        return self.w.view.servers.get(piece.server), out, arrays
+
+    def submit(self, address: str, header: dict[str, Any], arrays: list[np.ndarray], on_reply: OnAnswer) -> None:
+        server = next((s for s, a in self.w.view.servers.items() if a == address), None)
+        if server is None or not self.w.ask(server, header, arrays, on_reply):
+            on_reply(None, NodeLostError(f"{address} left the ring"))
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        self.w.host.after(delay_s, fn)
+
+    def count(self, what: str) -> None:
+        """Calls are counted by the campaign, not here."""
+
+
+def _finished(result: Any, done: Done) -> Callable[[Future[Any]], None]:
+    """A call's future, as the simulation's callbacks take it: ``done(result, error)``."""
+    def finished(future: Future[Any]) -> None:
+        exc = future.exception()
+        done(result, None if exc is None else f"{type(exc).__name__}: {exc}")
+    return finished
 
 
 class SimWorker:
@@ -150,6 +131,7 @@ class SimWorker:
         self.sequencer = Sequencer()
         self.filters = ClientFilters()  # the tables' filters, as a client's
         self.clock = 0
+        self.port = SimPort(self)  # what the client's calls in flight need of this worker
         self.calls: dict[int, _Call] = {}  # request id -> what waits on its answer
         self.sched_calls: dict[int, Callable[[Message], None]] = {}
         self._ids = itertools.count(1)
@@ -296,14 +278,12 @@ class SimWorker:
         header = call_header(Op.PUSH, table, node_id=self.node_id, worker_clock=self.clock, seq=seq,
                              extra=push_header(spec, op, self.host.now()))
         wire = self.filters.wire(spec, "push", op)
-        call = _Scatter(self, Op.PUSH, header, spec, None, done, lambda: self.sequencer.settled(seq), wire)
-        assert self.ring is not None
         grads = with_stats(spec, np.ascontiguousarray(grads, np.float32), None)
-        owes = self.filters.owes(spec, op)
-        if owes:  # the client's push: what is owed added (keys are distinct here), the rounding kept
-            keys, grads = self.filters.before_routing(spec, keys, grads)
-        pieces = route(self.ring, Op.PUSH, keys, grads, spec.layout, ordered=wire is not None and wire.chain.ordered)
-        call.start(self.filters.after_routing(spec, pieces) if owes else pieces)
+        keys, grads, distinct, prepare = self.filters.push_steps(spec, keys, grads, op, distinct=False)
+        pieces = self.port.routed(Op.PUSH, keys, grads, spec.layout, distinct, wire is not None and wire.chain.ordered)
+        call = Scatter(self.port, Op.PUSH, header, spec.layout, lambda piece, msg: None, None,
+                       lambda: self.sequencer.settled(seq), wire)
+        call.start(prepare(pieces) if prepare is not None else pieces).add_done_callback(_finished(None, done))
         return seq
 
     def pull(self, table: str, keys: np.ndarray, done: Done) -> None:
@@ -313,32 +293,32 @@ class SimWorker:
         replies = self.filters.reply_chain(spec)
         header = call_header(Op.PULL, table, node_id=self.node_id, worker_clock=self.clock,
                              extra={"reply_filters": True} if replies is not None else None)
-        assert self.ring is not None
         wire = self.filters.wire(spec, "pull")
-        _Scatter(self, Op.PULL, header, spec, out, done, None, wire).start(
-            route(self.ring, Op.PULL, keys, None, spec.layout, ordered=wire is not None and wire.chain.ordered))
+        pieces = self.port.routed(Op.PULL, keys, None, spec.layout, ordered=wire is not None and wire.chain.ordered)
+        Scatter(self.port, Op.PULL, header, spec.layout, rows_into(out, spec.dim, replies), out, None, wire).start(
+            pieces).add_done_callback(_finished(out, done))
 
     def tick(self, done: Done) -> None:
-        """Finish this worker's clock: every server hears the new one."""
+        """Finish this worker's clock: every server hears the new one, each by a clock
+        message of its own tried again while refused (``client/ticks.py``: the client's
+        ``send_ticks``).  The client's ride of a tick on the next pull or push is the one
+        part of its clock this worker does not run."""
         self.clock += 1
         assert self.ring is not None
-        servers = list(self.ring.servers)
-        left = {"n": len(servers)}
-        deadline = self.host.now() + self.config.retry_timeout_s
+        addresses = [a for s, a in self.view.servers.items() if s in self.ring.servers]
+        left = {"n": len(addresses)}
 
-        def one(server: int, msg: Message | None, exc: BaseException | None) -> None:
-            if exc is not None or (msg is not None and msg.op is Op.ERROR):
-                if self.host.now() < deadline and self.ring is not None and server in self.ring.servers:
-                    self.host.after(0.05, send, server)
-                    return
+        def one(error: BaseException | None) -> None:
             left["n"] -= 1
             if left["n"] == 0:
                 done(self.clock, None)
 
-        def send(server: int) -> None:
-            header = clock_request(self.node_id, self.clock)
-            if not self.ask(server, header, [], functools.partial(one, server)):
-                one(server, None, None)  # gone from the ring: nothing to tell it
+        header = clock_request(self.node_id, self.clock)
+        for address in addresses:
+            send_tick(self.port, address, header, one, functools.partial(self._on_ring, address))
+        if not addresses:
+            done(self.clock, None)
 
-        for server in servers:
-            send(server)
+    def _on_ring(self, address: str) -> bool:
+        return self.ring is not None and any(a == address and s in self.ring.servers
+                                             for s, a in self.view.servers.items())
