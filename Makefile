@@ -74,6 +74,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python tools/shape.py
+	$(BIN)/python tools/asserts.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m pip install --quiet -e ".[bench]" && $(BIN)/python bench/pushpull.py && $(BIN)/python bench/train.py
