@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from sidebyside import interleave
+from harness.timing import interleave
 
 
 @dataclass(frozen=True, slots=True)
