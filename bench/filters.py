@@ -29,8 +29,8 @@ import tempfile
 import time
 from typing import Any
 
-from harness.namespaces import VethPair
-from harness.procs import stop
+from bench_harness.namespaces import VethPair
+from bench_harness.procs import stop
 
 WORKER = r"""
 import json, sys, time

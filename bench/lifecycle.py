@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.procs import log
+from bench_harness.procs import log
 from paramserver.apps.ctr.drift import day_path, write_drift
 from paramserver.apps.ctr.models import Model, auc, logloss
 from paramserver.checkpoint.publish import apply_delta

@@ -17,8 +17,8 @@ import os
 import subprocess
 import sys
 
-from harness.namespaces import VethPair
-from harness.procs import stop
+from bench_harness.namespaces import VethPair
+from bench_harness.procs import stop
 
 CLIENT = r"""
 import json, sys, time

@@ -65,7 +65,7 @@ Printed: a markdown table per section (stdout), the goals as PASS/FAIL lines wit
 numbers; progress on stderr; ``--json FILE`` keeps every number.
 
 Section 1 is here; sections 2-4 are ``online_fresh.py``, ``online_latency.py`` and
-``online_recovery.py``; the Redis side is ``online_redis.py``, the processes ``harness/procs.py``.
+``online_recovery.py``; the Redis side is ``online_redis.py``, the processes ``bench_harness/procs.py``.
 """
 
 from __future__ import annotations
@@ -82,9 +82,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.markdown import md_table
-from harness.procs import PS, Procs, finish, log
-from harness.timing import median
+from bench_harness.markdown import md_table
+from bench_harness.procs import PS, Procs, finish, log
+from bench_harness.timing import median
 from online_fresh import section_fresh
 from online_latency import section_latency
 from online_recovery import section_recovery

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.markdown import md_table
-from harness.procs import PS, Procs, finish, free_port, listening, log, tail, wait_for
+from bench_harness.markdown import md_table
+from bench_harness.procs import PS, Procs, finish, free_port, listening, log, tail, wait_for
 from online_redis import read_lines, read_report
 from paramserver.apps.ctr.drift import day_path, write_day
 from paramserver.apps.ctr.models import auc, logloss

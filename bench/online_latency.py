@@ -15,8 +15,8 @@ import re
 import subprocess
 from typing import Any
 
-from harness.markdown import md_table
-from harness.procs import PS, Procs, finish, free_port, log, tail, wait_for
+from bench_harness.markdown import md_table
+from bench_harness.procs import PS, Procs, finish, free_port, log, tail, wait_for
 from online_redis import RateFeeder, feed, read_lines, read_report
 from paramserver.apps.ctr.drift import write_day
 

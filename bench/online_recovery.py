@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.markdown import md_table
-from harness.procs import PS, Procs, env_with, finish, log, tail
-from harness.timing import median
+from bench_harness.markdown import md_table
+from bench_harness.procs import PS, Procs, env_with, finish, log, tail
+from bench_harness.timing import median
 from online_redis import RateFeeder, read_report
 
 RULE = '''import paramserver

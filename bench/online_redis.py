@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from harness.procs import Procs, free_port, log, wait_for
+from bench_harness.procs import Procs, free_port, log, wait_for
 
 
 @contextlib.contextmanager

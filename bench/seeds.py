@@ -57,8 +57,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
 
-from harness.memory import Run, measure  # noqa: E402
-from harness.peers import peer_result  # noqa: E402
+from bench_harness.memory import Run, measure  # noqa: E402
+from bench_harness.peers import peer_result  # noqa: E402
 from paramserver.apps.ctr.models import auc, logloss  # noqa: E402
 from paramserver.data.batch import DataFormat  # noqa: E402
 from paramserver.data.reader import read_all  # noqa: E402

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.memory import Run, measure
-from harness.peers import peer_result
+from bench_harness.memory import Run, measure
+from bench_harness.peers import peer_result
 from lda import fold_in_perplexity
 from mf import synthetic as mf_synthetic
 from paramserver.apps.rounds.corpus import read_corpus

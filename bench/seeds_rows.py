@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.memory import Run
+from bench_harness.memory import Run
 
 
 @dataclass

@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from harness.timing import Learner, interleave
+from bench_harness.timing import Learner, interleave
 from paramserver.apps.ctr.models import auc, logloss
 from paramserver.apps.ctr.synth import write_synth
 

@@ -1,6 +1,6 @@
 """The peers' side of a comparison: a peer's runner (``seeds_spark.py``, ``seeds_tf.py``,
 ``seeds_mxnet.py``) prints ``RESULT {json}`` as its last such line, its figures or its error;
-``peer_result`` reads it from a measured run (``harness.memory.measure``).
+``peer_result`` reads it from a measured run (``bench_harness.memory.measure``).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.memory import Run
+from bench_harness.memory import Run
 
 
 def peer_result(run: Run) -> dict[str, Any]:

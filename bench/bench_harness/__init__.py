@@ -1,5 +1,6 @@
-"""What the benchmark scripts share, one concept a module (imported as ``harness.<module>``:
-the scripts run from ``bench/``, which Python puts first on their path).
+"""What the benchmark scripts share, one concept a module (imported as ``bench_harness.<module>``:
+the scripts run from ``bench/``, which Python puts first on their path; not ``harness``, the
+name ``tests/unit/harness.py`` already has where a test imports a script).
 
 - ``procs``: the processes a script starts (each in a session of its own, stopped in
   ``finally``), waiting on a condition, free ports, a command that must finish.
