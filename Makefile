@@ -4,7 +4,8 @@
 # make unit: the in-process tests alone (under 2 minutes), for the edit-test loop
 # make lint: ruff (style, imports, likely bugs, complexity), mypy (types; strict on the core), the layers
 #   (import-linter's contract in pyproject.toml), the sizes of files and functions (tools/shape.py) and the
-#   ties inside and between rooms: no circle of imports, no private name across rooms (tools/ties.py)
+#   ties inside and between rooms: no circle of imports, no private name across rooms (tools/ties.py), and tests
+#   that can fail: every test function asserts, directly or through a helper (tools/asserts.py)
 # make headline: bench/headline.py, the comparisons the project is judged by, in one table (HEADLINE_FLAGS="--quick" etc.)
 # make pslite: ps-lite's stock server from its source (Debian's libzmq and protobuf) and our driver for it
 #   (bench/pslite/build.sh), under ~/.cache/paramserver/pslite: bench/pushpull.py and the headline then set
@@ -76,6 +77,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python tools/shape.py
 	$(BIN)/python tools/ties.py
+	$(BIN)/python tools/asserts.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m pip install --quiet -e ".[bench]" && $(BIN)/python bench/pushpull.py && $(BIN)/python bench/train.py

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "criteo"
 MODELS = ("lr", "fm", "deepfm", "wdl")
@@ -79,35 +80,36 @@ def row(kind: str, model: str, train: list[str], test: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def torch_reference(model: str, train: list[str], test: list[str]) -> dict:
-    """One PyTorch process: the model with an EmbeddingBag of the same hashed size."""
-    import numpy as np
+def _torch_model(model: str, k: int, rows: int, hidden: tuple[int, ...]) -> tuple[Any, Any]:
+    """The EmbeddingBag (column 0 the linear weight, then the k factors) and, for the deep
+    models, the MLP on top (its last layer zero, as paramserver's)."""
     import torch
     from torch import nn
 
-    from paramserver.apps.ctr.models import Model, auc, logloss
-    from paramserver.apps.ctr.ramp import ramped
-    from paramserver.data.reader import DataFormat, Shard, expand, read_all, read_batches
-
-    torch.manual_seed(0)
-    spec, fmt = Model(model), DataFormat("criteo")
-    k, rows = spec.k, 1 << fmt.hash_bits
-    fm, deep = model in ("fm", "deepfm"), model in ("deepfm", "wdl")
+    deep = model in ("deepfm", "wdl")
     bag = nn.EmbeddingBag(rows, 1 + (k if model != "lr" else 0), mode="sum", sparse=True)
     with torch.no_grad():
         bag.weight.normal_(0.0, 0.001)
         bag.weight[:, 0] = 0.0
     layers: list[nn.Module] = []
     width = 2 * k if model == "deepfm" else k
-    for h in spec.hidden if deep else ():
+    for h in hidden if deep else ():
         layers += [nn.Linear(width, h), nn.ReLU()]
         width = h
     mlp = nn.Sequential(*layers, nn.Linear(width, 1)) if deep else None
     if mlp is not None:
         nn.init.zeros_(mlp[-1].weight)
         nn.init.zeros_(mlp[-1].bias)
-    sparse_opt = torch.optim.Adagrad(bag.parameters(), lr=0.01)
-    dense_opt = torch.optim.Adam(mlp.parameters(), lr=1e-4) if mlp is not None else None
+    return bag, mlp
+
+
+def _torch_forward(model: str, bag: Any, mlp: Any) -> Any:
+    """The model's logits for a batch."""
+    import numpy as np
+    import torch
+    from torch import nn
+
+    fm = model in ("fm", "deepfm")
 
     def forward(batch):
         keys = torch.from_numpy(batch.keys.astype(np.int64))
@@ -128,6 +130,24 @@ def torch_reference(model: str, train: list[str], test: list[str]) -> dict:
             z = z + mlp(torch.cat([s, b], 1) if model == "deepfm" else s)[:, 0]
         return z
 
+    return forward
+
+
+def torch_reference(model: str, train: list[str], test: list[str]) -> dict:
+    """One PyTorch process: the model with an EmbeddingBag of the same hashed size."""
+    import torch
+    from torch import nn
+
+    from paramserver.apps.ctr.models import Model, auc, logloss
+    from paramserver.apps.ctr.ramp import ramped
+    from paramserver.data.reader import DataFormat, Shard, expand, read_all, read_batches
+
+    torch.manual_seed(0)
+    spec, fmt = Model(model), DataFormat("criteo")
+    bag, mlp = _torch_model(model, spec.k, 1 << fmt.hash_bits, tuple(spec.hidden))
+    sparse_opt = torch.optim.Adagrad(bag.parameters(), lr=0.01)
+    dense_opt = torch.optim.Adam(mlp.parameters(), lr=1e-4) if mlp is not None else None
+    forward = _torch_forward(model, bag, mlp)
     t0 = time.perf_counter()
     n = 0
     for file in expand(train):

@@ -29,7 +29,8 @@ import tempfile
 import time
 from typing import Any
 
-from netns import stop
+from bench_harness.namespaces import VethPair
+from bench_harness.procs import stop
 
 WORKER = r"""
 import json, sys, time
@@ -68,49 +69,7 @@ TARGET = 0.0005  # a filtered run reaches the unfiltered one's final test log lo
 BEST = "push=int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=int8,zstd"  # compact, with int8 replies
 
 
-def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(args), check=check, capture_output=True, text=True, timeout=60)
-
-
-class Link:
-    """Two namespaces joined by a veth pair, shaped both ways; removed on exit."""
-
-    def __init__(self, rate: str | None) -> None:
-        pid = os.getpid()
-        self.tag, self.net = f"psf{pid % 10000}", f"10.{30 + pid % 200}.{(pid // 200) % 250}"
-        self.a, self.b, self.va, self.vb = f"{self.tag}a", f"{self.tag}b", f"{self.tag}va", f"{self.tag}vb"
-        self.rate = rate
-
-    def __enter__(self) -> Link:
-        for step in (("netns", "add", self.a), ("netns", "add", self.b),
-                     ("link", "add", self.va, "type", "veth", "peer", "name", self.vb),
-                     ("link", "set", self.va, "netns", self.a), ("link", "set", self.vb, "netns", self.b),
-                     ("-n", self.a, "addr", "add", f"{self.net}.1/24", "dev", self.va),
-                     ("-n", self.b, "addr", "add", f"{self.net}.2/24", "dev", self.vb),
-                     ("-n", self.a, "link", "set", self.va, "up"), ("-n", self.b, "link", "set", self.vb, "up"),
-                     ("-n", self.a, "link", "set", "lo", "up"), ("-n", self.b, "link", "set", "lo", "up")):
-            sh("ip", *step)
-        if self.rate:
-            for ns, dev in ((self.a, self.va), (self.b, self.vb)):
-                burst = "1mb" if self.rate == "1gbit" else "128kb"
-                sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
-                   "burst", burst, "latency", "50ms")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for ns in (self.a, self.b):  # whatever still runs in them first, then the namespaces
-            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
-                sh("kill", "-9", pid, check=False)
-            sh("ip", "netns", "del", ns, check=False)
-
-    def counters(self) -> tuple[int, int]:
-        """Bytes the kernel counted on the worker's end: sent, received."""
-        read = [int(sh("ip", "netns", "exec", self.b, "cat", f"/sys/class/net/{self.vb}/statistics/{w}_bytes")
-                    .stdout) for w in ("tx", "rx")]
-        return read[0], read[1]
-
-
-def one(link: Link, data: str, test: str, model: str, k: int, chain: str, servers: int) -> dict[str, Any]:
+def one(link: VethPair, data: str, test: str, model: str, k: int, chain: str, servers: int) -> dict[str, Any]:
     port = str(7700 + os.getpid() % 200)
     host = f"{link.net}.1"
     env = {**os.environ, "PARAMSERVER_LOG_LEVEL": "WARNING"}
@@ -167,7 +126,7 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     for rate in args.links:
         for chain in args.chains:
-            with Link(RATES[rate]) as link:
+            with VethPair("psf", 30, RATES[rate]) as link:
                 t = time.perf_counter()
                 r = one(link, data, test, args.model, args.k, alone.get(chain, chain), args.servers)
                 r.update(link=rate, chain=chain, spec=alone.get(chain, chain), bench_s=time.perf_counter() - t)

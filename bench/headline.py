@@ -1,7 +1,7 @@
 """The comparisons this project is judged by, side by side in one run, in one table (issue 44.4).
 
     .venv/bin/python bench/headline.py [--sections train,lasso,mf,lda,pushpull] [--repeat 3] [--quick]
-                                       [--json FILE]
+                                       [--json FILE] [--markdown]
     make headline HEADLINE_FLAGS="--sections train --repeat 5"
 
 Each row is one ratio of paramserver at its DEFAULT flags to a peer measured in the same run,
@@ -27,11 +27,14 @@ push/pull measures for a fixed time instead.  A section whose peer is not instal
 data is absent, is "not run" and says why.  ``--quick`` is a smoke run of the script itself on
 small sizes: its table is labelled "quick: not the headline".  The exit status is 0 whatever the
 ratios; 1 only where a section failed to run (its error is in the table and on stderr).
+``--markdown`` prints the table as the block that opens ``docs/benchmarks.md`` instead: dated,
+with the commit, the command, the machine, and each ratio against its peer and goal.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -46,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from sidebyside import interleave
+from bench_harness.timing import interleave
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +305,42 @@ def print_table(title: str, rows: list[Row]) -> None:
         print(f"| {r.section} | {r.ratio} | {r.goal} | {value} | {r.ours} | {r.peer} | {r.result} |")
 
 
+def machine() -> str:
+    """The machine in one line: cores, CPU, memory, kernel, and the versions that move figures."""
+    import platform
+
+    cpu = "unknown CPU"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    mem = ""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        kb = int(next(ln for ln in f if ln.startswith("MemTotal")).split()[1])
+        mem = f", {kb / 2**20:.0f} GiB"
+    return (f"{os.cpu_count()} cores ({cpu}){mem}, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}, numpy {np.__version__}")
+
+
+def markdown_block(rows: list[Row], *, when: str, commit: str, command: str, machine: str, quick: bool,
+                   load: tuple[float, float]) -> str:
+    """The block that opens ``docs/benchmarks.md``: today's figures, dated, each ratio against
+    its peer and its goal, and the count of goals met."""
+    judged_rows = [r for r in rows if r.result in ("PASS", "FAIL")]
+    met = sum(r.result == "PASS" for r in judged_rows)
+    head = ("## Today's figures (quick: a smoke run, not the headline)" if quick else "## Today's figures")
+    out = [head, "",
+           f"Measured {when}, commit {commit}, with `{command}` on {machine}; load average "
+           f"{load[0]:.1f} -> {load[1]:.1f}.  Each row is paramserver at its default flags against its peer in the "
+           f"same run: the ratio, its goal, both sides' figures, and the verdict ({met} of {len(judged_rows)} goals "
+           "met).  Written by `bench/headline.py --markdown`; how each is measured: \"Headline\" below.", "",
+           "| comparison | ratio | goal | measured | paramserver | peer | result |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        value = "-" if r.value is None else f"{r.value:.4g}"  # 4 digits: a loss ratio of 1.007 is not 1.01
+        result = f"**{r.result}**" if r.result == "FAIL" else r.result
+        out.append(f"| {r.section} | {r.ratio} | {r.goal} | {value} | {r.ours} | {r.peer} | {result} |")
+    return "\n".join(out)
+
+
 def sections_arg(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in SECTIONS]
@@ -319,6 +358,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="runs of each pair, taking turns (default 3; 1 with --quick); push/pull runs once")
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run of the script, not the headline")
     ap.add_argument("--json", metavar="FILE", help="write every number to FILE")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the table as the dated block that opens docs/benchmarks.md")
     args = ap.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
@@ -340,7 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     load_end = os.getloadavg()[0]
     title = (f"{'quick: not the headline' if args.quick else 'headline'}: commit {commit()}, "
              f"{started:%Y-%m-%d %H:%M} UTC, --repeat {args.repeat}, load average {load_start:.1f} -> {load_end:.1f}")
-    print_table(title, rows)
+    if args.markdown:
+        command = " ".join(["bench/headline.py", *(sys.argv[1:] if argv is None else argv)])
+        print(markdown_block(rows, when=f"{started:%Y-%m-%d %H:%M} UTC", commit=commit(), command=command,
+                             machine=machine(), quick=args.quick, load=(load_start, load_end)))
+    else:
+        print_table(title, rows)
     if args.json:
         goals = {k: asdict(v) for k, v in globals().items() if isinstance(v, Goal)}
         report = {"title": title, "quick": args.quick, "repeat": args.repeat, "commit": commit(),

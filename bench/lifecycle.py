@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from bench_harness.procs import log
 from paramserver.apps.ctr.drift import day_path, write_drift
 from paramserver.apps.ctr.models import Model, auc, logloss
 from paramserver.checkpoint.publish import apply_delta
@@ -44,10 +45,6 @@ from paramserver.data.reader import DataFormat, Shard, read_batches
 
 TABLE = "w"
 MODEL = Model("lr")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -17,6 +17,9 @@ import os
 import subprocess
 import sys
 
+from bench_harness.namespaces import VethPair
+from bench_harness.procs import stop
+
 CLIENT = r"""
 import json, sys, time
 import numpy as np
@@ -38,10 +41,6 @@ print(json.dumps(out))
 """
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
 def run(ns_server: str, ns_client: str, host: str, keys: int, rounds: int) -> dict:
     port = str(7600 + os.getpid() % 300)
     wrap = (lambda ns: ["ip", "netns", "exec", ns]) if ns_server else (lambda ns: [])
@@ -60,37 +59,14 @@ def run(ns_server: str, ns_client: str, host: str, keys: int, rounds: int) -> di
         stop(procs, 20)
 
 
-def stop(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
-    """Wait for each process to end (they were told to), killing one that does not."""
-    for p in procs:
-        try:
-            p.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
-    tag, net = f"psb{os.getpid() % 10000}", f"10.{20 + os.getpid() % 200}.{(os.getpid() // 200) % 250}"
-    a, b = f"{tag}a", f"{tag}b"
-    try:
-        for step in (("netns", "add", a), ("netns", "add", b),
-                     ("link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb"),
-                     ("link", "set", f"{tag}va", "netns", a), ("link", "set", f"{tag}vb", "netns", b),
-                     ("-n", a, "addr", "add", f"{net}.1/24", "dev", f"{tag}va"),
-                     ("-n", b, "addr", "add", f"{net}.2/24", "dev", f"{tag}vb"),
-                     ("-n", a, "link", "set", f"{tag}va", "up"), ("-n", b, "link", "set", f"{tag}vb", "up"),
-                     ("-n", a, "link", "set", "lo", "up"), ("-n", b, "link", "set", "lo", "up")):
-            ip(*step)
-        veth = run(a, b, f"{net}.1", args.keys, args.rounds)
+    with VethPair("psb", 20) as pair:  # removed at the end, whatever happens
+        veth = run(pair.a, pair.b, f"{pair.net}.1", args.keys, args.rounds)
         loopback = run("", "", "127.0.0.1", args.keys, args.rounds)
-    finally:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
     print(f"{'link':<10} {'pull M keys/s':>14} {'push M keys/s':>14}   ({args.keys:,} keys x {args.rounds})")
     for name, r in (("veth", veth), ("loopback", loopback)):
         print(f"{name:<10} {r['pull']:>14.2f} {r['push']:>14.2f}")

@@ -43,15 +43,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,157 +56,16 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 sys.path.insert(0, HERE)
-DATA = os.path.join(HERE, "..", "..", "shared", "data")
 
-from lda import fold_in_perplexity  # noqa: E402
-from mf import synthetic as mf_synthetic  # noqa: E402
+from bench_harness.memory import Run, measure  # noqa: E402
+from bench_harness.peers import peer_result  # noqa: E402
 from paramserver.apps.ctr.models import auc, logloss  # noqa: E402
-from paramserver.apps.rounds.corpus import read_corpus  # noqa: E402
 from paramserver.data.batch import DataFormat  # noqa: E402
 from paramserver.data.reader import read_all  # noqa: E402
+from seeds_paths import DATA, HASHED, MXNET, PS, SPARK, TF  # noqa: E402
+from seeds_rounds import run_lda, run_mf  # noqa: E402
+from seeds_rows import Row, chosen, goals, table  # noqa: E402
 
-PY = sys.executable
-PS = [PY, "-m", "paramserver"]
-SPARK = [PY, os.path.join(HERE, "seeds_spark.py")]
-TF = [PY, os.path.join(HERE, "seeds_tf.py")]
-MXNET = os.path.join(HERE, "seeds_mxnet.py")
-HASHED = 1 << 24
-
-
-# ---------------------------------------------------------------- running a command, measured
-
-@dataclass
-class Run:
-    """One command's outcome: wall seconds, peak RSS and PSS of its process tree (bytes)."""
-
-    wall: float = 0.0
-    rss: int = 0
-    pss: int = 0
-    code: int = 0
-    out: str = ""
-    err: str = ""
-    timed_out: bool = False
-
-
-def _tree(proc: Any) -> list[Any]:
-    try:
-        return [proc, *proc.children(recursive=True)]
-    except Exception:  # noqa: BLE001  (the process ended between two samples)
-        return []
-
-
-def _memory(procs: list[Any], pss: bool) -> tuple[int, int]:
-    rss = sh = 0
-    for p in procs:
-        try:
-            if pss:
-                full = p.memory_full_info()
-                rss += full.rss
-                sh += full.pss
-            else:
-                rss += p.memory_info().rss
-        except Exception:  # noqa: BLE001  (gone, or not ours to read)
-            continue
-    return rss, sh
-
-
-def measure(cmd: list[str], timeout: float, env: dict[str, str] | None = None, cwd: str | None = None) -> Run:
-    """Run ``cmd`` in a session of its own; sample its tree's memory every 50 ms (PSS every
-    4th sample: reading smaps costs more); kill the whole session past ``timeout``."""
-    import psutil
-
-    run = Run()
-    t0 = time.perf_counter()
-    with open(os.devnull, "rb") as null:
-        proc = subprocess.Popen(cmd, stdin=null, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env, cwd=cwd, start_new_session=True)
-    ps = psutil.Process(proc.pid)
-    chunks: dict[str, list[str]] = {"out": [], "err": []}
-    readers = [threading.Thread(target=lambda s=s, k=k: chunks[k].extend(iter(s.readline, "")), daemon=True)
-               for s, k in ((proc.stdout, "out"), (proc.stderr, "err"))]
-    for r in readers:
-        r.start()
-    tick = 0
-    while proc.poll() is None:
-        rss, pss = _memory(_tree(ps), pss=tick % 4 == 0)
-        run.rss, run.pss = max(run.rss, rss), max(run.pss, pss)
-        tick += 1
-        if time.perf_counter() - t0 > timeout:
-            run.timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            break
-        time.sleep(0.05)
-    run.wall = time.perf_counter() - t0
-    for r in readers:
-        r.join(5)
-    run.code, run.out, run.err = proc.returncode, "".join(chunks["out"]), "".join(chunks["err"])
-    _reap(proc.pid)
-    return run
-
-
-def _reap(pgid: int) -> None:
-    """Whatever the command left behind in its session (a JVM, a TF server) is killed."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def peer_result(run: Run) -> dict[str, Any]:
-    """A peer runner's last ``RESULT {...}`` line; its error, or the timeout, otherwise."""
-    for line in reversed(run.out.splitlines()):
-        if line.startswith("RESULT "):
-            return dict(json.loads(line[7:]))
-    if run.timed_out:
-        return {"error": f"did not finish in {run.wall:.0f} s (--timeout)"}
-    tail = [x for x in run.err.strip().splitlines() if x.strip()][-1:] or [f"exit code {run.code}"]
-    return {"error": tail[0][:200]}
-
-
-# ---------------------------------------------------------------- rows of the tables
-
-@dataclass
-class Row:
-    section: str
-    dataset: str
-    system: str
-    settings: str
-    runs: list[dict[str, Any]] = field(default_factory=list)
-
-    def add(self, run: Run, result: dict[str, Any]) -> None:
-        result = dict(result)
-        result.update(wall=run.wall, rss=run.rss, pss=run.pss)
-        self.runs.append(result)
-        brief = result.get("error") or ", ".join(f"{k} {v:.4f}" for k, v in result.items()
-                                                  if k in ("logloss", "auc", "rmse", "perplexity"))
-        print(f"  {self.dataset:8} {self.system:34} {run.wall:8.1f} s  {run.rss / 2**30:5.2f} GB  {brief}",
-              flush=True)
-
-    def ok(self) -> list[dict[str, Any]]:
-        return [r for r in self.runs if "error" not in r]
-
-    def median(self, key: str) -> float:
-        vals = [float(r[key]) for r in self.ok() if r.get(key) is not None]
-        return float(np.median(vals)) if vals else math.nan
-
-    def worst(self, key: str, higher_is_worse: bool = True) -> float:
-        vals = [float(r[key]) for r in self.ok() if r.get(key) is not None]
-        if not vals:
-            return math.nan
-        return max(vals) if higher_is_worse else min(vals)
-
-    def error(self) -> str:
-        errs = [r["error"] for r in self.runs if "error" in r]
-        if not errs:
-            return ""
-        for cause in ("java.lang.OutOfMemoryError: Java heap space", "SparkContext was shut down"):
-            if cause in errs[0]:
-                return cause  # the JVM's own reason, not py4j's wrapping of it
-        return str(errs[0])
-
-
-# ---------------------------------------------------------------- data
 
 def libsvm_from(src: str, dst: str, fmt: DataFormat) -> None:
     """``src`` parsed by paramserver's featurizer, written as LIBSVM (1-based sorted keys,
@@ -278,8 +134,6 @@ def _hashed(name: str, train: str, test: str, work: str) -> LRSet:
     libsvm_from(test, pe, fmt)
     return LRSet(name, train, test, [], pt, pe, HASHED)
 
-
-# ---------------------------------------------------------------- the jobs
 
 def ps_train(s: LRSet, model: str, work: str, timeout: float) -> tuple[Run, dict[str, Any]]:
     metrics = os.path.join(work, "ps-metrics.json")
@@ -375,242 +229,6 @@ def run_lr(args: argparse.Namespace, work: str) -> list[Row]:
                     continue  # what failed once (a timeout, an out-of-memory) is not run again
                 row.add(*go(work, args.timeout))
     return rows
-
-
-def chosen(args: argparse.Namespace, row: Row) -> bool:
-    return not args.only or any(o.lower() in row.system.lower() for o in args.only)
-
-
-# ---------------------------------------------------------------- matrix factorisation
-
-def _ratings(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    opener: Any = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        a = np.loadtxt(f, dtype=np.float64, usecols=(0, 1, 2), ndmin=2)
-    return a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2]
-
-
-def mf_sets(names: list[str], work: str, ratings: int) -> list[tuple[str, str, str]]:
-    out = []
-    for name in names:
-        if name == "ml100k":
-            base = os.path.join(DATA, "movielens", "ml-100k")
-            if not os.path.exists(os.path.join(base, "ua.base.gz")):
-                print(f"skipped ml100k: {base} is absent (see ../shared/data/SOURCES.md)")
-                continue
-            out.append(("ml-100k ua", os.path.join(base, "ua.base.gz"), os.path.join(base, "ua.test.gz")))
-        elif name == "powerlaw":
-            tr, te = os.path.join(work, f"mf-{ratings}.train.tsv"), os.path.join(work, f"mf-{ratings}.test.tsv")
-            if not os.path.exists(tr):
-                mf_synthetic(tr, te, ratings)
-            out.append((f"power law {ratings / 1e6:g}M", tr, te))
-        else:
-            raise SystemExit(f"--mf-sets: unknown set {name!r} (ml100k, powerlaw)")
-    return out
-
-
-def _rmse(pred: np.ndarray, train: str, test: str) -> dict[str, Any]:
-    _, _, y = _ratings(test)
-    if pred.shape != y.shape:
-        return {"error": f"{pred.size} predictions for {y.size} test ratings"}
-    missing = ~np.isfinite(pred)
-    if missing.any():
-        pred = np.where(missing, _ratings(train)[2].mean(), pred)
-    return {"rmse": float(np.sqrt(np.mean((pred - y) ** 2))), "unpredicted": int(missing.sum())}
-
-
-def ps_mf(train: str, test: str, work: str, timeout: float) -> tuple[Run, dict[str, Any]]:
-    out = os.path.join(work, "mf-pred.txt")
-    run = measure([*PS, "mf", "--data", train, "--test", test, "--json", "--predictions-out", out], timeout)
-    if run.code:
-        return run, peer_result(run)
-    rep = json.loads(run.out.strip().splitlines()[-1])
-    res = _rmse(np.loadtxt(out, ndmin=1), train, test)
-    res.update(train_seconds=rep["train_seconds"], examples=rep["rating_updates"])
-    return run, res
-
-
-def spark_mf(train: str, test: str, work: str, timeout: float, extra: list[str]) -> tuple[Run, dict[str, Any]]:
-    out = os.path.join(work, "als-pred.npz")
-    if os.path.exists(out):
-        os.remove(out)
-    run = measure([*SPARK, "als", "--train", train, "--test", test, "--out", out, *extra], timeout)
-    res = peer_result(run)
-    if "error" not in res:
-        res.update(_rmse(np.asarray(np.load(out)["pred"], np.float64), train, test))
-    return run, res
-
-
-def run_mf(args: argparse.Namespace, work: str) -> list[Row]:
-    rows: list[Row] = []
-    for name, train, test in mf_sets(args.mf_sets, work, args.mf_ratings):
-        systems: list[tuple[str, str, Any]] = [
-            ("paramserver mf", "defaults (rank 64, 40 epochs)", lambda w, t, a=train, b=test: ps_mf(a, b, w, t)),
-            ("Spark MLlib ALS", "defaults (rank 10, maxIter 10, regParam 0.1)",
-             lambda w, t, a=train, b=test: spark_mf(a, b, w, t, [])),
-        ]
-        rows += run_rounds(args, work, "mf", name, systems)
-    return rows
-
-
-def run_rounds(args: argparse.Namespace, work: str, section: str, dataset: str,
-               systems: list[tuple[str, str, Any]]) -> list[Row]:
-    """Every system on one data set, ``--repeat`` interleaved rounds."""
-    rows = [Row(section, dataset, n, s) for n, s, _ in systems]
-    for r in range(args.repeat):
-        print(f"{section.upper()} on {dataset}, round {r + 1}/{args.repeat}", flush=True)
-        for row, (_, _, go) in zip(rows, systems, strict=True):
-            if chosen(args, row):
-                row.add(*go(work, args.timeout))
-    return rows
-
-
-# ---------------------------------------------------------------- LDA
-
-def ps_lda(train: str, test: Any, work: str, timeout: float, topics: int,
-           extra: list[str]) -> tuple[Run, dict[str, Any]]:
-    out = os.path.join(work, "lda-model")
-    shutil.rmtree(out, ignore_errors=True)
-    run = measure([*PS, "lda", "--data", train, "--topics", str(topics), "--json", "--save", out, *extra], timeout)
-    if run.code:
-        return run, peer_result(run)
-    rep = json.loads(run.out.strip().splitlines()[-1])
-    m = np.load(os.path.join(out, "topic_word.npy"))
-    return run, {"perplexity": fold_in_perplexity(smoothed(m), test, 0.1), "train_seconds": rep["seconds"],
-                 "examples": rep["token_iterations"]}
-
-
-def spark_lda(train: str, test_path: str, test: Any, work: str, timeout: float, topics: int,
-              optimizer: str) -> tuple[Run, dict[str, Any]]:
-    out = os.path.join(work, "spark-lda.npy")
-    if os.path.exists(out):
-        os.remove(out)
-    run = measure([*SPARK, "lda", "--train", train, "--test", test_path, "--k", str(topics), "--optimizer", optimizer,
-                   "--out", out], timeout)
-    res = peer_result(run)
-    if "error" not in res:
-        res["perplexity"] = fold_in_perplexity(smoothed(np.load(out)), test, 0.1)
-    return run, res
-
-
-def smoothed(m: np.ndarray, beta: float = 0.01) -> np.ndarray:
-    """Any model's topic-word matrix (counts, or online LDA's λ) as φ, smoothed the same way."""
-    m = np.maximum(np.asarray(m, np.float64), 0)
-    return (m + beta) / (m.sum(1, keepdims=True) + m.shape[1] * beta)
-
-
-def run_lda(args: argparse.Namespace, work: str) -> list[Row]:
-    base = os.path.join(DATA, "lda", "20newsgroups_etm")
-    train, test_path = os.path.join(base, "docword.train.txt.gz"), os.path.join(base, "docword.test.txt.gz")
-    if not os.path.exists(train):
-        print(f"skipped LDA: {train} is absent (see ../shared/data/SOURCES.md)")
-        return []
-    test, k = read_corpus(test_path), args.topics
-    systems: list[tuple[str, str, Any]] = [
-        ("paramserver lda", f"defaults (K={k} as for all, 200 sweeps)",
-         lambda w, t: ps_lda(train, test, w, t, k, [])),
-        ("paramserver lda", "20 sweeps: Spark's maxIter (--iterations 20)",
-         lambda w, t: ps_lda(train, test, w, t, k, ["--iterations", "20"])),
-        ("Spark MLlib LDA online", f"defaults (maxIter 20, miniBatchFraction 0.05), k={k}",
-         lambda w, t: spark_lda(train, test_path, test, w, t, k, "online")),
-        ("Spark MLlib LDA EM", f"defaults (maxIter 20), k={k}, optimizer em",
-         lambda w, t: spark_lda(train, test_path, test, w, t, k, "em")),
-    ]
-    return run_rounds(args, work, "lda", "20 Newsgroups", systems)
-
-
-# ---------------------------------------------------------------- report
-
-def _fmt(v: Any, spec: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
-def _metric(r: Row) -> str:
-    if r.section == "lr":
-        return f"log loss {r.worst('logloss'):.4f}, AUC {r.worst('auc', False):.4f}"
-    if r.section == "mf":
-        missing = r.median("unpredicted")
-        return f"RMSE {r.worst('rmse'):.4f}" + (f" ({int(missing)} unpredicted)" if missing else "")
-    return f"perplexity {r.worst('perplexity'):.1f}"
-
-
-def table(rows: list[Row]) -> None:
-    head = ("| data | system | settings | metric | command s | train s | examples/s | peak RSS GB | peak PSS GB |\n"
-            "|---|---|---|---|---|---|---|---|---|")
-    print(head)
-    for r in rows:
-        if not r.runs:
-            continue
-        if not r.ok():
-            print(f"| {r.dataset} | {r.system} | {r.settings} | failed: {r.error()} | "
-                  f"{_fmt(r.runs[0]['wall'] if r.runs else None, '.1f')} | - | - | - | - |")
-            continue
-        metric = _metric(r)
-        train_s = r.median("train_seconds")
-        speed = r.median("examples") / train_s if train_s else math.nan
-        print(f"| {r.dataset} | {r.system} | {r.settings} | {metric} | {r.median('wall'):.1f} | {_fmt(train_s, '.1f')} "
-              f"| {_fmt(speed, ',.0f')} | {r.median('rss') / 2**30:.2f} | {r.median('pss') / 2**30:.2f} |")
-
-
-def _best(rows: list[Row], prefix: str, key: str, low: bool = True) -> tuple[float, Row | None]:
-    found = [(r.worst(key, low) if key != "wall" and key != "rss" else r.median(key), r)
-             for r in rows if r.system.startswith(prefix) and r.ok()]
-    if not found:
-        return math.nan, None
-    return (min if low else max)(found, key=lambda x: x[0])
-
-
-def goals(rows: list[Row]) -> list[tuple[str, str, bool]]:
-    """The issue's goals, each (what, measured, met)."""
-    out: list[tuple[str, str, bool]] = []
-    for ds in dict.fromkeys(r.dataset for r in rows if r.section == "lr"):
-        here = [r for r in rows if r.dataset == ds]
-        me = next((r for r in here if r.system == "paramserver LR" and r.ok()), None)
-        if me is None:
-            out.append((f"LR {ds}", "paramserver failed", False))
-            continue
-        for peer, factor in (("TensorFlow PS", 5), ("Spark", 20)):
-            wall, row = _best(here, peer, "wall")
-            loss, _ = _best(here, peer, "logloss")
-            if row is None:
-                continue
-            ratio = wall / me.median("wall")
-            out.append((f"LR {ds}: ≥ {factor}× faster than {peer} (whole command)",
-                        f"{ratio:.1f}× ({me.median('wall'):.1f} s against {wall:.1f} s)", ratio >= factor))
-            out.append((f"LR {ds}: log loss ≤ {peer}'s best", f"{me.worst('logloss'):.4f} against {loss:.4f}",
-                        me.worst("logloss") <= loss))
-        if ds == "heavy":
-            for peer in ("Spark", "TensorFlow PS", "Keras", "MXNet"):
-                rss, row = _best(here, peer, "rss")
-                if row is not None:
-                    out.append((f"LR heavy: peak RSS ≤ 0.5× {peer}'s", f"{me.median('rss') / rss:.2f}× "
-                                f"({me.median('rss') / 2**30:.2f} GB against {rss / 2**30:.2f} GB)",
-                                me.median("rss") <= 0.5 * rss))
-    out += _round_goals(rows, "mf", "paramserver mf", "rmse", 1.0, 3)
-    out += _round_goals(rows, "lda", "paramserver lda", "perplexity", 1.02, 5)
-    return out
-
-
-def _round_goals(rows: list[Row], section: str, mine: str, key: str, slack: float,
-                 factor: int) -> list[tuple[str, str, bool]]:
-    """Each of paramserver's rows against Spark's best metric and its fastest run."""
-    out = []
-    for ds in dict.fromkeys(r.dataset for r in rows if r.section == section):
-        here = [r for r in rows if r.dataset == ds]
-        best, row = _best(here, "Spark", key)
-        wall = _best(here, "Spark", "wall")[0]
-        if row is None:
-            continue  # no Spark row ran (--only), nothing to compare with
-        for me in (r for r in here if r.system == mine):
-            what = f"{section} {ds}, {me.settings}"
-            if not me.ok():
-                out.append((what, "a run failed", False))
-                continue
-            out.append((f"{what}: {key} ≤ {slack:g}× Spark's best", f"{me.worst(key):.4f} against {best:.4f}",
-                        me.worst(key) <= slack * best))
-            out.append((f"{what}: ≥ {factor}× faster than Spark's fastest", f"{wall / me.median('wall'):.1f}× "
-                        f"({me.median('wall'):.1f} s against {wall:.1f} s)", wall >= factor * me.median("wall")))
-    return out
 
 
 def main() -> int:

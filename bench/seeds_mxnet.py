@@ -12,13 +12,14 @@ import argparse
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+
+from bench_harness.procs import free_port
 
 
 def read_libsvm(path):
@@ -104,12 +105,6 @@ def worker(a):
     kv._barrier()
     with open(os.path.join(a.tmpdir, f"w{rank}.json"), "w") as f:
         json.dump(res, f)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(a):

@@ -42,7 +42,6 @@ import gzip
 import json
 import os
 import re
-import socket
 import sys
 import time
 import traceback
@@ -53,6 +52,8 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from bench_harness.procs import free_port  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 
@@ -145,16 +146,10 @@ def score(model: Any, path: str) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(ys).astype(np.float64), np.concatenate(ps).astype(np.float64)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def in_process_cluster(workers: int, ps: int) -> tuple[Any, list[Any]]:
     """The tutorial's ``create_in_process_cluster``: every server lives in this process."""
-    spec = tf.train.ClusterSpec({"worker": [f"localhost:{_free_port()}" for _ in range(workers)],
-                                 "ps": [f"localhost:{_free_port()}" for _ in range(ps)]})
+    spec = tf.train.ClusterSpec({"worker": [f"localhost:{free_port()}" for _ in range(workers)],
+                                 "ps": [f"localhost:{free_port()}" for _ in range(ps)]})
     config = tf.compat.v1.ConfigProto()
     if (os.cpu_count() or 1) < workers + 1:  # as the tutorial does; fewer threads deadlock 2+2
         config.inter_op_parallelism_threads = workers + 1

@@ -40,9 +40,9 @@ import time
 
 import numpy as np
 
+from bench_harness.timing import Learner, interleave
 from paramserver.apps.ctr.models import auc, logloss
 from paramserver.apps.ctr.synth import write_synth
-from sidebyside import Learner, interleave
 
 PS = [sys.executable, "-m", "paramserver", "train", "--quiet"]
 

@@ -1,5 +1,6 @@
 """The package's shape, checked by ``make lint``: file and function sizes, and the number of
-top-level modules (the layers are import-linter's contract in pyproject.toml).
+top-level modules (the layers are import-linter's contract in pyproject.toml).  The folders
+in ``also`` (the benchmarks) keep the same file and function sizes.
 
     python tools/shape.py          # exits 1 naming every file or function over its limit
 
@@ -48,7 +49,8 @@ def check(root: Path = ROOT) -> list[str]:
     if len(top) > cfg["max_top_level_modules"]:
         problems.append(f"{len(top)} top-level modules ({', '.join(top)}): at most {cfg['max_top_level_modules']};"
                         " put a module in the folder of its layer")
-    for path in sorted(package.rglob("*.py")):
+    paths = [*package.rglob("*.py"), *(p for folder in cfg.get("also", []) for p in (root / folder).rglob("*.py"))]
+    for path in sorted(paths):
         rel = path.relative_to(root).as_posix()
         text = path.read_text()
         lines = text.count("\n") + (not text.endswith("\n") and bool(text))

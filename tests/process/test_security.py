@@ -350,16 +350,29 @@ def test_the_secret_from_the_environment_secures_a_cluster_and_its_clients(tmp_p
 
 
 def test_the_training_commands_take_the_secret_file_flag_as_the_role_commands_do(tmp_path, keyfile):
-    """Issue 33.7: train, mf, lda and lasso refused --secret-file (only the variable worked)."""
+    """Issue 33.7: train, mf, lda and lasso refused --secret-file (only the variable worked).
+    What the flag does, seen from outside: train's local cluster serves with the file's keys
+    (its dashboard's token is the file's), and a file the local cluster cannot serve with (a
+    worker's) stops each of the four before it starts, the file named."""
     from paramserver.apps.ctr.synth import write_synth
 
     data = str(tmp_path / "d.tsv")
     write_synth(data, 2_000, seed=1)
     env = {k: v for k, v in os.environ.items() if k != "PARAMSERVER_SECRET_FILE"}
-    proc = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", data, "--quiet",
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", data, "--quiet", "--dashboard", "0",
                            "--secret-file", keyfile], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
-    for command in ("lasso", "mf", "lda"):
-        out = subprocess.run([sys.executable, "-m", "paramserver", command, "--help"], capture_output=True, text=True,
-                             timeout=60)
-        assert "--secret-file" in out.stdout, command
+    assert f"?token={load_keys(keyfile).http_token}" in proc.stdout + proc.stderr  # keyed with this file
+    worker = str(tmp_path / "worker.key")
+    made = subprocess.run([sys.executable, "-m", "paramserver", "keygen", "--role", "worker", "--from", keyfile,
+                           "--out", worker], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "reg.svm").write_text("1 1:1 2:1\n0 1:1\n")
+    (tmp_path / "u.data").write_text("1 1 5\n1 2 3\n2 1 4\n2 2 1\n")
+    (tmp_path / "docs.ldac").write_text("2 1:3 2:1\n2 2:1 3:4\n")
+    for command in (["train", "--data", data], ["lasso", "--lambda-ratio", "2", "--data", str(tmp_path / "reg.svm")],
+                    ["mf", "--data", str(tmp_path / "u.data")], ["lda", "--data", str(tmp_path / "docs.ldac")]):
+        out = subprocess.run([sys.executable, "-m", "paramserver", *command, "--quiet", "--secret-file", worker],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 2, (command, out.stderr)
+        assert f"secret_file {worker} is a worker key file" in out.stderr, (command, out.stderr)

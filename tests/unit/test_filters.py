@@ -5,6 +5,8 @@ worker's residuals owe exactly what was not sent."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -229,12 +231,15 @@ def test_a_claimed_size_is_checked_before_anything_is_allocated():
 
 @pytest.mark.parametrize("spec", ["compact", "push=int8,keycache,delta,zstd:min_bytes=0", "push=bf16,delta"])
 def test_a_corrupted_filtered_push_is_refused_with_a_protocol_error_never_a_crash(spec):
-    from paramserver.errors import ParamServerError
-
+    """Each corrupted message is refused with a ProtocolError that names the filter that
+    found the fault (what a server answers), or decodes to parts of the shapes the header
+    promises (a flipped value byte is still values); the message as sent round-trips."""
     rng = np.random.default_rng(11)
     arrays = _push(n=500, segments=(200, 300))
     chain = chains(FilterSpec.parse(spec))["push"]
     header, sent = pack("push", chain, arrays, Context(link=Link()))
+    names = "|".join(entry[0] for entry in header["filters"])
+    refused, accepted = 0, 0
     for _ in range(300):
         frames = [a.copy() for a in sent]
         a = frames[rng.integers(len(frames))]
@@ -243,6 +248,19 @@ def test_a_corrupted_filtered_push_is_refused_with_a_protocol_error_never_a_cras
         elif rng.random() < 0.5:
             frames[rng.integers(len(frames))] = a[: a.size // 2]
         try:
-            unpack("push", chain, header, frames, Context(store=KeyStore()))
-        except ParamServerError:
-            pass  # refused, with a reason: what a server answers
+            got = unpack("push", chain, header, frames, Context(store=KeyStore()))  # any other error fails the test
+        except ProtocolError as err:
+            refused += 1
+            assert re.match(rf"({names}): \S", str(err)), f"{err!r} does not name the filter that refused it"
+            continue
+        accepted += 1
+        keys, values = got[0], got[1]
+        assert keys.dtype == np.uint64 and keys.shape == arrays[0].shape  # the filters' parts: as the header says
+        assert values.dtype == np.float32 and values.shape == arrays[1].shape
+        untouched = dict(zip(header["parts"], frames))  # no filter encodes the segments: they pass as sent
+        assert np.array_equal(got[2], untouched["vnodes"]) and np.array_equal(got[3], untouched["counts"])
+        assert not any(g.flags.writeable for g in got)
+    assert refused > 30 and accepted > 30  # both ways exercised
+    got = unpack("push", chain, header, [a.copy() for a in sent], Context(store=KeyStore()))
+    expected = [arrays[0], chain.roundtrip(arrays[1], arrays[3]), arrays[2], arrays[3]]
+    assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got, expected, strict=True))

@@ -1,5 +1,7 @@
 """The wire format: round trips, and every malformed message is a ProtocolError."""
 
+import re
+
 import msgpack
 import numpy as np
 import pytest
@@ -42,10 +44,18 @@ def test_oversized_message_is_refused():
         decode(frames, max_bytes=4000)
 
 
-def test_fuzzed_frames_only_ever_raise_protocol_error():
+# every fault decode names (its docstring's list, and the catch-all that carries the cause)
+FAULTS = re.compile(r"empty message|header frame larger than 1 MiB|header is not valid msgpack: .|header must be a "
+                    r"msgpack map, got \w+|exceeds the limit of \d+|unknown op .+ \(known: |header lists .+ arrays but "
+                    r"\d+ array frames follow|array \d+: (spec must be \[dtype, shape\]|shape must be non-negative "
+                    r"ints|frame has \d+ bytes but .+ needs \d+)|malformed message: \w+\(.")
+
+
+def test_fuzzed_frames_raise_a_protocol_error_naming_the_fault_or_decode_to_what_they_say():
     rng = np.random.default_rng(0)
     good = _bytes(encode({"op": "push", "id": 3, "table": "t", "ring_version": 1},
                          [np.arange(4, dtype=np.uint64), np.ones((4, 2), np.float32)]))
+    refused, accepted = 0, 0
     for _ in range(3000):
         frames = [bytearray(f) for f in good]
         i = rng.integers(len(frames))
@@ -54,10 +64,20 @@ def test_fuzzed_frames_only_ever_raise_protocol_error():
                 frames[i][rng.integers(len(frames[i]))] = rng.integers(256)
         else:
             frames[i] = frames[i][: rng.integers(len(frames[i]) + 1)]
+        sent = [bytes(f) for f in frames]
         try:
-            decode([bytes(f) for f in frames])
-        except ProtocolError:
-            pass
+            msg = decode(sent)  # anything but a ProtocolError fails the test
+        except ProtocolError as err:
+            refused += 1
+            assert FAULTS.search(str(err)), f"{err} does not name its fault (frames {sent!r})"
+            continue
+        accepted += 1  # a flipped value byte, or a header still valid: it must say what was sent
+        assert [a.tobytes() for a in msg.arrays] == sent[1:] and isinstance(msg.op, Op)
+        again = decode(_bytes(encode({k: v for k, v in msg.header.items() if k != "arrays"}, msg.arrays)))
+        assert again.header == msg.header
+        assert all(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+                   for a, b in zip(again.arrays, msg.arrays, strict=True))
+    assert refused > 1000 and accepted > 1000  # both ways exercised: the fuzzing is not all one kind
 
 
 @pytest.mark.parametrize("header", [

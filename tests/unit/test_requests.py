@@ -19,10 +19,16 @@ def _check(vnodes, counts, n_keys, primary=True, held=HELD):
                    np.asarray(counts, np.int64), primary_of, 1, RING.version)
 
 
-def test_well_formed_segments_pass():
-    _check([0, 2, 6], [1, 0, 2], 3)
-    _check([], [], 0)
-    _check([1, 3], [2, 2], 4, primary=False, held=[1, 3])  # a backup's copy: any held vnode
+@pytest.mark.parametrize("vnodes, counts, n_keys, primary, held", [
+    ([0, 2, 6], [1, 0, 2], 3, True, HELD),
+    ([], [], 0, True, HELD),
+    ([1, 3], [2, 2], 4, False, [1, 3]),  # a backup's copy: any held vnode
+])
+def test_well_formed_segments_pass(vnodes, counts, n_keys, primary, held):
+    _check(vnodes, counts, n_keys, primary, held)  # no error
+    # and not because nothing is checked: the same segments with a key they do not cover are refused
+    with pytest.raises(ProtocolError, match=f"counts do not cover the {n_keys + 1} keys"):
+        _check(vnodes, counts, n_keys + 1, primary, held)
 
 
 @pytest.mark.parametrize("vnodes, counts, n_keys, error, match", [

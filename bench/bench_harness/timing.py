@@ -1,9 +1,12 @@
 """Learners run side by side in one run: taking turns, so that a slow spell of this shared
-VM hits each of them alike.  Used by ``bench/train.py`` and ``bench/headline.py``.
+VM hits each of them alike (``bench/train.py``, ``bench/headline.py``); and the median of
+the runs.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,3 +31,8 @@ def interleave(learners: Mapping[str, Learner], repeat: int, warmup: int = 0, ta
             runs[name].append(run)
             print(tag, name, run, file=sys.stderr, flush=True)
     return runs
+
+
+def median(xs: list[float]) -> float:
+    """The median, NaN for no runs."""
+    return float(statistics.median(xs)) if xs else math.nan
