@@ -41,7 +41,7 @@ def one_run(seed: int) -> dict:
         with LocalCluster(servers=3, workers=0, start_method="spawn", heartbeat_interval_s=0.5,
                           heartbeat_timeout_s=5.0, startup_timeout_s=600, log_level="WARNING") as cluster:
             client = cluster.client
-            client.allow_loss = True  # a loss is reported here, not raised
+            client.stats.allow_loss = True  # a loss is reported here, not raised
             client.create_table("c", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
 
             def write(i: int) -> None:
@@ -70,7 +70,7 @@ def one_run(seed: int) -> dict:
             want = sum(acked)
             return {"run": seed, "victim": victim, "pushes_acked": want, "counters_exact": int((values == want).sum()),
                     "counters_below": int((values < want).sum()), "counters_above": int((values > want).sum()),
-                    "losses": client.losses, "seconds_to_next_ack": round(first_ack, 2)}
+                    "losses": client.stats.losses, "seconds_to_next_ack": round(first_ack, 2)}
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 

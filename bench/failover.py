@@ -37,14 +37,14 @@ def failover_latency(timeout_s: float, interval_s: float) -> dict:
                       log_level="WARNING") as cluster:
         client = cluster.client
         client.create_table("f", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
-        victim_id = client.cluster_info()["ring_servers"][1]
+        victim_id = client.admin.cluster_info()["ring_servers"][1]
         keys = np.random.default_rng(0).integers(0, 2**64 - 1, 200_000, dtype=np.uint64)
-        keys = keys[client.ring.owner_of_keys(keys) == victim_id][:1000]
+        keys = keys[client.admin.ring.owner_of_keys(keys) == victim_id][:1000]
         grads = np.ones((keys.size, 1), np.float32)
         for _ in range(50):  # warm: connections, JIT
             client.push("f", keys, grads).result(timeout=60)
         # which process is the victim? the one whose pid the server reports
-        pid = next(s["pid"] for s in client.server_stats() if s["node_id"] == victim_id)
+        pid = next(s["pid"] for s in client.stats.server_stats() if s["node_id"] == victim_id)
         killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         client.push("f", keys, grads).result(timeout=120)

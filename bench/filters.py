@@ -49,7 +49,7 @@ class RemoteCluster:
     def __enter__(self):
         return self
     def __exit__(self, *exc):
-        self.client.shutdown_cluster()
+        self.client.admin.shutdown_cluster()
         self.client.close()
     def run_elastic(self, fn, *args):
         with Client(address, role="worker", connect_timeout_s=60) as w:

@@ -101,7 +101,7 @@ def main() -> None:
     with LocalCluster(servers=1, workers=0, log_level="ERROR") as cluster:
         client = cluster.client
         client.create_table("t", dim=1)
-        server = client.server_stats()[0]
+        server = client.stats.server_stats()[0]
         scheduler_pid = cluster.procs["scheduler"].popen.pid
         address = client._servers[server["node_id"]]
         before = {"server": rss_mb(server["pid"]), "scheduler": rss_mb(scheduler_pid)}
@@ -115,7 +115,7 @@ def main() -> None:
         quiet = {"server": rss_mb(server["pid"]), "scheduler": rss_mb(scheduler_pid)}
         client.push("t", np.arange(10, dtype=np.uint64), np.ones((10, 1), np.float32)).result(timeout=60)
         serves = client.pull("t", np.arange(10, dtype=np.uint64)).result(timeout=60).shape == (10, 1)
-        nodes = len(client.cluster_info().get("workers", {}))
+        nodes = len(client.admin.cluster_info().get("workers", {}))
         result = {"messages_each": args.messages, "seconds": round(time.monotonic() - t0, 1), "rss_mb_before": before,
                   "rss_mb_after": after, "rss_mb_after_10s": quiet, "still_serves": serves,
                   "workers_registered_after": nodes}

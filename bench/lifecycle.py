@@ -103,7 +103,7 @@ def stats(client: Any) -> dict[str, Any]:
     """The table's keys, bytes and lifecycle figures summed over the servers, and RSS."""
     out = {"keys": 0, "stored": 0, "bytes": 0, "rss": 0, "refused": 0, "evicted": 0, "admitted": 0,
            "tombstones": 0, "policy_bytes": 0}
-    for s in client.server_stats():
+    for s in client.stats.server_stats():
         out["rss"] += int(s.get("rss_bytes", 0))
         t = s.get("tables", {}).get(TABLE)
         if t is None:

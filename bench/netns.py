@@ -36,7 +36,7 @@ with Client(sys.argv[1], connect_timeout_s=30) as c:
         for _ in range(rounds):
             (c.pull("bench", keys) if op == "pull" else c.push("bench", keys, grads)).result(timeout=60)
         out[op] = keys.size * rounds / (time.perf_counter() - t) / 1e6
-    c.shutdown_cluster()
+    c.admin.shutdown_cluster()
 print(json.dumps(out))
 """
 

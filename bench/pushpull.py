@@ -97,12 +97,12 @@ def memory_row(n_keys: int) -> dict:
     with LocalCluster(servers=1, workers=0, log_level="WARNING") as cluster:
         client = cluster.client
         client.create_table("mem", dim=1, optimizer="ftrl")
-        before = client.server_stats()[0]["rss_bytes"]
+        before = client.stats.server_stats()[0]["rss_bytes"]
         batch = 1_000_000
         for start in range(0, n_keys, batch):
             keys = rng.integers(0, 2**64 - 1, min(batch, n_keys - start), dtype=np.uint64)
             client.push("mem", keys, np.full((keys.size, 1), 0.5, np.float32)).result(timeout=300)
-        stats = client.server_stats()[0]
+        stats = client.stats.server_stats()[0]
         stored = stats["tables"]["mem"]["keys"]
         row = {"op": "memory", "keys": stored, "dim": 1, "optimizer": "ftrl",
                "bytes_per_key": (stats["rss_bytes"] - before) / stored,

@@ -29,5 +29,5 @@ def train_a9a(client):
     done = train_worker(client, cfg)
     batch = read_all([os.environ["A9A_TEST"]], cfg.data)
     logloss = metrics(batch.labels, score(client, cfg.model, batch))["logloss"]
-    servers = sorted(client.cluster_info()["servers"].values())
+    servers = sorted(client.admin.cluster_info()["servers"].values())
     return f"examples={done['examples']} logloss={logloss:.4f} servers={','.join(servers)}"

@@ -50,7 +50,7 @@ def test_blocks_are_one_request_each_and_survive_a_join_and_a_checkpoint(tmp_pat
         assert all(len(b) for b in moved.by_server().values())
         got = np.concatenate([c.pull_block("job/w", b).result(timeout=60) for b in range(n_blocks)])
         np.testing.assert_array_equal(got, expect)
-        stats = c.server_stats()
+        stats = c.stats.server_stats()
         assert sum(s["tables"]["job/w"]["keys"] for s in stats) == 2 * (1 << BITS)  # both copies, whole
     with LocalCluster(servers=1, log_level="WARNING") as cluster:
         c = cluster.client

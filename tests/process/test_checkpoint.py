@@ -174,7 +174,7 @@ def test_resume_from_a_mid_job_checkpoint_onto_more_servers_counts_each_example_
 
     def right_after_restore(cluster):
         pulled["values"] = cluster.client.pull("model/lr", keys).result(timeout=30)
-        pulled["servers"] = len(cluster.client.server_stats())
+        pulled["servers"] = len(cluster.client.stats.server_stats())
 
     report = run_training(cfg, [path], [], servers=3, workers=1, shard_bytes=SHARD_BYTES, resume=step,
                           setup=right_after_restore)

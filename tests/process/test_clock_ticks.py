@@ -15,7 +15,7 @@ KEYS = np.arange(8, dtype=np.uint64)
 
 def clock_messages(client) -> int:
     """Clock messages every server handled (the latency histogram's count for op clock)."""
-    return int(sum(value for server in client.server_stats(samples=True) for family in server["samples"]
+    return int(sum(value for server in client.stats.server_stats(samples=True) for family in server["samples"]
                    for name, labels, value in family[3]
                    if name == "paramserver_request_seconds_count" and labels.get("op") == "clock"))
 
@@ -34,7 +34,7 @@ def test_a_clock_rides_on_the_next_pull_and_no_clock_message_is_sent():
         [clock] = cluster.run(steps, 40, timeout_s=60)
         assert clock == 40
         # every server hears every clock: 39 on the next pulls, the last on its own (no request follows it)
-        wait_for(lambda: all(max(s["clocks"].values(), default=0) == 40 for s in cluster.client.server_stats()),
+        wait_for(lambda: all(max(s["clocks"].values(), default=0) == 40 for s in cluster.client.stats.server_stats()),
                  timeout_s=10, what="the last clock at every server")
         sent = clock_messages(cluster.client)
     assert sent <= 2, f"{sent} clock messages for 40 clocks on 2 servers: the ticks did not ride on the pulls"

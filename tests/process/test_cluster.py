@@ -53,7 +53,7 @@ def test_overlapping_pushes_from_three_workers_sum_exactly(cluster):
     want = np.array([expected[k] for k in keys.tolist()], np.float32)
     np.testing.assert_array_equal(got[: keys.size], want)
     np.testing.assert_array_equal(got[keys.size:], want[:10])  # duplicates in a pull
-    stats = cluster.client.server_stats()
+    stats = cluster.client.stats.server_stats()
     assert sum(s["tables"]["sums"]["keys"] for s in stats) == keys.size
     assert all(s["tables"]["sums"]["keys"] > 0 for s in stats)  # both servers hold a share
     assert all(sorted(s["clocks"].values()) == [ROUNDS] * 3 for s in stats)
@@ -70,14 +70,14 @@ def test_malformed_messages_get_error_replies_and_the_server_keeps_serving(clust
     client = cluster.client
     client.create_table("fuzz", dim=2, optimizer="adagrad")
     keys = np.arange(50, dtype=np.uint64)
-    routed = route_pull(client.ring, keys)
+    routed = route_pull(client.admin.ring, keys)
     part = routed.parts[0]
     address = client._servers[part.server]
     good_keys = routed.keys[part.start:part.stop]
-    head = {"op": "pull", "id": 1, "table": "fuzz", "ring_version": client.ring.version,
+    head = {"op": "pull", "id": 1, "table": "fuzz", "ring_version": client.admin.ring.version,
             "arrays": [["<u8", [good_keys.size]], ["<i4", [part.vnodes.size]], ["<i8", [part.counts.size]]]}
     body = [good_keys.tobytes(), part.vnodes.tobytes(), part.counts.tobytes()]
-    other_vnode = np.array([np.flatnonzero(client.ring.owners != part.server)[0]], np.int32)
+    other_vnode = np.array([np.flatnonzero(client.admin.ring.owners != part.server)[0]], np.int32)
     cases = {
         "not msgpack": [b"\xc1\xc1", *body],
         "unknown op": [msgpack.packb({**head, "op": "explode"}), *body],
@@ -239,9 +239,9 @@ def test_roles_started_by_hand(tmp_path, bind):
         with Client(address) as driver:
             got = driver.pull("by-hand", np.arange(100)).result(timeout=10)
             np.testing.assert_array_equal(got, np.ones((100, 2)))
-            servers = driver.cluster_info()["servers"].values()
+            servers = driver.admin.cluster_info()["servers"].values()
             assert len(servers) == 2 and all(a.startswith("tcp://127.0.0.1:") for a in servers), servers
-            driver.shutdown_cluster()
+            driver.admin.shutdown_cluster()
         for p in procs:
             assert p.wait(timeout=20) == 0
     finally:
@@ -279,8 +279,8 @@ def test_roles_started_by_one_command_from_ps_lites_environment_alone():
         with Client(f"tcp://127.0.0.1:{port}") as driver:
             got = driver.pull("by-hand", np.arange(100)).result(timeout=10)
             np.testing.assert_array_equal(got, np.ones((100, 2)))
-            assert len(driver.cluster_info()["servers"]) == 2
-            driver.shutdown_cluster()
+            assert len(driver.admin.cluster_info()["servers"]) == 2
+            driver.admin.shutdown_cluster()
         for p in procs:
             assert p.wait(timeout=20) == 0
         no_fn = start("worker")
@@ -416,7 +416,7 @@ def test_a_server_registering_a_bad_address_is_refused_and_the_ring_is_untouched
         client.create_table("kept", dim=1, optimizer={"name": "sgd", "lr": 1.0})
         keys = np.arange(500, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         client.push("kept", keys, -np.ones((keys.size, 1), np.float32)).result(timeout=30)
-        before = client.cluster_info()
+        before = client.admin.cluster_info()
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -427,7 +427,7 @@ def test_a_server_registering_a_bad_address_is_refused_and_the_ring_is_untouched
         finally:
             sock.close()
         assert answer["op"] == "error" and answer["code"] == "protocol", answer
-        after = client.cluster_info()
+        after = client.admin.cluster_info()
         assert after["ring_servers"] == before["ring_servers"] and after["ring_version"] == before["ring_version"]
         assert all(p.popen.poll() is None for n, p in cluster.procs.items() if n.startswith("server"))
         np.testing.assert_array_equal(client.pull("kept", keys).result(timeout=30), np.ones((keys.size, 1)))

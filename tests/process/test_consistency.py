@@ -53,7 +53,7 @@ def test_bsp_with_aggregation_equals_serial_training_on_the_combined_batch(optim
         assert cluster.run(bsp_worker, "w", timeout_s=120) == [0, 1, 2]
         # the last clock's pushes are applied when the workers' ticks (sent without waiting
         # for an answer) reach every server: read after that, not before
-        wait_for(lambda: all(s["min_clock"] == T for s in cluster.client.server_stats()), what="the last clock")
+        wait_for(lambda: all(s["min_clock"] == T for s in cluster.client.stats.server_stats()), what="the last clock")
         got = cluster.client.pull("w", np.arange(D, dtype=np.uint64)).result(timeout=30)[:, 0]
     np.testing.assert_allclose(got, serial_reference(3, optimizer), rtol=1e-5, atol=1e-6)
 
@@ -76,7 +76,7 @@ def test_ssp_bound_holds_under_a_straggler(s):
     with LocalCluster(servers=2, workers=W, log_level="WARNING") as cluster:
         cluster.client.create_table("counter", optimizer={"name": "sgd", "lr": 1.0}, consistency=f"ssp:{s}")
         results = cluster.run(counter_worker, rounds, 0.03, timeout_s=120)
-        stats = cluster.client.consistency_stats()
+        stats = cluster.client.stats.consistency_stats()
     for seen in results:
         assert [c for c, _ in seen] == list(range(rounds))
         for c, value in seen:
@@ -91,7 +91,7 @@ def test_asp_never_parks_a_pull():
     with LocalCluster(servers=1, workers=3, log_level="WARNING") as cluster:
         cluster.client.create_table("counter", optimizer={"name": "sgd", "lr": 1.0}, consistency="asp")
         cluster.run(counter_worker, 8, 0.03, timeout_s=120)
-        stats = cluster.client.consistency_stats()
+        stats = cluster.client.stats.consistency_stats()
     assert all(s["parked_pulls"] == 0 for s in stats)
     assert max(int(k) for k in stats[0]["staleness_histogram"]) > 0  # and it did read stale
 

@@ -101,7 +101,7 @@ def test_add_server_says_so_when_the_joiner_exits_before_it_joins():
         with pytest.raises(ConnectError, match="exited with code 2 before it joined the ring"):
             cluster.add_server(timeout_s=60)
         assert time.monotonic() - started < 20
-        assert cluster.client.cluster_info()["ring_servers"] == [cluster.client.ring.servers[0]]
+        assert cluster.client.admin.cluster_info()["ring_servers"] == [cluster.client.admin.ring.servers[0]]
 
 
 def raise_on_rank_0_else_wait(client, gate):
@@ -152,11 +152,11 @@ def test_the_name_add_server_returns_is_what_remove_server_takes():
         c.create_table("t", dim=1, optimizer="sgd")
         c.push("t", keys, np.ones((500, 1), np.float32), op="add").result(timeout=60)
         name = cluster.add_server()
-        assert len(c.cluster_info()["ring_servers"]) == 2
+        assert len(c.admin.cluster_info()["ring_servers"]) == 2
         with pytest.raises(ConfigError, match="takes the server's node id"):
             c.remove_server(name)
         with pytest.raises(ConfigError, match="no server process 'server-9'"):
             cluster.remove_server("server-9")
         cluster.remove_server(name)
-        assert len(c.cluster_info()["ring_servers"]) == 1
+        assert len(c.admin.cluster_info()["ring_servers"]) == 1
         np.testing.assert_array_equal(c.pull("t", keys).result(timeout=60), np.ones((500, 1), np.float32))

@@ -64,30 +64,30 @@ def _run_counting(cluster, disturb):
 def test_a_killed_server_loses_no_acknowledged_push():
     with LocalCluster(servers=3, workers=WORKERS, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0,
                       log_level="WARNING") as cluster:
-        version = cluster.client.ring.version
+        version = cluster.client.admin.ring.version
         client = _run_counting(cluster, lambda: cluster.kill("server-1"))
-        info = client.cluster_info()
+        info = client.admin.cluster_info()
         assert len(info["ring_servers"]) == 2 and info["ring_version"] > version
-        stats = client.server_stats()  # both survivors hold every vnode again (r = 2 restored)
+        stats = client.stats.server_stats()  # both survivors hold every vnode again (r = 2 restored)
         assert sum(s["tables"]["counter"]["primary_keys"] for s in stats) == N_KEYS
         assert all(s["tables"]["counter"]["keys"] == N_KEYS for s in stats)
 
 
 def test_a_server_joining_and_one_leaving_mid_run_lose_nothing():
     with LocalCluster(servers=3, workers=WORKERS, log_level="WARNING") as cluster:
-        first = cluster.client.cluster_info()["ring_servers"]
+        first = cluster.client.admin.cluster_info()["ring_servers"]
 
         def reshape():
             cluster.add_server()
-            joined = [s for s in cluster.client.cluster_info()["ring_servers"] if s not in first]
+            joined = [s for s in cluster.client.admin.cluster_info()["ring_servers"] if s not in first]
             assert len(joined) == 1
             cluster.remove_server(first[0])
 
         client = _run_counting(cluster, reshape)
-        info = client.cluster_info()
+        info = client.admin.cluster_info()
         assert sorted(info["ring_servers"]) == sorted([*first[1:], *[s for s in info["ring_servers"]
                                                                       if s not in first]])
-        stats = client.server_stats()
+        stats = client.stats.server_stats()
         assert len(stats) == 3
         assert sum(s["tables"]["counter"]["primary_keys"] for s in stats) == N_KEYS
         assert sum(s["tables"]["counter"]["keys"] for s in stats) == 2 * N_KEYS  # two copies of each
@@ -138,7 +138,7 @@ def test_a_stalled_scheduler_does_not_declare_the_servers_dead():
         client = cluster.client
         client.create_table("kept", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
         client.push("kept", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
-        before = client.cluster_info()
+        before = client.admin.cluster_info()
         scheduler = cluster.procs["scheduler"].popen
         scheduler.send_signal(signal.SIGSTOP)
         time.sleep(3.0)  # the fault itself: a pause twice the heartbeat timeout
@@ -169,7 +169,7 @@ def test_a_client_takes_the_scheduler_back_once_it_answers_again():
         try:
             def declared_lost():
                 try:
-                    client.cluster_info()
+                    client.admin.cluster_info()
                 except NodeLostError:
                     return True
                 return False
@@ -180,7 +180,7 @@ def test_a_client_takes_the_scheduler_back_once_it_answers_again():
 
         def answers():
             try:
-                return client.cluster_info()
+                return client.admin.cluster_info()
             except NodeLostError:
                 return None
 
@@ -208,14 +208,14 @@ def test_a_paused_server_does_not_answer_with_stale_values_once_its_backup_took_
         piece = client._pieces(Op.PULL, KEYS, None, 0)[0]  # a pull as routed now, to its primary
         victim = piece.server
         address = client._servers[victim]
-        pids = {s["node_id"]: s["pid"] for s in client.server_stats()}
+        pids = {s["node_id"]: s["pid"] for s in client.stats.server_stats()}
         name = next(n for n, p in cluster.procs.items() if p.popen.pid == pids[victim])
         proc = cluster.procs[name].popen
         proc.send_signal(signal.SIGSTOP)
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         try:
-            wait_for(lambda: victim not in client.cluster_info().get("ring_servers", [victim]), 30,
+            wait_for(lambda: victim not in client.admin.cluster_info().get("ring_servers", [victim]), 30,
                      "the scheduler to declare the paused server dead")
             client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)  # now 2, on the backup
             sock.connect(address)  # a client that still routes to the old primary
@@ -244,18 +244,18 @@ def test_a_paused_server_with_the_last_copy_is_fenced_and_waited_for_not_written
         client = cluster.client
         client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=1)  # no backup at all
         client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
-        victim = client.server_stats()[0]
+        victim = client.stats.server_stats()[0]
         proc = next(p.popen for p in cluster.procs.values() if p.popen.pid == victim["pid"])
         proc.send_signal(signal.SIGSTOP)
         try:
-            wait_for(lambda: victim["node_id"] in client.cluster_info()["fenced"], 30,
+            wait_for(lambda: victim["node_id"] in client.admin.cluster_info()["fenced"], 30,
                      "the scheduler to fence the silent server")
             pending = client.push("w", KEYS, -np.ones((N_KEYS, 1), np.float32))  # half of it waits for the victim
         finally:
             proc.send_signal(signal.SIGCONT)
         pending.result(timeout=30)
-        info = client.cluster_info()
-        assert sorted(info["ring_servers"]) == sorted(s["node_id"] for s in client.server_stats())
+        info = client.admin.cluster_info()
+        assert sorted(info["ring_servers"]) == sorted(s["node_id"] for s in client.stats.server_stats())
         assert len(info["ring_servers"]) == 2 and info["fenced"] == []
         np.testing.assert_array_equal(client.pull("w", KEYS).result(timeout=30), 2 * np.ones((N_KEYS, 1)))
 
@@ -276,7 +276,7 @@ def test_a_client_declared_dead_closes_instead_of_going_on_as_a_zombie():
         with Client(config=config, role="worker") as zombie:
             zombie.push("w", KEYS, np.ones((N_KEYS, 1), np.float32)).result(timeout=30)
             zombie._io._heartbeats = False  # as if the process were paused: no beat goes out
-            wait_for(lambda: str(zombie.node_id) not in cluster.client.cluster_info()["workers"], 30,
+            wait_for(lambda: str(zombie.node_id) not in cluster.client.admin.cluster_info()["workers"], 30,
                      "the scheduler to declare the silent client dead")
             zombie._io.start_heartbeats()  # it resumes: its next beat is answered "unknown node"
             wait_for(lambda: zombie._io._closed.is_set(), 30, "the client to close itself")

@@ -67,12 +67,12 @@ def test_a_users_filter_is_imported_by_name_on_two_servers_and_round_trips_exact
                 c.pull(table, keys).result(timeout=60)
                 c.push(table, keys, g).result(timeout=60)
         np.testing.assert_array_equal(c.pull("mine", keys).result(timeout=60), c.pull("plain", keys).result(timeout=60))
-        stats = c.server_stats()
+        stats = c.stats.server_stats()
         assert len(stats) == 2
         for s in stats:  # each server answered pulls through the user's filter, and held key lists
             assert s["filters"]["reply_bytes"][f"mine/{filter_module}:Scramble"]["bytes_in"] > 0
             assert s["filters"]["key_cache"]["hits"] > 0
-        sent = c.filter_stats()["mine"]
+        sent = c.stats.filter_stats()["mine"]
         assert sent["push"]["keycache"]["bytes_out"] < sent["push"]["keycache"]["bytes_in"]
         with pytest.raises(Exception, match="does not import here"):
             c.create_table("bad", filters="push=nope_not_here:Filter")
@@ -131,7 +131,7 @@ def test_sigmod_holds_small_updates_back_until_they_add_up_or_are_flushed():
         got = c.pull("s", keys).result(timeout=60)[:, 0]
         np.testing.assert_allclose(got[10:], -0.6, rtol=1e-6)
         c.push("s", keys, small).result(timeout=60)
-        owed = c.filter_stats()["s"]["owed"]
+        owed = c.stats.filter_stats()["s"]["owed"]
         assert owed["keys"] == 90 and owed["sigmod_in"] == 400
         assert c.flush() == 90
         got = c.pull("s", keys).result(timeout=60)[:, 0]

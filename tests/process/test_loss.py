@@ -92,12 +92,12 @@ def test_a_client_raises_on_its_next_call_after_a_server_died_with_data():
         client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=1)
         client.push("w", np.arange(1000, dtype=np.uint64), -np.ones((1000, 1), np.float32)).result(timeout=30)
         cluster.kill("server-1")
-        wait_for(lambda: client.losses, 30, "the client to hear of the loss")
+        wait_for(lambda: client.stats.losses, 30, "the client to hear of the loss")
         with pytest.raises(DataLossError, match=r"server\(s\) \d+ died holding \d+ vnode\(s\) of table\(s\) w .*"
                                                 r"replicas=2 .*allow_loss=True"):
             client.pull("w", np.arange(10, dtype=np.uint64))
         client.pull("w", np.arange(10, dtype=np.uint64)).result(timeout=30)  # said once; the client goes on
-        (loss,) = client.losses
+        (loss,) = client.stats.losses
         assert loss["tables"] == ["w"] and loss["vnodes"] > 0
 
 
@@ -116,7 +116,7 @@ def test_a_command_on_the_cluster_fails_with_one_line_or_reports_with_allow_loss
             def kill_then_stop(cluster=cluster, stop=stop):
                 time.sleep(0.5)  # pushes are running
                 cluster.kill("server-1")
-                wait_for(lambda: cluster.client.losses, 30, "the loss to be told")
+                wait_for(lambda: cluster.client.stats.losses, 30, "the loss to be told")
                 open(stop, "w").close()
 
             threading.Thread(target=kill_then_stop, daemon=True).start()

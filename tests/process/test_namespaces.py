@@ -20,7 +20,7 @@ def test_namespaces_quotas_and_dropping_one_job(capsys):
     more = rng.choice(2**50, 5000, replace=False).astype(np.uint64) + np.uint64(2**51)
     with LocalCluster(servers=2, workers=0, log_level="ERROR") as cluster:
         c = cluster.client
-        c.create_namespace("a", max_keys=1000)
+        c.admin.create_namespace("a", max_keys=1000)
         c.create_table("a/w", dim=2, optimizer={"name": "sgd", "lr": 1.0})
         c.create_table("b/w", dim=2, optimizer={"name": "sgd", "lr": 1.0})
         ones = np.ones((first.size, 2), np.float32)
@@ -32,19 +32,19 @@ def test_namespaces_quotas_and_dropping_one_job(capsys):
         c.push("a/w", first, ones).result(timeout=60)  # keys it holds: updated at any quota
         np.testing.assert_array_equal(c.pull("a/w", first).result(timeout=60), -2 * ones)
         c.push("b/w", more, np.ones((more.size, 2), np.float32)).result(timeout=60)  # no quota there
-        ns = c.namespaces()
+        ns = c.admin.namespaces()
         assert ns["a"]["tables"] == ["a/w"] and ns["a"]["keys"] == first.size and ns["a"]["max_keys"] == 1000
         assert ns["b"]["keys"] == more.size and ns["b"]["max_keys"] is None and ns["a"]["bytes"] > 0
         _status(c)
         shown = capsys.readouterr().out
         assert "namespace a: 1 table(s), 300 keys" in shown and "max_keys 1,000" in shown
 
-        c.create_namespace("a", max_bytes=10**9)  # changed: bytes only now, so the keys go in
+        c.admin.create_namespace("a", max_bytes=10**9)  # changed: bytes only now, so the keys go in
         c.push("a/w", more[:2000], np.ones((2000, 2), np.float32)).result(timeout=60)
-        assert c.drop_namespace("a") == ["a/w"]
+        assert c.admin.drop_namespace("a") == ["a/w"]
         assert set(c.tables()) == {"b/w"}
         np.testing.assert_array_equal(c.pull("b/w", more[:10]).result(timeout=60), -np.ones((10, 2)))
         with pytest.raises(ConfigError, match="namespace name"):
-            c.create_namespace("no/slash")
+            c.admin.create_namespace("no/slash")
         with pytest.raises(ConfigError, match="max_keys must be a whole number"):
-            c.create_namespace("x", max_keys=0)
+            c.admin.create_namespace("x", max_keys=0)

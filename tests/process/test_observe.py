@@ -58,13 +58,13 @@ def test_the_clusters_metrics_count_exactly_what_clients_sent():
         assert get(after, "paramserver_pull_requests_total", table="emb") == 6
         assert get(after, "paramserver_request_seconds_count", op="push") == 8
         assert get(after, "paramserver_request_bytes_total", table="emb", op="push") > pushed * 4 * 4
-        stats = client.server_stats()
+        stats = client.stats.server_stats()
         for s in stats:  # gauges per server, as the servers report them
             assert get(after, "paramserver_table_keys", table="emb", server=str(s["node_id"])) == \
                 s["tables"]["emb"]["keys"]
         assert sum(s["tables"]["emb"]["keys"] for s in stats) == pushed
         assert get(after, "paramserver_servers") == 2 and get(after, "paramserver_workers") == 1
-        info = client.cluster_info()
+        info = client.admin.cluster_info()
         assert info["http"] == cluster.http_url
         state = json.loads(urllib.request.urlopen(cluster.http_url + "api/state", timeout=30).read())
         assert state["state"] == "running" and sum(s["keys"] for s in state["servers"]) == pushed + 10
@@ -78,9 +78,9 @@ def test_every_node_serves_its_own_metrics_with_metrics_port(monkeypatch):
         client = cluster.client
         client.create_table("t", dim=1)
         assert cluster.run(_push_and_report, timeout_s=60) == [3]
-        urls = client.cluster_info()["metrics"]
-        servers = [str(s) for s in client.cluster_info()["ring_servers"]]
-        workers = list(client.cluster_info()["workers"])
+        urls = client.admin.cluster_info()["metrics"]
+        servers = [str(s) for s in client.admin.cluster_info()["ring_servers"]]
+        workers = list(client.admin.cluster_info()["workers"])
         assert set(servers) <= set(urls) and len(workers) == 1
         worker = scrape(urls[workers[0]])
         assert get(worker, "paramserver_client_calls_total", op="push") == 1
@@ -108,7 +108,7 @@ def test_the_dashboard_in_chromium_shows_what_the_cluster_reports(tmp_path):
     shot = tmp_path / "dashboard.png"
     with LocalCluster(servers=2, workers=2, http_port=0, log_level="WARNING") as cluster, sync_playwright() as pw:
         client = cluster.client
-        client.create_table_spec(cfg.table_spec())
+        client.admin.create_table_spec(cfg.table_spec())
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
             "--disable-component-update", "--disable-sync"])
@@ -147,13 +147,13 @@ def test_the_dashboard_in_chromium_shows_what_the_cluster_reports(tmp_path):
                 "want => [...document.querySelectorAll('tr.worker')].map(r => r.dataset.id + ':' + "
                 "Math.round(r.dataset.examples)).sort().join(',') === want",
                 arg=",".join(sorted(f"{k}:{v}" for k, v in per_worker.items())), timeout=30_000)
-            stats = {str(s["node_id"]): s for s in client.server_stats()}
+            stats = {str(s["node_id"]): s for s in client.stats.server_stats()}
             page.wait_for_function(  # keys settle once the last pushes are in
                 "want => [...document.querySelectorAll('tr.server')].map(r => r.dataset.id + ':' + r.dataset.keys)"
                 ".sort().join(',') === want",
                 arg=",".join(sorted(f"{k}:{sum(t['keys'] for t in s['tables'].values())}" for k, s in stats.items())),
                 timeout=30_000)
-            ring = client.ring
+            ring = client.admin.ring
             shown = {e.get_attribute("data-server"): int(e.get_attribute("data-vnodes"))
                      for e in page.query_selector_all(".ring-server")}
             assert shown == {str(s): int((ring.owners == s).sum()) for s in ring.servers}
@@ -191,7 +191,7 @@ def test_top_shows_the_servers_of_a_running_cluster_and_refuses_a_dead_address()
         proc = subprocess.run([sys.executable, "-m", "paramserver", "top", "--scheduler", cluster.address, "--once"],
                               capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "160"})
         assert proc.returncode == 0, proc.stderr
-        stats = client.server_stats()
+        stats = client.stats.server_stats()
         for s in stats:  # each server's row: its id, its address and its keys
             row = next(line for line in proc.stdout.splitlines() if f" {s['node_id']} " in line and "tcp://" in line)
             assert str(s["tables"]["t"]["keys"]) in row

@@ -117,7 +117,7 @@ def test_a_dead_stage_restarts_from_its_namespace_and_the_batch_in_flight_counts
             got = [pipe.step(x, y) for x, y in data]
             params = [p for stage in pipe.parameters() for p in stage]
             assert pipe.restarts == [1] and pipe.committed == 4
-        tables = cluster.client.namespaces()["pipe"]["tables"]
+        tables = cluster.client.admin.namespaces()["pipe"]["tables"]
     assert (tmp_path / "died").exists()  # it did die
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)  # one loss a mini-batch: the replay counted once
     want_params = [p.detach().numpy() for p in model.parameters()]

@@ -68,7 +68,7 @@ def test_a_killed_server_actor_loses_no_acknowledged_push_and_its_restart_joins_
     with RayCluster(servers=3, workers=WORKERS, **FAST) as cluster:
         client = cluster.client
         client.create_table("counter", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
-        before = {int(s) for s in client.cluster_info()["ring_servers"]}
+        before = {int(s) for s in client.admin.cluster_info()["ring_servers"]}
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(cluster.run, count, CLOCKS, gate, timeout_s=150)
             wait_for(lambda: running.done() or
@@ -81,11 +81,11 @@ def test_a_killed_server_actor_loses_no_acknowledged_push_and_its_restart_joins_
         values = client.pull("counter", KEYS).result(timeout=60)
         np.testing.assert_array_equal(values, np.full((N_KEYS, 1), WORKERS * CLOCKS, np.float32))
         # Ray restarted the actor: a new server (a new node id) joined the ring elastically
-        after = wait_for(lambda: (r := {int(s) for s in client.cluster_info()["ring_servers"]}) and len(r) == 3
+        after = wait_for(lambda: (r := {int(s) for s in client.admin.cluster_info()["ring_servers"]}) and len(r) == 3
                          and r != before and r, what="the restarted server to join the ring")
         assert len(after & before) == 2
-        client.wait_for_servers(3, timeout_s=60)
-        stats = client.server_stats()
+        client.admin.wait_for_servers(3, timeout_s=60)
+        stats = client.stats.server_stats()
         assert sum(s["tables"]["counter"]["primary_keys"] for s in stats) == N_KEYS
         np.testing.assert_array_equal(client.pull("counter", KEYS).result(timeout=60), values)
 
@@ -134,7 +134,7 @@ def test_the_scheduler_actor_dying_ends_the_run_with_an_error_not_a_hang():
     gate = os.path.join(tempfile.mkdtemp(prefix="paramserver-gate-"), "go")
     with RayCluster(servers=1, workers=1, **FAST) as cluster, ThreadPoolExecutor(1) as pool:
         running = pool.submit(cluster.run, wait_on_gate, gate, timeout_s=120)
-        wait_for(lambda: cluster.client.cluster_info()["workers"], what="the worker")
+        wait_for(lambda: cluster.client.admin.cluster_info()["workers"], what="the worker")
         cluster.kill("scheduler")
         with pytest.raises(NodeLostError, match="scheduler's actor died"):
             running.result(timeout=60)
@@ -148,10 +148,10 @@ def test_scale_joins_and_drains_servers_and_workers_live():
         keys = np.arange(500, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
         client.push("w", keys, -np.ones((500, 1), np.float32)).result(timeout=60)
         cluster.scale(servers=2, workers=2)
-        assert len(client.cluster_info()["ring_servers"]) == 2
+        assert len(client.admin.cluster_info()["ring_servers"]) == 2
         assert sorted(cluster.run(lambda c: c.rank, timeout_s=60)) == [0, 1]
         cluster.scale(servers=1, workers=1)
-        assert len(client.cluster_info()["ring_servers"]) == 1
+        assert len(client.admin.cluster_info()["ring_servers"]) == 1
         assert cluster.run(lambda c: c.rank, timeout_s=60) == [0]
         np.testing.assert_array_equal(client.pull("w", keys).result(timeout=60), np.ones((500, 1), np.float32))
 

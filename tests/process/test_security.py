@@ -57,7 +57,7 @@ def _cluster_unchanged(cluster: LocalCluster, servers: set) -> None:
     client = cluster.client
     assert "t" in client.tables()
     np.testing.assert_array_equal(client.pull("t", KEYS).result(timeout=30), np.full((KEYS.size, 1), 2.0, np.float32))
-    assert set(client.cluster_info()["ring_servers"]) == servers
+    assert set(client.admin.cluster_info()["ring_servers"]) == servers
 
 
 @pytest.fixture()
@@ -78,8 +78,8 @@ def test_peers_without_the_clusters_keys_change_nothing_and_are_logged(tmp_path,
         client = cluster.client
         client.create_table("t", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
         client.push("t", KEYS, np.full((KEYS.size, 1), -2.0, np.float32)).result(timeout=30)  # every value 2
-        servers = set(client.cluster_info()["ring_servers"])
-        addresses = [cluster.address, *client.cluster_info()["servers"].values()]
+        servers = set(client.admin.cluster_info()["ring_servers"])
+        addresses = [cluster.address, *client.admin.cluster_info()["servers"].values()]
         # a client without the keys, or with another cluster's: refused within its connect timeout
         # (one without keys is told the cluster may need them: something listens, nothing answers; one
         # with another cluster's, that the scheduler did not accept its key, issue 43.20)
@@ -139,7 +139,7 @@ def test_a_worker_key_runs_workers_but_cannot_register_a_server(tmp_path, keyfil
             assert answer.op is Op.ERROR and "a worker key cannot register as a server" in answer.header["error"]
         finally:
             ctx.destroy(linger=0)
-        assert len(cluster.client.cluster_info()["ring_servers"]) == 1
+        assert len(cluster.client.admin.cluster_info()["ring_servers"]) == 1
     # a worker's file cannot start a server either
     with pytest.raises(ConfigError, match="only the cluster's file"):
         LocalCluster(servers=1, secret_file=worker_key)
@@ -171,7 +171,7 @@ def test_every_privileged_call_is_refused_to_every_lesser_key(tmp_path, keyfile)
         cluster.client.create_table("t", dim=1)
         cluster.client.push("t", KEYS, -np.ones((KEYS.size, 1), np.float32)).result(timeout=30)
         before = cluster.client.pull("t", KEYS).result(timeout=30)
-        server = cluster.client._servers[cluster.client.ring.servers[0]]
+        server = cluster.client._servers[cluster.client.admin.ring.servers[0]]
         ctx = zmq.Context()
         try:
             for role, allowed in (("worker", WORKER_OPS), ("driver", DRIVER_OPS)):
@@ -194,7 +194,7 @@ def test_every_privileged_call_is_refused_to_every_lesser_key(tmp_path, keyfile)
         finally:
             ctx.destroy(linger=0)
         # nothing changed: the server, the table and its values are there
-        assert len(cluster.client.cluster_info()["ring_servers"]) == 1
+        assert len(cluster.client.admin.cluster_info()["ring_servers"]) == 1
         assert "t" in cluster.client.tables()
         np.testing.assert_array_equal(cluster.client.pull("t", KEYS).result(timeout=30), before)
 
@@ -263,7 +263,7 @@ def test_with_a_secret_the_http_endpoints_ask_for_the_token(keyfile, monkeypatch
         token = cluster.http_token
         assert token == json.load(open(keyfile))["http_token"]
         urls = [cluster.http_url + "metrics", cluster.http_url + "api/state",
-                *client.cluster_info()["metrics"].values()]
+                *client.admin.cluster_info()["metrics"].values()]
         assert len(urls) == 4  # the dashboard's two, the scheduler's and the server's own
         for url in urls:
             with pytest.raises(urllib.error.HTTPError, match="401"):
@@ -286,7 +286,7 @@ def test_a_member_acts_only_as_the_node_it_registered_as(tmp_path, keyfile):
         client = cluster.client
         client.create_table("t", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
         client.push("t", KEYS, np.full((KEYS.size, 1), -2.0, np.float32)).result(timeout=30)  # replicated, proven
-        info = client.cluster_info()
+        info = client.admin.cluster_info()
         servers = set(info["ring_servers"])
         victim = int(next(iter(info["workers"])))
         keys = load_keys(worker_key)
@@ -306,7 +306,7 @@ def test_a_member_acts_only_as_the_node_it_registered_as(tmp_path, keyfile):
                 return answer.header["error"]
 
             server = info["servers"][str(min(servers))]
-            ring = client.ring
+            ring = client.admin.ring
             vnode = int(np.flatnonzero(ring.owners == min(servers))[0])
             push = {"op": Op.PUSH.value, "id": 1, "table": "t", "sender": victim, "seq": 5001, "acked": 5000,
                     "ring_version": ring.version, "sender_token": "0" * 32}

@@ -227,7 +227,7 @@ def test_a_table_larger_than_any_process_trains_with_every_process_capped():
     cap = 1536  # MiB of data a process may hold; the table's values alone are 4096
     with LocalCluster(servers=2, workers=1, log_level="WARNING", memory_limit_mb=cap) as cluster:
         (result,) = cluster.run(_trains_a_2_26_row_table, 40, 256)
-        servers = cluster.client.server_stats()
+        servers = cluster.client.stats.server_stats()
     assert result["capped"]  # the worker could not have held the table whole
     assert result["peak_rss_mb"] < 4096 and np.isfinite(result["losses"]).all()
     held = [s["tables"]["big/emb"]["primary_keys"] for s in servers]
