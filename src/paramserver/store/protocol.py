@@ -13,14 +13,48 @@ copied or checkpointed, and rows loaded into it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from paramserver.lifecycle.policies import AdmissionPolicy
 from paramserver.tables.spec import TableSpec
 
-if TYPE_CHECKING:
-    from paramserver.store.life import TableLife
+#: a push's arrays: keys, grads, vnodes, counts
+Push = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+class Life(Protocol):
+    """What a server asks of a table's key lifecycle (``store/life.TableLife``): the part
+    of a push it admits, the keys it stamps, evicts and sweeps, its deltas and figures."""
+
+    epoch: int  # changes now are stamped with it; an export starts the next
+    origin: int  # names this run of the epochs
+    policy: AdmissionPolicy | None
+
+    def values(self, grads: np.ndarray) -> np.ndarray: ...
+
+    def admit(self, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray, counts: np.ndarray) -> Push: ...
+
+    def touched(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, time: float | None) -> None: ...
+
+    def loaded(self, vnode: int, keys: np.ndarray) -> None: ...
+
+    def due(self, primary: np.ndarray) -> bool: ...
+
+    def sweep(self, primary: np.ndarray) -> list[tuple[int, np.ndarray]]: ...
+
+    def evict(self, vnode: int, keys: np.ndarray) -> int: ...
+
+    def delta(self, primary: np.ndarray, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]: ...
+
+    def changes(self, primary: np.ndarray, since: int) -> tuple[list[tuple[int, np.ndarray, np.ndarray]],
+                                                                   np.ndarray, bool]: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def figures(self) -> dict[str, float]: ...
 
 
 class Vnode(Protocol):
@@ -79,7 +113,7 @@ class VnodeStore(Protocol):
         ...
 
     @property
-    def life(self) -> TableLife | None:
+    def life(self) -> Life | None:
         """The table's key lifecycle on this server, if it has one."""
         ...
 
