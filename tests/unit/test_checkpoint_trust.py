@@ -273,9 +273,9 @@ def test_a_job_checkpoint_url_is_made_absolute_before_the_scheduler_sees_it(tmp_
 
     monkeypatch.chdir(tmp_path)
     sent: list = []
-    client = SimpleNamespace(_call=lambda address, header: sent.append(header),
-                             config=SimpleNamespace(scheduler="s"))
-    job = Job(client)
+    caller = SimpleNamespace(rpc=SimpleNamespace(call=lambda address, header: sent.append(header)),
+                             config=SimpleNamespace(scheduler="s"), role="driver")
+    job = Job(caller, SimpleNamespace())
     job.start([], 1, checkpoint={"url": "ckpt", "every": 2})
     assert sent[-1]["checkpoint"] == {"url": f"{tmp_path}/ckpt", "every": 2}
     with pytest.raises(CheckpointError, match="is empty"):

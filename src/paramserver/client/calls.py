@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -18,27 +17,15 @@ from paramserver.tables import functions
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
-    from paramserver.client.losses import Losses
-    from paramserver.client.state import ClientState
-    from paramserver.config import Config
+    from paramserver.client.caller import Caller
     from paramserver.tables.spec import TableSpec
 
 
 class FunctionCalls:
-    """``Client.call``, which ``Client`` inherits (it provides the state and the scatter)."""
+    """``Client.call``, on the client's ``caller``."""
 
-    if TYPE_CHECKING:
-        config: Config
-        _state: ClientState
-        _losses: Losses
-
-        def _spec(self, table: str) -> TableSpec: ...
-
-        def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
-                     on_piece: Callable[[Piece, Message], None], result: Any = None,
-                     reply_row_bytes: int = 0, seq: int | None = None,
-                     on_settled: Callable[[], None] | None = None, distinct: bool = False,
-                     extra_header: dict[str, Any] | None = None) -> Future[Any]: ...
+    def __init__(self, caller: Caller) -> None:
+        self.caller = caller
 
     def call(self, table: str, function: str, keys: Any = None, args: dict[str, Any] | None = None) -> Future[Any]:
         """Run the server-side function ``"module:function"`` on every server, over the
@@ -50,12 +37,13 @@ class FunctionCalls:
         With keys, a scatter like a pull's (retried on a stale ring); without, one request
         to every server of the ring, tried again whole if the ring moved under it (the
         answers name the ring they were computed on)."""
-        self._losses.check()
-        spec = self._spec(table)
+        c = self.caller
+        c.losses.check()
+        spec = c.spec(table)
         args = {str(k): (v.tolist() if isinstance(v, (np.ndarray, np.generic)) else v) for k, v in (args or {}).items()}
         header = {"function": str(function), "args": args}
         out: Future[Any] = Future()
-        deadline = time.monotonic() + self.config.retry_timeout_s
+        deadline = time.monotonic() + c.config.retry_timeout_s
 
         def attempt() -> None:
             parts: list[tuple[Message, list[np.ndarray]]] = []
@@ -71,7 +59,7 @@ class FunctionCalls:
                     servers = next(iter(seen))[1] if len(seen) == 1 else ()
                     if len(seen) != 1 or len(parts) != len(servers):
                         if time.monotonic() < deadline:  # once the new ring is likely in
-                            self._state.refresh_view()
+                            c.state.refresh_view()
                             threading.Timer(0.1, attempt).start()
                         else:
                             out.set_exception(NodeLostError(f"call {function!r} on {table!r}: the ring kept "
@@ -98,10 +86,10 @@ class FunctionCalls:
         if keys is not None:
             k = as_keys(keys)
             spec.check_keys(k)
-            return self._scatter(Op.CALL, spec.name, k, None, on_piece, extra_header=header)
-        ring = self._state.ring()
+            return self.caller.scatter(Op.CALL, spec.name, k, None, on_piece, extra_header=header)
+        ring = self.caller.state.ring()
         empty = np.zeros(0, np.uint64)
         pieces = [Piece(s, ring.version, empty, empty.astype(np.int64), np.zeros(0, np.int32),
                         np.zeros(0, np.int64)) for s in ring.servers]
-        return Scatter(self._state, Op.CALL, {"op": Op.CALL.value, "table": spec.name, "all": True, **header},
+        return Scatter(self.caller.state, Op.CALL, {"op": Op.CALL.value, "table": spec.name, "all": True, **header},
                        spec.layout, on_piece, None).start(pieces)

@@ -11,28 +11,27 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from paramserver.client.admin import Admin
+from paramserver.client.caller import Caller
 from paramserver.client.calls import FunctionCalls
-from paramserver.client.core import Piece, Wire, as_keys, call_header, rows_into
-from paramserver.client.filter_calls import FilterCalls
+from paramserver.client.core import Piece, as_keys, rows_into
+from paramserver.client.filter_calls import Flushes
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
-from paramserver.client.life_calls import LifeCalls, with_stats
+from paramserver.client.life_calls import Delta, LifeCalls, with_stats
 from paramserver.client.losses import Losses
 from paramserver.client.moved import MOVED, moved
 from paramserver.client.rpc import Rpc
-from paramserver.client.scatter import Scatter
 from paramserver.client.state import ClientState
 from paramserver.client.stats import Stats
-from paramserver.client.sync_calls import SyncCalls
+from paramserver.client.sync_calls import Clocks
 from paramserver.config import Config, load_config
-from paramserver.errors import ConfigError, ConnectError, ParamServerError, UnknownTableError
+from paramserver.errors import ConfigError, ConnectError, ParamServerError
 from paramserver.routing.blocks import BlockMap
 from paramserver.routing.partition import combine_duplicates
 from paramserver.routing.ring import Ring
@@ -44,7 +43,7 @@ from paramserver.wire.sockets import refused_for
 logger = logging.getLogger(__name__)
 
 
-class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
+class Client:
     """A node's handle on the cluster.
 
     Args:
@@ -84,7 +83,11 @@ class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         self._rpc = Rpc(self.config, self._io, self._state, role)
         self.admin = Admin(self._rpc, self._state)  # the cluster's administration
         self.stats = Stats(self._rpc, self._io, self._state, self._losses)  # what was measured
-        self._clock = 0
+        self._caller = Caller(self.config, role, self._io, self._state, self._rpc, self._losses)
+        self._flushes = Flushes(self._caller)
+        self._clocks = Clocks(self._caller, self._flushes.due)
+        self._functions = FunctionCalls(self._caller)
+        self._life = LifeCalls(self._caller)
         try:
             view = self._call(self.config.scheduler, {"op": Op.REGISTER.value, "role": role, "metrics": metrics_url},
                               timeout_s=self.config.connect_timeout_s, connecting=True)
@@ -92,18 +95,18 @@ class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
             self._io.close()
             raise
         self.node_id: int = view["node_id"]
+        self._caller.node_id, self._caller.token = self.node_id, str(view.get("node_token") or "")
         self._state.scheduler_process = str(view.get("scheduler_process") or "")  # a dead one from a stalled one
-        self._token: dict[str, str] = {"token": view["node_token"]} if view.get("node_token") else {}
         self.rank: int = view.get("rank", -1)
         self.num_workers: int = view.get("num_workers", 0)
         # set by LocalCluster's worker loop while it runs a function this worker joined midway
         # (started after the others): a program dealt in parts at its start has none for it
         self.joined_midway = False
         self._apply_view(view)
-        self.job = Job(self)  # the job's shard queue: start, next_shard, shard_done, status
+        self.job = Job(self._caller, self._clocks)  # the job's shard queue: start, next_shard, shard_done, status
         self._io.start_heartbeats()
         if role == "worker":  # a worker that joins starts at the current minimum clock
-            self._resync_clock()
+            self._clocks.resync()
 
     # ---- plumbing ----------------------------------------------------------------------
     def _apply_view(self, view: dict[str, Any]) -> None:
@@ -136,50 +139,12 @@ class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         return self._rpc.call(address, header, timeout_s, connecting)
 
     def _spec(self, table: str) -> TableSpec:
-        spec = self._tables.get(table)
-        if spec is None:  # created by another node since we last looked
-            tables = self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"]
-            with self._lock:
-                self._state.tables = {n: TableSpec.from_wire(w) for n, w in tables.items()}
-            spec = self._tables.get(table)
-        if spec is None:
-            raise UnknownTableError(f"unknown table {table!r} (tables: {sorted(self._tables)}); "
-                                    "create it with create_table()")
-        return spec
+        return self._caller.spec(table)
 
     def _pieces(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
                 distinct: bool = False, ordered: bool = False) -> list[Piece]:
-        """Route ``keys`` with the current ring into one piece per server.  ``extra`` rides
-        along: a pull's output row of each key (None: the identity), a push's gradients;
-        ``layout`` is the table's (``TableSpec.layout``); ``distinct``: a push's keys need no
-        merging; ``ordered``: each vnode's keys in dense-position order (a key codec's)."""
+        """Route ``keys`` with the current ring into one piece per server (``core.route``)."""
         return self._state.routed(kind, keys, extra, layout, distinct, ordered)
-
-    def _scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
-                 on_piece: Callable[[Piece, Message], None], result: Any = None,
-                 reply_row_bytes: int = 0, seq: int | None = None,
-                 on_settled: Callable[[], None] | None = None, distinct: bool = False,
-                 extra_header: dict[str, Any] | None = None, wire: Wire | None = None,
-                 prepare: Callable[[list[Piece]], list[Piece]] | None = None) -> Future[Any]:
-        """Send a pull or push as one request per server; the future resolves to
-        ``result`` once every piece is answered (see ``scatter.Scatter``).  ``wire``: the
-        table's filters this way; ``prepare``: what the pieces become before they go."""
-        self._losses.check()
-        layout = self._spec(table).layout
-        pieces = self._pieces(kind, keys, extra, layout, distinct, wire is not None and wire.chain.ordered)
-        if prepare is not None:
-            pieces = prepare(pieces)
-        limit = self.config.max_message_bytes - (1 << 20)  # room for the header
-        for piece in pieces:  # check every piece before sending any: never half a push
-            nbytes = max(piece.keys.nbytes + (piece.extra.nbytes if kind is Op.PUSH else 0),
-                         piece.keys.shape[0] * reply_row_bytes)
-            if nbytes > limit:
-                raise ConfigError(f"{nbytes} bytes for server {piece.server} exceed "
-                                  f"max_message_bytes={self.config.max_message_bytes}; split the batch")
-        worker_clock = self._clock if self.role == "worker" else None
-        header = call_header(kind, table, node_id=self.node_id, worker_clock=worker_clock, seq=seq,
-                             token=self._token.get("token", ""), extra=extra_header)
-        return Scatter(self._state, kind, header, layout, on_piece, result, on_settled, wire).start(pieces)
 
     # ---- public API --------------------------------------------------------------------
     def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
@@ -228,7 +193,7 @@ class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         out = np.empty((keys.shape[0], spec.dim), np.float32)
         filters = self._state.filters
         replies = filters.reply_chain(spec)
-        return self._scatter(Op.PULL, table, keys, None, rows_into(out, spec.dim, replies), result=out,
+        return self._caller.scatter(Op.PULL, table, keys, None, rows_into(out, spec.dim, replies), result=out,
                              reply_row_bytes=4 * spec.dim,
                              wire=filters.wire(spec, "pull"),
                              extra_header={"reply_filters": True} if replies is not None else None)
@@ -271,25 +236,7 @@ class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         if op in ("assign", "max", "min") and not distinct:
             keys, grads = combine_duplicates(keys, grads, op)
             distinct = True
-        return self._push(spec, keys, grads, op, distinct)
-
-    def _push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, op: str, distinct: bool,
-              flushing: bool = False) -> Future[Any]:
-        """A push once checked: through the table's filters (what a worker owes added, less
-        what sigmod holds back, unless ``flushing``; the rounding owed), numbered, scattered."""
-        filters = self._state.filters
-        keys, grads, distinct, prepare = filters.push_steps(spec, keys, grads, op, distinct, flushing)
-        with self._lock:
-            seq = self._state.sequencer.take()
-        try:  # the seq is settled once no request of it is left anywhere, not when the
-            # future fails: a server may still apply and forward a piece in flight
-            return self._scatter(Op.PUSH, spec.name, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
-                                 seq=seq, on_settled=lambda: self._settled(seq), distinct=distinct,
-                                 extra_header=self._push_header(spec, op),
-                                 wire=filters.wire(spec, "push", op), prepare=prepare)
-        except BaseException:
-            self._settled(seq)
-            raise
+        return self._caller.push(spec, keys, grads, op, distinct)
 
     def blocks(self, table: str) -> BlockMap:
         """Where the parameter blocks of range-partitioned ``table`` are, as of the ring
@@ -309,10 +256,6 @@ class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         """Push ``float32[B, dim]`` onto block ``block``'s rows with ``op`` (see ``push``):
         one request, applied exactly once, acknowledged once every replica has it."""
         return self.push(table, self.blocks(table).keys(block), values, distinct=True, op=op)
-
-    def _settled(self, seq: int) -> None:
-        with self._lock:
-            self._state.sequencer.settled(seq)
 
     def export_table(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         """Every stored key of ``table`` and its value row (optimiser state left out)."""
@@ -374,6 +317,46 @@ class Client(SyncCalls, FunctionCalls, FilterCalls, LifeCalls):
         from paramserver.checkpoint.store import local_url, restore_tables
 
         return restore_tables(self, local_url(url), allow_unverified)
+
+    # ---- clocks, server functions, filters, lifecycle: the groups' calls, on the client ----
+    def clock(self) -> int:
+        """Finish this worker's clock (``Clocks.clock``): every server hears it, on the next
+        pull or push to it or on its own; returns the clocks finished."""
+        return self._clocks.clock()
+
+    @property
+    def current_clock(self) -> int:
+        """Clocks this worker has finished (its pulls are gated on it)."""
+        return self._clocks.current
+
+    def send_ticks(self, wait: bool = False) -> None:
+        """Send the finished clock no request carried yet (``Clocks.send_ticks``)."""
+        self._clocks.send_ticks(wait)
+
+    def barrier(self, timeout_s: float | None = None) -> list[int]:
+        """Block until every live worker has called ``barrier`` (``Clocks.barrier``)."""
+        return self._clocks.barrier(timeout_s)
+
+    def arrive(self, generation: int) -> Future[Any]:
+        """Arrive at the numbered barrier ``generation`` without waiting (``Clocks.arrive``)."""
+        return self._clocks.arrive(generation)
+
+    def call(self, table: str, function: str, keys: Any = None, args: dict[str, Any] | None = None) -> Future[Any]:
+        """Run a server-side function on every server and merge the results
+        (``FunctionCalls.call``, ``paramserver.tables.functions``)."""
+        return self._functions.call(table, function, keys, args)
+
+    def flush(self, table: str | None = None, timeout_s: float | None = None, rounding: bool = False) -> int:
+        """Push what this client's filters still owe (``Flushes.flush``); the keys pushed."""
+        return self._flushes.flush(table, timeout_s, rounding)
+
+    def set_time(self, time: float | None) -> None:
+        """The time this client's pushes carry from now on (``LifeCalls.set_time``)."""
+        self._life.set_time(time)
+
+    def export_delta(self, table: str, since: str | None = None, timeout_s: float | None = None) -> Delta:
+        """The keys of ``table`` changed since the token ``since`` (``LifeCalls.export_delta``)."""
+        return self._life.export_delta(table, since, timeout_s)
 
     def close(self) -> None:
         """Leave the cluster and stop the I/O thread (idempotent)."""

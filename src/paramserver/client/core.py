@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from paramserver.filters.chain import Chain, pack, unpack
 from paramserver.routing.partition import route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Message, Op
+
+if TYPE_CHECKING:
+    from paramserver.tables.spec import TableSpec
 
 MAX_BACKOFF_S = 0.5  # a piece refused with no newer ring to route by waits at most this long
 
@@ -157,6 +160,15 @@ def call_header(kind: Op, table: str, *, node_id: int, worker_clock: int | None 
             header["sender_token"] = token
     header.update(extra or {})
     return header
+
+
+def push_header(spec: TableSpec, op: str, time: float | None) -> dict[str, Any] | None:
+    """What a push's header says beyond the call's: its op (unless ``update``), and the
+    time for a table with a lifecycle."""
+    header: dict[str, Any] = {"push_op": op} if op != "update" else {}
+    if time is not None and spec.lifecycle:
+        header["time"] = time
+    return header or None
 
 
 def tick_fields(node_id: int, clock: int, token: str = "") -> dict[str, Any]:

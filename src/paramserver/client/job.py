@@ -14,36 +14,20 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from paramserver.wire.message import Op
 
 if TYPE_CHECKING:
-    from paramserver.client.io_thread import IOThread
-    from paramserver.config import Config
-
-
-class JobHost(Protocol):
-    """What a ``Job`` uses of the ``Client`` that holds it (named here, not imported: the
-    client builds its job, so the job must not import the client back)."""
-
-    config: Config
-    role: str
-    _io: IOThread
-
-    def _call(self, address: str, header: dict[str, Any], timeout_s: float | None = None,
-              connecting: bool = False) -> dict[str, Any]: ...
-
-    def _resync_clock(self) -> None: ...
-
-    def send_ticks(self, wait: bool = False) -> None: ...
+    from paramserver.client.caller import Caller
+    from paramserver.client.sync_calls import Clocks
 
 
 class Job:
     """The job API of one ``Client``: every call goes to the scheduler."""
 
-    def __init__(self, client: JobHost) -> None:
-        self._client = client
+    def __init__(self, caller: Caller, clocks: Clocks) -> None:
+        self._caller, self._clocks = caller, clocks
         self.reported: dict[str, float] = {}  # what this client's report_progress added up to
 
     def start(self, shards: list[Any], epochs: int = 1, *, checkpoint: dict[str, Any] | None = None,
@@ -70,12 +54,12 @@ class Job:
                 if isinstance(checkpoint, dict) else checkpoint
         if resume is not None:
             header["resume"] = resume
-        self._client._call(self._scheduler, header)
+        self._caller.rpc.call(self._scheduler, header)
 
     def add(self, shards: list[Any], position: Any, close: bool = False) -> None:
         """A stream job's new shards (in the source's order), the source's position after
         them (what a checkpoint records), and ``close`` once no more will come."""
-        self._client._call(self._scheduler, {"op": Op.JOB_ADD.value, "shards": [s.to_wire() for s in shards],
+        self._caller.rpc.call(self._scheduler, {"op": Op.JOB_ADD.value, "shards": [s.to_wire() for s in shards],
                                              "position": position, "close": close})
 
     def next_shard(self, timeout_s: float | None = None) -> dict[str, Any] | None:
@@ -84,19 +68,19 @@ class Job:
         Blocks while every remaining shard of the epoch is held by other workers.  A worker
         that waited rejoins the vector clocks at the live servers' minimum.
         """
-        answer: dict[str, Any] = self._client._call(self._scheduler, {"op": Op.NEXT_SHARD.value},
+        answer: dict[str, Any] = self._caller.rpc.call(self._scheduler, {"op": Op.NEXT_SHARD.value},
                                                     timeout_s=timeout_s)
         if answer.get("done"):
             return None
-        if self._client.role == "worker":  # idle workers left the vector clocks: rejoin at the minimum
-            self._client._resync_clock()
+        if self._caller.role == "worker":  # idle workers left the vector clocks: rejoin at the minimum
+            self._clocks.resync()
         return answer
 
     def shard_done(self, task: dict[str, Any], **stats: float) -> None:
         """Report a shard finished, with counters (``examples``, ``loss_sum``, ...): its
         last clock taken by the servers first (a checkpoint or the job's end may follow)."""
-        self._client.send_ticks(wait=True)
-        self._client._call(self._scheduler, {"op": Op.SHARD_DONE.value, "shard_id": task["shard_id"],
+        self._clocks.send_ticks(wait=True)
+        self._caller.rpc.call(self._scheduler, {"op": Op.SHARD_DONE.value, "shard_id": task["shard_id"],
                                              "epoch": task["epoch"], "stats": stats})
 
     def report_progress(self, scores: dict[str, Any] | None = None, **stats: float) -> None:
@@ -107,14 +91,14 @@ class Job:
         header: dict[str, Any] = {"op": Op.PROGRESS.value, "stats": stats}
         if scores is not None:
             header["scores"] = scores
-        self._client._io.submit(self._scheduler, header)
+        self._caller.io.submit(self._scheduler, header)
 
     def status(self) -> dict[str, Any]:
         """Epoch, shards done and running, totals, live counters, checkpoints, losses and
         failovers (``docs/protocol.md``, ``job_status``)."""
-        job: dict[str, Any] = self._client._call(self._scheduler, {"op": Op.JOB_STATUS.value})["job"]
+        job: dict[str, Any] = self._caller.rpc.call(self._scheduler, {"op": Op.JOB_STATUS.value})["job"]
         return job
 
     @property
     def _scheduler(self) -> str:
-        return str(self._client.config.scheduler)
+        return str(self._caller.config.scheduler)

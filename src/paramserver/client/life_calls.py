@@ -1,6 +1,6 @@
 """The client's calls on its tables' key lifecycle (``paramserver.lifecycle``): the time
-its pushes carry (``set_time``), and delta exports (``export_delta``).  ``Client``
-inherits them.
+its pushes carry (``set_time``), and delta exports (``export_delta``), on the client's
+``Caller`` (``LifeCalls``); ``Client`` calls them.
 
 A delta token is text, ``"<ring version>:<server>=<epoch>@<origin>,..."``: the epoch each
 server starts its next delta from, and which run of the table's epochs it counts in.  The
@@ -14,7 +14,6 @@ delta from it would leave out changes.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +23,7 @@ from paramserver.errors import ConfigError
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
-    from paramserver.client.losses import Losses
-    from paramserver.routing.ring import Ring
+    from paramserver.client.caller import Caller
     from paramserver.tables.spec import TableSpec
 
 
@@ -63,15 +61,6 @@ def parse_token(token: str) -> tuple[int, dict[int, int], dict[int, int]]:
                           "'3:1=5@81,2=5@93')") from None
 
 
-def push_header(spec: TableSpec, op: str, time: float | None) -> dict[str, Any] | None:
-    """What a push's header says beyond the call's: its op (unless ``update``), and the
-    time for a table with a lifecycle."""
-    header: dict[str, Any] = {"push_op": op} if op != "update" else {}
-    if time is not None and spec.lifecycle:
-        header["time"] = time
-    return header or None
-
-
 def with_stats(spec: TableSpec, grads: np.ndarray, stats: Any) -> np.ndarray:
     """A push's rows as its table takes them: where its admission counts shows and clicks
     (``Lifecycle.stats``), those after the values (``stats``, ``[n, 2]``; None: one show
@@ -92,22 +81,11 @@ def with_stats(spec: TableSpec, grads: np.ndarray, stats: Any) -> np.ndarray:
 
 
 class LifeCalls:
-    """Lifecycle calls of a ``Client`` (it provides the requests underneath)."""
+    """Lifecycle calls of a client, on its ``caller``: the time its pushes carry
+    (``Caller.time``) and delta exports."""
 
-    _time: float | None = None
-
-    if TYPE_CHECKING:
-        _losses: Losses
-
-        def _spec(self, table: str) -> TableSpec: ...
-
-        @property
-        def _servers(self) -> dict[int, str]: ...
-
-        @property
-        def _ring(self) -> Ring: ...
-
-        def _request(self, address: str, header: dict[str, Any]) -> Future[Message]: ...
+    def __init__(self, caller: Caller) -> None:
+        self.caller = caller
 
     def set_time(self, time: float | None) -> None:
         """The time this client's pushes carry from now on (any unit, never going back:
@@ -115,10 +93,7 @@ class LifeCalls:
         it (``Lifecycle``).  None: pushes carry none (the server keeps its latest)."""
         if time is not None and (isinstance(time, bool) or not np.isfinite(float(time))):
             raise ConfigError(f"set_time takes a finite number or None, got {time!r}")
-        self._time = None if time is None else float(time)
-
-    def _push_header(self, spec: TableSpec, op: str) -> dict[str, Any] | None:
-        return push_header(spec, op, self._time)
+        self.caller.time = None if time is None else float(time)
 
     def export_delta(self, table: str, since: str | None = None, timeout_s: float | None = None) -> Delta:
         """The keys of ``table`` that changed since ``since`` (a token an earlier call
@@ -126,18 +101,19 @@ class LifeCalls:
         server answers as of the moment it is asked; call it at a clock boundary, or
         with the workers paused, for one cut of the whole table.  The table needs a
         lifecycle (``"track"`` at least)."""
-        self._losses.check()
-        spec = self._spec(table)
+        c = self.caller
+        c.losses.check()
+        spec = c.spec(table)
         if not spec.lifecycle:
             raise ConfigError(f"table {table!r} tracks no changes: create it with lifecycle='track' (or any "
                               "admission or eviction) to export deltas")
-        ring = self._ring
+        ring = c.state.ring()
         epochs: dict[int, int] = {}
         origins: dict[int, int] = {}
         base = since is None
         if since is not None:
             version, epochs, origins = parse_token(since)
-            base = version != ring.version or set(epochs) != set(self._servers)
+            base = version != ring.version or set(epochs) != set(c.state.view.servers)
         replies = self._ask_each(table, {} if base else epochs, origins, timeout_s)
         moved = any(m.header.get("ring_version") != ring.version for m in replies.values())
         if not base and (moved or not all(m.header.get("whole") for m in replies.values())):
@@ -155,7 +131,8 @@ class LifeCalls:
                   timeout_s: float | None) -> dict[int, Message]:
         """Every server's delta of ``table`` from its epoch in ``since`` (0: all its keys),
         counted in the run ``origins`` names (none: an older token's, unchecked)."""
-        futures = {s: self._request(address, {"op": Op.EXPORT.value, "table": table, "since": since.get(s, 0)}
-                                    | ({"origin": origins[s]} if s in origins else {}))
-                   for s, address in self._servers.items()}
+        rpc = self.caller.rpc
+        futures = {s: rpc.request(address, {"op": Op.EXPORT.value, "table": table, "since": since.get(s, 0)}
+                                  | ({"origin": origins[s]} if s in origins else {}))
+                   for s, address in self.caller.state.view.servers.items()}
         return {s: f.result(timeout=timeout_s) for s, f in futures.items()}

@@ -46,7 +46,7 @@ class ClientState:
         self.scheduler_process = ""  # the scheduler's process (its welcome says), to tell a dead one from a stalled one
         # a server's address -> the fields of the clock this worker finished last, which no
         # request has carried to that server yet: the next pull or push to it does
-        # (``outgoing``), or a clock message once ``TICK_RIDE_S`` passed (``SyncCalls.clock``)
+        # (``outgoing``), or a clock message once ``TICK_RIDE_S`` passed (``Clocks.clock``)
         self.ticks: dict[str, dict[str, Any]] = {}
         self.tick_timer = False  # a timer will send the ticks no request carried
 

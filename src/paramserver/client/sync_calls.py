@@ -1,26 +1,25 @@
-"""The client's clocks and barriers: a worker finishing its clock (the staleness gate and
-BSP aggregation key on it), taking the live servers' minimum when it joins, and the
-scheduler's barriers, whole or numbered.  ``Client`` inherits them; the data plane's
-calls (pull, push) are in ``client.py``, the cluster's administration in ``admin.py``."""
+"""The client's clocks and barriers (``Clocks``): a worker finishing its clock (the
+staleness gate and BSP aggregation key on it), taking the live servers' minimum when it
+joins, and the scheduler's barriers, whole or numbered.  Built on the client's ``Caller``;
+``Client`` calls them (``clock``, ``barrier``...); the data plane's calls (pull, push) are
+in ``client.py``, the cluster's administration in ``admin.py``."""
 
 from __future__ import annotations
 
 import functools
 import logging
-import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from paramserver.client.core import clock_request, tick_fields
 from paramserver.client.ticks import send_tick
 from paramserver.errors import ClosedError, ConfigError, NodeLostError
-from paramserver.wire.message import Message, Op
+from paramserver.wire.message import Op
 
 if TYPE_CHECKING:
-    from paramserver.client.io_thread import IOThread
-    from paramserver.client.losses import Losses
+    from paramserver.client.caller import Caller
     from paramserver.client.state import ClientState
-    from paramserver.config import Config
 
 logger = logging.getLogger("paramserver.client.client")  # one log for the client
 
@@ -50,50 +49,34 @@ def _tick_failed(future: Future[Any]) -> None:
         logger.warning("clock tick failed: %s", exc)
 
 
-class SyncCalls:
-    """Clock and barrier calls of a ``Client`` (it provides the transport underneath)."""
+class Clocks:
+    """A client's clock and barrier calls, on its ``caller``; ``flush_due(clock)`` pushes
+    what the filters hold back for that clock (``Flushes.due``) before the clock goes out."""
 
-    if TYPE_CHECKING:
-        config: Config
-        role: str
-        node_id: int
-        _clock: int
-        _lock: threading.Lock
-        _io: IOThread
-        _losses: Losses
-        _token: dict[str, str]
-        _state: ClientState
-
-        @property
-        def _servers(self) -> dict[int, str]: ...
-
-        def _call(self, address: str, header: dict[str, Any], timeout_s: float | None = None,
-                  connecting: bool = False) -> dict[str, Any]: ...
-
-        def _request(self, address: str, header: dict[str, Any]) -> Future[Message]: ...
-
-        def _flush_due(self, clock: int) -> None: ...
+    def __init__(self, caller: Caller, flush_due: Callable[[int], None]) -> None:
+        self.caller, self.flush_due = caller, flush_due
 
     @property
-    def current_clock(self) -> int:
+    def current(self) -> int:
         """Clocks this worker has finished (its pulls are gated on it)."""
-        return self._clock
+        return self.caller.clock
 
     def clock(self) -> int:
         """Finish this worker's clock: tell every server (behind this client's pushes), on
         the next pull or push to it, or on its own after ``TICK_RIDE_S``."""
-        self._losses.check()
-        self._flush_due(self._clock + 1)  # what a filter held back for these clocks goes out with them
-        with self._lock:
-            self._clock += 1
-            clock = self._clock
-        tick, state = tick_fields(self.node_id, clock, self._token.get("token", "")), self._state
+        c = self.caller
+        c.losses.check()
+        self.flush_due(c.clock + 1)  # what a filter held back for these clocks goes out with them
+        with c.lock:
+            c.clock += 1
+            clock = c.clock
+        tick, state = tick_fields(c.node_id, clock, c.token), c.state
         with state.lock:
-            for address in self._servers.values():
+            for address in state.view.servers.values():
                 state.ticks[address] = tick  # the next pull or push to it carries it (``ClientState.outgoing``)
             arm, state.tick_timer = not state.tick_timer, True
         if arm:
-            self._io.call_later(TICK_RIDE_S, self.send_ticks)
+            c.io.call_later(TICK_RIDE_S, self.send_ticks)
         return clock
 
     def send_ticks(self, wait: bool = False) -> None:
@@ -102,17 +85,17 @@ class SyncCalls:
         wait a while before its next request (a barrier, its last batch).  With ``wait``,
         until each server has taken it (what this worker says next, a result or a shard
         done, may be acted on by others at once: a read of the tables it trained)."""
+        c = self.caller
         futures = []
-        state = self._state
-        for address, tick in state.take_ticks().items():
+        for address, tick in c.state.take_ticks().items():
             future: Future[None] = Future()
             futures.append(future)
-            send_tick(state, address, clock_request(self.node_id, tick["tick"], tick.get("tick_token", "")),
-                      functools.partial(_settle, future), functools.partial(_on_ring, state, address))
+            send_tick(c.state, address, clock_request(c.node_id, tick["tick"], tick.get("tick_token", "")),
+                      functools.partial(_settle, future), functools.partial(_on_ring, c.state, address))
         for future in futures:
             if wait:
                 try:
-                    future.result(timeout=self.config.retry_timeout_s + TICK_WAIT_S)
+                    future.result(timeout=c.config.retry_timeout_s + TICK_WAIT_S)
                 except Exception as exc:  # given up at its deadline: said, and the worker goes on
                     logger.warning("clock tick not taken: %s", exc)
             else:
@@ -121,20 +104,22 @@ class SyncCalls:
     def barrier(self, timeout_s: float | None = None) -> list[int]:
         """Block until every live worker has called ``barrier``; the ranks of those workers
         (every one released from a barrier gets the same list: a dead worker is missing)."""
-        self._losses.check()
+        c = self.caller
+        c.losses.check()
         self.send_ticks(wait=True)  # the others may wait on this worker's clock, not on its next request
-        if self.role != "worker":
+        if c.role != "worker":
             raise ConfigError("only workers take part in barriers (this client is a driver)")
-        return list(self._call(self.config.scheduler, {"op": Op.BARRIER.value}, timeout_s=timeout_s).get("workers", []))
+        return list(c.rpc.scheduler({"op": Op.BARRIER.value}, timeout_s).get("workers", []))
 
     def arrive(self, generation: int) -> Future[Any]:
         """Arrive at the numbered barrier ``generation`` (a round) without waiting: the
         future completes with the ranks of the live workers once all have arrived there.
         A worker may arrive at later generations meanwhile (SSP rounds: wait on round
         r − s, arrive at r); each generation is released on its own."""
-        self._losses.check()
+        c = self.caller
+        c.losses.check()
         self.send_ticks(wait=True)
-        if self.role != "worker":
+        if c.role != "worker":
             raise ConfigError("only workers take part in barriers (this client is a driver)")
         if isinstance(generation, bool) or not isinstance(generation, int):
             raise ConfigError(f"a barrier's generation must be a whole number, got {generation!r}")
@@ -145,19 +130,20 @@ class SyncCalls:
                 out.set_result(list(f.result().header.get("workers", [])))
             except BaseException as exc:  # the request's own error, for whoever waits
                 out.set_exception(exc)
-        self._request(self.config.scheduler, {"op": Op.BARRIER.value, "generation": generation}).add_done_callback(done)
+        c.rpc.request(c.config.scheduler, {"op": Op.BARRIER.value, "generation": generation}).add_done_callback(done)
         return out
 
-    def _resync_clock(self) -> None:
+    def resync(self) -> None:
         """Take the live servers' minimum clock.  A server that dies meanwhile is skipped:
         its vnodes fail over to servers that answer, and a worker must not fail a job for
         a server the cluster survives (it failed the job even at replicas 2)."""
-        futures = [self._request(address, {"op": Op.STATS.value}) for address in self._servers.values()]
+        c = self.caller
+        futures = [c.rpc.request(address, {"op": Op.STATS.value}) for address in c.state.view.servers.values()]
         mins = []
         for future in futures:
             try:
-                mins.append(future.result(timeout=self.config.heartbeat_timeout_s * 4).header.get("min_clock"))
+                mins.append(future.result(timeout=c.config.heartbeat_timeout_s * 4).header.get("min_clock"))
             except (NodeLostError, TimeoutError) as exc:
                 logger.info("clock resync: a server did not answer (%s); the others decide", exc)
-        with self._lock:
-            self._clock = max([self._clock, *[m for m in mins if m is not None]])
+        with c.lock:
+            c.clock = max([c.clock, *[m for m in mins if m is not None]])

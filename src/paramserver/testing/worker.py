@@ -33,11 +33,12 @@ from paramserver.client.core import (
     Wire,
     call_header,
     clock_request,
+    push_header,
     route,
     rows_into,
 )
 from paramserver.client.filtering import ClientFilters
-from paramserver.client.life_calls import push_header, with_stats
+from paramserver.client.life_calls import with_stats
 from paramserver.client.scatter import Scatter
 from paramserver.client.ticks import send_tick
 from paramserver.config import Config
