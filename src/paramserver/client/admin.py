@@ -18,14 +18,16 @@ from paramserver.wire.message import Message, Op
 if TYPE_CHECKING:
     from paramserver.client.rpc import Rpc
     from paramserver.client.state import ClientState
+    from paramserver.client.stats import Stats
     from paramserver.routing.ring import Ring
 
 
 class Admin:
-    """The administration calls of a client, through its ``rpc``, on its ``state``'s view."""
+    """The administration calls of a client, through its ``rpc``, on its ``state``'s view
+    (``stats``: the servers' figures, which a namespace's summary reads)."""
 
-    def __init__(self, rpc: Rpc, state: ClientState) -> None:
-        self._rpc, self._state = rpc, state
+    def __init__(self, rpc: Rpc, state: ClientState, stats: Stats) -> None:
+        self._rpc, self._state, self._stats = rpc, state, stats
         self.stopped = False  # shutdown_cluster ran: nobody is left to say goodbye to
 
     @property
@@ -116,5 +118,4 @@ class Admin:
     def namespaces(self) -> dict[str, dict[str, Any]]:
         """Each namespace's tables, keys, bytes and quota (``""``: tables with no ``/``)."""
         info = self.cluster_info()
-        stats = [m.header for m in self._rpc.on_every_server({"op": Op.STATS.value, "samples": False})]
-        return summarize(info.get("tables", {}), info.get("namespaces", {}), stats)
+        return summarize(info.get("tables", {}), info.get("namespaces", {}), self._stats.server_stats())

@@ -81,8 +81,8 @@ class Client:
         self._state = ClientState(self.config, self._io)  # what every call shares: view, push numbers, counts
         self._lock = self._state.lock
         self._rpc = Rpc(self.config, self._io, self._state, role)
-        self.admin = Admin(self._rpc, self._state)  # the cluster's administration
         self.stats = Stats(self._rpc, self._io, self._state, self._losses)  # what was measured
+        self.admin = Admin(self._rpc, self._state, self.stats)  # the cluster's administration
         self._caller = Caller(self.config, role, self._io, self._state, self._rpc, self._losses)
         self._flushes = Flushes(self._caller)
         self._clocks = Clocks(self._caller, self._flushes.due)
@@ -130,9 +130,6 @@ class Client:
         elif msg.op is Op.NODE_LOST and msg.header.get("role") == "server":
             self._losses.record(msg.header)
             self._state.refresh_view()  # the ring will move: ask for it now, as the simulated worker does
-
-    def _request(self, address: str, header: dict[str, Any]) -> Future[Any]:
-        return self._rpc.request(address, header)
 
     def _call(self, address: str, header: dict[str, Any], timeout_s: float | None = None,
               connecting: bool = False) -> dict[str, Any]:
