@@ -47,7 +47,7 @@ from typing import Any
 
 import cloudpickle
 import ray
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayError
 
 from paramserver.client.client import Client
 from paramserver.cluster.actor import NodeActor
@@ -334,9 +334,33 @@ class RayCluster(RunsFunctions):
                 member.dead = True
                 return
             member.restarts_left -= 1  # Ray brings its actor back (in a strict run too), with a fresh worker
-            if self._active is not None and self._active.elastic:  # ... that joins the running function
-                logger.warning("%s; Ray restarts it and it joins the running function", line)
+            rejoin = self._active is not None and self._active.elastic  # ... that joins the running function
+        if not rejoin:
+            return
+        logger.warning("%s; Ray restarts it and it joins the running function", line)
+        if not self._restarted(member):
+            tally.died(f"{member.name} did not come back within {self.startup_timeout_s:g} s of its restart")
+            with self._lock:
+                member.dead = True
+            return
+        with self._lock:
+            if self._active is not None:
                 self._submit(member, joined=True)
+
+    def _restarted(self, member: _Member) -> bool:
+        """Wait until a dying worker's actor answers again, as its restarted self.  A call sent
+        while Ray is still restarting it fails at once ("the actor is restarting"), and that is
+        the same death, not a second one, so the function is handed to it only once it is up."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                ray.get(member.actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+                return True
+            except ActorUnavailableError:  # restarting: ask again, after a beat so as not to spin
+                time.sleep(0.05)
+            except (GetTimeoutError, RayError):  # died for good, or never came back
+                return False
+        return False
 
     def add_worker(self) -> str:
         """Start one more worker actor; it joins a running function (see ``LocalCluster.add_worker``)."""
