@@ -1,11 +1,13 @@
 """Each server-side optimiser against a ten-line numpy reference."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from paramserver import FTRL, SGD, AdaGrad, Adam, ConfigError, FtrlAdagrad, TableSpec
 from paramserver.store.table import VnodeTable
-from paramserver.tables.optim import Normal, Uniform, Zeros
+from paramserver.tables.optim import Normal, RMSProp, Uniform, Zeros
 
 STEPS, N, DIM = 6, 50, 3
 
@@ -164,3 +166,19 @@ def test_the_cli_optimizer_syntax_works_everywhere(text, expected):
 def test_the_cli_optimizer_syntax_names_what_is_wrong(text, match):
     with pytest.raises(ConfigError, match=match):
         TableSpec("t", optimizer=text)
+
+
+@pytest.mark.parametrize("cls", [SGD, AdaGrad, FTRL, Adam, RMSProp, Normal])
+def test_each_hyper_parameter_is_declared_once_and_its_fix_is_its_default(cls):
+    """Every float hyper-parameter has a declared rule (``bounds``), and a value that
+    breaks it is refused naming the spec, the field, the rule and the fix, which is the
+    field's default unless the spec says better (``fixes``)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    assert list(cls.bounds) == names
+    for field in names:
+        if cls.bounds[field] == "a number":
+            continue
+        fix = cls.fixes.get(field, f"try {field}={getattr(cls(), field)!r}")
+        with pytest.raises(ConfigError) as info:
+            cls(**{field: -1.5})
+        assert str(info.value) == (f"{cls.name} {field} must be {cls.bounds[field]} and finite, got -1.5; {fix}")

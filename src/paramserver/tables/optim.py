@@ -22,23 +22,28 @@ from numba import njit
 
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
+from paramserver.tables.bounds import check, check_bounds
 
 SGD_KIND, ADAGRAD_KIND, FTRL_KIND, ADAM_KIND, FTRL_ADAGRAD_KIND, RMSPROP_KIND = 0, 1, 2, 3, 4, 5
 CUSTOM_KIND = -1  # a user's rule (``paramserver.tables.rules``): its table has kernels of its own
 ZEROS_KIND, NORMAL_KIND, UNIFORM_KIND = 0, 1, 2
 
 
-def _check(name: str, value: float, ok: bool, rule: str, fix: str) -> None:
-    if not ok or not math.isfinite(value):
-        raise ConfigError(f"{name} must be {rule} and finite, got {value!r}; {fix}")
-
-
 class _Spec:
-    """Common wire form for optimiser and initialiser specs."""
+    """Common wire form for optimiser and initialiser specs.
+
+    Each hyper-parameter's rule is declared once, in ``bounds`` (field -> a rule of
+    ``tables/bounds.py``), and checked when the spec is built; ``fixes`` overrides the
+    fix its error gives (``try <field>=<its default>``)."""
 
     name: ClassVar[str]
     kind: ClassVar[int]
     registry: ClassVar[dict[str, type[_Spec]]]
+    bounds: ClassVar[dict[str, str]] = {}
+    fixes: ClassVar[dict[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        check_bounds(self, self.bounds, self.fixes)
 
     def params(self) -> np.ndarray:
         return np.array([getattr(self, f.name) for f in fields(self)], np.float64)  # type: ignore[arg-type]
@@ -113,8 +118,7 @@ class SGD(Optimizer):
     name: ClassVar[str] = "sgd"
     kind: ClassVar[int] = SGD_KIND
 
-    def __post_init__(self) -> None:
-        _check("sgd lr", self.lr, self.lr > 0, "> 0", "try lr=0.01")
+    bounds: ClassVar[dict[str, str]] = {"lr": "> 0"}
 
     def state_width(self, dim: int) -> int:
         return 0
@@ -130,11 +134,11 @@ class AdaGrad(Optimizer):
     name: ClassVar[str] = "adagrad"
     kind: ClassVar[int] = ADAGRAD_KIND
 
+    bounds: ClassVar[dict[str, str]] = {"lr": "> 0", "eps": ">= 0", "initial_accumulator": ">= 0"}
+    fixes: ClassVar[dict[str, str]] = {"initial_accumulator": "try 0.0 or 0.1"}
+
     def __post_init__(self) -> None:
-        _check("adagrad lr", self.lr, self.lr > 0, "> 0", "try lr=0.05")
-        _check("adagrad eps", self.eps, self.eps >= 0, ">= 0", "try eps=1e-10")
-        _check("adagrad initial_accumulator", self.initial_accumulator,
-               self.initial_accumulator >= 0, ">= 0", "try 0.0 or 0.1")
+        super().__post_init__()
         if self.eps == 0 and self.initial_accumulator == 0:
             raise ConfigError("adagrad needs eps > 0 or initial_accumulator > 0 to avoid 0/0")
 
@@ -157,11 +161,11 @@ class FTRL(Optimizer):
     name: ClassVar[str] = "ftrl"
     kind: ClassVar[int] = FTRL_KIND
 
+    bounds: ClassVar[dict[str, str]] = {"alpha": "> 0", "beta": ">= 0", "l1": ">= 0", "l2": ">= 0"}
+    fixes: ClassVar[dict[str, str]] = {"l1": "use l1=0 for no L1", "l2": "use l2=0 for no L2"}
+
     def __post_init__(self) -> None:
-        _check("ftrl alpha", self.alpha, self.alpha > 0, "> 0", "try alpha=0.05")
-        _check("ftrl beta", self.beta, self.beta >= 0, ">= 0", "try beta=1.0")
-        _check("ftrl l1", self.l1, self.l1 >= 0, ">= 0", "use l1=0 for no L1")
-        _check("ftrl l2", self.l2, self.l2 >= 0, ">= 0", "use l2=0 for no L2")
+        super().__post_init__()
         if self.beta == 0 and self.l2 == 0:
             raise ConfigError("ftrl needs beta > 0 or l2 > 0 (else the first step divides by 0)")
 
@@ -180,11 +184,7 @@ class Adam(Optimizer):
     name: ClassVar[str] = "adam"
     kind: ClassVar[int] = ADAM_KIND
 
-    def __post_init__(self) -> None:
-        _check("adam lr", self.lr, self.lr > 0, "> 0", "try lr=0.001")
-        _check("adam beta1", self.beta1, 0 <= self.beta1 < 1, "in [0, 1)", "try beta1=0.9")
-        _check("adam beta2", self.beta2, 0 <= self.beta2 < 1, "in [0, 1)", "try beta2=0.999")
-        _check("adam eps", self.eps, self.eps > 0, "> 0", "try eps=1e-8")
+    bounds: ClassVar[dict[str, str]] = {"lr": "> 0", "beta1": "in [0, 1)", "beta2": "in [0, 1)", "eps": "> 0"}
 
     def state_width(self, dim: int) -> int:
         return 2 * dim + 1
@@ -226,10 +226,7 @@ class RMSProp(Optimizer):
     name: ClassVar[str] = "rmsprop"
     kind: ClassVar[int] = RMSPROP_KIND
 
-    def __post_init__(self) -> None:
-        _check("rmsprop lr", self.lr, self.lr > 0, "> 0", "try lr=0.001")
-        _check("rmsprop rho", self.rho, 0 <= self.rho < 1, "in [0, 1)", "try rho=0.9")
-        _check("rmsprop eps", self.eps, self.eps > 0, "> 0", "try eps=1e-8")
+    bounds: ClassVar[dict[str, str]] = {"lr": "> 0", "rho": "in [0, 1)", "eps": "> 0"}
 
     def state_width(self, dim: int) -> int:
         return dim
@@ -297,11 +294,8 @@ class Normal(Initializer):
     name: ClassVar[str] = "normal"
     kind: ClassVar[int] = NORMAL_KIND
 
-    def __post_init__(self) -> None:
-        _check("normal mean", self.mean, True, "a number", "")
-        _check("normal std", self.std, self.std >= 0, ">= 0", "try std=0.01")
-        _check("normal zero_columns", self.zero_columns, self.zero_columns >= 0 and self.zero_columns % 1 == 0,
-               "a whole number >= 0", "try zero_columns=1")
+    bounds: ClassVar[dict[str, str]] = {"mean": "a number", "std": ">= 0", "zero_columns": "a whole number >= 0"}
+    fixes: ClassVar[dict[str, str]] = {"zero_columns": "try zero_columns=1"}
 
 
 @dataclass(frozen=True)
@@ -311,9 +305,11 @@ class Uniform(Initializer):
     name: ClassVar[str] = "uniform"
     kind: ClassVar[int] = UNIFORM_KIND
 
+    bounds: ClassVar[dict[str, str]] = {"low": "a number"}
+
     def __post_init__(self) -> None:
-        _check("uniform low", self.low, True, "a number", "")
-        _check("uniform high", self.high, self.high >= self.low, ">= low", "swap low and high")
+        super().__post_init__()
+        check("uniform high", self.high, self.high >= self.low, ">= low", "swap low and high")
 
 
 for _cls in (SGD, AdaGrad, FTRL, Adam, FtrlAdagrad, RMSProp):
