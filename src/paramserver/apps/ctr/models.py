@@ -31,6 +31,15 @@ MODELS = ("lr", "fm", "deepfm", "wdl")
 DEEP = ("deepfm", "wdl")
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _output(z, labels, i, preds):  # type: ignore[no-untyped-def]
+    """Example ``i``'s output, the same for every model: its probability ``σ(z)`` (kept in
+    ``preds``), its log loss, and the loss's gradient in the margin ``z``."""
+    p = _sigmoid(z)
+    preds[i] = p
+    return _logloss(p, labels[i]), p - labels[i]
+
+
 @njit(nogil=True, cache=True)
 def _lr(indptr, vals, labels, inverse, rows, want_grads):  # type: ignore[no-untyped-def]
     n = labels.shape[0]
@@ -41,11 +50,9 @@ def _lr(indptr, vals, labels, inverse, rows, want_grads):  # type: ignore[no-unt
         z = 0.0
         for j in range(indptr[i], indptr[i + 1]):
             z += rows[inverse[j], 0] * vals[j]
-        p = _sigmoid(z)
-        preds[i] = p
-        loss += _logloss(p, labels[i])
+        ell, e = _output(z, labels, i, preds)
+        loss += ell
         if want_grads:
-            e = p - labels[i]
             for j in range(indptr[i], indptr[i + 1]):
                 grads[inverse[j], 0] += e * vals[j]
     return grads, loss, preds
@@ -75,11 +82,9 @@ def _fm(indptr, vals, labels, inverse, rows, want_grads, l2):  # type: ignore[no
         for f in range(k):
             inter += s[f] * s[f]
         z += 0.5 * (inter - sq)
-        p = _sigmoid(z)
-        preds[i] = p
-        loss += _logloss(p, labels[i])
+        ell, e = _output(z, labels, i, preds)
+        loss += ell
         if want_grads:
-            e = p - labels[i]
             for j in range(indptr[i], indptr[i + 1]):
                 x = vals[j]
                 u = inverse[j]
