@@ -104,3 +104,21 @@ def test_cli_defaults_to_seven_days(tmp_path: Path) -> None:
     out = str(tmp_path / "d")
     assert main(["synth", "--shape", "drift", "--rows", "20", "--out", out, "--seed", "1"]) == 0
     assert sorted(os.listdir(out)) == [f"day-{d:02d}.tsv" for d in range(7)]
+
+
+@pytest.mark.parametrize("v", [0, 7, 10, -1, -1234, 2**40 + 3])
+def test_a_criteo_integer_column_is_written_in_decimal(v: int) -> None:
+    from paramserver.apps.ctr.synth import _put_int
+
+    out, digits = np.zeros(32, np.uint8), np.empty(24, np.uint8)
+    end = _put_int(out, 3, np.int64(v), digits)
+    assert bytes(out[3:end]) == str(v).encode()
+
+
+@pytest.mark.parametrize("t", [0, 0xDEADBEEF, 0x1234_0000_000A])
+def test_a_criteo_categorical_column_is_eight_hex_digits(t: int) -> None:
+    from paramserver.apps.ctr.synth import _HEX, _put_hex
+
+    out = np.zeros(16, np.uint8)
+    assert _put_hex(out, 2, np.uint64(t), _HEX) == 10
+    assert bytes(out[2:10]) == f"{t & 0xFFFFFFFF:08x}".encode()

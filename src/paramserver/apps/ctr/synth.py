@@ -36,44 +36,52 @@ _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 CHUNK_ROWS = 100_000
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _put_int(out, pos, v, digits):  # type: ignore[no-untyped-def]
+    """``v`` in decimal at ``out[pos:]``; returns the position after it."""
+    if v < 0:
+        out[pos] = 45
+        pos += 1
+        v = -v
+    nd = 0
+    while True:
+        digits[nd] = 48 + v % 10
+        nd += 1
+        v //= 10
+        if v == 0:
+            break
+    for d in range(nd - 1, -1, -1):
+        out[pos] = digits[d]
+        pos += 1
+    return pos
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _put_hex(out, pos, t, hexdigits):  # type: ignore[no-untyped-def]
+    """``t``'s low 32 bits as 8 hex digits at ``out[pos:]``; returns the position after them."""
+    for d in range(7, -1, -1):
+        out[pos + d] = hexdigits[t & np.uint64(15)]
+        t >>= np.uint64(4)
+    return pos + 8
+
+
 @njit(nogil=True, cache=True)
 def _write_rows(labels, ints, int_missing, tokens, cat_missing, hexdigits, out):  # type: ignore[no-untyped-def]
     """Format rows as Criteo TSV into ``out``; return the bytes written."""
     pos = 0
     digits = np.empty(24, np.uint8)
+    n_int = ints.shape[1]
     for i in range(labels.shape[0]):
         out[pos] = 48 + labels[i]
         pos += 1
-        for f in range(ints.shape[1]):
-            out[pos] = 9
+        for f in range(n_int + tokens.shape[1]):  # the integer columns, then the categorical ones
+            out[pos] = 9  # every column has its tab, a missing one too
             pos += 1
-            if int_missing[i, f]:
-                continue
-            v = ints[i, f]
-            if v < 0:
-                out[pos] = 45
-                pos += 1
-                v = -v
-            nd = 0
-            while True:
-                digits[nd] = 48 + v % 10
-                nd += 1
-                v //= 10
-                if v == 0:
-                    break
-            for d in range(nd - 1, -1, -1):
-                out[pos] = digits[d]
-                pos += 1
-        for f in range(tokens.shape[1]):
-            out[pos] = 9
-            pos += 1
-            if cat_missing[i, f]:
-                continue
-            t = tokens[i, f]
-            for d in range(7, -1, -1):
-                out[pos + d] = hexdigits[t & np.uint64(15)]
-                t >>= np.uint64(4)
-            pos += 8
+            if f < n_int:
+                if not int_missing[i, f]:
+                    pos = _put_int(out, pos, ints[i, f], digits)
+            elif not cat_missing[i, f - n_int]:
+                pos = _put_hex(out, pos, tokens[i, f - n_int], hexdigits)
         out[pos] = 10
         pos += 1
     return pos
