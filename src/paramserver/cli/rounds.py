@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from paramserver.apps.rounds.settings import LDAConfig, MFConfig
 from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, secret_flag, unverified_flag, watch_flags
 from paramserver.cli.running import Progress, cluster_options, console
 from paramserver.errors import ConfigError
@@ -44,6 +46,45 @@ def _cluster_flags(p: argparse.ArgumentParser) -> None:
     secret_flag(p)
     watch_flags(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON line, not a table")
+
+
+#: the flags of an app's settings, one a field of its config (``MFConfig``, ``LDAConfig``):
+#: field -> (help, argparse options); the type and the default are the config's
+_MF_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rank": ("factors a user and an item (default %(default)s)", {}),
+    "epochs": ("passes over the training ratings (default %(default)s)", {}),
+    "lr": ("SGD step (default %(default)s)", {}),
+    "reg": ("L2 weight on the factors (default %(default)s; 0.01 on the biases)", {}),
+    "seed": ("seed of the initial factors and the rating order", {}),
+}
+_LDA_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "topics": ("topics (default %(default)s)", {"metavar": "K"}),
+    "iterations": ("Gibbs sweeps over every token (default %(default)s)", {}),
+    "alpha": ("document-topic prior (default %(default)s)", {}),
+    "beta": ("topic-word prior (default %(default)s)", {}),
+    "seed": ("seed of the initial topics and the sampler", {}),
+    "schedule": ("rotate (default): word blocks go round the workers, no word sampled by two at once; none: every "
+                 "worker samples every word from counts a round stale (AD-LDA; for comparison)",
+                 {"choices": ("rotate", "none")}),
+    "staleness": ("SSP between rounds: a worker may run up to S rounds ahead of the slowest, reading counts up to S "
+                  "rounds stale (default %(default)s: BSP rounds; with rotate, S > 0 gives up that no word is "
+                  "sampled by two workers at once)", {"metavar": "S"}),
+}
+
+
+def _config_flags(p: argparse.ArgumentParser, config: type, flags: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """One flag a field named in ``flags``, typed and defaulted as the ``config`` dataclass's
+    field, so that a default is written once (``_config`` reads them back)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for name, (text, options) in flags.items():
+        default = defaults[name]
+        kind: dict[str, Any] = {} if isinstance(default, str) else {"type": type(default)}
+        p.add_argument(f"--{name.replace('_', '-')}", default=default, help=text, **kind, **options)
+
+
+def _config(args: argparse.Namespace, config: type, flags: dict[str, Any]) -> Any:
+    """The ``config`` dataclass of the flags ``_config_flags`` declared."""
+    return config(**{name: getattr(args, name) for name in flags})
 
 
 def add_lasso(sub: Subparsers) -> None:
@@ -85,12 +126,7 @@ def add_mf(sub: Subparsers) -> None:
     p.add_argument("--data", required=True, help="training ratings: 'user item rating [timestamp]' lines (MovieLens "
                    "u.data TSV, ratings.csv with its header, or ratings.dat '::'); .gz ok; local or fsspec URL")
     p.add_argument("--test", help="ratings to predict and score (same formats): test RMSE in the report")
-    p.add_argument("--rank", type=int, default=64, help="factors a user and an item (default 64)")
-    p.add_argument("--epochs", type=int, default=40, help="passes over the training ratings (default 40)")
-    p.add_argument("--lr", type=float, default=0.007, help="SGD step (default 0.007)")
-    p.add_argument("--reg", type=float, default=0.06, help="L2 weight on the factors (default 0.06; 0.01 on "
-                   "the biases)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial factors and the rating order")
+    _config_flags(p, MFConfig, _MF_FLAGS)
     _cluster_flags(p)
     p.add_argument("--predictions-out", metavar="FILE", help="one predicted rating per --test line, in order")
     p.add_argument("--save", metavar="DIR", help="write DIR/mf.npz: ids, factors, biases, global mean")
@@ -103,17 +139,7 @@ def add_lda(sub: Subparsers) -> None:
                                     "workers (STRADS/LightLDA style) on a local cluster")
     p.add_argument("--data", required=True, help="corpus: UCI docword (D, V, NNZ lines, then 'doc word count', "
                    "1-based) or LDA-C ('N word:count ...', 0-based); .gz ok; local or fsspec URL")
-    p.add_argument("--topics", type=int, default=50, metavar="K", help="topics (default 50)")
-    p.add_argument("--iterations", type=int, default=200, help="Gibbs sweeps over every token (default 200)")
-    p.add_argument("--alpha", type=float, default=0.1, help="document-topic prior (default 0.1)")
-    p.add_argument("--beta", type=float, default=0.01, help="topic-word prior (default 0.01)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial topics and the sampler")
-    p.add_argument("--schedule", default="rotate", choices=("rotate", "none"), help="rotate (default): word blocks "
-                   "go round the workers, no word sampled by two at once; none: every worker samples every word "
-                   "from counts a round stale (AD-LDA; for comparison)")
-    p.add_argument("--staleness", type=int, default=0, metavar="S", help="SSP between rounds: a worker may run up "
-                   "to S rounds ahead of the slowest, reading counts up to S rounds stale (default 0: BSP rounds; with "
-                   "rotate, S > 0 gives up that no word is sampled by two workers at once)")
+    _config_flags(p, LDAConfig, _LDA_FLAGS)
     _cluster_flags(p)
     p.add_argument("--save", metavar="DIR", help="write DIR/topic_word.npy: K x V counts n_kw, column j = word j "
                    "in the input's numbering from 0")
@@ -206,9 +232,9 @@ def lasso(args: argparse.Namespace) -> int:
 
 
 def mf(args: argparse.Namespace) -> int:
-    from paramserver.apps.rounds.mf import MFConfig, run_mf
+    from paramserver.apps.rounds.mf import run_mf
 
-    cfg = MFConfig(rank=args.rank, epochs=args.epochs, lr=args.lr, reg=args.reg, seed=args.seed)
+    cfg = _config(args, MFConfig, _MF_FLAGS)
     with _watched("mf", args) as watch:
         report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
                         predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out,
@@ -219,10 +245,9 @@ def mf(args: argparse.Namespace) -> int:
 
 
 def lda(args: argparse.Namespace) -> int:
-    from paramserver.apps.rounds.lda import LDAConfig, run_lda
+    from paramserver.apps.rounds.lda import run_lda
 
-    cfg = LDAConfig(topics=args.topics, iterations=args.iterations, alpha=args.alpha, beta=args.beta, seed=args.seed,
-                    schedule=args.schedule, staleness=args.staleness)
+    cfg = _config(args, LDAConfig, _LDA_FLAGS)
     with _watched("lda", args) as watch:
         report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
                          metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args),

@@ -1,15 +1,16 @@
 """The model ``paramserver lda`` trains, shared by the driver (``lda``) and a worker's program
-(``lda_program``): its two tables, its settings (``LDAConfig``) and the collapsed Gibbs
+(``lda_program``): its two tables, its settings (``LDAConfig``, from ``settings``) and the collapsed Gibbs
 sampler's numba kernels (SparseLDA's split, taken word by word: see ``lda``'s docstring).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
+
+from paramserver.apps.rounds.settings import LDAConfig as LDAConfig  # its old home
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
 MAX_COUNT = 1 << 24  # a word–topic count is a float32 on the servers: exact below this
@@ -123,26 +124,3 @@ def word_loglik(n_kw, beta):  # type: ignore[no-untyped-def]
                 n += c
         total += math.lgamma(V * beta) - math.lgamma(n + V * beta)
     return total
-
-
-@dataclass(frozen=True)
-class LDAConfig:
-    topics: int = 50
-    iterations: int = 200
-    alpha: float = 0.1
-    beta: float = 0.01
-    seed: int = 0
-    schedule: str = "rotate"  # or "none": every worker samples every word each round (AD-LDA), to compare
-    staleness: int = 0  # rounds a worker may run ahead of the slowest (SSP); 0: BSP rounds
-
-    @property
-    def regions(self) -> int:
-        """Slots of ``lda/topic_delta`` a worker has: 2s + 2 for the rounds, one for the
-        start, one for a recount after a death or a resume.  Round q's slot is written
-        again by round q + 2s + 2: a worker takes round q's pull before it arrives at
-        round q + s + 1, and nobody starts round q + 2s + 2 before all have arrived there."""
-        return 2 * self.staleness + 4
-
-    @property
-    def round_regions(self) -> int:
-        return 2 * self.staleness + 2

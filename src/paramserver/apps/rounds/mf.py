@@ -40,6 +40,7 @@ from paramserver.apps.rounds.program import (
     run_rounds,
 )
 from paramserver.apps.rounds.ratings import Ratings, read_ratings
+from paramserver.apps.rounds.settings import MFConfig as MFConfig  # its old home
 from paramserver.errors import ConfigError, check_flags
 
 USERS, ITEMS = "mf/users", "mf/items"
@@ -88,17 +89,6 @@ def _predict(users, items, P, Q, mu, lo, hi):  # type: ignore[no-untyped-def]
                 v += P[a, f] * Q[b, f]
         out[t] = min(max(v, lo), hi)
     return out
-
-
-@dataclass(frozen=True)
-class MFConfig:
-    rank: int = 64
-    epochs: int = 40
-    lr: float = 0.007
-    reg: float = 0.06
-    reg_bias: float = 0.01
-    init_std: float = 0.05
-    seed: int = 0
 
 
 @dataclass(frozen=True)
