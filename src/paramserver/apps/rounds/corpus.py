@@ -20,12 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from paramserver.apps.rounds.fields import line_end, separators, split_fields
 from paramserver.data.parse import line_head, next_token, parse_int
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
 from paramserver.errors import ConfigError
 
 _NL = 10
+_BLANKS = separators(b" \t\r")
 _OK, _FIELDS, _NUMBER, _RANGE, _DISTINCT, _ORDER = 0, 1, 2, 3, 4, 5
 _WHAT_UCI = {
     _FIELDS: "expected three whole numbers 'doc word count'",
@@ -41,38 +43,19 @@ _WHAT_LDAC = {
 }
 
 
-@njit(inline="always", nogil=True, cache=True)
-def _blank(c):  # type: ignore[no-untyped-def]
-    return c == 32 or c == 9 or c == 13
-
-
 @njit(nogil=True, cache=True)
 def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):  # type: ignore[no-untyped-def]
     """Triples after the header → (entries, error, error offset)."""
     n, size, last = 0, buf.shape[0], 0
-    vals = np.empty(3, np.int64)
+    vals, bounds = np.empty(3, np.int64), np.empty(8, np.int64)
     while pos < size:
-        end = pos
-        while buf[end] != _NL:
-            end += 1
-        a, f = pos, 0
-        while f < 4:
-            while a < end and _blank(buf[a]):
-                a += 1
-            if a >= end:
-                break
-            b = a
-            while b < end and not _blank(buf[b]):
-                b += 1
-            if f == 3:
-                f = 4
-                break
-            ok, v = parse_int(buf, a, b)
+        end = line_end(buf, pos)
+        f = split_fields(buf, pos, end, _BLANKS, bounds, 4)  # a fourth field is one too many
+        for k in range(min(f, 3)):
+            ok, v = parse_int(buf, bounds[2 * k], bounds[2 * k + 1])
             if not ok:
                 return n, _NUMBER, pos
-            vals[f] = v
-            f += 1
-            a = b
+            vals[k] = v
         if f == 0:
             pos = end + 1
             continue

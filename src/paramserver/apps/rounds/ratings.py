@@ -21,11 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from paramserver.apps.rounds.fields import line_end, separators, split_fields
 from paramserver.data.parse import parse_float, parse_int
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
 
 _NL = 10
+_SEPS = separators(b"\t, :\r")  # tab, comma, space, colon (the '::' files), CR
 _OK, _FIELDS, _USER, _ITEM, _RATING = 0, 1, 2, 3, 4
 _WHAT = {
     _FIELDS: "expected at least 3 fields (user, item, rating) separated by tabs, commas, spaces or '::'",
@@ -35,11 +37,6 @@ _WHAT = {
 }
 
 
-@njit(inline="always", nogil=True, cache=True)
-def _is_sep(c):  # type: ignore[no-untyped-def]
-    return c == 9 or c == 44 or c == 32 or c == 58 or c == 13  # tab , space : CR
-
-
 @njit(nogil=True, cache=True)
 def _parse(buf, start, users, items, ratings):  # type: ignore[no-untyped-def]
     """Lines from ``start`` → triples.  Returns ``(n, error, error offset)``; ``buf``
@@ -47,22 +44,8 @@ def _parse(buf, start, users, items, ratings):  # type: ignore[no-untyped-def]
     n, pos, size = 0, start, buf.shape[0]
     bounds = np.empty(6, np.int64)
     while pos < size:
-        end = pos
-        while buf[end] != _NL:
-            end += 1
-        fields, a = 0, pos
-        while fields < 3:
-            while a < end and _is_sep(buf[a]):
-                a += 1
-            if a >= end:
-                break
-            b = a
-            while b < end and not _is_sep(buf[b]):
-                b += 1
-            bounds[2 * fields] = a
-            bounds[2 * fields + 1] = b
-            fields += 1
-            a = b
+        end = line_end(buf, pos)
+        fields = split_fields(buf, pos, end, _SEPS, bounds, 3)
         if fields == 0:
             pos = end + 1
             continue
