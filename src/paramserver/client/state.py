@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.client import core
-from paramserver.client.core import Piece, Scheduler, Sequencer, View, Wire, route
+from paramserver.client.core import Piece, RouteMemo, Scheduler, Sequencer, View, Wire, route
 from paramserver.client.filtering import ClientFilters
 from paramserver.client.io_thread import IOThread
 from paramserver.config import Config
@@ -36,6 +36,7 @@ class ClientState:
         self.tables: dict[str, TableSpec] = {}
         self.sequencer = Sequencer()  # pushes numbered for exactly-once application
         self.filters = ClientFilters()  # links, residuals and bytes of the tables' filters
+        self.memo = RouteMemo()  # the last pulls' routings, which pushes of the same keys take
         self.counts: dict[str, int] = {}  # calls by op, and "retries" (pieces routed again): metrics.client_families
         # a data request unanswered this long fails with NoAnswerError, and is routed again and
         # resent.  None (the default): a request waits for its answer or for its server to be
@@ -87,7 +88,7 @@ class ClientState:
     def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
                distinct: bool = False, ordered: bool = False) -> list[Piece]:
         """``keys`` routed with the current ring into one piece per server (``core.route``)."""
-        return route(self.ring(), kind, keys, extra, layout, distinct, ordered)
+        return route(self.ring(), kind, keys, extra, layout, distinct, ordered, self.memo)
 
     def outgoing(self, kind: Op, header: dict[str, Any], piece: Piece, tries: int,
                  wire: Wire | None = None) -> tuple[str | None, dict[str, Any], list[np.ndarray]]:

@@ -27,6 +27,7 @@ from paramserver.client import core
 from paramserver.client.core import (
     NoAnswerError,
     Piece,
+    RouteMemo,
     Scheduler,
     Sequencer,
     View,
@@ -66,6 +67,7 @@ class SimPort:
 
     def __init__(self, worker: SimWorker) -> None:
         self.w = worker
+        self.memo = RouteMemo()  # as the client's (``ClientState.memo``)
 
     @property
     def retry_timeout_s(self) -> float:
@@ -86,7 +88,7 @@ class SimPort:
 
     def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
                distinct: bool = False, ordered: bool = False) -> list[Piece]:
-        return route(self.ring(), kind, keys, extra, layout, distinct, ordered)
+        return route(self.ring(), kind, keys, extra, layout, distinct, ordered, self.memo)
 
     def outgoing(self, kind: Op, header: dict[str, Any], piece: Piece, tries: int,
                  wire: Wire | None = None) -> tuple[str | None, dict[str, Any], list[np.ndarray]]:
