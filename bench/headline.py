@@ -22,7 +22,8 @@ comparison, so a row here and a row of those scripts are the same measurement:
   against ps-lite's stock server (``KVServerDefaultHandle``) in the same run, built from its source
   by ``make pslite`` (``bench/pslite/``); "not run" where it is not built.
 
-``--repeat N`` runs each pair N times, taking turns (medians of times, the worst of quality);
+``--repeat N`` runs each pair N times, taking turns (medians of times, the worst of quality),
+after one untimed run of paramserver (``WARM``: a fresh checkout compiles numba's kernels then);
 push/pull measures for a fixed time instead.  A section whose peer is not installed, or whose
 data is absent, is "not run" and says why.  ``--quick`` is a smoke run of the script itself on
 small sizes: its table is labelled "quick: not the headline".  The exit status is 0 whatever the
@@ -88,6 +89,9 @@ LDA_SPEED = Goal(">=", 1.0, "issue 44.5: tomotopy's token-iterations/s")
 LDA_PERPLEXITY = Goal("<=", 1.005, "issue 44.5: perplexity within 0.5 % of tomotopy's")
 # issue 44: twice ps-lite's stock server, both directions, 1 server
 PUSHPULL = Goal(">=", 2.0, "issue 44: 2x ps-lite's stock server")
+#: run untimed once before a section's timed runs: a fresh checkout's first command compiles
+#: the kernels numba then caches (train's section warms every learner up)
+WARM = ("paramserver",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +168,7 @@ def section_lasso(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[s
         return {"seconds": seconds, "objective": objective(X, y, w, lam), "rounds": metrics["rounds"],
                 "converged": metrics["converged"], "coordinate_updates": metrics["coordinate_updates"]}
 
-    runs = interleave({"scikit-learn": sklearn, "paramserver": ours}, args.repeat, tag="lasso")
+    runs = interleave({"scikit-learn": sklearn, "paramserver": ours}, args.repeat, tag="lasso", warm=WARM)
     optimum = objective(X, y, fit_celer(X, y, lam, tol=1e-10, max_iter=200)[1], lam)
     best = min([optimum] + [r["objective"] for rs in runs.values() for r in rs])  # as bench/lasso.py does
     ps_s, sk_s = median(runs["paramserver"], "seconds"), median(runs["scikit-learn"], "seconds")
@@ -184,7 +188,7 @@ def section_mf(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str,
     train, test = os.path.join(tmp, "mf.train.tsv"), os.path.join(tmp, "mf.test.tsv")
     synthetic(train, test, n)
     runs = interleave({"surprise": lambda: surprise_svd(train, test),
-                       "paramserver": lambda: ours(train, test, fresh(tmp), [])}, args.repeat, tag="mf")
+                       "paramserver": lambda: ours(train, test, fresh(tmp), [])}, args.repeat, tag="mf", warm=WARM)
     ps_s, su_s = median(runs["paramserver"], "seconds"), median(runs["surprise"], "seconds")
     ps_rmse, su_rmse = worst(runs["paramserver"], "rmse"), worst(runs["surprise"], "rmse")
     name = f"mf synthetic {n / 1e6:g} M"
@@ -214,7 +218,7 @@ def lda_corpus(name: str, args: argparse.Namespace, tmp: str) -> tuple[list[Row]
         return {"seconds": seconds, "token_iterations_per_s": work / seconds,
                 "perplexity": perplexity(n_kw, test, alpha, beta)}
 
-    runs = interleave({"tomotopy": tomotopy, "paramserver": paramserver}, args.repeat, tag=f"lda {name}")
+    runs = interleave({"tomotopy": tomotopy, "paramserver": paramserver}, args.repeat, tag=f"lda {name}", warm=WARM)
     ps_v, tp_v = (median(runs[k], "token_iterations_per_s") for k in ("paramserver", "tomotopy"))
     ps_p, tp_p = (worst(runs[k], "perplexity") for k in ("paramserver", "tomotopy"))
     label = f"lda {name} K={K} {it} it"

@@ -14,12 +14,19 @@ from typing import Any
 Learner = Callable[[], dict[str, Any]]
 
 
-def interleave(learners: Mapping[str, Learner], repeat: int, warmup: int = 0, tag: str = "") -> dict[str, list[dict]]:
-    """Every learner ``warmup`` times untimed, then ``repeat`` rounds of each in turn.
+def interleave(learners: Mapping[str, Learner], repeat: int, warmup: int = 0, tag: str = "",
+               warm: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+    """Every learner ``warmup`` times untimed (and those named in ``warm`` once more, first),
+    then ``repeat`` rounds of each in turn.  ``warm``: learners whose first run pays a
+    one-off cost the others do not, such as numba compiling a fresh checkout's kernels into
+    its cache (a first ``paramserver lasso`` took 35 s, the next 9.6 s).
 
     Returns:
         Each learner's timed runs, by its name in ``learners``.
     """
+    for name in warm:  # untimed: what a first run of this learner alone pays
+        learners[name]()
+        print(tag, "warm-up", name, file=sys.stderr)
     for _ in range(warmup):  # untimed: files just written, the machine settling after the set-up
         for name, learner in learners.items():
             learner()
