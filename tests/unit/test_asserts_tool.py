@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import textwrap
 from pathlib import Path
 
 import pytest
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "asserts.py"
+from scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def asserts():
-    spec = importlib.util.spec_from_file_location("asserts_tool", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/asserts.py", "asserts_tool")
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:

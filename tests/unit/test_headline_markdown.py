@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -15,11 +15,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def headline():
     sys.path.insert(0, str(BENCH))  # as the script runs: its folder first (harness/)
     try:
-        spec = importlib.util.spec_from_file_location("headline_script", BENCH / "headline.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
+        module = load_script("bench/headline.py", "headline_script")
     finally:
         sys.path.remove(str(BENCH))
     return module

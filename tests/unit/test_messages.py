@@ -3,6 +3,7 @@ that resumes, a duplicated key of a spec refused, the report's storage and bytes
 prewarm's progress."""
 
 import pytest
+from scripts import load_script
 
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.resume import _check_tables
@@ -116,14 +117,7 @@ def test_the_table_report_states_storage_and_bytes_a_key_without_a_lifecycle():
 
 # ---- 25: the prewarm says what it does, how long it takes, and how far it is --------------------------
 def _prewarm():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "prewarm.py"
-    spec = importlib.util.spec_from_file_location("prewarm_tool", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/prewarm.py", "prewarm_tool")
 
 
 def test_the_prewarm_says_first_what_it_does_then_a_line_a_group_then_the_time():

@@ -1,19 +1,13 @@
 """bench/pslite/driver.py's logic, with no ps-lite built: where it looks for the driver, each
 node's environment, what it reads of the driver's output, and the ratios it forms (issue 44.3)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
-# bench/ is scripts, not a package: the module is loaded from its file, and nothing goes on sys.path
-# (bench/'s names, table.py or filters.py, would shadow others in the test session)
-_spec = importlib.util.spec_from_file_location(
-    "pslite_driver", Path(__file__).resolve().parents[2] / "bench" / "pslite" / "driver.py")
-assert _spec is not None and _spec.loader is not None
-driver = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(driver)
+driver = load_script("bench/pslite/driver.py", "pslite_driver")
 PINNED, NotBuilt, PsliteError = driver.PINNED, driver.NotBuilt, driver.PsliteError
 driver_args, driver_path, find_driver = driver.driver_args, driver.driver_path, driver.find_driver
 node_env, parse_output, ratios = driver.node_env, driver.parse_output, driver.ratios

@@ -3,10 +3,10 @@ in ``also`` (bench/), on a small fake tree."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "shape.py"
 CONFIG = """[tool.paramserver.shape]
@@ -22,11 +22,7 @@ exceptions = []
 
 @pytest.fixture(scope="module")
 def shape():
-    spec = importlib.util.spec_from_file_location("shape_tool", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/shape.py", "shape_tool")
 
 
 def _tree(root: Path, also: str) -> Path:

@@ -3,20 +3,15 @@ across rooms, fails; each check on a small package of its own, and on the real o
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import re
-import sys
 import textwrap
 
 import pytest
+from scripts import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("ties", ROOT / "tools" / "ties.py")
-assert _spec is not None and _spec.loader is not None
-ties = importlib.util.module_from_spec(_spec)
-sys.modules["ties"] = ties  # its dataclass looks its module up
-_spec.loader.exec_module(ties)
+ties = load_script("tools/ties.py", "ties")
 
 
 def _package(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
