@@ -217,7 +217,8 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
                        seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),
                        consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
                        layout=getattr(args, "table_layout", "auto"), filters=getattr(args, "filters", None),
-                       lifecycle=getattr(args, "lifecycle", None), storage=getattr(args, "storage", "float32"))
+                       lifecycle=getattr(args, "lifecycle", None), storage=getattr(args, "storage", "float32"),
+                       row_cache=getattr(args, "row_cache", "off"))
 
 
 def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list[str],

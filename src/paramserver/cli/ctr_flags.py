@@ -127,6 +127,10 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                         "ramp, every batch --batch-size)")
     p.add_argument("--pipeline", type=int, default=2,
                    help="mini-batches in flight per worker (1: each sees every earlier push)")
+    p.add_argument("--row-cache", default="off", metavar="SPEC",
+                   help="each worker caches the model's rows it reads often: a row is read while at most S of "
+                        "its server's updates behind, and a cached key's gradients are summed and pushed every S "
+                        "uses: 's=8,rows=262144', the preset 'hot' (that), or 'off' (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tables' initial values")
     loss_flags(p)
     p.add_argument("--consistency", default="asp",

@@ -74,6 +74,7 @@ class Caller:
             if nbytes > limit:
                 raise ConfigError(f"{nbytes} bytes for server {piece.server} exceed "
                                   f"max_message_bytes={self.config.max_message_bytes}; split the batch")
+        self.state.keys[kind.value] = self.state.keys.get(kind.value, 0) + int(keys.shape[0])
         worker_clock = self.clock if self.role == "worker" else None
         header = call_header(kind, table, node_id=self.node_id, worker_clock=worker_clock, seq=seq,
                              token=self.token, extra=extra_header)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.client.admin import Admin
+from paramserver.client.cached_calls import CachedCalls
 from paramserver.client.caller import Caller
 from paramserver.client.calls import FunctionCalls
 from paramserver.client.core import Piece, as_keys, rows_into
@@ -88,6 +89,7 @@ class Client:
         self._clocks = Clocks(self._caller, self._flushes.due)
         self._functions = FunctionCalls(self._caller)
         self._life = LifeCalls(self._caller)
+        self._cached = CachedCalls(self._caller)  # the tables whose rows this client caches
         try:
             view = self._call(self.config.scheduler, {"op": Op.REGISTER.value, "role": role, "metrics": metrics_url},
                               timeout_s=self.config.connect_timeout_s, connecting=True)
@@ -148,7 +150,7 @@ class Client:
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
                      aggregate: bool = False, replicas: int = 1, key_bits: int = 0,
                      block_size: int = 0, filters: Any = None, lifecycle: Any = None,
-                     storage: str = "float32") -> TableSpec:
+                     storage: str = "float32", row_cache: Any = None) -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
 
         ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
@@ -160,15 +162,26 @@ class Client:
         replies go through on the wire (``"lossless"``, ``"compact"``,
         ``"push=int8,keycache,zstd;pull=keycache"``: ``paramserver.filters``); ``lifecycle``
         what happens to its keys over time (``"admit=after:2;ttl=1e6"``: ``paramserver.lifecycle``);
-        ``storage`` ``"fp16"`` or ``"bf16"`` stores its rows in 16 bits a column.  See ``TableSpec``.
+        ``storage`` ``"fp16"`` or ``"bf16"`` stores its rows in 16 bits a column;
+        ``row_cache`` caches its rows on this client (``cache_rows``).  See ``TableSpec``.
 
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
         """
-        return self.admin.create_table_spec(
+        spec = self.admin.create_table_spec(
             TableSpec(name, dim, optimizer=optimizer, initializer=initializer, seed=seed, consistency=consistency,
                       aggregate=aggregate, replicas=replicas, key_bits=key_bits, block_size=block_size,
                       filters=filters, lifecycle=lifecycle, storage=storage))
+        if row_cache is not None:
+            self.cache_rows(name, row_cache)
+        return spec
+
+    def cache_rows(self, table: str, row_cache: Any = "hot") -> None:
+        """Cache ``table``'s rows on this client, read while at most ``s`` of a server's
+        updates behind, its gradients summed here and pushed every ``s`` (``"s=8,rows=262144"``,
+        the preset ``"hot"``, or ``"off"``: ``client/row_cache.py``).  Every worker of a job
+        says it for itself; ``s=0`` (``off``) is no cache, what it held pushed first."""
+        self._cached.use(self._spec(table), row_cache)
 
     def drop_table(self, name: str) -> None:
         self._call(self.config.scheduler, {"op": Op.DROP_TABLE.value, "name": name})
@@ -187,6 +200,10 @@ class Client:
         spec = self._spec(table)
         keys = as_keys(keys)
         spec.check_keys(keys)
+        cache = self._state.row_caches.get(table)
+        if cache is not None:
+            self._losses.check()
+            return self._cached.pull(spec, keys, cache)
         out = np.empty((keys.shape[0], spec.dim), np.float32)
         filters = self._state.filters
         replies = filters.reply_chain(spec)
@@ -230,6 +247,9 @@ class Client:
             raise ConfigError(f"push to {table!r}: grads contain NaN or inf (check the learning "
                               "rate and the loss)")
         grads = with_stats(spec, grads, stats)
+        cache = self._state.row_caches.get(table)
+        if cache is not None and op == "update":
+            return self._cached.push(spec, keys, grads, distinct, cache)
         if op in ("assign", "max", "min") and not distinct:
             keys, grads = combine_duplicates(keys, grads, op)
             distinct = True
@@ -319,6 +339,8 @@ class Client:
     def clock(self) -> int:
         """Finish this worker's clock (``Clocks.clock``): every server hears it, on the next
         pull or push to it or on its own; returns the clocks finished."""
+        if self._state.row_caches:
+            self._cached.on_clock()  # a BSP or SSP table's sums go with the clock they were made in
         return self._clocks.clock()
 
     @property
@@ -344,8 +366,15 @@ class Client:
         return self._functions.call(table, function, keys, args)
 
     def flush(self, table: str | None = None, timeout_s: float | None = None, rounding: bool = False) -> int:
-        """Push what this client's filters still owe (``Flushes.flush``); the keys pushed."""
-        return self._flushes.flush(table, timeout_s, rounding)
+        """Push what this client's row caches hold (``push_held``) and what its filters
+        still owe (``Flushes.flush``); the keys pushed."""
+        return self.push_held(table, timeout_s) + self._flushes.flush(table, timeout_s, rounding)
+
+    def push_held(self, table: str | None = None, timeout_s: float | None = None) -> int:
+        """Push the gradients this client's row caches summed and hold (``table``'s, or
+        every cached table's), and wait until applied; the keys pushed.  ``paramserver
+        train`` calls it before a shard is reported done."""
+        return self._cached.flush(table, timeout_s)
 
     def set_time(self, time: float | None) -> None:
         """The time this client's pushes carry from now on (``LifeCalls.set_time``)."""

@@ -18,6 +18,7 @@ from paramserver.client import core
 from paramserver.client.core import Piece, RouteMemo, Scheduler, Sequencer, View, Wire, route
 from paramserver.client.filtering import ClientFilters
 from paramserver.client.io_thread import IOThread
+from paramserver.client.row_cache import RowCache
 from paramserver.config import Config
 from paramserver.routing.ring import Ring
 from paramserver.tables.spec import TableSpec
@@ -38,6 +39,8 @@ class ClientState:
         self.filters = ClientFilters()  # links, residuals and bytes of the tables' filters
         self.memo = RouteMemo()  # the last pulls' routings, which pushes of the same keys take
         self.counts: dict[str, int] = {}  # calls by op, and "retries" (pieces routed again): metrics.client_families
+        self.keys: dict[str, int] = {}  # keys sent by op (a pull's, a push's): each a key-operation on a server
+        self.row_caches: dict[str, RowCache] = {}  # the tables whose rows this client caches (``client/row_cache.py``)
         # a data request unanswered this long fails with NoAnswerError, and is routed again and
         # resent.  None (the default): a request waits for its answer or for its server to be
         # declared dead, as before the client's core.  A fixed wait is wrong for some requests:

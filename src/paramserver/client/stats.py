@@ -56,6 +56,16 @@ class Stats:
         return self._state.counts
 
     @property
+    def keys(self) -> dict[str, int]:
+        """Keys this client sent by op (``pull``, ``push``): each one a server's key-operation."""
+        return dict(self._state.keys)
+
+    def row_cache_stats(self) -> dict[str, dict[str, object]]:
+        """Per cached table: hits, misses, reads found stale, sums held and pushed, and how
+        many versions behind a hit was (p50, p99, histogram): ``client/row_cache.py``."""
+        return {name: cache.stats() for name, cache in list(self._state.row_caches.items())}
+
+    @property
     def losses(self) -> list[dict[str, Any]]:
         """The servers' deaths that lost data, as this client was told (each: ``server``,
         ``tables``, ``by_table`` vnode ids, ``vnodes``)."""

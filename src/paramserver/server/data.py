@@ -45,13 +45,15 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
     out = np.empty((keys.shape[0], table.spec.dim), np.float32)
     _split(state, vnodes, counts, keys.shape[0], lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
+    fields = {"version": table.version} if msg.header.get("versions") else {}  # a row cache's bound
     if not table.spec.filters or not msg.header.get("reply_filters"):  # the default: no lookup
-        return reply(msg, [out])
+        return reply(msg, [out], **fields)
     chain = chains(table.spec.filters)["reply"]
     if not chain:
-        return reply(msg, [out])
+        return reply(msg, [out], **fields)
     sizes: dict[str, list[int]] = {}
-    fields, arrays = pack("reply", chain, [out], Context(), sizes)
+    packed, arrays = pack("reply", chain, [out], Context(), sizes)
+    fields.update(packed)
     for name, (before, after) in sizes.items():
         seen = state.filter_bytes.setdefault((table.spec.name, name), [0, 0])
         seen[0] += before
@@ -225,6 +227,8 @@ class DataPlane:
                vnodes: np.ndarray, counts: np.ndarray) -> None:
         state = self.state
         op = push_op(msg, table)
+        if keys.shape[0]:
+            table.version += 1  # one push, however many keys: counted before a BSP clock buffers it too
         if op != OP_UPDATE:
             _split(state, vnodes, counts, keys.shape[0],
                    lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k], op))

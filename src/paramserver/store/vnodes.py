@@ -52,6 +52,9 @@ class VnodeSet:
         self.bits = spec.key_bits
         self.layout = spec.layout  # how keys map to vnodes (``hashing.layout_code``)
         self.slot = np.full(n_vnodes, -1, np.int64)
+        # pushes applied to this table here (a request's, a forwarded copy's, a clock's sum):
+        # a pull that asks is answered with it, by which workers' row caches bound staleness
+        self.version = 0
         opt, init = spec.optimizer, spec.initializer
         self._okind, self._ohp, self._ikind, self._ihp = opt.kind, opt.params(), init.kind, init.params()
         self._seed = np.uint64(spec.seed)

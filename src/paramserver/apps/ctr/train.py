@@ -51,6 +51,7 @@ from paramserver.checkpoint import store as checkpoint
 from paramserver.client.client import Client
 from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
+from paramserver.client.row_cache import merge_caches
 from paramserver.data.files import check_output, is_plain_local
 from paramserver.data.reader import (
     Batch,
@@ -433,6 +434,12 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
         report.update(stream_rates(this_run, seconds, ran.busy_seconds))
     if "progressive" in status:  # each example scored before the model trained on it
         report["progressive"] = status["progressive"]
+    keys = [r.get("keys", {}) for r in per_worker]
+    sent = sum(k.get("pull", 0) + k.get("push", 0) for k in keys)  # each a server's key-operation
+    report["key_ops_per_example"] = sent / this_run if this_run else 0.0
+    caches = [c for r in per_worker for c in r.get("row_cache", {}).values()]
+    if caches:
+        report["row_cache"] = merge_caches(caches)
     if plan.spec.filters:
         report["filters"] = str(plan.spec.filters)
         report["filter_bytes"] = merge_stats([r.get("filters", {}) for r in per_worker])

@@ -16,6 +16,7 @@ from paramserver.apps.ctr.deep import DENSE_BLOCK
 from paramserver.apps.ctr.models import Model
 from paramserver.data.reader import DataFormat
 from paramserver.errors import ConfigError
+from paramserver.client.row_cache import RowCacheSpec
 from paramserver.filters.chain import FilterSpec
 from paramserver.lifecycle.spec import Lifecycle
 from paramserver.routing.hashing import MAX_KEY_BITS
@@ -47,6 +48,7 @@ class TrainConfig:
     filters: Any = None  # what the model's pushes, pulls and replies go through on the wire (paramserver.filters)
     lifecycle: Any = None  # admission, eviction, change tracking of the model's table (paramserver.lifecycle)
     storage: str = "float32"  # how servers store the model table's rows: float32, fp16 or bf16
+    row_cache: Any = "off"  # each worker's cache of the model table's rows (client/row_cache.py): off, hot, s=N,rows=N
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
     slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch
 
@@ -61,6 +63,10 @@ class TrainConfig:
             raise ConfigError(f"--pipeline must be in [1, 64], got {self.pipeline}")
         if self.layout not in LAYOUTS:
             raise ConfigError(f"--table-layout must be one of {LAYOUTS}, got {self.layout!r}")
+        try:
+            RowCacheSpec.parse(self.row_cache)
+        except ConfigError as exc:
+            raise ConfigError(f"--row-cache {self.row_cache!r}: {exc}") from None
         try:  # said with the flag's name, before any node starts
             FilterSpec.parse(self.filters)
         except ConfigError as exc:

@@ -18,6 +18,7 @@ from paramserver.apps.ctr.models import to_rows
 from paramserver.apps.ctr.ramp import ramped
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.client.client import Client
+from paramserver.client.row_cache import RowCacheSpec
 from paramserver.data.prefetch import Prefetch
 from paramserver.data.reader import Shard, read_batches
 from paramserver.lifecycle.spec import Lifecycle
@@ -34,11 +35,14 @@ def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
     def on_batch(clock: int, n: int, loss: float) -> None:
         trace.append((time.perf_counter() - t0, clock, n, loss))
 
+    if RowCacheSpec.parse(cfg.row_cache):
+        client.cache_rows(cfg.model.table, cfg.row_cache)
     done = _train_stream(client, cfg, on_batch)
-    client.flush()  # what the filters held back goes out before the driver scores the model
+    client.flush()  # what the row cache and the filters held back goes out before the driver scores the model
     first = time.time() - (time.perf_counter() - t0 - trace[0][0]) if trace else None  # wall clock
     return {**done, "bytes_sent": client.stats.bytes_sent, "bytes_received": client.stats.bytes_received,
-            "filters": client.stats.filter_stats(), "rank": client.rank, "trace": trace, "first_batch_at": first}
+            "filters": client.stats.filter_stats(), "keys": client.stats.keys,
+            "row_cache": client.stats.row_cache_stats(), "rank": client.rank, "trace": trace, "first_batch_at": first}
 
 
 def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple[Any, ...]]:
@@ -159,6 +163,7 @@ class _Pipeline:
     def close_shard(self, task: Any, stats: dict[str, Any]) -> None:
         """The shard's last push is out: report it done once every push is applied."""
         self.closing = False
+        self.client.push_held()  # the row cache's sums: a shard is done once all it trained on is applied
         self._drain(0)
         job = self.client.job
         job.report_progress(examples=self.examples - self.shown_examples, loss_sum=self.loss_sum - self.shown_loss,

@@ -1,0 +1,145 @@
+"""The pulls and pushes of a table this client caches rows of (``client/row_cache.py``),
+built on the client's ``Caller``: a pull reads the rows held fresh enough and asks the
+servers for the rest (and every server a hit came from for its version), checks the hits
+against the versions the answers carry and pulls again the few found too old; a push
+sends what the cache does not gather.  ``Client.pull`` and ``Client.push`` come here for
+a table with a cache (``Client.cache_rows``)."""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from paramserver.client.core import Piece, pull_rows
+from paramserver.client.row_cache import Read, RowCache, RowCacheSpec
+from paramserver.errors import ConfigError
+from paramserver.routing.partition import combine_duplicates, scatter_rows
+from paramserver.wire.message import Message, Op
+
+if TYPE_CHECKING:
+    from paramserver.client.caller import Caller
+    from paramserver.tables.spec import TableSpec
+
+
+class CachedCalls:
+    """The row caches of one client, by table, and their pulls and pushes on ``caller``."""
+
+    def __init__(self, caller: Caller) -> None:
+        self.caller = caller
+        self.caches: dict[str, RowCache] = caller.state.row_caches
+        self.slots: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(keys pulled) -> (keys, their slots)
+
+    def use(self, spec: TableSpec, row_cache: Any) -> RowCacheSpec:
+        """Cache ``spec``'s rows on this client as ``row_cache`` says (``off``: stop, what it held pushed)."""
+        parsed = RowCacheSpec.parse(row_cache)
+        if parsed and spec.aggregate:
+            raise ConfigError(f"table {spec.name!r} aggregates a clock's pushes (BSP aggregate=True): a row cache "
+                              "would sum them a second time; cache a table without aggregate")
+        if spec.name in self.caches:
+            self.flush(spec.name)
+            del self.caches[spec.name]
+        if parsed:
+            self.caches[spec.name] = RowCache(parsed, spec.dim, spec.push_width)
+        return parsed
+
+    def pull(self, spec: TableSpec, keys: np.ndarray, cache: RowCache) -> Future[Any]:
+        out = np.empty((keys.shape[0], spec.dim), np.float32)
+        read = cache.read(keys, out, self.caller.state.ring().version)
+        if len(self.slots) > 16:
+            self.slots.clear()
+        self.slots[id(keys)] = (keys, read.slots)
+        outer: Future[Any] = Future()
+        missing = np.flatnonzero(read.slots < 0)
+        self._fetch(spec, cache, keys, missing, out, read, outer, cache.servers(read))
+        return outer
+
+    def _fetch(self, spec: TableSpec, cache: RowCache, keys: np.ndarray, positions: np.ndarray, out: np.ndarray,
+               read: Read, outer: Future[Any], ask: list[int]) -> None:
+        """Pull ``keys[positions]`` into ``out`` (and a version from every server in ``ask``),
+        then check the hits; ``outer`` gets ``out`` once no hit is too old."""
+        c = self.caller
+        filters = c.state.filters
+        replies = filters.reply_chain(spec)
+
+        def on_piece(piece: Piece, msg: Message) -> None:
+            rows = pull_rows(msg, piece, spec.dim, replies)
+            scatter_rows(rows, piece.extra, out)
+            version = msg.header.get("version")
+            if not isinstance(version, int) or isinstance(version, bool):
+                raise ConfigError(f"server {piece.server} answered a cached pull without its table's version: "
+                                  "a server older than the row cache; run every node on one release")
+            cache.answered(read, piece.server, version, piece.keys, rows)
+
+        def asked(pieces: list[Piece]) -> list[Piece]:  # a server none of the misses goes to still says its version
+            have = {p.server for p in pieces}
+            ring_version = pieces[0].ring_version if pieces else c.state.ring().version
+            empty_keys, empty_pos = np.zeros(0, np.uint64), np.zeros(0, np.int64)
+            return pieces + [Piece(server, ring_version, empty_keys, empty_pos, np.zeros(0, np.int32),
+                                   np.zeros(0, np.int64)) for server in ask if server not in have]
+
+        try:
+            inner = c.scatter(Op.PULL, spec.name, keys[positions], positions, on_piece, result=out,
+                              reply_row_bytes=4 * spec.dim, wire=filters.wire(spec, "pull"),
+                              extra_header={"versions": True, **({"reply_filters": True} if replies else {})},
+                              prepare=asked if ask else None)
+        except BaseException as exc:
+            outer.set_exception(exc)
+            return
+        inner.add_done_callback(functools.partial(self._checked, spec, cache, keys, out, read, outer))
+
+    def _checked(self, spec: TableSpec, cache: RowCache, keys: np.ndarray, out: np.ndarray, read: Read,
+                 outer: Future[Any], inner: Future[Any]) -> None:
+        exc = inner.exception()
+        if exc is not None:
+            outer.set_exception(exc)
+            return
+        stale = cache.stale(read, keys)
+        if not stale.size:
+            outer.set_result(out)
+            return
+        read.slots[stale] = -1  # pulled again: no longer a hit
+        again = Read(read.slots, read.stamps, read.cols, 0, 0, read.ring_version, read.pushes)
+        self._fetch(spec, cache, keys, stale, out, again, outer, [])
+
+    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool,
+             cache: RowCache) -> Future[Any]:
+        """A push of ``update`` gradients through ``cache``: what it does not gather goes out."""
+        if not distinct:
+            keys, grads = combine_duplicates(keys, grads, "update")
+        held = self.slots.get(id(keys))
+        slots = held[1] if held is not None and held[0] is keys else None
+        out_keys, out_grads, out_distinct = cache.write(keys, grads, slots)
+        if not out_keys.size:
+            done: Future[Any] = Future()
+            done.set_result(None)
+            return done
+        return self.caller.push(spec, out_keys, out_grads, "update", out_distinct)
+
+    def flush(self, table: str | None = None, timeout_s: float | None = None) -> int:
+        """Push every sum the caches hold (``table``'s, or all), waited on; the keys pushed."""
+        pushed = 0
+        for name in [table] if table is not None else list(self.caches):
+            cache = self.caches.get(name)
+            if cache is None:
+                continue
+            keys, sums, distinct = cache.take()
+            if keys.size:
+                self.caller.push(self.caller.spec(name), keys, sums, "update", distinct).result(timeout=timeout_s)
+                pushed += int(keys.shape[0])
+        return pushed
+
+    def on_clock(self) -> None:
+        """A BSP or SSP table's clock ends here: its sums go out (not waited on, ahead of
+        the clock's tick) and its rows are forgotten, so the next pull passes the gate."""
+        for name, cache in self.caches.items():
+            spec = self.caller.spec(name)
+            if spec.staleness == float("inf"):
+                continue  # ASP: the cache's own bound holds across clocks
+            cache.expire()
+            keys, sums, distinct = cache.take()
+            if keys.size:
+                self.caller.push(spec, keys, sums, "update", distinct)
+

@@ -1,0 +1,291 @@
+"""A worker's bounded-staleness row cache for one table (issue 46), without I/O: what a
+pull reads from it and what it asks the servers for, what a push gathers in it and what
+it sends, and when a row is too old to read.
+
+The bound is in the servers' versions of the table: each server counts the pushes it
+applied to the table (``VnodeSet.version``) and answers a pull that asks (``versions``)
+with the count.  A row is read from the cache while the count of the server it came from
+moved at most ``s`` since the row was fetched: then no read returns a row that missed
+more than ``s`` of the server's updates, whatever the row, and the check costs no byte a
+key (a version a key, as HET sends, would double a dim-1 pull).
+
+A pull asks every server for its version, even a server none of its misses goes to (an
+empty request), and the hits are checked against what the answers say once they are in;
+a hit found too old is pulled again before the pull returns (``RowCache.stale``).  What
+the worker expects of each version between pulls picks the hits (``Versions``: the newest
+answer's, plus the versions a push of this worker's has moved it by lately, for every
+push sent since that pull), so a hit is found too old only when the other workers sped up.
+
+A push adds each cached key's gradient to its local sum; the sum goes out once ``s``
+pushes gathered or ``s`` versions passed since its first gradient, when its slot is given
+up to another key, at ``flush``, at every ``clock()`` of a BSP or SSP table, and when the
+ring changes (the cache is then emptied: a failover or a join moves rows to servers whose
+versions are other counts).  ``s = 0`` is no cache.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from paramserver.errors import ConfigError
+from paramserver.store.rowcache import RowStore
+
+#: ``--row-cache`` presets; ``"off"`` (or ``""``) is no cache
+PRESETS = {"hot": "s=8,rows=262144"}
+#: the largest staleness bound taken
+MAX_S = 1 << 20
+#: a version histogram's last bucket holds every lag from here on
+LAG_BUCKETS = 64
+
+
+@dataclass(frozen=True)
+class RowCacheSpec:
+    """What ``--row-cache`` or ``create_table(row_cache=...)`` says: ``s`` (the staleness
+    bound, in server versions; 0: no cache) and ``rows`` (slots, rounded up to a power
+    of two)."""
+
+    s: int = 0
+    rows: int = 262_144
+
+    @classmethod
+    def parse(cls, text: object) -> RowCacheSpec:
+        """``"s=8,rows=262144"``, a preset (``hot``), or ``off``/``""``/None."""
+        if isinstance(text, RowCacheSpec):
+            return text
+        if text is None or text in ("", "off", "none"):
+            return cls()
+        if not isinstance(text, str):
+            raise ConfigError(f"row_cache must be a string such as 's=8,rows=262144', got {text!r}")
+        spec = PRESETS.get(text, text)
+        fields: dict[str, int] = {}
+        for part in spec.split(","):
+            name, eq, value = part.partition("=")
+            name = name.strip()
+            if not eq or name not in ("s", "rows"):
+                raise ConfigError(f"row cache {text!r}: {part!r} is not s=N or rows=N (e.g. 's=8,rows=262144', "
+                                  f"or a preset: {sorted(PRESETS)}, or 'off')")
+            fields[name] = _whole(text, name, value)
+        made = cls(**fields)
+        if not 0 <= made.s <= MAX_S:
+            raise ConfigError(f"row cache {text!r}: s must be in [0, {MAX_S}] (0: no cache), got {made.s}")
+        if not 4 <= made.rows <= 1 << 31:
+            raise ConfigError(f"row cache {text!r}: rows must be in [4, 2**31], got {made.rows}")
+        return made
+
+    def __bool__(self) -> bool:
+        return self.s > 0
+
+    def __str__(self) -> str:
+        return f"s={self.s},rows={self.rows}" if self else "off"
+
+
+def _whole(text: str, name: str, value: str) -> int:
+    """``value`` as a whole number (``262144``, ``1e6``)."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not number.is_integer():
+        raise ConfigError(f"row cache {text!r}: {name} must be a whole number, got {value!r}")
+    return int(number)
+
+
+@dataclass
+class Read:
+    """One pull through the cache: its keys' slots (-1: asked of a server), a hit's
+    stamp and server column as read, the hits, and each server's version as its answer
+    said (``versions``)."""
+
+    slots: np.ndarray
+    stamps: np.ndarray
+    cols: np.ndarray
+    hits: int
+    servers: int  # a mask of the columns the hits came from (bit min(column, 63))
+    ring_version: int
+    pushes: int  # this worker's pushes through the cache when the pull went out
+    versions: dict[int, int] = field(default_factory=dict)
+
+
+class Versions:
+    """What a worker expects of each server's version of a table: the newest answer's
+    (``base``, to a pull sent after ``at`` pushes of this worker's), and ``rate``, the
+    versions one push of this worker's has moved it by (its own, and the other workers'
+    meanwhile; at least 1), for every push since."""
+
+    def __init__(self) -> None:
+        self.base = np.zeros(0, np.int64)
+        self.at = np.zeros(0, np.int64)
+        self.rate = np.zeros(0, np.float64)
+
+    def add(self) -> None:
+        self.base, self.at = np.append(self.base, 0), np.append(self.at, -1)
+        self.rate = np.append(self.rate, 1.0)
+
+    def answered(self, col: int, version: int, at: int) -> None:
+        if at < self.at[col]:
+            return  # an older pull's answer, arrived late
+        if at == self.at[col]:
+            self.base[col] = max(self.base[col], version)
+            return
+        if self.at[col] >= 0:
+            seen = (version - self.base[col]) / (at - self.at[col])
+            self.rate[col] = max(1.0, 0.5 * self.rate[col] + 0.5 * seen)
+        self.base[col], self.at[col] = version, at
+
+    def expected(self, pushes: int) -> np.ndarray:
+        """Each server's version as expected after this worker's ``pushes`` pushes (rounded up)."""
+        return self.base + np.ceil(self.rate * np.maximum(0, pushes - self.at)).astype(np.int64)
+
+
+class RowCache:
+    """One table's cache on one worker; every method takes its lock (a pull's answers
+    fill it on the I/O thread while the worker reads and pushes)."""
+
+    def __init__(self, spec: RowCacheSpec, dim: int, width: int) -> None:
+        self.spec, self.s = spec, spec.s
+        self.store = RowStore(spec.rows, dim, width)
+        self.lock = threading.Lock()
+        self.ring_version = -1
+        self.index: dict[int, int] = {}  # a server's node id -> its column of ``versions``
+        self.versions = Versions()  # what this worker expects of each server's version
+        self.pushes = 0  # this worker's pushes that sent keys through the cache
+        self.owed: list[tuple[np.ndarray, np.ndarray]] = []  # sums out of the cache, for the next push
+        self.lags = np.zeros(LAG_BUCKETS, np.int64)  # how many versions behind each hit was, when served
+        self.counts = {"hits": 0, "misses": 0, "stale": 0, "sums_pushed": 0, "grads_gathered": 0}
+
+    def _column(self, server: int) -> int:
+        col = self.index.get(server)
+        if col is None:
+            col = self.index[server] = len(self.index)
+            self.versions.add()
+        return col
+
+    def _est(self) -> np.ndarray:
+        return self.versions.expected(self.pushes)
+
+    def _ring(self, ring_version: int) -> None:
+        """A new ring: every sum out, every row and version forgotten."""
+        if ring_version != self.ring_version:
+            self._take_all()
+            self.store.clear()
+            self.index.clear()
+            self.versions = Versions()
+            self.ring_version = ring_version
+
+    def _take_all(self) -> None:
+        keys, sums = self.store.drain()
+        if keys.size:
+            self.owed.append((keys, sums))
+
+    def read(self, keys: np.ndarray, out: np.ndarray, ring_version: int) -> Read:
+        """Copy the rows held within ``s`` into ``out``; what to ask the servers for is
+        ``Read.slots < 0``."""
+        with self.lock:
+            self._ring(ring_version)
+            slots, stamps, cols, hits, servers = self.store.read(keys, out, self._est(), self.s)
+            self.counts["hits"] += hits
+            self.counts["misses"] += keys.shape[0] - hits
+            return Read(slots, stamps, cols, hits, servers, ring_version, self.pushes)
+
+    def servers(self, read: Read) -> list[int]:
+        """The servers the hits of ``read`` came from: each must say its version."""
+        with self.lock:
+            if not read.hits:
+                return []
+            return [server for server, col in self.index.items() if col >= 63 or read.servers >> col & 1]
+
+    def answered(self, read: Read, server: int, version: int, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Server ``server`` answered at ``version`` with ``rows`` for ``keys``: kept (on this ring)."""
+        with self.lock:
+            read.versions[server] = version
+            if read.ring_version != self.ring_version:
+                return
+            col = self._column(server)
+            self.versions.answered(col, version, read.pushes)
+            keys_out, sums = self.store.fill(keys, rows, version, col)
+            if keys_out.size:
+                self.owed.append((keys_out, sums))
+
+    def stale(self, read: Read, keys: np.ndarray) -> np.ndarray:
+        """The positions of the hits of ``read`` (of ``keys``) that the servers' answers
+        show more than ``s`` versions old: pulled again.  The others' lags are counted."""
+        hit = np.flatnonzero(read.slots >= 0)
+        with self.lock:
+            if read.ring_version != self.ring_version:
+                return hit  # the ring moved under the read: its rows are of other servers' versions
+            now = np.full(len(self.index), np.iinfo(np.int64).max, np.int64)  # unanswered: too old
+            for server, version in read.versions.items():
+                col = self.index.get(server)
+                if col is not None:
+                    now[col] = version
+            lag = now[read.cols[hit]] - read.stamps[hit]
+            old = lag > self.s
+            self.lags += np.bincount(np.clip(lag[~old], 0, LAG_BUCKETS - 1), minlength=LAG_BUCKETS)
+            self.counts["stale"] += int(old.sum())
+            return hit[old]
+
+    def write(self, keys: np.ndarray, grads: np.ndarray, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray,
+                                                                                            bool]:
+        """What a push of distinct ``keys`` sends: the keys not held, the sums due, and
+        the sums owed (given up since); whether those keys are distinct."""
+        with self.lock:
+            hint = slots if slots is not None and slots.shape[0] == keys.shape[0] else np.full(keys.shape[0], -1)
+            out_keys, out_grads = self.store.write(keys, grads, hint, self._est(), self.s)
+            self.counts["grads_gathered"] += keys.shape[0]
+            self.counts["sums_pushed"] += out_keys.shape[0]
+            sent = self._with_owed(out_keys, out_grads)
+            if sent[0].size:
+                self.pushes += 1  # it moves the versions of the servers it reaches
+            return sent
+
+    def _with_owed(self, keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+        if not self.owed:
+            return keys, grads, True
+        owed, self.owed = self.owed, []
+        return (np.concatenate([keys, *[k for k, _ in owed]]), np.concatenate([grads, *[g for _, g in owed]]),
+                False)
+
+    def take(self) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Every sum held or owed, taken out to be pushed (flush, a clock, a part's end)."""
+        with self.lock:
+            self._take_all()
+            sent = self._with_owed(np.zeros(0, np.uint64), np.zeros((0, self.store.width), np.float32))
+            if sent[0].size:
+                self.pushes += 1
+            return sent
+
+    def expire(self) -> None:
+        """Forget every row (a BSP or SSP clock: the next pull reads what the gate allows)."""
+        with self.lock:
+            self._take_all()
+            self.store.clear()
+
+    def stats(self) -> dict[str, Any]:
+        """Hits, misses, reads found stale, sums held and pushed, and the lag histogram's p50/p99."""
+        with self.lock:
+            held = self.store.held() + sum(k.shape[0] for k, _ in self.owed)
+            return {**self.counts, "sums_held": held, "s": self.s, "rows": self.store.capacity,
+                    "bytes": self.store.nbytes, **percentiles(self.lags), "lag_histogram": self.lags.tolist()}
+
+
+def percentiles(histogram: np.ndarray) -> dict[str, int]:
+    """The p50 and p99 of a histogram of lags (bucket i: i versions behind)."""
+    total = int(histogram.sum())
+    cum = np.cumsum(histogram)
+    return {f"lag_p{q}": int(np.searchsorted(cum, q / 100 * total)) if total else 0 for q in (50, 99)}
+
+
+def merge_caches(per_worker: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row cache stats of several workers' (``RowCache.stats``) as one: counts summed,
+    lags from the summed histogram, the hit rate."""
+    merged: dict[str, Any] = {k: sum(c.get(k, 0) for c in per_worker)
+                              for k in ("hits", "misses", "stale", "sums_pushed", "grads_gathered", "sums_held")}
+    lags = np.sum([np.asarray(c["lag_histogram"], np.int64) for c in per_worker], axis=0)
+    reads = merged["hits"] + merged["misses"]
+    merged.update(s=per_worker[0]["s"], rows=per_worker[0]["rows"], hit_rate=merged["hits"] / reads if reads else 0.0,
+                  **percentiles(lags))
+    return merged

@@ -1,0 +1,265 @@
+"""A worker's row cache in compiled loops (``store/rowcache.py`` holds its arrays).
+
+A set-associative table of ``WAYS`` slots a set.  ``keys`` holds the slots' keys, a
+set's ways side by side (32 bytes: half a cache line), ``EMPTY`` where a way is free (a
+key equal to ``EMPTY`` is never cached); ``rec`` holds one record a slot, in as few cache
+lines as its row allows (32 bytes for a dim-1 row): the server's version when the row
+was fetched (``STAMP``), the version when the slot's sum took its first gradient
+(``BORN``), the pushes gathered and the server (``PACKED``), then, as float32 columns
+(``recf``, a view of the same memory), the row and the sum of the gradients not pushed.
+A key found costs two lines, both fetched ``AHEAD`` keys early.
+
+Admission is TinyLFU's: every key read is counted in a sketch of 4-bit counters (two a
+key, in one 64-byte block, the smaller read), halved every ``AGE_EVERY`` slots' worth of
+reads; a key that misses takes a free way of its set, or the way whose key the sketch
+counts least, if it counts the new key more.  A one-off key of a click log's long tail
+never replaces a key read twice.
+
+A slot's sum goes out once ``s`` pushes gathered, or once it is ``s`` versions old: the
+slots that start a sum are queued (``pend``) in the order they did, and each push takes
+from the queue's head those now due.  ``est[server]`` is the version the worker expects
+of each server (``client/row_cache.py``): a row is read while ``est - stamp <= s``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from paramserver._runtime.intrinsics import prefetch_row
+from paramserver.routing.hashing import hash64
+
+WAYS = 4
+EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+#: a record's words: the stamp, the born version, uses | server << 32; then float32 columns
+STAMP, BORN, PACKED, HEAD_WORDS = 0, 1, 2, 3
+FLOATS = 2 * HEAD_WORDS  # the first float32 column of the row
+#: the sketch is halved after this many reads a slot of the cache (TinyLFU's reset)
+AGE_EVERY = 8
+#: meta's cells: reads since the sketch was halved; the pending queue's head and tail
+META_READS, META_HEAD, META_TAIL = 0, 1, 2
+#: keys between the one prefetched and the one worked
+AHEAD = 8
+_LOW = np.uint64(0xFFFFFFFF)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def set_of(h, keys):  # type: ignore[no-untyped-def]
+    return np.int64(h & np.uint64(keys.shape[0] // WAYS - 1)) * WAYS
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _cells(h, sketch):  # type: ignore[no-untyped-def]
+    """Two 4-bit counters of one 64-byte block (128 counters)."""
+    block = np.int64((h >> np.uint64(20)) & np.uint64(sketch.shape[0] // 64 - 1)) * 128
+    return block + np.int64((h >> np.uint64(44)) & np.uint64(127)), block + np.int64((h >> np.uint64(51)) & np.uint64(127))
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _count(sketch, cell):  # type: ignore[no-untyped-def]
+    byte = sketch[cell >> 1]
+    return (byte >> 4) if cell & 1 else (byte & 15)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _bump(sketch, cell):  # type: ignore[no-untyped-def]
+    if _count(sketch, cell) < 15:
+        sketch[cell >> 1] += np.uint8(16 if cell & 1 else 1)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def estimate(h, sketch):  # type: ignore[no-untyped-def]
+    """How often (at most 15) the key of hash ``h`` was read lately."""
+    a, b = _cells(h, sketch)
+    return min(_count(sketch, a), _count(sketch, b))
+
+
+@njit(nogil=True, cache=True)
+def _age(sketch):  # type: ignore[no-untyped-def]
+    for i in range(sketch.shape[0]):
+        b = sketch[i]
+        sketch[i] = ((b >> 5) << 4) | ((b & 15) >> 1)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def find(keys, base, k):  # type: ignore[no-untyped-def]
+    """The slot holding key ``k`` in the set starting at ``base``, or -1."""
+    for w in range(WAYS):
+        if keys[base + w] == k:
+            return base + w
+    return -1
+
+
+@njit(inline="always", nogil=True, cache=True)
+def server_of(rec, j):  # type: ignore[no-untyped-def]
+    return np.int64(rec[j, PACKED] >> np.uint64(32))
+
+
+@njit(inline="always", nogil=True, cache=True)
+def uses_of(rec, j):  # type: ignore[no-untyped-def]
+    return np.int64(rec[j, PACKED] & _LOW)
+
+
+@njit(nogil=True, cache=True)
+def read(want, out, slot_of, stamp_of, col_of, keys, rec, recf, sketch, meta, est, s):  # type: ignore[no-untyped-def]
+    """Copy into ``out`` the rows of ``want`` the cache holds within ``s`` versions of
+    ``est``; each key's slot (``slot_of``, -1 for a miss), and a hit's stamp and server
+    (``stamp_of``, ``col_of``).  Every key is counted in the sketch.  Returns the hits and
+    a bit mask of the servers the hits came from (bit ``min(server, 63)``)."""
+    n = want.shape[0]
+    dim = out.shape[1]
+    hits, servers = 0, np.uint64(0)
+    for i in range(min(AHEAD, n)):  # the first keys' sets and sketch blocks on their way
+        h = hash64(want[i])
+        prefetch_row(keys, set_of(h, keys))
+        prefetch_row(sketch, _cells(h, sketch)[0] >> 1)
+    for i in range(n):
+        if i + AHEAD < n:
+            h = hash64(want[i + AHEAD])
+            prefetch_row(keys, set_of(h, keys))
+            prefetch_row(sketch, _cells(h, sketch)[0] >> 1)
+        k = want[i]
+        h = hash64(k)
+        a, b = _cells(h, sketch)
+        _bump(sketch, a)
+        _bump(sketch, b)
+        j = find(keys, set_of(h, keys), k)
+        slot_of[i] = -1
+        if j < 0 or k == EMPTY:
+            continue
+        srv = server_of(rec, j)
+        stamp = np.int64(rec[j, STAMP])
+        if est[srv] - stamp <= s:
+            for c in range(dim):
+                out[i, c] = recf[j, FLOATS + c]
+            slot_of[i] = j
+            stamp_of[i] = stamp
+            col_of[i] = srv
+            servers |= np.uint64(1) << np.uint64(min(srv, 63))
+            hits += 1
+    meta[META_READS] += n
+    if meta[META_READS] >= AGE_EVERY * keys.shape[0]:
+        meta[META_READS] = 0
+        _age(sketch)
+    return hits, servers
+
+
+@njit(nogil=True, cache=True)
+def fill(got, got_rows, version, server, keys, rec, recf, sketch, owed_keys, owed_sums):  # type: ignore[no-untyped-def]
+    """Keep the rows a server answered at ``version``: a key held is refreshed (its sum
+    kept), another admitted by TinyLFU.  A slot given up that held a sum writes it to
+    ``owed_keys``/``owed_sums`` (room for one a key); returns how many."""
+    owed = 0
+    dim = got_rows.shape[1]
+    width = owed_sums.shape[1]
+    for i in range(got.shape[0]):
+        k = got[i]
+        if k == EMPTY:
+            continue
+        h = hash64(k)
+        base = set_of(h, keys)
+        j = find(keys, base, k)
+        kept = np.uint64(0)  # a refreshed slot keeps the uses of its sum
+        if j >= 0:
+            kept = rec[j, PACKED] & _LOW
+        else:
+            least = 16
+            for w in range(WAYS):  # a free way, else the way whose key was read least
+                if keys[base + w] == EMPTY:
+                    j = base + w
+                    break
+                seen = estimate(hash64(keys[base + w]), sketch)
+                if seen < least:
+                    j, least = base + w, seen
+            if keys[j] != EMPTY:
+                if estimate(h, sketch) <= least:
+                    continue  # not admitted: read no more often than the key it would replace
+                if uses_of(rec, j) > 0:
+                    owed_keys[owed] = keys[j]
+                    for c in range(width):
+                        owed_sums[owed, c] = recf[j, FLOATS + dim + c]
+                    owed += 1
+            keys[j] = k
+            for c in range(width):
+                recf[j, FLOATS + dim + c] = 0.0
+        for c in range(dim):
+            recf[j, FLOATS + c] = got_rows[i, c]
+        rec[j, STAMP] = np.uint64(version)
+        rec[j, PACKED] = (np.uint64(server) << np.uint64(32)) | kept
+    return owed
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _emit(j, keys, rec, recf, dim, width, out_keys, out_grads, n):  # type: ignore[no-untyped-def]
+    out_keys[n] = keys[j]
+    for c in range(width):
+        out_grads[n, c] = recf[j, FLOATS + dim + c]
+        recf[j, FLOATS + dim + c] = 0.0
+    rec[j, PACKED] &= ~_LOW  # no use gathered
+
+
+@njit(nogil=True, cache=True)
+def write(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, dim, out_keys, out_grads):  # type: ignore[no-untyped-def]
+    """A push of ``pushed`` (distinct keys) through the cache: a key held adds its
+    gradient to its sum, which goes out once ``s`` pushes gathered; a key not held goes
+    out as it is.  Then the sums the queue says are ``s`` versions old go out.
+    ``slot_hint``: each key's slot when it was read (-1: look it up).  Returns the keys
+    written to ``out_keys``/``out_grads``."""
+    n = 0
+    width = grads.shape[1]
+    cap = pend.shape[0]
+    m = pushed.shape[0]
+    for i in range(m):
+        if i + AHEAD < m and slot_hint[i + AHEAD] >= 0:
+            prefetch_row(rec, slot_hint[i + AHEAD])
+        k = pushed[i]
+        j = slot_hint[i]
+        if j < 0 or keys[j] != k:
+            j = find(keys, set_of(hash64(k), keys), k) if k != EMPTY else -1
+        if j < 0:
+            out_keys[n] = k
+            for c in range(width):
+                out_grads[n, c] = grads[i, c]
+            n += 1
+            continue
+        uses = uses_of(rec, j)
+        if uses == 0:  # the sum's first gradient: queued, to go out s versions on
+            born = est[server_of(rec, j)]
+            rec[j, BORN] = np.uint64(born)
+            tail = meta[META_TAIL]
+            if tail - meta[META_HEAD] < cap:
+                pend[tail % cap, 0] = np.int64(j)
+                pend[tail % cap, 1] = born
+                pend[tail % cap, 2] = np.int64(k)
+                meta[META_TAIL] = tail + 1
+        for c in range(width):
+            recf[j, FLOATS + dim + c] += grads[i, c]
+        if uses + 1 >= s:
+            _emit(j, keys, rec, recf, dim, width, out_keys, out_grads, n)
+            n += 1
+        else:
+            rec[j, PACKED] += np.uint64(1)
+    head, tail = meta[META_HEAD], meta[META_TAIL]
+    while head < tail and n < out_keys.shape[0]:
+        q = head % cap
+        j, born, k = pend[q, 0], pend[q, 1], np.uint64(pend[q, 2])
+        if keys[j] == k and uses_of(rec, j) > 0 and np.int64(rec[j, BORN]) == born:
+            if est[server_of(rec, j)] - born < s:
+                break  # the queue is in the order the sums started: the rest are younger
+            _emit(j, keys, rec, recf, dim, width, out_keys, out_grads, n)
+            n += 1
+        head += 1
+    meta[META_HEAD] = head
+    return n
+
+
+@njit(nogil=True, cache=True)
+def drain(keys, rec, recf, dim, out_keys, out_grads):  # type: ignore[no-untyped-def]
+    """Every sum held, written out and zeroed; returns how many."""
+    n = 0
+    width = out_grads.shape[1]
+    for j in range(keys.shape[0]):
+        if keys[j] != EMPTY and uses_of(rec, j) > 0:
+            _emit(j, keys, rec, recf, dim, width, out_keys, out_grads, n)
+            n += 1
+    return n

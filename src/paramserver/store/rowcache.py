@@ -1,0 +1,86 @@
+"""``RowStore``: the arrays of one worker's row cache for one table, worked by the compiled
+loops of ``loops/cache.py`` (what it does with them, and when, is ``client/row_cache.py``'s).
+
+A slot costs its key (8 bytes) and its record: 24 bytes of versions and counts, then the
+row and the sum, 4 bytes a column each, rounded up to 8 (32 bytes for a dim-1 row, 152 for
+dim 16); the sketch adds a byte a slot, the queue of sums 24.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paramserver.store.loops import cache as loops
+
+#: sums taken from the queue by one push at most (the rest go with the next)
+QUEUE_TAKE = 1 << 16
+
+
+class RowStore:
+    """``rows`` slots (rounded up to a power of two, at least one set) of ``dim`` columns,
+    with sums ``width`` wide (a push's row: the value's gradient, and the shows and clicks
+    of a table that counts them)."""
+
+    def __init__(self, rows: int, dim: int, width: int) -> None:
+        sets = 1 << max(0, (max(1, rows) - 1).bit_length() - 2)  # WAYS = 4 slots a set
+        cap = sets * loops.WAYS
+        self.dim, self.width, self.capacity = dim, width, cap
+        self.keys = np.full(cap, loops.EMPTY, np.uint64)
+        words = loops.HEAD_WORDS + -(-(dim + width) // 2)
+        self.rec = np.zeros((cap, words), np.uint64)
+        self.recf = self.rec.view(np.float32)
+        self.sketch = np.zeros(max(64, cap), np.uint8)  # 4-bit counters, two a byte
+        self.pend = np.zeros((cap, 3), np.int64)  # the queue of sums: slot, born, key
+        self.meta = np.zeros(3, np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.rec.nbytes + self.sketch.nbytes + self.pend.nbytes
+
+    def held(self) -> int:
+        """Slots holding a sum not pushed yet."""
+        live = self.keys != loops.EMPTY
+        return int(np.count_nonzero(self.rec[live, loops.PACKED] & np.uint64(0xFFFFFFFF)))
+
+    def read(self, keys: np.ndarray, out: np.ndarray, est: np.ndarray,
+             s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+        """The rows of ``keys`` held within ``s`` versions, copied into ``out``: each key's
+        slot (-1: a miss), a hit's stamp and server column, the hits, and a mask of the
+        hits' servers (``loops.read``)."""
+        n = keys.shape[0]
+        slot_of, stamp_of, col_of = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+        hits, servers = loops.read(keys, out, slot_of, stamp_of, col_of, self.keys, self.rec, self.recf, self.sketch,
+                                   self.meta, est, s)
+        return slot_of, stamp_of, col_of, int(hits), int(servers)
+
+    def fill(self, keys: np.ndarray, rows: np.ndarray, version: int, server: int) -> tuple[np.ndarray, np.ndarray]:
+        """Keep the rows server column ``server`` answered at ``version``; the sums of the
+        slots given up (``loops.fill``)."""
+        owed_keys = np.empty(keys.shape[0], np.uint64)
+        owed_sums = np.empty((keys.shape[0], self.width), np.float32)
+        n = loops.fill(keys, rows, version, server, self.keys, self.rec, self.recf, self.sketch, owed_keys, owed_sums)
+        return owed_keys[:n], owed_sums[:n]
+
+    def write(self, keys: np.ndarray, grads: np.ndarray, slots: np.ndarray, est: np.ndarray,
+              s: int) -> tuple[np.ndarray, np.ndarray]:
+        """What a push of ``keys`` sends once through the cache (``loops.write``)."""
+        room = keys.shape[0] + min(QUEUE_TAKE, self.capacity)
+        out_keys = np.empty(room, np.uint64)
+        out_grads = np.empty((room, self.width), np.float32)
+        n = loops.write(keys, grads, slots, self.keys, self.rec, self.recf, self.pend, self.meta, est, s, self.dim,
+                        out_keys, out_grads)
+        return out_keys[:n], out_grads[:n]
+
+    def drain(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every sum held, taken out (the queue emptied)."""
+        n_held = self.held()
+        out_keys = np.empty(n_held, np.uint64)
+        out_grads = np.empty((n_held, self.width), np.float32)
+        n = loops.drain(self.keys, self.rec, self.recf, self.dim, out_keys, out_grads)
+        self.meta[loops.META_HEAD] = self.meta[loops.META_TAIL]
+        return out_keys[:n], out_grads[:n]
+
+    def clear(self) -> None:
+        """Forget every row (their sums taken out first: ``drain``)."""
+        self.keys[:] = loops.EMPTY
+        self.rec[:] = 0
