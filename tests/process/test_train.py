@@ -51,6 +51,20 @@ def test_every_example_once_per_epoch_across_workers_and_shards(tmp_path):
     assert report["bytes_sent"] > 0 and report["bytes_received"] > 0
 
 
+def test_a_row_cache_trains_every_example_once_with_fewer_key_operations_and_says_so(tmp_path):
+    path, test = str(tmp_path / "synth.tsv"), str(tmp_path / "test.tsv")
+    write_synth(path, 30_000, seed=3)
+    write_synth(test, 3_000, seed=4)
+    reports = {rc: run_training(TrainConfig(Model("lr"), epochs=2, batch_size=500, row_cache=rc), [path], [test],
+                                servers=2, workers=2, shard_bytes=400_000) for rc in ("off", "s=4,rows=4096")}
+    cached, plain = reports["s=4,rows=4096"], reports["off"]
+    assert cached["examples"] == plain["examples"] == 60_000
+    assert cached["row_cache"]["hits"] > 0 and cached["row_cache"]["sums_held"] == 0
+    assert cached["row_cache"]["lag_p99"] <= 4
+    assert cached["key_ops_per_example"] < plain["key_ops_per_example"]
+    assert abs(cached["logloss"] - plain["logloss"]) < 0.01
+
+
 def cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "paramserver", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "CI": "1"})
@@ -103,6 +117,7 @@ def test_a_malformed_test_file_is_said_in_one_line_before_the_job(tmp_path):
     (["--data", "{synth}", "--checkpoint-every", "5"], "--checkpoint-every 5 needs --checkpoint-dir URL"),
     (["--data", "{synth}", "--filters", "push=nosuch"], "--filters 'push=nosuch': unknown filter 'nosuch'"),
     (["--data", "{synth}", "--filters", "push=zstd,int8"], "list them in the order select > values > keys > bytes"),
+    (["--data", "{synth}", "--row-cache", "s=-2"], "--row-cache 's=-2': row cache 's=-2': s must be in [0, "),
     (["--data", "{synth}", "--resume", "{tmp}"], "no complete checkpoint under"),
     (["--data", "{synth}", "--resume", "{tmp}/nothing"], "no checkpoint at"),
 ])

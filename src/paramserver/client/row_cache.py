@@ -226,7 +226,8 @@ class RowCache:
             old = lag > self.s
             self.lags += np.bincount(np.clip(lag[~old], 0, LAG_BUCKETS - 1), minlength=LAG_BUCKETS)
             self.counts["stale"] += int(old.sum())
-            return hit[old]
+            again: np.ndarray = hit[old]
+            return again
 
     def write(self, keys: np.ndarray, grads: np.ndarray, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray,
                                                                                             bool]:

@@ -60,10 +60,6 @@ class Life(Protocol):
 class Vnode(Protocol):
     """One vnode's rows, read and written whole (exports, copies, checkpoints)."""
 
-    #: pushes applied to the table here, counted by the server's data plane (a pull that
-    #: asks for it, ``versions``, is answered with it: ``client/row_cache.py``)
-    version: int
-
     def __len__(self) -> int: ...
 
     @property
@@ -120,6 +116,10 @@ class VnodeStore(Protocol):
     def life(self) -> Life | None:
         """The table's key lifecycle on this server, if it has one."""
         ...
+
+    #: pushes applied to the table here, counted by the server's data plane (a pull that
+    #: asks for it, ``versions``, is answered with it: ``client/row_cache.py``)
+    version: int
 
     def __len__(self) -> int: ...
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from paramserver.apps.ctr.deep import DENSE_BLOCK
 from paramserver.apps.ctr.models import Model
+from paramserver.client.row_cache import RowCacheSpec
 from paramserver.data.reader import DataFormat
 from paramserver.errors import ConfigError
-from paramserver.client.row_cache import RowCacheSpec
 from paramserver.filters.chain import FilterSpec
 from paramserver.lifecycle.spec import Lifecycle
 from paramserver.routing.hashing import MAX_KEY_BITS

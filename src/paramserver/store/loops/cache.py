@@ -38,51 +38,53 @@ FLOATS = 2 * HEAD_WORDS  # the first float32 column of the row
 AGE_EVERY = 8
 #: meta's cells: reads since the sketch was halved; the pending queue's head and tail
 META_READS, META_HEAD, META_TAIL = 0, 1, 2
-#: keys between the one prefetched and the one worked
+#: keys between the one prefetched and the one worked (a read: between each of its stages)
 AHEAD = 8
+HALF = 6
 _LOW = np.uint64(0xFFFFFFFF)
 
 
 @njit(inline="always", nogil=True, cache=True)
-def set_of(h, keys):  # type: ignore[no-untyped-def]
+def set_of(h, keys):
     return np.int64(h & np.uint64(keys.shape[0] // WAYS - 1)) * WAYS
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _cells(h, sketch):  # type: ignore[no-untyped-def]
+def _cells(h, sketch):
     """Two 4-bit counters of one 64-byte block (128 counters)."""
     block = np.int64((h >> np.uint64(20)) & np.uint64(sketch.shape[0] // 64 - 1)) * 128
-    return block + np.int64((h >> np.uint64(44)) & np.uint64(127)), block + np.int64((h >> np.uint64(51)) & np.uint64(127))
+    low = np.uint64(127)
+    return block + np.int64((h >> np.uint64(44)) & low), block + np.int64((h >> np.uint64(51)) & low)
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _count(sketch, cell):  # type: ignore[no-untyped-def]
+def _count(sketch, cell):
     byte = sketch[cell >> 1]
     return (byte >> 4) if cell & 1 else (byte & 15)
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _bump(sketch, cell):  # type: ignore[no-untyped-def]
+def _bump(sketch, cell):
     if _count(sketch, cell) < 15:
         sketch[cell >> 1] += np.uint8(16 if cell & 1 else 1)
 
 
 @njit(inline="always", nogil=True, cache=True)
-def estimate(h, sketch):  # type: ignore[no-untyped-def]
+def estimate(h, sketch):
     """How often (at most 15) the key of hash ``h`` was read lately."""
     a, b = _cells(h, sketch)
     return min(_count(sketch, a), _count(sketch, b))
 
 
 @njit(nogil=True, cache=True)
-def _age(sketch):  # type: ignore[no-untyped-def]
+def _age(sketch):
     for i in range(sketch.shape[0]):
         b = sketch[i]
         sketch[i] = ((b >> 5) << 4) | ((b & 15) >> 1)
 
 
 @njit(inline="always", nogil=True, cache=True)
-def find(keys, base, k):  # type: ignore[no-untyped-def]
+def find(keys, base, k):
     """The slot holding key ``k`` in the set starting at ``base``, or -1."""
     for w in range(WAYS):
         if keys[base + w] == k:
@@ -91,17 +93,32 @@ def find(keys, base, k):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def server_of(rec, j):  # type: ignore[no-untyped-def]
+def server_of(rec, j):
     return np.int64(rec[j, PACKED] >> np.uint64(32))
 
 
 @njit(inline="always", nogil=True, cache=True)
-def uses_of(rec, j):  # type: ignore[no-untyped-def]
+def uses_of(rec, j):
     return np.int64(rec[j, PACKED] & _LOW)
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _ahead_set(k, keys, sketch):
+    h = hash64(k)
+    prefetch_row(keys, set_of(h, keys))
+    prefetch_row(sketch, _cells(h, sketch)[0] >> 1)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _ahead_slot(k, keys, rec):
+    j = find(keys, set_of(hash64(k), keys), k) if k != EMPTY else -1
+    if j >= 0:
+        prefetch_row(rec, j)
+    return j
+
+
 @njit(nogil=True, cache=True)
-def read(want, out, slot_of, stamp_of, col_of, keys, rec, recf, sketch, meta, est, s):  # type: ignore[no-untyped-def]
+def read(want, out, slot_of, stamp_of, col_of, keys, rec, recf, sketch, meta, est, s):
     """Copy into ``out`` the rows of ``want`` the cache holds within ``s`` versions of
     ``est``; each key's slot (``slot_of``, -1 for a miss), and a hit's stamp and server
     (``stamp_of``, ``col_of``).  Every key is counted in the sketch.  Returns the hits and
@@ -109,23 +126,24 @@ def read(want, out, slot_of, stamp_of, col_of, keys, rec, recf, sketch, meta, es
     n = want.shape[0]
     dim = out.shape[1]
     hits, servers = 0, np.uint64(0)
-    for i in range(min(AHEAD, n)):  # the first keys' sets and sketch blocks on their way
-        h = hash64(want[i])
-        prefetch_row(keys, set_of(h, keys))
-        prefetch_row(sketch, _cells(h, sketch)[0] >> 1)
+    # three stages: a key's set and sketch block are fetched 2 HALF keys ahead, its
+    # slot found and its record fetched HALF keys ahead, its record read at its turn
+    for i in range(min(2 * HALF, n)):
+        _ahead_set(want[i], keys, sketch)
+    for i in range(min(HALF, n)):
+        slot_of[i] = _ahead_slot(want[i], keys, rec)
     for i in range(n):
-        if i + AHEAD < n:
-            h = hash64(want[i + AHEAD])
-            prefetch_row(keys, set_of(h, keys))
-            prefetch_row(sketch, _cells(h, sketch)[0] >> 1)
+        if i + 2 * HALF < n:
+            _ahead_set(want[i + 2 * HALF], keys, sketch)
+        if i + HALF < n:
+            slot_of[i + HALF] = _ahead_slot(want[i + HALF], keys, rec)
         k = want[i]
-        h = hash64(k)
-        a, b = _cells(h, sketch)
+        a, b = _cells(hash64(k), sketch)
         _bump(sketch, a)
         _bump(sketch, b)
-        j = find(keys, set_of(h, keys), k)
+        j = slot_of[i]
         slot_of[i] = -1
-        if j < 0 or k == EMPTY:
+        if j < 0:
             continue
         srv = server_of(rec, j)
         stamp = np.int64(rec[j, STAMP])
@@ -145,7 +163,7 @@ def read(want, out, slot_of, stamp_of, col_of, keys, rec, recf, sketch, meta, es
 
 
 @njit(nogil=True, cache=True)
-def fill(got, got_rows, version, server, keys, rec, recf, sketch, owed_keys, owed_sums):  # type: ignore[no-untyped-def]
+def fill(got, got_rows, version, server, keys, rec, recf, sketch, owed_keys, owed_sums):
     """Keep the rows a server answered at ``version``: a key held is refreshed (its sum
     kept), another admitted by TinyLFU.  A slot given up that held a sum writes it to
     ``owed_keys``/``owed_sums`` (room for one a key); returns how many."""
@@ -190,7 +208,7 @@ def fill(got, got_rows, version, server, keys, rec, recf, sketch, owed_keys, owe
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _emit(j, keys, rec, recf, dim, width, out_keys, out_grads, n):  # type: ignore[no-untyped-def]
+def _emit(j, keys, rec, recf, dim, width, out_keys, out_grads, n):
     out_keys[n] = keys[j]
     for c in range(width):
         out_grads[n, c] = recf[j, FLOATS + dim + c]
@@ -199,7 +217,7 @@ def _emit(j, keys, rec, recf, dim, width, out_keys, out_grads, n):  # type: igno
 
 
 @njit(nogil=True, cache=True)
-def write(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, dim, out_keys, out_grads):  # type: ignore[no-untyped-def]
+def write(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, dim, out_keys, out_grads):
     """A push of ``pushed`` (distinct keys) through the cache: a key held adds its
     gradient to its sum, which goes out once ``s`` pushes gathered; a key not held goes
     out as it is.  Then the sums the queue says are ``s`` versions old go out.
@@ -212,6 +230,7 @@ def write(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, dim, ou
     for i in range(m):
         if i + AHEAD < m and slot_hint[i + AHEAD] >= 0:
             prefetch_row(rec, slot_hint[i + AHEAD])
+            prefetch_row(keys, slot_hint[i + AHEAD])
         k = pushed[i]
         j = slot_hint[i]
         if j < 0 or keys[j] != k:
@@ -254,7 +273,7 @@ def write(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, dim, ou
 
 
 @njit(nogil=True, cache=True)
-def drain(keys, rec, recf, dim, out_keys, out_grads):  # type: ignore[no-untyped-def]
+def drain(keys, rec, recf, dim, out_keys, out_grads):
     """Every sum held, written out and zeroed; returns how many."""
     n = 0
     width = out_grads.shape[1]
