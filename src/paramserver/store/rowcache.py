@@ -26,6 +26,7 @@ class RowStore:
         cap = sets * loops.WAYS
         self.dim, self.width, self.capacity = dim, width, cap
         self.keys = np.full(cap, loops.EMPTY, np.uint64)
+        self.freq = np.zeros(cap, np.uint8)  # a slot's uses lately (TinyLFU's side of the residents)
         words = loops.HEAD_WORDS + -(-(dim + width) // 2)
         self.rec = np.zeros((cap, words), np.uint64)
         self.recf = self.rec.view(np.float32)
@@ -35,7 +36,7 @@ class RowStore:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.rec.nbytes + self.sketch.nbytes + self.pend.nbytes
+        return self.keys.nbytes + self.freq.nbytes + self.rec.nbytes + self.sketch.nbytes + self.pend.nbytes
 
     def held(self) -> int:
         """Slots holding a sum not pushed yet."""
@@ -49,8 +50,8 @@ class RowStore:
         hits' servers (``loops.read``)."""
         n = keys.shape[0]
         slot_of, stamp_of, col_of = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-        hits, servers = loops.read(keys, out, slot_of, stamp_of, col_of, self.keys, self.rec, self.recf, self.sketch,
-                                   self.meta, est, s)
+        hits, servers = loops.read(keys, out, slot_of, stamp_of, col_of, self.keys, self.freq, self.rec, self.recf,
+                                   est, s)
         return slot_of, stamp_of, col_of, int(hits), int(servers)
 
     def fill(self, keys: np.ndarray, rows: np.ndarray, version: int, server: int) -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +59,8 @@ class RowStore:
         slots given up (``loops.fill``)."""
         owed_keys = np.empty(keys.shape[0], np.uint64)
         owed_sums = np.empty((keys.shape[0], self.width), np.float32)
-        n = loops.fill(keys, rows, version, server, self.keys, self.rec, self.recf, self.sketch, owed_keys, owed_sums)
+        n = loops.fill(keys, rows, version, server, self.keys, self.freq, self.rec, self.recf, self.sketch, self.meta,
+                       owed_keys, owed_sums)
         return owed_keys[:n], owed_sums[:n]
 
     def write(self, keys: np.ndarray, grads: np.ndarray, slots: np.ndarray, est: np.ndarray,
@@ -83,4 +85,5 @@ class RowStore:
     def clear(self) -> None:
         """Forget every row (their sums taken out first: ``drain``)."""
         self.keys[:] = loops.EMPTY
+        self.freq[:] = 0
         self.rec[:] = 0

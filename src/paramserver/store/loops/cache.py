@@ -7,13 +7,14 @@ lines as its row allows (32 bytes for a dim-1 row): the server's version when th
 was fetched (``STAMP``), the version when the slot's sum took its first gradient
 (``BORN``), the pushes gathered and the server (``PACKED``), then, as float32 columns
 (``recf``, a view of the same memory), the row and the sum of the gradients not pushed.
-A key found costs two lines, both fetched ``AHEAD`` keys early.
+A key found costs two lines (and the byte of its uses), fetched keys ahead.
 
-Admission is TinyLFU's: every key read is counted in a sketch of 4-bit counters (two a
-key, in one 64-byte block, the smaller read), halved every ``AGE_EVERY`` slots' worth of
-reads; a key that misses takes a free way of its set, or the way whose key the sketch
-counts least, if it counts the new key more.  A one-off key of a click log's long tail
-never replaces a key read twice.
+Admission is TinyLFU's: a key that misses is counted in a sketch of 4-bit counters (two
+a key, in one 64-byte block, the smaller read), a key found counts its uses (``freq``, a
+byte a slot beside the keys), and both are halved every ``AGE_EVERY`` slots' worth of
+fills.  A key that misses takes a free way of its set, or the way used least if the
+sketch counts the new key more: a one-off key of a click log's long tail never replaces
+a key read twice.  The read itself hashes a key once and touches no sketch.
 
 A slot's sum goes out once ``s`` pushes gathered, or once it is ``s`` versions old: the
 slots that start a sum are queued (``pend``) in the order they did, and each push takes
@@ -34,9 +35,9 @@ EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 #: a record's words: the stamp, the born version, uses | server << 32; then float32 columns
 STAMP, BORN, PACKED, HEAD_WORDS = 0, 1, 2, 3
 FLOATS = 2 * HEAD_WORDS  # the first float32 column of the row
-#: the sketch is halved after this many reads a slot of the cache (TinyLFU's reset)
+#: the sketch and the uses counted are halved after this many fills a slot (TinyLFU's reset)
 AGE_EVERY = 8
-#: meta's cells: reads since the sketch was halved; the pending queue's head and tail
+#: meta's cells: fills since the sketch was halved; the pending queue's head and tail
 META_READS, META_HEAD, META_TAIL = 0, 1, 2
 #: keys between the one prefetched and the one worked (a read: between each of its stages)
 AHEAD = 8
@@ -69,18 +70,13 @@ def _bump(sketch, cell):
         sketch[cell >> 1] += np.uint8(16 if cell & 1 else 1)
 
 
-@njit(inline="always", nogil=True, cache=True)
-def estimate(h, sketch):
-    """How often (at most 15) the key of hash ``h`` was read lately."""
-    a, b = _cells(h, sketch)
-    return min(_count(sketch, a), _count(sketch, b))
-
-
 @njit(nogil=True, cache=True)
-def _age(sketch):
+def _age(sketch, freq):
     for i in range(sketch.shape[0]):
         b = sketch[i]
         sketch[i] = ((b >> 5) << 4) | ((b & 15) >> 1)
+    for i in range(freq.shape[0]):
+        freq[i] >>= 1
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -102,49 +98,35 @@ def uses_of(rec, j):
     return np.int64(rec[j, PACKED] & _LOW)
 
 
-@njit(inline="always", nogil=True, cache=True)
-def _ahead_set(k, keys, sketch):
-    h = hash64(k)
-    prefetch_row(keys, set_of(h, keys))
-    prefetch_row(sketch, _cells(h, sketch)[0] >> 1)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _ahead_slot(k, keys, rec):
-    j = find(keys, set_of(hash64(k), keys), k) if k != EMPTY else -1
-    if j >= 0:
-        prefetch_row(rec, j)
-    return j
-
-
 @njit(nogil=True, cache=True)
-def read(want, out, slot_of, stamp_of, col_of, keys, rec, recf, sketch, meta, est, s):
+def read(want, out, slot_of, stamp_of, col_of, keys, freq, rec, recf, est, s):
     """Copy into ``out`` the rows of ``want`` the cache holds within ``s`` versions of
     ``est``; each key's slot (``slot_of``, -1 for a miss), and a hit's stamp and server
-    (``stamp_of``, ``col_of``).  Every key is counted in the sketch.  Returns the hits and
-    a bit mask of the servers the hits came from (bit ``min(server, 63)``)."""
+    (``stamp_of``, ``col_of``).  A key found counts a use (``freq``).  Returns the hits
+    and a bit mask of the servers the hits came from (bit ``min(server, 63)``)."""
     n = want.shape[0]
     dim = out.shape[1]
     hits, servers = 0, np.uint64(0)
-    # three stages: a key's set and sketch block are fetched 2 HALF keys ahead, its
-    # slot found and its record fetched HALF keys ahead, its record read at its turn
+    # three stages: a key's set is fetched 2 HALF keys ahead (its home kept in slot_of),
+    # its slot found and its record fetched HALF keys ahead, its record read at its turn
     for i in range(min(2 * HALF, n)):
-        _ahead_set(want[i], keys, sketch)
+        slot_of[i] = set_of(hash64(want[i]), keys)
+        prefetch_row(keys, slot_of[i])
     for i in range(min(HALF, n)):
-        slot_of[i] = _ahead_slot(want[i], keys, rec)
+        slot_of[i] = _slot_ahead(want[i], slot_of[i], keys, rec)
     for i in range(n):
         if i + 2 * HALF < n:
-            _ahead_set(want[i + 2 * HALF], keys, sketch)
+            home = set_of(hash64(want[i + 2 * HALF]), keys)
+            slot_of[i + 2 * HALF] = home
+            prefetch_row(keys, home)
         if i + HALF < n:
-            slot_of[i + HALF] = _ahead_slot(want[i + HALF], keys, rec)
-        k = want[i]
-        a, b = _cells(hash64(k), sketch)
-        _bump(sketch, a)
-        _bump(sketch, b)
+            slot_of[i + HALF] = _slot_ahead(want[i + HALF], slot_of[i + HALF], keys, rec)
         j = slot_of[i]
         slot_of[i] = -1
         if j < 0:
             continue
+        if freq[j] < 255:
+            freq[j] += 1
         srv = server_of(rec, j)
         stamp = np.int64(rec[j, STAMP])
         if est[srv] - stamp <= s:
@@ -155,18 +137,23 @@ def read(want, out, slot_of, stamp_of, col_of, keys, rec, recf, sketch, meta, es
             col_of[i] = srv
             servers |= np.uint64(1) << np.uint64(min(srv, 63))
             hits += 1
-    meta[META_READS] += n
-    if meta[META_READS] >= AGE_EVERY * keys.shape[0]:
-        meta[META_READS] = 0
-        _age(sketch)
     return hits, servers
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _slot_ahead(k, home, keys, rec):
+    j = find(keys, home, k) if k != EMPTY else -1
+    if j >= 0:
+        prefetch_row(rec, j)
+    return j
+
+
 @njit(nogil=True, cache=True)
-def fill(got, got_rows, version, server, keys, rec, recf, sketch, owed_keys, owed_sums):
+def fill(got, got_rows, version, server, keys, freq, rec, recf, sketch, meta, owed_keys, owed_sums):
     """Keep the rows a server answered at ``version``: a key held is refreshed (its sum
-    kept), another admitted by TinyLFU.  A slot given up that held a sum writes it to
-    ``owed_keys``/``owed_sums`` (room for one a key); returns how many."""
+    kept); another is counted in the sketch and admitted to a free way, or over the way
+    used least if the sketch counts it more (TinyLFU).  A slot given up that held a sum
+    writes it to ``owed_keys``/``owed_sums`` (room for one a key); returns how many."""
     owed = 0
     dim = got_rows.shape[1]
     width = owed_sums.shape[1]
@@ -181,29 +168,37 @@ def fill(got, got_rows, version, server, keys, rec, recf, sketch, owed_keys, owe
         if j >= 0:
             kept = rec[j, PACKED] & _LOW
         else:
-            least = 16
-            for w in range(WAYS):  # a free way, else the way whose key was read least
+            a, b = _cells(h, sketch)
+            _bump(sketch, a)
+            _bump(sketch, b)
+            j = base
+            for w in range(WAYS):  # a free way, else the way used least
                 if keys[base + w] == EMPTY:
                     j = base + w
                     break
-                seen = estimate(hash64(keys[base + w]), sketch)
-                if seen < least:
-                    j, least = base + w, seen
+                if freq[base + w] < freq[j]:
+                    j = base + w
+            seen = min(_count(sketch, a), _count(sketch, b))
             if keys[j] != EMPTY:
-                if estimate(h, sketch) <= least:
-                    continue  # not admitted: read no more often than the key it would replace
+                if seen <= freq[j]:
+                    continue  # not admitted: missed no more often than the key it would replace was used
                 if uses_of(rec, j) > 0:
                     owed_keys[owed] = keys[j]
                     for c in range(width):
                         owed_sums[owed, c] = recf[j, FLOATS + dim + c]
                     owed += 1
             keys[j] = k
+            freq[j] = seen
             for c in range(width):
                 recf[j, FLOATS + dim + c] = 0.0
         for c in range(dim):
             recf[j, FLOATS + c] = got_rows[i, c]
         rec[j, STAMP] = np.uint64(version)
         rec[j, PACKED] = (np.uint64(server) << np.uint64(32)) | kept
+    meta[META_READS] += got.shape[0]
+    if meta[META_READS] >= AGE_EVERY * keys.shape[0]:
+        meta[META_READS] = 0
+        _age(sketch, freq)
     return owed
 
 
