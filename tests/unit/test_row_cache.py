@@ -154,3 +154,33 @@ def test_merge_sums_workers_and_recomputes_the_percentiles():
     b = {**a, "hits": 1, "lag_histogram": [0, 0, 1] + [0] * 61}
     merged = merge_caches([a, b])
     assert merged["hits"] == 4 and merged["hit_rate"] == 4 / 6 and merged["lag_p50"] == 0 and merged["lag_p99"] == 2
+
+
+def test_metrics_show_reads_by_result_sums_held_and_the_lag_histogram():
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from paramserver.observe.metrics import cache_families, to_prometheus, total
+
+    cache = RowCache(RowCacheSpec(s=4, rows=64), dim=1, width=1)
+    keys = np.array([1, 2, 3], np.uint64)
+    _pull(cache, keys, np.zeros((3, 1), np.float32), version=0)
+    read = cache.read(keys, np.empty((3, 1), np.float32), 1)
+    cache.answered(read, SERVER, 1, keys[:0], np.zeros((0, 1), np.float32))
+    assert cache.stale(read, keys).size == 0
+    cache.write(keys, np.ones((3, 1), np.float32), read.slots)
+    families = cache_families({"w": cache.stats()}, {"pull": 3, "push": 0})
+    assert total(families, "paramserver_row_cache_reads_total", table="w", result="hit") == 3
+    assert total(families, "paramserver_row_cache_reads_total", table="w", result="miss") == 3
+    assert total(families, "paramserver_row_cache_sums_held", table="w") == 3
+    assert total(families, "paramserver_row_cache_lag_versions_bucket", table="w", le="0.0") == 0
+    assert total(families, "paramserver_row_cache_lag_versions_bucket", table="w", le="1.0") == 3
+    assert total(families, "paramserver_client_keys_total", op="pull") == 3
+
+    class Source:
+        def collect(self):
+            return to_prometheus(families)
+
+    registry = CollectorRegistry()
+    registry.register(Source())
+    assert b'paramserver_row_cache_reads_total{result="hit",table="w"} 3.0' in generate_latest(registry)

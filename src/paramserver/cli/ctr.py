@@ -165,6 +165,18 @@ def _lifecycle_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     return lines
 
 
+def _cache_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The workers' row caches (``--row-cache``): reads served, how old, sums held."""
+    c = report.get("row_cache")
+    if not c:
+        return []
+    return [("row cache", f"s={c['s']}, {c['rows']:,} rows a worker: {c['hit_rate']:.1%} of "
+                          f"{c['hits'] + c['misses']:,} reads from it, {c['lag_p50']} / {c['lag_p99']} versions "
+                          f"behind (p50 / p99), {c['stale']:,} found too old and pulled again"),
+            ("row cache sums", f"{c['grads_gathered']:,} gradients gathered, {c['sums_pushed']:,} rows pushed, "
+                               f"{c['sums_held']:,} held at the end")]
+
+
 def _report_table(report: dict[str, Any]) -> Table:
     from rich.table import Table
 
@@ -174,7 +186,8 @@ def _report_table(report: dict[str, Any]) -> Table:
             ("examples", "examples", "{:,}"), ("examples/s", "examples_per_s", "{:,.0f}"),
             ("training seconds", "seconds", "{:.1f}"), ("start-up to first example (s)", "first_example_s", "{:.2f}"),
             ("bytes sent", "bytes_sent", "{:,}"),
-            ("bytes received", "bytes_received", "{:,}"), ("bad lines skipped", "bad_lines", "{:,}")]
+            ("bytes received", "bytes_received", "{:,}"), ("bad lines skipped", "bad_lines", "{:,}"),
+            ("server key-operations / example", "key_ops_per_example", "{:.2f}")]
     for label, key, fmt in rows:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
             table.add_row(label, fmt.format(report[key]))
@@ -184,7 +197,7 @@ def _report_table(report: dict[str, Any]) -> Table:
                       f"{report['idle_seconds']:.1f} s waiting for rows (examples/s above: over the "
                       f"{report['busy_seconds']:.1f} s with rows in hand)")
     for line in _progressive_lines(report) + _run_lines(report) + _filter_lines(report) + _lifecycle_lines(report) \
-            + stream_file_lines(report):
+            + _cache_lines(report) + stream_file_lines(report):
         table.add_row(*line)
     if "checkpoints" in report:
         table.add_row("checkpoints written", f"{len(report['checkpoints'])} "

@@ -159,6 +159,36 @@ def filter_byte_families(rows: list[tuple[str, str, str, int, int]]) -> list[Fam
     return out
 
 
+def cache_families(caches: dict[str, dict[str, Any]], keys: dict[str, int]) -> list[Family]:
+    """A worker's keys sent by op (each a server's key-operation) and its row caches
+    (``client/row_cache.py``): reads by result, gradients gathered and rows pushed, sums
+    held now, and how many versions behind each read from the cache was."""
+    out: list[Family] = [["paramserver_client_keys", "counter", "keys sent in pulls and pushes, by op",
+                          [["paramserver_client_keys_total", {"op": op}, float(n)] for op, n in keys.items()]]]
+    if not caches:
+        return out
+    reads = [["paramserver_row_cache_reads_total", {"table": t, "result": r}, float(c[k])]
+             for t, c in caches.items() for r, k in (("hit", "hits"), ("miss", "misses"), ("stale", "stale"))]
+    sums = [["paramserver_row_cache_rows_total", {"table": t, "what": w}, float(c[k])]
+            for t, c in caches.items() for w, k in (("gathered", "grads_gathered"), ("pushed", "sums_pushed"))]
+    doc = "reads of a cached table: from the cache (hit), asked of a server (miss), found too old (stale)"
+    out += [["paramserver_row_cache_reads", "counter", doc, reads],
+            ["paramserver_row_cache_rows", "counter", "gradients gathered in the cache, rows pushed from it", sums],
+            ["paramserver_row_cache_sums_held", "gauge", "rows whose summed gradients are not pushed yet",
+             [["paramserver_row_cache_sums_held", {"table": t}, float(c["sums_held"])] for t, c in caches.items()]]]
+    name = "paramserver_row_cache_lag_versions"
+    samples: list[Any] = []
+    for t, c in caches.items():
+        hist = c["lag_histogram"]
+        samples += [[f"{name}_bucket", {"table": t, "le": str(float(le))}, float(sum(hist[: le + 1]))]
+                    for le in STALENESS_BUCKETS if le < len(hist)]
+        samples += [[f"{name}_bucket", {"table": t, "le": "+Inf"}, float(sum(hist))],
+                    [f"{name}_count", {"table": t}, float(sum(hist))],
+                    [f"{name}_sum", {"table": t}, float(sum(i * v for i, v in enumerate(hist)))]]
+    out.append([name, "histogram", "server versions a read from the row cache was behind", samples])
+    return out
+
+
 def client_families(client: Any) -> list[Family]:
     """A worker's (a client's) own: calls by op, retries, bytes, and the examples it reported."""
     counts = dict(client.stats.counts)
@@ -171,7 +201,7 @@ def client_families(client: Any) -> list[Family]:
                     [[f"paramserver_client_{what}_bytes_total", {}, float(value)]]])
     rows = [(t, d, f, v["bytes_in"], v["bytes_out"]) for t, by_dir in client.stats.filter_stats().items()
             for d, by_f in by_dir.items() if d != "owed" for f, v in by_f.items()]
-    out += filter_byte_families(rows)
+    out += filter_byte_families(rows) + cache_families(client.stats.row_cache_stats(), client.stats.keys)
     reported = client.job.reported
     out.append(["paramserver_worker_examples", "counter", "examples this worker trained (as it reported them)",
                 [["paramserver_worker_examples_total", {}, float(reported.get("examples", 0.0))]]])
