@@ -3,7 +3,10 @@ servers in one network namespace and its worker in another, joined by a veth pai
 with `tc` (tbf), against the same job unfiltered, in one run.
 
 Run (as root): ``.venv/bin/python bench/filters.py [--rows 1000000] [--links none 1gbit 100mbit]
-[--chains none lossless compact ...] [--model lr|fm] [--k 16]``
+[--chains none lossless compact ...] [--row-caches off s=8,rows=32768 ...] [--model lr|fm] [--k 16]``
+
+Each chain runs with each ``--row-caches`` spec (issue 46: the worker's row cache,
+``train --row-cache``); the baseline of a link is its unfiltered run without a cache.
 
 Namespace A runs the scheduler and ``--servers`` servers (``paramserver scheduler``,
 ``paramserver server``); namespace B runs the job's driver and one worker in one process:
@@ -40,7 +43,7 @@ from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.client.client import Client
 from paramserver.cluster import launch
 
-address, data, test, model, k, chain, servers = sys.argv[1:8]
+address, data, test, model, k, chain, servers, row_cache = sys.argv[1:9]
 
 class RemoteCluster:
     # the servers are in the other namespace: the driver and one worker run here
@@ -56,7 +59,7 @@ class RemoteCluster:
             return [fn(w, *args)], []
 
 launch.open_cluster = lambda **kw: RemoteCluster(**kw)
-cfg = TrainConfig(Model(model, int(k)), filters=None if chain == "none" else chain)
+cfg = TrainConfig(Model(model, int(k)), filters=None if chain == "none" else chain, row_cache=row_cache)
 t = time.perf_counter()
 report = train_mod.run_training(cfg, [data], [test], servers=int(servers), workers=1)
 report["wall_s"] = time.perf_counter() - t
@@ -69,7 +72,8 @@ TARGET = 0.0005  # a filtered run reaches the unfiltered one's final test log lo
 BEST = "push=int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=int8,zstd"  # compact, with int8 replies
 
 
-def one(link: VethPair, data: str, test: str, model: str, k: int, chain: str, servers: int) -> dict[str, Any]:
+def one(link: VethPair, data: str, test: str, model: str, k: int, chain: str, servers: int,
+        row_cache: str) -> dict[str, Any]:
     port = str(7700 + os.getpid() % 200)
     host = f"{link.net}.1"
     env = {**os.environ, "PARAMSERVER_LOG_LEVEL": "WARNING"}
@@ -81,7 +85,7 @@ def one(link: VethPair, data: str, test: str, model: str, k: int, chain: str, se
     try:
         tx0, rx0 = link.counters()
         done = subprocess.run(["ip", "netns", "exec", link.b, sys.executable, "-c", WORKER, f"tcp://{host}:{port}",
-                               data, test, model, str(k), chain, str(servers)],
+                               data, test, model, str(k), chain, str(servers), row_cache],
                               env=env, capture_output=True, text=True, timeout=3600)
         tx1, rx1 = link.counters()
         lines = [ln for ln in done.stdout.splitlines() if ln.startswith("REPORT ")]
@@ -101,6 +105,8 @@ def main() -> None:
     ap.add_argument("--chains", nargs="+", default=["none", "keycache", "delta", "zstd", "fp16", "int8", "keys",
                                                     "lossless", "compact", "best"],
                     help="presets, single filters (each alone), best, or chain specs")
+    ap.add_argument("--row-caches", nargs="+", default=["off"],
+                    help="the worker's row cache for each chain (train --row-cache): off, hot, s=N,rows=N")
     ap.add_argument("--model", default="lr", choices=("lr", "fm"))
     ap.add_argument("--k", type=int, default=16, help="FM factor width")
     ap.add_argument("--servers", type=int, default=1)
@@ -126,12 +132,14 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     for rate in args.links:
         for chain in args.chains:
-            with VethPair("psf", 30, RATES[rate]) as link:
-                t = time.perf_counter()
-                r = one(link, data, test, args.model, args.k, alone.get(chain, chain), args.servers)
-                r.update(link=rate, chain=chain, spec=alone.get(chain, chain), bench_s=time.perf_counter() - t)
-                runs.append(r)
-                _line(r, runs)
+            for row_cache in args.row_caches:
+                with VethPair("psf", 30, RATES[rate]) as link:
+                    t = time.perf_counter()
+                    r = one(link, data, test, args.model, args.k, alone.get(chain, chain), args.servers, row_cache)
+                    r.update(link=rate, chain=chain, spec=alone.get(chain, chain), cache=row_cache,
+                             bench_s=time.perf_counter() - t)
+                    runs.append(r)
+                    _line(r, runs)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(runs, f, indent=1, default=str)
@@ -139,25 +147,32 @@ def main() -> None:
 
 def markdown(runs: list[dict[str, Any]]) -> None:
     """The runs of one --json file as docs/benchmarks.md's table."""
-    print("| link | chain | sent B/ex | received B/ex | fewer bytes | examples/s | job s | to target | test logloss "
-          "| AUC |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| link | chain | row cache | sent B/ex | received B/ex | fewer bytes | examples/s | job s | to target "
+          "| test logloss | AUC |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
-        base = next(b for b in runs if b["link"] == r["link"] and b["chain"] == "none")
+        base = _base(r, runs)
         n = float(r["examples"])
         fewer = (base["kernel_tx"] + base["kernel_rx"]) / max(r["kernel_tx"] + r["kernel_rx"], 1)
         reached = r["logloss"] <= base["logloss"] + TARGET
         target = f"{base['seconds'] / r['seconds']:.2f}x" if reached else "not reached"
         chain = "best" if r.get("spec") == BEST else r["chain"]
-        print(f"| {r['link']} | {chain} | {r['kernel_tx'] / n:.1f} | {r['kernel_rx'] / n:.1f} | {fewer:.2f}x | "
+        print(f"| {r['link']} | {chain} | {r.get('cache', 'off')} |"
+              f" {r['kernel_tx'] / n:.1f} | {r['kernel_rx'] / n:.1f} | {fewer:.2f}x | "
               f"{r['examples_per_s']:,.0f} | {r['seconds']:.1f} | {target} | {r['logloss']:.5f} | {r['auc']:.4f} |")
+
+
+def _base(r: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run ``r`` is measured against: its link's, unfiltered and without a row cache."""
+    return next((b for b in runs if b["link"] == r["link"] and b["chain"] == "none"
+                 and b.get("cache", "off") == "off"), r)
 
 
 def _line(r: dict[str, Any], runs: list[dict[str, Any]]) -> None:
     """One run's figures, and its ratios against the unfiltered run on the same link.  The
     time to the unfiltered run's final test loss is the job's time when its own final
     loss is within ``TARGET`` of it (the test set is scored once, at the end), else '-'."""
-    base = next((b for b in runs if b["link"] == r["link"] and b["chain"] == "none"), r)
+    base = _base(r, runs)
     n = float(r["examples"])
     sent, recv = r["kernel_tx"] / n, r["kernel_rx"] / n
     fewer = (base["kernel_tx"] + base["kernel_rx"]) / max(r["kernel_tx"] + r["kernel_rx"], 1)
@@ -165,7 +180,8 @@ def _line(r: dict[str, Any], runs: list[dict[str, Any]]) -> None:
     r.update(bytes_per_example_sent=sent, bytes_per_example_received=recv, fewer_bytes=fewer,
              time_to_target_s=r["seconds"] if reached else None, speedup=base["seconds"] / r["seconds"])
     target = f"{r['speedup']:.2f}x" if reached else "-"
-    print(f"{r['link']:>8} {r['chain']:<12} sent {sent:7.1f} B/ex  recv {recv:6.1f} B/ex  ({fewer:5.2f}x fewer)  "
+    print(f"{r['link']:>8} {r['chain']:<12} {r.get('cache', 'off'):<16}"
+          f" sent {sent:7.1f} B/ex  recv {recv:6.1f} B/ex  ({fewer:5.2f}x fewer)  "
           f"{r['examples_per_s']:>9,.0f} ex/s  job {r['seconds']:6.1f} s  "
           f"to target {target:>6}  "
           f"logloss {r['logloss']:.5f} ({r['logloss'] - base['logloss']:+.5f})  auc {r['auc']:.4f}", flush=True)
