@@ -181,3 +181,29 @@ def test_a_new_migration_voids_the_unanswered_copies_of_the_one_before():
     assert not FakePort.peers.awaiting  # no answer is waited for any more
     lost[0].done(None)  # a late answer to a voided copy holds no place
     assert copies.in_flight == 0
+
+
+def test_a_forward_lost_between_two_live_servers_fails_the_push_and_its_retry_lands_once(h):
+    from paramserver.server.peers import ANSWER_WITHIN_S
+
+    a, b = h.make(1, 2)
+    spec = TableSpec("t", 1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
+    ring = Ring.create([1, 2], 2)
+    h.ring(ring, [spec])
+    v = int(np.flatnonzero(ring.owners == 1)[0])
+    key = _key_of_vnode(ring, v)
+    keys, grads = np.array([key], np.uint64), -np.ones((1, 1), np.float32)
+    h.push(ring, "t", keys, grads, sender=77, seq=10, acked=9)  # the primary applies, forwards to b ...
+    assert b.router.poll(0)
+    b.router.recv()  # ... and the forward is lost on the way; both servers go on beating
+    assert a.peers.awaiting and not h.replies, "the client's push waits for the backup's answer"
+    h.net.run_until(h.net.time + ANSWER_WITHIN_S + 1)
+    a.turn()
+    h.flush()
+    assert [r["op"] for _, r in h.replies] == ["error"] and "did not answer" in h.replies[0][1]["error"]
+    assert not a.peers.awaiting, "nothing waits on the lost forward any more"
+    h.replies.clear()
+    h.push(ring, "t", keys, grads, sender=77, seq=10, acked=9)  # the client's retry, with its seq
+    h.pump()
+    assert [r["op"] for _, r in h.replies] == ["ok"]
+    assert (h.value(a, "t", key), h.value(b, "t", key)) == (1.0, 1.0), "applied once on each copy"

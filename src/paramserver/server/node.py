@@ -227,6 +227,7 @@ class ServerNode:
             while self._running and (frames := self.control.try_recv()) is not None:
                 self._handle_control(frames)
         self.peers.receive(ready)
+        self.peers.expire()  # a forward or a copy unanswered past its deadline fails: the client retries
         if self.router in ready:
             for _ in range(64):  # bounded, so control messages keep flowing
                 if not self._running or (frames := self.router.try_recv()) is None:

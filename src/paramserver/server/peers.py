@@ -6,6 +6,13 @@ answers.
 every backup applied it; a migration reports done once every copy was installed.  A peer
 that dies counts as having answered (a push is acknowledged once every *live* backup
 applied it); a peer that refuses makes the whole ``Acks`` fail, and the client retries.
+
+A request unanswered past its deadline (``expire``) fails its ``Acks`` too: a forward or
+a copy, or its answer, lost between two servers that both go on beating (a link that
+drops, a reconnect that loses what was queued, a peer's slow-peer budget) would otherwise
+hold the client's push, or the migration, for ever.  The client retries with the same
+seq: the backups that applied it skip it (exactly-once), the others apply it.  The
+deadline knows the request's size: ``ANSWER_WITHIN_S``, plus its bytes at ``SLOWEST_LINK_BPS``.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from paramserver.wire.transport import Poller, Transport
 logger = logging.getLogger(__name__)
 
 
+#: a request to another server is answered within this long, plus its bytes at SLOWEST_LINK_BPS (``expire``)
+ANSWER_WITHIN_S = 10.0
+SLOWEST_LINK_BPS = 1e6  # 8 Mbit/s: a link slower than this between servers is not one to replicate over
 #: what a backup needs of a push besides its arrays: exactly-once, BSP clock, push op, lifecycle time
 FORWARDED = ("sender", "sender_token", "seq", "acked", "clock", "push_op", "time")
 
@@ -54,6 +64,8 @@ class Peers:
         self.addresses: dict[int, str] = {}  # server id -> address
         self.socks: dict[int, Any] = {}
         self.awaiting: dict[int, tuple[int, Acks]] = {}  # request id -> (peer, what waits)
+        self.deadlines: dict[int, float] = {}  # request id -> when it fails unanswered (the transport's clock)
+        self.next_deadline = float("inf")  # the earliest of them (expire looks no further before it)
         self._next_request = 1
         self.me = -1  # this server's id, for the logs
 
@@ -71,8 +83,26 @@ class Peers:
         """Send a request to another server; ``acks`` hears when it answers (or dies)."""
         request_id, self._next_request = self._next_request, self._next_request + 1
         self.awaiting[request_id] = (server, acks)
+        deadline = self.transport.now() + ANSWER_WITHIN_S + sum(a.nbytes for a in arrays) / SLOWEST_LINK_BPS
+        self.deadlines[request_id] = deadline
+        self.next_deadline = min(self.next_deadline, deadline)
         acks.pending += 1
         self._sock(server).send(encode({**header, "id": request_id}, arrays))
+
+    def expire(self) -> None:
+        """Fail what waits on a request unanswered past its deadline (the module's note)."""
+        now = self.transport.now()
+        if now < self.next_deadline:
+            return
+        for request_id, deadline in list(self.deadlines.items()):
+            if deadline <= now:
+                peer, acks = self.awaiting.pop(request_id)
+                del self.deadlines[request_id]
+                why = (f"server {peer} did not answer request {request_id} within "
+                       f"{ANSWER_WITHIN_S:g} s and its size's time: the request or its answer was lost; retry")
+                logger.warning("server %d: %s", self.me, why)
+                self.acked(acks, why)
+        self.next_deadline = min(self.deadlines.values(), default=float("inf"))
 
     def receive(self, ready: set[Any]) -> None:
         """Take the answers waiting on the sockets ``poll`` found ready."""
@@ -96,6 +126,7 @@ class Peers:
                 logger.error("server %d: %s", self.me, error)
             entry = self.awaiting.pop(msg.id, None) if isinstance(msg.id, int) else None
             if entry is not None:
+                self.deadlines.pop(msg.id, None)
                 self.acked(entry[1], error)
 
     def acked(self, acks: Acks, error: str | None = None) -> None:
@@ -139,6 +170,7 @@ class Peers:
         for request_id, (peer, acks) in list(self.awaiting.items()):
             if peer == server:
                 del self.awaiting[request_id]
+                self.deadlines.pop(request_id, None)
                 self.acked(acks)
 
     def drop(self, waiting: set[Acks]) -> None:
@@ -147,6 +179,7 @@ class Peers:
         if waiting:
             for request_id in [r for r, (_, acks) in self.awaiting.items() if acks in waiting]:
                 del self.awaiting[request_id]
+                self.deadlines.pop(request_id, None)
 
     def close(self) -> None:
         for server in list(self.socks):
