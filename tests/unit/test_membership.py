@@ -370,3 +370,15 @@ def test_a_server_whose_lease_came_back_gets_the_ring_again(make):
     again = s.migration
     s.registry.heartbeat(b"s%d" % source, Message({**beat, "regained": 1}, []))  # said again: once is enough
     assert s.migration is again and not s.notes
+
+
+def test_a_returning_server_is_told_the_live_workers_again(make):
+    """Issue 47: ``WORKERS`` sent while a server was cut off is lost with the link; the
+    server that regains its lease is sent the last list again, with the ring."""
+    s = make([1, 2], [TableSpec("t", 1)])
+    s._announced = [7, 9]
+    s.notes.clear()
+    beat = {"op": "heartbeat", "node_id": 2, "seq": 3, "regained": 1}
+    s.registry.heartbeat(b"s2", Message(beat, []))
+    sent = [(n, h["op"], h.get("workers")) for n, h in s.notes]
+    assert (2, Op.RING.value, None) in sent and (2, Op.WORKERS.value, [7, 9]) in sent

@@ -207,3 +207,27 @@ def test_a_forward_lost_between_two_live_servers_fails_the_push_and_its_retry_la
     h.pump()
     assert [r["op"] for _, r in h.replies] == ["ok"]
     assert (h.value(a, "t", key), h.value(b, "t", key)) == (1.0, 1.0), "applied once on each copy"
+
+
+def test_a_ring_without_a_table_or_a_server_drops_the_one_and_forgets_the_other(h):
+    """Issue 47: a server cut off while a table was dropped and a peer died missed
+    ``DROP_TABLE`` and ``NODE_LOST``; the ring it is sent again (``resync``) says both."""
+    a = h.make(1, 2, 3)[0]
+    kept, dropped = TableSpec("kept", 1, replicas=2), TableSpec("gone", 1, replicas=2)
+    ring = Ring.create([1, 2, 3], 2)
+    h.ring(ring, [kept, dropped])
+    v = int(np.flatnonzero(ring.owners == 1)[0])
+    key = _key_of_vnode(ring, v)
+    backup = h.by_id(ring.replicas(v, 2)[1])
+    h.push(ring, "kept", np.array([key], np.uint64), -np.ones((1, 1), np.float32), sender=5, seq=1, acked=0)
+    backup.router.recv()  # the forward never arrives: the backup is about to die
+    assert a.peers.awaiting
+    h.replies.clear()
+    view = Ring(ring.without_server(backup.node_id).refilled().chains, ring.version + 1)
+    h.nodes.remove(backup)
+    h.ring(view, [kept], [a])  # no NODE_LOST and no DROP_TABLE reached server 1
+    h.flush()
+    assert "gone" not in a.tables and "kept" in a.tables
+    assert backup.node_id in a.state.dead and not a.peers.awaiting, "the lost peer's answer is no longer awaited"
+    assert [r["op"] for _, r in h.replies] == ["ok"], "the push it held is answered"
+    h.nodes.append(backup)

@@ -240,9 +240,13 @@ class SchedulerNode:
         self.registry.ring_formed()
 
     def resync(self, node_id: int) -> None:
-        """The ring, to one server that may have missed it (cut off while it changed)."""
+        """What one server may have missed while it was cut off: the ring (with the tables
+        and servers, which ``on_ring`` reconciles with: a table dropped, a server lost
+        meanwhile) and the live workers (``WORKERS``, as announced last)."""
         if node_id in self.nodes and self.ring is not None:
             self._notify(self.nodes[node_id], {"op": Op.RING.value, **self.cluster_view()})
+            if self._announced is not None:
+                self._notify(self.nodes[node_id], {"op": Op.WORKERS.value, "workers": self._announced})
 
     def joining(self, node_id: int) -> None:
         self.ring_changed(everyone=True)  # every server learns the joiner's address, it the tables

@@ -43,8 +43,15 @@ class ControlPlane:
         ring = state.ring = Ring.from_wire(msg.header["ring"])
         peers = self.port.peers
         peers.me = state.node_id
-        peers.set_addresses({int(k): v for k, v in msg.header.get("servers", {}).items()
-                             if int(k) != state.node_id})
+        servers = {int(k): v for k, v in msg.header.get("servers", {}).items() if int(k) != state.node_id}
+        for gone in [p for p in peers.addresses if p not in servers and p not in state.dead]:
+            self.server_lost(gone)  # its NODE_LOST may have been lost on a cut link: the ring says it
+        peers.set_addresses(servers)
+        if "tables" in msg.header:  # the scheduler's catalog: a table missing was dropped (its DROP_TABLE lost?)
+            for name in [n for n in state.tables if n not in msg.header["tables"]]:
+                logger.warning("server %d: table %r is not in the ring's view: dropped (its drop was missed)",
+                               state.node_id, name)
+                self._drop(name)
         state.quotas = quotas_of(msg.header.get("namespaces") or {})
         for name, wire in msg.header.get("tables", {}).items():
             if name not in state.tables:
@@ -87,8 +94,11 @@ class ControlPlane:
         self.port.tell_scheduler(reply(msg))
 
     def on_drop_table(self, msg: Message) -> None:
+        self._drop(field(msg, "name", str))
+        self.port.tell_scheduler(reply(msg))
+
+    def _drop(self, name: str) -> None:
         state = self.state
-        name = field(msg, "name", str)
         state.tables.pop(name, None)
         state.early_tables.pop(name, None)
         # the exactly-once record stays: a push applied before the drop, and delivered
@@ -98,7 +108,6 @@ class ControlPlane:
         state.moving.pop(name, None)
         state.installs.pop(name, None)
         state.refresh_targets()
-        self.port.tell_scheduler(reply(msg))
 
     def on_migrate(self, msg: Message) -> None:
         """Copy vnodes to the servers that will hold them after the next ring flip
