@@ -231,3 +231,30 @@ def test_a_ring_without_a_table_or_a_server_drops_the_one_and_forgets_the_other(
     assert backup.node_id in a.state.dead and not a.peers.awaiting, "the lost peer's answer is no longer awaited"
     assert [r["op"] for _, r in h.replies] == ["ok"], "the push it held is answered"
     h.nodes.append(backup)
+
+
+def test_a_vnode_copy_lost_between_two_live_servers_fails_its_migration_in_time(h):
+    """Issue 47: a copy (or its answer) lost on a link between two servers that both keep
+    beating held the migration for ever; past its deadline it fails, and the scheduler's
+    repair plans the copy again (``Membership.migrated``)."""
+    from paramserver.server.peers import ANSWER_WITHIN_S
+
+    a, n = h.make(1, 2)
+    spec = TableSpec("t", 1, optimizer={"name": "sgd", "lr": 1.0})
+    ring = Ring.create([1], 4)
+    h.ring(ring, [spec])
+    h.push(ring, "t", np.arange(1, 101, dtype=np.uint64), -np.ones((100, 1), np.float32), sender=5, seq=1, acked=0)
+    moves = plan_moves(ring, ring.with_server(2), {"t": 1})
+    a.control_plane.on_migrate(Message({"op": "migrate", "migration": 9,
+                                        "moves": [[t, v, d] for _, t, v, d in moves]}, []))
+    while a.wants_turn():
+        a.turn()
+    h.flush()
+    while n.router.poll(0):
+        n.router.recv()  # every copy is lost on the way
+    assert a.peers.awaiting and not [c for _, c in h.control if c["op"] == "migrated"]
+    h.net.run_until(h.net.time + ANSWER_WITHIN_S + 1)
+    a.turn()
+    h.flush()
+    done = [c for _, c in h.control if c["op"] == "migrated"]
+    assert len(done) == 1 and done[0]["migration"] == 9 and "did not answer" in done[0]["failed"]
