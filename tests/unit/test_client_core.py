@@ -104,3 +104,22 @@ def test_a_view_older_than_the_one_held_is_ignored():
     assert view.apply({"ring": new.to_wire() | {"version": 3}, "servers": {"1": "a", "2": "b"}})
     assert not view.apply({"ring": old.to_wire() | {"version": 2}, "servers": {"1": "a"}})
     assert view.servers == {1: "a", 2: "b"} and view.ring is not None and view.ring.version == 3
+
+
+def test_a_pull_or_push_waits_for_its_answer_a_time_by_its_size_a_gated_pull_or_a_function_as_long_as_it_takes():
+    """Issue 47: a reply a server dropped (its slow-peer budget), or a request lost on a
+    link that stays up, held the call for ever: a pull or push now fails with NoAnswerError
+    past its time, and is routed again and resent (a push with its seq)."""
+    from paramserver.client.core import ANSWER_WITHIN_S, SLOWEST_LINK_BPS, answer_within
+    from paramserver.tables.spec import TableSpec
+
+    asp, ssp = TableSpec("a", 4), TableSpec("b", 4, consistency="ssp:2")
+    keys = np.arange(1000, dtype=np.uint64)
+    pull = answer_within({"op": Op.PULL.value, "table": "a"}, [keys, np.zeros(1, np.int32)], asp)
+    assert pull == pytest.approx(ANSWER_WITHIN_S + (8000 + 4 + 16_000) / SLOWEST_LINK_BPS)
+    grads = np.zeros((1000, 4), np.float32)
+    push = answer_within({"op": Op.PUSH.value, "table": "b"}, [keys, grads], ssp)
+    assert push == pytest.approx(ANSWER_WITHIN_S + 24_000 / SLOWEST_LINK_BPS)
+    assert answer_within({"op": Op.PULL.value, "table": "b"}, [keys], ssp) is None, "a gate may park it"
+    assert answer_within({"op": Op.CALL.value, "table": "a"}, [keys], asp) is None, "a function may compute long"
+    assert answer_within({"op": Op.PULL.value, "table": "x"}, [keys], None) is None

@@ -51,6 +51,11 @@ if TYPE_CHECKING:
     from paramserver.tables.spec import TableSpec
 
 MAX_BACKOFF_S = 0.5  # a piece refused with no newer ring to route by waits at most this long
+#: a pull or push is answered within this long, plus its bytes (and a pull's reply's) at
+#: SLOWEST_LINK_BPS, else it fails with ``NoAnswerError`` and is routed again and resent
+#: (``answer_within``); a server's own wait on its backups (``server/peers.py``) is shorter
+ANSWER_WITHIN_S = 30.0
+SLOWEST_LINK_BPS = 1e6
 
 
 class NoAnswerError(NodeLostError):
@@ -143,6 +148,26 @@ def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layo
         index = routed.grads
     return [Piece(part.server, ring.version, routed.keys[part.start:part.stop], index[part.start:part.stop],
                   part.vnodes, part.counts) for part in routed.parts]
+
+
+def answer_within(header: dict[str, Any], arrays: list[np.ndarray] | tuple[np.ndarray, ...],
+                  spec: TableSpec | None) -> float | None:
+    """How long a request may wait for its answer before it is resent (None: as long as
+    its server lives).  A pull or a push: ``ANSWER_WITHIN_S`` and its bytes at
+    ``SLOWEST_LINK_BPS`` (a request or answer lost on a link that stays up, a reply a
+    server dropped for a slow peer, would otherwise hold the call for ever; a resent push
+    keeps its seq).  Not a pull of a BSP or SSP table (the gate may hold it for as long as
+    the slowest worker takes), nor a server function (it may compute for long, and run
+    again if resent), nor the rest (answered at once, or waited on by their callers)."""
+    op = header.get("op")
+    if op not in (Op.PULL.value, Op.PUSH.value):
+        return None
+    if op == Op.PULL.value and (spec is None or spec.staleness != float("inf")):
+        return None
+    nbytes = sum(a.nbytes for a in arrays)
+    if op == Op.PULL.value and spec is not None and arrays:
+        nbytes += arrays[0].shape[0] * 4 * spec.dim  # the rows it is answered with
+    return ANSWER_WITHIN_S + nbytes / SLOWEST_LINK_BPS
 
 
 def as_keys(keys: Any) -> np.ndarray:

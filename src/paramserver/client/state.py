@@ -42,10 +42,9 @@ class ClientState:
         self.keys: dict[str, int] = {}  # keys sent by op (a pull's, a push's): each a key-operation on a server
         self.row_caches: dict[str, RowCache] = {}  # the tables whose rows this client caches (``client/row_cache.py``)
         # a data request unanswered this long fails with NoAnswerError, and is routed again and
-        # resent.  None (the default): a request waits for its answer or for its server to be
-        # declared dead, as before the client's core.  A fixed wait is wrong for some requests:
-        # a pull parked at a BSP/SSP gate may wait for a slow worker for minutes, a server
-        # function may compute for long, a large push on a slow link takes longer to arrive.
+        # resent.  None (the default): each request's own (``core.answer_within``: a pull or a
+        # push by its size, not a pull a BSP/SSP gate may park, nor a server function, which
+        # may compute for long); a number: every data request's, whatever it is.
         self.answer_within_s: float | None = None
         self.scheduler_process = ""  # the scheduler's process (its welcome says), to tell a dead one from a stalled one
         # a server's address -> the fields of the clock this worker finished last, which no
@@ -70,7 +69,10 @@ class ClientState:
     def submit(self, address: str, header: dict[str, Any], arrays: list[np.ndarray],
                on_reply: Callable[[Message | None, BaseException | None], None]) -> None:
         """Send a request through the I/O thread (``ClosedError``: the client is closed)."""
-        self.io.submit(address, header, arrays, on_reply, answer_within_s=self.answer_within_s)
+        within = self.answer_within_s
+        if within is None:
+            within = core.answer_within(header, arrays, self.tables.get(str(header.get("table"))))
+        self.io.submit(address, header, arrays, on_reply, answer_within_s=within)
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
         self.io.call_later(delay_s, fn)
