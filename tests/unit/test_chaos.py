@@ -35,7 +35,8 @@ CATCHERS = {"no-dedup": "counters-r2", "ack-before-backups": "partition", "ignor
             "no-staleness-gate": "ssp", "no-lease": "counters-r2", "restore-unheld": "restore",
             "write-off-last-copy": "repair-pause", "rejoin-at-the-minimum": "job-ssp",
             "client-retry-fresh-seq": "counters-r1", "client-forgets-in-flight": "ssp",
-            "client-ignores-cache-miss": "filters", "evict-on-primary-only": "lifecycle"}
+            "client-ignores-cache-miss": "filters", "evict-on-primary-only": "lifecycle",
+            "cache-reads-past-bound": "row-cache"}
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))

@@ -18,8 +18,14 @@ DRIVING = {"resend", "answered", "_decide"}  # what a call driver of its own def
 
 def test_the_simulated_worker_drives_its_calls_with_the_clients_scatter() -> None:
     assert worker.Scatter is scatter.Scatter
-    assert "Scatter(self.port" in inspect.getsource(worker.SimWorker.pull)
-    assert "Scatter(self.port" in inspect.getsource(worker.SimWorker.push)
+    assert "Scatter(self.port" in inspect.getsource(worker.SimWorker.scatter_pull)
+    assert "Scatter(self.port" in inspect.getsource(worker.SimWorker.send_push)
+    # its own pulls and pushes, and its row cache's (the client's CachedCalls, issue 46), go through them
+    assert "self.scatter_pull(" in inspect.getsource(worker.SimWorker.pull)
+    assert "self.send_push(" in inspect.getsource(worker.SimWorker.push)
+    assert "self.cached." in inspect.getsource(worker.SimWorker.pull)
+    assert "self.w.scatter_pull(" in inspect.getsource(worker.SimCachePort.scatter_pull)
+    assert "self.w.send_push(" in inspect.getsource(worker.SimCachePort.push)
 
 
 def test_no_class_in_testing_sends_resends_or_answers_a_call() -> None:

@@ -1,19 +1,22 @@
 """The pulls and pushes of a table this client caches rows of (``client/row_cache.py``),
-built on the client's ``Caller``: a pull reads the rows held fresh enough and asks the
-servers for the rest (and every server a hit came from for its version), checks the hits
-against the versions the answers carry and pulls again the few found too old; a push
-sends what the cache does not gather.  ``Client.pull`` and ``Client.push`` come here for
-a table with a cache (``Client.cache_rows``)."""
+built on a ``CachePort`` (the client's: ``CallerPort``, over its ``Caller``; the
+simulation's worker has its own, over its ``Scatter`` and ``SimPort``): a pull reads the
+rows held fresh enough and asks the servers for the rest (and every server a hit came
+from for its version), checks the hits against the versions the answers carry and pulls
+again the few found too old; a push sends what the cache does not gather.
+``Client.pull`` and ``Client.push`` come here for a table with a cache
+(``Client.cache_rows``), and so do ``SimWorker``'s."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from paramserver.client.core import Piece, pull_rows
+from paramserver.client.core import Piece, Wire, pull_rows
 from paramserver.client.row_cache import Read, RowCache, RowCacheSpec
 from paramserver.errors import ConfigError
 from paramserver.routing.partition import combine_duplicates, scatter_rows
@@ -21,15 +24,73 @@ from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
     from paramserver.client.caller import Caller
+    from paramserver.filters.chain import Chain
     from paramserver.tables.spec import TableSpec
 
+OnPiece = Callable[[Piece, Message], None]
+Prepare = Callable[[list[Piece]], list[Piece]]
 
-class CachedCalls:
-    """The row caches of one client, by table, and their pulls and pushes on ``caller``."""
+
+class CachePort(Protocol):
+    """What ``CachedCalls`` needs of whoever sends its calls: the client (``CallerPort``)
+    or a simulated worker (``testing/cache_port.py``)."""
+
+    def ring_version(self) -> int:
+        """The version of the ring the calls are routed on."""
+
+    def spec(self, table: str) -> TableSpec:
+        """``table``'s spec."""
+
+    def reply_chain(self, spec: TableSpec) -> Chain | None:
+        """The filters ``spec``'s pull replies come through (None: none)."""
+
+    def pull_wire(self, spec: TableSpec) -> Wire | None:
+        """The filters of ``spec``'s pulls on the wire (None: none)."""
+
+    def scatter_pull(self, spec: TableSpec, keys: np.ndarray, positions: np.ndarray, on_piece: OnPiece,
+                     result: np.ndarray, extra_header: dict[str, Any], prepare: Prepare | None) -> Future[Any]:
+        """Pull ``keys`` (``positions``: where each goes in ``result``), one request a server,
+        the pieces passed through ``prepare`` first; resolves to ``result``."""
+
+    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool) -> Future[Any]:
+        """Push ``update`` gradients, numbered, as the table's pushes go; done once applied."""
+
+
+class CallerPort:
+    """The client's ``CachePort``: its ``Caller`` and shared state."""
 
     def __init__(self, caller: Caller) -> None:
         self.caller = caller
-        self.caches: dict[str, RowCache] = caller.state.row_caches
+
+    def ring_version(self) -> int:
+        return self.caller.state.ring().version
+
+    def spec(self, table: str) -> TableSpec:
+        return self.caller.spec(table)
+
+    def reply_chain(self, spec: TableSpec) -> Chain | None:
+        return self.caller.state.filters.reply_chain(spec)
+
+    def pull_wire(self, spec: TableSpec) -> Wire | None:
+        return self.caller.state.filters.wire(spec, "pull")
+
+    def scatter_pull(self, spec: TableSpec, keys: np.ndarray, positions: np.ndarray, on_piece: OnPiece,
+                     result: np.ndarray, extra_header: dict[str, Any], prepare: Prepare | None) -> Future[Any]:
+        return self.caller.scatter(Op.PULL, spec.name, keys, positions, on_piece, result=result,
+                                   reply_row_bytes=4 * spec.dim, wire=self.pull_wire(spec),
+                                   extra_header=extra_header, prepare=prepare)
+
+    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool) -> Future[Any]:
+        return self.caller.push(spec, keys, grads, "update", distinct)
+
+
+class CachedCalls:
+    """The row caches of one client (or simulated worker), by table, and their pulls and
+    pushes through ``port``."""
+
+    def __init__(self, port: CachePort, caches: dict[str, RowCache]) -> None:
+        self.port = port
+        self.caches = caches
         self.slots: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(keys pulled) -> (keys, their slots)
 
     def use(self, spec: TableSpec, row_cache: Any) -> RowCacheSpec:
@@ -47,7 +108,7 @@ class CachedCalls:
 
     def pull(self, spec: TableSpec, keys: np.ndarray, cache: RowCache) -> Future[Any]:
         out = np.empty((keys.shape[0], spec.dim), np.float32)
-        read = cache.read(keys, out, self.caller.state.ring().version)
+        read = cache.read(keys, out, self.port.ring_version())
         if len(self.slots) > 16:
             self.slots.clear()
         self.slots[id(keys)] = (keys, read.slots)
@@ -60,9 +121,8 @@ class CachedCalls:
                read: Read, outer: Future[Any], ask: list[int]) -> None:
         """Pull ``keys[positions]`` into ``out`` (and a version from every server in ``ask``),
         then check the hits; ``outer`` gets ``out`` once no hit is too old."""
-        c = self.caller
-        filters = c.state.filters
-        replies = filters.reply_chain(spec)
+        port = self.port
+        replies = port.reply_chain(spec)
 
         def on_piece(piece: Piece, msg: Message) -> None:
             rows = pull_rows(msg, piece, spec.dim, replies)
@@ -75,16 +135,15 @@ class CachedCalls:
 
         def asked(pieces: list[Piece]) -> list[Piece]:  # a server none of the misses goes to still says its version
             have = {p.server for p in pieces}
-            ring_version = pieces[0].ring_version if pieces else c.state.ring().version
+            ring_version = pieces[0].ring_version if pieces else port.ring_version()
             empty_keys, empty_pos = np.zeros(0, np.uint64), np.zeros(0, np.int64)
             return pieces + [Piece(server, ring_version, empty_keys, empty_pos, np.zeros(0, np.int32),
                                    np.zeros(0, np.int64)) for server in ask if server not in have]
 
         try:
-            inner = c.scatter(Op.PULL, spec.name, keys[positions], positions, on_piece, result=out,
-                              reply_row_bytes=4 * spec.dim, wire=filters.wire(spec, "pull"),
-                              extra_header={"versions": True, **({"reply_filters": True} if replies else {})},
-                              prepare=asked if ask else None)
+            inner = port.scatter_pull(spec, keys[positions], positions, on_piece, out,
+                                      {"versions": True, **({"reply_filters": True} if replies else {})},
+                                      asked if ask else None)
         except BaseException as exc:
             outer.set_exception(exc)
             return
@@ -116,30 +175,38 @@ class CachedCalls:
             done: Future[Any] = Future()
             done.set_result(None)
             return done
-        return self.caller.push(spec, out_keys, out_grads, "update", out_distinct)
+        return self.port.push(spec, out_keys, out_grads, out_distinct)
 
     def flush(self, table: str | None = None, timeout_s: float | None = None) -> int:
         """Push every sum the caches hold (``table``'s, or all), waited on; the keys pushed."""
         pushed = 0
         for name in [table] if table is not None else list(self.caches):
-            cache = self.caches.get(name)
-            if cache is None:
-                continue
-            keys, sums, distinct = cache.take()
-            if keys.size:
-                self.caller.push(self.caller.spec(name), keys, sums, "update", distinct).result(timeout=timeout_s)
-                pushed += int(keys.shape[0])
+            sent, future = self.push_held(name)
+            if future is not None:
+                future.result(timeout=timeout_s)
+                pushed += sent
         return pushed
+
+    def push_held(self, table: str) -> tuple[int, Future[Any] | None]:
+        """Push every sum ``table``'s cache holds, not waited on: the keys pushed and the
+        push's future (None: nothing held, or no cache)."""
+        cache = self.caches.get(table)
+        if cache is None:
+            return 0, None
+        keys, sums, distinct = cache.take()
+        if not keys.size:
+            return 0, None
+        return int(keys.shape[0]), self.port.push(self.port.spec(table), keys, sums, distinct)
 
     def on_clock(self) -> None:
         """A BSP or SSP table's clock ends here: its sums go out (not waited on, ahead of
         the clock's tick) and its rows are forgotten, so the next pull passes the gate."""
         for name, cache in self.caches.items():
-            spec = self.caller.spec(name)
+            spec = self.port.spec(name)
             if spec.staleness == float("inf"):
                 continue  # ASP: the cache's own bound holds across clocks
             cache.expire()
             keys, sums, distinct = cache.take()
             if keys.size:
-                self.caller.push(spec, keys, sums, "update", distinct)
+                self.port.push(spec, keys, sums, distinct)
 

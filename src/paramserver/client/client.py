@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.client.admin import Admin
-from paramserver.client.cached_calls import CachedCalls
+from paramserver.client.cached_calls import CachedCalls, CallerPort
 from paramserver.client.caller import Caller
 from paramserver.client.calls import FunctionCalls
 from paramserver.client.core import Piece, as_keys, rows_into
@@ -89,7 +89,8 @@ class Client:
         self._clocks = Clocks(self._caller, self._flushes.due)
         self._functions = FunctionCalls(self._caller)
         self._life = LifeCalls(self._caller)
-        self._cached = CachedCalls(self._caller)  # the tables whose rows this client caches
+        # the tables whose rows this client caches
+        self._cached = CachedCalls(CallerPort(self._caller), self._state.row_caches)
         try:
             view = self._call(self.config.scheduler, {"op": Op.REGISTER.value, "role": role, "metrics": metrics_url},
                               timeout_s=self.config.connect_timeout_s, connecting=True)

@@ -11,6 +11,7 @@ campaign notices: a campaign that cannot fail checks nothing.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from paramserver.client.row_cache import RowCacheSpec
 from paramserver.tables.spec import TableSpec
+from paramserver.testing.cache_ledger import CacheLedger
 from paramserver.testing.cluster import SimCluster
 from paramserver.testing.faults import Failures
 from paramserver.testing.invariants import Invariants, Violation
@@ -70,6 +73,8 @@ class Run:
         self.failures = Failures(self)
         self.calls = 0
         self.limit_s = self.cluster.config.retry_timeout_s + 10.0
+        self.ledger = (CacheLedger(self.check, "counts", RowCacheSpec.parse(self.plan.row_cache).s, KEYS,
+                                   self.limit_s) if self.plan.row_cache else None)
         self.sizes: list[int] = []  # the job's shards: examples in each
         lists = random.Random(f"{scenario}/{seed}/lists")  # own stream: other scenarios' runs unchanged
         self.key_lists = [np.array(sorted(lists.sample(range(KEYS), lists.randint(1, 12))), np.uint64)
@@ -85,15 +90,20 @@ class Run:
             c.add_worker()
         for w in c.workers:
             w.on_exit = lambda w=w: self.check.abandon(w.name)
+            if self.ledger is not None:
+                w.cache_port.watch = self.ledger.watch
         for when, kind in self.plan.failures:
             c.net.at(when, self.failures.strike, kind)
         c.net.every(c.sched_host, 1.0, self._watchdog)
         c.run(RUN_S)
         self.stopping = True
         self.failures.heal()
-        c.settle(lambda: not self.check.calls and c.ring_settled() and not self._copies_open()
-                 and (not self.plan.shards or self._job_over()) and not (self.restore and self.restore.busy),
-                 SETTLE_S)
+        settled = lambda: (not self.check.calls and c.ring_settled() and not self._copies_open()  # noqa: E731
+                           and (not self.plan.shards or self._job_over()) and not (self.restore and self.restore.busy))
+        c.settle(settled, SETTLE_S)
+        if self.ledger is not None:  # every live worker pushes what its row cache holds
+            self._push_held()
+            c.settle(settled, SETTLE_S)
         c.run(2 * c.config.heartbeat_timeout_s)  # repairs and late messages land
         self.check.overdue()
         for what, _ in self.check.calls.values():
@@ -102,6 +112,8 @@ class Run:
             self.check.final(self.tables)
             if self.plan.shards:
                 self.check.job(self.sizes, self.plan.epochs)
+            if self.ledger is not None:
+                self.ledger.final(c.workers)
         else:
             self.check.fail("no-start", "the tables were never created")
         if self.plan.lossless:
@@ -165,6 +177,8 @@ class Run:
             if not self.stopping and w.live:
                 w.host.after(0.2, self._next, w)
             return
+        if self.plan.row_cache and "counts" not in w.row_caches:
+            w.cache_rows("counts", self.plan.row_cache)
         i = self.cluster.workers.index(w)
         think = self.rng.expovariate(1 / self.plan.speeds[i % len(self.plan.speeds)])
         again = lambda: w.host.after(think, self._next, w)  # noqa: E731
@@ -177,6 +191,8 @@ class Run:
             self._pull(w, table, again)
 
     def _keys(self) -> np.ndarray:
+        if self.plan.cache_keys:
+            return np.array(sorted(self.rng.sample(range(self.plan.cache_keys), self.rng.randint(1, 4))), np.uint64)
         if self.key_lists:
             return self.key_lists[self.rng.randrange(len(self.key_lists))]
         return np.array(sorted(self.rng.sample(range(KEYS), self.rng.randint(1, 8))), np.uint64)
@@ -184,12 +200,15 @@ class Run:
     def _push(self, w: SimWorker, table: str, then: Callable[[], None], keys: np.ndarray | None = None) -> None:
         keys = self._keys() if keys is None else keys
         ks = keys.astype(np.int64)
+        if table in w.row_caches:
+            self._push_cached(w, table, keys, then)
+            return
         call = self.check.call(f"{w.name} push to {table!r}", self.limit_s, w.name)
         self.check.pushed(call, table, ks)
         self.calls += 1
 
         def done(_: Any, error: str | None) -> None:
-            self.check.push_done(call, w.name, table, ks, error)
+            self.check.push_done(call, w.name, table, error)
             self.check.returned(call)
             then()
 
@@ -198,9 +217,36 @@ class Run:
         else:
             w.push(table, keys, np.ones((keys.shape[0], 1), np.float32), done, op="add")
 
+    def _push_cached(self, w: SimWorker, table: str, keys: np.ndarray, then: Callable[[], None]) -> None:
+        """A push through ``w``'s row cache: -1 to each key (sgd at lr 1: +1), gathered
+        or sent; what reaches the servers is counted by the ledger (``watch``)."""
+        assert self.ledger is not None
+        self.ledger.hand(w.name, keys.astype(np.int64))
+        call = self.check.call(f"{w.name} push to {table!r}", self.limit_s, w.name)
+        self.calls += 1
+
+        def done(_: Any, error: str | None) -> None:
+            self.check.returned(call)
+            then()
+
+        w.push(table, keys, -np.ones((keys.shape[0], 1), np.float32), done)
+
+    def _push_held(self) -> None:
+        """Every live worker pushes what its row caches hold (``Client.push_held``)."""
+        for w in self.cluster.workers:
+            for table in list(w.row_caches) if w.live else []:
+                call = self.check.call(f"{w.name} push_held of {table!r}", self.limit_s, w.name)
+                w.push_held(table, functools.partial(self._held_pushed, call))
+
+    def _held_pushed(self, call: int, _: Any, error: str | None) -> None:
+        self.check.returned(call)
+
     def _pull(self, w: SimWorker, table: str, then: Callable[[], None]) -> None:
         keys = self._keys()
         ks = keys.astype(np.int64)
+        if table in w.row_caches:
+            self._pull_cached(w, table, keys, then)
+            return
         # a key's own pushes are a floor unless the table may drop its updates (admission) or the key (eviction)
         floor = self.check.floor(w.name, table, ks) if table != "life" else np.zeros(ks.shape[0], np.int64)
         call = self.check.call(f"{w.name} pull from {table!r}", self.limit_s, w.name)
@@ -210,6 +256,23 @@ class Run:
             self.check.returned(call)
             if error is None:
                 self.check.read(w.name, table, ks, values, floor)
+            then()
+
+        w.pull(table, keys, done)
+
+    def _pull_cached(self, w: SimWorker, table: str, keys: np.ndarray, then: Callable[[], None]) -> None:
+        """A pull through ``w``'s row cache: no more than ``s`` of a key's pushes missed."""
+        assert self.ledger is not None
+        ks = keys.astype(np.int64)
+        floor = self.ledger.floor(ks)
+        call = self.check.call(f"{w.name} pull from {table!r}", self.limit_s, w.name)
+        self.calls += 1
+
+        def done(values: Any, error: str | None) -> None:
+            self.check.returned(call)
+            if error is None and self.ledger is not None:
+                self.check.read(w.name, table, ks, values, np.zeros(ks.shape[0], np.int64))
+                self.ledger.read(w.name, ks, values, floor)
             then()
 
         w.pull(table, keys, done)

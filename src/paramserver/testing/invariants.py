@@ -49,7 +49,7 @@ class Invariants:
         self.dead_at: dict[int, float] = {}  # server id -> when the scheduler declared it dead
         self.calls: dict[int, tuple[str, float]] = {}  # open call -> (what, deadline)
         self.owners: dict[int, str] = {}  # open call -> the worker that made it
-        self.pushing: dict[int, tuple[str, np.ndarray]] = {}  # open push call -> (table, keys)
+        self.pushing: dict[int, tuple[str, np.ndarray, np.ndarray]] = {}  # open push call -> (table, keys, amounts)
         self._next_call = 0
         self.servers_by_host: dict[str, SimServer] = {}
         self.losses_before: dict[str, int] = {}  # table -> scheduler losses that its restore made good
@@ -82,8 +82,8 @@ class Invariants:
             self.calls.pop(call, None)
             del self.owners[call]
             if call in self.pushing:  # applied or not: nobody will know
-                table, keys = self.pushing.pop(call)
-                self.doubtful[table][keys] += 1
+                table, keys, amounts = self.pushing.pop(call)
+                np.add.at(self.doubtful[table], keys, amounts)
 
     def returned(self, call: int) -> None:
         self.owners.pop(call, None)
@@ -102,18 +102,22 @@ class Invariants:
                 self.fail("hang", f"{what} has not returned {now - deadline:.1f} s past its deadline")
 
     # ---- pushes and reads ---------------------------------------------------------------
-    def pushed(self, call: int, table: str, keys: np.ndarray) -> None:
-        self.sent[table][keys] += 1
-        self.pushing[call] = (table, keys)
+    def pushed(self, call: int, table: str, keys: np.ndarray, amounts: np.ndarray | None = None) -> None:
+        """A push of ``amounts`` (default 1 each) to ``keys`` went out as ``call``."""
+        amounts = np.ones(keys.shape[0], np.int64) if amounts is None else amounts
+        np.add.at(self.sent[table], keys, amounts)
+        self.pushing[call] = (table, keys, amounts)
 
-    def push_done(self, call: int, worker: str, table: str, keys: np.ndarray, error: str | None) -> None:
-        if self.pushing.pop(call, None) is None:
+    def push_done(self, call: int, worker: str, table: str, error: str | None) -> None:
+        held = self.pushing.pop(call, None)
+        if held is None:
             return  # abandoned (its worker died), and counted as doubtful then
+        _, keys, amounts = held
         if error is None:
-            self.acked[table][keys] += 1
-            self.mine.setdefault((worker, table), np.zeros(self.keys, np.int64))[keys] += 1
+            np.add.at(self.acked[table], keys, amounts)
+            np.add.at(self.mine.setdefault((worker, table), np.zeros(self.keys, np.int64)), keys, amounts)
         else:
-            self.doubtful[table][keys] += 1
+            np.add.at(self.doubtful[table], keys, amounts)
 
     def floor(self, worker: str, table: str, keys: np.ndarray) -> np.ndarray:
         """What ``worker`` must read back: its pushes acknowledged so far."""

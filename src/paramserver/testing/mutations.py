@@ -150,6 +150,29 @@ def _evict_on_primary_only() -> Callable[[], None]:
     return _patch(DataPlane, "_forward_evicted", lambda self, table, evicted: None)
 
 
+def _cache_reads_past_bound() -> Callable[[], None]:
+    """A worker's row cache reads and checks its hits against ``s + 3`` versions, not ``s``."""
+    from paramserver.client.row_cache import RowCache
+    read, stale = RowCache.read, RowCache.stale
+
+    def loose(method: Callable[..., Any]) -> Callable[..., Any]:
+        def with_more(self: RowCache, *args: Any) -> Any:
+            self.s += 3
+            try:
+                return method(self, *args)
+            finally:
+                self.s -= 3
+        return with_more
+
+    undo = [_patch(RowCache, "read", loose(read)), _patch(RowCache, "stale", loose(stale))]
+
+    def undo_all() -> None:
+        for u in reversed(undo):
+            u()
+
+    return undo_all
+
+
 #: name -> (what it switches off, how)
 MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
     "no-dedup": ("skip the retry dedup: a resent push is applied again", _no_dedup),
@@ -171,6 +194,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
                                   "is acknowledged unapplied)", _client_ignores_cache_miss),
     "evict-on-primary-only": ("a table's primary evicts keys without telling the other copies",
                               _evict_on_primary_only),
+    "cache-reads-past-bound": ("a worker's row cache reads rows up to s + 3 versions old, not s",
+                               _cache_reads_past_bound),
 }
 
 

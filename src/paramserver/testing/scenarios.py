@@ -35,6 +35,8 @@ class Plan:
     key_lists: int = 0  # workers push and pull only these many key lists, drawn once (key caching hits)
     key_cache_bytes: int = 64 << 20  # what a server keeps of them (small: lists are dropped, and missed)
     lifecycle: str = ""  # a second table, "life", with this lifecycle (its copies must agree at the end)
+    row_cache: str = ""  # the workers cache the rows of "counts" (client/row_cache.py), pushing only updates
+    cache_keys: int = 0  # ... and use only its first keys, so that reads hit
 
 
 def _client_links(a: str, b: str) -> bool:
@@ -196,6 +198,22 @@ def _lifecycle(rng: random.Random) -> Plan:
     return p
 
 
+def _row_cache(rng: random.Random) -> Plan:
+    """The counters through the workers' row caches (``client/row_cache.py``): rows read
+    within ``s`` of their servers' versions, gradients summed and pushed every ``s``, on
+    eviction (a few slots) and on a ring change, under lost, duplicated and reordered
+    messages, crashes, restarts, joins and leaves, and a worker that dies holding sums.
+    No read may miss more than ``s`` of its key's acknowledged pushes, and every gradient
+    is applied once (``testing/cache_ledger.py``)."""
+    p = _counters(2)(rng)
+    p.row_cache = f"s={rng.choice([1, 2, 4])},rows={rng.choice([4, 16, 64])}"
+    p.cache_keys = rng.randint(4, 10)
+    p.failures.append((rng.uniform(2, RUN_S - 4), rng.choice(["restart", "join", "leave"])))
+    if rng.random() < 0.5:
+        p.failures.append((rng.uniform(2, RUN_S - 4), "worker-crash"))
+    return p
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "counters-r1": _counters(1),
     "counters-r2": _counters(2),
@@ -212,5 +230,6 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "job-ssp": _job_ssp,
     "filters": _filters,
     "lifecycle": _lifecycle,
+    "row-cache": _row_cache,
 }
 assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "names.SCENARIO_NAMES lists the scenarios for --help"

@@ -11,6 +11,13 @@ simulation's is only the I/O (``SimPort``): the sockets, the request ids, the ti
 the host's virtual clock, and a request unanswered for ``answer_within_s`` failing with
 ``NoAnswerError`` as the I/O thread's do.  Registration, heartbeats and the scheduler's
 notifications are the client's protocol, written as callbacks (nothing here may block).
+
+A table the worker caches rows of (``cache_rows``) is pulled and pushed through the
+client's own ``CachedCalls`` (``client/cached_calls.py``), on ``SimCachePort``: the row
+cache's pulls and pushes go out as this worker's own do, so that the campaign runs the
+client's cache, not a copy of it.  Its ``watch`` sees every push the cache sends (the
+sums it gathered, and the gradients it did not), with its future: the invariants count
+what reaches the servers (``testing/cache_ledger.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.client import core
+from paramserver.client.cached_calls import CachedCalls, OnPiece, Prepare
 from paramserver.client.core import (
     NoAnswerError,
     Piece,
@@ -40,10 +48,12 @@ from paramserver.client.core import (
 )
 from paramserver.client.filtering import ClientFilters
 from paramserver.client.life_calls import with_stats
+from paramserver.client.row_cache import RowCache
 from paramserver.client.scatter import Scatter
 from paramserver.client.ticks import send_tick
 from paramserver.config import Config
 from paramserver.errors import Code, NodeLostError
+from paramserver.filters.chain import Chain
 from paramserver.routing.ring import Ring
 from paramserver.tables.spec import TableSpec
 from paramserver.testing.sim import Host, SimNetwork, SimSocket
@@ -107,6 +117,48 @@ class SimPort:
         """Calls are counted by the campaign, not here."""
 
 
+#: (worker, table, keys, gradients, the push's future)
+Watch = Callable[[str, str, np.ndarray, np.ndarray, Future[Any]], None]
+
+
+class SimCachePort:
+    """``CachedCalls``' port on a ``SimWorker``: its ring, specs, filters and sends."""
+
+    def __init__(self, worker: SimWorker) -> None:
+        self.w = worker
+        self.watch: Watch | None = None
+
+    def ring_version(self) -> int:
+        return self.w.port.ring().version
+
+    def spec(self, table: str) -> TableSpec:
+        return self.w.specs[table]
+
+    def reply_chain(self, spec: TableSpec) -> Chain | None:
+        return self.w.filters.reply_chain(spec)
+
+    def pull_wire(self, spec: TableSpec) -> Wire | None:
+        return self.w.filters.wire(spec, "pull")
+
+    def scatter_pull(self, spec: TableSpec, keys: np.ndarray, positions: np.ndarray, on_piece: OnPiece,
+                     result: np.ndarray, extra_header: dict[str, Any], prepare: Prepare | None) -> Future[Any]:
+        return self.w.scatter_pull(spec, keys, positions, on_piece, result, extra_header, prepare)
+
+    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool) -> Future[Any]:
+        _, future = self.w.send_push(spec, keys, grads, "update", distinct)
+        if self.watch is not None:
+            self.watch(self.w.name, spec.name, keys, grads, future)
+        return future
+
+
+def _pulled(done: Done) -> Callable[[Future[Any]], None]:
+    """A pull's future, as the simulation's callbacks take it: ``done(rows, error)``."""
+    def finished(future: Future[Any]) -> None:
+        exc = future.exception()
+        done(future.result() if exc is None else None, None if exc is None else f"{type(exc).__name__}: {exc}")
+    return finished
+
+
 def _finished(result: Any, done: Done) -> Callable[[Future[Any]], None]:
     """A call's future, as the simulation's callbacks take it: ``done(result, error)``."""
     def finished(future: Future[Any]) -> None:
@@ -135,6 +187,9 @@ class SimWorker:
         self.filters = ClientFilters()  # the tables' filters, as a client's
         self.clock = 0
         self.port = SimPort(self)  # what the client's calls in flight need of this worker
+        self.row_caches: dict[str, RowCache] = {}  # the tables whose rows this worker caches
+        self.cache_port = SimCachePort(self)  # what their pulls and pushes go through
+        self.cached = CachedCalls(self.cache_port, self.row_caches)
         self.calls: dict[int, _Call] = {}  # request id -> what waits on its answer
         self.sched_calls: dict[int, Callable[[Message], None]] = {}
         self._ids = itertools.count(1)
@@ -275,31 +330,70 @@ class SimWorker:
     # ---- data ---------------------------------------------------------------------------
     def push(self, table: str, keys: np.ndarray, grads: np.ndarray, done: Done, op: str = "update") -> int:
         """Push (numbered: applied once however often it is resent) as push operation
-        ``op``, as ``Client.push`` does; returns its seq."""
+        ``op``, as ``Client.push`` does; returns its seq (-1: gathered by the table's row
+        cache, or part of a push of its sums)."""
         spec = self.specs[table]
+        grads = with_stats(spec, np.ascontiguousarray(grads, np.float32), None)
+        cache = self.row_caches.get(table)
+        if cache is not None and op == "update":
+            self.cached.push(spec, keys, grads, False, cache).add_done_callback(_finished(None, done))
+            return -1
+        seq, future = self.send_push(spec, keys, grads, op, distinct=False)
+        future.add_done_callback(_finished(None, done))
+        return seq
+
+    def send_push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, op: str,
+                  distinct: bool) -> tuple[int, Future[Any]]:
+        """A push once checked, as ``Caller.push`` sends it: its seq and future."""
         seq = self.sequencer.take()
-        header = call_header(Op.PUSH, table, node_id=self.node_id, worker_clock=self.clock, seq=seq,
+        header = call_header(Op.PUSH, spec.name, node_id=self.node_id, worker_clock=self.clock, seq=seq,
                              extra=push_header(spec, op, self.host.now()))
         wire = self.filters.wire(spec, "push", op)
-        grads = with_stats(spec, np.ascontiguousarray(grads, np.float32), None)
-        keys, grads, distinct, prepare = self.filters.push_steps(spec, keys, grads, op, distinct=False)
+        keys, grads, distinct, prepare = self.filters.push_steps(spec, keys, grads, op, distinct=distinct)
         pieces = self.port.routed(Op.PUSH, keys, grads, spec.layout, distinct, wire is not None and wire.chain.ordered)
         call = Scatter(self.port, Op.PUSH, header, spec.layout, lambda piece, msg: None, None,
                        lambda: self.sequencer.settled(seq), wire)
-        call.start(prepare(pieces) if prepare is not None else pieces).add_done_callback(_finished(None, done))
-        return seq
+        return seq, call.start(prepare(pieces) if prepare is not None else pieces)
 
     def pull(self, table: str, keys: np.ndarray, done: Done) -> None:
-        """Pull ``keys``' rows, as ``Client.pull`` does (gated on this worker's clock)."""
+        """Pull ``keys``' rows, as ``Client.pull`` does (gated on this worker's clock;
+        through the table's row cache if it has one)."""
         spec = self.specs[table]
+        cache = self.row_caches.get(table)
+        if cache is not None:
+            self.cached.pull(spec, keys, cache).add_done_callback(_pulled(done))
+            return
         out = np.empty((keys.shape[0], spec.dim), np.float32)
         replies = self.filters.reply_chain(spec)
-        header = call_header(Op.PULL, table, node_id=self.node_id, worker_clock=self.clock,
-                             extra={"reply_filters": True} if replies is not None else None)
+        self.scatter_pull(spec, keys, None, rows_into(out, spec.dim, replies), out,
+                          {"reply_filters": True} if replies is not None else None, None).add_done_callback(
+            _finished(out, done))
+
+    def scatter_pull(self, spec: TableSpec, keys: np.ndarray, positions: np.ndarray | None,
+                     on_piece: Callable[[Piece, Message], None], out: np.ndarray, extra: dict[str, Any] | None,
+                     prepare: Callable[[list[Piece]], list[Piece]] | None) -> Future[Any]:
+        """A pull's pieces sent, as ``Caller.scatter`` sends them; resolves to ``out``."""
+        header = call_header(Op.PULL, spec.name, node_id=self.node_id, worker_clock=self.clock, extra=extra)
         wire = self.filters.wire(spec, "pull")
-        pieces = self.port.routed(Op.PULL, keys, None, spec.layout, ordered=wire is not None and wire.chain.ordered)
-        Scatter(self.port, Op.PULL, header, spec.layout, rows_into(out, spec.dim, replies), out, None, wire).start(
-            pieces).add_done_callback(_finished(out, done))
+        pieces = self.port.routed(Op.PULL, keys, positions, spec.layout,
+                                  ordered=wire is not None and wire.chain.ordered)
+        if prepare is not None:
+            pieces = prepare(pieces)
+        return Scatter(self.port, Op.PULL, header, spec.layout, on_piece, out, None, wire).start(pieces)
+
+    def cache_rows(self, table: str, row_cache: str) -> None:
+        """Cache ``table``'s rows on this worker, as ``Client.cache_rows`` does."""
+        self.cached.use(self.specs[table], row_cache)
+
+    def push_held(self, table: str, done: Done) -> int:
+        """Push the sums ``table``'s row cache holds (``Client.push_held``, not waited on);
+        the keys pushed (``done`` is called at once when there were none)."""
+        sent, future = self.cached.push_held(table)
+        if future is None:
+            done(None, None)
+        else:
+            future.add_done_callback(_finished(None, done))
+        return sent
 
     def tick(self, done: Done) -> None:
         """Finish this worker's clock: every server hears the new one, each by a clock
