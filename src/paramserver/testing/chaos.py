@@ -105,6 +105,7 @@ class Run:
             self._push_held()
             c.settle(settled, SETTLE_S)
         c.run(2 * c.config.heartbeat_timeout_s)  # repairs and late messages land
+        self._stuck()
         self.check.overdue()
         for what, _ in self.check.calls.values():
             self.check.fail("hang", f"{what} never returned")
@@ -137,6 +138,16 @@ class Run:
     def _watchdog(self) -> bool:
         self.check.overdue()
         return True
+
+    def _stuck(self) -> None:
+        """Faults healed long ago: a server still waiting on another (a forward, a vnode
+        copy), or a membership change still under way, waits on something lost."""
+        for server in self.cluster.servers:
+            if server.live and server.node.peers.awaiting:
+                self.check.fail("stuck", f"{server.name} still waits on {len(server.node.peers.awaiting)} "
+                                         "request(s) to other servers after the faults healed")
+        if not self.cluster.ring_settled():
+            self.check.fail("stuck", "a membership change never finished after the faults healed")
 
     def _copies_open(self) -> bool:
         return any(s.live and (s.node.copies.queue or s.node.peers.awaiting) for s in self.cluster.servers)

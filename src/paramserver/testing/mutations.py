@@ -46,6 +46,11 @@ def _no_staleness_gate() -> Callable[[], None]:
     return _patch(StalenessGate, "ready", lambda self, clock, staleness: True)
 
 
+def _forwards_wait_forever() -> Callable[[], None]:
+    from paramserver.server.peers import Peers
+    return _patch(Peers, "expire", lambda self: None)
+
+
 def _no_lease() -> Callable[[], None]:
     from paramserver.server.lease import Lease
     return _patch(Lease, "valid", lambda self: True)
@@ -181,6 +186,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
                             _ignore_ring_version),
     "no-staleness-gate": ("answer pulls without the staleness gate", _no_staleness_gate),
     "no-lease": ("serve without a lease from the scheduler", _no_lease),
+    "forwards-wait-forever": ("a server waits for ever on a forward or copy lost between two live servers (no "
+                              "deadline)", _forwards_wait_forever),
     "restore-unheld": ("restore a table without holding ring changes or loading again after one", _restore_unheld),
     "rejoin-at-the-minimum": ("a worker back from idle rejoins the vector clock below the clock it ticked",
                               _rejoin_at_the_minimum),

@@ -214,6 +214,24 @@ def _row_cache(rng: random.Random) -> Plan:
     return p
 
 
+def _server_links(a: str, b: str) -> bool:
+    """Requests and answers between two servers: forwarded pushes, vnode copies."""
+    return a.startswith("server") and b.startswith("server")
+
+
+def _lossy_peers(rng: random.Random) -> Plan:
+    """Servers join and leave while the links between servers drop, delay and reorder what
+    they carry, and every server keeps beating: a forward or a vnode copy (or its answer)
+    lost must fail in time and be redone, not hold a push or a migration for ever
+    (``server/peers.py``'s deadlines)."""
+    p = Plan(servers=3, workers=2, replicas=2)
+    p.faults = Faults(drop=rng.choice([0.02, 0.05]), delay=0.1, delay_s=0.3, reorder=0.05, only=_server_links)
+    for _ in range(rng.randint(1, 3)):
+        p.failures.append((rng.uniform(1, RUN_S - 6), rng.choice(["join", "join", "leave"])))
+    p.speeds = [0.05, 0.1]
+    return p
+
+
 SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "counters-r1": _counters(1),
     "counters-r2": _counters(2),
@@ -231,5 +249,6 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "filters": _filters,
     "lifecycle": _lifecycle,
     "row-cache": _row_cache,
+    "lossy-peers": _lossy_peers,
 }
 assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "names.SCENARIO_NAMES lists the scenarios for --help"
