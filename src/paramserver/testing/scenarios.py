@@ -220,12 +220,13 @@ def _server_links(a: str, b: str) -> bool:
 
 
 def _lossy_peers(rng: random.Random) -> Plan:
-    """Servers join and leave while the links between servers drop, delay and reorder what
-    they carry, and every server keeps beating: a forward or a vnode copy (or its answer)
-    lost must fail in time and be redone, not hold a push or a migration for ever
-    (``server/peers.py``'s deadlines)."""
+    """Servers join and leave while the links between servers lose some of what they
+    carry, and every server keeps beating: a forward or a vnode copy (or its answer) lost
+    must fail in time and be redone, not hold a push or a migration for ever
+    (``server/peers.py``'s deadlines).  Losses only: two servers talk over one TCP
+    connection, which loses what a reconnect drops but never reorders what it delivers."""
     p = Plan(servers=3, workers=2, replicas=2)
-    p.faults = Faults(drop=rng.choice([0.02, 0.05]), delay=0.1, delay_s=0.3, reorder=0.05, only=_server_links)
+    p.faults = Faults(drop=rng.choice([0.02, 0.05]), only=_server_links)
     for _ in range(rng.randint(1, 3)):
         p.failures.append((rng.uniform(1, RUN_S - 6), rng.choice(["join", "join", "leave"])))
     p.speeds = [0.05, 0.1]
