@@ -1,0 +1,105 @@
+"""``paramserver train`` over links of a given rate and round trip (issue 47.5), against the
+same job on loopback, in one run.
+
+    .venv/bin/python bench/links.py [--rows 1000000] [--rates none 1000 100] [--rtts 0.05 1 10]
+        [--chains none compact] [--json FILE]
+
+The scheduler and one server are processes on 127.0.0.1; every connection to them goes
+through ``bench_harness/delayproxy.py`` on 127.0.0.2 (the server advertises 127.0.0.2), which
+holds each direction's bytes half the round trip and caps its rate (``--rates`` in Mbit/s,
+``none``: no cap).  Userspace, so it needs no root and no ``netem`` (this kernel has none);
+its own cost shows in the row with no delay and no cap.  The job's driver and worker are
+one process (``bench/filters.py``'s), at default flags but ``--filters``.  Each row: its
+examples/s and the ratio to loopback's (the same chain, no relay), job seconds, bytes sent
+per example, the test log loss, and whether it reached loopback's loss (within 0.0005).
+Data: ``paramserver synth --shape heavy`` (``--rows``, a tenth to test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from bench_harness.procs import PS, Procs, free_port, listening, wait_for
+from filters import WORKER
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROXY = os.path.join(HERE, "bench_harness", "delayproxy.py")
+TARGET = 0.0005  # a row reaches loopback's log loss within this
+CHAINS = {"none": "none", "compact": "compact"}
+
+
+def one(data: str, test: str, chain: str, rate: str | None, rtt_ms: float | None, logs: str) -> dict[str, Any]:
+    """The job once: on loopback (``rtt_ms`` None), or through the relay."""
+    procs = Procs(logs)
+    sched_port, server_port = free_port(), free_port()
+    relayed = rtt_ms is not None
+    front = "127.0.0.2" if relayed else "127.0.0.1"
+    env = {**os.environ, "PARAMSERVER_LOG_LEVEL": "WARNING"}
+    try:
+        if relayed:
+            pairs = [f"{front}:{p}=127.0.0.1:{p}" for p in (sched_port, server_port)]
+            proxy = procs.start([sys.executable, PROXY, "--delay-ms", str(rtt_ms / 2),
+                                 "--rate-mbit", "0" if rate is None else rate, *pairs], stdout=subprocess.PIPE)
+            assert proxy.stdout is not None and proxy.stdout.readline().strip() == b"ready", "the relay did not start"
+        procs.start([*PS, "scheduler", "--host", "127.0.0.1", "--port", str(sched_port), "--servers", "1"], env=env)
+        wait_for(lambda: listening(sched_port), 60, "the scheduler")
+        procs.start([*PS, "server", "--host", "127.0.0.1", "--port", str(server_port), "--advertise-host", front,
+                     "--scheduler", f"tcp://{front}:{sched_port}"], env=env)
+        done = subprocess.run([sys.executable, "-c", WORKER, f"tcp://{front}:{sched_port}", data, test, "lr", "8",
+                               CHAINS[chain], "1", "off"], env=env, capture_output=True, text=True, timeout=3600)
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("REPORT ")]
+        if done.returncode or not lines:
+            raise SystemExit(f"{chain} at {rate} Mbit/s, {rtt_ms} ms: {done.stderr[-3000:]}")
+        report: dict[str, Any] = json.loads(lines[-1][7:])
+        return report
+    finally:
+        procs.stop_all()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--rates", nargs="+", default=["none", "1000", "100"], help="Mbit/s a direction, or none")
+    ap.add_argument("--rtts", nargs="+", type=float, default=[0.05, 1.0, 10.0], help="round trips, ms")
+    ap.add_argument("--chains", nargs="+", default=["none", "compact"], choices=sorted(CHAINS))
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    folder = tempfile.mkdtemp(prefix="pslinks-")
+    data, test = os.path.join(folder, "heavy.tsv"), os.path.join(folder, "heavy_test.tsv")
+    from paramserver.apps.ctr.synth import write_synth
+
+    write_synth(data, args.rows, seed=1, shape="heavy")
+    write_synth(test, max(1, args.rows // 10), seed=2, shape="heavy")
+    runs: list[dict[str, Any]] = []
+    print("| chain | rate Mbit/s | RTT ms | examples/s | ÷ loopback | job s | sent B/ex | test logloss | reached |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for chain in args.chains:
+        base = one(data, test, chain, None, None, os.path.join(folder, "logs"))
+        runs.append(_row(chain, "loopback", "—", base, base))
+        for rate in args.rates:
+            for rtt in args.rtts:
+                r = one(data, test, chain, None if rate == "none" else rate, rtt, os.path.join(folder, "logs"))
+                runs.append(_row(chain, rate, rtt, r, base))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(runs, f, indent=1)
+
+
+def _row(chain: str, rate: str, rtt: Any, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    ratio = r["examples_per_s"] / base["examples_per_s"]
+    reached = r["logloss"] <= base["logloss"] + TARGET
+    sent = r["bytes_sent"] / max(r["examples"], 1)
+    print(f"| {chain} | {rate} | {rtt} | {r['examples_per_s']:,.0f} | {ratio:.2f} | {r['seconds']:.1f} | {sent:.1f} | "
+          f"{r['logloss']:.5f} | {'yes' if reached else 'no'} |", flush=True)
+    return {"chain": chain, "rate": rate, "rtt_ms": rtt, "examples_per_s": r["examples_per_s"], "ratio": ratio,
+            "seconds": r["seconds"], "sent_per_example": sent, "logloss": r["logloss"], "reached": reached}
+
+
+if __name__ == "__main__":
+    main()
