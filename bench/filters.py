@@ -44,6 +44,7 @@ from paramserver.client.client import Client
 from paramserver.cluster import launch
 
 address, data, test, model, k, chain, servers, row_cache = sys.argv[1:9]
+pipeline = sys.argv[9] if len(sys.argv) > 9 else "2"
 
 class RemoteCluster:
     # the servers are in the other namespace: the driver and one worker run here
@@ -59,7 +60,8 @@ class RemoteCluster:
             return [fn(w, *args)], []
 
 launch.open_cluster = lambda **kw: RemoteCluster(**kw)
-cfg = TrainConfig(Model(model, int(k)), filters=None if chain == "none" else chain, row_cache=row_cache)
+cfg = TrainConfig(Model(model, int(k)), filters=None if chain == "none" else chain, row_cache=row_cache,
+                  pipeline=pipeline)
 t = time.perf_counter()
 report = train_mod.run_training(cfg, [data], [test], servers=int(servers), workers=1)
 report["wall_s"] = time.perf_counter() - t

@@ -2,7 +2,7 @@
 same job on loopback, in one run.
 
     .venv/bin/python bench/links.py [--rows 1000000] [--rates none 1000 100] [--rtts 0.05 1 10]
-        [--chains none compact] [--json FILE]
+        [--chains none compact] [--pipelines 2 auto] [--json FILE]
 
 The scheduler and one server are processes on 127.0.0.1; every connection to them goes
 through ``bench_harness/delayproxy.py`` on 127.0.0.2 (the server advertises 127.0.0.2), which
@@ -34,7 +34,8 @@ TARGET = 0.0005  # a row reaches loopback's log loss within this
 CHAINS = {"none": "none", "compact": "compact"}
 
 
-def one(data: str, test: str, chain: str, rate: str | None, rtt_ms: float | None, logs: str) -> dict[str, Any]:
+def one(data: str, test: str, chain: str, rate: str | None, rtt_ms: float | None, logs: str,
+        pipeline: str = "2") -> dict[str, Any]:
     """The job once: on loopback (``rtt_ms`` None), or through the relay."""
     procs = Procs(logs)
     sched_port, server_port = free_port(), free_port()
@@ -52,7 +53,8 @@ def one(data: str, test: str, chain: str, rate: str | None, rtt_ms: float | None
         procs.start([*PS, "server", "--host", "127.0.0.1", "--port", str(server_port), "--advertise-host", front,
                      "--scheduler", f"tcp://{front}:{sched_port}"], env=env)
         done = subprocess.run([sys.executable, "-c", WORKER, f"tcp://{front}:{sched_port}", data, test, "lr", "8",
-                               CHAINS[chain], "1", "off"], env=env, capture_output=True, text=True, timeout=3600)
+                               CHAINS[chain], "1", "off", pipeline], env=env, capture_output=True, text=True,
+                              timeout=3600)
         lines = [ln for ln in done.stdout.splitlines() if ln.startswith("REPORT ")]
         if done.returncode or not lines:
             raise SystemExit(f"{chain} at {rate} Mbit/s, {rtt_ms} ms: {done.stderr[-3000:]}")
@@ -68,6 +70,7 @@ def main() -> None:
     ap.add_argument("--rates", nargs="+", default=["none", "1000", "100"], help="Mbit/s a direction, or none")
     ap.add_argument("--rtts", nargs="+", type=float, default=[0.05, 1.0, 10.0], help="round trips, ms")
     ap.add_argument("--chains", nargs="+", default=["none", "compact"], choices=sorted(CHAINS))
+    ap.add_argument("--pipelines", nargs="+", default=["2"], help="--pipeline of each run: N, auto or auto:N")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="pslinks-")
@@ -77,28 +80,33 @@ def main() -> None:
     write_synth(data, args.rows, seed=1, shape="heavy")
     write_synth(test, max(1, args.rows // 10), seed=2, shape="heavy")
     runs: list[dict[str, Any]] = []
-    print("| chain | rate Mbit/s | RTT ms | examples/s | ÷ loopback | job s | sent B/ex | test logloss | reached |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| chain | pipeline | rate Mbit/s | RTT ms | examples/s | ÷ loopback | job s | sent B/ex | test logloss "
+          "| reached |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    logs = os.path.join(folder, "logs")
     for chain in args.chains:
-        base = one(data, test, chain, None, None, os.path.join(folder, "logs"))
-        runs.append(_row(chain, "loopback", "—", base, base))
-        for rate in args.rates:
-            for rtt in args.rtts:
-                r = one(data, test, chain, None if rate == "none" else rate, rtt, os.path.join(folder, "logs"))
-                runs.append(_row(chain, rate, rtt, r, base))
+        base = one(data, test, chain, None, None, logs)  # loopback at the default depth: what each row is against
+        runs.append(_row(chain, "2", "loopback", "—", base, base))
+        for pipeline in args.pipelines:
+            for rate in args.rates:
+                for rtt in args.rtts:
+                    r = one(data, test, chain, None if rate == "none" else rate, rtt, logs, pipeline)
+                    runs.append(_row(chain, pipeline, rate, rtt, r, base))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(runs, f, indent=1)
 
 
-def _row(chain: str, rate: str, rtt: Any, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+def _row(chain: str, pipeline: str, rate: str, rtt: Any, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     ratio = r["examples_per_s"] / base["examples_per_s"]
     reached = r["logloss"] <= base["logloss"] + TARGET
     sent = r["bytes_sent"] / max(r["examples"], 1)
-    print(f"| {chain} | {rate} | {rtt} | {r['examples_per_s']:,.0f} | {ratio:.2f} | {r['seconds']:.1f} | {sent:.1f} | "
-          f"{r['logloss']:.5f} | {'yes' if reached else 'no'} |", flush=True)
-    return {"chain": chain, "rate": rate, "rtt_ms": rtt, "examples_per_s": r["examples_per_s"], "ratio": ratio,
-            "seconds": r["seconds"], "sent_per_example": sent, "logloss": r["logloss"], "reached": reached}
+    depth = f"{pipeline} (reached {r.get('pipeline_depth')})" if pipeline.startswith("auto") else pipeline
+    print(f"| {chain} | {depth} | {rate} | {rtt} | {r['examples_per_s']:,.0f} | {ratio:.2f} | {r['seconds']:.1f} | "
+          f"{sent:.1f} | {r['logloss']:.5f} | {'yes' if reached else 'no'} |", flush=True)
+    return {"chain": chain, "pipeline": pipeline, "depth": r.get("pipeline_depth"), "rate": rate, "rtt_ms": rtt,
+            "examples_per_s": r["examples_per_s"], "ratio": ratio, "seconds": r["seconds"],
+            "sent_per_example": sent, "logloss": r["logloss"], "reached": reached}
 
 
 if __name__ == "__main__":

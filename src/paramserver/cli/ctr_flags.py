@@ -125,8 +125,10 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                    help="batches start at 1 example and grow to --batch-size, at most R * sqrt(examples the "
                         "worker has trained on) (default 1: 100 after 10^4 examples, 1 000 after 10^6; 0: no "
                         "ramp, every batch --batch-size)")
-    p.add_argument("--pipeline", type=int, default=2,
-                   help="mini-batches in flight per worker (1: each sees every earlier push)")
+    p.add_argument("--pipeline", default="2", metavar="N|auto[:N]",
+                   help="mini-batches in flight per worker (default 2; 1: each sees every earlier push); auto: from "
+                        "2, one more each time the worker keeps waiting on its pulls (a slow or distant link), up "
+                        "to N (default 16)")
     p.add_argument("--row-cache", default="off", metavar="SPEC",
                    help="each worker caches the model's rows it reads often: a row is read while at most S of "
                         "its server's updates behind, and a cached key's gradients are summed and pushed every S "

@@ -434,6 +434,7 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
         report.update(stream_rates(this_run, seconds, ran.busy_seconds))
     if "progressive" in status:  # each example scored before the model trained on it
         report["progressive"] = status["progressive"]
+    report["pipeline_depth"] = max((int(r.get("pipeline_depth", 0)) for r in per_worker), default=0)
     keys = [r.get("keys", {}) for r in per_worker]
     sent = sum(k.get("pull", 0) + k.get("push", 0) for k in keys)  # each a server's key-operation
     report["key_ops_per_example"] = sent / this_run if this_run else 0.0

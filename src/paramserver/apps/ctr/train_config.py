@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from paramserver.apps.ctr.deep import DENSE_BLOCK
+from paramserver.apps.ctr.depth import parse_pipeline
 from paramserver.apps.ctr.models import Model
 from paramserver.client.row_cache import RowCacheSpec
 from paramserver.data.reader import DataFormat
@@ -41,7 +42,7 @@ class TrainConfig:
     batch_size: int = 4000  # the largest mini-batch (see batch_ramp)
     batch_ramp: float = 1.0  # a batch is at most ramp * sqrt(examples this worker trained on) (0: off)
     seed: int = 0
-    pipeline: int = 2  # batches in flight (pulls ahead, pushes unacknowledged)
+    pipeline: Any = 2  # batches in flight (pulls ahead, pushes unacknowledged): N, or auto[:N] (apps/ctr/depth.py)
     consistency: Any = "asp"  # bsp | ssp:S | asp; a worker's clock ticks once a batch
     replicas: int = 1  # copies of every vnode (2 or 3: the job survives a server's death)
     layout: str = "auto"  # the model table's: hash | dense (keys < 2**hash_bits) | auto (see key_bits)
@@ -59,8 +60,7 @@ class TrainConfig:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if not (self.batch_ramp >= 0 and math.isfinite(self.batch_ramp)):
             raise ConfigError(f"--batch-ramp must be a number >= 0 (0: no ramp), got {self.batch_ramp}")
-        if not 1 <= self.pipeline <= 64:
-            raise ConfigError(f"--pipeline must be in [1, 64], got {self.pipeline}")
+        parse_pipeline(self.pipeline)
         if self.layout not in LAYOUTS:
             raise ConfigError(f"--table-layout must be one of {LAYOUTS}, got {self.layout!r}")
         try:

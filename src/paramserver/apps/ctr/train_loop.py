@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from paramserver.apps.ctr.depth import Depth
 from paramserver.apps.ctr.models import to_rows
 from paramserver.apps.ctr.ramp import ramped
 from paramserver.apps.ctr.train_config import TrainConfig
@@ -88,6 +89,7 @@ def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
         iteration_start = time.perf_counter()
         loop.pull_ahead()
         if not loop.ahead:
+            loop.done["pipeline_depth"] = loop.depth.now  # where auto went
             break
         (task, batch, uniq, inverse), pulled = loop.ahead.popleft()
         if batch is None:  # the shard's last push is out: report it done once applied
@@ -118,6 +120,7 @@ class _Pipeline:
         self.ahead: deque[Any] = deque()  # (item, its pull or None), in stream order
         self.pushes: deque[Any] = deque()
         self.pulling, self.closing = 0, False  # pulls in `ahead`; a shard's end is in it
+        self.depth = Depth(cfg.pipeline)  # batches in flight (``--pipeline``, fixed or auto)
         self.done = {"examples": 0, "loss_sum": 0.0, "bad_lines": 0}
         self.examples, self.loss_sum = 0, 0.0  # of the current shard
         self.shown_examples, self.shown_loss, self.shown_at = 0, 0.0, time.monotonic()
@@ -136,7 +139,7 @@ class _Pipeline:
         (one worker trains deterministically), and a next shard that waits for this
         shard_done (a new epoch, a checkpoint) cannot wait on us."""
         client, model = self.client, self.cfg.model
-        while not self.exhausted and self.pulling < self.cfg.pipeline and not self.closing:
+        while not self.exhausted and self.pulling < self.depth.now and not self.closing:
             item = next(self.items, None)
             if item is None:
                 self.exhausted = True
@@ -183,12 +186,14 @@ class _Pipeline:
         client, cfg, model, dense_keys = self.client, self.cfg, self.cfg.model, self.dense_keys
         self.pulling -= 1
         rows, dense = pulled
-        grads, loss, dense_grads, p = model.scored_step(batch, inverse, rows.result(timeout=300),
-                                                        None if dense is None else dense.result(timeout=300))
+        waiting = time.perf_counter()
+        got = rows.result(timeout=300), None if dense is None else dense.result(timeout=300)
+        self.depth.waited(time.perf_counter() - waiting, time.perf_counter() - iteration_start)
+        grads, loss, dense_grads, p = model.scored_step(batch, inverse, *got)
         self.scores.add(p, batch.labels, loss)  # scored before its own update: progressive validation
         if self.slow:  # a straggler, for consistency benchmarks: each batch takes factor x as long
             time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
-        self._drain(cfg.pipeline - 1)
+        self._drain(self.depth.now - 1)
         if self.timed:
             trained = self.done["examples"] + self.examples + len(batch)
             client.set_time(self.time_base + trained * max(client.num_workers, 1))
