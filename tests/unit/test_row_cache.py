@@ -27,7 +27,7 @@ def test_spec_parses_presets_numbers_and_off_and_names_the_fix():
     assert RowCacheSpec.parse("hot") == RowCacheSpec(8, 262144)
     assert not RowCacheSpec.parse("off") and not RowCacheSpec.parse(None) and not RowCacheSpec.parse("s=0")
     for bad, said in (("s=-1", "s must be in"), ("rows=2", "rows must be in"), ("x=3", "is not s=N"),
-                      ("s=1.5", "whole number"), ("s", "is not s=N")):
+                      ("s=1.5", "whole number"), ("s", "is not s=N"), ("s=2,s=3", "given twice")):
         with pytest.raises(ConfigError, match=said):
             RowCacheSpec.parse(bad)
 

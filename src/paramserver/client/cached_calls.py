@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from paramserver.client.core import Piece, Wire, pull_rows
+from paramserver.client.core import ByArray, Piece, Wire, pull_rows
 from paramserver.client.row_cache import Read, RowCache, RowCacheSpec
 from paramserver.errors import ConfigError
 from paramserver.routing.partition import combine_duplicates, scatter_rows
@@ -91,7 +91,7 @@ class CachedCalls:
     def __init__(self, port: CachePort, caches: dict[str, RowCache]) -> None:
         self.port = port
         self.caches = caches
-        self.slots: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(keys pulled) -> (keys, their slots)
+        self.slots: ByArray[np.ndarray] = ByArray()  # the keys of the last pulls -> their slots, for the pushes
 
     def use(self, spec: TableSpec, row_cache: Any) -> RowCacheSpec:
         """Cache ``spec``'s rows on this client as ``row_cache`` says (``off``: stop, what it held pushed)."""
@@ -109,9 +109,7 @@ class CachedCalls:
     def pull(self, spec: TableSpec, keys: np.ndarray, cache: RowCache) -> Future[Any]:
         out = np.empty((keys.shape[0], spec.dim), np.float32)
         read = cache.read(keys, out, self.port.ring_version())
-        if len(self.slots) > 16:
-            self.slots.clear()
-        self.slots[id(keys)] = (keys, read.slots)
+        self.slots.keep(keys, read.slots)
         outer: Future[Any] = Future()
         missing = np.flatnonzero(read.slots < 0)
         self._fetch(spec, cache, keys, missing, out, read, outer, cache.servers(read))
@@ -168,9 +166,7 @@ class CachedCalls:
         """A push of ``update`` gradients through ``cache``: what it does not gather goes out."""
         if not distinct:
             keys, grads = combine_duplicates(keys, grads, "update")
-        held = self.slots.get(id(keys))
-        slots = held[1] if held is not None and held[0] is keys else None
-        out_keys, out_grads, out_distinct = cache.write(keys, grads, slots)
+        out_keys, out_grads, out_distinct = cache.write(keys, grads, self.slots.get(keys))
         if not out_keys.size:
             done: Future[Any] = Future()
             done.set_result(None)
@@ -206,7 +202,5 @@ class CachedCalls:
             if spec.staleness == float("inf"):
                 continue  # ASP: the cache's own bound holds across clocks
             cache.expire()
-            keys, sums, distinct = cache.take()
-            if keys.size:
-                self.port.push(spec, keys, sums, distinct)
+            self.push_held(name)
 

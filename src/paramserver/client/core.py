@@ -28,7 +28,7 @@ import collections
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -49,6 +49,8 @@ from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
     from paramserver.tables.spec import TableSpec
+
+T = TypeVar("T")
 
 MAX_BACKOFF_S = 0.5  # a piece refused with no newer ring to route by waits at most this long
 #: a pull or push is answered within this long, plus its bytes (and a pull's reply's) at
@@ -93,6 +95,22 @@ class View:
         return True
 
 
+class ByArray(Generic[T]):
+    """Values kept for the last ``size`` arrays a caller pulled, found again by the very
+    array (identity, not contents): a push of the keys a worker pulled reuses what their
+    pull worked out.  No lock: a deque's append and its copy are atomic."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._held: collections.deque[tuple[np.ndarray, T]] = collections.deque(maxlen=size)
+
+    def keep(self, arr: np.ndarray, value: T) -> None:
+        self._held.append((arr, value))
+
+    def get(self, arr: np.ndarray) -> T | None:
+        held: list[tuple[np.ndarray, T]] = list(self._held)
+        return next((value for kept, value in reversed(held) if kept is arr), None)
+
+
 class RouteMemo:
     """The routings of the last few pulls, each with its keys' array: a push of distinct
     keys that were pulled (a worker pushes the gradients of the keys it pulled) takes their
@@ -100,30 +118,30 @@ class RouteMemo:
     key; half of what a training worker spent routing).  Taken only for the very array
     pulled, on the same ring, layout and order, and once its keys are checked to be the
     ones routed (an array changed in place since is routed afresh): the push goes out as
-    it would have, bit for bit.  No lock: a deque's append and its copy are atomic."""
+    it would have, bit for bit."""
 
     #: a pull of more keys is not kept (what it holds is ~24 bytes a key: the keys, grouped and in order)
     MAX_KEYS = 1 << 18
 
     def __init__(self, size: int = 8) -> None:
-        self._held: collections.deque[tuple[np.ndarray, Routed, int, bool]] = collections.deque(maxlen=size)
+        self._held: ByArray[tuple[Routed, int, bool]] = ByArray(size)
 
     def keep(self, keys: np.ndarray, routed: Routed, layout: int, ordered: bool) -> None:
         if keys.shape[0] <= self.MAX_KEYS:
-            self._held.append((keys, routed, layout, ordered))
+            self._held.keep(keys, (routed, layout, ordered))
 
     def push_routing(self, ring: Ring, keys: np.ndarray, grads: np.ndarray, layout: int,
                      ordered: bool) -> Routed | None:
         """The routing of a distinct push of ``keys`` from their pull's, or None."""
-        for held, routed, held_layout, held_ordered in reversed(tuple(self._held)):
-            if held is not keys:
-                continue
-            order = routed.order
-            if (order is None or routed.ring_version != ring.version or held_layout != layout
-                    or held_ordered != ordered or not np.array_equal(keys[order], routed.keys)):
-                return None
-            return Routed(routed.keys, routed.parts, ring.version, grads=np.ascontiguousarray(grads[order]))
-        return None
+        held = self._held.get(keys)
+        if held is None:
+            return None
+        routed, held_layout, held_ordered = held
+        order = routed.order
+        if (order is None or routed.ring_version != ring.version or held_layout != layout
+                or held_ordered != ordered or not np.array_equal(keys[order], routed.keys)):
+            return None
+        return Routed(routed.keys, routed.parts, ring.version, grads=np.ascontiguousarray(grads[order]))
 
 
 def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,

@@ -68,6 +68,8 @@ class RowCacheSpec:
             if not eq or name not in ("s", "rows"):
                 raise ConfigError(f"row cache {text!r}: {part!r} is not s=N or rows=N (e.g. 's=8,rows=262144', "
                                   f"or a preset: {sorted(PRESETS)}, or 'off')")
+            if name in fields:
+                raise ConfigError(f"row cache {text!r}: {name} is given twice; give it once")
             fields[name] = _whole(text, name, value)
         made = cls(**fields)
         if not 0 <= made.s <= MAX_S:
