@@ -8,6 +8,7 @@
     paramserver cluster remove-server --id 3 --scheduler ...     # shrink it, live
     paramserver cluster status --scheduler ...
     paramserver chaos --seeds 500 --json                 # fault-injection campaign (simulated)
+    paramserver nemesis --seeds 100                      # real nodes on emulated hosts under network faults
     paramserver feed rows.tsv.gz --stream redis://HOST:6379/clicks   # rows into a Redis stream
 
 Every flag of a node also reads a ``PARAMSERVER_*`` variable (see config.ENV).
@@ -47,6 +48,18 @@ def _chaos(args: argparse.Namespace) -> int:
     return campaign.main(args)
 
 
+def _add_nemesis(sub: Subparsers) -> None:
+    from paramserver.testing.nemesis import campaign
+
+    campaign.add_parser(sub)
+
+
+def _nemesis(args: argparse.Namespace) -> int:
+    from paramserver.testing.nemesis import campaign
+
+    return campaign.main(args)
+
+
 # in the order ``paramserver --help`` lists them
 COMMANDS: dict[str, Command] = {
     "scheduler": Command(nodes.add_scheduler, nodes.scheduler),
@@ -69,8 +82,9 @@ COMMANDS: dict[str, Command] = {
     "synth": Command(ctr_flags.add_synth, ctr_flags.run_ctr),
     "demo": Command(ctr_flags.add_demo, ctr_flags.run_ctr),
     "chaos": Command(_add_chaos, _chaos),
+    "nemesis": Command(_add_nemesis, _nemesis),
 }
-_QUIET = frozenset({"train", "demo", "predict", "eval", "synth", "chaos"})  # log warnings and up, not INFO
+_QUIET = frozenset({"train", "demo", "predict", "eval", "synth", "chaos", "nemesis"})  # log warnings and up, not INFO
 _NODES = frozenset({"scheduler", "server", "worker", "node"})  # they serve: the allocator is tuned for it
 _COMPILES = frozenset({"train", "predict", "eval", "demo", "lasso", "mf", "lda", "serve", "split-columns"})
 _JOBS = frozenset({"train", "demo"})  # a job turns the collector back on once its nodes are up

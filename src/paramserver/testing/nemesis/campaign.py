@@ -1,0 +1,102 @@
+"""``paramserver nemesis``: seeded runs of real nodes on emulated hosts under network faults.
+
+    paramserver nemesis --seeds 100                 # the long campaign (about 45 s a run)
+    paramserver nemesis --seeds 3 --window 12       # a short one
+    paramserver nemesis --replay plan.json          # a failing run's schedule, again
+    paramserver nemesis --seed 17 --print-plan      # what seed 17 would do
+
+Needs root, ``ip``/``tc`` (iproute2) and ``nft`` (nftables).  Runs go one at a time: each has
+its scheduler, three servers and a client on hosts of its own.  A run that fails keeps its logs and
+its schedule (``plan.json``) in a folder it names; one that passes removes them unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from paramserver.testing.nemesis.plan import KINDS, Plan, draw
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("nemesis", help="real nodes on emulated hosts (network namespaces) under partitions, loss, "
+                                       "bandwidth collapse, pauses and kills; every acknowledged add checked")
+    p.add_argument("--seeds", type=int, default=10, help="runs, seeds FIRST.. FIRST+SEEDS-1")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="run this seed alone")
+    p.add_argument("--replay", metavar="FILE", help="run the schedule a failed run wrote (its plan.json)")
+    p.add_argument("--window", type=float, default=30.0, help="seconds of faults a run (default 30)")
+    p.add_argument("--longest", type=float, default=6.0,
+                   help="longest fault in seconds (a pause: up to 2.5x this, at most 15; default 6)")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"faults to draw from (default: all of {','.join(KINDS)})")
+    p.add_argument("--servers", type=int, default=3, help="servers (3: the replicas-3 counter keeps a copy each)")
+    p.add_argument("--keep", metavar="DIR", help="keep every run's logs under DIR (default: only failed runs', "
+                                                 "in the temporary folder)")
+    p.add_argument("--print-plan", action="store_true", help="print the schedules and run nothing")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def plans(args: argparse.Namespace) -> list[Plan]:
+    if args.replay:
+        with open(args.replay) as f:
+            return [Plan.from_json(f.read())]
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise SystemExit(f"paramserver nemesis: --kinds {args.kinds!r}: unknown {bad}; choose from {','.join(KINDS)}")
+    if args.servers < 2:
+        raise SystemExit(f"paramserver nemesis: --servers {args.servers}: needs at least 2 (replicas 2)")
+    seeds = [args.seed] if args.seed is not None else range(args.first_seed, args.first_seed + args.seeds)
+    return [draw(s, args.servers, args.window, args.longest, kinds) for s in seeds]
+
+
+def main(args: argparse.Namespace) -> int:
+    from paramserver.testing.nemesis.hosts import missing
+
+    todo = plans(args)
+    if args.print_plan:
+        for p in todo:
+            print(p.to_json())
+        return 0
+    why = missing()
+    if why:
+        print(f"paramserver nemesis: {why}", file=sys.stderr)
+        return 2
+    return report([_one(p, args.keep) for p in todo], args.json)
+
+
+def _one(plan: Plan, keep: str | None) -> dict[str, Any]:
+    import os
+
+    from paramserver.testing.nemesis.run import run
+
+    out = run(plan, keep)
+    if not out.verdict.ok:
+        with open(os.path.join(out.folder, "plan.json"), "w") as f:
+            f.write(plan.to_json())
+    s = out.summary()
+    mark = "ok  " if out.verdict.ok else "FAIL"
+    print(f"{mark} seed {plan.seed}: {len(plan.faults)} faults, {s['acked']} acked, {s['unknown']} unknown, "
+          f"max recovery {s['max_recovery_s']} s, {s['restarts']} restarts, {s['seconds']} s"
+          + ("" if out.verdict.ok else f"\n     {'; '.join(out.verdict.violations)}\n     logs: {out.folder}"),
+          file=sys.stderr, flush=True)
+    return s
+
+
+def report(runs: list[dict[str, Any]], as_json: bool) -> int:
+    failed = [r for r in runs if not r["ok"]]
+    gaps = [g for r in runs for g in r["recovery_s"] if g is not None]
+    over = sum(1 for g in gaps if g > 5.0)
+    summary = {"runs": len(runs), "failed": len(failed), "heals": len(gaps), "recovery_over_5s": over,
+               "max_recovery_s": max(gaps, default=None), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if as_json:
+        print(json.dumps({**summary, "runs": runs}, indent=1))
+    else:
+        print(f"{len(runs)} runs, {len(failed)} failed; {len(gaps)} heals, progress again within "
+              f"{summary['max_recovery_s']} s at most ({over} over 5 s)")
+        for r in failed:
+            print(f"  seed {r['seed']}: {'; '.join(r['violations'])} (logs and plan.json: {r['folder']})")
+    return 1 if failed else 0

@@ -1,0 +1,138 @@
+"""Emulated hosts: network namespaces on one bridge, and the faults a real network has.
+
+Host ``i`` is the namespace ``{tag}{i}`` with the address ``{net}.{i + 1}``; its veth's other end
+is a port of the bridge ``nbr`` in the namespace ``{tag}x``, so every pair of hosts has its own
+path and a fault can be put on one pair, one direction, without touching the others.
+
+The faults, each undone by ``heal()``:
+- ``cut(src, dst)``: what ``src`` sends to ``dst`` is dropped (nftables, the output hook of
+  ``src``): a one-way partition; both directions make a two-way one;
+- ``lose(src, dst, percent)``: a random share of it is dropped (nftables' ``numgen random``);
+- ``slow(host, rate)``: the host's link in both directions is capped by a token bucket (``tc tbf``).
+
+What this kernel lacks is said, not faked: without ``netem`` there is no delay or jitter here
+(``bench/links.py`` has them, from a userspace relay); without root or ``nft`` nothing can be made,
+and ``Unavailable`` says which of the two is missing and how to get it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+NFT_TABLE = "table inet nemesis {\n  chain out {\n    type filter hook output priority 0; policy accept;\n  }\n}\n"
+
+
+class Unavailable(RuntimeError):
+    """Emulated hosts cannot be made on this machine (the message says why and the fix)."""
+
+
+def missing() -> str | None:
+    """What this machine lacks for emulated hosts, or None."""
+    if os.geteuid() != 0:
+        return "emulated hosts need root (network namespaces): run as root, or in a container with CAP_NET_ADMIN"
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("nft", "nftables")):
+        if shutil.which(tool) is None:
+            return f"emulated hosts need '{tool}' (Debian: apt-get install {package})"
+    return None
+
+
+def sh(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(args), input=stdin, capture_output=True, text=True, timeout=30)
+    if check and done.returncode:
+        raise Unavailable(f"{' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+class Hosts:
+    """``n`` hosts on a bridge; a context manager that removes them (and kills what runs in them)
+    on any exit.  ``tag`` and ``net`` come from this process's id, so two runs never collide."""
+
+    def __init__(self, n: int, prefix: str = "nm") -> None:
+        pid = os.getpid()
+        self.n = n
+        self.tag = f"{prefix}{pid % 100000}"
+        self.net = f"10.{200 + pid % 50}.{(pid // 50) % 250}"
+        self.bridge_ns = f"{self.tag}x"
+        self._slowed: set[int] = set()
+
+    def ns(self, host: int) -> str:
+        return f"{self.tag}{host}"
+
+    def address(self, host: int) -> str:
+        return f"{self.net}.{host + 1}"
+
+    def exec(self, host: int) -> list[str]:
+        """The command prefix that runs a program on ``host``."""
+        return ["ip", "netns", "exec", self.ns(host)]
+
+    def __enter__(self) -> Hosts:
+        why = missing()
+        if why:
+            raise Unavailable(why)
+        try:
+            self._build()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _build(self) -> None:
+        sh("ip", "netns", "add", self.bridge_ns)
+        sh("ip", "-n", self.bridge_ns, "link", "add", "name", "nbr", "type", "bridge")
+        sh("ip", "-n", self.bridge_ns, "link", "set", "nbr", "up")
+        for h in range(self.n):
+            ns, inner, outer = self.ns(h), f"{self.tag}e{h}", f"{self.tag}p{h}"
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", "name", inner, "netns", ns, "type", "veth", "peer", "name", outer,
+               "netns", self.bridge_ns)
+            sh("ip", "-n", self.bridge_ns, "link", "set", outer, "master", "nbr")
+            sh("ip", "-n", self.bridge_ns, "link", "set", outer, "up")
+            sh("ip", "-n", ns, "addr", "add", f"{self.address(h)}/24", "dev", inner)
+            sh("ip", "-n", ns, "link", "set", inner, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh(*self.exec(h), "nft", "-f", "-", stdin=NFT_TABLE)
+
+    def __exit__(self, *exc: object) -> None:
+        for ns in [self.ns(h) for h in range(self.n)] + [self.bridge_ns]:
+            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                sh("kill", "-9", pid, check=False)
+            sh("ip", "netns", "del", ns, check=False)
+
+    # -- faults --------------------------------------------------------------------------
+    def _rule(self, src: int, rule: str) -> None:
+        sh(*self.exec(src), "nft", "add", "rule", "inet", "nemesis", "out", *rule.split())
+
+    def cut(self, src: int, dst: int) -> None:
+        self._rule(src, f"ip daddr {self.address(dst)} drop")
+
+    def lose(self, src: int, dst: int, percent: int) -> None:
+        if not 0 < percent < 100:
+            raise ValueError(f"loss percent={percent}: must be in 1..99")
+        self._rule(src, f"ip daddr {self.address(dst)} numgen random mod 100 < {percent} drop")
+
+    def partition(self, side: Sequence[int], other: Sequence[int], both: bool = True) -> None:
+        """Cut every link from ``side`` to ``other`` (and back, if ``both``)."""
+        for a in side:
+            for b in other:
+                self.cut(a, b)
+                if both:
+                    self.cut(b, a)
+
+    def slow(self, host: int, rate: str) -> None:
+        """Cap the host's link to ``rate`` (tc syntax: '200kbit'), both directions."""
+        for ns, dev in ((self.ns(host), f"{self.tag}e{host}"), (self.bridge_ns, f"{self.tag}p{host}")):
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+               "burst", "16kb", "latency", "400ms")
+        self._slowed.add(host)
+
+    def heal(self) -> None:
+        """Undo every fault: rules flushed, rates restored."""
+        for h in range(self.n):
+            sh(*self.exec(h), "nft", "flush", "chain", "inet", "nemesis", "out")
+        for h in sorted(self._slowed):
+            for ns, dev in ((self.ns(h), f"{self.tag}e{h}"), (self.bridge_ns, f"{self.tag}p{h}")):
+                sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+        self._slowed.clear()

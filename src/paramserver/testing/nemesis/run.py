@@ -1,0 +1,245 @@
+"""One nemesis run: real ``paramserver scheduler`` and ``server`` processes and the counters'
+client, each on an emulated host of its own; the plan's faults applied one by one and healed;
+then the counters read back and checked (``check``).
+
+A server that stops (SIGKILLed by the plan, or one that learns it was declared dead while cut off)
+is started again by the run's supervisor, as a service manager would, except while the plan holds
+it down.  Every wait has a deadline; what a run waited on when it ran out is named in its verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from paramserver.testing.nemesis import check
+from paramserver.testing.nemesis.hosts import Hosts
+from paramserver.testing.nemesis.plan import Fault, Plan
+from paramserver.testing.nemesis.workload import WAIT_S
+
+PORT = 7700
+SETTLE_S = 60.0  # the longest a run waits for the cluster, the first add, or the last one after the heal
+STUCK_S = 30.0  # no add acknowledged this long after a heal: stuck
+
+
+@dataclass
+class Node:
+    role: str
+    host: int
+    log: IO[bytes]
+    proc: subprocess.Popen[bytes] | None = None
+    held: bool = False  # the plan keeps it down (a kill, until its restart)
+    starts: int = 0
+
+
+@dataclass
+class Outcome:
+    plan: Plan
+    verdict: check.Verdict
+    seconds: float
+    restarts: int
+    folder: str
+    events: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {"seed": self.plan.seed, **self.verdict.summary(), "seconds": round(self.seconds, 1),
+                "restarts": self.restarts, "events": self.events, "folder": self.folder,
+                "plan": json.loads(self.plan.to_json())}
+
+
+class Run:
+    def __init__(self, hosts: Hosts, plan: Plan, folder: str) -> None:
+        self.hosts, self.plan, self.folder = hosts, plan, folder
+        self.scheduler = f"tcp://{hosts.address(0)}:{PORT}"
+        self.env = {**os.environ, "PARAMSERVER_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+        self.nodes = [self._node("scheduler", 0)] + [self._node(f"server{h}", h) for h in range(1, plan.servers + 1)]
+        self.workload: subprocess.Popen[bytes] | None = None
+        self.events: list[str] = []
+        self.t0 = time.monotonic()
+
+    def _node(self, role: str, host: int) -> Node:
+        return Node(role, host, open(os.path.join(self.folder, f"{role}.log"), "ab"))
+
+    def _spawn(self, host: int, args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([*self.hosts.exec(host), sys.executable, *args], env=self.env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def _start(self, node: Node) -> None:
+        if node.role == "scheduler":
+            args = ["-m", "paramserver", "scheduler", "--host", "0.0.0.0", "--port", str(PORT),
+                    "--servers", str(self.plan.servers)]
+        else:
+            args = ["-m", "paramserver", "server", "--host", "0.0.0.0", "--scheduler", self.scheduler]
+        node.proc = self._spawn(node.host, args, node.log)
+        node.starts += 1
+        if node.starts > 1:
+            self.note(f"{node.role} started again")
+
+    def note(self, what: str) -> None:
+        self.events.append(f"{time.monotonic() - self.t0:7.2f} {what}")
+
+    def supervise(self) -> None:
+        """Start again a server that stopped, unless the plan holds it down."""
+        for node in self.nodes[1:]:
+            if node.proc is not None and node.proc.poll() is not None and not node.held:
+                self.note(f"{node.role} exited ({node.proc.returncode})")
+                self._start(node)
+
+    def wait(self, until: float) -> None:
+        while time.monotonic() < until:
+            self.supervise()
+            if self.workload is not None and self.workload.poll() is not None:
+                raise Stuck(f"the workload exited ({self.workload.returncode}) before the run ended")
+            time.sleep(0.05)
+
+    # -- faults --------------------------------------------------------------------------
+    def apply(self, f: Fault) -> None:
+        h, everyone = self.hosts, range(self.plan.hosts)
+        self.note(f"{f.kind} {list(f.hosts)} for {f.duration:g} s" + (f" ({f.arg})" if f.arg else ""))
+        if f.kind in ("isolate", "isolate-client"):
+            h.partition(f.hosts, [x for x in everyone if x not in f.hosts])
+        elif f.kind == "halves":
+            h.partition(f.hosts, [x for x in everyone if x not in f.hosts])
+        elif f.kind == "oneway":
+            h.partition(f.hosts, [x for x in everyone if x not in f.hosts], both=False)
+        elif f.kind == "scheduler-cut":
+            h.partition([0], range(1, self.plan.servers + 1))
+        elif f.kind == "loss":
+            for other in everyone:
+                if other != f.hosts[0]:
+                    h.lose(f.hosts[0], other, f.arg)
+                    h.lose(other, f.hosts[0], f.arg)
+        elif f.kind == "slow":
+            h.slow(f.hosts[0], "200kbit")
+        elif f.kind == "pause":
+            self._signal(f.hosts[0], signal.SIGSTOP)
+        elif f.kind == "kill":
+            node = self.nodes[f.hosts[0]]
+            node.held = True
+            self._signal(f.hosts[0], signal.SIGKILL)
+
+    def heal(self, f: Fault) -> None:
+        self.note(f"heal {f.kind}")
+        if f.kind == "pause":
+            self._signal(f.hosts[0], signal.SIGCONT)
+        elif f.kind == "kill":
+            self.nodes[f.hosts[0]].held = False
+        else:
+            self.hosts.heal()
+
+    def _signal(self, host: int, sig: signal.Signals) -> None:
+        proc = self.nodes[host].proc
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, sig)
+
+    # -- the run -------------------------------------------------------------------------
+    def start(self) -> None:
+        for node in self.nodes:
+            self._start(node)
+        log = open(os.path.join(self.folder, "workload.log"), "ab")
+        self.workload = self._spawn(self.plan.client_host, ["-m", "paramserver.testing.nemesis.workload",
+                                                             self.scheduler, self.folder], log)
+
+    def acks(self) -> list[dict[str, Any]]:
+        try:
+            with open(os.path.join(self.folder, "acks.jsonl")) as f:
+                return check.read_log(f.read())
+        except FileNotFoundError:
+            return []
+
+    def first_ack_after(self, t: float, what: str) -> float:
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            later = [x["t"] for x in self.acks() if x.get("ok") and x["t"] > t]
+            if later:
+                return float(min(later))
+            self.wait(time.monotonic() + 0.2)
+        raise Stuck(f"no add acknowledged within {SETTLE_S:g} s {what}")
+
+    def faults(self) -> tuple[list[float], list[float]]:
+        """Apply the plan; the heal times and, for each, when the next fault began."""
+        heals: list[float] = []
+        nexts: list[float] = []
+        start = self.first_ack_after(0.0, "of the cluster's start")
+        self.t0 = start
+        for f in self.plan.faults:
+            self.wait(start + f.at)
+            if heals:
+                nexts.append(time.monotonic())
+            self.apply(f)
+            self.wait(start + f.at + f.duration)
+            self.heal(f)
+            heals.append(time.monotonic())
+        nexts.append(time.monotonic() + STUCK_S)
+        return heals, nexts
+
+    def finish(self, heals: list[float]) -> dict[str, list[float]]:
+        """After the last heal: an add acknowledged, the workload stopped, every key read back."""
+        if heals:
+            self.first_ack_after(heals[-1], "after the last heal")
+        open(os.path.join(self.folder, "stop"), "w").close()
+        assert self.workload is not None
+        try:
+            self.workload.wait(timeout=WAIT_S * 2 + 5)
+        except subprocess.TimeoutExpired as e:
+            raise Stuck("the workload did not stop within its deadline (an add waited on)") from e
+        reader = self._spawn(self.plan.client_host, ["-m", "paramserver.testing.nemesis.workload", self.scheduler,
+                                                     self.folder, "--read"], open(os.devnull, "wb"))
+        try:
+            reader.wait(timeout=WAIT_S + 30)
+        except subprocess.TimeoutExpired as e:
+            reader.kill()
+            raise Stuck("reading the counters back did not finish within its deadline") from e
+        with open(os.path.join(self.folder, "values.json")) as f:
+            values: dict[str, list[float]] = json.load(f)
+        return values
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGCONT)
+                node.proc.kill()
+                node.proc.wait(timeout=10)
+            node.log.close()
+        if self.workload is not None and self.workload.poll() is None:
+            self.workload.kill()
+            self.workload.wait(timeout=10)
+
+
+class Stuck(RuntimeError):
+    """A run waited past a deadline; the message names what it waited on."""
+
+
+def run(plan: Plan, keep: str | None = None) -> Outcome:
+    """One run of ``plan``; its logs stay in a folder of ``keep`` (default: a temporary one,
+    removed when the run passed)."""
+    folder = tempfile.mkdtemp(prefix=f"nemesis-{plan.seed}-", dir=keep)
+    started = time.monotonic()
+    verdict = check.Verdict()
+    with Hosts(plan.hosts) as hosts:
+        r = Run(hosts, plan, folder)
+        try:
+            r.start()
+            heals, nexts = r.faults()
+            values = r.finish(heals)
+            lines = r.acks()
+            check.counters(lines, values, verdict)
+            check.progress(lines, heals, nexts, STUCK_S, verdict)
+        except Stuck as e:
+            verdict.violations.append(f"stuck: {e}")
+        finally:
+            r.stop()
+    restarts = sum(n.starts - 1 for n in r.nodes)
+    out = Outcome(plan, verdict, time.monotonic() - started, restarts, folder, r.events)
+    if verdict.ok and keep is None:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    return out
