@@ -36,7 +36,8 @@ CATCHERS = {"no-dedup": "counters-r2", "ack-before-backups": "partition", "ignor
             "write-off-last-copy": "repair-pause", "rejoin-at-the-minimum": "job-ssp",
             "client-retry-fresh-seq": "counters-r1", "client-forgets-in-flight": "ssp",
             "client-ignores-cache-miss": "filters", "evict-on-primary-only": "lifecycle",
-            "cache-reads-past-bound": "row-cache", "forwards-wait-forever": "lossy-peers"}
+            "cache-reads-past-bound": "row-cache", "forwards-wait-forever": "lossy-peers",
+            "dead-together": "scheduler-cut"}
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))

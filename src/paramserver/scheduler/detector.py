@@ -53,9 +53,9 @@ class Detector:
             logger.warning("server %d answered again after %.1f s of silence: un-fenced, nothing was lost",
                            server, silent)
             self.returned.append(server)
-        dead = []
+        dead: list[int] = []
         for node in [n for n in self.host.nodes.values() if n.last_seen < deadline and n.id not in waiting_on_us]:
-            if node.role == "server" and self._wait_for(node, now):
+            if node.role == "server" and self._wait_for(node, now, dead):
                 continue
             logger.warning("%s %d missed its heartbeat deadline (%.1f s): declared dead", node.role, node.id,
                            now - node.last_seen)
@@ -63,9 +63,12 @@ class Detector:
             dead.append(node.id)
         return dead
 
-    def _wait_for(self, node: NodeInfo, now: float) -> bool:
-        """Whether a silent server is waited for (fenced) rather than declared dead."""
-        last = self.host.membership.last_copies(node.id)
+    def _wait_for(self, node: NodeInfo, now: float, dying: list[int]) -> bool:
+        """Whether a silent server is waited for (fenced) rather than declared dead.  ``dying``:
+        the nodes this turn declares dead already; their copies count as gone, so that servers
+        silent together (a scheduler cut off from all of them) are not all declared dead at once,
+        each for having its backups on the others."""
+        last = self.host.membership.last_copies(node.id, gone=dying)
         if not last:
             return False
         alive = self.host.alive(node.process)

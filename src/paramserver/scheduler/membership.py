@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Collection
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -372,10 +373,11 @@ class Membership:
         self._purge_incomplete()
         self.host.migration_over()
 
-    def last_copies(self, server: int, ring: Ring | None = None) -> dict[str, list[int]]:
+    def last_copies(self, server: int, ring: Ring | None = None, gone: Collection[int] = ()) -> dict[str, list[int]]:
         """Per table, the vnodes of which ``server`` holds the last complete copy on a live
         server (``replicas=1``, or every other replica died or is still being copied): what
-        declaring it dead would lose."""
+        declaring it dead would lose.  ``gone``: servers to count as dead already (those the
+        detector declares dead in the same turn, before the ring shows it)."""
         ring = self.ring if ring is None else ring
         by_table: dict[str, list[int]] = {}
         if ring is None:
@@ -383,8 +385,8 @@ class Membership:
         for name, r in sorted(self._replicas().items()):
             chains = ring.chains[:, :r]
             for v in np.flatnonzero((chains == server).any(axis=1)).tolist():
-                if not any(s >= 0 and s != server and s in self.host.nodes and (name, v, s) not in self.incomplete
-                           for s in chains[v].tolist()):
+                if not any(s >= 0 and s != server and s not in gone and s in self.host.nodes
+                           and (name, v, s) not in self.incomplete for s in chains[v].tolist()):
                     by_table.setdefault(name, []).append(v)
         return by_table
 

@@ -33,7 +33,8 @@ class Failures:
             "worker-crash": self._worker, "worker-pause": self._worker,
             "crash-then-pause-source": self._crash_then_pause_source, "join": self._join, "joiner-crash": self._join,
             "crash": self._crash, "restart": self._crash, "pause": self._pause, "short-pause": self._pause,
-            "cut-beats": self._cut, "cut-answers": self._cut, "isolate": self._cut, "leave": self._leave}
+            "cut-beats": self._cut, "cut-answers": self._cut, "isolate": self._cut, "leave": self._leave,
+            "cut-scheduler": self._cut_scheduler}
         self._on_victim = {"crash", "restart", "pause", "short-pause", "cut-beats", "cut-answers", "isolate", "leave"}
 
     def strike(self, kind: str) -> None:
@@ -130,6 +131,15 @@ class Failures:
         if kind == "isolate":
             for h in net.hosts:
                 net.faults.cut |= {(name, h), (h, name)}
+        net.after(self.rng.uniform(1.5, 3.0) * self.timeout, self.heal_cuts)
+
+    def _cut_scheduler(self, kind: str) -> None:
+        """The scheduler cut off from every server at once, both ways, past the heartbeat
+        timeout: all of them are silent in the same turn of its detector."""
+        net = self.cluster.net
+        net.log("fault cut-scheduler")
+        for server in self.cluster.servers:
+            net.faults.cut |= {(server.name, "scheduler"), ("scheduler", server.name)}
         net.after(self.rng.uniform(1.5, 3.0) * self.timeout, self.heal_cuts)
 
     def _leave(self, kind: str) -> None:

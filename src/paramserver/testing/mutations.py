@@ -90,7 +90,15 @@ def _write_off_last_copy() -> Callable[[], None]:
     """Declare a silent server dead at the heartbeat timeout even when it holds the last
     complete copy of some vnodes (as before the detector fenced such servers)."""
     from paramserver.scheduler.detector import Detector
-    return _patch(Detector, "_wait_for", lambda self, node, now: False)
+    return _patch(Detector, "_wait_for", lambda self, node, now, dying: False)
+
+
+def _dead_together() -> Callable[[], None]:
+    """Judge each silent server alone, not counting those declared dead in the same turn (as
+    before the nemesis found a scheduler cut off from every server losing every table)."""
+    from paramserver.scheduler.detector import Detector
+    alone = Detector._wait_for
+    return _patch(Detector, "_wait_for", lambda self, node, now, dying: alone(self, node, now, []))
 
 
 def _rejoin_at_the_minimum() -> Callable[[], None]:
@@ -193,6 +201,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
                               _rejoin_at_the_minimum),
     "write-off-last-copy": ("declare a silent server dead on time even when it holds the last complete copy of "
                             "some vnodes", _write_off_last_copy),
+    "dead-together": ("declare servers silent in the same turn dead each for having its backups on the others",
+                      _dead_together),
     "client-retry-fresh-seq": ("the client resends a push's piece under a new seq instead of its own",
                                _client_retry_fresh_seq),
     "client-forgets-in-flight": ("the client's acked watermark counts the pushes still in flight as answered",

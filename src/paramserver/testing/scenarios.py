@@ -112,6 +112,19 @@ def _partition(rng: random.Random) -> Plan:
     return p
 
 
+def _scheduler_cut(rng: random.Random) -> Plan:
+    """The scheduler cut off from every server past the heartbeat timeout (found on emulated
+    hosts, ``paramserver nemesis``): each server's backups are on the others, so the detector,
+    judging each silent server alone, declared them all dead in one turn and lost every table.
+    It must count those it declares dead in the same turn: one dies, the rest are fenced and
+    waited for, and no data may be lost."""
+    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice([2, 3]), lossless=True)
+    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
+    p.failures = [(rng.uniform(2, 8), "cut-scheduler")]
+    p.speeds = [0.02, 0.1]
+    return p
+
+
 def _restore(rng: random.Random) -> Plan:
     """Checkpoint mid-run, go on (pushes, a crash, a join, or nothing), restore."""
     p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice([1, 2]))
@@ -243,6 +256,7 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "stalled-server": _stalled_server,
     "repair-pause": _repair_pause,
     "partition": _partition,
+    "scheduler-cut": _scheduler_cut,
     "restart-isolate": _restart_isolate,
     "restore": _restore,
     "job": _job,
