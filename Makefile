@@ -1,5 +1,5 @@
 # make demo: set up .venv and run the main job on a local cluster
-# make test: set up .venv with the dev, torch, ray, serve and redis extras (and Debian's chromium and redis-server), lint, then run the in-process
+# make test: set up .venv with the dev, torch, ray, serve and redis extras (and Debian's chromium, redis-server and nftables), lint, then run the in-process
 #   tests, then the process tests
 # make unit: the in-process tests alone (under 2 minutes), for the edit-test loop
 # make lint: ruff (style, imports, likely bugs, complexity), mypy (types; strict on the core), the layers
@@ -51,11 +51,15 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 /usr/bin/redis-server:
 	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq redis-server
 
+# the emulated hosts of tests/process/test_nemesis.py cut and thin links with nftables (Debian's nftables)
+/usr/sbin/nft:
+	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nftables
+
 unit: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q --ignore=tests/process
 
 # the kernels compile into numba's cache on the second core while the first lints (tools/prewarm.py)
-test: $(VENV)/.installed-dev /usr/bin/chromium /usr/bin/redis-server
+test: $(VENV)/.installed-dev /usr/bin/chromium /usr/bin/redis-server /usr/sbin/nft
 	$(BIN)/python tools/prewarm.py & warm=$$!; $(MAKE) lint; linted=$$?; wait $$warm; warmed=$$?; \
 		[ $$linted = 0 ] && [ $$warmed = 0 ]
 	# the chaos campaign (one core, a simulation: no sockets, no clocks) beside the in-process tests

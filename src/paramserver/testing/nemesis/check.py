@@ -3,7 +3,10 @@
 - ``lost``: a key holds fewer adds than were acknowledged;
 - ``twice``: a key holds more than the acknowledged adds and the unknown ones together (an add
   applied twice);
-- ``hang``: an add that waited ``WAIT_S`` or more for an answer;
+- ``stale``: a read, after an add was acknowledged, that does not see it (read-your-writes,
+  through a failover too);
+- ``phantom``: a read that sees more adds than were made;
+- ``hang``: an add or a read that waited ``WAIT_S`` or more for an answer;
 - ``stuck``: no add acknowledged within ``progress_s`` of a heal, before the next fault began
   (or before the run's deadline, after the last one).
 
@@ -43,7 +46,7 @@ def read_log(text: str) -> list[dict[str, Any]]:
 
 def counters(lines: list[dict[str, Any]], values: dict[str, list[float]], verdict: Verdict) -> None:
     for table in TABLES:
-        mine = [x for x in lines if x.get("table") == table]
+        mine = [x for x in lines if x.get("table") == table and "ok" in x]
         ok = sum(1 for x in mine if x["ok"])
         unknown = len(mine) - ok
         verdict.acked[table], verdict.unknown[table] = ok, unknown
@@ -60,6 +63,21 @@ def counters(lines: list[dict[str, Any]], values: dict[str, list[float]], verdic
             if x.get("wait", 0.0) >= WAIT_S:
                 verdict.violations.append(f"hang: an add to {table} waited {x['wait']:.1f} s for an answer "
                                           f"(answered at t={x['t']:.1f}: {x.get('why', 'ok')})")
+
+
+def reads(lines: list[dict[str, Any]], verdict: Verdict) -> None:
+    stale = [x for x in lines if "read" in x and x["read"][0] < x["acked"]]
+    phantom = [x for x in lines if "read" in x and x["read"][1] > x["acked"] + x["unknown"]]
+    for name, bad, what in (("stale", stale, "does not see every acknowledged add"),
+                            ("phantom", phantom, "sees more adds than were made")):
+        if bad:
+            x = bad[0]
+            verdict.violations.append(f"{name}: {len(bad)} read(s) {what} (first: {x['table']} at t={x['t']:.1f} "
+                                      f"read {x['read'][0]:g}..{x['read'][1]:g} after {x['acked']} acknowledged "
+                                      f"and {x['unknown']} unknown adds)")
+    for x in lines:
+        if "read" in x and x.get("wait", 0.0) >= WAIT_S:
+            verdict.violations.append(f"hang: a read of {x['table']} waited {x['wait']:.1f} s")
 
 
 def progress(lines: list[dict[str, Any]], heals: list[float], next_fault: list[float], progress_s: float,

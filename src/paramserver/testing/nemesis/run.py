@@ -231,6 +231,7 @@ def run(plan: Plan, keep: str | None = None) -> Outcome:
             values = r.finish(heals)
             lines = r.acks()
             check.counters(lines, values, verdict)
+            check.reads(lines, verdict)
             check.progress(lines, heals, nexts, STUCK_S, verdict)
         except Stuck as e:
             verdict.violations.append(f"stuck: {e}")

@@ -5,7 +5,8 @@ replicas-3 table, one acknowledged push after another, and writes each push's ou
 
 It writes ``FOLDER/acks.jsonl``, a line a push: ``{"t": monotonic seconds, "table": ..., "ok": true}``
 for an acknowledged add, ``"ok": false`` with ``"why"`` for one whose fate is unknown (an error or
-no answer within ``WAIT_S``: it may still be applied, once).  A client that was closed (declared
+no answer within ``WAIT_S``: it may still be applied, once); and after each add a read of every
+key, ``{"t", "table", "read": [lowest, highest], "acked": ..., "unknown": ...}``.  A client that was closed (declared
 dead while cut off) is replaced by a new one, as a restarted worker would be.  It stops when
 ``FOLDER/stop`` exists; ``check`` then reads every key back.
 """
@@ -22,6 +23,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from paramserver.errors import ClosedError, ParamServerError
+
 N_KEYS = 512
 KEYS = np.arange(N_KEYS, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # over every vnode
 TABLES = {"c2": 2, "c3": 3}
@@ -35,35 +38,65 @@ def _client(scheduler: str) -> Any:
     return Client(scheduler, connect_timeout_s=CONNECT_S)
 
 
-def _push_all(client: Any, grads: np.ndarray, log: IO[str]) -> bool:
-    """One add to each table; False once the client is closed (a new one is needed)."""
-    from paramserver.errors import ClosedError, ParamServerError
+class Counters:
+    """The adds and reads of one client, and what it has seen acknowledged so far (over every
+    client of the run: a replaced one goes on from the counts of the one before)."""
 
-    for table in TABLES:
+    def __init__(self, log: IO[str]) -> None:
+        self.log = log
+        self.acked = dict.fromkeys(TABLES, 0)
+        self.unknown = dict.fromkeys(TABLES, 0)
+        self.grads = -np.ones((N_KEYS, 1), np.float32)  # SGD at lr 1: +1 a push
+
+    def write(self, line: dict[str, Any]) -> None:
+        self.log.write(json.dumps(line) + "\n")
+        self.log.flush()
+
+    def step(self, client: Any) -> bool:
+        """One add to each table, then a read of it; False once the client is closed."""
+        for table in TABLES:
+            if not self._add(client, table) or not self._read(client, table):
+                return False
+        return True
+
+    def _add(self, client: Any, table: str) -> bool:
+        started, closed = time.monotonic(), False
+        try:
+            client.push(table, KEYS, self.grads).result(timeout=WAIT_S)
+            line: dict[str, Any] = {"table": table, "ok": True}
+            self.acked[table] += 1
+        except (FutureTimeout, ParamServerError) as e:
+            why = f"no answer in {WAIT_S:.0f} s" if isinstance(e, FutureTimeout) else f"{type(e).__name__}: {e}"
+            line = {"table": table, "ok": False, "why": why[:300]}
+            self.unknown[table] += 1
+            closed = isinstance(e, ClosedError)
+        now = time.monotonic()
+        self.write({"t": now, **line, "wait": round(now - started, 3)})
+        return not closed
+
+    def _read(self, client: Any, table: str) -> bool:
+        """Every key read back: it must hold at least the adds acknowledged before the read, and no
+        more than those and the unknown ones (``check.reads``)."""
         started = time.monotonic()
         try:
-            client.push(table, KEYS, grads).result(timeout=WAIT_S)
-            line: dict[str, Any] = {"t": time.monotonic(), "table": table, "ok": True}
-        except FutureTimeout:
-            line = {"t": time.monotonic(), "table": table, "ok": False, "why": f"no answer in {WAIT_S:.0f} s"}
-        except ParamServerError as e:
-            line = {"t": time.monotonic(), "table": table, "ok": False, "why": f"{type(e).__name__}: {e}"[:300]}
-            if isinstance(e, ClosedError) or getattr(client, "closed", False):
-                log.write(json.dumps({**line, "wait": round(line["t"] - started, 3)}) + "\n")
-                return False
-        log.write(json.dumps({**line, "wait": round(line["t"] - started, 3)}) + "\n")
-        log.flush()
-    return True
+            values = client.pull(table, KEYS).result(timeout=WAIT_S)[:, 0]
+        except (FutureTimeout, ParamServerError) as e:
+            self.write({"t": time.monotonic(), "table": table, "read_failed": f"{type(e).__name__}: {e}"[:300]})
+            return not isinstance(e, ClosedError)
+        self.write({"t": time.monotonic(), "table": table, "read": [float(values.min()), float(values.max())],
+                    "acked": self.acked[table], "unknown": self.unknown[table],
+                    "wait": round(time.monotonic() - started, 3)})
+        return True
 
 
 def run(scheduler: str, folder: str, stop: Callable[[], bool]) -> None:
-    grads = -np.ones((N_KEYS, 1), np.float32)  # SGD at lr 1: +1 a push
     client = _client(scheduler)
     for table, replicas in TABLES.items():
         client.create_table(table, dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=replicas)
     with open(os.path.join(folder, "acks.jsonl"), "a") as log:
+        counters = Counters(log)
         while not stop():
-            if not _push_all(client, grads, log):
+            if not counters.step(client):
                 client.close()
                 client = _reconnect(scheduler, stop, log)
                 if client is None:
@@ -72,8 +105,6 @@ def run(scheduler: str, folder: str, stop: Callable[[], bool]) -> None:
 
 
 def _reconnect(scheduler: str, stop: Callable[[], bool], log: IO[str]) -> Any:
-    from paramserver.errors import ParamServerError
-
     while not stop():
         try:
             return _client(scheduler)

@@ -1,0 +1,103 @@
+"""The nemesis suite's parts that need no namespaces (issue 47): a seed's schedule replays the
+same, a schedule that is not one is refused with the fix, and the checker flags what it must
+(lost and doubled adds, hangs, no progress after a heal) and nothing else."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paramserver.testing.nemesis import check
+from paramserver.testing.nemesis.plan import KINDS, Plan, draw
+from paramserver.testing.nemesis.workload import N_KEYS, WAIT_S
+
+
+def test_a_seed_draws_the_same_schedule_and_its_json_replays_it_exactly():
+    a, b, c = draw(7), draw(7), draw(8)
+    assert a == b and a != c
+    assert Plan.from_json(a.to_json()) == a
+    assert {f.kind for s in range(40) for f in draw(s).faults} == set(KINDS)  # every kind is drawn
+
+
+def test_faults_follow_one_another_with_quiet_between_and_fall_on_their_hosts():
+    for seed in range(30):
+        p = draw(seed, servers=3, window_s=30.0, longest_s=6.0)
+        for f, g in zip(p.faults, p.faults[1:], strict=False):
+            assert g.at >= f.at + f.duration + 1.5  # healed, then at least 1.5 s of quiet
+        for f in p.faults:
+            assert 1.0 <= f.duration <= 15.0
+            assert all(0 <= h < p.hosts for h in f.hosts)
+            if f.kind in ("isolate", "oneway", "loss", "slow", "kill"):
+                assert 1 <= f.hosts[0] <= 3  # a server's host
+            if f.kind == "kill":
+                assert f.hosts[0] != 0  # the scheduler is paused, never killed
+            if f.kind == "halves":
+                assert 0 < len(f.hosts) < p.hosts
+
+
+def test_a_schedule_that_is_not_one_is_refused_with_what_to_replay():
+    with pytest.raises(ValueError, match="not a nemesis schedule.*plan"):
+        Plan.from_json('{"seed": 1}')
+    bad = json.loads(draw(1).to_json())
+    bad["faults"][0]["kind"] = "meteor"
+    with pytest.raises(ValueError, match="unknown fault kind 'meteor'.*isolate"):
+        Plan.from_json(json.dumps(bad))
+
+
+def _adds(table, oks, unknown=0, wait=0.1, t0=0.0):
+    lines = [{"t": t0 + i, "table": table, "ok": True, "wait": wait} for i in range(oks)]
+    return lines + [{"t": t0 + oks + i, "table": table, "ok": False, "why": "x", "wait": wait}
+                    for i in range(unknown)]
+
+
+def test_the_counters_pass_when_each_key_holds_the_acknowledged_adds_and_at_most_the_unknown_ones():
+    lines = _adds("c2", 10, unknown=2) + _adds("c3", 10)
+    values = {"c2": [10.0] * (N_KEYS - 1) + [12.0], "c3": [10.0] * N_KEYS}
+    v = check.Verdict()
+    check.counters(lines, values, v)
+    assert v.ok and v.acked == {"c2": 10, "c3": 10} and v.unknown == {"c2": 2, "c3": 0}
+
+
+def test_a_lost_acknowledged_add_and_an_add_applied_twice_are_each_named():
+    lines = _adds("c2", 10) + _adds("c3", 10, unknown=1)
+    values = {"c2": [10.0] * 5 + [9.0] + [10.0] * (N_KEYS - 6), "c3": [10.0] * (N_KEYS - 1) + [12.0]}
+    v = check.Verdict()
+    check.counters(lines, values, v)
+    assert any(x.startswith("lost: 1 key(s) of c2") and "#5 holds 9" in x for x in v.violations)
+    assert any(x.startswith("twice: 1 key(s) of c3") and "#511 holds 12" in x for x in v.violations)
+
+
+def test_an_add_that_waited_its_whole_deadline_is_a_hang():
+    v = check.Verdict()
+    check.counters(_adds("c2", 3, wait=WAIT_S) + _adds("c3", 3), {"c2": [3.0] * N_KEYS, "c3": [3.0] * N_KEYS}, v)
+    assert len(v.violations) == 3 and all(x.startswith("hang: an add to c2") for x in v.violations)
+
+
+def test_progress_after_each_heal_is_timed_and_no_progress_is_stuck():
+    lines = [{"t": t, "table": "c2", "ok": True} for t in (1.0, 2.0, 13.5, 40.0)]
+    v = check.Verdict()
+    # healed at 2.5: the next add at 13.5 (11 s); at 14: none before the next fault at 16 (too
+    # soon to tell); at 20: none within 10 s before the deadline at 35 (stuck)
+    check.progress(lines, [2.5, 14.0, 20.0], [15.0, 16.0, 35.0], 10.0, v)
+    assert v.recovery_s == [11.0, None, None]
+    assert len(v.violations) == 2
+    assert v.violations[0].startswith("stuck: no add acknowledged within 10 s of the heal at t=2.5 "
+                                      "(first after it: 11.0")
+    assert "heal at t=20.0 (first after it: 20.0 s)" in v.violations[1]
+
+
+def test_a_read_that_misses_an_acknowledged_add_is_stale_and_one_past_every_add_is_a_phantom():
+    lines = [{"t": 1.0, "table": "c2", "read": [4.0, 4.0], "acked": 4, "unknown": 0},
+             {"t": 2.0, "table": "c2", "read": [4.0, 6.0], "acked": 5, "unknown": 1},  # 4 < 5: stale
+             {"t": 3.0, "table": "c3", "read": [6.0, 8.0], "acked": 6, "unknown": 1}]  # 8 > 7: phantom
+    v = check.Verdict()
+    check.reads(lines, v)
+    assert v.violations == [
+        "stale: 1 read(s) does not see every acknowledged add (first: c2 at t=2.0 read 4..6 after 5 acknowledged "
+        "and 1 unknown adds)",
+        "phantom: 1 read(s) sees more adds than were made (first: c3 at t=3.0 read 6..8 after 6 acknowledged and "
+        "1 unknown adds)"]
+    ok = check.Verdict()
+    check.reads(lines[:1], ok)
+    assert ok.ok
