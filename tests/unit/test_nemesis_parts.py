@@ -9,7 +9,7 @@ import json
 import pytest
 
 from paramserver.testing.nemesis import check
-from paramserver.testing.nemesis.plan import KINDS, Plan, draw
+from paramserver.testing.nemesis.plan import KINDS, OVERLAPPING, Plan, draw
 from paramserver.testing.nemesis.workload import N_KEYS, WAIT_S
 
 
@@ -20,20 +20,29 @@ def test_a_seed_draws_the_same_schedule_and_its_json_replays_it_exactly():
     assert {f.kind for s in range(40) for f in draw(s).faults} == set(KINDS)  # every kind is drawn
 
 
-def test_faults_follow_one_another_with_quiet_between_and_fall_on_their_hosts():
-    for seed in range(30):
+def test_faults_overlap_only_on_distinct_servers_never_as_two_kills_and_quiet_follows_each_group():
+    overlaps = 0
+    for seed in range(40):
         p = draw(seed, servers=3, window_s=30.0, longest_s=6.0)
+        end = 0.0
         for f, g in zip(p.faults, p.faults[1:], strict=False):
-            assert g.at >= f.at + f.duration + 1.5  # healed, then at least 1.5 s of quiet
+            end = max(end, f.at + f.duration)
+            if g.at < end:  # g begins while f (or the fault before it) lasts
+                overlaps += 1
+                assert {f.kind, g.kind} <= set(OVERLAPPING) and not f.kind == g.kind == "kill"
+                assert f.hosts != g.hosts and 0 not in f.hosts + g.hosts
+            else:
+                assert g.at >= end + 1.5  # every fault healed, then at least 1.5 s of quiet
         for f in p.faults:
             assert 1.0 <= f.duration <= 15.0
             assert all(0 <= h < p.hosts for h in f.hosts)
             if f.kind in ("isolate", "oneway", "loss", "slow", "kill"):
-                assert 1 <= f.hosts[0] <= 3  # a server's host
-            if f.kind == "kill":
-                assert f.hosts[0] != 0  # the scheduler is paused, never killed
+                assert 1 <= f.hosts[0] <= 3  # a server's host: the scheduler is paused, never killed
             if f.kind == "halves":
                 assert 0 < len(f.hosts) < p.hosts
+    assert overlaps > 10
+    assert all(a.at + a.duration <= b.at for s in range(40) for a, b in zip(draw(s, overlap=0.0).faults,
+                                                                          draw(s, overlap=0.0).faults[1:]))
 
 
 def test_a_schedule_that_is_not_one_is_refused_with_what_to_replay():

@@ -4,7 +4,7 @@ Host ``i`` is the namespace ``{tag}{i}`` with the address ``{net}.{i + 1}``; its
 is a port of the bridge ``nbr`` in the namespace ``{tag}x``, so every pair of hosts has its own
 path and a fault can be put on one pair, one direction, without touching the others.
 
-The faults, each undone by ``heal()``:
+The faults, each undone by what it returns (``undo``), or all at once by ``heal()``:
 - ``cut(src, dst)``: what ``src`` sends to ``dst`` is dropped (nftables, the output hook of
   ``src``): a one-way partition; both directions make a two-way one;
 - ``lose(src, dst, percent)``: a random share of it is dropped (nftables' ``numgen random``);
@@ -18,9 +18,12 @@ and ``Unavailable`` says which of the two is missing and how to get it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
+
+Undo = list[tuple[str, int, str]]  # (rule | rate, host, nft handle)
 
 NFT_TABLE = "table inet nemesis {\n  chain out {\n    type filter hook output priority 0; policy accept;\n  }\n}\n"
 
@@ -56,7 +59,6 @@ class Hosts:
         self.tag = f"{prefix}{pid % 100000}"
         self.net = f"10.{200 + pid % 50}.{(pid // 50) % 250}"
         self.bridge_ns = f"{self.tag}x"
-        self._slowed: set[int] = set()
 
     def ns(self, host: int) -> str:
         return f"{self.tag}{host}"
@@ -101,38 +103,53 @@ class Hosts:
                 sh("kill", "-9", pid, check=False)
             sh("ip", "netns", "del", ns, check=False)
 
-    # -- faults --------------------------------------------------------------------------
-    def _rule(self, src: int, rule: str) -> None:
-        sh(*self.exec(src), "nft", "add", "rule", "inet", "nemesis", "out", *rule.split())
+    # -- faults: each returns what undoes it (``undo``); ``heal`` undoes them all ------------
+    def _rule(self, src: int, rule: str) -> Undo:
+        out = sh(*self.exec(src), "nft", "--echo", "--handle", "add", "rule", "inet", "nemesis", "out", *rule.split())
+        handle = re.search(r"# handle (\d+)", out.stdout)
+        if handle is None:
+            raise Unavailable(f"nft did not say the handle of the rule it added: {out.stdout.strip()!r}")
+        return [("rule", src, handle.group(1))]
 
-    def cut(self, src: int, dst: int) -> None:
-        self._rule(src, f"ip daddr {self.address(dst)} drop")
+    def cut(self, src: int, dst: int) -> Undo:
+        return self._rule(src, f"ip daddr {self.address(dst)} drop")
 
-    def lose(self, src: int, dst: int, percent: int) -> None:
+    def lose(self, src: int, dst: int, percent: int) -> Undo:
         if not 0 < percent < 100:
             raise ValueError(f"loss percent={percent}: must be in 1..99")
-        self._rule(src, f"ip daddr {self.address(dst)} numgen random mod 100 < {percent} drop")
+        return self._rule(src, f"ip daddr {self.address(dst)} numgen random mod 100 < {percent} drop")
 
-    def partition(self, side: Sequence[int], other: Sequence[int], both: bool = True) -> None:
+    def partition(self, side: Sequence[int], other: Sequence[int], both: bool = True) -> Undo:
         """Cut every link from ``side`` to ``other`` (and back, if ``both``)."""
+        undo: Undo = []
         for a in side:
             for b in other:
-                self.cut(a, b)
+                undo += self.cut(a, b)
                 if both:
-                    self.cut(b, a)
+                    undo += self.cut(b, a)
+        return undo
 
-    def slow(self, host: int, rate: str) -> None:
+    def _links(self, host: int) -> tuple[tuple[str, str], ...]:
+        return (self.ns(host), f"{self.tag}e{host}"), (self.bridge_ns, f"{self.tag}p{host}")
+
+    def slow(self, host: int, rate: str) -> Undo:
         """Cap the host's link to ``rate`` (tc syntax: '200kbit'), both directions."""
-        for ns, dev in ((self.ns(host), f"{self.tag}e{host}"), (self.bridge_ns, f"{self.tag}p{host}")):
+        for ns, dev in self._links(host):
             sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
                "burst", "16kb", "latency", "400ms")
-        self._slowed.add(host)
+        return [("rate", host, "")]
+
+    def undo(self, undo: Undo) -> None:
+        for kind, host, handle in undo:
+            if kind == "rule":
+                sh(*self.exec(host), "nft", "delete", "rule", "inet", "nemesis", "out", "handle", handle, check=False)
+            else:
+                for ns, dev in self._links(host):
+                    sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
 
     def heal(self) -> None:
         """Undo every fault: rules flushed, rates restored."""
         for h in range(self.n):
             sh(*self.exec(h), "nft", "flush", "chain", "inet", "nemesis", "out")
-        for h in sorted(self._slowed):
-            for ns, dev in ((self.ns(h), f"{self.tag}e{h}"), (self.bridge_ns, f"{self.tag}p{h}")):
+            for ns, dev in self._links(h):
                 sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
-        self._slowed.clear()

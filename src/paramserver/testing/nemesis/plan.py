@@ -2,8 +2,9 @@
 failing seed replays exactly (``paramserver nemesis --replay FILE``).
 
 The roles of the hosts are fixed: host 0 runs the scheduler, hosts ``1..servers`` a server each,
-the last host the workload's client.  One fault at a time, each healed before the next, with a
-gap between, so that with replicas 2 no two servers are down at once.
+the last host the workload's client.  A fault is healed before the next begins, with a gap
+between, except that a second fault may fall on another server while one lasts (``draw``'s
+``overlap``): silent together, the detector must fence rather than write them off.
 """
 
 from __future__ import annotations
@@ -60,34 +61,51 @@ class Plan:
         return plan
 
 
+OVERLAPPING = ("isolate", "oneway", "loss", "slow", "pause", "kill")  # kinds on one server's host
+
+
 def draw(seed: int, servers: int = 3, window_s: float = 20.0, longest_s: float = 6.0,
-         kinds: tuple[str, ...] = KINDS) -> Plan:
+         kinds: tuple[str, ...] = KINDS, overlap: float = 0.3) -> Plan:
     """Faults from ``seed`` until ``window_s``: each lasts 1..``longest_s`` seconds (a pause up to
-    15 s when ``longest_s`` allows), with 1.5..3 s of quiet after it."""
+    15 s when ``longest_s`` allows), with 1.5..3 s of quiet after it.  With probability
+    ``overlap`` a second fault on another server's host begins while a fault on one server's host
+    lasts (never two kills: at replicas 2 that loses data by design)."""
     rng = random.Random(seed)
-    servers_hosts = list(range(1, servers + 1))
-    everyone = list(range(servers + 2))
     faults: list[Fault] = []
     t = 1.0
     while t < window_s:
-        kind = rng.choice(kinds)
-        duration = round(rng.uniform(1.0, longest_s), 2)
-        arg = 0
-        if kind == "halves":
-            half = rng.sample(everyone, rng.randint(1, len(everyone) - 1))
-            hosts = tuple(sorted(half))
-        elif kind == "isolate-client":
-            hosts = (servers + 1,)
-        elif kind == "scheduler-cut":
-            hosts = (0,)
-        else:
-            hosts = (rng.choice(servers_hosts),)
-        if kind == "loss":
-            arg = rng.choice((10, 20, 40))
-        if kind == "pause":
-            duration = round(rng.uniform(1.0, max(longest_s, min(15.0, 2.5 * longest_s))), 2)
-            if rng.random() < 0.2:
-                hosts, arg = (0,), 1  # the scheduler itself
-        faults.append(Fault(round(t, 2), kind, hosts, duration, arg))
-        t += duration + rng.uniform(1.5, 3.0)
-    return Plan(seed, servers, tuple(faults))
+        first = _one(rng, kinds, servers, t, longest_s)
+        faults.append(first)
+        end = first.at + first.duration
+        second = [k for k in kinds if k in OVERLAPPING and not (k == "kill" == first.kind)]
+        if first.kind in OVERLAPPING and first.hosts[0] != 0 and second and servers > 1 and rng.random() < overlap:
+            at = first.at + rng.uniform(0.0, first.duration)
+            f = _one(rng, tuple(second), servers, at, longest_s, avoid=first.hosts[0])
+            faults.append(f)
+            end = max(end, f.at + f.duration)
+        t = end + rng.uniform(1.5, 3.0)
+    return Plan(seed, servers, tuple(sorted(faults, key=lambda f: f.at)))
+
+
+def _one(rng: random.Random, kinds: tuple[str, ...], servers: int, at: float, longest_s: float,
+         avoid: int = -1) -> Fault:
+    kind = rng.choice(kinds)
+    duration = round(rng.uniform(1.0, longest_s), 2)
+    arg = 0
+    on = [h for h in range(1, servers + 1) if h != avoid]
+    if kind == "halves":
+        everyone = list(range(servers + 2))
+        hosts = tuple(sorted(rng.sample(everyone, rng.randint(1, len(everyone) - 1))))
+    elif kind == "isolate-client":
+        hosts = (servers + 1,)
+    elif kind == "scheduler-cut":
+        hosts = (0,)
+    else:
+        hosts = (rng.choice(on),)
+    if kind == "loss":
+        arg = rng.choice((10, 20, 40))
+    if kind == "pause":
+        duration = round(rng.uniform(1.0, max(longest_s, min(15.0, 2.5 * longest_s))), 2)
+        if avoid < 0 and rng.random() < 0.2:
+            hosts, arg = (0,), 1  # the scheduler itself
+    return Fault(round(at, 2), kind, hosts, duration, arg)

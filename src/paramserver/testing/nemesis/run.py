@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from paramserver.testing.nemesis import check
-from paramserver.testing.nemesis.hosts import Hosts
+from paramserver.testing.nemesis.hosts import Hosts, Undo
 from paramserver.testing.nemesis.plan import Fault, Plan
 from paramserver.testing.nemesis.workload import WAIT_S
 
@@ -100,39 +100,33 @@ class Run:
             time.sleep(0.05)
 
     # -- faults --------------------------------------------------------------------------
-    def apply(self, f: Fault) -> None:
+    def apply(self, f: Fault) -> Undo:
+        """Strike ``f``; what undoes it on the network (nothing for a pause or a kill)."""
         h, everyone = self.hosts, range(self.plan.hosts)
         self.note(f"{f.kind} {list(f.hosts)} for {f.duration:g} s" + (f" ({f.arg})" if f.arg else ""))
-        if f.kind in ("isolate", "isolate-client"):
-            h.partition(f.hosts, [x for x in everyone if x not in f.hosts])
-        elif f.kind == "halves":
-            h.partition(f.hosts, [x for x in everyone if x not in f.hosts])
-        elif f.kind == "oneway":
-            h.partition(f.hosts, [x for x in everyone if x not in f.hosts], both=False)
-        elif f.kind == "scheduler-cut":
-            h.partition([0], range(1, self.plan.servers + 1))
-        elif f.kind == "loss":
-            for other in everyone:
-                if other != f.hosts[0]:
-                    h.lose(f.hosts[0], other, f.arg)
-                    h.lose(other, f.hosts[0], f.arg)
-        elif f.kind == "slow":
-            h.slow(f.hosts[0], "200kbit")
-        elif f.kind == "pause":
-            self._signal(f.hosts[0], signal.SIGSTOP)
-        elif f.kind == "kill":
-            node = self.nodes[f.hosts[0]]
-            node.held = True
-            self._signal(f.hosts[0], signal.SIGKILL)
+        others = [x for x in everyone if x not in f.hosts]
+        if f.kind in ("isolate", "isolate-client", "halves"):
+            return h.partition(f.hosts, others)
+        if f.kind == "oneway":
+            return h.partition(f.hosts, others, both=False)
+        if f.kind == "scheduler-cut":
+            return h.partition([0], range(1, self.plan.servers + 1))
+        if f.kind == "loss":
+            return [u for o in others for u in h.lose(f.hosts[0], o, f.arg) + h.lose(o, f.hosts[0], f.arg)]
+        if f.kind == "slow":
+            return h.slow(f.hosts[0], "200kbit")
+        if f.kind == "kill":
+            self.nodes[f.hosts[0]].held = True
+        self._signal(f.hosts[0], signal.SIGSTOP if f.kind == "pause" else signal.SIGKILL)
+        return []
 
-    def heal(self, f: Fault) -> None:
-        self.note(f"heal {f.kind}")
+    def heal(self, f: Fault, undo: Undo) -> None:
+        self.note(f"heal {f.kind} {list(f.hosts)}")
         if f.kind == "pause":
             self._signal(f.hosts[0], signal.SIGCONT)
         elif f.kind == "kill":
             self.nodes[f.hosts[0]].held = False
-        else:
-            self.hosts.heal()
+        self.hosts.undo(undo)
 
     def _signal(self, host: int, sig: signal.Signals) -> None:
         proc = self.nodes[host].proc
@@ -164,19 +158,26 @@ class Run:
         raise Stuck(f"no add acknowledged within {SETTLE_S:g} s {what}")
 
     def faults(self) -> tuple[list[float], list[float]]:
-        """Apply the plan; the heal times and, for each, when the next fault began."""
-        heals: list[float] = []
-        nexts: list[float] = []
+        """Apply the plan, faults that overlap included; the times at which no fault was left
+        (heals) and, for each, when the next fault began."""
         start = self.first_ack_after(0.0, "of the cluster's start")
         self.t0 = start
-        for f in self.plan.faults:
-            self.wait(start + f.at)
-            if heals:
-                nexts.append(time.monotonic())
-            self.apply(f)
-            self.wait(start + f.at + f.duration)
-            self.heal(f)
-            heals.append(time.monotonic())
+        faults = self.plan.faults
+        events = sorted([(f.at, 1, i) for i, f in enumerate(faults)] + [(f.at + f.duration, 0, i)
+                                                                         for i, f in enumerate(faults)])
+        undo: dict[int, Undo] = {}
+        heals: list[float] = []
+        nexts: list[float] = []
+        for at, strike, i in events:
+            self.wait(start + at)
+            if strike:
+                if not undo and len(nexts) < len(heals):
+                    nexts.append(time.monotonic())
+                undo[i] = self.apply(faults[i])
+            else:
+                self.heal(faults[i], undo.pop(i))
+                if not undo:
+                    heals.append(time.monotonic())
         nexts.append(time.monotonic() + STUCK_S)
         return heals, nexts
 
