@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from typing import Any
@@ -65,7 +66,13 @@ def main(args: argparse.Namespace) -> int:
     if why:
         print(f"paramserver nemesis: {why}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _interrupted)  # hosts and nodes are removed on the way out
+    signal.signal(signal.SIGHUP, _interrupted)
     return report([_one(p, args.keep) for p in todo], args.json)
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _one(plan: Plan, keep: str | None) -> dict[str, Any]:

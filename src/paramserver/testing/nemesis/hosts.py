@@ -55,8 +55,8 @@ class Hosts:
 
     def __init__(self, n: int, prefix: str = "nm") -> None:
         pid = os.getpid()
-        self.n = n
-        self.tag = f"{prefix}{pid % 100000}"
+        self.n, self.prefix = n, prefix
+        self.tag = f"{prefix}{pid}"
         self.net = f"10.{200 + pid % 50}.{(pid // 50) % 250}"
         self.bridge_ns = f"{self.tag}x"
 
@@ -81,7 +81,18 @@ class Hosts:
             raise
         return self
 
+    def _sweep(self) -> None:
+        """Remove the hosts of runs whose process is gone (killed before it could clean up)."""
+        for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
+            name = line.split()[0] if line.split() else ""
+            found = re.fullmatch(rf"{self.prefix}(\d+)(x|\d+)", name)
+            if found and not os.path.exists(f"/proc/{found.group(1)}"):
+                for pid in sh("ip", "netns", "pids", name, check=False).stdout.split():
+                    sh("kill", "-9", pid, check=False)
+                sh("ip", "netns", "del", name, check=False)
+
     def _build(self) -> None:
+        self._sweep()
         sh("ip", "netns", "add", self.bridge_ns)
         sh("ip", "-n", self.bridge_ns, "link", "add", "name", "nbr", "type", "bridge")
         sh("ip", "-n", self.bridge_ns, "link", "set", "nbr", "up")
