@@ -37,6 +37,8 @@ class DetectorHost(Protocol):
 class Detector:
     """Decides, each turn, which silent nodes are dead; remembers the fenced ones."""
 
+    SUSPECT_BEATS = 2.0  # a server that missed this many heartbeats holds no copy another may count on
+
     def __init__(self, host: DetectorHost) -> None:
         self.host = host
         self.fenced: dict[int, float] = {}  # server -> when its silence began
@@ -54,8 +56,11 @@ class Detector:
                            server, silent)
             self.returned.append(server)
         dead: list[int] = []
+        suspect = now - self.SUSPECT_BEATS * cfg.heartbeat_interval_s  # its copies are not counted on
         for node in [n for n in self.host.nodes.values() if n.last_seen < deadline and n.id not in waiting_on_us]:
-            if node.role == "server" and self._wait_for(node, now, dead):
+            quiet = [n.id for n in self.host.nodes.values()
+                     if n.role == "server" and n.id != node.id and n.last_seen < suspect]
+            if node.role == "server" and self._wait_for(node, now, dead + quiet):
                 continue
             logger.warning("%s %d missed its heartbeat deadline (%.1f s): declared dead", node.role, node.id,
                            now - node.last_seen)
@@ -63,12 +68,14 @@ class Detector:
             dead.append(node.id)
         return dead
 
-    def _wait_for(self, node: NodeInfo, now: float, dying: list[int]) -> bool:
-        """Whether a silent server is waited for (fenced) rather than declared dead.  ``dying``:
-        the nodes this turn declares dead already; their copies count as gone, so that servers
-        silent together (a scheduler cut off from all of them) are not all declared dead at once,
-        each for having its backups on the others."""
-        last = self.host.membership.last_copies(node.id, gone=dying)
+    def _wait_for(self, node: NodeInfo, now: float, gone: list[int]) -> bool:
+        """Whether a silent server is waited for (fenced) rather than declared dead.  ``gone``:
+        the servers this turn declares dead already and those that missed two beats; their
+        copies are not counted on.  So servers silent together (a scheduler cut off from all of
+        them; one paused, another killed a moment later) are not declared dead one after
+        another, each for having its backups on the others: one whose every other copy is on a
+        silent server is fenced, and judged again each turn."""
+        last = self.host.membership.last_copies(node.id, gone=gone)
         if not last:
             return False
         alive = self.host.alive(node.process)

@@ -34,7 +34,7 @@ class Failures:
             "crash-then-pause-source": self._crash_then_pause_source, "join": self._join, "joiner-crash": self._join,
             "crash": self._crash, "restart": self._crash, "pause": self._pause, "short-pause": self._pause,
             "cut-beats": self._cut, "cut-answers": self._cut, "isolate": self._cut, "leave": self._leave,
-            "cut-scheduler": self._cut_scheduler}
+            "cut-scheduler": self._cut_scheduler, "pause-then-crash": self._pause_then_crash}
         self._on_victim = {"crash", "restart", "pause", "short-pause", "cut-beats", "cut-answers", "isolate", "leave"}
 
     def strike(self, kind: str) -> None:
@@ -141,6 +141,20 @@ class Failures:
         for server in self.cluster.servers:
             net.faults.cut |= {(server.name, "scheduler"), ("scheduler", server.name)}
         net.after(self.rng.uniform(1.5, 3.0) * self.timeout, self.heal_cuts)
+
+    def _pause_then_crash(self, kind: str) -> None:
+        """One server paused past the heartbeat timeout; a moment later another crashes, half a
+        timeout or more before the paused one's deadline (two heartbeats missed by then: what
+        the detector can see): the first holds the last copy of what the two shared, and must
+        be waited for, not written off for a backup that is itself silent."""
+        live = [s for s in self.cluster.servers if s.live and s.id >= 0]
+        if len(live) < 3:
+            return
+        paused, crashed = self.rng.sample(live, 2)
+        self.cluster.net.log(f"fault pause-then-crash: pause server {paused.id}, crash server {crashed.id}")
+        paused.host.pause()
+        self.cluster.net.after(self.rng.uniform(1.5, 2.5) * self.timeout, paused.host.resume)
+        self.cluster.net.after(self.rng.uniform(0.05, 0.5) * self.timeout, crashed.host.crash)
 
     def _leave(self, kind: str) -> None:
         worker = self.cluster.workers[0]

@@ -93,6 +93,13 @@ def _write_off_last_copy() -> Callable[[], None]:
     return _patch(Detector, "_wait_for", lambda self, node, now, dying: False)
 
 
+def _trust_silent_copies() -> Callable[[], None]:
+    """Count on the copies of a server that has missed its heartbeats, so that one paused past
+    the timeout is written off for backups held by a server killed a moment later."""
+    from paramserver.scheduler.detector import Detector
+    return _patch(Detector, "SUSPECT_BEATS", 1e9)
+
+
 def _dead_together() -> Callable[[], None]:
     """Judge each silent server alone, not counting those declared dead in the same turn (as
     before the nemesis found a scheduler cut off from every server losing every table)."""
@@ -203,6 +210,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
                             "some vnodes", _write_off_last_copy),
     "dead-together": ("declare servers silent in the same turn dead each for having its backups on the others",
                       _dead_together),
+    "trust-silent-copies": ("count on a silent server's copies when judging another silent one",
+                            _trust_silent_copies),
     "client-retry-fresh-seq": ("the client resends a push's piece under a new seq instead of its own",
                                _client_retry_fresh_seq),
     "client-forgets-in-flight": ("the client's acked watermark counts the pushes still in flight as answered",

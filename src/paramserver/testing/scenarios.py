@@ -125,6 +125,19 @@ def _scheduler_cut(rng: random.Random) -> Plan:
     return p
 
 
+def _pause_crash(rng: random.Random) -> Plan:
+    """A server paused past the heartbeat timeout and, a moment later, another crashed (found
+    on emulated hosts, ``paramserver nemesis`` seed 214): judged when the crashed one had missed
+    beats but not its deadline, the paused one was written off for backups on the crashed one,
+    and what the two shared was lost.  A silent server's copies are not counted on: the paused
+    one is fenced, comes back, and nothing may be lost."""
+    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=2, lossless=True)
+    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
+    p.failures = [(rng.uniform(2, 8), "pause-then-crash")]
+    p.speeds = [0.02, 0.1]
+    return p
+
+
 def _restore(rng: random.Random) -> Plan:
     """Checkpoint mid-run, go on (pushes, a crash, a join, or nothing), restore."""
     p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice([1, 2]))
@@ -257,6 +270,7 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "repair-pause": _repair_pause,
     "partition": _partition,
     "scheduler-cut": _scheduler_cut,
+    "pause-crash": _pause_crash,
     "restart-isolate": _restart_isolate,
     "restore": _restore,
     "job": _job,
