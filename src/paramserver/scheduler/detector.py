@@ -2,7 +2,8 @@
 
 A node silent for ``heartbeat_timeout_s`` is dead, with one exception: a server that
 holds the last complete copy of some vnodes (``Membership.last_copies``: ``replicas=1``,
-or its backups died or are still being filled by a repair).  Declaring it dead would make
+or its backups died, are still being filled by a repair, are declared dead in the same
+turn, or are on servers silent for two heartbeats themselves).  Declaring it dead would make
 those vnodes restart from their initial values, and silence does not prove death: a JIT
 compile, a long collection or a swapped-out VM stop the heartbeats of a process that will
 answer again.  Such a server is **fenced** instead: its lease runs out on its own (¾ of
