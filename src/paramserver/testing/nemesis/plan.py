@@ -13,7 +13,8 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 
-KINDS = ("isolate", "halves", "oneway", "scheduler-cut", "loss", "slow", "pause", "kill", "isolate-client")
+KINDS = ("isolate", "halves", "oneway", "oneway-in", "scheduler-cut", "loss", "slow", "pause", "kill",
+         "isolate-client")
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Plan:
         return plan
 
 
-OVERLAPPING = ("isolate", "oneway", "loss", "slow", "pause", "kill")  # kinds on one server's host
+OVERLAPPING = ("isolate", "oneway", "oneway-in", "loss", "slow", "pause", "kill")  # kinds on one server's host
 
 
 def draw(seed: int, servers: int = 3, window_s: float = 20.0, longest_s: float = 6.0,

@@ -109,6 +109,8 @@ class Run:
             return h.partition(f.hosts, others)
         if f.kind == "oneway":
             return h.partition(f.hosts, others, both=False)
+        if f.kind == "oneway-in":
+            return h.partition(others, f.hosts, both=False)
         if f.kind == "scheduler-cut":
             return h.partition([0], range(1, self.plan.servers + 1))
         if f.kind == "loss":
