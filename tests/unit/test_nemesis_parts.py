@@ -9,7 +9,7 @@ import json
 import pytest
 
 from paramserver.testing.nemesis import check
-from paramserver.testing.nemesis.plan import KINDS, OVERLAPPING, Plan, draw
+from paramserver.testing.nemesis.plan import KILL_SPACING_S, KINDS, OVERLAPPING, Plan, draw
 from paramserver.testing.nemesis.workload import N_KEYS, WAIT_S
 
 
@@ -20,7 +20,7 @@ def test_a_seed_draws_the_same_schedule_and_its_json_replays_it_exactly():
     assert {f.kind for s in range(40) for f in draw(s).faults} == set(KINDS)  # every kind is drawn
 
 
-def test_faults_overlap_only_on_distinct_servers_never_as_two_kills_and_quiet_follows_each_group():
+def test_faults_overlap_only_on_distinct_servers_kills_are_spaced_and_quiet_follows_each_group():
     overlaps = 0
     for seed in range(40):
         p = draw(seed, servers=3, window_s=30.0, longest_s=6.0)
@@ -29,7 +29,7 @@ def test_faults_overlap_only_on_distinct_servers_never_as_two_kills_and_quiet_fo
             end = max(end, f.at + f.duration)
             if g.at < end:  # g begins while f (or the fault before it) lasts
                 overlaps += 1
-                assert {f.kind, g.kind} <= set(OVERLAPPING) and not f.kind == g.kind == "kill"
+                assert {f.kind, g.kind} <= set(OVERLAPPING)
                 assert f.hosts != g.hosts and 0 not in f.hosts + g.hosts
             else:
                 assert g.at >= end + 1.5  # every fault healed, then at least 1.5 s of quiet
@@ -41,6 +41,9 @@ def test_faults_overlap_only_on_distinct_servers_never_as_two_kills_and_quiet_fo
             if f.kind == "halves":
                 assert 0 < len(f.hosts) < p.hosts
     assert overlaps > 10
+    for seed in range(60):
+        kills = [f.at for f in draw(seed, window_s=60.0).faults if f.kind == "kill"]
+        assert all(b - a >= KILL_SPACING_S for a, b in zip(kills, kills[1:], strict=False))  # no double failure
     assert all(a.at + a.duration <= b.at for s in range(40) for a, b in zip(draw(s, overlap=0.0).faults,
                                                                           draw(s, overlap=0.0).faults[1:]))
 

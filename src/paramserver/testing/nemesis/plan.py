@@ -65,27 +65,38 @@ class Plan:
 OVERLAPPING = ("isolate", "oneway", "oneway-in", "loss", "slow", "pause", "kill")  # kinds on one server's host
 
 
+KILL_SPACING_S = 20.0  # a kill, then detection (5 s) and the repair's copies, before the next may come
+
+
 def draw(seed: int, servers: int = 3, window_s: float = 20.0, longest_s: float = 6.0,
          kinds: tuple[str, ...] = KINDS, overlap: float = 0.3) -> Plan:
     """Faults from ``seed`` until ``window_s``: each lasts 1..``longest_s`` seconds (a pause up to
     15 s when ``longest_s`` allows), with 1.5..3 s of quiet after it.  With probability
     ``overlap`` a second fault on another server's host begins while a fault on one server's host
-    lasts (never two kills: at replicas 2 that loses data by design)."""
+    lasts.  Kills are ``KILL_SPACING_S`` apart: two processes killed before the first one's
+    repair lose, at replicas 2, what the two held, by design (a double failure)."""
     rng = random.Random(seed)
     faults: list[Fault] = []
-    t = 1.0
+    t, last_kill = 1.0, -KILL_SPACING_S
     while t < window_s:
-        first = _one(rng, kinds, servers, t, longest_s)
+        first = _one(rng, _allowed(kinds, t, last_kill), servers, t, longest_s)
         faults.append(first)
+        last_kill = t if first.kind == "kill" else last_kill
         end = first.at + first.duration
-        second = [k for k in kinds if k in OVERLAPPING and not (k == "kill" == first.kind)]
+        second = tuple(k for k in kinds if k in OVERLAPPING)
         if first.kind in OVERLAPPING and first.hosts[0] != 0 and second and servers > 1 and rng.random() < overlap:
             at = first.at + rng.uniform(0.0, first.duration)
-            f = _one(rng, tuple(second), servers, at, longest_s, avoid=first.hosts[0])
+            f = _one(rng, _allowed(second, at, last_kill), servers, at, longest_s, avoid=first.hosts[0])
             faults.append(f)
+            last_kill = at if f.kind == "kill" else last_kill
             end = max(end, f.at + f.duration)
         t = end + rng.uniform(1.5, 3.0)
     return Plan(seed, servers, tuple(sorted(faults, key=lambda f: f.at)))
+
+
+def _allowed(kinds: tuple[str, ...], at: float, last_kill: float) -> tuple[str, ...]:
+    spaced = tuple(k for k in kinds if k != "kill" or at - last_kill >= KILL_SPACING_S)
+    return spaced or kinds
 
 
 def _one(rng: random.Random, kinds: tuple[str, ...], servers: int, at: float, longest_s: float,
