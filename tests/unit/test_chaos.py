@@ -37,7 +37,8 @@ CATCHERS = {"no-dedup": "counters-r2", "ack-before-backups": "partition", "ignor
             "client-retry-fresh-seq": "counters-r1", "client-forgets-in-flight": "ssp",
             "client-ignores-cache-miss": "filters", "evict-on-primary-only": "lifecycle",
             "cache-reads-past-bound": "row-cache", "forwards-wait-forever": "lossy-peers",
-            "dead-together": "scheduler-cut", "trust-silent-copies": "pause-crash"}
+            "dead-together": "scheduler-cut", "trust-silent-copies": "pause-crash",
+            "accept-stale-forwards": "zombie-forwards"}
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))

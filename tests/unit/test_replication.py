@@ -258,3 +258,53 @@ def test_a_vnode_copy_lost_between_two_live_servers_fails_its_migration_in_time(
     h.flush()
     done = [c for _, c in h.control if c["op"] == "migrated"]
     assert len(done) == 1 and done[0]["migration"] == 9 and "did not answer" in done[0]["failed"]
+
+
+def _held_forward(h, ring):
+    """A push applied by its primary (server 1), whose forward to the backup is taken off the
+    link before the backup reads it (a cut link holds it; TCP delivers it once it heals)."""
+    spec = TableSpec("t", 1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2)
+    h.ring(ring, [spec])
+    v = int(np.flatnonzero(ring.owners == 1)[0])
+    b = h.by_id(ring.replicas(v, 2)[1])
+    key = _key_of_vnode(ring, v)
+    keys, grads = np.array([key], np.uint64), -np.ones((1, 1), np.float32)
+    h.push(ring, "t", keys, grads, sender=77, seq=10, acked=9)
+    assert b.router.poll(0)
+    return spec, b, key, keys, grads, b.router.recv()
+
+
+def test_a_forward_from_a_server_declared_dead_is_refused_once_its_push_was_resent(h):
+    """Found on emulated hosts: a primary cut off sending (one way) is declared dead; its
+    client resends the push to the new primary and then leaves, so servers forget its
+    applied pushes; the link heals and the dead primary's queued forward arrives.  Applied,
+    the add counted twice."""
+    h.make(1, 2, 3)
+    ring = Ring.create([1, 2, 3], 2)
+    spec, b, key, keys, grads, held = _held_forward(h, ring)
+    survivors = [n for n in h.nodes if n.node_id != 1]
+    for n in survivors:
+        n.control_plane.server_lost(1)
+    new = Ring(ring.without_server(1).refilled().chains, ring.version + 1)
+    h.ring(new, [spec], survivors)
+    h.push(new, "t", keys, grads, sender=77, seq=10, acked=9)  # the client's resend, at b now
+    h.pump(survivors)
+    assert h.value(b, "t", key) == 1.0
+    for n in survivors:
+        n.state.dedup["t"].forget(77)  # the client left: its record goes
+    b._handle_data(held)  # the dead primary's forward, delivered once the link healed
+    h.pump(survivors)
+    assert h.value(b, "t", key) == 1.0
+
+
+def test_a_forward_for_a_vnode_this_server_is_now_primary_of_is_refused(h):
+    """The same late forward from a primary the scheduler has not told this server about:
+    the ring already made this server the vnode's primary, so the forward is stale."""
+    h.make(1, 2, 3)
+    ring = Ring.create([1, 2, 3], 2)
+    spec, b, key, keys, grads, held = _held_forward(h, ring)
+    new = Ring(ring.without_server(1).refilled().chains, ring.version + 1)
+    h.ring(new, [spec], [n for n in h.nodes if n.node_id != 1])
+    b._handle_data(held)
+    h.flush()
+    assert h.value(b, "t", key) == 0.0  # refused: the client resends it to b under the new ring

@@ -24,7 +24,7 @@ from paramserver.filters.chain import chains, pack, unpack
 from paramserver.server.admin import check_quota
 from paramserver.server.install import check_grads
 from paramserver.server.peers import Acks
-from paramserver.server.requests import checked_table, push_op, split
+from paramserver.server.requests import check_forwarder, checked_table, push_op, split
 from paramserver.server.state import Port, ServerState
 from paramserver.store.life import subset
 from paramserver.store.protocol import VnodeStore
@@ -149,6 +149,7 @@ class DataPlane:
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(self.state, msg, keys.shape[0], vnodes, counts, primary=False)  # the primary retries
+        check_forwarder(self.state, msg, vnodes)
         check_grads(table, keys, grads)
         held = table.holds(vnodes)
         if not held.all():
@@ -163,6 +164,7 @@ class DataPlane:
     def _evicted(self, msg: Message) -> list[Any]:
         keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(self.state, msg, keys.shape[0], vnodes, counts, primary=False)
+        check_forwarder(self.state, msg, vnodes)
         if table.life is None:
             raise ProtocolError(f"evict on table {table.spec.name!r}, which has no lifecycle")
         ends = np.cumsum(counts)
@@ -179,7 +181,7 @@ class DataPlane:
         vnodes = np.array([v for v, _ in evicted], np.int32)
         counts = np.array([k.shape[0] for _, k in evicted], np.int64)
         header = {"op": Op.REPLICATE.value, "table": table.spec.name, "ring_version": state.ring.version,
-                  "evict": True}
+                  "evict": True, "from": state.node_id}
 
         def done(failed: str | None) -> None:
             if failed:  # that copy keeps the keys: the chaos campaign checks that copies agree

@@ -143,7 +143,7 @@ class Peers:
         if vnodes.size == 0:
             return False
         header: dict[str, Any] = {"op": Op.REPLICATE.value, "table": table, "ring_version": ring_version,
-                                  **{k: msg.header[k] for k in FORWARDED if k in msg.header}}
+                                  "from": self.me, **{k: msg.header[k] for k in FORWARDED if k in msg.header}}
         return self.scatter(targets, vnodes, counts, header, [keys, grads], Acks(identity, msg))
 
     def scatter(self, targets: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, header: dict[str, Any],

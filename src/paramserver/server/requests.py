@@ -47,6 +47,21 @@ def checked_table(state: ServerState, msg: Message, n_keys: int, vnodes: np.ndar
     return table
 
 
+def check_forwarder(state: ServerState, msg: Message, vnodes: np.ndarray) -> None:
+    """A forward (``REPLICATE``) is taken only from a live server, and only for vnodes this
+    server is not the primary of: else it was made under an older ring by a primary since
+    replaced (one cut off, declared dead, its queued forwards delivered once the link heals).
+    Its client was never acknowledged and resent the push to the new primary; applied here
+    too, it would count twice once the client's applied-pushes record is gone (it left)."""
+    sender = msg.header.get("from")
+    if isinstance(sender, int) and sender in state.dead:
+        raise StaleRingError(f"forward from server {sender}, which was declared dead: refused")
+    mine = state.primary[vnodes[vnodes < state.primary.shape[0]]]
+    if mine.any():
+        raise StaleRingError(f"forward from server {sender} for {int(mine.sum())} vnode(s) this server is the "
+                             "primary of: made under an older ring; the client resends it")
+
+
 def check_segments(table: VnodeStore, ring: Ring, keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray,
                    primary_of: np.ndarray | None, node_id: int, ring_version: int) -> None:
     """Refuse a malformed request whole; ``primary_of`` (a client's request): the vnodes

@@ -34,7 +34,8 @@ class Failures:
             "crash-then-pause-source": self._crash_then_pause_source, "join": self._join, "joiner-crash": self._join,
             "crash": self._crash, "restart": self._crash, "pause": self._pause, "short-pause": self._pause,
             "cut-beats": self._cut, "cut-answers": self._cut, "isolate": self._cut, "leave": self._leave,
-            "cut-scheduler": self._cut_scheduler, "pause-then-crash": self._pause_then_crash}
+            "cut-scheduler": self._cut_scheduler, "pause-then-crash": self._pause_then_crash,
+            "zombie-forwards": self._zombie_forwards}
         self._on_victim = {"crash", "restart", "pause", "short-pause", "cut-beats", "cut-answers", "isolate", "leave"}
 
     def strike(self, kind: str) -> None:
@@ -156,6 +157,31 @@ class Failures:
         self.cluster.net.after(self.rng.uniform(1.5, 2.5) * self.timeout, paused.host.resume)
         self.cluster.net.after(self.rng.uniform(0.05, 0.5) * self.timeout, crashed.host.crash)
 
+    def _zombie_forwards(self, kind: str) -> None:
+        """What one server sends is held, not lost (a TCP link cut one way), past the heartbeat
+        timeout: it is declared dead and its clients resend to the new primaries.  A worker then
+        dies, so the servers forget its applied pushes; then the link heals and the dead
+        server's held forwards arrive.  They must be refused, not applied a second time."""
+        victim = self._victim()
+        if victim is None or not self.cluster.workers:
+            return
+        net, timeout = self.cluster.net, self.timeout
+        net.log(f"fault zombie-forwards: server {victim.id}'s links held")
+        net.faults.stall |= {(victim.name, h) for h in net.hosts if h != victim.name}
+        worker = self.rng.choice(self.cluster.workers[1:] or self.cluster.workers)
+
+        def crash() -> None:
+            worker.host.crash()
+            self.run.check.abandon(worker.name)
+
+        net.after(self.rng.uniform(1.3, 1.6) * timeout, crash)
+        net.after(self.rng.uniform(2.9, 3.2) * timeout, self._unstall)
+
+    def _unstall(self) -> None:
+        net = self.cluster.net
+        net.faults.stall.clear()
+        net.unstall()
+
     def _leave(self, kind: str) -> None:
         worker = self.cluster.workers[0]
         worker._ask_scheduler({"op": Op.REMOVE_SERVER.value, "node_id": self.victim.id}, lambda m: None)
@@ -163,6 +189,7 @@ class Failures:
     # ---- healing ------------------------------------------------------------------------
     def heal_cuts(self) -> None:
         self.cluster.net.faults.cut.clear()
+        self._unstall()
 
     def heal(self) -> None:
         net = self.cluster.net

@@ -93,6 +93,13 @@ def _write_off_last_copy() -> Callable[[], None]:
     return _patch(Detector, "_wait_for", lambda self, node, now, dying: False)
 
 
+def _accept_stale_forwards() -> Callable[[], None]:
+    """Apply a forward from a server declared dead, or for a vnode this server is now the
+    primary of (as before the nemesis found a dead primary's late forward counted twice)."""
+    import paramserver.server.data as data
+    return _patch(data, "check_forwarder", lambda state, msg, vnodes: None)
+
+
 def _trust_silent_copies() -> Callable[[], None]:
     """Count on the copies of a server that has missed its heartbeats, so that one paused past
     the timeout is written off for backups held by a server killed a moment later."""
@@ -210,6 +217,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
                             "some vnodes", _write_off_last_copy),
     "dead-together": ("declare servers silent in the same turn dead each for having its backups on the others",
                       _dead_together),
+    "accept-stale-forwards": ("apply a forward from a server declared dead, or for a vnode this server is now "
+                              "the primary of", _accept_stale_forwards),
     "trust-silent-copies": ("count on a silent server's copies when judging another silent one",
                             _trust_silent_copies),
     "client-retry-fresh-seq": ("the client resends a push's piece under a new seq instead of its own",

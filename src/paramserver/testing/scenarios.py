@@ -138,6 +138,18 @@ def _pause_crash(rng: random.Random) -> Plan:
     return p
 
 
+def _zombie_forwards(rng: random.Random) -> Plan:
+    """A server whose sends are held past the heartbeat timeout (TCP on a link cut one way:
+    found on emulated hosts, ``paramserver nemesis`` seed 1018), declared dead; a worker dies,
+    so the servers forget its applied pushes; then the dead server's held forwards arrive.
+    Applied, an acknowledged push counted twice; they must be refused (``check_forwarder``)."""
+    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice([2, 3]), lossless=True)
+    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
+    p.failures = [(rng.uniform(2, 6), "zombie-forwards")]
+    p.speeds = [0.02, 0.05]
+    return p
+
+
 def _restore(rng: random.Random) -> Plan:
     """Checkpoint mid-run, go on (pushes, a crash, a join, or nothing), restore."""
     p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice([1, 2]))
@@ -271,6 +283,7 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "partition": _partition,
     "scheduler-cut": _scheduler_cut,
     "pause-crash": _pause_crash,
+    "zombie-forwards": _zombie_forwards,
     "restart-isolate": _restart_isolate,
     "restore": _restore,
     "job": _job,

@@ -49,6 +49,9 @@ class Faults:
     #: campaign aims drops at links whose loss the protocol is built to survive
     only: Callable[[str, str], bool] | None = None
     cut: set[tuple[str, str]] = field(default_factory=set)  # (from, to): dropped, one way
+    #: (from, to): held, in order, and delivered when the pair leaves the set (``SimNetwork.unstall``):
+    #: a TCP link cut for a while loses nothing, it retransmits once it heals
+    stall: set[tuple[str, str]] = field(default_factory=set)
 
 
 class Host:
@@ -244,6 +247,7 @@ class SimNetwork:
         self._order = 0
         self._last: dict[tuple[int, int], float] = {}  # per connection and direction: last delivery time
         self._held: dict[str, list[tuple[SimSocket, list[Any]]]] = {}  # deliveries to paused hosts
+        self._stalled: list[tuple[SimSocket, SimSocket, list[Any]]] = []  # sent on a stalled link, in order
 
     # ---- time ---------------------------------------------------------------------------
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
@@ -288,17 +292,29 @@ class SimNetwork:
         h = self.hosts[name] = Host(self, name, rate)
         return h
 
+    def unstall(self) -> None:
+        """Send on what the stalled links held, in order, where the link is no longer stalled."""
+        held, self._stalled = self._stalled, []
+        for src, dest, frames in held:
+            self._route(src, dest, frames)
+
     def resumed(self, host: Host) -> None:
         for dest, frames in self._held.pop(host.name, []):
             self._deliver(dest, frames)
 
     # ---- wires --------------------------------------------------------------------------
     def transmit(self, src: SimSocket, dest: SimSocket, frames: list[Any]) -> None:
-        for watch in self.watchers:
+        for watch in self.watchers:  # what was sent, when it was sent
             watch(src, dest, frames)
+        self._route(src, dest, frames)
+
+    def _route(self, src: SimSocket, dest: SimSocket, frames: list[Any]) -> None:
         f, a, b = self.faults, src.host.name, dest.host.name
         if (a, b) in f.cut:
             self._log_message("cut", src, dest, frames)
+            return
+        if (a, b) in f.stall:
+            self._stalled.append((src, dest, frames))
             return
         touched = f.only is None or f.only(a, b)
         r = self.rng.random
