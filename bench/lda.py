@@ -13,13 +13,15 @@ one run each (issue 15), on 20 Newsgroups (its own train/test files) and NYT (ev
   token updates, word blocks rotated (default) against unscheduled (`--schedule none`,
   AD-LDA: every worker samples every word from counts a round stale).
 
-    .venv/bin/python bench/lda.py [--iterations 200] [--topics 50] [--corpora 20ng nyt]
+    .venv/bin/python bench/lda.py [--iterations 200] [--topics 50] [--corpora 20ng nyt] [--sampler mh]
+        [--mh-steps 2] [--no-unscheduled]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -105,7 +107,8 @@ def npmi(n_kw: np.ndarray, ref: Corpus, top: int = 10) -> float:
     return float(np.mean(scores))
 
 
-def tomotopy_run(train: Corpus, K: int, iterations: int, alpha: float, beta: float) -> tuple[np.ndarray, float]:
+def tomotopy_run(train: Corpus, K: int, iterations: int, alpha: float, beta: float,
+                 workers: int = 2) -> tuple[np.ndarray, float]:
     import tomotopy as tp
 
     mdl = tp.LDAModel(k=K, alpha=alpha, eta=beta, seed=0)
@@ -114,7 +117,7 @@ def tomotopy_run(train: Corpus, K: int, iterations: int, alpha: float, beta: flo
         if w.size:
             mdl.add_doc([str(x) for x in w.tolist()])
     t = time.perf_counter()
-    mdl.train(iterations, workers=2)
+    mdl.train(iterations, workers=workers)
     seconds = time.perf_counter() - t
     n_kw = np.zeros((K, train.vocabulary))
     cols = np.array([int(v) for v in mdl.used_vocabs])
@@ -159,8 +162,12 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--topics", type=int, default=50)
     ap.add_argument("--corpora", nargs="+", default=["20ng", "nyt"])
+    ap.add_argument("--sampler", default="sparse", choices=("sparse", "mh"), help="paramserver lda's --sampler")
+    ap.add_argument("--mh-steps", type=int, default=2)
+    ap.add_argument("--no-unscheduled", action="store_true", help="skip the --schedule none run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    flags = ["--sampler", args.sampler, "--mh-steps", str(args.mh_steps)]
     alpha, beta, K, it = 0.1, 0.01, args.topics, args.iterations
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -171,21 +178,24 @@ def main() -> int:
             path, train, test = found
             tokens = train.tokens * it
             n_tp, s_tp = tomotopy_run(train, K, it, alpha, beta)
-            n_ps, s_ps, rep = ours(path, K, it, tmp, [])
+            n_ps, s_ps, rep = ours(path, K, it, tmp, flags)
             row = {"corpus": name, "tokens": train.tokens, "iterations": it,
                    "tomotopy": {"perplexity": perplexity(n_tp, test, alpha, beta), "npmi": npmi(n_tp, test),
                                 "seconds": s_tp, "token_iterations_per_s": tokens / s_tp},
                    "paramserver": {"perplexity": perplexity(n_ps, test, alpha, beta), "npmi": npmi(n_ps, test),
                                    "seconds": s_ps, "token_iterations_per_s": tokens / s_ps,
                                    "log_likelihood_per_token": rep["log_likelihood_per_token"]}}
-            _, _, none = ours(path, K, it, tmp, ["--schedule", "none"])
-            row["unscheduled_log_likelihood_per_token"] = none["log_likelihood_per_token"]
+            if not args.no_unscheduled:
+                _, _, none = ours(path, K, it, tmp, ["--schedule", "none", *flags])
+            row["unscheduled_log_likelihood_per_token"] = math.nan if args.no_unscheduled else none[
+                "log_likelihood_per_token"]
             rows.append(row)
             t, p = row["tomotopy"], row["paramserver"]
             print(f"{name}: {train.tokens:,} tokens, K={K}, {it} iterations | tomotopy (2 threads): perplexity "
                   f"{t['perplexity']:.1f} NPMI {t['npmi']:.3f} {t['seconds']:.1f} s "
-                  f"{t['token_iterations_per_s'] / 1e6:.1f} M tok-it/s | paramserver lda (defaults, --workers 2, "
-                  f"whole command): perplexity {p['perplexity']:.1f} ({p['perplexity'] / t['perplexity']:.3f}x) "
+                  f"{t['token_iterations_per_s'] / 1e6:.1f} M tok-it/s | paramserver lda (--sampler {args.sampler}, "
+                  f"--workers 2, whole command): perplexity {p['perplexity']:.1f} "
+                  f"({p['perplexity'] / t['perplexity']:.3f}x) "
                   f"NPMI {p['npmi']:.3f} {p['seconds']:.1f} s {p['token_iterations_per_s'] / 1e6:.1f} M tok-it/s "
                   f"({p['token_iterations_per_s'] / t['token_iterations_per_s']:.2f}x) | log-lik/token after "
                   f"{it} iterations: rotated {p['log_likelihood_per_token']:.4f}, unscheduled "

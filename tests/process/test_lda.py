@@ -65,13 +65,14 @@ def _dies_mid_push(client, victim, round_, worker, *args):
     return worker(client, *args)
 
 
-@pytest.mark.parametrize("staleness", [0, 2])
-def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness):
-    """BSP rounds, and SSP ones (the survivors wait out the rounds in flight, then regroup)."""
+@pytest.mark.parametrize("staleness,sampler", [(0, "sparse"), (2, "sparse"), (0, "mh")])
+def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sampler):
+    """BSP rounds, and SSP ones (the survivors wait out the rounds in flight, then regroup);
+    the MH sampler's document index rebuilt with the survivors' parts."""
     corpus = read_corpus(_planted(tmp_path / "c.ldac", docs=400, length=80))
     V, workers = corpus.vocabulary, 3
     freq = np.bincount(corpus.words, minlength=V)
-    cfg = LDAConfig(topics=6, iterations=30, staleness=staleness)
+    cfg = LDAConfig(topics=6, iterations=30, staleness=staleness, sampler=sampler)
     word_block = balanced_groups(freq, workers)
     with tempfile.TemporaryDirectory() as scratch, \
             LocalCluster(servers=1, workers=workers, log_level="WARNING", heartbeat_interval_s=0.1,
@@ -113,7 +114,8 @@ def test_finds_planted_topics_and_writes_what_it_says(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--schedule", "none"], ["--schedule", "none", "--staleness", "2"],
-                                  ["--staleness", "1"]])
+                                  ["--staleness", "1"], ["--sampler", "mh"],
+                                  ["--sampler", "mh", "--schedule", "none", "--staleness", "2"]])
 def test_unscheduled_and_ssp_modes_keep_the_counts_too(tmp_path, args):
     """AD-LDA (every worker every word), and SSP rounds (a worker up to S rounds ahead):
     the counts stay the corpus and every worker's topic totals the table's; the planted
@@ -134,6 +136,8 @@ def test_unscheduled_and_ssp_modes_keep_the_counts_too(tmp_path, args):
     (["--beta", "-1"], "--beta must be"),
     (["--save", "FILE"], "is a file"),
     (["--staleness", "-1"], "--staleness must be a whole number in [0, 64]"),
+    (["--sampler", "mh", "--mh-steps", "0"], "--mh-steps must be a whole number in [1, 64]"),
+    (["--sampler", "gibbs"], "invalid choice: 'gibbs' (choose from 'sparse', 'mh')"),
 ])
 def test_bad_flags_are_refused_before_any_work(tmp_path, args, message):
     path = _planted(tmp_path / "c.ldac", docs=20)

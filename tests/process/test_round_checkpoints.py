@@ -106,9 +106,11 @@ def _docword(path, docs=200, vocabulary=400, seed=1):
     return path
 
 
-def test_lda_killed_job_resumes_to_exactly_the_uninterrupted_counts(tmp_path):
+@pytest.mark.parametrize("sampler", ["sparse", "mh"])
+def test_lda_killed_job_resumes_to_exactly_the_uninterrupted_counts(tmp_path, sampler):
+    """The MH sampler's document index is rebuilt from the topics saved: nothing of its own is saved."""
     data = _docword(tmp_path / "docword.txt")
-    common = ["--data", str(data), "--topics", "8", "--iterations", "10", "--workers", "2"]
+    common = ["--data", str(data), "--topics", "8", "--iterations", "10", "--workers", "2", "--sampler", sampler]
     _cli("lda", *common, "--save", str(tmp_path / "whole"))
     folder = tmp_path / "ck"
     # iterations of 2 rounds, a checkpoint every 3: killed in round 9 (iteration 5), the newest is round 6

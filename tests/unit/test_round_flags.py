@@ -23,12 +23,15 @@ def test_no_flag_means_the_configs_default(command, config, flags):
 
 
 def test_flags_set_their_fields_with_the_fields_types():
-    args = _parse(["lda", "--data", "x", "--topics", "7", "--alpha", "0.5", "--schedule", "none", "--staleness", "2"])
+    args = _parse(["lda", "--data", "x", "--topics", "7", "--alpha", "0.5", "--schedule", "none", "--staleness", "2",
+                   "--sampler", "mh", "--mh-steps", "3"])
     cfg = rounds._config(args, LDAConfig, rounds._LDA_FLAGS)
-    assert cfg == LDAConfig(topics=7, alpha=0.5, schedule="none", staleness=2)
-    assert [type(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)] == [int, int, float, float, int, str, int]
-    with pytest.raises(SystemExit):
-        _parse(["lda", "--data", "x", "--schedule", "sometimes"])
+    assert cfg == LDAConfig(topics=7, alpha=0.5, schedule="none", staleness=2, sampler="mh", mh_steps=3)
+    assert [type(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)] == [int, int, float, float, int, str, int,
+                                                                            str, int]
+    for flag, value in [("--schedule", "sometimes"), ("--sampler", "gibbs")]:
+        with pytest.raises(SystemExit):
+            _parse(["lda", "--data", "x", flag, value])
 
 
 def test_the_help_states_the_configs_defaults(capsys):

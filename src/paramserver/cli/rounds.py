@@ -69,6 +69,11 @@ _LDA_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "staleness": ("SSP between rounds: a worker may run up to S rounds ahead of the slowest, reading counts up to S "
                   "rounds stale (default %(default)s: BSP rounds; with rotate, S > 0 gives up that no word is "
                   "sampled by two workers at once)", {"metavar": "S"}),
+    "sampler": ("sparse (default): SparseLDA's exact Gibbs draw, O(topics in the document) a token; mh: "
+                "Metropolis–Hastings with LightLDA's word and document proposals, O(1) a token, faster at large "
+                "--topics, mixing less a sweep", {"choices": ("sparse", "mh")}),
+    "mh_steps": ("with --sampler mh: cycles of a word then a document proposal a token (default %(default)s)",
+                 {"metavar": "N"}),
 }
 
 

@@ -54,6 +54,10 @@ def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
         ("--schedule", cfg.schedule, cfg.schedule in ("rotate", "none"), "rotate or none"),
         ("--staleness", cfg.staleness, isinstance(cfg.staleness, int) and 0 <= cfg.staleness <= 64,
          "a whole number in [0, 64] (rounds a worker may run ahead; 0: BSP)"),
+        ("--sampler", cfg.sampler, cfg.sampler in ("sparse", "mh"), "sparse (the exact Gibbs draw, the default) "
+         "or mh (Metropolis–Hastings, O(1) a token, for many --topics)"),
+        ("--mh-steps", cfg.mh_steps, isinstance(cfg.mh_steps, int) and 1 <= cfg.mh_steps <= 64,
+         "a whole number in [1, 64] (cycles of a word then a document proposal a token, with --sampler mh)"),
         ("--workers", workers, workers >= 1, "a whole number >= 1"),
         ("--servers", servers, servers >= 1, "a whole number >= 1"),
     ])

@@ -20,6 +20,7 @@ import fsspec
 import numpy as np
 
 from paramserver.apps.rounds.corpus import Corpus
+from paramserver.apps.rounds.lda_mh import MHIndex
 from paramserver.apps.rounds.lda_sampler import (
     TOPIC_DELTA,
     WORD_TOPIC,
@@ -98,6 +99,7 @@ class LDAProgram:
         self._pending_nk: list[tuple[int, Any]] = []  # (round observed, the pull of its changes)
         self._pending_blocks: tuple[int, list[Any]] = (-1, [])  # (round they are for, the pulls of its blocks)
         self._saved = -math.inf
+        self.mh: MHIndex | None = None  # --sampler mh's index, set with the parts held
         if fresh:  # else resume() takes the parts from a checkpoint
             self._hold([rank], fresh=True)
 
@@ -140,6 +142,8 @@ class LDAProgram:
         self.dtop = np.zeros(max(int(self.doff[-1]), 1), np.uint16)
         self.dcnt = np.zeros(self.doc_len.size, np.int32)
         _doc_lists(self.docs, self.z, self.ndk, self.dtop, self.doff, self.dcnt)
+        # --sampler mh's index of each document's tokens: from the topics, as every count is
+        self.mh = MHIndex(self.docs, self.z, self.doc_len, K, self.cfg.mh_steps) if self.cfg.sampler == "mh" else None
         self.part_docs = np.cumsum([0] + [n.size for n in lens])  # part i's documents: part_docs[i]:[i + 1]
         if folder is not None:  # the topic lists in their saved order too: the sampler walks them in order
             for i, p in enumerate(parts):
@@ -229,6 +233,8 @@ class LDAProgram:
         their documents' topic lists (in the order the sampler walks them)."""
         fs, _, (root,) = fsspec.get_fs_token_paths(step)
         fs.makedirs(root, exist_ok=True)
+        if self.mh is not None:  # MH does not keep the lists: a resume with --sampler sparse reads them
+            self.mh.lists(self.ndk, self.dtop, self.doff, self.dcnt)
         for i, p in enumerate(self.held):
             with fsspec.open(self._snapshot(p, step), "wb") as f:
                 np.save(f, self._part_z(p))
@@ -269,10 +275,15 @@ class LDAProgram:
             keys = self.block_words[b]
             nwk = future.result(timeout=600).astype(np.int32)
             before = nwk.copy()
-            _seed(hash((cfg.seed, round_, self.rank, b)) & 0x7FFFFFFF)
+            seed = hash((cfg.seed, round_, self.rank, b)) & 0x7FFFFFFF
             lo, hi = int(self.seg_lo[b]), int(self.seg_lo[b + 1])
-            _sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk, self.dtop,
-                    self.doff, self.dcnt, cfg.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum)
+            if self.mh is not None:
+                self.mh.sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk,
+                               cfg.alpha, cfg.beta, self.V * cfg.beta, seed)
+            else:
+                _seed(seed)
+                _sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk, self.dtop,
+                        self.doff, self.dcnt, cfg.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum)
             self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
             changed = np.flatnonzero((nwk != before).any(1))
             pushes.append((WORD_TOPIC, keys[changed], (nwk[changed] - before[changed]).astype(np.float32), "add"))

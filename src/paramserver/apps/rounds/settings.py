@@ -30,6 +30,8 @@ class LDAConfig:
     seed: int = 0
     schedule: str = "rotate"  # or "none": every worker samples every word each round (AD-LDA), to compare
     staleness: int = 0  # rounds a worker may run ahead of the slowest (SSP); 0: BSP rounds
+    sampler: str = "sparse"  # or "mh": Metropolis–Hastings, O(1) a token (lda_mh)
+    mh_steps: int = 2  # with "mh": cycles of a word then a document proposal a token
 
     @property
     def regions(self) -> int:
