@@ -118,11 +118,7 @@ def _scheduler_cut(rng: random.Random) -> Plan:
     judging each silent server alone, declared them all dead in one turn and lost every table.
     It must count those it declares dead in the same turn: one dies, the rest are fenced and
     waited for, and no data may be lost."""
-    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice([2, 3]), lossless=True)
-    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
-    p.failures = [(rng.uniform(2, 8), "cut-scheduler")]
-    p.speeds = [0.02, 0.1]
-    return p
+    return _lossless(rng, "cut-scheduler", (2, 8), (2, 3), [0.02, 0.1])
 
 
 def _pause_crash(rng: random.Random) -> Plan:
@@ -131,11 +127,7 @@ def _pause_crash(rng: random.Random) -> Plan:
     beats but not its deadline, the paused one was written off for backups on the crashed one,
     and what the two shared was lost.  A silent server's copies are not counted on: the paused
     one is fenced, comes back, and nothing may be lost."""
-    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=2, lossless=True)
-    p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
-    p.failures = [(rng.uniform(2, 8), "pause-then-crash")]
-    p.speeds = [0.02, 0.1]
-    return p
+    return _lossless(rng, "pause-then-crash", (2, 8), (2,), [0.02, 0.1])
 
 
 def _zombie_forwards(rng: random.Random) -> Plan:
@@ -143,10 +135,16 @@ def _zombie_forwards(rng: random.Random) -> Plan:
     found on emulated hosts, ``paramserver nemesis`` seed 1018), declared dead; a worker dies,
     so the servers forget its applied pushes; then the dead server's held forwards arrive.
     Applied, an acknowledged push counted twice; they must be refused (``check_forwarder``)."""
-    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice([2, 3]), lossless=True)
+    return _lossless(rng, "zombie-forwards", (2, 6), (2, 3), [0.02, 0.05])
+
+
+def _lossless(rng: random.Random, kind: str, when: tuple[float, float], replicas: tuple[int, ...],
+              speeds: list[float]) -> Plan:
+    """One failure of ``kind`` that no data may be lost to, on 3 or 4 servers and 2 workers."""
+    p = Plan(servers=3 + rng.randint(0, 1), workers=2, replicas=rng.choice(replicas), lossless=True)
     p.faults = Faults(delay=0.1, delay_s=0.3, only=_client_links)
-    p.failures = [(rng.uniform(2, 6), "zombie-forwards")]
-    p.speeds = [0.02, 0.05]
+    p.failures = [(rng.uniform(*when), kind)]
+    p.speeds = speeds
     return p
 
 
