@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--longest", type=float, default=6.0,
                    help="longest fault in seconds (a pause: up to 2.5x this, at most 15; default 6)")
     p.add_argument("--kinds", default=",".join(KINDS), help=f"faults to draw from (default: all of {','.join(KINDS)})")
-    p.add_argument("--servers", type=int, default=3, help="servers (3: the replicas-3 counter keeps a copy each)")
+    p.add_argument("--servers", type=int, default=3, help="servers, at least 3 (the replicas-3 counter then keeps a copy on each)")
     p.add_argument("--keep", metavar="DIR", help="keep every run's logs under DIR (default: only failed runs', "
                                                  "in the temporary folder)")
     p.add_argument("--print-plan", action="store_true", help="print the schedules and run nothing")
@@ -48,8 +48,9 @@ def plans(args: argparse.Namespace) -> list[Plan]:
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         raise SystemExit(f"paramserver nemesis: --kinds {args.kinds!r}: unknown {bad}; choose from {','.join(KINDS)}")
-    if args.servers < 2:
-        raise SystemExit(f"paramserver nemesis: --servers {args.servers}: needs at least 2 (replicas 2)")
+    if args.servers < 3:
+        raise SystemExit(f"paramserver nemesis: --servers {args.servers}: needs at least 3 (the counters are a "
+                         "replicas-2 and a replicas-3 table)")
     seeds = [args.seed] if args.seed is not None else range(args.first_seed, args.first_seed + args.seeds)
     return [draw(s, args.servers, args.window, args.longest, kinds) for s in seeds]
 
