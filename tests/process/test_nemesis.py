@@ -23,7 +23,8 @@ def _passes(plan: Plan) -> None:
     s = out.summary()
     assert out.verdict.ok, f"{s['violations']} (logs: {out.folder}; events: {out.events})"
     assert min(s["acked"].values()) > 50, s  # the counters did move
-    assert all(g is not None and g <= 5.0 for g in s["recovery_s"]), s["recovery_s"]
+    timed = [g for g in s["recovery_s"] if g is not None]  # None: the next fault began first
+    assert len(timed) >= len(s["recovery_s"]) / 2 and max(timed) <= 5.0, s["recovery_s"]  # issue 47's bound
 
 
 def test_the_machine_can_make_emulated_hosts():
