@@ -33,7 +33,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--longest", type=float, default=6.0,
                    help="longest fault in seconds (a pause: up to 2.5x this, at most 15; default 6)")
     p.add_argument("--kinds", default=",".join(KINDS), help=f"faults to draw from (default: all of {','.join(KINDS)})")
-    p.add_argument("--servers", type=int, default=3, help="servers, at least 3 (the replicas-3 counter then keeps a copy on each)")
+    p.add_argument("--servers", type=int, default=3,
+                   help="servers, at least 3 (the replicas-3 counter then keeps a copy on each)")
     p.add_argument("--keep", metavar="DIR", help="keep every run's logs under DIR (default: only failed runs', "
                                                  "in the temporary folder)")
     p.add_argument("--print-plan", action="store_true", help="print the schedules and run nothing")
