@@ -145,6 +145,9 @@ def test_the_network_keeps_a_connections_order_and_drops_what_a_cut_link_carries
     ("restore", 13, "the same race, the joiner a backup of the vnodes it got empty"),
     ("restore", 256, "a push delivered twice, the second time after its table was dropped and created again: "
                      "the server had dropped the exactly-once record with the table, and applied it again"),
+    ("restore", 1273, "a server died while a restore loaded: its fan-out ended, and the restore loaded again at "
+                      "once, on a ring that still named the dead server; sending to it raised in the scheduler's "
+                      "loop and the restore never returned (the ring is now updated first)"),
 ])
 def test_regression_seeds(scenario, seed, bug):
     """Bugs the campaign found (issue 13), each kept as the seed that found it."""

@@ -351,11 +351,11 @@ class SchedulerNode:
             for other in self.nodes.values():  # clients wait on servers only: a client's loss told to every
                 if node.role == "server" or other.role == "server":  # client was n^2 notifications
                     self._notify(other, lost_node)
-        self.fanouts.node_lost(node_id)
-        self.jobs.maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
-        if node.role == "server":
+        if node.role == "server":  # the ring first: what the fan-outs below start next must not name it
             self.membership.server_lost(node_id)
             self.registry.serve_server_waiters(lost=node)
+        self.fanouts.node_lost(node_id)  # a restore that loses a server loads again, on the new ring
+        self.jobs.maybe_checkpoint()  # a dead worker's shards went back: the boundary may be here
         self._maybe_release_barrier()
 
     # ---- commands to every server ------------------------------------------------------
