@@ -57,10 +57,9 @@ class Detector:
                            server, silent)
             self.returned.append(server)
         dead: list[int] = []
-        suspect = now - self.SUSPECT_BEATS * cfg.heartbeat_interval_s  # its copies are not counted on
+        suspect = now - self.SUSPECT_BEATS * cfg.heartbeat_interval_s  # their copies are not counted on
+        quiet = [n.id for n in self.host.nodes.values() if n.role == "server" and n.last_seen < suspect]
         for node in [n for n in self.host.nodes.values() if n.last_seen < deadline and n.id not in waiting_on_us]:
-            quiet = [n.id for n in self.host.nodes.values()
-                     if n.role == "server" and n.id != node.id and n.last_seen < suspect]
             if node.role == "server" and self._wait_for(node, now, dead + quiet):
                 continue
             logger.warning("%s %d missed its heartbeat deadline (%.1f s): declared dead", node.role, node.id,

@@ -62,6 +62,8 @@ class Run:
         self.nodes = [self._node("scheduler", 0)] + [self._node(f"server{h}", h) for h in range(1, plan.servers + 1)]
         self.workload: subprocess.Popen[bytes] | None = None
         self.events: list[str] = []
+        self._lines: list[dict[str, Any]] = []  # the workload's log, read up to byte _read_to
+        self._read_to = 0
         self.t0 = time.monotonic()
 
     def _node(self, role: str, host: int) -> Node:
@@ -144,11 +146,17 @@ class Run:
                                                              self.scheduler, self.folder], log)
 
     def acks(self) -> list[dict[str, Any]]:
+        """The workload's log so far: what was read before, and its complete lines written since."""
         try:
-            with open(os.path.join(self.folder, "acks.jsonl")) as f:
-                return check.read_log(f.read())
+            with open(os.path.join(self.folder, "acks.jsonl"), "rb") as f:
+                f.seek(self._read_to)
+                more = f.read()
         except FileNotFoundError:
-            return []
+            return self._lines
+        whole = more[:more.rfind(b"\n") + 1]  # a line being written is read next time
+        self._read_to += len(whole)
+        self._lines += check.read_log(whole.decode())
+        return self._lines
 
     def first_ack_after(self, t: float, what: str) -> float:
         deadline = time.monotonic() + SETTLE_S
