@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -335,6 +336,13 @@ class Client:
         from paramserver.checkpoint.store import local_url, restore_tables
 
         return restore_tables(self, local_url(url), allow_unverified)
+
+    def together(self) -> AbstractContextManager[None]:
+        """A block whose pulls and pushes go out when it ends, those to one server as one
+        message (``wire/batch.py``), answered as if sent one by one, in order: a worker's
+        push and its next pull cost one message each way.  Nothing in the block may wait
+        on an answer (its request has not gone yet)."""
+        return self._io.together()
 
     # ---- clocks, server functions, filters, lifecycle: the groups' calls, on the client ----
     def clock(self) -> int:

@@ -14,12 +14,13 @@ message lost on the way); its answer, should it come later, is dropped.
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import itertools
 import logging
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ import zmq
 from paramserver.client.core import NoAnswerError
 from paramserver.config import Config
 from paramserver.errors import ClosedError, Code, NodeLostError
+from paramserver.wire import batch
 from paramserver.wire.message import Message, Op, decode, encode, failed_request
 from paramserver.wire.transport import Transport, ZmqSocket, transport_for
 
@@ -49,6 +51,20 @@ def _poll_ms(wait_s: float) -> int:
     return max(0, math.ceil(wait_s * 1000))
 
 OnReply = Callable[[Message | None, BaseException | None], None]
+#: a request handed to the thread: address, header, arrays, on_reply, answer_within_s
+_Queued = tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None, float | None]
+#: the requests that may share an envelope with the others to their server (``wire/batch.py``)
+ENVELOPED = frozenset({Op.PULL.value, Op.PUSH.value})
+
+
+class _Out:
+    """A request encoded, waiting to go (alone or in an envelope)."""
+
+    __slots__ = ("item", "request_id", "frames", "nbytes")
+
+    def __init__(self, item: _Queued, request_id: int, frames: list[Any]) -> None:
+        self.item, self.request_id, self.frames = item, request_id, frames
+        self.nbytes = sum(memoryview(f).nbytes for f in frames)
 
 
 @dataclass
@@ -71,8 +87,9 @@ class IOThread(threading.Thread):
         # for the wake-up pair: other threads -> this one
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._ids = itertools.count(1)
-        self._queue: collections.deque[tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None,
-                                             float | None]] = collections.deque()
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._corked = 0  # ``together`` blocks open: what they submit waits for the last to close
+        self._envelope_bytes = config.max_message_bytes - (1 << 20)  # an envelope's parts at most (room for headers)
         self._lock = threading.Lock()
         wake_addr = f"inproc://paramserver-wake-{id(self)}"
         self._wake_recv = ZmqSocket(self.ctx.socket(zmq.PAIR), False)
@@ -103,10 +120,26 @@ class IOThread(threading.Thread):
         with self._lock:  # the I/O thread sets _closed under this lock before failing the queue
             if self._closed.is_set():
                 raise ClosedError(self._close_reason or "the client is closed; create a new one")
-            wake = not self._queue  # a non-empty queue means the I/O thread is already due
+            wake = not self._queue and not self._corked  # a non-empty queue: the I/O thread is already due
             self._queue.append((address, header, arrays, on_reply, answer_within_s))
             if wake:
                 self._wake_send.send(b"", zmq.NOBLOCK)
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """The requests submitted inside the block go out when it ends, those to one server
+        as one envelope (``wire/batch.py``): a worker's push and its next pull cost one
+        wake-up of this thread, one message each way and one turn of the server's loop,
+        not two.  Nothing inside may wait on an answer: its request has not gone yet."""
+        with self._lock:
+            self._corked += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._corked -= 1
+                if not self._corked and self._queue and not self._closed.is_set():
+                    self._wake_send.send(b"", zmq.NOBLOCK)
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on this thread after ``delay_s`` (retries use it: never blocks)."""
@@ -213,11 +246,17 @@ class IOThread(threading.Thread):
                 return
 
     def _send_queued(self) -> None:
-        while True:
-            with self._lock:  # popped under the lock that submit() checks emptiness under
-                if not self._queue:
-                    return
-                address, header, arrays, on_reply, within_s = self._queue.popleft()
+        """Send what was submitted, in order: the pulls and pushes that wait together for one
+        server go as one envelope; a request to a server that no link takes yet waits, with
+        every later one to it, for the next try (``RESEND_S``)."""
+        with self._lock:  # taken under the lock that submit() checks emptiness under
+            if self._corked:
+                return  # the block that corked the queue wakes this thread when it ends
+            queued, self._queue = self._queue, collections.deque()
+        held: dict[str, list[_Out]] = {}  # requests that may share an envelope, not sent yet, by server
+        waiting: list[_Queued] = []  # for a server no link takes yet
+        for item in queued:
+            address, header, arrays, on_reply, _ = item
             if address in self._lost:  # it died: nobody would ever answer
                 if on_reply:
                     self._deliver(_Call(address, on_reply), None, NodeLostError(
@@ -225,25 +264,47 @@ class IOThread(threading.Thread):
                 continue
             request_id = next(self._ids)
             try:
-                frames = encode({**header, "id": request_id}, arrays)
-                if not self._peer(address).try_send(frames):  # no link yet: never block this thread
-                    with self._lock:
-                        self._queue.appendleft((address, header, arrays, on_reply, within_s))
-                    self.call_later(RESEND_S, _nothing)  # the loop comes back to the queue then
-                    return
-                self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+                out = _Out(item, request_id, encode({**header, "id": request_id}, arrays))
             except Exception as exc:
                 if on_reply:
                     on_reply(None, exc)
                 continue
-            if on_reply is not None:
-                call = self._pending[request_id] = _Call(address, on_reply)
-                if within_s is not None:
-                    call.due, call.within_s = self.clock() + within_s, within_s
-                    heapq.heappush(self._dues, (call.due, request_id))
-                    if len(self._dues) > 4 * len(self._pending) + 1024:  # answered ones: dropped in bulk
-                        self._dues = [(c.due, r) for r, c in self._pending.items() if c.due != float("inf")]
-                        heapq.heapify(self._dues)
+            group = held.setdefault(address, [])
+            alone = header.get("op") not in ENVELOPED
+            if group and (alone or sum(o.nbytes for o in group) + out.nbytes > self._envelope_bytes):
+                self._flush(address, group, waiting)
+            group.append(out)
+            if alone:
+                self._flush(address, group, waiting)
+        for address, group in held.items():
+            self._flush(address, group, waiting)
+        if waiting:
+            with self._lock:
+                self._queue.extendleft(reversed(waiting))
+            self.call_later(RESEND_S, _nothing)  # the loop comes back to the queue then
+
+    def _flush(self, address: str, group: list[_Out], waiting: list[_Queued]) -> None:
+        """Send ``group`` (one request, or an envelope of several) to ``address``, and empty it.
+        A server no link takes yet keeps this turn's later requests waiting too (in order)."""
+        sent, group[:] = list(group), []
+        if not sent:
+            return
+        frames = sent[0].frames if len(sent) == 1 else batch.envelope([o.frames for o in sent])
+        if any(w[0] == address for w in waiting) or not self._peer(address).try_send(frames):  # never block
+            waiting.extend(o.item for o in sent)
+            return
+        self.bytes_sent += sum(o.nbytes for o in sent)
+        for out in sent:
+            on_reply, within_s = out.item[3], out.item[4]
+            if on_reply is None:
+                continue
+            call = self._pending[out.request_id] = _Call(address, on_reply)
+            if within_s is not None:
+                call.due, call.within_s = self.clock() + within_s, within_s
+                heapq.heappush(self._dues, (call.due, out.request_id))
+                if len(self._dues) > 4 * len(self._pending) + 1024:  # answered ones: dropped in bulk
+                    self._dues = [(c.due, r) for r, c in self._pending.items() if c.due != float("inf")]
+                    heapq.heapify(self._dues)
 
     def _expire_unanswered(self) -> float:
         """Fail the requests unanswered past their due time; seconds until the next is due."""
@@ -284,20 +345,29 @@ class IOThread(threading.Thread):
             if frames is None:
                 return
             self.bytes_received += sum(len(f) for f in frames)
-            try:
-                msg = decode(frames, self.config.max_message_bytes)
-            except Exception as exc:  # fail the request it answered, when we can tell which
-                logger.warning("undecodable message from %s: %s", self._by_socket.get(sock), exc)
-                rid = failed_request(exc)
-                call = self._pending.pop(rid, None) if isinstance(rid, int) else None
-                if call is not None:
-                    self._deliver(call, None, exc)
-                continue
-            call = self._pending.pop(msg.id, None) if isinstance(msg.id, int) else None
+            self._answered(sock, frames)
+
+    def _answered(self, sock: Any, frames: Sequence[Any], in_batch: bool = False) -> None:
+        """One message received: the answer to a request (an envelope's answers in order), or a notification."""
+        try:
+            msg = decode(frames, self.config.max_message_bytes)
+            parts = batch.split(msg.header, frames) if msg.op is Op.BATCH and not in_batch else None
+        except Exception as exc:  # fail the request it answered, when we can tell which
+            logger.warning("undecodable message from %s: %s", self._by_socket.get(sock), exc)
+            rid = failed_request(exc)
+            call = self._pending.pop(rid, None) if isinstance(rid, int) else None
             if call is not None:
-                self._deliver(call, msg, None)
-            elif msg.op in (Op.NODE_LOST, Op.STOP, Op.RING, Op.ERROR):
-                self._notify(msg)
+                self._deliver(call, None, exc)
+            return
+        if parts is not None:
+            for part in parts:
+                self._answered(sock, part, True)
+            return
+        call = self._pending.pop(msg.id, None) if isinstance(msg.id, int) else None
+        if call is not None:
+            self._deliver(call, msg, None)
+        elif msg.op in (Op.NODE_LOST, Op.STOP, Op.RING, Op.ERROR):
+            self._notify(msg)
 
     def _deliver(self, call: _Call, msg: Message | None, exc: BaseException | None) -> None:
         try:

@@ -64,6 +64,10 @@ class Prefetch:
             raise StopIteration
         return value
 
+    def ready(self) -> bool:
+        """Whether the next item (or the end) is here: ``next`` would not wait."""
+        return self._ended or not self._out.empty()
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -50,6 +50,7 @@ from paramserver.server.peers import Acks, Peers
 from paramserver.server.state import ServerState
 from paramserver.server.warmup import warm_server
 from paramserver.store.protocol import VnodeStore
+from paramserver.wire import batch
 from paramserver.wire.handshake import CHECK_AFTER_S, refusal, unanswered
 from paramserver.wire.message import Message, Op, decode, encode, error_code, error_reply, failed_request
 from paramserver.wire.security import http_token, load_keys, refused_op, tokens_of, user_role
@@ -272,18 +273,31 @@ class ServerNode:
 
     # ---- dispatch ----------------------------------------------------------------------
     def _handle_data(self, frames: list[Any]) -> None:
-        identity, request_id = frames[0], None
+        identity = frames[0]
+        answer = self._answer(identity, frames[1:])
+        if answer is not None:
+            self.router.send(answer, identity)
+
+    def _answer(self, identity: bytes, frames: Sequence[Any], in_batch: bool = False) -> list[Any] | None:
+        """Handle one request (an envelope's parts in order: ``wire/batch.py``); its answer's
+        frames, or None when it is answered later (parked by the staleness gate, waiting for
+        backups) or not at all."""
+        request_id = None
         try:
-            msg = decode(frames[1:], self.config.max_message_bytes)
+            msg = decode(frames, self.config.max_message_bytes)
+            if msg.op is Op.BATCH and not in_batch:
+                answers = [a for part in batch.split(msg.header, frames)
+                           if (a := self._answer(identity, part, True)) is not None]
+                return answers[0] if len(answers) == 1 else batch.envelope(answers) if answers else None
             request_id = msg.id
             handler = self.data_handlers.get(msg.op)
             if self.ring is None and msg.op in (Op.INSTALL, Op.REPLICATE) and len(self._before_ring) < 10_000:
-                self._before_ring.append(frames)  # a joiner's copies can overtake its first ring: kept for it
-                return
+                self._before_ring.append([identity, *frames])  # a joiner's copies can overtake its first ring
+                return None
             if handler is None:
                 raise ProtocolError(f"a server does not serve op {msg.op.value!r} "
                                     f"(serves {sorted(o.value for o in self.data_handlers)})")
-            if self.state.tokens is not None and (refused := refused_op(user_role(frames[1]), msg.op.value)):
+            if self.state.tokens is not None and (refused := refused_op(user_role(frames[0]), msg.op.value)):
                 raise ProtocolError(refused)  # what the sender's key may ask (wire/security.py)
             started = time.perf_counter()
             if msg.op in (Op.PULL, Op.PUSH):
@@ -295,17 +309,14 @@ class ServerNode:
             else:
                 answer = handler(msg)
                 self.metrics.observe(msg.op.value, time.perf_counter() - started)
-            if answer is not None:  # None: parked by the staleness gate, or waiting for backups
-                self.router.send(answer, identity)
+            return answer
         except ParamServerError as exc:
             request_id = failed_request(exc, request_id)
             logger.debug("refused request %r: %s", request_id, exc)
-            self.router.send(error_reply(request_id, error_code(exc), str(exc),
-                                         ring_version=self.state.ring_version()), identity)
+            return error_reply(request_id, error_code(exc), str(exc), ring_version=self.state.ring_version())
         except Exception as exc:  # a bug must not kill the server: answer and keep serving
             self._failures.exception("server %d failed on request %r", self.node_id, request_id)
-            self.router.send(error_reply(request_id, Code.INTERNAL, f"{type(exc).__name__}: {exc}"),
-                 identity)
+            return error_reply(request_id, Code.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     def _handle_control(self, frames: list[Any]) -> None:
         request_id = None

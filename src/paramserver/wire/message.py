@@ -81,6 +81,7 @@ class Op(str, enum.Enum):  # noqa: UP042 (str(Op.X) stays "Op.X" in logs; StrEnu
     WAIT_SERVERS = "wait_servers"
     # a link between two processes of one program (wire/link.py: a pipeline's stages)
     LINK = "link"
+    BATCH = "batch"  # an envelope of requests to one server, or of their answers (wire/batch.py)
 
 
 class Message:
@@ -146,6 +147,8 @@ def decode(frames: Sequence[Any], max_bytes: int = MAX_MESSAGE_BYTES) -> Message
         op = header.get("op")
         if not isinstance(op, str) or op not in _OPS:
             raise ProtocolError(f"unknown op {op!r} (known: {sorted(_OPS)})")
+        if op == "batch":  # an envelope: its frames are its parts, each decoded on its own (wire/batch.py)
+            return Message(header, [])
         specs = header.get("arrays", [])
         if not isinstance(specs, list) or len(specs) != len(buffers) - 1:
             raise ProtocolError(f"header lists {len(specs) if isinstance(specs, list) else specs!r} "

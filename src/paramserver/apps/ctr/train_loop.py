@@ -133,13 +133,15 @@ class _Pipeline:
         self.counted = Lifecycle.parse(cfg.lifecycle).stats  # admission by shows and clicks: pushes carry them
         self.time_base = float(client.job.status().get("examples", 0)) if self.timed else 0.0
 
-    def pull_ahead(self) -> None:
+    def pull_ahead(self, wait: bool = True) -> None:
         """Pull up to a shard's end, not past it: the next shard's pulls go out once this
         shard's pushes are applied, so the updates a pull sees do not depend on timing
         (one worker trains deterministically), and a next shard that waits for this
-        shard_done (a new epoch, a checkpoint) cannot wait on us."""
+        shard_done (a new epoch, a checkpoint) cannot wait on us.  ``wait=False``: only
+        the batches already parsed (the loop's next turn pulls the rest)."""
         client, model = self.client, self.cfg.model
-        while not self.exhausted and self.pulling < self.depth.now and not self.closing:
+        while (not self.exhausted and self.pulling < self.depth.now and not self.closing
+               and (wait or self.items.ready())):
             item = next(self.items, None)
             if item is None:
                 self.exhausted = True
@@ -198,10 +200,12 @@ class _Pipeline:
             trained = self.done["examples"] + self.examples + len(batch)
             client.set_time(self.time_base + trained * max(client.num_workers, 1))
         stats = key_stats(batch, inverse, uniq.shape[0]) if self.counted else None
-        self.pushes.append([client.push(model.table, uniq, grads, distinct=True, stats=stats)] + (
-            [] if dense_grads is None else
-            [client.push(model.dense_table, dense_keys, to_rows(dense_grads, dense_keys.size), distinct=True)]))
-        client.clock()
+        with client.together():  # the push and the next batch's pull: one message to each server
+            self.pushes.append([client.push(model.table, uniq, grads, distinct=True, stats=stats)] + (
+                [] if dense_grads is None else
+                [client.push(model.dense_table, dense_keys, to_rows(dense_grads, dense_keys.size), distinct=True)]))
+            client.clock()
+            self.pull_ahead(wait=False)
         if self.on_batch is not None:
             self.on_batch(client.current_clock, len(batch), loss)
         self.examples += len(batch)
