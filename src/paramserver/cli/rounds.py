@@ -67,12 +67,26 @@ def _config(args: argparse.Namespace, config: type) -> Any:
     return config(**{f.name: getattr(args, f.name) for f in _flag_fields(config)})
 
 
+def _app_parser(sub: Subparsers, name: str, text: str, data: str) -> argparse.ArgumentParser:
+    """A round app's command and its one required input, ``--data``."""
+    p = sub.add_parser(name, help=text)
+    p.add_argument("--data", required=True, help=data)
+    return p
+
+
+def _result_flags(p: argparse.ArgumentParser, save: str, metrics: str, unit: str, every: int) -> None:
+    """What a round app leaves behind: its model (``--save DIR``), its report and checkpoints
+    every ``every`` of its ``unit``."""
+    p.add_argument("--save", metavar="DIR", help=save)
+    p.add_argument("--metrics-out", metavar="FILE", help=metrics)
+    _round_checkpoint_flags(p, unit, every)
+
+
 def add_lasso(sub: Subparsers) -> None:
-    p = sub.add_parser("lasso", help="L1-regularised least squares (Lasso) or logistic regression by coordinate "
-                                      "descent scheduled over the workers (STRADS style) on a local cluster")
-    p.add_argument("--data", required=True, help="LIBSVM file: 'target index:value ...' (target a real number; "
-                                                 "with --loss logistic a label 1 or -1, or 1 or 0; .gz ok; local or "
-                                                 "fsspec URL)")
+    p = _app_parser(sub, "lasso", "L1-regularised least squares (Lasso) or logistic regression by coordinate descent "
+                    "scheduled over the workers (STRADS style) on a local cluster", "LIBSVM file: 'target "
+                    "index:value ...' (target a real number; with --loss logistic a label 1 or -1, or 1 or 0; .gz ok; "
+                    "local or fsspec URL)")
     p.add_argument("--loss", default="squared", choices=("squared", "logistic"), help="squared (default): "
                    "1/(2n)·‖y − Xw‖² + λ‖w‖₁; logistic: (1/n)·Σ log(1 + exp(−y_i x_iᵀw)) + λ‖w‖₁ (no intercept)")
     how = p.add_mutually_exclusive_group(required=True)
@@ -94,41 +108,35 @@ def add_lasso(sub: Subparsers) -> None:
     _cluster_flags(p)
     p.add_argument("--max-rounds", type=int, default=1_000_000, help="stop after this many rounds even if the "
                    "gap is not below --tol (it is said)")
-    p.add_argument("--save", metavar="DIR", help="write DIR/coef.npy: float64, entry i is feature i + 1")
-    p.add_argument("--metrics-out", metavar="FILE", help="write objective, duality gap, non-zeros, seconds, "
-                   "coordinate updates, the active set after each check and kkt_skipped as JSON")
-    _round_checkpoint_flags(p, "rounds", 100)
+    _result_flags(p, "write DIR/coef.npy: float64, entry i is feature i + 1", "write objective, duality gap, "
+                  "non-zeros, seconds, coordinate updates, the active set after each check and kkt_skipped as JSON",
+                  "rounds", 100)
 
 
 def add_mf(sub: Subparsers) -> None:
-    p = sub.add_parser("mf", help="biased matrix factorisation trained model-parallel by block rotation "
-                                   "(DSGD) on a local cluster")
-    p.add_argument("--data", required=True, help="training ratings: 'user item rating [timestamp]' lines (MovieLens "
-                   "u.data TSV, ratings.csv with its header, or ratings.dat '::'); .gz ok; local or fsspec URL")
+    p = _app_parser(sub, "mf", "biased matrix factorisation trained model-parallel by block rotation (DSGD) on a "
+                    "local cluster", "training ratings: 'user item rating [timestamp]' lines (MovieLens u.data TSV, "
+                    "ratings.csv with its header, or ratings.dat '::'); .gz ok; local or fsspec URL")
     p.add_argument("--test", help="ratings to predict and score (same formats): test RMSE in the report")
     _config_flags(p, MFConfig)
     _cluster_flags(p)
     p.add_argument("--predictions-out", metavar="FILE", help="one predicted rating per --test line, in order")
-    p.add_argument("--save", metavar="DIR", help="write DIR/mf.npz: ids, factors, biases, global mean")
-    p.add_argument("--metrics-out", metavar="FILE", help="write test RMSE, seconds and rating updates/s as JSON")
-    _round_checkpoint_flags(p, "epochs", 5)
+    _result_flags(p, "write DIR/mf.npz: ids, factors, biases, global mean", "write test RMSE, seconds and rating "
+                  "updates/s as JSON", "epochs", 5)
 
 
 def add_lda(sub: Subparsers) -> None:
-    p = sub.add_parser("lda", help="topic model (LDA) by collapsed Gibbs sampling, word blocks scheduled over the "
-                                    "workers (STRADS/LightLDA style) on a local cluster")
-    p.add_argument("--data", required=True, help="corpus: UCI docword (D, V, NNZ lines, then 'doc word count', "
-                   "1-based) or LDA-C ('N word:count ...', 0-based); .gz ok; local or fsspec URL")
-    _config_flags(p, LDAConfig)
-    _cluster_flags(p)
-    p.add_argument("--save", metavar="DIR", help="write DIR/topic_word.npy: K x V counts n_kw, column j = word j "
-                   "in the input's numbering from 0")
+    p = _app_parser(sub, "lda", "topic model (LDA) by collapsed Gibbs sampling, word blocks scheduled over the "
+                    "workers (STRADS/LightLDA style) on a local cluster", "corpus: UCI docword (D, V, NNZ lines, "
+                    "then 'doc word count', 1-based) or LDA-C ('N word:count ...', 0-based); .gz ok; local or fsspec "
+                    "URL")
     p.add_argument("--vocabulary", metavar="FILE", help="LDA-C only: the vocabulary, one word a line, so V covers "
                    "words no document uses (default: <name>.tokens, <name>.vocab, vocab.txt or vocabulary.txt beside "
                    "the corpus if there, else the largest word + 1)")
-    p.add_argument("--metrics-out", metavar="FILE", help="write log-likelihood per token, tokens and "
-                   "token-iterations/s as JSON")
-    _round_checkpoint_flags(p, "iterations", 20)
+    _config_flags(p, LDAConfig)
+    _cluster_flags(p)
+    _result_flags(p, "write DIR/topic_word.npy: K x V counts n_kw, column j = word j in the input's numbering from "
+                  "0", "write log-likelihood per token, tokens and token-iterations/s as JSON", "iterations", 20)
 
 
 def _checkpoints(args: argparse.Namespace) -> Any:
