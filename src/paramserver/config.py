@@ -1,8 +1,9 @@
 """Node configuration: defaults < ``DMLC_*`` < ``PARAMSERVER_*`` environment < explicit arguments.
 
-Every environment variable paramserver reads is in ``ENV``, ``NODE_ENV`` and ``DMLC_ENV``
-below; the CLI flags have the same names (``PARAMSERVER_HEARTBEAT_INTERVAL_S`` is
-``--heartbeat-interval-s``).  This is the seam launchers use: a Ray actor or a Kubernetes
+Every environment variable paramserver reads is in ``ENV`` (each ``Config`` field names its
+own, with its help, beside its default), ``NODE_ENV`` and ``DMLC_ENV`` below; the CLI flags
+have the same names (``PARAMSERVER_HEARTBEAT_INTERVAL_S`` is ``--heartbeat-interval-s``).
+This is the seam launchers use: a Ray actor or a Kubernetes
 pod sets the variables and runs ``paramserver node`` (docs/deploy.md).
 """
 
@@ -11,45 +12,10 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from paramserver.errors import ConfigError
-
-#: variable -> (Config field, help)
-ENV: dict[str, tuple[str, str]] = {
-    "PARAMSERVER_SCHEDULER": ("scheduler", "scheduler address, e.g. tcp://10.0.0.5:7000"),
-    "PARAMSERVER_HOST": ("host", "interface a scheduler or server binds (default 127.0.0.1)"),
-    "PARAMSERVER_PORT": ("port", "port a scheduler or server binds (0: the OS picks)"),
-    "PARAMSERVER_ADVERTISE_HOST": ("advertise_host", "the host a server tells peers to reach it at (NAT, containers; "
-                                                     "default: its bound host, or with --host 0.0.0.0 the address "
-                                                     "of the interface that reaches the scheduler)"),
-    "PARAMSERVER_NUM_SERVERS": ("servers", "servers the scheduler waits for before forming the ring"),
-    "PARAMSERVER_NUM_WORKERS": ("workers", "workers a barrier waits for (0: whoever registered)"),
-    "PARAMSERVER_VNODES_PER_SERVER": ("vnodes_per_server", "ring vnodes per initial server"),
-    "PARAMSERVER_HEARTBEAT_INTERVAL_S": ("heartbeat_interval_s", "seconds between heartbeats"),
-    "PARAMSERVER_HEARTBEAT_TIMEOUT_S": ("heartbeat_timeout_s", "silence after which a node is dead"),
-    "PARAMSERVER_CONNECT_TIMEOUT_S": ("connect_timeout_s", "how long a node tries to reach the scheduler"),
-    "PARAMSERVER_LAST_COPY_TIMEOUT_S": ("last_copy_timeout_s", "silence after which a server holding the last "
-                                                               "complete copy of some vnodes is dead (until then "
-                                                               "it is fenced and waited for)"),
-    "PARAMSERVER_MAX_MESSAGE_BYTES": ("max_message_bytes", "largest message a node accepts"),
-    "PARAMSERVER_KEY_CACHE_BYTES": ("key_cache_bytes", "bytes of key lists a server keeps for the keycache filter "
-                                                       "(least recently used dropped first; default 64 MiB)"),
-    "PARAMSERVER_SERVER_THREADS": ("server_threads", "threads a server applies vnodes with (0: one a core)"),
-    "PARAMSERVER_RETRY_TIMEOUT_S": ("retry_timeout_s", "how long a pull or push is retried across ring changes"),
-    "PARAMSERVER_METRICS_PORT": ("metrics_port", "serve this node's Prometheus metrics on this port (0: any free "
-                                                 "one; -1: off, the default)"),
-    "PARAMSERVER_HTTP_PORT": ("http_port", "the scheduler's dashboard and the cluster's /metrics on this port (0: "
-                                           "any free one; -1: off, the default)"),
-    "PARAMSERVER_HTTP_HOST": ("http_host", "the interface metrics and the dashboard bind (default 127.0.0.1)"),
-    "PARAMSERVER_CHECKPOINT_ROOT": ("checkpoint_root", "servers write and read checkpoints only under this folder "
-                                                       "or URL (default: anywhere; '..' is always refused)"),
-    "PARAMSERVER_ALLOW_LOSS": ("allow_loss", "1: a client logs a server's death with data no backup held and goes on "
-                                             "(Client.losses) instead of raising DataLossError on its next call"),
-    "PARAMSERVER_SECRET_FILE": ("secret_file", "the cluster's keys (paramserver keygen): every link is CurveZMQ, "
-                                               "authenticated and encrypted"),
-}
 
 #: what ``paramserver node`` reads to know what to run (a launcher's pod or actor sets them)
 NODE_ENV: dict[str, str] = {
@@ -116,29 +82,53 @@ def _dmlc(values: dict[str, Any], role: str | None) -> None:
         values.setdefault("host", "0.0.0.0")
 
 
+def _env(default: Any, var: str, text: str) -> Any:
+    """A ``Config`` field that the environment variable ``var`` sets (``ENV``): ``text`` says what it is."""
+    return field(default=default, metadata={"env": var, "help": text})
+
+
 @dataclass(frozen=True)
 class Config:
-    scheduler: str = ""
-    host: str = "127.0.0.1"
-    port: int = 0
-    advertise_host: str = ""
-    servers: int = 1
-    workers: int = 0
-    vnodes_per_server: int = 64
-    heartbeat_interval_s: float = 0.5
-    heartbeat_timeout_s: float = 5.0
-    connect_timeout_s: float = 30.0
-    last_copy_timeout_s: float = 30.0
-    max_message_bytes: int = 1 << 30
-    server_threads: int = 0
-    key_cache_bytes: int = 64 << 20
-    retry_timeout_s: float = 60.0
-    metrics_port: int = -1
-    http_port: int = -1
-    http_host: str = "127.0.0.1"
-    secret_file: str = ""
-    checkpoint_root: str = ""
-    allow_loss: bool = False
+    scheduler: str = _env("", "PARAMSERVER_SCHEDULER", "scheduler address, e.g. tcp://10.0.0.5:7000")
+    host: str = _env("127.0.0.1", "PARAMSERVER_HOST", "interface a scheduler or server binds (default 127.0.0.1)")
+    port: int = _env(0, "PARAMSERVER_PORT", "port a scheduler or server binds (0: the OS picks)")
+    advertise_host: str = _env("", "PARAMSERVER_ADVERTISE_HOST",
+                               "the host a server tells peers to reach it at (NAT, containers; default: its bound "
+                               "host, or with --host 0.0.0.0 the address of the interface that reaches the scheduler)")
+    servers: int = _env(1, "PARAMSERVER_NUM_SERVERS", "servers the scheduler waits for before forming the ring")
+    workers: int = _env(0, "PARAMSERVER_NUM_WORKERS", "workers a barrier waits for (0: whoever registered)")
+    vnodes_per_server: int = _env(64, "PARAMSERVER_VNODES_PER_SERVER", "ring vnodes per initial server")
+    heartbeat_interval_s: float = _env(0.5, "PARAMSERVER_HEARTBEAT_INTERVAL_S", "seconds between heartbeats")
+    heartbeat_timeout_s: float = _env(5.0, "PARAMSERVER_HEARTBEAT_TIMEOUT_S", "silence after which a node is dead")
+    connect_timeout_s: float = _env(30.0, "PARAMSERVER_CONNECT_TIMEOUT_S",
+                                    "how long a node tries to reach the scheduler")
+    last_copy_timeout_s: float = _env(30.0, "PARAMSERVER_LAST_COPY_TIMEOUT_S",
+                                      "silence after which a server holding the last complete copy of some vnodes "
+                                      "is dead (until then it is fenced and waited for)")
+    max_message_bytes: int = _env(1 << 30, "PARAMSERVER_MAX_MESSAGE_BYTES", "largest message a node accepts")
+    server_threads: int = _env(0, "PARAMSERVER_SERVER_THREADS", "threads a server applies vnodes with (0: one a core)")
+    key_cache_bytes: int = _env(64 << 20, "PARAMSERVER_KEY_CACHE_BYTES",
+                                "bytes of key lists a server keeps for the keycache filter (least recently used "
+                                "dropped first; default 64 MiB)")
+    retry_timeout_s: float = _env(60.0, "PARAMSERVER_RETRY_TIMEOUT_S",
+                                  "how long a pull or push is retried across ring changes")
+    metrics_port: int = _env(-1, "PARAMSERVER_METRICS_PORT",
+                             "serve this node's Prometheus metrics on this port (0: any free one; -1: off, the "
+                             "default)")
+    http_port: int = _env(-1, "PARAMSERVER_HTTP_PORT",
+                          "the scheduler's dashboard and the cluster's /metrics on this port (0: any free one; -1: "
+                          "off, the default)")
+    http_host: str = _env("127.0.0.1", "PARAMSERVER_HTTP_HOST",
+                          "the interface metrics and the dashboard bind (default 127.0.0.1)")
+    secret_file: str = _env("", "PARAMSERVER_SECRET_FILE",
+                            "the cluster's keys (paramserver keygen): every link is CurveZMQ, authenticated and "
+                            "encrypted")
+    checkpoint_root: str = _env("", "PARAMSERVER_CHECKPOINT_ROOT",
+                                "servers write and read checkpoints only under this folder or URL (default: "
+                                "anywhere; '..' is always refused)")
+    allow_loss: bool = _env(False, "PARAMSERVER_ALLOW_LOSS",
+                            "1: a client logs a server's death with data no backup held and goes on (Client.losses) "
+                            "instead of raising DataLossError on its next call")
 
     def __post_init__(self) -> None:
         for name, lo in (("port", 0), ("servers", 1), ("workers", 0), ("vnodes_per_server", 1),
@@ -164,6 +154,10 @@ class Config:
             from paramserver.wire.transport import scheme_of
 
             scheme_of(self.scheduler)  # names the known schemes
+
+
+#: every ``PARAMSERVER_*`` variable a node reads, one a ``Config`` field: variable -> (field, help)
+ENV: dict[str, tuple[str, str]] = {f.metadata["env"]: (f.name, f.metadata["help"]) for f in fields(Config)}
 
 
 def _flag(raw: str) -> bool:

@@ -1,5 +1,5 @@
 """The round apps' model flags (``paramserver mf``, ``lda``) are their config's fields:
-each type and default is written once, in ``apps/rounds/settings.py``."""
+each type, default and help is written once, in ``apps/rounds/settings.py``."""
 
 from __future__ import annotations
 
@@ -16,16 +16,15 @@ def _parse(argv: list[str]):  # type: ignore[no-untyped-def]
     return build_parser(argv[0]).parse_args(argv)
 
 
-@pytest.mark.parametrize("command,config,flags", [("mf", MFConfig, rounds._MF_FLAGS),
-                                                  ("lda", LDAConfig, rounds._LDA_FLAGS)])
-def test_no_flag_means_the_configs_default(command, config, flags):
-    assert rounds._config(_parse([command, "--data", "x"]), config, flags) == config()
+@pytest.mark.parametrize("command,config", [("mf", MFConfig), ("lda", LDAConfig)])
+def test_no_flag_means_the_configs_default(command, config):
+    assert rounds._config(_parse([command, "--data", "x"]), config) == config()
 
 
 def test_flags_set_their_fields_with_the_fields_types():
     args = _parse(["lda", "--data", "x", "--topics", "7", "--alpha", "0.5", "--schedule", "none", "--staleness", "2",
                    "--sampler", "mh", "--mh-steps", "3"])
-    cfg = rounds._config(args, LDAConfig, rounds._LDA_FLAGS)
+    cfg = rounds._config(args, LDAConfig)
     assert cfg == LDAConfig(topics=7, alpha=0.5, schedule="none", staleness=2, sampler="mh", mh_steps=3)
     assert [type(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)] == [int, int, float, float, int, str, int,
                                                                             str, int]

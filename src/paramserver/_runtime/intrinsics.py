@@ -28,6 +28,16 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+_I8P = ir.IntType(8).as_pointer()
+
+
+def _prefetch(builder, address):
+    """LLVM's prefetch of the line at ``address`` (an i8*): for writing, high locality, data."""
+    i32 = ir.IntType(32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [_I8P, i32, i32, i32]),
+                                        "llvm.prefetch.p0")
+    builder.call(fn, [address, i32(1), i32(3), i32(1)])  # write, keep, data
+
 
 @intrinsic
 def prefetch_row(typingctx, arr, row):
@@ -41,10 +51,7 @@ def prefetch_row(typingctx, arr, row):
         ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
                                         strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
                                         inds=index, wraparound=False)
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                            "llvm.prefetch.p0")
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(1), i32(3), i32(1)])  # write, keep, data
+        _prefetch(builder, builder.bitcast(ptr, _I8P))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -79,30 +86,25 @@ def frozen(a: np.ndarray) -> np.ndarray:
     return view
 
 
-@intrinsic
-def f32_bits(typingctx, x):
-    """The bits of float32 ``x`` as a uint32."""
-    if not isinstance(x, types.Float) or x.bitwidth != 32:
-        return None
-    sig = types.uint32(x)
+def _bitcast(name, kind, result, llvm_result, doc):
+    """An intrinsic that reads the bits of a 32-bit ``kind`` value as a ``result`` (an LLVM
+    bitcast: no instruction)."""
+    def reinterpret(typingctx, x):
+        if not isinstance(x, kind) or x.bitwidth != 32:
+            return None
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], llvm_result)
 
-    return sig, codegen
+        return result(x), codegen
+
+    reinterpret.__name__ = reinterpret.__qualname__ = name
+    reinterpret.__doc__ = doc
+    return intrinsic(reinterpret)
 
 
-@intrinsic
-def bits_f32(typingctx, u):
-    """The float32 whose bits are uint32 ``u``."""
-    if not isinstance(u, types.Integer) or u.bitwidth != 32:
-        return None
-    sig = types.float32(u)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return sig, codegen
+f32_bits = _bitcast("f32_bits", types.Float, types.uint32, ir.IntType(32), "The bits of float32 ``x`` as a uint32.")
+bits_f32 = _bitcast("bits_f32", types.Integer, types.float32, ir.FloatType(), "The float32 with uint32 ``x``'s bits.")
 
 
 @intrinsic
@@ -115,10 +117,7 @@ def prefetch_address(typingctx, address):
     sig = types.void(address)
 
     def codegen(context, builder, signature, args):
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                            "llvm.prefetch.p0")
-        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(1), i32(3), i32(1)])
+        _prefetch(builder, builder.inttoptr(args[0], _I8P))
         return context.get_dummy_value()
 
     return sig, codegen

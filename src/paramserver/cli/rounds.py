@@ -48,56 +48,45 @@ def _cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON line, not a table")
 
 
-#: the flags of an app's settings, one a field of its config (``MFConfig``, ``LDAConfig``):
-#: field -> (help, argparse options); the type and the default are the config's
-_MF_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "rank": ("factors a user and an item (default %(default)s)", {}),
-    "epochs": ("passes over the training ratings (default %(default)s)", {}),
-    "lr": ("SGD step (default %(default)s)", {}),
-    "reg": ("L2 weight on the factors (default %(default)s; 0.01 on the biases)", {}),
-    "seed": ("seed of the initial factors and the rating order", {}),
-}
-_LDA_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "topics": ("topics (default %(default)s)", {"metavar": "K"}),
-    "iterations": ("Gibbs sweeps over every token (default %(default)s)", {}),
-    "alpha": ("document-topic prior (default %(default)s)", {}),
-    "beta": ("topic-word prior (default %(default)s)", {}),
-    "seed": ("seed of the initial topics and the sampler", {}),
-    "schedule": ("rotate (default): word blocks go round the workers, no word sampled by two at once; none: every "
-                 "worker samples every word from counts a round stale (AD-LDA; for comparison)",
-                 {"choices": ("rotate", "none")}),
-    "staleness": ("SSP between rounds: a worker may run up to S rounds ahead of the slowest, reading counts up to S "
-                  "rounds stale (default %(default)s: BSP rounds; with rotate, S > 0 gives up that no word is "
-                  "sampled by two workers at once)", {"metavar": "S"}),
-    "sampler": ("sparse (default): SparseLDA's exact Gibbs draw, O(topics in the document) a token; mh: "
-                "Metropolis–Hastings with LightLDA's word and document proposals, O(1) a token, faster at large "
-                "--topics, mixing less a sweep", {"choices": ("sparse", "mh")}),
-    "mh_steps": ("with --sampler mh: cycles of a word then a document proposal a token (default %(default)s)",
-                 {"metavar": "N"}),
-}
+def _flag_fields(config: type) -> list[dataclasses.Field[Any]]:
+    """The fields of ``config`` (``MFConfig``, ``LDAConfig``) that are flags (``settings.flag``)."""
+    return [f for f in dataclasses.fields(config) if "help" in f.metadata]
 
 
-def _config_flags(p: argparse.ArgumentParser, config: type, flags: dict[str, tuple[str, dict[str, Any]]]) -> None:
-    """One flag a field named in ``flags``, typed and defaulted as the ``config`` dataclass's
-    field, so that a default is written once (``_config`` reads them back)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
-    for name, (text, options) in flags.items():
-        default = defaults[name]
-        kind: dict[str, Any] = {} if isinstance(default, str) else {"type": type(default)}
-        p.add_argument(f"--{name.replace('_', '-')}", default=default, help=text, **kind, **options)
+def _config_flags(p: argparse.ArgumentParser, config: type) -> None:
+    """One flag a flag field of the ``config`` dataclass, typed and defaulted as the field,
+    so that a default and its help are written once (``_config`` reads them back)."""
+    for f in _flag_fields(config):
+        kind: dict[str, Any] = {} if isinstance(f.default, str) else {"type": type(f.default)}
+        p.add_argument(f"--{f.name.replace('_', '-')}", default=f.default, help=f.metadata["help"], **kind,
+                       **f.metadata["options"])
 
 
-def _config(args: argparse.Namespace, config: type, flags: dict[str, Any]) -> Any:
+def _config(args: argparse.Namespace, config: type) -> Any:
     """The ``config`` dataclass of the flags ``_config_flags`` declared."""
-    return config(**{name: getattr(args, name) for name in flags})
+    return config(**{f.name: getattr(args, f.name) for f in _flag_fields(config)})
+
+
+def _app_parser(sub: Subparsers, name: str, text: str, data: str) -> argparse.ArgumentParser:
+    """A round app's command and its one required input, ``--data``."""
+    p = sub.add_parser(name, help=text)
+    p.add_argument("--data", required=True, help=data)
+    return p
+
+
+def _result_flags(p: argparse.ArgumentParser, save: str, metrics: str, unit: str, every: int) -> None:
+    """What a round app leaves behind: its model (``--save DIR``), its report and checkpoints
+    every ``every`` of its ``unit``."""
+    p.add_argument("--save", metavar="DIR", help=save)
+    p.add_argument("--metrics-out", metavar="FILE", help=metrics)
+    _round_checkpoint_flags(p, unit, every)
 
 
 def add_lasso(sub: Subparsers) -> None:
-    p = sub.add_parser("lasso", help="L1-regularised least squares (Lasso) or logistic regression by coordinate "
-                                      "descent scheduled over the workers (STRADS style) on a local cluster")
-    p.add_argument("--data", required=True, help="LIBSVM file: 'target index:value ...' (target a real number; "
-                                                 "with --loss logistic a label 1 or -1, or 1 or 0; .gz ok; local or "
-                                                 "fsspec URL)")
+    p = _app_parser(sub, "lasso", "L1-regularised least squares (Lasso) or logistic regression by coordinate descent "
+                    "scheduled over the workers (STRADS style) on a local cluster", "LIBSVM file: 'target "
+                    "index:value ...' (target a real number; with --loss logistic a label 1 or -1, or 1 or 0; .gz ok; "
+                    "local or fsspec URL)")
     p.add_argument("--loss", default="squared", choices=("squared", "logistic"), help="squared (default): "
                    "1/(2n)·‖y − Xw‖² + λ‖w‖₁; logistic: (1/n)·Σ log(1 + exp(−y_i x_iᵀw)) + λ‖w‖₁ (no intercept)")
     how = p.add_mutually_exclusive_group(required=True)
@@ -119,41 +108,35 @@ def add_lasso(sub: Subparsers) -> None:
     _cluster_flags(p)
     p.add_argument("--max-rounds", type=int, default=1_000_000, help="stop after this many rounds even if the "
                    "gap is not below --tol (it is said)")
-    p.add_argument("--save", metavar="DIR", help="write DIR/coef.npy: float64, entry i is feature i + 1")
-    p.add_argument("--metrics-out", metavar="FILE", help="write objective, duality gap, non-zeros, seconds, "
-                   "coordinate updates, the active set after each check and kkt_skipped as JSON")
-    _round_checkpoint_flags(p, "rounds", 100)
+    _result_flags(p, "write DIR/coef.npy: float64, entry i is feature i + 1", "write objective, duality gap, "
+                  "non-zeros, seconds, coordinate updates, the active set after each check and kkt_skipped as JSON",
+                  "rounds", 100)
 
 
 def add_mf(sub: Subparsers) -> None:
-    p = sub.add_parser("mf", help="biased matrix factorisation trained model-parallel by block rotation "
-                                   "(DSGD) on a local cluster")
-    p.add_argument("--data", required=True, help="training ratings: 'user item rating [timestamp]' lines (MovieLens "
-                   "u.data TSV, ratings.csv with its header, or ratings.dat '::'); .gz ok; local or fsspec URL")
+    p = _app_parser(sub, "mf", "biased matrix factorisation trained model-parallel by block rotation (DSGD) on a "
+                    "local cluster", "training ratings: 'user item rating [timestamp]' lines (MovieLens u.data TSV, "
+                    "ratings.csv with its header, or ratings.dat '::'); .gz ok; local or fsspec URL")
     p.add_argument("--test", help="ratings to predict and score (same formats): test RMSE in the report")
-    _config_flags(p, MFConfig, _MF_FLAGS)
+    _config_flags(p, MFConfig)
     _cluster_flags(p)
     p.add_argument("--predictions-out", metavar="FILE", help="one predicted rating per --test line, in order")
-    p.add_argument("--save", metavar="DIR", help="write DIR/mf.npz: ids, factors, biases, global mean")
-    p.add_argument("--metrics-out", metavar="FILE", help="write test RMSE, seconds and rating updates/s as JSON")
-    _round_checkpoint_flags(p, "epochs", 5)
+    _result_flags(p, "write DIR/mf.npz: ids, factors, biases, global mean", "write test RMSE, seconds and rating "
+                  "updates/s as JSON", "epochs", 5)
 
 
 def add_lda(sub: Subparsers) -> None:
-    p = sub.add_parser("lda", help="topic model (LDA) by collapsed Gibbs sampling, word blocks scheduled over the "
-                                    "workers (STRADS/LightLDA style) on a local cluster")
-    p.add_argument("--data", required=True, help="corpus: UCI docword (D, V, NNZ lines, then 'doc word count', "
-                   "1-based) or LDA-C ('N word:count ...', 0-based); .gz ok; local or fsspec URL")
-    _config_flags(p, LDAConfig, _LDA_FLAGS)
-    _cluster_flags(p)
-    p.add_argument("--save", metavar="DIR", help="write DIR/topic_word.npy: K x V counts n_kw, column j = word j "
-                   "in the input's numbering from 0")
+    p = _app_parser(sub, "lda", "topic model (LDA) by collapsed Gibbs sampling, word blocks scheduled over the "
+                    "workers (STRADS/LightLDA style) on a local cluster", "corpus: UCI docword (D, V, NNZ lines, "
+                    "then 'doc word count', 1-based) or LDA-C ('N word:count ...', 0-based); .gz ok; local or fsspec "
+                    "URL")
     p.add_argument("--vocabulary", metavar="FILE", help="LDA-C only: the vocabulary, one word a line, so V covers "
                    "words no document uses (default: <name>.tokens, <name>.vocab, vocab.txt or vocabulary.txt beside "
                    "the corpus if there, else the largest word + 1)")
-    p.add_argument("--metrics-out", metavar="FILE", help="write log-likelihood per token, tokens and "
-                   "token-iterations/s as JSON")
-    _round_checkpoint_flags(p, "iterations", 20)
+    _config_flags(p, LDAConfig)
+    _cluster_flags(p)
+    _result_flags(p, "write DIR/topic_word.npy: K x V counts n_kw, column j = word j in the input's numbering from "
+                  "0", "write log-likelihood per token, tokens and token-iterations/s as JSON", "iterations", 20)
 
 
 def _checkpoints(args: argparse.Namespace) -> Any:
@@ -239,7 +222,7 @@ def lasso(args: argparse.Namespace) -> int:
 def mf(args: argparse.Namespace) -> int:
     from paramserver.apps.rounds.mf import run_mf
 
-    cfg = _config(args, MFConfig, _MF_FLAGS)
+    cfg = _config(args, MFConfig)
     with _watched("mf", args) as watch:
         report = run_mf(args.data, test=args.test, cfg=cfg, workers=args.workers, servers=args.servers,
                         predictions_out=args.predictions_out, save=args.save, metrics_out=args.metrics_out,
@@ -252,7 +235,7 @@ def mf(args: argparse.Namespace) -> int:
 def lda(args: argparse.Namespace) -> int:
     from paramserver.apps.rounds.lda import run_lda
 
-    cfg = _config(args, LDAConfig, _LDA_FLAGS)
+    cfg = _config(args, LDAConfig)
     with _watched("lda", args) as watch:
         report = run_lda(args.data, cfg=cfg, workers=args.workers, servers=args.servers, save=args.save,
                          metrics_out=args.metrics_out, vocabulary=args.vocabulary, checkpoints=_checkpoints(args),

@@ -283,14 +283,9 @@ class LocalCluster(RunsFunctions):
              elastic: bool) -> Outcome:
         wake_r, wake_w = Pipe(duplex=False)
         with self._lock:
-            if self._active is not None:
-                raise WorkerError("a function is already running on this cluster's workers; "
-                                  "wait for it to return")
             workers = [p for p in self.procs.values() if p.from_child is not None]
-            if not workers:
-                raise WorkerError("this cluster has no workers: LocalCluster(workers=N) with N >= 1")
-            self._calls += 1
-            active = self._active = _Active(cloudpickle.dumps((self._calls, fn, args)), self._calls, wake_w)
+            call, payload = self._begin_run(workers, fn, args)
+            active = self._active = _Active(payload, call, wake_w)
             for proc in workers:
                 self._send_function(proc)
         tally = Tally()
@@ -329,8 +324,7 @@ class LocalCluster(RunsFunctions):
                 if tally.raised:
                     break
         finally:
-            with self._lock:
-                self._active = None
+            self._end_run()
             wake_r.close()
             wake_w.close()
         return tally.outcome()

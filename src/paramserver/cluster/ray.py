@@ -264,13 +264,9 @@ class RayCluster(RunsFunctions):
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float | None,
              elastic: bool) -> Outcome:
         with self._lock:
-            if self._active is not None:
-                raise WorkerError("a function is already running on this cluster's workers; wait for it to return")
             workers = [m for m in self.members.values() if m.role == "worker" and not (m.dead or m.drained)]
-            if not workers:
-                raise WorkerError("this cluster has no workers: RayCluster(workers=N) with N >= 1")
-            self._calls += 1
-            active = self._active = _Active(cloudpickle.dumps((self._calls, fn, args)), self._calls, elastic)
+            call, payload = self._begin_run(workers, fn, args)
+            active = self._active = _Active(payload, call, elastic)
             for member in workers:
                 self._submit(member, joined=False)
         tally = Tally()
@@ -313,8 +309,7 @@ class RayCluster(RunsFunctions):
                 if tally.raised:
                     break
         finally:
-            with self._lock:
-                self._active = None
+            self._end_run()
         return tally.outcome()
 
     def _submit(self, member: _Member, joined: bool) -> None:

@@ -1,14 +1,18 @@
 """``run``, ``run_elastic`` and ``client``, as every launcher has them (``LocalCluster``,
 ``RayCluster``): what a run's outcome means is the same whatever started the workers; a
 launcher supplies ``_run``, which sends the function to its workers and collects what came
-back, and its driver's client (``_client``, ``_closed`` once stopped)."""
+back (one run at a time: ``_begin_run`` and ``_end_run`` it), and its driver's client (``_client``,
+``_closed`` once stopped)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import cloudpickle
 
 from paramserver.errors import ClosedError, WorkerError
 
@@ -56,6 +60,24 @@ class Tally:
 class RunsFunctions:
     _client: Client | None  # the launcher's driver client, once its cluster is up
     _closed: bool
+    _lock: threading.Lock  # guards the active run (and the launcher's nodes)
+    _active: Any  # the launcher's record of the run going on, None between runs
+    _calls: int  # runs started: each run's payload and replies carry its number
+
+    def _begin_run(self, workers: list[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[int, bytes]:
+        """A new run of ``fn(client, *args)`` on ``workers``, under ``_lock``: its number and
+        what each worker is sent.  One run at a time, and it needs workers."""
+        if self._active is not None:
+            raise WorkerError("a function is already running on this cluster's workers; wait for it to return")
+        if not workers:
+            raise WorkerError(f"this cluster has no workers: {type(self).__name__}(workers=N) with N >= 1")
+        self._calls += 1
+        return self._calls, cloudpickle.dumps((self._calls, fn, args))
+
+    def _end_run(self) -> None:
+        """The run is over, however it ended: the next may start."""
+        with self._lock:
+            self._active = None
 
     @property
     def client(self) -> Client:

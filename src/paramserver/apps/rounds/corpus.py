@@ -28,24 +28,10 @@ from paramserver.errors import ConfigError
 
 _NL = 10
 _BLANKS = separators(b" \t\r")
-_OK, _FIELDS, _NUMBER, _RANGE, _DISTINCT, _ORDER = 0, 1, 2, 3, 4, 5
-_WHAT_UCI = {
-    _FIELDS: "expected three whole numbers 'doc word count'",
-    _NUMBER: "a field is not a whole number",
-    _RANGE: "doc must be in [1, D], word in [1, V] and count >= 1 (D and V from the header)",
-    _ORDER: "doc ids must not go down (UCI docword files are sorted by doc)",
-}
-_WHAT_LDAC = {
-    _FIELDS: "expected 'N word:count …'",
-    _NUMBER: "N, a word or a count is not a whole number",
-    _RANGE: "word ids must be >= 0 and counts >= 1",
-    _DISTINCT: "N (the first number) is not the number of word:count pairs on the line",
-}
-
 
 @njit(nogil=True, cache=True)
 def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):  # type: ignore[no-untyped-def]
-    """Triples after the header → (entries, error, error offset)."""
+    """Triples after the header → (entries, what is wrong or "", its line's offset)."""
     n, size, last = 0, buf.shape[0], 0
     vals, bounds = np.empty(3, np.int64), np.empty(8, np.int64)
     while pos < size:
@@ -54,30 +40,30 @@ def _parse_uci(buf, pos, n_docs, n_words, doc_of, word_of, count_of):  # type: i
         for k in range(min(f, 3)):
             ok, v = parse_int(buf, bounds[2 * k], bounds[2 * k + 1])
             if not ok:
-                return n, _NUMBER, pos
+                return n, "a field is not a whole number", pos
             vals[k] = v
         if f == 0:
             pos = end + 1
             continue
         if f != 3:
-            return n, _FIELDS, pos
+            return n, "expected three whole numbers 'doc word count'", pos
         d, w, c = vals[0], vals[1], vals[2]
         if d < 1 or d > n_docs or w < 1 or w > n_words or c < 1:
-            return n, _RANGE, pos
+            return n, "doc must be in [1, D], word in [1, V] and count >= 1 (D and V from the header)", pos
         if d < last:
-            return n, _ORDER, pos
+            return n, "doc ids must not go down (UCI docword files are sorted by doc)", pos
         last = d
         doc_of[n] = d - 1
         word_of[n] = w - 1
         count_of[n] = c
         n += 1
         pos = end + 1
-    return n, _OK, -1
+    return n, "", -1
 
 
 @njit(nogil=True, cache=True)
 def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def]
-    """Lines ``N w:c …`` → (docs, error, error offset); doc_ptr over the pairs."""
+    """Lines ``N w:c …`` → (docs, what is wrong or "", its line's offset); doc_ptr over the pairs."""
     docs, n, pos, size = 0, 0, 0, buf.shape[0]
     doc_ptr[0] = 0
     while pos < size:
@@ -87,30 +73,30 @@ def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def
             continue
         ok, distinct = parse_int(buf, a, b)
         if not ok:
-            return docs, _NUMBER, pos
+            return docs, "N, a word or a count is not a whole number", pos
         pairs = 0
         while True:
             a, b, colon = next_token(buf, b, end)
             if a >= end:
                 break
             if colon < 0:
-                return docs, _FIELDS, pos
+                return docs, "expected 'N word:count …'", pos
             ok, w = parse_int(buf, a, colon)
             ok2, c = parse_int(buf, colon + 1, b)
             if not ok or not ok2:
-                return docs, _NUMBER, pos
+                return docs, "N, a word or a count is not a whole number", pos
             if w < 0 or c < 1:
-                return docs, _RANGE, pos
+                return docs, "word ids must be >= 0 and counts >= 1", pos
             word_of[n] = w
             count_of[n] = c
             n += 1
             pairs += 1
         if pairs != distinct:
-            return docs, _DISTINCT, pos
+            return docs, "N (the first number) is not the number of word:count pairs on the line", pos
         docs += 1
         doc_ptr[docs] = n
         pos = end + 1
-    return docs, _OK, -1
+    return docs, "", -1
 
 
 @dataclass(frozen=True)
@@ -165,8 +151,8 @@ def read_corpus(path: str) -> Corpus:
     lines = int(np.count_nonzero(buf[start:] == _NL))
     doc_of, word_of, count_of = (np.empty(lines, np.int64) for _ in range(3))
     n, err, at = _parse_uci(buf, start, n_docs, n_words, doc_of, word_of, count_of)
-    if err != _OK:
-        raise bad_line(path, raw, buf, at, _WHAT_UCI[err], f"{form} (fix or remove the line)")
+    if err:
+        raise bad_line(path, raw, buf, at, err, f"{form} (fix or remove the line)")
     if n != nnz:
         raise DataError(f"{path}: the header says NNZ={nnz} entries, the file has {n}; fix the header or restore "
                         "the missing lines")
@@ -179,9 +165,9 @@ def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
     doc_ptr = np.empty(lines + 1, np.int64)
     word_of, count_of = np.empty(pairs, np.int64), np.empty(pairs, np.int64)
     docs, err, at = _parse_ldac(buf, doc_ptr, word_of, count_of)
-    if err != _OK:
-        raise bad_line(path, raw, buf, at, _WHAT_LDAC[err], "an LDA-C line is 'N word:count …' with N pairs, "
-                       "words from 0 (fix or remove the line)")
+    if err:
+        raise bad_line(path, raw, buf, at, err, "an LDA-C line is 'N word:count …' with N pairs, words from 0 (fix "
+                       "or remove the line)")
     n = int(doc_ptr[docs])
     if docs == 0 or n == 0:
         raise DataError(f"{path} has no words; expected LDA-C lines 'N word:count …'")

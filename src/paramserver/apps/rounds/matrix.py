@@ -20,19 +20,11 @@ from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
 
 _NL, _COLON = 10, 58
-_OK, _LABEL, _PAIR, _INDEX, _VALUE = 0, 1, 2, 3, 4
-_WHAT = {
-    _LABEL: "the target (first token) is not a number",
-    _PAIR: "a feature is not index:value",
-    _INDEX: "a feature index is not a whole number >= 1 (LIBSVM indices start at 1)",
-    _VALUE: "a feature value is not a number",
-}
-
 
 @njit(nogil=True, cache=True)
 def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
-    """Lines ``target idx:val ...`` → CSR (0-based columns).  Returns ``(rows, error,
-    error offset)``; ``buf`` ends with a newline."""
+    """Lines ``target idx:val ...`` → CSR (0-based columns).  Returns ``(rows, what is wrong
+    or "", its line's offset)``; ``buf`` ends with a newline."""
     n, nnz, pos, size = 0, 0, 0, buf.shape[0]
     indptr[0] = 0
     while pos < size:
@@ -42,19 +34,19 @@ def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
             continue
         ok, y = parse_float(buf, a, b)
         if not ok or not np.isfinite(y):
-            return n, _LABEL, pos
+            return n, "the target (first token) is not a number", pos
         while True:
             a, b, colon = next_token(buf, b, end)
             if a >= end:
                 break
             if colon < 0:
-                return n, _PAIR, pos
+                return n, "a feature is not index:value", pos
             ok, idx = parse_int(buf, a, colon)
             if not ok or idx < 1:
-                return n, _INDEX, pos
+                return n, "a feature index is not a whole number >= 1 (LIBSVM indices start at 1)", pos
             ok, v = parse_float(buf, colon + 1, b)
             if not ok or not np.isfinite(v):
-                return n, _VALUE, pos
+                return n, "a feature value is not a number", pos
             cols[nnz] = idx - 1
             vals[nnz] = v
             nnz += 1
@@ -62,7 +54,7 @@ def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
         n += 1
         indptr[n] = nnz
         pos = end + 1
-    return n, _OK, -1
+    return n, "", -1
 
 
 @njit(nogil=True, cache=True)
@@ -120,8 +112,8 @@ def read_libsvm_matrix(path: str, n_features: int | None = None) -> Matrix:
     labels, indptr = np.empty(lines, np.float64), np.empty(lines + 1, np.int64)
     cols, vals = np.empty(tokens, np.int64), np.empty(tokens, np.float64)
     n, err, at = _parse(buf, labels, indptr, cols, vals)
-    if err != _OK:
-        raise bad_line(path, raw, buf, at, _WHAT[err], "each line must be 'target index:value ...' with numeric "
+    if err:
+        raise bad_line(path, raw, buf, at, err, "each line must be 'target index:value ...' with numeric "
                        "values (fix or remove the line)")
     if n == 0:
         raise DataError(f"{path} has no data lines; expected LIBSVM lines 'target index:value ...'")

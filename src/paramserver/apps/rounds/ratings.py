@@ -28,18 +28,10 @@ from paramserver.data.whole import bad_line, read_whole
 
 _NL = 10
 _SEPS = separators(b"\t, :\r")  # tab, comma, space, colon (the '::' files), CR
-_OK, _FIELDS, _USER, _ITEM, _RATING = 0, 1, 2, 3, 4
-_WHAT = {
-    _FIELDS: "expected at least 3 fields (user, item, rating) separated by tabs, commas, spaces or '::'",
-    _USER: "the user id (first field) is not a whole number",
-    _ITEM: "the item id (second field) is not a whole number",
-    _RATING: "the rating (third field) is not a finite number",
-}
-
 
 @njit(nogil=True, cache=True)
 def _parse(buf, start, users, items, ratings):  # type: ignore[no-untyped-def]
-    """Lines from ``start`` → triples.  Returns ``(n, error, error offset)``; ``buf``
+    """Lines from ``start`` → triples.  Returns ``(n, what is wrong or "", its line's offset)``; ``buf``
     ends with a newline; blank lines are skipped."""
     n, pos, size = 0, start, buf.shape[0]
     bounds = np.empty(6, np.int64)
@@ -50,22 +42,23 @@ def _parse(buf, start, users, items, ratings):  # type: ignore[no-untyped-def]
             pos = end + 1
             continue
         if fields < 3:
-            return n, _FIELDS, pos
+            return (n, "expected at least 3 fields (user, item, rating) separated by tabs, commas, spaces or '::'",
+                    pos)
         ok, u = parse_int(buf, bounds[0], bounds[1])
         if not ok:
-            return n, _USER, pos
+            return n, "the user id (first field) is not a whole number", pos
         ok, i = parse_int(buf, bounds[2], bounds[3])
         if not ok:
-            return n, _ITEM, pos
+            return n, "the item id (second field) is not a whole number", pos
         ok, r = parse_float(buf, bounds[4], bounds[5])
         if not ok or not np.isfinite(r):
-            return n, _RATING, pos
+            return n, "the rating (third field) is not a finite number", pos
         users[n] = u
         items[n] = i
         ratings[n] = r
         n += 1
         pos = end + 1
-    return n, _OK, -1
+    return n, "", -1
 
 
 @dataclass(frozen=True)
@@ -94,8 +87,8 @@ def read_ratings(path: str) -> Ratings:
     lines = int(np.count_nonzero(buf[start:] == _NL))
     users, items, ratings = np.empty(lines, np.int64), np.empty(lines, np.int64), np.empty(lines, np.float64)
     n, err, at = _parse(buf, start, users, items, ratings)
-    if err != _OK:
-        raise bad_line(path, raw, buf, at, _WHAT[err], "each line must be 'user item rating [timestamp]' (MovieLens "
+    if err:
+        raise bad_line(path, raw, buf, at, err, "each line must be 'user item rating [timestamp]' (MovieLens "
                        "u.data, ratings.csv or ratings.dat); fix or remove the line")
     if n == 0:
         raise DataError(f"{path} has no ratings; expected lines 'user item rating [timestamp]' (tab, comma or "

@@ -1,37 +1,51 @@
 """What a user sets for a round app (``MFConfig``, ``LDAConfig``): frozen dataclasses with
 no numba behind them, light to import, so that the command line (``cli/rounds.py``)
-declares each app's flags from these fields and their defaults, written once here.
+declares each app's flags from these fields: a field made by ``flag`` is one, with the
+field's type and default and the help (and argparse options) written beside them, once.
 ``mf`` and ``lda_sampler`` (and ``lda``) export them under their old names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def flag(default: Any, text: str, **options: Any) -> Any:
+    """A field that is also a flag of its app's command: ``text`` its help, ``options`` the
+    argparse options beyond the type and the default, which are the field's."""
+    return field(default=default, metadata={"help": text, "options": options})
 
 
 @dataclass(frozen=True)
 class MFConfig:
-    rank: int = 64
-    epochs: int = 40
-    lr: float = 0.007
-    reg: float = 0.06
+    rank: int = flag(64, "factors a user and an item (default %(default)s)")
+    epochs: int = flag(40, "passes over the training ratings (default %(default)s)")
+    lr: float = flag(0.007, "SGD step (default %(default)s)")
+    reg: float = flag(0.06, "L2 weight on the factors (default %(default)s; 0.01 on the biases)")
     reg_bias: float = 0.01
     init_std: float = 0.05
-    seed: int = 0
-
+    seed: int = flag(0, "seed of the initial factors and the rating order")
 
 
 @dataclass(frozen=True)
 class LDAConfig:
-    topics: int = 50
-    iterations: int = 200
-    alpha: float = 0.1
-    beta: float = 0.01
-    seed: int = 0
-    schedule: str = "rotate"  # or "none": every worker samples every word each round (AD-LDA), to compare
-    staleness: int = 0  # rounds a worker may run ahead of the slowest (SSP); 0: BSP rounds
-    sampler: str = "sparse"  # or "mh": Metropolis–Hastings, O(1) a token (lda_mh)
-    mh_steps: int = 2  # with "mh": cycles of a word then a document proposal a token
+    topics: int = flag(50, "topics (default %(default)s)", metavar="K")
+    iterations: int = flag(200, "Gibbs sweeps over every token (default %(default)s)")
+    alpha: float = flag(0.1, "document-topic prior (default %(default)s)")
+    beta: float = flag(0.01, "topic-word prior (default %(default)s)")
+    seed: int = flag(0, "seed of the initial topics and the sampler")
+    schedule: str = flag("rotate", "rotate (default): word blocks go round the workers, no word sampled by two at "
+                         "once; none: every worker samples every word from counts a round stale (AD-LDA; for "
+                         "comparison)", choices=("rotate", "none"))
+    staleness: int = flag(0, "SSP between rounds: a worker may run up to S rounds ahead of the slowest, reading "
+                          "counts up to S rounds stale (default %(default)s: BSP rounds; with rotate, S > 0 gives up "
+                          "that no word is sampled by two workers at once)", metavar="S")
+    sampler: str = flag("sparse", "sparse (default): SparseLDA's exact Gibbs draw, O(topics in the document) a token; "
+                        "mh: Metropolis–Hastings with LightLDA's word and document proposals, O(1) a token, "
+                        "faster at large --topics, mixing less a sweep", choices=("sparse", "mh"))
+    mh_steps: int = flag(2, "with --sampler mh: cycles of a word then a document proposal a token (default "
+                         "%(default)s)", metavar="N")
 
     @property
     def regions(self) -> int:
