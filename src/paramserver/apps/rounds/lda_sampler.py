@@ -10,15 +10,29 @@ import math
 import numpy as np
 from numba import njit
 
+from paramserver._runtime.intrinsics import prefetch_row
 from paramserver.apps.rounds.settings import LDAConfig as LDAConfig  # its old home
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
 MAX_COUNT = 1 << 24  # a word–topic count is a float32 on the servers: exact below this
+#: the token whose document's counts and topic list are fetched ahead while one is sampled: a
+#: word's tokens visit its documents in order but far apart, so each token's document state was
+#: a miss to L3 (20 Newsgroups, K = 50, one thread: 14.1 M token-iterations/s without, 15.8 with)
+DOC_AHEAD = 8
 
 
 @njit(cache=True)
 def _seed(seed):  # type: ignore[no-untyped-def]
     np.random.seed(seed)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _drop_topic(dtop, base, n, old):  # type: ignore[no-untyped-def]
+    """Take topic ``old`` out of the document's list ``dtop[base:base + n]`` (the last takes its place)."""
+    for j in range(n):
+        if dtop[base + j] == old:
+            dtop[base + j] = dtop[base + n - 1]
+            break
 
 
 @njit(nogil=True, cache=True)
@@ -27,6 +41,7 @@ def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcn
     counts are row ``seg_row[s]`` of ``nwk``) in place: ``z``, ``nwk``, ``nk``, ``ndk``
     and the documents' non-zero topic lists ``dtop[doff[d]:doff[d] + dcnt[d]]``."""
     K = nk.shape[0]
+    last = seg_ptr[s_hi]  # the block's tokens end here: nothing past it is fetched
     for s in range(s_lo, s_hi):
         nw = nwk[seg_row[s]]
         wsum = 0.0
@@ -35,6 +50,10 @@ def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcn
             wsum += Y[k]
         wsum *= alpha
         for t in range(seg_ptr[s], seg_ptr[s + 1]):
+            if t + DOC_AHEAD < last:  # the document state of a token further on: fetched meanwhile
+                ahead = tdoc[t + DOC_AHEAD]
+                prefetch_row(ndk, ahead)  # type: ignore[call-arg]
+                prefetch_row(dtop, doff[ahead])
             d, old = tdoc[t], z[t]
             base = doff[d]
             nw[old] -= 1
@@ -42,12 +61,8 @@ def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcn
             c = ndk[d, old] - 1
             ndk[d, old] = c
             if c == 0:  # the topic leaves the document's list
-                n = dcnt[d]
-                for j in range(n):
-                    if dtop[base + j] == old:
-                        dtop[base + j] = dtop[base + n - 1]
-                        break
-                dcnt[d] = n - 1
+                _drop_topic(dtop, base, dcnt[d], old)
+                dcnt[d] -= 1
             y = (nw[old] + beta) / (nk[old] + vbeta)
             wsum += alpha * (y - Y[old])
             Y[old] = y
