@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 from lda import load_corpus, perplexity, tomotopy_run  # noqa: E402
 from paramserver.apps.rounds.corpus import Corpus  # noqa: E402
 from paramserver.apps.rounds.lda_mh import MHIndex  # noqa: E402
-from paramserver.apps.rounds.lda_sampler import _doc_lists, _sample, _seed  # noqa: E402
+from paramserver.apps.rounds.lda_sampler import _doc_lists, _sample  # noqa: E402
 
 ALPHA, BETA = 0.1, 0.01
 
@@ -59,7 +59,6 @@ class Chain:
         self.seconds, self.sweeps = 0.0, 0
 
     def sweep(self, seed: int) -> None:
-        _seed(seed)
         t = time.perf_counter()
         n = self.seg_row.size
         if self.mh is not None:
@@ -67,7 +66,7 @@ class Chain:
                            BETA, self.V * BETA, seed)
         else:
             _sample(self.seg_row, self.seg_ptr, 0, n, self.docs, self.z, self.nwk, self.nk, self.ndk, self.dtop,
-                    self.doff, self.dcnt, ALPHA, BETA, self.V * BETA, self.Y, self.cum)
+                    self.doff, self.dcnt, ALPHA, BETA, self.V * BETA, self.Y, self.cum, seed)
         self.seconds += time.perf_counter() - t
         self.sweeps += 1
 

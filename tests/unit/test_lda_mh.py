@@ -12,7 +12,7 @@ import pytest
 
 from paramserver.apps.rounds.lda import check_config
 from paramserver.apps.rounds.lda_mh import MHIndex, _alias
-from paramserver.apps.rounds.lda_sampler import LDAConfig, _doc_lists, _doc_loglik, _sample, _seed, word_loglik
+from paramserver.apps.rounds.lda_sampler import LDAConfig, _doc_lists, _doc_loglik, _sample, word_loglik
 from paramserver.errors import ConfigError
 
 
@@ -156,9 +156,8 @@ def test_on_planted_topics_it_gets_as_far_as_sparse_lda_in_the_same_sweeps():
             dtop, dcnt, ndk = np.zeros(doff[-1], np.uint16), np.zeros(lens.size, np.int32), np.zeros_like(ndk)
             _doc_lists(docs, z, ndk, dtop, doff, dcnt)
             for s in range(sweeps):
-                _seed(s)
                 _sample(seg_row, seg_ptr, 0, n, docs, z, nwk, nk, ndk, dtop, doff, dcnt, alpha, beta, V * beta,
-                        np.zeros(K), np.zeros(K))
+                        np.zeros(K), np.zeros(K), s)
         mass = nwk.T.reshape(K, K, V // K).sum(2) / nwk.sum(0)[:, None]  # topic k's share in each planted set
         assert (mass.max(1) > 0.9).all() and sorted(mass.argmax(1).tolist()) == [0, 1, 2, 3], (sampler, mass)
         found[sampler] = _loglik(words, docs, z, V, K, alpha, beta)

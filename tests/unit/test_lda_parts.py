@@ -11,7 +11,7 @@ import pytest
 
 from paramserver.apps.rounds.corpus import read_corpus
 from paramserver.apps.rounds.lda_program import decode, encode
-from paramserver.apps.rounds.lda_sampler import _doc_lists, _sample, _seed
+from paramserver.apps.rounds.lda_sampler import _doc_lists, _sample
 from paramserver.data.reader import DataError
 
 
@@ -36,8 +36,7 @@ def test_one_draw_follows_the_collapsed_conditional(small):
     p /= p.sum()
     draws = 40_000
     counts = np.zeros(K)
-    _seed(7)
-    for _ in range(draws):
+    for i in range(draws):
         z = z0.copy()
         nwk, nk_ = nwk0[[3]].copy(), nk0.copy()
         ndk_ = np.zeros((1, K), small)
@@ -45,7 +44,7 @@ def test_one_draw_follows_the_collapsed_conditional(small):
         docs = np.zeros(12, np.int32)
         _doc_lists(docs, z, ndk_, dtop, doff, dcnt)
         _sample(np.array([0]), np.array([0, 1]), 0, 1, docs, z, nwk, nk_, ndk_, dtop, doff, dcnt, alpha, beta,
-                V * beta, np.zeros(K), np.zeros(K))
+                V * beta, np.zeros(K), np.zeros(K), 7 + i)  # a draw of its own seed each time
         counts[z[0]] += 1
         # the counts moved with the token
         assert nwk[0].sum() == nwk0[3].sum() and nk_.sum() == nk0.sum() and ndk_.sum() == 12

@@ -36,6 +36,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from paramserver.apps.rounds.lda_sampler import _mix, _uniform
+
 
 @njit(nogil=True, cache=True)
 def _alias(weight, top, n, total, prob, alt, small, large):  # type: ignore[no-untyped-def]
@@ -69,24 +71,6 @@ def _alias(weight, top, n, total, prob, alt, small, large):  # type: ignore[no-u
         prob[small[i]] = 1.0
 
 
-_GOLD, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S11, _S27, _S30, _S31 = np.uint64(11), np.uint64(27), np.uint64(30), np.uint64(31)
-
-
-@njit(nogil=True, cache=True)
-def _uniform(x):  # type: ignore[no-untyped-def]
-    """SplitMix64: the state after ``x`` and a uniform in [0, 1) from it (np.random's Mersenne
-    Twister took 8-12 ns a draw in numba, this 1.6 ns; a token draws up to 4 a cycle)."""
-    x += _GOLD
-    return x, (_mix(x) >> _S11) * (1.0 / 9007199254740992.0)
-
-
-@njit(nogil=True, cache=True)
-def _mix(x):  # type: ignore[no-untyped-def]
-    """SplitMix64's output function: 64 bits well mixed from ``x``."""
-    r = (x ^ (x >> _S30)) * _M1
-    r = (r ^ (r >> _S27)) * _M2
-    return r ^ (r >> _S31)
 
 
 @njit(nogil=True, cache=True)

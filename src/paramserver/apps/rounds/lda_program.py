@@ -28,7 +28,6 @@ from paramserver.apps.rounds.lda_sampler import (
     _doc_lists,
     _doc_loglik,
     _sample,
-    _seed,
 )
 from paramserver.apps.rounds.program import (
     RoundCheckpoints,
@@ -281,9 +280,8 @@ class LDAProgram:
                 self.mh.sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk,
                                cfg.alpha, cfg.beta, self.V * cfg.beta, seed)
             else:
-                _seed(seed)
                 _sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk, self.dtop,
-                        self.doff, self.dcnt, cfg.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum)
+                        self.doff, self.dcnt, cfg.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed)
             self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
             changed = np.flatnonzero((nwk != before).any(1))
             pushes.append((WORD_TOPIC, keys[changed], (nwk[changed] - before[changed]).astype(np.float32), "add"))
