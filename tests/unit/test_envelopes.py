@@ -47,10 +47,23 @@ def test_an_envelope_whose_parts_do_not_add_up_is_refused_naming_them(parts):
         batch.split(decode(frames).header, frames)
 
 
-def _one_server(h):
+def test_answers_are_packed_in_order_into_envelopes_a_receiver_takes():
+    messages = [encode({"op": "ok", "id": i}, [np.zeros(100, np.float32)]) for i in range(5)]
+    one = sum(memoryview(f).nbytes for f in messages[0])
+    out = batch.packed(messages, 2 * one + batch.HEADER_ROOM)  # two answers an envelope
+    assert [len(_parts(m)) if decode(m).op.value == "batch" else 1 for m in out] == [2, 2, 1]
+    ids = [p.id for m in out for p in (_parts(m) if decode(m).op.value == "batch" else [decode(m)])]
+    assert ids == [0, 1, 2, 3, 4]
+    assert all(sum(memoryview(f).nbytes for f in m) <= 2 * one + batch.HEADER_ROOM for m in out)
+    many = [encode({"op": "ok", "id": i}) for i in range(batch.MAX_PARTS + 3)]
+    assert [len(_parts(m)) for m in batch.packed(many, 1 << 30)] == [batch.MAX_PARTS, 3]
+    assert batch.packed(messages[:1], 10) == messages[:1]  # one answer goes as it is
+
+
+def _one_server(h, dim=1):
     (node,) = h.make(1)
     ring = Ring.create([1], 4)
-    h.ring(ring, [TableSpec("t", 1, optimizer={"name": "sgd", "lr": 1.0})])
+    h.ring(ring, [TableSpec("t", dim, optimizer={"name": "sgd", "lr": 1.0})])
     answers: list[list] = []
     h.net.watchers.append(lambda src, dest, frames: answers.append(list(frames)) if src is node.router else None)
     return node, ring, answers
@@ -115,6 +128,17 @@ def test_an_envelope_inside_an_envelope_is_refused_and_a_broken_envelope_gets_an
     assert node.tables["t"] is not None  # the server serves on
 
 
+def test_an_envelope_whose_answers_outgrow_a_message_is_answered_in_several(h):
+    node, ring, answers = _one_server(h, dim=16)
+    keys = np.arange(1, 201, dtype=np.uint64)  # 1.6 KB of keys a pull, 12.8 KB of rows an answer
+    pulls = [_pull(ring, keys, rid)[0] for rid in (1, 2, 3)]
+    limit = sum(memoryview(f).nbytes for f in batch.envelope(pulls)) + 20_000  # one answer fits, two do not
+    object.__setattr__(node.config, "max_message_bytes", limit)
+    _deliver(h, node, batch.envelope(pulls))
+    assert len(answers) == 3 and all(sum(map(len, f)) <= limit for f in answers)
+    assert [decode(f).id for f in answers] == [1, 2, 3]
+
+
 def test_together_sends_a_servers_pulls_and_pushes_as_one_envelope_and_the_rest_alone_in_order():
     ctx = zmq.Context.instance()
     server = ctx.socket(zmq.ROUTER)
@@ -153,6 +177,28 @@ def test_together_sends_a_servers_pulls_and_pushes_as_one_envelope_and_the_rest_
             server.send_multipart([identity, *encode({"op": "ok", "id": m.id, "n": m.header["n"]})])
         assert done.wait(5.0), answered
         assert answered == {"push": "push", "pull": "pull", "stats": "stats", "last": "last"}
+    finally:
+        io.close()
+        server.close(linger=0)
+
+
+def test_more_requests_than_an_envelope_holds_go_in_several():
+    ctx = zmq.Context.instance()
+    server = ctx.socket(zmq.ROUTER)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    address = f"tcp://127.0.0.1:{port}"
+    io = IOThread(replace(Config(), scheduler="tcp://127.0.0.1:9"))
+    io.start()
+    try:
+        n = batch.MAX_PARTS + 2
+        with io.together():
+            for i in range(n):
+                io.submit(address, {"op": "pull", "n": i}, (), lambda msg, exc: None)
+        got = []
+        while sum(len(_parts(f)) for f in got) < n and server.poll(5000):
+            got.append(server.recv_multipart()[1:])
+        assert [len(_parts(f)) for f in got] == [batch.MAX_PARTS, 2]  # each one the server takes
+        assert [m.header["n"] for f in got for m in _parts(f)] == list(range(n))
     finally:
         io.close()
         server.close(linger=0)

@@ -89,7 +89,7 @@ class IOThread(threading.Thread):
         self._ids = itertools.count(1)
         self._queue: collections.deque[_Queued] = collections.deque()
         self._corked = 0  # ``together`` blocks open: what they submit waits for the last to close
-        self._envelope_bytes = config.max_message_bytes - (1 << 20)  # an envelope's parts at most (room for headers)
+        self._envelope_bytes = config.max_message_bytes - batch.HEADER_ROOM  # an envelope's parts at most
         self._lock = threading.Lock()
         wake_addr = f"inproc://paramserver-wake-{id(self)}"
         self._wake_recv = ZmqSocket(self.ctx.socket(zmq.PAIR), False)
@@ -254,6 +254,7 @@ class IOThread(threading.Thread):
                 return  # the block that corked the queue wakes this thread when it ends
             queued, self._queue = self._queue, collections.deque()
         held: dict[str, list[_Out]] = {}  # requests that may share an envelope, not sent yet, by server
+        sizes: dict[str, int] = {}  # their bytes
         waiting: list[_Queued] = []  # for a server no link takes yet
         for item in queued:
             address, header, arrays, on_reply, _ = item
@@ -271,11 +272,15 @@ class IOThread(threading.Thread):
                 continue
             group = held.setdefault(address, [])
             alone = header.get("op") not in ENVELOPED
-            if group and (alone or sum(o.nbytes for o in group) + out.nbytes > self._envelope_bytes):
+            full = len(group) == batch.MAX_PARTS or sizes.get(address, 0) + out.nbytes > self._envelope_bytes
+            if group and (alone or full):
                 self._flush(address, group, waiting)
+                sizes[address] = 0
             group.append(out)
+            sizes[address] = sizes.get(address, 0) + out.nbytes
             if alone:
                 self._flush(address, group, waiting)
+                sizes[address] = 0
         for address, group in held.items():
             self._flush(address, group, waiting)
         if waiting:

@@ -274,26 +274,23 @@ class ServerNode:
     # ---- dispatch ----------------------------------------------------------------------
     def _handle_data(self, frames: list[Any]) -> None:
         identity = frames[0]
-        answer = self._answer(identity, frames[1:])
-        if answer is not None:
-            self.router.send(answer, identity)
+        for answer in batch.packed(self._answers(identity, frames[1:]), self.config.max_message_bytes):
+            self.router.send(answer, identity)  # an envelope's answers in as few envelopes as fit
 
-    def _answer(self, identity: bytes, frames: Sequence[Any], in_batch: bool = False) -> list[Any] | None:
-        """Handle one request (an envelope's parts in order: ``wire/batch.py``); its answer's
-        frames, or None when it is answered later (parked by the staleness gate, waiting for
-        backups) or not at all."""
+    def _answers(self, identity: bytes, frames: Sequence[Any], in_batch: bool = False) -> list[list[Any]]:
+        """Handle one request (an envelope's parts in order: ``wire/batch.py``); the frames of
+        the answers to send now: none when it is answered later (parked by the staleness gate,
+        waiting for backups) or not at all."""
         request_id = None
         try:
             msg = decode(frames, self.config.max_message_bytes)
             if msg.op is Op.BATCH and not in_batch:
-                answers = [a for part in batch.split(msg.header, frames)
-                           if (a := self._answer(identity, part, True)) is not None]
-                return answers[0] if len(answers) == 1 else batch.envelope(answers) if answers else None
+                return [a for part in batch.split(msg.header, frames) for a in self._answers(identity, part, True)]
             request_id = msg.id
             handler = self.data_handlers.get(msg.op)
             if self.ring is None and msg.op in (Op.INSTALL, Op.REPLICATE) and len(self._before_ring) < 10_000:
                 self._before_ring.append([identity, *frames])  # a joiner's copies can overtake its first ring
-                return None
+                return []
             if handler is None:
                 raise ProtocolError(f"a server does not serve op {msg.op.value!r} "
                                     f"(serves {sorted(o.value for o in self.data_handlers)})")
@@ -309,14 +306,14 @@ class ServerNode:
             else:
                 answer = handler(msg)
                 self.metrics.observe(msg.op.value, time.perf_counter() - started)
-            return answer
+            return [] if answer is None else [answer]
         except ParamServerError as exc:
             request_id = failed_request(exc, request_id)
             logger.debug("refused request %r: %s", request_id, exc)
-            return error_reply(request_id, error_code(exc), str(exc), ring_version=self.state.ring_version())
+            return [error_reply(request_id, error_code(exc), str(exc), ring_version=self.state.ring_version())]
         except Exception as exc:  # a bug must not kill the server: answer and keep serving
             self._failures.exception("server %d failed on request %r", self.node_id, request_id)
-            return error_reply(request_id, Code.INTERNAL, f"{type(exc).__name__}: {exc}")
+            return [error_reply(request_id, Code.INTERNAL, f"{type(exc).__name__}: {exc}")]
 
     def _handle_control(self, frames: list[Any]) -> None:
         request_id = None

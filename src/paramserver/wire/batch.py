@@ -26,6 +26,7 @@ from paramserver.errors import ProtocolError
 
 OP = "batch"
 MAX_PARTS = 1024  # an envelope of more parts is refused whole: no sender of ours makes one
+HEADER_ROOM = 1 << 12  # bytes an envelope's own header frame may take, at MAX_PARTS counts
 
 
 def envelope(parts: Sequence[Sequence[Any]]) -> list[Any]:
@@ -34,6 +35,28 @@ def envelope(parts: Sequence[Sequence[Any]]) -> list[Any]:
     for part in parts:
         frames.extend(part)
     return frames
+
+
+def packed(messages: list[list[Any]], max_bytes: int) -> list[list[Any]]:
+    """``messages`` (each a message's frames) as few messages as go, in order: runs of them
+    in envelopes of at most ``MAX_PARTS`` parts and ``max_bytes`` in all (what a receiver's
+    ``decode`` takes), a run of one alone.  The answers to an envelope of small requests may
+    be far larger than it (a pull's rows against its keys): they are packed again here."""
+    if len(messages) < 2:  # a request's answer: nothing to pack
+        return messages
+    out: list[list[Any]] = []
+    run: list[list[Any]] = []
+    size = 0
+    for message in messages:
+        nbytes = sum(memoryview(f).nbytes for f in message)
+        if run and (len(run) == MAX_PARTS or size + nbytes + HEADER_ROOM > max_bytes):
+            out.append(run[0] if len(run) == 1 else envelope(run))
+            run, size = [], 0
+        run.append(message)
+        size += nbytes
+    if run:
+        out.append(run[0] if len(run) == 1 else envelope(run))
+    return out
 
 
 def split(header: dict[str, Any], frames: Sequence[Any]) -> list[Sequence[Any]]:

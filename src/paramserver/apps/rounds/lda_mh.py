@@ -71,8 +71,6 @@ def _alias(weight, top, n, total, prob, alt, small, large):  # type: ignore[no-u
         prob[small[i]] = 1.0
 
 
-
-
 @njit(nogil=True, cache=True)
 def _segment(x, lo, hi, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, beta, vbeta, steps, atab, asum, am):  # type: ignore[no-untyped-def]
     """Tokens ``[lo, hi)`` of one word (counts ``nw``, of which ``ad`` in other workers'
