@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -155,26 +154,24 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     check_outputs(save, metrics_out)
     checkpoints.check()
     t0 = time.perf_counter()
-    # the driver reads the data while the cluster's processes start (the parser releases the GIL)
-    with ThreadPoolExecutor(1) as pool:
-        reading = pool.submit(read_problem, data, loss)
-        with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options,
-                       allow_loss=allow_loss, replicas=replicas, filters=filters, watch=watch) as job:
-            m = reading.result()
-            n, d = m.shape
-            lmax, cfg = lasso_config(data, m, lam, lambda_ratio, tol, schedule, max_rounds, loss, kkt_filter,
-                                     intercept)
-            # what the table depends on; the workers, --tol and --schedule may change on a resume.  None for the
-            # squared loss and no intercept: what a checkpoint written before --loss lacks, so it still resumes
-            meta = {"app": "lasso", "rows": n, "features": d, "lambda": cfg.lam,
-                    "loss": loss if loss != "squared" else None, "intercept": True if intercept else None}
-            cps, resume = checkpoints.plan(meta, rounds_a_unit=1)
-            bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
-            block = min(cfg.block_size, 1 << bits)
-            job.tables(resume, lambda client: client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits,
-                                                                  block_size=block, **job.table_options))
-            ran = job.run(lasso_worker, data, d, cfg, workers, cps, resume)
-            keys, values = job.client.export_table(TABLE)
+    # the data first, then the cluster: a driver with a second thread alive cannot fork its nodes
+    # (``fork_safe``) and spawns fresh interpreters instead, which costs ~2 s of start-up here
+    m = read_problem(data, loss)
+    n, d = m.shape
+    lmax, cfg = lasso_config(data, m, lam, lambda_ratio, tol, schedule, max_rounds, loss, kkt_filter, intercept)
+    with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options,
+                   allow_loss=allow_loss, replicas=replicas, filters=filters, watch=watch) as job:
+        # what the table depends on; the workers, --tol and --schedule may change on a resume.  None for the
+        # squared loss and no intercept: what a checkpoint written before --loss lacks, so it still resumes
+        meta = {"app": "lasso", "rows": n, "features": d, "lambda": cfg.lam,
+                "loss": loss if loss != "squared" else None, "intercept": True if intercept else None}
+        cps, resume = checkpoints.plan(meta, rounds_a_unit=1)
+        bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
+        block = min(cfg.block_size, 1 << bits)
+        job.tables(resume, lambda client: client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits,
+                                                              block_size=block, **job.table_options))
+        ran = job.run(lasso_worker, data, d, cfg, workers, cps, resume)
+        keys, values = job.client.export_table(TABLE)
     w = np.zeros(d)
     inside = keys < d
     w[keys[inside].astype(np.int64)] = join64(values[inside])
