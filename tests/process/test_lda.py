@@ -65,10 +65,13 @@ def _dies_mid_push(client, victim, round_, worker, *args):
     return worker(client, *args)
 
 
-@pytest.mark.parametrize("staleness,sampler", [(0, "sparse"), (2, "sparse"), (0, "mh")])
-def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sampler):
-    """BSP rounds, and SSP ones (the survivors wait out the rounds in flight, then regroup);
-    the MH sampler's document index rebuilt with the survivors' parts."""
+@pytest.mark.parametrize("staleness,sampler,gate", [(0, "sparse", "bsp"), (2, "sparse", "asp"), (0, "mh", "bsp"),
+                                                    (0, "sparse", "asp")])
+def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sampler, gate):
+    """BSP rounds gated on the servers (the job's own tables: a death is found a round
+    later), BSP rounds behind barriers (tables without the gate, as an older checkpoint
+    restores them), and SSP ones (the survivors wait out the rounds in flight, then
+    regroup); the MH sampler's document index rebuilt with the survivors' parts."""
     corpus = read_corpus(_planted(tmp_path / "c.ldac", docs=400, length=80))
     V, workers = corpus.vocabulary, 3
     freq = np.bincount(corpus.words, minlength=V)
@@ -78,13 +81,14 @@ def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sa
             LocalCluster(servers=1, workers=workers, log_level="WARNING", heartbeat_interval_s=0.1,
                          heartbeat_timeout_s=1.0) as cluster:
         paths = write_parts(scratch, corpus, word_block, workers)
-        cluster.client.create_table(WORD_TOPIC, dim=cfg.topics, key_bits=8)
-        cluster.client.create_table(TOPIC_DELTA, dim=2 * cfg.topics,
+        cluster.client.create_table(WORD_TOPIC, dim=cfg.topics, key_bits=8, consistency=gate)
+        cluster.client.create_table(TOPIC_DELTA, dim=2 * cfg.topics, consistency=gate,
                                     key_bits=int(cfg.regions * workers - 1).bit_length())
         results, lost = cluster.run_elastic(_dies_mid_push, 1, 20, lda_worker, paths, word_block, cfg, V, scratch)
         keys, rows = cluster.client.export_table(WORD_TOPIC)
     assert len(lost) == 1 and "died" in lost[0]
     assert sorted(r["rank"] for r in results) == [0, 2] and all(r["regroups"] == 1 for r in results)
+    assert all(r["gated"] == (gate == "bsp") for r in results)  # the rounds the tables called for
     assert sum(r["docs"] for r in results) == corpus.docs  # the survivors hold every document now
     assert sum(r["rounds"] for r in results) == 2 * cfg.iterations * workers  # and finished every round
     n_wk = np.zeros((V, cfg.topics))

@@ -130,11 +130,15 @@ def word_counts(data: str, corpus: Corpus, vocabulary: int) -> np.ndarray:
 
 def _create_tables(client: Any, cfg: LDAConfig, vocabulary: int, workers: int, options: dict[str, Any]) -> None:
     """A fresh job's tables, empty: the word–topic counts (a row of K a word), and the
-    slots through which the workers exchange their changes to the topic totals."""
+    slots through which the workers exchange their changes to the topic totals; BSP on
+    the servers when the rounds are (``--staleness 0``)."""
     K = cfg.topics
+    # BSP rounds gate their pulls on the servers (``LDAProgram.gated``): a round's pulls are answered once
+    # every worker's pushes of the round before are in, with no wait for an acknowledgement and a barrier first
+    gate = "bsp" if cfg.staleness == 0 else "asp"
     client.create_table(WORD_TOPIC, dim=K, optimizer="sgd", key_bits=max(int(vocabulary - 1).bit_length(), 1),
-                        **options)
-    client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd", **options,
+                        consistency=gate, **options)
+    client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd", consistency=gate, **options,
                         key_bits=max(int(cfg.regions * workers - 1).bit_length(), 1))
 
 

@@ -99,6 +99,7 @@ class LDAProgram:
         self._pending_blocks: tuple[int, list[Any]] = (-1, [])  # (round they are for, the pulls of its blocks)
         self._saved = -math.inf
         self.mh: MHIndex | None = None  # --sampler mh's index, set with the parts held
+        self.gated = False  # the tables are BSP on the servers: run_rounds then needs no barrier before a pull
         if fresh:  # else resume() takes the parts from a checkpoint
             self._hold([rank], fresh=True)
 
@@ -338,12 +339,16 @@ def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDACo
     workers = len(paths)
     program = LDAProgram(client, paths, word_block, cfg, vocabulary, client.rank, workers, scratch,
                          fresh=resume is None)
+    # BSP rounds on tables the servers gate (a job's own; one restored from an older checkpoint may not be)
+    tables = client.tables()
+    program.gated = cfg.staleness == 0 and all(tables[t].consistency == 0 for t in (WORD_TOPIC, TOPIC_DELTA))
     if resume is None:
         program.start()
     stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=program.rounds,
                        checkpoints=checkpoints, resume=resume, staleness=cfg.staleness)
     program.finish()
     return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups, "sampled": program.sampled,
+            "gated": program.gated,
             "checkpoints": stats.checkpoints, "topic_totals": program.nk.tolist(),
             "doc_loglik": program.doc_loglik(), "docs": int(program.doc_len.size),
             "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}

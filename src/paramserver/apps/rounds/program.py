@@ -30,6 +30,7 @@ job started again with ``round_resume_point`` restores the tables, and ``run_rou
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -219,6 +220,16 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
     workers, slot i being ``live[i]``.  A program without ``regroup`` stops with
     ``WorkersLost``.  Workers that join meanwhile are not part of the rounds.
 
+    Gated BSP (a program whose ``gated`` is true: its tables are ``bsp`` on the servers):
+    after a round's pushes the worker finishes its clock and observes at once; the
+    servers answer its pulls of the next round once every live worker's pushes of this
+    one are in (``consistency/clock.py``), which is the barrier's guarantee without its
+    two round trips (the pushes' acknowledgements, then the scheduler).  It still arrives
+    at each round's barrier, without waiting, and checks the answer (and the pushes'
+    acknowledgements) a round later: a death is found there, by every survivor at the
+    same round, and regrouped as above; the rounds between ran on counts the dead worker's
+    last pushes may be missing from, which ``regroup`` rebuilds.
+
     SSP (``staleness`` s >= 1): a worker arrives at round r's barrier without waiting
     (``Client.arrive``) and observes round r − s, once every worker has finished it, just
     before it schedules round r + 1: it runs at most s rounds ahead of the slowest, and
@@ -234,6 +245,8 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
     """
     if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
         raise ParamServerError(f"staleness must be a whole number >= 0 (0: BSP rounds), got {staleness!r}")
+    if staleness and getattr(program, "gated", False):
+        raise ParamServerError("a gated program runs BSP rounds: its staleness is the servers' (0 here)")
     rounds = _Rounds(client, program, rank, workers, timeout_s)
     start = 0
     if resume is not None:
@@ -254,6 +267,18 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
     return rounds.stats
 
 
+@dataclass
+class _Arrival:
+    """A round this worker arrived at: its barrier's answer to come (the live workers), the
+    pushes not yet acknowledged (a gated round's), and whether it was observed already."""
+
+    round: int
+    assignment: Sequence[np.ndarray]
+    answer: Any  # a future of the live ranks, or a call that waits for them
+    pushes: list[Any] = field(default_factory=list)
+    observed: bool = False
+
+
 class _Rounds:
     """One worker's side of ``run_rounds`` between two rounds: the live workers, the rounds
     it arrived at and has not observed yet (oldest first, with the barrier's answer to
@@ -263,11 +288,14 @@ class _Rounds:
         self.client, self.program, self.rank, self.timeout_s = client, program, rank, timeout_s
         self.stats = RoundStats()
         self.live = list(range(workers))
-        self.pending: deque[tuple[int, Sequence[np.ndarray], Any]] = deque()  # rounds arrived at, not yet observed
+        self.pending: deque[_Arrival] = deque()  # rounds arrived at, their barrier not yet answered
+        # a gated program's tables are BSP on the servers: a pull waits there for every worker's clock
+        self.gated = bool(getattr(program, "gated", False))
 
     def run(self, r: int, staleness: int) -> None:
-        """Round ``r``: schedule, update, push (every push applied), then arrive at its
-        barrier and observe what ``staleness`` lets be observed."""
+        """Round ``r``: schedule, update, push, then arrive at its barrier and observe what
+        ``staleness`` lets be observed.  Every push is applied before the barrier; a gated
+        program's (``gated``) before its next round's pulls are answered."""
         client, program, seconds = self.client, self.program, self.stats.seconds
         t0 = _clock()
         assignment = program.schedule(r, len(self.live))
@@ -276,17 +304,23 @@ class _Rounds:
         t2 = _clock()
         futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
                    if len(keys)]
-        for f in futures:
-            f.result(timeout=self.timeout_s)
-        t3 = _clock()
+        if self.gated:
+            client.clock()  # behind the pushes: the servers answer pulls of the next clock once every worker's are in
+            seconds["push"] += _clock() - t2
+            t3 = _clock()
+            program.observe(r, assignment)
+            seconds["observe"] += _clock() - t3
+            self.pending.append(_Arrival(r, assignment, client.arrive(r), futures, observed=True))
+            self.settle(r, 1)  # the barrier only says who is alive: a death is found a round later
+        else:
+            for f in futures:
+                f.result(timeout=self.timeout_s)
+            seconds["push"] += _clock() - t2
+            answer = client.arrive(r) if staleness else functools.partial(client.barrier, timeout_s=self.timeout_s)
+            self.pending.append(_Arrival(r, assignment, answer))
+            self.settle(r, staleness)
         seconds["schedule"] += t1 - t0
         seconds["update"] += t2 - t1
-        seconds["push"] += t3 - t2
-        if staleness:
-            self.pending.append((r, assignment, client.arrive(r)))
-        else:
-            self.pending.append((r, assignment, lambda: client.barrier(timeout_s=self.timeout_s)))
-        self.settle(r, staleness)
         self.stats.rounds += 1
         self.stats.scheduled += int(sum(len(a) for a in assignment))
 
@@ -295,16 +329,19 @@ class _Rounds:
         regroup, as of round ``r``, if a barrier's answer lacks a worker."""
         seconds = self.stats.seconds
         while len(self.pending) > upto:
-            q, assignment, answer = self.pending.popleft()
+            arrival = self.pending.popleft()
             t = _clock()
+            for f in arrival.pushes:
+                f.result(timeout=self.timeout_s)
+            answer = arrival.answer
             present = answer() if callable(answer) else answer.result(timeout=self.timeout_s)
             seconds["barrier"] += _clock() - t
             gone = [w for w in self.live if present and w not in present]
             t = _clock()
             if gone:
-                self._regroup(r, q, gone)
-            else:
-                self.program.observe(q, assignment)
+                self._regroup(r, arrival.round, gone)
+            elif not arrival.observed:
+                self.program.observe(arrival.round, arrival.assignment)
             seconds["observe"] += _clock() - t
 
     def _regroup(self, r: int, q: int, gone: list[int]) -> None:
@@ -314,8 +351,10 @@ class _Rounds:
         if regroup is None:
             raise WorkersLost(f"worker(s) {gone} died in round {q}; {type(self.program).__name__} cannot go on "
                               "without them (it has no regroup)")
-        for _, _, later in self.pending:  # every survivor arrived at these before it saw the death
-            later.result(timeout=self.timeout_s)
+        for later in self.pending:  # every survivor arrived at these before it saw the death
+            for f in later.pushes:
+                f.result(timeout=self.timeout_s)
+            later.answer.result(timeout=self.timeout_s)
         self.pending.clear()
         self.live = [w for w in self.live if w not in gone]
         regroup(r, self.live)
