@@ -69,7 +69,10 @@ def test_mf_carries_on_without_a_killed_worker():
     assert rmse < 0.5 * float(r.std()), (rmse, r.std())  # every user was trained to the end, the victim's too
 
 
-def test_lasso_carries_on_without_a_killed_worker(tmp_path):
+@pytest.mark.parametrize("consistency", ["bsp", "asp"])
+def test_lasso_carries_on_without_a_killed_worker(tmp_path, consistency):
+    """Rounds gated on the server (the job's own table, ``bsp``: the death is found a round
+    later) and behind barriers (a table without the gate, as an older checkpoint's)."""
     sklearn = pytest.importorskip("sklearn.linear_model")
     from paramserver.apps.rounds.lasso import TABLE, LassoConfig, LassoProgram, join64, lasso_worker
     from paramserver.apps.rounds.lasso_math import objective
@@ -87,10 +90,11 @@ def test_lasso_carries_on_without_a_killed_worker(tmp_path):
     lam = np.abs(X.T @ y).max() / n / 20
     cfg = LassoConfig(lam=float(lam), tol=1e-5, per_round=16, sweeps=1)
     with LocalCluster(servers=1, workers=2, **FAST_DEATH) as cluster:
-        cluster.client.create_table(TABLE, dim=2, key_bits=9, block_size=32)
+        cluster.client.create_table(TABLE, dim=2, key_bits=9, block_size=32, consistency=consistency)
         results, lost = cluster.run_elastic(_dies_in_round, 1, 3, LassoProgram, lasso_worker, str(path), d, cfg, 2)
         keys, values = cluster.client.export_table(TABLE)
     assert len(lost) == 1 and [x["rank"] for x in results] == [0] and results[0]["regroups"] == 1, lost
+    assert results[0]["gated"] == (consistency == "bsp")
     assert results[0]["converged"], str({k: v for k, v in results[0].items() if k != "history"})
     coef = np.zeros(d)
     latest = keys < d

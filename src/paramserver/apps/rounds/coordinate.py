@@ -108,6 +108,7 @@ class ScheduledCD:
         self.primal, self.gap, self.updates, self.checks = math.inf, math.inf, 0, 0
         self.history: list[dict[str, float]] = []
         self.started = time.perf_counter()
+        self.gated = False  # the table is BSP on the servers: run_rounds then needs no barrier before a pull
 
     # -- what a loss supplies ------------------------------------------------------------------------------
     def _refresh(self) -> np.ndarray:

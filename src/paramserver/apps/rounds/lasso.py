@@ -54,6 +54,7 @@ from paramserver.apps.rounds.program import (
     CheckpointOptions,
     RoundCheckpoints,
     RoundResume,
+    gated,
     joined_midway,
 )
 from paramserver.errors import ConfigError
@@ -130,9 +131,11 @@ def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, work
     m = read_problem(path, cfg.loss, n_features)
     program: ScheduledCD = (L1LRProgram if cfg.loss == "logistic" else LassoProgram)(client, m, cfg, client.rank,
                                                                                        workers)
+    program.gated = gated(client, TABLE)  # BSP rounds gated on the servers (run_rounds)
     stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=cfg.max_rounds,
                        checkpoints=checkpoints, resume=resume)
     return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups, "scheduled": stats.scheduled,
+            "gated": program.gated,
             "checkpoints": stats.checkpoints,
             "phase_seconds": {**{k: round(v, 3) for k, v in stats.seconds.items()},
                               "check": round(program.check_seconds, 3)},
@@ -169,7 +172,8 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
         bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
         block = min(cfg.block_size, 1 << bits)
         job.tables(resume, lambda client: client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits,
-                                                              block_size=block, **job.table_options))
+                                                              block_size=block, consistency="bsp",
+                                                              **job.table_options))
         ran = job.run(lasso_worker, data, d, cfg, workers, cps, resume)
         keys, values = job.client.export_table(TABLE)
     w = np.zeros(d)

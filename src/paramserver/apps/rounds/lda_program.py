@@ -35,6 +35,7 @@ from paramserver.apps.rounds.program import (
     WorkersLost,
     adopt,
     balanced_groups,
+    gated,
     joined_midway,
     run_rounds,
 )
@@ -339,9 +340,7 @@ def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDACo
     workers = len(paths)
     program = LDAProgram(client, paths, word_block, cfg, vocabulary, client.rank, workers, scratch,
                          fresh=resume is None)
-    # BSP rounds on tables the servers gate (a job's own; one restored from an older checkpoint may not be)
-    tables = client.tables()
-    program.gated = cfg.staleness == 0 and all(tables[t].consistency == 0 for t in (WORD_TOPIC, TOPIC_DELTA))
+    program.gated = cfg.staleness == 0 and gated(client, WORD_TOPIC, TOPIC_DELTA)
     if resume is None:
         program.start()
     stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=program.rounds,

@@ -369,6 +369,14 @@ class _Rounds:
         self.stats.checkpoints += 1
 
 
+def gated(client: Any, *tables: str) -> bool:
+    """Whether ``tables`` are all ``bsp`` on the servers, so that a program on them may run
+    gated rounds (``run_rounds``): a job's own are made so; one restored from an older
+    checkpoint may not be."""
+    specs = client.tables()
+    return all(specs[t].consistency == 0 for t in tables)
+
+
 def joined_midway(client: Any) -> bool:
     """True on a worker that joined a scheduled job after it began (``LocalCluster.add_worker``
     while it runs): the parts were dealt at the start and it has none, so it leaves the
