@@ -202,3 +202,30 @@ def test_more_requests_than_an_envelope_holds_go_in_several():
     finally:
         io.close()
         server.close(linger=0)
+
+
+def test_a_call_inside_together_goes_at_once_unless_a_held_request_to_its_node_is_ahead():
+    """The client's own calls in a block (a table's spec fetched for its first push) must be
+    answered, or the block waits for ever; a clock tick still never overtakes a held push."""
+    ctx = zmq.Context.instance()
+    server, other = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    address = f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}"
+    elsewhere = f"tcp://127.0.0.1:{other.bind_to_random_port('tcp://127.0.0.1')}"
+    io = IOThread(replace(Config(), scheduler="tcp://127.0.0.1:9"))
+    io.start()
+    try:
+        with io.together():
+            io.submit(address, {"op": "push", "n": "push"}, (np.ones(2, np.float32),), lambda msg, exc: None)
+            io.submit(elsewhere, {"op": "table_info", "n": "spec"}, (), lambda msg, exc: None)
+            io.submit(address, {"op": "clock", "n": "tick"}, (), lambda msg, exc: None)
+            assert other.poll(5000), "a call to another node waited for the block to end"
+            assert decode(other.recv_multipart()[1:]).header["n"] == "spec"
+            assert not server.poll(300), "a request to the held push's node went before the block ended"
+        got = []
+        while len(got) < 2 and server.poll(5000):
+            got.append(server.recv_multipart()[1:])
+        assert [decode(f).header["n"] for f in got] == ["push", "tick"]  # in the order submitted
+    finally:
+        io.close()
+        server.close(linger=0)
+        other.close(linger=0)

@@ -341,7 +341,9 @@ class Client:
         """A block whose pulls and pushes go out when it ends, those to one server as one
         message (``wire/batch.py``), answered as if sent one by one, in order: a worker's
         push and its next pull cost one message each way.  Nothing in the block may wait
-        on an answer (its request has not gone yet)."""
+        on a pull's or a push's answer (its request has not gone yet); other calls go at
+        once (the client's own: a table's spec for its first push), unless a pull or push
+        to the same node is held ahead of them."""
         return self._io.together()
 
     # ---- clocks, server functions, filters, lifecycle: the groups' calls, on the client ----

@@ -57,6 +57,29 @@ _Queued = tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None, float
 ENVELOPED = frozenset({Op.PULL.value, Op.PUSH.value})
 
 
+def _passes(header: dict[str, Any]) -> bool:
+    """Whether a request goes out through a ``together`` block: any call but a pull or a
+    push (a table's spec fetched for the block's first push to it, a barrier), so that the
+    client's own calls inside the block are answered."""
+    return header.get("op") not in ENVELOPED
+
+
+def _uncorked(queue: collections.deque[_Queued]) -> tuple[list[_Queued], collections.deque[_Queued]]:
+    """What goes out of a corked queue now, and what stays, both in order: the calls that
+    pass (``_passes``) and no held pull or push to their node is ahead of (a node takes its
+    requests in the order sent: a clock tick must not overtake a push)."""
+    out: list[_Queued] = []
+    kept: collections.deque[_Queued] = collections.deque()
+    held: set[str] = set()
+    for item in queue:
+        if item[0] not in held and _passes(item[1]):
+            out.append(item)
+        else:
+            held.add(item[0])
+            kept.append(item)
+    return out, kept
+
+
 class _Out:
     """A request encoded, waiting to go (alone or in an envelope)."""
 
@@ -120,7 +143,8 @@ class IOThread(threading.Thread):
         with self._lock:  # the I/O thread sets _closed under this lock before failing the queue
             if self._closed.is_set():
                 raise ClosedError(self._close_reason or "the client is closed; create a new one")
-            wake = not self._queue and not self._corked  # a non-empty queue: the I/O thread is already due
+            # a non-empty queue: the I/O thread is already due; a corked one: only a call the cork lets by
+            wake = (not self._queue and not self._corked) or (self._corked > 0 and _passes(header))
             self._queue.append((address, header, arrays, on_reply, answer_within_s))
             if wake:
                 self._wake_send.send(b"", zmq.NOBLOCK)
@@ -130,7 +154,8 @@ class IOThread(threading.Thread):
         """The requests submitted inside the block go out when it ends, those to one server
         as one envelope (``wire/batch.py``): a worker's push and its next pull cost one
         wake-up of this thread, one message each way and one turn of the server's loop,
-        not two.  Nothing inside may wait on an answer: its request has not gone yet."""
+        not two.  Nothing inside may wait on a pull's or a push's answer: its request has
+        not gone yet.  Other calls go at once, behind any held request to their node (``_uncorked``)."""
         with self._lock:
             self._corked += 1
         try:
@@ -250,9 +275,12 @@ class IOThread(threading.Thread):
         server go as one envelope; a request to a server that no link takes yet waits, with
         every later one to it, for the next try (``RESEND_S``)."""
         with self._lock:  # taken under the lock that submit() checks emptiness under
-            if self._corked:
-                return  # the block that corked the queue wakes this thread when it ends
-            queued, self._queue = self._queue, collections.deque()
+            if self._corked:  # the block that corked the queue wakes this thread when it ends
+                queued, self._queue = _uncorked(self._queue)
+                if not queued:
+                    return
+            else:
+                queued, self._queue = list(self._queue), collections.deque()
         held: dict[str, list[_Out]] = {}  # requests that may share an envelope, not sent yet, by server
         sizes: dict[str, int] = {}  # their bytes
         waiting: list[_Queued] = []  # for a server no link takes yet

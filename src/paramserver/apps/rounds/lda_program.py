@@ -101,6 +101,7 @@ class LDAProgram:
         self._saved = -math.inf
         self.mh: MHIndex | None = None  # --sampler mh's index, set with the parts held
         self.gated = False  # the tables are BSP on the servers: run_rounds then needs no barrier before a pull
+        self.observe_sends_only = True  # observe's pulls are taken in the next update (run_rounds)
         if fresh:  # else resume() takes the parts from a checkpoint
             self._hold([rank], fresh=True)
 

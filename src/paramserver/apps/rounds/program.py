@@ -228,7 +228,9 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
     at each round's barrier, without waiting, and checks the answer (and the pushes'
     acknowledgements) a round later: a death is found there, by every survivor at the
     same round, and regrouped as above; the rounds between ran on counts the dead worker's
-    last pushes may be missing from, which ``regroup`` rebuilds.
+    last pushes may be missing from, which ``regroup`` rebuilds.  The round's pushes and
+    clock go out as one message a server (``Client.together``), with observe's pulls if
+    the program's ``observe_sends_only`` says observe waits on no answer.
 
     SSP (``staleness`` s >= 1): a worker arrives at round r's barrier without waiting
     (``Client.arrive``) and observes round r − s, once every worker has finished it, just
@@ -291,6 +293,8 @@ class _Rounds:
         self.pending: deque[_Arrival] = deque()  # rounds arrived at, their barrier not yet answered
         # a gated program's tables are BSP on the servers: a pull waits there for every worker's clock
         self.gated = bool(getattr(program, "gated", False))
+        # its observe only sends requests, waiting on none (it takes their answers in its next update)
+        self.observe_sends_only = bool(getattr(program, "observe_sends_only", False))
 
     def run(self, r: int, staleness: int) -> None:
         """Round ``r``: schedule, update, push, then arrive at its barrier and observe what
@@ -302,17 +306,24 @@ class _Rounds:
         t1 = _clock()
         pushes = program.update(r, assignment[self.live.index(self.rank)])
         t2 = _clock()
-        futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
-                   if len(keys)]
         if self.gated:
-            client.clock()  # behind the pushes: the servers answer pulls of the next clock once every worker's are in
-            seconds["push"] += _clock() - t2
+            # one message a server for the round's pushes, the clock and (if it only sends) observe's pulls
+            with client.together():
+                futures = [client.push(table, keys, values, op=op, distinct=True)
+                           for table, keys, values, op in pushes if len(keys)]
+                client.clock()  # behind the pushes: the servers answer pulls of the next clock once all are in
+                if self.observe_sends_only:
+                    program.observe(r, assignment)
             t3 = _clock()
-            program.observe(r, assignment)
+            if not self.observe_sends_only:
+                program.observe(r, assignment)
+            seconds["push"] += t3 - t2
             seconds["observe"] += _clock() - t3
             self.pending.append(_Arrival(r, assignment, client.arrive(r), futures, observed=True))
             self.settle(r, 1)  # the barrier only says who is alive: a death is found a round later
         else:
+            futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
+                       if len(keys)]
             for f in futures:
                 f.result(timeout=self.timeout_s)
             seconds["push"] += _clock() - t2
