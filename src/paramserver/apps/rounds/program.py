@@ -245,11 +245,7 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
     and after the last; with ``resume`` (the tables already restored by the driver),
     every worker calls ``program.resume(round, step)`` and the rounds go on from there.
     """
-    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-        raise ParamServerError(f"staleness must be a whole number >= 0 (0: BSP rounds), got {staleness!r}")
-    if staleness and getattr(program, "gated", False):
-        raise ParamServerError("a gated program runs BSP rounds: its staleness is the servers' (0 here)")
-    rounds = _Rounds(client, program, rank, workers, timeout_s)
+    rounds = _Rounds(client, program, rank, workers, timeout_s, staleness)
     start = 0
     if resume is not None:
         if not hasattr(program, "resume"):
@@ -259,7 +255,7 @@ def run_rounds(client: Any, program: Program, *, rank: int, workers: int, max_ro
     for r in range(start, max_rounds):
         if program.converged(r):
             break
-        rounds.run(r, staleness)
+        rounds.run(r)
         job = getattr(client, "job", None)  # a simulated or in-process client may have no job API
         if job is not None and rank == min(rounds.live):  # the driver's progress line: rounds done, of how many
             job.report_progress(rounds=1, **({"rounds_max": max_rounds, "rounds_start": start} if r == start else {}))
@@ -286,8 +282,14 @@ class _Rounds:
     it arrived at and has not observed yet (oldest first, with the barrier's answer to
     come), and the stats."""
 
-    def __init__(self, client: Any, program: Program, rank: int, workers: int, timeout_s: float) -> None:
+    def __init__(self, client: Any, program: Program, rank: int, workers: int, timeout_s: float,
+                 staleness: int) -> None:
+        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+            raise ParamServerError(f"staleness must be a whole number >= 0 (0: BSP rounds), got {staleness!r}")
+        if staleness and getattr(program, "gated", False):
+            raise ParamServerError("a gated program runs BSP rounds: its staleness is the servers' (0 here)")
         self.client, self.program, self.rank, self.timeout_s = client, program, rank, timeout_s
+        self.staleness = staleness
         self.stats = RoundStats()
         self.live = list(range(workers))
         self.pending: deque[_Arrival] = deque()  # rounds arrived at, their barrier not yet answered
@@ -296,44 +298,55 @@ class _Rounds:
         # its observe only sends requests, waiting on none (it takes their answers in its next update)
         self.observe_sends_only = bool(getattr(program, "observe_sends_only", False))
 
-    def run(self, r: int, staleness: int) -> None:
+    def run(self, r: int) -> None:
         """Round ``r``: schedule, update, push, then arrive at its barrier and observe what
         ``staleness`` lets be observed.  Every push is applied before the barrier; a gated
         program's (``gated``) before its next round's pulls are answered."""
-        client, program, seconds = self.client, self.program, self.stats.seconds
+        program, seconds = self.program, self.stats.seconds
         t0 = _clock()
         assignment = program.schedule(r, len(self.live))
         t1 = _clock()
         pushes = program.update(r, assignment[self.live.index(self.rank)])
         t2 = _clock()
-        if self.gated:
-            # one message a server for the round's pushes, the clock and (if it only sends) observe's pulls
-            with client.together():
-                futures = [client.push(table, keys, values, op=op, distinct=True)
-                           for table, keys, values, op in pushes if len(keys)]
-                client.clock()  # behind the pushes: the servers answer pulls of the next clock once all are in
-                if self.observe_sends_only:
-                    program.observe(r, assignment)
-            t3 = _clock()
-            if not self.observe_sends_only:
-                program.observe(r, assignment)
-            seconds["push"] += t3 - t2
-            seconds["observe"] += _clock() - t3
-            self.pending.append(_Arrival(r, assignment, client.arrive(r), futures, observed=True))
-            self.settle(r, 1)  # the barrier only says who is alive: a death is found a round later
-        else:
-            futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
-                       if len(keys)]
-            for f in futures:
-                f.result(timeout=self.timeout_s)
-            seconds["push"] += _clock() - t2
-            answer = client.arrive(r) if staleness else functools.partial(client.barrier, timeout_s=self.timeout_s)
-            self.pending.append(_Arrival(r, assignment, answer))
-            self.settle(r, staleness)
+        pushed = (self._end_gated if self.gated else self._end_behind_barrier)(r, assignment, pushes)
+        seconds["push"] += pushed - t2
         seconds["schedule"] += t1 - t0
         seconds["update"] += t2 - t1
         self.stats.rounds += 1
         self.stats.scheduled += int(sum(len(a) for a in assignment))
+
+    def _end_gated(self, r: int, assignment: Sequence[np.ndarray], pushes: list[tuple[Any, ...]]) -> float:
+        """The pushes, the clock and (if it only sends) observe's pulls as one message a
+        server; observe; arrive at the barrier, whose answer says only who is alive: a
+        death is found a round later.  Returns when the pushes went."""
+        client, program = self.client, self.program
+        with client.together():
+            futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
+                       if len(keys)]
+            client.clock()  # behind the pushes: the servers answer pulls of the next clock once all are in
+            if self.observe_sends_only:
+                program.observe(r, assignment)
+        pushed = _clock()
+        if not self.observe_sends_only:
+            program.observe(r, assignment)
+            self.stats.seconds["observe"] += _clock() - pushed
+        self.pending.append(_Arrival(r, assignment, client.arrive(r), futures, observed=True))
+        self.settle(r, 1)
+        return pushed
+
+    def _end_behind_barrier(self, r: int, assignment: Sequence[np.ndarray], pushes: list[tuple[Any, ...]]) -> float:
+        """Every push acknowledged, then arrive at the barrier (BSP: wait there; SSP: go on)
+        and observe what ``staleness`` lets be observed.  Returns when the pushes were in."""
+        client = self.client
+        futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
+                   if len(keys)]
+        for f in futures:
+            f.result(timeout=self.timeout_s)
+        pushed = _clock()
+        answer = client.arrive(r) if self.staleness else functools.partial(client.barrier, timeout_s=self.timeout_s)
+        self.pending.append(_Arrival(r, assignment, answer))
+        self.settle(r, self.staleness)
+        return pushed
 
     def settle(self, r: int, upto: int) -> None:
         """Observe the rounds in flight, oldest first, until at most ``upto`` are left; or
