@@ -61,6 +61,18 @@ class Watch:
     progress: Callable[[dict[str, Any], float], None] | None = None
 
 
+def rounds_warmup(filters: bool) -> Any:
+    """What a scheduled app's cluster loads before it forks its nodes: the servers' dense
+    tables (every scheduled app's are dense), the filters' kernels only if its tables have
+    filters, and the client's routing; not the hash tables' nor training's parsers and
+    models, which a local cluster otherwise loads for every job (~0.2 s)."""
+    from paramserver._runtime.warm import Warmup
+    from paramserver.client.warmup import warm_client
+    from paramserver.server.warmup import warm_server
+
+    return Warmup(servers=functools.partial(warm_server, ("dense",), filters), workers=warm_client)
+
+
 @dataclass(frozen=True)
 class Ran:
     """What the workers of a scheduled job returned, and how the run went."""
@@ -85,7 +97,8 @@ class RoundsJob:
         self.watch = watch or Watch()
         # what every table of the job is created with: its copies, and its filters (``paramserver.filters``)
         self.table_options: dict[str, Any] = {"replicas": replicas, "filters": filters}
-        self.options = {"log_level": "WARNING", **(cluster_options or {})}
+        filtered = filters is not None and str(filters).strip().lower() not in ("", "none")
+        self.options = {"log_level": "WARNING", "warm": rounds_warmup(filtered), **(cluster_options or {})}
         self.scratch_prefix = scratch_prefix
         self.scratch = ""
         self._stack = ExitStack()
