@@ -64,11 +64,11 @@ def _passes(header: dict[str, Any]) -> bool:
     return header.get("op") not in ENVELOPED
 
 
-def _uncorked(queue: collections.deque[_Queued]) -> tuple[list[_Queued], collections.deque[_Queued]]:
+def _uncorked(queue: collections.deque[_Queued]) -> tuple[collections.deque[_Queued], collections.deque[_Queued]]:
     """What goes out of a corked queue now, and what stays, both in order: the calls that
     pass (``_passes``) and no held pull or push to their node is ahead of (a node takes its
     requests in the order sent: a clock tick must not overtake a push)."""
-    out: list[_Queued] = []
+    out: collections.deque[_Queued] = collections.deque()
     kept: collections.deque[_Queued] = collections.deque()
     held: set[str] = set()
     for item in queue:
@@ -280,7 +280,7 @@ class IOThread(threading.Thread):
                 if not queued:
                     return
             else:
-                queued, self._queue = list(self._queue), collections.deque()
+                queued, self._queue = self._queue, collections.deque()
         held: dict[str, list[_Out]] = {}  # requests that may share an envelope, not sent yet, by server
         sizes: dict[str, int] = {}  # their bytes
         waiting: list[_Queued] = []  # for a server no link takes yet

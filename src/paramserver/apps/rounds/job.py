@@ -97,8 +97,8 @@ class RoundsJob:
         self.watch = watch or Watch()
         # what every table of the job is created with: its copies, and its filters (``paramserver.filters``)
         self.table_options: dict[str, Any] = {"replicas": replicas, "filters": filters}
-        filtered = filters is not None and str(filters).strip().lower() not in ("", "none")
-        self.options = {"log_level": "WARNING", "warm": rounds_warmup(filtered), **(cluster_options or {})}
+        self.options = {"log_level": "WARNING", "warm": rounds_warmup(bool(FilterSpec.parse(filters))),
+                        **(cluster_options or {})}
         self.scratch_prefix = scratch_prefix
         self.scratch = ""
         self._stack = ExitStack()

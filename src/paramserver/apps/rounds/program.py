@@ -284,17 +284,17 @@ class _Rounds:
 
     def __init__(self, client: Any, program: Program, rank: int, workers: int, timeout_s: float,
                  staleness: int) -> None:
+        # a gated program's tables are BSP on the servers: a pull waits there for every worker's clock
+        self.gated = bool(getattr(program, "gated", False))
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
             raise ParamServerError(f"staleness must be a whole number >= 0 (0: BSP rounds), got {staleness!r}")
-        if staleness and getattr(program, "gated", False):
+        if staleness and self.gated:
             raise ParamServerError("a gated program runs BSP rounds: its staleness is the servers' (0 here)")
         self.client, self.program, self.rank, self.timeout_s = client, program, rank, timeout_s
         self.staleness = staleness
         self.stats = RoundStats()
         self.live = list(range(workers))
         self.pending: deque[_Arrival] = deque()  # rounds arrived at, their barrier not yet answered
-        # a gated program's tables are BSP on the servers: a pull waits there for every worker's clock
-        self.gated = bool(getattr(program, "gated", False))
         # its observe only sends requests, waiting on none (it takes their answers in its next update)
         self.observe_sends_only = bool(getattr(program, "observe_sends_only", False))
 
@@ -321,8 +321,7 @@ class _Rounds:
         death is found a round later.  Returns when the pushes went."""
         client, program = self.client, self.program
         with client.together():
-            futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
-                       if len(keys)]
+            futures = self._push(pushes)
             client.clock()  # behind the pushes: the servers answer pulls of the next clock once all are in
             if self.observe_sends_only:
                 program.observe(r, assignment)
@@ -338,15 +337,18 @@ class _Rounds:
         """Every push acknowledged, then arrive at the barrier (BSP: wait there; SSP: go on)
         and observe what ``staleness`` lets be observed.  Returns when the pushes were in."""
         client = self.client
-        futures = [client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
-                   if len(keys)]
-        for f in futures:
+        for f in self._push(pushes):
             f.result(timeout=self.timeout_s)
         pushed = _clock()
         answer = client.arrive(r) if self.staleness else functools.partial(client.barrier, timeout_s=self.timeout_s)
         self.pending.append(_Arrival(r, assignment, answer))
         self.settle(r, self.staleness)
         return pushed
+
+    def _push(self, pushes: list[tuple[Any, ...]]) -> list[Any]:
+        """Send the round's pushes (those with keys): their futures."""
+        return [self.client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
+                if len(keys)]
 
     def settle(self, r: int, upto: int) -> None:
         """Observe the rounds in flight, oldest first, until at most ``upto`` are left; or
