@@ -1,5 +1,5 @@
-"""Numba intrinsics for what numba's Python subset cannot say: ``prefetch_row`` and
-``load_u64``, each a few lines of LLVM IR.
+"""Numba intrinsics for what numba's Python subset cannot say (``prefetch_row``,
+``load_u64``, ``view_like``, ...), each a few lines of LLVM IR.
 
 ``prefetch_row(arr, r)`` asks the CPU to fetch row ``r`` of a 1-d or 2-d array into
 cache (LLVM's ``llvm.prefetch``, for writing, high locality).  A table kernel touches one
@@ -17,6 +17,10 @@ parser can look at 8 characters at once.  It does not check bounds: the caller k
 ``f32_bits(x)`` and ``bits_f32(u)`` reinterpret a float32 as its uint32 bits and back
 (``store/loops/compact.py``'s 16-bit row formats: numba has no float16 on the CPU).
 
+``view_like(like, address, rows, stride)`` is an array of ``like``'s type over memory
+given by address (``store/loops/views.py``: a vnode's arrays read from a directory of
+addresses, without unboxing a list or counting a reference).
+
 ``frozen(a)`` is ``a`` as a read-only array, for the kernels' arguments that they only read.
 """
 
@@ -27,6 +31,7 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
 
 _I8P = ir.IntType(8).as_pointer()
 
@@ -119,5 +124,30 @@ def prefetch_address(typingctx, address):
     def codegen(context, builder, signature, args):
         _prefetch(builder, builder.inttoptr(args[0], _I8P))
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def view_like(typingctx, like, address, rows, stride):
+    """An array of ``like``'s type over the memory at ``address``: ``rows`` rows ``stride``
+    bytes apart, its other dimensions and strides ``like``'s.  It owns nothing: whoever
+    calls keeps the memory alive (``store/directory.py``: a directory of arrays by address,
+    which a compiled call reads without unboxing a list or counting references)."""
+    if not (isinstance(like, types.Array) and all(isinstance(t, types.Integer) for t in (address, rows, stride))):
+        return None
+    sig = like(like, address, rows, stride)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        src = context.make_array(aryty)(context, builder, args[0])
+        out = context.make_array(aryty)(context, builder)
+        shape = cgutils.unpack_tuple(builder, src.shape)
+        strides = cgutils.unpack_tuple(builder, src.strides)
+        shape[0] = context.cast(builder, args[2], signature.args[2], types.intp)
+        strides[0] = context.cast(builder, args[3], signature.args[3], types.intp)
+        data = builder.inttoptr(context.cast(builder, args[1], signature.args[1], types.intp), src.data.type)
+        populate_array(out, data=data, shape=shape, strides=strides, itemsize=src.itemsize, meminfo=None)
+        return out._getvalue()
 
     return sig, codegen

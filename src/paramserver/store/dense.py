@@ -42,7 +42,7 @@ class DenseVnode:
         self.layout = spec.layout
         self.start, stop = dense_range(vnode, n_vnodes, self.layout)
         self.rows = zeroed_rows(stop - self.start, self.width + 1, ROW_DTYPES[spec.storage])
-        self.keys = _NO_KEYS  # VnodeSet's kernel lists take one key array per vnode
+        self.keys = _NO_KEYS  # none: the directory (``store/directory.py``) reads every vnode's keys
         self._meta = np.zeros(2, np.int64)
 
     def __len__(self) -> int:

@@ -12,13 +12,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import numpy as np
-from numba.typed import List
 
 from paramserver._runtime.intrinsics import frozen
 from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_range
 from paramserver.store.compact import ROW_DTYPES
 from paramserver.store.dense import DenseVnode
+from paramserver.store.directory import Directory
 from paramserver.store.kernels import kernels_for
 from paramserver.store.life import TableLife, life_width
 from paramserver.store.loops import life as life_loops
@@ -62,7 +62,6 @@ class VnodeSet:
         # a hash table's requests in one call compiled for its row (``store/specialize.py``), where there is one
         self._loops = None if spec.key_bits else self._kernels.request
         self.life_width = life_width(spec.lifecycle)  # the lifecycle's columns a slot (``loops/life.py``)
-        self._life: Any = None  # the typed list of the vnodes' life rows
         self.life: TableLife | None = None
         if spec.lifecycle:
             self.life = TableLife(spec.lifecycle, spec.dim, self)
@@ -114,30 +113,13 @@ class VnodeSet:
 
     def _rebuild(self) -> None:
         self.slot[:] = -1
-        self._keys, self._rows, self._meta = List(), List(), List()  # untyped while empty
-        self._limits = np.zeros(len(self.tables), np.int64)
-        self._starts = np.zeros(len(self.tables), np.int64)  # dense: each vnode's first position
-        for t, (v, vt) in enumerate(self.tables.items()):
+        for t, v in enumerate(self.tables):
             self.slot[v] = t
-            self._starts[t] = getattr(vt, "start", 0)
-            if t == 0:
-                self._keys, self._rows, self._meta = many.new_lists(vt.keys, vt.rows, vt._meta)
-            else:
-                many.append_arrays(self._keys, self._rows, self._meta, vt.keys, vt.rows, vt._meta)
-            self._limits[t] = vt._limit()
-        if self.life_width:
-            lives = [vt.life for vt in self.tables.values()]
-            self._life = life_loops.new_life_list(lives[0]) if lives else None
-            for life in lives[1:]:
-                life_loops.append_life(self._life, life)
+        self._dir = Directory(list(self.tables.values()))
 
     def _reset(self, vnode: int) -> None:
-        """Re-read ``vnode``'s arrays into the typed lists (it grew, or was rebuilt)."""
-        vt, t = self.tables[vnode], int(self.slot[vnode])
-        many.set_arrays(self._keys, self._rows, t, vt.keys, vt.rows)
-        self._limits[t] = vt._limit()
-        if self.life_width:
-            life_loops.set_life(self._life, t, vt.life)
+        """Re-read ``vnode``'s arrays into the directory (it grew, or was rebuilt)."""
+        self._dir.enter(int(self.slot[vnode]), self.tables[vnode])
 
     def __len__(self) -> int:
         return sum(len(t) for t in self.tables.values())
@@ -170,13 +152,13 @@ class VnodeSet:
         """Rows of ``keys``, grouped by ``vnodes`` (``counts`` keys each), into ``out``."""
         vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
         if self.tables and self.bits:
-            self._misplaced(dense_lookup_many(self._rows, self._starts, self.slot, vnodes, counts, keys, out,
+            self._misplaced(dense_lookup_many(*self._dir.dense_args, self.slot, vnodes, counts, keys, out,
                                               self.spec.dim, self.layout, self._ikind, self._ihp, self._seed), keys)
         elif self.tables and self._loops is not None:
-            self._loops.lookup(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
-                               self._ikind, self._ihp, self._seed)
+            self._loops.lookup(*self._dir.hash_args, self.slot, vnodes, counts, keys, out, self._ikind, self._ihp,
+                               self._seed)
         elif self.tables:
-            many.lookup_many(self._keys, self._rows, self._meta, self.slot, vnodes, counts, keys, out,
+            many.lookup_many(*self._dir.hash_args, self.slot, vnodes, counts, keys, out,
                              self.spec.dim, self._ikind, self._ihp, self._seed)
 
     @property
@@ -195,8 +177,8 @@ class VnodeSet:
             return 0
         vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
         if self.bits:
-            return int(dense_missing_many(self._rows, self._starts, self.slot, vnodes, counts, keys, self.layout))
-        return int(many.missing_many(self._keys, self._meta, self.slot, vnodes, counts, keys))
+            return int(dense_missing_many(*self._dir.dense_args, self.slot, vnodes, counts, keys, self.layout))
+        return int(many.missing_many(*self._dir.hash_args, self.slot, vnodes, counts, keys))
 
     def refresh(self) -> None:
         """Re-read every vnode's arrays (after a vnode grew outside ``apply``, e.g. ``load``)."""
@@ -210,7 +192,7 @@ class VnodeSet:
         k = self._kernels
         vnodes, counts, keys, grads = frozen(vnodes), frozen(counts), frozen(keys), frozen(grads)
         if self.tables and self.bits:  # dense vnodes never grow
-            self._misplaced(k.dense_apply_many(self._rows, self._meta, self._starts, self.slot, vnodes, counts, keys,
+            self._misplaced(k.dense_apply_many(*self._dir.dense_args, self.slot, vnodes, counts, keys,
                                                grads, self.spec.dim, self.layout, op, self._okind, self._ohp,
                                                self._ikind, self._ihp, self._seed), keys)
             return
@@ -218,12 +200,11 @@ class VnodeSet:
         loops = self._loops if op == OP_UPDATE else None
         while self.tables:
             if loops is not None:
-                seg, start = loops.apply(self._keys, self._rows, self._meta, self._limits, self.slot, vnodes, counts,
-                                         keys, grads, seg, start, self._ohp, self._ikind, self._ihp, self._seed)
+                seg, start = loops.apply(*self._dir.hash_args, self.slot, vnodes, counts, keys, grads, seg, start,
+                                         self._ohp, self._ikind, self._ihp, self._seed)
             else:
-                seg, start = k.apply_many(self._keys, self._rows, self._meta, self._limits, self.slot, vnodes,
-                                          counts, keys, grads, seg, start, self.spec.dim, op, self._okind,
-                                          self._ohp, self._ikind, self._ihp, self._seed)
+                seg, start = k.apply_many(*self._dir.hash_args, self.slot, vnodes, counts, keys, grads, seg, start,
+                                          self.spec.dim, op, self._okind, self._ohp, self._ikind, self._ihp, self._seed)
             if seg == vnodes.shape[0]:
                 return
             v = int(vnodes[seg])
@@ -237,15 +218,14 @@ class VnodeSet:
               half_life: float) -> None:
         """Stamp the life rows of ``keys`` (grouped like ``lookup``'s) that are stored."""
         if self.tables and self.life_width:
-            life_loops.touch_many(self._keys, self._meta, self._life, self.slot, frozen(vnodes), frozen(counts),
+            life_loops.touch_many(*self._dir.hash_args, self._dir.life0, self.slot, frozen(vnodes), frozen(counts),
                                   frozen(keys), np.float32(epoch), np.float32(time), float(half_life))
 
     def stored(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """``bool[len(keys)]``: which of ``keys`` (grouped like ``lookup``'s) are stored."""
         out = np.zeros(keys.shape[0], np.bool_)
         if self.tables and not self.bits:
-            life_loops.stored_many(self._keys, self._meta, self.slot, frozen(vnodes), frozen(counts), frozen(keys),
-                                   out)
+            life_loops.stored_many(*self._dir.hash_args, self.slot, frozen(vnodes), frozen(counts), frozen(keys), out)
         return out
 
     def keep(self, vnode: int, mask: np.ndarray, room: int = 0) -> None:

@@ -16,6 +16,7 @@ from paramserver._runtime.intrinsics import prefetch_row
 from paramserver.routing.hashing import dense_pos, layout_bits, vnode_of_key
 from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows
 from paramserver.store.loops.hash import COUNT, PREFETCH_AHEAD
+from paramserver.store.loops.views import START, dense_arrays
 from paramserver.tables.optim import FTRL_KIND, OP_UPDATE, init_row, init_value, push_row
 
 
@@ -118,12 +119,13 @@ def dense_load(rows, meta, start, keys, src_rows, layout):
 
 
 @njit(nogil=True, cache=True)
-def dense_lookup_many(rows_l, starts, slot, vnodes, counts, keys, out, dim, layout, ikind, ihp, seed):
+def dense_lookup_many(d, rows0, meta0, slot, vnodes, counts, keys, out, dim, layout, ikind, ihp, seed):
     a = 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
+        rows, _ = dense_arrays(d, t, rows0, meta0)
         b = a + counts[s]
-        bad = dense_lookup(rows_l[t], starts[t], keys[a:b], out[a:b], dim, layout, ikind, ihp, seed)
+        bad = dense_lookup(rows, d[t, START], keys[a:b], out[a:b], dim, layout, ikind, ihp, seed)
         if bad >= 0:
             return a + bad
         a = b
@@ -131,14 +133,15 @@ def dense_lookup_many(rows_l, starts, slot, vnodes, counts, keys, out, dim, layo
 
 
 @njit(nogil=True, cache=True)
-def dense_apply_many(rows_l, meta_l, starts, slot, vnodes, counts, keys, grads, dim, layout, op, okind, ohp,
-                      ikind, ihp, seed):
+def dense_apply_many(d, rows0, meta0, slot, vnodes, counts, keys, grads, dim, layout, op, okind, ohp, ikind,
+                     ihp, seed):
     a = 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
+        rows, meta = dense_arrays(d, t, rows0, meta0)
         b = a + counts[s]
-        bad = dense_apply(rows_l[t], meta_l[t], starts[t], keys[a:b], grads[a:b], dim, layout, op, okind, ohp,
-                           ikind, ihp, seed)
+        bad = dense_apply(rows, meta, d[t, START], keys[a:b], grads[a:b], dim, layout, op, okind, ohp, ikind, ihp,
+                          seed)
         if bad >= 0:
             return a + bad
         a = b
@@ -146,16 +149,16 @@ def dense_apply_many(rows_l, meta_l, starts, slot, vnodes, counts, keys, grads, 
 
 
 @njit(nogil=True, cache=True)
-def dense_missing_many(rows_l, starts, slot, vnodes, counts, keys, layout):
+def dense_missing_many(d, rows0, meta0, slot, vnodes, counts, keys, layout):
     """How many keys are not stored yet (their row's flag is 0); keys are in place
     (``dense_check_many`` passed)."""
     missing, a = 0, 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
-        rows = rows_l[t]
-        flag = rows.shape[1] - 1
+        rows, _ = dense_arrays(d, t, rows0, meta0)
+        flag, start = rows.shape[1] - 1, d[t, START]
         for i in range(a, a + counts[s]):
-            if rows[np.int64(dense_pos(keys[i], layout)) - starts[t], flag] == 0:
+            if rows[np.int64(dense_pos(keys[i], layout)) - start, flag] == 0:
                 missing += 1
         a += counts[s]
     return missing

@@ -17,10 +17,10 @@ slot the push has just brought into the cache), moved when a vnode grows
 from __future__ import annotations
 
 from numba import njit
-from numba.typed import List
 
 from paramserver.routing.hashing import hash64, slot_of_hash
 from paramserver.store.loops.hash import COUNT, HAS_ZERO, find
+from paramserver.store.loops.views import hash_arrays, life_rows
 
 VER, STAMP, SCORE = 0, 1, 2
 
@@ -41,23 +41,24 @@ def touch(tkeys, meta, life, keys, epoch, time, half_life):
 
 
 @njit(nogil=True, cache=True)
-def touch_many(keys_l, meta_l, life_l, slot, vnodes, counts, keys, epoch, time, half_life):
+def touch_many(d, keys0, rows0, meta0, life0, slot, vnodes, counts, keys, epoch, time, half_life):
     a = 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
+        tkeys, _, meta = hash_arrays(d, t, keys0, rows0, meta0)
         b = a + counts[s]
-        touch(keys_l[t], meta_l[t], life_l[t], keys[a:b], epoch, time, half_life)
+        touch(tkeys, meta, life_rows(d, t, life0), keys[a:b], epoch, time, half_life)
         a = b
 
 
 @njit(nogil=True, cache=True)
-def stored_many(keys_l, meta_l, slot, vnodes, counts, keys, out):
+def stored_many(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out):
     """``out[i]``: whether ``keys[i]`` is stored (grouped by vnode, as a pull's)."""
     a = 0
     for s in range(vnodes.shape[0]):
-        t = slot[vnodes[s]]
+        tkeys, _, meta = hash_arrays(d, slot[vnodes[s]], keys0, rows0, meta0)
         for i in range(a, a + counts[s]):
-            out[i] = find(keys_l[t], meta_l[t], keys[i]) >= 0
+            out[i] = find(tkeys, meta, keys[i]) >= 0
         a += counts[s]
 
 
@@ -136,21 +137,3 @@ def delete(tkeys, rows, meta, life, keys):
         tkeys[s] = 0
         clear_slot(rows, life, s)
     return removed
-
-
-@njit(cache=True)
-def new_life_list(life):
-    """A typed list of one vnode's life array (built in cached code: see ``many.new_lists``)."""
-    out = List()
-    out.append(life)
-    return out
-
-
-@njit(cache=True)
-def append_life(life_l, life):
-    life_l.append(life)
-
-
-@njit(cache=True)
-def set_life(life_l, t, life):
-    life_l[t] = life

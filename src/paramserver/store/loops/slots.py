@@ -26,6 +26,7 @@ from paramserver._runtime.intrinsics import prefetch_address
 from paramserver.routing.hashing import hash64, slot_of_hash
 from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows, work_slot
 from paramserver.store.loops.hash import claim, find_from
+from paramserver.store.loops.views import LIMIT, ROWS, SLOTS, STRIDE, hash_arrays
 from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 
 #: rebound per table (``store/specialize.py``): the value columns of a row, and the rule
@@ -37,7 +38,7 @@ AHEAD = 16
 
 
 @njit(nogil=True, cache=True)
-def homes(keys_l, rows_l, slot, vnodes, counts, keys, first):
+def homes(d, slot, vnodes, counts, keys, first):
     """From key ``first`` on: each key's home slot (where its probe starts; the last row for
     key 0) and the address of that slot's row.  One sequential pass, no misses: the
     walk that follows fetches ``AHEAD`` keys on by address, whatever vnode they are in."""
@@ -49,9 +50,7 @@ def homes(keys_l, rows_l, slot, vnodes, counts, keys, first):
         b = a + counts[seg]
         if b > first:
             t = slot[vnodes[seg]]
-            rows = rows_l[t]
-            cap = keys_l[t].shape[0]
-            base, stride = rows.ctypes.data, rows.strides[0]
+            cap, base, stride = d[t, SLOTS], d[t, ROWS], d[t, STRIDE]
             for i in range(max(a, first), b):
                 key = keys[i]
                 s = slot_of_hash(hash64(key), cap) if key != 0 else cap
@@ -64,13 +63,13 @@ def homes(keys_l, rows_l, slot, vnodes, counts, keys, first):
 
 
 @njit(nogil=True, cache=True)
-def lookup_request(keys_l, rows_l, meta_l, slot, vnodes, counts, keys, out, ikind, ihp, seed):
-    """``out[i]`` = the value of ``keys[i]`` (its initial value when not stored)."""
-    home, address = homes(keys_l, rows_l, slot, vnodes, counts, keys, 0)
+def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, ikind, ihp, seed):
+    """``out[i]`` = the value of ``keys[i]`` (its initial value when not stored); ``d``
+    and the first vnode's arrays as ``views.py`` has them."""
+    home, address = homes(d, slot, vnodes, counts, keys, 0)
     a = 0
     for seg in range(vnodes.shape[0]):
-        t = slot[vnodes[seg]]
-        tkeys, rows, meta = keys_l[t], rows_l[t], meta_l[t]
+        tkeys, rows, meta = hash_arrays(d, slot[vnodes[seg]], keys0, rows0, meta0)
         b = a + counts[seg]
         for i in range(a, b):
             prefetch_address(address[i + AHEAD])
@@ -86,19 +85,18 @@ def lookup_request(keys_l, rows_l, meta_l, slot, vnodes, counts, keys, out, ikin
 
 
 @njit(nogil=True, cache=True)
-def apply_request(keys_l, rows_l, meta_l, limits, slot, vnodes, counts, keys, grads, seg, start, ohp, ikind,
-                  ihp, seed):
+def apply_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, grads, seg, start, ohp, ikind, ihp, seed):
     """Apply ``grads`` to ``keys`` with the table's rule, from key ``start`` of segment
     ``seg``; return where a vnode must grow first (its segment and the key in it), or
     ``(len(vnodes), 0)`` when every key is applied (``many.apply_many``'s contract)."""
     a = 0
     for s in range(seg):
         a += counts[s]
-    home, address = homes(keys_l, rows_l, slot, vnodes, counts, keys, a + start)
+    home, address = homes(d, slot, vnodes, counts, keys, a + start)
     for sg in range(seg, vnodes.shape[0]):
         t = slot[vnodes[sg]]
-        tkeys, rows, meta = keys_l[t], rows_l[t], meta_l[t]
-        width, limit = rows.shape[1], limits[t]
+        tkeys, rows, meta = hash_arrays(d, t, keys0, rows0, meta0)
+        width, limit = rows.shape[1], d[t, LIMIT]
         scratch = new_scratch(rows)  # compact rows are updated in a float32 copy (``compact.py``)
         work = work_rows(rows, scratch)
         b = a + counts[sg]
