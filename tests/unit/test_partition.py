@@ -79,3 +79,30 @@ def test_unique_inverse_matches_a_first_seen_reference_whatever_the_table_starts
             uniq, inverse = unique_inverse(keys, expect)
             np.testing.assert_array_equal(uniq, want_uniq)
             np.testing.assert_array_equal(inverse, want_inverse)
+
+
+def test_a_big_batch_routes_on_two_threads_to_the_same_bits_and_leaves_none_running(monkeypatch):
+    """At ``PARALLEL_KEYS`` and over, a batch is grouped (and a push's duplicates merged)
+    on two threads: the keys, sums, order and parts are the one thread's, bit for bit, and
+    no thread is left behind (a driver that routed a big push must still be able to fork)."""
+    import threading
+
+    from paramserver.routing import partition
+
+    rng = np.random.default_rng(7)
+    base = rng.integers(0, 2**64 - 1, 60_000, dtype=np.uint64)
+    keys = np.concatenate([base, base[:20_000], rng.integers(0, 2**64 - 1, 20_000, dtype=np.uint64), base[::7]])
+    grads = rng.standard_normal((keys.size, 3)).astype(np.float32)
+
+    def routed(threshold: int, ring: Ring) -> tuple:
+        monkeypatch.setattr(partition, "PARALLEL_KEYS", threshold)
+        push, pull = route_push(ring, keys, grads), route_pull(ring, keys)
+        return (push.keys.tobytes(), push.grads.tobytes(), pull.keys.tobytes(), pull.order.tobytes(),
+                [(p.server, p.start, p.stop, p.vnodes.tolist(), p.counts.tolist()) for p in push.parts + pull.parts])
+
+    for ring in (Ring.create([1]), Ring.create([1, 2, 3])):
+        before = threading.active_count()
+        one, two = routed(1 << 40, ring), routed(1 << 10, ring)
+        assert threading.active_count() == before
+        assert one == two
+        assert len(np.frombuffer(two[0], np.uint64)) == np.unique(keys).size  # duplicates merged across the halves

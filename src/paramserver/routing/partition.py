@@ -10,7 +10,11 @@ GIL released.
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -23,30 +27,20 @@ _S32 = np.uint64(32)
 
 
 @njit(nogil=True, cache=True)
-def _group(keys, rows, n_vnodes, vnode_rank, want_order, layout):  # type: ignore[no-untyped-def]
-    """Counting sort of ``keys`` (and their ``rows``) by the rank of their vnode
-    (``layout``: the table's, see ``hashing.layout_code``; 0 for the hash layout).
-
-    Returns the sorted keys, the sorted rows, ``order`` (sorted position -> input
-    position; empty unless ``want_order``) and the bucket offsets
-    (``int64[n_vnodes + 1]``).  Pass ``rows`` of width 0 to sort keys alone.
-    """
-    n = keys.shape[0]
-    dim = rows.shape[1]
-    bucket = np.empty(n, np.int32)
-    offsets = np.zeros(n_vnodes + 1, np.int64)
-    for i in range(n):
+def _bucket_counts(keys, lo, hi, n_vnodes, vnode_rank, layout, bucket, counts):  # type: ignore[no-untyped-def]
+    """``bucket[i]``: the rank of key ``i``'s vnode, for keys ``lo..hi-1``, counted in ``counts``."""
+    for i in range(lo, hi):
         b = vnode_rank[vnode_of_key(keys[i], n_vnodes, layout)]
         bucket[i] = b
-        offsets[b + 1] += 1
-    for b in range(n_vnodes):
-        offsets[b + 1] += offsets[b]
-    # one sequential write stream per bucket; inputs are read in order
-    order = np.empty(n if want_order else 0, np.int64)
-    skeys = np.empty(n, np.uint64)
-    srows = np.empty((n, dim), rows.dtype)
-    fill = offsets[:-1].copy()
-    for i in range(n):
+        counts[b] += 1
+
+
+@njit(nogil=True, cache=True)
+def _scatter(keys, rows, lo, hi, bucket, fill, skeys, srows, order, want_order):  # type: ignore[no-untyped-def]
+    """Keys ``lo..hi-1`` (and their rows) to their buckets' next places (``fill``), in
+    input order: one sequential write stream per bucket, inputs read in order."""
+    dim = rows.shape[1]
+    for i in range(lo, hi):
         b = bucket[i]
         p = fill[b]
         if want_order:
@@ -55,32 +49,92 @@ def _group(keys, rows, n_vnodes, vnode_rank, want_order, layout):  # type: ignor
         for j in range(dim):
             srows[p, j] = rows[i, j]
         fill[b] = p + 1
+
+
+def _group(keys: np.ndarray, rows: np.ndarray, n_vnodes: int, vnode_rank: np.ndarray, want_order: bool,
+           layout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Counting sort of ``keys`` (and their ``rows``) by the rank of their vnode
+    (``layout``: the table's, see ``hashing.layout_code``; 0 for the hash layout), stable.
+
+    Returns the sorted keys, the sorted rows, ``order`` (sorted position -> input
+    position; empty unless ``want_order``) and the bucket offsets
+    (``int64[n_vnodes + 1]``).  Pass ``rows`` of width 0 to sort keys alone.  A big batch
+    is counted and scattered in two halves on two threads: each bucket takes the first
+    half's keys, then the second's, so the result is the one thread's.
+    """
+    n = keys.shape[0]
+    bucket = np.empty(n, np.int32)
+    order = np.empty(n if want_order else 0, np.int64)
+    skeys = np.empty(n, np.uint64)
+    srows = np.empty((n, rows.shape[1]), rows.dtype)
+    half = n // 2 if _parallel(n) else n
+    counts = np.zeros((2, n_vnodes), np.int64)
+    _on_two(lambda: _bucket_counts(keys, 0, half, n_vnodes, vnode_rank, layout, bucket, counts[0]),
+            lambda: _bucket_counts(keys, half, n, n_vnodes, vnode_rank, layout, bucket, counts[1]), half < n)
+    offsets = np.zeros(n_vnodes + 1, np.int64)
+    np.cumsum(counts.sum(axis=0), out=offsets[1:])
+    fill = np.stack([offsets[:-1], offsets[:-1] + counts[0]])
+    _on_two(lambda: _scatter(keys, rows, 0, half, bucket, fill[0], skeys, srows, order, want_order),
+            lambda: _scatter(keys, rows, half, n, bucket, fill[1], skeys, srows, order, want_order), half < n)
     return skeys, srows, order, offsets
 
 
+#: a batch of at least this many keys is grouped, and a push's duplicates merged, on two
+#: threads (started and joined for the call: none is left running, so a driver that
+#: routes a big batch can still fork its nodes, ``cluster/process.fork_safe``)
+PARALLEL_KEYS = 1 << 17
+
+
+def _parallel(n: int) -> bool:
+    return n >= PARALLEL_KEYS and (os.cpu_count() or 1) > 1
+
+
+def _on_two(first: Callable[[], Any], second: Callable[[], Any], parallel: bool) -> tuple[Any, Any]:
+    """``(first(), second())``, ``second`` on a thread of its own when ``parallel``."""
+    if not parallel:
+        return first(), second()
+    out: list[Any] = [None]
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out[0] = second()
+        except BaseException as exc:  # handed to the caller, below
+            failed.append(exc)
+
+    helper = threading.Thread(target=run, name="paramserver-route")
+    helper.start()
+    try:
+        result = first()
+    finally:
+        helper.join()
+    if failed:
+        raise failed[0]
+    return result, out[0]
+
+
 @njit(nogil=True, cache=True)
-def _dedup_sum(skeys, srows, offsets):  # type: ignore[no-untyped-def]
-    """Merge duplicate keys inside each bucket, summing their rows.
+def _dedup_range(skeys, srows, offsets, b0, b1, uniq, sums, uoffsets):  # type: ignore[no-untyped-def]
+    """Merge duplicate keys inside each of buckets ``b0..b1-1``, summing their rows; the
+    merged keys and sums go to ``uniq``/``sums`` from position ``offsets[b0]`` on (never
+    past a bucket's own input: a range can be merged beside another, on its own thread);
+    ``uoffsets[b + 1]`` is where bucket ``b``'s end up.  Returns the position after them.
 
     A scratch table of >= 2x the largest bucket (power of two, L2-sized for 1e6-key
     batches) is reused across buckets; entries are stamped with their bucket, so it is
     never cleared.  Everything is read and written sequentially but the scratch table.
     """
-    n_buckets = offsets.shape[0] - 1
     dim = srows.shape[1]
     biggest = 0
-    for b in range(n_buckets):
+    for b in range(b0, b1):
         biggest = max(biggest, offsets[b + 1] - offsets[b])
     size = 16
     while size < 2 * biggest:
         size *= 2
     mask = np.uint64(size - 1)
     scratch = np.zeros((size, 2), np.uint64)  # (key, stamp << 32 | index in bucket)
-    uniq = np.empty(skeys.shape[0], np.uint64)
-    sums = np.empty((skeys.shape[0], dim), np.float32)
-    uoffsets = np.zeros(n_buckets + 1, np.int64)
-    m = 0
-    for b in range(n_buckets):
+    m = offsets[b0]
+    for b in range(b0, b1):
         first = m
         stamp = np.uint64(b + 1) << _S32
         for p in range(offsets[b], offsets[b + 1]):
@@ -103,6 +157,38 @@ def _dedup_sum(skeys, srows, offsets):  # type: ignore[no-untyped-def]
                     break
                 s = (s + np.uint64(1)) & mask
         uoffsets[b + 1] = m
+    return m
+
+
+@njit(nogil=True, cache=True)
+def _move_down(keys, rows, start, stop, to):  # type: ignore[no-untyped-def]
+    """``keys[to:to + n], rows[...] = keys[start:stop], ...`` in place, ``to < start``
+    (forwards, so the overlap is safe; numpy would copy through a temporary)."""
+    for i in range(stop - start):
+        keys[to + i] = keys[start + i]
+        for j in range(rows.shape[1]):
+            rows[to + i, j] = rows[start + i, j]
+
+
+def _dedup_sum(skeys: np.ndarray, srows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Merge duplicate keys inside each bucket, summing their rows (in input order: the
+    sums are the same bits on one thread or two).  Returns the merged keys, their sums
+    and the buckets' offsets in them."""
+    n, n_buckets = skeys.shape[0], offsets.shape[0] - 1
+    uniq = np.empty(n, np.uint64)
+    sums = np.empty((n, srows.shape[1]), np.float32)
+    uoffsets = np.zeros(n_buckets + 1, np.int64)
+    mid = int(np.searchsorted(offsets, n // 2)) if _parallel(n) else 0
+    if not 0 < mid < n_buckets:
+        m = _dedup_range(skeys, srows, offsets, 0, n_buckets, uniq, sums, uoffsets)
+        return uniq[:m], sums[:m], uoffsets
+    low, high = _on_two(lambda: _dedup_range(skeys, srows, offsets, 0, mid, uniq, sums, uoffsets),
+                        lambda: _dedup_range(skeys, srows, offsets, mid, n_buckets, uniq, sums, uoffsets), True)
+    start = int(offsets[mid])
+    if start > low:  # the upper half moves down to follow the lower one
+        _move_down(uniq, sums, start, high, low)
+        uoffsets[mid + 1:] -= start - low
+    m = low + high - start
     return uniq[:m], sums[:m], uoffsets
 
 
