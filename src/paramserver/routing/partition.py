@@ -51,6 +51,24 @@ def _scatter(keys, rows, lo, hi, bucket, fill, skeys, srows, order, want_order):
         fill[b] = p + 1
 
 
+@njit(nogil=True, cache=True)
+def _group_serial(keys, rows, n_vnodes, vnode_rank, want_order, layout):  # type: ignore[no-untyped-def]
+    """``_group`` on the calling thread, in one compiled call (a small batch: the
+    two-thread path's Python around its calls cost more than the batch)."""
+    n = keys.shape[0]
+    bucket = np.empty(n, np.int32)
+    counts = np.zeros(n_vnodes, np.int64)
+    _bucket_counts(keys, 0, n, n_vnodes, vnode_rank, layout, bucket, counts)
+    offsets = np.zeros(n_vnodes + 1, np.int64)
+    for b in range(n_vnodes):
+        offsets[b + 1] = offsets[b] + counts[b]
+    order = np.empty(n if want_order else 0, np.int64)
+    skeys = np.empty(n, np.uint64)
+    srows = np.empty((n, rows.shape[1]), rows.dtype)
+    _scatter(keys, rows, 0, n, bucket, offsets[:-1].copy(), skeys, srows, order, want_order)
+    return skeys, srows, order, offsets
+
+
 def _group(keys: np.ndarray, rows: np.ndarray, n_vnodes: int, vnode_rank: np.ndarray, want_order: bool,
            layout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Counting sort of ``keys`` (and their ``rows``) by the rank of their vnode
@@ -63,19 +81,21 @@ def _group(keys: np.ndarray, rows: np.ndarray, n_vnodes: int, vnode_rank: np.nda
     half's keys, then the second's, so the result is the one thread's.
     """
     n = keys.shape[0]
+    if not _parallel(n):
+        return _group_serial(keys, rows, n_vnodes, vnode_rank, want_order, layout)  # type: ignore[no-any-return]
     bucket = np.empty(n, np.int32)
     order = np.empty(n if want_order else 0, np.int64)
     skeys = np.empty(n, np.uint64)
     srows = np.empty((n, rows.shape[1]), rows.dtype)
-    half = n // 2 if _parallel(n) else n
+    half = n // 2
     counts = np.zeros((2, n_vnodes), np.int64)
     _on_two(lambda: _bucket_counts(keys, 0, half, n_vnodes, vnode_rank, layout, bucket, counts[0]),
-            lambda: _bucket_counts(keys, half, n, n_vnodes, vnode_rank, layout, bucket, counts[1]), half < n)
+            lambda: _bucket_counts(keys, half, n, n_vnodes, vnode_rank, layout, bucket, counts[1]))
     offsets = np.zeros(n_vnodes + 1, np.int64)
     np.cumsum(counts.sum(axis=0), out=offsets[1:])
     fill = np.stack([offsets[:-1], offsets[:-1] + counts[0]])
     _on_two(lambda: _scatter(keys, rows, 0, half, bucket, fill[0], skeys, srows, order, want_order),
-            lambda: _scatter(keys, rows, half, n, bucket, fill[1], skeys, srows, order, want_order), half < n)
+            lambda: _scatter(keys, rows, half, n, bucket, fill[1], skeys, srows, order, want_order))
     return skeys, srows, order, offsets
 
 
@@ -89,10 +109,8 @@ def _parallel(n: int) -> bool:
     return n >= PARALLEL_KEYS and (os.cpu_count() or 1) > 1
 
 
-def _on_two(first: Callable[[], Any], second: Callable[[], Any], parallel: bool) -> tuple[Any, Any]:
-    """``(first(), second())``, ``second`` on a thread of its own when ``parallel``."""
-    if not parallel:
-        return first(), second()
+def _on_two(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:
+    """``(first(), second())``, ``second`` on a thread of its own (joined before this returns)."""
     out: list[Any] = [None]
     failed: list[BaseException] = []
 
@@ -170,20 +188,29 @@ def _move_down(keys, rows, start, stop, to):  # type: ignore[no-untyped-def]
             rows[to + i, j] = rows[start + i, j]
 
 
+@njit(nogil=True, cache=True)
+def _dedup_serial(skeys, srows, offsets):  # type: ignore[no-untyped-def]
+    """``_dedup_sum`` on the calling thread, in one compiled call (a small batch)."""
+    uniq = np.empty(skeys.shape[0], np.uint64)
+    sums = np.empty((skeys.shape[0], srows.shape[1]), np.float32)
+    uoffsets = np.zeros(offsets.shape[0], np.int64)
+    m = _dedup_range(skeys, srows, offsets, 0, offsets.shape[0] - 1, uniq, sums, uoffsets)
+    return uniq[:m], sums[:m], uoffsets
+
+
 def _dedup_sum(skeys: np.ndarray, srows: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
     """Merge duplicate keys inside each bucket, summing their rows (in input order: the
     sums are the same bits on one thread or two).  Returns the merged keys, their sums
     and the buckets' offsets in them."""
     n, n_buckets = skeys.shape[0], offsets.shape[0] - 1
+    mid = int(np.searchsorted(offsets, n // 2)) if _parallel(n) else 0
+    if not 0 < mid < n_buckets:
+        return _dedup_serial(skeys, srows, offsets)  # type: ignore[no-any-return]
     uniq = np.empty(n, np.uint64)
     sums = np.empty((n, srows.shape[1]), np.float32)
     uoffsets = np.zeros(n_buckets + 1, np.int64)
-    mid = int(np.searchsorted(offsets, n // 2)) if _parallel(n) else 0
-    if not 0 < mid < n_buckets:
-        m = _dedup_range(skeys, srows, offsets, 0, n_buckets, uniq, sums, uoffsets)
-        return uniq[:m], sums[:m], uoffsets
     low, high = _on_two(lambda: _dedup_range(skeys, srows, offsets, 0, mid, uniq, sums, uoffsets),
-                        lambda: _dedup_range(skeys, srows, offsets, mid, n_buckets, uniq, sums, uoffsets), True)
+                        lambda: _dedup_range(skeys, srows, offsets, mid, n_buckets, uniq, sums, uoffsets))
     start = int(offsets[mid])
     if start > low:  # the upper half moves down to follow the lower one
         _move_down(uniq, sums, start, high, low)
