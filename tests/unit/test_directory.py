@@ -7,7 +7,9 @@ import gc
 import weakref
 
 import numpy as np
+import pytest
 
+from paramserver.errors import ProtocolError
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.store.loops import views
@@ -90,3 +92,17 @@ def test_dense_vnodes_are_read_through_the_directory() -> None:
     table.lookup(vnodes, counts, rkeys, out)
     np.testing.assert_array_equal(out, np.full((keys.size, 3), -0.25, np.float32))
     assert table.missing(vnodes, counts, rkeys) == 0
+
+
+def test_a_dense_table_refuses_keys_outside_their_vnode_before_it_reads_for_them() -> None:
+    """Keys routed by the hash layout are in the wrong vnodes of a dense table: every call
+    that reads rows for them says so (a ``ProtocolError`` naming the key), none reads outside
+    a vnode's rows (``missing`` did: a bus error, found while writing the test above)."""
+    spec = TableSpec("d", 1, key_bits=12)
+    table = VnodeSet(spec, RING.n_vnodes, range(RING.n_vnodes))
+    vnodes, counts, rkeys, grads = request(np.arange(0, 4096, 3, dtype=np.uint64), 1)  # hash layout: misplaced
+    out = np.empty((rkeys.size, 1), np.float32)
+    for call in (lambda: table.missing(vnodes, counts, rkeys), lambda: table.lookup(vnodes, counts, rkeys, out),
+                 lambda: table.apply(vnodes, counts, rkeys, grads)):
+        with pytest.raises(ProtocolError, match="is not in its vnode of this dense table"):
+            call()
