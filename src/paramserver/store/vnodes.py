@@ -176,9 +176,10 @@ class VnodeSet:
         if not self.tables:
             return 0
         vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
-        if self.bits:  # its keys index the rows: placed wrong, they would read outside them
-            self._misplaced(self.check(vnodes, counts, keys), keys)
-            return int(dense_missing_many(*self._dir.dense_args, self.slot, vnodes, counts, keys, self.layout))
+        if self.bits:
+            missing, bad = dense_missing_many(*self._dir.dense_args, self.slot, vnodes, counts, keys, self.layout)
+            self._misplaced(bad, keys)
+            return int(missing)
         return int(many.missing_many(*self._dir.hash_args, self.slot, vnodes, counts, keys))
 
     def refresh(self) -> None:

@@ -150,18 +150,21 @@ def dense_apply_many(d, rows0, meta0, slot, vnodes, counts, keys, grads, dim, la
 
 @njit(nogil=True, cache=True)
 def dense_missing_many(d, rows0, meta0, slot, vnodes, counts, keys, layout):
-    """How many keys are not stored yet (their row's flag is 0); keys are in place
-    (``dense_check_many`` passed)."""
+    """``(how many keys are not stored yet (their row's flag is 0), -1)``, or ``(0, i)``
+    where key ``i`` is not in its segment's vnode (as ``dense_lookup`` says it)."""
     missing, a = 0, 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
         rows, _ = dense_arrays(d, t, rows0, meta0)
         flag, start = rows.shape[1] - 1, d[t, START]
         for i in range(a, a + counts[s]):
-            if rows[np.int64(dense_pos(keys[i], layout)) - start, flag] == 0:
+            r = np.int64(dense_pos(keys[i], layout)) - start
+            if r < 0 or r >= rows.shape[0] or keys[i] >> np.uint64(layout_bits(layout)) != 0:
+                return 0, i
+            if rows[r, flag] == 0:
                 missing += 1
         a += counts[s]
-    return missing
+    return missing, -1
 
 
 @njit(nogil=True, cache=True)
