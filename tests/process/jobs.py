@@ -23,8 +23,7 @@ def train_a9a(client):
 
     cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"))
     spec = cfg.table_spec()
-    client.create_table(spec.name, spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                        key_bits=spec.key_bits)
+    client.create_table(spec)  # the spec train itself creates, whole
     client.job.start(make_shards([os.environ["A9A_TRAIN"]]), 1)
     done = train_worker(client, cfg)
     batch = read_all([os.environ["A9A_TEST"]], cfg.data)

@@ -38,7 +38,7 @@ from paramserver.routing.blocks import BlockMap
 from paramserver.routing.partition import combine_duplicates
 from paramserver.routing.ring import Ring
 from paramserver.tables.optim import PUSH_OPS
-from paramserver.tables.spec import TableSpec
+from paramserver.tables.spec import TableSpec, spec_given
 from paramserver.wire.message import Message, Op
 from paramserver.wire.sockets import refused_for
 
@@ -148,7 +148,7 @@ class Client:
         return self._state.routed(kind, keys, extra, layout, distinct, ordered)
 
     # ---- public API --------------------------------------------------------------------
-    def create_table(self, name: str, dim: int = 1, *, optimizer: Any = "sgd",
+    def create_table(self, name: str | TableSpec, dim: int = 1, *, optimizer: Any = "sgd",
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
                      aggregate: bool = False, replicas: int = 1, key_bits: int = 0,
                      block_size: int = 0, filters: Any = None, lifecycle: Any = None,
@@ -165,17 +165,18 @@ class Client:
         ``"push=int8,keycache,zstd;pull=keycache"``: ``paramserver.filters``); ``lifecycle``
         what happens to its keys over time (``"admit=after:2;ttl=1e6"``: ``paramserver.lifecycle``);
         ``storage`` ``"fp16"`` or ``"bf16"`` stores its rows in 16 bits a column;
-        ``row_cache`` caches its rows on this client (``cache_rows``).  See ``TableSpec``.
+        ``row_cache`` caches its rows on this client (``cache_rows``).  See ``TableSpec``:
+        a whole spec may be given instead of ``name``, alone (``create_table(spec)``).
 
         Raises:
             ConfigError: a bad spec, or the name is taken by a different spec.
         """
-        spec = self.admin.create_table_spec(
-            TableSpec(name, dim, optimizer=optimizer, initializer=initializer, seed=seed, consistency=consistency,
-                      aggregate=aggregate, replicas=replicas, key_bits=key_bits, block_size=block_size,
-                      filters=filters, lifecycle=lifecycle, storage=storage))
+        spec = self.admin.create_table_spec(spec_given(name, dim, {
+            "optimizer": optimizer, "initializer": initializer, "seed": seed, "consistency": consistency,
+            "aggregate": aggregate, "replicas": replicas, "key_bits": key_bits, "block_size": block_size,
+            "filters": filters, "lifecycle": lifecycle, "storage": storage}))
         if row_cache is not None:
-            self.cache_rows(name, row_cache)
+            self.cache_rows(spec.name, row_cache)
         return spec
 
     def cache_rows(self, table: str, row_cache: Any = "hot") -> None:

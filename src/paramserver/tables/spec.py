@@ -254,3 +254,19 @@ class TableSpec:
                 raise ConfigError(f"table spec field {key!r} must be {wanted}, got {str(d[key])[:100]!r} "
                                   f"({type(d[key]).__name__}); see TableSpec for each field's meaning")
         return cls(**d)
+
+
+def spec_given(name: str | TableSpec, dim: int, fields: dict[str, Any]) -> TableSpec:
+    """The spec ``Client.create_table`` was given: a whole ``TableSpec`` alone, or a name, a
+    width and the keyword ``fields`` to build one from.  A spec with other arguments beside
+    it is refused, naming them (one of the two would be dropped without a word)."""
+    if not isinstance(name, TableSpec):
+        return TableSpec(name, dim, **fields)
+    defaults = TableSpec.__init__.__kwdefaults__ or {}
+    given = {"dim": dim} if dim != 1 else {}
+    given.update({k: v for k, v in fields.items() if v is not defaults.get(k) and v != defaults.get(k)})
+    if given:
+        said = ", ".join(f"{k}={v!r}" for k, v in sorted(given.items()))
+        raise ConfigError(f"create_table was given the spec of {name.name!r} and also {said}: pass the spec alone, "
+                          f"changed where it must be (dataclasses.replace(spec, ...)), or a name and the fields")
+    return name
