@@ -1,9 +1,11 @@
 """What one request costs, apart from its keys: a 1-key pull through ``Client.pull``
 against the same pull's frames sent to the same server from the calling thread on a
 DEALER of its own, and a bare pyzmq echo between two processes (loopback TCP, as the
-cluster's links are).
+cluster's links are); and a training worker's step, a push and the next pull as one
+envelope (``together``), of 1 key each and of ``--keys`` each (a default ``train`` batch has
+~5 000 distinct keys), timed to the pull's answer.
 
-Run: ``.venv/bin/python bench/request_cost.py [--n 5000]``
+Run: ``.venv/bin/python bench/request_cost.py [--n 5000] [--keys 5000]``
 
 The frames are the ones ``Client.pull`` sends (kept by wrapping ``ZmqSocket.try_send`` for
 one call), so the server does the same work both ways; what differs is the client's
@@ -79,7 +81,26 @@ def bare_echo(n: int, repeat: int) -> tuple[float, float]:
         sock.close(0)
 
 
-def through_client_and_raw(n: int, repeat: int) -> dict[str, tuple[float, float]]:
+def train_step(client: Any, k: int) -> Callable[[], Any]:
+    """What a training worker sends a batch: a push of ``k`` distinct keys and the next
+    batch's pull of ``k`` others as one envelope (``together``), then the wait for that pull."""
+    rng = np.random.default_rng(k)
+    batches = [np.unique(rng.integers(1, 1 << 40, k).astype(np.uint64)) for _ in range(8)]
+    grads = np.full((k, 1), 0.01, np.float32)
+    turn = [0]
+
+    def step() -> Any:
+        i = turn[0] = turn[0] + 1
+        pushed, pulled = batches[i % 8], batches[(i + 1) % 8]
+        with client.together():
+            client.push("cost", pushed, grads[:pushed.size], distinct=True)
+            rows = client.pull("cost", pulled)
+        return rows.result(timeout=60)
+
+    return step
+
+
+def through_client_and_raw(n: int, repeat: int, n_keys: int) -> dict[str, tuple[float, float]]:
     kept: list[tuple[str, list[bytes]]] = []
     original = transport.ZmqSocket.try_send
 
@@ -98,6 +119,8 @@ def through_client_and_raw(n: int, repeat: int) -> dict[str, tuple[float, float]
             transport.ZmqSocket.try_send = original  # type: ignore[method-assign]
         endpoint, frames = next(k for k in reversed(kept) if b"pull" in k[1][0])
         out = {"Client.pull": timed(lambda: client.pull("cost", keys).result(timeout=60), n, repeat)}
+        for k in (1, n_keys):
+            out[f"push+pull, {k:,} keys each"] = timed(train_step(client, k), max(200, n // 4), repeat)
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.connect(endpoint)
         try:
@@ -112,10 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=5000, help="requests a run")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each, the median reported")
+    ap.add_argument("--keys", type=int, default=5000, help="keys of the bigger push+pull (a default train batch's)")
     args = ap.parse_args(argv)
-    rows = {"bare pyzmq echo": bare_echo(args.n, args.repeat), **through_client_and_raw(args.n, args.repeat)}
+    rows = {"bare pyzmq echo": bare_echo(args.n, args.repeat),
+            **through_client_and_raw(args.n, args.repeat, args.keys)}
     for name, (wall, cpu) in rows.items():
-        print(f"{name:<28} {wall:7.0f} µs a round trip  {cpu:6.0f} µs of this process's CPU")
+        print(f"{name:<30} {wall:7.0f} µs a round trip  {cpu:6.0f} µs of this process's CPU")
     return 0
 
 
