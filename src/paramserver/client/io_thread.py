@@ -1,7 +1,13 @@
-"""The client's I/O thread: it alone owns the client's sockets.
+"""The client's I/O thread: it works the client's sockets, and whoever holds its lock may too.
 
 Callers hand it requests through a queue (``submit``) and get their answer through a
-callback run on this thread; the client builds futures on top.  Replies are matched to
+callback run on this thread; the client builds futures on top.  A caller whose request
+finds the sockets free sends it itself (``_send_now``): the hand-off to this thread was the
+largest single wait of a training worker's batch (~365 us median on 2 cores,
+docs/benchmarks.md).  The thread sleeps in the OS's ``poll`` on ZeroMQ's descriptors
+without the lock, so a sender never waits for it; ZeroMQ's descriptor is an edge that any
+use of its socket may take, so whoever used a socket last looks at ``readable`` before it
+lets the thread sleep, and wakes it if a message waits.  Replies are matched to
 requests by id, so any number of requests can be in flight to any number of peers, and
 a pull's reply is scattered into the caller's output array here, while the caller
 computes.  The thread also sends the heartbeats and takes the scheduler's notifications
@@ -19,6 +25,7 @@ import heapq
 import itertools
 import logging
 import math
+import select
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +35,7 @@ import numpy as np
 import zmq
 
 from paramserver.client.core import NoAnswerError
+from paramserver.client.timers import Timers
 from paramserver.config import Config
 from paramserver.errors import ClosedError, Code, NodeLostError
 from paramserver.wire import batch
@@ -114,6 +122,8 @@ class IOThread(threading.Thread):
         self._corked = 0  # ``together`` blocks open: what they submit waits for the last to close
         self._envelope_bytes = config.max_message_bytes - batch.HEADER_ROOM  # an envelope's parts at most
         self._lock = threading.Lock()
+        self._io = threading.Lock()  # whoever holds it works the sockets and what is in flight
+        self._deferred: list[tuple[OnReply, BaseException]] = []  # failures a calling thread found, told here
         wake_addr = f"inproc://paramserver-wake-{id(self)}"
         self._wake_recv = ZmqSocket(self.ctx.socket(zmq.PAIR), False)
         self._wake_recv.raw.bind(wake_addr)
@@ -131,7 +141,7 @@ class IOThread(threading.Thread):
         self.bytes_sent = 0
         self.bytes_received = 0
         self._lost: set[str] = set()  # addresses of nodes declared dead
-        self._timers: list[tuple[float, int, Callable[[], None]]] = []  # heap of (due, n, fn)
+        self._timers = Timers(self.clock, self._lock)
         self._scheduler_seen = self.clock()
         self._close_reason: str | None = None  # why the client closed itself (declared dead)
 
@@ -146,8 +156,8 @@ class IOThread(threading.Thread):
             # a non-empty queue: the I/O thread is already due; a corked one: only a call the cork lets by
             wake = (not self._queue and not self._corked) or (self._corked > 0 and _passes(header))
             self._queue.append((address, header, arrays, on_reply, answer_within_s))
-            if wake:
-                self._wake_send.send(b"", zmq.NOBLOCK)
+        if wake and not self._send_now():
+            self._wake(True)
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
@@ -163,48 +173,47 @@ class IOThread(threading.Thread):
         finally:
             with self._lock:
                 self._corked -= 1
-                if not self._corked and self._queue and not self._closed.is_set():
-                    self._wake_send.send(b"", zmq.NOBLOCK)
+                due = not self._corked and self._queue and not self._closed.is_set()
+            if due and not self._send_now():
+                self._wake(True)
+
+    def _wake(self, check: bool = False) -> None:
+        """Wake the thread (``check``: unless the client closed: nothing would read it)."""
+        with self._lock:
+            if not (check and self._closed.is_set()):
+                self._wake_send.send(b"", zmq.NOBLOCK)
+
+    def _send_now(self) -> bool:
+        """Send what is queued from the calling thread, if no thread works the sockets now:
+        no hand-off.  False: the I/O thread must be woken, to send it (the sockets were
+        busy), to watch a new peer, to tell a failure (callbacks run on the I/O thread: the
+        caller may hold locks they take) or to read an answer that waits (a send may have
+        taken the edge that would have woken it)."""
+        if threading.current_thread() is self or not self._io.acquire(blocking=False):
+            return False
+        try:
+            if self._closed.is_set():
+                return False
+            peers = len(self._peers)
+            self._send_queued()
+            return (len(self._peers) == peers and not self._deferred
+                    and not any(sock.readable() for sock in self._peers.values()))
+        finally:
+            self._io.release()
+
+    def _failed(self, on_reply: OnReply, exc: BaseException) -> None:
+        """A request that could not go: its callback told now on this thread, else by it at its next turn."""
+        if threading.current_thread() is self:
+            self._deliver(_Call("", on_reply), None, exc)
+        else:
+            self._deferred.append((on_reply, exc))
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on this thread after ``delay_s`` (retries use it: never blocks)."""
-        with self._lock:
-            closed = self._closed.is_set()
-            if not closed:
-                heapq.heappush(self._timers, (self.clock() + delay_s, next(self._ids), fn))
-                if threading.current_thread() is not self:
-                    self._wake_send.send(b"", zmq.NOBLOCK)
-        if closed:  # nothing will run it later: run it now (a retry then fails its future)
-            fn()
-
-    def _run_timers(self) -> float:
-        """Run the timers that are due; seconds until the next one (inf: none)."""
-        while True:
-            with self._lock:
-                if not self._timers:
-                    return float("inf")
-                due, _, fn = self._timers[0]
-                now = self.clock()
-                if due > now:
-                    return due - now
-                heapq.heappop(self._timers)
-            try:
-                fn()
-            except Exception:
-                logger.exception("timer callback failed")
-
-    def _drain_timers(self) -> None:
-        """Run every timer now: a retry in backoff finds the client closed and fails its
-        future, instead of waiting forever."""
-        while True:
-            with self._lock:
-                if not self._timers:
-                    return
-                _, _, fn = heapq.heappop(self._timers)
-            try:
-                fn()
-            except Exception:
-                logger.debug("timer failed at close", exc_info=True)
+        if not self._timers.add(delay_s, fn, self._closed):
+            fn()  # nothing will run it later: run it now (a retry then fails its future)
+        elif threading.current_thread() is not self:
+            self._wake(True)
 
     def start_heartbeats(self) -> None:
         self._scheduler_seen = self.clock()
@@ -229,25 +238,32 @@ class IOThread(threading.Thread):
         return sock
 
     def run(self) -> None:
-        poller = self.transport.poller()
-        poller.register(self._wake_recv)
+        fds = select.poll()
+        fds.register(self._wake_recv.fd(), select.POLLIN)
         registered: set[Any] = set()
         next_beat = self.clock()
+        self._io.acquire()
         try:
             while not self._closed.is_set():
                 for sock in self._peers.values():
                     if sock not in registered:
-                        poller.register(sock)
+                        fds.register(sock.fd(), select.POLLIN)
                         registered.add(sock)
-                next_timer = min(self._run_timers(), self._expire_unanswered())
-                self._send_queued()  # what the timers resent
+                next_timer = min(self._timers.run_due(), self._expire_unanswered())
+                if self._wake_recv.readable():
+                    self._drain_wakeups()
+                self._send_queued()  # what was submitted while the sockets were busy, and what the timers resent
+                self._receive_ready()
+                deferred, self._deferred = self._deferred, []
+                for told, why in deferred:
+                    self._deliver(_Call("", told), None, why)
                 wait_s = min(next_beat - self.clock() if self._heartbeats else 1.0, next_timer)
-                for sock in poller.poll(_poll_ms(wait_s)):
-                    if sock is self._wake_recv:
-                        self._drain_wakeups()
-                        self._send_queued()
-                    else:
-                        self._receive(sock)
+                if not (deferred or self._wake_recv.readable() or any(s.readable() for s in self._peers.values())):
+                    self._io.release()  # a caller may send meanwhile (``_send_now``)
+                    try:
+                        self._wait(fds, _poll_ms(wait_s))
+                    finally:
+                        self._io.acquire()
                 if self._heartbeats and self.clock() >= next_beat:
                     self._peers[self.scheduler].try_send(encode({"op": Op.HEARTBEAT.value}))  # a missed one is fine
                     next_beat = self.clock() + self.config.heartbeat_interval_s
@@ -258,10 +274,21 @@ class IOThread(threading.Thread):
             with self._lock:
                 self._closed.set()
             self._fail_all(ClosedError(self._close_reason or "the client was closed with this request in flight"))
-            self._drain_timers()
+            self._timers.drain()
             for sock in (*self._peers.values(), self._wake_recv):
                 sock.close()
             self._wake_send.close(linger=0)
+            self._io.release()
+
+    def _wait(self, fds: select.poll, timeout_ms: int) -> list[tuple[int, int]]:
+        """Sleep until a socket may have something to say, the thread is woken, or ``timeout_ms``."""
+        return fds.poll(timeout_ms)
+
+    def _receive_ready(self) -> None:
+        """Read every message that waits on any socket (``readable``: a descriptor's edge says little)."""
+        for sock in list(self._peers.values()):
+            while sock.readable():
+                self._receive(sock)
 
     def _drain_wakeups(self) -> None:
         while True:
@@ -288,15 +315,14 @@ class IOThread(threading.Thread):
             address, header, arrays, on_reply, _ = item
             if address in self._lost:  # it died: nobody would ever answer
                 if on_reply:
-                    self._deliver(_Call(address, on_reply), None, NodeLostError(
-                        f"{address} was declared dead; the request was not sent"))
+                    self._failed(on_reply, NodeLostError(f"{address} was declared dead; the request was not sent"))
                 continue
             request_id = next(self._ids)
             try:
                 out = _Out(item, request_id, encode({**header, "id": request_id}, arrays))
             except Exception as exc:
                 if on_reply:
-                    on_reply(None, exc)
+                    self._failed(on_reply, exc)
                 continue
             group = held.setdefault(address, [])
             alone = header.get("op") not in ENVELOPED
@@ -435,6 +461,9 @@ class IOThread(threading.Thread):
             fn(msg)
 
     def _fail_all(self, exc: BaseException) -> None:
+        deferred, self._deferred = self._deferred, []
+        for told, why in deferred:
+            self._deliver(_Call("", told), None, why)
         pending, self._pending = self._pending, {}
         for call in pending.values():
             self._deliver(call, None, exc)

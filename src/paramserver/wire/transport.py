@@ -213,6 +213,15 @@ class ZmqSocket:
     def poll(self, timeout_ms: int = 0) -> bool:
         return bool(self.raw.poll(timeout_ms))
 
+    def fd(self) -> int:
+        """ZeroMQ's descriptor of the socket: readable when it may have something to say
+        (an edge: look at ``readable`` after every use of the socket)."""
+        return int(self.raw.getsockopt(zmq.FD))
+
+    def readable(self) -> bool:
+        """A message waits (ZeroMQ's ``EVENTS``)."""
+        return bool(int(self.raw.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
     def close(self, linger: int = 0) -> None:
         self.raw.close(linger=linger)
 
