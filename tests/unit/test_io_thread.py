@@ -105,8 +105,8 @@ def test_a_request_goes_out_from_the_calling_thread_when_the_sockets_are_free():
             got = threading.Event()
             io.submit(address, {"op": "pull", "n": i}, (), lambda msg, exc, got=got: got.set())
             assert got.wait(5.0), f"request {i} was never answered"
-        # most: a request that comes while the I/O thread ends its turn (it just told the answer before) goes through it
-        assert senders.count(threading.current_thread().name) >= 10, senders
+        # the thread tells an answer with the sockets free: the caller it wakes sends the next request itself
+        assert senders.count(threading.current_thread().name) >= 45, senders  # a rare one may find them busy
     finally:
         stop.set()
         echo.join(5)

@@ -123,7 +123,8 @@ class IOThread(threading.Thread):
         self._envelope_bytes = config.max_message_bytes - batch.HEADER_ROOM  # an envelope's parts at most
         self._lock = threading.Lock()
         self._io = threading.Lock()  # whoever holds it works the sockets and what is in flight
-        self._deferred: list[tuple[OnReply, BaseException]] = []  # failures a calling thread found, told here
+        # the callbacks due (answers, failures), told by the I/O thread with the sockets free (``_tell``)
+        self._told: list[tuple[OnReply, Message | None, BaseException | None]] = []
         wake_addr = f"inproc://paramserver-wake-{id(self)}"
         self._wake_recv = ZmqSocket(self.ctx.socket(zmq.PAIR), False)
         self._wake_recv.raw.bind(wake_addr)
@@ -188,7 +189,8 @@ class IOThread(threading.Thread):
         no hand-off.  False: the I/O thread must be woken, to send it (the sockets were
         busy), to watch a new peer, to tell a failure (callbacks run on the I/O thread: the
         caller may hold locks they take) or to read an answer that waits (a send may have
-        taken the edge that would have woken it)."""
+        taken the edge that would have woken it).  The thread tells the answers it read with
+        the sockets free (``_tell``): a caller woken by one sends its next request itself."""
         if threading.current_thread() is self or not self._io.acquire(blocking=False):
             return False
         try:
@@ -196,17 +198,14 @@ class IOThread(threading.Thread):
                 return False
             peers = len(self._peers)
             self._send_queued()
-            return (len(self._peers) == peers and not self._deferred
+            return (len(self._peers) == peers and not self._told
                     and not any(sock.readable() for sock in self._peers.values()))
         finally:
             self._io.release()
 
     def _failed(self, on_reply: OnReply, exc: BaseException) -> None:
-        """A request that could not go: its callback told now on this thread, else by it at its next turn."""
-        if threading.current_thread() is self:
-            self._deliver(_Call("", on_reply), None, exc)
-        else:
-            self._deferred.append((on_reply, exc))
+        """A request that could not go: its callback is told by the I/O thread."""
+        self._told.append((on_reply, None, exc))
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` on this thread after ``delay_s`` (retries use it: never blocks)."""
@@ -249,16 +248,20 @@ class IOThread(threading.Thread):
                     if sock not in registered:
                         fds.register(sock.fd(), select.POLLIN)
                         registered.add(sock)
-                next_timer = min(self._timers.run_due(), self._expire_unanswered())
+                next_timer = self._expire_unanswered()
                 if self._wake_recv.readable():
                     self._drain_wakeups()
                 self._send_queued()  # what was submitted while the sockets were busy, and what the timers resent
                 self._receive_ready()
-                deferred, self._deferred = self._deferred, []
-                for told, why in deferred:
-                    self._deliver(_Call("", told), None, why)
+                told, self._told = self._told, []
+                self._io.release()  # callers send their next requests themselves meanwhile
+                try:
+                    self._tell(told)
+                    next_timer = min(next_timer, self._timers.run_due())
+                finally:
+                    self._io.acquire()
                 wait_s = min(next_beat - self.clock() if self._heartbeats else 1.0, next_timer)
-                if not (deferred or self._wake_recv.readable() or any(s.readable() for s in self._peers.values())):
+                if not (self._told or self._wake_recv.readable() or any(s.readable() for s in self._peers.values())):
                     self._io.release()  # a caller may send meanwhile (``_send_now``)
                     try:
                         self._wait(fds, _poll_ms(wait_s))
@@ -274,6 +277,8 @@ class IOThread(threading.Thread):
             with self._lock:
                 self._closed.set()
             self._fail_all(ClosedError(self._close_reason or "the client was closed with this request in flight"))
+            told, self._told = self._told, []
+            self._tell(told)
             self._timers.drain()
             for sock in (*self._peers.values(), self._wake_recv):
                 sock.close()
@@ -429,10 +434,16 @@ class IOThread(threading.Thread):
             self._notify(msg)
 
     def _deliver(self, call: _Call, msg: Message | None, exc: BaseException | None) -> None:
-        try:
-            call.on_reply(msg, exc)
-        except Exception:
-            logger.exception("reply callback failed")
+        """``call``'s answer or failure, told at the end of this turn (``_tell``)."""
+        self._told.append((call.on_reply, msg, exc))
+
+    def _tell(self, told: list[tuple[OnReply, Message | None, BaseException | None]]) -> None:
+        """Run the callbacks of a turn's answers and failures, in order, on this thread."""
+        for on_reply, msg, exc in told:
+            try:
+                on_reply(msg, exc)
+            except Exception:
+                logger.exception("reply callback failed")
 
     def _notify(self, msg: Message) -> None:
         if msg.op is Op.NODE_LOST:
@@ -461,9 +472,6 @@ class IOThread(threading.Thread):
             fn(msg)
 
     def _fail_all(self, exc: BaseException) -> None:
-        deferred, self._deferred = self._deferred, []
-        for told, why in deferred:
-            self._deliver(_Call("", told), None, why)
         pending, self._pending = self._pending, {}
         for call in pending.values():
             self._deliver(call, None, exc)
