@@ -65,7 +65,10 @@ CLONE=$CACHE/clone-$$
 trap 'rm -rf "$CLONE"' EXIT
 if [ -z "$SRC_FROM" ]; then
     echo "build.sh: cloning https://github.com/dmlc/ps-lite for $COMMIT" >&2
-    git clone --quiet https://github.com/dmlc/ps-lite "$CLONE"
+    git clone --quiet https://github.com/dmlc/ps-lite "$CLONE" || {
+        echo "build.sh: could not clone https://github.com/dmlc/ps-lite (no network?): give a checkout with" \
+             "--pslite-src DIR (or PSLITE_SRC), or put a bare mirror at $MIRROR" >&2
+        exit 2; }
     SRC_FROM=$CLONE
 fi
 if [ ! -d "$SRC_FROM" ]; then
