@@ -47,7 +47,7 @@ from paramserver.store.kernels import Kernels, kernels_for
 from paramserver.store.loops import hash as hash_loops
 from paramserver.store.loops import life as life_loops
 from paramserver.store.loops.hash import COUNT, HAS_ZERO
-from paramserver.store.memory import new_slots, slot_views
+from paramserver.store.memory import heap_released, new_slots, on_heap, slot_views
 from paramserver.tables.optim import OP_UPDATE, Initializer, Optimizer
 
 MAX_LOAD = 0.875
@@ -108,13 +108,17 @@ class VnodeTable:
     def _limit(self) -> int:
         return int(self.capacity * MAX_LOAD)  # < capacity: a probe always meets an empty slot
 
-    def _grow(self, needed: int) -> None:
+    def _grow(self, needed: int) -> int:
+        """Room for ``needed`` keys; the heap bytes let go for good, once the old slots are
+        dropped (``memory.heap_released``: the vnode moved off the heap)."""
         cap = max(int(self.capacity * GROWTH) + 1, int(needed / MAX_LOAD) + 2)
         old_keys, old_rows, old_life = self.keys, self.rows, self.life
+        old_bytes = self.slots.nbytes
         self._alloc(cap)
         hash_loops.rehash(old_keys, old_rows, self.keys, self.rows)
         if old_life is not None:
             life_loops.rehash_life(old_keys, old_life, self.keys, self._meta, self.life)
+        return old_bytes if on_heap(old_bytes) and not on_heap(self.slots.nbytes) else 0
 
     def lookup(self, keys: np.ndarray, out: np.ndarray) -> None:
         """``out[i] = row value of keys[i]`` (initial value for keys never pushed)."""
@@ -128,7 +132,7 @@ class VnodeTable:
                                    self._okind, self._ohp, self._ikind, self._ihp, self._seed)
             if i == keys.shape[0]:
                 return
-            self._grow(len(self) + 1)
+            heap_released(self._grow(len(self) + 1))
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All stored keys and their full rows (value and state), in slot order, as float32."""
@@ -190,7 +194,7 @@ class VnodeTable:
     def load(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Set whole rows (value and state) for ``keys``, inserting those not present."""
         if len(self) + keys.shape[0] >= self._limit():
-            self._grow(len(self) + keys.shape[0])
+            heap_released(self._grow(len(self) + keys.shape[0]))
         keys = np.ascontiguousarray(keys, np.uint64)
         hash_loops.insert_rows(self.keys, self.rows, self._meta, frozen(keys), frozen(encode_rows(rows, self.dim, keys,
                                                                                          self.dtype)))

@@ -24,7 +24,7 @@ from paramserver.store.life import TableLife, life_width
 from paramserver.store.loops import life as life_loops
 from paramserver.store.loops import many
 from paramserver.store.loops.dense import dense_check_many, dense_lookup_many, dense_missing_many
-from paramserver.store.memory import available_memory, populating_later
+from paramserver.store.memory import available_memory, heap_released, populating_later
 from paramserver.store.specialize import MAX_DIM
 from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import OP_UPDATE
@@ -212,8 +212,9 @@ class VnodeSet:
             v = int(vnodes[seg])
             vt = self.tables[v]
             assert isinstance(vt, VnodeTable), "a dense vnode never asks to grow"
-            vt._grow(len(vt) + 1)
-            self._reset(v)
+            released = vt._grow(len(vt) + 1)
+            self._reset(v)  # the directory lets the old slots go: then their heap pages can be
+            heap_released(released)
 
     # ---- the key lifecycle (``store/life.py``) --------------------------------------------
     def touch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, epoch: float, time: float,
