@@ -9,7 +9,9 @@ Run: ``.venv/bin/python bench/request_cost.py [--n 5000] [--keys 5000]``
 
 The frames are the ones ``Client.pull`` sends (kept by wrapping ``ZmqSocket.try_send`` for
 one call), so the server does the same work both ways; what differs is the client's
-machinery: routing, the wake-up pair, the I/O thread's hand-off and the future.  Each line
+machinery: routing, the future, and the answer's way back through the I/O thread (the
+request itself goes from the calling thread when the sockets are free; on an idle machine
+the I/O thread would have woken at once, so this does not show what that saves).  Each line
 gives the round trip and the CPU this process spent a request (all its threads,
 ``/proc/self/stat``), medians of ``--repeat`` runs of ``--n`` requests.
 """
