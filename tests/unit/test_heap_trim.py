@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paramserver._runtime import malloc
 from paramserver.store import memory
 from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import SGD, Zeros
@@ -34,19 +35,21 @@ def test_a_vnode_says_what_it_let_go_of_the_heap_once_when_it_moves_off_it():
 
 def test_the_heap_is_trimmed_once_enough_has_been_let_go(monkeypatch):
     calls = []
-    trim = memory._HeapTrim()
-    trim._probed, trim._trim = True, lambda pad: calls.append(pad) or 1
+    monkeypatch.setattr(memory, "trim_heap", lambda: calls.append(1) or True)
+    monkeypatch.setattr(memory, "_released", 0)
     step = memory.TRIM_BYTES // 4
     for _ in range(3):
-        trim.released(step)
+        memory.heap_released(step)
     assert calls == []  # not yet: 3/4 of the threshold
-    trim.released(step)
-    assert calls == [0]
+    memory.heap_released(step)
+    assert calls == [1]
     for _ in range(3):
-        trim.released(step)
-    assert calls == [0]  # counting starts again after a trim
+        memory.heap_released(step)
+    assert calls == [1]  # counting starts again after a trim
 
 
-def test_heap_released_trims_for_real_where_malloc_can():
-    memory.heap_released(memory.TRIM_BYTES)  # glibc's malloc_trim, or nothing elsewhere: must not fail
-    assert memory._heap_trim._pending == 0
+def test_trim_heap_trims_for_real_where_malloc_can():
+    import ctypes.util
+
+    glibc = ctypes.util.find_library("c") is not None and hasattr(ctypes.CDLL(None), "malloc_trim")
+    assert malloc.trim_heap() is glibc  # glibc's malloc_trim, or False elsewhere: never an error

@@ -7,12 +7,18 @@ message frames) again and again, so every batch paid ~4 000 minor page faults pe
 (measured: routing 1e6 keys took 11.4 ms with faults, 6.6 ms without).  Raising both
 thresholds keeps those pages mapped and reused.  Applied by the processes paramserver
 starts (servers, workers, scheduler); a user's own process opts in by calling it.
+
+The other side of it: memory freed for good (a hash vnode's heap array once the vnode
+grew onto a mapping of its own) stays resident too, until ``trim_heap`` gives the free
+pages of malloc's arenas back (``store/memory.heap_released`` decides when).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -30,3 +36,22 @@ def tune_allocator(mmap_threshold: int = 256 << 20, trim_threshold: int = 1 << 3
     ok: bool = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
     logger.debug("malloc thresholds raised: %s", ok)
     return ok
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:  # the loaded C library, as tune_allocator finds it
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None  # not glibc
+    return trim
+
+
+def trim_heap() -> bool:
+    """Give the free pages of every malloc arena back to the kernel (glibc's
+    ``malloc_trim(0)``); False where that is not possible."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True

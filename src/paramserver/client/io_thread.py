@@ -158,7 +158,7 @@ class IOThread(threading.Thread):
             wake = (not self._queue and not self._corked) or (self._corked > 0 and _passes(header))
             self._queue.append((address, header, arrays, on_reply, answer_within_s))
         if wake and not self._send_now():
-            self._wake(True)
+            self._wake()
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
@@ -176,12 +176,12 @@ class IOThread(threading.Thread):
                 self._corked -= 1
                 due = not self._corked and self._queue and not self._closed.is_set()
             if due and not self._send_now():
-                self._wake(True)
+                self._wake()
 
-    def _wake(self, check: bool = False) -> None:
-        """Wake the thread (``check``: unless the client closed: nothing would read it)."""
+    def _wake(self) -> None:
+        """Wake the thread, unless the client closed (nothing would read it)."""
         with self._lock:
-            if not (check and self._closed.is_set()):
+            if not self._closed.is_set():
                 self._wake_send.send(b"", zmq.NOBLOCK)
 
     def _send_now(self) -> bool:
@@ -212,7 +212,7 @@ class IOThread(threading.Thread):
         if not self._timers.add(delay_s, fn, self._closed):
             fn()  # nothing will run it later: run it now (a retry then fails its future)
         elif threading.current_thread() is not self:
-            self._wake(True)
+            self._wake()
 
     def start_heartbeats(self) -> None:
         self._scheduler_seen = self.clock()

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from paramserver._runtime.malloc import trim_heap
+
 PAGE = 4096
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>
 BACKGROUND_BYTES = 1 << 20  # smaller arrays are populated at once (256 pages: ~1 ms)
@@ -92,47 +94,30 @@ def huge_zeros(nbytes: int) -> np.ndarray:
     return np.frombuffer(area, np.uint8)  # the array keeps the mapping alive
 
 
-class _HeapTrim:
-    """Free heap pages handed back to the kernel once a table's growth left enough of them.
-
-    A hash vnode under ``HUGE_BYTES`` lives on malloc's heap; one at or over it is a mapping
-    of its own.  The processes raise malloc's trim threshold (``_runtime/malloc.py``: batch
-    buffers stay mapped), so when a vnode grows past ``HUGE_BYTES`` its last heap array is
-    freed into an arena that keeps it, and no later growth of any vnode reuses it.  A table
-    of 10^7 dim-1 keys crossed over on all 64 vnodes at once and left ~128 MB resident in
-    the vnode threads' arenas: 40.9 resident bytes a key, 24.1 of them in the tables.
-    ``malloc_trim`` gives an arena's free pages back (glibc; elsewhere nothing is done)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending = 0
-        self._trim: Callable[[int], int] | None = None
-        self._probed = False
-
-    def released(self, nbytes: int) -> None:
-        with self._lock:
-            self._pending += nbytes
-            if self._pending < TRIM_BYTES:
-                return
-            self._pending = 0
-            if not self._probed:
-                self._probed = True
-                try:  # the loaded C library
-                    self._trim = ctypes.CDLL(None).malloc_trim
-                except (OSError, AttributeError):  # not glibc
-                    self._trim = None
-            trim = self._trim
-        if trim is not None:
-            trim(0)
-
-
-_heap_trim = _HeapTrim()
+_released = 0  # heap bytes let go for good since the last trim (``heap_released``)
+_released_lock = threading.Lock()
 
 
 def heap_released(nbytes: int) -> None:
-    """``nbytes`` of a vnode's heap arrays were freed for good (it grew onto a mapping of its own)."""
-    if nbytes:
-        _heap_trim.released(nbytes)
+    """``nbytes`` of a vnode's heap arrays were freed for good: it grew onto a mapping of its own.
+
+    A hash vnode under ``HUGE_BYTES`` lives on malloc's heap; one at or over it is a mapping
+    of its own.  The processes raise malloc's trim threshold (``_runtime/malloc.py``: batch
+    buffers stay mapped), so a vnode's last heap array, freed as it grows past
+    ``HUGE_BYTES``, stayed resident, and no later growth of any vnode reuses it.  A table of
+    10^7 dim-1 keys crossed over on all 64 vnodes at once and left ~128 MB in the vnode
+    threads' arenas: 40.5 resident bytes a key, 24.1 of them in the tables.  Every
+    ``TRIM_BYTES`` of them, the arenas' free pages go back to the kernel (``trim_heap``)."""
+    global _released
+    if not nbytes:
+        return
+    with _released_lock:
+        _released += nbytes
+        due = _released >= TRIM_BYTES
+        if due:
+            _released = 0
+    if due:
+        trim_heap()
 
 
 def on_heap(nbytes: int) -> bool:
