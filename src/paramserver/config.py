@@ -82,6 +82,29 @@ def _dmlc(values: dict[str, Any], role: str | None) -> None:
         values.setdefault("host", "0.0.0.0")
 
 
+_BYTE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(what: str, value: Any) -> int:
+    """A size in bytes given as an int or as text: ``"512M"``, ``"2G"``, ``"1.5GiB"``,
+    ``"4096"`` (units are powers of 1024); ``ConfigError`` naming ``what`` and the rule."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"{what} must be a size >= 0 in bytes (0: none), got {value}")
+        return value
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text is not None:
+        text = text.removesuffix("b").removesuffix("i")
+        unit = text[-1:] if text[-1:] in _BYTE_UNITS else ""
+        try:
+            number = float(text[:len(text) - len(unit)])
+        except ValueError:
+            number = -1.0
+        if math.isfinite(number) and number >= 0:
+            return int(number * _BYTE_UNITS[unit])
+    raise ConfigError(f"{what} must be a size in bytes like 512M, 2G or 1073741824 (0: none), got {value!r}")
+
+
 def _env(default: Any, var: str, text: str) -> Any:
     """A ``Config`` field that the environment variable ``var`` sets (``ENV``): ``text`` says what it is."""
     return field(default=default, metadata={"env": var, "help": text})
@@ -126,6 +149,13 @@ class Config:
     checkpoint_root: str = _env("", "PARAMSERVER_CHECKPOINT_ROOT",
                                 "servers write and read checkpoints only under this folder or URL (default: "
                                 "anywhere; '..' is always refused)")
+    table_memory: int = _env(0, "PARAMSERVER_TABLE_MEMORY",
+                             "bytes of memory each hash table's rows may take on this server, like 512M: the "
+                             "least recently used go to its cold directory, and come back when asked for (0: "
+                             "tables without a budget of their own take what they need)")
+    cold_dir: str = _env("", "PARAMSERVER_COLD_DIR",
+                         "the local directory a server keeps cold rows in (tables over a memory budget; "
+                         "default: $TMPDIR, else /var/tmp; never tmpfs, whose pages are memory)")
     allow_loss: bool = _env(False, "PARAMSERVER_ALLOW_LOSS",
                             "1: a client logs a server's death with data no backup held and goes on (Client.losses) "
                             "instead of raising DataLossError on its next call")
@@ -136,6 +166,7 @@ class Config:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{name} must be an int >= {lo}, got {v!r}")
+        parse_bytes("table_memory", self.table_memory)
         if self.port > 65535:
             raise ConfigError(f"port must be <= 65535, got {self.port}")
         for name in ("metrics_port", "http_port"):
@@ -181,6 +212,9 @@ def load_config(role: str | None = None, **overrides: Any) -> Config:
             continue
         kinds: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "bool": _flag}
         kind = kinds.get(str(types[name]), str)
+        if name == "table_memory":
+            values[name] = parse_bytes(var, raw)
+            continue
         try:
             values[name] = kind(raw)
         except ValueError:

@@ -73,6 +73,10 @@ class _Rows:
     def hash_vnodes(self) -> Mapping[int, VnodeTable]:
         return self.vnodes
 
+    @property
+    def cold_vnodes(self) -> Mapping[int, VnodeTable]:
+        return {}
+
     def stored(self, vnodes, counts, keys):
         ends = np.cumsum(counts)
         return np.concatenate([self.vnodes[int(v)].stored(keys[e - c:e]) for v, c, e in zip(vnodes, counts, ends)])
@@ -92,7 +96,7 @@ def test_a_table_life_sweeps_the_rows_it_is_given():
     for v, part in ((0, keys[:50]), (1, keys[50:])):
         rows.vnodes[v].load(part, np.ones((part.size, spec.width), np.float32))
         life = np.zeros((part.size, rows.life_width), np.float32)
-        touched_life(life, 1, 0.0 if v == 0 else 95.0)  # vnode 0's keys last seen at 0, vnode 1's at 95
+        touched_life(life, 1, 0.0 if v == 0 else 95.0, scored=False)  # vnode 0's keys last seen at 0, vnode 1's at 95
         rows.vnodes[v].set_life(part, life)
     life = TableLife(spec.lifecycle, spec.dim, rows)
     life.now = 100.0

@@ -154,6 +154,12 @@ def _lifecycle_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
         whole = f": arrays of all 2^{report['hash_bits']} keys" if report.get("table_layout") == "dense" else ""
         lines += [("table storage", f"{layout}{report['storage']} rows"),
                   ("keys held", f"{report['keys']:,} ({report['bytes_per_key']:.1f} bytes a key, all copies{whole})")]
+    if "tiers" in report:
+        t = report["tiers"]
+        lines.append(("memory tiers", f"{t['hot_bytes'] / 2**20:,.1f} MiB in memory (budget "
+                                      f"{t['budget_bytes'] / 2**20:,.1f} MiB), {t['cold_keys']:,.0f} keys on disk "
+                                      f"({t['cold_bytes'] / 2**20:,.1f} MiB); hit rate {t['hit_rate']:.2%} "
+                                      f"({t['promoted']:,.0f} rows read back, {t['demoted']:,.0f} moved out)"))
     if "lifecycle" in report:
         lines += [("lifecycle", report["lifecycle"]),
                   ("updates refused (not admitted)", f"{report['updates_refused']:,}"),
@@ -231,7 +237,7 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
                        consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
                        layout=getattr(args, "table_layout", "auto"), filters=getattr(args, "filters", None),
                        lifecycle=getattr(args, "lifecycle", None), storage=getattr(args, "storage", "float32"),
-                       row_cache=getattr(args, "row_cache", "off"))
+                       row_cache=getattr(args, "row_cache", "off"), table_memory=getattr(args, "table_memory", 0))
 
 
 def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list[str],

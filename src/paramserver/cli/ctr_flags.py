@@ -18,6 +18,7 @@ from paramserver.cli.parser import (
     loss_flags,
     secret_flag,
     storage_flag,
+    table_memory_flag,
     unverified_flag,
     watch_flags,
 )
@@ -151,6 +152,7 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     filters_flag(p)
     lifecycle_flag(p)
     storage_flag(p)
+    table_memory_flag(p)
     secret_flag(p)
 
 

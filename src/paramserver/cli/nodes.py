@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 from paramserver.cli.parser import log_level_flag
-from paramserver.config import Config, load_config, node_role
+from paramserver.config import Config, load_config, node_role, parse_bytes
 from paramserver.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 _CONFIG_KEYS = ("scheduler", "host", "port", "advertise_host", "servers", "workers", "vnodes_per_server",
                 "heartbeat_interval_s", "heartbeat_timeout_s", "connect_timeout_s", "last_copy_timeout_s",
                 "metrics_port", "http_port",
-                "http_host", "secret_file", "checkpoint_root")
+                "http_host", "secret_file", "checkpoint_root", "table_memory", "cold_dir")
 
 
 def node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> None:
@@ -87,6 +87,17 @@ def scheduler(args: argparse.Namespace) -> int:
 def add_server(sub: Subparsers) -> None:
     p = sub.add_parser("server", help="run a server (holds vnodes of every table)")
     node_flags(p, bind=True, scheduler=True)
+    memory_flags(p)
+
+
+def memory_flags(p: argparse.ArgumentParser) -> None:
+    """A server's memory budget for each table's rows, and where the rows over it go."""
+    p.add_argument("--table-memory", type=lambda v: parse_bytes("--table-memory", v),
+                   help="bytes of memory each hash table's rows may take on this server, like 512M; the least "
+                        "recently used rows go to --cold-dir and come back when asked for (a table's own "
+                        "memory budget is used where it has one) [PARAMSERVER_TABLE_MEMORY, 0: no budget]")
+    p.add_argument("--cold-dir", help="the local directory cold rows are kept in (not tmpfs) "
+                                      "[PARAMSERVER_COLD_DIR, $TMPDIR or /var/tmp]")
 
 
 def server(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from paramserver.config import DMLC_ENV, ENV, NODE_ENV
+from paramserver.config import DMLC_ENV, ENV, NODE_ENV, parse_bytes
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -101,6 +101,14 @@ def lifecycle_flag(p: argparse.ArgumentParser) -> None:
                         "joined by ';' such as 'admit=after:2' (store a key at its 2nd sighting), 'admit=prob:0.25', "
                         "'ttl=5e6' (drop keys unseen for 5e6 examples), 'half_life=1e6;min_score=0.5', "
                         "'cap_keys=10000000' or 'cap_bytes=2G' with 'victim=lru|lfu'; default: keys stay for ever")
+
+
+def table_memory_flag(p: argparse.ArgumentParser) -> None:
+    """``--table-memory``: the memory the model table's rows may take on each server."""
+    p.add_argument("--table-memory", metavar="BYTES", default=0, type=lambda v: parse_bytes("--table-memory", v),
+                   help="memory the model table's rows may take on each server, like 512M: the least recently "
+                        "used rows go to the server's local disk ($PARAMSERVER_COLD_DIR, else /var/tmp) and come "
+                        "back when a batch asks for them; the model is the same (docs/tiers.md) [0: all in memory]")
 
 
 def storage_flag(p: argparse.ArgumentParser) -> None:

@@ -152,7 +152,7 @@ class Client:
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
                      aggregate: bool = False, replicas: int = 1, key_bits: int = 0,
                      block_size: int = 0, filters: Any = None, lifecycle: Any = None,
-                     storage: str = "float32", row_cache: Any = None) -> TableSpec:
+                     storage: str = "float32", memory: int | str = 0, row_cache: Any = None) -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
 
         ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
@@ -165,6 +165,8 @@ class Client:
         ``"push=int8,keycache,zstd;pull=keycache"``: ``paramserver.filters``); ``lifecycle``
         what happens to its keys over time (``"admit=after:2;ttl=1e6"``: ``paramserver.lifecycle``);
         ``storage`` ``"fp16"`` or ``"bf16"`` stores its rows in 16 bits a column;
+        ``memory`` (``"512M"``) is the memory its rows may take on each server, the least
+        recently used kept on the server's disk past it (a hash table; the model is the same);
         ``row_cache`` caches its rows on this client (``cache_rows``).  See ``TableSpec``:
         a whole spec may be given instead of ``name``, alone (``create_table(spec)``).
 
@@ -174,7 +176,7 @@ class Client:
         spec = self.admin.create_table_spec(spec_given(name, dim, {
             "optimizer": optimizer, "initializer": initializer, "seed": seed, "consistency": consistency,
             "aggregate": aggregate, "replicas": replicas, "key_bits": key_bits, "block_size": block_size,
-            "filters": filters, "lifecycle": lifecycle, "storage": storage}))
+            "filters": filters, "lifecycle": lifecycle, "storage": storage, "memory": memory}))
         if row_cache is not None:
             self.cache_rows(spec.name, row_cache)
         return spec

@@ -105,6 +105,7 @@ class Admin:
         else:
             values = np.empty((keys.shape[0], table.spec.dim), np.float32)
             table.lookup(vnodes, counts, keys, values)
+            table.settle()  # a tiered table: rows read back from disk may put it over its budget
         values.flags.writeable = False
         arrays = functions.run(fn, keys, values, args)
         return reply(msg, arrays, merge=fn.merge, ring_version=n.ring.version if n.ring else 0,

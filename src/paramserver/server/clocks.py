@@ -92,3 +92,4 @@ class Clocks:
             rows = np.repeat(held, part.counts)
             table.apply(part.vnodes[held], part.counts[held], routed.keys[part.start:part.stop][rows],
                         routed.grads[part.start:part.stop][rows])
+        table.settle()  # a tiered table: the sum's new rows may put it over its budget

@@ -76,8 +76,8 @@ class ControlPlane:
     def _add_table(self, spec: TableSpec) -> None:
         state = self.state
         assert state.ring is not None
-        state.tables[spec.name] = VnodeSet(spec, state.ring.n_vnodes,
-                                           state.ring.held_by(state.node_id, spec.replicas))
+        state.tables[spec.name] = VnodeSet(spec, state.ring.n_vnodes, state.ring.held_by(state.node_id, spec.replicas),
+                                           memory=state.config.table_memory, cold_dir=state.config.cold_dir)
         old = state.dedup.get(spec.name)  # kept from a table of this name dropped before: see on_drop_table
         if old is None or old.n_vnodes != state.ring.n_vnodes:
             state.dedup[spec.name] = Dedup(state.ring.n_vnodes, horizon_s=2 * state.config.retry_timeout_s,

@@ -17,8 +17,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from paramserver.server.peers import Acks
 from paramserver.server.state import Port, ServerState
 from paramserver.wire.message import Op
@@ -83,8 +81,7 @@ class Copies:
             return False
         ring = state.ring
         assert ring is not None, "vnodes move between rings"
-        vt = table.tables.get(vnode)
-        keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64), np.zeros((0, table.width), np.float32))
+        keys, rows = table.rows(vnode)  # in memory and, a tiered table's, on disk
         buffered = state.buffers.of_vnode(name, lambda k: ring.vnodes(k, table.layout), vnode)  # BSP: unfinished
         header: dict[str, Any] = {
             "op": Op.INSTALL.value, "table": name, "vnode": vnode, "from": state.node_id,

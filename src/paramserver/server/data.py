@@ -45,6 +45,7 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
     out = np.empty((keys.shape[0], table.spec.dim), np.float32)
     _split(state, vnodes, counts, keys.shape[0], lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
+    table.settle()  # a tiered table: the rows read back from disk may put it over its memory budget
     fields = {"version": table.version} if msg.header.get("versions") else {}  # a row cache's bound
     if not table.spec.filters or not msg.header.get("reply_filters"):  # the default: no lookup
         return reply(msg, [out], **fields)
@@ -130,6 +131,7 @@ class DataPlane:
             life.touched(fresh[2], fresh[3], fresh[0], push_time(msg))
             if life.policy is not None:  # backups store what this primary stores, and only that
                 keys, grads, vnodes, counts = stored_part(table, keys, life.values(grads), vnodes, counts)
+        table.settle()  # a tiered table over its budget: rows to disk, once stamped
         # forwarded whole, even the part already applied here: a retry after a failover
         # may find this server with the push and a backup without it; backups dedup too
         targets = state.targets.get(table.spec.name)
@@ -159,6 +161,7 @@ class DataPlane:
         self._apply(table, msg, keys, grads, vnodes, counts)
         if table.life is not None:
             table.life.touched(vnodes, counts, keys, push_time(msg))
+        table.settle()
         return reply(msg, applied=int(keys.shape[0]))
 
     def _evicted(self, msg: Message) -> list[Any]:

@@ -33,7 +33,7 @@ def export_rows(tables: dict[str, VnodeStore], primary: np.ndarray, name: str, m
 
 def primary_rows(table: VnodeStore, primary: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every key of ``table`` this server is primary of, with its value (state left out)."""
-    parts = [vt.items() for v, vt in table.tables.items() if primary[v]]
+    parts = [table.rows(v) for v in table.tables if primary[v]]
     keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64)
     rows = np.concatenate([r[:, : table.spec.dim] for _, r in parts]) if parts else \
         np.zeros((0, table.spec.dim), np.float32)
@@ -74,7 +74,7 @@ def _checkpoint_parts(table: VnodeStore, primary: np.ndarray, name: str, since: 
     keys and rows (those changed since ``since``, for an incremental one of a table with
     a lifecycle, whose deletions and epoch go into ``out``)."""
     if table.life is None:
-        return [(v, *vt.items()) for v, vt in table.tables.items() if primary[v]]
+        return [(v, *table.rows(v)) for v in table.tables if primary[v]]
     parts, deleted, whole = table.life.changes(primary, since or 0)
     out["epochs"][name], out["whole"][name] = table.life.epoch, whole
     if since:
@@ -103,15 +103,10 @@ def restore_rows(tables: dict[str, VnodeStore], primary: np.ndarray, ring: Ring,
                                   f"{name!r}; was it saved from another table?")
         vnodes = ring.vnodes(keys, table.layout)
         for v in np.unique(vnodes).tolist():
-            vt = table.tables.get(v)
-            if vt is not None:
+            if v in table.tables:
                 mine = vnodes == v
-                vt.load(keys[mine], rows[mine])
-                if table.life is not None:
-                    table.refresh()  # the vnode may have grown: its life rows are placed in the new arrays
-                    table.life.loaded(v, keys[mine])
+                table.install(v, keys[mine], rows[mine], replace=False)  # over the rows held, in any tier
                 loaded += int(mine.sum()) if primary[v] else 0  # backups load too
-    table.refresh()
     for entry in deleted or []:  # an incremental step's evictions: every copy drops them
         path = checkpoint.entry_path(step, entry, allow_unverified)
         keys, _ = checkpoint.read_vnode(path, entry)
@@ -131,9 +126,11 @@ def table_stats(tables: dict[str, VnodeStore], primary: np.ndarray) -> dict[str,
     for name, t in tables.items():
         policy = t.life.nbytes if t.life is not None else 0  # an admission policy's counts, tombstones
         out[name] = {"keys": len(t), "bytes": t.nbytes + policy, "vnodes": len(t.tables),
-                     "primary_keys": sum(len(vt) for v, vt in t.tables.items() if primary[v])}
+                     "primary_keys": primary_keys(t, primary)}
         if t.life is not None:
             out[name]["lifecycle"] = t.life.figures()
+        if tiers := t.figures():
+            out[name]["tiers"] = tiers
     return out
 
 
@@ -180,4 +177,4 @@ def rss_bytes() -> int:
 
 def primary_keys(table: VnodeStore, primary: np.ndarray) -> int:
     """Keys of ``table`` stored in the vnodes this server is primary of."""
-    return sum(len(vt) for v, vt in table.tables.items() if primary[v])
+    return sum(table.held(v) for v in table.tables if primary[v])

@@ -118,7 +118,7 @@ class TableLife:
         vt = self.rows.hash_vnodes.get(vnode)
         if vt is not None and vt.life is not None and keys.size:
             life = np.zeros((keys.shape[0], self.rows.life_width), np.float32)
-            touched_life(life, self.epoch, self.now)
+            touched_life(life, self.epoch, self.now, self.spec.scored)
             vt.set_life(keys, life)
 
     # ---- eviction --------------------------------------------------------------------------
@@ -276,17 +276,19 @@ class TableLife:
         their whole rows (values and state: an incremental checkpoint's); the keys evicted
         since; whether that is whole; then a new epoch starts."""
         parts = []
-        for v, vt in self.rows.hash_vnodes.items():
-            if primary[v] and len(vt):
-                keys, rows = vt.changed(VER, float(since)) if since else vt.items()
-                parts.append((v, keys, rows))
+        for tier in (self.rows.hash_vnodes, self.rows.cold_vnodes):  # a tiered table's rows on disk too
+            for v, vt in tier.items():
+                if primary[v] and len(vt):
+                    keys, rows = vt.changed(VER, float(since)) if since else vt.items()
+                    parts.append((v, keys, rows))
         changed = sum(k.size for _, k, _ in parts)
         tombs = [k for e, k in self.tombstones if e >= since] if since else []
         deleted = np.zeros(0, np.uint64)
         if tombs:  # a key evicted, then pushed again since, is a change, not a deletion
             kept = np.concatenate([k for _, k, _ in parts]) if parts else deleted
             deleted = np.setdiff1d(np.concatenate(tombs), kept)
-        held = sum(len(vt) for v, vt in self.rows.hash_vnodes.items() if primary[v])
+        held = sum(len(vt) for tier in (self.rows.hash_vnodes, self.rows.cold_vnodes)
+                   for v, vt in tier.items() if primary[v])
         # a delta larger than the table (or missing tombstones it needs) is worth less than a base
         row = 8 + 4 * self.dim
         whole = since == 0 or (since >= self.floor and changed * row + deleted.size * 8 <= held * row)
@@ -343,9 +345,9 @@ def life_width(lifecycle: Lifecycle | None) -> int:
     return 3 if lifecycle.scored else 2
 
 
-def touched_life(life: np.ndarray, epoch: float, time: float) -> None:
+def touched_life(life: np.ndarray, epoch: float, time: float, scored: bool) -> None:
     """Life rows of keys set whole (a restore, a copy installed): changed now, seen now."""
     life[:, VER] = epoch
     life[:, STAMP] = time
-    if life.shape[1] > SCORE:
+    if scored:
         life[:, SCORE] = np.maximum(life[:, SCORE], 1.0)

@@ -128,7 +128,12 @@ def on_heap(nbytes: int) -> bool:
 def new_slots(capacity: int, width: int, dtype: np.dtype[Any]) -> np.ndarray:
     """The bytes of ``capacity + 1`` slots of ``[key (uint64) | row (width x dtype)]``
     (and 4 bytes to shift them by, ``slot_views``)."""
-    return huge_zeros((capacity + 1) * (8 + width * dtype.itemsize) + 4)
+    return huge_zeros(slots_bytes(capacity, width, dtype))
+
+
+def slots_bytes(capacity: int, width: int, dtype: np.dtype[Any]) -> int:
+    """Bytes of ``new_slots(capacity, width, dtype)``."""
+    return (capacity + 1) * (8 + width * dtype.itemsize) + 4
 
 
 def slot_views(slots: np.ndarray, capacity: int, width: int, dtype: np.dtype[Any]) -> tuple[np.ndarray, np.ndarray]:

@@ -166,6 +166,23 @@ class VnodeStore(Protocol):
 
     def keep(self, vnode: int, mask: np.ndarray, room: int = 0) -> None: ...
 
+    def held(self, vnode: int) -> int:
+        """Keys of ``vnode`` stored here, in memory and (a tiered table) on disk."""
+        ...
+
+    def rows(self, vnode: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every key of ``vnode`` stored here, wherever it is, and its float32 row (value
+        and state): what exports, checkpoints and copies of the vnode read."""
+        ...
+
+    def settle(self) -> None:
+        """After a request: hold the table's memory budget (``tiers.py``), if it has one."""
+        ...
+
+    def figures(self) -> dict[str, float]:
+        """The tiers' figures (empty for a table without a memory budget)."""
+        ...
+
 
 class LifeVnode(Protocol):
     """A hash vnode as the lifecycle reads and evicts it: its slots and their life rows."""
@@ -215,6 +232,11 @@ class LifeRows(Protocol):
 
     @property
     def hash_vnodes(self) -> Mapping[int, LifeVnode]: ...
+
+    @property
+    def cold_vnodes(self) -> Mapping[int, LifeVnode]:
+        """A tiered table's vnodes' rows on disk (``tiers.py``); empty for others."""
+        ...
 
     def stored(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray: ...
 

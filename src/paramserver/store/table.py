@@ -43,14 +43,16 @@ import numpy as np
 
 from paramserver._runtime.intrinsics import frozen
 from paramserver.store.compact import ROW_DTYPES, decode_rows, encode_rows
+from paramserver.store.disk import DiskArena
 from paramserver.store.kernels import Kernels, kernels_for
 from paramserver.store.loops import hash as hash_loops
 from paramserver.store.loops import life as life_loops
 from paramserver.store.loops.hash import COUNT, HAS_ZERO
-from paramserver.store.memory import heap_released, new_slots, on_heap, slot_views
+from paramserver.store.memory import heap_released, new_slots, on_heap, slot_views, slots_bytes
 from paramserver.tables.optim import OP_UPDATE, Initializer, Optimizer
 
 MAX_LOAD = 0.875
+COLD_LOAD = 0.5
 GROWTH = 1.25
 MIN_CAPACITY = 8
 
@@ -69,8 +71,12 @@ class VnodeTable:
 
     def __init__(self, dim: int, optimizer: Optimizer, initializer: Initializer, seed: int,
                  capacity: int = MIN_CAPACITY, kernels: Kernels | None = None, life_width: int = 0,
-                 storage: str = "float32") -> None:
+                 storage: str = "float32", arena: DiskArena | None = None) -> None:
         self.dim = dim
+        self.arena = arena  # where the arrays are made: memory (None), or a cold tier's files
+        # a cold tier's vnodes (on disk, where room is cheap) are kept half empty: a key
+        # not there is then found missing in 2.5 probes, not the ~32 of a 7/8 full table
+        self.max_load = MAX_LOAD if arena is None else COLD_LOAD
         self.life_width = life_width  # columns of the lifecycle's life rows (``loops/life.py``), 0: none
         self.width = dim + optimizer.state_width(dim)
         self.dtype = ROW_DTYPES[storage]
@@ -84,10 +90,23 @@ class VnodeTable:
         self._alloc(max(MIN_CAPACITY, capacity))
 
     def _alloc(self, capacity: int) -> None:
+        if self.arena is not None:
+            self._alloc_on(self.arena, capacity)
+            return
         self.slots = new_slots(capacity, self.width, self.dtype)
         self.keys, self.rows = slot_views(self.slots, capacity, self.width, self.dtype)
         self.life: np.ndarray | None = \
             np.zeros((capacity + 1, self.life_width), np.float32) if self.life_width else None
+
+    def _alloc_on(self, arena: DiskArena, capacity: int) -> None:
+        """The slots and life rows in one array of ``arena`` (one file, not two)."""
+        size = slots_bytes(capacity, self.width, self.dtype)
+        size += -size % 8  # the life rows start aligned
+        whole = arena.zeros((size + 4 * (capacity + 1) * self.life_width,), np.uint8)
+        self._disk = whole  # the arena counts its bytes while it lives
+        self.slots = whole[:size]
+        self.keys, self.rows = slot_views(self.slots, capacity, self.width, self.dtype)
+        self.life = whole[size:].view(np.float32).reshape(capacity + 1, self.life_width) if self.life_width else None
 
     def __len__(self) -> int:
         return int(self._meta[COUNT])
@@ -106,12 +125,12 @@ class VnodeTable:
         return int(self.slots.nbytes + (self.life.nbytes if self.life is not None else 0))
 
     def _limit(self) -> int:
-        return int(self.capacity * MAX_LOAD)  # < capacity: a probe always meets an empty slot
+        return int(self.capacity * self.max_load)  # < capacity: a probe always meets an empty slot
 
     def _grow(self, needed: int) -> int:
         """Room for ``needed`` keys; the heap bytes let go for good, once the old slots are
         dropped (``memory.heap_released``: the vnode moved off the heap)."""
-        cap = max(int(self.capacity * GROWTH) + 1, int(needed / MAX_LOAD) + 2)
+        cap = max(int(self.capacity * GROWTH) + 1, int(needed / self.max_load) + 2)
         old_keys, old_rows, old_life = self.keys, self.rows, self.life
         old_bytes = self.slots.nbytes
         self._alloc(cap)
@@ -174,13 +193,14 @@ class VnodeTable:
         return int(life_loops.delete(self.keys, self.rows, self._meta, self.life,
                            frozen(np.ascontiguousarray(keys, np.uint64))))
 
-    def keep(self, mask: np.ndarray, room: int = 0) -> None:
+    def keep(self, mask: np.ndarray, room: int = 0, capacity: int = 0) -> None:
         """Keep only the keys ``mask`` marks (in ``items()``'s order), in new arrays with
-        room for ``room`` keys (at least those kept), so the memory of the others is freed."""
+        room for ``room`` keys (at least those kept), or of ``capacity`` slots (which must
+        hold them), so the memory of the others is freed."""
         keys, rows, life = self._occupied()  # rows as stored: moved, not decoded and encoded again
         keys, rows = np.ascontiguousarray(keys[mask]), np.ascontiguousarray(rows[mask])
         self._meta[:] = 0
-        self._alloc(max(MIN_CAPACITY, int(max(keys.shape[0], room) / MAX_LOAD) + 2))
+        self._alloc(capacity or max(MIN_CAPACITY, int(max(keys.shape[0], room) / self.max_load) + 2))
         hash_loops.insert_rows(self.keys, self.rows, self._meta, frozen(keys), frozen(rows))
         if life is not None:
             self.set_life(keys, life[mask])

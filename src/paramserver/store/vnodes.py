@@ -19,6 +19,7 @@ from paramserver.routing.hashing import dense_range
 from paramserver.store.compact import ROW_DTYPES
 from paramserver.store.dense import DenseVnode
 from paramserver.store.directory import Directory
+from paramserver.store.disk import DiskArena, default_cold_dir
 from paramserver.store.kernels import kernels_for
 from paramserver.store.life import TableLife, life_width
 from paramserver.store.loops import life as life_loops
@@ -26,7 +27,8 @@ from paramserver.store.loops import many
 from paramserver.store.loops.dense import dense_check_many, dense_lookup_many, dense_missing_many
 from paramserver.store.memory import available_memory, heap_released, populating_later
 from paramserver.store.specialize import MAX_DIM
-from paramserver.store.table import VnodeTable
+from paramserver.store.table import COLD_LOAD, VnodeTable
+from paramserver.store.tiers import Tiers
 from paramserver.tables.optim import OP_UPDATE
 from paramserver.tables.spec import TableSpec
 
@@ -42,9 +44,13 @@ class VnodeSet:
         spec: the table's ``TableSpec``.
         n_vnodes: vnodes on the ring.
         vnodes: the vnodes this server owns.
+        memory: bytes of memory the rows may take here when the spec sets no budget
+            (a server's ``--table-memory``; 0: none).
+        cold_dir: where rows over the budget go (``tiers.py``).
     """
 
-    def __init__(self, spec: TableSpec, n_vnodes: int, vnodes: Iterable[int]) -> None:
+    def __init__(self, spec: TableSpec, n_vnodes: int, vnodes: Iterable[int], memory: int = 0,
+                 cold_dir: str = "") -> None:
         self.spec = spec
         self.width = spec.width
         self.tables: dict[int, VnodeTable | DenseVnode] = {}
@@ -65,6 +71,12 @@ class VnodeSet:
         self.life: TableLife | None = None
         if spec.lifecycle:
             self.life = TableLife(spec.lifecycle, spec.dim, self)
+        self.tiers: Tiers | None = None
+        budget = spec.memory or (memory if not spec.key_bits else 0)
+        if budget:  # one more life column: when each key was last seen
+            arena = DiskArena(cold_dir or default_cold_dir(), spec.name)
+            self.tiers = Tiers(self, budget, self.life_width, n_vnodes, self._new_cold, arena)
+            self.life_width += 1
         self.set_vnodes(vnodes)
         if self._loops is not None:
             _exercise(spec)
@@ -74,6 +86,12 @@ class VnodeSet:
             return DenseVnode(self.spec, self.n_vnodes, vnode)
         return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
                           kernels=self._kernels, life_width=self.life_width, storage=self.spec.storage)
+
+    def _new_cold(self, vnode: int, room: int) -> VnodeTable:
+        assert self.tiers is not None, "a cold vnode belongs to a tiered table"
+        return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
+                          capacity=int(room / COLD_LOAD) + 2, kernels=self._kernels, life_width=self.life_width,
+                          storage=self.spec.storage, arena=self.tiers.arena)
 
     def set_vnodes(self, vnodes: Iterable[int]) -> None:
         """Hold exactly ``vnodes``: keep the ones held already, start the others empty,
@@ -91,6 +109,8 @@ class VnodeSet:
         with populating_later():  # every vnode's array mapped (and listed) first, its pages after
             self.tables = {v: self.tables[v] if v in self.tables else self._new_table(v) for v in wanted}
             self._rebuild()
+        if self.tiers is not None:
+            self.tiers.keep_only(set(wanted))
 
     def install(self, vnode: int, keys: np.ndarray, rows: np.ndarray, replace: bool = True) -> None:
         """Replace ``vnode`` whole by a copy of it (keys, values and state) from another
@@ -99,8 +119,15 @@ class VnodeSet:
         self._install(int(vnode), keys, rows, replace)
         if self.life is not None:
             self.life.loaded(int(vnode), keys)
+        self.settle()
 
     def _install(self, vnode: int, keys: np.ndarray, rows: np.ndarray, replace: bool) -> None:
+        if self.tiers is not None:
+            if replace:
+                self.tiers.drop(vnode)
+            else:  # rows of the copy replace those held here, in whichever tier
+                self.tiers.before(*_one_vnode(vnode, keys))
+            self.tiers.dirty = True
         if replace or int(vnode) not in self.tables:
             vt = self._new_table(int(vnode))
             vt.load(keys, rows)
@@ -121,8 +148,36 @@ class VnodeSet:
         """Re-read ``vnode``'s arrays into the directory (it grew, or was rebuilt)."""
         self._dir.enter(int(self.slot[vnode]), self.tables[vnode])
 
+    enter = _reset  # as the tiers call it (``tiers.TierRows``)
+
     def __len__(self) -> int:
-        return sum(len(t) for t in self.tables.values())
+        return sum(len(t) for t in self.tables.values()) + (self.tiers.cold_keys if self.tiers is not None else 0)
+
+    def held(self, vnode: int) -> int:
+        """Keys of ``vnode`` stored here, in memory and on disk."""
+        vt, cold = self.tables.get(vnode), self.tiers.cold.tables.get(vnode) if self.tiers is not None else None
+        return (len(vt) if vt is not None else 0) + (len(cold) if cold is not None else 0)
+
+    def rows(self, vnode: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every key of ``vnode`` stored here, in memory and on disk, and its float32 row
+        (value and state): what an export, a checkpoint or a copy of the vnode reads."""
+        vt = self.tables.get(vnode)
+        keys, rows = vt.items() if vt is not None else (np.zeros(0, np.uint64), np.zeros((0, self.width), np.float32))
+        cold = self.tiers.cold.tables.get(vnode) if self.tiers is not None else None
+        if cold is not None and len(cold):
+            ck, cr = cold.items()
+            keys, rows = np.concatenate([keys, ck]), np.concatenate([rows, cr])
+        return keys, rows
+
+    def settle(self) -> None:
+        """After a request: a tiered table moves rows over its memory budget to disk."""
+        if self.tiers is not None and self.tiers.dirty:
+            self.tiers.settle()
+
+    @property
+    def directory(self) -> Directory:
+        """The vnodes' arrays by address, as the many-vnode loops read them."""
+        return self._dir
 
     @property
     def nbytes(self) -> int:
@@ -151,6 +206,8 @@ class VnodeSet:
     def lookup(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
         """Rows of ``keys``, grouped by ``vnodes`` (``counts`` keys each), into ``out``."""
         vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
+        if self.tiers is not None:
+            self.tiers.before(vnodes, counts, keys)
         if self.tables and self.bits:
             self._misplaced(dense_lookup_many(*self._dir.dense_args, self.slot, vnodes, counts, keys, out,
                                               self.spec.dim, self.layout, self._ikind, self._ihp, self._seed), keys)
@@ -176,6 +233,8 @@ class VnodeSet:
         if not self.tables:
             return 0
         vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
+        if self.tiers is not None:
+            self.tiers.before(vnodes, counts, keys)
         if self.bits:
             missing, bad = dense_missing_many(*self._dir.dense_args, self.slot, vnodes, counts, keys, self.layout)
             self._misplaced(bad, keys)
@@ -193,6 +252,8 @@ class VnodeSet:
         table's rule by default), grouped like ``lookup``'s; vnodes grow as needed."""
         k = self._kernels
         vnodes, counts, keys, grads = frozen(vnodes), frozen(counts), frozen(keys), frozen(grads)
+        if self.tiers is not None:
+            self.tiers.before(vnodes, counts, keys)
         if self.tables and self.bits:  # dense vnodes never grow
             self._misplaced(k.dense_apply_many(*self._dir.dense_args, self.slot, vnodes, counts, keys,
                                                grads, self.spec.dim, self.layout, op, self._okind, self._ohp,
@@ -215,6 +276,8 @@ class VnodeSet:
             released = vt._grow(len(vt) + 1)
             self._reset(v)  # the directory lets the old slots go: then their heap pages can be
             heap_released(released)
+            if self.tiers is not None:
+                self.tiers.dirty = True
 
     # ---- the key lifecycle (``store/life.py``) --------------------------------------------
     def touch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, epoch: float, time: float,
@@ -227,6 +290,8 @@ class VnodeSet:
     def stored(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """``bool[len(keys)]``: which of ``keys`` (grouped like ``lookup``'s) are stored."""
         out = np.zeros(keys.shape[0], np.bool_)
+        if self.tiers is not None:
+            self.tiers.before(frozen(vnodes), frozen(counts), frozen(keys))
         if self.tables and not self.bits:
             life_loops.stored_many(*self._dir.hash_args, self.slot, frozen(vnodes), frozen(counts), frozen(keys), out)
         return out
@@ -243,6 +308,20 @@ class VnodeSet:
         """The vnodes as the lifecycle works them (``protocol.LifeRows``): a table with a
         lifecycle has hash vnodes only (``TableSpec`` refuses ``key_bits`` with one)."""
         return cast(Mapping[int, VnodeTable], self.tables)
+
+    @property
+    def cold_vnodes(self) -> Mapping[int, VnodeTable]:
+        """A tiered table's cold vnodes (``tiers.py``); none for others."""
+        return self.tiers.cold.tables if self.tiers is not None else {}
+
+    def figures(self) -> dict[str, float]:
+        return self.tiers.figures() if self.tiers is not None else {}
+
+
+def _one_vnode(vnode: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``keys`` of one vnode as a request's arrays: vnodes, counts, keys."""
+    return (frozen(np.array([vnode], np.int32)), frozen(np.array([keys.shape[0]], np.int64)),
+            frozen(np.ascontiguousarray(keys, np.uint64)))
 
 
 #: a row width whose hash tables take the generic loops (wider than request loops take):

@@ -13,6 +13,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from paramserver.config import parse_bytes
 from paramserver.errors import ConfigError
 from paramserver.filters.chain import FilterSpec
 from paramserver.lifecycle.spec import Lifecycle
@@ -26,7 +27,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,128}$")
 _WIRE_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "dim": (int,), "seed": (int,), "optimizer": (str, dict), "initializer": (str, dict),
     "consistency": (str, int, float, type(None)), "aggregate": (bool,), "replicas": (int,), "key_bits": (int,),
-    "block_size": (int,), "filters": (str, dict), "lifecycle": (str, dict), "storage": (str,)}
+    "block_size": (int,), "filters": (str, dict), "lifecycle": (str, dict), "storage": (str,),
+    "memory": (int,)}
 
 #: How a server may store a table's rows (``store/compact.py``).
 STORAGES = ("float32", "fp16", "bf16")
@@ -88,6 +90,14 @@ class TableSpec:
             with deterministic stochastic rounding (accumulators cannot overflow, and
             small increments are kept on average).  Updates are computed in float32 or
             float64 as for float32 rows; pulls, exports and checkpoints see float32.
+        memory: 0 (default): a server keeps all the table's rows it holds in memory.
+            ``B`` bytes (an int, or text like ``"512M"``): each server keeps at most
+            that much of them in memory (hash tables); the least recently used rows go
+            to a cold tier on the server's local disk (``--cold-dir``) and come back when
+            a request asks for them.  Nothing else changes: pulls, pushes, replication,
+            checkpoints and exports see every row, and a model trained with a budget is
+            the one trained without.  A server's ``--table-memory`` gives every table
+            without one of its own this budget.
 
     Example:
         >>> TableSpec("w", dim=1, optimizer={"name": "ftrl", "alpha": 0.1}).optimizer
@@ -107,11 +117,12 @@ class TableSpec:
     filters: FilterSpec
     lifecycle: Lifecycle
     storage: str
+    memory: int  # bytes of a server's memory the rows may take (0: no budget)
 
     def __init__(self, name: str, dim: int = 1, *, optimizer: OptimizerLike = "sgd",
                  initializer: InitializerLike = "zeros", seed: int = 0, consistency: ConsistencyLike = "asp",
                  aggregate: bool = False, replicas: int = 1, key_bits: int = 0, block_size: int = 0,
-                 filters: Any = None, lifecycle: Any = None, storage: str = "float32") -> None:
+                 filters: Any = None, lifecycle: Any = None, storage: str = "float32", memory: int | str = 0) -> None:
         """The one constructor path (``from_wire`` and ``dataclasses.replace`` go through it
         too; the fields after ``dim`` are passed by name): checks every field, and stores
         ``optimizer``, ``initializer`` and ``consistency`` in their normal form (spec
@@ -123,6 +134,7 @@ class TableSpec:
                            ("storage", storage)):
             object.__setattr__(self, key, value)
         object.__setattr__(self, "consistency", parse_consistency(consistency))
+        object.__setattr__(self, "memory", parse_bytes(f"table {name!r}: memory", memory))
         self._check_fields()
         opt: Optimizer = Optimizer.parse(optimizer)
         init: Initializer = Initializer.parse(initializer)
@@ -143,9 +155,22 @@ class TableSpec:
             raise ConfigError(f"table {self.name!r}: admission {self.lifecycle.admit!r} counts the shows and clicks "
                               f"pushes carry beside the values, which the push filters {str(self.filters)!r} would "
                               "round: keep the value codecs off the pushes (keycache, delta and zstd are fine)")
+        if self.memory:
+            self._check_memory()
         if self.lifecycle and self.aggregate:
             raise ConfigError(f"table {self.name!r}: a lifecycle ({self.lifecycle}) needs pushes applied as they "
                               "arrive; aggregate=True holds them to the end of each clock: drop one of them")
+
+    def _check_memory(self) -> None:
+        """A memory budget needs a hash table and a lifecycle that keeps its keys."""
+        if self.key_bits:
+            raise ConfigError(f"table {self.name!r}: a memory budget ({self.memory:,} bytes) needs a hash table, "
+                              f"whose rows can move to disk; this one is dense (key_bits={self.key_bits}): use "
+                              "key_bits=0, or no budget")
+        if self.lifecycle.evicts:
+            raise ConfigError(f"table {self.name!r}: a memory budget moves the rows over it to disk, and the "
+                              f"lifecycle {str(self.lifecycle)!r} drops keys: keep one of them (a budget keeps "
+                              "what was learnt; admission and change tracking go with it)")
 
     def _check_fields(self) -> None:
         """``ConfigError`` naming the first field (after ``consistency``) out of its range."""
@@ -232,7 +257,8 @@ class TableSpec:
                 "key_bits": self.key_bits, "block_size": self.block_size,
                 **({"filters": self.filters.to_wire()} if self.filters else {}),
                 **({"lifecycle": self.lifecycle.to_wire()} if self.lifecycle else {}),
-                **({"storage": self.storage} if self.storage != "float32" else {})}
+                **({"storage": self.storage} if self.storage != "float32" else {}),
+                **({"memory": self.memory} if self.memory else {})}
 
     @classmethod
     def from_wire(cls, d: Any) -> TableSpec:

@@ -118,7 +118,7 @@ def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: Tra
     if theirs_spec is None:
         raise ConfigError(f"--resume {step}: the checkpoint has table(s) {sorted(manifest['tables'])}, not "
                           f"{spec.name!r} that these flags train; pass the --model of the checkpointed job")
-    theirs = TableSpec.from_wire(theirs_spec)
+    theirs = replace(TableSpec.from_wire(theirs_spec), memory=spec.memory)  # where rows live is this run's choice
     mine = spec if cfg.layout != "auto" else replace(spec, key_bits=theirs.key_bits)
     if theirs.to_wire() != mine.to_wire():
         diffs = differences(theirs, mine, theirs_model)

@@ -16,6 +16,7 @@ from paramserver.apps.ctr.deep import DENSE_BLOCK
 from paramserver.apps.ctr.depth import parse_pipeline
 from paramserver.apps.ctr.models import Model
 from paramserver.client.row_cache import RowCacheSpec
+from paramserver.config import parse_bytes
 from paramserver.data.reader import DataFormat
 from paramserver.errors import ConfigError
 from paramserver.filters.chain import FilterSpec
@@ -49,6 +50,7 @@ class TrainConfig:
     filters: Any = None  # what the model's pushes, pulls and replies go through on the wire (paramserver.filters)
     lifecycle: Any = None  # admission, eviction, change tracking of the model's table (paramserver.lifecycle)
     storage: str = "float32"  # how servers store the model table's rows: float32, fp16 or bf16
+    table_memory: int | str = 0  # memory the model table's rows may take on each server, the rest on disk (0: all)
     row_cache: Any = "off"  # each worker's cache of the model table's rows (client/row_cache.py): off, hot, s=N,rows=N
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
     slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch
@@ -75,6 +77,9 @@ class TrainConfig:
             lifecycle = Lifecycle.parse(self.lifecycle)
         except ConfigError as exc:
             raise ConfigError(f"--lifecycle {self.lifecycle!r}: {exc}") from None
+        if parse_bytes("--table-memory", self.table_memory) and self.layout == "dense":
+            raise ConfigError(f"--table-memory {self.table_memory} moves rows over the budget to disk, which needs "
+                              "a hash table: use --table-layout hash or auto (the default)")
         if lifecycle and self.layout == "dense":
             raise ConfigError(f"--lifecycle {self.lifecycle!r} needs a hash table, whose memory follows its keys: "
                               "use --table-layout hash or auto (the default)")
@@ -86,7 +91,7 @@ class TrainConfig:
                          optimizer=self.optimizer or self.model.default_optimizer(),
                          initializer=self.model.initializer(), seed=self.seed,
                          consistency=self.consistency, replicas=self.replicas, filters=self.filters,
-                         lifecycle=self.lifecycle, storage=self.storage)
+                         lifecycle=self.lifecycle, storage=self.storage, memory=self.table_memory)
         return replace(spec, key_bits=self.key_bits(spec, input_bytes))
 
     def dense_spec(self) -> TableSpec | None:
@@ -105,7 +110,7 @@ class TrainConfig:
         most ``DENSE_AUTO_BYTES`` (2**24 dim-1 FTRL rows take 256 MiB) and the input is big
         enough to fill them (``DENSE_AUTO_INPUT_A_ROW`` bytes a row, or a stream)."""
         bits = self.data.hash_bits if self.data.hash_bits < 64 else 0
-        if self.layout == "hash" or spec.lifecycle:  # a lifecycle frees memory only in a hash table
+        if self.layout == "hash" or spec.lifecycle or spec.memory:  # both need a hash table's memory
             return 0
         if self.layout == "dense":
             if not 1 <= bits <= MAX_KEY_BITS:

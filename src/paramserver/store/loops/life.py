@@ -103,37 +103,43 @@ def clear_slot(rows, life, s):
 
 @njit(nogil=True, cache=True)
 def delete(tkeys, rows, meta, life, keys):
-    """Remove ``keys`` from a linear-probing vnode in place (backward-shift deletion: each
-    key after a freed slot in its run moves back into it unless its home lies between, so
-    every probe still finds its key); their rows and life rows are zeroed.  Returns how
-    many were stored."""
-    cap = tkeys.shape[0]
+    """Remove ``keys`` from a linear-probing vnode in place; how many were stored
+    (``delete_one``)."""
     removed = 0
     for i in range(keys.shape[0]):
-        key = keys[i]
-        s = find(tkeys, meta, key)
-        if s < 0:
-            continue
-        removed += 1
-        meta[COUNT] -= 1
-        if key == 0:
-            meta[HAS_ZERO] = 0
-            clear_slot(rows, life, cap)
-            continue
-        j = s
-        while True:
-            j += 1
-            if j == cap:
-                j = 0
-            k = tkeys[j]
-            if k == 0:
-                break
-            home = slot_of_hash(hash64(k), cap)
-            # k stays where it is if its home is cyclically within (s, j]
-            if (s < j and s < home <= j) or (j < s and (home > s or home <= j)):
-                continue
-            move_slot(tkeys, rows, life, s, j)
-            s = j
-        tkeys[s] = 0
-        clear_slot(rows, life, s)
+        if delete_one(tkeys, rows, meta, life, keys[i]):
+            removed += 1
     return removed
+
+
+@njit(inline="always", nogil=True, cache=True)
+def delete_one(tkeys, rows, meta, life, key):
+    """Remove ``key`` in place (backward-shift deletion: each key after the freed slot in
+    its run moves back into it unless its home lies between, so every probe still finds
+    its key); its row and life row are zeroed.  Whether it was stored."""
+    cap = tkeys.shape[0]
+    s = find(tkeys, meta, key)
+    if s < 0:
+        return False
+    meta[COUNT] -= 1
+    if key == 0:
+        meta[HAS_ZERO] = 0
+        clear_slot(rows, life, cap)
+        return True
+    j = s
+    while True:
+        j += 1
+        if j == cap:
+            j = 0
+        k = tkeys[j]
+        if k == 0:
+            break
+        home = slot_of_hash(hash64(k), cap)
+        # k stays where it is if its home is cyclically within (s, j]
+        if (s < j and s < home <= j) or (j < s and (home > s or home <= j)):
+            continue
+        move_slot(tkeys, rows, life, s, j)
+        s = j
+    tkeys[s] = 0
+    clear_slot(rows, life, s)
+    return True

@@ -1,0 +1,109 @@
+"""Tables larger than their memory budget, across real processes: the same rows through
+exports, checkpoints and a restore; a SIGKILLed server at r = 2 loses no acknowledged
+push, cold rows included; ``train --table-memory`` trains the model trained without."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from support import wait_for
+
+from paramserver import LocalCluster
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.synth import write_synth
+from paramserver.apps.ctr.train import TrainConfig, run_training
+from paramserver.data.reader import DataFormat
+
+pytestmark = pytest.mark.timeout(240)
+
+N_KEYS = 20_000
+KEYS = np.arange(1, N_KEYS + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # spread over every vnode
+BUDGET = 96 << 10  # bytes of rows a server keeps in memory: a small part of what it holds
+
+
+def _cold_keys(client, table):
+    return sum(int(s["tables"][table].get("tiers", {}).get("cold_keys", 0)) for s in client.stats.server_stats())
+
+
+def _sorted_export(client, table):
+    keys, values = client.export_table(table)
+    order = np.argsort(keys)
+    return keys[order], values[order]
+
+
+def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_path):
+    url = str(tmp_path / "ckpt")
+    rng = np.random.default_rng(0)
+    with LocalCluster(servers=2, log_level="WARNING") as cluster:
+        client = cluster.client
+        for name, memory in (("plain", 0), ("tiered", BUDGET)):
+            client.create_table(name, dim=4, optimizer="adagrad", initializer={"name": "normal", "std": 0.1}, seed=3,
+                                memory=memory)
+        for _ in range(3):
+            keys = KEYS[rng.permutation(N_KEYS)[:12_000]]
+            grads = rng.standard_normal((keys.size, 4)).astype(np.float32)
+            for name in ("plain", "tiered"):
+                client.push(name, keys, grads).result(timeout=60)
+        assert _cold_keys(client, "tiered") > N_KEYS // 2  # most rows are on disk
+        np.testing.assert_array_equal(client.pull("tiered", KEYS).result(timeout=60),
+                                      client.pull("plain", KEYS).result(timeout=60))
+        plain = _sorted_export(client, "plain")
+        tiered = _sorted_export(client, "tiered")
+        for a, b in zip(plain, tiered, strict=True):
+            np.testing.assert_array_equal(a, b)
+        client.checkpoint(url)
+    with LocalCluster(servers=3, log_level="WARNING") as cluster:
+        restored = cluster.client.restore(url)
+        assert restored["tiered"] == restored["plain"] == plain[0].size
+        assert cluster.client.tables()["tiered"].memory == BUDGET
+        assert _cold_keys(cluster.client, "tiered") > 0  # the restore filled memory, then moved rows to disk
+        for a, b in zip(_sorted_export(cluster.client, "tiered"), plain, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def count(client, clocks):
+    """Each clock, +1 on every key (SGD lr 1 on gradient -1), acknowledged before the next."""
+    grads = -np.ones((N_KEYS, 1), np.float32)
+    for _ in range(clocks):
+        client.push("counter", KEYS, grads).result(timeout=120)
+        client.clock()
+    return client.rank
+
+
+def test_a_killed_server_holding_cold_rows_loses_no_acknowledged_push():
+    clocks, workers = 40, 2
+    with LocalCluster(servers=3, workers=workers, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0,
+                      log_level="WARNING") as cluster:
+        client = cluster.client
+        client.create_table("counter", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2, memory=BUDGET)
+
+        def progress():
+            return float(client.pull("counter", KEYS[:1]).result(timeout=60)[0, 0])
+
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(cluster.run, count, clocks, timeout_s=200)
+            wait_for(lambda: running.done() or progress() >= workers * clocks // 3, what="a third of the clocks")
+            assert not running.done(), "the workers finished before the kill"
+            assert _cold_keys(client, "counter") > N_KEYS  # both copies of most rows are on disk
+            cluster.kill("server-1")
+            assert sorted(running.result()) == list(range(workers))
+        values = client.pull("counter", KEYS).result(timeout=60)
+        np.testing.assert_array_equal(values, np.full((N_KEYS, 1), workers * clocks, np.float32))
+
+
+def test_train_with_a_memory_budget_trains_the_model_trained_without(tmp_path):
+    data, test = str(tmp_path / "train.tsv"), str(tmp_path / "test.tsv")
+    write_synth(data, 30_000, seed=3)
+    write_synth(test, 3_000, seed=4)
+    reports = []
+    for memory in (0, "64K"):
+        cfg = TrainConfig(Model("lr"), DataFormat("criteo"), batch_size=500, table_memory=memory)
+        reports.append(run_training(cfg, [data], [test], servers=1, workers=1))
+    plain, tiered = reports
+    assert tiered["logloss"] == plain["logloss"] and tiered["keys"] == plain["keys"]
+    tiers = tiered["tiers"]
+    assert tiers["budget_bytes"] == 64 << 10 and tiers["hot_bytes"] <= 64 << 10
+    assert tiers["cold_keys"] > plain["keys"] / 2 and 0 < tiers["hit_rate"] < 1
+    assert "tiers" not in plain
