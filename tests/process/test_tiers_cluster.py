@@ -99,11 +99,13 @@ def test_train_with_a_memory_budget_trains_the_model_trained_without(tmp_path):
     write_synth(test, 3_000, seed=4)
     reports = []
     for memory in (0, "64K"):
-        cfg = TrainConfig(Model("lr"), DataFormat("criteo"), batch_size=500, table_memory=memory)
+        cfg = TrainConfig(Model("lr"), DataFormat("criteo"), batch_size=500, epochs=2, table_memory=memory)
         reports.append(run_training(cfg, [data], [test], servers=1, workers=1))
     plain, tiered = reports
     assert tiered["logloss"] == plain["logloss"] and tiered["keys"] == plain["keys"]
     tiers = tiered["tiers"]
     assert tiers["budget_bytes"] == 64 << 10 and tiers["hot_bytes"] <= 64 << 10
     assert tiers["cold_keys"] > plain["keys"] / 2 and 0 < tiers["hit_rate"] < 1
-    assert "tiers" not in plain
+    assert [p["pass"] for p in tiered["tier_passes"]] == [1, 2]  # the hit rate of each pass over the data
+    assert all(0 < p["hit_rate"] < 1 for p in tiered["tier_passes"])
+    assert "tiers" not in plain and "tier_passes" not in plain

@@ -160,6 +160,8 @@ def _lifecycle_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
                                       f"{t['budget_bytes'] / 2**20:,.1f} MiB), {t['cold_keys']:,.0f} keys on disk "
                                       f"({t['cold_bytes'] / 2**20:,.1f} MiB); hit rate {t['hit_rate']:.2%} "
                                       f"({t['promoted']:,.0f} rows read back, {t['demoted']:,.0f} moved out)"))
+        if len(report.get("tier_passes", [])) > 1:
+            lines.append(("hit rate per pass", ", ".join(f"{p['hit_rate']:.2%}" for p in report["tier_passes"])))
     if "lifecycle" in report:
         lines += [("lifecycle", report["lifecycle"]),
                   ("updates refused (not admitted)", f"{report['updates_refused']:,}"),

@@ -44,7 +44,7 @@ from paramserver.store.directory import Directory
 from paramserver.store.disk import RELEASE_BYTES, DiskArena, DiskFullError
 from paramserver.store.loops import tiers as tier_loops
 from paramserver.store.memory import heap_released
-from paramserver.store.table import MAX_LOAD, VnodeTable
+from paramserver.store.table import MAX_LOAD, MIN_CAPACITY, VnodeTable
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,8 @@ class Tiers:
             return
         over = self.hot_bytes > self.budget
         first = next(iter(tables.values()))
-        share = int(self.budget / len(tables) / (first.nbytes / (first.capacity + 1))) - 1  # slots a vnode
+        # slots a vnode (at least MIN_CAPACITY: a budget under 8 slots a vnode is that much)
+        share = max(MIN_CAPACITY, int(self.budget / len(tables) / (first.nbytes / (first.capacity + 1))) - 1)
         lens = np.fromiter((len(vt) for vt in tables.values()), np.int64, len(tables))
         if not over and not (self.sized and lens.max() > HIGH * MAX_LOAD * share):
             return

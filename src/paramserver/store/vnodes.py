@@ -80,6 +80,8 @@ class VnodeSet:
         self.set_vnodes(vnodes)
         if self._loops is not None:
             _exercise(spec)
+        if self.tiers is not None:
+            _exercise_tiers(spec, cold_dir)
 
     def _new_table(self, vnode: int) -> VnodeTable | DenseVnode:
         if self.bits:
@@ -322,6 +324,24 @@ def _one_vnode(vnode: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     """``keys`` of one vnode as a request's arrays: vnodes, counts, keys."""
     return (frozen(np.array([vnode], np.int32)), frozen(np.array([keys.shape[0]], np.int64)),
             frozen(np.ascontiguousarray(keys, np.uint64)))
+
+
+def _exercise_tiers(spec: TableSpec, cold_dir: str) -> None:
+    """Run the tiers' loops once (``_exercise``): a scratch table of this row, its budget
+    a few slots, pushed past it and read back."""
+    row = ("tiers", spec.optimizer, spec.dim, spec.storage, bool(spec.lifecycle))
+    if row in _exercised:
+        return
+    _exercised.add(row)
+    scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                                 storage=spec.storage, lifecycle=spec.lifecycle or None, memory=1), 1, [0],
+                       cold_dir=cold_dir)
+    vnodes, counts = frozen(np.zeros(1, np.int32)), frozen(np.array([64], np.int64))
+    keys = frozen(np.arange(1, 65, dtype=np.uint64))
+    scratch.apply(vnodes, counts, keys, frozen(np.zeros((64, spec.dim), np.float32)))
+    scratch.settle()
+    scratch.lookup(vnodes, counts, keys, np.empty((64, spec.dim), np.float32))
+    scratch.settle()
 
 
 #: a row width whose hash tables take the generic loops (wider than request loops take):

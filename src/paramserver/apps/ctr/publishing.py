@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.apps.ctr.modelfile import pull_dense, save_model
+from paramserver.apps.ctr.tier_report import tier_figures
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.checkpoint.publish import Publisher
 from paramserver.client.client import Client
@@ -72,11 +73,6 @@ def table_report(client: Client, spec: TableSpec) -> dict[str, Any]:
                    "updates_refused": sum(int(x.get("refused", 0)) for x in life),
                    "keys_admitted": sum(int(x.get("admitted", 0)) for x in life),
                    "keys_evicted": sum(int(x.get("evicted", 0)) for x in life) // max(spec.replicas, 1)}
-    tiers = [t["tiers"] for t in per_server if "tiers" in t]
-    if tiers:  # a memory budget: its rows in memory and on disk, all copies
-        summed = {k: sum(float(x.get(k, 0)) for x in tiers) for k in (
-            "budget_bytes", "hot_bytes", "cold_bytes", "cold_keys", "requested", "promoted", "demoted",
-            "settle_seconds", "cold_seconds", "disk_full")}
-        summed["hit_rate"] = 1.0 - summed["promoted"] / summed["requested"] if summed["requested"] else 1.0
-        report["tiers"] = summed
+    if spec.memory:  # a memory budget: its rows in memory and on disk, all copies
+        report["tiers"] = tier_figures(client, spec.name)
     return report

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ from paramserver.apps.ctr.publishing import JobPublisher, table_report
 from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
 from paramserver.apps.ctr.stream_files import stream_file_report
 from paramserver.apps.ctr.streaming import Feeder, StreamJob, fed, stream_limits, stream_rates
+from paramserver.apps.ctr.tier_report import TierPasses
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
 from paramserver.apps.ctr.warmup import warm_job
@@ -330,6 +331,7 @@ class _Ran:
     seconds: float
     status: dict[str, Any]
     busy_seconds: float | None = None  # a stream job's: the seconds it had rows in hand
+    tier_passes: list[dict[str, float]] = field(default_factory=list)  # a memory budget's hit rate a pass
 
 
 def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | None, *,
@@ -345,6 +347,7 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | No
         WorkerError: a worker failed, or the job did not finish."""
     client = cluster.client
     t0 = time.perf_counter()
+    passes = TierPasses(client, cfg.model.table)  # a table over a memory budget: its hit rate, pass by pass
     pool = ThreadPoolExecutor(1, thread_name_prefix="paramserver-train")
     pruned_at = 0  # checkpoints written when old ones were last pruned
     try:
@@ -354,6 +357,7 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | No
             status = client.job.status()
             if on_progress:
                 on_progress(status, time.perf_counter() - t0)
+            passes.observe(status)
             check_losses(status, allow_loss)  # a loss ends the job now, loudly
             written = len(status.get("checkpoints", {}).get("written", []))
             if checkpoint_dir and keep_checkpoints and written > pruned_at:
@@ -371,6 +375,7 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | No
         pool.shutdown(wait=False)  # an abort must not wait for the workers: the cluster's exit stops them
     seconds = time.perf_counter() - t0
     status = client.job.status()
+    passes.observe(status, done=True)
     check_losses(status, allow_loss)
     if checkpoint_dir and keep_checkpoints:
         checkpoint.prune(checkpoint_dir, keep_checkpoints)
@@ -378,7 +383,8 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | No
         raise WorkerError(f"the job did not finish (status {status}); failed workers: {failed_workers}")
     if on_progress:
         on_progress(status, seconds)
-    return _Ran(per_worker, failed_workers, seconds, status, feeder.training_seconds() if feeder else None)
+    return _Ran(per_worker, failed_workers, seconds, status, feeder.training_seconds() if feeder else None,
+                passes.passes)
 
 
 def _results(client: Client, cfg: TrainConfig, spec: TableSpec, ran: _Ran, test_read: Future[list[Batch]] | None,
@@ -441,6 +447,8 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
     caches = [c for r in per_worker for c in r.get("row_cache", {}).values()]
     if caches:
         report["row_cache"] = merge_caches(caches)
+    if ran.tier_passes:  # a memory budget: the hot tier's hit rate each pass
+        report["tier_passes"] = ran.tier_passes
     if plan.spec.filters:
         report["filters"] = str(plan.spec.filters)
         report["filter_bytes"] = merge_stats([r.get("filters", {}) for r in per_worker])
