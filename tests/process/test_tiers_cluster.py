@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from support import wait_for
+from test_observe import get, scrape
 
 from paramserver import LocalCluster
 from paramserver.apps.ctr.models import Model
@@ -36,7 +37,7 @@ def _sorted_export(client, table):
 def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_path):
     url = str(tmp_path / "ckpt")
     rng = np.random.default_rng(0)
-    with LocalCluster(servers=2, log_level="WARNING") as cluster:
+    with LocalCluster(servers=2, http_port=0, log_level="WARNING") as cluster:
         client = cluster.client
         for name, memory in (("plain", 0), ("tiered", BUDGET)):
             client.create_table(name, dim=4, optimizer="adagrad", initializer={"name": "normal", "std": 0.1}, seed=3,
@@ -47,6 +48,15 @@ def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_p
             for name in ("plain", "tiered"):
                 client.push(name, keys, grads).result(timeout=60)
         assert _cold_keys(client, "tiered") > N_KEYS // 2  # most rows are on disk
+        metrics, stats = scrape(cluster.http_url + "metrics"), client.stats.server_stats()
+        for s in stats:  # /metrics says what each server's tiers hold ...
+            tiers, server = s["tables"]["tiered"]["tiers"], str(s["node_id"])
+            assert get(metrics, "paramserver_tier_cold_keys", table="tiered", server=server) == tiers["cold_keys"]
+            assert 0 < get(metrics, "paramserver_tier_hot_bytes", table="tiered", server=server) <= BUDGET
+            assert get(metrics, "paramserver_tier_cold_bytes", table="plain", server=server) == 0  # no budget
+        for what in ("promoted", "demoted", "cold_reads"):  # ... and what they did, summed over the servers
+            total = sum(s["tables"]["tiered"]["tiers"][what] for s in stats)
+            assert get(metrics, f"paramserver_tier_{what}_total", table="tiered") == total > 0
         np.testing.assert_array_equal(client.pull("tiered", KEYS).result(timeout=60),
                                       client.pull("plain", KEYS).result(timeout=60))
         plain = _sorted_export(client, "plain")

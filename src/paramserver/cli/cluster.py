@@ -76,6 +76,14 @@ def _status(client: Any) -> None:
             life = [t.get("lifecycle", {}) for t in per]
             print(f"    lifecycle {spec.lifecycle}: {sum(x.get('refused', 0) for x in life):,} updates refused, "
                   f"{sum(x.get('evicted', 0) for x in life) // spec.replicas:,} keys evicted")
+        tiers = [t["tiers"] for t in per if "tiers" in t]
+        if tiers:
+            asked, back = sum(x["requested"] for x in tiers), sum(x["promoted"] for x in tiers)
+            print(f"    memory budget {max(x['budget_bytes'] for x in tiers) / 2**20:,.1f} MiB a server: "
+                  f"{sum(x['hot_bytes'] for x in tiers) / 2**20:,.1f} MiB in memory, "
+                  f"{sum(x['cold_keys'] for x in tiers):,} keys on disk "
+                  f"({sum(x['cold_bytes'] for x in tiers) / 2**20:,.1f} MiB), hit rate "
+                  f"{1 - back / asked if asked else 1:.2%}")
     for name, ns in client.admin.namespaces().items():
         if name:
             limits = ", ".join(f"{k} {ns[k]:,}" for k in ("max_keys", "max_bytes") if ns[k]) or "no quota"

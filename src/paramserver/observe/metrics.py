@@ -100,6 +100,28 @@ def _lifecycle_families(tables: dict[str, Any]) -> list[Family]:
     return out
 
 
+def _tier_families(tables: dict[str, Any]) -> list[Family]:
+    """Per table over a memory budget (``store/tiers.py``): bytes in each tier, keys on
+    disk, rows moved each way, the time reading them back took (``rate()`` of the counters:
+    promotions and demotions a second, ``cold_seconds / cold_reads``: a cold read's latency)."""
+    tiers = {t: v["tiers"] for t, v in tables.items() if "tiers" in v}
+    out: list[Family] = []
+    for what, kind, doc in (("budget_bytes", "gauge", "the memory budget of the table's rows here"),
+                            ("hot_bytes", "gauge", "bytes of the table's rows in memory"),
+                            ("cold_bytes", "gauge", "bytes of the table's rows on local disk"),
+                            ("cold_keys", "gauge", "keys whose rows are on local disk"),
+                            ("requested", "counter", "keys requests asked for"),
+                            ("promoted", "counter", "rows read back from disk into memory"),
+                            ("demoted", "counter", "rows moved from memory to disk"),
+                            ("cold_reads", "counter", "requests some of whose rows were read back from disk"),
+                            ("cold_seconds", "counter", "seconds spent reading rows back from disk")):
+        name = f"paramserver_tier_{what}"
+        sample = f"{name}_total" if kind == "counter" else name
+        out.append([name, kind, f"per table with a memory budget: {doc}",
+                    [[sample, {"table": t}, float(v.get(what, 0))] for t, v in tiers.items()]])
+    return out
+
+
 def state_families(s: dict[str, Any]) -> list[Family]:
     """A server's gauges and consistency figures."""
     out: list[Family] = []
@@ -115,6 +137,7 @@ def state_families(s: dict[str, Any]) -> list[Family]:
     out.append(["paramserver_resident_memory_bytes", "gauge", "resident memory of the process",
                 [["paramserver_resident_memory_bytes", {}, float(s["rss_bytes"])]]])
     out += _lifecycle_families(s["tables"])
+    out += _tier_families(s["tables"])
     c = s["consistency"]
     out.append(["paramserver_parked_pulls", "counter", "pulls held back by the staleness bound",
                 [["paramserver_parked_pulls_total", {}, float(c["parked_pulls"])]]])

@@ -52,7 +52,7 @@ from paramserver.store.memory import heap_released, new_slots, on_heap, slot_vie
 from paramserver.tables.optim import OP_UPDATE, Initializer, Optimizer
 
 MAX_LOAD = 0.875
-COLD_LOAD = 0.5
+COLD_LOAD = 0.75
 GROWTH = 1.25
 MIN_CAPACITY = 8
 
@@ -74,8 +74,10 @@ class VnodeTable:
                  storage: str = "float32", arena: DiskArena | None = None) -> None:
         self.dim = dim
         self.arena = arena  # where the arrays are made: memory (None), or a cold tier's files
-        # a cold tier's vnodes (on disk, where room is cheap) are kept half empty: a key
-        # not there is then found missing in 2.5 probes, not the ~32 of a 7/8 full table
+        # a cold tier's vnodes are kept at most 3/4 full: a key not there (most probes of it:
+        # new keys) is found missing in ~8 probes of one or two cache lines, not the ~32 of a
+        # 7/8 full table, in files 2/3 the size a half-full one took (under a memory limit,
+        # fewer pages to read back from disk)
         self.max_load = MAX_LOAD if arena is None else COLD_LOAD
         self.life_width = life_width  # columns of the lifecycle's life rows (``loops/life.py``), 0: none
         self.width = dim + optimizer.state_width(dim)

@@ -61,7 +61,8 @@ class TierStats:
     promoted: int = 0  # of them, found cold and moved back to memory
     demoted: int = 0  # keys moved to the cold tier
     settles: int = 0
-    cold_seconds: float = 0.0  # time spent reading cold rows back
+    cold_reads: int = 0  # requests some of whose keys were read back from disk ...
+    cold_seconds: float = 0.0  # ... and the time that took
     settle_seconds: float = 0.0  # time spent holding the budget
     disk_full: int = 0  # settles a full disk stopped
 
@@ -173,6 +174,7 @@ class Tiers:
             self.dirty = True
         with self._lock:
             self.cold_keys -= n
+            self.stats.cold_reads += 1
             self.stats.cold_seconds += time.perf_counter() - t0
         return n
 
@@ -323,5 +325,5 @@ class Tiers:
         hit = 1.0 - s.promoted / s.requested if s.requested else 1.0
         return {"budget_bytes": self.budget, "hot_bytes": self.hot_bytes, "cold_bytes": self.arena.nbytes,
                 "cold_keys": self.cold_keys, "requested": s.requested, "promoted": s.promoted, "demoted": s.demoted,
-                "hit_rate": hit, "settles": s.settles, "cold_seconds": s.cold_seconds,
+                "hit_rate": hit, "settles": s.settles, "cold_reads": s.cold_reads, "cold_seconds": s.cold_seconds,
                 "settle_seconds": s.settle_seconds, "disk_full": s.disk_full}

@@ -91,8 +91,9 @@ class VnodeSet:
 
     def _new_cold(self, vnode: int, room: int) -> VnodeTable:
         assert self.tiers is not None, "a cold vnode belongs to a tiered table"
+        # without the ``seen`` column (the last): a cold row's page holds all there is of it
         return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
-                          capacity=int(room / COLD_LOAD) + 2, kernels=self._kernels, life_width=self.life_width,
+                          capacity=int(room / COLD_LOAD) + 2, kernels=self._kernels, life_width=self.tiers.column,
                           storage=self.spec.storage, arena=self.tiers.arena)
 
     def set_vnodes(self, vnodes: Iterable[int]) -> None:

@@ -116,7 +116,7 @@ def put_many(d, keys0, rows0, meta0, life0, slot, vnodes, counts, keys, src_rows
             meta[COUNT] += 1
             for j in range(rows.shape[1]):
                 rows[at, j] = src_rows[i, j]
-            for j in range(life.shape[1]):
+            for j in range(min(life.shape[1], src_life.shape[1])):  # a cold row has no ``seen`` column
                 life[at, j] = src_life[i, j]
             if column >= 0:
                 life[at, column] = clock
