@@ -152,7 +152,8 @@ class Config:
     table_memory: int = _env(0, "PARAMSERVER_TABLE_MEMORY",
                              "bytes of memory each hash table's rows may take on this server, like 512M: the "
                              "least recently used go to its cold directory, and come back when asked for (0: "
-                             "tables without a budget of their own take what they need)")
+                             "tables without a budget of their own take what they need; dense tables and "
+                             "tables whose lifecycle drops keys are left as they are)")
     cold_dir: str = _env("", "PARAMSERVER_COLD_DIR",
                          "the local directory a server keeps cold rows in (tables over a memory budget; "
                          "default: $TMPDIR, else /var/tmp; never tmpfs, whose pages are memory)")

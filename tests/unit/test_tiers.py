@@ -83,7 +83,9 @@ def test_a_table_without_a_budget_has_no_tiers_and_the_servers_default_applies(t
     own = VnodeSet(TableSpec("t", optimizer="ftrl", memory="2M"), 2, [0, 1], memory=1 << 20, cold_dir=str(tmp_path))
     assert own.tiers is not None and own.tiers.budget == 2 << 20  # the table's own budget wins
     dense = VnodeSet(TableSpec("d", key_bits=10), 2, [0, 1], memory=1 << 20)
-    assert dense.tiers is None  # a server's default leaves dense tables in memory
+    assert dense.tiers is None  # a server's default leaves dense tables in memory ...
+    capped = VnodeSet(TableSpec("c", lifecycle="cap_keys=100"), 2, [0, 1], memory=1 << 20)
+    assert capped.tiers is None  # ... and tables whose lifecycle drops keys
 
 
 def test_deltas_and_full_exports_see_the_cold_rows(tmp_path):

@@ -72,7 +72,9 @@ class VnodeSet:
         if spec.lifecycle:
             self.life = TableLife(spec.lifecycle, spec.dim, self)
         self.tiers: Tiers | None = None
-        budget = spec.memory or (memory if not spec.key_bits else 0)
+        # a server's default budget: hash tables whose lifecycle does not drop keys (one that
+        # does holds its own memory; a dense table's is fixed)
+        budget = spec.memory or (memory if not spec.key_bits and not spec.lifecycle.evicts else 0)
         if budget:  # one more life column: when each key was last seen
             arena = DiskArena(cold_dir or default_cold_dir(), spec.name)
             self.tiers = Tiers(self, budget, self.life_width, n_vnodes, self._new_cold, arena)
