@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from paramserver.client.client import Client
+from paramserver.errors import ParamServerError
 
 #: the servers' tier figures a report sums (``store/tiers.py``)
 SUMMED = ("budget_bytes", "hot_bytes", "cold_bytes", "cold_keys", "requested", "promoted", "demoted",
@@ -30,10 +31,12 @@ def hit_rate(requested: float, promoted: float) -> float:
 
 class TierPasses:
     """The hot tier's hit rate of each pass over the data, as the job's driver sees the
-    epochs turn (within its progress period)."""
+    epochs turn (within its progress period).  Only a table with a budget (``tiered``) asks
+    the servers; a pass whose figures a server could not give (it died: the job's own
+    watch says so) is left out, never an error of the job."""
 
-    def __init__(self, client: Client, table: str) -> None:
-        self.client, self.table = client, table
+    def __init__(self, client: Client, table: str, tiered: bool) -> None:
+        self.client, self.table, self.tiered = client, table, tiered
         self.epoch = 0
         self.at = {"requested": 0.0, "promoted": 0.0}
         self.passes: list[dict[str, float]] = []
@@ -41,9 +44,12 @@ class TierPasses:
     def observe(self, status: dict[str, Any], done: bool = False) -> None:
         """A job status: a pass ended if its epoch moved on (or the job is ``done``)."""
         epoch = int(status.get("epoch", 0) or 0)
-        if epoch == self.epoch and not done:
+        if not self.tiered or (epoch == self.epoch and not done):
             return
-        now = tier_figures(self.client, self.table)
+        try:
+            now = tier_figures(self.client, self.table)
+        except ParamServerError:  # a server lost meanwhile: this pass has no figure
+            return
         if not now:
             return
         asked, promoted = now["requested"] - self.at["requested"], now["promoted"] - self.at["promoted"]

@@ -53,6 +53,7 @@ from paramserver.client.client import Client
 from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
 from paramserver.client.row_cache import merge_caches
+from paramserver.config import parse_bytes
 from paramserver.data.files import check_output, is_plain_local
 from paramserver.data.reader import (
     Batch,
@@ -347,7 +348,8 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | No
         WorkerError: a worker failed, or the job did not finish."""
     client = cluster.client
     t0 = time.perf_counter()
-    passes = TierPasses(client, cfg.model.table)  # a table over a memory budget: its hit rate, pass by pass
+    # a table with a memory budget: its hot tier's hit rate, pass by pass
+    passes = TierPasses(client, cfg.model.table, tiered=bool(parse_bytes("--table-memory", cfg.table_memory)))
     pool = ThreadPoolExecutor(1, thread_name_prefix="paramserver-train")
     pruned_at = 0  # checkpoints written when old ones were last pruned
     try:
