@@ -3,8 +3,9 @@
 (``rocksdict``), each driven from Python as a server would: batches of 10 000 keys.
 
 Run: ``PYTHONPATH=src .venv/bin/python bench/cold_stores.py [--rows 2000000]`` (a minute).
-``lmdb`` and ``rocksdict`` are not dependencies of the project: ``pip install lmdb
-rocksdict`` first, or they are skipped (said on stderr).
+``lmdb`` and ``rocksdict`` come with the bench extra (``pip install -e ".[bench]"``); the
+project does not depend on them otherwise, and a store whose package is missing is
+skipped (said on stderr).
 
 Rows are dim-1 FTRL's (12 bytes: value, z, n), keys random uint64.  Measured, in keys a
 second: ``put`` (every row, in batches), ``get`` (20 batches of random keys, copied out),
@@ -84,7 +85,7 @@ def lmdb_store(keys: np.ndarray, rows: np.ndarray, folder: str) -> list[Any] | N
     try:
         import lmdb
     except ImportError:
-        log("lmdb is not installed: skipped (pip install lmdb)")
+        log("lmdb is not installed: skipped (pip install -e '.[bench]')")
         return None
     env = lmdb.open(os.path.join(folder, "lmdb"), map_size=1 << 36, sync=False, metasync=False, readahead=False)
     names = [k.tobytes() for k in keys.byteswap()]  # big-endian: sorted keys are sorted bytes
@@ -112,7 +113,7 @@ def rocks_store(keys: np.ndarray, rows: np.ndarray, folder: str) -> list[Any] | 
     try:
         import rocksdict
     except ImportError:
-        log("rocksdict is not installed: skipped (pip install rocksdict)")
+        log("rocksdict is not installed: skipped (pip install -e '.[bench]')")
         return None
     db = rocksdict.Rdict(os.path.join(folder, "rocks"), rocksdict.Options(raw_mode=True))
 

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from support import wait_for
+from test_checkpoint import full_rows
 from test_observe import get, scrape
 
 from paramserver import LocalCluster
@@ -26,12 +27,6 @@ BUDGET = 96 << 10  # bytes of rows a server keeps in memory: a small part of wha
 
 def _cold_keys(client, table):
     return sum(int(s["tables"][table].get("tiers", {}).get("cold_keys", 0)) for s in client.stats.server_stats())
-
-
-def _sorted_export(client, table):
-    keys, values = client.export_table(table)
-    order = np.argsort(keys)
-    return keys[order], values[order]
 
 
 def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_path):
@@ -59,8 +54,8 @@ def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_p
             assert get(metrics, f"paramserver_tier_{what}_total", table="tiered") == total > 0
         np.testing.assert_array_equal(client.pull("tiered", KEYS).result(timeout=60),
                                       client.pull("plain", KEYS).result(timeout=60))
-        plain = _sorted_export(client, "plain")
-        tiered = _sorted_export(client, "tiered")
+        plain = full_rows(client, "plain")
+        tiered = full_rows(client, "tiered")
         for a, b in zip(plain, tiered, strict=True):
             np.testing.assert_array_equal(a, b)
         client.checkpoint(url)
@@ -69,7 +64,7 @@ def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_p
         assert restored["tiered"] == restored["plain"] == plain[0].size
         assert cluster.client.tables()["tiered"].memory == BUDGET
         assert _cold_keys(cluster.client, "tiered") > 0  # the restore filled memory, then moved rows to disk
-        for a, b in zip(_sorted_export(cluster.client, "tiered"), plain, strict=True):
+        for a, b in zip(full_rows(cluster.client, "tiered"), plain, strict=True):
             np.testing.assert_array_equal(a, b)
 
 
