@@ -223,15 +223,15 @@ class Tiers:
             return
         over = self.hot_bytes > self.budget
         first = next(iter(tables.values()))
-        # slots a vnode (at least MIN_CAPACITY: a budget under 8 slots a vnode is that much)
-        share = max(MIN_CAPACITY, int(self.budget / len(tables) / (first.nbytes / (first.capacity + 1))) - 1)
+        slots = self.budget / len(tables) / (first.nbytes / (first.capacity + 1))  # a vnode's share of the budget
+        share = max(MIN_CAPACITY, int(slots) - 1)  # its arrays: at least MIN_CAPACITY slots, ...
         lens = np.fromiter((len(vt) for vt in tables.values()), np.int64, len(tables))
-        if not over and not (self.sized and lens.max() > HIGH * MAX_LOAD * share):
+        if not over and not (self.sized and lens.max() > HIGH * MAX_LOAD * slots):  # ... its keys: the budget's
             return
         t0 = time.perf_counter()
         self.stats.settles += 1
         try:
-            self._demote(np.maximum(lens - int(LOW * MAX_LOAD * share), 0))
+            self._demote(np.maximum(lens - int(LOW * MAX_LOAD * slots), 0))
         except DiskFullError as exc:
             self.stats.disk_full += 1
             self._retry_at = self.clock + RETRY_REQUESTS

@@ -177,7 +177,8 @@ class Run:
             spec = TableSpec(name, dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=self.tables[name],
                              consistency=self.plan.staleness if name == "ssp" else "asp",
                              filters=self.plan.filters or None,
-                             lifecycle=self.plan.lifecycle if name == "life" else None)
+                             lifecycle=self.plan.lifecycle if name == "life" else None,
+                             memory=self.plan.memory if name == "counts" else 0)
             worker.create_table(spec, made)
 
         create()

@@ -37,6 +37,7 @@ class Plan:
     lifecycle: str = ""  # a second table, "life", with this lifecycle (its copies must agree at the end)
     row_cache: str = ""  # the workers cache the rows of "counts" (client/row_cache.py), pushing only updates
     cache_keys: int = 0  # ... and use only its first keys, so that reads hit
+    memory: int = 0  # "counts" has this memory budget (store/tiers.py): its rows move to disk and back
 
 
 def _client_links(a: str, b: str) -> bool:
@@ -234,6 +235,18 @@ def _lifecycle(rng: random.Random) -> Plan:
     return p
 
 
+def _tiers(rng: random.Random) -> Plan:
+    """The counters in a table over its memory budget (``store/tiers.py``): each server
+    keeps a few of its rows in memory, or none, so that requests bring rows back from disk
+    and settles move them out, while copies are made, servers crash, restart, join and
+    leave, and messages are lost, duplicated and reordered.  Every acknowledged push must
+    be counted once, wherever its key's row was."""
+    p = _counters(2)(rng)
+    p.memory = rng.choice([1, 300, 1200])  # bytes: no key in memory after a settle, or a few a vnode
+    p.failures.append((rng.uniform(2, RUN_S - 4), rng.choice(["restart", "join", "leave", "crash"])))
+    return p
+
+
 def _row_cache(rng: random.Random) -> Plan:
     """The counters through the workers' row caches (``client/row_cache.py``): rows read
     within ``s`` of their servers' versions, gradients summed and pushed every ``s``, on
@@ -289,6 +302,7 @@ SCENARIOS: dict[str, Callable[[random.Random], Plan]] = {
     "filters": _filters,
     "lifecycle": _lifecycle,
     "row-cache": _row_cache,
+    "tiers": _tiers,
     "lossy-peers": _lossy_peers,
 }
 assert sorted(SCENARIOS) == sorted(SCENARIO_NAMES), "names.SCENARIO_NAMES lists the scenarios for --help"
