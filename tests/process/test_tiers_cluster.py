@@ -16,6 +16,7 @@ from paramserver import LocalCluster
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train import TrainConfig, run_training
+from paramserver.cli.cluster import _status
 from paramserver.data.reader import DataFormat
 
 pytestmark = pytest.mark.timeout(240)
@@ -29,7 +30,7 @@ def _cold_keys(client, table):
     return sum(int(s["tables"][table].get("tiers", {}).get("cold_keys", 0)) for s in client.stats.server_stats())
 
 
-def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_path):
+def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_path, capsys):
     url = str(tmp_path / "ckpt")
     rng = np.random.default_rng(0)
     with LocalCluster(servers=2, http_port=0, log_level="WARNING") as cluster:
@@ -52,6 +53,11 @@ def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_p
         for what in ("promoted", "demoted", "cold_reads"):  # ... and what they did, summed over the servers
             total = sum(s["tables"]["tiered"]["tiers"][what] for s in stats)
             assert get(metrics, f"paramserver_tier_{what}_total", table="tiered") == total > 0
+        capsys.readouterr()
+        _status(client)  # cluster status: the budget and where the rows are
+        out = capsys.readouterr().out
+        cold = sum(s["tables"]["tiered"]["tiers"]["cold_keys"] for s in stats)
+        assert "memory budget 0.1 MiB a server: " in out and f"{cold:,} keys on disk" in out, out
         np.testing.assert_array_equal(client.pull("tiered", KEYS).result(timeout=60),
                                       client.pull("plain", KEYS).result(timeout=60))
         plain = full_rows(client, "plain")

@@ -52,6 +52,8 @@ def cluster(args: argparse.Namespace) -> int:
 def _status(client: Any) -> None:
     """``cluster status``: the ring, each server's tables, keys, memory and vnodes held,
     the tables, the workers and the job's progress."""
+    from paramserver.apps.ctr.tier_report import tier_figures
+
     info = client.admin.cluster_info()
     ring = client.admin.ring
     stats = {s["node_id"]: s for s in client.stats.server_stats()}
@@ -76,14 +78,12 @@ def _status(client: Any) -> None:
             life = [t.get("lifecycle", {}) for t in per]
             print(f"    lifecycle {spec.lifecycle}: {sum(x.get('refused', 0) for x in life):,} updates refused, "
                   f"{sum(x.get('evicted', 0) for x in life) // spec.replicas:,} keys evicted")
-        tiers = [t["tiers"] for t in per if "tiers" in t]
-        if tiers:
-            asked, back = sum(x["requested"] for x in tiers), sum(x["promoted"] for x in tiers)
-            print(f"    memory budget {max(x['budget_bytes'] for x in tiers) / 2**20:,.1f} MiB a server: "
-                  f"{sum(x['hot_bytes'] for x in tiers) / 2**20:,.1f} MiB in memory, "
-                  f"{sum(x['cold_keys'] for x in tiers):,} keys on disk "
-                  f"({sum(x['cold_bytes'] for x in tiers) / 2**20:,.1f} MiB), hit rate "
-                  f"{1 - back / asked if asked else 1:.2%}")
+        if t := tier_figures(list(stats.values()), name):
+            budget = max(s["tables"][name]["tiers"]["budget_bytes"] for s in stats.values()
+                         if "tiers" in s["tables"].get(name, {}))
+            print(f"    memory budget {budget / 2**20:,.1f} MiB a server: {t['hot_bytes'] / 2**20:,.1f} MiB in "
+                  f"memory, {t['cold_keys']:,.0f} keys on disk ({t['cold_bytes'] / 2**20:,.1f} MiB), hit rate "
+                  f"{t['hit_rate']:.2%}")
     for name, ns in client.admin.namespaces().items():
         if name:
             limits = ", ".join(f"{k} {ns[k]:,}" for k in ("max_keys", "max_bytes") if ns[k]) or "no quota"

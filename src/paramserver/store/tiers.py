@@ -17,9 +17,9 @@ row is found by one probe of a page the kernel may have cached.
   size.  Whenever their keys pass ``HIGH`` of what the arrays hold, the least recently
   seen keys of all the vnodes (chosen by a histogram of ``seen``, not a sort) move to the
   cold tier, down to ``LOW``; their slots are freed in place and reused.  The cold arrays
-  are grown to take them before any moves, and the rows are written there before they
-  leave memory: a disk that cannot take them (``DiskFullError``, logged and counted)
-  leaves every row where it was, and the budget over until the disk has room.
+  are grown to take them before any row moves (only growing a file can fail): a disk that
+  cannot take them (``DiskFullError``, logged and counted) leaves every row where it was,
+  and the budget over until the disk has room.
 
 Keys new to the table have ``seen`` 0 until a request sees them again; a settle stamps
 them as seen at that moment.
@@ -245,18 +245,16 @@ class Tiers:
         if not excess.any():
             return
         vnodes, counts, keys = self._oldest(excess)
+        # every cold vnode grown first: a full disk stops the settle here, nothing moved; after
+        # it the rows are taken out of memory and put on disk, where nothing can fail any more
+        self._make_room(vnodes, counts)
         d = self.rows.directory
         rows = np.empty((keys.shape[0], d.hash_args[2].shape[1]), d.hash_args[2].dtype)
         life = np.empty((keys.shape[0], d.life0.shape[1]), np.float32)
         found = np.empty(keys.shape[0], np.bool_)
-        none = np.zeros(keys.shape[0], np.bool_)
-        tier_loops.take_many(*d.hash_args, d.life0, self.rows.slot, vnodes, counts, keys, none, rows, life, found,
-                             False)
-        self._make_room(vnodes, counts)  # every cold vnode grown first: a full disk stops it here, nothing moved
+        tier_loops.take_many(*d.hash_args, d.life0, self.rows.slot, vnodes, counts, keys,
+                             np.zeros(keys.shape[0], np.bool_), rows, life, found, True)
         self._put(self.cold, vnodes, counts, keys, rows, life, found, -1, 0.0)
-        d = self.rows.directory
-        tier_loops.take_many(*d.hash_args, d.life0, self.rows.slot, vnodes, counts, keys, none, rows, life, found,
-                             True)
         self.cold_keys += int(keys.shape[0])
         self.stats.demoted += int(keys.shape[0])
         self._moved(int(keys.shape[0]))

@@ -130,7 +130,7 @@ class VnodeSet:
         if self.tiers is not None:
             if replace:
                 self.tiers.drop(vnode)
-            else:  # rows of the copy replace those held here, in whichever tier
+            elif int(vnode) in self.tables:  # rows of the copy replace those held here, in whichever tier
                 self.tiers.before(*_one_vnode(vnode, keys))
             self.tiers.dirty = True
         if replace or int(vnode) not in self.tables:

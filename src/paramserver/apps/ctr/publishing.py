@@ -74,5 +74,5 @@ def table_report(client: Client, spec: TableSpec) -> dict[str, Any]:
                    "keys_admitted": sum(int(x.get("admitted", 0)) for x in life),
                    "keys_evicted": sum(int(x.get("evicted", 0)) for x in life) // max(spec.replicas, 1)}
     if spec.memory:  # a memory budget: its rows in memory and on disk, all copies
-        report["tiers"] = tier_figures(client, spec.name)
+        report["tiers"] = tier_figures(stats, spec.name)
     return report

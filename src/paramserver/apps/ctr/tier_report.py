@@ -13,9 +13,9 @@ SUMMED = ("budget_bytes", "hot_bytes", "cold_bytes", "cold_keys", "requested", "
           "settle_seconds", "cold_seconds", "disk_full")
 
 
-def tier_figures(client: Client, table: str) -> dict[str, float]:
-    """The table's tiers on every server, summed (all copies); empty without a budget."""
-    tiers = [s.get("tables", {}).get(table, {}).get("tiers") for s in client.stats.server_stats()]
+def tier_figures(stats: list[dict[str, Any]], table: str) -> dict[str, float]:
+    """The table's tiers in the servers' ``stats``, summed (all copies); empty without a budget."""
+    tiers = [s.get("tables", {}).get(table, {}).get("tiers") for s in stats]
     tiers = [t for t in tiers if t]
     if not tiers:
         return {}
@@ -47,7 +47,7 @@ class TierPasses:
         if not self.tiered or (epoch == self.epoch and not done):
             return
         try:
-            now = tier_figures(self.client, self.table)
+            now = tier_figures(self.client.stats.server_stats(), self.table)
         except ParamServerError:  # a server lost meanwhile: this pass has no figure
             return
         if not now:

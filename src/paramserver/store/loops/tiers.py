@@ -18,20 +18,14 @@ from paramserver.store.loops.views import LIMIT, hash_arrays, life_rows
 
 @njit(nogil=True, cache=True)
 def seen_many(d, keys0, rows0, meta0, life0, slot, vnodes, counts, keys, column, clock, hot):
-    """``hot[i]``: whether ``keys[i]`` (grouped by vnode, as a request's) is stored in
-    its vnode; the life column ``column`` of those that are is set to ``clock``.  How
-    many are not."""
+    """``hot[i]``: whether ``keys[i]`` (grouped by vnode, as a request's: vnodes held
+    here) is stored in its vnode; the life column ``column`` of those that are is set to
+    ``clock``.  How many are not."""
     a = 0
     cold = 0
     for s in range(vnodes.shape[0]):
         t = slot[vnodes[s]]
         b = a + counts[s]
-        if t < 0:
-            for i in range(a, b):
-                hot[i] = False
-            cold += b - a
-            a = b
-            continue
         tkeys, _, meta = hash_arrays(d, t, keys0, rows0, meta0)
         life = life_rows(d, t, life0)
         for i in range(a, b):
