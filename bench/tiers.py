@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cgroup", action="store_true", help="run each server under a memory cgroup (root)")
     p.add_argument("--overhead", default="96M", help="the cgroup's allowance over the budget (default 96M)")
     p.add_argument("--run-timeout", type=float, default=900, help="seconds a job may take (default 900)")
+    p.add_argument("--no-prefetch-too", action="store_true",
+                   help="also run each budget's tiers with --no-prefetch (what reading ahead saves)")
     p.add_argument("--data", default="", help="a folder to keep the data in (reused when there)")
     p.add_argument("--json", default="", help="write every number to this file")
     return p.parse_args(argv)
@@ -242,8 +244,10 @@ def heavy_runs(heavy: str, test: str, out: str, args: argparse.Namespace) -> dic
     for ratio in ratios:
         budget = int(table / ratio)
         limit = budget + overhead if args.cgroup else 0
-        for kind, flags in (("tiers", ["--table-memory", str(budget)]),
-                            ("evict", ["--lifecycle", f"cap_bytes={budget};victim=lru"])):
+        kinds = [("tiers", ["--table-memory", str(budget)])]
+        if args.no_prefetch_too:
+            kinds.append(("tiers-noprefetch", ["--table-memory", str(budget), "--no-prefetch"]))
+        for kind, flags in (*kinds, ("evict", ["--lifecycle", f"cap_bytes={budget};victim=lru"])):
             log(f"heavy: {kind} at 1/{ratio:g} of the table ({budget:,} bytes)")
             run = train([heavy], [test], os.path.join(out, f"{kind}-{ratio:g}"), flags, limit)
             if not run["failed"]:  # under a cgroup, no model saved: the same test loss to the last bit, and keys
@@ -282,7 +286,7 @@ def report(heavy: dict[str, Any], drift: dict[str, Any] | None) -> list[str]:
     print(md_table(head, rows, [0, 0, 0, 3, 5, 0, 4, 0, 0, 0, 0]))
     goals = []
     for name, run in heavy.items():
-        if not (isinstance(run, dict) and name.startswith("tiers-")) or run["failed"]:
+        if not (isinstance(run, dict) and name.startswith("tiers-") and "noprefetch" not in name) or run["failed"]:
             continue
         speed = run["report"]["examples_per_s"] / base["report"]["examples_per_s"]
         line = f"1/{run['ratio']:g}: {speed:.2f}x the in-memory examples/s, same model {run['same_model']}"

@@ -17,6 +17,7 @@ from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train import TrainConfig, run_training
 from paramserver.cli.cluster import _status
+from paramserver.client.prefetch import Prefetched
 from paramserver.data.reader import DataFormat
 
 pytestmark = pytest.mark.timeout(240)
@@ -44,6 +45,12 @@ def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_p
             for name in ("plain", "tiered"):
                 client.push(name, keys, grads).result(timeout=60)
         assert _cold_keys(client, "tiered") > N_KEYS // 2  # most rows are on disk
+        named = KEYS[rng.permutation(N_KEYS)[:4_000]]
+        ahead = client.prefetch("tiered", named).result(timeout=60)  # (rows the page cache holds: not read ahead)
+        assert ahead.tiered and ahead.cold <= named.size
+        assert client.prefetch("plain", named).result(timeout=60) == Prefetched(cold=0, tiered=False, reading=False)
+        np.testing.assert_array_equal(client.pull("tiered", named).result(timeout=60),
+                                      client.pull("plain", named).result(timeout=60))
         metrics, stats = scrape(cluster.http_url + "metrics"), client.stats.server_stats()
         for s in stats:  # /metrics says what each server's tiers hold ...
             tiers, server = s["tables"]["tiered"]["tiers"], str(s["node_id"])

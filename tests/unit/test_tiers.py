@@ -12,8 +12,10 @@ import pytest
 from paramserver.config import parse_bytes
 from paramserver.errors import ConfigError
 from paramserver.store import disk
+from paramserver.store import readahead as read_policy
 from paramserver.store.disk import DiskFullError
 from paramserver.store.loops.life import VER
+from paramserver.store.readahead import FAST_PAGE_S, PAGE_SHIFT, SLOW_ROW_S, Policy, readahead
 from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.spec import TableSpec
 
@@ -32,10 +34,13 @@ def _requests(seed: int, n: int, batch: int = 3000, space: int = 60_000):
         yield vnodes.astype(np.int32), counts.astype(np.int64), keys, rng.standard_normal((keys.size, 1))
 
 
-def _drive(table: VnodeSet, seed: int = 0, n: int = 150) -> list[np.ndarray]:
-    """Pull then push each request, as a worker does; every pull's values."""
+def _drive(table: VnodeSet, seed: int = 0, n: int = 150, prefetch: bool = False) -> list[np.ndarray]:
+    """Pull then push each request, as a worker does (``prefetch``: its keys named
+    first, as a worker does a batch ahead); every pull's values."""
     pulls = []
     for vnodes, counts, keys, grads in _requests(seed, n):
+        if prefetch:
+            table.prefetch(vnodes, counts, keys)
         out = np.empty((keys.size, table.spec.dim), np.float32)
         table.lookup(vnodes, counts, keys, out)
         table.settle()
@@ -73,6 +78,59 @@ def test_every_pull_and_row_is_the_unbudgeted_tables_bit_for_bit(spec, tmp_path)
     assert figures["promoted"] > 0 and figures["demoted"] > figures["cold_keys"]  # ... and came back
     assert 0 < figures["hit_rate"] < 1
     assert tiered.tiers is not None and tiered.tiers.hot_bytes <= budget
+
+
+def test_keys_named_ahead_have_their_cold_pages_read_and_change_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(read_policy, "SLOW_ROW_S", 0.0)  # as if every row read back came from the disk ...
+    monkeypatch.setattr(read_policy, "FAST_PAGE_S", 0.0)  # ... and every page read ahead too
+    spec = TableSpec("t", optimizer="ftrl", lifecycle="track")
+    plain = VnodeSet(spec, N_VNODES, range(N_VNODES))
+    tiered = VnodeSet(spec, N_VNODES, range(N_VNODES), memory=48 << 10, cold_dir=str(tmp_path))
+    expected, got = _drive(plain), _drive(tiered, prefetch=True)
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert _rows(plain) == _rows(tiered)
+    readahead.wait()
+    figures = tiered.figures()
+    assert figures["prefetched"] > figures["promoted"] > 0 and figures["prefetch_pages"] > 0, figures
+    assert plain.prefetch(*next(_requests(0, 1))[:3]) is None  # a table without tiers: nothing to read
+    named: list[np.ndarray] = []
+    monkeypatch.setattr(readahead, "submit", lambda pages, held, policy: named.append(pages))
+    vnodes, counts, keys, _ = next(_requests(7, 1))
+    cold, reading = tiered.prefetch(vnodes, counts, keys)
+    assert cold > 0 and reading and len(named) == 1
+    pages, found = set(named[0].tolist()), 0
+    for v, k in zip(np.repeat(vnodes, counts), keys, strict=True):  # each cold key's slot and life row were named
+        cold = tiered.cold_vnodes.get(int(v))
+        at = np.flatnonzero(cold.keys == k) if cold is not None else []
+        if len(at):
+            found += 1
+            assert (cold.keys.ctypes.data + int(at[0]) * cold.keys.strides[0]) >> PAGE_SHIFT in pages
+            assert (cold.life.ctypes.data + int(at[0]) * cold.life.strides[0]) >> PAGE_SHIFT in pages
+    assert found > 0
+
+
+def test_a_table_reads_ahead_while_its_rows_come_from_the_disk_and_stops_once_they_are_cached(tmp_path):
+    policy = Policy()
+    assert not policy.wanted()  # nothing measured: no reading ahead
+    for _ in range(50):
+        policy.promoted(100, 100 * SLOW_ROW_S / 4)  # rows read back from the page cache
+    assert not policy.wanted()
+    for _ in range(50):
+        policy.promoted(100, 100 * SLOW_ROW_S * 4)  # from the disk: read ahead ...
+    assert policy.wanted() and policy.wanted()
+    policy.promoted(100, 100 * SLOW_ROW_S / 100)  # (rows read back fast because of it do not stop it)
+    assert policy.wanted()
+    for _ in range(50):
+        policy.read(1000, 1000 * FAST_PAGE_S * 4)  # pages read ahead come from the disk: go on
+    assert policy.wanted()
+    for _ in range(50):
+        policy.read(1000, 1000 * FAST_PAGE_S / 4)  # ... until they were cached already
+    assert not policy.wanted() and policy.row_s is None  # the rows' cost is measured afresh
+    tiered = VnodeSet(TableSpec("t", optimizer="ftrl"), N_VNODES, range(N_VNODES), memory=48 << 10,
+                      cold_dir=str(tmp_path))
+    _drive(tiered, n=30)
+    assert tiered.prefetch(*next(_requests(0, 1))[:3]) == (0, False)  # cached rows: it does nothing
 
 
 def test_a_table_without_a_budget_has_no_tiers_and_the_servers_default_applies(tmp_path):

@@ -159,7 +159,8 @@ def _lifecycle_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
         lines.append(("memory tiers", f"{t['hot_bytes'] / 2**20:,.1f} MiB in memory (budget "
                                       f"{t['budget_bytes'] / 2**20:,.1f} MiB), {t['cold_keys']:,.0f} keys on disk "
                                       f"({t['cold_bytes'] / 2**20:,.1f} MiB); hit rate {t['hit_rate']:.2%} "
-                                      f"({t['promoted']:,.0f} rows read back, {t['demoted']:,.0f} moved out)"))
+                                      f"({t['promoted']:,.0f} rows read back, {t['demoted']:,.0f} moved out; "
+                                      f"{t.get('prefetched', 0):,.0f} named a batch ahead)"))
         if len(report.get("tier_passes", [])) > 1:
             lines.append(("hit rate per pass", ", ".join(f"{p['hit_rate']:.2%}" for p in report["tier_passes"])))
     if "lifecycle" in report:
@@ -239,7 +240,8 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
                        consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
                        layout=getattr(args, "table_layout", "auto"), filters=getattr(args, "filters", None),
                        lifecycle=getattr(args, "lifecycle", None), storage=getattr(args, "storage", "float32"),
-                       row_cache=getattr(args, "row_cache", "off"), table_memory=getattr(args, "table_memory", 0))
+                       row_cache=getattr(args, "row_cache", "off"), table_memory=getattr(args, "table_memory", 0),
+                       prefetch=getattr(args, "prefetch", True))
 
 
 def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list[str],

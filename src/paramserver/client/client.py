@@ -28,6 +28,7 @@ from paramserver.client.job import Job
 from paramserver.client.life_calls import Delta, LifeCalls, with_stats
 from paramserver.client.losses import Losses
 from paramserver.client.moved import MOVED, moved
+from paramserver.client.prefetch import Prefetched, prefetch
 from paramserver.client.rpc import Rpc
 from paramserver.client.state import ClientState
 from paramserver.client.stats import Stats
@@ -216,6 +217,18 @@ class Client:
                              reply_row_bytes=4 * spec.dim,
                              wire=filters.wire(spec, "pull"),
                              extra_header={"reply_filters": True} if replies is not None else None)
+
+    def prefetch(self, table: str, keys: Any) -> Future[Prefetched]:
+        """Name ``keys`` that a later pull or push of ``table`` will ask for.  Where the
+        table has a memory budget (``memory=``) and its rows on disk are slow to read, its
+        servers begin reading those of ``keys`` in the background, so that the pull finds
+        them in place; no value, clock or order changes.  The future (``Prefetched``):
+        whether any server holds the table in tiers, and reads ahead now.  Pass the very
+        array the pull will take: it is routed once, for both."""
+        spec = self._spec(table)
+        keys = as_keys(keys)
+        spec.check_keys(keys)
+        return prefetch(self._caller, table, keys)
 
     def push(self, table: str, keys: Any, grads: Any, *, distinct: bool = False, op: str = "update",
              stats: Any = None) -> Future[Any]:

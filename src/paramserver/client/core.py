@@ -130,9 +130,9 @@ class RouteMemo:
         if keys.shape[0] <= self.MAX_KEYS:
             self._held.keep(keys, (routed, layout, ordered))
 
-    def push_routing(self, ring: Ring, keys: np.ndarray, grads: np.ndarray, layout: int,
-                     ordered: bool) -> Routed | None:
-        """The routing of a distinct push of ``keys`` from their pull's, or None."""
+    def routing(self, ring: Ring, keys: np.ndarray, layout: int, ordered: bool) -> Routed | None:
+        """The routing kept for the very array ``keys`` (a pull's, or a prefetch's: a pull of
+        the keys named ahead takes it too), if it still holds, or None."""
         held = self._held.get(keys)
         if held is None:
             return None
@@ -141,7 +141,15 @@ class RouteMemo:
         if (order is None or routed.ring_version != ring.version or held_layout != layout
                 or held_ordered != ordered or not np.array_equal(keys[order], routed.keys)):
             return None
-        return Routed(routed.keys, routed.parts, ring.version, grads=np.ascontiguousarray(grads[order]))
+        return routed
+
+    def push_routing(self, ring: Ring, keys: np.ndarray, grads: np.ndarray, layout: int,
+                     ordered: bool) -> Routed | None:
+        """The routing of a distinct push of ``keys`` from their pull's, or None."""
+        routed = self.routing(ring, keys, layout, ordered)
+        if routed is None or routed.order is None:
+            return None
+        return Routed(routed.keys, routed.parts, ring.version, grads=np.ascontiguousarray(grads[routed.order]))
 
 
 def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
@@ -152,11 +160,12 @@ def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layo
     ``ordered``: each vnode's keys by dense position (for a key codec: ``Chain.ordered``);
     ``memo``: pulls' routings, kept, and taken by the pushes of the same keys."""
     index: np.ndarray  # a pull's destination rows; a push's summed gradients
-    if kind is not Op.PUSH:  # a pull, or a server-side function over keys
-        routed = route_pull(ring, keys, layout, ordered)
+    if kind is not Op.PUSH:  # a pull, a prefetch, or a server-side function over keys
+        known = memo.routing(ring, keys, layout, ordered) if memo is not None else None
+        routed = known or route_pull(ring, keys, layout, ordered)
         assert routed.order is not None
         index = routed.order if extra is None else extra[routed.order]
-        if memo is not None:
+        if memo is not None and known is None:
             memo.keep(keys, routed, layout, ordered)
     else:
         assert extra is not None, "a push carries its gradients"

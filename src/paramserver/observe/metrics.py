@@ -114,7 +114,9 @@ def _tier_families(tables: dict[str, Any]) -> list[Family]:
                             ("promoted", "counter", "rows read back from disk into memory"),
                             ("demoted", "counter", "rows moved from memory to disk"),
                             ("cold_reads", "counter", "requests some of whose rows were read back from disk"),
-                            ("cold_seconds", "counter", "seconds spent reading rows back from disk")):
+                            ("cold_seconds", "counter", "seconds spent reading rows back from disk"),
+                            ("prefetched", "counter", "keys named ahead (prefetch) that were not in memory"),
+                            ("prefetch_pages", "counter", "pages of the cold rows read ahead for them")):
         name = f"paramserver_tier_{what}"
         sample = f"{name}_total" if kind == "counter" else name
         out.append([name, kind, f"per table with a memory budget: {doc}",

@@ -114,6 +114,16 @@ class DataPlane:
                 return None  # answered by clocks.moved
         return serve_pull(state, msg, table)
 
+    def on_prefetch(self, msg: Message) -> list[Any]:
+        """Keys a later pull or push will name (``Client.prefetch``): a tiered table begins
+        reading their cold rows (``Tiers.prefetch``) where that pays; answered at once with
+        how many were not in memory (``cold``; None: the table has no tiers here) and
+        whether it reads ahead (``reading``).  Never gated: it reads nothing a clock guards."""
+        keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        table = checked_table(self.state, msg, keys.shape[0], vnodes, counts)
+        found = table.prefetch(vnodes, counts, keys)
+        return reply(msg, cold=None if found is None else found[0], reading=found is not None and found[1])
+
     def on_push(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
         unfiltered(self.state, msg, "push")
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),

@@ -125,7 +125,7 @@ class ServerNode:
         returns, None: later) and for the scheduler's control messages."""
         admin, data, control = self.admin, self.data, self.control_plane
         data_handlers: dict[Op, Callable[..., list[Any] | None]] = {
-            Op.PULL: data.on_pull, Op.PUSH: data.on_push, Op.CLOCK: self.clocks.on_clock,
+            Op.PULL: data.on_pull, Op.PUSH: data.on_push, Op.PREFETCH: data.on_prefetch, Op.CLOCK: self.clocks.on_clock,
             Op.STATS: admin.on_stats, Op.EXPORT: admin.on_export, Op.CHECKPOINT: admin.on_checkpoint,
             Op.CALL: admin.on_call, Op.REPLICATE: data.on_replicate, Op.INSTALL: partial(install_copy, self.state)}
         control_handlers: dict[Op, Callable[[Message], None]] = {

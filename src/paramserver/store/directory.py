@@ -56,3 +56,7 @@ class Directory:
             self.hash_args = (self.d, keys, rows, meta)
             self.dense_args = (self.d, rows, meta)
             self.life0 = self._held[0][3]
+
+    def held(self) -> list[tuple[np.ndarray, ...]]:
+        """The arrays the directory points into now (kept alive by whoever holds the list)."""
+        return list(self._held)

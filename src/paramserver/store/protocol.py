@@ -175,6 +175,12 @@ class VnodeStore(Protocol):
         and state): what exports, checkpoints and copies of the vnode read."""
         ...
 
+    def prefetch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> tuple[int, bool] | None:
+        """Keys a later request will ask for, as a request's arrays: a tiered table reads
+        their cold rows' pages in the background where that pays; how many were not in
+        memory and whether it read ahead (None: the table has no tiers)."""
+        ...
+
     def settle(self) -> None:
         """After a request: hold the table's memory budget (``tiers.py``), if it has one."""
         ...

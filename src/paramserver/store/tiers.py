@@ -44,6 +44,7 @@ from paramserver.store.directory import Directory
 from paramserver.store.disk import RELEASE_BYTES, DiskArena, DiskFullError
 from paramserver.store.loops import tiers as tier_loops
 from paramserver.store.memory import heap_released
+from paramserver.store.readahead import PAGE_SHIFT, Policy, readahead
 from paramserver.store.table import MAX_LOAD, MIN_CAPACITY, VnodeTable
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class TierStats:
     cold_seconds: float = 0.0  # ... and the time that took
     settle_seconds: float = 0.0  # time spent holding the budget
     disk_full: int = 0  # settles a full disk stopped
+    prefetched: int = 0  # keys named ahead (``prefetch``) that were not in memory ...
+    prefetch_pages: int = 0  # ... and the pages of the cold arrays read ahead for them
 
 
 class TierRows(Protocol):
@@ -145,19 +148,47 @@ class Tiers:
         self._traffic = 0  # bytes of cold pages the moves may have mapped since the last release
         self._retry_at = 0.0  # after a full disk: the clock a settle tries again at
         self.sized = False  # the hot vnodes' arrays are at their share of the budget
+        self.reading = Policy()  # whether keys named ahead have their cold pages read (``prefetch``)
 
     # ---- a request's keys ---------------------------------------------------------------
     def before(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> None:
         """Stamp the request's hot keys as seen; bring back those the cold tier holds."""
         self.clock += 1.0
-        hot = np.empty(keys.shape[0], np.bool_)
-        d = self.rows.directory
-        missing = tier_loops.seen_many(*d.hash_args, d.life0, self.rows.slot, vnodes, counts, keys, self.column,
-                                       np.float32(self.clock), hot) if self.rows.hash_vnodes else keys.shape[0]
+        hot, missing = self._stamp(vnodes, counts, keys)
         promoted = self._promote(vnodes, counts, keys, hot) if missing and self.cold_keys else 0
         with self._lock:
             self.stats.requested += int(keys.shape[0])
             self.stats.promoted += promoted
+
+    def _stamp(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, int]:
+        """Which of a request's keys are in memory, those stamped as seen now; how many are not."""
+        if not self.rows.hash_vnodes:
+            return np.zeros(keys.shape[0], np.bool_), int(keys.shape[0])
+        hot = np.empty(keys.shape[0], np.bool_)
+        d = self.rows.directory
+        return hot, int(tier_loops.seen_many(*d.hash_args, d.life0, self.rows.slot, vnodes, counts, keys, self.column,
+                                             np.float32(self.clock), hot))
+
+    def prefetch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> tuple[int, bool]:
+        """Keys a later request will ask for.  While reading ahead pays (``readahead.Policy``:
+        rows read back came from the disk), those in memory are stamped as seen (a settle
+        meanwhile keeps them), and the disk pages where the others would be are read in
+        the background (``readahead.py``), so that the request finds them in place.
+        Nothing moves.  How many were not in memory, and whether it read ahead."""
+        if not self.cold_keys or not self.reading.wanted():
+            return 0, False
+        hot, missing = self._stamp(vnodes, counts, keys)
+        if not missing:
+            return 0, True
+        c = self.cold.directory
+        out = np.empty(4 * int(missing), np.int64)
+        n = tier_loops.cold_pages(c.d, self.cold.slot, vnodes, counts, keys, hot, c.life0.strides[0], PAGE_SHIFT, out)
+        pages = np.unique(out[:n])
+        readahead.submit(pages, c.held(), self.reading)
+        with self._lock:
+            self.stats.prefetched += int(missing)
+            self.stats.prefetch_pages += int(pages.shape[0])
+        return int(missing), True
 
     def _promote(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, hot: np.ndarray) -> int:
         t0 = time.perf_counter()
@@ -168,6 +199,7 @@ class Tiers:
         found = np.empty(keys.shape[0], np.bool_)
         n = int(tier_loops.take_many(*c.hash_args, c.life0, self.cold.slot, vnodes, counts, keys, hot, rows, life,
                                      found, True))
+        self.reading.promoted(n, time.perf_counter() - t0)  # the reads of the rows, before they are put back
         if n:
             self._put(self.rows, vnodes, counts, keys, rows, life, found, self.column, self.clock)
             self._moved(n)
@@ -324,4 +356,5 @@ class Tiers:
         return {"budget_bytes": self.budget, "hot_bytes": self.hot_bytes, "cold_bytes": self.arena.nbytes,
                 "cold_keys": self.cold_keys, "requested": s.requested, "promoted": s.promoted, "demoted": s.demoted,
                 "hit_rate": hit, "settles": s.settles, "cold_reads": s.cold_reads, "cold_seconds": s.cold_seconds,
-                "settle_seconds": s.settle_seconds, "disk_full": s.disk_full}
+                "settle_seconds": s.settle_seconds, "disk_full": s.disk_full, "prefetched": s.prefetched,
+                "prefetch_pages": s.prefetch_pages}

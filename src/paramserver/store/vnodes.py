@@ -26,6 +26,7 @@ from paramserver.store.loops import life as life_loops
 from paramserver.store.loops import many
 from paramserver.store.loops.dense import dense_check_many, dense_lookup_many, dense_missing_many
 from paramserver.store.memory import available_memory, heap_released, populating_later
+from paramserver.store.readahead import warm as warm_readahead
 from paramserver.store.specialize import MAX_DIM
 from paramserver.store.table import COLD_LOAD, VnodeTable
 from paramserver.store.tiers import Tiers
@@ -173,6 +174,14 @@ class VnodeSet:
             ck, cr = cold.items()
             keys, rows = np.concatenate([keys, ck]), np.concatenate([rows, cr])
         return keys, rows
+
+    def prefetch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> tuple[int, bool] | None:
+        """Keys a later request will ask for (``Tiers.prefetch``): how many are not in
+        memory, and whether their pages are read in the background; None for a table
+        without tiers."""
+        if self.tiers is None:
+            return None
+        return self.tiers.prefetch(frozen(vnodes), frozen(counts), frozen(keys))
 
     def settle(self) -> None:
         """After a request: a tiered table moves rows over its memory budget to disk."""
@@ -343,8 +352,10 @@ def _exercise_tiers(spec: TableSpec, cold_dir: str) -> None:
     keys = frozen(np.arange(1, 65, dtype=np.uint64))
     scratch.apply(vnodes, counts, keys, frozen(np.zeros((64, spec.dim), np.float32)))
     scratch.settle()
+    scratch.prefetch(vnodes, counts, keys)
     scratch.lookup(vnodes, counts, keys, np.empty((64, spec.dim), np.float32))
     scratch.settle()
+    warm_readahead()
 
 
 #: a row width whose hash tables take the generic loops (wider than request loops take):

@@ -60,6 +60,7 @@ class Op(str, enum.Enum):  # noqa: UP042 (str(Op.X) stays "Op.X" in logs; StrEnu
     STOP = "stop"
     # servers
     PULL = "pull"
+    PREFETCH = "prefetch"  # keys a later pull or push will name: a tiered table reads their cold rows ahead
     PUSH = "push"
     CLOCK = "clock"
     STATS = "stats"

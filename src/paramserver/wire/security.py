@@ -51,7 +51,7 @@ MAY_REGISTER = {"cluster": {"scheduler", "server", "worker", "driver"}, "worker"
 #: migrations, copies, replication) and shutdown.
 WORKER_OPS = frozenset({"register", "heartbeat", "leave", "table_info", "cluster_info", "barrier", "wait_workers",
                         "wait_servers", "next_shard", "shard_done", "progress", "job_status", "pull", "push",
-                        "clock", "stats", "checkpoint"})
+                        "prefetch", "clock", "stats", "checkpoint"})
 DRIVER_OPS = WORKER_OPS | {"create_table", "drop_table", "create_namespace", "drop_namespace", "job_start",
                            "job_add", "restore", "export", "call"}
 MAY_SEND = {"worker": WORKER_OPS, "driver": DRIVER_OPS}

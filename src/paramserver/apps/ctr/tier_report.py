@@ -10,7 +10,7 @@ from paramserver.errors import ParamServerError
 
 #: the servers' tier figures a report sums (``store/tiers.py``)
 SUMMED = ("budget_bytes", "hot_bytes", "cold_bytes", "cold_keys", "requested", "promoted", "demoted",
-          "settle_seconds", "cold_seconds", "disk_full")
+          "settle_seconds", "cold_seconds", "disk_full", "prefetched", "prefetch_pages")
 
 
 def tier_figures(stats: list[dict[str, Any]], table: str) -> dict[str, float]:

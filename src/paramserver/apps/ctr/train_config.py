@@ -51,6 +51,7 @@ class TrainConfig:
     lifecycle: Any = None  # admission, eviction, change tracking of the model's table (paramserver.lifecycle)
     storage: str = "float32"  # how servers store the model table's rows: float32, fp16 or bf16
     table_memory: int | str = 0  # memory the model table's rows may take on each server, the rest on disk (0: all)
+    prefetch: bool = True  # name each batch's keys a batch ahead (Client.prefetch): tiered tables read them then
     row_cache: Any = "off"  # each worker's cache of the model table's rows (client/row_cache.py): off, hot, s=N,rows=N
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
     slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch

@@ -26,6 +26,9 @@ from paramserver.lifecycle.spec import Lifecycle
 from paramserver.observe.progressive import Scores
 
 PROGRESS_EVERY_S = 0.5  # a worker reports its progress this often (and the driver asks for the job's)
+NAME_AHEAD = 1  # batches whose keys are named beyond those pulled
+NAME_AGAIN = 64  # batches before keys are named again to servers that did not read ahead ...
+ASK_KEYS = 1024  # ... and how many
 
 
 def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
@@ -132,6 +135,43 @@ class _Pipeline:
         self.timed = bool(cfg.lifecycle)
         self.counted = Lifecycle.parse(cfg.lifecycle).stats  # admission by shows and clicks: pushes carry them
         self.time_base = float(client.job.status().get("examples", 0)) if self.timed else 0.0
+        # items taken from ``items`` ahead of their pulls, to name their keys (``_name_next``)
+        self.taken: deque[Any] = deque()
+        self.naming = cfg.prefetch  # until the servers answer that the table has no tiers
+        self.reading = True  # the servers' last answer: some reads ahead (before any: as if)
+        self.batches, self.name_at = 0, 0  # batches pulled; from which one to name keys again
+
+    def _take(self) -> Any:
+        """The next item of the stream (None at its end)."""
+        return self.taken.popleft() if self.taken else next(self.items, None)
+
+    def _name_next(self) -> None:
+        """Name the next batches' keys to the servers (``Client.prefetch``), up to
+        ``NAME_AHEAD`` beyond those pulled: a table with a memory budget reads those on
+        disk in the background meanwhile.  Only batches already parsed, and only while
+        some server holds the table in tiers.  While none reads ahead (its disk is fast
+        enough), one batch in ``NAME_AGAIN``, and ``ASK_KEYS`` of its keys: enough to
+        reach every server and hear whether its disk is still fast."""
+        while (self.naming and self.batches >= self.name_at and len(self.taken) < NAME_AHEAD
+               and not self.exhausted and (not self.taken or self.taken[-1] is not None) and self.items.ready()):
+            item = next(self.items, None)
+            self.taken.append(item)
+            if item is None or item[1] is None:
+                continue
+            keys = item[2] if self.reading else item[2][:ASK_KEYS]
+            if not self.reading:
+                self.name_at = self.batches + NAME_AGAIN
+            self.client.prefetch(self.cfg.model.table, keys).add_done_callback(self._named)
+
+    def _named(self, future: Any) -> None:
+        if future.exception() is not None:  # (the pull of the same keys says why)
+            return
+        found = future.result()
+        self.naming, self.reading = found.tiered, found.reading
+        if found.reading:
+            self.name_at = 0
+        elif self.name_at <= self.batches:
+            self.name_at = self.batches + NAME_AGAIN
 
     def pull_ahead(self, wait: bool = True) -> None:
         """Pull up to a shard's end, not past it: the next shard's pulls go out once this
@@ -141,8 +181,8 @@ class _Pipeline:
         the batches already parsed (the loop's next turn pulls the rest)."""
         client, model = self.client, self.cfg.model
         while (not self.exhausted and self.pulling < self.depth.now and not self.closing
-               and (wait or self.items.ready())):
-            item = next(self.items, None)
+               and (wait or self.taken or self.items.ready())):
+            item = self._take()
             if item is None:
                 self.exhausted = True
             elif item[1] is None:
@@ -152,6 +192,8 @@ class _Pipeline:
                 self.ahead.append((item, (client.pull(model.table, item[2]), client.pull(
                     model.dense_table, self.dense_keys) if self.dense_keys.size else None)))
                 self.pulling += 1
+                self.batches += 1
+        self._name_next()
 
     def _wire_progress(self) -> dict[str, float]:
         """The filters' bytes in and out since the last report (none: the job has no filters)."""

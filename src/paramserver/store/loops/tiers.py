@@ -13,7 +13,7 @@ from numba import njit
 from paramserver.routing.hashing import hash64, slot_of_hash
 from paramserver.store.loops.hash import COUNT, HAS_ZERO, find
 from paramserver.store.loops.life import delete_one
-from paramserver.store.loops.views import LIMIT, hash_arrays, life_rows
+from paramserver.store.loops.views import KEYS, LIFE, LIMIT, SLOTS, STRIDE, hash_arrays, life_rows
 
 
 @njit(nogil=True, cache=True)
@@ -71,6 +71,40 @@ def take_many(d, keys0, rows0, meta0, life0, slot, vnodes, counts, keys, hot, ou
                 out_life[i, j] = life[at, j]
             if remove:
                 delete_one(tkeys, rows, meta, life, keys[i])
+        a = b
+    return n
+
+
+#: slots past its home a cold key is looked for by ``cold_pages`` (at the cold tier's load
+#: of 3/4, a probe ends within 8 slots all but about once in a thousand)
+PROBE = 8
+
+
+@njit(nogil=True, cache=True)
+def cold_pages(d, slot, vnodes, counts, keys, hot, life_stride, shift, out):
+    """The pages (addresses >> ``shift``) that finding each of ``keys`` not ``hot`` in
+    its cold vnode reads (``slot``: -1 where a vnode has none; a request's grouping),
+    without reading them: the pages of its home slot and of the slot ``PROBE`` past it
+    (a row wider than a page / ``PROBE`` may have pages between), and of their life rows.
+    Written to ``out`` (4 a key), how many."""
+    a = 0
+    n = 0
+    for s in range(vnodes.shape[0]):
+        t = slot[vnodes[s]]
+        b = a + counts[s]
+        if t >= 0:
+            cap, stride, base, life = d[t, SLOTS], d[t, STRIDE], d[t, KEYS], d[t, LIFE]
+            for i in range(a, b):
+                if hot[i] or keys[i] == 0:  # (key 0's row is the vnode's last: one key)
+                    continue
+                home = slot_of_hash(hash64(keys[i]), cap)
+                out[n] = (base + home * stride) >> shift
+                out[n + 1] = (base + min(home + PROBE, cap - 1) * stride) >> shift
+                n += 2
+                if life != 0:
+                    out[n] = (life + home * life_stride) >> shift
+                    out[n + 1] = (life + min(home + PROBE, cap - 1) * life_stride) >> shift
+                    n += 2
         a = b
     return n
 
