@@ -116,9 +116,12 @@ def test_train_with_a_memory_budget_trains_the_model_trained_without(tmp_path):
     write_synth(data, 30_000, seed=3)
     write_synth(test, 3_000, seed=4)
     reports = []
+    cold = tmp_path / "cold"  # train --cold-dir: where the local cluster's servers put the cold rows
     for memory in (0, "64K"):
         cfg = TrainConfig(Model("lr"), DataFormat("criteo"), batch_size=500, epochs=2, table_memory=memory)
-        reports.append(run_training(cfg, [data], [test], servers=1, workers=1))
+        reports.append(run_training(cfg, [data], [test], servers=1, workers=1,
+                                    cluster_options={"cold_dir": str(cold)} if memory else None))
+    assert cold.is_dir()  # made by the server for the table's cold files (unlinked once made)
     plain, tiered = reports
     assert tiered["logloss"] == plain["logloss"] and tiered["keys"] == plain["keys"]
     tiers = tiered["tiers"]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import inspect
 
 import pytest
 
 from paramserver.cli.main import main
+from paramserver.cli.running import cluster_options
 from paramserver.cluster.launch import open_cluster, parse_cluster
 from paramserver.cluster.local import LocalCluster
 from paramserver.cluster.protocol import Cluster
@@ -73,3 +75,18 @@ def test_a_stopped_launchers_client_is_a_clear_error_whichever_launcher():
 
     with pytest.raises(ClosedError, match="the cluster is stopped"):
         _ = Stopped().client
+
+
+def test_cold_dir_goes_to_a_local_clusters_servers_and_a_bad_one_is_refused_before_any_data(tmp_path, capsys):
+    cold = tmp_path / "cold"
+    options = cluster_options(argparse.Namespace(cluster="local", cold_dir=str(cold)))
+    assert options == {"cold_dir": str(cold)} and cold.is_dir()
+    cluster = open_cluster(servers=1, workers=0, log_level="WARNING", **options)
+    assert isinstance(cluster, LocalCluster) and cluster._env()["PARAMSERVER_COLD_DIR"] == str(cold)
+    with pytest.raises(ConfigError, match="give the nodes PARAMSERVER_COLD_DIR"):
+        cluster_options(argparse.Namespace(cluster="ray", cold_dir=str(cold)))
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main(["train", "--data", "x.tsv", "--table-memory", "1M", "--cold-dir", str(blocked / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be created" in err and "--cold-dir" in err, err

@@ -109,6 +109,9 @@ def table_memory_flag(p: argparse.ArgumentParser) -> None:
                    help="memory the model table's rows may take on each server, like 512M: the least recently "
                         "used rows go to the server's local disk ($PARAMSERVER_COLD_DIR, else /var/tmp) and come "
                         "back when a batch asks for them; the model is the same (docs/tiers.md) [0: all in memory]")
+    p.add_argument("--cold-dir", metavar="DIR",
+                   help="where the local cluster's servers keep the rows over --table-memory: a local disk, not "
+                        "tmpfs [PARAMSERVER_COLD_DIR, $TMPDIR or /var/tmp]")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="do not name each batch's keys to the servers a batch ahead (a table with a memory budget "
                         "reads those on disk meanwhile); for measuring what that saves")

@@ -69,6 +69,7 @@ class Progress:
 def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
     """The launcher (``--cluster``, checked now, before any data is read) and its options."""
     from paramserver.cluster.launch import parse_cluster
+    from paramserver.store.disk import usable_cold_dir
 
     options: dict[str, Any] = {}
     where = getattr(args, "cluster", None) or "local"
@@ -81,6 +82,11 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"--secret-file keys a local cluster; with --cluster {where} give the nodes "
                               "PARAMSERVER_SECRET_FILE")
         options["secret_file"] = args.secret_file
+    if getattr(args, "cold_dir", None):
+        if "cluster" in options:
+            raise ConfigError(f"--cold-dir is where a local cluster's servers keep cold rows; with --cluster {where} "
+                              "give the nodes PARAMSERVER_COLD_DIR")
+        options["cold_dir"] = usable_cold_dir(args.cold_dir)
     dashboard = getattr(args, "dashboard", None)
     if dashboard is None and getattr(args, "keep_dashboard", False):
         dashboard = 0  # any free port

@@ -89,13 +89,15 @@ class LocalCluster(RunsFunctions):
         warm: what this process loads before it forks the servers, then the workers, which
             then skip their own warm-up (default ``warm.Warmup()``: every kernel of training
             and serving; a job that knows its format and model loads less, ``warm.warm_job``).
+        cold_dir: where the servers keep the rows of tables over their memory budget
+            (``docs/tiers.md``; default: ``PARAMSERVER_COLD_DIR``, else ``$TMPDIR`` or ``/var/tmp``).
     """
 
     def __init__(self, servers: int = 1, workers: int = 0, *, vnodes_per_server: int = 64,
                  heartbeat_interval_s: float = 0.5, heartbeat_timeout_s: float = 5.0,
                  startup_timeout_s: float = 60.0, log_level: str = "INFO", log_dir: str | None = None,
                  start_method: str = "fork", memory_limit_mb: int | None = None, http_port: int | None = None,
-                 secret_file: str | None = None, warm: Warmup | None = None):
+                 secret_file: str | None = None, warm: Warmup | None = None, cold_dir: str | None = None):
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ValueError(f"servers must be an int >= 1, got {servers!r}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
@@ -120,6 +122,7 @@ class LocalCluster(RunsFunctions):
         self.warm = warm
         self._warmed = False
         self.memory_limit_mb = memory_limit_mb
+        self.cold_dir = cold_dir
         self.http_port = http_port
         self.http_url = ""  # the dashboard's, with the cluster's metrics at http_url + "metrics"
         self.n_servers, self.n_workers = servers, workers
@@ -202,6 +205,8 @@ class LocalCluster(RunsFunctions):
         env["PARAMSERVER_HEARTBEAT_TIMEOUT_S"] = str(self.heartbeat_timeout_s)
         env["PARAMSERVER_CONNECT_TIMEOUT_S"] = str(self.startup_timeout_s)
         env["PARAMSERVER_LOG_LEVEL"] = self.log_level
+        if self.cold_dir:
+            env["PARAMSERVER_COLD_DIR"] = self.cold_dir
         return env
 
     def _spawn(self, name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> NodeProcess:

@@ -44,6 +44,19 @@ def default_cold_dir() -> str:
     return os.path.join(os.environ.get("TMPDIR") or "/var/tmp", "paramserver-cold")
 
 
+def usable_cold_dir(directory: str) -> str:
+    """``directory`` made if absent and writable (``ConfigError`` naming ``--cold-dir`` otherwise)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cold directory {directory!r} cannot be created ({exc.strerror}): give a writable "
+                          "local directory with --cold-dir") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"cold directory {directory!r} is not writable by this user: give a writable local "
+                          "directory with --cold-dir")
+    return directory
+
+
 class DiskFullError(OSError):
     """The cold directory has no room for a cold array: the rows stay in memory."""
 
@@ -57,12 +70,7 @@ class DiskArena:
     """
 
     def __init__(self, directory: str, label: str) -> None:
-        try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cold directory {directory!r} cannot be created ({exc.strerror}): give a writable "
-                              "local directory with --cold-dir") from None
-        self.directory = directory
+        self.directory = usable_cold_dir(directory)
         self.label = label.replace("/", "_")
         self._arrays: dict[int, weakref.ref[np.ndarray]] = {}  # the live arrays (``release`` walks them)
         self._lock = threading.RLock()  # an array may die (``_dropped``) while it is held
