@@ -130,3 +130,7 @@ def test_train_with_a_memory_budget_trains_the_model_trained_without(tmp_path):
     assert [p["pass"] for p in tiered["tier_passes"]] == [1, 2]  # the hit rate of each pass over the data
     assert all(0 < p["hit_rate"] < 1 for p in tiered["tier_passes"])
     assert "tiers" not in plain and "tier_passes" not in plain
+    # the worker named keys ahead to the tiered table (its cold rows cached: 1 024 keys of one batch in 64, to ask
+    # whether to read ahead); the plain table answered that it has no tiers, and the naming stopped at once
+    assert tiered["keys_named_ahead"] > 0
+    assert plain["keys_named_ahead"] < 0.01 * plain["key_ops_per_example"] * 60_000

@@ -165,7 +165,7 @@ def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layo
         routed = known or route_pull(ring, keys, layout, ordered)
         assert routed.order is not None
         index = routed.order if extra is None else extra[routed.order]
-        if memo is not None and known is None:
+        if memo is not None:  # (again when known: the latest kept is the last to go)
             memo.keep(keys, routed, layout, ordered)
     else:
         assert extra is not None, "a push carries its gradients"

@@ -17,7 +17,6 @@ touch maps one back in without I/O.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import functools
 import itertools
@@ -29,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from paramserver._runtime.pages import MADVISE
 from paramserver.errors import ConfigError
 
 #: cold bytes read or written between two releases of the mapped pages (``DiskArena.release``)
@@ -113,15 +113,5 @@ class DiskArena:
         for a in arrays:
             address = a.ctypes.data
             start = address - address % mmap.PAGESIZE
-            _madvise(start, address + a.nbytes - start, MADV_DONTNEED)
-
-
-def _libc_madvise() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    f = libc.madvise
-    f.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    f.restype = ctypes.c_int
-    return f
-
-
-_madvise = _libc_madvise()
+            if MADVISE is not None:
+                MADVISE(start, address + a.nbytes - start, MADV_DONTNEED)

@@ -19,17 +19,16 @@ without ``MADV_POPULATE_WRITE``, have their pages touched at once, as before.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import threading
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import numpy as np
 
 from paramserver._runtime.malloc import trim_heap
+from paramserver._runtime.pages import MADVISE, WhileQueued
 
 PAGE = 4096
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>
@@ -151,14 +150,11 @@ def slot_views(slots: np.ndarray, capacity: int, width: int, dtype: np.dtype[Any
     return keys, rows
 
 
-class _Populater:
+class _Populater(WhileQueued[np.ndarray]):
     """The background thread that maps the pages of new arrays, oldest first."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queue: deque[np.ndarray] = deque()
-        self._thread: threading.Thread | None = None  # while the queue has arrays
-        self._madvise: Callable[[int, int, int], int] | None = None
+        super().__init__("paramserver-populate")
         self.supported: bool | None = None  # known after the first array
         self._held = 0  # inside held(): arrays wait in the queue, the thread starts after
 
@@ -168,15 +164,11 @@ class _Populater:
             self.supported = self._probe(rows)
         if not self.supported:
             return False
-        with self._lock:
-            self._queue.append(rows)
-            self._start()
+        self._put(rows)
         return True
 
-    def _start(self) -> None:
-        if self._thread is None and self._queue and not self._held:
-            self._thread = threading.Thread(target=self._run, name="paramserver-populate", daemon=True)
-            self._thread.start()
+    def _paused(self) -> bool:
+        return self._held > 0
 
     @contextmanager
     def held(self) -> Iterator[None]:
@@ -193,36 +185,15 @@ class _Populater:
                 self._held -= 1
                 self._start()
 
-    def _probe(self, rows: np.ndarray) -> bool:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)  # the loaded C library (find_library runs ldconfig: 2 ms)
-            madvise = libc.madvise
-            madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-            madvise.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            return False
-        if madvise(rows.ctypes.data, PAGE, MADV_POPULATE_WRITE) != 0:  # EINVAL before Linux 5.14
-            return False
-        self._madvise = madvise
-        return True
+    @staticmethod
+    def _probe(rows: np.ndarray) -> bool:
+        # EINVAL before Linux 5.14
+        return MADVISE is not None and MADVISE(rows.ctypes.data, PAGE, MADV_POPULATE_WRITE) == 0
 
-    def wait(self) -> None:
-        """Until every queued array is mapped (tests and benchmarks)."""
-        while (thread := self._thread) is not None:
-            thread.join()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._queue or self._held:  # done, or new arrays are being made: held() restarts it
-                    self._thread = None
-                    return
-                rows = self._queue.popleft()
-            address, size = rows.ctypes.data, rows.nbytes
-            assert self._madvise is not None, "arrays are queued once the probe found it"
-            for offset in range(0, size, CHUNK):
-                self._madvise(address + offset, min(CHUNK, size - offset), MADV_POPULATE_WRITE)
-            del rows
+    def _work(self, rows: np.ndarray) -> None:
+        address, size = rows.ctypes.data, rows.nbytes
+        for offset in range(0, size, CHUNK):
+            MADVISE(address + offset, min(CHUNK, size - offset), MADV_POPULATE_WRITE)
 
 
 _populater = _Populater()

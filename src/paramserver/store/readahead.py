@@ -29,14 +29,13 @@ faster than the disk reads them drops the oldest named, not the newest.
 
 from __future__ import annotations
 
-import ctypes
-import threading
 import time
-from collections import deque
 from typing import Any
 
 import numpy as np
 from numba import njit
+
+from paramserver._runtime.pages import MADVISE, WhileQueued
 
 MADV_WILLNEED = 3  # <sys/mman.h>
 MADV_POPULATE_READ = 22  # Linux 5.14
@@ -77,15 +76,7 @@ class Policy:
         return self.on
 
 
-def _libc_madvise() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    f = libc.madvise
-    f.argtypes = (ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int)
-    f.restype = ctypes.c_int
-    return f
-
-
-_madvise = _libc_madvise()
+_madvise = MADVISE  # a global of the loop below: numba calls it by its address
 
 
 @njit(nogil=True)  # not cached: it calls a C function by its address in this process
@@ -105,57 +96,36 @@ def _advise(pages: np.ndarray, shift: int, advice: int) -> int:
     return done
 
 
-class Readahead:
+class Readahead(WhileQueued[tuple[np.ndarray, Any, Policy | None]]):
     """The thread that brings named pages in; it runs while submissions wait."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queue: deque[tuple[np.ndarray, Any, Policy | None]] = deque()
-        self._thread: threading.Thread | None = None
+        super().__init__("paramserver-readahead", MAX_PENDING)
         self.populate = True  # MADV_POPULATE_READ works here (until a call says otherwise)
         self.pages = 0  # pages brought in
-        self.dropped = 0  # submissions dropped unread
 
     def submit(self, pages: np.ndarray, held: Any, policy: Policy | None = None) -> None:
         """Bring ``pages`` (sorted distinct page numbers, ``PAGE_SHIFT``) in; ``held``
         keeps the arrays they are in mapped until it is done; ``policy`` learns the cost."""
-        if pages.shape[0] == 0:
-            return
+        if pages.shape[0] and MADVISE is not None:
+            self._put((pages, held, policy))
+
+    def _work(self, item: tuple[np.ndarray, Any, Policy | None]) -> None:
+        pages, _held, policy = item
+        t0 = time.perf_counter()
+        _advise(pages, PAGE_SHIFT, MADV_WILLNEED)  # every read queued before the first is waited for
+        if self.populate and _advise(pages, PAGE_SHIFT, MADV_POPULATE_READ) == 0:
+            self.populate = False  # (EINVAL before Linux 5.14: no call did)
+        if policy is not None:
+            policy.read(int(pages.shape[0]), time.perf_counter() - t0)
         with self._lock:
-            self._queue.append((pages, held, policy))
-            while len(self._queue) > MAX_PENDING:
-                self._queue.popleft()
-                self.dropped += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="paramserver-readahead", daemon=True)
-                self._thread.start()
-
-    def wait(self) -> None:
-        """Until every submission is read (tests)."""
-        while (thread := self._thread) is not None:
-            thread.join()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._queue:
-                    self._thread = None
-                    return
-                pages, held, policy = self._queue.popleft()
-            t0 = time.perf_counter()
-            _advise(pages, PAGE_SHIFT, MADV_WILLNEED)  # every read queued before the first is waited for
-            if self.populate and _advise(pages, PAGE_SHIFT, MADV_POPULATE_READ) == 0:
-                self.populate = False  # (EINVAL before Linux 5.14: no call did)
-            if policy is not None:
-                policy.read(int(pages.shape[0]), time.perf_counter() - t0)
-            with self._lock:
-                self.pages += int(pages.shape[0])
-            del held
+            self.pages += int(pages.shape[0])
 
 
 def warm() -> None:
     """Compile the thread's kernel now (a tiered table's creation), not at its first run."""
-    _advise(np.zeros(0, np.int64), PAGE_SHIFT, MADV_WILLNEED)
+    if MADVISE is not None:
+        _advise(np.zeros(0, np.int64), PAGE_SHIFT, MADV_WILLNEED)
 
 
 readahead = Readahead()

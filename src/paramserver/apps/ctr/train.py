@@ -446,6 +446,7 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
     keys = [r.get("keys", {}) for r in per_worker]
     sent = sum(k.get("pull", 0) + k.get("push", 0) for k in keys)  # each a server's key-operation
     report["key_ops_per_example"] = sent / this_run if this_run else 0.0
+    report["keys_named_ahead"] = sum(k.get("prefetch", 0) for k in keys)  # sent ahead of their pulls (prefetch)
     caches = [c for r in per_worker for c in r.get("row_cache", {}).values()]
     if caches:
         report["row_cache"] = merge_caches(caches)

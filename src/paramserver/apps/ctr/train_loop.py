@@ -164,7 +164,7 @@ class _Pipeline:
             self.client.prefetch(self.cfg.model.table, keys).add_done_callback(self._named)
 
     def _named(self, future: Any) -> None:
-        if future.exception() is not None:  # (the pull of the same keys says why)
+        if future.cancelled() or future.exception() is not None:  # (the pull of the same keys says why)
             return
         found = future.result()
         self.naming, self.reading = found.tiered, found.reading
