@@ -3,6 +3,7 @@ training loop applies exactly the rule it documents (per-example while batches a
 
 import contextlib
 import math
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.ramp import ramp_size, ramped
 from paramserver.apps.ctr.train import TrainConfig
 from paramserver.apps.ctr.train_loop import _train_stream
+from paramserver.client.prefetch import Prefetched
 from paramserver.data.reader import DataFormat, Shard, read_all, read_batches
 from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import FTRL, Zeros
@@ -88,6 +90,11 @@ class _InProcessClient:
 
     def push_held(self):  # no row cache here: it holds nothing
         return 0
+
+    def prefetch(self, name, keys):  # a table in memory: it answers that it has no tiers
+        done = Future()
+        done.set_result(Prefetched(tiered=False))
+        return done
 
     def clock(self):
         self.current_clock += 1
