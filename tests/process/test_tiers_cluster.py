@@ -19,6 +19,7 @@ from paramserver.apps.ctr.train import TrainConfig, run_training
 from paramserver.cli.cluster import _status
 from paramserver.client.prefetch import Prefetched
 from paramserver.data.reader import DataFormat
+from paramserver.server.data import TIER_PART
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -134,3 +135,24 @@ def test_train_with_a_memory_budget_trains_the_model_trained_without(tmp_path):
     # whether to read ahead); the plain table answered that it has no tiers, and the naming stopped at once
     assert tiered["keys_named_ahead"] > 0
     assert plain["keys_named_ahead"] < 0.01 * plain["key_ops_per_example"] * 60_000
+
+
+def test_a_big_pull_brings_back_a_part_at_a_time_and_stays_near_the_budget():
+    """A pull of 10^5 keys on disk (a test set's part) is served ``TIER_PART`` keys between
+    two settles: the rows it reads back never all sit in memory at once."""
+    n, budget = 120_000, 96 << 10
+    keys = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    grads = np.random.default_rng(1).standard_normal((n, 1)).astype(np.float32)
+    with LocalCluster(servers=1, log_level="WARNING") as cluster:
+        client = cluster.client
+        for name, memory in (("plain", 0), ("t", budget)):
+            client.create_table(name, optimizer="adagrad", memory=memory)
+            for part in np.array_split(np.arange(n), 12):  # 10 000 keys a push: each push's overshoot is small
+                client.push(name, keys[part], grads[part]).result(timeout=60)
+        np.testing.assert_array_equal(client.pull("t", keys).result(timeout=120),
+                                      client.pull("plain", keys).result(timeout=120))
+        tiers = client.stats.server_stats()[0]["tables"]["t"]["tiers"]
+    assert tiers["promoted"] > n // 2  # most of the pull came from disk ...
+    # ... and memory held at most about one part's rows over the budget (0.47 MB measured; 48 bytes
+    # a row: a slot and its `seen`, the vnodes grown by 1.25x), not the whole pull's (2.7 MB in one part)
+    assert tiers["peak_hot_bytes"] <= budget + TIER_PART * 48, tiers

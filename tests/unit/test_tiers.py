@@ -11,6 +11,7 @@ import pytest
 
 from paramserver.config import parse_bytes
 from paramserver.errors import ConfigError
+from paramserver.server.data import TIER_PART, _parts
 from paramserver.store import disk
 from paramserver.store import readahead as read_policy
 from paramserver.store.disk import DiskFullError
@@ -227,3 +228,16 @@ def test_a_full_disk_error_names_the_directory_and_the_fixes(tmp_path, monkeypat
     with pytest.raises(DiskFullError, match=f"{tmp_path}.*free space there, give another with --cold-dir"):
         arena.zeros((100,), np.uint8)
     assert arena.nbytes == 0 and not list(tmp_path.iterdir())  # the file was unlinked at once
+
+
+def test_a_tiered_pull_is_served_in_parts_that_cover_it_and_never_cut_a_vnode():
+    counts = np.array([10_000, 3, 20_000, 1, 1, 40_000, 500], np.int64)
+    total = int(counts.sum())
+    assert _parts(counts[:2], 10_003) == [(0, 2, 0, 10_003)]  # a small pull: one part
+    parts = _parts(counts, total)
+    assert len(parts) > 2 and parts[0][0] == 0 and parts[-1][1] == 7 and parts[-1][3] == total
+    ends = np.concatenate([[0], np.cumsum(counts)])
+    for (lo, hi, a, b), after in zip(parts, parts[1:] + [None], strict=True):
+        assert lo < hi and (a, b) == (ends[lo], ends[hi])  # whole segments, their keys
+        assert after is None or after[0] == hi  # each part starts where the last ended
+        assert b - a <= TIER_PART or hi - lo == 1  # at most a part's keys, or one segment bigger than that

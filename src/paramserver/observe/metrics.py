@@ -110,6 +110,8 @@ def _tier_families(tables: dict[str, Any]) -> list[Family]:
                             ("hot_bytes", "gauge", "bytes of the table's rows in memory"),
                             ("cold_bytes", "gauge", "bytes of the table's rows on local disk"),
                             ("cold_keys", "gauge", "keys whose rows are on local disk"),
+                            ("peak_hot_bytes", "gauge", "the most bytes of the table's rows in memory, as settles "
+                                                        "found them"),
                             ("requested", "counter", "keys requests asked for"),
                             ("promoted", "counter", "rows read back from disk into memory"),
                             ("demoted", "counter", "rows moved from memory to disk"),

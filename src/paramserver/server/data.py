@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 #: a push's arrays once checked: keys, grads, vnodes, counts
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: keys of a tiered table's pull served between two settles: the rows a request reads back
+#: from disk stay in memory until the next settle, so a pull of 10^5 cold keys (a test set's
+#: part) held all of theirs over the budget at once
+TIER_PART = 16_384
 
 
 def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None) -> list[Any]:
@@ -44,8 +49,13 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
     if table is None:
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
     out = np.empty((keys.shape[0], table.spec.dim), np.float32)
-    _split(state, vnodes, counts, keys.shape[0], lambda s, k: table.lookup(vnodes[s], counts[s], keys[k], out[k]))
-    table.settle()  # a tiered table: the rows read back from disk may put it over its memory budget
+    if table.tiered:  # the rows read back from disk may put it over its memory budget: a part at a time
+        for lo, hi, a, b in _parts(counts, keys.shape[0]):
+            _split(state, vnodes[lo:hi], counts[lo:hi], b - a,
+                   partial(_lookup, table, vnodes[lo:hi], counts[lo:hi], keys[a:b], out[a:b]))
+            table.settle()
+    else:
+        _split(state, vnodes, counts, keys.shape[0], partial(_lookup, table, vnodes, counts, keys, out))
     fields = {"version": table.version} if msg.header.get("versions") else {}  # a row cache's bound
     if not table.spec.filters or not msg.header.get("reply_filters"):  # the default: no lookup
         return reply(msg, [out], **fields)
@@ -60,6 +70,28 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
         seen[0] += before
         seen[1] += after
     return reply(msg, arrays, **fields)
+
+
+def _lookup(table: VnodeStore, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, out: np.ndarray,
+            segments: slice, at: slice) -> None:
+    table.lookup(vnodes[segments], counts[segments], keys[at], out[at])
+
+
+def _parts(counts: np.ndarray, total: int) -> list[tuple[int, int, int, int]]:
+    """A tiered table's pull as vnode segments ``[lo, hi)`` and keys ``[a, b)`` served
+    between two settles: at most ``TIER_PART`` keys at a time (a segment is never cut: one
+    bigger than that is a part of its own).  A walk over the segments (a vnode each), not
+    the keys."""
+    if total <= TIER_PART:
+        return [(0, counts.shape[0], 0, total)]
+    parts, lo, a, b = [], 0, 0, 0
+    for s, n in enumerate(counts.tolist()):
+        if b > a and b - a + n > TIER_PART:
+            parts.append((lo, s, a, b))
+            lo, a = s, b
+        b += n
+    parts.append((lo, counts.shape[0], a, b))
+    return parts
 
 
 def unfiltered(state: ServerState, msg: Message, direction: str) -> None:

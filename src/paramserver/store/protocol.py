@@ -175,6 +175,11 @@ class VnodeStore(Protocol):
         and state): what exports, checkpoints and copies of the vnode read."""
         ...
 
+    @property
+    def tiered(self) -> bool:
+        """Whether the table has a memory budget here (``tiers.py``)."""
+        ...
+
     def prefetch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> tuple[int, bool] | None:
         """Keys a later request will ask for, as a request's arrays: a tiered table reads
         their cold rows' pages in the background where that pays; how many were not in

@@ -66,6 +66,7 @@ class TierStats:
     cold_seconds: float = 0.0  # ... and the time that took
     settle_seconds: float = 0.0  # time spent holding the budget
     disk_full: int = 0  # settles a full disk stopped
+    peak_hot_bytes: int = 0  # the most the hot vnodes took, as settles found them
     prefetched: int = 0  # keys named ahead (``prefetch``) that were not in memory ...
     prefetch_pages: int = 0  # ... and the pages of the cold arrays read ahead for them
 
@@ -253,7 +254,9 @@ class Tiers:
         tables = self.rows.hash_vnodes
         if self.clock < self._retry_at or not tables:
             return
-        over = self.hot_bytes > self.budget
+        hot = self.hot_bytes
+        self.stats.peak_hot_bytes = max(self.stats.peak_hot_bytes, hot)
+        over = hot > self.budget
         first = next(iter(tables.values()))
         slots = self.budget / len(tables) / (first.nbytes / (first.capacity + 1))  # a vnode's share of the budget
         share = max(MIN_CAPACITY, int(slots) - 1)  # its arrays: at least MIN_CAPACITY slots, ...
@@ -356,5 +359,6 @@ class Tiers:
         return {"budget_bytes": self.budget, "hot_bytes": self.hot_bytes, "cold_bytes": self.arena.nbytes,
                 "cold_keys": self.cold_keys, "requested": s.requested, "promoted": s.promoted, "demoted": s.demoted,
                 "hit_rate": hit, "settles": s.settles, "cold_reads": s.cold_reads, "cold_seconds": s.cold_seconds,
-                "settle_seconds": s.settle_seconds, "disk_full": s.disk_full, "prefetched": s.prefetched,
+                "settle_seconds": s.settle_seconds, "disk_full": s.disk_full, "peak_hot_bytes": s.peak_hot_bytes,
+                "prefetched": s.prefetched,
                 "prefetch_pages": s.prefetch_pages}

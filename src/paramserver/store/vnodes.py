@@ -175,6 +175,11 @@ class VnodeSet:
             keys, rows = np.concatenate([keys, ck]), np.concatenate([rows, cr])
         return keys, rows
 
+    @property
+    def tiered(self) -> bool:
+        """Whether the table has a memory budget here (``tiers.py``)."""
+        return self.tiers is not None
+
     def prefetch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> tuple[int, bool] | None:
         """Keys a later request will ask for (``Tiers.prefetch``): how many are not in
         memory, and whether their pages are read in the background; None for a table
