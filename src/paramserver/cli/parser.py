@@ -104,7 +104,9 @@ def lifecycle_flag(p: argparse.ArgumentParser) -> None:
 
 
 def table_memory_flag(p: argparse.ArgumentParser) -> None:
-    """``--table-memory``: the memory the model table's rows may take on each server."""
+    """``--table-memory`` (the memory the model table's rows may take on each server), and
+    with it ``--cold-dir`` (where the local cluster's servers put the rest: ``paramserver
+    server --cold-dir`` means the same for a server of one's own) and ``--no-prefetch``."""
     p.add_argument("--table-memory", metavar="BYTES", default=0, type=lambda v: parse_bytes("--table-memory", v),
                    help="memory the model table's rows may take on each server, like 512M: the least recently "
                         "used rows go to the server's local disk ($PARAMSERVER_COLD_DIR, else /var/tmp) and come "
