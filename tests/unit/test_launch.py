@@ -18,6 +18,7 @@ from paramserver.errors import ConfigError
 @pytest.mark.parametrize("value, expected", [
     ("local", ("local", None)), ("ray", ("ray", None)), ("ray:auto", ("ray", "auto")),
     ("ray:ray://head:10001", ("ray", "ray://head:10001")), ("ray:10.0.0.1:6379", ("ray", "10.0.0.1:6379")),
+    ("tcp://10.0.0.1:7000", ("running", "tcp://10.0.0.1:7000")), ("tcp://sched.example:1", ("running", "tcp://sched.example:1")),
 ])
 def test_cluster_values_parse(value, expected):
     assert parse_cluster(value) == expected
@@ -25,8 +26,42 @@ def test_cluster_values_parse(value, expected):
 
 @pytest.mark.parametrize("value", ["yarn", "ray:", "local:x", "", "RAY"])
 def test_a_bad_cluster_value_is_named_with_the_fix(value):
-    with pytest.raises(ConfigError, match="must be local, ray, or ray:ADDRESS"):
+    with pytest.raises(ConfigError, match=r"must be local, ray, ray:ADDRESS .* or tcp://HOST:PORT"):
         parse_cluster(value)
+
+
+@pytest.mark.parametrize("value", ["tcp://", "tcp://host", "tcp://host:", "tcp://:7000", "tcp://h:70000", "tcp://h:x"])
+def test_a_running_clusters_address_must_be_host_and_port(value):
+    with pytest.raises(ConfigError, match=r"tcp://HOST:PORT \(the address `paramserver scheduler` prints\)"):
+        parse_cluster(value)
+
+
+def test_a_running_cluster_is_joined_not_started():
+    """``--cluster tcp://...``: the job's workers start here; the servers are the cluster's."""
+    from paramserver.cluster.standing import StandingCluster
+
+    cluster = open_cluster(servers=3, workers=2, cluster="tcp://127.0.0.1:7000", log_level="WARNING")
+    assert isinstance(cluster, StandingCluster)
+    assert (cluster.address, cluster.n_workers) == ("tcp://127.0.0.1:7000", 2)
+    with pytest.raises(ConfigError, match="paramserver cluster add-server --scheduler tcp://127.0.0.1:7000"):
+        cluster.add_server()
+
+
+def test_a_running_cluster_takes_the_secret_file_but_not_what_its_servers_own(tmp_path):
+    from paramserver.wire.security import keygen
+
+    keys = tmp_path / "cluster.keys"
+    keygen(str(keys))
+    ns = argparse.Namespace(cluster="tcp://10.0.0.1:7000", secret_file=str(keys))
+    assert cluster_options(ns) == {"cluster": "tcp://10.0.0.1:7000", "secret_file": str(keys)}
+    with pytest.raises(ConfigError, match="PARAMSERVER_COLD_DIR"):
+        cluster_options(argparse.Namespace(cluster="tcp://10.0.0.1:7000", cold_dir=str(tmp_path)))
+    worker_keys = tmp_path / "worker.keys"
+    keygen(str(worker_keys), role="worker", base=str(keys))
+    from paramserver.cluster.standing import StandingCluster
+
+    with pytest.raises(ConfigError, match="is a worker key file: a job's driver creates tables"):
+        StandingCluster("tcp://10.0.0.1:7000", workers=1, secret_file=str(worker_keys))
 
 
 def test_local_is_the_default_launcher():

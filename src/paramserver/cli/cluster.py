@@ -17,13 +17,17 @@ if TYPE_CHECKING:
 
 
 def add_cluster(sub: Subparsers) -> None:
-    p = sub.add_parser("cluster", help="change a running cluster: add-server, remove-server, status")
+    p = sub.add_parser("cluster", help="change a running cluster: add-server, remove-server, drop-table, status")
     ops = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = ops.add_parser("add-server", help="run a server here that joins the running ring (foreground)")
     node_flags(q, bind=True, scheduler=True)
     q = ops.add_parser("remove-server", help="move a server's vnodes to the others, then stop it")
     node_flags(q, bind=False, scheduler=True)
     q.add_argument("--id", type=int, required=True, help="the server's node id (see cluster status)")
+    q = ops.add_parser("drop-table", help="drop a table and its rows on every server (a job on the cluster "
+                                          "then makes it new)")
+    node_flags(q, bind=False, scheduler=True)
+    q.add_argument("name", help="the table (cluster status lists them)")
     q = ops.add_parser("status", help="print the ring: servers, ring version, vnodes moving")
     node_flags(q, bind=False, scheduler=True)
 
@@ -44,6 +48,12 @@ def cluster(args: argparse.Namespace) -> int:
         if args.action == "remove-server":
             version = client.admin.remove_server(args.id)
             print(f"server {args.id} removed; ring version {version}")
+        elif args.action == "drop-table":
+            if args.name not in client.tables():
+                raise ConfigError(f"the cluster at {config.scheduler} has no table {args.name!r} (it has: "
+                                  f"{', '.join(sorted(client.tables())) or 'none'})")
+            client.drop_table(args.name)
+            print(f"table {args.name} dropped")
         else:
             _status(client)
     return 0

@@ -73,7 +73,7 @@ def cluster_flag(p: argparse.ArgumentParser) -> None:
     """``--cluster``: where a command that trains starts its cluster."""
     from paramserver.cluster.launch import CLUSTER_HELP
 
-    p.add_argument("--cluster", default="local", metavar="local|ray[:ADDRESS]", help=CLUSTER_HELP)
+    p.add_argument("--cluster", default="local", metavar="local|ray[:ADDRESS]|tcp://HOST:PORT", help=CLUSTER_HELP)
 
 
 def secret_flag(p: argparse.ArgumentParser) -> None:

@@ -78,7 +78,7 @@ def cluster_options(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "log_dir", None):
         options["log_dir"] = args.log_dir
     if getattr(args, "secret_file", None):
-        if "cluster" in options:
+        if "cluster" in options and not where.startswith("tcp://"):  # a job's driver and workers on a running one
             raise ConfigError(f"--secret-file keys a local cluster; with --cluster {where} give the nodes "
                               "PARAMSERVER_SECRET_FILE")
         options["secret_file"] = args.secret_file

@@ -29,6 +29,9 @@ class Admin:
     def __init__(self, rpc: Rpc, state: ClientState, stats: Stats) -> None:
         self._rpc, self._state, self._stats = rpc, state, stats
         self.stopped = False  # shutdown_cluster ran: nobody is left to say goodbye to
+        # every table this client creates must be new (a job's driver on a cluster that runs already,
+        # ``cluster/standing.py``): the scheduler refuses a name it holds rather than hand back its rows
+        self.fresh_tables = False
 
     @property
     def ring(self) -> Ring:
@@ -98,7 +101,8 @@ class Admin:
     def create_table_spec(self, spec: TableSpec) -> TableSpec:
         """Create the table ``spec`` describes, every field of it (a job's table, a
         checkpoint's): the one path by which a spec reaches the scheduler."""
-        self._rpc.scheduler({"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()})
+        self._rpc.scheduler({"op": Op.CREATE_TABLE.value, "spec": spec.to_wire()}
+                            | ({"fresh": True} if self.fresh_tables else {}))
         with self._state.lock:
             self._state.tables[spec.name] = spec
         return spec

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Pipe, wait
-from typing import Any
+from typing import Any, Self
 
 import cloudpickle
 
@@ -112,10 +112,8 @@ class LocalCluster(RunsFunctions):
             raise ValueError(f"http_port must be a port in [0, 65535] (0: any free one) or None, got {http_port!r}")
         secret_file = secret_file or os.environ.get("PARAMSERVER_SECRET_FILE") or None  # the nodes read it too
         keys = load_keys(secret_file) if secret_file else None  # a missing or damaged file: said now
-        if keys is not None and not keys.server_secret:
-            raise ConfigError(f"secret_file {secret_file} is a {keys.role} key file: a local cluster runs a "
-                              "scheduler and servers, and only the cluster's file (paramserver keygen) has the key "
-                              "they serve with")
+        if keys is not None:
+            self._check_keys(keys, secret_file)
         self.secret_file = secret_file or ""
         self.http_token = http_token(keys) if keys is not None else ""  # what http_url asks for
         self.start_method = start_method
@@ -141,9 +139,20 @@ class LocalCluster(RunsFunctions):
         self._active: _Active | None = None
         self._next_worker = 0
         self._calls = 0  # runs started: each run's payload and replies carry its number
+        self._workers_before = 0  # workers the scheduler had before this cluster started its own
+
+    @property
+    def _failed_start(self) -> str:
+        return "local cluster did not start"
+
+    def _check_keys(self, keys: Any, secret_file: str | None) -> None:
+        if not keys.server_secret:
+            raise ConfigError(f"secret_file {secret_file} is a {keys.role} key file: a local cluster runs a "
+                              "scheduler and servers, and only the cluster's file (paramserver keygen) has the key "
+                              "they serve with")
 
     # ---- lifecycle ---------------------------------------------------------------------
-    def __enter__(self) -> LocalCluster:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -165,19 +174,24 @@ class LocalCluster(RunsFunctions):
         try:
             with collector.paused():  # loading the kernels makes ~100 000 objects: none is collected meanwhile
                 self._start_nodes()
-            self._client = Client(role="driver", config=load_config(
-                scheduler=self.address, connect_timeout_s=self.startup_timeout_s, secret_file=self.secret_file or None,
-                heartbeat_interval_s=self.heartbeat_interval_s, heartbeat_timeout_s=self.heartbeat_timeout_s))
+            client = self._client or self._driver()
             if self.http_port is not None:
-                self.http_url = self._client.admin.cluster_info().get("http", "")
+                self.http_url = client.admin.cluster_info().get("http", "")
             if self.n_workers:  # every worker in, so all start at clock 0 and take part from the start
-                self._client.admin.wait_for_workers(self.n_workers, timeout_s=self.startup_timeout_s)
+                client.admin.wait_for_workers(self._workers_before + self.n_workers, timeout_s=self.startup_timeout_s)
         except BaseException as exc:
             logs = "\n".join(f"--- {p.name} (exit {p.popen.poll()}):\n{p.tail()}" for p in self.procs.values())
             self.stop()
             if isinstance(exc, (ConnectError, TimeoutError)):
-                raise ConnectError(f"local cluster did not start: {exc}\n{logs}") from exc
+                raise ConnectError(f"{self._failed_start}: {exc}\n{logs}") from exc
             raise
+
+    def _driver(self) -> Client:
+        """The driver's client of the cluster at ``address``."""
+        self._client = Client(role="driver", config=load_config(
+            scheduler=self.address, connect_timeout_s=self.startup_timeout_s, secret_file=self.secret_file or None,
+            heartbeat_interval_s=self.heartbeat_interval_s, heartbeat_timeout_s=self.heartbeat_timeout_s))
+        return self._client
 
     def _start_nodes(self) -> None:
         """Fork (or spawn) the scheduler, then the servers once their kernels are loaded here,
@@ -186,7 +200,7 @@ class LocalCluster(RunsFunctions):
         self._spawn("scheduler", ["scheduler", "--servers", str(self.n_servers), "--workers", str(self.n_workers),
                                   "--vnodes-per-server", str(self.vnodes_per_server), "--address-file", addr_file]
                     + ([] if self.http_port is None else ["--http-port", str(self.http_port)]))
-        warmup = self.warm or Warmup(servers=warm_server, workers=_warm_workers)
+        warmup = self.warm or Warmup(servers=warm_server, workers=warm_workers)
         if self._fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
             warmup.servers()
             self._warmed = True  # the nodes forked from now on skip their own warm-up
@@ -423,7 +437,7 @@ def node_of_pid(client: Client, pid: int, name: str) -> int:
     raise ConfigError(f"{name} (pid {pid}) is not serving on the ring")
 
 
-def _warm_workers() -> None:
+def warm_workers() -> None:
     """What every worker runs whatever its function: the readers' parsers and the client's
     routing (a job that knows its model hands in more: ``apps/ctr/warmup.warm_job``)."""
     sample_batches()

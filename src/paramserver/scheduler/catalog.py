@@ -65,6 +65,10 @@ class Catalog:
         spec = TableSpec.from_wire(msg.header.get("spec"))
         old = self.tables.get(spec.name)
         if old is not None:
+            if msg.header.get("fresh"):  # a job's driver on a running cluster: its model starts from nothing
+                raise ConfigError(f"table {spec.name!r} exists on this cluster already (an earlier job's, or "
+                                  "another's): a job makes its tables new.  Drop it first (paramserver cluster "
+                                  f"drop-table {spec.name} --scheduler ADDRESS), or give this job a cluster of its own")
             if old != spec:
                 raise ConfigError(f"table {spec.name!r} exists with a different spec "
                                   f"({old.to_wire()}); drop it first or use another name")

@@ -195,7 +195,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
         test_read = reader.submit(read_parts, test, cfg.data) if test and test_read is None else test_read
         report = _results(cluster.client, cfg, plan.spec, ran, test_read, save) | _lived(cluster.client, plan.spec,
                                                                                            publisher)
-        report.update(_job_report(cfg, plan, ran, servers=servers, workers=workers, table_seconds=table_seconds))
+        report.update(_job_report(cfg, plan, ran, servers=cluster.n_servers, workers=workers,
+                                  table_seconds=table_seconds))
         (on_done or _nothing)(report)  # the cluster (and its dashboard) still up
     return report
 
