@@ -4,9 +4,12 @@
     paramserver nemesis --seeds 3 --window 12       # a short one
     paramserver nemesis --replay plan.json          # a failing run's schedule, again
     paramserver nemesis --seed 17 --print-plan      # what seed 17 would do
+    paramserver nemesis --workload train --seeds 10 # a real `paramserver train` job under the faults
 
 Needs root, ``ip``/``tc`` (iproute2) and ``nft`` (nftables).  Runs go one at a time: each has
-its scheduler, three servers and a client on hosts of its own.  A run that fails keeps its logs and
+its scheduler, three servers and a client on hosts of its own.  The client host runs the counters
+(every acknowledged add checked), or with ``--workload train`` a ``paramserver train`` job joined
+to the cluster, whose model must be the fault-free run's (``jobs.py``).  A run that fails keeps its logs and
 its schedule (``plan.json``) in a folder it names; one that passes removes them unless ``--keep``.
 """
 
@@ -16,10 +19,12 @@ import argparse
 import json
 import signal
 import sys
+import tempfile
 import time
 from typing import Any
 
-from paramserver.testing.nemesis.plan import KINDS, Plan, draw
+from paramserver.testing.nemesis.jobs import TrainingData
+from paramserver.testing.nemesis.plan import KINDS, TRAINING_KINDS, WORKLOADS, Plan, draw
 
 
 def add_parser(sub: Any) -> None:
@@ -32,7 +37,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--window", type=float, default=30.0, help="seconds of faults a run (default 30)")
     p.add_argument("--longest", type=float, default=6.0,
                    help="longest fault in seconds (a pause: up to 2.5x this, at most 15; default 6)")
-    p.add_argument("--kinds", default=",".join(KINDS), help=f"faults to draw from (default: all of {','.join(KINDS)})")
+    p.add_argument("--kinds", help=f"faults to draw from (default: all of {','.join(KINDS)}; with --workload train "
+                                   f"{','.join(TRAINING_KINDS)})")
+    p.add_argument("--workload", choices=WORKLOADS, default="counters",
+                   help="what the client host runs: counters (acknowledged adds, each checked; default) or train "
+                        "(a paramserver train job joined to the cluster: it must end, every row trained once, and "
+                        "its model be the fault-free run's)")
+    p.add_argument("--rows", type=int, default=1_000_000,
+                   help="with --workload train: heavy-tailed rows it trains on (default 10^6)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="with --workload train: the job's worker processes (default 1: its model is then the "
+                        "fault-free run's to the bit; more: within 0.002 of log loss)")
     p.add_argument("--servers", type=int, default=3,
                    help="servers, at least 3 (the replicas-3 counter then keeps a copy on each)")
     p.add_argument("--keep", metavar="DIR", help="keep every run's logs under DIR (default: only failed runs', "
@@ -45,15 +60,19 @@ def plans(args: argparse.Namespace) -> list[Plan]:
     if args.replay:
         with open(args.replay) as f:
             return [Plan.from_json(f.read())]
-    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    given = args.kinds or ",".join(TRAINING_KINDS if args.workload == "train" else KINDS)
+    kinds = tuple(k.strip() for k in given.split(",") if k.strip())
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
-        raise SystemExit(f"paramserver nemesis: --kinds {args.kinds!r}: unknown {bad}; choose from {','.join(KINDS)}")
+        raise SystemExit(f"paramserver nemesis: --kinds {given!r}: unknown {bad}; choose from {','.join(KINDS)}")
+    if args.rows < 1000 or args.workers < 1:
+        raise SystemExit(f"paramserver nemesis: --rows {args.rows} --workers {args.workers}: a training job needs "
+                         "at least 1000 rows and 1 worker")
     if args.servers < 3:
         raise SystemExit(f"paramserver nemesis: --servers {args.servers}: needs at least 3 (the counters are a "
                          "replicas-2 and a replicas-3 table)")
     seeds = [args.seed] if args.seed is not None else range(args.first_seed, args.first_seed + args.seeds)
-    return [draw(s, args.servers, args.window, args.longest, kinds) for s in seeds]
+    return [draw(s, args.servers, args.window, args.longest, kinds, workload=args.workload) for s in seeds]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -70,25 +89,42 @@ def main(args: argparse.Namespace) -> int:
         return 2
     signal.signal(signal.SIGTERM, _interrupted)  # hosts and nodes are removed on the way out
     signal.signal(signal.SIGHUP, _interrupted)
-    return report([_one(p, args.keep) for p in todo], args.json)
+    with tempfile.TemporaryDirectory(prefix="nemesis-data-") as scratch:
+        data = _training_data(todo, args, scratch)
+        return report([_one(p, args.keep, data) for p in todo], args.json)
+
+
+def _training_data(plans: list[Plan], args: argparse.Namespace, scratch: str) -> TrainingData | None:
+    """The rows and the fault-free run of the plans' training job, made once a campaign."""
+    train = [p for p in plans if p.workload == "train"]
+    if not train:
+        return None
+    servers = {p.servers for p in train}
+    print(f"making {args.rows:,} rows and the fault-free run ({args.workers} worker(s), {max(servers)} servers) ...",
+          file=sys.stderr, flush=True)
+    return TrainingData.make(scratch, args.rows, args.workers, max(servers))
 
 
 def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _one(plan: Plan, keep: str | None) -> dict[str, Any]:
+def _one(plan: Plan, keep: str | None, data: TrainingData | None) -> dict[str, Any]:
     import os
 
+    from paramserver.testing.nemesis.jobs import Counters, Training
     from paramserver.testing.nemesis.run import run
 
-    out = run(plan, keep)
+    out = run(plan, keep, Training(data) if plan.workload == "train" and data is not None else Counters())
     if not out.verdict.ok:
         with open(os.path.join(out.folder, "plan.json"), "w") as f:
             f.write(plan.to_json())
     s = out.summary()
     mark = "ok  " if out.verdict.ok else "FAIL"
-    print(f"{mark} seed {plan.seed}: {len(plan.faults)} faults, {s['acked']} acked, {s['unknown']} unknown, "
+    model = s.get("model")
+    trained = "" if not model else (f"model {model['logloss']:.6f}, {abs(model['logloss'] - model['fault_free']):.2g} "
+                                    f"from the fault-free run's (allowed {model['allowed']:.2g}), ")
+    print(f"{mark} seed {plan.seed}: {len(plan.faults)} faults, {trained}{s['acked']} acked, {s['unknown']} unknown, "
           f"max recovery {s['max_recovery_s']} s, {s['restarts']} restarts, {s['seconds']} s"
           + ("" if out.verdict.ok else f"\n     {'; '.join(out.verdict.violations)}\n     logs: {out.folder}"),
           file=sys.stderr, flush=True)

@@ -23,12 +23,17 @@ from typing import Any
 from paramserver.testing.nemesis.workload import TABLES, WAIT_S
 
 
+class Stuck(RuntimeError):
+    """A run waited past a deadline; the message names what it waited on."""
+
+
 @dataclass
 class Verdict:
     violations: list[str] = field(default_factory=list)
     acked: dict[str, int] = field(default_factory=dict)
     unknown: dict[str, int] = field(default_factory=dict)
     recovery_s: list[float | None] = field(default_factory=list)  # a heal each, None: no add before the next fault
+    model: dict[str, float] = field(default_factory=dict)  # a training job's log loss, the fault-free one's, allowed
 
     @property
     def ok(self) -> bool:
@@ -37,7 +42,8 @@ class Verdict:
     def summary(self) -> dict[str, Any]:
         known = [r for r in self.recovery_s if r is not None]
         return {"ok": self.ok, "violations": self.violations, "acked": self.acked, "unknown": self.unknown,
-                "recovery_s": self.recovery_s, "max_recovery_s": max(known, default=None)}
+                "recovery_s": self.recovery_s, "max_recovery_s": max(known, default=None)} \
+            | ({"model": self.model} if self.model else {})
 
 
 def read_log(text: str) -> list[dict[str, Any]]:

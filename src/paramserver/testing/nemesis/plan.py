@@ -15,6 +15,11 @@ from dataclasses import asdict, dataclass, field
 
 KINDS = ("isolate", "halves", "oneway", "oneway-in", "scheduler-cut", "loss", "slow", "pause", "kill",
          "isolate-client")
+#: what a training job is put through by default: not the faults that cut its own host off.  A
+#: worker cut from the scheduler past the heartbeat timeout is declared dead by design, and a job
+#: whose every worker is dead fails rather than waits (``--kinds`` puts them back)
+TRAINING_KINDS = tuple(k for k in KINDS if k not in ("halves", "isolate-client"))
+WORKLOADS = ("counters", "train")
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,7 @@ class Plan:
     seed: int
     servers: int
     faults: tuple[Fault, ...] = field(default_factory=tuple)
+    workload: str = "counters"  # one of WORKLOADS: what the client host runs (``jobs.py``)
 
     @property
     def hosts(self) -> int:
@@ -45,7 +51,8 @@ class Plan:
         return max((f.at + f.duration for f in self.faults), default=0.0)
 
     def to_json(self) -> str:
-        return json.dumps({"seed": self.seed, "servers": self.servers, "faults": [asdict(f) for f in self.faults]})
+        return json.dumps({"seed": self.seed, "servers": self.servers, "workload": self.workload,
+                           "faults": [asdict(f) for f in self.faults]})
 
     @staticmethod
     def from_json(text: str) -> Plan:
@@ -53,9 +60,11 @@ class Plan:
             raw = json.loads(text)
             faults = tuple(Fault(float(f["at"]), str(f["kind"]), tuple(int(h) for h in f["hosts"]),
                                  float(f["duration"]), int(f.get("arg", 0))) for f in raw["faults"])
-            plan = Plan(int(raw["seed"]), int(raw["servers"]), faults)
+            plan = Plan(int(raw["seed"]), int(raw["servers"]), faults, str(raw.get("workload", "counters")))
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"not a nemesis schedule ({e!r}): replay the JSON a run wrote (its 'plan')") from e
+        if plan.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {plan.workload!r} in the schedule: one of {', '.join(WORKLOADS)}")
         for f in plan.faults:
             if f.kind not in KINDS:
                 raise ValueError(f"unknown fault kind {f.kind!r} in the schedule: one of {', '.join(KINDS)}")
@@ -69,7 +78,7 @@ KILL_SPACING_S = 20.0  # a kill, then detection (5 s) and the repair's copies, b
 
 
 def draw(seed: int, servers: int = 3, window_s: float = 20.0, longest_s: float = 6.0,
-         kinds: tuple[str, ...] = KINDS, overlap: float = 0.3) -> Plan:
+         kinds: tuple[str, ...] = KINDS, overlap: float = 0.3, workload: str = "counters") -> Plan:
     """Faults from ``seed`` until ``window_s``: each lasts 1..``longest_s`` seconds (a pause up to
     15 s when ``longest_s`` allows), with 1.5..3 s of quiet after it.  With probability
     ``overlap`` a second fault on another server's host begins while a fault on one server's host
@@ -91,7 +100,7 @@ def draw(seed: int, servers: int = 3, window_s: float = 20.0, longest_s: float =
             last_kill = at if f.kind == "kill" else last_kill
             end = max(end, f.at + f.duration)
         t = end + rng.uniform(1.5, 3.0)
-    return Plan(seed, servers, tuple(sorted(faults, key=lambda f: f.at)))
+    return Plan(seed, servers, tuple(sorted(faults, key=lambda f: f.at)), workload)
 
 
 def _allowed(kinds: tuple[str, ...], at: float, last_kill: float) -> tuple[str, ...]:

@@ -17,12 +17,12 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from paramserver.testing.nemesis import check
+from paramserver.testing.nemesis.check import Stuck
 from paramserver.testing.nemesis.hosts import Hosts, Undo
 from paramserver.testing.nemesis.plan import Fault, Plan
-from paramserver.testing.nemesis.workload import WAIT_S
 
 PORT = 7700
 SETTLE_S = 60.0  # the longest a run waits for the cluster, the first add, or the last one after the heal
@@ -54,13 +54,33 @@ class Outcome:
                 "plan": json.loads(self.plan.to_json())}
 
 
+class Workload(Protocol):
+    """What a run puts on the client host and checks afterwards (``jobs.py``): the counters, or a
+    training job.  Its lines (``log``, in the run's folder) carry ``t`` and, for each step of
+    progress, ``"ok": true``: a heal is followed by progress (``check.progress``)."""
+
+    log: str
+    ended_at: float | None  # when it ended by itself (monotonic), if it did
+
+    def start(self, run: Run) -> None: ...
+
+    def ended(self, run: Run) -> bool:
+        """It finished by itself (a job that ran to its end): the plan's later faults are not struck.
+        Raises ``Stuck`` if it ended in a way it must not have."""
+
+    def finish(self, run: Run, heals: list[float], verdict: check.Verdict) -> None:
+        """After the last heal: progress seen, the workload ended, what it left checked."""
+
+    def stop(self) -> None:
+        """Whatever of it still runs, killed (the run is over, or failed)."""
+
+
 class Run:
-    def __init__(self, hosts: Hosts, plan: Plan, folder: str) -> None:
-        self.hosts, self.plan, self.folder = hosts, plan, folder
+    def __init__(self, hosts: Hosts, plan: Plan, folder: str, workload: Workload) -> None:
+        self.hosts, self.plan, self.folder, self.workload = hosts, plan, folder, workload
         self.scheduler = f"tcp://{hosts.address(0)}:{PORT}"
         self.env = {**os.environ, "PARAMSERVER_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
         self.nodes = [self._node("scheduler", 0)] + [self._node(f"server{h}", h) for h in range(1, plan.servers + 1)]
-        self.workload: subprocess.Popen[bytes] | None = None
         self.events: list[str] = []
         self._lines: list[dict[str, Any]] = []  # the workload's log, read up to byte _read_to
         self._read_to = 0
@@ -69,7 +89,8 @@ class Run:
     def _node(self, role: str, host: int) -> Node:
         return Node(role, host, open(os.path.join(self.folder, f"{role}.log"), "ab"))
 
-    def _spawn(self, host: int, args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    def spawn(self, host: int, args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+        """``python ARGS`` on emulated host ``host``, its output to ``log``."""
         return subprocess.Popen([*self.hosts.exec(host), sys.executable, *args], env=self.env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -79,7 +100,7 @@ class Run:
                     "--servers", str(self.plan.servers)]
         else:
             args = ["-m", "paramserver", "server", "--host", "0.0.0.0", "--scheduler", self.scheduler]
-        node.proc = self._spawn(node.host, args, node.log)
+        node.proc = self.spawn(node.host, args, node.log)
         node.starts += 1
         if node.starts > 1:
             self.note(f"{node.role} started again")
@@ -97,8 +118,7 @@ class Run:
     def wait(self, until: float) -> None:
         while time.monotonic() < until:
             self.supervise()
-            if self.workload is not None and self.workload.poll() is not None:
-                raise Stuck(f"the workload exited ({self.workload.returncode}) before the run ended")
+            self.workload.ended(self)
             time.sleep(0.05)
 
     # -- faults --------------------------------------------------------------------------
@@ -141,14 +161,12 @@ class Run:
     def start(self) -> None:
         for node in self.nodes:
             self._start(node)
-        log = open(os.path.join(self.folder, "workload.log"), "ab")
-        self.workload = self._spawn(self.plan.client_host, ["-m", "paramserver.testing.nemesis.workload",
-                                                             self.scheduler, self.folder], log)
+        self.workload.start(self)
 
     def acks(self) -> list[dict[str, Any]]:
         """The workload's log so far: what was read before, and its complete lines written since."""
         try:
-            with open(os.path.join(self.folder, "acks.jsonl"), "rb") as f:
+            with open(os.path.join(self.folder, self.workload.log), "rb") as f:
                 f.seek(self._read_to)
                 more = f.read()
         except FileNotFoundError:
@@ -165,7 +183,7 @@ class Run:
             if later:
                 return float(min(later))
             self.wait(time.monotonic() + 0.2)
-        raise Stuck(f"no add acknowledged within {SETTLE_S:g} s {what}")
+        raise Stuck(f"no progress (an add acknowledged, examples trained) within {SETTLE_S:g} s {what}")
 
     def faults(self) -> tuple[list[float], list[float]]:
         """Apply the plan, faults that overlap included; the times at which no fault was left
@@ -180,6 +198,10 @@ class Run:
         nexts: list[float] = []
         for at, strike, i in events:
             self.wait(start + at)
+            if strike and self.workload.ended(self):  # a job that finished: the rest of the plan is not struck
+                continue
+            if not strike and i not in undo:
+                continue
             if strike:
                 if not undo and len(nexts) < len(heals):
                     nexts.append(time.monotonic())
@@ -191,27 +213,6 @@ class Run:
         nexts.append(time.monotonic() + STUCK_S)
         return heals, nexts
 
-    def finish(self, heals: list[float]) -> dict[str, list[float]]:
-        """After the last heal: an add acknowledged, the workload stopped, every key read back."""
-        if heals:
-            self.first_ack_after(heals[-1], "after the last heal")
-        open(os.path.join(self.folder, "stop"), "w").close()
-        assert self.workload is not None
-        try:
-            self.workload.wait(timeout=WAIT_S * 2 + 5)
-        except subprocess.TimeoutExpired as e:
-            raise Stuck("the workload did not stop within its deadline (an add waited on)") from e
-        reader = self._spawn(self.plan.client_host, ["-m", "paramserver.testing.nemesis.workload", self.scheduler,
-                                                     self.folder, "--read"], open(os.devnull, "wb"))
-        try:
-            reader.wait(timeout=WAIT_S + 30)
-        except subprocess.TimeoutExpired as e:
-            reader.kill()
-            raise Stuck("reading the counters back did not finish within its deadline") from e
-        with open(os.path.join(self.folder, "values.json")) as f:
-            values: dict[str, list[float]] = json.load(f)
-        return values
-
     def stop(self) -> None:
         for node in self.nodes:
             if node.proc is not None and node.proc.poll() is None:
@@ -219,31 +220,28 @@ class Run:
                 node.proc.kill()
                 node.proc.wait(timeout=10)
             node.log.close()
-        if self.workload is not None and self.workload.poll() is None:
-            self.workload.kill()
-            self.workload.wait(timeout=10)
+        self.workload.stop()
 
 
-class Stuck(RuntimeError):
-    """A run waited past a deadline; the message names what it waited on."""
+def run(plan: Plan, keep: str | None = None, workload: Workload | None = None) -> Outcome:
+    """One run of ``plan`` with ``workload`` (default: the counters, ``jobs.Counters``); its logs
+    stay in a folder of ``keep`` (default: a temporary one, removed when the run passed)."""
+    from paramserver.testing.nemesis.jobs import Counters
 
-
-def run(plan: Plan, keep: str | None = None) -> Outcome:
-    """One run of ``plan``; its logs stay in a folder of ``keep`` (default: a temporary one,
-    removed when the run passed)."""
     folder = tempfile.mkdtemp(prefix=f"nemesis-{plan.seed}-", dir=keep)
     started = time.monotonic()
     verdict = check.Verdict()
     with Hosts(plan.hosts) as hosts:
-        r = Run(hosts, plan, folder)
+        r = Run(hosts, plan, folder, workload or Counters())
         try:
             r.start()
             heals, nexts = r.faults()
-            values = r.finish(heals)
-            lines = r.acks()
-            check.counters(lines, values, verdict)
-            check.reads(lines, verdict)
-            check.progress(lines, heals, nexts, STUCK_S, verdict)
+            r.workload.finish(r, heals, verdict)
+            ended = r.workload.ended_at
+            if ended is not None:  # a job that finished has no progress to make after it
+                nexts = [n for h, n in zip(heals, nexts) if h < ended]
+                heals = heals[:len(nexts)]
+            check.progress(r.acks(), heals, nexts, STUCK_S, verdict)
         except Stuck as e:
             verdict.violations.append(f"stuck: {e}")
         finally:

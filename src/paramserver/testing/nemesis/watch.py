@@ -1,0 +1,76 @@
+"""A training job's progress, seen from the emulated client host: the job's status asked of the
+scheduler every ``EVERY_S``, a line written each time its examples moved on.
+
+    python -m paramserver.testing.nemesis.watch tcp://SCHEDULER:PORT FOLDER
+
+It writes ``FOLDER/progress.jsonl``: ``{"t": monotonic seconds, "ok": true, "examples": N}`` when
+the job's examples (done and in progress) grew since the last answer, and ``{"t", "finished":
+true, "ok": true}`` once the job is finished; the run's check reads them as the counters' acks
+(``check.progress``: progress again within its bound after each heal).  A question that fails
+(the scheduler paused or cut off) is written as ``{"t", "failed": ...}`` and asked again; a client
+declared dead meanwhile is replaced.  It stops when ``FOLDER/stop`` exists or the job finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import IO, Any
+
+from paramserver.errors import ClosedError, ParamServerError
+
+EVERY_S = 0.25
+CONNECT_S = 60.0
+
+
+def _client(scheduler: str) -> Any:
+    from paramserver.client.client import Client
+
+    return Client(scheduler, connect_timeout_s=CONNECT_S)
+
+
+def examples(status: dict[str, Any]) -> float:
+    """The job's examples so far: those of shards done and those of shards in progress."""
+    return float(status.get("live", {}).get("examples", 0.0))
+
+
+def watch(scheduler: str, folder: str) -> None:
+    stop = os.path.join(folder, "stop")
+    client: Any = None
+    seen = 0.0  # examples last written: a line says they grew
+    with open(os.path.join(folder, "progress.jsonl"), "a") as log:
+        while not os.path.exists(stop):
+            try:
+                client = client or _client(scheduler)
+                status = client.job.status()
+            except ParamServerError as e:
+                _write(log, {"failed": f"{type(e).__name__}: {e}"[:300]})
+                if isinstance(e, ClosedError) and client is not None:
+                    client.close()
+                    client = None
+                time.sleep(EVERY_S)  # the next question, at the watch's pace
+                continue
+            now = examples(status)
+            if now > seen and status:
+                _write(log, {"ok": True, "examples": now})
+                seen = now
+            if status.get("finished"):
+                _write(log, {"ok": True, "finished": True, "examples": now})
+                break
+            time.sleep(EVERY_S)
+    if client is not None:
+        client.close()
+
+
+def _write(log: IO[str], line: dict[str, Any]) -> None:
+    log.write(json.dumps({"t": time.monotonic(), **line}) + "\n")
+    log.flush()
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s watch %(levelname)s %(message)s")
+    watch(sys.argv[1], sys.argv[2])
