@@ -11,6 +11,7 @@ import os
 import pytest
 
 from paramserver.testing.nemesis.hosts import missing
+from paramserver.testing.nemesis.jobs import Training, TrainingData
 from paramserver.testing.nemesis.plan import KINDS, Fault, Plan, draw
 from paramserver.testing.nemesis.run import run
 
@@ -44,3 +45,21 @@ def test_every_kind_of_fault_once_loses_no_acknowledged_add_and_hangs_nothing():
 
 def test_a_seeded_mix_of_faults():
     _passes(draw(47, servers=3, window_s=12.0, longest_s=5.0))
+
+
+@pytest.mark.parametrize("workload", ["train", "stream"])
+def test_a_training_job_through_a_failover_and_a_kill_ends_with_every_row_and_the_fault_free_model(workload,
+                                                                                                    tmp_path):
+    """Issue 47.3: a real ``paramserver train`` job, on files or as a stream, joined to the emulated
+    cluster (``--cluster tcp://``); a server cut off past the heartbeat timeout (its vnodes fail over)
+    and another killed and started again while it trains."""
+    rows = 500_000
+    data = TrainingData.make(str(tmp_path), rows, workers=1, servers=3, stream=workload == "stream")
+    assert 0 < data.allowed < 1e-3  # the default against --pipeline 1: what a failover's resends may move
+    plan = Plan(0, 3, (Fault(1.0, "isolate", (1,), 6.5), Fault(9.0, "kill", (2,), 2.0)), workload)
+    out = run(plan, workload=Training(data))
+    s = out.summary()
+    assert out.verdict.ok, f"{s['violations']} (logs: {out.folder}; events: {out.events})"
+    assert s["acked"] == {"examples": rows} and abs(s["model"]["logloss"] - data.logloss) <= data.allowed
+    assert any("server1 started again" in e for e in out.events), out.events  # the cut-off server was declared dead
+    assert any("kill [2]" in e for e in out.events), out.events  # struck while the job trained

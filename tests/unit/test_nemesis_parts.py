@@ -113,3 +113,49 @@ def test_a_read_that_misses_an_acknowledged_add_is_stale_and_one_past_every_add_
     ok = check.Verdict()
     check.reads(lines[:1], ok)
     assert ok.ok
+
+
+def test_a_training_plan_replays_as_one_and_draws_no_fault_that_cuts_the_jobs_own_host():
+    from paramserver.testing.nemesis.plan import TRAINING_KINDS
+
+    p = draw(5, workload="train", kinds=TRAINING_KINDS)
+    assert Plan.from_json(p.to_json()) == p and p.workload == "train"
+    assert Plan.from_json(json.dumps({"seed": 1, "servers": 3, "faults": []})).workload == "counters"  # old files
+    with pytest.raises(ValueError, match="unknown workload 'bake'"):
+        Plan.from_json(json.dumps({"seed": 1, "servers": 3, "faults": [], "workload": "bake"}))
+    drawn = {f.kind for s in range(40) for f in draw(s, kinds=TRAINING_KINDS, workload="train").faults}
+    assert drawn == set(TRAINING_KINDS) and not drawn & {"halves", "isolate-client"}
+
+
+def _training(rows: int = 1000, logloss: float = 0.4, allowed: float = 1e-5):
+    from paramserver.testing.nemesis.jobs import Training, TrainingData
+
+    return Training(TrainingData(("--data", "t.tsv"), "e.tsv", rows, 1, logloss, allowed))
+
+
+def test_a_training_job_passes_with_every_row_and_the_fault_free_model_within_what_its_consistency_allows():
+    v = check.Verdict()
+    _training().check({"examples": 1000, "logloss": 0.4 + 9e-6, "failed_workers": []}, v)
+    assert v.ok and v.acked == {"examples": 1000} and v.model == {"logloss": 0.4 + 9e-6, "fault_free": 0.4,
+                                                                   "allowed": 1e-5}
+
+
+@pytest.mark.parametrize("report, named", [
+    ({"examples": 999, "logloss": 0.4, "failed_workers": []}, "examples: the job trained 999 examples of the 1000"),
+    ({"examples": 1500, "logloss": 0.4, "failed_workers": []}, "(a shard lost, or trained twice)"),
+    ({"examples": 1000, "logloss": 0.4 + 2e-5, "failed_workers": []}, "its consistency allows 1e-05"),
+    ({"examples": 1000, "logloss": float("nan"), "failed_workers": []}, "model: test log loss nan"),
+    ({"examples": 1000, "failed_workers": []}, "model: test log loss nan"),
+    ({"examples": 1000, "logloss": 0.4, "failed_workers": ["worker-0 died"]}, "workers: ['worker-0 died'] died"),
+])
+def test_a_training_job_that_lost_or_doubled_rows_or_moved_its_model_is_named(report, named):
+    v = check.Verdict()
+    _training().check(report, v)
+    assert not v.ok and any(named in x for x in v.violations), v.violations
+
+
+def test_the_watch_counts_the_examples_done_and_in_progress():
+    from paramserver.testing.nemesis.watch import examples
+
+    assert examples({"live": {"examples": 1234.0, "loss_sum": 3.0}}) == 1234.0
+    assert examples({}) == 0.0

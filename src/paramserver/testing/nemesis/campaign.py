@@ -40,14 +40,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--kinds", help=f"faults to draw from (default: all of {','.join(KINDS)}; with --workload train "
                                    f"{','.join(TRAINING_KINDS)})")
     p.add_argument("--workload", choices=WORKLOADS, default="counters",
-                   help="what the client host runs: counters (acknowledged adds, each checked; default) or train "
+                   help="what the client host runs: counters (acknowledged adds, each checked; default), train "
                         "(a paramserver train job joined to the cluster: it must end, every row trained once, and "
-                        "its model be the fault-free run's)")
+                        "its model be the fault-free run's within what its consistency allows) or stream (the "
+                        "same job reading its rows as a stream, --stream FOLDER --max-examples ROWS)")
     p.add_argument("--rows", type=int, default=1_000_000,
-                   help="with --workload train: heavy-tailed rows it trains on (default 10^6)")
+                   help="with --workload train or stream: heavy-tailed rows it trains on (default 10^6)")
     p.add_argument("--workers", type=int, default=1,
-                   help="with --workload train: the job's worker processes (default 1: its model is then the "
-                        "fault-free run's to the bit; more: within 0.002 of log loss)")
+                   help="with --workload train or stream: the job's worker processes (default 1)")
     p.add_argument("--servers", type=int, default=3,
                    help="servers, at least 3 (the replicas-3 counter then keeps a copy on each)")
     p.add_argument("--keep", metavar="DIR", help="keep every run's logs under DIR (default: only failed runs', "
@@ -60,7 +60,7 @@ def plans(args: argparse.Namespace) -> list[Plan]:
     if args.replay:
         with open(args.replay) as f:
             return [Plan.from_json(f.read())]
-    given = args.kinds or ",".join(TRAINING_KINDS if args.workload == "train" else KINDS)
+    given = args.kinds or ",".join(KINDS if args.workload == "counters" else TRAINING_KINDS)
     kinds = tuple(k.strip() for k in given.split(",") if k.strip())
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
@@ -96,13 +96,15 @@ def main(args: argparse.Namespace) -> int:
 
 def _training_data(plans: list[Plan], args: argparse.Namespace, scratch: str) -> TrainingData | None:
     """The rows and the fault-free run of the plans' training job, made once a campaign."""
-    train = [p for p in plans if p.workload == "train"]
-    if not train:
+    jobs = [p for p in plans if p.workload != "counters"]
+    if not jobs:
         return None
-    servers = {p.servers for p in train}
-    print(f"making {args.rows:,} rows and the fault-free run ({args.workers} worker(s), {max(servers)} servers) ...",
-          file=sys.stderr, flush=True)
-    return TrainingData.make(scratch, args.rows, args.workers, max(servers))
+    if len({(p.workload, p.servers) for p in jobs}) > 1:
+        raise SystemExit("paramserver nemesis: the schedules train different jobs; replay one workload at a time")
+    servers, stream = jobs[0].servers, jobs[0].workload == "stream"
+    print(f"making {args.rows:,} rows and the fault-free run ({args.workers} worker(s), {servers} servers"
+          f"{', as a stream' if stream else ''}) ...", file=sys.stderr, flush=True)
+    return TrainingData.make(scratch, args.rows, args.workers, servers, stream=stream)
 
 
 def _interrupted(signum: int, frame: Any) -> None:
@@ -115,7 +117,7 @@ def _one(plan: Plan, keep: str | None, data: TrainingData | None) -> dict[str, A
     from paramserver.testing.nemesis.jobs import Counters, Training
     from paramserver.testing.nemesis.run import run
 
-    out = run(plan, keep, Training(data) if plan.workload == "train" and data is not None else Counters())
+    out = run(plan, keep, Training(data) if plan.workload != "counters" and data is not None else Counters())
     if not out.verdict.ok:
         with open(os.path.join(out.folder, "plan.json"), "w") as f:
             f.write(plan.to_json())

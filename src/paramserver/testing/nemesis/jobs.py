@@ -3,7 +3,9 @@
 - ``Counters``: adds to a replicas-2 and a replicas-3 table, each acknowledged before the next, and a
   read after each (``workload.py``); every acknowledged add there exactly once (``check``).
 - ``Training``: a real ``paramserver train`` job joined to the emulated cluster (``--cluster
-  tcp://...``, its driver and workers on the client host, the model's table at replicas 2), watched
+  tcp://...``, its driver and workers on the client host, the model's table at replicas 2), on
+  files (``--data``) or as a stream (``--stream FOLDER --max-examples ROWS``: the shards are cut
+  by the driver as it goes, issue 32's path), watched
   through the scheduler (``watch.py``).  It must end by itself (exit 0) within ``JOB_S`` of the last
   heal, have trained every row once (the report's examples), and its model must be the fault-free
   run's within what its consistency allows (``TrainingData.allowed``).
@@ -96,7 +98,7 @@ class Counters:
 class TrainingData:
     """The rows a training workload trains on, and the fault-free run's report on them."""
 
-    train: str
+    source: tuple[str, ...]  # the arguments that name the rows: --data FILE, or --stream FOLDER --max-examples N
     test: str
     rows: int
     workers: int
@@ -104,23 +106,25 @@ class TrainingData:
     allowed: float  # |a faulted run's - logloss| allowed (the module's docstring)
 
     @staticmethod
-    def make(folder: str, rows: int, workers: int, servers: int, seed: int = 47) -> TrainingData:
+    def make(folder: str, rows: int, workers: int, servers: int, seed: int = 47, stream: bool = False) -> TrainingData:
         """``rows`` heavy-tailed rows (and a tenth as many to test on) in ``folder``, and the
         fault-free runs: the same command on a local cluster of ``servers`` at replicas 2, again
         at ``--pipeline 1``, and with several workers once more."""
-        train, test = os.path.join(folder, "train.tsv"), os.path.join(folder, "test.tsv")
+        os.makedirs(os.path.join(folder, "stream"), exist_ok=True)
+        train, test = os.path.join(folder, "stream", "rows.tsv"), os.path.join(folder, "test.tsv")
         for path, n, s in ((train, rows, seed), (test, max(rows // 10, 1000), seed + 1)):
             _command(["synth", "--rows", str(n), "--shape", "heavy", "--seed", str(s), "--out", path], folder)
+        source = ("--stream", os.path.dirname(train), "--max-examples", str(rows)) if stream else ("--data", train)
         runs = [[], ["--pipeline", "1"]] + ([[]] if workers > 1 else [])
-        ref, *others = [_logloss(train_args(train, test, workers, os.path.join(folder, f"reference-{i}.json"))
+        ref, *others = [_logloss(train_args(source, test, workers, os.path.join(folder, f"reference-{i}.json"))
                                  + ["--servers", str(servers), *more], folder) for i, more in enumerate(runs)]
-        return TrainingData(train, test, rows, workers, ref, sum(abs(x - ref) for x in others))
+        return TrainingData(source, test, rows, workers, ref, sum(abs(x - ref) for x in others))
 
 
-def train_args(train: str, test: str, workers: int, report: str) -> list[str]:
+def train_args(source: tuple[str, ...], test: str, workers: int, report: str) -> list[str]:
     """``paramserver train``'s arguments for the workload (its cluster given apart)."""
-    return ["train", "--data", train, "--test", test, "--workers", str(workers), "--replicas", str(REPLICAS),
-            "--quiet", "--metrics-out", report]
+    return ["train", *source, "--test", test, "--workers", str(workers), "--replicas", str(REPLICAS), "--quiet",
+            "--metrics-out", report]
 
 
 def _command(args: list[str], folder: str) -> None:
@@ -151,7 +155,7 @@ class Training:
 
     def start(self, run: Run) -> None:
         self.folder = run.folder
-        args = train_args(self.data.train, self.data.test, self.data.workers, self._report)
+        args = train_args(self.data.source, self.data.test, self.data.workers, self._report)
         self.proc = run.spawn(run.plan.client_host, ["-m", "paramserver", *args, "--cluster", run.scheduler],
                               self._out("train.log"))
         self.watcher = run.spawn(run.plan.client_host, ["-m", "paramserver.testing.nemesis.watch", run.scheduler,

@@ -19,7 +19,7 @@ KINDS = ("isolate", "halves", "oneway", "oneway-in", "scheduler-cut", "loss", "s
 #: worker cut from the scheduler past the heartbeat timeout is declared dead by design, and a job
 #: whose every worker is dead fails rather than waits (``--kinds`` puts them back)
 TRAINING_KINDS = tuple(k for k in KINDS if k not in ("halves", "isolate-client"))
-WORKLOADS = ("counters", "train")
+WORKLOADS = ("counters", "train", "stream")
 
 
 @dataclass(frozen=True)
