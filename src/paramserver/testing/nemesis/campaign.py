@@ -128,9 +128,16 @@ def _one(plan: Plan, keep: str | None, data: TrainingData | None) -> dict[str, A
                                     f"from the fault-free run's (allowed {model['allowed']:.2g}), ")
     print(f"{mark} seed {plan.seed}: {len(plan.faults)} faults, {trained}{s['acked']} acked, {s['unknown']} unknown, "
           f"max recovery {s['max_recovery_s']} s, {s['restarts']} restarts, {s['seconds']} s"
-          + ("" if out.verdict.ok else f"\n     {'; '.join(out.verdict.violations)}\n     logs: {out.folder}"),
+          + ("" if out.verdict.ok else f"\n     {'; '.join(out.verdict.violations)}\n     logs: {out.folder}"
+                                       f"\n     again: {_replay(out.folder, data)}"),
           file=sys.stderr, flush=True)
     return s
+
+
+def _replay(folder: str, data: TrainingData | None) -> str:
+    """The command that runs a failed run's schedule again (a training job's rows and workers too)."""
+    job = "" if data is None else f" --rows {data.rows} --workers {data.workers}"
+    return f"paramserver nemesis --replay {folder}/plan.json{job}"
 
 
 def report(runs: list[dict[str, Any]], as_json: bool) -> int:
