@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from paramserver.testing.nemesis.hosts import missing
+from paramserver.testing.nemesis.hosts import Hosts, missing
 from paramserver.testing.nemesis.jobs import Training, TrainingData
 from paramserver.testing.nemesis.plan import KINDS, Fault, Plan, draw
 from paramserver.testing.nemesis.run import run
@@ -32,13 +32,64 @@ def test_the_machine_can_make_emulated_hosts():
     assert missing() is None  # make test installs nftables; root is checked above
 
 
+_ECHO = """
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 9100)); s.listen()
+print("up", flush=True)
+c, _ = s.accept()
+while (d := c.recv(65536)):
+    c.sendall(d)
+"""
+_PING = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], 9100)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while sys.stdin.readline().strip():
+    took = []
+    for _ in range(15):
+        t = time.monotonic(); s.sendall(b"x" * 100); got = b""
+        while len(got) < 100:
+            got += s.recv(100)
+        took.append(time.monotonic() - t)
+    print(sorted(took)[7] * 1000, flush=True)
+"""
+
+
+def test_a_delay_holds_a_hosts_links_each_way_and_its_undo_lifts_it():
+    """No netem here: the hosts' relays hold each chunk (``relay.py``); a round trip pays the delay twice."""
+    import subprocess
+    import sys
+
+    with Hosts(2, prefix="nt", relays=True) as hosts:
+        echo = subprocess.Popen([*hosts.exec(1), sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
+        ping = subprocess.Popen([*hosts.exec(0), sys.executable, "-c", _PING, hosts.address(1)], text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            assert echo.stdout is not None and echo.stdout.readline().strip() == "up"
+
+            def median_rtt_ms() -> float:
+                assert ping.stdin is not None and ping.stdout is not None
+                ping.stdin.write("go\n")
+                ping.stdin.flush()
+                return float(ping.stdout.readline())
+
+            plain = median_rtt_ms()
+            undo = hosts.delay(1, 25, 5)
+            delayed = median_rtt_ms()
+            hosts.undo(undo)
+            lifted = median_rtt_ms()
+        finally:
+            ping.kill()
+            echo.kill()
+        assert plain < 10 and 40 <= delayed <= 80 and lifted < 10, (plain, delayed, lifted)
+
+
 def test_every_kind_of_fault_once_loses_no_acknowledged_add_and_hangs_nothing():
     faults = []
     t = 1.0
     for kind in KINDS:
         hosts = {"halves": (0, 2), "isolate-client": (4,), "scheduler-cut": (0,)}.get(kind, (1 + len(faults) % 3,))
         duration = 7.0 if kind in ("isolate", "pause") else 3.0  # past the heartbeat timeout: a failover
-        faults.append(Fault(t, kind, hosts, duration, 20 if kind == "loss" else 0))
+        faults.append(Fault(t, kind, hosts, duration, {"loss": 20, "delay": 25}.get(kind, 0)))
         t += duration + 2.0
     _passes(Plan(0, 3, tuple(faults)))
 

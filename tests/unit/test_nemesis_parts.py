@@ -36,7 +36,7 @@ def test_faults_overlap_only_on_distinct_servers_kills_are_spaced_and_quiet_foll
         for f in p.faults:
             assert 1.0 <= f.duration <= 15.0
             assert all(0 <= h < p.hosts for h in f.hosts)
-            if f.kind in ("isolate", "oneway", "oneway-in", "loss", "slow", "kill"):
+            if f.kind in ("isolate", "oneway", "oneway-in", "loss", "slow", "delay", "kill"):
                 assert 1 <= f.hosts[0] <= 3  # a server's host: the scheduler is paused, never killed
             if f.kind == "halves":
                 assert 0 < len(f.hosts) < p.hosts

@@ -8,24 +8,36 @@ The faults, each undone by what it returns (``undo``), or all at once by ``heal(
 - ``cut(src, dst)``: what ``src`` sends to ``dst`` is dropped (nftables, the output hook of
   ``src``): a one-way partition; both directions make a two-way one;
 - ``lose(src, dst, percent)``: a random share of it is dropped (nftables' ``numgen random``);
-- ``slow(host, rate)``: the host's link in both directions is capped by a token bucket (``tc tbf``).
+- ``slow(host, rate)``: the host's link in both directions is capped by a token bucket (``tc tbf``);
+- ``delay(host, ms, jitter_ms)``: every link of the host holds what it carries ``ms`` each way, give
+  or take the jitter.  This kernel has no ``netem``, so hosts made with ``relays=True`` send every
+  TCP connection they open through a relay of their own (``relay.py``: an nftables redirect, then
+  a userspace copy that holds each chunk), which is where the delay is put; a host pair's delay
+  is the larger of its two hosts'.
 
-What this kernel lacks is said, not faked: without ``netem`` there is no delay or jitter here
-(``bench/links.py`` has them, from a userspace relay); without root or ``nft`` nothing can be made,
-and ``Unavailable`` says which of the two is missing and how to get it.
+Without root or ``nft`` nothing can be made, and ``Unavailable`` says which of the two is missing
+and how to get it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 from collections.abc import Sequence
+
+from paramserver.testing.nemesis.relay import MARK, PORT
 
 Undo = list[tuple[str, int, str]]  # (rule | rate, host, nft handle)
 
 NFT_TABLE = "table inet nemesis {\n  chain out {\n    type filter hook output priority 0; policy accept;\n  }\n}\n"
+#: a host's TCP connections to the others go to its relay (the relay's own, marked, go out as they are)
+NFT_RELAY = ("table ip nemesis_relay {{\n  chain out {{\n    type nat hook output priority -100; policy accept;\n"
+             "    ip daddr {net}.0/24 meta mark != {mark} tcp dport != {port} redirect to :{port}\n  }}\n}}\n")
 
 
 class Unavailable(RuntimeError):
@@ -53,9 +65,11 @@ class Hosts:
     """``n`` hosts on a bridge; a context manager that removes them (and kills what runs in them)
     on any exit.  ``tag`` and ``net`` come from this process's id, so two runs never collide."""
 
-    def __init__(self, n: int, prefix: str = "nm") -> None:
+    def __init__(self, n: int, prefix: str = "nm", relays: bool = False) -> None:
         pid = os.getpid()
-        self.n, self.prefix = n, prefix
+        self.n, self.prefix, self.relays = n, prefix, relays
+        self.delayed: dict[int, tuple[float, float]] = {}  # host -> (ms, jitter ms) while a delay lasts
+        self.control = ""  # the relays' control files' folder
         self.tag = f"{prefix}{pid}"
         self.net = f"10.{200 + pid % 50}.{(pid // 50) % 250}"
         self.bridge_ns = f"{self.tag}x"
@@ -107,12 +121,31 @@ class Hosts:
             sh("ip", "-n", ns, "link", "set", inner, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
             sh(*self.exec(h), "nft", "-f", "-", stdin=NFT_TABLE)
+        if self.relays:
+            self._start_relays()
+
+    def _start_relays(self) -> None:
+        """A relay on each host, every TCP connection it opens to another host redirected to it."""
+        self.control = tempfile.mkdtemp(prefix=f"{self.tag}-relays-")
+        for h in range(self.n):
+            sh(*self.exec(h), "nft", "-f", "-", stdin=NFT_RELAY.format(net=self.net, mark=MARK, port=PORT))
+            relay = subprocess.Popen([*self.exec(h), sys.executable, "-m", "paramserver.testing.nemesis.relay",
+                                      str(PORT), self._control(h)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            assert relay.stdout is not None
+            ready = relay.stdout.readline().strip()  # bounded: the relay prints it at once, or exits (EOF)
+            if ready != b"ready":
+                raise Unavailable(f"the relay of host {h} did not start (exit {relay.wait(timeout=10)})")
+
+    def _control(self, host: int) -> str:
+        return os.path.join(self.control, f"delays-{host}.json")
 
     def __exit__(self, *exc: object) -> None:
         for ns in [self.ns(h) for h in range(self.n)] + [self.bridge_ns]:
             for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
                 sh("kill", "-9", pid, check=False)
             sh("ip", "netns", "del", ns, check=False)
+        if self.control:
+            shutil.rmtree(self.control, ignore_errors=True)
 
     # -- faults: each returns what undoes it (``undo``); ``heal`` undoes them all ------------
     def _rule(self, src: int, rule: str) -> Undo:
@@ -150,10 +183,34 @@ class Hosts:
                "burst", "16kb", "latency", "400ms")
         return [("rate", host, "")]
 
+    def delay(self, host: int, ms: float, jitter_ms: float) -> Undo:
+        """Every link of ``host`` holds what it carries ``ms`` (± ``jitter_ms``) each way."""
+        if not self.relays:
+            raise Unavailable("a delay needs the hosts' relays: Hosts(n, relays=True)")
+        self.delayed[host] = (ms, jitter_ms)
+        self._write_delays()
+        return [("delay", host, "")]
+
+    def _write_delays(self) -> None:
+        """Each relay's control file: a peer's delay is the larger of its host's and the relay's."""
+        for h in range(self.n):
+            table = {}
+            for o in range(self.n):
+                worst = max((self.delayed[x] for x in (h, o) if x in self.delayed and o != h), default=None)
+                if worst is not None:
+                    table[self.address(o)] = list(worst)
+            path = self._control(h)
+            with open(path + ".tmp", "w") as f:
+                json.dump(table, f)
+            os.replace(path + ".tmp", path)
+
     def undo(self, undo: Undo) -> None:
         for kind, host, handle in undo:
             if kind == "rule":
                 sh(*self.exec(host), "nft", "delete", "rule", "inet", "nemesis", "out", "handle", handle, check=False)
+            elif kind == "delay":
+                self.delayed.pop(host, None)
+                self._write_delays()
             else:
                 for ns, dev in self._links(host):
                     sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
@@ -164,3 +221,6 @@ class Hosts:
             sh(*self.exec(h), "nft", "flush", "chain", "inet", "nemesis", "out")
             for ns, dev in self._links(h):
                 sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+        if self.relays:
+            self.delayed.clear()
+            self._write_delays()

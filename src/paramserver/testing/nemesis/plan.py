@@ -13,7 +13,7 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 
-KINDS = ("isolate", "halves", "oneway", "oneway-in", "scheduler-cut", "loss", "slow", "pause", "kill",
+KINDS = ("isolate", "halves", "oneway", "oneway-in", "scheduler-cut", "loss", "slow", "delay", "pause", "kill",
          "isolate-client")
 #: what a training job is put through by default: not the faults that cut its own host off.  A
 #: worker cut from the scheduler past the heartbeat timeout is declared dead by design, and a job
@@ -28,7 +28,7 @@ class Fault:
     kind: str  # one of KINDS
     hosts: tuple[int, ...]  # the host(s) it falls on (halves: the first half)
     duration: float  # seconds until it is healed (kill: until the server is started again)
-    arg: int = 0  # loss: percent; pause: 1 when the scheduler is paused
+    arg: int = 0  # loss: percent; delay: ms each way (jitter a fifth of it); pause: 1 when the scheduler is paused
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Plan:
         return plan
 
 
-OVERLAPPING = ("isolate", "oneway", "oneway-in", "loss", "slow", "pause", "kill")  # kinds on one server's host
+OVERLAPPING = ("isolate", "oneway", "oneway-in", "loss", "slow", "delay", "pause", "kill")  # on one server's host
 
 
 KILL_SPACING_S = 20.0  # a kill, then detection (5 s) and the repair's copies, before the next may come
@@ -125,6 +125,8 @@ def _one(rng: random.Random, kinds: tuple[str, ...], servers: int, at: float, lo
         hosts = (rng.choice(on),)
     if kind == "loss":
         arg = rng.choice((10, 20, 40))
+    if kind == "delay":
+        arg = rng.choice((5, 25, 50))
     if kind == "pause":
         duration = round(rng.uniform(1.0, max(longest_s, min(15.0, 2.5 * longest_s))), 2)
         if avoid < 0 and rng.random() < 0.2:

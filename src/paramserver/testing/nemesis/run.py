@@ -139,6 +139,8 @@ class Run:
             return [u for o in others for u in h.lose(f.hosts[0], o, f.arg) + h.lose(o, f.hosts[0], f.arg)]
         if f.kind == "slow":
             return h.slow(f.hosts[0], "200kbit")
+        if f.kind == "delay":
+            return h.delay(f.hosts[0], f.arg, f.arg / 5)
         if f.kind == "kill":
             self.nodes[f.hosts[0]].held = True
         self._signal(f.hosts[0], signal.SIGSTOP if f.kind == "pause" else signal.SIGKILL)
@@ -231,7 +233,7 @@ def run(plan: Plan, keep: str | None = None, workload: Workload | None = None) -
     folder = tempfile.mkdtemp(prefix=f"nemesis-{plan.seed}-", dir=keep)
     started = time.monotonic()
     verdict = check.Verdict()
-    with Hosts(plan.hosts) as hosts:
+    with Hosts(plan.hosts, relays=any(f.kind == "delay" for f in plan.faults)) as hosts:
         r = Run(hosts, plan, folder, workload or Counters())
         try:
             r.start()

@@ -1,0 +1,124 @@
+"""An emulated host's relay: delay and jitter on its links, where the kernel has no ``netem``.
+
+Every TCP connection the host opens to another host is redirected to this relay (an nftables
+``redirect`` in the host's output hook, ``Hosts.relays``); the relay learns where the
+connection was going (``SO_ORIGINAL_DST``), opens it itself, marked so that its own connection
+is not redirected again, and copies the bytes both ways.  Each chunk it reads is written on
+after the delay set for that peer, plus a uniform jitter, and never before the chunk ahead of
+it: a TCP stream keeps its order, as a delayed link's would.  With no delay set a chunk goes
+on at once.
+
+    python -m paramserver.testing.nemesis.relay PORT CONTROL
+
+``CONTROL`` is a JSON file ``{"PEER_IP": [delay_ms, jitter_ms], ...}``, written whole
+(``os.replace``) by the run and read again when it changes; a peer it does not name has no
+delay.  The relay prints ``ready`` once it listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import socket
+import struct
+import sys
+import time
+
+MARK = 0x4E  # the relay's own connections carry this mark: the redirect skips them
+PORT = 7799
+SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
+CHUNK = 1 << 16
+HELD_BYTES = 8 << 20  # a direction holding this much stops reading until it drains
+
+
+class Delays:
+    """The delay and jitter of each peer, from the control file (read again when it changes)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.stamp: float = -1.0
+        self.table: dict[str, tuple[float, float]] = {}
+
+    def of(self, peer: str) -> tuple[float, float]:
+        try:
+            stamp = os.stat(self.path).st_mtime_ns
+        except FileNotFoundError:
+            return 0.0, 0.0
+        if stamp != self.stamp:
+            with open(self.path) as f:
+                raw = json.load(f)
+            self.table = {ip: (float(d) / 1000.0, float(j) / 1000.0) for ip, (d, j) in raw.items()}
+            self.stamp = stamp
+        return self.table.get(peer, (0.0, 0.0))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str, delays: Delays) -> None:
+    """Copy ``reader`` to ``writer``, each chunk held its peer's delay (and jitter), in order."""
+    held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+    room = asyncio.Semaphore(HELD_BYTES // CHUNK)
+
+    async def release() -> None:
+        while True:
+            due, data = await held.get()
+            wait = due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if not data:
+                break
+            writer.write(data)
+            await writer.drain()
+            room.release()
+        writer.close()
+
+    sender = asyncio.create_task(release())
+    last = 0.0
+    try:
+        while True:
+            await room.acquire()
+            data = await reader.read(CHUNK)
+            delay, jitter = delays.of(peer)
+            due = time.monotonic() + max(0.0, delay + random.uniform(-jitter, jitter)) if delay else 0.0
+            last = max(last, due)
+            await held.put((last, data))
+            if not data:
+                break
+    except (ConnectionError, OSError):
+        await held.put((last, b""))
+    await sender
+
+
+async def _serve(port: int, delays: Delays) -> None:
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+        dst_port, dst_ip = struct.unpack("!H", raw[2:4])[0], socket.inet_ntoa(raw[4:8])
+        out = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        out.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, MARK)
+        out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        out.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(out, (dst_ip, dst_port))
+            up_reader, up_writer = await asyncio.open_connection(sock=out)
+        except OSError:
+            out.close()
+            writer.close()
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.gather(_pipe(reader, up_writer, dst_ip, delays), _pipe(up_reader, writer, dst_ip, delays),
+                             return_exceptions=True)
+
+    server = await asyncio.start_server(connection, "0.0.0.0", port, reuse_address=True)
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str]) -> int:
+    asyncio.run(_serve(int(argv[0]), Delays(argv[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
