@@ -29,7 +29,8 @@ from paramserver.testing.nemesis.plan import KINDS, TRAINING_KINDS, WORKLOADS, P
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("nemesis", help="real nodes on emulated hosts (network namespaces) under partitions, loss, "
-                                       "bandwidth collapse, pauses and kills; every acknowledged add checked")
+                                       "bandwidth collapse, delay, pauses and kills; every acknowledged add (or a "
+                                       "training job's rows and model) checked")
     p.add_argument("--seeds", type=int, default=10, help="runs, seeds FIRST.. FIRST+SEEDS-1")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--seed", type=int, help="run this seed alone")
