@@ -29,3 +29,43 @@ def test_a_cached_read_is_never_more_than_s_updates_behind_and_sums_land_on_flus
         assert cached.flush() == 64 and cached.stats.keys["push"] == pushed_before + 64
         cached.cache_rows("w", "off")
         np.testing.assert_allclose(cached.pull("w", keys).result(timeout=30), -0.06, rtol=1e-5)
+
+
+def test_a_worker_killed_holding_cache_sums_has_them_counted_lost_and_a_clean_job_loses_none(tmp_path):
+    """Issue 46.3: a worker that dies loses only its unpushed sums, and the report counts them
+    (as the scheduler last heard them: each worker reports how its held sums changed)."""
+    import threading
+
+    from support import wait_for
+
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.synth import write_synth
+    from paramserver.apps.ctr.train import TrainConfig, run_training
+
+    data = str(tmp_path / "rows.tsv")
+    write_synth(data, 200_000, seed=3, shape="heavy")
+    cfg = TrainConfig(Model("lr"), row_cache="s=8,rows=32768", epochs=2)
+    seen = {}
+
+    def kill_while_worker_1_holds_sums(cluster):
+        def watch():
+            with Client(cluster.address) as watcher:
+                def holding():
+                    status = watcher.job.status()
+                    held = {int(n): w.get("sums_held", 0) for n, w in status.get("per_worker", {}).items()}
+                    return len(held) == 2 and min(held.values()) > 0 and held
+                seen["held"] = wait_for(holding, what="both workers holding sums")
+                cluster.kill("worker-1")
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    report = run_training(cfg, [data], [], servers=1, workers=2, shard_bytes=4 << 20,
+                          setup=kill_while_worker_1_holds_sums,
+                          cluster_options={"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.5})
+    assert report["failed_workers"] == ["worker-1 died (exit code -9)"]
+    assert report["examples"] == 400_000  # its shard was trained again by the survivor
+    assert report["row_cache"]["sums_lost"] > 0 and report["row_cache"]["sums_held"] == 0, report["row_cache"]
+    assert report["row_cache"]["sums_lost"] <= 2 * 32_768  # one worker's: its slots, and a push's evicted sums
+
+    clean = run_training(cfg, [data], [], servers=1, workers=2, shard_bytes=4 << 20)
+    assert clean["failed_workers"] == [] and clean["row_cache"]["sums_lost"] == 0

@@ -267,11 +267,18 @@ class RowCache:
             self._take_all()
             self.store.clear()
 
+    def held(self) -> int:
+        """Keys whose gradient sums are not pushed yet (held in a slot, or owed)."""
+        with self.lock:
+            return self._held()
+
+    def _held(self) -> int:
+        return self.store.held() + sum(int(k.shape[0]) for k, _ in self.owed)
+
     def stats(self) -> dict[str, Any]:
         """Hits, misses, reads found stale, sums held and pushed, and the lag histogram's p50/p99."""
         with self.lock:
-            held = self.store.held() + sum(k.shape[0] for k, _ in self.owed)
-            return {**self.counts, "sums_held": held, "s": self.s, "rows": self.store.capacity,
+            return {**self.counts, "sums_held": self._held(), "s": self.s, "rows": self.store.capacity,
                     "bytes": self.store.nbytes, **percentiles(self.lags), "lag_histogram": self.lags.tolist()}
 
 

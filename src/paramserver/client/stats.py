@@ -60,6 +60,11 @@ class Stats:
         """Keys this client sent by op (``pull``, ``push``): each one a server's key-operation."""
         return dict(self._state.keys)
 
+    def sums_held(self) -> int | None:
+        """The row caches' gradient sums not pushed yet, over every table (None: no cache)."""
+        caches = list(self._state.row_caches.values())
+        return sum(cache.held() for cache in caches) if caches else None
+
     def row_cache_stats(self) -> dict[str, dict[str, object]]:
         """Per cached table: hits, misses, reads found stale, sums held and pushed, and how
         many versions behind a hit was (p50, p99, histogram): ``client/row_cache.py``."""

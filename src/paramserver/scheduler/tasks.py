@@ -22,7 +22,9 @@ from paramserver.errors import ConfigError
 
 #: a job's live counters (``progress``): examples and loss so far, and the bytes of the
 #: workers' requests before and after their tables' filters (``Client.wire_totals``)
-LIVE = ("examples", "loss_sum", "wire_bytes_in", "wire_bytes_out")
+#: a worker's live counters, reported as they grow; ``sums_held`` is a gauge (its changes are reported):
+#: the row cache's gradient sums not pushed yet, which a worker that dies takes with it (``sums_lost``)
+LIVE = ("examples", "loss_sum", "wire_bytes_in", "wire_bytes_out", "sums_held")
 
 
 @dataclass
@@ -40,6 +42,7 @@ class _Queue:
     live: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LIVE, 0.0))
     per_worker: dict[int, dict[str, float]] = field(default_factory=dict)  # node -> its live counters
     resumed_examples: float = 0.0  # examples done before the checkpoint this job resumed from
+    sums_lost: float = 0.0  # row cache sums held by workers that left without pushing them (they died)
     todo: deque[int] = field(default_factory=deque)
     epoch: int = 0
 
@@ -94,12 +97,18 @@ class _Queue:
         for sid in sorted(lost, reverse=True):  # at the front, in their order
             del self.running[sid]
             self.todo.appendleft(sid)
+        mine = self.per_worker.get(node_id, {})
+        held = mine.get("sums_held", 0.0)
+        if held > 0:  # a worker that finishes pushes every sum first: it died holding these
+            self.sums_lost += held
+            self.live["sums_held"] -= held
+            mine["sums_held"] = 0.0
         return lost
 
     def _status(self) -> dict[str, Any]:
         return {"running": len(self.running), "epoch_examples": list(self.epoch_examples), "live": dict(self.live),
                 "skipped_files": {k: dict(v) for k, v in self.skipped_files.items()},
-                "resumed_examples": self.resumed_examples,
+                "resumed_examples": self.resumed_examples, "sums_lost": self.sums_lost,
                 "per_worker": {str(k): dict(v) for k, v in self.per_worker.items()}, **self.totals}
 
 

@@ -449,8 +449,8 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
     report["key_ops_per_example"] = sent / this_run if this_run else 0.0
     report["keys_named_ahead"] = sum(k.get("prefetch", 0) for k in keys)  # sent ahead of their pulls (prefetch)
     caches = [c for r in per_worker for c in r.get("row_cache", {}).values()]
-    if caches:
-        report["row_cache"] = merge_caches(caches)
+    if caches:  # with what workers that died held and never pushed, as they last reported it
+        report["row_cache"] = merge_caches(caches) | {"sums_lost": int(status.get("sums_lost", 0))}
     if ran.tier_passes:  # a memory budget: the hot tier's hit rate each pass
         report["tier_passes"] = ran.tier_passes
     if plan.spec.filters:

@@ -130,6 +130,7 @@ class _Pipeline:
         self.exhausted = False
         self.scores = Scores()  # progressive validation since the last report
         self.wire_shown = (0, 0)  # the filters' bytes in and out, as last reported
+        self.held_shown = 0  # the row cache's sums not pushed, as last reported
         self.slow = client.rank == cfg.slow_rank and cfg.slow_factor > 1
         # a lifecycle's time: the examples the job trained (this worker's, times the workers; from where it resumed)
         self.timed = bool(cfg.lifecycle)
@@ -195,11 +196,19 @@ class _Pipeline:
                 self.batches += 1
         self._name_next()
 
-    def _wire_progress(self) -> dict[str, float]:
-        """The filters' bytes in and out since the last report (none: the job has no filters)."""
+    def _progress_counts(self) -> dict[str, float]:
+        """The filters' bytes in and out since the last report (none: the job has no filters), and
+        how the row cache's sums not yet pushed changed (none: no cache): a worker that dies loses
+        those, and the scheduler counts them from what was reported last (``tasks.LIVE``)."""
         before, after = self.client.stats.wire_totals()
         last, self.wire_shown = self.wire_shown, (before, after)
-        return {"wire_bytes_in": before - last[0], "wire_bytes_out": after - last[1]} if before else {}
+        wire: dict[str, float] = {"wire_bytes_in": before - last[0], "wire_bytes_out": after - last[1]} \
+            if before else {}
+        held = self.client.stats.sums_held()
+        if held is None:
+            return wire
+        change, self.held_shown = held - self.held_shown, held
+        return {**wire, "sums_held": change} if change else wire
 
     def _drain(self, keep: int) -> None:
         """Wait for the oldest pushes until at most ``keep`` are unacknowledged."""
@@ -214,7 +223,7 @@ class _Pipeline:
         self._drain(0)
         job = self.client.job
         job.report_progress(examples=self.examples - self.shown_examples, loss_sum=self.loss_sum - self.shown_loss,
-                            scores=self.scores.take(), **self._wire_progress())
+                            scores=self.scores.take(), **self._progress_counts())
         job.shard_done(task, examples=self.examples, loss_sum=self.loss_sum, bad_lines=stats["bad_lines"],
                        bytes=stats.get("bytes", 0),  # and a stream's file changed, its shard skipped (reader.py)
                        **{k: stats[k] for k in ("skipped_shards", "skipped_bytes", "skipped") if k in stats})
@@ -255,5 +264,5 @@ class _Pipeline:
         if time.monotonic() - self.shown_at > PROGRESS_EVERY_S:
             client.job.report_progress(examples=self.examples - self.shown_examples,
                                        loss_sum=self.loss_sum - self.shown_loss, scores=self.scores.take(),
-                                       **self._wire_progress())
+                                       **self._progress_counts())
             self.shown_examples, self.shown_loss, self.shown_at = self.examples, self.loss_sum, time.monotonic()
