@@ -11,7 +11,7 @@ import os
 import pytest
 
 from paramserver.testing.nemesis.hosts import Hosts, missing
-from paramserver.testing.nemesis.jobs import Training, TrainingData
+from paramserver.testing.nemesis.jobs import Counters, Training, TrainingData
 from paramserver.testing.nemesis.plan import KINDS, Fault, Plan, draw
 from paramserver.testing.nemesis.run import run
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.timeout(300),
 
 
 def _passes(plan: Plan) -> None:
-    out = run(plan)
+    out = run(plan, Counters())
     s = out.summary()
     assert out.verdict.ok, f"{s['violations']} (logs: {out.folder}; events: {out.events})"
     assert min(s["acked"].values()) > 50, s  # the counters did move
@@ -108,7 +108,7 @@ def test_a_training_job_through_a_failover_and_a_kill_ends_with_every_row_and_th
     data = TrainingData.make(str(tmp_path), rows, workers=1, servers=3, stream=workload == "stream")
     assert 0 < data.allowed < 1e-3  # the default against --pipeline 1: what a failover's resends may move
     plan = Plan(0, 3, (Fault(1.0, "isolate", (1,), 6.5), Fault(9.0, "kill", (2,), 2.0)), workload)
-    out = run(plan, workload=Training(data))
+    out = run(plan, Training(data))
     s = out.summary()
     assert out.verdict.ok, f"{s['violations']} (logs: {out.folder}; events: {out.events})"
     assert s["acked"] == {"examples": rows} and abs(s["model"]["logloss"] - data.logloss) <= data.allowed

@@ -118,7 +118,7 @@ def _one(plan: Plan, keep: str | None, data: TrainingData | None) -> dict[str, A
     from paramserver.testing.nemesis.jobs import Counters, Training
     from paramserver.testing.nemesis.run import run
 
-    out = run(plan, keep, Training(data) if plan.workload != "counters" and data is not None else Counters())
+    out = run(plan, Training(data) if plan.workload != "counters" and data is not None else Counters(), keep)
     if not out.verdict.ok:
         with open(os.path.join(out.folder, "plan.json"), "w") as f:
             f.write(plan.to_json())

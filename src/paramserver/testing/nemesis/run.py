@@ -225,16 +225,14 @@ class Run:
         self.workload.stop()
 
 
-def run(plan: Plan, keep: str | None = None, workload: Workload | None = None) -> Outcome:
-    """One run of ``plan`` with ``workload`` (default: the counters, ``jobs.Counters``); its logs
-    stay in a folder of ``keep`` (default: a temporary one, removed when the run passed)."""
-    from paramserver.testing.nemesis.jobs import Counters
-
+def run(plan: Plan, workload: Workload, keep: str | None = None) -> Outcome:
+    """One run of ``plan`` with ``workload`` (``jobs.Counters``, ``jobs.Training``); its logs stay
+    in a folder of ``keep`` (default: a temporary one, removed when the run passed)."""
     folder = tempfile.mkdtemp(prefix=f"nemesis-{plan.seed}-", dir=keep)
     started = time.monotonic()
     verdict = check.Verdict()
     with Hosts(plan.hosts, relays=any(f.kind == "delay" for f in plan.faults)) as hosts:
-        r = Run(hosts, plan, folder, workload or Counters())
+        r = Run(hosts, plan, folder, workload)
         try:
             r.start()
             heals, nexts = r.faults()
