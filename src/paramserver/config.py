@@ -127,7 +127,8 @@ class Config:
                                     "how long a node tries to reach the scheduler")
     last_copy_timeout_s: float = _env(30.0, "PARAMSERVER_LAST_COPY_TIMEOUT_S",
                                       "silence after which a server holding the last complete copy of some vnodes "
-                                      "is dead (until then it is fenced and waited for)")
+                                      "is dead (until then it is fenced and waited for); a node waits as long for a "
+                                      "silent scheduler, which holds the only copy of the cluster's control state")
     max_message_bytes: int = _env(1 << 30, "PARAMSERVER_MAX_MESSAGE_BYTES", "largest message a node accepts")
     server_threads: int = _env(0, "PARAMSERVER_SERVER_THREADS", "threads a server applies vnodes with (0: one a core)")
     key_cache_bytes: int = _env(64 << 20, "PARAMSERVER_KEY_CACHE_BYTES",

@@ -144,37 +144,48 @@ def test_a_stalled_scheduler_does_not_declare_the_servers_dead():
         time.sleep(3.0)  # the fault itself: a pause twice the heartbeat timeout
         scheduler.send_signal(signal.SIGCONT)
         with Client(cluster.address, connect_timeout_s=30) as fresh:
-            wait_for(lambda: fresh.cluster_info()["ring_version"] >= before["ring_version"], 30,
+            wait_for(lambda: fresh.admin.cluster_info()["ring_version"] >= before["ring_version"], 30,
                      "the scheduler to answer")
             time.sleep(1.0)  # give a wrong verdict (deadline 1.5 s) the time it would need to show
-            after = fresh.cluster_info()
+            after = fresh.admin.cluster_info()
             assert after["ring_servers"] == before["ring_servers"], after
             assert after["ring_version"] == before["ring_version"], after
             assert all(p.popen.poll() is None for n, p in cluster.procs.items() if n.startswith("server"))
             np.testing.assert_array_equal(fresh.pull("kept", KEYS).result(timeout=30), np.ones((N_KEYS, 1)))
 
 
-def test_a_client_takes_the_scheduler_back_once_it_answers_again():
-    """Issue 13: a client that declared the scheduler lost (silent past the heartbeat
-    timeout) failed every later call, even after the scheduler answered again."""
+def test_a_call_made_while_the_scheduler_is_silent_waits_for_it_and_a_dead_one_is_taken_back(monkeypatch):
+    """Issue 47 (a nemesis run, seed 507): a scheduler paused 7 s failed a training job, because
+    its calls failed once the scheduler was silent past the heartbeat timeout.  The scheduler
+    holds the cluster's only control state: a call to it now waits for it, up to
+    ``last_copy_timeout_s``; past that it is declared dead and the call fails, and (issue 13) the
+    client takes it back once it answers again."""
     import signal
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as FutureTimeout
 
     from paramserver.errors import NodeLostError
+
+    monkeypatch.setenv("PARAMSERVER_LAST_COPY_TIMEOUT_S", "4")
     with LocalCluster(servers=1, workers=0, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0,
-                      log_level="WARNING") as cluster:
+                      log_level="WARNING") as cluster, ThreadPoolExecutor(1) as pool:
         client = cluster.client
         client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0})
         scheduler = cluster.procs["scheduler"].popen
         scheduler.send_signal(signal.SIGSTOP)
         try:
-            def declared_lost():
-                try:
-                    client.admin.cluster_info()
-                except NodeLostError:
-                    return True
-                return False
+            wait_for(client._io.scheduler_lost, 30, "the client to find the stopped scheduler silent")
+            waiting = pool.submit(client.admin.cluster_info)  # past the heartbeat timeout, within the grace
+            with pytest.raises(FutureTimeout):  # in flight while the scheduler is stopped: it waits, not fails
+                waiting.result(timeout=0.5)
+        finally:
+            scheduler.send_signal(signal.SIGCONT)
+        assert waiting.result(timeout=30)["ring_servers"]  # answered once the scheduler ran again
 
-            wait_for(declared_lost, 30, "the client to declare the stopped scheduler lost")
+        scheduler.send_signal(signal.SIGSTOP)  # past the grace: declared dead, what waits fails
+        try:
+            with pytest.raises(NodeLostError, match="missed its heartbeat deadline"):
+                client.admin.cluster_info()
         finally:
             scheduler.send_signal(signal.SIGCONT)
 

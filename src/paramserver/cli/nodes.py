@@ -47,7 +47,8 @@ def node_flags(p: argparse.ArgumentParser, *, bind: bool, scheduler: bool) -> No
     p.add_argument("--connect-timeout-s", type=float, help="[PARAMSERVER_CONNECT_TIMEOUT_S, 30]")
     p.add_argument("--last-copy-timeout-s", type=float,
                    help="silence after which a server holding the last complete copy of some vnodes is declared "
-                        "dead (until then it is fenced and waited for) [PARAMSERVER_LAST_COPY_TIMEOUT_S, 30]")
+                        "dead (until then it is fenced and waited for); workers and drivers wait as long for a "
+                        "silent scheduler [PARAMSERVER_LAST_COPY_TIMEOUT_S, 30]")
     log_level_flag(p)
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # LocalCluster's: exit with it
 

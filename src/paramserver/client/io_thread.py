@@ -144,6 +144,7 @@ class IOThread(threading.Thread):
         self._lost: set[str] = set()  # addresses of nodes declared dead
         self._timers = Timers(self.clock, self._lock)
         self._scheduler_seen = self.clock()
+        self._scheduler_silent = False  # silent past the heartbeat timeout (lost), not yet declared dead
         self._close_reason: str | None = None  # why the client closed itself (declared dead)
 
     # ---- called from any thread ----------------------------------------------------
@@ -386,23 +387,37 @@ class IOThread(threading.Thread):
         return float("inf")
 
     def scheduler_lost(self) -> bool:
-        """Whether the scheduler was declared lost (silent past the heartbeat timeout)."""
-        return self.scheduler in self._lost
+        """Whether the scheduler is lost: silent past the heartbeat timeout (the data plane's
+        calls then fail at their deadline, or at once if its process is known to be gone)."""
+        return self._scheduler_silent or self.scheduler in self._lost
 
     def _check_scheduler(self) -> None:
-        """The scheduler answers every heartbeat; silence past the deadline means it died:
-        fail what waits on it (a barrier, a shard) instead of waiting forever."""
+        """The scheduler answers every heartbeat.  Silent past the heartbeat timeout, it is lost
+        (``scheduler_lost``), but what waits on it (a shard, a job's status, a barrier) waits on:
+        it holds the cluster's only control state, so, as a server holding a last copy is, it is
+        waited for until ``last_copy_timeout_s`` (a paused or cut-off scheduler comes back, and
+        answers what was sent meanwhile).  Past that it is declared dead: what waits on it fails
+        instead of waiting for ever."""
         silent = self.clock() - self._scheduler_seen
-        if silent > self.config.heartbeat_timeout_s and self.scheduler not in self._lost:
+        if silent > self.config.heartbeat_timeout_s and not self._scheduler_silent:
+            self._scheduler_silent = True
+            logger.warning("the scheduler at %s has been silent for %.1f s: calls to it wait up to %g s for it",
+                           self.scheduler, silent, self._scheduler_grace_s)
+        if silent > self._scheduler_grace_s and self.scheduler not in self._lost:
             logger.error("the scheduler at %s has been silent for %.1f s: declared dead", self.scheduler, silent)
             self._notify(Message({"op": Op.NODE_LOST.value, "role": "scheduler", "node_id": 0,
                                   "address": self.scheduler}, []))
 
+    @property
+    def _scheduler_grace_s(self) -> float:
+        return max(self.config.heartbeat_timeout_s, self.config.last_copy_timeout_s)
+
     def _receive(self, sock: Any) -> None:
         if sock is self._peers.get(self.scheduler):
             self._scheduler_seen = self.clock()
-            if self.scheduler in self._lost:  # it was stalled or cut off, not dead: calls go to it again
+            if self._scheduler_silent or self.scheduler in self._lost:  # stalled or cut off, not dead
                 self._lost.discard(self.scheduler)
+                self._scheduler_silent = False
                 logger.warning("the scheduler at %s answers again: calls to it go through again", self.scheduler)
         for _ in range(64):
             frames = sock.try_recv()
