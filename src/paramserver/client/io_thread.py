@@ -39,6 +39,7 @@ from paramserver.client.timers import Timers
 from paramserver.config import Config
 from paramserver.errors import ClosedError, Code, NodeLostError
 from paramserver.wire import batch
+from paramserver.wire.liveness import process_alive
 from paramserver.wire.message import Message, Op, decode, encode, failed_request
 from paramserver.wire.transport import Transport, ZmqSocket, transport_for
 
@@ -145,6 +146,7 @@ class IOThread(threading.Thread):
         self._timers = Timers(self.clock, self._lock)
         self._scheduler_seen = self.clock()
         self._scheduler_silent = False  # silent past the heartbeat timeout (lost), not yet declared dead
+        self.scheduler_process = ""  # the scheduler's process, as its welcome said (``liveness.process_alive``)
         self._close_reason: str | None = None  # why the client closed itself (declared dead)
 
     # ---- called from any thread ----------------------------------------------------
@@ -410,6 +412,10 @@ class IOThread(threading.Thread):
 
     @property
     def _scheduler_grace_s(self) -> float:
+        """How long a silent scheduler is waited for: not at all past the heartbeat timeout when its
+        process is known to be gone (this machine's, exited), else up to ``last_copy_timeout_s``."""
+        if process_alive(self.scheduler_process) is False:
+            return self.config.heartbeat_timeout_s
         return max(self.config.heartbeat_timeout_s, self.config.last_copy_timeout_s)
 
     def _receive(self, sock: Any) -> None:
