@@ -137,9 +137,9 @@ def test_train_with_a_memory_budget_trains_the_model_trained_without(tmp_path):
     assert plain["keys_named_ahead"] < 0.01 * plain["key_ops_per_example"] * 60_000
 
 
-def test_a_big_pull_brings_back_a_part_at_a_time_and_stays_near_the_budget():
-    """A pull of 10^5 keys on disk (a test set's part) is served ``TIER_PART`` keys between
-    two settles: the rows it reads back never all sit in memory at once."""
+def test_a_big_pull_and_a_big_push_bring_back_a_part_at_a_time_and_stay_near_the_budget():
+    """A pull of 10^5 keys on disk (a test set's part) is served, and a push of as many applied,
+    ``TIER_PART`` keys between two settles: the rows they read back never all sit in memory at once."""
     n, budget = 120_000, 96 << 10
     keys = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     grads = np.random.default_rng(1).standard_normal((n, 1)).astype(np.float32)
@@ -152,7 +152,14 @@ def test_a_big_pull_brings_back_a_part_at_a_time_and_stays_near_the_budget():
         np.testing.assert_array_equal(client.pull("t", keys).result(timeout=120),
                                       client.pull("plain", keys).result(timeout=120))
         tiers = client.stats.server_stats()[0]["tables"]["t"]["tiers"]
-    assert tiers["promoted"] > n // 2  # most of the pull came from disk ...
-    # ... and memory held at most about one part's rows over the budget (0.47 MB measured; 48 bytes
-    # a row: a slot and its `seen`, the vnodes grown by 1.25x), not the whole pull's (2.7 MB in one part)
-    assert tiers["peak_hot_bytes"] <= budget + TIER_PART * 48, tiers
+        assert tiers["promoted"] > n // 2  # most of the pull came from disk ...
+        # ... and memory held at most about one part's rows over the budget (0.47 MB measured; 48 bytes
+        # a row: a slot and its `seen`, the vnodes grown by 1.25x), not the whole pull's (2.7 MB in one part)
+        assert tiers["peak_hot_bytes"] <= budget + TIER_PART * 48, tiers
+        for name in ("plain", "t"):  # every key in one push: its cold rows come back a part at a time too
+            client.push(name, keys, grads).result(timeout=120)
+        np.testing.assert_array_equal(client.pull("t", keys).result(timeout=120),
+                                      client.pull("plain", keys).result(timeout=120))
+        after = client.stats.server_stats()[0]["tables"]["t"]["tiers"]
+    assert after["promoted"] > tiers["promoted"] + n // 2
+    assert after["peak_hot_bytes"] <= budget + TIER_PART * 48, after

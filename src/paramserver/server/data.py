@@ -36,9 +36,9 @@ logger = logging.getLogger(__name__)
 
 #: a push's arrays once checked: keys, grads, vnodes, counts
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-#: keys of a tiered table's pull served between two settles: the rows a request reads back
-#: from disk stay in memory until the next settle, so a pull of 10^5 cold keys (a test set's
-#: part) held all of theirs over the budget at once
+#: keys of a tiered table's pull served, or push applied, between two settles: the rows a
+#: request reads back from disk stay in memory until the next settle, so a pull of 10^5 cold
+#: keys (a test set's part) held all of theirs over the budget at once
 TIER_PART = 16_384
 
 
@@ -70,6 +70,22 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
         seen[0] += before
         seen[1] += after
     return reply(msg, arrays, **fields)
+
+
+def apply_rows(state: ServerState, table: VnodeStore, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray,
+               grads: np.ndarray, op: int = OP_UPDATE) -> None:
+    """Apply a push's rows (the server's threads splitting its vnodes); a tiered table's a part
+    at a time, settled between, as a pull is served: the cold rows a part reads back go back to
+    disk before the next part's come."""
+    def run(vn: np.ndarray, cn: np.ndarray, ks: np.ndarray, gs: np.ndarray) -> None:
+        _split(state, vn, cn, ks.shape[0], lambda s, k: table.apply(vn[s], cn[s], ks[k], gs[k], op))
+
+    if not table.tiered:
+        run(vnodes, counts, keys, grads)
+        return
+    for lo, hi, a, b in _parts(counts, keys.shape[0]):
+        run(vnodes[lo:hi], counts[lo:hi], keys[a:b], grads[a:b])
+        table.settle()
 
 
 def _lookup(table: VnodeStore, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, out: np.ndarray,
@@ -277,8 +293,7 @@ class DataPlane:
         if keys.shape[0]:
             table.version += 1  # one push, however many keys: counted before a BSP clock buffers it too
         if op != OP_UPDATE:
-            _split(state, vnodes, counts, keys.shape[0],
-                   lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k], op))
+            apply_rows(state, table, vnodes, counts, keys, grads, op)
             return
         if table.spec.aggregate:  # BSP aggregation: applied once the clock is finished
             clock = field(msg, "clock", int)
@@ -288,4 +303,4 @@ class DataPlane:
             # its clock was already applied (a worker that rejoined behind the others):
             # apply it now, as a late update, rather than lose it
             logger.warning("push for finished clock %d applied late on %r", clock, table.spec.name)
-        _split(state, vnodes, counts, keys.shape[0], lambda s, k: table.apply(vnodes[s], counts[s], keys[k], grads[k]))
+        apply_rows(state, table, vnodes, counts, keys, grads)
