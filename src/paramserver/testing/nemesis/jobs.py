@@ -193,6 +193,11 @@ class Training:
         except subprocess.TimeoutExpired as e:
             raise check.Stuck(f"the training job did not end within {JOB_S:g} s of the last heal") from e
         self.ended(run)
+        # its rows were all trained when the watch saw the job finished (scoring the test set and
+        # leaving came after): no progress is due after a heal past that
+        finished = [x["t"] for x in run.acks() if x.get("finished")]
+        if finished and self.ended_at is not None:
+            self.ended_at = min(self.ended_at, float(finished[0]))
         open(os.path.join(self.folder, "stop"), "w").close()
         with open(self._report) as f:
             report = json.load(f)
