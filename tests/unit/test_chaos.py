@@ -38,7 +38,7 @@ CATCHERS = {"no-dedup": "counters-r2", "ack-before-backups": "partition", "ignor
             "client-ignores-cache-miss": "filters", "evict-on-primary-only": "lifecycle",
             "cache-reads-past-bound": "row-cache", "forwards-wait-forever": "lossy-peers",
             "dead-together": "scheduler-cut", "trust-silent-copies": "pause-crash",
-            "accept-stale-forwards": "zombie-forwards"}
+            "accept-stale-forwards": "zombie-forwards", "count-unconfirmed-copies": "pause-crash"}
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))

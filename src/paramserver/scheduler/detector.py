@@ -1,7 +1,9 @@
 """The failure detector: which silent nodes the scheduler declares dead, and when.
 
-A node silent for ``heartbeat_timeout_s`` is dead, with one exception: a server that
-holds the last complete copy of some vnodes (``Membership.last_copies``: ``replicas=1``,
+A node silent for ``heartbeat_timeout_s`` is dead, with two exceptions.  A server whose
+copies are held by servers not heard from since its deadline waits until they beat
+(``Detector._unconfirmed``): one that died a moment before is not counted on.  And a server
+that holds the last complete copy of some vnodes (``Membership.last_copies``: ``replicas=1``,
 or its backups died, are still being filled by a repair, are declared dead in the same
 turn, or are on servers silent for two heartbeats themselves).  Declaring it dead would make
 those vnodes restart from their initial values, and silence does not prove death: a JIT
@@ -60,7 +62,7 @@ class Detector:
         suspect = now - self.SUSPECT_BEATS * cfg.heartbeat_interval_s  # their copies are not counted on
         quiet = [n.id for n in self.host.nodes.values() if n.role == "server" and n.last_seen < suspect]
         for node in [n for n in self.host.nodes.values() if n.last_seen < deadline and n.id not in waiting_on_us]:
-            if node.role == "server" and self._wait_for(node, now, dead + quiet):
+            if node.role == "server" and self._wait_for(node, now, dead, quiet):
                 continue
             logger.warning("%s %d missed its heartbeat deadline (%.1f s): declared dead", node.role, node.id,
                            now - node.last_seen)
@@ -68,19 +70,19 @@ class Detector:
             dead.append(node.id)
         return dead
 
-    def _wait_for(self, node: NodeInfo, now: float, gone: list[int]) -> bool:
-        """Whether a silent server is waited for (fenced) rather than declared dead.  ``gone``:
-        the servers this turn declares dead already and those that missed two beats; their
-        copies are not counted on.  So servers silent together (a scheduler cut off from all of
-        them; one paused, another killed a moment later) are not declared dead one after
-        another, each for having its backups on the others: one whose every other copy is on a
-        silent server is fenced, and judged again each turn."""
-        last = self.host.membership.last_copies(node.id, gone=gone)
-        if not last:
-            return False
+    def _wait_for(self, node: NodeInfo, now: float, dead: list[int], quiet: list[int]) -> bool:
+        """Whether a silent server is waited for (fenced, or for a turn) rather than declared
+        dead.  ``dead``, ``quiet``: the servers this turn declares dead already and those that
+        missed two beats; their copies are not counted on.  So servers silent together (a
+        scheduler cut off from all of them; one paused, another killed a moment later) are not
+        declared dead one after another, each for having its backups on the others: one whose
+        every other copy is on a silent server is fenced, and judged again each turn."""
+        last = self.host.membership.last_copies(node.id, gone=dead + quiet)
         alive = self.host.alive(node.process)
         bound = max(self.host.config.last_copy_timeout_s, self.host.config.heartbeat_timeout_s)
         silent = now - node.last_seen
+        if not last:
+            return alive is not False and silent < bound and self._unconfirmed(node, dead)
         vnodes = sorted({v for vs in last.values() for v in vs})
         if alive is False:
             logger.error("server %d's process is gone (silent %.1f s) and it held the last complete copy of %d "
@@ -98,6 +100,25 @@ class Detector:
                            "before that data is written off (PARAMSERVER_LAST_COPY_TIMEOUT_S)", node.id, silent,
                            len(vnodes), sorted(last), bound)
         return True
+
+    def _unconfirmed(self, node: NodeInfo, dead: list[int]) -> bool:
+        """Whether a silent server that holds no last copy on the count above waits one more
+        turn: some server holding the copies it counts on has not beaten since its deadline.
+        A server killed a moment before that deadline has missed no two beats yet (it is not
+        ``quiet``) and would be counted on, and what the two shared lost (the nemesis's seed
+        801: one paused 5.2 s, another killed 0.07 s before the paused one's deadline).  Within
+        a heartbeat interval a live one beats and the verdict comes; a dead one does not, is
+        quiet a beat later, and the silent server is then fenced, as a last copy's holder."""
+        since = node.last_seen + self.host.config.heartbeat_timeout_s  # its deadline
+        unheard = [n.id for n in self.host.nodes.values()
+                   if n.role == "server" and n.id != node.id and n.last_seen < since]
+        if not unheard:
+            return False
+        waits = bool(self.host.membership.last_copies(node.id, gone=dead + unheard))
+        if waits:
+            logger.info("server %d is past its deadline; its copies on server(s) %s are judged once they beat again",
+                        node.id, sorted(unheard))
+        return waits
 
     def take_returned(self) -> list[int]:
         """The fenced servers that beat again since the last call: messages to and from

@@ -144,10 +144,11 @@ class Failures:
         net.after(self.rng.uniform(1.5, 3.0) * self.timeout, self.heal_cuts)
 
     def _pause_then_crash(self, kind: str) -> None:
-        """One server paused past the heartbeat timeout; a moment later another crashes, half a
-        timeout or more before the paused one's deadline (two heartbeats missed by then: what
-        the detector can see): the first holds the last copy of what the two shared, and must
-        be waited for, not written off for a backup that is itself silent."""
+        """One server paused past the heartbeat timeout; another crashes while it is paused:
+        half a timeout or more before the paused one's deadline (two heartbeats missed by then:
+        what the detector can see, nemesis seed 214), or within the last two heartbeats before
+        it (none missed yet, nemesis seed 801).  The first holds the last copy of what the two
+        shared, and must be waited for, not written off for a backup that is itself dead."""
         live = [s for s in self.cluster.servers if s.live and s.id >= 0]
         if len(live) < 3:
             return
@@ -155,7 +156,12 @@ class Failures:
         self.cluster.net.log(f"fault pause-then-crash: pause server {paused.id}, crash server {crashed.id}")
         paused.host.pause()
         self.cluster.net.after(self.rng.uniform(1.5, 2.5) * self.timeout, paused.host.resume)
-        self.cluster.net.after(self.rng.uniform(0.05, 0.5) * self.timeout, crashed.host.crash)
+        # late: its last beat is before the paused one's deadline (which is its last beat's, up to
+        # a beat before the pause, plus the timeout), so the detector can tell it is not heard from
+        beat = self.cluster.config.heartbeat_interval_s
+        late = (self.timeout - 1.9 * beat, self.timeout - 1.0 * beat)
+        at = self.rng.uniform(*late) if self.rng.random() < 0.5 else self.rng.uniform(0.05, 0.5) * self.timeout
+        self.cluster.net.after(at, crashed.host.crash)
 
     def _zombie_forwards(self, kind: str) -> None:
         """What one server sends is held, not lost (a TCP link cut one way), past the heartbeat

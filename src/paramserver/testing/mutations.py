@@ -17,6 +17,17 @@ def _patch(obj: Any, name: str, value: Any) -> Callable[[], None]:
     return lambda: setattr(obj, name, old)
 
 
+def _patches(obj: Any, **values: Any) -> Callable[[], None]:
+    """Several of ``obj``'s names patched; undone together."""
+    undo = [_patch(obj, name, value) for name, value in values.items()]
+
+    def undo_all() -> None:
+        for u in reversed(undo):
+            u()
+
+    return undo_all
+
+
 def _no_dedup() -> Callable[[], None]:
     from paramserver.server.dedup import Dedup
     return _patch(Dedup, "fresh", lambda self, sender, seq, acked, vnodes: np.ones(vnodes.shape[0], bool))
@@ -90,7 +101,7 @@ def _write_off_last_copy() -> Callable[[], None]:
     """Declare a silent server dead at the heartbeat timeout even when it holds the last
     complete copy of some vnodes (as before the detector fenced such servers)."""
     from paramserver.scheduler.detector import Detector
-    return _patch(Detector, "_wait_for", lambda self, node, now, dying: False)
+    return _patch(Detector, "_wait_for", lambda self, node, now, dead, quiet: False)
 
 
 def _accept_stale_forwards() -> Callable[[], None]:
@@ -102,9 +113,18 @@ def _accept_stale_forwards() -> Callable[[], None]:
 
 def _trust_silent_copies() -> Callable[[], None]:
     """Count on the copies of a server that has missed its heartbeats, so that one paused past
-    the timeout is written off for backups held by a server killed a moment later."""
+    the timeout is written off for backups held by a server killed a moment later (nor wait
+    for the backups to beat once its deadline passed, which would catch it too)."""
     from paramserver.scheduler.detector import Detector
-    return _patch(Detector, "SUSPECT_BEATS", 1e9)
+    return _patches(Detector, SUSPECT_BEATS=1e9, _unconfirmed=lambda self, node, dead: False)
+
+
+def _count_unconfirmed_copies() -> Callable[[], None]:
+    """Write off a silent server at its deadline for copies on servers not heard from since,
+    so that one killed a moment before the deadline (two beats not yet missed) is counted on
+    (as before the nemesis's seed 801)."""
+    from paramserver.scheduler.detector import Detector
+    return _patch(Detector, "_unconfirmed", lambda self, node, dead: False)
 
 
 def _dead_together() -> Callable[[], None]:
@@ -112,7 +132,8 @@ def _dead_together() -> Callable[[], None]:
     before the nemesis found a scheduler cut off from every server losing every table)."""
     from paramserver.scheduler.detector import Detector
     alone = Detector._wait_for
-    return _patch(Detector, "_wait_for", lambda self, node, now, dying: alone(self, node, now, []))
+    return _patches(Detector, _wait_for=lambda self, node, now, dead, quiet: alone(self, node, now, [], []),
+                    _unconfirmed=lambda self, node, dead: False)
 
 
 def _rejoin_at_the_minimum() -> Callable[[], None]:
@@ -221,6 +242,8 @@ MUTATIONS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
                               "the primary of", _accept_stale_forwards),
     "trust-silent-copies": ("count on a silent server's copies when judging another silent one",
                             _trust_silent_copies),
+    "count-unconfirmed-copies": ("write off a silent server at its deadline for copies on servers not heard from "
+                                 "since", _count_unconfirmed_copies),
     "client-retry-fresh-seq": ("the client resends a push's piece under a new seq instead of its own",
                                _client_retry_fresh_seq),
     "client-forgets-in-flight": ("the client's acked watermark counts the pushes still in flight as answered",
