@@ -102,7 +102,7 @@ class Client:
         self.node_id: int = view["node_id"]
         self._caller.node_id, self._caller.token = self.node_id, str(view.get("node_token") or "")
         # a dead scheduler from a stalled one
-        self._state.scheduler_process = self._io.scheduler_process = str(view.get("scheduler_process") or "")
+        self._state.scheduler_process = self._io.watch.process = str(view.get("scheduler_process") or "")
         self.rank: int = view.get("rank", -1)
         self.num_workers: int = view.get("num_workers", 0)
         # set by LocalCluster's worker loop while it runs a function this worker joined midway

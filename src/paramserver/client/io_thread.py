@@ -35,11 +35,11 @@ import numpy as np
 import zmq
 
 from paramserver.client.core import NoAnswerError
+from paramserver.client.scheduler_watch import SchedulerWatch
 from paramserver.client.timers import Timers
 from paramserver.config import Config
 from paramserver.errors import ClosedError, Code, NodeLostError
 from paramserver.wire import batch
-from paramserver.wire.liveness import process_alive
 from paramserver.wire.message import Message, Op, decode, encode, failed_request
 from paramserver.wire.transport import Transport, ZmqSocket, transport_for
 
@@ -144,9 +144,7 @@ class IOThread(threading.Thread):
         self.bytes_received = 0
         self._lost: set[str] = set()  # addresses of nodes declared dead
         self._timers = Timers(self.clock, self._lock)
-        self._scheduler_seen = self.clock()
-        self._scheduler_silent = False  # silent past the heartbeat timeout (lost), not yet declared dead
-        self.scheduler_process = ""  # the scheduler's process, as its welcome said (``liveness.process_alive``)
+        self.watch = SchedulerWatch(self.scheduler, config, self.clock)  # its silence: lost, dead
         self._close_reason: str | None = None  # why the client closed itself (declared dead)
 
     # ---- called from any thread ----------------------------------------------------
@@ -218,7 +216,7 @@ class IOThread(threading.Thread):
             self._wake()
 
     def start_heartbeats(self) -> None:
-        self._scheduler_seen = self.clock()
+        self.watch.restart()
         self._heartbeats = True
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -273,7 +271,9 @@ class IOThread(threading.Thread):
                 if self._heartbeats and self.clock() >= next_beat:
                     self._peers[self.scheduler].try_send(encode({"op": Op.HEARTBEAT.value}))  # a missed one is fine
                     next_beat = self.clock() + self.config.heartbeat_interval_s
-                    self._check_scheduler()
+                    if self.watch.check():  # silent past its grace: what waits on it fails
+                        self._notify(Message({"op": Op.NODE_LOST.value, "role": "scheduler", "node_id": 0,
+                                              "address": self.scheduler}, []))
         except Exception:  # pragma: no cover - a bug here must not hang callers
             logger.exception("client I/O thread failed")
         finally:
@@ -389,42 +389,12 @@ class IOThread(threading.Thread):
         return float("inf")
 
     def scheduler_lost(self) -> bool:
-        """Whether the scheduler is lost: silent past the heartbeat timeout (the data plane's
-        calls then fail at their deadline, or at once if its process is known to be gone)."""
-        return self._scheduler_silent or self.scheduler in self._lost
-
-    def _check_scheduler(self) -> None:
-        """The scheduler answers every heartbeat.  Silent past the heartbeat timeout, it is lost
-        (``scheduler_lost``), but what waits on it (a shard, a job's status, a barrier) waits on:
-        it holds the cluster's only control state, so, as a server holding a last copy is, it is
-        waited for until ``last_copy_timeout_s`` (a paused or cut-off scheduler comes back, and
-        answers what was sent meanwhile).  Past that it is declared dead: what waits on it fails
-        instead of waiting for ever."""
-        silent = self.clock() - self._scheduler_seen
-        if silent > self.config.heartbeat_timeout_s and not self._scheduler_silent:
-            self._scheduler_silent = True
-            logger.warning("the scheduler at %s has been silent for %.1f s: calls to it wait up to %g s for it",
-                           self.scheduler, silent, self._scheduler_grace_s)
-        if silent > self._scheduler_grace_s and self.scheduler not in self._lost:
-            logger.error("the scheduler at %s has been silent for %.1f s: declared dead", self.scheduler, silent)
-            self._notify(Message({"op": Op.NODE_LOST.value, "role": "scheduler", "node_id": 0,
-                                  "address": self.scheduler}, []))
-
-    @property
-    def _scheduler_grace_s(self) -> float:
-        """How long a silent scheduler is waited for: not at all past the heartbeat timeout when its
-        process is known to be gone (this machine's, exited), else up to ``last_copy_timeout_s``."""
-        if process_alive(self.scheduler_process) is False:
-            return self.config.heartbeat_timeout_s
-        return max(self.config.heartbeat_timeout_s, self.config.last_copy_timeout_s)
+        """Whether the scheduler is lost: silent past the heartbeat timeout (``SchedulerWatch``)."""
+        return self.watch.lost or self.scheduler in self._lost
 
     def _receive(self, sock: Any) -> None:
-        if sock is self._peers.get(self.scheduler):
-            self._scheduler_seen = self.clock()
-            if self._scheduler_silent or self.scheduler in self._lost:  # stalled or cut off, not dead
-                self._lost.discard(self.scheduler)
-                self._scheduler_silent = False
-                logger.warning("the scheduler at %s answers again: calls to it go through again", self.scheduler)
+        if sock is self._peers.get(self.scheduler) and self.watch.heard():  # it was stalled or cut off, not dead
+            self._lost.discard(self.scheduler)
         for _ in range(64):
             frames = sock.try_recv()
             if frames is None:
