@@ -108,6 +108,9 @@ class _InProcessClient:
     def wire_totals(self):  # no filters here: nothing before or after them
         return 0, 0
 
+    def sums_held(self):  # no row cache
+        return None
+
     def flush(self):
         return 0
 
