@@ -49,13 +49,9 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
     if table is None:
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
     out = np.empty((keys.shape[0], table.spec.dim), np.float32)
-    if table.tiered:  # the rows read back from disk may put it over its memory budget: a part at a time
-        for lo, hi, a, b in _parts(counts, keys.shape[0]):
-            _split(state, vnodes[lo:hi], counts[lo:hi], b - a,
-                   partial(_lookup, table, vnodes[lo:hi], counts[lo:hi], keys[a:b], out[a:b]))
-            table.settle()
-    else:
-        _split(state, vnodes, counts, keys.shape[0], partial(_lookup, table, vnodes, counts, keys, out))
+    _by_parts(table, counts, keys.shape[0], lambda seg, at: _split(
+        state, vnodes[seg], counts[seg], at.stop - at.start,
+        partial(_lookup, table, vnodes[seg], counts[seg], keys[at], out[at])))
     fields = {"version": table.version} if msg.header.get("versions") else {}  # a row cache's bound
     if not table.spec.filters or not msg.header.get("reply_filters"):  # the default: no lookup
         return reply(msg, [out], **fields)
@@ -74,17 +70,24 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
 
 def apply_rows(state: ServerState, table: VnodeStore, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray,
                grads: np.ndarray, op: int = OP_UPDATE) -> None:
-    """Apply a push's rows (the server's threads splitting its vnodes); a tiered table's a part
-    at a time, settled between, as a pull is served: the cold rows a part reads back go back to
-    disk before the next part's come."""
-    def run(vn: np.ndarray, cn: np.ndarray, ks: np.ndarray, gs: np.ndarray) -> None:
+    """Apply a push's rows (the server's threads splitting its vnodes), a part at a time where
+    the table is tiered (``_by_parts``), as a pull is served."""
+    def part(seg: slice, at: slice) -> None:
+        vn, cn, ks, gs = vnodes[seg], counts[seg], keys[at], grads[at]
         _split(state, vn, cn, ks.shape[0], lambda s, k: table.apply(vn[s], cn[s], ks[k], gs[k], op))
 
+    _by_parts(table, counts, keys.shape[0], part)
+
+
+def _by_parts(table: VnodeStore, counts: np.ndarray, total: int, run: Callable[[slice, slice], None]) -> None:
+    """``run(segments, keys)`` over a request: at once, or for a tiered table a part at a time
+    (``_parts``), settled after each, so that the cold rows a part reads back go back to disk
+    before the next part's come (one settle after the whole request otherwise)."""
     if not table.tiered:
-        run(vnodes, counts, keys, grads)
+        run(slice(0, counts.shape[0]), slice(0, total))
         return
-    for lo, hi, a, b in _parts(counts, keys.shape[0]):
-        run(vnodes[lo:hi], counts[lo:hi], keys[a:b], grads[a:b])
+    for lo, hi, a, b in _parts(counts, total):
+        run(slice(lo, hi), slice(a, b))
         table.settle()
 
 
