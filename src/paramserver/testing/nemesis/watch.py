@@ -20,15 +20,9 @@ import time
 from typing import IO, Any
 
 from paramserver.errors import ClosedError, ParamServerError
+from paramserver.testing.nemesis.workload import connect
 
 EVERY_S = 0.25
-CONNECT_S = 60.0
-
-
-def _client(scheduler: str) -> Any:
-    from paramserver.client.client import Client
-
-    return Client(scheduler, connect_timeout_s=CONNECT_S)
 
 
 def examples(status: dict[str, Any]) -> float:
@@ -43,7 +37,7 @@ def watch(scheduler: str, folder: str) -> None:
     with open(os.path.join(folder, "progress.jsonl"), "a") as log:
         while not os.path.exists(stop):
             try:
-                client = client or _client(scheduler)
+                client = client or connect(scheduler)
                 status = client.job.status()
             except ParamServerError as e:
                 _write(log, {"failed": f"{type(e).__name__}: {e}"[:300]})

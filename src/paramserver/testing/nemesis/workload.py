@@ -32,7 +32,8 @@ WAIT_S = 30.0  # an add unanswered this long is a hang (the check reports it)
 CONNECT_S = 60.0
 
 
-def _client(scheduler: str) -> Any:
+def connect(scheduler: str) -> Any:
+    """A client of the emulated cluster, patient with a scheduler that is cut off or paused."""
     from paramserver.client.client import Client
 
     return Client(scheduler, connect_timeout_s=CONNECT_S)
@@ -90,7 +91,7 @@ class Counters:
 
 
 def run(scheduler: str, folder: str, stop: Callable[[], bool]) -> None:
-    client = _client(scheduler)
+    client = connect(scheduler)
     for table, replicas in TABLES.items():
         client.create_table(table, dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=replicas)
     with open(os.path.join(folder, "acks.jsonl"), "a") as log:
@@ -107,7 +108,7 @@ def run(scheduler: str, folder: str, stop: Callable[[], bool]) -> None:
 def _reconnect(scheduler: str, stop: Callable[[], bool], log: IO[str]) -> Any:
     while not stop():
         try:
-            return _client(scheduler)
+            return connect(scheduler)
         except ParamServerError as e:
             log.write(json.dumps({"t": time.monotonic(), "event": f"reconnect failed: {e}"[:300]}) + "\n")
             log.flush()
@@ -116,7 +117,7 @@ def _reconnect(scheduler: str, stop: Callable[[], bool], log: IO[str]) -> Any:
 
 def read_back(scheduler: str) -> dict[str, list[float]]:
     """Every key's value, per table, from a new client."""
-    client = _client(scheduler)
+    client = connect(scheduler)
     try:
         return {t: client.pull(t, KEYS).result(timeout=WAIT_S)[:, 0].tolist() for t in TABLES}
     finally:
