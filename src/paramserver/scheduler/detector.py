@@ -46,6 +46,7 @@ class Detector:
         self.host = host
         self.fenced: dict[int, float] = {}  # server -> when its silence began
         self.returned: list[int] = []  # un-fenced servers the host has not resynced yet (``take_returned``)
+        self.unconfirmed: set[int] = set()  # silent servers said to wait for their copies' holders to beat
 
     def dead(self, now: float, waiting_on_us: set[int]) -> list[int]:
         """The nodes to declare dead now: silent past the heartbeat timeout, less the fenced
@@ -58,6 +59,8 @@ class Detector:
             logger.warning("server %d answered again after %.1f s of silence: un-fenced, nothing was lost",
                            server, silent)
             self.returned.append(server)
+        nodes = self.host.nodes
+        self.unconfirmed = {n for n in self.unconfirmed if n in nodes and nodes[n].last_seen < deadline}
         dead: list[int] = []
         suspect = now - self.SUSPECT_BEATS * cfg.heartbeat_interval_s  # their copies are not counted on
         quiet = [n.id for n in self.host.nodes.values() if n.role == "server" and n.last_seen < suspect]
@@ -115,7 +118,8 @@ class Detector:
         if not unheard:
             return False
         waits = bool(self.host.membership.last_copies(node.id, gone=dead + unheard))
-        if waits:
+        if waits and node.id not in self.unconfirmed:  # said once, not each turn it waits
+            self.unconfirmed.add(node.id)
             logger.info("server %d is past its deadline; its copies on server(s) %s are judged once they beat again",
                         node.id, sorted(unheard))
         return waits
@@ -129,3 +133,4 @@ class Detector:
 
     def forget(self, node_id: int) -> None:
         self.fenced.pop(node_id, None)
+        self.unconfirmed.discard(node_id)
