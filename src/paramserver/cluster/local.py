@@ -41,7 +41,7 @@ from paramserver._runtime import collector
 from paramserver._runtime.warm import Warmup
 from paramserver.client.client import Client
 from paramserver.client.warmup import warm_client
-from paramserver.cluster.process import NodeProcess, end_all, fork_node, fork_safe, spawn_node
+from paramserver.cluster.process import NodeProcess, end_all, fork_node, fork_safe, spawn_node, wait_all
 from paramserver.cluster.process import exit_with_parent as exit_with_parent  # cli.main's import
 from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
 from paramserver.config import load_config
@@ -52,6 +52,9 @@ from paramserver.server.warmup import warm_server
 from paramserver.wire.security import http_token, load_keys
 
 logger = logging.getLogger(__name__)
+
+#: how long ``stop`` lets the workers leave on their own before it stops the cluster
+WORKERS_LEAVE_S = 2.0
 
 
 @dataclass
@@ -271,9 +274,13 @@ class LocalCluster(RunsFunctions):
         if self._closed:
             return
         self._closed = True
-        for proc in self.procs.values():
-            if proc.to_child is not None:
-                proc.to_child.close()  # EOF: the worker finishes and leaves
+        leaving = [proc for proc in self.procs.values() if proc.to_child is not None]
+        for proc in leaving:
+            assert proc.to_child is not None, "a worker this cluster runs functions on"
+            proc.to_child.close()  # EOF: the worker finishes and leaves
+        # the workers leave while the scheduler and the servers still answer: a worker whose
+        # last clock or LEAVE found them gone held its exit until its sockets' linger ran out
+        wait_all(leaving, min(timeout_s, WORKERS_LEAVE_S))  # then what is left is stopped as ever
         end_all(list(self.procs.values()), self._ask_to_shut_down(), timeout_s)
         for proc in self.procs.values():
             if proc.from_child is not None:

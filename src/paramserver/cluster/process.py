@@ -220,6 +220,17 @@ def _leave_forked_child(code: Any) -> NoReturn:
     os._exit(code if isinstance(code, int) else 1)
 
 
+def wait_all(procs: list[NodeProcess], timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for every process to exit by itself; whether all did."""
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return False
+    return True
+
+
 def end_all(procs: list[NodeProcess], polite: bool, timeout_s: float) -> None:
     """Wait until every process has exited: ``polite`` (they were asked to stop) for up to
     ``timeout_s``, then after SIGTERM, then after SIGKILL, 5 s each; never longer."""
