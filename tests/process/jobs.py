@@ -17,7 +17,8 @@ def train_a9a(client):
 
     from paramserver.apps.ctr.modelfile import metrics
     from paramserver.apps.ctr.models import Model
-    from paramserver.apps.ctr.train import TrainConfig, score
+    from paramserver.apps.ctr.test_set import score
+    from paramserver.apps.ctr.train import TrainConfig
     from paramserver.apps.ctr.train_loop import train_worker
     from paramserver.data.reader import DataFormat, make_shards, read_all
 

@@ -402,14 +402,21 @@ def read_parts(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16,
                stats: dict[str, Any] | None = None) -> list[Batch]:
     """``read_all``'s examples in parts of about ``batch_size`` rows, never copied into one
     (``train --test`` scores a part at a time: a 10^5-row test set's peak was twice its size)."""
-    paths = check_inputs(paths)
-    parts = []
+    return list(iter_parts(paths, fmt, batch_size, stats))
+
+
+def iter_parts(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16,
+               stats: dict[str, Any] | None = None) -> Iterator[Batch]:
+    """``read_parts``, a part at a time as each is parsed (a consumer scores one while the
+    next is read: ``Prefetch``)."""
+    paths, found = check_inputs(paths), False
     for p in paths:
         seen: dict[str, Any] = {}
-        parts += list(read_batches(Shard(p, 0, -1), fmt, batch_size, seen))
+        for part in read_batches(Shard(p, 0, -1), fmt, batch_size, seen):
+            found = True
+            yield part
         if stats is not None:
             stats["bad_lines"] = stats.get("bad_lines", 0) + int(seen.get("bad_lines", 0))
-    if not parts:
+    if not found:
         raise DataError(f"no examples in {', '.join(paths)}")
-    return parts
 

@@ -27,23 +27,21 @@ from __future__ import annotations
 
 import math
 import os
-import sys
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from paramserver._runtime.warm import load_numba
-from paramserver.apps.ctr.modelfile import metrics, model_meta, pull_dense, save_model
-from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.modelfile import model_meta, pull_dense, save_model
 from paramserver.apps.ctr.publishing import JobPublisher, table_report
 from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
 from paramserver.apps.ctr.stream_files import stream_file_report
 from paramserver.apps.ctr.streaming import Feeder, StreamJob, fed, stream_limits, stream_rates
+from paramserver.apps.ctr.test_set import Distinct, TestSet, core_to_spare, scored
+from paramserver.apps.ctr.test_set import check_head as check_test_head
 from paramserver.apps.ctr.tier_report import TierPasses
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
@@ -54,16 +52,12 @@ from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
 from paramserver.client.row_cache import merge_caches
 from paramserver.config import parse_bytes
-from paramserver.data.files import check_output, is_plain_local
+from paramserver.data.files import check_output
 from paramserver.data.reader import (
     Batch,
-    DataFormat,
     Shard,
-    expand,
     input_bytes,
     make_shards,
-    read_batches,
-    read_parts,
 )
 from paramserver.data.streams import StreamSource, open_source
 from paramserver.errors import ConfigError, DataLossError, WorkerError
@@ -95,45 +89,6 @@ def _merge_consistency(per_server: list[dict[str, Any]]) -> dict[str, Any]:
     return {"staleness_histogram": hist, "max_gap": max((s["max_gap"] for s in per_server), default=0),
             "parked_pulls": sum(s["parked_pulls"] for s in per_server),
             "parked_seconds": sum(s["parked_seconds"] for s in per_server)}
-
-
-def _read_niced(paths: list[str], fmt: DataFormat) -> list[Batch]:
-    """``read_parts`` at the lowest CPU priority (Linux gives a thread its own niceness): the
-    test rows read while the job starts and trains give way to the nodes."""
-    if sys.platform.startswith("linux"):  # elsewhere a thread id is no process id
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except OSError:
-            pass
-    return read_parts(paths, fmt)
-
-
-def _core_to_spare(servers: int, workers: int) -> bool:
-    """Whether this machine has a core for reading the test rows while the job runs, beside
-    one for each local node and the driver.  Without one, they are read once the job is
-    done: on 2 cores, reading 10^5 test rows alongside a 1 + 1 job cost it 5 % of its
-    examples/s and 0.02 s of its first example (6 interleaved runs each), and the whole
-    command 0.1 s when read after."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return cores > servers + workers + 1
-
-
-def _check_test_head(paths: list[str], fmt: DataFormat) -> None:
-    """Parse the first rows of every test file (up to 1 MiB of a plain one): a wrong format
-    or a malformed first line is said before the job, even when the rest is read after it."""
-    load_numba()  # numba's target as the nodes get it (a first kernel call loads it with a 0.15 s BLAS probe)
-    for path in expand(paths):
-        end = min(os.path.getsize(path), 1 << 20) if is_plain_local(path) else -1
-        next(read_batches(Shard(path, 0, end), fmt, 4096), None)  # dropped at once: its file is closed
-
-
-def score(client: Client, model: Model, batch: Batch) -> np.ndarray:
-    uniq, inverse = batch.unique()
-    rows = client.pull(model.table, uniq).result(timeout=600)
-    return model.predict(batch, inverse, rows, pull_dense(client, model))
 
 
 # ---- the driver --------------------------------------------------------------------
@@ -182,19 +137,16 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
                      publish_every=publish_every, stream=stream, checkpoint_seconds=checkpoint_seconds)
     with open_cluster(servers=servers, workers=workers, **_cluster_options(cfg, plan, cluster_options)) as cluster, \
-            ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader") as reader:
-        # read while the job runs where a core is free for it (a thread only now: the nodes were forked)
-        test_read = reader.submit(_read_niced, test, cfg.data) if test and plan.overlap else None
+            TestSet(test, cfg.data, plan.overlap) as test_set:
         table_seconds = _start_job(cluster, cfg, plan, setup, allow_unverified)
         publisher = JobPublisher(publish, publish_every, cfg, plan.spec) if publish else None
         with fed(cluster.client, plan.source, stream, checkpoints=plan.checkpoints is not None,
                  position=plan.stream_position) as feeder:
-            ran = _run_job(cluster, cfg, test_read, on_progress=on_progress, allow_loss=allow_loss,
+            ran = _run_job(cluster, cfg, test_set.reading, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
-        test_read = reader.submit(read_parts, test, cfg.data) if test and test_read is None else test_read
-        report = _results(cluster.client, cfg, plan.spec, ran, test_read, save) | _lived(cluster.client, plan.spec,
-                                                                                           publisher)
+        report = _results(cluster.client, cfg, plan.spec, ran, test_set.parts(), save) | _lived(
+            cluster.client, plan.spec, publisher)
         report.update(_job_report(cfg, plan, ran, servers=cluster.n_servers, workers=workers,
                                   table_seconds=table_seconds))
         (on_done or _nothing)(report)  # the cluster (and its dashboard) still up
@@ -298,11 +250,11 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
     step, progress, spec = (None, None, spec) if not resume else \
         stream_resume_point(resume, source, spec, cfg, allow_unverified) if source is not None else \
         train_resume_point(resume, shards, spec, cfg, data, shard_bytes, allow_unverified)
-    overlap = _core_to_spare(servers, workers)  # else the test rows are read after the job
+    overlap = core_to_spare(servers, workers)  # else the test rows are read after the job
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
         if not overlap:
-            _check_test_head(test, cfg.data)
+            check_test_head(test, cfg.data)
     return _Plan(shards, spec, dense_spec, job_checkpoints, step, progress, overlap, source)
 
 
@@ -390,8 +342,8 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | No
                 passes.passes)
 
 
-def _results(client: Client, cfg: TrainConfig, spec: TableSpec, ran: _Ran, test_read: Future[list[Batch]] | None,
-             save: str | None) -> dict[str, Any]:
+def _results(client: Client, cfg: TrainConfig, spec: TableSpec, ran: _Ran,
+             test_parts: Iterable[tuple[Batch, Distinct]] | None, save: str | None) -> dict[str, Any]:
     """Once the job is done, with the cluster still up: the first example's time, the test
     set scored, the model saved (``--save``), the staleness readers saw, each worker's
     trace, and what failed over."""
@@ -400,11 +352,8 @@ def _results(client: Client, cfg: TrainConfig, spec: TableSpec, ran: _Ran, test_
     firsts = [r["first_batch_at"] for r in per_worker if r.get("first_batch_at")]
     if firsts:
         report["first_example_s"] = min(firsts) - process_start_time()
-    if test_read is not None:
-        parts = test_read.result()  # scored a part at a time: the driver's peak memory stays small
-        report.update(metrics(np.concatenate([b.labels for b in parts]),
-                              np.concatenate([score(client, cfg.model, b) for b in parts])))
-        report["test_examples"] = report.pop("examples")
+    if test_parts is not None:
+        report.update(scored(client, cfg.model, test_parts))
     if save:
         keys, values = client.export_table(spec.name)
         save_model(save, cfg.model, cfg.data, spec, keys, values, dense=pull_dense(client, cfg.model))
