@@ -10,7 +10,7 @@ import pytest
 
 from paramserver.apps.rounds.mf import _predict, _sgd, layout, write_strata
 from paramserver.apps.rounds.program import adopt, balanced_groups
-from paramserver.apps.rounds.ratings import read_ratings
+from paramserver.apps.rounds.ratings import distinct_ids, read_ratings
 from paramserver.data.reader import DataError
 
 
@@ -77,6 +77,40 @@ def test_strata_cover_every_rating_once_with_local_indices(tmp_path):
     got = np.concatenate(seen)
     want = np.c_[u, i, r]
     np.testing.assert_array_equal(got[np.lexsort(got.T[::-1])], want[np.lexsort(want.T[::-1])])
+
+
+def test_strata_keep_the_drawn_order_inside_each_stratum(tmp_path):
+    """The one-pass grouping is the drawn order sorted stably by (user group, item block):
+    SGD sees the ratings in the order the seed drew, whatever the grouping costs."""
+    rng = np.random.default_rng(2)
+    u, i = rng.integers(0, 40, 3000), rng.integers(0, 25, 3000)
+    r = rng.integers(1, 6, 3000).astype(np.float32)
+    for W in (1, 2, 3):
+        lay = layout(np.bincount(u, minlength=40), np.bincount(i, minlength=25), W)
+        perm = np.random.default_rng(5).permutation(r.size)
+        drawn_u, drawn_i = u[perm], i[perm]
+        order = np.argsort(lay.user_group[drawn_u] * W + lay.item_group[drawn_i], kind="stable")
+        folder = tmp_path / f"w{W}"
+        folder.mkdir()
+        paths = write_strata(str(folder), u, i, r, lay, W, seed=5)
+        got = np.concatenate([np.load(p)["ratings"] for p in paths])
+        np.testing.assert_array_equal(got, r[perm][order])
+        users = np.concatenate([np.load(p)["users"] + lay.user_start[q] for q, p in enumerate(paths)])
+        np.testing.assert_array_equal(users, lay.user_key[drawn_u[order]])
+
+
+@pytest.mark.parametrize("ids", [
+    np.array([5, 3, 5, 0, 9, 3], np.int64),  # small and dense: marked in an array
+    np.array([-4, 7, -4, 2], np.int64),  # negative: sorted
+    np.array([1 << 40, 3, 1 << 40, 17], np.int64),  # sparse: sorted
+    np.zeros(0, np.int64),
+])
+def test_distinct_ids_are_numpys_unique(ids):
+    found, inverse = distinct_ids(ids)
+    want, want_inverse = np.unique(ids, return_inverse=True)
+    assert found.dtype == want.dtype and inverse.dtype == want_inverse.dtype
+    np.testing.assert_array_equal(found, want)
+    np.testing.assert_array_equal(inverse, want_inverse)
 
 
 @pytest.mark.parametrize("text", [

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from paramserver._runtime import intrinsics
 from paramserver.apps.rounds.job import RoundsJob, Watch, check_outputs, write_metrics
 from paramserver.apps.rounds.program import (
     NO_CHECKPOINTS,
@@ -39,22 +40,46 @@ from paramserver.apps.rounds.program import (
     joined_midway,
     run_rounds,
 )
-from paramserver.apps.rounds.ratings import Ratings, read_ratings
+from paramserver.apps.rounds.ratings import Ratings, distinct_ids, read_ratings
 from paramserver.apps.rounds.settings import MFConfig as MFConfig  # its old home
 from paramserver.errors import ConfigError, check_flags
 
 USERS, ITEMS = "mf/users", "mf/items"
+_prefetch: Any = intrinsics.prefetch_address  # (mypy reads an intrinsic's signature wrongly)
+
+
+#: ratings ahead whose user and item rows are fetched into cache while this one is worked
+PREFETCH_RATINGS = 8
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _fetch_rows(P, Q, a, b):  # type: ignore[no-untyped-def]
+    """Fetch every line of user row ``a`` and item row ``b`` into cache (-1: none)."""
+    if a >= 0:
+        for line in range(0, P.strides[0], 64):
+            _prefetch(P.ctypes.data + a * P.strides[0] + line)
+    if b >= 0:
+        for line in range(0, Q.strides[0], 64):
+            _prefetch(Q.ctypes.data + b * Q.strides[0] + line)
 
 
 @njit(nogil=True, fastmath=True, cache=True)
 def _sgd(users, items, ratings, P, Q, mu, lr, reg, reg_bias):  # type: ignore[no-untyped-def]
     """One pass of SGD over the ratings (in order) on factor rows ``P`` (users) and ``Q``
     (items), each ``[factors..., bias]``, float32.  Returns the sum of squared errors
-    seen before each update."""
+    seen before each update.
+
+    A rating's two rows are random in tables larger than the caches (a worker's users at
+    rank 64: 13 MB for 4 M ratings), so every line of the rows ``PREFETCH_RATINGS`` ratings
+    on is fetched ahead: without it the loop waited on them, 50-63 ns a rating alone on a
+    core against 25-32 with it (the same bits: fetching changes no arithmetic)."""
     k = P.shape[1] - 1
     lr32, reg32, regb32 = np.float32(lr), np.float32(reg), np.float32(reg_bias)
     sse = 0.0
-    for t in range(ratings.shape[0]):
+    n = ratings.shape[0]
+    for t in range(n):
+        if t + PREFETCH_RATINGS < n:
+            _fetch_rows(P, Q, users[t + PREFETCH_RATINGS], items[t + PREFETCH_RATINGS])
         a, b = users[t], items[t]
         p, q = P[a], Q[b]
         pred = np.float32(mu) + p[k] + q[k]
@@ -74,10 +99,14 @@ def _sgd(users, items, ratings, P, Q, mu, lr, reg, reg_bias):  # type: ignore[no
 @njit(nogil=True, cache=True)
 def _predict(users, items, P, Q, mu, lo, hi):  # type: ignore[no-untyped-def]
     """Clipped predictions; a user or item index of -1 (not in the training data)
-    contributes nothing."""
+    contributes nothing.  The rows ``PREFETCH_RATINGS`` on are fetched ahead, as ``_sgd``
+    does (0.65 s -> 0.3 s for the train RMSE of 3.6 M ratings at rank 64)."""
     k = P.shape[1] - 1
-    out = np.empty(users.shape[0], np.float64)
-    for t in range(users.shape[0]):
+    n = users.shape[0]
+    out = np.empty(n, np.float64)
+    for t in range(n):
+        if t + PREFETCH_RATINGS < n:
+            _fetch_rows(P, Q, users[t + PREFETCH_RATINGS], items[t + PREFETCH_RATINGS])
         a, b = users[t], items[t]
         v = mu
         if a >= 0:
@@ -124,21 +153,56 @@ def write_strata(folder: str, u: np.ndarray, i: np.ndarray, r: np.ndarray, lay: 
     ``users`` (row in its group), ``items`` (row in the block), ``ratings`` and
     ``start`` (W + 1 offsets, one stratum per item block)."""
     perm = np.random.default_rng(seed).permutation(r.size)
-    u, i, r = u[perm], i[perm], r[perm]
-    ug, ig = lay.user_group[u], lay.item_group[i]
-    order = np.argsort(ug * parts + ig, kind="stable")
-    u, i, r, ug, ig = u[order], i[order], r[order], ug[order], ig[order]
+    users, items, ratings, offsets = _strata(perm, u, i, r, lay.user_group, lay.item_group, lay.user_key,
+                                             lay.item_key, lay.user_start, lay.item_start, parts)
     paths = []
-    bounds = np.searchsorted(ug, np.arange(parts + 1))
     for q in range(parts):
-        lo, hi = bounds[q], bounds[q + 1]
-        start = np.searchsorted(ig[lo:hi], np.arange(parts + 1))
+        lo, hi = offsets[q * parts], offsets[(q + 1) * parts]
         path = os.path.join(folder, f"worker-{q}.npz")
-        np.savez(path, users=(lay.user_key[u[lo:hi]] - lay.user_start[q]).astype(np.int32),
-                 items=(lay.item_key[i[lo:hi]] - lay.item_start[ig[lo:hi]]).astype(np.int32),
-                 ratings=r[lo:hi].astype(np.float32), start=start.astype(np.int64))
+        np.savez(path, users=users[lo:hi], items=items[lo:hi], ratings=ratings[lo:hi],
+                 start=offsets[q * parts:(q + 1) * parts + 1] - lo)
         paths.append(path)
     return paths
+
+
+@njit(nogil=True, cache=True)
+def _strata(perm, u, i, r, user_group, item_group, user_key, item_key, user_start, item_start,  # type: ignore[no-untyped-def]
+            parts):
+    """The ratings in the order ``perm`` draws them, grouped by stratum (user group, then
+    item block; a stable counting sort: in each stratum the drawn order), each as its
+    row in its group and in its block; and where each stratum starts (``parts**2 + 1``
+    offsets).  One pass to count, one to place: sorting the drawn ratings by stratum with
+    numpy took 0.87 s for 3.6 M of them, in ten passes over random rows."""
+    n = perm.shape[0]
+    offsets = np.zeros(parts * parts + 1, np.int64)
+    users = np.empty(n, np.int32)  # first each drawn rating's user row, item row and stratum in
+    items = np.empty(n, np.int32)  # drawn order (the only pass of random reads, fetched ahead),
+    stratum = np.empty(n, np.int32)  # then placed
+    drawn = np.empty(n, np.float32)
+    for t in range(n):
+        if t + PREFETCH_RATINGS < n:
+            ahead = perm[t + PREFETCH_RATINGS]
+            _prefetch(u.ctypes.data + ahead * u.strides[0])
+            _prefetch(i.ctypes.data + ahead * i.strides[0])
+            _prefetch(r.ctypes.data + ahead * r.strides[0])
+        j = perm[t]
+        a, b = u[j], i[j]
+        g, h = user_group[a], item_group[b]
+        users[t] = user_key[a] - user_start[g]
+        items[t] = item_key[b] - item_start[h]
+        stratum[t] = g * parts + h
+        drawn[t] = r[j]
+        offsets[g * parts + h + 1] += 1
+    for s in range(parts * parts):
+        offsets[s + 1] += offsets[s]
+    fill = offsets[:-1].copy()
+    placed_users, placed_items, ratings = np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.float32)
+    for t in range(n):
+        p = fill[stratum[t]]
+        fill[stratum[t]] = p + 1
+        placed_users[p], placed_items[p], ratings[p] = users[t], items[t], drawn[t]
+    users, items = placed_users, placed_items
+    return users, items, ratings, offsets
 
 
 @dataclass
@@ -280,8 +344,8 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     t0 = time.perf_counter()
     train = read_ratings(data)
     held = read_ratings(test) if test else None
-    user_ids, u = np.unique(train.users, return_inverse=True)
-    item_ids, i = np.unique(train.items, return_inverse=True)
+    user_ids, u = distinct_ids(train.users)
+    item_ids, i = distinct_ids(train.items)
     r = train.ratings
     mu = float(r.astype(np.float64).mean())
     lay = layout(np.bincount(u, minlength=user_ids.size), np.bincount(i, minlength=item_ids.size), workers)
