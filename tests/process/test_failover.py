@@ -10,8 +10,10 @@ import pytest
 from support import shared, wait_for
 
 from paramserver import LocalCluster
+from paramserver.apps.ctr.modelfile import metrics
 from paramserver.apps.ctr.models import Model
-from paramserver.apps.ctr.train import TrainConfig, metrics, score
+from paramserver.apps.ctr.test_set import score
+from paramserver.apps.ctr.train import TrainConfig
 from paramserver.apps.ctr.train_loop import train_worker
 from paramserver.data.reader import DataFormat, make_shards, read_all
 
