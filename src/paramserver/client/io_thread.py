@@ -45,6 +45,7 @@ from paramserver.wire.transport import Transport, ZmqSocket, transport_for
 
 logger = logging.getLogger(__name__)
 RESEND_S = 0.01  # a request no link could take yet is tried again after this
+_WAKE_NAMES = itertools.count(1)  # each I/O thread's wake-up pair has a name of its own
 
 
 def _nothing() -> None:
@@ -126,7 +127,9 @@ class IOThread(threading.Thread):
         self._io = threading.Lock()  # whoever holds it works the sockets and what is in flight
         # the callbacks due (answers, failures), told by the I/O thread with the sockets free (``_tell``)
         self._told: list[tuple[OnReply, Message | None, BaseException | None]] = []
-        wake_addr = f"inproc://paramserver-wake-{id(self)}"
+        # a name no other I/O thread of this process had: an object's id is reused once it is
+        # freed, while the closed socket's inproc name may still be bound (zmq unbinds it later)
+        wake_addr = f"inproc://paramserver-wake-{next(_WAKE_NAMES)}"
         self._wake_recv = ZmqSocket(self.ctx.socket(zmq.PAIR), False)
         self._wake_recv.raw.bind(wake_addr)
         self._wake_send = self.ctx.socket(zmq.PAIR)
