@@ -239,12 +239,7 @@ def end_all(procs: list[NodeProcess], polite: bool, timeout_s: float) -> None:
         for proc in procs:
             if proc.popen.poll() is None and sig is not None:
                 proc.popen.send_signal(sig)
-        for proc in procs:
-            try:
-                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()) if sig is None else 5)
-            except subprocess.TimeoutExpired:
-                pass
-        if all(p.popen.poll() is not None for p in procs):
+        if wait_all(procs, max(0.1, deadline - time.monotonic()) if sig is None else 5):
             break
 
 

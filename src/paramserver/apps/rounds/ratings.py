@@ -101,10 +101,11 @@ def distinct_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     index among them.  Ids that are small non-negative integers (MovieLens', a dense
     numbering) are found by marking them in an array as long as the largest: 0.01 s for
     3.6 M ids against 0.6 s to sort them; others (sparse or negative) are sorted."""
-    if ids.size == 0 or ids.min() < 0 or ids.max() >= max(4 * ids.size, 1 << 20):
+    lo, hi = (int(ids.min()), int(ids.max())) if ids.size else (-1, -1)
+    if lo < 0 or hi >= max(4 * ids.size, 1 << 20):
         found, inverse = np.unique(ids, return_inverse=True)
         return found, inverse.reshape(-1)
-    present = np.zeros(int(ids.max()) + 1, np.bool_)
+    present = np.zeros(hi + 1, np.bool_)
     present[ids] = True
     found = np.flatnonzero(present).astype(ids.dtype)
     index = np.empty(present.size, np.intp)
