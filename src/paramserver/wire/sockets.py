@@ -8,7 +8,9 @@ protocol limit; anything between the two is refused with an error reply by ``dec
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import socket
 import sys
 from typing import Any
 
@@ -152,13 +154,40 @@ def bind_router(ctx: zmq.Context[zmq.Socket[bytes]], host: str, port: int, max_m
 
 
 def connect_dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str, max_message_bytes: int,
-                   keys: Keys | None = None) -> zmq.Socket[bytes]:
+                   keys: Keys | None = None, source: str = "") -> zmq.Socket[bytes]:
+    """A DEALER connected to ``address``; its TCP connections leave from the local address
+    ``source`` if one is given (``source_host``), else from the one the kernel picks."""
     sock = ctx.socket(zmq.DEALER)
     _tune(sock, max_message_bytes)
     if keys is not None:
         secure_client(sock, keys)
+    if source and address.startswith("tcp://"):
+        address = f"tcp://{f'[{source}]' if ':' in source else source}:0;{address[len('tcp://'):]}"
     sock.connect(address)
     return sock
+
+
+SOURCE_HOST_VAR = "PARAMSERVER_SOURCE_HOST"
+
+
+def source_host(value: str | None = None) -> str:
+    """The local address a process's outgoing connections leave from: ``value``, else
+    ``$PARAMSERVER_SOURCE_HOST``, else "" (the kernel picks, by the route).  For a host with
+    several addresses where peers tell nodes apart by address, and for ``paramserver
+    nemesis --network proxy``, which tells the emulated hosts apart so.  ``ConfigError``
+    names a value that is not an IP address of this machine."""
+    raw = os.environ.get(SOURCE_HOST_VAR, "") if value is None else value
+    text = raw.strip().strip("[]")
+    if not text:
+        return ""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(text).version == 6 else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((text, 0))
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{SOURCE_HOST_VAR}={raw!r} is not an IP address of this machine ({e}): set it to one "
+                          "of this host's addresses (ip -brief addr), or unset it to let the kernel pick") from None
+    return text
 
 
 #: Replies queued for one peer that has not read them yet, at most (a ROUTER's SNDHWM; each

@@ -31,7 +31,7 @@ import zmq
 from paramserver.errors import ConfigError
 from paramserver.wire.liveness import process_alive, process_token
 from paramserver.wire.security import load_keys
-from paramserver.wire.sockets import COPY_BELOW, bind_router, check_endpoint, connect_dealer
+from paramserver.wire.sockets import COPY_BELOW, bind_router, check_endpoint, connect_dealer, source_host
 
 logger = logging.getLogger(__name__)
 
@@ -248,16 +248,18 @@ class ZmqPoller:
 class ZmqTransport:
     """Real sockets and real time."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]] | None = None, secret_file: str = "") -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]] | None = None, secret_file: str = "",
+                 source: str | None = None) -> None:
         self.ctx = ctx or zmq.Context.instance()
         self.keys = load_keys(secret_file) if secret_file else None  # CurveZMQ on every link (security.py)
+        self.source = source_host(source)  # where its connections leave from ("": the kernel picks)
 
     def bind(self, host: str, port: int, max_message_bytes: int) -> tuple[ZmqSocket, str]:
         raw, address = bind_router(self.ctx, host, port, max_message_bytes, self.keys)
         return ZmqSocket(raw, True), address
 
     def connect(self, address: str, max_message_bytes: int) -> ZmqSocket:
-        return ZmqSocket(connect_dealer(self.ctx, address, max_message_bytes, self.keys), False)
+        return ZmqSocket(connect_dealer(self.ctx, address, max_message_bytes, self.keys, self.source), False)
 
     def poller(self) -> ZmqPoller:
         return ZmqPoller()

@@ -6,7 +6,10 @@
     paramserver nemesis --seed 17 --print-plan      # what seed 17 would do
     paramserver nemesis --workload train --seeds 10 # a real `paramserver train` job under the faults
 
-Needs root, ``ip``/``tc`` (iproute2) and ``nft`` (nftables).  Runs go one at a time: each has
+The hosts are network namespaces on a bridge where the machine can make them (root, ``ip``/``tc``
+from iproute2, ``nft`` from nftables); elsewhere, or with ``--network proxy``, loopback addresses
+with a userspace proxy between them that puts the same faults on every connection
+(``proxied.py``).  Runs go one at a time: each has
 its scheduler, three servers and a client on hosts of its own.  The client host runs the counters
 (every acknowledged add checked), or with ``--workload train`` a ``paramserver train`` job joined
 to the cluster, whose model must be the fault-free run's (``jobs.py``).  A run that fails keeps its logs and
@@ -53,6 +56,10 @@ def add_parser(sub: Any) -> None:
                    help="servers, at least 3 (the replicas-3 counter then keeps a copy on each)")
     p.add_argument("--keep", metavar="DIR", help="keep every run's logs under DIR (default: only failed runs', "
                                                  "in the temporary folder)")
+    p.add_argument("--network", choices=("auto", "namespaces", "proxy"), default="auto",
+                   help="how the hosts are made: network namespaces, cut and thinned by nftables and tc (needs root); "
+                        "proxy, loopback addresses with a userspace proxy between them that injects the faults "
+                        "(no root); auto (default): namespaces where this machine can make them, else the proxy")
     p.add_argument("--print-plan", action="store_true", help="print the schedules and run nothing")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -84,15 +91,18 @@ def main(args: argparse.Namespace) -> int:
         for p in todo:
             print(p.to_json())
         return 0
-    why = missing()
-    if why:
-        print(f"paramserver nemesis: {why}", file=sys.stderr)
+    why = missing() if args.network != "proxy" else None
+    if why and args.network == "namespaces":
+        print(f"paramserver nemesis: {why}; or run without it: --network proxy", file=sys.stderr)
         return 2
+    if why:
+        print(f"paramserver nemesis: {why}; the faults go through a userspace proxy between the nodes instead "
+              "(--network proxy)", file=sys.stderr)
     signal.signal(signal.SIGTERM, _interrupted)  # hosts and nodes are removed on the way out
     signal.signal(signal.SIGHUP, _interrupted)
     with tempfile.TemporaryDirectory(prefix="nemesis-data-") as scratch:
         data = _training_data(todo, args, scratch)
-        return report([_one(p, args.keep, data) for p in todo], args.json)
+        return report([_one(p, args.keep, data, args.network) for p in todo], args.json)
 
 
 def _training_data(plans: list[Plan], args: argparse.Namespace, scratch: str) -> TrainingData | None:
@@ -112,13 +122,14 @@ def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _one(plan: Plan, keep: str | None, data: TrainingData | None) -> dict[str, Any]:
+def _one(plan: Plan, keep: str | None, data: TrainingData | None, network: str) -> dict[str, Any]:
     import os
 
     from paramserver.testing.nemesis.jobs import Counters, Training
     from paramserver.testing.nemesis.run import run
 
-    out = run(plan, Training(data) if plan.workload != "counters" and data is not None else Counters(), keep)
+    out = run(plan, Training(data) if plan.workload != "counters" and data is not None else Counters(), keep,
+              network)
     if not out.verdict.ok:
         with open(os.path.join(out.folder, "plan.json"), "w") as f:
             f.write(plan.to_json())
@@ -127,18 +138,21 @@ def _one(plan: Plan, keep: str | None, data: TrainingData | None) -> dict[str, A
     model = s.get("model")
     trained = "" if not model else (f"model {model['logloss']:.6f}, {abs(model['logloss'] - model['fault_free']):.2g} "
                                     f"from the fault-free run's (allowed {model['allowed']:.2g}), ")
-    print(f"{mark} seed {plan.seed}: {len(plan.faults)} faults, {trained}{s['acked']} acked, {s['unknown']} unknown, "
+    print(f"{mark} seed {plan.seed} ({s['network']}): {len(plan.faults)} faults, {trained}{s['acked']} acked, "
+          f"{s['unknown']} unknown, "
           f"max recovery {s['max_recovery_s']} s, {s['restarts']} restarts, {s['seconds']} s"
           + ("" if out.verdict.ok else f"\n     {'; '.join(out.verdict.violations)}\n     logs: {out.folder}"
-                                       f"\n     again: {_replay(out.folder, data)}"),
+                                       f"\n     again: {_replay(out.folder, data, network)}"),
           file=sys.stderr, flush=True)
     return s
 
 
-def _replay(folder: str, data: TrainingData | None) -> str:
-    """The command that runs a failed run's schedule again (a training job's rows and workers too)."""
+def _replay(folder: str, data: TrainingData | None, network: str) -> str:
+    """The command that runs a failed run's schedule again (a training job's rows and workers, and
+    the network, too)."""
     job = "" if data is None else f" --rows {data.rows} --workers {data.workers}"
-    return f"paramserver nemesis --replay {folder}/plan.json{job}"
+    return f"paramserver nemesis --replay {folder}/plan.json{job}" + ("" if network == "auto" else
+                                                                       f" --network {network}")
 
 
 def report(runs: list[dict[str, Any]], as_json: bool) -> int:

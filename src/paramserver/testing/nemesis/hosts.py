@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from paramserver.testing.nemesis.relay import MARK, PORT
@@ -61,9 +62,83 @@ def sh(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.C
     return done
 
 
-class Hosts:
+class Emulated(ABC):
+    """What a run asks of its emulated hosts, whichever way they are made: network namespaces
+    (``Hosts``), or loopback addresses with a userspace proxy between them
+    (``proxied.ProxyHosts``, where namespaces cannot be made).  A context manager that removes
+    them, and what runs on them, on any exit."""
+
+    kind = ""  # "namespaces" | "proxy": what a run's report says it ran on
+    n = 0
+
+    @abstractmethod
+    def address(self, host: int) -> str:
+        """The address peers reach ``host`` at."""
+        ...
+
+    @abstractmethod
+    def exec(self, host: int) -> list[str]:
+        """The command prefix that runs a program on ``host``."""
+        ...
+
+    @abstractmethod
+    def listen(self, host: int, port: int = 0) -> list[str]:
+        """The flags that make a scheduler or a server on ``host`` listen where its peers reach
+        it (``port``: 0 for any)."""
+        ...
+
+    def __enter__(self) -> Emulated:
+        return self
+
+    @abstractmethod
+    def __exit__(self, *exc: object) -> None:
+        ...
+
+    @abstractmethod
+    def cut(self, src: int, dst: int) -> Undo:
+        """What ``src`` sends to ``dst`` is dropped: a one-way partition."""
+        ...
+
+    @abstractmethod
+    def lose(self, src: int, dst: int, percent: int) -> Undo:
+        """A random ``percent`` of what ``src`` sends to ``dst`` is dropped."""
+        ...
+
+    @abstractmethod
+    def slow(self, host: int, rate: str) -> Undo:
+        """Cap the host's link to ``rate`` (tc syntax: '200kbit'), both directions."""
+        ...
+
+    @abstractmethod
+    def delay(self, host: int, ms: float, jitter_ms: float) -> Undo:
+        """Every link of ``host`` holds what it carries ``ms`` (± ``jitter_ms``) each way."""
+        ...
+
+    @abstractmethod
+    def undo(self, undo: Undo) -> None:
+        ...
+
+    @abstractmethod
+    def heal(self) -> None:
+        """Undo every fault."""
+        ...
+
+    def partition(self, side: Sequence[int], other: Sequence[int], both: bool = True) -> Undo:
+        """Cut every link from ``side`` to ``other`` (and back, if ``both``)."""
+        undo: Undo = []
+        for a in side:
+            for b in other:
+                undo += self.cut(a, b)
+                if both:
+                    undo += self.cut(b, a)
+        return undo
+
+
+class Hosts(Emulated):
     """``n`` hosts on a bridge; a context manager that removes them (and kills what runs in them)
     on any exit.  ``tag`` and ``net`` come from this process's id, so two runs never collide."""
+
+    kind = "namespaces"
 
     def __init__(self, n: int, prefix: str = "nm", relays: bool = False) -> None:
         pid = os.getpid()
@@ -81,8 +156,10 @@ class Hosts:
         return f"{self.net}.{host + 1}"
 
     def exec(self, host: int) -> list[str]:
-        """The command prefix that runs a program on ``host``."""
         return ["ip", "netns", "exec", self.ns(host)]
+
+    def listen(self, host: int, port: int = 0) -> list[str]:
+        return ["--host", "0.0.0.0", *(["--port", str(port)] if port else [])]  # a host has one address
 
     def __enter__(self) -> Hosts:
         why = missing()
@@ -163,28 +240,16 @@ class Hosts:
             raise ValueError(f"loss percent={percent}: must be in 1..99")
         return self._rule(src, f"ip daddr {self.address(dst)} numgen random mod 100 < {percent} drop")
 
-    def partition(self, side: Sequence[int], other: Sequence[int], both: bool = True) -> Undo:
-        """Cut every link from ``side`` to ``other`` (and back, if ``both``)."""
-        undo: Undo = []
-        for a in side:
-            for b in other:
-                undo += self.cut(a, b)
-                if both:
-                    undo += self.cut(b, a)
-        return undo
-
     def _links(self, host: int) -> tuple[tuple[str, str], ...]:
         return (self.ns(host), f"{self.tag}e{host}"), (self.bridge_ns, f"{self.tag}p{host}")
 
     def slow(self, host: int, rate: str) -> Undo:
-        """Cap the host's link to ``rate`` (tc syntax: '200kbit'), both directions."""
         for ns, dev in self._links(host):
             sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
                "burst", "16kb", "latency", "400ms")
         return [("rate", host, "")]
 
     def delay(self, host: int, ms: float, jitter_ms: float) -> Undo:
-        """Every link of ``host`` holds what it carries ``ms`` (± ``jitter_ms``) each way."""
         if not self.relays:
             raise Unavailable("a delay needs the hosts' relays: Hosts(n, relays=True)")
         self.delayed[host] = (ms, jitter_ms)
@@ -215,8 +280,7 @@ class Hosts:
                 for ns, dev in self._links(host):
                     sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
 
-    def heal(self) -> None:
-        """Undo every fault: rules flushed, rates restored."""
+    def heal(self) -> None:  # rules flushed, rates restored, delays lifted
         for h in range(self.n):
             sh(*self.exec(h), "nft", "flush", "chain", "inet", "nemesis", "out")
             for ns, dev in self._links(h):

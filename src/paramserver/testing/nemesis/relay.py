@@ -25,6 +25,7 @@ import socket
 import struct
 import sys
 import time
+from typing import Protocol
 
 MARK = 0x4E  # the relay's own connections carry this mark: the redirect skips them
 PORT = 7799
@@ -54,21 +55,53 @@ class Delays:
         return self.table.get(peer, (0.0, 0.0))
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str, delays: Delays) -> None:
-    """Copy ``reader`` to ``writer``, each chunk held its peer's delay (and jitter), in order."""
+class Path(Protocol):
+    """What one direction of a relayed connection goes through (a delayed link here; every
+    fault of ``proxy.py``'s links there)."""
+
+    def due(self) -> float:
+        """When a chunk read now may go on (monotonic; 0: at once), before the order is kept."""
+
+    async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        """Write ``data`` on, once the path lets it through."""
+
+
+class Delayed:
+    """A relay's path to ``peer``: the delay and jitter its control file sets."""
+
+    def __init__(self, delays: Delays, peer: str) -> None:
+        self.delays, self.peer = delays, peer
+
+    def due(self) -> float:
+        delay, jitter = self.delays.of(self.peer)
+        return time.monotonic() + max(0.0, delay + random.uniform(-jitter, jitter)) if delay else 0.0
+
+    async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        writer.write(data)
+        await writer.drain()
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: Path) -> None:
+    """Copy ``reader`` to ``writer`` through ``path``: each chunk held until it is due, in order
+    (a TCP stream keeps its order, as a delayed link's would); at most ``HELD_BYTES`` held,
+    past which reading stops until it drains (as a full TCP window)."""
     held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
     room = asyncio.Semaphore(HELD_BYTES // CHUNK)
 
     async def release() -> None:
+        broken = False  # the far side went away: what is still read is dropped, as its kernel would
         while True:
             due, data = await held.get()
             wait = due - time.monotonic()
-            if wait > 0:
+            if wait > 0 and not broken:
                 await asyncio.sleep(wait)
             if not data:
                 break
-            writer.write(data)
-            await writer.drain()
+            try:
+                if not broken:
+                    await path.send(writer, data)
+            except (ConnectionError, OSError):
+                broken = True
             room.release()
         writer.close()
 
@@ -78,9 +111,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer
         while True:
             await room.acquire()
             data = await reader.read(CHUNK)
-            delay, jitter = delays.of(peer)
-            due = time.monotonic() + max(0.0, delay + random.uniform(-jitter, jitter)) if delay else 0.0
-            last = max(last, due)
+            last = max(last, path.due())
             await held.put((last, data))
             if not data:
                 break
@@ -106,8 +137,8 @@ async def _serve(port: int, delays: Delays) -> None:
             writer.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        await asyncio.gather(_pipe(reader, up_writer, dst_ip, delays), _pipe(up_reader, writer, dst_ip, delays),
-                             return_exceptions=True)
+        path = Delayed(delays, dst_ip)
+        await asyncio.gather(pipe(reader, up_writer, path), pipe(up_reader, writer, path), return_exceptions=True)
 
     server = await asyncio.start_server(connection, "0.0.0.0", port, reuse_address=True)
     print("ready", flush=True)

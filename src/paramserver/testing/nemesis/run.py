@@ -21,8 +21,9 @@ from typing import IO, Any, Protocol
 
 from paramserver.testing.nemesis import check
 from paramserver.testing.nemesis.check import Stuck
-from paramserver.testing.nemesis.hosts import Hosts, Undo
+from paramserver.testing.nemesis.hosts import Emulated, Undo
 from paramserver.testing.nemesis.plan import Fault, Plan
+from paramserver.testing.nemesis.proxied import emulated
 
 PORT = 7700
 SETTLE_S = 60.0  # the longest a run waits for the cluster, the first add, or the last one after the heal
@@ -47,9 +48,11 @@ class Outcome:
     restarts: int
     folder: str
     events: list[str] = field(default_factory=list)
+    network: str = ""  # what the hosts were: "namespaces" or "proxy"
 
     def summary(self) -> dict[str, Any]:
-        return {"seed": self.plan.seed, **self.verdict.summary(), "seconds": round(self.seconds, 1),
+        return {"seed": self.plan.seed, **self.verdict.summary(), "network": self.network,
+                "seconds": round(self.seconds, 1),
                 "restarts": self.restarts, "events": self.events, "folder": self.folder,
                 "plan": json.loads(self.plan.to_json())}
 
@@ -76,7 +79,7 @@ class Workload(Protocol):
 
 
 class Run:
-    def __init__(self, hosts: Hosts, plan: Plan, folder: str, workload: Workload) -> None:
+    def __init__(self, hosts: Emulated, plan: Plan, folder: str, workload: Workload) -> None:
         self.hosts, self.plan, self.folder, self.workload = hosts, plan, folder, workload
         self.scheduler = f"tcp://{hosts.address(0)}:{PORT}"
         self.env = {**os.environ, "PARAMSERVER_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
@@ -96,10 +99,10 @@ class Run:
 
     def _start(self, node: Node) -> None:
         if node.role == "scheduler":
-            args = ["-m", "paramserver", "scheduler", "--host", "0.0.0.0", "--port", str(PORT),
+            args = ["-m", "paramserver", "scheduler", *self.hosts.listen(node.host, PORT),
                     "--servers", str(self.plan.servers)]
         else:
-            args = ["-m", "paramserver", "server", "--host", "0.0.0.0", "--scheduler", self.scheduler]
+            args = ["-m", "paramserver", "server", *self.hosts.listen(node.host), "--scheduler", self.scheduler]
         node.proc = self.spawn(node.host, args, node.log)
         node.starts += 1
         if node.starts > 1:
@@ -225,13 +228,14 @@ class Run:
         self.workload.stop()
 
 
-def run(plan: Plan, workload: Workload, keep: str | None = None) -> Outcome:
-    """One run of ``plan`` with ``workload`` (``jobs.Counters``, ``jobs.Training``); its logs stay
-    in a folder of ``keep`` (default: a temporary one, removed when the run passed)."""
+def run(plan: Plan, workload: Workload, keep: str | None = None, network: str = "auto") -> Outcome:
+    """One run of ``plan`` with ``workload`` (``jobs.Counters``, ``jobs.Training``) on hosts made as
+    ``network`` says (``proxied.emulated``); its logs stay in a folder of ``keep`` (default: a
+    temporary one, removed when the run passed)."""
     folder = tempfile.mkdtemp(prefix=f"nemesis-{plan.seed}-", dir=keep)
     started = time.monotonic()
     verdict = check.Verdict()
-    with Hosts(plan.hosts, relays=any(f.kind == "delay" for f in plan.faults)) as hosts:
+    with emulated(plan.hosts, network, delays=any(f.kind == "delay" for f in plan.faults)) as hosts:
         r = Run(hosts, plan, folder, workload)
         try:
             r.start()
@@ -247,7 +251,7 @@ def run(plan: Plan, workload: Workload, keep: str | None = None) -> Outcome:
         finally:
             r.stop()
     restarts = sum(n.starts - 1 for n in r.nodes)
-    out = Outcome(plan, verdict, time.monotonic() - started, restarts, folder, r.events)
+    out = Outcome(plan, verdict, time.monotonic() - started, restarts, folder, r.events, hosts.kind)
     if verdict.ok and keep is None:
         import shutil
 
