@@ -1,4 +1,5 @@
-"""`paramserver mf` against Surprise's `SVD` (its defaults), one run each (issue 15):
+"""`paramserver mf` against Surprise's `SVD` (its defaults), and with `--peers spark` against
+Spark MLlib's ALS (its defaults, `local[2]`), one run each (issues 15, 49):
 
 - MovieLens 100K's own `ua` split (from ../shared/data/movielens/ml-100k);
 - a synthetic set of `--synthetic-ratings` ratings (default 4 M): users' activity and
@@ -6,10 +7,13 @@
   noise, rounded to 1..5; 10 % held out at random.
 
 `paramserver mf` is timed as a whole command (read, train, predict) with default flags
-apart from `--workers 2`; Surprise from its `fit` call alone (the data already loaded).
-Test RMSE for both is computed here from the predictions.
+apart from `--workers 2`; Surprise from its `fit` call alone (the data already loaded); Spark
+both ways, its whole command (`bench/seeds_spark.py als`: the JVM, reading, fitting,
+predicting) and its `fit` call.  Test RMSE for all is computed here from the predictions (a
+rating Spark cannot predict, of a user or item it never saw, counts as the training mean).
 
-    .venv/bin/python bench/mf.py [--synthetic-ratings 4000000] [--skip-synthetic]
+    .venv/bin/python bench/mf.py [--synthetic-ratings 4000000] [--skip-synthetic] [--skip-ml100k]
+        [--peers surprise spark] [--spark-python .venv-seeds/bin/python] [--driver-memory 8g]
 """
 
 from __future__ import annotations
@@ -77,6 +81,27 @@ def surprise_svd(train: str, test: str) -> dict[str, float]:
     return {"rmse": float(np.sqrt(np.mean((pred - truth) ** 2))), "seconds": fit}
 
 
+def spark_als(train: str, test: str, tmp: str, python: str, driver_memory: str | None) -> dict[str, float]:
+    """Spark ALS at its defaults (``bench/seeds_spark.py als``): the whole command's seconds, its
+    ``fit`` call's, and the test RMSE."""
+    out = os.path.join(tmp, "als.npz")
+    memory = [] if driver_memory is None else ["--driver-memory", driver_memory]
+    t = time.perf_counter()
+    run = subprocess.run([python, os.path.join(os.path.dirname(__file__), "seeds_spark.py"), "als", "--train", train,
+                          "--test", test, "--out", out, *memory], capture_output=True, text=True, timeout=7200)
+    seconds = time.perf_counter() - t
+    result = json.loads(run.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+    if run.returncode or "error" in result:
+        raise SystemExit(f"Spark ALS failed: {result.get('error', run.stderr[-2000:])}")
+    got = np.load(out)
+    import pandas
+
+    mean = float(pandas.read_csv(train, sep="\t", header=None, usecols=[2]).iloc[:, 0].mean())
+    pred = np.where(np.isnan(got["pred"]), mean, got["pred"])
+    return {"rmse": float(np.sqrt(np.mean((pred - got["y"]) ** 2))), "seconds": seconds,
+            "train_seconds": result["train_seconds"], "unpredicted": int(np.isnan(got["pred"]).sum())}
+
+
 def ours(train: str, test: str, tmp: str, extra: list[str]) -> dict[str, float]:
     out = os.path.join(tmp, "pred.txt")
     t = time.perf_counter()
@@ -97,10 +122,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synthetic-ratings", type=int, default=4_000_000)
     ap.add_argument("--skip-synthetic", action="store_true")
+    ap.add_argument("--skip-ml100k", action="store_true")
+    ap.add_argument("--peers", nargs="+", choices=["surprise", "spark"], default=["surprise"])
+    ap.add_argument("--spark-python", default=".venv-seeds/bin/python",
+                    help="an interpreter with pyspark (make seeds builds .venv-seeds)")
+    ap.add_argument("--driver-memory", default=None, help="Spark's spark.driver.memory (default: Spark's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sets = []
-    if os.path.exists(os.path.join(ML100K, "ua.base.gz")):
+    if args.skip_ml100k:
+        pass
+    elif os.path.exists(os.path.join(ML100K, "ua.base.gz")):
         sets.append(("ml-100k ua", os.path.join(ML100K, "ua.base.gz"), os.path.join(ML100K, "ua.test.gz")))
     else:
         print(f"skipped ml-100k: {ML100K} is absent (see ../shared/data/SOURCES.md)")
@@ -111,13 +143,21 @@ def main() -> int:
             synthetic(train, test, args.synthetic_ratings)
             sets.append((f"synthetic {args.synthetic_ratings / 1e6:g} M", train, test))
         for name, train, test in sets:
-            s = surprise_svd(train, test)
             o = ours(train, test, tmp, [])
-            rows.append({"set": name, "surprise": s, "paramserver": o})
-            print(f"{name:18s} Surprise SVD: RMSE {s['rmse']:.4f} fit {s['seconds']:7.2f} s | paramserver mf "
-                  f"(defaults, --workers 2): RMSE {o['rmse']:.4f} whole command {o['seconds']:7.2f} s "
-                  f"(training {o['train_seconds']:.2f} s, {o['updates_per_s'] / 1e6:.1f} M updates/s) | "
-                  f"time ratio {o['seconds'] / s['seconds']:.2f}", flush=True)
+            row = {"set": name, "paramserver": o}
+            print(f"{name:18s} paramserver mf (defaults, --workers 2): RMSE {o['rmse']:.4f} whole command "
+                  f"{o['seconds']:7.2f} s (training {o['train_seconds']:.2f} s, {o['updates_per_s'] / 1e6:.1f} M "
+                  "updates/s)", flush=True)
+            if "surprise" in args.peers:
+                s = row["surprise"] = surprise_svd(train, test)
+                print(f"{'':18s} Surprise SVD: RMSE {s['rmse']:.4f} fit {s['seconds']:7.2f} s | time ratio "
+                      f"{o['seconds'] / s['seconds']:.3f}", flush=True)
+            if "spark" in args.peers:
+                a = row["spark"] = spark_als(train, test, tmp, args.spark_python, args.driver_memory)
+                print(f"{'':18s} Spark ALS (defaults, local[2]): RMSE {a['rmse']:.4f} ({a['unpredicted']} unpredicted)"
+                      f" whole command {a['seconds']:7.2f} s, fit {a['train_seconds']:.2f} s | time ratio "
+                      f"{o['seconds'] / a['seconds']:.3f} (whole commands)", flush=True)
+            rows.append(row)
     if args.json:
         print(json.dumps(rows))
     return 0
