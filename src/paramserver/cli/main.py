@@ -86,7 +86,7 @@ COMMANDS: dict[str, Command] = {
 }
 _QUIET = frozenset({"train", "demo", "predict", "eval", "synth", "chaos", "nemesis"})  # log warnings and up, not INFO
 _NODES = frozenset({"scheduler", "server", "worker", "node"})  # they serve: the allocator is tuned for it
-_COMPILES = frozenset({"train", "predict", "eval", "demo", "lasso", "mf", "lda", "serve", "split-columns"})
+_COMPILES = frozenset({"train", "predict", "eval", "demo", "lasso", "mf", "lda", "serve", "split-columns", "synth"})
 _JOBS = frozenset({"train", "demo"})  # a job turns the collector back on once its nodes are up
 
 
@@ -139,6 +139,11 @@ def _start(args: argparse.Namespace) -> None:
         from paramserver._runtime.compiling import announce_compiles
 
         announce_compiles(lambda text: print(text, file=sys.stderr, flush=True))
+        # numba's target now, without its BLAS probe, which imports SciPy's linalg (0.09-0.18 s of the
+        # command here): else the first kernel called (a reader's, a synthesiser's) would load it with
+        from paramserver._runtime.warm import load_numba
+
+        load_numba()
     if args.command in _NODES or getattr(args, "action", "") == "add-server":
         from paramserver._runtime.malloc import tune_allocator
 

@@ -70,7 +70,8 @@ def rounds_warmup(filters: bool) -> Any:
     from paramserver.client.warmup import warm_client
     from paramserver.server.warmup import warm_server
 
-    return Warmup(servers=functools.partial(warm_server, ("dense",), filters), workers=warm_client)
+    return Warmup(servers=functools.partial(warm_server, ("dense",), filters),
+                  workers=functools.partial(warm_client, filters=filters))
 
 
 @dataclass(frozen=True)
