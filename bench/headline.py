@@ -289,8 +289,13 @@ def run_section(name: str, args: argparse.Namespace) -> tuple[list[Row], dict[st
 
 
 def commit() -> str:
-    """The commit this tree is at, with "+dirty" where it has changes."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    """The commit of the tree whose ``paramserver`` the runs import (another tree's ``src`` on
+    ``PYTHONPATH``, for a before run, is named, not this checkout), with "+dirty" where it has
+    changes."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("paramserver")
+    here = os.path.dirname(os.path.abspath(spec.origin if spec and spec.origin else __file__))
     try:
         head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()

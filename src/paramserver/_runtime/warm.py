@@ -20,7 +20,8 @@ may call BLAS, and that import alone took 0.13-0.19 s of the 0.25 s a worker spe
 loading numba on this VM.  No kernel of ours calls BLAS.  With the probe skipped numba
 computes a jitted 1-d ``np.dot`` with a loop; its other BLAS paths import SciPy when a
 function that uses them is compiled, as before.  Where the caller has imported
-``scipy.linalg`` already the probe is free and runs as usual.
+``scipy.linalg`` already the probe is free and runs as usual.  The CLI calls it before every
+command that computes (``cli/main.py``), so that no reader's kernel loads the target first.
 """
 
 from __future__ import annotations
