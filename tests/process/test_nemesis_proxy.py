@@ -192,3 +192,26 @@ def test_a_zeromq_connection_leaves_from_the_source_host_and_a_bad_one_is_named(
     monkeypatch.setenv(SOURCE_HOST_VAR, "box-1")
     with pytest.raises(ConfigError, match="unset it to let the kernel pick"):
         ZmqTransport(zmq.Context.instance())
+
+
+def test_a_handshake_apart_leaves_from_the_source_host_too(monkeypatch):
+    """``wire/handshake.py``'s look at a silent scheduler is a connection of its own: it
+    leaves from the node's host as the node's links do, or the proxy would not know it."""
+    import socket as plain
+
+    from paramserver.wire.handshake import UNKNOWN, handshake
+    from paramserver.wire.security import Keys
+
+    listener = plain.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(10)
+    monkeypatch.setenv(SOURCE_HOST_VAR, "127.0.9.8")
+    keys = Keys("driver", zmq.curve_keypair()[0], *zmq.curve_keypair())
+    try:
+        assert handshake(f"tcp://127.0.0.1:{listener.getsockname()[1]}", keys, timeout_s=0.3) == UNKNOWN
+        conn, (peer, _) = listener.accept()  # queued by the kernel while the handshake waited
+        conn.close()
+        assert peer == "127.0.9.8"
+    finally:
+        listener.close()

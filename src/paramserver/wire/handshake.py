@@ -18,6 +18,7 @@ from typing import Any
 import zmq
 
 from paramserver.wire.security import Keys, load_keys, secure_client
+from paramserver.wire.sockets import leaving_from, source_host
 
 OK, REFUSED, PLAIN, UNKNOWN = "ok", "refused", "plain", "unknown"
 #: after a handshake closed with no detail, how long the next tries (every ``RETRY_MS``) are
@@ -44,7 +45,7 @@ def handshake(address: str, keys: Keys, timeout_s: float = 2.0) -> str:
     monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                                       | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
     try:
-        sock.connect(address)
+        sock.connect(leaving_from(address, source_host()))  # from where the node's own links leave
         return _verdict(monitor, time.monotonic() + timeout_s)
     finally:
         sock.disable_monitor()

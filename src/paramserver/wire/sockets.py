@@ -161,10 +161,17 @@ def connect_dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str, max_messag
     _tune(sock, max_message_bytes)
     if keys is not None:
         secure_client(sock, keys)
-    if source and address.startswith("tcp://"):
-        address = f"tcp://{f'[{source}]' if ':' in source else source}:0;{address[len('tcp://'):]}"
-    sock.connect(address)
+    sock.connect(leaving_from(address, source))
     return sock
+
+
+def leaving_from(address: str, source: str) -> str:
+    """``address`` as ZeroMQ's connect takes it so that the connection leaves from the
+    local address ``source`` (``tcp://SRC:0;HOST:PORT``); unchanged without a source, or
+    for an address that is not TCP."""
+    if source and address.startswith("tcp://"):
+        return f"tcp://{f'[{source}]' if ':' in source else source}:0;{address[len('tcp://'):]}"
+    return address
 
 
 SOURCE_HOST_VAR = "PARAMSERVER_SOURCE_HOST"
