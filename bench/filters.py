@@ -50,6 +50,7 @@ class RemoteCluster:
     # the servers are in the other namespace: the driver and one worker run here
     def __init__(self, **_):
         self.client = Client(address, connect_timeout_s=60)
+        self.n_servers, self.n_workers = int(servers), 1  # the report's (cluster/protocol.py)
     def __enter__(self):
         return self
     def __exit__(self, *exc):

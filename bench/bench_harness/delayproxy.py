@@ -19,36 +19,30 @@ import argparse
 import asyncio
 import contextlib
 import sys
+import time
 
-CHUNK = 1 << 16
+from paramserver.testing.nemesis.relay import pipe
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float, rate_bps: float) -> None:
-    """One direction: read, hold each chunk ``delay_s``, write in order at most ``rate_bps``."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+class Paced:
+    """One direction of a relayed connection: each chunk held ``delay_s``, then written no
+    faster than ``rate_bps`` (0: no cap); ``relay.pipe`` keeps the order and the hold."""
 
-    async def read() -> None:
-        while data := await reader.read(CHUNK):
-            queue.put_nowait((loop.time() + delay_s, data))
-        queue.put_nowait((loop.time() + delay_s, b""))
+    def __init__(self, delay_s: float, rate_bps: float) -> None:
+        self.delay_s, self.rate_bps = delay_s, rate_bps
+        self.free_at = 0.0  # when the link has sent what it was given (the rate cap)
 
-    async def write() -> None:
-        free_at = 0.0  # when the link has sent what it was given (the rate cap)
-        while True:
-            due, data = await queue.get()
-            start = max(due, free_at)
-            if start > loop.time():
-                await asyncio.sleep(start - loop.time())
-            if not data:
-                break
-            writer.write(data)
-            await writer.drain()
-            free_at = start + (len(data) / rate_bps if rate_bps else 0.0)
-        with contextlib.suppress(OSError):
-            writer.write_eof()
+    def due(self) -> float:
+        return time.monotonic() + self.delay_s if self.delay_s else 0.0
 
-    await asyncio.gather(read(), write())
+    async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        start = max(time.monotonic(), self.free_at)
+        if start > time.monotonic():
+            await asyncio.sleep(start - time.monotonic())
+        writer.write(data)
+        await writer.drain()
+        if self.rate_bps:
+            self.free_at = start + len(data) / self.rate_bps
 
 
 async def _relay(target: tuple[str, int], delay_s: float, rate_bps: float,
@@ -59,7 +53,8 @@ async def _relay(target: tuple[str, int], delay_s: float, rate_bps: float,
         writer.close()
         return
     try:
-        await asyncio.gather(_pump(reader, up_writer, delay_s, rate_bps), _pump(up_reader, writer, delay_s, rate_bps))
+        await asyncio.gather(pipe(reader, up_writer, Paced(delay_s, rate_bps)),
+                             pipe(up_reader, writer, Paced(delay_s, rate_bps)))
     except (ConnectionError, OSError):
         pass
     finally:
