@@ -34,11 +34,12 @@ def _synth_rows() -> None:
 
 
 def _request_loops(rows: list[tuple[object, int]]) -> None:
-    """The request loops of hash tables of these (optimiser, dim) rows: compiled for their
-    row (``store/specialize.py``), each a kernel of its own."""
+    """The request loops of hash and dense tables of these (optimiser, dim) rows: compiled
+    for their row (``store/specialize.py``), each a kernel of its own."""
     from paramserver.tables.spec import TableSpec
 
-    warm_server((), filters=False, tables=tuple(TableSpec("warm-up", dim, optimizer=opt) for opt, dim in rows))
+    warm_server((), filters=False, tables=tuple(TableSpec("warm-up", dim, optimizer=opt, key_bits=bits)
+                                                for opt, dim in rows for bits in (0, 8)))
 
 
 def _job_rows() -> list[tuple[object, int]]:

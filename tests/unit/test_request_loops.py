@@ -1,10 +1,12 @@
 """The request loops (``store/loops/slots.py``) against the generic kernels: the same
 rows, bit for bit, for every built-in rule, row width and storage; key 0, duplicates and
-a vnode that grows in the middle of a request included."""
+a vnode that grows in the middle of a request included; and a dense table's pushes
+(``dense_apply_request``) against the dense generic kernels, with a misplaced key."""
 
 import numpy as np
 import pytest
 
+from paramserver.errors import ProtocolError
 from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.store.specialize import MAX_DIM, request_loops
@@ -21,13 +23,13 @@ RING = Ring.create([1], 16)
 
 def pair(spec: TableSpec) -> tuple[VnodeSet, VnodeSet]:
     fast, generic = (VnodeSet(spec, RING.n_vnodes, range(RING.n_vnodes)) for _ in range(2))
-    assert fast._loops is not None, "a built-in rule on a narrow hash table gets request loops"
+    assert fast._loops is not None, "a built-in rule on a narrow table gets request loops"
     generic._loops = None
     return fast, generic
 
 
-def request(keys: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, ...]:
-    r = route_push(RING, keys, grads, distinct=True)
+def request(keys: np.ndarray, grads: np.ndarray, layout: int = 0) -> tuple[np.ndarray, ...]:
+    r = route_push(RING, keys, grads, layout, distinct=True)
     out = (r.keys, r.grads, r.parts[0].vnodes, r.parts[0].counts)
     for a in out:
         a.flags.writeable = False  # as frames arrive
@@ -101,10 +103,58 @@ def test_other_push_operations_keep_the_generic_kernels() -> None:
     same_tables(fast, generic)
 
 
-def test_only_narrow_built_in_hash_rows_get_loops() -> None:
+def test_only_narrow_built_in_rows_get_loops() -> None:
     assert request_loops(TableSpec("t", MAX_DIM + 1).optimizer, MAX_DIM + 1) is None
-    dense = VnodeSet(TableSpec("d", 1, key_bits=10), RING.n_vnodes, range(RING.n_vnodes))
-    assert dense._loops is None  # a dense table keeps its one-access path
+    wide = VnodeSet(TableSpec("d", MAX_DIM + 1, key_bits=10), RING.n_vnodes, range(RING.n_vnodes))
+    assert wide._loops is None
+
+
+def dense_batches(dim: int, bits: int, layout: int, seed: int = 0) -> list[tuple[np.ndarray, ...]]:
+    """Requests over a dense table's keys (< 2**bits), new and seen ones, key 0 and the last."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for size in (1, 7, 300, 3000, 3000):
+        keys = np.unique(np.concatenate([rng.integers(0, 1 << bits, size), [0, (1 << bits) - 1]]).astype(np.uint64))
+        out.append(request(keys, rng.standard_normal((keys.size, dim)).astype(np.float32), layout))
+    return out
+
+
+def dense_pair(rule: str, dim: int, storage: str = "float32") -> tuple[VnodeSet, VnodeSet]:
+    init = "zeros" if rule.startswith("ftrl") else {"name": "normal", "std": 0.1}
+    return pair(TableSpec("t", dim, optimizer=RULES[rule], initializer=init, seed=3, key_bits=12, storage=storage))
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("dim", [1, 3, MAX_DIM])
+def test_a_dense_tables_pushes_are_the_generic_kernels_bit_for_bit(rule: str, dim: int) -> None:
+    fast, generic = dense_pair(rule, dim)
+    spec = fast.spec
+    for keys, grads, vnodes, counts in dense_batches(dim, 12, spec.layout):
+        fast.apply(vnodes, counts, keys, grads)
+        generic.apply(vnodes, counts, keys, grads)
+    same_tables(fast, generic)
+    assert len(fast) > 3000  # most of the 4 096 keys, stored
+
+
+@pytest.mark.parametrize("storage", ["fp16", "bf16"])
+def test_sixteen_bit_dense_rows_take_the_same_loops(storage: str) -> None:
+    fast, generic = dense_pair("ftrl", 4, storage)
+    for keys, grads, vnodes, counts in dense_batches(4, 12, fast.spec.layout, seed=1):
+        fast.apply(vnodes, counts, keys, grads)
+        generic.apply(vnodes, counts, keys, grads)
+    same_tables(fast, generic)
+
+
+def test_a_dense_push_with_a_key_outside_its_vnode_applies_nothing() -> None:
+    spec = TableSpec("t", 1, optimizer=RULES["ftrl"], key_bits=12)
+    fast, _ = pair(spec)
+    keys, grads, vnodes, counts = dense_batches(1, 12, spec.layout)[2]
+    bad = keys.copy()
+    bad[-1] = np.uint64(1 << 12)  # past the key space: in no vnode of this table
+    bad.flags.writeable = False
+    with pytest.raises(ProtocolError, match="is not in its vnode of this dense table"):
+        fast.apply(vnodes, counts, bad, grads)
+    assert len(fast) == 0  # checked whole before any row moved
 
 
 def test_a_key_and_its_row_share_one_slot() -> None:
@@ -116,11 +166,13 @@ def test_a_key_and_its_row_share_one_slot() -> None:
 
 
 @pytest.mark.parametrize("rule", ["clipped_sgd", "my_adagrad"])  # without state, and with a state and its init
-def test_a_user_rule_takes_request_loops_of_its_own(rule: str) -> None:
+@pytest.mark.parametrize("bits", [0, 12])  # hash and dense
+def test_a_user_rule_takes_request_loops_of_its_own(rule: str, bits: int) -> None:
     extra = {"start": 1.0} if rule == "my_adagrad" else {}
-    spec = TableSpec("t", 3, optimizer={"name": f"tests.unit.plugins.myrules:{rule}", "lr": 0.1, **extra})
+    spec = TableSpec("t", 3, optimizer={"name": f"tests.unit.plugins.myrules:{rule}", "lr": 0.1, **extra},
+                     key_bits=bits)
     fast, generic = pair(spec)
-    for keys, grads, vnodes, counts in batches(3, seed=2):
+    for keys, grads, vnodes, counts in (dense_batches(3, 12, spec.layout, seed=2) if bits else batches(3, seed=2)):
         fast.apply(vnodes, counts, keys, grads)
         generic.apply(vnodes, counts, keys, grads)
     same_tables(fast, generic)

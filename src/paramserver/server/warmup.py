@@ -59,8 +59,7 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = Tr
         table.install(0, stored, rows)  # a copy received (a repair, a join), a restore
         Ring.create([1]).vnodes(keys, spec.layout)  # an install's and a restore's keys checked
     for spec in tables:  # their request loops, run once (``store/vnodes._exercise``)
-        if not spec.key_bits:  # a dense table has none
-            VnodeSet(TableSpec("warm-up", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                               storage=spec.storage), 1, [0])
+        VnodeSet(TableSpec("warm-up", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                           storage=spec.storage, key_bits=min(spec.key_bits, 8)), 1, [0])
     if filters:
         warm_filters()  # a filtered request's decoding, a filtered reply's encoding

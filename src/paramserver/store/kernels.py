@@ -45,7 +45,7 @@ class Kernels:
     apply: Any  # loops.hash.apply's signature: one hash vnode
     apply_many: Any  # loops.many.apply_many's: every hash vnode segment of a request
     dense_apply_many: Any  # loops.dense.dense_apply_many's
-    request: RequestLoops | None = None  # a hash table's request loops for its row (``specialize.py``), if any
+    request: RequestLoops | None = None  # a table's request loops for its row (``specialize.py``), if any
 
 
 _custom: dict[tuple[str, int], Kernels] = {}

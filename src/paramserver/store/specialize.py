@@ -39,11 +39,12 @@ _loops: dict[tuple[int, int], RequestLoops] = {}
 class RequestLoops:
     apply: Any  # slots.apply_request, for this row
     lookup: Any  # slots.lookup_request, for this row
+    dense_apply: Any  # slots.dense_apply_request, for this row (a dense table's pushes)
 
 
 def request_loops(optimizer: Any, dim: int) -> RequestLoops | None:
-    """The request loops of a hash table with this optimiser spec and ``dim``, or None
-    where the generic kernels serve it."""
+    """The request loops of a table with this optimiser spec and ``dim`` (a hash table's
+    pushes and pulls, a dense table's pushes), or None where the generic kernels serve it."""
     if optimizer.kind == CUSTOM_KIND or not 1 <= dim <= MAX_DIM:
         return None
     key = (optimizer.kind, dim)
@@ -54,8 +55,8 @@ def request_loops(optimizer: Any, dim: int) -> RequestLoops | None:
 
 def _compile(optimizer: Any, dim: int) -> RequestLoops:
     anchor = anchor_file(f"{optimizer.name}_slots", dim, [])
-    return RequestLoops(rebind(slots.apply_request, anchor=anchor, DIM=dim, KIND=optimizer.kind),
-                        rebind(slots.lookup_request, anchor=anchor, DIM=dim, KIND=optimizer.kind))
+    return RequestLoops(*(rebind(fn, anchor=anchor, DIM=dim, KIND=optimizer.kind)
+                          for fn in (slots.apply_request, slots.lookup_request, slots.dense_apply_request)))
 
 
 def rule_request_loops(dim: int, anchor: str | None, **steps: Any) -> RequestLoops | None:
@@ -64,7 +65,8 @@ def rule_request_loops(dim: int, anchor: str | None, **steps: Any) -> RequestLoo
     if not 1 <= dim <= MAX_DIM:
         return None
     return RequestLoops(rebind(slots.apply_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND, **steps),
-                        rebind(slots.lookup_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND))
+                        rebind(slots.lookup_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND),
+                        rebind(slots.dense_apply_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND, **steps))
 
 
 def rebind(fn: Any, inline: Literal["never", "always"] = "never", anchor: str | None = None, **names: Any) -> Any:

@@ -66,8 +66,8 @@ class VnodeSet:
         self._okind, self._ohp, self._ikind, self._ihp = opt.kind, opt.params(), init.kind, init.params()
         self._seed = np.uint64(spec.seed)
         self._kernels = kernels_for(opt, spec.dim, spec.storage)  # the built-in rules' (cached), or a user rule's own
-        # a hash table's requests in one call compiled for its row (``store/specialize.py``), where there is one
-        self._loops = None if spec.key_bits else self._kernels.request
+        # a table's requests in one call compiled for its row (``store/specialize.py``), where there is one
+        self._loops = self._kernels.request
         self.life_width = life_width(spec.lifecycle)  # the lifecycle's columns a slot (``loops/life.py``)
         self.life: TableLife | None = None
         if spec.lifecycle:
@@ -274,9 +274,14 @@ class VnodeSet:
         if self.tiers is not None:
             self.tiers.before(vnodes, counts, keys)
         if self.tables and self.bits:  # dense vnodes never grow
-            self._misplaced(k.dense_apply_many(*self._dir.dense_args, self.slot, vnodes, counts, keys,
-                                               grads, self.spec.dim, self.layout, op, self._okind, self._ohp,
-                                               self._ikind, self._ihp, self._seed), keys)
+            if self._loops is not None and op == OP_UPDATE:
+                bad = self._loops.dense_apply(*self._dir.dense_args, self.slot, vnodes, counts, keys, grads,
+                                              self.layout, self._ohp, self._ikind, self._ihp, self._seed)
+            else:
+                bad = k.dense_apply_many(*self._dir.dense_args, self.slot, vnodes, counts, keys, grads,
+                                         self.spec.dim, self.layout, op, self._okind, self._ohp, self._ikind,
+                                         self._ihp, self._seed)
+            self._misplaced(bad, keys)
             return
         seg, start = 0, 0
         loops = self._loops if op == OP_UPDATE else None
@@ -376,12 +381,12 @@ def _exercise(spec: TableSpec) -> None:
     compiled for its row (``store/specialize.py``), they are loaded (or, on a cold cache,
     compiled) at their first call, which is then a table's creation and not its first
     request, in the serving loop (as a user rule's kernels, ``kernels._try``)."""
-    row = (spec.optimizer, spec.dim, spec.storage)
+    row = (spec.optimizer, spec.dim, spec.storage, bool(spec.key_bits))
     if row in _exercised:
         return
     _exercised.add(row)
     scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                 storage=spec.storage), 1, [0])
+                                 storage=spec.storage, key_bits=min(spec.key_bits, 8)), 1, [0])
     keys, vnodes, counts = np.ones(1, np.uint64), np.zeros(1, np.int32), np.ones(1, np.int64)
     grads = np.zeros((1, spec.dim), np.float32)
     for a in (keys, vnodes, counts, grads):

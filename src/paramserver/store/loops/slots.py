@@ -10,6 +10,14 @@ address ``AHEAD`` keys on, across the boundaries of the vnodes (a request's vnod
 few keys each: a 1 000-key batch spreads over 64, so a look-ahead inside one vnode would
 overlap nothing).
 
+A dense table's pushes (``dense_apply_request``) walk the same way: every key's row is
+placed first (and the whole request refused if one is not in its vnode), then the rows
+are updated with the row ``AHEAD`` keys on fetched by address, across vnodes.  On the
+default job's own requests (LR, FTRL, 2^24 positions, ~3 300 keys a push over 64
+vnodes) an update took 28.9 ns a key in ``dense.dense_apply_many``, whose look-ahead
+stayed inside a vnode, and takes 19.1 here.  A dense table's reads keep
+``dense.dense_lookup_many`` (14 ns a key either way: a read has no arithmetic to wait on).
+
 The row's width and the update rule are compile-time constants: ``DIM`` and ``KIND`` (and,
 for a user's rule, ``push_row`` and ``init_row``) are rebound per table and the loops
 compiled again from this source (``store/specialize.py``), so the inner loop has no
@@ -23,10 +31,10 @@ import numpy as np
 from numba import njit
 
 from paramserver._runtime.intrinsics import prefetch_address
-from paramserver.routing.hashing import hash64, slot_of_hash
+from paramserver.routing.hashing import dense_pos, hash64, layout_bits, slot_of_hash
 from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows, work_slot
-from paramserver.store.loops.hash import claim, find_from
-from paramserver.store.loops.views import LIMIT, ROWS, SLOTS, STRIDE, hash_arrays
+from paramserver.store.loops.hash import COUNT, claim, find_from
+from paramserver.store.loops.views import LIMIT, N_ROWS, ROWS, SLOTS, START, STRIDE, dense_arrays, hash_arrays
 from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 
 #: rebound per table (``store/specialize.py``): the value columns of a row, and the rule
@@ -113,3 +121,60 @@ def apply_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, grads, seg
             store_row(rows, s, scratch, width, DIM, key)
         a = b
     return vnodes.shape[0], 0
+
+
+@njit(nogil=True, cache=True)
+def dense_places(d, slot, vnodes, counts, keys, layout):
+    """Each key's row in its dense vnode and that row's address, in one sequential pass (a
+    dense vnode's row is the key's position less the vnode's first, ``store/dense.py``);
+    and the index of the first key that is not in its vnode, or -1.  The first ``AHEAD``
+    rows are fetched: the walk that follows fetches the rest ahead by address."""
+    n = keys.shape[0]
+    row = np.empty(n, np.int64)
+    address = np.zeros(n + AHEAD, np.int64)  # AHEAD zeros at the end: no fetch past the last key
+    a = 0
+    for seg in range(vnodes.shape[0]):
+        t = slot[vnodes[seg]]
+        start, n_rows, base, stride = d[t, START], d[t, N_ROWS], d[t, ROWS], d[t, STRIDE]
+        for i in range(a, a + counts[seg]):
+            key = keys[i]
+            r = np.int64(dense_pos(key, layout)) - start
+            if r < 0 or r >= n_rows or key >> np.uint64(layout_bits(layout)) != 0:
+                return row, address, i
+            row[i] = r
+            address[i] = base + r * stride
+        a += counts[seg]
+    for i in range(min(AHEAD, n)):
+        prefetch_address(address[i])
+    return row, address, -1
+
+
+@njit(nogil=True, cache=True)
+def dense_apply_request(d, rows0, meta0, slot, vnodes, counts, keys, grads, layout, ohp, ikind, ihp, seed):
+    """Apply ``grads`` to ``keys`` over dense vnodes with the table's rule, every segment in
+    one walk that fetches the row ``AHEAD`` keys on whatever vnode it is in (a request of a
+    few thousand keys holds a few tens a vnode: a look-ahead inside a vnode left the first
+    of each unfetched).  Every key is placed first: if one is not in its vnode, nothing is
+    applied and its index is returned; else -1.  The arithmetic is ``dense.dense_apply``'s,
+    in the same order: the same bits."""
+    row, address, bad = dense_places(d, slot, vnodes, counts, keys, layout)
+    if bad >= 0:
+        return bad
+    flag = rows0.shape[1] - 1  # the last column: 1 once the key is stored
+    scratch = new_scratch(rows0)  # compact rows are updated in a float32 copy (``compact.py``)
+    a = 0
+    for sg in range(vnodes.shape[0]):
+        rows, meta = dense_arrays(d, slot[vnodes[sg]], rows0, meta0)
+        work = work_rows(rows, scratch)
+        for i in range(a, a + counts[sg]):
+            prefetch_address(address[i + AHEAD])
+            key, r = keys[i], row[i]
+            w = load_row(rows, r, scratch, flag, DIM)  # row w of work: r itself for float32 rows
+            if rows[r, flag] == 0:
+                init_row(work, w, key, DIM, flag, KIND, ohp, ikind, ihp, seed)
+                rows[r, flag] = 1
+                meta[COUNT] += 1
+            push_row(work, w, grads, i, DIM, OP_UPDATE, KIND, ohp)
+            store_row(rows, r, scratch, flag, DIM, key)
+        a += counts[sg]
+    return -1
