@@ -12,7 +12,10 @@ as frames arrive).  Cases:
 * AdaGrad on a dim-16 table of ``--keys16`` keys (a 136-byte slot: 10^6 keys by default,
   1.4 GB at 10^7);
 * (``--cases adagrad33``) AdaGrad on a dim-33 table of ``--keys16`` keys: a row wider than
-  the request loops take, so both columns are the generic loops.
+  the request loops take, so both columns are the generic loops;
+* (``--cases ftrl-dense``) FTRL on a dim-1 dense table (``key_bits=24``, the layout of
+  ``paramserver train``'s default model) holding ``--keys`` keys: a dense table's pushes
+  take a request loop (``slots.dense_apply_request``), its reads the generic dense loop.
 
 Each is run with the request loops compiled for its row (``store/specialize.py``, the
 default) and with the generic kernels (``generic``), alternating, so the two see the same
@@ -39,16 +42,21 @@ from paramserver.routing.ring import Ring
 from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.spec import TableSpec
 
-CASES = {"ftrl": (1, {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 1.0, "l2": 1.0}),
-         "adagrad16": (16, {"name": "adagrad", "lr": 0.05}),
-         "adagrad33": (33, {"name": "adagrad", "lr": 0.05})}  # wider than request loops take: the generic loops
+FTRL = {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 1.0, "l2": 1.0}
+DENSE_BITS = 24
+#: a case: its row's width, its rule, and its key_bits (0: a hash table)
+CASES = {"ftrl": (1, FTRL, 0),
+         "adagrad16": (16, {"name": "adagrad", "lr": 0.05}, 0),
+         "adagrad33": (33, {"name": "adagrad", "lr": 0.05}, 0),  # wider than request loops take: the generic loops
+         "ftrl-dense": (1, FTRL, DENSE_BITS)}
 SMALL = 1 << 14
 SCRAMBLE = np.uint64(0x9E3779B97F4A7C15)
 
 
-def key_ids(ids: np.ndarray) -> np.ndarray:
-    """Key ids 1..N as scattered uint64 keys (hot keys are not neighbours)."""
-    return ids.astype(np.uint64) * SCRAMBLE + np.uint64(1)
+def key_ids(ids: np.ndarray, bits: int = 0) -> np.ndarray:
+    """Key ids 1..N as scattered uint64 keys (hot keys are not neighbours); for a dense
+    table (``bits``) the ids themselves, which its layout scatters over its rows."""
+    return ids.astype(np.uint64) if bits else ids.astype(np.uint64) * SCRAMBLE + np.uint64(1)
 
 
 def zipf_batches(n_keys: int, batch: int, total: int, seed: int = 0) -> list[np.ndarray]:
@@ -64,22 +72,23 @@ def zipf_batches(n_keys: int, batch: int, total: int, seed: int = 0) -> list[np.
     return out
 
 
-def frozen_request(ring: Ring, keys: np.ndarray, dim: int) -> tuple[np.ndarray, ...]:
+def frozen_request(ring: Ring, keys: np.ndarray, dim: int, layout: int = 0) -> tuple[np.ndarray, ...]:
     grads = np.full((keys.size, dim), 0.01, np.float32)
-    r = route_push(ring, keys, grads, distinct=True)
+    r = route_push(ring, keys, grads, layout, distinct=True)
     arrays = (r.keys, r.grads, r.parts[0].vnodes, r.parts[0].counts)
     for a in arrays:
         a.flags.writeable = False
     return arrays
 
 
-def filled(ring: Ring, dim: int, optimizer: dict, n_keys: int, generic: bool) -> VnodeSet:
-    table = VnodeSet(TableSpec("t", dim, optimizer=optimizer), ring.n_vnodes, range(ring.n_vnodes))
+def filled(ring: Ring, dim: int, optimizer: dict, n_keys: int, generic: bool, bits: int = 0) -> VnodeSet:
+    spec = TableSpec("t", dim, optimizer=optimizer, key_bits=bits)
+    table = VnodeSet(spec, ring.n_vnodes, range(ring.n_vnodes))
     if generic:
         table._loops = None
     step = 1 << 20
     for a in range(1, n_keys + 1, step):
-        k, g, v, c = frozen_request(ring, key_ids(np.arange(a, min(a + step, n_keys + 1))), dim)
+        k, g, v, c = frozen_request(ring, key_ids(np.arange(a, min(a + step, n_keys + 1)), bits), dim, spec.layout)
         table.apply(v, c, k, g)
     return table
 
@@ -97,13 +106,14 @@ def timed(table: VnodeSet, requests: list[tuple[np.ndarray, ...]], dim: int, rea
 
 
 def case(name: str, n_keys: int, batch: int, total: int, generic: bool) -> dict:
-    dim, optimizer = CASES[name]
+    dim, optimizer, bits = CASES[name]
+    layout = TableSpec("t", dim, key_bits=bits).layout
     ring = Ring.create([1], 64)
     ids = zipf_batches(n_keys, batch, total)
-    big = [frozen_request(ring, key_ids(b), dim) for b in ids]
-    small = [frozen_request(ring, key_ids(np.unique((b - 1) % SMALL + 1)), dim) for b in ids]
-    table = filled(ring, dim, optimizer, n_keys, generic)
-    cache = filled(ring, dim, optimizer, SMALL, generic)
+    big = [frozen_request(ring, key_ids(b, bits), dim, layout) for b in ids]
+    small = [frozen_request(ring, key_ids(np.unique((b - 1) % SMALL + 1), bits), dim, layout) for b in ids]
+    table = filled(ring, dim, optimizer, n_keys, generic, bits)
+    cache = filled(ring, dim, optimizer, SMALL, generic, bits)
     for read in (False, True):  # compiled, and the first pages touched
         timed(table, big[:2], dim, read)
         timed(cache, small[:2], dim, read)
@@ -132,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.cases.split(","):
         if name not in CASES:
             raise SystemExit(f"--cases: {name!r} is not one of {sorted(CASES)}")
-        n_keys = args.keys if name == "ftrl" else args.keys16
+        n_keys = args.keys if name.startswith("ftrl") else args.keys16
+        if CASES[name][2] and n_keys >= 1 << DENSE_BITS:
+            raise SystemExit(f"--keys: a dense table of key_bits={DENSE_BITS} holds fewer than "
+                             f"{1 << DENSE_BITS:,} keys")
         for batch in (int(b) for b in args.batches.split(",")):
             for generic in (False, True):
                 rows.append(case(name, n_keys, batch, args.updates, generic))
