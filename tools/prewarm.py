@@ -33,13 +33,15 @@ def _synth_rows() -> None:
         write_synth(os.path.join(tmp, "rows.tsv"), 10, seed=1)
 
 
-def _request_loops(rows: list[tuple[object, int]]) -> None:
-    """The request loops of hash and dense tables of these (optimiser, dim) rows: compiled
-    for their row (``store/specialize.py``), each a kernel of its own."""
+def _request_loops(rows: list[tuple[object, int]], dense: list[tuple[object, int]] | None = None) -> None:
+    """The request loops of hash tables of these (optimiser, dim) rows, and of dense tables
+    of the ``dense`` rows (default: the same): compiled for their row
+    (``store/specialize.py``), each a kernel of its own."""
     from paramserver.tables.spec import TableSpec
 
-    warm_server((), filters=False, tables=tuple(TableSpec("warm-up", dim, optimizer=opt, key_bits=bits)
-                                                for opt, dim in rows for bits in (0, 8)))
+    tables = [TableSpec("warm-up", dim, optimizer=opt) for opt, dim in rows]
+    tables += [TableSpec("warm-up", dim, optimizer=opt, key_bits=8) for opt, dim in (rows if dense is None else dense)]
+    warm_server((), filters=False, tables=tuple(tables))
 
 
 def _job_rows() -> list[tuple[object, int]]:
@@ -50,6 +52,8 @@ def _job_rows() -> list[tuple[object, int]]:
 #: the built-in rules and the widths the tests' tables use
 RULES = ("sgd", "adagrad", "ftrl", "ftrl_adagrad", "adam", "rmsprop")
 WIDTHS = (1, 2, 3, 4, 16)
+#: a dense table's widths a rule is warmed for, where not dim 1 alone (``tests/unit/test_request_loops.py``)
+DENSE_WIDTHS = {"adagrad": (1, 16), "ftrl": (1, 4)}
 
 
 def groups(quick_start: bool) -> list[Group]:
@@ -66,7 +70,10 @@ def groups(quick_start: bool) -> list[Group]:
                 ("the demo's synthetic rows", _synth_rows)]
     every = [(f"server tables, {storage} rows", lambda s=storage: warm_server(storages=(s,), filters=False))
              for storage in ("float32", "fp16", "bf16")]
-    loops = [(f"request loops, {rule}", lambda r=rule: _request_loops([(r, d) for d in WIDTHS])) for rule in RULES]
+    # dense tables' loops at the widths the tests' dense tables use (``DENSE_WIDTHS``)
+    loops = [(f"request loops, {rule}", lambda r=rule: _request_loops([(r, d) for d in WIDTHS],
+                                                                      [(r, d) for d in DENSE_WIDTHS.get(r, (1,))]))
+             for rule in RULES]
     return [*every, ("the filters", warm_filters), *loops,
             ("LR's and FM's request loops", lambda: _request_loops(_job_rows())),
             ("Criteo rows: LR, FM, DeepFM", lambda: warm_worker(("criteo",), filters=False)),
