@@ -242,6 +242,7 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
                        layout=getattr(args, "table_layout", "auto"), filters=getattr(args, "filters", None),
                        lifecycle=getattr(args, "lifecycle", None), storage=getattr(args, "storage", "float32"),
                        row_cache=getattr(args, "row_cache", "off"), table_memory=getattr(args, "table_memory", 0),
+                       hot_keys=getattr(args, "hot_keys", "full"),
                        prefetch=getattr(args, "prefetch", True))
 
 

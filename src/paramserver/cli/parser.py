@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from paramserver.config import DMLC_ENV, ENV, NODE_ENV, parse_bytes
+from paramserver.tables.spec import HOT_KEYS
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -111,6 +112,10 @@ def table_memory_flag(p: argparse.ArgumentParser) -> None:
                    help="memory the model table's rows may take on each server, like 512M: the least recently "
                         "used rows go to the server's local disk ($PARAMSERVER_COLD_DIR, else /var/tmp) and come "
                         "back when a batch asks for them; the model is the same (docs/tiers.md) [0: all in memory]")
+    p.add_argument("--hot-keys", choices=HOT_KEYS, default="full",
+                   help="with --table-memory, what memory keeps of each key: the key, or a 16-bit fingerprint "
+                        "(9 bytes a key's slot for dim-1 FTRL with --storage bf16, against 18; about 1 key in 10^4 "
+                        "then shares another's row: docs/tiers.md) [full]")
     p.add_argument("--cold-dir", metavar="DIR",
                    help="where the local cluster's servers keep the rows over --table-memory: a local disk, not "
                         "tmpfs [PARAMSERVER_COLD_DIR, $TMPDIR or /var/tmp]")

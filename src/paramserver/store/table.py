@@ -69,6 +69,8 @@ class VnodeTable:
             16-bit columns (``compact.py``).
     """
 
+    META_WIDTH = 2  # ``meta``: COUNT, HAS_ZERO (``loops/hash.py``)
+
     def __init__(self, dim: int, optimizer: Optimizer, initializer: Initializer, seed: int,
                  capacity: int = MIN_CAPACITY, kernels: Kernels | None = None, life_width: int = 0,
                  storage: str = "float32", arena: DiskArena | None = None) -> None:
@@ -88,7 +90,7 @@ class VnodeTable:
         self._okind, self._ohp = optimizer.kind, optimizer.params()
         self._ikind, self._ihp = initializer.kind, initializer.params()
         self._seed = np.uint64(seed)
-        self._meta = np.zeros(2, np.int64)
+        self._meta = np.zeros(self.META_WIDTH, np.int64)
         self._alloc(max(MIN_CAPACITY, capacity))
 
     def _alloc(self, capacity: int) -> None:
@@ -133,12 +135,12 @@ class VnodeTable:
         """Room for ``needed`` keys; the heap bytes let go for good, once the old slots are
         dropped (``memory.heap_released``: the vnode moved off the heap)."""
         cap = max(int(self.capacity * GROWTH) + 1, int(needed / self.max_load) + 2)
-        old_keys, old_rows, old_life = self.keys, self.rows, self.life
+        old_keys, old_rows, old_life, old_meta = self.keys, self.rows, self.life, self._meta.copy()
         old_bytes = self.slots.nbytes
         self._alloc(cap)
-        hash_loops.rehash(old_keys, old_rows, self.keys, self.rows)
-        if old_life is not None:
-            life_loops.rehash_life(old_keys, old_life, self.keys, self._meta, self.life)
+        no_life = np.zeros((0, 0), np.float32)
+        hash_loops.rehash(old_keys, old_meta, old_rows, old_life if old_life is not None else no_life, self.keys,
+                          self._meta, self.rows, self.life if self.life is not None else no_life)
         return old_bytes if on_heap(old_bytes) and not on_heap(self.slots.nbytes) else 0
 
     def lookup(self, keys: np.ndarray, out: np.ndarray) -> None:
@@ -201,8 +203,8 @@ class VnodeTable:
         hold them), so the memory of the others is freed."""
         keys, rows, life = self._occupied()  # rows as stored: moved, not decoded and encoded again
         keys, rows = np.ascontiguousarray(keys[mask]), np.ascontiguousarray(rows[mask])
-        self._meta[:] = 0
         self._alloc(capacity or max(MIN_CAPACITY, int(max(keys.shape[0], room) / self.max_load) + 2))
+        self._meta[COUNT] = self._meta[HAS_ZERO] = 0  # (after: arrays on disk may fail to be made)
         hash_loops.insert_rows(self.keys, self.rows, self._meta, frozen(keys), frozen(rows))
         if life is not None:
             self.set_life(keys, life[mask])

@@ -42,10 +42,11 @@ from paramserver._runtime.malloc import trim_heap
 from paramserver.routing.hashing import hash64_array
 from paramserver.store.directory import Directory
 from paramserver.store.disk import RELEASE_BYTES, DiskArena, DiskFullError
+from paramserver.store.fingerprints import Generations
 from paramserver.store.loops import tiers as tier_loops
 from paramserver.store.memory import heap_released
 from paramserver.store.readahead import PAGE_SHIFT, Policy, readahead
-from paramserver.store.table import MAX_LOAD, MIN_CAPACITY, VnodeTable
+from paramserver.store.table import MIN_CAPACITY, VnodeTable
 
 logger = logging.getLogger(__name__)
 
@@ -133,11 +134,15 @@ class Tiers:
         new_cold: makes the (empty) cold vnode of a vnode with room for some keys, its
             arrays from ``arena``.
         arena: where the cold arrays are.
+        generations: the hot vnodes' ``seen`` stamps are generations
+            (``fingerprints.py``'s vnodes), not the request count.
     """
 
     def __init__(self, rows: TierRows, budget: int, column: int, n_vnodes: int,
-                 new_cold: Callable[[int, int], VnodeTable], arena: DiskArena) -> None:
+                 new_cold: Callable[[int, int], VnodeTable], arena: DiskArena,
+                 generations: Generations | None = None) -> None:
         self.rows, self.budget, self.column = rows, budget, column
+        self.generations = generations  # ``seen`` as a byte's generation (fingerprinted hot vnodes), or the clock
         self._new_cold = new_cold
         self.arena = arena
         self.cold = Vnodes(n_vnodes)
@@ -155,6 +160,8 @@ class Tiers:
     def before(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> None:
         """Stamp the request's hot keys as seen; bring back those the cold tier holds."""
         self.clock += 1.0
+        if self.generations is not None and self.generations.request(self.clock):
+            self.generations.down([vt.life for vt in self.rows.hash_vnodes.values() if vt.life is not None])
         hot, missing = self._stamp(vnodes, counts, keys)
         promoted = self._promote(vnodes, counts, keys, hot) if missing and self.cold_keys else 0
         with self._lock:
@@ -168,7 +175,7 @@ class Tiers:
         hot = np.empty(keys.shape[0], np.bool_)
         d = self.rows.directory
         return hot, int(tier_loops.seen_many(*d.hash_args, d.life0, self.rows.slot, vnodes, counts, keys, self.column,
-                                             np.float32(self.clock), hot))
+                                             self.now, hot))
 
     def prefetch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> tuple[int, bool]:
         """Keys a later request will ask for.  While reading ahead pays (``readahead.Policy``:
@@ -202,7 +209,7 @@ class Tiers:
                                      found, True))
         self.reading.promoted(n, time.perf_counter() - t0)  # the reads of the rows, before they are put back
         if n:
-            self._put(self.rows, vnodes, counts, keys, rows, life, found, self.column, self.clock)
+            self._put(self.rows, vnodes, counts, keys, rows, life, found, self.column, float(self.now))
             self._moved(n)
             self.dirty = True
         with self._lock:
@@ -239,6 +246,11 @@ class Tiers:
         if due:
             self.arena.release()
 
+    @property
+    def now(self) -> np.float32:
+        """What a ``seen`` stamp made now holds: the request count, or the generation."""
+        return np.float32(self.clock if self.generations is None else self.generations.now)
+
     # ---- the budget -----------------------------------------------------------------------
     @property
     def hot_bytes(self) -> int:
@@ -261,12 +273,15 @@ class Tiers:
         slots = self.budget / len(tables) / (first.nbytes / (first.capacity + 1))  # a vnode's share of the budget
         share = max(MIN_CAPACITY, int(slots) - 1)  # its arrays: at least MIN_CAPACITY slots, ...
         lens = np.fromiter((len(vt) for vt in tables.values()), np.int64, len(tables))
-        if not over and not (self.sized and lens.max() > HIGH * MAX_LOAD * slots):  # ... its keys: the budget's
+        if not over and not (self.sized and lens.max() > HIGH * first.max_load * slots):  # ... its keys: the budget's
             return
         t0 = time.perf_counter()
         self.stats.settles += 1
+        max_load = first.max_load
         try:
-            self._demote(np.maximum(lens - int(LOW * MAX_LOAD * slots), 0))
+            self._demote(np.maximum(lens - int(LOW * max_load * slots), 0))
+            if self.generations is not None and self.generations.step():  # the keys seen from now on are younger
+                self.generations.down([vt.life for vt in tables.values() if vt.life is not None])
         except DiskFullError as exc:
             self.stats.disk_full += 1
             self._retry_at = self.clock + RETRY_REQUESTS
@@ -298,7 +313,7 @@ class Tiers:
         """The ``excess[t]`` least recently seen keys of each hot vnode (of those last seen
         in the same ``BINS``-th of the clock, the first a walk meets), as a request's arrays."""
         d, n = self.rows.directory, len(self.rows.hash_vnodes)
-        clock = np.float32(self.clock)
+        clock = self.now
         bins = np.zeros((n, BINS), np.int64)
         tier_loops.seen_counts(*d.hash_args, d.life0, n, self.column, clock, bins)
         cum = np.cumsum(bins, axis=1)
@@ -310,8 +325,9 @@ class Tiers:
         vnode_of = np.array(list(self.rows.hash_vnodes), np.int64)
         out_v, out_k = np.empty(int(excess.sum()), np.int64), np.empty(int(excess.sum()), np.uint64)
         turn = int(hash64_array(np.array([self.stats.settles], np.uint64))[0] >> np.uint64(1))
-        k = tier_loops.oldest(*d.hash_args, d.life0, n, self.column, clock, BINS, cut, need, turn, vnode_of, out_v,
-                              out_k)
+        have = bins[rows, np.maximum(cut, 0)]
+        k = tier_loops.oldest(*d.hash_args, d.life0, n, self.column, clock, BINS, cut, need, have, turn, vnode_of,
+                              out_v, out_k)
         out_v, out_k = out_v[:k], out_k[:k]
         starts = np.flatnonzero(np.diff(out_v, prepend=-1))  # runs of one vnode (a vnode's keys are together)
         counts = np.diff(np.append(starts, k)).astype(np.int64)
@@ -335,7 +351,7 @@ class Tiers:
         rare one whose keys it cannot hold at ``MAX_LOAD``, at the size they need)."""
         tables = self.rows.hash_vnodes
         for v, vt in tables.items():
-            capacity = max(share, int(len(vt) / MAX_LOAD) + 2)
+            capacity = max(share, int(len(vt) / vt.max_load) + 2)
             if vt.capacity != capacity:
                 vt.keep(np.ones(len(vt), bool), capacity=capacity)
                 self.rows.enter(v)

@@ -20,6 +20,7 @@ from paramserver.store.compact import ROW_DTYPES
 from paramserver.store.dense import DenseVnode
 from paramserver.store.directory import Directory
 from paramserver.store.disk import DiskArena, default_cold_dir
+from paramserver.store.fingerprints import FingerprintTable, Generations
 from paramserver.store.kernels import kernels_for
 from paramserver.store.life import TableLife, life_width
 from paramserver.store.loops import life as life_loops
@@ -78,7 +79,8 @@ class VnodeSet:
         budget = spec.memory or (memory if not spec.key_bits and not spec.lifecycle.evicts else 0)
         if budget:  # one more life column: when each key was last seen
             arena = DiskArena(cold_dir or default_cold_dir(), spec.name)
-            self.tiers = Tiers(self, budget, self.life_width, n_vnodes, self._new_cold, arena)
+            self.tiers = Tiers(self, budget, self.life_width, n_vnodes, self._new_cold, arena,
+                               Generations() if spec.hot_keys == "fingerprint" else None)
             self.life_width += 1
         self.set_vnodes(vnodes)
         if self._loops is not None:
@@ -89,6 +91,9 @@ class VnodeSet:
     def _new_table(self, vnode: int) -> VnodeTable | DenseVnode:
         if self.bits:
             return DenseVnode(self.spec, self.n_vnodes, vnode)
+        if self.tiers is not None and self.tiers.generations is not None:
+            return FingerprintTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
+                                    keys_arena=self.tiers.arena, kernels=self._kernels, storage=self.spec.storage)
         return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
                           kernels=self._kernels, life_width=self.life_width, storage=self.spec.storage)
 
@@ -351,12 +356,13 @@ def _one_vnode(vnode: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 def _exercise_tiers(spec: TableSpec, cold_dir: str) -> None:
     """Run the tiers' loops once (``_exercise``): a scratch table of this row, its budget
     a few slots, pushed past it and read back."""
-    row = ("tiers", spec.optimizer, spec.dim, spec.storage, bool(spec.lifecycle))
+    row = ("tiers", spec.optimizer, spec.dim, spec.storage, bool(spec.lifecycle), spec.hot_keys)
     if row in _exercised:
         return
     _exercised.add(row)
     scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                 storage=spec.storage, lifecycle=spec.lifecycle or None, memory=1), 1, [0],
+                                 storage=spec.storage, lifecycle=spec.lifecycle or None, memory=1,
+                                 hot_keys=spec.hot_keys), 1, [0],
                        cold_dir=cold_dir)
     vnodes, counts = frozen(np.zeros(1, np.int32)), frozen(np.array([64], np.int64))
     keys = frozen(np.arange(1, 65, dtype=np.uint64))

@@ -28,10 +28,12 @@ _WIRE_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "dim": (int,), "seed": (int,), "optimizer": (str, dict), "initializer": (str, dict),
     "consistency": (str, int, float, type(None)), "aggregate": (bool,), "replicas": (int,), "key_bits": (int,),
     "block_size": (int,), "filters": (str, dict), "lifecycle": (str, dict), "storage": (str,),
-    "memory": (int,)}
+    "memory": (int,), "hot_keys": (str,)}
 
 #: How a server may store a table's rows (``store/compact.py``).
 STORAGES = ("float32", "fp16", "bf16")
+#: What a memory budget's hot tier keeps of each key (``store/fingerprints.py``).
+HOT_KEYS = ("full", "fingerprint")
 
 
 #: What a spec's ``optimizer`` may be given as: a spec object (``FTRL(l1=2)``), a name with
@@ -98,6 +100,13 @@ class TableSpec:
             checkpoints and exports see every row, and a model trained with a budget is
             the one trained without.  A server's ``--table-memory`` gives every table
             without one of its own this budget.
+        hot_keys: with a memory budget, what the hot tier keeps of each key in memory:
+            ``"full"`` (default) the key, or ``"fingerprint"``, 16 bits of its hash, the
+            full key kept in the cold tier's files (9 bytes a slot for dim-1 FTRL in
+            ``bf16``, against 18).  Keys whose fingerprints meet on a probe share a row
+            (about 1 in 10^4), so the model is no longer bit for bit the one trained
+            without a budget (docs/tiers.md).  Takes effect where the table has a budget
+            (its own or a server's ``--table-memory``); needs no lifecycle.
 
     Example:
         >>> TableSpec("w", dim=1, optimizer={"name": "ftrl", "alpha": 0.1}).optimizer
@@ -118,11 +127,13 @@ class TableSpec:
     lifecycle: Lifecycle
     storage: str
     memory: int  # bytes of a server's memory the rows may take (0: no budget)
+    hot_keys: str  # what the hot tier keeps of a key: "full" or "fingerprint"
 
     def __init__(self, name: str, dim: int = 1, *, optimizer: OptimizerLike = "sgd",
                  initializer: InitializerLike = "zeros", seed: int = 0, consistency: ConsistencyLike = "asp",
                  aggregate: bool = False, replicas: int = 1, key_bits: int = 0, block_size: int = 0,
-                 filters: Any = None, lifecycle: Any = None, storage: str = "float32", memory: int | str = 0) -> None:
+                 filters: Any = None, lifecycle: Any = None, storage: str = "float32", memory: int | str = 0,
+                 hot_keys: str = "full") -> None:
         """The one constructor path (``from_wire`` and ``dataclasses.replace`` go through it
         too; the fields after ``dim`` are passed by name): checks every field, and stores
         ``optimizer``, ``initializer`` and ``consistency`` in their normal form (spec
@@ -131,7 +142,7 @@ class TableSpec:
 
         for key, value in (("name", name), ("dim", dim), ("seed", seed), ("aggregate", aggregate),
                            ("replicas", replicas), ("key_bits", key_bits), ("block_size", block_size),
-                           ("storage", storage)):
+                           ("storage", storage), ("hot_keys", hot_keys)):
             object.__setattr__(self, key, value)
         object.__setattr__(self, "consistency", parse_consistency(consistency))
         object.__setattr__(self, "memory", parse_bytes(f"table {name!r}: memory", memory))
@@ -157,6 +168,8 @@ class TableSpec:
                               "round: keep the value codecs off the pushes (keycache, delta and zstd are fine)")
         if self.memory:
             self._check_memory()
+        if self.hot_keys != "full":
+            self._check_fingerprints()
         if self.lifecycle and self.aggregate:
             raise ConfigError(f"table {self.name!r}: a lifecycle ({self.lifecycle}) needs pushes applied as they "
                               "arrive; aggregate=True holds them to the end of each clock: drop one of them")
@@ -171,6 +184,16 @@ class TableSpec:
             raise ConfigError(f"table {self.name!r}: a memory budget moves the rows over it to disk, and the "
                               f"lifecycle {str(self.lifecycle)!r} drops keys: keep one of them (a budget keeps "
                               "what was learnt; admission and change tracking go with it)")
+
+    def _check_fingerprints(self) -> None:
+        """Fingerprints are a memory budget's hot tier, and leave no room for life columns."""
+        if self.lifecycle:
+            raise ConfigError(f"table {self.name!r}: hot_keys='fingerprint' keeps one byte a key beside its row, "
+                              f"for when it was last seen; the lifecycle {str(self.lifecycle)!r} needs columns of "
+                              "its own: drop one of them")
+        if self.key_bits:
+            raise ConfigError(f"table {self.name!r}: hot_keys='fingerprint' is a hash table's hot tier; this one "
+                              f"is dense (key_bits={self.key_bits}), its keys are positions: use hot_keys='full'")
 
     def _check_fields(self) -> None:
         """``ConfigError`` naming the first field (after ``consistency``) out of its range."""
@@ -205,6 +228,9 @@ class TableSpec:
             if not self.key_bits or b > 1 << self.key_bits:
                 raise ConfigError(f"table {self.name!r}: block_size={b} needs a dense table with at least that "
                                   f"many keys: key_bits >= {b.bit_length() - 1}, got key_bits={self.key_bits}")
+        if self.hot_keys not in HOT_KEYS:
+            raise ConfigError(f"table {self.name!r}: hot_keys must be one of {list(HOT_KEYS)} (what a memory "
+                              f"budget's hot tier keeps of a key), got {self.hot_keys!r}; e.g. hot_keys='fingerprint'")
         if self.storage not in STORAGES:
             raise ConfigError(f"table {self.name!r}: storage must be one of {list(STORAGES)} (how servers store "
                               f"rows: float32, or 16 bits a column), got {self.storage!r}; e.g. storage='bf16'")
@@ -258,7 +284,8 @@ class TableSpec:
                 **({"filters": self.filters.to_wire()} if self.filters else {}),
                 **({"lifecycle": self.lifecycle.to_wire()} if self.lifecycle else {}),
                 **({"storage": self.storage} if self.storage != "float32" else {}),
-                **({"memory": self.memory} if self.memory else {})}
+                **({"memory": self.memory} if self.memory else {}),
+                **({"hot_keys": self.hot_keys} if self.hot_keys != "full" else {})}
 
     @classmethod
     def from_wire(cls, d: Any) -> TableSpec:

@@ -51,6 +51,7 @@ class TrainConfig:
     lifecycle: Any = None  # admission, eviction, change tracking of the model's table (paramserver.lifecycle)
     storage: str = "float32"  # how servers store the model table's rows: float32, fp16 or bf16
     table_memory: int | str = 0  # memory the model table's rows may take on each server, the rest on disk (0: all)
+    hot_keys: str = "full"  # what the hot tier keeps of a key: the key, or a fingerprint (``TableSpec.hot_keys``)
     prefetch: bool = True  # name each batch's keys a batch ahead (Client.prefetch): tiered tables read them then
     row_cache: Any = "off"  # each worker's cache of the model table's rows (client/row_cache.py): off, hot, s=N,rows=N
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
@@ -81,6 +82,9 @@ class TrainConfig:
         if parse_bytes("--table-memory", self.table_memory) and self.layout == "dense":
             raise ConfigError(f"--table-memory {self.table_memory} moves rows over the budget to disk, which needs "
                               "a hash table: use --table-layout hash or auto (the default)")
+        if self.hot_keys != "full" and not parse_bytes("--table-memory", self.table_memory):
+            raise ConfigError(f"--hot-keys {self.hot_keys} is what a memory budget's hot tier keeps of a key: give "
+                              "--table-memory too (like --table-memory 512M), or drop --hot-keys")
         if lifecycle and self.layout == "dense":
             raise ConfigError(f"--lifecycle {self.lifecycle!r} needs a hash table, whose memory follows its keys: "
                               "use --table-layout hash or auto (the default)")
@@ -92,7 +96,8 @@ class TrainConfig:
                          optimizer=self.optimizer or self.model.default_optimizer(),
                          initializer=self.model.initializer(), seed=self.seed,
                          consistency=self.consistency, replicas=self.replicas, filters=self.filters,
-                         lifecycle=self.lifecycle, storage=self.storage, memory=self.table_memory)
+                         lifecycle=self.lifecycle, storage=self.storage, memory=self.table_memory,
+                         hot_keys=self.hot_keys)
         return replace(spec, key_bits=self.key_bits(spec, input_bytes))
 
     def dense_spec(self) -> TableSpec | None:

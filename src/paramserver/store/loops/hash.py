@@ -17,6 +17,7 @@ from numba import njit
 from paramserver._runtime.intrinsics import prefetch_row
 from paramserver.routing.hashing import hash64, slot_of_hash
 from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows, work_slot
+from paramserver.store.loops.tags import key_at, record_key, tag_of
 from paramserver.tables.optim import init_row, init_value, push_row
 
 # meta[0] = number of keys stored (key 0 included); meta[1] = 1 when key 0 is stored
@@ -38,9 +39,10 @@ def find_from(tkeys, meta, key, s):
     cap = tkeys.shape[0]
     if key == 0:
         return cap if meta[HAS_ZERO] else -1
+    tag = tag_of(tkeys, key)
     while True:
         k = tkeys[s]
-        if k == key:
+        if k == tag:
             return s
         if k == 0:
             return -1
@@ -64,14 +66,16 @@ def claim(tkeys, meta, key, s, limit):
         meta[HAS_ZERO] = 1
         meta[COUNT] += 1
         return cap, True
+    tag = tag_of(tkeys, key)
     while True:
         k = tkeys[s]
-        if k == key:
+        if k == tag:
             return s, False
         if k == 0:
             if meta[COUNT] >= limit:
                 return -1, False
-            tkeys[s] = key
+            tkeys[s] = tag
+            record_key(tkeys, meta, s, key)
             meta[COUNT] += 1
             return s, True
         s += 1
@@ -133,29 +137,36 @@ def stored(tkeys, meta, keys, out):
 
 
 @njit(nogil=True, cache=True)
-def rehash(old_keys, old_rows, new_keys, new_rows):
-    """Move every key and its row to the grown arrays.  The old slots are read in order;
-    each key's new home is random, so the home of the key ``PREFETCH_AHEAD`` slots on is
-    fetched ahead (a vnode larger than the caches: 50 -> 21 ns a key moved, 2·10^5 keys)."""
+def rehash(old_keys, old_meta, old_rows, old_life, new_keys, new_meta, new_rows, new_life):
+    """Move every key, its row and its life row (``life``: no columns for a vnode without)
+    to the grown arrays.  The old slots are read in order; each key's new home is random,
+    so the home of the key ``PREFETCH_AHEAD`` slots on is fetched ahead (a vnode larger
+    than the caches: 50 -> 21 ns a key moved, 2·10^5 keys).  Fingerprints' twins keep a
+    slot each, as they had (``tags.py``)."""
     cap_old = old_keys.shape[0]
     cap = new_keys.shape[0]
-    width = old_rows.shape[1]
+    width, life_width = old_rows.shape[1], old_life.shape[1]
     for j in range(width):  # key 0 keeps the last row
         new_rows[cap, j] = old_rows[cap_old, j]
+    for j in range(life_width):
+        new_life[cap, j] = old_life[cap_old, j]
     for i in range(cap_old):
         if i + PREFETCH_AHEAD < cap_old and old_keys[i + PREFETCH_AHEAD] != 0:
-            prefetch_row(new_keys, slot_of_hash(hash64(old_keys[i + PREFETCH_AHEAD]), cap))
-        key = old_keys[i]
-        if key == 0:
+            prefetch_row(new_keys, slot_of_hash(hash64(key_at(old_keys, old_meta, i + PREFETCH_AHEAD)), cap))
+        if old_keys[i] == 0:
             continue
+        key = key_at(old_keys, old_meta, i)
         s = slot_of_hash(hash64(key), cap)
         while new_keys[s] != 0:
             s += 1
             if s == cap:
                 s = 0
-        new_keys[s] = key
+        new_keys[s] = old_keys[i]
+        record_key(new_keys, new_meta, s, key)
         for j in range(width):
             new_rows[s, j] = old_rows[i, j]
+        for j in range(life_width):
+            new_life[s, j] = old_life[i, j]
 
 
 @njit(nogil=True, cache=True)
@@ -172,13 +183,15 @@ def insert_rows(tkeys, rows, meta, keys, src_rows):
                 meta[HAS_ZERO] = 1
                 meta[COUNT] += 1
         else:
+            tag = tag_of(tkeys, key)
             s = slot_of_hash(hash64(key), cap)
-            while tkeys[s] != 0 and tkeys[s] != key:
+            while tkeys[s] != 0 and tkeys[s] != tag:
                 s += 1
                 if s == cap:
                     s = 0
             if tkeys[s] == 0:
-                tkeys[s] = key
+                tkeys[s] = tag
+                record_key(tkeys, meta, s, key)
                 meta[COUNT] += 1
         for j in range(width):
             rows[s, j] = src_rows[i, j]

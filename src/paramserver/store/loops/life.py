@@ -10,8 +10,8 @@ the last row being key 0's as in ``store/table.py``:
 * ``SCORE`` (with ``half_life``): its sightings, each halved every ``half_life`` since.
 
 They are written after a push is applied (``touch_many``: one more probe a key, whose
-slot the push has just brought into the cache), moved when a vnode grows
-(``rehash_life``), and read by the eviction sweep.  Tables without a lifecycle have none.
+slot the push has just brought into the cache), moved with their keys when a vnode grows
+(``hash.rehash``), and read by the eviction sweep.  Tables without a lifecycle have none.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from numba import njit
 
 from paramserver.routing.hashing import hash64, slot_of_hash
 from paramserver.store.loops.hash import COUNT, HAS_ZERO, find
+from paramserver.store.loops.tags import exact, key_at, move_key
 from paramserver.store.loops.views import hash_arrays, life_rows
 
 VER, STAMP, SCORE = 0, 1, 2
@@ -63,19 +64,6 @@ def stored_many(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out):
 
 
 @njit(nogil=True, cache=True)
-def rehash_life(old_keys, old_life, new_keys, new_meta, new_life):
-    """Move each key's life row to its slot in the grown vnode (keys already moved)."""
-    width = old_life.shape[1]
-    for j in range(width):  # key 0 keeps the last row
-        new_life[new_keys.shape[0], j] = old_life[old_keys.shape[0], j]
-    for i in range(old_keys.shape[0]):
-        if old_keys[i] != 0:
-            s = find(new_keys, new_meta, old_keys[i])
-            for j in range(width):
-                new_life[s, j] = old_life[i, j]
-
-
-@njit(nogil=True, cache=True)
 def place_life(tkeys, meta, life, keys, src):
     for i in range(keys.shape[0]):
         s = find(tkeys, meta, keys[i])
@@ -85,8 +73,8 @@ def place_life(tkeys, meta, life, keys, src):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def move_slot(tkeys, rows, life, dst, src):
-    tkeys[dst] = tkeys[src]
+def move_slot(tkeys, meta, rows, life, dst, src):
+    move_key(tkeys, meta, dst, src)
     for j in range(rows.shape[1]):
         rows[dst, j] = rows[src, j]
     for j in range(life.shape[1]):
@@ -118,7 +106,7 @@ def delete_one(tkeys, rows, meta, life, key):
     its run moves back into it unless its home lies between, so every probe still finds
     its key); its row and life row are zeroed.  Whether it was stored."""
     cap = tkeys.shape[0]
-    s = find(tkeys, meta, key)
+    s = exact(tkeys, meta, key, find(tkeys, meta, key))
     if s < 0:
         return False
     meta[COUNT] -= 1
@@ -131,14 +119,13 @@ def delete_one(tkeys, rows, meta, life, key):
         j += 1
         if j == cap:
             j = 0
-        k = tkeys[j]
-        if k == 0:
+        if tkeys[j] == 0:
             break
-        home = slot_of_hash(hash64(k), cap)
+        home = slot_of_hash(hash64(key_at(tkeys, meta, j)), cap)
         # k stays where it is if its home is cyclically within (s, j]
         if (s < j and s < home <= j) or (j < s and (home > s or home <= j)):
             continue
-        move_slot(tkeys, rows, life, s, j)
+        move_slot(tkeys, meta, rows, life, s, j)
         s = j
     tkeys[s] = 0
     clear_slot(rows, life, s)

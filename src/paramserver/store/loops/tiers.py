@@ -13,6 +13,7 @@ from numba import njit
 from paramserver.routing.hashing import hash64, slot_of_hash
 from paramserver.store.loops.hash import COUNT, HAS_ZERO, find
 from paramserver.store.loops.life import delete_one
+from paramserver.store.loops.tags import exact, key_at, record_key, tag_of
 from paramserver.store.loops.views import KEYS, LIFE, LIMIT, SLOTS, STRIDE, hash_arrays, life_rows
 
 
@@ -60,7 +61,7 @@ def take_many(d, keys0, rows0, meta0, life0, slot, vnodes, counts, keys, hot, ou
             found[i] = False
             if hot[i]:
                 continue
-            at = find(tkeys, meta, keys[i])
+            at = exact(tkeys, meta, keys[i], find(tkeys, meta, keys[i]))
             if at < 0:
                 continue
             found[i] = True
@@ -135,12 +136,16 @@ def put_many(d, keys0, rows0, meta0, life0, slot, vnodes, counts, keys, src_rows
             else:
                 if meta[COUNT] >= limit:
                     return s, i - a
+                tag = tag_of(tkeys, key)
                 at = slot_of_hash(hash64(key), tkeys.shape[0])
-                while tkeys[at] != 0:
+                while tkeys[at] != 0 and tkeys[at] != tag:
                     at += 1
                     if at == tkeys.shape[0]:
                         at = 0
-                tkeys[at] = key
+                if tkeys[at] == tag:  # a fingerprint's twin holds the slot: the key shares its row
+                    continue
+                tkeys[at] = tag
+                record_key(tkeys, meta, at, key)
             meta[COUNT] += 1
             for j in range(rows.shape[1]):
                 rows[at, j] = src_rows[i, j]
@@ -179,12 +184,16 @@ def seen_counts(d, keys0, rows0, meta0, life0, n, column, clock, bins):
 
 
 @njit(nogil=True, cache=True)
-def oldest(d, keys0, rows0, meta0, life0, n, column, clock, bins, cut_bin, need, turn, vnode_of, out_vnodes, out_keys):
+def oldest(d, keys0, rows0, meta0, life0, n, column, clock, bins, cut_bin, need, have, turn, vnode_of, out_vnodes,
+           out_keys):
     """The keys (and their vnodes, ``vnode_of[t]``) of the first ``n`` vnodes of a
     directory whose ``seen`` falls in a bin (as ``seen_counts``'s) below ``cut_bin[t]``,
-    and ``need[t]`` of those in that bin: the first met, each vnode's slots walked from a
-    point ``turn`` moves (the keys a walk left are not the ones the next one meets first).
-    As many as ``out_keys`` holds; how many."""
+    and ``need[t]`` of the ``have[t]`` in that bin, spread evenly over the vnode's slots
+    (one every ``have / need`` met): taking the first met instead emptied one stretch of
+    slots and left the rest full, whose runs then cost a missing key's probe hundreds of
+    slots (a bin is wide where ``seen`` is a generation, ``fingerprints.py``).  Each
+    vnode's slots are walked from a point ``turn`` moves.  As many as ``out_keys`` holds;
+    how many."""
     width = clock / bins
     at_most = out_keys.shape[0]
     k = 0
@@ -195,7 +204,7 @@ def oldest(d, keys0, rows0, meta0, life0, n, column, clock, bins, cut_bin, need,
         life = life_rows(d, t, life0)
         cap = tkeys.shape[0]
         first = turn % (cap + 1)
-        taken = 0
+        spread = 0
         for i in range(cap + 1):
             s = first + i
             if s > cap:
@@ -205,12 +214,16 @@ def oldest(d, keys0, rows0, meta0, life0, n, column, clock, bins, cut_bin, need,
             if s < cap and tkeys[s] == 0 or s == cap and not meta[HAS_ZERO]:
                 continue
             b = seen_bin(life[s, column], width, bins)
-            if b < cut_bin[t] or b == cut_bin[t] and taken < need[t]:
-                if b == cut_bin[t]:
-                    taken += 1
+            take = b < cut_bin[t]
+            if b == cut_bin[t]:  # Bresenham's walk: exactly need[t] of the have[t], evenly apart
+                spread += need[t]
+                if spread >= have[t]:
+                    spread -= have[t]
+                    take = True
+            if take:
                 out_vnodes[k] = vnode_of[t]
                 if s < cap:  # (a conditional of a uint64 and a literal 0 would make a float64)
-                    out_keys[k] = tkeys[s]
+                    out_keys[k] = key_at(tkeys, meta, s)
                 else:
                     out_keys[k] = 0
                 k += 1
