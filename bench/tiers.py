@@ -12,6 +12,10 @@ defaults on 2 cores).
   ``--ratios``.  Each budget runs ``--table-memory B`` (tiers) and ``--lifecycle
   cap_bytes=B`` (eviction).  Each run's model is saved and compared with the unbudgeted
   one key by key, bit for bit.
+* **Bytes a key in memory**: at the first ratio's budget, ``--storage bf16`` with full keys
+  and with ``--hot-keys fingerprint``; "hot B/key" is the hot tier's bytes over the keys it
+  holds at the end, against the goal of 12 at a test log loss within +0.0005 of the
+  unbudgeted float32 job.
 * **Drifting stream**: ``synth --shape drift`` days; train on all but the last, test on the
   last, at the first ratio's share of that table: tiers against eviction.
 * **Memory**: the server's ``VmRSS``, ``RssAnon`` (the process's own memory: what the
@@ -230,8 +234,14 @@ def row(name: str, run: dict[str, Any], base: dict[str, Any], budget: int) -> li
     r, b = run["report"], base["report"]
     tiers, train = r.get("tiers", {}), run["training_peak"]
     return [name, budget >> 10, r["examples_per_s"], r["examples_per_s"] / b["examples_per_s"], r["logloss"],
-            r["keys"], f"{tiers['hit_rate']:.4f}" if tiers else "", train["RssAnon"] >> 20, train["RssFile"] >> 20,
-            run["peak"]["RssAnon"] >> 20, run.get("same_model", "")]
+            r["keys"], f"{tiers['hit_rate']:.4f}" if tiers else "", f"{hot_bytes_a_key(r):.1f}" if tiers else "",
+            train["RssAnon"] >> 20, train["RssFile"] >> 20, run["peak"]["RssAnon"] >> 20, run.get("same_model", "")]
+
+
+def hot_bytes_a_key(report: dict[str, Any]) -> float:
+    """The hot tier's bytes over the keys it holds, at the end of the job."""
+    tiers = report["tiers"]
+    return float(tiers["hot_bytes"]) / max(1.0, float(report["keys"]) - float(tiers["cold_keys"]))
 
 
 def heavy_runs(heavy: str, test: str, out: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -255,6 +265,14 @@ def heavy_runs(heavy: str, test: str, out: str, args: argparse.Namespace) -> dic
                 run["same_model"] = (r["logloss"] == b["logloss"] and r["keys"] == b["keys"]) if limit else \
                     same_model(base["save"], run["save"])
             runs[f"{kind}-{ratio:g}"] = {**run, "budget": budget, "ratio": ratio}
+    if ratios:  # bytes a key: 16-bit rows, with full keys and with fingerprints
+        budget = int(table / ratios[0])
+        limit = budget + overhead if args.cgroup else 0
+        for kind, extra in (("bf16", []), ("bf16-fingerprint", ["--hot-keys", "fingerprint"])):
+            log(f"heavy: {kind} at 1/{ratios[0]:g} of the table ({budget:,} bytes)")
+            run = train([heavy], [test], os.path.join(out, kind), ["--table-memory", str(budget), "--storage", "bf16",
+                                                                   *extra], limit)
+            runs[kind] = {**run, "budget": budget, "ratio": ratios[0], "compact": True}
     if args.cgroup and ratios:
         budget = int(table / ratios[0])
         log(f"heavy: no budget, under the 1/{ratios[0]:g} run's cgroup limit ({budget + overhead:,} bytes)")
@@ -276,14 +294,14 @@ def drift_runs(days: list[str], out: str, ratio: float) -> dict[str, Any]:
 
 
 def report(heavy: dict[str, Any], drift: dict[str, Any] | None) -> list[str]:
-    head = ["run", "budget KiB", "examples/s", "vs memory", "test logloss", "keys", "hit rate",
+    head = ["run", "budget KiB", "examples/s", "vs memory", "test logloss", "keys", "hit rate", "hot B/key",
             "training: peak RssAnon MiB", "peak RssFile MiB", "whole run (save): peak RssAnon MiB", "same model"]
     base = heavy["memory"]
     rows = [row("no budget", base, base, heavy["table_bytes"])]
     for name, run in heavy.items():
         if isinstance(run, dict) and "budget" in run and name != "memory":
             rows.append(row(name, run, base, run["budget"]))
-    print(md_table(head, rows, [0, 0, 0, 3, 5, 0, 4, 0, 0, 0, 0]))
+    print(md_table(head, rows, [0, 0, 0, 3, 5, 0, 4, 0, 0, 0, 0, 0]))
     goals = []
     for name, run in heavy.items():
         if not (isinstance(run, dict) and name.startswith("tiers-") and "noprefetch" not in name) or run["failed"]:
@@ -295,6 +313,11 @@ def report(heavy: dict[str, Any], drift: dict[str, Any] | None) -> list[str]:
         else:
             goals.append(("PASS" if run["same_model"] else "FAIL") + f" key set {run['ratio']:g}x the budget: {line}, "
                          f"hit rate {run['report']['tiers']['hit_rate']:.4f}")
+    fp = heavy.get("bf16-fingerprint")
+    if fp and not fp["failed"]:
+        per_key, loss = hot_bytes_a_key(fp["report"]), fp["report"]["logloss"] - base["report"]["logloss"]
+        goals.append(f"{'PASS' if per_key <= 12 and loss <= 5e-4 else 'FAIL'} hot tier {per_key:.1f} bytes a dim-1 "
+                     f"FTRL key (bf16, fingerprints), test logloss {loss:+.5f} against float32 without a budget")
     if "memory-limited" in heavy:
         m = heavy["memory-limited"]
         goals.append(f"{'PASS' if m['failed'] else 'FAIL'} the cgroup limit bites: the unbudgeted job under it "

@@ -20,11 +20,14 @@ from paramserver.cli.cluster import _status
 from paramserver.client.prefetch import Prefetched
 from paramserver.data.reader import DataFormat
 from paramserver.server.data import TIER_PART
+from paramserver.store.loops.tags import fingerprints
 
 pytestmark = pytest.mark.timeout(240)
 
 N_KEYS = 20_000
-KEYS = np.arange(1, N_KEYS + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # spread over every vnode
+_SPREAD = np.arange(1, 4 * N_KEYS, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # over every vnode
+# keys of distinct fingerprints: a fingerprinted table's rows are then the others', bit for bit (no two share one)
+KEYS = np.sort(_SPREAD[np.unique(fingerprints(_SPREAD), return_index=True)[1]])[:N_KEYS]
 BUDGET = 96 << 10  # bytes of rows a server keeps in memory: a small part of what it holds
 
 
@@ -37,15 +40,17 @@ def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_p
     rng = np.random.default_rng(0)
     with LocalCluster(servers=2, http_port=0, log_level="WARNING") as cluster:
         client = cluster.client
-        for name, memory in (("plain", 0), ("tiered", BUDGET)):
+        for name, memory, hot_keys in (("plain", 0, "full"), ("tiered", BUDGET, "full"),
+                                       ("fingerprinted", BUDGET, "fingerprint")):
             client.create_table(name, dim=4, optimizer="adagrad", initializer={"name": "normal", "std": 0.1}, seed=3,
-                                memory=memory)
+                                memory=memory, hot_keys=hot_keys)
         for _ in range(3):
             keys = KEYS[rng.permutation(N_KEYS)[:12_000]]
             grads = rng.standard_normal((keys.size, 4)).astype(np.float32)
-            for name in ("plain", "tiered"):
+            for name in ("plain", "tiered", "fingerprinted"):
                 client.push(name, keys, grads).result(timeout=60)
         assert _cold_keys(client, "tiered") > N_KEYS // 2  # most rows are on disk
+        assert _cold_keys(client, "fingerprinted") > N_KEYS // 3  # (twice the keys in the same memory)
         named = KEYS[rng.permutation(N_KEYS)[:4_000]]
         ahead = client.prefetch("tiered", named).result(timeout=60)  # (rows the page cache holds: not read ahead)
         assert ahead.tiered and ahead.cold <= named.size
@@ -69,17 +74,19 @@ def test_a_tiered_table_exports_checkpoints_and_restores_every_row_bitwise(tmp_p
         np.testing.assert_array_equal(client.pull("tiered", KEYS).result(timeout=60),
                                       client.pull("plain", KEYS).result(timeout=60))
         plain = full_rows(client, "plain")
-        tiered = full_rows(client, "tiered")
-        for a, b in zip(plain, tiered, strict=True):
-            np.testing.assert_array_equal(a, b)
+        for name in ("tiered", "fingerprinted"):
+            for a, b in zip(plain, full_rows(client, name), strict=True):
+                np.testing.assert_array_equal(a, b)
         client.checkpoint(url)
     with LocalCluster(servers=3, log_level="WARNING") as cluster:
         restored = cluster.client.restore(url)
-        assert restored["tiered"] == restored["plain"] == plain[0].size
+        assert restored["tiered"] == restored["plain"] == restored["fingerprinted"] == plain[0].size
         assert cluster.client.tables()["tiered"].memory == BUDGET
-        assert _cold_keys(cluster.client, "tiered") > 0  # the restore filled memory, then moved rows to disk
-        for a, b in zip(full_rows(cluster.client, "tiered"), plain, strict=True):
-            np.testing.assert_array_equal(a, b)
+        assert cluster.client.tables()["fingerprinted"].hot_keys == "fingerprint"
+        for name in ("tiered", "fingerprinted"):
+            assert _cold_keys(cluster.client, name) > 0  # the restore filled memory, then moved rows to disk
+            for a, b in zip(full_rows(cluster.client, name), plain, strict=True):
+                np.testing.assert_array_equal(a, b)
 
 
 def count(client, clocks):
@@ -91,12 +98,14 @@ def count(client, clocks):
     return client.rank
 
 
-def test_a_killed_server_holding_cold_rows_loses_no_acknowledged_push():
+@pytest.mark.parametrize("hot_keys", ["full", "fingerprint"])
+def test_a_killed_server_holding_cold_rows_loses_no_acknowledged_push(hot_keys):
     clocks, workers = 40, 2
     with LocalCluster(servers=3, workers=workers, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0,
                       log_level="WARNING") as cluster:
         client = cluster.client
-        client.create_table("counter", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2, memory=BUDGET)
+        client.create_table("counter", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=2, memory=BUDGET,
+                            hot_keys=hot_keys)
 
         def progress():
             return float(client.pull("counter", KEYS[:1]).result(timeout=60)[0, 0])
@@ -118,13 +127,18 @@ def test_train_with_a_memory_budget_trains_the_model_trained_without(tmp_path):
     write_synth(test, 3_000, seed=4)
     reports = []
     cold = tmp_path / "cold"  # train --cold-dir: where the local cluster's servers put the cold rows
-    for memory in (0, "64K"):
-        cfg = TrainConfig(Model("lr"), DataFormat("criteo"), batch_size=500, epochs=2, table_memory=memory)
+    for memory, hot_keys in ((0, "full"), ("64K", "full"), ("64K", "fingerprint")):
+        cfg = TrainConfig(Model("lr"), DataFormat("criteo"), batch_size=500, epochs=2, table_memory=memory,
+                          hot_keys=hot_keys)
         reports.append(run_training(cfg, [data], [test], servers=1, workers=1,
                                     cluster_options={"cold_dir": str(cold)} if memory else None))
     assert cold.is_dir()  # made by the server for the table's cold files (unlinked once made)
-    plain, tiered = reports
+    plain, tiered, fingerprinted = reports
     assert tiered["logloss"] == plain["logloss"] and tiered["keys"] == plain["keys"]
+    # fingerprints: twice the keys in the budget; the few keys that met a twin share its row
+    assert abs(fingerprinted["logloss"] - plain["logloss"]) < 5e-4
+    assert plain["keys"] - 0.003 * plain["keys"] <= fingerprinted["keys"] <= plain["keys"]
+    assert fingerprinted["tiers"]["cold_keys"] < tiered["tiers"]["cold_keys"]
     tiers = tiered["tiers"]
     assert tiers["budget_bytes"] == 64 << 10 and tiers["hot_bytes"] <= 64 << 10
     assert tiers["cold_keys"] > plain["keys"] / 2 and 0 < tiers["hit_rate"] < 1

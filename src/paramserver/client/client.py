@@ -154,7 +154,8 @@ class Client:
                      initializer: Any = "zeros", seed: int = 0, consistency: Any = "asp",
                      aggregate: bool = False, replicas: int = 1, key_bits: int = 0,
                      block_size: int = 0, filters: Any = None, lifecycle: Any = None,
-                     storage: str = "float32", memory: int | str = 0, row_cache: Any = None) -> TableSpec:
+                     storage: str = "float32", memory: int | str = 0, hot_keys: str = "full",
+                     row_cache: Any = None) -> TableSpec:
         """Create a table on every server (idempotent for an identical spec).
 
         ``consistency`` is ``"asp"``, ``"bsp"`` or ``"ssp:S"``; ``aggregate`` (BSP only)
@@ -169,6 +170,8 @@ class Client:
         ``storage`` ``"fp16"`` or ``"bf16"`` stores its rows in 16 bits a column;
         ``memory`` (``"512M"``) is the memory its rows may take on each server, the least
         recently used kept on the server's disk past it (a hash table; the model is the same);
+        ``hot_keys`` ``"fingerprint"`` keeps 16 bits of each key in that memory, not the key
+        (about half the bytes a key; docs/tiers.md);
         ``row_cache`` caches its rows on this client (``cache_rows``).  See ``TableSpec``:
         a whole spec may be given instead of ``name``, alone (``create_table(spec)``).
 
@@ -178,7 +181,8 @@ class Client:
         spec = self.admin.create_table_spec(spec_given(name, dim, {
             "optimizer": optimizer, "initializer": initializer, "seed": seed, "consistency": consistency,
             "aggregate": aggregate, "replicas": replicas, "key_bits": key_bits, "block_size": block_size,
-            "filters": filters, "lifecycle": lifecycle, "storage": storage, "memory": memory}))
+            "filters": filters, "lifecycle": lifecycle, "storage": storage, "memory": memory,
+            "hot_keys": hot_keys}))
         if row_cache is not None:
             self.cache_rows(spec.name, row_cache)
         return spec
