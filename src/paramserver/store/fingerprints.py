@@ -30,7 +30,6 @@ import numpy as np
 
 from paramserver.store.disk import DiskArena
 from paramserver.store.kernels import Kernels
-from paramserver.store.loops.hash import HAS_ZERO
 from paramserver.store.loops.tags import FP_META, SIDE
 from paramserver.store.memory import huge_zeros
 from paramserver.store.table import MIN_CAPACITY, VnodeTable
@@ -83,8 +82,7 @@ class FingerprintTable(VnodeTable):
     @property
     def nbytes(self) -> int:
         """The slots and ``seen`` stamps, and the keys while they are in memory (``HEAP_SLOTS``)."""
-        return int(self.slots.nbytes + (self.life.nbytes if self.life is not None else 0)
-                   + (self.side.nbytes if self.capacity < HEAP_SLOTS else 0))
+        return super().nbytes + (int(self.side.nbytes) if self.capacity < HEAP_SLOTS else 0)
 
     def _grow(self, needed: int) -> int:
         old_side = self.side  # read by the rehash, after ``_alloc`` made the new one
@@ -92,20 +90,8 @@ class FingerprintTable(VnodeTable):
         del old_side
         return released
 
-    def _occupied(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        occupied = np.flatnonzero(self.keys)
-        keys, rows = self.side[occupied], self.rows[occupied]
-        life = self.life[occupied].astype(np.float32) if self.life is not None else None
-        if self._meta[HAS_ZERO]:
-            keys = np.append(keys, np.uint64(0))
-            rows = np.vstack([rows, self.rows[-1:]])
-            life = np.vstack([life, self.life[-1:].astype(np.float32)]) if life is not None and \
-                self.life is not None else life
-        return keys, rows, life
-
-    def changed(self, column: int, since: float) -> tuple[np.ndarray, np.ndarray]:
-        raise TypeError("a fingerprinted vnode tracks no changes (TableSpec refuses hot_keys='fingerprint' "
-                        "with a lifecycle)")
+    def keys_at(self, slots: np.ndarray) -> np.ndarray:
+        return np.asarray(self.side[slots])
 
 
 class Generations:

@@ -162,10 +162,14 @@ class VnodeTable:
         keys, rows, _ = self._occupied()
         return keys, decode_rows(rows, self.dim, self.width)
 
+    def keys_at(self, slots: np.ndarray) -> np.ndarray:
+        """The keys of occupied ``slots`` (a fingerprinted vnode reads them aside)."""
+        return np.asarray(self.keys[slots])
+
     def _occupied(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The stored keys, their rows as stored (``storage``'s format) and life rows."""
         occupied = np.flatnonzero(self.keys)
-        keys, rows = self.keys[occupied], self.rows[occupied]
+        keys, rows = self.keys_at(occupied), self.rows[occupied]
         life = self.life[occupied] if self.life is not None else None
         if self._meta[HAS_ZERO]:
             keys = np.append(keys, np.uint64(0))
@@ -179,7 +183,7 @@ class VnodeTable:
         assert self.life is not None, "a table without a lifecycle has no life rows"
         slots = np.flatnonzero(self.life[:-1, column] >= since)
         slots = slots[self.keys[slots] != 0]
-        keys, rows = self.keys[slots], self.rows[slots]
+        keys, rows = self.keys_at(slots), self.rows[slots]
         if self._meta[HAS_ZERO] and self.life[-1, column] >= since:
             keys, rows = np.append(keys, np.uint64(0)), np.vstack([rows, self.rows[-1:]])
         return keys, decode_rows(rows, self.dim, self.width)

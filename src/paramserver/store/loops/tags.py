@@ -26,7 +26,7 @@ when it compiles them.
 from __future__ import annotations
 
 import numpy as np
-from numba import types
+from numba import njit, types
 from numba.extending import overload
 
 from paramserver._runtime.intrinsics import view_like
@@ -41,18 +41,11 @@ _SHIFT = np.uint64(32)
 _MASK = np.uint64(0xFFFF)
 
 
-def fingerprint(key: int) -> int:
-    """The 16-bit fingerprint of ``key`` (Python; the loops inline their own)."""
-    return int(fingerprints(np.array([key], np.uint64))[0])
-
-
 def fingerprints(keys: np.ndarray) -> np.ndarray:
-    """``uint16`` fingerprints of ``keys``."""
-    from paramserver.routing.hashing import hash64_array
-
-    fp = ((hash64_array(np.ascontiguousarray(keys, np.uint64)) >> _SHIFT) & _MASK).astype(np.uint16)
-    fp[fp == 0] = 1
-    return fp
+    """``uint16`` fingerprints of ``keys``, as the loops take them (``tag_of``)."""
+    out = np.empty(keys.shape[0], np.uint16)
+    _fingerprints(np.ascontiguousarray(keys, np.uint64), out)
+    return out
 
 
 def tag_of(tkeys, key):
@@ -93,11 +86,23 @@ def _tag_of(tkeys, key):
     return fp
 
 
+@njit(nogil=True, cache=True)
+def _fingerprints(keys, out):
+    for i in range(keys.shape[0]):
+        out[i] = tag_of(out, keys[i])
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _side(tkeys, meta):
+    """A fingerprinted vnode's full keys (as int64), one a slot."""
+    return view_like(meta, meta[SIDE], tkeys.shape[0], 8)
+
+
 @overload(key_at)
 def _key_at(tkeys, meta, s):
     if _full(tkeys):
         return lambda tkeys, meta, s: tkeys[s]
-    return lambda tkeys, meta, s: np.uint64(view_like(meta, meta[SIDE], tkeys.shape[0], 8)[s])
+    return lambda tkeys, meta, s: np.uint64(_side(tkeys, meta)[s])
 
 
 @overload(record_key)
@@ -106,7 +111,7 @@ def _record_key(tkeys, meta, s, key):
         return lambda tkeys, meta, s, key: None
 
     def aside(tkeys, meta, s, key):
-        view_like(meta, meta[SIDE], tkeys.shape[0], 8)[s] = np.int64(key)
+        _side(tkeys, meta)[s] = np.int64(key)
 
     return aside
 
@@ -120,7 +125,7 @@ def _move_key(tkeys, meta, dst, src):
 
     def aside(tkeys, meta, dst, src):
         tkeys[dst] = tkeys[src]
-        side = view_like(meta, meta[SIDE], tkeys.shape[0], 8)
+        side = _side(tkeys, meta)
         side[dst] = side[src]
 
     return aside
@@ -142,7 +147,7 @@ def _exact(tkeys, meta, key, s):
         # removal's backward shift): ``key``'s own slot is further on in the run, if anywhere
         if s < 0 or s == tkeys.shape[0] or key_at(tkeys, meta, s) == key:
             return s
-        side = view_like(meta, meta[SIDE], tkeys.shape[0], 8)
+        side = _side(tkeys, meta)
         tag = tkeys[s]
         j = s
         while True:
