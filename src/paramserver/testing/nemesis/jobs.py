@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, TYPE_CHECKING, Any
 
 from paramserver.testing.nemesis import check
@@ -117,11 +117,26 @@ class TrainingData:
         train, test = os.path.join(folder, "stream", "rows.tsv"), os.path.join(folder, "test.tsv")
         for path, n, s in ((train, rows, seed), (test, max(rows // 10, 1000), seed + 1)):
             _command(["synth", "--rows", str(n), "--shape", "heavy", "--seed", str(s), "--out", path], folder)
-        source = ("--stream", os.path.dirname(train), "--max-examples", str(rows)) if stream else ("--data", train)
+        source = _stream_source(train, rows) if stream else ("--data", train)
         runs = [[], ["--pipeline", "1"]] + ([[], ["--workers", "1"]] if workers > 1 else [])
         ref, *others = [_logloss(train_args(source, test, workers, os.path.join(folder, f"reference-{i}.json"))
                                  + ["--servers", str(servers), *more], folder) for i, more in enumerate(runs)]
         return TrainingData(source, test, rows, workers, ref, sum(abs(x - ref) for x in others))
+
+    def streamed(self) -> TrainingData:
+        """The same rows read as a stream, judged against the same fault-free runs (a campaign of
+        both workloads makes the rows and runs the references once).  One worker only: it takes
+        a stream's shards in the file's order and trains the file's model (the same test log loss
+        to the last digit, measured); several workers split a stream otherwise than a file."""
+        if self.workers != 1 or self.source[0] != "--data":
+            raise ValueError(f"only one worker's file rows read again as a stream (workers={self.workers}, "
+                             f"source {' '.join(self.source)})")
+        return replace(self, source=_stream_source(self.source[1], self.rows))
+
+
+def _stream_source(train: str, rows: int) -> tuple[str, ...]:
+    """The arguments that read the file ``train`` (alone in its folder) as a stream of ``rows``."""
+    return "--stream", os.path.dirname(train), "--max-examples", str(rows)
 
 
 def train_args(source: tuple[str, ...], test: str, workers: int, report: str) -> list[str]:
