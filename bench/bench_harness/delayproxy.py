@@ -21,7 +21,7 @@ import contextlib
 import sys
 import time
 
-from paramserver.testing.nemesis.relay import pipe
+from paramserver.testing.nemesis.relay import pipe, sleep_until
 
 
 class Paced:
@@ -37,8 +37,7 @@ class Paced:
 
     async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         start = max(time.monotonic(), self.free_at)
-        if start > time.monotonic():
-            await asyncio.sleep(start - time.monotonic())
+        await sleep_until(start)  # not asyncio.sleep: it rounds up to the millisecond (``relay.FINE_S``)
         writer.write(data)
         await writer.drain()
         if self.rate_bps:
