@@ -38,6 +38,17 @@ def test_without_madvise_populate_the_pages_are_touched_at_once(monkeypatch):
     assert rows[::97].sum() == 0
 
 
+def test_a_dense_vnodes_rows_start_on_a_huge_page_and_are_advised_to_use_them():
+    for n, width in (((4 << 20) // 16, 4), ((3 << 20) // 12, 3), (300_001, 4)):  # 4, 3 and 4.6 MiB
+        rows = zeroed_rows(n, width)
+        memory._populater.wait()
+        # on a 2 MiB boundary, whatever the length (the kernel itself aligns only whole multiples of
+        # 2 MiB), so each whole 2 MiB of it can be a huge page (whether one is, is the kernel's to say)
+        assert rows.ctypes.data % (2 << 20) == 0 and rows.shape == (n, width) and not rows.any()
+    small = zeroed_rows(1000, 4)  # under 2 MiB: a plain mapping, no huge page to ask for
+    assert small.shape == (1000, 4) and not small.any()
+
+
 def test_a_mapping_the_machine_refuses_is_a_memory_error():
     with pytest.raises(MemoryError, match="cannot map"):
         zeroed_rows(1 << 45, 4)  # 512 TiB: more than the address space

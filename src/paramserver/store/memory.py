@@ -74,11 +74,12 @@ def zeroed_rows(n: int, width: int, dtype: np.dtype | type = np.float32) -> np.n
 def _aligned_mapping(nbytes: int, what: str) -> tuple[mmap.mmap, int]:
     """A private anonymous mapping and the offset in it of ``nbytes`` that start on a 2 MiB
     boundary, asked to be backed by huge pages (``MADV_HUGEPAGE``), for arrays that are
-    resident whole (a dense vnode's rows, populated up front).  A mapping of 4 MiB is not
-    2 MiB-aligned unless the kernel chooses so, and then holds one huge page, not two: a
-    dense vnode of the default job's table (2^24 rows, 64 vnodes) got none without the
-    advice.  The 2 MiB mapped beyond ``nbytes`` are never touched: address space, not
-    memory.  Where the kernel has no transparent huge pages, 4 KiB pages, as before."""
+    resident whole (a dense vnode's rows, populated up front).  Without the advice the
+    default job's dense vnodes (2^24 rows, 64 of 4 MiB) had no huge page at all, where
+    transparent huge pages are ``madvise`` (Debian's default); and the kernel places only
+    a mapping whose length is a whole number of 2 MiB on a 2 MiB boundary, so a 3 MiB one
+    could hold none.  The 2 MiB mapped beyond ``nbytes`` are never touched: address space,
+    not memory.  Where the kernel has no transparent huge pages, 4 KiB pages, as before."""
     extra = HUGE_BYTES if nbytes >= HUGE_BYTES else 0
     try:
         area = mmap.mmap(-1, nbytes + extra, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
