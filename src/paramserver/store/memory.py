@@ -64,36 +64,37 @@ def zeroed_rows(n: int, width: int, dtype: np.dtype | type = np.float32) -> np.n
     nbytes = n * width * size
     if not nbytes:
         return np.zeros((n, width), dtype)
-    area, offset = _aligned_mapping(nbytes, "a dense vnode")
+    area, offset = _huge_mapping(nbytes, "a dense vnode", aligned=True)
     rows = np.frombuffer(area, dtype, n * width, offset).reshape(n, width)  # it keeps the mapping alive
     if nbytes < BACKGROUND_BYTES or not _populater.submit(rows):
         rows.reshape(-1)[:: PAGE // size] = 0  # touch every page now
     return rows
 
 
-def _aligned_mapping(nbytes: int, what: str) -> tuple[mmap.mmap, int]:
-    """A private anonymous mapping and the offset in it of ``nbytes`` that start on a 2 MiB
-    boundary, asked to be backed by huge pages (``MADV_HUGEPAGE``), for arrays that are
-    resident whole (a dense vnode's rows, populated up front).  Without the advice the
-    default job's dense vnodes (2^24 rows, 64 of 4 MiB) had no huge page at all, where
-    transparent huge pages are ``madvise`` (Debian's default); and the kernel places only
-    a mapping whose length is a whole number of 2 MiB on a 2 MiB boundary, so a 3 MiB one
-    could hold none.  The 2 MiB mapped beyond ``nbytes`` are never touched: address space,
-    not memory.  Where the kernel has no transparent huge pages, 4 KiB pages, as before."""
-    extra = HUGE_BYTES if nbytes >= HUGE_BYTES else 0
+def _huge_mapping(nbytes: int, what: str, aligned: bool) -> tuple[mmap.mmap, int]:
+    """A private anonymous mapping for ``nbytes`` and their offset in it, its pages asked to
+    be huge (``MADV_HUGEPAGE``) from 2 MiB on; where the kernel has no transparent huge
+    pages, 4 KiB pages, as before.
+
+    ``aligned``: the bytes start on a 2 MiB boundary, for arrays resident whole (a dense
+    vnode's rows, populated up front).  The kernel places only a mapping whose length is a
+    whole number of 2 MiB on such a boundary, so a 3 MiB one could hold no huge page; and
+    without the advice the default job's dense vnodes (2^24 rows, 64 of 4 MiB) had none at
+    all.  The 2 MiB mapped beyond ``nbytes`` are never touched: address space, not memory.
+    A hash vnode's slots are not aligned: a last, partly used huge page would cost resident
+    bytes a key (docs/architecture.md, "Server: vnode tables")."""
+    huge = nbytes >= HUGE_BYTES
+    extra = HUGE_BYTES if aligned and huge else 0
     try:
         area = mmap.mmap(-1, nbytes + extra, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, OverflowError) as exc:
         raise MemoryError(f"cannot map {nbytes:,} bytes for {what}: {exc}") from None
-    if not extra:
-        return area, 0
-    view = np.frombuffer(area, np.uint8)
-    offset = -view.ctypes.data % HUGE_BYTES  # a multiple of the 4 KiB page the mapping starts on
-    del view  # (a live export would keep the mapping from being resized: it never is, but be plain)
-    try:
-        area.madvise(mmap.MADV_HUGEPAGE, offset, nbytes - nbytes % PAGE)
-    except (AttributeError, OSError):  # no THP in this kernel, or it is off
-        pass
+    offset = -np.frombuffer(area, np.uint8, 1).ctypes.data % HUGE_BYTES if extra else 0  # whole 4 KiB pages
+    if huge:
+        try:
+            area.madvise(mmap.MADV_HUGEPAGE, offset, nbytes)
+        except (AttributeError, OSError):  # no THP in this kernel, or it is off
+            pass
     return area, offset
 
 
@@ -105,14 +106,7 @@ def huge_zeros(nbytes: int) -> np.ndarray:
     a hash vnode of a 10^7-key table is 3.9 MB."""
     if on_heap(nbytes):
         return np.zeros(nbytes, np.uint8)
-    try:
-        area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    except (OSError, OverflowError) as exc:
-        raise MemoryError(f"cannot map {nbytes:,} bytes for a hash vnode: {exc}") from None
-    try:
-        area.madvise(mmap.MADV_HUGEPAGE)
-    except (AttributeError, OSError):  # no THP in this kernel, or it is off: 4 KiB pages, as before
-        pass
+    area, _ = _huge_mapping(nbytes, "a hash vnode", aligned=False)
     return np.frombuffer(area, np.uint8)  # the array keeps the mapping alive
 
 
