@@ -11,7 +11,7 @@ import pytest
 
 from paramserver.apps.rounds.corpus import read_corpus
 from paramserver.apps.rounds.lda_program import decode, encode
-from paramserver.apps.rounds.lda_sampler import _doc_lists, _sample
+from paramserver.apps.rounds.lda_sampler import _doc_lists, _sample, _smoothing_draw, _span_shift
 from paramserver.data.reader import DataError
 
 
@@ -53,6 +53,54 @@ def test_one_draw_follows_the_collapsed_conditional(small):
     expected = p * draws
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 20.5, (counts, expected)  # 4 degrees of freedom: p ≈ 0.0004
+
+
+def test_a_draw_in_the_smoothing_bucket_follows_its_weights_across_spans():
+    """At K > 64 the smoothing bucket (α·Y_k) is walked span by span (``_smoothing_draw``): a
+    token alone in its document always draws there, and its topic follows (n_wk + β)/(n_k + Vβ)
+    over all 200 topics, four spans of 64 and a short one."""
+    K, V, alpha, beta = 200, 9, 0.1, 0.01
+    rng = np.random.default_rng(1)
+    nwk0 = rng.integers(0, 30, (V, K)).astype(np.int32)
+    nwk0[4, 3] += 1  # the token: word 4, topic 3
+    nk0 = nwk0.sum(0).astype(np.int64)
+    nw, nk = nwk0[4].astype(np.float64), nk0.astype(np.float64)
+    nw[3] -= 1
+    nk[3] -= 1
+    p = (nw + beta) / (nk + V * beta)
+    p /= p.sum()
+    draws = 40_000
+    counts = np.zeros(K)
+    for i in range(draws):
+        z, nwk, nk_ = np.array([3], np.int32), nwk0[[4]].copy(), nk0.copy()
+        ndk, dtop, doff, dcnt = np.zeros((1, K), np.uint16), np.zeros(1, np.uint16), np.array([0, 1]), \
+            np.zeros(1, np.int32)
+        _doc_lists(np.zeros(1, np.int32), z, ndk, dtop, doff, dcnt)
+        _sample(np.array([0]), np.array([0, 1]), 0, 1, np.zeros(1, np.int32), z, nwk, nk_, ndk, dtop, doff, dcnt,
+                alpha, beta, V * beta, np.zeros(K), np.zeros(K), 11 + i)
+        counts[z[0]] += 1
+    expected = p * draws
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 271.3, chi2  # 199 degrees of freedom: p = 0.0005
+
+
+def test_the_span_walk_lands_where_the_plain_walk_does():
+    """``_smoothing_draw`` against a walk over every topic, at K from one span to many and at
+    points spread over the whole mass (each away from a boundary by more than rounding)."""
+    rng = np.random.default_rng(2)
+    alpha = 0.1
+    for K in (5, 64, 65, 200, 1000, 5000):
+        Y = rng.random(K) * rng.integers(1, 5, K)
+        shift = _span_shift(K)
+        bsum = np.zeros(((K - 1) >> shift) + 1)
+        np.add.at(bsum, np.arange(K) >> shift, Y)
+        cum = np.cumsum(alpha * Y)
+        for u in rng.random(2_000) * cum[-1]:
+            want = int(np.searchsorted(cum, u, side="right"))
+            if min(abs(cum[max(want - 1, 0)] - u), abs(cum[min(want, K - 1)] - u)) < 1e-9:
+                continue
+            assert _smoothing_draw(u, Y, bsum, shift, alpha) == want, (K, u)
+        assert (K <= 64) == (bsum.size == 1)
 
 
 def test_counts_travel_exactly_through_float32_halves():
