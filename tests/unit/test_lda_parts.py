@@ -84,6 +84,43 @@ def test_a_draw_in_the_smoothing_bucket_follows_its_weights_across_spans():
     assert chi2 < 271.3, chi2  # 199 degrees of freedom: p = 0.0005
 
 
+@pytest.mark.parametrize("K,small", [(5, np.uint16), (200, np.uint16), (400, np.uint16), (300, np.int32)])
+def test_a_sweep_keeps_every_count_at_every_width(K, small):
+    """Sweeps of ``_sample`` over a random corpus keep ``n_wk``, ``n_k``, ``n_dk`` and the
+    documents' topic lists those of the tokens' topics: one span (K = 5), spans (200), and
+    spans with every line of a document's row fetched ahead (400 at 16 bits, 300 at 32)."""
+    rng = np.random.default_rng(3)
+    V, D, alpha, beta = 40, 30, 0.1, 0.01
+    lens = rng.integers(1, 120, D)
+    docs = np.repeat(np.arange(D), lens).astype(np.int32)
+    words = rng.integers(0, V, docs.size).astype(np.int32)
+    order = np.lexsort((docs, words))
+    words, docs = words[order], docs[order]
+    z = rng.integers(0, K, docs.size).astype(np.int32)
+    nwk = np.zeros((V, K), np.int32)
+    np.add.at(nwk, (words, z), 1)
+    nk = np.bincount(z, minlength=K).astype(np.int64)
+    ndk, doff = np.zeros((D, K), small), np.r_[0, np.cumsum(np.minimum(lens, K))].astype(np.int64)
+    dtop, dcnt = np.zeros(int(doff[-1]), small), np.zeros(D, np.int32)
+    _doc_lists(docs, z, ndk, dtop, doff, dcnt)
+    starts = np.flatnonzero(np.r_[True, words[1:] != words[:-1]])
+    seg_ptr, seg_row = np.r_[starts, words.size].astype(np.int64), words[starts].astype(np.int64)
+    before = z.copy()
+    for sweep in range(3):
+        _sample(seg_row, seg_ptr, 0, seg_row.size, docs, z, nwk, nk, ndk, dtop, doff, dcnt, alpha, beta, V * beta,
+                np.zeros(K), np.zeros(K), sweep)
+    want = np.zeros((V, K), np.int64)
+    np.add.at(want, (words, z), 1)
+    np.testing.assert_array_equal(nwk, want)
+    np.testing.assert_array_equal(nk, np.bincount(z, minlength=K))
+    want_d = np.zeros((D, K), np.int64)
+    np.add.at(want_d, (docs, z), 1)
+    np.testing.assert_array_equal(ndk, want_d)
+    for d in range(D):
+        assert sorted(dtop[doff[d]:doff[d] + dcnt[d]].tolist()) == np.flatnonzero(want_d[d]).tolist()
+    assert (z != before).mean() > 0.5  # the topics moved
+
+
 def test_the_span_walk_lands_where_the_plain_walk_does():
     """``_smoothing_draw`` against a walk over every topic, at K from one span to many and at
     points spread over the whole mass (each away from a boundary by more than rounding)."""

@@ -19,6 +19,12 @@ MAX_COUNT = 1 << 24  # a word–topic count is a float32 on the servers: exact b
 #: word's tokens visit its documents in order but far apart, so each token's document state was
 #: a miss to L3 (20 Newsgroups, K = 50, one thread: 14.1 M token-iterations/s without, 15.8 with)
 DOC_AHEAD = 8
+#: a document's counts span this many bytes or more (K ≥ 384 at 16 bits): the sampler fetches every
+#: line of them ahead, not the first alone.  The tokens' documents then hold tens of topics spread
+#: over the row, and the rows outgrow the caches (20 Newsgroups, one thread, with the span walk:
+#: K = 500 6.4 -> 8.9 M token-iterations/s, K = 1 000 3.0 -> 6.2); at K = 200 (rows of 400 bytes,
+#: in the cache) it cost 7 %
+ROW_SWEEP_BYTES = 768
 
 
 #: SplitMix64's constants (``_uniform``, ``_mix``)
@@ -63,23 +69,6 @@ def _span_shift(K):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _word_weights(nw, nk, beta, vbeta, Y, bsum, shift):  # type: ignore[no-untyped-def]
-    """A word's ``Y_k = (n_wk + β)/(n_k + Vβ)`` for every topic, their spans' sums where there
-    is more than one span (K > 64), and Σ Y.  Once a word: a helper that takes arrays, called
-    once a token, cost K = 50 a third of its speed (their reference counts), so the token's
-    own updates of ``Y`` and the spans stay in ``_sample``."""
-    wsum = 0.0
-    for k in range(Y.shape[0]):
-        Y[k] = (nw[k] + beta) / (nk[k] + vbeta)
-        wsum += Y[k]
-    if bsum.shape[0] > 1:
-        bsum[:] = 0.0
-        for k in range(Y.shape[0]):
-            bsum[k >> shift] += Y[k]
-    return wsum
-
-
-@njit(inline="always", nogil=True, cache=True)
 def _smoothing_draw(u, Y, bsum, shift, alpha):  # type: ignore[no-untyped-def]
     """The topic of the smoothing bucket (weights α·Y_k) at ``u``: the span whose running sum
     passes ``u``, then the topic inside it.  A draw falls here often at large K (a third of
@@ -106,27 +95,57 @@ def _smoothing_draw(u, Y, bsum, shift, alpha):  # type: ignore[no-untyped-def]
     return hi - 1
 
 
-@njit(nogil=True, cache=True)
-def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcnt, alpha, beta, vbeta, Y, cum,  # type: ignore[no-untyped-def]
-            seed):
+def _sample(seg_row: np.ndarray, seg_ptr: np.ndarray, s_lo: int, s_hi: int, tdoc: np.ndarray, z: np.ndarray,
+            nwk: np.ndarray, nk: np.ndarray, ndk: np.ndarray, dtop: np.ndarray, doff: np.ndarray, dcnt: np.ndarray,
+            alpha: float, beta: float, vbeta: float, Y: np.ndarray, cum: np.ndarray, seed: int) -> None:
     """Gibbs-sample the tokens of segments ``[s_lo, s_hi)`` (one word each; the word's
     counts are row ``seg_row[s]`` of ``nwk``) in place: ``z``, ``nwk``, ``nk``, ``ndk``
     and the documents' non-zero topic lists ``dtop[doff[d]:doff[d] + dcnt[d]]``; the draws
-    come from SplitMix64 seeded with ``seed``."""
+    come from SplitMix64 seeded with ``seed``.  Past 64 topics the smoothing bucket is walked
+    span by span (``_smoothing_draw``), and from ``ROW_SWEEP_BYTES`` a document's counts are
+    fetched whole; below, neither is kept (``_gibbs``)."""
+    K = nk.shape[0]
+    shift = _span_shift(K)
+    bsum = np.zeros(((K - 1) >> shift) + 1) if K > 64 else None  # Σ Y over each span of 2^shift topics
+    step = 64 // ndk.itemsize if K * ndk.itemsize >= ROW_SWEEP_BYTES else 0  # a row's lines: all fetched, or the first
+    _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, ndk.reshape(-1), dtop, doff, dcnt, alpha, beta, vbeta,
+           Y, cum, seed, bsum, shift, step)
+
+
+@njit(nogil=True, cache=True)
+def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff, dcnt, alpha, beta, vbeta, Y, cum,  # type: ignore[no-untyped-def]  # noqa: C901
+           seed, bsum, shift, step):
+    """``_sample``'s kernel (one numba kernel: everything a token does is written in its
+    loop; a helper that takes arrays, called a token, cost K = 50 a third of its speed, their
+    reference counts, and one called a word 2-3 %).  It is compiled twice: with ``bsum`` an
+    array (K > 64) it keeps the smoothing bucket's span sums and, with ``step``, fetches every
+    line of a document's row; with ``bsum`` None (K ≤ 64), numba prunes both, tests and all,
+    and walks the smoothing bucket inline (its helper cost 1 %)."""
     K = nk.shape[0]
     x = _mix(np.uint64(seed))
     last = seg_ptr[s_hi]  # the block's tokens end here: nothing past it is fetched
-    shift = _span_shift(K)
-    bsum = np.zeros(((K - 1) >> shift) + 1)  # Σ Y over each span of 2^shift topics: the smoothing bucket's index
-    spans = bsum.shape[0] > 1  # else (K ≤ 64) the walk is over Y itself, and nothing is kept
     for s in range(s_lo, s_hi):
         nw = nwk[seg_row[s]]
-        wsum = alpha * _word_weights(nw, nk, beta, vbeta, Y, bsum, shift)
+        wsum = 0.0
+        for k in range(K):
+            Y[k] = (nw[k] + beta) / (nk[k] + vbeta)
+            wsum += Y[k]
+        if bsum is not None:
+            bsum[:] = 0.0
+            for k in range(K):
+                bsum[k >> shift] += Y[k]
+        wsum *= alpha
         for t in range(seg_ptr[s], seg_ptr[s + 1]):
             if t + DOC_AHEAD < last:  # the document state of a token further on: fetched meanwhile
                 ahead = tdoc[t + DOC_AHEAD]
                 prefetch_row(ndk, ahead)  # type: ignore[call-arg]
                 prefetch_row(dtop, doff[ahead])
+                if bsum is not None:  # K > 64
+                    if step:  # its every line (ROW_SWEEP_BYTES)
+                        for off in range(step, K, step):
+                            prefetch_row(flat, ahead * K + off)
+                        for off in range(step, dcnt[ahead], step):
+                            prefetch_row(dtop, doff[ahead] + off)
             d, old = tdoc[t], z[t]
             base = doff[d]
             nw[old] -= 1
@@ -138,7 +157,7 @@ def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcn
                 dcnt[d] -= 1
             y = (nw[old] + beta) / (nk[old] + vbeta)
             wsum += alpha * (y - Y[old])
-            if spans:
+            if bsum is not None:
                 bsum[old >> shift] += y - Y[old]
             Y[old] = y
             dsum = 0.0
@@ -156,7 +175,17 @@ def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcn
                         new = dtop[base + j]
                         break
             if new < 0:  # the smoothing bucket: α·Y_k
-                new = _smoothing_draw(u - dsum, Y, bsum, shift, alpha)
+                if bsum is not None:
+                    new = _smoothing_draw(u - dsum, Y, bsum, shift, alpha)
+                else:
+                    u -= dsum
+                    acc = 0.0
+                    new = K - 1
+                    for k in range(K):
+                        acc += alpha * Y[k]
+                        if u < acc:
+                            new = k
+                            break
             nw[new] += 1
             nk[new] += 1
             c = ndk[d, new] + 1
@@ -166,7 +195,7 @@ def _sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dtop, doff, dcn
                 dcnt[d] += 1
             y = (nw[new] + beta) / (nk[new] + vbeta)
             wsum += alpha * (y - Y[new])
-            if spans:
+            if bsum is not None:
                 bsum[new >> shift] += y - Y[new]
             Y[new] = y
             z[t] = new
