@@ -99,6 +99,16 @@ def test_progress_after_each_heal_is_timed_and_no_progress_is_stuck():
     assert "heal at t=20.0 (first after it: 20.0 s)" in v.violations[1]
 
 
+def test_a_job_that_trained_all_its_rows_before_a_heal_owes_no_progress_after_it():
+    """A heal that came while the job scored its test set and left (its rows all trained, the
+    process not yet gone): the run waited 60 s for progress after it and called the job stuck."""
+    lines = [{"t": 1.0, "ok": True, "examples": 10}, {"t": 2.0, "ok": True, "finished": True, "examples": 20}]
+    assert check.first_progress(lines, 0.5) == 1.0
+    assert check.first_progress(lines, 1.5) == 2.0
+    assert check.first_progress(lines, 3.0) == 2.0  # finished before the heal at 3.0: nothing is due
+    assert check.first_progress(lines[:1], 3.0) is None  # not finished: progress is still due
+
+
 def test_a_read_that_misses_an_acknowledged_add_is_stale_and_one_past_every_add_is_a_phantom():
     lines = [{"t": 1.0, "table": "c2", "read": [4.0, 4.0], "acked": 4, "unknown": 0},
              {"t": 2.0, "table": "c2", "read": [4.0, 6.0], "acked": 5, "unknown": 1},  # 4 < 5: stale

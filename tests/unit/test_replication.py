@@ -114,6 +114,19 @@ def test_a_copy_that_overtakes_the_joiners_first_ring_waits_for_it(h):
     assert 0 in joiner.tables["t"].tables and h.value(joiner, "t", keys[0]) == 5.0
 
 
+def test_a_death_heard_before_the_first_ring_is_kept_for_it(h):
+    """A server started again hears NODE_LOST before its first ring: ``refresh_targets``
+    asserted a ring, and the message was logged as bad and dropped (seen in the nemesis suite,
+    a kill then an isolation).  The dead server is now remembered, and never forwarded to."""
+    (joiner,) = h.make(9)
+    joiner.control_plane.server_lost(2)
+    assert joiner.ring is None and joiner.state.dead == {2}
+    spec = TableSpec("t", 1, optimizer={"name": "sgd", "lr": 1.0}, replicas=3)
+    h.ring(Ring.create([1, 2, 9], 4), [spec], [joiner])
+    targets = joiner.state.targets["t"]
+    assert (targets >= 0).any() and not (targets == 2).any()
+
+
 def test_a_pull_parked_under_the_lease_is_refused_if_released_after_it_ran_out(h):
     """The lease is checked where a client's request is served: a BSP pull parked while
     the lease ran (worker 100 behind) and released by a clock after it ran out (a pause)

@@ -88,6 +88,9 @@ class ServerState:
 
     def refresh_targets(self) -> None:
         """Recompute where pushes are forwarded: the ring, the tables, the vnodes moving
-        or the dead changed."""
-        assert self.ring is not None
+        or the dead changed.  Before the first ring there is nothing to forward: a server
+        started again hears of a death before its ring (the scheduler tells every server),
+        and the ring's arrival computes them with the dead it knows by then."""
+        if self.ring is None:
+            return
         self.targets = forward_targets(self.ring, self.tables, self.moving, self.dead | {self.node_id})

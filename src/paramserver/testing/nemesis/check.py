@@ -86,6 +86,19 @@ def reads(lines: list[dict[str, Any]], verdict: Verdict) -> None:
             verdict.violations.append(f"hang: a read of {x['table']} waited {x['wait']:.1f} s")
 
 
+def first_progress(lines: list[dict[str, Any]], t: float) -> float | None:
+    """When the workload first made progress after ``t`` (an add acknowledged, examples
+    trained), or None: not yet.  A job whose rows were all trained (its ``finished`` line)
+    has no progress left to make, even if that was before ``t``: a heal that came while it
+    scored its test set and left is owed nothing (the job ended, and ``run`` drops the heals
+    past its end)."""
+    later = [x["t"] for x in lines if x.get("ok") and x["t"] > t]
+    if later:
+        return float(min(later))
+    done = [x["t"] for x in lines if x.get("finished")]
+    return float(min(done)) if done else None
+
+
 def progress(lines: list[dict[str, Any]], heals: list[float], next_fault: list[float], progress_s: float,
              verdict: Verdict) -> None:
     """For each heal at ``heals[i]``: the first acknowledged add after it, which must come within

@@ -184,9 +184,9 @@ class Run:
     def first_ack_after(self, t: float, what: str) -> float:
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
-            later = [x["t"] for x in self.acks() if x.get("ok") and x["t"] > t]
-            if later:
-                return float(min(later))
+            first = check.first_progress(self.acks(), t)
+            if first is not None:
+                return first
             self.wait(time.monotonic() + 0.2)
         raise Stuck(f"no progress (an add acknowledged, examples trained) within {SETTLE_S:g} s {what}")
 
