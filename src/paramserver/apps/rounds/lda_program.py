@@ -29,7 +29,6 @@ from paramserver.apps.rounds.lda_sampler import (
     _doc_loglik,
     _sample,
     block_changes,
-    block_counts,
 )
 from paramserver.apps.rounds.program import (
     RoundCheckpoints,
@@ -277,7 +276,8 @@ class LDAProgram:
         self._pending_blocks = (-1, [])
         for b, future in zip(mine.tolist(), pulls):
             keys = self.block_words[b]
-            nwk, before = block_counts(future.result(timeout=600))
+            rows = future.result(timeout=600)
+            nwk = rows.astype(np.int32)  # the sampler's counts; ``rows`` stays as they were
             seed = hash((cfg.seed, round_, self.rank, b)) & 0x7FFFFFFF
             lo, hi = int(self.seg_lo[b]), int(self.seg_lo[b + 1])
             if self.mh is not None:
@@ -287,7 +287,7 @@ class LDAProgram:
                 _sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk, self.dtop,
                         self.doff, self.dcnt, cfg.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed)
             self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
-            changed, delta = block_changes(nwk, before)
+            changed, delta = block_changes(nwk, rows)
             pushes.append((WORD_TOPIC, keys[changed], delta, "add"))
         self.own[round_] = self.nk - start
         slot = (round_ % self.cfg.round_regions) * self.parts

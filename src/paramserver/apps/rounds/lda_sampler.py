@@ -58,8 +58,7 @@ def _drop_topic(dtop, base, n, old):  # type: ignore[no-untyped-def]
             break
 
 
-@njit(inline="always", nogil=True, cache=True)
-def _span_shift(K):  # type: ignore[no-untyped-def]
+def _span_shift(K: int) -> int:
     """log2 of the topics a span of the smoothing bucket's index holds: 64, or about √K past
     4 096 topics, so that a draw walks about √K spans and topics, never K."""
     shift = 6
@@ -73,20 +72,17 @@ def _smoothing_draw(u, Y, bsum, shift, alpha):  # type: ignore[no-untyped-def]
     """The topic of the smoothing bucket (weights α·Y_k) at ``u``: the span whose running sum
     passes ``u``, then the topic inside it.  A draw falls here often at large K (a third of
     the tokens at K = 1 000 on 20 Newsgroups), and a walk over every topic took 500 steps;
-    over the spans' sums it takes about 8 + 32.  With one span (K ≤ 64) it is the plain walk,
-    draw for draw."""
+    over the spans' sums it takes about 8 + 32 (``_gibbs`` walks K ≤ 64 topics inline)."""
     K = Y.shape[0]
-    acc, lo = 0.0, 0
-    if bsum.shape[0] > 1:
-        lo = -1
-        for b in range(bsum.shape[0]):
-            nxt = acc + alpha * bsum[b]
-            if u < nxt:
-                lo = b << shift
-                break
-            acc = nxt
-        if lo < 0:  # past the last span's sum: rounding
-            return K - 1
+    acc, lo = 0.0, -1
+    for b in range(bsum.shape[0]):
+        nxt = acc + alpha * bsum[b]
+        if u < nxt:
+            lo = b << shift
+            break
+        acc = nxt
+    if lo < 0:  # past the last span's sum: rounding
+        return K - 1
     hi = min(lo + (1 << shift), K)
     for k in range(lo, hi):
         acc += alpha * Y[k]
@@ -202,31 +198,18 @@ def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
 
 
 @njit(nogil=True, cache=True)
-def block_counts(rows):  # type: ignore[no-untyped-def]
-    """A pulled word block's rows (float32 counts, exact below 2^24) as int32 twice, in one
-    pass: the counts the sampler moves, and the counts before it, which ``block_changes``
-    subtracts (at K = 1 000 a block is 6 MB: numpy's astype, then a copy, read it twice)."""
-    n, K = rows.shape
-    counts, before = np.empty((n, K), np.int32), np.empty((n, K), np.int32)
-    for i in range(n):
-        for k in range(K):
-            c = np.int32(rows[i, k])
-            counts[i, k] = c
-            before[i, k] = c
-    return counts, before
-
-
-@njit(nogil=True, cache=True)
-def block_changes(counts, before):  # type: ignore[no-untyped-def]
-    """The rows that changed (their indices) and by how much (float32: what ``add`` pushes),
-    in one pass over each: numpy's ``(counts != before).any(1)`` and two fancy indexings made
-    temporaries of the whole block."""
+def block_changes(counts, rows):  # type: ignore[no-untyped-def]
+    """The rows of a block that changed (their indices) and by how much (float32: what ``add``
+    pushes): ``counts`` as the sampler left them against the ``rows`` pulled (float32 counts,
+    exact below 2^24), in one pass over each.  numpy's ``(counts != before).any(1)`` and two
+    fancy indexings made temporaries of the whole block, and the copy ``before`` one more
+    (6 MB at K = 1 000)."""
     n, K = counts.shape
     changed = np.empty(n, np.int64)
     m = 0
     for i in range(n):
         for k in range(K):
-            if counts[i, k] != before[i, k]:
+            if counts[i, k] != rows[i, k]:
                 changed[m] = i
                 m += 1
                 break
@@ -234,7 +217,7 @@ def block_changes(counts, before):  # type: ignore[no-untyped-def]
     for j in range(m):
         i = changed[j]
         for k in range(K):
-            delta[j, k] = counts[i, k] - before[i, k]
+            delta[j, k] = np.float32(counts[i, k]) - rows[i, k]
     return changed[:m], delta
 
 
