@@ -5,6 +5,7 @@ skipping coordinates without changing the solution."""
 
 from __future__ import annotations
 
+import decimal
 import warnings
 from dataclasses import replace
 
@@ -15,7 +16,16 @@ from test_lasso_solver import _solve
 from paramserver.apps.rounds.coordinate import LassoConfig
 from paramserver.apps.rounds.kkt import kkt_filter
 from paramserver.apps.rounds.l1lr import L1LRProgram, margin, signed_labels
-from paramserver.apps.rounds.l1lr_math import _cdn, logistic_bound, logistic_gradient, logistic_lambda_max
+from paramserver.apps.rounds.l1lr_math import (
+    STEP,
+    _glmnet,
+    _loss_change,
+    logistic_bound,
+    logistic_gradient,
+    logistic_lambda_max,
+    logistic_objective,
+    step_caps,
+)
 from paramserver.apps.rounds.lasso import LassoProgram
 from paramserver.apps.rounds.lasso_math import lambda_max
 from paramserver.apps.rounds.matrix import read_libsvm_matrix
@@ -120,8 +130,55 @@ def test_a_filtered_coordinate_does_not_move_in_a_proximal_step(tmp_path):
     assert skipped.size > 0
     before = w.copy()
     for j in skipped:  # each one alone, at this point: it stays at zero
-        _cdn(m.colptr, m.rows, m.values, m.y, np.array([j]), w, z, m.shape[0], lam, 1, 0.0, np.zeros(m.shape[0]))
+        _newton(m, np.array([j]), w, z, lam)
     np.testing.assert_array_equal(w, before)
+
+
+def _newton(m, coords, w, z, lam, steps=1, cap=None):
+    n = m.shape[0]
+    cap = step_caps(m, STEP) if cap is None else cap
+    return _glmnet(m.colptr, m.rows, m.values, m.y, coords, w, z, n, lam, steps, 0.0, np.zeros((3, n)),
+                   np.zeros(n, np.int64), np.zeros(n, np.bool_), cap)
+
+
+@pytest.mark.parametrize("u,delta", [(0.3, 0.2), (-0.3, 1e-9), (5.0, -2.0), (-40.0, 100.0), (-800.0, 900.0),
+                                     (800.0, -900.0), (40.0, -1e4), (-1e4, 3.0)])
+def test_a_rows_loss_change_is_exact_where_the_row_is_misclassified_with_great_confidence(u, delta):
+    tau = 1.0 / (1.0 + np.exp(min(u, 700.0))) if u < 700 else 0.0  # σ(−u) as the kernel has it
+    with decimal.localcontext() as ctx:  # the difference to 60 digits: float64's own cancels
+        ctx.prec = 60
+        u_, d_ = decimal.Decimal(u), decimal.Decimal(delta)
+        want = float((1 + (-u_ - d_).exp()).ln() - (1 + (-u_).exp()).ln())
+    assert _loss_change(u, tau, delta) == pytest.approx(want, rel=1e-12, abs=1e-300)
+
+
+def _confident(tmp_path):
+    """Rows 0 and 1 misclassified by a margin of 40 through column 1 (``σ(−u)`` rounds to 1
+    and the curvature to 0); column 0 touches only them: its model's step is unbounded."""
+    path = tmp_path / "confident.svm"
+    path.write_text("1 1:1 2:1\n1 1:1 2:1\n-1 2:1\n-1 3:1\n")
+    m = signed_labels(read_libsvm_matrix(str(path)), str(path))
+    w = np.array([0.0, -40.0, 0.0])
+    return m, w, margin(m, w)
+
+
+def test_a_newton_step_through_confidently_misclassified_rows_lowers_the_objective(tmp_path):
+    m, w, z = _confident(tmp_path)
+    lam = 1e-3
+    before = logistic_objective(m.y, z, w, lam)
+    for cap in (np.full(3, np.inf), step_caps(m, STEP)):  # unbounded, as by default
+        w1, z1 = w.copy(), z.copy()
+        assert _newton(m, np.array([0, 1, 2]), w1, z1, lam, steps=5, cap=cap) > 0
+        after = logistic_objective(m.y, z1, w1, lam)
+        assert np.isfinite(after) and after < before  # read through log1p alone, a step looked 10^11 better
+        np.testing.assert_allclose(z1, margin(m, w1), rtol=0, atol=1e-9)
+
+
+def test_a_newton_step_moves_a_margin_by_at_most_step_through_one_coordinate(tmp_path):
+    m, w, z = _confident(tmp_path)
+    w1 = w.copy()
+    _newton(m, np.array([0]), w1, z.copy(), 1e-3)
+    assert 0 < w1[0] <= STEP  # column 0's entries are 1: its Newton step alone would be ~10^11
 
 
 @pytest.mark.parametrize("loss", ["squared", "logistic"])

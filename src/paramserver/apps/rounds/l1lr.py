@@ -1,11 +1,12 @@
 """``paramserver lasso --loss logistic``: L1-regularised logistic regression,
 ``(1/n)·Σ log(1 + exp(−y_i x_iᵀw)) + λ‖w‖₁`` (labels ±1), by the scheduled
 coordinate descent of ``coordinate``: every worker keeps the margin ``z = Xw``; a
-coordinate step is CDN's proximal Newton step with a line search (``l1lr_math``); it stops
-when the duality gap is below ``tol`` times the objective.  A worker stops sweeping its
-coordinates in a round once a pass finds each within ``0.1·λ`` times the last check's
-relative gap (at least ``tol``) of its optimality condition (the report's
-``coordinate_updates`` counts the sweeps a round allows: an upper bound).
+worker's coordinates of a round take newGLMNET's proximal Newton steps, each with a line
+search (``l1lr_math``); it stops when the duality gap is below ``tol`` times the
+objective.  A worker stops stepping in a round once every coordinate of its block is
+within ``0.1·λ`` times the last check's relative gap (at least ``tol``) of its optimality
+condition, or after ``sweeps`` steps (the report's ``coordinate_updates`` counts the
+steps a round allows: an upper bound).
 
 λ_max, the smallest λ with ``w = 0``, is ``‖∇f(0)‖∞ = ‖Xᵀy‖∞ / (2n)``.
 
@@ -25,10 +26,12 @@ import numpy as np
 
 from paramserver.apps.rounds.coordinate import LassoConfig, ScheduledCD
 from paramserver.apps.rounds.l1lr_math import (
-    _cdn,
+    STEP,
+    _glmnet,
     best_intercept,
     logistic_bound,
     logistic_gradient,
+    step_caps,
 )
 from paramserver.apps.rounds.lasso_math import _apply, _residual
 from paramserver.apps.rounds.matrix import Matrix
@@ -73,7 +76,9 @@ class L1LRProgram(ScheduledCD):
         super().__init__(client, m, cfg, rank, workers, curvature=0.25 / m.shape[0])
         self.z = np.zeros(self.n)
         self.b = 0.0  # the intercept (cfg.intercept): the same on every worker, set at each check
-        self.tau = np.zeros(int(np.diff(m.colptr).max(initial=0)))  # a column's σ(−y_i z_i), for its line search
+        self.buf = np.zeros((3, self.n))  # a Newton step's scratch: σ(−y_i z_i), its curvature, the margin's change
+        self.touched, self.mark = np.zeros(self.n, np.int64), np.zeros(self.n, np.bool_)
+        self.cap = step_caps(m, STEP)
         self._check(0)
 
     def _refresh(self) -> np.ndarray:
@@ -84,12 +89,13 @@ class L1LRProgram(ScheduledCD):
 
     def _sweep(self, coords: np.ndarray, sweeps: int) -> None:
         m = self.m
-        # a pass whose coordinates all violate their optimality conditions by less than this is the last: the
+        # a step whose coordinates all violate their optimality conditions by less than this is the last: the
         # duality gap's scaling of the dual point falls short of 1 by about the largest violation over λ, so
         # that 0.1·tol·λ is enough at the end, and 0.1 of the last check's relative gap before it
         cfg = self.cfg
         stop = 0.1 * cfg.lam * max(cfg.tol, min(self.gap / max(self.primal, 1e-300), 1.0))
-        _cdn(m.colptr, m.rows, m.values, m.y, coords, self.w, self.z, self.n, cfg.lam, sweeps, stop, self.tau)
+        _glmnet(m.colptr, m.rows, m.values, m.y, coords, self.w, self.z, self.n, cfg.lam, sweeps, stop, self.buf,
+                self.touched, self.mark, self.cap)
 
     def _shift(self, coords: np.ndarray, delta: np.ndarray) -> None:
         _apply(self.m.colptr, self.m.rows, self.m.values, coords, -delta, self.z)
