@@ -106,6 +106,7 @@ class ScheduledCD:
         self.next_check = self.checked_at = self.pass_rounds = 0
         self.filtered = self.kkt_skipped = 0  # coordinates the filter left out now; updates it saved so far
         self.primal, self.gap, self.updates, self.checks = math.inf, math.inf, 0, 0
+        self.pass_moved = 0.0  # the largest move of a coordinate this pass (``converged``)
         self.history: list[dict[str, float]] = []
         self.started = time.perf_counter()
         self.gated = False  # the table is BSP on the servers: run_rounds then needs no barrier before a pull
@@ -173,6 +174,7 @@ class ScheduledCD:
         self.moved[order] = violation[order] / self.curvature[order]
         self.pass_rounds = max(1, -(-self.working.size // (cfg.per_round * self.workers)))
         self.checked_at, self.next_check = round_, round_ + CHECK_PASSES * self.pass_rounds
+        self.pass_moved = 0.0
         self.history.append({"round": round_, "seconds": time.perf_counter() - self.started, "objective": self.primal,
                              "gap": self.gap, "nonzeros": int(nonzero.size), "updates": self.updates,
                              "active_set": int(kept.active.size), "kkt_filtered": kept.skipped,
@@ -210,6 +212,13 @@ class ScheduledCD:
                 and h[-1]["gap"] >= 0.5 * h[-11]["gap"] and self.gap <= 100 * self.cfg.tol * self.primal)
 
     def converged(self, round_: int) -> bool:
+        """Check every ``CHECK_PASSES`` passes over the working set, and at once after a pass
+        that moved no coordinate (every worker sees the same pulled values, so all agree):
+        the rounds to come would find the same point."""
+        if round_ > self.checked_at and (round_ - self.checked_at) % self.pass_rounds == 0:
+            if self.pass_moved == 0.0:
+                self.next_check = round_
+            self.pass_moved = 0.0
         if round_ >= self.next_check:
             t = time.perf_counter()
             self._check(round_)
@@ -256,6 +265,7 @@ class ScheduledCD:
         self.w[changed] = pulled
         # the priorities come from pulled values only, so that every worker computes the same schedule
         self.moved[changed] = np.abs(pulled - start)
+        self.pass_moved = max(self.pass_moved, float(self.moved[changed].max()))
         self.updates += changed.size * self.cfg.sweeps
 
     def regroup(self, round_: int, live: list[int]) -> None:
