@@ -83,6 +83,8 @@ class LassoConfig:
 class ScheduledCD:
     """One worker's side of scheduled coordinate descent (see the module's doc)."""
 
+    check_passes = CHECK_PASSES  # passes over the working set between two checks
+
     def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int, curvature: float):
         """``curvature``: the smooth part's second derivative along column j is at most
         ``curvature · ‖x_j‖²`` (1/n for the squared loss): a violator's priority is its
@@ -173,7 +175,7 @@ class ScheduledCD:
         # a violator's priority is how far it is from optimal, in coefficient units
         self.moved[order] = violation[order] / self.curvature[order]
         self.pass_rounds = max(1, -(-self.working.size // (cfg.per_round * self.workers)))
-        self.checked_at, self.next_check = round_, round_ + CHECK_PASSES * self.pass_rounds
+        self.checked_at, self.next_check = round_, round_ + self.check_passes * self.pass_rounds
         self.pass_moved = 0.0
         self.history.append({"round": round_, "seconds": time.perf_counter() - self.started, "objective": self.primal,
                              "gap": self.gap, "nonzeros": int(nonzero.size), "updates": self.updates,

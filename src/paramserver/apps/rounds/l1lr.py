@@ -72,6 +72,8 @@ class L1LRProgram(ScheduledCD):
     """One worker's side of the scheduled L1 logistic regression: the logistic loss's part
     (see ``coordinate``); the vector is the margin ``z = Xw``.  ``m``'s labels are ±1."""
 
+    check_passes = 1  # a check after each pass: a block's Newton steps settle it in a pass or two
+
     def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int):
         super().__init__(client, m, cfg, rank, workers, curvature=0.25 / m.shape[0])
         self.z = np.zeros(self.n)
