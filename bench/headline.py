@@ -1,6 +1,6 @@
 """The comparisons this project is judged by, side by side in one run, in one table (issue 44.4).
 
-    .venv/bin/python bench/headline.py [--sections train,lasso,mf,lda,pushpull] [--repeat 3] [--quick]
+    .venv/bin/python bench/headline.py [--sections train,lasso,l1lr,mf,lda,pushpull] [--repeat 3] [--quick]
                                        [--json FILE] [--markdown]
     make headline HEADLINE_FLAGS="--sections train --repeat 5"
 
@@ -14,6 +14,9 @@ comparison, so a row here and a row of those scripts are the same measurement:
 * lasso (``bench/lasso.py``): ``paramserver lasso`` (its default: 2 workers, as for mf and lda) on
   news20 at λ_max/2000 against scikit-learn's coordinate descent (tol 1e-4); sub-optimality
   against celer's optimum (tol 1e-10).  Times: scikit-learn's ``fit`` call, our whole command.
+* l1lr (``bench/l1lr.py``): ``paramserver lasso --loss logistic`` (whole command, default flags)
+  against liblinear (scikit-learn's ``LogisticRegression``, its ``fit`` at the default tol 1e-4)
+  on news20 at λ_max/10, /100 and /1 000; the objective against liblinear's at tol 1e-8.
 * mf (``bench/mf.py``): ``paramserver mf`` (whole command) against Surprise's SVD (its ``fit``)
   on 4 M synthetic ratings, where start-up is a small part of the command.
 * lda (``bench/lda.py``): ``paramserver lda`` (whole command) against tomotopy (its ``train``,
@@ -43,6 +46,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -79,6 +83,11 @@ TRAIN_LOSS = Goal("<=", 1.0, "issue 44: test log loss at most VW's")
 LASSO_TIME = Goal("<=", 0.5, "issue 44: half scikit-learn's time at λ_max/2000")
 # issue 15: the same optimum to 1e-4 of the objective, against celer at tol 1e-10 (the reference)
 LASSO_SUBOPT = Goal("<=", 1e-4, "issue 15/44: relative sub-optimality against celer's optimum")
+# issue 49: L1-regularised logistic regression no slower than liblinear (its fit at scikit-learn's default tol,
+# 1e-4) at each λ, our whole command against its fit call; the objective within 1e-4 of liblinear's at tol 1e-8
+L1LR_TIME = Goal("<=", 1.0, "issue 49: liblinear's time at each λ")
+L1LR_OBJECTIVE = Goal("<=", 1e-4, "issue 49: the objective within 1e-4 of liblinear's")
+L1LR_RATIOS = (10, 100, 1000)  # issue 49's three λ: λ_max/10, /100, /1 000 (news20's best held-out log loss)
 # issue 15: the whole command against Surprise's fit alone, on the multi-million set where start-up is small
 MF_TIME = Goal("<=", 0.5, "issue 15: half Surprise's fit time")
 # issue 15: the same or a better held-out RMSE
@@ -181,6 +190,46 @@ def section_lasso(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[s
     return rows, {"lambda_ratio": ratio, "lambda": lam, "celer_optimum": optimum, "best_objective": best, **runs}
 
 
+def section_l1lr(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
+    from l1lr import liblinear, log_loss, paramserver
+    from lasso import DATA, binary_news20
+
+    if not os.path.exists(DATA):
+        return [not_run("l1lr", f"news20 is absent: {os.path.normpath(DATA)} (see ../shared/data/SOURCES.md)")], {}
+    path, X, y = binary_news20(DATA, tmp)
+    X = X.tocsr()
+    lmax = float(np.abs(X.T @ y).max() / (2 * X.shape[0]))
+    rows, raw = [], {}
+    for ratio in (10,) if args.quick else L1LR_RATIOS:
+        lam = lmax / ratio
+
+        def obj(w: np.ndarray, lam: float = lam) -> float:
+            return log_loss(X, y, w) + lam * float(np.abs(w).sum())
+
+        def theirs(lam: float = lam) -> dict:
+            t = time.perf_counter()
+            w = liblinear(X, y, lam, tol=1e-4)
+            return {"seconds": time.perf_counter() - t, "objective": obj(w)}
+
+        def ours(ratio: float = ratio) -> dict:
+            seconds, metrics, w = paramserver(path, ratio, fresh(tmp))
+            return {"seconds": seconds, "objective": obj(w), "rounds": metrics["rounds"],
+                    "job_seconds": metrics["seconds"]}
+
+        runs = interleave({"liblinear": theirs, "paramserver": ours}, args.repeat, tag=f"l1lr {ratio}",
+                          warm=() if raw else WARM)
+        ref = obj(liblinear(X, y, lam))  # tol 1e-8
+        ps_s, ll_s = median(runs["paramserver"], "seconds"), median(runs["liblinear"], "seconds")
+        ps_rel = (worst(runs["paramserver"], "objective") - ref) / ref
+        ll_rel = (worst(runs["liblinear"], "objective") - ref) / ref
+        name = f"l1lr news20 λmax/{ratio}"
+        rows += [judged(name, "time ÷ liblinear's", L1LR_TIME, ps_s / ll_s, f"{ps_s:.2f} s", f"{ll_s:.2f} s"),
+                 judged(name, "objective vs liblinear's (tol 1e-8)", L1LR_OBJECTIVE, ps_rel, f"{ps_rel:.1e}",
+                        f"liblinear (tol 1e-4) {ll_rel:.1e}")]
+        raw[str(ratio)] = {"lambda": lam, "reference_objective": ref, **runs}
+    return rows, raw
+
+
 def section_mf(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
     from mf import ours, surprise_svd, synthetic
 
@@ -264,6 +313,7 @@ def section_pushpull(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dic
 SECTIONS: dict[str, tuple[Section, list[tuple[str, str]]]] = {
     "train": (section_train, [("vowpalwabbit", "vowpalwabbit")]),
     "lasso": (section_lasso, [("sklearn", "scikit-learn"), ("celer", "celer")]),
+    "l1lr": (section_l1lr, [("sklearn", "scikit-learn")]),
     "mf": (section_mf, [("surprise", "scikit-surprise"), ("pandas", "pandas")]),
     "lda": (section_lda, [("tomotopy", "tomotopy")]),
     "pushpull": (section_pushpull, []),
