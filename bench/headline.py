@@ -199,7 +199,8 @@ def section_l1lr(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[st
     path, X, y = binary_news20(DATA, tmp)
     X = X.tocsr()
     lmax = float(np.abs(X.T @ y).max() / (2 * X.shape[0]))
-    rows, raw = [], {}
+    rows: list[Row] = []
+    raw: dict[str, Any] = {}
     for ratio in (10,) if args.quick else L1LR_RATIOS:
         lam = lmax / ratio
 
