@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from paramserver._runtime.handed import handed, handed_down
 from paramserver.apps.rounds.coordinate import (
     LOSSES,
     SCHEDULES,
@@ -116,7 +117,11 @@ class LassoProgram(ScheduledCD):
 
 
 def read_problem(path: str, loss: str, n_features: int | None = None) -> Matrix:
-    """The data of ``paramserver lasso`` for ``loss``: the logistic loss's labels as ±1."""
+    """The data of ``paramserver lasso`` for ``loss``: the logistic loss's labels as ±1.  A
+    worker forked by the driver takes the driver's copy (``handed``)."""
+    m: Matrix | None = handed(path, loss)
+    if m is not None and n_features in (None, m.shape[1]):
+        return m
     m = read_libsvm_matrix(path, n_features)
     return signed_labels(m, path) if loss == "logistic" else m
 
@@ -162,8 +167,9 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     m = read_problem(data, loss)
     n, d = m.shape
     lmax, cfg = lasso_config(data, m, lam, lambda_ratio, tol, schedule, max_rounds, loss, kkt_filter, intercept)
-    with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options,
-                   allow_loss=allow_loss, replicas=replicas, filters=filters, watch=watch) as job:
+    with handed_down(data, loss, m), RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options,
+                                                allow_loss=allow_loss, replicas=replicas, filters=filters,
+                                                watch=watch) as job:
         # what the table depends on; the workers, --tol and --schedule may change on a resume.  None for the
         # squared loss and no intercept: what a checkpoint written before --loss lacks, so it still resumes
         meta = {"app": "lasso", "rows": n, "features": d, "lambda": cfg.lam,
