@@ -191,14 +191,14 @@ def section_lasso(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[s
 
 
 def section_l1lr(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
-    from l1lr import liblinear, log_loss, paramserver
+    from l1lr import liblinear, log_loss, logistic_lambda_max, paramserver
     from lasso import DATA, binary_news20
 
     if not os.path.exists(DATA):
         return [not_run("l1lr", f"news20 is absent: {os.path.normpath(DATA)} (see ../shared/data/SOURCES.md)")], {}
     path, X, y = binary_news20(DATA, tmp)
     X = X.tocsr()
-    lmax = float(np.abs(X.T @ y).max() / (2 * X.shape[0]))
+    lmax = logistic_lambda_max(X, y)
     rows: list[Row] = []
     raw: dict[str, Any] = {}
     for ratio in (10,) if args.quick else L1LR_RATIOS:

@@ -39,6 +39,11 @@ def log_loss(X: Any, y: np.ndarray, w: np.ndarray) -> float:
     return float(np.logaddexp(0.0, -y * (X @ w)).mean())
 
 
+def logistic_lambda_max(X: Any, y: np.ndarray) -> float:
+    """The smallest λ at which every coefficient is 0: ``‖Xᵀy‖∞ / (2n)``."""
+    return float(np.abs(X.T @ y).max() / (2 * X.shape[0]))
+
+
 def liblinear(X: Any, y: np.ndarray, lam: float, tol: float = 1e-8) -> np.ndarray:
     """liblinear's coefficients at λ (scikit-learn's ``LogisticRegression``, C = 1/(nλ)): at
     tol 1e-8 the reference; at 1e-4, scikit-learn's default, what a user gets."""
@@ -120,8 +125,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path, X, y = (criteo_libsvm if args.criteo else binary_news20)(args.data, tmp)
         X = X.tocsr()
-        n = X.shape[0]
-        lmax = float(np.abs(X.T @ y).max() / (2 * n))
+        lmax = logistic_lambda_max(X, y)
         ratio, tried = best_ratio(X, y, lmax, args.ratios)
         lam = lmax / ratio
 

@@ -214,7 +214,7 @@ class ScheduledCD:
                 and h[-1]["gap"] >= 0.5 * h[-11]["gap"] and self.gap <= 100 * self.cfg.tol * self.primal)
 
     def converged(self, round_: int) -> bool:
-        """Check every ``CHECK_PASSES`` passes over the working set, and at once after a pass
+        """Check every ``check_passes`` passes over the working set, and at once after a pass
         that moved no coordinate (every worker sees the same pulled values, so all agree):
         the rounds to come would find the same point."""
         if round_ > self.checked_at and (round_ - self.checked_at) % self.pass_rounds == 0:

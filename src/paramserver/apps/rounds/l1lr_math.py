@@ -45,12 +45,16 @@ def _prox(g, h, wj, lam):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _rows_of(colptr, rows, y, z, coords, mark, touched, tau, dee):  # type: ignore[no-untyped-def]
-    """The rows the columns ``coords`` touch, each once, into ``touched`` (returns how many;
-    ``mark`` is left clear), with ``tau_i = σ(−y_i z_i)`` and ``dee_i = tau_i(1 − tau_i)``."""
-    count = 0
+def _model(colptr, rows, values, y, z, coords, w, n, lam, g, h, mark, touched, tau, dee):  # type: ignore[no-untyped-def]
+    """The loss's quadratic model at ``z`` on ``coords``: each coordinate's gradient ``g`` and
+    curvature ``h``, in one pass that also lists the rows the block touches, each once, in
+    ``touched`` with ``tau_i = σ(−y_i z_i)`` and ``dee_i = tau_i(1 − tau_i)`` (``mark`` is left
+    clear).  Returns how many rows, and the largest ``h·|d|`` of a coordinate's own proximal
+    Newton step: how far it is from its optimality condition."""
+    count, worst = 0, 0.0
     for t in range(coords.shape[0]):
         j = coords[t]
+        gj, hj = 0.0, 0.0
         for k in range(colptr[j], colptr[j + 1]):
             i = rows[k]
             if not mark[i]:
@@ -60,29 +64,15 @@ def _rows_of(colptr, rows, y, z, coords, mark, touched, tau, dee):  # type: igno
                 a = 1.0 / (1.0 + math.exp(y[i] * z[i]))
                 tau[i] = a
                 dee[i] = a * (1.0 - a)
-    for c in range(count):
-        mark[touched[c]] = False
-    return count
-
-
-@njit(nogil=True, cache=True)
-def _model(colptr, rows, values, y, coords, w, n, lam, tau, dee, g, h):  # type: ignore[no-untyped-def]
-    """The quadratic model's gradient ``g`` and curvature ``h`` on ``coords``; returns the
-    largest ``h·|d|`` of a coordinate's own proximal Newton step, how far it is from its
-    optimality condition."""
-    worst = 0.0
-    for t in range(coords.shape[0]):
-        j = coords[t]
-        gj, hj = 0.0, 0.0
-        for k in range(colptr[j], colptr[j + 1]):
-            i = rows[k]
             gj -= values[k] * y[i] * tau[i]
             hj += values[k] * values[k] * dee[i]
         g[t] = gj / n
         h[t] = max(hj / n, 1e-12)
         if colptr[j + 1] > colptr[j]:
             worst = max(worst, h[t] * abs(_prox(g[t], h[t], w[j], lam)))
-    return worst
+    for c in range(count):
+        mark[touched[c]] = False
+    return count, worst
 
 
 @njit(nogil=True, cache=True)
@@ -183,8 +173,7 @@ def _glmnet(colptr, rows, values, y, coords, w, z, n, lam, outer, stop, buf, tou
     k = coords.shape[0]
     g, h, d = np.empty(k), np.empty(k), np.zeros(k)
     for it in range(outer):
-        count = _rows_of(colptr, rows, y, z, coords, mark, touched, tau, dee)
-        worst = _model(colptr, rows, values, y, coords, w, n, lam, tau, dee, g, h)
+        count, worst = _model(colptr, rows, values, y, z, coords, w, n, lam, g, h, mark, touched, tau, dee)
         if worst < stop:
             return it
         for c in range(count):
