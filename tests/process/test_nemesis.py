@@ -115,7 +115,7 @@ def test_a_seeded_mix_of_faults():
     _passes(draw(47, servers=3, window_s=12.0, longest_s=5.0))
 
 
-ROWS = 600_000  # long enough for both faults to fall while it trains (a shorter job could end before the kill)
+ROWS = 900_000  # long enough for both faults to fall while it trains (600 000 streamed rows ended before the kill once)
 
 
 @pytest.fixture(scope="module")
