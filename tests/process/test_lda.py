@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.corpus import read_corpus
-from paramserver.apps.rounds.lda import TOPIC_DELTA, WORD_TOPIC, LDAConfig
+from paramserver.apps.rounds.lda import SPARSE_FILTERS, TOPIC_DELTA, WORD_TOPIC, LDAConfig, default_filters
 from paramserver.apps.rounds.lda_program import lda_worker, write_parts
 from paramserver.apps.rounds.program import balanced_groups
 from paramserver.cluster.local import LocalCluster
@@ -115,6 +115,27 @@ def test_finds_planted_topics_and_writes_what_it_says(tmp_path):
     assert report["tokens"] == corpus.tokens and report["token_iterations"] == 100 * corpus.tokens
     assert report["counts_consistent"] and report["workers_lost"] == []
     assert -np.log(100) < report["log_likelihood_per_token"] < 0
+
+
+def test_wide_rows_go_sparse_by_default_and_train_the_same_model(tmp_path):
+    """From 256 topics a local job's counts travel as ``sparse`` (the non-zero ones and a bit
+    a count): the model is the one ``--filters none`` trains, to the count, in fewer bytes."""
+    path = _planted(tmp_path / "c.ldac", docs=120, topics=4)
+    runs = {}
+    for name, extra in (("default", []), ("none", ["--filters", "none"])):
+        run = _cli("--data", str(path), "--topics", "256", "--iterations", "3", "--save", str(tmp_path / name),
+                   *extra)
+        runs[name] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert runs["default"]["filters"] == "push=sparse;reply=sparse" and runs["none"]["filters"] == "none"
+    np.testing.assert_array_equal(np.load(tmp_path / "default" / "topic_word.npy"),
+                                  np.load(tmp_path / "none" / "topic_word.npy"))
+    assert runs["default"]["bytes_received"] * 4 < runs["none"]["bytes_received"]
+
+
+def test_default_filters_are_sparse_from_256_topics_or_across_a_network():
+    assert default_filters(50, {}) is None and default_filters(255, None) is None
+    assert default_filters(256, {}) == SPARSE_FILTERS == "push=sparse;reply=sparse"
+    assert default_filters(50, {"cluster": "tcp://10.0.0.7:7000"}) == SPARSE_FILTERS
 
 
 @pytest.mark.parametrize("args", [["--schedule", "none"], ["--schedule", "none", "--staleness", "2"],

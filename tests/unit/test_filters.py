@@ -229,6 +229,81 @@ def test_a_claimed_size_is_checked_before_anything_is_allocated():
         unpack("push", raw, h2, s2, Context())
 
 
+def _mostly_zero(n=1500, dim=300, seed=3, share=0.03):
+    """Rows as a topic model's counts are: a few non-zero a row, and the odd -0.0, NaN and inf."""
+    rng = np.random.default_rng(seed)
+    values = np.where(rng.random((n, dim)) < share, rng.integers(1, 90, (n, dim)), 0).astype(np.float32)
+    values.reshape(-1)[:5] = [-0.0, np.nan, np.inf, -np.inf, 1e-45]  # bits, not values: -0.0 == 0 yet travels
+    values[7] = 0.0  # an empty row
+    return values
+
+
+@pytest.mark.parametrize("dim", [1, 7, 8, 300, 1001])
+def test_sparse_gives_mostly_zero_values_back_bit_for_bit_in_fewer_bytes(dim):
+    values = _mostly_zero(n=1500, dim=dim)
+    for direction, arrays in (("reply", [values]), ("push", [*_push(n=1500, dim=dim, segments=(1500,))[:1], values,
+                                                              np.zeros(1, np.int32), np.array([1500], np.int64)])):
+        header, sent, got, _ = _through(direction, f"{direction}=sparse", arrays)
+        assert header["filters"][0][0] == "sparse"
+        back = got[PARTS_AT[direction]]
+        assert back.shape == values.shape and np.array_equal(back.view(np.uint32), values.view(np.uint32))
+        packed = sum(a.nbytes for name, a in zip(header["parts"], sent) if name.startswith("values"))
+        assert packed < values.nbytes * 0.2  # a bit a value and the 3 % that are not zero
+        assert not back.flags.writeable
+
+
+PARTS_AT = {"reply": 0, "push": 1}
+
+
+def test_sparse_leaves_dense_values_as_they_are_and_refuses_what_does_not_decode():
+    dense = _push(n=400, segments=(400,))[1]
+    header, sent, got, _ = _through("reply", "reply=sparse", [dense])
+    assert "filters" not in header and sent[0] is dense  # nothing gained: not packed
+    assert _through("reply", "reply=sparse:keep=1", [np.ones((3, 3), np.float32)])[0] == {}
+    values = _mostly_zero(n=50, dim=13)  # 650 bits: the mask's last byte has 6 bits past the values
+    chain = chains(FilterSpec.parse("reply=sparse"))["reply"]
+    header, sent = pack("reply", chain, [values], Context())
+    words_at, mask_at = header["parts"].index("values"), header["parts"].index("values.mask")
+
+    def refused(frames, match, h=header):
+        with pytest.raises(ProtocolError, match=match):
+            unpack("reply", chain, h, frames, Context())
+
+    def changed(at, a):
+        frames = list(sent)
+        frames[at] = a
+        return frames
+
+    mask = sent[mask_at].copy()
+    mask[-1] |= 0x80  # a bit past the values
+    refused(changed(mask_at, mask), "sparse: a mask of")
+    mask = sent[mask_at].copy()
+    mask[0] ^= 0x01 if not mask[0] & 1 else 0x02  # one more (or other) value marked than sent
+    refused(changed(mask_at, mask), "sparse: a mask of")
+    refused(changed(mask_at, sent[mask_at][:-1]), "sparse: a mask of")
+    refused(changed(words_at, sent[words_at][:-4]), "sparse: a mask of")
+    refused(changed(words_at, sent[words_at][:-1]), "not whole float32s")
+    refused(sent, "over the limit", {**header, "filters": [["sparse", {"shape": [1 << 39, 1 << 20]}]]})
+    refused(sent, "must be 2-d", {**header, "filters": [["sparse", {"shape": [650]}]]})
+    odd = changed(words_at, np.r_[np.zeros(1, np.uint8), sent[words_at]][1:])  # a frame at an odd address
+    assert np.array_equal(unpack("reply", chain, header, odd, Context())[0].view(np.uint32), values.view(np.uint32))
+    rng = np.random.default_rng(5)
+    outcomes = set()
+    for _ in range(200):  # flipped bytes: refused by name, or values of the promised shape, never a crash
+        at = int(rng.integers(2))
+        a = sent[at].copy()
+        a[rng.integers(a.size, size=2)] ^= rng.integers(1, 256, dtype=np.uint8)
+        try:
+            got = unpack("reply", chain, header, changed(at, a), Context())
+        except ProtocolError as err:
+            assert str(err).startswith("sparse: ")
+            outcomes.add("refused")
+            continue
+        assert got[0].shape == values.shape and got[0].dtype == np.float32
+        outcomes.add("decoded")
+    assert outcomes == {"refused", "decoded"}
+
+
 @pytest.mark.parametrize("spec", ["compact", "push=int8,keycache,delta,zstd:min_bytes=0", "push=bf16,delta"])
 def test_a_corrupted_filtered_push_is_refused_with_a_protocol_error_never_a_crash(spec):
     """Each corrupted message is refused with a ProtocolError that names the filter that

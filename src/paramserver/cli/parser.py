@@ -133,13 +133,15 @@ def storage_flag(p: argparse.ArgumentParser) -> None:
                         "report and --metrics-out state the storage and the bytes a key")
 
 
-def filters_flag(p: argparse.ArgumentParser) -> None:
-    """``--filters``: what the job's tables send on the wire, the same on every command that trains."""
+def filters_flag(p: argparse.ArgumentParser, default: str = "none (default)") -> None:
+    """``--filters``: what the job's tables send on the wire, the same on every command that
+    trains; ``default``: what the command sends without it (help text)."""
     p.add_argument("--filters", metavar="SPEC", default=None,
-                   help="what pushes, pulls and pull replies go through on the wire (docs/filters.md): none "
-                        "(default), keys (key caching and delta keys: the same model), lossless (and zstd), compact "
+                   help="what pushes, pulls and pull replies go through on the wire (docs/filters.md): "
+                        f"{default}, keys (key caching and delta keys: the same model), lossless (and zstd), compact "
                         "(and int8 pushes with error feedback, fp16 replies), or chains per direction such as "
-                        "'push=int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=fp16'")
+                        "'push=int8,keycache,delta,zstd;pull=keycache,delta,zstd;reply=fp16' (sparse: values "
+                        "mostly zero as a bit a value and the others, the same values)")
 
 
 def loss_flags(p: argparse.ArgumentParser) -> None:

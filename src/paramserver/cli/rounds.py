@@ -36,13 +36,14 @@ def _round_checkpoint_flags(p: argparse.ArgumentParser, unit: str, default: int)
     unverified_flag(p)
 
 
-def _cluster_flags(p: argparse.ArgumentParser) -> None:
-    """The cluster a round app starts: its processes, where, and what a server's death may cost."""
+def _cluster_flags(p: argparse.ArgumentParser, filters: str = "none (default)") -> None:
+    """The cluster a round app starts: its processes, where, what a server's death may cost,
+    and what its tables send (``filters``: the default's help text)."""
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--servers", type=int, default=1, help="server processes (default 1)")
     cluster_flag(p)
     loss_flags(p)
-    filters_flag(p)
+    filters_flag(p, filters)
     secret_flag(p)
     watch_flags(p)
     p.add_argument("--json", action="store_true", help="print the report as one JSON line, not a table")
@@ -134,7 +135,8 @@ def add_lda(sub: Subparsers) -> None:
                    "words no document uses (default: <name>.tokens, <name>.vocab, vocab.txt or vocabulary.txt beside "
                    "the corpus if there, else the largest word + 1)")
     _config_flags(p, LDAConfig)
-    _cluster_flags(p)
+    _cluster_flags(p, "none (default on a local cluster below 256 topics; else 'push=sparse;reply=sparse': the "
+                   "non-zero counts and a bit a count, the same model)")
     _result_flags(p, "write DIR/topic_word.npy: K x V counts n_kw, column j = word j in the input's numbering from "
                   "0", "write log-likelihood per token, tokens and token-iterations/s as JSON", "iterations", 20)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from paramserver._runtime.warm import is_inherited, load_numba
+from paramserver.filters.chain import FilterSpec
 from paramserver.filters.warmup import warm_filters
 from paramserver.routing.partition import route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
@@ -13,10 +14,11 @@ from paramserver.wire.message import Op, decode, encode
 
 
 def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None, combine: bool = True,
-                filters: bool = True) -> None:
+                filters: bool | FilterSpec = True) -> None:
     """Route a push of ``grads`` to ``keys`` (distinct keys; ``combine``: also a push whose
     duplicate keys are merged) and a pull of them, and scatter the pull's reply from a
-    received (read-only) frame; with ``filters``, every built-in filter's kernels.  Without
+    received (read-only) frame; with ``filters``, every built-in filter's kernels (those of
+    the spec, if a ``FilterSpec``).  Without
     ``keys``: three keys of dim 1."""
     if is_inherited():
         return
@@ -33,4 +35,5 @@ def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None,
     (vals,) = decode([bytes(f) for f in frames]).arrays
     scatter_rows(vals, routed.order, np.empty((keys.size, 1), np.float32))
     if filters:
-        warm_filters()  # a filtered table's requests, residuals and routing in position order
+        # a filtered table's requests, residuals and routing in position order
+        warm_filters(filters if isinstance(filters, FilterSpec) else None)

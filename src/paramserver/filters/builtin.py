@@ -1,8 +1,9 @@
 """The built-in filters, named in a table's spec as ``keycache``, ``delta``, ``zstd``,
-``fp16``, ``bf16``, ``int8`` and ``sigmod`` (docs/filters.md has what each buys).
+``sparse``, ``fp16``, ``bf16``, ``int8`` and ``sigmod`` (docs/filters.md has what each buys).
 
 Lossless: ``keycache`` (a key list the server holds goes as its signature), ``delta``
-(keys as variable-length differences), ``zstd`` (each big part compressed).  Lossy
+(keys as variable-length differences), ``zstd`` (each big part compressed), ``sparse``
+(values mostly zero as a mask and the rest).  Lossy
 value codecs for pushes (with error feedback, on the worker) and pull replies:
 ``fp16``, ``bf16``, ``int8`` (a power-of-two scale per block of rows).  ``sigmod`` (the
 significantly-modified filter) picks which keys a worker pushes at all.
@@ -25,6 +26,8 @@ from paramserver.filters.kernels import (
     int8_decode,
     int8_encode,
     int8_roundtrip,
+    sparse_decode,
+    sparse_encode,
     varint_decode,
     varint_encode,
 )
@@ -182,6 +185,50 @@ def _wire_dtype(spec: Any, name: str) -> np.dtype:
     return DTYPES[spec[0]]
 
 
+class Sparse(Filter):
+    """Values that are mostly zero (counts a topic model moves, the rows of a wide and
+    sparse table) as a mask of one bit a value and the non-zero values, bit for bit (a
+    value is zero when all its bits are: -0.0 travels).  Used only where it takes at least
+    ``1 - keep`` (default 1/8) off the values' bytes; denser values go as they are, for a
+    pass over them."""
+
+    stage = "values"
+    directions = ("push", "reply")
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.keep = setting(settings, "keep", 0.875, 0.0, 1.0, "sparse")
+
+    def encode(self, parts: Parts, ctx: Context) -> dict[str, Any]:
+        values = parts.get("values")
+        if values is None or values.dtype != np.float32 or values.ndim != 2 or not values.size:
+            return {}
+        mask, words = sparse_encode(np.ascontiguousarray(values).reshape(-1).view(np.uint32))
+        if mask.nbytes + words.nbytes > self.keep * values.nbytes:
+            return {}
+        parts["values"], parts["values.mask"] = words.view(np.uint8), mask
+        return {"shape": list(values.shape)}
+
+    def decode(self, parts: Parts, params: dict[str, Any], ctx: Context) -> None:
+        shape = shape_param(params, "sparse")
+        if len(shape) != 2:
+            raise ProtocolError(f"sparse: values must be 2-d, got shape {shape}")
+        packed, mask = blob(parts, "values", "sparse"), blob(parts, "values.mask", "sparse")
+        if packed.nbytes % 4:
+            raise ProtocolError(f"sparse: {packed.nbytes} bytes of values are not whole float32s")
+        if math.prod(shape) * 4 > MAX_MESSAGE_BYTES:  # a claimed size is checked before anything is allocated
+            raise ProtocolError(f"sparse: values of shape {shape} would take {math.prod(shape) * 4} bytes, over "
+                                f"the limit of {MAX_MESSAGE_BYTES}")
+        if not packed.flags.aligned or packed.ctypes.data % 4:
+            packed = packed.copy()  # a frame's bytes at any address: numpy's copy is aligned
+        words, status = sparse_decode(mask, packed.view(np.uint32), math.prod(shape))
+        if status:
+            raise ProtocolError(f"sparse: a mask of {mask.nbytes} bytes and {packed.nbytes // 4} values do not "
+                                f"make values of shape {shape}")
+        del parts["values.mask"]
+        parts["values"] = words.view(np.float32).reshape(shape)
+
+
 class _ValueCodec(Filter):
     """A lossy codec of the float32 ``values`` part (a push's, or a pull reply's)."""
 
@@ -311,5 +358,5 @@ class SigMod(Filter):
         return None  # never on the wire
 
 
-BUILTIN: dict[str, type[Filter]] = {"keycache": KeyCache, "delta": Delta, "zstd": Zstd, "fp16": Fp16, "bf16": Bf16,
-                                    "int8": Int8, "sigmod": SigMod}
+BUILTIN: dict[str, type[Filter]] = {"keycache": KeyCache, "delta": Delta, "zstd": Zstd, "sparse": Sparse,
+                                    "fp16": Fp16, "bf16": Bf16, "int8": Int8, "sigmod": SigMod}

@@ -201,3 +201,68 @@ def int8_decode(q, exps, counts, block_rows, dim):  # type: ignore[no-untyped-de
                     flat[j] = np.float32(q[j] * scale)
             row, b = stop, b + 1
     return out, 0
+
+
+@njit(nogil=True, cache=True)
+def sparse_encode(bits):  # type: ignore[no-untyped-def]
+    """The non-zero words of ``bits`` (a float32 array's uint32 view, flat), and a mask of
+    where they were (bit ``i & 7`` of byte ``i >> 3``): (mask, words).  A word is zero when
+    all its bits are, so -0.0 is kept.  Eight zeros are passed over at once; otherwise each
+    word is written and the count moves on by whether it was non-zero (no branch a word)."""
+    n = bits.shape[0]
+    mask = np.zeros((n + 7) >> 3, np.uint8)
+    words = np.empty(n, np.uint32)
+    m = 0
+    whole = n & ~7
+    for i in range(0, whole, 8):
+        if (bits[i] | bits[i + 1] | bits[i + 2] | bits[i + 3] | bits[i + 4] | bits[i + 5] | bits[i + 6]
+                | bits[i + 7]) == 0:
+            continue
+        byte = 0
+        for j in range(8):
+            w = bits[i + j]
+            words[m] = w
+            nonzero = int(w != 0)
+            byte |= nonzero << j
+            m += nonzero
+        mask[i >> 3] = byte
+    byte = 0
+    for j in range(n - whole):
+        w = bits[whole + j]
+        words[m] = w
+        nonzero = int(w != 0)
+        byte |= nonzero << j
+        m += nonzero
+    if n > whole:
+        mask[whole >> 3] = byte
+    return mask, words[:m]
+
+
+@njit(nogil=True, cache=True)
+def sparse_decode(mask, words, n):  # type: ignore[no-untyped-def]
+    """``sparse_encode``'s inverse: (the ``n`` words, status), status 0, or 1 when the mask
+    is not ``n`` bits long, has a bit set past them, or marks other than ``words``' count."""
+    out = np.zeros(n, np.uint32)
+    if mask.shape[0] != (n + 7) >> 3:
+        return out, 1
+    if n & 7 and mask[mask.shape[0] - 1] >> (n & 7):
+        return out, 1
+    marked = 0
+    for b in range(mask.shape[0]):  # the bits set, counted first: the loop below reads no word past the last
+        x = int(mask[b])
+        x = x - ((x >> 1) & 0x55)
+        x = (x & 0x33) + ((x >> 2) & 0x33)
+        marked += (x + (x >> 4)) & 0x0F
+    if marked != words.shape[0]:
+        return out, 1
+    m = 0
+    for b in range(mask.shape[0]):
+        byte = int(mask[b])
+        if byte == 0:  # eight zeros, already written
+            continue
+        base = b << 3
+        for j in range(min(8, n - base)):  # branch-free: each value written, the word count moved by its bit
+            bit = (byte >> j) & 1
+            out[base + j] = words[min(m, words.shape[0] - 1)] * bit
+            m += bit
+    return out, 0

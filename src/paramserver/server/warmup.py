@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from paramserver._runtime.warm import is_inherited, load_numba
+from paramserver.filters.chain import FilterSpec
 from paramserver.filters.warmup import warm_filters
 from paramserver.routing.ring import Ring
 from paramserver.server.requests import _segment_fault
@@ -15,15 +16,16 @@ from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Op, decode, encode
 
 
-def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = True,
+def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | FilterSpec = True,
                 storages: tuple[str, ...] = ("float32",), tables: tuple[TableSpec, ...] = ()) -> None:
     """Load (or compile) the table kernels for the array types requests bring (read-only
     frames; every other array goes to the kernels read-only too, ``intrinsics.frozen``), for
     ``layouts`` (a hash table's through a vnode's growth): a table of more than one vnode, a
     request's segment check, its update and its lookup, a quota's count, an export, an
-    install; with ``filters``, every built-in filter's decoding and encoding (0.3 s from the
-    cache: a job that knows it has none skips them); for the row formats ``storages``
-    (``TableSpec.storage``: each has kernels of its own).  Nothing of float32 tables is left
+    install; with ``filters``, every built-in filter's decoding and encoding (0.2 s from the
+    cache: a job that knows it has none skips them, one that knows its own passes their
+    spec); for the row formats ``storages`` (``TableSpec.storage``: each has kernels of its
+    own).  Nothing of float32 tables is left
     to compile in the serving loop, where a compile of 10-25 s (a fresh install's cold cache)
     once starved the heartbeats mid-repair.  The 16-bit formats are not warmed unless asked
     (``train --storage`` asks for its own): they added 49 s to a cold server start for every
@@ -62,4 +64,5 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool = Tr
         VnodeSet(TableSpec("warm-up", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
                            storage=spec.storage, key_bits=min(spec.key_bits, 8)), 1, [0])
     if filters:
-        warm_filters()  # a filtered request's decoding, a filtered reply's encoding
+        # a filtered request's decoding, a filtered reply's encoding
+        warm_filters(filters if isinstance(filters, FilterSpec) else None)

@@ -61,11 +61,12 @@ class Watch:
     progress: Callable[[dict[str, Any], float], None] | None = None
 
 
-def rounds_warmup(filters: bool) -> Any:
+def rounds_warmup(filters: FilterSpec) -> Any:
     """What a scheduled app's cluster loads before it forks its nodes: the servers' dense
-    tables (every scheduled app's are dense), the filters' kernels only if its tables have
-    filters, and the client's routing; not the hash tables' nor training's parsers and
-    models, which a local cluster otherwise loads for every job (~0.2 s)."""
+    tables (every scheduled app's are dense), the kernels of its tables' filters, if any,
+    and the client's routing; not the hash tables' nor training's parsers and models, nor
+    other filters' kernels, which a local cluster otherwise loads for every job (~0.2 s
+    each)."""
     from paramserver._runtime.warm import Warmup
     from paramserver.client.warmup import warm_client
     from paramserver.server.warmup import warm_server
@@ -98,7 +99,7 @@ class RoundsJob:
         self.watch = watch or Watch()
         # what every table of the job is created with: its copies, and its filters (``paramserver.filters``)
         self.table_options: dict[str, Any] = {"replicas": replicas, "filters": filters}
-        self.options = {"log_level": "WARNING", "warm": rounds_warmup(bool(FilterSpec.parse(filters))),
+        self.options = {"log_level": "WARNING", "warm": rounds_warmup(FilterSpec.parse(filters)),
                         **(cluster_options or {})}
         self.scratch_prefix = scratch_prefix
         self.scratch = ""

@@ -44,6 +44,13 @@ from paramserver.apps.rounds.lda_sampler import LDAConfig as LDAConfig
 from paramserver.apps.rounds.program import NO_CHECKPOINTS, CheckpointOptions, RoundResume, balanced_groups
 from paramserver.errors import ConfigError, check_flags
 
+#: a word's row holds K counts, most of them zero past a few dozen topics, and so does a round's change to
+#: it: ``sparse`` sends the non-zero counts and a bit a count, the same counts (docs/filters.md)
+SPARSE_FILTERS = "push=sparse;reply=sparse"
+#: topics from which packing the rows costs less than moving them between processes of one machine
+#: (20 Newsgroups, the whole command: K = 50 4 % slower, 200 level, 500 2 % faster, 1 000 4-6 %)
+SPARSE_TOPICS = 256
+
 
 def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
     check_flags([
@@ -89,7 +96,8 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
             "tokens": int(corpus.tokens), "docs": int(corpus.docs), "vocabulary": int(V)}
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers if cfg.schedule == "rotate" else 1)
     with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options, allow_loss=allow_loss,
-                   replicas=replicas, filters=filters, watch=watch,
+                   replicas=replicas, filters=default_filters(K, cluster_options) if filters is None else filters,
+                   watch=watch,
                    scratch_prefix="paramserver-lda-") as job:
         paths = write_parts(job.scratch, corpus, word_block, workers)
         job.tables(resume, lambda client: _create_tables(client, cfg, V, workers, job.table_options))
@@ -112,6 +120,14 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
               **job.losses.report(), **job.wire(ran)}
     write_metrics(metrics_out, report)
     return report
+
+
+def default_filters(topics: int, cluster_options: dict[str, Any] | None) -> str | None:
+    """The job's filters when ``--filters`` is not given: ``sparse`` wherever the counts cross
+    a network (``--cluster`` other than local: 4x fewer bytes at K = 50, 18x at K = 1 000 on
+    20 Newsgroups), and on one machine from ``SPARSE_TOPICS`` topics; none otherwise (None)."""
+    local = "cluster" not in (cluster_options or {})
+    return SPARSE_FILTERS if topics >= SPARSE_TOPICS or not local else None
 
 
 def word_counts(data: str, corpus: Corpus, vocabulary: int) -> np.ndarray:
