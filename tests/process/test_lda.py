@@ -117,6 +117,25 @@ def test_finds_planted_topics_and_writes_what_it_says(tmp_path):
     assert -np.log(100) < report["log_likelihood_per_token"] < 0
 
 
+def test_a_text_corpus_finds_its_topics_and_names_its_columns(tmp_path):
+    """The planted corpus written as words (OCTIS's corpus.tsv: words, a tab, more columns),
+    no vocabulary beside it: the topics are found, and DIR/vocabulary.txt names each column."""
+    ldac = read_corpus(str(_planted(tmp_path / "c.ldac")))
+    path = tmp_path / "corpus.tsv"
+    with open(path, "w") as f:
+        for d in range(ldac.docs):
+            f.write(" ".join(f"w{w:03d}" for w in ldac.words[ldac.doc_ptr[d]:ldac.doc_ptr[d + 1]]) + "\ttrain\t0\n")
+    out = tmp_path / "model"
+    report = json.loads(_cli("--data", str(path), "--topics", "4", "--iterations", "100", "--save",
+                             str(out)).stdout.strip().splitlines()[-1])
+    names = (out / "vocabulary.txt").read_text().split()
+    assert names == [f"w{w:03d}" for w in range(100)] and report["vocabulary"] == 100
+    n_kw = np.load(out / "topic_word.npy")
+    mass = n_kw.reshape(4, 4, 25).sum(2) / n_kw.sum(1, keepdims=True)
+    assert (mass.max(1) > 0.9).all() and sorted(mass.argmax(1).tolist()) == [0, 1, 2, 3]
+    assert all(len({int(w[1:]) // 25 for w in topic}) == 1 for topic in report["top_words"])  # one planted set
+
+
 def test_wide_rows_go_sparse_by_default_and_train_the_same_model(tmp_path):
     """From 256 topics a local job's counts travel as ``sparse`` (the non-zero ones and a bit
     a count): the model is the one ``--filters none`` trains, to the count, in fewer bytes."""

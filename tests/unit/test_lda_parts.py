@@ -195,6 +195,42 @@ def test_readers_refuse_bad_headers(tmp_path, text, what):
         read_corpus(str(path))
 
 
+def test_a_text_corpus_is_its_words_numbered_by_its_vocabulary_or_by_itself(tmp_path):
+    """A line a document, words up to a tab (OCTIS's corpus.tsv), blank lines no document;
+    numbered by the vocabulary beside it, by --vocabulary, or by the corpus in byte order."""
+    data = tmp_path / "corpus.tsv.gz"
+    with gzip.open(data, "wt") as f:
+        f.write("hot  cold\ttrain\t3\n\nwarm hot hot\ttest\n  \ncold\n")
+    own = read_corpus(str(data))
+    assert own.docs == 3 and own.tokens == 6 and own.vocabulary == 3
+    assert own.names.tolist() == [b"cold", b"hot", b"warm"] and own.vocabulary_file is None
+    np.testing.assert_array_equal(own.doc_ptr, [0, 2, 5, 6])
+    np.testing.assert_array_equal(own.words, [1, 0, 2, 1, 1, 0])
+    vocab = tmp_path / "vocabulary.txt"
+    vocab.write_bytes(b"\xef\xbb\xbfwarm\nhot\r\ncold\nunused\n")
+    beside = read_corpus(str(data))
+    assert beside.names is None and beside.vocabulary_file == str(vocab) and beside.vocabulary == 4
+    np.testing.assert_array_equal(beside.words, [1, 2, 0, 1, 1, 2])
+    from paramserver.apps.rounds.corpus import top_words, vocabulary_size
+    assert vocabulary_size(str(data), beside, None) == (4, str(vocab))
+    assert vocabulary_size(str(data), own, None) == (3, None)
+    assert top_words(np.array([[0, 5, 1]]), str(data), None, names=own.names) == [["hot", "warm"]]
+    short = tmp_path / "short.txt"
+    short.write_text("warm\nhot\n")
+    with pytest.raises(DataError, match=r"corpus.tsv.gz:1: the word 'cold' is not in the vocabulary .*short.txt"):
+        read_corpus(str(data), str(short))
+    short.write_text("warm\nhot\ncold\nhot\n")
+    with pytest.raises(DataError, match="lists the word 'hot' twice"):
+        read_corpus(str(data), str(short))
+
+
+def test_a_docword_file_with_a_mangled_header_is_not_taken_for_text(tmp_path):
+    path = tmp_path / "docword.txt"
+    path.write_text("two\n5\n2\n1 1 1\n1 2 1\n")
+    with pytest.raises(DataError, match="not a UCI docword header"):
+        read_corpus(str(path))
+
+
 def test_the_vocabulary_beside_an_lda_c_corpus_sets_v(tmp_path):
     from paramserver.apps.rounds.corpus import vocabulary_size
     from paramserver.errors import ConfigError

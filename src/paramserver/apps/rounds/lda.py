@@ -85,7 +85,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     check_outputs(save, metrics_out)
     checkpoints.check()
     t0 = time.perf_counter()
-    corpus = read_corpus(data)
+    corpus = read_corpus(data, vocabulary)
     V, vocabulary = vocabulary_size(data, corpus, vocabulary)
     K = cfg.topics
     freq = word_counts(data, corpus, V)
@@ -107,10 +107,13 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     inside = keys < V
     n_kw[:, keys[inside].astype(np.int64)] = np.rint(rows[inside]).astype(np.int64).T
     loglik = word_loglik(n_kw, cfg.beta) + sum(r["doc_loglik"] for r in ran.per_worker)
-    words = top_words(n_kw, data, vocabulary)
+    words = top_words(n_kw, data, vocabulary, names=corpus.names)
     if save:
         os.makedirs(save, exist_ok=True)
         np.save(os.path.join(save, "topic_word.npy"), n_kw)
+        if corpus.names is not None:  # a text corpus numbered its own words: column j of topic_word is line j
+            with open(os.path.join(save, "vocabulary.txt"), "wb") as f:
+                f.writelines(w + b"\n" for w in corpus.names.tolist())
         if words is not None:  # what a person reads first: a topic a line, its 10 most frequent words
             with open(os.path.join(save, "topics.txt"), "w", encoding="utf-8") as f:
                 f.writelines(f"{t}\t{' '.join(w)}\n" for t, w in enumerate(words))
