@@ -11,18 +11,17 @@ it lacks is an error naming the word, its line and the fix.  Without one, the co
 words in byte order are the vocabulary, and ``paramserver lda --save DIR`` writes them to
 ``DIR/vocabulary.txt``, so that column j of ``topic_word.npy`` is named.
 
-Vectorised: the lines are split in C (``bytes.split``), the words sorted as fixed-width
-byte strings (``np.unique``) or found in the sorted vocabulary (``np.searchsorted``); no
-Python runs a word.
+Numbered in one numba pass (``words.number_words``): no Python runs a word, and only the
+vocabulary's words are sorted.
 """
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
+from paramserver.apps.rounds.words import TWICE, UNKNOWN, number_words
 from paramserver.data.reader import DataError
+from paramserver.data.whole import bad_line
 
 #: the bytes a numeric corpus (UCI docword, LDA-C) is made of: a first line with any other is text
 _NUMERIC = b"0123456789:+-. \t\r"
@@ -44,50 +43,37 @@ def read_text(path: str, raw: bytes, vocabulary: str | None) -> tuple[np.ndarray
     Raises:
         DataError: no word at all; a word the vocabulary lacks (its line named); a
             vocabulary that lists a word twice."""
-    lines = [line.split(b"\t", 1)[0] for line in raw.split(b"\n")]
-    per_line = [line.split() for line in lines]
-    lengths = np.fromiter((len(p) for p in per_line), np.int64, len(per_line))
-    if not lengths.any():
+    listed = b""
+    if vocabulary is not None:
+        with open(vocabulary, "rb") as f:
+            listed = f.read().removeprefix(b"\xef\xbb\xbf")
+        if not listed.strip():
+            raise DataError(f"the vocabulary {vocabulary} is empty; expected one word a line")
+        if not listed.endswith(b"\n"):
+            listed += b"\n"
+    buf = np.frombuffer(listed + raw, np.uint8)
+    status, at, ids, line_words, spans, n = number_words(buf, len(listed))
+    if status == TWICE:
+        raise bad_line(str(vocabulary), listed, buf[:len(listed)], at, "this word is listed twice", "a vocabulary "
+                       "names each word once, on the line of its number: remove the repeats")
+    if status == UNKNOWN:
+        a = at - len(listed)
+        word = raw[a:a + 200].split(None, 1)[0].split(b"\t", 1)[0].decode("utf-8", "replace")
+        raise bad_line(path, raw, buf[len(listed):], raw.rfind(b"\n", 0, a) + 1, f"the word {word!r} is not in "
+                       f"the vocabulary {vocabulary} ({n:,} of the corpus's words are not)", "give the corpus's own "
+                       "vocabulary "
+                       "(--vocabulary FILE), or none at all (no --vocabulary and no vocabulary file beside the "
+                       "corpus) to number the corpus's words from the corpus")
+    kept = line_words[line_words > 0]
+    if not kept.size:
         raise DataError(f"{path} has no words; expected a line a document, its words separated by blanks")
-    tokens = np.array(list(itertools.chain.from_iterable(per_line)))  # fixed-width bytes: sorted in C
-    kept = lengths[lengths > 0]
     doc_ptr = np.zeros(kept.size + 1, np.int64)
     np.cumsum(kept, out=doc_ptr[1:])
-    if vocabulary is None:
-        names, words = np.unique(tokens, return_inverse=True)
-        return doc_ptr, words.astype(np.int32), names
-    return doc_ptr, _numbered(path, tokens, lengths, vocabulary), None
+    if vocabulary is not None:
+        return doc_ptr, ids, None
+    names = np.array([raw[a:b] for a, b in spans.tolist()])  # first seen → byte order
+    order = np.argsort(names, kind="stable")
+    rank = np.empty(n, np.int32)
+    rank[order] = np.arange(n, dtype=np.int32)
+    return doc_ptr, rank[ids], names[order]
 
-
-def _numbered(path: str, tokens: np.ndarray, lengths: np.ndarray, vocabulary: str) -> np.ndarray:
-    """Each token's line in the ``vocabulary`` file (from 0)."""
-    listed = read_vocabulary(vocabulary)
-    order = np.argsort(listed, kind="stable")
-    ranked = listed[order]
-    twice = np.flatnonzero(ranked[1:] == ranked[:-1])
-    if twice.size:
-        word = ranked[twice[0]].decode("utf-8", "replace")
-        raise DataError(f"{vocabulary} lists the word {word!r} twice (lines "
-                        f"{', '.join(str(int(i) + 1) for i in np.flatnonzero(listed == ranked[twice[0]])[:2])}); a "
-                        "vocabulary names each word once, on the line of its number: remove the repeats")
-    at = np.minimum(np.searchsorted(ranked, tokens), ranked.size - 1)
-    missing = np.flatnonzero(ranked[at] != tokens)
-    if missing.size:
-        first = int(missing[0])
-        line = int(np.searchsorted(np.cumsum(lengths), first, side="right")) + 1
-        raise DataError(f"{path}:{line}: the word {tokens[first].decode('utf-8', 'replace')!r} is not in the "
-                        f"vocabulary {vocabulary} ({missing.size:,} of the corpus's words are not); give the corpus's "
-                        "own vocabulary (--vocabulary FILE), or none at all (no --vocabulary and no vocabulary file "
-                        "beside the corpus) to number the corpus's words from the corpus")
-    return order[at].astype(np.int32)
-
-
-def read_vocabulary(path: str) -> np.ndarray:
-    """A vocabulary file's words, one a non-blank line, as fixed-width bytes (a UTF-8 byte
-    order mark and the blanks around a word dropped)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    words = [w.strip() for w in raw.removeprefix(b"\xef\xbb\xbf").split(b"\n") if w.strip()]
-    if not words:
-        raise DataError(f"the vocabulary {path} is empty; expected one word a line")
-    return np.array(words)
