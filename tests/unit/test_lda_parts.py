@@ -224,6 +224,29 @@ def test_a_text_corpus_is_its_words_numbered_by_its_vocabulary_or_by_itself(tmp_
         read_corpus(str(data), str(short))
 
 
+def test_text_words_are_numbered_as_sorting_them_would_through_the_tables_growth(tmp_path):
+    """Thousands of words (the hash table and the words' arrays double several times), CRLF
+    lines, tabs, runs of blanks, UTF-8: the numbering is that of np.unique over the words,
+    or of a shuffled vocabulary's lines."""
+    rng = np.random.default_rng(4)
+    names = np.array(sorted({f"w{x}é".encode() for x in rng.integers(0, 10**6, 3000)}))
+    docs = [names[rng.integers(0, names.size, rng.integers(1, 40))] for _ in range(500)]
+    path = tmp_path / "c.txt"
+    path.write_bytes(b"".join(b"  ".join(d) + (b"\tx y\r\n" if i % 3 else b" \r\n") for i, d in enumerate(docs)))
+    flat = np.concatenate(docs)
+    used, ids = np.unique(flat, return_inverse=True)
+    own = read_corpus(str(path))
+    assert own.names.tolist() == used.tolist() and np.array_equal(own.words, ids)
+    np.testing.assert_array_equal(np.diff(own.doc_ptr), [d.size for d in docs])
+    listed = rng.permutation(names)
+    vocab = tmp_path / "v.txt"
+    vocab.write_bytes(b"\n".join(listed))  # no newline after the last word
+    numbered = read_corpus(str(path), str(vocab))
+    line_of = {w: i for i, w in enumerate(listed.tolist())}
+    assert numbered.vocabulary == names.size
+    np.testing.assert_array_equal(numbered.words, [line_of[w] for w in flat.tolist()])
+
+
 def test_a_docword_file_with_a_mangled_header_is_not_taken_for_text(tmp_path):
     path = tmp_path / "docword.txt"
     path.write_text("two\n5\n2\n1 1 1\n1 2 1\n")
