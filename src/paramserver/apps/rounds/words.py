@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from paramserver.apps.rounds.fields import line_end, separators
+from paramserver.apps.rounds.fields import line_end, separators, split_fields
 
 #: what separates a document's words (a tab ends them: OCTIS's ``words<TAB>partition<TAB>label``)
 BLANKS = separators(b" \r\x0b\x0c")
@@ -140,6 +140,7 @@ def number_words(buf, corpus_at):  # type: ignore[no-untyped-def]
     if status != OK:
         return status, at, ids, line_words, spans, n
     missing, first_missing, t, line, pos = 0, -1, 0, 0, corpus_at
+    bounds = np.empty(2, np.int64)
     while pos < buf.shape[0]:
         end = line_end(buf, pos)
         stop = end
@@ -148,14 +149,8 @@ def number_words(buf, corpus_at):  # type: ignore[no-untyped-def]
                 stop = i
                 break
         a = pos
-        while True:
-            while a < stop and BLANKS[buf[a]]:
-                a += 1
-            if a >= stop:
-                break
-            b = a
-            while b < stop and not BLANKS[buf[b]]:
-                b += 1
+        while split_fields(buf, a, stop, BLANKS, bounds, 1):  # the line's next word
+            a, b = bounds[0], bounds[1]
             h = _hash(buf, a, b)
             w, at = _probe(buf, a, b, h, slots, hashes, spans)
             if w < 0 and corpus_at > 0:
