@@ -12,19 +12,46 @@ from paramserver.data.reader import DataError, _check_exists
 NL = 10
 
 
+#: what compressed bytes start with, where the file's name did not say so (``read_whole``)
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}
+
+
 def read_whole(path: str) -> tuple[bytes, np.ndarray]:
-    """``path`` (gz/bz2/xz by extension, any fsspec URL) as bytes ending in a newline, and
-    a uint8 view of them.
+    """``path`` (gz/bz2/xz by extension or by its first bytes, any fsspec URL) as bytes
+    ending in a newline, and a uint8 view of them.
 
     Raises:
-        DataError: the file is missing or empty.
+        DataError: the file is missing or empty, or binary (a NUL byte in its first MiB).
     """
     _check_exists(path)
     with fsspec.open(path, "rb", compression="infer") as f:
         raw = f.read()
+    raw = _uncompressed(path, raw)
+    nul = raw.find(b"\x00", 0, 1 << 20)
+    if nul >= 0:
+        raise DataError(f"{path} holds NUL bytes (the first at byte {nul:,}): it is binary, not text (a .npz, an "
+                        "image, a truncated archive?); give the text file")
     if not raw.endswith(b"\n"):
         raw += b"\n"
     return raw, np.frombuffer(raw, np.uint8)
+
+
+def _uncompressed(path: str, raw: bytes) -> bytes:
+    """``raw`` decompressed when its first bytes say gzip, bz2 or xz (a ``.gz`` file renamed
+    ``.txt``); as it is otherwise, or where it does not decompress whole."""
+    import bz2
+    import gzip
+    import lzma
+
+    for magic, kind in _MAGIC.items():
+        if raw.startswith(magic):
+            opener = {"gzip": gzip.decompress, "bz2": bz2.decompress, "xz": lzma.decompress}[kind]
+            try:
+                return bytes(opener(raw))
+            except (OSError, EOFError, ValueError, lzma.LZMAError) as exc:
+                raise DataError(f"{path} starts as {kind} data but does not decompress ({exc}): a truncated or "
+                                f"damaged file; give it whole") from None
+    return raw
 
 
 def bad_line(path: str, raw: bytes, buf: np.ndarray, at: int, what: str, fix: str) -> DataError:
