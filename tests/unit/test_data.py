@@ -336,3 +336,15 @@ def test_a_file_that_starts_with_a_byte_order_mark_reads_as_without_it(tmp_path)
     a, b = (read_all([str(p)], DataFormat("libsvm")) for p in (plain, marked))
     assert a.labels.tolist() == b.labels.tolist() == [1.0, 0.0, 1.0]
     assert a.keys.tolist() == b.keys.tolist() and a.indptr.tolist() == b.indptr.tolist()
+
+
+def test_compressed_or_binary_data_under_a_plain_name_is_said_to_be_so(tmp_path):
+    """Not 'the label must be 0 or 1' alone: what the bytes are, and the fix."""
+    renamed = tmp_path / "day0.tsv"
+    renamed.write_bytes(gzip.compress(b"1\t5\t\ta1b2\n0\t3\t\tc3d4\n" * 50))
+    with pytest.raises(DataError, match=r"day0.tsv:1: .*the file is gzip data: name it with .gz at the end"):
+        read_all([str(renamed)], DataFormat("criteo"))
+    binary = tmp_path / "day1.tsv"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(200))
+    with pytest.raises(DataError, match=r"day1.tsv:1: .*the file holds NUL bytes: it is binary"):
+        read_all([str(binary)], DataFormat("criteo"))

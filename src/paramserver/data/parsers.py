@@ -158,6 +158,21 @@ def what_is_wrong(fmt: DataFormat, err: int, columns: csv.Columns | None) -> str
 
 
 
+#: compressed data's first bytes, and the name that makes the readers decompress it
+_COMPRESSED = ((b"\x1f\x8b", "gzip", ".gz"), (b"BZh", "bz2", ".bz2"), (b"\xfd7zXZ\x00", "xz", ".xz"))
+
+
+def _binary(head: bytes) -> str | None:
+    """What to say of a first line that is not text: compressed data under a plain name, or
+    bytes with NULs; None for text."""
+    for magic, kind, suffix in _COMPRESSED:
+        if head.startswith(magic):
+            return f"the file is {kind} data: name it with {suffix} at the end, which is how it is read decompressed"
+    if b"\x00" in head:
+        return "the file holds NUL bytes: it is binary, not text (give the data file itself)"
+    return None
+
+
 def raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base: int, err: int,
                     columns: csv.Columns | None = None) -> None:
     stop = at
@@ -172,6 +187,8 @@ def raise_bad_line(shard: Shard, fmt: DataFormat, arr: np.ndarray, at: int, base
            "fix or drop the line, or pass --skip-bad-lines to skip and count such lines")
     if err == parse.ERR_LABEL and fmt.name == "libsvm" and first:
         fix = "pass --label-format 01|pm1|12, or check --format"
+    if first and (binary := _binary(bytes(arr[at:at + 4096]))):
+        fix, text = binary, text[:40] + "..."
     where = f"{shard.where()}:{line}"
     if shard.source:  # a stream's row: named as its source names it (Redis: the entry id, to XDEL it)
         from paramserver.data.sources import locate_row
