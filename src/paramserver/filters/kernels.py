@@ -203,6 +203,18 @@ def int8_decode(q, exps, counts, block_rows, dim):  # type: ignore[no-untyped-de
     return out, 0
 
 
+def _bit_positions() -> tuple[np.ndarray, np.ndarray]:
+    """For each byte: how many bits it has set, and where (``sparse_decode``)."""
+    count, where = np.zeros(256, np.int64), np.zeros((256, 8), np.int64)
+    for byte in range(256):
+        bits = [j for j in range(8) if byte >> j & 1]
+        count[byte], where[byte, :len(bits)] = len(bits), bits
+    return count, where
+
+
+_SET, _AT = _bit_positions()
+
+
 @njit(nogil=True, cache=True)
 def sparse_encode(bits):  # type: ignore[no-untyped-def]
     """The non-zero words of ``bits`` (a float32 array's uint32 view, flat), and a mask of
@@ -249,20 +261,14 @@ def sparse_decode(mask, words, n):  # type: ignore[no-untyped-def]
         return out, 1
     marked = 0
     for b in range(mask.shape[0]):  # the bits set, counted first: the loop below reads no word past the last
-        x = int(mask[b])
-        x = x - ((x >> 1) & 0x55)
-        x = (x & 0x33) + ((x >> 2) & 0x33)
-        marked += (x + (x >> 4)) & 0x0F
+        marked += _SET[mask[b]]
     if marked != words.shape[0]:
         return out, 1
     m = 0
     for b in range(mask.shape[0]):
-        byte = int(mask[b])
-        if byte == 0:  # eight zeros, already written
-            continue
-        base = b << 3
-        for j in range(min(8, n - base)):  # branch-free: each value written, the word count moved by its bit
-            bit = (byte >> j) & 1
-            out[base + j] = words[min(m, words.shape[0] - 1)] * bit
-            m += bit
+        byte = mask[b]
+        if byte:  # eight zeros are already written
+            for j in range(_SET[byte]):
+                out[(b << 3) + _AT[byte, j]] = words[m + j]
+            m += _SET[byte]
     return out, 0
