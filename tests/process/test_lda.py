@@ -65,13 +65,15 @@ def _dies_mid_push(client, victim, round_, worker, *args):
     return worker(client, *args)
 
 
-@pytest.mark.parametrize("staleness,sampler,gate", [(0, "sparse", "bsp"), (2, "sparse", "asp"), (0, "mh", "bsp"),
-                                                    (0, "sparse", "asp")])
-def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sampler, gate):
+@pytest.mark.parametrize("staleness,sampler,gate,filters", [
+    (0, "sparse", "bsp", None), (2, "sparse", "asp", None), (0, "mh", "bsp", None), (0, "sparse", "asp", None),
+    (0, "sparse", "bsp", "push=sparse:keep=1;reply=sparse:keep=1")])
+def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sampler, gate, filters):
     """BSP rounds gated on the servers (the job's own tables: a death is found a round
     later), BSP rounds behind barriers (tables without the gate, as an older checkpoint
     restores them), and SSP ones (the survivors wait out the rounds in flight, then
-    regroup); the MH sampler's document index rebuilt with the survivors' parts."""
+    regroup); the MH sampler's document index rebuilt with the survivors' parts; the
+    counts sent as their non-zero values (``sparse``, as from 256 topics)."""
     corpus = read_corpus(_planted(tmp_path / "c.ldac", docs=400, length=80))
     V, workers = corpus.vocabulary, 3
     freq = np.bincount(corpus.words, minlength=V)
@@ -81,8 +83,8 @@ def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sa
             LocalCluster(servers=1, workers=workers, log_level="WARNING", heartbeat_interval_s=0.1,
                          heartbeat_timeout_s=1.0) as cluster:
         paths = write_parts(scratch, corpus, word_block, workers)
-        cluster.client.create_table(WORD_TOPIC, dim=cfg.topics, key_bits=8, consistency=gate)
-        cluster.client.create_table(TOPIC_DELTA, dim=2 * cfg.topics, consistency=gate,
+        cluster.client.create_table(WORD_TOPIC, dim=cfg.topics, key_bits=8, consistency=gate, filters=filters)
+        cluster.client.create_table(TOPIC_DELTA, dim=2 * cfg.topics, consistency=gate, filters=filters,
                                     key_bits=int(cfg.regions * workers - 1).bit_length())
         results, lost = cluster.run_elastic(_dies_mid_push, 1, 20, lda_worker, paths, word_block, cfg, V, scratch)
         keys, rows = cluster.client.export_table(WORD_TOPIC)
