@@ -8,6 +8,7 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
+from paramserver.apps.ctr.depth import SETTLE_BATCHES
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.ramp import ramp_size, ramped
 from paramserver.apps.ctr.train import TrainConfig
@@ -169,3 +170,46 @@ def test_the_loop_applies_per_example_steps_first_then_the_documented_batches(tm
     got = np.empty((keys.size, 1), np.float32)
     table.lookup(keys, got)
     np.testing.assert_allclose(got[:, 0], [ref[int(k)] for k in keys], rtol=2e-4, atol=1e-6)
+
+
+class _Ordered(_InProcessClient):
+    """The in-process client with each pull and push written down in order, and each shard
+    marked ``last`` as the scheduler marks the last one it hands out."""
+
+    def __init__(self, table, shards):
+        super().__init__(table, shards)
+        self.events = []
+
+    def next_shard(self):
+        task = super().next_shard()
+        return None if task is None else {**task, "last": not self.tasks}
+
+    def pull(self, name, keys):
+        self.events.append("pull")
+        return super().pull(name, keys)
+
+    def push(self, name, keys, grads, distinct=False, stats=None):
+        self.events.append("push")
+        return super().push(name, keys, grads, distinct, stats)
+
+
+@pytest.mark.parametrize("pipeline,depth,settled", [(5, 5, 32), ("auto:8", 2, 32), (2, 2, 0)])
+def test_the_jobs_last_batches_go_one_at_a_time_where_the_pipeline_may_pass_2(tmp_path, pipeline, depth, settled):
+    """Where ``--pipeline`` may run deeper than 2, the last ``SETTLE_BATCHES`` batches of the
+    job (of the last shard handed out, not of the others) are each pulled with no other in
+    flight, so each sees every push before it; at the default 2, none is."""
+    path = str(tmp_path / "rows.libsvm")
+    _write_rows(path, 3000, seed=2)
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm"), batch_size=1000, pipeline=pipeline)
+    client = _Ordered(VnodeTable(1, FTRL(), Zeros(), 0), [Shard(path, 0, 40_000), Shard(path, 40_000, -1)])
+    assert _train_stream(client, cfg)["examples"] == 3000
+    in_flight, pulls, pushes = [], 0, 0  # at each pull, the batches pulled and not yet pushed
+    for event in client.events:
+        pulls += event == "pull"
+        pushes += event == "push"
+        if event == "pull":
+            in_flight.append(pulls - pushes)
+    assert pulls == pushes > 2 * SETTLE_BATCHES
+    head, tail = in_flight[:pulls - settled], in_flight[pulls - settled:]
+    assert max(head) == depth and all(n == 1 for n in tail)
+    assert settled or in_flight[-1] == depth  # at 2, the last pulls go as every other

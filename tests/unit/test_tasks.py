@@ -108,3 +108,14 @@ def test_a_resumed_job_says_what_it_resumed_from_so_its_live_rate_is_this_runs()
     resumed.progress({"examples": 50, "loss_sum": 1.0})
     assert "50/s" in _progress_line(resumed.status(), 1.0)
     assert TaskQueue(SHARDS, epochs=1).status()["resumed_examples"] == 0
+
+
+def test_the_last_shard_handed_out_is_marked_last():
+    """What a worker settles its last batches by (``apps/ctr/depth.settles``): the job's last
+    shard to hand out, in its last epoch, and no other."""
+    q = TaskQueue(SHARDS, epochs=2)
+    flags = []
+    while not (task := q.next_shard(1)).get("done"):
+        flags.append(task["last"])
+        q.shard_done(1, task["shard_id"], task["epoch"], {"examples": 1})
+    assert flags == [False] * 5 + [True]

@@ -129,7 +129,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline", default="2", metavar="N|auto[:N]",
                    help="mini-batches in flight per worker (default 2; 1: each sees every earlier push); auto: from "
                         "2, one more each time the worker keeps waiting on its pulls (a slow or distant link), up "
-                        "to N (default 16)")
+                        "to N (default 16).  Deeper than 2, the job's last 32 batches go one at a time, so that the "
+                        "model ends calibrated (docs/consistency.md)")
     p.add_argument("--row-cache", default="off", metavar="SPEC",
                    help="each worker caches the model's rows it reads often: a row is read while at most S of "
                         "its server's updates behind, and a cached key's gradients are summed and pushed every S "

@@ -143,7 +143,8 @@ class TaskQueue(_Queue):
         if self.todo:
             sid = self.todo.popleft()
             self.running[sid] = node_id
-            return {"shard_id": sid, "shard": self.shards[sid], "epoch": self.epoch}
+            last = not self.todo and self.epoch + 1 >= self.epochs  # no shard is handed out after it
+            return {"shard_id": sid, "shard": self.shards[sid], "epoch": self.epoch, "last": last}
         if self.finished:
             return {"done": True}
         return None

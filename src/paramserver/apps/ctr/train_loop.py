@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.apps.ctr.depth import Depth
+from paramserver.apps.ctr.depth import SETTLE_BATCHES, Depth, settles
 from paramserver.apps.ctr.models import to_rows
 from paramserver.apps.ctr.ramp import ramped
 from paramserver.apps.ctr.train_config import TrainConfig
@@ -51,13 +51,19 @@ def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
 
 def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple[Any, ...]]:
     """Every shard the scheduler gives this worker as one stream: ``(task, batch, uniq,
-    inverse)`` for each mini-batch, then ``(task, None, stats, None)`` to close the shard.
-    Runs in the reader thread, which asks for the next shard as soon as it has read the
-    last one (the closing item is queued first: the shard can be reported done while the
-    question waits) and parses on into it.  Batches grow from 1 example (``ramp_size``)."""
+    inverse, settle)`` for each mini-batch, then ``(task, None, stats, None, False)`` to
+    close the shard.  Runs in the reader thread, which asks for the next shard as soon as it
+    has read the last one (the closing item is queued first: the shard can be reported done
+    while the question waits) and parses on into it.  Batches grow from 1 example
+    (``ramp_size``).  ``settle`` marks the job's last ``SETTLE_BATCHES`` batches where the
+    pipeline may run deeper than 2 (``depth.settles``): in the shard the scheduler handed
+    out last, held back that many batches so that the last ones are known."""
     seen, distinct, last = 0, 0, 1  # examples so far; the last batch's distinct keys and examples
+    tail = SETTLE_BATCHES if settles(cfg.pipeline) else 0
     while (task := client.job.next_shard()) is not None:
         stats: dict[str, Any] = {}
+        held: deque[tuple[Any, ...]] = deque()
+        hold = tail if task.get("last") else 0
         # parsing in a thread of its own, deduplication in this one: the two kernels (the
         # GIL released) run at once, and neither waits for the other
         with Prefetch(read_batches(Shard.from_wire(task["shard"]), cfg.data, cfg.batch_size, stats)) as parsed:
@@ -65,8 +71,12 @@ def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple[Any, ...]]
                 seen += len(batch)
                 uniq, inverse = batch.unique(distinct * len(batch) // max(1, last))
                 distinct, last = uniq.size, len(batch)
-                yield task, batch, uniq, inverse
-        yield task, None, stats, None
+                held.append((task, batch, uniq, inverse))
+                if len(held) > hold:
+                    yield (*held.popleft(), False)
+        while held:
+            yield (*held.popleft(), True)
+        yield task, None, stats, None, False
 
 
 def _train_stream(client: Client, cfg: TrainConfig,
@@ -94,7 +104,7 @@ def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
         if not loop.ahead:
             loop.done["pipeline_depth"] = loop.depth.now  # where auto went
             break
-        (task, batch, uniq, inverse), pulled = loop.ahead.popleft()
+        (task, batch, uniq, inverse, _), pulled = loop.ahead.popleft()
         if batch is None:  # the shard's last push is out: report it done once applied
             loop.close_shard(task, uniq)
         else:
@@ -124,6 +134,7 @@ class _Pipeline:
         self.pushes: deque[Any] = deque()
         self.pulling, self.closing = 0, False  # pulls in `ahead`; a shard's end is in it
         self.depth = Depth(cfg.pipeline)  # batches in flight (``--pipeline``, fixed or auto)
+        self.settling = False  # the job's last batches, one at a time (``depth.settles``)
         self.done = {"examples": 0, "loss_sum": 0.0, "bad_lines": 0}
         self.examples, self.loss_sum = 0, 0.0  # of the current shard
         self.shown_examples, self.shown_loss, self.shown_at = 0, 0.0, time.monotonic()
@@ -181,7 +192,7 @@ class _Pipeline:
         shard_done (a new epoch, a checkpoint) cannot wait on us.  ``wait=False``: only
         the batches already parsed (the loop's next turn pulls the rest)."""
         client, model = self.client, self.cfg.model
-        while (not self.exhausted and self.pulling < self.depth.now and not self.closing
+        while (not self.exhausted and self.pulling < self.in_flight() and not self.closing
                and (wait or self.taken or self.items.ready())):
             item = self._take()
             if item is None:
@@ -189,12 +200,21 @@ class _Pipeline:
             elif item[1] is None:
                 self.ahead.append((item, None))
                 self.closing = True
+            elif item[4] and not self.settling and self.pulling:  # the first to settle: pulled once the
+                self.settling = True  # batches in flight are pushed, so that it sees them all
+                self.taken.appendleft(item)
+                break
             else:
+                self.settling = self.settling or item[4]
                 self.ahead.append((item, (client.pull(model.table, item[2]), client.pull(
                     model.dense_table, self.dense_keys) if self.dense_keys.size else None)))
                 self.pulling += 1
                 self.batches += 1
         self._name_next()
+
+    def in_flight(self) -> int:
+        """Batches to keep in flight now: the depth, or 1 while the job's last ones settle."""
+        return 1 if self.settling else self.depth.now
 
     def _progress_counts(self) -> dict[str, float]:
         """The filters' bytes in and out since the last report (none: the job has no filters), and
@@ -246,7 +266,7 @@ class _Pipeline:
         self.scores.add(p, batch.labels, loss)  # scored before its own update: progressive validation
         if self.slow:  # a straggler, for consistency benchmarks: each batch takes factor x as long
             time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
-        self._drain(self.depth.now - 1)
+        self._drain(self.in_flight() - 1)
         if self.timed:
             trained = self.done["examples"] + self.examples + len(batch)
             client.set_time(self.time_base + trained * max(client.num_workers, 1))
