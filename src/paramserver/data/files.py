@@ -16,8 +16,19 @@ from typing import IO, Any
 from paramserver.errors import ConfigError
 
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4")
+#: compressed data's first bytes, what it is, and the end of a name that has it read decompressed
+MAGIC = ((b"\x1f\x8b", "gzip", ".gz"), (b"BZh", "bz2", ".bz2"), (b"\xfd7zXZ\x00", "xz", ".xz"))
 # what fsspec infers a compression from (and zstd, lz4 where their packages are installed)
 _INFERRED = (*COMPRESSED, ".zip", ".lzma")
+
+
+def compressed_as(head: bytes) -> tuple[str, str] | None:
+    """The compression a file's first bytes ``head`` say (gzip, bz2, xz) and the suffix that
+    names it, or None: what a file whose name does not say so holds."""
+    for magic, kind, suffix in MAGIC:
+        if head.startswith(magic):
+            return kind, suffix
+    return None
 
 
 def is_plain_local(path: str) -> bool:

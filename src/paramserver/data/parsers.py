@@ -17,7 +17,7 @@ import numpy as np
 
 from paramserver.data import csv, parse
 from paramserver.data.batch import FORMATS, STDIN, Batch, DataError, DataFormat, Shard
-from paramserver.data.files import open_input
+from paramserver.data.files import compressed_as, open_input
 
 _COUNT_BYTES = 4 << 20  # read at a time while counting the lines before a bad one
 
@@ -158,16 +158,12 @@ def what_is_wrong(fmt: DataFormat, err: int, columns: csv.Columns | None) -> str
 
 
 
-#: compressed data's first bytes, and the name that makes the readers decompress it
-_COMPRESSED = ((b"\x1f\x8b", "gzip", ".gz"), (b"BZh", "bz2", ".bz2"), (b"\xfd7zXZ\x00", "xz", ".xz"))
-
-
 def _binary(head: bytes) -> str | None:
     """What to say of a first line that is not text: compressed data under a plain name, or
     bytes with NULs; None for text."""
-    for magic, kind, suffix in _COMPRESSED:
-        if head.startswith(magic):
-            return f"the file is {kind} data: name it with {suffix} at the end, which is how it is read decompressed"
+    if (compressed := compressed_as(head)) is not None:
+        kind, suffix = compressed
+        return f"the file is {kind} data: name it with {suffix} at the end, which is how it is read decompressed"
     if b"\x00" in head:
         return "the file holds NUL bytes: it is binary, not text (give the data file itself)"
     return None

@@ -7,13 +7,10 @@ from __future__ import annotations
 import fsspec
 import numpy as np
 
+from paramserver.data.files import compressed_as
 from paramserver.data.reader import DataError, _check_exists
 
 NL = 10
-
-
-#: what compressed bytes start with, where the file's name did not say so (``read_whole``)
-_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}
 
 
 def read_whole(path: str) -> tuple[bytes, np.ndarray]:
@@ -38,20 +35,22 @@ def read_whole(path: str) -> tuple[bytes, np.ndarray]:
 
 def _uncompressed(path: str, raw: bytes) -> bytes:
     """``raw`` decompressed when its first bytes say gzip, bz2 or xz (a ``.gz`` file renamed
-    ``.txt``); as it is otherwise, or where it does not decompress whole."""
+    ``.txt``: ``files.compressed_as``), else as it is.
+
+    Raises:
+        DataError: it starts as compressed data but does not decompress whole."""
     import bz2
     import gzip
     import lzma
 
-    for magic, kind in _MAGIC.items():
-        if raw.startswith(magic):
-            opener = {"gzip": gzip.decompress, "bz2": bz2.decompress, "xz": lzma.decompress}[kind]
-            try:
-                return bytes(opener(raw))
-            except (OSError, EOFError, ValueError, lzma.LZMAError) as exc:
-                raise DataError(f"{path} starts as {kind} data but does not decompress ({exc}): a truncated or "
-                                f"damaged file; give it whole") from None
-    return raw
+    if (compressed := compressed_as(raw)) is None:
+        return raw
+    kind = compressed[0]
+    try:
+        return bytes({"gzip": gzip.decompress, "bz2": bz2.decompress, "xz": lzma.decompress}[kind](raw))
+    except (OSError, EOFError, ValueError, lzma.LZMAError) as exc:
+        raise DataError(f"{path} starts as {kind} data but does not decompress ({exc}): a truncated or damaged "
+                        "file; give it whole") from None
 
 
 def bad_line(path: str, raw: bytes, buf: np.ndarray, at: int, what: str, fix: str) -> DataError:

@@ -145,8 +145,7 @@ def read_corpus(path: str, vocabulary: str | None = None) -> Corpus:
         raise DataError(f"{path} is empty; expected a UCI docword, an LDA-C or a text corpus")
     if is_text(raw):
         numbered_by = vocabulary or vocabulary_file(path)
-        doc_ptr, words, names = read_text(path, raw, numbered_by)
-        size = names.size if names is not None else _listed_words(numbered_by)
+        doc_ptr, words, size, names = read_text(path, raw, numbered_by)
         return Corpus(doc_ptr, words, size, names=names, vocabulary_file=numbered_by if names is None else None)
     if b":" in head[0]:
         return _read_ldac(path, raw, buf)
@@ -186,11 +185,6 @@ def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
     doc_of = np.repeat(np.arange(docs), np.diff(doc_ptr[:docs + 1]))
     c = _expand(doc_of, word_of[:n], count_of[:n], docs, int(word_of[:n].max()) + 1)
     return Corpus(c.doc_ptr, c.words, c.vocabulary, from_ldac=True)
-
-
-def _listed_words(path: str | None) -> int:
-    with open(str(path), "rb") as f:
-        return sum(1 for line in f if line.strip())
 
 
 def vocabulary_file(data: str) -> str | None:

@@ -36,9 +36,10 @@ def is_text(raw: bytes) -> bool:
     return 2 * sum(1 for line in lines if line.translate(None, _NUMERIC)) > len(lines)
 
 
-def read_text(path: str, raw: bytes, vocabulary: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``raw``'s documents: (doc_ptr, words, the vocabulary's words if the corpus made it,
-    else None), words numbered by ``vocabulary`` (a file) if given (module's doc).
+def read_text(path: str, raw: bytes,
+              vocabulary: str | None) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
+    """``raw``'s documents: (doc_ptr, words, V, the vocabulary's words if the corpus made
+    it, else None), words numbered by ``vocabulary`` (a file) if given (module's doc).
 
     Raises:
         DataError: no word at all; a word the vocabulary lacks (its line named); a
@@ -70,10 +71,10 @@ def read_text(path: str, raw: bytes, vocabulary: str | None) -> tuple[np.ndarray
     doc_ptr = np.zeros(kept.size + 1, np.int64)
     np.cumsum(kept, out=doc_ptr[1:])
     if vocabulary is not None:
-        return doc_ptr, ids, None
+        return doc_ptr, ids, n, None  # n: the vocabulary's words, every one entered
     names = np.array([raw[a:b] for a, b in spans.tolist()])  # first seen → byte order
     order = np.argsort(names, kind="stable")
     rank = np.empty(n, np.int32)
     rank[order] = np.arange(n, dtype=np.int32)
-    return doc_ptr, rank[ids], names[order]
+    return doc_ptr, rank[ids], n, names[order]
 
