@@ -69,7 +69,7 @@ def main() -> None:
     args = ap.parse_args()
     if not os.path.exists(args.corpus):
         raise SystemExit(f"no corpus at {os.path.normpath(args.corpus)} (see ../shared/data/SOURCES.md)")
-    print(f"| --filters | rate Mbit/s | RTT ms | K | iterations | command s | sent MB | received MB | log-lik/token |")
+    print("| --filters | rate Mbit/s | RTT ms | K | iterations | command s | sent MB | received MB | log-lik/token |")
     print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as logs:
         for chain in args.chains:
