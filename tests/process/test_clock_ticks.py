@@ -61,3 +61,31 @@ def test_a_clock_no_request_carries_goes_on_its_own():
     assert len(waited) == 1
     assert waited[0] < 2.0, f"rank 0's pull waited {waited[0]:.2f} s: rank 1's tick waited for its next request"
     assert TICK_RIDE_S < 0.5
+
+
+def tick_in_flight_at_return(client):
+    """The timer sends the last clock's ticks on their own, and they are slow to arrive
+    (0.5 s): the worker returns meanwhile.  ``cluster.run`` must not say it is done (and
+    the driver read the model) before the servers have taken that clock."""
+    import threading
+
+    import paramserver.client.sync_calls as sync_calls
+
+    real = sync_calls.send_tick
+
+    def slow(port, address, header, on_done, on_ring):
+        threading.Timer(0.5, real, (port, address, header, on_done, on_ring)).start()
+
+    sync_calls.send_tick = slow
+    client.push("b", KEYS, np.ones((KEYS.size, 1), np.float32)).result(timeout=30)  # held for the clock (BSP)
+    client.clock()
+    wait_for(lambda: not client._state.ticks, timeout_s=10, what="the timer taking the ticks")
+    return True
+
+
+def test_a_worker_is_done_only_once_its_last_clock_is_taken_even_sent_by_the_timer():
+    with LocalCluster(servers=2, workers=1, log_level="WARNING") as cluster:
+        cluster.client.create_table("b", optimizer={"name": "sgd", "lr": 1.0}, consistency="bsp", aggregate=True)
+        assert cluster.run(tick_in_flight_at_return, timeout_s=60) == [True]
+        rows = cluster.client.pull("b", KEYS).result(timeout=30)  # a driver's read: not gated
+    np.testing.assert_array_equal(rows, -np.ones((KEYS.size, 1), np.float32))  # the clock's sum, applied

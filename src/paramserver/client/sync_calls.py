@@ -55,6 +55,7 @@ class Clocks:
 
     def __init__(self, caller: Caller, flush_due: Callable[[int], None]) -> None:
         self.caller, self.flush_due = caller, flush_due
+        self._flying: set[Future[None]] = set()  # ticks sent on their own (the timer's too), not yet taken
 
     @property
     def current(self) -> int:
@@ -86,20 +87,27 @@ class Clocks:
         until each server has taken it (what this worker says next, a result or a shard
         done, may be acted on by others at once: a read of the tables it trained)."""
         c = self.caller
-        futures = []
         for address, tick in c.state.take_ticks().items():
             future: Future[None] = Future()
-            futures.append(future)
+            with c.lock:
+                self._flying.add(future)
+            future.add_done_callback(self._landed)
             send_tick(c.state, address, clock_request(c.node_id, tick["tick"], tick.get("tick_token", "")),
                       functools.partial(_settle, future), functools.partial(_on_ring, c.state, address))
-        for future in futures:
-            if wait:
-                try:
-                    future.result(timeout=c.config.retry_timeout_s + TICK_WAIT_S)
-                except Exception as exc:  # given up at its deadline: said, and the worker goes on
-                    logger.warning("clock tick not taken: %s", exc)
-            else:
-                future.add_done_callback(_tick_failed)
+        if not wait:
+            return
+        with c.lock:  # those the timer sent a moment ago as well: "taken" must mean taken
+            flying = list(self._flying)
+        for future in flying:
+            try:
+                future.result(timeout=c.config.retry_timeout_s + TICK_WAIT_S)
+            except Exception:  # given up at its deadline: said by ``_landed``, and the worker goes on
+                pass
+
+    def _landed(self, future: Future[None]) -> None:
+        with self.caller.lock:
+            self._flying.discard(future)
+        _tick_failed(future)
 
     def barrier(self, timeout_s: float | None = None) -> list[int]:
         """Block until every live worker has called ``barrier``; the ranks of those workers
