@@ -13,8 +13,8 @@ one run each (issue 15), on 20 Newsgroups (its own train/test files) and NYT (ev
   token updates, word blocks rotated (default) against unscheduled (`--schedule none`,
   AD-LDA: every worker samples every word from counts a round stale).
 
-    .venv/bin/python bench/lda.py [--iterations 200] [--topics 50] [--corpora 20ng nyt] [--sampler mh]
-        [--mh-steps 2] [--no-unscheduled]
+    .venv/bin/python bench/lda.py [--iterations 200] [--topics 50] [--corpora 20ng nyt]
+        [--sampler auto sparse mh hybrid] [--mh-steps 2] [--no-unscheduled]
 """
 
 from __future__ import annotations
@@ -157,17 +157,45 @@ def load_corpus(name: str, tmp: str) -> tuple[str, Corpus, Corpus] | None:
     return path, train, test
 
 
+def _ours_row(name: str, path: str, train: Corpus, test: Corpus, K: int, it: int, tmp: str, flags: list[str],
+              n_tp: np.ndarray, s_tp: float, unscheduled: bool) -> dict:
+    """``paramserver lda`` with ``flags`` against the tomotopy run (``n_tp``, ``s_tp``): the row, printed."""
+    alpha, beta, tokens = 0.1, 0.01, train.tokens * it
+    n_ps, s_ps, rep = ours(path, K, it, tmp, flags)
+    row = {"corpus": name, "tokens": train.tokens, "iterations": it, "sampler": rep["sampler"],
+           "tomotopy": {"perplexity": perplexity(n_tp, test, alpha, beta), "npmi": npmi(n_tp, test),
+                        "seconds": s_tp, "token_iterations_per_s": tokens / s_tp},
+           "paramserver": {"perplexity": perplexity(n_ps, test, alpha, beta), "npmi": npmi(n_ps, test),
+                           "seconds": s_ps, "token_iterations_per_s": tokens / s_ps,
+                           "log_likelihood_per_token": rep["log_likelihood_per_token"]}}
+    none = ours(path, K, it, tmp, ["--schedule", "none", *flags])[2] if unscheduled else None
+    row["unscheduled_log_likelihood_per_token"] = none["log_likelihood_per_token"] if none else math.nan
+    t, p = row["tomotopy"], row["paramserver"]
+    print(f"{name}: {train.tokens:,} tokens, K={K}, {it} iterations | tomotopy (2 threads): perplexity "
+          f"{t['perplexity']:.1f} NPMI {t['npmi']:.3f} {t['seconds']:.1f} s "
+          f"{t['token_iterations_per_s'] / 1e6:.1f} M tok-it/s | paramserver lda ({' '.join(flags)}: "
+          f"{rep['sampler']}, --workers 2, whole command): perplexity {p['perplexity']:.1f} "
+          f"({p['perplexity'] / t['perplexity']:.3f}x) "
+          f"NPMI {p['npmi']:.3f} {p['seconds']:.1f} s {p['token_iterations_per_s'] / 1e6:.1f} M tok-it/s "
+          f"({p['token_iterations_per_s'] / t['token_iterations_per_s']:.2f}x) | log-lik/token after "
+          f"{it} iterations: rotated {p['log_likelihood_per_token']:.4f}, unscheduled "
+          f"{row['unscheduled_log_likelihood_per_token']:.4f}", flush=True)
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--topics", type=int, default=50)
     ap.add_argument("--corpora", nargs="+", default=["20ng", "nyt"])
-    ap.add_argument("--sampler", default="sparse", choices=("sparse", "mh"), help="paramserver lda's --sampler")
-    ap.add_argument("--mh-steps", type=int, default=2)
+    ap.add_argument("--sampler", nargs="+", default=["auto"], choices=("auto", "sparse", "mh", "hybrid"),
+                    help="paramserver lda's --sampler, each run against the same tomotopy run (default: auto, "
+                         "its default)")
+    ap.add_argument("--mh-steps", type=int, default=None, help="paramserver lda's --mh-steps (default: its own)")
     ap.add_argument("--no-unscheduled", action="store_true", help="skip the --schedule none run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    flags = ["--sampler", args.sampler, "--mh-steps", str(args.mh_steps)]
+    steps = [] if args.mh_steps is None else ["--mh-steps", str(args.mh_steps)]
     alpha, beta, K, it = 0.1, 0.01, args.topics, args.iterations
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,30 +204,10 @@ def main() -> int:
             if found is None:
                 continue
             path, train, test = found
-            tokens = train.tokens * it
             n_tp, s_tp = tomotopy_run(train, K, it, alpha, beta)
-            n_ps, s_ps, rep = ours(path, K, it, tmp, flags)
-            row = {"corpus": name, "tokens": train.tokens, "iterations": it,
-                   "tomotopy": {"perplexity": perplexity(n_tp, test, alpha, beta), "npmi": npmi(n_tp, test),
-                                "seconds": s_tp, "token_iterations_per_s": tokens / s_tp},
-                   "paramserver": {"perplexity": perplexity(n_ps, test, alpha, beta), "npmi": npmi(n_ps, test),
-                                   "seconds": s_ps, "token_iterations_per_s": tokens / s_ps,
-                                   "log_likelihood_per_token": rep["log_likelihood_per_token"]}}
-            if not args.no_unscheduled:
-                _, _, none = ours(path, K, it, tmp, ["--schedule", "none", *flags])
-            row["unscheduled_log_likelihood_per_token"] = math.nan if args.no_unscheduled else none[
-                "log_likelihood_per_token"]
-            rows.append(row)
-            t, p = row["tomotopy"], row["paramserver"]
-            print(f"{name}: {train.tokens:,} tokens, K={K}, {it} iterations | tomotopy (2 threads): perplexity "
-                  f"{t['perplexity']:.1f} NPMI {t['npmi']:.3f} {t['seconds']:.1f} s "
-                  f"{t['token_iterations_per_s'] / 1e6:.1f} M tok-it/s | paramserver lda (--sampler {args.sampler}, "
-                  f"--workers 2, whole command): perplexity {p['perplexity']:.1f} "
-                  f"({p['perplexity'] / t['perplexity']:.3f}x) "
-                  f"NPMI {p['npmi']:.3f} {p['seconds']:.1f} s {p['token_iterations_per_s'] / 1e6:.1f} M tok-it/s "
-                  f"({p['token_iterations_per_s'] / t['token_iterations_per_s']:.2f}x) | log-lik/token after "
-                  f"{it} iterations: rotated {p['log_likelihood_per_token']:.4f}, unscheduled "
-                  f"{row['unscheduled_log_likelihood_per_token']:.4f}", flush=True)
+            for sampler in args.sampler:
+                rows.append(_ours_row(name, path, train, test, K, it, tmp, ["--sampler", sampler, *steps],
+                                      n_tp, s_tp, not args.no_unscheduled))
     if args.json:
         print(json.dumps(rows))
     return 0

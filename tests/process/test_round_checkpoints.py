@@ -106,11 +106,13 @@ def _docword(path, docs=200, vocabulary=400, seed=1):
     return path
 
 
-@pytest.mark.parametrize("sampler", ["sparse", "mh"])
+@pytest.mark.parametrize("sampler", [["sparse"], ["mh"], ["hybrid"], ["hybrid", "--mh-share", "0.2"]])
 def test_lda_killed_job_resumes_to_exactly_the_uninterrupted_counts(tmp_path, sampler):
-    """The MH sampler's document index is rebuilt from the topics saved: nothing of its own is saved."""
+    """The MH sampler's document index is rebuilt from the topics saved: nothing of its own is saved.
+    ``hybrid`` goes from MH to exact sweeps at round 14 (7 of 10 sweeps), after the resume, or
+    (``--mh-share 0.2``) at round 4, before the checkpoint: the same counts either way."""
     data = _docword(tmp_path / "docword.txt")
-    common = ["--data", str(data), "--topics", "8", "--iterations", "10", "--workers", "2", "--sampler", sampler]
+    common = ["--data", str(data), "--topics", "8", "--iterations", "10", "--workers", "2", "--sampler", *sampler]
     _cli("lda", *common, "--save", str(tmp_path / "whole"))
     folder = tmp_path / "ck"
     # iterations of 2 rounds, a checkpoint every 3: killed in round 9 (iteration 5), the newest is round 6

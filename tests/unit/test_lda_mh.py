@@ -166,11 +166,28 @@ def test_on_planted_topics_it_gets_as_far_as_sparse_lda_in_the_same_sweeps():
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("sampler", "gibbs", "--sampler must be sparse (the exact Gibbs draw, the default) or mh"),
+    ("sampler", "gibbs", "--sampler must be auto (the default), sparse (the exact Gibbs draw), mh"),
     ("mh_steps", 0, "--mh-steps must be a whole number in [1, 64]"),
+    ("mh_share", 0, "--mh-share must be a number in (0, 1]"),
+    ("mh_share", 1.5, "--mh-share must be a number in (0, 1]"),
 ])
 def test_a_bad_sampler_setting_is_refused_naming_the_value_and_the_rule(field, value, message):
     with pytest.raises(ConfigError) as err:
         check_config(LDAConfig(**{field: value}), workers=2, servers=1)
     assert message in str(err.value) and str(err.value).endswith(f"got {value}")
     check_config(LDAConfig(sampler="mh", mh_steps=4), workers=2, servers=1)
+
+
+def test_auto_is_hybrid_from_mh_topics_with_one_mh_step_and_sparse_below():
+    """What the job runs and reports: ``auto`` resolved by the topics, the MH steps by the sampler."""
+    from paramserver.apps.rounds.lda import resolved
+    from paramserver.apps.rounds.settings import MH_TOPICS
+
+    assert LDAConfig().sampler == "auto" and LDAConfig().mh_steps is None
+    assert resolved(LDAConfig(topics=MH_TOPICS - 1)) == LDAConfig(topics=MH_TOPICS - 1, sampler="sparse")
+    big = resolved(LDAConfig(topics=MH_TOPICS))
+    assert (big.sampler, big.mh_steps, big.mh_sweeps) == ("hybrid", 1, 100)  # half of 200 sweeps
+    assert resolved(LDAConfig(sampler="mh")).mh_steps == 2 and resolved(LDAConfig(sampler="mh")).mh_sweeps == 200
+    assert resolved(LDAConfig(sampler="hybrid", mh_steps=3, mh_share=0.25, iterations=10)).mh_sweeps == 2
+    assert resolved(LDAConfig(sampler="sparse", topics=5000)).mh_sweeps == 0
+    assert LDAConfig(topics=MH_TOPICS).mh_sweeps == 100  # the program, handed an unresolved config, runs the same

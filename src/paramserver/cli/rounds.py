@@ -58,7 +58,8 @@ def _config_flags(p: argparse.ArgumentParser, config: type) -> None:
     """One flag a flag field of the ``config`` dataclass, typed and defaulted as the field,
     so that a default and its help are written once (``_config`` reads them back)."""
     for f in _flag_fields(config):
-        kind: dict[str, Any] = {} if isinstance(f.default, str) else {"type": type(f.default)}
+        plain = isinstance(f.default, str) or "type" in f.metadata["options"]  # a str, or typed by its options
+        kind: dict[str, Any] = {} if plain else {"type": type(f.default)}
         p.add_argument(f"--{f.name.replace('_', '-')}", default=f.default, help=f.metadata["help"], **kind,
                        **f.metadata["options"])
 

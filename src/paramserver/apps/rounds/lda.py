@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -61,13 +61,24 @@ def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
         ("--schedule", cfg.schedule, cfg.schedule in ("rotate", "none"), "rotate or none"),
         ("--staleness", cfg.staleness, isinstance(cfg.staleness, int) and 0 <= cfg.staleness <= 64,
          "a whole number in [0, 64] (rounds a worker may run ahead; 0: BSP)"),
-        ("--sampler", cfg.sampler, cfg.sampler in ("sparse", "mh"), "sparse (the exact Gibbs draw, the default) "
-         "or mh (Metropolis–Hastings, O(1) a token, for many --topics)"),
-        ("--mh-steps", cfg.mh_steps, isinstance(cfg.mh_steps, int) and 1 <= cfg.mh_steps <= 64,
-         "a whole number in [1, 64] (cycles of a word then a document proposal a token, with --sampler mh)"),
+        ("--sampler", cfg.sampler, cfg.sampler in ("auto", "sparse", "mh", "hybrid"), "auto (the default), sparse "
+         "(the exact Gibbs draw), mh (Metropolis–Hastings, O(1) a token, for many --topics) or hybrid (mh, then "
+         "sparse)"),
+        ("--mh-steps", cfg.mh_steps,
+         cfg.mh_steps is None or (isinstance(cfg.mh_steps, int) and 1 <= cfg.mh_steps <= 64),
+         "a whole number in [1, 64] (cycles of a word then a document proposal a token in an MH sweep)"),
+        ("--mh-share", cfg.mh_share, isinstance(cfg.mh_share, (int, float)) and 0 < cfg.mh_share <= 1,
+         "a number in (0, 1] (the share of the sweeps hybrid samples with MH before the exact ones)"),
         ("--workers", workers, workers >= 1, "a whole number >= 1"),
         ("--servers", servers, servers >= 1, "a whole number >= 1"),
     ])
+
+
+def resolved(cfg: LDAConfig) -> LDAConfig:
+    """``cfg`` as the job runs it and reports it: the sampler (``auto`` resolved by the
+    topics) and its MH steps a token (none for ``sparse``)."""
+    runs = cfg.runs
+    return replace(cfg, sampler=runs, mh_steps=cfg.steps if runs != "sparse" else None)
 
 
 def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str | None = None,
@@ -82,6 +93,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     from paramserver.apps.rounds.lda_program import lda_worker, write_parts
 
     check_config(cfg, workers, servers)
+    cfg = resolved(cfg)
     check_outputs(save, metrics_out)
     checkpoints.check()
     t0 = time.perf_counter()

@@ -100,7 +100,7 @@ class LDAProgram:
         self._pending_nk: list[tuple[int, Any]] = []  # (round observed, the pull of its changes)
         self._pending_blocks: tuple[int, list[Any]] = (-1, [])  # (round they are for, the pulls of its blocks)
         self._saved = -math.inf
-        self.mh: MHIndex | None = None  # --sampler mh's index, set with the parts held
+        self.mh: MHIndex | None = None  # MH's index while MH samples (``_sampler``), made afresh from the topics
         self.gated = False  # the tables are BSP on the servers: run_rounds then needs no barrier before a pull
         self.observe_sends_only = True  # observe's pulls are taken in the next update (run_rounds)
         if fresh:  # else resume() takes the parts from a checkpoint
@@ -145,8 +145,7 @@ class LDAProgram:
         self.dtop = np.zeros(max(int(self.doff[-1]), 1), np.uint16)
         self.dcnt = np.zeros(self.doc_len.size, np.int32)
         _doc_lists(self.docs, self.z, self.ndk, self.dtop, self.doff, self.dcnt)
-        # --sampler mh's index of each document's tokens: from the topics, as every count is
-        self.mh = MHIndex(self.docs, self.z, self.doc_len, K, self.cfg.mh_steps) if self.cfg.sampler == "mh" else None
+        self.mh = None  # MH's index of the documents' tokens: made from the topics by the next MH round (``_sampler``)
         self.part_docs = np.cumsum([0] + [n.size for n in lens])  # part i's documents: part_docs[i]:[i + 1]
         if folder is not None:  # the topic lists in their saved order too: the sampler walks them in order
             for i, p in enumerate(parts):
@@ -269,6 +268,7 @@ class LDAProgram:
     def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
         cfg = self.cfg
         pushes = []
+        self._sampler(round_)
         self._take_observed()
         start = self.nk.copy()
         pulls = self._pending_blocks[1] if self._pending_blocks[0] == round_ else [
@@ -294,6 +294,19 @@ class LDAProgram:
         pushes.append((TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(self.own[round_])[None],
                        "assign"))
         return pushes
+
+    def _sampler(self, round_: int) -> None:
+        """MH samples the first ``cfg.mh_sweeps`` sweeps (all with ``mh``, none with ``sparse``).
+        Its index of each document's tokens is made from the topics when it starts (and after
+        parts were taken: a regroup, a resume), as every count is; when the exact sweeps take
+        over, SparseLDA's topic lists, which MH does not keep, are rebuilt from ``n_dk``."""
+        per_sweep = self.rounds // self.cfg.iterations
+        if round_ < self.cfg.mh_sweeps * per_sweep:
+            if self.mh is None:
+                self.mh = MHIndex(self.docs, self.z, self.doc_len, self.cfg.topics, self.cfg.steps)
+        elif self.mh is not None:
+            self.mh.lists(self.ndk, self.dtop, self.doff, self.dcnt)
+            self.mh = None
 
     def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None:
         """Once every worker has finished ``round_`` (BSP: this round; SSP: the round s

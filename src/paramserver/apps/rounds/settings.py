@@ -10,6 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+#: topics from which ``--sampler auto`` is ``hybrid``: there SparseLDA's early sweeps, where a document's and a
+#: word's counts still spread over many topics, cost more than MH's (docs/benchmarks.md, "LDA: MH sweeps
+#: first": at 500 and 1 000 topics the whole command in 0.82-0.85x sparse's time; at 200, ~10 % for 1.6 % of
+#: perplexity)
+MH_TOPICS = 500
+
 
 def flag(default: Any, text: str, **options: Any) -> Any:
     """A field that is also a flag of its app's command: ``text`` its help, ``options`` the
@@ -41,11 +47,41 @@ class LDAConfig:
     staleness: int = flag(0, "SSP between rounds: a worker may run up to S rounds ahead of the slowest, reading "
                           "counts up to S rounds stale (default %(default)s: BSP rounds; with rotate, S > 0 gives up "
                           "that no word is sampled by two workers at once)", metavar="S")
-    sampler: str = flag("sparse", "sparse (default): SparseLDA's exact Gibbs draw, O(topics in the document) a token; "
+    sampler: str = flag("auto", f"auto (default): hybrid from {MH_TOPICS} --topics, else sparse; "
+                        "sparse: SparseLDA's exact Gibbs draw, O(topics in the document) a token; "
                         "mh: Metropolis–Hastings with LightLDA's word and document proposals, O(1) a token, "
-                        "faster at large --topics, mixing less a sweep", choices=("sparse", "mh"))
-    mh_steps: int = flag(2, "with --sampler mh: cycles of a word then a document proposal a token (default "
-                         "%(default)s)", metavar="N")
+                        "faster at many --topics, mixing less a sweep; "
+                        "hybrid: mh for the first --mh-share of the sweeps, where SparseLDA is slowest (the counts "
+                        "still spread over many topics), then sparse to the end",
+                        choices=("auto", "sparse", "mh", "hybrid"))
+    mh_steps: int | None = flag(None, "cycles of a word then a document proposal a token in an MH sweep (default: 2 "
+                                "with --sampler mh, 1 in hybrid's, whose exact sweeps do the rest)", type=int,
+                                metavar="N")
+    mh_share: float = flag(0.5, "with --sampler hybrid (or auto's): the share of the sweeps MH samples before the "
+                           "exact sweeps (default %(default)s)", metavar="F")
+
+    @property
+    def runs(self) -> str:
+        """The sampler a job runs: ``auto`` is ``hybrid`` from ``MH_TOPICS`` topics, else ``sparse``."""
+        if self.sampler != "auto":
+            return self.sampler
+        return "hybrid" if self.topics >= MH_TOPICS else "sparse"
+
+    @property
+    def steps(self) -> int:
+        """MH steps a token in an MH sweep: ``mh_steps``, else 2 with ``mh`` and 1 in ``hybrid``'s
+        sweeps, which the exact sweeps after them finish (1 and 2 ended at the same perplexity
+        there, 1 in less time)."""
+        return self.mh_steps if self.mh_steps is not None else 2 if self.runs == "mh" else 1
+
+    @property
+    def mh_sweeps(self) -> int:
+        """The sweeps sampled by MH, the first ones: all with ``mh``, ``mh_share`` of them
+        (rounded) with ``hybrid``, none with ``sparse``."""
+        runs = self.runs
+        if runs == "mh":
+            return self.iterations
+        return round(self.mh_share * self.iterations) if runs == "hybrid" else 0
 
     @property
     def regions(self) -> int:
