@@ -29,7 +29,6 @@ from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
 from paramserver.errors import ConfigError
 
-_NL = 10
 _BLANKS = separators(b" \t\r")
 
 @njit(nogil=True, cache=True)
@@ -159,7 +158,7 @@ def read_corpus(path: str, vocabulary: str | None = None) -> Corpus:
     if n_docs < 1 or n_words < 1 or nnz < 0:
         raise DataError(f"{path}: header D={n_docs}, V={n_words}, NNZ={nnz}; D and V must be >= 1; {form}")
     start = sum(len(h) + 1 for h in head[:3])
-    lines = int(np.count_nonzero(buf[start:] == _NL))
+    lines = raw.count(b"\n", start)
     doc_of, word_of, count_of = (np.empty(lines, np.int64) for _ in range(3))
     n, err, at = _parse_uci(buf, start, n_docs, n_words, doc_of, word_of, count_of)
     if err:
@@ -171,8 +170,8 @@ def read_corpus(path: str, vocabulary: str | None = None) -> Corpus:
 
 
 def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
-    lines = int(np.count_nonzero(buf == _NL))
-    pairs = int(np.count_nonzero(buf == 58))
+    lines = raw.count(b"\n")
+    pairs = raw.count(b":")
     doc_ptr = np.empty(lines + 1, np.int64)
     word_of, count_of = np.empty(pairs, np.int64), np.empty(pairs, np.int64)
     docs, err, at = _parse_ldac(buf, doc_ptr, word_of, count_of)

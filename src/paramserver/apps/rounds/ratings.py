@@ -26,7 +26,6 @@ from paramserver.data.parse import parse_float, parse_int
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, read_whole
 
-_NL = 10
 _SEPS = separators(b"\t, :\r")  # tab, comma, space, colon (the '::' files), CR
 
 @njit(nogil=True, cache=True)
@@ -84,8 +83,10 @@ def read_ratings(path: str) -> Ratings:
     first = raw.lstrip()[:1]
     if first and not (first.isdigit() or first in b"+-"):  # a header line: userId,movieId,rating,timestamp
         start = raw.index(b"\n", len(raw) - len(raw.lstrip())) + 1
-    lines = int(np.count_nonzero(buf[start:] == _NL))
-    users, items, ratings = np.empty(lines, np.int64), np.empty(lines, np.int64), np.empty(lines, np.float64)
+    lines = raw.count(b"\n", start)  # memchr's speed, and no array of a byte a byte to count over
+    # the ratings parsed straight into float32 (each rounded as ``astype`` rounds it): no copy of 3.6 M
+    # of them, whose fresh pages cost more than the parse's time at MovieLens' sizes
+    users, items, ratings = np.empty(lines, np.int64), np.empty(lines, np.int64), np.empty(lines, np.float32)
     n, err, at = _parse(buf, start, users, items, ratings)
     if err:
         raise bad_line(path, raw, buf, at, err, "each line must be 'user item rating [timestamp]' (MovieLens "
@@ -93,7 +94,9 @@ def read_ratings(path: str) -> Ratings:
     if n == 0:
         raise DataError(f"{path} has no ratings; expected lines 'user item rating [timestamp]' (tab, comma or "
                         "'::' separated, an optional header first)")
-    return Ratings(users[:n].copy(), items[:n].copy(), ratings[:n].astype(np.float32))
+    if n < lines:  # blank lines: let the tail go
+        users, items, ratings = users[:n].copy(), items[:n].copy(), ratings[:n].copy()
+    return Ratings(users, items, ratings)
 
 
 def distinct_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
