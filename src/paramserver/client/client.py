@@ -380,9 +380,9 @@ class Client:
         """Clocks this worker has finished (its pulls are gated on it)."""
         return self._clocks.current
 
-    def send_ticks(self, wait: bool = False) -> None:
+    def send_ticks(self, wait: bool = False, landed: bool = False) -> None:
         """Send the finished clock no request carried yet (``Clocks.send_ticks``)."""
-        self._clocks.send_ticks(wait)
+        self._clocks.send_ticks(wait, landed)
 
     def barrier(self, timeout_s: float | None = None) -> list[int]:
         """Block until every live worker has called ``barrier`` (``Clocks.barrier``)."""

@@ -79,7 +79,7 @@ class Job:
     def shard_done(self, task: dict[str, Any], **stats: float) -> None:
         """Report a shard finished, with counters (``examples``, ``loss_sum``, ...): its
         last clock taken by the servers first (a checkpoint or the job's end may follow)."""
-        self._clocks.send_ticks(wait=True)
+        self._clocks.send_ticks(wait=True, landed=True)
         self._caller.rpc.call(self._scheduler, {"op": Op.SHARD_DONE.value, "shard_id": task["shard_id"],
                                              "epoch": task["epoch"], "stats": stats})
 

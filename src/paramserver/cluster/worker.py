@@ -61,7 +61,7 @@ def serve_functions(client: Client, read_fd: int, write_fd: int) -> None:
             text = f"the function's result cannot be pickled: {exc}"
             data = cloudpickle.dumps((call, "error", client.rank, (text, text)))
         client.joined_midway = False
-        client.send_ticks(wait=True)  # its last clock reaches the servers before the driver hears it is done
+        client.send_ticks(wait=True, landed=True)  # its last clock taken by the servers before the driver hears
         up.send_bytes(data)
 
 
