@@ -32,7 +32,10 @@ def _dies_in_round(client, victim, round_, owner, worker, *args):
     return worker(client, *args)
 
 
-def test_mf_carries_on_without_a_killed_worker():
+@pytest.mark.parametrize("dies_in", [7, 16])
+def test_mf_carries_on_without_a_killed_worker(dies_in):
+    """Killed in epoch 3 (round 7), before its user rows were first pushed (every 5 epochs):
+    its users go on from their initial draw; in epoch 6 (round 16): from epoch 5's push."""
     from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, MFProgram, layout, mf_worker, write_strata
 
     rng = np.random.default_rng(4)
@@ -52,7 +55,7 @@ def test_mf_carries_on_without_a_killed_worker():
         init = np.zeros((n_i, 9), np.float32)
         init[:, :8] = rng.normal(0, 0.05, (n_i, 8))
         client.push(ITEMS, np.arange(n_i, dtype=np.uint64), init, op="assign").result(timeout=30)
-        results, lost = cluster.run_elastic(_dies_in_round, 1, 7, MFProgram, mf_worker, paths, cfg, mu,
+        results, lost = cluster.run_elastic(_dies_in_round, 1, dies_in, MFProgram, mf_worker, paths, cfg, mu,
                                             lay.user_start, lay.item_start)
         keys_u, rows_u = client.export_table(USERS)
         keys_i, rows_i = client.export_table(ITEMS)

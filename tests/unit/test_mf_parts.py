@@ -8,10 +8,11 @@ import gzip
 import numpy as np
 import pytest
 
-from paramserver.apps.rounds.mf import _predict, _sgd, layout, write_strata
+from paramserver.apps.rounds.mf import MFConfig, MFProgram, _predict, _rows, _sgd, check_config, layout, write_strata
 from paramserver.apps.rounds.program import adopt, balanced_groups
 from paramserver.apps.rounds.ratings import distinct_ids, read_ratings
 from paramserver.data.reader import DataError
+from paramserver.errors import ConfigError
 
 
 def test_one_sgd_step_is_numpys_gradient_step():
@@ -156,3 +157,39 @@ def test_a_dead_workers_parts_go_to_the_least_loaded_survivors_and_the_rest_stay
     assert adopt([0, 1, 2, 3], [0, 3]) == [0, 0, 3, 3]  # 1 to 0 (tie, lower rank), then 2 to 3 (fewer)
     assert adopt([0, 0, 1, 2], [1, 2]) == [1, 2, 1, 2]
     assert adopt([0, 1], [0, 1]) == [0, 1]
+
+
+def _program(W: int, epochs: int, user_sync: int, checkpoint_every: int = 0) -> MFProgram:
+    """An MFProgram with no client and no parts: only its schedule of user pushes."""
+    program = MFProgram.__new__(MFProgram)
+    program.W, program.rounds, program.checkpoint_every = W, epochs * W, checkpoint_every
+    program.cfg = MFConfig(epochs=epochs, user_sync=user_sync)
+    return program
+
+
+def test_user_rows_go_to_the_servers_every_user_sync_epochs_at_checkpoints_and_at_the_end():
+    def pushed_after_epochs(program):
+        return [(r + 1) // program.W for r in range(program.rounds) if program.users_due(r)]
+
+    assert pushed_after_epochs(_program(W=2, epochs=12, user_sync=5)) == [5, 10, 12]
+    assert pushed_after_epochs(_program(W=3, epochs=4, user_sync=1)) == [1, 2, 3, 4]
+    assert pushed_after_epochs(_program(W=2, epochs=9, user_sync=100)) == [9]
+    # a checkpoint every 3 epochs (in rounds: 3 W) pushes them too, so a resume starts from its epoch
+    assert pushed_after_epochs(_program(W=2, epochs=12, user_sync=5, checkpoint_every=6)) == [3, 5, 6, 9, 10, 12]
+
+
+def test_a_bad_user_sync_is_refused_by_name():
+    with pytest.raises(ConfigError, match="--user-sync"):
+        check_config(MFConfig(user_sync=0), workers=2, servers=1)
+
+
+def test_exported_rows_come_back_by_dense_index_with_zeros_for_keys_never_stored():
+    rng = np.random.default_rng(3)
+    key_of = rng.permutation(6)  # dense index -> key
+    rows = np.arange(18, dtype=np.float32).reshape(6, 3)
+    order = rng.permutation(6)
+    got = _rows((order.astype(np.uint64), rows[order]), key_of)  # every key, in the servers' order
+    np.testing.assert_array_equal(got, rows[key_of])
+    some = np.array([4, 1, 9], np.uint64)  # key 9 is outside the table: ignored
+    got = _rows((some, np.ones((3, 3), np.float32)), key_of)
+    np.testing.assert_array_equal(got, np.isin(key_of, [4, 1])[:, None] * np.ones((6, 3), np.float32))

@@ -3,7 +3,8 @@ trained model-parallel by block rotation (DSGD, Gemulla et al. 2011; STRADS' MF)
 
 Users are cut into W groups and items into W blocks, both balanced by their number of
 ratings (the largest first, each to the lightest group).  Worker q owns user group q: its rows
-``[p_u, b_u]`` stay in its memory and go to the servers' ``mf/users`` table once an epoch.
+``[p_u, b_u]`` stay in its memory and go to the servers' ``mf/users`` table every
+``--user-sync`` epochs, at a checkpoint and at the end (``MFProgram.users_due``).
 The item rows ``[q_i, b_i]`` live on the servers' ``mf/items`` table.  An epoch is W
 rounds; in round s worker q pulls item block ``(q + s) mod W``, runs SGD over the ratings
 of (its users × that block), and pushes the block back (``assign``).  No two workers hold
@@ -147,22 +148,43 @@ def layout(user_counts: np.ndarray, item_counts: np.ndarray, parts: int) -> Layo
     return Layout(ug, uk, us, ig, ik, is_)
 
 
-def write_strata(folder: str, u: np.ndarray, i: np.ndarray, r: np.ndarray, lay: Layout, parts: int,
-                 seed: int) -> list[str]:
-    """Each worker's ratings, shuffled then grouped by item block, as ``worker-q.npz``:
-    ``users`` (row in its group), ``items`` (row in the block), ``ratings`` and
-    ``start`` (W + 1 offsets, one stratum per item block)."""
+@dataclass(frozen=True)
+class Strata:
+    """The ratings shuffled, then grouped by stratum (user group × item block), each as its
+    row in its group and in its block; ``offsets``: where each of the ``parts**2`` strata starts."""
+
+    users: np.ndarray  # int32
+    items: np.ndarray  # int32
+    ratings: np.ndarray  # float32
+    offsets: np.ndarray  # int64[parts**2 + 1]
+    parts: int
+
+
+def strata(u: np.ndarray, i: np.ndarray, r: np.ndarray, lay: Layout, parts: int, seed: int) -> Strata:
+    """Each worker's ratings, shuffled (``seed``) then grouped by item block."""
     perm = np.random.default_rng(seed).permutation(r.size)
     users, items, ratings, offsets = _strata(perm, u, i, r, lay.user_group, lay.item_group, lay.user_key,
                                              lay.item_key, lay.user_start, lay.item_start, parts)
-    paths = []
+    return Strata(users, items, ratings, offsets, parts)
+
+
+def save_strata(folder: str, st: Strata) -> list[str]:
+    """Worker q's strata as ``worker-q.npz``: ``users`` (row in its group), ``items`` (row
+    in the block), ``ratings`` and ``start`` (W + 1 offsets, one stratum per item block)."""
+    paths, parts, offsets = [], st.parts, st.offsets
     for q in range(parts):
         lo, hi = offsets[q * parts], offsets[(q + 1) * parts]
         path = os.path.join(folder, f"worker-{q}.npz")
-        np.savez(path, users=users[lo:hi], items=items[lo:hi], ratings=ratings[lo:hi],
+        np.savez(path, users=st.users[lo:hi], items=st.items[lo:hi], ratings=st.ratings[lo:hi],
                  start=offsets[q * parts:(q + 1) * parts + 1] - lo)
         paths.append(path)
     return paths
+
+
+def write_strata(folder: str, u: np.ndarray, i: np.ndarray, r: np.ndarray, lay: Layout, parts: int,
+                 seed: int) -> list[str]:
+    """``strata`` then ``save_strata``: each worker's file."""
+    return save_strata(folder, strata(u, i, r, lay, parts, seed))
 
 
 @njit(nogil=True, cache=True)
@@ -222,8 +244,9 @@ class MFProgram:
     ``(p + round) mod W`` in a round: two parts never share a block."""
 
     def __init__(self, client: Any, paths: list[str], cfg: MFConfig, mu: float, user_start: np.ndarray,
-                 item_start: np.ndarray, rank: int):
+                 item_start: np.ndarray, rank: int, checkpoint_every: int = 0):
         self.client, self.cfg, self.mu, self.rank = client, cfg, mu, rank
+        self.checkpoint_every = checkpoint_every  # rounds (0: none)
         self.paths, self.W = paths, len(paths)
         self.user_start, self.item_start = user_start, item_start
         self.live, self.owner = list(range(self.W)), list(range(self.W))
@@ -262,9 +285,22 @@ class MFProgram:
                              self.cfg.lr, self.cfg.reg, self.cfg.reg_bias)
             self.seen += int(hi - lo)
             pushes.append((ITEMS, k, Q, "assign"))
-            if (round_ + 1) % self.W == 0:  # an epoch ends: the user rows go to the servers too
+            if self.users_due(round_):
                 pushes.append((USERS, part.keys, part.P, "assign"))
         return pushes
+
+    def users_due(self, round_: int) -> bool:
+        """Whether round ``round_`` ends an epoch whose user rows go to the servers too:
+        every ``user_sync`` epochs, where a checkpoint is taken, and at the end.  They
+        train nothing there (a worker keeps its own): a dead worker's part is taken over
+        from them (``regroup``), a resumed job starts from them, and the driver reads the
+        model from them.  Each push is every user row (1 GB over 40 epochs of 4 M ratings
+        at rank 64), so they are not pushed every epoch."""
+        done = round_ + 1
+        if done % self.W:
+            return False
+        return ((done // self.W) % self.cfg.user_sync == 0 or done >= self.rounds
+                or bool(self.checkpoint_every and done % self.checkpoint_every == 0))
 
     def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None:
         if (round_ + 1) % self.W == 0:
@@ -273,7 +309,7 @@ class MFProgram:
 
     def regroup(self, round_: int, live: list[int]) -> None:
         """Workers died: take over their user groups, with the user rows they last pushed
-        (at an epoch's end; their own initial draw if none yet).  The item rows on the
+        (``users_due``: up to ``user_sync`` epochs old; their own initial draw if none yet).  The item rows on the
         servers are whatever the dead pushed last: SGD carries on from there."""
         self.live, self.owner = live, adopt(self.owner, live)
         for p in self._parts_of(self.rank):
@@ -300,7 +336,8 @@ def mf_worker(client: Any, paths: list[str], cfg: MFConfig, mu: float, user_star
               resume: RoundResume | None = None) -> dict[str, Any]:
     if joined_midway(client):
         return {"rank": client.rank, "joined_midway": True}
-    program = MFProgram(client, paths, cfg, mu, user_start, item_start, client.rank)
+    program = MFProgram(client, paths, cfg, mu, user_start, item_start, client.rank,
+                        checkpoints.every if checkpoints is not None else 0)
     stats = run_rounds(client, program, rank=client.rank, workers=len(paths), max_rounds=program.rounds,
                        checkpoints=checkpoints, resume=resume)
     return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups,
@@ -320,6 +357,7 @@ def check_config(cfg: MFConfig, workers: int, servers: int) -> None:
     check_flags([
         ("--rank", cfg.rank, cfg.rank >= 1 and cfg.rank <= 4096, "a whole number in [1, 4096]"),
         ("--epochs", cfg.epochs, cfg.epochs >= 1, "a whole number >= 1"),
+        ("--user-sync", cfg.user_sync, cfg.user_sync >= 1, "a whole number of epochs >= 1"),
         ("--lr", cfg.lr, math.isfinite(cfg.lr) and 0 < cfg.lr < 1, "in (0, 1)"),
         ("--reg", cfg.reg, math.isfinite(cfg.reg) and cfg.reg >= 0, "a number >= 0"),
         ("--workers", workers, workers >= 1, "a whole number >= 1"),
@@ -353,15 +391,20 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     meta = {"app": "mf", "workers": workers, "rank": k, "seed": cfg.seed, "ratings": int(r.size),
             "users": int(user_ids.size), "items": int(item_ids.size)}
     cps, resume = checkpoints.plan(meta, rounds_a_unit=workers)
+    # before the nodes are forked, as the rows' gather below comes after they exited: while
+    # they run, this VM makes the driver's fresh pages far dearer to fault in (26 MB of new
+    # rows: 100-140 ms, ~0.2 ms a fault, against ~1 ms before or after); here 0.37 -> 0.20 s
+    shuffled = strata(u, i, r, lay, workers, cfg.seed)
     with RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options, allow_loss=allow_loss,
                    replicas=replicas, filters=filters, watch=watch,
                    scratch_prefix="paramserver-mf-") as job:
-        paths = write_strata(job.scratch, u, i, r, lay, workers, cfg.seed)
+        paths = save_strata(job.scratch, shuffled)
         job.tables(resume, lambda client: _create_tables(client, cfg, user_ids.size, item_ids.size,
                                                          job.table_options))
         ran = job.run(mf_worker, paths, cfg, mu, lay.user_start, lay.item_start, cps, resume)
-        P = _rows(job.client, USERS, user_ids.size, k)[lay.user_key]
-        Q = _rows(job.client, ITEMS, item_ids.size, k)[lay.item_key]
+        users, items = job.client.export_table(USERS), job.client.export_table(ITEMS)
+    # gathered once the nodes are gone (above): 0.30-0.47 s -> 0.012 s for 100 000 users
+    P, Q = _rows(users, lay.user_key), _rows(items, lay.item_key)
     lo, hi = float(r.min()), float(r.max())
     report: dict[str, Any] = {"train_ratings": int(r.size), "users": int(user_ids.size), "items": int(item_ids.size),
                               "global_mean": mu, "train_rmse": float(np.sqrt(np.mean(
@@ -371,10 +414,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     if held is not None:
         report.update(_test(held, user_ids, item_ids, P, Q, mu, lo, hi, predictions_out))
     if save:
-        os.makedirs(save, exist_ok=True)
-        np.savez(os.path.join(save, "mf.npz"), user_ids=user_ids, item_ids=item_ids, user_factors=P[:, :k],
-                 item_factors=Q[:, :k], user_bias=P[:, k], item_bias=Q[:, k], global_mean=mu,
-                 rating_range=np.array([lo, hi]))
+        _save(save, user_ids, item_ids, P, Q, mu, (lo, hi))
     seconds = time.perf_counter() - t0
     updates = int(r.size) * max(cfg.epochs - (resume.round // workers if resume else 0), 0)
     report.update({"seconds": seconds, "train_seconds": ran.seconds, "rating_updates": updates,
@@ -387,8 +427,18 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     return report
 
 
+def _save(folder: str, user_ids: np.ndarray, item_ids: np.ndarray, P: np.ndarray, Q: np.ndarray, mu: float,
+          rating_range: tuple[float, float]) -> None:
+    """``--save``: FOLDER/mf.npz, the ids, factors and biases, the global mean and the ratings' range."""
+    k = P.shape[1] - 1
+    os.makedirs(folder, exist_ok=True)
+    np.savez(os.path.join(folder, "mf.npz"), user_ids=user_ids, item_ids=item_ids, user_factors=P[:, :k],
+             item_factors=Q[:, :k], user_bias=P[:, k], item_bias=Q[:, k], global_mean=mu,
+             rating_range=np.array(rating_range))
+
+
 def _create_tables(client: Any, cfg: MFConfig, users: int, items: int, options: dict[str, Any]) -> None:
-    """A fresh job's tables: user rows (pushed by their workers once an epoch) and item
+    """A fresh job's tables: user rows (pushed by their workers, ``users_due``) and item
     rows, the factors drawn from the seed and the biases zero."""
     k = cfg.rank
     for table, n in ((USERS, users), (ITEMS, items)):
@@ -411,10 +461,19 @@ def _test(held: Ratings, user_ids: np.ndarray, item_ids: np.ndarray, P: np.ndarr
     return {"test_ratings": int(len(held)), "test_rmse": float(np.sqrt(np.mean((pred - held.ratings) ** 2)))}
 
 
-def _rows(client: Any, table: str, n: int, k: int) -> np.ndarray:
-    keys, values = client.export_table(table)
-    out = np.zeros((n, k + 1), np.float32)
+def _rows(exported: tuple[np.ndarray, np.ndarray], key_of: np.ndarray) -> np.ndarray:
+    """The exported rows by dense index (``key_of``: each index's key); a key never
+    stored reads as zeros.  Where every key is stored (an export holds each key once),
+    one gather straight into the result."""
+    keys, values = exported
+    n = key_of.size
     inside = keys < n
+    if keys.size == n and inside.all():
+        where = np.empty(n, np.int64)
+        where[keys.astype(np.int64)] = np.arange(n)
+        rows: np.ndarray = values[where[key_of]]
+        return rows
+    out = np.zeros((n, values.shape[1]), np.float32)
     out[keys[inside].astype(np.int64)] = values[inside]
-    return out
-
+    rows = out[key_of]
+    return rows
