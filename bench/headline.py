@@ -91,12 +91,12 @@ LASSO_SUBOPT = Goal("<=", 1e-4, "issue 15/44: relative sub-optimality against ce
 L1LR_TIME = Goal("<=", 1.0, "issue 49: liblinear's time at each λ")
 L1LR_OBJECTIVE = Goal("<=", 1e-4, "issue 49: the objective within 1e-4 of liblinear's")
 L1LR_RATIOS = (10, 100, 1000)  # issue 49's three λ: λ_max/10, /100, /1 000 (news20's best held-out log loss)
-# issue 15: the whole command against Surprise's fit alone, on the multi-million set where start-up is small
-MF_TIME = Goal("<=", 0.5, "issue 15: half Surprise's fit time")
+# issue 49 (issue 15 asked 0.5x): the whole command against Surprise's fit alone, on the multi-million set
+MF_TIME = Goal("<=", 0.1, "issue 49: a tenth of Surprise's fit time")
 # issue 15: the same or a better held-out RMSE
 MF_RMSE = Goal("<=", 1.0, "issue 15: test RMSE at most Surprise's")
-# issue 44.5: the round apps on the engine, at parity with tomotopy's C++ sampler (issue 15 asked 0.5x)
-LDA_SPEED = Goal(">=", 1.0, "issue 44.5: tomotopy's token-iterations/s")
+# issue 49 at K = 50 (issue 44.5 asked parity with tomotopy's C++ sampler, issue 15 0.5x)
+LDA_SPEED = Goal(">=", 2.0, "issue 49: twice tomotopy's token-iterations/s at K = 50")
 # 5x the gap issue 15 measured (0.999-1.001x): room for the sampler's noise, none for a worse model
 LDA_PERPLEXITY = Goal("<=", 1.005, "issue 44.5: perplexity within 0.5 % of tomotopy's")
 # issue 49 at many topics, where an O(1) sampler pays: 5x tomotopy's speed at K = 1 000, perplexity within 2 %
