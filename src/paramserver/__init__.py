@@ -31,6 +31,17 @@ below its own: docs/architecture.md draws them, `make lint` holds them):
 """
 
 import gc as _gc
+import os as _os
+import sys as _sys
+
+# The ``paramserver`` command's processes compute on one thread each, side by side on the
+# machine's cores (a node a core): OpenBLAS's helper threads would only spin (0.1 s of a core
+# in every process as numpy loads, measured with perf on 2 cores).  One BLAS thread is set
+# before numpy loads, for the command alone (its nodes inherit it): a library user's BLAS
+# is theirs.  OPENBLAS_NUM_THREADS set already is kept.
+if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "paramserver" or \
+        list(getattr(_sys, "orig_argv", [])[1:3]) == ["-m", "paramserver"]:
+    _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # The package's import (numpy, numba, every kernel's dispatcher: ~175 000 objects) runs the
 # cyclic collector a few dozen times for nothing, 0.03 s of every command's start-up: it is
