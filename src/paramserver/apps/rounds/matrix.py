@@ -57,6 +57,21 @@ def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
+def _first_duplicate(indptr, cols, width):  # type: ignore[no-untyped-def]
+    """The first data row holding a column twice and that column, or (-1, -1): one pass,
+    each column marked with the last row it was seen in (sorting every entry's (row, column)
+    key for this took 0.13 s of news20's 0.2 s read)."""
+    seen = np.full(width, -1, np.int64)
+    for i in range(indptr.shape[0] - 1):
+        for k in range(indptr[i], indptr[i + 1]):
+            c = cols[k]
+            if seen[c] == i:
+                return i, c
+            seen[c] = i
+    return -1, -1
+
+
+@njit(nogil=True, cache=True)
 def _to_csc(indptr, cols, vals, n_cols):  # type: ignore[no-untyped-def]
     """The CSC form of a CSR matrix: column pointers, row of each entry, values."""
     counts = np.zeros(n_cols + 1, np.int64)
@@ -124,11 +139,9 @@ def read_libsvm_matrix(path: str, n_features: int | None = None) -> Matrix:
         row = int(np.searchsorted(indptr[1:n + 1], int(np.argmax(cols >= width)), side="right"))
         raise DataError(f"{path}: data line {row + 1} has feature index {int(cols.max()) + 1}, above the "
                         f"{width} features expected; give a larger number of features or fix the file")
-    key = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr[:n + 1])) * max(width, 1) + cols
-    if key.size > 1 and (np.diff(np.sort(key)) == 0).any():
-        dup = np.sort(key)
-        first = int(dup[1:][np.diff(dup) == 0][0])
-        raise DataError(f"{path}: data line {first // max(width, 1) + 1} has feature {first % max(width, 1) + 1} "
-                        "twice; LIBSVM has one value a feature (sum or drop the duplicates)")
+    row, col = _first_duplicate(indptr[:n + 1], cols, width)
+    if row >= 0:
+        raise DataError(f"{path}: data line {row + 1} has feature {col + 1} twice; LIBSVM has one value a "
+                        "feature (sum or drop the duplicates)")
     colptr, rows, values = _to_csc(indptr[:n + 1], cols, vals, width)
     return Matrix(labels[:n].copy(), colptr, rows, values)
