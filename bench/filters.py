@@ -44,7 +44,7 @@ from paramserver.client.client import Client
 from paramserver.cluster import launch
 
 address, data, test, model, k, chain, servers, row_cache = sys.argv[1:9]
-pipeline = sys.argv[9] if len(sys.argv) > 9 else "2"
+pipeline = sys.argv[9] if len(sys.argv) > 9 else "link"
 
 class RemoteCluster:
     # the servers are in the other namespace: the driver and one worker run here

@@ -2,14 +2,15 @@
 same job on loopback, in one run.
 
     .venv/bin/python bench/links.py [--rows 1000000] [--rates none 1000 100] [--rtts 0.05 1 10]
-        [--chains none compact] [--pipelines 2 auto] [--json FILE]
+        [--chains none compact] [--pipelines link 2 auto] [--json FILE]
 
 The scheduler and one server are processes on 127.0.0.1; every connection to them goes
 through ``bench_harness/delayproxy.py`` on 127.0.0.2 (the server advertises 127.0.0.2), which
 holds each direction's bytes half the round trip and caps its rate (``--rates`` in Mbit/s,
 ``none``: no cap).  Userspace, so it needs no root and no ``netem`` (this kernel has none);
 its own cost shows in the row with no delay and no cap.  The job's driver and worker are
-one process (``bench/filters.py``'s), at default flags but ``--filters``.  Each row: its
+one process (``bench/filters.py``'s), at default flags but ``--filters`` (``--pipelines``:
+default ``link``, the default's; the loopback run each row is against is at the default too).  Each row: its
 examples/s and the ratio to loopback's (the same chain, no relay), job seconds, bytes sent
 per example, the test log loss, and whether it reached loopback's loss (within 0.0005).
 Data: ``paramserver synth --shape heavy`` (``--rows``, a tenth to test).
@@ -35,7 +36,7 @@ CHAINS = {"none": "none", "compact": "compact"}
 
 
 def one(data: str, test: str, chain: str, rate: str | None, rtt_ms: float | None, logs: str,
-        pipeline: str = "2") -> dict[str, Any]:
+        pipeline: str = "link") -> dict[str, Any]:
     """The job once: on loopback (``rtt_ms`` None), or through the relay."""
     procs = Procs(logs)
     sched_port, server_port = free_port(), free_port()
@@ -70,7 +71,8 @@ def main() -> None:
     ap.add_argument("--rates", nargs="+", default=["none", "1000", "100"], help="Mbit/s a direction, or none")
     ap.add_argument("--rtts", nargs="+", type=float, default=[0.05, 1.0, 10.0], help="round trips, ms")
     ap.add_argument("--chains", nargs="+", default=["none", "compact"], choices=sorted(CHAINS))
-    ap.add_argument("--pipelines", nargs="+", default=["2"], help="--pipeline of each run: N, auto or auto:N")
+    ap.add_argument("--pipelines", nargs="+", default=["link"],
+                    help="--pipeline of each run: link (the default's), N, auto or auto:N")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="pslinks-")
@@ -86,7 +88,7 @@ def main() -> None:
     logs = os.path.join(folder, "logs")
     for chain in args.chains:
         base = one(data, test, chain, None, None, logs)  # loopback at the default depth: what each row is against
-        runs.append(_row(chain, "2", "loopback", "—", base, base))
+        runs.append(_row(chain, "link", "loopback", "—", base, base))
         for pipeline in args.pipelines:
             for rate in args.rates:
                 for rtt in args.rtts:
@@ -101,7 +103,7 @@ def _row(chain: str, pipeline: str, rate: str, rtt: Any, r: dict[str, Any], base
     ratio = r["examples_per_s"] / base["examples_per_s"]
     reached = r["logloss"] <= base["logloss"] + TARGET
     sent = r["bytes_sent"] / max(r["examples"], 1)
-    depth = f"{pipeline} (reached {r.get('pipeline_depth')})" if pipeline.startswith("auto") else pipeline
+    depth = f"{pipeline} (reached {r.get('pipeline_depth')})" if pipeline.startswith(("auto", "link")) else pipeline
     print(f"| {chain} | {depth} | {rate} | {rtt} | {r['examples_per_s']:,.0f} | {ratio:.2f} | {r['seconds']:.1f} | "
           f"{sent:.1f} | {r['logloss']:.5f} | {'yes' if reached else 'no'} |", flush=True)
     return {"chain": chain, "pipeline": pipeline, "depth": r.get("pipeline_depth"), "rate": rate, "rtt_ms": rtt,

@@ -45,3 +45,34 @@ def test_auto_stops_at_its_cap_and_does_not_grow_when_the_worker_hardly_waits():
     fixed = Depth(2)
     _window(fixed, 0.9)
     assert fixed.now == 2
+
+
+def test_link_is_two_on_a_short_round_trip_and_one_more_for_each_whole_ms_of_a_long_one():
+    from paramserver.apps.ctr.depth import LINK_MAX, LINK_PULLS
+
+    assert parse_pipeline("link") == (2, LINK_MAX)
+    for floor_s, want in ((0.0002, 2), (0.0019, 2), (0.0021, 4), (0.0031, 5), (0.010, 12), (0.5, LINK_MAX)):
+        d = Depth("link")
+        for i in range(LINK_PULLS):
+            assert d.now == 2  # until the first pulls are back, nothing is known
+            d.replied(floor_s + 0.004 * (i % 3))  # the least of them is the link's floor
+            d.waited(0.0, 0.001)
+        d.waited(0.0, 0.001)
+        assert d.now == want and d.floor_ms == pytest.approx(1000 * floor_s), (floor_s, d.now)
+        assert d.settles() == (want > 2)  # the last batches settle only where it went deeper
+        for _ in range(3 * WINDOW):  # and the depth stays for the job: no waiting moves it
+            d.waited(0.9, 1.0)
+        assert d.now == want
+
+
+def test_link_keeps_a_factor_model_at_two_and_stops_listening_once_it_knows():
+    from paramserver.apps.ctr.depth import LINK_PULLS
+
+    d = Depth("link", deepens=False)
+    for _ in range(LINK_PULLS + 5):
+        d.replied(0.020)
+        d.waited(0.5, 1.0)
+    assert d.now == 2 and d.floor_ms == pytest.approx(20.0) and not d.settles()
+    assert len(d.round_trips) == LINK_PULLS
+    assert Depth(2).settles() is False and Depth(3).settles() and Depth("auto:4").settles()
+

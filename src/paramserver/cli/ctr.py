@@ -237,7 +237,7 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
                                    getattr(args, "hidden", (256, 128))),
                        data=fmt, optimizer=optimizer, epochs=args.epochs, batch_size=args.batch_size,
                        batch_ramp=getattr(args, "batch_ramp", 1.0),
-                       seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", 2),
+                       seed=getattr(args, "seed", 0), pipeline=getattr(args, "pipeline", "link"),
                        consistency=getattr(args, "consistency", "asp"), replicas=getattr(args, "replicas", 1),
                        layout=getattr(args, "table_layout", "auto"), filters=getattr(args, "filters", None),
                        lifecycle=getattr(args, "lifecycle", None), storage=getattr(args, "storage", "float32"),

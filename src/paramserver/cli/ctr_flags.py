@@ -126,9 +126,11 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                    help="batches start at 1 example and grow to --batch-size, at most R * sqrt(examples the "
                         "worker has trained on) (default 1: 100 after 10^4 examples, 1 000 after 10^6; 0: no "
                         "ramp, every batch --batch-size)")
-    p.add_argument("--pipeline", default="2", metavar="N|auto[:N]",
-                   help="mini-batches in flight per worker (default 2; 1: each sees every earlier push); auto: from "
-                        "2, one more each time the worker keeps waiting on its pulls (a slow or distant link), up "
+    p.add_argument("--pipeline", default="link", metavar="link|N|auto[:N]",
+                   help="mini-batches in flight per worker.  link (default): 2, or on a link whose round trip is "
+                        "2 ms or more, one more for each whole ms of the least round trip of the worker's first 32 "
+                        "pulls, up to 16 (LR only: a factor model keeps 2); N: that many (1: each sees every "
+                        "earlier push); auto: from 2, one more each time the worker keeps waiting on its pulls, up "
                         "to N (default 16).  Deeper than 2, the job's last 32 batches go one at a time, so that the "
                         "model ends calibrated (docs/consistency.md)")
     p.add_argument("--row-cache", default="off", metavar="SPEC",

@@ -1,7 +1,16 @@
-"""How many mini-batches a training worker keeps in flight (``--pipeline``): a fixed number,
-or (``auto``) one that grows while more in flight makes the worker wait less on its pulls,
-so that a link's round trip is covered by batches computing rather than by a worker
-waiting (issue 47.5).
+"""How many mini-batches a training worker keeps in flight (``--pipeline``): ``link`` (the
+default: 2, or more on a link whose round trip is long), a fixed number, or (``auto``) one
+that grows while more in flight makes the worker wait less on its pulls, so that a link's
+round trip is covered by batches computing rather than by a worker waiting (issue 47.5).
+
+``link`` takes the least round trip of the worker's first ``LINK_PULLS`` pulls (small
+requests: the ramp's first batches hold a few examples), the link's floor, and from
+``LINK_FROM_MS`` keeps 2 + one batch for each whole ``LINK_MS`` of it, up to ``LINK_MAX``,
+for the rest of the job.  On one machine the floor is ~0.2 ms, so the depth is 2 there,
+as before, and one worker trains the same model every run; over 10 ms it is 12 (0.15x the loopback run's examples/s
+at 2, 0.55x at 12: docs/benchmarks.md, "A pipeline as deep as the link").  Only a linear
+model deepens: a factor model's loss grows with its reads' delay (FM on the Criteo sample:
+0.474 at 2, 0.662 at 4, settled), so it stays at 2.
 
 Depth ``d`` means a batch's rows are pulled while the ``d - 1`` batches before it compute,
 so it sees the pushes of all but those: bounded delay (``train_loop.py``).  ``auto`` starts
@@ -23,6 +32,16 @@ from paramserver.errors import ConfigError
 
 #: ``auto``'s cap when none is given
 AUTO_MAX = 16
+#: ``link``: the pulls whose least round trip is the link's floor ...
+LINK_PULLS = 32
+#: ... each whole this many milliseconds of which adds a batch in flight (about a batch's work
+#: halfway up the ramp, ~500 examples at ~500 k examples/s) ...
+LINK_MS = 1.0
+#: ... from a floor of this many: below, 2 (a 1 ms link ran at 0.93x loopback's examples/s with
+#: 2; and a loaded machine's loopback, whose round trips can pass 1 ms, stays at 2)
+LINK_FROM_MS = 2.0
+#: ... up to this
+LINK_MAX = 16
 #: iterations a window, the unit ``auto`` judges by
 WINDOW = 20
 #: a window that waited on its pulls for more than this share of its time asks for one more in flight ...
@@ -32,12 +51,16 @@ GAIN = 0.85
 
 
 def parse_pipeline(value: object) -> tuple[int, int]:
-    """``--pipeline``'s value as (start, cap): ``N`` is (N, N), ``auto`` (2, 16), ``auto:N`` (2, N)."""
+    """``--pipeline``'s value as (start, cap): ``N`` is (N, N), ``auto`` (2, 16), ``auto:N`` (2, N),
+    ``link`` (2, ``LINK_MAX``)."""
     text = str(value).strip()
+    if text == "link":
+        return 2, LINK_MAX
     if text.startswith("auto"):
         cap = text[5:] if text.startswith("auto:") else ("" if text == "auto" else None)
         if cap is None or (cap and not cap.isdigit()):
-            raise ConfigError(f"--pipeline must be a whole number in [1, 64], 'auto' or 'auto:N', got {value!r}")
+            raise ConfigError(f"--pipeline must be a whole number in [1, 64], 'link', 'auto' or 'auto:N', "
+                              f"got {value!r}")
         top = int(cap) if cap else AUTO_MAX
         if not 2 <= top <= 64:
             raise ConfigError(f"--pipeline auto:N needs N in [2, 64], got {top}")
@@ -45,7 +68,8 @@ def parse_pipeline(value: object) -> tuple[int, int]:
     try:
         depth = int(text)
     except ValueError:
-        raise ConfigError(f"--pipeline must be a whole number in [1, 64], 'auto' or 'auto:N', got {value!r}") from None
+        raise ConfigError(f"--pipeline must be a whole number in [1, 64], 'link', 'auto' or 'auto:N', "
+                          f"got {value!r}") from None
     if not 1 <= depth <= 64:
         raise ConfigError(f"--pipeline must be in [1, 64], got {depth}")
     return depth, depth
@@ -57,7 +81,8 @@ SETTLE_BATCHES = 32
 
 
 def settles(pipeline: object) -> bool:
-    """Whether a worker ends its job with one batch in flight: when ``--pipeline`` may pass 2.
+    """Whether a worker ends its job with one batch in flight: when ``--pipeline`` may pass 2
+    (``link``: once it did, ``Depth.settles``).
 
     A read ``d - 1`` batches late leaves the model's mean offset (the direction every frequent
     key of a row adds to) swinging, and the deeper the pipeline the wider: at 5 the test log
@@ -69,17 +94,43 @@ def settles(pipeline: object) -> bool:
 
 
 class Depth:
-    """One worker's batches in flight (``now``), moved by ``waited`` under ``auto``."""
+    """One worker's batches in flight (``now``), moved by ``waited`` under ``auto`` and set
+    once from ``replied``'s round trips under ``link`` (``deepens``: False keeps it at 2)."""
 
-    def __init__(self, pipeline: object) -> None:
+    def __init__(self, pipeline: object, deepens: bool = True) -> None:
         self.now, self.cap = parse_pipeline(pipeline)
-        self.frozen = self.now >= self.cap  # a fixed depth never moves
+        self.link = str(pipeline).strip() == "link"
+        self.deepens = deepens
+        self.frozen = self.now >= self.cap or self.link  # a fixed depth never moves; link's is set once
+        self.round_trips: list[float] = []  # link: the first pulls' round trips, seconds
+        self.floor_ms: float | None = None  # link: the least of them, once known
         self.blocked = self.spent = 0.0  # this window's waiting on pulls, and its time
         self.iterations = 0
         self.before: float | None = None  # an iteration's time in the window before a step
 
+    def replied(self, round_trip_s: float) -> None:
+        """A pull came back ``round_trip_s`` after it was sent (called on the client's I/O thread)."""
+        if self.link and len(self.round_trips) < LINK_PULLS:
+            self.round_trips.append(round_trip_s)
+
+    def settles(self) -> bool:
+        """Whether the job's last batches go one at a time (``settles``): where the depth may
+        pass 2; under ``link``, once it has."""
+        return self.now > 2 if self.link else self.cap > 2
+
+    def _set_from_link(self) -> None:
+        """``link``: 2 + a batch for each whole ``LINK_MS`` of the first pulls' least round trip
+        (from ``LINK_FROM_MS``)."""
+        if self.floor_ms is not None or len(self.round_trips) < LINK_PULLS:
+            return
+        self.floor_ms = 1000.0 * min(self.round_trips[:LINK_PULLS])
+        if self.deepens and self.floor_ms >= LINK_FROM_MS:
+            self.now = min(self.cap, 2 + int(self.floor_ms / LINK_MS))
+
     def waited(self, blocked_s: float, iteration_s: float) -> None:
         """The worker waited ``blocked_s`` on a batch's pulls in an iteration of ``iteration_s``."""
+        if self.link:
+            self._set_from_link()
         if self.frozen:
             return
         self.blocked += blocked_s

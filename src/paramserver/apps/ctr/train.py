@@ -393,6 +393,8 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
     if "progressive" in status:  # each example scored before the model trained on it
         report["progressive"] = status["progressive"]
     report["pipeline_depth"] = max((int(r.get("pipeline_depth", 0)) for r in per_worker), default=0)
+    floors = [r["round_trip_floor_ms"] for r in per_worker if r.get("round_trip_floor_ms") is not None]
+    report["round_trip_floor_ms"] = max(floors) if floors else None  # --pipeline link's measure
     keys = [r.get("keys", {}) for r in per_worker]
     sent = sum(k.get("pull", 0) + k.get("push", 0) for k in keys)  # each a server's key-operation
     report["key_ops_per_example"] = sent / this_run if this_run else 0.0

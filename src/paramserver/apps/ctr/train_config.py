@@ -43,7 +43,7 @@ class TrainConfig:
     batch_size: int = 4000  # the largest mini-batch (see batch_ramp)
     batch_ramp: float = 1.0  # a batch is at most ramp * sqrt(examples this worker trained on) (0: off)
     seed: int = 0
-    pipeline: Any = 2  # batches in flight (pulls ahead, pushes unacknowledged): N, or auto[:N] (apps/ctr/depth.py)
+    pipeline: Any = "link"  # batches in flight (pulls ahead, pushes unacknowledged): link, N, auto[:N] (ctr/depth.py)
     consistency: Any = "asp"  # bsp | ssp:S | asp; a worker's clock ticks once a batch
     replicas: int = 1  # copies of every vnode (2 or 3: the job survives a server's death)
     layout: str = "auto"  # the model table's: hash | dense (keys < 2**hash_bits) | auto (see key_bits)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.apps.ctr.depth import SETTLE_BATCHES, Depth, settles
+from paramserver.apps.ctr.depth import SETTLE_BATCHES, Depth
 from paramserver.apps.ctr.models import to_rows
 from paramserver.apps.ctr.ramp import ramped
 from paramserver.apps.ctr.train_config import TrainConfig
@@ -49,21 +49,20 @@ def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
             "row_cache": client.stats.row_cache_stats(), "rank": client.rank, "trace": trace, "first_batch_at": first}
 
 
-def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple[Any, ...]]:
+def _shard_stream(client: Client, cfg: TrainConfig, settle: Callable[[], bool]) -> Iterator[tuple[Any, ...]]:
     """Every shard the scheduler gives this worker as one stream: ``(task, batch, uniq,
     inverse, settle)`` for each mini-batch, then ``(task, None, stats, None, False)`` to
     close the shard.  Runs in the reader thread, which asks for the next shard as soon as it
     has read the last one (the closing item is queued first: the shard can be reported done
     while the question waits) and parses on into it.  Batches grow from 1 example
     (``ramp_size``).  ``settle`` marks the job's last ``SETTLE_BATCHES`` batches where the
-    pipeline may run deeper than 2 (``depth.settles``): in the shard the scheduler handed
-    out last, held back that many batches so that the last ones are known."""
+    pipeline may run deeper than 2 (``settle()``, asked at each batch: ``--pipeline link``
+    decides after its first pulls): in the shard the scheduler handed out last, held back
+    that many batches so that the last ones are known."""
     seen, distinct, last = 0, 0, 1  # examples so far; the last batch's distinct keys and examples
-    tail = SETTLE_BATCHES if settles(cfg.pipeline) else 0
     while (task := client.job.next_shard()) is not None:
         stats: dict[str, Any] = {}
         held: deque[tuple[Any, ...]] = deque()
-        hold = tail if task.get("last") else 0
         # parsing in a thread of its own, deduplication in this one: the two kernels (the
         # GIL released) run at once, and neither waits for the other
         with Prefetch(read_batches(Shard.from_wire(task["shard"]), cfg.data, cfg.batch_size, stats)) as parsed:
@@ -72,7 +71,7 @@ def _shard_stream(client: Client, cfg: TrainConfig) -> Iterator[tuple[Any, ...]]
                 uniq, inverse = batch.unique(distinct * len(batch) // max(1, last))
                 distinct, last = uniq.size, len(batch)
                 held.append((task, batch, uniq, inverse))
-                if len(held) > hold:
+                if len(held) > (SETTLE_BATCHES if task.get("last") and settle() else 0):
                     yield (*held.popleft(), False)
         while held:
             yield (*held.popleft(), True)
@@ -90,19 +89,21 @@ def _train_stream(client: Client, cfg: TrainConfig,
     into the next shard meanwhile, so a shard boundary costs one drain of the pushes, not
     also a request for the next shard and its first parse.
     """
-    with Prefetch(_shard_stream(client, cfg)) as items:  # parsed and deduplicated ahead
-        return _train_items(client, cfg, items, on_batch)
+    depth = Depth(cfg.pipeline, deepens=cfg.model.name == "lr")  # a factor model's loss grows with depth
+    with Prefetch(_shard_stream(client, cfg, depth.settles)) as items:  # parsed and deduplicated ahead
+        return _train_items(client, cfg, items, on_batch, depth)
 
 
 def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
-                 on_batch: Callable[[int, int, float], None] | None) -> dict[str, Any]:
+                 on_batch: Callable[[int, int, float], None] | None, depth: Depth) -> dict[str, Any]:
     """Train on ``items`` (``_shard_stream``'s) until they run out; the totals of the shards done."""
-    loop = _Pipeline(client, cfg, items, on_batch)
+    loop = _Pipeline(client, cfg, items, on_batch, depth)
     while True:
         iteration_start = time.perf_counter()
         loop.pull_ahead()
         if not loop.ahead:
-            loop.done["pipeline_depth"] = loop.depth.now  # where auto went
+            loop.done["pipeline_depth"] = loop.depth.now  # where auto or link went
+            loop.done["round_trip_floor_ms"] = loop.depth.floor_ms  # what link measured (None: it did not)
             break
         (task, batch, uniq, inverse, _), pulled = loop.ahead.popleft()
         if batch is None:  # the shard's last push is out: report it done once applied
@@ -126,14 +127,14 @@ class _Pipeline:
     them; the totals of the shards done (``done``)."""
 
     def __init__(self, client: Client, cfg: TrainConfig, items: Prefetch,
-                 on_batch: Callable[[int, int, float], None] | None) -> None:
+                 on_batch: Callable[[int, int, float], None] | None, depth: Depth) -> None:
         self.client, self.cfg, self.items, self.on_batch = client, cfg, items, on_batch
         # a deep model's MLP, pulled with each batch
         self.dense_keys = np.arange(cfg.model.dense_rows, dtype=np.uint64)
         self.ahead: deque[Any] = deque()  # (item, its pull or None), in stream order
         self.pushes: deque[Any] = deque()
         self.pulling, self.closing = 0, False  # pulls in `ahead`; a shard's end is in it
-        self.depth = Depth(cfg.pipeline)  # batches in flight (``--pipeline``, fixed or auto)
+        self.depth = depth  # batches in flight (``--pipeline``: link, fixed or auto)
         self.settling = False  # the job's last batches, one at a time (``depth.settles``)
         self.done = {"examples": 0, "loss_sum": 0.0, "bad_lines": 0}
         self.examples, self.loss_sum = 0, 0.0  # of the current shard
@@ -206,11 +207,20 @@ class _Pipeline:
                 break
             else:
                 self.settling = self.settling or item[4]
-                self.ahead.append((item, (client.pull(model.table, item[2]), client.pull(
-                    model.dense_table, self.dense_keys) if self.dense_keys.size else None)))
+                rows = client.pull(model.table, item[2])
+                if self.depth.link and self.depth.floor_ms is None:  # its round trip, for ``link``
+                    rows.add_done_callback(self._timed(time.perf_counter()))
+                self.ahead.append((item, (rows, client.pull(model.dense_table, self.dense_keys)
+                                          if self.dense_keys.size else None)))
                 self.pulling += 1
                 self.batches += 1
         self._name_next()
+
+    def _timed(self, sent: float) -> Callable[[Any], None]:
+        """A pull's callback that tells ``depth`` its round trip (it was sent at ``sent``)."""
+        def replied(_: Any) -> None:
+            self.depth.replied(time.perf_counter() - sent)
+        return replied
 
     def in_flight(self) -> int:
         """Batches to keep in flight now: the depth, or 1 while the job's last ones settle."""

@@ -1,0 +1,74 @@
+"""``--pipeline link``, the default (issue 47.5): a worker keeps two batches in flight on one
+machine, the same model as ``--pipeline 2`` to the bit, and more where its first pulls' round
+trips are long, here a 5 ms round trip through the nemesis proxy (``ProxyHosts``: no root)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from paramserver.testing.nemesis.proxied import ProxyHosts
+
+pytestmark = pytest.mark.timeout(240)
+
+PS = [sys.executable, "-m", "paramserver"]
+
+
+def _train(tmp_path, name, *args, prefix=()):
+    report = tmp_path / f"{name}.json"
+    run = subprocess.run([*prefix, *PS, "train", "--data", str(tmp_path / "train.tsv"), "--test",
+                          str(tmp_path / "test.tsv"), "--quiet", "--metrics-out", str(report), *args],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(report.read_text())
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("link")
+    for name, n, seed in (("train.tsv", 40_000, 1), ("test.tsv", 4_000, 2)):
+        subprocess.run([*PS, "synth", "--rows", str(n), "--shape", "heavy", "--seed", str(seed), "--out",
+                        str(folder / name)], check=True, capture_output=True, timeout=120)
+    return folder
+
+
+def test_on_one_machine_the_default_is_two_in_flight_and_the_same_model(rows):
+    default, two = _train(rows, "default"), _train(rows, "two", "--pipeline", "2")
+    assert default["pipeline_depth"] == 2 and default["round_trip_floor_ms"] < 2.0
+    assert default["logloss"] == two["logloss"] and two["round_trip_floor_ms"] is None
+
+
+def _listening(host, port):
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
+def test_over_a_long_round_trip_a_worker_keeps_a_batch_more_in_flight_for_each_ms(rows):
+    with ProxyHosts(2, prefix="pl") as hosts:
+        with socket.socket() as probe:
+            probe.bind((hosts.private(0), 0))
+            port = probe.getsockname()[1]
+        address = f"tcp://{hosts.address(0)}:{port}"
+        nodes = [subprocess.Popen([*hosts.exec(0), *PS, "scheduler", *hosts.listen(0, port), "--servers", "1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        try:
+            deadline = time.monotonic() + 60
+            while not _listening(hosts.private(0), port):
+                assert time.monotonic() < deadline and nodes[0].poll() is None, "the scheduler did not start"
+                time.sleep(0.05)
+            nodes.append(subprocess.Popen([*hosts.exec(0), *PS, "server", *hosts.listen(0), "--scheduler", address],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            hosts.delay(1, 2.5, 0.0)  # the client host's every chunk held 2.5 ms each way: 5 ms round trips
+            far = _train(rows, "far", "--cluster", address, prefix=hosts.exec(1))
+        finally:
+            for node in nodes:
+                node.kill()
+                node.wait(timeout=10)
+    assert far["round_trip_floor_ms"] >= 4.0  # 5 ms, less what the relay wakes early (~0.3 ms a hold)
+    assert far["pipeline_depth"] == min(16, 2 + int(far["round_trip_floor_ms"])) > 2
+    assert far["examples"] == 40_000 and far["logloss"] < 0.6
