@@ -1,6 +1,7 @@
 """The comparisons this project is judged by, side by side in one run, in one table (issue 44.4).
 
-    .venv/bin/python bench/headline.py [--sections train,lasso,l1lr,mf,lda,lda1000,pushpull] [--repeat 3] [--quick]
+    .venv/bin/python bench/headline.py [--sections train,lasso,celer,l1lr,mf,lda,lda1000,pushpull] [--repeat 3]
+                                       [--quick]
                                        [--json FILE] [--markdown]
     make headline HEADLINE_FLAGS="--sections train --repeat 5"
 
@@ -14,6 +15,8 @@ comparison, so a row here and a row of those scripts are the same measurement:
 * lasso (``bench/lasso.py``): ``paramserver lasso`` (its default: 2 workers, as for mf and lda) on
   news20 at λ_max/2000 against scikit-learn's coordinate descent (tol 1e-4); sub-optimality
   against celer's optimum (tol 1e-10).  Times: scikit-learn's ``fit`` call, our whole command.
+* celer (``bench/lasso.py``): the same ``paramserver lasso`` at λ_max/10, /100 and /1 000 against
+  celer's ``fit`` (tol 1e-4), issue 49's goal; sub-optimality against celer's optimum (tol 1e-10).
 * l1lr (``bench/l1lr.py``): ``paramserver lasso --loss logistic`` (whole command, default flags)
   against liblinear (scikit-learn's ``LogisticRegression``, its ``fit`` at the default tol 1e-4)
   on news20 at λ_max/10, /100 and /1 000; the objective against liblinear's at tol 1e-8.
@@ -49,32 +52,16 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
+import headline_l1
 from bench_harness.timing import interleave
-
-
-@dataclass(frozen=True, slots=True)
-class Goal:
-    """A ratio's goal: ``op`` is ">=" or "<=", and ``why`` says where the bound comes from."""
-
-    op: str
-    bound: float
-    why: str
-
-    def met(self, value: float) -> bool:
-        return value >= self.bound if self.op == ">=" else value <= self.bound
-
-    def __str__(self) -> str:
-        bound = f"{self.bound:.0e}" if self.bound < 0.01 else f"{self.bound:g}"
-        return f"{'≥' if self.op == '>=' else '≤'} {bound}"
-
+from bench_harness.verdict import WARM, Goal, Row, Section, fresh, judged, median, not_run, worst
+from headline_l1 import section_celer, section_l1lr, section_lasso
 
 # issue 44's goals: Fwumious Wabbit runs 7.8-14.8x VW on one core, so a compiled per-key path can beat VW 3x
 TRAIN_SPEED = Goal(">=", 3.0, "issue 44: the default job at 3x VW's examples/s")
@@ -82,15 +69,6 @@ TRAIN_SPEED = Goal(">=", 3.0, "issue 44: the default job at 3x VW's examples/s")
 TRAIN_COMMAND = Goal("<=", 0.5, "issue 44: the whole command in half VW's time")
 # speed bought with a worse model is no gain: the test log loss may not exceed VW's
 TRAIN_LOSS = Goal("<=", 1.0, "issue 44: test log loss at most VW's")
-# issue 44: scikit-learn's CD is the solver a user has already; twice as fast, or there is no reason to switch
-LASSO_TIME = Goal("<=", 0.5, "issue 44: half scikit-learn's time at λ_max/2000")
-# issue 15: the same optimum to 1e-4 of the objective, against celer at tol 1e-10 (the reference)
-LASSO_SUBOPT = Goal("<=", 1e-4, "issue 15/44: relative sub-optimality against celer's optimum")
-# issue 49: L1-regularised logistic regression no slower than liblinear (its fit at scikit-learn's default tol,
-# 1e-4) at each λ, our whole command against its fit call; the objective within 1e-4 of liblinear's at tol 1e-8
-L1LR_TIME = Goal("<=", 1.0, "issue 49: liblinear's time at each λ")
-L1LR_OBJECTIVE = Goal("<=", 1e-4, "issue 49: the objective within 1e-4 of liblinear's")
-L1LR_RATIOS = (10, 100, 1000)  # issue 49's three λ: λ_max/10, /100, /1 000 (news20's best held-out log loss)
 # issue 49 (issue 15 asked 0.5x): the whole command against Surprise's fit alone, on the multi-million set
 MF_TIME = Goal("<=", 0.1, "issue 49: a tenth of Surprise's fit time")
 # issue 15: the same or a better held-out RMSE
@@ -105,46 +83,6 @@ LDA_MANY_PERPLEXITY = Goal("<=", 1.02, "issue 49: perplexity within 2 % of tomot
 LDA_MANY_TOPICS = 1000
 # issue 44: twice ps-lite's stock server, both directions, 1 server
 PUSHPULL = Goal(">=", 2.0, "issue 44: 2x ps-lite's stock server")
-#: run untimed once before a section's timed runs: a fresh checkout's first command compiles
-#: the kernels numba then caches (train's section warms every learner up)
-WARM = ("paramserver",)
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One line of the table: a ratio, its goal, the figures it is made of, and the verdict."""
-
-    section: str
-    ratio: str
-    goal: str
-    value: float | None
-    ours: str
-    peer: str
-    result: str  # PASS, FAIL, not run, not measured, error
-
-
-def judged(section: str, ratio: str, goal: Goal, value: float, ours: str, peer: str) -> Row:
-    return Row(section, ratio, str(goal), value, ours, peer, "PASS" if goal.met(value) else "FAIL")
-
-
-def not_run(section: str, why: str, result: str = "not run") -> Row:
-    return Row(section, "-", "-", None, "-", "-", f"{result}: {why}")
-
-
-Section = Callable[[argparse.Namespace, str], tuple[list[Row], dict[str, Any]]]
-
-
-def fresh(tmp: str) -> str:
-    """A new folder in ``tmp``: each run writes its model and predictions apart from the last one's."""
-    return tempfile.mkdtemp(dir=tmp)
-
-
-def median(runs: list[dict], key: str) -> float:
-    return float(np.median([r[key] for r in runs]))
-
-
-def worst(runs: list[dict], key: str) -> float:
-    return float(max(r[key] for r in runs))
 
 
 def section_train(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
@@ -164,78 +102,6 @@ def section_train(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[s
             judged(name, "test log loss ÷ VW's", TRAIN_LOSS, ps["logloss"] / vw["logloss"],
                    f"{ps['logloss']:.5f}", f"{vw['logloss']:.5f}")]
     return rows, {"rows": n, "paramserver": ps, "vowpalwabbit": vw}
-
-
-def section_lasso(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
-    from lasso import DATA, binary_news20, fit_celer, fit_sklearn, lambda_max, objective, run_paramserver
-
-    if not os.path.exists(DATA):
-        return [not_run("lasso", f"news20 is absent: {os.path.normpath(DATA)} (see ../shared/data/SOURCES.md)")], {}
-    ratio = 20 if args.quick else 2000
-    path, X, y = binary_news20(DATA, tmp)
-    lam = lambda_max(X, y) / ratio
-
-    def sklearn() -> dict:
-        seconds, w = fit_sklearn(X, y, lam)
-        return {"seconds": seconds, "objective": objective(X, y, w, lam)}
-
-    def ours() -> dict:
-        seconds, w, metrics = run_paramserver(path, ratio, fresh(tmp))
-        return {"seconds": seconds, "objective": objective(X, y, w, lam), "rounds": metrics["rounds"],
-                "converged": metrics["converged"], "coordinate_updates": metrics["coordinate_updates"]}
-
-    runs = interleave({"scikit-learn": sklearn, "paramserver": ours}, args.repeat, tag="lasso", warm=WARM)
-    optimum = objective(X, y, fit_celer(X, y, lam, tol=1e-10, max_iter=200)[1], lam)
-    best = min([optimum] + [r["objective"] for rs in runs.values() for r in rs])  # as bench/lasso.py does
-    ps_s, sk_s = median(runs["paramserver"], "seconds"), median(runs["scikit-learn"], "seconds")
-    ps_sub = (worst(runs["paramserver"], "objective") - best) / best
-    sk_sub = (worst(runs["scikit-learn"], "objective") - best) / best
-    name = f"lasso news20 λmax/{ratio}"
-    rows = [judged(name, "time ÷ scikit-learn's", LASSO_TIME, ps_s / sk_s, f"{ps_s:.2f} s", f"{sk_s:.2f} s"),
-            judged(name, "rel. sub-optimality (celer's optimum)", LASSO_SUBOPT, ps_sub, f"{ps_sub:.1e}",
-                   f"scikit-learn {sk_sub:.1e}")]
-    return rows, {"lambda_ratio": ratio, "lambda": lam, "celer_optimum": optimum, "best_objective": best, **runs}
-
-
-def section_l1lr(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
-    from l1lr import liblinear, log_loss, logistic_lambda_max, paramserver
-    from lasso import DATA, binary_news20
-
-    if not os.path.exists(DATA):
-        return [not_run("l1lr", f"news20 is absent: {os.path.normpath(DATA)} (see ../shared/data/SOURCES.md)")], {}
-    path, X, y = binary_news20(DATA, tmp)
-    X = X.tocsr()
-    lmax = logistic_lambda_max(X, y)
-    rows: list[Row] = []
-    raw: dict[str, Any] = {}
-    for ratio in (10,) if args.quick else L1LR_RATIOS:
-        lam = lmax / ratio
-
-        def obj(w: np.ndarray, lam: float = lam) -> float:
-            return log_loss(X, y, w) + lam * float(np.abs(w).sum())
-
-        def theirs(lam: float = lam) -> dict:
-            t = time.perf_counter()
-            w = liblinear(X, y, lam, tol=1e-4)
-            return {"seconds": time.perf_counter() - t, "objective": obj(w)}
-
-        def ours(ratio: float = ratio) -> dict:
-            seconds, metrics, w = paramserver(path, ratio, fresh(tmp))
-            return {"seconds": seconds, "objective": obj(w), "rounds": metrics["rounds"],
-                    "job_seconds": metrics["seconds"]}
-
-        runs = interleave({"liblinear": theirs, "paramserver": ours}, args.repeat, tag=f"l1lr {ratio}",
-                          warm=() if raw else WARM)
-        ref = obj(liblinear(X, y, lam))  # tol 1e-8
-        ps_s, ll_s = median(runs["paramserver"], "seconds"), median(runs["liblinear"], "seconds")
-        ps_rel = (worst(runs["paramserver"], "objective") - ref) / ref
-        ll_rel = (worst(runs["liblinear"], "objective") - ref) / ref
-        name = f"l1lr news20 λmax/{ratio}"
-        rows += [judged(name, "time ÷ liblinear's", L1LR_TIME, ps_s / ll_s, f"{ps_s:.2f} s", f"{ll_s:.2f} s"),
-                 judged(name, "objective vs liblinear's (tol 1e-8)", L1LR_OBJECTIVE, ps_rel, f"{ps_rel:.1e}",
-                        f"liblinear (tol 1e-4) {ll_rel:.1e}")]
-        raw[str(ratio)] = {"lambda": lam, "reference_objective": ref, **runs}
-    return rows, raw
 
 
 def section_mf(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
@@ -323,6 +189,7 @@ def section_pushpull(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dic
 SECTIONS: dict[str, tuple[Section, list[tuple[str, str]]]] = {
     "train": (section_train, [("vowpalwabbit", "vowpalwabbit")]),
     "lasso": (section_lasso, [("sklearn", "scikit-learn"), ("celer", "celer")]),
+    "celer": (section_celer, [("celer", "celer")]),
     "l1lr": (section_l1lr, [("sklearn", "scikit-learn")]),
     "mf": (section_mf, [("surprise", "scikit-surprise"), ("pandas", "pandas")]),
     "lda": (section_lda, [("tomotopy", "tomotopy")]),
@@ -460,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_table(title, rows)
     if args.json:
-        goals = {k: asdict(v) for k, v in globals().items() if isinstance(v, Goal)}
+        goals = {k: asdict(v) for module in (globals(), vars(headline_l1)) for k, v in module.items()
+                 if isinstance(v, Goal)}
         report = {"title": title, "quick": args.quick, "repeat": args.repeat, "commit": commit(),
                   "started": started.isoformat(), "load_average": [load_start, load_end], "goals": goals,
                   "rows": [asdict(r) for r in rows], "sections": raw}
