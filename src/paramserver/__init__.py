@@ -39,8 +39,9 @@ import sys as _sys
 # in every process as numpy loads, measured with perf on 2 cores).  One BLAS thread is set
 # before numpy loads, for the command alone (its nodes inherit it): a library user's BLAS
 # is theirs.  OPENBLAS_NUM_THREADS set already is kept.
-if _os.path.basename(_sys.argv[0] if _sys.argv else "") == "paramserver" or \
-        list(getattr(_sys, "orig_argv", [])[1:3]) == ["-m", "paramserver"]:
+_COMMAND = _os.path.basename(_sys.argv[0] if _sys.argv else "") == "paramserver" or \
+    list(getattr(_sys, "orig_argv", [])[1:3]) == ["-m", "paramserver"]
+if _COMMAND:
     _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # The package's import (numpy, numba, every kernel's dispatcher: ~175 000 objects) runs the
@@ -96,5 +97,8 @@ def _node_command(argv: list[str]) -> int:
 
 _use_command(_node_command)  # the command line hands the launchers its command: they sit below it
 
-if _collecting:
+# The command keeps the collector off: its ``main`` turns it back on once start-up's objects are
+# frozen out of it (``_runtime/collector.py``); on here, it scanned them all at the next imports
+# (2 collections, 18 ms of every command's start).  A library user's is restored at once.
+if _collecting and not _COMMAND:
     _gc.enable()
