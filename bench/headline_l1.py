@@ -30,6 +30,18 @@ L1LR_OBJECTIVE = Goal("<=", 1e-4, "issue 49: the objective within 1e-4 of liblin
 L1LR_RATIOS = (10, 100, 1000)  # issue 49's three λ: λ_max/10, /100, /1 000 (news20's best held-out log loss)
 
 
+def solver_rows(name: str, runs: dict[str, list[dict]], peer: str, ref: float, time_goal: Goal,
+                quality: tuple[str, Goal, str]) -> list[Row]:
+    """A solver comparison's two rows: our median time against ``peer``'s, and the worst objective
+    of each relative to ``ref`` (``quality``: the row's label, its goal, how the peer's is named)."""
+    ours_s, peer_s = median(runs["paramserver"], "seconds"), median(runs[peer], "seconds")
+    ours_rel = (worst(runs["paramserver"], "objective") - ref) / ref
+    peer_rel = (worst(runs[peer], "objective") - ref) / ref
+    label, goal, named = quality
+    return [judged(name, f"time ÷ {peer}'s", time_goal, ours_s / peer_s, f"{ours_s:.2f} s", f"{peer_s:.2f} s"),
+            judged(name, label, goal, ours_rel, f"{ours_rel:.1e}", f"{named} {peer_rel:.1e}")]
+
+
 def section_lasso(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[str, Any]]:
     from lasso import DATA, binary_news20, fit_celer, fit_sklearn, lambda_max, objective, run_paramserver
 
@@ -51,13 +63,8 @@ def section_lasso(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[s
     runs = interleave({"scikit-learn": sklearn, "paramserver": ours}, args.repeat, tag="lasso", warm=WARM)
     optimum = objective(X, y, fit_celer(X, y, lam, tol=1e-10, max_iter=200)[1], lam)
     best = min([optimum] + [r["objective"] for rs in runs.values() for r in rs])  # as bench/lasso.py does
-    ps_s, sk_s = median(runs["paramserver"], "seconds"), median(runs["scikit-learn"], "seconds")
-    ps_sub = (worst(runs["paramserver"], "objective") - best) / best
-    sk_sub = (worst(runs["scikit-learn"], "objective") - best) / best
-    name = f"lasso news20 λmax/{ratio}"
-    rows = [judged(name, "time ÷ scikit-learn's", LASSO_TIME, ps_s / sk_s, f"{ps_s:.2f} s", f"{sk_s:.2f} s"),
-            judged(name, "rel. sub-optimality (celer's optimum)", LASSO_SUBOPT, ps_sub, f"{ps_sub:.1e}",
-                   f"scikit-learn {sk_sub:.1e}")]
+    rows = solver_rows(f"lasso news20 λmax/{ratio}", runs, "scikit-learn", best, LASSO_TIME,
+                       ("rel. sub-optimality (celer's optimum)", LASSO_SUBOPT, "scikit-learn"))
     return rows, {"lambda_ratio": ratio, "lambda": lam, "celer_optimum": optimum, "best_objective": best, **runs}
 
 
@@ -86,13 +93,8 @@ def section_celer(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[s
                           warm=() if raw else WARM)
         optimum = objective(X, y, fit_celer(X, y, lam, tol=1e-10, max_iter=200)[1], lam)
         best = min([optimum] + [r["objective"] for rs in runs.values() for r in rs])
-        ps_s, ce_s = median(runs["paramserver"], "seconds"), median(runs["celer"], "seconds")
-        ps_sub = (worst(runs["paramserver"], "objective") - best) / best
-        ce_sub = (worst(runs["celer"], "objective") - best) / best
-        name = f"lasso news20 λmax/{ratio}"
-        rows += [judged(name, "time ÷ celer's", LASSO_CELER_TIME, ps_s / ce_s, f"{ps_s:.2f} s", f"{ce_s:.2f} s"),
-                 judged(name, "rel. sub-optimality (celer's optimum)", LASSO_SUBOPT, ps_sub, f"{ps_sub:.1e}",
-                        f"celer (tol 1e-4) {ce_sub:.1e}")]
+        rows += solver_rows(f"lasso news20 λmax/{ratio}", runs, "celer", best, LASSO_CELER_TIME,
+                            ("rel. sub-optimality (celer's optimum)", LASSO_SUBOPT, "celer (tol 1e-4)"))
         raw[str(ratio)] = {"lambda": lam, "celer_optimum": optimum, "best_objective": best, **runs}
     return rows, raw
 
@@ -127,12 +129,7 @@ def section_l1lr(args: argparse.Namespace, tmp: str) -> tuple[list[Row], dict[st
         runs = interleave({"liblinear": theirs, "paramserver": ours}, args.repeat, tag=f"l1lr {ratio}",
                           warm=() if raw else WARM)
         ref = obj(liblinear(X, y, lam))  # tol 1e-8
-        ps_s, ll_s = median(runs["paramserver"], "seconds"), median(runs["liblinear"], "seconds")
-        ps_rel = (worst(runs["paramserver"], "objective") - ref) / ref
-        ll_rel = (worst(runs["liblinear"], "objective") - ref) / ref
-        name = f"l1lr news20 λmax/{ratio}"
-        rows += [judged(name, "time ÷ liblinear's", L1LR_TIME, ps_s / ll_s, f"{ps_s:.2f} s", f"{ll_s:.2f} s"),
-                 judged(name, "objective vs liblinear's (tol 1e-8)", L1LR_OBJECTIVE, ps_rel, f"{ps_rel:.1e}",
-                        f"liblinear (tol 1e-4) {ll_rel:.1e}")]
+        rows += solver_rows(f"l1lr news20 λmax/{ratio}", runs, "liblinear", ref, L1LR_TIME,
+                            ("objective vs liblinear's (tol 1e-8)", L1LR_OBJECTIVE, "liblinear (tol 1e-4)"))
         raw[str(ratio)] = {"lambda": lam, "reference_objective": ref, **runs}
     return rows, raw
