@@ -17,3 +17,12 @@ def test_the_report_names_what_ran():
     assert dict(_run_lines({"model": "lr", "table_dim": 1, "format": "libsvm", "hash_bits": 0,
                             "data": ["x"]}))["model"].endswith("no folding")
     assert _run_lines({}) == []
+
+
+def test_a_training_job_says_the_batches_a_worker_kept_in_flight_and_what_link_measured():
+    ran = {"model": "lr", "table_dim": 1, "format": "criteo", "hash_bits": 24, "data": ["x"]}
+    far = dict(_run_lines({**ran, "pipeline_depth": 12, "round_trip_floor_ms": 10.237}))
+    assert far["batches in flight a worker"] == "12 (the first pulls' least round trip: 10.24 ms)"
+    assert dict(_run_lines({**ran, "pipeline_depth": 3, "round_trip_floor_ms": None}))[
+        "batches in flight a worker"] == "3"
+    assert "batches in flight a worker" not in dict(_run_lines(ran))  # predict, eval: no pipeline

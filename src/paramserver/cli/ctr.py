@@ -110,15 +110,21 @@ def _staleness(histogram: dict[str, int]) -> str:
 
 
 def _run_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """The report's lines on what ran: the model, its rows' format and hashing, the files."""
+    """The report's lines on what ran: the model, its rows' format and hashing, the files, and
+    the batches a worker kept in flight (``--pipeline``)."""
     if "model" not in report:
         return []
     bits = report["hash_bits"]
     hashing = "no folding" if bits in (0, 64) else f"{bits} hash bits"
     files = report.get("data", [])
     shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-    return [("model", f"{report['model']} (a key's row: {report['table_dim']} values), {report['format']} rows, "
-                      f"{hashing}"), ("data", shown)]
+    lines = [("model", f"{report['model']} (a key's row: {report['table_dim']} values), {report['format']} rows, "
+                       f"{hashing}"), ("data", shown)]
+    if report.get("pipeline_depth"):  # a training job's
+        floor = report.get("round_trip_floor_ms")  # --pipeline link's measure, when it took one
+        lines.append(("batches in flight a worker", f"{report['pipeline_depth']}" + (
+            "" if floor is None else f" (the first pulls' least round trip: {floor:.2f} ms)")))
+    return lines
 
 
 def _progressive_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
