@@ -23,7 +23,7 @@ that more in flight does not shorten is the servers' (a busy server on loopback)
 deeper pipeline would cost staleness for nothing there.  It is not the default: the depth
 it reaches depends on timing, and one worker at a fixed depth trains the same model every
 run (measured in ``docs/benchmarks.md``, "Links of a given rate and round trip").  Deeper
-than 2, a worker's last batches of the job go one at a time (``settles``).
+than 2, a worker's last batches of the job go one at a time (``Depth.settles``).
 """
 
 from __future__ import annotations
@@ -76,21 +76,8 @@ def parse_pipeline(value: object) -> tuple[int, int]:
 
 
 #: mini-batches a worker trains one at a time at the end of its job when its pipeline may run
-#: deeper than the default 2 (``settles``)
+#: deeper than 2 (``Depth.settles``)
 SETTLE_BATCHES = 32
-
-
-def settles(pipeline: object) -> bool:
-    """Whether a worker ends its job with one batch in flight: when ``--pipeline`` may pass 2
-    (``link``: once it did, ``Depth.settles``).
-
-    A read ``d - 1`` batches late leaves the model's mean offset (the direction every frequent
-    key of a row adds to) swinging, and the deeper the pipeline the wider: at 5 the test log
-    loss of 10^6 heavy rows was 0.007 worse than at 2 with the same AUC (the click rate it
-    predicted 0.295 against 0.248).  The last ``SETTLE_BATCHES`` batches trained one at a time
-    let it settle (0.4293 -> 0.4222; docs/benchmarks.md, "Links of a given rate and round
-    trip").  At the default 2 nothing changes, to the bit."""
-    return parse_pipeline(pipeline)[1] > 2
 
 
 class Depth:
@@ -114,8 +101,15 @@ class Depth:
             self.round_trips.append(round_trip_s)
 
     def settles(self) -> bool:
-        """Whether the job's last batches go one at a time (``settles``): where the depth may
-        pass 2; under ``link``, once it has."""
+        """Whether the worker ends its job with one batch in flight: where ``--pipeline`` may
+        pass 2 (``link``: once it did; the reader asks at every batch).
+
+        A read ``d - 1`` batches late leaves the model's mean offset (the direction every frequent
+        key of a row adds to) swinging, and the deeper the pipeline the wider: at 5 the test log
+        loss of 10^6 heavy rows was 0.007 worse than at 2 with the same AUC (the click rate it
+        predicted 0.295 against 0.248).  The last ``SETTLE_BATCHES`` batches trained one at a time
+        let it settle (0.4293 -> 0.4222; docs/benchmarks.md, "Links of a given rate and round
+        trip").  At 2 nothing changes, to the bit."""
         return self.now > 2 if self.link else self.cap > 2
 
     def _set_from_link(self) -> None:

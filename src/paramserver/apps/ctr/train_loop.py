@@ -135,7 +135,7 @@ class _Pipeline:
         self.pushes: deque[Any] = deque()
         self.pulling, self.closing = 0, False  # pulls in `ahead`; a shard's end is in it
         self.depth = depth  # batches in flight (``--pipeline``: link, fixed or auto)
-        self.settling = False  # the job's last batches, one at a time (``depth.settles``)
+        self.settling = False  # the job's last batches, one at a time (``Depth.settles``)
         self.done: dict[str, Any] = {"examples": 0, "loss_sum": 0.0, "bad_lines": 0}
         self.examples, self.loss_sum = 0, 0.0  # of the current shard
         self.shown_examples, self.shown_loss, self.shown_at = 0, 0.0, time.monotonic()
