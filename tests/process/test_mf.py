@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from paramserver.apps.rounds.mf import _sgd, layout, write_strata
+from paramserver.apps.rounds.mf import _sgd, layout, save_strata, strata
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,20 +49,20 @@ def _serial(train, workers, rank, epochs, tmp_path, std=0.05, seed=0, lr=0.007, 
     mu = float(r.astype(np.float64).mean())
     lay = layout(np.bincount(u), np.bincount(i), workers)
     tmp_path.mkdir()
-    paths = write_strata(str(tmp_path), u, i, r, lay, workers, seed)
+    paths = save_strata(str(tmp_path), strata(u, i, r, lay, workers, seed))
     Q = np.zeros((item_ids.size, rank + 1), np.float32)
     Q[:, :rank] = np.random.default_rng([seed, 1 << 20]).normal(0.0, std, (item_ids.size, rank))
-    Ps, strata = [], []
+    Ps, files = [], []
     for q in range(workers):
         n_q = int(lay.user_start[q + 1] - lay.user_start[q])
         P = np.zeros((n_q, rank + 1), np.float32)
         P[:, :rank] = np.random.default_rng([seed, q]).normal(0.0, std, (n_q, rank))
         Ps.append(P)
-        strata.append(dict(np.load(paths[q])))
+        files.append(dict(np.load(paths[q])))
     for round_ in range(epochs * workers):
         for q in range(workers):
             b = (q + round_) % workers
-            z, lo, hi = strata[q], strata[q]["start"][b], strata[q]["start"][b + 1]
+            z, lo, hi = files[q], files[q]["start"][b], files[q]["start"][b + 1]
             block = Q[lay.item_start[b]:lay.item_start[b + 1]]
             _sgd(z["users"][lo:hi], z["items"][lo:hi], z["ratings"][lo:hi], Ps[q], block, mu, lr, reg, reg_bias)
     return np.concatenate(Ps)[lay.user_key], Q[lay.item_key], user_ids, item_ids

@@ -36,7 +36,7 @@ def _dies_in_round(client, victim, round_, owner, worker, *args):
 def test_mf_carries_on_without_a_killed_worker(dies_in):
     """Killed in epoch 3 (round 7), before its user rows were first pushed (every 5 epochs):
     its users go on from their initial draw; in epoch 6 (round 16): from epoch 5's push."""
-    from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, MFProgram, layout, mf_worker, write_strata
+    from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, MFProgram, layout, mf_worker, save_strata, strata
 
     rng = np.random.default_rng(4)
     n_u, n_i, W = 150, 90, 3
@@ -48,7 +48,7 @@ def test_mf_carries_on_without_a_killed_worker(dies_in):
     lay = layout(np.bincount(u, minlength=n_u), np.bincount(i, minlength=n_i), W)
     mu = float(r.mean())
     with tempfile.TemporaryDirectory() as scratch, LocalCluster(servers=1, workers=W, **FAST_DEATH) as cluster:
-        paths = write_strata(scratch, u, i, r, lay, W, 0)
+        paths = save_strata(scratch, strata(u, i, r, lay, W, 0))
         client = cluster.client
         client.create_table(USERS, dim=9, key_bits=8)
         client.create_table(ITEMS, dim=9, key_bits=7)
@@ -139,7 +139,7 @@ def test_a_worker_that_joins_midway_leaves_and_the_rounds_go_on_unchanged(tmp_pa
     import threading
     import time
 
-    from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, layout, mf_worker, write_strata
+    from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, layout, mf_worker, save_strata, strata
     from paramserver.apps.rounds.program import took_part
 
     rng = np.random.default_rng(6)
@@ -156,7 +156,7 @@ def test_a_worker_that_joins_midway_leaves_and_the_rounds_go_on_unchanged(tmp_pa
         folder = tmp_path / ("joined" if join else "alone")
         folder.mkdir()
         with LocalCluster(servers=1, workers=W, **FAST_DEATH) as cluster:
-            paths = write_strata(str(folder), u, i, r, lay, W, 0)
+            paths = save_strata(str(folder), strata(u, i, r, lay, W, 0))
             client = cluster.client
             client.create_table(USERS, dim=5, key_bits=6)
             client.create_table(ITEMS, dim=5, key_bits=6)

@@ -8,7 +8,17 @@ import gzip
 import numpy as np
 import pytest
 
-from paramserver.apps.rounds.mf import MFConfig, MFProgram, _predict, _rows, _sgd, check_config, layout, write_strata
+from paramserver.apps.rounds.mf import (
+    MFConfig,
+    MFProgram,
+    _predict,
+    _rows,
+    _sgd,
+    check_config,
+    layout,
+    save_strata,
+    strata,
+)
 from paramserver.apps.rounds.program import adopt, balanced_groups
 from paramserver.apps.rounds.ratings import distinct_ids, read_ratings
 from paramserver.data.reader import DataError
@@ -61,7 +71,7 @@ def test_strata_cover_every_rating_once_with_local_indices(tmp_path):
     u, i = rng.integers(0, n_u, 2000), rng.integers(0, n_i, 2000)
     r = rng.integers(1, 6, 2000).astype(np.float32)
     lay = layout(np.bincount(u, minlength=n_u), np.bincount(i, minlength=n_i), W)
-    paths = write_strata(str(tmp_path), u, i, r, lay, W, seed=0)
+    paths = save_strata(str(tmp_path), strata(u, i, r, lay, W, 0))
     seen = []
     for q, path in enumerate(paths):
         z = np.load(path)
@@ -93,7 +103,7 @@ def test_strata_keep_the_drawn_order_inside_each_stratum(tmp_path):
         order = np.argsort(lay.user_group[drawn_u] * W + lay.item_group[drawn_i], kind="stable")
         folder = tmp_path / f"w{W}"
         folder.mkdir()
-        paths = write_strata(str(folder), u, i, r, lay, W, seed=5)
+        paths = save_strata(str(folder), strata(u, i, r, lay, W, 5))
         got = np.concatenate([np.load(p)["ratings"] for p in paths])
         np.testing.assert_array_equal(got, r[perm][order])
         users = np.concatenate([np.load(p)["users"] + lay.user_start[q] for q, p in enumerate(paths)])

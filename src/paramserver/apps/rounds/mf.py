@@ -181,12 +181,6 @@ def save_strata(folder: str, st: Strata) -> list[str]:
     return paths
 
 
-def write_strata(folder: str, u: np.ndarray, i: np.ndarray, r: np.ndarray, lay: Layout, parts: int,
-                 seed: int) -> list[str]:
-    """``strata`` then ``save_strata``: each worker's file."""
-    return save_strata(folder, strata(u, i, r, lay, parts, seed))
-
-
 @njit(nogil=True, cache=True)
 def _strata(perm, u, i, r, user_group, item_group, user_key, item_key, user_start, item_start,  # type: ignore[no-untyped-def]
             parts):
