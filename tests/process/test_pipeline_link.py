@@ -1,5 +1,5 @@
 """``--pipeline link``, the default (issue 47.5): a worker keeps two batches in flight on one
-machine, the same model as ``--pipeline 2`` to the bit, and more where its first pulls' round
+machine, the same model as ``--pipeline 2`` to the bit, and more where its first requests' round
 trips are long, here a 5 ms round trip through the nemesis proxy (``ProxyHosts``: no root)."""
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ def rows(tmp_path_factory):
     return folder
 
 
-def test_on_one_machine_the_default_is_two_in_flight_and_the_same_model(rows):
-    default, two = _train(rows, "default"), _train(rows, "two", "--pipeline", "2")
-    assert default["pipeline_depth"] == 2 and default["round_trip_floor_ms"] < 2.0
-    assert default["logloss"] == two["logloss"] and two["round_trip_floor_ms"] is None
+def test_on_one_machine_link_is_two_in_flight_and_the_same_model(rows):
+    """Batches pulled and pushed (``--steps off``; steps, the default on one server, keep 4
+    in flight: tests/process/test_steps_cluster.py)."""
+    link, two = _train(rows, "link", "--steps", "off"), _train(rows, "two", "--pipeline", "2", "--steps", "off")
+    assert link["pipeline_depth"] == 2 and link["round_trip_floor_ms"] < 2.0
+    assert link["logloss"] == two["logloss"] and two["round_trip_floor_ms"] is None
 
 
 def _listening(host, port):
@@ -70,5 +72,6 @@ def test_over_a_long_round_trip_a_worker_keeps_a_batch_more_in_flight_for_each_m
                 node.kill()
                 node.wait(timeout=10)
     assert far["round_trip_floor_ms"] >= 4.0  # 5 ms, less what the relay wakes early (~0.3 ms a hold)
-    assert far["pipeline_depth"] == min(16, 2 + int(far["round_trip_floor_ms"])) > 2
+    assert far["steps"]  # one server: each batch a step, from 4 in flight (``STEP_DEPTH``)
+    assert far["pipeline_depth"] == min(16, 4 + int(far["round_trip_floor_ms"])) > 4
     assert far["examples"] == 40_000 and far["logloss"] < 0.6

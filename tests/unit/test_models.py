@@ -49,15 +49,15 @@ def test_auc_matches_pair_counting_with_ties():
 
 @pytest.mark.parametrize("z,y", [(0.7, 1.0), (-1.3, 0.0), (2.0, 0.0)])
 def test_an_examples_output_is_one_piece_for_every_model(z, y):
-    """``_output``, which lr and fm share: the probability kept in ``preds``, the log loss,
+    """``output`` (tables/steps.py), which lr and fm share: the probability kept in ``preds``, the log loss,
     and its derivative in the margin (against a central difference)."""
-    from paramserver.apps.ctr.models import _output
+    from paramserver.tables.steps import output
 
     preds, labels = np.zeros(2), np.array([0.0, y])
-    loss, grad = _output(z, labels, 1, preds)
+    loss, grad = output(z, labels, 1, preds)
     assert preds[1] == pytest.approx(1 / (1 + np.exp(-z)))
     assert loss == pytest.approx(logloss(np.array([y]), preds[1:]))
     h = 1e-6
-    up, _ = _output(z + h, labels, 1, np.zeros(2))
-    down, _ = _output(z - h, labels, 1, np.zeros(2))
+    up, _ = output(z + h, labels, 1, np.zeros(2))
+    down, _ = output(z - h, labels, 1, np.zeros(2))
     assert grad == pytest.approx((up - down) / (2 * h), rel=1e-5)

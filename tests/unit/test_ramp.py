@@ -153,7 +153,7 @@ def test_the_loop_applies_per_example_steps_first_then_the_documented_batches(tm
     per-example FTRL learner holds; after, exactly the batch rule with the ramp's sizes."""
     path = str(tmp_path / "rows.libsvm")
     _write_rows(path, rows, seed=1)
-    cfg = TrainConfig(Model("lr"), DataFormat("libsvm"), batch_size=1000, pipeline=1)
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm"), batch_size=1000, pipeline=1, steps="off")
     opt = FTRL(alpha=0.115, beta=0.5, l1=0.0, l2=0.0)
     table = VnodeTable(1, opt, Zeros(), 0)
     client = _InProcessClient(table, [Shard(path, 0, -1)])
@@ -200,7 +200,7 @@ def test_the_jobs_last_batches_go_one_at_a_time_where_the_pipeline_may_pass_2(tm
     flight, so each sees every push before it; at the default 2, none is."""
     path = str(tmp_path / "rows.libsvm")
     _write_rows(path, 3000, seed=2)
-    cfg = TrainConfig(Model("lr"), DataFormat("libsvm"), batch_size=1000, pipeline=pipeline)
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm"), batch_size=1000, pipeline=pipeline, steps="off")
     client = _Ordered(VnodeTable(1, FTRL(), Zeros(), 0), [Shard(path, 0, 40_000), Shard(path, 40_000, -1)])
     assert _train_stream(client, cfg)["examples"] == 3000
     in_flight, pulls, pushes = [], 0, 0  # at each pull, the batches pulled and not yet pushed

@@ -122,8 +122,9 @@ def _run_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
                        f"{hashing}"), ("data", shown)]
     if report.get("pipeline_depth"):  # a training job's
         floor = report.get("round_trip_floor_ms")  # --pipeline link's measure, when it took one
-        lines.append(("batches in flight a worker", f"{report['pipeline_depth']}" + (
-            "" if floor is None else f" (the first pulls' least round trip: {floor:.2f} ms)")))
+        steps = report.get("steps")  # each batch a step: its gradient computed by the server
+        lines.append(("batches in flight a worker", f"{report['pipeline_depth']}" + (" as steps" if steps else "") + (
+            "" if floor is None else f" (the first requests' least round trip: {floor:.2f} ms)")))
     return lines
 
 
@@ -249,7 +250,7 @@ def _train_config(args: argparse.Namespace, optimizer: Any, fmt: DataFormat) -> 
                        lifecycle=getattr(args, "lifecycle", None), storage=getattr(args, "storage", "float32"),
                        row_cache=getattr(args, "row_cache", "off"), table_memory=getattr(args, "table_memory", 0),
                        hot_keys=getattr(args, "hot_keys", "full"),
-                       prefetch=getattr(args, "prefetch", True))
+                       prefetch=getattr(args, "prefetch", True), steps=getattr(args, "steps", "auto"))
 
 
 def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list[str],

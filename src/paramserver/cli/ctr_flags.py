@@ -133,6 +133,10 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                         "earlier push); auto: from 2, one more each time the worker keeps waiting on its pulls, up "
                         "to N (default 16).  Deeper than 2, the job's last 32 batches go one at a time, so that the "
                         "model ends calibrated (docs/consistency.md)")
+    p.add_argument("--steps", default="auto", choices=("auto", "off"),
+                   help="auto (default): an LR on one server sends each mini-batch as one step, its gradient "
+                        "computed and applied by the server, with no read older than the batch before it (4 in "
+                        "flight under link); off: pull the rows, compute the gradient here, push it")
     p.add_argument("--row-cache", default="off", metavar="SPEC",
                    help="each worker caches the model's rows it reads often: a row is read while at most S of "
                         "its server's updates behind, and a cached key's gradients are summed and pushed every S "

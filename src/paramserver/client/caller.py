@@ -81,13 +81,19 @@ class Caller:
         return Scatter(self.state, kind, header, layout, on_piece, result, on_settled, wire).start(pieces)
 
     def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, op: str, distinct: bool,
-             flushing: bool = False) -> Future[Any]:
+             flushing: bool = False, seq: int | None = None) -> Future[Any]:
         """A push once checked: through the table's filters (what a worker owes added, less
-        what sigmod holds back, unless ``flushing``; the rounding owed), numbered, scattered."""
+        what sigmod holds back, unless ``flushing``; the rounding owed), numbered (``seq``: a
+        number taken already, a step's that went the classic way), scattered."""
         filters = self.state.filters
-        keys, grads, distinct, prepare = filters.push_steps(spec, keys, grads, op, distinct, flushing)
-        with self.lock:
-            seq = self.state.sequencer.take()
+        if seq is None:
+            with self.lock:
+                seq = self.state.sequencer.take()
+        try:
+            keys, grads, distinct, prepare = filters.push_steps(spec, keys, grads, op, distinct, flushing)
+        except BaseException:
+            self.settled(seq)
+            raise
         try:  # the seq is settled once no request of it is left anywhere, not when the
             # future fails: a server may still apply and forward a piece in flight
             return self.scatter(Op.PUSH, spec.name, keys, np.ascontiguousarray(grads), lambda piece, msg: None,

@@ -32,6 +32,7 @@ from paramserver.client.prefetch import Prefetched, prefetch
 from paramserver.client.rpc import Rpc
 from paramserver.client.state import ClientState
 from paramserver.client.stats import Stats
+from paramserver.client.step_calls import StepCalls
 from paramserver.client.sync_calls import Clocks
 from paramserver.config import Config, load_config
 from paramserver.errors import ConfigError, ConnectError, ParamServerError
@@ -90,6 +91,7 @@ class Client:
         self._flushes = Flushes(self._caller)
         self._clocks = Clocks(self._caller, self._flushes.due)
         self._functions = FunctionCalls(self._caller)
+        self.steps = StepCalls(self._caller)  # batches trained where their rows are: client.steps.take
         self._life = LifeCalls(self._caller)
         # the tables whose rows this client caches
         self._cached = CachedCalls(CallerPort(self._caller), self._state.row_caches)

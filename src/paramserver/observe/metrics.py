@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)
-OPS = ("push", "pull")
+OPS = {"push": "pushes", "pull": "pulls", "step": "steps"}  # an op, and what its requests are called
 
 Family = list[Any]  # [name, type, help, [[sample name, labels, value], ...]]
 
@@ -47,7 +47,7 @@ class ServerMetrics:
         self.latency: dict[str, list[float]] = {}  # op -> counts a bucket (+Inf last), then the sum
 
     def request(self, op: str, table: str, keys: int, nbytes: int, seconds: float) -> None:
-        """Count one handled push or pull (``op``) of ``keys`` keys."""
+        """Count one handled push, pull or step (``op``) of ``keys`` keys."""
         c = self.counts.get((op, table))
         if c is None:
             c = self.counts[(op, table)] = [0.0, 0.0, 0.0]
@@ -67,10 +67,10 @@ class ServerMetrics:
     def wire(self, state: dict[str, Any] | None = None) -> list[Family]:
         """Every family, as plain data (see the module); ``state``: ``state()`` if read already."""
         out: list[Family] = []
-        for op in OPS:
+        for op, plural in OPS.items():
             for i, what in ((0, "keys"), (1, "requests")):
                 name = f"paramserver_{op}_{what}"
-                out.append([name, "counter", f"{what} of {op}es clients sent (a replica's copy not counted)",
+                out.append([name, "counter", f"{what} of {plural} clients sent (a replica's copy not counted)",
                             [[f"{name}_total", {"table": t}, c[i]] for (o, t), c in self.counts.items() if o == op]])
         out.append(["paramserver_request_bytes", "counter", "request bytes received, by table and op",
                     [["paramserver_request_bytes_total", {"table": t, "op": o}, c[2]]

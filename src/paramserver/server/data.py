@@ -24,7 +24,7 @@ from paramserver.filters.base import Context
 from paramserver.filters.chain import chains, pack, unpack
 from paramserver.server.admin import check_quota
 from paramserver.server.install import check_grads
-from paramserver.server.peers import Acks
+from paramserver.server.peers import Acks, Answer
 from paramserver.server.requests import check_forwarder, checked_table, push_op, split
 from paramserver.server.state import Port, ServerState
 from paramserver.store.life import subset
@@ -48,10 +48,7 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
     keys, vnodes, counts = msg.arrays
     if table is None:
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
-    out = np.empty((keys.shape[0], table.spec.dim), np.float32)
-    _by_parts(table, counts, keys.shape[0], lambda seg, at: _split(
-        state, vnodes[seg], counts[seg], at.stop - at.start,
-        partial(_lookup, table, vnodes[seg], counts[seg], keys[at], out[at])))
+    out = read_rows(state, table, keys, vnodes, counts)
     fields = {"version": table.version} if msg.header.get("versions") else {}  # a row cache's bound
     if not table.spec.filters or not msg.header.get("reply_filters"):  # the default: no lookup
         return reply(msg, [out], **fields)
@@ -66,6 +63,18 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
         seen[0] += before
         seen[1] += after
     return reply(msg, arrays, **fields)
+
+
+def read_rows(state: ServerState, table: VnodeStore, keys: np.ndarray, vnodes: np.ndarray,
+              counts: np.ndarray) -> np.ndarray:
+    """The rows of a checked request's keys (``float32[n, dim]``; a key never pushed reads as
+    its initial value), the server's threads splitting its vnodes, a part at a time where the
+    table is tiered."""
+    out = np.empty((keys.shape[0], table.spec.dim), np.float32)
+    _by_parts(table, counts, keys.shape[0], lambda seg, at: _split(
+        state, vnodes[seg], counts[seg], at.stop - at.start,
+        partial(_lookup, table, vnodes[seg], counts[seg], keys[at], out[at])))
+    return out
 
 
 def apply_rows(state: ServerState, table: VnodeStore, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray,
@@ -179,9 +188,16 @@ class DataPlane:
         unfiltered(self.state, msg, "push")
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
-        state = self.state
-        table = checked_table(state, msg, keys.shape[0], vnodes, counts)
+        table = checked_table(self.state, msg, keys.shape[0], vnodes, counts)
         check_grads(table, keys, grads, table.spec.push_width)  # a client's: values, and stats where asked
+        return self.pushed(table, msg, keys, grads, vnodes, counts, identity)
+
+    def pushed(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
+               counts: np.ndarray, identity: bytes, answer: Answer | None = None) -> list[Any] | None:
+        """A client's checked push (or a step's gradient, ``server/steps.py``): applied once,
+        forwarded to the copies; the reply now, or None when it waits for theirs.  ``answer``:
+        the arrays and fields the reply carries (none: a bare acknowledgement)."""
+        state = self.state
         check_quota(state, table, vnodes, counts, keys)  # before the dedup marks it applied
         fresh = self._fresh(table, msg, keys, grads, vnodes, counts)
         life = table.life
@@ -198,10 +214,12 @@ class DataPlane:
         targets = state.targets.get(table.spec.name)
         waits = targets is not None and state.ring is not None and \
             self.port.peers.forward(targets, state.ring.version, table.spec.name, msg, keys, grads, vnodes, counts,
-                                    identity)
+                                    identity, answer)
         if life is not None and life.due(state.primary):  # after the push's forward: backups see both in order
             self._forward_evicted(table, life.sweep(state.primary))
-        return None if waits else reply(msg)
+        if waits:
+            return None
+        return reply(msg) if answer is None else reply(msg, answer[0], **answer[1])
 
     def on_replicate(self, msg: Message) -> list[Any]:
         """A push the primary applied, forwarded: apply it to the vnodes held here (a
@@ -263,7 +281,8 @@ class DataPlane:
                 self.port.answer(error_reply(acks.request.id, Code.STALE_RING, f"{acks.failed}; retry",
                                              ring_version=self.state.ring_version()), acks.identity)
             else:
-                self.port.answer(reply(acks.request), acks.identity)
+                arrays, fields = acks.answer if acks.answer is not None else ([], {})
+                self.port.answer(reply(acks.request, arrays, **fields), acks.identity)
         if acks.done is not None:
             acks.done(acks.failed)
 

@@ -48,6 +48,7 @@ from paramserver.server.install import install_copy
 from paramserver.server.lease import Lease, scheduler_gone_s
 from paramserver.server.peers import Acks, Peers
 from paramserver.server.state import ServerState
+from paramserver.server.steps import on_step
 from paramserver.server.warmup import warm_server
 from paramserver.store.protocol import VnodeStore
 from paramserver.wire import batch
@@ -125,7 +126,8 @@ class ServerNode:
         returns, None: later) and for the scheduler's control messages."""
         admin, data, control = self.admin, self.data, self.control_plane
         data_handlers: dict[Op, Callable[..., list[Any] | None]] = {
-            Op.PULL: data.on_pull, Op.PUSH: data.on_push, Op.PREFETCH: data.on_prefetch, Op.CLOCK: self.clocks.on_clock,
+            Op.PULL: data.on_pull, Op.PUSH: data.on_push, Op.STEP: partial(on_step, data),
+            Op.PREFETCH: data.on_prefetch, Op.CLOCK: self.clocks.on_clock,
             Op.STATS: admin.on_stats, Op.EXPORT: admin.on_export, Op.CHECKPOINT: admin.on_checkpoint,
             Op.CALL: admin.on_call, Op.REPLICATE: data.on_replicate, Op.INSTALL: partial(install_copy, self.state)}
         control_handlers: dict[Op, Callable[[Message], None]] = {
@@ -297,11 +299,11 @@ class ServerNode:
             if self.state.tokens is not None and (refused := refused_op(user_role(frames[0]), msg.op.value)):
                 raise ProtocolError(refused)  # what the sender's key may ask (wire/security.py)
             started = time.perf_counter()
-            if msg.op in (Op.PULL, Op.PUSH):
+            if msg.op in (Op.PULL, Op.PUSH, Op.STEP):
                 if "tick" in msg.header:  # a worker's finished clock, carried in place of a clock message
                     self.clocks.carried(msg)
                 answer = handler(msg, identity)
-                self.metrics.request("push" if msg.op is Op.PUSH else "pull", msg.header["table"],
+                self.metrics.request(msg.op.value, msg.header["table"],
                                      len(msg.arrays[0]), sum(map(len, frames)), time.perf_counter() - started)
             else:
                 answer = handler(msg)

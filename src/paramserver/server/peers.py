@@ -37,16 +37,19 @@ ANSWER_WITHIN_S = 10.0
 SLOWEST_LINK_BPS = 1e6  # 8 Mbit/s: a link slower than this between servers is not one to replicate over
 #: what a backup needs of a push besides its arrays: exactly-once, BSP clock, push op, lifecycle time
 FORWARDED = ("sender", "sender_token", "seq", "acked", "clock", "push_op", "time")
+#: what a client's reply carries besides the acknowledgement: its arrays and header fields (a step's)
+Answer = tuple[list[np.ndarray], dict[str, Any]]
 
 class Acks:
     """What waits on answers from other servers: a client's push (``request``, answered
     to ``identity``) or a migration (``done(failed)`` runs once every copy answered)."""
 
-    __slots__ = ("pending", "identity", "request", "done", "failed")
+    __slots__ = ("pending", "identity", "request", "done", "failed", "answer")
 
     def __init__(self, identity: bytes | None = None, request: Message | None = None,
-                 done: Callable[[str | None], None] | None = None) -> None:
+                 done: Callable[[str | None], None] | None = None, answer: Answer | None = None) -> None:
         self.pending, self.identity, self.request, self.done = 0, identity, request, done
+        self.answer = answer  # what the client's reply carries besides the acknowledgement (a step's)
         self.failed: str | None = None  # why a receiver refused (the client must retry)
 
 
@@ -136,7 +139,8 @@ class Peers:
             self.finished(acks)
 
     def forward(self, targets: np.ndarray, ring_version: int, table: str, msg: Message, keys: np.ndarray,
-                grads: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, identity: bytes) -> bool:
+                grads: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, identity: bytes,
+                answer: Answer | None = None) -> bool:
         """Forward a push applied here to the servers that also hold its vnodes
         (``targets``: see ``forward_targets``); True if the client's acknowledgement now
         waits for theirs."""
@@ -144,7 +148,7 @@ class Peers:
             return False
         header: dict[str, Any] = {"op": Op.REPLICATE.value, "table": table, "ring_version": ring_version,
                                   "from": self.me, **{k: msg.header[k] for k in FORWARDED if k in msg.header}}
-        return self.scatter(targets, vnodes, counts, header, [keys, grads], Acks(identity, msg))
+        return self.scatter(targets, vnodes, counts, header, [keys, grads], Acks(identity, msg, answer=answer))
 
     def scatter(self, targets: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, header: dict[str, Any],
                 rows: list[np.ndarray], acks: Acks) -> bool:

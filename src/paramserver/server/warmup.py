@@ -13,6 +13,7 @@ from paramserver.server.requests import _segment_fault
 from paramserver.store.vnodes import GENERIC_DIM, VnodeSet
 from paramserver.tables.optim import SGD, Zeros
 from paramserver.tables.spec import TableSpec
+from paramserver.tables.steps import check_batch, logistic_step
 from paramserver.wire.message import Op, decode, encode
 
 
@@ -21,7 +22,7 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
     """Load (or compile) the table kernels for the array types requests bring (read-only
     frames; every other array goes to the kernels read-only too, ``intrinsics.frozen``), for
     ``layouts`` (a hash table's through a vnode's growth): a table of more than one vnode, a
-    request's segment check, its update and its lookup, a quota's count, an export, an
+    request's segment check, its update and its lookup, a step's kernels, a quota's count, an export, an
     install; with ``filters``, every built-in filter's decoding and encoding (0.2 s from the
     cache: a job that knows it has none skips them, one that knows its own passes their
     spec); for the row formats ``storages`` (``TableSpec.storage``: each has kernels of its
@@ -60,9 +61,20 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
         stored, rows = table.tables[0].items()  # an export, a checkpoint, a vnode's copy
         table.install(0, stored, rows)  # a copy received (a repair, a join), a restore
         Ring.create([1]).vnodes(keys, spec.layout)  # an install's and a restore's keys checked
+    _warm_steps(n)
     for spec in tables:  # their request loops, run once (``store/vnodes._exercise``)
         VnodeSet(TableSpec("warm-up", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
                            storage=spec.storage, key_bits=min(spec.key_bits, 8)), 1, [0])
     if filters:
         # a filtered request's decoding, a filtered reply's encoding
         warm_filters(filters if isinstance(filters, FilterSpec) else None)
+
+
+def _warm_steps(n: int) -> None:
+    """A step's kernels (``server/steps.py``) on a request's read-only arrays: its batch's
+    check and the gradient."""
+    frames = encode({"op": Op.STEP.value}, [np.zeros(n, np.int32), np.arange(n + 1, dtype=np.int64),
+                                            np.ones(n, np.float32), np.zeros(n, np.float32)])
+    inverse, indptr, vals, labels = decode([bytes(f) for f in frames]).arrays
+    check_batch("warm-up", 1, inverse, indptr, vals, labels)
+    logistic_step(indptr, vals, labels, inverse, np.zeros((1, 1), np.float32), True)

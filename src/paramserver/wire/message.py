@@ -62,6 +62,7 @@ class Op(str, enum.Enum):  # noqa: UP042 (str(Op.X) stays "Op.X" in logs; StrEnu
     PULL = "pull"
     PREFETCH = "prefetch"  # keys a later pull or push will name: a tiered table reads their cold rows ahead
     PUSH = "push"
+    STEP = "step"  # a mini-batch's gradient computed and applied by the server (tables/steps.py)
     CLOCK = "clock"
     STATS = "stats"
     EXPORT = "export"

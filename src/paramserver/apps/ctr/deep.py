@@ -30,22 +30,10 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from paramserver.tables.steps import logloss, sigmoid
+
 DENSE_BLOCK = 256  # floats a row of the dense table
 PREDICT_ROWS = 1 << 15  # examples an MLP pass when scoring (activations: rows x widest layer)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _sigmoid(z: float) -> float:
-    if z >= 0:
-        return 1.0 / (1.0 + math.exp(-z))
-    e = math.exp(z)
-    return e / (1.0 + e)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _logloss(p: float, y: float) -> float:
-    p = min(max(p, 1e-15), 1.0 - 1e-15)
-    return -(y * math.log(p) + (1.0 - y) * math.log(1.0 - p))
 
 
 @njit(nogil=True, cache=True)
@@ -93,8 +81,8 @@ def _probabilities(lin: np.ndarray, out: np.ndarray, labels: np.ndarray) -> tupl
     p = np.empty(n, np.float64)
     loss = 0.0
     for i in range(n):
-        p[i] = _sigmoid(lin[i] + out[i])
-        loss += _logloss(p[i], labels[i])
+        p[i] = sigmoid(lin[i] + out[i])
+        loss += logloss(p[i], labels[i])
     return p, loss
 
 

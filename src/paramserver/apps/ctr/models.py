@@ -23,39 +23,13 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from paramserver.apps.ctr.deep import DENSE_BLOCK, Deep, _logloss, _sigmoid
+from paramserver.apps.ctr.deep import DENSE_BLOCK, Deep
 from paramserver.data.batch import Batch
 from paramserver.errors import ConfigError
+from paramserver.tables.steps import logistic_step, output
 
 MODELS = ("lr", "fm", "deepfm", "wdl")
 DEEP = ("deepfm", "wdl")
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _output(z, labels, i, preds):  # type: ignore[no-untyped-def]
-    """Example ``i``'s output, the same for every model: its probability ``σ(z)`` (kept in
-    ``preds``), its log loss, and the loss's gradient in the margin ``z``."""
-    p = _sigmoid(z)
-    preds[i] = p
-    return _logloss(p, labels[i]), p - labels[i]
-
-
-@njit(nogil=True, cache=True)
-def _lr(indptr, vals, labels, inverse, rows, want_grads):  # type: ignore[no-untyped-def]
-    n = labels.shape[0]
-    grads = np.zeros((rows.shape[0] if want_grads else 0, 1), np.float32)
-    preds = np.empty(n, np.float64)
-    loss = 0.0
-    for i in range(n):
-        z = 0.0
-        for j in range(indptr[i], indptr[i + 1]):
-            z += rows[inverse[j], 0] * vals[j]
-        ell, e = _output(z, labels, i, preds)
-        loss += ell
-        if want_grads:
-            for j in range(indptr[i], indptr[i + 1]):
-                grads[inverse[j], 0] += e * vals[j]
-    return grads, loss, preds
 
 
 @njit(nogil=True, cache=True)
@@ -82,7 +56,7 @@ def _fm(indptr, vals, labels, inverse, rows, want_grads, l2):  # type: ignore[no
         for f in range(k):
             inter += s[f] * s[f]
         z += 0.5 * (inter - sq)
-        ell, e = _output(z, labels, i, preds)
+        ell, e = output(z, labels, i, preds)
         loss += ell
         if want_grads:
             for j in range(indptr[i], indptr[i + 1]):
@@ -186,7 +160,7 @@ class Model:
         if self.deep is not None:
             return self.deep.scored_step(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
         if self.name == "lr":
-            grads, loss, p = _lr(batch.indptr, batch.vals, batch.labels, inverse, rows, True)
+            grads, loss, p = logistic_step(batch.indptr, batch.vals, batch.labels, inverse, rows, True)
         else:
             grads, loss, p = _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, True, self.l2)
         return grads, float(loss), None, p
@@ -195,7 +169,7 @@ class Model:
                 dense: np.ndarray | None = None) -> np.ndarray:
         if self.deep is not None:
             return self.deep.predict(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
-        out = _lr(batch.indptr, batch.vals, batch.labels, inverse, rows, False) if self.name == "lr" else \
+        out = logistic_step(batch.indptr, batch.vals, batch.labels, inverse, rows, False) if self.name == "lr" else \
             _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, False, 0.0)
         probabilities: np.ndarray = out[2]
         return probabilities

@@ -396,7 +396,9 @@ def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, worke
     floors = [r["round_trip_floor_ms"] for r in per_worker if r.get("round_trip_floor_ms") is not None]
     report["round_trip_floor_ms"] = max(floors) if floors else None  # --pipeline link's measure
     keys = [r.get("keys", {}) for r in per_worker]
-    sent = sum(k.get("pull", 0) + k.get("push", 0) for k in keys)  # each a server's key-operation
+    report["steps"] = any(k.get("step", 0) for k in keys)  # batches went as steps (``client.steps``)
+    # each a server's key-operation: a step's key is read and updated, as a pull's and a push's
+    sent = sum(k.get("pull", 0) + k.get("push", 0) + 2 * k.get("step", 0) for k in keys)
     report["key_ops_per_example"] = sent / this_run if this_run else 0.0
     report["keys_named_ahead"] = sum(k.get("prefetch", 0) for k in keys)  # sent ahead of their pulls (prefetch)
     caches = [c for r in per_worker for c in r.get("row_cache", {}).values()]

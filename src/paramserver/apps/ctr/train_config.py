@@ -25,6 +25,7 @@ from paramserver.routing.hashing import MAX_KEY_BITS
 from paramserver.tables.spec import TableSpec
 
 LAYOUTS = ("auto", "hash", "dense")
+STEPS = ("auto", "off")  # --steps
 DENSE_AUTO_BYTES = 1 << 30  # --table-layout auto: dense when every copy together fits in this
 # ... and when the input is large enough to fill it: this many bytes of text a dense row (2**24 rows:
 # 1 GiB of input).  A hash table's memory follows the keys (~26 B a key of dim-1 FTRL) and a dense one's
@@ -53,6 +54,7 @@ class TrainConfig:
     table_memory: int | str = 0  # memory the model table's rows may take on each server, the rest on disk (0: all)
     hot_keys: str = "full"  # what the hot tier keeps of a key: the key, or a fingerprint (``TableSpec.hot_keys``)
     prefetch: bool = True  # name each batch's keys a batch ahead (Client.prefetch): tiered tables read them then
+    steps: str = "auto"  # auto: an LR on one server trains each batch as one step (client.steps); off: pull and push
     row_cache: Any = "off"  # each worker's cache of the model table's rows (client/row_cache.py): off, hot, s=N,rows=N
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
     slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch
@@ -65,6 +67,8 @@ class TrainConfig:
         if not (self.batch_ramp >= 0 and math.isfinite(self.batch_ramp)):
             raise ConfigError(f"--batch-ramp must be a number >= 0 (0: no ramp), got {self.batch_ramp}")
         parse_pipeline(self.pipeline)
+        if self.steps not in STEPS:
+            raise ConfigError(f"--steps must be one of {', '.join(STEPS)}, got {self.steps!r}")
         if self.layout not in LAYOUTS:
             raise ConfigError(f"--table-layout must be one of {LAYOUTS}, got {self.layout!r}")
         try:

@@ -20,6 +20,7 @@ from paramserver.apps.ctr.ramp import ramped
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.client.client import Client
 from paramserver.client.row_cache import RowCacheSpec
+from paramserver.client.step_calls import steppable
 from paramserver.data.prefetch import Prefetch
 from paramserver.data.reader import Shard, read_batches
 from paramserver.lifecycle.spec import Lifecycle
@@ -89,9 +90,19 @@ def _train_stream(client: Client, cfg: TrainConfig,
     into the next shard meanwhile, so a shard boundary costs one drain of the pushes, not
     also a request for the next shard and its first parse.
     """
-    depth = Depth(cfg.pipeline, deepens=cfg.model.name == "lr")  # a factor model's loss grows with depth
+    # a factor model's loss grows with depth; a step reads no stale rows
+    depth = Depth(cfg.pipeline, deepens=cfg.model.name == "lr", stale=not _stepping(client, cfg))
     with Prefetch(_shard_stream(client, cfg, depth.settles)) as items:  # parsed and deduplicated ahead
         return _train_items(client, cfg, items, on_batch, depth)
+
+
+def _stepping(client: Client, cfg: TrainConfig) -> bool:
+    """Whether this worker trains its batches as steps (``client.steps``, ``--steps auto``): an
+    LR whose table suits (``steppable``) on one server, so that a batch's keys are all on it,
+    and no row cache.  Should servers join later, each step whose keys they split goes the
+    classic way (``client/step_calls.py``)."""
+    return (cfg.steps == "auto" and cfg.model.name == "lr" and not RowCacheSpec.parse(cfg.row_cache)
+            and steppable(cfg.table_spec(), "lr") and np.unique(client.admin.ring.owners).size == 1)
 
 
 def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
@@ -153,6 +164,7 @@ class _Pipeline:
         self.naming = cfg.prefetch  # until the servers answer that the table has no tiers
         self.reading = True  # the servers' last answer: some reads ahead (before any: as if)
         self.batches, self.name_at = 0, 0  # batches pulled; from which one to name keys again
+        self.stepping = not depth.stale  # each batch one step (``client.steps``)
 
     def _take(self) -> Any:
         """The next item of the stream (None at its end)."""
@@ -205,6 +217,11 @@ class _Pipeline:
                 self.settling = True  # batches in flight are pushed, so that it sees them all
                 self.taken.appendleft(item)
                 break
+            elif self.stepping:  # nothing to pull: the step goes out in its turn (``_step``)
+                self.settling = self.settling or item[4]
+                self.ahead.append((item, None))
+                self.pulling += 1
+                self.batches += 1
             else:
                 self.settling = self.settling or item[4]
                 rows = client.pull(model.table, item[2])
@@ -241,10 +258,15 @@ class _Pipeline:
         return {**wire, "sums_held": change} if change else wire
 
     def _drain(self, keep: int) -> None:
-        """Wait for the oldest pushes until at most ``keep`` are unacknowledged."""
+        """Wait for the oldest pushes (and steps) until at most ``keep`` are unacknowledged;
+        a step's batch is counted once its answer is in."""
         while len(self.pushes) > keep:
-            for push in self.pushes.popleft():
-                push.result(timeout=300)  # errors surface here
+            pushes, batch = self.pushes.popleft()
+            done = [push.result(timeout=300) for push in pushes]  # errors surface here
+            if batch is not None:
+                preds, loss = done[0]
+                self.scores.add(preds, batch.labels, loss)
+                self._count(len(batch), loss)
 
     def close_shard(self, task: Any, stats: dict[str, Any]) -> None:
         """The shard's last push is out: report it done once every push is applied."""
@@ -268,6 +290,9 @@ class _Pipeline:
         ``cfg.pipeline`` pushes unacknowledged), the clock ticked, the progress reported."""
         client, cfg, model, dense_keys = self.client, self.cfg, self.cfg.model, self.dense_keys
         self.pulling -= 1
+        if pulled is None:
+            self._step(batch, uniq, inverse, iteration_start)
+            return
         rows, dense = pulled
         waiting = time.perf_counter()
         got = rows.result(timeout=300), None if dense is None else dense.result(timeout=300)
@@ -282,14 +307,42 @@ class _Pipeline:
             client.set_time(self.time_base + trained * max(client.num_workers, 1))
         stats = key_stats(batch, inverse, uniq.shape[0]) if self.counted else None
         with client.together():  # the push and the next batch's pull: one message to each server
-            self.pushes.append([client.push(model.table, uniq, grads, distinct=True, stats=stats)] + (
+            self.pushes.append(([client.push(model.table, uniq, grads, distinct=True, stats=stats)] + (
                 [] if dense_grads is None else
-                [client.push(model.dense_table, dense_keys, to_rows(dense_grads, dense_keys.size), distinct=True)]))
+                [client.push(model.dense_table, dense_keys, to_rows(dense_grads, dense_keys.size), distinct=True)]),
+                None))
             client.clock()
             self.pull_ahead(wait=False)
+        self._count(len(batch), loss)
+
+    def _step(self, batch: Any, uniq: np.ndarray, inverse: np.ndarray, iteration_start: float) -> None:
+        """One mini-batch as a step (``client.steps``): sent once fewer than the depth are
+        unanswered, counted when its answer is in (``_drain``)."""
+        client, cfg = self.client, self.cfg
+        self.pulling -= 1
+        waiting = time.perf_counter()
+        self._drain(self.in_flight() - 1)
+        self.depth.waited(time.perf_counter() - waiting, time.perf_counter() - iteration_start)
+        if self.slow:
+            time.sleep((cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
+        if self.timed:
+            client.set_time(self.time_base + (self.done["examples"] + self.examples + len(batch))
+                            * max(client.num_workers, 1))
+        sent = time.perf_counter()
+        stepped = client.steps.take(cfg.model.table, uniq, inverse, batch.indptr, batch.vals, batch.labels)
+        if self.depth.link and self.depth.floor_ms is None:  # its round trip, for ``link``
+            stepped.add_done_callback(self._timed(sent))
+        self.pushes.append(([stepped], batch))
+        client.clock()
+        self.pull_ahead(wait=False)
+
+    def _count(self, n: int, loss: float) -> None:
+        """A batch of ``n`` examples trained, its summed loss ``loss``: counted, and the
+        progress reported when it is due."""
+        client = self.client
         if self.on_batch is not None:
-            self.on_batch(client.current_clock, len(batch), loss)
-        self.examples += len(batch)
+            self.on_batch(client.current_clock, n, loss)
+        self.examples += n
         self.loss_sum += loss
         if time.monotonic() - self.shown_at > PROGRESS_EVERY_S:
             client.job.report_progress(examples=self.examples - self.shown_examples,

@@ -1,0 +1,166 @@
+"""``client.steps.take``: a mini-batch trained where its rows are (``Op.STEP``, ``server/steps.py``).
+
+A step is one request to the one server that holds every key of the batch: the server
+reads the rows, computes the gradient (``tables/steps.py``) and applies it as a push, and
+answers with each example's probability and the batch's summed log loss.  No round trip
+waits between a pull and its push, and a batch in flight never reads rows older than the
+batch before it: the server takes one worker's steps in order.
+
+A step is numbered like a push (one ``seq``): a server applies it once, its copies too.
+When it cannot go as one request (the batch's keys live on more than one server, or the
+table's rows are not the model's: ``steppable``) or when its answer is a failure (its
+server died, the ring moved, the request was refused), the same batch is trained the
+classic way: its rows pulled, the gradient computed here, and pushed **under the step's
+seq**.  A server that had applied the step (a backup it was forwarded to, promoted) skips
+that push, so the batch counts once whatever happened to the step.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from paramserver.client.core import Piece, as_keys, call_header, push_header, rows_into
+from paramserver.errors import ConfigError, ProtocolError
+from paramserver.tables.steps import STEP_MODELS, logistic_step
+from paramserver.wire.message import Message, Op
+
+if TYPE_CHECKING:
+    from paramserver.client.caller import Caller
+    from paramserver.tables.spec import TableSpec
+
+#: what a step's future gives: each example's probability under the rows it was scored with, and their summed log loss
+Stepped = tuple[np.ndarray, float]
+
+
+def steppable(spec: TableSpec, model: str) -> bool:
+    """Whether ``spec``'s servers can take ``model``'s steps: rows of the model's width, no
+    clock gating (a step reads as an ASP pull), no filters (a step's request is not a
+    push's), and no admission counting shows and clicks (a step's push carries none)."""
+    return (STEP_MODELS.get(model) == spec.dim == spec.push_width and spec.staleness == float("inf")
+            and not spec.aggregate and not spec.filters)
+
+
+class StepCalls:
+    """``client.steps``: mini-batches trained where their rows are, on the client's ``caller``."""
+
+    def __init__(self, caller: Caller) -> None:
+        self.caller = caller
+
+    def take(self, table: str, keys: Any, inverse: Any, indptr: Any, vals: Any, labels: Any, *,
+             model: str = "lr") -> Future[Stepped]:
+        """Train ``model`` (``"lr"``) on a CSR mini-batch where its rows are: occurrence j of
+        example i (``indptr[i] <= j < indptr[i + 1]``) is key ``keys[inverse[j]]`` with value
+        ``vals[j]``; ``keys`` distinct.  The future gives each example's probability under
+        the rows it was scored with and their summed log loss, once the update is applied
+        (exactly once).  One request to the server holding the keys; where that cannot be
+        (several servers hold them, the table does not suit: ``steppable``), pulled and pushed.
+
+        Raises:
+            ConfigError: ``inverse`` is not integers, or the table's rows are cached here."""
+        c = self.caller
+        spec = c.spec(table)
+        keys = as_keys(keys)
+        spec.check_keys(keys)
+        if table in c.state.row_caches:
+            raise ConfigError(f"steps on {table!r}: the table's rows are cached here; pull and push instead")
+        inverse = np.asarray(inverse)
+        if inverse.dtype.kind not in "iu" or inverse.ndim != 1:
+            raise ConfigError(f"steps on {table!r}: inverse must be a 1-D integer array, got {inverse.dtype} "
+                              f"of shape {inverse.shape}")
+        return self._take(spec, keys, inverse, np.asarray(indptr, np.int64), np.asarray(vals, np.float32),
+                          np.asarray(labels, np.float32), model)
+
+    def _take(self, spec: TableSpec, keys: np.ndarray, inverse: np.ndarray, indptr: np.ndarray, vals: np.ndarray,
+              labels: np.ndarray, model: str) -> Future[Stepped]:
+        c = self.caller
+        c.losses.check()
+        with c.lock:
+            seq = c.state.sequencer.take()
+        out: Future[Stepped] = Future()
+        batch = (keys, inverse, indptr, vals, labels)
+        try:
+            pieces = c.state.routed(Op.STEP, keys, None, spec.layout, True) if steppable(spec, model) else []
+            if len(pieces) != 1:  # several servers (or none can step): pulled and pushed, as one step
+                self._classic(spec, batch, seq, out)
+                return out
+            self._send(spec, pieces[0], batch, seq, model, out)
+        except BaseException:
+            c.settled(seq)
+            raise
+        return out
+
+    def _send(self, spec: TableSpec, piece: Piece, batch: tuple[np.ndarray, ...], seq: int, model: str,
+              out: Future[Stepped]) -> None:
+        c = self.caller
+        keys, inverse, indptr, vals, labels = batch
+        rank = np.empty(keys.shape[0], np.int32)  # the key of each row the server reads, in its routed order
+        rank[piece.extra] = np.arange(keys.shape[0], dtype=np.int32)
+        extra = {"model": model, **(push_header(spec, "update", c.time) or {})}
+        header = call_header(Op.STEP, spec.name, node_id=c.node_id, seq=seq, token=c.token, extra=extra,
+                             worker_clock=c.clock if c.role == "worker" else None)
+        c.state.count(Op.STEP.value)
+        c.state.keys[Op.STEP.value] = c.state.keys.get(Op.STEP.value, 0) + int(keys.shape[0])
+        address, header, arrays = c.state.outgoing(Op.STEP, header, piece, 0)
+        arrays = [*arrays, rank[inverse], np.ascontiguousarray(indptr, np.int64),
+                  np.ascontiguousarray(vals, np.float32), np.ascontiguousarray(labels, np.float32)]
+
+        def answered(msg: Message | None, exc: BaseException | None) -> None:
+            preds = _stepped(msg, labels.shape[0]) if exc is None else None
+            if preds is None:  # refused, its server gone, the ring moved: the batch the classic way
+                self._classic(spec, batch, seq, out)
+                return
+            c.settled(seq)
+            assert msg is not None
+            out.set_result((preds, float(msg.header.get("loss", 0.0))))
+
+        if address is None:
+            answered(None, ProtocolError(f"server {piece.server} left the ring"))
+            return
+        c.state.submit(address, header, arrays, answered)
+
+    def _classic(self, spec: TableSpec, batch: tuple[np.ndarray, ...], seq: int, out: Future[Stepped]) -> None:
+        """The batch pulled, its gradient computed here, pushed under ``seq`` (settled once
+        that push is); ``out`` gets what the step would have answered."""
+        c = self.caller
+        keys, inverse, indptr, vals, labels = batch
+        rows = np.empty((keys.shape[0], spec.dim), np.float32)
+        try:
+            pulled = c.scatter(Op.PULL, spec.name, keys, None, rows_into(rows, spec.dim, None), result=rows)
+        except BaseException as exc:
+            c.settled(seq)
+            out.set_exception(exc)
+            return
+
+        def push(f: Future[Any]) -> None:
+            try:
+                grads, loss, preds = logistic_step(indptr, vals, labels, inverse, f.result(), True)
+            except BaseException as exc:
+                c.settled(seq)
+                out.set_exception(exc)
+                return
+            try:
+                pushed = c.push(spec, keys, grads, "update", True, seq=seq)  # settles seq, also when it raises
+            except BaseException as exc:
+                out.set_exception(exc)
+                return
+            def answered(p: Future[Any]) -> None:
+                failed = p.exception()
+                if failed is not None:
+                    out.set_exception(failed)
+                else:
+                    out.set_result((preds.astype(np.float32), float(loss)))
+
+            pushed.add_done_callback(answered)
+
+        pulled.add_done_callback(push)
+
+
+def _stepped(msg: Message | None, n: int) -> np.ndarray | None:
+    """A step's answer: the examples' probabilities, or None where it was no answer to use."""
+    if msg is None or msg.op is not Op.OK or len(msg.arrays) != 1:
+        return None
+    preds = msg.arrays[0]
+    return preds if preds.shape == (n,) and preds.dtype == np.float32 else None

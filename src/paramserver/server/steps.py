@@ -1,0 +1,51 @@
+"""``Op.STEP``: a mini-batch's gradient computed and applied where its rows are
+(``tables/steps.py`` has the arithmetic, ``client/step_calls.py`` the sender).
+
+A step is a pull and a push in one request, the gradient computed between them here: the
+request is checked whole (the table, its vnode segments, this server their primary, the
+batch's offsets and indices) before any row is read; the rows are read as an ASP pull
+reads them; the gradient goes the push's way (``DataPlane.pushed``: applied once whatever
+the retries, its seq's, admitted by the lifecycle, forwarded to the copies), and the reply,
+once every copy has it, carries each example's probability and the batch's summed log loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from paramserver.errors import ProtocolError
+from paramserver.server.data import DataPlane, read_rows
+from paramserver.server.install import check_grads
+from paramserver.server.requests import checked_table
+from paramserver.tables.steps import STEP_MODELS, check_batch, logistic_step
+from paramserver.wire.message import Message, expect, field
+
+#: a step's arrays: the keys grouped by vnode, then the batch (CSR, occurrences indexing the keys)
+STEP_ARRAYS = (("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1), ("inverse", "<i4", 1),
+               ("indptr", "<i8", 1), ("vals", "<f4", 1), ("labels", "<f4", 1))
+
+
+def on_step(plane: DataPlane, msg: Message, identity: bytes = b"") -> list[Any] | None:
+    """Take a step: read the rows, compute the batch's gradient, push it; the reply carries
+    the examples' probabilities (``float32[n]``) and ``loss``, their summed log loss."""
+    keys, vnodes, counts, inverse, indptr, vals, labels = expect(msg, *STEP_ARRAYS)
+    table = checked_table(plane.state, msg, keys.shape[0], vnodes, counts)
+    spec, model = table.spec, field(msg, "model", str)
+    width = STEP_MODELS.get(model)
+    if width is None:
+        raise ProtocolError(f"step on {spec.name!r}: model must be one of {sorted(STEP_MODELS)}, got {model!r}")
+    if spec.dim != width or spec.push_width != width:
+        raise ProtocolError(f"step {model!r} on {spec.name!r}: the model reads rows of {width} float(s) and pushes "
+                            f"no stats; the table's rows have {spec.dim} and its pushes {spec.push_width}: pull and "
+                            "push instead")
+    if spec.aggregate or spec.staleness != float("inf"):
+        raise ProtocolError(f"step on {spec.name!r}: a step reads its rows as an ASP pull does, and the table is "
+                            f"gated by clocks (staleness {spec.staleness:g}): pull and push instead")
+    check_batch(spec.name, keys.shape[0], inverse, indptr, vals, labels)
+    rows = read_rows(plane.state, table, keys, vnodes, counts)
+    grads, loss, preds = logistic_step(indptr, vals, labels, inverse, rows, True)
+    check_grads(table, keys, grads)
+    answer = ([preds.astype(np.float32)], {"loss": float(loss)})
+    return plane.pushed(table, msg, keys, grads, vnodes, counts, identity, answer)

@@ -1,0 +1,104 @@
+"""Model steps a server can take itself: a mini-batch's logistic-regression gradient, computed
+where the weights are (``Op.STEP``, ``client.steps``).
+
+A worker that pulls a batch's rows, computes the gradient and pushes it pays a round trip a
+batch, and reads rows a push or more stale while batches overlap.  A step sends the batch
+instead (its distinct keys, each occurrence's index among them, the examples' offsets,
+values and labels): the server reads the rows, computes the gradient here, and applies it
+through the table's rule as the push would, in one request.  The worker gets back each
+example's probability under the rows it was scored with (progressive validation) and the
+batch's summed log loss.
+
+The arithmetic is the worker's, to the bit (``apps/ctr/models.py`` calls the same kernel):
+a step on rows ``w`` applies the gradient a push computed from the same ``w`` would carry.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from paramserver.errors import ProtocolError
+
+#: the models a server steps: their name on the wire and the row width they read
+STEP_MODELS = {"lr": 1}
+
+
+@njit(inline="always", nogil=True, cache=True)
+def sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def logloss(p: float, y: float) -> float:
+    p = min(max(p, 1e-15), 1.0 - 1e-15)
+    return -(y * math.log(p) + (1.0 - y) * math.log(1.0 - p))
+
+
+@njit(inline="always", nogil=True, cache=True)
+def output(z, labels, i, preds):  # type: ignore[no-untyped-def]
+    """Example ``i``'s output, the same for every model: its probability ``σ(z)`` (kept in
+    ``preds``), its log loss, and the loss's gradient in the margin ``z``."""
+    p = sigmoid(z)
+    preds[i] = p
+    return logloss(p, labels[i]), p - labels[i]
+
+
+@njit(nogil=True, cache=True)
+def logistic_step(indptr, vals, labels, inverse, rows, want_grads):  # type: ignore[no-untyped-def]
+    """A CSR batch's logistic regression on ``rows[m, 1]`` (occurrence j reads row
+    ``inverse[j]``): the summed gradient row of each of the m keys (none unless
+    ``want_grads``), the summed log loss and each example's probability."""
+    n = labels.shape[0]
+    grads = np.zeros((rows.shape[0] if want_grads else 0, 1), np.float32)
+    preds = np.empty(n, np.float64)
+    loss = 0.0
+    for i in range(n):
+        z = 0.0
+        for j in range(indptr[i], indptr[i + 1]):
+            z += rows[inverse[j], 0] * vals[j]
+        ell, e = output(z, labels, i, preds)
+        loss += ell
+        if want_grads:
+            for j in range(indptr[i], indptr[i + 1]):
+                grads[inverse[j], 0] += e * vals[j]
+    return grads, loss, preds
+
+
+@njit(nogil=True, cache=True)
+def _batch_fault(m: int, inverse: np.ndarray, indptr: np.ndarray, vals: np.ndarray, labels: np.ndarray) -> int:
+    """0, or what is wrong with a step's batch (one pass each): 1 the offsets, 2 an index
+    out of the keys, 3 a value or label not finite."""
+    n = labels.shape[0]
+    if indptr.shape[0] != n + 1 or indptr[0] != 0 or indptr[n] != inverse.shape[0] or vals.shape[0] != inverse.shape[0]:
+        return 1
+    for i in range(n):
+        if indptr[i + 1] < indptr[i]:
+            return 1
+        if not math.isfinite(labels[i]):
+            return 3
+    for j in range(inverse.shape[0]):
+        if inverse[j] < 0 or inverse[j] >= m:
+            return 2
+        if not math.isfinite(vals[j]):
+            return 3
+    return 0
+
+
+def check_batch(table: str, m: int, inverse: np.ndarray, indptr: np.ndarray, vals: np.ndarray,
+                labels: np.ndarray) -> None:
+    """Refuse a step whose batch is malformed, before any row is read."""
+    fault = _batch_fault(m, inverse, indptr, vals, labels)
+    if fault == 1:
+        raise ProtocolError(f"step on {table!r}: the offsets must start at 0, never fall and end at the "
+                            f"{inverse.shape[0]} occurrences (as many values), one more than the {labels.shape[0]} "
+                            f"labels; got {indptr.shape[0]} offsets and {vals.shape[0]} values")
+    if fault == 2:
+        raise ProtocolError(f"step on {table!r}: an occurrence names a key outside the request's {m} keys")
+    if fault == 3:
+        raise ProtocolError(f"step on {table!r}: a value or a label is NaN or inf")

@@ -1,0 +1,95 @@
+"""Steps on a real cluster (``client.steps``, ``--steps``): a batch trained where its rows are
+applies what pulling it, computing its gradient and pushing it would; once a server joins
+and a batch's keys span two servers, the same call trains it the classic way; ``paramserver
+train`` on one server trains as steps the model of pulling each batch after the last push."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from paramserver import LocalCluster
+from paramserver.tables.steps import logistic_step
+
+pytestmark = pytest.mark.timeout(240)
+
+PS = [sys.executable, "-m", "paramserver"]
+FTRL = {"name": "ftrl", "alpha": 0.115, "beta": 0.5, "l1": 0.0, "l2": 0.0}
+
+
+def _batch(rng, n=50, keys=80):
+    lengths = rng.integers(1, 9, n)
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    inverse = rng.integers(0, keys, int(indptr[-1]))
+    vals = rng.choice(np.array([1.0, 0.5], np.float32), int(indptr[-1]))
+    labels = (rng.random(n) < 0.3).astype(np.float32)
+    return rng.choice(1 << 20, keys, replace=False).astype(np.uint64), inverse, indptr, vals, labels
+
+
+def _classic(c, table, batch):
+    """The batch pulled, its gradient computed here, pushed: what a step must equal."""
+    uniq, inverse, indptr, vals, labels = batch
+    rows = c.pull(table, uniq).result(timeout=60)
+    grads, loss, preds = logistic_step(indptr, vals, labels, inverse, rows, True)
+    c.push(table, uniq, grads, distinct=True).result(timeout=60)
+    return preds.astype(np.float32), loss
+
+
+def test_a_step_equals_pull_compute_push_on_one_server_and_after_a_server_joins():
+    rng = np.random.default_rng(5)
+    with LocalCluster(servers=1, log_level="WARNING") as cluster:
+        c = cluster.client
+        for name in ("stepped", "classic"):
+            c.create_table(name, 1, optimizer=FTRL)
+
+        def both(batch):
+            preds, loss = c.steps.take("stepped", *batch).result(timeout=60)
+            want_preds, want_loss = _classic(c, "classic", batch)
+            np.testing.assert_array_equal(preds, want_preds)
+            assert loss == pytest.approx(want_loss, rel=1e-12)
+            keys = batch[0]
+            np.testing.assert_array_equal(c.pull("stepped", keys).result(timeout=60),
+                                          c.pull("classic", keys).result(timeout=60))
+
+        for _ in range(4):
+            both(_batch(rng))
+        steps_before = c.stats.counts.get("step", 0)
+        assert steps_before == 4
+        cluster.add_server()  # the keys of a batch now span two servers: the same call, the classic way
+        for _ in range(4):
+            both(_batch(rng))
+        assert c.stats.counts.get("step", 0) == steps_before  # no step went as one request
+        everything = np.arange(1 << 20, dtype=np.uint64)
+        assert np.abs(c.pull("stepped", everything).result(timeout=60)).sum() > 0
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("steps")
+    for name, n, seed in (("train.tsv", 30_000, 1), ("test.tsv", 3_000, 2)):
+        subprocess.run([*PS, "synth", "--rows", str(n), "--shape", "heavy", "--seed", str(seed), "--out",
+                        str(folder / name)], check=True, capture_output=True, timeout=120)
+    return folder
+
+
+def _train(folder, name, *args):
+    report = folder / f"{name}.json"
+    run = subprocess.run([*PS, "train", "--data", str(folder / "train.tsv"), "--test", str(folder / "test.tsv"),
+                          "--quiet", "--metrics-out", str(report), *args], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(report.read_text())
+
+
+def test_train_on_one_server_steps_the_model_of_each_batch_pulled_after_the_last_push(rows):
+    stepped, sequential = _train(rows, "stepped"), _train(rows, "sequential", "--steps", "off", "--pipeline", "1")
+    assert stepped["steps"] and not sequential["steps"]
+    assert stepped["pipeline_depth"] == 4 and sequential["pipeline_depth"] == 1
+    assert stepped["logloss"] == sequential["logloss"]  # to the bit: the same rows read, the same kernel
+    assert stepped["key_ops_per_example"] == sequential["key_ops_per_example"]
+    assert stepped["examples"] == 30_000
+    two = _train(rows, "two", "--servers", "2")  # a batch's keys on two servers: pulled and pushed
+    assert not two["steps"] and two["pipeline_depth"] == 2 and two["logloss"] < 0.6

@@ -1,0 +1,144 @@
+"""``Op.STEP`` on real ServerNodes in this process (the harness of the replication tests):
+a step applies what a pull, the worker's kernel and a push of the same batch would, once
+whatever the retries; its copies get the same rows; a malformed or unsuited step changes
+nothing and says why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from harness import Harness
+
+from paramserver.routing.partition import route_pull
+from paramserver.routing.ring import Ring
+from paramserver.tables.spec import TableSpec
+from paramserver.tables.steps import logistic_step
+
+FTRL = {"name": "ftrl", "alpha": 0.115, "beta": 0.5, "l1": 0.0, "l2": 0.0}
+
+
+def _batch(seed: int, n: int = 40, keys: int = 60):
+    """A CSR batch over ``keys`` distinct keys: (distinct keys, inverse, indptr, vals, labels)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 8, n)
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    inverse = rng.integers(0, keys, int(indptr[-1])).astype(np.int64)
+    vals = rng.choice(np.array([1.0, 0.5, 2.0], np.float32), int(indptr[-1]))
+    labels = (rng.random(n) < 0.3).astype(np.float32)
+    uniq = (rng.permutation(10_000)[:keys] + 1).astype(np.uint64)
+    return uniq, inverse, indptr, vals, labels
+
+
+def _step(h: Harness, ring: Ring, table: str, batch, **fields) -> None:
+    """Deliver ``batch`` as one step to the server of its keys (one server must hold them all)."""
+    uniq, inverse, indptr, vals, labels = batch
+    routed = route_pull(ring, uniq, h.nodes[0].tables[table].layout)
+    (part,) = routed.parts
+    rank = np.empty(uniq.size, np.int32)
+    rank[routed.order] = np.arange(uniq.size, dtype=np.int32)
+    header = {"op": "step", "table": table, "ring_version": ring.version, "id": 1, "model": "lr", **fields}
+    inside = inverse < uniq.size  # (an index past the keys goes as it is: a malformed step)
+    wire = np.where(inside, rank[np.where(inside, inverse, 0)], inverse).astype(np.int32)
+    h.deliver(h.by_id(part.server), header, [routed.keys, part.vnodes, part.counts, wire, indptr, vals, labels])
+
+
+def _rows(h: Harness, server: int, table: str, keys: np.ndarray) -> np.ndarray:
+    return np.array([h.value(h.by_id(server), table, k) or 0.0 for k in keys], np.float32)
+
+
+@pytest.fixture
+def two():
+    """Two harnesses, one server each, the same FTRL table: where steps go, and the reference."""
+    out = []
+    for _ in range(2):
+        h = Harness()
+        h.make(1)
+        ring = Ring.create([1], 8)
+        h.ring(ring, [TableSpec("w", 1, optimizer=FTRL)])
+        out.append((h, ring))
+    yield out
+    for h, _ in out:
+        h.close()
+
+
+def test_a_step_applies_what_pull_kernel_and_push_would_and_answers_the_scores(two):
+    (h, ring), (ref, ref_ring) = two
+    for seed in range(4):  # each batch on the rows the ones before left
+        batch = _batch(seed)
+        uniq, inverse, indptr, vals, labels = batch
+        rows = _rows(ref, 1, "w", uniq).reshape(-1, 1)
+        grads, loss, preds = logistic_step(indptr, vals, labels, inverse, rows, True)
+        ref.push(ref_ring, "w", uniq, grads, sender=5, seq=seed + 1, acked=seed)
+        h.replies.clear()
+        _step(h, ring, "w", batch, sender=5, seq=seed + 1, acked=seed)
+        (_, answer), = h.replies
+        assert answer["op"] == "ok" and answer["loss"] == pytest.approx(loss, rel=1e-12)
+        np.testing.assert_array_equal(_rows(h, 1, "w", uniq), _rows(ref, 1, "w", uniq))
+    assert np.abs(_rows(h, 1, "w", uniq)).sum() > 0  # it learnt something
+
+
+def test_a_step_resent_with_its_seq_is_applied_once(two):
+    (h, ring), _ = two
+    batch = _batch(7)
+    _step(h, ring, "w", batch, sender=5, seq=1, acked=0)
+    once = _rows(h, 1, "w", batch[0])
+    h.replies.clear()
+    _step(h, ring, "w", batch, sender=5, seq=1, acked=0)  # a retry: answered, not applied again
+    assert [r["op"] for _, r in h.replies] == ["ok"]
+    np.testing.assert_array_equal(_rows(h, 1, "w", batch[0]), once)
+    _step(h, ring, "w", batch, sender=5, seq=2, acked=1)  # the next step is
+    assert not np.array_equal(_rows(h, 1, "w", batch[0]), once)
+
+
+def test_a_step_reaches_the_copies_and_its_answer_waits_for_them():
+    h = Harness()
+    try:
+        h.make(1, 2)
+        ring = Ring.create([1, 2], 4)
+        h.ring(ring, [TableSpec("w", 1, optimizer=FTRL, replicas=2)])
+        uniq, inverse, indptr, vals, labels = _batch(3)
+        keys = np.arange(1, 100_000, dtype=np.uint64)
+        uniq = keys[ring.owners[ring.vnodes(keys)] == 1][:uniq.size]  # every key on server 1
+        _step(h, ring, "w", (uniq, inverse, indptr, vals, labels), sender=5, seq=1, acked=0)
+        assert not h.replies  # the copy has not answered yet
+        h.pump()
+        (server, answer), = h.replies
+        assert server == 1 and answer["op"] == "ok" and "loss" in answer
+        np.testing.assert_array_equal(_rows(h, 2, "w", uniq), _rows(h, 1, "w", uniq))
+        assert np.abs(_rows(h, 2, "w", uniq)).sum() > 0
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda b: (b[0], b[1] + 1000, *b[2:]), "outside the request's"),
+    (lambda b: (b[0], b[1], b[2][::-1].copy(), *b[3:]), "offsets"),
+    (lambda b: (*b[:3], np.full_like(b[3], np.nan), b[4]), "NaN or inf"),
+    (lambda b: (*b[:4], b[4][:-1].copy()), "offsets"),
+])
+def test_a_malformed_step_changes_nothing_and_says_what(two, change, said):
+    (h, ring), _ = two
+    batch = change(_batch(1))
+    _step(h, ring, "w", batch, sender=5, seq=1, acked=0)
+    (_, answer), = h.replies
+    assert answer["op"] == "error" and said in answer["error"]
+    assert not _rows(h, 1, "w", batch[0]).any()
+
+
+@pytest.mark.parametrize("spec, said", [
+    (TableSpec("w", 1, optimizer=FTRL, consistency="ssp:2"), "gated by clocks"),
+    (TableSpec("w", 4, optimizer=FTRL), "rows of 1 float"),
+])
+def test_a_step_on_a_table_it_does_not_suit_is_refused_by_name(spec, said):
+    h = Harness()
+    try:
+        h.make(1)
+        ring = Ring.create([1], 8)
+        h.ring(ring, [spec])
+        _step(h, ring, "w", _batch(2), sender=5, seq=1, acked=0)
+        (_, answer), = h.replies
+        assert answer["op"] == "error" and said in answer["error"] and "pull and push instead" in answer["error"]
+        _step(h, ring, "w", _batch(2), sender=5, seq=2, acked=1, model="fm")
+        assert "model must be one of ['lr']" in h.replies[-1][1]["error"]
+    finally:
+        h.close()
