@@ -18,7 +18,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "write-your-own.md"
 
 def test_write_your_own_runs_as_shown(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
-    rule_module, usage, push_ops, function_module, calls, block_loop = blocks
+    rule_module, usage, push_ops, function_module, calls, steps, block_loop = blocks
     assert all(len(b.splitlines()) < 40 for b in blocks)
     (tmp_path / "my_rules.py").write_text("import numpy as np\n" + rule_module + "\n" + function_module)
     monkeypatch.syspath_prepend(str(tmp_path))  # the nodes get sys.path as PYTHONPATH
@@ -46,3 +46,10 @@ def test_write_your_own_runs_as_shown(tmp_path, monkeypatch):
     where, solved = out.getvalue().strip().splitlines()
     assert len(set(where.strip("[]").split())) == 2  # the four blocks are spread over both servers
     assert solved == "True"
+
+    out = io.StringIO()
+    with redirect_stdout(out):  # a step: its own cluster of one server
+        exec(compile(steps, str(PAGE), "exec"), {})
+    first, second, rows = out.getvalue().strip().splitlines()
+    assert (first, second) == ("[0.5 0.5] 1.386", "[0.562 0.438] 1.152")
+    np.testing.assert_allclose(np.array(rows.strip("[]").split(), float), [0.0, 0.469, -0.469])
