@@ -29,8 +29,9 @@ def _batch(seed: int, n: int = 40, keys: int = 60):
     return uniq, inverse, indptr, vals, labels
 
 
-def _step(h: Harness, ring: Ring, table: str, batch, **fields) -> None:
-    """Deliver ``batch`` as one step to the server of its keys (one server must hold them all)."""
+def _step(h: Harness, ring: Ring, table: str, batch, narrow: bool = False, **fields) -> None:
+    """Deliver ``batch`` as one step to the server of its keys (one server must hold them all);
+    ``narrow``: its indices in 16 bits and, where every value is 1, no values (as a client sends)."""
     uniq, inverse, indptr, vals, labels = batch
     routed = route_pull(ring, uniq, h.nodes[0].tables[table].layout)
     (part,) = routed.parts
@@ -38,7 +39,9 @@ def _step(h: Harness, ring: Ring, table: str, batch, **fields) -> None:
     rank[routed.order] = np.arange(uniq.size, dtype=np.int32)
     header = {"op": "step", "table": table, "ring_version": ring.version, "id": 1, "model": "lr", **fields}
     inside = inverse < uniq.size  # (an index past the keys goes as it is: a malformed step)
-    wire = np.where(inside, rank[np.where(inside, inverse, 0)], inverse).astype(np.int32)
+    wire = np.where(inside, rank[np.where(inside, inverse, 0)], inverse).astype(np.uint16 if narrow else np.int32)
+    if narrow and (vals == 1).all():
+        vals = np.zeros(0, np.float32)
     h.deliver(h.by_id(part.server), header, [routed.keys, part.vnodes, part.counts, wire, indptr, vals, labels])
 
 
@@ -75,6 +78,18 @@ def test_a_step_applies_what_pull_kernel_and_push_would_and_answers_the_scores(t
         assert answer["op"] == "ok" and answer["loss"] == pytest.approx(loss, rel=1e-12)
         np.testing.assert_array_equal(_rows(h, 1, "w", uniq), _rows(ref, 1, "w", uniq))
     assert np.abs(_rows(h, 1, "w", uniq)).sum() > 0  # it learnt something
+
+
+def test_a_step_of_unit_values_sends_none_and_its_indices_in_16_bits_to_the_same_rows(two):
+    (h, ring), (ref, ref_ring) = two
+    for seed in range(3):
+        uniq, inverse, indptr, vals, labels = _batch(seed)
+        batch = (uniq, inverse, indptr, np.ones_like(vals), labels)  # a CTR row's features
+        _step(ref, ref_ring, "w", batch, sender=5, seq=seed + 1, acked=seed)
+        _step(h, ring, "w", batch, narrow=True, sender=5, seq=seed + 1, acked=seed)
+        assert h.replies[-1][1] == {**ref.replies[-1][1]}
+        np.testing.assert_array_equal(_rows(h, 1, "w", uniq), _rows(ref, 1, "w", uniq))
+    assert np.abs(_rows(h, 1, "w", uniq)).sum() > 0
 
 
 def test_a_step_resent_with_its_seq_is_applied_once(two):

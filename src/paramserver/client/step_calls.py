@@ -24,12 +24,14 @@ import numpy as np
 
 from paramserver.client.core import Piece, as_keys, call_header, push_header, rows_into
 from paramserver.errors import ConfigError, ProtocolError
-from paramserver.tables.steps import STEP_MODELS, logistic_step
+from paramserver.tables.steps import INVERSE_DTYPES, STEP_MODELS, logistic_step
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
     from paramserver.client.caller import Caller
     from paramserver.tables.spec import TableSpec
+
+_NO_VALUES = np.zeros(0, np.float32)  # a batch whose every value is 1 sends none
 
 #: what a step's future gives: each example's probability under the rows it was scored with, and their summed log loss
 Stepped = tuple[np.ndarray, float]
@@ -96,16 +98,19 @@ class StepCalls:
               out: Future[Stepped]) -> None:
         c = self.caller
         keys, inverse, indptr, vals, labels = batch
-        rank = np.empty(keys.shape[0], np.int32)  # the key of each row the server reads, in its routed order
-        rank[piece.extra] = np.arange(keys.shape[0], dtype=np.int32)
+        # each occurrence's row among the keys the server reads, in their routed order (16 bits where they fit)
+        rank = np.empty(keys.shape[0], INVERSE_DTYPES[keys.shape[0] > 1 << 16])
+        rank[piece.extra] = np.arange(keys.shape[0], dtype=rank.dtype)
         extra = {"model": model, **(push_header(spec, "update", c.time) or {})}
         header = call_header(Op.STEP, spec.name, node_id=c.node_id, seq=seq, token=c.token, extra=extra,
                              worker_clock=c.clock if c.role == "worker" else None)
         c.state.count(Op.STEP.value)
         c.state.keys[Op.STEP.value] = c.state.keys.get(Op.STEP.value, 0) + int(keys.shape[0])
         address, header, arrays = c.state.outgoing(Op.STEP, header, piece, 0)
+        ones = bool((vals == 1).all())  # a CTR row's features: then none go (``logistic_step``)
         arrays = [*arrays, rank[inverse], np.ascontiguousarray(indptr, np.int64),
-                  np.ascontiguousarray(vals, np.float32), np.ascontiguousarray(labels, np.float32)]
+                  _NO_VALUES if ones else np.ascontiguousarray(vals, np.float32),
+                  np.ascontiguousarray(labels, np.float32)]
 
         def answered(msg: Message | None, exc: BaseException | None) -> None:
             preds = _stepped(msg, labels.shape[0]) if exc is None else None

@@ -19,10 +19,11 @@ from paramserver.errors import ProtocolError
 from paramserver.server.data import DataPlane, read_rows
 from paramserver.server.install import check_grads
 from paramserver.server.requests import checked_table
-from paramserver.tables.steps import STEP_MODELS, check_batch, logistic_step
+from paramserver.tables.steps import INVERSE_DTYPES, STEP_MODELS, check_batch, logistic_step
 from paramserver.wire.message import Message, expect, field
 
-#: a step's arrays: the keys grouped by vnode, then the batch (CSR, occurrences indexing the keys)
+#: a step's arrays: the keys grouped by vnode, then the batch (CSR, occurrences indexing the keys;
+#: ``inverse`` 16 bits up to 65 536 keys, else 32: ``INVERSE_DTYPES``; no ``vals``: every value 1)
 STEP_ARRAYS = (("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1), ("inverse", "<i4", 1),
                ("indptr", "<i8", 1), ("vals", "<f4", 1), ("labels", "<f4", 1))
 
@@ -30,7 +31,9 @@ STEP_ARRAYS = (("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1), (
 def on_step(plane: DataPlane, msg: Message, identity: bytes = b"") -> list[Any] | None:
     """Take a step: read the rows, compute the batch's gradient, push it; the reply carries
     the examples' probabilities (``float32[n]``) and ``loss``, their summed log loss."""
-    keys, vnodes, counts, inverse, indptr, vals, labels = expect(msg, *STEP_ARRAYS)
+    wide = len(msg.arrays) > 3 and msg.arrays[3].dtype in INVERSE_DTYPES  # 16 or 32 bits
+    specs = [(n, str(msg.arrays[3].dtype.str) if n == "inverse" and wide else t, d) for n, t, d in STEP_ARRAYS]
+    keys, vnodes, counts, inverse, indptr, vals, labels = expect(msg, *specs)
     table = checked_table(plane.state, msg, keys.shape[0], vnodes, counts)
     spec, model = table.spec, field(msg, "model", str)
     width = STEP_MODELS.get(model)

@@ -13,7 +13,7 @@ from paramserver.server.requests import _segment_fault
 from paramserver.store.vnodes import GENERIC_DIM, VnodeSet
 from paramserver.tables.optim import SGD, Zeros
 from paramserver.tables.spec import TableSpec
-from paramserver.tables.steps import check_batch, logistic_step
+from paramserver.tables.steps import INVERSE_DTYPES, check_batch, logistic_step
 from paramserver.wire.message import Op, decode, encode
 
 
@@ -73,8 +73,9 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
 def _warm_steps(n: int) -> None:
     """A step's kernels (``server/steps.py``) on a request's read-only arrays: its batch's
     check and the gradient."""
-    frames = encode({"op": Op.STEP.value}, [np.zeros(n, np.int32), np.arange(n + 1, dtype=np.int64),
-                                            np.ones(n, np.float32), np.zeros(n, np.float32)])
-    inverse, indptr, vals, labels = decode([bytes(f) for f in frames]).arrays
-    check_batch("warm-up", 1, inverse, indptr, vals, labels)
-    logistic_step(indptr, vals, labels, inverse, np.zeros((1, 1), np.float32), True)
+    for dtype in INVERSE_DTYPES:
+        frames = encode({"op": Op.STEP.value}, [np.zeros(n, dtype), np.arange(n + 1, dtype=np.int64),
+                                                np.ones(n, np.float32), np.zeros(n, np.float32)])
+        inverse, indptr, vals, labels = decode([bytes(f) for f in frames]).arrays
+        check_batch("warm-up", 1, inverse, indptr, vals, labels)
+        logistic_step(indptr, vals, labels, inverse, np.zeros((1, 1), np.float32), True)

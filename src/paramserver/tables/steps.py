@@ -24,6 +24,8 @@ from paramserver.errors import ProtocolError
 
 #: the models a server steps: their name on the wire and the row width they read
 STEP_MODELS = {"lr": 1}
+#: what a step's occurrences may index its keys with: 16 bits up to 65 536 keys, else 32
+INVERSE_DTYPES = (np.dtype(np.uint16), np.dtype(np.int32))
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -52,30 +54,33 @@ def output(z, labels, i, preds):  # type: ignore[no-untyped-def]
 @njit(nogil=True, cache=True)
 def logistic_step(indptr, vals, labels, inverse, rows, want_grads):  # type: ignore[no-untyped-def]
     """A CSR batch's logistic regression on ``rows[m, 1]`` (occurrence j reads row
-    ``inverse[j]``): the summed gradient row of each of the m keys (none unless
-    ``want_grads``), the summed log loss and each example's probability."""
+    ``inverse[j]``, with value ``vals[j]``, or 1 where ``vals`` is empty): the summed gradient
+    row of each of the m keys (none unless ``want_grads``), the summed log loss and each
+    example's probability."""
     n = labels.shape[0]
     grads = np.zeros((rows.shape[0] if want_grads else 0, 1), np.float32)
     preds = np.empty(n, np.float64)
+    ones = vals.shape[0] == 0  # every value 1 (a step's request leaves them out)
     loss = 0.0
     for i in range(n):
         z = 0.0
         for j in range(indptr[i], indptr[i + 1]):
-            z += rows[inverse[j], 0] * vals[j]
+            z += rows[inverse[j], 0] * (np.float32(1.0) if ones else vals[j])
         ell, e = output(z, labels, i, preds)
         loss += ell
         if want_grads:
             for j in range(indptr[i], indptr[i + 1]):
-                grads[inverse[j], 0] += e * vals[j]
+                grads[inverse[j], 0] += e * (np.float32(1.0) if ones else vals[j])
     return grads, loss, preds
 
 
 @njit(nogil=True, cache=True)
 def _batch_fault(m: int, inverse: np.ndarray, indptr: np.ndarray, vals: np.ndarray, labels: np.ndarray) -> int:
-    """0, or what is wrong with a step's batch (one pass each): 1 the offsets, 2 an index
-    out of the keys, 3 a value or label not finite."""
+    """0, or what is wrong with a step's batch (one pass each): 1 the offsets (or values
+    neither none nor one an occurrence), 2 an index out of the keys, 3 a value or label not finite."""
     n = labels.shape[0]
-    if indptr.shape[0] != n + 1 or indptr[0] != 0 or indptr[n] != inverse.shape[0] or vals.shape[0] != inverse.shape[0]:
+    if (indptr.shape[0] != n + 1 or indptr[0] != 0 or indptr[n] != inverse.shape[0]
+            or vals.shape[0] not in (0, inverse.shape[0])):
         return 1
     for i in range(n):
         if indptr[i + 1] < indptr[i]:
@@ -85,6 +90,7 @@ def _batch_fault(m: int, inverse: np.ndarray, indptr: np.ndarray, vals: np.ndarr
     for j in range(inverse.shape[0]):
         if inverse[j] < 0 or inverse[j] >= m:
             return 2
+    for j in range(vals.shape[0]):
         if not math.isfinite(vals[j]):
             return 3
     return 0
@@ -96,7 +102,8 @@ def check_batch(table: str, m: int, inverse: np.ndarray, indptr: np.ndarray, val
     fault = _batch_fault(m, inverse, indptr, vals, labels)
     if fault == 1:
         raise ProtocolError(f"step on {table!r}: the offsets must start at 0, never fall and end at the "
-                            f"{inverse.shape[0]} occurrences (as many values), one more than the {labels.shape[0]} "
+                            f"{inverse.shape[0]} occurrences (as many values, or none: all 1), one more than the "
+                            f"{labels.shape[0]} "
                             f"labels; got {indptr.shape[0]} offsets and {vals.shape[0]} values")
     if fault == 2:
         raise ProtocolError(f"step on {table!r}: an occurrence names a key outside the request's {m} keys")
