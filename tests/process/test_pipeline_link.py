@@ -72,6 +72,6 @@ def test_over_a_long_round_trip_a_worker_keeps_a_batch_more_in_flight_for_each_m
                 node.kill()
                 node.wait(timeout=10)
     assert far["round_trip_floor_ms"] >= 4.0  # 5 ms, less what the relay wakes early (~0.3 ms a hold)
-    assert far["steps"]  # one server: each batch a step, from 4 in flight (``STEP_DEPTH``)
-    assert far["pipeline_depth"] == min(16, 4 + int(far["round_trip_floor_ms"])) > 4
+    assert far["steps"]  # one server: each batch a step, 4 in flight and 4 more a whole ms (``depth.py``)
+    assert far["pipeline_depth"] == min(64, 4 + 4 * int(far["round_trip_floor_ms"])) > 4
     assert far["examples"] == 40_000 and far["logloss"] < 0.6

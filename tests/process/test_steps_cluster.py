@@ -58,11 +58,12 @@ def test_a_step_equals_pull_compute_push_on_one_server_and_after_a_server_joins(
         for _ in range(4):
             both(_batch(rng))
         steps_before = c.stats.counts.get("step", 0)
-        assert steps_before == 4
+        assert steps_before == 4 and "steps_classic" not in c.stats.counts
         cluster.add_server()  # the keys of a batch now span two servers: the same call, the classic way
         for _ in range(4):
             both(_batch(rng))
         assert c.stats.counts.get("step", 0) == steps_before  # no step went as one request
+        assert c.stats.counts["steps_classic"] == 4
         everything = np.arange(1 << 20, dtype=np.uint64)
         assert np.abs(c.pull("stepped", everything).result(timeout=60)).sum() > 0
 

@@ -129,7 +129,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline", default="link", metavar="link|N|auto[:N]",
                    help="mini-batches in flight per worker.  link (default): 2, or on a link whose round trip is "
                         "2 ms or more, one more for each whole ms of the least round trip of the worker's first 32 "
-                        "pulls, up to 16 (LR only: a factor model keeps 2); N: that many (1: each sees every "
+                        "pulls, up to 16 (LR only: a factor model keeps 2); where batches go as steps (--steps), "
+                        "4, and 4 more a whole ms, up to 64; N: that many (1: each sees every "
                         "earlier push); auto: from 2, one more each time the worker keeps waiting on its pulls, up "
                         "to N (default 16).  Deeper than 2, the job's last 32 batches go one at a time, so that the "
                         "model ends calibrated (docs/consistency.md)")

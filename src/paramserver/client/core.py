@@ -180,20 +180,22 @@ def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layo
 def answer_within(header: dict[str, Any], arrays: list[np.ndarray] | tuple[np.ndarray, ...],
                   spec: TableSpec | None) -> float | None:
     """How long a request may wait for its answer before it is resent (None: as long as
-    its server lives).  A pull or a push: ``ANSWER_WITHIN_S`` and its bytes at
+    its server lives).  A pull, a push or a step: ``ANSWER_WITHIN_S`` and its bytes at
     ``SLOWEST_LINK_BPS`` (a request or answer lost on a link that stays up, a reply a
     server dropped for a slow peer, would otherwise hold the call for ever; a resent push
     keeps its seq).  Not a pull of a BSP or SSP table (the gate may hold it for as long as
     the slowest worker takes), nor a server function (it may compute for long, and run
     again if resent), nor the rest (answered at once, or waited on by their callers)."""
     op = header.get("op")
-    if op not in (Op.PULL.value, Op.PUSH.value):
+    if op not in (Op.PULL.value, Op.PUSH.value, Op.STEP.value):
         return None
     if op == Op.PULL.value and (spec is None or spec.staleness != float("inf")):
         return None
     nbytes = sum(a.nbytes for a in arrays)
     if op == Op.PULL.value and spec is not None and arrays:
         nbytes += arrays[0].shape[0] * 4 * spec.dim  # the rows it is answered with
+    if op == Op.STEP.value and arrays:
+        nbytes += arrays[-1].nbytes  # a score an example: as many as its labels
     return ANSWER_WITHIN_S + nbytes / SLOWEST_LINK_BPS
 
 

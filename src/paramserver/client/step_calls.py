@@ -17,19 +17,22 @@ that push, so the batch counts once whatever happened to the step.
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paramserver.client.core import Piece, as_keys, call_header, push_header, rows_into
-from paramserver.errors import ConfigError, ProtocolError
+from paramserver.errors import Code, ConfigError, ProtocolError
 from paramserver.tables.steps import INVERSE_DTYPES, STEP_MODELS, logistic_step
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
     from paramserver.client.caller import Caller
     from paramserver.tables.spec import TableSpec
+
+logger = logging.getLogger(__name__)
 
 _NO_VALUES = np.zeros(0, np.float32)  # a batch whose every value is 1 sends none
 
@@ -50,6 +53,7 @@ class StepCalls:
 
     def __init__(self, caller: Caller) -> None:
         self.caller = caller
+        self._refused: set[str] = set()  # tables whose steps a server refused (said once)
 
     def take(self, table: str, keys: Any, inverse: Any, indptr: Any, vals: Any, labels: Any, *,
              model: str = "lr") -> Future[Stepped]:
@@ -114,7 +118,8 @@ class StepCalls:
 
         def answered(msg: Message | None, exc: BaseException | None) -> None:
             preds = _stepped(msg, labels.shape[0]) if exc is None else None
-            if preds is None:  # refused, its server gone, the ring moved: the batch the classic way
+            if preds is None:  # refused, its server gone, the ring moved, unanswered: the batch the classic way
+                self._went_classic(spec, msg, exc)
                 self._classic(spec, batch, seq, out)
                 return
             c.settled(seq)
@@ -126,10 +131,19 @@ class StepCalls:
             return
         c.state.submit(address, header, arrays, answered)
 
+    def _went_classic(self, spec: TableSpec, msg: Message | None, exc: BaseException | None) -> None:
+        """Say why, the first time a server refused a step of ``spec``'s table."""
+        code = msg.header.get("code") if msg is not None and msg.op is Op.ERROR else None
+        if code == Code.PROTOCOL.value and spec.name not in self._refused:
+            self._refused.add(spec.name)
+            logger.warning("steps on %r refused by a server (%s): its batches are pulled and pushed", spec.name,
+                           msg.header.get("error") if msg is not None else exc)
+
     def _classic(self, spec: TableSpec, batch: tuple[np.ndarray, ...], seq: int, out: Future[Stepped]) -> None:
         """The batch pulled, its gradient computed here, pushed under ``seq`` (settled once
         that push is); ``out`` gets what the step would have answered."""
         c = self.caller
+        c.state.count("steps_classic")  # client.stats.counts
         keys, inverse, indptr, vals, labels = batch
         rows = np.empty((keys.shape[0], spec.dim), np.float32)
         try:

@@ -6,7 +6,8 @@ round trip is covered by batches computing rather than by a worker waiting (issu
 ``link`` takes the least round trip of the worker's first ``LINK_PULLS`` pulls (small
 requests: the ramp's first batches hold a few examples), the link's floor, and from
 ``LINK_FROM_MS`` keeps 2 + one batch for each whole ``LINK_MS`` of it, up to ``LINK_MAX``,
-for the rest of the job.  On one machine the floor is ~0.2 ms, so the depth is 2 there,
+for the rest of the job (batches that go as steps, which read no stale rows: ``STEP_DEPTH``
+and ``STEP_PER_MS`` a ms, up to ``STEP_LINK_MAX``).  On one machine the floor is ~0.2 ms, so the depth is 2 there,
 as before, and one worker trains the same model every run; over 10 ms it is 12 (0.15x the loopback run's examples/s
 at 2, 0.55x at 12: docs/benchmarks.md, "A pipeline as deep as the link").  Only a linear
 model deepens: a factor model's loss grows with its reads' delay (FM on the Criteo sample:
@@ -79,6 +80,12 @@ def parse_pipeline(value: object) -> tuple[int, int]:
 #: more in flight costs no loss, and 4 keeps the server busy while the worker prepares the next
 #: (10^6 heavy rows on one machine: 2 in flight 559-632 k examples/s, 4 665-686 k, 8 642-697 k)
 STEP_DEPTH = 4
+#: ... and from ``LINK_FROM_MS`` this many more for each whole ms of the link's floor, up to
+#: ``STEP_LINK_MAX``: without staleness to bound it, a long link is covered by batches in flight,
+#: the ramp's small ones too (10 ms round trips, 10^6 heavy rows: 16 in flight 0.54x loopback's
+#: examples/s, 32 0.63x, 64 0.69x, the same model every time)
+STEP_PER_MS = 4
+STEP_LINK_MAX = 64
 
 #: mini-batches a worker trains one at a time at the end of its job when its pipeline may run
 #: deeper than 2 (``Depth.settles``)
@@ -96,7 +103,8 @@ class Depth:
         self.link = str(pipeline).strip() == "link"
         self.deepens = deepens
         self.stale = stale  # a batch in flight reads rows older than the ones before it trained (not steps)
-        self.base = self.now = self.now if stale or not self.link else STEP_DEPTH  # link's depth on a short link
+        if self.link and not stale:  # steps: deeper, and more for each ms of a long link
+            self.now, self.cap = STEP_DEPTH, STEP_LINK_MAX
         self.frozen = self.now >= self.cap or self.link  # a fixed depth never moves; link's is set once
         self.round_trips: list[float] = []  # link: the first pulls' round trips, seconds
         self.floor_ms: float | None = None  # link: the least of them, once known
@@ -128,7 +136,8 @@ class Depth:
             return
         self.floor_ms = 1000.0 * min(self.round_trips[:LINK_PULLS])
         if self.deepens and self.floor_ms >= LINK_FROM_MS:
-            self.now = min(self.cap, self.base + int(self.floor_ms / LINK_MS))
+            per_ms = 1 if self.stale else STEP_PER_MS
+            self.now = min(self.cap, self.now + per_ms * int(self.floor_ms / LINK_MS))
 
     def waited(self, blocked_s: float, iteration_s: float) -> None:
         """The worker waited ``blocked_s`` on a batch's pulls in an iteration of ``iteration_s``."""
