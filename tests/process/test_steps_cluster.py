@@ -94,3 +94,10 @@ def test_train_on_one_server_steps_the_model_of_each_batch_pulled_after_the_last
     assert stepped["examples"] == 30_000
     two = _train(rows, "two", "--servers", "2")  # a batch's keys on two servers: pulled and pushed
     assert not two["steps"] and two["pipeline_depth"] == 2 and two["logloss"] < 0.6
+
+
+def test_a_factorization_machine_on_one_server_steps_too_and_trains_the_sequential_model(rows):
+    stepped = _train(rows, "fm-stepped", "--model", "fm")
+    sequential = _train(rows, "fm-sequential", "--model", "fm", "--steps", "off", "--pipeline", "1")
+    assert stepped["steps"] and stepped["pipeline_depth"] == 4 and not sequential["steps"]
+    assert stepped["logloss"] == sequential["logloss"] < 0.6

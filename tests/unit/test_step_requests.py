@@ -92,6 +92,45 @@ def test_a_step_of_unit_values_sends_none_and_its_indices_in_16_bits_to_the_same
     assert np.abs(_rows(h, 1, "w", uniq)).sum() > 0
 
 
+def test_a_factorization_machines_step_applies_what_its_pull_kernel_and_push_would():
+    from paramserver.tables.steps import fm_step
+
+    spec = TableSpec("fm", 5, optimizer={"name": "adagrad", "lr": 0.1},
+                     initializer={"name": "normal", "std": 0.01, "zero_columns": 1})
+    hs = [Harness(), Harness()]
+    try:
+        rings = []
+        for h in hs:
+            h.make(1)
+            rings.append(Ring.create([1], 8))
+            h.ring(rings[-1], [spec])
+        (h, ref) = hs
+        for seed in range(3):
+            batch = _batch(seed)
+            uniq, inverse, indptr, vals, labels = batch
+            rows = np.array([[float(x) for x in _row(ref, "fm", k)] for k in uniq], np.float32)
+            grads, loss, _ = fm_step(indptr, vals, labels, inverse, rows, True, 0.01)
+            ref.push(rings[1], "fm", uniq, grads, sender=5, seq=seed + 1, acked=seed)
+            _step(h, rings[0], "fm", batch, model="fm", l2=0.01, sender=5, seq=seed + 1, acked=seed)
+            assert h.replies[-1][1]["loss"] == pytest.approx(loss, rel=1e-12)
+            for k in uniq:
+                np.testing.assert_array_equal(_row(h, "fm", k), _row(ref, "fm", k))
+        _step(h, rings[0], "fm", _batch(9), model="fm", l2=-1.0, sender=5, seq=9, acked=3)
+        assert "l2 must be a finite number >= 0" in h.replies[-1][1]["error"]
+    finally:
+        for one in hs:
+            one.close()
+
+
+def _row(h: Harness, table: str, key) -> np.ndarray:
+    node = h.by_id(1)
+    t = node.tables[table]
+    out = np.empty((1, t.spec.dim), np.float32)
+    v = node.ring.vnodes(np.array([key], np.uint64), t.layout)
+    t.lookup(v.astype(np.int32), np.array([1], np.int64), np.array([key], np.uint64), out)
+    return out[0]
+
+
 def test_a_step_resent_with_its_seq_is_applied_once(two):
     (h, ring), _ = two
     batch = _batch(7)
@@ -153,7 +192,7 @@ def test_a_step_on_a_table_it_does_not_suit_is_refused_by_name(spec, said):
         _step(h, ring, "w", _batch(2), sender=5, seq=1, acked=0)
         (_, answer), = h.replies
         assert answer["op"] == "error" and said in answer["error"] and "pull and push instead" in answer["error"]
-        _step(h, ring, "w", _batch(2), sender=5, seq=2, acked=1, model="fm")
-        assert "model must be one of ['lr']" in h.replies[-1][1]["error"]
+        _step(h, ring, "w", _batch(2), sender=5, seq=2, acked=1, model="svm")
+        assert "model must be one of ['fm', 'lr']" in h.replies[-1][1]["error"]
     finally:
         h.close()

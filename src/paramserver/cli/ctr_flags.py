@@ -135,9 +135,9 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                         "to N (default 16).  Deeper than 2, the job's last 32 batches go one at a time, so that the "
                         "model ends calibrated (docs/consistency.md)")
     p.add_argument("--steps", default="auto", choices=("auto", "off"),
-                   help="auto (default): an LR on one server sends each mini-batch as one step, its gradient "
-                        "computed and applied by the server, with no read older than the batch before it (4 in "
-                        "flight under link); off: pull the rows, compute the gradient here, push it")
+                   help="auto (default): an LR or an FM on one server sends each mini-batch as one step, its "
+                        "gradient computed and applied by the server, with no read older than the batch before it "
+                        "(4 in flight under link); off: pull the rows, compute the gradient here, push it")
     p.add_argument("--row-cache", default="off", metavar="SPEC",
                    help="each worker caches the model's rows it reads often: a row is read while at most S of "
                         "its server's updates behind, and a cached key's gradients are summed and pushed every S "

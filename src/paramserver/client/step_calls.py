@@ -18,6 +18,7 @@ that push, so the batch counts once whatever happened to the step.
 from __future__ import annotations
 
 import logging
+import math
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from paramserver.client.core import Piece, as_keys, call_header, push_header, rows_into
 from paramserver.errors import Code, ConfigError, ProtocolError
-from paramserver.tables.steps import INVERSE_DTYPES, STEP_MODELS, logistic_step
+from paramserver.tables.steps import INVERSE_DTYPES, STEP_MODELS, fits, step
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def steppable(spec: TableSpec, model: str) -> bool:
     """Whether ``spec``'s servers can take ``model``'s steps: rows of the model's width, no
     clock gating (a step reads as an ASP pull), no filters (a step's request is not a
     push's), and no admission counting shows and clicks (a step's push carries none)."""
-    return (STEP_MODELS.get(model) == spec.dim == spec.push_width and spec.staleness == float("inf")
+    return (fits(model, spec.dim) and spec.dim == spec.push_width and spec.staleness == float("inf")
             and not spec.aggregate and not spec.filters)
 
 
@@ -56,8 +57,9 @@ class StepCalls:
         self._refused: set[str] = set()  # tables whose steps a server refused (said once)
 
     def take(self, table: str, keys: Any, inverse: Any, indptr: Any, vals: Any, labels: Any, *,
-             model: str = "lr") -> Future[Stepped]:
-        """Train ``model`` (``"lr"``) on a CSR mini-batch where its rows are: occurrence j of
+             model: str = "lr", l2: float = 0.0) -> Future[Stepped]:
+        """Train ``model`` (``"lr"``, or ``"fm"`` with ``l2`` on its factors) on a CSR mini-batch
+        where its rows are: occurrence j of
         example i (``indptr[i] <= j < indptr[i + 1]``) is key ``keys[inverse[j]]`` with value
         ``vals[j]``; ``keys`` distinct.  The future gives each example's probability under
         the rows it was scored with and their summed log loss, once the update is applied
@@ -65,9 +67,16 @@ class StepCalls:
         (several servers hold them, the table does not suit: ``steppable``), pulled and pushed.
 
         Raises:
-            ConfigError: ``inverse`` is not integers, or the table's rows are cached here."""
+            ConfigError: an unknown model, ``inverse`` not integers, or the table's rows cached here."""
+        if model not in STEP_MODELS:
+            raise ConfigError(f"steps on {table!r}: model must be one of {sorted(STEP_MODELS)}, got {model!r}")
+        if not (isinstance(l2, (int, float)) and l2 >= 0 and math.isfinite(l2)):
+            raise ConfigError(f"steps on {table!r}: l2 must be a finite number >= 0, got {l2!r}")
         c = self.caller
         spec = c.spec(table)
+        if not fits(model, spec.dim):
+            raise ConfigError(f"steps on {table!r}: model {model!r} reads rows of "
+                              f"{'1 float' if model == 'lr' else '2 floats or more'}; the table's have {spec.dim}")
         keys = as_keys(keys)
         spec.check_keys(keys)
         if table in c.state.row_caches:
@@ -77,10 +86,10 @@ class StepCalls:
             raise ConfigError(f"steps on {table!r}: inverse must be a 1-D integer array, got {inverse.dtype} "
                               f"of shape {inverse.shape}")
         return self._take(spec, keys, inverse, np.asarray(indptr, np.int64), np.asarray(vals, np.float32),
-                          np.asarray(labels, np.float32), model)
+                          np.asarray(labels, np.float32), (model, float(l2)))
 
     def _take(self, spec: TableSpec, keys: np.ndarray, inverse: np.ndarray, indptr: np.ndarray, vals: np.ndarray,
-              labels: np.ndarray, model: str) -> Future[Stepped]:
+              labels: np.ndarray, how: tuple[str, float]) -> Future[Stepped]:
         c = self.caller
         c.losses.check()
         with c.lock:
@@ -88,30 +97,31 @@ class StepCalls:
         out: Future[Stepped] = Future()
         batch = (keys, inverse, indptr, vals, labels)
         try:
-            pieces = c.state.routed(Op.STEP, keys, None, spec.layout, True) if steppable(spec, model) else []
+            pieces = c.state.routed(Op.STEP, keys, None, spec.layout, True) if steppable(spec, how[0]) else []
             if len(pieces) != 1:  # several servers (or none can step): pulled and pushed, as one step
-                self._classic(spec, batch, seq, out)
+                self._classic(spec, batch, seq, how, out)
                 return out
-            self._send(spec, pieces[0], batch, seq, model, out)
+            self._send(spec, pieces[0], batch, seq, how, out)
         except BaseException:
             c.settled(seq)
             raise
         return out
 
-    def _send(self, spec: TableSpec, piece: Piece, batch: tuple[np.ndarray, ...], seq: int, model: str,
+    def _send(self, spec: TableSpec, piece: Piece, batch: tuple[np.ndarray, ...], seq: int, how: tuple[str, float],
               out: Future[Stepped]) -> None:
         c = self.caller
         keys, inverse, indptr, vals, labels = batch
         # each occurrence's row among the keys the server reads, in their routed order (16 bits where they fit)
         rank = np.empty(keys.shape[0], INVERSE_DTYPES[keys.shape[0] > 1 << 16])
         rank[piece.extra] = np.arange(keys.shape[0], dtype=rank.dtype)
-        extra = {"model": model, **(push_header(spec, "update", c.time) or {})}
+        model, l2 = how
+        extra = {"model": model, **({"l2": l2} if model == "fm" else {}), **(push_header(spec, "update", c.time) or {})}
         header = call_header(Op.STEP, spec.name, node_id=c.node_id, seq=seq, token=c.token, extra=extra,
                              worker_clock=c.clock if c.role == "worker" else None)
         c.state.count(Op.STEP.value)
         c.state.keys[Op.STEP.value] = c.state.keys.get(Op.STEP.value, 0) + int(keys.shape[0])
         address, header, arrays = c.state.outgoing(Op.STEP, header, piece, 0)
-        ones = bool((vals == 1).all())  # a CTR row's features: then none go (``logistic_step``)
+        ones = bool((vals == 1).all())  # a CTR row's features: then none go (``tables/steps.py``)
         arrays = [*arrays, rank[inverse], np.ascontiguousarray(indptr, np.int64),
                   _NO_VALUES if ones else np.ascontiguousarray(vals, np.float32),
                   np.ascontiguousarray(labels, np.float32)]
@@ -120,7 +130,7 @@ class StepCalls:
             preds = _stepped(msg, labels.shape[0]) if exc is None else None
             if preds is None:  # refused, its server gone, the ring moved, unanswered: the batch the classic way
                 self._went_classic(spec, msg, exc)
-                self._classic(spec, batch, seq, out)
+                self._classic(spec, batch, seq, how, out)
                 return
             c.settled(seq)
             assert msg is not None
@@ -139,7 +149,8 @@ class StepCalls:
             logger.warning("steps on %r refused by a server (%s): its batches are pulled and pushed", spec.name,
                            msg.header.get("error") if msg is not None else exc)
 
-    def _classic(self, spec: TableSpec, batch: tuple[np.ndarray, ...], seq: int, out: Future[Stepped]) -> None:
+    def _classic(self, spec: TableSpec, batch: tuple[np.ndarray, ...], seq: int, how: tuple[str, float],
+                 out: Future[Stepped]) -> None:
         """The batch pulled, its gradient computed here, pushed under ``seq`` (settled once
         that push is); ``out`` gets what the step would have answered."""
         c = self.caller
@@ -155,7 +166,7 @@ class StepCalls:
 
         def push(f: Future[Any]) -> None:
             try:
-                grads, loss, preds = logistic_step(indptr, vals, labels, inverse, f.result(), True)
+                grads, loss, preds = step(how[0], indptr, vals, labels, inverse, f.result(), how[1])
             except BaseException as exc:
                 c.settled(seq)
                 out.set_exception(exc)
@@ -165,6 +176,7 @@ class StepCalls:
             except BaseException as exc:
                 out.set_exception(exc)
                 return
+
             def answered(p: Future[Any]) -> None:
                 failed = p.exception()
                 if failed is not None:

@@ -13,7 +13,7 @@ from paramserver.server.requests import _segment_fault
 from paramserver.store.vnodes import GENERIC_DIM, VnodeSet
 from paramserver.tables.optim import SGD, Zeros
 from paramserver.tables.spec import TableSpec
-from paramserver.tables.steps import INVERSE_DTYPES, check_batch, logistic_step
+from paramserver.tables.steps import INVERSE_DTYPES, check_batch, fm_step, logistic_step
 from paramserver.wire.message import Op, decode, encode
 
 
@@ -79,3 +79,4 @@ def _warm_steps(n: int) -> None:
         inverse, indptr, vals, labels = decode([bytes(f) for f in frames]).arrays
         check_batch("warm-up", 1, inverse, indptr, vals, labels)
         logistic_step(indptr, vals, labels, inverse, np.zeros((1, 1), np.float32), True)
+        fm_step(indptr, vals, labels, inverse, np.zeros((1, 3), np.float32), True, 0.0)

@@ -1,5 +1,5 @@
-"""Model steps a server can take itself: a mini-batch's logistic-regression gradient, computed
-where the weights are (``Op.STEP``, ``client.steps``).
+"""Model steps a server can take itself: a mini-batch's gradient of logistic regression or of a
+factorization machine, computed where the weights are (``Op.STEP``, ``client.steps``).
 
 A worker that pulls a batch's rows, computes the gradient and pushes it pays a round trip a
 batch, and reads rows a push or more stale while batches overlap.  A step sends the batch
@@ -9,7 +9,7 @@ through the table's rule as the push would, in one request.  The worker gets bac
 example's probability under the rows it was scored with (progressive validation) and the
 batch's summed log loss.
 
-The arithmetic is the worker's, to the bit (``apps/ctr/models.py`` calls the same kernel):
+The arithmetic is the worker's, to the bit (``apps/ctr/models.py`` calls the same kernels):
 a step on rows ``w`` applies the gradient a push computed from the same ``w`` would carry.
 """
 
@@ -22,8 +22,9 @@ from numba import njit
 
 from paramserver.errors import ProtocolError
 
-#: the models a server steps: their name on the wire and the row width they read
-STEP_MODELS = {"lr": 1}
+#: the models a server steps: their name on the wire and the row width they read (0: any from 2,
+#: a factorization machine's ``[w, v_1..v_k]``)
+STEP_MODELS = {"lr": 1, "fm": 0}
 #: what a step's occurrences may index its keys with: 16 bits up to 65 536 keys, else 32
 INVERSE_DTYPES = (np.dtype(np.uint16), np.dtype(np.int32))
 
@@ -75,6 +76,46 @@ def logistic_step(indptr, vals, labels, inverse, rows, want_grads):  # type: ign
 
 
 @njit(nogil=True, cache=True)
+def fm_step(indptr, vals, labels, inverse, rows, want_grads, l2):  # type: ignore[no-untyped-def]
+    """A factorization machine's ``logistic_step``: rows ``[w, v_1..v_k]``, ``p = σ(Σ w_j x_j +
+    ½ Σ_f ((Σ_j v_jf x_j)² − Σ_j v_jf² x_j²))`` (Rendle 2010), ``l2`` on the factors' gradients."""
+    n = labels.shape[0]
+    k = rows.shape[1] - 1
+    grads = np.zeros((rows.shape[0] if want_grads else 0, k + 1), np.float32)
+    preds = np.empty(n, np.float64)
+    s = np.empty(k, np.float64)
+    ones = vals.shape[0] == 0  # every value 1 (a step's request leaves them out)
+    loss = 0.0
+    for i in range(n):
+        z = 0.0
+        s[:] = 0.0
+        sq = 0.0
+        for j in range(indptr[i], indptr[i + 1]):
+            x = np.float32(1.0) if ones else vals[j]
+            u = inverse[j]
+            z += rows[u, 0] * x
+            for f in range(k):
+                v = rows[u, 1 + f] * x
+                s[f] += v
+                sq += v * v
+        inter = 0.0
+        for f in range(k):
+            inter += s[f] * s[f]
+        z += 0.5 * (inter - sq)
+        ell, e = output(z, labels, i, preds)
+        loss += ell
+        if want_grads:
+            for j in range(indptr[i], indptr[i + 1]):
+                x = np.float32(1.0) if ones else vals[j]
+                u = inverse[j]
+                grads[u, 0] += e * x
+                for f in range(k):
+                    v = rows[u, 1 + f]
+                    grads[u, 1 + f] += e * (x * s[f] - v * x * x) + l2 * v
+    return grads, loss, preds
+
+
+@njit(nogil=True, cache=True)
 def _batch_fault(m: int, inverse: np.ndarray, indptr: np.ndarray, vals: np.ndarray, labels: np.ndarray) -> int:
     """0, or what is wrong with a step's batch (one pass each): 1 the offsets (or values
     neither none nor one an occurrence), 2 an index out of the keys, 3 a value or label not finite."""
@@ -109,3 +150,19 @@ def check_batch(table: str, m: int, inverse: np.ndarray, indptr: np.ndarray, val
         raise ProtocolError(f"step on {table!r}: an occurrence names a key outside the request's {m} keys")
     if fault == 3:
         raise ProtocolError(f"step on {table!r}: a value or a label is NaN or inf")
+
+
+def fits(model: str, dim: int) -> bool:
+    """Whether ``model``'s steps read rows of ``dim`` floats."""
+    width = STEP_MODELS.get(model)
+    return width is not None and (dim == width if width else dim >= 2)
+
+
+def step(model: str, indptr: np.ndarray, vals: np.ndarray, labels: np.ndarray, inverse: np.ndarray,
+         rows: np.ndarray, l2: float) -> tuple[np.ndarray, float, np.ndarray]:
+    """``model``'s gradient rows, summed log loss and probabilities on ``rows`` (``l2``: an FM's)."""
+    if model == "lr":
+        grads, loss, preds = logistic_step(indptr, vals, labels, inverse, rows, True)
+    else:
+        grads, loss, preds = fm_step(indptr, vals, labels, inverse, rows, True, l2)
+    return grads, float(loss), preds

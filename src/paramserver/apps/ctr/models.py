@@ -21,52 +21,14 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from paramserver.apps.ctr.deep import DENSE_BLOCK, Deep
 from paramserver.data.batch import Batch
 from paramserver.errors import ConfigError
-from paramserver.tables.steps import logistic_step, output
+from paramserver.tables.steps import fm_step, logistic_step
 
 MODELS = ("lr", "fm", "deepfm", "wdl")
 DEEP = ("deepfm", "wdl")
-
-
-@njit(nogil=True, cache=True)
-def _fm(indptr, vals, labels, inverse, rows, want_grads, l2):  # type: ignore[no-untyped-def]
-    n = labels.shape[0]
-    k = rows.shape[1] - 1
-    grads = np.zeros((rows.shape[0] if want_grads else 0, k + 1), np.float32)
-    preds = np.empty(n, np.float64)
-    s = np.empty(k, np.float64)
-    loss = 0.0
-    for i in range(n):
-        z = 0.0
-        s[:] = 0.0
-        sq = 0.0
-        for j in range(indptr[i], indptr[i + 1]):
-            x = vals[j]
-            u = inverse[j]
-            z += rows[u, 0] * x
-            for f in range(k):
-                v = rows[u, 1 + f] * x
-                s[f] += v
-                sq += v * v
-        inter = 0.0
-        for f in range(k):
-            inter += s[f] * s[f]
-        z += 0.5 * (inter - sq)
-        ell, e = output(z, labels, i, preds)
-        loss += ell
-        if want_grads:
-            for j in range(indptr[i], indptr[i + 1]):
-                x = vals[j]
-                u = inverse[j]
-                grads[u, 0] += e * x
-                for f in range(k):
-                    v = rows[u, 1 + f]
-                    grads[u, 1 + f] += e * (x * s[f] - v * x * x) + l2 * v
-    return grads, loss, preds
 
 
 @dataclass(frozen=True)
@@ -162,7 +124,7 @@ class Model:
         if self.name == "lr":
             grads, loss, p = logistic_step(batch.indptr, batch.vals, batch.labels, inverse, rows, True)
         else:
-            grads, loss, p = _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, True, self.l2)
+            grads, loss, p = fm_step(batch.indptr, batch.vals, batch.labels, inverse, rows, True, self.l2)
         return grads, float(loss), None, p
 
     def predict(self, batch: Batch, inverse: np.ndarray, rows: np.ndarray,
@@ -170,7 +132,7 @@ class Model:
         if self.deep is not None:
             return self.deep.predict(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
         out = logistic_step(batch.indptr, batch.vals, batch.labels, inverse, rows, False) if self.name == "lr" else \
-            _fm(batch.indptr, batch.vals, batch.labels, inverse, rows, False, 0.0)
+            fm_step(batch.indptr, batch.vals, batch.labels, inverse, rows, False, 0.0)
         probabilities: np.ndarray = out[2]
         return probabilities
 

@@ -54,7 +54,7 @@ class TrainConfig:
     table_memory: int | str = 0  # memory the model table's rows may take on each server, the rest on disk (0: all)
     hot_keys: str = "full"  # what the hot tier keeps of a key: the key, or a fingerprint (``TableSpec.hot_keys``)
     prefetch: bool = True  # name each batch's keys a batch ahead (Client.prefetch): tiered tables read them then
-    steps: str = "auto"  # auto: an LR on one server trains each batch as one step (client.steps); off: pull and push
+    steps: str = "auto"  # auto: an LR or FM on one server trains each batch as a step (client.steps); off: pull, push
     row_cache: Any = "off"  # each worker's cache of the model table's rows (client/row_cache.py): off, hot, s=N,rows=N
     slow_rank: int = -1  # benchmarks: this worker sleeps ...
     slow_factor: float = 1.0  # ... (factor - 1) x its compute time each batch

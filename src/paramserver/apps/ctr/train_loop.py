@@ -90,19 +90,20 @@ def _train_stream(client: Client, cfg: TrainConfig,
     into the next shard meanwhile, so a shard boundary costs one drain of the pushes, not
     also a request for the next shard and its first parse.
     """
-    # a factor model's loss grows with depth; a step reads no stale rows
-    depth = Depth(cfg.pipeline, deepens=cfg.model.name == "lr", stale=not _stepping(client, cfg))
+    # a factor model's loss grows with the depth of its reads; a step reads no stale rows
+    stepping = _stepping(client, cfg)
+    depth = Depth(cfg.pipeline, deepens=cfg.model.name == "lr" or stepping, stale=not stepping)
     with Prefetch(_shard_stream(client, cfg, depth.settles)) as items:  # parsed and deduplicated ahead
         return _train_items(client, cfg, items, on_batch, depth)
 
 
 def _stepping(client: Client, cfg: TrainConfig) -> bool:
     """Whether this worker trains its batches as steps (``client.steps``, ``--steps auto``): an
-    LR whose table suits (``steppable``) on one server, so that a batch's keys are all on it,
-    and no row cache.  Should servers join later, each step whose keys they split goes the
-    classic way (``client/step_calls.py``)."""
-    return (cfg.steps == "auto" and cfg.model.name == "lr" and not RowCacheSpec.parse(cfg.row_cache)
-            and steppable(cfg.table_spec(), "lr") and np.unique(client.admin.ring.owners).size == 1)
+    LR or an FM whose table suits (``steppable``) on one server, so that a batch's keys are all
+    on it, and no row cache.  Should servers join later, each step whose keys they split goes
+    the classic way (``client/step_calls.py``)."""
+    return (cfg.steps == "auto" and not RowCacheSpec.parse(cfg.row_cache)
+            and steppable(cfg.table_spec(), cfg.model.name) and np.unique(client.admin.ring.owners).size == 1)
 
 
 def _train_items(client: Client, cfg: TrainConfig, items: Prefetch,
@@ -329,7 +330,8 @@ class _Pipeline:
             client.set_time(self.time_base + (self.done["examples"] + self.examples + len(batch))
                             * max(client.num_workers, 1))
         sent = time.perf_counter()
-        stepped = client.steps.take(cfg.model.table, uniq, inverse, batch.indptr, batch.vals, batch.labels)
+        stepped = client.steps.take(cfg.model.table, uniq, inverse, batch.indptr, batch.vals, batch.labels,
+                                    model=cfg.model.name, l2=cfg.model.l2)
         if self.depth.link and self.depth.floor_ms is None:  # its round trip, for ``link``
             stepped.add_done_callback(self._timed(sent))
         self.pushes.append(([stepped], batch))
