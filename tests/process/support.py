@@ -1,10 +1,14 @@
-"""Helpers the process tests share: real data paths, and waiting on a condition."""
+"""Helpers the process tests share: real data paths, waiting on a condition, heavy rows and a
+training job's report."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -64,3 +68,23 @@ def killed_on_exit(proc):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+def heavy_rows(folder, train: int, test: int):
+    """``folder`` with ``train.tsv`` and ``test.tsv``: heavy-tailed rows of ``paramserver synth``
+    (seeds 1 and 2)."""
+    for name, n, seed in (("train.tsv", train, 1), ("test.tsv", test, 2)):
+        subprocess.run([sys.executable, "-m", "paramserver", "synth", "--rows", str(n), "--shape", "heavy", "--seed",
+                        str(seed), "--out", str(folder / name)], check=True, capture_output=True, timeout=120)
+    return folder
+
+
+def train_report(folder, name, *args, prefix=()):
+    """``paramserver train`` on ``folder``'s rows (``heavy_rows``) with ``args``: its report."""
+    report = folder / f"{name}.json"
+    run = subprocess.run([*prefix, sys.executable, "-m", "paramserver", "train", "--data", str(folder / "train.tsv"),
+                          "--test", str(folder / "test.tsv"), "--quiet", "--metrics-out", str(report), *args],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(report.read_text())
+

@@ -4,13 +4,13 @@ trips are long, here a 5 ms round trip through the nemesis proxy (``ProxyHosts``
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from support import heavy_rows, train_report
 
 from paramserver.testing.nemesis.proxied import ProxyHosts
 
@@ -19,22 +19,12 @@ pytestmark = pytest.mark.timeout(240)
 PS = [sys.executable, "-m", "paramserver"]
 
 
-def _train(tmp_path, name, *args, prefix=()):
-    report = tmp_path / f"{name}.json"
-    run = subprocess.run([*prefix, *PS, "train", "--data", str(tmp_path / "train.tsv"), "--test",
-                          str(tmp_path / "test.tsv"), "--quiet", "--metrics-out", str(report), *args],
-                         capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(report.read_text())
+_train = train_report
 
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("link")
-    for name, n, seed in (("train.tsv", 40_000, 1), ("test.tsv", 4_000, 2)):
-        subprocess.run([*PS, "synth", "--rows", str(n), "--shape", "heavy", "--seed", str(seed), "--out",
-                        str(folder / name)], check=True, capture_output=True, timeout=120)
-    return folder
+    return heavy_rows(tmp_path_factory.mktemp("link"), 40_000, 4_000)
 
 
 def test_on_one_machine_link_is_two_in_flight_and_the_same_model(rows):

@@ -5,19 +5,15 @@ train`` on one server trains as steps the model of pulling each batch after the 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
+from support import heavy_rows, train_report
 
 from paramserver import LocalCluster
 from paramserver.tables.steps import logistic_step
 
 pytestmark = pytest.mark.timeout(240)
 
-PS = [sys.executable, "-m", "paramserver"]
 FTRL = {"name": "ftrl", "alpha": 0.115, "beta": 0.5, "l1": 0.0, "l2": 0.0}
 
 
@@ -70,19 +66,10 @@ def test_a_step_equals_pull_compute_push_on_one_server_and_after_a_server_joins(
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("steps")
-    for name, n, seed in (("train.tsv", 30_000, 1), ("test.tsv", 3_000, 2)):
-        subprocess.run([*PS, "synth", "--rows", str(n), "--shape", "heavy", "--seed", str(seed), "--out",
-                        str(folder / name)], check=True, capture_output=True, timeout=120)
-    return folder
+    return heavy_rows(tmp_path_factory.mktemp("steps"), 30_000, 3_000)
 
 
-def _train(folder, name, *args):
-    report = folder / f"{name}.json"
-    run = subprocess.run([*PS, "train", "--data", str(folder / "train.tsv"), "--test", str(folder / "test.tsv"),
-                          "--quiet", "--metrics-out", str(report), *args], capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(report.read_text())
+_train = train_report
 
 
 def test_train_on_one_server_steps_the_model_of_each_batch_pulled_after_the_last_push(rows):
