@@ -26,7 +26,7 @@ import numpy as np
 
 from paramserver.client.core import Piece, as_keys, call_header, push_header, rows_into
 from paramserver.errors import Code, ConfigError, ProtocolError
-from paramserver.tables.steps import INVERSE_DTYPES, STEP_MODELS, fits, step
+from paramserver.tables.steps import INVERSE_DTYPES, STEP_MODELS, fits, step, unsuited
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
@@ -45,8 +45,7 @@ def steppable(spec: TableSpec, model: str) -> bool:
     """Whether ``spec``'s servers can take ``model``'s steps: rows of the model's width, no
     clock gating (a step reads as an ASP pull), no filters (a step's request is not a
     push's), and no admission counting shows and clicks (a step's push carries none)."""
-    return (fits(model, spec.dim) and spec.dim == spec.push_width and spec.staleness == float("inf")
-            and not spec.aggregate and not spec.filters)
+    return unsuited(spec, model) is None and not spec.filters
 
 
 class StepCalls:
@@ -59,10 +58,10 @@ class StepCalls:
     def take(self, table: str, keys: Any, inverse: Any, indptr: Any, vals: Any, labels: Any, *,
              model: str = "lr", l2: float = 0.0) -> Future[Stepped]:
         """Train ``model`` (``"lr"``, or ``"fm"`` with ``l2`` on its factors) on a CSR mini-batch
-        where its rows are: occurrence j of
-        example i (``indptr[i] <= j < indptr[i + 1]``) is key ``keys[inverse[j]]`` with value
-        ``vals[j]``; ``keys`` distinct.  The future gives each example's probability under
-        the rows it was scored with and their summed log loss, once the update is applied
+        where its rows are: occurrence j of example i (``indptr[i] <= j < indptr[i + 1]``) is key
+        ``keys[inverse[j]]`` with value ``vals[j]``; ``keys`` distinct.  The future gives each
+        example's probability under the rows it was scored with and their summed log loss, once
+        the update is applied
         (exactly once).  One request to the server holding the keys; where that cannot be
         (several servers hold them, the table does not suit: ``steppable``), pulled and pushed.
 
@@ -129,7 +128,7 @@ class StepCalls:
         def answered(msg: Message | None, exc: BaseException | None) -> None:
             preds = _stepped(msg, labels.shape[0]) if exc is None else None
             if preds is None:  # refused, its server gone, the ring moved, unanswered: the batch the classic way
-                self._went_classic(spec, msg, exc)
+                self._went_classic(spec, msg)
                 self._classic(spec, batch, seq, how, out)
                 return
             c.settled(seq)
@@ -141,13 +140,13 @@ class StepCalls:
             return
         c.state.submit(address, header, arrays, answered)
 
-    def _went_classic(self, spec: TableSpec, msg: Message | None, exc: BaseException | None) -> None:
+    def _went_classic(self, spec: TableSpec, msg: Message | None) -> None:
         """Say why, the first time a server refused a step of ``spec``'s table."""
-        code = msg.header.get("code") if msg is not None and msg.op is Op.ERROR else None
-        if code == Code.PROTOCOL.value and spec.name not in self._refused:
+        if (msg is not None and msg.op is Op.ERROR and msg.header.get("code") == Code.PROTOCOL.value
+                and spec.name not in self._refused):
             self._refused.add(spec.name)
             logger.warning("steps on %r refused by a server (%s): its batches are pulled and pushed", spec.name,
-                           msg.header.get("error") if msg is not None else exc)
+                           msg.header.get("error"))
 
     def _classic(self, spec: TableSpec, batch: tuple[np.ndarray, ...], seq: int, how: tuple[str, float],
                  out: Future[Stepped]) -> None:

@@ -19,7 +19,7 @@ from paramserver.errors import ProtocolError
 from paramserver.server.data import DataPlane, read_rows
 from paramserver.server.install import check_grads
 from paramserver.server.requests import checked_table
-from paramserver.tables.steps import INVERSE_DTYPES, STEP_MODELS, check_batch, fits, step
+from paramserver.tables.steps import INVERSE_DTYPES, check_batch, step, unsuited
 from paramserver.wire.message import Message, expect, field
 
 #: a step's arrays: the keys grouped by vnode, then the batch (CSR, occurrences indexing the keys;
@@ -32,23 +32,17 @@ def on_step(plane: DataPlane, msg: Message, identity: bytes = b"") -> list[Any] 
     """Take a step: read the rows, compute the batch's gradient (``model``: ``lr``, or ``fm``
     with its ``l2``), push it; the reply carries the examples' probabilities (``float32[n]``)
     and ``loss``, their summed log loss."""
-    wide = len(msg.arrays) > 3 and msg.arrays[3].dtype in INVERSE_DTYPES  # 16 or 32 bits
-    specs = [(n, str(msg.arrays[3].dtype.str) if n == "inverse" and wide else t, d) for n, t, d in STEP_ARRAYS]
+    narrow = len(msg.arrays) > 3 and msg.arrays[3].dtype in INVERSE_DTYPES  # the indices: 16 or 32 bits
+    specs = [(n, msg.arrays[3].dtype.str if n == "inverse" and narrow else t, d) for n, t, d in STEP_ARRAYS]
     keys, vnodes, counts, inverse, indptr, vals, labels = expect(msg, *specs)
     table = checked_table(plane.state, msg, keys.shape[0], vnodes, counts)
     spec, model = table.spec, field(msg, "model", str)
-    if model not in STEP_MODELS:
-        raise ProtocolError(f"step on {spec.name!r}: model must be one of {sorted(STEP_MODELS)}, got {model!r}")
-    if not fits(model, spec.dim) or spec.push_width != spec.dim:
-        wants = "rows of 1 float" if model == "lr" else "rows of 2 floats or more ([w, v_1..v_k])"
-        raise ProtocolError(f"step {model!r} on {spec.name!r}: the model reads {wants} and pushes no stats; the "
-                            f"table's rows have {spec.dim} and its pushes {spec.push_width}: pull and push instead")
+    why = unsuited(spec, model)
+    if why is not None:
+        raise ProtocolError(f"step on {spec.name!r}: {why}")
     l2 = msg.header.get("l2", 0.0)
     if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 >= 0 or not np.isfinite(l2):
         raise ProtocolError(f"step on {spec.name!r}: l2 must be a finite number >= 0, got {l2!r}")
-    if spec.aggregate or spec.staleness != float("inf"):
-        raise ProtocolError(f"step on {spec.name!r}: a step reads its rows as an ASP pull does, and the table is "
-                            f"gated by clocks (staleness {spec.staleness:g}): pull and push instead")
     check_batch(spec.name, keys.shape[0], inverse, indptr, vals, labels)
     rows = read_rows(plane.state, table, keys, vnodes, counts)
     grads, loss, preds = step(model, indptr, vals, labels, inverse, rows, float(l2))

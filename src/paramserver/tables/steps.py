@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit
 
 from paramserver.errors import ProtocolError
+from paramserver.tables.spec import TableSpec
 
 #: the models a server steps: their name on the wire and the row width they read (0: any from 2,
 #: a factorization machine's ``[w, v_1..v_k]``)
@@ -158,11 +159,27 @@ def fits(model: str, dim: int) -> bool:
     return width is not None and (dim == width if width else dim >= 2)
 
 
+def unsuited(spec: TableSpec, model: str) -> str | None:
+    """Why a server cannot take ``model``'s steps on ``spec``'s table (None: it can): the
+    server refuses with it, and a client does not send them (``client/step_calls.steppable``)."""
+    if model not in STEP_MODELS:
+        return f"model must be one of {sorted(STEP_MODELS)}, got {model!r}"
+    if not fits(model, spec.dim) or spec.push_width != spec.dim:
+        wants = "rows of 1 float" if model == "lr" else "rows of 2 floats or more ([w, v_1..v_k])"
+        return (f"model {model!r} reads {wants} and pushes no stats; the table's rows have {spec.dim} and its "
+                f"pushes {spec.push_width}: pull and push instead")
+    if spec.aggregate or spec.staleness != float("inf"):
+        return (f"a step reads its rows as an ASP pull does, and the table is gated by clocks (staleness "
+                f"{spec.staleness:g}): pull and push instead")
+    return None
+
+
 def step(model: str, indptr: np.ndarray, vals: np.ndarray, labels: np.ndarray, inverse: np.ndarray,
-         rows: np.ndarray, l2: float) -> tuple[np.ndarray, float, np.ndarray]:
-    """``model``'s gradient rows, summed log loss and probabilities on ``rows`` (``l2``: an FM's)."""
+         rows: np.ndarray, l2: float, want_grads: bool = True) -> tuple[np.ndarray, float, np.ndarray]:
+    """``model``'s gradient rows (none unless ``want_grads``), summed log loss and
+    probabilities on ``rows`` (``l2``: an FM's, on its factors' gradients)."""
     if model == "lr":
-        grads, loss, preds = logistic_step(indptr, vals, labels, inverse, rows, True)
+        grads, loss, preds = logistic_step(indptr, vals, labels, inverse, rows, want_grads)
     else:
-        grads, loss, preds = fm_step(indptr, vals, labels, inverse, rows, True, l2)
+        grads, loss, preds = fm_step(indptr, vals, labels, inverse, rows, want_grads, l2)
     return grads, float(loss), preds

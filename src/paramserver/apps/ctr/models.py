@@ -25,7 +25,7 @@ import numpy as np
 from paramserver.apps.ctr.deep import DENSE_BLOCK, Deep
 from paramserver.data.batch import Batch
 from paramserver.errors import ConfigError
-from paramserver.tables.steps import fm_step, logistic_step
+from paramserver.tables.steps import step
 
 MODELS = ("lr", "fm", "deepfm", "wdl")
 DEEP = ("deepfm", "wdl")
@@ -121,20 +121,14 @@ class Model:
         own update: progressive validation)."""
         if self.deep is not None:
             return self.deep.scored_step(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
-        if self.name == "lr":
-            grads, loss, p = logistic_step(batch.indptr, batch.vals, batch.labels, inverse, rows, True)
-        else:
-            grads, loss, p = fm_step(batch.indptr, batch.vals, batch.labels, inverse, rows, True, self.l2)
-        return grads, float(loss), None, p
+        grads, loss, p = step(self.name, batch.indptr, batch.vals, batch.labels, inverse, rows, self.l2)
+        return grads, loss, None, p
 
     def predict(self, batch: Batch, inverse: np.ndarray, rows: np.ndarray,
                 dense: np.ndarray | None = None) -> np.ndarray:
         if self.deep is not None:
             return self.deep.predict(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
-        out = logistic_step(batch.indptr, batch.vals, batch.labels, inverse, rows, False) if self.name == "lr" else \
-            fm_step(batch.indptr, batch.vals, batch.labels, inverse, rows, False, 0.0)
-        probabilities: np.ndarray = out[2]
-        return probabilities
+        return step(self.name, batch.indptr, batch.vals, batch.labels, inverse, rows, self.l2, want_grads=False)[2]
 
 
 # AdaGrad on the factors: v -= lr * g / sqrt(G0 + the sum of g² so far).  A factor's
