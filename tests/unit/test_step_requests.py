@@ -13,6 +13,7 @@ from paramserver.routing.partition import route_pull
 from paramserver.routing.ring import Ring
 from paramserver.tables.spec import TableSpec
 from paramserver.tables.steps import logistic_step
+from paramserver.wire.step_arrays import step_arrays
 
 FTRL = {"name": "ftrl", "alpha": 0.115, "beta": 0.5, "l1": 0.0, "l2": 0.0}
 
@@ -30,8 +31,8 @@ def _batch(seed: int, n: int = 40, keys: int = 60):
 
 
 def _step(h: Harness, ring: Ring, table: str, batch, narrow: bool = False, **fields) -> None:
-    """Deliver ``batch`` as one step to the server of its keys (one server must hold them all);
-    ``narrow``: its indices in 16 bits and, where every value is 1, no values (as a client sends)."""
+    """Deliver ``batch`` as one step to the server of its keys (one server must hold them all),
+    every array at its widest; ``narrow``: each as narrow as it goes (``step_arrays``, as a client sends)."""
     uniq, inverse, indptr, vals, labels = batch
     routed = route_pull(ring, uniq, h.nodes[0].tables[table].layout)
     (part,) = routed.parts
@@ -39,10 +40,9 @@ def _step(h: Harness, ring: Ring, table: str, batch, narrow: bool = False, **fie
     rank[routed.order] = np.arange(uniq.size, dtype=np.int32)
     header = {"op": "step", "table": table, "ring_version": ring.version, "id": 1, "model": "lr", **fields}
     inside = inverse < uniq.size  # (an index past the keys goes as it is: a malformed step)
-    wire = np.where(inside, rank[np.where(inside, inverse, 0)], inverse).astype(np.uint16 if narrow else np.int32)
-    if narrow and (vals == 1).all():
-        vals = np.zeros(0, np.float32)
-    h.deliver(h.by_id(part.server), header, [routed.keys, part.vnodes, part.counts, wire, indptr, vals, labels])
+    wire = np.where(inside, rank[np.where(inside, inverse, 0)], inverse).astype(np.int32)
+    arrays = [routed.keys, part.vnodes, part.counts, wire, indptr, vals, labels]
+    h.deliver(h.by_id(part.server), header, step_arrays(*arrays) if narrow else arrays)
 
 
 def _rows(h: Harness, server: int, table: str, keys: np.ndarray) -> np.ndarray:
@@ -80,11 +80,12 @@ def test_a_step_applies_what_pull_kernel_and_push_would_and_answers_the_scores(t
     assert np.abs(_rows(h, 1, "w", uniq)).sum() > 0  # it learnt something
 
 
-def test_a_step_of_unit_values_sends_none_and_its_indices_in_16_bits_to_the_same_rows(two):
+@pytest.mark.parametrize("ones", [True, False])
+def test_a_step_sent_narrow_changes_the_same_rows_as_sent_wide(two, ones):
     (h, ring), (ref, ref_ring) = two
     for seed in range(3):
         uniq, inverse, indptr, vals, labels = _batch(seed)
-        batch = (uniq, inverse, indptr, np.ones_like(vals), labels)  # a CTR row's features
+        batch = (uniq, inverse, indptr, np.ones_like(vals) if ones else vals, labels)  # ones: a CTR row's features
         _step(ref, ref_ring, "w", batch, sender=5, seq=seed + 1, acked=seed)
         _step(h, ring, "w", batch, narrow=True, sender=5, seq=seed + 1, acked=seed)
         assert h.replies[-1][1] == {**ref.replies[-1][1]}
@@ -177,6 +178,36 @@ def test_a_malformed_step_changes_nothing_and_says_what(two, change, said):
     (_, answer), = h.replies
     assert answer["op"] == "error" and said in answer["error"]
     assert not _rows(h, 1, "w", batch[0]).any()
+
+
+def test_a_steps_arrays_go_as_narrow_as_their_values_allow_and_no_narrower():
+    keys, vnodes, counts = np.array([3, 9], np.uint64), np.array([0], np.int32), np.array([2], np.int64)
+    inverse, indptr = np.array([0, 1, 1], np.int32), np.array([0, 2, 3], np.int64)
+    ones, halves = np.ones(3, np.float32), np.array([1, 0.5, 1], np.float32)
+    narrow = step_arrays(keys, vnodes, counts, inverse, indptr, ones, np.array([0, 1], np.float32))
+    assert [a.dtype.str for a in narrow] == ["<u4", "<i4", "<i8", "<u2", "<i4", "<f4", "|u1"]
+    assert narrow[5].size == 0  # every value 1: none go
+    wide = step_arrays(keys | np.uint64(1 << 32), vnodes, counts, inverse, indptr, halves,
+                       np.array([0, 0.25], np.float32))  # a key past 32 bits, a value not 1, a soft label
+    assert [a.dtype.str for a in wide] == ["<u8", "<i4", "<i8", "<u2", "<i4", "<f4", "<f4"]
+    np.testing.assert_array_equal(wide[5], halves)
+    assert wide[0][0] == (1 << 32) | 3 and wide[6][1] == np.float32(0.25)
+
+
+@pytest.mark.parametrize("at, bad", [(0, np.int64), (4, np.uint16), (6, np.float64), (1, np.int64)])
+def test_a_step_whose_array_goes_as_a_type_it_may_not_is_refused_by_name(two, at, bad):
+    (h, ring), _ = two
+    uniq, inverse, indptr, vals, labels = _batch(1)
+    routed = route_pull(ring, uniq, h.nodes[0].tables["w"].layout)
+    (part,) = routed.parts
+    arrays = [routed.keys, part.vnodes, part.counts, inverse.astype(np.int32), indptr, vals, labels]
+    arrays[at] = arrays[at].astype(bad)
+    h.deliver(h.by_id(part.server), {"op": "step", "table": "w", "ring_version": ring.version, "id": 1,
+                                     "model": "lr", "sender": 5, "seq": 1, "acked": 0}, arrays)
+    (_, answer), = h.replies
+    name = ["keys", "vnodes", "counts", "inverse", "indptr", "vals", "labels"][at]
+    assert answer["op"] == "error" and f"step: {name} must be 1-d" in answer["error"]
+    assert not _rows(h, 1, "w", uniq).any()
 
 
 @pytest.mark.parametrize("spec, said", [

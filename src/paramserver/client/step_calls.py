@@ -28,14 +28,13 @@ from paramserver.client.core import Piece, as_keys, call_header, push_header, ro
 from paramserver.errors import Code, ConfigError, ProtocolError
 from paramserver.tables.steps import INVERSE_DTYPES, STEP_MODELS, fits, step, unsuited
 from paramserver.wire.message import Message, Op
+from paramserver.wire.step_arrays import step_arrays
 
 if TYPE_CHECKING:
     from paramserver.client.caller import Caller
     from paramserver.tables.spec import TableSpec
 
 logger = logging.getLogger(__name__)
-
-_NO_VALUES = np.zeros(0, np.float32)  # a batch whose every value is 1 sends none
 
 #: what a step's future gives: each example's probability under the rows it was scored with, and their summed log loss
 Stepped = tuple[np.ndarray, float]
@@ -119,11 +118,8 @@ class StepCalls:
                              worker_clock=c.clock if c.role == "worker" else None)
         c.state.count(Op.STEP.value)
         c.state.keys[Op.STEP.value] = c.state.keys.get(Op.STEP.value, 0) + int(keys.shape[0])
-        address, header, arrays = c.state.outgoing(Op.STEP, header, piece, 0)
-        ones = bool((vals == 1).all())  # a CTR row's features: then none go (``tables/steps.py``)
-        arrays = [*arrays, rank[inverse], np.ascontiguousarray(indptr, np.int64),
-                  _NO_VALUES if ones else np.ascontiguousarray(vals, np.float32),
-                  np.ascontiguousarray(labels, np.float32)]
+        address, header, (routed, vnodes, counts) = c.state.outgoing(Op.STEP, header, piece, 0)
+        arrays = step_arrays(routed, vnodes, counts, rank[inverse], indptr, vals, labels)  # each as narrow as it goes
 
         def answered(msg: Message | None, exc: BaseException | None) -> None:
             preds = _stepped(msg, labels.shape[0]) if exc is None else None

@@ -19,22 +19,17 @@ from paramserver.errors import ProtocolError
 from paramserver.server.data import DataPlane, read_rows
 from paramserver.server.install import check_grads
 from paramserver.server.requests import checked_table
-from paramserver.tables.steps import INVERSE_DTYPES, check_batch, step, unsuited
-from paramserver.wire.message import Message, expect, field
-
-#: a step's arrays: the keys grouped by vnode, then the batch (CSR, occurrences indexing the keys;
-#: ``inverse`` 16 bits up to 65 536 keys, else 32: ``INVERSE_DTYPES``; no ``vals``: every value 1)
-STEP_ARRAYS = (("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1), ("inverse", "<i4", 1),
-               ("indptr", "<i8", 1), ("vals", "<f4", 1), ("labels", "<f4", 1))
+from paramserver.tables.steps import check_batch, step, unsuited
+from paramserver.wire.message import Message, field
+from paramserver.wire.step_arrays import read_step_arrays
 
 
 def on_step(plane: DataPlane, msg: Message, identity: bytes = b"") -> list[Any] | None:
     """Take a step: read the rows, compute the batch's gradient (``model``: ``lr``, or ``fm``
     with its ``l2``), push it; the reply carries the examples' probabilities (``float32[n]``)
     and ``loss``, their summed log loss."""
-    narrow = len(msg.arrays) > 3 and msg.arrays[3].dtype in INVERSE_DTYPES  # the indices: 16 or 32 bits
-    specs = [(n, msg.arrays[3].dtype.str if n == "inverse" and narrow else t, d) for n, t, d in STEP_ARRAYS]
-    keys, vnodes, counts, inverse, indptr, vals, labels = expect(msg, *specs)
+    # the keys grouped by vnode, then the batch (CSR, occurrences indexing the keys), widened
+    keys, vnodes, counts, inverse, indptr, vals, labels = read_step_arrays(msg)
     table = checked_table(plane.state, msg, keys.shape[0], vnodes, counts)
     spec, model = table.spec, field(msg, "model", str)
     why = unsuited(spec, model)

@@ -24,7 +24,7 @@ from paramserver.errors import Code, ProtocolError, code_of
 #: Array dtypes allowed on the wire (little-endian).
 DTYPES: dict[str, np.dtype] = {
     np.dtype(t).str: np.dtype(t)
-    for t in ("<u8", "<i8", "<i4", "<u2", "<f4", "<f8", "|u1")
+    for t in ("<u8", "<i8", "<u4", "<i4", "<u2", "<f4", "<f8", "|u1")
 }
 
 #: Default cap on one message's total size; bigger batches must be split by the sender.

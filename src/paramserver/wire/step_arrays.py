@@ -1,0 +1,64 @@
+"""A step's arrays on the wire (``Op.STEP``: ``client/step_calls.py`` sends them,
+``server/steps.py`` reads them), each as narrow as its values allow.
+
+A step carries its batch whole, and on a link of 1 Gbit/s the bytes, not the server, bound
+it: a CTR example of 40 features is ~10 distinct keys and 40 occurrences, 178 bytes at the
+canonical types.  So each array that can goes narrower, chosen by the sender from its
+values, and the receiver widens it back: keys below 2^32 (a table of up to 32 hash bits) as
+``<u4``, an occurrence's index as ``<u2`` up to 65 536 keys, the offsets as ``<i4`` while
+they fit, labels that are all 0 or 1 as ``|u1``, values that are all 1 not at all.  The
+arithmetic is the same to the bit: every narrow form is exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paramserver.errors import ProtocolError
+from paramserver.wire.message import Message
+
+#: a step's arrays in order, and the types each may go as (the first is the one it is read as)
+STEP_ARRAYS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("keys", ("<u8", "<u4")), ("vnodes", ("<i4",)), ("counts", ("<i8",)), ("inverse", ("<i4", "<u2")),
+    ("indptr", ("<i8", "<i4")), ("vals", ("<f4",)), ("labels", ("<f4", "|u1")))
+
+_U32 = 1 << 32
+_NO_VALUES = np.zeros(0, np.float32)  # a batch whose every value is 1 sends none
+
+
+def step_arrays(keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, inverse: np.ndarray, indptr: np.ndarray,
+                vals: np.ndarray, labels: np.ndarray) -> list[np.ndarray]:
+    """The arrays a step goes out as: ``keys`` (distinct, grouped by ``vnodes`` and
+    ``counts`` as a pull's), each occurrence's index among them (``inverse``), the batch's
+    offsets, values and labels, each in the narrowest type that holds it exactly."""
+    m = keys.shape[0]
+    wide_keys = m > 0 and int(keys.max()) >= _U32
+    nnz = inverse.shape[0]
+    ones = bool((vals == 1).all())  # a CTR row's features: then none go
+    binary = bool(((labels == 0) | (labels == 1)).all())
+    return [keys if wide_keys else keys.astype("<u4"), vnodes, counts,
+            inverse.astype("<i4" if m > 1 << 16 else "<u2", copy=False),
+            np.ascontiguousarray(indptr, "<i4" if nnz < 1 << 31 else "<i8"),
+            _NO_VALUES if ones else np.ascontiguousarray(vals, np.float32),
+            labels.astype("|u1") if binary else np.ascontiguousarray(labels, np.float32)]
+
+
+def read_step_arrays(msg: Message) -> list[np.ndarray]:
+    """A step request's arrays at their canonical types (``keys <u8``, ``vnodes <i4``,
+    ``counts <i8``, ``inverse`` as sent, ``<u2`` or ``<i4``: the kernels take both,
+    ``indptr <i8``, ``vals <f4``, ``labels <f4``).
+
+    Raises:
+        ProtocolError: not seven arrays, or one of a type or a shape it may not go as."""
+    if len(msg.arrays) != len(STEP_ARRAYS):
+        raise ProtocolError(f"step takes {len(STEP_ARRAYS)} arrays ({', '.join(n for n, _ in STEP_ARRAYS)}), "
+                            f"got {len(msg.arrays)}")
+    out = []
+    for a, (name, types) in zip(msg.arrays, STEP_ARRAYS, strict=True):
+        if a.dtype.str not in types or a.ndim != 1:
+            raise ProtocolError(f"step: {name} must be 1-d {' or '.join(types)}, got {a.ndim}-d {a.dtype.str}")
+        if name != "inverse" and a.dtype.str != types[0]:
+            a = a.astype(types[0])
+            a.setflags(write=False)  # read-only as a received frame is: the kernels are compiled for those
+        out.append(a)
+    return out
