@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from paramserver import ProtocolError
-from paramserver.wire.message import Op, decode, encode
+from paramserver.wire.message import PACK_BELOW, Op, decode, encode
 
 
 def _bytes(frames):
@@ -48,7 +48,8 @@ def test_oversized_message_is_refused():
 FAULTS = re.compile(r"empty message|header frame larger than 1 MiB|header is not valid msgpack: .|header must be a "
                     r"msgpack map, got \w+|exceeds the limit of \d+|unknown op .+ \(known: |header lists .+ arrays but "
                     r"\d+ array frames follow|array \d+: (spec must be \[dtype, shape\]|shape must be non-negative "
-                    r"ints|frame has \d+ bytes but .+ needs \d+)|malformed message: \w+\(.")
+                    r"ints|frame has \d+ bytes but .+ needs \d+)|the arrays' frame has \d+ bytes but the \d+ arrays it packs "
+                    r"need \d+|malformed message: \w+\(.")
 
 
 def test_fuzzed_frames_raise_a_protocol_error_naming_the_fault_or_decode_to_what_they_say():
@@ -72,12 +73,38 @@ def test_fuzzed_frames_raise_a_protocol_error_naming_the_fault_or_decode_to_what
             assert FAULTS.search(str(err)), f"{err} does not name its fault (frames {sent!r})"
             continue
         accepted += 1  # a flipped value byte, or a header still valid: it must say what was sent
-        assert [a.tobytes() for a in msg.arrays] == sent[1:] and isinstance(msg.op, Op)
+        assert _bytes(encode({"op": "push"}, msg.arrays))[1:] == sent[1:] and isinstance(msg.op, Op)
         again = decode(_bytes(encode({k: v for k, v in msg.header.items() if k != "arrays"}, msg.arrays)))
         assert again.header == msg.header
         assert all(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
                    for a, b in zip(again.arrays, msg.arrays, strict=True))
     assert refused > 1000 and accepted > 1000  # both ways exercised: the fuzzing is not all one kind
+
+
+def test_a_messages_arrays_go_as_one_frame_each_aligned_and_come_back_as_they_were():
+    arrays = [np.arange(5, dtype=np.uint64), np.zeros(0, np.float32), np.array([1, 2, 3], np.uint16),
+              np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7], np.uint8), np.array([-1, 2], np.int64)]
+    frames = _bytes(encode({"op": "push", "id": 1}, arrays))
+    assert len(frames) == 2 and len(frames[1]) == 40 + 0 + 8 + 24 + 8 + 16  # each padded to 8 bytes
+    got = decode(frames).arrays
+    for sent, back in zip(arrays, got, strict=True):
+        assert back.dtype == sent.dtype and back.shape == sent.shape and np.array_equal(back, sent)
+        assert back.flags.aligned and not back.flags.writeable
+    one = _bytes(encode({"op": "pull", "id": 2}, [np.arange(3, dtype=np.uint64)]))
+    assert len(one) == 2 and len(one[1]) == 24  # one array: its own bytes, as ever
+
+
+def test_arrays_of_a_mebibyte_or_more_go_a_frame_each_and_the_frame_a_piece_form_still_decodes():
+    big = [np.zeros(PACK_BELOW // 8, np.uint64), np.ones(3, np.float32)]
+    frames = _bytes(encode({"op": "push", "id": 1}, big))
+    assert [len(f) for f in frames[1:]] == [PACK_BELOW, 12]
+    assert [a.shape for a in decode(frames).arrays] == [(PACK_BELOW // 8,), (3,)]
+    small = [np.arange(3, dtype=np.uint64), np.ones(2, np.float32)]
+    header = msgpack.packb({"op": "push", "id": 1, "arrays": [["<u8", [3]], ["<f4", [2]]]})
+    back = decode([header, small[0].tobytes(), small[1].tobytes()]).arrays  # a sender that never packs
+    assert all(np.array_equal(a, b) for a, b in zip(back, small, strict=True))
+    with pytest.raises(ProtocolError, match="the arrays' frame has 24 bytes but the 2 arrays it packs need 32"):
+        decode([header, small[0].tobytes()])
 
 
 @pytest.mark.parametrize("header", [
