@@ -48,8 +48,8 @@ def test_oversized_message_is_refused():
 FAULTS = re.compile(r"empty message|header frame larger than 1 MiB|header is not valid msgpack: .|header must be a "
                     r"msgpack map, got \w+|exceeds the limit of \d+|unknown op .+ \(known: |header lists .+ arrays but "
                     r"\d+ array frames follow|array \d+: (spec must be \[dtype, shape\]|shape must be non-negative "
-                    r"ints|frame has \d+ bytes but .+ needs \d+)|the arrays' frame has \d+ bytes but the \d+ arrays it packs "
-                    r"need \d+|malformed message: \w+\(.")
+                    r"ints|frame has \d+ bytes but .+ needs \d+)|"
+                    r"the arrays' frame has \d+ bytes but the \d+ arrays it packs need \d+|malformed message: \w+\(.")
 
 
 def test_fuzzed_frames_raise_a_protocol_error_naming_the_fault_or_decode_to_what_they_say():
