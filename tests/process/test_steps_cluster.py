@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from support import heavy_rows, train_report
 
-from paramserver import LocalCluster
+from paramserver import ConfigError, LocalCluster
 from paramserver.tables.steps import logistic_step
 
 pytestmark = pytest.mark.timeout(240)
@@ -51,8 +51,13 @@ def test_a_step_equals_pull_compute_push_on_one_server_and_after_a_server_joins(
             np.testing.assert_array_equal(c.pull("stepped", keys).result(timeout=60),
                                           c.pull("classic", keys).result(timeout=60))
 
-        for _ in range(4):
+        for _ in range(2):
             both(_batch(rng))
+        keys, inverse, *rest = _batch(rng)
+        with pytest.raises(ConfigError, match="inverse must index the .* keys"):  # refused here, nothing sent
+            c.steps.take("stepped", keys, inverse + keys.size, *rest)
+        for _ in range(2):
+            both(_batch(rng))  # and the steps after it go on as ever
         steps_before = c.stats.counts.get("step", 0)
         assert steps_before == 4 and "steps_classic" not in c.stats.counts
         cluster.add_server()  # the keys of a batch now span two servers: the same call, the classic way

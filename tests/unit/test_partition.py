@@ -3,7 +3,7 @@
 import numpy as np
 
 from paramserver import Ring
-from paramserver.routing.partition import route_pull, route_push, scatter_rows
+from paramserver.routing.partition import route_pull, route_push, route_step, scatter_rows
 
 
 def _check_parts(ring, routed, bits=0):
@@ -106,3 +106,22 @@ def test_a_big_batch_routes_on_two_threads_to_the_same_bits_and_leaves_none_runn
         assert threading.active_count() == before
         assert one == two
         assert len(np.frombuffer(two[0], np.uint64)) == np.unique(keys).size  # duplicates merged across the halves
+
+
+def test_a_steps_routing_groups_its_keys_as_a_pulls_and_places_each_occurrence_among_them():
+    ring = Ring.create([1, 2], 16)
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(1, 1 << 40, 3000).astype(np.uint64))
+    rng.shuffle(keys)
+    inverse = rng.integers(0, keys.size, 20_000)
+    grouped, rank, parts = route_step(ring, keys, inverse, 0, np.dtype(np.uint64), np.dtype(np.uint16))
+    pulled = route_pull(ring, keys)
+    np.testing.assert_array_equal(grouped, pulled.keys)
+    assert [(p.server, p.start, p.stop) for p in parts] == [(p.server, p.start, p.stop) for p in pulled.parts]
+    assert rank.dtype == np.uint16
+    np.testing.assert_array_equal(grouped[rank], keys[inverse])  # each occurrence names its own key
+    small = keys & np.uint64(0xFFFFFFFF)
+    narrow, _, _ = route_step(ring, small, inverse, 0, np.dtype(np.uint32), np.dtype(np.int32))
+    np.testing.assert_array_equal(narrow, route_pull(ring, small).keys.astype(np.uint32))
+    for bad in (np.array([0, keys.size]), np.array([-1, 0])):  # an occurrence of no key
+        assert route_step(ring, keys, bad, 0, np.dtype(np.uint64), np.dtype(np.int32)) is None

@@ -26,9 +26,10 @@ import numpy as np
 
 from paramserver.client.core import Piece, as_keys, call_header, push_header, rows_into
 from paramserver.errors import Code, ConfigError, ProtocolError
-from paramserver.tables.steps import INVERSE_DTYPES, STEP_MODELS, fits, step, unsuited
+from paramserver.routing.partition import route_step
+from paramserver.tables.steps import STEP_MODELS, fits, step, unsuited
 from paramserver.wire.message import Message, Op
-from paramserver.wire.step_arrays import step_arrays
+from paramserver.wire.step_arrays import index_type, key_type, step_arrays
 
 if TYPE_CHECKING:
     from paramserver.client.caller import Caller
@@ -95,11 +96,19 @@ class StepCalls:
         out: Future[Stepped] = Future()
         batch = (keys, inverse, indptr, vals, labels)
         try:
-            pieces = c.state.routed(Op.STEP, keys, None, spec.layout, True) if steppable(spec, how[0]) else []
-            if len(pieces) != 1:  # several servers (or none can step): pulled and pushed, as one step
-                self._classic(spec, batch, seq, how, out)
+            # the keys grouped by vnode as a pull's, and each occurrence's place among them, as narrow as they go
+            ring = c.state.ring()
+            routed = route_step(ring, keys, inverse, spec.layout, key_type(keys), index_type(keys.shape[0]))
+            if routed is None:
+                raise ConfigError(f"steps on {spec.name!r}: inverse must index the {keys.shape[0]} keys, "
+                                  f"got values outside [0, {keys.shape[0]})")
+            grouped, rank, parts = routed
+            if len(parts) != 1 or not steppable(spec, how[0]):  # several servers, or none can step:
+                self._classic(spec, batch, seq, how, out)  # pulled and pushed, as one step
                 return out
-            self._send(spec, pieces[0], batch, seq, how, out)
+            part = parts[0]
+            self._send(spec, Piece(part.server, ring.version, grouped, rank, part.vnodes, part.counts),
+                       batch, seq, how, out)
         except BaseException:
             c.settled(seq)
             raise
@@ -107,19 +116,18 @@ class StepCalls:
 
     def _send(self, spec: TableSpec, piece: Piece, batch: tuple[np.ndarray, ...], seq: int, how: tuple[str, float],
               out: Future[Stepped]) -> None:
+        """``batch`` as one step to ``piece``'s server: ``piece`` holds the keys as they go
+        and, as its ``extra``, each occurrence's place among them (``route_step``)."""
         c = self.caller
-        keys, inverse, indptr, vals, labels = batch
-        # each occurrence's row among the keys the server reads, in their routed order (16 bits where they fit)
-        rank = np.empty(keys.shape[0], INVERSE_DTYPES[keys.shape[0] > 1 << 16])
-        rank[piece.extra] = np.arange(keys.shape[0], dtype=rank.dtype)
+        keys, _, indptr, vals, labels = batch
         model, l2 = how
         extra = {"model": model, **({"l2": l2} if model == "fm" else {}), **(push_header(spec, "update", c.time) or {})}
         header = call_header(Op.STEP, spec.name, node_id=c.node_id, seq=seq, token=c.token, extra=extra,
                              worker_clock=c.clock if c.role == "worker" else None)
         c.state.count(Op.STEP.value)
         c.state.keys[Op.STEP.value] = c.state.keys.get(Op.STEP.value, 0) + int(keys.shape[0])
-        address, header, (routed, vnodes, counts) = c.state.outgoing(Op.STEP, header, piece, 0)
-        arrays = step_arrays(routed, vnodes, counts, rank[inverse], indptr, vals, labels)  # each as narrow as it goes
+        address, header, (grouped, vnodes, counts) = c.state.outgoing(Op.STEP, header, piece, 0)
+        arrays = step_arrays(grouped, vnodes, counts, piece.extra, indptr, vals, labels)  # each as narrow as it goes
 
         def answered(msg: Message | None, exc: BaseException | None) -> None:
             preds = _stepped(msg, labels.shape[0]) if exc is None else None

@@ -1,4 +1,4 @@
-"""The client's warm-up: routing a pull and a push, and scattering a pull's reply, loaded
+"""The client's warm-up: routing a pull, a push and a step, and scattering a pull's reply, loaded
 (or compiled) before a worker registers (``_runtime/warm.py`` says why)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 from paramserver._runtime.warm import is_inherited, load_numba
 from paramserver.filters.chain import FilterSpec
 from paramserver.filters.warmup import warm_filters
-from paramserver.routing.partition import route_pull, route_push, scatter_rows
+from paramserver.routing.partition import route_pull, route_push, route_step, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Op, decode, encode
 
@@ -34,6 +34,9 @@ def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None,
     frames = encode({"op": Op.OK.value}, [np.zeros((keys.size, 1), np.float32)])
     (vals,) = decode([bytes(f) for f in frames]).arrays
     scatter_rows(vals, routed.order, np.empty((keys.size, 1), np.float32))
+    for key_dtype in (np.uint32, np.uint64):  # a step's keys and their occurrences' places, as they go
+        for rank_dtype in (np.uint16, np.int32):
+            route_step(Ring.create([1]), keys, np.zeros(2, np.int64), 0, np.dtype(key_dtype), np.dtype(rank_dtype))
     if filters:
         # a filtered table's requests, residuals and routing in position order
         warm_filters(filters if isinstance(filters, FilterSpec) else None)

@@ -26,18 +26,29 @@ _U32 = 1 << 32
 _NO_VALUES = np.zeros(0, np.float32)  # a batch whose every value is 1 sends none
 
 
+def key_type(keys: np.ndarray) -> np.dtype:
+    """What a step's ``keys`` go as: ``<u4`` where every one is below 2^32, else ``<u8``."""
+    if keys.dtype.itemsize <= 4 or not keys.shape[0] or int(keys.max()) < _U32:
+        return np.dtype("<u4")
+    return np.dtype("<u8")
+
+
+def index_type(m: int) -> np.dtype:
+    """What the indices of a step's occurrences into its ``m`` keys go as: 16 bits up to 65 536 keys, else 32."""
+    return np.dtype("<u2" if m <= 1 << 16 else "<i4")
+
+
 def step_arrays(keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, inverse: np.ndarray, indptr: np.ndarray,
                 vals: np.ndarray, labels: np.ndarray) -> list[np.ndarray]:
     """The arrays a step goes out as: ``keys`` (distinct, grouped by ``vnodes`` and
     ``counts`` as a pull's), each occurrence's index among them (``inverse``), the batch's
-    offsets, values and labels, each in the narrowest type that holds it exactly."""
-    m = keys.shape[0]
-    wide_keys = m > 0 and int(keys.max()) >= _U32
+    offsets, values and labels, each in the narrowest type that holds it exactly (no copy of
+    keys and indices already as narrow: ``route_step`` makes them so)."""
     nnz = inverse.shape[0]
     ones = bool((vals == 1).all())  # a CTR row's features: then none go
     binary = bool(((labels == 0) | (labels == 1)).all())
-    return [keys if wide_keys else keys.astype("<u4"), vnodes, counts,
-            inverse.astype("<i4" if m > 1 << 16 else "<u2", copy=False),
+    return [keys.astype(key_type(keys), copy=False), vnodes, counts,
+            inverse.astype(index_type(keys.shape[0]), copy=False),
             np.ascontiguousarray(indptr, "<i4" if nnz < 1 << 31 else "<i8"),
             _NO_VALUES if ones else np.ascontiguousarray(vals, np.float32),
             labels.astype("|u1") if binary else np.ascontiguousarray(labels, np.float32)]
