@@ -195,7 +195,7 @@ def answer_within(header: dict[str, Any], arrays: list[np.ndarray] | tuple[np.nd
     if op == Op.PULL.value and spec is not None and arrays:
         nbytes += arrays[0].shape[0] * 4 * spec.dim  # the rows it is answered with
     if op == Op.STEP.value and arrays:
-        nbytes += arrays[-1].nbytes  # a score an example: as many as its labels
+        nbytes += 4 * arrays[-1].shape[0]  # a float32 score an example: one a label (a label may go as a byte)
     return ANSWER_WITHIN_S + nbytes / SLOWEST_LINK_BPS
 
 
