@@ -34,9 +34,8 @@ def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None,
     frames = encode({"op": Op.OK.value}, [np.zeros((keys.size, 1), np.float32)])
     (vals,) = decode([bytes(f) for f in frames]).arrays
     scatter_rows(vals, routed.order, np.empty((keys.size, 1), np.float32))
-    for key_dtype in (np.uint32, np.uint64):  # a step's keys and their occurrences' places, as they go
-        for rank_dtype in (np.uint16, np.int32):
-            route_step(Ring.create([1]), keys, np.zeros(2, np.int64), 0, np.dtype(key_dtype), np.dtype(rank_dtype))
+    for rank_dtype in (np.uint16, np.int32):  # a step's keys (of up to 32 bits) and their occurrences' places
+        route_step(Ring.create([1]), keys, np.zeros(2, np.int64), 0, np.dtype(np.uint32), np.dtype(rank_dtype))
     if filters:
         # a filtered table's requests, residuals and routing in position order
         warm_filters(filters if isinstance(filters, FilterSpec) else None)
