@@ -54,11 +54,6 @@ from paramserver.tables.optim import OP_UPDATE, Initializer, Optimizer
 MAX_LOAD = 0.875
 COLD_LOAD = 0.75
 GROWTH = 1.25
-#: ... and by ``SMALL_GROWTH`` while a vnode has fewer slots than ``SMALL_SLOTS`` (~80 KB of dim-1
-#: FTRL slots): each growth moves every key, and a vnode growing by 1.25x from 8 slots makes ~28
-#: growths to reach 4 096, 9 by doubling.  Memory a key is a big table's, where 1.25x holds
-SMALL_GROWTH = 2.0
-SMALL_SLOTS = 4096
 MIN_CAPACITY = 8
 
 
@@ -139,9 +134,7 @@ class VnodeTable:
     def _grow(self, needed: int) -> int:
         """Room for ``needed`` keys; the heap bytes let go for good, once the old slots are
         dropped (``memory.heap_released``: the vnode moved off the heap)."""
-        factor = SMALL_GROWTH if self.capacity < SMALL_SLOTS else GROWTH
-        cap = max(min(int(self.capacity * factor) + 1, max(SMALL_SLOTS, int(self.capacity * GROWTH) + 1)),
-                  int(needed / self.max_load) + 2)
+        cap = max(int(self.capacity * GROWTH) + 1, int(needed / self.max_load) + 2)
         old_keys, old_rows, old_life, old_meta = self.keys, self.rows, self.life, self._meta.copy()
         old_bytes = self.slots.nbytes
         self._alloc(cap)
