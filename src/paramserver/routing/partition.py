@@ -51,17 +51,25 @@ def _scatter(keys, rows, lo, hi, bucket, fill, skeys, srows, order, want_order):
         fill[b] = p + 1
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _buckets(keys, n_vnodes, vnode_rank, layout):  # type: ignore[no-untyped-def]
+    """A counting sort's first pass over ``keys``: each key's bucket (the rank of its vnode)
+    and the buckets' offsets (``int64[n_vnodes + 1]``)."""
+    bucket = np.empty(keys.shape[0], np.int32)
+    counts = np.zeros(n_vnodes, np.int64)
+    _bucket_counts(keys, 0, keys.shape[0], n_vnodes, vnode_rank, layout, bucket, counts)
+    offsets = np.zeros(n_vnodes + 1, np.int64)
+    for b in range(n_vnodes):
+        offsets[b + 1] = offsets[b] + counts[b]
+    return bucket, offsets
+
+
 @njit(nogil=True, cache=True)
 def _group_serial(keys, rows, n_vnodes, vnode_rank, want_order, layout):  # type: ignore[no-untyped-def]
     """``_group`` on the calling thread, in one compiled call (a small batch: the
     two-thread path's Python around its calls cost more than the batch)."""
     n = keys.shape[0]
-    bucket = np.empty(n, np.int32)
-    counts = np.zeros(n_vnodes, np.int64)
-    _bucket_counts(keys, 0, n, n_vnodes, vnode_rank, layout, bucket, counts)
-    offsets = np.zeros(n_vnodes + 1, np.int64)
-    for b in range(n_vnodes):
-        offsets[b + 1] = offsets[b] + counts[b]
+    bucket, offsets = _buckets(keys, n_vnodes, vnode_rank, layout)
     order = np.empty(n if want_order else 0, np.int64)
     skeys = np.empty(n, np.uint64)
     srows = np.empty((n, rows.shape[1]), rows.dtype)
@@ -395,12 +403,7 @@ def _group_step(keys, inverse, n_vnodes, vnode_rank, layout, skeys, rank):  # ty
     knows they fit), and occurrence j's key ``inverse[j]`` as its place among them into
     ``rank``; the bucket offsets."""
     n = keys.shape[0]
-    bucket = np.empty(n, np.int32)
-    counts = np.zeros(n_vnodes, np.int64)
-    _bucket_counts(keys, 0, n, n_vnodes, vnode_rank, layout, bucket, counts)
-    offsets = np.zeros(n_vnodes + 1, np.int64)
-    for b in range(n_vnodes):
-        offsets[b + 1] = offsets[b] + counts[b]
+    bucket, offsets = _buckets(keys, n_vnodes, vnode_rank, layout)
     fill = offsets[:-1].copy()
     place = np.empty(n, np.int64)
     for i in range(n):
