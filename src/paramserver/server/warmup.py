@@ -13,8 +13,9 @@ from paramserver.server.requests import _segment_fault
 from paramserver.store.vnodes import GENERIC_DIM, VnodeSet
 from paramserver.tables.optim import SGD, Zeros
 from paramserver.tables.spec import TableSpec
-from paramserver.tables.steps import INVERSE_DTYPES, check_batch, fm_step, logistic_step
+from paramserver.tables.steps import check_batch, fm_step, logistic_step
 from paramserver.wire.message import Op, decode, encode
+from paramserver.wire.step_arrays import STEP_ARRAYS
 
 
 def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | FilterSpec = True,
@@ -73,7 +74,7 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
 def _warm_steps(n: int) -> None:
     """A step's kernels (``server/steps.py``) on a request's read-only arrays: its batch's
     check and the gradient."""
-    for dtype in INVERSE_DTYPES:
+    for dtype in dict(STEP_ARRAYS)["inverse"]:  # an occurrence's index into the keys: 16 bits or 32
         frames = encode({"op": Op.STEP.value}, [np.zeros(n, dtype), np.arange(n + 1, dtype=np.int64),
                                                 np.ones(n, np.float32), np.zeros(n, np.float32)])
         inverse, indptr, vals, labels = decode([bytes(f) for f in frames]).arrays

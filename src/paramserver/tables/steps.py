@@ -26,8 +26,6 @@ from paramserver.tables.spec import TableSpec
 #: the models a server steps: their name on the wire and the row width they read (0: any from 2,
 #: a factorization machine's ``[w, v_1..v_k]``)
 STEP_MODELS = {"lr": 1, "fm": 0}
-#: what a step's occurrences may index its keys with: 16 bits up to 65 536 keys, else 32
-INVERSE_DTYPES = (np.dtype(np.uint16), np.dtype(np.int32))
 
 
 @njit(inline="always", nogil=True, cache=True)
