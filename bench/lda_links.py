@@ -5,7 +5,7 @@
         [--chains default none] [--corpus PATH]
 
 A scheduler and one server are processes on 127.0.0.1; every connection to them crosses
-``bench_harness/delayproxy.py`` on 127.0.0.2 (half the round trip each way, the rate a
+a relay on 127.0.0.2 (``bench_harness/relays.py``: half the round trip each way, the rate a
 direction capped), as ``bench/links.py`` does for ``train``.  The job runs on that cluster
 (``--cluster tcp://``, its 2 workers here), so its default filters are those of a cluster
 of hosts.  Printed: the whole command's seconds, the bytes its workers sent and received,
@@ -18,14 +18,13 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 
 from bench_harness.procs import PS, Procs, free_port, listening, wait_for
+from bench_harness.relays import relay_command
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROXY = os.path.join(HERE, "bench_harness", "delayproxy.py")
 CORPUS = os.path.join(HERE, "..", "..", "shared", "data", "lda", "20newsgroups_etm", "docword.train.txt.gz")
 
 
@@ -36,8 +35,7 @@ def one(args: argparse.Namespace, chain: str, logs: str) -> dict[str, float]:
     env = {**os.environ, "PARAMSERVER_LOG_LEVEL": "WARNING"}
     try:
         pairs = [f"127.0.0.2:{p}=127.0.0.1:{p}" for p in (sched, server)]
-        proxy = procs.start([sys.executable, PROXY, "--delay-ms", str(args.rtt / 2), "--rate-mbit", str(args.rate),
-                             *pairs], stdout=subprocess.PIPE)
+        proxy = procs.start(relay_command(args.rtt / 2, float(args.rate), pairs), stdout=subprocess.PIPE)
         assert proxy.stdout is not None and proxy.stdout.readline().strip() == b"ready", "the relay did not start"
         procs.start([*PS, "scheduler", "--host", "127.0.0.1", "--port", str(sched), "--servers", "1"], env=env)
         wait_for(lambda: listening(sched), 60, "the scheduler")

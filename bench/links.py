@@ -5,10 +5,12 @@ same job on loopback, in one run.
         [--chains none compact] [--pipelines link 2 auto] [--json FILE]
 
 The scheduler and one server are processes on 127.0.0.1; every connection to them goes
-through ``bench_harness/delayproxy.py`` on 127.0.0.2 (the server advertises 127.0.0.2), which
-holds each direction's bytes half the round trip and caps its rate (``--rates`` in Mbit/s,
-``none``: no cap).  Userspace, so it needs no root and no ``netem`` (this kernel has none);
-its own cost shows in the row with no delay and no cap.  The job's driver and worker are
+through a relay on 127.0.0.2 (the server advertises 127.0.0.2), which holds each
+direction's bytes half the round trip and caps its rate (``--rates`` in Mbit/s, ``none``: no
+cap): ``bench_harness/delayrelay.c`` where a C compiler is, else ``delayproxy.py``
+(``bench_harness/relays.py``; ``PARAMSERVER_RELAY=python`` asks for the Python one).
+Userspace, so it needs no root and no ``netem`` (this kernel has none); its own cost shows
+in the row with no delay and no cap.  The job's driver and worker are
 one process (``bench/filters.py``'s), at default flags but ``--filters`` (``--pipelines``:
 default ``link``, the default's; the loopback run each row is against is at the default too).  Each row: its
 examples/s and the ratio to loopback's (the same chain, no relay), job seconds, bytes sent
@@ -27,10 +29,9 @@ import tempfile
 from typing import Any
 
 from bench_harness.procs import PS, Procs, free_port, listening, wait_for
+from bench_harness.relays import relay_command
 from filters import WORKER
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PROXY = os.path.join(HERE, "bench_harness", "delayproxy.py")
 TARGET = 0.0005  # a row reaches loopback's log loss within this
 CHAINS = {"none": "none", "compact": "compact"}
 
@@ -46,8 +47,8 @@ def one(data: str, test: str, chain: str, rate: str | None, rtt_ms: float | None
     try:
         if relayed:
             pairs = [f"{front}:{p}=127.0.0.1:{p}" for p in (sched_port, server_port)]
-            proxy = procs.start([sys.executable, PROXY, "--delay-ms", str(rtt_ms / 2),
-                                 "--rate-mbit", "0" if rate is None else rate, *pairs], stdout=subprocess.PIPE)
+            proxy = procs.start(relay_command(rtt_ms / 2, 0.0 if rate is None else float(rate), pairs),
+                                stdout=subprocess.PIPE)
             assert proxy.stdout is not None and proxy.stdout.readline().strip() == b"ready", "the relay did not start"
         procs.start([*PS, "scheduler", "--host", "127.0.0.1", "--port", str(sched_port), "--servers", "1"], env=env)
         wait_for(lambda: listening(sched_port), 60, "the scheduler")

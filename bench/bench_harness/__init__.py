@@ -8,6 +8,8 @@ name ``tests/unit/harness.py`` already has where a test imports a script).
 - ``timing``: learners taking turns (so a slow spell of the shared VM hits each alike), and
   the median of a list.
 - ``namespaces``: two network namespaces joined by a veth pair (optionally rate-shaped).
+- ``relays``: the command of a userspace link of a given delay and rate (``delayrelay.c``,
+  compiled once, else ``delayproxy.py``), where the kernel has no ``netem``.
 - ``markdown``: the tables the scripts print (numbers formatted one way everywhere).
 
 The peers themselves (ps-lite's driver, Spark, TensorFlow, MXNet) are run by their own
