@@ -12,6 +12,7 @@ import time
 import pytest
 from support import heavy_rows, train_report
 
+from paramserver.apps.ctr.depth import STEP_DEPTH, STEP_LINK_MAX, STEP_PER_MS
 from paramserver.testing.nemesis.proxied import ProxyHosts
 
 pytestmark = pytest.mark.timeout(240)
@@ -28,7 +29,7 @@ def rows(tmp_path_factory):
 
 
 def test_on_one_machine_link_is_two_in_flight_and_the_same_model(rows):
-    """Batches pulled and pushed (``--steps off``; steps, the default on one server, keep 4
+    """Batches pulled and pushed (``--steps off``; steps, the default on one server, keep 16
     in flight: tests/process/test_steps_cluster.py)."""
     link, two = _train(rows, "link", "--steps", "off"), _train(rows, "two", "--pipeline", "2", "--steps", "off")
     assert link["pipeline_depth"] == 2 and link["round_trip_floor_ms"] < 2.0
@@ -62,6 +63,7 @@ def test_over_a_long_round_trip_a_worker_keeps_a_batch_more_in_flight_for_each_m
                 node.kill()
                 node.wait(timeout=10)
     assert far["round_trip_floor_ms"] >= 4.0  # 5 ms, less what the relay wakes early (~0.3 ms a hold)
-    assert far["steps"]  # one server: each batch a step, 4 in flight and 4 more a whole ms (``depth.py``)
-    assert far["pipeline_depth"] == min(64, 4 + 4 * int(far["round_trip_floor_ms"])) > 4
+    assert far["steps"]  # one server: each batch a step, STEP_DEPTH in flight and 4 more a whole ms
+    assert far["pipeline_depth"] == min(STEP_LINK_MAX, STEP_DEPTH + STEP_PER_MS * int(far["round_trip_floor_ms"]))
+    assert far["pipeline_depth"] > STEP_DEPTH
     assert far["examples"] == 40_000 and far["logloss"] < 0.6
