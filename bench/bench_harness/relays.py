@@ -46,11 +46,18 @@ def _built() -> str | None:
     return binary
 
 
-def relay_command(delay_ms: float, rate_mbit: float, pairs: list[str]) -> list[str]:
+def relay_command(delay_ms: float, rate_mbit: float, pairs: list[str], kind: str | None = None) -> list[str]:
     """The command of a relay holding each direction ``delay_ms`` and capping it at
     ``rate_mbit`` (0: no cap), for ``pairs`` (``LISTEN=TARGET``); it prints ``ready`` once
-    every pair listens.  ``PARAMSERVER_RELAY=python`` asks for the Python relay."""
-    binary = None if os.environ.get("PARAMSERVER_RELAY") == "python" else _built()
+    every pair listens.  ``kind``: ``python`` asks for the Python relay, else the C one
+    where it builds (default: ``$PARAMSERVER_RELAY``)."""
+    kind = kind or os.environ.get("PARAMSERVER_RELAY")
+    binary = None if kind == "python" else _built()
     if binary is None:
         return [sys.executable, PROXY, "--delay-ms", str(delay_ms), "--rate-mbit", str(rate_mbit), *pairs]
     return [binary, str(delay_ms * 1000.0), str(rate_mbit * 1e6 / 8), *pairs]
+
+
+def is_python(command: list[str]) -> bool:
+    """Whether ``relay_command`` gave the Python relay (no C compiler, or asked for)."""
+    return command[0] == sys.executable
