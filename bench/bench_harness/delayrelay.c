@@ -44,6 +44,7 @@ typedef struct {
     int64_t last_due;  /* a chunk never goes before the one ahead of it */
     int64_t free_at;   /* the rate cap: when the link has sent what it was given */
     int eof, shut;     /* read its end; passed it on */
+    int blocked;       /* the last write pushed back: wait for room (EPOLLOUT) */
     Conn *conn;
 } Dir;
 
@@ -95,7 +96,7 @@ static void rewatch(Conn *c, int side) {
     if (c->connecting && side == 1) ev |= EPOLLOUT;
     else {
         if (!in->eof && in->held < HELD_MAX && !c->connecting) ev |= EPOLLIN;
-        if (out->head && out->head->off > 0) ev |= EPOLLOUT;  /* a write that pushed back */
+        if (out->head && out->blocked) ev |= EPOLLOUT;  /* a write that pushed back */
     }
     struct epoll_event e = {.events = ev, .data.ptr = tags_of(c, side)};
     epoll_ctl(ep, EPOLL_CTL_MOD, c->fds[side], &e);
@@ -127,13 +128,20 @@ static int64_t flush_dir(Dir *d) {
         if (start < t && d->free_at <= k->due) start = t;  /* the link was idle: its cap counts from now */
         ssize_t n = send(d->to, k->data + k->off, k->len - k->off, MSG_NOSIGNAL);
         if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return INT64_MAX;  /* EPOLLOUT wakes it */
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                d->blocked = 1;  /* EPOLLOUT wakes it */
+                return INT64_MAX;
+            }
             close_conn(c);
             return INT64_MAX;
         }
+        d->blocked = 0;
         if (k->off == 0 && rate > 0) d->free_at = start + (int64_t)(k->len * 1e9 / rate);
         k->off += (size_t)n;
-        if (k->off < k->len) return INT64_MAX;
+        if (k->off < k->len) {
+            d->blocked = 1;  /* a short write: the socket is full */
+            return INT64_MAX;
+        }
         d->head = k->next;
         if (!d->head) d->tail = NULL;
         d->held -= k->len;
