@@ -81,8 +81,9 @@ def parse_pipeline(value: object) -> tuple[int, int]:
 #: worker parses and sends (10^6 heavy rows on one machine, 2026-12-01, runs of each depth
 #: taking turns: 4 in flight 644-704 k examples/s, mean 675 k over 9; 8 642-710 k; 12 695-713
 #: k; 16 677-745 k, mean 704 k over 12; 20 676-724 k; 24 670-717 k; the same model at each).
-#: The ramp's first batches are a few examples each, a round trip apiece: 16 covers a 1 ms
-#: link's too (1 Gbit/s at 1 ms: 4 in flight 0.81x loopback's examples/s, 16 0.88-0.91x)
+#: The ramp's first batches are a few examples each, a round trip apiece: more in flight covers
+#: a 1 ms link's (1 Gbit/s at 1 ms: 4 in flight 0.81x loopback's examples/s, 16 0.81-0.91x,
+#: 28-64 0.91-0.92x; docs/benchmarks.md, "Links through a relay in C")
 STEP_DEPTH = 16
 #: ... and from ``LINK_FROM_MS`` this many more for each whole ms of the link's floor, up to
 #: ``STEP_LINK_MAX``: without staleness to bound it, a long link is covered by batches in flight,
