@@ -71,7 +71,9 @@ def one(command: list[str], port: int, total: int) -> dict[str, float]:
                 c.sendall(b"x" * 100)
                 got = 0
                 while got < 100:
-                    got += len(c.recv(4096))
+                    data = c.recv(4096)
+                    assert data, "the relay closed the connection"
+                    got += len(data)
                 trips.append(time.perf_counter() - t)
         with socket.create_connection(("127.0.0.2", port), timeout=120) as b:
             blob = b"y" * (256 << 10)

@@ -5,7 +5,7 @@ Both relay the same way (``delayproxy.py``'s docstring).  The Python relay takes
 of the cores it measures on: a quarter to a third of one at 1 Gbit/s on this project's
 2-core VM (asyncio's work for each chunk, and the holds slept in threads), which a job
 beside it on two cores loses (a real link costs the hosts nothing of the kind).  The C one,
-an epoll loop with a timerfd, takes 8-11 % of a core at 1 Gbit/s with the same round trips
+an epoll loop with a timerfd, takes 8-13 % of a core at 1 Gbit/s with the same round trips
 (``docs/benchmarks.md``, "Links through a relay in C").  It is compiled once (``cc -O2``)
 into ``~/.cache/paramserver/bench/``, named by its source's digest.
 """

@@ -10,7 +10,7 @@ import pytest
 from support import heavy_rows, train_report
 
 from paramserver import ConfigError, LocalCluster
-from paramserver.apps.ctr.depth import STEP_DEPTH
+from paramserver.apps.ctr.depth import LINK_FROM_MS, STEP_DEPTH, STEP_LINK_MAX, STEP_PER_MS
 from paramserver.tables.steps import logistic_step
 
 pytestmark = pytest.mark.timeout(240)
@@ -78,10 +78,17 @@ def rows(tmp_path_factory):
 _train = train_report
 
 
+def _link_depth(report):
+    """The depth ``--pipeline link`` keeps for steps, given the floor the job's report says it
+    measured: a loaded loopback's step round trips can pass 2 ms, and then it goes deeper."""
+    floor = report["round_trip_floor_ms"]
+    return STEP_DEPTH if floor < LINK_FROM_MS else min(STEP_LINK_MAX, STEP_DEPTH + STEP_PER_MS * int(floor))
+
+
 def test_train_on_one_server_steps_the_model_of_each_batch_pulled_after_the_last_push(rows):
     stepped, sequential = _train(rows, "stepped"), _train(rows, "sequential", "--steps", "off", "--pipeline", "1")
     assert stepped["steps"] and not sequential["steps"]
-    assert stepped["pipeline_depth"] >= STEP_DEPTH and sequential["pipeline_depth"] == 1  # deeper on a slow loopback
+    assert stepped["pipeline_depth"] == _link_depth(stepped) and sequential["pipeline_depth"] == 1
     assert stepped["logloss"] == sequential["logloss"]  # to the bit: the same rows read, the same kernel
     assert stepped["key_ops_per_example"] == sequential["key_ops_per_example"]
     assert stepped["examples"] == 30_000
@@ -92,5 +99,5 @@ def test_train_on_one_server_steps_the_model_of_each_batch_pulled_after_the_last
 def test_a_factorization_machine_on_one_server_steps_too_and_trains_the_sequential_model(rows):
     stepped = _train(rows, "fm-stepped", "--model", "fm")
     sequential = _train(rows, "fm-sequential", "--model", "fm", "--steps", "off", "--pipeline", "1")
-    assert stepped["steps"] and stepped["pipeline_depth"] >= STEP_DEPTH and not sequential["steps"]
+    assert stepped["steps"] and stepped["pipeline_depth"] == _link_depth(stepped) and not sequential["steps"]
     assert stepped["logloss"] == sequential["logloss"] < 0.6
