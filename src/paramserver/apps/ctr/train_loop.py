@@ -30,6 +30,11 @@ PROGRESS_EVERY_S = 0.5  # a worker reports its progress this often (and the driv
 NAME_AHEAD = 1  # batches whose keys are named beyond those pulled
 NAME_AGAIN = 64  # batches before keys are named again to servers that did not read ahead ...
 ASK_KEYS = 1024  # ... and how many
+#: mini-batches parsed and deduplicated ahead of the loop, at most, and their bytes: answers
+#: come back in bursts (16 steps in flight, more over a link), and each burst wants its next
+#: batches ready (4 ahead: the loop waited 0.34-0.37 s of a 1.4 s job for them, its reader
+#: thread idle meanwhile; 64: 0.13 s, +9 % examples/s, the worker's peak RSS +20 MB)
+READ_AHEAD, READ_AHEAD_BYTES = 64, 32 << 20
 
 
 def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
@@ -93,8 +98,17 @@ def _train_stream(client: Client, cfg: TrainConfig,
     # a factor model's loss grows with the depth of its reads; a step reads no stale rows
     stepping = _stepping(client, cfg)
     depth = Depth(cfg.pipeline, deepens=cfg.model.name == "lr" or stepping, stale=not stepping)
-    with Prefetch(_shard_stream(client, cfg, depth.settles)) as items:  # parsed and deduplicated ahead
+    with Prefetch(_shard_stream(client, cfg, depth.settles), READ_AHEAD, READ_AHEAD_BYTES, _item_bytes) as items:
         return _train_items(client, cfg, items, on_batch, depth)
+
+
+def _item_bytes(item: tuple[Any, ...]) -> int:
+    """The bytes a ``_shard_stream`` item holds: its batch, distinct keys and their indices."""
+    _, batch, uniq, inverse, _ = item
+    if batch is None:  # a shard's end
+        return 0
+    return int(batch.keys.nbytes + batch.vals.nbytes + batch.indptr.nbytes + batch.labels.nbytes + uniq.nbytes
+               + inverse.nbytes)
 
 
 def _stepping(client: Client, cfg: TrainConfig) -> bool:

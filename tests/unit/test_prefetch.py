@@ -1,0 +1,62 @@
+"""``Prefetch``: items produced ahead in a thread, bounded in number and (``budget``) in bytes."""
+
+import threading
+
+import pytest
+
+from paramserver.data.prefetch import Prefetch
+
+
+class _Counted:
+    """An iterator of ``n`` items (each its own weight ``size``) that counts how many it has given."""
+
+    def __init__(self, n, size):
+        self.n, self.size, self.given = n, size, 0
+        self.moved = threading.Condition()
+
+    def __iter__(self):
+        for i in range(self.n):
+            with self.moved:
+                self.given += 1
+                self.moved.notify_all()
+            yield (i, self.size)
+
+    def wait_for(self, given):
+        with self.moved:
+            return self.moved.wait_for(lambda: self.given >= given, timeout=10)
+
+
+def test_items_come_in_order_and_an_error_reaches_the_consumer():
+    with Prefetch(iter(range(100)), depth=3) as items:
+        assert list(items) == list(range(100))
+
+    def failing():
+        yield 1
+        raise ValueError("line 7: bad label")
+
+    with Prefetch(failing()) as items:
+        assert next(items) == 1
+        with pytest.raises(ValueError, match="line 7"):
+            next(items)
+
+
+def test_the_producer_holds_no_more_than_the_budget_of_bytes_ahead():
+    source = _Counted(50, 10)
+    with Prefetch(iter(source), depth=40, budget=25, weight=lambda item: item[1]) as items:
+        assert source.wait_for(3)  # two queued (20 bytes), the third waits for room
+        assert items._held == 20 and items._out.qsize() == 2 and source.given == 3
+        assert next(items) == (0, 10)
+        assert source.wait_for(4)  # one taken: one more produced, again two queued and one waiting
+        assert source.given == 4
+        rest = list(items)
+    assert [i for i, _ in rest] == list(range(1, 50)) and items._held == 0
+
+
+def test_an_item_over_the_budget_goes_alone_and_close_frees_a_waiting_producer():
+    with Prefetch(iter(_Counted(5, 100)), budget=25, weight=lambda item: item[1]) as items:
+        assert [i for i, _ in items] == list(range(5))  # one at a time, never stuck
+    source = _Counted(10, 10)
+    items = Prefetch(iter(source), budget=15, weight=lambda item: item[1])
+    assert source.wait_for(2)  # one queued, the second waits for room
+    items.close()
+    assert not items._thread.is_alive()
