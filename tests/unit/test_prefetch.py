@@ -1,10 +1,12 @@
 """``Prefetch``: items produced ahead in a thread, bounded in number and (``budget``) in bytes."""
 
+import os
+import sys
 import threading
 
 import pytest
 
-from paramserver.data.prefetch import Prefetch
+from paramserver.data.prefetch import READER_NICE, Prefetch
 
 
 class _Counted:
@@ -60,3 +62,19 @@ def test_an_item_over_the_budget_goes_alone_and_close_frees_a_waiting_producer()
     assert source.wait_for(2)  # one queued, the second waits for room
     items.close()
     assert not items._thread.is_alive()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="niceness a thread at a time is Linux's")
+def test_a_reader_thread_runs_nicer_than_its_process_and_a_reader_of_a_reader_no_nicer():
+    def mine():
+        yield os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def outer():
+        with Prefetch(mine()) as inner:
+            yield os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), next(inner)
+
+    process = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    with Prefetch(outer()) as items:
+        reader, its_reader = next(items)
+    assert reader == its_reader == min(19, process + READER_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == process  # the caller's is its own

@@ -1,15 +1,35 @@
 """``Prefetch``: the items of an iterator, produced ahead in a background thread.
 
 The training loop reads its shards through one: parsing and deduplication (numba, the
-GIL released) overlap the loop's waits on the network.
+GIL released) overlap the loop's waits on the network.  The thread runs at a lower
+priority (``READER_NICE``): on a machine whose cores the job fills, the loops that others
+wait on (a server's, the worker's own) go first, and the reading fills the time they leave.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+
+
+#: how much nicer a reader thread is than its process's main thread (Linux sets it a thread at
+#: a time; elsewhere nothing changes).
+#: The default job on 2 cores, its reader threads at 0 against 10 (alternating, 8 pairs):
+#: 742 k and 741 k examples/s against 771 k and 789 k; the same model
+READER_NICE = 10
+
+
+def _lower_priority() -> None:
+    """This thread ``READER_NICE`` nicer than the process's main thread (whose niceness the
+    process id reads), where the system allows: a reader started by a reader is no nicer."""
+    try:
+        nice = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + READER_NICE)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (AttributeError, OSError):  # no per-thread niceness here, or not allowed: as it was
+        pass
 
 
 class Prefetch:
@@ -52,6 +72,7 @@ class Prefetch:
         return False
 
     def _produce(self, items: Iterator[Any]) -> None:
+        _lower_priority()
         try:
             for item in items:
                 if not self._put(True, item):
