@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-
 #: how much nicer a reader thread is than its process's main thread (Linux sets it a thread at
 #: a time; elsewhere nothing changes).
 #: The default job on 2 cores, its reader threads at 0 against 10 (alternating, 8 pairs):
