@@ -3,11 +3,13 @@ training loop applies exactly the rule it documents (per-example while batches a
 
 import contextlib
 import math
+import types
 from concurrent.futures import Future
 
 import numpy as np
 import pytest
 
+from paramserver.apps.ctr import train_loop
 from paramserver.apps.ctr.depth import SETTLE_BATCHES
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.ramp import ramp_size, ramped
@@ -17,6 +19,7 @@ from paramserver.client.prefetch import Prefetched
 from paramserver.data.reader import DataFormat, Shard, read_all, read_batches
 from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import FTRL, Zeros
+from paramserver.tables.steps import step
 
 
 def test_ramp_grows_like_the_square_root_of_the_examples_seen():
@@ -65,6 +68,9 @@ class _Done:
 
     def result(self, timeout=None):
         return self.value
+
+    def done(self):
+        return True
 
 
 class _InProcessClient:
@@ -213,3 +219,72 @@ def test_the_jobs_last_batches_go_one_at_a_time_where_the_pipeline_may_pass_2(tm
     head, tail = in_flight[:pulls - settled], in_flight[pulls - settled:]
     assert max(head) == depth and all(n == 1 for n in tail)
     assert settled or in_flight[-1] == depth  # at 2, the last pulls go as every other
+
+
+class _Answers:
+    """A step's answer that comes in when the loop first waits on one: then every step sent
+    before it is answered at once (a burst), as a server's answers come back together."""
+
+    def __init__(self, client, value):
+        self.client, self.value, self.answered = client, value, False
+
+    def done(self):
+        return self.answered
+
+    def result(self, timeout=None):
+        for step in self.client.unanswered:
+            step.answered = True
+        self.client.unanswered.clear()
+        return self.value
+
+    def add_done_callback(self, fn):  # only ``link`` asks, and these jobs run at a fixed depth
+        raise AssertionError("no callback expected at a fixed depth")
+
+
+class _Stepping(_InProcessClient):
+    """The in-process client taking the loop's batches as steps, each applied as it is taken
+    (in order, as a server takes them), and each ``together`` block's steps written down."""
+
+    def __init__(self, table, shards):
+        super().__init__(table, shards)
+        self.steps, self.admin = self, self
+        self.ring = types.SimpleNamespace(owners=np.array([1]))
+        self.unanswered, self.envelopes, self.open = [], [], None
+
+    @contextlib.contextmanager
+    def together(self):
+        self.open = 0
+        yield
+        self.envelopes.append(self.open)
+        self.open = None
+
+    def take(self, name, keys, inverse, indptr, vals, labels, model="lr", l2=0.0):
+        assert self.open is not None, "a step goes out in a together block"
+        self.open += 1
+        rows = np.empty((keys.size, 1), np.float32)
+        self.table.lookup(keys, rows)
+        grads, loss, preds = step(model, indptr, vals, labels, inverse, rows, l2)
+        self.table.apply(keys, grads)
+        answer = _Answers(self, (preds.astype(np.float32), loss))
+        self.unanswered.append(answer)
+        return answer
+
+
+def test_steps_answered_together_go_out_together_a_quarter_of_the_depth_at_most(tmp_path, monkeypatch):
+    """Steps whose answers came back in a burst free room in a burst: the batches ready go to
+    the server in one envelope, up to a quarter of the depth, each once and in order, so the
+    model is the one a step a message makes, to the bit."""
+    path = str(tmp_path / "rows.libsvm")
+    _write_rows(path, 4000, seed=3)
+    cfg = TrainConfig(Model("lr"), DataFormat("libsvm"), batch_size=1000, pipeline=16, steps="auto")
+    models, sizes, default = [], [], train_loop.ENVELOPES
+    for envelopes in (default, 10**6):  # the default, then one step an envelope
+        monkeypatch.setattr(train_loop, "ENVELOPES", envelopes)
+        client = _Stepping(VnodeTable(1, FTRL(), Zeros(), 0), [Shard(path, 0, -1)])
+        assert _train_stream(client, cfg)["examples"] == 4000
+        keys, rows = client.table.items()
+        models.append(rows[np.argsort(keys)])
+        sizes.append(client.envelopes)
+    assert max(sizes[0]) == 16 // default and sum(sizes[0]) == len(sizes[1])  # each batch once
+    assert set(sizes[1]) == {1}
+    np.testing.assert_array_equal(models[0], models[1])

@@ -64,7 +64,7 @@ OnReply = Callable[[Message | None, BaseException | None], None]
 #: a request handed to the thread: address, header, arrays, on_reply, answer_within_s
 _Queued = tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None, float | None]
 #: the requests that may share an envelope with the others to their server (``wire/batch.py``)
-ENVELOPED = frozenset({Op.PULL.value, Op.PUSH.value, Op.PREFETCH.value})
+ENVELOPED = frozenset({Op.PULL.value, Op.PUSH.value, Op.PREFETCH.value, Op.STEP.value})
 
 
 def _passes(header: dict[str, Any]) -> bool:
