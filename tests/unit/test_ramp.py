@@ -232,8 +232,8 @@ class _Answers:
         return self.answered
 
     def result(self, timeout=None):
-        for step in self.client.unanswered:
-            step.answered = True
+        for answer in self.client.unanswered:
+            answer.answered = True
         self.client.unanswered.clear()
         return self.value
 
