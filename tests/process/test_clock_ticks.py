@@ -64,17 +64,26 @@ def test_a_clock_no_request_carries_goes_on_its_own():
 
 
 def tick_in_flight_at_return(client):
-    """The timer sends the last clock's ticks on their own, and they are slow to arrive
-    (0.5 s): the worker returns meanwhile.  ``cluster.run`` must not say it is done (and
-    the driver read the model) before the servers have taken that clock."""
+    """The timer sends the last clock's ticks on their own, and they are slow to arrive: the
+    first server's after 0.2 s in the timer's own thread, the second's 1 s after that.  The
+    worker returns meanwhile (once the timer took the ticks, before it sent the second).
+    ``cluster.run`` must not say it is done (and the driver read the model) before both
+    servers have taken that clock."""
     import threading
+    import time
 
     import paramserver.client.sync_calls as sync_calls
 
     real = sync_calls.send_tick
+    sent = []
 
     def slow(port, address, header, on_done, on_ring):
-        threading.Timer(0.5, real, (port, address, header, on_done, on_ring)).start()
+        sent.append(address)
+        if len(sent) == 1:
+            time.sleep(0.2)
+            real(port, address, header, on_done, on_ring)
+        else:
+            threading.Timer(1.0, real, (port, address, header, on_done, on_ring)).start()
 
     sync_calls.send_tick = slow
     client.push("b", KEYS, np.ones((KEYS.size, 1), np.float32)).result(timeout=30)  # held for the clock (BSP)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -105,11 +106,18 @@ class ClientState:
                 out.update(tick)  # behind this worker's pushes to that server, as a clock message would be
             return address, out, arrays
 
-    def take_ticks(self) -> dict[str, dict[str, Any]]:
-        """The ticks no request carried, each server's now to be sent on its own."""
+    def take_ticks(self, flying: set[Future[None]]) -> dict[str, tuple[dict[str, Any], Future[None]]]:
+        """The ticks no request carried, each server's now to be sent on its own, each with the
+        future its answer settles, entered in ``flying`` in the same turn of the lock: who waits
+        for every tick in flight (``Clocks.send_ticks(landed=True)``, under this lock) finds a
+        tick either still here or its future there.  Taken first and entered after, a worker
+        that returned while the timer sent its last ticks waited for one server's of two, and
+        the driver read the other's rows before that clock was applied (a loaded machine)."""
         with self.lock:
             ticks, self.ticks, self.tick_timer = self.ticks, {}, False
-        return ticks
+            taken: dict[str, tuple[dict[str, Any], Future[None]]] = {a: (t, Future()) for a, t in ticks.items()}
+            flying.update(future for _, future in taken.values())
+        return taken
 
     def scheduler(self) -> Scheduler:
         """What a decision on an answer needs to know of the scheduler."""

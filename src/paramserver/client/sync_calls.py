@@ -92,11 +92,8 @@ class Clocks:
         here for a round trip each of its rounds cost LDA's rounds 2 % (NYT, K = 50)."""
         c = self.caller
         sent: list[Future[None]] = []
-        for address, tick in c.state.take_ticks().items():
-            future: Future[None] = Future()
+        for address, (tick, future) in c.state.take_ticks(self._flying).items():
             sent.append(future)
-            with c.lock:
-                self._flying.add(future)
             future.add_done_callback(self._landed)
             send_tick(c.state, address, clock_request(c.node_id, tick["tick"], tick.get("tick_token", "")),
                       functools.partial(_settle, future), functools.partial(_on_ring, c.state, address))
