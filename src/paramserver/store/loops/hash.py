@@ -139,10 +139,12 @@ def stored(tkeys, meta, keys, out):
 @njit(nogil=True, cache=True)
 def rehash(old_keys, old_meta, old_rows, old_life, new_keys, new_meta, new_rows, new_life):
     """Move every key, its row and its life row (``life``: no columns for a vnode without)
-    to the grown arrays.  The old slots are read in order; each key's new home is random,
-    so the home of the key ``PREFETCH_AHEAD`` slots on is fetched ahead (a vnode larger
-    than the caches: 50 -> 21 ns a key moved, 2·10^5 keys).  Fingerprints' twins keep a
-    slot each, as they had (``tags.py``)."""
+    to the grown arrays.  The old slots are read in order, and their keys' new homes come
+    in order too (a home is the hash's low 32 bits scaled to the capacity: ``slot_of_hash``),
+    so the writes walk forward and the hardware's prefetcher follows them: fetching the home
+    of a key ahead only hashed every key twice (the default job's vnodes, ~21 000 keys: 16.0
+    against 14.2 ns a key moved; 2·10^5 keys: 34-39 either way).  Fingerprints' twins keep
+    a slot each, as they had (``tags.py``)."""
     cap_old = old_keys.shape[0]
     cap = new_keys.shape[0]
     width, life_width = old_rows.shape[1], old_life.shape[1]
@@ -151,8 +153,6 @@ def rehash(old_keys, old_meta, old_rows, old_life, new_keys, new_meta, new_rows,
     for j in range(life_width):
         new_life[cap, j] = old_life[cap_old, j]
     for i in range(cap_old):
-        if i + PREFETCH_AHEAD < cap_old and old_keys[i + PREFETCH_AHEAD] != 0:
-            prefetch_row(new_keys, slot_of_hash(hash64(key_at(old_keys, old_meta, i + PREFETCH_AHEAD)), cap))
         if old_keys[i] == 0:
             continue
         key = key_at(old_keys, old_meta, i)
