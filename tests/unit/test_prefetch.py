@@ -78,3 +78,18 @@ def test_a_reader_thread_runs_nicer_than_its_process_and_a_reader_of_a_reader_no
         reader, its_reader = next(items)
     assert reader == its_reader == min(19, process + READER_NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == process  # the caller's is its own
+
+
+def test_elsewhere_than_linux_no_thread_id_is_taken_for_a_process(monkeypatch):
+    """``setpriority`` takes a process id: on Linux a thread's id is one, elsewhere it may
+    name another process, so there nothing is reniced."""
+    from paramserver.data import prefetch
+
+    def renice(*args):
+        raise AssertionError(f"setpriority{args} called off Linux")
+
+    monkeypatch.setattr(prefetch.sys, "platform", "darwin")
+    monkeypatch.setattr(prefetch.os, "setpriority", renice)
+    prefetch._lower_priority()  # nothing called
+    with Prefetch(iter(range(3))) as items:
+        assert list(items) == [0, 1, 2]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,7 +24,11 @@ READER_NICE = 10
 
 def _lower_priority() -> None:
     """This thread ``READER_NICE`` nicer than the process's main thread (whose niceness the
-    process id reads), where the system allows: a reader started by a reader is no nicer."""
+    process id reads), where the system allows: a reader started by a reader is no nicer.
+    Linux only: elsewhere a thread's id is no process id, and ``setpriority`` given one could
+    reach another process."""
+    if not sys.platform.startswith("linux"):
+        return
     try:
         nice = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + READER_NICE)
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
