@@ -90,6 +90,6 @@ def test_elsewhere_than_linux_no_thread_id_is_taken_for_a_process(monkeypatch):
 
     monkeypatch.setattr(prefetch.sys, "platform", "darwin")
     monkeypatch.setattr(prefetch.os, "setpriority", renice)
-    prefetch._lower_priority()  # nothing called
+    prefetch.lower_priority()  # nothing called
     with Prefetch(iter(range(3))) as items:
         assert list(items) == [0, 1, 2]

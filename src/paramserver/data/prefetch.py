@@ -22,15 +22,15 @@ from typing import Any
 READER_NICE = 10
 
 
-def _lower_priority() -> None:
-    """This thread ``READER_NICE`` nicer than the process's main thread (whose niceness the
-    process id reads), where the system allows: a reader started by a reader is no nicer.
+def lower_priority(by: int = READER_NICE) -> None:
+    """This thread ``by`` nicer than the process's main thread (whose niceness the process id
+    reads; at most 19), where the system allows: a reader started by a reader is no nicer.
     Linux only: elsewhere a thread's id is no process id, and ``setpriority`` given one could
     reach another process."""
     if not sys.platform.startswith("linux"):
         return
     try:
-        nice = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + READER_NICE)
+        nice = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + by)
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
     except (AttributeError, OSError):  # no per-thread niceness here, or not allowed: as it was
         pass
@@ -76,7 +76,7 @@ class Prefetch:
         return False
 
     def _produce(self, items: Iterator[Any]) -> None:
-        _lower_priority()
+        lower_priority()
         try:
             for item in items:
                 if not self._put(True, item):

@@ -10,8 +10,6 @@ a 10^6-row job went from 0.25 s to 0.13 s for its 10^5 test rows.
 from __future__ import annotations
 
 import os
-import sys
-import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -24,7 +22,7 @@ from paramserver.apps.ctr.modelfile import metrics, pull_dense
 from paramserver.apps.ctr.models import Model
 from paramserver.client.client import Client
 from paramserver.data.files import is_plain_local
-from paramserver.data.prefetch import Prefetch
+from paramserver.data.prefetch import Prefetch, lower_priority
 from paramserver.data.reader import Batch, DataFormat, Shard, expand, iter_parts, read_batches, read_parts
 
 #: rows a part of the test set is read and scored in once the job is done: a part's parsing
@@ -57,13 +55,9 @@ def check_head(paths: list[str], fmt: DataFormat) -> None:
 
 
 def _read_niced(paths: list[str], fmt: DataFormat) -> list[Batch]:
-    """``read_parts`` at the lowest CPU priority (Linux gives a thread its own niceness): the
-    test rows read while the job starts and trains give way to the nodes."""
-    if sys.platform.startswith("linux"):  # elsewhere a thread id is no process id
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except OSError:
-            pass
+    """``read_parts`` at the lowest CPU priority (``Prefetch``'s ``lower_priority``, by as
+    much as there is): the test rows read while the job starts and trains give way to the nodes."""
+    lower_priority(19)
     return read_parts(paths, fmt)
 
 

@@ -2,8 +2,8 @@
 
 Open addressing with linear probing from the slot the low 32 bits of ``hash64(key)``
 give; ``keys[s] == 0`` marks an empty slot, and key 0 owns the extra last row (its
-presence is ``meta[HAS_ZERO]``).  Every loop prefetches the home slot of the key
-``PREFETCH_AHEAD`` keys on, so the cache misses of a request overlap.
+presence is ``meta[HAS_ZERO]``).  Every loop over a request prefetches the home slot of the
+key ``PREFETCH_AHEAD`` keys on, so the cache misses of a request overlap.
 
 These are the numba loops only, below the classes: ``store/table.py`` and
 ``store/vnodes.py`` call them, never the reverse.  ``store/kernels.py`` compiles ``apply``
@@ -140,9 +140,10 @@ def stored(tkeys, meta, keys, out):
 def rehash(old_keys, old_meta, old_rows, old_life, new_keys, new_meta, new_rows, new_life):
     """Move every key, its row and its life row (``life``: no columns for a vnode without)
     to the grown arrays.  The old slots are read in order, and their keys' new homes come
-    in order too (a home is the hash's low 32 bits scaled to the capacity: ``slot_of_hash``),
-    so the writes walk forward and the hardware's prefetcher follows them: fetching the home
-    of a key ahead only hashed every key twice (the default job's vnodes, ~21 000 keys: 16.0
+    nearly in order too (a home is the hash's low 32 bits scaled to the capacity,
+    ``slot_of_hash``; only a cluster's keys may stand out of their homes' order), so the
+    writes walk forward and the hardware's prefetcher follows them: fetching the home of a
+    key ahead only hashed every key twice (the default job's vnodes, ~21 000 keys: 16.0
     against 14.2 ns a key moved; 2·10^5 keys: 34-39 either way).  Fingerprints' twins keep
     a slot each, as they had (``tags.py``)."""
     cap_old = old_keys.shape[0]
