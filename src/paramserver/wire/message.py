@@ -126,23 +126,25 @@ def encode(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list[An
     """Frames for ``header`` and ``arrays``: one frame of them all under ``PACK_BELOW``
     bytes, else a frame each (sent zero-copy by the socket)."""
     specs = []
-    frames: list[Any] = [b""]
+    parts: list[np.ndarray] = []
     packed = 0  # the packed body's bytes
     for a in arrays:
-        a = np.ascontiguousarray(a)
-        if a.dtype.str not in DTYPES:
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        name = a.dtype.str
+        if name not in DTYPES:
             raise TypeError(f"dtype {a.dtype} cannot go on the wire (allowed: {sorted(DTYPES)})")
-        specs.append([a.dtype.str, list(a.shape)])
-        frames.append(a.reshape(-1).view(np.uint8).data if a.size else b"")
-        packed += _padded(a.nbytes)
-    if len(specs) > 1 and packed < PACK_BELOW:
+        specs.append([name, list(a.shape)])
+        parts.append(a)
+        packed += a.nbytes + -a.nbytes % PACK_ALIGN
+    head = msgpack.packb({**header, "arrays": specs}, use_bin_type=True)
+    if len(parts) > 1 and packed < PACK_BELOW:  # arrays are buffers: joined as their bytes, each padded
         body: list[Any] = []
-        for f in frames[1:]:
-            body.append(f)
-            body.append(_PADDING[:-memoryview(f).nbytes % PACK_ALIGN])
-        frames = [b"", b"".join(body)]
-    frames[0] = msgpack.packb({**header, "arrays": specs}, use_bin_type=True)
-    return frames
+        for a in parts:
+            body.append(a)
+            body.append(_PADDING[:-a.nbytes % PACK_ALIGN])
+        return [head, b"".join(body)]
+    return [head, *(a.reshape(-1).view(np.uint8).data if a.nbytes else b"" for a in parts)]
 
 
 def _padded(nbytes: int) -> int:
@@ -193,19 +195,24 @@ def decode(frames: Sequence[Any], max_bytes: int = MAX_MESSAGE_BYTES) -> Message
 
 
 _OP_OF = {op.value: op for op in Op}
+_MAX_DIM = 1 << 40  # a dimension past this is a malformed header, not an array
 _OPS = set(_OP_OF)
 
 
 def _spec(i: int, spec: Any) -> tuple[np.dtype, list[int], int]:
-    """Array ``i``'s dtype, shape and bytes, as its header entry says them."""
-    if (not isinstance(spec, list) or len(spec) != 2 or not isinstance(spec[0], str)
-            or spec[0] not in DTYPES or not isinstance(spec[1], list)):
-        raise ProtocolError(f"array {i}: spec must be [dtype, shape] with dtype in "
-                            f"{sorted(DTYPES)}, got {spec!r}")
-    dtype, shape = DTYPES[spec[0]], spec[1]
-    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in shape):
-        raise ProtocolError(f"array {i}: shape must be non-negative ints, got {shape!r}")
-    return dtype, shape, math.prod(shape) * dtype.itemsize  # Python ints: no wrap-around
+    """Array ``i``'s dtype, shape and bytes, as its header entry says them.  Exact types
+    (``type(x) is``): msgpack gives plain lists, str and int, and a bool is no size."""
+    if type(spec) is list and len(spec) == 2:
+        name, shape = spec
+        dtype = DTYPES.get(name) if type(name) is str else None
+        if dtype is not None and type(shape) is list:
+            n = dtype.itemsize
+            for d in shape:
+                if type(d) is not int or not 0 <= d < _MAX_DIM:
+                    raise ProtocolError(f"array {i}: shape must be non-negative ints, got {shape!r}")
+                n *= d  # Python ints: no wrap-around
+            return dtype, shape, n
+    raise ProtocolError(f"array {i}: spec must be [dtype, shape] with dtype in {sorted(DTYPES)}, got {spec!r}")
 
 
 def _array(i: int, spec: Any, buf: Any) -> np.ndarray:
@@ -218,17 +225,28 @@ def _array(i: int, spec: Any, buf: Any) -> np.ndarray:
 
 
 def _unpacked(specs: list[Any], buf: Any) -> list[np.ndarray]:
-    """The arrays of a packed body (``encode``): each at the next multiple of ``PACK_ALIGN``."""
+    """The arrays of a packed body (``encode``): each at the next multiple of ``PACK_ALIGN``,
+    a read-only view of the body (an unaligned one copied: ``_received``)."""
     found = [_spec(i, spec) for i, spec in enumerate(specs)]
-    nbytes, expected = memoryview(buf).nbytes, sum(_padded(n) for _, _, n in found)
-    if nbytes != expected:
-        raise ProtocolError(f"the arrays' frame has {nbytes} bytes but the {len(specs)} arrays it packs "
+    view = memoryview(buf)
+    expected = 0
+    for _, _, n in found:
+        expected += n + -n % PACK_ALIGN
+    if view.nbytes != expected:
+        raise ProtocolError(f"the arrays' frame has {view.nbytes} bytes but the {len(specs)} arrays it packs "
                             f"need {expected} (each padded to {PACK_ALIGN})")
+    if not view.readonly:
+        view = view.toreadonly()
     arrays, at = [], 0
     for dtype, shape, n in found:
-        arrays.append(_received(np.frombuffer(buf, dtype=dtype, count=n // dtype.itemsize, offset=at).reshape(shape)
-                                if n else np.empty(shape, dtype)))
-        at += _padded(n)
+        if n:
+            arr = np.frombuffer(view, dtype, n // dtype.itemsize, at)
+            if len(shape) != 1:
+                arr = arr.reshape(shape)
+            arrays.append(arr if arr.flags.aligned else _received(arr))
+        else:
+            arrays.append(_received(np.empty(shape, dtype)))
+        at += n + -n % PACK_ALIGN
     return arrays
 
 
