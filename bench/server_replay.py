@@ -1,0 +1,171 @@
+"""The server's side of a default ``paramserver train`` job, alone (issue 44): the job's steps,
+cut as its worker cuts them, replayed into one ``ServerNode`` in this process.
+
+Run: ``.venv/bin/python bench/server_replay.py [--data TRAIN.tsv] [--rows 1000000] [--repeat 5] [--json F]``
+
+The worker's side is done once, before the clock: the training file read in 16 MiB shards as
+``train`` reads it, each batch re-cut by the √n ramp (``apps/ctr/ramp.ramped``), deduplicated,
+routed and narrowed as ``client/step_calls.py`` does, and encoded.  Then each repeat makes a
+fresh server on the simulated network (``testing/sim.py``: no sockets, no scheduler, no
+timers), gives it the job's table (``TrainConfig().table_spec()``, the defaults), and hands it
+every request as its socket would (``ServerNode._handle_data``), one step a message, timing the
+whole and, by wrapping them, the kernels (the rows' read, the update with the growth it needs,
+the growth alone, the gradient).  What is left is the server's Python a step: decoding,
+checking, the exactly-once bookkeeping, the reply.
+
+On a busy two-core machine a job's own figures move ±10 % from run to run: this one process,
+with nothing beside it, moves less, so a change to the server's per-step path shows here first.
+Without ``--data`` it writes 10^6 heavy rows (``paramserver synth --shape heavy``, seed 1, as
+``bench/headline.py`` does) into a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from paramserver._runtime.malloc import tune_allocator
+from paramserver.apps.ctr.ramp import ramped
+from paramserver.apps.ctr.synth import write_synth
+from paramserver.apps.ctr.train_config import TrainConfig
+from paramserver.config import load_config
+from paramserver.data.reader import make_shards, read_batches
+from paramserver.routing.partition import route_step
+from paramserver.routing.ring import Ring
+from paramserver.server.node import ServerNode
+from paramserver.store import table as store_table
+from paramserver.store import vnodes as store_vnodes
+from paramserver.testing.sim import SimNetwork
+from paramserver.wire.message import Message, encode
+from paramserver.wire.step_arrays import index_type, key_type, step_arrays
+
+SHARD_BYTES = 16 << 20  # train's default --shard-mb
+CLIENT = b"client-1"
+#: what is timed apart inside a step: (the object, its attribute, the label)
+PARTS = ((store_vnodes.VnodeSet, "lookup", "read rows"), (store_vnodes.VnodeSet, "apply", "update (with growth)"),
+         (store_table.VnodeTable, "_grow", "growth"))
+
+
+def requests(path: str, cfg: TrainConfig, ring: Ring, layout: int) -> list[list[bytes]]:
+    """The frames of every step the job's one worker would send, in order."""
+    frames, seen = [], 0
+    for shard in make_shards([path], SHARD_BYTES):
+        for batch in ramped(read_batches(shard, cfg.data, cfg.batch_size), cfg.batch_size, cfg.batch_ramp, seen):
+            seen += len(batch)
+            uniq, inverse = batch.unique()
+            routed = route_step(ring, uniq, inverse, layout, key_type(uniq), index_type(uniq.shape[0]))
+            assert routed is not None
+            grouped, rank, (part,) = routed
+            seq = len(frames) + 1
+            header = {"op": "step", "table": cfg.model.table, "ring_version": ring.version, "id": seq,
+                      "model": cfg.model.name, "sender": 3, "seq": seq, "acked": seq - 1}
+            arrays = step_arrays(grouped, part.vnodes, part.counts, rank, batch.indptr, batch.vals, batch.labels)
+            frames.append([CLIENT, *(bytes(f) for f in encode(header, arrays))])
+    return frames
+
+
+def fresh_server(ring: Ring, spec: Any) -> tuple[ServerNode, SimNetwork]:
+    """One server holding every vnode of ``ring`` and the job's table."""
+    net = SimNetwork(0)
+    node = ServerNode(load_config(scheduler="sim://scheduler", server_threads=1), net.host("server-1").transport())
+    node.node_id = 1
+    node.state.lease.granted(float("inf"))  # no scheduler to renew it
+    node.on_ring(Message({"op": "ring", "ring": ring.to_wire(), "servers": {"1": node.address},
+                          "tables": {spec.name: spec.to_wire()}}, []))
+    return node, net
+
+
+def timed(spent: dict[str, float]) -> Callable[[], None]:
+    """Wrap ``PARTS`` so that their seconds add up in ``spent``; the returned call unwraps them."""
+    saved = []
+    for owner, name, label in PARTS:
+        fn = getattr(owner, name)
+        saved.append((owner, name, fn))
+
+        def wrapper(*a: Any, _fn: Any = fn, _label: str = label, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - t
+
+        setattr(owner, name, wrapper)
+
+    def undo() -> None:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+
+    return undo
+
+
+def replay(frames: list[list[bytes]], ring: Ring, spec: Any, split: bool) -> dict[str, Any]:
+    node, net = fresh_server(ring, spec)
+    spent: dict[str, float] = {}
+    undo = timed(spent) if split else None
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        for i, f in enumerate(frames):
+            node._handle_data(f)
+            if i % 64 == 63:
+                net.run_until(net.time + 1.0)  # the replies leave: no queue grows with the job
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        if undo is not None:
+            undo()
+    keys = sum(len(v) for v in node.tables[spec.name].tables.values())
+    node.close()
+    return {"seconds": wall, "cpu_seconds": cpu, "keys": keys, **spent}
+
+
+def training_file(args: argparse.Namespace, tmp: str) -> str:
+    """``--data``, or ``--rows`` heavy rows written into ``tmp``."""
+    if args.data:
+        return str(args.data)
+    path = os.path.join(tmp, "heavy.train.tsv")
+    print(f"writing {args.rows:,} heavy rows to {path}", file=sys.stderr)
+    write_synth(path, args.rows, seed=1, shape="heavy")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", help="a Criteo-format training file (default: 10^6 heavy rows written here)")
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows written without --data")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args(argv)
+    tune_allocator()  # as servers do
+    cfg = TrainConfig()
+    ring = Ring.create([1], 64)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = training_file(args, tmp)
+        spec = cfg.table_spec(os.path.getsize(path))
+        frames = requests(path, cfg, ring, spec.layout)
+    print(f"{len(frames):,} steps, {sum(sum(map(len, f)) for f in frames) / 1e6:.1f} MB of requests; "
+          f"the table: {spec.name} ({'hash' if not spec.key_bits else f'dense, key_bits {spec.key_bits}'})")
+    replay(frames, ring, spec, split=False)  # compiled, and the allocator's pages touched
+    runs = []
+    for r in range(args.repeat):
+        runs.append(replay(frames, ring, spec, split=r % 2 == 1))  # every other run split: wrappers cost a little
+        row = runs[-1]
+        parts = "  ".join(f"{label} {row[label]:.3f}" for _, _, label in PARTS if label in row)
+        print(f"run {r + 1}: {row['seconds']:.3f} s ({row['cpu_seconds']:.3f} s CPU), {row['keys']:,} keys"
+              f"{'  ' + parts if parts else ''}", flush=True)
+    whole = [r["seconds"] for r in runs if not any(label in r for _, _, label in PARTS)] or [r["seconds"] for r in runs]
+    print(f"median {statistics.median(whole):.3f} s, min {min(whole):.3f} s "
+          f"({statistics.median(whole) / len(frames) * 1e6:.0f} us a step)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"steps": len(frames), "runs": runs}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
