@@ -18,7 +18,6 @@ answer with an error reply and keep serving.  See docs/protocol.md.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Sequence
 from typing import Any
 
