@@ -2,6 +2,7 @@
 cut as its worker cuts them, replayed into one ``ServerNode`` in this process.
 
 Run: ``.venv/bin/python bench/server_replay.py [--data TRAIN.tsv] [--rows 1000000] [--repeat 5] [--json F]``
+(``--codec``: the requests' decoding and encoding alone, microseconds a step)
 
 The worker's side is done once, before the clock: the training file read in 16 MiB shards as
 ``train`` reads it, each batch re-cut by the √n ramp (``apps/ctr/ramp.ramped``), deduplicated,
@@ -43,7 +44,7 @@ from paramserver.server.node import ServerNode
 from paramserver.store import table as store_table
 from paramserver.store import vnodes as store_vnodes
 from paramserver.testing.sim import SimNetwork
-from paramserver.wire.message import Message, encode
+from paramserver.wire.message import Message, decode, encode
 from paramserver.wire.step_arrays import index_type, key_type, step_arrays
 
 SHARD_BYTES = 16 << 20  # train's default --shard-mb
@@ -124,6 +125,23 @@ def replay(frames: list[list[bytes]], ring: Ring, spec: Any, split: bool) -> dic
     return {"seconds": wall, "cpu_seconds": cpu, "keys": keys, **spent}
 
 
+def codec(frames: list[list[bytes]], rounds: int = 5) -> dict[str, float]:
+    """The wire's share of a step, both ways: microseconds to decode a request's frames and to
+    encode its header and arrays again (the best of ``rounds`` passes over the job's steps)."""
+    msgs = [decode(f[1:]) for f in frames]
+    best = {"decode_us": float("inf"), "encode_us": float("inf")}
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for f in frames:
+            decode(f[1:])
+        best["decode_us"] = min(best["decode_us"], (time.perf_counter() - t) / len(frames) * 1e6)
+        t = time.perf_counter()
+        for m in msgs:
+            encode({k: v for k, v in m.header.items() if k != "arrays"}, m.arrays)
+        best["encode_us"] = min(best["encode_us"], (time.perf_counter() - t) / len(frames) * 1e6)
+    return best
+
+
 def training_file(args: argparse.Namespace, tmp: str) -> str:
     """``--data``, or ``--rows`` heavy rows written into ``tmp``."""
     if args.data:
@@ -140,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows written without --data")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--codec", action="store_true", help="time the requests' decoding and encoding alone, no server")
     args = ap.parse_args(argv)
     tune_allocator()  # as servers do
     cfg = TrainConfig()
@@ -150,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         frames = requests(path, cfg, ring, spec.layout)
     print(f"{len(frames):,} steps, {sum(sum(map(len, f)) for f in frames) / 1e6:.1f} MB of requests; "
           f"the table: {spec.name} ({'hash' if not spec.key_bits else f'dense, key_bits {spec.key_bits}'})")
+    if args.codec:
+        wire = codec(frames)
+        print(f"a step's request: decoded in {wire['decode_us']:.1f} us, encoded in {wire['encode_us']:.1f} us")
+        return 0
     replay(frames, ring, spec, split=False)  # compiled, and the allocator's pages touched
     runs = []
     for r in range(args.repeat):
