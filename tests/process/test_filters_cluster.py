@@ -85,8 +85,10 @@ def test_a_lossless_chain_trains_the_same_model_and_compact_sends_far_fewer_byte
     reports, models = {}, {}
     for name in ("none", "lossless", "compact"):
         out = str(tmp_path / name)
-        reports[name] = run_training(TrainConfig(Model("lr"), batch_size=1000, epochs=2, filters=name), [train],
-                                     [test], servers=2, workers=1, save=out)
+        # two servers: pulled and pushed, rows a batch stale; the depth fixed, since ``link`` (the default)
+        # deepens where the first pulls' least round trip reaches 2 ms, as a loaded machine's can
+        reports[name] = run_training(TrainConfig(Model("lr"), batch_size=1000, epochs=2, filters=name, pipeline=2),
+                                     [train], [test], servers=2, workers=1, save=out)
         with np.load(os.path.join(out, "table.npz")) as saved:
             models[name] = {k: saved[k][np.argsort(saved["keys"])] if saved[k].shape[:1] == saved["keys"].shape
                             else saved[k] for k in saved.files}
