@@ -182,7 +182,9 @@ def test_dense_and_hash_layouts_train_the_same_model(tmp_path):
     write_synth(path, 6_000, seed=8)
     reports = {}
     for layout in ("hash", "dense"):
-        cfg = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=16), batch_size=500, layout=layout)
+        # two servers: pulled and pushed; the depth fixed (``link`` deepens where a loaded machine's first
+        # round trips reach 2 ms, and a deeper pipeline trains another model)
+        cfg = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=16), batch_size=500, layout=layout, pipeline=2)
         reports[layout] = run_training(cfg, [path], [path], servers=2, workers=1, save=str(tmp_path / layout))
     assert reports["dense"]["logloss"] == reports["hash"]["logloss"]  # one worker: the same updates, bitwise
     saved = {}
