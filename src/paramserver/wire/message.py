@@ -135,7 +135,7 @@ def encode(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list[An
             raise TypeError(f"dtype {a.dtype} cannot go on the wire (allowed: {sorted(DTYPES)})")
         specs.append([name, list(a.shape)])
         parts.append(a)
-        packed += a.nbytes + -a.nbytes % PACK_ALIGN
+        packed += _padded(a.nbytes)
     head = msgpack.packb({**header, "arrays": specs}, use_bin_type=True)
     if len(parts) > 1 and packed < PACK_BELOW:  # arrays are buffers: joined as their bytes, each padded
         body: list[Any] = []
@@ -228,9 +228,7 @@ def _unpacked(specs: list[Any], buf: Any) -> list[np.ndarray]:
     a read-only view of the body (an unaligned one copied: ``_received``)."""
     found = [_spec(i, spec) for i, spec in enumerate(specs)]
     view = memoryview(buf)
-    expected = 0
-    for _, _, n in found:
-        expected += n + -n % PACK_ALIGN
+    expected = sum(_padded(n) for _, _, n in found)
     if view.nbytes != expected:
         raise ProtocolError(f"the arrays' frame has {view.nbytes} bytes but the {len(specs)} arrays it packs "
                             f"need {expected} (each padded to {PACK_ALIGN})")
@@ -245,7 +243,7 @@ def _unpacked(specs: list[Any], buf: Any) -> list[np.ndarray]:
             arrays.append(arr if arr.flags.aligned else _received(arr))
         else:
             arrays.append(_received(np.empty(shape, dtype)))
-        at += n + -n % PACK_ALIGN
+        at += _padded(n)
     return arrays
 
 
