@@ -1,6 +1,7 @@
 """``--pipeline link``, the default (issue 47.5): a worker keeps two batches in flight on one
-machine, the same model as ``--pipeline 2`` to the bit, and more where its first requests' round
-trips are long, here a 5 ms round trip through the nemesis proxy (``ProxyHosts``: no root)."""
+machine, the same model as ``--pipeline 2`` to the bit, and more where the pings it times the
+link with before its first batch are long, here a 5 ms round trip through the nemesis proxy
+(``ProxyHosts``: no root)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 import pytest
 from support import heavy_rows, train_report
 
-from paramserver.apps.ctr.depth import STEP_DEPTH, STEP_LINK_MAX, STEP_PER_MS
+from paramserver.apps.ctr.depth import STEP_DEPTH, STEP_LINK_MAX, link_depth
 from paramserver.testing.nemesis.proxied import ProxyHosts
 
 pytestmark = pytest.mark.timeout(240)
@@ -58,12 +59,19 @@ def test_over_a_long_round_trip_a_worker_keeps_a_batch_more_in_flight_for_each_m
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             hosts.delay(1, 2.5, 0.0)  # the client host's every chunk held 2.5 ms each way: 5 ms round trips
             far = _train(rows, "far", "--cluster", address, prefix=hosts.exec(1))
+            subprocess.run([*hosts.exec(1), *PS, "cluster", "drop-table", "model/lr", "--scheduler", address],
+                           check=True, capture_output=True, timeout=60)  # a job makes its tables new
+            pulled = _train(rows, "far-pulled", "--cluster", address, "--steps", "off", prefix=hosts.exec(1))
         finally:
             for node in nodes:
                 node.kill()
                 node.wait(timeout=10)
     assert far["round_trip_floor_ms"] >= 4.0  # 5 ms, less what the relay wakes early (~0.3 ms a hold)
-    assert far["steps"]  # one server: each batch a step, STEP_DEPTH in flight and 4 more a whole ms
-    assert far["pipeline_depth"] == min(STEP_LINK_MAX, STEP_DEPTH + STEP_PER_MS * int(far["round_trip_floor_ms"]))
+    assert far["steps"]  # one server: each batch a step, STEP_DEPTH in flight and 16 more a ms
+    assert far["pipeline_depth"] == link_depth(far["round_trip_floor_ms"], stale=False) == STEP_LINK_MAX
     assert far["pipeline_depth"] > STEP_DEPTH
     assert far["examples"] == 40_000 and far["logloss"] < 0.6
+    # pulled and pushed: 2 and one more a whole ms, the last batches settling
+    assert pulled["round_trip_floor_ms"] >= 4.0 and not pulled["steps"]
+    assert pulled["pipeline_depth"] == link_depth(pulled["round_trip_floor_ms"], stale=True) >= 6
+    assert pulled["examples"] == 40_000 and pulled["logloss"] < 0.6

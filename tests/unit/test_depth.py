@@ -48,16 +48,13 @@ def test_auto_stops_at_its_cap_and_does_not_grow_when_the_worker_hardly_waits():
 
 
 def test_link_is_two_on_a_short_round_trip_and_one_more_for_each_whole_ms_of_a_long_one():
-    from paramserver.apps.ctr.depth import LINK_MAX, LINK_PULLS
+    from paramserver.apps.ctr.depth import LINK_MAX
 
     assert parse_pipeline("link") == (2, LINK_MAX)
     for floor_s, want in ((0.0002, 2), (0.0019, 2), (0.0021, 4), (0.0031, 5), (0.010, 12), (0.5, LINK_MAX)):
         d = Depth("link")
-        for i in range(LINK_PULLS):
-            assert d.now == 2  # until the first pulls are back, nothing is known
-            d.replied(floor_s + 0.004 * (i % 3))  # the least of them is the link's floor
-            d.waited(0.0, 0.001)
-        d.waited(0.0, 0.001)
+        assert d.now == 2 and d.floor_ms is None  # until the link is timed, nothing is known
+        d.measured(floor_s)
         assert d.now == want and d.floor_ms == pytest.approx(1000 * floor_s), (floor_s, d.now)
         assert d.settles() == (want > 2)  # the last batches settle only where it went deeper
         for _ in range(3 * WINDOW):  # and the depth stays for the job: no waiting moves it
@@ -65,30 +62,31 @@ def test_link_is_two_on_a_short_round_trip_and_one_more_for_each_whole_ms_of_a_l
         assert d.now == want
 
 
-def test_link_keeps_a_factor_model_at_two_and_stops_listening_once_it_knows():
-    from paramserver.apps.ctr.depth import LINK_PULLS
-
+def test_link_keeps_a_factor_model_at_two_and_a_link_it_could_not_time_where_it_starts():
     d = Depth("link", deepens=False)
-    for _ in range(LINK_PULLS + 5):
-        d.replied(0.020)
+    d.measured(0.020)
+    for _ in range(3 * WINDOW):
         d.waited(0.5, 1.0)
     assert d.now == 2 and d.floor_ms == pytest.approx(20.0) and not d.settles()
-    assert len(d.round_trips) == LINK_PULLS
+    unknown, steps = Depth("link"), Depth("link", stale=False)
+    unknown.measured(None)
+    steps.measured(None)
+    assert (unknown.now, unknown.floor_ms, steps.now, steps.floor_ms) == (2, None, 16, None)
+    fixed = Depth(3)
+    fixed.measured(0.020)  # only link reads the link
+    assert fixed.now == 3 and fixed.floor_ms is None
     assert Depth(2).settles() is False and Depth(3).settles() and Depth("auto:4").settles()
 
 
+def test_steps_go_deep_on_one_machine_and_deeper_for_each_tenth_of_a_ms_of_a_link_and_never_settle():
+    from paramserver.apps.ctr.depth import STEP_DEPTH, STEP_LINK_MAX, link_depth
 
-def test_steps_go_deep_on_a_short_round_trip_four_more_a_ms_on_a_long_one_and_never_settle():
-    from paramserver.apps.ctr.depth import LINK_PULLS, STEP_DEPTH, STEP_LINK_MAX, STEP_PER_MS
-
-    assert 2 < STEP_DEPTH < STEP_LINK_MAX
-    for floor_s, want in ((0.0002, STEP_DEPTH), (0.0015, STEP_DEPTH), (0.0021, STEP_DEPTH + 2 * STEP_PER_MS),
-                          (0.010, min(STEP_LINK_MAX, STEP_DEPTH + 10 * STEP_PER_MS)), (0.5, STEP_LINK_MAX)):
+    assert (STEP_DEPTH, STEP_LINK_MAX) == (16, 64)
+    # one machine's pings (0.1-0.3 ms) keep 16; a 1 ms link 16 more; 5 ms and on, the cap
+    for floor_s, want in ((0.0001, 16), (0.00049, 16), (0.0005, 24), (0.0011, 33), (0.0021, 49), (0.005, 64),
+                          (0.5, 64)):
         d = Depth("link", stale=False)
-        for _ in range(LINK_PULLS):
-            assert d.now == STEP_DEPTH
-            d.replied(floor_s)
-            d.waited(0.0, 0.001)
-        d.waited(0.0, 0.001)
-        assert d.now == want and not d.settles(), (floor_s, d.now)
+        assert d.now == STEP_DEPTH
+        d.measured(floor_s)
+        assert d.now == want == link_depth(1000 * floor_s, stale=False) and not d.settles(), (floor_s, d.now)
     assert Depth(3, stale=False).now == 3 and not Depth(3, stale=False).settles()  # a fixed depth is as given

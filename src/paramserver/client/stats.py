@@ -4,8 +4,10 @@ and calls of this client, and the data losses it was told of."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
+from paramserver.errors import ParamServerError
 from paramserver.wire.message import Op
 
 if TYPE_CHECKING:
@@ -25,6 +27,26 @@ class Stats:
         """Per-server table sizes, clocks and resident memory; with ``samples`` also each
         server's metric families (``metrics.py``)."""
         return [m.header for m in self._rpc.on_every_server({"op": Op.STATS.value, "samples": samples})]
+
+    def round_trip_floor(self, probes: int, timeout_s: float) -> float | None:
+        """The round trip of this client's link to its servers, seconds: ``probes`` pings sent
+        to each server one at a time, the least of each server's, the longest of those (a
+        request that spans them waits for the furthest).  Sent with nothing else of this
+        client's in flight, each times the link and the two ends' threads alone, not a queue
+        of requests ahead of it or a server's first call of a kernel.  None where a server
+        does not answer a ping in ``timeout_s`` (one of a version without it, or gone)."""
+        floors = []
+        for address in self._state.view.servers.values():
+            least = float("inf")
+            for _ in range(probes):
+                sent = time.perf_counter()
+                try:
+                    self._rpc.request(address, {"op": Op.PING.value}).result(timeout=timeout_s)
+                except (ParamServerError, TimeoutError):
+                    return None
+                least = min(least, time.perf_counter() - sent)
+            floors.append(least)
+        return max(floors) if floors else None
 
     def consistency_stats(self) -> list[dict[str, Any]]:
         """Per server: the staleness readers saw (histogram of c - min clock at answer

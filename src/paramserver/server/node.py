@@ -53,7 +53,7 @@ from paramserver.server.warmup import warm_server
 from paramserver.store.protocol import VnodeStore
 from paramserver.wire import batch
 from paramserver.wire.handshake import CHECK_AFTER_S, refusal, unanswered
-from paramserver.wire.message import Message, Op, decode, encode, error_code, error_reply, failed_request
+from paramserver.wire.message import Message, Op, decode, encode, error_code, error_reply, failed_request, reply
 from paramserver.wire.security import http_token, load_keys, refused_op, tokens_of, user_role
 from paramserver.wire.sockets import advertised, listens
 from paramserver.wire.transport import Transport, transport_for
@@ -128,7 +128,7 @@ class ServerNode:
         data_handlers: dict[Op, Callable[..., list[Any] | None]] = {
             Op.PULL: data.on_pull, Op.PUSH: data.on_push, Op.STEP: partial(on_step, data),
             Op.PREFETCH: data.on_prefetch, Op.CLOCK: self.clocks.on_clock,
-            Op.STATS: admin.on_stats, Op.EXPORT: admin.on_export, Op.CHECKPOINT: admin.on_checkpoint,
+            Op.STATS: admin.on_stats, Op.PING: reply, Op.EXPORT: admin.on_export, Op.CHECKPOINT: admin.on_checkpoint,
             Op.CALL: admin.on_call, Op.REPLICATE: data.on_replicate, Op.INSTALL: partial(install_copy, self.state)}
         control_handlers: dict[Op, Callable[[Message], None]] = {
             Op.RING: self.on_ring, Op.CREATE_TABLE: control.on_create_table, Op.DROP_TABLE: control.on_drop_table,

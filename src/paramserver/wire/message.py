@@ -76,6 +76,7 @@ class Op(str, enum.Enum):  # noqa: UP042 (str(Op.X) stays "Op.X" in logs; StrEnu
     STEP = "step"  # a mini-batch's gradient computed and applied by the server (tables/steps.py)
     CLOCK = "clock"
     STATS = "stats"
+    PING = "ping"  # a round trip and nothing else: a link's floor (apps/ctr/depth.py)
     EXPORT = "export"
     NAMESPACE = "namespace"  # scheduler -> servers: a namespace's quota
     CREATE_NAMESPACE = "create_namespace"

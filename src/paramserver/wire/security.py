@@ -45,13 +45,13 @@ MAY_REGISTER = {"cluster": {"scheduler", "server", "worker", "driver"}, "worker"
                 "driver": {"driver"}}
 #: what a key's role may ask of the scheduler and the servers, by op name (a cluster key: anything).
 #: A worker: its own registration and heartbeats, the data plane (pull, push, step, clock, a round's
-#: checkpoint of what it trained), barriers and its job's shard calls, and reading the cluster's
-#: state.  A driver: that, and tables, namespaces, jobs, restores, exports and server-side
-#: functions.  Only the cluster's key: membership (a server's registration, its removal,
-#: migrations, copies, replication) and shutdown.
+#: checkpoint of what it trained), barriers and its job's shard calls, reading the cluster's
+#: state and timing its round trips (``ping``).  A driver: that, and tables, namespaces, jobs,
+#: restores, exports and server-side functions.  Only the cluster's key: membership (a server's
+#: registration, its removal, migrations, copies, replication) and shutdown.
 WORKER_OPS = frozenset({"register", "heartbeat", "leave", "table_info", "cluster_info", "barrier", "wait_workers",
                         "wait_servers", "next_shard", "shard_done", "progress", "job_status", "pull", "push",
-                        "step", "prefetch", "clock", "stats", "checkpoint"})
+                        "step", "prefetch", "clock", "stats", "ping", "checkpoint"})
 DRIVER_OPS = WORKER_OPS | {"create_table", "drop_table", "create_namespace", "drop_namespace", "job_start",
                            "job_add", "restore", "export", "call"}
 MAY_SEND = {"worker": WORKER_OPS, "driver": DRIVER_OPS}

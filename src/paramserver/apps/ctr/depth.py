@@ -3,15 +3,19 @@ default: 2, or more on a link whose round trip is long), a fixed number, or (``a
 that grows while more in flight makes the worker wait less on its pulls, so that a link's
 round trip is covered by batches computing rather than by a worker waiting (issue 47.5).
 
-``link`` takes the least round trip of the worker's first ``LINK_PULLS`` pulls (small
-requests: the ramp's first batches hold a few examples), the link's floor, and from
-``LINK_FROM_MS`` keeps 2 + one batch for each whole ``LINK_MS`` of it, up to ``LINK_MAX``,
-for the rest of the job (batches that go as steps, which read no stale rows: ``STEP_DEPTH``
-and ``STEP_PER_MS`` a ms, up to ``STEP_LINK_MAX``).  On one machine the floor is ~0.2 ms, so the depth is 2 there,
-as before, and one worker trains the same model every run; over 10 ms it is 12 (0.15x the loopback run's examples/s
-at 2, 0.55x at 12: docs/benchmarks.md, "A pipeline as deep as the link").  Only a linear
-model deepens: a factor model's loss grows with its reads' delay (FM on the Criteo sample:
-0.474 at 2, 0.662 at 4, settled), so it stays at 2.
+``link`` times the link before the job's first batch: ``LINK_PROBES`` pings to each server,
+one at a time (``client.stats.round_trip_floor``), whose least round trip is the link's floor,
+and from ``LINK_FROM_MS`` keeps 2 + one batch for each whole ``LINK_MS`` of it, up to
+``LINK_MAX``, for the rest of the job (batches that go as steps, which read no stale rows:
+``STEP_DEPTH``, and from ``STEP_FROM_MS`` ``STEP_PER_MS`` more a ms, up to ``STEP_LINK_MAX``).
+On one machine the floor is ~0.1-0.3 ms, so the depth is 2 there, as before, and one worker
+trains the same model every run; over 10 ms it is 12 (0.15x the loopback run's examples/s at
+2, 0.55x at 12: docs/benchmarks.md, "A pipeline as deep as the link").  Only a linear model
+deepens: a factor model's loss grows with its reads' delay (FM on the Criteo sample: 0.474 at
+2, 0.662 at 4, settled), so it stays at 2.  The floor was once the least round trip of the
+job's first requests; but those go out together, each queued behind the ones before it and
+the server's first calls of its kernels, and on one machine it read 1-9 ms (steps 16 in
+flight), deepening a loopback job that should not deepen.
 
 Depth ``d`` means a batch's rows are pulled while the ``d - 1`` batches before it compute,
 so it sees the pushes of all but those: bounded delay (``train_loop.py``).  ``auto`` starts
@@ -33,13 +37,15 @@ from paramserver.errors import ConfigError
 
 #: ``auto``'s cap when none is given
 AUTO_MAX = 16
-#: ``link``: the pulls whose least round trip is the link's floor ...
-LINK_PULLS = 32
+#: ``link``: the pings to each server whose least round trip is the link's floor ...
+LINK_PROBES = 8
+#: ... each answered within this, or the floor is unknown and the depth stays where it starts
+PROBE_TIMEOUT_S = 10.0
 #: ... each whole this many milliseconds of which adds a batch in flight (about a batch's work
 #: halfway up the ramp, ~500 examples at ~500 k examples/s) ...
 LINK_MS = 1.0
 #: ... from a floor of this many: below, 2 (a 1 ms link ran at 0.93x loopback's examples/s with
-#: 2; and a loaded machine's loopback, whose round trips can pass 1 ms, stays at 2)
+#: 2; and a loaded machine's loopback stays at 2, the batches' rows read as on an idle one)
 LINK_FROM_MS = 2.0
 #: ... up to this
 LINK_MAX = 16
@@ -85,12 +91,25 @@ def parse_pipeline(value: object) -> tuple[int, int]:
 #: a 1 ms link's (1 Gbit/s at 1 ms: 4 in flight 0.81x loopback's examples/s, 16 0.81-0.91x,
 #: 28-64 0.91-0.92x; docs/benchmarks.md, "Links through a relay in C")
 STEP_DEPTH = 16
-#: ... and from ``LINK_FROM_MS`` this many more for each whole ms of the link's floor, up to
-#: ``STEP_LINK_MAX``: without staleness to bound it, a long link is covered by batches in flight,
-#: the ramp's small ones too (10 ms round trips, 10^6 heavy rows: 16 in flight 0.54x loopback's
-#: examples/s, 32 0.63x, 64 0.69x, the same model every time)
-STEP_PER_MS = 4
+#: ... and from a floor of ``STEP_FROM_MS`` (one machine's pings take 0.1-0.3 ms) this many more
+#: a ms of it, up to ``STEP_LINK_MAX``: without staleness to bound it, a link is covered by
+#: batches in flight, the ramp's small ones too (1 Gbit/s at 1 ms, 2026-12-02: 16 in flight
+#: 329 k and 348 k examples/s, 24 396 k and 370 k, 32 378 k and 354 k, 48 404 k and 365 k; 10
+#: ms round trips: 16 in flight 0.54x loopback's examples/s, 32 0.63x, 64 0.69x; the same model
+#: every time)
+STEP_FROM_MS = 0.5
+STEP_PER_MS = 16
 STEP_LINK_MAX = 64
+
+
+def link_depth(floor_ms: float, stale: bool) -> int:
+    """``--pipeline link``'s batches in flight over a link whose round trip is ``floor_ms``:
+    batches pulled and pushed (``stale``) 2, and from ``LINK_FROM_MS`` one more for each
+    whole ``LINK_MS``, up to ``LINK_MAX``; steps ``STEP_DEPTH``, and from ``STEP_FROM_MS``
+    ``STEP_PER_MS`` more a ms, up to ``STEP_LINK_MAX``."""
+    if stale:
+        return 2 if floor_ms < LINK_FROM_MS else min(LINK_MAX, 2 + int(floor_ms / LINK_MS))
+    return STEP_DEPTH if floor_ms < STEP_FROM_MS else min(STEP_LINK_MAX, STEP_DEPTH + int(STEP_PER_MS * floor_ms))
 
 #: mini-batches a worker trains one at a time at the end of its job when its pipeline may run
 #: deeper than 2 (``Depth.settles``)
@@ -99,7 +118,7 @@ SETTLE_BATCHES = 32
 
 class Depth:
     """One worker's batches in flight (``now``), moved by ``waited`` under ``auto`` and set
-    once from ``replied``'s round trips under ``link`` (``deepens``: False keeps it at 2;
+    once by ``measured`` under ``link`` (``deepens``: False keeps it at 2;
     ``stale``: False where batches go as steps, which read no stale rows: ``link`` starts
     at ``STEP_DEPTH`` and the job's end needs no settling)."""
 
@@ -111,16 +130,19 @@ class Depth:
         if self.link and not stale:  # steps: deeper, and more for each ms of a long link
             self.now, self.cap = STEP_DEPTH, STEP_LINK_MAX
         self.frozen = self.now >= self.cap or self.link  # a fixed depth never moves; link's is set once
-        self.round_trips: list[float] = []  # link: the first pulls' round trips, seconds
-        self.floor_ms: float | None = None  # link: the least of them, once known
+        self.floor_ms: float | None = None  # link: the link's round trip, once measured
         self.blocked = self.spent = 0.0  # this window's waiting on pulls, and its time
         self.iterations = 0
         self.before: float | None = None  # an iteration's time in the window before a step
 
-    def replied(self, round_trip_s: float) -> None:
-        """A pull came back ``round_trip_s`` after it was sent (called on the client's I/O thread)."""
-        if self.link and len(self.round_trips) < LINK_PULLS:
-            self.round_trips.append(round_trip_s)
+    def measured(self, floor_s: float | None) -> None:
+        """``link``: the link's round trip is ``floor_s`` (``client.stats.round_trip_floor``;
+        None: unknown, the depth stays where it starts)."""
+        if not self.link or floor_s is None:
+            return
+        self.floor_ms = 1000.0 * floor_s
+        if self.deepens:
+            self.now = min(self.cap, max(self.now, link_depth(self.floor_ms, self.stale)))
 
     def settles(self) -> bool:
         """Whether the worker ends its job with one batch in flight: where ``--pipeline`` may
@@ -134,20 +156,8 @@ class Depth:
         trip").  At 2 nothing changes, to the bit."""
         return self.stale and (self.now > 2 if self.link else self.cap > 2)
 
-    def _set_from_link(self) -> None:
-        """``link``: 2 + a batch for each whole ``LINK_MS`` of the first pulls' least round trip
-        (from ``LINK_FROM_MS``)."""
-        if self.floor_ms is not None or len(self.round_trips) < LINK_PULLS:
-            return
-        self.floor_ms = 1000.0 * min(self.round_trips[:LINK_PULLS])
-        if self.deepens and self.floor_ms >= LINK_FROM_MS:
-            per_ms = 1 if self.stale else STEP_PER_MS
-            self.now = min(self.cap, self.now + per_ms * int(self.floor_ms / LINK_MS))
-
     def waited(self, blocked_s: float, iteration_s: float) -> None:
         """The worker waited ``blocked_s`` on a batch's pulls in an iteration of ``iteration_s``."""
-        if self.link:
-            self._set_from_link()
         if self.frozen:
             return
         self.blocked += blocked_s

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.apps.ctr.depth import SETTLE_BATCHES, Depth
+from paramserver.apps.ctr.depth import LINK_PROBES, PROBE_TIMEOUT_S, SETTLE_BATCHES, Depth
 from paramserver.apps.ctr.models import to_rows
 from paramserver.apps.ctr.ramp import ramped
 from paramserver.apps.ctr.train_config import TrainConfig
@@ -67,9 +67,8 @@ def _shard_stream(client: Client, cfg: TrainConfig, settle: Callable[[], bool]) 
     has read the last one (the closing item is queued first: the shard can be reported done
     while the question waits) and parses on into it.  Batches grow from 1 example
     (``ramp_size``).  ``settle`` marks the job's last ``SETTLE_BATCHES`` batches where the
-    pipeline may run deeper than 2 (``settle()``, asked at each batch: ``--pipeline link``
-    decides after its first pulls): in the shard the scheduler handed out last, held back
-    that many batches so that the last ones are known."""
+    pipeline may run deeper than 2 (``settle()``, asked at each batch): in the shard the
+    scheduler handed out last, held back that many batches so that the last ones are known."""
     seen, distinct, last = 0, 0, 1  # examples so far; the last batch's distinct keys and examples
     while (task := client.job.next_shard()) is not None:
         stats: dict[str, Any] = {}
@@ -103,6 +102,8 @@ def _train_stream(client: Client, cfg: TrainConfig,
     # a factor model's loss grows with the depth of its reads; a step reads no stale rows
     stepping = _stepping(client, cfg)
     depth = Depth(cfg.pipeline, deepens=cfg.model.name == "lr" or stepping, stale=not stepping)
+    if depth.link:  # timed before the first batch, with nothing in flight, and before the reader asks settles()
+        depth.measured(client.stats.round_trip_floor(LINK_PROBES, PROBE_TIMEOUT_S))
     with Prefetch(_shard_stream(client, cfg, depth.settles), READ_AHEAD, READ_AHEAD_BYTES, _item_bytes) as items:
         return _train_items(client, cfg, items, on_batch, depth)
 
@@ -245,19 +246,11 @@ class _Pipeline:
             else:
                 self.settling = self.settling or item[4]
                 rows = client.pull(model.table, item[2])
-                if self.depth.link and self.depth.floor_ms is None:  # its round trip, for ``link``
-                    rows.add_done_callback(self._timed(time.perf_counter()))
                 self.ahead.append((item, (rows, client.pull(model.dense_table, self.dense_keys)
                                           if self.dense_keys.size else None)))
                 self.pulling += 1
                 self.batches += 1
         self._name_next()
-
-    def _timed(self, sent: float) -> Callable[[Any], None]:
-        """A pull's callback that tells ``depth`` its round trip (it was sent at ``sent``)."""
-        def replied(_: Any) -> None:
-            self.depth.replied(time.perf_counter() - sent)
-        return replied
 
     def in_flight(self) -> int:
         """Batches to keep in flight now: the depth, or 1 while the job's last ones settle."""
@@ -356,8 +349,7 @@ class _Pipeline:
         with client.together():
             self._send_step(batch, uniq, inverse)
             room = min(self.in_flight() - len(self.pushes), self.in_flight() // ENVELOPES - 1)
-            # none while ``link`` times its first steps' round trips: one step a message, as it measures
-            for _ in range(room if not (self.depth.link and self.depth.floor_ms is None) else 0):
+            for _ in range(room):
                 if not self.ahead:
                     self.pull_ahead(wait=False)
                 if not self.ahead or self.ahead[0][0][1] is None:  # none ready, or a shard's end
@@ -373,11 +365,8 @@ class _Pipeline:
         if self.timed:
             client.set_time(self.time_base + (self.done["examples"] + self.examples + len(batch))
                             * max(client.num_workers, 1))
-        sent = time.perf_counter()
         stepped = client.steps.take(cfg.model.table, uniq, inverse, batch.indptr, batch.vals, batch.labels,
                                     model=cfg.model.name, l2=cfg.model.l2)
-        if self.depth.link and self.depth.floor_ms is None:  # its round trip, for ``link``
-            stepped.add_done_callback(self._timed(sent))
         self.pushes.append(([stepped], batch))
         client.clock()
 

@@ -141,7 +141,7 @@ def _stream_source(train: str, rows: int) -> tuple[str, ...]:
 
 def train_args(source: tuple[str, ...], test: str, workers: int, report: str) -> list[str]:
     """``paramserver train``'s arguments for the workload (its cluster given apart).  Two batches
-    in flight, not the default ``link``: that measures the first pulls' round trips, which a
+    in flight, not the default ``link``: that times the link before the first batch, which a
     delay fault lengthens, and a deeper pipeline trains another model (0.0028 of log loss at
     16 on 900 000 rows) than the fault-free reference, which the check compares with."""
     return ["train", *source, "--test", test, "--workers", str(workers), "--replicas", str(REPLICAS), "--quiet",
