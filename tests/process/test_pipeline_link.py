@@ -13,7 +13,7 @@ import time
 import pytest
 from support import heavy_rows, train_report
 
-from paramserver.apps.ctr.depth import STEP_DEPTH, STEP_LINK_MAX, link_depth
+from paramserver.apps.ctr.depth import LINK_FROM_MS, STEP_DEPTH, STEP_LINK_MAX, link_depth
 from paramserver.testing.nemesis.proxied import ProxyHosts
 
 pytestmark = pytest.mark.timeout(240)
@@ -33,7 +33,7 @@ def test_on_one_machine_link_is_two_in_flight_and_the_same_model(rows):
     """Batches pulled and pushed (``--steps off``; steps, the default on one server, keep 16
     in flight: tests/process/test_steps_cluster.py)."""
     link, two = _train(rows, "link", "--steps", "off"), _train(rows, "two", "--pipeline", "2", "--steps", "off")
-    assert link["pipeline_depth"] == 2 and link["round_trip_floor_ms"] < 2.0
+    assert link["pipeline_depth"] == 2 and link["round_trip_floor_ms"] < LINK_FROM_MS
     assert link["logloss"] == two["logloss"] and two["round_trip_floor_ms"] is None
 
 

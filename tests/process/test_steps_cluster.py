@@ -80,7 +80,7 @@ _train = train_report
 
 def _link_depth(report):
     """The depth ``--pipeline link`` keeps for steps, given the floor the job's report says it
-    measured (pings; a loaded machine's can pass 0.5 ms, and then it goes deeper)."""
+    measured (pings; a loaded machine's can pass 0.75 ms, and then it goes deeper)."""
     floor = report["round_trip_floor_ms"]
     assert 0 < floor < 50, floor  # one machine: pings, not a queue of steps, time it
     return link_depth(floor, stale=False)

@@ -51,7 +51,8 @@ def test_link_is_two_on_a_short_round_trip_and_one_more_for_each_whole_ms_of_a_l
     from paramserver.apps.ctr.depth import LINK_MAX
 
     assert parse_pipeline("link") == (2, LINK_MAX)
-    for floor_s, want in ((0.0002, 2), (0.0019, 2), (0.0021, 4), (0.0031, 5), (0.010, 12), (0.5, LINK_MAX)):
+    for floor_s, want in ((0.0002, 2), (0.00099, 2), (0.0016, 3), (0.0021, 4), (0.0031, 5), (0.010, 12),
+                          (0.5, LINK_MAX)):
         d = Depth("link")
         assert d.now == 2 and d.floor_ms is None  # until the link is timed, nothing is known
         d.measured(floor_s)
@@ -78,15 +79,39 @@ def test_link_keeps_a_factor_model_at_two_and_a_link_it_could_not_time_where_it_
     assert Depth(2).settles() is False and Depth(3).settles() and Depth("auto:4").settles()
 
 
-def test_steps_go_deep_on_one_machine_and_deeper_for_each_tenth_of_a_ms_of_a_link_and_never_settle():
+def test_steps_go_deep_on_one_machine_and_16_deeper_a_ms_of_a_link_and_never_settle():
     from paramserver.apps.ctr.depth import STEP_DEPTH, STEP_LINK_MAX, link_depth
 
     assert (STEP_DEPTH, STEP_LINK_MAX) == (16, 64)
-    # one machine's pings (0.1-0.3 ms) keep 16; a 1 ms link 16 more; 5 ms and on, the cap
-    for floor_s, want in ((0.0001, 16), (0.00049, 16), (0.0005, 24), (0.0011, 33), (0.0021, 49), (0.005, 64),
+    # one machine's pings (0.3-0.45 ms) keep 16; a 1 ms link 16 more; 3 ms and on, the cap
+    for floor_s, want in ((0.0001, 16), (0.00074, 16), (0.00075, 28), (0.0011, 33), (0.0021, 49), (0.003, 64),
                           (0.5, 64)):
         d = Depth("link", stale=False)
         assert d.now == STEP_DEPTH
         d.measured(floor_s)
         assert d.now == want == link_depth(1000 * floor_s, stale=False) and not d.settles(), (floor_s, d.now)
     assert Depth(3, stale=False).now == 3 and not Depth(3, stale=False).settles()  # a fixed depth is as given
+
+
+def test_link_times_a_floor_that_would_deepen_again_and_keeps_the_least():
+    asked = []
+
+    def floors(*answers):
+        it = iter(answers)
+        return lambda: asked.append(1) or next(it)
+
+    stall = Depth("link")  # one machine whose first pings met a stall: timed again, stays at 2
+    stall.time_link(floors(0.0013, 0.0003))
+    assert (stall.now, stall.floor_ms, len(asked)) == (2, pytest.approx(0.3), 2)
+    asked.clear()
+    far = Depth("link", stale=False)  # a real link: the second look agrees
+    far.time_link(floors(0.0021, 0.0024))
+    assert (far.now, far.floor_ms, len(asked)) == (49, pytest.approx(2.1), 2)
+    asked.clear()
+    near = Depth("link")  # a floor that keeps the depth is not asked twice
+    near.time_link(floors(0.0003))
+    assert (near.now, len(asked)) == (2, 1)
+    asked.clear()
+    Depth(4).time_link(floors())  # only link times the link
+    Depth("link", deepens=False).time_link(floors(0.02))  # a factor model: once, it stays at 2
+    assert len(asked) == 1

@@ -128,9 +128,9 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                         "ramp, every batch --batch-size)")
     p.add_argument("--pipeline", default="link", metavar="link|N|auto[:N]",
                    help="mini-batches in flight per worker.  link (default): 2, or on a link whose round trip is "
-                        "2 ms or more, one more for each whole ms of it, up to 16 (LR only: a factor model keeps "
+                        "1 ms or more, one more for each whole ms of it, up to 16 (LR only: a factor model keeps "
                         "2; the round trip timed by pings to each server before the first batch); where batches "
-                        "go as steps (--steps), 16, and 16 more a ms from 0.5 ms, up to 64; N: that many (1: "
+                        "go as steps (--steps), 16, and 16 more a ms from 0.75 ms, up to 64; N: that many (1: "
                         "each sees every earlier push); auto: from 2, one more each time the worker keeps waiting "
                         "on its pulls, up to N (default 16).  Deeper than 2, the job's last 32 batches go one at a "
                         "time, so that the model ends calibrated (docs/consistency.md)")

@@ -8,9 +8,10 @@ one at a time (``client.stats.round_trip_floor``), whose least round trip is the
 and from ``LINK_FROM_MS`` keeps 2 + one batch for each whole ``LINK_MS`` of it, up to
 ``LINK_MAX``, for the rest of the job (batches that go as steps, which read no stale rows:
 ``STEP_DEPTH``, and from ``STEP_FROM_MS`` ``STEP_PER_MS`` more a ms, up to ``STEP_LINK_MAX``).
-On one machine the floor is ~0.1-0.3 ms, so the depth is 2 there, as before, and one worker
-trains the same model every run; over 10 ms it is 12 (0.15x the loopback run's examples/s at
-2, 0.55x at 12: docs/benchmarks.md, "A pipeline as deep as the link").  Only a linear model
+On one machine the floor is ~0.3-0.45 ms (two threads' hand-offs at each end), so the depth
+is 2 there, as before, and one worker trains the same model every run; over 10 ms it is 12
+(0.15x the loopback run's examples/s at 2, 0.55x at 12: docs/benchmarks.md, "A pipeline as
+deep as the link").  Only a linear model
 deepens: a factor model's loss grows with its reads' delay (FM on the Criteo sample: 0.474 at
 2, 0.662 at 4, settled), so it stays at 2.  The floor was once the least round trip of the
 job's first requests; but those go out together, each queued behind the ones before it and
@@ -33,20 +34,29 @@ than 2, a worker's last batches of the job go one at a time (``Depth.settles``).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from paramserver.errors import ConfigError
 
 #: ``auto``'s cap when none is given
 AUTO_MAX = 16
 #: ``link``: the pings to each server whose least round trip is the link's floor ...
 LINK_PROBES = 8
-#: ... each answered within this, or the floor is unknown and the depth stays where it starts
+#: ... each answered within this, or the floor is unknown and the depth stays where it starts;
+#: a floor that would deepen is timed again this much later, the least of the two kept: a stall
+#: of either end (a loaded machine: once in ~20 jobs on this one) must not pass for a link
 PROBE_TIMEOUT_S = 10.0
+RECHECK_S = 0.05
 #: ... each whole this many milliseconds of which adds a batch in flight (about a batch's work
 #: halfway up the ramp, ~500 examples at ~500 k examples/s) ...
 LINK_MS = 1.0
-#: ... from a floor of this many: below, 2 (a 1 ms link ran at 0.93x loopback's examples/s with
-#: 2; and a loaded machine's loopback stays at 2, the batches' rows read as on an idle one)
-LINK_FROM_MS = 2.0
+#: ... from a floor of this many: below, 2, so that one machine's loopback (pings 0.3-0.45 ms,
+#: 0.7 loaded) trains as it always did.  A 1 ms link's pings read 1.3-1.7 ms: 3 in flight there
+#: (`compact` at 100 Mbit/s and 1 ms, 2026-12-02, two rounds: 2 in flight 0.70x and 0.83x
+#: loopback's examples/s, 3 1.04x and 0.95x, 4 1.09x and 1.13x, the test log loss 0.42234, 0.42227
+#: and 0.42221: the job's last batches settle)
+LINK_FROM_MS = 1.0
 #: ... up to this
 LINK_MAX = 16
 #: iterations a window, the unit ``auto`` judges by
@@ -91,13 +101,13 @@ def parse_pipeline(value: object) -> tuple[int, int]:
 #: a 1 ms link's (1 Gbit/s at 1 ms: 4 in flight 0.81x loopback's examples/s, 16 0.81-0.91x,
 #: 28-64 0.91-0.92x; docs/benchmarks.md, "Links through a relay in C")
 STEP_DEPTH = 16
-#: ... and from a floor of ``STEP_FROM_MS`` (one machine's pings take 0.1-0.3 ms) this many more
-#: a ms of it, up to ``STEP_LINK_MAX``: without staleness to bound it, a link is covered by
-#: batches in flight, the ramp's small ones too (1 Gbit/s at 1 ms, 2026-12-02: 16 in flight
-#: 329 k and 348 k examples/s, 24 396 k and 370 k, 32 378 k and 354 k, 48 404 k and 365 k; 10
-#: ms round trips: 16 in flight 0.54x loopback's examples/s, 32 0.63x, 64 0.69x; the same model
-#: every time)
-STEP_FROM_MS = 0.5
+#: ... and from a floor of ``STEP_FROM_MS`` (one machine's pings take 0.3-0.45 ms, 0.7 loaded:
+#: deeper there would only cost a little speed) this many more a ms of it, up to
+#: ``STEP_LINK_MAX``: without staleness to bound it, a link is covered by batches in flight,
+#: the ramp's small ones too (1 Gbit/s at 1 ms, 2026-12-02: 16 in flight 329 k and 348 k
+#: examples/s, 24 396 k and 370 k, 32 378 k and 354 k, 48 404 k and 365 k; 10 ms round trips:
+#: 16 in flight 0.54x loopback's examples/s, 32 0.63x, 64 0.69x; the same model every time)
+STEP_FROM_MS = 0.75
 STEP_PER_MS = 16
 STEP_LINK_MAX = 64
 
@@ -134,6 +144,18 @@ class Depth:
         self.blocked = self.spent = 0.0  # this window's waiting on pulls, and its time
         self.iterations = 0
         self.before: float | None = None  # an iteration's time in the window before a step
+
+    def time_link(self, floor: Callable[[], float | None]) -> None:
+        """``link``: the link's round trip from ``floor()`` (``client.stats.round_trip_floor``),
+        asked a second time ``RECHECK_S`` later where the first would deepen the pipeline."""
+        if not self.link:
+            return
+        first = floor()
+        if first is not None and self.deepens and link_depth(1000.0 * first, self.stale) > self.now:
+            time.sleep(RECHECK_S)
+            again = floor()
+            first = first if again is None else min(first, again)
+        self.measured(first)
 
     def measured(self, floor_s: float | None) -> None:
         """``link``: the link's round trip is ``floor_s`` (``client.stats.round_trip_floor``;

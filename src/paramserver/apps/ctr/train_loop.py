@@ -7,6 +7,7 @@ shard reported done once its pushes are applied.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -102,8 +103,8 @@ def _train_stream(client: Client, cfg: TrainConfig,
     # a factor model's loss grows with the depth of its reads; a step reads no stale rows
     stepping = _stepping(client, cfg)
     depth = Depth(cfg.pipeline, deepens=cfg.model.name == "lr" or stepping, stale=not stepping)
-    if depth.link:  # timed before the first batch, with nothing in flight, and before the reader asks settles()
-        depth.measured(client.stats.round_trip_floor(LINK_PROBES, PROBE_TIMEOUT_S))
+    # link: timed before the first batch, with nothing in flight, and before the reader asks settles()
+    depth.time_link(functools.partial(client.stats.round_trip_floor, LINK_PROBES, PROBE_TIMEOUT_S))
     with Prefetch(_shard_stream(client, cfg, depth.settles), READ_AHEAD, READ_AHEAD_BYTES, _item_bytes) as items:
         return _train_items(client, cfg, items, on_batch, depth)
 
