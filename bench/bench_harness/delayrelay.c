@@ -52,6 +52,7 @@ struct Conn {
     int fds[2];        /* the accepted side, the target side */
     Dir dirs[2];       /* 0: accepted -> target, 1: target -> accepted */
     int connecting, closed;
+    uint32_t watched[2];  /* what each side's fd waits on now: epoll_ctl only when it changes */
 };
 
 typedef struct { int kind; Conn *conn; int side; int fd; int target; } Tag;  /* kind 0 listener, 1 conn side, 2 timer */
@@ -98,6 +99,8 @@ static void rewatch(Conn *c, int side) {
         if (!in->eof && in->held < HELD_MAX && !c->connecting) ev |= EPOLLIN;
         if (out->head && out->blocked) ev |= EPOLLOUT;  /* a write that pushed back */
     }
+    if (ev == c->watched[side]) return;  /* a syscall a wake-up saved: most wake-ups change nothing */
+    c->watched[side] = ev;
     struct epoll_event e = {.events = ev, .data.ptr = tags_of(c, side)};
     epoll_ctl(ep, EPOLL_CTL_MOD, c->fds[side], &e);
 }
@@ -225,6 +228,7 @@ static void accept_one(int lfd, int pair) {
     c->connecting = 1;
     watch(a, 0, tags_of(c, 0), EPOLL_CTL_ADD);
     watch(b, EPOLLOUT, tags_of(c, 1), EPOLL_CTL_ADD);
+    c->watched[0] = 0; c->watched[1] = EPOLLOUT;
     if (n_conns == cap_conns) {
         cap_conns = cap_conns ? 2 * cap_conns : 16;
         conns = realloc(conns, cap_conns * sizeof *conns);
