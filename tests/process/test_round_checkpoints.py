@@ -106,14 +106,16 @@ def _docword(path, docs=200, vocabulary=400, seed=1):
     return path
 
 
-@pytest.mark.parametrize("sampler", [["sparse"], ["mh"], ["hybrid"], ["hybrid", "--mh-share", "0.2"]])
+@pytest.mark.parametrize("sampler", [["sparse"], ["mh"], ["hybrid"], ["hybrid", "--mh-share", "0.2"],
+                                     ["sparse", "--optimize-alpha", "1"], ["hybrid", "--optimize-alpha", "2"]])
 def test_lda_killed_job_resumes_to_exactly_the_uninterrupted_counts(tmp_path, sampler):
     """The MH sampler's document index is rebuilt from the topics saved: nothing of its own is saved.
     ``hybrid`` goes from MH to exact sweeps at round 14 (7 of 10 sweeps), after the resume, or
-    (``--mh-share 0.2``) at round 4, before the checkpoint: the same counts either way."""
+    (``--mh-share 0.2``) at round 4, before the checkpoint: the same counts either way.  A learnt α
+    is saved with the topics, its step of the checkpoint's sweep taken first: the same α after."""
     data = _docword(tmp_path / "docword.txt")
     common = ["--data", str(data), "--topics", "8", "--iterations", "10", "--workers", "2", "--sampler", *sampler]
-    _cli("lda", *common, "--save", str(tmp_path / "whole"))
+    whole_report = json.loads(_cli("lda", *common, "--save", str(tmp_path / "whole")).stdout)
     folder = tmp_path / "ck"
     # iterations of 2 rounds, a checkpoint every 3: killed in round 9 (iteration 5), the newest is round 6
     _crashed("lda", "LDAProgram", 9, *common, "--checkpoint-dir", str(folder), "--checkpoint-every", "3")
@@ -125,6 +127,9 @@ def test_lda_killed_job_resumes_to_exactly_the_uninterrupted_counts(tmp_path, sa
     whole = np.load(tmp_path / "whole" / "topic_word.npy")
     resumed = np.load(tmp_path / "resumed" / "topic_word.npy")
     assert whole.sum() == report["tokens"] and np.array_equal(whole, resumed)
+    assert report["alpha_learned"] == whole_report["alpha_learned"]
+    assert (report["alpha_learned"] is None) == ("--optimize-alpha" not in sampler)
+    assert report["alpha_learned"] is None or report["alpha_learned"] != 0.1  # it moved
 
 
 def _regression(path, n=300, d=120, seed=5):

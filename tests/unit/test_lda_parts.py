@@ -291,3 +291,40 @@ def test_top_words_name_each_topics_most_frequent_words_when_a_vocabulary_is_kno
     short = tmp_path / "short.txt"
     short.write_text("apple\n")
     assert top_words(n_kw, str(data), str(short)) is None  # a vocabulary that does not cover the words
+
+
+def test_alphas_fixed_point_finds_the_prior_the_documents_were_drawn_from():
+    """Documents whose topic mixtures come from a symmetric Dirichlet of a known α: the fixed
+    point's steps (``alpha_sums`` over two workers' halves of the documents, summed, then
+    ``alpha_step``) go from 0.1 to within 5 % of it, from above and from below, and stay."""
+    from paramserver.apps.rounds.lda_sampler import ALPHA_MAX, ALPHA_MIN, alpha_step, alpha_sums
+
+    rng = np.random.default_rng(3)
+    K, D = 20, 3000
+    for true in (0.03, 0.8):
+        lengths = rng.integers(5, 60, D)
+        ndk = np.stack([rng.multinomial(n, rng.dirichlet(np.full(K, true))) for n in lengths]).astype(np.uint16)
+        halves = (slice(0, D // 2), slice(D // 2, D))
+        alpha = 0.1
+        for _ in range(300):
+            sums = [alpha_sums(ndk[h], lengths[h], alpha) for h in halves]
+            alpha = alpha_step(alpha, K, sum(s[0] for s in sums), sum(s[1] for s in sums))
+        assert abs(alpha / true - 1) < 0.05, (true, alpha)
+    assert alpha_step(0.1, K, 0.0, 0.0) == 0.1  # no token: it stays
+    assert alpha_step(0.1, K, 1e-30, 1.0) == ALPHA_MIN and alpha_step(0.1, K, 1e30, 1.0) == ALPHA_MAX
+
+
+def test_auto_learns_alpha_on_short_documents_only_and_a_number_is_taken_as_given():
+    from paramserver.apps.rounds.lda import check_config
+    from paramserver.apps.rounds.settings import LDAConfig
+    from paramserver.errors import ConfigError
+
+    auto = LDAConfig()
+    assert auto.optimize_alpha == "auto" and auto.alpha_sweeps == 0  # unresolved: nothing learnt
+    assert (auto.alpha_every(5.9), auto.alpha_every(19.9), auto.alpha_every(20.0), auto.alpha_every(145.0)) == \
+        (1, 1, 0, 0)
+    assert LDAConfig(optimize_alpha="3").alpha_every(5.9) == 3 and LDAConfig(optimize_alpha="0").alpha_every(5.9) == 0
+    assert LDAConfig(optimize_alpha="2").alpha_sweeps == 2
+    for bad in ("-1", "sometimes", "1.5"):
+        with pytest.raises(ConfigError, match="--optimize-alpha"):
+            check_config(LDAConfig(optimize_alpha=bad), workers=2, servers=1)

@@ -37,7 +37,7 @@ import numpy as np
 
 from paramserver.apps.rounds.corpus import Corpus, read_corpus, top_words, vocabulary_size
 from paramserver.apps.rounds.job import Ran, RoundsJob, Watch, check_outputs, write_metrics
-from paramserver.apps.rounds.lda_sampler import MAX_COUNT, word_loglik
+from paramserver.apps.rounds.lda_sampler import ALPHA_SUMS, MAX_COUNT, word_loglik
 from paramserver.apps.rounds.lda_sampler import TOPIC_DELTA as TOPIC_DELTA  # the old spellings: lda.LDAConfig etc.
 from paramserver.apps.rounds.lda_sampler import WORD_TOPIC as WORD_TOPIC
 from paramserver.apps.rounds.lda_sampler import LDAConfig as LDAConfig
@@ -58,6 +58,8 @@ def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
         ("--iterations", cfg.iterations, cfg.iterations >= 1, "a whole number >= 1"),
         ("--alpha", cfg.alpha, math.isfinite(cfg.alpha) and cfg.alpha > 0, "a number > 0"),
         ("--beta", cfg.beta, math.isfinite(cfg.beta) and cfg.beta > 0, "a number > 0"),
+        ("--optimize-alpha", cfg.optimize_alpha, cfg.optimize_alpha == "auto" or str(cfg.optimize_alpha).isdigit(),
+         "auto or a whole number >= 0 (sweeps between α's steps; 0: α stays --alpha)"),
         ("--schedule", cfg.schedule, cfg.schedule in ("rotate", "none"), "rotate or none"),
         ("--staleness", cfg.staleness, isinstance(cfg.staleness, int) and 0 <= cfg.staleness <= 64,
          "a whole number in [0, 64] (rounds a worker may run ahead; 0: BSP)"),
@@ -98,6 +100,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     checkpoints.check()
     t0 = time.perf_counter()
     corpus = read_corpus(data, vocabulary)
+    cfg = replace(cfg, optimize_alpha=str(cfg.alpha_every(corpus.tokens / max(corpus.docs, 1))))  # auto resolved
     V, vocabulary = vocabulary_size(data, corpus, vocabulary)
     K = cfg.topics
     freq = word_counts(data, corpus, V)
@@ -113,6 +116,8 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
                    scratch_prefix="paramserver-lda-") as job:
         paths = write_parts(job.scratch, corpus, word_block, workers)
         job.tables(resume, lambda client: _create_tables(client, cfg, V, workers, job.table_options))
+        if resume is not None and cfg.alpha_sweeps and ALPHA_SUMS not in job.client.tables():
+            _alpha_table(job.client, cfg, workers, job.table_options)  # a checkpoint from before α was learnt
         ran = job.run(lda_worker, paths, word_block, cfg, V, job.scratch, cps, resume)
         keys, rows = job.client.export_table(WORD_TOPIC)
     n_kw = np.zeros((K, V), np.int64)
@@ -171,6 +176,15 @@ def _create_tables(client: Any, cfg: LDAConfig, vocabulary: int, workers: int, o
                         consistency=gate, **options)
     client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd", consistency=gate, **options,
                         key_bits=max(int(cfg.regions * workers - 1).bit_length(), 1))
+    if cfg.alpha_sweeps:
+        _alpha_table(client, cfg, workers, options)
+
+
+def _alpha_table(client: Any, cfg: LDAConfig, workers: int, options: dict[str, Any]) -> None:
+    """The slots through which the workers exchange their sums for α's steps (``alpha_sums``),
+    as the round slots of the topic totals' and gated as they are."""
+    client.create_table(ALPHA_SUMS, dim=5, optimizer="sgd", consistency="bsp" if cfg.staleness == 0 else "asp",
+                        **options, key_bits=max(int(cfg.round_regions * workers - 1).bit_length(), 1))
 
 
 def _run_report(cfg: LDAConfig, corpus: Corpus, n_kw: np.ndarray, freq: np.ndarray, ran: Ran,
@@ -188,4 +202,5 @@ def _run_report(cfg: LDAConfig, corpus: Corpus, n_kw: np.ndarray, freq: np.ndarr
             "workers": workers, "servers": servers, "workers_lost": ran.lost, "workers_joined_midway": ran.joined,
             "resumed_at_iteration": resume.round // per_iteration if resume else None,
             "checkpoints": ran.per_worker[0]["checkpoints"], **asdict(cfg),
+            "alpha_learned": ran.per_worker[0]["alpha"] if cfg.alpha_sweeps else None,
             "phase_seconds": ran.per_worker[0]["phase_seconds"]}

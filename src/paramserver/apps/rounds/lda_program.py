@@ -22,12 +22,15 @@ import numpy as np
 from paramserver.apps.rounds.corpus import Corpus
 from paramserver.apps.rounds.lda_mh import MHIndex
 from paramserver.apps.rounds.lda_sampler import (
+    ALPHA_SUMS,
     TOPIC_DELTA,
     WORD_TOPIC,
     LDAConfig,
     _doc_lists,
     _doc_loglik,
     _sample,
+    alpha_step,
+    alpha_sums,
     block_changes,
 )
 from paramserver.apps.rounds.program import (
@@ -54,6 +57,15 @@ def encode(counts: np.ndarray) -> np.ndarray:
 def decode(rows: np.ndarray) -> np.ndarray:
     K = rows.shape[-1] // 2
     return (rows[..., :K].astype(np.int64) << 24) + rows[..., K:].astype(np.int64)
+
+
+def _halves(num: float, den: float, round_: int) -> np.ndarray:
+    """``alpha_sums``' row: each sum as a float32 and what float32 lost of it (so that the sum of
+    the halves is the float64 to ~1e-14), and the round it is of (exact below 2^24)."""
+    sums = np.array([num, den])
+    hi = sums.astype(np.float32)
+    lo = (sums - hi).astype(np.float32)
+    return np.array([[hi[0], lo[0], hi[1], lo[1], round_]], np.float32)
 
 
 def write_parts(folder: str, corpus: Corpus, word_block: np.ndarray, parts: int) -> list[str]:
@@ -96,6 +108,8 @@ class LDAProgram:
         self.own: dict[int, np.ndarray] = {}  # this worker's changes of the rounds not yet observed
         self.Y, self.cum = np.zeros(cfg.topics), np.zeros(cfg.topics)
         self.rounds = cfg.iterations * (blocks if cfg.schedule == "rotate" else 1)
+        self.alpha = cfg.alpha  # the document-topic prior now: learnt every cfg.optimize_alpha sweeps (resolved)
+        self._pending_alpha: list[tuple[int, Any]] = []  # (round, the pull of every worker's alpha_sums)
         self.sampled = 0
         self._pending_nk: list[tuple[int, Any]] = []  # (round observed, the pull of its changes)
         self._pending_blocks: tuple[int, list[Any]] = (-1, [])  # (round they are for, the pulls of its blocks)
@@ -152,6 +166,8 @@ class LDAProgram:
                 with fsspec.open(f"{folder.rstrip('/')}/lists-{p}.npz", "rb") as f, np.load(f) as saved:
                     self.dtop[self._list_slots(i)] = saved["dtop"]
                     self.dcnt[self.part_docs[i]:self.part_docs[i + 1]] = saved["dcnt"]
+                    if "alpha" in saved.files:  # a checkpoint from before α was learnt: --alpha
+                        self.alpha = float(saved["alpha"])
         # segments: one a word; block b's are seg_lo[b]:seg_lo[b + 1]
         starts = np.flatnonzero(np.r_[True, self.words[1:] != self.words[:-1]]) if self.words.size else \
             np.zeros(0, np.int64)
@@ -214,7 +230,7 @@ class LDAProgram:
         survivor adds its parts' counts, and the topic totals are exchanged whole.  Every
         count on the servers is then that of the topics the survivors hold, whatever the
         dead worker had pushed of its last round."""
-        self._pending_nk, self._pending_blocks = [], (-1, [])
+        self._pending_nk, self._pending_blocks, self._pending_alpha = [], (-1, []), []
         self._save()
         self.live, self.owner = live, adopt(self.owner, live)
         self._barrier()  # every part's latest topics are on disk
@@ -235,6 +251,7 @@ class LDAProgram:
         their documents' topic lists (in the order the sampler walks them)."""
         fs, _, (root,) = fsspec.get_fs_token_paths(step)
         fs.makedirs(root, exist_ok=True)
+        self._take_alpha()  # α as the next round samples with, whether or not the job stops here
         if self.mh is not None:  # MH does not keep the lists: a resume with --sampler sparse reads them
             self.mh.lists(self.ndk, self.dtop, self.doff, self.dcnt)
         for i, p in enumerate(self.held):
@@ -242,7 +259,7 @@ class LDAProgram:
                 np.save(f, self._part_z(p))
             with fsspec.open(f"{step.rstrip('/')}/lists-{p}.npz", "wb") as f:
                 np.savez(f, dtop=self.dtop[self._list_slots(i)],
-                         dcnt=self.dcnt[self.part_docs[i]:self.part_docs[i + 1]])
+                         dcnt=self.dcnt[self.part_docs[i]:self.part_docs[i + 1]], alpha=np.float64(self.alpha))
 
     def resume(self, round_: int, step: str) -> None:
         """Go on from a round checkpoint (the tables restored, so ``n_wk`` matches the
@@ -282,10 +299,10 @@ class LDAProgram:
             lo, hi = int(self.seg_lo[b]), int(self.seg_lo[b + 1])
             if self.mh is not None:
                 self.mh.sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk,
-                               cfg.alpha, cfg.beta, self.V * cfg.beta, seed)
+                               self.alpha, cfg.beta, self.V * cfg.beta, seed)
             else:
                 _sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk, self.dtop,
-                        self.doff, self.dcnt, cfg.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed)
+                        self.doff, self.dcnt, self.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed)
             self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
             changed, delta = block_changes(nwk, rows)
             pushes.append((WORD_TOPIC, keys[changed], delta, "add"))
@@ -293,7 +310,27 @@ class LDAProgram:
         slot = (round_ % self.cfg.round_regions) * self.parts
         pushes.append((TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(self.own[round_])[None],
                        "assign"))
+        if self._alpha_round(round_):  # this worker's share of the step, at the α every worker has now
+            num, den = alpha_sums(self.ndk, self.doc_len, self.alpha)
+            pushes.append((ALPHA_SUMS, np.array([slot + self.rank], np.uint64), _halves(num, den, round_), "assign"))
         return pushes
+
+    def _alpha_round(self, round_: int) -> bool:
+        """Whether ``round_`` ends a sweep after which α takes a step (every ``optimize_alpha``
+        sweeps, not after the last)."""
+        every, per_sweep = self.cfg.alpha_sweeps, self.rounds // self.cfg.iterations
+        done = round_ + 1
+        return bool(every) and done % per_sweep == 0 and (done // per_sweep) % every == 0 and done < self.rounds
+
+    def _take_alpha(self) -> None:
+        """α's steps observed: each from the sums every live worker pushed at the end of its
+        sweep (a slot still holding an older round's, a worker that died meanwhile, is left out)."""
+        for round_, future in self._pending_alpha:
+            rows = future.result(timeout=600).astype(np.float64)
+            rows = rows[rows[:, 4] == round_]
+            self.alpha = alpha_step(self.alpha, self.cfg.topics, float((rows[:, 0] + rows[:, 1]).sum()),
+                                    float((rows[:, 2] + rows[:, 3]).sum()))
+        self._pending_alpha = []
 
     def _sampler(self, round_: int) -> None:
         """MH samples the first ``cfg.mh_sweeps`` sweeps (all with ``mh``, none with ``sparse``).
@@ -316,6 +353,9 @@ class LDAProgram:
         slot = (round_ % self.cfg.round_regions) * self.parts
         self._pending_nk.append((round_, self.client.pull(TOPIC_DELTA, np.array([slot + r for r in self.live],
                                                                                   np.uint64))))
+        if self._alpha_round(round_):
+            self._pending_alpha.append((round_, self.client.pull(ALPHA_SUMS, np.array([slot + r for r in self.live],
+                                                                                        np.uint64))))
         nxt = round_ + 1 + self.cfg.staleness
         if nxt < self.rounds:
             blocks = self.schedule(nxt, len(self.live))[self.live.index(self.rank)].tolist()
@@ -330,6 +370,7 @@ class LDAProgram:
             self.nk_seen += decode(future.result(timeout=600)).sum(0)
             self.own.pop(round_, None)
         self._pending_nk = []
+        self._take_alpha()
         self.nk = self.nk_seen + sum(self.own.values(), np.zeros_like(self.nk_seen))
 
     def finish(self) -> None:
@@ -344,7 +385,7 @@ class LDAProgram:
         return z[self.part_start[i]:self.part_start[i + 1]]
 
     def doc_loglik(self) -> float:
-        return float(_doc_loglik(self.ndk, self.doc_len, self.cfg.alpha))
+        return float(_doc_loglik(self.ndk, self.doc_len, self.alpha))
 
 
 def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDAConfig, vocabulary: int,
@@ -355,7 +396,8 @@ def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDACo
     workers = len(paths)
     program = LDAProgram(client, paths, word_block, cfg, vocabulary, client.rank, workers, scratch,
                          fresh=resume is None)
-    program.gated = cfg.staleness == 0 and gated(client, WORD_TOPIC, TOPIC_DELTA)
+    program.gated = cfg.staleness == 0 and gated(client, WORD_TOPIC, TOPIC_DELTA,
+                                                 *([ALPHA_SUMS] if cfg.alpha_sweeps else []))
     if resume is None:
         program.start()
     stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=program.rounds,
@@ -363,6 +405,6 @@ def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDACo
     program.finish()
     return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups, "sampled": program.sampled,
             "gated": program.gated,
-            "checkpoints": stats.checkpoints, "topic_totals": program.nk.tolist(),
+            "checkpoints": stats.checkpoints, "topic_totals": program.nk.tolist(), "alpha": program.alpha,
             "doc_loglik": program.doc_loglik(), "docs": int(program.doc_len.size),
             "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}

@@ -14,6 +14,10 @@ from paramserver._runtime.intrinsics import prefetch_row
 from paramserver.apps.rounds.settings import LDAConfig as LDAConfig  # its old home
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
+#: each worker's two sums of Minka's fixed point for α (``alpha_sums``), as the round slots of
+#: ``TOPIC_DELTA``: a row of [Σ num in two float32 halves, Σ den in two, the round]
+ALPHA_SUMS = "lda/alpha_sums"
+ALPHA_MIN, ALPHA_MAX = 1e-4, 1e3  # where a learnt α stops: a corpus of one-topic documents drives it to 0
 MAX_COUNT = 1 << 24  # a word–topic count is a float32 on the servers: exact below this
 #: the token whose document's counts and topic list are fetched ahead while one is sampled: a
 #: word's tokens visit its documents in order but far apart, so each token's document state was
@@ -230,6 +234,40 @@ def _doc_lists(tdoc, z, ndk, dtop, doff, dcnt):  # type: ignore[no-untyped-def]
         if ndk[d, k] == 1:
             dtop[doff[d] + dcnt[d]] = k
             dcnt[d] += 1
+
+
+@njit(nogil=True, cache=True)
+def alpha_sums(ndk, dlen, alpha):  # type: ignore[no-untyped-def]
+    """A worker's share of one step of Minka's fixed point for a symmetric α (T. Minka,
+    "Estimating a Dirichlet distribution", 2000): ``(Σ_d Σ_k [ψ(n_dk + α) − ψ(α)],
+    Σ_d [ψ(n_d + Kα) − ψ(Kα)])`` over its documents; the step is α · Σ num / (K · Σ den)
+    over every worker's.  ψ(c + a) − ψ(a) = Σ_{j<c} 1/(a + j), tabulated up to the longest
+    document, so a count costs a lookup: one pass over ``ndk``."""
+    D, K = ndk.shape
+    longest = 0
+    for d in range(D):
+        longest = max(longest, dlen[d])
+    up, total = np.zeros(longest + 1), np.zeros(longest + 1)
+    ka = K * alpha
+    for c in range(1, longest + 1):
+        up[c] = up[c - 1] + 1.0 / (alpha + c - 1)
+        total[c] = total[c - 1] + 1.0 / (ka + c - 1)
+    num = den = 0.0
+    for d in range(D):
+        row = 0.0
+        for k in range(K):
+            row += up[ndk[d, k]]  # up[0] = 0: a topic the document does not hold adds nothing
+        num += row
+        den += total[dlen[d]]
+    return num, den
+
+
+def alpha_step(alpha: float, topics: int, num: float, den: float) -> float:
+    """α after one fixed-point step from every worker's ``alpha_sums`` (unchanged where the
+    documents hold no token), within [``ALPHA_MIN``, ``ALPHA_MAX``]."""
+    if not den > 0 or not num > 0:
+        return alpha
+    return min(max(alpha * num / (topics * den), ALPHA_MIN), ALPHA_MAX)
 
 
 @njit(nogil=True, cache=True)
