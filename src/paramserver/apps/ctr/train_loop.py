@@ -7,7 +7,6 @@ shard reported done once its pushes are applied.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -104,7 +103,7 @@ def _train_stream(client: Client, cfg: TrainConfig,
     stepping = _stepping(client, cfg)
     depth = Depth(cfg.pipeline, deepens=cfg.model.name == "lr" or stepping, stale=not stepping)
     # link: timed before the first batch, with nothing in flight, and before the reader asks settles()
-    depth.time_link(functools.partial(client.stats.round_trip_floor, LINK_PROBES, PROBE_TIMEOUT_S))
+    depth.time_link(lambda: client.stats.round_trip_floor(LINK_PROBES, PROBE_TIMEOUT_S))
     with Prefetch(_shard_stream(client, cfg, depth.settles), READ_AHEAD, READ_AHEAD_BYTES, _item_bytes) as items:
         return _train_items(client, cfg, items, on_batch, depth)
 
