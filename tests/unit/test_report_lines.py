@@ -22,9 +22,9 @@ def test_the_report_names_what_ran():
 def test_a_training_job_says_the_batches_a_worker_kept_in_flight_and_what_link_measured():
     ran = {"model": "lr", "table_dim": 1, "format": "criteo", "hash_bits": 24, "data": ["x"]}
     far = dict(_run_lines({**ran, "pipeline_depth": 12, "round_trip_floor_ms": 10.237}))
-    assert far["batches in flight a worker"] == "12 (the first requests' least round trip: 10.24 ms)"
+    assert far["batches in flight a worker"] == "12 (the link's round trip, timed by pings: 10.24 ms)"
     assert dict(_run_lines({**ran, "pipeline_depth": 3, "round_trip_floor_ms": None}))[
         "batches in flight a worker"] == "3"
     assert "batches in flight a worker" not in dict(_run_lines(ran))  # predict, eval: no pipeline
     stepped = dict(_run_lines({**ran, "pipeline_depth": 4, "round_trip_floor_ms": 0.21, "steps": True}))
-    assert stepped["batches in flight a worker"] == "4 as steps (the first requests' least round trip: 0.21 ms)"
+    assert stepped["batches in flight a worker"] == "4 as steps (the link's round trip, timed by pings: 0.21 ms)"

@@ -124,7 +124,7 @@ def _run_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
         floor = report.get("round_trip_floor_ms")  # --pipeline link's measure, when it took one
         steps = report.get("steps")  # each batch a step: its gradient computed by the server
         lines.append(("batches in flight a worker", f"{report['pipeline_depth']}" + (" as steps" if steps else "") + (
-            "" if floor is None else f" (the first requests' least round trip: {floor:.2f} ms)")))
+            "" if floor is None else f" (the link's round trip, timed by pings: {floor:.2f} ms)")))
     return lines
 
 
