@@ -86,7 +86,7 @@ def test_a_lossless_chain_trains_the_same_model_and_compact_sends_far_fewer_byte
     for name in ("none", "lossless", "compact"):
         out = str(tmp_path / name)
         # two servers: pulled and pushed, rows a batch stale; the depth fixed, since ``link`` (the default)
-        # deepens where the first pulls' least round trip reaches 2 ms, as a loaded machine's can
+        # deepens where the link's pings take 1 ms or more, twice, which a loaded machine's rarely but can
         reports[name] = run_training(TrainConfig(Model("lr"), batch_size=1000, epochs=2, filters=name, pipeline=2),
                                      [train], [test], servers=2, workers=1, save=out)
         with np.load(os.path.join(out, "table.npz")) as saved:
