@@ -53,8 +53,8 @@ def test_a9a_trains_through_ray_to_the_log_loss_of_the_local_launcher(tmp_path):
     from paramserver.data.reader import DataFormat
 
     train, test = _a9a(tmp_path)
-    # two servers: pulled and pushed; the depth fixed, as ``link`` would deepen where the first round trips
-    # (Ray's start included) reach 2 ms, and a deeper pipeline trains another model
+    # two servers: pulled and pushed; the depth fixed, as ``link`` would deepen where the link's pings take
+    # 1 ms or more twice (a loaded machine's rarely can), and a deeper pipeline trains another model
     cfg = TrainConfig(Model("lr"), DataFormat("libsvm", label_format="pm1"), pipeline=2)
     reports = {where: run_training(cfg, [train], [test], servers=2, workers=1,
                                    cluster_options={"cluster": where, "log_level": "WARNING"})

@@ -33,8 +33,8 @@ def test_a9a_one_pass_at_default_flags_matches_vowpal_wabbit():
 def test_criteo_sample_lr_and_fm_at_default_flags_match_vowpal_wabbit():
     train = shared("criteo/criteo_kaggle_wideresdnn_train.tsv.gz")
     test = [shared("criteo/criteo_kaggle_wideresdnn_dev.tsv.gz"), shared("criteo/criteo_kaggle_wideresdnn_test.tsv.gz")]
-    # two servers: pulled and pushed, rows a batch stale; the depth fixed at link's 2 on one machine, which a
-    # loaded machine's first round trips (2 ms and more) would deepen for LR alone (an FM stays at 2)
+    # two servers: pulled and pushed, rows a batch stale; the depth fixed at link's 2 on one machine, which
+    # pings of 1 ms and more (a loaded machine's, rarely) would deepen for LR alone (an FM stays at 2)
     lr = run_training(TrainConfig(Model("lr"), pipeline=2), [train], test, servers=2, workers=1)
     fm = run_training(TrainConfig(Model("fm"), pipeline=2), [train], test, servers=2, workers=1)
     assert lr["examples"] == 7_200 and lr["test_examples"] == 800
@@ -182,8 +182,8 @@ def test_dense_and_hash_layouts_train_the_same_model(tmp_path):
     write_synth(path, 6_000, seed=8)
     reports = {}
     for layout in ("hash", "dense"):
-        # two servers: pulled and pushed; the depth fixed (``link`` deepens where a loaded machine's first
-        # round trips reach 2 ms, and a deeper pipeline trains another model)
+        # two servers: pulled and pushed; the depth fixed (``link`` deepens where pings take 1 ms or more,
+        # as a loaded machine's rarely can, and a deeper pipeline trains another model)
         cfg = TrainConfig(Model("lr"), DataFormat("criteo", hash_bits=16), batch_size=500, layout=layout, pipeline=2)
         reports[layout] = run_training(cfg, [path], [path], servers=2, workers=1, save=str(tmp_path / layout))
     assert reports["dense"]["logloss"] == reports["hash"]["logloss"]  # one worker: the same updates, bitwise

@@ -11,12 +11,11 @@ and from ``LINK_FROM_MS`` keeps 2 + one batch for each whole ``LINK_MS`` of it, 
 On one machine the floor is ~0.3-0.45 ms (two threads' hand-offs at each end), so the depth
 is 2 there, as before, and one worker trains the same model every run; over 10 ms it is 12
 (0.15x the loopback run's examples/s at 2, 0.55x at 12: docs/benchmarks.md, "A pipeline as
-deep as the link").  Only a linear model
-deepens: a factor model's loss grows with its reads' delay (FM on the Criteo sample: 0.474 at
-2, 0.662 at 4, settled), so it stays at 2.  The floor was once the least round trip of the
-job's first requests; but those go out together, each queued behind the ones before it and
-the server's first calls of its kernels, and on one machine it read 1-9 ms (steps 16 in
-flight), deepening a loopback job that should not deepen.
+deep as the link").  Only a linear model deepens: a factor model's loss grows with its reads'
+delay (FM on the Criteo sample: 0.474 at 2, 0.662 at 4, settled), so it stays at 2.  The
+floor was once the least round trip of the job's first requests; but those go out together,
+each queued behind the ones before it and the server's first calls of its kernels, and on
+one machine it read 1-9 ms (steps 16 in flight), deepening a loopback job that should not.
 
 Depth ``d`` means a batch's rows are pulled while the ``d - 1`` batches before it compute,
 so it sees the pushes of all but those: bounded delay (``train_loop.py``).  ``auto`` starts

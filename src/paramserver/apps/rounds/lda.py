@@ -169,9 +169,7 @@ def _create_tables(client: Any, cfg: LDAConfig, vocabulary: int, workers: int, o
     slots through which the workers exchange their changes to the topic totals; BSP on
     the servers when the rounds are (``--staleness 0``)."""
     K = cfg.topics
-    # BSP rounds gate their pulls on the servers (``LDAProgram.gated``): a round's pulls are answered once
-    # every worker's pushes of the round before are in, with no wait for an acknowledgement and a barrier first
-    gate = "bsp" if cfg.staleness == 0 else "asp"
+    gate = _gate(cfg)
     client.create_table(WORD_TOPIC, dim=K, optimizer="sgd", key_bits=max(int(vocabulary - 1).bit_length(), 1),
                         consistency=gate, **options)
     client.create_table(TOPIC_DELTA, dim=2 * K, optimizer="sgd", consistency=gate, **options,
@@ -180,11 +178,18 @@ def _create_tables(client: Any, cfg: LDAConfig, vocabulary: int, workers: int, o
         _alpha_table(client, cfg, workers, options)
 
 
+def _gate(cfg: LDAConfig) -> str:
+    """The job's tables' consistency: BSP rounds gate their pulls on the servers
+    (``LDAProgram.gated``), a round's pulls answered once every worker's pushes of the round
+    before are in, with no wait for an acknowledgement and a barrier first."""
+    return "bsp" if cfg.staleness == 0 else "asp"
+
+
 def _alpha_table(client: Any, cfg: LDAConfig, workers: int, options: dict[str, Any]) -> None:
     """The slots through which the workers exchange their sums for α's steps (``alpha_sums``),
     as the round slots of the topic totals' and gated as they are."""
-    client.create_table(ALPHA_SUMS, dim=5, optimizer="sgd", consistency="bsp" if cfg.staleness == 0 else "asp",
-                        **options, key_bits=max(int(cfg.round_regions * workers - 1).bit_length(), 1))
+    client.create_table(ALPHA_SUMS, dim=5, optimizer="sgd", consistency=_gate(cfg), **options,
+                        key_bits=max(int(cfg.round_regions * workers - 1).bit_length(), 1))
 
 
 def _run_report(cfg: LDAConfig, corpus: Corpus, n_kw: np.ndarray, freq: np.ndarray, ran: Ran,
