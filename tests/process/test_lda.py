@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.corpus import read_corpus
-from paramserver.apps.rounds.lda import SPARSE_FILTERS, TOPIC_DELTA, WORD_TOPIC, LDAConfig, default_filters
-from paramserver.apps.rounds.lda_program import lda_worker, write_parts
+from paramserver.apps.rounds.lda import SPARSE_FILTERS, TOPIC_DELTA, WORD_TOPIC, LDAConfig, default_filters, write_parts
+from paramserver.apps.rounds.lda_pieces import block_cuts
+from paramserver.apps.rounds.lda_program import lda_worker
 from paramserver.apps.rounds.program import balanced_groups
 from paramserver.cluster.local import LocalCluster
 
@@ -65,16 +66,17 @@ def _dies_mid_push(client, victim, round_, worker, *args):
     return worker(client, *args)
 
 
-@pytest.mark.parametrize("staleness,sampler,gate,filters", [
-    (0, "sparse", "bsp", None), (2, "sparse", "asp", None), (0, "mh", "bsp", None), (0, "sparse", "asp", None),
-    (0, "hybrid", "bsp", None),
-    (0, "sparse", "bsp", "push=sparse:keep=1;reply=sparse:keep=1")])
-def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sampler, gate, filters):
+@pytest.mark.parametrize("staleness,sampler,gate,filters,pieces", [
+    (0, "sparse", "bsp", None, True), (0, "sparse", "bsp", None, False), (2, "sparse", "asp", None, True),
+    (0, "mh", "bsp", None, True), (0, "sparse", "asp", None, True), (0, "hybrid", "bsp", None, True),
+    (0, "sparse", "bsp", "push=sparse:keep=1;reply=sparse:keep=1", True)])
+def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sampler, gate, filters, pieces):
     """BSP rounds gated on the servers (the job's own tables: a death is found a round
-    later), BSP rounds behind barriers (tables without the gate, as an older checkpoint
-    restores them), and SSP ones (the survivors wait out the rounds in flight, then
-    regroup); the MH sampler's document index rebuilt with the survivors' parts (``hybrid``:
-    a death in its MH sweeps, then the exact sweeps from round 60 on); the
+    later), a block in two pieces (the job's default: ``lda_pieces``) or whole, BSP rounds
+    behind barriers (tables without the gate, as an older checkpoint restores them: whole
+    blocks then), and SSP ones (the survivors wait out the rounds in flight, then regroup;
+    whole blocks too); the MH sampler's document index rebuilt with the survivors' parts
+    (``hybrid``: a death in its MH sweeps, then the exact sweeps from round 60 on); the
     counts sent as their non-zero values (``sparse``, as from 256 topics)."""
     corpus = read_corpus(_planted(tmp_path / "c.ldac", docs=400, length=80))
     V, workers = corpus.vocabulary, 3
@@ -88,11 +90,14 @@ def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sa
         cluster.client.create_table(WORD_TOPIC, dim=cfg.topics, key_bits=8, consistency=gate, filters=filters)
         cluster.client.create_table(TOPIC_DELTA, dim=2 * cfg.topics, consistency=gate, filters=filters,
                                     key_bits=int(cfg.regions * workers - 1).bit_length())
-        results, lost = cluster.run_elastic(_dies_mid_push, 1, 20, lda_worker, paths, word_block, cfg, V, scratch)
+        cuts = block_cuts(freq, word_block, workers) if pieces else None
+        results, lost = cluster.run_elastic(_dies_mid_push, 1, 20, lda_worker, paths, word_block, cfg, V, scratch,
+                                            None, None, cuts)
         keys, rows = cluster.client.export_table(WORD_TOPIC)
     assert len(lost) == 1 and "died" in lost[0]
     assert sorted(r["rank"] for r in results) == [0, 2] and all(r["regroups"] == 1 for r in results)
     assert all(r["gated"] == (gate == "bsp") for r in results)  # the rounds the tables called for
+    assert all(r["split"] == (pieces and gate == "bsp" and staleness == 0) for r in results)
     assert sum(r["docs"] for r in results) == corpus.docs  # the survivors hold every document now
     assert sum(r["rounds"] for r in results) == 2 * cfg.iterations * workers  # and finished every round
     n_wk = np.zeros((V, cfg.topics))

@@ -114,7 +114,8 @@ def test_lda_killed_job_resumes_to_exactly_the_uninterrupted_counts(tmp_path, sa
     (``--mh-share 0.2``) at round 4, before the checkpoint: the same counts either way.  A learnt α
     is saved with the topics, its step of the checkpoint's sweep taken first: the same α after."""
     data = _docword(tmp_path / "docword.txt")
-    common = ["--data", str(data), "--topics", "8", "--iterations", "10", "--workers", "2", "--sampler", *sampler]
+    common = ["--data", str(data), "--topics", "8", "--iterations", "10", "--workers", "2", "--pieces", "2",
+              "--sampler", *sampler]
     whole_report = json.loads(_cli("lda", *common, "--save", str(tmp_path / "whole")).stdout)
     folder = tmp_path / "ck"
     # iterations of 2 rounds, a checkpoint every 3: killed in round 9 (iteration 5), the newest is round 6
@@ -124,6 +125,7 @@ def test_lda_killed_job_resumes_to_exactly_the_uninterrupted_counts(tmp_path, sa
                str(tmp_path / "resumed"))
     report = json.loads(run.stdout)
     assert report["resumed_at_iteration"] == 3 and report["counts_consistent"]
+    assert report["blocks_in_pieces"] and whole_report["blocks_in_pieces"]  # resumed half way through a round's totals
     whole = np.load(tmp_path / "whole" / "topic_word.npy")
     resumed = np.load(tmp_path / "resumed" / "topic_word.npy")
     assert whole.sum() == report["tokens"] and np.array_equal(whole, resumed)

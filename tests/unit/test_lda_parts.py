@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.corpus import read_corpus
-from paramserver.apps.rounds.lda_program import decode, encode
 from paramserver.apps.rounds.lda_sampler import _doc_lists, _sample, _smoothing_draw, _span_shift
+from paramserver.apps.rounds.lda_totals import decode, encode
 from paramserver.data.reader import DataError
 
 

@@ -23,13 +23,14 @@ def test_no_flag_means_the_configs_default(command, config):
 
 def test_flags_set_their_fields_with_the_fields_types():
     args = _parse(["lda", "--data", "x", "--topics", "7", "--alpha", "0.5", "--schedule", "none", "--staleness", "2",
-                   "--sampler", "hybrid", "--mh-steps", "3", "--mh-share", "0.5", "--optimize-alpha", "4"])
+                   "--sampler", "hybrid", "--mh-steps", "3", "--mh-share", "0.5", "--optimize-alpha", "4",
+                   "--pieces", "2"])
     cfg = rounds._config(args, LDAConfig)
     assert cfg == LDAConfig(topics=7, alpha=0.5, schedule="none", staleness=2, sampler="hybrid", mh_steps=3,
-                            mh_share=0.5, optimize_alpha="4")
+                            mh_share=0.5, optimize_alpha="4", pieces="2")
     assert [type(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)] == [int, int, float, float, int, str, str,
-                                                                            int, str, int, float]
-    for flag, value in [("--schedule", "sometimes"), ("--sampler", "gibbs")]:
+                                                                            int, str, int, float, str]
+    for flag, value in [("--schedule", "sometimes"), ("--sampler", "gibbs"), ("--pieces", "3")]:
         with pytest.raises(SystemExit):
             _parse(["lda", "--data", "x", flag, value])
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from paramserver.apps.rounds.corpus import Corpus, read_corpus, top_words, vocabulary_size
 from paramserver.apps.rounds.job import Ran, RoundsJob, Watch, check_outputs, write_metrics
+from paramserver.apps.rounds.lda_pieces import block_cuts, pieces_for
 from paramserver.apps.rounds.lda_sampler import ALPHA_SUMS, MAX_COUNT, word_loglik
 from paramserver.apps.rounds.lda_sampler import TOPIC_DELTA as TOPIC_DELTA  # the old spellings: lda.LDAConfig etc.
 from paramserver.apps.rounds.lda_sampler import WORD_TOPIC as WORD_TOPIC
@@ -69,6 +70,8 @@ def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
         ("--mh-steps", cfg.mh_steps,
          cfg.mh_steps is None or (isinstance(cfg.mh_steps, int) and 1 <= cfg.mh_steps <= 64),
          "a whole number in [1, 64] (cycles of a word then a document proposal a token in an MH sweep)"),
+        ("--pieces", cfg.pieces, cfg.pieces in ("auto", "1", "2"), "auto (the default), 1 or 2 (pieces a word "
+         "block is sampled in a round)"),
         ("--mh-share", cfg.mh_share, isinstance(cfg.mh_share, (int, float)) and 0 < cfg.mh_share <= 1,
          "a number in (0, 1] (the share of the sweeps hybrid samples with MH before the exact ones)"),
         ("--workers", workers, workers >= 1, "a whole number >= 1"),
@@ -92,7 +95,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     ``checkpoints.every`` counts iterations.  ``replicas``: copies of every vnode; a server's
     death that loses data fails the run (``DataLossError``) unless ``allow_loss``."""
     # the workers' side (and fsspec, which it writes the parts with) is loaded once the job runs
-    from paramserver.apps.rounds.lda_program import lda_worker, write_parts
+    from paramserver.apps.rounds.lda_program import lda_worker
 
     check_config(cfg, workers, servers)
     cfg = resolved(cfg)
@@ -115,10 +118,12 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
                    watch=watch,
                    scratch_prefix="paramserver-lda-") as job:
         paths = write_parts(job.scratch, corpus, word_block, workers)
+        pieces = pieces_for(cfg.pieces, corpus.tokens, workers, cfg.staleness == 0, cfg.schedule == "rotate")
         job.tables(resume, lambda client: _create_tables(client, cfg, V, workers, job.table_options))
         if resume is not None and cfg.alpha_sweeps and ALPHA_SUMS not in job.client.tables():
             _alpha_table(job.client, cfg, workers, job.table_options)  # a checkpoint from before α was learnt
-        ran = job.run(lda_worker, paths, word_block, cfg, V, job.scratch, cps, resume)
+        ran = job.run(lda_worker, paths, word_block, cfg, V, job.scratch, cps, resume,
+                      block_cuts(freq, word_block, workers) if pieces else None)
         keys, rows = job.client.export_table(WORD_TOPIC)
     n_kw = np.zeros((K, V), np.int64)
     inside = keys < V
@@ -148,6 +153,27 @@ def default_filters(topics: int, cluster_options: dict[str, Any] | None) -> str 
     20 Newsgroups), and on one machine from ``SPARSE_TOPICS`` topics; none otherwise (None)."""
     local = "cluster" not in (cluster_options or {})
     return SPARSE_FILTERS if topics >= SPARSE_TOPICS or not local else None
+
+
+def write_parts(folder: str, corpus: Corpus, word_block: np.ndarray, parts: int) -> list[str]:
+    """Each part's documents as ``part-q.npz``: ``words`` and ``docs`` (local index) of its
+    tokens sorted by (word block, word, doc), and ``doc_len``."""
+    doc_len = np.diff(corpus.doc_ptr)
+    doc_part = balanced_groups(doc_len, parts)
+    doc_of = np.repeat(np.arange(corpus.docs), doc_len)
+    paths = []
+    for q in range(parts):
+        mine = np.flatnonzero(doc_part == q)
+        local = np.full(corpus.docs, -1, np.int64)
+        local[mine] = np.arange(mine.size)
+        take = np.flatnonzero(doc_part[doc_of] == q)
+        words, docs = corpus.words[take], local[doc_of[take]]
+        order = np.lexsort((docs, words, word_block[words]))
+        path = os.path.join(folder, f"part-{q}.npz")
+        np.savez(path, words=words[order].astype(np.int32), docs=docs[order].astype(np.int32),
+                 doc_len=doc_len[mine].astype(np.int64), doc_ids=mine)
+        paths.append(path)
+    return paths
 
 
 def word_counts(data: str, corpus: Corpus, vocabulary: int) -> np.ndarray:
@@ -207,5 +233,7 @@ def _run_report(cfg: LDAConfig, corpus: Corpus, n_kw: np.ndarray, freq: np.ndarr
             "workers": workers, "servers": servers, "workers_lost": ran.lost, "workers_joined_midway": ran.joined,
             "resumed_at_iteration": resume.round // per_iteration if resume else None,
             "checkpoints": ran.per_worker[0]["checkpoints"], **asdict(cfg),
+            # gated rounds sample a block in two pieces, the exchange hidden behind the sampling (lda_pieces)
+            "blocks_in_pieces": all(r.get("split", False) for r in ran.per_worker),
             "alpha_learned": ran.per_worker[0]["alpha"] if cfg.alpha_sweeps else None,
             "phase_seconds": ran.per_worker[0]["phase_seconds"]}

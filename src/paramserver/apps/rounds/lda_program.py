@@ -1,11 +1,10 @@
 """One worker's side of ``paramserver lda`` (the driver is in
-``paramserver.apps.rounds.lda``, the sampler in ``lda_sampler``): the parts of the corpus the driver writes
-(``write_parts``) and a worker holds, and ``LDAProgram``, the scheduled program that
-samples them word block by word block, keeps its documents' topic counts and its copy of
-the topic totals, saves its parts' topics for a restart and takes over a dead worker's.
-
-The topic totals travel through ``lda/topic_delta`` as exact float32 halves
-(``encode``, ``decode``).
+``paramserver.apps.rounds.lda``, the sampler in ``lda_sampler``): ``LDAProgram``, the
+scheduled program that holds parts of the corpus (the driver writes them: ``lda.write_parts``),
+samples them word block by word block (in two pieces a block when the rounds are gated:
+``lda_pieces``), keeps its documents' topic counts and its copy of the topic totals
+(exchanged through ``lda/topic_delta``: ``lda_totals``), saves its parts' topics for a
+restart and takes over a dead worker's.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from paramserver.apps.rounds.corpus import Corpus
 from paramserver.apps.rounds.lda_mh import MHIndex
+from paramserver.apps.rounds.lda_pieces import Pieces
 from paramserver.apps.rounds.lda_sampler import (
     ALPHA_SUMS,
     TOPIC_DELTA,
@@ -33,60 +32,18 @@ from paramserver.apps.rounds.lda_sampler import (
     alpha_sums,
     block_changes,
 )
+from paramserver.apps.rounds.lda_totals import TopicTotals, alpha_row, decode, encode
 from paramserver.apps.rounds.program import (
     RoundCheckpoints,
     RoundResume,
     WorkersLost,
     adopt,
-    balanced_groups,
     gated,
     joined_midway,
     run_rounds,
 )
 
-_SPLIT = float(1 << 24)  # a count travels as hi·2^24 + lo, both exact in float32
 SNAPSHOT_S = 5.0  # a worker saves its documents' topics at most this often (a dead worker's lost work)
-
-
-def encode(counts: np.ndarray) -> np.ndarray:
-    """int64 counts → float32 ``[hi, lo]`` halves, each exact (|count| < 2^48)."""
-    hi = np.floor_divide(counts, 1 << 24)
-    return np.concatenate([hi, counts - hi * (1 << 24)]).astype(np.float32)
-
-
-def decode(rows: np.ndarray) -> np.ndarray:
-    K = rows.shape[-1] // 2
-    return (rows[..., :K].astype(np.int64) << 24) + rows[..., K:].astype(np.int64)
-
-
-def _halves(num: float, den: float, round_: int) -> np.ndarray:
-    """``alpha_sums``' row: each sum as a float32 and what float32 lost of it (so that the sum of
-    the halves is the float64 to ~1e-14), and the round it is of (exact below 2^24)."""
-    sums = np.array([num, den])
-    hi = sums.astype(np.float32)
-    lo = (sums - hi).astype(np.float32)
-    return np.array([[hi[0], lo[0], hi[1], lo[1], round_]], np.float32)
-
-
-def write_parts(folder: str, corpus: Corpus, word_block: np.ndarray, parts: int) -> list[str]:
-    """Each part's documents as ``part-q.npz``: ``words`` and ``docs`` (local index) of its
-    tokens sorted by (word block, word, doc), and ``doc_len``."""
-    doc_len = np.diff(corpus.doc_ptr)
-    doc_part = balanced_groups(doc_len, parts)
-    doc_of = np.repeat(np.arange(corpus.docs), doc_len)
-    paths = []
-    for q in range(parts):
-        mine = np.flatnonzero(doc_part == q)
-        local = np.full(corpus.docs, -1, np.int64)
-        local[mine] = np.arange(mine.size)
-        take = np.flatnonzero(doc_part[doc_of] == q)
-        words, docs = corpus.words[take], local[doc_of[take]]
-        order = np.lexsort((docs, words, word_block[words]))
-        path = os.path.join(folder, f"part-{q}.npz")
-        np.savez(path, words=words[order].astype(np.int32), docs=docs[order].astype(np.int32),
-                 doc_len=doc_len[mine].astype(np.int64), doc_ids=mine)
-        paths.append(path)
-    return paths
 
 
 class LDAProgram:
@@ -94,24 +51,25 @@ class LDAProgram:
     topics, the documents' topic counts, its copy of the topic totals."""
 
     def __init__(self, client: Any, paths: list[str], word_block: np.ndarray, cfg: LDAConfig, vocabulary: int,
-                 rank: int, workers: int, scratch: str, fresh: bool = True):
+                 rank: int, workers: int, scratch: str, fresh: bool = True, cuts: np.ndarray | None = None):
         self.client, self.paths, self.cfg, self.V = client, paths, cfg, vocabulary
         self.rank, self.parts, self.scratch = rank, len(paths), scratch
         self.live, self.owner = list(range(workers)), list(range(workers))  # part p is held by owner[p]
         blocks = len(paths)
         self.block_words = [np.flatnonzero(word_block == b).astype(np.uint64) for b in range(blocks)]
         self.word_block = word_block
+        self.cuts = cuts  # each block's first piece (``lda_pieces``): its words [0, cuts[b])
+        self.pieces: Pieces | None = None  # where those pieces are among this worker's tokens (``_hold``)
+        self.split = False  # gated rounds sample a block in two pieces (``lda_worker`` decides)
+        self._pending_first: tuple[int, list[Any]] = (-1, [])  # (round they are for, the pulls of its first pieces)
         self.held: list[int] = []
         self.tokens = self.words = self.docs = self.z = np.zeros(0, np.int32)
-        self.nk = np.zeros(cfg.topics, np.int64)  # n_k as this worker sees it: nk_seen + its own changes in flight
-        self.nk_seen = self.nk.copy()  # every worker's changes through the last round observed
-        self.own: dict[int, np.ndarray] = {}  # this worker's changes of the rounds not yet observed
+        self.totals = TopicTotals(cfg.topics)  # n_k as this worker samples with it
         self.Y, self.cum = np.zeros(cfg.topics), np.zeros(cfg.topics)
         self.rounds = cfg.iterations * (blocks if cfg.schedule == "rotate" else 1)
         self.alpha = cfg.alpha  # the document-topic prior now: learnt every cfg.optimize_alpha sweeps (resolved)
         self._pending_alpha: list[tuple[int, Any]] = []  # (round, the pull of every worker's alpha_sums)
         self.sampled = 0
-        self._pending_nk: list[tuple[int, Any]] = []  # (round observed, the pull of its changes)
         self._pending_blocks: tuple[int, list[Any]] = (-1, [])  # (round they are for, the pulls of its blocks)
         self._saved = -math.inf
         self.mh: MHIndex | None = None  # MH's index while MH samples (``_sampler``), made afresh from the topics
@@ -179,6 +137,8 @@ class LDAProgram:
         for b, bw in enumerate(self.block_words):
             lo, hi = self.seg_lo[b], self.seg_lo[b + 1]
             self.seg_row[lo:hi] = np.searchsorted(bw, seg_word[lo:hi])
+        if self.cuts is not None:
+            self.pieces = Pieces(self.cuts, self.block_words, self.seg_lo, self.seg_row, K)
 
     def _counts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(words, their n_wk rows) and n_k, of the tokens this worker holds."""
@@ -205,8 +165,7 @@ class LDAProgram:
                          distinct=True).result(timeout=600)
         self._barrier()
         rows = self.client.pull(TOPIC_DELTA, np.array([slot + r for r in self.live], np.uint64)).result(timeout=600)
-        self.nk = decode(rows).sum(0)
-        self.nk_seen, self.own, self._pending_nk = self.nk.copy(), {}, []
+        self.totals.reset(decode(rows).sum(0))
 
     def _barrier(self) -> None:
         present = self.client.barrier(timeout_s=600)
@@ -230,7 +189,7 @@ class LDAProgram:
         survivor adds its parts' counts, and the topic totals are exchanged whole.  Every
         count on the servers is then that of the topics the survivors hold, whatever the
         dead worker had pushed of its last round."""
-        self._pending_nk, self._pending_blocks, self._pending_alpha = [], (-1, []), []
+        self.totals.pending, self._pending_blocks, self._pending_alpha, self._pending_first = [], (-1, []), [], (-1, [])
         self._save()
         self.live, self.owner = live, adopt(self.owner, live)
         self._barrier()  # every part's latest topics are on disk
@@ -267,6 +226,16 @@ class LDAProgram:
         topic totals from everyone's; the rounds go on exactly as if never stopped."""
         self._hold(self._parts_of(self.rank), fresh=False, folder=step)
         self._exchange(self.cfg.regions - 1, np.bincount(self.z, minlength=self.cfg.topics).astype(np.int64))
+        if self.split and round_ > 0:
+            self._behind(round_ - 1)
+
+    def _behind(self, q: int) -> None:
+        """Split rounds resumed after round ``q``: the topic totals as the next round's first
+        pieces saw them uninterrupted, without the others' changes of round ``q`` (taken half
+        way through the round, as ever: ``_in_pieces``), from the round's slots the checkpoint kept."""
+        slot = (q % self.cfg.round_regions) * self.parts
+        rows = self.client.pull(TOPIC_DELTA, np.array([slot + r for r in self.live], np.uint64)).result(timeout=600)
+        self.totals.behind(q, rows, self.live.index(self.rank))
 
     # -- the scheduled program -------------------------------------------------------------------------
     def converged(self, round_: int) -> bool:
@@ -283,37 +252,96 @@ class LDAProgram:
         return [p for p in range(self.parts) if self.owner[p] == rank]
 
     def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
-        cfg = self.cfg
-        pushes = []
         self._sampler(round_)
-        self._take_observed()
-        start = self.nk.copy()
-        pulls = self._pending_blocks[1] if self._pending_blocks[0] == round_ else [
-            self.client.pull(WORD_TOPIC, self.block_words[b]) for b in mine.tolist()]
-        self._pending_blocks = (-1, [])
-        for b, future in zip(mine.tolist(), pulls):
-            keys = self.block_words[b]
-            rows = future.result(timeout=600)
-            nwk = rows.astype(np.int32)  # the sampler's counts; ``rows`` stays as they were
-            seed = hash((cfg.seed, round_, self.rank, b)) & 0x7FFFFFFF
-            lo, hi = int(self.seg_lo[b]), int(self.seg_lo[b + 1])
-            if self.mh is not None:
-                self.mh.sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk,
-                               self.alpha, cfg.beta, self.V * cfg.beta, seed)
-            else:
-                _sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.nk, self.ndk, self.dtop,
-                        self.doff, self.dcnt, self.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed)
-            self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
-            changed, delta = block_changes(nwk, rows)
-            pushes.append((WORD_TOPIC, keys[changed], delta, "add"))
-        self.own[round_] = self.nk - start
+        blocks = mine.tolist()
+        if self.split:
+            pushes = self._in_pieces(round_, blocks)
+        else:
+            self._take_observed()
+            start = self.totals.nk.copy()
+            pulls = self._pending_blocks[1] if self._pending_blocks[0] == round_ else [
+                self.client.pull(WORD_TOPIC, self.block_words[b]) for b in blocks]
+            self._pending_blocks = (-1, [])
+            pushes = []
+            for b, future in zip(blocks, pulls):
+                rows = future.result(timeout=600)
+                nwk = rows.astype(np.int32)  # the sampler's counts; ``rows`` stays as they were
+                segments = (int(self.seg_lo[b]), int(self.seg_lo[b + 1]))
+                pushes.append(self._sampled(round_, b, nwk, rows, slice(None), segments, 0))
+            self.totals.own[round_] = self.totals.nk - start
         slot = (round_ % self.cfg.round_regions) * self.parts
-        pushes.append((TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(self.own[round_])[None],
+        pushes.append((TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(self.totals.own[round_])[None],
                        "assign"))
         if self._alpha_round(round_):  # this worker's share of the step, at the α every worker has now
             num, den = alpha_sums(self.ndk, self.doc_len, self.alpha)
-            pushes.append((ALPHA_SUMS, np.array([slot + self.rank], np.uint64), _halves(num, den, round_), "assign"))
+            pushes.append((ALPHA_SUMS, np.array([slot + self.rank], np.uint64), alpha_row(num, den, round_), "assign"))
         return pushes
+
+    def _in_pieces(self, round_: int, blocks: list[int]) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
+        """Round ``round_`` a piece at a time (``lda_pieces``): the first pieces' changes pushed
+        and a clock finished half way, the next round's first pieces asked for then; the
+        other workers' topic totals of the round before taken before the second pieces.  The
+        second pieces' changes are returned, pushed with the round's end."""
+        client, pieces, totals = self.client, self.pieces, self.totals
+        assert pieces is not None
+        self._take_alpha()  # a step of α (gated, as the round before's ends): the whole round samples with it
+        first, second = (self._pending_first[1] if self._pending_first[0] == round_ else  # (the round's start is
+                         [pieces.pull(client, WORD_TOPIC, b, 0) for b in blocks],  # final for both pieces)
+                         self._pending_blocks[1] if self._pending_blocks[0] == round_ else
+                         [pieces.pull(client, WORD_TOPIC, b, 1) for b in blocks])
+        self._pending_first = self._pending_blocks = (-1, [])
+        start = totals.nk.copy()
+        nwks = [np.empty((self.block_words[b].size, self.cfg.topics), np.int32) for b in blocks]
+        pushes = [self._piece_sampled(round_, b, nwk, f, 0) for b, nwk, f in zip(blocks, nwks, first)]
+        totals.own[round_] = totals.nk - start
+        with client.together():
+            acks = [client.push(t, k, v, op=op, distinct=True) for t, k, v, op in pushes if len(k)]
+            client.clock()  # the round's first: a pull of these pieces is answered once every worker's are in
+            if round_ + 1 < self.rounds:
+                self._pending_first = (round_ + 1, [pieces.pull(client, WORD_TOPIC, b, 0)
+                                                    for b in self._blocks_of(round_ + 1)])
+        self._take_observed()  # every worker's topic-total changes of the round before, half a round late
+        start = totals.nk.copy()
+        pushes = [self._piece_sampled(round_, b, nwk, f, 1) for b, nwk, f in zip(blocks, nwks, second)]
+        for ack in acks:
+            ack.result(timeout=600)
+        totals.own[round_] += totals.nk - start
+        return pushes
+
+    def _piece_sampled(self, round_: int, b: int, nwk: np.ndarray, future: Any,
+                       piece: int) -> tuple[str, np.ndarray, np.ndarray, str]:
+        """Piece ``piece`` of block ``b`` sampled into ``nwk`` (the block's counts) from its pulled rows."""
+        assert self.pieces is not None
+        rows = future.result(timeout=600)
+        where = self.pieces.rows(b, piece)
+        nwk[where] = rows
+        return self._sampled(round_, b, nwk, rows, where, self.pieces.segments(b, piece), piece)
+
+    def _sampled(self, round_: int, b: int, nwk: np.ndarray, rows: np.ndarray, where: slice,
+                 segments: tuple[int, int], piece: int) -> tuple[str, np.ndarray, np.ndarray, str]:
+        """Sample ``segments`` of block ``b`` (``nwk``: its counts; ``nwk[where]`` were ``rows``
+        as pulled); the push of what changed of those rows."""
+        cfg, (lo, hi) = self.cfg, segments
+        seed = hash((cfg.seed, round_, self.rank, b, *((piece,) if piece else ()))) & 0x7FFFFFFF
+        if self.mh is not None:
+            self.mh.sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.totals.nk, self.ndk,
+                           self.alpha, cfg.beta, self.V * cfg.beta, seed)
+        else:
+            _sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.totals.nk, self.ndk, self.dtop,
+                    self.doff, self.dcnt, self.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed)
+        self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
+        changed, delta = block_changes(nwk[where], rows)
+        return WORD_TOPIC, self.block_words[b][where][changed], delta, "add"
+
+    def _second_pull(self, b: int) -> Any:
+        """The pull ``observe`` asks for of block ``b``: its second piece when split, else the whole block."""
+        if self.split and self.pieces is not None:
+            return self.pieces.pull(self.client, WORD_TOPIC, b, 1)
+        return self.client.pull(WORD_TOPIC, self.block_words[b])
+
+    def _blocks_of(self, round_: int) -> list[int]:
+        """The blocks this worker samples in ``round_``."""
+        return list(self.schedule(round_, len(self.live))[self.live.index(self.rank)].tolist())
 
     def _alpha_round(self, round_: int) -> bool:
         """Whether ``round_`` ends a sweep after which α takes a step (every ``optimize_alpha``
@@ -351,27 +379,20 @@ class LDAProgram:
         next round to run (final for every round observed); both are taken in the next
         ``update``."""
         slot = (round_ % self.cfg.round_regions) * self.parts
-        self._pending_nk.append((round_, self.client.pull(TOPIC_DELTA, np.array([slot + r for r in self.live],
-                                                                                  np.uint64))))
+        self.totals.observe(round_, self.client.pull(TOPIC_DELTA, np.array([slot + r for r in self.live], np.uint64)))
         if self._alpha_round(round_):
             self._pending_alpha.append((round_, self.client.pull(ALPHA_SUMS, np.array([slot + r for r in self.live],
                                                                                         np.uint64))))
         nxt = round_ + 1 + self.cfg.staleness
-        if nxt < self.rounds:
-            blocks = self.schedule(nxt, len(self.live))[self.live.index(self.rank)].tolist()
-            self._pending_blocks = (nxt, [self.client.pull(WORD_TOPIC, self.block_words[b]) for b in blocks])
+        if nxt < self.rounds:  # its blocks (their second pieces, when split)
+            self._pending_blocks = (nxt, [self._second_pull(b) for b in self._blocks_of(nxt)])
         if time.monotonic() - self._saved >= SNAPSHOT_S:
             self._save()
 
     def _take_observed(self) -> None:
-        """n_k from the rounds observed: every worker's changes to them, this worker's own
-        changes since."""
-        for round_, future in self._pending_nk:
-            self.nk_seen += decode(future.result(timeout=600)).sum(0)
-            self.own.pop(round_, None)
-        self._pending_nk = []
+        """n_k from the rounds observed (every worker's changes to them), and α's steps."""
+        self.totals.take()
         self._take_alpha()
-        self.nk = self.nk_seen + sum(self.own.values(), np.zeros_like(self.nk_seen))
 
     def finish(self) -> None:
         """Take the last rounds' topic totals (for the report)."""
@@ -389,22 +410,25 @@ class LDAProgram:
 
 
 def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDAConfig, vocabulary: int,
-               scratch: str, checkpoints: RoundCheckpoints | None = None, resume: RoundResume | None = None
-               ) -> dict[str, Any]:
+               scratch: str, checkpoints: RoundCheckpoints | None = None, resume: RoundResume | None = None,
+               cuts: np.ndarray | None = None) -> dict[str, Any]:
+    """One worker's job; ``cuts``: each block's first piece (``lda_pieces.block_cuts``), to
+    sample a block in two pieces when the rounds are gated (without, a block at once)."""
     if joined_midway(client):
         return {"rank": client.rank, "joined_midway": True}
     workers = len(paths)
     program = LDAProgram(client, paths, word_block, cfg, vocabulary, client.rank, workers, scratch,
-                         fresh=resume is None)
+                         fresh=resume is None, cuts=cuts)
     program.gated = cfg.staleness == 0 and gated(client, WORD_TOPIC, TOPIC_DELTA,
                                                  *([ALPHA_SUMS] if cfg.alpha_sweeps else []))
+    program.split = program.gated and cuts is not None and cfg.schedule == "rotate" and workers > 1
     if resume is None:
         program.start()
     stats = run_rounds(client, program, rank=client.rank, workers=workers, max_rounds=program.rounds,
                        checkpoints=checkpoints, resume=resume, staleness=cfg.staleness)
     program.finish()
     return {"rank": client.rank, "rounds": stats.rounds, "regroups": stats.regroups, "sampled": program.sampled,
-            "gated": program.gated,
-            "checkpoints": stats.checkpoints, "topic_totals": program.nk.tolist(), "alpha": program.alpha,
+            "gated": program.gated, "split": program.split,
+            "checkpoints": stats.checkpoints, "topic_totals": program.totals.nk.tolist(), "alpha": program.alpha,
             "doc_loglik": program.doc_loglik(), "docs": int(program.doc_len.size),
             "phase_seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}
