@@ -8,7 +8,9 @@ into W word blocks (balanced by tokens).  The servers hold ``n_wk`` (table
 worker q pulls word block ``(q + s) mod W``, samples every token of those words in its
 documents, and pushes what changed with ``add``.  A word's counts are thus exact while it
 is sampled; only the topic totals ``n_k`` are a round stale (each worker's change to
-them is exchanged at every round's end, exactly, through ``lda/topic_delta``).
+them is exchanged at every round's end, exactly, through ``lda/topic_delta``).  Where a
+worker's round is long, each block is sampled in two pieces, the first's changes sent half
+way, so that the next round's first piece is in before the round ends (``lda_pieces``).
 
 The sampler is SparseLDA's split, taken word by word: for token (d, w),
 ``p(k) ∝ n_dk·Y_k + α·Y_k`` with ``Y_k = (n_wk + β)/(n_k + Vβ)``.  ``Y`` is built once
