@@ -72,10 +72,10 @@ def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
         ("--mh-steps", cfg.mh_steps,
          cfg.mh_steps is None or (isinstance(cfg.mh_steps, int) and 1 <= cfg.mh_steps <= 64),
          "a whole number in [1, 64] (cycles of a word then a document proposal a token in an MH sweep)"),
-        ("--pieces", cfg.pieces, cfg.pieces in ("auto", "1", "2"), "auto (the default), 1 or 2 (pieces a word "
-         "block is sampled in a round)"),
         ("--mh-share", cfg.mh_share, isinstance(cfg.mh_share, (int, float)) and 0 < cfg.mh_share <= 1,
          "a number in (0, 1] (the share of the sweeps hybrid samples with MH before the exact ones)"),
+        ("--pieces", cfg.pieces, cfg.pieces in ("auto", "1", "2"), "auto (the default), 1 or 2 (pieces a word "
+         "block is sampled in a round)"),
         ("--workers", workers, workers >= 1, "a whole number >= 1"),
         ("--servers", servers, servers >= 1, "a whole number >= 1"),
     ])

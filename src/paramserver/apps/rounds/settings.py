@@ -73,8 +73,9 @@ class LDAConfig:
                            "exact sweeps (default %(default)s)", metavar="F")
     pieces: str = flag("auto", "pieces a word block is sampled in a round: 2 hides the exchange between rounds "
                        "behind the sampling (the first piece's changes go, and the next round's first piece is "
-                       "asked for, half way; the first piece samples on topic totals half a round staler); 1: the "
-                       "whole block; auto (default): 2 where a worker's round holds 100,000 tokens or more, else 1 "
+                       "asked for, half way; the first piece samples on the other workers' topic totals a round "
+                       "staler); 1: the whole block; auto (default): 2 where a worker's round holds 100,000 tokens "
+                       "or more, else 1 "
                        "(BSP rounds over two workers or more; the report's blocks_in_pieces)",
                        choices=("auto", "1", "2"))
 
