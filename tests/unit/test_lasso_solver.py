@@ -195,3 +195,39 @@ def test_coefficients_travel_as_float64_to_two_to_the_minus_48():
     np.testing.assert_allclose(join64(rows), w, rtol=2.0 ** -46, atol=0)
     assert (np.abs(join64(rows) - w) <= np.abs(w) * 2.0 ** -46).all()
     assert (np.abs(rows[:, 0].astype(np.float64) - w) > np.abs(w) * 2.0 ** -30).any()  # one float32 would not do
+
+
+def _columns(nnz_of: list[int], n: int, rows_of=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A CSC matrix's arrays, column j with ``nnz_of[j]`` ones (in ``rows_of[j]`` or rows 0..)."""
+    rows = [np.asarray(rows_of[j] if rows_of else np.arange(k), np.int64) for j, k in enumerate(nnz_of)]
+    colptr = np.r_[0, np.cumsum([r.size for r in rows])].astype(np.int64)
+    return colptr, np.concatenate(rows), np.ones(int(colptr[-1]))
+
+
+def test_a_round_is_dealt_by_work_so_no_worker_waits_on_a_heavier_one():
+    from paramserver.apps.rounds.coordinate import SLACK
+    from paramserver.apps.rounds.lasso_math import _deal
+
+    # every column shares row 0, so by correlation alone each would join the worker that took the first one
+    rng = np.random.default_rng(5)
+    nnz = [int(k) for k in rng.integers(1, 60, 200)]
+    colptr, rows, values = _columns(nnz, 64, [np.unique(np.r_[0, rng.integers(0, 64, k - 1)]) for k in nnz])
+    nnz = np.diff(colptr)
+    norm = np.sqrt(nnz.astype(np.float64))
+    acc = np.zeros((64, 2))
+    cand = np.arange(200, dtype=np.int64)
+    owner = _deal(colptr, rows, values, norm, cand, 2, 1000, np.inf, acc, SLACK)
+    work = [int(nnz[owner == q].sum()) for q in range(2)]
+    assert (owner >= 0).all() and max(work) <= SLACK * nnz.sum() / 2, (work, (owner < 0).sum())
+    assert not acc.any()  # left as it came
+    owner = _deal(colptr, rows, values, norm, cand, 2, 1000, np.inf, acc, np.inf)  # correlation alone piles up
+    assert [int(nnz[owner == q].sum()) for q in range(2)] == [nnz.sum(), 0]
+
+
+def test_a_column_heavier_than_a_share_is_still_dealt():
+    from paramserver.apps.rounds.lasso_math import _deal
+
+    colptr, rows, values = _columns([50, 1], 64)
+    owner = _deal(colptr, rows, values, np.sqrt(np.diff(colptr).astype(np.float64)), np.arange(2, dtype=np.int64),
+                  2, 1000, np.inf, np.zeros((64, 2)), 1.05)
+    assert sorted(owner.tolist()) == [0, 1]

@@ -71,50 +71,68 @@ def _residual(colptr, rows, values, y, w):  # type: ignore[no-untyped-def]
     return r
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _correlations(rows, values, lo, hi, acc, c):  # type: ignore[no-untyped-def]
+    """``c[q]`` = Σ |x_k| · ``acc[k, q]`` over the non-zeros ``lo:hi`` of a column (two
+    workers, the common case, in two registers)."""
+    if c.shape[0] == 2:
+        c0 = c1 = 0.0
+        for k in range(lo, hi):
+            a, i = abs(values[k]), rows[k]
+            c0 += a * acc[i, 0]
+            c1 += a * acc[i, 1]
+        c[0], c[1] = c0, c1
+        return
+    c[:] = 0.0
+    for k in range(lo, hi):
+        a, i = abs(values[k]), rows[k]
+        for q in range(c.shape[0]):
+            c[q] += a * acc[i, q]
+
+
 @njit(nogil=True, cache=True)
-def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):  # type: ignore[no-untyped-def]
+def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc, slack):  # type: ignore[no-untyped-def]
     """Deal ``candidates`` (in priority order) to ``workers``: each to the worker whose
-    coordinates it correlates with most, at most ``cap`` a worker, none whose mean
-    |correlation| with the other workers' coordinates passes ``rho``.  ``acc[:, q]``
-    (zeros on entry and on exit) sums |x_k| / ‖x_k‖ over worker q's coordinates (a row
-    per example, so one pass over a column reads every worker's sum).
-    Returns the worker of each candidate, -1 for those left out."""
+    coordinates it correlates with most, at most ``cap`` a worker and at most ``slack``
+    times a worker's share of the candidates' non-zeros (a sweep's cost: the round waits
+    for the worker with the most), none whose mean |correlation| with the other workers'
+    coordinates passes ``rho``.  ``acc[:, q]`` (zeros on entry and on exit) sums |x_k| /
+    ‖x_k‖ over worker q's coordinates (a row per example, so one pass over a column reads
+    every worker's sum).  Returns the worker of each candidate, -1 for those left out."""
     owner = np.full(candidates.shape[0], -1, np.int64)
     load = np.zeros(workers, np.int64)
+    work = np.zeros(workers, np.int64)
+    total = 0
+    for t in range(candidates.shape[0]):
+        total += colptr[candidates[t] + 1] - colptr[candidates[t]]
+    share = slack * total / workers
     c = np.zeros(workers)
     for t in range(candidates.shape[0]):
         j = candidates[t]
         if col_norm[j] == 0.0:
             continue
-        c[:] = 0.0
-        for k in range(colptr[j], colptr[j + 1]):
-            a = abs(values[k])
-            row = acc[rows[k]]
-            for q in range(workers):
-                c[q] += a * row[q]
-        total = 0.0
+        lo, hi = colptr[j], colptr[j + 1]
+        _correlations(rows, values, lo, hi, acc, c)
+        corr = 0.0
         for q in range(workers):
             c[q] /= col_norm[j]
-            total += c[q]
+            corr += c[q]
         best = -1
         placed = load.sum()
         for q in range(workers):
             others = placed - load[q]
-            if load[q] < cap and total - c[q] <= rho * max(others, 1) and (
-                    best < 0 or c[q] > c[best] or (c[q] == c[best] and load[q] < load[best])):
+            if load[q] < cap and (work[q] == 0 or work[q] + hi - lo <= share) and corr - c[q] <= rho * max(others, 1) and (
+                    best < 0 or c[q] > c[best] or (c[q] == c[best] and work[q] < work[best])):
                 best = q
         if best < 0:
             continue
         owner[t] = best
         load[best] += 1
-        for k in range(colptr[j], colptr[j + 1]):
-            acc[rows[k], best] += abs(values[k]) / col_norm[j]
-    for t in range(candidates.shape[0]):  # leave acc as it came: zeros
-        q = owner[t]
-        if q >= 0:
-            j = candidates[t]
-            for k in range(colptr[j], colptr[j + 1]):
-                acc[rows[k], q] = 0.0
+        work[best] += hi - lo
+        inv = 1.0 / col_norm[j]
+        for k in range(lo, hi):
+            acc[rows[k], best] += abs(values[k]) * inv
+    acc[:] = 0.0  # leave acc as it came: zeros (one pass over it, not over the dealt columns again)
     return owner
 
 
