@@ -10,11 +10,11 @@ it pulls (the residual ``y − Xw``, or the margin ``Xw``).  Each round
 - **schedule**, run alike on every worker: draw coordinates of the working set with
   probability by how much they moved lately (``--schedule priority``; or ``cyclic``,
   ``random``), then deal them to the workers with an interference check: a coordinate
-  goes to the worker (of those with room) whose coordinates it correlates with most (one worker updates
-  correlated coordinates one after another, which is exact), and is left for a later
-  round if its summed correlation with the other workers' coordinates passes ``ρ`` or its
-  worker's share of the round's work (the non-zeros of its coordinates) would pass an even
-  share by ``SLACK`` (the round waits for the worker with the most);
+  goes to the worker (of those with room) whose coordinates it correlates with most (one
+  worker updates correlated coordinates one after another, which is exact), and is left
+  for a later round if its summed correlation with the other workers' coordinates passes
+  ``ρ`` or its worker's share of the round's work (the non-zeros of its coordinates)
+  would pass an even share by ``SLACK`` (the round waits for the worker with the most);
 - **update**, on each worker: sweeps of coordinate descent over its coordinates, on its
   copy of the vector; push the new values (``assign``);
 - **observe**, after the barrier: pull the round's coordinates and move the vector by
