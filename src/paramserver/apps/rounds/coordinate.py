@@ -90,6 +90,7 @@ class ScheduledCD:
     """One worker's side of scheduled coordinate descent (see the module's doc)."""
 
     check_passes = CHECK_PASSES  # passes over the working set between two checks
+    slack = SLACK  # how far past an even share of a round's work a worker may be dealt (``_deal``)
 
     def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int, curvature: float):
         """``curvature``: the smooth part's second derivative along column j is at most
@@ -250,7 +251,7 @@ class ScheduledCD:
             keys = np.log(rng.random(ws.size)) / p
             cand = ws[np.argsort(-keys, kind="stable")[:want]]
         owner = _deal(self.m.colptr, self.m.rows, self.m.values, self.col_norm, cand.astype(np.int64), workers,
-                      cfg.per_round, self.rho if workers > 1 else math.inf, self.acc, SLACK)
+                      cfg.per_round, self.rho if workers > 1 else math.inf, self.acc, self.slack)
         return [np.sort(cand[owner == q]) for q in range(workers)]
 
     def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
