@@ -121,7 +121,8 @@ def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc, sl
         placed = load.sum()
         for q in range(workers):
             others = placed - load[q]
-            if load[q] < cap and (work[q] == 0 or work[q] + hi - lo <= share) and corr - c[q] <= rho * max(others, 1) and (
+            room = load[q] < cap and (work[q] == 0 or work[q] + hi - lo <= share)
+            if room and corr - c[q] <= rho * max(others, 1) and (
                     best < 0 or c[q] > c[best] or (c[q] == c[best] and work[q] < work[best])):
                 best = q
         if best < 0:
