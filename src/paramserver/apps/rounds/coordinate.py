@@ -269,8 +269,8 @@ class ScheduledCD:
         pulled = join64(self.client.pull(TABLE, (changed + half).astype(np.uint64)).result(timeout=600))
         self._shift(changed, pulled - self.w[changed])
         start = self.w[changed]  # where the round started: this worker's own coordinates moved already
-        mine = np.isin(changed, assignment[self.slot])
-        start[mine] = self._before
+        first = sum(len(a) for a in assignment[:self.slot])  # ``changed`` holds the workers' lists in turn
+        start[first:first + len(assignment[self.slot])] = self._before
         self.w[changed] = pulled
         # the priorities come from pulled values only, so that every worker computes the same schedule
         self.moved[changed] = np.abs(pulled - start)
