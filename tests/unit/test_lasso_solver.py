@@ -117,7 +117,7 @@ def test_the_scheduled_solution_matches_scikit_learns_objective(tmp_path, worker
 def test_interfering_workers_are_reined_in_when_the_objective_goes_up(tmp_path, monkeypatch):
     import paramserver.apps.rounds.coordinate as coordinate
 
-    monkeypatch.setattr(coordinate, "POLISH", 0)  # the serial polish at each check would clear it up
+    monkeypatch.setattr(coordinate.ScheduledCD, "polish", 0)  # the serial polish at each check would clear it up
     rng = np.random.default_rng(3)
     n, d = 200, 40
     base = rng.standard_normal((n, 4))

@@ -91,6 +91,7 @@ class ScheduledCD:
 
     check_passes = CHECK_PASSES  # passes over the working set between two checks
     slack = SLACK  # how far past an even share of a round's work a worker may be dealt (``_deal``)
+    polish = POLISH  # the worst violators swept at each check
 
     def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int, curvature: float):
         """``curvature``: the smooth part's second derivative along column j is at most
@@ -196,7 +197,7 @@ class ScheduledCD:
         columns, which the gap sees and the objective hardly does) is cleared exactly.
         Returns the new gradient."""
         kkt = kkt_violation(self.w, grad, self.cfg.lam)
-        top = _top(kkt, POLISH)
+        top = _top(kkt, self.polish)
         top = top[kkt[top] > 0]
         if not top.size:
             return grad
