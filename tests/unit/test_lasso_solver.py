@@ -197,37 +197,42 @@ def test_coefficients_travel_as_float64_to_two_to_the_minus_48():
     assert (np.abs(rows[:, 0].astype(np.float64) - w) > np.abs(w) * 2.0 ** -30).any()  # one float32 would not do
 
 
-def _columns(nnz_of: list[int], n: int, rows_of=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A CSC matrix's arrays, column j with ``nnz_of[j]`` ones (in ``rows_of[j]`` or rows 0..)."""
-    rows = [np.asarray(rows_of[j] if rows_of else np.arange(k), np.int64) for j, k in enumerate(nnz_of)]
-    colptr = np.r_[0, np.cumsum([r.size for r in rows])].astype(np.int64)
-    return colptr, np.concatenate(rows), np.ones(int(colptr[-1]))
+
+def _dealt_by_hand(colptr, rows, values, norm, cand, workers, cap, rho):
+    """``_deal``'s rule written out plainly: each candidate to the worker it correlates with
+    most, under ``cap``, unless its correlation with the others' passes ``rho`` a coordinate."""
+    mine: list[list[int]] = [[] for _ in range(workers)]
+    owner = []
+    for j in cand:
+        if norm[j] == 0:  # an empty column: nothing to deal
+            owner.append(-1)
+            continue
+        col = {int(rows[k]): abs(values[k]) / norm[j] for k in range(colptr[j], colptr[j + 1])}
+        c = [sum(v * sum(abs(values[k]) / norm[i] for i in mine[q] for k in range(colptr[i], colptr[i + 1])
+                         if rows[k] == r) for r, v in col.items()) for q in range(workers)]
+        placed = sum(len(m) for m in mine)
+        ok = [q for q in range(workers) if len(mine[q]) < cap
+              and sum(c) - c[q] <= rho * max(placed - len(mine[q]), 1) + 1e-12]
+        best = max(ok, key=lambda q: (c[q], -len(mine[q]), -q), default=-1)
+        owner.append(best)
+        if best >= 0:
+            mine[best].append(int(j))
+    return owner
 
 
-def test_a_round_is_dealt_by_work_so_no_worker_waits_on_a_heavier_one():
-    from paramserver.apps.rounds.coordinate import SLACK
+@pytest.mark.parametrize("workers", [2, 3])
+def test_the_dealing_follows_its_rule_and_leaves_its_scratch_clear(workers):
     from paramserver.apps.rounds.lasso_math import _deal
 
-    # every column shares row 0, so by correlation alone each would join the worker that took the first one
-    rng = np.random.default_rng(5)
-    nnz = [int(k) for k in rng.integers(1, 60, 200)]
-    colptr, rows, values = _columns(nnz, 64, [np.unique(np.r_[0, rng.integers(0, 64, k - 1)]) for k in nnz])
-    nnz = np.diff(colptr)
-    norm = np.sqrt(nnz.astype(np.float64))
-    acc = np.zeros((64, 2))
-    cand = np.arange(200, dtype=np.int64)
-    owner = _deal(colptr, rows, values, norm, cand, 2, 1000, np.inf, acc, SLACK)
-    work = [int(nnz[owner == q].sum()) for q in range(2)]
-    assert (owner >= 0).all() and max(work) <= SLACK * nnz.sum() / 2, (work, (owner < 0).sum())
-    assert not acc.any()  # left as it came
-    owner = _deal(colptr, rows, values, norm, cand, 2, 1000, np.inf, acc, np.inf)  # correlation alone piles up
-    assert [int(nnz[owner == q].sum()) for q in range(2)] == [nnz.sum(), 0]
-
-
-def test_a_column_heavier_than_a_share_is_still_dealt():
-    from paramserver.apps.rounds.lasso_math import _deal
-
-    colptr, rows, values = _columns([50, 1], 64)
-    owner = _deal(colptr, rows, values, np.sqrt(np.diff(colptr).astype(np.float64)), np.arange(2, dtype=np.int64),
-                  2, 1000, np.inf, np.zeros((64, 2)), 1.05)
-    assert sorted(owner.tolist()) == [0, 1]
+    rng = np.random.default_rng(7)
+    X = rng.random((30, 40)) * (rng.random((30, 40)) < 0.15)
+    colptr = np.r_[0, np.cumsum((X != 0).sum(axis=0))].astype(np.int64)
+    rows = np.concatenate([np.flatnonzero(X[:, j]) for j in range(40)]).astype(np.int64)
+    values = np.concatenate([X[X[:, j] != 0, j] for j in range(40)])
+    norm = np.sqrt((X ** 2).sum(axis=0))
+    cand = rng.permutation(40).astype(np.int64)
+    acc = np.zeros((30, workers))
+    owner = _deal(colptr, rows, values, norm, cand, workers, 12, 0.05, acc)
+    assert owner.tolist() == _dealt_by_hand(colptr, rows, values, norm, cand, workers, 12, 0.05)
+    assert (owner >= 0).sum() > workers and not acc.any()  # some dealt, some left; the scratch left as it came
+    assert (owner < 0).any()

@@ -10,11 +10,9 @@ it pulls (the residual ``y − Xw``, or the margin ``Xw``).  Each round
 - **schedule**, run alike on every worker: draw coordinates of the working set with
   probability by how much they moved lately (``--schedule priority``; or ``cyclic``,
   ``random``), then deal them to the workers with an interference check: a coordinate
-  goes to the worker (of those with room) whose coordinates it correlates with most (one
-  worker updates correlated coordinates one after another, which is exact), and is left
-  for a later round if its summed correlation with the other workers' coordinates passes
-  ``ρ`` or its worker's share of the round's work (the non-zeros of its coordinates)
-  would pass an even share by ``SLACK`` (the round waits for the worker with the most);
+  goes to the worker whose coordinates it correlates with most (one worker updates
+  correlated coordinates one after another, which is exact), and is left for a later
+  round if its summed correlation with the other workers' coordinates passes ``ρ``;
 - **update**, on each worker: sweeps of coordinate descent over its coordinates, on its
   copy of the vector; push the new values (``assign``);
 - **observe**, after the barrier: pull the round's coordinates and move the vector by
@@ -49,10 +47,6 @@ from paramserver.apps.rounds.matrix import Matrix
 SCHEDULES = ("priority", "cyclic", "random")
 LOSSES = ("squared", "logistic")
 CHECK_PASSES = 8  # a check (exact vector, gap, working set, polish) every this many passes over the working set
-# a worker's share of a round's work (its coordinates' non-zeros) may pass an even split by 5 %: the round
-# waits for the worker with the most.  Dealt by correlation alone, the larger share averaged 1.22x the even
-# one on news20 at λ_max/2000 (two workers): a fifth of every round spent waiting
-SLACK = 1.05
 POLISH, POLISH_SWEEPS = 512, 8  # at each check: the worst violators, swept serially on every worker alike
 # the coefficients: a row is two float32s, hi + lo (float64 to 2^-48, so the gap can close).  Key j holds
 # coefficient j's latest value (read whole at checks, and at the end); a round r also writes its values at
@@ -90,7 +84,6 @@ class ScheduledCD:
     """One worker's side of scheduled coordinate descent (see the module's doc)."""
 
     check_passes = CHECK_PASSES  # passes over the working set between two checks
-    slack = SLACK  # how far past an even share of a round's work a worker may be dealt (``_deal``)
     polish = POLISH  # the worst violators swept at each check
 
     def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int, curvature: float):
@@ -252,7 +245,7 @@ class ScheduledCD:
             keys = np.log(rng.random(ws.size)) / p
             cand = ws[np.argsort(-keys, kind="stable")[:want]]
         owner = _deal(self.m.colptr, self.m.rows, self.m.values, self.col_norm, cand.astype(np.int64), workers,
-                      cfg.per_round, self.rho if workers > 1 else math.inf, self.acc, self.slack)
+                      cfg.per_round, self.rho if workers > 1 else math.inf, self.acc)
         return [np.sort(cand[owner == q]) for q in range(workers)]
 
     def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:

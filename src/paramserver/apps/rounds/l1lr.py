@@ -19,7 +19,6 @@ coefficients the same way.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -74,9 +73,6 @@ class L1LRProgram(ScheduledCD):
     (see ``coordinate``); the vector is the margin ``z = Xw``.  ``m``'s labels are ±1."""
 
     check_passes = 1  # a check after each pass: a block's Newton steps settle it in a pass or two
-    # dealt by correlation alone: a pass is a round here, and a coordinate left out for the balance's sake
-    # waits a whole check (news20, λ_max/1000: 8 rounds became 11, the time no better)
-    slack = math.inf
     # a check every round: 512 violators' Newton steps, on every worker alike, cost as much as a round's own
     # (news20, λ_max/1000: 128 reach the tolerance in the same 8 rounds, the command's median 3.59 -> 2.71 s
     # in four pairs; at λ_max/100 one more round, the same time)

@@ -91,21 +91,15 @@ def _correlations(rows, values, lo, hi, acc, c):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc, slack):  # type: ignore[no-untyped-def]
+def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):  # type: ignore[no-untyped-def]
     """Deal ``candidates`` (in priority order) to ``workers``: each to the worker whose
-    coordinates it correlates with most, at most ``cap`` a worker and at most ``slack``
-    times a worker's share of the candidates' non-zeros (a sweep's cost: the round waits
-    for the worker with the most), none whose mean |correlation| with the other workers'
-    coordinates passes ``rho``.  ``acc[:, q]`` (zeros on entry and on exit) sums |x_k| /
-    ‖x_k‖ over worker q's coordinates (a row per example, so one pass over a column reads
-    every worker's sum).  Returns the worker of each candidate, -1 for those left out."""
+    coordinates it correlates with most, at most ``cap`` a worker, none whose mean
+    |correlation| with the other workers' coordinates passes ``rho``.  ``acc[:, q]``
+    (zeros on entry and on exit) sums |x_k| / ‖x_k‖ over worker q's coordinates (a row
+    per example, so one pass over a column reads every worker's sum).
+    Returns the worker of each candidate, -1 for those left out."""
     owner = np.full(candidates.shape[0], -1, np.int64)
     load = np.zeros(workers, np.int64)
-    work = np.zeros(workers, np.int64)
-    total = 0
-    for t in range(candidates.shape[0]):
-        total += colptr[candidates[t] + 1] - colptr[candidates[t]]
-    share = slack * total / workers
     c = np.zeros(workers)
     for t in range(candidates.shape[0]):
         j = candidates[t]
@@ -113,26 +107,23 @@ def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc, sl
             continue
         lo, hi = colptr[j], colptr[j + 1]
         _correlations(rows, values, lo, hi, acc, c)
-        corr = 0.0
+        total = 0.0
         for q in range(workers):
             c[q] /= col_norm[j]
-            corr += c[q]
+            total += c[q]
         best = -1
         placed = load.sum()
         for q in range(workers):
             others = placed - load[q]
-            room = load[q] < cap and (work[q] == 0 or work[q] + hi - lo <= share)
-            if room and corr - c[q] <= rho * max(others, 1) and (
-                    best < 0 or c[q] > c[best] or (c[q] == c[best] and work[q] < work[best])):
+            if load[q] < cap and total - c[q] <= rho * max(others, 1) and (
+                    best < 0 or c[q] > c[best] or (c[q] == c[best] and load[q] < load[best])):
                 best = q
         if best < 0:
             continue
         owner[t] = best
         load[best] += 1
-        work[best] += hi - lo
-        inv = 1.0 / col_norm[j]
         for k in range(lo, hi):
-            acc[rows[k], best] += abs(values[k]) * inv
+            acc[rows[k], best] += abs(values[k]) / col_norm[j]
     acc[:] = 0.0  # leave acc as it came: zeros (one pass over it, not over the dealt columns again)
     return owner
 
