@@ -1,0 +1,68 @@
+"""The Lasso's dual point from its support's least squares (``lasso_support``): its
+products are the matrix's, its value is a lower bound on the optimum from any point, and
+from a point on the optimum's support it closes the gap the scaled residual leaves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paramserver.apps.rounds.lasso_math import _residual, _xtr, duality_gap, lambda_max, objective
+from paramserver.apps.rounds.lasso_support import _columns_dot, _columns_times, support_dual
+from paramserver.apps.rounds.matrix import Matrix
+
+sklearn = pytest.importorskip("sklearn.linear_model")
+
+
+def _matrix(X: np.ndarray, y: np.ndarray) -> Matrix:
+    nz = [np.flatnonzero(X[:, j]) for j in range(X.shape[1])]
+    colptr = np.r_[0, np.cumsum([r.size for r in nz])].astype(np.int64)
+    rows = np.concatenate(nz).astype(np.int64)
+    values = np.concatenate([X[r, j] for j, r in enumerate(nz)])
+    return Matrix(y=y.astype(np.float64), colptr=colptr, rows=rows, values=values)
+
+
+def _problem(seed=0, n=200, d=80):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d)) * (rng.random((n, d)) < 0.3)
+    X[:, 1] = X[:, 0] + 0.01 * rng.standard_normal(n)  # a nearly collinear pair: coordinate descent creeps there
+    w = np.zeros(d)
+    w[:12] = rng.standard_normal(12)
+    return X, X @ w + 0.1 * rng.standard_normal(n)
+
+
+def test_the_products_are_the_columns_own():
+    X, y = _problem()
+    m = _matrix(X, y)
+    cols = np.array([0, 3, 7, 50], np.int64)
+    x = np.array([1.5, -2.0, 0.0, 0.25])
+    out = np.empty(X.shape[0])
+    _columns_times(m.colptr, m.rows, m.values, cols, x, out)
+    np.testing.assert_allclose(out, X[:, cols] @ x, rtol=1e-12, atol=1e-12)
+    back = np.empty(cols.size)
+    _columns_dot(m.colptr, m.rows, m.values, cols, y, back)
+    np.testing.assert_allclose(back, X[:, cols].T @ y, rtol=1e-12)
+
+
+@pytest.mark.parametrize("ratio", [5, 50])
+def test_it_bounds_the_optimum_and_closes_the_gap_on_the_support(ratio):
+    X, y = _problem()
+    m = _matrix(X, y)
+    lam = lambda_max(m) / ratio
+    best = sklearn.Lasso(alpha=lam, fit_intercept=False, tol=1e-14, max_iter=1_000_000).fit(X, y).coef_
+    optimum = objective(m, best, lam)
+    # a point on the optimum's support and signs, but off it: the coefficients shrunk by a tenth
+    w = 0.9 * best
+    r = _residual(m.colptr, m.rows, m.values, m.y, w)
+    primal, gap = duality_gap(m, w, r, _xtr(m.colptr, m.rows, m.values, r), lam)
+    assert gap > 1e-3 * primal  # the scaled residual leaves a wide gap there
+    dual = support_dual(m, w, lam, primal, 1e-12)
+    assert dual <= optimum * (1 + 1e-12)  # a lower bound, always
+    assert optimum - dual <= 1e-9 * optimum  # and a tight one: every non-zero meets its condition
+    # from a point whose support is wrong it is still a lower bound, however loose
+    rng = np.random.default_rng(1)
+    wrong = rng.standard_normal(X.shape[1]) * (rng.random(X.shape[1]) < 0.2)
+    r = _residual(m.colptr, m.rows, m.values, m.y, wrong)
+    assert support_dual(m, wrong, lam, duality_gap(m, wrong, r, _xtr(m.colptr, m.rows, m.values, r), lam)[0],
+                        1e-12) <= optimum * (1 + 1e-12)
+    assert support_dual(m, np.zeros(X.shape[1]), lam, 1.0, 1e-4) == -np.inf
