@@ -197,7 +197,6 @@ def test_coefficients_travel_as_float64_to_two_to_the_minus_48():
     assert (np.abs(rows[:, 0].astype(np.float64) - w) > np.abs(w) * 2.0 ** -30).any()  # one float32 would not do
 
 
-
 def _dealt_by_hand(colptr, rows, values, norm, cand, workers, cap, rho):
     """``_deal``'s rule written out plainly: each candidate to the worker it correlates with
     most, under ``cap``, unless its correlation with the others' passes ``rho`` a coordinate."""
