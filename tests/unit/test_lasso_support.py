@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.lasso_math import _residual, _xtr, duality_gap, lambda_max, objective
-from paramserver.apps.rounds.lasso_support import _columns_dot, _columns_times, support_dual
+from paramserver.apps.rounds.lasso_support import _columns_dot, _columns_times, support_dual, worth_trying
 from paramserver.apps.rounds.matrix import Matrix
 
 sklearn = pytest.importorskip("sklearn.linear_model")
@@ -66,3 +66,10 @@ def test_it_bounds_the_optimum_and_closes_the_gap_on_the_support(ratio):
     assert support_dual(m, wrong, lam, duality_gap(m, wrong, r, _xtr(m.colptr, m.rows, m.values, r), lam)[0],
                         1e-12) <= optimum * (1 + 1e-12)
     assert support_dual(m, np.zeros(X.shape[1]), lam, 1.0, 1e-4) == -np.inf
+
+
+def test_a_check_tries_it_only_near_the_end_whatever_the_tolerance():
+    assert worth_trying(2e-3, 1.0, 1e-4) and not worth_trying(4e-3, 1.0, 1e-4)  # 30 tol
+    assert not worth_trying(5e-5, 1.0, 1e-4)  # certified already
+    assert worth_trying(5e-3, 1.0, 0.001) and not worth_trying(0.02, 1.0, 0.001)  # never from past 1e-2
+    assert not worth_trying(0.5, 1.0, 0.1)  # a loose tolerance does not make every check try

@@ -49,7 +49,7 @@ from paramserver.apps.rounds.lasso_math import (
     lambda_max,
 )
 from paramserver.apps.rounds.lasso_pairs import by_row, pair_steps, twins
-from paramserver.apps.rounds.lasso_support import SUPPORT_AT, support_dual
+from paramserver.apps.rounds.lasso_support import support_dual, worth_trying
 from paramserver.apps.rounds.matrix import Matrix, read_libsvm_matrix
 from paramserver.apps.rounds.program import (
     NO_CHECKPOINTS,
@@ -115,7 +115,7 @@ class LassoProgram(ScheduledCD):
         if r_acc is not None:  # a far better dual point than the residual's, near the optimum
             dual = max(dual, dual_value(m, r_acc, _xtr(m.colptr, m.rows, m.values, r_acc), lam))
         gap = primal - max(dual, self.best_dual)
-        if self.cfg.tol * primal < gap <= SUPPORT_AT * self.cfg.tol * primal:  # the support's own least squares
+        if worth_trying(gap, primal, self.cfg.tol):  # the support's own least squares
             dual = max(dual, support_dual(m, self.w, lam, primal, self.cfg.tol))
         return primal, dual
 

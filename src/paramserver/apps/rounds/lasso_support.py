@@ -28,8 +28,16 @@ from paramserver.apps.rounds.lasso_math import _residual, _xtr, dual_value
 from paramserver.apps.rounds.matrix import Matrix
 
 #: try once the gap is within this many times the tolerance: 200 steps take it down 10-30x
-#: where the support has settled (a try costs as much as 4-8 rounds on news20)
-SUPPORT_AT = 30
+#: where the support has settled (a try costs as much as 4-8 rounds on news20); and never
+#: before it is within this share of the objective, whatever the tolerance (the support
+#: still moves there: a try from 3e-2 at λ_max/2000 failed and gave back what it saved)
+SUPPORT_AT, SUPPORT_FROM = 30, 1e-2
+
+
+def worth_trying(gap: float, primal: float, tol: float) -> bool:
+    """Whether a check with duality gap ``gap`` at objective ``primal`` tries the support's
+    dual point: not yet certified to ``tol``, and near enough for 200 steps to finish it."""
+    return tol * primal < gap <= min(SUPPORT_AT * tol, SUPPORT_FROM) * primal
 #: conjugate-gradient steps a check at most, and how often the dual point is looked at
 STEPS, LOOK = 200, 25
 
