@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.lasso_math import _residual, _xtr, duality_gap, lambda_max, objective
-from paramserver.apps.rounds.lasso_support import _columns_dot, _columns_times, support_dual, worth_trying
+from paramserver.apps.rounds.lasso_support import _columns_dot, _gram_times, support_dual, worth_trying
 from paramserver.apps.rounds.matrix import Matrix
 
 sklearn = pytest.importorskip("sklearn.linear_model")
@@ -36,9 +36,10 @@ def test_the_products_are_the_columns_own():
     m = _matrix(X, y)
     cols = np.array([0, 3, 7, 50], np.int64)
     x = np.array([1.5, -2.0, 0.0, 0.25])
-    out = np.empty(X.shape[0])
-    _columns_times(m.colptr, m.rows, m.values, cols, x, out)
-    np.testing.assert_allclose(out, X[:, cols] @ x, rtol=1e-12, atol=1e-12)
+    u, gram = np.empty(X.shape[0]), np.empty(cols.size)
+    _gram_times(m.colptr, m.rows, m.values, cols, x, u, gram)
+    np.testing.assert_allclose(-u, X[:, cols] @ x, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gram, X[:, cols].T @ (X[:, cols] @ x), rtol=1e-12, atol=1e-12)
     back = np.empty(cols.size)
     _columns_dot(m.colptr, m.rows, m.values, cols, y, back)
     np.testing.assert_allclose(back, X[:, cols].T @ y, rtol=1e-12)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from paramserver.apps.rounds.lasso_math import _residual, _xtr, dual_value
+from paramserver.apps.rounds.lasso_math import _apply, _residual, _xtr, dual_value
 from paramserver.apps.rounds.matrix import Matrix
 
 #: try once the gap is within this many times the tolerance: 200 steps take it down 10-30x
@@ -32,26 +32,14 @@ from paramserver.apps.rounds.matrix import Matrix
 #: before it is within this share of the objective, whatever the tolerance (the support
 #: still moves there: a try from 3e-2 at λ_max/2000 failed and gave back what it saved)
 SUPPORT_AT, SUPPORT_FROM = 30, 1e-2
+#: conjugate-gradient steps a check at most, and how often the dual point is looked at
+STEPS, LOOK = 200, 25
 
 
 def worth_trying(gap: float, primal: float, tol: float) -> bool:
     """Whether a check with duality gap ``gap`` at objective ``primal`` tries the support's
     dual point: not yet certified to ``tol``, and near enough for 200 steps to finish it."""
     return tol * primal < gap <= min(SUPPORT_AT * tol, SUPPORT_FROM) * primal
-#: conjugate-gradient steps a check at most, and how often the dual point is looked at
-STEPS, LOOK = 200, 25
-
-
-@njit(nogil=True, cache=True)
-def _columns_times(colptr, rows, values, cols, x, out):  # type: ignore[no-untyped-def]
-    """``out = X[:, cols] @ x``."""
-    out[:] = 0.0
-    for t in range(cols.shape[0]):
-        xt = x[t]
-        if xt != 0.0:
-            j = cols[t]
-            for k in range(colptr[j], colptr[j + 1]):
-                out[rows[k]] += values[k] * xt
 
 
 @njit(nogil=True, cache=True)
@@ -66,11 +54,20 @@ def _columns_dot(colptr, rows, values, cols, u, out):  # type: ignore[no-untyped
 
 
 @njit(nogil=True, cache=True)
+def _gram_times(colptr, rows, values, cols, x, u, out):  # type: ignore[no-untyped-def]
+    """``out = X_SᵀX_S·x`` (``u``: an ``n``-vector of scratch, left as ``−X_S·x``)."""
+    u[:] = 0.0
+    _apply(colptr, rows, values, cols, x, u)
+    _columns_dot(colptr, rows, values, cols, u, out)
+    for t in range(cols.shape[0]):
+        out[t] = -out[t]
+
+
+@njit(nogil=True, cache=True)
 def _cg_start(colptr, rows, values, cols, rhs, x, u, res, p):  # type: ignore[no-untyped-def]
     """The residual ``res = rhs − X_SᵀX_S·x`` and the first direction ``p = res``; returns
     ``res·res``."""
-    _columns_times(colptr, rows, values, cols, x, u)
-    _columns_dot(colptr, rows, values, cols, u, res)
+    _gram_times(colptr, rows, values, cols, x, u, res)
     rs = 0.0
     for t in range(cols.shape[0]):
         res[t] = rhs[t] - res[t]
@@ -86,8 +83,7 @@ def _cg_steps(colptr, rows, values, cols, x, u, res, p, ap, rs, steps):  # type:
     for _ in range(steps):
         if rs == 0.0:
             break
-        _columns_times(colptr, rows, values, cols, p, u)
-        _columns_dot(colptr, rows, values, cols, u, ap)
+        _gram_times(colptr, rows, values, cols, p, u, ap)
         pap = 0.0
         for t in range(cols.shape[0]):
             pap += p[t] * ap[t]
