@@ -176,14 +176,17 @@ def test_unscheduled_and_ssp_modes_keep_the_counts_too(tmp_path, args):
     topics are still found.  These rounds sample from counts a round stale, and which ones
     depends on timing: on 200 documents and 60 sweeps about one run in twenty sat in a local
     mode (a topic across two planted sets, or not yet separated), with either random stream;
-    on 300 documents and 120 sweeps none of 52 did (seed 0, every mode here).  MH sweeps
+    on 300 documents and 120 sweeps none of 52 did (seed 0, every mode here) on a quiet
+    machine, but under AD-LDA at SSP 2 with a second process spinning on the other core two
+    of 30 had not yet separated (the largest topic mass 0.86 to 0.5); at 240 sweeps none of
+    30 (nor 20 of ``mh`` there, nor 15 of ``hybrid``), so the test gives it 240.  MH sweeps
     escape a local mode less readily: under AD-LDA at SSP 2, seeds 0-5 left one run of
     ``mh`` and one or two of ``hybrid`` (one MH step, then exact sweeps) there, none of
     ``sparse``; at SSP 1 with the words rotated, one of seeds 0-9 for each, so ``hybrid``
     is here with BSP rounds (none of 10)."""
     path = _planted(tmp_path / "c.ldac", docs=300)
     out = tmp_path / "model"
-    run = _cli("--data", str(path), "--topics", "4", "--iterations", "120", "--save", str(out), *args)
+    run = _cli("--data", str(path), "--topics", "4", "--iterations", "240", "--save", str(out), *args)
     assert json.loads(run.stdout.strip().splitlines()[-1])["counts_consistent"]
     n_kw = np.load(out / "topic_word.npy")
     mass = n_kw.reshape(4, 4, 25).sum(2) / n_kw.sum(1, keepdims=True)
