@@ -242,6 +242,15 @@ def test_a_truncated_gzip_is_named_in_one_line(tmp_path):
         read_all([str(cut)], DataFormat("libsvm"))
 
 
+def test_a_plain_file_named_gz_is_refused_by_name_before_its_first_read(tmp_path):
+    """It failed in the worker with 'BadGzipFile: Not a gzipped file' and no file name."""
+    plain = tmp_path / "day0.tsv.gz"
+    plain.write_bytes(b"1\t5\t\ta1b2\n" * 10)
+    with pytest.raises(DataError, match=r"day0.tsv.gz: its name ends in .gz but it starts as b'1\\t5\\t.*', not "
+                                        r"gzip data; rename it to what it holds \(without .gz if it is plain text\)"):
+        read_all([str(plain)], DataFormat("criteo"))
+
+
 def test_skip_bad_lines_fails_when_most_lines_are_bad(tmp_path):
     """news20 multiclass with --skip-bad-lines skipped 14 358 of 15 935 lines and exited 0."""
     path = tmp_path / "multi.svm"

@@ -184,6 +184,13 @@ def test_the_matrix_reader_reads_columns_and_checks_the_width(tmp_path):
     (tmp_path / "empty.svm").write_text("\n\n")
     with pytest.raises(DataError, match="no data lines"):
         read_libsvm_matrix(str(tmp_path / "empty.svm"))
+    (tmp_path / "targets.svm").write_text("1\n-1\n")  # was a bare "zero-size array" ValueError in lambda_max
+    with pytest.raises(DataError, match=r"targets.svm: none of its 2 lines has a feature \(only targets\)"):
+        read_libsvm_matrix(str(tmp_path / "targets.svm"))
+    (tmp_path / "hashed.svm").write_text("1 2:1\n-1 99999999999:1\n")  # was a MemoryError
+    with pytest.raises(DataError, match=r"hashed.svm: data line 2 has feature index 99,999,999,999, and every "
+                                        r"feature up to it gets a coefficient: that takes about [\d,.]+ GiB"):
+        read_libsvm_matrix(str(tmp_path / "hashed.svm"))
 
 
 def test_coefficients_travel_as_float64_to_two_to_the_minus_48():

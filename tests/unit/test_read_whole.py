@@ -34,3 +34,34 @@ def test_a_truncated_archive_and_a_binary_file_are_refused_by_what_they_are(tmp_
     binary.write_bytes(b"PK\x03\x04" + bytes(range(256)))
     with pytest.raises(DataError, match=r"holds NUL bytes \(the first at byte 4\): it is binary"):
         read_corpus(str(binary))  # not taken for a text corpus of odd words
+
+
+@pytest.mark.parametrize(("name", "data", "says"), [
+    ("plain.txt.gz", TEXT, r"plain.txt.gz: its name ends in .gz but it starts as b'2 0:1 3:2\\n1 1:4\\n', "
+                           r"not gzip data"),
+    ("plain.txt.bz2", TEXT, r"its name ends in .bz2 but it starts as b'2 0:1 3:2.*', not bz2 data"),
+    ("packed.txt.xz", gzip.compress(TEXT), r"its name ends in .xz but it starts as gzip data"),
+])
+def test_a_file_named_as_compressed_data_that_is_not_is_refused_by_name(tmp_path, name, data, says):
+    """Not the decompressor's bare words at the first read ('Invalid data stream', an LZMAError
+    traceback): the file, what its bytes are, and the fix."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=says + r".*rename it to what it holds"):
+        read_whole(str(path))
+    good = tmp_path / "good.txt.xz"
+    good.write_bytes(lzma.compress(TEXT))
+    assert read_whole(str(good))[0] == TEXT
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (b"1 0:1\n1 99999999999:2\n", r"c.txt:2: word id 99,999,999,999, and every word up to it gets a row of counts: "
+                                  r"that takes about [\d,.]+ GiB, and this machine has [\d,.]+ GiB free; number "
+                                  r"the words from 0 without gaps"),
+    (b"2\n99999999999\n1\n1 1 2\n", r"c.txt: the header's V=99,999,999,999, .* give the vocabulary's true size"),
+])
+def test_a_word_id_past_this_machines_memory_is_refused_before_any_array(tmp_path, text, says):
+    path = tmp_path / "c.txt"
+    path.write_bytes(text)
+    with pytest.raises(DataError, match=says):
+        read_corpus(str(path))

@@ -39,13 +39,34 @@ def is_plain_local(path: str) -> bool:
 
 def open_input(path: str) -> IO[bytes]:
     """``path`` opened for reading bytes, decompressed by its extension (fsspec's
-    ``compression="infer"``)."""
+    ``compression="infer"``); a local file whose name says gzip, bz2 or xz and whose first
+    bytes do not is refused by name (a plain file named ``.gz``), not at its first read."""
     if is_plain_local(path):
         return open(os.path.expanduser(os.fspath(path)), "rb")
+    if "://" not in path:
+        check_compressed_name(os.fspath(path))
     import fsspec
 
     opened: IO[bytes] = fsspec.open(path, "rb", compression="infer").open()
     return opened
+
+
+def check_compressed_name(path: str) -> None:
+    """Refuse a local file named as compressed data (``MAGIC``'s) that does not start as it:
+    a plain file named ``.gz`` (or gzip named ``.xz``) fails at its first read otherwise,
+    with the decompressor's words and no file name."""
+    for magic, kind, suffix in MAGIC:
+        if path.endswith(suffix):
+            with open(os.path.expanduser(path), "rb") as f:
+                head = f.read(16)
+            if head and not head.startswith(magic):
+                from paramserver.data.batch import DataError
+
+                found = compressed_as(head)
+                said = f"{found[0]} data" if found else f"{head!r}, not {kind} data"
+                raise DataError(f"{path}: its name ends in {suffix} but it starts as {said}; rename it to what it "
+                                f"holds (without {suffix} if it is plain text), or compress it with {kind}")
+            return
 
 
 def fsspec_filesystem(path: str) -> tuple[Any, str]:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import fsspec
 import numpy as np
 
-from paramserver.data.files import compressed_as
+from paramserver.data.files import check_compressed_name, compressed_as
 from paramserver.data.reader import DataError, _check_exists
+from paramserver.store.memory import available_memory
 
 NL = 10
 
@@ -21,6 +22,8 @@ def read_whole(path: str) -> tuple[bytes, np.ndarray]:
         DataError: the file is missing or empty, or binary (a NUL byte in its first MiB).
     """
     _check_exists(path)
+    if "://" not in path:
+        check_compressed_name(path)
     with fsspec.open(path, "rb", compression="infer") as f:
         raw = f.read()
     raw = _uncompressed(path, raw)
@@ -51,6 +54,17 @@ def _uncompressed(path: str, raw: bytes) -> bytes:
     except (OSError, EOFError, ValueError, lzma.LZMAError) as exc:
         raise DataError(f"{path} starts as {kind} data but does not decompress ({exc}): a truncated or damaged "
                         "file; give it whole") from None
+
+
+def check_fits(where: str, count: int, each: int, fix: str) -> None:
+    """Refuse ``count`` things of ``each`` bytes (a column for every feature index up to the
+    largest, a row for every word id) that would not fit in this machine's free memory, as
+    ``where`` (the file, and the line or header that asks for them) says; else the arrays'
+    allocation fails with a bare MemoryError."""
+    free = available_memory()
+    if free and count * each > free:
+        raise DataError(f"{where}: that takes about {count * each / 2**30:,.1f} GiB, and this machine has "
+                        f"{free / 2**30:,.1f} GiB free; {fix}")
 
 
 def bad_line(path: str, raw: bytes, buf: np.ndarray, at: int, what: str, fix: str) -> DataError:

@@ -26,7 +26,7 @@ from paramserver.apps.rounds.corpus_text import is_text, read_text
 from paramserver.apps.rounds.fields import line_end, separators, split_fields
 from paramserver.data.parse import line_head, next_token, parse_int
 from paramserver.data.reader import DataError
-from paramserver.data.whole import bad_line, read_whole
+from paramserver.data.whole import bad_line, check_fits, read_whole
 from paramserver.errors import ConfigError
 
 _BLANKS = separators(b" \t\r")
@@ -101,6 +101,11 @@ def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def
     return docs, "", -1
 
 
+#: bytes a word id costs whether any document has it: its topics' counts at the default 50
+#: topics (4 bytes each) and its own counts and places
+WORD_BYTES = 256
+
+
 @dataclass(frozen=True)
 class Corpus:
     """Documents as token runs: document d's tokens are ``words[doc_ptr[d]:doc_ptr[d+1]]``."""
@@ -157,6 +162,8 @@ def read_corpus(path: str, vocabulary: str | None = None) -> Corpus:
                         f"LDA-C ('N word:count …'); {form}") from None
     if n_docs < 1 or n_words < 1 or nnz < 0:
         raise DataError(f"{path}: header D={n_docs}, V={n_words}, NNZ={nnz}; D and V must be >= 1; {form}")
+    check_fits(f"{path}: the header's V={n_words:,}, and every word gets a row of counts", n_words, WORD_BYTES,
+               "give the vocabulary's true size")
     start = sum(len(h) + 1 for h in head[:3])
     lines = raw.count(b"\n", start)
     doc_of, word_of, count_of = (np.empty(lines, np.int64) for _ in range(3))
@@ -181,6 +188,10 @@ def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
     n = int(doc_ptr[docs])
     if docs == 0 or n == 0:
         raise DataError(f"{path} has no words; expected LDA-C lines 'N word:count …'")
+    top = int(np.argmax(word_of[:n]))
+    line = int(np.searchsorted(doc_ptr[1:docs + 1], top, side="right")) + 1
+    check_fits(f"{path}:{line}: word id {int(word_of[top]):,}, and every word up to it gets a row of counts",
+               int(word_of[top]) + 1, WORD_BYTES, "number the words from 0 without gaps")
     doc_of = np.repeat(np.arange(docs), np.diff(doc_ptr[:docs + 1]))
     c = _expand(doc_of, word_of[:n], count_of[:n], docs, int(word_of[:n].max()) + 1)
     return Corpus(c.doc_ptr, c.words, c.vocabulary, from_ldac=True)

@@ -17,7 +17,7 @@ from numba import njit
 
 from paramserver.data.parse import line_head, next_token, parse_float, parse_int
 from paramserver.data.reader import DataError
-from paramserver.data.whole import bad_line, read_whole
+from paramserver.data.whole import bad_line, check_fits, read_whole
 
 
 @njit(nogil=True, cache=True)
@@ -91,6 +91,20 @@ def _to_csc(indptr, cols, vals, n_cols):  # type: ignore[no-untyped-def]
     return counts, rows, out
 
 
+#: bytes a column costs whether any row has it: its pointer here, and a solver's arrays of one
+#: float a feature (coefficient, priority, norm, curvature, gradient, ...: ``coordinate.py``)
+COLUMN_BYTES = 128
+
+
+def _check_width(path: str, width: int, indptr: np.ndarray, cols: np.ndarray) -> None:
+    """Refuse a feature index so large that a column up to it would not fit in memory:
+    indices are column numbers (every one up to the largest gets a coefficient), and a
+    hashed feature's 64-bit index is not one."""
+    row = int(np.searchsorted(indptr[1:], int(np.argmax(cols)), side="right"))
+    check_fits(f"{path}: data line {row + 1} has feature index {width:,}, and every feature up to it gets a "
+               "coefficient", width, COLUMN_BYTES, "number the features from 1 without gaps (or hash them into fewer)")
+
+
 @dataclass(frozen=True)
 class Matrix:
     """``n_rows × n_cols`` sparse data by column (``colptr``, ``rows``, ``values``: CSC)
@@ -132,13 +146,17 @@ def read_libsvm_matrix(path: str, n_features: int | None = None) -> Matrix:
     if n == 0:
         raise DataError(f"{path} has no data lines; expected LIBSVM lines 'target index:value ...'")
     nnz = int(indptr[n])
+    if nnz == 0:
+        raise DataError(f"{path}: none of its {n:,} lines has a feature (only targets); expected LIBSVM lines "
+                        "'target index:value ...'")
     cols, vals = cols[:nnz], vals[:nnz]
-    seen = int(cols.max()) + 1 if nnz else 0
+    seen = int(cols.max()) + 1
     width = seen if n_features is None else n_features
     if seen > width:
         row = int(np.searchsorted(indptr[1:n + 1], int(np.argmax(cols >= width)), side="right"))
         raise DataError(f"{path}: data line {row + 1} has feature index {int(cols.max()) + 1}, above the "
                         f"{width} features expected; give a larger number of features or fix the file")
+    _check_width(path, width, indptr[:n + 1], cols)
     row, col = _first_duplicate(indptr[:n + 1], cols, width)
     if row >= 0:
         raise DataError(f"{path}: data line {row + 1} has feature {col + 1} twice; LIBSVM has one value a "
