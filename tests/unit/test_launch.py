@@ -125,3 +125,17 @@ def test_cold_dir_goes_to_a_local_clusters_servers_and_a_bad_one_is_refused_befo
     assert main(["train", "--data", "x.tsv", "--table-memory", "1M", "--cold-dir", str(blocked / "sub")]) == 2
     err = capsys.readouterr().err
     assert "cannot be created" in err and "--cold-dir" in err, err
+
+
+def test_more_local_nodes_than_free_memory_holds_are_refused_before_any_starts(monkeypatch):
+    """``--workers 100000`` forked until the machine ran out of memory, the command silent."""
+    from paramserver.cluster import process
+
+    monkeypatch.setattr(process, "available_memory", lambda: 1 << 30)  # 1 GiB free: 31 nodes of 32 MiB
+    with pytest.raises(ConfigError, match=r"1 server\(s\) and 31 worker\(s\) on this machine: each node is a "
+                                          r"process of 32 MiB at the least, 1.0 GiB together, and 1.0 GiB are "
+                                          r"free; start fewer \(--workers, --servers\)"):
+        LocalCluster(servers=1, workers=31)
+    process.check_room(1, 30)  # 32 nodes of 32 MiB: 1 GiB exactly, room for them
+    monkeypatch.setattr(process, "available_memory", lambda: 0)  # unknown: nothing refused
+    process.check_room(1, 10 ** 6)

@@ -41,7 +41,7 @@ from paramserver._runtime import collector
 from paramserver._runtime.warm import Warmup
 from paramserver.client.client import Client
 from paramserver.client.warmup import warm_client
-from paramserver.cluster.process import NodeProcess, end_all, fork_node, fork_safe, spawn_node, wait_all
+from paramserver.cluster.process import NodeProcess, check_room, end_all, fork_node, fork_safe, spawn_node, wait_all
 from paramserver.cluster.process import exit_with_parent as exit_with_parent  # cli.main's import
 from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
 from paramserver.config import load_config
@@ -107,6 +107,7 @@ class LocalCluster(RunsFunctions):
             raise ValueError(f"workers must be an int >= 0, got {workers!r}")
         if start_method not in ("fork", "spawn"):
             raise ValueError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
+        check_room(servers, workers)
         if memory_limit_mb is not None and (isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int)
                                             or memory_limit_mb < 64):
             raise ValueError(f"memory_limit_mb must be an int >= 64 (or None), got {memory_limit_mb!r}")

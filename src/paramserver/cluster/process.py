@@ -30,6 +30,8 @@ from typing import Any, NoReturn
 
 from paramserver._runtime.proctitle import prepare as prepare_title
 from paramserver._runtime.warm import inherited as warm_inherited
+from paramserver.errors import ConfigError
+from paramserver.store.memory import available_memory
 
 logger = logging.getLogger(__name__)
 #: the node command a forked child runs: ``paramserver``'s entry point, handed in from above
@@ -260,3 +262,20 @@ def exit_with_parent(pid: int, interval_s: float = 0.5) -> None:
         os._exit(3)
 
     threading.Thread(target=watch, name="paramserver-parent-watch", daemon=True).start()
+
+
+#: memory a node takes of its own at the least (its private pages, forked from this process:
+#: a scheduler's 23 MB idle, a server's 53 MB and a worker's 112-120 MB in the default job)
+NODE_BYTES = 32 << 20
+
+
+def check_room(servers: int, workers: int) -> None:
+    """Refuse nodes that this machine's free memory cannot hold, before any starts: 10^5
+    workers otherwise fork until the machine is out of memory, the command silent."""
+    free = available_memory()
+    nodes = servers + workers + 1  # and the scheduler
+    if free and nodes * NODE_BYTES > free:
+        raise ConfigError(f"{servers:,} server(s) and {workers:,} worker(s) on this machine: each node is a process "
+                          f"of {NODE_BYTES >> 20} MiB at the least, {nodes * NODE_BYTES / 2**30:,.1f} GiB together, "
+                          f"and {free / 2**30:,.1f} GiB are free; start fewer (--workers, --servers), or run them on "
+                          "more machines (--cluster tcp://HOST:PORT)")
