@@ -117,3 +117,14 @@ def test_lasso_logistic_solves_to_liblinears_objective_with_the_kkt_filter(tmp_p
     saved = json.loads(metrics.read_text())
     assert saved["active_set"] == [h["active_set"] for h in saved["history"]]
     assert saved["nonzeros"] == np.count_nonzero(coef) > 0
+
+
+def test_a_lambda_at_float64s_resolution_stops_when_nothing_moves_and_says_why(tmp_path):
+    """λ_max / 10^300: the gap sat at the objective itself, and the job ran its 10^6 rounds."""
+    path = tmp_path / "tiny.svm"
+    path.write_text("1 1:0.5 3:1\n-1 2:1\n")
+    run = _cli("--data", str(path), "--lambda-ratio", "1e300", "--json")
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["stuck"] and not report["converged"] and report["rounds"] < 100
+    said = " ".join(run.stderr.split())  # the console wraps its lines
+    assert "nothing moved over 10 checks" in said and "a smaller --lambda-ratio" in said

@@ -212,7 +212,12 @@ def lasso(args: argparse.Namespace) -> int:
                            kkt_filter=args.kkt_filter, intercept=args.intercept, filters=args.filters, watch=watch)
     report.pop("history", None)
     _round_report("lasso", args, report)
-    if report["stalled"] and not report["converged"]:
+    if report["stuck"] and not report["converged"]:
+        console(True).print(f"lasso: nothing moved over 10 checks, the objective nor the duality gap (at "
+                            f"{report['relative_gap']:.2g} of the objective, above --tol {args.tol:g}): λ = "
+                            f"{report['lambda']:.3g} is at the resolution of float64 for this data, where no gap "
+                            "can be certified; give a larger λ (a smaller --lambda-ratio)")
+    elif report["stalled"] and not report["converged"]:
         err = console(True)
         err.print(f"lasso: the objective stopped improving (by less than 1e-9 of itself over 10 checks) with the "
                   f"duality gap at {report['relative_gap']:.2g} of it, above --tol {args.tol:g}: the gap is a loose "

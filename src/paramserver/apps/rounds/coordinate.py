@@ -214,6 +214,15 @@ class ScheduledCD:
         return (len(h) > 10 and h[-1]["objective"] >= h[-11]["objective"] * (1 - 1e-9)
                 and h[-1]["gap"] >= 0.5 * h[-11]["gap"] and self.gap <= 100 * self.cfg.tol * self.primal)
 
+    @property
+    def stuck(self) -> bool:
+        """Nothing moved over the last 10 checks, the objective nor the gap, whatever the gap:
+        the rounds to come would find the same point.  A λ at float64's resolution of the loss
+        (news20's λ_max / 10^300) left the gap at the objective itself for 10^6 rounds."""
+        h = self.history
+        return len(h) > 10 and all(x["objective"] == h[-1]["objective"] and x["gap"] == h[-1]["gap"]
+                                   for x in h[-11:])
+
     def converged(self, round_: int) -> bool:
         """Check every ``check_passes`` passes over the working set, and at once after a pass
         that moved no coordinate (every worker sees the same pulled values, so all agree):
@@ -226,7 +235,7 @@ class ScheduledCD:
             t = time.perf_counter()
             self._check(round_)
             self.check_seconds += time.perf_counter() - t
-        return self.solved or self.stalled
+        return self.solved or self.stalled or self.stuck
 
     # -- the three functions of a scheduled program ------------------------------------------------------
     def schedule(self, round_: int, workers: int) -> list[np.ndarray]:

@@ -149,7 +149,8 @@ def lasso_worker(client: Any, path: str, n_features: int, cfg: LassoConfig, work
             "phase_seconds": {**{k: round(v, 3) for k, v in stats.seconds.items()},
                               "check": round(program.check_seconds, 3)},
             "updates": program.updates, "objective": program.primal, "gap": program.gap, "checks": program.checks,
-            "converged": program.solved, "stalled": program.stalled, "kkt_skipped": program.kkt_skipped,
+            "converged": program.solved, "stalled": program.stalled, "stuck": program.stuck,
+            "kkt_skipped": program.kkt_skipped,
             "history": program.history}
 
 
@@ -273,7 +274,8 @@ def solution_report(m: Matrix, w: np.ndarray, cfg: LassoConfig, head: dict[str, 
     return {"objective": primal, "duality_gap": gap, "relative_gap": gap / primal if primal else 0.0,
             "nonzeros": int(np.count_nonzero(w)), "seconds": seconds, "rounds": head["rounds"],
             "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"] or gap <= cfg.tol * primal),
-            "stalled": bool(head["stalled"]), "phase_seconds": head["phase_seconds"], "lambda": cfg.lam,
+            "stalled": bool(head["stalled"]), "stuck": bool(head.get("stuck", False)),
+            "phase_seconds": head["phase_seconds"], "lambda": cfg.lam,
             "loss": cfg.loss, "intercept": b, "kkt_filter": cfg.kkt_filter,
             "kkt_skipped": int(head.get("kkt_skipped", 0)),
             "active_set": [int(h.get("active_set", 0)) for h in head["history"]]}
