@@ -200,6 +200,7 @@ def test_unscheduled_and_ssp_modes_keep_the_counts_too(tmp_path, args):
     (["--beta", "-1"], "--beta must be"),
     (["--save", "FILE"], "is a file"),
     (["--staleness", "-1"], "--staleness must be a whole number in [0, 64]"),
+    (["--seed", "-1"], "--seed must be a whole number in [0, 2^63), got -1"),
     (["--sampler", "mh", "--mh-steps", "0"], "--mh-steps must be a whole number in [1, 64]"),
     (["--mh-share", "0"], "--mh-share must be a number in (0, 1]"),
     (["--sampler", "gibbs"], "invalid choice: 'gibbs' (choose from 'auto', 'sparse', 'mh', 'hybrid')"),

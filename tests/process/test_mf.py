@@ -119,6 +119,7 @@ def test_predicts_held_out_ratings_better_than_the_biases_alone(tmp_path):
     (["--lr", "2"], "--lr must be"),
     (["--predictions-out", "PRED"], "--predictions-out needs --test"),
     (["--save", "FILE"], "is a file"),
+    (["--seed", "-1"], "--seed must be a whole number in [0, 2^63), got -1"),  # was numpy's bare ValueError
 ])
 def test_bad_flags_are_refused_before_any_work(tmp_path, args, message):
     _, _, train_path, _ = _ratings(tmp_path, n=200)

@@ -98,6 +98,9 @@ def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert not os.path.exists(out)
     with pytest.raises(ConfigError, match="--rows"):
         write_drift(out, 0, 2)
+    for shape in ("heavy", "drift"):  # numpy's bare "expected non-negative integer" before
+        assert main(["synth", "--shape", shape, "--rows", "10", "--seed", "-1", "--out", out]) == 2
+        assert "--seed must be a whole number in [0, 2^63), got -1" in capsys.readouterr().err
 
 
 def test_cli_defaults_to_seven_days(tmp_path: Path) -> None:

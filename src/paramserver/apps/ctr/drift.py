@@ -49,6 +49,7 @@ from paramserver.apps.ctr.synth import (
     _margin,
     _write_rows,
     bias_for,
+    check_seed,
 )
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
@@ -154,6 +155,7 @@ def write_drift(out_dir: str, rows: int, days: int = DEFAULT_DAYS, seed: int = 0
     if missing); return bytes."""
     _check_int("--rows", rows, 1)
     _check_int("--days", days, 1)
+    check_seed(seed)
     if out_dir.endswith(".gz"):
         raise ConfigError(f"--shape drift writes a folder of day files; --out {out_dir!r} names a .gz file")
     if os.path.isfile(out_dir):

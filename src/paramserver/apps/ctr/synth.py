@@ -145,6 +145,12 @@ def _chunk(rng: np.random.Generator, n: int, cards: np.ndarray, cat_p: np.ndarra
     return labels, ints, int_missing, tokens, cat_missing
 
 
+def check_seed(seed: int) -> None:
+    """``--seed``: numpy's generators take a whole number >= 0."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63:
+        raise ConfigError(f"--seed must be a whole number in [0, 2^63), got {seed!r}")
+
+
 def write_synth(path: str, rows: int, seed: int = 0, shape: str = "simple") -> int:
     """Write ``rows`` Criteo-format lines of ``shape`` (``SHAPES``) to ``path`` (gzip if it
     ends in .gz); return bytes."""
@@ -152,6 +158,7 @@ def write_synth(path: str, rows: int, seed: int = 0, shape: str = "simple") -> i
         raise ConfigError(f"--rows must be an int >= 1, got {rows!r}")
     if shape not in SHAPES:
         raise ConfigError(f"--shape must be one of {', '.join(SHAPES)}, got {shape!r}")
+    check_seed(seed)
     rng = np.random.default_rng(seed)
     if shape == "heavy":
         cards = np.array(CRITEO_CARDINALITIES, np.int64)

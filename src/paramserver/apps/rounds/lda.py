@@ -61,6 +61,7 @@ def check_config(cfg: LDAConfig, workers: int, servers: int) -> None:
         ("--iterations", cfg.iterations, cfg.iterations >= 1, "a whole number >= 1"),
         ("--alpha", cfg.alpha, math.isfinite(cfg.alpha) and cfg.alpha > 0, "a number > 0"),
         ("--beta", cfg.beta, math.isfinite(cfg.beta) and cfg.beta > 0, "a number > 0"),
+        ("--seed", cfg.seed, isinstance(cfg.seed, int) and 0 <= cfg.seed < 1 << 63, "a whole number in [0, 2^63)"),
         ("--optimize-alpha", cfg.optimize_alpha, cfg.optimize_alpha == "auto" or str(cfg.optimize_alpha).isdigit(),
          "auto or a whole number >= 0 (sweeps between α's steps; 0: α stays --alpha)"),
         ("--schedule", cfg.schedule, cfg.schedule in ("rotate", "none"), "rotate or none"),

@@ -354,6 +354,7 @@ def check_config(cfg: MFConfig, workers: int, servers: int) -> None:
         ("--user-sync", cfg.user_sync, cfg.user_sync >= 1, "a whole number of epochs >= 1"),
         ("--lr", cfg.lr, math.isfinite(cfg.lr) and 0 < cfg.lr < 1, "in (0, 1)"),
         ("--reg", cfg.reg, math.isfinite(cfg.reg) and cfg.reg >= 0, "a number >= 0"),
+        ("--seed", cfg.seed, isinstance(cfg.seed, int) and 0 <= cfg.seed < 1 << 63, "a whole number in [0, 2^63)"),
         ("--workers", workers, workers >= 1, "a whole number >= 1"),
         ("--servers", servers, servers >= 1, "a whole number >= 1"),
     ])
