@@ -21,6 +21,7 @@ import io
 import json
 import os
 import sys
+import zipfile
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
@@ -107,8 +108,11 @@ def _read_saved(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.nd
     except FileNotFoundError as exc:
         raise DataError(f"{url} is not a saved model ({exc.filename or exc} is missing); "
                         "save one with paramserver train --save DIR") from None
-    except (ValueError, KeyError, OSError) as exc:
-        raise DataError(f"{url}: the model files are damaged ({exc})") from None
+    except NotADirectoryError:
+        raise DataError(f"{url} is a file, not a saved model: --model takes the folder paramserver train --save "
+                        "DIR wrote (model.json and table.npz)") from None
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as exc:  # a truncated table.npz: BadZipFile
+        raise DataError(f"{url}: the model files are damaged ({exc}); save the model again") from None
 
 
 def _from_checkpoint(url: str, allow_unverified: bool = False) -> tuple[dict[str, Any], np.ndarray, np.ndarray,
@@ -173,6 +177,7 @@ class LocalModel:
 probabilities of a parsed ``Batch``."""
 
     def __init__(self, url: str, allow_unverified: bool = False):
+        self.url = url
         fs, path = filesystem(url, "--model")
         if fs.exists(f"{path.rstrip('/')}/{PUBLISHED}"):  # a base and its deltas (train --publish)
             self._load(*read_chain(url))
@@ -187,17 +192,29 @@ probabilities of a parsed ``Batch``."""
         self._load(*_read_saved(url))
 
     def _load(self, meta: dict[str, Any], keys: np.ndarray, values: np.ndarray, dense: np.ndarray | None) -> None:
-        self.model = Model(**meta["model"])
+        try:
+            self._read_meta(meta)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a model.json of another shape
+            raise DataError(f"{self.url}: its model.json is not one train --save writes ({type(exc).__name__}: "
+                            f"{exc}): the model files are damaged; save the model again") from None
         if self.model.deep is not None and (dense is None or dense.size != self.model.deep.mlp.size):
             raise DataError(f"the {self.model.name} model's MLP is missing or has the wrong size "
                             f"({None if dense is None else dense.size} values, {self.model.deep.mlp.size} expected): "
                             "the model files are damaged; save the model again")
         self.dense = dense
         self.features, self.unseen = 0, 0  # features scored, and of them the model never saw (proba)
-        self.data = DataFormat(**meta["data"])
-        spec = TableSpec.from_wire(meta["table"])
+        spec = self.spec
+        if keys.ndim != 1 or values.ndim != 2 or values.shape[0] != keys.shape[0] or values.shape[1] < spec.dim:
+            raise DataError(f"the model's table.npz holds {keys.shape} keys and {values.shape} values for rows of "
+                            f"{spec.dim}: the model files are damaged; save the model again")
         self.table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed)
         self.table.load(keys, np.ascontiguousarray(values[:, :spec.dim]))  # a checkpoint's rows carry state too
+
+    def _read_meta(self, meta: dict[str, Any]) -> None:
+        """The model, its data format and its table's spec, as ``model.json`` says them."""
+        self.model = Model(**meta["model"])
+        self.data = DataFormat(**meta["data"])
+        self.spec = TableSpec.from_wire(meta["table"])
 
     @property
     def unseen_share(self) -> float:

@@ -1,0 +1,54 @@
+"""A saved model (``train --save DIR``) read back by ``load_model`` (predict, eval, serve): damaged
+or foreign files are a ``DataError`` naming the folder and the fix, never a bare traceback."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from paramserver import load_model
+from paramserver.apps.ctr.modelfile import save_model
+from paramserver.apps.ctr.models import Model
+from paramserver.data.reader import DataError, DataFormat
+from paramserver.tables.spec import TableSpec
+
+
+def _saved(tmp_path):
+    url = str(tmp_path / "m")
+    model = Model("lr")
+    spec = TableSpec(model.table, model.dim, optimizer=model.default_optimizer(), initializer=model.initializer())
+    keys = np.arange(1, 11, dtype=np.uint64)
+    save_model(url, model, DataFormat("criteo"), spec, keys, np.linspace(-1, 1, 10, dtype=np.float32)[:, None])
+    return tmp_path / "m"
+
+
+def test_a_saved_model_loads(tmp_path):
+    assert load_model(str(_saved(tmp_path))).table.items()[0].size == 10
+
+
+@pytest.mark.parametrize(("damage", "says"), [
+    (lambda m: (m / "table.npz").write_bytes((m / "table.npz").read_bytes()[:100]),  # was zipfile.BadZipFile
+     r"m: the model files are damaged \(File is not a zip file\); save the model again"),
+    (lambda m: (m / "model.json").write_text('{"a": 1}'),  # was KeyError: 'model'
+     r"m: its model.json is not one train --save writes \(KeyError: 'model'\)"),
+    (lambda m: (m / "model.json").write_text(json.dumps({**json.loads((m / "model.json").read_text()),
+                                                         "model": {"name": "lr", "dim": "x"}})),  # was TypeError
+     r"m: its model.json is not one train --save writes \(TypeError: .*'dim'\)"),
+    (lambda m: (m / "model.json").write_text('{"bad json'), r"m: the model files are damaged"),
+    (lambda m: np.savez(m / "table.npz", keys=np.arange(3, dtype=np.uint64), values=np.zeros((2, 1), np.float32)),
+     r"table.npz holds \(3,\) keys and \(2, 1\) values for rows of 1: the model files are damaged"),
+])
+def test_damaged_model_files_are_named_with_the_fix(tmp_path, damage, says):
+    folder = _saved(tmp_path)
+    damage(folder)
+    with pytest.raises(DataError, match=says):
+        load_model(str(folder))
+
+
+def test_a_file_given_as_the_model_is_said_to_be_one(tmp_path):
+    path = tmp_path / "rows.tsv"
+    path.write_text("1\t2\n")
+    with pytest.raises(DataError, match=r"rows.tsv is a file, not a saved model: --model takes the folder"):
+        load_model(str(path))
