@@ -49,6 +49,8 @@ def test_a_file_named_as_compressed_data_that_is_not_is_refused_by_name(tmp_path
     path.write_bytes(data)
     with pytest.raises(DataError, match=says + r".*rename it to what it holds"):
         read_whole(str(path))
+    with pytest.raises(DataError, match=says):  # a Path too, as the corpus readers pass one
+        read_whole(path)
     good = tmp_path / "good.txt.xz"
     good.write_bytes(lzma.compress(TEXT))
     assert read_whole(str(good))[0] == TEXT

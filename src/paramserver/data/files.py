@@ -43,7 +43,7 @@ def open_input(path: str) -> IO[bytes]:
     bytes do not is refused by name (a plain file named ``.gz``), not at its first read."""
     if is_plain_local(path):
         return open(os.path.expanduser(os.fspath(path)), "rb")
-    if "://" not in path:
+    if "://" not in os.fspath(path):
         check_compressed_name(os.fspath(path))
     import fsspec
 
@@ -51,10 +51,11 @@ def open_input(path: str) -> IO[bytes]:
     return opened
 
 
-def check_compressed_name(path: str) -> None:
+def check_compressed_name(path: str | os.PathLike[str]) -> None:
     """Refuse a local file named as compressed data (``MAGIC``'s) that does not start as it:
     a plain file named ``.gz`` (or gzip named ``.xz``) fails at its first read otherwise,
     with the decompressor's words and no file name."""
+    path = os.fspath(path)
     for magic, kind, suffix in MAGIC:
         if path.endswith(suffix):
             with open(os.path.expanduser(path), "rb") as f:

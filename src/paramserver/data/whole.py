@@ -22,7 +22,7 @@ def read_whole(path: str) -> tuple[bytes, np.ndarray]:
         DataError: the file is missing or empty, or binary (a NUL byte in its first MiB).
     """
     _check_exists(path)
-    if "://" not in path:
+    if "://" not in str(path):
         check_compressed_name(path)
     with fsspec.open(path, "rb", compression="infer") as f:
         raw = f.read()

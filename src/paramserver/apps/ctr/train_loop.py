@@ -97,7 +97,8 @@ def _train_stream(client: Client, cfg: TrainConfig,
     (bounded delay, as in Downpour SGD); ``pipeline=1`` is strictly sequential.
     A shard is reported done once its pushes are applied.  The reader thread reads on
     into the next shard meanwhile, so a shard boundary costs one drain of the pushes, not
-    also a request for the next shard and its first parse.
+    also a request for the next shard and its first parse; steps do not even drain
+    (``_Pipeline.close_shard``).
     """
     # a factor model's loss grows with the depth of its reads; a step reads no stale rows
     stepping = _stepping(client, cfg)
