@@ -205,9 +205,8 @@ class _Pipeline:
         the scheduler for its next shard, which waits for those (the epoch's last)."""
         if self.taken:
             return self.taken.popleft()
-        if self.ends and not self.items.ready():
-            last = max(i for i, (_, end) in enumerate(self.pushes) if isinstance(end, _ShardEnd))
-            self._drain(len(self.pushes) - last - 1)
+        while self.ends and not self.items.ready():  # the oldest step (or end) at a time
+            self._drain(len(self.pushes) - 1)
         return next(self.items, None)
 
     def _name_next(self) -> None:

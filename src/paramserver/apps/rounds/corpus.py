@@ -189,11 +189,12 @@ def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
     if docs == 0 or n == 0:
         raise DataError(f"{path} has no words; expected LDA-C lines 'N word:count …'")
     top = int(np.argmax(word_of[:n]))
+    vocabulary = int(word_of[top]) + 1
     line = int(np.searchsorted(doc_ptr[1:docs + 1], top, side="right")) + 1
-    check_fits(f"{path}:{line}: word id {int(word_of[top]):,}, and every word up to it gets a row of counts",
-               int(word_of[top]) + 1, WORD_BYTES, "number the words from 0 without gaps")
+    check_fits(f"{path}:{line}: word id {vocabulary - 1:,}, and every word up to it gets a row of counts",
+               vocabulary, WORD_BYTES, "number the words from 0 without gaps")
     doc_of = np.repeat(np.arange(docs), np.diff(doc_ptr[:docs + 1]))
-    c = _expand(doc_of, word_of[:n], count_of[:n], docs, int(word_of[:n].max()) + 1)
+    c = _expand(doc_of, word_of[:n], count_of[:n], docs, vocabulary)
     return Corpus(c.doc_ptr, c.words, c.vocabulary, from_ldac=True)
 
 
