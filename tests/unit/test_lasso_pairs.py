@@ -39,6 +39,23 @@ def _objective(X, y, w, lam):
     return 0.5 * np.mean((y - X @ w) ** 2) + lam * np.abs(w).sum()
 
 
+@pytest.mark.parametrize("row_type", [np.int64, np.int32])
+def test_by_row_is_the_matrix_by_row_each_row_in_column_order(row_type):
+    """The counting sort gives what a transpose gives: each row's entries, columns ascending;
+    empty rows and columns (the first and last of each here) included."""
+    sp = pytest.importorskip("scipy.sparse")
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((50, 30)) * (rng.random((50, 30)) < 0.2)
+    X[0], X[-1], X[:, 0], X[:, -1] = 0.0, 0.0, 0.0, 0.0
+    colptr, rows, values = _csc(X)
+    rowptr, cols, by_value = by_row(colptr, rows.astype(row_type), values, X.shape[0])
+    csr = sp.csr_matrix(X)
+    csr.sort_indices()
+    assert rowptr.tolist() == csr.indptr.tolist()
+    assert cols.tolist() == csr.indices.tolist()
+    assert np.array_equal(by_value, csr.data)
+
+
 def test_twins_finds_the_planted_partner_and_no_other():
     X, _ = _data(0.999)
     colptr, rows, values = _csc(X)

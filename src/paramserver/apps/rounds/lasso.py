@@ -14,6 +14,7 @@ both losses (``run_lasso``).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any
@@ -72,7 +73,6 @@ class LassoProgram(ScheduledCD):
 
     def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int):
         super().__init__(client, m, cfg, rank, workers, curvature=1.0 / m.shape[0])
-        self.by_row = by_row(m.colptr, m.rows, m.values, self.n)
         self.scratch = np.zeros(self.n)
         # each column's most correlated one (-1: none above TWIN; -2: not yet)
         self.twin = np.full(m.shape[1], -2, np.int64)
@@ -80,6 +80,12 @@ class LassoProgram(ScheduledCD):
         self.xtr = np.zeros(m.shape[1])  # Xᵀr at the last refresh
         self.residuals: list[np.ndarray] = []  # at the last checks, for the dual extrapolation
         self._check(0)
+
+    @functools.cached_property
+    def by_row(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The worker's columns by row, for ``twins`` (made when a polish first needs them)."""
+        m = self.m
+        return by_row(m.colptr, m.rows, m.values, self.n)
 
     def _refresh(self) -> np.ndarray:
         m = self.m

@@ -17,12 +17,26 @@ from numba import njit
 
 def by_row(colptr: np.ndarray, rows: np.ndarray, values: np.ndarray, n_rows: int
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The CSC data by row: (rowptr, cols, values)."""
-    cols = np.repeat(np.arange(colptr.size - 1, dtype=np.int64), np.diff(colptr))
-    order = np.argsort(rows, kind="stable")
+    """The CSC data by row: (rowptr, cols, values), each row's entries in column order.
+
+    A counting sort in one pass over the entries (a stable argsort of the row indices took
+    0.1-0.34 s of a news20 worker's start-up, more than its first rounds)."""
     rowptr = np.zeros(n_rows + 1, np.int64)
     np.cumsum(np.bincount(rows, minlength=n_rows), out=rowptr[1:])
-    return rowptr, cols[order], values[order]
+    cols, out = np.empty(rows.shape[0], np.int64), np.empty(rows.shape[0], values.dtype)
+    _scatter_rows(colptr, rows, values, rowptr[:-1].copy(), cols, out)
+    return rowptr, cols, out
+
+
+@njit(nogil=True, cache=True)
+def _scatter_rows(colptr, rows, values, at, cols, out):  # type: ignore[no-untyped-def]
+    """Each entry to the next place of its row (``at``: each row's next place), column by column."""
+    for j in range(colptr.shape[0] - 1):
+        for p in range(colptr[j], colptr[j + 1]):
+            q = at[rows[p]]
+            at[rows[p]] = q + 1
+            cols[q] = j
+            out[q] = values[p]
 
 
 @njit(nogil=True, cache=True)
