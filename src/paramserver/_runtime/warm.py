@@ -33,6 +33,7 @@ from dataclasses import dataclass
 _BLAS = "scipy.linalg.cython_blas"
 _loaded = False
 _inherited = False  # this process was forked from one that warmed up for it: skip ours
+_servers_apart = False  # the servers forked from here load their own kernels (``servers_load_apart``)
 
 
 def load_numba() -> None:
@@ -67,12 +68,29 @@ def is_inherited() -> bool:
     return _inherited
 
 
+def servers_load_apart() -> None:
+    """Say that the servers of the local clusters this process starts from now on load their
+    kernels themselves, once forked, while this process loads the workers' (``LocalCluster``):
+    two cores load (or, on a first run, compile) the two sets at once.  For a process that
+    starts one cluster, the ``paramserver`` command (``cli/main.py``): a process that starts
+    many (a test suite, a notebook) loads the servers' kernels once itself and every later
+    cluster's servers inherit them, as by default."""
+    global _servers_apart
+    _servers_apart = True
+
+
+def servers_apart() -> bool:
+    """Whether the servers forked from this process load their own kernels (``servers_load_apart``)."""
+    return _servers_apart
+
+
 @dataclass(frozen=True)
 class Warmup:
     """What a ``LocalCluster`` loads before it forks its nodes: ``servers`` before the
     servers are forked, then ``workers`` (what the workers and the driver's scoring run)
     before the workers are.  The servers start (imports, registration) while the driver
-    loads the workers' kernels."""
+    loads the workers' kernels.  Where the servers load apart (``servers_load_apart``), each
+    server runs ``servers`` itself once forked, while the driver loads the workers'."""
 
     servers: Callable[[], None]
     workers: Callable[[], None]

@@ -141,9 +141,10 @@ def _start(args: argparse.Namespace) -> None:
         announce_compiles(lambda text: print(text, file=sys.stderr, flush=True))
         # numba's target now, without its BLAS probe, which imports SciPy's linalg (0.09-0.18 s of the
         # command here): else the first kernel called (a reader's, a synthesiser's) would load it with
-        from paramserver._runtime.warm import load_numba
+        from paramserver._runtime.warm import load_numba, servers_load_apart
 
         load_numba()
+        servers_load_apart()  # the command's one cluster: its servers load their kernels beside the driver
     if args.command in _NODES or getattr(args, "action", "") == "add-server":
         from paramserver._runtime.malloc import tune_allocator
 

@@ -38,12 +38,13 @@ from typing import Any, Self
 import cloudpickle
 
 from paramserver._runtime import collector
-from paramserver._runtime.warm import Warmup
+from paramserver._runtime.warm import Warmup, servers_apart
 from paramserver.client.client import Client
 from paramserver.client.warmup import warm_client
-from paramserver.cluster.process import NodeProcess, check_room, end_all, fork_node, fork_safe, spawn_node, wait_all
+from paramserver.cluster.process import NodeProcess, check_room, end_all, wait_all
 from paramserver.cluster.process import exit_with_parent as exit_with_parent  # cli.main's import
 from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
+from paramserver.cluster.starting import NodeStarts
 from paramserver.config import load_config
 from paramserver.data.reader import DataError
 from paramserver.data.warmup import sample_batches
@@ -122,7 +123,7 @@ class LocalCluster(RunsFunctions):
         self.http_token = http_token(keys) if keys is not None else ""  # what http_url asks for
         self.start_method = start_method
         self.warm = warm
-        self._warmed = False
+        self._starts = NodeStarts(start_method, memory_limit_mb, self.secret_file, startup_timeout_s)
         self.memory_limit_mb = memory_limit_mb
         self.cold_dir = cold_dir
         self.http_port = http_port
@@ -199,20 +200,29 @@ class LocalCluster(RunsFunctions):
 
     def _start_nodes(self) -> None:
         """Fork (or spawn) the scheduler, then the servers once their kernels are loaded here,
-        then the workers once theirs are (``warm.Warmup``)."""
-        addr_file = os.path.join(self.log_dir, "scheduler.addr")
+        then the workers once theirs are (``warm.Warmup``); where the servers load apart, the
+        servers at once, each loading its own (``cluster/starting.py``)."""
+        starts = self._starts
+        starts.address_file = addr_file = os.path.join(self.log_dir, "scheduler.addr")
+        if os.path.exists(addr_file):  # a --log-dir used before: its scheduler's address is not this one's
+            os.remove(addr_file)
         self._spawn("scheduler", ["scheduler", "--servers", str(self.n_servers), "--workers", str(self.n_workers),
                                   "--vnodes-per-server", str(self.vnodes_per_server), "--address-file", addr_file]
                     + ([] if self.http_port is None else ["--http-port", str(self.http_port)]))
         warmup = self.warm or Warmup(servers=warm_server, workers=warm_workers)
-        if self._fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
+        if starts.fork_ok and servers_apart():
+            starts.server_warmup = warmup.servers  # every server forked from now on
+            for i in range(self.n_servers):
+                self._spawn(f"server-{i}", ["server"])
+        elif starts.fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
             warmup.servers()
-            self._warmed = True  # the nodes forked from now on skip their own warm-up
-        self.address = self._wait_for_file(addr_file, self.procs["scheduler"])
-        for i in range(self.n_servers):
-            self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
-        if self._fork_ok:  # while the servers start
+            starts.warmed = True
+        if starts.fork_ok:  # while the scheduler (and the servers) start
             warmup.workers()
+            starts.warmed = True
+        self.address = starts.scheduler_address(self.procs["scheduler"])
+        for i in range(self.n_servers if starts.server_warmup is None else 0):
+            self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
         for i in range(self.n_workers):
             self._spawn_worker(i)
 
@@ -229,19 +239,9 @@ class LocalCluster(RunsFunctions):
 
     def _spawn(self, name: str, args: list[str], pass_fds: tuple[int, ...] = ()) -> NodeProcess:
         """Start node ``name`` (``paramserver ARGS``): forked while that is sound, else spawned."""
-        if self.secret_file:
-            args = [*args, "--secret-file", self.secret_file]
-        log_path = os.path.join(self.log_dir, f"{name}.log")
-        if self._fork_ok:
-            proc = fork_node(name, args, log_path, self._env(), pass_fds, self.memory_limit_mb, self._warmed)
-        else:
-            proc = spawn_node(name, args, log_path, self._env(), pass_fds, self.memory_limit_mb)
+        proc = self._starts.node(name, args, self.log_dir, self._env(), pass_fds)
         self.procs[name] = proc
         return proc
-
-    @property
-    def _fork_ok(self) -> bool:
-        return self.start_method == "fork" and fork_safe()
 
     def _spawn_worker(self, i: int) -> NodeProcess:
         self._next_worker = max(self._next_worker, i + 1)
@@ -256,17 +256,6 @@ class LocalCluster(RunsFunctions):
             os.close(up_w)
         proc.to_child, proc.from_child = Connection(down_w, readable=False), Connection(up_r, writable=False)
         return proc
-
-    def _wait_for_file(self, path: str, proc: NodeProcess) -> str:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if os.path.exists(path):
-                with open(path) as f:
-                    return f.read().strip()
-            if proc.popen.poll() is not None:
-                raise ConnectError(f"{proc.name} exited with code {proc.popen.returncode}")
-            time.sleep(0.02)  # polling a file the child writes atomically; bounded above
-        raise ConnectError(f"{proc.name} did not report its address within {self.startup_timeout_s:g} s")
 
     def stop(self, timeout_s: float = 10.0, keep_logs: bool = False) -> None:
         """Stop every process: ask the scheduler, then SIGTERM, then SIGKILL.  The node logs

@@ -141,24 +141,29 @@ def spawn_node(name: str, args: list[str], log_path: str, env: dict[str, str], p
 
 
 def fork_node(name: str, args: list[str], log_path: str, env: dict[str, str], pass_fds: tuple[int, ...],
-              memory_limit_mb: int | None, warmed: bool) -> NodeProcess:
+              memory_limit_mb: int | None, warmed: bool,
+              prepare: Callable[[list[str]], list[str]] | None = None) -> NodeProcess:
     """Run ``paramserver ARGS`` in a child forked from this process (only while
     ``fork_safe``).  The child gets a new session, the log file as stdout and stderr, the
     nodes' environment, and no file descriptor of ours but ``pass_fds`` (a worker must not
-    hold another worker's control pipe); ``warmed``: it skips the warm-up it inherited."""
+    hold another worker's control pipe); ``warmed``: it skips the warm-up it inherited;
+    ``prepare``: run in the child before the command, given the command's arguments and
+    returning them: its own warm-up (the command then skips its own), and what it learns
+    only then (a server forked before its scheduler listens: the scheduler's address)."""
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     parent = os.getpid()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     pid = os.fork()
     if pid == 0:
-        _be_the_node(log_fd, [*args, "--parent-pid", str(parent)], env, pass_fds, memory_limit_mb, warmed)
+        _be_the_node(log_fd, [*args, "--parent-pid", str(parent)], env, pass_fds, memory_limit_mb, warmed, prepare)
     os.close(log_fd)
     return NodeProcess(name, Forked(pid), log_path)
 
 
 def _be_the_node(log_fd: int, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...],
-                 memory_limit_mb: int | None, warmed: bool) -> NoReturn:
+                 memory_limit_mb: int | None, warmed: bool, prepare: Callable[[list[str]], list[str]] | None
+                 ) -> NoReturn:
     """The forked child: become the node, run its command, exit with its code; never returns."""
     code: Any = 1
     try:
@@ -180,7 +185,9 @@ def _be_the_node(log_fd: int, argv: list[str], env: dict[str, str], pass_fds: tu
                 except OSError:
                     pass
         os.environ.update(env)
-        if warmed:
+        if prepare is not None:
+            argv = prepare(argv)
+        if warmed or prepare is not None:
             warm_inherited()
         logging.root.handlers.clear()  # the node configures its own logging
         code = _command()(argv)
@@ -220,6 +227,20 @@ def _leave_forked_child(code: Any) -> NoReturn:
         except Exception:
             pass
     os._exit(code if isinstance(code, int) else 1)
+
+
+def read_when_written(path: str, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> str | None:
+    """The text a process writes to ``path`` (atomically: a scheduler's address once it
+    listens), once there; None if it is not within ``timeout_s`` or ``alive()`` turns false."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as f:
+                return f.read().strip()
+        if not alive():
+            return None
+        time.sleep(0.005)  # polling a file the writer renames into place; bounded above
+    return None
 
 
 def wait_all(procs: list[NodeProcess], timeout_s: float) -> bool:

@@ -89,9 +89,9 @@ class StandingCluster(LocalCluster):
         self.n_servers = len(info.get("ring_servers", []))
         self._workers_before = len(info.get("workers", {}))
         warmup = self.warm or Warmup(servers=_none, workers=warm_workers)
-        if self._fork_ok:
+        if self._starts.fork_ok:
             warmup.workers()
-            self._warmed = True
+            self._starts.warmed = True
         for i in range(self.n_workers):
             self._spawn_worker(i)
 
