@@ -199,11 +199,12 @@ class _Ordered(_InProcessClient):
         return super().push(name, keys, grads, distinct, stats)
 
 
-@pytest.mark.parametrize("pipeline,depth,settled", [(5, 5, 32), ("auto:8", 2, 32), (2, 2, 0)])
-def test_the_jobs_last_batches_go_one_at_a_time_where_the_pipeline_may_pass_2(tmp_path, pipeline, depth, settled):
+@pytest.mark.parametrize("pipeline,depths,settled", [(5, (5, 5), 32), ("auto:8", (2, 8), 32), (2, (2, 2), 0)])
+def test_the_jobs_last_batches_go_one_at_a_time_where_the_pipeline_may_pass_2(tmp_path, pipeline, depths, settled):
     """Where ``--pipeline`` may run deeper than 2, the last ``SETTLE_BATCHES`` batches of the
     job (of the last shard handed out, not of the others) are each pulled with no other in
-    flight, so each sees every push before it; at the default 2, none is."""
+    flight, so each sees every push before it; at the default 2, none is.  ``auto`` starts at
+    2 and deepens where its worker waits (timing: 1 run in 10-20 deepened to 3 here), up to 8."""
     path = str(tmp_path / "rows.libsvm")
     _write_rows(path, 3000, seed=2)
     cfg = TrainConfig(Model("lr"), DataFormat("libsvm"), batch_size=1000, pipeline=pipeline, steps="off")
@@ -217,8 +218,8 @@ def test_the_jobs_last_batches_go_one_at_a_time_where_the_pipeline_may_pass_2(tm
             in_flight.append(pulls - pushes)
     assert pulls == pushes > 2 * SETTLE_BATCHES
     head, tail = in_flight[:pulls - settled], in_flight[pulls - settled:]
-    assert max(head) == depth and all(n == 1 for n in tail)
-    assert settled or in_flight[-1] == depth  # at 2, the last pulls go as every other
+    assert depths[0] <= max(head) <= depths[1] and all(n == 1 for n in tail)
+    assert settled or in_flight[-1] == depths[0]  # at 2, the last pulls go as every other
 
 
 class _Answers:
