@@ -210,19 +210,23 @@ class LocalCluster(RunsFunctions):
                                   "--vnodes-per-server", str(self.vnodes_per_server), "--address-file", addr_file]
                     + ([] if self.http_port is None else ["--http-port", str(self.http_port)]))
         warmup = self.warm or Warmup(servers=warm_server, workers=warm_workers)
-        if starts.fork_ok and servers_apart():
+        apart = starts.fork_ok and servers_apart()
+        if apart:  # at once: each server loads its own kernels, then reads the scheduler's address
             starts.server_warmup = warmup.servers  # every server forked from now on
             for i in range(self.n_servers):
                 self._spawn(f"server-{i}", ["server"])
-        elif starts.fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
-            warmup.servers()
-            starts.warmed = True
-        if starts.fork_ok:  # while the scheduler (and the servers) start
+        else:
+            if starts.fork_ok:  # while the scheduler starts: the nodes forked next inherit the kernels
+                warmup.servers()
+                starts.warmed = True
+            self.address = starts.scheduler_address(self.procs["scheduler"])
+            for i in range(self.n_servers):
+                self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
+        if starts.fork_ok:  # while the servers start
             warmup.workers()
             starts.warmed = True
-        self.address = starts.scheduler_address(self.procs["scheduler"])
-        for i in range(self.n_servers if starts.server_warmup is None else 0):
-            self._spawn(f"server-{i}", ["server", "--scheduler", self.address])
+        if apart:
+            self.address = starts.scheduler_address(self.procs["scheduler"])
         for i in range(self.n_workers):
             self._spawn_worker(i)
 
