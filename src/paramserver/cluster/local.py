@@ -121,10 +121,9 @@ class LocalCluster(RunsFunctions):
             self._check_keys(keys, secret_file)
         self.secret_file = secret_file or ""
         self.http_token = http_token(keys) if keys is not None else ""  # what http_url asks for
-        self.start_method = start_method
         self.warm = warm
+        # how the nodes start (fork or spawn, memory cap): its start_method and memory_limit_mb are read through it
         self._starts = NodeStarts(start_method, memory_limit_mb, self.secret_file, startup_timeout_s)
-        self.memory_limit_mb = memory_limit_mb
         self.cold_dir = cold_dir
         self.http_port = http_port
         self.http_url = ""  # the dashboard's, with the cluster's metrics at http_url + "metrics"
@@ -145,6 +144,14 @@ class LocalCluster(RunsFunctions):
         self._next_worker = 0
         self._calls = 0  # runs started: each run's payload and replies carry its number
         self._workers_before = 0  # workers the scheduler had before this cluster started its own
+
+    @property
+    def start_method(self) -> str:
+        return self._starts.start_method
+
+    @property
+    def memory_limit_mb(self) -> int | None:
+        return self._starts.memory_limit_mb
 
     @property
     def _failed_start(self) -> str:

@@ -44,7 +44,7 @@ def open_input(path: str) -> IO[bytes]:
     if is_plain_local(path):
         return open(os.path.expanduser(os.fspath(path)), "rb")
     if "://" not in os.fspath(path):
-        check_compressed_name(os.fspath(path))
+        check_compressed_name(path)
     import fsspec
 
     opened: IO[bytes] = fsspec.open(path, "rb", compression="infer").open()

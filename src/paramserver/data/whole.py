@@ -4,6 +4,8 @@ line of it: the shared first and last steps of the whole-file readers (``matrix`
 
 from __future__ import annotations
 
+import os
+
 import fsspec
 import numpy as np
 
@@ -22,7 +24,7 @@ def read_whole(path: str) -> tuple[bytes, np.ndarray]:
         DataError: the file is missing or empty, or binary (a NUL byte in its first MiB).
     """
     _check_exists(path)
-    if "://" not in str(path):
+    if "://" not in os.fspath(path):
         check_compressed_name(path)
     with fsspec.open(path, "rb", compression="infer") as f:
         raw = f.read()
