@@ -70,6 +70,42 @@ def test_a_step_equals_pull_compute_push_on_one_server_and_after_a_server_joins(
         assert np.abs(c.pull("stepped", everything).result(timeout=60)).sum() > 0
 
 
+def test_steps_of_several_batches_equal_those_steps_in_turn_and_go_alone_where_they_cannot_go_together():
+    rng = np.random.default_rng(8)
+    with LocalCluster(servers=1, log_level="WARNING") as cluster:
+        c = cluster.client
+        for name in ("many", "one"):
+            c.create_table(name, 1, optimizer=FTRL)
+        pool = rng.choice(1 << 20, 300, replace=False).astype(np.uint64)  # the batches share keys
+
+        def batches(k):
+            return [(rng.choice(pool, 80, replace=False), *_batch(rng)[1:]) for _ in range(k)]
+
+        def equal(group, table="many"):
+            got = [f.result(timeout=60) for f in c.steps.take_many(table, group)]
+            want = [c.steps.take("one", *b).result(timeout=60) for b in group]
+            for (p, loss), (q, want_loss) in zip(got, want, strict=True):
+                np.testing.assert_array_equal(p, q)
+                assert loss == want_loss
+            np.testing.assert_array_equal(c.pull(table, pool).result(timeout=60),
+                                          c.pull("one", pool).result(timeout=60))
+
+        for k in (3, 1, 5):
+            equal(batches(k))
+        assert c.stats.counts["step_groups"] == 2 and c.stats.counts["step"] == 2 * 9
+        keys, inverse, *rest = batches(1)[0]
+        with pytest.raises(ConfigError, match="inverse must index"):  # a bad batch: refused here, none sent
+            c.steps.take_many("many", [batches(1)[0], (keys, inverse + keys.size, *rest)])
+        cluster.add_server()  # the batches' keys now span two servers: each the classic way (all in flight at once)
+        for f in c.steps.take_many("many", batches(3)):
+            assert f.result(timeout=60)[0].shape == (50,)
+        assert c.stats.counts["step_groups"] == 2 and c.stats.counts["steps_classic"] == 3
+        c.create_table("copied", 1, optimizer=FTRL, replicas=2)
+        for f in c.steps.take_many("copied", batches(3)):  # a table with copies: one step each, never a group
+            assert f.result(timeout=60)[0].dtype == np.float32
+        assert c.stats.counts["step_groups"] == 2
+
+
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     return heavy_rows(tmp_path_factory.mktemp("steps"), 30_000, 3_000)

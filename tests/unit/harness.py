@@ -23,6 +23,7 @@ class Harness:
         self.net = SimNetwork(0)
         self.nodes: list[ServerNode] = []
         self.replies: list[tuple[int, dict]] = []  # (server, header) answered to the client
+        self.answers: list[Message] = []  # the same answers whole, arrays too
         self.control: list[tuple[int, dict]] = []  # (server, header) sent to the scheduler
         self.scheduler, _ = self.net.host("scheduler").transport().bind("", 0, 1 << 30)
         self.client = SimSocket(self.net.host("client"), False, "", CLIENT)
@@ -31,7 +32,8 @@ class Harness:
         def watch(src, dest, frames):
             for n in self.nodes:
                 if src is n.router and dest is self.client:
-                    self.replies.append((n.node_id, decode(frames).header))
+                    self.answers.append(decode(frames))
+                    self.replies.append((n.node_id, self.answers[-1].header))
                 elif src is n.control:
                     self.control.append((n.node_id, decode(frames[1:]).header))
 

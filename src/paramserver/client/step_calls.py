@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from paramserver.routing.partition import route_step
 from paramserver.tables.steps import STEP_MODELS, fits, step, unsuited
 from paramserver.wire.message import Message, Op
 from paramserver.wire.step_arrays import index_type, key_type, step_arrays
+from paramserver.wire.step_groups import group_arrays
 
 if TYPE_CHECKING:
     from paramserver.client.caller import Caller
@@ -67,67 +69,122 @@ class StepCalls:
 
         Raises:
             ConfigError: an unknown model, ``inverse`` not integers, or the table's rows cached here."""
+        spec, how = self._checked(table, model, l2)
+        return self._take(spec, self._batch(spec, keys, inverse, indptr, vals, labels), how)
+
+    def take_many(self, table: str, batches: Sequence[tuple[Any, Any, Any, Any, Any]], *, model: str = "lr",
+                  l2: float = 0.0) -> list[Future[Stepped]]:
+        """``take`` for each of ``batches`` (``(keys, inverse, indptr, vals, labels)`` each), in
+        order, as one request where that can be (``wire/step_groups.py``: one server holds
+        every batch's keys, the table has no copies): the server takes them in turn, each on
+        the rows the one before left, as it would take that many steps sent in turn; each
+        future as ``take``'s.  Where they cannot go as one, each goes as ``take`` sends it.
+
+        Raises:
+            ConfigError: as ``take``, for any of the batches (then none is sent)."""
+        spec, how = self._checked(table, model, l2)
+        checked = [self._batch(spec, *b) for b in batches]
+        if len(checked) < 2 or spec.replicas > 1:
+            return [self._take(spec, b, how) for b in checked]
+        return self._take_group(spec, checked, how)
+
+    def _checked(self, table: str, model: str, l2: float) -> tuple[TableSpec, tuple[str, float]]:
+        """``table``'s spec and the step's ``(model, l2)``, once checked."""
         if model not in STEP_MODELS:
             raise ConfigError(f"steps on {table!r}: model must be one of {sorted(STEP_MODELS)}, got {model!r}")
         if not (isinstance(l2, (int, float)) and l2 >= 0 and math.isfinite(l2)):
             raise ConfigError(f"steps on {table!r}: l2 must be a finite number >= 0, got {l2!r}")
-        c = self.caller
-        spec = c.spec(table)
+        spec = self.caller.spec(table)
         if not fits(model, spec.dim):
             raise ConfigError(f"steps on {table!r}: model {model!r} reads rows of "
                               f"{'1 float' if model == 'lr' else '2 floats or more'}; the table's have {spec.dim}")
+        if table in self.caller.state.row_caches:
+            raise ConfigError(f"steps on {table!r}: the table's rows are cached here; pull and push instead")
+        return spec, (model, float(l2))
+
+    @staticmethod
+    def _batch(spec: TableSpec, keys: Any, inverse: Any, indptr: Any, vals: Any,
+               labels: Any) -> tuple[np.ndarray, ...]:
+        """A batch's arrays at the types a step takes them, its keys and indices checked."""
         keys = as_keys(keys)
         spec.check_keys(keys)
-        if table in c.state.row_caches:
-            raise ConfigError(f"steps on {table!r}: the table's rows are cached here; pull and push instead")
         inverse = np.asarray(inverse)
         if inverse.dtype.kind not in "iu" or inverse.ndim != 1:
-            raise ConfigError(f"steps on {table!r}: inverse must be a 1-D integer array, got {inverse.dtype} "
+            raise ConfigError(f"steps on {spec.name!r}: inverse must be a 1-D integer array, got {inverse.dtype} "
                               f"of shape {inverse.shape}")
-        return self._take(spec, keys, inverse, np.asarray(indptr, np.int64), np.asarray(vals, np.float32),
-                          np.asarray(labels, np.float32), (model, float(l2)))
+        return keys, inverse, np.asarray(indptr, np.int64), np.asarray(vals, np.float32), np.asarray(labels, np.float32)
 
-    def _take(self, spec: TableSpec, keys: np.ndarray, inverse: np.ndarray, indptr: np.ndarray, vals: np.ndarray,
-              labels: np.ndarray, how: tuple[str, float]) -> Future[Stepped]:
+    def _routed(self, spec: TableSpec, batch: tuple[np.ndarray, ...], how: tuple[str, float]) -> Piece | None:
+        """``batch``'s keys grouped by vnode as a pull's, and each occurrence's place among them
+        (the piece's ``extra``), as narrow as they go; None where one server cannot step them
+        (several hold them, or none can step)."""
+        keys, inverse = batch[0], batch[1]
+        ring = self.caller.state.ring()
+        routed = route_step(ring, keys, inverse, spec.layout, key_type(keys), index_type(keys.shape[0]))
+        if routed is None:
+            raise ConfigError(f"steps on {spec.name!r}: inverse must index the {keys.shape[0]} keys, "
+                              f"got values outside [0, {keys.shape[0]})")
+        grouped, rank, parts = routed
+        if len(parts) != 1 or not steppable(spec, how[0]):
+            return None
+        return Piece(parts[0].server, ring.version, grouped, rank, parts[0].vnodes, parts[0].counts)
+
+    def _take(self, spec: TableSpec, batch: tuple[np.ndarray, ...], how: tuple[str, float],
+              seq: int | None = None, out: Future[Stepped] | None = None) -> Future[Stepped]:
+        """``batch`` as one step (the classic way where no one server can take it), numbered
+        ``seq`` (a new number by default); ``out`` (a new future by default) gets its answer."""
         c = self.caller
-        c.losses.check()
-        with c.lock:
-            seq = c.state.sequencer.take()
-        out: Future[Stepped] = Future()
-        batch = (keys, inverse, indptr, vals, labels)
+        if seq is None:
+            c.losses.check()
+            with c.lock:
+                seq = c.state.sequencer.take()
+        out = Future() if out is None else out
         try:
-            # the keys grouped by vnode as a pull's, and each occurrence's place among them, as narrow as they go
-            ring = c.state.ring()
-            routed = route_step(ring, keys, inverse, spec.layout, key_type(keys), index_type(keys.shape[0]))
-            if routed is None:
-                raise ConfigError(f"steps on {spec.name!r}: inverse must index the {keys.shape[0]} keys, "
-                                  f"got values outside [0, {keys.shape[0]})")
-            grouped, rank, parts = routed
-            if len(parts) != 1 or not steppable(spec, how[0]):  # several servers, or none can step:
+            piece = self._routed(spec, batch, how)
+            if piece is None:  # several servers, or none can step:
                 self._classic(spec, batch, seq, how, out)  # pulled and pushed, as one step
                 return out
-            part = parts[0]
-            self._send(spec, Piece(part.server, ring.version, grouped, rank, part.vnodes, part.counts),
-                       batch, seq, how, out)
+            self._send(spec, piece, batch, seq, how, out)
         except BaseException:
             c.settled(seq)
             raise
         return out
+
+    def _take_group(self, spec: TableSpec, batches: list[tuple[np.ndarray, ...]],
+                    how: tuple[str, float]) -> list[Future[Stepped]]:
+        """``batches`` as one step of several (``wire/step_groups.py``) to the server that holds
+        all their keys, numbered ``seq`` to ``seq + n - 1``; where no one server does, each
+        alone (under its number)."""
+        c = self.caller
+        c.losses.check()
+        with c.lock:
+            seqs = [c.state.sequencer.take() for _ in batches]
+        try:
+            pieces = [self._routed(spec, b, how) for b in batches]
+        except BaseException:
+            for seq in seqs:
+                c.settled(seq)
+            raise
+        outs: list[Future[Stepped]] = [Future() for _ in batches]
+        servers = {p.server for p in pieces if p is not None}
+        if None in pieces or len(servers) != 1:
+            for batch, seq, out, piece in zip(batches, seqs, outs, pieces, strict=True):
+                if piece is None:
+                    self._classic(spec, batch, seq, how, out)
+                else:
+                    self._send(spec, piece, batch, seq, how, out)
+            return outs
+        self._send_group(spec, pieces, batches, seqs, how, outs)  # type: ignore[arg-type]
+        return outs
 
     def _send(self, spec: TableSpec, piece: Piece, batch: tuple[np.ndarray, ...], seq: int, how: tuple[str, float],
               out: Future[Stepped]) -> None:
         """``batch`` as one step to ``piece``'s server: ``piece`` holds the keys as they go
         and, as its ``extra``, each occurrence's place among them (``route_step``)."""
         c = self.caller
-        keys, _, indptr, vals, labels = batch
-        model, l2 = how
-        extra = {"model": model, **({"l2": l2} if model == "fm" else {}), **(push_header(spec, "update", c.time) or {})}
-        header = call_header(Op.STEP, spec.name, node_id=c.node_id, seq=seq, token=c.token, extra=extra,
-                             worker_clock=c.clock if c.role == "worker" else None)
-        c.state.count(Op.STEP.value)
-        c.state.keys[Op.STEP.value] = c.state.keys.get(Op.STEP.value, 0) + int(keys.shape[0])
-        address, header, (grouped, vnodes, counts) = c.state.outgoing(Op.STEP, header, piece, 0)
-        arrays = step_arrays(grouped, vnodes, counts, piece.extra, indptr, vals, labels)  # each as narrow as it goes
+        _, _, indptr, vals, labels = batch
+        address, header = self._outgoing(spec, piece, seq, how, [piece])
+        arrays = step_arrays(piece.keys, piece.vnodes, piece.counts, piece.extra, indptr, vals, labels)  # narrow
 
         def answered(msg: Message | None, exc: BaseException | None) -> None:
             preds = _stepped(msg, labels.shape[0]) if exc is None else None
@@ -141,6 +198,51 @@ class StepCalls:
 
         if address is None:
             answered(None, ProtocolError(f"server {piece.server} left the ring"))
+            return
+        c.state.submit(address, header, arrays, answered)
+
+    def _outgoing(self, spec: TableSpec, piece: Piece, seq: int, how: tuple[str, float],
+                  pieces: list[Piece]) -> tuple[str | None, dict[str, Any]]:
+        """Where a step of ``pieces`` goes (None: its server left the ring) and its header,
+        numbered ``seq`` (its first batch's), counted in the client's stats."""
+        c = self.caller
+        model, l2 = how
+        extra = {"model": model, **({"l2": l2} if model == "fm" else {}), **(push_header(spec, "update", c.time) or {})}
+        if len(pieces) > 1:
+            extra["steps"] = len(pieces)
+            c.state.count("step_groups")
+        header = call_header(Op.STEP, spec.name, node_id=c.node_id, seq=seq, token=c.token, extra=extra,
+                             worker_clock=c.clock if c.role == "worker" else None)
+        for p in pieces:
+            c.state.count(Op.STEP.value)
+            c.state.keys[Op.STEP.value] = c.state.keys.get(Op.STEP.value, 0) + int(p.keys.shape[0])
+        address, header, _ = c.state.outgoing(Op.STEP, header, piece, 0)
+        return address, header
+
+    def _send_group(self, spec: TableSpec, pieces: list[Piece], batches: list[tuple[np.ndarray, ...]],
+                    seqs: list[int], how: tuple[str, float], outs: list[Future[Stepped]]) -> None:
+        """``batches`` (routed as ``pieces``, all to one server) as one step of several."""
+        c = self.caller
+        address, header = self._outgoing(spec, pieces[0], seqs[0], how, pieces)
+        arrays = group_arrays([(p.keys, p.vnodes, p.counts, p.extra, *b[2:]) for p, b in zip(pieces, batches)])
+        sizes = [b[4].shape[0] for b in batches]
+
+        def answered(msg: Message | None, exc: BaseException | None) -> None:
+            got = _stepped_group(msg, sizes) if exc is None else None
+            if got is None:  # refused (a copy under way, an older server), its server gone, the ring moved,
+                for batch, seq, out in zip(batches, seqs, outs, strict=True):  # unanswered: each batch alone
+                    try:  # under its number (a batch applied is skipped)
+                        self._take(spec, batch, how, seq, out)
+                    except BaseException as failed:  # (the client closed): its future says so
+                        out.set_exception(failed)
+                return
+            for seq in seqs:
+                c.settled(seq)
+            for out, preds, loss in zip(outs, *got, strict=True):
+                out.set_result((preds, loss))
+
+        if address is None or len({p.ring_version for p in pieces}) != 1:
+            answered(None, ProtocolError(f"server {pieces[0].server} left the ring, or it moved while routing"))
             return
         c.state.submit(address, header, arrays, answered)
 
@@ -198,3 +300,15 @@ def _stepped(msg: Message | None, n: int) -> np.ndarray | None:
         return None
     preds = msg.arrays[0]
     return preds if preds.shape == (n,) and preds.dtype == np.float32 else None
+
+
+def _stepped_group(msg: Message | None, sizes: list[int]) -> tuple[list[np.ndarray], list[float]] | None:
+    """A step of several batches' answer: each batch's probabilities (``sizes`` examples each)
+    and summed log loss, or None where it was no answer to use."""
+    losses = None if msg is None else msg.header.get("losses")
+    preds = _stepped(msg, sum(sizes))
+    if preds is None or not isinstance(losses, list) or len(losses) != len(sizes) \
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses):
+        return None
+    cuts = np.cumsum(sizes)[:-1]
+    return np.split(preds, cuts), [float(x) for x in losses]

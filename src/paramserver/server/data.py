@@ -197,6 +197,15 @@ class DataPlane:
         """A client's checked push (or a step's gradient, ``server/steps.py``): applied once,
         forwarded to the copies; the reply now, or None when it waits for theirs.  ``answer``:
         the arrays and fields the reply carries (none: a bare acknowledgement)."""
+        if self.applied(table, msg, keys, grads, vnodes, counts, identity, answer):
+            return None
+        return reply(msg) if answer is None else reply(msg, answer[0], **answer[1])
+
+    def applied(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
+                counts: np.ndarray, identity: bytes, answer: Answer | None = None) -> bool:
+        """``pushed``'s work: the push applied once and forwarded to the copies; True when its
+        reply (``answer``) waits for theirs (the copies' answers send it), False when it is the
+        caller's to send."""
         state = self.state
         check_quota(state, table, vnodes, counts, keys)  # before the dedup marks it applied
         fresh = self._fresh(table, msg, keys, grads, vnodes, counts)
@@ -217,9 +226,7 @@ class DataPlane:
                                     identity, answer)
         if life is not None and life.due(state.primary):  # after the push's forward: backups see both in order
             self._forward_evicted(table, life.sweep(state.primary))
-        if waits:
-            return None
-        return reply(msg) if answer is None else reply(msg, answer[0], **answer[1])
+        return bool(waits)
 
     def on_replicate(self, msg: Message) -> list[Any]:
         """A push the primary applied, forwarded: apply it to the vnodes held here (a

@@ -19,17 +19,33 @@ from paramserver.errors import ProtocolError
 from paramserver.server.data import DataPlane, read_rows
 from paramserver.server.install import check_grads
 from paramserver.server.requests import checked_table
+from paramserver.store.protocol import VnodeStore
 from paramserver.tables.steps import check_batch, step, unsuited
-from paramserver.wire.message import Message, field
+from paramserver.wire.message import Message, field, reply
 from paramserver.wire.step_arrays import read_step_arrays
+from paramserver.wire.step_groups import MAX_STEPS, split_group
 
 
 def on_step(plane: DataPlane, msg: Message, identity: bytes = b"") -> list[Any] | None:
     """Take a step: read the rows, compute the batch's gradient (``model``: ``lr``, or ``fm``
     with its ``l2``), push it; the reply carries the examples' probabilities (``float32[n]``)
-    and ``loss``, their summed log loss."""
+    and ``loss``, their summed log loss.  A step of several batches (``steps``:
+    ``wire/step_groups.py``) takes them in turn."""
+    if "steps" in msg.header:
+        return _on_steps(plane, msg)
     # the keys grouped by vnode, then the batch (CSR, occurrences indexing the keys), widened
-    keys, vnodes, counts, inverse, indptr, vals, labels = read_step_arrays(msg)
+    arrays = read_step_arrays(msg)
+    table, model, l2 = _checked(plane, msg, arrays)
+    keys, vnodes, counts = arrays[:3]
+    grads, loss, preds = _stepped(plane, table, model, l2, arrays)
+    answer = ([preds.astype(np.float32)], {"loss": loss})
+    return plane.pushed(table, msg, keys, grads, vnodes, counts, identity, answer)
+
+
+def _checked(plane: DataPlane, msg: Message, arrays: list[np.ndarray]) -> tuple[VnodeStore, str, float]:
+    """The step's table, model and ``l2``, once the request is checked whole (its table and
+    segments, this server their primary, its batch) and before any row is read."""
+    keys, vnodes, counts, inverse, indptr, vals, labels = arrays
     table = checked_table(plane.state, msg, keys.shape[0], vnodes, counts)
     spec, model = table.spec, field(msg, "model", str)
     why = unsuited(spec, model)
@@ -39,8 +55,45 @@ def on_step(plane: DataPlane, msg: Message, identity: bytes = b"") -> list[Any] 
     if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 >= 0 or not np.isfinite(l2):
         raise ProtocolError(f"step on {spec.name!r}: l2 must be a finite number >= 0, got {l2!r}")
     check_batch(spec.name, keys.shape[0], inverse, indptr, vals, labels)
+    return table, model, float(l2)
+
+
+def _stepped(plane: DataPlane, table: VnodeStore, model: str, l2: float,
+             arrays: list[np.ndarray]) -> tuple[np.ndarray, float, np.ndarray]:
+    """A checked step's gradient rows, summed log loss and probabilities, on its rows as they are."""
+    keys, vnodes, counts, inverse, indptr, vals, labels = arrays
     rows = read_rows(plane.state, table, keys, vnodes, counts)
-    grads, loss, preds = step(model, indptr, vals, labels, inverse, rows, float(l2))
+    grads, loss, preds = step(model, indptr, vals, labels, inverse, rows, l2)
     check_grads(table, keys, grads)
-    answer = ([preds.astype(np.float32)], {"loss": loss})
-    return plane.pushed(table, msg, keys, grads, vnodes, counts, identity, answer)
+    return grads, loss, preds
+
+
+def _on_steps(plane: DataPlane, msg: Message) -> list[Any]:
+    """A step of several batches: each checked before any is applied, then each stepped and
+    pushed in turn under its own number (``seq + k``), as that many steps in turn would be;
+    one answer, every batch's probabilities end to end and each one's loss.  Refused where
+    a vnode of it has copies to forward to (its backups, or a copy under way): each batch's
+    answer would wait for theirs."""
+    steps, seq = msg.header.get("steps"), msg.header.get("seq")
+    if type(steps) is not int or not 1 <= steps <= MAX_STEPS or type(seq) is not int:
+        raise ProtocolError(f"a step of several batches names 1 to {MAX_STEPS} batches (steps) and its first "
+                            f"batch's seq (each next one is numbered one more); got steps={steps!r}, seq={seq!r}")
+    header = {k: v for k, v in msg.header.items() if k not in ("steps", "tick", "tick_worker", "tick_token")}
+    parts = [Message({**header, "seq": seq + k}, arrays)
+             for k, arrays in enumerate(split_group(read_step_arrays(msg, grouped=True), steps))]
+    checked = [_checked(plane, part, part.arrays) for part in parts]
+    table = checked[0][0]
+    targets = plane.state.targets.get(table.spec.name)
+    if targets is not None and (targets[np.concatenate([p.arrays[1] for p in parts])] >= 0).any():
+        raise ProtocolError(f"steps on {table.spec.name!r}: a step of several batches goes to vnodes without "
+                            "copies to forward to (each batch's answer would wait for the copies'): send them "
+                            "one step each")
+    preds, losses = [], []
+    for part, (_, model, l2) in zip(parts, checked, strict=True):
+        keys, vnodes, counts = part.arrays[:3]
+        grads, loss, p = _stepped(plane, table, model, l2, part.arrays)
+        waits = plane.applied(table, part, keys, grads, vnodes, counts, b"")
+        assert not waits, "a table without copies answers at once"
+        preds.append(p.astype(np.float32))
+        losses.append(loss)
+    return reply(msg, [np.concatenate(preds)], losses=losses)

@@ -39,33 +39,36 @@ def index_type(m: int) -> np.dtype:
 
 
 def step_arrays(keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, inverse: np.ndarray, indptr: np.ndarray,
-                vals: np.ndarray, labels: np.ndarray) -> list[np.ndarray]:
+                vals: np.ndarray, labels: np.ndarray, index: np.dtype | None = None) -> list[np.ndarray]:
     """The arrays a step goes out as: ``keys`` (distinct, grouped by ``vnodes`` and
     ``counts`` as a pull's), each occurrence's index among them (``inverse``), the batch's
     offsets, values and labels, each in the narrowest type that holds it exactly (no copy of
-    keys and indices already as narrow: ``route_step`` makes them so)."""
+    keys and indices already as narrow: ``route_step`` makes them so); ``index``: the
+    indices' type where they index fewer keys than ``keys`` (a step of several batches)."""
     nnz = inverse.shape[0]
     ones = bool((vals == 1).all())  # a CTR row's features: then none go
     binary = bool(((labels == 0) | (labels == 1)).all())
     return [keys.astype(key_type(keys), copy=False), vnodes, counts,
-            inverse.astype(index_type(keys.shape[0]), copy=False),
+            inverse.astype(index or index_type(keys.shape[0]), copy=False),
             np.ascontiguousarray(indptr, "<i4" if nnz < 1 << 31 else "<i8"),
             _NO_VALUES if ones else np.ascontiguousarray(vals, np.float32),
             labels.astype("|u1") if binary else np.ascontiguousarray(labels, np.float32)]
 
 
-def read_step_arrays(msg: Message) -> list[np.ndarray]:
+def read_step_arrays(msg: Message, grouped: bool = False) -> list[np.ndarray]:
     """A step request's arrays at their canonical types (``keys <u8``, ``vnodes <i4``,
     ``counts <i8``, ``inverse`` as sent, ``<u2`` or ``<i4``: the kernels take both,
     ``indptr <i8``, ``vals <f4``, ``labels <f4``).
 
     Raises:
-        ProtocolError: not seven arrays, or one of a type or a shape it may not go as."""
-    if len(msg.arrays) != len(STEP_ARRAYS):
-        raise ProtocolError(f"step takes {len(STEP_ARRAYS)} arrays ({', '.join(n for n, _ in STEP_ARRAYS)}), "
-                            f"got {len(msg.arrays)}")
+        ProtocolError: not seven arrays (eight, ``sizes`` last, for a step of several batches:
+            ``grouped``, ``wire/step_groups.py``), or one of a type or a shape it may not go as."""
+    names = STEP_ARRAYS + ((("sizes", ("<i8",)),) if grouped else ())
+    if len(msg.arrays) != len(names):
+        raise ProtocolError(f"{'a step of several batches' if grouped else 'step'} takes {len(names)} arrays "
+                            f"({', '.join(n for n, _ in names)}), got {len(msg.arrays)}")
     out = []
-    for a, (name, types) in zip(msg.arrays, STEP_ARRAYS, strict=True):
+    for a, (name, types) in zip(msg.arrays, names, strict=True):
         if a.dtype.str not in types or a.ndim != 1:
             raise ProtocolError(f"step: {name} must be 1-d {' or '.join(types)}, got {a.ndim}-d {a.dtype.str}")
         if name != "inverse" and a.dtype.str != types[0]:

@@ -368,12 +368,12 @@ class _Pipeline:
     def _step(self, batch: Any, uniq: np.ndarray, inverse: np.ndarray, iteration_start: float) -> None:
         """One mini-batch as a step (``client.steps``): sent once fewer than the depth are
         unanswered, counted when its answer is in (``_drain``).  The batches ready behind it go
-        with it, one envelope to the server (``Client.together``), as many as the depth has
+        with it as one step of several (``client.steps.take_many``), as many as the depth has
         room for, up to a quarter of it (``ENVELOPES``): steps answered in a burst free room in
-        a burst, and a message's costs (a wake-up of each side's threads, a send, a receive, a
-        turn of the server's loop) are then paid once for them all.  The server takes an
-        envelope's steps one by one, in order, as if each had come alone: the same rows read,
-        the same model."""
+        a burst, and a request's costs (building and encoding it, a wake-up of each side's
+        threads, a send, a receive, a turn of the server's loop, the checks, the answer and its
+        future) are then paid once for them all.  The server takes the batches one by one, in
+        order, as if each had come alone: the same rows read, the same model."""
         client = self.client
         self.pulling -= 1
         waiting = time.perf_counter()
@@ -383,29 +383,38 @@ class _Pipeline:
         self.depth.waited(time.perf_counter() - waiting, time.perf_counter() - iteration_start)
         if self.slow:
             time.sleep((self.cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
+        group = [(batch, uniq, inverse)]
+        room = min(self.in_flight() - len(self.pushes) - 1, self.in_flight() // ENVELOPES - 1)
+        for _ in range(room):
+            if not self.ahead:
+                self.pull_ahead(wait=False)
+            if not self.ahead or self.ahead[0][0][1] is None:  # none ready, or a shard's end
+                break
+            (_, batch, uniq, inverse, _), _ = self.ahead.popleft()
+            self.pulling -= 1
+            group.append((batch, uniq, inverse))
         with client.together():
-            self._send_step(batch, uniq, inverse)
-            room = min(self.in_flight() - len(self.pushes), self.in_flight() // ENVELOPES - 1)
-            for _ in range(room):
-                if not self.ahead:
-                    self.pull_ahead(wait=False)
-                if not self.ahead or self.ahead[0][0][1] is None:  # none ready, or a shard's end
-                    break
-                (_, batch, uniq, inverse, _), _ = self.ahead.popleft()
-                self.pulling -= 1
-                self._send_step(batch, uniq, inverse)
+            self._send_steps(group)
             self.pull_ahead(wait=False)
 
-    def _send_step(self, batch: Any, uniq: np.ndarray, inverse: np.ndarray) -> None:
-        """``batch`` sent as a step, its clock finished."""
+    def _send_steps(self, group: list[tuple[Any, np.ndarray, np.ndarray]]) -> None:
+        """The batches of ``group`` sent as one step of several (``client.steps.take_many``), or
+        one step each where the table's lifecycle stamps each batch with its own time; each
+        batch's clock finished."""
         client, cfg = self.client, self.cfg
         if self.timed:
-            client.set_time(self.time_base + (self.done["examples"] + self.examples + len(batch))
-                            * max(client.num_workers, 1))
-        stepped = client.steps.take(cfg.model.table, uniq, inverse, batch.indptr, batch.vals, batch.labels,
-                                    model=cfg.model.name, l2=cfg.model.l2)
-        self.pushes.append(([stepped], batch))
-        client.clock()
+            for batch, uniq, inverse in group:
+                client.set_time(self.time_base + (self.done["examples"] + self.examples + len(batch))
+                                * max(client.num_workers, 1))
+                self.pushes.append(([client.steps.take(cfg.model.table, uniq, inverse, batch.indptr, batch.vals,
+                                                       batch.labels, model=cfg.model.name, l2=cfg.model.l2)], batch))
+                client.clock()
+            return
+        stepped = client.steps.take_many(cfg.model.table, [(u, inv, b.indptr, b.vals, b.labels) for b, u, inv in group],
+                                         model=cfg.model.name, l2=cfg.model.l2)
+        for (batch, _, _), future in zip(group, stepped, strict=True):
+            self.pushes.append(([future], batch))
+            client.clock()
 
     def _count(self, n: int, loss: float) -> None:
         """A batch of ``n`` examples trained, its summed loss ``loss``: counted, and the

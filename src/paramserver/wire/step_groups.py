@@ -1,0 +1,80 @@
+"""Several steps in one request (``Op.STEP`` with ``steps``: N): a worker's N consecutive
+mini-batches to the one server that holds all their keys, applied there one after the
+other, each on the rows the one before it left: what N steps sent in turn would do, the
+same rows read, the same updates, the same answers, for one request's costs.
+
+A step's fixed costs are a request's: building, encoding and sending it, a turn of the
+server's loop to decode, check and answer it, the answer's decoding and its future on the
+worker.  The default ``paramserver train`` job takes 2 016 steps for 10^6 rows (the √n ramp
+starts at one example a batch): those fixed costs were ~0.7 ms of CPU a step on the two
+sides together, a third of the job's CPU (``docs/benchmarks.md``).
+
+On the wire the group is one step's seven arrays, each the N batches' own arrays end to end
+(as narrow as the widest batch allows: ``step_arrays``), and an eighth, ``sizes <i8[3N]``:
+batch k's distinct keys, vnode segments and examples.  Batch k's ``inverse`` indexes its own
+keys and its ``indptr`` starts at 0 (its occurrences are ``indptr[-1]``); ``vals`` is empty
+when every value of every batch is 1.  Batch k is numbered ``seq + k`` (a group takes N
+consecutive numbers), so that a batch applied before a failure is skipped when the worker
+trains it again the classic way, as a step's is.  The answer: ``preds <f4[n]`` (every
+example of every batch, in order) and ``losses`` (each batch's summed log loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from paramserver.errors import ProtocolError
+from paramserver.wire.step_arrays import index_type, key_type, step_arrays
+
+#: the most batches one request carries (a worker groups the steps its depth has room for)
+MAX_STEPS = 256
+
+#: a batch as ``client.steps`` takes it: distinct keys grouped by vnode (``route_step``), the
+#: segments' vnodes and counts, each occurrence's index among the keys, offsets, values, labels
+Batch = Sequence[np.ndarray]
+
+
+def group_arrays(batches: Sequence[Batch]) -> list[np.ndarray]:
+    """The eight arrays of a step of ``batches`` (each as ``step_arrays`` takes one)."""
+    index = index_type(max(b[0].shape[0] for b in batches))  # an index is into its own batch's keys
+    keys, vnodes, counts, inverse, indptr, vals, labels = (np.concatenate([b[i] for b in batches]) for i in range(7))
+    arrays = step_arrays(keys.astype(key_type(keys), copy=False), vnodes, counts, inverse, indptr, vals, labels,
+                         index=index)
+    sizes = np.array([[b[0].shape[0], b[1].shape[0], b[6].shape[0]] for b in batches], np.int64).reshape(-1)
+    return [*arrays, sizes]
+
+
+def split_group(arrays: Sequence[np.ndarray], steps: int) -> list[list[np.ndarray]]:
+    """Each batch's seven arrays (views) of a step of ``steps`` batches whose arrays
+    (``read_step_arrays``'s, ``sizes`` last) are ``arrays``.
+
+    Raises:
+        ProtocolError: ``sizes`` does not cut the arrays into ``steps`` batches exactly."""
+    keys, vnodes, counts, inverse, indptr, vals, labels, sizes = arrays
+    if sizes.shape != (3 * steps,):
+        raise ProtocolError(f"a step of {steps} batches takes sizes <i8[{3 * steps}]: each batch's keys, vnode "
+                            f"segments and examples; got {sizes.shape[0]} sizes")
+    per = sizes.reshape(steps, 3)
+    if (per < 0).any() or per[:, 0].sum() != keys.shape[0] or per[:, 1].sum() != vnodes.shape[0] \
+            or per[:, 2].sum() != labels.shape[0] or indptr.shape[0] != labels.shape[0] + steps:
+        raise ProtocolError(f"a step of {steps} batches: its sizes ({per[:, 0].sum()} keys, {per[:, 1].sum()} "
+                            f"segments, {per[:, 2].sum()} examples) must add up to its arrays' ({keys.shape[0]} "
+                            f"keys, {vnodes.shape[0]} segments, {labels.shape[0]} labels, and one offset more a "
+                            f"batch: {indptr.shape[0]} offsets)")
+    out: list[list[np.ndarray]] = []
+    k, s, r, j = 0, 0, 0, 0
+    for m, segs, n in per.tolist():
+        offsets = indptr[r + len(out):r + len(out) + n + 1]
+        nnz = int(offsets[-1])
+        if not 0 <= nnz <= inverse.shape[0] - j:
+            raise ProtocolError(f"a step of {steps} batches: batch {len(out)}'s offsets end at {nnz}, past the "
+                                f"{inverse.shape[0] - j} occurrences left")
+        out.append([keys[k:k + m], vnodes[s:s + segs], counts[s:s + segs], inverse[j:j + nnz], offsets,
+                    vals[j:j + nnz] if vals.shape[0] else vals, labels[r:r + n]])
+        k, s, r, j = k + m, s + segs, r + n, j + nnz
+    if j != inverse.shape[0] or vals.shape[0] not in (0, j):
+        raise ProtocolError(f"a step of {steps} batches: its batches' offsets cover {j} occurrences, the request "
+                            f"has {inverse.shape[0]} (and {vals.shape[0]} values: as many, or none)")
+    return out
