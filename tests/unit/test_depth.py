@@ -72,24 +72,23 @@ def test_link_keeps_a_factor_model_at_two_and_a_link_it_could_not_time_where_it_
     unknown, steps = Depth("link"), Depth("link", stale=False)
     unknown.measured(None)
     steps.measured(None)
-    assert (unknown.now, unknown.floor_ms, steps.now, steps.floor_ms) == (2, None, 16, None)
+    assert (unknown.now, unknown.floor_ms, steps.now, steps.floor_ms) == (2, None, 64, None)
     fixed = Depth(3)
     fixed.measured(0.020)  # only link reads the link
     assert fixed.now == 3 and fixed.floor_ms is None
     assert Depth(2).settles() is False and Depth(3).settles() and Depth("auto:4").settles()
 
 
-def test_steps_go_deep_on_one_machine_and_16_deeper_a_ms_of_a_link_and_never_settle():
-    from paramserver.apps.ctr.depth import STEP_DEPTH, STEP_LINK_MAX, link_depth
+def test_steps_keep_the_most_in_flight_on_any_link_and_never_settle():
+    from paramserver.apps.ctr.depth import STEP_DEPTH, link_depth
 
-    assert (STEP_DEPTH, STEP_LINK_MAX) == (16, 64)
-    # one machine's pings (0.3-0.45 ms) keep 16; a 1 ms link 16 more; 3 ms and on, the cap
-    for floor_s, want in ((0.0001, 16), (0.00074, 16), (0.00075, 28), (0.0011, 33), (0.0021, 49), (0.003, 64),
-                          (0.5, 64)):
+    assert STEP_DEPTH == 64
+    # one machine's pings (0.3-0.45 ms), a 1 ms link, a long one: the most --pipeline takes
+    for floor_s in (0.0001, 0.00074, 0.00075, 0.0011, 0.003, 0.5):
         d = Depth("link", stale=False)
         assert d.now == STEP_DEPTH
         d.measured(floor_s)
-        assert d.now == want == link_depth(1000 * floor_s, stale=False) and not d.settles(), (floor_s, d.now)
+        assert d.now == STEP_DEPTH == link_depth(1000 * floor_s, stale=False) and not d.settles(), (floor_s, d.now)
     assert Depth(3, stale=False).now == 3 and not Depth(3, stale=False).settles()  # a fixed depth is as given
 
 
@@ -104,9 +103,13 @@ def test_link_times_a_floor_that_would_deepen_again_and_keeps_the_least():
     stall.time_link(floors(0.0013, 0.0003))
     assert (stall.now, stall.floor_ms, len(asked)) == (2, pytest.approx(0.3), 2)
     asked.clear()
-    far = Depth("link", stale=False)  # a real link: the second look agrees
+    far = Depth("link")  # a real link: the second look agrees
     far.time_link(floors(0.0021, 0.0024))
-    assert (far.now, far.floor_ms, len(asked)) == (49, pytest.approx(2.1), 2)
+    assert (far.now, far.floor_ms, len(asked)) == (4, pytest.approx(2.1), 2)
+    asked.clear()
+    steps = Depth("link", stale=False)  # steps keep the most in flight: no second look
+    steps.time_link(floors(0.0021))
+    assert (steps.now, steps.floor_ms, len(asked)) == (64, pytest.approx(2.1), 1)
     asked.clear()
     near = Depth("link")  # a floor that keeps the depth is not asked twice
     near.time_link(floors(0.0003))

@@ -270,11 +270,15 @@ class _Stepping(_InProcessClient):
         self.unanswered.append(answer)
         return answer
 
+    def take_many(self, name, batches, model="lr", l2=0.0):
+        """A step of several batches: each applied in turn, as a server takes them."""
+        return [self.take(name, *batch, model=model, l2=l2) for batch in batches]
+
 
 def test_steps_answered_together_go_out_together_a_quarter_of_the_depth_at_most(tmp_path, monkeypatch):
     """Steps whose answers came back in a burst free room in a burst: the batches ready go to
-    the server in one envelope, up to a quarter of the depth, each once and in order, so the
-    model is the one a step a message makes, to the bit."""
+    the server in one request (a step of several batches), up to a quarter of the depth, each
+    once and in order, so the model is the one a step a request makes, to the bit."""
     path = str(tmp_path / "rows.libsvm")
     _write_rows(path, 4000, seed=3)
     cfg = TrainConfig(Model("lr"), DataFormat("libsvm"), batch_size=1000, pipeline=16, steps="auto")

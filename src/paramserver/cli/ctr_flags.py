@@ -130,14 +130,15 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                    help="mini-batches in flight per worker.  link (default): 2, or on a link whose round trip is "
                         "1 ms or more, one more for each whole ms of it, up to 16 (LR only: a factor model keeps "
                         "2; the round trip timed by pings to each server before the first batch); where batches "
-                        "go as steps (--steps), 16, and 16 more a ms from 0.75 ms, up to 64; N: that many (1: "
+                        "go as steps (--steps), 64 on any link, a quarter of them a request; N: that many (1: "
                         "each sees every earlier push); auto: from 2, one more each time the worker keeps waiting "
                         "on its pulls, up to N (default 16).  Deeper than 2, the job's last 32 batches go one at a "
                         "time, so that the model ends calibrated (docs/consistency.md)")
     p.add_argument("--steps", default="auto", choices=("auto", "off"),
                    help="auto (default): an LR or an FM on one server sends each mini-batch as one step, its "
                         "gradient computed and applied by the server, with no read older than the batch before it "
-                        "(16 in flight under link); off: pull the rows, compute the gradient here, push it")
+                        "(64 in flight under link, the ones ready together as one request); off: pull the rows, "
+                        "compute the gradient here, push it")
     p.add_argument("--row-cache", default="off", metavar="SPEC",
                    help="each worker caches the model's rows it reads often: a row is read while at most S of "
                         "its server's updates behind, and a cached key's gradients are summed and pushed every S "

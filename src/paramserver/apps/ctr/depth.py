@@ -7,7 +7,7 @@ round trip is covered by batches computing rather than by a worker waiting (issu
 one at a time (``client.stats.round_trip_floor``), whose least round trip is the link's floor,
 and from ``LINK_FROM_MS`` keeps 2 + one batch for each whole ``LINK_MS`` of it, up to
 ``LINK_MAX``, for the rest of the job (batches that go as steps, which read no stale rows:
-``STEP_DEPTH``, and from ``STEP_FROM_MS`` ``STEP_PER_MS`` more a ms, up to ``STEP_LINK_MAX``).
+``STEP_DEPTH``, the most ``--pipeline`` takes, on any link).
 On one machine the floor is ~0.3-0.45 ms (two threads' hand-offs at each end), so the depth
 is 2 there, as before, and one worker trains the same model every run; over 10 ms it is 12
 (0.15x the loopback run's examples/s at 2, 0.55x at 12: docs/benchmarks.md, "A pipeline as
@@ -92,33 +92,27 @@ def parse_pipeline(value: object) -> tuple[int, int]:
 
 
 #: ``link``'s depth where batches go as steps (``client.steps``): a step reads no stale rows, so
-#: more in flight costs no loss, and the server always has the next step queued while the
-#: worker parses and sends (10^6 heavy rows on one machine, 2026-12-01, runs of each depth
-#: taking turns: 4 in flight 644-704 k examples/s, mean 675 k over 9; 8 642-710 k; 12 695-713
-#: k; 16 677-745 k, mean 704 k over 12; 20 676-724 k; 24 670-717 k; the same model at each).
-#: The ramp's first batches are a few examples each, a round trip apiece: more in flight covers
-#: a 1 ms link's (1 Gbit/s at 1 ms: 4 in flight 0.81x loopback's examples/s, 16 0.81-0.91x,
-#: 28-64 0.91-0.92x; docs/benchmarks.md, "Links through a relay in C")
-STEP_DEPTH = 16
-#: ... and from a floor of ``STEP_FROM_MS`` (one machine's pings take 0.3-0.45 ms, 0.7 loaded:
-#: deeper there would only cost a little speed) this many more a ms of it, up to
-#: ``STEP_LINK_MAX``: without staleness to bound it, a link is covered by batches in flight,
-#: the ramp's small ones too (1 Gbit/s at 1 ms, 2026-12-02: 16 in flight 329 k and 348 k
-#: examples/s, 24 396 k and 370 k, 32 378 k and 354 k, 48 404 k and 365 k; 10 ms round trips:
-#: 16 in flight 0.54x loopback's examples/s, 32 0.63x, 64 0.69x; the same model every time)
-STEP_FROM_MS = 0.75
-STEP_PER_MS = 16
-STEP_LINK_MAX = 64
+#: more in flight costs no loss, and the server always has the next steps queued while the
+#: worker parses and sends.  The batches ready together go as one step of several
+#: (``train_loop.ENVELOPES``: up to a quarter of the depth, 16 here), so a deeper pipeline
+#: also means fewer requests.  10^6 heavy rows on one machine, 2026-12-02 (steps of several
+#: batches), five runs of each depth taking turns: 16 in flight 406-504 k examples/s (median
+#: 479 k), 32 485-546 k (499 k), 64 476-544 k (532 k), the whole command 3.27, 3.24 and 3.04 s
+#: (medians); the same model at each.  Before steps went several to a request, 16 was the
+#: best on one machine (4 in flight 675 k mean, 16 704 k, 20-24 no better), and more covered
+#: a link: 1 Gbit/s at 1 ms 0.81-0.91x loopback's examples/s at 16, 0.91-0.92x at 28-64;
+#: 10 ms round trips 0.54x at 16, 0.63x at 32, 0.69x at 64 (docs/benchmarks.md, "Links
+#: through a relay in C").  So steps keep the most in flight on any link.
+STEP_DEPTH = 64
 
 
 def link_depth(floor_ms: float, stale: bool) -> int:
     """``--pipeline link``'s batches in flight over a link whose round trip is ``floor_ms``:
     batches pulled and pushed (``stale``) 2, and from ``LINK_FROM_MS`` one more for each
-    whole ``LINK_MS``, up to ``LINK_MAX``; steps ``STEP_DEPTH``, and from ``STEP_FROM_MS``
-    ``STEP_PER_MS`` more a ms, up to ``STEP_LINK_MAX``."""
+    whole ``LINK_MS``, up to ``LINK_MAX``; steps ``STEP_DEPTH`` whatever the link."""
     if stale:
         return 2 if floor_ms < LINK_FROM_MS else min(LINK_MAX, 2 + int(floor_ms / LINK_MS))
-    return STEP_DEPTH if floor_ms < STEP_FROM_MS else min(STEP_LINK_MAX, STEP_DEPTH + int(STEP_PER_MS * floor_ms))
+    return STEP_DEPTH
 
 #: mini-batches a worker trains one at a time at the end of its job when its pipeline may run
 #: deeper than 2 (``Depth.settles``)
@@ -137,7 +131,7 @@ class Depth:
         self.deepens = deepens
         self.stale = stale  # a batch in flight reads rows older than the ones before it trained (not steps)
         if self.link and not stale:  # steps: deeper, and more for each ms of a long link
-            self.now, self.cap = STEP_DEPTH, STEP_LINK_MAX
+            self.now, self.cap = STEP_DEPTH, STEP_DEPTH
         self.frozen = self.now >= self.cap or self.link  # a fixed depth never moves; link's is set once
         self.floor_ms: float | None = None  # link: the link's round trip, once measured
         self.blocked = self.spent = 0.0  # this window's waiting on pulls, and its time

@@ -35,10 +35,12 @@ ASK_KEYS = 1024  # ... and how many
 #: batches ready (4 ahead: the loop waited 0.34-0.37 s of a 1.4 s job for them, its reader
 #: thread idle meanwhile; 64: 0.13 s, +9 % examples/s, the worker's peak RSS +20 MB)
 READ_AHEAD, READ_AHEAD_BYTES = 64, 32 << 20
-#: steps go up to a quarter of the depth in one envelope, so that four are in flight and the
-#: worker and the server keep working side by side: the default job (16 in flight) at 1, 2, 4
-#: steps an envelope: 761 k, 792 k, 812 k examples/s; all 16 in one: 631-652 k (each side idle
-#: while the other works through a whole envelope)
+#: steps go up to a quarter of the depth in one request (a step of several batches), so that
+#: four are in flight and the worker and the server keep working side by side: the default job
+#: (then 16 in flight, a step a request in envelopes) at 1, 2, 4 steps an envelope: 761 k, 792 k,
+#: 812 k examples/s; all 16 in one: 631-652 k (each side idle while the other works through a
+#: whole envelope).  At 64 in flight, 16 a request (2026-12-02): 64 in flight at a quarter 530 k
+#: median over 4 runs, at an eighth 510 k, 32 at a quarter 518 k, 16 at a quarter 454 k
 ENVELOPES = 4
 
 
