@@ -38,8 +38,8 @@ from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.config import load_config
 from paramserver.data.reader import make_shards, read_batches
-from paramserver.routing.partition import route_step
 from paramserver.routing.ring import Ring
+from paramserver.routing.steps import route_step
 from paramserver.server.node import ServerNode
 from paramserver.store import table as store_table
 from paramserver.store import vnodes as store_vnodes

@@ -1,9 +1,12 @@
 """Client-side routing: grouping by server and vnode, duplicate merging."""
 
 import numpy as np
+import pytest
 
 from paramserver import Ring
-from paramserver.routing.partition import route_pull, route_push, route_step, scatter_rows
+from paramserver.routing.hashing import layout_code
+from paramserver.routing.partition import route_pull, route_push, scatter_rows
+from paramserver.routing.steps import route_step, route_steps
 
 
 def _check_parts(ring, routed, bits=0):
@@ -125,3 +128,30 @@ def test_a_steps_routing_groups_its_keys_as_a_pulls_and_places_each_occurrence_a
     np.testing.assert_array_equal(narrow, route_pull(ring, small).keys.astype(np.uint32))
     for bad in (np.array([0, keys.size]), np.array([-1, 0])):  # an occurrence of no key
         assert route_step(ring, keys, bad, 0, np.dtype(np.uint64), np.dtype(np.int32)) is None
+
+
+@pytest.mark.parametrize("layout", [0, layout_code(20)])
+def test_the_batches_of_a_step_of_several_are_each_routed_as_a_step_alone(layout):
+    ring = Ring.create([1, 2], 16)
+    rng = np.random.default_rng(4)
+    batches = []
+    for m, nnz in ((300, 2000), (1, 1), (0, 0), (900, 5000)):  # a batch of one key, one of none
+        keys = rng.choice(1 << 20, m, replace=False).astype(np.uint64)
+        batches.append((keys, rng.integers(0, max(m, 1), nnz) if m else np.zeros(0, np.int64)))
+    key_ends = np.cumsum([k.size for k, _ in batches])
+    occ_ends = np.cumsum([i.size for _, i in batches])
+    keys, inverse = np.concatenate([k for k, _ in batches]), np.concatenate([i for _, i in batches])
+    grouped, rank, vnodes, counts, seg_ends = route_steps(ring, keys, key_ends, inverse, occ_ends, layout,
+                                                          np.dtype(np.uint32), np.dtype(np.uint16))
+    assert grouped.dtype == np.uint32 and rank.dtype == np.uint16
+    k0 = o0 = s0 = 0
+    for (k, i), k1, o1, s1 in zip(batches, key_ends, occ_ends, seg_ends):
+        alone, alone_rank, parts = route_step(ring, k, i, layout, np.dtype(np.uint64), np.dtype(np.int32))
+        np.testing.assert_array_equal(grouped[k0:k1], alone)
+        np.testing.assert_array_equal(rank[o0:o1], alone_rank)
+        np.testing.assert_array_equal(vnodes[s0:s1], np.concatenate([p.vnodes for p in parts] or [np.zeros(0)]))
+        np.testing.assert_array_equal(counts[s0:s1], np.concatenate([p.counts for p in parts] or [np.zeros(0)]))
+        k0, o0, s0 = k1, o1, s1
+    bad = inverse.copy()
+    bad[occ_ends[0]] = 1  # batch 1 has one key: index 1 names none
+    assert route_steps(ring, keys, key_ends, bad, occ_ends, layout, np.dtype(np.uint32), np.dtype(np.uint16)) == 1

@@ -13,25 +13,34 @@ from test_step_requests import FTRL, _batch, _rows, _step
 from paramserver.routing.partition import route_pull
 from paramserver.routing.ring import Ring
 from paramserver.tables.spec import TableSpec
-from paramserver.wire.step_arrays import step_arrays
+from paramserver.wire.step_arrays import index_type
 from paramserver.wire.step_groups import group_arrays, split_group
 
 
 def _routed(h: Harness, ring: Ring, table: str, batch) -> tuple[int, list[np.ndarray]]:
-    """``batch`` as a step's seven arrays (narrow, as a client sends them) and its server."""
+    """``batch`` as a step's seven arrays (at their widest) and its server."""
     uniq, inverse, indptr, vals, labels = batch
     routed = route_pull(ring, uniq, h.nodes[0].tables[table].layout)
     (part,) = routed.parts
     rank = np.empty(uniq.size, np.int32)
     rank[routed.order] = np.arange(uniq.size, dtype=np.int32)
-    return part.server, step_arrays(routed.keys, part.vnodes, part.counts, rank[inverse], indptr, vals, labels)
+    return part.server, [routed.keys, part.vnodes, part.counts, rank[inverse], indptr, vals, labels]
+
+
+def _joined(batches: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """What a client sends for ``batches`` (each a step's seven arrays): their arrays end to
+    end, each batch's places as narrow as the widest batch allows, and their sizes."""
+    index = index_type(max(b[0].shape[0] for b in batches))
+    joined = [np.concatenate([b[i].astype(index) if i == 3 else b[i] for b in batches]) for i in range(7)]
+    sizes = np.array([[b[0].shape[0], b[1].shape[0], b[6].shape[0]] for b in batches], np.int64).reshape(-1)
+    return group_arrays(*joined, sizes)
 
 
 def _group(h: Harness, ring: Ring, table: str, batches, seq: int, arrays=None, **fields) -> None:
     routed = [_routed(h, ring, table, b) for b in batches]
     header = {"op": "step", "table": table, "ring_version": ring.version, "id": 1, "model": "lr",
               "sender": 5, "seq": seq, "acked": seq - 1, "steps": len(batches), **fields}
-    h.deliver(h.by_id(routed[0][0]), header, arrays if arrays is not None else group_arrays([a for _, a in routed]))
+    h.deliver(h.by_id(routed[0][0]), header, arrays if arrays is not None else _joined([a for _, a in routed]))
 
 
 @pytest.fixture
@@ -99,7 +108,7 @@ def _sizes_off(arrays):
 def test_a_malformed_step_of_several_batches_changes_nothing_and_says_what(two, change, said):
     (h, ring), _ = two
     batches = [_batch(1), _batch(2)]
-    arrays = group_arrays([_routed(h, ring, "w", b)[1] for b in batches])
+    arrays = _joined([_routed(h, ring, "w", b)[1] for b in batches])
     _group(h, ring, "w", batches, seq=1, arrays=change(arrays))
     (_, answer), = h.replies
     assert answer["op"] == "error" and said in answer["error"]
@@ -148,12 +157,12 @@ def test_group_arrays_go_as_narrow_as_the_widest_batch_allows_and_split_back_exa
     big_keys = np.arange(1, 70_001, dtype=np.uint64) | np.uint64(1 << 32)  # past 32 bits, past 2^16 keys
     big = [big_keys, np.array([1], np.int32), np.array([70_000], np.int64), np.array([69_999, 0], np.int32),
            np.array([0, 2], np.int32), np.array([0.5, 1], np.float32), np.array([1], np.float32)]
-    arrays = group_arrays([small, big])
+    arrays = _joined([small, big])
     assert [a.dtype.str for a in arrays] == ["<u8", "<i4", "<i8", "<i4", "<i4", "<f4", "|u1", "<i8"]
     parts = split_group([a.astype(t) for a, t in zip(arrays, ["<u8", "<i4", "<i8", "<i4", "<i8", "<f4", "<f4",
                                                               "<i8"])], 2)
     for got, want in zip(parts, [small, big]):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
-    only_ones = group_arrays([small, small])
+    only_ones = _joined([small, small])
     assert only_ones[5].size == 0 and only_ones[3].dtype.str == "<u2"  # every value 1: none go

@@ -27,7 +27,7 @@ import numpy as np
 
 from paramserver.client.core import Piece, as_keys, call_header, push_header, rows_into
 from paramserver.errors import Code, ConfigError, ProtocolError
-from paramserver.routing.partition import route_step
+from paramserver.routing.steps import route_step, route_steps
 from paramserver.tables.steps import STEP_MODELS, fits, step, unsuited
 from paramserver.wire.message import Message, Op
 from paramserver.wire.step_arrays import index_type, key_type, step_arrays
@@ -157,25 +157,39 @@ class StepCalls:
         alone (under its number)."""
         c = self.caller
         c.losses.check()
+        group = self._routed_group(spec, batches)
         with c.lock:
             seqs = [c.state.sequencer.take() for _ in batches]
-        try:
-            pieces = [self._routed(spec, b, how) for b in batches]
-        except BaseException:
-            for seq in seqs:
-                c.settled(seq)
-            raise
         outs: list[Future[Stepped]] = [Future() for _ in batches]
-        servers = {p.server for p in pieces if p is not None}
-        if None in pieces or len(servers) != 1:
-            for batch, seq, out, piece in zip(batches, seqs, outs, pieces, strict=True):
-                if piece is None:
-                    self._classic(spec, batch, seq, how, out)
-                else:
-                    self._send(spec, piece, batch, seq, how, out)
+        if group is None or not steppable(spec, how[0]):
+            for batch, seq, out in zip(batches, seqs, outs, strict=True):
+                self._take(spec, batch, how, seq, out)
             return outs
-        self._send_group(spec, pieces, batches, seqs, how, outs)  # type: ignore[arg-type]
+        self._send_group(spec, *group, batches, seqs, how, outs)
         return outs
+
+    def _routed_group(self, spec: TableSpec, batches: list[tuple[np.ndarray, ...]]) -> tuple[Piece, np.ndarray] | None:
+        """``batches``' keys, each batch's grouped by vnode and its occurrences' places among
+        them (the piece's ``extra``), end to end as a step of several carries them, and the
+        batches' sizes (``wire/step_groups.py``); None where no one server holds them all."""
+        ring = self.caller.state.ring()
+        keys = np.concatenate([b[0] for b in batches])
+        key_ends = np.cumsum([b[0].shape[0] for b in batches])
+        occ_ends = np.cumsum([b[1].shape[0] for b in batches])
+        widest = int(np.diff(key_ends, prepend=0).max())
+        routed = route_steps(ring, keys, key_ends, np.concatenate([b[1] for b in batches]), occ_ends, spec.layout,
+                             key_type(keys), index_type(widest))
+        if isinstance(routed, int):
+            m = batches[routed][0].shape[0]
+            raise ConfigError(f"steps on {spec.name!r}: inverse must index the {m} keys, got values outside [0, {m}) "
+                              f"(batch {routed} of {len(batches)})")
+        grouped, rank, vnodes, counts, seg_ends = routed
+        owners = ring.owners[vnodes]
+        if not owners.size or (owners != owners[0]).any():
+            return None
+        sizes = np.column_stack([np.diff(key_ends, prepend=0), np.diff(seg_ends, prepend=0),
+                                 [b[4].shape[0] for b in batches]]).astype(np.int64).reshape(-1)
+        return Piece(int(owners[0]), ring.version, grouped, rank, vnodes, counts), sizes
 
     def _send(self, spec: TableSpec, piece: Piece, batch: tuple[np.ndarray, ...], seq: int, how: tuple[str, float],
               out: Future[Stepped]) -> None:
@@ -183,7 +197,7 @@ class StepCalls:
         and, as its ``extra``, each occurrence's place among them (``route_step``)."""
         c = self.caller
         _, _, indptr, vals, labels = batch
-        address, header = self._outgoing(spec, piece, seq, how, [piece])
+        address, header = self._outgoing(spec, piece, seq, how)
         arrays = step_arrays(piece.keys, piece.vnodes, piece.counts, piece.extra, indptr, vals, labels)  # narrow
 
         def answered(msg: Message | None, exc: BaseException | None) -> None:
@@ -202,33 +216,34 @@ class StepCalls:
         c.state.submit(address, header, arrays, answered)
 
     def _outgoing(self, spec: TableSpec, piece: Piece, seq: int, how: tuple[str, float],
-                  pieces: list[Piece]) -> tuple[str | None, dict[str, Any]]:
-        """Where a step of ``pieces`` goes (None: its server left the ring) and its header,
-        numbered ``seq`` (its first batch's), counted in the client's stats."""
+                  batches: int = 1) -> tuple[str | None, dict[str, Any]]:
+        """Where a step of ``batches`` (``piece``: their keys) goes (None: its server left the
+        ring) and its header, numbered ``seq`` (its first batch's), counted in the client's stats."""
         c = self.caller
         model, l2 = how
         extra = {"model": model, **({"l2": l2} if model == "fm" else {}), **(push_header(spec, "update", c.time) or {})}
-        if len(pieces) > 1:
-            extra["steps"] = len(pieces)
+        if batches > 1:
+            extra["steps"] = batches
             c.state.count("step_groups")
         header = call_header(Op.STEP, spec.name, node_id=c.node_id, seq=seq, token=c.token, extra=extra,
                              worker_clock=c.clock if c.role == "worker" else None)
-        for p in pieces:
-            c.state.count(Op.STEP.value)
-            c.state.keys[Op.STEP.value] = c.state.keys.get(Op.STEP.value, 0) + int(p.keys.shape[0])
+        c.state.counts[Op.STEP.value] = c.state.counts.get(Op.STEP.value, 0) + batches
+        c.state.keys[Op.STEP.value] = c.state.keys.get(Op.STEP.value, 0) + int(piece.keys.shape[0])
         address, header, _ = c.state.outgoing(Op.STEP, header, piece, 0)
         return address, header
 
-    def _send_group(self, spec: TableSpec, pieces: list[Piece], batches: list[tuple[np.ndarray, ...]],
+    def _send_group(self, spec: TableSpec, piece: Piece, sizes: np.ndarray, batches: list[tuple[np.ndarray, ...]],
                     seqs: list[int], how: tuple[str, float], outs: list[Future[Stepped]]) -> None:
-        """``batches`` (routed as ``pieces``, all to one server) as one step of several."""
+        """``batches`` (routed as ``piece``, to one server; ``sizes``: ``_routed_group``'s) as one
+        step of several."""
         c = self.caller
-        address, header = self._outgoing(spec, pieces[0], seqs[0], how, pieces)
-        arrays = group_arrays([(p.keys, p.vnodes, p.counts, p.extra, *b[2:]) for p, b in zip(pieces, batches)])
-        sizes = [b[4].shape[0] for b in batches]
+        address, header = self._outgoing(spec, piece, seqs[0], how, len(batches))
+        indptr, vals, labels = (np.concatenate([b[i] for b in batches]) for i in (2, 3, 4))
+        arrays = group_arrays(piece.keys, piece.vnodes, piece.counts, piece.extra, indptr, vals, labels, sizes)
+        examples = [b[4].shape[0] for b in batches]
 
         def answered(msg: Message | None, exc: BaseException | None) -> None:
-            got = _stepped_group(msg, sizes) if exc is None else None
+            got = _stepped_group(msg, examples) if exc is None else None
             if got is None:  # refused (a copy under way, an older server), its server gone, the ring moved,
                 for batch, seq, out in zip(batches, seqs, outs, strict=True):  # unanswered: each batch alone
                     try:  # under its number (a batch applied is skipped)
@@ -241,8 +256,8 @@ class StepCalls:
             for out, preds, loss in zip(outs, *got, strict=True):
                 out.set_result((preds, loss))
 
-        if address is None or len({p.ring_version for p in pieces}) != 1:
-            answered(None, ProtocolError(f"server {pieces[0].server} left the ring, or it moved while routing"))
+        if address is None:
+            answered(None, ProtocolError(f"server {piece.server} left the ring"))
             return
         c.state.submit(address, header, arrays, answered)
 

@@ -52,7 +52,7 @@ def _scatter(keys, rows, lo, hi, bucket, fill, skeys, srows, order, want_order):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _buckets(keys, n_vnodes, vnode_rank, layout):  # type: ignore[no-untyped-def]
+def vnode_buckets(keys, n_vnodes, vnode_rank, layout):  # type: ignore[no-untyped-def]
     """A counting sort's first pass over ``keys``: each key's bucket (the rank of its vnode)
     and the buckets' offsets (``int64[n_vnodes + 1]``)."""
     bucket = np.empty(keys.shape[0], np.int32)
@@ -69,7 +69,7 @@ def _group_serial(keys, rows, n_vnodes, vnode_rank, want_order, layout):  # type
     """``_group`` on the calling thread, in one compiled call (a small batch: the
     two-thread path's Python around its calls cost more than the batch)."""
     n = keys.shape[0]
-    bucket, offsets = _buckets(keys, n_vnodes, vnode_rank, layout)
+    bucket, offsets = vnode_buckets(keys, n_vnodes, vnode_rank, layout)
     order = np.empty(n if want_order else 0, np.int64)
     skeys = np.empty(n, np.uint64)
     srows = np.empty((n, rows.shape[1]), rows.dtype)
@@ -318,7 +318,7 @@ class Routed:
     grads: np.ndarray | None = None  # push: float32[m, dim], duplicates summed
 
 
-def _parts(ring: Ring, offsets: np.ndarray) -> list[Part]:
+def server_parts(ring: Ring, offsets: np.ndarray) -> list[Part]:
     """One part per server with keys: the ring's rank order groups vnodes by server
     (``Ring.rank_groups``, computed once a ring: this ran on every pull and push)."""
     counts = offsets[1:] - offsets[:-1]
@@ -393,44 +393,7 @@ def route_pull(ring: Ring, keys: np.ndarray, layout: int = 0, ordered: bool = Fa
     skeys, _, order, offsets = _group(keys, no_rows, ring.n_vnodes, ring.vnode_rank, True, layout)
     if ordered and positioned(layout):
         _by_position(skeys, order.reshape(-1, 1), offsets, layout)
-    return Routed(skeys, _parts(ring, offsets), ring.version, order=order)
-
-
-@njit(nogil=True, cache=True)
-def _group_step(keys, inverse, n_vnodes, vnode_rank, layout, skeys, rank):  # type: ignore[no-untyped-def]
-    """``_group_serial`` for a step's distinct ``keys``, in one pass more: the keys into
-    ``skeys`` by the rank of their vnode (stable; ``skeys`` may be narrower, its caller
-    knows they fit), and occurrence j's key ``inverse[j]`` as its place among them into
-    ``rank``; the bucket offsets."""
-    n = keys.shape[0]
-    bucket, offsets = _buckets(keys, n_vnodes, vnode_rank, layout)
-    fill = offsets[:-1].copy()
-    place = np.empty(n, np.int64)
-    for i in range(n):
-        b = bucket[i]
-        p = fill[b]
-        skeys[p] = keys[i]
-        place[i] = p
-        fill[b] = p + 1
-    for j in range(inverse.shape[0]):
-        u = inverse[j]
-        if u < 0 or u >= n:
-            return offsets[:0]  # an occurrence of no key: the caller says so
-        rank[j] = place[u]
-    return offsets
-
-
-def route_step(ring: Ring, keys: np.ndarray, inverse: np.ndarray, layout: int, key_dtype: np.dtype,
-               rank_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, list[Part]] | None:
-    """A step's distinct ``keys`` grouped by server and vnode as ``route_pull`` groups them,
-    in ``key_dtype`` (the caller knows they fit), and each occurrence's key (``inverse``, an
-    index into ``keys``) as its place among the grouped keys, in ``rank_dtype``: one compiled
-    call where a pull's routing, its order's inverse and a gather took three passes and as
-    many arrays.  None where an occurrence names no key (``inverse`` out of range)."""
-    skeys = np.empty(keys.shape[0], key_dtype)
-    rank = np.empty(inverse.shape[0], rank_dtype)
-    offsets = _group_step(keys, inverse, ring.n_vnodes, ring.vnode_rank, layout, skeys, rank)
-    return (skeys, rank, _parts(ring, offsets)) if offsets.shape[0] else None
+    return Routed(skeys, server_parts(ring, offsets), ring.version, order=order)
 
 
 def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, layout: int = 0, distinct: bool = False,
@@ -442,9 +405,9 @@ def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, layout: int = 0,
     if ordered and positioned(layout):
         _by_position(skeys, srows, offsets, layout)
     if distinct:
-        return Routed(skeys, _parts(ring, offsets), ring.version, grads=srows)
+        return Routed(skeys, server_parts(ring, offsets), ring.version, grads=srows)
     uniq, sums, uoffsets = _dedup_sum(skeys, srows, offsets)
-    return Routed(uniq, _parts(ring, uoffsets), ring.version, grads=sums)
+    return Routed(uniq, server_parts(ring, uoffsets), ring.version, grads=sums)
 
 
 def combine_duplicates(keys: np.ndarray, rows: np.ndarray, op: str) -> tuple[np.ndarray, np.ndarray]:

@@ -26,24 +26,19 @@ from collections.abc import Sequence
 import numpy as np
 
 from paramserver.errors import ProtocolError
-from paramserver.wire.step_arrays import index_type, key_type, step_arrays
+from paramserver.wire.step_arrays import step_arrays
 
 #: the most batches one request carries (a worker groups the steps its depth has room for)
 MAX_STEPS = 256
 
-#: a batch as ``client.steps`` takes it: distinct keys grouped by vnode (``route_step``), the
-#: segments' vnodes and counts, each occurrence's index among the keys, offsets, values, labels
-Batch = Sequence[np.ndarray]
 
-
-def group_arrays(batches: Sequence[Batch]) -> list[np.ndarray]:
-    """The eight arrays of a step of ``batches`` (each as ``step_arrays`` takes one)."""
-    index = index_type(max(b[0].shape[0] for b in batches))  # an index is into its own batch's keys
-    keys, vnodes, counts, inverse, indptr, vals, labels = (np.concatenate([b[i] for b in batches]) for i in range(7))
-    arrays = step_arrays(keys.astype(key_type(keys), copy=False), vnodes, counts, inverse, indptr, vals, labels,
-                         index=index)
-    sizes = np.array([[b[0].shape[0], b[1].shape[0], b[6].shape[0]] for b in batches], np.int64).reshape(-1)
-    return [*arrays, sizes]
+def group_arrays(keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, inverse: np.ndarray, indptr: np.ndarray,
+                 vals: np.ndarray, labels: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """The eight arrays of a step of several batches: each of a step's seven arrays, the
+    batches' own end to end (``routing/steps.route_steps`` makes the keys and the places,
+    the places as narrow as the widest batch allows), each as narrow as it goes
+    (``step_arrays``), and their ``sizes``."""
+    return [*step_arrays(keys, vnodes, counts, inverse, indptr, vals, labels, index=inverse.dtype), sizes]
 
 
 def split_group(arrays: Sequence[np.ndarray], steps: int) -> list[list[np.ndarray]]:
