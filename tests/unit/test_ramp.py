@@ -283,13 +283,16 @@ def test_steps_answered_together_go_out_together_a_quarter_of_the_depth_at_most(
     _write_rows(path, 4000, seed=3)
     cfg = TrainConfig(Model("lr"), DataFormat("libsvm"), batch_size=1000, pipeline=16, steps="auto")
     models, sizes, default = [], [], train_loop.ENVELOPES
-    for envelopes in (default, 10**6):  # the default, then one step an envelope
+    for envelopes, most in ((default, train_loop.GROUP_OCCURRENCES), (10**6, 1 << 20), (default, 1)):
+        # the default; one step a request; requests of at most one occurrence: each batch alone
         monkeypatch.setattr(train_loop, "ENVELOPES", envelopes)
+        monkeypatch.setattr(train_loop, "GROUP_OCCURRENCES", most)
         client = _Stepping(VnodeTable(1, FTRL(), Zeros(), 0), [Shard(path, 0, -1)])
         assert _train_stream(client, cfg)["examples"] == 4000
         keys, rows = client.table.items()
         models.append(rows[np.argsort(keys)])
         sizes.append(client.envelopes)
     assert max(sizes[0]) == 16 // default and sum(sizes[0]) == len(sizes[1])  # each batch once
-    assert set(sizes[1]) == {1}
+    assert set(sizes[1]) == set(sizes[2]) == {1}
     np.testing.assert_array_equal(models[0], models[1])
+    np.testing.assert_array_equal(models[0], models[2])

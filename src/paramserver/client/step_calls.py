@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_NO_VALUES = np.zeros(0, np.float32)
+
 #: what a step's future gives: each example's probability under the rows it was scored with, and their summed log loss
 Stepped = tuple[np.ndarray, float]
 
@@ -238,7 +240,9 @@ class StepCalls:
         step of several."""
         c = self.caller
         address, header = self._outgoing(spec, piece, seqs[0], how, len(batches))
-        indptr, vals, labels = (np.concatenate([b[i] for b in batches]) for i in (2, 3, 4))
+        indptr, labels = (np.concatenate([b[i] for b in batches]) for i in (2, 4))
+        ones = all(bool((b[3] == 1).all()) for b in batches)  # a CTR row's features: no values go, none copied
+        vals = _NO_VALUES if ones else np.concatenate([b[3] for b in batches])
         arrays = group_arrays(piece.keys, piece.vnodes, piece.counts, piece.extra, indptr, vals, labels, sizes)
         examples = [b[4].shape[0] for b in batches]
 

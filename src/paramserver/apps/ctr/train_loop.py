@@ -42,6 +42,10 @@ READ_AHEAD, READ_AHEAD_BYTES = 64, 32 << 20
 #: whole envelope).  At 64 in flight, 16 a request (2026-12-02): 64 in flight at a quarter 530 k
 #: median over 4 runs, at an eighth 510 k, 32 at a quarter 518 k, 16 at a quarter 454 k
 ENVELOPES = 4
+#: ... and of at most this many key occurrences in all (the first batch always goes): the
+#: default job's groups of 16 batches hold up to ~640 000; a --batch-size of 10^5 rows goes
+#: one batch a request
+GROUP_OCCURRENCES = 1 << 20
 
 
 def train_worker(client: Client, cfg: TrainConfig) -> dict[str, Any]:
@@ -385,14 +389,18 @@ class _Pipeline:
         self.depth.waited(time.perf_counter() - waiting, time.perf_counter() - iteration_start)
         if self.slow:
             time.sleep((self.cfg.slow_factor - 1) * (time.perf_counter() - iteration_start))
-        group = [(batch, uniq, inverse)]
+        group, size = [(batch, uniq, inverse)], inverse.shape[0]
         room = min(self.in_flight() - len(self.pushes) - 1, self.in_flight() // ENVELOPES - 1)
         for _ in range(room):
             if not self.ahead:
                 self.pull_ahead(wait=False)
             if not self.ahead or self.ahead[0][0][1] is None:  # none ready, or a shard's end
                 break
-            (_, batch, uniq, inverse, _), _ = self.ahead.popleft()
+            (_, batch, uniq, inverse, _), _ = self.ahead[0]
+            size += inverse.shape[0]
+            if size > GROUP_OCCURRENCES:  # big batches (--batch-size): a request of a few MB at most
+                break
+            self.ahead.popleft()
             self.pulling -= 1
             group.append((batch, uniq, inverse))
         with client.together():
