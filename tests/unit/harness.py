@@ -16,6 +16,8 @@ from paramserver.testing.sim import SimNetwork, SimSocket
 from paramserver.wire.message import Message, decode, encode
 
 CLIENT = b"client"
+#: the default job's rule (``train``'s FTRL), for the tables steps go to (``conftest.two``)
+STEP_FTRL = {"name": "ftrl", "alpha": 0.115, "beta": 0.5, "l1": 0.0, "l2": 0.0}
 
 
 class Harness:

@@ -43,20 +43,6 @@ def _group(h: Harness, ring: Ring, table: str, batches, seq: int, arrays=None, *
     h.deliver(h.by_id(routed[0][0]), header, arrays if arrays is not None else _joined([a for _, a in routed]))
 
 
-@pytest.fixture
-def two():
-    out = []
-    for _ in range(2):
-        h = Harness()
-        h.make(1)
-        ring = Ring.create([1], 8)
-        h.ring(ring, [TableSpec("w", 1, optimizer=FTRL)])
-        out.append((h, ring))
-    yield out
-    for h, _ in out:
-        h.close()
-
-
 @pytest.mark.parametrize("ones", [False, True])
 def test_a_step_of_several_batches_is_those_steps_in_turn_bit_for_bit(two, ones):
     (h, ring), (ref, ref_ring) = two

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import Harness
+from harness import STEP_FTRL, Harness
 
 from paramserver.routing.partition import route_pull
 from paramserver.routing.ring import Ring
@@ -15,7 +15,7 @@ from paramserver.tables.spec import TableSpec
 from paramserver.tables.steps import logistic_step
 from paramserver.wire.step_arrays import step_arrays
 
-FTRL = {"name": "ftrl", "alpha": 0.115, "beta": 0.5, "l1": 0.0, "l2": 0.0}
+FTRL = STEP_FTRL  # the fixture two's tables' rule (conftest.py)
 
 
 def _batch(seed: int, n: int = 40, keys: int = 60):
@@ -47,21 +47,6 @@ def _step(h: Harness, ring: Ring, table: str, batch, narrow: bool = False, **fie
 
 def _rows(h: Harness, server: int, table: str, keys: np.ndarray) -> np.ndarray:
     return np.array([h.value(h.by_id(server), table, k) or 0.0 for k in keys], np.float32)
-
-
-@pytest.fixture
-def two():
-    """Two harnesses, one server each, the same FTRL table: where steps go, and the reference."""
-    out = []
-    for _ in range(2):
-        h = Harness()
-        h.make(1)
-        ring = Ring.create([1], 8)
-        h.ring(ring, [TableSpec("w", 1, optimizer=FTRL)])
-        out.append((h, ring))
-    yield out
-    for h, _ in out:
-        h.close()
 
 
 def test_a_step_applies_what_pull_kernel_and_push_would_and_answers_the_scores(two):
