@@ -31,7 +31,7 @@ NAME_AHEAD = 1  # batches whose keys are named beyond those pulled
 NAME_AGAIN = 64  # batches before keys are named again to servers that did not read ahead ...
 ASK_KEYS = 1024  # ... and how many
 #: mini-batches parsed and deduplicated ahead of the loop, at most, and their bytes: answers
-#: come back in bursts (16 steps in flight, more over a link), and each burst wants its next
+#: come back in bursts (64 steps in flight, 16 a request), and each burst wants its next
 #: batches ready (4 ahead: the loop waited 0.34-0.37 s of a 1.4 s job for them, its reader
 #: thread idle meanwhile; 64: 0.13 s, +9 % examples/s, the worker's peak RSS +20 MB)
 READ_AHEAD, READ_AHEAD_BYTES = 64, 32 << 20
