@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from paramserver._runtime.malloc import tune_allocator
 from paramserver.apps.ctr.ramp import ramped
 from paramserver.apps.ctr.synth import write_synth
@@ -39,7 +41,7 @@ from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.config import load_config
 from paramserver.data.reader import make_shards, read_batches
 from paramserver.routing.ring import Ring
-from paramserver.routing.steps import route_step
+from paramserver.routing.steps import route_steps
 from paramserver.server.node import ServerNode
 from paramserver.store import table as store_table
 from paramserver.store import vnodes as store_vnodes
@@ -61,13 +63,14 @@ def requests(path: str, cfg: TrainConfig, ring: Ring, layout: int) -> list[list[
         for batch in ramped(read_batches(shard, cfg.data, cfg.batch_size), cfg.batch_size, cfg.batch_ramp, seen):
             seen += len(batch)
             uniq, inverse = batch.unique()
-            routed = route_step(ring, uniq, inverse, layout, key_type(uniq), index_type(uniq.shape[0]))
-            assert routed is not None
-            grouped, rank, (part,) = routed
+            routed = route_steps(ring, uniq, np.array([uniq.size]), inverse, np.array([inverse.size]), layout,
+                                 key_type(uniq), index_type(uniq.shape[0]))
+            assert not isinstance(routed, int)
+            grouped, rank, vnodes, counts, _ = routed
             seq = len(frames) + 1
             header = {"op": "step", "table": cfg.model.table, "ring_version": ring.version, "id": seq,
                       "model": cfg.model.name, "sender": 3, "seq": seq, "acked": seq - 1}
-            arrays = step_arrays(grouped, part.vnodes, part.counts, rank, batch.indptr, batch.vals, batch.labels)
+            arrays = step_arrays(grouped, vnodes, counts, rank, batch.indptr, batch.vals, batch.labels)
             frames.append([CLIENT, *(bytes(f) for f in encode(header, arrays))])
     return frames
 

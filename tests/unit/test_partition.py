@@ -6,7 +6,7 @@ import pytest
 from paramserver import Ring
 from paramserver.routing.hashing import layout_code
 from paramserver.routing.partition import route_pull, route_push, scatter_rows
-from paramserver.routing.steps import route_step, route_steps
+from paramserver.routing.steps import route_steps
 
 
 def _check_parts(ring, routed, bits=0):
@@ -111,23 +111,32 @@ def test_a_big_batch_routes_on_two_threads_to_the_same_bits_and_leaves_none_runn
         assert len(np.frombuffer(two[0], np.uint64)) == np.unique(keys).size  # duplicates merged across the halves
 
 
+def _alone(ring, keys, inverse, layout, key_dtype, rank_dtype):
+    """One batch routed as a step: ``route_steps`` of a single batch."""
+    return route_steps(ring, keys, np.array([keys.size]), inverse, np.array([inverse.size]), layout,
+                       np.dtype(key_dtype), np.dtype(rank_dtype))
+
+
 def test_a_steps_routing_groups_its_keys_as_a_pulls_and_places_each_occurrence_among_them():
     ring = Ring.create([1, 2], 16)
     rng = np.random.default_rng(3)
     keys = np.unique(rng.integers(1, 1 << 40, 3000).astype(np.uint64))
     rng.shuffle(keys)
     inverse = rng.integers(0, keys.size, 20_000)
-    grouped, rank, parts = route_step(ring, keys, inverse, 0, np.dtype(np.uint64), np.dtype(np.uint16))
+    grouped, rank, vnodes, counts, ends = _alone(ring, keys, inverse, 0, np.uint64, np.uint16)
     pulled = route_pull(ring, keys)
     np.testing.assert_array_equal(grouped, pulled.keys)
-    assert [(p.server, p.start, p.stop) for p in parts] == [(p.server, p.start, p.stop) for p in pulled.parts]
+    np.testing.assert_array_equal(vnodes, np.concatenate([p.vnodes for p in pulled.parts]))
+    np.testing.assert_array_equal(counts, np.concatenate([p.counts for p in pulled.parts]))
+    servers = [p.server for p in pulled.parts for _ in p.vnodes]  # each segment on its part's server
+    assert ring.owners[vnodes].tolist() == servers and len(set(servers)) == 2 and ends.tolist() == [vnodes.size]
     assert rank.dtype == np.uint16
     np.testing.assert_array_equal(grouped[rank], keys[inverse])  # each occurrence names its own key
     small = keys & np.uint64(0xFFFFFFFF)
-    narrow, _, _ = route_step(ring, small, inverse, 0, np.dtype(np.uint32), np.dtype(np.int32))
+    narrow = _alone(ring, small, inverse, 0, np.uint32, np.int32)[0]
     np.testing.assert_array_equal(narrow, route_pull(ring, small).keys.astype(np.uint32))
     for bad in (np.array([0, keys.size]), np.array([-1, 0])):  # an occurrence of no key
-        assert route_step(ring, keys, bad, 0, np.dtype(np.uint64), np.dtype(np.int32)) is None
+        assert _alone(ring, keys, bad, 0, np.uint64, np.int32) == 0
 
 
 @pytest.mark.parametrize("layout", [0, layout_code(20)])
@@ -146,11 +155,12 @@ def test_the_batches_of_a_step_of_several_are_each_routed_as_a_step_alone(layout
     assert grouped.dtype == np.uint32 and rank.dtype == np.uint16
     k0 = o0 = s0 = 0
     for (k, i), k1, o1, s1 in zip(batches, key_ends, occ_ends, seg_ends):
-        alone, alone_rank, parts = route_step(ring, k, i, layout, np.dtype(np.uint64), np.dtype(np.int32))
+        alone, alone_rank, alone_vnodes, alone_counts, _ = _alone(ring, k, i, layout, np.uint64, np.int32)
         np.testing.assert_array_equal(grouped[k0:k1], alone)
+        np.testing.assert_array_equal(grouped[k0:k1], route_pull(ring, k, layout).keys)
         np.testing.assert_array_equal(rank[o0:o1], alone_rank)
-        np.testing.assert_array_equal(vnodes[s0:s1], np.concatenate([p.vnodes for p in parts] or [np.zeros(0)]))
-        np.testing.assert_array_equal(counts[s0:s1], np.concatenate([p.counts for p in parts] or [np.zeros(0)]))
+        np.testing.assert_array_equal(vnodes[s0:s1], alone_vnodes)
+        np.testing.assert_array_equal(counts[s0:s1], alone_counts)
         k0, o0, s0 = k1, o1, s1
     bad = inverse.copy()
     bad[occ_ends[0]] = 1  # batch 1 has one key: index 1 names none

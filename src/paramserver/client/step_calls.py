@@ -27,7 +27,7 @@ import numpy as np
 
 from paramserver.client.core import Piece, as_keys, call_header, push_header, rows_into
 from paramserver.errors import Code, ConfigError, ProtocolError
-from paramserver.routing.steps import route_step, route_steps
+from paramserver.routing.steps import route_steps
 from paramserver.tables.steps import STEP_MODELS, fits, step, unsuited
 from paramserver.wire.message import Message, Op
 from paramserver.wire.step_arrays import index_type, key_type, step_arrays
@@ -116,21 +116,6 @@ class StepCalls:
                               f"of shape {inverse.shape}")
         return keys, inverse, np.asarray(indptr, np.int64), np.asarray(vals, np.float32), np.asarray(labels, np.float32)
 
-    def _routed(self, spec: TableSpec, batch: tuple[np.ndarray, ...], how: tuple[str, float]) -> Piece | None:
-        """``batch``'s keys grouped by vnode as a pull's, and each occurrence's place among them
-        (the piece's ``extra``), as narrow as they go; None where one server cannot step them
-        (several hold them, or none can step)."""
-        keys, inverse = batch[0], batch[1]
-        ring = self.caller.state.ring()
-        routed = route_step(ring, keys, inverse, spec.layout, key_type(keys), index_type(keys.shape[0]))
-        if routed is None:
-            raise ConfigError(f"steps on {spec.name!r}: inverse must index the {keys.shape[0]} keys, "
-                              f"got values outside [0, {keys.shape[0]})")
-        grouped, rank, parts = routed
-        if len(parts) != 1 or not steppable(spec, how[0]):
-            return None
-        return Piece(parts[0].server, ring.version, grouped, rank, parts[0].vnodes, parts[0].counts)
-
     def _take(self, spec: TableSpec, batch: tuple[np.ndarray, ...], how: tuple[str, float],
               seq: int | None = None, out: Future[Stepped] | None = None) -> Future[Stepped]:
         """``batch`` as one step (the classic way where no one server can take it), numbered
@@ -142,11 +127,11 @@ class StepCalls:
                 seq = c.state.sequencer.take()
         out = Future() if out is None else out
         try:
-            piece = self._routed(spec, batch, how)
-            if piece is None:  # several servers, or none can step:
+            routed = self._routed(spec, [batch], how)
+            if routed is None:  # several servers, or none can step:
                 self._classic(spec, batch, seq, how, out)  # pulled and pushed, as one step
                 return out
-            self._send(spec, piece, batch, seq, how, out)
+            self._send(spec, routed[0], batch, seq, how, out)
         except BaseException:
             c.settled(seq)
             raise
@@ -159,35 +144,36 @@ class StepCalls:
         alone (under its number)."""
         c = self.caller
         c.losses.check()
-        group = self._routed_group(spec, batches)
+        group = self._routed(spec, batches, how)
         with c.lock:
             seqs = [c.state.sequencer.take() for _ in batches]
         outs: list[Future[Stepped]] = [Future() for _ in batches]
-        if group is None or not steppable(spec, how[0]):
+        if group is None:
             for batch, seq, out in zip(batches, seqs, outs, strict=True):
                 self._take(spec, batch, how, seq, out)
             return outs
         self._send_group(spec, *group, batches, seqs, how, outs)
         return outs
 
-    def _routed_group(self, spec: TableSpec, batches: list[tuple[np.ndarray, ...]]) -> tuple[Piece, np.ndarray] | None:
-        """``batches``' keys, each batch's grouped by vnode and its occurrences' places among
-        them (the piece's ``extra``), end to end as a step of several carries them, and the
-        batches' sizes (``wire/step_groups.py``); None where no one server holds them all."""
+    def _routed(self, spec: TableSpec, batches: list[tuple[np.ndarray, ...]],
+                how: tuple[str, float]) -> tuple[Piece, np.ndarray] | None:
+        """``batches``' keys as a step carries them (one batch, or several end to end): each
+        batch's grouped by vnode as a pull's and its occurrences' places among them (the
+        piece's ``extra``), as narrow as they go; and the batches' sizes (``wire/step_groups.py``).
+        None where one server cannot step them (several hold them, or none can step)."""
         ring = self.caller.state.ring()
-        keys = np.concatenate([b[0] for b in batches])
+        keys = _joined([b[0] for b in batches])
         key_ends = np.cumsum([b[0].shape[0] for b in batches])
         occ_ends = np.cumsum([b[1].shape[0] for b in batches])
-        widest = int(np.diff(key_ends, prepend=0).max())
-        routed = route_steps(ring, keys, key_ends, np.concatenate([b[1] for b in batches]), occ_ends, spec.layout,
-                             key_type(keys), index_type(widest))
+        routed = route_steps(ring, keys, key_ends, _joined([b[1] for b in batches]), occ_ends, spec.layout,
+                             key_type(keys), index_type(max(b[0].shape[0] for b in batches)))
         if isinstance(routed, int):
             m = batches[routed][0].shape[0]
-            raise ConfigError(f"steps on {spec.name!r}: inverse must index the {m} keys, got values outside [0, {m}) "
-                              f"(batch {routed} of {len(batches)})")
+            raise ConfigError(f"steps on {spec.name!r}: inverse must index the {m} keys, got values outside [0, {m})"
+                              + (f" (batch {routed} of {len(batches)})" if len(batches) > 1 else ""))
         grouped, rank, vnodes, counts, seg_ends = routed
         owners = ring.owners[vnodes]
-        if not owners.size or (owners != owners[0]).any():
+        if not owners.size or (owners != owners[0]).any() or not steppable(spec, how[0]):
             return None
         sizes = np.column_stack([np.diff(key_ends, prepend=0), np.diff(seg_ends, prepend=0),
                                  [b[4].shape[0] for b in batches]]).astype(np.int64).reshape(-1)
@@ -196,7 +182,7 @@ class StepCalls:
     def _send(self, spec: TableSpec, piece: Piece, batch: tuple[np.ndarray, ...], seq: int, how: tuple[str, float],
               out: Future[Stepped]) -> None:
         """``batch`` as one step to ``piece``'s server: ``piece`` holds the keys as they go
-        and, as its ``extra``, each occurrence's place among them (``route_step``)."""
+        and, as its ``extra``, each occurrence's place among them (``route_steps``)."""
         c = self.caller
         _, _, indptr, vals, labels = batch
         address, header = self._outgoing(spec, piece, seq, how)
@@ -331,3 +317,8 @@ def _stepped_group(msg: Message | None, sizes: list[int]) -> tuple[list[np.ndarr
         return None
     cuts = np.cumsum(sizes)[:-1]
     return np.split(preds, cuts), [float(x) for x in losses]
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """``arrays`` end to end (one array as it is: no copy)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)

@@ -52,7 +52,7 @@ def _scatter(keys, rows, lo, hi, bucket, fill, skeys, srows, order, want_order):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def vnode_buckets(keys, n_vnodes, vnode_rank, layout):  # type: ignore[no-untyped-def]
+def _buckets(keys, n_vnodes, vnode_rank, layout):  # type: ignore[no-untyped-def]
     """A counting sort's first pass over ``keys``: each key's bucket (the rank of its vnode)
     and the buckets' offsets (``int64[n_vnodes + 1]``)."""
     bucket = np.empty(keys.shape[0], np.int32)
@@ -69,7 +69,7 @@ def _group_serial(keys, rows, n_vnodes, vnode_rank, want_order, layout):  # type
     """``_group`` on the calling thread, in one compiled call (a small batch: the
     two-thread path's Python around its calls cost more than the batch)."""
     n = keys.shape[0]
-    bucket, offsets = vnode_buckets(keys, n_vnodes, vnode_rank, layout)
+    bucket, offsets = _buckets(keys, n_vnodes, vnode_rank, layout)
     order = np.empty(n if want_order else 0, np.int64)
     skeys = np.empty(n, np.uint64)
     srows = np.empty((n, rows.shape[1]), rows.dtype)
@@ -318,7 +318,7 @@ class Routed:
     grads: np.ndarray | None = None  # push: float32[m, dim], duplicates summed
 
 
-def server_parts(ring: Ring, offsets: np.ndarray) -> list[Part]:
+def _parts(ring: Ring, offsets: np.ndarray) -> list[Part]:
     """One part per server with keys: the ring's rank order groups vnodes by server
     (``Ring.rank_groups``, computed once a ring: this ran on every pull and push)."""
     counts = offsets[1:] - offsets[:-1]
@@ -393,7 +393,7 @@ def route_pull(ring: Ring, keys: np.ndarray, layout: int = 0, ordered: bool = Fa
     skeys, _, order, offsets = _group(keys, no_rows, ring.n_vnodes, ring.vnode_rank, True, layout)
     if ordered and positioned(layout):
         _by_position(skeys, order.reshape(-1, 1), offsets, layout)
-    return Routed(skeys, server_parts(ring, offsets), ring.version, order=order)
+    return Routed(skeys, _parts(ring, offsets), ring.version, order=order)
 
 
 def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, layout: int = 0, distinct: bool = False,
@@ -405,9 +405,9 @@ def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, layout: int = 0,
     if ordered and positioned(layout):
         _by_position(skeys, srows, offsets, layout)
     if distinct:
-        return Routed(skeys, server_parts(ring, offsets), ring.version, grads=srows)
+        return Routed(skeys, _parts(ring, offsets), ring.version, grads=srows)
     uniq, sums, uoffsets = _dedup_sum(skeys, srows, offsets)
-    return Routed(uniq, server_parts(ring, uoffsets), ring.version, grads=sums)
+    return Routed(uniq, _parts(ring, uoffsets), ring.version, grads=sums)
 
 
 def combine_duplicates(keys: np.ndarray, rows: np.ndarray, op: str) -> tuple[np.ndarray, np.ndarray]:

@@ -1,11 +1,8 @@
-"""A step's keys routed (``client.steps``): a batch's distinct keys grouped by server and vnode
-as a pull's are, and each occurrence's key as its place among them, in one compiled call;
-and the same for the batches of a step of several (``wire/step_groups.py``), all of them in
-one call, each batch's keys and places its own.
-
-A step of several batches took a call, a routing and a list of servers' parts for each
-batch, then copied them end to end: on the default job's groups of 16 that was ~50 µs of
-Python and a concatenation a batch (``route_steps`` writes the request's arrays in place).
+"""A step's keys routed (``client.steps``): each batch's distinct keys grouped by vnode as a
+pull's are (``partition.route_pull``), and each occurrence's key as its place among them, for
+one batch or the batches of a step of several (``wire/step_groups.py``) end to end, in one
+compiled call that writes the request's arrays in place (a routing, a list of servers' parts
+and a copy a batch cost a group of 16 ~50 µs of Python and a concatenation a batch).
 """
 
 from __future__ import annotations
@@ -14,55 +11,19 @@ import numpy as np
 from numba import njit
 
 from paramserver.routing.hashing import vnode_of_key
-from paramserver.routing.partition import Part, server_parts, vnode_buckets
 from paramserver.routing.ring import Ring
-
-
-@njit(nogil=True, cache=True)
-def _group_step(keys, inverse, n_vnodes, vnode_rank, layout, skeys, rank):  # type: ignore[no-untyped-def]
-    """``partition._group_serial`` for a step's distinct ``keys``, in one pass more: the keys
-    into ``skeys`` by the rank of their vnode (stable; ``skeys`` may be narrower, its caller
-    knows they fit), and occurrence j's key ``inverse[j]`` as its place among them into
-    ``rank``; the bucket offsets."""
-    n = keys.shape[0]
-    bucket, offsets = vnode_buckets(keys, n_vnodes, vnode_rank, layout)
-    fill = offsets[:-1].copy()
-    place = np.empty(n, np.int64)
-    for i in range(n):
-        b = bucket[i]
-        p = fill[b]
-        skeys[p] = keys[i]
-        place[i] = p
-        fill[b] = p + 1
-    for j in range(inverse.shape[0]):
-        u = inverse[j]
-        if u < 0 or u >= n:
-            return offsets[:0]  # an occurrence of no key: the caller says so
-        rank[j] = place[u]
-    return offsets
-
-
-def route_step(ring: Ring, keys: np.ndarray, inverse: np.ndarray, layout: int, key_dtype: np.dtype,
-               rank_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, list[Part]] | None:
-    """A step's distinct ``keys`` grouped by server and vnode as ``route_pull`` groups them,
-    in ``key_dtype`` (the caller knows they fit), and each occurrence's key (``inverse``, an
-    index into ``keys``) as its place among the grouped keys, in ``rank_dtype``: one compiled
-    call where a pull's routing, its order's inverse and a gather took three passes and as
-    many arrays.  None where an occurrence names no key (``inverse`` out of range)."""
-    skeys = np.empty(keys.shape[0], key_dtype)
-    rank = np.empty(inverse.shape[0], rank_dtype)
-    offsets = _group_step(keys, inverse, ring.n_vnodes, ring.vnode_rank, layout, skeys, rank)
-    return (skeys, rank, server_parts(ring, offsets)) if offsets.shape[0] else None
 
 
 @njit(nogil=True, cache=True)
 def _group_steps(keys, key_ends, inverse, occ_ends, n_vnodes, vnode_rank, by_rank, layout, skeys, rank,  # type: ignore[no-untyped-def]
                  seg_vnodes, seg_counts, seg_ends):
-    """``_group_step`` for each batch b (keys ``key_ends[b - 1]:key_ends[b]``, occurrences
-    ``occ_ends[b - 1]:occ_ends[b]``) in its own range of ``skeys`` and ``rank``; its vnode
-    segments (vnode, keys), in rank order, appended to ``seg_vnodes``/``seg_counts`` and
-    ``seg_ends[b]`` the segments so far.  The segments in all, or ``-1 - b`` where an
-    occurrence of batch b names none of its keys."""
+    """For each batch b (keys ``key_ends[b - 1]:key_ends[b]``, occurrences
+    ``occ_ends[b - 1]:occ_ends[b]``): its keys into its own range of ``skeys`` by the rank of
+    their vnode (a counting sort, stable; ``skeys`` may be narrower, its caller knows they
+    fit), each occurrence's key as its place among them into ``rank``, and its vnode segments
+    (vnode, keys), in rank order, appended to ``seg_vnodes``/``seg_counts``, ``seg_ends[b]``
+    the segments so far.  The segments in all, or ``-1 - b`` where an occurrence of batch b
+    names none of its keys."""
     counts = np.empty(n_vnodes, np.int64)
     fill = np.empty(n_vnodes, np.int64)
     bucket = np.empty(keys.shape[0], np.int32)
@@ -102,12 +63,13 @@ def _group_steps(keys, key_ends, inverse, occ_ends, n_vnodes, vnode_rank, by_ran
 
 def route_steps(ring: Ring, keys: np.ndarray, key_ends: np.ndarray, inverse: np.ndarray, occ_ends: np.ndarray,
                 layout: int, key_dtype: np.dtype, rank_dtype: np.dtype) -> tuple[np.ndarray, ...] | int:
-    """The batches of a step of several, end to end (batch b: its distinct keys
+    """The batches of a step, end to end (batch b: its distinct keys
     ``keys[key_ends[b - 1]:key_ends[b]]``, its occurrences ``inverse[occ_ends[b - 1]:occ_ends[b]]``
-    indexing them), each routed as ``route_step`` routes one: ``(keys, rank, vnodes, counts,
-    segments)``, the keys (``key_dtype``) and places (``rank_dtype``) each batch's own range,
-    the segments of all batches end to end (batch b's ``segments[b - 1]:segments[b]``).  The
-    index of the first batch one of whose occurrences names none of its keys, where one does."""
+    indexing them), each batch's keys grouped by vnode as ``route_pull`` groups them:
+    ``(keys, rank, vnodes, counts, segments)``, the keys (``key_dtype``) and the occurrences'
+    places among them (``rank_dtype``) in each batch's own range, the vnode segments of all
+    batches end to end (batch b's ``segments[b - 1]:segments[b]``).  The index of the first
+    batch one of whose occurrences names none of its keys, where one does."""
     skeys = np.empty(keys.shape[0], key_dtype)
     rank = np.empty(inverse.shape[0], rank_dtype)
     seg_vnodes = np.empty(min(keys.shape[0], key_ends.shape[0] * ring.n_vnodes), np.int32)

@@ -43,7 +43,7 @@ def step_arrays(keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, invers
     """The arrays a step goes out as: ``keys`` (distinct, grouped by ``vnodes`` and
     ``counts`` as a pull's), each occurrence's index among them (``inverse``), the batch's
     offsets, values and labels, each in the narrowest type that holds it exactly (no copy of
-    keys and indices already as narrow: ``route_step`` makes them so); ``index``: the
+    keys and indices already as narrow: ``routing/steps.route_steps`` makes them so); ``index``: the
     indices' type where they index fewer keys than ``keys`` (a step of several batches)."""
     nnz = inverse.shape[0]
     ones = bool((vals == 1).all())  # a CTR row's features: then none go
