@@ -1,5 +1,3 @@
-import sys
+from paramserver.cli.main import command
 
-from paramserver.cli.main import main
-
-sys.exit(main())
+command()

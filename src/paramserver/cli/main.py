@@ -21,9 +21,12 @@ run by cli/ctr.py). This module parses with the one builder asked for, then disp
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import logging
+import os
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from paramserver._runtime import collector
@@ -93,6 +96,32 @@ _JOBS = frozenset({"train", "demo"})  # a job turns the collector back on once i
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; with ``command``, only that subcommand's is built (see cli/parser.py)."""
     return root_parser(COMMANDS, command)
+
+
+def command() -> None:
+    """The ``paramserver`` console script (and ``python -m paramserver``): ``main``, then the
+    process ends without Python's teardown of its modules.  Every command has closed what it
+    opened and stopped what it started by then, and the exit handlers (``atexit``, which
+    ``weakref.finalize`` and logging use) still run; what is skipped is the freeing of the
+    ~175 000 objects numba and the package made, 0.05 s of every command's end (the time from
+    ``main``'s return to the process's exit: 63 ms against 14, 5 runs each of ``train``).  A
+    thread still running (none does when a command returns) is waited for as by Python's exit."""
+    try:
+        code: int | None = main()
+    except SystemExit as exc:  # argparse's --help and its usage errors
+        if exc.code is not None and not isinstance(exc.code, int):
+            raise
+        code = exc.code
+    code = code or 0
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)  # Python's own exit joins it first
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (``paramserver ... | head``): nothing more to say
+            pass
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

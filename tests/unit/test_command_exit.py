@@ -1,0 +1,68 @@
+"""How the ``paramserver`` command's process ends (``cli/main.command``): with ``main``'s code,
+everything it printed flushed and the exit handlers run, but without Python's teardown of its
+modules; a thread still running is waited for as Python's own exit waits.  Each case runs the
+console entry in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+PRELUDE = ("import atexit, sys, threading, time\n"
+           "from paramserver.cli.main import command\n"
+           "atexit.register(lambda: print('exit handlers ran', file=sys.stderr))\n")
+
+
+def _run(body: str, *argv: str, stdout: int = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    script = PRELUDE + f"sys.argv = ['paramserver', *{list(argv)!r}]\n" + body + "command()\n"
+    return subprocess.run([sys.executable, "-c", script], stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=120)
+
+
+def test_help_is_printed_whole_and_the_exit_handlers_run():
+    done = _run("", "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: paramserver")
+    assert done.stdout.rstrip().endswith("DMLC_NODE_HOST"), done.stdout[-200:]  # the epilog's last word: all of it
+    assert "exit handlers ran" in done.stderr
+
+
+def test_a_usage_error_keeps_its_code_and_message():
+    done = _run("", "train", "--no-such-flag")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in done.stderr
+    assert "exit handlers ran" in done.stderr
+
+
+def test_a_commands_own_code_and_output_survive_the_fast_exit(tmp_path):
+    out = tmp_path / "rows.tsv"
+    done = _run("", "synth", "--rows", "500", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert len(out.read_text().splitlines()) == 500  # closed whole before the process ended
+    assert "wrote 500 rows" in done.stdout + done.stderr
+
+
+def test_a_thread_still_running_is_waited_for():
+    body = ("def late():\n"
+            "    time.sleep(0.3)\n"
+            "    print('the thread finished', flush=True)\n"
+            "threading.Thread(target=late).start()\n")
+    done = _run(body, "--version")
+    assert done.returncode == 0, done.stderr
+    assert "the thread finished" in done.stdout
+    assert "exit handlers ran" in done.stderr
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    # `paramserver ... | head -c 0`: what the command printed is still in its buffer when the
+    # reader has gone, and the last flush finds the pipe closed
+    script = PRELUDE + ("time.sleep(0.5)\n"
+                        "sys.argv = ['paramserver', '--version']\n"
+                        "command()\n")
+    writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert writer.stdout is not None and writer.stderr is not None
+    writer.stdout.close()
+    err = writer.stderr.read().decode()
+    assert writer.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert "exit handlers ran" in err
