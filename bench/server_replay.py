@@ -2,17 +2,18 @@
 cut as its worker cuts them, replayed into one ``ServerNode`` in this process.
 
 Run: ``.venv/bin/python bench/server_replay.py [--data TRAIN.tsv] [--rows 1000000] [--repeat 5] [--json F]``
-(``--codec``: the requests' decoding and encoding alone, microseconds a step)
+(``--group N``: batches a request at most, 16 by default as the job's worker groups them, 1 a
+step a batch; ``--codec``: the requests' decoding and encoding alone, microseconds a request)
 
 The worker's side is done once, before the clock: the training file read in 16 MiB shards as
 ``train`` reads it, each batch re-cut by the √n ramp (``apps/ctr/ramp.ramped``), deduplicated,
 routed and narrowed as ``client/step_calls.py`` does, and encoded.  Then each repeat makes a
 fresh server on the simulated network (``testing/sim.py``: no sockets, no scheduler, no
 timers), gives it the job's table (``TrainConfig().table_spec()``, the defaults), and hands it
-every request as its socket would (``ServerNode._handle_data``), one step a message, timing the
-whole and, by wrapping them, the kernels (the rows' read, the update with the growth it needs,
-the growth alone, the gradient).  What is left is the server's Python a step: decoding,
-checking, the exactly-once bookkeeping, the reply.
+every request as its socket would (``ServerNode._handle_data``), a request a message, timing the
+whole and, by wrapping them, the kernels (a step of several batches taken whole: its one call;
+batch by batch: the rows' read and the update with the growth it needs; the growth alone).
+What is left is the server's Python: decoding, checking, the exactly-once bookkeeping, the reply.
 
 On a busy two-core machine a job's own figures move ±10 % from run to run: this one process,
 with nothing beside it, moves less, so a change to the server's per-step path shows here first.
@@ -48,31 +49,56 @@ from paramserver.store import vnodes as store_vnodes
 from paramserver.testing.sim import SimNetwork
 from paramserver.wire.message import Message, decode, encode
 from paramserver.wire.step_arrays import index_type, key_type, step_arrays
+from paramserver.wire.step_groups import group_arrays
 
 SHARD_BYTES = 16 << 20  # train's default --shard-mb
 CLIENT = b"client-1"
 #: what is timed apart inside a step: (the object, its attribute, the label)
-PARTS = ((store_vnodes.VnodeSet, "lookup", "read rows"), (store_vnodes.VnodeSet, "apply", "update (with growth)"),
+PARTS = ((store_vnodes.VnodeSet, "steps", "whole steps (with growth)"), (store_vnodes.VnodeSet, "lookup", "read rows"),
+         (store_vnodes.VnodeSet, "apply", "update (with growth)"),
          (store_table.VnodeTable, "_grow", "growth"))
 
 
-def requests(path: str, cfg: TrainConfig, ring: Ring, layout: int) -> list[list[bytes]]:
-    """The frames of every step the job's one worker would send, in order."""
-    frames, seen = [], 0
+def requests(path: str, cfg: TrainConfig, ring: Ring, layout: int, group: int = 1) -> list[list[bytes]]:
+    """The frames of every step the job's one worker would send, in order: ``group`` batches a
+    request at most (a step of several batches, ``wire/step_groups.py``, as the worker groups
+    the batches its depth has room for; 1: a step a batch)."""
+    frames, seen, seq, held = [], 0, 1, []
     for shard in make_shards([path], SHARD_BYTES):
         for batch in ramped(read_batches(shard, cfg.data, cfg.batch_size), cfg.batch_size, cfg.batch_ramp, seen):
             seen += len(batch)
-            uniq, inverse = batch.unique()
-            routed = route_steps(ring, uniq, np.array([uniq.size]), inverse, np.array([inverse.size]), layout,
-                                 key_type(uniq), index_type(uniq.shape[0]))
-            assert not isinstance(routed, int)
-            grouped, rank, vnodes, counts, _ = routed
-            seq = len(frames) + 1
-            header = {"op": "step", "table": cfg.model.table, "ring_version": ring.version, "id": seq,
-                      "model": cfg.model.name, "sender": 3, "seq": seq, "acked": seq - 1}
-            arrays = step_arrays(grouped, vnodes, counts, rank, batch.indptr, batch.vals, batch.labels)
-            frames.append([CLIENT, *(bytes(f) for f in encode(header, arrays))])
+            held.append((batch, *batch.unique()))
+            if len(held) == group:
+                frames.append(_request(held, cfg, ring, layout, seq))
+                seq, held = seq + len(held), []
+    if held:
+        frames.append(_request(held, cfg, ring, layout, seq))
     return frames
+
+
+def _request(batches: list[tuple[Any, np.ndarray, np.ndarray]], cfg: TrainConfig, ring: Ring, layout: int,
+             seq: int) -> list[bytes]:
+    """One step request of ``batches`` (each ``(batch, distinct keys, inverse)``), numbered ``seq`` on."""
+    keys = np.concatenate([u for _, u, _ in batches])
+    key_ends = np.cumsum([u.size for _, u, _ in batches])
+    routed = route_steps(ring, keys, key_ends, np.concatenate([inv for _, _, inv in batches]),
+                         np.cumsum([inv.size for _, _, inv in batches]), layout, key_type(keys),
+                         index_type(max(u.size for _, u, _ in batches)))
+    assert not isinstance(routed, int)
+    grouped, rank, vnodes, counts, seg_ends = routed
+    header = {"op": "step", "table": cfg.model.table, "ring_version": ring.version, "id": seq,
+              "model": cfg.model.name, "sender": 3, "seq": seq, "acked": seq - 1}
+    indptr, vals, labels = (np.concatenate([getattr(b, name) for b, _, _ in batches])
+                            for name in ("indptr", "vals", "labels"))
+    if len(batches) == 1:
+        arrays = step_arrays(grouped, vnodes, counts, rank, indptr, vals, labels)
+    else:
+        header["steps"] = len(batches)
+        sizes = np.column_stack([np.diff(key_ends, prepend=0), np.diff(seg_ends, prepend=0),
+                                 [len(b) for b, _, _ in batches]]).astype(np.int64).reshape(-1)
+        ones = bool((vals == 1).all())
+        arrays = group_arrays(grouped, vnodes, counts, rank, indptr, vals[:0] if ones else vals, labels, sizes)
+    return [CLIENT, *(bytes(f) for f in encode(header, arrays))]
 
 
 def fresh_server(ring: Ring, spec: Any) -> tuple[ServerNode, SimNetwork]:
@@ -129,7 +155,7 @@ def replay(frames: list[list[bytes]], ring: Ring, spec: Any, split: bool) -> dic
 
 
 def codec(frames: list[list[bytes]], rounds: int = 5) -> dict[str, float]:
-    """The wire's share of a step, both ways: microseconds to decode a request's frames and to
+    """The wire's share of a request, both ways: microseconds to decode a request's frames and to
     encode its header and arrays again (the best of ``rounds`` passes over the job's steps)."""
     msgs = [decode(f[1:]) for f in frames]
     best = {"decode_us": float("inf"), "encode_us": float("inf")}
@@ -162,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--codec", action="store_true", help="time the requests' decoding and encoding alone, no server")
+    ap.add_argument("--group", type=int, default=16,
+                    help="batches a request at most, as the default job's worker groups them (1: a step a batch)")
     args = ap.parse_args(argv)
     tune_allocator()  # as servers do
     cfg = TrainConfig()
@@ -169,12 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = training_file(args, tmp)
         spec = cfg.table_spec(os.path.getsize(path))
-        frames = requests(path, cfg, ring, spec.layout)
-    print(f"{len(frames):,} steps, {sum(sum(map(len, f)) for f in frames) / 1e6:.1f} MB of requests; "
+        frames = requests(path, cfg, ring, spec.layout, args.group)
+    print(f"{len(frames):,} requests (up to {args.group} batches each), "
+          f"{sum(sum(map(len, f)) for f in frames) / 1e6:.1f} MB; "
           f"the table: {spec.name} ({'hash' if not spec.key_bits else f'dense, key_bits {spec.key_bits}'})")
     if args.codec:
         wire = codec(frames)
-        print(f"a step's request: decoded in {wire['decode_us']:.1f} us, encoded in {wire['encode_us']:.1f} us")
+        print(f"a request: decoded in {wire['decode_us']:.1f} us, encoded in {wire['encode_us']:.1f} us")
         return 0
     replay(frames, ring, spec, split=False)  # compiled, and the allocator's pages touched
     runs = []
@@ -186,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'  ' + parts if parts else ''}", flush=True)
     whole = [r["seconds"] for r in runs if not any(label in r for _, _, label in PARTS)] or [r["seconds"] for r in runs]
     print(f"median {statistics.median(whole):.3f} s, min {min(whole):.3f} s "
-          f"({statistics.median(whole) / len(frames) * 1e6:.0f} us a step)")
+          f"({statistics.median(whole) / len(frames) * 1e6:.0f} us a request)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": len(frames), "runs": runs}, f, indent=1)

@@ -297,14 +297,10 @@ class DataPlane:
                counts: np.ndarray) -> Arrays:
         """The part of a push not applied yet (a retry may have reached some vnodes)."""
         state = self.state
-        sender, seq = msg.header.get("sender"), msg.header.get("seq")
-        if not isinstance(sender, int) or not isinstance(seq, int):
+        numbered = self._numbered(msg)
+        if numbered is None:
             return keys, grads, vnodes, counts  # an unnumbered push: at least once
-        if state.tokens is not None:  # the sender proves it is the node whose pushes it acknowledges
-            state.tokens.check(sender, msg.header.get("sender_token"), f"push {seq}")
-        acked = msg.header.get("acked", -1)
-        if not isinstance(acked, int) or not -1 <= acked < seq:
-            raise ProtocolError(f"push {seq}: acked must be an int in [-1, {seq}), got {acked!r}")
+        sender, seq, acked = numbered
         dedup = state.dedup[table.spec.name]
         fresh = dedup.fresh(sender, seq, acked, vnodes)
         if not fresh.all():
@@ -314,6 +310,44 @@ class DataPlane:
             keys, grads, vnodes, counts = keys[rows], grads[rows], vnodes[fresh], counts[fresh]
         dedup.mark(sender, seq, vnodes)
         return keys, grads, vnodes, counts
+
+    def _numbered(self, msg: Message) -> tuple[int, int, int] | None:
+        """A push's sender, number and ``acked``, checked (its sender's token too); None for
+        an unnumbered push, applied at least once."""
+        sender, seq = msg.header.get("sender"), msg.header.get("seq")
+        if not isinstance(sender, int) or not isinstance(seq, int):
+            return None
+        if self.state.tokens is not None:  # the sender proves it is the node whose pushes it acknowledges
+            self.state.tokens.check(sender, msg.header.get("sender_token"), f"push {seq}")
+        acked = msg.header.get("acked", -1)
+        if not isinstance(acked, int) or not -1 <= acked < seq:
+            raise ProtocolError(f"push {seq}: acked must be an int in [-1, {seq}), got {acked!r}")
+        return sender, seq, acked
+
+    def unapplied(self, table: VnodeStore, pushes: list[Message]) -> bool:
+        """Whether each of ``pushes`` (a step's batches, numbered in turn) is numbered, applied
+        to none of its vnodes yet, and has room on its sender's record: then they may be taken
+        whole (``server/steps.py``) and recorded by ``mark_applied`` as they are.  Else (a
+        retry that reached some of them) they go one by one, as ``applied`` takes a push."""
+        dedup = self.state.dedup[table.spec.name]
+        sender = None
+        for msg in pushes:
+            numbered = self._numbered(msg)
+            if numbered is None:
+                return False
+            sender, seq, acked = numbered
+            if not dedup.fresh(sender, seq, acked, msg.arrays[1]).all():
+                return False
+        return sender is not None and dedup.room(sender) >= len(pushes)
+
+    def mark_applied(self, table: VnodeStore, pushes: list[Message]) -> None:
+        """Record ``pushes`` (checked by ``unapplied``) as applied to all their vnodes: the
+        exactly-once record and the table's version, as ``applied`` records a push."""
+        dedup = self.state.dedup[table.spec.name]
+        for msg in pushes:
+            dedup.mark(msg.header["sender"], msg.header["seq"], msg.arrays[1])
+            if msg.arrays[0].shape[0]:
+                table.version += 1
 
     def _apply(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray,
                vnodes: np.ndarray, counts: np.ndarray) -> None:

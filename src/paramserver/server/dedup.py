@@ -88,6 +88,11 @@ class Dedup:
                                 f"{MAX_UNACKED}: a client sends acked = the last seq all before which were answered")
         return np.ones(vnodes.shape[0], bool) if done is None else ~done[vnodes]
 
+    def room(self, sender: int) -> int:
+        """How many more pushes of ``sender`` newer than its acked may go on record."""
+        s = self.senders.get(sender)
+        return MAX_UNACKED - (len(s.seen) if s is not None else 0)
+
     def mark(self, sender: int, seq: int, vnodes: np.ndarray) -> None:
         """Record push ``seq`` as applied to ``vnodes``."""
         s = self._sender(sender, -1)

@@ -18,8 +18,10 @@ import numpy as np
 from paramserver.errors import ProtocolError
 from paramserver.server.data import DataPlane, read_rows
 from paramserver.server.install import check_grads
-from paramserver.server.requests import checked_table
+from paramserver.server.requests import PARALLEL_MIN_KEYS, checked_table, push_op
 from paramserver.store.protocol import VnodeStore
+from paramserver.tables.namespaces import namespace_of
+from paramserver.tables.optim import OP_UPDATE
 from paramserver.tables.steps import check_batch, step, unsuited
 from paramserver.wire.message import Message, field, reply
 from paramserver.wire.step_arrays import read_step_arrays
@@ -79,8 +81,8 @@ def _on_steps(plane: DataPlane, msg: Message) -> list[Any]:
         raise ProtocolError(f"a step of several batches names 1 to {MAX_STEPS} batches (steps) and its first "
                             f"batch's seq (each next one is numbered one more); got steps={steps!r}, seq={seq!r}")
     header = {k: v for k, v in msg.header.items() if k not in ("steps", "tick", "tick_worker", "tick_token")}
-    parts = [Message({**header, "seq": seq + k}, arrays)
-             for k, arrays in enumerate(split_group(read_step_arrays(msg, grouped=True), steps))]
+    arrays = read_step_arrays(msg, grouped=True)
+    parts = [Message({**header, "seq": seq + k}, part) for k, part in enumerate(split_group(arrays, steps))]
     checked = [_checked(plane, part, part.arrays) for part in parts]
     table = checked[0][0]
     targets = plane.state.targets.get(table.spec.name)
@@ -88,6 +90,9 @@ def _on_steps(plane: DataPlane, msg: Message) -> list[Any]:
         raise ProtocolError(f"steps on {table.spec.name!r}: a step of several batches goes to vnodes without "
                             "copies to forward to (each batch's answer would wait for the copies'): send them "
                             "one step each")
+    whole = _whole(plane, msg, table, parts, checked, arrays)
+    if whole is not None:
+        return whole
     preds, losses = [], []
     for part, (_, model, l2) in zip(parts, checked, strict=True):
         keys, vnodes, counts = part.arrays[:3]
@@ -97,3 +102,35 @@ def _on_steps(plane: DataPlane, msg: Message) -> list[Any]:
         preds.append(p.astype(np.float32))
         losses.append(loss)
     return reply(msg, [np.concatenate(preds)], losses=losses)
+
+
+def _whole(plane: DataPlane, msg: Message, table: VnodeStore, parts: list[Message],
+           checked: list[tuple[VnodeStore, str, float]], arrays: list[np.ndarray]) -> list[Any] | None:
+    """A step of several batches, checked, taken in one compiled call (``VnodeStore.steps``,
+    ``store/loops/step_groups.py``) where nothing of a push's path is needed between its
+    batches: no key lifecycle, no quota, the table's own rule, one model, every batch new on
+    all its vnodes (a retry goes batch by batch, which skips what it applied) and none big
+    enough for the server's threads.  The same rows, updates and answers as batch by batch,
+    each batch recorded applied (exactly once) as it is; None: batch by batch."""
+    state = plane.state
+    model, l2 = checked[0][1], checked[0][2]
+    if (table.life is not None or namespace_of(table.spec.name) in state.quotas
+            or any(c[1] != model or c[2] != l2 for c in checked) or push_op(parts[0], table) != OP_UPDATE
+            or (state.pool is not None and max(p.arrays[0].shape[0] for p in parts) >= PARALLEL_MIN_KEYS)
+            or not plane.unapplied(table, parts)):
+        return None
+    keys, vnodes, counts, inverse, indptr, vals, labels, sizes = arrays
+    occurrences = np.array([p.arrays[3].shape[0] for p in parts], np.int64)
+    marked = [0]
+
+    def applied(upto: int) -> None:  # batches [marked, upto) are in: on record before anything else can fail
+        plane.mark_applied(table, parts[marked[0]:upto])
+        marked[0] = upto
+
+    done = table.steps(vnodes, counts, keys, inverse, indptr, vals, labels, sizes, occurrences, l2, applied)
+    if done is None:
+        return None
+    preds, losses = done
+    if marked[0] < len(parts):  # as a push's check says it (``install.check_grads``)
+        raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
+    return reply(msg, [preds], losses=losses.tolist())

@@ -12,7 +12,7 @@ copied or checkpointed, and rows loaded into it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -156,6 +156,13 @@ class VnodeStore(Protocol):
 
     def apply(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray,
               op: int = ...) -> None: ...
+
+    def steps(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, inverse: np.ndarray,
+              indptr: np.ndarray, vals: np.ndarray, labels: np.ndarray, sizes: np.ndarray, occurrences: np.ndarray,
+              l2: float, applied: Callable[[int], None]) -> tuple[np.ndarray, np.ndarray] | None:
+        """A step of several batches in one call: probabilities and each batch's log loss,
+        ``applied(n)`` as batches go in; None where they go one by one (``VnodeSet.steps``)."""
+        ...
 
     def missing(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> int: ...
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from numba import njit
 
-from paramserver.store.loops import slots
+from paramserver.store.loops import slots, step_groups
 from paramserver.tables.optim import CUSTOM_KIND
 
 #: the widest row (value columns) compiled a loop of its own
@@ -40,6 +40,7 @@ class RequestLoops:
     apply: Any  # slots.apply_request, for this row
     lookup: Any  # slots.lookup_request, for this row
     dense_apply: Any  # slots.dense_apply_request, for this row (a dense table's pushes)
+    steps: Any  # step_groups.step_batches, for this row (a step of several batches, its model's by the width)
 
 
 def request_loops(optimizer: Any, dim: int) -> RequestLoops | None:
@@ -55,8 +56,15 @@ def request_loops(optimizer: Any, dim: int) -> RequestLoops | None:
 
 def _compile(optimizer: Any, dim: int) -> RequestLoops:
     anchor = anchor_file(f"{optimizer.name}_slots", dim, [])
-    return RequestLoops(*(rebind(fn, anchor=anchor, DIM=dim, KIND=optimizer.kind)
-                          for fn in (slots.apply_request, slots.lookup_request, slots.dense_apply_request)))
+    apply, lookup, dense_apply = (rebind(fn, anchor=anchor, DIM=dim, KIND=optimizer.kind)
+                                  for fn in (slots.apply_request, slots.lookup_request, slots.dense_apply_request))
+    return RequestLoops(apply, lookup, dense_apply, _steps(anchor, dim, apply, lookup))
+
+
+def _steps(anchor: str | None, dim: int, apply: Any, lookup: Any) -> Any:
+    """A step of several batches over this row's loops (``step_groups.step_batches``): it
+    calls the row's own ``apply`` and ``lookup``."""
+    return rebind(step_groups.step_batches, anchor=anchor, DIM=dim, apply_request=apply, lookup_request=lookup)
 
 
 def rule_request_loops(dim: int, anchor: str | None, **steps: Any) -> RequestLoops | None:
@@ -64,9 +72,10 @@ def rule_request_loops(dim: int, anchor: str | None, **steps: Any) -> RequestLoo
     ``init_row``, ``kernels._compile``'s), cached beside its kernels' ``anchor``."""
     if not 1 <= dim <= MAX_DIM:
         return None
-    return RequestLoops(rebind(slots.apply_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND, **steps),
-                        rebind(slots.lookup_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND),
-                        rebind(slots.dense_apply_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND, **steps))
+    apply = rebind(slots.apply_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND, **steps)
+    lookup = rebind(slots.lookup_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND)
+    return RequestLoops(apply, lookup, rebind(slots.dense_apply_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND,
+                                              **steps), _steps(anchor, dim, apply, lookup))
 
 
 def rebind(fn: Any, inline: Literal["never", "always"] = "never", anchor: str | None = None, **names: Any) -> Any:

@@ -8,7 +8,7 @@ the ``VnodeStore`` (``protocol.py``) a server types against.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -26,6 +26,7 @@ from paramserver.store.life import TableLife, life_width
 from paramserver.store.loops import life as life_loops
 from paramserver.store.loops import many
 from paramserver.store.loops.dense import dense_check_many, dense_lookup_many, dense_missing_many
+from paramserver.store.loops.step_groups import EXAMPLES, GROW, KEYS, OCCURRENCES, SEGMENTS
 from paramserver.store.memory import available_memory, heap_released, populating_later
 from paramserver.store.readahead import warm as warm_readahead
 from paramserver.store.specialize import MAX_DIM
@@ -33,6 +34,7 @@ from paramserver.store.table import COLD_LOAD, VnodeTable
 from paramserver.store.tiers import Tiers
 from paramserver.tables.optim import OP_UPDATE
 from paramserver.tables.spec import TableSpec
+from paramserver.tables.steps import unsuited
 
 
 class VnodeSet:
@@ -299,14 +301,48 @@ class VnodeSet:
                                           self.spec.dim, op, self._okind, self._ohp, self._ikind, self._ihp, self._seed)
             if seg == vnodes.shape[0]:
                 return
-            v = int(vnodes[seg])
-            vt = self.tables[v]
-            assert isinstance(vt, VnodeTable), "a dense vnode never asks to grow"
-            released = vt._grow(len(vt) + 1)
-            self._reset(v)  # the directory lets the old slots go: then their heap pages can be
-            heap_released(released)
-            if self.tiers is not None:
-                self.tiers.dirty = True
+            self._grow_vnode(int(vnodes[seg]))
+
+    def _grow_vnode(self, v: int) -> None:
+        """Room for one key more in hash vnode ``v`` (a request loop stopped there)."""
+        vt = self.tables[v]
+        assert isinstance(vt, VnodeTable), "a dense vnode never asks to grow"
+        released = vt._grow(len(vt) + 1)
+        self._reset(v)  # the directory lets the old slots go: then their heap pages can be
+        heap_released(released)
+        if self.tiers is not None:
+            self.tiers.dirty = True
+
+    def steps(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, inverse: np.ndarray,
+              indptr: np.ndarray, vals: np.ndarray, labels: np.ndarray, sizes: np.ndarray, occurrences: np.ndarray,
+              l2: float, applied: Callable[[int], None]) -> tuple[np.ndarray, np.ndarray] | None:
+        """A step of several batches (``wire/step_groups.py``: the batches' arrays end to end,
+        ``sizes`` each one's keys, vnode segments and examples, ``occurrences`` its
+        occurrences) in one compiled call (``loops/step_groups.py``): every example's
+        probability and each batch's summed log loss.  ``applied(n)``: the first ``n``
+        batches are in, said as they come (before a vnode grows, which may fail) and once
+        at the end: all of them, or those before the first whose gradient is not finite.
+        None where this table's batches go one by one: no request loops for its row, dense
+        vnodes, or tiers (their reads and writes go through the tiers' bookkeeping)."""
+        loops = self._loops
+        if loops is None or self.bits or self.tiers is not None or not self.tables:
+            return None
+        per = sizes.reshape(-1, 3)
+        ends = np.zeros((per.shape[0] + 1, 4), np.int64)
+        for column, counted in ((KEYS, per[:, 0]), (SEGMENTS, per[:, 1]), (OCCURRENCES, occurrences),
+                                (EXAMPLES, per[:, 2])):
+            np.cumsum(counted, out=ends[1:, column])
+        preds, losses = np.empty(labels.shape[0], np.float32), np.zeros(per.shape[0], np.float64)
+        grads = np.empty((keys.shape[0], self.spec.dim), np.float32)
+        args = tuple(frozen(a) for a in (vnodes, counts, keys, inverse, indptr, vals, labels, ends))
+        b, seg, start = 0, -1, 0
+        while True:
+            b, status, seg, start = loops.steps(*self._dir.hash_args, self.slot, *args, b, seg, start, grads, preds,
+                                                losses, float(l2), self._ohp, self._ikind, self._ihp, self._seed)
+            applied(b)
+            if status != GROW:
+                return preds, losses
+            self._grow_vnode(int(vnodes[ends[b, SEGMENTS] + seg]))
 
     # ---- the key lifecycle (``store/life.py``) --------------------------------------------
     def touch(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, epoch: float, time: float,
@@ -399,3 +435,8 @@ def _exercise(spec: TableSpec) -> None:
         a.flags.writeable = False  # as a request's frames arrive
     scratch.apply(vnodes, counts, keys, grads)
     scratch.lookup(vnodes, counts, keys, np.empty((1, spec.dim), np.float32))
+    if not spec.key_bits and unsuited(spec, "lr" if spec.dim == 1 else "fm") is None:
+        for index in (np.uint16, np.int32):  # an occurrence's place among its batch's keys: as a step brings it
+            scratch.steps(vnodes, counts, keys, np.zeros(1, index), np.arange(2, dtype=np.int64),
+                          np.zeros(0, np.float32), np.zeros(1, np.float32), np.ones(3, np.int64),
+                          np.ones(1, np.int64), 0.0, lambda n: None)
