@@ -80,9 +80,7 @@ def _request(batches: list[tuple[Any, np.ndarray, np.ndarray]], cfg: TrainConfig
              seq: int) -> list[bytes]:
     """One step request of ``batches`` (each ``(batch, distinct keys, inverse)``), numbered ``seq`` on."""
     keys = np.concatenate([u for _, u, _ in batches])
-    key_ends = np.cumsum([u.size for _, u, _ in batches])
-    routed = route_steps(ring, keys, key_ends, np.concatenate([inv for _, _, inv in batches]),
-                         np.cumsum([inv.size for _, _, inv in batches]), layout, key_type(keys),
+    routed = route_steps(ring, [u for _, u, _ in batches], [inv for _, _, inv in batches], layout, key_type(keys),
                          index_type(max(u.size for _, u, _ in batches)))
     assert not isinstance(routed, int)
     grouped, rank, vnodes, counts, seg_ends = routed
@@ -94,7 +92,7 @@ def _request(batches: list[tuple[Any, np.ndarray, np.ndarray]], cfg: TrainConfig
         arrays = step_arrays(grouped, vnodes, counts, rank, indptr, vals, labels)
     else:
         header["steps"] = len(batches)
-        sizes = np.column_stack([np.diff(key_ends, prepend=0), np.diff(seg_ends, prepend=0),
+        sizes = np.column_stack([[u.size for _, u, _ in batches], np.diff(seg_ends, prepend=0),
                                  [len(b) for b, _, _ in batches]]).astype(np.int64).reshape(-1)
         ones = bool((vals == 1).all())
         arrays = group_arrays(grouped, vnodes, counts, rank, indptr, vals[:0] if ones else vals, labels, sizes)

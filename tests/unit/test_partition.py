@@ -113,8 +113,7 @@ def test_a_big_batch_routes_on_two_threads_to_the_same_bits_and_leaves_none_runn
 
 def _alone(ring, keys, inverse, layout, key_dtype, rank_dtype):
     """One batch routed as a step: ``route_steps`` of a single batch."""
-    return route_steps(ring, keys, np.array([keys.size]), inverse, np.array([inverse.size]), layout,
-                       np.dtype(key_dtype), np.dtype(rank_dtype))
+    return route_steps(ring, [keys], [inverse], layout, np.dtype(key_dtype), np.dtype(rank_dtype))
 
 
 def test_a_steps_routing_groups_its_keys_as_a_pulls_and_places_each_occurrence_among_them():
@@ -149,9 +148,8 @@ def test_the_batches_of_a_step_of_several_are_each_routed_as_a_step_alone(layout
         batches.append((keys, rng.integers(0, max(m, 1), nnz) if m else np.zeros(0, np.int64)))
     key_ends = np.cumsum([k.size for k, _ in batches])
     occ_ends = np.cumsum([i.size for _, i in batches])
-    keys, inverse = np.concatenate([k for k, _ in batches]), np.concatenate([i for _, i in batches])
-    grouped, rank, vnodes, counts, seg_ends = route_steps(ring, keys, key_ends, inverse, occ_ends, layout,
-                                                          np.dtype(np.uint32), np.dtype(np.uint16))
+    grouped, rank, vnodes, counts, seg_ends = route_steps(ring, [k for k, _ in batches], [i for _, i in batches],
+                                                          layout, np.dtype(np.uint32), np.dtype(np.uint16))
     assert grouped.dtype == np.uint32 and rank.dtype == np.uint16
     k0 = o0 = s0 = 0
     for (k, i), k1, o1, s1 in zip(batches, key_ends, occ_ends, seg_ends):
@@ -162,6 +160,11 @@ def test_the_batches_of_a_step_of_several_are_each_routed_as_a_step_alone(layout
         np.testing.assert_array_equal(vnodes[s0:s1], alone_vnodes)
         np.testing.assert_array_equal(counts[s0:s1], alone_counts)
         k0, o0, s0 = k1, o1, s1
-    bad = inverse.copy()
-    bad[occ_ends[0]] = 1  # batch 1 has one key: index 1 names none
-    assert route_steps(ring, keys, key_ends, bad, occ_ends, layout, np.dtype(np.uint32), np.dtype(np.uint16)) == 1
+    bad = [i.copy() for _, i in batches]
+    bad[1][0] = 1  # batch 1 has one key: index 1 names none
+    assert route_steps(ring, [k for k, _ in batches], bad, layout, np.dtype(np.uint32), np.dtype(np.uint16)) == 1
+    narrow = [(k.astype(np.uint32), i.astype(np.int32)) for k, i in batches]  # other types: read as the call's own
+    again = route_steps(ring, [k for k, _ in narrow], [i for _, i in narrow], layout, np.dtype(np.uint32),
+                        np.dtype(np.uint16))
+    for got, want in zip(again, (grouped, rank, vnodes, counts, seg_ends), strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -1,7 +1,8 @@
-"""A step of several batches taken whole, in one compiled call (``server/steps._whole``,
-``store/loops/step_groups.py``): the rows, scores and losses of its batches sent as steps
-one after the other, bit for bit, through the growth of its vnodes and for a factorization
-machine; a batch whose gradient is not finite stops it after the batches before it, each
+"""A step taken whole, in one compiled call (``server/steps._whole``,
+``store/loops/step_groups.py``): a step of several batches changes the rows, and answers
+the scores and losses, that its batches taken one by one (rows read, gradient, push) would,
+bit for bit, through the growth of its vnodes and for a factorization machine; a step of one
+batch too; a batch whose gradient is not finite stops it after the batches before it, each
 of them recorded applied once, as batch by batch."""
 
 from __future__ import annotations
@@ -64,12 +65,15 @@ def whole_calls(monkeypatch):
 
 
 @pytest.mark.parametrize(("model", "dim"), [("lr", 1), ("fm", 5)])
-def test_a_group_taken_whole_is_its_batches_in_turn_through_the_growth_of_its_vnodes(whole_calls, model, dim):
+def test_a_group_taken_whole_is_its_batches_in_turn_through_the_growth_of_its_vnodes(whole_calls, monkeypatch,
+                                                                                        model, dim):
     (h, ring), (ref, ref_ring) = _pair(dim)
     try:
         batches = _batches(6, keys=700, pool=3000)  # ~2 600 keys over 8 vnodes: each grows within the group
-        for k, batch in enumerate(batches):
-            _step(ref, ref_ring, "t", batch, narrow=True, sender=5, seq=k + 1, acked=k, model=model)
+        with monkeypatch.context() as m:  # the reference: each batch a step, taken as a pull, kernel and push
+            m.setattr(server_steps, "_whole", lambda *a, **k: None)
+            for k, batch in enumerate(batches):
+                _step(ref, ref_ring, "t", batch, narrow=True, sender=5, seq=k + 1, acked=k, model=model)
         _group(h, ring, "t", batches, seq=1, model=model)
         assert whole_calls == [True]
         (answer,) = h.answers
@@ -115,6 +119,28 @@ def test_a_batch_whose_gradient_is_not_finite_stops_the_group_after_the_ones_bef
         _step(h, ring, "t", batches[0], narrow=True, sender=5, seq=1, acked=0)  # batch 0 again: on record once
         np.testing.assert_array_equal(_rows(h, 1, "t", keys), before)
         assert h.nodes[0].tables["t"].version == ref.nodes[0].tables["t"].version == 1
+    finally:
+        h.close()
+        ref.close()
+
+
+def test_a_step_of_one_batch_is_taken_whole_as_its_pull_kernel_and_push_would(whole_calls, monkeypatch):
+    (h, ring), (ref, ref_ring) = _pair(1)
+    try:
+        batches = _batches(3, keys=500, pool=1500, seed=2)
+        with monkeypatch.context() as m:
+            m.setattr(server_steps, "_whole", lambda *a, **k: None)
+            for k, batch in enumerate(batches):
+                _step(ref, ref_ring, "t", batch, narrow=True, sender=5, seq=k + 1, acked=k)
+        for k, batch in enumerate(batches):
+            _step(h, ring, "t", batch, narrow=True, sender=5, seq=k + 1, acked=k)
+        assert whole_calls == [True, True, True]
+        assert [a.header for a in h.answers] == [a.header for a in ref.answers]
+        for ours, theirs in zip(h.answers, ref.answers, strict=True):
+            np.testing.assert_array_equal(ours.arrays[0], theirs.arrays[0])
+        keys = np.unique(np.concatenate([b[0] for b in batches]))
+        np.testing.assert_array_equal(_rows(h, 1, "t", keys), _rows(ref, 1, "t", keys))
+        assert np.abs(_rows(h, 1, "t", keys)).sum() > 0
     finally:
         h.close()
         ref.close()

@@ -162,11 +162,10 @@ class StepCalls:
         piece's ``extra``), as narrow as they go; and the batches' sizes (``wire/step_groups.py``).
         None where one server cannot step them (several hold them, or none can step)."""
         ring = self.caller.state.ring()
-        keys = _joined([b[0] for b in batches])
-        key_ends = np.cumsum([b[0].shape[0] for b in batches])
-        occ_ends = np.cumsum([b[1].shape[0] for b in batches])
-        routed = route_steps(ring, keys, key_ends, _joined([b[1] for b in batches]), occ_ends, spec.layout,
-                             key_type(keys), index_type(max(b[0].shape[0] for b in batches)))
+        keys = [b[0] for b in batches]
+        wide = any(key_type(k).itemsize == 8 for k in keys)  # the keys go as narrow as the widest batch's allow
+        routed = route_steps(ring, keys, [b[1] for b in batches], spec.layout, np.dtype("<u8" if wide else "<u4"),
+                             index_type(max(k.shape[0] for k in keys)))
         if isinstance(routed, int):
             m = batches[routed][0].shape[0]
             raise ConfigError(f"steps on {spec.name!r}: inverse must index the {m} keys, got values outside [0, {m})"
@@ -175,7 +174,7 @@ class StepCalls:
         owners = ring.owners[vnodes]
         if not owners.size or (owners != owners[0]).any() or not steppable(spec, how[0]):
             return None
-        sizes = np.column_stack([np.diff(key_ends, prepend=0), np.diff(seg_ends, prepend=0),
+        sizes = np.column_stack([[k.shape[0] for k in keys], np.diff(seg_ends, prepend=0),
                                  [b[4].shape[0] for b in batches]]).astype(np.int64).reshape(-1)
         return Piece(int(owners[0]), ring.version, grouped, rank, vnodes, counts), sizes
 
@@ -318,7 +317,3 @@ def _stepped_group(msg: Message | None, sizes: list[int]) -> tuple[list[np.ndarr
     cuts = np.cumsum(sizes)[:-1]
     return np.split(preds, cuts), [float(x) for x in losses]
 
-
-def _joined(arrays: list[np.ndarray]) -> np.ndarray:
-    """``arrays`` end to end (one array as it is: no copy)."""
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)

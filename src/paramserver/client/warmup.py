@@ -36,8 +36,7 @@ def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None,
     (vals,) = decode([bytes(f) for f in frames]).arrays
     scatter_rows(vals, routed.order, np.empty((keys.size, 1), np.float32))
     for rank_dtype in (np.uint16, np.int32):  # a step's keys (of up to 32 bits) and their occurrences' places
-        route_steps(Ring.create([1]), keys, np.array([keys.size]), np.zeros(2, np.int64), np.array([2]), 0,
-                    np.dtype(np.uint32), np.dtype(rank_dtype))
+        route_steps(Ring.create([1]), [keys], [np.zeros(2, np.int64)], 0, np.dtype(np.uint32), np.dtype(rank_dtype))
     if filters:
         # a filtered table's requests, residuals and routing in position order
         warm_filters(filters if isinstance(filters, FilterSpec) else None)

@@ -39,6 +39,11 @@ def on_step(plane: DataPlane, msg: Message, identity: bytes = b"") -> list[Any] 
     arrays = read_step_arrays(msg)
     table, model, l2 = _checked(plane, msg, arrays)
     keys, vnodes, counts = arrays[:3]
+    if not _has_copies(plane, table, vnodes):  # as a step of one batch (a copy's answer waits: pushed below)
+        sizes = np.array([keys.shape[0], vnodes.shape[0], arrays[6].shape[0]], np.int64)
+        whole = _whole(plane, table, [msg], [(table, model, l2)], [*arrays, sizes])
+        if whole is not None:
+            return reply(msg, [whole[0]], loss=float(whole[1][0]))
     grads, loss, preds = _stepped(plane, table, model, l2, arrays)
     answer = ([preds.astype(np.float32)], {"loss": loss})
     return plane.pushed(table, msg, keys, grads, vnodes, counts, identity, answer)
@@ -85,14 +90,13 @@ def _on_steps(plane: DataPlane, msg: Message) -> list[Any]:
     parts = [Message({**header, "seq": seq + k}, part) for k, part in enumerate(split_group(arrays, steps))]
     checked = [_checked(plane, part, part.arrays) for part in parts]
     table = checked[0][0]
-    targets = plane.state.targets.get(table.spec.name)
-    if targets is not None and (targets[np.concatenate([p.arrays[1] for p in parts])] >= 0).any():
+    if _has_copies(plane, table, np.concatenate([p.arrays[1] for p in parts])):
         raise ProtocolError(f"steps on {table.spec.name!r}: a step of several batches goes to vnodes without "
                             "copies to forward to (each batch's answer would wait for the copies'): send them "
                             "one step each")
-    whole = _whole(plane, msg, table, parts, checked, arrays)
+    whole = _whole(plane, table, parts, checked, arrays)
     if whole is not None:
-        return whole
+        return reply(msg, [whole[0]], losses=whole[1].tolist())
     preds, losses = [], []
     for part, (_, model, l2) in zip(parts, checked, strict=True):
         keys, vnodes, counts = part.arrays[:3]
@@ -104,14 +108,22 @@ def _on_steps(plane: DataPlane, msg: Message) -> list[Any]:
     return reply(msg, [np.concatenate(preds)], losses=losses)
 
 
-def _whole(plane: DataPlane, msg: Message, table: VnodeStore, parts: list[Message],
-           checked: list[tuple[VnodeStore, str, float]], arrays: list[np.ndarray]) -> list[Any] | None:
-    """A step of several batches, checked, taken in one compiled call (``VnodeStore.steps``,
-    ``store/loops/step_groups.py``) where nothing of a push's path is needed between its
-    batches: no key lifecycle, no quota, the table's own rule, one model, every batch new on
-    all its vnodes (a retry goes batch by batch, which skips what it applied) and none big
-    enough for the server's threads.  The same rows, updates and answers as batch by batch,
-    each batch recorded applied (exactly once) as it is; None: batch by batch."""
+def _has_copies(plane: DataPlane, table: VnodeStore, vnodes: np.ndarray) -> bool:
+    """Whether a vnode of ``vnodes`` has copies to forward its pushes to (backups, or a copy under way)."""
+    targets = plane.state.targets.get(table.spec.name)
+    return targets is not None and bool((targets[vnodes] >= 0).any())
+
+
+def _whole(plane: DataPlane, table: VnodeStore, parts: list[Message], checked: list[tuple[VnodeStore, str, float]],
+           arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """A step's batches (one, or several: ``parts``, as ``wire/step_groups.py`` carries them:
+    ``arrays``, their sizes last), checked, on vnodes without copies, taken in one compiled
+    call (``VnodeStore.steps``, ``store/loops/step_groups.py``) where nothing of a push's path
+    is needed between them: no key lifecycle, no quota, the table's own rule, one model, every
+    batch new on all its vnodes (a retry goes batch by batch, which skips what it applied) and
+    none big enough for the server's threads.  The same rows, updates and answers as batch by
+    batch, each batch recorded applied (exactly once) as it is: every example's probability
+    and each batch's log loss; None: batch by batch."""
     state = plane.state
     model, l2 = checked[0][1], checked[0][2]
     if (table.life is not None or namespace_of(table.spec.name) in state.quotas
@@ -133,4 +145,4 @@ def _whole(plane: DataPlane, msg: Message, table: VnodeStore, parts: list[Messag
     preds, losses = done
     if marked[0] < len(parts):  # as a push's check says it (``install.check_grads``)
         raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
-    return reply(msg, [preds], losses=losses.tolist())
+    return preds, losses

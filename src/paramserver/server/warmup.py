@@ -13,7 +13,7 @@ from paramserver.server.requests import _segment_fault
 from paramserver.store.vnodes import GENERIC_DIM, VnodeSet
 from paramserver.tables.optim import SGD, Zeros
 from paramserver.tables.spec import TableSpec
-from paramserver.tables.steps import check_batch, fm_step, logistic_step
+from paramserver.tables.steps import check_batch
 from paramserver.wire.message import Op, decode, encode
 from paramserver.wire.step_arrays import STEP_ARRAYS
 
@@ -43,8 +43,11 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
     frames = encode({"op": Op.PUSH.value}, [np.arange(1, n + 1, dtype=np.uint64), np.ones((n, 1), np.float32),
                                             np.zeros(1, np.int32), np.array([n], np.int64)])
     keys, grads, vnodes, counts = decode([bytes(f) for f in frames]).arrays  # read-only, as requests
+    # the scratch tables take the job's rule where it is known: their request loops (and steps) are then the
+    # job's own, loaded once, and none of another rule's
+    rule = tables[0].optimizer if tables else SGD()
     for bits, storage in [({"hash": 0, "dense": 8}[layout], s) for layout in layouts for s in storages]:
-        spec = TableSpec("warm-up", optimizer=SGD(), initializer=Zeros(), key_bits=bits, storage=storage)
+        spec = TableSpec("warm-up", optimizer=rule, initializer=Zeros(), key_bits=bits, storage=storage)
         VnodeSet(spec, 2, [0, 1])  # a table's vnodes are listed for the kernels one by one
         table = VnodeSet(spec, 1, [0])
         _segment_fault(vnodes, counts, n, 1, np.ones(1, np.bool_), True, table.slot)
@@ -72,12 +75,12 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
 
 
 def _warm_steps(n: int) -> None:
-    """A step's kernels (``server/steps.py``) on a request's read-only arrays: its batch's
-    check and the gradient."""
+    """A step's check of its batch (``server/steps.py``) on a request's read-only arrays.  The
+    step itself is a table's (``VnodeSet.steps``, exercised with its request loops); the
+    gradient kernels alone serve only a step that goes batch by batch (a key lifecycle, a
+    quota, copies to forward to), loaded at its first."""
     for dtype in dict(STEP_ARRAYS)["inverse"]:  # an occurrence's index into the keys: 16 bits or 32
         frames = encode({"op": Op.STEP.value}, [np.zeros(n, dtype), np.arange(n + 1, dtype=np.int64),
                                                 np.ones(n, np.float32), np.zeros(n, np.float32)])
         inverse, indptr, vals, labels = decode([bytes(f) for f in frames]).arrays
         check_batch("warm-up", 1, inverse, indptr, vals, labels)
-        logistic_step(indptr, vals, labels, inverse, np.zeros((1, 1), np.float32), True)
-        fm_step(indptr, vals, labels, inverse, np.zeros((1, 3), np.float32), True, 0.0)
