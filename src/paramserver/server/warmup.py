@@ -11,7 +11,7 @@ from paramserver.filters.warmup import warm_filters
 from paramserver.routing.ring import Ring
 from paramserver.server.requests import _segment_fault
 from paramserver.store.vnodes import GENERIC_DIM, VnodeSet
-from paramserver.tables.optim import SGD, Zeros
+from paramserver.tables.optim import CUSTOM_KIND, SGD, Zeros
 from paramserver.tables.spec import TableSpec
 from paramserver.tables.steps import check_batch
 from paramserver.wire.message import Op, decode, encode
@@ -43,9 +43,10 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
     frames = encode({"op": Op.PUSH.value}, [np.arange(1, n + 1, dtype=np.uint64), np.ones((n, 1), np.float32),
                                             np.zeros(1, np.int32), np.array([n], np.int64)])
     keys, grads, vnodes, counts = decode([bytes(f) for f in frames]).arrays  # read-only, as requests
-    # the scratch tables take the job's rule where it is known: their request loops (and steps) are then the
-    # job's own, loaded once, and none of another rule's
-    rule = tables[0].optimizer if tables else SGD()
+    # the scratch tables take the job's built-in rule where it is known: their request loops (and steps) are
+    # then the job's own, loaded once, and none of another rule's (a user's rule keeps SGD here: its kernels
+    # are its own table's, loaded below)
+    rule = tables[0].optimizer if tables and tables[0].optimizer.kind != CUSTOM_KIND else SGD()
     for bits, storage in [({"hash": 0, "dense": 8}[layout], s) for layout in layouts for s in storages]:
         spec = TableSpec("warm-up", optimizer=rule, initializer=Zeros(), key_bits=bits, storage=storage)
         VnodeSet(spec, 2, [0, 1])  # a table's vnodes are listed for the kernels one by one
