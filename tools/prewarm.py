@@ -33,15 +33,17 @@ def _synth_rows() -> None:
         write_synth(os.path.join(tmp, "rows.tsv"), 10, seed=1)
 
 
-def _request_loops(rows: list[tuple[object, int]], dense: list[tuple[object, int]] | None = None) -> None:
+def _request_loops(rows: list[tuple[object, int]], dense: list[tuple[object, int]] | None = None,
+                   steps: bool = False) -> None:
     """The request loops of hash tables of these (optimiser, dim) rows, and of dense tables
     of the ``dense`` rows (default: the same): compiled for their row
-    (``store/specialize.py``), each a kernel of its own."""
+    (``store/specialize.py``), each a kernel of its own; with ``steps``, the hash tables'
+    steps too (a training job's)."""
     from paramserver.tables.spec import TableSpec
 
     tables = [TableSpec("warm-up", dim, optimizer=opt) for opt, dim in rows]
     tables += [TableSpec("warm-up", dim, optimizer=opt, key_bits=8) for opt, dim in (rows if dense is None else dense)]
-    warm_server((), filters=False, tables=tuple(tables))
+    warm_server((), filters=False, tables=tuple(tables), steps=steps)
 
 
 def _job_rows() -> list[tuple[object, int]]:
@@ -66,7 +68,7 @@ def groups(quick_start: bool) -> list[Group]:
                 ("the filters", warm_filters),
                 ("Criteo rows and LR", lambda: warm_worker(("criteo",), (Model("lr"),), combine=False, filters=False)),
                 ("FM", lambda: warm_worker(("criteo",), (Model("fm"),), combine=False, filters=False)),
-                ("LR's and FM's request loops", lambda: _request_loops(_job_rows())),
+                ("LR's and FM's request loops and steps", lambda: _request_loops(_job_rows(), steps=True)),
                 ("the demo's synthetic rows", _synth_rows)]
     every = [(f"server tables, {storage} rows", lambda s=storage: warm_server(storages=(s,), filters=False))
              for storage in ("float32", "fp16", "bf16")]
@@ -75,7 +77,7 @@ def groups(quick_start: bool) -> list[Group]:
                                                                       [(r, d) for d in DENSE_WIDTHS.get(r, (1,))]))
              for rule in RULES]
     return [*every, ("the filters", warm_filters), *loops,
-            ("LR's and FM's request loops", lambda: _request_loops(_job_rows())),
+            ("LR's and FM's request loops and steps", lambda: _request_loops(_job_rows(), steps=True)),
             ("Criteo rows: LR, FM, DeepFM", lambda: warm_worker(("criteo",), filters=False)),
             ("LIBSVM rows: LR, FM, DeepFM", lambda: warm_worker(("libsvm",), filters=False))]
 

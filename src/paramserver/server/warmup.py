@@ -10,7 +10,7 @@ from paramserver.filters.chain import FilterSpec
 from paramserver.filters.warmup import warm_filters
 from paramserver.routing.ring import Ring
 from paramserver.server.requests import _segment_fault
-from paramserver.store.vnodes import GENERIC_DIM, VnodeSet
+from paramserver.store.vnodes import GENERIC_DIM, VnodeSet, exercise_steps
 from paramserver.tables.optim import CUSTOM_KIND, SGD, Zeros
 from paramserver.tables.spec import TableSpec
 from paramserver.tables.steps import check_batch
@@ -19,7 +19,8 @@ from paramserver.wire.step_arrays import STEP_ARRAYS
 
 
 def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | FilterSpec = True,
-                storages: tuple[str, ...] = ("float32",), tables: tuple[TableSpec, ...] = ()) -> None:
+                storages: tuple[str, ...] = ("float32",), tables: tuple[TableSpec, ...] = (),
+                steps: bool = True) -> None:
     """Load (or compile) the table kernels for the array types requests bring (read-only
     frames; every other array goes to the kernels read-only too, ``intrinsics.frozen``), for
     ``layouts`` (a hash table's through a vnode's growth): a table of more than one vnode, a
@@ -35,7 +36,8 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
     first fp16 push on a cold cache, measured with two servers that kept beating; then from
     the disk cache).  ``tables``: a job's own tables, whose request loops (compiled for their
     rows, ``store/specialize.py``) are loaded too: each is a kernel of its own, ~0.1 s from
-    the disk cache at a table's first request otherwise."""
+    the disk cache at a table's first request otherwise; with ``steps``, their steps too
+    (``VnodeSet.steps``: a training job's table takes its batches as steps)."""
     if is_inherited():
         return
     load_numba()
@@ -67,9 +69,11 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
         table.install(0, stored, rows)  # a copy received (a repair, a join), a restore
         Ring.create([1]).vnodes(keys, spec.layout)  # an install's and a restore's keys checked
     _warm_steps(n)
-    for spec in tables:  # their request loops, run once (``store/vnodes._exercise``)
+    for spec in tables:  # their request loops, run once (``store/vnodes._exercise``), and a job's steps
         VnodeSet(TableSpec("warm-up", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
                            storage=spec.storage, key_bits=min(spec.key_bits, 8)), 1, [0])
+        if steps:
+            exercise_steps(spec)
     if filters:
         # a filtered request's decoding, a filtered reply's encoding
         warm_filters(filters if isinstance(filters, FilterSpec) else None)

@@ -435,8 +435,20 @@ def _exercise(spec: TableSpec) -> None:
         a.flags.writeable = False  # as a request's frames arrive
     scratch.apply(vnodes, counts, keys, grads)
     scratch.lookup(vnodes, counts, keys, np.empty((1, spec.dim), np.float32))
-    if not spec.key_bits and unsuited(spec, "lr" if spec.dim == 1 else "fm") is None:
-        for index in (np.uint16, np.int32):  # an occurrence's place among its batch's keys: as a step brings it
-            scratch.steps(vnodes, counts, keys, np.zeros(1, index), np.arange(2, dtype=np.int64),
-                          np.zeros(0, np.float32), np.zeros(1, np.float32), np.ones(3, np.int64),
-                          np.ones(1, np.int64), 0.0, lambda n: None)
+
+
+def exercise_steps(spec: TableSpec) -> None:
+    """Run a table's steps once (``steps``, for the index types a step's occurrences come
+    in), where its rows can be stepped: what a training job's servers load before they
+    register (``server/warmup.py``).  Any other table loads them at its first step (a few
+    milliseconds from the disk cache; on a cold cache, a compile of ~1 s a type)."""
+    row = ("steps", spec.optimizer, spec.dim, spec.storage)
+    if row in _exercised or spec.key_bits or unsuited(spec, "lr" if spec.dim == 1 else "fm") is not None:
+        return
+    _exercised.add(row)
+    scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
+                                 storage=spec.storage), 1, [0])
+    keys, vnodes, counts = np.ones(1, np.uint64), np.zeros(1, np.int32), np.ones(1, np.int64)
+    for index in (np.uint16, np.int32):  # an occurrence's place among its batch's keys: as a step brings it
+        scratch.steps(vnodes, counts, keys, np.zeros(1, index), np.arange(2, dtype=np.int64), np.zeros(0, np.float32),
+                      np.zeros(1, np.float32), np.ones(3, np.int64), np.ones(1, np.int64), 0.0, lambda n: None)
