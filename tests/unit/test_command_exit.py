@@ -66,3 +66,45 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     assert writer.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
     assert "exit handlers ran" in err
+
+
+def test_what_a_socket_still_holds_is_delivered_before_the_process_ends():
+    """A socket closed with a linger hands its queue to ZeroMQ's I/O thread; ``os._exit`` would
+    end that thread with the queue unsent (a scheduler's reply to SHUTDOWN, lost on CI)."""
+    import zmq
+
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.ROUTER)
+    inbox.linger = 0
+    try:
+        port = inbox.bind_to_random_port("tcp://127.0.0.1")
+        body = ("import zmq\n"
+                "sock = zmq.Context.instance().socket(zmq.DEALER)\n"
+                f"sock.connect('tcp://127.0.0.1:{port}')\n"
+                "sock.send(b'x' * (64 << 20))\n"  # more than the kernel's buffers take at once
+                "sock.close(linger=30000)\n")
+        done = _run(body, "--version")
+        assert done.returncode == 0, done.stderr
+        assert inbox.poll(30_000), "the queued message never arrived"
+        _, got = inbox.recv_multipart()
+        assert len(got) == 64 << 20
+    finally:
+        inbox.close()
+        ctx.term()
+
+
+def test_the_end_waits_for_a_zap_handler_without_aborting(tmp_path):
+    """A CurveZMQ node's ZAP thread reads a socket of the shared context: the end wakes it
+    (it closes its socket) instead of closing the socket under it, and does not wait the bound."""
+    body = ("import zmq\n"
+            "from paramserver.wire.ending import deliver_queued\n"
+            "from paramserver.wire.security import keygen, secure_server\n"
+            f"keys = keygen({str(tmp_path / 'keys')!r})\n"
+            "sock = zmq.Context.instance().socket(zmq.ROUTER)\n"
+            "secure_server(sock, keys)\n"
+            "sock.bind('tcp://127.0.0.1:0')\n"
+            "sock.close(linger=0)\n"
+            "print('ended in time:', deliver_queued(10.0), flush=True)\n")
+    done = _run(body, "--version")
+    assert done.returncode == 0, done.stderr
+    assert "ended in time: True" in done.stdout, done.stdout + done.stderr

@@ -34,6 +34,7 @@ from paramserver._runtime.proctitle import set_title
 from paramserver.cli import cluster, ctr_flags, export, feed, nodes, rounds, serve
 from paramserver.cli.parser import Command, root_parser
 from paramserver.errors import ParamServerError, WorkerError
+from paramserver.wire.ending import deliver_queued
 
 if TYPE_CHECKING:
     from paramserver.cli.parser import Subparsers
@@ -115,6 +116,7 @@ def command() -> None:
     code = code or 0
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)  # Python's own exit joins it first
+    deliver_queued()  # what ZeroMQ still holds (a scheduler's reply to SHUTDOWN): os._exit would drop it
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

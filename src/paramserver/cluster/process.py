@@ -32,6 +32,7 @@ from paramserver._runtime.proctitle import prepare as prepare_title
 from paramserver._runtime.warm import inherited as warm_inherited
 from paramserver.errors import ConfigError
 from paramserver.store.memory import available_memory
+from paramserver.wire.ending import deliver_queued
 
 logger = logging.getLogger(__name__)
 #: the node command a forked child runs: ``paramserver``'s entry point, handed in from above
@@ -214,12 +215,7 @@ def _leave_forked_child(code: Any) -> NoReturn:
     """End a forked node without the parent's exit handlers (they would, say, remove the
     parent's temporary folders), but as an interpreter exit would for the node: zmq
     delivers what its sockets still hold (a reply to SHUTDOWN, STOPs), logs are flushed."""
-    try:
-        import zmq
-
-        zmq.Context.instance().destroy(linger=500)  # delivers what is queued, for 0.5 s at most
-    except Exception:
-        pass
+    deliver_queued()  # what its sockets still hold (wire/ending.py)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -194,22 +194,26 @@ class ServerNode:
 
     def run(self) -> None:
         warm_server()
-        self.register()
         beats = threading.Thread(target=self._heartbeats, name="paramserver-heartbeat", daemon=True)
-        beats.start()
-        failed_at = 0.0
-        try:
-            while self._running:
-                try:
-                    self.turn()
-                except Exception:  # a bug or a bad message must not take the server (and its data) down
-                    if self.clock() - failed_at > 1.0:  # at most one traceback a second
-                        logger.exception("server %d: a loop turn failed; it goes on", self.node_id)
-                    failed_at = self.clock()
+        try:  # a scheduler it cannot reach closes its sockets too (a process's end waits for open ones)
+            self.register()
+            beats.start()
+            self._serve()
         finally:
             self._beats_stop.set()
-            beats.join(5)
+            if beats.ident is not None:
+                beats.join(5)
             self.close()
+
+    def _serve(self) -> None:
+        failed_at = 0.0
+        while self._running:
+            try:
+                self.turn()
+            except Exception:  # a bug or a bad message must not take the server (and its data) down
+                if self.clock() - failed_at > 1.0:  # at most one traceback a second
+                    logger.exception("server %d: a loop turn failed; it goes on", self.node_id)
+                failed_at = self.clock()
 
     def close(self) -> None:
         if self.state.pool is not None:

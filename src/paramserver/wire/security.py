@@ -278,11 +278,9 @@ class Zap:
         while True:
             try:
                 frames = self.sock.recv_multipart()
-            except zmq.ZMQError:  # the context is ending
-                return
-            try:
                 self.sock.send_multipart(self.answer(frames))
-            except zmq.ZMQError:
+            except zmq.ZMQError:  # the context is ending: its term waits for this socket to close
+                self.sock.close(linger=0)
                 return
 
     def answer(self, frames: list[bytes]) -> list[bytes]:
