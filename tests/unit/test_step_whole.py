@@ -23,18 +23,18 @@ from paramserver.tables.spec import TableSpec
 
 @pytest.fixture
 def pair():
-    """``pair(dim)``: two harnesses, one server each, the same FTRL table ``t`` of ``dim``
-    columns (where the steps go, and the reference); closed at the end."""
+    """``pair(dim, optimizer)``: two harnesses, one server each, the same table ``t`` of ``dim``
+    columns (FTRL by default; where the steps go, and the reference); closed at the end."""
     made = []
 
-    def make(dim: int):
+    def make(dim: int, optimizer: object = STEP_FTRL):
         out = []
         for _ in range(2):
             h = Harness()
             made.append(h)
             h.make(1)
             ring = Ring.create([1], 8)
-            h.ring(ring, [TableSpec("t", dim, optimizer=STEP_FTRL)])
+            h.ring(ring, [TableSpec("t", dim, optimizer=optimizer)])
             out.append((h, ring))
         return out
 
@@ -84,10 +84,17 @@ def whole_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize(("model", "dim"), [("lr", 1), ("fm", 5)])
+USER_RULE = {"name": "tests.unit.plugins.myrules:my_adagrad", "lr": 0.1, "start": 1.0}
+
+
+@pytest.mark.parametrize(("model", "dim", "optimizer"), [("lr", 1, STEP_FTRL), ("fm", 5, STEP_FTRL),
+                                                         ("fm", 3, {"name": "adagrad", "lr": 0.05}),
+                                                         ("lr", 1, USER_RULE)])
 def test_a_group_taken_whole_is_its_batches_in_turn_through_the_growth_of_its_vnodes(whole_calls, monkeypatch, pair,
-                                                                                        model, dim):
-    (h, ring), (ref, ref_ring) = pair(dim)
+                                                                                        model, dim, optimizer):
+    """Each batch's keys read once and updated where the read found them (``apply_found``),
+    the keys not stored claimed as a push claims them: the same rows and slots, any rule."""
+    (h, ring), (ref, ref_ring) = pair(dim, optimizer)
     batches = _batches(6, keys=700, pool=3000)  # ~2 600 keys over 8 vnodes: each grows within the group
     with _batch_by_batch(monkeypatch):  # the reference: each batch a step, taken as a pull, kernel and push
         for k, batch in enumerate(batches):

@@ -124,6 +124,69 @@ def apply_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, grads, seg
 
 
 @njit(nogil=True, cache=True)
+def lookup_found(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, ikind, ihp, seed):
+    """``lookup_request``, keeping what its probes found for ``apply_found``: each key's slot
+    (-1: not stored), its home and the address of its row (of its home slot where not
+    stored).  A step reads a batch's rows, computes its gradient, then updates the same keys:
+    probed once, not twice."""
+    home, address = homes(d, slot, vnodes, counts, keys, 0)
+    found = np.empty(keys.shape[0], np.int64)
+    a = 0
+    for seg in range(vnodes.shape[0]):
+        t = slot[vnodes[seg]]
+        tkeys, rows, meta = hash_arrays(d, t, keys0, rows0, meta0)
+        base, stride = d[t, ROWS], d[t, STRIDE]
+        b = a + counts[seg]
+        for i in range(a, b):
+            prefetch_address(address[i + AHEAD])
+            key = keys[i]
+            s = find_from(tkeys, meta, key, home[i])
+            found[i] = s
+            if s >= 0:
+                address[i] = base + s * stride
+                for j in range(DIM):
+                    out[i, j] = value_at(rows, s, j)
+            else:
+                for j in range(DIM):
+                    out[i, j] = init_value(key, j, ikind, ihp, seed)
+        a = b
+    return found, home, address
+
+
+@njit(nogil=True, cache=True)
+def apply_found(d, keys0, rows0, meta0, slot, vnodes, counts, keys, grads, found, home, address, ohp, ikind, ihp,
+                seed):
+    """``apply_request`` from the first key, on the slots ``lookup_found`` found for the same
+    keys with nothing stored since: a stored key's row is updated where it is, a key not
+    stored is claimed from its home as ``apply_request`` claims it (so the slots, the rows
+    and their bits are the same).  Returns where a vnode must grow as ``apply_request`` does;
+    the slots are stale after the growth: the rest goes through ``apply_request``."""
+    a = 0
+    for sg in range(vnodes.shape[0]):
+        t = slot[vnodes[sg]]
+        tkeys, rows, meta = hash_arrays(d, t, keys0, rows0, meta0)
+        width, limit = rows.shape[1], d[t, LIMIT]
+        scratch = new_scratch(rows)  # compact rows are updated in a float32 copy (``compact.py``)
+        work = work_rows(rows, scratch)
+        b = a + counts[sg]
+        for i in range(a, b):
+            prefetch_address(address[i + AHEAD])
+            key = keys[i]
+            s = found[i]
+            if s < 0:
+                s, new = claim(tkeys, meta, key, home[i], limit)
+                if s < 0:
+                    return sg, i - a
+                if new:
+                    init_row(work, work_slot(rows, s), key, DIM, width, KIND, ohp, ikind, ihp, seed)
+                    store_row(rows, s, scratch, width, DIM, key)
+            push_row(work, load_row(rows, s, scratch, width, DIM), grads, i, DIM, OP_UPDATE, KIND, ohp)
+            store_row(rows, s, scratch, width, DIM, key)
+        a = b
+    return vnodes.shape[0], 0
+
+
+@njit(nogil=True, cache=True)
 def dense_places(d, slot, vnodes, counts, keys, layout):
     """Each key's row in its dense vnode and that row's address, in one sequential pass (a
     dense vnode's row is the key's position less the vnode's first, ``store/dense.py``);
