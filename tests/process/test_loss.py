@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 from support import wait_for
 
@@ -14,6 +15,7 @@ from paramserver import DataLossError
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train import TrainConfig, run_training
+from paramserver.errors import ClosedError
 
 pytestmark = pytest.mark.timeout(180)
 FAST_DETECTION = {"heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.5}
@@ -83,8 +85,6 @@ def _count_forever(client, stop_file):
 def test_a_client_raises_on_its_next_call_after_a_server_died_with_data():
     """Issue 28.2: outside ``train``, a server's death at replicas 1 was silent: pushes were
     acknowledged while the keys restarted from zero.  The next call raises, once."""
-    import numpy as np
-
     from paramserver import LocalCluster
 
     with LocalCluster(servers=2, workers=0, **FAST_DETECTION, log_level="WARNING") as cluster:
@@ -114,12 +114,18 @@ def test_a_command_on_the_cluster_fails_with_one_line_or_reports_with_allow_loss
             cluster.client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0}, replicas=1)
 
             def kill_then_stop(cluster=cluster, stop=stop):
-                time.sleep(0.5)  # pushes are running
+                probe = np.zeros(1, np.uint64)
+                wait_for(lambda: cluster.client.pull("w", probe).result(timeout=30)[0, 0] > 0, 60,
+                         "the worker's pushes to run")
                 cluster.kill("server-1")
-                wait_for(lambda: cluster.client.stats.losses, 30, "the loss to be told")
+                try:
+                    wait_for(lambda: cluster.client.stats.losses, 30, "the loss to be told")
+                except ClosedError:  # the worker raised it first and the cluster stopped: nothing left to stop
+                    return
                 open(stop, "w").close()
 
-            threading.Thread(target=kill_then_stop, daemon=True).start()
+            helper = threading.Thread(target=kill_then_stop, daemon=True)
+            helper.start()
             worker = tolerating_loss(_count_forever) if allow else _count_forever
             if allow:
                 with surfacing_losses(cluster, True) as losses:
@@ -129,3 +135,5 @@ def test_a_command_on_the_cluster_fails_with_one_line_or_reports_with_allow_loss
                 with pytest.raises(DataLossError, match=r"died holding .* --replicas 2 .* --allow-loss"):
                     with surfacing_losses(cluster, False):
                         cluster.run_elastic(worker, stop)
+        helper.join(60)
+        assert not helper.is_alive()
