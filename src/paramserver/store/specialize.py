@@ -58,16 +58,13 @@ def _compile(optimizer: Any, dim: int) -> RequestLoops:
     anchor = anchor_file(f"{optimizer.name}_slots", dim, [])
     apply, lookup, dense_apply = (rebind(fn, anchor=anchor, DIM=dim, KIND=optimizer.kind)
                                   for fn in (slots.apply_request, slots.lookup_request, slots.dense_apply_request))
-    return RequestLoops(apply, lookup, dense_apply, _steps(anchor, dim, apply, KIND=optimizer.kind))
+    return RequestLoops(apply, lookup, dense_apply, _steps(anchor, dim, apply, lookup))
 
 
-def _steps(anchor: str | None, dim: int, apply: Any, **rule: Any) -> Any:
+def _steps(anchor: str | None, dim: int, apply: Any, lookup: Any) -> Any:
     """A step of several batches over this row's loops (``step_groups.step_batches``): it
-    calls the row's own ``apply`` (after a growth) and its own ``lookup_found`` and
-    ``apply_found``, compiled with ``rule`` (``KIND``, and a user's ``push_row`` and ``init_row``)."""
-    found = {"lookup_found": rebind(slots.lookup_found, anchor=anchor, DIM=dim),
-             "apply_found": rebind(slots.apply_found, anchor=anchor, DIM=dim, **rule)}
-    return rebind(step_groups.step_batches, anchor=anchor, DIM=dim, apply_request=apply, **found)
+    calls the row's own ``apply`` and ``lookup``."""
+    return rebind(step_groups.step_batches, anchor=anchor, DIM=dim, apply_request=apply, lookup_request=lookup)
 
 
 def rule_request_loops(dim: int, anchor: str | None, **steps: Any) -> RequestLoops | None:
@@ -78,7 +75,7 @@ def rule_request_loops(dim: int, anchor: str | None, **steps: Any) -> RequestLoo
     apply = rebind(slots.apply_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND, **steps)
     lookup = rebind(slots.lookup_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND)
     return RequestLoops(apply, lookup, rebind(slots.dense_apply_request, anchor=anchor, DIM=dim, KIND=CUSTOM_KIND,
-                                              **steps), _steps(anchor, dim, apply, KIND=CUSTOM_KIND, **steps))
+                                              **steps), _steps(anchor, dim, apply, lookup))
 
 
 def rebind(fn: Any, inline: Literal["never", "always"] = "never", anchor: str | None = None, **names: Any) -> Any:

@@ -26,6 +26,7 @@ from paramserver.store.life import TableLife, life_width
 from paramserver.store.loops import life as life_loops
 from paramserver.store.loops import many
 from paramserver.store.loops.dense import dense_check_many, dense_lookup_many, dense_missing_many
+from paramserver.store.loops.slots import NOT_FOUND
 from paramserver.store.loops.step_groups import EXAMPLES, GROW, KEYS, OCCURRENCES, SEGMENTS
 from paramserver.store.memory import available_memory, heap_released, populating_later
 from paramserver.store.readahead import warm as warm_readahead
@@ -238,8 +239,8 @@ class VnodeSet:
             self._misplaced(dense_lookup_many(*self._dir.dense_args, self.slot, vnodes, counts, keys, out,
                                               self.spec.dim, self.layout, self._ikind, self._ihp, self._seed), keys)
         elif self.tables and self._loops is not None:
-            self._loops.lookup(*self._dir.hash_args, self.slot, vnodes, counts, keys, out, self._ikind, self._ihp,
-                               self._seed)
+            self._loops.lookup(*self._dir.hash_args, self.slot, vnodes, counts, keys, out, False, self._ikind,
+                               self._ihp, self._seed)
         elif self.tables:
             many.lookup_many(*self._dir.hash_args, self.slot, vnodes, counts, keys, out,
                              self.spec.dim, self._ikind, self._ihp, self._seed)
@@ -295,7 +296,8 @@ class VnodeSet:
         while self.tables:
             if loops is not None:
                 seg, start = loops.apply(*self._dir.hash_args, self.slot, vnodes, counts, keys, grads, seg, start,
-                                         self._ohp, self._ikind, self._ihp, self._seed)
+                                         NOT_FOUND, NOT_FOUND, NOT_FOUND, self._ohp, self._ikind, self._ihp,
+                                         self._seed)
             else:
                 seg, start = k.apply_many(*self._dir.hash_args, self.slot, vnodes, counts, keys, grads, seg, start,
                                           self.spec.dim, op, self._okind, self._ohp, self._ikind, self._ihp, self._seed)

@@ -40,6 +40,9 @@ from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 #: rebound per table (``store/specialize.py``): the value columns of a row, and the rule
 DIM = 1
 KIND = 0
+#: ``apply_request``'s ``found``, ``home`` and ``address`` from Python when there are none (a
+#: push): every key is probed for.  Writable, as ``homes`` makes them (one array type for both)
+NOT_FOUND = np.empty(0, np.int64)
 #: keys between the look-ahead cursor and the key being worked: enough misses in flight
 #: to cover DRAM's latency behind an update's arithmetic
 AHEAD = 16
@@ -71,66 +74,16 @@ def homes(d, slot, vnodes, counts, keys, first):
 
 
 @njit(nogil=True, cache=True)
-def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, ikind, ihp, seed):
+def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, keep, ikind, ihp, seed):
     """``out[i]`` = the value of ``keys[i]`` (its initial value when not stored); ``d``
-    and the first vnode's arrays as ``views.py`` has them."""
+    and the first vnode's arrays as ``views.py`` has them.  With ``keep``, returns what the
+    probes found, for an update of the same keys with nothing stored in between
+    (``apply_request``'s ``found``: a step reads a batch's rows, computes its gradient, then
+    updates them, probing once): each key's slot (-1: not stored), its home, and the address
+    of its row (of its home slot where not stored).  A pull keeps nothing (``found`` is then
+    empty): a pull of a million keys ran ~10 % slower keeping them (three runs in turn)."""
     home, address = homes(d, slot, vnodes, counts, keys, 0)
-    a = 0
-    for seg in range(vnodes.shape[0]):
-        tkeys, rows, meta = hash_arrays(d, slot[vnodes[seg]], keys0, rows0, meta0)
-        b = a + counts[seg]
-        for i in range(a, b):
-            prefetch_address(address[i + AHEAD])
-            key = keys[i]
-            s = find_from(tkeys, meta, key, home[i])
-            if s >= 0:
-                for j in range(DIM):
-                    out[i, j] = value_at(rows, s, j)
-            else:
-                for j in range(DIM):
-                    out[i, j] = init_value(key, j, ikind, ihp, seed)
-        a = b
-
-
-@njit(nogil=True, cache=True)
-def apply_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, grads, seg, start, ohp, ikind, ihp, seed):
-    """Apply ``grads`` to ``keys`` with the table's rule, from key ``start`` of segment
-    ``seg``; return where a vnode must grow first (its segment and the key in it), or
-    ``(len(vnodes), 0)`` when every key is applied (``many.apply_many``'s contract)."""
-    a = 0
-    for s in range(seg):
-        a += counts[s]
-    home, address = homes(d, slot, vnodes, counts, keys, a + start)
-    for sg in range(seg, vnodes.shape[0]):
-        t = slot[vnodes[sg]]
-        tkeys, rows, meta = hash_arrays(d, t, keys0, rows0, meta0)
-        width, limit = rows.shape[1], d[t, LIMIT]
-        scratch = new_scratch(rows)  # compact rows are updated in a float32 copy (``compact.py``)
-        work = work_rows(rows, scratch)
-        b = a + counts[sg]
-        for i in range(a + start if sg == seg else a, b):
-            prefetch_address(address[i + AHEAD])
-            key = keys[i]
-            s, new = claim(tkeys, meta, key, home[i], limit)
-            if s < 0:
-                return sg, i - a
-            if new:
-                init_row(work, work_slot(rows, s), key, DIM, width, KIND, ohp, ikind, ihp, seed)
-                store_row(rows, s, scratch, width, DIM, key)
-            push_row(work, load_row(rows, s, scratch, width, DIM), grads, i, DIM, OP_UPDATE, KIND, ohp)
-            store_row(rows, s, scratch, width, DIM, key)
-        a = b
-    return vnodes.shape[0], 0
-
-
-@njit(nogil=True, cache=True)
-def lookup_found(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, ikind, ihp, seed):
-    """``lookup_request``, keeping what its probes found for ``apply_found``: each key's slot
-    (-1: not stored), its home and the address of its row (of its home slot where not
-    stored).  A step reads a batch's rows, computes its gradient, then updates the same keys:
-    probed once, not twice."""
-    home, address = homes(d, slot, vnodes, counts, keys, 0)
-    found = np.empty(keys.shape[0], np.int64)
+    found = np.empty(keys.shape[0] if keep else 0, np.int64)
     a = 0
     for seg in range(vnodes.shape[0]):
         t = slot[vnodes[seg]]
@@ -141,9 +94,11 @@ def lookup_found(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, ikind,
             prefetch_address(address[i + AHEAD])
             key = keys[i]
             s = find_from(tkeys, meta, key, home[i])
-            found[i] = s
+            if keep:
+                found[i] = s
             if s >= 0:
-                address[i] = base + s * stride
+                if keep:
+                    address[i] = base + s * stride
                 for j in range(DIM):
                     out[i, j] = value_at(rows, s, j)
             else:
@@ -154,25 +109,33 @@ def lookup_found(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, ikind,
 
 
 @njit(nogil=True, cache=True)
-def apply_found(d, keys0, rows0, meta0, slot, vnodes, counts, keys, grads, found, home, address, ohp, ikind, ihp,
-                seed):
-    """``apply_request`` from the first key, on the slots ``lookup_found`` found for the same
-    keys with nothing stored since: a stored key's row is updated where it is, a key not
-    stored is claimed from its home as ``apply_request`` claims it (so the slots, the rows
-    and their bits are the same).  Returns where a vnode must grow as ``apply_request`` does;
-    the slots are stale after the growth: the rest goes through ``apply_request``."""
+def apply_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, grads, seg, start, found, home, address, ohp,
+                  ikind, ihp, seed):
+    """Apply ``grads`` to ``keys`` with the table's rule, from key ``start`` of segment
+    ``seg``; return where a vnode must grow first (its segment and the key in it), or
+    ``(len(vnodes), 0)`` when every key is applied (``many.apply_many``'s contract).
+    ``found``, ``home``, ``address``: what ``lookup_request`` answered for these keys, from
+    the first, with nothing stored since: a stored key's row is updated where the read found
+    it, a key not stored is claimed from its home as any key is without them (the same
+    slots, the same bits); a growth moves every slot, so what follows it comes without them.
+    Empty (``found`` of no keys): every key is probed for."""
     a = 0
-    for sg in range(vnodes.shape[0]):
+    for s in range(seg):
+        a += counts[s]
+    kept = found.shape[0] > 0
+    if not kept:
+        home, address = homes(d, slot, vnodes, counts, keys, a + start)
+    for sg in range(seg, vnodes.shape[0]):
         t = slot[vnodes[sg]]
         tkeys, rows, meta = hash_arrays(d, t, keys0, rows0, meta0)
         width, limit = rows.shape[1], d[t, LIMIT]
         scratch = new_scratch(rows)  # compact rows are updated in a float32 copy (``compact.py``)
         work = work_rows(rows, scratch)
         b = a + counts[sg]
-        for i in range(a, b):
+        for i in range(a + start if sg == seg else a, b):
             prefetch_address(address[i + AHEAD])
             key = keys[i]
-            s = found[i]
+            s = found[i] if kept else -1
             if s < 0:
                 s, new = claim(tkeys, meta, key, home[i], limit)
                 if s < 0:

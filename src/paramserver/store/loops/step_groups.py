@@ -13,12 +13,12 @@ batch's update where it stopped, its gradient kept) or when a batch's gradient i
 The arithmetic is the batch-by-batch path's, to the bit: the same request loops, rebound
 per row with the table's rule (``store/specialize.py``), and the same gradient kernels
 (``tables/steps.py``: logistic regression on rows of one column, a factorization machine on
-wider ones), in the same order.  A batch's keys are probed once: ``lookup_found`` reads the
-rows and keeps the slots it found, and ``apply_found`` updates those slots and claims the
-keys not stored from their homes, as ``apply_request`` would (the same slots, the same
-bits); after a growth the slots have moved, and the rest of the batch goes through
-``apply_request``.  The server's side of the default job (``bench/server_replay.py``, four
-runs each way in turn): 0.654 s with two probes a key, 0.613 s with one.
+wider ones), in the same order.  A batch's keys are probed once: ``lookup_request`` answers
+the slots it found, and ``apply_request`` given them updates those slots and claims only the
+keys not stored, from their homes, as it would without them (the same slots, the same bits);
+after a growth the slots have moved, and the rest of the batch is probed for again.  The
+server's side of the default job (``bench/server_replay.py``, four runs each way in turn):
+0.654 s with two probes a key, 0.613 s with one.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import math
 import numpy as np
 from numba import njit
 
-from paramserver.store.loops.slots import apply_found, apply_request, lookup_found
+from paramserver.store.loops.slots import apply_request, lookup_request
 from paramserver.tables.steps import fm_step, logistic_step
 
 #: rebound per table (``store/specialize.py``): the value columns of a row (1: a logistic
@@ -61,8 +61,8 @@ def step_batches(d, keys0, rows0, meta0, slot, vnodes, counts, keys, inverse, in
             ja, jb = ends[b, OCCURRENCES], ends[b + 1, OCCURRENCES]
             ra, rb = ends[b, EXAMPLES], ends[b + 1, EXAMPLES]
             rows = np.empty((kb - ka, DIM), np.float32)
-            found, home, address = lookup_found(d, keys0, rows0, meta0, slot, vnodes[sa:sb], counts[sa:sb],
-                                                keys[ka:kb], rows, ikind, ihp, seed)
+            found, home, address = lookup_request(d, keys0, rows0, meta0, slot, vnodes[sa:sb], counts[sa:sb],
+                                                  keys[ka:kb], rows, True, ikind, ihp, seed)
             offsets, occurs = indptr[ra + b:rb + b + 1], inverse[ja:jb]
             values = vals[ja:jb] if vals.shape[0] else vals
             if DIM == 1:
@@ -77,11 +77,12 @@ def step_batches(d, keys0, rows0, meta0, slot, vnodes, counts, keys, inverse, in
             for i in range(rb - ra):
                 preds[ra + i] = p[i]
             losses[b] = loss
-            sg, at = apply_found(d, keys0, rows0, meta0, slot, vnodes[sa:sb], counts[sa:sb], keys[ka:kb],
-                                 grads[ka:kb], found, home, address, ohp, ikind, ihp, seed)
-        else:  # after a growth: the slots the read found have moved
             sg, at = apply_request(d, keys0, rows0, meta0, slot, vnodes[sa:sb], counts[sa:sb], keys[ka:kb],
-                                   grads[ka:kb], seg, start, ohp, ikind, ihp, seed)
+                                   grads[ka:kb], 0, 0, found, home, address, ohp, ikind, ihp, seed)
+        else:  # after a growth: the slots the read found have moved
+            none = np.empty(0, np.int64)
+            sg, at = apply_request(d, keys0, rows0, meta0, slot, vnodes[sa:sb], counts[sa:sb], keys[ka:kb],
+                                   grads[ka:kb], seg, start, none, none, none, ohp, ikind, ihp, seed)
         if sg < sb - sa:
             return b, GROW, sg, at
         b, seg, start = b + 1, -1, 0
