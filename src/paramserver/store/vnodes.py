@@ -239,8 +239,8 @@ class VnodeSet:
             self._misplaced(dense_lookup_many(*self._dir.dense_args, self.slot, vnodes, counts, keys, out,
                                               self.spec.dim, self.layout, self._ikind, self._ihp, self._seed), keys)
         elif self.tables and self._loops is not None:
-            self._loops.lookup(*self._dir.hash_args, self.slot, vnodes, counts, keys, out, False, self._ikind,
-                               self._ihp, self._seed)
+            self._loops.lookup(*self._dir.hash_args, self.slot, vnodes, counts, keys, out, NOT_FOUND, NOT_FOUND,
+                               NOT_FOUND, self._ikind, self._ihp, self._seed)
         elif self.tables:
             many.lookup_many(*self._dir.hash_args, self.slot, vnodes, counts, keys, out,
                              self.spec.dim, self._ikind, self._ihp, self._seed)

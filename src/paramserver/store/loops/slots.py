@@ -40,8 +40,9 @@ from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 #: rebound per table (``store/specialize.py``): the value columns of a row, and the rule
 DIM = 1
 KIND = 0
-#: ``apply_request``'s ``found``, ``home`` and ``address`` from Python when there are none (a
-#: push): every key is probed for.  Writable, as ``homes`` makes them (one array type for both)
+#: ``lookup_request``'s and ``apply_request``'s ``found``, ``home`` and ``address`` from Python,
+#: where there are none (a pull keeps none, a push probes for every key).  Writable, as ``homes``
+#: makes them (one array type for both)
 NOT_FOUND = np.empty(0, np.int64)
 #: keys between the look-ahead cursor and the key being worked: enough misses in flight
 #: to cover DRAM's latency behind an update's arithmetic
@@ -74,16 +75,20 @@ def homes(d, slot, vnodes, counts, keys, first):
 
 
 @njit(nogil=True, cache=True)
-def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, keep, ikind, ihp, seed):
+def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, found, home, address, ikind, ihp,
+                   seed):
     """``out[i]`` = the value of ``keys[i]`` (its initial value when not stored); ``d``
-    and the first vnode's arrays as ``views.py`` has them.  With ``keep``, returns what the
-    probes found, for an update of the same keys with nothing stored in between
-    (``apply_request``'s ``found``: a step reads a batch's rows, computes its gradient, then
-    updates them, probing once): each key's slot (-1: not stored), its home, and the address
-    of its row (of its home slot where not stored).  A pull keeps nothing (``found`` is then
-    empty): a pull of a million keys ran ~10 % slower keeping them (three runs in turn)."""
-    home, address = homes(d, slot, vnodes, counts, keys, 0)
-    found = np.empty(keys.shape[0] if keep else 0, np.int64)
+    and the first vnode's arrays as ``views.py`` has them.  ``found`` of every key (and
+    ``home`` of every key, ``address`` of every key and ``AHEAD`` zeros): what the probes
+    found is kept there, for an update of the same keys with nothing stored in between
+    (``apply_request``'s: a step reads a batch's rows, computes its gradient, then updates
+    them, probing once): each key's slot (-1: not stored), its home, and the address of its
+    row (of its home slot where not stored).  Empty: a pull keeps nothing (keeping them cost
+    a million-key pull ~10 %, three runs in turn).  Nothing is returned: numba boxing arrays
+    back to Python from these per-row clones found another clone's environment ("'descr' is
+    NULL", a process test with tables of two widths)."""
+    keep = found.shape[0] > 0
+    at_home, at = homes(d, slot, vnodes, counts, keys, 0)
     a = 0
     for seg in range(vnodes.shape[0]):
         t = slot[vnodes[seg]]
@@ -91,21 +96,19 @@ def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, keep
         base, stride = d[t, ROWS], d[t, STRIDE]
         b = a + counts[seg]
         for i in range(a, b):
-            prefetch_address(address[i + AHEAD])
+            prefetch_address(at[i + AHEAD])
             key = keys[i]
-            s = find_from(tkeys, meta, key, home[i])
+            s = find_from(tkeys, meta, key, at_home[i])
             if keep:
-                found[i] = s
+                found[i], home[i] = s, at_home[i]
+                address[i] = base + s * stride if s >= 0 else at[i]
             if s >= 0:
-                if keep:
-                    address[i] = base + s * stride
                 for j in range(DIM):
                     out[i, j] = value_at(rows, s, j)
             else:
                 for j in range(DIM):
                     out[i, j] = init_value(key, j, ikind, ihp, seed)
         a = b
-    return found, home, address
 
 
 @njit(nogil=True, cache=True)

@@ -28,7 +28,7 @@ import math
 import numpy as np
 from numba import njit
 
-from paramserver.store.loops.slots import apply_request, lookup_request
+from paramserver.store.loops.slots import AHEAD, apply_request, lookup_request
 from paramserver.tables.steps import fm_step, logistic_step
 
 #: rebound per table (``store/specialize.py``): the value columns of a row (1: a logistic
@@ -61,8 +61,10 @@ def step_batches(d, keys0, rows0, meta0, slot, vnodes, counts, keys, inverse, in
             ja, jb = ends[b, OCCURRENCES], ends[b + 1, OCCURRENCES]
             ra, rb = ends[b, EXAMPLES], ends[b + 1, EXAMPLES]
             rows = np.empty((kb - ka, DIM), np.float32)
-            found, home, address = lookup_request(d, keys0, rows0, meta0, slot, vnodes[sa:sb], counts[sa:sb],
-                                                  keys[ka:kb], rows, True, ikind, ihp, seed)
+            found, home, address = np.empty(kb - ka, np.int64), np.empty(kb - ka, np.int64), \
+                np.zeros(kb - ka + AHEAD, np.int64)
+            lookup_request(d, keys0, rows0, meta0, slot, vnodes[sa:sb], counts[sa:sb], keys[ka:kb], rows, found, home,
+                           address, ikind, ihp, seed)
             offsets, occurs = indptr[ra + b:rb + b + 1], inverse[ja:jb]
             values = vals[ja:jb] if vals.shape[0] else vals
             if DIM == 1:
