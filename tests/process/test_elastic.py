@@ -154,7 +154,7 @@ def test_the_name_add_server_returns_is_what_remove_server_takes():
         name = cluster.add_server()
         assert len(c.admin.cluster_info()["ring_servers"]) == 2
         with pytest.raises(ConfigError, match="takes the server's node id"):
-            c.remove_server(name)
+            c.admin.remove_server(name)
         with pytest.raises(ConfigError, match="no server process 'server-9'"):
             cluster.remove_server("server-9")
         cluster.remove_server(name)
