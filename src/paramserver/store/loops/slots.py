@@ -57,6 +57,14 @@ def homes(d, slot, vnodes, counts, keys, first):
     n = keys.shape[0]
     home = np.empty(n, np.int64)
     address = np.zeros(n + AHEAD, np.int64)  # AHEAD zeros at the end: no fetch past the last key
+    fill_homes(d, slot, vnodes, counts, keys, first, home, address)
+    return home, address
+
+
+@njit(nogil=True, cache=True)
+def fill_homes(d, slot, vnodes, counts, keys, first, home, address):
+    """``homes`` into ``home`` (a key each) and ``address`` (a key each, then ``AHEAD`` zeros)."""
+    n = keys.shape[0]
     a = 0
     for seg in range(vnodes.shape[0]):
         b = a + counts[seg]
@@ -71,7 +79,6 @@ def homes(d, slot, vnodes, counts, keys, first):
         a = b
     for i in range(first, min(first + AHEAD, n)):
         prefetch_address(address[i])
-    return home, address
 
 
 @njit(nogil=True, cache=True)
@@ -88,7 +95,10 @@ def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, foun
     back to Python from these per-row clones found another clone's environment ("'descr' is
     NULL", a process test with tables of two widths)."""
     keep = found.shape[0] > 0
-    at_home, at = homes(d, slot, vnodes, counts, keys, 0)
+    if keep:
+        fill_homes(d, slot, vnodes, counts, keys, 0, home, address)
+    else:
+        home, address = homes(d, slot, vnodes, counts, keys, 0)
     a = 0
     for seg in range(vnodes.shape[0]):
         t = slot[vnodes[seg]]
@@ -96,12 +106,13 @@ def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, foun
         base, stride = d[t, ROWS], d[t, STRIDE]
         b = a + counts[seg]
         for i in range(a, b):
-            prefetch_address(at[i + AHEAD])
+            prefetch_address(address[i + AHEAD])
             key = keys[i]
-            s = find_from(tkeys, meta, key, at_home[i])
+            s = find_from(tkeys, meta, key, home[i])
             if keep:
-                found[i], home[i] = s, at_home[i]
-                address[i] = base + s * stride if s >= 0 else at[i]
+                found[i] = s
+                if s >= 0:
+                    address[i] = base + s * stride
             if s >= 0:
                 for j in range(DIM):
                     out[i, j] = value_at(rows, s, j)
