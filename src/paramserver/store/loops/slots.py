@@ -91,9 +91,9 @@ def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, foun
     (``apply_request``'s: a step reads a batch's rows, computes its gradient, then updates
     them, probing once): each key's slot (-1: not stored), its home, and the address of its
     row (of its home slot where not stored).  Empty: a pull keeps nothing (keeping them cost
-    a million-key pull ~10 %, three runs in turn).  Nothing is returned: numba boxing arrays
-    back to Python from these per-row clones found another clone's environment ("'descr' is
-    NULL", a process test with tables of two widths)."""
+    a million-key pull ~10 %, three runs in turn).  Nothing is returned: numba boxing the
+    arrays back to Python from this per-row clone failed in forked servers creating an FM
+    table ("'descr' is NULL" in ``NRT_adapt_ndarray_to_python``, two process tests)."""
     keep = found.shape[0] > 0
     if keep:
         fill_homes(d, slot, vnodes, counts, keys, 0, home, address)
