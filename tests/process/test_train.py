@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from support import shared
 
+from paramserver.apps.ctr import test_set
 from paramserver.apps.ctr.modelfile import evaluate, predict_file
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
@@ -169,8 +170,9 @@ def test_parsed_shard_cache_gives_the_same_training(tmp_path):
     b = run_training(cached, [path], [path], servers=1, workers=1, shard_bytes=600_000)
     shards = make_shards([path], 600_000)
     assert len(shards) > 1
-    # one file per training shard (written in epoch 1, read in epoch 2) and one for the test read
-    assert len(os.listdir(cache)) == len(shards) + 1
+    # one file per training shard (written in epoch 1, read in epoch 2) and one for each byte range
+    # the test file is read in once the job is done
+    assert len(os.listdir(cache)) == len(shards) + test_set.READERS
     c = run_training(cached, [path], [path], servers=1, workers=1, shard_bytes=600_000)  # all from cache
     for r in (a, b, c):
         assert r["examples"] == 2 * 7_999 and r["bad_lines"] == 2

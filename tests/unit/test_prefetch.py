@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from paramserver.data.prefetch import READER_NICE, Prefetch
+from paramserver.data.prefetch import READER_NICE, Prefetch, read_ahead
 
 
 class _Counted:
@@ -93,3 +93,59 @@ def test_elsewhere_than_linux_no_thread_id_is_taken_for_a_process(monkeypatch):
     prefetch.lower_priority()  # nothing called
     with Prefetch(iter(range(3))) as items:
         assert list(items) == [0, 1, 2]
+
+
+def test_closing_stops_the_producer_and_closes_its_generator():
+    closed = threading.Event()
+
+    def endless():
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+        finally:
+            closed.set()
+
+    items = Prefetch(endless(), depth=2)
+    assert next(items) == 0
+    items.close()
+    assert closed.wait(5)
+    assert not items._thread.is_alive()
+
+
+def test_read_ahead_keeps_the_sources_order_with_several_producing_at_once():
+    started, both = [], threading.Barrier(2, timeout=10)
+
+    def source(k):
+        def produce():
+            started.append(k)
+            if k < 2:  # the first two run at once: each waits for the other before its first item
+                both.wait()
+            yield from ((k, i) for i in range(5))
+        return produce
+
+    out = list(read_ahead([source(k) for k in range(4)], at_once=2))
+    assert out == [(k, i) for k in range(4) for i in range(5)]
+    assert sorted(started) == [0, 1, 2, 3]
+
+
+def test_read_ahead_hands_on_an_error_and_stops_what_it_started():
+    ended = threading.Event()
+
+    def bad():
+        yield 1
+        raise ValueError("line 3: bad label")
+
+    def endless():
+        try:
+            while True:
+                yield 0
+        finally:
+            ended.set()
+
+    gen = read_ahead([bad, endless], at_once=2)
+    assert next(gen) == 1
+    with pytest.raises(ValueError, match="line 3"):
+        next(gen)
+    assert ended.wait(5)  # the source started beside it is stopped, not left running

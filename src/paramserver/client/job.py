@@ -66,13 +66,17 @@ class Job:
         """The next shard to process (``{"shard_id", "shard", "epoch"}``), None when done.
 
         Blocks while every remaining shard of the epoch is held by other workers.  A worker
-        that waited rejoins the vector clocks at the live servers' minimum.
+        that waited holding none (the answer's ``rejoin``; a scheduler that does not say:
+        always) rejoins the vector clocks at the live servers' minimum.  One that asked while
+        it finished a shard never left them, and takes its shard at once: the servers' clocks
+        are a question to every server, behind the steps queued there (20-50 ms at each of a
+        default job's shard ends, its reader stalled meanwhile).
         """
         answer: dict[str, Any] = self._caller.rpc.call(self._scheduler, {"op": Op.NEXT_SHARD.value},
                                                     timeout_s=timeout_s)
         if answer.get("done"):
             return None
-        if self._caller.role == "worker":  # idle workers left the vector clocks: rejoin at the minimum
+        if self._caller.role == "worker" and answer.get("rejoin", True):  # idle workers left the vector clocks
             self._clocks.resync()
         return answer
 

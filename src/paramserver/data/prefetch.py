@@ -12,7 +12,8 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 #: how much nicer a reader thread is than its process's main thread (Linux sets it a thread at
@@ -84,6 +85,10 @@ class Prefetch:
             self._put(True, self._END)
         except BaseException as exc:  # handed to the consumer
             self._put(False, exc)
+        finally:  # a generator stopped early ends here, in the thread that ran it (its own blocks close)
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
     def __iter__(self) -> Prefetch:
         return self
@@ -117,3 +122,23 @@ class Prefetch:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def read_ahead(sources: Iterable[Callable[[], Iterator[Any]]], at_once: int, depth: int = 2) -> Iterator[Any]:
+    """The items of each source (an iterator, made when its turn to start comes), the
+    sources one after the other, with up to ``at_once`` of them producing ahead at once,
+    each in a thread of its own (``Prefetch``, ``depth`` items ahead): the byte ranges of a
+    file parsed on several cores and handed over in the file's order."""
+    pending = iter(sources)
+    running: deque[Prefetch] = deque()
+    try:
+        while True:
+            while len(running) < max(1, at_once) and (make := next(pending, None)) is not None:
+                running.append(Prefetch(make(), depth))
+            if not running:
+                return
+            yield from running[0]
+            running.popleft().close()
+    finally:
+        for started in running:
+            started.close()

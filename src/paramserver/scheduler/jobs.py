@@ -114,6 +114,9 @@ class Jobs:
         self._bad_scores = Throttled(logger)
         self.checkpoints: JobCheckpoints | None = None
         self.waiters: list[tuple[bytes, Any, int]] = []  # (identity, request id, node id) asking for a shard
+        # workers found idle (waiting and holding no shard) since their question: the servers'
+        # vector clocks may have let them go, and their answer says to rejoin (``serve``)
+        self.left: set[int] = set()
 
     # ---- requests ----------------------------------------------------------------------
     def start(self, identity: bytes, msg: Message) -> None:
@@ -231,13 +234,17 @@ class Jobs:
 
     # ---- events ------------------------------------------------------------------------
     def idle_workers(self) -> set[int]:
-        """Workers waiting for a shard and holding none (they leave the vector clocks)."""
+        """Workers waiting for a shard and holding none (they leave the vector clocks; each
+        is told to rejoin them with its shard: ``serve``)."""
         busy = set(self.job.running.values()) if self.job is not None else set()
-        return {w[2] for w in self.waiters} - busy
+        idle = {w[2] for w in self.waiters} - busy
+        self.left |= idle
+        return idle
 
     def node_removed(self, node_id: int, role: str) -> None:
         """A node left or died: its shards go back to the queue."""
         self.waiters = [w for w in self.waiters if w[2] != node_id]
+        self.left.discard(node_id)
         if self.job is not None:
             lost = self.job.release(node_id)
             if lost:
@@ -258,8 +265,10 @@ class Jobs:
             answer = self.job.next_shard(node_id) if self.job else {"done": True}
             if answer is None:
                 self.waiters.append((identity, request_id, node_id))
-            else:
-                self.host.answer(identity, encode({"op": Op.OK.value, "id": request_id, **answer}))
+            else:  # rejoin: whether the worker may have left the clocks while it waited
+                rejoin = node_id in self.left
+                self.left.discard(node_id)
+                self.host.answer(identity, encode({"op": Op.OK.value, "id": request_id, **answer, "rejoin": rejoin}))
 
     def _checkpoint_due(self, node_id: int) -> bool:
         """A worker asks for its next shard while it finishes one; hold the new one back
