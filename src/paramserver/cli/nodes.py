@@ -78,7 +78,7 @@ def _write_atomically(path: str, text: str) -> None:
 
 
 def scheduler(args: argparse.Namespace) -> int:
-    from paramserver.dashboard.observer import run_scheduler
+    from paramserver.dashboard.scheduler_run import run_scheduler
 
     on_ready = (lambda addr: _write_atomically(args.address_file, addr)) if args.address_file else None
     run_scheduler(node_config(args), on_ready=on_ready)
@@ -136,7 +136,7 @@ def node(args: argparse.Namespace) -> int:
     role = node_role(args.role)
     config = node_config(args, role)
     if role == "scheduler":
-        from paramserver.dashboard.observer import run_scheduler
+        from paramserver.dashboard.scheduler_run import run_scheduler
 
         run_scheduler(config)
         return 0

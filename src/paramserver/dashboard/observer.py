@@ -29,11 +29,9 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from paramserver._runtime.proctitle import set_title
-from paramserver.config import Config, load_config
+from paramserver.config import load_config
 from paramserver.errors import ConfigError, ConnectError
 from paramserver.observe.metrics import Family, WireCollector, aggregate, total
-from paramserver.observe.metrics import serve as serve_metrics
 from paramserver.wire.security import authorized, http_token, load_keys
 
 logger = logging.getLogger(__name__)
@@ -304,27 +302,3 @@ class Observer:
         t["pull_keys_per_s"] = max(0.0, (t["pull_keys"] - last.totals.get("pull_keys", 0.0)) / dt)
         self.history.append({"at": snap.at, "examples_per_s": t["examples_per_s"],
                              "push_keys_per_s": t["push_keys_per_s"], "pull_keys_per_s": t["pull_keys_per_s"]})
-
-
-def run_scheduler(config: Config, on_ready: Any = None) -> None:
-    """A scheduler node, with its HTTP port (``--http-port``) and its ``--metrics-port``
-    (the cluster's aggregate there too) when asked for."""
-    from paramserver.scheduler.node import SchedulerNode
-
-    node = SchedulerNode(config)
-    observer = None
-    if config.http_port >= 0 or config.metrics_port >= 0:
-        observer = Observer(node.address, config.http_host, config.http_port if config.http_port >= 0 else None,
-                            config.secret_file)
-        node.http_url = observer.url
-        if config.metrics_port >= 0:
-            node.metrics_url = serve_metrics(lambda: observer.snapshot().wire(), config.http_host,
-                                             config.metrics_port, observer.token)
-    if on_ready:
-        on_ready(node.address)
-    set_title(f"scheduler {node.address}")
-    try:
-        node.run()
-    finally:
-        if observer is not None:
-            observer.close()
