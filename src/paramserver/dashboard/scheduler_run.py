@@ -3,8 +3,8 @@
 ``paramserver scheduler`` (and a local cluster's scheduler) starts here.  The observer
 (``observer.py``: Prometheus' client, the standard library's HTTP server and statistics)
 is imported only with ``--http-port`` or ``--metrics-port``: a ``paramserver train``'s
-scheduler, forked with the package loaded, listened ~20 ms sooner without it (6 runs each,
-in turn: 0.131 s against 0.150 s after the driver's imports, medians).  The job itself
+scheduler, forked with the package loaded, listened ~15 ms sooner without it (6 runs each,
+in turn: 0.136 s against 0.151 s after the driver's imports, medians).  The job itself
 started no sooner there: its server, loading its kernels beside it, was the later one.
 """
 
