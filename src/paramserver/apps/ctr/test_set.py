@@ -158,15 +158,19 @@ def scored(client: Client, model: Model, parts: Iterable[tuple[Batch, Distinct]]
     before it is scored (a pull in flight at a time)."""
     labels, scores = [], []
     dense = pull_dense(client, model)
+
+    def predicted(part: Batch, inverse: np.ndarray, rows: Future[np.ndarray]) -> np.ndarray:
+        return model.predict(part, inverse, rows.result(timeout=600), dense)
+
     pending: tuple[Batch, np.ndarray, Future[np.ndarray]] | None = None
     for part, (uniq, inverse) in parts:
         labels.append(part.labels)
-        pulling = client.pull(model.table, uniq)
+        pulling = (part, inverse, client.pull(model.table, uniq))
         if pending is not None:
-            scores.append(model.predict(pending[0], pending[1], pending[2].result(timeout=600), dense))
-        pending = (part, inverse, pulling)
+            scores.append(predicted(*pending))
+        pending = pulling
     if pending is not None:
-        scores.append(model.predict(pending[0], pending[1], pending[2].result(timeout=600), dense))
+        scores.append(predicted(*pending))
     report = metrics(np.concatenate(labels), np.concatenate(scores))
     report["test_examples"] = report.pop("examples")
     return report
