@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from paramserver.store.table import MAX_LOAD, VnodeTable
+from paramserver.store.table import GROWTH, MAX_LOAD, MIN_CAPACITY, SMALL_SLOTS, SMALL_STEPS, VnodeTable
 from paramserver.tables.optim import FTRL, SGD, Zeros
 
 EDGE = np.array([0, 1, 2**63, 2**64 - 1, 2**64 - 2], np.uint64)
@@ -72,3 +72,23 @@ def test_memory_per_key_for_dim1_ftrl_stays_under_32_bytes():
         table.apply(keys, np.ones((keys.size, 1), np.float32))
         worst = max(worst, table.nbytes / len(table))
     assert worst <= 32.0, worst
+
+
+def test_a_vnode_grows_on_one_ladder_three_steps_at_a_time_while_small():
+    """Every capacity a vnode takes is on the ×1.25 ladder from ``MIN_CAPACITY``; under
+    ``SMALL_SLOTS`` a growth climbs three of its steps, past it one: so a vnode past it ends
+    at the capacity that one step at a time gives, and the bytes a key are as they were."""
+    ladder = [MIN_CAPACITY]
+    while ladder[-1] < 10**6:
+        ladder.append(int(ladder[-1] * GROWTH) + 1)
+    table = VnodeTable(1, FTRL(), Zeros(), seed=0)
+    seen = [table.capacity]
+    for key in range(1, 200_001):  # a key at a time: every growth is one the table chose
+        table.apply(np.array([key], np.uint64), np.ones((1, 1), np.float32))
+        if table.capacity != seen[-1]:
+            seen.append(table.capacity)
+    steps = [ladder.index(c) for c in seen]  # ValueError: off the ladder
+    for before, after, cap in zip(steps, steps[1:], seen, strict=False):
+        assert after - before == (SMALL_STEPS if cap < SMALL_SLOTS else 1), (cap, seen)
+    one_at_a_time = next(c for c in ladder if 200_000 <= int(c * MAX_LOAD))
+    assert seen[-1] == one_at_a_time and len(seen) < len(ladder[:ladder.index(one_at_a_time) + 1])
