@@ -6,7 +6,7 @@ import pytest
 from paramserver import Ring
 from paramserver.routing.hashing import layout_code
 from paramserver.routing.partition import route_pull, route_push, scatter_rows
-from paramserver.routing.steps import route_steps
+from paramserver.routing.steps import every_value_one, route_steps
 
 
 def _check_parts(ring, routed, bits=0):
@@ -168,3 +168,30 @@ def test_the_batches_of_a_step_of_several_are_each_routed_as_a_step_alone(layout
                         np.dtype(np.uint16))
     for got, want in zip(again, (grouped, rank, vnodes, counts, seg_ends), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_steps_keys_go_as_narrow_as_the_widest_batchs_allow():
+    """``key_dtype`` None: 32 bits where every key of every batch is below 2^32, 64 where one is not
+    (2^32 itself, in the last of three batches, the others empty or narrow)."""
+    ring = Ring.create([1], 16)
+    small = np.array([5, 2**32 - 1, 7], np.uint64)
+    inverse = np.array([0, 1, 2, 2], np.int64)
+    empty = (np.zeros(0, np.uint64), np.zeros(0, np.int64))
+    for last, want in ((2**32 - 2, np.uint32), (2**32, np.uint64), (2**64 - 1, np.uint64)):
+        keys = [small, empty[0], np.array([1, last], np.uint64)]
+        grouped = route_steps(ring, keys, [inverse, empty[1], np.array([1, 0], np.int64)], 0, None,
+                              np.dtype(np.uint16))[0]
+        assert grouped.dtype == want, last
+        assert sorted(grouped.astype(np.uint64).tolist()) == sorted([5, 2**32 - 1, 7, 1, last])
+
+
+def test_every_value_one_looks_at_every_batch():
+    ones = np.ones(1000, np.float32)
+    assert every_value_one([ones, np.zeros(0, np.float32), ones[:3]])
+    assert every_value_one([])
+    for at in (0, 999):
+        other = ones.copy()
+        other[at] = 0.5
+        assert not every_value_one([ones, other])
+    assert not every_value_one([np.array([1.0, np.nan], np.float32)])
+    assert not every_value_one([ones[::2], np.array([2.0])])  # strided and float64: read as float32 copies

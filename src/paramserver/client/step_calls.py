@@ -27,10 +27,10 @@ import numpy as np
 
 from paramserver.client.core import Piece, as_keys, call_header, push_header, rows_into
 from paramserver.errors import Code, ConfigError, ProtocolError
-from paramserver.routing.steps import route_steps
+from paramserver.routing.steps import every_value_one, route_steps
 from paramserver.tables.steps import STEP_MODELS, fits, step, unsuited
 from paramserver.wire.message import Message, Op
-from paramserver.wire.step_arrays import index_type, key_type, step_arrays
+from paramserver.wire.step_arrays import index_type, step_arrays
 from paramserver.wire.step_groups import group_arrays
 
 if TYPE_CHECKING:
@@ -163,8 +163,8 @@ class StepCalls:
         None where one server cannot step them (several hold them, or none can step)."""
         ring = self.caller.state.ring()
         keys = [b[0] for b in batches]
-        wide = any(key_type(k).itemsize == 8 for k in keys)  # the keys go as narrow as the widest batch's allow
-        routed = route_steps(ring, keys, [b[1] for b in batches], spec.layout, np.dtype("<u8" if wide else "<u4"),
+        # the keys go as narrow as the widest batch's allow (None: route_steps looks)
+        routed = route_steps(ring, keys, [b[1] for b in batches], spec.layout, None,
                              index_type(max(k.shape[0] for k in keys)))
         if isinstance(routed, int):
             m = batches[routed][0].shape[0]
@@ -226,7 +226,7 @@ class StepCalls:
         c = self.caller
         address, header = self._outgoing(spec, piece, seqs[0], how, len(batches))
         indptr, labels = (np.concatenate([b[i] for b in batches]) for i in (2, 4))
-        ones = all(bool((b[3] == 1).all()) for b in batches)  # a CTR row's features: no values go, none copied
+        ones = every_value_one([b[3] for b in batches])  # a CTR row's features: no values go, none copied
         vals = _NO_VALUES if ones else np.concatenate([b[3] for b in batches])
         arrays = group_arrays(piece.keys, piece.vnodes, piece.counts, piece.extra, indptr, vals, labels, sizes)
         examples = [b[4].shape[0] for b in batches]

@@ -10,7 +10,7 @@ from paramserver.filters.chain import FilterSpec
 from paramserver.filters.warmup import warm_filters
 from paramserver.routing.partition import route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
-from paramserver.routing.steps import route_steps
+from paramserver.routing.steps import every_value_one, route_steps
 from paramserver.wire.message import Op, decode, encode
 
 
@@ -35,8 +35,9 @@ def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None,
     frames = encode({"op": Op.OK.value}, [np.zeros((keys.size, 1), np.float32)])
     (vals,) = decode([bytes(f) for f in frames]).arrays
     scatter_rows(vals, routed.order, np.empty((keys.size, 1), np.float32))
-    for rank_dtype in (np.uint16, np.int32):  # a step's keys (of up to 32 bits) and their occurrences' places
-        route_steps(Ring.create([1]), [keys], [np.zeros(2, np.int64)], 0, np.dtype(np.uint32), np.dtype(rank_dtype))
+    for rank_dtype in (np.uint16, np.int32):  # a step's keys (their width looked up) and their occurrences' places
+        route_steps(Ring.create([1]), [keys], [np.zeros(2, np.int64)], 0, None, np.dtype(rank_dtype))
+    every_value_one([np.ones(2, np.float32)])
     if filters:
         # a filtered table's requests, residuals and routing in position order
         warm_filters(filters if isinstance(filters, FilterSpec) else None)
