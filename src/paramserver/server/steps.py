@@ -18,7 +18,7 @@ import numpy as np
 from paramserver.errors import ProtocolError
 from paramserver.server.data import DataPlane, read_rows
 from paramserver.server.install import check_grads
-from paramserver.server.requests import PARALLEL_MIN_KEYS, checked_table, push_op
+from paramserver.server.requests import PARALLEL_MIN_KEYS, check_segments, checked_table, push_op
 from paramserver.store.protocol import VnodeStore
 from paramserver.tables.namespaces import namespace_of
 from paramserver.tables.optim import OP_UPDATE
@@ -65,6 +65,21 @@ def _checked(plane: DataPlane, msg: Message, arrays: list[np.ndarray]) -> tuple[
     return table, model, float(l2)
 
 
+def _checked_parts(plane: DataPlane, parts: list[Message]) -> list[tuple[VnodeStore, str, float]]:
+    """``_checked`` for each batch of a step of several: their header is one (the table, the
+    model, ``l2``, the ring version), checked with the first batch; each batch's own segments
+    and arrays are checked in turn.  Checked whole for each batch, the header cost the
+    server ~20 µs a batch of Python (0.04 s of the default job's 2 016)."""
+    first = _checked(plane, parts[0], parts[0].arrays)
+    table, state, version = first[0], plane.state, field(parts[0], "ring_version", int)
+    assert state.ring is not None
+    for part in parts[1:]:
+        keys, vnodes, counts, inverse, indptr, vals, labels = part.arrays
+        check_segments(table, state.ring, keys, vnodes, counts, state.primary, state.node_id, version)
+        check_batch(table.spec.name, keys.shape[0], inverse, indptr, vals, labels)
+    return [first] * len(parts)
+
+
 def _stepped(plane: DataPlane, table: VnodeStore, model: str, l2: float,
              arrays: list[np.ndarray]) -> tuple[np.ndarray, float, np.ndarray]:
     """A checked step's gradient rows, summed log loss and probabilities, on its rows as they are."""
@@ -88,7 +103,7 @@ def _on_steps(plane: DataPlane, msg: Message) -> list[Any]:
     header = {k: v for k, v in msg.header.items() if k not in ("steps", "tick", "tick_worker", "tick_token")}
     arrays = read_step_arrays(msg, grouped=True)
     parts = [Message({**header, "seq": seq + k}, part) for k, part in enumerate(split_group(arrays, steps))]
-    checked = [_checked(plane, part, part.arrays) for part in parts]
+    checked = _checked_parts(plane, parts)
     table = checked[0][0]
     if _has_copies(plane, table, np.concatenate([p.arrays[1] for p in parts])):
         raise ProtocolError(f"steps on {table.spec.name!r}: a step of several batches goes to vnodes without "
