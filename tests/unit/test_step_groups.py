@@ -111,6 +111,26 @@ def test_a_batch_that_is_malformed_refuses_its_whole_group_before_any_is_applied
     assert not _rows(h, 1, "w", good[0]).any()
 
 
+def _last_segment(arrays, vnode):
+    out = list(arrays)
+    out[1] = out[1].copy()
+    out[1][-1] = vnode
+    return out
+
+
+@pytest.mark.parametrize("vnode, said", [(10_000, "vnodes must be in"), (-1, "vnodes must be in")])
+def test_a_later_batchs_segments_are_checked_before_any_batch_is_applied(two, vnode, said):
+    """The batches share one header, checked once; each batch's own segments still are, the
+    last batch's as the first's."""
+    (h, ring), _ = two
+    batches = [_batch(1), _batch(2)]
+    arrays = _joined([_routed(h, ring, "w", b)[1] for b in batches])
+    _group(h, ring, "w", batches, seq=1, arrays=_last_segment(arrays, vnode))
+    (_, answer), = h.replies
+    assert answer["op"] == "error" and said in answer["error"]
+    assert not _rows(h, 1, "w", np.concatenate([b[0] for b in batches])).any()
+
+
 @pytest.mark.parametrize("steps", [0, 2.0, True, 10_000])
 def test_a_step_naming_a_bad_number_of_batches_is_refused(two, steps):
     (h, ring), _ = two
