@@ -357,3 +357,22 @@ def test_compressed_or_binary_data_under_a_plain_name_is_said_to_be_so(tmp_path)
     binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(200))
     with pytest.raises(DataError, match=r"day1.tsv:1: .*the file holds NUL bytes: it is binary"):
         read_all([str(binary)], DataFormat("criteo"))
+
+
+def test_a_criteo_batch_knows_its_values_are_ones_through_cuts_and_joins(tmp_path):
+    """The Criteo and CSV parsers make batches whose every value is 1 and say so (``ones``):
+    a step then sends none without reading them (``values()`` is empty).  A cut keeps it, a
+    join keeps it only where every part has it; a LIBSVM batch reads as its values."""
+    from paramserver.data.batch import concat_batches, slice_batch
+
+    crit = read_all([write(tmp_path / "a.tsv", CRITEO_LINE * 5)], DataFormat("criteo"))
+    assert crit.ones and (crit.vals == 1).all() and crit.values().size == 0
+    part = slice_batch(crit, 1, 3)
+    assert part.ones and part.values().size == 0 and len(part) == 2
+    svm = read_all([write(tmp_path / "b.svm", "1 3:0.5 7:2\n0 1:1\n")], DataFormat("libsvm"))
+    assert not svm.ones and svm.values().tolist() == svm.vals.tolist() == [1.0, 0.5, 2.0, 1.0, 1.0]  # bias first
+    assert concat_batches([crit, part]).ones
+    joined = concat_batches([part, svm])
+    assert not joined.ones and joined.values().size == joined.keys.size
+    with pytest.raises(ValueError):  # the empty values are shared: read-only
+        crit.values()[:] = 2

@@ -63,7 +63,8 @@ class StepCalls:
              model: str = "lr", l2: float = 0.0) -> Future[Stepped]:
         """Train ``model`` (``"lr"``, or ``"fm"`` with ``l2`` on its factors) on a CSR mini-batch
         where its rows are: occurrence j of example i (``indptr[i] <= j < indptr[i + 1]``) is key
-        ``keys[inverse[j]]`` with value ``vals[j]``; ``keys`` distinct.  The future gives each
+        ``keys[inverse[j]]`` with value ``vals[j]`` (``vals`` empty: every value 1, and none is
+        read or sent: ``Batch.values``); ``keys`` distinct.  The future gives each
         example's probability under the rows it was scored with and their summed log loss, once
         the update is applied
         (exactly once).  One request to the server holding the keys; where that cannot be

@@ -22,6 +22,8 @@ from paramserver.routing.partition import unique_inverse
 
 FORMATS = ("criteo", "libsvm", "avazu", "csv")
 STDIN = "-"  # --data -: standard input
+_NO_VALUES = np.zeros(0, np.float32)  # a batch's values where every one is 1 (``Batch.values``)
+_NO_VALUES.setflags(write=False)
 CHANGED_FILES = ("fail", "skip")  # --changed-files: a stream's file changed after it was taken
 
 
@@ -118,6 +120,14 @@ class Batch:
     indptr: np.ndarray  # int64[n + 1]
     keys: np.ndarray  # uint64[nnz]
     vals: np.ndarray  # float32[nnz]
+    #: every value is 1, as the parser that made the batch knows (a CTR row's features): a
+    #: step then sends none without reading them (``values``).  False: not known, read to see.
+    ones: bool = False
+
+    def values(self) -> np.ndarray:
+        """``vals``, or none at all (an empty array: every value 1, as a step's arithmetic
+        takes it) where the batch is known to be all ones."""
+        return _NO_VALUES if self.ones else self.vals
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -182,7 +192,7 @@ class DataFormat:
 
 def slice_batch(b: Batch, lo: int, hi: int) -> Batch:
     a, z = int(b.indptr[lo]), int(b.indptr[hi])
-    return Batch(b.labels[lo:hi], b.indptr[lo: hi + 1] - a, b.keys[a:z], b.vals[a:z])
+    return Batch(b.labels[lo:hi], b.indptr[lo: hi + 1] - a, b.keys[a:z], b.vals[a:z], b.ones)
 
 
 def concat_batches(batches: list[Batch]) -> Batch:
@@ -191,7 +201,8 @@ def concat_batches(batches: list[Batch]) -> Batch:
     offsets = np.cumsum([0] + [int(b.indptr[-1]) for b in batches[:-1]])
     indptr = np.concatenate([batches[0].indptr[:1]] + [b.indptr[1:] + o for b, o in zip(batches, offsets)])
     return Batch(np.concatenate([b.labels for b in batches]), indptr,
-                 np.concatenate([b.keys for b in batches]), np.concatenate([b.vals for b in batches]))
+                 np.concatenate([b.keys for b in batches]), np.concatenate([b.vals for b in batches]),
+                 all(b.ones for b in batches))
 
 
 _slice, _concat = slice_batch, concat_batches  # the reader's spellings (inside data/)

@@ -416,11 +416,12 @@ class _Pipeline:
             for batch, uniq, inverse in group:
                 client.set_time(self.time_base + (self.done["examples"] + self.examples + len(batch))
                                 * max(client.num_workers, 1))
-                self.pushes.append(([client.steps.take(cfg.model.table, uniq, inverse, batch.indptr, batch.vals,
+                self.pushes.append(([client.steps.take(cfg.model.table, uniq, inverse, batch.indptr, batch.values(),
                                                        batch.labels, model=cfg.model.name, l2=cfg.model.l2)], batch))
                 client.clock()
             return
-        stepped = client.steps.take_many(cfg.model.table, [(u, inv, b.indptr, b.vals, b.labels) for b, u, inv in group],
+        stepped = client.steps.take_many(cfg.model.table,
+                                         [(u, inv, b.indptr, b.values(), b.labels) for b, u, inv in group],
                                          model=cfg.model.name, l2=cfg.model.l2)
         for (batch, _, _), future in zip(group, stepped, strict=True):
             self.pushes.append(([future], batch))
