@@ -199,6 +199,45 @@ def test_a_dead_worker_does_not_block_the_barrier():
         assert time.monotonic() - t0 < 20
 
 
+def test_released_workers_leave_while_the_servers_still_answer_the_driver():
+    """``release_workers`` (a job's end, before its test rows are scored): every worker
+    process exits, the driver still pulls what the workers pushed, and ``stop`` ends the
+    rest; during a run it is refused, and no worker is let go."""
+    def pushed(client):
+        client.push("w", np.arange(10, dtype=np.uint64) + np.uint64(10 * client.rank),
+                    np.full((10, 1), -1.0, np.float32)).result(timeout=30)
+        return client.rank
+
+    with LocalCluster(servers=1, workers=2, log_level="WARNING") as cluster:
+        cluster.client.create_table("w", dim=1, optimizer={"name": "sgd", "lr": 1.0})
+        assert sorted(cluster.run(pushed, timeout_s=60)) == [0, 1]
+        workers = [p for name, p in cluster.procs.items() if name.startswith("worker")]
+        cluster.release_workers()
+        for proc in workers:
+            assert proc.popen.wait(timeout=20) == 0  # each leaves on its own: no signal, no stop
+        rows = cluster.client.pull("w", np.arange(20, dtype=np.uint64)).result(timeout=30)
+        assert (rows == 1.0).all()
+
+
+def test_workers_are_not_released_during_a_run():
+    def waits(client):
+        time.sleep(1.5)
+        return client.rank
+
+    with LocalCluster(servers=1, workers=1, log_level="WARNING") as cluster:
+        import threading
+        done: list = []
+        runner = threading.Thread(target=lambda: done.append(cluster.run(waits, timeout_s=60)))
+        runner.start()
+        deadline = time.monotonic() + 10
+        while cluster._active is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(WorkerError, match="a function is running"):
+            cluster.release_workers()
+        runner.join(30)
+        assert done == [[0]]
+
+
 def test_unreachable_scheduler_is_a_clear_error():
     t0 = time.monotonic()
     with pytest.raises(ConnectError, match=r"nothing listens at tcp://127.0.0.1:9 \(connection refused for 3 s\)"):

@@ -291,6 +291,18 @@ class LocalCluster(RunsFunctions):
         elif keep_logs and self.log_dir and self._say_where:
             logger.warning("the nodes' logs are kept in %s", self.log_dir)
 
+    def release_workers(self) -> None:
+        """``protocol.Cluster.release_workers``: each worker's pipe closed, the EOF it leaves
+        on; ``stop`` waits for them as ever.  A command whose job is done lets them go
+        before it scores its test rows: the 16-18 ms they took to leave (their last clock,
+        their LEAVE, their sockets' close) were the first part of its stop."""
+        with self._lock:
+            if self._active is not None:
+                raise WorkerError("a function is running on this cluster's workers; wait for it to return")
+            for proc in self.procs.values():
+                if proc.to_child is not None:
+                    proc.to_child.close()
+
     def _ask_to_shut_down(self) -> bool:
         """Ask the scheduler to stop every node, and close the driver's client; False when
         there was nobody to ask (the nodes then get signals at once)."""

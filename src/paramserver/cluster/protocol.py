@@ -39,6 +39,11 @@ class Cluster(Protocol):
     def stop(self, timeout_s: float = 10.0, keep_logs: bool = False) -> None:
         """Stop every node, by request first, then by signal; idempotent."""
 
+    def release_workers(self) -> None:
+        """The workers will run no more functions: they may leave now, while the scheduler
+        and the servers go on answering the driver (a job's end, before its test rows are
+        scored from the servers); ``stop`` then waits for them as ever."""
+
     @property
     def client(self) -> Client:
         """A driver client of the cluster (create tables, inspect, pull results)."""

@@ -220,6 +220,10 @@ class RayCluster(RunsFunctions):
                 lines.append(f"--- {member.name}: (its actor is gone)")
         return "\n".join(lines)
 
+    def release_workers(self) -> None:
+        """``protocol.Cluster.release_workers``: nothing to do early here (an actor's worker
+        leaves when ``stop`` asks it to)."""
+
     def stop(self, timeout_s: float = 10.0, keep_logs: bool = False) -> None:
         """Stop every node (by request, then by signal), every actor and the placement
         group; and Ray, if ``start`` started it."""

@@ -145,6 +145,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             ran = _run_job(cluster, cfg, test_set.reading, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
+        cluster.release_workers()  # they leave while the test rows are scored from the servers
         report = _results(cluster.client, cfg, plan.spec, ran, test_set.parts(), save) | _lived(
             cluster.client, plan.spec, publisher)
         report.update(_job_report(cfg, plan, ran, servers=cluster.n_servers, workers=workers,
