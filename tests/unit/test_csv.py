@@ -70,6 +70,28 @@ def test_csv_rows_match_a_plain_python_reference(tmp_path):
         assert batch.keys[i * k:(i + 1) * k].tolist() == want
 
 
+def test_eight_character_tokens_and_rows_of_more_than_64_keys_match_the_reference(tmp_path):
+    """8-character tokens are hashed from the word in a pass of their own (``_finish_row``):
+    the same keys as every other length's, in the first 64 keys of a row and past them."""
+    names = ["click", *[f"c{i}" for i in range(70)]]
+    header = ",".join(names) + "\n"
+    rng = np.random.default_rng(5)
+    lines = []
+    for label in (0, 1, 1):
+        values = [str(label)]
+        for _ in range(70):
+            width = (7, 8, 8, 9, 0, 8, 1)[int(rng.integers(0, 7))]
+            values.append("".join(rng.choice(list("0123456789abcdef"), width)))
+        lines.append(",".join(values) + "\n")
+    path = _write(tmp_path / "wide.csv", header + "".join(lines))
+    for mask in (0, (1 << 24) - 1):
+        batch = read_all([path], DataFormat("csv", hash_bits=24 if mask else 0, label_column="click"))
+        k = batch.indptr[1]
+        assert k == 71
+        for i, line in enumerate(lines):
+            assert batch.keys[i * k:(i + 1) * k].tolist() == _reference_keys(header, line, "click", mask=mask)
+
+
 def test_avazu_splits_hour_into_hour_of_day_and_weekday(tmp_path):
     lines = ["1,0,14102100,a1,phone\n", "2,1,14102213,x,tablet\n"]
     path = _write(tmp_path / "a.csv", HEADER + "".join(lines))

@@ -31,9 +31,11 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from paramserver._runtime.intrinsics import load_u64
 from paramserver.data.parse import (
     _BIAS,
     _GOLDEN,
+    _LITTLE,
     _MISSING,
     CR,
     ERR_FIELDS,
@@ -41,8 +43,8 @@ from paramserver.data.parse import (
     ERR_NONE,
     NL,
     _bytes_hash,
+    _word_hash,
     bucket_int,
-    feature_key,
     parse_float,
 )
 from paramserver.errors import ConfigError
@@ -158,20 +160,54 @@ def _weekday(y, m, d):
 
 
 @njit(nogil=True, cache=True)
+def _key_spaces(roles, namespaces, width):
+    """Each key's namespace in a row of ``width`` keys: the bias's (``feature_key``'s field
+    0), then each feature column's, a numeric's, and an hour column's two (the hour's, and
+    the weekday's: the hour's with its low bit flipped), in the columns' order."""
+    spaces = np.zeros(width, np.uint64)
+    spaces[0] = np.uint64(1)
+    k = 1
+    for col in range(roles.shape[0]):
+        if k >= width:
+            break
+        if roles[col] == ROLE_FEATURE or roles[col] == ROLE_NUMERIC:
+            spaces[k] = namespaces[col]
+            k += 1
+        elif roles[col] == ROLE_HOUR and k + 1 < width:
+            spaces[k], spaces[k + 1] = namespaces[col], namespaces[col] ^ np.uint64(1)
+            k += 2
+    return spaces
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _finish_row(keys, n, spaces, words, mask):
+    """Row ``n``'s keys from the tokens the byte loop left in ``keys[n]``: the marked words
+    (8 characters read as one uint64, keys below 64) hashed, every token mixed into its
+    key's namespace, in a loop with no branch the compiler runs on vector registers (as
+    ``parse._finish_row`` does for Criteo rows)."""
+    for k in range(keys.shape[1]):
+        t = keys[n, k]
+        h = _word_hash(t)
+        tok = h if (words >> np.uint64(k & 63)) & np.uint64(1) and k < 64 else t
+        keys[n, k] = _ns_key(spaces[k], tok, mask)
+
+
+@njit(nogil=True, cache=True)
 def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, line_end):  # noqa: C901  (one numba kernel: a byte loop)
     """Parse up to ``max_rows`` lines of ``buf`` (whole lines, each ending in \\n) into
     ``labels[:n]`` and ``keys[:n, :K]``.  Returns ``(n, consumed, bad, err, err_at)`` as
     ``parse_criteo`` does."""
     ncols = roles.shape[0]
     n, pos, bad, size = 0, 0, 0, buf.shape[0]
-    bias = feature_key(0, _BIAS, mask)
+    spaces = _key_spaces(roles, namespaces, keys.shape[1])
     while pos < size and n < max_rows:
         c = buf[pos]
         if c == NL or (c == CR and buf[pos + 1] == NL):  # blank line
             pos += 1 if c == NL else 2
             continue
         err, label, k, col, a = ERR_NONE, -1.0, 1, 0, pos
-        keys[n, 0] = bias
+        keys[n, 0] = _BIAS
+        words = np.uint64(0)  # the keys whose token is an 8-character word, hashed by _finish_row
         while True:
             b = a
             while buf[b] != COMMA and buf[b] != NL and buf[b] != QUOTE:
@@ -191,17 +227,21 @@ def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, li
                     err = ERR_LABEL
                     break
             elif role == ROLE_FEATURE:
-                keys[n, k] = _ns_key(namespaces[col], _MISSING if e == a else _bytes_hash(buf, a, e), mask)
+                if _LITTLE and e - a == 8 and k < 64:
+                    keys[n, k] = load_u64(buf, a)
+                    words |= np.uint64(1) << np.uint64(k)
+                else:
+                    keys[n, k] = _MISSING if e == a else _bytes_hash(buf, a, e)
                 k += 1
             elif role == ROLE_NUMERIC:
                 if e == a:
-                    keys[n, k] = _ns_key(namespaces[col], _MISSING, mask)
+                    keys[n, k] = _MISSING
                 else:
                     ok, v = parse_float(buf, a, e)
                     if not ok:
                         err = ERR_NUMBER
                         break
-                    keys[n, k] = _ns_key(namespaces[col], numeric_bucket(v), mask)
+                    keys[n, k] = numeric_bucket(v)
                 k += 1
             elif role == ROLE_HOUR:
                 ok = e - a == 8
@@ -211,12 +251,11 @@ def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, li
                     v = v * 10 + (buf[i] - 48)
                 yy, mm, dd, hh = v // 1000000, v // 10000 % 100, v // 100 % 100, v % 100
                 if ok and 1 <= mm <= 12 and 1 <= dd <= 31 and hh <= 23:
-                    keys[n, k] = _ns_key(namespaces[col], np.uint64(hh), mask)
-                    keys[n, k + 1] = _ns_key(namespaces[col] ^ np.uint64(1), np.uint64(_weekday(2000 + yy, mm, dd)),
-                                             mask)
+                    keys[n, k] = np.uint64(hh)
+                    keys[n, k + 1] = np.uint64(_weekday(2000 + yy, mm, dd))
                 else:  # not YYMMDDHH: the value as a token, no weekday
-                    keys[n, k] = _ns_key(namespaces[col], _MISSING if e == a else _bytes_hash(buf, a, e), mask)
-                    keys[n, k + 1] = _ns_key(namespaces[col] ^ np.uint64(1), _MISSING, mask)
+                    keys[n, k] = _MISSING if e == a else _bytes_hash(buf, a, e)
+                    keys[n, k + 1] = _MISSING
                 k += 2
             col += 1
             if buf[b] == NL:
@@ -233,6 +272,7 @@ def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, li
             bad += 1
             pos = end + 1
             continue
+        _finish_row(keys, n, spaces, words, mask)
         labels[n] = label
         line_end[n] = end + 1
         n += 1
