@@ -80,12 +80,23 @@ def rule_request_loops(dim: int, anchor: str | None, **steps: Any) -> RequestLoo
 
 def rebind(fn: Any, inline: Literal["never", "always"] = "never", anchor: str | None = None, **names: Any) -> Any:
     """``fn`` (a numba function) compiled again with some of its global names bound anew;
-    cached on disk as if its source were the file ``anchor`` (``anchor_file``)."""
+    cached on disk as if its source were the file ``anchor`` (``anchor_file``).
+
+    A clone cached beside an anchor is named after it too (``__qualname__``): numba names a
+    compiled function's symbol by its module, its name, its argument types and a number
+    counted in the process that compiled it, and two clones of one function (the same
+    module, name and types) compiled by two processes could carry the same number.  Loaded
+    into one process from the cache, the later one's calls were linked to the earlier
+    one's functions: a server holding an FTRL table of 1 column and an AdaGrad table of 5,
+    their kernels compiled by two earlier processes, updated the second with the first's
+    loops (``tests/process/test_kernel_cache.py``)."""
     py = fn.py_func
     scope = dict(py.__globals__)
     scope.update(names)
     code = py.__code__ if anchor is None else py.__code__.replace(co_filename=anchor)
     clone = types.FunctionType(code, scope, py.__name__, py.__defaults__, py.__closure__)
+    if anchor is not None:
+        clone.__qualname__ = f"{py.__name__}__{Path(anchor).stem}"
     return njit(nogil=True, inline=inline, cache=anchor is not None)(clone)
 
 
