@@ -41,3 +41,39 @@ def test_no_kernel_is_specialised_after_the_warm_up():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["violations"] == 0
     assert result["new"] == {}, f"compiled after the warm-up (in the serving loop): {result['new']}"
+
+
+WORKER_SCRIPT = r"""
+import json
+import numpy as np
+from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.warmup import warm_job
+from paramserver.client.step_calls import _stepped_group
+from paramserver.observe.progressive import Scores, _count_bins
+from paramserver.tables.optim import FTRL
+from paramserver.tables.spec import TableSpec
+from paramserver.wire.message import Op, decode, encode
+
+warm_job("criteo", Model("lr"), TableSpec("t", 1, optimizer=FTRL())).workers()
+before = {str(sig) for sig in _count_bins.overloads}
+# a step of two batches answered as a server answers it: the probabilities in one frame
+frames = encode({"op": Op.OK.value, "losses": [0.5, 0.25]}, [np.array([0.1, 0.9, 0.4], np.float32)])
+preds, _ = _stepped_group(decode([bytes(f) for f in frames]), [2, 1])
+scores = Scores()
+for p, labels in zip(preds, [np.array([0, 1], np.float32), np.array([1], np.float32)]):
+    scores.add(p, labels, 0.0)
+print(json.dumps({"new": sorted({str(sig) for sig in _count_bins.overloads} - before), "n": scores.n}))
+"""
+
+
+def test_a_steps_answer_is_scored_with_a_kernel_the_worker_warmed():
+    """A training worker scores each step's answer (progressive validation) as it arrives:
+    its probabilities are a read-only float32 frame, another argument type than the
+    worker's own float64 predictions.  Left out of the warm-up, that specialisation loaded
+    from the disk cache in the worker's main thread at the job's first answer (~10 ms while
+    the pipeline stood empty), or compiled there on a fresh install."""
+    out = subprocess.run([sys.executable, "-c", WORKER_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["n"] == 3
+    assert result["new"] == [], f"specialised after the warm-up (in the worker's main thread): {result['new']}"

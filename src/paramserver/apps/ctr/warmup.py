@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from paramserver._runtime.intrinsics import frozen
 from paramserver._runtime.warm import Warmup, is_inherited, load_numba
 from paramserver.apps.ctr.models import Model
 from paramserver.client.warmup import warm_client
@@ -37,7 +38,10 @@ def warm_worker(formats: tuple[str, ...] = ("criteo", "libsvm"), models: tuple[A
             rows = np.zeros((uniq.size, model.dim), np.float32)
             dense = model.dense_initial(0) if model.deep else None
             grads, _, _ = model.step(batch, inverse, rows, dense)
-            Scores().add(model.predict(batch, inverse, rows, dense), batch.labels, 0.0)  # progressive validation
+            preds = model.predict(batch, inverse, rows, dense)
+            Scores().add(preds, batch.labels, 0.0)  # progressive validation
+            if not model.deep:  # a step's answer: the server's probabilities, read-only float32 as frames arrive
+                Scores().add(frozen(preds.astype(np.float32)), batch.labels, 0.0)
             warm_client(uniq, grads, combine, filters=False)
     if filters:
         warm_filters()
