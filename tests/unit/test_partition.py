@@ -66,13 +66,18 @@ def test_empty_batch():
 
 
 def test_unique_inverse_matches_a_first_seen_reference_whatever_the_table_starts_at():
-    from paramserver.routing.partition import unique_inverse
+    from paramserver.routing.dedup import unique_inverse
 
     rng = np.random.default_rng(3)
     for keys in (np.zeros(0, np.uint64), np.array([7], np.uint64), np.array([2**64 - 1, 0, 2**64 - 1], np.uint64),
                  rng.integers(0, 50, 2000).astype(np.uint64),  # few distinct keys
                  rng.integers(0, 2**63, 5000).astype(np.uint64),  # all distinct: the table doubles many times
-                 (rng.zipf(1.2, 20000) % 100_000).astype(np.uint64)):
+                 (rng.zipf(1.2, 20000) % 100_000).astype(np.uint64),
+                 # keys below 2^32 - 1 pack a slot a word; the first that does not (here at 2^32 - 1 and
+                 # 2^32, past 3 000 packed keys) sends the batch to the general table
+                 np.concatenate([rng.integers(0, 2**24, 3000), [2**32 - 2, 2**32 - 1, 5, 2**32 - 1, 2**32, 7]])
+                 .astype(np.uint64),
+                 np.array([3, 2**32 - 1, 3, 2**32 - 2, 2**32 - 1], np.uint64)):  # 2^32 - 1 is not packed either
         first = {}
         for k in keys.tolist():
             first.setdefault(k, len(first))

@@ -18,7 +18,7 @@ import numpy as np
 
 from paramserver.data import parse
 from paramserver.errors import ConfigError, ParamServerError
-from paramserver.routing.partition import unique_inverse
+from paramserver.routing.dedup import unique_inverse
 
 FORMATS = ("criteo", "libsvm", "avazu", "csv")
 STDIN = "-"  # --data -: standard input

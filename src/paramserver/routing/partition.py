@@ -227,66 +227,6 @@ def _dedup_sum(skeys: np.ndarray, srows: np.ndarray, offsets: np.ndarray) -> tup
     return uniq[:m], sums[:m], uoffsets
 
 
-#: Fibonacci hashing's multiplier (2^64 / the golden ratio, odd): ``unique_inverse``'s slot is the
-#: top bits of the key times it, one multiply where ``hash64``'s mix takes five steps
-_FIB = np.uint64(0x9E3779B97F4A7C15)
-
-
-@njit(nogil=True, cache=True)
-def unique_inverse(keys, expect=0):  # type: ignore[no-untyped-def]
-    """Distinct keys in first-seen order and, for every key, its index among them.
-
-    O(n) with a hash table kept at most half full.  It starts at twice ``expect`` distinct
-    keys (default: a quarter of ``len(keys)``, CTR batches repeat their keys ~6 times) and
-    doubles when it fills: a table sized for the distinct keys, not for every occurrence,
-    stays in cache (4.7 M rows/s against 3.75 M for a table of 2n slots, Criteo-shaped
-    batches of 4 000).  A key's slot is the top bits of the key times ``_FIB`` (Fibonacci
-    hashing spreads sequential ids as well as hashed ones): 15 % less time than ``hash64``'s
-    mix a key, the same output (the order is first-seen whatever the slots).  The model
-    code pulls each distinct key once.
-    """
-    n = keys.shape[0]
-    size, bits = 16, 4
-    while size < 2 * min(n, expect if expect > 0 else n // 4 + 1):
-        size *= 2
-        bits += 1
-    shift = np.uint64(64 - bits)
-    mask = np.uint64(size - 1)
-    slots = np.full(size, -1, np.int32)
-    uniq = np.empty(n, np.uint64)
-    inverse = np.empty(n, np.int64)
-    m = 0
-    for i in range(n):
-        key = keys[i]
-        s = (key * _FIB) >> shift
-        while True:
-            u = slots[s]
-            if u < 0:
-                if 2 * m >= size:  # half full: rehash the distinct keys into twice the slots
-                    size *= 2
-                    bits += 1
-                    shift = np.uint64(64 - bits)
-                    mask = np.uint64(size - 1)
-                    slots = np.full(size, -1, np.int32)
-                    for t in range(m):
-                        r = (uniq[t] * _FIB) >> shift
-                        while slots[r] >= 0:
-                            r = (r + np.uint64(1)) & mask
-                        slots[r] = t
-                    s = (key * _FIB) >> shift
-                    continue
-                slots[s] = m
-                uniq[m] = key
-                inverse[i] = m
-                m += 1
-                break
-            if uniq[u] == key:
-                inverse[i] = u
-                break
-            s = (s + np.uint64(1)) & mask
-    return uniq[:m].copy(), inverse
-
-
 @njit(nogil=True, cache=True)
 def scatter_rows(src, index, out):  # type: ignore[no-untyped-def]
     """``out[index[i]] = src[i]``."""
