@@ -7,7 +7,7 @@ import time
 import numpy as np
 from support import wait_for
 
-from paramserver import LocalCluster
+from paramserver import ConfigError, LocalCluster
 from paramserver.client.sync_calls import TICK_RIDE_S
 
 KEYS = np.arange(8, dtype=np.uint64)
@@ -98,3 +98,28 @@ def test_a_worker_is_done_only_once_its_last_clock_is_taken_even_sent_by_the_tim
         assert cluster.run(tick_in_flight_at_return, timeout_s=60) == [True]
         rows = cluster.client.pull("b", KEYS).result(timeout=30)  # a driver's read: not gated
     np.testing.assert_array_equal(rows, -np.ones((KEYS.size, 1), np.float32))  # the clock's sum, applied
+
+
+def steps_of_three(client, rounds):
+    """A step of three batches finishes their three clocks at once (``clock(3)``)."""
+    for _ in range(rounds):
+        client.pull("t", KEYS).result(timeout=30)
+        client.push("t", KEYS, np.ones((KEYS.size, 1), np.float32)).result(timeout=30)
+        client.clock(3)
+    refused = []
+    for bad in (0, -1, True, 1.5):
+        try:
+            client.clock(bad)
+        except ConfigError as exc:
+            refused.append(str(exc))
+    return client.current_clock, refused
+
+
+def test_clocks_finished_together_count_each_and_reach_every_server():
+    with LocalCluster(servers=2, workers=1, log_level="WARNING") as cluster:
+        cluster.client.create_table("t", optimizer={"name": "sgd", "lr": 1.0}, consistency="ssp:1")
+        [(clock, refused)] = cluster.run(steps_of_three, 10, timeout_s=60)
+        assert clock == 30
+        assert len(refused) == 4 and all("clocks must be an int of 1 or more" in r for r in refused)
+        wait_for(lambda: all(max(s["clocks"].values(), default=0) == 30 for s in cluster.client.stats.server_stats()),
+                 timeout_s=10, what="the last clock at every server")

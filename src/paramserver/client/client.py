@@ -370,12 +370,14 @@ class Client:
         return self._io.together()
 
     # ---- clocks, server functions, filters, lifecycle: the groups' calls, on the client ----
-    def clock(self) -> int:
-        """Finish this worker's clock (``Clocks.clock``): every server hears it, on the next
-        pull or push to it or on its own; returns the clocks finished."""
+    def clock(self, clocks: int = 1) -> int:
+        """Finish this worker's clock, or ``clocks`` of them at once (``Clocks.clock``): every
+        server hears it, on the next pull or push to it or on its own; returns the clocks finished."""
+        if isinstance(clocks, bool) or not isinstance(clocks, int) or clocks < 1:
+            raise ConfigError(f"clock: clocks must be an int of 1 or more, got {clocks!r}")
         if self._state.row_caches:
             self._cached.on_clock()  # a BSP or SSP table's sums go with the clock they were made in
-        return self._clocks.clock()
+        return self._clocks.clock(clocks)
 
     @property
     def current_clock(self) -> int:

@@ -62,14 +62,16 @@ class Clocks:
         """Clocks this worker has finished (its pulls are gated on it)."""
         return self.caller.clock
 
-    def clock(self) -> int:
-        """Finish this worker's clock: tell every server (behind this client's pushes), on
-        the next pull or push to it, or on its own after ``TICK_RIDE_S``."""
+    def clock(self, clocks: int = 1) -> int:
+        """Finish this worker's clock (``clocks`` of them at once: a step of several batches,
+        a clock each): tell every server (behind this client's pushes), on the next pull or
+        push to it, or on its own after ``TICK_RIDE_S``."""
         c = self.caller
         c.losses.check()
-        self.flush_due(c.clock + 1)  # what a filter held back for these clocks goes out with them
+        for k in range(1, clocks + 1):
+            self.flush_due(c.clock + k)  # what a filter held back for these clocks goes out with them
         with c.lock:
-            c.clock += 1
+            c.clock += clocks
             clock = c.clock
         tick, state = tick_fields(c.node_id, clock, c.token), c.state
         with state.lock:

@@ -425,7 +425,7 @@ class _Pipeline:
                                          model=cfg.model.name, l2=cfg.model.l2)
         for (batch, _, _), future in zip(group, stepped, strict=True):
             self.pushes.append(([future], batch))
-            client.clock()
+        client.clock(len(group))  # a clock a batch, finished together
 
     def _count(self, n: int, loss: float) -> None:
         """A batch of ``n`` examples trained, its summed loss ``loss``: counted, and the
