@@ -131,6 +131,45 @@ def test_a_later_batchs_segments_are_checked_before_any_batch_is_applied(two, vn
     assert not _rows(h, 1, "w", np.concatenate([b[0] for b in batches])).any()
 
 
+def _changed(arrays, i, change):
+    out = list(arrays)
+    out[i] = out[i].copy()
+    change(out[i])
+    return out
+
+
+def _twice(vnodes):  # the last batch's last segment names its first segment's vnode again
+    vnodes[-1] = vnodes[-2]
+
+
+def _falling(indptr):  # the last batch's last example ends before it starts
+    indptr[-2] = indptr[-1] + 1
+
+
+def _outside(inverse):  # the last occurrence names a key past the last batch's keys
+    inverse[-1] = np.iinfo(inverse.dtype).max
+
+
+@pytest.mark.parametrize("i, change, said", [
+    (1, _twice, "a vnode more than once"),
+    (2, lambda counts: counts.__setitem__(-1, counts[-1] + 1), "do not cover the"),
+    (3, _outside, "names a key outside"),
+    (4, _falling, "the offsets must start at 0, never fall"),
+    (5, lambda vals: vals.__setitem__(-1, np.nan), "NaN or inf"),
+])
+def test_what_is_wrong_with_a_later_batch_is_said_as_for_a_batch_alone(two, i, change, said):
+    """Each batch of a group is checked before any is applied: where a later one is at
+    fault, the group is refused, nothing applied, with what that batch's own checks say."""
+    (h, ring), _ = two
+    batches = [_batch(1), _batch(2), _batch(3)]
+    arrays = _joined([_routed(h, ring, "w", b)[1] for b in batches])
+    assert _routed(h, ring, "w", batches[2])[1][1].shape[0] >= 2  # the last batch names two vnodes or more
+    _group(h, ring, "w", batches, seq=1, arrays=_changed(arrays, i, change))
+    (_, answer), = h.replies
+    assert answer["op"] == "error" and said in answer["error"], answer
+    assert not _rows(h, 1, "w", np.concatenate([b[0] for b in batches])).any()
+
+
 @pytest.mark.parametrize("steps", [0, 2.0, True, 10_000])
 def test_a_step_naming_a_bad_number_of_batches_is_refused(two, steps):
     (h, ring), _ = two
