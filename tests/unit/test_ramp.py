@@ -103,8 +103,8 @@ class _InProcessClient:
         done.set_result(Prefetched(tiered=False))
         return done
 
-    def clock(self):
-        self.current_clock += 1
+    def clock(self, clocks=1):
+        self.current_clock += clocks
 
     def together(self):  # requests here are served at once: nothing to hold back
         return contextlib.nullcontext()
