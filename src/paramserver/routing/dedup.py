@@ -9,8 +9,9 @@ sequential ids as well as hashed ones, one multiply where ``hash64``'s mix takes
 steps).  Where every key is below 2^32 - 1, as the default 24-bit hashed features are, a
 slot holds the key and its index in one word (``_packed``): a probe that meets its key has
 its index, where the general table (``_general``) kept an index a slot and read the key
-back from the distinct keys, a second dependent load every occurrence.  The first key that
-does not fit sends the batch to the general table; both give the same output.
+back from the distinct keys, a second dependent load every occurrence.  A batch whose first
+key does not fit goes to the general table at once (64-bit hashed keys), and the first that
+does not fit later sends it there; both give the same output.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def unique_inverse(keys, expect=0):  # type: ignore[no-untyped-def]
     """Distinct keys in first-seen order and, for every key, its index among them.  The
     table starts at twice ``expect`` distinct keys (default: a quarter of ``len(keys)``)
     and doubles when half full."""
+    if keys.shape[0] and keys[0] >= _LOW32:  # full 64-bit keys (hashed at --hash-bits 0): no packed table first
+        return _general(keys, expect)
     uniq, inverse, packed = _packed(keys, expect)
     if packed:
         return uniq, inverse
