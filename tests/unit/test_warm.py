@@ -62,7 +62,17 @@ preds, _ = _stepped_group(decode([bytes(f) for f in frames]), [2, 1])
 scores = Scores()
 for p, labels in zip(preds, [np.array([0, 1], np.float32), np.array([1], np.float32)]):
     scores.add(p, labels, 0.0)
-print(json.dumps({"new": sorted({str(sig) for sig in _count_bins.overloads} - before), "n": scores.n}))
+# a step refused (the ring moved, a server without steps) is taken here: a CTR batch's values as
+# ``Batch.values`` hands them (none: all 1), with the same kernel the warm-up compiled
+from paramserver.tables import steps
+kernels = (steps.logistic_step, steps.fm_step)
+had = [{str(sig) for sig in k.overloads} for k in kernels]
+from paramserver.data.batch import Batch
+ones = Batch(np.ones(2, np.float32), np.array([0, 2, 3], np.int64), np.arange(3, dtype=np.uint64),
+             np.ones(3, np.float32), ones=True)
+steps.step("lr", ones.indptr, ones.values(), ones.labels, np.array([0, 1, 2]), np.zeros((3, 1), np.float32), 0.0)
+classic = sorted(str(sig) for k, seen in zip(kernels, had) for sig in k.overloads if str(sig) not in seen)
+print(json.dumps({"new": sorted({str(sig) for sig in _count_bins.overloads} - before) + classic, "n": scores.n}))
 """
 
 

@@ -30,7 +30,7 @@ from paramserver.errors import Code, ConfigError, ProtocolError
 from paramserver.routing.steps import every_value_one, route_steps
 from paramserver.tables.steps import STEP_MODELS, fits, step, unsuited
 from paramserver.wire.message import Message, Op
-from paramserver.wire.step_arrays import index_type, step_arrays
+from paramserver.wire.step_arrays import NO_VALUES, index_type, step_arrays
 from paramserver.wire.step_groups import group_arrays
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_NO_VALUES = np.zeros(0, np.float32)
 
 #: what a step's future gives: each example's probability under the rows it was scored with, and their summed log loss
 Stepped = tuple[np.ndarray, float]
@@ -228,7 +227,7 @@ class StepCalls:
         address, header = self._outgoing(spec, piece, seqs[0], how, len(batches))
         indptr, labels = (np.concatenate([b[i] for b in batches]) for i in (2, 4))
         ones = every_value_one([b[3] for b in batches])  # a CTR row's features: no values go, none copied
-        vals = _NO_VALUES if ones else np.concatenate([b[3] for b in batches])
+        vals = NO_VALUES if ones else np.concatenate([b[3] for b in batches])
         arrays = group_arrays(piece.keys, piece.vnodes, piece.counts, piece.extra, indptr, vals, labels, sizes)
         examples = [b[4].shape[0] for b in batches]
 

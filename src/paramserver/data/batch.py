@@ -19,11 +19,10 @@ import numpy as np
 from paramserver.data import parse
 from paramserver.errors import ConfigError, ParamServerError
 from paramserver.routing.dedup import unique_inverse
+from paramserver.wire.step_arrays import NO_VALUES
 
 FORMATS = ("criteo", "libsvm", "avazu", "csv")
 STDIN = "-"  # --data -: standard input
-_NO_VALUES = np.zeros(0, np.float32)  # a batch's values where every one is 1 (``Batch.values``)
-_NO_VALUES.setflags(write=False)
 CHANGED_FILES = ("fail", "skip")  # --changed-files: a stream's file changed after it was taken
 
 
@@ -127,7 +126,7 @@ class Batch:
     def values(self) -> np.ndarray:
         """``vals``, or none at all (an empty array: every value 1, as a step's arithmetic
         takes it) where the batch is known to be all ones."""
-        return _NO_VALUES if self.ones else self.vals
+        return NO_VALUES if self.ones else self.vals
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])

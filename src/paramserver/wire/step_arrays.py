@@ -23,7 +23,10 @@ STEP_ARRAYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("indptr", ("<i8", "<i4")), ("vals", ("<f4",)), ("labels", ("<f4", "|u1")))
 
 _U32 = 1 << 32
-_NO_VALUES = np.zeros(0, np.float32)  # a batch whose every value is 1 sends none
+#: a batch's values where every one is 1: none (``Batch.values``), and none go (the step kernels
+#: read an empty array as all ones).  Writable, as a batch's own values are: one array type for
+#: the kernels either way (a read-only one would be another specialisation, compiled in use)
+NO_VALUES = np.zeros(0, np.float32)
 
 
 def key_type(keys: np.ndarray) -> np.dtype:
@@ -51,7 +54,7 @@ def step_arrays(keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, invers
     return [keys.astype(key_type(keys), copy=False), vnodes, counts,
             inverse.astype(index or index_type(keys.shape[0]), copy=False),
             np.ascontiguousarray(indptr, "<i4" if nnz < 1 << 31 else "<i8"),
-            _NO_VALUES if ones else np.ascontiguousarray(vals, np.float32),
+            NO_VALUES if ones else np.ascontiguousarray(vals, np.float32),
             labels.astype("|u1") if binary else np.ascontiguousarray(labels, np.float32)]
 
 
