@@ -124,7 +124,9 @@ def unique_inverse(keys, expect=0):  # type: ignore[no-untyped-def]
     """Distinct keys in first-seen order and, for every key, its index among them.  The
     table starts at twice ``expect`` distinct keys (default: a quarter of ``len(keys)``)
     and doubles when half full."""
-    if keys.shape[0] and keys[0] >= _LOW32:  # full 64-bit keys (hashed at --hash-bits 0): no packed table first
+    # full 64-bit keys (hashed at --hash-bits 0): no packed table first; nor past 2^32 - 1
+    # occurrences, whose indices would not fit a slot's 32 bits
+    if keys.shape[0] and (keys[0] >= _LOW32 or keys.shape[0] >= _LOW32):
         return _general(keys, expect)
     uniq, inverse, packed = _packed(keys, expect)
     if packed:
