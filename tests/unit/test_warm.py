@@ -81,7 +81,9 @@ def test_a_steps_answer_is_scored_with_a_kernel_the_worker_warmed():
     its probabilities are a read-only float32 frame, another argument type than the
     worker's own float64 predictions.  Left out of the warm-up, that specialisation loaded
     from the disk cache in the worker's main thread at the job's first answer (~10 ms while
-    the pipeline stood empty), or compiled there on a fresh install."""
+    the pipeline stood empty), or compiled there on a fresh install.  A step refused and
+    taken here instead (the classic way) runs the step kernels on a CTR batch's values as
+    ``Batch.values`` hands them: the warm-up's specialisation too."""
     out = subprocess.run([sys.executable, "-c", WORKER_SCRIPT], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
