@@ -109,6 +109,8 @@ def test_a_group_taken_whole_is_its_batches_in_turn_through_the_growth_of_its_vn
     ours, theirs = h.nodes[0].tables["t"], ref.nodes[0].tables["t"]
     assert len(ours) == len(theirs) == keys.size
     for v, vt in theirs.tables.items():  # every row, value and state, to the bit
+        # and every key in the slot a push claims (a missing key's claim starts where its read's probe ended)
+        np.testing.assert_array_equal(ours.tables[v].keys, vt.keys)
         want_keys, want_rows = vt.items()
         got_keys, got_rows = ours.tables[v].items()
         order, got_order = np.argsort(want_keys), np.argsort(got_keys)

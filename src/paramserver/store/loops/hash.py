@@ -52,6 +52,26 @@ def find_from(tkeys, meta, key, s):
 
 
 @njit(inline="always", nogil=True, cache=True)
+def probe_from(tkeys, meta, key, s):
+    """``find_from`` that says where a missing key's probe ended: the slot of ``key``
+    (>= 0), else ``-2 - e`` where ``e`` is the empty slot the probe met (a ``claim`` of the
+    key, with nothing stored since, takes ``e``), or -1 for key 0 not stored."""
+    cap = tkeys.shape[0]
+    if key == 0:
+        return cap if meta[HAS_ZERO] else -1
+    tag = tag_of(tkeys, key)
+    while True:
+        k = tkeys[s]
+        if k == tag:
+            return s
+        if k == 0:
+            return -2 - s
+        s += 1
+        if s == cap:
+            s = 0
+
+
+@njit(inline="always", nogil=True, cache=True)
 def claim(tkeys, meta, key, s, limit):
     """``(slot, new)`` of ``key``, probing from its home slot ``s`` (ignored for key 0): a
     key not stored takes the first empty slot, counted (``new``: its row is the caller's to

@@ -33,7 +33,7 @@ from numba import njit
 from paramserver._runtime.intrinsics import prefetch_address
 from paramserver.routing.hashing import dense_pos, hash64, layout_bits, slot_of_hash
 from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows, work_slot
-from paramserver.store.loops.hash import COUNT, claim, find_from
+from paramserver.store.loops.hash import COUNT, claim, find_from, probe_from
 from paramserver.store.loops.views import LIMIT, N_ROWS, ROWS, SLOTS, START, STRIDE, dense_arrays, hash_arrays
 from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 
@@ -89,8 +89,9 @@ def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, foun
     ``home`` of every key, ``address`` of every key and ``AHEAD`` zeros): what the probes
     found is kept there, for an update of the same keys with nothing stored in between
     (``apply_request``'s: a step reads a batch's rows, computes its gradient, then updates
-    them, probing once): each key's slot (-1: not stored), its home, and the address of its
-    row (of its home slot where not stored).  Empty: a pull keeps nothing (keeping them cost
+    them, probing once): each key's slot (where not stored: ``-2 - e``, ``e`` the empty slot
+    its probe met, where a claim of it starts; -1 for key 0), its home, and the address of
+    its row (of that empty slot where not stored).  Empty: a pull keeps nothing (keeping them cost
     a million-key pull ~10 %, three runs in turn).  Nothing is returned: numba boxing the
     arrays back to Python from this per-row clone failed in forked servers creating an FM
     table ("'descr' is NULL" in ``NRT_adapt_ndarray_to_python``, two process tests)."""
@@ -108,11 +109,13 @@ def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, foun
         for i in range(a, b):
             prefetch_address(address[i + AHEAD])
             key = keys[i]
-            s = find_from(tkeys, meta, key, home[i])
+            s = probe_from(tkeys, meta, key, home[i]) if keep else find_from(tkeys, meta, key, home[i])
             if keep:
                 found[i] = s
                 if s >= 0:
                     address[i] = base + s * stride
+                elif s < -1:  # where a claim of it starts: the empty slot its probe met
+                    address[i] = base + (-2 - s) * stride
             if s >= 0:
                 for j in range(DIM):
                     out[i, j] = value_at(rows, s, j)
@@ -130,9 +133,10 @@ def apply_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, grads, seg
     ``(len(vnodes), 0)`` when every key is applied (``many.apply_many``'s contract).
     ``found``, ``home``, ``address``: what ``lookup_request`` answered for these keys, from
     the first, with nothing stored since: a stored key's row is updated where the read found
-    it, a key not stored is claimed from its home as any key is without them (the same
-    slots, the same bits); a growth moves every slot, so what follows it comes without them.
-    Empty (``found`` of no keys): every key is probed for."""
+    it, a key not stored is claimed from the empty slot its read's probe met (every slot from
+    its home to there held another key then, and still does: the slot a claim from its home
+    takes, the same bits, one probe where there were two); a growth moves every slot, so
+    what follows it comes without them.  Empty (``found`` of no keys): every key is probed for."""
     a = 0
     for s in range(seg):
         a += counts[s]
@@ -151,7 +155,7 @@ def apply_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, grads, seg
             key = keys[i]
             s = found[i] if kept else -1
             if s < 0:
-                s, new = claim(tkeys, meta, key, home[i], limit)
+                s, new = claim(tkeys, meta, key, home[i] if s == -1 else -2 - s, limit)
                 if s < 0:
                     return sg, i - a
                 if new:
