@@ -177,8 +177,14 @@ def auc(y: np.ndarray, p: np.ndarray) -> float:
     nneg = y.size - npos
     if npos == 0 or nneg == 0:
         return float("nan")
-    order = np.argsort(p, kind="mergesort")
-    sorted_p = np.asarray(p)[order]
-    _, first, counts = np.unique(sorted_p, return_index=True, return_counts=True)
-    ranks = np.repeat(first + (counts + 1) / 2.0, counts)  # 1-based average ranks
-    return float((ranks[y[order]].sum() - npos * (npos + 1) / 2.0) / (npos * nneg))
+    p = np.asarray(p)
+    order = np.argsort(p)  # any order within ties: they share a rank (a stable sort and np.unique's second
+    sorted_p = p[order]  # one cost the default job's end 0.006 s more for its 10^5 test rows)
+    new = np.empty(sorted_p.shape[0], bool)
+    new[0] = True
+    np.not_equal(sorted_p[1:], sorted_p[:-1], out=new[1:])
+    first = np.flatnonzero(new)  # each run of tied scores: where it starts (0-based), how long it is
+    counts = np.diff(np.append(first, sorted_p.shape[0]))
+    positives = np.add.reduceat(y[order].astype(np.int64), first)
+    ranks = first + (counts + 1) / 2.0  # each run's 1-based average rank
+    return float((float(positives @ ranks) - npos * (npos + 1) / 2.0) / (npos * nneg))
