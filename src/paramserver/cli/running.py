@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,21 @@ def console(stderr: bool) -> Console:
     from rich.console import Console
 
     return Console(stderr=stderr)
+
+
+def _warm_report() -> None:
+    """rich's console and table imported, and a table drawn once, while the job runs (the
+    nodes are forked): the report the job ends with took 0.036-0.047 s after it, 0.03 of
+    them importing rich and its first drawing's own imports."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="warm-up")
+    table.add_column("a")
+    table.add_row("b")
+    Console(file=io.StringIO(), width=80).print(table)
 
 
 class Progress:
@@ -50,6 +66,7 @@ class Progress:
 
     def announce(self, cluster: Any) -> None:  # where to look while it runs: on the progress line
         collector.resume()  # the nodes are up: start-up is over (cli.main)
+        threading.Thread(target=_warm_report, name="paramserver-warm-report", daemon=True).start()
         self.where.append(f"scheduler {cluster.address}, logs {cluster.log_dir}")
         if getattr(cluster, "http_url", ""):
             token = f"?token={cluster.http_token}" if getattr(cluster, "http_token", "") else ""
