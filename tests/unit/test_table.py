@@ -1,9 +1,11 @@
 """The per-vnode hash table against a Python dict."""
 
 import numpy as np
+import pytest
 
+from paramserver.store.loops import hash as hash_loops
 from paramserver.store.table import GROWTH, MAX_LOAD, MIN_CAPACITY, SMALL_SLOTS, SMALL_STEPS, VnodeTable
-from paramserver.tables.optim import FTRL, SGD, Zeros
+from paramserver.tables.optim import FTRL, SGD, AdaGrad, Zeros
 
 EDGE = np.array([0, 1, 2**63, 2**64 - 1, 2**64 - 2], np.uint64)
 
@@ -92,3 +94,22 @@ def test_a_vnode_grows_on_one_ladder_three_steps_at_a_time_while_small():
         assert after - before == (SMALL_STEPS if cap < SMALL_SLOTS else 1), (cap, seen)
     one_at_a_time = next(c for c in ladder if 200_000 <= int(c * MAX_LOAD))
     assert seen[-1] == one_at_a_time and len(seen) < len(ladder[:ladder.index(one_at_a_time) + 1])
+
+
+@pytest.mark.parametrize(("optimizer", "dim", "storage"), [(FTRL(), 1, "float32"), (AdaGrad(), 5, "float32"),
+                                                           (FTRL(), 2, "bf16")])
+def test_a_rows_own_rehash_moves_every_key_as_the_generic_one(optimizer, dim, storage):
+    """A table's growth moves its keys with the rehash compiled for its row's width
+    (``specialize.RequestLoops.rehash``): the same slots and rows, to the bit, as the generic one."""
+    own, generic = (VnodeTable(dim, optimizer, Zeros(), 7, storage=storage) for _ in range(2))
+    assert own._rehash is not hash_loops.rehash
+    generic._rehash = hash_loops.rehash
+    rng = np.random.default_rng(3)
+    for _ in range(6):  # each push past the load bound: several growths
+        keys = rng.integers(1, 1 << 40, 3000).astype(np.uint64)
+        grads = rng.standard_normal((3000, dim)).astype(np.float32)
+        for t in (own, generic):
+            t.apply(keys, grads)
+    assert own.capacity == generic.capacity > 10_000
+    np.testing.assert_array_equal(own.keys, generic.keys)
+    np.testing.assert_array_equal(own.rows, generic.rows)

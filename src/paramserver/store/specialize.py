@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from numba import njit
 
+from paramserver.store.loops import hash as hash_loops
 from paramserver.store.loops import slots, step_groups
 from paramserver.tables.optim import CUSTOM_KIND
 
@@ -41,6 +42,7 @@ class RequestLoops:
     lookup: Any  # slots.lookup_request, for this row
     dense_apply: Any  # slots.dense_apply_request, for this row (a dense table's pushes)
     steps: Any  # step_groups.step_batches, for this row (a step of several batches, its model's by the width)
+    rehash: Any = hash_loops.rehash  # loops.hash.rehash, for this row's width (a user rule's: the generic one)
 
 
 def request_loops(optimizer: Any, dim: int) -> RequestLoops | None:
@@ -58,7 +60,8 @@ def _compile(optimizer: Any, dim: int) -> RequestLoops:
     anchor = anchor_file(f"{optimizer.name}_slots", dim, [])
     apply, lookup, dense_apply = (rebind(fn, anchor=anchor, DIM=dim, KIND=optimizer.kind)
                                   for fn in (slots.apply_request, slots.lookup_request, slots.dense_apply_request))
-    return RequestLoops(apply, lookup, dense_apply, _steps(anchor, dim, apply, lookup))
+    rehash = rebind(hash_loops.rehash, anchor=anchor, WIDTH=dim + optimizer.state_width(dim))
+    return RequestLoops(apply, lookup, dense_apply, _steps(anchor, dim, apply, lookup), rehash)
 
 
 def _steps(anchor: str | None, dim: int, apply: Any, lookup: Any) -> Any:

@@ -95,6 +95,7 @@ class VnodeTable:
         if kernels is None:
             kernels = kernels_for(optimizer, dim, storage)
         self._apply_kernel: Any = kernels.apply
+        self._rehash: Any = kernels.request.rehash if kernels.request is not None else hash_loops.rehash
         self._okind, self._ohp = optimizer.kind, optimizer.params()
         self._ikind, self._ihp = initializer.kind, initializer.params()
         self._seed = np.uint64(seed)
@@ -150,7 +151,7 @@ class VnodeTable:
         old_bytes = self.slots.nbytes
         self._alloc(cap)
         no_life = np.zeros((0, 0), np.float32)
-        hash_loops.rehash(old_keys, old_meta, old_rows, old_life if old_life is not None else no_life, self.keys,
+        self._rehash(old_keys, old_meta, old_rows, old_life if old_life is not None else no_life, self.keys,
                           self._meta, self.rows, self.life if self.life is not None else no_life)
         return old_bytes if on_heap(old_bytes) and not on_heap(self.slots.nbytes) else 0
 

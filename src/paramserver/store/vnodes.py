@@ -31,7 +31,7 @@ from paramserver.store.loops.step_groups import EXAMPLES, GROW, KEYS, OCCURRENCE
 from paramserver.store.memory import available_memory, heap_released, populating_later
 from paramserver.store.readahead import warm as warm_readahead
 from paramserver.store.specialize import MAX_DIM
-from paramserver.store.table import COLD_LOAD, VnodeTable
+from paramserver.store.table import COLD_LOAD, MIN_CAPACITY, VnodeTable
 from paramserver.store.tiers import Tiers
 from paramserver.tables.optim import OP_UPDATE
 from paramserver.tables.spec import TableSpec
@@ -431,12 +431,13 @@ def _exercise(spec: TableSpec) -> None:
     _exercised.add(row)
     scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
                                  storage=spec.storage, key_bits=min(spec.key_bits, 8)), 1, [0])
-    keys, vnodes, counts = np.ones(1, np.uint64), np.zeros(1, np.int32), np.ones(1, np.int64)
-    grads = np.zeros((1, spec.dim), np.float32)
+    n = MIN_CAPACITY  # more keys than the first capacity holds: a hash vnode grows (its row's ``rehash``)
+    keys, vnodes, counts = np.arange(1, n + 1, dtype=np.uint64), np.zeros(1, np.int32), np.full(1, n, np.int64)
+    grads = np.zeros((n, spec.dim), np.float32)
     for a in (keys, vnodes, counts, grads):
         a.flags.writeable = False  # as a request's frames arrive
     scratch.apply(vnodes, counts, keys, grads)
-    scratch.lookup(vnodes, counts, keys, np.empty((1, spec.dim), np.float32))
+    scratch.lookup(vnodes, counts, keys, np.empty((n, spec.dim), np.float32))
 
 
 def exercise_steps(spec: TableSpec) -> None:

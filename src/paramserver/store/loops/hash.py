@@ -25,6 +25,9 @@ COUNT, HAS_ZERO = 0, 1
 #: rows are prefetched this many keys ahead of their use (a row is a cache miss, and an
 #: update's arithmetic leaves the CPU too few keys in flight to overlap the misses itself)
 PREFETCH_AHEAD = 24
+#: rebound per row (``store/specialize.py``): the columns of a row ``rehash`` copies, 0: the
+#: rows' own (a clone for the row's width copies it as a compile-time constant)
+WIDTH = 0
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -165,10 +168,14 @@ def rehash(old_keys, old_meta, old_rows, old_life, new_keys, new_meta, new_rows,
     writes walk forward and the hardware's prefetcher follows them: fetching the home of a
     key ahead only hashed every key twice (the default job's vnodes, ~21 000 keys: 16.0
     against 14.2 ns a key moved; 2·10^5 keys: 34-39 either way).  Fingerprints' twins keep
-    a slot each, as they had (``tags.py``)."""
+    a slot each, as they had (``tags.py``).  A table's own clone (``WIDTH`` its row's
+    columns) copies a row with no loop over a width it does not know: a vnode of 21 000
+    dim-1 FTRL keys moved in 5.9-6.0 ns a key against 12.6-12.7 (three runs in turn; 2·10^5
+    keys: 17.8-18.0 against 19.6-19.9), the default job's server growing in 0.081-0.096 s
+    against 0.104-0.105 (``bench/server_replay.py``)."""
     cap_old = old_keys.shape[0]
     cap = new_keys.shape[0]
-    width, life_width = old_rows.shape[1], old_life.shape[1]
+    width, life_width = WIDTH if WIDTH else old_rows.shape[1], old_life.shape[1]
     for j in range(width):  # key 0 keeps the last row
         new_rows[cap, j] = old_rows[cap_old, j]
     for j in range(life_width):
