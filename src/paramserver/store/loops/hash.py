@@ -39,19 +39,7 @@ def find(tkeys, meta, key):
 @njit(inline="always", nogil=True, cache=True)
 def find_from(tkeys, meta, key, s):
     """Slot of ``key``, probing from its home slot ``s`` (ignored for key 0), or -1."""
-    cap = tkeys.shape[0]
-    if key == 0:
-        return cap if meta[HAS_ZERO] else -1
-    tag = tag_of(tkeys, key)
-    while True:
-        k = tkeys[s]
-        if k == tag:
-            return s
-        if k == 0:
-            return -1
-        s += 1
-        if s == cap:
-            s = 0
+    return _probe(tkeys, meta, key, s, False)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -59,6 +47,14 @@ def probe_from(tkeys, meta, key, s):
     """``find_from`` that says where a missing key's probe ended: the slot of ``key``
     (>= 0), else ``-2 - e`` where ``e`` is the empty slot the probe met (a ``claim`` of the
     key, with nothing stored since, takes ``e``), or -1 for key 0 not stored."""
+    return _probe(tkeys, meta, key, s, True)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _probe(tkeys, meta, key, s, where):
+    """The probe of ``find_from`` (``where`` False) and ``probe_from`` (True), inlined with
+    ``where`` a constant: a ``max`` of ``probe_from``'s answer and -1 for ``find_from`` cost a
+    million-key pull 12 % (three pairs in turn)."""
     cap = tkeys.shape[0]
     if key == 0:
         return cap if meta[HAS_ZERO] else -1
@@ -68,7 +64,7 @@ def probe_from(tkeys, meta, key, s):
         if k == tag:
             return s
         if k == 0:
-            return -2 - s
+            return -2 - s if where else -1
         s += 1
         if s == cap:
             s = 0
