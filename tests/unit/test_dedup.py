@@ -83,3 +83,18 @@ def test_a_sender_that_never_acknowledges_is_bounded(monkeypatch):
         d.fresh(7, 100, -1, v)
     assert not d.fresh(7, 50, -1, v).any()  # a retry of one on record is still recognised
     assert d.fresh(7, 100, 99, v).all()  # once it acknowledges, the record shrinks and it goes on
+
+
+def test_a_steps_batches_are_unseen_until_one_is_on_record_and_marked_each_where_it_went():
+    """A step's batches (pushes ``first`` on, ``server/steps._whole``): taken whole only while
+    none is on record, and recorded each at its own vnodes."""
+    d = Dedup(8)
+    assert d.unseen(3, 9, 10, 4)  # pushes 10-13, all newer than acked 9
+    d.mark(3, 12, np.array([5], np.int32))  # a retry of push 12 reached vnode 5 before
+    assert not d.unseen(3, 9, 10, 4) and d.unseen(3, 9, 10, 2) and d.unseen(3, 9, 13, 3)
+    d.mark_many(3, 20, [np.array([0, 1], np.int32), np.array([], np.int32), np.array([7], np.int32)])
+    np.testing.assert_array_equal(d.fresh(3, 20, 9, np.arange(8, dtype=np.int32)), [0, 0, 1, 1, 1, 1, 1, 1])
+    assert d.fresh(3, 21, 9, np.arange(8, dtype=np.int32)).all()  # on record, applied nowhere
+    np.testing.assert_array_equal(d.fresh(3, 22, 9, np.array([6, 7], np.int32)), [True, False])
+    assert not d.unseen(3, 9, 19, 2) and d.unseen(3, 9, 23, 5)
+    assert not d.unseen(3, 23, 23, 5)  # push 23 acknowledged: not new

@@ -329,25 +329,25 @@ class DataPlane:
         to none of its vnodes yet, and has room on its sender's record: then they may be taken
         whole (``server/steps.py``) and recorded by ``mark_applied`` as they are.  Else (a
         retry that reached some of them) they go one by one, as ``applied`` takes a push."""
+        numbered = self._numbered(pushes[0]) if pushes else None
+        if numbered is None:
+            return False
+        sender, seq, acked = numbered
+        for k, msg in enumerate(pushes):  # one header: its sender and acked, seq, seq + 1, ... (``_on_steps``)
+            h = msg.header
+            if h.get("sender") != sender or h.get("seq") != seq + k or h.get("acked", -1) != acked:
+                return False
         dedup = self.state.dedup[table.spec.name]
-        sender = None
-        for msg in pushes:
-            numbered = self._numbered(msg)
-            if numbered is None:
-                return False
-            sender, seq, acked = numbered
-            if not dedup.fresh(sender, seq, acked, msg.arrays[1]).all():
-                return False
-        return sender is not None and dedup.room(sender) >= len(pushes)
+        return dedup.unseen(sender, acked, seq, len(pushes)) and dedup.room(sender) >= len(pushes)
 
     def mark_applied(self, table: VnodeStore, pushes: list[Message]) -> None:
         """Record ``pushes`` (checked by ``unapplied``) as applied to all their vnodes: the
         exactly-once record and the table's version, as ``applied`` records a push."""
-        dedup = self.state.dedup[table.spec.name]
-        for msg in pushes:
-            dedup.mark(msg.header["sender"], msg.header["seq"], msg.arrays[1])
-            if msg.arrays[0].shape[0]:
-                table.version += 1
+        if not pushes:
+            return
+        self.state.dedup[table.spec.name].mark_many(pushes[0].header["sender"], pushes[0].header["seq"],
+                                                    [msg.arrays[1] for msg in pushes])
+        table.version += sum(1 for msg in pushes if msg.arrays[0].shape[0])
 
     def _apply(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray,
                vnodes: np.ndarray, counts: np.ndarray) -> None:

@@ -88,6 +88,16 @@ class Dedup:
                                 f"{MAX_UNACKED}: a client sends acked = the last seq all before which were answered")
         return np.ones(vnodes.shape[0], bool) if done is None else ~done[vnodes]
 
+    def unseen(self, sender: int, acked: int, first: int, n: int) -> bool:
+        """Whether pushes ``first`` to ``first + n - 1`` of ``sender`` are all newer than its
+        ``acked`` and on no record yet (applied to no vnode): a step's batches taken whole
+        (``DataPlane.unapplied``); one that is on record goes the way ``fresh`` sorts it."""
+        s = self._sender(sender, acked)
+        if first <= s.acked:
+            return False
+        seen = s.seen
+        return not any(q in seen for q in range(first, first + n))
+
     def room(self, sender: int) -> int:
         """How many more pushes of ``sender`` newer than its acked may go on record."""
         s = self.senders.get(sender)
@@ -95,11 +105,16 @@ class Dedup:
 
     def mark(self, sender: int, seq: int, vnodes: np.ndarray) -> None:
         """Record push ``seq`` as applied to ``vnodes``."""
-        s = self._sender(sender, -1)
-        done = s.seen.get(seq)
-        if done is None:
-            done = s.seen[seq] = np.zeros(self.n_vnodes, bool)
-        done[vnodes] = True
+        self.mark_many(sender, seq, [vnodes])
+
+    def mark_many(self, sender: int, first: int, vnodes: list[np.ndarray]) -> None:
+        """Record pushes ``first``, ``first + 1``, ... as applied to ``vnodes[0]``, ``vnodes[1]``, ..."""
+        seen = self._sender(sender, -1).seen
+        for k, where in enumerate(vnodes):
+            done = seen.get(first + k)
+            if done is None:
+                done = seen[first + k] = np.zeros(self.n_vnodes, bool)
+            done[where] = True
 
     # ---- a vnode's record travels with it ------------------------------------------
     def export(self, vnode: int) -> list[list[Any]]:
