@@ -431,7 +431,9 @@ def _exercise(spec: TableSpec) -> None:
     _exercised.add(row)
     scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
                                  storage=spec.storage, key_bits=min(spec.key_bits, 8)), 1, [0])
-    n = MIN_CAPACITY  # more keys than the first capacity holds: a hash vnode grows (its row's ``rehash``)
+    # a hash vnode: more keys than its first capacity holds, so it grows (its row's ``rehash``);
+    # a dense one (of as few as 2 keys) never grows
+    n = 1 if spec.key_bits else MIN_CAPACITY
     keys, vnodes, counts = np.arange(1, n + 1, dtype=np.uint64), np.zeros(1, np.int32), np.full(1, n, np.int64)
     grads = np.zeros((n, spec.dim), np.float32)
     for a in (keys, vnodes, counts, grads):
