@@ -33,7 +33,7 @@ from numba import njit
 from paramserver._runtime.intrinsics import prefetch_address
 from paramserver.routing.hashing import dense_pos, hash64, layout_bits, slot_of_hash
 from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows, work_slot
-from paramserver.store.loops.hash import COUNT, claim, find_from, probe_from
+from paramserver.store.loops.hash import COUNT, claim, probe_from
 from paramserver.store.loops.views import LIMIT, N_ROWS, ROWS, SLOTS, START, STRIDE, dense_arrays, hash_arrays
 from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
 
@@ -109,7 +109,7 @@ def lookup_request(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, foun
         for i in range(a, b):
             prefetch_address(address[i + AHEAD])
             key = keys[i]
-            s = probe_from(tkeys, meta, key, home[i]) if keep else find_from(tkeys, meta, key, home[i])
+            s = probe_from(tkeys, meta, key, home[i])  # < 0: not stored (where its probe ended, kept below)
             if keep:
                 found[i] = s
                 if s >= 0:
