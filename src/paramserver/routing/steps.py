@@ -20,17 +20,51 @@ from paramserver.routing.hashing import vnode_of_key
 from paramserver.routing.ring import Ring
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _group_batch(keys, inverse, n_vnodes, vnode_rank, by_rank, layout, skeys, rank, seg_vnodes, seg_counts,  # type: ignore[no-untyped-def]
+                 counts, fill, bucket, place):
+    """One batch: its distinct ``keys`` into ``skeys`` by the rank of their vnode (a counting
+    sort, stable; ``skeys`` may be narrower, its caller knows they fit), each occurrence's key
+    (``inverse``) as its place among them into ``rank``, and its vnode segments (vnode, keys),
+    in rank order, into ``seg_vnodes``/``seg_counts``.  The segments, or -1 where an
+    occurrence names none of its keys.  ``counts``, ``fill``: scratch of ``n_vnodes``;
+    ``bucket``, ``place``: of the keys."""
+    m = keys.shape[0]
+    counts[:] = 0
+    for i in range(m):
+        r = vnode_rank[vnode_of_key(keys[i], n_vnodes, layout)]
+        bucket[i] = r
+        counts[r] += 1
+    p, s = 0, 0
+    for r in range(n_vnodes):
+        fill[r] = p
+        if counts[r]:
+            seg_vnodes[s] = by_rank[r]
+            seg_counts[s] = counts[r]
+            s += 1
+        p += counts[r]
+    for i in range(m):
+        r = bucket[i]
+        q = fill[r]
+        skeys[q] = keys[i]
+        place[i] = q
+        fill[r] = q + 1
+    for j in range(inverse.shape[0]):
+        u = inverse[j]
+        if u < 0 or u >= m:
+            return -1
+        rank[j] = place[u]
+    return s
+
+
 @njit(nogil=True, cache=True)
 def _group_steps(key_like, key_at, inv_like, inv_at, sizes, n_vnodes, vnode_rank, by_rank, layout, skeys, rank,  # type: ignore[no-untyped-def]
                  seg_vnodes, seg_counts, seg_ends):
     """For each batch b (its keys ``sizes[b, 0]`` uint64 at address ``key_at[b]``, its
     occurrences ``sizes[b, 1]`` int64 at ``inv_at[b]``; ``key_like``, ``inv_like``: arrays
-    of those types): its keys into its own range of ``skeys`` by the rank of their vnode (a
-    counting sort, stable; ``skeys`` may be narrower, its caller knows they fit), each
-    occurrence's key as its place among them into ``rank``, and its vnode segments (vnode,
-    keys), in rank order, appended to ``seg_vnodes``/``seg_counts``, ``seg_ends[b]`` the
-    segments so far.  The segments in all, or ``-1 - b`` where an occurrence of batch b
-    names none of its keys."""
+    of those types): ``_group_batch`` into its own ranges of ``skeys`` and ``rank``, its
+    segments appended to ``seg_vnodes``/``seg_counts``, ``seg_ends[b]`` the segments so far.
+    The segments in all, or ``-1 - b`` where an occurrence of batch b names none of its keys."""
     counts = np.empty(n_vnodes, np.int64)
     fill = np.empty(n_vnodes, np.int64)
     bucket = np.empty(skeys.shape[0], np.int32)
@@ -40,30 +74,11 @@ def _group_steps(key_like, key_at, inv_like, inv_at, sizes, n_vnodes, vnode_rank
         m, nnz = sizes[b, 0], sizes[b, 1]
         keys = view_like(key_like, key_at[b], m, 8)  # type: ignore[call-arg,var-annotated]  # (an intrinsic's typing)
         inverse = view_like(inv_like, inv_at[b], nnz, 8)
-        counts[:] = 0
-        for i in range(m):
-            r = vnode_rank[vnode_of_key(keys[i], n_vnodes, layout)]
-            bucket[a + i] = r
-            counts[r] += 1
-        p = a
-        for r in range(n_vnodes):
-            fill[r] = p
-            if counts[r]:
-                seg_vnodes[s] = by_rank[r]
-                seg_counts[s] = counts[r]
-                s += 1
-            p += counts[r]
-        for i in range(m):
-            r = bucket[a + i]
-            q = fill[r]
-            skeys[q] = keys[i]
-            place[a + i] = q - a
-            fill[r] = q + 1
-        for j in range(nnz):
-            u = inverse[j]
-            if u < 0 or u >= m:
-                return -1 - b
-            rank[j0 + j] = place[a + u]
+        got = _group_batch(keys, inverse, n_vnodes, vnode_rank, by_rank, layout, skeys[a:a + m], rank[j0:j0 + nnz],
+                           seg_vnodes[s:], seg_counts[s:], counts, fill, bucket[a:a + m], place[a:a + m])
+        if got < 0:
+            return -1 - b
+        s += got
         seg_ends[b] = s
         a, j0 = a + m, j0 + nnz
     return s
@@ -138,3 +153,4 @@ def route_steps(ring: Ring, keys: Sequence[np.ndarray], inverse: Sequence[np.nda
     if s < 0:
         return -1 - int(s)
     return skeys, rank, seg_vnodes[:s], seg_counts[:s], seg_ends
+
