@@ -383,3 +383,24 @@ def test_a_criteo_batch_knows_its_values_are_ones_through_cuts_and_joins(tmp_pat
     assert crit.values().size == 0
     with pytest.raises(ValueError):
         empty.resize(3)
+
+
+def test_a_criteo_batch_makes_no_values_unless_they_are_read(tmp_path):
+    """A parser's all-ones batch holds no values (``held_vals`` None) through cuts and joins of
+    such batches: the step path (``values()``) never makes them; reading ``vals`` makes them,
+    ones, once.  A join with a batch that holds its values holds them all, in order; a batch
+    whose values are unknown cannot leave them out."""
+    from paramserver.data.batch import Batch, concat_batches, slice_batch
+
+    crit = read_all([write(tmp_path / "a.tsv", CRITEO_LINE * 5)], DataFormat("criteo"))
+    part = slice_batch(crit, 1, 4)
+    joined = concat_batches([part, slice_batch(crit, 0, 2)])
+    for b in (part, joined):
+        assert b.held_vals is None and b.values().size == 0 and b.held_vals is None
+    assert joined.vals.dtype == np.float32 and joined.vals.tolist() == [1.0] * joined.keys.size
+    assert joined.held_vals is joined.vals  # made once
+    svm = read_all([write(tmp_path / "b.svm", "1 3:0.5\n")], DataFormat("libsvm"))
+    mixed = concat_batches([part, svm])
+    assert not mixed.ones and mixed.vals.tolist() == [1.0] * part.keys.size + [1.0, 0.5]
+    with pytest.raises(ValueError, match="ones=True"):
+        Batch(svm.labels, svm.indptr, svm.keys, None)

@@ -113,15 +113,35 @@ class Shard:
         return max(0, end - self.start)
 
 
-@dataclass
 class Batch:
-    labels: np.ndarray  # float32[n]
-    indptr: np.ndarray  # int64[n + 1]
-    keys: np.ndarray  # uint64[nnz]
-    vals: np.ndarray  # float32[nnz]
-    #: every value is 1, as the parser that made the batch knows (a CTR row's features): a
-    #: step then sends none without reading them (``values``).  False: not known, read to see.
-    ones: bool = False
+    """Examples in CSR form: ``labels`` float32[n], ``indptr`` int64[n + 1], ``keys``
+    uint64[nnz] and ``vals`` float32[nnz].
+
+    ``ones``: every value is 1, as the parser that made the batch knows (a CTR row's
+    features): a step then sends none without reading them (``values``), and ``vals`` may be
+    given as None, made only if something reads it (the default job's steps never do: its
+    4·10^7 ones, made, re-cut by the ramp and dropped, cost its worker ~0.03 s).  False: not
+    known, read to see."""
+
+    __slots__ = ("labels", "indptr", "keys", "_vals", "ones")
+
+    def __init__(self, labels: np.ndarray, indptr: np.ndarray, keys: np.ndarray, vals: np.ndarray | None,
+                 ones: bool = False):
+        if vals is None and not ones:
+            raise ValueError("a batch's values may be left out (None) only where every one is 1 (ones=True)")
+        self.labels, self.indptr, self.keys, self._vals, self.ones = labels, indptr, keys, vals, ones
+
+    @property
+    def vals(self) -> np.ndarray:
+        """The values (made on first read where they were left out: all ones)."""
+        if self._vals is None:
+            self._vals = np.ones(self.keys.shape[0], np.float32)
+        return self._vals
+
+    @property
+    def held_vals(self) -> np.ndarray | None:
+        """The values as held: None where left out (all ones, none made yet)."""
+        return self._vals
 
     def values(self) -> np.ndarray:
         """``vals``, or none at all (an empty array: every value 1, as a step's arithmetic
@@ -191,7 +211,8 @@ class DataFormat:
 
 def slice_batch(b: Batch, lo: int, hi: int) -> Batch:
     a, z = int(b.indptr[lo]), int(b.indptr[hi])
-    return Batch(b.labels[lo:hi], b.indptr[lo: hi + 1] - a, b.keys[a:z], b.vals[a:z], b.ones)
+    vals = b.held_vals
+    return Batch(b.labels[lo:hi], b.indptr[lo: hi + 1] - a, b.keys[a:z], None if vals is None else vals[a:z], b.ones)
 
 
 def concat_batches(batches: list[Batch]) -> Batch:
@@ -199,9 +220,10 @@ def concat_batches(batches: list[Batch]) -> Batch:
         return batches[0]
     offsets = np.cumsum([0] + [int(b.indptr[-1]) for b in batches[:-1]])
     indptr = np.concatenate([batches[0].indptr[:1]] + [b.indptr[1:] + o for b, o in zip(batches, offsets)])
+    ones = all(b.ones for b in batches)
+    vals = None if ones and any(b.held_vals is None for b in batches) else np.concatenate([b.vals for b in batches])
     return Batch(np.concatenate([b.labels for b in batches]), indptr,
-                 np.concatenate([b.keys for b in batches]), np.concatenate([b.vals for b in batches]),
-                 all(b.ones for b in batches))
+                 np.concatenate([b.keys for b in batches]), vals, ones)
 
 
 _slice, _concat = slice_batch, concat_batches  # the reader's spellings (inside data/)

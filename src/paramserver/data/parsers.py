@@ -52,7 +52,7 @@ class CriteoParser:
     def _batch(self) -> Batch:
         n, k = self.filled, parse.CRITEO_KEYS
         return Batch(self.labels[:n], np.arange(0, (n + 1) * k, k, dtype=np.int64),
-                     self.keys[:n].reshape(-1), np.ones(n * k, np.float32), ones=True)
+                     self.keys[:n].reshape(-1), None, ones=True)
 
     def feed(self, arr: np.ndarray, base: int, shard: Shard, stats: dict[str, Any]) -> Iterator[Batch]:
         offset = 0
@@ -95,7 +95,7 @@ class CsvParser(CriteoParser):
     def _batch(self) -> Batch:
         n, k = self.filled, self.columns.keys_per_row
         return Batch(self.labels[:n], np.arange(0, (n + 1) * k, k, dtype=np.int64),
-                     self.keys[:n].reshape(-1), np.ones(n * k, np.float32), ones=True)
+                     self.keys[:n].reshape(-1), None, ones=True)
 
     def _parse(self, arr: np.ndarray, f: int) -> tuple[Any, ...]:
         out: tuple[Any, ...] = csv.parse_csv(arr, self.size - f, self.fmt.skip_bad, self.fmt.mask, self.columns.roles,

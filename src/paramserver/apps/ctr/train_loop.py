@@ -120,8 +120,9 @@ def _item_bytes(item: tuple[Any, ...]) -> int:
     _, batch, uniq, inverse, _ = item
     if batch is None:  # a shard's end
         return 0
-    return int(batch.keys.nbytes + batch.vals.nbytes + batch.indptr.nbytes + batch.labels.nbytes + uniq.nbytes
-               + inverse.nbytes)
+    vals = batch.held_vals
+    return int(batch.keys.nbytes + (0 if vals is None else vals.nbytes) + batch.indptr.nbytes + batch.labels.nbytes
+               + uniq.nbytes + inverse.nbytes)
 
 
 def _stepping(client: Client, cfg: TrainConfig) -> bool:
