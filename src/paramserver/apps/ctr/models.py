@@ -121,14 +121,15 @@ class Model:
         own update: progressive validation)."""
         if self.deep is not None:
             return self.deep.scored_step(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
-        grads, loss, p = step(self.name, batch.indptr, batch.vals, batch.labels, inverse, rows, self.l2)
+        grads, loss, p = step(self.name, batch.indptr, batch.values(), batch.labels, inverse, rows, self.l2)
         return grads, loss, None, p
 
     def predict(self, batch: Batch, inverse: np.ndarray, rows: np.ndarray,
                 dense: np.ndarray | None = None) -> np.ndarray:
         if self.deep is not None:
             return self.deep.predict(batch, inverse, rows, _flat(dense, self.deep.mlp.size))
-        return step(self.name, batch.indptr, batch.vals, batch.labels, inverse, rows, self.l2, want_grads=False)[2]
+        return step(self.name, batch.indptr, batch.values(), batch.labels, inverse, rows, self.l2,
+                    want_grads=False)[2]
 
 
 # AdaGrad on the factors: v -= lr * g / sqrt(G0 + the sum of g² so far).  A factor's
