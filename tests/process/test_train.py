@@ -170,10 +170,9 @@ def test_parsed_shard_cache_gives_the_same_training(tmp_path):
     b = run_training(cached, [path], [path], servers=1, workers=1, shard_bytes=600_000)
     shards = make_shards([path], 600_000)
     assert len(shards) > 1
-    # one file per training shard (written in epoch 1, read in epoch 2), and the test file's: one where it
-    # is read alongside the job (``reads_alongside``), else one for each byte range it is read in after it
-    test_files = 1 if test_set.reads_alongside(1, 1) else test_set.READERS
-    assert len(os.listdir(cache)) == len(shards) + test_files
+    # one file per training shard (written in epoch 1, read in epoch 2) and one for each byte range
+    # the test file is read in once the job is done
+    assert len(os.listdir(cache)) == len(shards) + test_set.READERS
     c = run_training(cached, [path], [path], servers=1, workers=1, shard_bytes=600_000)  # all from cache
     for r in (a, b, c):
         assert r["examples"] == 2 * 7_999 and r["bad_lines"] == 2

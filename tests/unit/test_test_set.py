@@ -72,33 +72,3 @@ def test_a_bad_line_in_a_later_range_is_named_with_its_line(tmp_path, monkeypatc
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"t\.tsv:901: the label"):
         _read([str(path)], DataFormat(), monkeypatch, 2, part_rows=64)
-
-
-def test_rows_read_while_the_job_trains_start_only_when_asked_and_at_the_idle_class(tmp_path, monkeypatch):
-    """Read alongside the job (``while_training``), the rows are read once ``start`` is called
-    (after the job's own start: a reader preempted with the GIL held kept the driver waiting),
-    in a thread at the idle scheduling class where Linux has one, each part deduplicated there:
-    the same rows and keys as read after the job."""
-    path = str(tmp_path / "test.tsv")
-    write_synth(path, 3000, seed=4)
-    fmt = DataFormat("criteo")
-    policies = []
-    read_idle = test_set._read_idle
-
-    def watched(paths, fmt):
-        got = read_idle(paths, fmt)
-        policies.append(test_set.os.sched_getscheduler(0) if hasattr(test_set.os, "sched_getscheduler") else None)
-        return got
-
-    monkeypatch.setattr(test_set, "_read_idle", watched)
-    monkeypatch.setattr(test_set, "PART_ROWS", 700)
-    with test_set.TestSet([path], fmt, while_training=True) as tests:
-        assert tests.reading is None  # nothing read before the job has started
-        tests.start()
-        parts = list(tests.parts())
-    assert len(parts) == 5  # PART_ROWS a part
-    for part, (uniq, inverse) in parts:
-        assert np.array_equal(uniq[inverse], part.keys)
-    _same_rows(parts, read_all([path], fmt))
-    if test_set.sys.platform.startswith("linux"):
-        assert policies == [test_set.os.SCHED_IDLE]

@@ -1,22 +1,18 @@
 """A ``train`` job's test set (``--test``): its first rows checked before the job, its rows
-read while the job trains, on the cores the job leaves idle (``reads_alongside``), else once
-it is done, and scored a part at a time.
+read while the job trains where a core is spare for them, else once it is done, and
+scored a part at a time.
 
-Read after the job, each file is cut into ``READERS`` byte ranges whose parts are parsed
-and deduplicated at once, in threads of their own, and handed over in the file's order
-while the part before is pulled and scored, a part's pull in flight while the one before it
-is scored: the driver's end of a 10^6-row job went from 0.25 s to 0.13 s for its 10^5 test
-rows with one such thread, and from ~0.11 s to ~0.09 s with two (below, ``READERS``).  Read
-while the job trains, at the idle scheduling class (Linux ``SCHED_IDLE``: a core nothing
-else wants), the rows are parsed and deduplicated by the end, and the driver's end is their
-pulls and scores alone.
+Read after the job (2 cores, a 1 + 1 job), each file is cut into ``READERS`` byte ranges
+whose parts are parsed and deduplicated at once, in threads of their own, and handed over
+in the file's order while the part before is pulled and scored, a part's pull in flight
+while the one before it is scored: the driver's end of a 10^6-row job went from 0.25 s to
+0.13 s for its 10^5 test rows with one such thread, and from ~0.11 s to ~0.09 s with two
+(below, ``READERS``).
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import threading
 from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -69,24 +65,6 @@ def core_to_spare(servers: int, workers: int) -> bool:
     return cores > servers + workers + 1
 
 
-def reads_alongside(servers: int, workers: int) -> bool:
-    """Whether the test rows are read while the job trains: where this machine has a core to
-    spare for them (``core_to_spare``), or where a thread can take the idle scheduling class
-    (Linux's ``SCHED_IDLE``), which runs it only on a core the nodes leave idle.  At nice 19
-    instead, reading 10^5 rows alongside a 1 + 1 job on 2 cores cost it ~5 % of its
-    examples/s; read after it, the rows cost the command's end ~0.1 s."""
-    return core_to_spare(servers, workers) or (sys.platform.startswith("linux") and hasattr(os, "SCHED_IDLE"))
-
-
-def _idle_priority() -> None:
-    """This thread at the idle scheduling class (Linux ``SCHED_IDLE``), where it can be; else
-    as nice as it can be (``lower_priority``)."""
-    try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):  # not Linux, or not allowed here
-        lower_priority(19)
-
-
 def check_head(paths: list[str], fmt: DataFormat) -> None:
     """Parse the first rows of every test file (up to 1 MiB of a plain one): a wrong format
     or a malformed first line is said before the job, even when the rest is read after it."""
@@ -96,11 +74,11 @@ def check_head(paths: list[str], fmt: DataFormat) -> None:
         next(read_batches(Shard(path, 0, end), fmt, 4096), None)  # dropped at once: its file is closed
 
 
-def _read_idle(paths: list[str], fmt: DataFormat) -> list[tuple[Batch, Distinct]]:
-    """``read_parts``, each part with its distinct keys, at the lowest CPU priority there is
-    (``_idle_priority``): the test rows read while the job starts and trains give way to the nodes."""
-    _idle_priority()
-    return list(_deduplicated(read_parts(paths, fmt, PART_ROWS)))
+def _read_niced(paths: list[str], fmt: DataFormat) -> list[Batch]:
+    """``read_parts`` at the lowest CPU priority (``Prefetch``'s ``lower_priority``, by as
+    much as there is): the test rows read while the job starts and trains give way to the nodes."""
+    lower_priority(19)
+    return read_parts(paths, fmt)
 
 
 def _read_parts(paths: list[str], fmt: DataFormat) -> Generator[tuple[Batch, Distinct], None, None]:
@@ -138,29 +116,22 @@ class TestSet:
     Args:
         paths: the ``--test`` files (none: no test set).
         fmt: their format, the training data's.
-        while_training: read them while the job trains (``reads_alongside``), else after.
+        while_training: read them while the job trains (``core_to_spare``), else after.
     """
 
     def __init__(self, paths: list[str], fmt: DataFormat, while_training: bool):
-        self.paths, self.fmt, self.while_training = paths, fmt, while_training
+        self.paths, self.fmt = paths, fmt
         self._scope = ExitStack()
-        self.reading: Future[list[tuple[Batch, Distinct]]] | None = None
-
-    def start(self) -> None:
-        """Start reading the rows while the job trains (where ``while_training``): called once
-        the job has started, not before.  A thread that runs only on an idle core still holds
-        the GIL now and then, and preempted then, it kept the driver's own start of the job
-        waiting (the first example 0.05-0.3 s late in some runs)."""
-        if self.paths and self.while_training and self.reading is None:
-            # a thread only now: the nodes were forked
-            reader = self._scope.enter_context(ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader"))
-            self.reading = reader.submit(_read_idle, self.paths, self.fmt)
+        # a thread only now: the nodes were forked
+        reader = self._scope.enter_context(ThreadPoolExecutor(1, thread_name_prefix="paramserver-test-reader"))
+        self.reading: Future[list[Batch]] | None = \
+            reader.submit(_read_niced, paths, fmt) if paths and while_training else None
 
     def parts(self) -> Iterator[tuple[Batch, Distinct]] | None:
         """The parts and their distinct keys, once the job is done: those read meanwhile, or
         read now, a part at a time, each deduplicated while the one before is scored."""
         if self.reading is not None:
-            return iter(self.reading.result())
+            return _deduplicated(self.reading.result())
         if not self.paths:
             return None
         parts = _read_parts(self.paths, self.fmt)

@@ -40,7 +40,7 @@ from paramserver.apps.ctr.publishing import JobPublisher, table_report
 from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
 from paramserver.apps.ctr.stream_files import stream_file_report
 from paramserver.apps.ctr.streaming import Feeder, StreamJob, fed, stream_limits, stream_rates
-from paramserver.apps.ctr.test_set import Distinct, TestSet, reads_alongside, scored
+from paramserver.apps.ctr.test_set import Distinct, TestSet, core_to_spare, scored
 from paramserver.apps.ctr.test_set import check_head as check_test_head
 from paramserver.apps.ctr.tier_report import TierPasses
 from paramserver.apps.ctr.train_config import TrainConfig
@@ -139,7 +139,6 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     with open_cluster(servers=servers, workers=workers, **_cluster_options(cfg, plan, cluster_options)) as cluster, \
             TestSet(test, cfg.data, plan.overlap) as test_set:
         table_seconds = _start_job(cluster, cfg, plan, setup, allow_unverified)
-        test_set.start()
         publisher = JobPublisher(publish, publish_every, cfg, plan.spec) if publish else None
         with fed(cluster.client, plan.source, stream, checkpoints=plan.checkpoints is not None,
                  position=plan.stream_position) as feeder:
@@ -252,7 +251,7 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
     step, progress, spec = (None, None, spec) if not resume else \
         stream_resume_point(resume, source, spec, cfg, allow_unverified) if source is not None else \
         train_resume_point(resume, shards, spec, cfg, data, shard_bytes, allow_unverified)
-    overlap = reads_alongside(servers, workers)  # else the test rows are read after the job
+    overlap = core_to_spare(servers, workers)  # else the test rows are read after the job
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
         if not overlap:
@@ -290,7 +289,7 @@ class _Ran:
     tier_passes: list[dict[str, float]] = field(default_factory=list)  # a memory budget's hit rate a pass
 
 
-def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[tuple[Batch, Distinct]]] | None, *,
+def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | None, *,
              on_progress: Callable[[dict[str, Any], float], None] | None, allow_loss: bool,
              checkpoint_dir: str | None, keep_checkpoints: int, publisher: JobPublisher | None = None,
              feeder: Feeder | None = None) -> _Ran:
