@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["--child"]:
         child(args_in[1:])
-    ours, _, train = (args_in[:args_in.index("--")], None, args_in[args_in.index("--") + 1:]) \
-        if "--" in args_in else (args_in, None, [])
+    cut = args_in.index("--") if "--" in args_in else len(args_in)
+    ours, train = args_in[:cut], args_in[cut + 1:]  # ours, then train's
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=int, default=2999, help="samples a second a core (perf record -F)")
     ap.add_argument("--json", help="write the breakdown here")
