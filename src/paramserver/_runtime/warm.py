@@ -90,7 +90,10 @@ class Warmup:
     servers are forked, then ``workers`` (what the workers and the driver's scoring run)
     before the workers are.  The servers start (imports, registration) while the driver
     loads the workers' kernels.  Where the servers load apart (``servers_load_apart``), each
-    server runs ``servers`` itself once forked, while the driver loads the workers'."""
+    server runs ``servers`` itself once forked, while the driver loads the workers'.
+    ``forked``, if given, is what the driver starts once every node is forked (a thread may
+    start then), while it waits for them to register."""
 
     servers: Callable[[], None]
     workers: Callable[[], None]
+    forked: Callable[[], None] | None = None

@@ -236,6 +236,8 @@ class LocalCluster(RunsFunctions):
             self.address = starts.scheduler_address(self.procs["scheduler"])
         for i in range(self.n_workers):
             self._spawn_worker(i)
+        if warmup.forked is not None:
+            warmup.forked()
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -29,7 +29,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -136,13 +136,15 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
                      publish_every=publish_every, stream=stream, checkpoint_seconds=checkpoint_seconds)
-    with open_cluster(servers=servers, workers=workers, **_cluster_options(cfg, plan, cluster_options)) as cluster, \
-            TestSet(test, cfg.data, plan.overlap) as test_set:
+    test_set = TestSet(test, cfg.data, plan.overlap)  # read from once the nodes are forked
+    with test_set, open_cluster(servers=servers, workers=workers,
+                                **_cluster_options(cfg, plan, cluster_options, test_set.begin)) as cluster:
+        test_set.begin()  # where no node was forked (Ray's actors), now
         table_seconds = _start_job(cluster, cfg, plan, setup, allow_unverified)
         publisher = JobPublisher(publish, publish_every, cfg, plan.spec) if publish else None
         with fed(cluster.client, plan.source, stream, checkpoints=plan.checkpoints is not None,
                  position=plan.stream_position) as feeder:
-            ran = _run_job(cluster, cfg, test_set.reading, on_progress=on_progress, allow_loss=allow_loss,
+            ran = _run_job(cluster, cfg, test_set, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
         cluster.release_workers()  # they leave while the test rows are scored from the servers
@@ -158,10 +160,11 @@ def _nothing(report: dict[str, Any]) -> None:
     pass
 
 
-def _cluster_options(cfg: TrainConfig, plan: _Plan, more: dict[str, Any] | None) -> dict[str, Any]:
+def _cluster_options(cfg: TrainConfig, plan: _Plan, more: dict[str, Any] | None,
+                     forked: Callable[[], None]) -> dict[str, Any]:
     """The local cluster's options: the nodes are forked once this process has loaded what
-    the job runs (its parser, model and table layout)."""
-    warm = warm_job(cfg.data.name, cfg.model, plan.spec)
+    the job runs (its parser, model and table layout), and ``forked`` is called then."""
+    warm = replace(warm_job(cfg.data.name, cfg.model, plan.spec), forked=forked)
     return {"log_level": "WARNING", "warm": warm, **(more or {})}
 
 
@@ -289,7 +292,7 @@ class _Ran:
     tier_passes: list[dict[str, float]] = field(default_factory=list)  # a memory budget's hit rate a pass
 
 
-def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | None, *,
+def _run_job(cluster: Any, cfg: TrainConfig, test_set: TestSet, *,
              on_progress: Callable[[dict[str, Any], float], None] | None, allow_loss: bool,
              checkpoint_dir: str | None, keep_checkpoints: int, publisher: JobPublisher | None = None,
              feeder: Feeder | None = None) -> _Ran:
@@ -308,6 +311,7 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | No
     pruned_at = 0  # checkpoints written when old ones were last pruned
     try:
         # the workers go on through a loss; this loop watches the job's losses and decides
+        test_set.hold()  # the test rows read while the cluster started: the rest once the job is done
         running = pool.submit(cluster.run_elastic, tolerating_loss(train_worker), cfg)
         while not running.done():
             status = client.job.status()
@@ -319,6 +323,7 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_read: Future[list[Batch]] | No
             if checkpoint_dir and keep_checkpoints and written > pruned_at:
                 checkpoint.prune(checkpoint_dir, keep_checkpoints)
                 pruned_at = written
+            test_read = test_set.reading
             if test_read is not None and test_read.done() and (bad := test_read.exception()) is not None:
                 raise bad  # bad test data: stop now, not after the job
             if publisher is not None and publisher.due():
