@@ -375,6 +375,23 @@ def test_train_and_predict_read_standard_input(tmp_path):
     assert empty.returncode == 2 and "standard input is empty" in empty.stderr
 
 
+def test_train_reads_its_test_rows_from_standard_input_and_not_both(tmp_path):
+    """``--test -``: the test rows piped in, all of them scored (its head is not read ahead to check it:
+    a pipe's head read is gone); ``--data - --test -`` is refused by name, not "no examples in -"."""
+    data, test = tmp_path / "d.tsv", tmp_path / "t.tsv"
+    write_synth(str(data), 2000, seed=3)
+    write_synth(str(test), 700, seed=4)
+    report = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", str(data), "--test", "-", "--quiet",
+                           "--metrics-out", str(report)], input=test.read_text(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(report.read_text())["test_examples"] == 700
+    both = subprocess.run([sys.executable, "-m", "paramserver", "train", "--data", "-", "--test", "-", "--quiet"],
+                          input=test.read_text(), capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "--data - and --test -" in both.stderr
+
+
 def test_eval_and_predict_say_what_a_folder_or_a_stray_flag_is_and_predict_writes_to_stdout(tmp_path):
     """Issue 33.4: a raw "[Errno 21] Is a directory", `--out -` written to a file named "-",
     and --label-format pm1 silently ignored with --format criteo."""

@@ -368,6 +368,9 @@ def train(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any]
     if "-" not in args.data:
         _train(args, optimizer, args.data, args.test, _fmt(args))
         return 0
+    if "-" in (args.test or []):
+        raise ConfigError("--data - and --test -: standard input can hold the rows of one of them; write the test "
+                          "rows to a file and pass it to --test")
     # --data -: standard input is spooled to a temporary file first, since the workers (other
     # processes) read the data, by shards, and every epoch reads it again
     with tempfile.TemporaryDirectory(prefix="paramserver-stdin-") as tmp:

@@ -81,6 +81,8 @@ def check_head(paths: list[str], fmt: DataFormat) -> None:
     or a malformed first line is said before the job, even when the rest is read after it."""
     load_numba()  # numba's target as the nodes get it (a first kernel call loads it with a 0.15 s BLAS probe)
     for path in expand(paths):
+        if path == STDIN:  # a head read from a pipe is gone: its rows are checked as they are read
+            continue
         end = min(os.path.getsize(path), 1 << 20) if is_plain_local(path) else -1
         next(read_batches(Shard(path, 0, end), fmt, 4096), None)  # dropped at once: its file is closed
 
