@@ -409,3 +409,23 @@ def test_eval_and_predict_say_what_a_folder_or_a_stray_flag_is_and_predict_write
     assert preds.shape == (50,) and ((preds > 0) & (preds < 1)).all()
     proc = cli("eval", "--model", model, "--data", test, "--label-format", "pm1")
     assert proc.returncode == 2 and "--label-format pm1 applies to --format libsvm" in proc.stderr
+
+
+@pytest.mark.parametrize("model", [Model("lr"), Model("fm", k=4)])
+def test_a_job_of_4_byte_keys_trains_the_model_one_of_8_byte_keys_does(tmp_path, monkeypatch, model):
+    """``train``'s table keeps its folded features in 4 bytes (``TableSpec.key_bytes``): the same
+    steps, the same model to the bit, in less memory a key."""
+    data, test = str(tmp_path / "d.tsv"), str(tmp_path / "t.tsv")
+    write_synth(data, 6_000, seed=11, shape="heavy")
+    write_synth(test, 500, seed=12, shape="heavy")
+    runs, narrows = {}, TrainConfig.narrow_keys
+    for narrow in (True, False):
+        monkeypatch.setattr(TrainConfig, "narrow_keys", lambda self, spec, n=narrow: n and narrows(self, spec))
+        saved = str(tmp_path / f"model-{narrow}")
+        report = run_training(TrainConfig(model), [data], [test], servers=2, workers=1, save=saved)
+        runs[narrow] = (report, evaluate(saved, [test]))
+    (narrow, narrow_eval), (wide, wide_eval) = runs[True], runs[False]
+    assert narrow["key_bytes"] == 4 and wide["key_bytes"] == 8
+    assert narrow["train_logloss"] == wide["train_logloss"] and narrow["logloss"] == wide["logloss"]
+    assert narrow_eval == wide_eval
+    assert narrow["bytes_per_key"] < wide["bytes_per_key"]

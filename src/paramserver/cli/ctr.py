@@ -159,7 +159,8 @@ def _lifecycle_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     if "storage" in report:
         layout = f"{report['table_layout']} table, " if "table_layout" in report else ""
         whole = f": arrays of all 2^{report['hash_bits']} keys" if report.get("table_layout") == "dense" else ""
-        lines += [("table storage", f"{layout}{report['storage']} rows"),
+        narrow = ", 4-byte keys" if report.get("key_bytes") == 4 else ""
+        lines += [("table storage", f"{layout}{report['storage']} rows{narrow}"),
                   ("keys held", f"{report['keys']:,} ({report['bytes_per_key']:.1f} bytes a key, all copies{whole})")]
     if "tiers" in report:
         t = report["tiers"]

@@ -16,6 +16,7 @@ import numpy as np
 
 from paramserver.errors import ProtocolError, UnknownTableError
 from paramserver.routing.ring import Ring
+from paramserver.server.requests import key_fault
 from paramserver.server.state import ServerState
 from paramserver.store.protocol import VnodeStore
 from paramserver.wire.message import Message, field, reply
@@ -86,8 +87,7 @@ def check_install(msg: Message, table: VnodeStore, ring: Ring, name: str, vnode:
     for k in [keys, *[k for _, k, _ in pairs]]:  # a dense table indexes arrays with them
         bad = table.check(np.array([vnode], np.int32), np.array([k.shape[0]], np.int64), k)
         if bad >= 0:
-            raise ProtocolError(f"install of {name!r}/{vnode}: key {int(k[bad])} is not in that vnode of "
-                                f"the dense table (key_bits={table.bits})")
+            raise ProtocolError(f"install of {name!r}/{vnode}: {key_fault(table.spec, int(k[bad]))}")
     return pairs
 
 

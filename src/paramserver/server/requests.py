@@ -21,6 +21,7 @@ from paramserver.routing.ring import Ring
 from paramserver.server.state import ServerState
 from paramserver.store.protocol import VnodeStore
 from paramserver.tables.optim import OP_UPDATE, PUSH_OPS
+from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, field
 
 #: requests with fewer keys run on the loop thread (a thread hand-off costs ~50 µs)
@@ -82,8 +83,15 @@ def check_segments(table: VnodeStore, ring: Ring, keys: np.ndarray, vnodes: np.n
                               f"this server is at ring version {ring.version})")
     bad = table.check(vnodes, counts, keys)  # dense tables index arrays with the keys
     if bad >= 0:
-        raise ProtocolError(f"table {table.spec.name!r} is dense (key_bits={table.bits}): key {int(keys[bad])} "
-                            "is outside the key space or not in the vnode segment it was sent in")
+        raise ProtocolError(key_fault(table.spec, int(keys[bad])))
+
+
+def key_fault(spec: TableSpec, key: int) -> str:
+    """What is wrong with ``key``, which ``VnodeStore.check`` found out of place in ``spec``'s table."""
+    if spec.key_bits:
+        return (f"table {spec.name!r} is dense (key_bits={spec.key_bits}): key {key} is outside the key space or not "
+                "in the vnode segment it was sent in")
+    return f"table {spec.name!r} stores 4-byte keys (key_bytes=4): key {key} is not below 2**32"
 
 
 FAULT_NONE, FAULT_COUNTS, FAULT_TWICE, FAULT_RANGE, FAULT_NOT_PRIMARY = 0, 1, 2, 3, 4

@@ -37,7 +37,8 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
     the disk cache).  ``tables``: a job's own tables, whose request loops (compiled for their
     rows, ``store/specialize.py``) are loaded too: each is a kernel of its own, ~0.1 s from
     the disk cache at a table's first request otherwise; with ``steps``, their steps too
-    (``VnodeSet.steps``: a training job's table takes its batches as steps)."""
+    (``VnodeSet.steps``: a training job's table takes its batches as steps); the hash tables
+    warmed take the job's key width (``TableSpec.key_bytes``), whose loops are others."""
     if is_inherited():
         return
     load_numba()
@@ -49,21 +50,18 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
     # then the job's own, loaded once, and none of another rule's (a user's rule keeps SGD here: its kernels
     # are its own table's, loaded below)
     rule = tables[0].optimizer if tables and tables[0].optimizer.kind != CUSTOM_KIND else SGD()
+    key_bytes = tables[0].key_bytes if tables else 8  # the job's keys: 4-byte keys' loops are others
     for bits, storage in [({"hash": 0, "dense": 8}[layout], s) for layout in layouts for s in storages]:
-        spec = TableSpec("warm-up", optimizer=rule, initializer=Zeros(), key_bits=bits, storage=storage)
+        spec = TableSpec("warm-up", optimizer=rule, initializer=Zeros(), key_bits=bits, storage=storage,
+                         key_bytes=key_bytes if not bits and storage == "float32" else 8)
         VnodeSet(spec, 2, [0, 1])  # a table's vnodes are listed for the kernels one by one
         table = VnodeSet(spec, 1, [0])
         _segment_fault(vnodes, counts, n, 1, np.ones(1, np.bool_), True, table.slot)
         table.check(vnodes, counts, keys)
         table.apply(vnodes, counts, keys, grads)
         table.lookup(vnodes, counts, keys, np.empty((n, 1), np.float32))
-        if not bits:  # the generic loops: other push operations, rows wider than request loops take
-            wide = VnodeSet(TableSpec("warm-up", GENERIC_DIM, optimizer=SGD(), initializer=Zeros(), storage=storage),
-                            1, [0])
-            wide_grads = np.ones((n, GENERIC_DIM), np.float32)
-            wide_grads.flags.writeable = False
-            wide.apply(vnodes, counts, keys, wide_grads)
-            wide.lookup(vnodes, counts, keys, np.empty((n, GENERIC_DIM), np.float32))
+        if not bits:
+            _warm_generic(spec, vnodes, counts, keys)
         table.missing(vnodes, counts, keys)  # a namespace's quota
         stored, rows = table.tables[0].items()  # an export, a checkpoint, a vnode's copy
         table.install(0, stored, rows)  # a copy received (a repair, a join), a restore
@@ -71,12 +69,24 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
     _warm_steps(n)
     for spec in tables:  # their request loops, run once (``store/vnodes._exercise``), and a job's steps
         VnodeSet(TableSpec("warm-up", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                           storage=spec.storage, key_bits=min(spec.key_bits, 8)), 1, [0])
+                           storage=spec.storage, key_bits=min(spec.key_bits, 8), key_bytes=spec.key_bytes), 1, [0])
         if steps:
             exercise_steps(spec)
     if filters:
         # a filtered request's decoding, a filtered reply's encoding
         warm_filters(filters if isinstance(filters, FilterSpec) else None)
+
+
+def _warm_generic(spec: TableSpec, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> None:
+    """The generic loops of ``spec``'s storage and keys: other push operations, rows wider than
+    request loops take."""
+    n = keys.shape[0]
+    wide = VnodeSet(TableSpec("warm-up", GENERIC_DIM, optimizer=SGD(), initializer=Zeros(), storage=spec.storage,
+                              key_bytes=spec.key_bytes), 1, [0])
+    wide_grads = np.ones((n, GENERIC_DIM), np.float32)
+    wide_grads.flags.writeable = False
+    wide.apply(vnodes, counts, keys, wide_grads)
+    wide.lookup(vnodes, counts, keys, np.empty((n, GENERIC_DIM), np.float32))
 
 
 def _warm_steps(n: int) -> None:

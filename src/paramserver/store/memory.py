@@ -141,26 +141,33 @@ def on_heap(nbytes: int) -> bool:
     return nbytes < HUGE_BYTES
 
 
-def new_slots(capacity: int, width: int, dtype: np.dtype[Any]) -> np.ndarray:
+def new_slots(capacity: int, width: int, dtype: np.dtype[Any], key_bytes: int = 8) -> np.ndarray:
     """The bytes of ``capacity + 1`` slots of ``[key (uint64) | row (width x dtype)]``
     (and 4 bytes to shift them by, ``slot_views``)."""
-    return huge_zeros(slots_bytes(capacity, width, dtype))
+    return huge_zeros(slots_bytes(capacity, width, dtype, key_bytes))
 
 
-def slots_bytes(capacity: int, width: int, dtype: np.dtype[Any]) -> int:
+def slots_bytes(capacity: int, width: int, dtype: np.dtype[Any], key_bytes: int = 8) -> int:
     """Bytes of ``new_slots(capacity, width, dtype)``."""
-    return (capacity + 1) * (8 + width * dtype.itemsize) + 4
+    return (capacity + 1) * (key_bytes + width * dtype.itemsize) + 4
 
 
-def slot_views(slots: np.ndarray, capacity: int, width: int, dtype: np.dtype[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """The key column (``uint64[capacity]``) and the rows (``dtype[capacity + 1, width]``)
-    of ``slots``, as views whose stride is a slot: a key and its row share a cache line.
+def slot_views(slots: np.ndarray, capacity: int, width: int, dtype: np.dtype[Any],
+               key_bytes: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """The key column (``uint64[capacity]``, or ``uint32`` where ``key_bytes`` is 4) and the
+    rows (``dtype[capacity + 1, width]``) of ``slots``, as views whose stride is a slot: a key
+    and its row share a cache line.  4-byte keys are always aligned (float32 rows: a slot is a
+    multiple of 4 bytes), and a dim-1 FTRL slot of 16 bytes never crosses a line.
 
     Keys are unaligned wherever a slot is not a multiple of 8 bytes (one instruction on
     x86-64 and arm64 all the same); where it is, the slots start 4 bytes in, so that every
     table's keys are of one array type and the kernels are compiled (and warmed) once, not
     once for aligned keys and again for unaligned ones."""
-    size = 8 + width * dtype.itemsize
+    size = key_bytes + width * dtype.itemsize
+    if key_bytes == 4:
+        keys = np.ndarray((capacity,), np.uint32, slots, 0, (size,))
+        rows = np.ndarray((capacity + 1, width), dtype, slots, 4, (size, dtype.itemsize))
+        return keys, rows
     start = 4 if size % 8 == 0 else 0
     keys = np.ndarray((capacity,), np.uint64, slots, start, (size,))
     rows = np.ndarray((capacity + 1, width), dtype, slots, start + 8, (size, dtype.itemsize))

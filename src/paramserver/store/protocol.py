@@ -149,7 +149,8 @@ class VnodeStore(Protocol):
     def holds(self, vnodes: np.ndarray) -> np.ndarray: ...
 
     def check(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> int:
-        """The index of the first key outside its vnode (dense tables), else -1."""
+        """The index of the first key outside its vnode (dense tables) or past 2**32 (a table of
+        4-byte keys), else -1."""
         ...
 
     def lookup(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None: ...

@@ -23,7 +23,10 @@ Pulls never insert: a key not in the table reads as its deterministic initial va
 Pushes insert (initial value + fresh state) then apply the optimiser.
 
 With ``TableSpec.storage`` ``"fp16"`` or ``"bf16"``, ``rows`` holds 16-bit patterns
-(``compact.py``: 14 bytes a slot for dim-1 FTRL); the kernels decode and encode them.
+(``compact.py``: 14 bytes a slot for dim-1 FTRL); the kernels decode and encode them.  With
+``TableSpec.key_bytes`` 4, ``keys`` is ``uint32`` (16 bytes a slot for dim-1 FTRL, four to a
+cache line: a probe and an update on the default job's key stream 19-20 ns a key against
+25-28 for 20-byte slots, one core; ``loops/tags.py``).
 
 A dense table (``TableSpec.key_bits``) stores a plain array instead (``dense.py``), and a
 server works all the vnodes of a table it holds together (``vnodes.py``).
@@ -81,8 +84,9 @@ class VnodeTable:
 
     def __init__(self, dim: int, optimizer: Optimizer, initializer: Initializer, seed: int,
                  capacity: int = MIN_CAPACITY, kernels: Kernels | None = None, life_width: int = 0,
-                 storage: str = "float32", arena: DiskArena | None = None) -> None:
+                 storage: str = "float32", arena: DiskArena | None = None, key_bytes: int = 8) -> None:
         self.dim = dim
+        self.key_bytes = key_bytes
         self.arena = arena  # where the arrays are made: memory (None), or a cold tier's files
         # a cold tier's vnodes are kept at most 3/4 full: a key not there (most probes of it:
         # new keys) is found missing in ~8 probes of one or two cache lines, not the ~32 of a
@@ -106,19 +110,19 @@ class VnodeTable:
         if self.arena is not None:
             self._alloc_on(self.arena, capacity)
             return
-        self.slots = new_slots(capacity, self.width, self.dtype)
-        self.keys, self.rows = slot_views(self.slots, capacity, self.width, self.dtype)
+        self.slots = new_slots(capacity, self.width, self.dtype, self.key_bytes)
+        self.keys, self.rows = slot_views(self.slots, capacity, self.width, self.dtype, self.key_bytes)
         self.life: np.ndarray | None = \
             np.zeros((capacity + 1, self.life_width), np.float32) if self.life_width else None
 
     def _alloc_on(self, arena: DiskArena, capacity: int) -> None:
         """The slots and life rows in one array of ``arena`` (one file, not two)."""
-        size = slots_bytes(capacity, self.width, self.dtype)
+        size = slots_bytes(capacity, self.width, self.dtype, self.key_bytes)
         size += -size % 8  # the life rows start aligned
         whole = arena.zeros((size + 4 * (capacity + 1) * self.life_width,), np.uint8)
         self._disk = whole  # the arena counts its bytes while it lives
         self.slots = whole[:size]
-        self.keys, self.rows = slot_views(self.slots, capacity, self.width, self.dtype)
+        self.keys, self.rows = slot_views(self.slots, capacity, self.width, self.dtype, self.key_bytes)
         self.life = whole[size:].view(np.float32).reshape(capacity + 1, self.life_width) if self.life_width else None
 
     def __len__(self) -> int:
@@ -176,7 +180,7 @@ class VnodeTable:
 
     def keys_at(self, slots: np.ndarray) -> np.ndarray:
         """The keys of occupied ``slots`` (a fingerprinted vnode reads them aside)."""
-        return np.asarray(self.keys[slots])
+        return np.asarray(self.keys[slots], np.uint64)
 
     def _occupied(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The stored keys, their rows as stored (``storage``'s format) and life rows."""

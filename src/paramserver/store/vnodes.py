@@ -98,7 +98,8 @@ class VnodeSet:
             return FingerprintTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
                                     keys_arena=self.tiers.arena, kernels=self._kernels, storage=self.spec.storage)
         return VnodeTable(self.spec.dim, self.spec.optimizer, self.spec.initializer, self.spec.seed,
-                          kernels=self._kernels, life_width=self.life_width, storage=self.spec.storage)
+                          kernels=self._kernels, life_width=self.life_width, storage=self.spec.storage,
+                          key_bytes=self.spec.key_bytes)
 
     def _new_cold(self, vnode: int, room: int) -> VnodeTable:
         assert self.tiers is not None, "a cold vnode belongs to a tiered table"
@@ -219,9 +220,12 @@ class VnodeSet:
 
     def check(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> int:
         """Dense tables: the index of the first key outside its segment's vnode (or the
-        key space), -1 when all are in place.  Hash tables take any key: -1."""
+        key space), -1 when all are in place.  Hash tables take any key (-1), but for a
+        table of 4-byte keys, the first past 2**32."""
         if not self.bits:
-            return -1
+            if self.spec.key_bytes == 8 or not keys.size or keys.dtype.itemsize <= 4 or int(keys.max()) >> 32 == 0:
+                return -1
+            return int(np.flatnonzero(keys >> np.uint64(32))[0])
         vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
         return int(dense_check_many(self.n_vnodes, self.layout, vnodes, counts, keys))
 
@@ -425,12 +429,13 @@ def _exercise(spec: TableSpec) -> None:
     compiled for its row (``store/specialize.py``), they are loaded (or, on a cold cache,
     compiled) at their first call, which is then a table's creation and not its first
     request, in the serving loop (as a user rule's kernels, ``kernels._try``)."""
-    row = (spec.optimizer, spec.dim, spec.storage, bool(spec.key_bits))
+    row = (spec.optimizer, spec.dim, spec.storage, bool(spec.key_bits), spec.key_bytes)
     if row in _exercised:
         return
     _exercised.add(row)
     scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                 storage=spec.storage, key_bits=min(spec.key_bits, 8)), 1, [0])
+                                 storage=spec.storage, key_bits=min(spec.key_bits, 8), key_bytes=spec.key_bytes),
+                       1, [0])
     # a hash vnode: more keys than its first capacity holds, so it grows (its row's ``rehash``);
     # a dense one (of as few as 2 keys) never grows
     n = 1 if spec.key_bits else MIN_CAPACITY
@@ -440,6 +445,10 @@ def _exercise(spec: TableSpec) -> None:
         a.flags.writeable = False  # as a request's frames arrive
     scratch.apply(vnodes, counts, keys, grads)
     scratch.lookup(vnodes, counts, keys, np.empty((n, spec.dim), np.float32))
+    if spec.key_bytes == 4:  # the generic loops over 4-byte keys, which no server's warm-up loads
+        scratch.missing(vnodes, counts, keys)  # a namespace's quota
+        stored, rows = scratch.tables[0].items()  # an export, a checkpoint, a copy
+        scratch.install(0, stored, rows)  # a copy received, a restore
 
 
 def exercise_steps(spec: TableSpec) -> None:
@@ -447,12 +456,12 @@ def exercise_steps(spec: TableSpec) -> None:
     in), where its rows can be stepped: what a training job's servers load before they
     register (``server/warmup.py``).  Any other table loads them at its first step (a few
     milliseconds from the disk cache; on a cold cache, a compile of ~1 s a type)."""
-    row = ("steps", spec.optimizer, spec.dim, spec.storage)
+    row = ("steps", spec.optimizer, spec.dim, spec.storage, spec.key_bytes)
     if row in _exercised or spec.key_bits or unsuited(spec, "lr" if spec.dim == 1 else "fm") is not None:
         return
     _exercised.add(row)
     scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                 storage=spec.storage), 1, [0])
+                                 storage=spec.storage, key_bytes=spec.key_bytes), 1, [0])
     keys, vnodes, counts = np.ones(1, np.uint64), np.zeros(1, np.int32), np.ones(1, np.int64)
     for index in (np.uint16, np.int32):  # an occurrence's place among its batch's keys: as a step brings it
         scratch.steps(vnodes, counts, keys, np.zeros(1, index), np.arange(2, dtype=np.int64), np.zeros(0, np.float32),

@@ -28,7 +28,7 @@ _WIRE_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "dim": (int,), "seed": (int,), "optimizer": (str, dict), "initializer": (str, dict),
     "consistency": (str, int, float, type(None)), "aggregate": (bool,), "replicas": (int,), "key_bits": (int,),
     "block_size": (int,), "filters": (str, dict), "lifecycle": (str, dict), "storage": (str,),
-    "memory": (int,), "hot_keys": (str,)}
+    "memory": (int,), "hot_keys": (str,), "key_bytes": (int,)}
 
 #: How a server may store a table's rows (``store/compact.py``).
 STORAGES = ("float32", "fp16", "bf16")
@@ -92,6 +92,11 @@ class TableSpec:
             with deterministic stochastic rounding (accumulators cannot overflow, and
             small increments are kept on average).  Updates are computed in float32 or
             float64 as for float32 rows; pulls, exports and checkpoints see float32.
+        key_bytes: 8 (default): any uint64 key.  4: every key is below 2**32 (hashed
+            features of up to 32 bits): a hash table keeps each key in 4 bytes, so a
+            dim-1 FTRL slot is 16 bytes instead of 20, four to a cache line (float32 rows
+            in memory only: not with ``key_bits``, 16-bit ``storage`` or ``memory``).  A
+            key past 2**32 is refused, by the client and by the server.
         memory: 0 (default): a server keeps all the table's rows it holds in memory.
             ``B`` bytes (an int, or text like ``"512M"``): each server keeps at most
             that much of them in memory (hash tables); the least recently used rows go
@@ -128,12 +133,13 @@ class TableSpec:
     storage: str
     memory: int  # bytes of a server's memory the rows may take (0: no budget)
     hot_keys: str  # what the hot tier keeps of a key: "full" or "fingerprint"
+    key_bytes: int  # what a key takes in a server's hash slot: 8, or 4 (every key < 2**32)
 
     def __init__(self, name: str, dim: int = 1, *, optimizer: OptimizerLike = "sgd",
                  initializer: InitializerLike = "zeros", seed: int = 0, consistency: ConsistencyLike = "asp",
                  aggregate: bool = False, replicas: int = 1, key_bits: int = 0, block_size: int = 0,
                  filters: Any = None, lifecycle: Any = None, storage: str = "float32", memory: int | str = 0,
-                 hot_keys: str = "full") -> None:
+                 hot_keys: str = "full", key_bytes: int = 8) -> None:
         """The one constructor path (``from_wire`` and ``dataclasses.replace`` go through it
         too; the fields after ``dim`` are passed by name): checks every field, and stores
         ``optimizer``, ``initializer`` and ``consistency`` in their normal form (spec
@@ -142,7 +148,7 @@ class TableSpec:
 
         for key, value in (("name", name), ("dim", dim), ("seed", seed), ("aggregate", aggregate),
                            ("replicas", replicas), ("key_bits", key_bits), ("block_size", block_size),
-                           ("storage", storage), ("hot_keys", hot_keys)):
+                           ("storage", storage), ("hot_keys", hot_keys), ("key_bytes", key_bytes)):
             object.__setattr__(self, key, value)
         object.__setattr__(self, "consistency", parse_consistency(consistency))
         object.__setattr__(self, "memory", parse_bytes(f"table {name!r}: memory", memory))
@@ -170,6 +176,8 @@ class TableSpec:
             self._check_memory()
         if self.hot_keys != "full":
             self._check_fingerprints()
+        if self.key_bytes == 4:
+            self._check_narrow_keys()
         if self.lifecycle and self.aggregate:
             raise ConfigError(f"table {self.name!r}: a lifecycle ({self.lifecycle}) needs pushes applied as they "
                               "arrive; aggregate=True holds them to the end of each clock: drop one of them")
@@ -194,6 +202,15 @@ class TableSpec:
         if self.key_bits:
             raise ConfigError(f"table {self.name!r}: hot_keys='fingerprint' is a hash table's hot tier; this one "
                               f"is dense (key_bits={self.key_bits}), its keys are positions: use hot_keys='full'")
+
+    def _check_narrow_keys(self) -> None:
+        """4-byte keys are a float32 hash table's whose rows stay in memory."""
+        why = ("it is dense (key_bits), its keys are positions" if self.key_bits else
+               f"its rows are {self.storage}" if self.storage != "float32" else
+               "it has a memory budget, whose tiers keep 8-byte keys" if self.memory else "")
+        if why:
+            raise ConfigError(f"table {self.name!r}: key_bytes=4 stores a hash table's keys in 4 bytes (a float32 "
+                              f"row's slot 4 bytes smaller); {why}: use key_bytes=8")
 
     def _check_fields(self) -> None:
         """``ConfigError`` naming the first field (after ``consistency``) out of its range."""
@@ -231,6 +248,9 @@ class TableSpec:
         if self.hot_keys not in HOT_KEYS:
             raise ConfigError(f"table {self.name!r}: hot_keys must be one of {list(HOT_KEYS)} (what a memory "
                               f"budget's hot tier keeps of a key), got {self.hot_keys!r}; e.g. hot_keys='fingerprint'")
+        if isinstance(self.key_bytes, bool) or self.key_bytes not in (4, 8):
+            raise ConfigError(f"table {self.name!r}: key_bytes must be 8 (any uint64 key) or 4 (every key < 2**32: "
+                              f"hashed features of up to 32 bits), got {self.key_bytes!r}")
         if self.storage not in STORAGES:
             raise ConfigError(f"table {self.name!r}: storage must be one of {list(STORAGES)} (how servers store "
                               f"rows: float32, or 16 bits a column), got {self.storage!r}; e.g. storage='bf16'")
@@ -266,7 +286,13 @@ class TableSpec:
         return (1 << self.key_bits) // self.block_size if self.block_size else 0
 
     def check_keys(self, keys: np.ndarray) -> None:
-        """Raise ``ConfigError`` if a key is outside a dense table's key space."""
+        """Raise ``ConfigError`` if a key is outside a dense table's key space, or past 2**32 in
+        a table of 4-byte keys."""
+        if self.key_bytes == 4 and keys.size and keys.dtype.itemsize > 4 and int(keys.max()) >> 32:
+            bad = np.flatnonzero(keys >> np.uint64(32))
+            raise ConfigError(f"table {self.name!r} stores 4-byte keys (key_bytes=4): keys must be < 2**32, got "
+                              f"{int(keys[bad[0]])} at index {int(bad[0])} ({bad.size} such keys); fold them "
+                              "(--hash-bits 32 or fewer) or create the table with key_bytes=8")
         if self.key_bits and keys.size and int(keys.max()) >> self.key_bits:  # one pass, no temporary
             bad = np.flatnonzero(keys >> np.uint64(self.key_bits))
             if bad.size:
@@ -285,7 +311,8 @@ class TableSpec:
                 **({"lifecycle": self.lifecycle.to_wire()} if self.lifecycle else {}),
                 **({"storage": self.storage} if self.storage != "float32" else {}),
                 **({"memory": self.memory} if self.memory else {}),
-                **({"hot_keys": self.hot_keys} if self.hot_keys != "full" else {})}
+                **({"hot_keys": self.hot_keys} if self.hot_keys != "full" else {}),
+                **({"key_bytes": self.key_bytes} if self.key_bytes != 8 else {})}
 
     @classmethod
     def from_wire(cls, d: Any) -> TableSpec:

@@ -64,7 +64,8 @@ def table_report(client: Client, spec: TableSpec) -> dict[str, Any]:
     keys = sum(int(t.get("primary_keys", 0)) for t in per_server)
     stored = sum(int(t.get("keys", 0)) for t in per_server)
     nbytes = sum(int(t.get("bytes", 0)) for t in per_server)
-    report: dict[str, Any] = {"storage": spec.storage, "keys": keys, "table_bytes": nbytes,
+    report: dict[str, Any] = {"storage": spec.storage, "key_bytes": spec.key_bytes, "keys": keys,
+                              "table_bytes": nbytes,
                               "bytes_per_key": nbytes / stored if stored else 0.0,
                               "server_rss_bytes": sum(int(s.get("rss_bytes", 0)) for s in stats)}
     if spec.lifecycle:

@@ -118,10 +118,11 @@ def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: Tra
     if theirs_spec is None:
         raise ConfigError(f"--resume {step}: the checkpoint has table(s) {sorted(manifest['tables'])}, not "
                           f"{spec.name!r} that these flags train; pass the --model of the checkpointed job")
-    theirs = replace(TableSpec.from_wire(theirs_spec), memory=spec.memory)  # where rows live is this run's choice
-    mine = spec if cfg.layout != "auto" else replace(spec, key_bits=theirs.key_bits)
+    # where rows live, and in how many bytes their keys, is this run's choice
+    theirs = replace(TableSpec.from_wire(theirs_spec), memory=spec.memory, key_bytes=8)
+    mine = replace(spec, key_bytes=8) if cfg.layout != "auto" else replace(spec, key_bits=theirs.key_bits, key_bytes=8)
     if theirs.to_wire() != mine.to_wire():
         diffs = differences(theirs, mine, theirs_model)
         raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} was made with other settings "
                           f"than this command's: {said(diffs)}; {fix(diffs)}")
-    return mine
+    return replace(mine, key_bytes=4) if cfg.narrow_keys(mine) else mine

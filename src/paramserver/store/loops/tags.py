@@ -4,6 +4,9 @@ A vnode's slots are ``[key | row]`` (``store/table.py``).  Its key column is eit
 
 * ``uint64``: the key itself (every table's, by default).  ``tag_of`` is the key, and
   ``key_at`` reads it back: the loops compile to what they were before there were tags;
+* ``uint32``: the key itself in 4 bytes (``TableSpec.key_bytes=4``: every key < 2**32, which
+  the client and the server check before a key reaches a loop): ``tag_of`` its low 32 bits,
+  ``key_at`` the key widened back;
 * ``uint16``: a 16-bit fingerprint of the key (``TableSpec.hot_keys="fingerprint"``: a
   memory budget's hot tier, ``store/fingerprints.py``).  The full keys are kept aside, one
   a slot, in an array the vnode's ``meta[SIDE]`` holds the address of (a file of the cold
@@ -69,14 +72,16 @@ def move_key(tkeys, meta, dst, src):
 
 
 def _full(tkeys: types.Type) -> bool:
-    if not isinstance(tkeys, types.Array) or tkeys.dtype not in (types.uint64, types.uint16):
-        raise TypeError(f"a key column is uint64 (keys) or uint16 (fingerprints), got {tkeys}")
-    return bool(tkeys.dtype == types.uint64)
+    if not isinstance(tkeys, types.Array) or tkeys.dtype not in (types.uint64, types.uint32, types.uint16):
+        raise TypeError(f"a key column is uint64 or uint32 (keys) or uint16 (fingerprints), got {tkeys}")
+    return bool(tkeys.dtype != types.uint16)
 
 
 @overload(tag_of)
 def _tag_of(tkeys, key):
     if _full(tkeys):
+        if tkeys.dtype == types.uint32:
+            return lambda tkeys, key: np.uint32(key)
         return lambda tkeys, key: np.uint64(key)
 
     def fp(tkeys, key):
@@ -101,7 +106,7 @@ def _side(tkeys, meta):
 @overload(key_at)
 def _key_at(tkeys, meta, s):
     if _full(tkeys):
-        return lambda tkeys, meta, s: tkeys[s]
+        return lambda tkeys, meta, s: np.uint64(tkeys[s])
     return lambda tkeys, meta, s: np.uint64(_side(tkeys, meta)[s])
 
 
