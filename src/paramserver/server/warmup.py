@@ -3,6 +3,8 @@ before the server registers (``_runtime/warm.py`` says why)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from paramserver._runtime.warm import is_inherited, load_numba
@@ -52,8 +54,9 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
     rule = tables[0].optimizer if tables and tables[0].optimizer.kind != CUSTOM_KIND else SGD()
     key_bytes = tables[0].key_bytes if tables else 8  # the job's keys: 4-byte keys' loops are others
     for bits, storage in [({"hash": 0, "dense": 8}[layout], s) for layout in layouts for s in storages]:
-        spec = TableSpec("warm-up", optimizer=rule, initializer=Zeros(), key_bits=bits, storage=storage,
-                         key_bytes=key_bytes if not bits and storage == "float32" else 8)
+        spec = TableSpec("warm-up", optimizer=rule, initializer=Zeros(), key_bits=bits, storage=storage)
+        if key_bytes == 4 and not spec.narrow_refusal():
+            spec = replace(spec, key_bytes=4)
         VnodeSet(spec, 2, [0, 1])  # a table's vnodes are listed for the kernels one by one
         table = VnodeSet(spec, 1, [0])
         _segment_fault(vnodes, counts, n, 1, np.ones(1, np.bool_), True, table.slot)

@@ -203,12 +203,15 @@ class TableSpec:
             raise ConfigError(f"table {self.name!r}: hot_keys='fingerprint' is a hash table's hot tier; this one "
                               f"is dense (key_bits={self.key_bits}), its keys are positions: use hot_keys='full'")
 
+    def narrow_refusal(self) -> str:
+        """Why this table may not keep 4-byte keys (``key_bytes``), or "" where it may: they are
+        a float32 hash table's whose rows stay in memory."""
+        return ("it is dense (key_bits), its keys are positions" if self.key_bits else
+                f"its rows are {self.storage}" if self.storage != "float32" else
+                "it has a memory budget, whose tiers keep 8-byte keys" if self.memory else "")
+
     def _check_narrow_keys(self) -> None:
-        """4-byte keys are a float32 hash table's whose rows stay in memory."""
-        why = ("it is dense (key_bits), its keys are positions" if self.key_bits else
-               f"its rows are {self.storage}" if self.storage != "float32" else
-               "it has a memory budget, whose tiers keep 8-byte keys" if self.memory else "")
-        if why:
+        if why := self.narrow_refusal():
             raise ConfigError(f"table {self.name!r}: key_bytes=4 stores a hash table's keys in 4 bytes (a float32 "
                               f"row's slot 4 bytes smaller); {why}: use key_bytes=8")
 

@@ -120,7 +120,7 @@ def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: Tra
                           f"{spec.name!r} that these flags train; pass the --model of the checkpointed job")
     # where rows live, and in how many bytes their keys, is this run's choice
     theirs = replace(TableSpec.from_wire(theirs_spec), memory=spec.memory, key_bytes=8)
-    mine = replace(spec, key_bytes=8) if cfg.layout != "auto" else replace(spec, key_bits=theirs.key_bits, key_bytes=8)
+    mine = replace(spec, key_bytes=8, key_bits=theirs.key_bits if cfg.layout == "auto" else spec.key_bits)
     if theirs.to_wire() != mine.to_wire():
         diffs = differences(theirs, mine, theirs_model)
         raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} was made with other settings "

@@ -109,7 +109,7 @@ class TrainConfig:
         """Whether the table keeps its keys in 4 bytes (``TableSpec.key_bytes``): features folded
         to 32 bits or fewer (``--hash-bits``) in a hash table of float32 rows in memory (a dim-1
         FTRL slot of 16 bytes, not 20: 20 % less memory a key, and a probe's line holds 4 slots)."""
-        return 1 <= self.data.hash_bits <= 32 and not spec.key_bits and spec.storage == "float32" and not spec.memory
+        return 1 <= self.data.hash_bits <= 32 and not spec.narrow_refusal()
 
     def dense_spec(self) -> TableSpec | None:
         """A deep model's MLP table (``None`` for lr and fm): the consistency and copies of
