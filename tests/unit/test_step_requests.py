@@ -5,15 +5,20 @@ nothing and says why."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from harness import STEP_FTRL, Harness
 
+from paramserver.errors import ProtocolError
 from paramserver.routing.partition import route_pull
 from paramserver.routing.ring import Ring
 from paramserver.tables.spec import TableSpec
 from paramserver.tables.steps import logistic_step
-from paramserver.wire.step_arrays import step_arrays
+from paramserver.wire.message import decode, encode
+from paramserver.wire.step_arrays import read_step_arrays, step_arrays
+from paramserver.wire.step_groups import group_arrays, split_group
 
 FTRL = STEP_FTRL  # the fixture two's tables' rule (conftest.py)
 
@@ -165,18 +170,65 @@ def test_a_malformed_step_changes_nothing_and_says_what(two, change, said):
     assert not _rows(h, 1, "w", batch[0]).any()
 
 
+def _sent(arrays: list[np.ndarray], steps: int | None = None) -> list[np.ndarray]:
+    """``arrays`` through the wire: encoded, decoded and read back at their canonical types
+    (``steps``: a step of that many batches)."""
+    return read_step_arrays(decode([bytes(f) for f in encode({"op": "step"}, arrays)]), steps)
+
+
 def test_a_steps_arrays_go_as_narrow_as_their_values_allow_and_no_narrower():
-    keys, vnodes, counts = np.array([3, 9], np.uint64), np.array([0], np.int32), np.array([2], np.int64)
+    keys, vnodes, counts = np.array([3, (1 << 24) - 1], np.uint64), np.array([0], np.int32), np.array([2], np.int64)
     inverse, indptr = np.array([0, 1, 1], np.int32), np.array([0, 2, 3], np.int64)
     ones, halves = np.ones(3, np.float32), np.array([1, 0.5, 1], np.float32)
     narrow = step_arrays(keys, vnodes, counts, inverse, indptr, ones, np.array([0, 1], np.float32))
-    assert [a.dtype.str for a in narrow] == ["<u4", "<i4", "<i8", "<u2", "<i4", "<f4", "|u1"]
+    assert [a.dtype.str for a in narrow] == ["|u1", "<i4", "<i4", "<u2", "|u1", "<f4", "|u1"]
+    assert narrow[0].shape == (2, 3) and narrow[4].tolist() == [2, 1]  # three bytes a key; the rows' lengths
     assert narrow[5].size == 0  # every value 1: none go
+    wider = step_arrays(keys + np.uint64(1), vnodes, counts, inverse, np.array([0, 2, 259], np.int64), ones,
+                        np.array([0, 1], np.float32))  # a key at 2^24; a row of 257 occurrences
+    assert [wider[0].dtype.str, wider[4].dtype.str] == ["<u4", "<i4"]
     wide = step_arrays(keys | np.uint64(1 << 32), vnodes, counts, inverse, indptr, halves,
                        np.array([0, 0.25], np.float32))  # a key past 32 bits, a value not 1, a soft label
-    assert [a.dtype.str for a in wide] == ["<u8", "<i4", "<i8", "<u2", "<i4", "<f4", "<f4"]
+    assert [a.dtype.str for a in wide] == ["<u8", "<i4", "<i4", "<u2", "|u1", "<f4", "<f4"]
     np.testing.assert_array_equal(wide[5], halves)
     assert wide[0][0] == (1 << 32) | 3 and wide[6][1] == np.float32(0.25)
+    for sent, key_list, offsets in [(narrow, keys, indptr), (wider, keys + np.uint64(1), [0, 2, 259]),
+                                    (wide, keys | np.uint64(1 << 32), indptr)]:
+        back = _sent(sent)  # read back as the canonical types, to the bit
+        assert [a.dtype.str for a in back] == ["<u8", "<i4", "<i8", "<u2", "<i8", "<f4", "<f4"]
+        assert back[0].tolist() == key_list.tolist() and back[4].tolist() == list(offsets)
+        assert back[2].tolist() == [2] and not any(a.flags.writeable for a in back)
+
+
+def test_a_groups_rows_go_as_their_lengths_and_come_back_as_each_batchs_offsets_from_zero():
+    """Three batches end to end, the middle one without examples: the lengths carry no batch's
+    start, and the receiver puts each back from ``sizes``."""
+    offsets = [np.array([0, 2, 2, 5]), np.array([0]), np.array([0, 1, 3])]
+    indptr = np.concatenate(offsets).astype(np.int64)
+    sizes = np.array([4, 1, 3, 0, 0, 0, 2, 1, 2], np.int64)
+    keys = np.array([3, 9, 11, 12, 5, 7], np.uint64)
+    arrays = group_arrays(keys, np.array([0, 1], np.int32), np.array([4, 2], np.int64),
+                          np.array([0, 1, 1, 2, 3, 0, 1, 0], np.uint16), indptr, np.ones(8, np.float32),
+                          np.array([0, 1, 1, 0, 1], np.float32), sizes)
+    assert arrays[4].dtype.str == "|u1" and arrays[4].tolist() == [2, 0, 3, 1, 2]
+    back = _sent(arrays, 3)
+    np.testing.assert_array_equal(back[4], indptr)
+    assert [p[4].tolist() for p in split_group(back, 3)] == [o.tolist() for o in offsets]
+
+
+@pytest.mark.parametrize("at, form, said", [
+    (0, np.zeros((2, 4), np.uint8), "keys must be 1-d <u8 or <u4 or |u1[n, 3] (three bytes a key), got 2-d |u1[2, 4]"),
+    (4, np.array([2, 1, 9], np.uint8), "a step of 2 batches: its sizes name 5 examples, its rows' lengths 3"),
+    (7, np.array([2, 1], np.int64), "a step of 2 batches takes sizes <i8[6]: each batch's keys, vnode segments"),
+])
+def test_a_step_whose_narrow_form_does_not_add_up_is_refused_by_name(at, form, said):
+    keys, sizes = np.array([3, 9], np.uint64), np.array([1, 1, 3, 1, 1, 2], np.int64)
+    arrays = group_arrays(keys, np.array([0, 1], np.int32), np.array([1, 1], np.int64), np.zeros(5, np.uint16),
+                          np.array([0, 1, 2, 2, 0, 1, 1], np.int64), np.ones(5, np.float32),
+                          np.zeros(5, np.float32), sizes)
+    arrays[at] = form
+    with pytest.raises(ProtocolError, match=re.escape(said)):
+        _sent(arrays, 2)
 
 
 @pytest.mark.parametrize("at, bad", [(0, np.int64), (4, np.uint16), (6, np.float64), (1, np.int64)])

@@ -101,7 +101,7 @@ def _on_steps(plane: DataPlane, msg: Message) -> list[Any]:
         raise ProtocolError(f"a step of several batches names 1 to {MAX_STEPS} batches (steps) and its first "
                             f"batch's seq (each next one is numbered one more); got steps={steps!r}, seq={seq!r}")
     header = {k: v for k, v in msg.header.items() if k not in ("steps", "tick", "tick_worker", "tick_token")}
-    arrays = read_step_arrays(msg, grouped=True)
+    arrays = read_step_arrays(msg, steps)
     parts = [Message({**header, "seq": seq + k}, part) for k, part in enumerate(split_group(arrays, steps))]
     checked = _checked_parts(plane, parts)
     table = checked[0][0]

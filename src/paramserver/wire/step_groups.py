@@ -12,7 +12,8 @@ sides together, a third of the job's CPU (``docs/benchmarks.md``).
 On the wire the group is one step's seven arrays, each the N batches' own arrays end to end
 (as narrow as the widest batch allows: ``step_arrays``), and an eighth, ``sizes <i8[3N]``:
 batch k's distinct keys, vnode segments and examples.  Batch k's ``inverse`` indexes its own
-keys and its ``indptr`` starts at 0 (its occurrences are ``indptr[-1]``); ``vals`` is empty
+keys and its ``indptr`` starts at 0 (its occurrences are ``indptr[-1]``; sent as the rows'
+lengths, the batches' rows end to end, each batch's offsets from 0 again once read); ``vals`` is empty
 when every value of every batch is 1.  Batch k is numbered ``seq + k`` (a group takes N
 consecutive numbers), so that a batch applied before a failure is skipped when the worker
 trains it again the classic way, as a step's is.  The answer: ``preds <f4[n]`` (every
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from paramserver.errors import ProtocolError
-from paramserver.wire.step_arrays import step_arrays
+from paramserver.wire.step_arrays import sizes_fault, step_arrays
 
 #: the most batches one request carries (a worker groups the steps its depth has room for)
 MAX_STEPS = 256
@@ -38,7 +39,8 @@ def group_arrays(keys: np.ndarray, vnodes: np.ndarray, counts: np.ndarray, inver
     batches' own end to end (``routing/steps.route_steps`` makes the keys and the places,
     the places as narrow as the widest batch allows), each as narrow as it goes
     (``step_arrays``), and their ``sizes``."""
-    return [*step_arrays(keys, vnodes, counts, inverse, indptr, vals, labels, index=inverse.dtype), sizes]
+    return [*step_arrays(keys, vnodes, counts, inverse, indptr, vals, labels, index=inverse.dtype,
+                         examples=sizes[2::3]), sizes]
 
 
 def split_group(arrays: Sequence[np.ndarray], steps: int) -> list[list[np.ndarray]]:
@@ -48,9 +50,7 @@ def split_group(arrays: Sequence[np.ndarray], steps: int) -> list[list[np.ndarra
     Raises:
         ProtocolError: ``sizes`` does not cut the arrays into ``steps`` batches exactly."""
     keys, vnodes, counts, inverse, indptr, vals, labels, sizes = arrays
-    if sizes.shape != (3 * steps,):
-        raise ProtocolError(f"a step of {steps} batches takes sizes <i8[{3 * steps}]: each batch's keys, vnode "
-                            f"segments and examples; got {sizes.shape[0]} sizes")
+    sizes_fault(sizes, steps)
     per = sizes.reshape(steps, 3)
     if (per < 0).any() or per[:, 0].sum() != keys.shape[0] or per[:, 1].sum() != vnodes.shape[0] \
             or per[:, 2].sum() != labels.shape[0] or indptr.shape[0] != labels.shape[0] + steps:
