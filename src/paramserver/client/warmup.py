@@ -12,6 +12,7 @@ from paramserver.routing.partition import route_pull, route_push, scatter_rows
 from paramserver.routing.ring import Ring
 from paramserver.routing.steps import every_value_one, route_steps
 from paramserver.wire.message import Op, decode, encode
+from paramserver.wire.step_groups import group_arrays
 
 
 def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None, combine: bool = True,
@@ -38,6 +39,9 @@ def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None,
     for rank_dtype in (np.uint16, np.int32):  # a step's keys (their width looked up) and their occurrences' places
         route_steps(Ring.create([1]), [keys], [np.zeros(2, np.int64)], 0, None, np.dtype(rank_dtype))
     every_value_one([np.ones(2, np.float32)])
+    group_arrays(np.array([3, 5], np.uint32), np.zeros(1, np.int32), np.array([2], np.int64),  # three-byte keys
+                 np.zeros(2, np.uint16), np.array([0, 2], np.int64), np.ones(2, np.float32),  # and rows' lengths
+                 np.zeros(1, np.float32), np.array([2, 1, 1], np.int64))
     if filters:
         # a filtered table's requests, residuals and routing in position order
         warm_filters(filters if isinstance(filters, FilterSpec) else None)

@@ -17,7 +17,7 @@ from paramserver.tables.optim import CUSTOM_KIND, SGD, Zeros
 from paramserver.tables.spec import TableSpec
 from paramserver.tables.steps import check_batch
 from paramserver.wire.message import Op, decode, encode
-from paramserver.wire.step_arrays import STEP_ARRAYS
+from paramserver.wire.step_arrays import STEP_ARRAYS, read_step_arrays
 
 
 def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | FilterSpec = True,
@@ -97,6 +97,12 @@ def _warm_steps(n: int) -> None:
     step itself is a table's (``VnodeSet.steps``, exercised with its request loops); the
     gradient kernels alone serve only a step that goes batch by batch (a key lifecycle, a
     quota, copies to forward to), loaded at its first."""
+    # a step's keys in three bytes and its rows' lengths (``wire/packing.py``), alone and in a group
+    arrays = [np.array([[3, 0, 0], [5, 0, 0]], np.uint8), np.zeros(1, np.int32), np.array([2], np.int32),
+              np.zeros(2, np.uint16), np.array([2], np.uint8), np.zeros(0, np.float32), np.zeros(1, np.uint8),
+              np.array([2, 1, 1], np.int64)]
+    for steps, sent in ((1, arrays), (None, arrays[:7])):
+        read_step_arrays(decode([bytes(f) for f in encode({"op": Op.STEP.value}, sent)]), steps)
     for dtype in dict(STEP_ARRAYS)["inverse"]:  # an occurrence's index into the keys: 16 bits or 32
         frames = encode({"op": Op.STEP.value}, [np.zeros(n, dtype), np.arange(n + 1, dtype=np.int64),
                                                 np.ones(n, np.float32), np.zeros(n, np.float32)])

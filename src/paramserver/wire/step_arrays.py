@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from paramserver._runtime.intrinsics import frozen
 from paramserver.errors import ProtocolError
 from paramserver.wire.message import Message
+from paramserver.wire.packing import pack_keys, row_lengths, row_offsets, unpack_keys
 
 #: a step's arrays in order, and the types each may go as (the first is the one it is read as)
 STEP_ARRAYS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -29,8 +31,6 @@ STEP_ARRAYS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _KEY_BYTES = 3
 
 _U24, _U32 = 1 << 24, 1 << 32
-#: the longest row whose length goes in a byte
-_ROW_BYTE = 255
 #: the forms an array goes as that are not its values in another type, as a refusal says them
 _FORMS = {"|u1": {"keys": " or |u1[n, 3] (three bytes a key)", "indptr": " or 1-d |u1 (the rows' lengths)",
                   "labels": " or |u1"}}
@@ -76,17 +76,18 @@ def _narrow_keys(keys: np.ndarray) -> np.ndarray:
     wide = keys.astype(key_type(keys), copy=False)
     if wide.dtype.itemsize != 4 or (keys.shape[0] and int(wide.max()) >= _U24):
         return wide
-    return np.ascontiguousarray(wide.astype("<u4", copy=False).view(np.uint8).reshape(-1, 4)[:, :_KEY_BYTES])
+    three = np.empty((keys.shape[0], _KEY_BYTES), np.uint8)
+    pack_keys(wide, three)
+    return three
 
 
 def _narrow_offsets(indptr: np.ndarray, nnz: int, examples: np.ndarray | None) -> np.ndarray:
     """A step's offsets as its rows' lengths (``|u1``, batches end to end) where none passes
-    ``_ROW_BYTE``, else as ``<i4`` while they fit (``<i8`` past)."""
-    lengths = np.diff(indptr)
-    if examples is not None and examples.shape[0] > 1:  # each batch's offsets start again at 0: no length there
-        lengths = np.delete(lengths, np.cumsum(examples[:-1] + 1) - 1)
-    if not lengths.shape[0] or (lengths.min() >= 0 and lengths.max() <= _ROW_BYTE):
-        return lengths.astype("|u1")
+    ``packing.ROW_BYTE``, else as ``<i4`` while they fit (``<i8`` past)."""
+    per = np.array([indptr.shape[0] - 1], np.int64) if examples is None else np.ascontiguousarray(examples, np.int64)
+    lengths = np.empty(int(per.sum()), np.uint8)
+    if row_lengths(np.ascontiguousarray(indptr, np.int64), per, lengths):
+        return lengths
     return np.ascontiguousarray(indptr, "<i4" if nnz < 1 << 31 else "<i8")
 
 
@@ -123,9 +124,9 @@ def read_step_arrays(msg: Message, steps: int | None = None) -> list[np.ndarray]
 
 def _widen_keys(three: np.ndarray) -> np.ndarray:
     """Keys sent as three little-endian bytes each, as ``<u8``."""
-    wide = np.zeros((three.shape[0], 8), np.uint8)
-    wide[:, :_KEY_BYTES] = three
-    return wide.view("<u8").reshape(three.shape[0])
+    out = np.empty(three.shape[0], np.uint64)
+    unpack_keys(frozen(three), out)  # read-only, as a frame is: one compiled kernel
+    return out
 
 
 def _offsets(lengths: np.ndarray, group: tuple[np.ndarray, int] | None) -> np.ndarray:
@@ -135,18 +136,17 @@ def _offsets(lengths: np.ndarray, group: tuple[np.ndarray, int] | None) -> np.nd
     Raises:
         ProtocolError: ``sizes`` that do not cut the lengths into the batches."""
     if group is None:
-        examples = np.array([lengths.shape[0]])
+        examples = np.array([lengths.shape[0]], np.int64)
     else:
         sizes, steps = group
         sizes_fault(sizes, steps)
-        examples = sizes[2::3]
+        examples = sizes[2::3].astype(np.int64)  # a copy, writable: one compiled kernel
         if (examples < 0).any() or int(examples.sum()) != lengths.shape[0]:
             raise ProtocolError(f"a step of {steps} batches: its sizes name {int(examples.sum())} examples, its "
                                 f"rows' lengths {lengths.shape[0]}")
-    ends = np.cumsum(lengths, dtype=np.int64)
-    starts = np.cumsum(examples) - examples  # each batch's first row
-    first = np.concatenate([[0], ends])[starts]  # what came before each batch
-    return np.insert(ends - np.repeat(first, examples), starts, 0)
+    out = np.empty(lengths.shape[0] + examples.shape[0], np.int64)
+    row_offsets(frozen(lengths), examples, out)
+    return out
 
 
 def sizes_fault(sizes: np.ndarray, steps: int) -> None:
