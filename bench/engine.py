@@ -13,6 +13,9 @@ as frames arrive).  Cases:
   1.4 GB at 10^7);
 * (``--cases adagrad33``) AdaGrad on a dim-33 table of ``--keys16`` keys: a row wider than
   the request loops take, so both columns are the generic loops;
+* (``--cases ftrl-4``) FTRL on a dim-1 table of ``--keys`` keys kept in 4 bytes
+  (``TableSpec.key_bytes=4``, the layout of ``paramserver train``'s default model: a 16-byte
+  slot, four to a cache line), its keys scattered below 2^32;
 * (``--cases ftrl-dense``) FTRL on a dim-1 dense table (``key_bits=24``, the layout of
   ``paramserver train``'s default model) holding ``--keys`` keys: a dense table's pushes
   take a request loop (``slots.dense_apply_request``), its reads the generic dense loop.
@@ -44,19 +47,25 @@ from paramserver.tables.spec import TableSpec
 
 FTRL = {"name": "ftrl", "alpha": 0.1, "beta": 1.0, "l1": 1.0, "l2": 1.0}
 DENSE_BITS = 24
-#: a case: its row's width, its rule, and its key_bits (0: a hash table)
-CASES = {"ftrl": (1, FTRL, 0),
-         "adagrad16": (16, {"name": "adagrad", "lr": 0.05}, 0),
-         "adagrad33": (33, {"name": "adagrad", "lr": 0.05}, 0),  # wider than request loops take: the generic loops
-         "ftrl-dense": (1, FTRL, DENSE_BITS)}
+#: a case: its row's width, its rule, its key_bits (0: a hash table) and its key_bytes
+CASES = {"ftrl": (1, FTRL, 0, 8),
+         "ftrl-4": (1, FTRL, 0, 4),
+         "adagrad16": (16, {"name": "adagrad", "lr": 0.05}, 0, 8),
+         "adagrad33": (33, {"name": "adagrad", "lr": 0.05}, 0, 8),  # wider than request loops take: generic loops
+         "ftrl-dense": (1, FTRL, DENSE_BITS, 8)}
 SMALL = 1 << 14
 SCRAMBLE = np.uint64(0x9E3779B97F4A7C15)
+LOW32 = np.uint64(0xFFFFFFFF)
 
 
-def key_ids(ids: np.ndarray, bits: int = 0) -> np.ndarray:
-    """Key ids 1..N as scattered uint64 keys (hot keys are not neighbours); for a dense
-    table (``bits``) the ids themselves, which its layout scatters over its rows."""
-    return ids.astype(np.uint64) if bits else ids.astype(np.uint64) * SCRAMBLE + np.uint64(1)
+def key_ids(ids: np.ndarray, bits: int = 0, key_bytes: int = 8) -> np.ndarray:
+    """Key ids 1..N as scattered uint64 keys (hot keys are not neighbours), below 2^32 for a
+    table of 4-byte keys (an odd multiplier is one-to-one modulo 2^32); for a dense table
+    (``bits``) the ids themselves, which its layout scatters over its rows."""
+    if bits:
+        return ids.astype(np.uint64)
+    keys = ids.astype(np.uint64) * SCRAMBLE + np.uint64(1)
+    return keys & LOW32 if key_bytes == 4 else keys
 
 
 def zipf_batches(n_keys: int, batch: int, total: int, seed: int = 0) -> list[np.ndarray]:
@@ -81,14 +90,16 @@ def frozen_request(ring: Ring, keys: np.ndarray, dim: int, layout: int = 0) -> t
     return arrays
 
 
-def filled(ring: Ring, dim: int, optimizer: dict, n_keys: int, generic: bool, bits: int = 0) -> VnodeSet:
-    spec = TableSpec("t", dim, optimizer=optimizer, key_bits=bits)
+def filled(ring: Ring, name: str, n_keys: int, generic: bool) -> VnodeSet:
+    dim, optimizer, bits, key_bytes = CASES[name]
+    spec = TableSpec("t", dim, optimizer=optimizer, key_bits=bits, key_bytes=key_bytes)
     table = VnodeSet(spec, ring.n_vnodes, range(ring.n_vnodes))
     if generic:
         table._loops = None
     step = 1 << 20
     for a in range(1, n_keys + 1, step):
-        k, g, v, c = frozen_request(ring, key_ids(np.arange(a, min(a + step, n_keys + 1)), bits), dim, spec.layout)
+        ids = np.arange(a, min(a + step, n_keys + 1))
+        k, g, v, c = frozen_request(ring, key_ids(ids, bits, key_bytes), dim, spec.layout)
         table.apply(v, c, k, g)
     return table
 
@@ -106,14 +117,15 @@ def timed(table: VnodeSet, requests: list[tuple[np.ndarray, ...]], dim: int, rea
 
 
 def case(name: str, n_keys: int, batch: int, total: int, generic: bool) -> dict:
-    dim, optimizer, bits = CASES[name]
+    dim, _, bits, key_bytes = CASES[name]
     layout = TableSpec("t", dim, key_bits=bits).layout
     ring = Ring.create([1], 64)
     ids = zipf_batches(n_keys, batch, total)
-    big = [frozen_request(ring, key_ids(b, bits), dim, layout) for b in ids]
-    small = [frozen_request(ring, key_ids(np.unique((b - 1) % SMALL + 1), bits), dim, layout) for b in ids]
-    table = filled(ring, dim, optimizer, n_keys, generic, bits)
-    cache = filled(ring, dim, optimizer, SMALL, generic, bits)
+    big = [frozen_request(ring, key_ids(b, bits, key_bytes), dim, layout) for b in ids]
+    small = [frozen_request(ring, key_ids(np.unique((b - 1) % SMALL + 1), bits, key_bytes), dim, layout)
+             for b in ids]
+    table = filled(ring, name, n_keys, generic)
+    cache = filled(ring, name, SMALL, generic)
     for read in (False, True):  # compiled, and the first pages touched
         timed(table, big[:2], dim, read)
         timed(cache, small[:2], dim, read)
@@ -134,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys16", type=int, default=1_000_000, help="keys of the dim-16 AdaGrad table")
     ap.add_argument("--batches", default="1000,100000", help="Zipf draws a batch, comma-separated")
     ap.add_argument("--updates", type=int, default=2_000_000, help="draws a case, over all its batches")
-    ap.add_argument("--cases", default="ftrl,adagrad16")
+    ap.add_argument("--cases", default="ftrl,ftrl-4,adagrad16")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
     tune_allocator()  # as servers do
