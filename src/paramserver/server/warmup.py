@@ -98,11 +98,11 @@ def _warm_steps(n: int) -> None:
     gradient kernels alone serve only a step that goes batch by batch (a key lifecycle, a
     quota, copies to forward to), loaded at its first."""
     # a step's keys in three bytes and its rows' lengths (``wire/packing.py``), alone and in a group
-    arrays = [np.array([[3, 0, 0], [5, 0, 0]], np.uint8), np.zeros(1, np.int32), np.array([2], np.int32),
-              np.zeros(2, np.uint16), np.array([2], np.uint8), np.zeros(0, np.float32), np.zeros(1, np.uint8),
-              np.array([2, 1, 1], np.int64)]
-    for steps, sent in ((1, arrays), (None, arrays[:7])):
-        read_step_arrays(decode([bytes(f) for f in encode({"op": Op.STEP.value}, sent)]), steps)
+    arrays: list[np.ndarray] = [np.array([[3, 0, 0], [5, 0, 0]], np.uint8), np.zeros(1, np.int32),
+                                np.array([2], np.int32), np.zeros(2, np.uint16), np.array([2], np.uint8),
+                                np.zeros(0, np.float32), np.zeros(1, np.uint8), np.array([2, 1, 1], np.int64)]
+    read_step_arrays(decode([bytes(f) for f in encode({"op": Op.STEP.value}, arrays)]), 1)
+    read_step_arrays(decode([bytes(f) for f in encode({"op": Op.STEP.value}, arrays[:7])]))
     for dtype in dict(STEP_ARRAYS)["inverse"]:  # an occurrence's index into the keys: 16 bits or 32
         frames = encode({"op": Op.STEP.value}, [np.zeros(n, dtype), np.arange(n + 1, dtype=np.int64),
                                                 np.ones(n, np.float32), np.zeros(n, np.float32)])
