@@ -222,6 +222,8 @@ def test_a_groups_rows_go_as_their_lengths_and_come_back_as_each_batchs_offsets_
     (7, np.array([2, 1], np.int64), "a step of 2 batches takes sizes <i8[6]: each batch's keys, vnode segments"),
 ])
 def test_a_step_whose_narrow_form_does_not_add_up_is_refused_by_name(at, form, said):
+    """Refused before any loop reads them (``sizes`` past the lengths there are would have the
+    offsets written past their array)."""
     keys, sizes = np.array([3, 9], np.uint64), np.array([1, 1, 3, 1, 1, 2], np.int64)
     arrays = group_arrays(keys, np.array([0, 1], np.int32), np.array([1, 1], np.int64), np.zeros(5, np.uint16),
                           np.array([0, 1, 2, 2, 0, 1, 1], np.int64), np.ones(5, np.float32),
@@ -229,6 +231,15 @@ def test_a_step_whose_narrow_form_does_not_add_up_is_refused_by_name(at, form, s
     arrays[at] = form
     with pytest.raises(ProtocolError, match=re.escape(said)):
         _sent(arrays, 2)
+
+
+def test_a_groups_sizes_whose_sum_wraps_around_to_its_rows_are_refused():
+    """Four batches of 2^62 examples each sum to 0 in 64 bits: as many as an empty step's rows."""
+    sizes = np.array([0, 0, 1 << 62] * 4, np.int64)
+    arrays = [np.zeros((0, 3), np.uint8), np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.uint16),
+              np.zeros(0, np.uint8), np.zeros(0, np.float32), np.zeros(0, np.uint8), sizes]
+    with pytest.raises(ProtocolError, match=re.escape("a step of 4 batches: its sizes name 0 examples")):
+        _sent(arrays, 4)
 
 
 @pytest.mark.parametrize("at, bad", [(0, np.int64), (4, np.uint16), (6, np.float64), (1, np.int64)])

@@ -27,7 +27,7 @@ from paramserver.wire.packing import pack_keys, row_lengths, row_offsets, unpack
 STEP_ARRAYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("keys", ("<u8", "<u4", "|u1")), ("vnodes", ("<i4",)), ("counts", ("<i8", "<i4")), ("inverse", ("<i4", "<u2")),
     ("indptr", ("<i8", "<i4", "|u1")), ("vals", ("<f4",)), ("labels", ("<f4", "|u1")))
-#: the two arrays that go 2-d in a narrow form: keys as three bytes each
+#: a key's bytes in its narrowest form (``|u1[n, 3]``, the one array that goes 2-d)
 _KEY_BYTES = 3
 
 _U24, _U32 = 1 << 24, 1 << 32
@@ -141,7 +141,8 @@ def _offsets(lengths: np.ndarray, group: tuple[np.ndarray, int] | None) -> np.nd
         sizes, steps = group
         sizes_fault(sizes, steps)
         examples = sizes[2::3].astype(np.int64)  # a copy, writable: one compiled kernel
-        if (examples < 0).any() or int(examples.sum()) != lengths.shape[0]:
+        # each at most the rows there are: their sum cannot wrap around to the count (four of 2^62 summed to 0)
+        if (examples < 0).any() or (examples > lengths.shape[0]).any() or int(examples.sum()) != lengths.shape[0]:
             raise ProtocolError(f"a step of {steps} batches: its sizes name {int(examples.sum())} examples, its "
                                 f"rows' lengths {lengths.shape[0]}")
     out = np.empty(lengths.shape[0] + examples.shape[0], np.int64)
