@@ -114,6 +114,37 @@ def test_the_scheduled_solution_matches_scikit_learns_objective(tmp_path, worker
     np.testing.assert_allclose(program.w, ref, atol=1e-3)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_coordinate_descent_wakes_the_zeros_it_rests_and_reaches_the_optimum(tmp_path, seed):
+    """``_cd`` skips a coordinate a sweep left at zero until its next waking sweep: one call of
+    many sweeps from zero must still reach the optimality conditions, including for the
+    coordinates at zero after its first sweeps that the optimum needs (a version that never
+    woke them would leave those at zero)."""
+    from paramserver.apps.rounds.lasso_math import _cd, _xtr
+
+    X, y, path = _problem(tmp_path, seed=seed)
+    m = read_libsvm_matrix(path, X.shape[1])
+    n, lam = m.shape[0], lambda_max(m) / 1000  # many non-zeros, some found late
+    col_sq = np.array([float(m.values[a:b] @ m.values[a:b]) for a, b in zip(m.colptr[:-1], m.colptr[1:])])
+    coords = np.arange(m.shape[1], dtype=np.int64)
+
+    def run(sweeps):
+        w, r = np.zeros(m.shape[1]), m.y.astype(np.float64).copy()
+        _cd(m.colptr, m.rows, m.values, coords, w, r, col_sq, n, lam, sweeps)
+        return w, r
+
+    ref = sklearn.Lasso(alpha=lam, fit_intercept=False, tol=1e-12, max_iter=100_000).fit(X, y).coef_
+    early, _ = run(2)
+    late = np.flatnonzero((early == 0) & (np.abs(ref) > 1e-6))
+    assert late.size, "the problem has no coordinate that the optimum moves after its first sweeps"
+    w, r = run(2000)
+    assert np.all(w[late] != 0)
+    g = _xtr(m.colptr, m.rows, m.values, r) / n  # the optimality conditions: |x_jᵀr|/n <= λ, = λ where w_j != 0
+    assert np.all(np.abs(g[w == 0]) <= lam * (1 + 1e-4))
+    np.testing.assert_allclose(g[w != 0], lam * np.sign(w[w != 0]), rtol=1e-4)
+    assert objective(m, w, lam) <= objective(m, ref, lam) * (1 + 1e-9)
+
+
 def test_interfering_workers_are_reined_in_when_the_objective_goes_up(tmp_path, monkeypatch):
     import paramserver.apps.rounds.coordinate as coordinate
 

