@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 
 from paramserver.data import parse
-from paramserver.data.reader import DataError, DataFormat, Shard, make_shards, read_all, read_batches
+from paramserver.data.reader import (
+    DataError,
+    DataFormat,
+    Shard,
+    make_shards,
+    read_all,
+    read_batches,
+    sniff_label_format,
+    sniff_unlabeled,
+)
 
 CRITEO_LINE = "1\t5\t\t-2\t0\t1382\t4\t15\t2\t181\t1\t2\t\t2\t" + "\t".join(
     ["68fd1e64", "80e26c9b", ""] + [f"{i:08x}" for i in range(23)]) + "\n"
@@ -74,12 +83,32 @@ def test_libsvm_labels_are_mapped_to_0_1(tmp_path, fmt, labels):
     assert batch.vals[:3].tolist() == [1.0, 1.0, 0.5]  # bias, 3:1, 10:0.5
 
 
-@pytest.mark.parametrize("line,what", [("1 0:1\n", "positive integer"), ("1 3\n", "index:value"),
+@pytest.mark.parametrize("line,what", [("1 -1:1\n", "whole number >= 0"), ("1 3\n", "index:value"),
+                                       ("1 3:1 qid:2\n", "whole number >= 0"), ("1 x:1 # 3:1\n", "whole number"),
                                        ("1 3:abc\n", "finite number"), ("7 3:1\n", "label")])
 def test_bad_libsvm_lines(tmp_path, line, what):
     path = write(tmp_path / "a.svm", "1 2:1\n" + line)
     with pytest.raises(DataError, match=rf"a.svm:2: .*{what}"):
         read_all([path], DataFormat("libsvm", label_format="01"))
+
+
+def test_libsvm_reads_svmlight_comments_query_ids_and_index_zero(tmp_path):
+    """svmlight's syntax, which LIBSVM files from other tools carry: ``#`` comments (a line of
+    one, or a line's tail), ``qid:`` after the label, and 0-based indices (scikit-learn's
+    ``dump_svmlight_file`` writes them by default): the same rows as the plain file's."""
+    plain = write(tmp_path / "plain.svm", "1 3:1 10:0.5\n0 0:2\n1 7:1\n")
+    fancy = write(tmp_path / "fancy.svm", "# written by a tool\n#\n1 qid:4 3:1 10:0.5 # a note\n"
+                                          "0 qid:4 0:2\n  # indented\n1 7:1#tight\n")
+    a, b = (read_all([p], DataFormat("libsvm", label_format="01")) for p in (plain, fancy))
+    assert b.labels.tolist() == [1, 0, 1]
+    np.testing.assert_array_equal(a.indptr, b.indptr)
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_array_equal(a.vals, b.vals)
+    assert len(set(a.keys.tolist())) == 5  # 0:2 is a feature of its own (bias, 3, 10, 0, 7)
+    assert sniff_label_format(fancy) == "01"
+    assert not sniff_unlabeled(fancy, DataFormat("libsvm"))
+    unlabeled = write(tmp_path / "u.svm", "# rows to score\n3:1 10:0.5\n")
+    assert sniff_unlabeled(unlabeled, DataFormat("libsvm"))
 
 
 def test_byte_range_shards_cover_every_line_exactly_once(tmp_path):

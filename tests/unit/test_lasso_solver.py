@@ -188,7 +188,9 @@ def test_the_duality_gap_is_the_textbook_one_and_lambda_max_gives_zero(tmp_path)
 @pytest.mark.parametrize("text,what", [
     ("1 1:2\nx 2:1\n", r":2: the target \(first token\) is not a number: 'x 2:1'"),
     ("1 1:2\n1 3\n", ":2: a feature is not index:value"),
-    ("1 0:2\n", ":1: a feature index is not a whole number >= 1"),
+    ("1 -1:2\n", ":1: a feature index is not a whole number >= 0"),
+    ("1 1:2 qid:3\n", ":1: a feature index is not a whole number >= 0"),
+    ("1 1:2\n2 qid:1 0:1 0:2 # x\n", "data line 2 has feature 0 twice"),
     ("1 1:2 2:zz\n", ":1: a feature value is not a number"),
     ("1 1:2\n\n2 4:1 4:2\n", "data line 2 has feature 4 twice"),
     ("1 1:nan\n", ":1: a feature value is not a number"),
@@ -198,6 +200,27 @@ def test_a_malformed_line_is_named_with_the_fix(tmp_path, text, what):
     path.write_text(text)
     with pytest.raises(DataError, match=what):
         read_libsvm_matrix(str(path))
+
+
+def test_the_matrix_reader_takes_svmlight_files_as_scikit_learn_reads_them(tmp_path):
+    """Comments and ``qid:`` skipped; indices from 0 once an index 0 appears (what
+    ``dump_svmlight_file`` writes by default), else from 1: the same matrix as scikit-learn's
+    ``load_svmlight_file``."""
+    load_svmlight_file = pytest.importorskip("sklearn.datasets").load_svmlight_file
+    texts = {"one": "# header\n1.5 qid:2 1:1 3:2 # tail\n\n-2 2:4e-1\n0\n",
+             "zero": "# Column indices are zero-based\n1.5 0:1 2:2\n-2 qid:9 1:4e-1#x\n0\n"}
+    for name, text in texts.items():
+        path = tmp_path / f"{name}.svm"
+        path.write_text(text)
+        m = read_libsvm_matrix(str(path))
+        X, y = load_svmlight_file(str(path), zero_based="auto")
+        assert m.base == (1 if name == "one" else 0)
+        assert m.shape == X.shape and m.y.tolist() == y.tolist()
+        dense = np.zeros(m.shape)
+        for j in range(m.shape[1]):
+            dense[m.rows[m.colptr[j]:m.colptr[j + 1]], j] = m.values[m.colptr[j]:m.colptr[j + 1]]
+        np.testing.assert_array_equal(dense, X.toarray())
+        np.testing.assert_array_equal(dense, [[1, 0, 2], [0, 0.4, 0], [0, 0, 0]])
 
 
 def test_the_matrix_reader_reads_columns_and_checks_the_width(tmp_path):

@@ -87,7 +87,8 @@ def _result_flags(p: argparse.ArgumentParser, save: str, metrics: str, unit: str
 def add_lasso(sub: Subparsers) -> None:
     p = _app_parser(sub, "lasso", "L1-regularised least squares (Lasso) or logistic regression by coordinate descent "
                     "scheduled over the workers (STRADS style) on a local cluster", "LIBSVM file: 'target "
-                    "index:value ...' (target a real number; with --loss logistic a label 1 or -1, or 1 or 0; .gz ok; "
+                    "index:value ...' (target a real number; with --loss logistic a label 1 or -1, or 1 or 0; indices "
+                    "from 1, or from 0 where an index 0 appears; svmlight's qid: and # comments skipped; .gz ok; "
                     "local or fsspec URL)")
     p.add_argument("--loss", default="squared", choices=("squared", "logistic"), help="squared (default): "
                    "1/(2n)·‖y − Xw‖² + λ‖w‖₁; logistic: (1/n)·Σ log(1 + exp(−y_i x_iᵀw)) + λ‖w‖₁ (no intercept)")
@@ -110,7 +111,8 @@ def add_lasso(sub: Subparsers) -> None:
     _cluster_flags(p)
     p.add_argument("--max-rounds", type=int, default=1_000_000, help="stop after this many rounds even if the "
                    "gap is not below --tol (it is said)")
-    _result_flags(p, "write DIR/coef.npy: float64, entry i is feature i + 1", "write objective, duality gap, "
+    _result_flags(p, "write DIR/coef.npy: float64, entry i is feature i + 1 (feature i where the "
+                  "file's indices start at 0: an index 0 in it)", "write objective, duality gap, "
                   "non-zeros, seconds, coordinate updates, the active set after each check and kkt_skipped as JSON",
                   "rounds", 100)
 

@@ -39,7 +39,7 @@ ERRORS = {
     ERR_LABEL: "the label is not one of the format's labels",
     ERR_INT: "an integer feature is not an integer",
     ERR_PAIR: "a feature is not of the form index:value",
-    ERR_INDEX: "a feature index is not a positive integer (LIBSVM indices start at 1)",
+    ERR_INDEX: "a feature index is not a whole number >= 0",
     ERR_VALUE: "a feature value is not a finite number",
     ERR_DUPLICATE: "a feature index appears twice in the line (LIBSVM indices must be distinct)",
 }
@@ -50,6 +50,8 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 _MISSING = np.uint64(0xFFFFFFFFFFFFFFF1)
 _BIAS = np.uint64(0)
 TAB, NL, CR, SPACE, COLON, MINUS, PLUS, DOT = 9, 10, 13, 32, 58, 45, 43, 46
+HASH = 35  # '#' starts a LIBSVM (svmlight) comment
+QID = (113, 105, 100)  # 'qid', svmlight's query id after the label
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -183,6 +185,7 @@ _ONES = np.uint64(0x0101010101010101)
 _HIGHS = np.uint64(0x8080808080808080)
 _TABS = np.uint64(0x0909090909090909)
 _NLS = np.uint64(0x0A0A0A0A0A0A0A0A)
+_HASHES = np.uint64(0x2323232323232323)  # eight '#'
 _ZEROS = np.uint64(0x3030303030303030)  # eight '0'
 _NIBBLES = np.uint64(0xF0F0F0F0F0F0F0F0)
 _SIXES = np.uint64(0x0606060606060606)
@@ -208,6 +211,46 @@ def _field_end(buf, a, size):
     while buf[a] != TAB and buf[a] != NL:
         a += 1
     return a
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _byte_end(buf, a, comment):
+    """Offset of the first NL at or after ``a`` (``buf`` ends in NL), or of the first ``#``
+    before it with ``comment``: a word at a time, as ``_field_end``."""
+    size = buf.shape[0]
+    if _LITTLE:
+        while a + 8 <= size:
+            w = load_u64(buf, a)
+            n = w ^ _NLS
+            m = (n - _ONES) & ~n
+            if comment:
+                h = w ^ _HASHES
+                m |= (h - _ONES) & ~h
+            m &= _HIGHS
+            if m != 0:
+                return a + (trailing_zeros(m) >> 3)
+            a += 8
+    while buf[a] != NL and not (comment and buf[a] == HASH):
+        a += 1
+    return a
+
+
+@njit(inline="always", nogil=True, cache=True)
+def svm_line(buf, pos):
+    """(start, end, content's end, newline) of the first token of the LIBSVM line at ``pos``:
+    its content ends at a ``#`` (svmlight's comment, to the line's end) or the newline; start is
+    the content's end for a line of nothing else (``buf`` ends with a newline)."""
+    stop = _byte_end(buf, pos, True)
+    end = stop if buf[stop] == NL else _byte_end(buf, stop, False)
+    a, b, _ = next_token(buf, pos, stop)
+    return a, b, stop, end
+
+
+@njit(inline="always", nogil=True, cache=True)
+def is_qid(buf, a, colon):
+    """Whether the token at ``a`` with its colon at ``colon`` is svmlight's ``qid:``: a query's
+    id after the target, which a pointwise learner skips."""
+    return colon == a + 3 and buf[a] == QID[0] and buf[a + 1] == QID[1] and buf[a + 2] == QID[2]
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -321,7 +364,9 @@ def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end, unlabele
 @njit(nogil=True, cache=True)
 def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, keys, vals, line_end, unlabeled=False,  # noqa: C901  (one numba kernel: a byte loop)
                  seen=np.zeros(0, np.int64)):  # noqa: B008 (numba: a default must be a constant array)
-    """LIBSVM lines ``label idx:val ...`` (1-based idx) → CSR rows with a bias key first.
+    """LIBSVM lines ``label idx:val ...`` → CSR rows with a bias key first.  An index is a
+    whole number >= 0 (hashed, so 0-based files read as they are); svmlight's ``qid:`` after
+    the label and a comment from ``#`` to the line's end are skipped.
 
     ``keys``/``vals`` must have room for every feature of ``buf`` plus one a row.
     Returns like ``parse_criteo``.
@@ -329,19 +374,13 @@ def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, ke
     n, pos, bad, size, nnz = 0, 0, 0, buf.shape[0], 0
     indptr[0] = 0
     while pos < size and n < max_rows:
-        end = pos
-        while buf[end] != NL:
-            end += 1
-        a = pos
-        while a < end and (buf[a] == SPACE or buf[a] == TAB or buf[a] == CR):
-            a += 1
-        if a == end:  # blank line
+        a, b, stop, end = svm_line(buf, pos)
+        if a == stop:  # a blank line, or a comment's
             pos = end + 1
             continue
         err = ERR_NONE
-        b = a
-        while b < end and buf[b] != SPACE and buf[b] != TAB and buf[b] != CR and not unlabeled:
-            b += 1
+        if unlabeled:
+            b = a
         ok, raw = parse_float(buf, a, b)
         label = 0.0 if unlabeled else -1.0  # unlabeled: no label token, features from the start
         if ok and not unlabeled:
@@ -361,21 +400,17 @@ def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, ke
             a = b
             prev, ordered, first = -1, True, row_nnz  # duplicates: free to see when ascending, else sorted
             while True:
-                while a < end and (buf[a] == SPACE or buf[a] == TAB or buf[a] == CR):
-                    a += 1
-                if a >= end:
+                a, b, colon = next_token(buf, a, stop)
+                if a >= stop:
                     break
-                b = a
-                colon = -1
-                while b < end and buf[b] != SPACE and buf[b] != TAB and buf[b] != CR:
-                    if buf[b] == COLON and colon < 0:
-                        colon = b
-                    b += 1
                 if colon < 0:
                     err = ERR_PAIR
                     break
+                if row_nnz == first and is_qid(buf, a, colon):  # the query's id: skipped
+                    a = b
+                    continue
                 ok, idx = parse_int(buf, a, colon)
-                if not ok or idx < 1:
+                if not ok or idx < 0:
                     err = ERR_INDEX
                     break
                 ok, v = parse_float(buf, colon + 1, b)

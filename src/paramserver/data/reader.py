@@ -127,9 +127,11 @@ def sniff_unlabeled(path: str, fmt: DataFormat) -> bool:
     else:
         with open_input(path) as f:
             head = f.read(1 << 16)
-    line = next((x for x in head.split(b"\n") if x.strip()), b"")
     if fmt.name == "criteo":
+        line = next((x for x in head.split(b"\n") if x.strip()), b"")
         return line.rstrip(b"\r").count(b"\t") == parse.CRITEO_FIELDS - 2
+    # LIBSVM: the first line with more than a comment (svmlight's, from '#')
+    line = next((x for x in (y.split(b"#", 1)[0] for y in head.split(b"\n")) if x.strip()), b"")
     first = line.split(None, 1)[0] if line.split() else b""
     return b":" in first
 
@@ -140,6 +142,7 @@ def sniff_label_format(path: str) -> str:
         head = f.read(1 << 20)
     labels = set()
     for line in head.split(b"\n")[:-1] or head.split(b"\n"):
+        line = line.split(b"#", 1)[0]  # svmlight's comment
         token = line.split(None, 1)[0] if line.strip() else b""
         if token:
             labels.add(token.decode(errors="replace"))

@@ -112,6 +112,8 @@ def _unlabeled(body: bytes | bytearray, fmt: DataFormat) -> bool:
     while True:  # the first line that is not blank, its first SNIFF_BYTES (not a copy of a body of one line)
         end = body.find(NL, start)
         line = bytes(body[start:min(end if end >= 0 else len(body), start + SNIFF_BYTES)]).rstrip(b"\r")
+        if fmt.name == "libsvm":
+            line = line.split(b"#", 1)[0]  # svmlight's comment
         if line.strip() or end < 0:
             break
         start = end + 1

@@ -199,7 +199,8 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     seconds = time.perf_counter() - t0
     head = min(ran.per_worker, key=lambda r: r["rank"])
     report = {**solution_report(m, w, cfg, head, seconds), "lambda_max": lmax, "rows": n, "features": d,
-              "workers": workers, "servers": servers, "workers_lost": ran.lost, "workers_joined_midway": ran.joined,
+              "first_index": m.base, "workers": workers, "servers": servers, "workers_lost": ran.lost,
+              "workers_joined_midway": ran.joined,
               "schedule": schedule, "tol": tol, **job.losses.report(), **job.wire(ran),
               "resumed_at_round": resume.round if resume else None, "checkpoints": head["checkpoints"],
               "history": head["history"]}

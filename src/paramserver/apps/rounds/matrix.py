@@ -1,4 +1,4 @@
-"""A LIBSVM file read whole as a sparse matrix with its real-valued targets, for the
+"""A LIBSVM (svmlight) file read whole as a sparse matrix with its real-valued targets, for the
 model-parallel apps (``paramserver lasso``) that need features by their own index, not
 hashed, and labels as numbers, not classes.
 
@@ -15,45 +15,52 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.data.parse import line_head, next_token, parse_float, parse_int
+from paramserver.data.parse import is_qid, next_token, parse_float, parse_int, svm_line
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, check_fits, read_whole
 
 
 @njit(nogil=True, cache=True)
 def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
-    """Lines ``target idx:val ...`` → CSR (0-based columns).  Returns ``(rows, what is wrong
-    or "", its line's offset)``; ``buf`` ends with a newline."""
-    n, nnz, pos, size = 0, 0, 0, buf.shape[0]
+    """Lines ``target idx:val ...`` → CSR with each column the index less one (indices ``0``
+    or more; svmlight's ``qid:`` after the target and a comment from ``#`` skipped).  Returns
+    ``(rows, what is wrong or "", its line's offset, the least index)``; ``buf`` ends with a
+    newline."""
+    n, nnz, pos, size, least = 0, 0, 0, buf.shape[0], -1
     indptr[0] = 0
     while pos < size:
-        a, b, end = line_head(buf, pos)
-        if a == end:
+        a, b, stop, end = svm_line(buf, pos)
+        if a == stop:
             pos = end + 1
             continue
         ok, y = parse_float(buf, a, b)
         if not ok or not np.isfinite(y):
-            return n, "the target (first token) is not a number", pos
+            return n, "the target (first token) is not a number", pos, least
+        row = nnz
         while True:
-            a, b, colon = next_token(buf, b, end)
-            if a >= end:
+            a, b, colon = next_token(buf, b, stop)
+            if a >= stop:
                 break
             if colon < 0:
-                return n, "a feature is not index:value", pos
+                return n, "a feature is not index:value", pos, least
+            if nnz == row and is_qid(buf, a, colon):
+                continue
             ok, idx = parse_int(buf, a, colon)
-            if not ok or idx < 1:
-                return n, "a feature index is not a whole number >= 1 (LIBSVM indices start at 1)", pos
+            if not ok or idx < 0:
+                return n, "a feature index is not a whole number >= 0", pos, least
             ok, v = parse_float(buf, colon + 1, b)
             if not ok or not np.isfinite(v):
-                return n, "a feature value is not a number", pos
-            cols[nnz] = idx - 1
+                return n, "a feature value is not a number", pos, least
+            if least < 0 or idx < least:
+                least = idx
+            cols[nnz] = idx - 1  # as LIBSVM numbers them; a 0-based file's are moved back after
             vals[nnz] = v
             nnz += 1
         labels[n] = y
         n += 1
         indptr[n] = nnz
         pos = end + 1
-    return n, "", -1
+    return n, "", -1, least
 
 
 @njit(nogil=True, cache=True)
@@ -114,6 +121,7 @@ class Matrix:
     colptr: np.ndarray  # int64[n_cols + 1]
     rows: np.ndarray  # int64[nnz]
     values: np.ndarray  # float64[nnz]
+    base: int = 1  # the file's first feature index: column j is its feature j + base
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -127,9 +135,12 @@ class Matrix:
 def read_libsvm_matrix(path: str, n_features: int | None = None) -> Matrix:
     """Read LIBSVM ``path`` (gz/bz2/xz by extension, any fsspec URL) whole.
 
-    ``n_features``: the number of columns (default: the largest index seen); an index
-    above it is an error.  Duplicate indices in a line are an error too (LIBSVM has one
-    value a feature).
+    Indices start at 1, as LIBSVM's do, unless an index 0 appears: then at 0, as
+    scikit-learn's ``dump_svmlight_file`` writes them by default and its
+    ``load_svmlight_file`` reads them (``Matrix.base``).  svmlight's ``qid:`` after the
+    target and comments from ``#`` are skipped.  ``n_features``: the number of columns
+    (default: up to the largest index seen); an index past it is an error.  Duplicate
+    indices in a line are an error too (LIBSVM has one value a feature).
 
     Raises:
         DataError: missing or empty file, or a malformed line (file and line named).
@@ -139,7 +150,7 @@ def read_libsvm_matrix(path: str, n_features: int | None = None) -> Matrix:
     tokens = raw.count(b":")  # an upper bound on the entries
     labels, indptr = np.empty(lines, np.float64), np.empty(lines + 1, np.int64)
     cols, vals = np.empty(tokens, np.int64), np.empty(tokens, np.float64)
-    n, err, at = _parse(buf, labels, indptr, cols, vals)
+    n, err, at, least = _parse(buf, labels, indptr, cols, vals)
     if err:
         raise bad_line(path, raw, buf, at, err, "each line must be 'target index:value ...' with numeric "
                        "values (fix or remove the line)")
@@ -150,16 +161,19 @@ def read_libsvm_matrix(path: str, n_features: int | None = None) -> Matrix:
         raise DataError(f"{path}: none of its {n:,} lines has a feature (only targets); expected LIBSVM lines "
                         "'target index:value ...'")
     cols, vals = cols[:nnz], vals[:nnz]
+    base = 1 if least > 0 else 0  # as scikit-learn's load_svmlight_file reads: 0-based once an index 0 is seen
+    if base == 0:
+        cols += 1
     seen = int(cols.max()) + 1
     width = seen if n_features is None else n_features
     if seen > width:
         row = int(np.searchsorted(indptr[1:n + 1], int(np.argmax(cols >= width)), side="right"))
-        raise DataError(f"{path}: data line {row + 1} has feature index {int(cols.max()) + 1}, above the "
+        raise DataError(f"{path}: data line {row + 1} has feature index {int(cols.max()) + base}, above the "
                         f"{width} features expected; give a larger number of features or fix the file")
     _check_width(path, width, indptr[:n + 1], cols)
     row, col = _first_duplicate(indptr[:n + 1], cols, width)
     if row >= 0:
-        raise DataError(f"{path}: data line {row + 1} has feature {col + 1} twice; LIBSVM has one value a "
+        raise DataError(f"{path}: data line {row + 1} has feature {col + base} twice; LIBSVM has one value a "
                         "feature (sum or drop the duplicates)")
     colptr, rows, values = _to_csc(indptr[:n + 1], cols, vals, width)
-    return Matrix(labels[:n].copy(), colptr, rows, values)
+    return Matrix(labels[:n].copy(), colptr, rows, values, base)
