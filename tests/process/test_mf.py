@@ -25,7 +25,7 @@ def _cli(*args, check=True):
     return run
 
 
-def _ratings(tmp_path, n_users=80, n_items=50, n=3000, seed=3):
+def _ratings(tmp_path, n_users=80, n_items=50, n=3000, seed=3, named=False):
     rng = np.random.default_rng(seed)
     P, Q = rng.normal(0, 0.7, (n_users, 3)), rng.normal(0, 0.7, (n_items, 3))
     pair = np.unique(rng.integers(0, n_users, n) * n_items + rng.integers(0, n_items, n))
@@ -35,9 +35,10 @@ def _ratings(tmp_path, n_users=80, n_items=50, n=3000, seed=3):
     ids_u, ids_i = u * 7 + 100, i * 3 + 5  # sparse ids, as MovieLens has
     cut = u.size // 5
     train, test = tmp_path / "train.csv", tmp_path / "test.tsv"
+    u_, i_ = ("user-", "item-") if named else ("", "")  # ids as names (Amazon's files), or numbers
     train.write_text("userId,movieId,rating,timestamp\n" + "".join(
-        f"{a},{b},{c:g},0\n" for a, b, c in zip(ids_u[cut:], ids_i[cut:], r[cut:])))
-    test.write_text("".join(f"{a}\t{b}\t{c:g}\t0\n" for a, b, c in zip(ids_u[:cut], ids_i[:cut], r[:cut])))
+        f"{u_}{a},{i_}{b},{c:g},0\n" for a, b, c in zip(ids_u[cut:], ids_i[cut:], r[cut:])))
+    test.write_text("".join(f"{u_}{a}\t{i_}{b}\t{c:g}\t0\n" for a, b, c in zip(ids_u[:cut], ids_i[:cut], r[:cut])))
     return (ids_u[cut:], ids_i[cut:], r[cut:].astype(np.float32)), (ids_u[:cut], ids_i[:cut], r[:cut]), train, test
 
 
@@ -85,11 +86,15 @@ def test_block_rotation_is_exactly_serial_sgd_over_the_strata(tmp_path, workers)
     assert np.abs(got["item_factors"]).max() > 0.05  # trained, not left at zero
 
 
-def test_predicts_held_out_ratings_better_than_the_biases_alone(tmp_path):
-    train, test, train_path, test_path = _ratings(tmp_path, n_users=200, n_items=120, n=14000)
-    pred_path, metrics = tmp_path / "pred.txt", tmp_path / "m.json"
+@pytest.mark.parametrize("named", [False, True])
+def test_predicts_held_out_ratings_better_than_the_biases_alone(tmp_path, named):
+    train, test, train_path, test_path = _ratings(tmp_path, n_users=200, n_items=120, n=14000, named=named)
+    pred_path, metrics, out = tmp_path / "pred.txt", tmp_path / "m.json", tmp_path / "model"
     run = _cli("--data", str(train_path), "--test", str(test_path), "--predictions-out", str(pred_path),
-               "--metrics-out", str(metrics))
+               "--metrics-out", str(metrics), "--save", str(out))
+    saved = np.load(out / "mf.npz")
+    want = sorted(f"user-{x}" for x in set(train[0].tolist())) if named else sorted(set(train[0].tolist()))
+    assert sorted(saved["user_ids"].tolist()) == want and len(saved["user_factors"]) == len(want)
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report == json.loads(metrics.read_text())
     pred = np.loadtxt(pred_path)

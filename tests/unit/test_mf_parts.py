@@ -155,6 +155,41 @@ def test_reader_names_the_file_line_and_rule(tmp_path, line, what):
     assert f"{path}:3:" in str(err.value) and what in str(err.value)
 
 
+def _fnv(name: str) -> int:
+    h = 0xCBF29CE484222325
+    for c in name.encode():
+        h = ((h ^ c) * 0x100000001B3) & (2**64 - 1)
+    return h - 2**64 if h >= 2**63 else h
+
+
+def test_reader_takes_names_for_ids_as_surprise_does(tmp_path):
+    """Ids that are names (Amazon's ratings files: no header, a user's and an item's code): the
+    first data line says so for each column; a name is its bytes' FNV-1a hash, and each
+    distinct hash's name is kept in the hashes' sorted order (``distinct_ids``'), for --save.
+    A test file is read as its training file was: there "17" is a name too."""
+    path = tmp_path / "amazon.csv"
+    path.write_text("A2SUAM1J3GNN3B,0132793040,5.0,1365811200\nAKM1MP6P0OYPR,0321732944,4.0,1341100800\n"
+                    "A2SUAM1J3GNN3B,0321732944,3.0,1\n17,0132793040,2,1\n")
+    got = read_ratings(str(path))
+    assert got.named == (True, False) and got.item_names is None  # "0132793040" reads as a number
+    users = ["A2SUAM1J3GNN3B", "AKM1MP6P0OYPR", "A2SUAM1J3GNN3B", "17"]
+    np.testing.assert_array_equal(got.users, [_fnv(x) for x in users])
+    np.testing.assert_array_equal(got.items, [132793040, 321732944, 321732944, 132793040])
+    found, _ = distinct_ids(got.users)
+    assert [_fnv(x) for x in got.user_names] == found.tolist()
+    assert sorted(got.user_names.tolist()) == sorted(set(users))
+    held = tmp_path / "test.tsv"
+    held.write_text("user\titem\trating\n17\t0321732944\t1\n")
+    assert read_ratings(str(held), got.named).users.tolist() == [_fnv("17")]
+    assert read_ratings(str(held)).users.tolist() == [17]  # alone, its ids are numbers
+    path.write_text("A1,B1,5\nA2,B2,4\n")  # no header: the first line is data, not skipped
+    both = read_ratings(str(path))
+    assert both.named == (True, True) and sorted(both.item_names.tolist()) == ["B1", "B2"]
+    path.write_text("A1,10,5\nA2,B2,4\n")  # the items are numbers, as the first line's: B2 is wrong
+    with pytest.raises(DataError, match=r"amazon.csv:2: the item id \(second field\) is not a whole number"):
+        read_ratings(str(path))
+
+
 def test_reader_refuses_an_empty_file(tmp_path):
     path = tmp_path / "r.csv"
     path.write_text("userId,movieId,rating,timestamp\n")

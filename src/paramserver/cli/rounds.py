@@ -120,7 +120,8 @@ def add_lasso(sub: Subparsers) -> None:
 def add_mf(sub: Subparsers) -> None:
     p = _app_parser(sub, "mf", "biased matrix factorisation trained model-parallel by block rotation (DSGD) on a "
                     "local cluster", "training ratings: 'user item rating [timestamp]' lines (MovieLens u.data TSV, "
-                    "ratings.csv with its header, or ratings.dat '::'); .gz ok; local or fsspec URL")
+                    "ratings.csv with its header, or ratings.dat '::'; ids whole numbers, or names where the first "
+                    "line's are, as in Amazon's ratings files); .gz ok; local or fsspec URL")
     p.add_argument("--test", help="ratings to predict and score (same formats): test RMSE in the report")
     _config_flags(p, MFConfig)
     _cluster_flags(p)

@@ -42,9 +42,9 @@ from paramserver.data.parse import (
     ERR_LABEL,
     ERR_NONE,
     NL,
-    _bytes_hash,
     _word_hash,
     bucket_int,
+    bytes_hash,
     parse_float,
 )
 from paramserver.errors import ConfigError
@@ -231,7 +231,7 @@ def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, li
                     keys[n, k] = load_u64(buf, a)
                     words |= np.uint64(1) << np.uint64(k)
                 else:
-                    keys[n, k] = _MISSING if e == a else _bytes_hash(buf, a, e)
+                    keys[n, k] = _MISSING if e == a else bytes_hash(buf, a, e)
                 k += 1
             elif role == ROLE_NUMERIC:
                 if e == a:
@@ -254,7 +254,7 @@ def parse_csv(buf, max_rows, skip_bad, mask, roles, namespaces, labels, keys, li
                     keys[n, k] = np.uint64(hh)
                     keys[n, k + 1] = np.uint64(_weekday(2000 + yy, mm, dd))
                 else:  # not YYMMDDHH: the value as a token, no weekday
-                    keys[n, k] = _MISSING if e == a else _bytes_hash(buf, a, e)
+                    keys[n, k] = _MISSING if e == a else bytes_hash(buf, a, e)
                     keys[n, k + 1] = _MISSING
                 k += 2
             col += 1

@@ -61,7 +61,9 @@ def feature_key(field, token, mask):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _bytes_hash(buf, a, b):
+def bytes_hash(buf, a, b):
+    """FNV-1a, 64 bits, of ``buf[a:b]``: a token's key before its field is mixed in, and a
+    name's id (``apps/rounds/ratings``)."""
     h = _FNV_OFFSET
     for i in range(a, b):
         h = (h ^ np.uint64(buf[i])) * _FNV_PRIME
@@ -269,7 +271,7 @@ def _digits(w, n):
 
 @njit(inline="always", nogil=True, cache=True)
 def _word_hash(w):
-    """``_bytes_hash`` of the 8 characters in ``w``."""
+    """``bytes_hash`` of the 8 characters in ``w``."""
     h = _FNV_OFFSET
     for i in range(8):
         h = (h ^ ((w >> np.uint64(8 * i)) & np.uint64(0xFF))) * _FNV_PRIME
@@ -343,7 +345,7 @@ def parse_criteo(buf, max_rows, skip_bad, mask, labels, keys, line_end, unlabele
                     keys[n, field] = load_u64(buf, a)
                     words |= np.uint64(1) << np.uint64(field)
                 else:
-                    keys[n, field] = _bytes_hash(buf, a, b)
+                    keys[n, field] = bytes_hash(buf, a, b)
                 a = b + 1
         if err != ERR_NONE:
             if not skip_bad:

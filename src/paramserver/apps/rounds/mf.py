@@ -375,7 +375,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     checkpoints.check()
     t0 = time.perf_counter()
     train = read_ratings(data)
-    held = read_ratings(test) if test else None
+    held = read_ratings(test, train.named) if test else None
     user_ids, u = distinct_ids(train.users)
     item_ids, i = distinct_ids(train.items)
     r = train.ratings
@@ -409,7 +409,7 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     if held is not None:
         report.update(_test(held, user_ids, item_ids, P, Q, mu, lo, hi, predictions_out))
     if save:
-        _save(save, user_ids, item_ids, P, Q, mu, (lo, hi))
+        _save(save, _named(user_ids, train.user_names), _named(item_ids, train.item_names), P, Q, mu, (lo, hi))
     seconds = time.perf_counter() - t0
     updates = int(r.size) * max(cfg.epochs - (resume.round // workers if resume else 0), 0)
     report.update({"seconds": seconds, "train_seconds": ran.seconds, "rating_updates": updates,
@@ -420,6 +420,11 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
                    **asdict(cfg), "phase_seconds": ran.per_worker[0]["phase_seconds"]})
     write_metrics(metrics_out, report)
     return report
+
+
+def _named(ids: np.ndarray, names: np.ndarray | None) -> np.ndarray:
+    """What ``--save`` writes for ``ids`` (``distinct_ids``' sorted hashes): their names, if they are."""
+    return ids if names is None else names
 
 
 def _save(folder: str, user_ids: np.ndarray, item_ids: np.ndarray, P: np.ndarray, Q: np.ndarray, mu: float,
