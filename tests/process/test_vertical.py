@@ -45,6 +45,13 @@ def test_split_columns_keeps_every_line_and_every_feature(tmp_path):
     gz = tmp_path / "d.libsvm.gz"
     gz.write_bytes(gzip.compress(src.read_bytes()))
     assert split_columns(str(gz), 2, str(tmp_path / "o3"))["lines"] == 4
+    # svmlight's syntax, as the parsers read it: comments and qid: dropped, an index 0 kept
+    (tmp_path / "svmlight.libsvm").write_text("# written by a tool\n1 qid:7 0:0.5 3:1 # note\n-1 2:1#x\n")
+    split_columns(str(tmp_path / "svmlight.libsvm"), 2, str(tmp_path / "o4"))
+    blocks = [(tmp_path / "o4" / f"block-{p}.libsvm").read_text().splitlines() for p in range(2)]
+    assert all(len(b) == 2 for b in blocks)
+    assert sorted(t for b in blocks for t in b[0].split()[1:]) == ["0:0.5", "3:1"]
+    assert sorted(t for b in blocks for t in b[1].split()[1:]) == ["2:1"]
 
 
 def test_feature_partition_refuses_what_it_cannot_do(tmp_path):

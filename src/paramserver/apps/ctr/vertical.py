@@ -84,12 +84,12 @@ def _split_chunk(chunk: list[str], first: int, parts: int, outs: list[Any], path
     rows: list[list[str]] = []
     all_idx: list[int] = []  # every feature's index, in order: its block
     for n, line in enumerate(chunk, start=first + 1):
-        tokens = line.split()
+        tokens = line.split("#", 1)[0].split()  # svmlight's comment, as the parsers skip it
         if not tokens:
             continue
         try:
             float(tokens[0])
-            feats = tokens[1:]
+            feats = tokens[2:] if len(tokens) > 1 and tokens[1].startswith("qid:") else tokens[1:]
             pairs = [t.split(":", 1) for t in feats]
             idx = [int(i) for i, _ in pairs]
             for _, v in pairs:
@@ -97,8 +97,8 @@ def _split_chunk(chunk: list[str], first: int, parts: int, outs: list[Any], path
         except (ValueError, IndexError):
             raise DataError(f"{path}:{n}: not a LIBSVM line (label idx:value ...): {line.strip()[:120]!r}; fix "
                             "or remove it (every column block needs every line)") from None
-        if idx and min(idx) < 1:
-            raise DataError(f"{path}:{n}: feature indices start at 1, got {min(idx)}")
+        if idx and min(idx) < 0:
+            raise DataError(f"{path}:{n}: a feature index is not a whole number >= 0, got {min(idx)}")
         labels.append(tokens[0])
         rows.append(feats)
         all_idx.extend(idx)
