@@ -21,6 +21,7 @@ from typing import TextIO
 
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
+from paramserver.apps.ctr.vertical import split_columns
 from paramserver.apps.ctr.warmup import warm_worker
 from paramserver.filters.warmup import warm_filters
 from paramserver.server.warmup import warm_server
@@ -31,6 +32,13 @@ Group = tuple[str, Callable[[], None]]  # what a group of kernels is, and what c
 def _synth_rows() -> None:
     with tempfile.TemporaryDirectory() as tmp:  # paramserver demo writes its rows first
         write_synth(os.path.join(tmp, "rows.tsv"), 10, seed=1)
+
+
+def _column_blocks() -> None:
+    with tempfile.TemporaryDirectory() as tmp:  # split-columns, and --feature-partition on a LIBSVM file
+        with open(os.path.join(tmp, "rows.libsvm"), "w") as f:
+            f.write("1 1:1 2:0.5\n")
+        split_columns(os.path.join(tmp, "rows.libsvm"), 2, os.path.join(tmp, "blocks"))
 
 
 def _request_loops(rows: list[tuple[object, int]], dense: list[tuple[object, int]] | None = None,
@@ -79,7 +87,8 @@ def groups(quick_start: bool) -> list[Group]:
     return [*every, ("the filters", warm_filters), *loops,
             ("LR's and FM's request loops and steps", lambda: _request_loops(_job_rows(), steps=True)),
             ("Criteo rows: LR, FM, DeepFM", lambda: warm_worker(("criteo",), filters=False)),
-            ("LIBSVM rows: LR, FM, DeepFM", lambda: warm_worker(("libsvm",), filters=False))]
+            ("LIBSVM rows: LR, FM, DeepFM", lambda: warm_worker(("libsvm",), filters=False)),
+            ("LIBSVM column blocks", _column_blocks)]
 
 
 def run(todo: list[Group], out: TextIO = sys.stderr, clock: Callable[[], float] = time.perf_counter) -> float:

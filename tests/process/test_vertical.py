@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gzip
 
+import numpy as np
 import pytest
 from support import shared
 
+from paramserver.apps.ctr import vertical
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.train import TrainConfig, run_training
 from paramserver.apps.ctr.vertical import run_vertical, split_columns
@@ -52,6 +54,28 @@ def test_split_columns_keeps_every_line_and_every_feature(tmp_path):
     assert all(len(b) == 2 for b in blocks)
     assert sorted(t for b in blocks for t in b[0].split()[1:]) == ["0:0.5", "3:1"]
     assert sorted(t for b in blocks for t in b[1].split()[1:]) == ["2:1"]
+
+
+def test_split_columns_reads_in_pieces_as_it_reads_whole(tmp_path, monkeypatch):
+    """The file is split a piece at a time: lines cut by a piece's end, a last line with no
+    newline, and a bad line's number counted across pieces, as when read whole."""
+    rng = np.random.default_rng(5)
+    lines = [" ".join([str(rng.integers(0, 2))] + [f"{j}:{rng.integers(1, 9)}" for j in
+                                                    np.sort(rng.choice(50, rng.integers(0, 8), replace=False))])
+             for _ in range(300)]
+    src = tmp_path / "d.libsvm"
+    src.write_text("\n".join(lines))  # no final newline
+    whole = split_columns(str(src), 3, str(tmp_path / "whole"))
+    monkeypatch.setattr(vertical, "CHUNK_BYTES", 97)
+    pieces = split_columns(str(src), 3, str(tmp_path / "pieces"))
+    assert whole["lines"] == pieces["lines"] == 300
+    for p in range(3):
+        got = (tmp_path / "pieces" / f"block-{p}.libsvm").read_bytes()
+        assert got == (tmp_path / "whole" / f"block-{p}.libsvm").read_bytes() and got.count(b"\n") == 300
+    lines[250] = "1 3:1 x:2"
+    src.write_text("\n".join(lines))
+    with pytest.raises(DataError, match=r"d.libsvm:251: not a LIBSVM line"):
+        split_columns(str(src), 3, str(tmp_path / "bad"))
 
 
 def test_feature_partition_refuses_what_it_cannot_do(tmp_path):

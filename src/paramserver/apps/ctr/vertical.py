@@ -3,7 +3,8 @@ regression, where no process ever holds a whole example.
 
 ``split_columns`` cuts a LIBSVM file into P column files by feature hash: block p keeps,
 of every line, the label and the features whose hash falls in p (every block has every
-line, in order; a line can be left with its label alone).  Worker p of a
+line, in order; a line can be left with its label alone), in one numba pass a piece of
+the file (``_split``).  Worker p of a
 ``--feature-partition P`` job then reads block p only, and for each mini-batch:
 
 1. pulls the weights of its features and computes its partial margins ``X_p w_p``;
@@ -28,18 +29,17 @@ from typing import Any
 
 import fsspec
 import numpy as np
+from numba import njit
 
+from paramserver.data.parse import NL, SPACE, is_qid, next_token, parse_float, parse_int, svm_line
 from paramserver.data.reader import DataError
 from paramserver.errors import ConfigError
-from paramserver.routing.hashing import hash64_array
+from paramserver.routing.hashing import hash64
 
 MANIFEST = "columns.json"
 _SALT = np.uint64(0x5851F42D4C957F2D)
-
-
-def _blocks(idx: np.ndarray, parts: int) -> np.ndarray:
-    blocks: np.ndarray = (hash64_array(idx.astype(np.uint64) ^ _SALT) % np.uint64(parts)).astype(np.int64)
-    return blocks
+CHUNK_BYTES = 8 << 20  # read and split this much of the file at a time
+_BAD, _NEGATIVE = 1, 2  # what ``_split`` finds wrong in a line
 
 
 def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> dict[str, Any]:
@@ -58,17 +58,23 @@ def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> d
     if not fs.exists(local):
         raise ConfigError(f"--data {path}: no such file; give the LIBSVM file to split")
     os.makedirs(out_dir, exist_ok=True)
-    outs = [open(os.path.join(out_dir, f"block-{p}.libsvm"), "w") for p in range(parts)]
+    outs = [open(os.path.join(out_dir, f"block-{p}.libsvm"), "wb") for p in range(parts)]
     lines = 0
     try:
-        with fsspec.open(path, "rt", compression="infer") as f:
-            chunk: list[str] = []
-            for line in f:
-                chunk.append(line)
-                if len(chunk) == 65536:
-                    lines = _split_chunk(chunk, lines, parts, outs, path)
-                    chunk = []
-            lines = _split_chunk(chunk, lines, parts, outs, path)
+        with fsspec.open(path, "rb", compression="infer") as f:
+            rest = b""
+            while True:
+                data = f.read(CHUNK_BYTES)
+                text = rest + data
+                cut = text.rfind(b"\n") + 1 if data else len(text)
+                if cut == 0 and data:  # no line ends in it yet: read on
+                    rest = text
+                    continue
+                rest = text[cut:]
+                if cut:
+                    lines = _split_text(text[:cut], lines, parts, outs, path)
+                if not data:
+                    break
     finally:
         for o in outs:
             o.close()
@@ -79,44 +85,74 @@ def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> d
     return manifest
 
 
-def _split_chunk(chunk: list[str], first: int, parts: int, outs: list[Any], path: str) -> int:
-    labels: list[str] = []
-    rows: list[list[str]] = []
-    all_idx: list[int] = []  # every feature's index, in order: its block
-    for n, line in enumerate(chunk, start=first + 1):
-        tokens = line.split("#", 1)[0].split()  # svmlight's comment, as the parsers skip it
-        if not tokens:
-            continue
-        try:
-            float(tokens[0])
-            feats = tokens[2:] if len(tokens) > 1 and tokens[1].startswith("qid:") else tokens[1:]
-            pairs = [t.split(":", 1) for t in feats]
-            idx = [int(i) for i, _ in pairs]
-            for _, v in pairs:
-                float(v)
-        except (ValueError, IndexError):
-            raise DataError(f"{path}:{n}: not a LIBSVM line (label idx:value ...): {line.strip()[:120]!r}; fix "
-                            "or remove it (every column block needs every line)") from None
-        if idx and min(idx) < 0:
-            raise DataError(f"{path}:{n}: a feature index is not a whole number >= 0, got {min(idx)}")
-        labels.append(tokens[0])
-        rows.append(feats)
-        all_idx.extend(idx)
-    if all_idx:
-        block = _blocks(np.array(all_idx, np.int64), parts)
-    pos = 0
-    per_block: list[list[str]] = [[] for _ in range(parts)]
-    for label, feats in zip(labels, rows):
-        mine: list[list[str]] = [[label] for _ in range(parts)]
-        for t in feats:
-            mine[int(block[pos])].append(t)
-            pos += 1
-        for p in range(parts):
-            per_block[p].append(" ".join(mine[p]))
+def _split_text(text: bytes, first: int, parts: int, outs: list[Any], path: str) -> int:
+    """Split ``text`` (whole lines; its first is line ``first + 1`` of ``path``) into the
+    blocks' files; returns the lines read so far."""
+    buf = np.frombuffer(text if text.endswith(b"\n") else text + b"\n", np.uint8)
+    out = np.empty((parts, buf.size + 32 * (int(np.count_nonzero(buf == NL)) + 1)), np.uint8)
+    fill = np.zeros(parts, np.int64)
+    err, at = _split(buf, parts, out, fill)
+    if err:
+        n = first + int(np.count_nonzero(buf[:at] == NL)) + 1
+        line = bytes(buf[at:at + int(np.argmax(buf[at:] == NL))]).decode("utf-8", "replace").strip()
+        if err == _NEGATIVE:
+            raise DataError(f"{path}:{n}: a feature index is not a whole number >= 0: {line[:120]!r}; fix or remove "
+                            "the line (every column block needs every line)")
+        raise DataError(f"{path}:{n}: not a LIBSVM line (label idx:value ...): {line[:120]!r}; fix or remove it "
+                        "(every column block needs every line)")
     for p in range(parts):
-        if per_block[p]:
-            outs[p].write("\n".join(per_block[p]) + "\n")
-    return first + len(chunk)
+        outs[p].write(out[p, :fill[p]].tobytes())
+    return first + int(np.count_nonzero(buf == NL))
+
+
+@njit(nogil=True, cache=True)
+def _split(buf, parts, out, fill):  # type: ignore[no-untyped-def]  # noqa: C901  (one numba kernel: a byte loop)
+    """Each line of ``buf`` → a line of every block of ``out``: its label, then the
+    ``idx:value`` tokens whose index hashes to the block (``fill``: each block's bytes);
+    a blank line or a comment's gives none, svmlight's ``qid:`` is dropped.  Returns
+    ``(0, 0)``, or what is wrong (``_BAD``, ``_NEGATIVE``) and its line's offset."""
+    pos, size, mod = 0, buf.shape[0], np.uint64(parts)
+    while pos < size:
+        a, b, stop, end = svm_line(buf, pos)
+        if a == stop:
+            pos = end + 1
+            continue
+        ok, _ = parse_float(buf, a, b)
+        if not ok:
+            return _BAD, pos
+        for p in range(parts):
+            for k in range(a, b):
+                out[p, fill[p] + k - a] = buf[k]
+            fill[p] += b - a
+        first = True
+        while True:
+            a, b, colon = next_token(buf, b, stop)
+            if a >= stop:
+                break
+            if colon < 0:
+                return _BAD, pos
+            if first and is_qid(buf, a, colon):
+                first = False
+                continue
+            first = False
+            ok, idx = parse_int(buf, a, colon)
+            if not ok:
+                return _BAD, pos
+            if idx < 0:
+                return _NEGATIVE, pos
+            ok, _ = parse_float(buf, colon + 1, b)
+            if not ok:
+                return _BAD, pos
+            p = hash64(np.uint64(idx) ^ _SALT) % mod
+            out[p, fill[p]] = SPACE
+            for k in range(a, b):
+                out[p, fill[p] + 1 + k - a] = buf[k]
+            fill[p] += 1 + b - a
+        for p in range(parts):
+            out[p, fill[p]] = NL
+            fill[p] += 1
+        pos = end + 1
+    return 0, 0
 
 
 def column_blocks(paths: list[str], parts: int, work_dir: str, what: str) -> list[str]:
