@@ -52,7 +52,7 @@ def signed_labels(m: Matrix, path: str) -> Matrix:
         raw, buf = read_whole(path)  # only now: the line's number and text, blank lines counted
         at, seen = 0, -1
         for line in raw.split(b"\n"):
-            seen += bool(line.strip(b" \t\r"))
+            seen += bool(line.split(b"#", 1)[0].strip(b" \t\r"))  # a row: not blank, not a comment alone
             if seen == bad[0]:
                 break
             at += len(line) + 1
