@@ -87,6 +87,9 @@ def test_predictions_equal_load_model_for_libsvm_text_and_json_bodies(tmp_path):
     async def calls(client):
         out = [await _post(client, "\n".join(LIBSVM_ROWS).encode()),
                await _post(client, ("\n".join(unlabeled) + "\n").encode()),
+               # svmlight's comments: a line of one is no row, a row's tail is not read
+               await _post(client, ("# rows to score\n" + "\n".join(unlabeled) + "\n").encode()),
+               await _post(client, ("# labelled\n" + "\n".join(r + " # a note" for r in LIBSVM_ROWS)).encode()),
                await _post(client, None, {"rows": unlabeled}),
                await _post(client, None, {"rows": [r.split() for r in unlabeled]}),
                await _post(client, None, {"rows": [[[int(t.split(":")[0]), float(t.split(":")[1])]
