@@ -51,7 +51,7 @@ _MISSING = np.uint64(0xFFFFFFFFFFFFFFF1)
 _BIAS = np.uint64(0)
 TAB, NL, CR, SPACE, COLON, MINUS, PLUS, DOT = 9, 10, 13, 32, 58, 45, 43, 46
 HASH = 35  # '#' starts a LIBSVM (svmlight) comment
-QID = (113, 105, 100)  # 'qid', svmlight's query id after the label
+QID_BYTES = (113, 105, 100)  # 'qid', svmlight's query id after the label
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -248,11 +248,34 @@ def svm_line(buf, pos):
     return a, b, stop, end
 
 
+#: what ``next_pair`` found: an ``index:value`` pair, the line's end, a token with no colon,
+#: svmlight's ``qid:`` (to skip), an index that is not a whole number >= 0
+PAIR, LINE_END, NOT_PAIR, QID, BAD_INDEX = range(5)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def next_pair(buf, b, stop, first):
+    """The LIBSVM token after ``b`` in a line's content (up to ``stop``): ``(what it is, start,
+    end, colon, index)``; ``first``: no feature has come yet in the line (where a ``qid:`` may
+    stand).  The value, ``buf[colon + 1:end]``, is the caller's to read."""
+    a, b, colon = next_token(buf, b, stop)
+    if a >= stop:
+        return LINE_END, a, b, colon, 0
+    if colon < 0:
+        return NOT_PAIR, a, b, colon, 0
+    if first and is_qid(buf, a, colon):
+        return QID, a, b, colon, 0
+    ok, idx = parse_int(buf, a, colon)
+    if not ok or idx < 0:
+        return BAD_INDEX, a, b, colon, 0
+    return PAIR, a, b, colon, idx
+
+
 @njit(inline="always", nogil=True, cache=True)
 def is_qid(buf, a, colon):
     """Whether the token at ``a`` with its colon at ``colon`` is svmlight's ``qid:``: a query's
     id after the target, which a pointwise learner skips."""
-    return colon == a + 3 and buf[a] == QID[0] and buf[a + 1] == QID[1] and buf[a + 2] == QID[2]
+    return colon == a + 3 and buf[a] == QID_BYTES[0] and buf[a + 1] == QID_BYTES[1] and buf[a + 2] == QID_BYTES[2]
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -402,19 +425,15 @@ def parse_libsvm(buf, max_rows, skip_bad, mask, label_format, labels, indptr, ke
             a = b
             prev, ordered, first = -1, True, row_nnz  # duplicates: free to see when ascending, else sorted
             while True:
-                a, b, colon = next_token(buf, a, stop)
-                if a >= stop:
+                what, a, b, colon, idx = next_pair(buf, a, stop, row_nnz == first)
+                if what == LINE_END:
                     break
-                if colon < 0:
-                    err = ERR_PAIR
+                if what == NOT_PAIR or what == BAD_INDEX:
+                    err = ERR_PAIR if what == NOT_PAIR else ERR_INDEX
                     break
-                if row_nnz == first and is_qid(buf, a, colon):  # the query's id: skipped
+                if what == QID:  # the query's id: skipped
                     a = b
                     continue
-                ok, idx = parse_int(buf, a, colon)
-                if not ok or idx < 0:
-                    err = ERR_INDEX
-                    break
                 ok, v = parse_float(buf, colon + 1, b)
                 if not ok:
                     err = ERR_VALUE

@@ -31,7 +31,7 @@ import fsspec
 import numpy as np
 from numba import njit
 
-from paramserver.data.parse import NL, SPACE, is_qid, next_token, parse_float, parse_int, svm_line
+from paramserver.data.parse import BAD_INDEX, LINE_END, NL, NOT_PAIR, QID, SPACE, next_pair, parse_float, svm_line
 from paramserver.data.reader import DataError
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
@@ -39,7 +39,7 @@ from paramserver.routing.hashing import hash64
 MANIFEST = "columns.json"
 _SALT = np.uint64(0x5851F42D4C957F2D)
 CHUNK_BYTES = 8 << 20  # read and split this much of the file at a time
-_BAD, _NEGATIVE = 1, 2  # what ``_split`` finds wrong in a line
+_BAD = 1  # ``_split``'s answer for a line that is not LIBSVM
 
 
 def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> dict[str, Any]:
@@ -95,11 +95,8 @@ def _split_text(text: bytes, first: int, parts: int, outs: list[Any], path: str)
     if err:
         n = first + int(np.count_nonzero(buf[:at] == NL)) + 1
         line = bytes(buf[at:at + int(np.argmax(buf[at:] == NL))]).decode("utf-8", "replace").strip()
-        if err == _NEGATIVE:
-            raise DataError(f"{path}:{n}: a feature index is not a whole number >= 0: {line[:120]!r}; fix or remove "
-                            "the line (every column block needs every line)")
-        raise DataError(f"{path}:{n}: not a LIBSVM line (label idx:value ...): {line[:120]!r}; fix or remove it "
-                        "(every column block needs every line)")
+        raise DataError(f"{path}:{n}: not a LIBSVM line (label idx:value ..., each index a whole number >= 0): "
+                        f"{line[:120]!r}; fix or remove it (every column block needs every line)")
     for p in range(parts):
         outs[p].write(out[p, :fill[p]].tobytes())
     return first + int(np.count_nonzero(buf == NL))
@@ -110,7 +107,7 @@ def _split(buf, parts, out, fill):  # type: ignore[no-untyped-def]  # noqa: C901
     """Each line of ``buf`` → a line of every block of ``out``: its label, then the
     ``idx:value`` tokens whose index hashes to the block (``fill``: each block's bytes);
     a blank line or a comment's gives none, svmlight's ``qid:`` is dropped.  Returns
-    ``(0, 0)``, or what is wrong (``_BAD``, ``_NEGATIVE``) and its line's offset."""
+    ``(0, 0)``, or ``_BAD`` and the offset of a line that is not LIBSVM."""
     pos, size, mod = 0, buf.shape[0], np.uint64(parts)
     while pos < size:
         a, b, stop, end = svm_line(buf, pos)
@@ -126,20 +123,14 @@ def _split(buf, parts, out, fill):  # type: ignore[no-untyped-def]  # noqa: C901
             fill[p] += b - a
         first = True
         while True:
-            a, b, colon = next_token(buf, b, stop)
-            if a >= stop:
-                break
-            if colon < 0:
-                return _BAD, pos
-            if first and is_qid(buf, a, colon):
-                first = False
-                continue
+            what, a, b, colon, idx = next_pair(buf, b, stop, first)
             first = False
-            ok, idx = parse_int(buf, a, colon)
-            if not ok:
+            if what == LINE_END:
+                break
+            if what == NOT_PAIR or what == BAD_INDEX:
                 return _BAD, pos
-            if idx < 0:
-                return _NEGATIVE, pos
+            if what == QID:
+                continue
             ok, _ = parse_float(buf, colon + 1, b)
             if not ok:
                 return _BAD, pos

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.data.parse import is_qid, next_token, parse_float, parse_int, svm_line
+from paramserver.data.parse import BAD_INDEX, LINE_END, NOT_PAIR, QID, next_pair, parse_float, svm_line
 from paramserver.data.reader import DataError
 from paramserver.data.whole import bad_line, check_fits, read_whole
 
@@ -38,16 +38,15 @@ def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
             return n, "the target (first token) is not a number", pos, least
         row = nnz
         while True:
-            a, b, colon = next_token(buf, b, stop)
-            if a >= stop:
+            what, a, b, colon, idx = next_pair(buf, b, stop, nnz == row)
+            if what == LINE_END:
                 break
-            if colon < 0:
+            if what == NOT_PAIR:
                 return n, "a feature is not index:value", pos, least
-            if nnz == row and is_qid(buf, a, colon):
-                continue
-            ok, idx = parse_int(buf, a, colon)
-            if not ok or idx < 0:
+            if what == BAD_INDEX:
                 return n, "a feature index is not a whole number >= 0", pos, least
+            if what == QID:
+                continue
             ok, v = parse_float(buf, colon + 1, b)
             if not ok or not np.isfinite(v):
                 return n, "a feature value is not a number", pos, least
