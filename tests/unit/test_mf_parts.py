@@ -182,6 +182,9 @@ def test_reader_takes_names_for_ids_as_surprise_does(tmp_path):
     held.write_text("user\titem\trating\n17\t0321732944\t1\n")
     assert read_ratings(str(held), got.named).users.tolist() == [_fnv("17")]
     assert read_ratings(str(held)).users.tolist() == [17]  # alone, its ids are numbers
+    held.write_text("A2SUAM1J3GNN3B\t0321732944\t1\n")  # names, where the training file's users are numbers
+    with pytest.raises(DataError, match=r"test.tsv:1: the user id .* a test file's, as its training file's"):
+        read_ratings(str(held), (False, False))
     path.write_text("A1,B1,5\nA2,B2,4\n")  # no header: the first line is data, not skipped
     both = read_ratings(str(path))
     assert both.named == (True, True) and sorted(both.item_names.tolist()) == ["B1", "B2"]

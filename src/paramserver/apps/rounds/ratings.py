@@ -34,6 +34,9 @@ from paramserver.data.whole import bad_line, read_whole
 
 _SEPS = separators(b"\t, :\r")  # tab, comma, space, colon (the '::' files), CR
 _SPLIT, _VISIBLE = re.compile(rb"[\t, :\r]+"), re.compile(rb"\S")
+_KIND = ("a column holds numbers or names throughout, as its first data line says; a test file's, as its training "
+         "file's)")
+
 
 @njit(inline="always", nogil=True, cache=True)
 def _id(buf, a, b, named):  # type: ignore[no-untyped-def]
@@ -72,10 +75,10 @@ def _parse(buf, start, users, items, ratings, named_users, named_items):  # type
                     pos)
         ok, u = _id(buf, bounds[0], bounds[1], named_users)
         if not ok:
-            return n, "the user id (first field) is not a whole number, as the first line's is", pos
+            return n, "the user id (first field) is not a whole number, as the column's first is (" + _KIND, pos
         ok, i = _id(buf, bounds[2], bounds[3], named_items)
         if not ok:
-            return n, "the item id (second field) is not a whole number, as the first line's is", pos
+            return n, "the item id (second field) is not a whole number, as the column's first is (" + _KIND, pos
         ok, r = parse_float(buf, bounds[4], bounds[5])
         if not ok or not np.isfinite(r):
             return n, "the rating (third field) is not a finite number", pos
