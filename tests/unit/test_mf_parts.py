@@ -155,11 +155,15 @@ def test_reader_names_the_file_line_and_rule(tmp_path, line, what):
     assert f"{path}:3:" in str(err.value) and what in str(err.value)
 
 
-def _fnv(name: str) -> int:
+def _fnv_bytes(name: bytes) -> int:
     h = 0xCBF29CE484222325
-    for c in name.encode():
+    for c in name:
         h = ((h ^ c) * 0x100000001B3) & (2**64 - 1)
     return h - 2**64 if h >= 2**63 else h
+
+
+def _fnv(name: str) -> int:
+    return _fnv_bytes(name.encode())
 
 
 def test_reader_takes_names_for_ids_as_surprise_does(tmp_path):
@@ -188,6 +192,10 @@ def test_reader_takes_names_for_ids_as_surprise_does(tmp_path):
     path.write_text("A1,B1,5\nA2,B2,4\n")  # no header: the first line is data, not skipped
     both = read_ratings(str(path))
     assert both.named == (True, True) and sorted(both.item_names.tolist()) == ["B1", "B2"]
+    path.write_text("Zoë,B1,5\nA2,Łódź,4\nZoë,B1,3\n", encoding="utf-8")  # names past ASCII, as UTF-8
+    utf = read_ratings(str(path))
+    assert sorted(utf.user_names.tolist()) == ["A2", "Zoë"] and sorted(utf.item_names.tolist()) == ["B1", "Łódź"]
+    assert [_fnv_bytes("Zoë".encode()), _fnv_bytes(b"A2")] == utf.users[:2].tolist()
     path.write_text("A1,10,5\nA2,B2,4\n")  # the items are numbers, as the first line's: B2 is wrong
     with pytest.raises(DataError, match=r"amazon.csv:2: the item id \(second field\) is not a whole number"):
         read_ratings(str(path))

@@ -195,12 +195,27 @@ def _is_number(field: bytes) -> bool:
 def _names(raw: bytes, buf: np.ndarray, start: int, ids: np.ndarray, col: int) -> np.ndarray:
     """The name of each distinct hash in ``ids`` (column ``col``), in the hashes' sorted order."""
     _, first = np.unique(ids, return_index=True)
-    spans = _spans(buf, start, np.sort(first), col)
-    text = [raw[a:b].decode("utf-8", "replace") for a, b in spans.tolist()]
     order = np.argsort(first, kind="stable")  # first[order] is sorted: spans[j] belongs to order[j]
-    out = np.empty(len(text), object)
+    spans = _spans(buf, start, first[order], col)
+    width = max(int((spans[:, 1] - spans[:, 0]).max()), 1)
+    cells: np.ndarray = _cells(buf, spans, width)
+    if (cells < 128).all():  # ASCII, the usual case: numpy widens the bytes to text in one pass
+        text = cells.view(f"S{width}").reshape(-1).astype(f"U{width}")
+    else:
+        text = np.array([raw[a:b].decode("utf-8", "replace") for a, b in spans.tolist()])
+    out: np.ndarray = np.empty_like(text)
     out[order] = text
-    return out.astype(str)
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _cells(buf, spans, width):  # type: ignore[no-untyped-def]
+    """Each span's bytes in a row of ``width`` (zero-padded)."""
+    out = np.zeros((spans.shape[0], width), np.uint8)
+    for j in range(spans.shape[0]):
+        for k in range(spans[j, 0], spans[j, 1]):
+            out[j, k - spans[j, 0]] = buf[k]
+    return out
 
 
 def distinct_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
