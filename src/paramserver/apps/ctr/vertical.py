@@ -89,7 +89,8 @@ def _split_text(text: bytes, first: int, parts: int, outs: list[Any], path: str)
     """Split ``text`` (whole lines; its first is line ``first + 1`` of ``path``) into the
     blocks' files; returns the lines read so far."""
     buf = np.frombuffer(text if text.endswith(b"\n") else text + b"\n", np.uint8)
-    out = np.empty((parts, buf.size + 32 * (int(np.count_nonzero(buf == NL)) + 1)), np.uint8)
+    # a block's line is the label, its own tokens each after one space, a newline: never longer than the line
+    out = np.empty((parts, buf.size), np.uint8)
     fill = np.zeros(parts, np.int64)
     err, at = _split(buf, parts, out, fill)
     if err:
