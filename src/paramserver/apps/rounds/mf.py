@@ -41,7 +41,7 @@ from paramserver.apps.rounds.program import (
     joined_midway,
     run_rounds,
 )
-from paramserver.apps.rounds.ratings import Ratings, distinct_ids, read_ratings
+from paramserver.apps.rounds.ratings import Ratings, read_ratings
 from paramserver.apps.rounds.settings import MFConfig as MFConfig  # its old home
 from paramserver.errors import ConfigError, check_flags
 
@@ -376,8 +376,8 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     t0 = time.perf_counter()
     train = read_ratings(data)
     held = read_ratings(test, train.named) if test else None
-    user_ids, u = distinct_ids(train.users)
-    item_ids, i = distinct_ids(train.items)
+    user_ids, u = train.distinct(0)
+    item_ids, i = train.distinct(1)
     r = train.ratings
     mu = float(r.astype(np.float64).mean())
     lay = layout(np.bincount(u, minlength=user_ids.size), np.bincount(i, minlength=item_ids.size), workers)

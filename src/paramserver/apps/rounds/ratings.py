@@ -22,7 +22,7 @@ line and the fix.  Parsing is one numba pass over the bytes, GIL released.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
@@ -91,16 +91,16 @@ def _parse(buf, start, users, items, ratings, named_users, named_items):  # type
 
 
 @njit(nogil=True, cache=True)
-def _spans(buf, start, rows, field):  # type: ignore[no-untyped-def]
-    """Where field ``field`` of each data line in ``rows`` (ascending) starts and ends."""
+def _spans(buf, start, rows, column):  # type: ignore[no-untyped-def]
+    """Where field ``column`` of each data line in ``rows`` (ascending) starts and ends."""
     out = np.empty((rows.shape[0], 2), np.int64)
-    bounds = np.empty(2 * (field + 1), np.int64)
+    bounds = np.empty(2 * (column + 1), np.int64)
     n, pos, k = 0, start, 0
     while k < rows.shape[0]:
         end = line_end(buf, pos)
-        if split_fields(buf, pos, end, _SEPS, bounds, field + 1) > 0:
+        if split_fields(buf, pos, end, _SEPS, bounds, column + 1) > 0:
             if n == rows[k]:
-                out[k, 0], out[k, 1] = bounds[2 * field], bounds[2 * field + 1]
+                out[k, 0], out[k, 1] = bounds[2 * column], bounds[2 * column + 1]
                 k += 1
             n += 1
         pos = end + 1
@@ -118,10 +118,18 @@ class Ratings:
     ratings: np.ndarray  # float32[n]
     user_names: np.ndarray | None = None  # str[distinct users]
     item_names: np.ndarray | None = None
+    #: a column's ``distinct_ids``, where reading its names found them already
+    found: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def named(self) -> tuple[bool, bool]:
         return self.user_names is not None, self.item_names is not None
+
+    def distinct(self, col: int) -> tuple[np.ndarray, np.ndarray]:
+        """``distinct_ids`` of the users (``col`` 0) or the items (1), sorted once."""
+        if col not in self.found:
+            self.found[col] = distinct_ids(self.users if col == 0 else self.items)
+        return self.found[col]
 
     def __len__(self) -> int:
         return int(self.ratings.shape[0])
@@ -154,8 +162,10 @@ def read_ratings(path: str, named: tuple[bool, bool] | None = None) -> Ratings:
                         "'::' separated, an optional header first)")
     if n < lines:  # blank lines: let the tail go
         users, items, ratings = users[:n].copy(), items[:n].copy(), ratings[:n].copy()
-    names = [_names(raw, buf, start, ids, col) if named[col] else None for col, ids in enumerate((users, items))]
-    return Ratings(users, items, ratings, *names)
+    got = Ratings(users, items, ratings)
+    user_names, item_names = (_names(raw, buf, start, *got.distinct(col), col) if named[col] else None
+                              for col in (0, 1))
+    return Ratings(users, items, ratings, user_names, item_names, got.found)
 
 
 def _is_int(field: bytes) -> bool:
@@ -192,9 +202,10 @@ def _is_number(field: bytes) -> bool:
     return True
 
 
-def _names(raw: bytes, buf: np.ndarray, start: int, ids: np.ndarray, col: int) -> np.ndarray:
-    """The name of each distinct hash in ``ids`` (column ``col``), in the hashes' sorted order."""
-    _, first = np.unique(ids, return_index=True)
+def _names(raw: bytes, buf: np.ndarray, start: int, found: np.ndarray, inverse: np.ndarray, col: int) -> np.ndarray:
+    """The name of each distinct hash ``found`` (column ``col``; ``inverse``: each line's index
+    among them), in the hashes' sorted order."""
+    first = _first_lines(inverse, found.size)
     order = np.argsort(first, kind="stable")  # first[order] is sorted: spans[j] belongs to order[j]
     spans = _spans(buf, start, first[order], col)
     width = max(int((spans[:, 1] - spans[:, 0]).max()), 1)
@@ -206,6 +217,16 @@ def _names(raw: bytes, buf: np.ndarray, start: int, ids: np.ndarray, col: int) -
     out: np.ndarray = np.empty_like(text)
     out[order] = text
     return out
+
+
+@njit(nogil=True, cache=True)
+def _first_lines(inverse, k):  # type: ignore[no-untyped-def]
+    """The first data line of each of the ``k`` distinct ids."""
+    first = np.full(k, -1, np.int64)
+    for i in range(inverse.shape[0]):
+        if first[inverse[i]] < 0:
+            first[inverse[i]] = i
+    return first
 
 
 @njit(nogil=True, cache=True)
