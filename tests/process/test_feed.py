@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 from tests.process.redis_support import redis_url  # noqa: F401  (a fixture)
-from tests.process.support import COUNTING_RULE, user_module, wait_for
+from tests.process.support import COUNTING_RULE, killed_on_exit, user_module, wait_for
 
 
 @pytest.fixture
@@ -99,47 +99,56 @@ def test_standard_input_is_fed_and_a_bad_stream_url_is_refused(tmp_path, redis_u
 def test_entries_of_many_rows_are_applied_once_over_limits_inside_entries_and_sigkills(
         tmp_path, rules, redis_url):  # noqa: F811
     """Jobs stopped at limits inside entries (37 rows an entry), and killed whole at random
-    moments after a checkpoint, each resumed: every row applied exactly once."""
+    moments after a checkpoint while they wait for rows short of their limit (so the kill
+    cannot miss a job that ended first), each resumed: every row applied exactly once."""
     import random
     import signal
 
     n = 12_000
-    path = tmp_path / "rows.txt"
-    path.write_text("".join(f"0 {i + 1}:1\n" for i in range(n)))
-    fed = _paramserver(["feed", str(path), "--stream", f"{redis_url}/k", "--rows-per-entry", "37"], tmp_path)
-    assert fed.returncode == 0, fed.stderr[-2000:]
+    rows = [f"0 {i + 1}:1\n" for i in range(n)]
+    fed = [0]
+
+    def feed(upto: int) -> None:  # rows fed[0]..upto, 37 an entry
+        path = tmp_path / f"rows{upto}.txt"
+        path.write_text("".join(rows[fed[0]:upto]))
+        done = _paramserver(["feed", str(path), "--stream", f"{redis_url}/k", "--rows-per-entry", "37"], tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        fed[0] = upto
+
     ckpt = str(tmp_path / "ckpt")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     base = [sys.executable, "-m", "paramserver", "train", "--quiet", "--stream", f"{redis_url}/k", "--format", "libsvm",
             "--label-format", "01", "--hash-bits", "64", "--optimizer", "feed_rules:count", "--batch-size", "100",
             "--shard-mb", "0.01", "--checkpoint-dir", ckpt, "--checkpoint-seconds", "0.2"]
     rng = random.Random(11)
-    kills = 0
 
     def steps() -> int:
         return sum(os.path.exists(os.path.join(ckpt, s, "MANIFEST.json")) for s in os.listdir(ckpt)) \
             if os.path.isdir(ckpt) else 0
 
-    for limit in (2_000, 5_003, 8_111, n):  # each inside an entry (37 does not divide them)
-        for attempt in range(8):
+    def run(limit: int) -> subprocess.Popen:
+        return subprocess.Popen([*base, "--max-examples", str(limit), *(["--resume", ckpt] if steps() else [])],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+
+    # each limit inside an entry: 2000 of the feed from 0, 5003 of the one from 4600 (403 = 37 * 10 + 33), ...
+    for short, limit, more in ((None, 2_000, 2_400), (4_600, 5_003, 5_400), (7_700, 8_111, 8_500),
+                               (11_600, n, n)):
+        if short is not None:  # the job trains what is there, waits for the rest, and is killed
+            feed(short)
             before = steps()
-            proc = subprocess.Popen([*base, "--max-examples", str(limit), *(["--resume", ckpt] if before else [])],
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True)
-            if attempt == 0 and limit != 2_000:  # killed once it checkpointed anew, at a random moment after
+            with killed_on_exit(run(limit)) as proc:
                 wait_for(lambda p=proc, b=before: p.poll() is not None or steps() > b, 120, "a new checkpoint")
-                try:
+                assert proc.poll() is None, f"the job ended short of its limit: {proc.communicate()[1][-3000:]}"
+                with pytest.raises(subprocess.TimeoutExpired):  # still waiting at a random moment after it
                     proc.wait(timeout=rng.uniform(0.0, 0.05))
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=30)
-                    kills += 1
-                    continue
-            _, err = proc.communicate(timeout=240)
-            assert proc.returncode == 0, err[-3000:]
-            break
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        feed(more)
+        proc = run(limit)
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
         _once(ckpt, limit)
-    assert kills >= 1, "no run was killed: the test proved nothing"
 
 
 def test_rows_trickling_in_on_standard_input_reach_the_stream_as_they_come(tmp_path, redis_url):  # noqa: F811
