@@ -97,44 +97,43 @@ def _counts(checkpoint_dir: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_redis_stream_exactly_once_over_sigkills(tmp_path, rules, redis_url):
-    """Whole-job SIGKILLs at random moments, then --resume: every example applied exactly
-    once (each id's counter 1, the bias's N), the report's examples N, the group caught up."""
+    """Whole-job SIGKILLs at random moments after a checkpoint, then --resume: every example
+    applied exactly once (each id's counter 1, the bias's N), the report's examples N, the
+    group caught up.  A quarter of the rows is fed before each killed run, the last after: a
+    killed job has new rows to checkpoint and cannot have ended before its kill, however fast
+    the machine."""
     import redis
 
     n = 24_000
-    _feed(redis_url, "clicks", [f"0 {i + 1}:1".encode() for i in range(n)])
+    rows = [f"0 {i + 1}:1".encode() for i in range(n)]
+    quarter = n // 4
     ckpt = str(tmp_path / "ckpt")
     args = ["--stream", f"{redis_url}/clicks", "--format", "libsvm", "--label-format", "01", "--hash-bits", "64",
             "--optimizer", "stream_rules:count", "--batch-size", "200", "--shard-mb", "0.02",  # ~12 shards
             "--checkpoint-dir", ckpt, "--checkpoint-seconds", "0.2", "--max-examples", str(n),
             "--metrics-out", str(tmp_path / "report.json")]
     rng = random.Random(7)
-    kills = 0
 
     def steps() -> int:
         return sum(os.path.exists(os.path.join(ckpt, s, "MANIFEST.json")) for s in os.listdir(ckpt)) \
             if os.path.isdir(ckpt) else 0
 
-    for attempt in range(12):
+    for part in range(3):  # killed whole once it checkpointed anew, at a random moment after
+        _feed(redis_url, "clicks", rows[part * quarter:(part + 1) * quarter])
         before = steps()
-        proc = _train(args + (["--resume", ckpt] if before else []), tmp_path)
-        if attempt < 3:  # killed whole once it checkpointed anew, at a random moment after
+        with _running(args + (["--resume", ckpt] if before else []), tmp_path) as proc:
             # (a condition, not a time: the job's speed depends on whether numba's cache holds the rule)
-            wait_for(lambda p=proc, n=before: p.poll() is not None or steps() > n, timeout_s=120,
+            wait_for(lambda p=proc, b=before: p.poll() is not None or steps() > b, timeout_s=120,
                      what="a new checkpoint")
-            try:  # the first kill at once: on a fast machine a job can end within 0.4 s of a checkpoint
-                proc.wait(timeout=rng.uniform(0.0, 0.4) if kills else 0.0)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-                kills += 1
-                continue
-        out, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, err[-3000:]
-        break
-    else:
-        pytest.fail("the job never finished")
-    assert kills >= 1, "no run was killed: the test proved nothing"
+            assert proc.poll() is None, f"the job ended short of its rows: {proc.communicate()[1][-3000:]}"
+            with pytest.raises(subprocess.TimeoutExpired):  # still running at a random moment after it
+                proc.wait(timeout=rng.uniform(0.0, 0.4))
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    _feed(redis_url, "clicks", rows[3 * quarter:])
+    proc = _train(args + ["--resume", ckpt], tmp_path)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["examples"] == n
     _counted_once(ckpt, n)
