@@ -271,6 +271,26 @@ def test_a_truncated_gzip_is_named_in_one_line(tmp_path):
         read_all([str(cut)], DataFormat("libsvm"))
 
 
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_a_damaged_compressed_file_is_named_by_every_reader_that_opens_it(tmp_path, damage):
+    """The sniffers, a shard's first read and the whole-file readers (lasso, mf, lda,
+    split-columns) raised zlib.error or EOFError tracebacks where the shard reader named the file."""
+    import gzip as gz
+
+    from paramserver.data.reader import sniff_label_format, sniff_unlabeled
+    from paramserver.data.whole import read_whole
+
+    whole = gz.compress("".join(f"1 {i % 50 + 1}:1\n" for i in range(2_000)).encode())  # the sniffers read it all
+    bad = whole[: len(whole) // 2] if damage == "truncated" else whole[:10] + b"garbage" * 40
+    path = tmp_path / "bad.svm.gz"
+    path.write_bytes(bad)
+    want = r"bad.svm.gz: cannot decompress it .* is the file whole"
+    for read in (lambda: sniff_unlabeled(str(path), DataFormat("libsvm")), lambda: sniff_label_format(str(path)),
+                 lambda: read_whole(str(path)), lambda: read_all([str(path)], DataFormat("libsvm"))):
+        with pytest.raises(DataError, match=want):
+            read()
+
+
 def test_a_plain_file_named_gz_is_refused_by_name_before_its_first_read(tmp_path):
     """It failed in the worker with 'BadGzipFile: Not a gzipped file' and no file name."""
     plain = tmp_path / "day0.tsv.gz"

@@ -9,8 +9,12 @@ checks and writers make (``exists``, ``isdir``, ``size``, ``makedirs``, ``open``
 
 from __future__ import annotations
 
+import contextlib
+import lzma
 import os
 import uuid
+import zlib
+from collections.abc import Iterator
 from typing import IO, Any
 
 from paramserver.errors import ConfigError
@@ -49,6 +53,24 @@ def open_input(path: str) -> IO[bytes]:
 
     opened: IO[bytes] = fsspec.open(path, "rb", compression="infer").open()
     return opened
+
+
+@contextlib.contextmanager
+def reading(path: str | os.PathLike[str], offset: int | None = None) -> Iterator[None]:
+    """The reads of ``path`` in the block, a damaged compressed file (or a failing read)
+    named as a ``DataError`` that says what to do, not a bare zlib, lzma, bz2 or EOF
+    traceback; ``offset``: the bytes of content read before the block, if known."""
+    try:
+        yield
+    except (EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
+        from paramserver.data.batch import DataError
+
+        if isinstance(exc, OSError) and exc.errno is not None:  # the file system's, not a decompressor's
+            raise DataError(f"{os.fspath(path)}: cannot read it ({exc.strerror or exc}); check the file and the "
+                            "disk or store it is on") from None
+        at = f" (after {offset:,} bytes of content)" if offset is not None else ""
+        raise DataError(f"{os.fspath(path)}: cannot decompress it{at} ({exc}); is the file whole (an interrupted "
+                        "download or copy?) and really in the format its name says?") from None
 
 
 def check_compressed_name(path: str | os.PathLike[str]) -> None:

@@ -16,14 +16,11 @@ and the shard counted as skipped.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import logging
-import lzma
 import os
 import sys
-import zlib
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -32,7 +29,7 @@ import numpy as np
 
 from paramserver.data import csv, parse
 from paramserver.data.batch import FORMATS, STDIN, Batch, DataError, DataFormat, FileStamp, Shard, _concat, _slice
-from paramserver.data.files import COMPRESSED, fsspec_filesystem, local_files, open_input
+from paramserver.data.files import COMPRESSED, fsspec_filesystem, local_files, open_input, reading
 from paramserver.data.parsers import CriteoParser, CsvParser, LibsvmParser
 from paramserver.data.sources import open_shard
 from paramserver.errors import ConfigError
@@ -125,7 +122,7 @@ def sniff_unlabeled(path: str, fmt: DataFormat) -> bool:
     if path == STDIN:
         head = sys.stdin.buffer.peek(1 << 16)  # type: ignore[union-attr]  # buffered, not consumed
     else:
-        with open_input(path) as f:
+        with open_input(path) as f, reading(path):
             head = f.read(1 << 16)
     if fmt.name == "criteo":
         line = next((x for x in head.split(b"\n") if x.strip()), b"")
@@ -138,7 +135,7 @@ def sniff_unlabeled(path: str, fmt: DataFormat) -> bool:
 
 def sniff_label_format(path: str) -> str:
     """LIBSVM label encoding from the first lines of ``path``: ``01``, ``pm1`` or ``12``."""
-    with open_input(path) as f:
+    with open_input(path) as f, reading(path):
         head = f.read(1 << 20)
     labels = set()
     for line in head.split(b"\n")[:-1] or head.split(b"\n"):
@@ -264,7 +261,8 @@ def _read_chunks(shard: Shard, fmt: DataFormat, stats: dict[str, Any], batch_siz
         raise DataError(f"no such file: {path}") from None
     stats.setdefault("bytes", 0)
     with f:
-        parser, pos, carry = _start(f, shard, fmt, batch_size)
+        with reading(path):  # a CSV header or a byte-order mark read
+            parser, pos, carry = _start(f, shard, fmt, batch_size)
         yield from _parse_lines(f, shard, stats, parser, pos, carry)
         yield from parser.flush()
 
@@ -378,11 +376,8 @@ class _Unclosed:
 
 def _read_into(f: Any, view: memoryview, path: str, offset: int) -> int:
     """``f.readinto``, with a damaged compressed file named, not a bare zlib traceback."""
-    try:
+    with reading(path, offset):
         return f.readinto(view) or 0
-    except (EOFError, zlib.error, gzip.BadGzipFile, lzma.LZMAError) as exc:
-        raise DataError(f"{path}: cannot decompress it (after {offset:,} bytes of content) ({exc}); is the file "
-                        "whole (an interrupted download or copy?) and really in the format its name says?") from None
 
 def check_inputs(paths: list[str]) -> list[str]:
     """``paths`` with globs expanded, each a file that is there and not empty, else a

@@ -9,7 +9,7 @@ import os
 import fsspec
 import numpy as np
 
-from paramserver.data.files import check_compressed_name, compressed_as
+from paramserver.data.files import check_compressed_name, compressed_as, reading
 from paramserver.data.reader import DataError, _check_exists
 from paramserver.store.memory import available_memory
 
@@ -26,7 +26,7 @@ def read_whole(path: str) -> tuple[bytes, np.ndarray]:
     _check_exists(path)
     if "://" not in os.fspath(path):
         check_compressed_name(path)
-    with fsspec.open(path, "rb", compression="infer") as f:
+    with fsspec.open(path, "rb", compression="infer") as f, reading(path):
         raw = f.read()
     raw = _uncompressed(path, raw)
     nul = raw.find(b"\x00", 0, 1 << 20)

@@ -31,6 +31,7 @@ import fsspec
 import numpy as np
 from numba import njit
 
+from paramserver.data.files import reading
 from paramserver.data.parse import BAD_INDEX, LINE_END, NL, NOT_PAIR, QID, SPACE, next_pair, parse_float, svm_line
 from paramserver.data.reader import DataError
 from paramserver.errors import ConfigError
@@ -61,7 +62,7 @@ def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> d
     outs = [open(os.path.join(out_dir, f"block-{p}.libsvm"), "wb") for p in range(parts)]
     lines = 0
     try:
-        with fsspec.open(path, "rb", compression="infer") as f:
+        with fsspec.open(path, "rb", compression="infer") as f, reading(path):
             rest = b""
             while True:
                 data = f.read(CHUNK_BYTES)
