@@ -11,8 +11,8 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from paramserver.cli.parser import log_level_flag
-from paramserver.config import Config, load_config, node_role, parse_bytes
+from paramserver.cli.parser import TABLE_MEMORY, log_level_flag
+from paramserver.config import Config, load_config, node_role
 from paramserver.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def add_server(sub: Subparsers) -> None:
 
 def memory_flags(p: argparse.ArgumentParser) -> None:
     """A server's memory budget for each table's rows, and where the rows over it go."""
-    p.add_argument("--table-memory", type=lambda v: parse_bytes("--table-memory", v),
+    p.add_argument("--table-memory", type=TABLE_MEMORY,
                    help="bytes of memory each hash table's rows may take on this server, like 512M; the least "
                         "recently used rows go to --cold-dir and come back when asked for (a table's own "
                         "memory budget is used where it has one) [PARAMSERVER_TABLE_MEMORY, 0: no budget]")

@@ -10,6 +10,7 @@ asked for is built: each parser argparse makes looks for translations on disk, a
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -27,6 +28,42 @@ class Command(NamedTuple):
 
     build: Callable[[Subparsers], None]
     run: Callable[[argparse.Namespace], int]
+
+
+def checked(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    """``parse`` as an argparse ``type``: its ``ConfigError`` (a ``ValueError``, which argparse
+    would print as "invalid <lambda> value") said as it is, the rule and the value."""
+    from paramserver.errors import ConfigError
+
+    def typed(text: str) -> Any:
+        try:
+            return parse(text)
+        except ConfigError as exc:  # argparse names the flag first
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{name} ")) from None
+
+    typed.__name__ = name
+    return typed
+
+
+def megabytes(flag: str) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number of megabytes that is at least one byte."""
+    def parse(text: str) -> float:
+        from paramserver.errors import ConfigError
+
+        try:
+            mb = float(text)
+        except ValueError:
+            mb = math.nan
+        if not (math.isfinite(mb) and mb * (1 << 20) >= 1):
+            raise ConfigError(f"{flag} must be a number of megabytes of at least one byte (> 0, finite), like 16 "
+                              f"or 0.5, got {text!r}")
+        return mb
+
+    return checked(parse, flag)
+
+
+#: ``--table-memory``'s type (``train``'s and a server's): a size in bytes
+TABLE_MEMORY = checked(lambda v: parse_bytes("--table-memory", v), "--table-memory")
 
 
 class Help(argparse.HelpFormatter):
@@ -108,7 +145,7 @@ def table_memory_flag(p: argparse.ArgumentParser) -> None:
     """``--table-memory`` (the memory the model table's rows may take on each server), and
     with it ``--cold-dir`` (where the local cluster's servers put the rest: ``paramserver
     server --cold-dir`` means the same for a server of one's own) and ``--no-prefetch``."""
-    p.add_argument("--table-memory", metavar="BYTES", default=0, type=lambda v: parse_bytes("--table-memory", v),
+    p.add_argument("--table-memory", metavar="BYTES", default=0, type=TABLE_MEMORY,
                    help="memory the model table's rows may take on each server, like 512M: the least recently "
                         "used rows go to the server's local disk ($PARAMSERVER_COLD_DIR, else /var/tmp) and come "
                         "back when a batch asks for them; the model is the same (docs/tiers.md) [0: all in memory]")
