@@ -92,6 +92,23 @@ def test_corrupted_line_stops_with_its_line_number_or_is_skipped_and_counted(tmp
     assert report["bad_lines"] == 1 and report["examples"] == 1_999
 
 
+def test_a_job_given_no_example_is_an_error_not_an_empty_model(tmp_path):
+    """Files of only blank lines, only a header, or only malformed lines skipped trained 0
+    examples and exited 0 with a report; --max-bad-fraction was never checked where no
+    line of a shard was good."""
+    blank, header, bad = tmp_path / "blank.tsv", tmp_path / "header.csv", tmp_path / "bad.tsv"
+    blank.write_text("\n\n\n")
+    header.write_text("y,a,b\n")
+    bad.write_text("garbage\n" * 500)
+    for args, said in [(["--data", str(blank)], f"no examples in {blank}: every line is blank"),
+                       (["--data", str(header), "--format", "csv", "--label", "y"], f"no examples in {header}"),
+                       (["--data", str(bad), "--skip-bad-lines"], "500 of the 500 lines read so far are malformed"),
+                       (["--data", str(bad), "--skip-bad-lines", "--max-bad-fraction", "1"],
+                        f"no examples in {bad}: its 500 lines with data are all malformed")]:
+        done = cli("train", "--quiet", *args)
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def test_a_malformed_test_file_is_said_in_one_line_before_the_job(tmp_path):
     """On a machine without a core to spare the test rows are read after the job: their
     first rows are parsed before it all the same, so a wrong file is said at once."""

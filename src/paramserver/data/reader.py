@@ -188,6 +188,7 @@ def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
                     need = 0
             pending_rows -= batch_size
             yield _concat(take)
+    _check_bad_fraction(shard, fmt, stats)  # a shard of only bad lines yields no piece to check at
     if pending_rows:
         yield _concat(list(pending))
 
@@ -416,5 +417,15 @@ def iter_parts(paths: list[str], fmt: DataFormat, batch_size: int = 1 << 16,
         if stats is not None:
             stats["bad_lines"] = stats.get("bad_lines", 0) + int(seen.get("bad_lines", 0))
     if not found:
-        raise DataError(f"no examples in {', '.join(paths)}")
+        raise no_examples(paths, int((stats or {}).get("bad_lines", 0)))
+
+
+def no_examples(paths: list[str], bad_lines: int = 0) -> DataError:
+    """What a job says when ``paths`` gave it no example: every line blank, a header, a
+    comment, or malformed and skipped (``bad_lines``)."""
+    where = ", ".join(paths)
+    if bad_lines:
+        return DataError(f"no examples in {where}: its {bad_lines:,} lines with data are all malformed, skipped by "
+                         "--skip-bad-lines; check --format (and --label) against the file")
+    return DataError(f"no examples in {where}: every line is blank, a header or a comment; give files with data rows")
 

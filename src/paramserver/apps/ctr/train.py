@@ -58,6 +58,7 @@ from paramserver.data.reader import (
     Shard,
     input_bytes,
     make_shards,
+    no_examples,
 )
 from paramserver.data.streams import StreamSource, open_source
 from paramserver.errors import ConfigError, DataLossError, WorkerError
@@ -147,6 +148,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             ran = _run_job(cluster, cfg, test_set, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
+        if stream is None and not int(ran.status["examples"]):
+            raise no_examples(list(dict.fromkeys(s.path for s in plan.shards)), int(ran.status["bad_lines"]))
         cluster.release_workers()  # they leave while the test rows are scored from the servers
         report = _results(cluster.client, cfg, plan.spec, ran, test_set.parts(), save) | _lived(
             cluster.client, plan.spec, publisher)

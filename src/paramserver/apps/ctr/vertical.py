@@ -33,7 +33,7 @@ from numba import njit
 
 from paramserver.data.files import reading
 from paramserver.data.parse import BAD_INDEX, LINE_END, NL, NOT_PAIR, QID, SPACE, next_pair, parse_float, svm_line
-from paramserver.data.reader import DataError
+from paramserver.data.reader import DataError, no_examples
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
 
@@ -267,6 +267,8 @@ def run_vertical(cfg: Any, data: list[str], test: list[str], parts: int, *, serv
                 save_model(save, cfg.model, cfg.data, spec, *client.export_table(spec.name))
     head = per_worker[0]
     examples = int(head["examples"])
+    if not examples:
+        raise no_examples(data)
     report: dict[str, Any] = {
         "examples": examples, "seconds": seconds, "examples_per_s": examples / seconds if seconds else 0.0,
         "train_logloss": head["loss_sum"] / examples if examples else float("nan"),
