@@ -148,10 +148,8 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             ran = _run_job(cluster, cfg, test_set, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
-        if stream is None and not int(ran.status["examples"]):
-            raise no_examples(list(dict.fromkeys(s.path for s in plan.shards)), int(ran.status["bad_lines"]))
         cluster.release_workers()  # they leave while the test rows are scored from the servers
-        report = _results(cluster.client, cfg, plan.spec, ran, test_set.parts(), save) | _lived(
+        report = _results(cluster.client, cfg, plan, ran, test_set.parts(), save) | _lived(
             cluster.client, plan.spec, publisher)
         report.update(_job_report(cfg, plan, ran, servers=cluster.n_servers, workers=workers,
                                   table_seconds=table_seconds))
@@ -351,11 +349,15 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_set: TestSet, *,
                 passes.passes)
 
 
-def _results(client: Client, cfg: TrainConfig, spec: TableSpec, ran: _Ran,
+def _results(client: Client, cfg: TrainConfig, plan: _Plan, ran: _Ran,
              test_parts: Iterable[tuple[Batch, Distinct]] | None, save: str | None) -> dict[str, Any]:
     """Once the job is done, with the cluster still up: the first example's time, the test
     set scored, the model saved (``--save``), the staleness readers saw, each worker's
-    trace, and what failed over."""
+    trace, and what failed over.  A job on files that gave it no example is an error, and
+    nothing is saved."""
+    spec = plan.spec
+    if plan.source is None and not int(ran.status["examples"]):
+        raise no_examples(list(dict.fromkeys(s.path for s in plan.shards)), int(ran.status["bad_lines"]))
     report: dict[str, Any] = {}
     per_worker, status = ran.per_worker, ran.status
     firsts = [r["first_batch_at"] for r in per_worker if r.get("first_batch_at")]
