@@ -296,3 +296,33 @@ def test_the_dealing_follows_its_rule_and_leaves_its_scratch_clear(workers):
     assert owner.tolist() == _dealt_by_hand(colptr, rows, values, norm, cand, workers, 12, 0.05)
     assert (owner >= 0).sum() > workers and not acc.any()  # some dealt, some left; the scratch left as it came
     assert (owner < 0).any()
+
+
+def test_a_value_whose_square_overflows_is_refused_by_its_line(tmp_path):
+    """A target of 1e200 made the objective inf and its gap NaN, after the whole job."""
+    for line, what in (("1e200 3:1", r"the target 1e\+200"), ("1 3:-1e151", r"the feature value -1e\+151")):
+        path = tmp_path / "big.svm"
+        path.write_text(f"1 1:1 2:1\n0.5 2:1\n{line}\n")
+        with pytest.raises(DataError, match=f"data line 3 has {what}, above 1e\\+150 in magnitude"):
+            read_libsvm_matrix(str(path))
+    path.write_text("1e149 1:1\n1 2:1e149\n")
+    assert read_libsvm_matrix(str(path)).shape == (2, 2)  # taken
+
+
+def test_a_job_whose_columns_would_not_fit_is_refused_before_its_cluster(monkeypatch):
+    """A sparse index of 10^8 passed the reader's check (one process's columns) and had a
+    worker killed by the kernel, the other going on: every worker and the table count."""
+    from paramserver.apps.rounds import matrix
+    from paramserver.data import whole
+
+    monkeypatch.setattr(whole, "available_memory", lambda: 20 << 30)
+    matrix.check_job_fits("a.svm", 10**7, 2, 1 << 30)  # ~4 GB: taken
+    with pytest.raises(DataError, match=r"a.svm: the feature index 100,000,000 .* 2 workers .* or run fewer --workers"):
+        matrix.check_job_fits("a.svm", 10**8, 2, 8 << 30)
+
+
+def test_converged_is_what_the_certificate_proves():
+    from paramserver.apps.rounds.lasso import proven
+
+    assert proven(1.0, 1e-5, 1e-4) and not proven(1.0, 0.7, 1e-4)
+    assert not proven(float("inf"), float("nan"), 1e-4) and not proven(1.0, float("nan"), 1e-4)

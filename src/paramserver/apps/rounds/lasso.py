@@ -51,7 +51,7 @@ from paramserver.apps.rounds.lasso_math import (
 )
 from paramserver.apps.rounds.lasso_pairs import by_row, pair_steps, twins
 from paramserver.apps.rounds.lasso_support import support_dual, worth_trying
-from paramserver.apps.rounds.matrix import Matrix, read_libsvm_matrix
+from paramserver.apps.rounds.matrix import Matrix, check_job_fits, read_libsvm_matrix
 from paramserver.apps.rounds.program import (
     NO_CHECKPOINTS,
     CheckpointOptions,
@@ -178,6 +178,8 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
     m = read_problem(data, loss)
     n, d = m.shape
     lmax, cfg = lasso_config(data, m, lam, lambda_ratio, tol, schedule, max_rounds, loss, kkt_filter, intercept)
+    bits = max(int(3 * d - 1).bit_length(), 1)  # the table: latest values, and the two rounds' halves
+    check_job_fits(data, d, workers, (1 << bits) * 16)
     with handed_down(data, loss, m), RoundsJob(servers=servers, workers=workers, cluster_options=cluster_options,
                                                 allow_loss=allow_loss, replicas=replicas, filters=filters,
                                                 watch=watch) as job:
@@ -186,7 +188,6 @@ def run_lasso(data: str, *, lam: float | None, lambda_ratio: float | None, tol: 
         meta = {"app": "lasso", "rows": n, "features": d, "lambda": cfg.lam,
                 "loss": loss if loss != "squared" else None, "intercept": True if intercept else None}
         cps, resume = checkpoints.plan(meta, rounds_a_unit=1)
-        bits = max(int(3 * d - 1).bit_length(), 1)  # latest values, and the two rounds' halves
         block = min(cfg.block_size, 1 << bits)
         job.tables(resume, lambda client: client.create_table(TABLE, dim=2, optimizer="sgd", key_bits=bits,
                                                               block_size=block, consistency="bsp",
@@ -268,6 +269,13 @@ def certificate(m: Matrix, w: np.ndarray, cfg: LassoConfig) -> tuple[float, floa
     return *duality_gap(m, w, r, _xtr(m.colptr, m.rows, m.values, r), cfg.lam), None
 
 
+def proven(primal: float, gap: float, tol: float) -> bool:
+    """Whether the certificate proves the solution within ``tol`` of the optimum, relative
+    (to the 2^-48 the table keeps a coefficient to): the report's ``converged``, never the
+    workers' word alone (a job that lost a worker, or whose objective overflowed, is not)."""
+    return bool(math.isfinite(primal) and gap <= (tol + 1e-12) * primal)
+
+
 def solution_report(m: Matrix, w: np.ndarray, cfg: LassoConfig, head: dict[str, Any],
                     seconds: float) -> dict[str, Any]:
     """The report's first lines: the solution ``w`` (objective, duality gap, non-zeros) and
@@ -280,7 +288,7 @@ def solution_report(m: Matrix, w: np.ndarray, cfg: LassoConfig, head: dict[str, 
     gap = min(gap, float(head["gap"]) + max(primal - float(head["objective"]), 0.0))
     return {"objective": primal, "duality_gap": gap, "relative_gap": gap / primal if primal else 0.0,
             "nonzeros": int(np.count_nonzero(w)), "seconds": seconds, "rounds": head["rounds"],
-            "coordinate_updates": int(head["updates"]), "converged": bool(head["converged"] or gap <= cfg.tol * primal),
+            "coordinate_updates": int(head["updates"]), "converged": proven(primal, gap, cfg.tol),
             "stalled": bool(head["stalled"]), "stuck": bool(head.get("stuck", False)),
             "phase_seconds": head["phase_seconds"], "lambda": cfg.lam,
             "loss": cfg.loss, "intercept": b, "kkt_filter": cfg.kkt_filter,

@@ -102,6 +102,23 @@ def _to_csc(indptr, cols, vals, n_cols):  # type: ignore[no-untyped-def]
 COLUMN_BYTES = 128
 
 
+#: the largest target or feature value taken: squared and summed over the rows, as the objective
+#: and the solver's column norms are, a larger one overflows float64 (1.8e308)
+LARGEST_VALUE = 1e150
+
+
+def _check_magnitudes(path: str, labels: np.ndarray, indptr: np.ndarray, vals: np.ndarray) -> None:
+    """Refuse a target or value so large that its square overflows: the objective came out
+    as inf and its duality gap NaN, after the whole job."""
+    for what, values in (("target", labels), ("feature value", vals)):
+        if values.size and (big := float(np.abs(values).max())) > LARGEST_VALUE:
+            at = int(np.argmax(np.abs(values) > LARGEST_VALUE))
+            row = at if what == "target" else int(np.searchsorted(indptr[1:], at, side="right"))
+            raise DataError(f"{path}: data line {row + 1} has the {what} {values[at]:g}, above {LARGEST_VALUE:g} in "
+                            f"magnitude (the largest is {big:g}): its square overflows float64 in the objective; "
+                            "scale the targets and feature values")
+
+
 def _check_width(path: str, width: int, indptr: np.ndarray, cols: np.ndarray) -> None:
     """Refuse a feature index so large that a column up to it would not fit in memory:
     indices are column numbers (every one up to the largest gets a coefficient), and a
@@ -109,6 +126,21 @@ def _check_width(path: str, width: int, indptr: np.ndarray, cols: np.ndarray) ->
     row = int(np.searchsorted(indptr[1:], int(np.argmax(cols)), side="right"))
     check_fits(f"{path}: data line {row + 1} has feature index {width:,}, and every feature up to it gets a "
                "coefficient", width, COLUMN_BYTES, "number the features from 1 without gaps (or hash them into fewer)")
+
+
+#: bytes a column costs in each worker of a job (its copy of the data's pointers and the solver's
+#: arrays): 10^7 columns took 1.41 GB more a worker (news20-like rows, 1 to 4 workers, peak RSS)
+WORKER_COLUMN_BYTES = 144
+
+
+def check_job_fits(path: str, width: int, workers: int, table_bytes: int) -> None:
+    """Refuse a job whose ``width`` columns, in the driver, in each of ``workers`` and in the
+    coefficients' table (``table_bytes`` on the servers), would not fit in this machine's
+    free memory: a worker killed by the kernel otherwise, and the rest going on without it."""
+    check_fits(f"{path}: the feature index {width:,} gives every feature up to it a coefficient, in the driver, "
+               f"in each of the {workers} workers and in the servers' table", width,
+               16 + WORKER_COLUMN_BYTES * workers + -(-table_bytes // max(width, 1)),
+               "number the features from 1 without gaps (or hash them into fewer), or run fewer --workers")
 
 
 @dataclass(frozen=True)
@@ -160,6 +192,7 @@ def read_libsvm_matrix(path: str, n_features: int | None = None) -> Matrix:
         raise DataError(f"{path}: none of its {n:,} lines has a feature (only targets); expected LIBSVM lines "
                         "'target index:value ...'")
     cols, vals = cols[:nnz], vals[:nnz]
+    _check_magnitudes(path, labels[:n], indptr[:n + 1], vals)
     base = 1 if least > 0 else 0  # as scikit-learn's load_svmlight_file reads: 0-based once an index 0 is seen
     if base == 0:
         cols += 1
