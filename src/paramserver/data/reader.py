@@ -294,14 +294,15 @@ def _start(f: Any, shard: Shard, fmt: DataFormat, batch_size: int) -> tuple[Any,
     path, pos, carry = shard.path, shard.start, b""
     if fmt.name in ("csv", "avazu"):  # the header: the file's first line, wherever the shard starts
         header = f.readline()
-        columns = csv.columns_of(header.decode("utf-8", errors="replace"), path, fmt.name, fmt.label_column,
+        bom = len(BOM) if header.startswith(BOM) else 0  # Excel's "CSV UTF-8" starts so
+        columns = csv.columns_of(header[bom:].decode("utf-8", errors="replace"), path, fmt.name, fmt.label_column,
                                  fmt.ignore_columns, fmt.numeric_columns)
         parser: Any = CsvParser(fmt, batch_size, columns)
-        pos = max(pos, len(header) if columns.header else 0)
+        pos = max(pos, len(header) if columns.header else bom)
         if path != STDIN and not shard.source:
             f.seek(pos)
         elif not columns.header:
-            carry = header
+            carry = header[bom:]
     else:
         parser = (CriteoParser if fmt.name == "criteo" else LibsvmParser)(fmt, batch_size)
         if pos == 0 and path != STDIN and not shard.source:  # some editors start a file with a UTF-8 byte-order mark

@@ -10,7 +10,7 @@ import fsspec
 import numpy as np
 
 from paramserver.data.files import check_compressed_name, compressed_as, reading
-from paramserver.data.reader import DataError, _check_exists
+from paramserver.data.reader import BOM, DataError, _check_exists
 from paramserver.store.memory import available_memory
 
 NL = 10
@@ -28,7 +28,7 @@ def read_whole(path: str) -> tuple[bytes, np.ndarray]:
         check_compressed_name(path)
     with fsspec.open(path, "rb", compression="infer") as f, reading(path):
         raw = f.read()
-    raw = _uncompressed(path, raw)
+    raw = _uncompressed(path, raw).removeprefix(BOM)  # a UTF-8 byte-order mark is no part of the first line
     nul = raw.find(b"\x00", 0, 1 << 20)
     if nul >= 0:
         raise DataError(f"{path} holds NUL bytes (the first at byte {nul:,}): it is binary, not text (a .npz, an "

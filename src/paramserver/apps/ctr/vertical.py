@@ -33,7 +33,7 @@ from numba import njit
 
 from paramserver.data.files import reading
 from paramserver.data.parse import BAD_INDEX, LINE_END, NL, NOT_PAIR, QID, SPACE, next_pair, parse_float, svm_line
-from paramserver.data.reader import DataError, no_examples
+from paramserver.data.reader import BOM, DataError, no_examples
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
 
@@ -63,9 +63,11 @@ def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> d
     lines = 0
     try:
         with fsspec.open(path, "rb", compression="infer") as f, reading(path):
-            rest = b""
+            rest, first = b"", True
             while True:
                 data = f.read(CHUNK_BYTES)
+                if first:  # a UTF-8 byte-order mark is no part of the first line's label
+                    data, first = data.removeprefix(BOM), False
                 text = rest + data
                 cut = text.rfind(b"\n") + 1 if data else len(text)
                 if cut == 0 and data:  # no line ends in it yet: read on
