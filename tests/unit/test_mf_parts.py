@@ -208,6 +208,18 @@ def test_reader_refuses_an_empty_file(tmp_path):
         read_ratings(str(path))
 
 
+@pytest.mark.parametrize("line", ["1\t2\t\t0", "2,,4,9", ",1,2,5", "1::::3::9"])
+def test_an_empty_field_is_refused_by_its_line_not_filled_from_the_next(tmp_path, line):
+    """'1<tab>2<tab><tab>0' read the timestamp as the rating; a run of spaces, '::' and a CR
+    before the newline are still one separator."""
+    path = tmp_path / "r.txt"
+    path.write_text(f"1 2 5\n{line}\n")
+    with pytest.raises(DataError, match=r"r.txt:2: a field of the first three \(user, item, rating\) is empty"):
+        read_ratings(str(path))
+    path.write_text("1  2   5\r\n2::3::4::978300761\n3,1,3.5,9\n4\t1\t2\t9\n")
+    assert read_ratings(str(path)).ratings.tolist() == [5.0, 4.0, 3.5, 2.0]
+
+
 def test_a_dead_workers_parts_go_to_the_least_loaded_survivors_and_the_rest_stay():
     assert adopt([0, 1, 2, 3], [0, 2, 3]) == [0, 0, 2, 3]
     assert adopt([0, 1, 2, 3], [0, 3]) == [0, 0, 3, 3]  # 1 to 0 (tie, lower rank), then 2 to 3 (fewer)

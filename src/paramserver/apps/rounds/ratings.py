@@ -46,6 +46,21 @@ def _id(buf, a, b, named):  # type: ignore[no-untyped-def]
     return parse_int(buf, a, b)
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _separators_in(buf, a, b):  # type: ignore[no-untyped-def]
+    """The separators the run ``buf[a:b]`` between two fields holds: a tab or comma each, a
+    '::' one (spaces and CR none).  More than one is an empty field: '1<tab>2<tab><tab>0'
+    would read the timestamp as the rating."""
+    n, colons = 0, 0
+    for j in range(a, b):
+        c = buf[j]
+        if c == 9 or c == 44:
+            n += 1
+        elif c == 58:
+            colons += 1
+    return n + (colons + 1) // 2
+
+
 @njit(nogil=True, cache=True)
 def _parse_numbers(buf, start, users, items, ratings):  # type: ignore[no-untyped-def]
     """``_parse`` of a file whose ids are all numbers, compiled apart: no test a field (it cost
@@ -73,6 +88,9 @@ def _parse(buf, start, users, items, ratings, named_users, named_items):  # type
         if fields < 3:
             return (n, "expected at least 3 fields (user, item, rating) separated by tabs, commas, spaces or '::'",
                     pos)
+        if (_separators_in(buf, pos, bounds[0]) or _separators_in(buf, bounds[1], bounds[2]) > 1
+                or _separators_in(buf, bounds[3], bounds[4]) > 1):
+            return n, "a field of the first three (user, item, rating) is empty (two separators in a row, or one that starts the line)", pos
         ok, u = _id(buf, bounds[0], bounds[1], named_users)
         if not ok:
             return n, "the user id (first field) is not a whole number, as the column's first is (" + _KIND, pos
