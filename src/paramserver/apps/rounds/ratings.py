@@ -90,7 +90,8 @@ def _parse(buf, start, users, items, ratings, named_users, named_items):  # type
                     pos)
         if (_separators_in(buf, pos, bounds[0]) or _separators_in(buf, bounds[1], bounds[2]) > 1
                 or _separators_in(buf, bounds[3], bounds[4]) > 1):
-            return n, "a field of the first three (user, item, rating) is empty (two separators in a row, or one that starts the line)", pos
+            return (n, "a field of the first three (user, item, rating) is empty (two separators in a row, or one "
+                    "that starts the line)", pos)
         ok, u = _id(buf, bounds[0], bounds[1], named_users)
         if not ok:
             return n, "the user id (first field) is not a whole number, as the column's first is (" + _KIND, pos
