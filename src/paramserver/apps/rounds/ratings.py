@@ -88,7 +88,8 @@ def _parse(buf, start, users, items, ratings, named_users, named_items):  # type
         if fields < 3:
             return (n, "expected at least 3 fields (user, item, rating) separated by tabs, commas, spaces or '::'",
                     pos)
-        if (_separators_in(buf, pos, bounds[0]) or _separators_in(buf, bounds[1], bounds[2]) > 1
+        if (bounds[0] > pos or bounds[2] - bounds[1] > 1 or bounds[4] - bounds[3] > 1) and (  # a run of one: fine
+                _separators_in(buf, pos, bounds[0]) or _separators_in(buf, bounds[1], bounds[2]) > 1
                 or _separators_in(buf, bounds[3], bounds[4]) > 1):
             return (n, "a field of the first three (user, item, rating) is empty (two separators in a row, or one "
                     "that starts the line)", pos)
