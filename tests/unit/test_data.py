@@ -480,3 +480,15 @@ def test_a_utf8_byte_order_mark_is_no_part_of_a_files_first_line(tmp_path):
     for p in range(2):
         block = f"block-{p}.libsvm"
         assert (tmp_path / "marked" / block).read_bytes() == (tmp_path / "plain" / block).read_bytes()
+
+
+def test_a_reports_nan_and_infinite_figures_are_json_null():
+    """eval's AUC on a test set of one class was written as NaN, which JSON parsers refuse."""
+    import json
+
+    from paramserver.data.files import report_json
+
+    report = {"auc": math.nan, "logloss": 0.5, "gaps": [1.0, math.inf], "inner": {"x": -math.inf}, "n": 3}
+    for indent in (None, 1):
+        assert json.loads(report_json(report, indent), parse_constant=lambda c: pytest.fail(c)) == {
+            "auc": None, "logloss": 0.5, "gaps": [1.0, None], "inner": {"x": None}, "n": 3}

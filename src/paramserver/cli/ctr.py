@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import shutil
@@ -28,7 +27,7 @@ from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train import check_job, run_training
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.cli.running import Progress, cluster_options, console
-from paramserver.data.files import check_output, write_text
+from paramserver.data.files import check_output, report_json, write_text
 from paramserver.data.reader import DataFormat, sniff_label_format
 from paramserver.errors import ConfigError
 
@@ -318,7 +317,7 @@ def _show(args: argparse.Namespace, report: dict[str, Any]) -> None:
     console(False).print(_report_table(report))
     metrics_out = getattr(args, "metrics_out", None)
     if metrics_out:
-        write_text(metrics_out, json.dumps({k: v for k, v in report.items() if k != "traces"}, indent=1))
+        write_text(metrics_out, report_json({k: v for k, v in report.items() if k != "traces"}, indent=1))
 
 
 def _failed_metrics(args: argparse.Namespace, exc: Exception, progress: Progress) -> None:
@@ -335,7 +334,7 @@ def _failed_metrics(args: argparse.Namespace, exc: Exception, progress: Progress
     if isinstance(status.get("stream"), dict):
         failed["stream_position"] = status["stream"].get("position")
     try:
-        write_text(metrics_out, json.dumps(failed, indent=1, default=str))
+        write_text(metrics_out, report_json(failed, indent=1))
     except OSError as write_error:  # the job's own error is the one to say
         print(f"paramserver train: --metrics-out {metrics_out}: cannot write it: {write_error}", file=sys.stderr)
 
@@ -448,9 +447,9 @@ def predict(args: argparse.Namespace, _: Any) -> int:
 def eval(args: argparse.Namespace, _: Any) -> int:  # noqa: A001 - the command's name
     check_output(args.metrics_out, "--metrics-out", folder=False)
     report = evaluate(args.model, args.data, args.skip_bad_lines, _overrides(args), args.allow_unverified_checkpoint)
-    print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
+    print(report_json(report), flush=True)  # one line: rich would wrap it at the terminal width
     if args.metrics_out:
-        write_text(args.metrics_out, json.dumps(report, indent=1))
+        write_text(args.metrics_out, report_json(report, indent=1))
     return 0
 
 

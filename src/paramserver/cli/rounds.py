@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from paramserver.apps.rounds.settings import LDAConfig, MFConfig
 from paramserver.cli.parser import cluster_flag, filters_flag, loss_flags, secret_flag, unverified_flag, watch_flags
 from paramserver.cli.running import Progress, cluster_options, console
+from paramserver.data.files import report_json
 from paramserver.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -181,7 +182,7 @@ def _watched(app: str, args: argparse.Namespace) -> Iterator[Any]:
 def _round_report(app: str, args: argparse.Namespace, report: dict[str, Any]) -> None:
     """A scheduled app's report: a table as train's (``--json``: one JSON line)."""
     if getattr(args, "json", False):
-        print(json.dumps(report), flush=True)  # one line: rich would wrap it at the terminal width
+        print(report_json(report), flush=True)  # one line: rich would wrap it at the terminal width
         return
     from rich.table import Table
 

@@ -176,6 +176,25 @@ def check_output(url: str | None, flag: str, folder: bool) -> None:
                           f"{'folder' if folder else 'file'}") from None
 
 
+def report_json(report: Any, indent: int | None = None) -> str:
+    """A report as JSON that every parser reads: a NaN or infinite figure (the AUC of a test
+    set of one class, the loss of an empty one) as null, where ``json.dumps`` writes the
+    JavaScript words ``NaN`` and ``Infinity`` that JSON has not."""
+    import json
+    import math
+
+    def finite(value: Any) -> Any:
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
+    return json.dumps(finite(report), indent=indent, default=str, allow_nan=False)
+
+
 def write_text(url: str, text: str) -> None:
     """``text`` into ``url`` whole (a local file through a rename; an object in one put)."""
     fs, path = filesystem(url, "output")

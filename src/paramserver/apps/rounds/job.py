@@ -13,7 +13,6 @@ it computes from them is its own; the report goes to ``--metrics-out`` (``write_
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -45,10 +44,10 @@ def check_outputs(save: str | None, metrics_out: str | None, *more: tuple[str | 
 
 def write_metrics(metrics_out: str | None, report: dict[str, Any]) -> None:
     """The report, as JSON, to ``--metrics-out`` (if given)."""
-    from paramserver.data.files import write_text
+    from paramserver.data.files import report_json, write_text
 
     if metrics_out:
-        write_text(metrics_out, json.dumps(report, indent=1))
+        write_text(metrics_out, report_json(report, indent=1))
 
 
 @dataclass(frozen=True)
