@@ -61,6 +61,10 @@ def test_a_file_named_as_compressed_data_that_is_not_is_refused_by_name(tmp_path
                                   r"that takes about [\d,.]+ GiB, and this machine has [\d,.]+ GiB free; number "
                                   r"the words from 0 without gaps"),
     (b"2\n99999999999\n1\n1 1 2\n", r"c.txt: the header's V=99,999,999,999, .* give the vocabulary's true size"),
+    # a count, not a word id: numpy was asked for 373 GiB of tokens
+    (b"2\n5\n2\n1 1 2\n2 5 99999999999\n", r"c.txt: entry 2 after the header: a count of 99,999,999,999, and the "
+                                             r"corpus's 100,000,000,001 tokens .* check the counts"),
+    (b"1 0:1\n2 1:2 3:99999999999\n", r"c.txt:2: a count of 99,999,999,999, .* GiB free; check the counts"),
 ])
 def test_a_word_id_past_this_machines_memory_is_refused_before_any_array(tmp_path, text, says):
     path = tmp_path / "c.txt"

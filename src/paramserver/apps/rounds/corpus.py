@@ -104,6 +104,19 @@ def _parse_ldac(buf, doc_ptr, word_of, count_of):  # type: ignore[no-untyped-def
 #: bytes a word id costs whether any document has it: its topics' counts at the default 50
 #: topics (4 bytes each) and its own counts and places
 WORD_BYTES = 256
+#: bytes a token costs over a job: its word here, its word, document and topic in a worker's part
+#: file and arrays, the order that sorts them and the MH sampler's index of it
+TOKEN_BYTES = 64
+
+
+def _check_tokens(where: str, count_of: np.ndarray) -> None:
+    """Refuse counts whose tokens would not fit in memory (a count of 10^11 asked numpy for
+    373 GiB, a bare MemoryError); ``where(i)`` names entry i (its file and line)."""
+    total = float(count_of.sum(dtype=np.float64))  # float: a sum of 18-digit counts overflows int64
+    if count_of.size and total * TOKEN_BYTES > 1 << 30:  # below a GiB, nothing to ask
+        at = int(np.argmax(count_of))
+        check_fits(f"{where(at)}: a count of {int(count_of[at]):,}, and the corpus's {total:,.0f} tokens each take a "
+                   "place", int(total), TOKEN_BYTES, "check the counts (a word's occurrences in its document)")
 
 
 @dataclass(frozen=True)
@@ -173,6 +186,7 @@ def read_corpus(path: str, vocabulary: str | None = None) -> Corpus:
     if n != nnz:
         raise DataError(f"{path}: the header says NNZ={nnz} entries, the file has {n}; fix the header or restore "
                         "the missing lines")
+    _check_tokens(lambda i: f"{path}: entry {i + 1:,} after the header", count_of[:n])
     return _expand(doc_of[:n], word_of[:n], count_of[:n], n_docs, n_words)
 
 
@@ -193,6 +207,7 @@ def _read_ldac(path: str, raw: bytes, buf: np.ndarray) -> Corpus:
     line = int(np.searchsorted(doc_ptr[1:docs + 1], top, side="right")) + 1
     check_fits(f"{path}:{line}: word id {vocabulary - 1:,}, and every word up to it gets a row of counts",
                vocabulary, WORD_BYTES, "number the words from 0 without gaps")
+    _check_tokens(lambda i: f"{path}:{int(np.searchsorted(doc_ptr[1:docs + 1], i, side='right')) + 1}", count_of[:n])
     doc_of = np.repeat(np.arange(docs), np.diff(doc_ptr[:docs + 1]))
     c = _expand(doc_of, word_of[:n], count_of[:n], docs, vocabulary)
     return Corpus(c.doc_ptr, c.words, c.vocabulary, from_ldac=True)
