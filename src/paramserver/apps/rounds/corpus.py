@@ -17,6 +17,7 @@ fix.  Parsing is one numba pass, GIL released.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,7 +110,7 @@ WORD_BYTES = 256
 TOKEN_BYTES = 64
 
 
-def _check_tokens(where: str, count_of: np.ndarray) -> None:
+def _check_tokens(where: Callable[[int], str], count_of: np.ndarray) -> None:
     """Refuse counts whose tokens would not fit in memory (a count of 10^11 asked numpy for
     373 GiB, a bare MemoryError); ``where(i)`` names entry i (its file and line)."""
     total = float(count_of.sum(dtype=np.float64))  # float: a sum of 18-digit counts overflows int64
