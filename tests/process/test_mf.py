@@ -125,6 +125,7 @@ def test_predicts_held_out_ratings_better_than_the_biases_alone(tmp_path, named)
     (["--predictions-out", "PRED"], "--predictions-out needs --test"),
     (["--save", "FILE"], "is a file"),
     (["--seed", "-1"], "--seed must be a whole number in [0, 2^63), got -1"),  # was numpy's bare ValueError
+    (["--workers", "500"], "items, and each worker holds a part of the users"),  # ran on, a round a worker
 ])
 def test_bad_flags_are_refused_before_any_work(tmp_path, args, message):
     _, _, train_path, _ = _ratings(tmp_path, n=200)

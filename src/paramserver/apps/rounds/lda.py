@@ -106,6 +106,9 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     checkpoints.check()
     t0 = time.perf_counter()
     corpus = read_corpus(data, vocabulary)
+    if workers > corpus.docs:
+        raise ConfigError(f"--workers {workers}: {data} has {corpus.docs:,} documents, and each worker samples a part "
+                          f"of them; give at most {corpus.docs:,}")
     cfg = replace(cfg, optimize_alpha=str(cfg.alpha_every(corpus.tokens / max(corpus.docs, 1))))  # auto resolved
     V, vocabulary = vocabulary_size(data, corpus, vocabulary)
     K = cfg.topics

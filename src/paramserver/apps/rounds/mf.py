@@ -378,6 +378,10 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     held = read_ratings(test, train.named) if test else None
     user_ids, u = train.distinct(0)
     item_ids, i = train.distinct(1)
+    if workers > min(user_ids.size, item_ids.size):
+        raise ConfigError(f"--workers {workers}: {data} has {user_ids.size:,} users and {item_ids.size:,} items, and "
+                          "each worker holds a part of the users and, in turn, a block of the items; give at most "
+                          f"{min(user_ids.size, item_ids.size):,}")
     r = train.ratings
     mu = float(r.astype(np.float64).mean())
     lay = layout(np.bincount(u, minlength=user_ids.size), np.bincount(i, minlength=item_ids.size), workers)
