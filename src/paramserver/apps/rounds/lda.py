@@ -89,6 +89,15 @@ def resolved(cfg: LDAConfig) -> LDAConfig:
     return replace(cfg, sampler=runs, mh_steps=cfg.steps if runs != "sparse" else None)
 
 
+def _corpus(data: str, vocabulary: str | None, workers: int) -> Corpus:
+    """The corpus, a part of its documents for each of ``workers``: refused where it has fewer."""
+    corpus = read_corpus(data, vocabulary)
+    if workers > corpus.docs:
+        raise ConfigError(f"--workers {workers}: {data} has {corpus.docs:,} documents, and each worker samples a part "
+                          f"of them; give at most {corpus.docs:,}")
+    return corpus
+
+
 def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str | None = None,
             metrics_out: str | None = None, vocabulary: str | None = None,
             checkpoints: CheckpointOptions = NO_CHECKPOINTS,
@@ -105,10 +114,7 @@ def run_lda(data: str, *, cfg: LDAConfig, workers: int, servers: int, save: str 
     check_outputs(save, metrics_out)
     checkpoints.check()
     t0 = time.perf_counter()
-    corpus = read_corpus(data, vocabulary)
-    if workers > corpus.docs:
-        raise ConfigError(f"--workers {workers}: {data} has {corpus.docs:,} documents, and each worker samples a part "
-                          f"of them; give at most {corpus.docs:,}")
+    corpus = _corpus(data, vocabulary, workers)
     cfg = replace(cfg, optimize_alpha=str(cfg.alpha_every(corpus.tokens / max(corpus.docs, 1))))  # auto resolved
     V, vocabulary = vocabulary_size(data, corpus, vocabulary)
     K = cfg.topics

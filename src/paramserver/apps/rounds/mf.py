@@ -378,13 +378,9 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
     held = read_ratings(test, train.named) if test else None
     user_ids, u = train.distinct(0)
     item_ids, i = train.distinct(1)
-    if workers > min(user_ids.size, item_ids.size):
-        raise ConfigError(f"--workers {workers}: {data} has {user_ids.size:,} users and {item_ids.size:,} items, and "
-                          "each worker holds a part of the users and, in turn, a block of the items; give at most "
-                          f"{min(user_ids.size, item_ids.size):,}")
     r = train.ratings
     mu = float(r.astype(np.float64).mean())
-    lay = layout(np.bincount(u, minlength=user_ids.size), np.bincount(i, minlength=item_ids.size), workers)
+    lay = _layout(data, u, i, user_ids.size, item_ids.size, workers)
     k = cfg.rank
     # what the layout and the tables depend on; --epochs, --lr and --reg may change on a resume
     meta = {"app": "mf", "workers": workers, "rank": k, "seed": cfg.seed, "ratings": int(r.size),
@@ -424,6 +420,16 @@ def run_mf(data: str, *, test: str | None, cfg: MFConfig, workers: int, servers:
                    **asdict(cfg), "phase_seconds": ran.per_worker[0]["phase_seconds"]})
     write_metrics(metrics_out, report)
     return report
+
+
+def _layout(data: str, u: np.ndarray, i: np.ndarray, n_users: int, n_items: int, workers: int) -> Layout:
+    """``layout`` of the ratings' users and items over ``workers``, each a part of the users
+    and, in turn, a block of the items: refused where there are fewer of either than workers."""
+    if workers > min(n_users, n_items):
+        raise ConfigError(f"--workers {workers}: {data} has {n_users:,} users and {n_items:,} items, and each worker "
+                          f"holds a part of the users and, in turn, a block of the items; give at most "
+                          f"{min(n_users, n_items):,}")
+    return layout(np.bincount(u, minlength=n_users), np.bincount(i, minlength=n_items), workers)
 
 
 def _named(ids: np.ndarray, names: np.ndarray | None) -> np.ndarray:
