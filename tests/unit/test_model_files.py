@@ -38,7 +38,17 @@ def test_a_saved_model_loads(tmp_path):
      r"m: its model.json is not one train --save writes \(TypeError: .*'dim'\)"),
     (lambda m: (m / "model.json").write_text('{"bad json'), r"m: the model files are damaged"),
     (lambda m: np.savez(m / "table.npz", keys=np.arange(3, dtype=np.uint64), values=np.zeros((2, 1), np.float32)),
-     r"table.npz holds \(3,\) keys and \(2, 1\) values for rows of 1: the model files are damaged"),
+     r"table.npz holds \(3,\) keys and \(2, 1\) values for rows of 1 \(its model.json's lr\): the model files are "
+     r"damaged or of two models"),
+    # an FM's table beside an LR's model.json: scored with its first column, without a word
+    (lambda m: np.savez(m / "table.npz", keys=np.arange(3, dtype=np.uint64), values=np.zeros((3, 9), np.float32)),
+     r"\(3, 9\) values for rows of 1 \(its model.json's lr\): the model files are damaged or of two models"),
+    (lambda m: np.savez(m / "table.npz", keys=np.arange(3, dtype=np.uint64),  # NaN predictions, eval's logloss NaN
+                        values=np.array([[0.5], [np.nan], [np.inf]], np.float32)),
+     r"m: the model's table holds 2 NaN or infinite weights: it diverged in training"),
+    (lambda m: (m / "model.json").write_text(json.dumps({**json.loads((m / "model.json").read_text()),
+                                                         "format": "paramserver-model-99"})),  # read as the first
+     r"m: its model.json says format 'paramserver-model-99', and this paramserver reads 'paramserver-model-1'"),
 ])
 def test_damaged_model_files_are_named_with_the_fix(tmp_path, damage, says):
     folder = _saved(tmp_path)

@@ -53,6 +53,9 @@ from paramserver.tables.spec import TableSpec
 if TYPE_CHECKING:
     from paramserver.client.client import Client
 
+#: what model.json's "format" says of a --save folder this version writes and reads
+FORMAT = "paramserver-model-1"
+
 
 def save_model(url: str, model: Model, data: DataFormat, spec: TableSpec, keys: np.ndarray,
                values: np.ndarray, dense: np.ndarray | None = None) -> None:
@@ -63,7 +66,7 @@ def save_model(url: str, model: Model, data: DataFormat, spec: TableSpec, keys: 
     np.savez(buf, **arrays)
     with fs.open(f"{path.rstrip('/')}/table.npz", "wb") as f:
         f.write(buf.getbuffer())
-    meta = {"format": "paramserver-model-1", **model_meta(model, data), "table": spec.to_wire()}
+    meta = {"format": FORMAT, **model_meta(model, data), "table": spec.to_wire()}
     write_text(f"{url.rstrip('/')}/model.json", json.dumps(meta, indent=1))  # last: a model folder is whole
 
 
@@ -189,9 +192,15 @@ probabilities of a parsed ``Batch``."""
                                                                        if fs.isdir(path) else [])):
                 self._load(*_from_checkpoint(url, allow_unverified))
                 return
-        self._load(*_read_saved(url))
+        self._load(*_read_saved(url), saved=True)
 
-    def _load(self, meta: dict[str, Any], keys: np.ndarray, values: np.ndarray, dense: np.ndarray | None) -> None:
+    def _load(self, meta: dict[str, Any], keys: np.ndarray, values: np.ndarray, dense: np.ndarray | None,
+              saved: bool = False) -> None:
+        """The model from its meta and arrays; ``saved``: a ``--save`` folder's, whose rows
+        are the weights alone (a checkpoint's carry the optimiser's state after them)."""
+        if saved and meta.get("format", FORMAT) != FORMAT:
+            raise DataError(f"{self.url}: its model.json says format {meta.get('format')!r}, and this paramserver "
+                            f"reads {FORMAT!r}; load it with the version that saved it, or save the model again")
         try:
             self._read_meta(meta)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a model.json of another shape
@@ -204,9 +213,16 @@ probabilities of a parsed ``Batch``."""
         self.dense = dense
         self.features, self.unseen = 0, 0  # features scored, and of them the model never saw (proba)
         spec = self.spec
-        if keys.ndim != 1 or values.ndim != 2 or values.shape[0] != keys.shape[0] or values.shape[1] < spec.dim:
-            raise DataError(f"the model's table.npz holds {keys.shape} keys and {values.shape} values for rows of "
-                            f"{spec.dim}: the model files are damaged; save the model again")
+        if (keys.ndim != 1 or values.ndim != 2 or values.shape[0] != keys.shape[0] or values.shape[1] < spec.dim
+                or (saved and values.shape[1] != spec.dim)):
+            raise DataError(f"{self.url}: the model's table.npz holds {keys.shape} keys and {values.shape} values for "
+                            f"rows of {spec.dim} (its model.json's {self.model.name}): the model files are damaged or "
+                            "of two models; save the model again")
+        for what, array in (("table", values[:, :spec.dim]), ("MLP", dense)):
+            if array is not None and not (finite := np.isfinite(array)).all():
+                raise DataError(f"{self.url}: the model's {what} holds {int(finite.size - finite.sum()):,} NaN or "
+                                "infinite weights: it diverged in training (a smaller learning rate, or "
+                                "--optimizer ftrl) or its files are damaged; train or save it again")
         self.table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed)
         self.table.load(keys, np.ascontiguousarray(values[:, :spec.dim]))  # a checkpoint's rows carry state too
 
