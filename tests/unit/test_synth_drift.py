@@ -125,3 +125,22 @@ def test_a_criteo_categorical_column_is_eight_hex_digits(t: int) -> None:
     out = np.zeros(16, np.uint8)
     assert _put_hex(out, 2, np.uint64(t), _HEX) == 10
     assert bytes(out[2:10]) == f"{t & 0xFFFFFFFF:08x}".encode()
+
+
+def test_synth_compresses_by_the_names_that_data_reads_and_refuses_others(tmp_path, capfd):
+    """A .bz2 or .zip name got plain text, which --data then refused as not bz2 or zip data;
+    --out - made a file named '-'."""
+    from paramserver.apps.ctr.synth import write_synth
+
+    plain = tmp_path / "p.tsv"
+    write_synth(str(plain), 50, seed=3)
+    want = read_all([str(plain)], DataFormat("criteo"))
+    for name in ("s.gz", "s.bz2", "s.xz"):
+        write_synth(str(tmp_path / name), 50, seed=3)
+        np.testing.assert_array_equal(read_all([str(tmp_path / name)], DataFormat("criteo")).keys, want.keys)
+    for bad, says in (("s.zip", "not .zip"), ("", "is a folder")):
+        with pytest.raises(ConfigError, match=says):
+            write_synth(str(tmp_path / bad), 50, seed=3)
+    capfd.readouterr()
+    write_synth("-", 50, seed=3)
+    assert capfd.readouterr().out.encode() == plain.read_bytes() and not os.path.exists("-")

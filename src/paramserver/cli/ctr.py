@@ -467,7 +467,8 @@ def synth(args: argparse.Namespace, _: Any) -> int:
         if days is not None:
             raise ConfigError(f"--days is for --shape drift only, not --shape {shape}")
         size = write_synth(args.out, args.rows, args.seed, shape)
-        console(True).print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {args.out}")
+        where = "standard output" if args.out == "-" else args.out
+        console(True).print(f"wrote {args.rows:,} rows ({size / 1e6:,.1f} MB) to {where}")
         return 0
     from paramserver.apps.ctr.drift import DEFAULT_DAYS, write_drift
 

@@ -246,7 +246,8 @@ def add_split_columns(sub: Subparsers) -> None:
 def add_synth(sub: Subparsers) -> None:
     p = sub.add_parser("synth", help="write synthetic Criteo-format data")
     p.add_argument("--rows", type=int, required=True, help="rows to write (with --shape drift: rows a day)")
-    p.add_argument("--out", required=True, help="output path (.gz to compress); with --shape drift a folder")
+    p.add_argument("--out", required=True, help="output file (.gz, .bz2 or .xz to compress; - for standard output); "
+                   "with --shape drift a folder")
     p.add_argument("--seed", type=int, default=0, help="seed of the data (another seed: other rows, same shape)")
     p.add_argument("--shape", default="simple", choices=("simple", "heavy", "drift"),
                    help="simple (default) or heavy: Criteo's own cardinalities (to 10^7 values a field), "

@@ -19,7 +19,13 @@ positives), so a learner has something real to find.  Deterministic for a given 
 
 from __future__ import annotations
 
+import bz2
+import contextlib
 import gzip
+import lzma
+import os
+import sys
+from typing import IO, Any
 
 import numpy as np
 from numba import njit
@@ -152,8 +158,8 @@ def check_seed(seed: int) -> None:
 
 
 def write_synth(path: str, rows: int, seed: int = 0, shape: str = "simple") -> int:
-    """Write ``rows`` Criteo-format lines of ``shape`` (``SHAPES``) to ``path`` (gzip if it
-    ends in .gz); return bytes."""
+    """Write ``rows`` Criteo-format lines of ``shape`` (``SHAPES``) to ``path`` (``_output``:
+    ``-`` standard output, compressed by a .gz, .bz2 or .xz name); return bytes."""
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise ConfigError(f"--rows must be an int >= 1, got {rows!r}")
     if shape not in SHAPES:
@@ -169,9 +175,8 @@ def write_synth(path: str, rows: int, seed: int = 0, shape: str = "simple") -> i
         int_p = rng.uniform(0.0, 0.45, N_INT)
         zipf_s = 1.15 + 0.02 * (np.arange(N_CAT) % 5)
     bias = _calibrate_bias(seed, cards, cat_p, int_p, zipf_s)
-    opener = gzip.open if path.endswith(".gz") else open
     written = 0
-    with opener(path, "wb") as f:
+    with _output(path) as f:
         for start in range(0, rows, CHUNK_ROWS):
             n = min(CHUNK_ROWS, rows - start)
             labels, ints, int_missing, tokens, cat_missing = _chunk(rng, n, cards, cat_p, int_p, zipf_s, bias)
@@ -180,6 +185,27 @@ def write_synth(path: str, rows: int, seed: int = 0, shape: str = "simple") -> i
             f.write(out[:size].tobytes())
             written += size
     return written
+
+
+#: the names synth compresses by, as --data reads them back
+_COMPRESSORS: dict[str, Any] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+
+
+def _output(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+    """Where ``--out`` writes: standard output for ``-``, compressed by a ``.gz``, ``.bz2`` or
+    ``.xz`` name, else plain; a folder or another archive's name refused (a ``.zip`` got plain
+    text under its name, which ``--data`` then refused as not zip data)."""
+    if path == "-":
+        return contextlib.nullcontext(sys.stdout.buffer)
+    if os.path.isdir(path):
+        raise ConfigError(f"--out {path} is a folder; give a file name (.gz, .bz2 or .xz to compress)")
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix in _COMPRESSORS:
+        return _COMPRESSORS[suffix](path, "wb")  # type: ignore[no-any-return]
+    if suffix in (".zip", ".zst", ".lz4", ".tar", ".tgz", ".7z", ".lzma"):
+        raise ConfigError(f"--out {path}: synth writes plain text, or compressed by a name ending in .gz, .bz2 or "
+                          f".xz, not {suffix}")
+    return open(path, "wb")
 
 
 def _calibrate_bias(seed: int, cards: np.ndarray, cat_p: np.ndarray, int_p: np.ndarray, zipf_s: np.ndarray,
