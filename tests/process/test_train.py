@@ -128,6 +128,7 @@ def test_a_malformed_test_file_is_said_in_one_line_before_the_job(tmp_path):
     (["--data", "{synth}", "--format", "parquet"], "--format must be one of"),
     (["--data", "{synth}", "--servers", "0"], "--servers must be a whole number >= 1, got 0"),
     (["--data", "{synth}", "--workers", "-1"], "--workers must be a whole number >= 1, got -1"),
+    (["--data", "{synth}", "--batch-size", "99999999999"], "--batch-size must be a whole number in [1, 16,777,216]"),
     (["--data", "{synth}", "--shard-mb", "0"], "--shard-mb must be > 0"),
     (["--data", "{tmp}/nothing*.tsv"], "no file matches"),
     (["--data", "{synth}", "--optimizer", "ftrl:alpha"], "parameters are key=value, got 'alpha'"),

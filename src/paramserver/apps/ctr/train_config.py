@@ -35,6 +35,11 @@ DENSE_AUTO_BYTES = 1 << 30  # --table-layout auto: dense when every copy togethe
 DENSE_AUTO_INPUT_A_ROW = 64
 
 
+#: the largest mini-batch: its parsed rows, keys and gradients held at once (2^24 Criteo rows are
+#: about 10 GB); 99999999999 asked numpy for 745 GiB, a bare MemoryError
+MAX_BATCH = 1 << 24
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     model: Model = field(default_factory=Model)
@@ -62,8 +67,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.epochs < 1:
             raise ConfigError(f"--epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if not 1 <= self.batch_size <= MAX_BATCH:
+            raise ConfigError(f"--batch-size must be a whole number in [1, {MAX_BATCH:,}] (examples a mini-batch), got "
+                              f"{self.batch_size:,}")
         if not (self.batch_ramp >= 0 and math.isfinite(self.batch_ramp)):
             raise ConfigError(f"--batch-ramp must be a number >= 0 (0: no ramp), got {self.batch_ramp}")
         parse_pipeline(self.pipeline)
