@@ -2,6 +2,8 @@
 that resumes, a duplicated key of a spec refused, the report's storage and bytes a key, the
 prewarm's progress."""
 
+import math
+
 import pytest
 from scripts import load_script
 
@@ -215,20 +217,24 @@ def test_an_optimizer_parameter_given_twice_is_refused():
 
 # ---- a size flag's bad value: the rule, not "invalid <lambda> value" or a traceback ------------------
 @pytest.mark.parametrize("argv, said", [
-    (["train", "--data", "x", "--shard-mb", "nan"], "argument --shard-mb: must be a number of megabytes"),
-    (["train", "--data", "x", "--shard-mb", "inf"], "argument --shard-mb: must be a number of megabytes"),
-    (["train", "--data", "x", "--shard-mb", "1e-9"], "of at least one byte"),
-    (["train", "--data", "x", "--shard-mb", "-1"], "got '-1'"),
     (["train", "--data", "x", "--table-memory", "-1"], "argument --table-memory: must be a size in bytes like 512M"),
     (["server", "--table-memory", "lots"], "argument --table-memory: must be a size in bytes like 512M"),
 ])
 def test_a_size_flags_bad_value_is_refused_with_its_rule(argv, said, capsys):
-    """--shard-mb nan crashed train with 'cannot convert float NaN to integer'; --table-memory
-    -1 was 'invalid <lambda> value'."""
+    """--table-memory -1 was 'invalid <lambda> value'."""
     from paramserver.cli.main import build_parser
 
     with pytest.raises(SystemExit):
         build_parser(argv[0]).parse_args(argv)
     err = capsys.readouterr().err
     assert said in err and "<lambda>" not in err, err
-    assert build_parser("train").parse_args(["train", "--data", "x", "--shard-mb", "0.5"]).shard_mb == 0.5
+
+
+@pytest.mark.parametrize("mb", [math.nan, math.inf, -1.0, 0.0, 1e-9])
+def test_shard_mb_must_be_a_finite_size_of_a_byte_or_more(mb):
+    """--shard-mb nan crashed train with 'cannot convert float NaN to integer', inf overflowed."""
+    from paramserver.data.reader import shard_bytes
+
+    with pytest.raises(ConfigError, match=r"--shard-mb must be > 0 .* at least one byte, like 16 or 0.5; got"):
+        shard_bytes(mb)
+    assert shard_bytes(0.5) == 1 << 19

@@ -28,7 +28,7 @@ from paramserver.apps.ctr.train import check_job, run_training
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.cli.running import Progress, cluster_options, console
 from paramserver.data.files import check_output, report_json, write_text
-from paramserver.data.reader import DataFormat, sniff_label_format
+from paramserver.data.reader import DataFormat, shard_bytes, sniff_label_format
 from paramserver.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -268,7 +268,7 @@ def _run(cfg: TrainConfig, args: argparse.Namespace, data: list[str], test: list
     return run_training(cfg, data, test, servers=args.servers, workers=args.workers, setup=progress.announce,
                         cluster_options=cluster_options(args),
                         save=getattr(args, "save", None),
-                        shard_bytes=int(getattr(args, "shard_mb", 16) * (1 << 20)), on_progress=progress.show,
+                        shard_bytes=shard_bytes(getattr(args, "shard_mb", 16)), on_progress=progress.show,
                         checkpoint_dir=getattr(args, "checkpoint_dir", None),
                         checkpoint_every=getattr(args, "checkpoint_every", None),
                         resume=getattr(args, "resume", None), allow_loss=getattr(args, "allow_loss", False),

@@ -16,7 +16,6 @@ from paramserver.cli.parser import (
     filters_flag,
     lifecycle_flag,
     loss_flags,
-    megabytes,
     secret_flag,
     storage_flag,
     table_memory_flag,
@@ -158,7 +157,7 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                    help="vertical training (lr, LIBSVM): the features cut into P column blocks by hash, one worker "
                         "a block, no process holding a whole example; --data and --test are LIBSVM files (split "
                         "now) or folders from split-columns; needs --workers P")
-    p.add_argument("--shard-mb", type=megabytes("--shard-mb"), default=16, help="split inputs into shards of this size")
+    p.add_argument("--shard-mb", type=float, default=16, help="split inputs into shards of this size")
     filters_flag(p)
     lifecycle_flag(p)
     storage_flag(p)

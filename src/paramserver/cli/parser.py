@@ -10,7 +10,6 @@ asked for is built: each parser argparse makes looks for translations on disk, a
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -43,23 +42,6 @@ def checked(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
 
     typed.__name__ = name
     return typed
-
-
-def megabytes(flag: str) -> Callable[[str], float]:
-    """An argparse ``type``: a finite number of megabytes that is at least one byte."""
-    def parse(text: str) -> float:
-        from paramserver.errors import ConfigError
-
-        try:
-            mb = float(text)
-        except ValueError:
-            mb = math.nan
-        if not (math.isfinite(mb) and mb * (1 << 20) >= 1):
-            raise ConfigError(f"{flag} must be a number of megabytes of at least one byte (> 0, finite), like 16 "
-                              f"or 0.5, got {text!r}")
-        return mb
-
-    return checked(parse, flag)
 
 
 #: ``--table-memory``'s type (``train``'s and a server's): a size in bytes

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 from collections import deque
@@ -87,6 +88,15 @@ def input_bytes(paths: list[str]) -> int | None:
         size = _check_exists(path)
         total += size * COMPRESSION_RATIO if path.endswith(COMPRESSED) else size
     return total
+
+
+def shard_bytes(megabytes: float) -> int:
+    """``--shard-mb``'s bytes: a finite number of megabytes that is at least a byte (nan
+    crashed train converting it, inf overflowed, 1e-9 was said as 'got 0')."""
+    if not (isinstance(megabytes, (int, float)) and math.isfinite(megabytes) and megabytes * (1 << 20) >= 1):
+        raise ConfigError(f"--shard-mb must be > 0 (megabytes of input per shard), a finite number of at least one "
+                          f"byte, like 16 or 0.5; got {megabytes!r}")
+    return int(megabytes * (1 << 20))
 
 
 def make_shards(paths: list[str], shard_bytes: int = 64 << 20) -> list[Shard]:
