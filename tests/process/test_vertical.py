@@ -84,3 +84,20 @@ def test_feature_partition_refuses_what_it_cannot_do(tmp_path):
         run_vertical(cfg, ["x"], [], 2, servers=1, workers=1)
     with pytest.raises(ConfigError, match="--model lr"):
         run_vertical(TrainConfig(Model("fm"), DataFormat("libsvm")), ["x"], [], 2, servers=1, workers=2)
+
+
+def test_split_columns_refuses_a_folder_an_empty_file_and_more_blocks_than_files(tmp_path, monkeypatch):
+    """--parts 100000 failed with 'Too many open files' after writing 20 000 blocks; a folder
+    was a raw errno; an empty file 'split' into empty blocks."""
+    monkeypatch.setattr(vertical, "_most_parts", lambda: 8)
+    data = tmp_path / "d.svm"
+    data.write_text("1 1:1 2:1\n")
+    with pytest.raises(ConfigError, match=r"--parts must be a whole number in \[1, 8\] .* got 9"):
+        split_columns(str(data), 9, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="is a folder; give the LIBSVM file"):
+        split_columns(str(tmp_path), 2, str(tmp_path / "out"))
+    (tmp_path / "e.svm").write_text("")
+    with pytest.raises(DataError, match="e.svm is empty: no lines to split"):
+        split_columns(str(tmp_path / "e.svm"), 2, str(tmp_path / "out"))
+    assert split_columns(str(data), 8, str(tmp_path / "out"))["lines"] == 1

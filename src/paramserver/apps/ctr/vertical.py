@@ -43,6 +43,19 @@ CHUNK_BYTES = 8 << 20  # read and split this much of the file at a time
 _BAD = 1  # ``_split``'s answer for a line that is not LIBSVM
 
 
+#: files the process keeps open besides the blocks' (its own, fsspec's, the source)
+FILES_KEPT = 64
+
+
+def _most_parts() -> int:
+    """The most blocks a split can write at once: the open files this process may have, less
+    ``FILES_KEPT`` (--parts 100000 failed with 'Too many open files' after 20 000 of them)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(1, (soft if soft != resource.RLIM_INFINITY else 1 << 20) - FILES_KEPT)
+
+
 def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> dict[str, Any]:
     """Write ``out_dir/block-<p>.libsvm`` for p < ``parts`` and a manifest; return it.
 
@@ -53,11 +66,17 @@ def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> d
     if fmt != "libsvm":
         raise ConfigError(f"split-columns reads LIBSVM files (--format libsvm); got --format {fmt}: convert the "
                           "data to LIBSVM first")
-    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ConfigError(f"--parts must be a whole number >= 1, got {parts!r}")
+    most = _most_parts()
+    if isinstance(parts, bool) or not isinstance(parts, int) or not 1 <= parts <= most:
+        raise ConfigError(f"--parts must be a whole number in [1, {most:,}] (a file a block, written at once: this "
+                          f"process may open {most + FILES_KEPT:,}), got {parts!r}")
     fs, _, (local,) = fsspec.get_fs_token_paths(path)
     if not fs.exists(local):
         raise ConfigError(f"--data {path}: no such file; give the LIBSVM file to split")
+    if fs.isdir(local):
+        raise ConfigError(f"--data {path} is a folder; give the LIBSVM file to split")
+    if not fs.size(local):
+        raise DataError(f"{path} is empty: no lines to split; give a LIBSVM file")
     os.makedirs(out_dir, exist_ok=True)
     outs = [open(os.path.join(out_dir, f"block-{p}.libsvm"), "wb") for p in range(parts)]
     lines = 0
@@ -81,6 +100,8 @@ def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> d
     finally:
         for o in outs:
             o.close()
+    if not lines:
+        raise DataError(f"{path} has no lines to split; give a LIBSVM file")
     manifest = {"source": path, "parts": parts, "lines": lines, "format": "libsvm",
                 "blocks": [f"block-{p}.libsvm" for p in range(parts)]}
     with open(os.path.join(out_dir, MANIFEST), "w") as f:
