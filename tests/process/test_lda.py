@@ -205,6 +205,7 @@ def test_unscheduled_and_ssp_modes_keep_the_counts_too(tmp_path, args):
     (["--mh-share", "0"], "--mh-share must be a number in (0, 1]"),
     (["--sampler", "gibbs"], "invalid choice: 'gibbs' (choose from 'auto', 'sparse', 'mh', 'hybrid')"),
     (["--workers", "21"], "has 20 documents, and each worker samples a part of them; give at most 20"),  # ran on
+    (["--vocabulary", "/nonexistent/v.txt"], "--vocabulary /nonexistent/v.txt: no such file"),  # was [Errno 2]
 ])
 def test_bad_flags_are_refused_before_any_work(tmp_path, args, message):
     path = _planted(tmp_path / "c.ldac", docs=20)
