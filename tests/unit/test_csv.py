@@ -201,3 +201,16 @@ def test_numeric_columns_are_checked(tmp_path):
         read_all([path], DataFormat("csv", label_column="click", numeric_columns=("click",)))
     with pytest.raises(ConfigError, match="criteo's 13 integer fields are numeric already"):
         DataFormat("criteo", numeric_columns=("x",))
+
+
+def test_a_test_file_of_other_columns_is_refused_and_one_of_another_order_taken(tmp_path):
+    """A test file whose header named other columns was scored as features the model never
+    saw, without a word; columns are read by name, so their order may differ."""
+    train, other, moved, marked = (tmp_path / n for n in ("train.csv", "other.csv", "moved.csv", "marked.csv"))
+    train.write_text("y,a,b,num\n1,x,z,3\n")
+    other.write_text("y,a,zz,num\n1,x,z,3\n")
+    moved.write_text("num,b,a,y\n3,z,x,1\n")
+    marked.write_bytes(b"\xef\xbb\xbfy,a,b,num\r\n1,x,z,3\r\n")
+    csv.check_same_columns(str(train), [str(moved), str(marked)], "csv")
+    with pytest.raises(ConfigError, match=r"other.csv:1: its columns are not those of .*train.csv .*: b, zz are in"):
+        csv.check_same_columns(str(train), [str(moved), str(other)], "csv")

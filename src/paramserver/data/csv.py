@@ -71,16 +71,40 @@ class Columns:
     header: bool  # the first line names the columns (else it is data: Avazu's files without a header)
 
 
+def header_names(header: str, fmt_name: str) -> tuple[tuple[str, ...], bool]:
+    """A first line's column names, and whether it is a header: an Avazu file whose first
+    line is data (24 fields, no ``click``) has Avazu's columns."""
+    names = tuple(c.strip() for c in header.removeprefix("\ufeff").rstrip("\r\n").split(","))
+    if fmt_name == "avazu" and AVAZU_LABEL not in names and len(names) == len(AVAZU_COLUMNS):
+        return AVAZU_COLUMNS, False
+    return names, True
+
+
+def check_same_columns(first: str, paths: list[str], fmt_name: str) -> None:
+    """Every file of ``paths`` (test files, more training files) with the columns of
+    ``first``, the first training file: a feature is its column's name and value, so a file
+    of other columns scored features the model never saw, without a word."""
+    from paramserver.data.files import open_input, reading
+
+    def names(path: str) -> tuple[str, ...]:
+        with open_input(path) as f, reading(path):
+            return header_names(f.readline(4 << 20).decode("utf-8", "replace"), fmt_name)[0]
+
+    want = set(names(first))  # in any order: a row's columns are read by name
+    for path in paths:
+        if (got := set(names(path))) != want:
+            differ = sorted(got ^ want)
+            raise ConfigError(f"{path}:1: its columns are not those of {first} (the first training file): "
+                              f"{', '.join(differ[:10])} {'is' if len(differ) == 1 else 'are'} in one and not the "
+                              "other; give files of the same columns")
+
+
 def columns_of(header: str, path: str, fmt_name: str, label: str, ignore: tuple[str, ...],
                numeric: tuple[str, ...] = ()) -> Columns:
-    """The roles of a header's columns, checked: the label column must be there.  An
-    Avazu file whose first line is data (24 fields, no ``click``) has Avazu's columns."""
-    names = tuple(c.strip() for c in header.rstrip("\r\n").split(","))
+    """The roles of a header's columns (``header_names``), checked: the label column must be there."""
+    names, has_header = header_names(header, fmt_name)
     shown = ", ".join(names)
     shown = shown if len(shown) <= 300 else shown[:300] + "..."  # in messages
-    has_header = True
-    if fmt_name == "avazu" and AVAZU_LABEL not in names and len(names) == len(AVAZU_COLUMNS):
-        names, has_header = AVAZU_COLUMNS, False
     if '"' in header:
         raise ConfigError(f"{path}:1: the header has quotes ({header.strip()[:200]!r}); quoted CSV is not "
                           "supported: remove the quotes")

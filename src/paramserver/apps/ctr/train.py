@@ -52,10 +52,13 @@ from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
 from paramserver.client.row_cache import merge_caches
 from paramserver.config import parse_bytes
+from paramserver.data.csv import check_same_columns
 from paramserver.data.files import check_output
 from paramserver.data.reader import (
+    STDIN,
     Batch,
     Shard,
+    expand,
     input_bytes,
     make_shards,
     no_examples,
@@ -258,6 +261,8 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
     overlap = core_to_spare(servers, workers)  # else the test rows are read after the job
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
+        if cfg.data.name in ("csv", "avazu") and data and STDIN not in (data[0], *test):
+            check_same_columns(expand(data)[0], [p for p in expand(test) if p != STDIN], cfg.data.name)
         if not overlap:
             check_test_head(test, cfg.data)
     return _Plan(shards, spec, dense_spec, job_checkpoints, step, progress, overlap, source)
