@@ -143,3 +143,8 @@ def raised(code: object, text: str) -> ParamServerError:
     """The exception for an ERROR reply: its code's (``RAISED_AS``), else ``RemoteError`` naming the code."""
     kind = RAISED_AS.get(str(code))
     return kind(text) if kind is not None else RemoteError(f"{code}: {text}")
+
+
+#: what a NaN or infinite gradient says of the training that sent it, and what to do
+DIVERGED = ("so the training diverged: a feature value too large for the model (scale values such as 1e30 down, "
+            "or hash them as categories), or a learning rate too high (lower it)")

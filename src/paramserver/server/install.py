@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.errors import ProtocolError, UnknownTableError
+from paramserver.errors import DIVERGED, ProtocolError, UnknownTableError
 from paramserver.routing.ring import Ring
 from paramserver.server.requests import key_fault
 from paramserver.server.state import ServerState
@@ -99,4 +99,4 @@ def check_grads(table: VnodeStore, keys: np.ndarray, grads: np.ndarray, width: i
         raise ProtocolError(f"push to {table.spec.name!r}: grads must have shape "
                             f"({keys.shape[0]}, {width}), got {grads.shape}")
     if not np.isfinite(grads).all():
-        raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
+        raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf, {DIVERGED}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.errors import ProtocolError
+from paramserver.errors import DIVERGED, ProtocolError
 from paramserver.server.data import DataPlane, read_rows
 from paramserver.server.install import check_grads
 from paramserver.server.requests import PARALLEL_MIN_KEYS, check_segments, checked_table, push_op
@@ -159,5 +159,5 @@ def _whole(plane: DataPlane, table: VnodeStore, parts: list[Message], checked: l
         return None
     preds, losses = done
     if marked[0] < len(parts):  # as a push's check says it (``install.check_grads``)
-        raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf")
+        raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf, {DIVERGED}")
     return preds, losses
