@@ -170,6 +170,12 @@ def test_saved_model_predicts_and_evaluates_without_a_cluster(tmp_path):
     assert preds.shape == (3_000,) and ((preds > 0) & (preds < 1)).all()
     proc = cli("eval", "--model", model_dir, "--data", test)
     assert proc.returncode == 0 and json.loads(proc.stdout)["examples"] == 3_000
+    assert "never seen in training" not in proc.stderr
+    other = tmp_path / "other.tsv"  # rows of other features: said on stderr, as predict says it
+    other.write_text("".join(f"{i % 2}" + "\t" * 13 + "\t" + "\t".join(f"{i:04x}{c:04x}" for c in range(26)) + "\n"
+                             for i in range(500)))
+    proc = cli("eval", "--model", model_dir, "--data", str(other))
+    assert proc.returncode == 0 and "of the rows' features were never seen in training" in proc.stderr, proc.stderr
     proc = cli("eval", "--model", str(tmp_path), "--data", test)
     assert proc.returncode == 2 and "is not a saved model" in proc.stderr
 

@@ -448,6 +448,9 @@ def eval(args: argparse.Namespace, _: Any) -> int:  # noqa: A001 - the command's
     check_output(args.metrics_out, "--metrics-out", folder=False)
     report = evaluate(args.model, args.data, args.skip_bad_lines, _overrides(args), args.allow_unverified_checkpoint)
     print(report_json(report), flush=True)  # one line: rich would wrap it at the terminal width
+    if report.get("unseen_feature_share", 0.0) > 0.5:  # as predict says it
+        console(True).print(f"{report['unseen_feature_share']:.1%} of the rows' features were never seen in training "
+                            "(is this the data the model was trained for?)")
     if args.metrics_out:
         write_text(args.metrics_out, report_json(report, indent=1))
     return 0
