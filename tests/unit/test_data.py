@@ -492,3 +492,15 @@ def test_a_reports_nan_and_infinite_figures_are_json_null():
     for indent in (None, 1):
         assert json.loads(report_json(report, indent), parse_constant=lambda c: pytest.fail(c)) == {
             "auc": None, "logloss": 0.5, "gaps": [1.0, None], "inner": {"x": None}, "n": 3}
+
+
+def test_the_label_encoding_is_the_one_most_lines_have(tmp_path):
+    """A stray 2 among 0/1 labels took the file for 1/2: the error then named a good line (a
+    0) where the stray line is the one to fix or skip."""
+    for labels, want in (([1, 0, 0, 2, 1], "01"), ([1, -1, -1, 0, 1], "pm1"), ([2, 1, 2, 0], "12"), ([1, 1], "01"),
+                         ([-1, 1], "pm1"), ([0, -1], "01")):
+        path = write(tmp_path / "l.svm", "".join(f"{y} 3:1\n" for y in labels))
+        assert sniff_label_format(path) == want, labels
+    path = write(tmp_path / "stray.svm", "1 3:1\n0 2:1\n0 4:1\n2 5:1\n")
+    with pytest.raises(DataError, match=r"stray.svm:4: the label must be 0 or 1 .*'2 5:1'"):
+        read_all([path], DataFormat("libsvm", label_format=sniff_label_format(path)))

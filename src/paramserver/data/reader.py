@@ -144,26 +144,24 @@ def sniff_unlabeled(path: str, fmt: DataFormat) -> bool:
 
 
 def sniff_label_format(path: str) -> str:
-    """LIBSVM label encoding from the first lines of ``path``: ``01``, ``pm1`` or ``12``."""
+    """LIBSVM label encoding from the first lines of ``path``: ``01``, ``pm1`` or ``12``, the
+    one whose negative label (0, -1 or 2) the most lines have: a stray 2 among 0/1 labels
+    took the file for 1/2, and the error then named a good line (a 0), not the stray one."""
     with open_input(path) as f, reading(path):
         head = f.read(1 << 20)
-    labels = set()
+    seen: dict[float, int] = {}
     for line in head.split(b"\n")[:-1] or head.split(b"\n"):
         line = line.split(b"#", 1)[0]  # svmlight's comment
         token = line.split(None, 1)[0] if line.strip() else b""
-        if token:
-            labels.add(token.decode(errors="replace"))
-    values = set()
-    for t in labels:
         try:
-            values.add(float(t))
+            value = float(token) if token else None
         except ValueError:
-            pass
-    if -1.0 in values:
-        return "pm1"
-    if 2.0 in values:
-        return "12"
-    return "01"
+            value = None
+        if value is not None:
+            seen[value] = seen.get(value, 0) + 1
+    votes = {"01": seen.get(0.0, 0), "pm1": seen.get(-1.0, 0), "12": seen.get(2.0, 0)}
+    return max(votes, key=lambda k: votes[k])  # a tie: the first (01, then pm1)
+
 
 def read_batches(shard: Shard, fmt: DataFormat, batch_size: int,
                  stats: dict[str, Any] | None = None) -> Iterator[Batch]:
