@@ -110,6 +110,8 @@ def test_zero_one_labels_are_read_as_minus_one_and_others_are_refused_with_the_l
     path.write_text("# a tool's header\n1 1:1\n  # a note\n-1 2:1\n2 1:3 # the bad one\n")  # comments are no rows
     with pytest.raises(DataError, match="three.svm:5: the label 2 is not"):
         signed_labels(read_libsvm_matrix(str(path)), str(path))
+    path.write_text("2 1:1\n1 2:1\n1 1:3\n")  # two classes numbered 1 and 2, as train's --label-format 12 reads
+    assert signed_labels(read_libsvm_matrix(str(path)), str(path)).y.tolist() == [1.0, -1.0, -1.0]
 
 
 def test_the_kkt_filter_leaves_the_non_zeros_and_the_violators():

@@ -42,11 +42,13 @@ __all__ = ["L1LRProgram", "margin", "signed_labels"]
 
 def signed_labels(m: Matrix, path: str) -> Matrix:
     """``m`` (read from ``path``) with labels ±1: 1 and −1 kept, 0 read as −1 (0/1 labels)
-    unless −1 occurs too.
+    unless −1 occurs too; 1/2 labels (LIBSVM's two classes numbered so) as −1/1.
 
     Raises:
         DataError: another label, or 0 beside −1: the file's line named, with the fix."""
     y = m.y
+    if (y == 2).any() and np.isin(y, (1.0, 2.0)).all():  # 1/2 labels, as train's --label-format 12: 2 positive
+        return replace(m, y=np.where(y == 2, 1.0, -1.0))
     bad = np.flatnonzero((y != 1) & (y != -1) & ((y != 0) | (y == -1).any()))
     if bad.size:
         raw, buf = read_whole(path)  # only now: the line's number and text, blank lines counted
@@ -57,8 +59,8 @@ def signed_labels(m: Matrix, path: str) -> Matrix:
                 break
             at += len(line) + 1
         raise bad_line(path, raw, buf, at, f"the label {y[bad[0]]:g} is not 1, -1 (or 0, read as -1, where there is "
-                       "no -1)", "--loss logistic takes two classes, 1 and -1 (or 1 and 0): map the labels to them, "
-                       "or use --loss squared")
+                       "no -1)", "--loss logistic takes two classes, 1 and -1 (or 1 and 0, or 2 and 1): map the labels "
+                       "to them, or use --loss squared")
     return replace(m, y=np.where(y == 0, -1.0, y))
 
 
