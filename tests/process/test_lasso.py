@@ -77,7 +77,7 @@ def test_bad_flags_and_outputs_are_refused_before_any_work(tmp_path):
     bad = tmp_path / "bad.svm"
     bad.write_text("1 1:1\n2 x:1\n")
     run = _cli("--data", str(bad), "--lambda", "0.1", check=False)
-    assert run.returncode == 2 and "bad.svm:2: a feature index is not a whole number >= 0" in run.stderr
+    assert run.returncode == 2 and "bad.svm:2: a feature index is not a whole number from 0 to 10^18 - 1" in run.stderr
     bad.write_text("1 1:1\n\n-1 2:1\n3 1:2\n")
     run = _cli("--data", str(bad), "--loss", "logistic", "--lambda", "0.1", check=False)
     assert run.returncode == 2 and "bad.svm:4: the label 3 is not 1, -1" in run.stderr

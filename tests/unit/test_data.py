@@ -83,8 +83,8 @@ def test_libsvm_labels_are_mapped_to_0_1(tmp_path, fmt, labels):
     assert batch.vals[:3].tolist() == [1.0, 1.0, 0.5]  # bias, 3:1, 10:0.5
 
 
-@pytest.mark.parametrize("line,what", [("1 -1:1\n", "whole number >= 0"), ("1 3\n", "index:value"),
-                                       ("1 3:1 qid:2\n", "whole number >= 0"), ("1 x:1 # 3:1\n", "whole number"),
+@pytest.mark.parametrize("line,what", [("1 -1:1\n", "whole number from 0 to"), ("1 3\n", "index:value"),
+                                       ("1 3:1 qid:2\n", "whole number from 0 to"), ("1 x:1 # 3:1\n", "whole number"),
                                        ("1 3:abc\n", "finite number"), ("7 3:1\n", "label")])
 def test_bad_libsvm_lines(tmp_path, line, what):
     path = write(tmp_path / "a.svm", "1 2:1\n" + line)

@@ -188,8 +188,8 @@ def test_the_duality_gap_is_the_textbook_one_and_lambda_max_gives_zero(tmp_path)
 @pytest.mark.parametrize("text,what", [
     ("1 1:2\nx 2:1\n", r":2: the target \(first token\) is not a number: 'x 2:1'"),
     ("1 1:2\n1 3\n", ":2: a feature is not index:value"),
-    ("1 -1:2\n", ":1: a feature index is not a whole number >= 0"),
-    ("1 1:2 qid:3\n", ":1: a feature index is not a whole number >= 0"),
+    ("1 -1:2\n", ":1: a feature index is not a whole number from 0 to 10\\^18 - 1"),
+    ("1 1:2 qid:3\n", ":1: a feature index is not a whole number from 0 to 10\\^18 - 1"),
     ("1 1:2\n2 qid:1 0:1 0:2 # x\n", "data line 2 has feature 0 twice"),
     ("1 1:2 2:zz\n", ":1: a feature value is not a number"),
     ("1 1:2\n\n2 4:1 4:2\n", "data line 2 has feature 4 twice"),

@@ -39,7 +39,7 @@ ERRORS = {
     ERR_LABEL: "the label is not one of the format's labels",
     ERR_INT: "an integer feature is not an integer",
     ERR_PAIR: "a feature is not of the form index:value",
-    ERR_INDEX: "a feature index is not a whole number >= 0",
+    ERR_INDEX: "a feature index is not a whole number from 0 to 10^18 - 1 (18 digits at most)",
     ERR_VALUE: "a feature value is not a finite number",
     ERR_DUPLICATE: "a feature index appears twice in the line (LIBSVM indices must be distinct)",
 }

@@ -44,7 +44,7 @@ def _parse(buf, labels, indptr, cols, vals):  # type: ignore[no-untyped-def]
             if what == NOT_PAIR:
                 return n, "a feature is not index:value", pos, least
             if what == BAD_INDEX:
-                return n, "a feature index is not a whole number >= 0", pos, least
+                return n, "a feature index is not a whole number from 0 to 10^18 - 1 (18 digits at most)", pos, least
             if what == QID:
                 continue
             ok, v = parse_float(buf, colon + 1, b)

@@ -95,10 +95,12 @@ def _parse(buf, start, users, items, ratings, named_users, named_items):  # type
                     "that starts the line)", pos)
         ok, u = _id(buf, bounds[0], bounds[1], named_users)
         if not ok:
-            return n, "the user id (first field) is not a whole number, as the column's first is (" + _KIND, pos
+            return (n, "the user id (first field) is not a whole number below 10^18, as the column's first is ("
+                    + _KIND, pos)
         ok, i = _id(buf, bounds[2], bounds[3], named_items)
         if not ok:
-            return n, "the item id (second field) is not a whole number, as the column's first is (" + _KIND, pos
+            return (n, "the item id (second field) is not a whole number below 10^18, as the column's first is ("
+                    + _KIND, pos)
         ok, r = parse_float(buf, bounds[4], bounds[5])
         if not ok or not np.isfinite(r):
             return n, "the rating (third field) is not a finite number", pos
