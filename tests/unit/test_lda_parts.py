@@ -186,7 +186,8 @@ def test_readers_name_the_file_line_and_rule(tmp_path, text, line, what):
 @pytest.mark.parametrize("text,what", [
     ("", "is empty"),
     ("two\n5\n1\n1 1 1\n", "not a UCI docword header"),
-    ("2\n5\n3\n1 1 1\n", "NNZ=3"),
+    ("2\n5\n3\n1 1 1\n", "NNZ=3 entries, the file has 1; fix the header or restore the missing lines"),
+    ("2\n5\n1\n1 1 1\n2 2 1\n", "NNZ=1 entries, the file has 2; fix the header or remove the extra lines"),
 ])
 def test_readers_refuse_bad_headers(tmp_path, text, what):
     path = tmp_path / "c.txt"

@@ -185,8 +185,8 @@ def read_corpus(path: str, vocabulary: str | None = None) -> Corpus:
     if err:
         raise bad_line(path, raw, buf, at, err, f"{form} (fix or remove the line)")
     if n != nnz:
-        raise DataError(f"{path}: the header says NNZ={nnz} entries, the file has {n}; fix the header or restore "
-                        "the missing lines")
+        raise DataError(f"{path}: the header says NNZ={nnz} entries, the file has {n}; fix the header or "
+                        + ("restore the missing lines" if n < nnz else "remove the extra lines"))
     _check_tokens(lambda i: f"{path}: entry {i + 1:,} after the header", count_of[:n])
     return _expand(doc_of[:n], word_of[:n], count_of[:n], n_docs, n_words)
 
