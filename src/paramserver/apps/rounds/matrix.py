@@ -111,7 +111,8 @@ def _check_magnitudes(path: str, labels: np.ndarray, indptr: np.ndarray, vals: n
     """Refuse a target or value so large that its square overflows: the objective came out
     as inf and its duality gap NaN, after the whole job."""
     for what, values in (("target", labels), ("feature value", vals)):
-        if values.size and (big := float(np.abs(values).max())) > LARGEST_VALUE:
+        # the extremes, not np.abs: no copy of news20's 9 * 10^6 values (9 ms against 24)
+        if values.size and (big := max(float(values.max()), -float(values.min()))) > LARGEST_VALUE:
             at = int(np.argmax(np.abs(values) > LARGEST_VALUE))
             row = at if what == "target" else int(np.searchsorted(indptr[1:], at, side="right"))
             raise DataError(f"{path}: data line {row + 1} has the {what} {values[at]:g}, above {LARGEST_VALUE:g} in "
