@@ -62,3 +62,14 @@ def test_a_file_given_as_the_model_is_said_to_be_one(tmp_path):
     path.write_text("1\t2\n")
     with pytest.raises(DataError, match=r"rows.tsv is a file, not a saved model: --model takes the folder"):
         load_model(str(path))
+
+
+def test_a_csv_override_needs_a_model_that_names_its_label_column(tmp_path):
+    """eval --format csv on a Criteo model said '--format csv needs --label COLUMN', a flag
+    eval does not have."""
+    from paramserver.errors import ConfigError
+
+    model = load_model(str(_saved(tmp_path)))
+    assert model.scoring_format().name == "criteo" and model.scoring_format(True).skip_bad
+    with pytest.raises(ConfigError, match=r"--format csv: the model was trained on criteo rows, which name no label"):
+        model.scoring_format(overrides={"name": "csv"})

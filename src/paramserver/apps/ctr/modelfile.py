@@ -46,6 +46,7 @@ from paramserver.data.reader import (
     read_batches,
     sniff_unlabeled,
 )
+from paramserver.errors import ConfigError
 from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import SGD, Initializer
 from paramserver.tables.spec import TableSpec
@@ -232,6 +233,17 @@ probabilities of a parsed ``Batch``."""
         self.data = DataFormat(**meta["data"])
         self.spec = TableSpec.from_wire(meta["table"])
 
+    def scoring_format(self, skip_bad: bool = False, overrides: dict[str, Any] | None = None) -> DataFormat:
+        """How predict and eval read data for this model: its training data's format, with
+        ``overrides`` (``--format``, ``--label-format``) over it.  A CSV override needs the
+        label column a CSV or Avazu model names; another model's has none to give."""
+        fmt = DataFormat(**(asdict(self.data) | {"skip_bad": skip_bad} | (overrides or {})))
+        if fmt.name == "csv" and not fmt.label_column:
+            raise ConfigError(f"--format csv: the model was trained on {self.data.name} rows, which name no label "
+                              "column, and a CSV's features are its columns' names and values; score rows of the "
+                              "format it was trained on")
+        return fmt
+
     @property
     def unseen_share(self) -> float:
         """The share of the features scored so far that the model never saw in training
@@ -289,7 +301,7 @@ def predict_file(model_dir: str, data: list[str], out: str, skip_bad: bool = Fal
     if out != STDIN:
         check_output(out, "--out", folder=False)
     model = LocalModel(model_dir, allow_unverified)
-    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad} | (overrides or {})))
+    fmt = model.scoring_format(skip_bad, overrides)
     files = check_inputs(data)
     with contextlib.ExitStack() as stack:
         if out == STDIN:
@@ -319,7 +331,7 @@ def evaluate(model_dir: str, data: list[str], skip_bad: bool = False,
              overrides: dict[str, Any] | None = None, allow_unverified: bool = False) -> dict[str, float]:
     """Log loss and AUC of the saved model on labelled ``data``."""
     model = LocalModel(model_dir, allow_unverified)
-    fmt = DataFormat(**(asdict(model.data) | {"skip_bad": skip_bad} | (overrides or {})))
+    fmt = model.scoring_format(skip_bad, overrides)
     stats: dict[str, Any] = {}
     batch = read_all(data, fmt, stats=stats)
     report = metrics(batch.labels, model.proba(batch))
