@@ -97,6 +97,12 @@ def test_predicts_held_out_ratings_better_than_the_biases_alone(tmp_path, named)
     assert sorted(saved["user_ids"].tolist()) == want and len(saved["user_factors"]) == len(want)
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report == json.loads(metrics.read_text())
+    assert report["test_unseen_share"] < 0.1 and "never seen in training" not in run.stderr
+    if named:  # a test file of numbers against names: every pair unseen, said on stderr (it said nothing)
+        (tmp_path / "numbers").mkdir()
+        numbers = _ratings(tmp_path / "numbers", n=200)[3]
+        other = _cli("--data", str(train_path), "--test", str(numbers), "--epochs", "1")
+        assert "100.0% of the test ratings have a user or item never seen in training" in other.stderr, other.stderr
     pred = np.loadtxt(pred_path)
     truth = test[2]
     assert pred.shape == truth.shape and pred.min() >= 1 and pred.max() <= 5

@@ -180,7 +180,11 @@ def _watched(app: str, args: argparse.Namespace) -> Iterator[Any]:
 
 
 def _round_report(app: str, args: argparse.Namespace, report: dict[str, Any]) -> None:
-    """A scheduled app's report: a table as train's (``--json``: one JSON line)."""
+    """A scheduled app's report: a table as train's (``--json``: one JSON line); MF's test
+    ratings mostly of users or items never trained on said on stderr."""
+    if report.get("test_unseen_share", 0.0) > 0.5:
+        console(True).print(f"{report['test_unseen_share']:.1%} of the test ratings have a user or item never seen in "
+                            "training (is this the test file for this training file?)")
     if getattr(args, "json", False):
         print(report_json(report), flush=True)  # one line: rich would wrap it at the terminal width
         return

@@ -465,10 +465,13 @@ def _test(held: Ratings, user_ids: np.ndarray, item_ids: np.ndarray, P: np.ndarr
     mean and their known bias): their RMSE, and each prediction to ``predictions_out``."""
     from paramserver.data.files import write_text
 
-    pred = _predict(_dense(held.users, user_ids), _dense(held.items, item_ids), P, Q, mu, lo, hi)
+    u, i = _dense(held.users, user_ids), _dense(held.items, item_ids)
+    pred = _predict(u, i, P, Q, mu, lo, hi)
     if predictions_out:
         write_text(predictions_out, "".join(f"{p:.6g}\n" for p in pred.tolist()))
-    return {"test_ratings": int(len(held)), "test_rmse": float(np.sqrt(np.mean((pred - held.ratings) ** 2)))}
+    # near 1: not this training file's test file (names against numbers, another release)
+    return {"test_ratings": int(len(held)), "test_rmse": float(np.sqrt(np.mean((pred - held.ratings) ** 2))),
+            "test_unseen_share": float(np.mean((u < 0) | (i < 0))) if len(held) else 0.0}
 
 
 def _rows(exported: tuple[np.ndarray, np.ndarray], key_of: np.ndarray) -> np.ndarray:
