@@ -77,6 +77,24 @@ def test_a_resume_with_other_settings_names_each_flag_both_values_and_the_comman
                          "--model fm --k 4 --seed 0 --lifecycle 'admit=after:2;ttl=1e+06' --storage fp16")
 
 
+@pytest.mark.parametrize(("data", "said"), [
+    (DataFormat("criteo", hash_bits=20), "read its rows with --hash-bits 24, this command with --hash-bits 20"),
+    (DataFormat("libsvm"), "read its rows with --format criteo, this command with --format libsvm"),
+])
+def test_a_resume_whose_data_flags_make_other_keys_is_refused(data, said):
+    """--hash-bits 20 over a 24-bit checkpoint trained other keys into the same table, without a word."""
+    from dataclasses import asdict
+
+    checkpointed = TrainConfig(Model("lr"), DataFormat("criteo"), layout="hash")
+    manifest = _manifest(checkpointed)
+    manifest["train"]["data"] = {k: list(v) if isinstance(v, tuple) else v
+                                 for k, v in asdict(checkpointed.data).items()}
+    _check_tables("ck/step-9", manifest, checkpointed.table_spec(None), checkpointed)  # the same: taken
+    asked = TrainConfig(Model("lr"), data, layout="hash")
+    with pytest.raises(ConfigError, match=f"--resume ck/step-9: the checkpointed job {said}: a feature's key"):
+        _check_tables("ck/step-9", manifest, asked.table_spec(None), asked)
+
+
 def test_a_resume_from_python_is_told_the_flags_to_pass(monkeypatch):
     monkeypatch.setattr("sys.argv", ["pytest"])
     checkpointed = TrainConfig(Model("lr"), storage="bf16")

@@ -7,7 +7,7 @@ to restore with the job's progress, checked against this job's shards, model and
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from paramserver.apps.ctr.models import Model
@@ -106,6 +106,7 @@ def train_resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: Trai
 def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: TrainConfig) -> TableSpec:
     """The checkpoint's tables are the ones these flags train (each difference said with its
     flags); the model table's spec to go on with (``auto``: the layout the job began with)."""
+    _check_features(step, manifest, cfg)
     dense_spec = cfg.dense_spec()
     theirs_model = (manifest.get("train") or {}).get("model")
     if dense_spec is not None and (theirs_model is None or Model(**theirs_model) != cfg.model
@@ -126,3 +127,27 @@ def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: Tra
         raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} was made with other settings "
                           f"than this command's: {said(diffs)}; {fix(diffs)}")
     return replace(mine, key_bytes=4) if cfg.narrow_keys(mine) else mine
+
+
+#: the data flags a feature's key depends on: a resume with another value would train other keys
+FEATURE_FLAGS = (("name", "--format"), ("hash_bits", "--hash-bits"), ("label_column", "--label"),
+                 ("ignore_columns", "--ignore-columns"), ("numeric_columns", "--numeric-columns"))
+
+
+def _check_features(step: str, manifest: dict[str, Any], cfg: TrainConfig) -> None:
+    """The checkpointed job read its rows into the keys this command's flags make (a resume
+    with --hash-bits 20 over a 24-bit job trained other keys into the same table, without a
+    word)."""
+    theirs = {f: _listed(v) for f, v in ((manifest.get("train") or {}).get("data") or {}).items()}
+    ours = {f: _listed(v) for f, v in asdict(cfg.data).items()}
+    differ = [(flag, theirs[f], ours[f]) for f, flag in FEATURE_FLAGS if f in theirs and theirs[f] != ours.get(f)]
+    if differ:
+        raise ConfigError(f"--resume {step}: the checkpointed job read its rows with "
+                          f"{', '.join(f'{flag} {t}' for flag, t, _ in differ)}, this command with "
+                          f"{', '.join(f'{flag} {o}' for flag, _, o in differ)}: a feature's key depends on "
+                          "them; pass the checkpointed job's")
+
+
+def _listed(value: Any) -> Any:
+    """A data flag's value as a manifest's JSON holds it (a tuple as a list)."""
+    return list(value) if isinstance(value, (list, tuple)) else value
