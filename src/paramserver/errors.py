@@ -146,5 +146,5 @@ def raised(code: object, text: str) -> ParamServerError:
 
 
 #: what a NaN or infinite gradient says of the training that sent it, and what to do
-DIVERGED = ("so the training diverged: a feature value too large for the model (scale values such as 1e30 down, "
+DIVERGED = ("the training diverged: a feature value too large for the model (scale values such as 1e30 down, "
             "or hash them as categories), or a learning rate too high (lower it)")

@@ -95,9 +95,9 @@ def test_split_columns_refuses_a_folder_an_empty_file_and_more_blocks_than_files
     with pytest.raises(ConfigError, match=r"--parts must be a whole number in \[1, 8\] .* got 9"):
         split_columns(str(data), 9, str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
-    with pytest.raises(ConfigError, match="is a folder; give the LIBSVM file"):
+    with pytest.raises(ConfigError, match="a folder; give the LIBSVM file to split"):
         split_columns(str(tmp_path), 2, str(tmp_path / "out"))
     (tmp_path / "e.svm").write_text("")
-    with pytest.raises(DataError, match="e.svm is empty: no lines to split"):
+    with pytest.raises(ConfigError, match="e.svm: empty; give the LIBSVM file to split"):
         split_columns(str(tmp_path / "e.svm"), 2, str(tmp_path / "out"))
     assert split_columns(str(data), 8, str(tmp_path / "out"))["lines"] == 1

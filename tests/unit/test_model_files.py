@@ -45,7 +45,7 @@ def test_a_saved_model_loads(tmp_path):
      r"\(3, 9\) values for rows of 1 \(its model.json's lr\): the model files are damaged or of two models"),
     (lambda m: np.savez(m / "table.npz", keys=np.arange(3, dtype=np.uint64),  # NaN predictions, eval's logloss NaN
                         values=np.array([[0.5], [np.nan], [np.inf]], np.float32)),
-     r"m: the model's table holds 2 NaN or infinite weights: it diverged in training"),
+     r"m: the model's table holds 2 NaN or infinite weights: its files are damaged, or the training diverged"),
     (lambda m: (m / "model.json").write_text(json.dumps({**json.loads((m / "model.json").read_text()),
                                                          "format": "paramserver-model-99"})),  # read as the first
      r"m: its model.json says format 'paramserver-model-99', and this paramserver reads 'paramserver-model-1'"),

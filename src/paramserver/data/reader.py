@@ -62,14 +62,25 @@ def expand(paths: list[str]) -> list[str]:
     return out
 
 
-def _check_exists(path: str) -> int:
+def _file_problem(path: str) -> tuple[str | None, int]:
+    """What keeps ``path`` from being read as a file of data ("no such file", "a folder",
+    "empty", or None), and its size."""
     fs, p = local_files(path) or fsspec_filesystem(path)
     if not fs.exists(p):
-        raise DataError(f"no such file: {path}")
+        return "no such file", 0
     if fs.isdir(p):
-        raise DataError(f"{path} is a directory; pass the files in it")
+        return "a folder", 0
     size = int(fs.size(p) or 0)
-    if size == 0:
+    return ("empty" if size == 0 else None), size
+
+
+def _check_exists(path: str) -> int:
+    problem, size = _file_problem(path)
+    if problem == "no such file":
+        raise DataError(f"no such file: {path}")
+    if problem == "a folder":
+        raise DataError(f"{path} is a directory; pass the files in it")
+    if problem:
         raise DataError(f"{path} is empty")
     return size
 
@@ -302,8 +313,8 @@ def _start(f: Any, shard: Shard, fmt: DataFormat, batch_size: int) -> tuple[Any,
     path, pos, carry = shard.path, shard.start, b""
     if fmt.name in ("csv", "avazu"):  # the header: the file's first line, wherever the shard starts
         header = f.readline()
-        bom = len(BOM) if header.startswith(BOM) else 0  # Excel's "CSV UTF-8" starts so
-        columns = csv.columns_of(header[bom:].decode("utf-8", errors="replace"), path, fmt.name, fmt.label_column,
+        bom = len(BOM) if header.startswith(BOM) else 0  # Excel's "CSV UTF-8" starts so (header_names drops it)
+        columns = csv.columns_of(header.decode("utf-8", errors="replace"), path, fmt.name, fmt.label_column,
                                  fmt.ignore_columns, fmt.numeric_columns)
         parser: Any = CsvParser(fmt, batch_size, columns)
         pos = max(pos, len(header) if columns.header else bom)
@@ -388,6 +399,14 @@ def _read_into(f: Any, view: memoryview, path: str, offset: int) -> int:
     """``f.readinto``, with a damaged compressed file named, not a bare zlib traceback."""
     with reading(path, offset):
         return f.readinto(view) or 0
+
+def check_flag_file(path: str, flag: str, fix: str) -> None:
+    """``path``, given by ``flag``, is a file that is there and not empty, else a
+    ``ConfigError`` that names the flag, what is wrong and ``fix``."""
+    problem, _ = _file_problem(path)
+    if problem:
+        raise ConfigError(f"{flag} {path}: {problem}; {fix}")
+
 
 def check_inputs(paths: list[str]) -> list[str]:
     """``paths`` with globs expanded, each a file that is there and not empty, else a

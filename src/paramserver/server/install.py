@@ -99,4 +99,4 @@ def check_grads(table: VnodeStore, keys: np.ndarray, grads: np.ndarray, width: i
         raise ProtocolError(f"push to {table.spec.name!r}: grads must have shape "
                             f"({keys.shape[0]}, {width}), got {grads.shape}")
     if not np.isfinite(grads).all():
-        raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf, {DIVERGED}")
+        raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf, so {DIVERGED}")

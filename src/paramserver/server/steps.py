@@ -159,5 +159,5 @@ def _whole(plane: DataPlane, table: VnodeStore, parts: list[Message], checked: l
         return None
     preds, losses = done
     if marked[0] < len(parts):  # as a push's check says it (``install.check_grads``)
-        raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf, {DIVERGED}")
+        raise ProtocolError(f"push to {table.spec.name!r}: grads contain NaN or inf, so {DIVERGED}")
     return preds, losses

@@ -46,7 +46,7 @@ from paramserver.data.reader import (
     read_batches,
     sniff_unlabeled,
 )
-from paramserver.errors import ConfigError
+from paramserver.errors import DIVERGED, ConfigError
 from paramserver.store.table import VnodeTable
 from paramserver.tables.optim import SGD, Initializer
 from paramserver.tables.spec import TableSpec
@@ -222,8 +222,7 @@ probabilities of a parsed ``Batch``."""
         for what, array in (("table", values[:, :spec.dim]), ("MLP", dense)):
             if array is not None and not (finite := np.isfinite(array)).all():
                 raise DataError(f"{self.url}: the model's {what} holds {int(finite.size - finite.sum()):,} NaN or "
-                                "infinite weights: it diverged in training (a smaller learning rate, or "
-                                "--optimizer ftrl) or its files are damaged; train or save it again")
+                                f"infinite weights: its files are damaged, or {DIVERGED}; train or save it again")
         self.table = VnodeTable(spec.dim, SGD(), Initializer.parse(spec.initializer), spec.seed)
         self.table.load(keys, np.ascontiguousarray(values[:, :spec.dim]))  # a checkpoint's rows carry state too
 

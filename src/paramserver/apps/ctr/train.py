@@ -262,7 +262,7 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
     if test:
         make_shards(test, shard_bytes)  # the test files exist: said now, not after training
         if cfg.data.name in ("csv", "avazu") and data and STDIN not in (data[0], *test):
-            check_same_columns(expand(data)[0], [p for p in expand(test) if p != STDIN], cfg.data.name)
+            check_same_columns(expand(data)[0], expand(test), cfg.data.name)
         if not overlap:
             check_test_head(test, cfg.data)
     return _Plan(shards, spec, dense_spec, job_checkpoints, step, progress, overlap, source)

@@ -33,7 +33,7 @@ from numba import njit
 
 from paramserver.data.files import reading
 from paramserver.data.parse import BAD_INDEX, LINE_END, NL, NOT_PAIR, QID, SPACE, next_pair, parse_float, svm_line
-from paramserver.data.reader import BOM, DataError, no_examples
+from paramserver.data.reader import BOM, DataError, check_flag_file, no_examples
 from paramserver.errors import ConfigError
 from paramserver.routing.hashing import hash64
 
@@ -70,13 +70,7 @@ def split_columns(path: str, parts: int, out_dir: str, fmt: str = "libsvm") -> d
     if isinstance(parts, bool) or not isinstance(parts, int) or not 1 <= parts <= most:
         raise ConfigError(f"--parts must be a whole number in [1, {most:,}] (a file a block, written at once: this "
                           f"process may open {most + FILES_KEPT:,}), got {parts!r}")
-    fs, _, (local,) = fsspec.get_fs_token_paths(path)
-    if not fs.exists(local):
-        raise ConfigError(f"--data {path}: no such file; give the LIBSVM file to split")
-    if fs.isdir(local):
-        raise ConfigError(f"--data {path} is a folder; give the LIBSVM file to split")
-    if not fs.size(local):
-        raise DataError(f"{path} is empty: no lines to split; give a LIBSVM file")
+    check_flag_file(path, "--data", "give the LIBSVM file to split")
     os.makedirs(out_dir, exist_ok=True)
     outs = [open(os.path.join(out_dir, f"block-{p}.libsvm"), "wb") for p in range(parts)]
     lines = 0

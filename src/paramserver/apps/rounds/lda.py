@@ -45,7 +45,7 @@ from paramserver.apps.rounds.lda_sampler import TOPIC_DELTA as TOPIC_DELTA  # th
 from paramserver.apps.rounds.lda_sampler import WORD_TOPIC as WORD_TOPIC
 from paramserver.apps.rounds.lda_sampler import LDAConfig as LDAConfig
 from paramserver.apps.rounds.program import NO_CHECKPOINTS, CheckpointOptions, RoundResume, balanced_groups
-from paramserver.data.reader import DataError, check_inputs
+from paramserver.data.reader import check_flag_file
 from paramserver.errors import ConfigError, check_flags
 
 #: a word's row holds K counts, most of them zero past a few dozen topics, and so does a round's change to
@@ -94,10 +94,7 @@ def _corpus(data: str, vocabulary: str | None, workers: int) -> Corpus:
     """The corpus (its words numbered by ``vocabulary``, a file that must be there), a part of
     its documents for each of ``workers``: refused where it has fewer."""
     if vocabulary is not None:
-        try:
-            check_inputs([vocabulary])
-        except DataError as exc:  # "no such file", "is empty": a flag's, not the data's
-            raise ConfigError(f"--vocabulary {vocabulary}: {exc}; give the vocabulary file, a word a line") from None
+        check_flag_file(vocabulary, "--vocabulary", "give the vocabulary file, a word a line")
     corpus = read_corpus(data, vocabulary)
     if workers > corpus.docs:
         raise ConfigError(f"--workers {workers}: {data} has {corpus.docs:,} documents, and each worker samples a part "
