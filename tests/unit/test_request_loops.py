@@ -11,7 +11,7 @@ from paramserver.routing.partition import route_push
 from paramserver.routing.ring import Ring
 from paramserver.store.specialize import MAX_DIM, request_loops
 from paramserver.store.vnodes import VnodeSet
-from paramserver.tables.optim import OP_ADD
+from paramserver.tables.push_ops import OP_ADD
 from paramserver.tables.spec import TableSpec
 
 RULES = {"sgd": {"name": "sgd", "lr": 0.05}, "adagrad": {"name": "adagrad", "lr": 0.05},

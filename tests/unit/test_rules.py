@@ -13,7 +13,8 @@ from paramserver import ConfigError, TableSpec
 from paramserver.routing.ring import Ring
 from paramserver.store.table import VnodeTable
 from paramserver.store.vnodes import VnodeSet
-from paramserver.tables.optim import OP_ADD, OP_ASSIGN, OP_MAX, OP_MIN, RMSProp, Zeros
+from paramserver.tables.optim import RMSProp, Zeros
+from paramserver.tables.push_ops import OP_ADD, OP_ASSIGN, OP_MAX, OP_MIN
 
 RULES = "tests.unit.plugins.myrules"
 

@@ -39,7 +39,7 @@ from paramserver.errors import ConfigError, ConnectError, ParamServerError
 from paramserver.routing.blocks import BlockMap
 from paramserver.routing.partition import combine_duplicates
 from paramserver.routing.ring import Ring
-from paramserver.tables.optim import PUSH_OPS
+from paramserver.tables.push_ops import PUSH_OPS
 from paramserver.tables.spec import TableSpec, spec_given
 from paramserver.wire.message import Message, Op
 from paramserver.wire.sockets import refused_for
@@ -191,9 +191,11 @@ class Client:
 
     def cache_rows(self, table: str, row_cache: Any = "hot") -> None:
         """Cache ``table``'s rows on this client, read while at most ``s`` of a server's
-        updates behind, its gradients summed here and pushed every ``s`` (``"s=8,rows=262144"``,
-        the preset ``"hot"``, or ``"off"``: ``client/row_cache.py``).  Every worker of a job
-        says it for itself; ``s=0`` (``off``) is no cache, what it held pushed first."""
+        updates behind, trained here by the table's rule (``apply=local``, where its state
+        adds) or its gradients summed (``apply=server``), and what it gathered pushed every
+        ``s`` uses (``"s=8,rows=262144"``, ``"s=100,apply=server"``, the preset ``"hot"``, or
+        ``"off"``: ``client/row_cache.py``).  Every worker of a job says it for itself; ``s=0``
+        (``off``) is no cache, what it held pushed first."""
         self._cached.use(self._spec(table), row_cache)
 
     def drop_table(self, name: str) -> None:

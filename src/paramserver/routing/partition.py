@@ -353,7 +353,7 @@ def route_push(ring: Ring, keys: np.ndarray, grads: np.ndarray, layout: int = 0,
 def combine_duplicates(keys: np.ndarray, rows: np.ndarray, op: str) -> tuple[np.ndarray, np.ndarray]:
     """One row per distinct key, as push operation ``op`` would leave it after its
     duplicates in turn: ``max``/``min`` keep the largest/smallest, ``assign`` the last,
-    ``add`` (and ``update``) their sum (which ``route_push`` does on its own, unless a
+    ``add`` (and ``update``, and a row cache's ``merge``) their sum (which ``route_push`` does on its own, unless a
     filter must see the distinct keys first).  Vectorised: a stable sort and one ``reduceat``."""
     order = np.argsort(keys, kind="stable")
     skeys, srows = keys[order], rows[order]
@@ -364,7 +364,7 @@ def combine_duplicates(keys: np.ndarray, rows: np.ndarray, op: str) -> tuple[np.
         combined = np.minimum.reduceat(srows, starts, axis=0) if starts.size else srows
     elif op == "assign":
         combined = srows[np.r_[starts[1:], skeys.size] - 1] if starts.size else srows
-    elif op in ("add", "update"):
+    elif op in ("add", "update", "merge"):
         combined = np.add.reduceat(srows, starts, axis=0) if starts.size else srows
     else:
         raise ValueError(f"combine_duplicates: unknown push operation {op!r}")

@@ -25,11 +25,11 @@ from paramserver.filters.chain import chains, pack, unpack
 from paramserver.server.admin import check_quota
 from paramserver.server.install import check_grads
 from paramserver.server.peers import Acks, Answer
-from paramserver.server.requests import check_forwarder, checked_table, push_op, split
+from paramserver.server.requests import check_forwarder, checked_table, push_op, push_width, split, state_read
 from paramserver.server.state import Port, ServerState
 from paramserver.store.life import subset
 from paramserver.store.protocol import VnodeStore
-from paramserver.tables.optim import OP_UPDATE
+from paramserver.tables.push_ops import OP_UPDATE
 from paramserver.wire.message import Message, Op, error_reply, expect, field, reply
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
     keys, vnodes, counts = msg.arrays
     if table is None:
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
-    out = read_rows(state, table, keys, vnodes, counts)
+    out = read_rows(state, table, keys, vnodes, counts, whole=state_read(table, msg))
     fields = {"version": table.version} if msg.header.get("versions") else {}  # a row cache's bound
     if not table.spec.filters or not msg.header.get("reply_filters"):  # the default: no lookup
         return reply(msg, [out], **fields)
@@ -66,11 +66,12 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
 
 
 def read_rows(state: ServerState, table: VnodeStore, keys: np.ndarray, vnodes: np.ndarray,
-              counts: np.ndarray) -> np.ndarray:
+              counts: np.ndarray, whole: bool = False) -> np.ndarray:
     """The rows of a checked request's keys (``float32[n, dim]``; a key never pushed reads as
     its initial value), the server's threads splitting its vnodes, a part at a time where the
-    table is tiered."""
-    out = np.empty((keys.shape[0], table.spec.dim), np.float32)
+    table is tiered.  ``whole``: value and state (``float32[n, width]``, a key never pushed
+    as its row would start), for a row cache that trains its rows (``tables/push_ops.py``)."""
+    out = np.empty((keys.shape[0], table.spec.width if whole else table.spec.dim), np.float32)
     _by_parts(table, counts, keys.shape[0], lambda seg, at: _split(
         state, vnodes[seg], counts[seg], at.stop - at.start,
         partial(_lookup, table, vnodes[seg], counts[seg], keys[at], out[at])))
@@ -189,7 +190,7 @@ class DataPlane:
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(self.state, msg, keys.shape[0], vnodes, counts)
-        check_grads(table, keys, grads, table.spec.push_width)  # a client's: values, and stats where asked
+        check_grads(table, keys, grads, push_width(table, push_op(msg, table), True))  # values (stats, rows)
         return self.pushed(table, msg, keys, grads, vnodes, counts, identity)
 
     def pushed(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
@@ -238,7 +239,7 @@ class DataPlane:
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(self.state, msg, keys.shape[0], vnodes, counts, primary=False)  # the primary retries
         check_forwarder(self.state, msg, vnodes)
-        check_grads(table, keys, grads)
+        check_grads(table, keys, grads, push_width(table, push_op(msg, table), False))
         held = table.holds(vnodes)
         if not held.all():
             rows = np.repeat(held, counts)

@@ -20,7 +20,7 @@ from paramserver.errors import ProtocolError, StaleRingError, UnknownTableError
 from paramserver.routing.ring import Ring
 from paramserver.server.state import ServerState
 from paramserver.store.protocol import VnodeStore
-from paramserver.tables.optim import OP_UPDATE, PUSH_OPS
+from paramserver.tables.push_ops import MERGE, OP_MERGE, OP_UPDATE, PUSH_OPS, merge_refusal
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, field
 
@@ -147,6 +147,8 @@ def push_op(msg: Message, table: VnodeStore) -> int:
     """The push operation a ``push`` (or its ``replicate``) asks for (``optim.PUSH_OPS``;
     ``update``, the table's rule, when it names none)."""
     name = msg.header.get("push_op", "update")
+    if name == MERGE:
+        return merge_op(table)
     op = PUSH_OPS.get(name) if isinstance(name, str) else None
     if op is None:
         raise ProtocolError(f"push_op must be one of {sorted(PUSH_OPS)}, got {name!r}")
@@ -154,3 +156,29 @@ def push_op(msg: Message, table: VnodeStore) -> int:
         raise ProtocolError(f"push_op {name!r} on table {table.spec.name!r}, which aggregates pushes (BSP): "
                             "only 'update' is served there")
     return op
+
+
+def merge_op(table: VnodeStore) -> int:
+    """``merge`` (a row cache's change to whole rows, ``tables/push_ops.py``) where the
+    table's rows merge; else refused, saying why."""
+    refusal = merge_refusal(table.spec)
+    if refusal:
+        raise ProtocolError(f"table {table.spec.name!r} cannot merge a row cache's rows: {refusal}; "
+                            "its caches push gradient sums (row_cache apply=server)")
+    return OP_MERGE
+
+
+def push_width(table: VnodeStore, op: int, client: bool) -> int:
+    """The floats a push's row carries: a merge's whole rows; a client's values and the
+    stats its table counts; a forwarded push's values."""
+    if op == OP_MERGE:
+        return table.spec.width
+    return table.spec.push_width if client else table.spec.dim
+
+
+def state_read(table: VnodeStore, msg: Message) -> bool:
+    """Whether a pull asks for whole rows (a row cache that trains them: ``state``), checked."""
+    if msg.header.get("state") is not True:
+        return False
+    merge_op(table)
+    return True

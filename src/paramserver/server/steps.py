@@ -21,7 +21,7 @@ from paramserver.server.install import check_grads
 from paramserver.server.requests import PARALLEL_MIN_KEYS, check_segments, checked_table, push_op
 from paramserver.store.protocol import VnodeStore
 from paramserver.tables.namespaces import namespace_of
-from paramserver.tables.optim import OP_UPDATE
+from paramserver.tables.push_ops import OP_UPDATE
 from paramserver.tables.steps import check_batch, step, unsuited
 from paramserver.wire.message import Message, field, reply
 from paramserver.wire.step_arrays import read_step_arrays

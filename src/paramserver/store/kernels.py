@@ -36,8 +36,9 @@ from paramserver.store.compact import ROW_DTYPES
 from paramserver.store.loops import dense, many
 from paramserver.store.loops import hash as hash_loops
 from paramserver.store.specialize import RequestLoops, anchor_file, rebind, request_loops, rule_request_loops
-from paramserver.tables import optim
-from paramserver.tables.optim import CUSTOM_KIND, OP_UPDATE, init_value
+from paramserver.tables import push_ops
+from paramserver.tables.optim import CUSTOM_KIND, init_value
+from paramserver.tables.push_ops import OP_UPDATE
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def _compile(optimizer: Any, dim: int) -> Kernels:
         init(rows[s, dim:end], ohp)
 
     at = _anchor(optimizer, dim)
-    push_row = rebind(optim.push_row, inline="always", update_row=update_row)  # inlined, as the built-ins'
+    push_row = rebind(push_ops.push_row, inline="always", update_row=update_row)  # inlined, as the built-ins'
     apply = rebind(hash_loops.apply, anchor=at, push_row=push_row, init_row=init_row)
     dense_apply = rebind(dense.dense_apply, anchor=at, dense_apply_rows=rebind(
         dense.dense_apply_rows, inline="always", push_row=push_row, init_row=init_row))

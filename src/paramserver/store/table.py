@@ -53,7 +53,8 @@ from paramserver.store.loops import hash as hash_loops
 from paramserver.store.loops import life as life_loops
 from paramserver.store.loops.hash import COUNT, HAS_ZERO
 from paramserver.store.memory import heap_released, new_slots, on_heap, slot_views, slots_bytes
-from paramserver.tables.optim import OP_UPDATE, Initializer, Optimizer
+from paramserver.tables.optim import Initializer, Optimizer
+from paramserver.tables.push_ops import OP_UPDATE
 
 MAX_LOAD = 0.875
 COLD_LOAD = 0.75

@@ -25,7 +25,12 @@ from paramserver.store.kernels import kernels_for
 from paramserver.store.life import TableLife, life_width
 from paramserver.store.loops import life as life_loops
 from paramserver.store.loops import many
-from paramserver.store.loops.dense import dense_check_many, dense_lookup_many, dense_missing_many
+from paramserver.store.loops.dense import (
+    dense_check_many,
+    dense_lookup_many,
+    dense_lookup_whole_many,
+    dense_missing_many,
+)
 from paramserver.store.loops.slots import NOT_FOUND
 from paramserver.store.loops.step_groups import EXAMPLES, GROW, KEYS, OCCURRENCES, SEGMENTS
 from paramserver.store.memory import available_memory, heap_released, populating_later
@@ -33,7 +38,7 @@ from paramserver.store.readahead import warm as warm_readahead
 from paramserver.store.specialize import MAX_DIM
 from paramserver.store.table import COLD_LOAD, MIN_CAPACITY, VnodeTable
 from paramserver.store.tiers import Tiers
-from paramserver.tables.optim import OP_UPDATE
+from paramserver.tables.push_ops import OP_UPDATE
 from paramserver.tables.spec import TableSpec
 from paramserver.tables.steps import unsuited
 
@@ -237,6 +242,9 @@ class VnodeSet:
     def lookup(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
         """Rows of ``keys``, grouped by ``vnodes`` (``counts`` keys each), into ``out``."""
         vnodes, counts, keys = frozen(vnodes), frozen(counts), frozen(keys)
+        if out.shape[1] != self.spec.dim:
+            self._lookup_whole(vnodes, counts, keys, out)
+            return
         if self.tiers is not None:
             self.tiers.before(vnodes, counts, keys)
         if self.tables and self.bits:
@@ -248,6 +256,20 @@ class VnodeSet:
         elif self.tables:
             many.lookup_many(*self._dir.hash_args, self.slot, vnodes, counts, keys, out,
                              self.spec.dim, self._ikind, self._ihp, self._seed)
+
+    def _lookup_whole(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
+        """``lookup``'s rows whole (value and state, ``out`` a row's width) from a table in
+        memory (``push_ops.merge_refusal`` says which tables a row cache reads so)."""
+        if out.shape[1] != self.width or self.tiers is not None:
+            raise ProtocolError(f"table {self.spec.name!r}: whole rows are {self.width} floats of a table in "
+                                f"memory; asked for {out.shape[1]}{' of a tiered one' if self.tiers else ''}")
+        if self.tables and self.bits:
+            self._misplaced(dense_lookup_whole_many(*self._dir.dense_args, self.slot, vnodes, counts, keys, out,
+                                                    self.spec.dim, self.layout, self._okind, self._ohp, self._ikind,
+                                                    self._ihp, self._seed), keys)
+        elif self.tables:
+            many.lookup_whole_many(*self._dir.hash_args, self.slot, vnodes, counts, keys, out, self.spec.dim,
+                                   self._okind, self._ohp, self._ikind, self._ihp, self._seed)
 
     @property
     def row_bytes(self) -> int:

@@ -458,29 +458,3 @@ def update_row(rows, s, grads, i, dim, okind, ohp):  # type: ignore[no-untyped-d
     else:  # RMSPROP_KIND
         rmsprop_rule(value, state, grad, ohp)
 
-
-# push operations: ``update`` applies the table's rule; the others set the value columns
-# from the pushed ones and leave the rule's state alone
-OP_UPDATE, OP_ADD, OP_ASSIGN, OP_MAX, OP_MIN = 0, 1, 2, 3, 4
-PUSH_OPS = {"update": OP_UPDATE, "add": OP_ADD, "assign": OP_ASSIGN, "max": OP_MAX, "min": OP_MIN}
-
-
-@njit(inline="always", nogil=True, cache=True)
-def push_row(rows, s, grads, i, dim, op, okind, ohp):  # type: ignore[no-untyped-def]
-    """Row ``s`` takes ``grads[i]`` as push operation ``op`` says."""
-    if op == OP_UPDATE:
-        update_row(rows, s, grads, i, dim, okind, ohp)
-    elif op == OP_ADD:
-        for j in range(dim):
-            rows[s, j] = rows[s, j] + grads[i, j]
-    elif op == OP_ASSIGN:
-        for j in range(dim):
-            rows[s, j] = grads[i, j]
-    elif op == OP_MAX:
-        for j in range(dim):
-            if grads[i, j] > rows[s, j]:
-                rows[s, j] = grads[i, j]
-    else:  # OP_MIN
-        for j in range(dim):
-            if grads[i, j] < rows[s, j]:
-                rows[s, j] = grads[i, j]

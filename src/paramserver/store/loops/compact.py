@@ -21,7 +21,7 @@ the value format: ``int16`` for fp16, ``uint16`` for bf16 (``store/compact.py``'
 below, which dispatch on the rows' dtype when the kernel is compiled (numba
 ``overload``): on a float32 table they are the identity and fold away, so one source,
 compiled and cached once per dtype, serves every table.  An update decodes its row into
-a float32 scratch row, runs the rule (``optim.push_row``, or a user rule's) on it and
+a float32 scratch row, runs the rule (``push_ops.push_row``, or a user rule's) on it and
 encodes it back; a lookup decodes the value columns.  ``items``/``load`` see float32
 rows (``store/compact.py``: ``decode_rows``/``encode_rows``): checkpoints, exports and migrations do not know
 the storage, and a decoded value encodes to the same bits (a save/restore is exact).

@@ -17,7 +17,8 @@ from paramserver.routing.hashing import dense_pos, layout_bits, vnode_of_key
 from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows
 from paramserver.store.loops.hash import COUNT, PREFETCH_AHEAD
 from paramserver.store.loops.views import START, dense_arrays
-from paramserver.tables.optim import FTRL_KIND, OP_UPDATE, init_row, init_value, push_row
+from paramserver.tables.optim import FTRL_KIND, init_row, init_value
+from paramserver.tables.push_ops import OP_UPDATE, push_row
 
 
 @njit(nogil=True, cache=True)
@@ -48,6 +49,25 @@ def dense_lookup_rows(rows, start, keys, out, dim, layout, ikind, ihp, seed):
         else:
             for j in range(dim):
                 out[i, j] = init_value(key, j, ikind, ihp, seed)
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def dense_lookup_whole(rows, start, keys, out, dim, layout, okind, ohp, ikind, ihp, seed):
+    """``dense_lookup``'s rows whole, value and state (``out`` a row's width): a row never
+    pushed as it would start (``init_row``).  Returns the index of a key outside it, or -1."""
+    flag = rows.shape[1] - 1
+    width = out.shape[1]
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        r = np.int64(dense_pos(key, layout)) - start
+        if r < 0 or r >= rows.shape[0] or key >> np.uint64(layout_bits(layout)) != 0:
+            return i
+        if rows[r, flag] != 0:
+            for j in range(width):
+                out[i, j] = value_at(rows, r, j)
+        else:
+            init_row(out, i, key, dim, width, okind, ohp, ikind, ihp, seed)
     return -1
 
 
@@ -126,6 +146,21 @@ def dense_lookup_many(d, rows0, meta0, slot, vnodes, counts, keys, out, dim, lay
         rows, _ = dense_arrays(d, t, rows0, meta0)
         b = a + counts[s]
         bad = dense_lookup(rows, d[t, START], keys[a:b], out[a:b], dim, layout, ikind, ihp, seed)
+        if bad >= 0:
+            return a + bad
+        a = b
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def dense_lookup_whole_many(d, rows0, meta0, slot, vnodes, counts, keys, out, dim, layout, okind, ohp, ikind, ihp,
+                            seed):
+    a = 0
+    for s in range(vnodes.shape[0]):
+        t = slot[vnodes[s]]
+        rows, _ = dense_arrays(d, t, rows0, meta0)
+        b = a + counts[s]
+        bad = dense_lookup_whole(rows, d[t, START], keys[a:b], out[a:b], dim, layout, okind, ohp, ikind, ihp, seed)
         if bad >= 0:
             return a + bad
         a = b

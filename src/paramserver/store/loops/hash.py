@@ -18,7 +18,8 @@ from paramserver._runtime.intrinsics import prefetch_row
 from paramserver.routing.hashing import hash64, slot_of_hash
 from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows, work_slot
 from paramserver.store.loops.tags import key_at, record_key, tag_of
-from paramserver.tables.optim import init_row, init_value, push_row
+from paramserver.tables.optim import init_row, init_value
+from paramserver.tables.push_ops import push_row
 
 # meta[0] = number of keys stored (key 0 included); meta[1] = 1 when key 0 is stored
 COUNT, HAS_ZERO = 0, 1
@@ -123,6 +124,21 @@ def lookup(tkeys, rows, meta, keys, out, dim, ikind, ihp, seed):
         else:
             for j in range(dim):
                 out[i, j] = init_value(key, j, ikind, ihp, seed)
+
+
+@njit(nogil=True, cache=True)
+def lookup_whole(tkeys, rows, meta, keys, out, dim, okind, ohp, ikind, ihp, seed):
+    """``lookup``'s rows whole, value and state (``out`` a row's width): a key not stored
+    as its row would start (``init_row``)."""
+    width = out.shape[1]
+    for i in range(keys.shape[0]):
+        prefetch_home(tkeys, rows, keys, i + PREFETCH_AHEAD)
+        s = find(tkeys, meta, keys[i])
+        if s >= 0:
+            for j in range(width):
+                out[i, j] = value_at(rows, s, j)
+        else:
+            init_row(out, i, keys[i], dim, width, okind, ohp, ikind, ihp, seed)
 
 
 @njit(nogil=True, cache=True)

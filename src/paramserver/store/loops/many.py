@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from paramserver.store.loops.hash import apply, find, lookup
+from paramserver.store.loops.hash import apply, find, lookup, lookup_whole
 from paramserver.store.loops.views import LIMIT, hash_arrays
 
 
@@ -21,6 +21,16 @@ def lookup_many(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, dim, ik
         tkeys, rows, meta = hash_arrays(d, slot[vnodes[s]], keys0, rows0, meta0)
         b = a + counts[s]
         lookup(tkeys, rows, meta, keys[a:b], out[a:b], dim, ikind, ihp, seed)
+        a = b
+
+
+@njit(nogil=True, cache=True)
+def lookup_whole_many(d, keys0, rows0, meta0, slot, vnodes, counts, keys, out, dim, okind, ohp, ikind, ihp, seed):
+    a = 0
+    for s in range(vnodes.shape[0]):
+        tkeys, rows, meta = hash_arrays(d, slot[vnodes[s]], keys0, rows0, meta0)
+        b = a + counts[s]
+        lookup_whole(tkeys, rows, meta, keys[a:b], out[a:b], dim, okind, ohp, ikind, ihp, seed)
         a = b
 
 

@@ -35,7 +35,8 @@ from paramserver.routing.hashing import dense_pos, hash64, layout_bits, slot_of_
 from paramserver.store.loops.compact import load_row, new_scratch, store_row, value_at, work_rows, work_slot
 from paramserver.store.loops.hash import COUNT, claim, probe_from
 from paramserver.store.loops.views import LIMIT, N_ROWS, ROWS, SLOTS, START, STRIDE, dense_arrays, hash_arrays
-from paramserver.tables.optim import OP_UPDATE, init_row, init_value, push_row
+from paramserver.tables.optim import init_row, init_value
+from paramserver.tables.push_ops import OP_UPDATE, push_row
 
 #: rebound per table (``store/specialize.py``): the value columns of a row, and the rule
 DIM = 1
