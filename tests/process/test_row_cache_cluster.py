@@ -77,3 +77,32 @@ def test_a_worker_killed_holding_cache_sums_has_them_counted_lost_and_a_clean_jo
 
     clean = run_training(cfg, [data], [], servers=1, workers=2, shard_bytes=4 << 20)
     assert clean["failed_workers"] == [] and clean["row_cache"]["sums_lost"] == 0
+
+
+def test_a_cache_that_trains_its_rows_leaves_the_model_its_steps_would_in_fewer_key_operations():
+    """Issue 46: ``apply=local`` (the default, ``auto``, for an FTRL table) trains the cached rows by the
+    table's rule and merges their changes: one worker's model is the uncached one's, to rounding; a rule
+    whose state does not add is refused by name."""
+    import pytest
+
+    from paramserver.errors import ConfigError
+
+    rng = np.random.default_rng(5)
+    with LocalCluster(servers=2, workers=0, log_level="WARNING") as cluster, Client(cluster.address) as c:
+        c.create_table("w", dim=1, optimizer={"name": "ftrl", "l1": 0.01}, row_cache="s=4,rows=1024")
+        c.create_table("ref", dim=1, optimizer={"name": "ftrl", "l1": 0.01})
+        pool = np.arange(1, 65, dtype=np.uint64)
+        target = rng.uniform(-1, 1, (pool.shape[0], 1)).astype(np.float32)
+        for _ in range(40):  # a regression on the rows read: each gradient depends on the steps before it
+            pick = np.unique(rng.integers(0, pool.shape[0], 24))
+            for table in ("w", "ref"):
+                seen = c.pull(table, pool[pick]).result(timeout=30)
+                c.push(table, pool[pick], seen - target[pick], distinct=True).result(timeout=30)
+        stats = c.stats.row_cache_stats()["w"]
+        assert stats["hits"] > 0 and stats["sums_pushed"] < stats["grads_gathered"], stats
+        c.flush()
+        c.cache_rows("w", "off")
+        np.testing.assert_allclose(c.pull("w", pool).result(timeout=30), c.pull("ref", pool).result(timeout=30),
+                                   rtol=1e-5, atol=1e-6)
+        with pytest.raises(ConfigError, match="cannot train its rows.*does not add"):
+            c.create_table("a", dim=1, optimizer="adam", row_cache="s=4,apply=local")

@@ -22,6 +22,12 @@ def _pull(cache, keys, server_rows, version, ring=1):
     return out, read
 
 
+def _one(sends, width=1):
+    """A sum-mode cache's sends as one (keys, rows, distinct): its one ``update``, or nothing."""
+    assert len(sends) <= 1 and all(op == "update" for op, *_ in sends)
+    return sends[0][1:] if sends else (np.zeros(0, np.uint64), np.zeros((0, width), np.float32), True)
+
+
 def test_spec_parses_presets_numbers_and_off_and_names_the_fix():
     assert RowCacheSpec.parse("s=8,rows=1e3") == RowCacheSpec(8, 1000)
     assert RowCacheSpec.parse("hot") == RowCacheSpec(8, 262144)
@@ -82,13 +88,13 @@ def test_gradients_are_summed_and_pushed_every_s_uses_and_the_rest_at_take():
         _pull(cache, keys, np.zeros((2, 1), np.float32), version=0)
     sent = []
     for step in range(s):
-        out_keys, grads, distinct = cache.write(keys, np.full((2, 1), step + 1.0, np.float32), None)
+        out_keys, grads, distinct = _one(cache.write(keys, np.full((2, 1), step + 1.0, np.float32), None))
         sent.append((sorted(out_keys.tolist()), grads.ravel().tolist()))
         assert distinct
     assert sent[:2] == [([], []), ([], [])]
     assert sent[2] == ([4, 8], [6.0, 6.0]), "1 + 2 + 3, once, after s uses"
-    cache.write(keys[:1], np.full((1, 1), 0.5, np.float32), None)
-    keys_out, sums, _ = cache.take()
+    _one(cache.write(keys[:1], np.full((1, 1), 0.5, np.float32), None))
+    keys_out, sums, _ = _one(cache.take())
     assert keys_out.tolist() == [4] and sums.ravel().tolist() == [0.5] and cache.stats()["sums_held"] == 0
 
 
@@ -97,10 +103,10 @@ def test_a_key_not_held_is_pushed_as_it_is_and_a_new_ring_owes_every_sum():
     held = np.array([3], np.uint64)
     for _ in range(2):
         _pull(cache, held, np.zeros((1, 1), np.float32), version=0)
-    out_keys, grads, _ = cache.write(np.array([3, 99], np.uint64), np.array([[1.0], [2.0]], np.float32), None)
+    out_keys, grads, _ = _one(cache.write(np.array([3, 99], np.uint64), np.array([[1.0], [2.0]], np.float32), None))
     assert out_keys.tolist() == [99] and grads.ravel().tolist() == [2.0]
     cache.read(held, np.empty((1, 1), np.float32), ring_version=2)  # the ring moved: all forgotten
-    out_keys, grads, distinct = cache.write(np.array([50], np.uint64), np.array([[7.0]], np.float32), None)
+    out_keys, grads, distinct = _one(cache.write(np.array([50], np.uint64), np.array([[7.0]], np.float32), None))
     assert sorted(out_keys.tolist()) == [3, 50] and not distinct or sorted(out_keys.tolist()) == [3, 50]
     assert dict(zip(out_keys.tolist(), grads.ravel().tolist())) == {50: 7.0, 3: 1.0}
 
@@ -110,10 +116,10 @@ def test_a_sum_goes_out_once_s_versions_old_though_its_key_is_not_pushed_again()
     cache = RowCache(RowCacheSpec(s=s, rows=64), dim=1, width=1)
     for _ in range(2):
         _pull(cache, np.array([1, 2], np.uint64), np.zeros((2, 1), np.float32), version=0)
-    cache.write(np.array([1], np.uint64), np.ones((1, 1), np.float32), None)  # held: 1 use of 2
+    _one(cache.write(np.array([1], np.uint64), np.ones((1, 1), np.float32), None))  # held: 1 use of 2
     out = []
     for i in range(3):  # other keys, not held: each push goes out and moves the versions
-        keys_out, _, _ = cache.write(np.array([1000 + i], np.uint64), np.ones((1, 1), np.float32), None)
+        keys_out, _, _ = _one(cache.write(np.array([1000 + i], np.uint64), np.ones((1, 1), np.float32), None))
         out += keys_out.tolist()
     assert 1 not in out[:2]
     assert 1 in out, "key 1's sum went out by age"
@@ -168,7 +174,7 @@ def test_metrics_show_reads_by_result_sums_held_and_the_lag_histogram():
     read = cache.read(keys, np.empty((3, 1), np.float32), 1)
     cache.answered(read, SERVER, 1, keys[:0], np.zeros((0, 1), np.float32))
     assert cache.stale(read, keys).size == 0
-    cache.write(keys, np.ones((3, 1), np.float32), read.slots)
+    _one(cache.write(keys, np.ones((3, 1), np.float32), read.slots))
     families = cache_families({"w": cache.stats()}, {"pull": 3, "push": 0})
     assert total(families, "paramserver_row_cache_reads_total", table="w", result="hit") == 3
     assert total(families, "paramserver_row_cache_reads_total", table="w", result="miss") == 3

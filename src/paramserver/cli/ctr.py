@@ -186,7 +186,8 @@ def _cache_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     c = report.get("row_cache")
     if not c:
         return []
-    return [("row cache", f"s={c['s']}, {c['rows']:,} rows a worker: {c['hit_rate']:.1%} of "
+    trained = "rows trained here, their changes merged" if c.get("apply") == "local" else "gradients summed"
+    return [("row cache", f"s={c['s']}, {c['rows']:,} rows a worker ({trained}): {c['hit_rate']:.1%} of "
                           f"{c['hits'] + c['misses']:,} reads from it, {c['lag_p50']} / {c['lag_p99']} versions "
                           f"behind (p50 / p99), {c['stale']:,} found too old and pulled again"),
             ("row cache sums", f"{c['grads_gathered']:,} gradients gathered, {c['sums_pushed']:,} rows pushed, "

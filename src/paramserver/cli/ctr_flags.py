@@ -141,8 +141,10 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                         "compute the gradient here, push it")
     p.add_argument("--row-cache", default="off", metavar="SPEC",
                    help="each worker caches the model's rows it reads often: a row is read while at most S of "
-                        "its server's updates behind, and a cached key's gradients are summed and pushed every S "
-                        "uses: 's=8,rows=262144', the preset 'hot' (that), or 'off' (default)")
+                        "its server's updates behind, trained here by the table's rule (apply=local; the default "
+                        "auto where the rule's state adds: sgd, adagrad, ftrl, an FM's) or its gradients summed "
+                        "(apply=server), and what it gathered pushed every S uses: 's=8,rows=262144', "
+                        "'s=100,apply=server', the preset 'hot' (s=8,rows=262144), or 'off' (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tables' initial values")
     loss_flags(p)
     p.add_argument("--consistency", default="asp",

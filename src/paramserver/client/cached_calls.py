@@ -10,6 +10,7 @@ again the few found too old; a push sends what the cache does not gather.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
@@ -17,9 +18,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from paramserver.client.core import ByArray, Piece, Wire, pull_rows
-from paramserver.client.row_cache import Read, RowCache, RowCacheSpec
+from paramserver.client.row_cache import Read, RowCache, RowCacheSpec, Send
 from paramserver.errors import ConfigError
 from paramserver.routing.partition import combine_duplicates, scatter_rows
+from paramserver.tables.push_ops import merge_refusal
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
@@ -52,8 +54,10 @@ class CachePort(Protocol):
         """Pull ``keys`` (``positions``: where each goes in ``result``), one request a server,
         the pieces passed through ``prepare`` first; resolves to ``result``."""
 
-    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool) -> Future[Any]:
-        """Push ``update`` gradients, numbered, as the table's pushes go; done once applied."""
+    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool,
+             op: str = "update") -> Future[Any]:
+        """Push ``update`` gradients (or ``merge`` a cache's trained rows' changes), numbered,
+        as the table's pushes go; done once applied."""
 
 
 class CallerPort:
@@ -77,11 +81,13 @@ class CallerPort:
     def scatter_pull(self, spec: TableSpec, keys: np.ndarray, positions: np.ndarray, on_piece: OnPiece,
                      result: np.ndarray, extra_header: dict[str, Any], prepare: Prepare | None) -> Future[Any]:
         return self.caller.scatter(Op.PULL, spec.name, keys, positions, on_piece, result=result,
-                                   reply_row_bytes=4 * spec.dim, wire=self.pull_wire(spec),
+                                   reply_row_bytes=4 * (spec.width if extra_header.get("state") else spec.dim),
+                                   wire=self.pull_wire(spec),
                                    extra_header=extra_header, prepare=prepare)
 
-    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool) -> Future[Any]:
-        return self.caller.push(spec, keys, grads, "update", distinct)
+    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool,
+             op: str = "update") -> Future[Any]:
+        return self.caller.push(spec, keys, grads, op, distinct)
 
 
 class CachedCalls:
@@ -102,7 +108,14 @@ class CachedCalls:
         if spec.name in self.caches:
             self.flush(spec.name)
             del self.caches[spec.name]
-        if parsed:
+        refusal = merge_refusal(spec) if parsed and parsed.apply != "server" else "apply=server"
+        if parsed and parsed.apply == "local" or parsed and not refusal:
+            if refusal:
+                raise ConfigError(f"table {spec.name!r}: a row cache cannot train its rows (apply=local): {refusal}; "
+                                  "use apply=server (the cache sums gradients)")
+            rule = (spec.dim, spec.optimizer.kind, np.asarray(spec.optimizer.params(), np.float64))
+            self.caches[spec.name] = RowCache(parsed, spec.dim, spec.width, rule)
+        elif parsed:
             self.caches[spec.name] = RowCache(parsed, spec.dim, spec.push_width)
         return parsed
 
@@ -110,7 +123,7 @@ class CachedCalls:
         out = np.empty((keys.shape[0], spec.dim), np.float32)
         read = cache.read(keys, out, self.port.ring_version())
         self.slots.keep(keys, read.slots)
-        outer: Future[Any] = Future()
+        outer: Future[Any] = Fresh(functools.partial(cache.refresh, keys, out)) if cache.local else Future()
         missing = np.flatnonzero(read.slots < 0)
         self._fetch(spec, cache, keys, missing, out, read, outer, cache.servers(read))
         return outer
@@ -123,8 +136,8 @@ class CachedCalls:
         replies = port.reply_chain(spec)
 
         def on_piece(piece: Piece, msg: Message) -> None:
-            rows = pull_rows(msg, piece, spec.dim, replies)
-            scatter_rows(rows, piece.extra, out)
+            rows = pull_rows(msg, piece, spec.width if cache.local else spec.dim, replies)
+            scatter_rows(rows[:, :spec.dim] if cache.local else rows, piece.extra, out)
             version = msg.header.get("version")
             if not isinstance(version, int) or isinstance(version, bool):
                 raise ConfigError(f"server {piece.server} answered a cached pull without its table's version: "
@@ -139,8 +152,9 @@ class CachedCalls:
                                    np.zeros(0, np.int64)) for server in ask if server not in have]
 
         try:
-            inner = port.scatter_pull(spec, keys[positions], positions, on_piece, out,
-                                      {"versions": True, **({"reply_filters": True} if replies else {})},
+            header = {"versions": True, **({"state": True} if cache.local else {}),
+                      **({"reply_filters": True} if replies else {})}
+            inner = port.scatter_pull(spec, keys[positions], positions, on_piece, out, header,
                                       asked if ask else None)
         except BaseException as exc:
             outer.set_exception(exc)
@@ -166,12 +180,12 @@ class CachedCalls:
         """A push of ``update`` gradients through ``cache``: what it does not gather goes out."""
         if not distinct:
             keys, grads = combine_duplicates(keys, grads, "update")
-        out_keys, out_grads, out_distinct = cache.write(keys, grads, self.slots.get(keys))
-        if not out_keys.size:
-            done: Future[Any] = Future()
-            done.set_result(None)
-            return done
-        return self.port.push(spec, out_keys, out_grads, out_distinct)
+        return self._sends(spec, cache.write(keys, grads, self.slots.get(keys)))
+
+    def _sends(self, spec: TableSpec, sends: list[Send]) -> Future[Any]:
+        """Push each of ``sends``; done once all are (at once: none)."""
+        futures = [self.port.push(spec, keys, rows, distinct, op) for op, keys, rows, distinct in sends]
+        return futures[0] if len(futures) == 1 else all_done(futures)
 
     def flush(self, table: str | None = None, timeout_s: float | None = None) -> int:
         """Push every sum the caches hold (``table``'s, or all), waited on; the keys pushed."""
@@ -189,10 +203,10 @@ class CachedCalls:
         cache = self.caches.get(table)
         if cache is None:
             return 0, None
-        keys, sums, distinct = cache.take()
-        if not keys.size:
+        sends = cache.take()
+        if not sends:
             return 0, None
-        return int(keys.shape[0]), self.port.push(self.port.spec(table), keys, sums, distinct)
+        return sum(int(keys.shape[0]) for _, keys, _, _ in sends), self._sends(self.port.spec(table), sends)
 
     def on_clock(self) -> None:
         """A BSP or SSP table's clock ends here: its sums go out (not waited on, ahead of
@@ -204,3 +218,44 @@ class CachedCalls:
             cache.expire()
             self.push_held(name)
 
+
+
+class Fresh(Future):  # type: ignore[type-arg]
+    """A cache that trains its rows: a pull's future whose rows are read again from the
+    cache each time its result is taken (``RowCache.refresh``), so that a batch pulled while
+    the one before it trained reads the rows that batch left."""
+
+    def __init__(self, refresh: Callable[[], None]) -> None:
+        super().__init__()
+        self._refresh = refresh
+
+    def result(self, timeout: float | None = None) -> Any:
+        out = super().result(timeout)
+        self._refresh()
+        return out
+
+
+def all_done(futures: list[Future[Any]]) -> Future[Any]:
+    """One future for ``futures``: done once every one is, failed with the first failure
+    (none: done at once)."""
+    done: Future[Any] = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+    if not futures:
+        done.set_result(None)
+        return done
+
+    def one(f: Future[Any]) -> None:
+        exc = f.exception()
+        with lock:
+            if done.done():
+                return
+            left[0] -= 1
+            if exc is not None:
+                done.set_exception(exc)
+            elif not left[0]:
+                done.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(one)
+    return done

@@ -19,9 +19,12 @@ QUEUE_TAKE = 1 << 16
 class RowStore:
     """``rows`` slots (rounded up to a power of two, at least one set) of ``dim`` columns,
     with sums ``width`` wide (a push's row: the value's gradient, and the shows and clicks
-    of a table that counts them)."""
+    of a table that counts them).  ``rule``: (the value's columns, the rule's kind, its
+    hyper-parameters) of a cache that trains its rows (``write_local``): its rows are the
+    server's whole rows (``dim`` = ``width`` = value and state) and its sums their changes."""
 
-    def __init__(self, rows: int, dim: int, width: int) -> None:
+    def __init__(self, rows: int, dim: int, width: int, rule: tuple[int, int, np.ndarray] | None = None) -> None:
+        self.rule = rule if rule is not None else (dim, -1, np.zeros(1))
         sets = 1 << max(0, (max(1, rows) - 1).bit_length() - 2)  # WAYS = 4 slots a set
         cap = sets * loops.WAYS
         self.dim, self.width, self.capacity = dim, width, cap
@@ -54,13 +57,17 @@ class RowStore:
                                    est, s)
         return slot_of, stamp_of, col_of, int(hits), int(servers)
 
+    def refresh(self, keys: np.ndarray, out: np.ndarray) -> int:
+        """The value columns of the rows of ``keys`` held now, copied into ``out`` (``loops.refresh``)."""
+        return int(loops.refresh(keys, out, self.keys, self.recf))
+
     def fill(self, keys: np.ndarray, rows: np.ndarray, version: int, server: int) -> tuple[np.ndarray, np.ndarray]:
         """Keep the rows server column ``server`` answered at ``version``; the sums of the
         slots given up (``loops.fill``)."""
         owed_keys = np.empty(keys.shape[0], np.uint64)
         owed_sums = np.empty((keys.shape[0], self.width), np.float32)
         n = loops.fill(keys, rows, version, server, self.keys, self.freq, self.rec, self.recf, self.sketch, self.meta,
-                       owed_keys, owed_sums)
+                       owed_keys, owed_sums, *self.rule)
         return owed_keys[:n], owed_sums[:n]
 
     def write(self, keys: np.ndarray, grads: np.ndarray, slots: np.ndarray, est: np.ndarray,
@@ -72,6 +79,19 @@ class RowStore:
         n = loops.write(keys, grads, slots, self.keys, self.rec, self.recf, self.pend, self.meta, est, s, self.dim,
                         out_keys, out_grads)
         return out_keys[:n], out_grads[:n]
+
+    def write_local(self, keys: np.ndarray, grads: np.ndarray, slots: np.ndarray, est: np.ndarray,
+                    s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """What a push of ``keys`` sends through a cache that trains its rows: the rows'
+        changes due (keys, whole rows), then the gradients of the keys not held
+        (``loops.write_local``)."""
+        room = keys.shape[0] + min(QUEUE_TAKE, self.capacity)
+        out_keys, out_rows = np.empty(room, np.uint64), np.empty((room, self.width), np.float32)
+        pass_keys, pass_grads = np.empty(keys.shape[0], np.uint64), np.empty(grads.shape, np.float32)
+        vdim, okind, ohp = self.rule
+        n, m = loops.write_local(keys, grads, slots, self.keys, self.rec, self.recf, self.pend, self.meta, est, s,
+                                 vdim, okind, ohp, out_keys, out_rows, pass_keys, pass_grads)
+        return out_keys[:n], out_rows[:n], pass_keys[:m], pass_grads[:m]
 
     def drain(self) -> tuple[np.ndarray, np.ndarray]:
         """Every sum held, taken out (the queue emptied)."""

@@ -8,6 +8,8 @@ gradients applied to it, and a sum counts what it sums.
   then on the key's server (on every copy), so a row read within ``s`` of that server's
   versions holds all of them but at most ``s``: its value is at least their total less
   the ``s`` largest (``floor``; a push that sums ``n`` gradients counts ``n``).
+* A cache that trains its rows (``apply=local``) pushes their changes (``merge``), which count
+  the same gradients with the other sign; its reads hold its own gradients besides.
 * Exactly once: what reaches the servers is counted push by push, as the cache sends it
   (``watch``), by ``Invariants`` (a stored value holds every acknowledged push once, and
   at most those in doubt besides), and at the end, once every live worker has pushed
@@ -45,12 +47,19 @@ class CacheLedger:
         """``worker`` hands one gradient a key of ``keys`` to ``push``."""
         np.add.at(self._of(self.handed, worker), keys, 1)
 
-    def watch(self, worker: str, table: str, keys: np.ndarray, grads: np.ndarray, future: Future[Any]) -> None:
+    def unsent(self, worker: str, keys: np.ndarray) -> np.ndarray:
+        """The gradients of ``keys`` ``worker`` handed to ``push`` and its cache has not sent
+        (a column, as reads are)."""
+        unsent: np.ndarray = self._of(self.handed, worker)[keys] - self._of(self.sent, worker)[keys]
+        return unsent[:, None]
+
+    def watch(self, worker: str, table: str, keys: np.ndarray, grads: np.ndarray, future: Future[Any],
+              op: str = "update") -> None:
         """A push the cache of ``worker`` sent (``SimCachePort.watch``)."""
         if table != self.table:
             return
         ks = keys.astype(np.int64)
-        counts = np.rint(-grads[:, 0]).astype(np.int64)
+        counts = _counts(op, grads)
         np.add.at(self._of(self.sent, worker), ks, counts)
         call = self.check.call(f"{worker} cache push to {table!r}", self.limit_s, worker)
         self.check.pushed(call, table, ks, counts)
@@ -89,8 +98,8 @@ class CacheLedger:
             held = np.zeros(self.keys, np.int64)
             cache = w.row_caches.get(self.table)
             if cache is not None:
-                keys, sums, _ = cache.take()  # a dead worker's sums died with it; a live one flushed
-                np.add.at(held, keys.astype(np.int64), np.rint(-sums[:, 0]).astype(np.int64))
+                for op, keys, sums, _ in cache.take():  # a dead worker's sums died with it; a live one flushed
+                    np.add.at(held, keys.astype(np.int64), _counts(op, sums))
             if w.live and held.any():
                 self.check.fail("cache-unflushed", f"{w.name} still holds {int(held.sum())} gradients of "
                                 f"{self.table!r} after it flushed its row cache")
@@ -100,3 +109,10 @@ class CacheLedger:
                 self.check.fail("cache-sums", f"{w.name} handed {handed[k]} gradients of key {k} of "
                                 f"{self.table!r} to push; its cache sent {sent[k]} and "
                                 f"{'held' if w.live else 'died holding'} {held[k]}")
+
+
+def _counts(op: str, rows: np.ndarray) -> np.ndarray:
+    """The gradients a pushed row counts: a sum of ``-1``s (``update``), or the change a cache
+    that trains its rows made to a row (``merge``: ``+1`` a gradient, at ``lr = 1``)."""
+    counts: np.ndarray = np.rint(rows[:, 0] if op == "merge" else -rows[:, 0]).astype(np.int64)
+    return counts

@@ -283,7 +283,11 @@ class Run:
         def done(values: Any, error: str | None) -> None:
             self.check.returned(call)
             if error is None and self.ledger is not None:
-                self.check.read(w.name, table, ks, values, np.zeros(ks.shape[0], np.int64))
+                # a cache that trains its rows may read its own gradients not sent yet besides the servers'
+                # (those of a row it holds, not those it gave up): none is counted twice, none is a floor
+                local = w.row_caches[table].local
+                own = self.ledger.unsent(w.name, ks) if local else 0
+                self.check.read(w.name, table, ks, values - own, np.full(ks.shape[0], -1 << 62 if local else 0))
                 self.ledger.read(w.name, ks, values, floor)
             then()
 

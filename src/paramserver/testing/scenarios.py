@@ -249,7 +249,8 @@ def _tiers(rng: random.Random) -> Plan:
 
 def _row_cache(rng: random.Random) -> Plan:
     """The counters through the workers' row caches (``client/row_cache.py``): rows read
-    within ``s`` of their servers' versions, gradients summed and pushed every ``s``, on
+    within ``s`` of their servers' versions, gradients summed (or rows trained, ``apply=local``)
+    and pushed every ``s``, on
     eviction (a few slots) and on a ring change, under lost, duplicated and reordered
     messages, crashes, restarts, joins and leaves, and a worker that dies holding sums.
     No read may miss more than ``s`` of its key's acknowledged pushes, and every gradient
@@ -260,6 +261,7 @@ def _row_cache(rng: random.Random) -> Plan:
     p.failures.append((rng.uniform(2, RUN_S - 4), rng.choice(["restart", "join", "leave"])))
     if rng.random() < 0.5:
         p.failures.append((rng.uniform(2, RUN_S - 4), "worker-crash"))
+    p.row_cache += f",apply={rng.choice(['server', 'local'])}"  # sums pushed, or rows trained and merged
     return p
 
 

@@ -117,8 +117,8 @@ class SimPort:
         """Calls are counted by the campaign, not here."""
 
 
-#: (worker, table, keys, gradients, the push's future)
-Watch = Callable[[str, str, np.ndarray, np.ndarray, Future[Any]], None]
+#: (worker, table, keys, gradients (or a trained row's changes), the push's future, its op)
+Watch = Callable[[str, str, np.ndarray, np.ndarray, Future[Any], str], None]
 
 
 class SimCachePort:
@@ -144,10 +144,11 @@ class SimCachePort:
                      result: np.ndarray, extra_header: dict[str, Any], prepare: Prepare | None) -> Future[Any]:
         return self.w.scatter_pull(spec, keys, positions, on_piece, result, extra_header, prepare)
 
-    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool) -> Future[Any]:
-        _, future = self.w.send_push(spec, keys, grads, "update", distinct)
+    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool,
+             op: str = "update") -> Future[Any]:
+        _, future = self.w.send_push(spec, keys, grads, op, distinct)
         if self.watch is not None:
-            self.watch(self.w.name, spec.name, keys, grads, future)
+            self.watch(self.w.name, spec.name, keys, grads, future, op)
         return future
 
 

@@ -29,6 +29,8 @@ from numba import njit
 
 from paramserver._runtime.intrinsics import prefetch_row
 from paramserver.routing.hashing import hash64
+from paramserver.tables.optim import update_row
+from paramserver.tables.push_ops import merge_row
 
 WAYS = 4
 EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -140,6 +142,22 @@ def read(want, out, slot_of, stamp_of, col_of, keys, freq, rec, recf, est, s):
     return hits, servers
 
 
+@njit(nogil=True, cache=True)
+def refresh(want, out, keys, recf):
+    """The rows of ``want`` the cache holds now, copied into ``out`` over what a read or a
+    server's answer put there (a cache that trains its rows: its rows only get newer); how many."""
+    dim = out.shape[1]
+    found = 0
+    for i in range(want.shape[0]):
+        k = want[i]
+        j = find(keys, set_of(hash64(k), keys), k) if k != EMPTY else -1
+        if j >= 0:
+            for c in range(dim):
+                out[i, c] = recf[j, FLOATS + c]
+            found += 1
+    return found
+
+
 @njit(inline="always", nogil=True, cache=True)
 def _slot_ahead(k, home, keys, rec):
     j = find(keys, home, k) if k != EMPTY else -1
@@ -149,14 +167,18 @@ def _slot_ahead(k, home, keys, rec):
 
 
 @njit(nogil=True, cache=True)
-def fill(got, got_rows, version, server, keys, freq, rec, recf, sketch, meta, owed_keys, owed_sums):
+def fill(got, got_rows, version, server, keys, freq, rec, recf, sketch, meta, owed_keys, owed_sums, vdim, okind,
+         ohp):
     """Keep the rows a server answered at ``version``: a key held is refreshed (its sum
-    kept); another is counted in the sketch and admitted to a free way, or over the way
-    used least if the sketch counts it more (TinyLFU).  A slot given up that held a sum
-    writes it to ``owed_keys``/``owed_sums`` (room for one a key); returns how many."""
+    kept; a cache that trains its rows, ``okind`` >= 0, adds its own change since to the
+    row, ``merge_row``); another is counted in the sketch and admitted to a free way, or
+    over the way used least if the sketch counts it more (TinyLFU).  A slot given up that
+    held a sum writes it to ``owed_keys``/``owed_sums`` (room for one a key); returns how
+    many."""
     owed = 0
     dim = got_rows.shape[1]
     width = owed_sums.shape[1]
+    rowv, sumv = recf[:, FLOATS:FLOATS + dim], recf[:, FLOATS + dim:FLOATS + dim + width]
     for i in range(got.shape[0]):
         k = got[i]
         if k == EMPTY:
@@ -193,6 +215,8 @@ def fill(got, got_rows, version, server, keys, freq, rec, recf, sketch, meta, ow
                 recf[j, FLOATS + dim + c] = 0.0
         for c in range(dim):
             recf[j, FLOATS + c] = got_rows[i, c]
+        if kept and okind >= 0:
+            merge_row(rowv, j, sumv, j, vdim, okind, ohp)
         rec[j, STAMP] = np.uint64(version)
         rec[j, PACKED] = (np.uint64(server) << np.uint64(32)) | kept
     meta[META_READS] += got.shape[0]
@@ -220,7 +244,6 @@ def write(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, dim, ou
     written to ``out_keys``/``out_grads``."""
     n = 0
     width = grads.shape[1]
-    cap = pend.shape[0]
     m = pushed.shape[0]
     for i in range(m):
         if i + AHEAD < m and slot_hint[i + AHEAD] >= 0:
@@ -236,23 +259,81 @@ def write(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, dim, ou
                 out_grads[n, c] = grads[i, c]
             n += 1
             continue
-        uses = uses_of(rec, j)
-        if uses == 0:  # the sum's first gradient: queued, to go out s versions on
-            born = est[server_of(rec, j)]
-            rec[j, BORN] = np.uint64(born)
-            tail = meta[META_TAIL]
-            if tail - meta[META_HEAD] < cap:
-                pend[tail % cap, 0] = np.int64(j)
-                pend[tail % cap, 1] = born
-                pend[tail % cap, 2] = np.int64(k)
-                meta[META_TAIL] = tail + 1
+        uses = _gathered(j, k, rec, pend, meta, est)
         for c in range(width):
             recf[j, FLOATS + dim + c] += grads[i, c]
-        if uses + 1 >= s:
-            _emit(j, keys, rec, recf, dim, width, out_keys, out_grads, n)
-            n += 1
-        else:
-            rec[j, PACKED] += np.uint64(1)
+        n = _counted(j, uses, s, keys, rec, recf, dim, width, out_keys, out_grads, n)
+    return _due(keys, rec, recf, pend, meta, est, s, dim, width, out_keys, out_grads, n)
+
+
+@njit(nogil=True, cache=True)
+def write_local(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, vdim, okind, ohp, out_keys, out_rows,
+                pass_keys, pass_grads):
+    """``write`` for a cache that trains its rows: a key held takes its gradient by the
+    table's rule (``okind``, ``ohp``) on its row here, and its row's change since the server's
+    copy is what it gathers and sends (``out_keys``/``out_rows``, whole rows: ``push_ops``'
+    ``merge``); a key not held goes out as its gradient (``pass_keys``/``pass_grads``).
+    Returns how many of each."""
+    n, m = 0, 0
+    width = out_rows.shape[1]
+    rowv = recf[:, FLOATS:FLOATS + width]
+    before = np.empty(width, np.float32)
+    for i in range(pushed.shape[0]):
+        if i + AHEAD < pushed.shape[0] and slot_hint[i + AHEAD] >= 0:
+            prefetch_row(rec, slot_hint[i + AHEAD])
+            prefetch_row(keys, slot_hint[i + AHEAD])
+        k = pushed[i]
+        j = slot_hint[i]
+        if j < 0 or keys[j] != k:
+            j = find(keys, set_of(hash64(k), keys), k) if k != EMPTY else -1
+        if j < 0:
+            pass_keys[m] = k
+            for c in range(vdim):
+                pass_grads[m, c] = grads[i, c]
+            m += 1
+            continue
+        uses = _gathered(j, k, rec, pend, meta, est)
+        for c in range(width):
+            before[c] = recf[j, FLOATS + c]
+        update_row(rowv, j, grads, i, vdim, okind, ohp)
+        for c in range(width):
+            recf[j, FLOATS + width + c] += recf[j, FLOATS + c] - before[c]
+        n = _counted(j, uses, s, keys, rec, recf, width, width, out_keys, out_rows, n)
+    return _due(keys, rec, recf, pend, meta, est, s, width, width, out_keys, out_rows, n), m
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _gathered(j, k, rec, pend, meta, est):
+    """Slot ``j`` (key ``k``) gathers one more push: its uses before it; a sum's first is
+    queued, to go out ``s`` versions on."""
+    uses = uses_of(rec, j)
+    if uses == 0:
+        cap = pend.shape[0]
+        born = est[server_of(rec, j)]
+        rec[j, BORN] = np.uint64(born)
+        tail = meta[META_TAIL]
+        if tail - meta[META_HEAD] < cap:
+            pend[tail % cap, 0] = np.int64(j)
+            pend[tail % cap, 1] = born
+            pend[tail % cap, 2] = np.int64(k)
+            meta[META_TAIL] = tail + 1
+    return uses
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _counted(j, uses, s, keys, rec, recf, dim, width, out_keys, out_grads, n):
+    """Slot ``j``'s sum out once ``s`` pushes gathered, else one use more; the sums written."""
+    if uses + 1 >= s:
+        _emit(j, keys, rec, recf, dim, width, out_keys, out_grads, n)
+        return n + 1
+    rec[j, PACKED] += np.uint64(1)
+    return n
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _due(keys, rec, recf, pend, meta, est, s, dim, width, out_keys, out_grads, n):
+    """The queued sums now ``s`` versions old, out after the ``n`` written; the sums written."""
+    cap = pend.shape[0]
     head, tail = meta[META_HEAD], meta[META_TAIL]
     while head < tail and n < out_keys.shape[0]:
         q = head % cap
