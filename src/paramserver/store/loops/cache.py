@@ -246,13 +246,8 @@ def write(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, dim, ou
     width = grads.shape[1]
     m = pushed.shape[0]
     for i in range(m):
-        if i + AHEAD < m and slot_hint[i + AHEAD] >= 0:
-            prefetch_row(rec, slot_hint[i + AHEAD])
-            prefetch_row(keys, slot_hint[i + AHEAD])
         k = pushed[i]
-        j = slot_hint[i]
-        if j < 0 or keys[j] != k:
-            j = find(keys, set_of(hash64(k), keys), k) if k != EMPTY else -1
+        j = _pushed_slot(i, pushed, slot_hint, keys, rec)
         if j < 0:
             out_keys[n] = k
             for c in range(width):
@@ -279,13 +274,8 @@ def write_local(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, v
     rowv = recf[:, FLOATS:FLOATS + width]
     before = np.empty(width, np.float32)
     for i in range(pushed.shape[0]):
-        if i + AHEAD < pushed.shape[0] and slot_hint[i + AHEAD] >= 0:
-            prefetch_row(rec, slot_hint[i + AHEAD])
-            prefetch_row(keys, slot_hint[i + AHEAD])
         k = pushed[i]
-        j = slot_hint[i]
-        if j < 0 or keys[j] != k:
-            j = find(keys, set_of(hash64(k), keys), k) if k != EMPTY else -1
+        j = _pushed_slot(i, pushed, slot_hint, keys, rec)
         if j < 0:
             pass_keys[m] = k
             for c in range(vdim):
@@ -300,6 +290,20 @@ def write_local(pushed, grads, slot_hint, keys, rec, recf, pend, meta, est, s, v
             recf[j, FLOATS + width + c] += recf[j, FLOATS + c] - before[c]
         n = _counted(j, uses, s, keys, rec, recf, width, width, out_keys, out_rows, n)
     return _due(keys, rec, recf, pend, meta, est, s, width, width, out_keys, out_rows, n), m
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _pushed_slot(i, pushed, slot_hint, keys, rec):
+    """The slot holding pushed key ``i`` (its read's, ``slot_hint``, where it still does), or
+    -1; the slot of the key ``AHEAD`` on fetched."""
+    if i + AHEAD < pushed.shape[0] and slot_hint[i + AHEAD] >= 0:
+        prefetch_row(rec, slot_hint[i + AHEAD])
+        prefetch_row(keys, slot_hint[i + AHEAD])
+    k = pushed[i]
+    j = slot_hint[i]
+    if j < 0 or keys[j] != k:
+        j = find(keys, set_of(hash64(k), keys), k) if k != EMPTY else -1
+    return j
 
 
 @njit(inline="always", nogil=True, cache=True)

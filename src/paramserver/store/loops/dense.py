@@ -40,8 +40,8 @@ def dense_lookup_rows(rows, start, keys, out, dim, layout, ikind, ihp, seed):
             if 0 <= r < rows.shape[0]:
                 prefetch_row(rows, r)
         key = keys[i]
-        r = np.int64(dense_pos(key, layout)) - start
-        if r < 0 or r >= rows.shape[0] or key >> np.uint64(layout_bits(layout)) != 0:
+        r = _row_of(key, start, rows, layout)
+        if r < 0:
             return i
         if rows[r, flag] != 0:
             for j in range(dim):
@@ -60,8 +60,8 @@ def dense_lookup_whole(rows, start, keys, out, dim, layout, okind, ohp, ikind, i
     width = out.shape[1]
     for i in range(keys.shape[0]):
         key = keys[i]
-        r = np.int64(dense_pos(key, layout)) - start
-        if r < 0 or r >= rows.shape[0] or key >> np.uint64(layout_bits(layout)) != 0:
+        r = _row_of(key, start, rows, layout)
+        if r < 0:
             return i
         if rows[r, flag] != 0:
             for j in range(width):
@@ -75,10 +75,18 @@ def dense_lookup_whole(rows, start, keys, out, dim, layout, okind, ohp, ikind, i
 def dense_check(rows, start, keys, layout):
     """Index of the first key that is not in this dense vnode, or -1."""
     for i in range(keys.shape[0]):
-        r = np.int64(dense_pos(keys[i], layout)) - start
-        if r < 0 or r >= rows.shape[0] or keys[i] >> np.uint64(layout_bits(layout)) != 0:
+        if _row_of(keys[i], start, rows, layout) < 0:
             return i
     return -1
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _row_of(key, start, rows, layout):
+    """Key ``key``'s row in a dense vnode whose first position is ``start``, or -1 outside it."""
+    r = np.int64(dense_pos(key, layout)) - start
+    if r < 0 or r >= rows.shape[0] or key >> np.uint64(layout_bits(layout)) != 0:
+        return -1
+    return r
 
 
 @njit(nogil=True, cache=True)
