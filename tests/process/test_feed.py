@@ -171,3 +171,11 @@ def test_rows_trickling_in_on_standard_input_reach_the_stream_as_they_come(tmp_p
     assert b"fed 3 rows in 2 entries" in out and [v[b"line"] for _, v in client.xrange("live")] == \
         [b"0 1:1\n0 2:1", b"0 3:1"]
     client.close()
+
+
+def test_a_damaged_gz_is_refused_by_name_not_with_an_eof_traceback(tmp_path, redis_url):  # noqa: F811
+    whole = gzip.compress("".join(f"1 {i + 1}:1\n" for i in range(5000)).encode())
+    (tmp_path / "cut.gz").write_bytes(whole[:len(whole) // 2])
+    fed = _paramserver(["feed", str(tmp_path / "cut.gz"), "--stream", f"{redis_url}/cut"], tmp_path)
+    assert fed.returncode == 2, fed.stderr[-2000:]
+    assert "cut.gz: cannot decompress it" in fed.stderr and "Traceback" not in fed.stderr

@@ -101,8 +101,9 @@ def feed_files(paths: list[str], url: str, *, field: str | None = None, rows_per
 
     Raises:
         ConfigError: the URL is not a Redis stream's, or Redis cannot be reached.
-        DataError: a file cannot be read, or Redis stopped the feed (what was written said)."""
-    from paramserver.data.files import open_input
+        DataError: a file cannot be read or decompressed, or Redis stopped the feed (what was
+            written said)."""
+    from paramserver.data.files import open_input, reading
     from paramserver.data.redis_source import connect_to, field_of, parse_url
 
     server, stream, _ = parse_url(url)
@@ -117,6 +118,7 @@ def feed_files(paths: list[str], url: str, *, field: str | None = None, rows_per
             with contextlib.ExitStack() as stack:
                 if path != STDIN:
                     stack.enter_context(f)
+                stack.enter_context(reading(path))  # a damaged .gz named, not an EOFError traceback
                 feed(f, client, stream, field=field or field_of(url), rows_per_entry=rows_per_entry,
                      pipeline=pipeline, maxlen=maxlen, on_progress=on_progress, done=done, url=url)
     finally:
