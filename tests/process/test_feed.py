@@ -179,3 +179,14 @@ def test_a_damaged_gz_is_refused_by_name_not_with_an_eof_traceback(tmp_path, red
     fed = _paramserver(["feed", str(tmp_path / "cut.gz"), "--stream", f"{redis_url}/cut"], tmp_path)
     assert fed.returncode == 2, fed.stderr[-2000:]
     assert "cut.gz: cannot decompress it" in fed.stderr and "Traceback" not in fed.stderr
+
+
+@pytest.mark.parametrize("url, said", [
+    ("http://127.0.0.1:{port}/x", "a Redis stream is redis://HOST:PORT/STREAM"),
+    ("redis://127.0.0.1:99999/x", "the port must be a number in 1-65535"),
+    ("redis://127.0.0.1:{port}/99/x", "check the URL's /DB"),
+])
+def test_a_wrong_redis_url_is_refused_naming_the_url_and_the_fix(tmp_path, redis_url, url, said):  # noqa: F811
+    fed = _paramserver(["feed", "-", "--stream", url.format(port=redis_url.rsplit(":", 1)[1])], tmp_path,
+                       input="1 1:1\n")
+    assert fed.returncode == 2 and said in fed.stderr and "Traceback" not in fed.stderr, fed.stderr[-2000:]

@@ -62,6 +62,7 @@ ROW_BYTES = 256  # what a shard's size in rows assumes of a row
 SAMPLE = 64  # entries read to guess an entry's rows, where they are not counted
 POLL_ENTRIES = 200_000  # at most this many entries are counted (and cut) a poll: a backlog takes a few
 
+SCHEMES = ("redis", "rediss", "unix")  # what redis-py's from_url takes
 _clients: dict[str, Any] = {}  # a worker's connection per Redis, reused across shards
 
 # the entries after an id, and the stream's entries-added, at one moment (once, where the
@@ -77,13 +78,23 @@ def parse_url(url: str) -> tuple[str, str, str]:
     ``redis://HOST:PORT[/DB]/STREAM[?group=G][&field=F]``."""
     parts = urlsplit(url)
     path = [p for p in parts.path.split("/") if p]
-    if not path or not parts.hostname and parts.scheme != "unix":
+    if parts.scheme not in SCHEMES or not path or not parts.hostname and parts.scheme != "unix":
         raise ConfigError(f"--stream {url}: a Redis stream is redis://HOST:PORT/STREAM (or redis://HOST:PORT/DB/STREAM,"
                           " ?group=NAME for the consumer group, default paramserver; &field=NAME for the entries' "
-                          "field, default line)")
+                          "field, default line; rediss:// for TLS)")
+    _check_port(parts, url)
     stream, db = path[-1], "/".join(path[:-1])
     group = parse_qs(parts.query).get("group", ["paramserver"])[0]
     return urlunsplit((parts.scheme, parts.netloc, f"/{db}" if db else "", "", "")), stream, group
+
+
+def _check_port(parts: Any, url: str) -> None:
+    """A port out of 0-65535 (or not a number) named, not urllib's ValueError traceback."""
+    try:
+        parts.port
+    except ValueError:
+        raise ConfigError(f"--stream {url}: the port must be a number in 1-65535 (redis-server's default is 6379); "
+                          "fix the URL's HOST:PORT") from None
 
 
 def field_of(url: str) -> str:
@@ -102,6 +113,10 @@ def connect_to(server: str, url: str) -> Any:
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         client.close()
         raise ConfigError(f"{url}: cannot reach Redis ({exc}); is redis-server running there?") from None
+    except redis.ResponseError as exc:  # the DB's number past the server's databases, a password refused
+        client.close()
+        raise ConfigError(f"{url}: Redis refused the connection ({exc}); check the URL's /DB (0 up to the server's "
+                          "databases setting, 16 by default) and its password") from None
     return client
 
 
