@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from paramserver import load_model
+from paramserver import ConfigError, load_model
 from paramserver.apps.ctr.modelfile import save_model
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
@@ -453,3 +453,16 @@ def test_an_oversized_or_unauthorized_body_is_refused_before_it_is_sent(criteo, 
     assert b"X-Model-Version" not in anonymous[0]
     assert fine[0].startswith(b"HTTP/1.1 100 Continue") and fine[1].startswith(b"HTTP/1.1 200")
     assert stats.requests[("/predict", 413)] == 1 and stats.requests[("/predict", 401)] == 1
+
+
+def test_a_bound_given_wrong_is_said_as_given_and_a_host_that_is_no_address_is_blamed_on_host(criteo):
+    with pytest.raises(ConfigError, match=r"--max-held-mb must be >= 1, got -1$"):  # not -1048576 (bytes)
+        Limits(max_held_bytes=-MIB)
+    with pytest.raises(ConfigError, match="--body-timeout must be a finite number of seconds > 0, got inf"):
+        Limits(body_timeout_s=float("inf"))
+
+    async def main():
+        return await open_http(_app(criteo[0]), "no.such.host.invalid", 0)
+
+    with pytest.raises(ConfigError, match=r"--host no\.such\.host\.invalid: not an address to listen on"):
+        asyncio.run(main())

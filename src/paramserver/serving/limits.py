@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,12 +47,12 @@ class Limits:
 
     def __post_init__(self) -> None:
         for flag, value in (("--header-timeout", self.header_timeout_s), ("--body-timeout", self.body_timeout_s)):
-            if not value > 0:
-                raise ConfigError(f"{flag} must be > 0 seconds, got {value:g}")
-        for flag, count in (("--max-connections", self.max_connections), ("--max-rows", self.max_rows),
-                            ("--max-body-mb", self.max_body_bytes), ("--max-held-mb", self.max_held_bytes)):
-            if count < 1:
-                raise ConfigError(f"{flag} must be >= 1, got {count}")
+            if not 0 < value < math.inf:  # inf: a slow client would hold its connection for ever
+                raise ConfigError(f"{flag} must be a finite number of seconds > 0, got {value:g}")
+        for flag, count, unit in (("--max-connections", self.max_connections, 1), ("--max-rows", self.max_rows, 1),
+                                  ("--max-body-mb", self.max_body_bytes, MIB), ("--max-held-mb", self.max_held_bytes, MIB)):
+            if count < 1:  # said as the flag was given (MiB), not in bytes
+                raise ConfigError(f"{flag} must be >= 1, got {count / unit:g}")
         if self.max_held_bytes < self.max_body_bytes:
             raise ConfigError(f"--max-held-mb ({self.max_held_bytes // MIB}) must be >= --max-body-mb "
                               f"({self.max_body_bytes // MIB}): else a body of the largest size is never admitted")

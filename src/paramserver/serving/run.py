@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import resource
 import signal
+import socket
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -108,6 +109,10 @@ async def open_http(app: web.Application, host: str, port: int) -> tuple[web.App
     try:
         server = await asyncio.get_running_loop().create_server(
             guarded(runner.server, app[LIMITS], app[STATS], app[GUARDS]), host, port, backlog=1024)
+    except socket.gaierror as exc:  # the host is no address of this machine's
+        await runner.cleanup()
+        raise ConfigError(f"--host {host}: not an address to listen on ({exc.strerror}); give an interface's address "
+                          "or name, e.g. 127.0.0.1 or 0.0.0.0") from None
     except OSError as exc:
         await runner.cleanup()
         raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); pick a free port, or 0 "
