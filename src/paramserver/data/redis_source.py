@@ -91,7 +91,7 @@ def parse_url(url: str) -> tuple[str, str, str]:
 def _check_port(parts: Any, url: str) -> None:
     """A port out of 0-65535 (or not a number) named, not urllib's ValueError traceback."""
     try:
-        parts.port
+        _ = parts.port  # urllib checks the port when it is asked for
     except ValueError:
         raise ConfigError(f"--stream {url}: the port must be a number in 1-65535 (redis-server's default is 6379); "
                           "fix the URL's HOST:PORT") from None

@@ -50,7 +50,8 @@ class Limits:
             if not 0 < value < math.inf:  # inf: a slow client would hold its connection for ever
                 raise ConfigError(f"{flag} must be a finite number of seconds > 0, got {value:g}")
         for flag, count, unit in (("--max-connections", self.max_connections, 1), ("--max-rows", self.max_rows, 1),
-                                  ("--max-body-mb", self.max_body_bytes, MIB), ("--max-held-mb", self.max_held_bytes, MIB)):
+                                  ("--max-body-mb", self.max_body_bytes, MIB),
+                                  ("--max-held-mb", self.max_held_bytes, MIB)):
             if count < 1:  # said as the flag was given (MiB), not in bytes
                 raise ConfigError(f"{flag} must be >= 1, got {count / unit:g}")
         if self.max_held_bytes < self.max_body_bytes:
