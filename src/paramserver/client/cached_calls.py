@@ -108,15 +108,8 @@ class CachedCalls:
         if spec.name in self.caches:
             self.flush(spec.name)
             del self.caches[spec.name]
-        refusal = merge_refusal(spec) if parsed and parsed.apply != "server" else "apply=server"
-        if parsed and parsed.apply == "local" or parsed and not refusal:
-            if refusal:
-                raise ConfigError(f"table {spec.name!r}: a row cache cannot train its rows (apply=local): {refusal}; "
-                                  "use apply=server (the cache sums gradients)")
-            rule = (spec.dim, spec.optimizer.kind, np.asarray(spec.optimizer.params(), np.float64))
-            self.caches[spec.name] = RowCache(parsed, spec.dim, spec.width, rule)
-        elif parsed:
-            self.caches[spec.name] = RowCache(parsed, spec.dim, spec.push_width)
+        if parsed:
+            self.caches[spec.name] = _made(spec, parsed)
         return parsed
 
     def pull(self, spec: TableSpec, keys: np.ndarray, cache: RowCache) -> Future[Any]:
@@ -218,6 +211,18 @@ class CachedCalls:
             cache.expire()
             self.push_held(name)
 
+
+def _made(spec: TableSpec, parsed: RowCacheSpec) -> RowCache:
+    """``spec``'s cache as ``parsed`` says: one that trains its rows where ``apply`` is
+    ``local``, or ``auto`` and the table's rows merge; else one that sums gradients."""
+    refusal = "" if parsed.apply == "server" else merge_refusal(spec)
+    if parsed.apply == "server" or parsed.apply == "auto" and refusal:
+        return RowCache(parsed, spec.dim, spec.push_width)
+    if refusal:
+        raise ConfigError(f"table {spec.name!r}: a row cache cannot train its rows (apply=local): {refusal}; "
+                          "use apply=server (the cache sums gradients)")
+    rule = (spec.dim, spec.optimizer.kind, np.asarray(spec.optimizer.params(), np.float64))
+    return RowCache(parsed, spec.dim, spec.width, rule)
 
 
 class Fresh(Future):  # type: ignore[type-arg]

@@ -144,7 +144,7 @@ def split(pool: ThreadPoolExecutor | None, threads: int, vnodes: np.ndarray, cou
 
 
 def push_op(msg: Message, table: VnodeStore) -> int:
-    """The push operation a ``push`` (or its ``replicate``) asks for (``optim.PUSH_OPS``;
+    """The push operation a ``push`` (or its ``replicate``) asks for (``push_ops.PUSH_OPS``;
     ``update``, the table's rule, when it names none)."""
     name = msg.header.get("push_op", "update")
     if name == MERGE:

@@ -301,7 +301,7 @@ class VnodeSet:
 
     def apply(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray,
               op: int = OP_UPDATE) -> None:
-        """Apply ``grads`` to ``keys`` as push operation ``op`` (``optim.PUSH_OPS``; the
+        """Apply ``grads`` to ``keys`` as push operation ``op`` (``push_ops.PUSH_OPS``; the
         table's rule by default), grouped like ``lookup``'s; vnodes grow as needed."""
         k = self._kernels
         vnodes, counts, keys, grads = frozen(vnodes), frozen(counts), frozen(keys), frozen(grads)
