@@ -1,7 +1,7 @@
 """The worker's row cache against the same job without it (issue 46.5), in one run.
 
     .venv/bin/python bench/rowcache.py [--rows 1000000] [--caches off s=3 s=10 s=100]
-        [--models lr fm] [--workers 1 2] [--datasets heavy criteo a9a] [--json FILE]
+        [--models lr fm] [--workers 1 2] [--datasets heavy criteo a9a] [--repeat N] [--json FILE]
 
 Each run is ``paramserver train`` at default flags but ``--row-cache`` (``--k 16`` for FM),
 1 server, read from its ``--metrics-out`` report: server key-operations per example (the
@@ -73,40 +73,53 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["lr", "fm"], choices=("lr", "fm"))
     ap.add_argument("--workers", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--datasets", nargs="+", default=["heavy", "criteo", "a9a"])
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each cell, taking turns (Δ loss: the means')")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="psrowcache-")
     rows: list[dict[str, Any]] = []
-    print("| data | model | workers | row cache | key-ops/ex | fewer | test logloss | Δ loss | examples/s | "
-          "sent B/ex | hit rate | lag p50/p99 | goal |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| data | model | workers | row cache | runs | key-ops/ex | fewer | test logloss | Δ loss (spread) | "
+          "examples/s | sent B/ex | hit rate | lag p50/p99 | goal |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    caches = ["off", *[c for c in args.caches if c != "off"]]
     for name, data in datasets(args.datasets, args.rows, folder).items():
         for model in args.models:
             for workers in args.workers:
-                base: dict[str, Any] | None = None
-                for cache in ["off", *[c for c in args.caches if c != "off"]]:
-                    r = run(data, model, workers, cache, folder)
-                    base = base or r
-                    rows.append(_row(name, model, workers, cache, r, base))
+                runs: dict[str, list[dict[str, Any]]] = {c: [] for c in caches}
+                for _ in range(max(1, args.repeat)):
+                    for cache in caches:
+                        runs[cache].append(run(data, model, workers, cache, folder))
+                for cache in caches:
+                    rows.append(_row(name, model, workers, cache, runs[cache], runs["off"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
 
 
-def _row(name: str, model: str, workers: int, cache: str, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    c = r.get("row_cache") or {}
-    fewer = base["key_ops_per_example"] / max(r["key_ops_per_example"], 1e-9)
-    delta = r["logloss"] - base["logloss"]
+def _mean(runs: list[dict[str, Any]], key: str) -> float:
+    return sum(float(r[key]) for r in runs) / len(runs)
+
+
+def _row(name: str, model: str, workers: int, cache: str, runs: list[dict[str, Any]],
+         base: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell: its runs' means against the uncached runs' (``base``)."""
+    c = runs[-1].get("row_cache") or {}
+    fewer = _mean(base, "key_ops_per_example") / max(_mean(runs, "key_ops_per_example"), 1e-9)
+    base_loss = _mean(base, "logloss")
+    deltas = [r["logloss"] - base_loss for r in runs]
+    delta = sum(deltas) / len(deltas)
     ok = "PASS" if fewer >= GOAL_FEWER and delta <= GOAL_LOSS else "FAIL" if cache != "off" else ""
-    row = {"data": name, "model": model, "workers": workers, "cache": cache, "key_ops": r["key_ops_per_example"],
-           "fewer": fewer, "logloss": r["logloss"], "delta": delta, "examples_per_s": r["examples_per_s"],
-           "sent_per_example": r["bytes_sent"] / max(r["examples"], 1), "hit_rate": c.get("hit_rate"),
-           "lag": (c.get("lag_p50"), c.get("lag_p99")), "goal": ok}
+    row = {"data": name, "model": model, "workers": workers, "cache": cache, "runs": len(runs),
+           "key_ops": _mean(runs, "key_ops_per_example"), "fewer": fewer, "logloss": _mean(runs, "logloss"),
+           "losses": [r["logloss"] for r in runs], "delta": delta, "examples_per_s": _mean(runs, "examples_per_s"),
+           "sent_per_example": sum(r["bytes_sent"] / max(r["examples"], 1) for r in runs) / len(runs),
+           "hit_rate": c.get("hit_rate"), "lag": (c.get("lag_p50"), c.get("lag_p99")), "goal": ok}
     hit = f"{c['hit_rate']:.3f}" if c else "—"
     lag = f"{c['lag_p50']}/{c['lag_p99']}" if c else "—"
-    print(f"| {name} | {model} | {workers} | {cache} | {row['key_ops']:.2f} | {fewer:.2f}x | {r['logloss']:.5f} | "
-          f"{delta:+.5f} | {r['examples_per_s']:,.0f} | {row['sent_per_example']:.1f} | {hit} | {lag} | {ok} |",
-          flush=True)
+    spread = f" ({min(deltas):+.5f}..{max(deltas):+.5f})" if len(runs) > 1 else ""
+    print(f"| {name} | {model} | {workers} | {cache} | {len(runs)} | {row['key_ops']:.2f} | {fewer:.2f}x | "
+          f"{row['logloss']:.5f} | {delta:+.5f}{spread} | {row['examples_per_s']:,.0f} | "
+          f"{row['sent_per_example']:.1f} | {hit} | {lag} | {ok} |", flush=True)
     return row
 
 

@@ -71,7 +71,6 @@ def test_two_workers_changes_add_up():
 @pytest.mark.parametrize(("spec", "said"), [
     (TableSpec("t", 1, optimizer=Adam()), "does not add"),
     (TableSpec("t", 1, optimizer=FTRL(), storage="bf16"), "rows are bf16"),
-    (TableSpec("t", 1, optimizer=FTRL(), filters="compact"), "filters"),
     (TableSpec("t", 1, optimizer=FTRL(), lifecycle="track"), "lifecycle"),
     (TableSpec("t", 1, optimizer=FTRL(), aggregate=True, consistency="bsp"), "aggregates"),
 ])
@@ -88,6 +87,11 @@ def test_a_table_whose_rows_do_not_merge_is_refused_saying_why(spec, said):
     with pytest.raises(ProtocolError, match="cannot merge"):
         state_read(held, Message({"op": Op.PULL.value, "table": "t", "state": True}, []))  # type: ignore[arg-type]
     assert merge_refusal(TableSpec("t", 3, optimizer=AdaGrad())) == ""
+
+
+@pytest.mark.parametrize("filters", ["keys", "lossless", "compact", "push=sigmod,int8;reply=fp16"])
+def test_filters_do_not_refuse_a_cache_that_trains_its_rows(filters):
+    assert merge_refusal(TableSpec("t", 1, optimizer=FTRL(), filters=filters)) == ""
 
 
 def _local(s, dim, optimizer, rows=64):

@@ -37,7 +37,8 @@ Who applies the table's rule to a cached row's gradients (``apply``):
   still sees that one's step), so one worker trains exactly the uncached model, to
   rounding, whatever ``s``; what ``s`` bounds is how late it sees the other workers' steps.
   For the rules whose state adds (SGD, AdaGrad, FTRL, an FM's FTRL-AdaGrad), on float32
-  rows in memory with no filters or key lifecycle (``push_ops.merge_refusal``).
+  rows in memory with no key lifecycle (``push_ops.merge_refusal``); a table's filters
+  carry its whole rows and their changes through their lossless filters alone.
 * ``auto`` (the default): ``local`` where the table allows it, else ``server``.
 """
 

@@ -48,11 +48,14 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
     keys, vnodes, counts = msg.arrays
     if table is None:
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
-    out = read_rows(state, table, keys, vnodes, counts, whole=state_read(table, msg))
+    whole = state_read(table, msg)
+    out = read_rows(state, table, keys, vnodes, counts, whole=whole)
     fields = {"version": table.version} if msg.header.get("versions") else {}  # a row cache's bound
     if not table.spec.filters or not msg.header.get("reply_filters"):  # the default: no lookup
         return reply(msg, [out], **fields)
     chain = chains(table.spec.filters)["reply"]
+    if whole:  # a cache trains these rows and sends their change: never rounded (an int8 block would
+        chain = chain.exact()  # take a row's value, its accumulators and the next row's as one scale)
     if not chain:
         return reply(msg, [out], **fields)
     sizes: dict[str, list[int]] = {}

@@ -37,16 +37,18 @@ MERGEABLE_KINDS = (SGD_KIND, ADAGRAD_KIND, FTRL_KIND, FTRL_ADAGRAD_KIND)
 
 def merge_refusal(spec: TableSpec) -> str:
     """Why ``spec``'s rows cannot be read whole and merged (a cache's ``apply=local``), or ""
-    where they can: a built-in rule whose state adds, float32 rows in memory,
-    and nothing that changes a pushed row on its way or decides what is stored."""
+    where they can: a built-in rule whose state adds, float32 rows in memory, and nothing
+    that decides what is stored.  Filters do not refuse: a merge and a whole row's reply
+    go through their chain's lossless filters alone (``client/filtering.py``'s ``wire``,
+    ``server/data.py``'s ``serve_pull``), a cache's gradients of keys it does not hold
+    through the whole chain, as any push's."""
     reasons = [(spec.optimizer.kind not in MERGEABLE_KINDS,
                 f"its rule ({spec.optimizer.name}) keeps a state that does not add (sgd, adagrad, ftrl and "
                 "ftrl_adagrad do)"),
                (spec.aggregate, "it aggregates a clock's pushes (BSP)"),
                (spec.storage != "float32", f"its rows are {spec.storage}"),
                (spec.memory != 0, "it has a memory budget (rows on disk)"),
-               (bool(spec.lifecycle), "it has a key lifecycle"),
-               (bool(spec.filters), "its messages go through filters")]
+               (bool(spec.lifecycle), "it has a key lifecycle")]
     return "; ".join(why for refused, why in reasons if refused)
 
 
