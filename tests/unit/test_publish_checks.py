@@ -194,3 +194,22 @@ def test_a_token_carries_each_servers_epoch_and_origin_and_an_older_one_reads():
     for bad in ("x:1=5", "3:1=-4", "3:1=5@y", "3:1"):
         with pytest.raises(ConfigError, match="is not a delta token"):
             parse_token(bad)
+
+
+def test_follow_refuses_what_is_never_published_into_and_waits_for_a_folder_to_come(tmp_path):
+    """``serve --follow`` of a file or of a model ``train --save`` wrote waited for ever ("nothing is
+    published ... yet"); it is refused before binding, naming --model.  A folder not there yet, a
+    published one and another scheme's URL are followed."""
+    data = tmp_path / "rows.tsv"
+    data.write_text("1\t2\n")
+    with pytest.raises(ConfigError, match="a file, not a folder.*--model DIR"):
+        follow_module.followable(str(data))
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "model.json").write_text("{}")
+    for url in (str(saved), f"file://{saved}"):
+        with pytest.raises(ConfigError, match=f"train --save wrote.*--model {url}"):
+            follow_module.followable(url)
+    (saved / "PUBLISH.json").write_text("{}")  # a folder published into that also holds a model.json
+    for url in (str(saved), str(tmp_path / "not-yet"), "memory://bucket/published"):
+        assert follow_module.followable(url) is None

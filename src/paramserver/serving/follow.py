@@ -23,6 +23,7 @@ the service was started with ``allow_rollback`` (``serve --allow-rollback``).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.checkpoint.publish import INDEX, apply_delta, parse_base, parse_delta, read_index, read_part
-from paramserver.errors import CheckpointError
+from paramserver.errors import CheckpointError, ConfigError
 from paramserver.serving.loading import warm
 from paramserver.serving.model import Holder, Replica, Snapshot, apply_to, new_replica, written_at
 from paramserver.serving.stats import Stats
@@ -60,6 +61,24 @@ class Shape:
     hash_bits: int
     dim: int
     dense: int | None
+
+
+def followable(url: str) -> None:
+    """Refuse a local ``--follow`` that can never be published into, which the loop would
+    wait on for ever: a file, or a model ``train --save`` wrote (its ``model.json`` and no
+    ``PUBLISH.json``).  A folder not there yet, or empty, is waited for (a job may publish
+    into it later); a URL with another scheme is the poll's to read."""
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if "://" in path:
+        return
+    if os.path.isfile(path):
+        raise ConfigError(f"--follow {url}: a file, not a folder; --follow takes the folder a job publishes "
+                          f"into (train --publish DIR writes DIR/{INDEX} and its parts), and a model train "
+                          "--save wrote is served with --model DIR")
+    if os.path.isfile(os.path.join(path, "model.json")) and not os.path.exists(os.path.join(path, INDEX)):
+        raise ConfigError(f"--follow {url}: a model train --save wrote (model.json), which is never published "
+                          f"into (no {INDEX}); serve it with --model {url} (loaded once), or --follow the folder a "
+                          "job publishes into (train --publish DIR)")
 
 
 class Follower:

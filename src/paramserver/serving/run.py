@@ -16,7 +16,7 @@ from aiohttp import web
 
 from paramserver.errors import ConfigError
 from paramserver.serving.app import GUARDS, LIMITS, STATS, make_app
-from paramserver.serving.follow import Follower
+from paramserver.serving.follow import Follower, followable
 from paramserver.serving.limits import KEEPALIVE_S, LINGER_S, Limits, guarded
 from paramserver.serving.loading import load_once
 from paramserver.serving.model import Holder
@@ -66,6 +66,7 @@ def serve(cfg: ServeConfig) -> int:
         if cfg.model:
             holder.swap(load_once(cfg.model))
         else:
+            followable(cfg.follow)
             follower = Follower(cfg.follow, holder, stats, cfg.poll_s, cfg.allow_rollback)
             follower.start()
         asyncio.run(_serve(cfg, make_app(holder, stats, cfg.token, _within_file_limit(cfg.limits), cfg.max_age_s)))
