@@ -142,3 +142,25 @@ def test_a_cache_that_trains_its_rows_through_filters_reads_and_merges_them_exac
         c.pull("fp16", pool).result(timeout=30)
         fp16_rows[:] = c.pull("fp16", pool).result(timeout=30)
         np.testing.assert_allclose(fp16_rows, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_a_hot_rows_own_merge_keeps_it_fresh_with_no_pull_of_its_own():
+    """A merge's answer carries the rows it left and the server's version (``read_back``): the
+    cache takes them, so rows written every s uses are never read again from the servers, and
+    what it reads still holds another worker's steps."""
+    with LocalCluster(servers=2, workers=0, log_level="WARNING") as cluster, \
+            Client(cluster.address) as c, Client(cluster.address) as other:
+        c.create_table("w", dim=1, optimizer="sgd", row_cache="s=2,rows=1024")
+        keys = np.arange(64, dtype=np.uint64)
+        ones = np.ones((64, 1), np.float32)
+        c.pull("w", keys).result(timeout=30)
+        misses = c.stats.row_cache_stats()["w"]["misses"]
+        for step in range(1, 21):
+            if step % 4 == 0:  # another worker's step, applied on the servers alone
+                other.push("w", keys, ones, distinct=True).result(timeout=30)
+            c.pull("w", keys).result(timeout=30)
+            c.push("w", keys, ones, distinct=True).result(timeout=30)
+        stats = c.stats.row_cache_stats()["w"]
+        assert stats["apply"] == "local" and stats["misses"] - misses <= 64, stats
+        seen = c.pull("w", keys).result(timeout=30)  # 20 own steps sent, 5 of the other's: sgd lr 0.01
+        np.testing.assert_allclose(seen, -0.25, rtol=1e-5)

@@ -173,3 +173,45 @@ def test_the_spec_takes_apply_and_names_the_fix():
     assert str(RowCacheSpec.parse("s=4,rows=64,apply=server")) == "s=4,rows=64,apply=server"
     with pytest.raises(ConfigError, match="apply must be one of"):
         RowCacheSpec.parse("s=4,apply=remote")
+
+
+def test_a_merges_answer_refreshes_the_rows_still_held_keeping_their_change_since():
+    opt = FTRL(l1=0.0)
+    keys = np.array([1, 2], np.uint64)
+    server, expected = _table(1, opt), _table(1, opt)
+    cache = _local(2, 1, opt)
+    for _ in range(2):  # the second pull admits them
+        _pull(cache, keys, server, version=0)
+    g = np.array([[0.5], [-1.0]], np.float32)
+    assert cache.write(keys, g, None) == []
+    ((op, sent, change, _),) = cache.write(keys, g, None)  # s = 2 uses: the change goes out
+    assert op == "merge"
+    pushes = cache.pushes
+    other = np.array([[0.25], [0.25]], np.float32)  # another worker's step, applied first
+    for table in (server, expected):
+        table.apply(*_seg(keys), keys, other)
+        table.apply(*_seg(sent), sent, change, OP_MERGE)
+    since = np.array([[2.0], [0.0]], np.float32)  # a step taken while the merge was away
+    before = _whole(expected, keys)
+    assert cache.write(keys, since, None) == []
+    own = _table(1, opt)
+    own.apply(*_seg(keys), keys, g)
+    own.apply(*_seg(keys), keys, g)
+    start = _whole(own, keys)
+    own.apply(*_seg(keys), keys, since)
+    expected.apply(*_seg(keys), keys, _whole(own, keys) - start, OP_MERGE)
+    answer_keys = np.array([1, 2, 77], np.uint64)  # 77: never held, not admitted by an answer
+    rows = np.concatenate([before, np.zeros((1, before.shape[1]), np.float32)])
+    cache.merged(SERVER, 5, answer_keys, rows, pushes, cache.ring_version)
+    misses = cache.stats()["misses"]
+    got = _pull(cache, keys, server, version=5)
+    assert cache.stats()["misses"] == misses, "the refreshed rows are hits: no pull of their own"
+    np.testing.assert_allclose(got, _values(expected, keys), rtol=2e-6,
+                               err_msg="the server's merged row plus the step taken since")
+    out = np.full((1, 1), np.nan, np.float32)
+    assert cache.read(np.array([77], np.uint64), out, cache.ring_version).slots[0] < 0
+    stale = np.full_like(rows, 9.0)  # an answer older than the rows held is not taken
+    cache.merged(SERVER, 4, answer_keys, stale, pushes, cache.ring_version)
+    np.testing.assert_allclose(_pull(cache, keys, server, version=5), got)
+    cache.merged(SERVER, 6, answer_keys, stale, pushes, cache.ring_version + 1)  # another ring's
+    np.testing.assert_allclose(_pull(cache, keys, server, version=6), got)

@@ -21,7 +21,7 @@ from paramserver.client.core import ByArray, Piece, Wire, pull_rows
 from paramserver.client.row_cache import Read, RowCache, RowCacheSpec, Send
 from paramserver.errors import ConfigError
 from paramserver.routing.partition import combine_duplicates, scatter_rows
-from paramserver.tables.push_ops import merge_refusal
+from paramserver.tables.push_ops import MERGE, merge_refusal
 from paramserver.wire.message import Message, Op
 
 if TYPE_CHECKING:
@@ -55,9 +55,10 @@ class CachePort(Protocol):
         the pieces passed through ``prepare`` first; resolves to ``result``."""
 
     def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool,
-             op: str = "update") -> Future[Any]:
+             op: str = "update", on_piece: OnPiece | None = None) -> Future[Any]:
         """Push ``update`` gradients (or ``merge`` a cache's trained rows' changes), numbered,
-        as the table's pushes go; done once applied."""
+        as the table's pushes go; done once applied.  ``on_piece``: each server's answer to a
+        merge, which then carries the rows it left (``read_back``)."""
 
 
 class CallerPort:
@@ -86,8 +87,8 @@ class CallerPort:
                                    extra_header=extra_header, prepare=prepare)
 
     def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool,
-             op: str = "update") -> Future[Any]:
-        return self.caller.push(spec, keys, grads, op, distinct)
+             op: str = "update", on_piece: OnPiece | None = None) -> Future[Any]:
+        return self.caller.push(spec, keys, grads, op, distinct, on_piece=on_piece)
 
 
 class CachedCalls:
@@ -173,11 +174,23 @@ class CachedCalls:
         """A push of ``update`` gradients through ``cache``: what it does not gather goes out."""
         if not distinct:
             keys, grads = combine_duplicates(keys, grads, "update")
-        return self._sends(spec, cache.write(keys, grads, self.slots.get(keys)))
+        return self._sends(spec, cache, cache.write(keys, grads, self.slots.get(keys)))
 
-    def _sends(self, spec: TableSpec, sends: list[Send]) -> Future[Any]:
-        """Push each of ``sends``; done once all are (at once: none)."""
-        futures = [self.port.push(spec, keys, rows, distinct, op) for op, keys, rows, distinct in sends]
+    def _sends(self, spec: TableSpec, cache: RowCache, sends: list[Send]) -> Future[Any]:
+        """Push each of ``sends``; done once all are (at once: none).  A merge's answers
+        refresh the rows it sent (``RowCache.merged``): a hot row's own write keeps it fresh,
+        with no pull of its own."""
+        pushes, ring_version, replies = cache.pushes, self.port.ring_version(), self.port.reply_chain(spec)
+
+        def merged(piece: Piece, msg: Message) -> None:
+            version = msg.header.get("version")
+            if not msg.arrays or not isinstance(version, int) or isinstance(version, bool):
+                return  # an older server's bare acknowledgement: the rows are pulled when due
+            cache.merged(piece.server, version, piece.keys, pull_rows(msg, piece, spec.width, replies), pushes,
+                         ring_version)
+
+        futures = [self.port.push(spec, keys, rows, distinct, op, merged if op == MERGE else None)
+                   for op, keys, rows, distinct in sends]
         return futures[0] if len(futures) == 1 else all_done(futures)
 
     def flush(self, table: str | None = None, timeout_s: float | None = None) -> int:
@@ -199,7 +212,7 @@ class CachedCalls:
         sends = cache.take()
         if not sends:
             return 0, None
-        return sum(int(keys.shape[0]) for _, keys, _, _ in sends), self._sends(self.port.spec(table), sends)
+        return sum(int(keys.shape[0]) for _, keys, _, _ in sends), self._sends(self.port.spec(table), cache, sends)
 
     def on_clock(self) -> None:
         """A BSP or SSP table's clock ends here: its sums go out (not waited on, ahead of

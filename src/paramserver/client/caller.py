@@ -81,10 +81,12 @@ class Caller:
         return Scatter(self.state, kind, header, layout, on_piece, result, on_settled, wire).start(pieces)
 
     def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, op: str, distinct: bool,
-             flushing: bool = False, seq: int | None = None) -> Future[Any]:
+             flushing: bool = False, seq: int | None = None,
+             on_piece: Callable[[Piece, Message], None] | None = None) -> Future[Any]:
         """A push once checked: through the table's filters (what a worker owes added, less
         what sigmod holds back, unless ``flushing``; the rounding owed), numbered (``seq``: a
-        number taken already, a step's that went the classic way), scattered."""
+        number taken already, a step's that went the classic way), scattered.  ``on_piece``:
+        a merge's answers wanted (``read_back``: each server's rows as merged, and its version)."""
         filters = self.state.filters
         if seq is None:
             with self.lock:
@@ -96,10 +98,11 @@ class Caller:
             raise
         try:  # the seq is settled once no request of it is left anywhere, not when the
             # future fails: a server may still apply and forward a piece in flight
-            return self.scatter(Op.PUSH, spec.name, keys, np.ascontiguousarray(grads), lambda piece, msg: None,
+            header = push_header(spec, op, self.time, read_back=on_piece is not None)
+            return self.scatter(Op.PUSH, spec.name, keys, np.ascontiguousarray(grads), on_piece or _ignored,
                                 seq=seq, on_settled=lambda: self.settled(seq), distinct=distinct,
-                                extra_header=push_header(spec, op, self.time), wire=filters.wire(spec, "push", op),
-                                prepare=prepare)
+                                reply_row_bytes=4 * spec.width if on_piece is not None else 0,
+                                extra_header=header, wire=filters.wire(spec, "push", op), prepare=prepare)
         except BaseException:
             self.settled(seq)
             raise
@@ -107,3 +110,7 @@ class Caller:
     def settled(self, seq: int) -> None:
         with self.lock:
             self.state.sequencer.settled(seq)
+
+
+def _ignored(piece: Piece, msg: Message) -> None:
+    """A push's answer: an acknowledgement, nothing to keep."""

@@ -254,10 +254,15 @@ def call_header(kind: Op, table: str, *, node_id: int, worker_clock: int | None 
     return header
 
 
-def push_header(spec: TableSpec, op: str, time: float | None) -> dict[str, Any] | None:
-    """What a push's header says beyond the call's: its op (unless ``update``), and the
-    time for a table with a lifecycle."""
+def push_header(spec: TableSpec, op: str, time: float | None, read_back: bool = False) -> dict[str, Any] | None:
+    """What a push's header says beyond the call's: its op (unless ``update``), the time
+    for a table with a lifecycle, and whether a merge's answer carries the rows it left
+    (``read_back``; through the table's lossless reply filters)."""
     header: dict[str, Any] = {"push_op": op} if op != "update" else {}
+    if read_back:
+        header["read_back"] = True
+        if spec.filters:
+            header["reply_filters"] = True
     if time is not None and spec.lifecycle:
         header["time"] = time
     return header or None

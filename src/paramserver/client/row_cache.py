@@ -263,6 +263,19 @@ class RowCache:
             if keys_out.size:
                 self.owed.append((keys_out, sums))
 
+    def merged(self, server: int, version: int, keys: np.ndarray, rows: np.ndarray, pushes: int,
+               ring_version: int) -> None:
+        """Server ``server`` merged this cache's changes to ``keys`` (sent after ``pushes`` pushes,
+        on ``ring_version``'s ring) and answered with the rows they left, at ``version``: the
+        rows still held take them, as a pull's answer (their change since, kept), unless a newer
+        answer of that server's came first.  A key given up meanwhile is not taken back."""
+        with self.lock:
+            if ring_version != self.ring_version or server not in self.index:
+                return
+            col = self.index[server]
+            self.versions.answered(col, version, pushes)
+            self.store.refill(keys, rows, version, col)
+
     def stale(self, read: Read, keys: np.ndarray) -> np.ndarray:
         """The positions of the hits of ``read`` (of ``keys``) that the servers' answers
         show more than ``s`` versions old: pulled again.  The others' lags are counted."""

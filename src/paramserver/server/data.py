@@ -29,7 +29,7 @@ from paramserver.server.requests import check_forwarder, checked_table, push_op,
 from paramserver.server.state import Port, ServerState
 from paramserver.store.life import subset
 from paramserver.store.protocol import VnodeStore
-from paramserver.tables.push_ops import OP_UPDATE
+from paramserver.tables.push_ops import OP_MERGE, OP_UPDATE
 from paramserver.wire.message import Message, Op, error_reply, expect, field, reply
 
 logger = logging.getLogger(__name__)
@@ -51,13 +51,21 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
     whole = state_read(table, msg)
     out = read_rows(state, table, keys, vnodes, counts, whole=whole)
     fields = {"version": table.version} if msg.header.get("versions") else {}  # a row cache's bound
+    arrays, fields = filtered_rows(state, table, msg, out, fields, whole)
+    return reply(msg, arrays, **fields)
+
+
+def filtered_rows(state: ServerState, table: VnodeStore, msg: Message, out: np.ndarray, fields: dict[str, Any],
+                  whole: bool) -> Answer:
+    """Rows read for ``msg`` as its reply carries them: through the table's reply filters
+    where it asked for them (``reply_filters``), their lossless ones alone for ``whole`` rows."""
     if not table.spec.filters or not msg.header.get("reply_filters"):  # the default: no lookup
-        return reply(msg, [out], **fields)
+        return [out], fields
     chain = chains(table.spec.filters)["reply"]
     if whole:  # a cache trains these rows and sends their change: never rounded (an int8 block would
         chain = chain.exact()  # take a row's value, its accumulators and the next row's as one scale)
     if not chain:
-        return reply(msg, [out], **fields)
+        return [out], fields
     sizes: dict[str, list[int]] = {}
     packed, arrays = pack("reply", chain, [out], Context(), sizes)
     fields.update(packed)
@@ -65,7 +73,7 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
         seen = state.filter_bytes.setdefault((table.spec.name, name), [0, 0])
         seen[0] += before
         seen[1] += after
-    return reply(msg, arrays, **fields)
+    return arrays, fields
 
 
 def read_rows(state: ServerState, table: VnodeStore, keys: np.ndarray, vnodes: np.ndarray,
@@ -193,23 +201,43 @@ class DataPlane:
         keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(self.state, msg, keys.shape[0], vnodes, counts)
-        check_grads(table, keys, grads, push_width(table, push_op(msg, table), True))  # values (stats, rows)
-        return self.pushed(table, msg, keys, grads, vnodes, counts, identity)
+        op = push_op(msg, table)
+        check_grads(table, keys, grads, push_width(table, op, True))  # values (stats, rows)
+        answer = None
+        if op == OP_MERGE and msg.header.get("read_back") is True:  # a row cache's merge: its rows as merged
+            answer = partial(self._merged, table, msg, keys, vnodes, counts)
+        return self.pushed(table, msg, keys, grads, vnodes, counts, identity, answer)
+
+    def _merged(self, table: VnodeStore, msg: Message, keys: np.ndarray, vnodes: np.ndarray,
+                counts: np.ndarray) -> Answer:
+        """A merge's answer, read once it is applied: the whole rows it left and the table's
+        version then (a cache keeps them as a pull's, ``RowCache.merged``)."""
+        out = read_rows(self.state, table, keys, vnodes, counts, whole=True)
+        return filtered_rows(self.state, table, msg, out, {"version": table.version}, True)
 
     def pushed(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
-               counts: np.ndarray, identity: bytes, answer: Answer | None = None) -> list[Any] | None:
+               counts: np.ndarray, identity: bytes, answer: Answer | Callable[[], Answer] | None = None,
+               ) -> list[Any] | None:
         """A client's checked push (or a step's gradient, ``server/steps.py``): applied once,
         forwarded to the copies; the reply now, or None when it waits for theirs.  ``answer``:
-        the arrays and fields the reply carries (none: a bare acknowledgement)."""
-        if self.applied(table, msg, keys, grads, vnodes, counts, identity, answer):
+        the arrays and fields the reply carries (none: a bare acknowledgement), or what reads
+        them once the push is applied."""
+        waits, answer = self._applied(table, msg, keys, grads, vnodes, counts, identity, answer)
+        if waits:
             return None
         return reply(msg) if answer is None else reply(msg, answer[0], **answer[1])
 
     def applied(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
-                counts: np.ndarray, identity: bytes, answer: Answer | None = None) -> bool:
+                counts: np.ndarray, identity: bytes) -> bool:
         """``pushed``'s work: the push applied once and forwarded to the copies; True when its
-        reply (``answer``) waits for theirs (the copies' answers send it), False when it is the
-        caller's to send."""
+        reply waits for theirs (the copies' answers send it), False when it is the caller's to
+        send."""
+        return self._applied(table, msg, keys, grads, vnodes, counts, identity, None)[0]
+
+    def _applied(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
+                 counts: np.ndarray, identity: bytes,
+                 answer: Answer | Callable[[], Answer] | None) -> tuple[bool, Answer | None]:
+        """``applied``, and the answer (read now that the push is applied, where it is a reader)."""
         state = self.state
         check_quota(state, table, vnodes, counts, keys)  # before the dedup marks it applied
         fresh = self._fresh(table, msg, keys, grads, vnodes, counts)
@@ -217,6 +245,8 @@ class DataPlane:
         if life is not None:  # what the admission policy lets in; stamped once applied
             fresh = life.admit(*fresh)
         self._apply(table, msg, *fresh)
+        if callable(answer):
+            answer = answer()
         if life is not None:
             life.touched(fresh[2], fresh[3], fresh[0], push_time(msg))
             if life.policy is not None:  # backups store what this primary stores, and only that
@@ -230,7 +260,7 @@ class DataPlane:
                                     identity, answer)
         if life is not None and life.due(state.primary):  # after the push's forward: backups see both in order
             self._forward_evicted(table, life.sweep(state.primary))
-        return bool(waits)
+        return bool(waits), answer
 
     def on_replicate(self, msg: Message) -> list[Any]:
         """A push the primary applied, forwarded: apply it to the vnodes held here (a

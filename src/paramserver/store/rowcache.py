@@ -70,6 +70,11 @@ class RowStore:
                        owed_keys, owed_sums, *self.rule)
         return owed_keys[:n], owed_sums[:n]
 
+    def refill(self, keys: np.ndarray, rows: np.ndarray, version: int, server: int) -> int:
+        """The rows of the ``keys`` held (from server column ``server``, stamped at most
+        ``version``) as a merge left them at ``version``, their change since kept (``loops.refill``)."""
+        return int(loops.refill(keys, rows, version, server, self.keys, self.rec, self.recf, *self.rule))
+
     def write(self, keys: np.ndarray, grads: np.ndarray, slots: np.ndarray, est: np.ndarray,
               s: int) -> tuple[np.ndarray, np.ndarray]:
         """What a push of ``keys`` sends once through the cache (``loops.write``)."""

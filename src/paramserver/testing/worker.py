@@ -145,8 +145,8 @@ class SimCachePort:
         return self.w.scatter_pull(spec, keys, positions, on_piece, result, extra_header, prepare)
 
     def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, distinct: bool,
-             op: str = "update") -> Future[Any]:
-        _, future = self.w.send_push(spec, keys, grads, op, distinct)
+             op: str = "update", on_piece: OnPiece | None = None) -> Future[Any]:
+        _, future = self.w.send_push(spec, keys, grads, op, distinct, on_piece)
         if self.watch is not None:
             self.watch(self.w.name, spec.name, keys, grads, future, op)
         return future
@@ -343,16 +343,16 @@ class SimWorker:
         future.add_done_callback(_finished(None, done))
         return seq
 
-    def send_push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, op: str,
-                  distinct: bool) -> tuple[int, Future[Any]]:
+    def send_push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, op: str, distinct: bool,
+                  on_piece: OnPiece | None = None) -> tuple[int, Future[Any]]:
         """A push once checked, as ``Caller.push`` sends it: its seq and future."""
         seq = self.sequencer.take()
         header = call_header(Op.PUSH, spec.name, node_id=self.node_id, worker_clock=self.clock, seq=seq,
-                             extra=push_header(spec, op, self.host.now()))
+                             extra=push_header(spec, op, self.host.now(), read_back=on_piece is not None))
         wire = self.filters.wire(spec, "push", op)
         keys, grads, distinct, prepare = self.filters.push_steps(spec, keys, grads, op, distinct=distinct)
         pieces = self.port.routed(Op.PUSH, keys, grads, spec.layout, distinct, wire is not None and wire.chain.ordered)
-        call = Scatter(self.port, Op.PUSH, header, spec.layout, lambda piece, msg: None, None,
+        call = Scatter(self.port, Op.PUSH, header, spec.layout, on_piece or (lambda piece, msg: None), None,
                        lambda: self.sequencer.settled(seq), wire)
         return seq, call.start(prepare(pieces) if prepare is not None else pieces)
 

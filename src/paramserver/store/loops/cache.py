@@ -226,6 +226,28 @@ def fill(got, got_rows, version, server, keys, freq, rec, recf, sketch, meta, ow
     return owed
 
 
+@njit(nogil=True, cache=True)
+def refill(got, got_rows, version, server, keys, rec, recf, vdim, okind, ohp):
+    """A merge's answer (``got_rows`` of ``got`` as the server left them at ``version``): a
+    key still held from that server, stamped at or before ``version``, takes its row, with
+    its change since added (``merge_row``) and its sum kept; how many did.  No key is admitted."""
+    dim = got_rows.shape[1]
+    rowv, sumv = recf[:, FLOATS:FLOATS + dim], recf[:, FLOATS + dim:FLOATS + 2 * dim]
+    done = 0
+    for i in range(got.shape[0]):
+        k = got[i]
+        j = find(keys, set_of(hash64(k), keys), k) if k != EMPTY else -1
+        if j < 0 or server_of(rec, j) != server or np.int64(rec[j, STAMP]) > version:
+            continue
+        for c in range(dim):
+            recf[j, FLOATS + c] = got_rows[i, c]
+        if uses_of(rec, j) > 0:
+            merge_row(rowv, j, sumv, j, vdim, okind, ohp)
+        rec[j, STAMP] = np.uint64(version)
+        done += 1
+    return done
+
+
 @njit(inline="always", nogil=True, cache=True)
 def _emit(j, keys, rec, recf, dim, width, out_keys, out_grads, n):
     out_keys[n] = keys[j]
