@@ -161,6 +161,15 @@ def test_a_hot_rows_own_merge_keeps_it_fresh_with_no_pull_of_its_own():
             c.pull("w", keys).result(timeout=30)
             c.push("w", keys, ones, distinct=True).result(timeout=30)
         stats = c.stats.row_cache_stats()["w"]
-        assert stats["apply"] == "local" and stats["misses"] - misses <= 64, stats
+        assert stats["apply"] == "local" and stats["misses"] - misses <= 64 and stats["rows_read_back"] > 0, stats
         seen = c.pull("w", keys).result(timeout=30)  # 20 own steps sent, 5 of the other's: sgd lr 0.01
         np.testing.assert_allclose(seen, -0.25, rtol=1e-5)
+        for _ in range(6):  # alone again: once the other's last step is s versions old, no rows come back
+            c.push("w", keys, ones, distinct=True).result(timeout=30)
+        before = c.stats.row_cache_stats()["w"]
+        for _ in range(16):  # its rows go stale by its own merges, and are pulled again when due
+            c.pull("w", keys).result(timeout=30)
+            c.push("w", keys, ones, distinct=True).result(timeout=30)
+        stats = c.stats.row_cache_stats()["w"]
+        assert stats["rows_read_back"] == before["rows_read_back"] and stats["misses"] > before["misses"], stats
+        np.testing.assert_allclose(c.pull("w", keys).result(timeout=30), -0.47, rtol=1e-5)

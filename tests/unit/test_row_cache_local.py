@@ -215,3 +215,28 @@ def test_a_merges_answer_refreshes_the_rows_still_held_keeping_their_change_sinc
     np.testing.assert_allclose(_pull(cache, keys, server, version=5), got)
     cache.merged(SERVER, 6, answer_keys, stale, pushes, cache.ring_version + 1)  # another ring's
     np.testing.assert_allclose(_pull(cache, keys, server, version=6), got)
+
+
+def test_merges_ask_for_their_rows_back_only_while_another_writer_pushed_within_s():
+    keys = np.array([1, 2], np.uint64)
+    cache = _local(4, 1, FTRL(l1=0.0))
+    assert cache.wants_rows(), "nothing heard yet: as if others wrote"
+    out = np.empty((2, 3), np.float32)
+    rows = np.zeros((2, 3), np.float32)
+
+    def answer(version, foreign):
+        cache.answered(cache.read(keys, out[:, :1], 0), SERVER, version, keys, rows, foreign)
+
+    answer(10, 0)  # no one else ever pushed there: alone, the rows a merge leaves are its own
+    assert not cache.wants_rows()
+    answer(12, 9)  # another writer, 3 versions ago: within s = 4
+    assert cache.wants_rows()
+    cache.merged(SERVER, 20, keys, rows, cache.pushes, cache.ring_version, 15)  # 5 versions quiet
+    assert not cache.wants_rows()
+    answer(21, None)  # a server that does not say: as if others wrote
+    assert cache.wants_rows()
+    assert not _cache_by_sums().wants_rows(), "a cache of sums has no rows to read back"
+
+
+def _cache_by_sums():
+    return RowCache(RowCacheSpec(s=4, rows=64, apply="server"), 1, 1)

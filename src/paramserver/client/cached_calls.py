@@ -33,12 +33,21 @@ OnPiece = Callable[[Piece, Message], None]
 Prepare = Callable[[list[Piece]], list[Piece]]
 
 
+def _foreign(msg: Message) -> int | None:
+    """The last version another writer made, as an answer says it (None: an older server's)."""
+    foreign = msg.header.get("foreign")
+    return foreign if isinstance(foreign, int) and not isinstance(foreign, bool) else None
+
+
 class CachePort(Protocol):
     """What ``CachedCalls`` needs of whoever sends its calls: the client (``CallerPort``)
     or a simulated worker (``testing/cache_port.py``)."""
 
     def ring_version(self) -> int:
         """The version of the ring the calls are routed on."""
+
+    def node_id(self) -> int:
+        """This client's number (its pushes' ``sender``; -1 before it is registered)."""
 
     def spec(self, table: str) -> TableSpec:
         """``table``'s spec."""
@@ -69,6 +78,9 @@ class CallerPort:
 
     def ring_version(self) -> int:
         return self.caller.state.ring().version
+
+    def node_id(self) -> int:
+        return self.caller.node_id
 
     def spec(self, table: str) -> TableSpec:
         return self.caller.spec(table)
@@ -136,7 +148,7 @@ class CachedCalls:
             if not isinstance(version, int) or isinstance(version, bool):
                 raise ConfigError(f"server {piece.server} answered a cached pull without its table's version: "
                                   "a server older than the row cache; run every node on one release")
-            cache.answered(read, piece.server, version, piece.keys, rows)
+            cache.answered(read, piece.server, version, piece.keys, rows, _foreign(msg))
 
         def asked(pieces: list[Piece]) -> list[Piece]:  # a server none of the misses goes to still says its version
             have = {p.server for p in pieces}
@@ -146,7 +158,7 @@ class CachedCalls:
                                    np.zeros(0, np.int64)) for server in ask if server not in have]
 
         try:
-            header = {"versions": True, **({"state": True} if cache.local else {}),
+            header = {"versions": True, "writer": port.node_id(), **({"state": True} if cache.local else {}),
                       **({"reply_filters": True} if replies else {})}
             inner = port.scatter_pull(spec, keys[positions], positions, on_piece, out, header,
                                       asked if ask else None)
@@ -187,9 +199,10 @@ class CachedCalls:
             if not msg.arrays or not isinstance(version, int) or isinstance(version, bool):
                 return  # an older server's bare acknowledgement: the rows are pulled when due
             cache.merged(piece.server, version, piece.keys, pull_rows(msg, piece, spec.width, replies), pushes,
-                         ring_version)
+                         ring_version, _foreign(msg))
 
-        futures = [self.port.push(spec, keys, rows, distinct, op, merged if op == MERGE else None)
+        read_back = merged if cache.wants_rows() else None
+        futures = [self.port.push(spec, keys, rows, distinct, op, read_back if op == MERGE else None)
                    for op, keys, rows, distinct in sends]
         return futures[0] if len(futures) == 1 else all_done(futures)
 

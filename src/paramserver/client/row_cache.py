@@ -197,10 +197,11 @@ class RowCache:
         self.ring_version = -1
         self.index: dict[int, int] = {}  # a server's node id -> its column of ``versions``
         self.versions = Versions()  # what this worker expects of each server's version
+        self.quiet: dict[int, int] = {}  # a column -> versions since another writer's last push, as last answered
         self.pushes = 0  # this worker's pushes that sent keys through the cache
         self.owed: list[tuple[np.ndarray, np.ndarray]] = []  # sums out of the cache, for the next push
         self.lags = np.zeros(LAG_BUCKETS, np.int64)  # how many versions behind each hit was, when served
-        self.counts = {"hits": 0, "misses": 0, "stale": 0, "sums_pushed": 0, "grads_gathered": 0}
+        self.counts = {"hits": 0, "misses": 0, "stale": 0, "sums_pushed": 0, "grads_gathered": 0, "rows_read_back": 0}
 
     def _column(self, server: int) -> int:
         col = self.index.get(server)
@@ -219,6 +220,7 @@ class RowCache:
             self.store.clear()
             self.index.clear()
             self.versions = Versions()
+            self.quiet.clear()
             self.ring_version = ring_version
 
     def _take_all(self) -> None:
@@ -251,20 +253,35 @@ class RowCache:
                 return []
             return [server for server, col in self.index.items() if col >= 63 or read.servers >> col & 1]
 
-    def answered(self, read: Read, server: int, version: int, keys: np.ndarray, rows: np.ndarray) -> None:
-        """Server ``server`` answered at ``version`` with ``rows`` for ``keys``: kept (on this ring)."""
+    def answered(self, read: Read, server: int, version: int, keys: np.ndarray, rows: np.ndarray,
+                 foreign: int | None = None) -> None:
+        """Server ``server`` answered at ``version`` with ``rows`` for ``keys``: kept (on this ring).
+        ``foreign``: the last version another writer made there."""
         with self.lock:
             read.versions[server] = version
             if read.ring_version != self.ring_version:
                 return
             col = self._column(server)
             self.versions.answered(col, version, read.pushes)
+            self._heard(col, version, foreign)
             keys_out, sums = self.store.fill(keys, rows, version, col)
             if keys_out.size:
                 self.owed.append((keys_out, sums))
 
+    def _heard(self, col: int, version: int, foreign: int | None) -> None:
+        self.quiet[col] = version - foreign if foreign is not None else 0  # an older server: as if others wrote
+
+    def wants_rows(self) -> bool:
+        """Whether a merge should bring back the rows it leaves (``read_back``): while another
+        writer pushed to one of the servers within the last ``s`` versions.  Alone, the rows
+        a merge leaves are this cache's own (its row is the server's plus its change), and
+        reading them back would only spend bytes; with others, a hot row's own write then
+        refreshes it with their steps, with no pull of its own."""
+        with self.lock:
+            return self.local and (not self.quiet or min(self.quiet.values()) <= self.s)
+
     def merged(self, server: int, version: int, keys: np.ndarray, rows: np.ndarray, pushes: int,
-               ring_version: int) -> None:
+               ring_version: int, foreign: int | None = None) -> None:
         """Server ``server`` merged this cache's changes to ``keys`` (sent after ``pushes`` pushes,
         on ``ring_version``'s ring) and answered with the rows they left, at ``version``: the
         rows still held take them, as a pull's answer (their change since, kept), unless a newer
@@ -274,6 +291,8 @@ class RowCache:
                 return
             col = self.index[server]
             self.versions.answered(col, version, pushes)
+            self._heard(col, version, foreign)
+            self.counts["rows_read_back"] += int(keys.shape[0])
             self.store.refill(keys, rows, version, col)
 
     def stale(self, read: Read, keys: np.ndarray) -> np.ndarray:
@@ -365,7 +384,8 @@ def merge_caches(per_worker: list[dict[str, Any]]) -> dict[str, Any]:
     """The row cache stats of several workers' (``RowCache.stats``) as one: counts summed,
     lags from the summed histogram, the hit rate."""
     merged: dict[str, Any] = {k: sum(c.get(k, 0) for c in per_worker)
-                              for k in ("hits", "misses", "stale", "sums_pushed", "grads_gathered", "sums_held")}
+                              for k in ("hits", "misses", "stale", "sums_pushed", "grads_gathered", "sums_held",
+                                        "rows_read_back")}
     lags = np.sum([np.asarray(c["lag_histogram"], np.int64) for c in per_worker], axis=0)
     reads = merged["hits"] + merged["misses"]
     merged.update(s=per_worker[0]["s"], rows=per_worker[0]["rows"], apply=per_worker[0].get("apply", "server"),

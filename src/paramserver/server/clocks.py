@@ -83,7 +83,7 @@ class Clocks:
         if table is None or not pushes:
             return
         assert state.ring is not None
-        table.version += 1  # the clock's sum changes rows: a row cache's bound counts it (``VnodeSet.version``)
+        state.counted(table, -1)  # the clock's sum changes rows: a row cache's bound counts it, as no one client's
         routed = route_push(state.ring, np.concatenate([k for k, _ in pushes]),
                             np.concatenate([g for _, g in pushes]), table.layout)  # one summed row per key
         assert routed.grads is not None

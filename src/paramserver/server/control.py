@@ -101,6 +101,7 @@ class ControlPlane:
         state = self.state
         state.tables.pop(name, None)
         state.early_tables.pop(name, None)
+        state.writes.pop(name, None)
         # the exactly-once record stays: a push applied before the drop, and delivered
         # again after a table of the same name is created (a duplicate, a late retry),
         # must not be applied to the new table (chaos seed restore/256)

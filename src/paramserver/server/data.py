@@ -50,9 +50,22 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
     whole = state_read(table, msg)
     out = read_rows(state, table, keys, vnodes, counts, whole=whole)
-    fields = {"version": table.version} if msg.header.get("versions") else {}  # a row cache's bound
+    fields = _versions(state, table, msg.header.get("writer")) if msg.header.get("versions") else {}
     arrays, fields = filtered_rows(state, table, msg, out, fields, whole)
     return reply(msg, arrays, **fields)
+
+
+def _versions(state: ServerState, table: VnodeStore, writer: object) -> dict[str, Any]:
+    """A row cache's bound, which an answer carries: the table's version, and the last one
+    another writer than ``writer`` made (``foreign``; a cache that reads back its merges'
+    rows only while others write, ``RowCache.others``)."""
+    return {"version": table.version, "foreign": state.foreign(table, writer)}
+
+
+def _writer(msg: Message) -> int:
+    """Who pushed ``msg`` (-1: no numbered sender)."""
+    sender = msg.header.get("sender")
+    return sender if isinstance(sender, int) and not isinstance(sender, bool) else -1
 
 
 def filtered_rows(state: ServerState, table: VnodeStore, msg: Message, out: np.ndarray, fields: dict[str, Any],
@@ -213,7 +226,7 @@ class DataPlane:
         """A merge's answer, read once it is applied: the whole rows it left and the table's
         version then (a cache keeps them as a pull's, ``RowCache.merged``)."""
         out = read_rows(self.state, table, keys, vnodes, counts, whole=True)
-        return filtered_rows(self.state, table, msg, out, {"version": table.version}, True)
+        return filtered_rows(self.state, table, msg, out, _versions(self.state, table, _writer(msg)), True)
 
     def pushed(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
                counts: np.ndarray, identity: bytes, answer: Answer | Callable[[], Answer] | None = None,
@@ -381,14 +394,14 @@ class DataPlane:
             return
         self.state.dedup[table.spec.name].mark_many(pushes[0].header["sender"], pushes[0].header["seq"],
                                                     [msg.arrays[1] for msg in pushes])
-        table.version += sum(1 for msg in pushes if msg.arrays[0].shape[0])
+        self.state.counted(table, pushes[0].header["sender"], sum(1 for msg in pushes if msg.arrays[0].shape[0]))
 
     def _apply(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray,
                vnodes: np.ndarray, counts: np.ndarray) -> None:
         state = self.state
         op = push_op(msg, table)
-        if keys.shape[0]:
-            table.version += 1  # one push, however many keys: counted before a BSP clock buffers it too
+        if keys.shape[0]:  # one push, however many keys: counted before a BSP clock buffers it too
+            state.counted(table, _writer(msg))
         if op != OP_UPDATE:
             apply_rows(state, table, vnodes, counts, keys, grads, op)
             return

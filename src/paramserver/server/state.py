@@ -81,10 +81,24 @@ class ServerState:
     quotas: dict[str, Quota] = field(default_factory=dict)  # namespace -> its quota (the scheduler says)
     key_store: KeyStore = field(default_factory=KeyStore)  # key lists sent whole, by signature (keycache filter)
     filter_bytes: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (table, filter): reply bytes in, out
+    writes: dict[str, dict[int, int]] = field(default_factory=dict)  # table -> writer -> its last push's version
 
     def ring_version(self) -> int:
         """The version of the ring this server holds (0 before its first)."""
         return self.ring.version if self.ring else 0
+
+    def counted(self, table: VnodeStore, writer: int, pushes: int = 1) -> None:
+        """``pushes`` of ``writer``'s (-1: no one client's, a BSP clock's sum) moved ``table``'s
+        version (a row cache's bound, ``VnodeStore.version``), as they applied."""
+        if pushes:
+            table.version += pushes
+            self.writes.setdefault(table.spec.name, {})[writer] = table.version
+
+    def foreign(self, table: VnodeStore, writer: object) -> int:
+        """The last of ``table``'s versions that a push not ``writer``'s made (0: none yet): a
+        row cache whose rows came at or after it holds no other writer's step it missed."""
+        last = self.writes.get(table.spec.name, {})
+        return max((v for w, v in last.items() if w != writer or w < 0), default=0)
 
     def refresh_targets(self) -> None:
         """Recompute where pushes are forwarded: the ring, the tables, the vnodes moving

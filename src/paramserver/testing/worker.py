@@ -131,6 +131,9 @@ class SimCachePort:
     def ring_version(self) -> int:
         return self.w.port.ring().version
 
+    def node_id(self) -> int:
+        return self.w.node_id
+
     def spec(self, table: str) -> TableSpec:
         return self.w.specs[table]
 
