@@ -77,6 +77,7 @@ def test_a_worker_killed_holding_cache_sums_has_them_counted_lost_and_a_clean_jo
 
     clean = run_training(cfg, [data], [], servers=1, workers=2, shard_bytes=4 << 20)
     assert clean["failed_workers"] == [] and clean["row_cache"]["sums_lost"] == 0
+    assert clean["row_cache"]["rows_read_back"] > 0, "two workers: a merge brings back the rows the other wrote to"
 
 
 def test_a_cache_that_trains_its_rows_leaves_the_model_its_steps_would_in_fewer_key_operations():

@@ -190,7 +190,8 @@ def _cache_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
     return [("row cache", f"s={c['s']}, {c['rows']:,} rows a worker ({trained}): {c['hit_rate']:.1%} of "
                           f"{c['hits'] + c['misses']:,} reads from it, {c['lag_p50']} / {c['lag_p99']} versions "
                           f"behind (p50 / p99), {c['stale']:,} found too old and pulled again"),
-            ("row cache sums", f"{c['grads_gathered']:,} gradients gathered, {c['sums_pushed']:,} rows pushed, "
+            ("row cache sums", f"{c['grads_gathered']:,} gradients gathered, {c['sums_pushed']:,} rows pushed "
+                               f"({c.get('rows_read_back', 0):,} read back, while other workers wrote), "
                                f"{c['sums_held']:,} held at the end, {c.get('sums_lost', 0):,} lost with workers "
                                "that died")]
 

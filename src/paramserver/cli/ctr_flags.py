@@ -143,7 +143,8 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                    help="each worker caches the model's rows it reads often: a row is read while at most S of "
                         "its server's updates behind, trained here by the table's rule (apply=local; the default "
                         "auto where the rule's state adds: sgd, adagrad, ftrl, an FM's) or its gradients summed "
-                        "(apply=server), and what it gathered pushed every S uses: 's=8,rows=262144', "
+                        "(apply=server), and what it gathered pushed every S uses (while other workers write, "
+                        "a trained row's push brings back the row it left): 's=8,rows=262144', "
                         "'s=100,apply=server', the preset 'hot' (s=8,rows=262144), or 'off' (default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tables' initial values")
     loss_flags(p)

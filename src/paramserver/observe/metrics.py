@@ -197,10 +197,12 @@ def cache_families(caches: dict[str, dict[str, Any]], keys: dict[str, int]) -> l
     reads = [["paramserver_row_cache_reads_total", {"table": t, "result": r}, float(c[k])]
              for t, c in caches.items() for r, k in (("hit", "hits"), ("miss", "misses"), ("stale", "stale"))]
     sums = [["paramserver_row_cache_rows_total", {"table": t, "what": w}, float(c[k])]
-            for t, c in caches.items() for w, k in (("gathered", "grads_gathered"), ("pushed", "sums_pushed"))]
+            for t, c in caches.items()
+            for w, k in (("gathered", "grads_gathered"), ("pushed", "sums_pushed"), ("read_back", "rows_read_back"))]
     doc = "reads of a cached table: from the cache (hit), asked of a server (miss), found too old (stale)"
     out += [["paramserver_row_cache_reads", "counter", doc, reads],
-            ["paramserver_row_cache_rows", "counter", "gradients gathered in the cache, rows pushed from it", sums],
+            ["paramserver_row_cache_rows", "counter",
+             "gradients gathered in the cache, rows pushed from it, rows its merges read back", sums],
             ["paramserver_row_cache_sums_held", "gauge", "rows whose summed gradients are not pushed yet",
              [["paramserver_row_cache_sums_held", {"table": t}, float(c["sums_held"])] for t, c in caches.items()]]]
     name = "paramserver_row_cache_lag_versions"
