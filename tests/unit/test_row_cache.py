@@ -190,3 +190,15 @@ def test_metrics_show_reads_by_result_sums_held_and_the_lag_histogram():
     registry = CollectorRegistry()
     registry.register(Source())
     assert b'paramserver_row_cache_reads_total{result="hit",table="w"} 3.0' in generate_latest(registry)
+
+
+def test_a_cache_bigger_than_the_memory_left_is_refused_naming_the_rows_that_fit(monkeypatch):
+    from paramserver.store import rowcache
+
+    monkeypatch.setattr(rowcache, "available_memory", lambda: 64 << 20)  # 64 MiB left
+    with pytest.raises(ConfigError, match=r"rows=4,194,304 needs 264 MiB and this machine has 64 MiB available; "
+                                          r"give fewer rows .*rows=262,144 takes 16 MiB"):
+        RowCache(RowCacheSpec(s=8, rows=1 << 22), 1, 1)
+    assert RowCache(RowCacheSpec(s=8, rows=1 << 18), 1, 1).store.capacity == 1 << 18
+    monkeypatch.setattr(rowcache, "available_memory", lambda: 0)  # unknown: not refused
+    assert RowCache(RowCacheSpec(s=8, rows=1 << 22), 1, 1).store.capacity == 1 << 22

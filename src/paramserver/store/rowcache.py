@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from paramserver.errors import ConfigError
 from paramserver.store.loops import cache as loops
+from paramserver.store.memory import available_memory
 
 #: sums taken from the queue by one push at most (the rest go with the next)
 QUEUE_TAKE = 1 << 16
@@ -27,10 +29,11 @@ class RowStore:
         self.rule = rule if rule is not None else (dim, -1, np.zeros(1))
         sets = 1 << max(0, (max(1, rows) - 1).bit_length() - 2)  # WAYS = 4 slots a set
         cap = sets * loops.WAYS
+        words = loops.HEAD_WORDS + -(-(dim + width) // 2)
+        _fits(rows, cap, 8 + 1 + 8 * words + 1 + 24)
         self.dim, self.width, self.capacity = dim, width, cap
         self.keys = np.full(cap, loops.EMPTY, np.uint64)
         self.freq = np.zeros(cap, np.uint8)  # a slot's uses lately (TinyLFU's side of the residents)
-        words = loops.HEAD_WORDS + -(-(dim + width) // 2)
         self.rec = np.zeros((cap, words), np.uint64)
         self.recf = self.rec.view(np.float32)
         self.sketch = np.zeros(max(64, cap), np.uint8)  # 4-bit counters, two a byte
@@ -112,3 +115,18 @@ class RowStore:
         self.keys[:] = loops.EMPTY
         self.freq[:] = 0
         self.rec[:] = 0
+
+
+def _fits(rows: int, cap: int, slot_bytes: int) -> None:
+    """A cache of ``rows`` (``cap`` slots of ``slot_bytes`` with the sketch and queue) is
+    refused, naming the fix, where this machine cannot give it half of the memory it has left."""
+    free, nbytes = available_memory(), cap * slot_bytes
+    if free and nbytes > free // 2:
+        fits = 1 << max(2, (free // 2 // slot_bytes).bit_length() - 1)  # slots come in powers of two
+        raise ConfigError(f"a row cache of rows={rows:,} needs {_size(nbytes)} and this machine has {_size(free)} "
+                          f"available; give fewer rows (each worker holds one cache a table: rows={fits:,} takes "
+                          f"{_size(fits * slot_bytes)})")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 1 << 30 else f"{nbytes / 2**20:.0f} MiB"
