@@ -108,3 +108,30 @@ def test_the_end_waits_for_a_zap_handler_without_aborting(tmp_path):
     done = _run(body, "--version")
     assert done.returncode == 0, done.stderr
     assert "ended in time: True" in done.stdout, done.stdout + done.stderr
+
+
+def test_keep_dashboard_ends_on_a_ctrl_c_the_kernel_hands_to_another_thread():
+    """A process-directed SIGINT may land on any thread that does not block it (an I/O or a
+    dashboard thread): ``--keep-dashboard``'s wait still ends within a moment, where a lock's
+    wait slept through it for ever (a process test hung 60 s)."""
+    import signal
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from paramserver.cli.ctr import _linger
+
+    main = threading.get_ident()
+    done = threading.Event()
+
+    def ctrl_c_elsewhere():
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # on this thread, not the main one
+        if not done.wait(5):
+            signal.pthread_kill(main, signal.SIGINT)  # the old wait: end it so the test reports, not hangs
+
+    threading.Thread(target=ctrl_c_elsewhere, daemon=True).start()
+    start = time.monotonic()
+    _linger(SimpleNamespace(where=["dashboard http://127.0.0.1:1/"]))
+    done.set()
+    assert time.monotonic() - start < 2.5
