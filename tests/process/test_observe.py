@@ -213,7 +213,8 @@ def test_keep_dashboard_leaves_the_page_up_after_the_report_until_ctrl_c(tmp_pat
     data = str(tmp_path / "d.tsv")
     write_synth(data, 5_000, seed=4)
     proc = subprocess.Popen([sys.executable, "-m", "paramserver", "train", "--data", data, "--keep-dashboard",
-                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_heard)  # as from a terminal, even where the tests run in the background
     try:
         err = ""
         deadline = time.monotonic() + 120
@@ -231,3 +232,12 @@ def test_keep_dashboard_leaves_the_page_up_after_the_report_until_ctrl_c(tmp_pat
             proc.wait(timeout=30)
     assert proc.returncode == 0, err + rest
     assert "paramserver train" in out and "Traceback" not in rest
+
+
+def _ctrl_c_heard() -> None:
+    """A child's SIGINT as a terminal's job has it: a shell without job control starts its
+    background commands with SIGINT ignored, and their children inherit that (the command
+    would then sleep through the test's Ctrl-C)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -130,8 +130,12 @@ def test_keep_dashboard_ends_on_a_ctrl_c_the_kernel_hands_to_another_thread():
         if not done.wait(5):
             signal.pthread_kill(main, signal.SIGINT)  # the old wait: end it so the test reports, not hangs
 
-    threading.Thread(target=ctrl_c_elsewhere, daemon=True).start()
-    start = time.monotonic()
-    _linger(SimpleNamespace(where=["dashboard http://127.0.0.1:1/"]))
-    done.set()
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as the command has it (not whatever
+    try:  # an earlier test in this process left)
+        threading.Thread(target=ctrl_c_elsewhere, daemon=True).start()
+        start = time.monotonic()
+        _linger(SimpleNamespace(where=["dashboard http://127.0.0.1:1/"]))
+        done.set()
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert time.monotonic() - start < 2.5
