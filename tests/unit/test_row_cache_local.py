@@ -240,3 +240,18 @@ def test_merges_ask_for_their_rows_back_only_while_another_writer_pushed_within_
 
 def _cache_by_sums():
     return RowCache(RowCacheSpec(s=4, rows=64, apply="server"), 1, 1)
+
+
+def test_a_server_says_for_any_writer_the_last_version_another_made_in_constant_room():
+    from paramserver.server.state import LastWrites
+
+    last = LastWrites()
+    assert last.foreign(7) == 0, "no push yet"
+    seen = {}  # writer -> its last version: what the two slots stand for
+    pushes = [7, 7, 8, 7, 9, 9, -1, 7, 7, 8]
+    for version, writer in enumerate(pushes, start=1):
+        last.wrote(writer, version)
+        seen[writer] = version
+        for asking in (7, 8, 9, 10, -1):
+            expected = max([v for w, v in seen.items() if w != asking or w < 0], default=0)
+            assert last.foreign(asking) == expected, (version, writer, asking)

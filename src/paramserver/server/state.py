@@ -48,6 +48,27 @@ class Port(Protocol):
         """Send ``frames`` to the scheduler."""
 
 
+@dataclass
+class LastWrites:
+    """A table's last push (its writer and the version it made) and the last of another
+    writer's before it: enough to say, for any writer, the last version someone else made,
+    in constant room however many clients ever pushed."""
+
+    writer: int = -1
+    version: int = 0
+    before: int = 0  # the last version a writer other than ``writer`` made
+
+    def wrote(self, writer: int, version: int) -> None:
+        if writer != self.writer or writer < 0:
+            self.before = self.version
+        self.writer, self.version = writer, version
+
+    def foreign(self, writer: object) -> int:
+        """The last version a writer other than ``writer`` made (-1, no one client, is
+        another to everyone)."""
+        return self.before if writer == self.writer and self.writer >= 0 else self.version
+
+
 @dataclass(eq=False)
 class ServerState:
     """Everything a server's handlers read and change.
@@ -81,7 +102,7 @@ class ServerState:
     quotas: dict[str, Quota] = field(default_factory=dict)  # namespace -> its quota (the scheduler says)
     key_store: KeyStore = field(default_factory=KeyStore)  # key lists sent whole, by signature (keycache filter)
     filter_bytes: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (table, filter): reply bytes in, out
-    writes: dict[str, dict[int, int]] = field(default_factory=dict)  # table -> writer -> its last push's version
+    writes: dict[str, LastWrites] = field(default_factory=dict)  # table -> who pushed last, and who before
 
     def ring_version(self) -> int:
         """The version of the ring this server holds (0 before its first)."""
@@ -92,13 +113,13 @@ class ServerState:
         version (a row cache's bound, ``VnodeStore.version``), as they applied."""
         if pushes:
             table.version += pushes
-            self.writes.setdefault(table.spec.name, {})[writer] = table.version
+            self.writes.setdefault(table.spec.name, LastWrites()).wrote(writer, table.version)
 
     def foreign(self, table: VnodeStore, writer: object) -> int:
         """The last of ``table``'s versions that a push not ``writer``'s made (0: none yet): a
         row cache whose rows came at or after it holds no other writer's step it missed."""
-        last = self.writes.get(table.spec.name, {})
-        return max((v for w, v in last.items() if w != writer or w < 0), default=0)
+        last = self.writes.get(table.spec.name)
+        return last.foreign(writer) if last is not None else 0
 
     def refresh_targets(self) -> None:
         """Recompute where pushes are forwarded: the ring, the tables, the vnodes moving
