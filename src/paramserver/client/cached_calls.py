@@ -192,6 +192,14 @@ class CachedCalls:
         """Push each of ``sends``; done once all are (at once: none).  A merge's answers
         refresh the rows it sent (``RowCache.merged``): a hot row's own write keeps it fresh,
         with no pull of its own."""
+        wanted = any(op == MERGE for op, _, _, _ in sends) and cache.wants_rows()
+        read_back = self._read_back(spec, cache) if wanted else None
+        futures = [self.port.push(spec, keys, rows, distinct, op, read_back if op == MERGE else None)
+                   for op, keys, rows, distinct in sends]
+        return futures[0] if len(futures) == 1 else all_done(futures)
+
+    def _read_back(self, spec: TableSpec, cache: RowCache) -> OnPiece:
+        """What takes a merge's answers: the rows it left, into ``cache`` (``RowCache.merged``)."""
         pushes, ring_version, replies = cache.pushes, self.port.ring_version(), self.port.reply_chain(spec)
 
         def merged(piece: Piece, msg: Message) -> None:
@@ -200,11 +208,7 @@ class CachedCalls:
                 return  # an older server's bare acknowledgement: the rows are pulled when due
             cache.merged(piece.server, version, piece.keys, pull_rows(msg, piece, spec.width, replies), pushes,
                          ring_version, _foreign(msg))
-
-        read_back = merged if cache.wants_rows() else None
-        futures = [self.port.push(spec, keys, rows, distinct, op, read_back if op == MERGE else None)
-                   for op, keys, rows, distinct in sends]
-        return futures[0] if len(futures) == 1 else all_done(futures)
+        return merged
 
     def flush(self, table: str | None = None, timeout_s: float | None = None) -> int:
         """Push every sum the caches hold (``table``'s, or all), waited on; the keys pushed."""

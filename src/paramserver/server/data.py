@@ -58,7 +58,7 @@ def serve_pull(state: ServerState, msg: Message, table: VnodeStore | None = None
 def _versions(state: ServerState, table: VnodeStore, writer: object) -> dict[str, Any]:
     """A row cache's bound, which an answer carries: the table's version, and the last one
     another writer than ``writer`` made (``foreign``; a cache that reads back its merges'
-    rows only while others write, ``RowCache.others``)."""
+    rows only while others write, ``RowCache.wants_rows``)."""
     return {"version": table.version, "foreign": state.foreign(table, writer)}
 
 

@@ -113,7 +113,10 @@ class ServerState:
         version (a row cache's bound, ``VnodeStore.version``), as they applied."""
         if pushes:
             table.version += pushes
-            self.writes.setdefault(table.spec.name, LastWrites()).wrote(writer, table.version)
+            last = self.writes.get(table.spec.name)
+            if last is None:  # once a table (``setdefault`` would make one every push)
+                last = self.writes[table.spec.name] = LastWrites()
+            last.wrote(writer, table.version)
 
     def foreign(self, table: VnodeStore, writer: object) -> int:
         """The last of ``table``'s versions that a push not ``writer``'s made (0: none yet): a
