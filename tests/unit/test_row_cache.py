@@ -202,3 +202,24 @@ def test_a_cache_bigger_than_the_memory_left_is_refused_naming_the_rows_that_fit
     assert RowCache(RowCacheSpec(s=8, rows=1 << 18), 1, 1).store.capacity == 1 << 18
     monkeypatch.setattr(rowcache, "available_memory", lambda: 0)  # unknown: not refused
     assert RowCache(RowCacheSpec(s=8, rows=1 << 22), 1, 1).store.capacity == 1 << 22
+
+
+def test_the_caches_of_a_local_clusters_workers_are_refused_together_where_each_alone_would_fit(monkeypatch):
+    """Each worker checks its own cache against the memory left, before the others fill theirs
+    (numpy's zeros take no pages until written): two workers of a local cluster each passed
+    with half of the memory.  The driver checks them together before any node starts."""
+    from paramserver.client.cached_calls import check_caches_fit
+    from paramserver.store import rowcache
+    from paramserver.tables.spec import TableSpec
+
+    monkeypatch.setattr(rowcache, "available_memory", lambda: 64 << 20)  # 64 MiB left
+    spec = TableSpec("w", 1, optimizer="ftrl")
+    check_caches_fit(spec, "s=8,rows=262144", 1)  # 16-odd MiB: fits alone ...
+    RowCache(RowCacheSpec(s=8, rows=1 << 18), 1, 3, (1, spec.optimizer.kind, np.zeros(4)))
+    with pytest.raises(ConfigError, match=r"rows=262,144 on each of the 4 workers on this machine needs \d+ MiB in "
+                                          r"all and this machine has 64 MiB available; give fewer rows .*rows=65,536 "
+                                          r"takes \d+ MiB in all"):
+        check_caches_fit(spec, "s=8,rows=262144", 4)  # ... not four times
+    check_caches_fit(spec, "off", 4)  # no cache: nothing to check
+    monkeypatch.setattr(rowcache, "available_memory", lambda: 0)  # unknown: not refused
+    check_caches_fit(spec, "s=8,rows=262144", 4)

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from paramserver.client.core import ByArray, Piece, Wire, pull_rows
-from paramserver.client.row_cache import Read, RowCache, RowCacheSpec, Send
+from paramserver.client.row_cache import Read, RowCache, RowCacheSpec, Rule, Send
 from paramserver.errors import ConfigError
 from paramserver.routing.partition import combine_duplicates, scatter_rows
+from paramserver.store.rowcache import check_fits
 from paramserver.tables.push_ops import MERGE, merge_refusal
 from paramserver.wire.message import Message, Op
 
@@ -245,14 +246,32 @@ class CachedCalls:
 def _made(spec: TableSpec, parsed: RowCacheSpec) -> RowCache:
     """``spec``'s cache as ``parsed`` says: one that trains its rows where ``apply`` is
     ``local``, or ``auto`` and the table's rows merge; else one that sums gradients."""
+    rule = _rule(spec, parsed)
+    return RowCache(parsed, spec.dim, spec.push_width if rule is None else spec.width, rule)
+
+
+def _rule(spec: TableSpec, parsed: RowCacheSpec) -> Rule | None:
+    """The rule a cache of ``spec`` as ``parsed`` says trains its rows with (None: it sums gradients)."""
     refusal = "" if parsed.apply == "server" else merge_refusal(spec)
     if parsed.apply == "server" or parsed.apply == "auto" and refusal:
-        return RowCache(parsed, spec.dim, spec.push_width)
+        return None
     if refusal:
         raise ConfigError(f"table {spec.name!r}: a row cache cannot train its rows (apply=local): {refusal}; "
                           "use apply=server (the cache sums gradients)")
-    rule = (spec.dim, spec.optimizer.kind, np.asarray(spec.optimizer.params(), np.float64))
-    return RowCache(parsed, spec.dim, spec.width, rule)
+    return spec.dim, spec.optimizer.kind, np.asarray(spec.optimizer.params(), np.float64)
+
+
+def check_caches_fit(spec: TableSpec, row_cache: object, workers: int) -> None:
+    """``workers`` caches of ``spec``'s rows as ``row_cache`` says, all on this machine (a
+    local cluster's), refused before any node starts where together they would not fit
+    (``RowStore``'s check, which each worker makes alone)."""
+    parsed = RowCacheSpec.parse(row_cache)
+    if parsed:
+        rule = _rule(spec, parsed)
+        if rule is None:
+            check_fits(parsed.rows, spec.dim, spec.push_width, workers)
+        else:
+            check_fits(parsed.rows, spec.width, spec.width, workers)
 
 
 class Fresh(Future):  # type: ignore[type-arg]

@@ -27,10 +27,8 @@ class RowStore:
 
     def __init__(self, rows: int, dim: int, width: int, rule: tuple[int, int, np.ndarray] | None = None) -> None:
         self.rule = rule if rule is not None else (dim, -1, np.zeros(1))
-        sets = 1 << max(0, (max(1, rows) - 1).bit_length() - 2)  # WAYS = 4 slots a set
-        cap = sets * loops.WAYS
-        words = loops.HEAD_WORDS + -(-(dim + width) // 2)
-        _fits(rows, cap, 8 + 1 + 8 * words + 1 + 24)
+        cap, words = _layout(rows, dim, width)
+        _fits(rows, cap, _slot_bytes(words))
         self.dim, self.width, self.capacity = dim, width, cap
         self.keys = np.full(cap, loops.EMPTY, np.uint64)
         self.freq = np.zeros(cap, np.uint8)  # a slot's uses lately (TinyLFU's side of the residents)
@@ -117,15 +115,38 @@ class RowStore:
         self.rec[:] = 0
 
 
-def _fits(rows: int, cap: int, slot_bytes: int) -> None:
-    """A cache of ``rows`` (``cap`` slots of ``slot_bytes`` with the sketch and queue) is
-    refused, naming the fix, where this machine cannot give it half of the memory it has left."""
-    free, nbytes = available_memory(), cap * slot_bytes
+def _layout(rows: int, dim: int, width: int) -> tuple[int, int]:
+    """A cache of ``rows`` (rounded up to whole sets) of ``dim`` columns with sums ``width``
+    wide: its slots, and the 8-byte words of a slot's record."""
+    sets = 1 << max(0, (max(1, rows) - 1).bit_length() - 2)  # WAYS = 4 slots a set
+    return sets * loops.WAYS, loops.HEAD_WORDS + -(-(dim + width) // 2)
+
+
+def _slot_bytes(words: int) -> int:
+    """A slot's bytes: its key, its record, its share of the sketch and of the queue."""
+    return 8 + 1 + 8 * words + 1 + 24
+
+
+def check_fits(rows: int, dim: int, width: int, copies: int) -> None:
+    """``copies`` caches of ``rows`` (``RowStore``'s ``dim`` and ``width``) on this machine,
+    as a local cluster's workers hold them, refused as ``RowStore`` refuses one: each
+    worker's own check sees the memory left before the others fill theirs."""
+    cap, words = _layout(rows, dim, width)
+    _fits(rows, cap, _slot_bytes(words), copies)
+
+
+def _fits(rows: int, cap: int, slot_bytes: int, copies: int = 1) -> None:
+    """``copies`` caches of ``rows`` (``cap`` slots of ``slot_bytes`` with the sketch and
+    queue) are refused, naming the fix, where this machine cannot give them half of the
+    memory it has left."""
+    free, nbytes = available_memory(), copies * cap * slot_bytes
     if free and nbytes > free // 2:
-        fits = 1 << max(2, (free // 2 // slot_bytes).bit_length() - 1)  # slots come in powers of two
-        raise ConfigError(f"a row cache of rows={rows:,} needs {_size(nbytes)} and this machine has {_size(free)} "
-                          f"available; give fewer rows (each worker holds one cache a table: rows={fits:,} takes "
-                          f"{_size(fits * slot_bytes)})")
+        fits = 1 << max(2, (free // 2 // (copies * slot_bytes)).bit_length() - 1)  # slots come in powers of two
+        each = (f"on each of the {copies} workers on this machine needs {_size(nbytes)} in all" if copies > 1 else
+                f"needs {_size(nbytes)}")
+        raise ConfigError(f"a row cache of rows={rows:,} {each} and this machine has {_size(free)} available; give "
+                          f"fewer rows (each worker holds one cache a table: rows={fits:,} takes "
+                          f"{_size(copies * fits * slot_bytes)}{' in all' if copies > 1 else ''})")
 
 
 def _size(nbytes: int) -> str:

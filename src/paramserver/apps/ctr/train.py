@@ -47,6 +47,7 @@ from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
 from paramserver.apps.ctr.warmup import warm_job
 from paramserver.checkpoint import store as checkpoint
+from paramserver.client.cached_calls import check_caches_fit
 from paramserver.client.client import Client
 from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
@@ -133,13 +134,15 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             (``apps/ctr/streaming.StreamJob``).
         on_done: called with the report while the cluster is still up (its dashboard too).
     """
-    from paramserver.cluster.launch import open_cluster
+    from paramserver.cluster.launch import open_cluster, parse_cluster
 
     cfg = _tracked(cfg, publish)
     plan = _plan_job(cfg, data, test, servers=servers, workers=workers, save=save, shard_bytes=shard_bytes,
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
                      publish_every=publish_every, stream=stream, checkpoint_seconds=checkpoint_seconds)
+    if parse_cluster((cluster_options or {}).get("cluster", "local"))[0] == "local":  # every worker on this machine
+        check_caches_fit(plan.spec, cfg.row_cache, workers)
     test_set = TestSet(test, cfg.data, plan.overlap)  # read from once the nodes are forked
     with test_set, open_cluster(servers=servers, workers=workers,
                                 **_cluster_options(cfg, plan, cluster_options, test_set.begin)) as cluster:
