@@ -62,14 +62,19 @@ unit: $(VENV)/.installed-dev
 test: $(VENV)/.installed-dev /usr/bin/chromium /usr/bin/redis-server /usr/sbin/nft
 	$(BIN)/python tools/prewarm.py & warm=$$!; $(MAKE) lint; linted=$$?; wait $$warm; warmed=$$?; \
 		[ $$linted = 0 ] && [ $$warmed = 0 ]
-	# the chaos campaign (one core, a simulation: no sockets, no clocks) beside the in-process tests
+	# the chaos campaign (one core, a simulation: no sockets, no clocks) beside the in-process tests, which
+	# run on both cores (pytest-xdist): on a fresh clone they compile what prewarm does not (the round apps',
+	# the parsers' kernels), 234 s on one core and 134 on two
 	log=$$(mktemp); $(BIN)/paramserver chaos --seeds 300 --first-seed 1000 > $$log 2>&1 & chaos=$$!; \
-		$(BIN)/python -m pytest -q --ignore=tests/process; tested=$$?; wait $$chaos; chaosed=$$?; \
+		$(BIN)/python -m pytest -q -n 2 --ignore=tests/process; tested=$$?; wait $$chaos; chaosed=$$?; \
 		cat $$log; rm -f $$log; [ $$tested = 0 ] && [ $$chaosed = 0 ]
-	$(BIN)/python -m pytest -q --durations=15 tests/process --ignore=tests/process/test_torch.py \
+	# the process tests on both cores too, a file at a time (a module's cluster is started once), the longest
+	# files first (tests/process/conftest.py): 544 s where one core took 708
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 tests/process --ignore=tests/process/test_torch.py \
 		--ignore=tests/process/test_pipeline.py --ignore=tests/process/test_ray.py
 	# apart: a process that has loaded torch or joined Ray spawns its cluster's nodes instead of forking them
-	$(BIN)/python -m pytest -q tests/process/test_torch.py tests/process/test_pipeline.py tests/process/test_ray.py
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/process/test_torch.py tests/process/test_pipeline.py \
+		tests/process/test_ray.py
 
 # the fault-injection campaign of the issue's acceptance: 500 seeds over every scenario
 chaos: $(VENV)/.installed-dev
