@@ -134,15 +134,14 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             (``apps/ctr/streaming.StreamJob``).
         on_done: called with the report while the cluster is still up (its dashboard too).
     """
-    from paramserver.cluster.launch import open_cluster, parse_cluster
+    from paramserver.cluster.launch import open_cluster
 
     cfg = _tracked(cfg, publish)
     plan = _plan_job(cfg, data, test, servers=servers, workers=workers, save=save, shard_bytes=shard_bytes,
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
-                     publish_every=publish_every, stream=stream, checkpoint_seconds=checkpoint_seconds)
-    if parse_cluster((cluster_options or {}).get("cluster", "local"))[0] == "local":  # every worker on this machine
-        check_caches_fit(plan.spec, cfg.row_cache, workers)
+                     publish_every=publish_every, stream=stream, checkpoint_seconds=checkpoint_seconds,
+                     cluster=(cluster_options or {}).get("cluster", "local"))
     test_set = TestSet(test, cfg.data, plan.overlap)  # read from once the nodes are forked
     with test_set, open_cluster(servers=servers, workers=workers,
                                 **_cluster_options(cfg, plan, cluster_options, test_set.begin)) as cluster:
@@ -154,12 +153,20 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             ran = _run_job(cluster, cfg, test_set, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
-        cluster.release_workers()  # they leave while the test rows are scored from the servers
-        report = _results(cluster.client, cfg, plan, ran, test_set.parts(), save) | _lived(
-            cluster.client, plan.spec, publisher)
-        report.update(_job_report(cfg, plan, ran, servers=cluster.n_servers, workers=workers,
-                                  table_seconds=table_seconds))
+        report = _ended(cluster, cfg, plan, ran, test_set, save, publisher, workers, table_seconds)
         (on_done or _nothing)(report)  # the cluster (and its dashboard) still up
+    return report
+
+
+def _ended(cluster: Any, cfg: TrainConfig, plan: _Plan, ran: _Ran, test_set: TestSet, save: str | None,
+           publisher: JobPublisher | None, workers: int, table_seconds: float) -> dict[str, Any]:
+    """The report of a job whose workers are done: they leave while the test rows are scored
+    from the servers, the model is saved, and what the job did is said."""
+    cluster.release_workers()
+    report = _results(cluster.client, cfg, plan, ran, test_set.parts(), save) | _lived(
+        cluster.client, plan.spec, publisher)
+    report.update(_job_report(cfg, plan, ran, servers=cluster.n_servers, workers=workers,
+                              table_seconds=table_seconds))
     return report
 
 
@@ -233,9 +240,12 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
               shard_bytes: int, checkpoint_dir: str | None, checkpoint_every: int | None, resume: str | None,
               keep_checkpoints: int, allow_unverified: bool, publish: str | None = None,
               publish_every: float = 10.0, stream: StreamJob | None = None,
-              checkpoint_seconds: float | None = None) -> _Plan:
+              checkpoint_seconds: float | None = None, cluster: str = "local") -> _Plan:
     """The job's arguments checked, its outputs writable, its inputs there, all said before
-    anything starts; its shards, tables, checkpoints and resume point."""
+    anything starts; its shards, tables, checkpoints and resume point.  ``cluster``: where
+    the nodes run (``--cluster``; a local cluster's workers share this machine's memory)."""
+    from paramserver.cluster.launch import parse_cluster
+
     check_job(servers, workers, shard_bytes)
     if isinstance(keep_checkpoints, bool) or not isinstance(keep_checkpoints, int) or keep_checkpoints < 0:
         raise ConfigError(f"--keep-checkpoints must be a whole number >= 0 (0: keep all), got {keep_checkpoints!r}")
@@ -254,6 +264,8 @@ def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: in
     source = open_source(stream.source, shard_bytes, cfg.data.name) if stream is not None else None
     shards = make_shards(data, shard_bytes) if source is None else []
     spec, dense_spec = cfg.table_spec(input_bytes(data) if source is None else None), cfg.dense_spec()
+    if parse_cluster(cluster)[0] == "local":  # each worker's own check sees the memory before the others fill it
+        check_caches_fit(spec, cfg.row_cache, workers)
     job_checkpoints = checkpoint_option(checkpoint_dir, checkpoint_every, len(shards), checkpoint_seconds,
                                         stream=source is not None)
     if job_checkpoints is not None:  # eval and predict read a checkpoint with these
