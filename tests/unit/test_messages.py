@@ -211,7 +211,7 @@ def test_a_handshake_apart_tells_a_refused_key_from_no_keys_and_from_nothing_the
     assert handshake(curve, ours) == OK
     assert handshake(curve, other) == REFUSED
     assert handshake(plain, ours) == PLAIN
-    assert time.monotonic() - started < 3.0  # verdicts in milliseconds (a refusal settles in 0.5 s)
+    assert time.monotonic() - started < 6.0  # verdicts in milliseconds (a refusal settles in SETTLE_S at most)
     assert handshake("tcp://127.0.0.1:1", ours, timeout_s=0.3) == UNKNOWN
     assert handshake("inproc://x", ours) == UNKNOWN
 
