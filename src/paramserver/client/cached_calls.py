@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from paramserver.client.core import ByArray, Piece, Wire, pull_rows
-from paramserver.client.row_cache import Read, RowCache, RowCacheSpec, Rule, Send
+from paramserver.client.row_cache import Read, RowCache, RowCacheSpec, Rule, Send, store_columns
 from paramserver.errors import ConfigError
 from paramserver.routing.partition import combine_duplicates, scatter_rows
 from paramserver.store.rowcache import check_fits
@@ -247,7 +247,12 @@ def _made(spec: TableSpec, parsed: RowCacheSpec) -> RowCache:
     """``spec``'s cache as ``parsed`` says: one that trains its rows where ``apply`` is
     ``local``, or ``auto`` and the table's rows merge; else one that sums gradients."""
     rule = _rule(spec, parsed)
-    return RowCache(parsed, spec.dim, spec.push_width if rule is None else spec.width, rule)
+    return RowCache(parsed, spec.dim, _sums_width(spec, rule), rule)
+
+
+def _sums_width(spec: TableSpec, rule: Rule | None) -> int:
+    """The width of a cache's sums: a push's row, or a whole row where the cache trains its rows."""
+    return spec.push_width if rule is None else spec.width
 
 
 def _rule(spec: TableSpec, parsed: RowCacheSpec) -> Rule | None:
@@ -268,10 +273,7 @@ def check_caches_fit(spec: TableSpec, row_cache: object, workers: int) -> None:
     parsed = RowCacheSpec.parse(row_cache)
     if parsed:
         rule = _rule(spec, parsed)
-        if rule is None:
-            check_fits(parsed.rows, spec.dim, spec.push_width, workers)
-        else:
-            check_fits(parsed.rows, spec.width, spec.width, workers)
+        check_fits(parsed.rows, *store_columns(spec.dim, _sums_width(spec, rule), rule), workers)
 
 
 class Fresh(Future):  # type: ignore[type-arg]

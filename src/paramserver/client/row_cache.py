@@ -68,6 +68,13 @@ Rule = tuple[int, int, np.ndarray]
 LAG_BUCKETS = 64
 
 
+def store_columns(dim: int, width: int, rule: Rule | None) -> tuple[int, int]:
+    """A cache's ``RowStore`` columns (its rows', its sums'): a cache that trains its rows
+    (``rule``) holds whole rows and their changes, ``width`` each; one that sums gradients
+    holds the ``dim`` values and sums ``width`` wide."""
+    return (width if rule is not None else dim), width
+
+
 @dataclass(frozen=True)
 class RowCacheSpec:
     """What ``--row-cache`` or ``create_table(row_cache=...)`` says: ``s`` (the staleness
@@ -192,7 +199,7 @@ class RowCache:
         its rule's kind and hyper-parameters; ``width`` is then a whole row's."""
         self.spec, self.s = spec, spec.s
         self.local = rule is not None
-        self.store = RowStore(spec.rows, width if rule is not None else dim, width, rule)
+        self.store = RowStore(spec.rows, *store_columns(dim, width, rule), rule)
         self.lock = threading.Lock()
         self.ring_version = -1
         self.index: dict[int, int] = {}  # a server's node id -> its column of ``versions``
