@@ -56,6 +56,7 @@ class Counters:
 
     log = "acks.jsonl"
     ended_at: float | None = None
+    looks = False  # its plans space kills apart (``plan.draw``)
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
@@ -166,6 +167,7 @@ class Training:
     """A ``paramserver train`` job on the emulated cluster, and its checks."""
 
     log = "progress.jsonl"
+    looks = True  # the watch reports the cluster's copies (``watch.py``)
 
     def __init__(self, data: TrainingData) -> None:
         self.data = data

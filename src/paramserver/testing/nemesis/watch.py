@@ -6,7 +6,9 @@ scheduler every ``EVERY_S``, a line written each time its examples moved on.
 It writes ``FOLDER/progress.jsonl``: ``{"t": monotonic seconds, "ok": true, "examples": N}`` when
 the job's examples (done and in progress) grew since the last answer, and ``{"t", "finished":
 true, "ok": true}`` once the job is finished; the run's check reads them as the counters' acks
-(``check.progress``: progress again within its bound after each heal).  A question that fails
+(``check.progress``: progress again within its bound after each heal).  Each look also writes
+``{"t", "copying": bool}``: whether the scheduler has vnode copies in flight or unconfirmed (a
+failover's repair, a join), which a kill waits out (``Run.settled``).  A question that fails
 (the scheduler paused or cut off) is written as ``{"t", "failed": ...}`` and asked again; a client
 declared dead meanwhile is replaced.  It stops when ``FOLDER/stop`` exists or the job finished.
 """
@@ -39,6 +41,7 @@ def watch(scheduler: str, folder: str) -> None:
             try:
                 client = client or connect(scheduler)
                 status = client.job.status()
+                info = client.admin.cluster_info()
             except ParamServerError as e:
                 _write(log, {"failed": f"{type(e).__name__}: {e}"[:300]})
                 if isinstance(e, ClosedError) and client is not None:
@@ -46,6 +49,7 @@ def watch(scheduler: str, folder: str) -> None:
                     client = None
                 time.sleep(EVERY_S)  # the next question, at the watch's pace
                 continue
+            _write(log, {"copying": bool(info.get("migrating") or info.get("incomplete_copies"))})
             now = examples(status)
             if now > seen and status:
                 _write(log, {"ok": True, "examples": now})
