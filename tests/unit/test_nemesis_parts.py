@@ -169,3 +169,65 @@ def test_the_watch_counts_the_examples_done_and_in_progress():
 
     assert examples({"live": {"examples": 1234.0, "loss_sum": 3.0}}) == 1234.0
     assert examples({}) == 0.0
+
+
+class _Looking:
+    """A workload whose log says whether the cluster copies vnodes (as the training job's watch does)."""
+
+    log, looks, ended_at = "progress.jsonl", True, None
+
+    def ended(self, run):
+        return False
+
+
+class _Hosts:
+    def address(self, host):
+        return "10.0.0.1"
+
+
+def _run_in(folder, workload):
+    from paramserver.testing.nemesis.plan import Fault
+    from paramserver.testing.nemesis.run import Run
+
+    return Run(_Hosts(), Plan(0, 1, (Fault(1.0, "kill", (1,), 1.0),)), str(folder), workload)
+
+
+def _look(folder, copying):
+    import time
+
+    with open(folder / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"t": time.monotonic(), "copying": copying}) + "\n")
+
+
+def test_a_kill_waits_for_a_look_taken_since_that_saw_no_copy_in_flight(tmp_path):
+    """Issue 47: a kill while a failover's repair still copies is a second failure within the
+    first; the run holds it until a fresh look sees the cluster copying nothing."""
+    import threading
+    import time
+
+    run = _run_in(tmp_path, _Looking())
+    _look(tmp_path, False)  # an old look: taken before the kill was due, it does not count
+    _look(tmp_path, True)
+    later = threading.Timer(0.4, _look, (tmp_path, False))
+    later.start()
+    t = time.monotonic()
+    run.settled()
+    later.join()
+    assert time.monotonic() - t >= 0.35
+    assert any("waited" in e for e in run.events), run.events
+
+
+def test_a_repair_that_never_ends_is_a_stuck_run_and_counters_are_not_held(tmp_path, monkeypatch):
+    from paramserver.testing.nemesis import run as run_module
+    from paramserver.testing.nemesis.check import Stuck
+    from paramserver.testing.nemesis.jobs import Counters
+
+    monkeypatch.setattr(run_module, "SETTLE_S", 0.3)
+    run = _run_in(tmp_path, _Looking())
+    _look(tmp_path, True)
+    with pytest.raises(Stuck, match="still copied vnodes"):
+        run.settled()
+    (tmp_path / "counters").mkdir()
+    counting = _run_in(tmp_path / "counters", Counters())
+    counting.settled()  # no looks in its log: never waited on
+    assert counting.events == []
