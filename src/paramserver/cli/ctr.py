@@ -23,7 +23,6 @@ from paramserver.apps.ctr.modelfile import evaluate, predict_file
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.stream_files import stream_file_lines
 from paramserver.apps.ctr.streaming import StreamJob
-from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train import check_job, run_training
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.cli.running import Progress, cluster_options, console
@@ -416,6 +415,9 @@ def demo(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any])
     with tempfile.TemporaryDirectory(prefix="paramserver-demo-") as tmp:
         train_path, test_path = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
         console(True).print(f"writing {args.rows:,} synthetic Criteo-format rows (+ {args.rows // 10:,} test rows)")
+        # imported here: its gzip, bz2 and lzma took ~25 ms of every command's start
+        from paramserver.apps.ctr.synth import write_synth
+
         write_synth(train_path, args.rows, seed=1)
         write_synth(test_path, max(1, args.rows // 10), seed=2)
         console(True).print(f"training logistic regression (FTRL) on {args.servers} server(s) and "
@@ -468,6 +470,8 @@ def split_columns(args: argparse.Namespace, _: Any) -> int:
 
 
 def synth(args: argparse.Namespace, _: Any) -> int:
+    from paramserver.apps.ctr.synth import write_synth
+
     shape, days = getattr(args, "shape", "simple"), getattr(args, "days", None)
     if shape != "drift":
         if days is not None:
