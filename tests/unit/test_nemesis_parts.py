@@ -211,7 +211,7 @@ def test_a_kill_waits_for_a_look_taken_since_that_saw_no_copy_in_flight(tmp_path
     later = threading.Timer(0.4, _look, (tmp_path, False))
     later.start()
     t = time.monotonic()
-    run.settled()
+    assert run.settled()
     later.join()
     assert time.monotonic() - t >= 0.35
     assert any("waited" in e for e in run.events), run.events
@@ -229,5 +229,19 @@ def test_a_repair_that_never_ends_is_a_stuck_run_and_counters_are_not_held(tmp_p
         run.settled()
     (tmp_path / "counters").mkdir()
     counting = _run_in(tmp_path / "counters", Counters())
-    counting.settled()  # no looks in its log: never waited on
+    assert counting.settled()  # no looks in its log: never waited on
     assert counting.events == []
+
+
+def test_a_kill_due_after_the_job_trained_its_rows_is_not_struck(tmp_path):
+    """The watch stops looking once the job is finished: a kill due then is dropped, as any
+    fault due after the job's end, rather than waiting for a look that never comes."""
+    import time
+
+    run = _run_in(tmp_path, _Looking())
+    _look(tmp_path, True)
+    with open(tmp_path / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"t": time.monotonic(), "ok": True, "finished": True, "examples": 10.0}) + "\n")
+    t = time.monotonic()
+    assert not run.settled()
+    assert time.monotonic() - t < 1.0 and run.events == []

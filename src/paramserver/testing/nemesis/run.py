@@ -191,24 +191,32 @@ class Run:
             self.wait(time.monotonic() + 0.2)
         raise Stuck(f"no progress (an add acknowledged, examples trained) within {SETTLE_S:g} s {what}")
 
-    def settled(self) -> None:
+    def settled(self) -> bool:
         """Before a kill: wait, up to ``SETTLE_S``, for a look of the workload's (taken since) that
-        saw no vnode copy in flight or unconfirmed.  A server killed while a failover's repair
-        still copies what it holds is a second failure within the first, which replicas 2 loses
-        by design (``plan.KILL_SPACING_S``): a plan means one failure at a time, and on a loaded
-        machine the repair after a failover can outlast the plan's gap (make test on two cores:
-        killed 1.5 s after the failover, 64 vnodes lost).  A workload that does not look (the
-        counters: their plans space kills apart) is not waited for."""
+        saw no vnode copy in flight or unconfirmed; False (the kill is not struck) if the job
+        trained its last rows first, as for any fault due after its end (the watch stops looking
+        then).  A server killed while a failover's repair still copies what it holds is a second
+        failure within the first, which replicas 2 loses by design (``plan.KILL_SPACING_S``): a
+        plan means one failure at a time, and on a loaded machine the repair after a failover
+        can outlast the plan's gap (make test on two cores: killed 1.5 s after the failover, 64
+        vnodes lost).  A workload that does not look (the counters: their plans space kills
+        apart) is not waited for."""
         if not self.workload.looks:
-            return
+            return True
         since = time.monotonic()
-        while not any(not x["copying"] for x in self.acks() if "copying" in x and x["t"] >= since):
+        while True:
+            lines = self.acks()
+            if any(x.get("finished") for x in lines) or self.workload.ended(self):
+                return False
+            if any(not x["copying"] for x in lines if "copying" in x and x["t"] >= since):
+                break
             if time.monotonic() - since > SETTLE_S:
                 raise Stuck(f"the cluster still copied vnodes {SETTLE_S:g} s after a kill was due (a repair that "
                             "never ends)")
             self.wait(time.monotonic() + 0.1)
         if time.monotonic() - since >= 0.05:
             self.note(f"the kill waited {time.monotonic() - since:.2f} s for the cluster's copies")
+        return True
 
     def faults(self) -> tuple[list[float], list[float]]:
         """Apply the plan, faults that overlap included; the times at which no fault was left
@@ -223,10 +231,8 @@ class Run:
         nexts: list[float] = []
         for at, strike, i in events:
             self.wait(start + at)
-            if strike and faults[i].kind == "kill":
-                self.settled()
-            if strike and self.workload.ended(self):  # a job that finished: the rest of the plan is not struck
-                continue
+            if strike and (self.workload.ended(self) or (faults[i].kind == "kill" and not self.settled())):
+                continue  # a job that finished: the rest of the plan is not struck
             if not strike and i not in undo:
                 continue
             if strike:
