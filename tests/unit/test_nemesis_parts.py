@@ -245,3 +245,39 @@ def test_a_kill_due_after_the_job_trained_its_rows_is_not_struck(tmp_path):
     t = time.monotonic()
     assert not run.settled()
     assert time.monotonic() - t < 1.0 and run.events == []
+
+
+def test_the_watch_asks_a_new_client_when_a_question_goes_unanswered(tmp_path, monkeypatch):
+    """A reply lost on the way left the watch waiting for ever (a train campaign's seed 203): a
+    question unanswered for ``ASK_S`` is written as failed and asked again of a new client."""
+    from paramserver.testing.nemesis import watch as watch_module
+
+    made, closed = [], []
+
+    class Fake:
+        def __init__(self, n):
+            self.n = n
+            self.job = self.admin = self
+
+        def status(self, timeout_s=None):
+            assert timeout_s == watch_module.ASK_S
+            if self.n == 0:
+                raise TimeoutError
+            return {"finished": True, "live": {"examples": 7.0}}
+
+        def cluster_info(self, timeout_s=None):
+            return {"migrating": False, "incomplete_copies": 0}
+
+        def close(self):
+            closed.append(self.n)
+
+    def connect(scheduler):
+        made.append(Fake(len(made)))
+        return made[-1]
+
+    monkeypatch.setattr(watch_module, "connect", connect)
+    monkeypatch.setattr(watch_module, "EVERY_S", 0.0)
+    watch_module.watch("tcp://127.0.0.1:1", str(tmp_path))
+    lines = [json.loads(x) for x in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert "no answer within" in lines[0]["failed"] and closed == [0, 1] and len(made) == 2
+    assert lines[-1]["finished"] and lines[-1]["examples"] == 7.0

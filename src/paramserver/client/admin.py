@@ -38,9 +38,10 @@ class Admin:
         """The ring this client routes with (the newest it was told of)."""
         return self._state.ring()
 
-    def cluster_info(self) -> dict[str, Any]:
-        """The ring version and servers, their addresses, and whether vnodes are moving."""
-        info = self._rpc.scheduler({"op": Op.CLUSTER_INFO.value})
+    def cluster_info(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """The ring version and servers, their addresses, and whether vnodes are moving
+        (``TimeoutError``: no answer within ``timeout_s``; None: as ``Job.status``)."""
+        info = self._rpc.scheduler({"op": Op.CLUSTER_INFO.value}, timeout_s)
         if "ring" in info:
             self._state.apply_view(info)
         return info

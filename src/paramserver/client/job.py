@@ -97,10 +97,14 @@ class Job:
             header["scores"] = scores
         self._caller.io.submit(self._scheduler, header)
 
-    def status(self) -> dict[str, Any]:
+    def status(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Epoch, shards done and running, totals, live counters, checkpoints, losses and
-        failovers (``docs/protocol.md``, ``job_status``)."""
-        job: dict[str, Any] = self._caller.rpc.call(self._scheduler, {"op": Op.JOB_STATUS.value})["job"]
+        failovers (``docs/protocol.md``, ``job_status``).
+
+        Raises:
+            TimeoutError: no answer within ``timeout_s`` (None: wait as long as the client
+                lives; a scheduler silent past the heartbeat timeout fails the call)."""
+        job: dict[str, Any] = self._caller.rpc.call(self._scheduler, {"op": Op.JOB_STATUS.value}, timeout_s)["job"]
         return job
 
     @property
