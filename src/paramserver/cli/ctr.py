@@ -415,7 +415,7 @@ def demo(args: argparse.Namespace, parse_optimizer: Callable[[str | None], Any])
     with tempfile.TemporaryDirectory(prefix="paramserver-demo-") as tmp:
         train_path, test_path = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
         console(True).print(f"writing {args.rows:,} synthetic Criteo-format rows (+ {args.rows // 10:,} test rows)")
-        # imported here: its gzip, bz2 and lzma took ~25 ms of every command's start
+        # imported here: its gzip was ~25 ms of every command's start (bz2 and lzma come with scipy anyway)
         from paramserver.apps.ctr.synth import write_synth
 
         write_synth(train_path, args.rows, seed=1)

@@ -21,6 +21,7 @@ import io
 import json
 import os
 import sys
+import zipfile
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
@@ -101,8 +102,6 @@ def pull_dense(client: Client, model: Model) -> np.ndarray | None:
 
 def _read_saved(url: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None]:
     """A model folder (``--save``): its meta, keys, values and a deep model's MLP."""
-    import zipfile  # here, as np.load does: 7 ms of every command's start otherwise
-
     fs, path = filesystem(url, "--model")
     try:
         with fs.open(f"{path.rstrip('/')}/model.json", "r") as f:
