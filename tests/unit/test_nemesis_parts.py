@@ -281,3 +281,19 @@ def test_the_watch_asks_a_new_client_when_a_question_goes_unanswered(tmp_path, m
     lines = [json.loads(x) for x in (tmp_path / "progress.jsonl").read_text().splitlines()]
     assert "no answer within" in lines[0]["failed"] and closed == [0, 1] and len(made) == 2
     assert lines[-1]["finished"] and lines[-1]["examples"] == 7.0
+
+
+def test_keep_makes_its_folder_before_any_run_and_names_one_it_cannot(tmp_path):
+    """``--keep DIR`` with DIR absent failed after a campaign had made its rows, with a bare
+    errno; it is made as ``--log-dir`` is, and a folder that cannot be says so with the fix."""
+    import os
+
+    from paramserver.testing.nemesis.campaign import keep_folder
+
+    assert keep_folder(None) is None
+    deep = tmp_path / "a" / "b"
+    assert keep_folder(str(deep)) is None and deep.is_dir() and os.listdir(deep) == []
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    problem = keep_folder(str(blocker / "under"))
+    assert problem is not None and str(blocker / "under") in problem and "give a folder" in problem

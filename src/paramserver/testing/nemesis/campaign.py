@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -91,6 +92,10 @@ def main(args: argparse.Namespace) -> int:
         for p in todo:
             print(p.to_json())
         return 0
+    problem = keep_folder(args.keep)
+    if problem:
+        print(f"paramserver nemesis: {problem}", file=sys.stderr)
+        return 2
     why = missing() if args.network != "proxy" else None
     if why and args.network == "namespaces":
         print(f"paramserver nemesis: {why}; or run without it: --network proxy", file=sys.stderr)
@@ -103,6 +108,20 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="nemesis-data-") as scratch:
         data = _training_data(todo, args, scratch)
         return report([_one(p, args.keep, data, args.network) for p in todo], args.json)
+
+
+def keep_folder(keep: str | None) -> str | None:
+    """``--keep DIR`` made if absent (as ``--log-dir`` is), before any run: None, or why it cannot
+    be, with the fix.  A campaign that found it missing failed after it had made its rows."""
+    if not keep:
+        return None
+    try:
+        os.makedirs(keep, exist_ok=True)
+        probe = tempfile.mkdtemp(prefix=".nemesis-probe-", dir=keep)
+        os.rmdir(probe)
+    except OSError as e:
+        return f"--keep {keep}: cannot make a folder there ({e.strerror}); give a folder this user can write"
+    return None
 
 
 def _training_data(plans: list[Plan], args: argparse.Namespace, scratch: str) -> TrainingData | None:
@@ -123,8 +142,6 @@ def _interrupted(signum: int, frame: Any) -> None:
 
 
 def _one(plan: Plan, keep: str | None, data: TrainingData | None, network: str) -> dict[str, Any]:
-    import os
-
     from paramserver.testing.nemesis.jobs import Counters, Training
     from paramserver.testing.nemesis.run import run
 
