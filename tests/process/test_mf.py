@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from paramserver.apps.rounds.mf import _sgd, layout, save_strata, strata
+from paramserver.apps.rounds.mf import _sgd
+from paramserver.apps.rounds.mf_strata import layout, save_strata, strata
 
 pytestmark = pytest.mark.timeout(240)
 

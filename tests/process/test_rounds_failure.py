@@ -36,7 +36,8 @@ def _dies_in_round(client, victim, round_, owner, worker, *args):
 def test_mf_carries_on_without_a_killed_worker(dies_in):
     """Killed in epoch 3 (round 7), before its user rows were first pushed (every 5 epochs):
     its users go on from their initial draw; in epoch 6 (round 16): from epoch 5's push."""
-    from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, MFProgram, layout, mf_worker, save_strata, strata
+    from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, MFProgram, mf_worker
+    from paramserver.apps.rounds.mf_strata import layout, save_strata, strata
 
     rng = np.random.default_rng(4)
     n_u, n_i, W = 150, 90, 3
@@ -139,7 +140,8 @@ def test_a_worker_that_joins_midway_leaves_and_the_rounds_go_on_unchanged(tmp_pa
     import threading
     import time
 
-    from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, layout, mf_worker, save_strata, strata
+    from paramserver.apps.rounds.mf import ITEMS, USERS, MFConfig, mf_worker
+    from paramserver.apps.rounds.mf_strata import layout, save_strata, strata
     from paramserver.apps.rounds.program import took_part
 
     rng = np.random.default_rng(6)

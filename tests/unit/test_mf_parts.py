@@ -15,10 +15,8 @@ from paramserver.apps.rounds.mf import (
     _rows,
     _sgd,
     check_config,
-    layout,
-    save_strata,
-    strata,
 )
+from paramserver.apps.rounds.mf_strata import layout, save_strata, strata
 from paramserver.apps.rounds.program import adopt, balanced_groups
 from paramserver.apps.rounds.ratings import distinct_ids, read_ratings
 from paramserver.data.reader import DataError

@@ -31,13 +31,13 @@ from numba import njit
 
 from paramserver._runtime import intrinsics
 from paramserver.apps.rounds.job import RoundsJob, Watch, check_outputs, write_metrics
+from paramserver.apps.rounds.mf_strata import PREFETCH_RATINGS, Layout, layout, save_strata, strata
 from paramserver.apps.rounds.program import (
     NO_CHECKPOINTS,
     CheckpointOptions,
     RoundCheckpoints,
     RoundResume,
     adopt,
-    balanced_groups,
     joined_midway,
     run_rounds,
 )
@@ -47,10 +47,6 @@ from paramserver.errors import ConfigError, check_flags
 
 USERS, ITEMS = "mf/users", "mf/items"
 _prefetch: Any = intrinsics.prefetch_address  # (mypy reads an intrinsic's signature wrongly)
-
-
-#: ratings ahead whose user and item rows are fetched into cache while this one is worked
-PREFETCH_RATINGS = 8
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -119,105 +115,6 @@ def _predict(users, items, P, Q, mu, lo, hi):  # type: ignore[no-untyped-def]
                 v += P[a, f] * Q[b, f]
         out[t] = min(max(v, lo), hi)
     return out
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where users and items are: dense index → (group, key), and each group's key range."""
-
-    user_group: np.ndarray  # int64[n_users]
-    user_key: np.ndarray  # int64[n_users]: the row in mf/users
-    user_start: np.ndarray  # int64[W + 1]
-    item_group: np.ndarray
-    item_key: np.ndarray
-    item_start: np.ndarray
-
-
-def layout(user_counts: np.ndarray, item_counts: np.ndarray, parts: int) -> Layout:
-    def keys(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        group = balanced_groups(counts, parts)
-        order = np.argsort(group, kind="stable")
-        key = np.empty(group.size, np.int64)
-        key[order] = np.arange(group.size)
-        start = np.zeros(parts + 1, np.int64)
-        start[1:] = np.cumsum(np.bincount(group, minlength=parts))
-        return group, key, start
-
-    ug, uk, us = keys(user_counts)
-    ig, ik, is_ = keys(item_counts)
-    return Layout(ug, uk, us, ig, ik, is_)
-
-
-@dataclass(frozen=True)
-class Strata:
-    """The ratings shuffled, then grouped by stratum (user group × item block), each as its
-    row in its group and in its block; ``offsets``: where each of the ``parts**2`` strata starts."""
-
-    users: np.ndarray  # int32
-    items: np.ndarray  # int32
-    ratings: np.ndarray  # float32
-    offsets: np.ndarray  # int64[parts**2 + 1]
-    parts: int
-
-
-def strata(u: np.ndarray, i: np.ndarray, r: np.ndarray, lay: Layout, parts: int, seed: int) -> Strata:
-    """Each worker's ratings, shuffled (``seed``) then grouped by item block."""
-    perm = np.random.default_rng(seed).permutation(r.size)
-    users, items, ratings, offsets = _strata(perm, u, i, r, lay.user_group, lay.item_group, lay.user_key,
-                                             lay.item_key, lay.user_start, lay.item_start, parts)
-    return Strata(users, items, ratings, offsets, parts)
-
-
-def save_strata(folder: str, st: Strata) -> list[str]:
-    """Worker q's strata as ``worker-q.npz``: ``users`` (row in its group), ``items`` (row
-    in the block), ``ratings`` and ``start`` (W + 1 offsets, one stratum per item block)."""
-    paths, parts, offsets = [], st.parts, st.offsets
-    for q in range(parts):
-        lo, hi = offsets[q * parts], offsets[(q + 1) * parts]
-        path = os.path.join(folder, f"worker-{q}.npz")
-        np.savez(path, users=st.users[lo:hi], items=st.items[lo:hi], ratings=st.ratings[lo:hi],
-                 start=offsets[q * parts:(q + 1) * parts + 1] - lo)
-        paths.append(path)
-    return paths
-
-
-@njit(nogil=True, cache=True)
-def _strata(perm, u, i, r, user_group, item_group, user_key, item_key, user_start, item_start,  # type: ignore[no-untyped-def]
-            parts):
-    """The ratings in the order ``perm`` draws them, grouped by stratum (user group, then
-    item block; a stable counting sort: in each stratum the drawn order), each as its
-    row in its group and in its block; and where each stratum starts (``parts**2 + 1``
-    offsets).  One pass to count, one to place: sorting the drawn ratings by stratum with
-    numpy took 0.87 s for 3.6 M of them, in ten passes over random rows."""
-    n = perm.shape[0]
-    offsets = np.zeros(parts * parts + 1, np.int64)
-    # first, in drawn order, each rating's user row, item row, stratum and value: the only
-    # pass of random reads (fetched ahead); then each goes to its stratum's next place
-    drawn_users, drawn_items = np.empty(n, np.int32), np.empty(n, np.int32)
-    drawn, stratum = np.empty(n, np.float32), np.empty(n, np.int32)
-    for t in range(n):
-        if t + PREFETCH_RATINGS < n:
-            ahead = perm[t + PREFETCH_RATINGS]
-            _prefetch(u.ctypes.data + ahead * u.strides[0])
-            _prefetch(i.ctypes.data + ahead * i.strides[0])
-            _prefetch(r.ctypes.data + ahead * r.strides[0])
-        j = perm[t]
-        a, b = u[j], i[j]
-        g, h = user_group[a], item_group[b]
-        drawn_users[t] = user_key[a] - user_start[g]
-        drawn_items[t] = item_key[b] - item_start[h]
-        drawn[t] = r[j]
-        stratum[t] = g * parts + h
-        offsets[g * parts + h + 1] += 1
-    for s in range(parts * parts):
-        offsets[s + 1] += offsets[s]
-    fill = offsets[:-1].copy()
-    users, items, ratings = np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.float32)
-    for t in range(n):
-        p = fill[stratum[t]]
-        fill[stratum[t]] = p + 1
-        users[p], items[p], ratings[p] = drawn_users[t], drawn_items[t], drawn[t]
-    return users, items, ratings, offsets
 
 
 @dataclass
