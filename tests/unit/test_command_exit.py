@@ -139,3 +139,27 @@ def test_keep_dashboard_ends_on_a_ctrl_c_the_kernel_hands_to_another_thread():
     finally:
         signal.signal(signal.SIGINT, before)
     assert time.monotonic() - start < 2.5
+
+
+def test_a_reader_that_stops_mid_command_ends_it_quietly_with_sigpipes_code():
+    """``paramserver synth --out - | head -1``: the command's writes find the pipe closed
+    part way; it ends with 141 (a shell's code for SIGPIPE), printing no error or traceback."""
+    writer = subprocess.Popen([sys.executable, "-m", "paramserver", "synth", "--rows", "200000", "--out", "-"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert writer.stdout is not None and writer.stderr is not None
+    assert writer.stdout.readline()  # a first row came
+    writer.stdout.close()
+    err = writer.stderr.read().decode()
+    assert writer.wait(timeout=120) == 141, err
+    assert "error" not in err and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_a_broken_pipe_that_is_not_standard_output_is_still_an_error(monkeypatch, capsys):
+    from paramserver.cli import main as cli_main
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setitem(cli_main.COMMANDS, "synth", cli_main.COMMANDS["synth"]._replace(run=broken))
+    assert cli_main.main(["synth", "--rows", "1", "--out", "-"]) == 2
+    assert "error: [Errno 32] Broken pipe" in capsys.readouterr().err

@@ -25,6 +25,7 @@ import atexit
 import gc
 import logging
 import os
+import select
 import sys
 import threading
 from typing import TYPE_CHECKING
@@ -152,10 +153,28 @@ def _main(argv: list[str] | None) -> int:
         print(f"paramserver {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
+        if isinstance(exc, BrokenPipeError) and stdout_gone():  # ``paramserver ... | head``: the reader took
+            return SIGPIPE_EXIT  # what it wanted; no error to print, as ``yes | head`` prints none
         print(f"paramserver {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+#: a command whose standard output's reader went away: a shell's code for a process SIGPIPE ended
+SIGPIPE_EXIT = 128 + 13
+
+
+def stdout_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (``poll`` says so of its
+    writing end), as against a broken pipe or socket the command itself wrote to."""
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real stdout (replaced, closed): not a reader gone
+        return False
 
 
 def _start(args: argparse.Namespace) -> None:
