@@ -119,20 +119,20 @@ class _Stats:
 
 def test_the_table_report_states_storage_and_bytes_a_key_without_a_lifecycle():
     from paramserver.apps.ctr.publishing import table_report
-    from paramserver.cli.ctr import _lifecycle_lines
+    from paramserver.cli.train_report import lifecycle_lines
     from paramserver.tables.spec import TableSpec
 
     report = table_report(_Stats(1000, 14_000), TableSpec("t", storage="fp16", replicas=2))
     assert report["storage"] == "fp16" and report["bytes_per_key"] == 7.0 and report["keys"] == 1000
     assert "lifecycle" not in report
-    lines = dict(_lifecycle_lines({**report, "table_layout": "hash"}))
+    lines = dict(lifecycle_lines({**report, "table_layout": "hash"}))
     assert lines["table storage"] == "hash table, fp16 rows"
     assert lines["keys held"] == "1,000 (7.0 bytes a key, all copies)"
-    dense = dict(_lifecycle_lines({**report, "table_layout": "dense", "hash_bits": 20}))
+    dense = dict(lifecycle_lines({**report, "table_layout": "dense", "hash_bits": 20}))
     assert dense["keys held"] == "1,000 (7.0 bytes a key, all copies: arrays of all 2^20 keys)"
     with_life = table_report(_Stats(10, 100), TableSpec("t", lifecycle="ttl=5"))
     assert with_life["storage"] == "float32" and with_life["lifecycle"] == "ttl=5"
-    assert dict(_lifecycle_lines(with_life))["lifecycle"] == "ttl=5"
+    assert dict(lifecycle_lines(with_life))["lifecycle"] == "ttl=5"
 
 
 # ---- 25: the prewarm says what it does, how long it takes, and how far it is --------------------------

@@ -98,7 +98,7 @@ def test_bad_progress_is_refused():
 
 def test_a_resumed_job_says_what_it_resumed_from_so_its_live_rate_is_this_runs():
     """Issue 33.4: after --resume the live line counted the examples done before in its rate."""
-    from paramserver.cli.ctr import _progress_line
+    from paramserver.cli.train_report import progress_line
 
     q = TaskQueue(SHARDS, epochs=2)
     drain(q, stop_after=2)
@@ -106,7 +106,7 @@ def test_a_resumed_job_says_what_it_resumed_from_so_its_live_rate_is_this_runs()
     done_before = resumed.status()["live"]["examples"]
     assert done_before > 0 and resumed.status()["resumed_examples"] == done_before
     resumed.progress({"examples": 50, "loss_sum": 1.0})
-    assert "50/s" in _progress_line(resumed.status(), 1.0)
+    assert "50/s" in progress_line(resumed.status(), 1.0)
     assert TaskQueue(SHARDS, epochs=1).status()["resumed_examples"] == 0
 
 
