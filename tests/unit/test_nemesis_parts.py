@@ -296,4 +296,6 @@ def test_keep_makes_its_folder_before_any_run_and_names_one_it_cannot(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     problem = keep_folder(str(blocker / "under"))
-    assert problem is not None and str(blocker / "under") in problem and "give a folder" in problem
+    assert problem is not None and str(blocker / "under") in problem and "pick a writable folder" in problem
+    problem = keep_folder(str(blocker))
+    assert problem is not None and "is a file; name a folder" in problem

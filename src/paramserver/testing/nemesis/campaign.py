@@ -111,16 +111,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def keep_folder(keep: str | None) -> str | None:
-    """``--keep DIR`` made if absent (as ``--log-dir`` is), before any run: None, or why it cannot
-    be, with the fix.  A campaign that found it missing failed after it had made its rows."""
-    if not keep:
-        return None
+    """``--keep DIR`` made if absent and checked writable before any run (``check_output``, as
+    every command's output folders are): None, or why not, with the fix.  A campaign that found
+    it missing failed after it had made its rows."""
+    from paramserver.data.files import check_output
+    from paramserver.errors import ConfigError
+
     try:
-        os.makedirs(keep, exist_ok=True)
-        probe = tempfile.mkdtemp(prefix=".nemesis-probe-", dir=keep)
-        os.rmdir(probe)
-    except OSError as e:
-        return f"--keep {keep}: cannot make a folder there ({e.strerror}); give a folder this user can write"
+        check_output(keep, "--keep", folder=True)
+    except ConfigError as e:
+        return str(e)
     return None
 
 
