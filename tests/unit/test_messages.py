@@ -216,6 +216,29 @@ def test_a_handshake_apart_tells_a_refused_key_from_no_keys_and_from_nothing_the
     assert handshake("inproc://x", ours) == UNKNOWN
 
 
+def test_a_link_closed_without_detail_is_settled_by_a_link_without_keys(curve_server, monkeypatch):
+    """ZeroMQ may close a CurveZMQ link to a keyless peer with no detail (the mechanism's error
+    not reported, under load for more than 2 s): a second link without keys then tells a
+    keyless cluster (its handshake succeeds) from one that refused the key (it fails)."""
+    import zmq
+
+    from paramserver.wire import handshake as hs
+    from paramserver.wire.security import Keys
+
+    server_public, curve, plain = curve_server
+    real, calls = hs._verdict, []
+
+    def closed_first(monitor, deadline):
+        calls.append(1)
+        return hs._CLOSED if len(calls) % 2 == 1 else real(monitor, deadline)
+
+    monkeypatch.setattr(hs, "_verdict", closed_first)
+    other = Keys("driver", zmq.curve_keypair()[0], *zmq.curve_keypair())
+    assert hs.handshake(plain, other) == hs.PLAIN
+    assert hs.handshake(curve, other) == hs.REFUSED
+    assert len(calls) == 4  # each: the keyed link, then one without keys
+
+
 def test_an_unanswered_node_without_keys_is_told_what_it_was_before():
     from paramserver.wire.handshake import unanswered
 

@@ -21,11 +21,8 @@ from paramserver.wire.security import Keys, load_keys, secure_client
 from paramserver.wire.sockets import leaving_from, source_host
 
 OK, REFUSED, PLAIN, UNKNOWN = "ok", "refused", "plain", "unknown"
-#: after a handshake closed with no detail, how long the next tries (every ``RETRY_MS``) are
-#: watched for a mechanism error (a cluster without keys gave it at the first to the third try
-#: at ZeroMQ's 0.1 s retries; at 0.5 s of watching, one look in six under load saw none, and at
-#: 1.0 s one look saw none with the in-process tests on both cores and the chaos campaign beside)
-SETTLE_S = 2.0
+#: a link closed with no detail: a verdict ``handshake`` settles with a second link, without keys
+_CLOSED = "closed"
 RETRY_MS = 20
 #: how long a node waits for the scheduler's first answer before it tries a handshake apart:
 #: a scheduler answers a registration in milliseconds, so a second without one is worth a look
@@ -39,30 +36,43 @@ def handshake(address: str, keys: Keys, timeout_s: float = 2.0) -> str:
     if not address.startswith(("tcp://", "ipc://")):
         return UNKNOWN
     ctx: zmq.Context[Any] = zmq.Context()  # its own: this process's sockets and ZAP handler stay out of it
+    deadline = time.monotonic() + timeout_s
+    try:
+        verdict = _link(ctx, address, keys, deadline)
+        if verdict == _CLOSED:  # a wrong key, or no CurveZMQ there: a link without keys tells them apart
+            verdict = PLAIN if _link(ctx, address, None, deadline) == OK else REFUSED
+        return verdict
+    finally:
+        ctx.term()
+
+
+def _link(ctx: zmq.Context[Any], address: str, keys: Keys | None, deadline: float) -> str:
+    """One link to ``address`` (with ``keys``' CurveZMQ, or none) watched until ``deadline``
+    for its handshake's outcome (``_verdict``)."""
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     sock.reconnect_ivl = RETRY_MS
-    secure_client(sock, keys)
+    if keys is not None:
+        secure_client(sock, keys)
     monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                                       | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
     try:
         sock.connect(leaving_from(address, source_host()))  # from where the node's own links leave
-        return _verdict(monitor, time.monotonic() + timeout_s)
+        return _verdict(monitor, deadline)
     finally:
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
-        ctx.term()
 
 
 def _verdict(monitor: zmq.Socket[Any], deadline: float) -> str:
-    """The handshakes' outcome: the first success or refusal by the scheduler's ZAP handler
-    says it; a link closed mid-handshake (no detail: a key the server cannot read, or a
-    peer without CurveZMQ whose mechanism error may come only at a next try) is watched a
-    little longer for the mechanism's mismatch."""
+    """The first handshake's outcome: success, a refusal by the scheduler's ZAP handler, a
+    mechanism error (a peer without CurveZMQ), or a link closed with no detail (``_CLOSED``:
+    a key the server cannot read, or a keyless peer whose mechanism error ZeroMQ did not
+    report: it came at the first to the third try under load, or not within 2 s, so
+    ``handshake`` asks again without keys rather than wait for it)."""
     from zmq.utils.monitor import recv_monitor_message
 
-    seen = UNKNOWN
     while (left := deadline - time.monotonic()) > 0:
         if not monitor.poll(max(1, int(left * 1000))):
             continue
@@ -74,9 +84,9 @@ def _verdict(monitor: zmq.Socket[Any], deadline: float) -> str:
             return PLAIN if event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH else REFUSED
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return REFUSED
-        if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and seen == UNKNOWN:
-            seen, deadline = REFUSED, min(deadline, time.monotonic() + SETTLE_S)
-    return seen
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            return _CLOSED
+    return UNKNOWN
 
 
 def _fix(role: str) -> str:
