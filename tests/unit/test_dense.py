@@ -225,10 +225,11 @@ def test_a_resumed_auto_job_keeps_the_layout_its_checkpoint_has():
 @pytest.mark.parametrize("bits", [1, 3])
 def test_a_dense_table_of_a_few_keys_is_made_with_its_loops_run_once(monkeypatch, bits):
     """Making a table runs its request loops once on a scratch table of its row
-    (``store/vnodes._exercise``): within the few keys a small dense key space has (LDA's word
+    (``store/exercise.loops``): within the few keys a small dense key space has (LDA's word
     blocks: ``key_bits`` 3), where a hash table's scratch takes enough keys to grow."""
-    import paramserver.store.vnodes as store_vnodes
+    from paramserver.store import exercise
+    from paramserver.store.vnodes import VnodeSet
 
-    monkeypatch.setattr(store_vnodes, "_exercised", set())  # as in a fresh server
-    table = store_vnodes.VnodeSet(TableSpec("t", 4, key_bits=bits, optimizer={"name": "sgd"}), 2, [0, 1])
-    assert len(table) == 0 and store_vnodes._exercised
+    monkeypatch.setattr(exercise, "EXERCISED", set())  # as in a fresh server
+    table = VnodeSet(TableSpec("t", 4, key_bits=bits, optimizer={"name": "sgd"}), 2, [0, 1])
+    assert len(table) == 0 and exercise.EXERCISED

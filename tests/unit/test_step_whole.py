@@ -76,7 +76,7 @@ def whole_calls(monkeypatch):
 
     def counted(self, *args, **kwargs):
         done = real(self, *args, **kwargs)
-        if self.spec.name == "t":  # (not a new table's warm-up, ``vnodes._exercise``)
+        if self.spec.name == "t":  # (not a new table's warm-up, ``store/exercise.loops``)
             calls.append(done is not None)
         return done
 

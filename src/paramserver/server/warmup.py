@@ -12,7 +12,9 @@ from paramserver.filters.chain import FilterSpec
 from paramserver.filters.warmup import warm_filters
 from paramserver.routing.ring import Ring
 from paramserver.server.requests import _segment_fault
-from paramserver.store.vnodes import GENERIC_DIM, VnodeSet, exercise_steps
+from paramserver.store import exercise
+from paramserver.store.exercise import GENERIC_DIM
+from paramserver.store.vnodes import VnodeSet
 from paramserver.tables.optim import CUSTOM_KIND, SGD, Zeros
 from paramserver.tables.spec import TableSpec
 from paramserver.tables.steps import check_batch
@@ -70,11 +72,11 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
         table.install(0, stored, rows)  # a copy received (a repair, a join), a restore
         Ring.create([1]).vnodes(keys, spec.layout)  # an install's and a restore's keys checked
     _warm_steps(n)
-    for spec in tables:  # their request loops, run once (``store/vnodes._exercise``), and a job's steps
+    for spec in tables:  # their request loops, run once (``store/exercise.loops``), and a job's steps
         VnodeSet(TableSpec("warm-up", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
                            storage=spec.storage, key_bits=min(spec.key_bits, 8), key_bytes=spec.key_bytes), 1, [0])
         if steps:
-            exercise_steps(spec)
+            exercise.steps(spec, VnodeSet)
     if filters:
         # a filtered request's decoding, a filtered reply's encoding
         warm_filters(filters if isinstance(filters, FilterSpec) else None)

@@ -9,13 +9,14 @@ the ``VnodeStore`` (``protocol.py``) a server types against.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 
 from paramserver._runtime.intrinsics import frozen
 from paramserver.errors import ProtocolError
 from paramserver.routing.hashing import dense_range
+from paramserver.store import exercise
 from paramserver.store.compact import ROW_DTYPES
 from paramserver.store.dense import DenseVnode
 from paramserver.store.directory import Directory
@@ -34,13 +35,10 @@ from paramserver.store.loops.dense import (
 from paramserver.store.loops.slots import NOT_FOUND
 from paramserver.store.loops.step_groups import EXAMPLES, GROW, KEYS, OCCURRENCES, SEGMENTS
 from paramserver.store.memory import available_memory, heap_released, populating_later
-from paramserver.store.readahead import warm as warm_readahead
-from paramserver.store.specialize import MAX_DIM
-from paramserver.store.table import COLD_LOAD, MIN_CAPACITY, VnodeTable
+from paramserver.store.table import COLD_LOAD, VnodeTable
 from paramserver.store.tiers import Tiers
 from paramserver.tables.push_ops import OP_UPDATE
 from paramserver.tables.spec import TableSpec
-from paramserver.tables.steps import unsuited
 
 
 class VnodeSet:
@@ -92,9 +90,9 @@ class VnodeSet:
             self.life_width += 1
         self.set_vnodes(vnodes)
         if self._loops is not None:
-            _exercise(spec)
+            exercise.loops(spec, VnodeSet)
         if self.tiers is not None:
-            _exercise_tiers(spec, cold_dir)
+            exercise.tiers(spec, cold_dir, VnodeSet)
 
     def _new_table(self, vnode: int) -> VnodeTable | DenseVnode:
         if self.bits:
@@ -415,76 +413,3 @@ def _one_vnode(vnode: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     """``keys`` of one vnode as a request's arrays: vnodes, counts, keys."""
     return (frozen(np.array([vnode], np.int32)), frozen(np.array([keys.shape[0]], np.int64)),
             frozen(np.ascontiguousarray(keys, np.uint64)))
-
-
-def _exercise_tiers(spec: TableSpec, cold_dir: str) -> None:
-    """Run the tiers' loops once (``_exercise``): a scratch table of this row, its budget
-    a few slots, pushed past it and read back."""
-    row = ("tiers", spec.optimizer, spec.dim, spec.storage, bool(spec.lifecycle), spec.hot_keys)
-    if row in _exercised:
-        return
-    _exercised.add(row)
-    scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                 storage=spec.storage, lifecycle=spec.lifecycle or None, memory=1,
-                                 hot_keys=spec.hot_keys), 1, [0],
-                       cold_dir=cold_dir)
-    vnodes, counts = frozen(np.zeros(1, np.int32)), frozen(np.array([64], np.int64))
-    keys = frozen(np.arange(1, 65, dtype=np.uint64))
-    scratch.apply(vnodes, counts, keys, frozen(np.zeros((64, spec.dim), np.float32)))
-    scratch.settle()
-    scratch.prefetch(vnodes, counts, keys)
-    scratch.lookup(vnodes, counts, keys, np.empty((64, spec.dim), np.float32))
-    scratch.settle()
-    warm_readahead()
-
-
-#: a row width whose hash tables take the generic loops (wider than request loops take):
-#: what a warm-up uses to load them (``server/warmup.py``)
-GENERIC_DIM = MAX_DIM + 1
-
-#: the rows whose request loops have run in this process (``_exercise``)
-_exercised: set[tuple[Any, ...]] = set()
-
-
-def _exercise(spec: TableSpec) -> None:
-    """Run a table's request loops once on a scratch table, when the table is created:
-    compiled for its row (``store/specialize.py``), they are loaded (or, on a cold cache,
-    compiled) at their first call, which is then a table's creation and not its first
-    request, in the serving loop (as a user rule's kernels, ``kernels._try``)."""
-    row = (spec.optimizer, spec.dim, spec.storage, bool(spec.key_bits), spec.key_bytes)
-    if row in _exercised:
-        return
-    _exercised.add(row)
-    scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                 storage=spec.storage, key_bits=min(spec.key_bits, 8), key_bytes=spec.key_bytes),
-                       1, [0])
-    # a hash vnode: more keys than its first capacity holds, so it grows (its row's ``rehash``);
-    # a dense one (of as few as 2 keys) never grows
-    n = 1 if spec.key_bits else MIN_CAPACITY
-    keys, vnodes, counts = np.arange(1, n + 1, dtype=np.uint64), np.zeros(1, np.int32), np.full(1, n, np.int64)
-    grads = np.zeros((n, spec.dim), np.float32)
-    for a in (keys, vnodes, counts, grads):
-        a.flags.writeable = False  # as a request's frames arrive
-    scratch.apply(vnodes, counts, keys, grads)
-    scratch.lookup(vnodes, counts, keys, np.empty((n, spec.dim), np.float32))
-    if spec.key_bytes == 4:  # the generic loops over 4-byte keys, which no server's warm-up loads
-        scratch.missing(vnodes, counts, keys)  # a namespace's quota
-        stored, rows = scratch.tables[0].items()  # an export, a checkpoint, a copy
-        scratch.install(0, stored, rows)  # a copy received, a restore
-
-
-def exercise_steps(spec: TableSpec) -> None:
-    """Run a table's steps once (``steps``, for the index types a step's occurrences come
-    in), where its rows can be stepped: what a training job's servers load before they
-    register (``server/warmup.py``).  Any other table loads them at its first step (a few
-    milliseconds from the disk cache; on a cold cache, a compile of ~1 s a type)."""
-    row = ("steps", spec.optimizer, spec.dim, spec.storage, spec.key_bytes)
-    if row in _exercised or spec.key_bits or unsuited(spec, "lr" if spec.dim == 1 else "fm") is not None:
-        return
-    _exercised.add(row)
-    scratch = VnodeSet(TableSpec("scratch", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
-                                 storage=spec.storage, key_bytes=spec.key_bytes), 1, [0])
-    keys, vnodes, counts = np.ones(1, np.uint64), np.zeros(1, np.int32), np.ones(1, np.int64)
-    for index in (np.uint16, np.int32):  # an occurrence's place among its batch's keys: as a step brings it
-        scratch.steps(vnodes, counts, keys, np.zeros(1, index), np.arange(2, dtype=np.int64), np.zeros(0, np.float32),
-                      np.zeros(1, np.float32), np.ones(3, np.int64), np.ones(1, np.int64), 0.0, lambda n: None)
