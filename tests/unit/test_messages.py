@@ -166,7 +166,16 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     servers = [(a, k) for n, a, k in calls if n == "warm_server" and "tables" not in k]
     assert {a[0][0] for a, _ in servers} == {"hash", "dense"} and all(k == {"filters": False} for _, k in servers)
     loops = [k["tables"] for n, _, k in calls if n == "warm_server" and "tables" in k]  # the job tables' request loops
-    assert [{(t.optimizer.name, t.dim) for t in tables} for tables in loops] == [{("ftrl", 1), ("ftrl_adagrad", 9)}]
+    assert [{(t.optimizer.name, t.dim) for t in tables} for tables in loops] == [{("ftrl", 1), ("ftrl_adagrad", 9)}] * 2
+    # every table train makes at its default flags, in either layout: a hash one keeps 4-byte keys, whose loops a
+    # fresh install's first train compiled in its server (5.2 s to its first example) while only 8-byte ones were warmed
+    from paramserver.apps.ctr.models import Model
+    from paramserver.apps.ctr.train_config import TrainConfig
+
+    made = [TrainConfig(model=Model(m), layout=layout).table_spec()
+            for m in ("lr", "fm") for layout in ("hash", "dense")]
+    warmed = [t for tables in loops for t in tables]
+    assert all(t in warmed for t in made) and {t.key_bytes for t in made} == {4, 8}
     workers = [a for n, a, _ in calls if n == "warm_worker"]
     assert {m.name for a in workers for m in a[1]} == {"lr", "fm"} and all(a[0] == ("criteo",) for a in workers)
     assert [n for n, _, _ in calls].count("warm_filters") == 1 and ("_synth_rows", (), {}) in calls
