@@ -21,8 +21,9 @@ from typing import TextIO
 
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
+from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.vertical import split_columns
-from paramserver.apps.ctr.warmup import warm_worker
+from paramserver.apps.ctr.warmup import warm_job, warm_worker
 from paramserver.filters.warmup import warm_filters
 from paramserver.server.warmup import warm_server
 
@@ -59,18 +60,19 @@ def _job_rows() -> list[tuple[object, int]]:
     return [(m.default_optimizer(), m.dim) for m in (Model("lr"), Model("fm"))]
 
 
-def _train_tables() -> None:
-    """The model tables ``train`` makes at its default flags, LR's and FM's, in either layout
-    (``auto`` takes one by the input's size), as its servers load them: their request loops,
-    steps and generic loops.  A hash table there keeps 4-byte keys (``TrainConfig.narrow_keys``),
-    whose loops are others than the 8-byte keys' of ``_request_loops``: left out, a fresh
-    install's first ``train`` compiled seven of them in its server, 5.2 s to its first example
-    instead of 0.6."""
-    from paramserver.apps.ctr.train_config import TrainConfig
-
-    tables = tuple(TrainConfig(model=Model(name), layout=layout).table_spec()
-                   for name in ("lr", "fm") for layout in ("hash", "dense"))
-    warm_server((), filters=False, tables=tables, steps=True)
+def _train_jobs() -> None:
+    """What ``train`` loads at its default flags, LR and FM, in either layout (``auto`` takes
+    one by the input's size): each job's own warm-up (``warm_job``), its servers' and its
+    workers', with the table as the job makes it.  A hash table there keeps 4-byte keys
+    (``TrainConfig.narrow_keys``), whose loops are others than the 8-byte keys' warmed above:
+    without these, a fresh install's first ``train`` compiled five of them in its server
+    (4.6 s to its first example instead of 0.6) and a first ``--model fm`` three more."""
+    for name in ("lr", "fm"):
+        for layout in ("hash", "dense"):
+            cfg = TrainConfig(model=Model(name), layout=layout)
+            warm = warm_job(cfg.data.name, cfg.model, cfg.table_spec())
+            warm.servers()
+            warm.workers()
 
 
 #: the built-in rules and the widths the tests' tables use
@@ -91,7 +93,7 @@ def groups(quick_start: bool) -> list[Group]:
                 ("Criteo rows and LR", lambda: warm_worker(("criteo",), (Model("lr"),), combine=False, filters=False)),
                 ("FM", lambda: warm_worker(("criteo",), (Model("fm"),), combine=False, filters=False)),
                 ("LR's and FM's request loops and steps", lambda: _request_loops(_job_rows(), steps=True)),
-                ("LR's and FM's tables as train makes them", _train_tables),
+                ("train's jobs at its default flags: LR, FM", _train_jobs),
                 ("the demo's synthetic rows", _synth_rows)]
     every = [(f"server tables, {storage} rows", lambda s=storage: warm_server(storages=(s,), filters=False))
              for storage in ("float32", "fp16", "bf16")]
@@ -101,7 +103,7 @@ def groups(quick_start: bool) -> list[Group]:
              for rule in RULES]
     return [*every, ("the filters", warm_filters), *loops,
             ("LR's and FM's request loops and steps", lambda: _request_loops(_job_rows(), steps=True)),
-            ("LR's and FM's tables as train makes them", _train_tables),
+            ("train's jobs at its default flags: LR, FM", _train_jobs),
             ("Criteo rows: LR, FM, DeepFM", lambda: warm_worker(("criteo",), filters=False)),
             ("LIBSVM rows: LR, FM, DeepFM", lambda: warm_worker(("libsvm",), filters=False)),
             ("LIBSVM column blocks", _column_blocks)]

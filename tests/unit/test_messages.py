@@ -157,25 +157,35 @@ def test_the_prewarm_says_first_what_it_does_then_a_line_a_group_then_the_time()
 def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     """The groups together call the same warm-ups, with the same arguments, as the calls
     they replace (issue 43.25: say more, compile nothing else)."""
+    from paramserver._runtime.warm import Warmup
+    from paramserver.apps.ctr.models import Model
+
     prewarm = _prewarm()
     calls = []
     for name in ("warm_server", "warm_worker", "warm_filters", "_synth_rows"):
         monkeypatch.setattr(prewarm, name, lambda *a, _n=name, **k: calls.append((_n, a, k)))
+
+    def warm_job(*a, **k):
+        calls.append(("warm_job", a, k))
+        return Warmup(lambda: calls.append(("job servers", (), {})), lambda: calls.append(("job workers", (), {})))
+
+    monkeypatch.setattr(prewarm, "warm_job", warm_job)
     for _, compile_group in prewarm.groups(quick_start=True):
         compile_group()
     servers = [(a, k) for n, a, k in calls if n == "warm_server" and "tables" not in k]
     assert {a[0][0] for a, _ in servers} == {"hash", "dense"} and all(k == {"filters": False} for _, k in servers)
     loops = [k["tables"] for n, _, k in calls if n == "warm_server" and "tables" in k]  # the job tables' request loops
-    assert [{(t.optimizer.name, t.dim) for t in tables} for tables in loops] == [{("ftrl", 1), ("ftrl_adagrad", 9)}] * 2
-    # every table train makes at its default flags, in either layout: a hash one keeps 4-byte keys, whose loops a
-    # fresh install's first train compiled in its server (5.2 s to its first example) while only 8-byte ones were warmed
-    from paramserver.apps.ctr.models import Model
+    assert [{(t.optimizer.name, t.dim) for t in tables} for tables in loops] == [{("ftrl", 1), ("ftrl_adagrad", 9)}]
+    # and train's own warm-up for every job it runs at its default flags, LR and FM in either layout, with the table
+    # as it makes it: a hash one keeps 4-byte keys, whose loops a fresh install's first train compiled in its server
+    # (4.6 s to its first example) while only 8-byte ones were warmed
     from paramserver.apps.ctr.train_config import TrainConfig
 
     made = [TrainConfig(model=Model(m), layout=layout).table_spec()
             for m in ("lr", "fm") for layout in ("hash", "dense")]
-    warmed = [t for tables in loops for t in tables]
-    assert all(t in warmed for t in made) and {t.key_bytes for t in made} == {4, 8}
+    assert [(a[1].name, a[2]) for n, a, _ in calls if n == "warm_job"] == [("lr", t) for t in made[:2]] + \
+        [("fm", t) for t in made[2:]] and {t.key_bytes for t in made} == {4, 8}
+    assert [n for n, _, _ in calls].count("job servers") == 4 == [n for n, _, _ in calls].count("job workers")
     workers = [a for n, a, _ in calls if n == "warm_worker"]
     assert {m.name for a in workers for m in a[1]} == {"lr", "fm"} and all(a[0] == ("criteo",) for a in workers)
     assert [n for n, _, _ in calls].count("warm_filters") == 1 and ("_synth_rows", (), {}) in calls
@@ -187,7 +197,7 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     rows = {(t.optimizer.name, t.dim) for n, _, k in calls if n == "warm_server" for t in k.get("tables", ())}
     assert {(r, d) for r in prewarm.RULES for d in prewarm.WIDTHS} <= rows
     assert sorted(a[0][0] for n, a, _ in calls if n == "warm_worker") == ["criteo", "libsvm"]
-    assert [n for n, _, _ in calls].count("warm_filters") == 1
+    assert [n for n, _, _ in calls].count("warm_filters") == 1 and [n for n, _, _ in calls].count("warm_job") == 4
 
 
 # ---- 20: why a scheduler does not answer a node with keys ----------------------------------------------
