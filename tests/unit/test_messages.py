@@ -3,6 +3,7 @@ that resumes, a duplicated key of a spec refused, the report's storage and bytes
 prewarm's progress."""
 
 import math
+import os
 
 import pytest
 from scripts import load_script
@@ -158,11 +159,10 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     """The groups together call the same warm-ups, with the same arguments, as the calls
     they replace (issue 43.25: say more, compile nothing else)."""
     from paramserver._runtime.warm import Warmup
-    from paramserver.apps.ctr.models import Model
 
     prewarm = _prewarm()
     calls = []
-    for name in ("warm_server", "warm_worker", "warm_filters", "_synth_rows"):
+    for name in ("warm_server", "warm_worker", "warm_filters", "_synth_rows", "_round_apps"):
         monkeypatch.setattr(prewarm, name, lambda *a, _n=name, **k: calls.append((_n, a, k)))
 
     def warm_job(*a, **k):
@@ -179,8 +179,6 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     # and train's own warm-up for every job it runs at its default flags, LR and FM in either layout, with the table
     # as it makes it: a hash one keeps 4-byte keys, whose loops a fresh install's first train compiled in its server
     # (4.6 s to its first example) while only 8-byte ones were warmed
-    from paramserver.apps.ctr.train_config import TrainConfig
-
     made = [TrainConfig(model=Model(m), layout=layout).table_spec()
             for m in ("lr", "fm") for layout in ("hash", "dense")]
     assert [(a[1].name, a[2]) for n, a, _ in calls if n == "warm_job"] == [("lr", t) for t in made[:2]] + \
@@ -189,6 +187,7 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     workers = [a for n, a, _ in calls if n == "warm_worker"]
     assert {m.name for a in workers for m in a[1]} == {"lr", "fm"} and all(a[0] == ("criteo",) for a in workers)
     assert [n for n, _, _ in calls].count("warm_filters") == 1 and ("_synth_rows", (), {}) in calls
+    assert ("_round_apps", (), {}) in calls  # the quick start's install leaves no round app to compile at its first run
     calls.clear()
     for _, compile_group in prewarm.groups(quick_start=False):
         compile_group()
@@ -198,6 +197,19 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     assert {(r, d) for r in prewarm.RULES for d in prewarm.WIDTHS} <= rows
     assert sorted(a[0][0] for n, a, _ in calls if n == "warm_worker") == ["criteo", "libsvm"]
     assert [n for n, _, _ in calls].count("warm_filters") == 1 and [n for n, _, _ in calls].count("warm_job") == 4
+
+
+def test_the_prewarm_runs_each_round_app_as_its_command_line_reads_on_inputs_it_writes(tmp_path):
+    """The quick start's install runs each round app once (``_round_apps``): every command line is one the
+    CLI takes, and every file it names is written."""
+    from paramserver.cli.main import build_parser
+
+    prewarm = _prewarm()
+    paths = prewarm._round_inputs(str(tmp_path))
+    assert all(os.path.getsize(p) > 0 for p in paths.values())
+    for words in prewarm.ROUND_COMMANDS:
+        args = build_parser(words[0]).parse_args([paths.get(w, w) for w in words])
+        assert args.command == words[0] and args.data in paths.values()
 
 
 # ---- 20: why a scheduler does not answer a node with keys ----------------------------------------------
