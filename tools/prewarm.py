@@ -27,6 +27,7 @@ from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.vertical import split_columns
 from paramserver.apps.ctr.warmup import warm_job, warm_worker
+from paramserver.data.batch import DataFormat
 from paramserver.filters.warmup import warm_filters
 from paramserver.server.warmup import warm_server
 
@@ -63,16 +64,21 @@ def _job_rows() -> list[tuple[object, int]]:
     return [(m.default_optimizer(), m.dim) for m in (Model("lr"), Model("fm"))]
 
 
+#: the jobs ``_train_jobs`` loads as ``train`` runs them at its default flags: a row format and a model
+TRAIN_JOBS = (("criteo", "lr"), ("criteo", "fm"), ("criteo", "deepfm"), ("libsvm", "lr"), ("avazu", "lr"))
+
+
 def _train_jobs() -> None:
-    """What ``train`` loads at its default flags, LR and FM, in either layout (``auto`` takes
-    one by the input's size): each job's own warm-up (``warm_job``), its servers' and its
-    workers', with the table as the job makes it.  A hash table there keeps 4-byte keys
+    """What ``train`` loads at its default flags for each of ``TRAIN_JOBS``, in either layout
+    (``auto`` takes one by the input's size): the job's own warm-up (``warm_job``), its servers'
+    and its workers', with the table as the job makes it.  A hash table there keeps 4-byte keys
     (``TrainConfig.narrow_keys``), whose loops are others than the 8-byte keys' warmed above:
-    without these, a fresh install's first ``train`` compiled five of them in its server
-    (4.6 s to its first example instead of 0.6) and a first ``--model fm`` three more."""
-    for name in ("lr", "fm"):
+    without these, a fresh install's first ``train`` compiled five of them in its server (4.6 s
+    to its first example instead of 0.6), a first ``--model fm`` three more, and a first LIBSVM
+    job (a9a) took 4.8 s, a first Avazu one 2.9, a first DeepFM 2.2."""
+    for fmt, name in TRAIN_JOBS:
         for layout in ("hash", "dense"):
-            cfg = TrainConfig(model=Model(name), layout=layout)
+            cfg = TrainConfig(model=Model(name), data=DataFormat(fmt), layout=layout)
             warm = warm_job(cfg.data.name, cfg.model, cfg.table_spec())
             warm.servers()
             warm.workers()
@@ -147,7 +153,7 @@ def groups(quick_start: bool) -> list[Group]:
                 ("Criteo rows and LR", lambda: warm_worker(("criteo",), (Model("lr"),), combine=False, filters=False)),
                 ("FM", lambda: warm_worker(("criteo",), (Model("fm"),), combine=False, filters=False)),
                 ("LR's and FM's request loops and steps", lambda: _request_loops(_job_rows(), steps=True)),
-                ("train's jobs at its default flags: LR, FM", _train_jobs),
+                ("train's jobs at its default flags: Criteo LR, FM, DeepFM; LIBSVM, Avazu LR", _train_jobs),
                 ("the demo's synthetic rows", _synth_rows),
                 ("the round apps: Lasso, L1-LR, MF, LDA", _round_apps)]
     every = [(f"server tables, {storage} rows", lambda s=storage: warm_server(storages=(s,), filters=False))
@@ -158,7 +164,7 @@ def groups(quick_start: bool) -> list[Group]:
              for rule in RULES]
     return [*every, ("the filters", warm_filters), *loops,
             ("LR's and FM's request loops and steps", lambda: _request_loops(_job_rows(), steps=True)),
-            ("train's jobs at its default flags: LR, FM", _train_jobs),
+            ("train's jobs at its default flags: Criteo LR, FM, DeepFM; LIBSVM, Avazu LR", _train_jobs),
             ("Criteo rows: LR, FM, DeepFM", lambda: warm_worker(("criteo",), filters=False)),
             ("LIBSVM rows: LR, FM, DeepFM", lambda: warm_worker(("libsvm",), filters=False)),
             ("LIBSVM column blocks", _column_blocks)]

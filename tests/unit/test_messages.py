@@ -179,11 +179,13 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     # and train's own warm-up for every job it runs at its default flags, LR and FM in either layout, with the table
     # as it makes it: a hash one keeps 4-byte keys, whose loops a fresh install's first train compiled in its server
     # (4.6 s to its first example) while only 8-byte ones were warmed
-    made = [TrainConfig(model=Model(m), layout=layout).table_spec()
-            for m in ("lr", "fm") for layout in ("hash", "dense")]
-    assert [(a[1].name, a[2]) for n, a, _ in calls if n == "warm_job"] == [("lr", t) for t in made[:2]] + \
-        [("fm", t) for t in made[2:]] and {t.key_bytes for t in made} == {4, 8}
-    assert [n for n, _, _ in calls].count("job servers") == 4 == [n for n, _, _ in calls].count("job workers")
+    made = [(fmt, m, TrainConfig(model=Model(m), data=DataFormat(fmt), layout=layout).table_spec())
+            for fmt, m in prewarm.TRAIN_JOBS for layout in ("hash", "dense")]
+    assert [(a[0], a[1].name, a[2]) for n, a, _ in calls if n == "warm_job"] == made
+    assert {(fmt, m) for fmt, m, _ in made} >= {("criteo", "lr"), ("criteo", "fm")}
+    assert {t.key_bytes for _, _, t in made} == {4, 8}
+    jobs = 2 * len(prewarm.TRAIN_JOBS)
+    assert [n for n, _, _ in calls].count("job servers") == jobs == [n for n, _, _ in calls].count("job workers")
     workers = [a for n, a, _ in calls if n == "warm_worker"]
     assert {m.name for a in workers for m in a[1]} == {"lr", "fm"} and all(a[0] == ("criteo",) for a in workers)
     assert [n for n, _, _ in calls].count("warm_filters") == 1 and ("_synth_rows", (), {}) in calls
@@ -196,7 +198,8 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     rows = {(t.optimizer.name, t.dim) for n, _, k in calls if n == "warm_server" for t in k.get("tables", ())}
     assert {(r, d) for r in prewarm.RULES for d in prewarm.WIDTHS} <= rows
     assert sorted(a[0][0] for n, a, _ in calls if n == "warm_worker") == ["criteo", "libsvm"]
-    assert [n for n, _, _ in calls].count("warm_filters") == 1 and [n for n, _, _ in calls].count("warm_job") == 4
+    assert [n for n, _, _ in calls].count("warm_filters") == 1 and [n for n, _, _ in calls].count("warm_job") == \
+        2 * len(prewarm.TRAIN_JOBS)
 
 
 def test_the_prewarm_runs_each_round_app_as_its_command_line_reads_on_inputs_it_writes(tmp_path):
