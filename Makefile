@@ -24,9 +24,9 @@ $(BIN)/python:
 # the package's bytecode is compiled here: an editable install leaves it to the first import,
 # and where PYTHONDONTWRITEBYTECODE is set (as on this machine) every command compiled
 # every module again, 0.06 s of each start-up
-# and the kernels the quick start runs are compiled into numba's cache (about two minutes on a fresh
-# machine, once: tools/prewarm.py says so first, then a line a group of kernels), so that the first
-# `paramserver demo` trains in seconds
+# and the kernels the quick start, train's default jobs and the round apps run are compiled into numba's
+# cache (about two minutes on a fresh machine, once: tools/prewarm.py says so first, then a line a group
+# of kernels), so that the first `paramserver demo`, train, lasso, mf or lda starts in seconds
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m compileall -q src

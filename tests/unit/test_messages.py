@@ -162,7 +162,7 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
 
     prewarm = _prewarm()
     calls = []
-    for name in ("warm_server", "warm_worker", "warm_filters", "_synth_rows", "_round_apps"):
+    for name in ("warm_server", "warm_worker", "warm_filters", "_synth_rows", "_round_apps", "_saved_model"):
         monkeypatch.setattr(prewarm, name, lambda *a, _n=name, **k: calls.append((_n, a, k)))
 
     def warm_job(*a, **k):
@@ -189,7 +189,8 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     workers = [a for n, a, _ in calls if n == "warm_worker"]
     assert {m.name for a in workers for m in a[1]} == {"lr", "fm"} and all(a[0] == ("criteo",) for a in workers)
     assert [n for n, _, _ in calls].count("warm_filters") == 1 and ("_synth_rows", (), {}) in calls
-    assert ("_round_apps", (), {}) in calls  # the quick start's install leaves no round app to compile at its first run
+    # the quick start's install leaves no round app, nor a saved model's predict and eval, to compile at their first run
+    assert ("_round_apps", (), {}) in calls and ("_saved_model", (), {}) in calls
     calls.clear()
     for _, compile_group in prewarm.groups(quick_start=False):
         compile_group()
@@ -203,8 +204,8 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
 
 
 def test_the_prewarm_runs_each_round_app_as_its_command_line_reads_on_inputs_it_writes(tmp_path):
-    """The quick start's install runs each round app once (``_round_apps``): every command line is one the
-    CLI takes, and every file it names is written."""
+    """The quick start's install runs each round app once (``_round_apps``), and a saved model's commands
+    (``_saved_model``): every command line is one the CLI takes, and every input it names is written."""
     from paramserver.cli.main import build_parser
 
     prewarm = _prewarm()
@@ -213,6 +214,8 @@ def test_the_prewarm_runs_each_round_app_as_its_command_line_reads_on_inputs_it_
     for words in prewarm.ROUND_COMMANDS:
         args = build_parser(words[0]).parse_args([paths.get(w, w) for w in words])
         assert args.command == words[0] and args.data in paths.values()
+    for words in prewarm.MODEL_COMMANDS:  # a saved model's: read from the folder the first one writes
+        assert build_parser(words[0]).parse_args(words).command == words[0]
 
 
 # ---- 20: why a scheduler does not answer a node with keys ----------------------------------------------
