@@ -25,12 +25,12 @@ $(BIN)/python:
 # and where PYTHONDONTWRITEBYTECODE is set (as on this machine) every command compiled
 # every module again, 0.06 s of each start-up
 # and the kernels the quick start, train's default jobs and the round apps run are compiled into numba's
-# cache (about two minutes on a fresh machine, once: tools/prewarm.py says so first, then a line a group
+# cache (about two minutes on a fresh machine, once: paramserver prewarm says so first, then a line a group
 # of kernels), so that the first `paramserver demo`, train, lasso, mf or lda starts in seconds
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m compileall -q src
-	$(BIN)/python tools/prewarm.py --quick-start
+	$(BIN)/paramserver prewarm
 	touch $@
 
 # the torch and ray extras are part of the product (paramserver.torch, paramserver.ray): their tests run, not skip
@@ -58,13 +58,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 unit: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q --ignore=tests/process
 
-# the kernels compile into numba's cache on the second core while the first lints (tools/prewarm.py)
+# the kernels compile into numba's cache on the second core while the first lints (paramserver prewarm --all)
 test: $(VENV)/.installed-dev /usr/bin/chromium /usr/bin/redis-server /usr/sbin/nft
-	$(BIN)/python tools/prewarm.py & warm=$$!; $(MAKE) lint; linted=$$?; wait $$warm; warmed=$$?; \
+	$(BIN)/paramserver prewarm --all & warm=$$!; $(MAKE) lint; linted=$$?; wait $$warm; warmed=$$?; \
 		[ $$linted = 0 ] && [ $$warmed = 0 ]
 	# the chaos campaign (one core, a simulation: no sockets, no clocks) beside the in-process tests, which
-	# run on both cores (pytest-xdist): on a fresh clone they compile what prewarm does not (the round apps',
-	# the parsers' kernels), 234 s on one core and 134 on two
+	# run on both cores (pytest-xdist): on a fresh clone they compile what prewarm does not (the tests' own
+	# tables and rows), 234 s on one core and 134 on two before prewarm ran the round apps
 	log=$$(mktemp); $(BIN)/paramserver chaos --seeds 300 --first-seed 1000 > $$log 2>&1 & chaos=$$!; \
 		$(BIN)/python -m pytest -q -n 2 --ignore=tests/process; tested=$$?; wait $$chaos; chaosed=$$?; \
 		cat $$log; rm -f $$log; [ $$tested = 0 ] && [ $$chaosed = 0 ]

@@ -6,7 +6,6 @@ import math
 import os
 
 import pytest
-from scripts import load_script
 
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.resume import _check_tables
@@ -138,7 +137,9 @@ def test_the_table_report_states_storage_and_bytes_a_key_without_a_lifecycle():
 
 # ---- 25: the prewarm says what it does, how long it takes, and how far it is --------------------------
 def _prewarm():
-    return load_script("tools/prewarm.py", "prewarm_tool")
+    from paramserver.apps import prewarm
+
+    return prewarm
 
 
 def test_the_prewarm_says_first_what_it_does_then_a_line_a_group_then_the_time():
@@ -170,7 +171,7 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
         return Warmup(lambda: calls.append(("job servers", (), {})), lambda: calls.append(("job workers", (), {})))
 
     monkeypatch.setattr(prewarm, "warm_job", warm_job)
-    for _, compile_group in prewarm.groups(quick_start=True):
+    for _, compile_group in prewarm.groups():
         compile_group()
     servers = [(a, k) for n, a, k in calls if n == "warm_server" and "tables" not in k]
     assert {a[0][0] for a, _ in servers} == {"hash", "dense"} and all(k == {"filters": False} for _, k in servers)
@@ -192,15 +193,27 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     # the quick start's install leaves no round app, nor a saved model's predict and eval, to compile at their first run
     assert ("_round_apps", (), {}) in calls and ("_saved_model", (), {}) in calls
     calls.clear()
-    for _, compile_group in prewarm.groups(quick_start=False):
+    for _, compile_group in prewarm.groups(everything=True):
         compile_group()
-    assert sorted(k["storages"][0] for n, _, k in calls if n == "warm_server" and "storages" in k) == \
-        ["bf16", "float32", "fp16"]
+    assert sorted(k["storages"][0] for n, _, k in calls if n == "warm_server" and "storages" in k) == ["bf16", "fp16"]
     rows = {(t.optimizer.name, t.dim) for n, _, k in calls if n == "warm_server" for t in k.get("tables", ())}
     assert {(r, d) for r in prewarm.RULES for d in prewarm.WIDTHS} <= rows
-    assert sorted(a[0][0] for n, a, _ in calls if n == "warm_worker") == ["criteo", "libsvm"]
+    assert {a[0][0] for n, a, _ in calls if n == "warm_worker"} == {"criteo", "libsvm"}
     assert [n for n, _, _ in calls].count("warm_filters") == 1 and [n for n, _, _ in calls].count("warm_job") == \
         2 * len(prewarm.TRAIN_JOBS)
+
+
+def test_paramserver_prewarm_runs_the_groups_its_flag_asks_for(monkeypatch):
+    """``paramserver prewarm`` (what ``make demo`` installs with, and a ``pip install`` is told to run once):
+    the commands' kernels; ``--all`` (``make test``'s) those and the rest."""
+    from paramserver.cli.main import COMMANDS, build_parser
+
+    prewarm, ran = _prewarm(), []
+    monkeypatch.setattr(prewarm, "run", lambda todo: ran.append([what for what, _ in todo]))
+    for argv, everything in ((["prewarm"], False), (["prewarm", "--all"], True)):
+        assert COMMANDS["prewarm"].run(build_parser("prewarm").parse_args(argv)) == 0
+        assert ran[-1] == [what for what, _ in prewarm.groups(everything)]
+    assert set(ran[0]) < set(ran[1])
 
 
 def test_the_prewarm_runs_each_round_app_as_its_command_line_reads_on_inputs_it_writes(tmp_path):

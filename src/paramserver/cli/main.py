@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from paramserver._runtime import collector
 from paramserver._runtime.proctitle import set_title
-from paramserver.cli import cluster, ctr_flags, export, feed, nodes, rounds, serve
+from paramserver.cli import cluster, ctr_flags, export, feed, nodes, prewarm, rounds, serve
 from paramserver.cli.parser import Command, root_parser
 from paramserver.errors import ParamServerError, WorkerError
 from paramserver.wire.ending import deliver_queued
@@ -88,8 +88,10 @@ COMMANDS: dict[str, Command] = {
     "demo": Command(ctr_flags.add_demo, ctr_flags.run_ctr),
     "chaos": Command(_add_chaos, _chaos),
     "nemesis": Command(_add_nemesis, _nemesis),
+    "prewarm": Command(prewarm.add_prewarm, prewarm.prewarm),
 }
-_QUIET = frozenset({"train", "demo", "predict", "eval", "synth", "chaos", "nemesis"})  # log warnings and up, not INFO
+# log warnings and up, not INFO
+_QUIET = frozenset({"train", "demo", "predict", "eval", "synth", "chaos", "nemesis", "prewarm"})
 _NODES = frozenset({"scheduler", "server", "worker", "node"})  # they serve: the allocator is tuned for it
 _COMPILES = frozenset({"train", "predict", "eval", "demo", "lasso", "mf", "lda", "serve", "split-columns", "synth"})
 _JOBS = frozenset({"train", "demo"})  # a job turns the collector back on once its nodes are up

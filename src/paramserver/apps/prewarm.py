@@ -1,16 +1,17 @@
-"""Compile (into numba's disk cache) the kernels the tests and the nodes load: every
-server table layout and row format, the filters, the training workers' parsers, models
-and routing.  ``make test`` runs it on the second core while the first lints, so the
-tests find the cache warm instead of compiling it on a fresh clone (about a minute and a
-half of kernels); ``make demo``'s install runs it with ``--quick-start``: the kernels of
-``paramserver demo`` and of the README's first commands (Criteo rows, LR and FM), of
-``train``'s jobs at its default flags, and of the round apps (each command run once on
-small inputs).
+"""``paramserver prewarm``: the kernels compiled into numba's disk cache once, so that no
+command's first run compiles them.
+
+By default (what ``make demo``'s install runs): the quick start's kernels (``paramserver
+demo``, Criteo rows, LR and FM), ``train``'s own warm-up for each job it runs at its
+default flags, a saved model's ``predict`` and ``eval``, and the round apps (each command run
+once on small inputs).  With ``everything`` (``--all``, what ``make test`` runs on the second
+core while the first lints): also every row storage, every built-in rule at the widths the
+tests' tables use, and LIBSVM's column blocks.
 
 It says what it does and about how long it takes before it starts (a fresh machine's
 cold cache: about two minutes, during which nothing else would be printed), one line a
 group of kernels as each is done, and the time in all at the end.
-Run: ``.venv/bin/python tools/prewarm.py [--quick-start]``."""
+"""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -32,6 +33,8 @@ from paramserver.apps.ctr.warmup import warm_job, warm_worker
 from paramserver.data.batch import DataFormat
 from paramserver.filters.warmup import warm_filters
 from paramserver.server.warmup import warm_server
+from paramserver.tables.optim import Optimizer
+from paramserver.tables.spec import TableSpec
 
 Group = tuple[str, Callable[[], None]]  # what a group of kernels is, and what compiles it
 
@@ -48,20 +51,21 @@ def _column_blocks() -> None:
         split_columns(os.path.join(tmp, "rows.libsvm"), 2, os.path.join(tmp, "blocks"))
 
 
-def _request_loops(rows: list[tuple[object, int]], dense: list[tuple[object, int]] | None = None,
-                   steps: bool = False) -> None:
+#: a table's rule as ``TableSpec`` takes it, and its row's width
+Row = tuple[Optimizer | str | dict[str, Any], int]
+
+
+def _request_loops(rows: list[Row], dense: list[Row] | None = None, steps: bool = False) -> None:
     """The request loops of hash tables of these (optimiser, dim) rows, and of dense tables
     of the ``dense`` rows (default: the same): compiled for their row
     (``store/specialize.py``), each a kernel of its own; with ``steps``, the hash tables'
     steps too (a training job's)."""
-    from paramserver.tables.spec import TableSpec
-
     tables = [TableSpec("warm-up", dim, optimizer=opt) for opt, dim in rows]
     tables += [TableSpec("warm-up", dim, optimizer=opt, key_bits=8) for opt, dim in (rows if dense is None else dense)]
     warm_server((), filters=False, tables=tuple(tables), steps=steps)
 
 
-def _job_rows() -> list[tuple[object, int]]:
+def _job_rows() -> list[Row]:
     """The rows of the quick start's tables: LR's and FM's at their default flags."""
     return [(m.default_optimizer(), m.dim) for m in (Model("lr"), Model("fm"))]
 
@@ -165,12 +169,11 @@ def _saved_model() -> None:
         _run(MODEL_COMMANDS, paths)
 
 
-def groups(quick_start: bool) -> list[Group]:
+def groups(everything: bool = False) -> list[Group]:
     """The kernels to compile, in groups of a few to some tens of seconds on a cold cache:
-    together what ``warm_server`` and ``warm_worker`` compile, for the quick start (its
-    layouts, Criteo rows, LR and FM) or for everything the tests load."""
-    if quick_start:
-        return [("server tables, hash layout", lambda: warm_server(("hash",), filters=False)),
+    what the commands run at their default flags; with ``everything``, also every row storage,
+    every built-in rule at the tests' widths, and LIBSVM's column blocks."""
+    commands = [("server tables, hash layout", lambda: warm_server(("hash",), filters=False)),
                 ("server tables, dense layout", lambda: warm_server(("dense",), filters=False)),
                 ("the filters", warm_filters),
                 ("Criteo rows and LR", lambda: warm_worker(("criteo",), (Model("lr"),), combine=False, filters=False)),
@@ -180,15 +183,15 @@ def groups(quick_start: bool) -> list[Group]:
                 ("the demo's synthetic rows", _synth_rows),
                 ("a saved model: predict, eval", _saved_model),
                 ("the round apps: Lasso, L1-LR, MF, LDA", _round_apps)]
-    every = [(f"server tables, {storage} rows", lambda s=storage: warm_server(storages=(s,), filters=False))
-             for storage in ("float32", "fp16", "bf16")]
+    if not everything:
+        return commands
+    storages = [(f"server tables, {storage} rows", lambda s=storage: warm_server(storages=(s,), filters=False))
+                for storage in ("fp16", "bf16")]
     # dense tables' loops at the widths the tests' dense tables use (``DENSE_WIDTHS``)
     loops = [(f"request loops, {rule}", lambda r=rule: _request_loops([(r, d) for d in WIDTHS],
                                                                       [(r, d) for d in DENSE_WIDTHS.get(r, (1,))]))
              for rule in RULES]
-    return [*every, ("the filters", warm_filters), *loops,
-            ("LR's and FM's request loops and steps", lambda: _request_loops(_job_rows(), steps=True)),
-            ("train's jobs at its default flags: Criteo LR, FM, DeepFM; LIBSVM, Avazu LR", _train_jobs),
+    return [*commands, *storages, *loops,
             ("Criteo rows: LR, FM, DeepFM", lambda: warm_worker(("criteo",), filters=False)),
             ("LIBSVM rows: LR, FM, DeepFM", lambda: warm_worker(("libsvm",), filters=False)),
             ("LIBSVM column blocks", _column_blocks)]
@@ -210,13 +213,3 @@ def run(todo: list[Group], out: TextIO = sys.stderr, clock: Callable[[], float] 
     took = clock() - t0
     say(f"numba's cache filled in {took:.0f} s")
     return took
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    run(groups("--quick-start" in args))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
