@@ -12,9 +12,7 @@ from paramserver.filters.chain import FilterSpec
 from paramserver.filters.warmup import warm_filters
 from paramserver.routing.ring import Ring
 from paramserver.server.requests import _segment_fault
-from paramserver.store import exercise
-from paramserver.store.exercise import GENERIC_DIM
-from paramserver.store.vnodes import VnodeSet
+from paramserver.store.vnodes import GENERIC_DIM, VnodeSet, exercise_steps
 from paramserver.tables.optim import CUSTOM_KIND, SGD, Zeros
 from paramserver.tables.spec import TableSpec
 from paramserver.tables.steps import check_batch
@@ -76,7 +74,7 @@ def warm_server(layouts: tuple[str, ...] = ("hash", "dense"), filters: bool | Fi
         VnodeSet(TableSpec("warm-up", spec.dim, optimizer=spec.optimizer, initializer=spec.initializer,
                            storage=spec.storage, key_bits=min(spec.key_bits, 8), key_bytes=spec.key_bytes), 1, [0])
         if steps:
-            exercise.steps(spec, VnodeSet)
+            exercise_steps(spec)
     if filters:
         # a filtered request's decoding, a filtered reply's encoding
         warm_filters(filters if isinstance(filters, FilterSpec) else None)

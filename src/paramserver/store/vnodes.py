@@ -21,6 +21,7 @@ from paramserver.store.compact import ROW_DTYPES
 from paramserver.store.dense import DenseVnode
 from paramserver.store.directory import Directory
 from paramserver.store.disk import DiskArena, default_cold_dir
+from paramserver.store.exercise import GENERIC_DIM as GENERIC_DIM  # a warm-up's generic width (server/warmup.py)
 from paramserver.store.fingerprints import FingerprintTable, Generations
 from paramserver.store.kernels import kernels_for
 from paramserver.store.life import TableLife, life_width
@@ -413,3 +414,9 @@ def _one_vnode(vnode: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     """``keys`` of one vnode as a request's arrays: vnodes, counts, keys."""
     return (frozen(np.array([vnode], np.int32)), frozen(np.array([keys.shape[0]], np.int64)),
             frozen(np.ascontiguousarray(keys, np.uint64)))
+
+
+def exercise_steps(spec: TableSpec) -> None:
+    """Run a table's steps once on a scratch ``VnodeSet`` (``exercise.steps``): what a training
+    job's servers load before they register (``server/warmup.py``)."""
+    exercise.steps(spec, VnodeSet)
