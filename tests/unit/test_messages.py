@@ -191,7 +191,7 @@ def test_the_prewarm_groups_compile_what_the_single_calls_did(monkeypatch):
     assert {m.name for a in workers for m in a[1]} == {"lr", "fm"} and all(a[0] == ("criteo",) for a in workers)
     assert [n for n, _, _ in calls].count("warm_filters") == 1 and ("_synth_rows", (), {}) in calls
     # the quick start's install leaves no round app, nor a saved model's predict and eval, to compile at their first run
-    assert ("_round_apps", (), {}) in calls and ("_saved_model", (), {}) in calls
+    assert ("_round_apps", (), {}) in calls and ("_saved_model", (None,), {}) in calls
     calls.clear()
     for _, compile_group in prewarm.groups(everything=True):
         compile_group()
@@ -207,13 +207,14 @@ def test_paramserver_prewarm_runs_the_groups_its_flag_asks_for(monkeypatch):
     """``paramserver prewarm`` (what ``make demo`` installs with, and a ``pip install`` is told to run once):
     the commands' kernels; ``--all`` (``make test``'s) those and the rest."""
     from paramserver.cli.main import COMMANDS, build_parser
+    from paramserver.serving.loading import load_once
 
     prewarm, ran = _prewarm(), []
     monkeypatch.setattr(prewarm, "run", lambda todo: ran.append([what for what, _ in todo]))
     for argv, everything in ((["prewarm"], False), (["prewarm", "--all"], True)):
         assert COMMANDS["prewarm"].run(build_parser("prewarm").parse_args(argv)) == 0
-        assert ran[-1] == [what for what, _ in prewarm.groups(everything)]
-    assert set(ran[0]) < set(ran[1])
+        assert ran[-1] == [what for what, _ in prewarm.groups(everything, served=load_once)]
+    assert set(ran[0]) < set(ran[1]) and "a saved model: predict, eval, serve" in ran[0]  # serve --model's warm-up too
 
 
 def test_the_prewarm_runs_each_round_app_as_its_command_line_reads_on_inputs_it_writes(tmp_path):

@@ -23,7 +23,7 @@ compiles them at its first run (a first `paramserver lasso` took 15 s instead of
 `train` 5 s longer); after this, none does.
 
 By default: the quick start's kernels, train's jobs at their default flags (Criteo, LIBSVM
-and Avazu rows; LR, FM and DeepFM), a saved model's predict and eval, and the round apps
+and Avazu rows; LR, FM and DeepFM), a saved model's predict, eval and serve, and the round apps
 (lasso, mf, lda).  --all: also the 16-bit row storages, every built-in rule at several
 row widths, and split-columns (what make test compiles first).
 """
@@ -44,6 +44,7 @@ class _Help(argparse.RawDescriptionHelpFormatter, Help):
 
 def prewarm(args: argparse.Namespace) -> int:
     from paramserver.apps.prewarm import groups, run
+    from paramserver.serving.loading import load_once
 
-    run(groups(everything=args.all))
+    run(groups(everything=args.all, served=load_once))  # serve --model's load and warm-up (no socket)
     return 0
