@@ -215,6 +215,16 @@ def test_paramserver_prewarm_runs_the_groups_its_flag_asks_for(monkeypatch):
         assert COMMANDS["prewarm"].run(build_parser("prewarm").parse_args(argv)) == 0
         assert ran[-1] == [what for what, _ in prewarm.groups(everything, served=load_once)]
     assert set(ran[0]) < set(ran[1]) and "a saved model: predict, eval, serve" in ran[0]  # serve --model's warm-up too
+    # without the serve extra (no aiohttp) there is no serve to warm, and the prewarm (make demo's install) goes on
+    import importlib.util
+
+    from paramserver.cli import prewarm as command
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "aiohttp" else real(name, *a))
+    assert command.served() is None
+    assert COMMANDS["prewarm"].run(build_parser("prewarm").parse_args(["prewarm"])) == 0
+    assert "a saved model: predict, eval" in ran[-1]
 
 
 def test_the_prewarm_runs_each_round_app_as_its_command_line_reads_on_inputs_it_writes(tmp_path):

@@ -9,6 +9,8 @@ starts, which a server's first heartbeats would wait for).
 from __future__ import annotations
 
 import argparse
+import importlib.util
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from paramserver.cli.parser import Help
@@ -44,7 +46,17 @@ class _Help(argparse.RawDescriptionHelpFormatter, Help):
 
 def prewarm(args: argparse.Namespace) -> int:
     from paramserver.apps.prewarm import groups, run
+
+    run(groups(everything=args.all, served=served()))
+    return 0
+
+
+def served() -> Callable[[str], object] | None:
+    """``serve --model``'s load and warm-up (no socket), where ``serve`` is installed: the
+    ``serve`` extra's aiohttp, which the serving layer imports (an install without it has no
+    ``serve`` to warm, and its prewarm must not fail)."""
+    if importlib.util.find_spec("aiohttp") is None:
+        return None
     from paramserver.serving.loading import load_once
 
-    run(groups(everything=args.all, served=load_once))  # serve --model's load and warm-up (no socket)
-    return 0
+    return load_once
