@@ -3,8 +3,9 @@ command's first run compiles them.
 
 By default (what ``make demo``'s install runs): the quick start's kernels (``paramserver
 demo``, Criteo rows, LR and FM), ``train``'s own warm-up for each job it runs at its
-default flags, a saved model's ``predict``, ``eval`` and ``serve``, and the round apps (each command run
-once on small inputs).  With ``everything`` (``--all``, what ``make test`` runs on the second
+default flags, a saved model's ``predict`` and ``eval`` (and ``serve``'s load, which the
+command hands in where the ``serve`` extra is installed), and the round apps (each command
+run once on small inputs).  With ``everything`` (``--all``, what ``make test`` runs on the second
 core while the first lints): also every row storage, every built-in rule at the widths the
 tests' tables use, and LIBSVM's column blocks.
 
