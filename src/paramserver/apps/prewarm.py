@@ -182,8 +182,6 @@ def groups(everything: bool = False, served: Callable[[str], object] | None = No
     commands = [("server tables, hash layout", lambda: warm_server(("hash",), filters=False)),
                 ("server tables, dense layout", lambda: warm_server(("dense",), filters=False)),
                 ("the filters", warm_filters),
-                ("Criteo rows and LR", lambda: warm_worker(("criteo",), (Model("lr"),), combine=False, filters=False)),
-                ("FM", lambda: warm_worker(("criteo",), (Model("fm"),), combine=False, filters=False)),
                 ("LR's and FM's request loops and steps", lambda: _request_loops(_job_rows(), steps=True)),
                 ("train's jobs at its default flags: Criteo LR, FM, DeepFM; LIBSVM, Avazu LR", _train_jobs),
                 ("the demo's synthetic rows", _synth_rows),

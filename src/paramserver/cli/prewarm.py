@@ -9,11 +9,11 @@ starts, which a server's first heartbeats would wait for).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from paramserver.cli.parser import Help
+from paramserver.cli.serve import installed
 
 if TYPE_CHECKING:
     from paramserver.cli.parser import Subparsers
@@ -52,10 +52,10 @@ def prewarm(args: argparse.Namespace) -> int:
 
 
 def served() -> Callable[[str], object] | None:
-    """``serve --model``'s load and warm-up (no socket), where ``serve`` is installed: the
-    ``serve`` extra's aiohttp, which the serving layer imports (an install without it has no
-    ``serve`` to warm, and its prewarm must not fail)."""
-    if importlib.util.find_spec("aiohttp") is None:
+    """``serve --model``'s load and warm-up (no socket), where ``serve`` is installed
+    (``serve.installed``): an install without the ``serve`` extra has none to warm, and its
+    prewarm must not fail."""
+    if not installed():
         return None
     from paramserver.serving.loading import load_once
 

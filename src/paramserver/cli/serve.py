@@ -5,6 +5,7 @@ model a training job publishes (``--follow``), kept current as deltas arrive
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import TYPE_CHECKING
 
 from paramserver.errors import ConfigError
@@ -64,11 +65,15 @@ def add_serve(sub: Subparsers) -> None:
                              "the model, plus ~2x the largest JSON body")
 
 
+def installed() -> bool:
+    """Whether ``serve`` can run here: the ``serve`` extra's aiohttp, which the serving layer
+    imports (``prewarm`` asks too: an install without it has no ``serve`` to warm)."""
+    return importlib.util.find_spec("aiohttp") is not None
+
+
 def serve(args: argparse.Namespace) -> int:
-    try:
-        import aiohttp  # noqa: F401
-    except ImportError:
-        raise ConfigError("paramserver serve needs aiohttp: pip install 'paramserver[serve]'") from None
+    if not installed():
+        raise ConfigError("paramserver serve needs aiohttp: pip install 'paramserver[serve]'")
     from paramserver.config import load_config
     from paramserver.serving.limits import MIB, Limits
     from paramserver.serving.run import ServeConfig
