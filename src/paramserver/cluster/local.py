@@ -7,7 +7,8 @@ project already imported), else started as a fresh interpreter; ports are chosen
 OS; everything started is stopped on exit, by request first, then by signal.
 ``run`` is strict (a worker that dies fails it); ``run_elastic`` goes on without the
 dead, and ``add_worker`` starts a worker that joins a running function.  How one node's
-process is forked or spawned, logged and ended is ``cluster/process.py``'s.
+process is forked or spawned, logged and ended is ``cluster/process.py``'s; how a run's
+function travels to the workers and their answers back, ``cluster/pipe_runs.py``'s.
 
 Example:
     >>> def train(client):                                         # doctest: +SKIP
@@ -25,25 +26,22 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, Pipe, wait
+from multiprocessing.connection import Connection, Pipe
 from typing import Any, Self
-
-import cloudpickle
 
 from paramserver._runtime import collector
 from paramserver._runtime.warm import Warmup, servers_apart
 from paramserver.client.client import Client
 from paramserver.client.warmup import warm_client
+from paramserver.cluster.pipe_runs import ActiveRun, collect, reap
 from paramserver.cluster.process import NodeProcess, check_room, end_all, wait_all
 from paramserver.cluster.process import exit_with_parent as exit_with_parent  # cli.main's import
-from paramserver.cluster.runs import Outcome, RunsFunctions, Tally
+from paramserver.cluster.runs import Outcome, RunsFunctions
 from paramserver.cluster.starting import NodeStarts
 from paramserver.config import load_config
 from paramserver.data.reader import DataError
@@ -56,17 +54,6 @@ logger = logging.getLogger(__name__)
 
 #: how long ``stop`` lets the workers leave on their own before it stops the cluster
 WORKERS_LEAVE_S = 2.0
-
-
-@dataclass
-class _Active:
-    """The function ``run`` is running: workers added meanwhile are sent it too."""
-
-    payload: bytes
-    call: int  # this run's number: a reply tagged with another is late, from a run given up on
-    wake: Connection  # written to when a worker joins, so the waiting loop looks again
-    waiting: dict[Connection, NodeProcess] = field(default_factory=dict)
-    died: list[NodeProcess] = field(default_factory=list)  # could not even be sent the function
 
 
 class LocalCluster(RunsFunctions):
@@ -140,7 +127,7 @@ class LocalCluster(RunsFunctions):
         self._client: Client | None = None
         self._closed = False
         self._lock = threading.Lock()  # procs and the active run, for add_worker from any thread
-        self._active: _Active | None = None
+        self._active: ActiveRun | None = None
         self._next_worker = 0
         self._calls = 0  # runs started: each run's payload and replies carry its number
         self._workers_before = 0  # workers the scheduler had before this cluster started its own
@@ -326,72 +313,16 @@ class LocalCluster(RunsFunctions):
         with self._lock:
             workers = [p for p in self.procs.values() if p.from_child is not None]
             call, payload = self._begin_run(workers, fn, args)
-            active = self._active = _Active(payload, call, wake_w)
+            active = self._active = ActiveRun(payload, call, wake_w)
             for proc in workers:
-                self._send_function(proc)
-        tally = Tally()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                active.send(proc)
         try:
-            while True:
-                with self._lock:
-                    dead, active.died = active.died, []
-                    waiting = dict(active.waiting)
-                for proc in dead:
-                    self._died(proc, tally)
-                if not waiting:
-                    break
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                ready = wait([*waiting, wake_r], timeout=left)
-                if not ready:
-                    raise WorkerError(f"{sorted(p.name for p in waiting.values())} did not finish "
-                                      f"within {timeout_s} s")
-                for conn in ready:
-                    if conn is wake_r:
-                        wake_r.recv_bytes()
-                        continue
-                    with self._lock:
-                        proc = active.waiting.pop(conn)  # type: ignore[call-overload]
-                    try:
-                        call, status, rank, value = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
-                    except EOFError:
-                        self._died(proc, tally)
-                        continue
-                    if call != active.call:  # the late reply of a run that timed out: not ours
-                        logger.info("%s: dropped a late result of an earlier run", proc.name)
-                        with self._lock:
-                            active.waiting[conn] = proc  # type: ignore[index]
-                        continue
-                    tally.answered(proc.name, status, rank, value)
-                if tally.raised:
-                    break
+            tally = collect(active, self._lock, wake_r, timeout_s, lambda proc, t: reap(proc, t, self._lock))
         finally:
             self._end_run()
             wake_r.close()
             wake_w.close()
         return tally.outcome()
-
-    def _send_function(self, proc: NodeProcess, joined: bool = False) -> None:
-        """Send the active function to ``proc`` (under ``_lock``); ``joined``: it joins the run midway."""
-        active = self._active
-        assert active is not None and proc.to_child is not None and proc.from_child is not None
-        try:
-            # a first byte says whether it joins the run midway (``Client.joined_midway``)
-            proc.to_child.send_bytes((b"J" if joined else b"-") + active.payload)
-            active.waiting[proc.from_child] = proc
-        except OSError:  # it is dead already (a broken pipe)
-            active.died.append(proc)
-
-    def _died(self, proc: NodeProcess, tally: Tally) -> None:
-        try:
-            proc.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        tally.died(f"{proc.name} died (exit code {proc.popen.returncode})", proc.tail())
-        with self._lock:  # later runs skip it
-            for conn in (proc.to_child, proc.from_child):
-                if conn is not None:
-                    conn.close()
-            proc.to_child = proc.from_child = None
 
     def add_worker(self) -> str:
         """Start one more worker process and return its name (``"worker-N"``).
@@ -405,7 +336,7 @@ class LocalCluster(RunsFunctions):
                 raise ClosedError("the cluster is not running")
             proc = self._spawn_worker(self._next_worker)
             if self._active is not None:
-                self._send_function(proc, joined=True)
+                self._active.send(proc, joined=True)
                 self._active.wake.send_bytes(b"")
         return proc.name
 
