@@ -66,9 +66,11 @@ def child(argv: list[str]) -> None:
             exit_now(code)
 
     os._exit = mapped_exit  # type: ignore[assignment]  # every process of the job ends through it
+    # the command's argv before the package loads: it then sets up as the command does (one BLAS
+    # thread; with OpenBLAS's own two, the driver's helper threads spun 0.04-0.06 s in the window)
+    sys.argv = ["paramserver", "train", *argv]
     from paramserver.cli.main import command
 
-    sys.argv = ["paramserver", "train", *argv]
     command()  # ends with os._exit: the driver's map too
 
 

@@ -10,7 +10,7 @@ and from ``LINK_FROM_MS`` keeps 2 + one batch for each whole ``LINK_MS`` of it, 
 ``STEP_DEPTH``, the most ``--pipeline`` takes, on any link).
 On one machine the floor is ~0.3-0.45 ms (two threads' hand-offs at each end), so the depth
 is 2 there, as before, and one worker trains the same model every run; over 10 ms it is 12
-(0.15x the loopback run's examples/s at 2, 0.55x at 12: docs/benchmarks.md, "A pipeline as
+(0.15x the loopback run's examples/s at 2, 0.55x at 12: docs/benchmarks-history.md, "A pipeline as
 deep as the link").  Only a linear model deepens: a factor model's loss grows with its reads'
 delay (FM on the Criteo sample: 0.474 at 2, 0.662 at 4, settled), so it stays at 2.  The
 floor was once the least round trip of the job's first requests; but those go out together,
