@@ -18,10 +18,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from paramserver._runtime import collector
+from paramserver.apps.ctr.job_plan import check_job
 from paramserver.apps.ctr.modelfile import evaluate, predict_file
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.streaming import StreamJob
-from paramserver.apps.ctr.train import check_job, run_training
+from paramserver.apps.ctr.train import run_training
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.cli.running import Progress, cluster_options, console
 from paramserver.cli.train_report import progress_line, report_table

@@ -19,13 +19,12 @@ checkpoint of a folder, onto any number of servers, and goes on from its progres
 worker that dies hands its shard back to the queue and the others finish the job.
 
 This module is the driver; a worker's training loop is in ``train_loop``, its batch ramp
-in ``ramp``, the job's settings in ``train_config``, the checkpoint and resume checks in
-``resume``.
+in ``ramp``, the job's settings in ``train_config``, what it does worked out and checked
+before any node starts in ``job_plan``, the checkpoint and resume checks in ``resume``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -35,36 +34,26 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.apps.ctr.modelfile import model_meta, pull_dense, save_model
+from paramserver.apps.ctr.job_plan import JobPlan, plan_job
+from paramserver.apps.ctr.modelfile import pull_dense, save_model
 from paramserver.apps.ctr.publishing import JobPublisher, table_report
-from paramserver.apps.ctr.resume import checkpoint_option, stream_resume_point, train_resume_point
 from paramserver.apps.ctr.stream_files import stream_file_report
-from paramserver.apps.ctr.streaming import Feeder, StreamJob, fed, stream_limits, stream_rates
-from paramserver.apps.ctr.test_set import Distinct, TestSet, core_to_spare, scored
-from paramserver.apps.ctr.test_set import check_head as check_test_head
+from paramserver.apps.ctr.streaming import Feeder, StreamJob, fed, stream_rates
+from paramserver.apps.ctr.test_set import Distinct, TestSet, scored
 from paramserver.apps.ctr.tier_report import TierPasses
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.apps.ctr.train_loop import PROGRESS_EVERY_S, train_worker
 from paramserver.apps.ctr.warmup import warm_job
 from paramserver.checkpoint import store as checkpoint
-from paramserver.client.cached_calls import check_caches_fit
 from paramserver.client.client import Client
 from paramserver.client.filtering import merge_stats
 from paramserver.client.losses import COMMAND_FIX, loss_line, tolerating_loss
 from paramserver.client.row_cache import merge_caches
 from paramserver.config import parse_bytes
-from paramserver.data.csv import check_same_columns
-from paramserver.data.files import check_output
 from paramserver.data.reader import (
-    STDIN,
     Batch,
-    Shard,
-    expand,
-    input_bytes,
-    make_shards,
     no_examples,
 )
-from paramserver.data.streams import StreamSource, open_source
 from paramserver.errors import ConfigError, DataLossError, WorkerError
 from paramserver.lifecycle.spec import Lifecycle
 from paramserver.tables.spec import TableSpec
@@ -137,7 +126,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     from paramserver.cluster.launch import open_cluster
 
     cfg = _tracked(cfg, publish)
-    plan = _plan_job(cfg, data, test, servers=servers, workers=workers, save=save, shard_bytes=shard_bytes,
+    plan = plan_job(cfg, data, test, servers=servers, workers=workers, save=save, shard_bytes=shard_bytes,
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
                      publish_every=publish_every, stream=stream, checkpoint_seconds=checkpoint_seconds,
@@ -158,7 +147,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     return report
 
 
-def _ended(cluster: Any, cfg: TrainConfig, plan: _Plan, ran: _Ran, test_set: TestSet, save: str | None,
+def _ended(cluster: Any, cfg: TrainConfig, plan: JobPlan, ran: _Ran, test_set: TestSet, save: str | None,
            publisher: JobPublisher | None, workers: int, table_seconds: float) -> dict[str, Any]:
     """The report of a job whose workers are done: they leave while the test rows are scored
     from the servers, the model is saved, and what the job did is said."""
@@ -174,7 +163,7 @@ def _nothing(report: dict[str, Any]) -> None:
     pass
 
 
-def _cluster_options(cfg: TrainConfig, plan: _Plan, more: dict[str, Any] | None,
+def _cluster_options(cfg: TrainConfig, plan: JobPlan, more: dict[str, Any] | None,
                      forked: Callable[[], None]) -> dict[str, Any]:
     """The local cluster's options: the nodes are forked once this process has loaded what
     the job runs (its parser, model and table layout), and ``forked`` is called then."""
@@ -182,7 +171,7 @@ def _cluster_options(cfg: TrainConfig, plan: _Plan, more: dict[str, Any] | None,
     return {"log_level": "WARNING", "warm": warm, **(more or {})}
 
 
-def _start_job(cluster: Any, cfg: TrainConfig, plan: _Plan, setup: Callable[[Any], Any] | None,
+def _start_job(cluster: Any, cfg: TrainConfig, plan: JobPlan, setup: Callable[[Any], Any] | None,
                allow_unverified: bool) -> float:
     """The job's tables made (or restored), ``setup`` called, the job started on the
     scheduler; the seconds the tables took."""
@@ -217,73 +206,7 @@ def _lived(client: Client, spec: TableSpec, publisher: JobPublisher | None) -> d
     return report
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """What a training job does, worked out (and checked) before any node starts."""
-
-    shards: list[Shard]
-    spec: TableSpec  # the model's table
-    dense_spec: TableSpec | None  # a deep model's MLP table
-    checkpoints: dict[str, Any] | None  # the scheduler's checkpoint option (checkpoint_option)
-    step: str | None  # the checkpoint step the job resumes from ...
-    progress: dict[str, Any] | None  # ... and the job's progress there
-    overlap: bool  # the test rows are read while the job runs (else after it)
-    source: StreamSource | None = None  # the stream the job reads (--stream), or None: its shards
-
-    @property
-    def stream_position(self) -> Any:
-        """Where the stream job resumes: the position in its checkpoint (None: not resumed)."""
-        return (self.progress or {}).get("stream", {}).get("position") if self.step else None
-
-
-def _plan_job(cfg: TrainConfig, data: list[str], test: list[str], *, servers: int, workers: int, save: str | None,
-              shard_bytes: int, checkpoint_dir: str | None, checkpoint_every: int | None, resume: str | None,
-              keep_checkpoints: int, allow_unverified: bool, publish: str | None = None,
-              publish_every: float = 10.0, stream: StreamJob | None = None,
-              checkpoint_seconds: float | None = None, cluster: str = "local") -> _Plan:
-    """The job's arguments checked, its outputs writable, its inputs there, all said before
-    anything starts; its shards, tables, checkpoints and resume point.  ``cluster``: where
-    the nodes run (``--cluster``; a local cluster's workers share this machine's memory)."""
-    from paramserver.cluster.launch import parse_cluster
-
-    check_job(servers, workers, shard_bytes)
-    if isinstance(keep_checkpoints, bool) or not isinstance(keep_checkpoints, int) or keep_checkpoints < 0:
-        raise ConfigError(f"--keep-checkpoints must be a whole number >= 0 (0: keep all), got {keep_checkpoints!r}")
-    check_output(save, "--save", folder=True)  # every output now, not after the job
-    check_output(checkpoint_dir, "--checkpoint-dir", folder=True)
-    check_output(publish, "--publish", folder=True)
-    if not (isinstance(publish_every, (int, float)) and math.isfinite(publish_every) and publish_every > 0):
-        raise ConfigError(f"--publish-every must be a number of seconds > 0, got {publish_every!r}")
-    if stream is not None and data:
-        raise ConfigError(f"--stream {stream.source} and --data {' '.join(data)}: give one (the files of a folder "
-                          "that fills: --stream FOLDER)")
-    if stream is not None and cfg.epochs != 1:
-        raise ConfigError(f"--epochs {cfg.epochs} with --stream: a stream is read once; drop --epochs")
-    if stream is not None:
-        stream_limits(stream.max_examples, stream.until)  # checked now, before anything starts
-    source = open_source(stream.source, shard_bytes, cfg.data.name) if stream is not None else None
-    shards = make_shards(data, shard_bytes) if source is None else []
-    spec, dense_spec = cfg.table_spec(input_bytes(data) if source is None else None), cfg.dense_spec()
-    if parse_cluster(cluster)[0] == "local":  # each worker's own check sees the memory before the others fill it
-        check_caches_fit(spec, cfg.row_cache, workers)
-    job_checkpoints = checkpoint_option(checkpoint_dir, checkpoint_every, len(shards), checkpoint_seconds,
-                                        stream=source is not None)
-    if job_checkpoints is not None:  # eval and predict read a checkpoint with these
-        job_checkpoints["meta"] = model_meta(cfg.model, cfg.data)
-    step, progress, spec = (None, None, spec) if not resume else \
-        stream_resume_point(resume, source, spec, cfg, allow_unverified) if source is not None else \
-        train_resume_point(resume, shards, spec, cfg, data, shard_bytes, allow_unverified)
-    overlap = core_to_spare(servers, workers)  # else the test rows are read after the job
-    if test:
-        make_shards(test, shard_bytes)  # the test files exist: said now, not after training
-        if cfg.data.name in ("csv", "avazu") and data and STDIN not in (data[0], *test):
-            check_same_columns(expand(data)[0], expand(test), cfg.data.name)
-        if not overlap:
-            check_test_head(test, cfg.data)
-    return _Plan(shards, spec, dense_spec, job_checkpoints, step, progress, overlap, source)
-
-
-def _make_tables(client: Client, cfg: TrainConfig, plan: _Plan, allow_unverified: bool) -> float:
+def _make_tables(client: Client, cfg: TrainConfig, plan: JobPlan, allow_unverified: bool) -> float:
     """The job's tables, restored from the step it resumes from or created (a deep model's
     MLP from its seed, on the servers); the seconds that took (a dense table is allocated
     whole here)."""
@@ -369,7 +292,7 @@ def _run_job(cluster: Any, cfg: TrainConfig, test_set: TestSet, *,
                 passes.passes)
 
 
-def _results(client: Client, cfg: TrainConfig, plan: _Plan, ran: _Ran,
+def _results(client: Client, cfg: TrainConfig, plan: JobPlan, ran: _Ran,
              test_parts: Iterable[tuple[Batch, Distinct]] | None, save: str | None) -> dict[str, Any]:
     """Once the job is done, with the cluster still up: the first example's time, the test
     set scored, the model saved (``--save``), the staleness readers saw, each worker's
@@ -397,7 +320,7 @@ def _results(client: Client, cfg: TrainConfig, plan: _Plan, ran: _Ran,
     return report
 
 
-def _job_report(cfg: TrainConfig, plan: _Plan, ran: _Ran, *, servers: int, workers: int,
+def _job_report(cfg: TrainConfig, plan: JobPlan, ran: _Ran, *, servers: int, workers: int,
                 table_seconds: float) -> dict[str, Any]:
     """The report's lines on the job: examples (in this run, when resumed) and their speed,
     the training loss, bytes moved, the settings, the checkpoints written."""
@@ -458,13 +381,3 @@ def check_losses(status: dict[str, Any], allow_loss: bool) -> None:
     if not losses or allow_loss:
         return
     raise DataLossError(loss_line(losses, COMMAND_FIX))
-
-
-def check_job(servers: Any, workers: Any, shard_bytes: Any) -> None:
-    """The cluster and shard arguments of a job, checked before anything starts."""
-    for flag, value in (("--servers", servers), ("--workers", workers)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{flag} must be a whole number >= 1, got {value!r}")
-    if not (isinstance(shard_bytes, (int, float)) and shard_bytes >= 1):
-        raise ConfigError(f"--shard-mb must be > 0 (megabytes of input per shard), got {shard_bytes / (1 << 20):g}; "
-                          "try 16")
