@@ -87,6 +87,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/python tools/shape.py
 	$(BIN)/python tools/ties.py
 	$(BIN)/python tools/asserts.py
+	$(BIN)/python tools/doclinks.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m pip install --quiet -e ".[bench]" && $(BIN)/python bench/pushpull.py && $(BIN)/python bench/train.py
