@@ -213,3 +213,31 @@ def test_follow_refuses_what_is_never_published_into_and_waits_for_a_folder_to_c
     (saved / "PUBLISH.json").write_text("{}")  # a folder published into that also holds a model.json
     for url in (str(saved), str(tmp_path / "not-yet"), "memory://bucket/published"):
         assert follow_module.followable(url) is None
+
+
+def test_a_poll_that_ends_a_failure_swaps_its_model_in_with_the_failure_cleared(chain):
+    """/readyz reads the model and the last poll's error apart: a poll that loads a chain or
+    applies deltas after a failed one clears the error before its model is swapped in, not
+    after it returns (a reader between the two saw the new model "degraded")."""
+    url, pub = chain
+    stats = Stats()
+    seen = []
+
+    class Spy(Holder):
+        def swap(self, snap, timeout_s=30.0):
+            seen.append((snap.version, stats.follow_last_error))
+            return super().swap(snap, timeout_s)
+
+    follower = Follower(url, Spy(), stats)
+    stats.follow_last_error = "OSError: the last poll failed"  # as the loop's _failed leaves it
+    assert follower.poll_once()  # the chain loaded
+    stats.follow_last_error = "OSError: and the next"
+    pub.publish(_delta([7, 8], np.full((2, 1), 5.0, np.float32)))
+    assert follower.poll_once()  # a delta applied
+    pub.publish(_delta([9], np.full((1, 1), 6.0, np.float32)))
+    pub.publish(_delta([500, 1 << 24]))  # a whole delta, then one that does not fit: applied up to it
+    with pytest.raises(CheckpointError, match="outside the model's hash space"):
+        follower.poll_once()
+    assert [v for v, _ in seen] == ["00000002-delta", "00000003-delta", "00000004-delta"]
+    assert [e for _, e in seen[:2]] == ["", ""]
+    assert "outside the model's hash space" in seen[2][1]  # said with the swap, not cleared

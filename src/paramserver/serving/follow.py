@@ -137,6 +137,13 @@ class Follower:
         self.last_error = self.stats.follow_last_error = message
         self.stats.follow_errors += 1
 
+    def _settle(self, error: CheckpointError | None) -> None:
+        """What this poll found wrong with its parts (None: nothing), said before the model
+        they make is swapped in: ``/readyz`` never shows the model a poll brings beside the
+        failure it ended (the loop itself clears the failure only once the poll returns).  A
+        failure after the swap is said by ``_failed``, as ever."""
+        self.stats.follow_last_error = "" if error is None else str(error)
+
     def poll_once(self) -> bool:
         """Read the index and bring the model up to it; False while nothing is published.
         Raises what was wrong with a part after applying the whole ones before it."""
@@ -160,7 +167,7 @@ class Follower:
         if new:
             read, error = self._read_deltas(new, _shape(self.replicas[0]))
             if read:
-                self._apply(read, index)
+                self._apply(read, index, error)
             if error is not None:
                 raise error
         return True
@@ -186,6 +193,7 @@ class Follower:
         for replica in replicas:
             warm(replica)
         last = read[-1].part if read else base
+        self._settle(error)
         self.holder.swap(_snapshot(self.url, replicas[0], last, index, len(read) == len(deltas)))
         self.replicas = replicas
         self.base = (str(base["path"]), str(base["sha256"]))
@@ -210,16 +218,18 @@ class Follower:
                 return out, exc
         return out, None
 
-    def _apply(self, deltas: list[Delta], index: dict[str, Any]) -> None:
-        """``deltas`` into the idle replica, swapped in, then into the other (once idle).
-        Should anything fail on the way, both replicas are dropped: the next poll loads
-        the chain afresh rather than serve or patch a replica written in part."""
+    def _apply(self, deltas: list[Delta], index: dict[str, Any], error: CheckpointError | None = None) -> None:
+        """``deltas`` into the idle replica, swapped in, then into the other (once idle);
+        ``error``: what was wrong with the part after them, if anything.  Should anything
+        fail on the way, both replicas are dropped: the next poll loads the chain afresh
+        rather than serve or patch a replica written in part."""
         t0 = time.perf_counter()
         serving, idle = self.replicas
         try:
             for d in deltas:
                 apply_to(idle, d.keys, d.values, d.deleted, d.dense)
             last = deltas[-1].part
+            self._settle(error)
             self.holder.swap(_snapshot(self.url, idle, last, index, last is index["parts"][-1]))  # waits: serving idle
             self.stats.last_swap_s = time.perf_counter() - t0
             for d in deltas:
