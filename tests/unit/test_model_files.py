@@ -11,6 +11,7 @@ import pytest
 from paramserver import load_model
 from paramserver.apps.ctr.modelfile import save_model
 from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.data.reader import DataError, DataFormat
 from paramserver.tables.spec import TableSpec
 
@@ -18,7 +19,8 @@ from paramserver.tables.spec import TableSpec
 def _saved(tmp_path):
     url = str(tmp_path / "m")
     model = Model("lr")
-    spec = TableSpec(model.table, model.dim, optimizer=model.default_optimizer(), initializer=model.initializer())
+    spec = TableSpec(model.table, model.dim, optimizer=TrainConfig(model=model).table_spec().optimizer,
+                     initializer=model.initializer())
     keys = np.arange(1, 11, dtype=np.uint64)
     save_model(url, model, DataFormat("criteo"), spec, keys, np.linspace(-1, 1, 10, dtype=np.float32)[:, None])
     return tmp_path / "m"

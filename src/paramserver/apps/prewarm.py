@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from paramserver.apps.ctr import step_size
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train_config import TrainConfig
@@ -68,7 +69,7 @@ def _request_loops(rows: list[Row], dense: list[Row] | None = None, steps: bool 
 
 def _job_rows() -> list[Row]:
     """The rows of the quick start's tables: LR's and FM's at their default flags."""
-    return [(m.default_optimizer(), m.dim) for m in (Model("lr"), Model("fm"))]
+    return [(TrainConfig(model=m).table_spec().optimizer, m.dim) for m in (Model("lr"), Model("fm"))]
 
 
 #: the jobs ``_train_jobs`` loads as ``train`` runs them at its default flags: a row format and a model
@@ -83,6 +84,7 @@ def _train_jobs() -> None:
     without these, a fresh install's first ``train`` compiled five of them in its server (4.6 s
     to its first example instead of 0.6), a first ``--model fm`` three more, and a first LIBSVM
     job (a9a) took 4.8 s, a first Avazu one 2.9, a first DeepFM 2.2."""
+    step_size.warm()  # the α an LR job replays its first rows for (alpha=auto, its default)
     for fmt, name in TRAIN_JOBS:
         for layout in ("hash", "dense"):
             cfg = TrainConfig(model=Model(name), data=DataFormat(fmt), layout=layout)

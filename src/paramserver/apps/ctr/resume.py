@@ -12,6 +12,7 @@ from typing import Any
 
 from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.spec_flags import differences, fix, said
+from paramserver.apps.ctr.step_size import is_auto
 from paramserver.apps.ctr.stream_files import check_pending
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.checkpoint import store as checkpoint
@@ -105,7 +106,7 @@ def train_resume_point(url: str, shards: list[Shard], spec: TableSpec, cfg: Trai
 
 def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: TrainConfig) -> TableSpec:
     """The checkpoint's tables are the ones these flags train (each difference said with its
-    flags); the model table's spec to go on with (``auto``: the layout the job began with)."""
+    flags); the model table's spec to go on with (``auto``: the layout and the α the job began with)."""
     _check_features(step, manifest, cfg)
     dense_spec = cfg.dense_spec()
     theirs_model = (manifest.get("train") or {}).get("model")
@@ -122,6 +123,8 @@ def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: Tra
     # where rows live, and in how many bytes their keys, is this run's choice
     theirs = replace(TableSpec.from_wire(theirs_spec), memory=spec.memory, key_bytes=8)
     mine = replace(spec, key_bytes=8, key_bits=theirs.key_bits if cfg.layout == "auto" else spec.key_bits)
+    if is_auto(cfg.optimizer_wire()) and hasattr(theirs.optimizer, "alpha"):  # α auto: the one the job began with
+        mine = replace(mine, optimizer=replace(mine.optimizer, alpha=theirs.optimizer.alpha))  # type: ignore[type-var]
     if theirs.to_wire() != mine.to_wire():
         diffs = differences(theirs, mine, theirs_model)
         raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} was made with other settings "

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from paramserver.apps.ctr import step_size
 from paramserver.apps.ctr.job_plan import JobPlan, plan_job
 from paramserver.apps.ctr.modelfile import pull_dense, save_model
 from paramserver.apps.ctr.publishing import JobPublisher, table_report
@@ -126,15 +127,17 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     from paramserver.cluster.launch import open_cluster
 
     cfg = _tracked(cfg, publish)
+    alpha = step_size.JobAlpha(cfg, data, stream=stream is not None, resume=bool(resume))  # alpha=auto's
     plan = plan_job(cfg, data, test, servers=servers, workers=workers, save=save, shard_bytes=shard_bytes,
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
                      publish_every=publish_every, stream=stream, checkpoint_seconds=checkpoint_seconds,
                      cluster=(cluster_options or {}).get("cluster", "local"))
     test_set = TestSet(test, cfg.data, plan.overlap)  # read from once the nodes are forked
-    with test_set, open_cluster(servers=servers, workers=workers,
-                                **_cluster_options(cfg, plan, cluster_options, test_set.begin)) as cluster:
+    with test_set, open_cluster(servers=servers, workers=workers, **_cluster_options(
+            cfg, plan, cluster_options, alpha.forked(test_set.begin))) as cluster:
         test_set.begin()  # where no node was forked (Ray's actors), now
+        cfg, plan = alpha.settled(cfg, plan)  # the tables take the α chosen
         table_seconds = _start_job(cluster, cfg, plan, setup, allow_unverified)
         publisher = JobPublisher(publish, publish_every, cfg, plan.spec) if publish else None
         with fed(cluster.client, plan.source, stream, checkpoints=plan.checkpoints is not None,
@@ -142,7 +145,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             ran = _run_job(cluster, cfg, test_set, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
-        report = _ended(cluster, cfg, plan, ran, test_set, save, publisher, workers, table_seconds)
+        report = _ended(cluster, cfg, plan, ran, test_set, save, publisher, workers, table_seconds) | alpha.report()
         (on_done or _nothing)(report)  # the cluster (and its dashboard) still up
     return report
 

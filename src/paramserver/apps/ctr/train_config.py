@@ -15,6 +15,7 @@ from typing import Any
 from paramserver.apps.ctr.deep import DENSE_BLOCK
 from paramserver.apps.ctr.depth import parse_pipeline
 from paramserver.apps.ctr.models import Model
+from paramserver.apps.ctr.step_size import AUTO, FALLBACK
 from paramserver.client.row_cache import RowCacheSpec
 from paramserver.config import parse_bytes
 from paramserver.data.reader import DataFormat
@@ -22,9 +23,12 @@ from paramserver.errors import ConfigError
 from paramserver.filters.chain import FilterSpec
 from paramserver.lifecycle.spec import Lifecycle
 from paramserver.routing.hashing import MAX_KEY_BITS
+from paramserver.tables.optim import Optimizer
 from paramserver.tables.spec import TableSpec
 
 LAYOUTS = ("auto", "hash", "dense")
+#: the models and rules whose α may be ``auto``: FTRL on weights that a logistic regression's replay stands for
+AUTO_RULES = (("lr", "ftrl"), ("fm", "ftrl_adagrad"))
 STEPS = ("auto", "off")  # --steps
 DENSE_AUTO_BYTES = 1 << 30  # --table-layout auto: dense when every copy together fits in this
 # ... and when the input is large enough to fill it: this many bytes of text a dense row (2**24 rows:
@@ -44,7 +48,7 @@ MAX_BATCH = 1 << 24
 class TrainConfig:
     model: Model = field(default_factory=Model)
     data: DataFormat = field(default_factory=DataFormat)
-    optimizer: Any = None  # None: the model's default
+    optimizer: Any = None  # None: the model's default (``optimizer_wire``: what is given of its rule, over it)
     epochs: int = 1
     batch_size: int = 4000  # the largest mini-batch (see batch_ramp)
     batch_ramp: float = 1.0  # a batch is at most ramp * sqrt(examples this worker trained on) (0: off)
@@ -102,14 +106,43 @@ class TrainConfig:
     def table_spec(self, input_bytes: int | None = None) -> TableSpec:
         """The model's table; ``input_bytes``, the training data's size (None: a stream, or
         not known), is what ``auto`` weighs the dense layout against (``key_bits``)."""
-        spec = TableSpec(self.model.table, self.model.dim,
-                         optimizer=self.optimizer or self.model.default_optimizer(),
+        optimizer = self.optimizer_wire()
+        if optimizer.get("alpha") == AUTO:  # not chosen yet (step_size.py): the fixed default stands in
+            optimizer = {**optimizer, "alpha": FALLBACK}
+        spec = TableSpec(self.model.table, self.model.dim, optimizer=optimizer,
                          initializer=self.model.initializer(), seed=self.seed,
                          consistency=self.consistency, replicas=self.replicas, filters=self.filters,
                          lifecycle=self.lifecycle, storage=self.storage, memory=self.table_memory,
                          hot_keys=self.hot_keys)
         spec = replace(spec, key_bits=self.key_bits(spec, input_bytes))
         return replace(spec, key_bytes=4) if self.narrow_keys(spec) else spec
+
+    def optimizer_wire(self) -> dict[str, Any]:
+        """The model table's rule as a wire dict: the model's default; ``--optimizer`` of the
+        default's rule over it, the parameters it does not give kept (``ftrl:alpha=0.2`` for
+        LR keeps β 0.5 and no L1, where the rule's own defaults would have brought L1 = 1); any
+        other rule as given.  Its α may be ``auto`` (LR's default: ``step_size.py`` chooses it)."""
+        default = self.model.default_optimizer()
+        given = self.optimizer
+        if given is None:
+            return default
+        if isinstance(given, str):
+            given = given_rule(given)
+        elif not isinstance(given, dict):  # a rule object: every value its own
+            given = Optimizer.parse(given).to_wire()
+        if str(given.get("name", "")).lower() == default["name"]:
+            wire = {**default, **given, "name": default["name"]}
+        else:
+            wire = dict(given)
+        if wire.get("alpha") == AUTO and (self.model.name, wire["name"]) not in AUTO_RULES:
+            raise ConfigError(f"--optimizer {wire['name']}:alpha=auto: α is chosen by replaying logistic regression's "
+                              "FTRL, so it is for the linear weights of --model lr with ftrl and --model fm with "
+                              f"ftrl_adagrad (their defaults); give this one a number, e.g. alpha={FALLBACK}")
+        return wire
+
+    def with_alpha(self, alpha: float) -> TrainConfig:
+        """This job with its rule's α set (an ``auto`` one, once chosen)."""
+        return replace(self, optimizer={**self.optimizer_wire(), "alpha": alpha})
 
     def narrow_keys(self, spec: TableSpec) -> bool:
         """Whether the table keeps its keys in 4 bytes (``TableSpec.key_bytes``): features folded
@@ -146,3 +179,26 @@ class TrainConfig:
         if input_bytes is not None and input_bytes < (1 << bits) * DENSE_AUTO_INPUT_A_ROW:
             return 0  # too little data to fill the arrays: a hash table holds its keys in a fraction of them
         return bits
+
+
+def given_rule(text: str) -> dict[str, Any]:
+    """A rule as ``--optimizer`` gives it (``NAME[:key=value,...]`` or ``MODULE:FUNCTION[:...]``),
+    checked whole (a rule that does not import is refused now): a built-in rule as what is given
+    of it, which the model's default rule fills where it is the same rule
+    (``TrainConfig.optimizer_wire``), ``alpha=auto`` kept; a user's rule as it parsed."""
+    from paramserver.tables.optim import parse_text
+
+    name, _, params = text.partition(":")
+    items = [p.strip() for p in params.split(",")]
+    auto = [item.replace(" ", "") == f"alpha={AUTO}" for item in items]
+    checked = text if not any(auto) else f"{name}:" + ",".join(
+        f"alpha={FALLBACK}" if is_auto else item for item, is_auto in zip(items, auto, strict=True))
+    rule = Optimizer.parse(checked)
+    if name.strip().lower() not in Optimizer.registry:
+        if any(auto):
+            raise ConfigError(f"--optimizer {text}: alpha=auto is chosen by replaying FTRL, for the built-in ftrl and "
+                              "ftrl_adagrad rules; your rule's alpha needs a number")
+        wire: dict[str, Any] = rule.to_wire()
+        return wire
+    given = {**parse_text(checked), "name": name.strip().lower()}
+    return {**given, "alpha": AUTO} if any(auto) else given

@@ -255,6 +255,7 @@ def run_vertical(cfg: Any, data: list[str], test: list[str], parts: int, *, serv
     """``paramserver train --feature-partition P``: the report ``run_training`` gives."""
     import tempfile
 
+    from paramserver.apps.ctr import step_size
     from paramserver.apps.ctr.modelfile import save_model
     from paramserver.apps.ctr.models import auc, logloss
     from paramserver.cluster.launch import open_cluster
@@ -268,6 +269,11 @@ def run_vertical(cfg: Any, data: list[str], test: list[str], parts: int, *, serv
         raise ConfigError(f"--feature-partition {parts} trains with one worker a column block: pass --workers {parts} "
                           f"(got --workers {workers})")
     check_output(save, "--save", folder=True)
+    step = step_size.for_job(cfg.optimizer_wire(), data, cfg.data, cfg.batch_ramp, cfg.batch_size, stream=False,
+                             resume=False)
+    if step is not None and step.how == "auto":  # the rows whole, before they are cut into column blocks
+        step = step_size.choose(data, cfg.data, cfg.optimizer_wire(), cfg.batch_ramp, cfg.batch_size)
+        cfg = cfg.with_alpha(step.alpha)
     spec = cfg.table_spec()
     with tempfile.TemporaryDirectory(prefix="paramserver-columns-") as tmp:
         train_blocks = column_blocks(data, parts, tmp, "train")
@@ -294,6 +300,8 @@ def run_vertical(cfg: Any, data: list[str], test: list[str], parts: int, *, serv
         "epochs": cfg.epochs, "servers": servers, "workers": workers, "feature_partition": parts,
         "optimizer": spec.to_wire()["optimizer"], "batch_size": cfg.batch_size, "bad_lines": 0,
     }
+    if step is not None:
+        report["step_size"] = step.report()
     if head.get("test_p") is not None:
         y, prob = head["test_y"], head["test_p"]
         report.update({"logloss": logloss(y, prob), "auc": auc(y, prob), "test_examples": int(y.shape[0])})
