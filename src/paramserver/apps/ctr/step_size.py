@@ -48,6 +48,10 @@ from paramserver.tables.steps import logloss, sigmoid
 #: loss is best at 0.065-0.09), and with 0.03 and 0.045 in the grid that set lost 0.003 of log loss
 #: against the fixed default, where 0.065 gains 0.0016 (docs/benchmarks.md, "FTRL's step size")
 ALPHAS = (0.065, 0.09, 0.115, 0.16, 0.22, 0.27)
+#: the replay's lanes: ``ALPHAS`` padded with its last to a multiple of 8, which its loops over α
+#: take as whole vectors (6 α took 18 ms on 16 384 heavy rows, 8 took 15; the pick is the first
+#: of equals, so the padding never wins)
+LANES = ALPHAS + (ALPHAS[-1],) * (-len(ALPHAS) % 8)
 #: the α an ``auto`` that cannot run takes: the fixed default of before (the middle of the grid)
 FALLBACK = 0.115
 #: the rows replayed at most (~4 MB of Criteo text): the grid's ranking settles there on every set above
@@ -99,13 +103,21 @@ class Replay:
 
     def __init__(self, paths: list[str], fmt: DataFormat, optimizer: dict[str, Any], ramp: float, batch_size: int,
                  rows: int = PREFIX_ROWS):
-        started = time.perf_counter()
-        self.head = _head(expand(paths), replace(fmt, cache_dir=""), rows)  # read, not kept: --cache holds shards
+        self._read = (expand(paths), replace(fmt, cache_dir=""), rows)  # read, not kept: --cache holds shards
         self.optimizer, self.ramp, self.batch_size = optimizer, ramp, batch_size
-        self.seconds = time.perf_counter() - started
+        self.head: Batch | None = None
+        self.seconds = 0.0
+
+    def read(self) -> None:
+        """The rows read (once)."""
+        if self.head is None:
+            started = time.perf_counter()
+            self.head = _head(*self._read)
+            self.seconds = time.perf_counter() - started
 
     def run(self) -> StepSize:
         """The α whose replay's progressive log loss is lowest (the fallback where there are too few rows)."""
+        self.read()
         head, started = self.head, time.perf_counter()
         if head is None or len(head) < MIN_ROWS:
             n = 0 if head is None else len(head)
@@ -114,8 +126,9 @@ class Replay:
         vals = head.held_vals if head.held_vals is not None and not head.ones else np.zeros(0, np.float32)
         o = self.optimizer
         losses = progressive(head.labels.astype(np.float64), head.indptr.astype(np.int64), ids,
-                             np.ascontiguousarray(vals, np.float64), n_ids, np.array(ALPHAS), float(o["beta"]),
+                             np.ascontiguousarray(vals, np.float64), n_ids, np.array(LANES), float(o["beta"]),
                              float(o["l1"]), float(o["l2"]), self.ramp, self.batch_size, len(head) // 2)
+        losses = losses[:len(ALPHAS)]
         return StepSize(ALPHAS[int(np.argmin(losses))], "auto", len(head), tuple(float(x) for x in losses),
                         self.seconds + time.perf_counter() - started)
 
@@ -172,9 +185,9 @@ class JobAlpha:
     def forked(self, then: Callable[[], None]) -> Callable[[], None]:
         """What to call once the nodes are forked: ``then``, and the replay started."""
         def both() -> None:
-            then()
-            if self._choosing is not None:
+            if self._choosing is not None:  # first: the table waits for it, not for ``then``
                 self._choosing.start()
+            then()
         return both
 
     def settled(self, cfg: Any, plan: Any) -> tuple[Any, Any]:
@@ -218,7 +231,7 @@ def choose(paths: list[str], fmt: DataFormat, optimizer: dict[str, Any], ramp: f
 
 def warm() -> None:
     """``progressive`` compiled (or loaded from numba's cache) for the types ``choose`` calls it with."""
-    progressive(np.zeros(2), np.arange(3, dtype=np.int64), np.zeros(2, np.int64), np.zeros(0), 1, np.array(ALPHAS),
+    progressive(np.zeros(2), np.arange(3, dtype=np.int64), np.zeros(2, np.int64), np.zeros(0), 1, np.array(LANES),
                 0.5, 0.0, 0.0, 1.0, 4000, 1)
 
 
@@ -252,11 +265,12 @@ def progressive(labels, indptr, ids, vals, n_ids, alphas, beta, l1, l2, ramp, la
     j is id ``ids[j]`` with value ``vals[j]`` (``vals`` empty: every value 1).
 
     Every α runs in the same pass, side by side in a key's state: its ``z`` and the root of its
-    summed squared gradients under each α, float32, one cache line a key at 8 α; the weight is
-    worked out from them where it is read.  Fresh memory is what a replay pays for on this
-    VM (a page's first touch ~1.4 ms a MB): a key's ``[w, z, n, g]`` in float64 took 256
-    bytes, and 65 536 heavy-tailed rows (196 691 keys) 0.17-0.28 s; a batch's gradients
-    live in a scratch of its own keys."""
+    summed squared gradients under each α (float32, one cache line a key at 8 α), its weight
+    worked out once a batch, where the batch first reads it.  A replay pays for fresh memory
+    on this VM (a page's first touch ~1.4 ms a MB): a key's ``[w, z, n, g]`` in float64 a lane
+    took 256 bytes, and 65 536 heavy-tailed rows (196 691 keys) 0.17-0.28 s; now 16 384 rows
+    (73 303 keys) take ~16 ms on one core.
+    """
     n, K = labels.shape[0], alphas.shape[0]
     state = np.zeros((n_ids, 2, K), np.float32)  # a key's z and root under every α
     local = np.full(n_ids, -1, np.int32)  # a key's row in the batch's scratch (-1: not in the batch yet)
