@@ -19,9 +19,10 @@ the replayed rows is scored: the first examples reward the biggest steps (a mode
 from its end), the test loss the model at its end.  ``PREFIX_ROWS`` rows: a prefix leans to
 smaller steps than the whole file would (see ``ALPHAS``), which the grid's floor bounds.
 
-The rows are read before the nodes are forked (~10 ms alone: ``Replay``), the replay runs in
-a thread once they are (``Choosing``), on the core the driver leaves idle while the servers
-warm up.  Where it cannot run (a stream, standard input: their rows cannot be read twice) the
+The rows are read and replayed in a thread of the driver once the nodes are forked
+(``Choosing``), while the servers warm up and the driver waits for them: ~30 ms of one core
+alone, 60-80 ms beside the nodes' warm-up, which delays the job's first example by ~50 ms
+(docs/benchmarks.md).  Where it cannot run (a stream, standard input: their rows cannot be read twice) the
 fixed α of before stands in (``FALLBACK``), and ``--resume`` goes on with the checkpoint's; the
 report says which α the job took and why (``StepSize``)."""
 
@@ -135,12 +136,12 @@ class Replay:
 
 class Choosing:
     """A ``Replay`` run in a thread of its own, started once the job's nodes are forked
-    (``start``: a fork while it ran would copy its locks into the children).  The rows are read
-    before (~10 ms alone; in the thread, beside the driver's own Python, 40-90 ms); the
-    replay then takes the core the driver leaves idle while it waits for the servers' warm-up,
-    not the command's start (the whole choice before the fork: 0.10-0.15 s of the default job's
-    1.7-1.9 s at 32 768 rows).  ``result`` starts it if nothing did (a cluster that forks
-    nothing) and waits for it."""
+    (``start``: a fork while it ran would copy its locks into the children), so that it runs
+    while the driver waits for the servers' warm-up rather than on the command's path (the
+    whole choice before the fork took 0.10-0.15 s of the default job's 1.7-1.9 s at 32 768
+    rows; its rows read there and replayed here, 16 384 of them, the job's first example came
+    65 ms later than without it, all in the thread 48-52 ms).  ``result`` starts it if nothing
+    did (a cluster that forks nothing) and waits for it."""
 
     def __init__(self, replay: Replay):
         self._replay = replay
