@@ -158,3 +158,17 @@ def test_auto_is_for_logistic_regressions_ftrl():
             TrainConfig(model=Model(model), optimizer=parse_optimizer(f"{rule}:alpha=auto")).table_spec()
     with pytest.raises(ConfigError, match="not a number"):
         parse_optimizer("ftrl:beta=auto")
+
+
+def test_a_resumed_auto_job_goes_on_with_the_checkpoints_alpha_and_a_given_one_is_checked():
+    """``--resume`` of a job whose α was chosen: this run's ``auto`` takes the checkpoint's α (as
+    ``auto``'s layout does); an α given that differs from it is refused, naming the flag."""
+    from paramserver.apps.ctr.resume import _check_tables
+
+    cfg = TrainConfig(model=Model("lr"))
+    theirs = cfg.with_alpha(0.22).table_spec()
+    manifest = {"tables": {theirs.name: theirs.to_wire()}}
+    spec = _check_tables("step-1", manifest, cfg.table_spec(), cfg)
+    assert spec.optimizer.alpha == 0.22 and spec.optimizer.beta == 0.5
+    with pytest.raises(ConfigError, match="--optimizer"):
+        _check_tables("step-1", manifest, cfg.with_alpha(0.09).table_spec(), cfg.with_alpha(0.09))
