@@ -172,3 +172,10 @@ def test_a_resumed_auto_job_goes_on_with_the_checkpoints_alpha_and_a_given_one_i
     assert spec.optimizer.alpha == 0.22 and spec.optimizer.beta == 0.5
     with pytest.raises(ConfigError, match="--optimizer"):
         _check_tables("step-1", manifest, cfg.with_alpha(0.09).table_spec(), cfg.with_alpha(0.09))
+
+
+def test_wide_rows_are_replayed_up_to_a_bound_of_features(tmp_path, monkeypatch):
+    monkeypatch.setattr(step_size, "PREFIX_OCCURRENCES", 700)
+    path = _write(tmp_path / "rows.svm", *_rows(7, 3000, 1.0)[:3])  # 7 features a row, the bias among them
+    found = choose([path], DataFormat("libsvm"), {"beta": 0.5, "l1": 0.0, "l2": 0.0}, 1.0, 4000)
+    assert found.how == "auto" and found.rows == 100  # 100 rows of 7: 700 features
