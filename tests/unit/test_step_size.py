@@ -11,12 +11,23 @@ import pytest
 
 from paramserver.apps.ctr import step_size
 from paramserver.apps.ctr.models import Model
-from paramserver.apps.ctr.step_size import ALPHAS, FALLBACK, StepSize, choose, for_job, progressive
+from paramserver.apps.ctr.step_size import (
+    ALPHAS,
+    BETA_FALLBACK,
+    BETAS,
+    FALLBACK,
+    StepSize,
+    choose,
+    for_job,
+    progressive,
+)
 from paramserver.apps.ctr.train_config import TrainConfig
 from paramserver.cli.ctr_flags import parse_optimizer
 from paramserver.data.batch import DataFormat
 from paramserver.errors import ConfigError
 from paramserver.tables.optim import FTRL
+
+AUTO_BOTH = {"alpha": "auto", "beta": "auto"}
 
 
 def _reference(labels, indptr, ids, alpha, beta, l1, l2, ramp, largest, first):
@@ -58,20 +69,22 @@ def _rows(seed, n, effect, fields=6, vocabulary=80):
     return labels, np.arange(0, ids.size + 1, ids.shape[1], dtype=np.int64), ids.reshape(-1), fields * vocabulary + 1
 
 
-def test_the_replay_is_ftrl_as_the_job_learns_it_for_every_alpha_at_once():
+def test_the_replay_is_ftrl_as_the_job_learns_it_for_every_alpha_and_beta_at_once():
     labels, indptr, ids, n_ids = _rows(1, 600, 0.8)
-    args = (0.5, 0.3, 0.1, 1.0, 64, 300)  # β, L1, L2, ramp, largest batch, first scored
-    got = progressive(labels, indptr, ids, np.zeros(0), n_ids, np.array(ALPHAS), *args)
-    want = [_reference(labels, indptr, ids, a, *args) for a in ALPHAS]
+    pairs = [(a, b) for b in BETAS for a in ALPHAS]
+    args = (0.3, 0.1, 1.0, 64, 300)  # L1, L2, ramp, largest batch, first scored
+    got = progressive(labels, indptr, ids, np.zeros(0), n_ids, np.array([a for a, _ in pairs]),
+                      np.array([b for _, b in pairs]), *args)
+    want = [_reference(labels, indptr, ids, a, b, *args) for a, b in pairs]
     np.testing.assert_allclose(got, want, rtol=1e-5)  # its state is float32, the reference's float64
 
 
 def test_values_scale_each_occurrence():
     labels, indptr, ids, n_ids = _rows(2, 300, 0.8)
-    ones = progressive(labels, indptr, ids, np.zeros(0), n_ids, np.array(ALPHAS), 0.5, 0.0, 0.0, 1.0, 64, 0)
-    same = progressive(labels, indptr, ids, np.ones(ids.size), n_ids, np.array(ALPHAS), 0.5, 0.0, 0.0, 1.0, 64, 0)
-    halved = progressive(labels, indptr, ids, np.full(ids.size, 0.5), n_ids, np.array(ALPHAS), 0.5, 0.0, 0.0, 1.0,
-                         64, 0)
+    alphas, betas = np.array(ALPHAS), np.full(len(ALPHAS), 0.5)
+    ones = progressive(labels, indptr, ids, np.zeros(0), n_ids, alphas, betas, 0.0, 0.0, 1.0, 64, 0)
+    same = progressive(labels, indptr, ids, np.ones(ids.size), n_ids, alphas, betas, 0.0, 0.0, 1.0, 64, 0)
+    halved = progressive(labels, indptr, ids, np.full(ids.size, 0.5), n_ids, alphas, betas, 0.0, 0.0, 1.0, 64, 0)
     np.testing.assert_allclose(ones, same, rtol=1e-6)
     assert not np.allclose(ones, halved, rtol=1e-3)
 
@@ -91,20 +104,24 @@ def test_strong_effects_take_a_bigger_step_than_faint_ones(tmp_path):
     faint = choose([_write(tmp_path / "faint.svm", *_rows(4, 6000, 0.05)[:3])], fmt, ftrl, 1.0, 4000)
     assert strong.how == faint.how == "auto" and strong.rows == faint.rows == 6000
     assert strong.alpha > faint.alpha, (strong, faint)
-    for found in (strong, faint):  # the one chosen is the lowest of those replayed
+    for found in (strong, faint):  # the one chosen is the lowest of those replayed, all α at the β given
+        assert found.tried == tuple((a, 0.5) for a in ALPHAS) and found.beta == 0.5
         assert found.alpha == ALPHAS[int(np.argmin(found.losses))]
 
 
 def test_a_prefix_is_all_that_is_read(tmp_path):
     path = _write(tmp_path / "rows.svm", *_rows(5, 3000, 1.0)[:3])
-    found = choose([path], DataFormat("libsvm"), {"beta": 0.5, "l1": 0.0, "l2": 0.0}, 1.0, 4000, rows=1000)
+    found = choose([path], DataFormat("libsvm"), {**AUTO_BOTH, "l1": 0.0, "l2": 0.0}, 1.0, 4000, rows=1000)
+    assert len(found.tried) == len(ALPHAS) * len(BETAS) and (found.alpha, found.beta) in found.tried
     assert found.rows == 1000
 
 
 def test_too_few_rows_keep_the_fallback_and_say_why(tmp_path):
     path = _write(tmp_path / "rows.svm", *_rows(6, 10, 1.0)[:3])
-    found = choose([path], DataFormat("libsvm"), {"beta": 0.5, "l1": 0.0, "l2": 0.0}, 1.0, 4000)
-    assert found == StepSize(FALLBACK, "fallback", why="10 rows, fewer than the 64 a choice needs")
+    found = choose([path], DataFormat("libsvm"), {**AUTO_BOTH, "l1": 0.0, "l2": 0.0}, 1.0, 4000)
+    assert found == StepSize(FALLBACK, "fallback", why="10 rows, fewer than the 64 a choice needs", beta=BETA_FALLBACK)
+    given = choose([path], DataFormat("libsvm"), {"alpha": 0.2, "beta": "auto", "l1": 0.0, "l2": 0.0}, 1.0, 4000)
+    assert (given.alpha, given.beta) == (0.2, BETA_FALLBACK)  # what is given stays given
 
 
 def test_how_a_job_finds_its_alpha():
@@ -121,15 +138,15 @@ def test_the_replay_in_its_thread_says_what_stopped_it(tmp_path):
     bad = tmp_path / "bad.svm"
     bad.write_text("1 1:1\n" * 100 + "7 1:1\n")  # a label the format does not take, as the job would say it
     with pytest.raises(Exception, match="bad.svm:101"):
-        step_size.Choosing(step_size.Replay([str(bad)], DataFormat("libsvm"), {"beta": 0.5, "l1": 0.0, "l2": 0.0},
+        step_size.Choosing(step_size.Replay([str(bad)], DataFormat("libsvm"), {**AUTO_BOTH, "l1": 0.0, "l2": 0.0},
                                             1.0, 4000)).result()
 
 
 def test_lr_defaults_to_auto_and_its_spec_stands_in_the_fallback_until_chosen():
     cfg = TrainConfig(model=Model("lr"))
-    assert cfg.optimizer_wire()["alpha"] == "auto"
-    assert cfg.table_spec().optimizer.alpha == FALLBACK
-    assert cfg.with_alpha(0.065).table_spec().optimizer.alpha == 0.065
+    assert cfg.optimizer_wire()["alpha"] == cfg.optimizer_wire()["beta"] == "auto"
+    assert (cfg.table_spec().optimizer.alpha, cfg.table_spec().optimizer.beta) == (FALLBACK, BETA_FALLBACK)
+    assert cfg.with_step(0.065, 0.1).table_spec().optimizer.to_wire()["beta"] == 0.1
     assert TrainConfig(model=Model("fm")).optimizer_wire()["alpha"] == "auto"  # an FM's linear weights too
     assert TrainConfig(model=Model("deepfm")).table_spec().optimizer.alpha == 0.115  # a deep model's as it was
 
@@ -156,8 +173,9 @@ def test_auto_is_for_logistic_regressions_ftrl():
     for model, rule in (("fm", "ftrl"), ("deepfm", "ftrl_adagrad"), ("lr", "ftrl_adagrad")):
         with pytest.raises(ConfigError, match="for the linear weights of --model lr with ftrl"):
             TrainConfig(model=Model(model), optimizer=parse_optimizer(f"{rule}:alpha=auto")).table_spec()
+    assert parse_optimizer("ftrl:beta=auto,alpha=0.1") == {"name": "ftrl", "alpha": 0.1, "beta": "auto"}
     with pytest.raises(ConfigError, match="not a number"):
-        parse_optimizer("ftrl:beta=auto")
+        parse_optimizer("ftrl:l1=auto")
 
 
 def test_a_resumed_auto_job_goes_on_with_the_checkpoints_alpha_and_a_given_one_is_checked():
@@ -166,16 +184,17 @@ def test_a_resumed_auto_job_goes_on_with_the_checkpoints_alpha_and_a_given_one_i
     from paramserver.apps.ctr.resume import _check_tables
 
     cfg = TrainConfig(model=Model("lr"))
-    theirs = cfg.with_alpha(0.22).table_spec()
+    theirs = cfg.with_step(0.22, 0.1).table_spec()
     manifest = {"tables": {theirs.name: theirs.to_wire()}}
     spec = _check_tables("step-1", manifest, cfg.table_spec(), cfg)
-    assert spec.optimizer.alpha == 0.22 and spec.optimizer.beta == 0.5
+    assert spec.optimizer.alpha == 0.22 and spec.optimizer.beta == 0.1
+    given = cfg.with_step(0.09, 0.5)
     with pytest.raises(ConfigError, match="--optimizer"):
-        _check_tables("step-1", manifest, cfg.with_alpha(0.09).table_spec(), cfg.with_alpha(0.09))
+        _check_tables("step-1", manifest, given.table_spec(), given)
 
 
 def test_wide_rows_are_replayed_up_to_a_bound_of_features(tmp_path, monkeypatch):
     monkeypatch.setattr(step_size, "PREFIX_OCCURRENCES", 700)
     path = _write(tmp_path / "rows.svm", *_rows(7, 3000, 1.0)[:3])  # 7 features a row, the bias among them
-    found = choose([path], DataFormat("libsvm"), {"beta": 0.5, "l1": 0.0, "l2": 0.0}, 1.0, 4000)
+    found = choose([path], DataFormat("libsvm"), {**AUTO_BOTH, "l1": 0.0, "l2": 0.0}, 1.0, 4000)
     assert found.how == "auto" and found.rows == 100  # 100 rows of 7: 700 features

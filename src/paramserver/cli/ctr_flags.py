@@ -109,12 +109,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fm-l2", type=float, default=1e-2,
                    help="L2 penalty on FM factors and deep models' embeddings (default 0.01)")
     p.add_argument("--optimizer", help="NAME[:key=value,...], e.g. ftrl:alpha=0.1,l1=1 (default for lr: "
-                                       "ftrl:alpha=auto,beta=0.5,l1=0,l2=0, alpha the one of 6 whose replay of the "
-                                       "data's first 16,384 rows (2^19 features at most) learns best; for fm: "
-                                       "ftrl_adagrad:alpha=auto,beta=0.5,l1=0,l2=0,lr=0.06,initial_accumulator=20, "
-                                       "its linear weights' alpha found as lr's); parameters not given keep the "
-                                       "default's where NAME is the default's rule; or your own rule, "
-                                       "MODULE:FUNCTION[:key=value,...] (docs/write-your-own.md)")
+                                       "ftrl:alpha=auto,beta=auto,l1=0,l2=0, alpha of 0.065, 0.115, 0.16, 0.27 and "
+                                       "beta of 0.1, 0.5 the pair whose replay of the data's first 16,384 rows (2^19 "
+                                       "features at most) learns best; for fm: ftrl_adagrad with its linear weights' "
+                                       "alpha and beta found as lr's, lr=0.06,initial_accumulator=20 on its factors); "
+                                       "parameters not given keep the default's where NAME is the default's rule; "
+                                       "or your own rule, MODULE:FUNCTION[:key=value,...] (docs/write-your-own.md)")
 
 
 def _job_flags(p: argparse.ArgumentParser) -> None:

@@ -94,10 +94,11 @@ class Model:
         chosen, and what else was tried: docs/benchmarks.md, "Defaults that hold without
         flags" and "FM's defaults"."""
         linear = {"alpha": 0.115, "beta": 0.5, "l1": 0.0, "l2": 0.0}
-        if self.name == "lr":  # α from the data (apps/ctr/step_size.py): no one α holds on every set
-            return {"name": "ftrl", **linear, "alpha": "auto"}
+        auto = {"alpha": "auto", "beta": "auto"}  # from the data (apps/ctr/step_size.py): no one α holds on every set
+        if self.name == "lr":
+            return {"name": "ftrl", **linear, **auto}
         factors = {"name": "ftrl_adagrad", **linear, "lr": FACTOR_LR, "initial_accumulator": FACTOR_ACCUMULATOR}
-        return {**factors, "alpha": "auto"} if self.name == "fm" else factors  # an FM's linear weights as LR's
+        return {**factors, **auto} if self.name == "fm" else factors  # an FM's linear weights as LR's
 
     def dense_optimizer(self) -> dict[str, Any]:
         """The MLP's rule, on the servers: Adam on the batch's summed gradient."""

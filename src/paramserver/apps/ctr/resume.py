@@ -123,8 +123,10 @@ def _check_tables(step: str, manifest: dict[str, Any], spec: TableSpec, cfg: Tra
     # where rows live, and in how many bytes their keys, is this run's choice
     theirs = replace(TableSpec.from_wire(theirs_spec), memory=spec.memory, key_bytes=8)
     mine = replace(spec, key_bytes=8, key_bits=theirs.key_bits if cfg.layout == "auto" else spec.key_bits)
-    if is_auto(cfg.optimizer_wire()) and hasattr(theirs.optimizer, "alpha"):  # α auto: the one the job began with
-        mine = replace(mine, optimizer=replace(mine.optimizer, alpha=theirs.optimizer.alpha))  # type: ignore[type-var]
+    wire = cfg.optimizer_wire()
+    if is_auto(wire) and hasattr(theirs.optimizer, "alpha"):  # α, β auto: the ones the job began with
+        chosen = {k: getattr(theirs.optimizer, k) for k in ("alpha", "beta") if wire.get(k) == "auto"}
+        mine = replace(mine, optimizer=replace(mine.optimizer, **chosen))  # type: ignore[type-var]
     if theirs.to_wire() != mine.to_wire():
         diffs = differences(theirs, mine, theirs_model)
         raise ConfigError(f"--resume {step}: the checkpoint's table {spec.name!r} was made with other settings "

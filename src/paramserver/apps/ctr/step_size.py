@@ -1,30 +1,32 @@
-"""FTRL's step size chosen from the data (``--optimizer ftrl:alpha=auto``: the default of
-logistic regression, and of a factorization machine's linear weights): the job's first rows
-are replayed in the driver under each α of ``ALPHAS``, and the one whose progressive log loss
-is lowest trains the job.
+"""FTRL's step size chosen from the data (``--optimizer ftrl:alpha=auto,beta=auto``: the default
+of logistic regression, and of a factorization machine's linear weights): the job's first rows
+are replayed in the driver under each (α, β) of ``ALPHAS`` × ``BETAS``, and the pair whose
+progressive log loss is lowest trains the job.
 
 Why: no fixed α holds on every data set.  One pass over 10^6 heavy-tailed Criteo-shape rows
 (``synth --shape heavy``) wants α ≈ 0.115-0.14; a second generator of that shape, whose
 categories carry small effects, wants α ≤ 0.045, and at the fixed 0.115 its test log loss
-was 2e-4 above Vowpal Wabbit's; the Criteo and Avazu samples want 0.045-0.08, mushrooms 0.27.
-Vowpal Wabbit's normalised, importance-aware update holds on all of them with its one rate;
-FTRL's α is about the size of the weights it reaches, which the data sets
-(docs/benchmarks.md, "FTRL's step size from the data").
+was 2e-4 above Vowpal Wabbit's; the Criteo and Avazu samples want 0.045-0.08, mushrooms 0.27;
+and β, which damps a key's first steps, wants 0.1 on the small sets' rare keys (Avazu,
+mushrooms, w8a), 0.5 on the long files.  Vowpal Wabbit's normalised, importance-aware update
+holds on all of them with its one rate; FTRL's α is about the size of the weights it reaches,
+which the data sets (docs/benchmarks.md, "FTRL's step size from the data").
 
 How: progressive validation (each example scored before its batch's update, what the job's
 report calls its training log loss) estimates a one-pass learner's test loss honestly.  The
 replay is the job's learner: FTRL-Proximal on each batch's summed gradient, the batches grown
-by the job's ramp (``ramp_size``), every α side by side in one pass.  Only the second half of
-the replayed rows is scored: the first examples reward the biggest steps (a model still far
+by the job's ramp (``ramp_size``), every pair side by side in one pass.  Only the second half
+of the replayed rows is scored: the first examples reward the biggest steps (a model still far
 from its end), the test loss the model at its end.  ``PREFIX_ROWS`` rows: a prefix leans to
-smaller steps than the whole file would (see ``ALPHAS``), which the grid's floor bounds.
+smaller steps than the whole file would (see ``ALPHAS``), which the grid's floor bounds.  What
+``--optimizer`` gives as a number stays that number; only ``auto`` is chosen.
 
 The rows are read and replayed in a thread of the driver once the nodes are forked
 (``Choosing``), while the servers warm up and the driver waits for them: ~30 ms of one core
-alone, 60-80 ms beside the nodes' warm-up, which delays the job's first example by ~50 ms
-(docs/benchmarks.md).  Where it cannot run (a stream, standard input: their rows cannot be read twice) the
-fixed α of before stands in (``FALLBACK``), and ``--resume`` goes on with the checkpoint's; the
-report says which α the job took and why (``StepSize``)."""
+alone, taken from the nodes' warm-up, which delays the job's first example by 35-50 ms
+(docs/benchmarks.md).  Where it cannot run (a stream, standard input: their rows cannot be read
+twice) the fixed α and β of before stand in (``FALLBACK``, ``BETA_FALLBACK``), and ``--resume``
+goes on with the checkpoint's; the report says which the job took and why (``StepSize``)."""
 
 from __future__ import annotations
 
@@ -48,13 +50,12 @@ from paramserver.tables.steps import logloss, sigmoid
 #: than it (planted pairs c, 10^5 rows: 0.03 from 16 384 rows, 0.065 from all of them, whose test
 #: loss is best at 0.065-0.09), and with 0.03 and 0.045 in the grid that set lost 0.003 of log loss
 #: against the fixed default, where 0.065 gains 0.0016 (docs/benchmarks.md, "FTRL's step size")
-ALPHAS = (0.065, 0.09, 0.115, 0.16, 0.22, 0.27)
-#: the replay's lanes: ``ALPHAS`` padded with its last to a multiple of 8, which its loops over α
-#: take as whole vectors (6 α took 18 ms on 16 384 heavy rows, 8 took 15; the pick is the first
-#: of equals, so the padding never wins)
-LANES = ALPHAS + (ALPHAS[-1],) * (-len(ALPHAS) % 8)
-#: the α an ``auto`` that cannot run takes: the fixed default of before (the middle of the grid)
-FALLBACK = 0.115
+ALPHAS = (0.065, 0.115, 0.16, 0.27)
+#: what ``beta=auto`` tries: β damps a key's first steps (α / (β + |g|)); the small sets' rare
+#: keys want them big (Avazu, mushrooms, w8a: 0.1), the long files' keep 0.5
+BETAS = (0.1, 0.5)
+#: the α and β an ``auto`` that cannot run takes: the fixed defaults of before
+FALLBACK, BETA_FALLBACK = 0.115, 0.5
 #: the rows replayed at most (~4 MB of Criteo text): the grid's ranking settles there on every set above
 #: (16 384 rows and 32 768 pick the same α; the whole file too on the two 10^6-row generators)
 PREFIX_ROWS = 1 << 14
@@ -66,11 +67,19 @@ MIN_ROWS = 64
 AUTO = "auto"
 
 
+def lanes(optimizer: dict[str, Any]) -> list[tuple[float, float]]:
+    """The (α, β) a replay tries: each one ``auto`` over its grid, each one given as given."""
+    alphas = ALPHAS if optimizer.get("alpha") == AUTO else (float(optimizer["alpha"]),)
+    betas = BETAS if optimizer.get("beta") == AUTO else (float(optimizer["beta"]),)
+    return [(a, b) for b in betas for a in alphas]
+
+
 @dataclass(frozen=True)
 class StepSize:
-    """The α a job trains with and how it was found: ``how`` is ``auto`` (chosen from ``losses``,
-    each α of ``ALPHAS``' progressive log loss over the scored half of ``rows`` replayed),
-    ``resumed`` (the checkpoint's), or ``fallback`` (``why``: the data cannot be replayed)."""
+    """The α and β a job trains with and how they were found: ``how`` is ``auto`` (chosen from
+    ``losses``, each of ``tried``'s progressive log loss over the scored half of ``rows``
+    replayed), ``resumed`` (the checkpoint's), or ``fallback`` (``why``: the data cannot be
+    replayed)."""
 
     alpha: float
     how: str
@@ -78,26 +87,38 @@ class StepSize:
     losses: tuple[float, ...] = ()
     seconds: float = 0.0
     why: str = ""
+    beta: float = BETA_FALLBACK
+    tried: tuple[tuple[float, float], ...] = ()
 
     def report(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"alpha": self.alpha, "how": self.how, "said": self.said()}
+        out: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta, "how": self.how, "said": self.said()}
         if self.how == "auto":
             out.update(rows=self.rows, seconds=round(self.seconds, 4),
-                       progressive={f"{a:g}": round(x, 6) for a, x in zip(ALPHAS, self.losses, strict=True)})
+                       progressive={f"alpha={a:g},beta={b:g}": round(x, 6)
+                                    for (a, b), x in zip(self.tried, self.losses, strict=True)})
         if self.why:
             out["why"] = self.why
         return out
 
     def said(self) -> str:
-        """One line for the report: ``0.065 (auto, of 8 on 65,536 rows)``."""
+        """One line for the report: ``α 0.065, β 0.5 (auto: ... of 8 on 13,107 rows)``."""
+        both = f"α {self.alpha:g}, β {self.beta:g}"
         if self.how == "auto":
-            return f"{self.alpha:g} (auto: the lowest progressive log loss of {len(ALPHAS)} on {self.rows:,} rows)"
-        return f"{self.alpha:g} ({self.how}: {self.why})" if self.why else f"{self.alpha:g} ({self.how})"
+            return f"{both} (auto: the lowest progressive log loss of {len(self.tried)} on {self.rows:,} rows)"
+        return f"{both} ({self.how}: {self.why})" if self.why else f"{both} ({self.how})"
+
+
+def fallback(optimizer: dict[str, Any], how: str, why: str) -> StepSize:
+    """``how`` a job's α and β stand where no replay chose them: each given as given, each ``auto``
+    at the fixed default of before (a resume's are filled in from its checkpoint)."""
+    alpha, beta = optimizer["alpha"], optimizer["beta"]
+    return StepSize(FALLBACK if alpha == AUTO else float(alpha), how, why=why,
+                    beta=BETA_FALLBACK if beta == AUTO else float(beta))
 
 
 def is_auto(optimizer: dict[str, Any] | None) -> bool:
-    """Whether ``optimizer`` (a wire dict) asks for its step size from the data."""
-    return isinstance(optimizer, dict) and optimizer.get("alpha") == AUTO
+    """Whether ``optimizer`` (a wire dict) asks for its α or β from the data."""
+    return isinstance(optimizer, dict) and AUTO in (optimizer.get("alpha"), optimizer.get("beta"))
 
 
 class Replay:
@@ -125,16 +146,18 @@ class Replay:
         head, started = self.head, time.perf_counter()
         if head is None or len(head) < MIN_ROWS:
             n = 0 if head is None else len(head)
-            return StepSize(FALLBACK, "fallback", why=f"{n} rows, fewer than the {MIN_ROWS} a choice needs")
+            return fallback(self.optimizer, "fallback", f"{n} rows, fewer than the {MIN_ROWS} a choice needs")
         ids, n_ids = _ids(head.keys)
         vals = head.held_vals if head.held_vals is not None and not head.ones else np.zeros(0, np.float32)
-        o = self.optimizer
+        o, tried = self.optimizer, lanes(self.optimizer)
+        padded = tried + tried[-1:] * (-len(tried) % 8)  # whole vectors of 8 α; the first of equals wins
         losses = progressive(head.labels.astype(np.float64), head.indptr.astype(np.int64), ids,
-                             np.ascontiguousarray(vals, np.float64), n_ids, np.array(LANES), float(o["beta"]),
-                             float(o["l1"]), float(o["l2"]), self.ramp, self.batch_size, len(head) // 2)
-        losses = losses[:len(ALPHAS)]
-        return StepSize(ALPHAS[int(np.argmin(losses))], "auto", len(head), tuple(float(x) for x in losses),
-                        self.seconds + time.perf_counter() - started)
+                             np.ascontiguousarray(vals, np.float64), n_ids, np.array([a for a, _ in padded]),
+                             np.array([b for _, b in padded]), float(o["l1"]), float(o["l2"]), self.ramp,
+                             self.batch_size, len(head) // 2)[:len(tried)]
+        alpha, beta = tried[int(np.argmin(losses))]
+        return StepSize(alpha, "auto", len(head), tuple(float(x) for x in losses),
+                        self.seconds + time.perf_counter() - started, beta=beta, tried=tuple(tried))
 
 
 class Choosing:
@@ -202,9 +225,10 @@ class JobAlpha:
         if self._choosing is not None:
             self.step = self._choosing.result()
         else:
-            self.step = replace(self.step, alpha=float(plan.spec.optimizer.alpha))
-        spec = replace(plan.spec, optimizer=replace(plan.spec.optimizer, alpha=self.step.alpha))
-        return cfg.with_alpha(self.step.alpha), replace(plan, spec=spec)
+            self.step = replace(self.step, alpha=float(plan.spec.optimizer.alpha), beta=float(plan.spec.optimizer.beta))
+        alpha, beta = self.step.alpha, self.step.beta
+        spec = replace(plan.spec, optimizer=replace(plan.spec.optimizer, alpha=alpha, beta=beta))
+        return cfg.with_step(alpha, beta), replace(plan, spec=spec)
 
     def report(self) -> dict[str, Any]:
         """The report's ``step_size`` (none where the rule gives its α)."""
@@ -220,10 +244,10 @@ def for_job(optimizer: dict[str, Any], paths: list[str], fmt: DataFormat, ramp: 
     if not is_auto(optimizer):
         return None
     if resume:
-        return StepSize(FALLBACK, "resumed", why="the checkpoint's")
+        return fallback(optimizer, "resumed", "the checkpoint's")
     if stream or STDIN in paths:
-        return StepSize(FALLBACK, "fallback", why="a stream's rows cannot be read ahead of the job")
-    return StepSize(FALLBACK, "auto")
+        return fallback(optimizer, "fallback", "a stream's rows cannot be read ahead of the job")
+    return fallback(optimizer, "auto", "")
 
 
 def choose(paths: list[str], fmt: DataFormat, optimizer: dict[str, Any], ramp: float, batch_size: int,
@@ -235,8 +259,8 @@ def choose(paths: list[str], fmt: DataFormat, optimizer: dict[str, Any], ramp: f
 
 def warm() -> None:
     """``progressive`` compiled (or loaded from numba's cache) for the types ``choose`` calls it with."""
-    progressive(np.zeros(2), np.arange(3, dtype=np.int64), np.zeros(2, np.int64), np.zeros(0), 1, np.array(LANES),
-                0.5, 0.0, 0.0, 1.0, 4000, 1)
+    progressive(np.zeros(2), np.arange(3, dtype=np.int64), np.zeros(2, np.int64), np.zeros(0), 1, np.full(8, FALLBACK),
+                np.full(8, BETA_FALLBACK), 0.0, 0.0, 1.0, 4000, 1)
 
 
 def _head(paths: list[str], fmt: DataFormat, rows: int) -> Batch | None:
@@ -264,7 +288,7 @@ def _ids(keys: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 @njit(nogil=True, cache=True)
-def progressive(labels, indptr, ids, vals, n_ids, alphas, beta, l1, l2, ramp, largest, first):  # type: ignore[no-untyped-def]  # noqa: C901
+def progressive(labels, indptr, ids, vals, n_ids, alphas, betas, l1, l2, ramp, largest, first):  # type: ignore[no-untyped-def]  # noqa: C901
     """Each α of ``alphas``: the mean log loss of examples ``first`` on, each scored before its
     batch's update, in one pass of FTRL-Proximal (``tables/optim.py``'s rule) over the examples
     in batches of ``ramp * sqrt(seen)`` (at most ``largest``, as the job cuts them); occurrence
@@ -300,7 +324,7 @@ def progressive(labels, indptr, ids, vals, n_ids, alphas, beta, l1, l2, ramp, la
                     local[k] = r
                     touched[nt] = k
                     nt += 1
-                    _weights(state, k, inv, beta, l1, l2, weights, r)
+                    _weights(state, k, inv, betas, l1, l2, weights, r)
                 x = 1.0 if ones else vals[j]
                 for c in range(K):
                     m[c] += weights[r, c] * x
@@ -348,10 +372,10 @@ def _widest(indptr, ramp, largest):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _weights(state, k, inv, beta, l1, l2, w, r):  # type: ignore[no-untyped-def]
+def _weights(state, k, inv, betas, l1, l2, w, r):  # type: ignore[no-untyped-def]
     """Key ``k``'s FTRL weight under every α into row ``r`` of ``w``, from its state ``[z,
     root]`` (``inv``: 1/α), without a branch (``max(|z| - l1, 0)``): the α run as one vector.
     Indexed, not sliced: a view cost its reference counts."""
     for c in range(inv.shape[0]):
         z = np.float64(state[k, 0, c])
-        w[r, c] = -math.copysign(max(abs(z) - l1, 0.0), z) / ((beta + state[k, 1, c]) * inv[c] + l2)
+        w[r, c] = -math.copysign(max(abs(z) - l1, 0.0), z) / ((betas[c] + state[k, 1, c]) * inv[c] + l2)

@@ -15,7 +15,7 @@ from typing import Any
 from paramserver.apps.ctr.deep import DENSE_BLOCK
 from paramserver.apps.ctr.depth import parse_pipeline
 from paramserver.apps.ctr.models import Model
-from paramserver.apps.ctr.step_size import AUTO, FALLBACK
+from paramserver.apps.ctr.step_size import AUTO, BETA_FALLBACK, FALLBACK, is_auto
 from paramserver.client.row_cache import RowCacheSpec
 from paramserver.config import parse_bytes
 from paramserver.data.reader import DataFormat
@@ -107,8 +107,9 @@ class TrainConfig:
         """The model's table; ``input_bytes``, the training data's size (None: a stream, or
         not known), is what ``auto`` weighs the dense layout against (``key_bits``)."""
         optimizer = self.optimizer_wire()
-        if optimizer.get("alpha") == AUTO:  # not chosen yet (step_size.py): the fixed default stands in
-            optimizer = {**optimizer, "alpha": FALLBACK}
+        if is_auto(optimizer):  # not chosen yet (step_size.py): the fixed defaults stand in
+            optimizer = {**optimizer, "alpha": FALLBACK if optimizer["alpha"] == AUTO else optimizer["alpha"],
+                         "beta": BETA_FALLBACK if optimizer["beta"] == AUTO else optimizer["beta"]}
         spec = TableSpec(self.model.table, self.model.dim, optimizer=optimizer,
                          initializer=self.model.initializer(), seed=self.seed,
                          consistency=self.consistency, replicas=self.replicas, filters=self.filters,
@@ -134,15 +135,16 @@ class TrainConfig:
             wire = {**default, **given, "name": default["name"]}
         else:
             wire = dict(given)
-        if wire.get("alpha") == AUTO and (self.model.name, wire["name"]) not in AUTO_RULES:
-            raise ConfigError(f"--optimizer {wire['name']}:alpha=auto: α is chosen by replaying logistic regression's "
-                              "FTRL, so it is for the linear weights of --model lr with ftrl and --model fm with "
-                              f"ftrl_adagrad (their defaults); give this one a number, e.g. alpha={FALLBACK}")
+        if is_auto(wire) and (self.model.name, wire["name"]) not in AUTO_RULES:
+            raise ConfigError(f"--optimizer {wire['name']}: alpha=auto and beta=auto are chosen by replaying logistic "
+                              "regression's FTRL, so they are for the linear weights of --model lr with ftrl and "
+                              "--model fm with ftrl_adagrad (their defaults); give this one numbers, e.g. "
+                              f"alpha={FALLBACK},beta={BETA_FALLBACK}")
         return wire
 
-    def with_alpha(self, alpha: float) -> TrainConfig:
-        """This job with its rule's α set (an ``auto`` one, once chosen)."""
-        return replace(self, optimizer={**self.optimizer_wire(), "alpha": alpha})
+    def with_step(self, alpha: float, beta: float) -> TrainConfig:
+        """This job with its rule's α and β set (``auto`` ones, once chosen)."""
+        return replace(self, optimizer={**self.optimizer_wire(), "alpha": alpha, "beta": beta})
 
     def narrow_keys(self, spec: TableSpec) -> bool:
         """Whether the table keeps its keys in 4 bytes (``TableSpec.key_bytes``): features folded
@@ -185,20 +187,20 @@ def given_rule(text: str) -> dict[str, Any]:
     """A rule as ``--optimizer`` gives it (``NAME[:key=value,...]`` or ``MODULE:FUNCTION[:...]``),
     checked whole (a rule that does not import is refused now): a built-in rule as what is given
     of it, which the model's default rule fills where it is the same rule
-    (``TrainConfig.optimizer_wire``), ``alpha=auto`` kept; a user's rule as it parsed."""
+    (``TrainConfig.optimizer_wire``), ``alpha=auto`` and ``beta=auto`` kept; a user's rule as it parsed."""
     from paramserver.tables.optim import parse_text
 
     name, _, params = text.partition(":")
     items = [p.strip() for p in params.split(",")]
-    auto = [item.replace(" ", "") == f"alpha={AUTO}" for item in items]
-    checked = text if not any(auto) else f"{name}:" + ",".join(
-        f"alpha={FALLBACK}" if is_auto else item for item, is_auto in zip(items, auto, strict=True))
+    stand_in = {f"alpha={AUTO}": f"alpha={FALLBACK}", f"beta={AUTO}": f"beta={BETA_FALLBACK}"}
+    auto = [item.replace(" ", "") for item in items if item.replace(" ", "") in stand_in]
+    checked = text if not auto else f"{name}:" + ",".join(stand_in.get(item.replace(" ", ""), item) for item in items)
     rule = Optimizer.parse(checked)
     if name.strip().lower() not in Optimizer.registry:
-        if any(auto):
-            raise ConfigError(f"--optimizer {text}: alpha=auto is chosen by replaying FTRL, for the built-in ftrl and "
-                              "ftrl_adagrad rules; your rule's alpha needs a number")
+        if auto:
+            raise ConfigError(f"--optimizer {text}: alpha=auto and beta=auto are chosen by replaying FTRL, for the "
+                              "built-in ftrl and ftrl_adagrad rules; your rule's need numbers")
         wire: dict[str, Any] = rule.to_wire()
         return wire
     given = {**parse_text(checked), "name": name.strip().lower()}
-    return {**given, "alpha": AUTO} if any(auto) else given
+    return {**given, **{item.split("=")[0]: AUTO for item in auto}}

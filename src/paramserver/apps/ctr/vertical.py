@@ -273,7 +273,7 @@ def run_vertical(cfg: Any, data: list[str], test: list[str], parts: int, *, serv
                              resume=False)
     if step is not None and step.how == "auto":  # the rows whole, before they are cut into column blocks
         step = step_size.choose(data, cfg.data, cfg.optimizer_wire(), cfg.batch_ramp, cfg.batch_size)
-        cfg = cfg.with_alpha(step.alpha)
+        cfg = cfg.with_step(step.alpha, step.beta)
     spec = cfg.table_spec()
     with tempfile.TemporaryDirectory(prefix="paramserver-columns-") as tmp:
         train_blocks = column_blocks(data, parts, tmp, "train")
