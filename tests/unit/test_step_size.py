@@ -147,8 +147,8 @@ def test_lr_defaults_to_auto_and_its_spec_stands_in_the_fallback_until_chosen():
     assert cfg.optimizer_wire()["alpha"] == cfg.optimizer_wire()["beta"] == "auto"
     assert (cfg.table_spec().optimizer.alpha, cfg.table_spec().optimizer.beta) == (FALLBACK, BETA_FALLBACK)
     assert cfg.with_step(0.065, 0.1).table_spec().optimizer.to_wire()["beta"] == 0.1
-    assert TrainConfig(model=Model("fm")).optimizer_wire()["alpha"] == "auto"  # an FM's linear weights too
-    assert TrainConfig(model=Model("deepfm")).table_spec().optimizer.alpha == 0.115  # a deep model's as it was
+    for model in ("fm", "deepfm", "wdl"):  # their linear weights too
+        assert TrainConfig(model=Model(model)).optimizer_wire()["alpha"] == "auto"
 
 
 def test_a_partial_optimizer_keeps_the_models_defaults():
@@ -170,7 +170,7 @@ def test_a_partial_optimizer_keeps_the_models_defaults():
 def test_auto_is_for_logistic_regressions_ftrl():
     assert parse_optimizer("ftrl:alpha=auto,l1=1") == {"name": "ftrl", "alpha": "auto", "l1": 1.0}
     TrainConfig(model=Model("fm"), optimizer=parse_optimizer("ftrl_adagrad:alpha=auto")).table_spec()
-    for model, rule in (("fm", "ftrl"), ("deepfm", "ftrl_adagrad"), ("lr", "ftrl_adagrad")):
+    for model, rule in (("fm", "ftrl"), ("deepfm", "ftrl"), ("lr", "ftrl_adagrad")):
         with pytest.raises(ConfigError, match="for the linear weights of --model lr with ftrl"):
             TrainConfig(model=Model(model), optimizer=parse_optimizer(f"{rule}:alpha=auto")).table_spec()
     assert parse_optimizer("ftrl:beta=auto,alpha=0.1") == {"name": "ftrl", "alpha": 0.1, "beta": "auto"}

@@ -111,10 +111,11 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", help="NAME[:key=value,...], e.g. ftrl:alpha=0.1,l1=1 (default for lr: "
                                        "ftrl:alpha=auto,beta=auto,l1=0,l2=0, alpha of 0.065, 0.115, 0.16, 0.27 and "
                                        "beta of 0.1, 0.5 the pair whose replay of the data's first 16,384 rows (2^19 "
-                                       "features at most) learns best; for fm: ftrl_adagrad with its linear weights' "
-                                       "alpha and beta found as lr's, lr=0.06,initial_accumulator=20 on its factors); "
-                                       "parameters not given keep the default's where NAME is the default's rule; "
-                                       "or your own rule, MODULE:FUNCTION[:key=value,...] (docs/write-your-own.md)")
+                                       "features at most) learns best; for fm, deepfm, wdl: ftrl_adagrad, the linear "
+                                       "weights' alpha and beta found as lr's, lr=0.06,initial_accumulator=20 on the "
+                                       "factors); parameters not given keep the default's where NAME is the "
+                                       "default's rule; or your own rule, MODULE:FUNCTION[:key=value,...] "
+                                       "(docs/write-your-own.md)")
 
 
 def _job_flags(p: argparse.ArgumentParser) -> None:

@@ -97,8 +97,8 @@ class Model:
         auto = {"alpha": "auto", "beta": "auto"}  # from the data (apps/ctr/step_size.py): no one α holds on every set
         if self.name == "lr":
             return {"name": "ftrl", **linear, **auto}
-        factors = {"name": "ftrl_adagrad", **linear, "lr": FACTOR_LR, "initial_accumulator": FACTOR_ACCUMULATOR}
-        return {**factors, **auto} if self.name == "fm" else factors  # an FM's linear weights as LR's
+        # an FM's (and a deep model's) linear weights as LR's
+        return {"name": "ftrl_adagrad", **linear, **auto, "lr": FACTOR_LR, "initial_accumulator": FACTOR_ACCUMULATOR}
 
     def dense_optimizer(self) -> dict[str, Any]:
         """The MLP's rule, on the servers: Adam on the batch's summed gradient."""

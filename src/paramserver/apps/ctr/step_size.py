@@ -1,5 +1,5 @@
 """FTRL's step size chosen from the data (``--optimizer ftrl:alpha=auto,beta=auto``: the default
-of logistic regression, and of a factorization machine's linear weights): the job's first rows
+of logistic regression, and of the linear weights of FM, DeepFM and Wide & Deep): the job's first rows
 are replayed in the driver under each (α, β) of ``ALPHAS`` × ``BETAS``, and the pair whose
 progressive log loss is lowest trains the job.
 

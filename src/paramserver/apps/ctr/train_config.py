@@ -28,7 +28,7 @@ from paramserver.tables.spec import TableSpec
 
 LAYOUTS = ("auto", "hash", "dense")
 #: the models and rules whose α may be ``auto``: FTRL on weights that a logistic regression's replay stands for
-AUTO_RULES = (("lr", "ftrl"), ("fm", "ftrl_adagrad"))
+AUTO_RULES = (("lr", "ftrl"), ("fm", "ftrl_adagrad"), ("deepfm", "ftrl_adagrad"), ("wdl", "ftrl_adagrad"))
 STEPS = ("auto", "off")  # --steps
 DENSE_AUTO_BYTES = 1 << 30  # --table-layout auto: dense when every copy together fits in this
 # ... and when the input is large enough to fill it: this many bytes of text a dense row (2**24 rows:
@@ -138,8 +138,8 @@ class TrainConfig:
         if is_auto(wire) and (self.model.name, wire["name"]) not in AUTO_RULES:
             raise ConfigError(f"--optimizer {wire['name']}: alpha=auto and beta=auto are chosen by replaying logistic "
                               "regression's FTRL, so they are for the linear weights of --model lr with ftrl and "
-                              "--model fm with ftrl_adagrad (their defaults); give this one numbers, e.g. "
-                              f"alpha={FALLBACK},beta={BETA_FALLBACK}")
+                              "--model fm, deepfm or wdl with ftrl_adagrad (their defaults); give this one numbers, "
+                              f"e.g. alpha={FALLBACK},beta={BETA_FALLBACK}")
         return wire
 
     def with_step(self, alpha: float, beta: float) -> TrainConfig:
