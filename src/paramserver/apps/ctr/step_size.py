@@ -123,8 +123,8 @@ def is_auto(optimizer: dict[str, Any] | None) -> bool:
 
 class Replay:
     """A job's first rows (``rows`` of ``paths``, in its order), read as its workers read them (its
-    parser, its bad-line rule, a bad line said as they would say it), to be replayed under each α
-    of ``ALPHAS`` (``run``) with ``optimizer``'s β, L1 and L2 and the job's batches."""
+    parser, its bad-line rule, a bad line said as they would say it), to be replayed under each
+    (α, β) of ``lanes(optimizer)`` (``run``) with ``optimizer``'s L1 and L2 and the job's batches."""
 
     def __init__(self, paths: list[str], fmt: DataFormat, optimizer: dict[str, Any], ramp: float, batch_size: int,
                  rows: int = PREFIX_ROWS):
@@ -141,7 +141,7 @@ class Replay:
             self.seconds = time.perf_counter() - started
 
     def run(self) -> StepSize:
-        """The α whose replay's progressive log loss is lowest (the fallback where there are too few rows)."""
+        """The (α, β) whose replay's progressive log loss is lowest (the fallback where there are too few rows)."""
         self.read()
         head, started = self.head, time.perf_counter()
         if head is None or len(head) < MIN_ROWS:
@@ -150,7 +150,7 @@ class Replay:
         ids, n_ids = _ids(head.keys)
         vals = head.held_vals if head.held_vals is not None and not head.ones else np.zeros(0, np.float32)
         o, tried = self.optimizer, lanes(self.optimizer)
-        padded = tried + tried[-1:] * (-len(tried) % 8)  # whole vectors of 8 α; the first of equals wins
+        padded = tried + tried[-1:] * (-len(tried) % 8)  # whole vectors of 8 lanes; the first of equals wins
         losses = progressive(head.labels.astype(np.float64), head.indptr.astype(np.int64), ids,
                              np.ascontiguousarray(vals, np.float64), n_ids, np.array([a for a, _ in padded]),
                              np.array([b for _, b in padded]), float(o["l1"]), float(o["l2"]), self.ramp,
@@ -188,7 +188,7 @@ class Choosing:
             self._got = exc
 
     def result(self) -> StepSize:
-        """The α chosen (what stopped the replay is raised here)."""
+        """The α and β chosen (what stopped the replay is raised here)."""
         self.start()
         assert self._thread is not None
         self._thread.join()
@@ -199,9 +199,9 @@ class Choosing:
 
 
 class JobAlpha:
-    """A training job's α where its rule asks for ``auto`` (nothing where it gives a number):
+    """A training job's α and β where its rule asks for ``auto`` (nothing where it gives numbers):
     ``for_job``'s way, the replay run once the job's nodes are forked (``forked``), and the
-    job's config and plan given it as they go to the tables (``settled``) and its report."""
+    job's config and plan given them as they go to the tables (``settled``) and its report."""
 
     def __init__(self, cfg: Any, paths: list[str], *, stream: bool, resume: bool):
         wire = cfg.optimizer_wire()
@@ -218,8 +218,8 @@ class JobAlpha:
         return both
 
     def settled(self, cfg: Any, plan: Any) -> tuple[Any, Any]:
-        """``cfg`` and ``plan`` (its model table's ``spec``) with the job's α: the one chosen
-        (waited for), else the one the plan's table has (the checkpoint's, or the fallback)."""
+        """``cfg`` and ``plan`` (its model table's ``spec``) with the job's α and β: those chosen
+        (waited for), else those the plan's table has (the checkpoint's, or the fallback)."""
         if self.step is None:
             return cfg, plan
         if self._choosing is not None:
@@ -231,15 +231,15 @@ class JobAlpha:
         return cfg.with_step(alpha, beta), replace(plan, spec=spec)
 
     def report(self) -> dict[str, Any]:
-        """The report's ``step_size`` (none where the rule gives its α)."""
+        """The report's ``step_size`` (none where the rule gives its α and β)."""
         return {} if self.step is None else {"step_size": self.step.report()}
 
 
 def for_job(optimizer: dict[str, Any], paths: list[str], fmt: DataFormat, ramp: float, batch_size: int, *,
             stream: bool, resume: bool) -> StepSize | None:
-    """How a job's α is found where its rule asks for ``auto`` (None: it gives a number): ``auto``,
-    to be chosen from its files' first rows (``choose``, ``Choosing``; the α here only stands
-    in); on ``--resume``, the checkpoint's (filled in by the resume's check,
+    """How a job's α and β are found where its rule asks for ``auto`` (None: it gives numbers):
+    ``auto``, to be chosen from its files' first rows (``choose``, ``Choosing``; the values here
+    only stand in); on ``--resume``, the checkpoint's (filled in by the resume's check,
     ``resume._check_tables``); for a stream or standard input, the fallback."""
     if not is_auto(optimizer):
         return None
@@ -252,8 +252,8 @@ def for_job(optimizer: dict[str, Any], paths: list[str], fmt: DataFormat, ramp: 
 
 def choose(paths: list[str], fmt: DataFormat, optimizer: dict[str, Any], ramp: float, batch_size: int,
            rows: int = PREFIX_ROWS) -> StepSize:
-    """The α of ``ALPHAS`` whose replay of the first ``rows`` rows of ``paths`` (in the job's
-    order) has the lowest progressive log loss, with ``optimizer``'s β, L1 and L2."""
+    """The (α, β) of ``lanes(optimizer)`` whose replay of the first ``rows`` rows of ``paths`` (in
+    the job's order) has the lowest progressive log loss, with ``optimizer``'s L1 and L2."""
     return Replay(paths, fmt, optimizer, ramp, batch_size, rows).run()
 
 
@@ -289,20 +289,20 @@ def _ids(keys: np.ndarray) -> tuple[np.ndarray, int]:
 
 @njit(nogil=True, cache=True)
 def progressive(labels, indptr, ids, vals, n_ids, alphas, betas, l1, l2, ramp, largest, first):  # type: ignore[no-untyped-def]  # noqa: C901
-    """Each α of ``alphas``: the mean log loss of examples ``first`` on, each scored before its
-    batch's update, in one pass of FTRL-Proximal (``tables/optim.py``'s rule) over the examples
-    in batches of ``ramp * sqrt(seen)`` (at most ``largest``, as the job cuts them); occurrence
-    j is id ``ids[j]`` with value ``vals[j]`` (``vals`` empty: every value 1).
+    """Each lane's (α ``alphas[c]``, β ``betas[c]``): the mean log loss of examples ``first`` on,
+    each scored before its batch's update, in one pass of FTRL-Proximal (``tables/optim.py``'s
+    rule) over the examples in batches of ``ramp * sqrt(seen)`` (at most ``largest``, as the job
+    cuts them); occurrence j is id ``ids[j]`` with value ``vals[j]`` (``vals`` empty: every value 1).
 
-    Every α runs in the same pass, side by side in a key's state: its ``z`` and the root of its
-    summed squared gradients under each α (float32, one cache line a key at 8 α), its weight
+    Every lane runs in the same pass, side by side in a key's state: its ``z`` and the root of its
+    summed squared gradients under each lane (float32, one cache line a key at 8 lanes), its weight
     worked out once a batch, where the batch first reads it.  A replay pays for fresh memory
     on this VM (a page's first touch ~1.4 ms a MB): a key's ``[w, z, n, g]`` in float64 a lane
     took 256 bytes, and 65 536 heavy-tailed rows (196 691 keys) 0.17-0.28 s; now 16 384 rows
     (73 303 keys) take ~16 ms on one core.
     """
     n, K = labels.shape[0], alphas.shape[0]
-    state = np.zeros((n_ids, 2, K), np.float32)  # a key's z and root under every α
+    state = np.zeros((n_ids, 2, K), np.float32)  # a key's z and root under every lane
     local = np.full(n_ids, -1, np.int32)  # a key's row in the batch's scratch (-1: not in the batch yet)
     touched = np.empty(n_ids, np.int64)
     rows = _widest(indptr, ramp, largest) + 1  # a batch's keys, at most its occurrences
