@@ -165,7 +165,7 @@ def report_table(report: dict[str, Any]) -> Table:
         if key in report and not (isinstance(report[key], float) and math.isnan(report[key])):
             table.add_row(label, fmt.format(report[key]))
     if "step_size" in report:  # --optimizer ftrl:alpha=auto, logistic regression's default
-        table.add_row("step size (FTRL α)", report["step_size"]["said"])
+        table.add_row("step size (FTRL α, β)", report["step_size"]["said"])
     if "examples_per_s_wall" in report:  # a stream job: it may have waited for rows
         table.add_row("examples/s over wall time",
                       f"{report['examples_per_s_wall']:,.0f} over {report['seconds']:.1f} s, of which "
