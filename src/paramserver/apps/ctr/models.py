@@ -89,7 +89,8 @@ class Model:
 
     def default_optimizer(self) -> dict[str, Any]:
         """FTRL-Proximal on the linear weights, without regularisation, as Vowpal Wabbit
-        learns by default; an FM's (and a deep model's) factors by AdaGrad.  With the batch
+        learns by default, its α and β chosen from the job's first rows (``auto``:
+        ``apps/ctr/step_size.py``); an FM's (and a deep model's) factors by AdaGrad.  With the batch
         ramp of the training loop these hold from 6 500 examples to millions; how they were
         chosen, and what else was tried: docs/benchmarks.md, "Defaults that hold without
         flags" and "FM's defaults"."""

@@ -108,12 +108,18 @@ class StepSize:
         return f"{both} ({self.how}: {self.why})" if self.why else f"{both} ({self.how})"
 
 
+def stand_in(optimizer: dict[str, Any]) -> dict[str, Any]:
+    """``optimizer`` (a wire dict) with each ``auto`` α or β at the fixed default of before: what
+    stands where no replay chose them (a spec checked before the job, a stream's job)."""
+    return {**optimizer, "alpha": FALLBACK if optimizer["alpha"] == AUTO else float(optimizer["alpha"]),
+            "beta": BETA_FALLBACK if optimizer["beta"] == AUTO else float(optimizer["beta"])}
+
+
 def fallback(optimizer: dict[str, Any], how: str, why: str) -> StepSize:
-    """``how`` a job's α and β stand where no replay chose them: each given as given, each ``auto``
-    at the fixed default of before (a resume's are filled in from its checkpoint)."""
-    alpha, beta = optimizer["alpha"], optimizer["beta"]
-    return StepSize(FALLBACK if alpha == AUTO else float(alpha), how, why=why,
-                    beta=BETA_FALLBACK if beta == AUTO else float(beta))
+    """``how`` a job's α and β stand where no replay chose them (``stand_in``; a resume's are
+    filled in from its checkpoint)."""
+    standing = stand_in(optimizer)
+    return StepSize(standing["alpha"], how, why=why, beta=standing["beta"])
 
 
 def is_auto(optimizer: dict[str, Any] | None) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 from paramserver.apps.ctr.deep import DENSE_BLOCK
 from paramserver.apps.ctr.depth import parse_pipeline
 from paramserver.apps.ctr.models import Model
-from paramserver.apps.ctr.step_size import AUTO, BETA_FALLBACK, FALLBACK, is_auto
+from paramserver.apps.ctr.step_size import AUTO, BETA_FALLBACK, FALLBACK, is_auto, stand_in
 from paramserver.client.row_cache import RowCacheSpec
 from paramserver.config import parse_bytes
 from paramserver.data.reader import DataFormat
@@ -108,8 +108,7 @@ class TrainConfig:
         not known), is what ``auto`` weighs the dense layout against (``key_bits``)."""
         optimizer = self.optimizer_wire()
         if is_auto(optimizer):  # not chosen yet (step_size.py): the fixed defaults stand in
-            optimizer = {**optimizer, "alpha": FALLBACK if optimizer["alpha"] == AUTO else optimizer["alpha"],
-                         "beta": BETA_FALLBACK if optimizer["beta"] == AUTO else optimizer["beta"]}
+            optimizer = stand_in(optimizer)
         spec = TableSpec(self.model.table, self.model.dim, optimizer=optimizer,
                          initializer=self.model.initializer(), seed=self.seed,
                          consistency=self.consistency, replicas=self.replicas, filters=self.filters,
