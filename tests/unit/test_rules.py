@@ -132,14 +132,54 @@ def test_push_operations_set_the_values_and_leave_the_state(key_bits):
 
 
 def test_the_builtins_are_rules_of_the_same_kind():
-    from paramserver.tables import optim
+    from paramserver.tables import update_rules
 
     value, state, grad = np.ones(3, np.float32), np.zeros(3, np.float32), np.full(3, 2, np.float32)
-    optim.adagrad_rule.py_func(value, state, grad, np.array([0.5, 0.0], np.float64))
+    update_rules.adagrad_rule.py_func(value, state, grad, np.array([0.5, 0.0], np.float64))
     np.testing.assert_allclose(value, 1 - 0.5 * 2 / 2)
     np.testing.assert_allclose(state, 4)
     assert isinstance(paramserver.rule(params=("lr",))(lambda v, s, g, hp: None), paramserver.Rule)
     assert math.isclose(RMSProp().lr, 0.001)
+
+
+def test_ftrl_takes_its_reciprocal_alpha_and_one_vector_square_root():
+    """FTRL's arithmetic multiplies by ``1 / alpha`` (kept after the fields in ``params()``)
+    and takes its two square roots in one vector instruction: the rule's answer is the
+    textbook one, from a row whose state is a float64 reference, to float32's rounding."""
+    from numba import njit
+
+    from paramserver._runtime.intrinsics import sqrt_pair
+    from paramserver.tables import optim, update_rules
+
+    @njit
+    def pairs(a, b):
+        out = np.empty((a.shape[0], 2))
+        for i in range(a.shape[0]):
+            out[i, 0], out[i, 1] = sqrt_pair(a[i], b[i])
+        return out
+
+    rng = np.random.default_rng(7)
+    a, b = rng.random(1000) * 10.0 ** rng.integers(-30, 30, 1000), rng.random(1000)
+    got = pairs(a, b)
+    np.testing.assert_array_equal(got[:, 0], np.sqrt(a))  # IEEE square roots: the same bits
+    np.testing.assert_array_equal(got[:, 1], np.sqrt(b))
+
+    spec = optim.FTRL(alpha=0.065, beta=0.5, l1=0.01, l2=0.2)
+    hp = spec.params()
+    assert hp.shape == (5,) and hp[optim.FTRL_INV_ALPHA] == 1 / 0.065
+    assert optim.FtrlAdagrad(alpha=0.16).params()[optim.FTRL_ADAGRAD_INV_ALPHA] == 1 / 0.16
+    value, state = np.zeros(1, np.float32), np.zeros(2, np.float32)
+    w, z, n = 0.0, 0.0, 0.0
+    for g in rng.standard_normal(200) * 0.3:
+        update_rules.ftrl_rule(value, state, np.array([g], np.float32), hp)
+        g = float(np.float32(g))
+        sigma = (math.sqrt(n + g * g) - math.sqrt(n)) / spec.alpha
+        z, n = z + g - sigma * w, n + g * g
+        shrunk = z - math.copysign(spec.l1, z)
+        w = 0.0 if abs(z) <= spec.l1 else -shrunk / ((spec.beta + math.sqrt(n)) / spec.alpha + spec.l2)
+        assert math.isclose(value[0], w, rel_tol=1e-5, abs_tol=1e-7), (value[0], w)
+        assert math.isclose(state[0], z, rel_tol=1e-5, abs_tol=1e-6) and math.isclose(state[1], n, rel_tol=1e-5)
+        w, z, n = float(value[0]), float(state[0]), float(state[1])  # the stored row, as the rule reads it next
 
 
 def test_server_function_results_merge_as_declared():

@@ -1,4 +1,5 @@
-"""Server-side optimisers and initialisers: validated specs and the numba update rule.
+"""Server-side optimisers and initialisers: validated specs and the initialisers' kernels
+(the rules' arithmetic: ``tables/update_rules.py``).
 
 Sorted by increasing complexity: SGD → AdaGrad → FTRL-Proximal → Adam, then
 FTRL+AdaGrad (a factorization machine's row: FTRL on the linear weight, AdaGrad on the
@@ -25,6 +26,8 @@ from paramserver.routing.hashing import hash64
 from paramserver.tables.bounds import check, check_bounds
 
 SGD_KIND, ADAGRAD_KIND, FTRL_KIND, ADAM_KIND, FTRL_ADAGRAD_KIND, RMSPROP_KIND = 0, 1, 2, 3, 4, 5
+#: where FTRL's and FTRL+AdaGrad's ``params()`` keep ``1 / alpha``, after their fields
+FTRL_INV_ALPHA, FTRL_ADAGRAD_INV_ALPHA = 4, 7
 CUSTOM_KIND = -1  # a user's rule (``paramserver.tables.rules``): its table has kernels of its own
 ZEROS_KIND, NORMAL_KIND, UNIFORM_KIND = 0, 1, 2
 
@@ -172,6 +175,9 @@ class FTRL(Optimizer):
     def state_width(self, dim: int) -> int:
         return 2 * dim
 
+    def params(self) -> np.ndarray:
+        return np.append(super().params(), 1.0 / self.alpha)  # hp[FTRL_INV_ALPHA]
+
 
 @dataclass(frozen=True)
 class Adam(Optimizer):
@@ -213,6 +219,9 @@ class FtrlAdagrad(Optimizer):
 
     def state_width(self, dim: int) -> int:
         return 2 + (dim - 1)
+
+    def params(self) -> np.ndarray:
+        return np.append(super().params(), 1.0 / self.alpha)  # hp[FTRL_ADAGRAD_INV_ALPHA]
 
 
 @dataclass(frozen=True)
@@ -356,105 +365,3 @@ def init_row(rows, s, key, dim, width, okind, ohp, ikind, ihp, seed):  # type: i
     if okind == FTRL_ADAGRAD_KIND:  # [z, n] of the linear weight, then the factors' accumulators
         for j in range(dim + 2, width):
             rows[s, j] = ohp[6]
-
-
-# ---- the built-in update rules ----------------------------------------------------------
-# Each is a rule of the kind users write (``paramserver.tables.rules``): ``f(value, state, grad,
-# hp)`` over one row's views, ``hp`` the hyper-parameters in their spec's field order.
-# The table kernels call them through ``update_row``'s switch, compiled and cached with
-# the kernels; a user's rule gets kernels of its own (``paramserver.tables.rules.kernels_for``).
-
-
-@njit(inline="always", nogil=True, cache=True)
-def sgd_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    lr = hp[0]
-    for j in range(value.shape[0]):
-        value[j] = value[j] - lr * grad[j]
-
-
-@njit(inline="always", nogil=True, cache=True)
-def adagrad_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    lr, eps = hp[0], hp[1]
-    for j in range(value.shape[0]):
-        g = np.float64(grad[j])
-        state[j] = state[j] + g * g
-        value[j] = value[j] - lr * g / (math.sqrt(np.float64(state[j])) + eps)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def _ftrl(value, state, j, zj, nj, g, alpha, beta, l1, l2):  # type: ignore[no-untyped-def]
-    """One FTRL-Proximal step of ``value[j]`` whose state is ``state[zj]``, ``state[nj]``."""
-    w = np.float64(value[j])
-    n = np.float64(state[nj])
-    n_new = n + g * g
-    z = np.float64(state[zj]) + g - (math.sqrt(n_new) - math.sqrt(n)) / alpha * w
-    state[zj] = z
-    state[nj] = n_new
-    if abs(z) <= l1:
-        value[j] = 0.0
-    else:
-        sign = 1.0 if z > 0 else -1.0
-        value[j] = -(z - sign * l1) / ((beta + math.sqrt(n_new)) / alpha + l2)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def ftrl_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    dim = value.shape[0]
-    for j in range(dim):
-        _ftrl(value, state, j, j, dim + j, np.float64(grad[j]), hp[0], hp[1], hp[2], hp[3])
-
-
-@njit(inline="always", nogil=True, cache=True)
-def ftrl_adagrad_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    _ftrl(value, state, 0, 0, 1, np.float64(grad[0]), hp[0], hp[1], hp[2], hp[3])
-    lr, eps = hp[4], hp[5]
-    for j in range(1, value.shape[0]):
-        g = np.float64(grad[j])
-        state[1 + j] = state[1 + j] + g * g
-        value[j] = value[j] - lr * g / (math.sqrt(np.float64(state[1 + j])) + eps)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def adam_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    lr, b1, b2, eps = hp[0], hp[1], hp[2], hp[3]
-    dim = value.shape[0]
-    t = np.float64(state[2 * dim]) + 1.0
-    state[2 * dim] = t
-    c1 = 1.0 - b1**t
-    c2 = 1.0 - b2**t
-    for j in range(dim):
-        g = np.float64(grad[j])
-        m = b1 * state[j] + (1.0 - b1) * g
-        v = b2 * state[dim + j] + (1.0 - b2) * g * g
-        state[j] = m
-        state[dim + j] = v
-        value[j] = value[j] - lr * (m / c1) / (math.sqrt(v / c2) + eps)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def rmsprop_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    lr, rho, eps = hp[0], hp[1], hp[2]
-    for j in range(value.shape[0]):
-        g = np.float64(grad[j])
-        ms = rho * state[j] + (1.0 - rho) * g * g
-        state[j] = ms
-        value[j] = value[j] - lr * g / (math.sqrt(ms) + eps)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def update_row(rows, s, grads, i, dim, okind, ohp):  # type: ignore[no-untyped-def]
-    """Apply gradient ``grads[i]`` to row ``s`` with the table's (built-in) rule."""
-    value, state, grad = rows[s, :dim], rows[s, dim:], grads[i]
-    if okind == SGD_KIND:
-        sgd_rule(value, state, grad, ohp)
-    elif okind == ADAGRAD_KIND:
-        adagrad_rule(value, state, grad, ohp)
-    elif okind == FTRL_KIND:
-        ftrl_rule(value, state, grad, ohp)
-    elif okind == FTRL_ADAGRAD_KIND:
-        ftrl_adagrad_rule(value, state, grad, ohp)
-    elif okind == ADAM_KIND:
-        adam_rule(value, state, grad, ohp)
-    else:  # RMSPROP_KIND
-        rmsprop_rule(value, state, grad, ohp)
-

@@ -1,6 +1,6 @@
 """What a pushed row does to a stored one: the push operations (``Client.push(op=...)``).
 
-``update`` applies the table's rule to a gradient (``optim.update_row``); ``add``,
+``update`` applies the table's rule to a gradient (``update_rules.update_row``); ``add``,
 ``assign``, ``max`` and ``min`` set the value columns from the pushed ones and leave the
 rule's state alone.  ``merge`` is no user's: a worker's row cache that trains its rows
 itself (``RowCacheSpec.apply == "local"``, ``client/row_cache.py``) pushes what its rule
@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING
 
 from numba import njit
 
-from paramserver.tables.optim import ADAGRAD_KIND, FTRL_ADAGRAD_KIND, FTRL_KIND, SGD_KIND, update_row
+from paramserver.tables.optim import (
+    ADAGRAD_KIND,
+    FTRL_ADAGRAD_INV_ALPHA,
+    FTRL_ADAGRAD_KIND,
+    FTRL_INV_ALPHA,
+    FTRL_KIND,
+    SGD_KIND,
+)
+from paramserver.tables.update_rules import update_row
 
 if TYPE_CHECKING:
     from paramserver.tables.spec import TableSpec
@@ -53,12 +61,12 @@ def merge_refusal(spec: TableSpec) -> str:
 
 
 @njit(inline="always", nogil=True, cache=True)
-def ftrl_weight(z, n, alpha, beta, l1, l2):  # type: ignore[no-untyped-def]
-    """FTRL-Proximal's weight of state ``z``, ``n`` (``optim._ftrl``'s last step)."""
+def ftrl_weight(z, n, inv_alpha, beta, l1, l2):  # type: ignore[no-untyped-def]
+    """FTRL-Proximal's weight of state ``z``, ``n`` (``update_rules._ftrl``'s last step)."""
     if abs(z) <= l1:
         return 0.0
     sign = 1.0 if z > 0 else -1.0
-    return -(z - sign * l1) / ((beta + math.sqrt(n)) / alpha + l2)
+    return -(z - sign * l1) / ((beta + math.sqrt(n)) * inv_alpha + l2)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -68,10 +76,11 @@ def merge_row(rows, s, delta, i, dim, okind, ohp):  # type: ignore[no-untyped-de
         rows[s, j] = rows[s, j] + delta[i, j]
     if okind == FTRL_KIND:
         for j in range(dim):
-            rows[s, j] = ftrl_weight(float(rows[s, dim + j]), float(rows[s, 2 * dim + j]), ohp[0], ohp[1], ohp[2],
-                                     ohp[3])
+            rows[s, j] = ftrl_weight(float(rows[s, dim + j]), float(rows[s, 2 * dim + j]),
+                                     ohp[FTRL_INV_ALPHA], ohp[1], ohp[2], ohp[3])
     elif okind == FTRL_ADAGRAD_KIND:  # FTRL on the linear weight ([z, n] first), AdaGrad on the factors
-        rows[s, 0] = ftrl_weight(float(rows[s, dim]), float(rows[s, dim + 1]), ohp[0], ohp[1], ohp[2], ohp[3])
+        rows[s, 0] = ftrl_weight(float(rows[s, dim]), float(rows[s, dim + 1]), ohp[FTRL_ADAGRAD_INV_ALPHA],
+                                 ohp[1], ohp[2], ohp[3])
 
 
 @njit(inline="always", nogil=True, cache=True)

@@ -28,7 +28,7 @@ An update rule says what a push does to one row of a table::
   with the module, what it holds and the fix.
 
 The built-in optimisers (``sgd``, ``adagrad``, ``ftrl``, ``adam``, ``rmsprop``,
-``ftrl_adagrad``) are rules of this kind too (``server/optim.py``); their kernels are
+``ftrl_adagrad``) are rules of this kind too (``tables/update_rules.py``); their kernels are
 compiled ahead and cached; a user's rule's kernels are compiled the first time a table of
 it is created (a few seconds) and cached on disk for later runs (``store/kernels.py``).
 """

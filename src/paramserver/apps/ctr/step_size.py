@@ -296,7 +296,7 @@ def _ids(keys: np.ndarray) -> tuple[np.ndarray, int]:
 @njit(nogil=True, cache=True)
 def progressive(labels, indptr, ids, vals, n_ids, alphas, betas, l1, l2, ramp, largest, first):  # type: ignore[no-untyped-def]  # noqa: C901
     """Each lane's (α ``alphas[c]``, β ``betas[c]``): the mean log loss of examples ``first`` on,
-    each scored before its batch's update, in one pass of FTRL-Proximal (``tables/optim.py``'s
+    each scored before its batch's update, in one pass of FTRL-Proximal (``tables/update_rules.py``'s
     rule) over the examples in batches of ``ramp * sqrt(seen)`` (at most ``largest``, as the job
     cuts them); occurrence j is id ``ids[j]`` with value ``vals[j]`` (``vals`` empty: every value 1).
 

@@ -29,8 +29,8 @@ from numba import njit
 
 from paramserver._runtime.intrinsics import prefetch_row
 from paramserver.routing.hashing import hash64
-from paramserver.tables.optim import update_row
 from paramserver.tables.push_ops import merge_row
+from paramserver.tables.update_rules import update_row
 
 WAYS = 4
 EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
