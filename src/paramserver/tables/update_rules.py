@@ -7,6 +7,7 @@ A row is ``[value (dim) | state]``, float32, the arithmetic float64.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -115,34 +116,17 @@ def rmsprop_at(v, s, so, dim, grad, hp):  # type: ignore[no-untyped-def]
         v[j] = v[j] - lr * g / (math.sqrt(ms) + eps)
 
 
-@njit(inline="always", nogil=True, cache=True)
-def sgd_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    sgd_at(value, state, 0, value.shape[0], grad, hp)
+def _user_form(at: Any) -> Any:
+    """The rule of the kind users write (``value, state, grad, hp``) whose arithmetic is ``at``."""
+    def rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
+        at(value, state, 0, value.shape[0], grad, hp)
+
+    rule.__name__ = rule.__qualname__ = at.__name__.replace("_at", "_rule")
+    return njit(inline="always", nogil=True)(rule)
 
 
-@njit(inline="always", nogil=True, cache=True)
-def adagrad_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    adagrad_at(value, state, 0, value.shape[0], grad, hp)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def ftrl_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    ftrl_at(value, state, 0, value.shape[0], grad, hp)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def ftrl_adagrad_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    ftrl_adagrad_at(value, state, 0, value.shape[0], grad, hp)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def adam_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    adam_at(value, state, 0, value.shape[0], grad, hp)
-
-
-@njit(inline="always", nogil=True, cache=True)
-def rmsprop_rule(value, state, grad, hp):  # type: ignore[no-untyped-def]
-    rmsprop_at(value, state, 0, value.shape[0], grad, hp)
+sgd_rule, adagrad_rule, ftrl_rule, ftrl_adagrad_rule, adam_rule, rmsprop_rule = (
+    _user_form(at) for at in (sgd_at, adagrad_at, ftrl_at, ftrl_adagrad_at, adam_at, rmsprop_at))
 
 
 @njit(inline="always", nogil=True, cache=True)
