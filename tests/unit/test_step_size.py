@@ -174,8 +174,10 @@ def test_auto_is_for_logistic_regressions_ftrl():
         with pytest.raises(ConfigError, match="for the linear weights of --model lr with ftrl"):
             TrainConfig(model=Model(model), optimizer=parse_optimizer(f"{rule}:alpha=auto")).table_spec()
     assert parse_optimizer("ftrl:beta=auto,alpha=0.1") == {"name": "ftrl", "alpha": 0.1, "beta": "auto"}
-    with pytest.raises(ConfigError, match="not a number"):
+    with pytest.raises(ConfigError, match="only alpha and beta may be auto.*give l1 a number"):
         parse_optimizer("ftrl:l1=auto")
+    with pytest.raises(ConfigError, match="alpha is given twice"):
+        parse_optimizer("ftrl:alpha=auto,alpha=0.1")
 
 
 def test_a_resumed_auto_job_goes_on_with_the_checkpoints_alpha_and_a_given_one_is_checked():

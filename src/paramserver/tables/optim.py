@@ -87,8 +87,9 @@ class _Spec:
             raise ConfigError(f"{name}: hyper-parameters must be numbers, got {params}") from exc
 
 
-def parse_text(text: str) -> dict[str, Any]:
-    """``"NAME[:key=value,...]"`` (the CLI's ``--optimizer`` syntax) as a wire dict."""
+def parse_text(text: str, words: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``"NAME[:key=value,...]"`` (the CLI's ``--optimizer`` syntax) as a wire dict; a value
+    that is one of ``words`` (``train``'s ``auto``) is kept as that word, every other a number."""
     name, _, params = text.partition(":")
     spec: dict[str, Any] = {"name": name.strip()}
     for item in filter(None, (p.strip() for p in params.split(","))):
@@ -97,6 +98,9 @@ def parse_text(text: str) -> dict[str, Any]:
             raise ConfigError(f"parameters are key=value, got {item!r} in {text!r} (e.g. ftrl:alpha=0.1,l1=1)")
         if key.strip() in spec:
             raise ConfigError(f"{key.strip()} is given twice in {text!r}: give each parameter once")
+        if value.strip() in words:
+            spec[key.strip()] = value.strip()
+            continue
         try:
             spec[key.strip()] = float(value)
         except ValueError:

@@ -111,8 +111,8 @@ class StepSize:
 def stand_in(optimizer: dict[str, Any]) -> dict[str, Any]:
     """``optimizer`` (a wire dict) with each ``auto`` α or β at the fixed default of before: what
     stands where no replay chose them (a spec checked before the job, a stream's job)."""
-    return {**optimizer, "alpha": FALLBACK if optimizer["alpha"] == AUTO else float(optimizer["alpha"]),
-            "beta": BETA_FALLBACK if optimizer["beta"] == AUTO else float(optimizer["beta"])}
+    fixed = {"alpha": FALLBACK, "beta": BETA_FALLBACK}
+    return {**optimizer, **{key: value for key, value in fixed.items() if optimizer.get(key) == AUTO}}
 
 
 def fallback(optimizer: dict[str, Any], how: str, why: str) -> StepSize:

@@ -189,17 +189,14 @@ def given_rule(text: str) -> dict[str, Any]:
     (``TrainConfig.optimizer_wire``), ``alpha=auto`` and ``beta=auto`` kept; a user's rule as it parsed."""
     from paramserver.tables.optim import parse_text
 
-    name, _, params = text.partition(":")
-    items = [p.strip() for p in params.split(",")]
-    stand_in = {f"alpha={AUTO}": f"alpha={FALLBACK}", f"beta={AUTO}": f"beta={BETA_FALLBACK}"}
-    auto = [item.replace(" ", "") for item in items if item.replace(" ", "") in stand_in]
-    checked = text if not auto else f"{name}:" + ",".join(stand_in.get(item.replace(" ", ""), item) for item in items)
-    rule = Optimizer.parse(checked)
-    if name.strip().lower() not in Optimizer.registry:
-        if auto:
-            raise ConfigError(f"--optimizer {text}: alpha=auto and beta=auto are chosen by replaying FTRL, for the "
-                              "built-in ftrl and ftrl_adagrad rules; your rule's need numbers")
-        wire: dict[str, Any] = rule.to_wire()
+    name = text.partition(":")[0].strip().lower()
+    if name not in Optimizer.registry:  # a user's rule: its parameters are numbers
+        wire: dict[str, Any] = Optimizer.parse(text).to_wire()
         return wire
-    given = {**parse_text(checked), "name": name.strip().lower()}
-    return {**given, **{item.split("=")[0]: AUTO for item in auto}}
+    given = parse_text(text, words=(AUTO,))
+    auto = [key for key, value in given.items() if value == AUTO and key != "name"]
+    if set(auto) - {"alpha", "beta"}:
+        raise ConfigError(f"--optimizer {text}: only alpha and beta may be auto (chosen by replaying FTRL); "
+                          f"give {', '.join(sorted(set(auto) - {'alpha', 'beta'}))} a number")
+    Optimizer.parse(stand_in(given))  # the rule checked whole, each auto at the value standing in for it
+    return {**given, "name": name}
