@@ -31,7 +31,7 @@ AUTO_BOTH = {"alpha": "auto", "beta": "auto"}
 
 
 def _reference(labels, indptr, ids, alpha, beta, l1, l2, ramp, largest, first):
-    """FTRL-Proximal as tables/optim.py writes it, one α, float64, dicts: the mean log loss of
+    """FTRL-Proximal as tables/update_rules.py writes it, one α, float64, dicts: the mean log loss of
     examples ``first`` on, each scored before its batch's update."""
     w, z, n = {}, {}, {}
     seen, loss, total = 0, 0.0, len(labels)
