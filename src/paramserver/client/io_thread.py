@@ -21,20 +21,19 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import heapq
 import itertools
 import logging
 import math
 import select
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zmq
 
 from paramserver.client.core import NoAnswerError
+from paramserver.client.in_flight import Call, InFlight, OnReply
 from paramserver.client.scheduler_watch import SchedulerWatch
 from paramserver.client.timers import Timers
 from paramserver.config import Config
@@ -60,7 +59,6 @@ def _poll_ms(wait_s: float) -> int:
     (and under the GIL) its training needs."""
     return max(0, math.ceil(wait_s * 1000))
 
-OnReply = Callable[[Message | None, BaseException | None], None]
 #: a request handed to the thread: address, header, arrays, on_reply, answer_within_s
 _Queued = tuple[str, dict[str, Any], Sequence[np.ndarray], OnReply | None, float | None]
 #: the requests that may share an envelope with the others to their server (``wire/batch.py``)
@@ -100,14 +98,6 @@ class _Out:
         self.nbytes = sum(memoryview(f).nbytes for f in frames)
 
 
-@dataclass
-class _Call:
-    address: str
-    on_reply: OnReply
-    due: float = float("inf")  # when it fails unanswered
-    within_s: float = 0.0
-
-
 class IOThread(threading.Thread):
     """Background thread owning a connection to the scheduler and one to each server
     (through the transport: ``wire/transport.py``)."""
@@ -136,8 +126,7 @@ class IOThread(threading.Thread):
         self._wake_send.connect(wake_addr)
         self._peers: dict[str, Any] = {}
         self._by_socket: dict[Any, str] = {}
-        self._pending: dict[int, _Call] = {}
-        self._dues: list[tuple[float, int]] = []  # heap of (due, request id) of requests that must be answered in time
+        self._in_flight = InFlight()  # what was sent and not answered (``client/in_flight.py``)
         self._closed = threading.Event()
         self.notifications: list[Callable[[Message], None]] = []
         self.scheduler = config.scheduler
@@ -364,32 +353,18 @@ class IOThread(threading.Thread):
             waiting.extend(o.item for o in sent)
             return
         self.bytes_sent += sum(o.nbytes for o in sent)
+        now = self.clock()
         for out in sent:
             on_reply, within_s = out.item[3], out.item[4]
-            if on_reply is None:
-                continue
-            call = self._pending[out.request_id] = _Call(address, on_reply)
-            if within_s is not None:
-                call.due, call.within_s = self.clock() + within_s, within_s
-                heapq.heappush(self._dues, (call.due, out.request_id))
-                if len(self._dues) > 4 * len(self._pending) + 1024:  # answered ones: dropped in bulk
-                    self._dues = [(c.due, r) for r, c in self._pending.items() if c.due != float("inf")]
-                    heapq.heapify(self._dues)
+            if on_reply is not None:
+                self._in_flight.add(out.request_id, address, on_reply, within_s, now)
 
     def _expire_unanswered(self) -> float:
         """Fail the requests unanswered past their due time; seconds until the next is due."""
-        while self._dues:
-            due, request_id = self._dues[0]
-            now = self.clock()
-            if due > now:
-                return due - now
-            heapq.heappop(self._dues)
-            call = self._pending.get(request_id)
-            if call is not None and call.due == due:
-                del self._pending[request_id]
-                self._deliver(call, None, NoAnswerError(f"{call.address} did not answer within "
-                                                        f"{call.within_s:g} s"))
-        return float("inf")
+        expired, next_s = self._in_flight.expired(self.clock())
+        for call in expired:
+            self._deliver(call, None, NoAnswerError(f"{call.address} did not answer within {call.within_s:g} s"))
+        return next_s
 
     def scheduler_lost(self) -> bool:
         """Whether the scheduler is lost: silent past the heartbeat timeout (``SchedulerWatch``)."""
@@ -412,8 +387,7 @@ class IOThread(threading.Thread):
             parts = batch.split(msg.header, frames) if msg.op is Op.BATCH and not in_batch else None
         except Exception as exc:  # fail the request it answered, when we can tell which
             logger.warning("undecodable message from %s: %s", self._by_socket.get(sock), exc)
-            rid = failed_request(exc)
-            call = self._pending.pop(rid, None) if isinstance(rid, int) else None
+            call = self._in_flight.answered(failed_request(exc))
             if call is not None:
                 self._deliver(call, None, exc)
             return
@@ -421,13 +395,13 @@ class IOThread(threading.Thread):
             for part in parts:
                 self._answered(sock, part, True)
             return
-        call = self._pending.pop(msg.id, None) if isinstance(msg.id, int) else None
+        call = self._in_flight.answered(msg.id)
         if call is not None:
             self._deliver(call, msg, None)
         elif msg.op in (Op.NODE_LOST, Op.STOP, Op.RING, Op.ERROR):
             self._notify(msg)
 
-    def _deliver(self, call: _Call, msg: Message | None, exc: BaseException | None) -> None:
+    def _deliver(self, call: Call, msg: Message | None, exc: BaseException | None) -> None:
         """``call``'s answer or failure, told at the end of this turn (``_tell``)."""
         self._told.append((call.on_reply, msg, exc))
 
@@ -446,10 +420,8 @@ class IOThread(threading.Thread):
                 self._lost.add(lost)
             err = NodeLostError(f"{msg.header.get('role')} {msg.header.get('node_id')} at {lost} "
                                 "died (missed its heartbeat deadline) with this request in flight")
-            for rid, call in list(self._pending.items()):
-                if call.address == lost:
-                    del self._pending[rid]
-                    self._deliver(call, None, err)
+            for call in self._in_flight.to(lost) if lost else ():
+                self._deliver(call, None, err)
         elif msg.op is Op.STOP:
             logger.info("the scheduler stopped the cluster")
             self._closed.set()
@@ -466,10 +438,8 @@ class IOThread(threading.Thread):
             fn(msg)
 
     def _fail_all(self, exc: BaseException) -> None:
-        pending, self._pending = self._pending, {}
-        for call in pending.values():
+        for call in self._in_flight.drain():
             self._deliver(call, None, exc)
-        self._dues.clear()
         while self._queue:
             _, _, _, on_reply, _ = self._queue.popleft()
             if on_reply:
