@@ -8,15 +8,7 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.lasso_math import _residual, _xtr, duality_gap, lambda_max, objective
-from paramserver.apps.rounds.lasso_support import (
-    _cg_start,
-    _cg_steps,
-    _columns_dot,
-    _columns_sq,
-    _gram_times,
-    support_dual,
-    worth_trying,
-)
+from paramserver.apps.rounds.lasso_support import _columns_dot, _gram_times, support_dual, worth_trying
 from paramserver.apps.rounds.matrix import Matrix
 
 sklearn = pytest.importorskip("sklearn.linear_model")
@@ -75,26 +67,6 @@ def test_it_bounds_the_optimum_and_closes_the_gap_on_the_support(ratio):
     assert support_dual(m, wrong, lam, duality_gap(m, wrong, r, _xtr(m.colptr, m.rows, m.values, r), lam)[0],
                         1e-12) <= optimum * (1 + 1e-12)
     assert support_dual(m, np.zeros(X.shape[1]), lam, 1.0, 1e-4) == -np.inf
-
-
-def test_its_preconditioned_steps_solve_the_normal_equations_of_columns_of_any_scale():
-    """Jacobi's preconditioner (the columns' squared norms): on columns whose norms span six
-    decades, the steps reach the least squares' solution, where plain steps of the same count
-    would stall on the conditioning the scales alone make."""
-    X, y = _problem(seed=3)
-    X = X * np.logspace(-3, 3, X.shape[1])  # columns of norms 1e-3 .. 1e3: a Gram matrix of condition ~1e12
-    m = _matrix(X, y)
-    cols = np.arange(0, X.shape[1], 4, dtype=np.int64)
-    diag = np.empty(cols.size)
-    _columns_sq(m.colptr, m.values, cols, diag)
-    np.testing.assert_allclose(diag, (X[:, cols] ** 2).sum(axis=0), rtol=1e-12)
-    rhs = X[:, cols].T @ y
-    x = np.zeros(cols.size)
-    u, res, p, ap = np.empty(X.shape[0]), np.empty(cols.size), np.empty(cols.size), np.empty(cols.size)
-    rs = _cg_start(m.colptr, m.rows, m.values, cols, rhs, x, u, res, p, diag)
-    _cg_steps(m.colptr, m.rows, m.values, cols, x, u, res, p, ap, rs, 4 * cols.size, diag)
-    exact = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
-    np.testing.assert_allclose(x, exact, rtol=1e-6)
 
 
 def test_a_check_tries_it_only_near_the_end_whatever_the_tolerance():
