@@ -61,9 +61,18 @@ class Strata:
     parts: int
 
 
-def strata(u: np.ndarray, i: np.ndarray, r: np.ndarray, lay: Layout, parts: int, seed: int) -> Strata:
-    """Each worker's ratings, shuffled (``seed``) then grouped by item block."""
-    perm = np.random.default_rng(seed).permutation(r.size)
+def drawn_order(n: int, seed: int) -> np.ndarray:
+    """The order ``strata`` draws ``n`` ratings in (``seed``'s permutation; numpy lets go of the
+    GIL while it shuffles, so a thread can draw it while the driver numbers the ids)."""
+    return np.random.default_rng(seed).permutation(n)
+
+
+def strata(u: np.ndarray, i: np.ndarray, r: np.ndarray, lay: Layout, parts: int, seed: int,
+           perm: np.ndarray | None = None) -> Strata:
+    """Each worker's ratings, shuffled (``seed``, or its order ``perm`` drawn already) then
+    grouped by item block."""
+    if perm is None:
+        perm = drawn_order(r.size, seed)
     users, items, ratings, offsets = _strata(perm, u, i, r, lay.user_group, lay.item_group, lay.user_key,
                                              lay.item_key, lay.user_start, lay.item_start, parts)
     return Strata(users, items, ratings, offsets, parts)
