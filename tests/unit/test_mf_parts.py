@@ -11,6 +11,7 @@ import pytest
 from paramserver.apps.rounds.mf import (
     MFConfig,
     MFProgram,
+    _dense,
     _predict,
     _rows,
     _sgd,
@@ -259,3 +260,16 @@ def test_exported_rows_come_back_by_dense_index_with_zeros_for_keys_never_stored
     some = np.array([4, 1, 9], np.uint64)  # key 9 is outside the table: ignored
     got = _rows((some, np.ones((3, 3), np.float32)), key_of)
     np.testing.assert_array_equal(got, np.isin(key_of, [4, 1])[:, None] * np.ones((6, 3), np.float32))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dense_indices_by_table_or_search_are_the_sorted_ids_positions(seed):
+    """``_dense`` takes a table where the known ids are small whole numbers and searches
+    otherwise: either way each id's position among the known, -1 where it is not one."""
+    rng = np.random.default_rng(seed)
+    top = [50, 10_000, 1 << 21, 2**40, 100, 7][seed]
+    known = np.unique(rng.integers(-3 if seed == 5 else 0, top, 200))
+    ids = np.concatenate([rng.choice(known, 300), rng.integers(-10, top + 10, 300), [top * 4, -1]])
+    where = {int(k): n for n, k in enumerate(known)}
+    assert _dense(ids, known).tolist() == [where.get(int(x), -1) for x in ids]
+    assert _dense(ids, known[:0]).tolist() == [-1] * ids.size
