@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paramserver.apps.rounds.ratings import _parse_names, _parse_numbers
+from paramserver.apps.rounds import ratings_lines
+from paramserver.apps.rounds.ratings_lines import parse_names, parse_numbers
 
 
 def _id(rng: np.random.Generator, odd: float, bad: float) -> str:
@@ -78,8 +79,8 @@ def test_plain_lines_read_as_the_general_path_reads_them(seed):
     lines = [_line(rng, odd, bad) for _ in range(int(rng.integers(1, 400)))]
     data = ("\n".join(lines) + "\n").encode()
     n = data.count(b"\n")
-    plain = _read(lambda b, u, i, r: _parse_numbers(b, 0, u, i, r), data, n)
-    general = _read(lambda b, u, i, r: _parse_names(b, 0, u, i, r, False, False), data, n)
+    plain = _read(lambda b, u, i, r: parse_numbers(b, 0, u, i, r), data, n)
+    general = _read(lambda b, u, i, r: parse_names(b, 0, u, i, r, False, False), data, n)
     assert plain[:3] == general[:3], (plain[:3], general[:3], lines)
     for a, b in zip(plain[3:], general[3:], strict=True):
         np.testing.assert_array_equal(a, b)
@@ -87,7 +88,32 @@ def test_plain_lines_read_as_the_general_path_reads_them(seed):
 
 def test_the_movielens_shapes_take_the_plain_path_and_read_their_numbers():
     data = b"1\t2\t3\t881250949\n196,242,3.5,881250949\n22::377::1::878887116\r\n7 8 4.25\n"
-    got, err, at, users, items, ratings = _read(lambda b, u, i, r: _parse_numbers(b, 0, u, i, r), data, 4)
+    got, err, at, users, items, ratings = _read(lambda b, u, i, r: parse_numbers(b, 0, u, i, r), data, 4)
     assert (got, err, at) == (4, "", -1)
     assert users.tolist() == [1, 196, 22, 7] and items.tolist() == [2, 242, 377, 8]
     assert ratings.tolist() == [3.0, 3.5, 1.0, 4.25]
+
+
+@pytest.mark.parametrize("case", ["clean", "blank first half", "bad second half", "bad both halves"])
+def test_a_big_file_read_in_two_halves_reads_as_one_pass(case, monkeypatch):
+    """A file past ``PARALLEL_BYTES`` is parsed in two halves on two threads: the same triples
+    in the same order (blank lines in the first half leave no gap), and the first bad line's
+    complaint and offset, in whichever half it is."""
+    monkeypatch.setattr(ratings_lines, "PARALLEL_BYTES", 1 << 12)
+    rng = np.random.default_rng(7)
+    lines = [_line(rng, 0.1, 0.0) for _ in range(3000)]
+    if case == "blank first half":
+        lines[5:40] = [""] * 35
+    if case in ("bad second half", "bad both halves"):
+        lines[2600] = "1\t\t2\t3"  # an empty field
+    if case == "bad both halves":
+        lines[100] = "7,x,3"
+    data = ("\n".join(lines) + "\n").encode()
+    assert len(data) >= 2 * (1 << 12)
+    n = data.count(b"\n")
+    halves = _read(lambda b, u, i, r: parse_numbers(b, 0, u, i, r), data, n)
+    one_pass = _read(lambda b, u, i, r: parse_names(b, 0, u, i, r, False, False), data, n)
+    assert halves[:3] == one_pass[:3]
+    assert bool(halves[1]) == (case != "clean" and case != "blank first half")
+    for a, b in zip(halves[3:], one_pass[3:], strict=True):
+        np.testing.assert_array_equal(a, b)
