@@ -204,7 +204,7 @@ class Choosing:
         return self._got
 
 
-class JobAlpha:
+class JobStepSize:
     """A training job's α and β where its rule asks for ``auto`` (nothing where it gives numbers):
     ``for_job``'s way, the replay run once the job's nodes are forked (``forked``), and the
     job's config and plan given them as they go to the tables (``settled``) and its report."""

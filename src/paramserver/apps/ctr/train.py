@@ -127,7 +127,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
     from paramserver.cluster.launch import open_cluster
 
     cfg = _tracked(cfg, publish)
-    alpha = step_size.JobAlpha(cfg, data, stream=stream is not None, resume=bool(resume))  # alpha=auto's
+    stepsize = step_size.JobStepSize(cfg, data, stream=stream is not None, resume=bool(resume))  # the rule's auto α, β
     plan = plan_job(cfg, data, test, servers=servers, workers=workers, save=save, shard_bytes=shard_bytes,
                      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                      keep_checkpoints=keep_checkpoints, allow_unverified=allow_unverified, publish=publish,
@@ -135,9 +135,9 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
                      cluster=(cluster_options or {}).get("cluster", "local"))
     test_set = TestSet(test, cfg.data, plan.overlap)  # read from once the nodes are forked
     with test_set, open_cluster(servers=servers, workers=workers, **_cluster_options(
-            cfg, plan, cluster_options, alpha.forked(test_set.begin))) as cluster:
+            cfg, plan, cluster_options, stepsize.forked(test_set.begin))) as cluster:
         test_set.begin()  # where no node was forked (Ray's actors), now
-        cfg, plan = alpha.settled(cfg, plan)  # the tables take the α chosen
+        cfg, plan = stepsize.settled(cfg, plan)  # the tables take the α and β chosen
         table_seconds = _start_job(cluster, cfg, plan, setup, allow_unverified)
         publisher = JobPublisher(publish, publish_every, cfg, plan.spec) if publish else None
         with fed(cluster.client, plan.source, stream, checkpoints=plan.checkpoints is not None,
@@ -145,7 +145,7 @@ def run_training(cfg: TrainConfig, data: list[str], test: list[str], *, servers:
             ran = _run_job(cluster, cfg, test_set, on_progress=on_progress, allow_loss=allow_loss,
                            checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints, publisher=publisher,
                            feeder=feeder)
-        report = _ended(cluster, cfg, plan, ran, test_set, save, publisher, workers, table_seconds) | alpha.report()
+        report = _ended(cluster, cfg, plan, ran, test_set, save, publisher, workers, table_seconds) | stepsize.report()
         (on_done or _nothing)(report)  # the cluster (and its dashboard) still up
     return report
 
