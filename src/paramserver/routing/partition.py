@@ -11,14 +11,12 @@ GIL released.
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numba import njit
 
+from paramserver._runtime.threads import on_two
 from paramserver.routing.hashing import block_shift, dense_pos, hash64, layout_bits, vnode_of_key
 from paramserver.routing.ring import Ring
 
@@ -97,13 +95,13 @@ def _group(keys: np.ndarray, rows: np.ndarray, n_vnodes: int, vnode_rank: np.nda
     srows = np.empty((n, rows.shape[1]), rows.dtype)
     half = n // 2
     counts = np.zeros((2, n_vnodes), np.int64)
-    _on_two(lambda: _bucket_counts(keys, 0, half, n_vnodes, vnode_rank, layout, bucket, counts[0]),
-            lambda: _bucket_counts(keys, half, n, n_vnodes, vnode_rank, layout, bucket, counts[1]))
+    on_two(lambda: _bucket_counts(keys, 0, half, n_vnodes, vnode_rank, layout, bucket, counts[0]),
+           lambda: _bucket_counts(keys, half, n, n_vnodes, vnode_rank, layout, bucket, counts[1]), _ROUTE)
     offsets = np.zeros(n_vnodes + 1, np.int64)
     np.cumsum(counts.sum(axis=0), out=offsets[1:])
     fill = np.stack([offsets[:-1], offsets[:-1] + counts[0]])
-    _on_two(lambda: _scatter(keys, rows, 0, half, bucket, fill[0], skeys, srows, order, want_order),
-            lambda: _scatter(keys, rows, half, n, bucket, fill[1], skeys, srows, order, want_order))
+    on_two(lambda: _scatter(keys, rows, 0, half, bucket, fill[0], skeys, srows, order, want_order),
+           lambda: _scatter(keys, rows, half, n, bucket, fill[1], skeys, srows, order, want_order), _ROUTE)
     return skeys, srows, order, offsets
 
 
@@ -113,30 +111,11 @@ def _group(keys: np.ndarray, rows: np.ndarray, n_vnodes: int, vnode_rank: np.nda
 PARALLEL_KEYS = 1 << 17
 
 
+_ROUTE = "paramserver-route"  # the helper thread's name
+
+
 def _parallel(n: int) -> bool:
     return n >= PARALLEL_KEYS and (os.cpu_count() or 1) > 1
-
-
-def _on_two(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:
-    """``(first(), second())``, ``second`` on a thread of its own (joined before this returns)."""
-    out: list[Any] = [None]
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out[0] = second()
-        except BaseException as exc:  # handed to the caller, below
-            failed.append(exc)
-
-    helper = threading.Thread(target=run, name="paramserver-route")
-    helper.start()
-    try:
-        result = first()
-    finally:
-        helper.join()
-    if failed:
-        raise failed[0]
-    return result, out[0]
 
 
 @njit(nogil=True, cache=True)
@@ -217,8 +196,8 @@ def _dedup_sum(skeys: np.ndarray, srows: np.ndarray, offsets: np.ndarray) -> tup
     uniq = np.empty(n, np.uint64)
     sums = np.empty((n, srows.shape[1]), np.float32)
     uoffsets = np.zeros(n_buckets + 1, np.int64)
-    low, high = _on_two(lambda: _dedup_range(skeys, srows, offsets, 0, mid, uniq, sums, uoffsets),
-                        lambda: _dedup_range(skeys, srows, offsets, mid, n_buckets, uniq, sums, uoffsets))
+    low, high = on_two(lambda: _dedup_range(skeys, srows, offsets, 0, mid, uniq, sums, uoffsets),
+                       lambda: _dedup_range(skeys, srows, offsets, mid, n_buckets, uniq, sums, uoffsets), _ROUTE)
     start = int(offsets[mid])
     if start > low:  # the upper half moves down to follow the lower one
         _move_down(uniq, sums, start, high, low)

@@ -23,7 +23,6 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ import numpy as np
 from numba import njit
 
 from paramserver._runtime import intrinsics
+from paramserver._runtime.threads import on_two
 from paramserver.apps.rounds.job import RoundsJob, Watch, check_outputs, write_metrics
 from paramserver.apps.rounds.mf_strata import PREFETCH_RATINGS, Layout, drawn_order, layout, save_strata, strata
 from paramserver.apps.rounds.program import (
@@ -352,13 +352,15 @@ def _prepared(data: str, test: str | None, workers: int, seed: int) -> _Prepared
     on a thread of its own while the test file is read and the ids numbered: joined here, as no
     thread may be left when the nodes are forked."""
     train = read_ratings(data)
-    with ThreadPoolExecutor(1, thread_name_prefix="paramserver-mf-draw") as pool:
-        drawing = pool.submit(drawn_order, train.ratings.size, seed)
+
+    def numbered() -> tuple[Ratings | None, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray], Layout]:
         held = read_ratings(test, train.named) if test else None
         (user_ids, u), (item_ids, i) = train.distinct(0), train.distinct(1)
-        lay = _layout(data, u, i, user_ids.size, item_ids.size, workers)
-        drawn = drawing.result()
-    return _Prepared(train, held, (user_ids, u), (item_ids, i), lay, drawn)
+        return held, (user_ids, u), (item_ids, i), _layout(data, u, i, user_ids.size, item_ids.size, workers)
+
+    (held, users, items, lay), drawn = on_two(numbered, lambda: drawn_order(train.ratings.size, seed),
+                                              "paramserver-mf-draw")
+    return _Prepared(train, held, users, items, lay, drawn)
 
 
 def _fitted(got: _Prepared, P: np.ndarray, Q: np.ndarray, mu: float, bounds: tuple[float, float],
@@ -366,12 +368,11 @@ def _fitted(got: _Prepared, P: np.ndarray, Q: np.ndarray, mu: float, bounds: tup
     """The training ratings' RMSE, and the test file's report (``_test``; none without one):
     the 3.6 M training predictions (compiled, without the GIL) on a thread of their own while
     the test's are made and written, most of that Python's formatting of each."""
-    (user_ids, u), (item_ids, i), (lo, hi) = got.users, got.items, bounds
-    with ThreadPoolExecutor(1, thread_name_prefix="paramserver-mf-fit") as pool:
-        fitting = pool.submit(_predict, u, i, P, Q, mu, lo, hi)
-        tested = {} if got.held is None else _test(got.held, user_ids, item_ids, P, Q, mu, lo, hi, predictions_out)
-        train_rmse = float(np.sqrt(np.mean((fitting.result() - got.train.ratings) ** 2)))
-    return train_rmse, tested
+    (user_ids, u), (item_ids, i), (lo, hi), held = got.users, got.items, bounds, got.held
+    tested, fitted = on_two(
+        lambda: {} if held is None else _test(held, user_ids, item_ids, P, Q, mu, lo, hi, predictions_out),
+        lambda: _predict(u, i, P, Q, mu, lo, hi), "paramserver-mf-fit")
+    return float(np.sqrt(np.mean((fitted - got.train.ratings) ** 2))), tested
 
 
 def _layout(data: str, u: np.ndarray, i: np.ndarray, n_users: int, n_items: int, workers: int) -> Layout:

@@ -7,7 +7,6 @@ then the ratings, shuffled, into the ``W²`` strata of a user group and an item 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from paramserver._runtime import intrinsics
+from paramserver._runtime.threads import on_two
 from paramserver.apps.rounds.program import balanced_groups
 
 _prefetch: Any = intrinsics.prefetch_address  # (mypy reads an intrinsic's signature wrongly)
@@ -124,15 +124,12 @@ PARALLEL_RATINGS = 1 << 16
 
 
 def _on_halves(halves: tuple[tuple[int, int], ...], work: Any) -> None:
-    """``work(k, lo, hi)`` for each half, the second (if any) on a thread of its own, joined here
-    (the strata are drawn before the nodes are forked: no thread is left then)."""
+    """``work(k, lo, hi)`` for each half, two halves at once (``on_two``: joined here, as the
+    strata are drawn before the nodes are forked)."""
     if len(halves) == 1:
         work(0, *halves[0])
-        return
-    with ThreadPoolExecutor(1, thread_name_prefix="paramserver-mf-strata") as pool:
-        second = pool.submit(work, 1, *halves[1])
-        work(0, *halves[0])
-        second.result()
+    else:
+        on_two(lambda: work(0, *halves[0]), lambda: work(1, *halves[1]), "paramserver-mf-strata")
 
 
 @njit(nogil=True, cache=True)

@@ -13,11 +13,11 @@ half, then the second's, as one pass would give them, and the first bad line's c
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numba import njit
 
+from paramserver._runtime.threads import on_two
 from paramserver.apps.rounds.fields import NL, line_end, separators, split_fields
 from paramserver.data.parse import bytes_hash, parse_float, parse_int
 
@@ -236,10 +236,8 @@ def parse_numbers(buf: np.ndarray, start: int, users: np.ndarray, items: np.ndar
                                        ratings[first_lines:])
         return first_lines, int(n2), str(err2), int(at2)
 
-    with ThreadPoolExecutor(1, thread_name_prefix="paramserver-ratings") as pool:
-        later = pool.submit(second)
-        n1, err1, at1 = _parse_numbers(buf, start, mid, users, items, ratings)
-        first_lines, n2, err2, at2 = later.result()
+    (n1, err1, at1), (first_lines, n2, err2, at2) = on_two(
+        lambda: _parse_numbers(buf, start, mid, users, items, ratings), second, "paramserver-ratings")
     if err1:
         return int(n1), str(err1), int(at1)
     if n1 < first_lines:  # blank lines in the first half: the second's triples move down to follow
