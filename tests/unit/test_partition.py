@@ -5,7 +5,7 @@ import pytest
 
 from paramserver import Ring
 from paramserver.routing.hashing import layout_code
-from paramserver.routing.partition import route_pull, route_push, scatter_rows
+from paramserver.routing.partition import route_pull, route_push, scatter_answer, scatter_rows
 from paramserver.routing.steps import every_value_one, route_steps
 
 
@@ -114,6 +114,34 @@ def test_a_big_batch_routes_on_two_threads_to_the_same_bits_and_leaves_none_runn
         assert threading.active_count() == before
         assert one == two
         assert len(np.frombuffer(two[0], np.uint64)) == np.unique(keys).size  # duplicates merged across the halves
+
+
+def test_a_big_answer_is_scattered_on_two_threads_to_the_rows_one_thread_writes(monkeypatch):
+    """A pull's answer of ``PARALLEL_KEYS`` rows or more is scattered by two threads, each
+    writing one half of the destination: the rows one thread's ``scatter_rows`` writes, where
+    the answer covers only part of the destination (one server's piece), where two answers
+    name one row (the last one's wins, as in order), and nothing left running."""
+    import threading
+
+    from paramserver.routing import partition
+
+    monkeypatch.setattr(partition, "PARALLEL_KEYS", 1 << 10)
+    rng = np.random.default_rng(11)
+    n = 5_000
+    cases = [np.asarray(route_pull(Ring.create([1, 2]), rng.integers(0, 2**64 - 1, n, dtype=np.uint64)).order),
+             rng.permutation(2 * n)[:n],  # a piece: half the destination's rows
+             np.concatenate([rng.integers(0, n, n // 2), rng.integers(0, n, n // 2)]),  # rows named twice
+             np.zeros(n, np.int64) + n - 1]  # every answer into the last row, which the upper half writes
+    for index in cases:
+        for dim in (1, 4):
+            src = rng.standard_normal((index.size, dim)).astype(np.float32)
+            rows = int(index.max()) + 1 + 3
+            want, got = np.full((rows, dim), -7.0, np.float32), np.full((rows, dim), -7.0, np.float32)
+            scatter_rows(src, index, want)
+            before = threading.active_count()
+            scatter_answer(src, index, got)
+            assert threading.active_count() == before
+            np.testing.assert_array_equal(got, want)
 
 
 def _alone(ring, keys, inverse, layout, key_dtype, rank_dtype):

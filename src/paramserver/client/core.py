@@ -43,7 +43,7 @@ from paramserver.errors import (
 )
 from paramserver.filters.base import Context, Link
 from paramserver.filters.chain import Chain, pack, unpack
-from paramserver.routing.partition import Routed, route_pull, route_push, scatter_rows
+from paramserver.routing.partition import Routed, route_pull, route_push, scatter_answer
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Message, Op
 
@@ -334,7 +334,7 @@ def rows_into(out: np.ndarray, dim: int, chain: Chain | None) -> Callable[[Piece
     """What a pull does with each piece's answer: its rows (``pull_rows``) scattered into
     ``out`` at the rows the piece's keys came from (``Piece.extra``)."""
     def on_piece(piece: Piece, msg: Message) -> None:
-        scatter_rows(pull_rows(msg, piece, dim, chain), piece.extra, out)
+        scatter_answer(pull_rows(msg, piece, dim, chain), piece.extra, out)
     return on_piece
 
 

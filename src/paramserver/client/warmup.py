@@ -8,7 +8,7 @@ import numpy as np
 from paramserver._runtime.warm import is_inherited, load_numba
 from paramserver.filters.chain import FilterSpec
 from paramserver.filters.warmup import warm_filters
-from paramserver.routing.partition import route_pull, route_push, scatter_rows
+from paramserver.routing.partition import route_pull, route_push, scatter_rows, scatter_rows_within
 from paramserver.routing.ring import Ring
 from paramserver.routing.steps import every_value_one, route_steps
 from paramserver.wire.message import Op, decode, encode
@@ -36,6 +36,7 @@ def warm_client(keys: np.ndarray | None = None, grads: np.ndarray | None = None,
     frames = encode({"op": Op.OK.value}, [np.zeros((keys.size, 1), np.float32)])
     (vals,) = decode([bytes(f) for f in frames]).arrays
     scatter_rows(vals, routed.order, np.empty((keys.size, 1), np.float32))
+    scatter_rows_within(vals, routed.order, np.empty((keys.size, 1), np.float32), 0, keys.size)  # a big pull's half
     for rank_dtype in (np.uint16, np.int32):  # a step's keys (their width looked up) and their occurrences' places
         route_steps(Ring.create([1]), [keys], [np.zeros(2, np.int64)], 0, None, np.dtype(rank_dtype))
     every_value_one([np.ones(2, np.float32)])
