@@ -37,6 +37,7 @@ import numpy as np
 from numba import njit
 
 from paramserver._runtime.intrinsics import prefetch_row
+from paramserver.apps.rounds.lda_counts import TOP, big_count, big_down, big_up
 from paramserver.apps.rounds.lda_sampler import DOC_AHEAD, _mix, _uniform
 
 
@@ -73,7 +74,8 @@ def _alias(weight, top, n, total, prob, alt, small, large):  # type: ignore[no-u
 
 
 @njit(nogil=True, cache=True)
-def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, beta, vbeta, steps, atab, asum, am):  # type: ignore[no-untyped-def]
+def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, beta, vbeta, steps, atab, asum, am,  # type: ignore[no-untyped-def]  # noqa: C901
+             big):
     """Tokens ``[lo, hi)`` of one word (counts ``nw``, of which ``ad`` in other workers'
     documents; ``atab`` their alias table over ``am`` topics): ``steps`` cycles of a word
     then a document proposal each; the generator's state after.  One function, no calls a
@@ -82,7 +84,9 @@ def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, b
     line of its ``n_dk`` row, which the proposals read at random topics, and the first of its
     tokens' topics (20 Newsgroups, one thread, mh2, the two interleaved: K = 1 000 7.0 ->
     10.7-11.2 M token-iterations/s, K = 50 15.6-15.8 -> 15.8-16.1, K = 200 15.7 -> 15.4; the
-    same draws; every line of the tokens' topics too cost K = 50 15 %)."""
+    same draws; every line of the tokens' topics too cost K = 50 15 %).  ``big``: the counts
+    past a byte where ``ndk`` holds a byte a count (``lda_counts``), read and moved only at
+    a byte's top."""
     K = nk.shape[0]
     atop, aprob, aalt = atab
     here = hi - lo - 1  # the word's other tokens in this worker's documents
@@ -97,7 +101,10 @@ def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, b
         d, old, own = tdoc[t], z[t], tpos[t]
         dlo, nd = dptr[d], dptr[d + 1] - dptr[d] - 1  # the document's other tokens
         # the state s: D_s = n⁻_ds + α, E_s = n⁻_s + Vβ, W_s = (n⁻_ws + β)/E_s, G_s = π_s/q_w(s)·(n⁻_ws + β + A⁻)
-        s, ds, es = old, ndk[d, old] - 1 + alpha, nk[old] - 1 + vbeta
+        c = ndk[d, old]
+        if big is not None and c == TOP:
+            c = big_count(big, d, old, K)
+        s, ds, es = old, c - 1 + alpha, nk[old] - 1 + vbeta
         ws = (nw[old] - 1 + beta) / es
         qs = nw[old] - 1 + beta - min(ad[old], 0)  # q_w(s) × its normaliser (ad < 0: rows a round stale)
         for _ in range(steps):
@@ -114,7 +121,10 @@ def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, b
                 k = min(int((u - asum - here) / beta), K - 1)
             if k != s:
                 o = 1 if k == old else 0
-                dk, ek = ndk[d, k] - o + alpha, nk[k] - o + vbeta
+                c = ndk[d, k]
+                if big is not None and c == TOP:
+                    c = big_count(big, d, k, K)
+                dk, ek = c - o + alpha, nk[k] - o + vbeta
                 wk, qk = (nw[k] - o + beta) / ek, nw[k] - o + beta - min(ad[k], 0)
                 x, u = _uniform(x)
                 if u * ds * ws * qk < dk * wk * qs:
@@ -132,14 +142,23 @@ def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, b
                 wk = (nw[k] - o + beta) / ek
                 x, u = _uniform(x)
                 if u * ws < wk:
-                    s, ds, es, ws, qs = k, ndk[d, k] - o + alpha, ek, wk, nw[k] - o + beta - min(ad[k], 0)
+                    c = ndk[d, k]
+                    if big is not None and c == TOP:
+                        c = big_count(big, d, k, K)
+                    s, ds, es, ws, qs = k, c - o + alpha, ek, wk, nw[k] - o + beta - min(ad[k], 0)
         if s != old:
             nw[old] -= 1
             nk[old] -= 1
-            ndk[d, old] -= 1
+            if big is not None and ndk[d, old] == TOP:
+                big_down(ndk, big, d, old, K)
+            else:
+                ndk[d, old] -= 1
             nw[s] += 1
             nk[s] += 1
-            ndk[d, s] += 1
+            if big is not None and ndk[d, s] >= TOP - 1:
+                big_up(ndk, big, d, s, K)
+            else:
+                ndk[d, s] += 1
             z[t] = s
             zd[own] = s
     return x
@@ -147,10 +166,10 @@ def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, b
 
 @njit(nogil=True, cache=True)
 def _mh_sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dptr, zd, tpos, alpha, beta, vbeta, steps,  # type: ignore[no-untyped-def]
-               seed, ad, aw, atab, small, large):
+               seed, ad, aw, atab, small, large, big):
     """MH-sample the tokens of segments ``[s_lo, s_hi)`` (one word each, its counts row
     ``seg_row[s]`` of ``nwk``) in place: ``z``, ``zd``, ``nwk``, ``nk`` and ``ndk``; the
-    draws are ``seed``'s.  ``ad`` must be all zero on entry (it is on return)."""
+    draws are ``seed``'s.  ``ad`` must be all zero on entry (it is on return); ``big``: as ``_segment``'s."""
     K = nk.shape[0]
     x = _mix(np.uint64(seed))  # seeds 1, 2, 3 start far apart
     atop = atab[0]
@@ -170,7 +189,7 @@ def _mh_sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dptr, zd, tp
         if am:
             _alias(aw, atop, am, asum, atab[1], atab[2], small, large)
         x = _segment(x, lo, hi, seg_ptr[s_hi], nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, beta, vbeta, steps,
-                     atab, asum, am)
+                     atab, asum, am, big)
         ad[:] = 0
 
 
@@ -187,7 +206,8 @@ def _doc_index(tdoc, z, dptr, zd, tpos):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def _lists_from_counts(ndk, dtop, doff, dcnt):  # type: ignore[no-untyped-def]
-    """The documents' non-zero topic lists (SparseLDA's) from ``n_dk``, in topic order."""
+    """The documents' non-zero topic lists (SparseLDA's) from ``n_dk``, in topic order (a byte
+    at ``lda_counts.TOP`` is a count, not zero: the list is the same)."""
     for d in range(ndk.shape[0]):
         n = 0
         for k in range(ndk.shape[1]):
@@ -216,10 +236,11 @@ class MHIndex:
 
     def sample(self, seg_row: np.ndarray, seg_ptr: np.ndarray, lo: int, hi: int, docs: np.ndarray, z: np.ndarray,
                nwk: np.ndarray, nk: np.ndarray, ndk: np.ndarray, alpha: float, beta: float, vbeta: float,
-               seed: int) -> None:
-        """Segments ``[lo, hi)`` sampled in place (``_mh_sample``), the draws ``seed``'s."""
+               seed: int, big: np.ndarray | None = None) -> None:
+        """Segments ``[lo, hi)`` sampled in place (``_mh_sample``), the draws ``seed``'s; ``big``:
+        the counts past a byte where ``ndk`` holds a byte a count (``lda_counts.DocTopics``)."""
         _mh_sample(seg_row, seg_ptr, lo, hi, docs, z, nwk, nk, ndk, self.dptr, self.zd, self.tpos, alpha, beta,
-                   vbeta, self.steps, seed, self.ad, self.aw, self.atab, self.small, self.large)
+                   vbeta, self.steps, seed, self.ad, self.aw, self.atab, self.small, self.large, big)
 
     @staticmethod
     def lists(ndk: np.ndarray, dtop: np.ndarray, doff: np.ndarray, dcnt: np.ndarray) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import fsspec
 import numpy as np
 
+from paramserver.apps.rounds.lda_counts import doc_topic_counts
 from paramserver.apps.rounds.lda_mh import MHIndex
 from paramserver.apps.rounds.lda_pieces import Pieces
 from paramserver.apps.rounds.lda_sampler import (
@@ -110,13 +111,12 @@ class LDAProgram:
         cap = np.minimum(self.doc_len, K)
         self.doff = np.zeros(cap.size + 1, np.int64)
         np.cumsum(cap, out=self.doff[1:])
-        # 16-bit counts and topic ids where they fit: the sampler reads a random document's row a
-        # token, and half the bytes made it about a quarter faster (NYT, 161 -> 124 ns a token)
-        small = int(self.doc_len.max(initial=0)) < (1 << 16) - 1
-        self.ndk = np.zeros((self.doc_len.size, K), np.uint16 if small else np.int32)
+        # the sampler reads a random document's row a token: 16 bits a count against 32 made it about a
+        # quarter faster (NYT, 161 -> 124 ns a token), and a byte where the rows outgrow the caches (``lda_counts``)
+        self.ndk, self.big = doc_topic_counts(self.doc_len.size, K, int(self.z.size), int(self.doc_len.max(initial=0)))
         self.dtop = np.zeros(max(int(self.doff[-1]), 1), np.uint16)
         self.dcnt = np.zeros(self.doc_len.size, np.int32)
-        _doc_lists(self.docs, self.z, self.ndk, self.dtop, self.doff, self.dcnt)
+        _doc_lists(self.docs, self.z, self.ndk, self.dtop, self.doff, self.dcnt, self.big)
         self.mh = None  # MH's index of the documents' tokens: made from the topics by the next MH round (``_sampler``)
         self.part_docs = np.cumsum([0] + [n.size for n in lens])  # part i's documents: part_docs[i]:[i + 1]
         if folder is not None:  # the topic lists in their saved order too: the sampler walks them in order
@@ -273,7 +273,7 @@ class LDAProgram:
         pushes.append((TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(self.totals.own[round_])[None],
                        "assign"))
         if self._alpha_round(round_):  # this worker's share of the step, at the α every worker has now
-            num, den = alpha_sums(self.ndk, self.doc_len, self.alpha)
+            num, den = alpha_sums(self.ndk, self.doc_len, self.alpha, self.big)
             pushes.append((ALPHA_SUMS, np.array([slot + self.rank], np.uint64), alpha_row(num, den, round_), "assign"))
         return pushes
 
@@ -325,10 +325,10 @@ class LDAProgram:
         seed = hash((cfg.seed, round_, self.rank, b, *((piece,) if piece else ()))) & 0x7FFFFFFF
         if self.mh is not None:
             self.mh.sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.totals.nk, self.ndk,
-                           self.alpha, cfg.beta, self.V * cfg.beta, seed)
+                           self.alpha, cfg.beta, self.V * cfg.beta, seed, self.big)
         else:
             _sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.totals.nk, self.ndk, self.dtop,
-                    self.doff, self.dcnt, self.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed)
+                    self.doff, self.dcnt, self.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed, self.big)
         self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
         changed, delta = block_changes(nwk[where], rows)
         return WORD_TOPIC, self.block_words[b][where][changed], delta, "add"
@@ -406,7 +406,7 @@ class LDAProgram:
         return z[self.part_start[i]:self.part_start[i + 1]]
 
     def doc_loglik(self) -> float:
-        return float(_doc_loglik(self.ndk, self.doc_len, self.alpha))
+        return float(_doc_loglik(self.ndk, self.doc_len, self.alpha, self.big))
 
 
 def lda_worker(client: Any, paths: list[str], word_block: np.ndarray, cfg: LDAConfig, vocabulary: int,

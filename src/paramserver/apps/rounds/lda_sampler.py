@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit
 
 from paramserver._runtime.intrinsics import prefetch_row
+from paramserver.apps.rounds.lda_counts import TOP, big_count, big_down, big_up
 from paramserver.apps.rounds.settings import LDAConfig as LDAConfig  # its old home
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
@@ -97,11 +98,13 @@ def _smoothing_draw(u, Y, bsum, shift, alpha):  # type: ignore[no-untyped-def]
 
 def _sample(seg_row: np.ndarray, seg_ptr: np.ndarray, s_lo: int, s_hi: int, tdoc: np.ndarray, z: np.ndarray,
             nwk: np.ndarray, nk: np.ndarray, ndk: np.ndarray, dtop: np.ndarray, doff: np.ndarray, dcnt: np.ndarray,
-            alpha: float, beta: float, vbeta: float, Y: np.ndarray, cum: np.ndarray, seed: int) -> None:
+            alpha: float, beta: float, vbeta: float, Y: np.ndarray, cum: np.ndarray, seed: int,
+            big: np.ndarray | None = None) -> None:
     """Gibbs-sample the tokens of segments ``[s_lo, s_hi)`` (one word each; the word's
     counts are row ``seg_row[s]`` of ``nwk``) in place: ``z``, ``nwk``, ``nk``, ``ndk``
     and the documents' non-zero topic lists ``dtop[doff[d]:doff[d] + dcnt[d]]``; the draws
-    come from SplitMix64 seeded with ``seed``.  Past 64 topics the smoothing bucket is walked
+    come from SplitMix64 seeded with ``seed``; ``big``: the counts past a byte where ``ndk``
+    holds a byte a count (``lda_counts.DocTopics``).  Past 64 topics the smoothing bucket is walked
     span by span (``_smoothing_draw``), and from ``ROW_SWEEP_BYTES`` a document's counts are
     fetched whole; below, neither is kept (``_gibbs``)."""
     K = nk.shape[0]
@@ -109,12 +112,12 @@ def _sample(seg_row: np.ndarray, seg_ptr: np.ndarray, s_lo: int, s_hi: int, tdoc
     bsum = np.zeros(((K - 1) >> shift) + 1) if K > 64 else None  # Σ Y over each span of 2^shift topics
     step = 64 // ndk.itemsize if K * ndk.itemsize >= ROW_SWEEP_BYTES else 0  # a row's lines: all fetched, or the first
     _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, ndk.reshape(-1), dtop, doff, dcnt, alpha, beta, vbeta,
-           Y, cum, seed, bsum, shift, step)
+           Y, cum, seed, bsum, shift, step, big)
 
 
 @njit(nogil=True, cache=True)
 def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff, dcnt, alpha, beta, vbeta, Y, cum,  # type: ignore[no-untyped-def]  # noqa: C901
-           seed, bsum, shift, step):
+           seed, bsum, shift, step, big):
     """``_sample``'s kernel (one numba kernel: everything a token does is written in its
     loop; a helper that takes arrays, called a token, cost K = 50 a third of its speed, their
     reference counts, and one called a word 2-3 %).  It is compiled twice: with ``bsum`` an
@@ -150,11 +153,14 @@ def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
             base = doff[d]
             nw[old] -= 1
             nk[old] -= 1
-            c = ndk[d, old] - 1
-            ndk[d, old] = c
-            if c == 0:  # the topic leaves the document's list
-                _drop_topic(dtop, base, dcnt[d], old)
-                dcnt[d] -= 1
+            c = ndk[d, old]
+            if big is not None and c == TOP:  # a count past a byte (``lda_counts``): it stays above 0
+                big_down(ndk, big, d, old, K)
+            else:
+                ndk[d, old] = c - 1
+                if c == 1:  # the topic leaves the document's list
+                    _drop_topic(dtop, base, dcnt[d], old)
+                    dcnt[d] -= 1
             y = (nw[old] + beta) / (nk[old] + vbeta)
             wsum += alpha * (y - Y[old])
             if bsum is not None:
@@ -164,7 +170,10 @@ def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
             n = dcnt[d]
             for j in range(n):
                 k = dtop[base + j]
-                dsum += ndk[d, k] * Y[k]
+                c = ndk[d, k]
+                if big is not None and c == TOP:
+                    c = big_count(big, d, k, K)
+                dsum += c * Y[k]
                 cum[j] = dsum
             x, r = _uniform(x)
             u = r * (dsum + wsum)
@@ -188,11 +197,14 @@ def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
                             break
             nw[new] += 1
             nk[new] += 1
-            c = ndk[d, new] + 1
-            ndk[d, new] = c
-            if c == 1:
-                dtop[base + dcnt[d]] = new
-                dcnt[d] += 1
+            c = ndk[d, new]
+            if big is not None and c >= TOP - 1:
+                big_up(ndk, big, d, new, K)
+            else:
+                ndk[d, new] = c + 1
+                if c == 0:
+                    dtop[base + dcnt[d]] = new
+                    dcnt[d] += 1
             y = (nw[new] + beta) / (nk[new] + vbeta)
             wsum += alpha * (y - Y[new])
             if bsum is not None:
@@ -226,23 +238,29 @@ def block_changes(counts, rows):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _doc_lists(tdoc, z, ndk, dtop, doff, dcnt):  # type: ignore[no-untyped-def]
-    """``ndk`` and the non-zero topic lists from the tokens' topics (all zero on entry)."""
+def _doc_lists(tdoc, z, ndk, dtop, doff, dcnt, big=None):  # type: ignore[no-untyped-def]
+    """``ndk`` (with ``big``: a byte a count, ``lda_counts``) and the non-zero topic lists
+    from the tokens' topics (all zero on entry)."""
+    K = ndk.shape[1]
     for t in range(z.shape[0]):
         d, k = tdoc[t], z[t]
-        ndk[d, k] += 1
-        if ndk[d, k] == 1:
+        c = ndk[d, k]
+        if big is not None and c >= TOP - 1:
+            big_up(ndk, big, d, k, K)
+            continue
+        ndk[d, k] = c + 1
+        if c == 0:
             dtop[doff[d] + dcnt[d]] = k
             dcnt[d] += 1
 
 
 @njit(nogil=True, cache=True)
-def alpha_sums(ndk, dlen, alpha):  # type: ignore[no-untyped-def]
+def alpha_sums(ndk, dlen, alpha, big=None):  # type: ignore[no-untyped-def]
     """A worker's share of one step of Minka's fixed point for a symmetric α (T. Minka,
     "Estimating a Dirichlet distribution", 2000): ``(Σ_d Σ_k [ψ(n_dk + α) − ψ(α)],
     Σ_d [ψ(n_d + Kα) − ψ(Kα)])`` over its documents; the step is α · Σ num / (K · Σ den)
     over every worker's.  ψ(c + a) − ψ(a) = Σ_{j<c} 1/(a + j), tabulated up to the longest
-    document, so a count costs a lookup: one pass over ``ndk``."""
+    document, so a count costs a lookup: one pass over ``ndk`` (``big``: as ``_doc_lists``)."""
     D, K = ndk.shape
     longest = 0
     for d in range(D):
@@ -256,7 +274,10 @@ def alpha_sums(ndk, dlen, alpha):  # type: ignore[no-untyped-def]
     for d in range(D):
         row = 0.0
         for k in range(K):
-            row += up[ndk[d, k]]  # up[0] = 0: a topic the document does not hold adds nothing
+            c = ndk[d, k]
+            if big is not None and c == TOP:
+                c = big_count(big, d, k, K)
+            row += up[c]  # up[0] = 0: a topic the document does not hold adds nothing
         num += row
         den += total[dlen[d]]
     return num, den
@@ -271,14 +292,17 @@ def alpha_step(alpha: float, topics: int, num: float, den: float) -> float:
 
 
 @njit(nogil=True, cache=True)
-def _doc_loglik(ndk, dlen, alpha):  # type: ignore[no-untyped-def]
+def _doc_loglik(ndk, dlen, alpha, big=None):  # type: ignore[no-untyped-def]
     """Σ_d [Σ_k lgamma(n_dk + α) − lgamma(n_d + Kα)] + D·[lgamma(Kα) − K·lgamma(α)]."""
     K = ndk.shape[1]
     total = 0.0
     for d in range(ndk.shape[0]):
         for k in range(K):
-            if ndk[d, k]:
-                total += math.lgamma(ndk[d, k] + alpha) - math.lgamma(alpha)
+            c = ndk[d, k]
+            if big is not None and c == TOP:
+                c = big_count(big, d, k, K)
+            if c:
+                total += math.lgamma(c + alpha) - math.lgamma(alpha)
         total += math.lgamma(K * alpha) - math.lgamma(dlen[d] + K * alpha)
     return total
 
