@@ -66,22 +66,24 @@ def _dies_mid_push(client, victim, round_, worker, *args):
     return worker(client, *args)
 
 
-@pytest.mark.parametrize("staleness,sampler,gate,filters,pieces", [
-    (0, "sparse", "bsp", None, True), (0, "sparse", "bsp", None, False), (2, "sparse", "asp", None, True),
-    (0, "mh", "bsp", None, True), (0, "sparse", "asp", None, True), (0, "hybrid", "bsp", None, True),
-    (0, "sparse", "bsp", "push=sparse:keep=1;reply=sparse:keep=1", True)])
-def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sampler, gate, filters, pieces):
+@pytest.mark.parametrize("staleness,sampler,gate,filters,pieces,topics", [
+    (0, "sparse", "bsp", None, True, 6), (0, "sparse", "bsp", None, False, 6), (2, "sparse", "asp", None, True, 6),
+    (0, "mh", "bsp", None, True, 6), (0, "sparse", "asp", None, True, 6), (0, "hybrid", "bsp", None, True, 6),
+    (0, "hybrid", "bsp", None, True, 400),
+    (0, "sparse", "bsp", "push=sparse:keep=1;reply=sparse:keep=1", True, 6)])
+def test_counts_stay_the_corpus_through_a_worker_sigkill(tmp_path, staleness, sampler, gate, filters, pieces, topics):
     """BSP rounds gated on the servers (the job's own tables: a death is found a round
     later), a block in two pieces (the job's default: ``lda_pieces``) or whole, BSP rounds
     behind barriers (tables without the gate, as an older checkpoint restores them: whole
     blocks then), and SSP ones (the survivors wait out the rounds in flight, then regroup;
     whole blocks too); the MH sampler's document index rebuilt with the survivors' parts
-    (``hybrid``: a death in its MH sweeps, then the exact sweeps from round 60 on); the
-    counts sent as their non-zero values (``sparse``, as from 256 topics)."""
+    (``hybrid``: a death in its MH sweeps, then the exact sweeps from round 60 on; at 400
+    topics, a byte a document count and the exact draw over the word's topics); the counts
+    sent as their non-zero values (``sparse``, as from 256 topics)."""
     corpus = read_corpus(_planted(tmp_path / "c.ldac", docs=400, length=80))
     V, workers = corpus.vocabulary, 3
     freq = np.bincount(corpus.words, minlength=V)
-    cfg = LDAConfig(topics=6, iterations=30, staleness=staleness, sampler=sampler)
+    cfg = LDAConfig(topics=topics, iterations=30, staleness=staleness, sampler=sampler)
     word_block = balanced_groups(freq, workers)
     with tempfile.TemporaryDirectory() as scratch, \
             LocalCluster(servers=1, workers=workers, log_level="WARNING", heartbeat_interval_s=0.1,

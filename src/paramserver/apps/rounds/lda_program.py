@@ -28,12 +28,12 @@ from paramserver.apps.rounds.lda_sampler import (
     LDAConfig,
     _doc_lists,
     _doc_loglik,
-    _sample,
     alpha_step,
     alpha_sums,
     block_changes,
 )
 from paramserver.apps.rounds.lda_totals import TopicTotals, alpha_row, decode, encode
+from paramserver.apps.rounds.lda_words import sample_exact, sample_sparse
 from paramserver.apps.rounds.program import (
     RoundCheckpoints,
     RoundResume,
@@ -326,9 +326,11 @@ class LDAProgram:
         if self.mh is not None:
             self.mh.sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.totals.nk, self.ndk,
                            self.alpha, cfg.beta, self.V * cfg.beta, seed, self.big)
-        else:
-            _sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.totals.nk, self.ndk, self.dtop,
-                    self.doff, self.dcnt, self.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed, self.big)
+        else:  # after MH's sweeps (hybrid) the words' topics are few: the exact draw goes over them (``lda_words``)
+            sample = sample_exact if cfg.runs == "hybrid" else sample_sparse
+            sample(self.seg_row, self.seg_ptr, lo, hi, self.docs, self.z, nwk, self.totals.nk, self.ndk, self.dtop,
+                   self.doff, self.dcnt, self.doc_len, self.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed,
+                   self.big)
         self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
         changed, delta = block_changes(nwk[where], rows)
         return WORD_TOPIC, self.block_words[b][where][changed], delta, "add"
