@@ -20,10 +20,15 @@ exactly).  The bound is a few per cent of the mass, so a token costs its word's 
 and the document's only now and then.  The word's list holds each topic once (a flag a
 topic): one that falls to zero stays, adding nothing.  A's sum reads the document's counts
 with the token in (its topic's term less ``own`` afterwards), and the counts move only when
-the topic does.  One thread, 20 Newsgroups at K = 1 000 after 100 MH sweeps: ``_gibbs`` 5.5-6.0
-M token-iterations/s, this 6.9-7.2 (8.1 with the document's counts moved inline, before and
-after the draw: a helper that takes the arrays, called a token, costs its share, and the
-kernel is then past the 60 lines a function may have).
+the topic does.
+
+The helpers a token calls take arrays, and a numba function that takes an array counts a
+reference to it on the way in and out (``NRT_incref``/``NRT_decref``, an atomic add each):
+inlined (``inline="always"``) they cost ``_words`` four such pairs a moved token, 15 % of its
+time, which LLVM's pruning of the pairs could not take out across their loops and branches.
+So they are compiled without reference counts (``_nrt=False``: they allocate nothing), and
+called.  One thread, 20 Newsgroups at K = 1 000 after 60 MH sweeps: ``_gibbs`` 5.5-6.0 M
+token-iterations/s, this with inlined helpers 6.5-7.1, without the counts 7.8-8.1.
 
 Below ``WORD_TOPICS`` topics ``_gibbs`` draws, as before, to the bit.
 """
@@ -81,7 +86,7 @@ def sample_sparse(seg_row: np.ndarray, seg_ptr: np.ndarray, s_lo: int, s_hi: int
             big)
 
 
-@njit(inline="always", nogil=True, cache=True)
+@njit(_nrt=False, nogil=True, cache=True)
 def _total_moved(nk, k, by, vbeta, inv, isum, shift):  # type: ignore[no-untyped-def]
     """``n_k += by`` and its ``1/(n_k + Vβ)`` with its span's sum; the change to their total."""
     nk[k] += by
@@ -92,7 +97,7 @@ def _total_moved(nk, k, by, vbeta, inv, isum, shift):  # type: ignore[no-untyped
     return dy
 
 
-@njit(inline="always", nogil=True, cache=True)
+@njit(_nrt=False, nogil=True, cache=True)
 def _doc_moved(ndk, big, dtop, dcnt, d, base, old, new, K):  # type: ignore[no-untyped-def]
     """A token of document ``d`` moved from topic ``old`` to ``new``: ``n_dk`` (a byte, or the
     table at its top) and the document's topic list (a topic left at zero drops out)."""
@@ -114,7 +119,7 @@ def _doc_moved(ndk, big, dtop, dcnt, d, base, old, new, K):  # type: ignore[no-u
             dcnt[d] += 1
 
 
-@njit(inline="always", nogil=True, cache=True)
+@njit(_nrt=False, nogil=True, cache=True)
 def _in_doc(u, ndk, big, dtop, base, n, d, old, beta, inv, K):  # type: ignore[no-untyped-def]
     """B's topic at ``u`` (β n⁻_dk inv_k over the document's topics, ``old`` less the token), or
     -1 past B (a redraw)."""
@@ -130,7 +135,7 @@ def _in_doc(u, ndk, big, dtop, base, n, d, old, beta, inv, K):  # type: ignore[n
     return -1
 
 
-@njit(inline="always", nogil=True, cache=True)
+@njit(_nrt=False, nogil=True, cache=True)
 def _smoothing(u, inv, isum, shift, K):  # type: ignore[no-untyped-def]
     """C's topic at ``u`` (inv_k over every topic), span by span."""
     acc = 0.0
@@ -147,14 +152,14 @@ def _smoothing(u, inv, isum, shift, K):  # type: ignore[no-untyped-def]
     return K - 1
 
 
-@njit(nogil=True, cache=True)
-def _word_start(nw, nk, vbeta, inv, isum, shift, wtop, wpos, inw):  # type: ignore[no-untyped-def]
-    """A word's start: ``inv`` and its span sums afresh (no drift past a word), the word's
-    topics listed; ``(Σ inv, the smallest n_k, the topics listed)``."""
+@njit(_nrt=False, nogil=True, cache=True)
+def _word_start(nw, nk, inv, isum, shift, wtop, wpos, inw):  # type: ignore[no-untyped-def]
+    """A word's start: the span sums of ``inv`` afresh (no drift past a word: ``inv`` itself is
+    exact, each ``1/(n_k + Vβ)`` set whole as its total moves), the word's topics listed;
+    ``(Σ inv, the smallest n_k, the topics listed)``."""
     isum[:] = 0.0
     total, floor, m = 0.0, nk[0], 0
     for k in range(nk.shape[0]):
-        inv[k] = 1.0 / (nk[k] + vbeta)
         isum[k >> shift] += inv[k]
         total += inv[k]
         floor = min(floor, nk[k])
@@ -173,9 +178,10 @@ def _words(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
     K = nk.shape[0]
     x = _mix(np.uint64(seed))
     last, ab = seg_ptr[s_hi], alpha * beta
+    inv[:] = 1.0 / (nk + vbeta)  # once a call: ``_total_moved`` keeps each exact (K divisions a word cost ~4 %)
     for s in range(s_lo, s_hi):
         nw = nwk[seg_row[s]]
-        total, floor, m = _word_start(nw, nk, vbeta, inv, isum, shift, wtop, wpos, inw)
+        total, floor, m = _word_start(nw, nk, inv, isum, shift, wtop, wpos, inw)
         for t in range(seg_ptr[s], seg_ptr[s + 1]):
             if t + DOC_AHEAD < last:  # the document state of a token further on, as ``_gibbs``
                 ahead = tdoc[t + DOC_AHEAD]
