@@ -22,16 +22,19 @@ given by address (``store/loops/views.py``: a vnode's arrays read from a directo
 addresses, without unboxing a list or counting a reference).
 
 ``frozen(a)`` is ``a`` as a read-only array, for the kernels' arguments that they only read.
+
+``uncounted(fn)`` compiles a helper without numba's reference counts: one that a kernel
+calls a token (or a key) with arrays, and that allocates none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
@@ -92,6 +95,17 @@ def frozen(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.flags.writeable = False
     return view
+
+
+def uncounted(fn: Callable[..., Any]) -> Any:
+    """``fn`` compiled (nogil, cached) without reference counts (numba's ``_nrt=False``).  A
+    numba function counts a reference to each array it is given, in and out (``NRT_incref``
+    and ``NRT_decref``, an atomic add each), and LLVM's pruning of those pairs does not reach
+    across a helper's loops and branches, inlined or not: four such helpers cost the LDA word
+    draw's kernel 15 % of its time (``apps/rounds/lda_words``).  Such a helper must allocate
+    nothing (no arrays made, none returned)."""
+    options: dict[str, Any] = {"_nrt": False, "nogil": True, "cache": True}  # _nrt: not in numba's stubs
+    return njit(**options)(fn)
 
 
 def _bitcast(name, kind, result, llvm_result, doc):

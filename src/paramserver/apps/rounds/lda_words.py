@@ -26,7 +26,7 @@ The helpers a token calls take arrays, and a numba function that takes an array 
 reference to it on the way in and out (``NRT_incref``/``NRT_decref``, an atomic add each):
 inlined (``inline="always"``) they cost ``_words`` four such pairs a moved token, 15 % of its
 time, which LLVM's pruning of the pairs could not take out across their loops and branches.
-So they are compiled without reference counts (``_nrt=False``: they allocate nothing), and
+So they are compiled without reference counts (``uncounted``: they allocate nothing), and
 called.  One thread, 20 Newsgroups at K = 1 000 after 60 MH sweeps: ``_gibbs`` 5.5-6.0 M
 token-iterations/s, this with inlined helpers 6.5-7.1, without the counts 7.8-8.1.
 
@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from paramserver._runtime.intrinsics import prefetch_row
+from paramserver._runtime.intrinsics import prefetch_row, uncounted
 from paramserver.apps.rounds.lda_counts import TOP, big_count, big_down, big_up
 from paramserver.apps.rounds.lda_sampler import (
     DOC_AHEAD,
@@ -86,7 +86,7 @@ def sample_sparse(seg_row: np.ndarray, seg_ptr: np.ndarray, s_lo: int, s_hi: int
             big)
 
 
-@njit(_nrt=False, nogil=True, cache=True)
+@uncounted
 def _total_moved(nk, k, by, vbeta, inv, isum, shift):  # type: ignore[no-untyped-def]
     """``n_k += by`` and its ``1/(n_k + Vβ)`` with its span's sum; the change to their total."""
     nk[k] += by
@@ -97,7 +97,7 @@ def _total_moved(nk, k, by, vbeta, inv, isum, shift):  # type: ignore[no-untyped
     return dy
 
 
-@njit(_nrt=False, nogil=True, cache=True)
+@uncounted
 def _doc_moved(ndk, big, dtop, dcnt, d, base, old, new, K):  # type: ignore[no-untyped-def]
     """A token of document ``d`` moved from topic ``old`` to ``new``: ``n_dk`` (a byte, or the
     table at its top) and the document's topic list (a topic left at zero drops out)."""
@@ -119,7 +119,7 @@ def _doc_moved(ndk, big, dtop, dcnt, d, base, old, new, K):  # type: ignore[no-u
             dcnt[d] += 1
 
 
-@njit(_nrt=False, nogil=True, cache=True)
+@uncounted
 def _in_doc(u, ndk, big, dtop, base, n, d, old, beta, inv, K):  # type: ignore[no-untyped-def]
     """B's topic at ``u`` (β n⁻_dk inv_k over the document's topics, ``old`` less the token), or
     -1 past B (a redraw)."""
@@ -135,7 +135,7 @@ def _in_doc(u, ndk, big, dtop, base, n, d, old, beta, inv, K):  # type: ignore[n
     return -1
 
 
-@njit(_nrt=False, nogil=True, cache=True)
+@uncounted
 def _smoothing(u, inv, isum, shift, K):  # type: ignore[no-untyped-def]
     """C's topic at ``u`` (inv_k over every topic), span by span."""
     acc = 0.0
@@ -152,7 +152,7 @@ def _smoothing(u, inv, isum, shift, K):  # type: ignore[no-untyped-def]
     return K - 1
 
 
-@njit(_nrt=False, nogil=True, cache=True)
+@uncounted
 def _word_start(nw, nk, inv, isum, shift, wtop, wpos, inw):  # type: ignore[no-untyped-def]
     """A word's start: the span sums of ``inv`` afresh (no drift past a word: ``inv`` itself is
     exact, each ``1/(n_k + Vβ)`` set whole as its total moves), the word's topics listed;
