@@ -178,7 +178,7 @@ def _words(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
     K = nk.shape[0]
     x = _mix(np.uint64(seed))
     last, ab = seg_ptr[s_hi], alpha * beta
-    inv[:] = 1.0 / (nk + vbeta)  # once a call: ``_total_moved`` keeps each exact (K divisions a word cost ~4 %)
+    inv[:] = 1.0 / (nk + vbeta)  # once a call, not K divisions a word: ``_total_moved`` keeps each exact
     for s in range(s_lo, s_hi):
         nw = nwk[seg_row[s]]
         total, floor, m = _word_start(nw, nk, inv, isum, shift, wtop, wpos, inw)
