@@ -19,43 +19,50 @@ from paramserver.apps.rounds.lda_counts import (
     doc_topic_counts,
 )
 from paramserver.apps.rounds.lda_mh import MHIndex
-from paramserver.apps.rounds.lda_sampler import _doc_lists, _doc_loglik, _sample, alpha_sums
+from paramserver.apps.rounds.lda_sampler import _doc_lists, _doc_loglik, _sample, alpha_sums, doc_joined, doc_left
 
 
-def _move(ndk, big, d, k, K, up):
-    """One count up or down, as the kernels move it: in the byte, or through ``big`` at its top."""
-    c = ndk[d, k]
-    if up and c >= TOP - 1:
-        big_up(ndk, big, d, k, K)
-    elif not up and c == TOP:
-        big_down(ndk, big, d, k, K)
-    else:
-        ndk[d, k] = int(c) + (1 if up else -1)
+class _Docs:
+    """Documents' counts and topic lists as the kernels keep them, moved by the kernels' own
+    helpers (``doc_joined``, ``doc_left``): in the byte, or through ``big`` at its top."""
+
+    def __init__(self, D, K, tokens):
+        self.counts, self.K = DocTopics(D, K, tokens), K
+        self.dtop, self.dcnt = np.zeros(D * K, np.uint16), np.zeros(D, np.int32)
+
+    def move(self, d, k, up):
+        step = doc_joined if up else doc_left
+        step(self.counts.rows, self.counts.big, self.dtop, self.dcnt, d, d * self.K, k, self.K)
+
+    def topics(self, d):
+        return sorted(self.dtop[d * self.K:d * self.K + self.dcnt[d]].tolist())
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_counts_past_a_byte_go_through_the_table_and_come_back(seed):
-    """Random walks of counts around 255 in a few documents, against plain int counts: every
-    count read back exactly (the byte, or the table at ``TOP``), the table holding exactly the
+    """Random walks of counts around 255 in a few documents, moved by the kernels' helpers, against
+    plain int counts: the topic lists right, every count read back exactly (the byte, or the table at ``TOP``), the table holding exactly the
     counts of ``TOP`` or more, however its rows collided and were shifted back on removal."""
     rng = np.random.default_rng(seed)
     D, K = 3, 40
-    counts = DocTopics(D, K, tokens=D * 2000)
+    docs = _Docs(D, K, tokens=D * 2000)
+    counts = docs.counts
     assert counts.big.shape[0] == 64  # twice 2000 * 3 / 255 (23) + 16, a power of two: collisions happen
     ndk, big = counts.rows, counts.big
     ref = np.zeros((D, K), np.int64)
     cells = [(d, k) for d in range(D) for k in range(0, K, 3)]  # 42 counts, each near a byte's top at times
     for d, k in cells:
         for _ in range(int(rng.integers(200, 300))):
-            _move(ndk, big, d, k, K, True)
+            docs.move(d, k, True)
             ref[d, k] += 1
     for _ in range(30_000):
         d, k = cells[int(rng.integers(len(cells)))]
         up = ref[d, k] == 0 or rng.random() < 0.5
-        _move(ndk, big, d, k, K, up)
+        docs.move(d, k, up)
         ref[d, k] += 1 if up else -1
         if rng.random() < 0.01:
             np.testing.assert_array_equal(dense_counts(ndk, big), ref)
+            assert all(docs.topics(d2) == np.flatnonzero(ref[d2]).tolist() for d2 in range(D))
             for d2, k2 in zip(*np.nonzero(ref >= TOP)):  # each found where a probe looks
                 assert big_count(big, d2, k2, K) == ref[d2, k2]
     np.testing.assert_array_equal(counts.dense(), ref)

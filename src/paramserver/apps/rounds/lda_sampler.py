@@ -10,7 +10,7 @@ import math
 import numpy as np
 from numba import njit
 
-from paramserver._runtime.intrinsics import prefetch_row
+from paramserver._runtime.intrinsics import prefetch_row, uncounted
 from paramserver.apps.rounds.lda_counts import TOP, big_count, big_down, big_up
 from paramserver.apps.rounds.settings import LDAConfig as LDAConfig  # its old home
 
@@ -52,6 +52,34 @@ def _mix(x):  # type: ignore[no-untyped-def]
     r = (x ^ (x >> _S30)) * _M1
     r = (r ^ (r >> _S27)) * _M2
     return r ^ (r >> _S31)
+
+
+@uncounted
+def doc_left(ndk, big, dtop, dcnt, d, base, old, K):  # type: ignore[no-untyped-def]
+    """A token of document ``d`` leaves topic ``old``: ``n_dk`` (a count past a byte, in the table
+    of ``lda_counts``, stays above 0) and the document's topic list (a topic left at 0 drops out)."""
+    c = ndk[d, old]
+    if big is not None and c == TOP:
+        big_down(ndk, big, d, old, K)
+    else:
+        ndk[d, old] = c - 1
+        if c == 1:
+            _drop_topic(dtop, base, dcnt[d], old)
+            dcnt[d] -= 1
+
+
+@uncounted
+def doc_joined(ndk, big, dtop, dcnt, d, base, new, K):  # type: ignore[no-untyped-def]
+    """A token of document ``d`` joins topic ``new``: ``n_dk`` (its byte, or the table at its
+    top) and the document's topic list (a topic new to it goes at the end)."""
+    c = ndk[d, new]
+    if big is not None and c >= TOP - 1:
+        big_up(ndk, big, d, new, K)
+    else:
+        ndk[d, new] = c + 1
+        if c == 0:
+            dtop[base + dcnt[d]] = new
+            dcnt[d] += 1
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -118,9 +146,10 @@ def _sample(seg_row: np.ndarray, seg_ptr: np.ndarray, s_lo: int, s_hi: int, tdoc
 @njit(nogil=True, cache=True)
 def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff, dcnt, alpha, beta, vbeta, Y, cum,  # type: ignore[no-untyped-def]  # noqa: C901
            seed, bsum, shift, step, big):
-    """``_sample``'s kernel (one numba kernel: everything a token does is written in its
-    loop; a helper that takes arrays, called a token, cost K = 50 a third of its speed, their
-    reference counts, and one called a word 2-3 %).  It is compiled twice: with ``bsum`` an
+    """``_sample``'s kernel (one numba kernel: a helper that takes arrays, called a token, cost
+    K = 50 a third of its speed in their reference counts, so the token's loop calls only
+    helpers compiled without them: ``doc_left`` and ``doc_joined``, shared with ``lda_words``;
+    one called a word cost 2-3 %).  It is compiled twice: with ``bsum`` an
     array (K > 64) it keeps the smoothing bucket's span sums and, with ``step``, fetches every
     line of a document's row; with ``bsum`` None (K ≤ 64), numba prunes both, tests and all,
     and walks the smoothing bucket inline (its helper cost 1 %)."""
@@ -153,14 +182,7 @@ def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
             base = doff[d]
             nw[old] -= 1
             nk[old] -= 1
-            c = ndk[d, old]
-            if big is not None and c == TOP:  # a count past a byte (``lda_counts``): it stays above 0
-                big_down(ndk, big, d, old, K)
-            else:
-                ndk[d, old] = c - 1
-                if c == 1:  # the topic leaves the document's list
-                    _drop_topic(dtop, base, dcnt[d], old)
-                    dcnt[d] -= 1
+            doc_left(ndk, big, dtop, dcnt, d, base, old, K)
             y = (nw[old] + beta) / (nk[old] + vbeta)
             wsum += alpha * (y - Y[old])
             if bsum is not None:
@@ -197,14 +219,7 @@ def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
                             break
             nw[new] += 1
             nk[new] += 1
-            c = ndk[d, new]
-            if big is not None and c >= TOP - 1:
-                big_up(ndk, big, d, new, K)
-            else:
-                ndk[d, new] = c + 1
-                if c == 0:
-                    dtop[base + dcnt[d]] = new
-                    dcnt[d] += 1
+            doc_joined(ndk, big, dtop, dcnt, d, base, new, K)
             y = (nw[new] + beta) / (nk[new] + vbeta)
             wsum += alpha * (y - Y[new])
             if bsum is not None:

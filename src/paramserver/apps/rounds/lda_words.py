@@ -39,15 +39,16 @@ import numpy as np
 from numba import njit
 
 from paramserver._runtime.intrinsics import prefetch_row, uncounted
-from paramserver.apps.rounds.lda_counts import TOP, big_count, big_down, big_up
+from paramserver.apps.rounds.lda_counts import TOP, big_count
 from paramserver.apps.rounds.lda_sampler import (
     DOC_AHEAD,
     ROW_SWEEP_BYTES,
-    _drop_topic,
     _mix,
     _sample,
     _span_shift,
     _uniform,
+    doc_joined,
+    doc_left,
 )
 
 #: topics from which the exact draw goes over the word's topics (``_words``)
@@ -95,28 +96,6 @@ def _total_moved(nk, k, by, vbeta, inv, isum, shift):  # type: ignore[no-untyped
     inv[k] = y
     isum[k >> shift] += dy
     return dy
-
-
-@uncounted
-def _doc_moved(ndk, big, dtop, dcnt, d, base, old, new, K):  # type: ignore[no-untyped-def]
-    """A token of document ``d`` moved from topic ``old`` to ``new``: ``n_dk`` (a byte, or the
-    table at its top) and the document's topic list (a topic left at zero drops out)."""
-    c = ndk[d, old]
-    if big is not None and c == TOP:
-        big_down(ndk, big, d, old, K)
-    else:
-        ndk[d, old] = c - 1
-        if c == 1:
-            _drop_topic(dtop, base, dcnt[d], old)
-            dcnt[d] -= 1
-    c = ndk[d, new]
-    if big is not None and c >= TOP - 1:
-        big_up(ndk, big, d, new, K)
-    else:
-        ndk[d, new] = c + 1
-        if c == 0:
-            dtop[base + dcnt[d]] = new
-            dcnt[d] += 1
 
 
 @uncounted
@@ -224,7 +203,8 @@ def _words(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
                 wtop[m], wpos[new], inw[new], m = new, m, 1, m + 1
             total += _total_moved(nk, new, 1, vbeta, inv, isum, shift)
             if new != old:  # the document's counts move only now: the draw read them less the token
-                _doc_moved(ndk, big, dtop, dcnt, d, base, old, new, K)
+                doc_left(ndk, big, dtop, dcnt, d, base, old, K)
+                doc_joined(ndk, big, dtop, dcnt, d, base, new, K)
             z[t] = new
         for j in range(m):
             inw[wtop[j]] = 0
