@@ -40,9 +40,10 @@ class _Docs:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_counts_past_a_byte_go_through_the_table_and_come_back(seed):
-    """Random walks of counts around 255 in a few documents, moved by the kernels' helpers, against
-    plain int counts: the topic lists right, every count read back exactly (the byte, or the table at ``TOP``), the table holding exactly the
-    counts of ``TOP`` or more, however its rows collided and were shifted back on removal."""
+    """Random walks of counts around 255 in a few documents, moved by the kernels' helpers,
+    against plain int counts: the topic lists right, every count read back exactly (the byte,
+    or the table at ``TOP``), the table holding exactly the counts of ``TOP`` or more, however
+    its rows collided and were shifted back on removal."""
     rng = np.random.default_rng(seed)
     D, K = 3, 40
     docs = _Docs(D, K, tokens=D * 2000)
