@@ -19,6 +19,9 @@ from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train import run_training
 from paramserver.apps.ctr.train_config import TrainConfig
+from paramserver.client import core
+from paramserver.errors import ConfigError
+from paramserver.filters.chain import unpack_rows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -139,3 +142,39 @@ def test_sigmod_holds_small_updates_back_until_they_add_up_or_are_flushed():
         got = c.pull("s", keys).result(timeout=60)[:, 0]
         np.testing.assert_allclose(got[10:], -0.8, rtol=1e-6)  # nothing lost, nothing twice
         np.testing.assert_allclose(got[:10], -3.6, rtol=1e-6)
+
+
+def test_a_pull_into_int32_counts_gets_what_a_plain_pull_gets_with_and_without_sparse_replies(monkeypatch):
+    """``Client.pull(out=)``: two servers' sparse answers decoded straight into the caller's
+    int32 or float32 rows (duplicate keys too), a table without filters copied and converted
+    the same, and an ``out`` that cannot take the rows refused before anything is sent."""
+    decoded_in_place = []
+
+    def counted(*args):
+        done = unpack_rows(*args)
+        decoded_in_place.append(done)
+        return done
+
+    monkeypatch.setattr(core, "unpack_rows", counted)
+    rng = np.random.default_rng(4)
+    words = np.arange(3000, dtype=np.uint64)
+    counts = np.where(rng.random((3000, 200)) < 0.03, rng.integers(1, 3000, (3000, 200)), 0).astype(np.float32)
+    with LocalCluster(servers=2, workers=0, log_level="WARNING") as cluster:
+        c = cluster.client
+        c.create_table("packed", dim=200, optimizer="sgd", key_bits=12, filters="push=sparse;reply=sparse")
+        c.create_table("plain", dim=200, optimizer="sgd", key_bits=12)
+        asked = np.r_[rng.permutation(words)[:2500], words[:7], words[:7]]  # duplicates answered twice
+        for table in ("packed", "plain"):
+            c.push(table, words, counts, op="add", distinct=True).result(timeout=60)
+            plain = c.pull(table, asked).result(timeout=60)
+            assert np.array_equal(plain, counts[asked.astype(np.int64)])
+            into = np.full((asked.size, 200), -5, np.int32)
+            assert c.pull(table, asked, out=into).result(timeout=60) is into
+            assert np.array_equal(into, plain.astype(np.int32))
+            rows = np.empty((asked.size, 200), np.float32)
+            assert np.array_equal(c.pull(table, asked, out=rows).result(timeout=60), plain)
+        assert sum(decoded_in_place) >= 6  # each server's answer to the three pulls of "packed"
+        for bad, why in ((np.zeros((asked.size, 199), np.int32), "of shape"), (np.zeros((asked.size, 200)), "float64"),
+                         (np.zeros((200, asked.size), np.int32).T, "not C order")):
+            with pytest.raises(ConfigError, match=f"out must be a writeable C-order float32 or int32 .*{why}"):
+                c.pull("packed", asked, out=bad)

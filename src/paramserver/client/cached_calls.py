@@ -126,8 +126,10 @@ class CachedCalls:
             self.caches[spec.name] = _made(spec, parsed)
         return parsed
 
-    def pull(self, spec: TableSpec, keys: np.ndarray, cache: RowCache) -> Future[Any]:
-        out = np.empty((keys.shape[0], spec.dim), np.float32)
+    def pull(self, spec: TableSpec, keys: np.ndarray, cache: RowCache, out: np.ndarray | None = None) -> Future[Any]:
+        """``keys``' rows through ``cache`` (into ``out``, float32, where given)."""
+        if out is None:
+            out = np.empty((keys.shape[0], spec.dim), np.float32)
         read = cache.read(keys, out, self.port.ring_version())
         self.slots.keep(keys, read.slots)
         outer: Future[Any] = Fresh(functools.partial(cache.refresh, keys, out)) if cache.local else Future()

@@ -207,19 +207,28 @@ class Client:
         tables = self._call(self.config.scheduler, {"op": Op.TABLE_INFO.value})["tables"]
         return {n: TableSpec.from_wire(w) for n, w in tables.items()}
 
-    def pull(self, table: str, keys: Any) -> Future[Any]:
+    def pull(self, table: str, keys: Any, *, out: np.ndarray | None = None) -> Future[Any]:
         """Values of ``keys`` (duplicates allowed) as a future of ``float32[len(keys), dim]``.
 
-        Keys never pushed read as their initial value.
+        Keys never pushed read as their initial value.  ``out``: an array of that shape to
+        write them into (C order; float32, or int32 for a table of counts, each value
+        converted as ``astype(np.int32)`` converts: a sparse answer is decoded straight into
+        it, with no float copy to cast), which the future then gives.
         """
         spec = self._spec(table)
         keys = as_keys(keys)
         spec.check_keys(keys)
+        if out is not None:
+            _check_out(table, out, keys.shape[0], spec.dim)
         cache = self._state.row_caches.get(table)
         if cache is not None:
+            if out is not None and out.dtype != np.float32:
+                raise ConfigError(f"pull from {table!r}: its rows are cached on this client as float32; "
+                                  f"pull them into a float32 out, or without out=, got {out.dtype}")
             self._losses.check()
-            return self._cached.pull(spec, keys, cache)
-        out = np.empty((keys.shape[0], spec.dim), np.float32)
+            return self._cached.pull(spec, keys, cache, out)
+        if out is None:
+            out = np.empty((keys.shape[0], spec.dim), np.float32)
         filters = self._state.filters
         replies = filters.reply_chain(spec)
         return self._caller.scatter(Op.PULL, table, keys, None, rows_into(out, spec.dim, replies), result=out,
@@ -452,3 +461,14 @@ class Client:
             setattr(getattr(self, MOVED[name]), moved(name, MOVED[name]), value)
             return
         super().__setattr__(name, value)
+
+
+def _check_out(table: str, out: Any, n: int, dim: int) -> None:
+    """A pull's ``out=``: a writeable C-order float32 or int32 array of ``n`` rows of ``dim``."""
+    ok = isinstance(out, np.ndarray) and out.dtype in (np.float32, np.int32) and out.shape == (n, dim) \
+        and out.flags.c_contiguous and out.flags.writeable
+    if not ok:
+        got = (f"{out.dtype}{out.shape}{'' if out.flags.c_contiguous else ', not C order'}"
+               f"{'' if out.flags.writeable else ', read-only'}") if isinstance(out, np.ndarray) else type(out).__name__
+        raise ConfigError(f"pull from {table!r}: out must be a writeable C-order float32 or int32 array of shape "
+                          f"({n}, {dim}) for {n} keys of dim {dim}, got {got}")

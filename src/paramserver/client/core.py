@@ -42,7 +42,7 @@ from paramserver.errors import (
     raised,
 )
 from paramserver.filters.base import Context, Link
-from paramserver.filters.chain import Chain, pack, unpack
+from paramserver.filters.chain import Chain, pack, unpack, unpack_rows
 from paramserver.routing.partition import Routed, route_pull, route_push, scatter_answer
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Message, Op
@@ -331,9 +331,13 @@ def pull_rows(msg: Message, piece: Piece, dim: int, chain: Chain | None) -> np.n
 
 
 def rows_into(out: np.ndarray, dim: int, chain: Chain | None) -> Callable[[Piece, Message], None]:
-    """What a pull does with each piece's answer: its rows (``pull_rows``) scattered into
-    ``out`` at the rows the piece's keys came from (``Piece.extra``)."""
+    """What a pull does with each piece's answer: its rows written into ``out`` (float32, or
+    int32 taking each value converted as ``astype`` converts) at the rows the piece's keys
+    came from (``Piece.extra``): decoded there by the reply's filters where they can
+    (``unpack_rows``: ``sparse``), else decoded (``pull_rows``) and copied over."""
     def on_piece(piece: Piece, msg: Message) -> None:
+        if chain is not None and unpack_rows(chain, msg.header, msg.arrays, piece.extra, out):
+            return
         scatter_answer(pull_rows(msg, piece, dim, chain), piece.extra, out)
     return on_piece
 

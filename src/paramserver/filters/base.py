@@ -71,6 +71,14 @@ class Filter:
         """Undo ``encode`` in place; raise ``ProtocolError`` for parts it cannot read."""
         raise NotImplementedError
 
+    def decode_rows(self, parts: Parts, params: dict[str, Any], index: np.ndarray, out: np.ndarray) -> bool:
+        """A pull reply's values decoded straight into the puller's rows, where this filter
+        was the first to encode them (the last to decode): row ``i`` into ``out[index[i]]``
+        (``out`` float32, or int32 taking each value converted as ``astype`` converts), the
+        values' parts taken out of ``parts``; True once done.  False (the default): this
+        filter cannot, ``decode`` runs and the rows are copied over."""
+        return False
+
     def roundtrip(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """What the receiver decodes for ``values`` (a lossy value codec's rounding)."""
         return values

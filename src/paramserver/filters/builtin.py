@@ -27,6 +27,7 @@ from paramserver.filters.kernels import (
     int8_encode,
     int8_roundtrip,
     sparse_decode,
+    sparse_decode_rows,
     sparse_encode,
     varint_decode,
     varint_encode,
@@ -210,6 +211,28 @@ class Sparse(Filter):
         return {"shape": list(values.shape)}
 
     def decode(self, parts: Parts, params: dict[str, Any], ctx: Context) -> None:
+        shape, mask, packed = self._packed(parts, params)
+        words, status = sparse_decode(mask, packed, math.prod(shape))
+        if status:
+            raise self._unfit(mask, packed, shape)
+        del parts["values.mask"]
+        parts["values"] = words.view(np.float32).reshape(shape)
+
+    def decode_rows(self, parts: Parts, params: dict[str, Any], index: np.ndarray, out: np.ndarray) -> bool:
+        shape, mask, packed = self._packed(parts, params)
+        if shape != (index.shape[0], out.shape[1]):
+            raise ProtocolError(f"sparse: values of shape {shape} answer {index.shape[0]} rows of "
+                                f"{out.shape[1]} values")
+        exact = out.dtype == np.float32  # bit for bit; int32 rows take each value converted
+        if sparse_decode_rows(mask, packed if exact else packed.view(np.float32), index,
+                              out.view(np.uint32) if exact else out):
+            raise self._unfit(mask, packed, shape)
+        del parts["values.mask"], parts["values"]
+        return True
+
+    @staticmethod
+    def _packed(parts: Parts, params: dict[str, Any]) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+        """A message's sparse values checked: their shape, the mask and the words (uint32, aligned)."""
         shape = shape_param(params, "sparse")
         if len(shape) != 2:
             raise ProtocolError(f"sparse: values must be 2-d, got shape {shape}")
@@ -221,12 +244,12 @@ class Sparse(Filter):
                                 f"the limit of {MAX_MESSAGE_BYTES}")
         if not packed.flags.aligned or packed.ctypes.data % 4:
             packed = packed.copy()  # a frame's bytes at any address: numpy's copy is aligned
-        words, status = sparse_decode(mask, packed.view(np.uint32), math.prod(shape))
-        if status:
-            raise ProtocolError(f"sparse: a mask of {mask.nbytes} bytes and {packed.nbytes // 4} values do not "
-                                f"make values of shape {shape}")
-        del parts["values.mask"]
-        parts["values"] = words.view(np.float32).reshape(shape)
+        return shape, mask, packed.view(np.uint32)
+
+    @staticmethod
+    def _unfit(mask: np.ndarray, packed: np.ndarray, shape: tuple[int, ...]) -> ProtocolError:
+        return ProtocolError(f"sparse: a mask of {mask.nbytes} bytes and {packed.shape[0]} values do not "
+                             f"make values of shape {shape}")
 
 
 class _ValueCodec(Filter):

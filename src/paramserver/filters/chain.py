@@ -228,16 +228,24 @@ class Chain:
         return entries
 
     def decode(self, parts: Parts, entries: Any, ctx: Context) -> None:
+        for f, params in reversed(self.named(entries)):
+            f.decode(parts, params, ctx)
+
+    def named(self, entries: Any) -> list[tuple[Filter, dict[str, Any]]]:
+        """A header's filter entries (``[name, params]`` each, in encoding order) as this chain's
+        filters and their parameters; ``ProtocolError`` for an entry that is not one."""
         if not isinstance(entries, list):
             raise ProtocolError(f"header field 'filters' must be a list, got {entries!r}")
-        for entry in reversed(entries):
+        named = []
+        for entry in entries:
             if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], dict)):
                 raise ProtocolError(f"a filter entry is [name, params], got {str(entry)[:100]!r}")
             f = self.by_name.get(entry[0])
             if f is None:
                 raise ProtocolError(f"filter {str(entry[0])[:80]!r} is not one of this table's {self.direction} "
                                     f"filters ({', '.join(self.by_name) or 'none'})")
-            f.decode(parts, entry[1], ctx)
+            named.append((f, entry[1]))
+        return named
 
     def roundtrip(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """What the receiver will decode for ``values`` (the lossy codecs' rounding)."""
@@ -273,15 +281,10 @@ def unpack(direction: str, chain: Chain, header: dict[str, Any], arrays: list[np
     entries = header.get("filters")
     if entries is None:
         return arrays
-    names = header.get("parts")
-    if (not isinstance(names, list) or len(names) != len(arrays) or len(set(map(str, names))) != len(names)
-            or not all(isinstance(n, str) for n in names)):
-        raise ProtocolError(f"header field 'parts' must name each of the {len(arrays)} arrays once, got {names!r}")
-    parts = dict(zip(names, arrays))
+    parts = _named(header, arrays)
     chain.decode(parts, entries, ctx)
     wanted = PARTS[direction]
-    if set(parts) != set(wanted):
-        raise ProtocolError(f"a filtered {direction} decodes to parts {sorted(parts)}, not {list(wanted)}")
+    _decoded_to(parts, set(wanted), direction)
     out = []
     for name in wanted:  # as ``wire.message.decode`` gives arrays: aligned and read-only (one numba signature)
         a = parts[name]
@@ -290,3 +293,39 @@ def unpack(direction: str, chain: Chain, header: dict[str, Any], arrays: list[np
         a.setflags(write=False)
         out.append(a)
     return out
+
+
+def unpack_rows(chain: Chain, header: dict[str, Any], arrays: list[np.ndarray], index: np.ndarray,
+                out: np.ndarray) -> bool:
+    """A filtered pull reply's rows decoded straight into ``out``'s rows ``index`` (row ``i``
+    into ``out[index[i]]``), where the filter that encoded the values first can
+    (``Filter.decode_rows``: ``sparse``); False, with nothing decoded, where the reply names
+    no filters or that filter cannot.  ``ProtocolError`` for anything that does not decode."""
+    entries = header.get("filters")
+    if entries is None or entries == []:
+        return False
+    named = chain.named(entries)
+    first, params = named[0]
+    if type(first).decode_rows is Filter.decode_rows:
+        return False
+    parts = _named(header, arrays)
+    for f, later in reversed(named[1:]):
+        f.decode(parts, later, Context())
+    if not first.decode_rows(parts, params, index, out):
+        raise ProtocolError(f"filter {first.name!r} did not decode the rows it said it would")
+    _decoded_to(parts, set(), "reply")
+    return True
+
+
+def _named(header: dict[str, Any], arrays: list[np.ndarray]) -> Parts:
+    """A filtered message's arrays by the names its header gives them."""
+    names = header.get("parts")
+    if (not isinstance(names, list) or len(names) != len(arrays) or len(set(map(str, names))) != len(names)
+            or not all(isinstance(n, str) for n in names)):
+        raise ProtocolError(f"header field 'parts' must name each of the {len(arrays)} arrays once, got {names!r}")
+    return dict(zip(names, arrays))
+
+
+def _decoded_to(parts: Parts, wanted: set[str], direction: str) -> None:
+    if set(parts) != wanted:
+        raise ProtocolError(f"a filtered {direction} decodes to parts {sorted(parts)}, not {sorted(wanted)}")

@@ -251,18 +251,22 @@ def sparse_encode(bits):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
+def _marks_fit(mask, n_words, n):  # type: ignore[no-untyped-def]
+    """Whether ``mask`` is ``n`` bits long, has none set past them and marks ``n_words``."""
+    if mask.shape[0] != (n + 7) >> 3 or (n & 7 and mask[mask.shape[0] - 1] >> (n & 7)):
+        return False
+    marked = 0
+    for b in range(mask.shape[0]):
+        marked += _SET[mask[b]]
+    return marked == n_words
+
+
+@njit(nogil=True, cache=True)
 def sparse_decode(mask, words, n):  # type: ignore[no-untyped-def]
     """``sparse_encode``'s inverse: (the ``n`` words, status), status 0, or 1 when the mask
     is not ``n`` bits long, has a bit set past them, or marks other than ``words``' count."""
     out = np.zeros(n, np.uint32)
-    if mask.shape[0] != (n + 7) >> 3:
-        return out, 1
-    if n & 7 and mask[mask.shape[0] - 1] >> (n & 7):
-        return out, 1
-    marked = 0
-    for b in range(mask.shape[0]):  # the bits set, counted first: the loop below reads no word past the last
-        marked += _SET[mask[b]]
-    if marked != words.shape[0]:
+    if not _marks_fit(mask, words.shape[0], n):  # counted first: the loop below reads no word past the last
         return out, 1
     m = 0
     for b in range(mask.shape[0]):
@@ -272,3 +276,34 @@ def sparse_decode(mask, words, n):  # type: ignore[no-untyped-def]
                 out[(b << 3) + _AT[byte, j]] = words[m + j]
             m += _SET[byte]
     return out, 0
+
+
+@njit(nogil=True, cache=True)
+def sparse_decode_rows(mask, words, index, out):  # type: ignore[no-untyped-def]
+    """``sparse_decode`` of ``index.shape[0]`` rows of ``out.shape[1]`` values each, straight
+    into ``out``'s rows: row ``i`` of the values becomes ``out[index[i]]``, which is zeroed
+    and given its marked words (``out`` and ``words`` of the same kind: both a float32 array's
+    uint32 view, bit for bit; or int32 and float32, each value converted as ``astype``
+    converts).  Zeroing a row as it is written saves a dense array's zeroing, a pass over it
+    and a scatter.  Status 0, or 1 as ``sparse_decode``'s (nothing written)."""
+    n, dim = index.shape[0], out.shape[1]
+    if not _marks_fit(mask, words.shape[0], n * dim):
+        return 1
+    m = 0
+    for i in range(n):
+        row = out[index[i]]
+        for j in range(dim):
+            row[j] = 0
+        lo, hi = i * dim, (i + 1) * dim
+        first, last = lo >> 3, (hi - 1) >> 3
+        for b in range(first, last + 1):
+            byte = mask[b]
+            if b == first:  # a row's bits need not start or end on a byte's
+                byte &= (0xFF << (lo & 7)) & 0xFF
+            if b == last and hi & 7:
+                byte &= (1 << (hi & 7)) - 1
+            at = (b << 3) - lo
+            for j in range(_SET[byte]):
+                row[at + _AT[byte, j]] = words[m + j]
+            m += _SET[byte]
+    return 0

@@ -1,0 +1,94 @@
+"""A pull's answer written straight into the caller's rows (``client.core.rows_into``,
+``filters.chain.unpack_rows``): a sparse reply decoded there bit for bit or converted to
+int32 counts, other replies decoded and copied over, and corrupt replies refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paramserver.client.core import Piece, rows_into
+from paramserver.errors import ProtocolError
+from paramserver.filters.base import Context
+from paramserver.filters.chain import FilterSpec, chains, pack, unpack_rows
+from paramserver.wire.message import Message
+
+
+def _counts(n, dim, seed=0, share=0.04):
+    """Rows as a topic model's counts are: a few non-zero a row, one row empty."""
+    rng = np.random.default_rng(seed)
+    values = np.where(rng.random((n, dim)) < share, rng.integers(1, 5000, (n, dim)), 0).astype(np.float32)
+    values[n // 2] = 0.0
+    return values
+
+
+def _reply(spec, values):
+    chain = chains(FilterSpec.parse(spec))["reply"]
+    header, sent = pack("reply", chain, [values], Context())
+    return chain, header, sent
+
+
+@pytest.mark.parametrize("dim", [1, 7, 8, 13, 300, 1001])
+@pytest.mark.parametrize("spec", ["reply=sparse", "reply=sparse,zstd:min_bytes=0"])
+def test_a_sparse_reply_lands_in_the_rows_it_answers_bit_for_bit_or_as_int32_counts(dim, spec):
+    values = _counts(257, dim, seed=dim)
+    values.reshape(-1)[:3] = [-0.0, np.inf, 1e-45]  # bits travel, not values
+    chain, header, sent = _reply(spec, values)
+    assert header["filters"][0][0] == "sparse"
+    index = np.random.default_rng(1).permutation(300)[:257]  # the caller's rows: any order, some not answered
+    out = np.full((300, dim), 7.0, np.float32)
+    assert unpack_rows(chain, header, sent, index, out)
+    assert np.array_equal(out[index].view(np.uint32), values.view(np.uint32))
+    untouched = np.setdiff1d(np.arange(300), index)
+    assert (out[untouched] == 7.0).all()
+
+    counts = _counts(257, dim, seed=dim)
+    chain, header, sent = _reply(spec, counts)
+    out32 = np.full((300, dim), -1, np.int32)
+    assert unpack_rows(chain, header, sent, index, out32)
+    assert np.array_equal(out32[index], counts.astype(np.int32)) and (out32[untouched] == -1).all()
+
+
+def test_rows_into_copies_a_reply_no_filter_can_decode_in_place_converting_to_int32():
+    dense = np.random.default_rng(2).integers(0, 9, (40, 6)).astype(np.float32)  # too dense to pack
+    chain, header, sent = _reply("reply=sparse", dense)
+    assert "filters" not in header
+    assert not unpack_rows(chain, header, sent, np.arange(40), np.zeros((40, 6), np.float32))
+    keys, where = np.arange(40, dtype=np.uint64), np.arange(40)[::-1].copy()
+    piece = Piece(0, 1, keys, where, np.zeros(1, np.int32), np.array([40], np.int64))
+    msg = Message(header, sent)
+    for out in (np.zeros((40, 6), np.float32), np.zeros((40, 6), np.int32)):
+        rows_into(out, 6, chain)(piece, msg)
+        assert np.array_equal(out[where], dense.astype(out.dtype))
+    packed = _counts(40, 6, share=0.02)
+    chain, header, sent = _reply("reply=sparse", packed)
+    out = np.zeros((40, 6), np.int32)
+    rows_into(out, 6, chain)(piece, Message(header, sent))
+    assert np.array_equal(out[where], packed.astype(np.int32))
+
+
+def test_a_corrupt_or_misshapen_sparse_reply_is_refused_by_name_and_never_crashes():
+    values = _counts(50, 13)
+    chain, header, sent = _reply("reply=sparse", values)
+    index, out = np.arange(50), np.zeros((50, 13), np.float32)
+    with pytest.raises(ProtocolError, match=r"sparse: values of shape \(50, 13\) answer 49 rows"):
+        unpack_rows(chain, header, sent, index[:49], out)
+    with pytest.raises(ProtocolError, match="answer 50 rows of 12 values"):
+        unpack_rows(chain, header, sent, index, np.zeros((50, 12), np.float32))
+    with pytest.raises(ProtocolError, match="not one of this table's reply filters"):
+        unpack_rows(chain, {**header, "filters": [["int8", {}]]}, sent, index, out)
+    rng = np.random.default_rng(5)
+    outcomes = set()
+    for _ in range(300):  # flipped bytes: refused by name, or rows of the promised shape, never a crash
+        at = int(rng.integers(2))
+        frames = list(sent)
+        frames[at] = frames[at].copy()
+        frames[at][rng.integers(frames[at].size, size=2)] ^= rng.integers(1, 256, dtype=np.uint8)
+        try:
+            assert unpack_rows(chain, header, frames, index, out)
+        except ProtocolError as err:
+            assert str(err).startswith("sparse: ")
+            outcomes.add("refused")
+            continue
+        outcomes.add("decoded")
+    assert outcomes == {"refused", "decoded"}
