@@ -70,4 +70,4 @@ def test_a_piece_of_no_words_is_answered_without_a_request():
             raise AssertionError("an empty piece sent a request")
 
     rows = pieces.pull(NoClient(), "t", 0, 1).result(timeout=1)
-    assert rows.shape == (0, 3) and rows.dtype == np.float32
+    assert rows.shape == (0, 3) and rows.dtype == np.int32

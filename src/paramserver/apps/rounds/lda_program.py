@@ -260,14 +260,13 @@ class LDAProgram:
             self._take_observed()
             start = self.totals.nk.copy()
             pulls = self._pending_blocks[1] if self._pending_blocks[0] == round_ else [
-                self.client.pull(WORD_TOPIC, self.block_words[b]) for b in blocks]
+                self._pull_block(b) for b in blocks]
             self._pending_blocks = (-1, [])
             pushes = []
             for b, future in zip(blocks, pulls):
-                rows = future.result(timeout=600)
-                nwk = rows.astype(np.int32)  # the sampler's counts; ``rows`` stays as they were
+                nwk = future.result(timeout=600)  # the sampler's counts, pulled as int32
                 segments = (int(self.seg_lo[b]), int(self.seg_lo[b + 1]))
-                pushes.append(self._sampled(round_, b, nwk, rows, slice(None), segments, 0))
+                pushes.append(self._sampled(round_, b, nwk, nwk.copy(), slice(None), segments, 0))
             self.totals.own[round_] = self.totals.nk - start
         slot = (round_ % self.cfg.round_regions) * self.parts
         pushes.append((TOPIC_DELTA, np.array([slot + self.rank], np.uint64), encode(self.totals.own[round_])[None],
@@ -310,7 +309,7 @@ class LDAProgram:
 
     def _piece_sampled(self, round_: int, b: int, nwk: np.ndarray, future: Any,
                        piece: int) -> tuple[str, np.ndarray, np.ndarray, str]:
-        """Piece ``piece`` of block ``b`` sampled into ``nwk`` (the block's counts) from its pulled rows."""
+        """Piece ``piece`` of block ``b`` sampled into ``nwk`` (the block's counts) from its pulled rows (int32)."""
         assert self.pieces is not None
         rows = future.result(timeout=600)
         where = self.pieces.rows(b, piece)
@@ -320,7 +319,7 @@ class LDAProgram:
     def _sampled(self, round_: int, b: int, nwk: np.ndarray, rows: np.ndarray, where: slice,
                  segments: tuple[int, int], piece: int) -> tuple[str, np.ndarray, np.ndarray, str]:
         """Sample ``segments`` of block ``b`` (``nwk``: its counts; ``nwk[where]`` were ``rows``
-        as pulled); the push of what changed of those rows."""
+        as pulled, int32 both); the push of what changed of those rows."""
         cfg, (lo, hi) = self.cfg, segments
         seed = hash((cfg.seed, round_, self.rank, b, *((piece,) if piece else ()))) & 0x7FFFFFFF
         if self.mh is not None:
@@ -339,7 +338,12 @@ class LDAProgram:
         """The pull ``observe`` asks for of block ``b``: its second piece when split, else the whole block."""
         if self.split and self.pieces is not None:
             return self.pieces.pull(self.client, WORD_TOPIC, b, 1)
-        return self.client.pull(WORD_TOPIC, self.block_words[b])
+        return self._pull_block(b)
+
+    def _pull_block(self, b: int) -> Any:
+        """The pull of block ``b``'s rows as int32 counts (a sparse answer is decoded straight into them)."""
+        words = self.block_words[b]
+        return self.client.pull(WORD_TOPIC, words, out=np.empty((words.size, self.cfg.topics), np.int32))
 
     def _blocks_of(self, round_: int) -> list[int]:
         """The blocks this worker samples in ``round_``."""

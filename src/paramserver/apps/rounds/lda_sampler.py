@@ -231,24 +231,25 @@ def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
 @njit(nogil=True, cache=True)
 def block_changes(counts, rows):  # type: ignore[no-untyped-def]
     """The rows of a block that changed (their indices) and by how much (float32: what ``add``
-    pushes): ``counts`` as the sampler left them against the ``rows`` pulled (float32 counts,
-    exact below 2^24), in one pass over each.  numpy's ``(counts != before).any(1)`` and two
-    fancy indexings made temporaries of the whole block, and the copy ``before`` one more
+    pushes): ``counts`` as the sampler left them against the ``rows`` pulled (int32 both), in
+    one pass over each.  A row's words are compared all (their differences or-ed: no branch a
+    word, so the loop vectorises), not up to the first that differs.  numpy's
+    ``(counts != before).any(1)`` and two fancy indexings made temporaries of the whole block
     (6 MB at K = 1 000)."""
     n, K = counts.shape
     changed = np.empty(n, np.int64)
     m = 0
     for i in range(n):
+        differ = 0
         for k in range(K):
-            if counts[i, k] != rows[i, k]:
-                changed[m] = i
-                m += 1
-                break
+            differ |= counts[i, k] ^ rows[i, k]
+        changed[m] = i
+        m += differ != 0
     delta = np.empty((m, K), np.float32)
     for j in range(m):
         i = changed[j]
         for k in range(K):
-            delta[j, k] = np.float32(counts[i, k]) - rows[i, k]
+            delta[j, k] = np.float32(counts[i, k] - rows[i, k])
     return changed[:m], delta
 
 
