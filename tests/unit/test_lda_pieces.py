@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.lda_pieces import Pieces, block_cuts
+from paramserver.apps.rounds.lda_sampler import block_changes
 from paramserver.apps.rounds.program import balanced_groups
 
 
@@ -71,3 +72,17 @@ def test_a_piece_of_no_words_is_answered_without_a_request():
 
     rows = pieces.pull(NoClient(), "t", 0, 1).result(timeout=1)
     assert rows.shape == (0, 3) and rows.dtype == np.int32
+
+
+@pytest.mark.parametrize("K", [1, 50, 1000])
+def test_a_blocks_changes_are_the_rows_that_moved_and_by_how_much(K):
+    rng = np.random.default_rng(K)
+    pulled = np.where(rng.random((300, K)) < 0.1, rng.integers(1, 1 << 20, (300, K)), 0).astype(np.int32)
+    counts = pulled.copy()
+    moved = np.sort(rng.choice(300, 40, replace=False))
+    for i in moved:  # -1 at one topic, +2 at one: never a row left as it was
+        counts[i, rng.integers(K)] -= 1
+        counts[i, rng.integers(K)] += 2
+    changed, delta = block_changes(counts, pulled)
+    assert np.array_equal(changed, moved) and delta.dtype == np.float32
+    assert np.array_equal(delta, (counts - pulled)[moved].astype(np.float32))
