@@ -322,7 +322,11 @@ def request(kind: Op, header: dict[str, Any], piece: Piece, tries: int, sequence
 
 def pull_rows(msg: Message, piece: Piece, dim: int, chain: Chain | None) -> np.ndarray:
     """The rows a pull's answer carries for ``piece`` (through the table's reply filters)."""
-    arrays = unpack("reply", chain, msg.header, msg.arrays, Context()) if chain is not None else msg.arrays
+    return _rows_of(unpack("reply", chain, msg.header, msg.arrays, Context()) if chain is not None else msg.arrays,
+                    piece, dim)
+
+
+def _rows_of(arrays: list[np.ndarray], piece: Piece, dim: int) -> np.ndarray:
     vals = arrays[0] if arrays else None
     if vals is None or vals.shape != (piece.keys.shape[0], dim) or vals.dtype != np.float32:
         raise ProtocolError(f"pull reply has {None if vals is None else vals.shape}, "
@@ -334,11 +338,11 @@ def rows_into(out: np.ndarray, dim: int, chain: Chain | None) -> Callable[[Piece
     """What a pull does with each piece's answer: its rows written into ``out`` (float32, or
     int32 taking each value converted as ``astype`` converts) at the rows the piece's keys
     came from (``Piece.extra``): decoded there by the reply's filters where they can
-    (``unpack_rows``: ``sparse``), else decoded (``pull_rows``) and copied over."""
+    (``unpack_rows``: ``sparse``), else decoded and copied over."""
     def on_piece(piece: Piece, msg: Message) -> None:
-        if chain is not None and unpack_rows(chain, msg.header, msg.arrays, piece.extra, out):
-            return
-        scatter_answer(pull_rows(msg, piece, dim, chain), piece.extra, out)
+        arrays = unpack_rows(chain, msg.header, msg.arrays, piece.extra, out) if chain is not None else msg.arrays
+        if arrays is not None:
+            scatter_answer(_rows_of(arrays, piece, dim), piece.extra, out)
     return on_piece
 
 

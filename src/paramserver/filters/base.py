@@ -75,8 +75,9 @@ class Filter:
         """A pull reply's values decoded straight into the puller's rows, where this filter
         was the first to encode them (the last to decode): row ``i`` into ``out[index[i]]``
         (``out`` float32, or int32 taking each value converted as ``astype`` converts), the
-        values' parts taken out of ``parts``; True once done.  False (the default): this
-        filter cannot, ``decode`` runs and the rows are copied over."""
+        values' parts taken out of ``parts``; True once done.  False (the default), ``parts``
+        left as they were: this filter cannot (or it would be no faster), ``decode`` runs and
+        the rows are copied over."""
         return False
 
     def roundtrip(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:

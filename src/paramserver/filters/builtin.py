@@ -186,6 +186,13 @@ def _wire_dtype(spec: Any, name: str) -> np.dtype:
     return DTYPES[spec[0]]
 
 
+#: values a row from which ``sparse`` decodes a reply straight into the puller's rows: below,
+#: decoding whole and copying the rows over is as fast or faster (1 536 rows, ms, in place
+#: against copied, converted to int32: 50 values at 30 % non-zero 0.115 against 0.079, at 5 %
+#: 0.046 against 0.048; 128 at 10 % 0.19 against 0.25; 1 000 at 2 % 0.70 against 1.66)
+ROWS_IN_PLACE = 128
+
+
 class Sparse(Filter):
     """Values that are mostly zero (counts a topic model moves, the rows of a wide and
     sparse table) as a mask of one bit a value and the non-zero values, bit for bit (a
@@ -219,6 +226,8 @@ class Sparse(Filter):
         parts["values"] = words.view(np.float32).reshape(shape)
 
     def decode_rows(self, parts: Parts, params: dict[str, Any], index: np.ndarray, out: np.ndarray) -> bool:
+        if out.shape[1] < ROWS_IN_PLACE:
+            return False
         shape, mask, packed = self._packed(parts, params)
         if shape != (index.shape[0], out.shape[1]):
             raise ProtocolError(f"sparse: values of shape {shape} answer {index.shape[0]} rows of "

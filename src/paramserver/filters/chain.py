@@ -283,38 +283,44 @@ def unpack(direction: str, chain: Chain, header: dict[str, Any], arrays: list[np
         return arrays
     parts = _named(header, arrays)
     chain.decode(parts, entries, ctx)
+    return _unpacked(parts, direction)
+
+
+def unpack_rows(chain: Chain, header: dict[str, Any], arrays: list[np.ndarray], index: np.ndarray,
+                out: np.ndarray) -> list[np.ndarray] | None:
+    """A pull reply's rows decoded straight into ``out``'s rows ``index`` (row ``i`` into
+    ``out[index[i]]``) where the filter that encoded its values first can
+    (``Filter.decode_rows``: ``sparse``): None then.  Else its arrays, as ``unpack`` gives
+    them, for the caller to copy over.  ``ProtocolError`` for anything that does not decode."""
+    entries = header.get("filters")
+    if entries is None:
+        return arrays
+    named = chain.named(entries)
+    parts = _named(header, arrays)
+    for f, params in reversed(named[1:]):
+        f.decode(parts, params, Context())
+    if named:
+        first, params = named[0]
+        if first.decode_rows(parts, params, index, out):
+            _decoded_to(parts, set(), "reply")
+            return None
+        first.decode(parts, params, Context())
+    return _unpacked(parts, "reply")
+
+
+def _unpacked(parts: Parts, direction: str) -> list[np.ndarray]:
+    """Decoded parts as the arrays of a ``direction`` message: aligned and read-only, as
+    ``wire.message.decode`` gives them (one numba signature)."""
     wanted = PARTS[direction]
     _decoded_to(parts, set(wanted), direction)
     out = []
-    for name in wanted:  # as ``wire.message.decode`` gives arrays: aligned and read-only (one numba signature)
+    for name in wanted:
         a = parts[name]
         if not a.flags.aligned or not a.flags.c_contiguous:
             a = np.ascontiguousarray(a).copy()
         a.setflags(write=False)
         out.append(a)
     return out
-
-
-def unpack_rows(chain: Chain, header: dict[str, Any], arrays: list[np.ndarray], index: np.ndarray,
-                out: np.ndarray) -> bool:
-    """A filtered pull reply's rows decoded straight into ``out``'s rows ``index`` (row ``i``
-    into ``out[index[i]]``), where the filter that encoded the values first can
-    (``Filter.decode_rows``: ``sparse``); False, with nothing decoded, where the reply names
-    no filters or that filter cannot.  ``ProtocolError`` for anything that does not decode."""
-    entries = header.get("filters")
-    if entries is None or entries == []:
-        return False
-    named = chain.named(entries)
-    first, params = named[0]
-    if type(first).decode_rows is Filter.decode_rows:
-        return False
-    parts = _named(header, arrays)
-    for f, later in reversed(named[1:]):
-        f.decode(parts, later, Context())
-    if not first.decode_rows(parts, params, index, out):
-        raise ProtocolError(f"filter {first.name!r} did not decode the rows it said it would")
-    _decoded_to(parts, set(), "reply")
-    return True
 
 
 def _named(header: dict[str, Any], arrays: list[np.ndarray]) -> Parts:
