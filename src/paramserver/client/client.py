@@ -213,7 +213,8 @@ class Client:
         Keys never pushed read as their initial value.  ``out``: an array of that shape to
         write them into (C order; float32, or int32 for a table of counts, each value
         converted as ``astype(np.int32)`` converts: a sparse answer is decoded straight into
-        it, with no float copy to cast), which the future then gives.
+        it, with no float copy to cast), which the future then gives; a pull that fails may
+        have written some of its rows.
         """
         spec = self._spec(table)
         keys = as_keys(keys)
