@@ -75,7 +75,7 @@ class Pieces:
         self._keys = [(bw[:cut], bw[cut:]) for bw, cut in zip(block_words, cuts.tolist())]
         self.mid = np.array([int(seg_lo[b]) + int(np.searchsorted(seg_row[seg_lo[b]:seg_lo[b + 1]], cuts[b]))
                              for b in range(len(block_words))], np.int64)
-        self._none = np.zeros((0, topics), np.int32)
+        self.topics = topics
 
     def rows(self, b: int, piece: int) -> slice:
         """Where piece ``piece`` of block ``b`` is among the block's rows (and words)."""
@@ -93,9 +93,9 @@ class Pieces:
         """The rows of a piece, pulled as int32 counts (a sparse answer is decoded straight
         into them: no float rows to cast); a piece of no words: none, with no request."""
         keys = self.keys(b, piece)
+        counts = np.empty((keys.size, self.topics), np.int32)
         if keys.size:
-            counts = np.empty((keys.size, self._none.shape[1]), np.int32)
             return client.pull(table, keys, out=counts)  # type: ignore[no-any-return]
         done: Future[np.ndarray] = Future()
-        done.set_result(self._none)
+        done.set_result(counts)
         return done
