@@ -232,25 +232,24 @@ def _gibbs(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
 def block_changes(counts, rows):  # type: ignore[no-untyped-def]
     """The rows of a block that changed (their indices) and by how much (float32: what ``add``
     pushes): ``counts`` as the sampler left them against the ``rows`` pulled (int32 both), in
-    one pass over each.  A row's words are compared all (their differences or-ed: no branch a
-    word, so the loop vectorises), not up to the first that differs.  numpy's
-    ``(counts != before).any(1)`` and two fancy indexings made temporaries of the whole block
-    (6 MB at K = 1 000)."""
+    one pass.  A row's words are compared all (their differences or-ed: no branch a word, so the
+    loop vectorises), not up to the first that differs, and its change is written as it is
+    compared, over the last unchanged row's (the next row takes the place of one that did not
+    change): numpy's ``(counts != before).any(1)`` and two fancy indexings made temporaries of
+    the whole block (6 MB at K = 1 000), and a compare pass then a pass over the changed rows
+    read them twice (1 536 rows of 1 000, 90 % changed: 0.41-0.47 ms against 0.24 one pass)."""
     n, K = counts.shape
     changed = np.empty(n, np.int64)
+    delta = np.empty((n, K), np.float32)
     m = 0
     for i in range(n):
         differ = 0
         for k in range(K):
             differ |= counts[i, k] ^ rows[i, k]
+            delta[m, k] = np.float32(counts[i, k] - rows[i, k])
         changed[m] = i
         m += differ != 0
-    delta = np.empty((m, K), np.float32)
-    for j in range(m):
-        i = changed[j]
-        for k in range(K):
-            delta[j, k] = np.float32(counts[i, k] - rows[i, k])
-    return changed[:m], delta
+    return changed[:m], delta[:m]
 
 
 @njit(nogil=True, cache=True)
