@@ -147,3 +147,61 @@ def test_below_word_topics_the_draw_is_the_sparse_kernels():
             _sample(*args, 0.1, 0.01, V * 0.01, np.zeros(K), np.zeros(K), 9)
         out.append(z)
     np.testing.assert_array_equal(out[0], out[1])
+
+
+def test_a_words_next_token_draws_from_the_counts_its_last_token_left():
+    """Two tokens of word 4, both in topic 3, in documents 0 and 1 that hold mostly topic 7 (K =
+    400): the first token often moves to topic 7, new to the word's list, and the second's draw
+    must then read ``n_wk`` and ``n_k`` as that move left them (the word's ``n_wk inv_k`` kept
+    beside its list: ``qw``), not as they stood at the word's start.  25 000 sweeps of the
+    word's segment, each of its own seed; the second token's topics against the sum, over the
+    sweeps, of its conditional given where the first went: χ² over the bins expected 5 or more."""
+    K, V, alpha, beta = WORD_TOPICS + 16, 9, 0.1, 0.05
+    rng = np.random.default_rng(11)
+    others = np.zeros((V, K), np.int32)
+    others[4, [3, 20, 50]] = [1, 2, 1]  # word 4's counts in other workers' documents: few, so a move shows
+    for w in range(4):
+        others[w, rng.choice(K, 10, replace=False)] = rng.integers(1, 20, 10)
+    others[5:] = rng.integers(3, 8, (V - 5, K))  # every topic's total well above 0: the smoothing bucket is small
+    lens = np.array([12, 9])
+    docs_of = np.repeat(np.arange(2), lens)
+    words_of = np.where(np.arange(lens.sum()) % 12 == 0, 4, rng.integers(0, 4, lens.sum()))
+    words_of[lens[0]] = 4  # document 1's first token: word 4's second
+    z_of = np.where(words_of == 4, 3, 7).astype(np.int32)
+    z_of[[1, lens[0] + 1]] = 20
+    order = np.lexsort((docs_of, words_of))
+    words, docs, z0 = words_of[order], docs_of[order].astype(np.int32), z_of[order]
+    first = int(np.flatnonzero(words == 4)[0])
+    assert words[first + 1] == 4 and docs[first] == 0 and docs[first + 1] == 1
+    nwk0 = others.copy()
+    np.add.at(nwk0, (words, z0), 1)
+    nk0 = nwk0.sum(0).astype(np.int64)
+    doff = np.r_[0, np.cumsum(np.minimum(lens, K))].astype(np.int64)
+    draws = 25_000
+    seen, expected = np.zeros(K), np.zeros(K)
+    for i in range(draws):
+        z, nwk, nk = z0.copy(), nwk0.copy(), nk0.copy()
+        ndk, dtop, dcnt = np.zeros((2, K), np.uint16), np.zeros(doff[-1], np.uint16), np.zeros(2, np.int32)
+        _doc_lists(docs, z, ndk, dtop, doff, dcnt)
+        sample_exact(np.array([4]), np.array([first, first + 2], np.int64), 0, 1, docs, z, nwk, nk, ndk, dtop, doff,
+                     dcnt, lens, alpha, beta, V * beta, np.zeros(K), np.zeros(K), 1000 + i)
+        nw, nk1 = nwk0[4].astype(np.float64), nk0.astype(np.float64)  # after the first token's move
+        nw[3] -= 1
+        nk1[3] -= 1
+        nw[z[first]] += 1
+        nk1[z[first]] += 1
+        nw[3] -= 1  # the second token left out
+        nk1[3] -= 1
+        nd = np.bincount(z_of[docs_of == 1], minlength=K).astype(np.float64)
+        nd[3] -= 1
+        p = (nd + alpha) * (nw + beta) / (nk1 + V * beta)
+        expected += p / p.sum()
+        seen[z[first + 1]] += 1
+    assert expected[7] > 0.05 * draws and seen[7] > 0  # the second token's draw depends on the first's move
+    keep = expected >= 5
+    chi2 = float((((seen - expected) ** 2 / expected)[keep]).sum())
+    rest_e, rest_c = expected[~keep].sum(), seen[~keep].sum()
+    if rest_e > 0:
+        chi2 += (rest_c - rest_e) ** 2 / rest_e
+    dof = int(keep.sum()) - (rest_e == 0)
+    assert chi2 < dof + 4.5 * np.sqrt(2 * dof), (chi2, dof)
