@@ -156,6 +156,16 @@ def _word_start(nw, nk, inv, isum, shift, wtop, wpos, inw, qw):  # type: ignore[
     return total, floor, m
 
 
+@uncounted
+def _fetch_doc(d, ndk, flat, dtop, doff, step, K):  # type: ignore[no-untyped-def]
+    """The state of document ``d``, which a token further on reads, fetched meanwhile (as
+    ``_gibbs``): its counts' row (every line of it where ``step``) and its topic list."""
+    prefetch_row(ndk, d)  # type: ignore[call-arg]
+    prefetch_row(dtop, doff[d])
+    for off in range(step, K if step else 0, max(step, 1)):
+        prefetch_row(flat, d * K + off)
+
+
 @njit(nogil=True, cache=True)
 def _words(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff, dcnt, dlen, alpha, beta,  # type: ignore[no-untyped-def]  # noqa: C901  (one numba kernel: a helper a token that takes arrays cost it a third)
            vbeta, seed, big, inv, isum, shift, cum, wtop, wpos, inw, qw, step):
@@ -171,12 +181,8 @@ def _words(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
         nw = nwk[seg_row[s]]
         total, floor, m = _word_start(nw, nk, inv, isum, shift, wtop, wpos, inw, qw)
         for t in range(seg_ptr[s], seg_ptr[s + 1]):
-            if t + DOC_AHEAD < last:  # the document state of a token further on, as ``_gibbs``
-                ahead = tdoc[t + DOC_AHEAD]
-                prefetch_row(ndk, ahead)  # type: ignore[call-arg]
-                prefetch_row(dtop, doff[ahead])
-                for off in range(step, K if step else 0, max(step, 1)):
-                    prefetch_row(flat, ahead * K + off)
+            if t + DOC_AHEAD < last:
+                _fetch_doc(tdoc[t + DOC_AHEAD], ndk, flat, dtop, doff, step, K)
             d, old = tdoc[t], z[t]
             base = doff[d]
             nw[old] -= 1
