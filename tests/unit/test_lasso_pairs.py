@@ -112,3 +112,44 @@ def test_a_pair_at_its_minimum_does_not_move():
     again_w, again_r = w.copy(), r.copy()
     assert pair_steps(colptr, rows, values, *pair, again_w, again_r, col_sq, n, lam, np.zeros(n)) == 0
     assert np.array_equal(again_w, w) and np.array_equal(again_r, r)
+
+
+def _text_like(seed, n=300, d=120):
+    """Word-count-like columns: a few frequent ones (in most rows), many rare ones; twins
+    planted at several correlations (a noisy copy of a frequent column, an exact copy,
+    a negated copy) and near misses just under 0.95."""
+    rng = np.random.default_rng(seed)
+    share = np.r_[rng.uniform(0.5, 0.95, 8), rng.uniform(0.01, 0.2, d - 8)]
+    X = rng.exponential(1.0, (n, d)) * (rng.random((n, d)) < share)
+    for src, dst, noise in ((0, 40, 0.05), (1, 41, 0.0), (2, 42, 0.3), (3, 43, 0.25), (50, 44, 0.02)):
+        X[:, dst] = X[:, src] * (1 + noise * rng.standard_normal(n)) * (X[:, src] != 0)
+    X[:, 45] = -X[:, 4]
+    X[:, 46] = X[:, 1]  # a second exact copy: ties, broken by the order the rows meet them
+    return X
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("threshold", [0.95, 0.8, 0.3, 0.0])
+def test_twins_sieved_are_the_twins_walked_to_the_bit(seed, threshold):
+    """A frequent column's candidates sieved by the mass of its heaviest rows, then exact
+    products for the few left: the same twin as walking every row of the column, ties and
+    negative correlations included, and each one truly above the threshold and the most
+    correlated (cosines from the dense matrix)."""
+    X = _text_like(seed)
+    colptr, rows, values = _csc(X)
+    norm = np.sqrt((X * X).sum(0))
+    cand = np.arange(X.shape[1], dtype=np.int64)
+    rowwise = by_row(colptr, rows, values, X.shape[0])
+    sieved = twins(colptr, rows, values, *rowwise, norm, cand, threshold, 0)
+    walked = twins(colptr, rows, values, *rowwise, norm, cand, threshold, 1 << 60)
+    assert sieved.tolist() == walked.tolist()
+    cos = np.abs(X.T @ X) / np.outer(np.maximum(norm, 1e-300), np.maximum(norm, 1e-300))
+    np.fill_diagonal(cos, -1.0)
+    for j, k in enumerate(sieved):
+        if k < 0:
+            assert cos[j].max() <= threshold + 1e-12, (j, cos[j].max())
+        else:
+            assert cos[j, k] > threshold and cos[j, k] >= cos[j].max() - 1e-12, (j, k)
+    if threshold == 0.95:  # the planted pairs are found, both ways
+        for a, b in ((0, 40), (1, 41), (4, 45), (50, 44)):
+            assert sieved[a] in (b, 46) if a == 1 else sieved[a] == b, (a, sieved[a])
