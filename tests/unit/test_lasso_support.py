@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.lasso_math import _residual, _xtr, duality_gap, lambda_max, objective
-from paramserver.apps.rounds.lasso_support import _columns_dot, _gram_times, support_dual, worth_trying
+from paramserver.apps.rounds.lasso_support import _columns_dot, _gram, _support_by_row, support_dual, worth_trying
 from paramserver.apps.rounds.matrix import Matrix
 
 sklearn = pytest.importorskip("sklearn.linear_model")
@@ -32,13 +32,21 @@ def _problem(seed=0, n=200, d=80):
 
 
 def test_the_products_are_the_columns_own():
+    """The support by row is its columns' entries row by row (each one's place in the
+    support); the Gram product through it is ``X_SᵀX_S·x``; ``X_Sᵀy`` by column."""
     X, y = _problem()
+    X[5] = 0.0  # an empty row
     m = _matrix(X, y)
     cols = np.array([0, 3, 7, 50], np.int64)
     x = np.array([1.5, -2.0, 0.0, 0.25])
-    u, gram = np.empty(X.shape[0]), np.empty(cols.size)
-    _gram_times(m.colptr, m.rows, m.values, cols, x, u, gram)
-    np.testing.assert_allclose(-u, X[:, cols] @ x, rtol=1e-12, atol=1e-12)
+    rowptr, at, vals = _support_by_row(m.colptr, m.rows, m.values, cols, X.shape[0])
+    dense = np.zeros((X.shape[0], cols.size))
+    for i in range(X.shape[0]):
+        assert list(at[rowptr[i]:rowptr[i + 1]]) == sorted(at[rowptr[i]:rowptr[i + 1]])  # the support's order
+        dense[i, at[rowptr[i]:rowptr[i + 1]]] = vals[rowptr[i]:rowptr[i + 1]]
+    np.testing.assert_array_equal(dense, X[:, cols])
+    gram = np.full(cols.size, np.nan)
+    _gram(rowptr, at, vals, x, gram)
     np.testing.assert_allclose(gram, X[:, cols].T @ (X[:, cols] @ x), rtol=1e-12, atol=1e-12)
     back = np.empty(cols.size)
     _columns_dot(m.colptr, m.rows, m.values, cols, y, back)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from paramserver.apps.rounds.lasso_math import _apply, _residual, _xtr, dual_value
+from paramserver.apps.rounds.lasso_math import _residual, _xtr, dual_value
 from paramserver.apps.rounds.matrix import Matrix
 
 #: try once the gap is within this many times the tolerance: 200 steps take it down 10-30x
@@ -54,22 +54,51 @@ def _columns_dot(colptr, rows, values, cols, u, out):  # type: ignore[no-untyped
 
 
 @njit(nogil=True, cache=True)
-def _gram_times(colptr, rows, values, cols, x, u, out):  # type: ignore[no-untyped-def]
-    """``out = X_SᵀX_S·x`` (``u``: an ``n``-vector of scratch, left as ``−X_S·x``)."""
-    u[:] = 0.0
-    _apply(colptr, rows, values, cols, x, u)
-    _columns_dot(colptr, rows, values, cols, u, out)
+def _support_by_row(colptr, rows, values, cols, n):  # type: ignore[no-untyped-def]
+    """``X[:, cols]`` by row, for ``_gram``: ``(rowptr, at, vals)``, ``at`` each entry's
+    place in ``cols`` (a counting sort, two passes over the support's columns)."""
+    rowptr = np.zeros(n + 1, np.int64)
     for t in range(cols.shape[0]):
-        out[t] = -out[t]
+        j = cols[t]
+        for k in range(colptr[j], colptr[j + 1]):
+            rowptr[rows[k] + 1] += 1
+    for i in range(n):
+        rowptr[i + 1] += rowptr[i]
+    nxt = rowptr[:-1].copy()
+    at, vals = np.empty(rowptr[n], np.int32), np.empty(rowptr[n], np.float64)
+    for t in range(cols.shape[0]):
+        j = cols[t]
+        for k in range(colptr[j], colptr[j + 1]):
+            q = nxt[rows[k]]
+            nxt[rows[k]] = q + 1
+            at[q], vals[q] = t, values[k]
+    return rowptr, at, vals
 
 
 @njit(nogil=True, cache=True)
-def _cg_start(colptr, rows, values, cols, rhs, x, u, res, p):  # type: ignore[no-untyped-def]
+def _gram(rowptr, at, vals, x, out):  # type: ignore[no-untyped-def]
+    """``out = X_SᵀX_S·x`` in one pass over ``X_S`` by row (``_support_by_row``): each row's
+    ``x_i·x`` read from ``x`` and added back along the row into ``out``, both the support's
+    length (in L1).  By column it took two passes, one a scatter into an ``n``-vector:
+    1.2-1.3x the time on news20's 2 593-column support at λ_max/1 000.  The sums run in the
+    same order as the two passes', so the products are the same to the bit."""
+    out[:] = 0.0
+    for i in range(rowptr.shape[0] - 1):
+        d = 0.0
+        for k in range(rowptr[i], rowptr[i + 1]):
+            d += vals[k] * x[at[k]]
+        if d != 0.0:
+            for k in range(rowptr[i], rowptr[i + 1]):
+                out[at[k]] += vals[k] * d
+
+
+@njit(nogil=True, cache=True)
+def _cg_start(rowptr, at, vals, rhs, x, res, p):  # type: ignore[no-untyped-def]
     """The residual ``res = rhs − X_SᵀX_S·x`` and the first direction ``p = res``; returns
     ``res·res``."""
-    _gram_times(colptr, rows, values, cols, x, u, res)
+    _gram(rowptr, at, vals, x, res)
     rs = 0.0
-    for t in range(cols.shape[0]):
+    for t in range(x.shape[0]):
         res[t] = rhs[t] - res[t]
         p[t] = res[t]
         rs += res[t] * res[t]
@@ -77,26 +106,26 @@ def _cg_start(colptr, rows, values, cols, rhs, x, u, res, p):  # type: ignore[no
 
 
 @njit(nogil=True, cache=True)
-def _cg_steps(colptr, rows, values, cols, x, u, res, p, ap, rs, steps):  # type: ignore[no-untyped-def]
+def _cg_steps(rowptr, at, vals, x, res, p, ap, rs, steps):  # type: ignore[no-untyped-def]
     """``steps`` conjugate-gradient steps on ``X_SᵀX_S·x = rhs`` (state ``res``, ``p``,
     ``rs`` from ``_cg_start`` or the last call); returns the new ``rs``."""
     for _ in range(steps):
         if rs == 0.0:
             break
-        _gram_times(colptr, rows, values, cols, p, u, ap)
+        _gram(rowptr, at, vals, p, ap)
         pap = 0.0
-        for t in range(cols.shape[0]):
+        for t in range(x.shape[0]):
             pap += p[t] * ap[t]
         if pap <= 0.0:
             break
         a = rs / pap
         new = 0.0
-        for t in range(cols.shape[0]):
+        for t in range(x.shape[0]):
             x[t] += a * p[t]
             res[t] -= a * ap[t]
             new += res[t] * res[t]
         beta = new / rs
-        for t in range(cols.shape[0]):
+        for t in range(x.shape[0]):
             p[t] = res[t] + beta * p[t]
         rs = new
     return rs
@@ -115,12 +144,13 @@ def support_dual(m: Matrix, w: np.ndarray, lam: float, primal: float, tol: float
     _columns_dot(m.colptr, m.rows, m.values, cols, y, rhs)
     rhs -= n * lam * np.sign(w[cols])
     x = w[cols].copy()
-    u, res, p, ap = np.empty(n), np.empty(cols.size), np.empty(cols.size), np.empty(cols.size)
-    rs = _cg_start(m.colptr, m.rows, m.values, cols, rhs, x, u, res, p)
+    res, p, ap = np.empty(cols.size), np.empty(cols.size), np.empty(cols.size)
+    by_row = _support_by_row(m.colptr, m.rows, m.values, cols, n)
+    rs = _cg_start(*by_row, rhs, x, res, p)
     best = -np.inf
     w2 = np.zeros_like(w)
     for _ in range(STEPS // LOOK):
-        rs = _cg_steps(m.colptr, m.rows, m.values, cols, x, u, res, p, ap, rs, LOOK)
+        rs = _cg_steps(*by_row, x, res, p, ap, rs, LOOK)
         w2[cols] = x
         r2 = _residual(m.colptr, m.rows, m.values, y, w2)
         best = max(best, dual_value(m, r2, _xtr(m.colptr, m.rows, m.values, r2), lam))
