@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.lasso_math import _residual, _xtr, duality_gap, lambda_max, objective
-from paramserver.apps.rounds.lasso_support import _columns_dot, _gram, _support_by_row, support_dual, worth_trying
+from paramserver.apps.rounds.lasso_support import (
+    SOLVED,
+    _cg_start,
+    _cg_steps,
+    _columns_dot,
+    _gram,
+    _support_by_row,
+    support_dual,
+    worth_trying,
+)
 from paramserver.apps.rounds.matrix import Matrix
 
 sklearn = pytest.importorskip("sklearn.linear_model")
@@ -75,6 +84,23 @@ def test_it_bounds_the_optimum_and_closes_the_gap_on_the_support(ratio):
     assert support_dual(m, wrong, lam, duality_gap(m, wrong, r, _xtr(m.colptr, m.rows, m.values, r), lam)[0],
                         1e-12) <= optimum * (1 + 1e-12)
     assert support_dual(m, np.zeros(X.shape[1]), lam, 1.0, 1e-4) == -np.inf
+
+
+def test_the_steps_stop_once_the_least_squares_are_solved():
+    """On a support of a few columns conjugate gradients solve the least squares in as many
+    steps; once the residual is below ``SOLVED`` of the right-hand side no more are taken
+    (they only moved the point by rounding: a tenth of a second a check on news20)."""
+    X, y = _problem()
+    m = _matrix(X, y)
+    cols = np.arange(12, dtype=np.int64)
+    rhs = X[:, cols].T @ y
+    rowwise = _support_by_row(m.colptr, m.rows, m.values, cols, X.shape[0])
+    x, res, p, ap = np.zeros(cols.size), np.empty(cols.size), np.empty(cols.size), np.empty(cols.size)
+    solved = SOLVED * SOLVED * float(rhs @ rhs)
+    rs, taken = _cg_steps(*rowwise, x, res, p, ap, _cg_start(*rowwise, rhs, x, res, p), 200, solved)
+    assert rs <= solved and taken <= 3 * cols.size, taken  # 12 steps in exact arithmetic
+    np.testing.assert_allclose(x, np.linalg.lstsq(X[:, cols], y, rcond=None)[0], rtol=1e-9)
+    assert _cg_steps(*rowwise, x, res, p, ap, rs, 200, solved) == (rs, 0)
 
 
 def test_a_check_tries_it_only_near_the_end_whatever_the_tolerance():
