@@ -153,13 +153,13 @@ def support_dual(m: Matrix, w: np.ndarray, lam: float, primal: float, tol: float
     rhs -= n * lam * np.sign(w[cols])
     x = w[cols].copy()
     res, p, ap = np.empty(cols.size), np.empty(cols.size), np.empty(cols.size)
-    by_row = _support_by_row(m.colptr, m.rows, m.values, cols, n)
-    rs = _cg_start(*by_row, rhs, x, res, p)
+    rowptr, at, vals = _support_by_row(m.colptr, m.rows, m.values, cols, n)
+    rs = _cg_start(rowptr, at, vals, rhs, x, res, p)
     solved = (SOLVED * SOLVED) * float(rhs @ rhs)
     best = -np.inf
     w2 = np.zeros_like(w)
     for _ in range(STEPS // LOOK):
-        rs, _ = _cg_steps(*by_row, x, res, p, ap, rs, LOOK, solved)
+        rs, _ = _cg_steps(rowptr, at, vals, x, res, p, ap, rs, LOOK, solved)
         w2[cols] = x
         r2 = _residual(m.colptr, m.rows, m.values, y, w2)
         best = max(best, dual_value(m, r2, _xtr(m.colptr, m.rows, m.values, r2), lam))
