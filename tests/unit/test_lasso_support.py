@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from paramserver.apps.rounds.lasso_math import _residual, _xtr, duality_gap, lambda_max, objective
+from paramserver.apps.rounds.lasso_pairs import by_row
 from paramserver.apps.rounds.lasso_support import (
     SOLVED,
     _cg_start,
     _cg_steps,
     _columns_dot,
     _gram,
-    _support_by_row,
     support_dual,
     worth_trying,
 )
@@ -48,7 +48,7 @@ def test_the_products_are_the_columns_own():
     m = _matrix(X, y)
     cols = np.array([0, 3, 7, 50], np.int64)
     x = np.array([1.5, -2.0, 0.0, 0.25])
-    rowptr, at, vals = _support_by_row(m.colptr, m.rows, m.values, cols, X.shape[0])
+    rowptr, at, vals = by_row(m.colptr, m.rows, m.values, X.shape[0], cols)
     dense = np.zeros((X.shape[0], cols.size))
     for i in range(X.shape[0]):
         assert list(at[rowptr[i]:rowptr[i + 1]]) == sorted(at[rowptr[i]:rowptr[i + 1]])  # the support's order
@@ -94,7 +94,7 @@ def test_the_steps_stop_once_the_least_squares_are_solved():
     m = _matrix(X, y)
     cols = np.arange(12, dtype=np.int64)
     rhs = X[:, cols].T @ y
-    rowwise = _support_by_row(m.colptr, m.rows, m.values, cols, X.shape[0])
+    rowwise = by_row(m.colptr, m.rows, m.values, X.shape[0], cols)
     x, res, p, ap = np.zeros(cols.size), np.empty(cols.size), np.empty(cols.size), np.empty(cols.size)
     solved = SOLVED * SOLVED * float(rhs @ rhs)
     rs, taken = _cg_steps(*rowwise, x, res, p, ap, _cg_start(*rowwise, rhs, x, res, p), 200, solved)
