@@ -1,8 +1,10 @@
-"""Where a ``paramserver train`` job's CPU goes while it trains: every process and thread of it,
-sampled by ``perf``, the samples in numba's compiled code named by kernel (issue 44).
+"""Where a job's CPU goes while it trains: every process and thread of it, sampled by ``perf``,
+the samples in numba's compiled code named by kernel (issues 44, 49).
 
-Run: ``.venv/bin/python bench/job_profile.py [--rate 2999] [--json F] -- --data TRAIN.tsv --test TEST.tsv``
-(the arguments after ``--`` are ``train``'s; none: ``--data`` of 10^6 heavy rows written here).
+Run: ``.venv/bin/python bench/job_profile.py [--command train] [--rate 2999] [--json F] -- ARGS``:
+the arguments after ``--`` are the command's (``train``, by default: without ``--data``, 10^6
+heavy rows written here; ``lda``, ``mf``, ``lasso``: their own, ``--data`` among them), e.g.
+``--command lda -- --data docword.train.txt.gz --topics 1000 --iterations 200 --workers 2``.
 
 ``perf record -a`` samples every core while the job runs; a perf map written by each of the job's
 processes as it exits (``/tmp/perf-PID.map``: the address of every numba kernel it loaded, its
@@ -55,8 +57,12 @@ def _write_map() -> None:
             f.write(f"{address:x} {size:x} {name}\n")
 
 
-def child(argv: list[str]) -> None:
-    """Run ``paramserver train ARGV`` in this process, each of its processes writing its perf map as it ends."""
+#: the jobs it profiles: their workers are named ``ps-worker`` (the training window's clock)
+COMMANDS = ("train", "lda", "mf", "lasso")
+
+
+def child(name: str, argv: list[str]) -> None:
+    """Run ``paramserver NAME ARGV`` in this process, each of its processes writing its perf map as it ends."""
     exit_now = os._exit
 
     def mapped_exit(code: int) -> None:
@@ -68,7 +74,7 @@ def child(argv: list[str]) -> None:
     os._exit = mapped_exit  # type: ignore[assignment]  # every process of the job ends through it
     # the command's argv before the package loads: it then sets up as the command does (one BLAS
     # thread; with OpenBLAS's own two, the driver's helper threads spun 0.04-0.06 s in the window)
-    sys.argv = ["paramserver", "train", *argv]
+    sys.argv = ["paramserver", name, *argv]
     from paramserver.cli.main import command
 
     command()  # ends with os._exit: the driver's map too
@@ -124,10 +130,11 @@ def breakdown(rows: list[tuple[int, int, float, str, str]], rate: int) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["--child"]:
-        child(args_in[1:])
+        child(args_in[1], args_in[2:])
     cut = args_in.index("--") if "--" in args_in else len(args_in)
-    ours, train = args_in[:cut], args_in[cut + 1:]  # ours, then train's
+    ours, job = args_in[:cut], args_in[cut + 1:]  # ours, then the command's
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--command", choices=COMMANDS, default="train", help="the job profiled (default: train)")
     ap.add_argument("--rate", type=int, default=2999, help="samples a second a core (perf record -F)")
     ap.add_argument("--json", help="write the breakdown here")
     args = ap.parse_args(ours)
@@ -135,15 +142,18 @@ def main(argv: list[str] | None = None) -> int:
         print("job_profile: skipped: no perf on this machine (linux-tools)", file=sys.stderr)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        if not any(a == "--data" or a.startswith("--data=") for a in train):
+        if not any(a == "--data" or a.startswith("--data=") for a in job):
+            if args.command != "train":
+                ap.error(f"--command {args.command}: give its --data after --")
             from paramserver.apps.ctr.synth import write_synth
 
             path = os.path.join(tmp, "heavy.tsv")
             write_synth(path, 1_000_000, seed=1, shape="heavy")
-            train = ["--data", path, *train]
+            job = ["--data", path, *job]
         data = os.path.join(tmp, "perf.data")
         run = subprocess.run(["perf", "record", "-F", str(args.rate), "-a", "-o", data, "--", sys.executable,
-                              os.path.abspath(__file__), "--child", "--quiet", *train], capture_output=True, text=True)
+                              os.path.abspath(__file__), "--child", args.command, "--quiet", *job],
+                             capture_output=True, text=True)
         if run.returncode != 0:
             print(f"job_profile: perf record failed ({run.returncode}):\n{run.stderr[-2000:]}", file=sys.stderr)
             return 1
