@@ -9,7 +9,17 @@ import json
 import pytest
 
 from paramserver.testing.nemesis import check
-from paramserver.testing.nemesis.plan import FENCED_S, KILL_SPACING_S, KINDS, OVERLAPPING, Fault, Plan, draw, fails
+from paramserver.testing.nemesis.plan import (
+    FENCED_S,
+    KILL_SPACING_S,
+    KINDS,
+    OVERLAPPING,
+    REPAIRED_S,
+    Fault,
+    Plan,
+    draw,
+    fails,
+)
 from paramserver.testing.nemesis.workload import N_KEYS, WAIT_S
 
 
@@ -44,30 +54,32 @@ def test_faults_overlap_only_on_distinct_servers_kills_are_spaced_and_quiet_foll
     for seed in range(60):
         kills = [f.at for f in draw(seed, window_s=60.0).faults if f.kind == "kill"]
         assert all(b - a >= KILL_SPACING_S for a, b in zip(kills, kills[1:], strict=False))  # no double failure
+    assert all(a.at + a.duration <= b.at for s in range(40) for a, b in zip(draw(s, overlap=0.0).faults,
+                                                                          draw(s, overlap=0.0).faults[1:]))
 
 
 def test_no_server_fails_after_another_is_written_off_and_before_its_repair():
-    """Failures (a kill, or a server silenced long enough to be written off) come either 20 s
-    apart or, not two kills, the second within 4 s of the first, before its earliest verdict
-    (fenced: the silenced one comes back).  Seed
-    9025 drew a 5.7 s one-way cut of server 1's host and a kill of server 2's 5.6 s into it,
+    """Failures (a kill, or a server silenced long enough to be written off) come within 4 s of
+    one another, before the first one's earliest verdict (fenced: the silenced one comes back),
+    or 10 s apart, once it is written off and copied again; two kills 20 s apart.  Seed 9025
+    drew a 5.7 s one-way cut of server 1's host and a kill of server 2's 5.6 s into it, just
     after server 1 was written off: at replicas 2, 110 keys lost their adds (a double failure)."""
-    seen = 0
+    fenced = repaired = 0
     for seed in range(9000, 9300):
         failures = [f for f in draw(seed).faults if fails(f)]
         for i, a in enumerate(failures):
             for b in failures[i + 1:]:
-                fenced = b.at - a.at <= FENCED_S and (a.kind, b.kind) != ("kill", "kill")
-                assert fenced or b.at - a.at >= KILL_SPACING_S, (seed, a, b)
-                seen += fenced
-    assert seen > 5  # failures that overlap, for the detector to fence, are still drawn
-    assert any(f.kind == "kill" and any(g.kind != "kill" and fails(g) and 0 < f.at - g.at <= FENCED_S
-                                        for g in draw(s).faults) for s in range(9000, 9300) for f in draw(s).faults)
+                gap = b.at - a.at
+                if a.kind == b.kind == "kill":
+                    assert gap >= KILL_SPACING_S, (seed, a, b)
+                else:
+                    assert gap <= FENCED_S or gap >= REPAIRED_S, (seed, a, b)
+                    fenced += gap <= FENCED_S and "kill" in (a.kind, b.kind)
+                    repaired += gap >= REPAIRED_S and "kill" in (a.kind, b.kind)
+    assert fenced > 3 and repaired > 3  # a kill and a silence both ways: fenced together, and one after the repair
     assert fails(Fault(1.0, "oneway-in", (1,), 5.69)) and fails(Fault(6.59, "kill", (2,), 3.36))
     assert not fails(Fault(1.0, "oneway-in", (1,), 1.5)) and not fails(Fault(1.0, "pause", (0,), 9.0, 1))
     assert not any(f.kind == "kill" and f.hosts == (2,) and abs(f.at - 6.59) < 0.01 for f in draw(9025).faults)
-    assert all(a.at + a.duration <= b.at for s in range(40) for a, b in zip(draw(s, overlap=0.0).faults,
-                                                                          draw(s, overlap=0.0).faults[1:]))
 
 
 def test_a_schedule_that_is_not_one_is_refused_with_what_to_replay():

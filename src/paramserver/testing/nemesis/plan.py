@@ -74,7 +74,7 @@ class Plan:
 OVERLAPPING = ("isolate", "oneway", "oneway-in", "loss", "slow", "delay", "pause", "kill")  # on one server's host
 
 
-KILL_SPACING_S = 20.0  # a failure, then detection (5 s) and the repair's copies, before the next may come
+KILL_SPACING_S = 20.0  # a kill, then detection (5 s) and the repair's copies, before the next may come
 #: faults that can get a server written off: a kill, or a server's host silenced (its heartbeats
 #: stopped, or stalled behind TCP's retransmissions) for ``SILENT_S`` or more: with TCP's
 #: backoff after the heal, such a silence can reach the 5 s heartbeat timeout
@@ -83,9 +83,12 @@ SILENT_S = 2.0
 #: a second failure that begins this soon after one began comes before the first one's earliest
 #: verdict (its last heartbeat, at most 0.5 s before it, plus the 5 s timeout, less a margin):
 #: at that deadline the second server has not beaten since, so the detector fences the first
-#: rather than writing it off (what overlapping faults test)
+#: rather than writing it off (what overlapping faults test) ...
 FENCED_S = 4.0
-KILLS = ("kill", "kill")
+#: ... and one that begins this long after it comes once the first was written off (5-6.5 s
+#: after its start, TCP's backoff included) and its vnodes copied again (the counters' tables
+#: copy in milliseconds): between the two, the second server may hold the only copies
+REPAIRED_S = 10.0
 
 
 def draw(seed: int, servers: int = 3, window_s: float = 20.0, longest_s: float = 6.0,
@@ -93,12 +96,12 @@ def draw(seed: int, servers: int = 3, window_s: float = 20.0, longest_s: float =
     """Faults from ``seed`` until ``window_s``: each lasts 1..``longest_s`` seconds (a pause up to
     15 s when ``longest_s`` allows), with 1.5..3 s of quiet after it.  With probability
     ``overlap`` a second fault on another server's host begins while a fault on one server's host
-    lasts.  Failures (``fails``) are ``KILL_SPACING_S`` apart, or a second one begins within
-    ``FENCED_S`` of the first: two servers lost, the second before the first one's repair,
-    lose at replicas 2 what the two held, by design (a double failure).  Seed 9025 drew a
-    one-way cut of a server for 5.7 s and a kill of another 5.6 s into it, after the first
-    was written off: 110 of the replicas-2 table's keys lost their adds, loudly (the client's
-    ``DataLossError``), which the spacing of kills alone had not ruled out."""
+    lasts.  Kills are ``KILL_SPACING_S`` apart, and other failures (``fails``) begin within
+    ``FENCED_S`` of one or ``REPAIRED_S`` after it: two servers lost, the second before the
+    first one's repair, lose at replicas 2 what the two held, by design (a double failure).
+    Seed 9025 drew a one-way cut of a server for 5.7 s and a kill of another 5.6 s into it,
+    just after the first was written off: 110 of the replicas-2 table's keys lost their adds,
+    loudly (the client's ``DataLossError``), which the spacing of kills alone had not ruled out."""
     rng = random.Random(seed)
     faults: list[Fault] = []
     t = 1.0
@@ -124,14 +127,22 @@ def fails(f: Fault) -> bool:
 
 def _spaced(rng: random.Random, f: Fault, before: list[Fault]) -> Fault:
     """``f``, or one that is not a failure where it would fail too soon after one of ``before``
-    (within ``KILL_SPACING_S``, unless within ``FENCED_S`` and not two kills: a killed server
-    never comes back to be fenced): a kill becomes a delay, a silence is cut short of ``SILENT_S``."""
-    if not fails(f) or all(f.at - e.at >= KILL_SPACING_S or (f.at - e.at <= FENCED_S and (e.kind, f.kind) != KILLS)
-                           for e in before if fails(e)):
+    (``_apart``): a kill becomes a delay, a silence is cut short of ``SILENT_S``."""
+    if not fails(f) or all(_apart(e, f) for e in before if fails(e)):
         return f
     if f.kind == "kill":
         return Fault(f.at, "delay", f.hosts, f.duration, rng.choice((5, 25, 50)))
     return Fault(f.at, f.kind, f.hosts, round(rng.uniform(1.0, SILENT_S - 0.01), 2), f.arg)
+
+
+def _apart(e: Fault, f: Fault) -> bool:
+    """Whether failure ``f`` comes far enough from failure ``e`` (before it): two kills
+    ``KILL_SPACING_S`` apart; otherwise within ``FENCED_S`` (fenced together: the silenced
+    server comes back) or ``REPAIRED_S`` on."""
+    gap = f.at - e.at
+    if e.kind == f.kind == "kill":
+        return gap >= KILL_SPACING_S
+    return gap <= FENCED_S or gap >= REPAIRED_S
 
 
 def _one(rng: random.Random, kinds: tuple[str, ...], servers: int, at: float, longest_s: float,
