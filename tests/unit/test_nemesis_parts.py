@@ -80,6 +80,8 @@ def test_no_server_fails_after_another_is_written_off_and_before_its_repair():
     assert fails(Fault(1.0, "oneway-in", (1,), 5.69)) and fails(Fault(6.59, "kill", (2,), 3.36))
     assert not fails(Fault(1.0, "oneway-in", (1,), 1.5)) and not fails(Fault(1.0, "pause", (0,), 9.0, 1))
     assert not any(f.kind == "kill" and f.hosts == (2,) and abs(f.at - 6.59) < 0.01 for f in draw(9025).faults)
+    asked = ("kill", "pause")  # a kill drawn too soon is another of the kinds asked for (--kinds), no other
+    assert all(f.kind in asked for s in range(100) for f in draw(s, kinds=asked).faults)
 
 
 def test_a_schedule_that_is_not_one_is_refused_with_what_to_replay():

@@ -106,13 +106,14 @@ def draw(seed: int, servers: int = 3, window_s: float = 20.0, longest_s: float =
     faults: list[Fault] = []
     t = 1.0
     while t < window_s:
-        first = _spaced(rng, _one(rng, kinds, servers, t, longest_s), faults)
+        first = _shortened(rng, _one(rng, _allowed(kinds, t, faults), servers, t, longest_s), faults)
         faults.append(first)
         end = first.at + first.duration
         second = tuple(k for k in kinds if k in OVERLAPPING)
         if first.kind in OVERLAPPING and first.hosts[0] != 0 and second and servers > 1 and rng.random() < overlap:
             at = first.at + rng.uniform(0.0, first.duration)
-            f = _spaced(rng, _one(rng, second, servers, at, longest_s, avoid=first.hosts[0]), faults)
+            f = _shortened(rng, _one(rng, _allowed(second, at, faults), servers, at, longest_s, avoid=first.hosts[0]),
+                           faults)
             faults.append(f)
             end = max(end, f.at + f.duration)
         t = end + rng.uniform(1.51, 3.0)  # 1.5 s of quiet at least, once ``at`` is rounded
@@ -125,13 +126,20 @@ def fails(f: Fault) -> bool:
     return f.kind == "kill" or (f.kind in SILENCING and f.duration >= SILENT_S and f.hosts != (0,))
 
 
-def _spaced(rng: random.Random, f: Fault, before: list[Fault]) -> Fault:
-    """``f``, or one that is not a failure where it would fail too soon after one of ``before``
-    (``_apart``): a kill becomes a delay, a silence is cut short of ``SILENT_S``."""
-    if not fails(f) or all(_apart(e, f) for e in before if fails(e)):
+def _allowed(kinds: tuple[str, ...], at: float, before: list[Fault]) -> tuple[str, ...]:
+    """``kinds``, without a kill where one at ``at`` would fail too soon after a failure of
+    ``before`` (``_apart``); all of them where that leaves none (``--kinds kill``)."""
+    kill = Fault(at, "kill", (), 0.0)
+    if all(_apart(e, kill) for e in before if fails(e)):
+        return kinds
+    return tuple(k for k in kinds if k != "kill") or kinds
+
+
+def _shortened(rng: random.Random, f: Fault, before: list[Fault]) -> Fault:
+    """``f``, or where a silence would fail too soon after a failure of ``before`` (``_apart``),
+    the same silence cut short of ``SILENT_S``."""
+    if f.kind == "kill" or not fails(f) or all(_apart(e, f) for e in before if fails(e)):
         return f
-    if f.kind == "kill":
-        return Fault(f.at, "delay", f.hosts, f.duration, rng.choice((5, 25, 50)))
     return Fault(f.at, f.kind, f.hosts, round(rng.uniform(1.0, SILENT_S - 0.01), 2), f.arg)
 
 
