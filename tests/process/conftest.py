@@ -10,7 +10,8 @@ HERE = pathlib.Path(__file__).parent
 #: the files that take longest (``make test``'s ``--durations``), run first: ``make test`` runs this
 #: folder on both cores a file at a time (``pytest -n 2 --dist loadfile``), and a long file
 #: met last would run alone at the end (the emulated hosts' 2.5 minutes did)
-LONGEST_FIRST = ("test_nemesis.py", "test_kernel_cache.py", "test_train.py", "test_tiers_cluster.py")
+LONGEST_FIRST = ("test_nemesis.py", "test_nemesis_jobs.py", "test_kernel_cache.py", "test_train.py",
+                 "test_tiers_cluster.py")
 
 
 def pytest_collection_modifyitems(items):

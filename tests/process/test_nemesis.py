@@ -2,8 +2,9 @@
 emulated host (a network namespace on a bridge; without root, a loopback address behind the
 userspace proxy, ``test_nemesis_proxy.py``), through every kind of fault once, then a seeded
 mix; every acknowledged add must be there exactly once after the heal, no add may wait out its
-deadline, and adds must be acknowledged again after each heal.  (The long campaign is
-``paramserver nemesis --seeds 100``.)"""
+deadline, and adds must be acknowledged again after each heal.  The training workloads are
+``test_nemesis_jobs.py``, a file of their own so that ``make test``'s two cores run them beside
+these.  (The long campaign is ``paramserver nemesis --seeds 100``.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from paramserver.testing.nemesis.hosts import Hosts, missing
-from paramserver.testing.nemesis.jobs import Counters, Training, TrainingData
+from paramserver.testing.nemesis.jobs import Counters
 from paramserver.testing.nemesis.plan import KINDS, Fault, Plan, draw
 from paramserver.testing.nemesis.run import run
 
@@ -113,32 +114,3 @@ def test_every_kind_of_fault_once_loses_no_acknowledged_add_and_hangs_nothing():
 @needs_root
 def test_a_seeded_mix_of_faults():
     _passes(draw(47, servers=3, window_s=12.0, longest_s=5.0))
-
-
-ROWS = 900_000  # long enough for both faults to fall while it trains (600 000 streamed rows ended before the kill once)
-
-
-@pytest.fixture(scope="module")
-def training_data(tmp_path_factory):
-    """The rows and the fault-free runs, made once for both workloads (``TrainingData.streamed``)."""
-    data = TrainingData.make(str(tmp_path_factory.mktemp("training")), ROWS, workers=1, servers=3)
-    assert 0 < data.allowed < 1e-3  # the default against --pipeline 1: what a failover's resends may move
-    return data
-
-
-@needs_root
-@pytest.mark.parametrize("workload", ["train", "stream"])
-def test_a_training_job_through_a_failover_and_a_kill_ends_with_every_row_and_the_fault_free_model(workload,
-                                                                                                    training_data):
-    """Issue 47.3: a real ``paramserver train`` job, on files or as a stream, joined to the emulated
-    cluster (``--cluster tcp://``); a server cut off past the heartbeat timeout (its vnodes fail over)
-    and another killed and started again while it trains."""
-    data = training_data.streamed() if workload == "stream" else training_data
-    rows = data.rows
-    plan = Plan(0, 3, (Fault(1.0, "isolate", (1,), 6.5), Fault(8.0, "kill", (2,), 2.0)), workload)
-    out = run(plan, Training(data))
-    s = out.summary()
-    assert out.verdict.ok, f"{s['violations']} (logs: {out.folder}; events: {out.events})"
-    assert s["acked"] == {"examples": rows} and abs(s["model"]["logloss"] - data.logloss) <= data.allowed
-    assert any("server1 started again" in e for e in out.events), out.events  # the cut-off server was declared dead
-    assert any("kill [2]" in e for e in out.events), out.events  # struck while the job trained
