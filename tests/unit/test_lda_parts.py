@@ -294,6 +294,29 @@ def test_top_words_name_each_topics_most_frequent_words_when_a_vocabulary_is_kno
     assert top_words(n_kw, str(data), str(short)) is None  # a vocabulary that does not cover the words
 
 
+def test_top_words_rank_ties_by_word_and_match_a_whole_stable_sort():
+    """The top columns come from the rows' k-th largest counts, not a sort of every row: the
+    same words in the same order as a stable sort of each whole row (ties to the lower word),
+    zeros left out, rows mostly zero and rows of one value included."""
+    import numpy as np
+
+    from paramserver.apps.rounds.corpus import _top_columns
+
+    def whole_sort(n: np.ndarray, k: int) -> list[list[int]]:
+        top = np.argsort(-n, axis=1, kind="stable")[:, :k]
+        return [[int(w) for w in row if n[t, w] > 0] for t, row in enumerate(top)]
+
+    assert _top_columns(np.array([[2, 3, 3, 0, 3, 1]]), 2) == [[1, 2]]  # three tie at 3: the lower two
+    assert _top_columns(np.zeros((2, 4), np.int64), 3) == [[], []]
+    assert _top_columns(np.array([[1, 1, 1]]), 5) == [[0, 1, 2]]  # k past the words
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        shape = (int(rng.integers(1, 20)), int(rng.integers(1, 40)))
+        n = rng.integers(0, 4, shape) * (rng.random(shape) < rng.random())
+        k = int(rng.integers(0, 12))
+        assert _top_columns(n, k) == whole_sort(n, k), (n, k)
+
+
 def test_alphas_fixed_point_finds_the_prior_the_documents_were_drawn_from():
     """Documents whose topic mixtures come from a symmetric Dirichlet of a known α: the fixed
     point's steps (``alpha_sums`` over two workers' halves of the documents, summed, then
