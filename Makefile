@@ -69,12 +69,13 @@ test: $(VENV)/.installed-dev /usr/bin/chromium /usr/bin/redis-server /usr/sbin/n
 		$(BIN)/python -m pytest -q -n 2 --ignore=tests/process; tested=$$?; wait $$chaos; chaosed=$$?; \
 		cat $$log; rm -f $$log; [ $$tested = 0 ] && [ $$chaosed = 0 ]
 	# the process tests on both cores too, a file at a time (a module's cluster is started once), the longest
-	# files first (tests/process/conftest.py): 544 s where one core took 708
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 tests/process --ignore=tests/process/test_torch.py \
-		--ignore=tests/process/test_pipeline.py --ignore=tests/process/test_ray.py
+	# files first (tests/process/conftest.py; pytest-xdist would otherwise hand out the files with the most
+	# tests first): 544 s where one core took 708
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests/process \
+		--ignore=tests/process/test_torch.py --ignore=tests/process/test_pipeline.py --ignore=tests/process/test_ray.py
 	# apart: a process that has loaded torch or joined Ray spawns its cluster's nodes instead of forking them
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/process/test_torch.py tests/process/test_pipeline.py \
-		tests/process/test_ray.py
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests/process/test_torch.py \
+		tests/process/test_pipeline.py tests/process/test_ray.py
 
 # the fault-injection campaign of the issue's acceptance: 500 seeds over every scenario
 chaos: $(VENV)/.installed-dev

@@ -8,10 +8,11 @@ HERE = pathlib.Path(__file__).parent
 
 
 #: the files that take longest (``make test``'s ``--durations``), run first: ``make test`` runs this
-#: folder on both cores a file at a time (``pytest -n 2 --dist loadfile``), and a long file
-#: met last would run alone at the end (the emulated hosts' 2.5 minutes did)
-LONGEST_FIRST = ("test_nemesis.py", "test_nemesis_jobs.py", "test_kernel_cache.py", "test_train.py",
-                 "test_tiers_cluster.py")
+#: folder on both cores a file at a time (``pytest -n 2 --dist loadfile --no-loadscope-reorder``: by
+#: default pytest-xdist hands out the files with the most tests first), and a long file met last
+#: would run alone at the end (the emulated hosts' 2.5 minutes did)
+LONGEST_FIRST = ("test_nemesis_jobs.py", "test_nemesis.py", "test_kernel_cache.py", "test_tiers_cluster.py",
+                 "test_train.py", "test_row_cache_cluster.py")
 
 
 def pytest_collection_modifyitems(items):
