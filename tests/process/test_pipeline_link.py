@@ -13,7 +13,7 @@ import time
 import pytest
 from support import heavy_rows, train_report
 
-from paramserver.apps.ctr.depth import LINK_FROM_MS, STEP_DEPTH, link_depth
+from paramserver.apps.ctr.depth import LINK_BASE, LINK_MS, STEP_DEPTH, link_depth
 from paramserver.testing.nemesis.proxied import ProxyHosts
 
 pytestmark = pytest.mark.timeout(240)
@@ -29,12 +29,12 @@ def rows(tmp_path_factory):
     return heavy_rows(tmp_path_factory.mktemp("link"), 40_000, 4_000)
 
 
-def test_on_one_machine_link_is_two_in_flight_and_the_same_model(rows):
-    """Batches pulled and pushed (``--steps off``; steps, the default on one server, keep 16
+def test_on_one_machine_link_is_four_in_flight_and_the_same_model(rows):
+    """Batches pulled and pushed (``--steps off``; steps, the default on one server, keep 64
     in flight: tests/process/test_steps_cluster.py)."""
-    link, two = _train(rows, "link", "--steps", "off"), _train(rows, "two", "--pipeline", "2", "--steps", "off")
-    assert link["pipeline_depth"] == 2 and link["round_trip_floor_ms"] < LINK_FROM_MS
-    assert link["logloss"] == two["logloss"] and two["round_trip_floor_ms"] is None
+    link, four = _train(rows, "link", "--steps", "off"), _train(rows, "four", "--pipeline", "4", "--steps", "off")
+    assert link["pipeline_depth"] == LINK_BASE and link["round_trip_floor_ms"] < LINK_MS
+    assert link["logloss"] == four["logloss"] and four["round_trip_floor_ms"] is None
 
 
 def _listening(host, port):
@@ -70,7 +70,7 @@ def test_over_a_long_round_trip_a_worker_keeps_a_batch_more_in_flight_for_each_m
     assert far["steps"]  # one server: each batch a step, STEP_DEPTH in flight whatever the link
     assert far["pipeline_depth"] == link_depth(far["round_trip_floor_ms"], stale=False) == STEP_DEPTH
     assert far["examples"] == 40_000 and far["logloss"] < 0.6
-    # pulled and pushed: 2 and one more a whole ms, the last batches settling
+    # pulled and pushed: 2 and one more a whole ms (at least LINK_BASE), the last batches settling
     assert pulled["round_trip_floor_ms"] >= 4.0 and not pulled["steps"]
     assert pulled["pipeline_depth"] == link_depth(pulled["round_trip_floor_ms"], stale=True) >= 6
     assert pulled["examples"] == 40_000 and pulled["logloss"] < 0.6

@@ -130,7 +130,8 @@ def test_train_on_one_server_steps_the_model_of_each_batch_pulled_after_the_last
     assert stepped["key_ops_per_example"] == sequential["key_ops_per_example"]
     assert stepped["examples"] == 30_000
     two = _train(rows, "two", "--servers", "2")  # a batch's keys on two servers: pulled and pushed
-    assert not two["steps"] and two["pipeline_depth"] == 2 and two["logloss"] < 0.6
+    assert not two["steps"] and two["pipeline_depth"] == link_depth(two["round_trip_floor_ms"], stale=True) >= 4
+    assert two["logloss"] < 0.6
 
 
 def test_a_factorization_machine_on_one_server_steps_too_and_trains_the_sequential_model(rows):

@@ -47,17 +47,17 @@ def test_auto_stops_at_its_cap_and_does_not_grow_when_the_worker_hardly_waits():
     assert fixed.now == 2
 
 
-def test_link_is_two_on_a_short_round_trip_and_one_more_for_each_whole_ms_of_a_long_one():
-    from paramserver.apps.ctr.depth import LINK_MAX
+def test_link_is_four_on_a_short_round_trip_and_two_and_one_more_for_each_whole_ms_of_a_long_one():
+    from paramserver.apps.ctr.depth import LINK_BASE, LINK_MAX
 
-    assert parse_pipeline("link") == (2, LINK_MAX)
-    for floor_s, want in ((0.0002, 2), (0.00099, 2), (0.0016, 3), (0.0021, 4), (0.0031, 5), (0.010, 12),
+    assert LINK_BASE == 4 and parse_pipeline("link") == (2, LINK_MAX)
+    for floor_s, want in ((0.0002, 4), (0.00099, 4), (0.0016, 4), (0.0021, 4), (0.0031, 5), (0.010, 12),
                           (0.5, LINK_MAX)):
         d = Depth("link")
-        assert d.now == 2 and d.floor_ms is None  # until the link is timed, nothing is known
+        assert d.now == LINK_BASE and d.floor_ms is None  # until the link is timed, nothing is known
         d.measured(floor_s)
         assert d.now == want and d.floor_ms == pytest.approx(1000 * floor_s), (floor_s, d.now)
-        assert d.settles() == (want > 2)  # the last batches settle only where it went deeper
+        assert d.settles()  # deeper than 2: the last batches settle
         for _ in range(3 * WINDOW):  # and the depth stays for the job: no waiting moves it
             d.waited(0.9, 1.0)
         assert d.now == want
@@ -72,7 +72,7 @@ def test_link_keeps_a_factor_model_at_two_and_a_link_it_could_not_time_where_it_
     unknown, steps = Depth("link"), Depth("link", stale=False)
     unknown.measured(None)
     steps.measured(None)
-    assert (unknown.now, unknown.floor_ms, steps.now, steps.floor_ms) == (2, None, 64, None)
+    assert (unknown.now, unknown.floor_ms, steps.now, steps.floor_ms) == (4, None, 64, None)
     fixed = Depth(3)
     fixed.measured(0.020)  # only link reads the link
     assert fixed.now == 3 and fixed.floor_ms is None
@@ -99,21 +99,25 @@ def test_link_times_a_floor_that_would_deepen_again_and_keeps_the_least():
         it = iter(answers)
         return lambda: asked.append(1) or next(it)
 
-    stall = Depth("link")  # one machine whose first pings met a stall: timed again, stays at 2
-    stall.time_link(floors(0.0013, 0.0003))
-    assert (stall.now, stall.floor_ms, len(asked)) == (2, pytest.approx(0.3), 2)
+    stall = Depth("link")  # one machine whose first pings met a stall: timed again, stays at 4
+    stall.time_link(floors(0.0043, 0.0003))
+    assert (stall.now, stall.floor_ms, len(asked)) == (4, pytest.approx(0.3), 2)
     asked.clear()
     far = Depth("link")  # a real link: the second look agrees
-    far.time_link(floors(0.0021, 0.0024))
-    assert (far.now, far.floor_ms, len(asked)) == (4, pytest.approx(2.1), 2)
+    far.time_link(floors(0.0031, 0.0034))
+    assert (far.now, far.floor_ms, len(asked)) == (5, pytest.approx(3.1), 2)
     asked.clear()
     steps = Depth("link", stale=False)  # steps keep the most in flight: no second look
     steps.time_link(floors(0.0021))
     assert (steps.now, steps.floor_ms, len(asked)) == (64, pytest.approx(2.1), 1)
     asked.clear()
-    near = Depth("link")  # a floor that keeps the depth is not asked twice
+    near = Depth("link")  # a floor that keeps the depth is not asked twice: one machine's, or a 2 ms link's
     near.time_link(floors(0.0003))
-    assert (near.now, len(asked)) == (2, 1)
+    assert (near.now, len(asked)) == (4, 1)
+    asked.clear()
+    near = Depth("link")
+    near.time_link(floors(0.0021))
+    assert (near.now, len(asked)) == (4, 1)
     asked.clear()
     Depth(4).time_link(floors())  # only link times the link
     Depth("link", deepens=False).time_link(floors(0.02))  # a factor model: once, it stays at 2

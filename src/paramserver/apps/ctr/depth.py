@@ -1,15 +1,16 @@
 """How many mini-batches a training worker keeps in flight (``--pipeline``): ``link`` (the
-default: 2, or more on a link whose round trip is long), a fixed number, or (``auto``) one
-that grows while more in flight makes the worker wait less on its pulls, so that a link's
-round trip is covered by batches computing rather than by a worker waiting (issue 47.5).
+default: an LR pulled and pushed 4, or more on a link whose round trip is long; a factor
+model 2), a fixed number, or (``auto``) one that grows while more in flight makes the worker
+wait less on its pulls, so that a link's round trip is covered by batches computing rather
+than by a worker waiting (issue 47.5).
 
 ``link`` times the link before the job's first batch: ``LINK_PROBES`` pings to each server,
 one at a time (``client.stats.round_trip_floor``), whose least round trip is the link's floor,
-and from ``LINK_FROM_MS`` keeps 2 + one batch for each whole ``LINK_MS`` of it, up to
+and keeps 2 + one batch for each whole ``LINK_MS`` of it, at least ``LINK_BASE`` and up to
 ``LINK_MAX``, for the rest of the job (batches that go as steps, which read no stale rows:
 ``STEP_DEPTH``, the most ``--pipeline`` takes, on any link).
 On one machine the floor is ~0.3-0.45 ms (two threads' hand-offs at each end), so the depth
-is 2 there, as before, and one worker trains the same model every run; over 10 ms it is 12
+is ``LINK_BASE`` there and one worker trains the same model every run; over 10 ms it is 12
 (0.15x the loopback run's examples/s at 2, 0.55x at 12: docs/benchmarks-history.md, "A pipeline as
 deep as the link").  Only a linear model deepens: a factor model's loss grows with its reads'
 delay (FM on the Criteo sample: 0.474 at 2, 0.662 at 4, settled), so it stays at 2.  The
@@ -50,12 +51,16 @@ RECHECK_S = 0.05
 #: ... each whole this many milliseconds of which adds a batch in flight (about a batch's work
 #: halfway up the ramp, ~500 examples at ~500 k examples/s) ...
 LINK_MS = 1.0
-#: ... from a floor of this many: below, 2, so that one machine's loopback (pings 0.3-0.45 ms,
-#: 0.7 loaded) trains as it always did.  A 1 ms link's pings read 1.3-1.7 ms: 3 in flight there
-#: (`compact` at 100 Mbit/s and 1 ms, 2026-12-02, two rounds: 2 in flight 0.70x and 0.83x
-#: loopback's examples/s, 3 1.04x and 0.95x, 4 1.09x and 1.13x, the test log loss 0.42234, 0.42227
-#: and 0.42221: the job's last batches settle)
-LINK_FROM_MS = 1.0
+#: ... but never fewer than this for a linear model pulled and pushed, one machine's loopback (pings
+#: 0.3-0.45 ms) included.  A batch waits on its own pull's round trip and the servers' turns, which
+#: 2 in flight left the worker doing for a third of its time (2 servers, 10^6 heavy rows).  Measured
+#: 2026-12-07 on one machine, depths taking turns in one script: 2 servers 309-329 k examples/s at 2,
+#: 365-386 k at 4, 392-406 k at 8; `--steps off` on one server 427-473 k at 2, 484-563 k at 8; 3
+#: servers +7-9 %, 2 workers +6-9 % at 4.  The test log loss at 4 was below 2's on all six sets
+#: tried (heavy rows 0.42220 against 0.42235, a9a, w8a, mushrooms, the Criteo and Avazu samples:
+#: the job's last batches settle), at 8 above it on the Criteo sample; a 1 ms link went 1.09-1.13x
+#: loopback's examples/s at 4 against 0.70-0.83x at 2 (`compact` at 100 Mbit/s, 2026-12-02)
+LINK_BASE = 4
 #: ... up to this
 LINK_MAX = 16
 #: iterations a window, the unit ``auto`` judges by
@@ -107,11 +112,12 @@ STEP_DEPTH = 64
 
 
 def link_depth(floor_ms: float, stale: bool) -> int:
-    """``--pipeline link``'s batches in flight over a link whose round trip is ``floor_ms``:
-    batches pulled and pushed (``stale``) 2, and from ``LINK_FROM_MS`` one more for each
-    whole ``LINK_MS``, up to ``LINK_MAX``; steps ``STEP_DEPTH`` whatever the link."""
+    """``--pipeline link``'s batches in flight for a linear model over a link whose round trip
+    is ``floor_ms``: batches pulled and pushed (``stale``) 2 and one more for each whole
+    ``LINK_MS``, at least ``LINK_BASE`` and at most ``LINK_MAX``; steps ``STEP_DEPTH`` whatever
+    the link."""
     if stale:
-        return 2 if floor_ms < LINK_FROM_MS else min(LINK_MAX, 2 + int(floor_ms / LINK_MS))
+        return min(LINK_MAX, max(LINK_BASE, 2 + int(floor_ms / LINK_MS)))
     return STEP_DEPTH
 
 #: mini-batches a worker trains one at a time at the end of its job when its pipeline may run
@@ -121,7 +127,7 @@ SETTLE_BATCHES = 32
 
 class Depth:
     """One worker's batches in flight (``now``), moved by ``waited`` under ``auto`` and set
-    once by ``measured`` under ``link`` (``deepens``: False keeps it at 2;
+    once by ``measured`` under ``link``, from ``LINK_BASE`` (``deepens``: False keeps it at 2;
     ``stale``: False where batches go as steps, which read no stale rows: ``link`` starts
     at ``STEP_DEPTH`` and the job's end needs no settling)."""
 
@@ -132,6 +138,8 @@ class Depth:
         self.stale = stale  # a batch in flight reads rows older than the ones before it trained (not steps)
         if self.link and not stale:  # steps: deeper, and more for each ms of a long link
             self.now, self.cap = STEP_DEPTH, STEP_DEPTH
+        elif self.link and deepens:  # a linear model pulled and pushed: never fewer, whatever the link
+            self.now = LINK_BASE
         self.frozen = self.now >= self.cap or self.link  # a fixed depth never moves; link's is set once
         self.floor_ms: float | None = None  # link: the link's round trip, once measured
         self.blocked = self.spent = 0.0  # this window's waiting on pulls, and its time
