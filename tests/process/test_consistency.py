@@ -154,3 +154,5 @@ def test_training_with_checkpoints_under_bsp_and_ssp_finishes(tmp_path, consiste
     assert all(os.path.exists(os.path.join(step, MANIFEST)) for step in report["checkpoints"])
     bound = {"bsp": 0, "ssp:2": 2, "asp": 2}[consistency]  # asp, one worker: its own pipeline of 2 batches
     assert report["consistency"]["max_gap"] <= bound, report["consistency"]  # a checkpoint is no staleness
+    if consistency != "asp":  # a gated table's reads stay s + 1 clocks late: link keeps it at 2, not an LR's 4
+        assert report["pipeline_depth"] == 2, report["pipeline_depth"]

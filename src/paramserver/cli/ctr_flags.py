@@ -133,8 +133,9 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
                         "ramp, every batch --batch-size)")
     p.add_argument("--pipeline", default="link", metavar="link|N|auto[:N]",
                    help="mini-batches in flight per worker.  link (default): for an LR 4, or on a link whose "
-                        "round trip is 3 ms or more, 2 + one for each whole ms of it, up to 16 (a factor model keeps "
-                        "2; the round trip timed by pings to each server before the first batch); where batches "
+                        "round trip is 3 ms or more, 2 + one for each whole ms of it, up to 16 (a factor model, or "
+                        "--consistency bsp|ssp:S, keeps 2; the round trip timed by pings to each server before the "
+                        "first batch); where batches "
                         "go as steps (--steps), 64 on any link, a quarter of them a request; N: that many (1: "
                         "each sees every earlier push); auto: from 2, one more each time the worker keeps waiting "
                         "on its pulls, up to N (default 16).  Deeper than 2, the job's last 32 batches go one at a "

@@ -1,8 +1,8 @@
 """How many mini-batches a training worker keeps in flight (``--pipeline``): ``link`` (the
 default: an LR pulled and pushed 4, or more on a link whose round trip is long; a factor
-model 2), a fixed number, or (``auto``) one that grows while more in flight makes the worker
-wait less on its pulls, so that a link's round trip is covered by batches computing rather
-than by a worker waiting (issue 47.5).
+model, or a table gated by clocks, 2), a fixed number, or (``auto``) one that grows while
+more in flight makes the worker wait less on its pulls, so that a link's round trip is
+covered by batches computing rather than by a worker waiting (issue 47.5).
 
 ``link`` times the link before the job's first batch: ``LINK_PROBES`` pings to each server,
 one at a time (``client.stats.round_trip_floor``), whose least round trip is the link's floor,
@@ -51,15 +51,16 @@ RECHECK_S = 0.05
 #: ... each whole this many milliseconds of which adds a batch in flight (about a batch's work
 #: halfway up the ramp, ~500 examples at ~500 k examples/s) ...
 LINK_MS = 1.0
-#: ... but never fewer than this for a linear model pulled and pushed, one machine's loopback (pings
-#: 0.3-0.45 ms) included.  A batch waits on its own pull's round trip and the servers' turns, which
-#: 2 in flight left the worker doing for a third of its time (2 servers, 10^6 heavy rows).  Measured
-#: 2026-12-07 on one machine, depths taking turns in one script: 2 servers 309-329 k examples/s at 2,
-#: 365-386 k at 4, 392-406 k at 8; `--steps off` on one server 427-473 k at 2, 484-563 k at 8; 3
-#: servers +7-9 %, 2 workers +6-9 % at 4.  The test log loss at 4 was below 2's on all six sets
-#: tried (heavy rows 0.42220 against 0.42235, a9a, w8a, mushrooms, the Criteo and Avazu samples:
-#: the job's last batches settle), at 8 above it on the Criteo sample; a 1 ms link went 1.09-1.13x
-#: loopback's examples/s at 4 against 0.70-0.83x at 2 (`compact` at 100 Mbit/s, 2026-12-02)
+#: ... but never fewer than this for a linear model pulled and pushed from a table not gated by clocks (a gated one,
+#: ``--consistency bsp|ssp:S``, reads s + depth - 1 clocks late and keeps 2, the bound it always came with:
+#: ``train_loop._train_stream``), one machine's loopback (pings 0.3-0.45 ms) included.  A batch waits on its own
+#: pull's round trip and the servers' turns, which 2 in flight left the worker doing for a third of its time (2
+#: servers, 10^6 heavy rows).  Measured 2026-12-07 on one machine, depths taking turns in one script: 2 servers
+#: 309-329 k examples/s at 2, 365-386 k at 4, 392-406 k at 8; `--steps off` on one server 427-473 k at 2, 484-563 k
+#: at 8; 3 servers +7-9 %, 2 workers +6-9 % at 4.  The test log loss at 4 was below 2's on all six sets tried (heavy
+#: rows 0.42220 against 0.42235, a9a, w8a, mushrooms, the Criteo and Avazu samples: the job's last batches settle),
+#: at 8 above it on the Criteo sample; a 1 ms link went 1.09-1.13x loopback's examples/s at 4 against 0.70-0.83x at
+#: 2 (`compact` at 100 Mbit/s, 2026-12-02)
 LINK_BASE = 4
 #: ... up to this
 LINK_MAX = 16

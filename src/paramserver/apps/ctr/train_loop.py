@@ -108,7 +108,10 @@ def _train_stream(client: Client, cfg: TrainConfig,
     """
     # a factor model's loss grows with the depth of its reads; a step reads no stale rows
     stepping = _stepping(client, cfg)
-    depth = Depth(cfg.pipeline, deepens=cfg.model.name == "lr" or stepping, stale=not stepping)
+    # an LR deepens where its reads are ASP's: a table gated by clocks (bsp, ssp:S) reads s + depth - 1 clocks
+    # late, and keeps the 2 that --consistency's bound always came with
+    ungated = cfg.table_spec().staleness == float("inf")
+    depth = Depth(cfg.pipeline, deepens=(cfg.model.name == "lr" and ungated) or stepping, stale=not stepping)
 
     def time_link() -> None:
         depth.time_link(lambda: client.stats.round_trip_floor(LINK_PROBES, PROBE_TIMEOUT_S))
