@@ -100,7 +100,9 @@ def test_a_lossless_chain_trains_the_same_model_and_compact_sends_far_fewer_byte
     assert reports["lossless"]["logloss"] == reports["none"]["logloss"]
     assert abs(reports["compact"]["logloss"] - reports["none"]["logloss"]) < 0.002
     moved = {n: r["bytes_sent"] + r["bytes_received"] for n, r in reports.items()}
-    assert moved["lossless"] < 0.7 * moved["none"] and moved["compact"] < 0.45 * moved["none"], moved
+    # against `none`'s keys in 4 bytes (client.core.narrow_keys; 8 before, when these were 0.7 and 0.45):
+    # lossless 0.72x, compact 0.49x of its bytes (2026-12-07)
+    assert moved["lossless"] < 0.8 * moved["none"] and moved["compact"] < 0.55 * moved["none"], moved
     assert reports["compact"]["filter_bytes"]["model/lr"]["owed"]["keys"] >= 0
     json.dumps(reports["compact"]["filter_bytes"])  # the report stays JSON
 

@@ -299,18 +299,33 @@ class Wire:
     layout: int = 0  # the table's (TableSpec.layout): a key codec may use its dense positions
 
 
+#: the requests whose keys go as 4 bytes each where they all fit (``narrow_keys``): those the servers read
+#: with ``wire.message.KEY_TYPES``.  A filtered request's keys go as its chain makes them
+NARROW_KEYS = frozenset({Op.PULL, Op.PUSH, Op.PREFETCH, Op.CALL})
+_U32 = 1 << 32
+
+
+def narrow_keys(keys: np.ndarray) -> np.ndarray:
+    """``keys`` as 4-byte keys where every one is below 2^32 (the servers widen them back), else
+    as they are: a pull's or a push's keys were half its bytes at 8 each."""
+    if keys.dtype != np.uint64 or not keys.shape[0] or int(keys.max()) >= _U32:
+        return keys
+    return keys.astype(np.uint32)
+
+
 def request(kind: Op, header: dict[str, Any], piece: Piece, tries: int, sequencer: Sequencer,
             wire: Wire | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
     """The header and arrays piece ``piece`` goes out as on its ``tries``-th resend: the
     ring it was routed by, and a push's acked watermark (its ``seq`` is the call's, kept
     by every retry: that is what makes a retry safe); through ``wire``'s filters, with
-    key lists whole on a resend."""
+    key lists whole on a resend, or unfiltered with its keys in 4 bytes where they fit (``narrow_keys``)."""
     out = {**header, "ring_version": piece.ring_version}
     if "seq" in out:
         out["acked"] = sequencer.acked()
-    arrays = [piece.keys, piece.extra, piece.vnodes, piece.counts] if kind is Op.PUSH else \
-        [piece.keys, piece.vnodes, piece.counts]
-    if wire is not None and wire.chain:
+    filtered = wire is not None and bool(wire.chain)
+    keys = piece.keys if filtered or kind not in NARROW_KEYS else narrow_keys(piece.keys)
+    arrays = [keys, piece.extra, piece.vnodes, piece.counts] if kind is Op.PUSH else [keys, piece.vnodes, piece.counts]
+    if wire is not None and filtered:
         link = wire.links.get(piece.server)
         if link is None:
             link = wire.links[piece.server] = Link()

@@ -22,7 +22,7 @@ from paramserver.server.state import Port, ServerState
 from paramserver.store.protocol import VnodeStore
 from paramserver.tables import functions
 from paramserver.tables.namespaces import Quota, namespace_of
-from paramserver.wire.message import Message, expect, field, reply
+from paramserver.wire.message import KEY_TYPES, Message, expect, field, reply
 
 
 class Admin:
@@ -98,7 +98,7 @@ class Admin:
         args = msg.header.get("args") or {}
         if not isinstance(args, dict):
             raise ProtocolError(f"call: args must be a dict, got {type(args).__name__}")
-        keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        keys, vnodes, counts = expect(msg, ("keys", KEY_TYPES, 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(n, msg, keys.shape[0], vnodes, counts)
         if msg.header.get("all") is True:
             keys, values = storage.primary_rows(table, n.primary)

@@ -30,7 +30,7 @@ from paramserver.server.state import Port, ServerState
 from paramserver.store.life import subset
 from paramserver.store.protocol import VnodeStore
 from paramserver.tables.push_ops import OP_MERGE, OP_UPDATE
-from paramserver.wire.message import Message, Op, error_reply, expect, field, reply
+from paramserver.wire.message import KEY_TYPES, Message, Op, error_reply, expect, field, reply
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class DataPlane:
 
     def on_pull(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
         unfiltered(self.state, msg, "pull")
-        keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        keys, vnodes, counts = expect(msg, ("keys", KEY_TYPES, 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         state = self.state
         table = checked_table(state, msg, keys.shape[0], vnodes, counts)
         clock = msg.header.get("clock")
@@ -204,14 +204,14 @@ class DataPlane:
         reading their cold rows (``Tiers.prefetch``) where that pays; answered at once with
         how many were not in memory (``cold``; None: the table has no tiers here) and
         whether it reads ahead (``reading``).  Never gated: it reads nothing a clock guards."""
-        keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        keys, vnodes, counts = expect(msg, ("keys", KEY_TYPES, 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(self.state, msg, keys.shape[0], vnodes, counts)
         found = table.prefetch(vnodes, counts, keys)
         return reply(msg, cold=None if found is None else found[0], reading=found is not None and found[1])
 
     def on_push(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
         unfiltered(self.state, msg, "push")
-        keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
+        keys, grads, vnodes, counts = expect(msg, ("keys", KEY_TYPES, 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(self.state, msg, keys.shape[0], vnodes, counts)
         op = push_op(msg, table)
@@ -281,7 +281,7 @@ class DataPlane:
         (``evict``) the keys its primary evicted: drop them here too."""
         if msg.header.get("evict") is True:
             return self._evicted(msg)
-        keys, grads, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("grads", "<f4", 2),
+        keys, grads, vnodes, counts = expect(msg, ("keys", KEY_TYPES, 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(self.state, msg, keys.shape[0], vnodes, counts, primary=False)  # the primary retries
         check_forwarder(self.state, msg, vnodes)
@@ -298,7 +298,7 @@ class DataPlane:
         return reply(msg, applied=int(keys.shape[0]))
 
     def _evicted(self, msg: Message) -> list[Any]:
-        keys, vnodes, counts = expect(msg, ("keys", "<u8", 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
+        keys, vnodes, counts = expect(msg, ("keys", KEY_TYPES, 1), ("vnodes", "<i4", 1), ("counts", "<i8", 1))
         table = checked_table(self.state, msg, keys.shape[0], vnodes, counts, primary=False)
         check_forwarder(self.state, msg, vnodes)
         if table.life is None:

@@ -280,8 +280,16 @@ def error_reply(request_id: Any, code: Code, text: str, **fields: Any) -> list[A
     return encode({"op": Op.ERROR.value, "id": request_id, "code": str(code), "error": text, **fields})
 
 
-def expect(msg: Message, *specs: tuple[str, str, int]) -> list[np.ndarray]:
-    """Check ``msg.arrays`` against ``(name, dtype, ndim)`` specs and return them.
+#: the types a request's keys may go as (``expect``'s spec for them): 8 bytes, or 4 where every key
+#: of the request is below 2^32 (``client.core.request`` narrows them), widened back on arrival
+KEY_TYPES = ("<u8", "<u4")
+
+
+def expect(msg: Message, *specs: tuple[str, str | tuple[str, ...], int]) -> list[np.ndarray]:
+    """Check ``msg.arrays`` against ``(name, dtype, ndim)`` specs and return them.  A spec's
+    dtype may be a tuple of types (``KEY_TYPES``): an array of a later one is widened to the
+    first, in ``msg.arrays`` too, where a request served later (a pull the gate parked) reads it,
+    and read-only where it was (numba compiles its kernels apart for writable arrays).
 
     Raises:
         ProtocolError: wrong count, dtype or number of dimensions.
@@ -289,11 +297,18 @@ def expect(msg: Message, *specs: tuple[str, str, int]) -> list[np.ndarray]:
     if len(msg.arrays) != len(specs):
         raise ProtocolError(f"{msg.header['op']} takes {len(specs)} arrays "
                             f"({', '.join(s[0] for s in specs)}), got {len(msg.arrays)}")
-    for a, (name, dtype, ndim) in zip(msg.arrays, specs):
-        if a.dtype != np.dtype(dtype) or a.ndim != ndim:
-            raise ProtocolError(f"{msg.header['op']}: {name} must be {ndim}-d {np.dtype(dtype)}, "
-                                f"got {a.ndim}-d {a.dtype}")
-    return list(msg.arrays)
+    out = list(msg.arrays)
+    for i, (a, (name, dtype, ndim)) in enumerate(zip(out, specs)):
+        types = (dtype,) if isinstance(dtype, str) else dtype
+        if a.ndim != ndim or not any(a.dtype == np.dtype(t) for t in types):
+            said = " or ".join(str(np.dtype(t)) for t in types)
+            raise ProtocolError(f"{msg.header['op']}: {name} must be {ndim}-d {said}, got {a.ndim}-d {a.dtype}")
+        if a.dtype != np.dtype(types[0]):
+            wide = out[i] = a.astype(types[0])
+            wide.flags.writeable = a.flags.writeable  # a frame's arrays are read-only: the kernels compiled for them
+    if any(x is not y for x, y in zip(out, msg.arrays)):
+        msg.arrays = out
+    return list(out)
 
 
 def field(msg: Message, name: str, kind: type | tuple[type, ...]) -> Any:
