@@ -46,6 +46,7 @@ from paramserver.filters.chain import Chain, pack, unpack, unpack_rows
 from paramserver.routing.partition import Routed, route_pull, route_push, scatter_answer
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Message, Op
+from paramserver.wire.step_arrays import key_type
 
 if TYPE_CHECKING:
     from paramserver.tables.spec import TableSpec
@@ -302,15 +303,16 @@ class Wire:
 #: the requests whose keys go as 4 bytes each where they all fit (``narrow_keys``): those the servers read
 #: with ``wire.message.KEY_TYPES``.  A filtered request's keys go as its chain makes them
 NARROW_KEYS = frozenset({Op.PULL, Op.PUSH, Op.PREFETCH, Op.CALL})
-_U32 = 1 << 32
 
 
 def narrow_keys(keys: np.ndarray) -> np.ndarray:
-    """``keys`` as 4-byte keys where every one is below 2^32 (the servers widen them back), else
-    as they are: a pull's or a push's keys were half its bytes at 8 each."""
-    if keys.dtype != np.uint64 or not keys.shape[0] or int(keys.max()) >= _U32:
+    """``keys`` as 4-byte keys where every one is below 2^32 (``step_arrays.key_type``, a step's
+    rule; the servers widen them back), else as they are: a pull's or a push's keys were half
+    its bytes at 8 each."""
+    if keys.dtype != np.uint64:
         return keys
-    return keys.astype(np.uint32)
+    wanted = key_type(keys)
+    return keys if wanted == keys.dtype else keys.astype(wanted)
 
 
 def request(kind: Op, header: dict[str, Any], piece: Piece, tries: int, sequencer: Sequencer,

@@ -297,16 +297,17 @@ def expect(msg: Message, *specs: tuple[str, str | tuple[str, ...], int]) -> list
     if len(msg.arrays) != len(specs):
         raise ProtocolError(f"{msg.header['op']} takes {len(specs)} arrays "
                             f"({', '.join(s[0] for s in specs)}), got {len(msg.arrays)}")
-    out = list(msg.arrays)
+    out, widened = list(msg.arrays), False
     for i, (a, (name, dtype, ndim)) in enumerate(zip(out, specs)):
         types = (dtype,) if isinstance(dtype, str) else dtype
-        if a.ndim != ndim or not any(a.dtype == np.dtype(t) for t in types):
+        if a.ndim != ndim or a.dtype.str not in types:  # the specs name types as a dtype's .str does
             said = " or ".join(str(np.dtype(t)) for t in types)
             raise ProtocolError(f"{msg.header['op']}: {name} must be {ndim}-d {said}, got {a.ndim}-d {a.dtype}")
-        if a.dtype != np.dtype(types[0]):
+        if a.dtype.str != types[0]:
             wide = out[i] = a.astype(types[0])
             wide.flags.writeable = a.flags.writeable  # a frame's arrays are read-only: the kernels compiled for them
-    if any(x is not y for x, y in zip(out, msg.arrays)):
+            widened = True
+    if widened:
         msg.arrays = out
     return list(out)
 
