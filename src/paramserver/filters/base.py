@@ -80,6 +80,15 @@ class Filter:
         the rows are copied over."""
         return False
 
+    def masked(self, parts: Parts, params: dict[str, Any]) -> tuple[tuple[int, ...], np.ndarray, np.ndarray] | None:
+        """A push's values as this filter packed them, where it was the first to encode them
+        (the last to decode) and packs them as a bit mask of their non-zero values and those
+        values (bit ``i & 7`` of byte ``i >> 3`` marks value ``i``, the words a float32 array's
+        uint32 view): ``(shape, mask, words)``, the values' parts taken out of ``parts``, for a server
+        that adds them where they land (``VnodeStore.add_masked``).  None (the default),
+        ``parts`` left as they were: ``decode`` makes them dense."""
+        return None
+
     def roundtrip(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """What the receiver decodes for ``values`` (a lossy value codec's rounding)."""
         return values

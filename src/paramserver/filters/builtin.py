@@ -239,6 +239,11 @@ class Sparse(Filter):
         del parts["values.mask"], parts["values"]
         return True
 
+    def masked(self, parts: Parts, params: dict[str, Any]) -> tuple[tuple[int, ...], np.ndarray, np.ndarray] | None:
+        shape, mask, packed = self._packed(parts, params)
+        del parts["values.mask"], parts["values"]
+        return shape, mask, packed
+
     @staticmethod
     def _packed(parts: Parts, params: dict[str, Any]) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
         """A message's sparse values checked: their shape, the mask and the words (uint32, aligned)."""

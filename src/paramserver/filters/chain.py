@@ -308,6 +308,31 @@ def unpack_rows(chain: Chain, header: dict[str, Any], arrays: list[np.ndarray], 
     return _unpacked(parts, "reply")
 
 
+def unpack_masked(chain: Chain, header: dict[str, Any], arrays: list[np.ndarray], ctx: Context,
+                  dim: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray] | None:
+    """A filtered push of rows of ``dim`` values, its values left as the filter that encoded
+    them first packed them where it packs them as a mask of the non-zero values and those
+    (``Filter.masked``: ``sparse``): ``(arrays, mask, words)``, the arrays as ``unpack`` gives
+    them but for an empty values part.  None where not (``unpack`` then; the message's arrays
+    are never changed).  ``ProtocolError`` for anything that does not decode."""
+    entries = header.get("filters")
+    if entries is None:
+        return None
+    named = chain.named(entries)
+    if not named:
+        return None
+    parts = _named(header, arrays)
+    for f, params in reversed(named[1:]):
+        f.decode(parts, params, ctx)
+    first, params = named[0]
+    got = first.masked(parts, params)
+    keys = parts.get("keys")
+    if got is None or keys is None or got[0] != (keys.shape[0], dim):  # rows of the table's, a key each
+        return None
+    parts["values"] = np.empty((0, dim), np.float32)
+    return _unpacked(parts, "push"), got[1], got[2]
+
+
 def _unpacked(parts: Parts, direction: str) -> list[np.ndarray]:
     """Decoded parts as the arrays of a ``direction`` message: aligned and read-only, as
     ``wire.message.decode`` gives them (one numba signature)."""

@@ -212,7 +212,7 @@ def _bit_positions() -> tuple[np.ndarray, np.ndarray]:
     return count, where
 
 
-_SET, _AT = _bit_positions()
+SET_BITS, BIT_AT = _bit_positions()
 
 
 @njit(nogil=True, cache=True)
@@ -251,13 +251,13 @@ def sparse_encode(bits):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _marks_fit(mask, n_words, n):  # type: ignore[no-untyped-def]
+def marks_fit(mask, n_words, n):  # type: ignore[no-untyped-def]
     """Whether ``mask`` is ``n`` bits long, has none set past them and marks ``n_words``."""
     if mask.shape[0] != (n + 7) >> 3 or (n & 7 and mask[mask.shape[0] - 1] >> (n & 7)):
         return False
     marked = 0
     for b in range(mask.shape[0]):
-        marked += _SET[mask[b]]
+        marked += SET_BITS[mask[b]]
     return marked == n_words
 
 
@@ -266,15 +266,15 @@ def sparse_decode(mask, words, n):  # type: ignore[no-untyped-def]
     """``sparse_encode``'s inverse: (the ``n`` words, status), status 0, or 1 when the mask
     is not ``n`` bits long, has a bit set past them, or marks other than ``words``' count."""
     out = np.zeros(n, np.uint32)
-    if not _marks_fit(mask, words.shape[0], n):  # counted first: the loop below reads no word past the last
+    if not marks_fit(mask, words.shape[0], n):  # counted first: the loop below reads no word past the last
         return out, 1
     m = 0
     for b in range(mask.shape[0]):
         byte = mask[b]
         if byte:  # eight zeros are already written
-            for j in range(_SET[byte]):
-                out[(b << 3) + _AT[byte, j]] = words[m + j]
-            m += _SET[byte]
+            for j in range(SET_BITS[byte]):
+                out[(b << 3) + BIT_AT[byte, j]] = words[m + j]
+            m += SET_BITS[byte]
     return out, 0
 
 
@@ -287,7 +287,7 @@ def sparse_decode_rows(mask, words, index, out):  # type: ignore[no-untyped-def]
     converts).  Zeroing a row as it is written saves a dense array's zeroing, a pass over it
     and a scatter.  Status 0, or 1 as ``sparse_decode``'s (nothing written)."""
     n, dim = index.shape[0], out.shape[1]
-    if not _marks_fit(mask, words.shape[0], n * dim):
+    if not marks_fit(mask, words.shape[0], n * dim):
         return 1
     m = 0
     for i in range(n):
@@ -303,7 +303,7 @@ def sparse_decode_rows(mask, words, index, out):  # type: ignore[no-untyped-def]
             if b == last and hi & 7:
                 byte &= (1 << (hi & 7)) - 1
             at = (b << 3) - lo
-            for j in range(_SET[byte]):
-                row[at + _AT[byte, j]] = words[m + j]
-            m += _SET[byte]
+            for j in range(SET_BITS[byte]):
+                row[at + BIT_AT[byte, j]] = words[m + j]
+            m += SET_BITS[byte]
     return 0

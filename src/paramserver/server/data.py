@@ -22,10 +22,19 @@ import numpy as np
 from paramserver.errors import Code, ProtocolError, UnknownTableError
 from paramserver.filters.base import Context
 from paramserver.filters.chain import chains, pack, unpack
+from paramserver.server import masked_rows
 from paramserver.server.admin import check_quota
 from paramserver.server.install import check_grads
 from paramserver.server.peers import Acks, Answer
-from paramserver.server.requests import check_forwarder, checked_table, push_op, push_width, split, state_read
+from paramserver.server.requests import (
+    check_forwarder,
+    checked_table,
+    push_op,
+    push_width,
+    split,
+    state_read,
+    writer,
+)
 from paramserver.server.state import Port, ServerState
 from paramserver.store.life import subset
 from paramserver.store.protocol import VnodeStore
@@ -60,12 +69,6 @@ def _versions(state: ServerState, table: VnodeStore, writer: object) -> dict[str
     another writer than ``writer`` made (``foreign``; a cache that reads back its merges'
     rows only while others write, ``RowCache.wants_rows``)."""
     return {"version": table.version, "foreign": state.foreign(table, writer)}
-
-
-def _writer(msg: Message) -> int:
-    """Who pushed ``msg`` (-1: no numbered sender)."""
-    sender = msg.header.get("sender")
-    return sender if isinstance(sender, int) and not isinstance(sender, bool) else -1
 
 
 def filtered_rows(state: ServerState, table: VnodeStore, msg: Message, out: np.ndarray, fields: dict[str, Any],
@@ -210,6 +213,9 @@ class DataPlane:
         return reply(msg, cold=None if found is None else found[0], reading=found is not None and found[1])
 
     def on_push(self, msg: Message, identity: bytes = b"") -> list[Any] | None:
+        added = masked_rows.added(self.state, msg, self._numbered)  # a sparse add, never made dense
+        if added is not None:
+            return added
         unfiltered(self.state, msg, "push")
         keys, grads, vnodes, counts = expect(msg, ("keys", KEY_TYPES, 1), ("grads", "<f4", 2),
                                              ("vnodes", "<i4", 1), ("counts", "<i8", 1))
@@ -226,7 +232,7 @@ class DataPlane:
         """A merge's answer, read once it is applied: the whole rows it left and the table's
         version then (a cache keeps them as a pull's, ``RowCache.merged``)."""
         out = read_rows(self.state, table, keys, vnodes, counts, whole=True)
-        return filtered_rows(self.state, table, msg, out, _versions(self.state, table, _writer(msg)), True)
+        return filtered_rows(self.state, table, msg, out, _versions(self.state, table, writer(msg)), True)
 
     def pushed(self, table: VnodeStore, msg: Message, keys: np.ndarray, grads: np.ndarray, vnodes: np.ndarray,
                counts: np.ndarray, identity: bytes, answer: Answer | Callable[[], Answer] | None = None,
@@ -401,7 +407,7 @@ class DataPlane:
         state = self.state
         op = push_op(msg, table)
         if keys.shape[0]:  # one push, however many keys: counted before a BSP clock buffers it too
-            state.counted(table, _writer(msg))
+            state.counted(table, writer(msg))
         if op != OP_UPDATE:
             apply_rows(state, table, vnodes, counts, keys, grads, op)
             return

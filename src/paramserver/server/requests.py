@@ -143,6 +143,12 @@ def split(pool: ThreadPoolExecutor | None, threads: int, vnodes: np.ndarray, cou
         f.result()
 
 
+def writer(msg: Message) -> int:
+    """Who pushed ``msg`` (-1: no numbered sender)."""
+    sender = msg.header.get("sender")
+    return sender if isinstance(sender, int) and not isinstance(sender, bool) else -1
+
+
 def push_op(msg: Message, table: VnodeStore) -> int:
     """The push operation a ``push`` (or its ``replicate``) asks for (``push_ops.PUSH_OPS``;
     ``update``, the table's rule, when it names none)."""

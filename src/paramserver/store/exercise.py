@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from paramserver._runtime.intrinsics import frozen
+from paramserver.filters.kernels import sparse_encode
 from paramserver.store.protocol import VnodeStore
 from paramserver.store.readahead import warm as warm_readahead
 from paramserver.store.specialize import MAX_DIM
@@ -58,6 +59,7 @@ def loops(spec: TableSpec, new: NewStore) -> None:
     keys, vnodes, counts, grads = (frozen(a) for a in (keys, vnodes, counts, grads))  # as a request's frames arrive
     scratch.apply(vnodes, counts, keys, grads)
     scratch.lookup(vnodes, counts, keys, np.empty((n, spec.dim), np.float32))
+    scratch.add_masked(vnodes, counts, keys, *sparse_encode(grads.reshape(-1).view(np.uint32)))  # a sparse add
     if spec.key_bytes == 4:  # the generic loops over 4-byte keys, which no server's warm-up loads
         scratch.missing(vnodes, counts, keys)  # a namespace's quota
         stored, rows = scratch.tables[0].items()  # an export, a checkpoint, a copy

@@ -158,6 +158,12 @@ class VnodeStore(Protocol):
     def apply(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, grads: np.ndarray,
               op: int = ...) -> None: ...
 
+    def add_masked(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, mask: np.ndarray,
+                   words: np.ndarray) -> bool:
+        """Rows packed as a mask and their non-zero values, added where they land; False (none
+        added) where the table does not take them so (``VnodeSet.add_masked``)."""
+        ...
+
     def steps(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, inverse: np.ndarray,
               indptr: np.ndarray, vals: np.ndarray, labels: np.ndarray, sizes: np.ndarray, occurrences: np.ndarray,
               l2: float, applied: Callable[[int], None]) -> tuple[np.ndarray, np.ndarray] | None:

@@ -33,11 +33,13 @@ from paramserver.store.loops.dense import (
     dense_lookup_whole_many,
     dense_missing_many,
 )
+from paramserver.store.loops.masked import dense_add_masked_many
 from paramserver.store.loops.slots import NOT_FOUND
 from paramserver.store.loops.step_groups import EXAMPLES, GROW, KEYS, OCCURRENCES, SEGMENTS
 from paramserver.store.memory import available_memory, heap_released, populating_later
 from paramserver.store.table import COLD_LOAD, VnodeTable
 from paramserver.store.tiers import Tiers
+from paramserver.tables.optim import CUSTOM_KIND
 from paramserver.tables.push_ops import OP_UPDATE
 from paramserver.tables.spec import TableSpec
 
@@ -329,6 +331,22 @@ class VnodeSet:
             if seg == vnodes.shape[0]:
                 return
             self._grow_vnode(int(vnodes[seg]))
+
+    def add_masked(self, vnodes: np.ndarray, counts: np.ndarray, keys: np.ndarray, mask: np.ndarray,
+                   words: np.ndarray) -> bool:
+        """Add rows given as a mask of their non-zero values and those values (the ``sparse``
+        filter's packing; ``words`` a float32 array's uint32 view) to ``keys``' rows, grouped
+        like ``lookup``'s, as ``apply`` with op add would (``loops/masked.py``).  False, and
+        nothing written, where this table does not take them so: a hash or tiered table,
+        compact rows, a rule of a user's own; or a key outside its vnode, a mask that does not
+        fit the rows, a value that is not finite (``apply`` then says what is wrong)."""
+        if not (self.tables and self.bits) or self.tiers is not None or self.itemsize != 4 \
+                or self._okind == CUSTOM_KIND:
+            return False
+        status = dense_add_masked_many(*self._dir.dense_args, self.slot, frozen(vnodes), frozen(counts), frozen(keys),
+                                       frozen(mask), frozen(words), self.spec.dim, self.layout, self._okind,
+                                       self._ohp, self._ikind, self._ihp, self._seed)
+        return bool(status == 0)
 
     def _grow_vnode(self, v: int) -> None:
         """Room for one key more in hash vnode ``v`` (a request loop stopped there)."""
