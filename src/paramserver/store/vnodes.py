@@ -341,7 +341,7 @@ class VnodeSet:
         compact rows, a rule of a user's own; or a key outside its vnode, a mask that does not
         fit the rows, a value that is not finite (``apply`` then says what is wrong)."""
         if not (self.tables and self.bits) or self.tiers is not None or self.itemsize != 4 \
-                or self._okind == CUSTOM_KIND:
+                or self._okind == CUSTOM_KIND or self.check(vnodes, counts, keys) >= 0:
             return False
         status = dense_add_masked_many(*self._dir.dense_args, self.slot, frozen(vnodes), frozen(counts), frozen(keys),
                                        frozen(mask), frozen(words), self.spec.dim, self.layout, self._okind,

@@ -13,10 +13,10 @@ was not sent (a zero) is not added: a row holding -0.0 keeps it, where adding +0
 against 0.53-0.57 ms decoded and added (one process, the two in turn).  Float32 rows only
 (a compact row, fp16 or bf16, is updated through a float32 copy by the generic loop).
 
-Everything is checked before anything is written: every key in its segment's vnode, the
-mask as long as the rows and marking as many words as there are, every word finite;
-anything else answers ``BAD`` and changes nothing, so the caller can take the generic path,
-which refuses the request with its own error.
+Everything is checked before anything is written: every key in its segment's vnode (by the
+caller, ``VnodeSet.check``), the mask as long as the rows and marking as many words as there
+are, every word finite; anything else changes nothing (``BAD``, or False from the caller), so
+the caller can take the generic path, which refuses the request with its own error.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 from paramserver._runtime.intrinsics import load_u64, prefetch_row
 from paramserver.filters.kernels import marks_fit
 from paramserver.routing.hashing import dense_pos
-from paramserver.store.loops.dense import dense_check
 from paramserver.store.loops.hash import COUNT
 from paramserver.store.loops.views import START, dense_arrays
 from paramserver.tables.optim import init_row
@@ -55,17 +54,11 @@ def dense_add_masked_many(d, rows0, meta0, slot, vnodes, counts, keys, mask, wor
     """Add the masked rows (``mask`` and ``words``, a float32 array's uint32 view:
     ``keys.shape[0]`` rows of ``dim`` values end to end) to the float32 rows of ``keys``,
     grouped by vnode as ``dense_apply_many``'s; a row never stored starts as ``init_row``
-    makes it.  0, or ``BAD`` with nothing written (see the module's doc)."""
+    makes it; every key must be in its segment's vnode (``dense_check_many``, which the
+    caller asks first).  0, or ``BAD`` with nothing written (see the module's doc)."""
     n = keys.shape[0]
     if not marks_fit(mask, words.shape[0], n * dim) or not _finite(words):
         return BAD
-    a = 0
-    for s in range(vnodes.shape[0]):  # every key in place before any row changes
-        t = slot[vnodes[s]]
-        rows, _ = dense_arrays(d, t, rows0, meta0)
-        if dense_check(rows, d[t, START], keys[a:a + counts[s]], layout) >= 0:
-            return BAD
-        a += counts[s]
     values = words.view(np.float32)
     a, m = 0, 0
     for s in range(vnodes.shape[0]):
