@@ -63,4 +63,3 @@ def added(state: ServerState, msg: Message,
         state.counted(table, writer(msg))
     table.settle()
     return reply(msg)
-
