@@ -319,7 +319,7 @@ def unpack_masked(chain: Chain, header: dict[str, Any], arrays: list[np.ndarray]
     if entries is None:
         return None
     named = chain.named(entries)
-    if not named:
+    if not named or type(named[0][0]).masked is Filter.masked:  # (asked before any filter decodes)
         return None
     parts = _named(header, arrays)
     for f, params in reversed(named[1:]):

@@ -212,7 +212,7 @@ def _bit_positions() -> tuple[np.ndarray, np.ndarray]:
     return count, where
 
 
-SET_BITS, BIT_AT = _bit_positions()
+_SET, _AT = _bit_positions()
 
 
 @njit(nogil=True, cache=True)
@@ -257,7 +257,7 @@ def marks_fit(mask, n_words, n):  # type: ignore[no-untyped-def]
         return False
     marked = 0
     for b in range(mask.shape[0]):
-        marked += SET_BITS[mask[b]]
+        marked += _SET[mask[b]]
     return marked == n_words
 
 
@@ -272,9 +272,9 @@ def sparse_decode(mask, words, n):  # type: ignore[no-untyped-def]
     for b in range(mask.shape[0]):
         byte = mask[b]
         if byte:  # eight zeros are already written
-            for j in range(SET_BITS[byte]):
-                out[(b << 3) + BIT_AT[byte, j]] = words[m + j]
-            m += SET_BITS[byte]
+            for j in range(_SET[byte]):
+                out[(b << 3) + _AT[byte, j]] = words[m + j]
+            m += _SET[byte]
     return out, 0
 
 
@@ -303,7 +303,7 @@ def sparse_decode_rows(mask, words, index, out):  # type: ignore[no-untyped-def]
             if b == last and hi & 7:
                 byte &= (1 << (hi & 7)) - 1
             at = (b << 3) - lo
-            for j in range(SET_BITS[byte]):
-                row[at + BIT_AT[byte, j]] = words[m + j]
-            m += SET_BITS[byte]
+            for j in range(_SET[byte]):
+                row[at + _AT[byte, j]] = words[m + j]
+            m += _SET[byte]
     return 0

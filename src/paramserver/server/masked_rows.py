@@ -19,16 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from paramserver._runtime.intrinsics import frozen
 from paramserver.filters.base import Context
 from paramserver.filters.chain import chains, unpack_masked
 from paramserver.server.admin import check_quota
 from paramserver.server.requests import checked_table, push_op, writer
 from paramserver.server.state import ServerState
 from paramserver.tables.push_ops import OP_ADD
-from paramserver.wire.message import KEY_TYPES, Message, reply
+from paramserver.wire.message import KEY_TYPES, Message, expect, reply
 
 
 def added(state: ServerState, msg: Message,
@@ -38,17 +35,16 @@ def added(state: ServerState, msg: Message,
     general way."""
     name = msg.header.get("table")
     table = state.tables.get(name) if isinstance(name, str) and "filters" in msg.header else None
-    if (table is None or table.life is not None or table.tiered or state.targets.get(table.spec.name) is not None
+    if (table is None or table.life is not None or state.targets.get(table.spec.name) is not None
             or push_op(msg, table) != OP_ADD):
         return None
     got = unpack_masked(chains(table.spec.filters)["push"], msg.header, msg.arrays,
                         Context(store=state.key_store, layout=table.spec.layout), table.spec.dim)
     if got is None:
         return None
-    (keys, _, vnodes, counts), mask, words = got
-    if keys.dtype.str not in KEY_TYPES or vnodes.dtype.str != "<i4" or counts.dtype.str != "<i8":
-        return None
-    keys = frozen(keys.astype(np.uint64, copy=False))
+    arrays, mask, words = got
+    keys, _, vnodes, counts = expect(Message(msg.header, arrays), ("keys", KEY_TYPES, 1), ("grads", "<f4", 2),
+                                     ("vnodes", "<i4", 1), ("counts", "<i8", 1))  # as the general way checks them
     checked_table(state, msg, keys.shape[0], vnodes, counts)
     number = numbered(msg)
     dedup = state.dedup[table.spec.name]
