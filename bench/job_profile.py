@@ -99,9 +99,9 @@ def _samples(data: str) -> list[tuple[int, int, float, str, str]]:
     return rows
 
 
-def breakdown(rows: list[tuple[int, int, float, str, str]], rate: int) -> dict[str, Any]:
-    """The training window's CPU seconds: by process (named by its main thread) and what, the
-    worker's by thread, and the idle cores'."""
+def breakdown(rows: list[tuple[int, int, float, str, str]], rate: int, top: int = 8) -> dict[str, Any]:
+    """The training window's CPU seconds: by process (named by its main thread) and what (its
+    ``top`` biggest), the worker's by thread, and the idle cores'."""
     names = {pid: comm for pid, tid, _, _, comm in rows if pid == tid}
     workers = [pid for pid, name in names.items() if name.startswith("ps-worker")]
     if not workers:
@@ -121,7 +121,7 @@ def breakdown(rows: list[tuple[int, int, float, str, str]], rate: int) -> dict[s
         return {k: round(v / rate, 3) for k, v in c.most_common(top)}
 
     return {"window_s": round(end - start, 3),
-            "processes": {p: {"cpu_s": round(sum(c.values()) / rate, 3), "top": seconds(c, 8)}
+            "processes": {p: {"cpu_s": round(sum(c.values()) / rate, 3), "top": seconds(c, top)}
                           for p, c in sorted(by_process.items(), key=lambda x: -sum(x[1].values()))},
             "worker_threads": {t: {"cpu_s": round(sum(c.values()) / rate, 3), "top": seconds(c, 4)}
                                for t, c in sorted(threads.items(), key=lambda x: -sum(x[1].values()))[:8]}}
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--command", choices=COMMANDS, default="train", help="the job profiled (default: train)")
     ap.add_argument("--rate", type=int, default=2999, help="samples a second a core (perf record -F)")
     ap.add_argument("--json", help="write the breakdown here")
+    ap.add_argument("--top", type=int, default=8, help="what a process's CPU went to: its N biggest (default 8)")
     args = ap.parse_args(ours)
     if shutil.which("perf") is None:
         print("job_profile: skipped: no perf on this machine (linux-tools)", file=sys.stderr)
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"job_profile: perf record failed ({run.returncode}):\n{run.stderr[-2000:]}", file=sys.stderr)
             return 1
         rows = _samples(data)
-        result = breakdown(rows, args.rate)
+        result = breakdown(rows, args.rate, args.top)
     for pid in {pid for pid, tid, _, _, comm in rows if pid == tid and (comm == "python" or comm.startswith("ps-"))}:
         try:  # the maps the job's processes wrote
             os.remove(f"/tmp/perf-{pid}.map")
