@@ -5,6 +5,7 @@ key caching loses nothing acknowledged."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,9 +20,10 @@ from paramserver.apps.ctr.models import Model
 from paramserver.apps.ctr.synth import write_synth
 from paramserver.apps.ctr.train import run_training
 from paramserver.apps.ctr.train_config import TrainConfig
-from paramserver.client import core
+from paramserver.client import core, state
 from paramserver.errors import ConfigError
 from paramserver.filters.chain import unpack_rows
+from paramserver.filters.packed import PackedRows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -180,3 +182,52 @@ def test_a_pull_into_int32_counts_gets_what_a_plain_pull_gets_with_and_without_s
                          (np.zeros((200, asked.size), np.int32).T, "not C order")):
             with pytest.raises(ConfigError, match=f"out must be a writeable C-order float32 or int32 .*{why}"):
                 c.pull("packed", asked, out=bad)
+
+
+def test_rows_packed_by_their_producer_are_pushed_as_dense_rows_of_the_same_values(monkeypatch):
+    """``Client.push`` of ``PackedRows`` with op add: on two servers, routed by their bits and
+    words where the table's push filters start with ``sparse`` (``takes_packed``), made dense
+    first where they do not; either way the tables hold what a dense push of the same values
+    leaves.  An op other than add, a value that is not finite, arrays that do not say what
+    they pack: refused before anything is sent."""
+    routed_packed = []
+    route = state.route
+
+    def counted(ring, kind, keys, extra, *args, **kwargs):
+        routed_packed.append(isinstance(extra, PackedRows))
+        return route(ring, kind, keys, extra, *args, **kwargs)
+
+    monkeypatch.setattr(state, "route", counted)
+    rng = np.random.default_rng(6)
+    with LocalCluster(servers=2, workers=0, log_level="WARNING") as cluster:
+        c = cluster.client
+        for name, filters in (("dense", None), ("packed", "push=sparse;reply=sparse"), ("unfiltered", None),
+                              ("zstd", "push=sparse,zstd")):
+            c.create_table(name, dim=300, optimizer="sgd", key_bits=12, filters=filters)
+        takes = [c.admin.takes_packed(t) for t in ("dense", "packed", "unfiltered", "zstd")]
+        assert takes == [False, True, False, True]
+        for _ in range(3):
+            keys = rng.choice(1 << 12, 900, replace=False).astype(np.uint64)
+            rows = np.where(rng.random((900, 300)) < 0.04, rng.integers(-3, 4, (900, 300)), 0).astype(np.float32)
+            c.push("dense", keys, rows, op="add", distinct=True).result(timeout=60)
+            for table in ("packed", "unfiltered", "zstd"):
+                routed_packed.clear()
+                c.push(table, keys, PackedRows.from_dense(rows), op="add", distinct=True).result(timeout=60)
+                assert routed_packed == [c.admin.takes_packed(table)]
+        want = c.pull("dense", np.arange(1 << 12, dtype=np.uint64)).result(timeout=60)
+        for table in ("packed", "unfiltered", "zstd"):
+            got = c.pull(table, np.arange(1 << 12, dtype=np.uint64)).result(timeout=60)
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        packed = PackedRows.from_dense(rows)
+        with pytest.raises(ConfigError, match="op='add'"):
+            c.push("packed", keys, packed, op="update", distinct=True)
+        nan = rows.copy()
+        nan[5, 5] = np.nan
+        with pytest.raises(ConfigError, match="NaN"):
+            c.push("packed", keys, PackedRows.from_dense(nan), op="add", distinct=True)
+        with pytest.raises(ConfigError, match="packed rows of shape"):
+            c.push("packed", keys[:-1], packed, op="add", distinct=True)
+        with pytest.raises(ConfigError, match="packed rows of shape"):
+            c.push("packed", keys, dataclasses.replace(packed, words=packed.words[:-1], known=False), op="add",
+                   distinct=True)
+        assert np.array_equal(c.pull("packed", keys).result(timeout=60), c.pull("dense", keys).result(timeout=60))

@@ -1,10 +1,11 @@
 """``client.admin``: the cluster's administration, apart from the data plane's calls
 (pull, push, clocks) on the client itself: who is there (the ring, servers joining and
-leaving, workers), namespaces and their quotas, a table made from a whole spec, and the
-cluster's shutdown."""
+leaving, workers), namespaces and their quotas, a table made from a whole spec and what its
+push filters take, and the cluster's shutdown."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +27,8 @@ class Admin:
     """The administration calls of a client, through its ``rpc``, on its ``state``'s view
     (``stats``: the servers' figures, which a namespace's summary reads)."""
 
-    def __init__(self, rpc: Rpc, state: ClientState, stats: Stats) -> None:
-        self._rpc, self._state, self._stats = rpc, state, stats
+    def __init__(self, rpc: Rpc, state: ClientState, stats: Stats, spec: Callable[[str], TableSpec]) -> None:
+        self._rpc, self._state, self._stats, self._spec = rpc, state, stats, spec
         self.stopped = False  # shutdown_cluster ran: nobody is left to say goodbye to
         # every table this client creates must be new (a job's driver on a cluster that runs already,
         # ``cluster/standing.py``): the scheduler refuses a name it holds rather than hand back its rows
@@ -107,6 +108,13 @@ class Admin:
         with self._state.lock:
             self._state.tables[spec.name] = spec
         return spec
+
+    def takes_packed(self, table: str) -> bool:
+        """Whether ``client.push(table, keys, PackedRows, op="add", distinct=True)`` sends the
+        rows as they are packed (``filters/packed.py``: the table's push filters start with
+        ``sparse``); elsewhere they are made dense first, and a producer that has them dense
+        pushes them so for less."""
+        return self._state.filters.takes_packed(self._spec(table))
 
     def create_namespace(self, name: str, *, max_keys: int | None = None, max_bytes: int | None = None) -> None:
         """Set the quota of namespace ``name`` (its tables are named ``"name/..."``): a

@@ -17,6 +17,7 @@ import numpy as np
 from paramserver.client.core import Piece, Wire, call_header, push_header
 from paramserver.client.scatter import Scatter
 from paramserver.errors import ConfigError, UnknownTableError
+from paramserver.filters.packed import PackedRows
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.message import Message, Op
 
@@ -53,7 +54,7 @@ class Caller:
                                     "create it with create_table()")
         return spec
 
-    def scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | None,
+    def scatter(self, kind: Op, table: str, keys: np.ndarray, extra: np.ndarray | PackedRows | None,
                 on_piece: Callable[[Piece, Message], None], result: Any = None,
                 reply_row_bytes: int = 0, seq: int | None = None,
                 on_settled: Callable[[], None] | None = None, distinct: bool = False,
@@ -80,7 +81,7 @@ class Caller:
                              token=self.token, extra=extra_header)
         return Scatter(self.state, kind, header, layout, on_piece, result, on_settled, wire).start(pieces)
 
-    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray, op: str, distinct: bool,
+    def push(self, spec: TableSpec, keys: np.ndarray, grads: np.ndarray | PackedRows, op: str, distinct: bool,
              flushing: bool = False, seq: int | None = None,
              on_piece: Callable[[Piece, Message], None] | None = None) -> Future[Any]:
         """A push once checked: through the table's filters (what a worker owes added, less
@@ -91,15 +92,18 @@ class Caller:
         if seq is None:
             with self.lock:
                 seq = self.state.sequencer.take()
-        try:
-            keys, grads, distinct, prepare = filters.push_steps(spec, keys, grads, op, distinct, flushing)
+        try:  # packed rows go where the filters neither round nor hold back (``takes_packed``)
+            prepare = None
+            if not isinstance(grads, PackedRows):
+                keys, grads, distinct, prepare = filters.push_steps(spec, keys, grads, op, distinct, flushing)
         except BaseException:
             self.settled(seq)
             raise
         try:  # the seq is settled once no request of it is left anywhere, not when the
             # future fails: a server may still apply and forward a piece in flight
             header = push_header(spec, op, self.time, read_back=on_piece is not None)
-            return self.scatter(Op.PUSH, spec.name, keys, np.ascontiguousarray(grads), on_piece or _ignored,
+            rows = grads if isinstance(grads, PackedRows) else np.ascontiguousarray(grads)
+            return self.scatter(Op.PUSH, spec.name, keys, rows, on_piece or _ignored,
                                 seq=seq, on_settled=lambda: self.settled(seq), distinct=distinct,
                                 reply_row_bytes=4 * spec.width if on_piece is not None else 0,
                                 extra_header=header, wire=filters.wire(spec, "push", op), prepare=prepare)

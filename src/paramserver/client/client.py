@@ -23,6 +23,7 @@ from paramserver.client.caller import Caller
 from paramserver.client.calls import FunctionCalls
 from paramserver.client.core import Piece, as_keys, rows_into
 from paramserver.client.filter_calls import Flushes
+from paramserver.client.filtering import packed_push
 from paramserver.client.io_thread import IOThread
 from paramserver.client.job import Job
 from paramserver.client.life_calls import Delta, LifeCalls, with_stats
@@ -36,6 +37,7 @@ from paramserver.client.step_calls import StepCalls
 from paramserver.client.sync_calls import Clocks
 from paramserver.config import Config, load_config
 from paramserver.errors import ConfigError, ConnectError, ParamServerError
+from paramserver.filters.packed import PackedRows
 from paramserver.routing.blocks import BlockMap
 from paramserver.routing.partition import combine_duplicates
 from paramserver.routing.ring import Ring
@@ -86,8 +88,8 @@ class Client:
         self._lock = self._state.lock
         self._rpc = Rpc(self.config, self._io, self._state, role)
         self.stats = Stats(self._rpc, self._io, self._state, self._losses)  # what was measured
-        self.admin = Admin(self._rpc, self._state, self.stats)  # the cluster's administration
         self._caller = Caller(self.config, role, self._io, self._state, self._rpc, self._losses)
+        self.admin = Admin(self._rpc, self._state, self.stats, self._caller.spec)  # the cluster's administration
         self._flushes = Flushes(self._caller)
         self._clocks = Clocks(self._caller, self._flushes.due)
         self._functions = FunctionCalls(self._caller)
@@ -265,6 +267,8 @@ class Client:
         a third.  Should one slip through, the server applies it as a second update.
         ``stats``: each key's shows and clicks (``[n, 2]``), for a table whose admission
         counts them (``lifecycle="admit=score:10"``; default one show, no click).
+        ``grads`` may be ``PackedRows`` (``filters/packed.py``), for op ``add``: sent as
+        they are packed where ``admin.takes_packed(table)``, else made dense first.
         """
         if op not in PUSH_OPS:
             raise ConfigError(f"push to {table!r}: op must be one of {sorted(PUSH_OPS)}, got {op!r}")
@@ -274,6 +278,11 @@ class Client:
                               "pushes and applies the rule once): use op='update', or a table without aggregate")
         keys = as_keys(keys)
         spec.check_keys(keys)
+        if isinstance(grads, PackedRows):  # as their producer packed them (``filters/packed.py``)
+            grads = packed_push(table, spec, keys, grads, op,
+                                distinct and stats is None and self._state.filters.takes_packed(spec))
+            if isinstance(grads, PackedRows):
+                return self._caller.push(spec, keys, grads, op, True)
         grads = np.asarray(grads, np.float32)
         if grads.ndim == 1 and spec.dim == 1:
             grads = grads.reshape(-1, 1)

@@ -43,6 +43,7 @@ from paramserver.errors import (
 )
 from paramserver.filters.base import Context, Link
 from paramserver.filters.chain import Chain, pack, unpack, unpack_rows
+from paramserver.filters.packed import PackedRows
 from paramserver.routing.partition import Routed, route_pull, route_push, scatter_answer
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Message, Op
@@ -73,7 +74,7 @@ class Piece:
     server: int
     ring_version: int
     keys: np.ndarray
-    extra: np.ndarray  # pull: output row of each key; push: gradient rows
+    extra: Any  # pull: output row of each key (ndarray); push: gradient rows (ndarray, or PackedRows)
     vnodes: np.ndarray
     counts: np.ndarray
 
@@ -153,21 +154,28 @@ class RouteMemo:
         return Routed(routed.keys, routed.parts, ring.version, grads=np.ascontiguousarray(grads[routed.order]))
 
 
-def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
+def route(ring: Ring, kind: Op, keys: np.ndarray, extra: np.ndarray | PackedRows | None, layout: int,
           distinct: bool = False, ordered: bool = False, memo: RouteMemo | None = None) -> list[Piece]:
     """Route ``keys`` with ``ring`` into one piece per server.  ``extra`` rides along: a
-    pull's output row of each key (None: the identity), a push's gradients; ``layout`` is
+    pull's output row of each key (None: the identity), a push's gradients (dense, or
+    ``PackedRows`` of distinct keys, moved by their bits and words); ``layout`` is
     the table's (``TableSpec.layout``); ``distinct``: a push's keys need no merging;
     ``ordered``: each vnode's keys by dense position (for a key codec: ``Chain.ordered``);
     ``memo``: pulls' routings, kept, and taken by the pushes of the same keys."""
-    index: np.ndarray  # a pull's destination rows; a push's summed gradients
+    index: Any  # a pull's destination rows; a push's summed gradients
     if kind is not Op.PUSH:  # a pull, a prefetch, or a server-side function over keys
         known = memo.routing(ring, keys, layout, ordered) if memo is not None else None
         routed = known or route_pull(ring, keys, layout, ordered)
         assert routed.order is not None
+        assert not isinstance(extra, PackedRows), "a pull's extra is the rows its answers go to"
         index = routed.order if extra is None else extra[routed.order]
         if memo is not None:  # (again when known: the latest kept is the last to go)
             memo.keep(keys, routed, layout, ordered)
+    elif isinstance(extra, PackedRows):  # distinct keys (``Client.push``): their rows' bits and words in that order
+        routed = (memo.routing(ring, keys, layout, ordered) if memo is not None else None) or \
+            route_pull(ring, keys, layout, ordered)
+        assert routed.order is not None
+        index = extra.take(routed.order)
     else:
         assert extra is not None, "a push carries its gradients"
         known = memo.push_routing(ring, keys, extra, layout, ordered) if memo is not None and distinct else None

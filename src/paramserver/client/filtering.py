@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from paramserver.client.core import Piece, Wire
+from paramserver.errors import ConfigError
 from paramserver.filters.base import Link
 from paramserver.filters.chain import Chain, chains
+from paramserver.filters.packed import PackedRows
 from paramserver.filters.residual import Owed, after_routing, before_routing
 from paramserver.routing.partition import combine_duplicates
 from paramserver.tables.spec import TableSpec
@@ -49,6 +51,15 @@ class ClientFilters:
         if not chain.wire:
             return None
         return Wire(chain, self.links, self.sizes.setdefault((spec.name, direction), {}), spec.layout)
+
+    def takes_packed(self, spec: TableSpec) -> bool:
+        """Whether a push's ``PackedRows`` go out as they are: the table's push filters pack
+        values first (``sparse``), and none rounds or holds back what a worker pushes."""
+        if not spec.filters:
+            return False
+        chain = chains(spec.filters)["push"]
+        first = next((f for f in chain.wire if f.stage == "values"), None)
+        return first is not None and first.takes_packed and chain.select is None and not chain.lossy
 
     def reply_chain(self, spec: TableSpec) -> Chain | None:
         if not spec.filters:
@@ -164,3 +175,24 @@ def merge_stats(per_worker: list[dict[str, Any]]) -> dict[str, Any]:
                     else:
                         into[name] = into.get(name, 0) + value
     return out
+
+
+def packed_push(table: str, spec: TableSpec, keys: np.ndarray, rows: PackedRows, op: str,
+                packed: bool) -> PackedRows | np.ndarray:
+    """A push's ``PackedRows`` checked (``Client.push``): as they are where they go out
+    packed (``packed``: distinct keys, the table's filters take them), else made dense.
+
+    Raises:
+        ConfigError: an op other than ``add`` (a value a packing leaves out is not added:
+            what another op would do to it is not), rows of the wrong shape or not as the
+            packing says, a value that is not finite."""
+    if op != "add":
+        raise ConfigError(f"push to {table!r}: packed rows are pushed with op='add' (a value not marked is a "
+                          f"zero, and adds nothing), got op={op!r}: push them dense (PackedRows.dense())")
+    if rows.shape != (keys.shape[0], spec.dim) or not rows.fits():
+        raise ConfigError(f"push to {table!r}: packed rows of shape {rows.shape} whose mask marks "
+                          f"{rows.words.size} words and their starts must be ({keys.shape[0]}, {spec.dim}) "
+                          "rows as PackedRows.from_dense packs them")
+    if not rows.finite():
+        raise ConfigError(f"push to {table!r}: grads contain NaN or inf (check the learning rate and the loss)")
+    return rows if packed else rows.dense()

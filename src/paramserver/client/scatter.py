@@ -20,6 +20,7 @@ import numpy as np
 from paramserver.client import core
 from paramserver.client.core import Decision, Gather, Piece, Scheduler, Verdict, Wire
 from paramserver.errors import NodeLostError
+from paramserver.filters.packed import PackedRows
 from paramserver.routing.ring import Ring
 from paramserver.wire.message import Message, Op
 
@@ -42,7 +43,7 @@ class Port(Protocol):
 
     def refresh_view(self) -> None: ...  # ask the scheduler for the ring (not waited on)
 
-    def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
+    def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | PackedRows | None, layout: int,
                distinct: bool = False, ordered: bool = False) -> list[Piece]: ...
 
     def outgoing(self, kind: Op, header: dict[str, Any], piece: Piece, tries: int,

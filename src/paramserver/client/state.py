@@ -21,6 +21,7 @@ from paramserver.client.filtering import ClientFilters
 from paramserver.client.io_thread import IOThread
 from paramserver.client.row_cache import RowCache
 from paramserver.config import Config
+from paramserver.filters.packed import PackedRows
 from paramserver.routing.ring import Ring
 from paramserver.tables.spec import TableSpec
 from paramserver.wire.liveness import process_alive
@@ -91,7 +92,7 @@ class ClientState:
                 self.apply_view(msg.header)
         self.io.submit(self.config.scheduler, {"op": Op.CLUSTER_INFO.value}, (), done)
 
-    def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
+    def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | PackedRows | None, layout: int,
                distinct: bool = False, ordered: bool = False) -> list[Piece]:
         """``keys`` routed with the current ring into one piece per server (``core.route``)."""
         return route(self.ring(), kind, keys, extra, layout, distinct, ordered, self.memo)

@@ -57,6 +57,7 @@ class Filter:
     stage: ClassVar[str] = "bytes"
     lossless: ClassVar[bool] = True
     ordered: ClassVar[bool] = False  # it packs keys smaller when each vnode's lie in dense-position order
+    takes_packed: ClassVar[bool] = False  # its encode takes a push's values as ``PackedRows`` (filters/packed.py)
     directions: ClassVar[tuple[str, ...]] = ("push", "pull", "reply")
     name: str = ""  # the name it was listed by (set by the chain)
 

@@ -32,6 +32,7 @@ from paramserver.filters.kernels import (
     varint_decode,
     varint_encode,
 )
+from paramserver.filters.packed import PackedRows
 from paramserver.routing.hashing import from_positions, to_positions
 from paramserver.routing.partition import positioned
 from paramserver.wire.message import DTYPES, MAX_MESSAGE_BYTES
@@ -202,13 +203,19 @@ class Sparse(Filter):
 
     stage = "values"
     directions = ("push", "reply")
+    takes_packed = True
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
         self.keep = setting(settings, "keep", 0.875, 0.0, 1.0, "sparse")
 
     def encode(self, parts: Parts, ctx: Context) -> dict[str, Any]:
-        values = parts.get("values")
+        values: Any = parts.get("values")
+        if isinstance(values, PackedRows):  # packed by its producer: on the wire as it is
+            if values.packed_nbytes <= self.keep * values.nbytes:
+                parts["values"], parts["values.mask"] = values.words.view(np.uint8), values.mask
+                return {"shape": list(values.shape)}
+            values = parts["values"] = values.dense()  # denser than packing pays for: as it is
         if values is None or values.dtype != np.float32 or values.ndim != 2 or not values.size:
             return {}
         mask, words = sparse_encode(np.ascontiguousarray(values).reshape(-1).view(np.uint32))

@@ -269,8 +269,8 @@ def pack(direction: str, chain: Chain, arrays: list[np.ndarray], ctx: Context,
     """A message's arrays through ``chain``: the header fields to add and the arrays to send."""
     parts = dict(zip(PARTS[direction], arrays))
     entries = chain.encode(parts, ctx, sizes)
-    if not entries:
-        return {}, arrays
+    if not entries:  # as they were (rows packed by their producer that went as they are: made dense)
+        return {}, list(parts.values())
     return {"filters": entries, "parts": list(parts)}, list(parts.values())
 
 

@@ -5,10 +5,14 @@ warm-ups call it; a node with no filtered table pays a few milliseconds."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 
 from paramserver.filters.base import Context, KeyStore, Link
 from paramserver.filters.chain import Chain, FilterSpec, chains, pack, unpack
+from paramserver.filters.packed import PackedRows
 from paramserver.filters.residual import Owed, after_routing, before_routing
 from paramserver.routing.hashing import layout_code
 from paramserver.routing.partition import route_pull, route_push
@@ -37,6 +41,8 @@ def warm_filters(spec: FilterSpec | None = None) -> None:
         for by_direction in built:
             for vals in (values, sparse):
                 _round_trip(by_direction, keys, vals, vnodes, counts, layout)
+            if any(f.takes_packed for f in by_direction["push"].wire):  # rows packed by their producer
+                _round_trip(by_direction, keys[1:], _routed_packed(sparse), vnodes, counts - 1, layout)
         if ordered:
             ring = Ring.create([1])
             route_pull(ring, keys, layout, ordered=True)  # a vnode's keys in position order: pulls' rows ...
@@ -52,7 +58,15 @@ def warm_filters(spec: FilterSpec | None = None) -> None:
         owed.drain(held_only=False)
 
 
-def _round_trip(by_direction: dict[str, Chain], keys: np.ndarray, values: np.ndarray, vnodes: np.ndarray,
+def _routed_packed(rows: np.ndarray) -> PackedRows:
+    """``rows`` packed, checked, reordered and cut as a push of them is routed, a piece whose
+    rows do not start on a byte among them (``filters/packed.py``'s kernels)."""
+    packed = PackedRows.from_dense(rows)
+    replace(packed, known=False).fits()
+    return packed.take(np.arange(rows.shape[0] - 1, -1, -1))[1:]
+
+
+def _round_trip(by_direction: dict[str, Chain], keys: np.ndarray, values: Any, vnodes: np.ndarray,
                 counts: np.ndarray, layout: int) -> None:
     """Each direction packed, sent as frames (read-only on arrival, as a node gets them),
     unpacked; twice, so that a key list goes by its signature the second time."""

@@ -54,6 +54,7 @@ from paramserver.client.ticks import send_tick
 from paramserver.config import Config
 from paramserver.errors import Code, NodeLostError
 from paramserver.filters.chain import Chain
+from paramserver.filters.packed import PackedRows
 from paramserver.routing.ring import Ring
 from paramserver.tables.spec import TableSpec
 from paramserver.testing.sim import Host, SimNetwork, SimSocket
@@ -96,7 +97,7 @@ class SimPort:
     def refresh_view(self) -> None:
         self.w.refresh()
 
-    def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | None, layout: int,
+    def routed(self, kind: Op, keys: np.ndarray, extra: np.ndarray | PackedRows | None, layout: int,
                distinct: bool = False, ordered: bool = False) -> list[Piece]:
         return route(self.ring(), kind, keys, extra, layout, distinct, ordered, self.memo)
 

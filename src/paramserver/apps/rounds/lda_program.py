@@ -31,10 +31,12 @@ from paramserver.apps.rounds.lda_sampler import (
     alpha_step,
     alpha_sums,
     block_changes,
+    packed_changes,
 )
 from paramserver.apps.rounds.lda_totals import TopicTotals, alpha_row, decode, encode
 from paramserver.apps.rounds.lda_words import sample_exact, sample_sparse
 from paramserver.apps.rounds.program import (
+    Push,
     RoundCheckpoints,
     RoundResume,
     WorkersLost,
@@ -75,6 +77,8 @@ class LDAProgram:
         self._saved = -math.inf
         self.mh: MHIndex | None = None  # MH's index while MH samples (``_sampler``), made afresh from the topics
         self.gated = False  # the tables are BSP on the servers: run_rounds then needs no barrier before a pull
+        # a block's changes go packed from the sampler to the wire where the table's push filters pack values
+        self.packed = client.admin.takes_packed(WORD_TOPIC)
         self.observe_sends_only = True  # observe's pulls are taken in the next update (run_rounds)
         if fresh:  # else resume() takes the parts from a checkpoint
             self._hold([rank], fresh=True)
@@ -251,7 +255,7 @@ class LDAProgram:
     def _parts_of(self, rank: int) -> list[int]:
         return [p for p in range(self.parts) if self.owner[p] == rank]
 
-    def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
+    def update(self, round_: int, mine: np.ndarray) -> list[Push]:
         self._sampler(round_)
         blocks = mine.tolist()
         if self.split:
@@ -276,7 +280,7 @@ class LDAProgram:
             pushes.append((ALPHA_SUMS, np.array([slot + self.rank], np.uint64), alpha_row(num, den, round_), "assign"))
         return pushes
 
-    def _in_pieces(self, round_: int, blocks: list[int]) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
+    def _in_pieces(self, round_: int, blocks: list[int]) -> list[Push]:
         """Round ``round_`` a piece at a time (``lda_pieces``): the first pieces' changes pushed
         and a clock finished half way, the next round's first pieces asked for then; the
         other workers' topic totals of the round before taken before the second pieces.  The
@@ -308,7 +312,7 @@ class LDAProgram:
         return pushes
 
     def _piece_sampled(self, round_: int, b: int, nwk: np.ndarray, future: Any,
-                       piece: int) -> tuple[str, np.ndarray, np.ndarray, str]:
+                       piece: int) -> Push:
         """Piece ``piece`` of block ``b`` sampled into ``nwk`` (the block's counts) from its pulled rows (int32)."""
         assert self.pieces is not None
         rows = future.result(timeout=600)
@@ -317,7 +321,7 @@ class LDAProgram:
         return self._sampled(round_, b, nwk, rows, where, self.pieces.segments(b, piece), piece)
 
     def _sampled(self, round_: int, b: int, nwk: np.ndarray, rows: np.ndarray, where: slice,
-                 segments: tuple[int, int], piece: int) -> tuple[str, np.ndarray, np.ndarray, str]:
+                 segments: tuple[int, int], piece: int) -> Push:
         """Sample ``segments`` of block ``b`` (``nwk``: its counts; ``nwk[where]`` were ``rows``
         as pulled, int32 both); the push of what changed of those rows."""
         cfg, (lo, hi) = self.cfg, segments
@@ -331,7 +335,7 @@ class LDAProgram:
                    self.doff, self.dcnt, self.doc_len, self.alpha, cfg.beta, self.V * cfg.beta, self.Y, self.cum, seed,
                    self.big)
         self.sampled += int(self.seg_ptr[hi] - self.seg_ptr[lo])
-        changed, delta = block_changes(nwk[where], rows)
+        changed, delta = (packed_changes if self.packed else block_changes)(nwk[where], rows)
         return WORD_TOPIC, self.block_words[b][where][changed], delta, "add"
 
     def _second_pull(self, b: int) -> Any:

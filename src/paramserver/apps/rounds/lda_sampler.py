@@ -9,10 +9,12 @@ import math
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from paramserver._runtime.intrinsics import prefetch_row, uncounted
 from paramserver.apps.rounds.lda_counts import TOP, big_count, big_down, big_up
 from paramserver.apps.rounds.settings import LDAConfig as LDAConfig  # its old home
+from paramserver.filters.packed import PackedRows
 
 WORD_TOPIC, TOPIC_DELTA = "lda/word_topic", "lda/topic_delta"
 #: each worker's two sums of Minka's fixed point for α (``alpha_sums``), as the round slots of
@@ -250,6 +252,81 @@ def block_changes(counts, rows):  # type: ignore[no-untyped-def]
         changed[m] = i
         m += differ != 0
     return changed[:m], delta[:m]
+
+
+def packed_changes(counts: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, PackedRows]:
+    """``block_changes`` as ``sparse`` packs a push (``filters/packed.py``): the rows that
+    changed, and their changes as ``PackedRows``, made in the same pass over the two blocks.
+    No dense array of the changes is written, checked, grouped and read again on its way out:
+    the server gets the same bytes (``client.admin.takes_packed``)."""
+    n, K = counts.shape
+    counts, rows = np.ascontiguousarray(counts), np.ascontiguousarray(rows)
+    fast = not K & 7 and counts.ctypes.data % 8 == 0 and rows.ctypes.data % 8 == 0
+    wide = (counts.reshape(-1).view(np.uint64), rows.reshape(-1).view(np.uint64)) if fast else (_NO_WORDS, _NO_WORDS)
+    changed, mask, words, starts, m = _packed_changes(counts, rows, *wide)
+    return changed[:m], PackedRows(int(m), K, mask[:(m * K + 7) >> 3], words.view(np.uint32), starts[:m + 1],
+                                   known=True)
+
+
+_NO_WORDS = np.zeros(0, np.uint64)
+
+
+@njit(nogil=True, cache=True)
+def _packed_changes(counts, rows, c64, r64):  # type: ignore[no-untyped-def]
+    """``packed_changes``' pass, eight values at a time: compared as four 64-bit words (``c64``,
+    ``r64``: the blocks' views, where a row is whole words; else value by value), and where
+    any differs, the eight written as ``sparse_encode`` writes them, their byte of the mask at
+    once.  A row that changed nowhere leaves nothing, and the next row takes its place."""
+    n, K = counts.shape
+    changed = np.empty(n, np.int64)
+    mask = np.zeros((n * K + 7) >> 3, np.uint8)
+    scratch = np.empty(n * K, np.float32)
+    starts = np.zeros(n + 1, np.int64)
+    m, w = 0, 0
+    whole = K & ~7 if c64.shape[0] else 0
+    one = np.uint64(1)
+    for i in range(n):
+        first, base = w, m * K
+        for k0 in range(0, whole, 8):
+            g = np.uint64((i * K + k0) >> 1)  # unsigned: numba checks a signed index for wrapping (4x the pass)
+            x0, x1, x2, x3 = c64[g] ^ r64[g], c64[g + one] ^ r64[g + one], c64[g + 2 * one] ^ r64[g + 2 * one], \
+                c64[g + 3 * one] ^ r64[g + 3 * one]
+            if x0 | x1 | x2 | x3 == 0:
+                continue
+            byte = _differ(x0) | _differ(x1) << 2 | _differ(x2) << 4 | _differ(x3) << 6
+            left = np.uint64(byte)
+            while left:  # the values that differ (one or two of eight, mostly), in order
+                at = np.uint64(k0) + trailing_zeros(left)  # type: ignore[call-arg]
+                scratch[w] = np.float32(counts[i, at] - rows[i, at])
+                w += 1
+                left = np.uint64(left & (left - one))
+            _mark(mask, base + k0, byte)
+        for k in range(whole, K):
+            d = counts[i, k] - rows[i, k]
+            scratch[w] = np.float32(d)
+            _mark(mask, base + k, int(d != 0))
+            w += d != 0
+        if w > first:
+            changed[m] = i
+            m += 1
+            starts[m] = w
+    return changed, mask, scratch[:w].copy(), starts, m
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _differ(x):  # type: ignore[no-untyped-def]
+    """Which of the two 32-bit values a 64-bit xor holds are not zero: bits 0 and 1."""
+    return int((x & np.uint64(0xFFFFFFFF)) != 0) | int((x >> np.uint64(32)) != 0) << 1
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _mark(mask, bit, byte):  # type: ignore[no-untyped-def]
+    """Or the bits of ``byte`` into ``mask`` from bit ``bit`` on (over two bytes where it
+    does not start one)."""
+    o = bit & 7
+    mask[bit >> 3] |= np.uint8((byte << o) & 0xFF)
+    if o and byte >> (8 - o):
+        mask[(bit >> 3) + 1] |= np.uint8(byte >> (8 - o))
 
 
 @njit(nogil=True, cache=True)

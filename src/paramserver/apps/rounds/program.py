@@ -42,14 +42,19 @@ import numpy as np
 from numba import njit
 
 from paramserver.errors import CheckpointError, ConfigError, ParamServerError, check_flags
+from paramserver.filters.packed import PackedRows
 
 logger = logging.getLogger(__name__)
+
+
+#: a round's push: its table, keys, rows (dense, or packed by their producer: ``filters/packed.py``) and op
+Push = tuple[str, np.ndarray, "np.ndarray | PackedRows", str]
 
 
 class Program(Protocol):
     def schedule(self, round_: int, workers: int) -> Sequence[np.ndarray]: ...
 
-    def update(self, round_: int, mine: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray, str]]: ...
+    def update(self, round_: int, mine: np.ndarray) -> Sequence[Push]: ...
 
     def observe(self, round_: int, assignment: Sequence[np.ndarray]) -> None: ...
 
@@ -315,7 +320,7 @@ class _Rounds:
         self.stats.rounds += 1
         self.stats.scheduled += int(sum(len(a) for a in assignment))
 
-    def _end_gated(self, r: int, assignment: Sequence[np.ndarray], pushes: list[tuple[Any, ...]]) -> float:
+    def _end_gated(self, r: int, assignment: Sequence[np.ndarray], pushes: Sequence[Push]) -> float:
         """The pushes, the clock and (if it only sends) observe's pulls as one message a
         server; observe; arrive at the barrier, whose answer says only who is alive: a
         death is found a round later.  Returns when the pushes went."""
@@ -333,7 +338,7 @@ class _Rounds:
         self.settle(r, 1)
         return pushed
 
-    def _end_behind_barrier(self, r: int, assignment: Sequence[np.ndarray], pushes: list[tuple[Any, ...]]) -> float:
+    def _end_behind_barrier(self, r: int, assignment: Sequence[np.ndarray], pushes: Sequence[Push]) -> float:
         """Every push acknowledged, then arrive at the barrier (BSP: wait there; SSP: go on)
         and observe what ``staleness`` lets be observed.  Returns when the pushes were in."""
         client = self.client
@@ -345,7 +350,7 @@ class _Rounds:
         self.settle(r, self.staleness)
         return pushed
 
-    def _push(self, pushes: list[tuple[Any, ...]]) -> list[Any]:
+    def _push(self, pushes: Sequence[Push]) -> list[Any]:
         """Send the round's pushes (those with keys): their futures."""
         return [self.client.push(table, keys, values, op=op, distinct=True) for table, keys, values, op in pushes
                 if len(keys)]
