@@ -38,6 +38,11 @@ thread, the same state after 60 MH sweeps, the two in turn: 7.0-7.4 M token-iter
 before, 7.9-8.6 after, and the same draws (``z`` hashed after 6 sweeps; the product is rounded
 in another order, so a draw can differ only where a uniform falls within a rounding of a bound).
 
+The document's counts a term reads are indexed unsigned (``flat`` at ``d * K + k``): numba checks
+a signed index it cannot prove non-negative for wrapping at every access.  One thread, 20
+Newsgroups at K = 1 000 after 60 MH sweeps, 21 sweeps each in turn, both orders: 106.5-107.3 ns
+a token before, 103.5-104.5 after (least 103.1-104.1 against 100.6-101.2), the same draws.
+
 Below ``WORD_TOPICS`` topics ``_gibbs`` draws, as before, to the bit.
 """
 
@@ -191,9 +196,10 @@ def _words(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, flat, dtop, doff
             own, at = nw[old] * inv[old], wpos[old]
             qw[at] = own
             a = 0.0  # A: the word's topics (n_dk with the token's own: ``own`` less from its topic on)
+            row = np.uint64(d * K)  # the document's counts in ``flat``: an unsigned index, never checked for wrapping
             for j in range(m):
                 k = wtop[j]
-                c = ndk[d, k]
+                c = flat[row + np.uint64(k)]
                 if big is not None and c == TOP:
                     c = big_count(big, d, k, K)
                 a += qw[j] * (c + alpha)
