@@ -262,6 +262,30 @@ def marks_fit(mask, n_words, n):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
+def row_starts(mask, n, dim):  # type: ignore[no-untyped-def]
+    """Where each of ``n`` rows of ``dim`` values begins among the words ``mask`` marks: a
+    row's whole bytes counted by table, its ends (where a row does not start or end on a
+    byte) bit by bit."""
+    starts = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        bit, end = i * dim, (i + 1) * dim
+        marked = 0
+        while bit < end and bit & 7:
+            marked += (mask[bit >> 3] >> (bit & 7)) & 1
+            bit += 1
+        whole = (end - bit) >> 3
+        first = np.uint64(bit >> 3)  # unsigned: no check for a negative index a byte
+        for j in range(whole):
+            marked += _SET[mask[first + np.uint64(j)]]
+        bit += whole << 3
+        while bit < end:
+            marked += (mask[bit >> 3] >> (bit & 7)) & 1
+            bit += 1
+        starts[i + 1] = starts[i] + marked
+    return starts
+
+
+@njit(nogil=True, cache=True)
 def sparse_decode(mask, words, n):  # type: ignore[no-untyped-def]
     """``sparse_encode``'s inverse: (the ``n`` words, status), status 0, or 1 when the mask
     is not ``n`` bits long, has a bit set past them, or marks other than ``words``' count."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from paramserver.filters.kernels import marks_fit, sparse_decode, sparse_encode
+from paramserver.filters.kernels import marks_fit, row_starts, sparse_decode, sparse_encode
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,30 +169,3 @@ def _take(mask, words, starts, dim, order):  # type: ignore[no-untyped-def]
         _copy_bits(mask, r * dim, out_mask, i * dim, dim)
         out_words[out_starts[i]:out_starts[i + 1]] = words[starts[r]:starts[r + 1]]
     return out_mask, out_words, out_starts
-
-
-@njit(nogil=True, cache=True)
-def row_starts(mask, n, dim):  # type: ignore[no-untyped-def]
-    """Where each of ``n`` rows of ``dim`` values begins among the words ``mask`` marks: a
-    row's whole bytes counted by table, its ends (where a row does not start or end on a
-    byte) bit by bit."""
-    starts = np.zeros(n + 1, np.int64)
-    for i in range(n):
-        bit, end = i * dim, (i + 1) * dim
-        marked = 0
-        while bit < end and bit & 7:
-            marked += (mask[bit >> 3] >> (bit & 7)) & 1
-            bit += 1
-        whole = (end - bit) >> 3
-        first = np.uint64(bit >> 3)  # unsigned: no check for a negative index a byte
-        for j in range(whole):
-            marked += _SET[mask[first + np.uint64(j)]]
-        bit += whole << 3
-        while bit < end:
-            marked += (mask[bit >> 3] >> (bit & 7)) & 1
-            bit += 1
-        starts[i + 1] = starts[i] + marked
-    return starts
-
-
-_SET = np.array([bin(b).count("1") for b in range(256)], np.int64)  # bits set in each byte
