@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from paramserver.store import memory
 from paramserver.store.loops import hash as hash_loops
 from paramserver.store.table import GROWTH, MAX_LOAD, MIN_CAPACITY, SMALL_SLOTS, SMALL_STEPS, VnodeTable
 from paramserver.tables.optim import FTRL, SGD, AdaGrad, Zeros
@@ -77,23 +78,47 @@ def test_memory_per_key_for_dim1_ftrl_stays_under_32_bytes():
 
 
 def test_a_vnode_grows_on_one_ladder_three_steps_at_a_time_while_small():
-    """Every capacity a vnode takes is on the ×1.25 ladder from ``MIN_CAPACITY``; under
-    ``SMALL_SLOTS`` a growth climbs three of its steps, past it one: so a vnode past it ends
-    at the capacity that one step at a time gives, and the bytes a key are as they were."""
+    """Every capacity a vnode takes is a step of the ×1.25 ladder from ``MIN_CAPACITY``, or
+    one raised to fill its last huge page (``memory.huge_capacity``); under ``SMALL_SLOTS`` a
+    growth climbs three of its steps, past it one: so a vnode past it ends at the capacity
+    that one step at a time gives, and the bytes a key are as they were."""
     ladder = [MIN_CAPACITY]
     while ladder[-1] < 10**6:
         ladder.append(int(ladder[-1] * GROWTH) + 1)
     table = VnodeTable(1, FTRL(), Zeros(), seed=0)
+    filled = {memory.huge_capacity(c, table.width, table.dtype): c for c in ladder}
     seen = [table.capacity]
     for key in range(1, 200_001):  # a key at a time: every growth is one the table chose
         table.apply(np.array([key], np.uint64), np.ones((1, 1), np.float32))
         if table.capacity != seen[-1]:
             seen.append(table.capacity)
-    steps = [ladder.index(c) for c in seen]  # ValueError: off the ladder
+    steps = [ladder.index(filled[c]) for c in seen]  # KeyError: off the ladder
     for before, after, cap in zip(steps, steps[1:], seen, strict=False):
         assert after - before == (SMALL_STEPS if cap < SMALL_SLOTS else 1), (cap, seen)
-    one_at_a_time = next(c for c in ladder if 200_000 <= int(c * MAX_LOAD))
-    assert seen[-1] == one_at_a_time and len(seen) < len(ladder[:ladder.index(one_at_a_time) + 1])
+    assert any(c != filled[c] for c in seen), "a step past 2 MiB fills its last huge page"
+    one_at_a_time = next(f for f, c in filled.items() if 200_000 <= int(f * MAX_LOAD))
+    assert seen[-1] == one_at_a_time and len(seen) < len(ladder[:ladder.index(filled[one_at_a_time]) + 1])
+
+
+def test_a_vnode_on_huge_pages_starts_on_one_and_fills_its_last_where_that_is_cheap():
+    """From 2 MiB a vnode's slots start on a huge page's boundary (one mapped where it fell held
+    a huge page less), and its capacity is raised to fill its last huge page only where that
+    adds at most ``HUGE_SLACK`` of its bytes: else the tail stays on 4 KiB pages, as before."""
+    width, dtype, huge = 3, np.dtype(np.float32), memory.HUGE_BYTES
+    for capacity in (1000, 100_000, 150_000, 170_000, 188_278, 400_000, 1_000_000):
+        nbytes = memory.slots_bytes(capacity, width, dtype)
+        got = memory.huge_capacity(capacity, width, dtype)
+        raised = memory.slots_bytes(got, width, dtype)
+        assert got >= capacity and raised <= huge * -(-nbytes // huge), capacity
+        if nbytes < huge or (-nbytes % huge) > nbytes * memory.HUGE_SLACK:
+            assert got == capacity, capacity
+        else:
+            assert raised > huge * (nbytes // huge) and huge * -(-nbytes // huge) - raised < 20, capacity
+        slots = memory.new_slots(got, width, dtype)
+        assert slots.nbytes == raised and (nbytes < huge or slots.ctypes.data % huge == 0), capacity
+    table = VnodeTable(1, FTRL(), Zeros(), seed=0, capacity=188_278)  # a vnode of 10^7 keys over 64
+    assert table.capacity > 188_278 and 2 * huge - 20 < table.slots.nbytes <= 2 * huge
+    assert table.slots.ctypes.data % huge == 0
 
 
 @pytest.mark.parametrize(("optimizer", "dim", "storage"), [(FTRL(), 1, "float32"), (AdaGrad(), 5, "float32"),

@@ -69,6 +69,9 @@ class FingerprintTable(VnodeTable):
                          storage=storage)
         self.max_load = FP_MAX_LOAD
 
+    def _filled(self, capacity: int) -> int:
+        return capacity  # slots of a tag and a row, kept to the memory budget's count
+
     def _alloc(self, capacity: int) -> None:
         # the keys' file first: a full disk leaves the vnode as it was
         side = (np.zeros(capacity, np.uint64) if capacity < HEAP_SLOTS

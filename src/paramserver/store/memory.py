@@ -35,6 +35,9 @@ MADV_POPULATE_WRITE = 23  # <linux/mman.h>
 BACKGROUND_BYTES = 1 << 20  # smaller arrays are populated at once (256 pages: ~1 ms)
 CHUNK = 16 << 20  # one madvise call: the thread notices a process exit between chunks
 HUGE_BYTES = 2 << 20  # a hash vnode this large asks for huge pages (one is 2 MiB)
+#: a hash vnode's capacity is raised to fill its last huge page where that adds at most this
+#: share of its bytes (``huge_capacity``): ~6 % more resident bytes a key on average
+HUGE_SLACK = 1 / 8
 #: heap bytes a table's growth let go for good (``heap_released``) gathered before the free
 #: pages of malloc's arenas go back to the kernel
 TRIM_BYTES = 32 << 20
@@ -64,27 +67,29 @@ def zeroed_rows(n: int, width: int, dtype: np.dtype | type = np.float32) -> np.n
     nbytes = n * width * size
     if not nbytes:
         return np.zeros((n, width), dtype)
-    area, offset = _huge_mapping(nbytes, "a dense vnode", aligned=True)
+    area, offset = _huge_mapping(nbytes, "a dense vnode")
     rows = np.frombuffer(area, dtype, n * width, offset).reshape(n, width)  # it keeps the mapping alive
     if nbytes < BACKGROUND_BYTES or not _populater.submit(rows):
         rows.reshape(-1)[:: PAGE // size] = 0  # touch every page now
     return rows
 
 
-def _huge_mapping(nbytes: int, what: str, aligned: bool) -> tuple[mmap.mmap, int]:
+def _huge_mapping(nbytes: int, what: str) -> tuple[mmap.mmap, int]:
     """A private anonymous mapping for ``nbytes`` and their offset in it, its pages asked to
     be huge (``MADV_HUGEPAGE``) from 2 MiB on; where the kernel has no transparent huge
     pages, 4 KiB pages, as before.
 
-    ``aligned``: the bytes start on a 2 MiB boundary, for arrays resident whole (a dense
-    vnode's rows, populated up front).  The kernel places only a mapping whose length is a
-    whole number of 2 MiB on such a boundary, so a 3 MiB one could hold no huge page; and
-    without the advice the default job's dense vnodes (2^24 rows, 64 of 4 MiB) had none at
-    all.  The 2 MiB mapped beyond ``nbytes`` are never touched: address space, not memory.
-    A hash vnode's slots are not aligned: a last, partly used huge page would cost resident
-    bytes a key (docs/architecture.md, "Server: vnode tables")."""
+    From 2 MiB the bytes start on a 2 MiB boundary: the kernel places a huge page only on
+    such a boundary and only where the whole 2 MiB lie inside the advised bytes, so a 3.6 MB
+    hash vnode mapped where it fell held one huge page or none (a mapping's start is only
+    4 KiB-aligned), and one aligned always holds one; without the advice the default job's
+    dense vnodes (2^24 rows, 64 of 4 MiB) had none at all.  The 2 MiB mapped beyond
+    ``nbytes`` are never touched: address space, not memory.  The advice covers ``nbytes``
+    only: a last 2 MiB they do not fill stays on 4 KiB pages (a partly used huge page would
+    cost resident bytes a key), so a hash vnode fills its last huge page by its capacity
+    where that is cheap (``huge_capacity``)."""
     huge = nbytes >= HUGE_BYTES
-    extra = HUGE_BYTES if aligned and huge else 0
+    extra = HUGE_BYTES if huge else 0
     try:
         area = mmap.mmap(-1, nbytes + extra, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, OverflowError) as exc:
@@ -100,14 +105,14 @@ def _huge_mapping(nbytes: int, what: str, aligned: bool) -> tuple[mmap.mmap, int
 
 def huge_zeros(nbytes: int) -> np.ndarray:
     """``uint8[nbytes]`` of zeros whose pages the kernel may back with 2 MiB pages
-    (``MADV_HUGEPAGE``, where transparent huge pages are ``madvise``, Debian's default):
-    a table of random rows costs a TLB miss a key on 4 KiB pages, whose page walk misses
-    the cache as often as the row itself.  NumPy asks for huge pages only from 4 MiB, and
-    a hash vnode of a 10^7-key table is 3.9 MB."""
+    (``MADV_HUGEPAGE``, where transparent huge pages are ``madvise``, Debian's default),
+    starting on a huge page's boundary: a table of random rows costs a TLB miss a key on
+    4 KiB pages, whose page walk misses the cache as often as the row itself.  NumPy asks
+    for huge pages only from 4 MiB, and a hash vnode of a 10^7-key table is 3.9 MB."""
     if on_heap(nbytes):
         return np.zeros(nbytes, np.uint8)
-    area, _ = _huge_mapping(nbytes, "a hash vnode", aligned=False)
-    return np.frombuffer(area, np.uint8)  # the array keeps the mapping alive
+    area, offset = _huge_mapping(nbytes, "a hash vnode")
+    return np.frombuffer(area, np.uint8, nbytes, offset)  # the array keeps the mapping alive
 
 
 _released = 0  # heap bytes let go for good since the last trim (``heap_released``)
@@ -150,6 +155,22 @@ def new_slots(capacity: int, width: int, dtype: np.dtype[Any], key_bytes: int = 
 def slots_bytes(capacity: int, width: int, dtype: np.dtype[Any], key_bytes: int = 8) -> int:
     """Bytes of ``new_slots(capacity, width, dtype)``."""
     return (capacity + 1) * (key_bytes + width * dtype.itemsize) + 4
+
+
+def huge_capacity(capacity: int, width: int, dtype: np.dtype[Any], key_bytes: int = 8) -> int:
+    """``capacity``, or the capacity whose slots fill the last huge page ``capacity``'s slots
+    begin, where that adds at most ``HUGE_SLACK`` of their bytes.  A vnode's last 2 MiB that
+    its slots do not fill stays on 4 KiB pages (``_huge_mapping``), and a key there costs a
+    page walk: at 10^7 dim-1 FTRL keys (64 vnodes of 3.6 MB) 45 % of the slots were on 4 KiB
+    pages, and filling each vnode's last huge page (4 MB, 11 % more capacity: a lower load,
+    a later growth) took ``bench/engine.py``'s update from 32.4 to 28.4 ns a key."""
+    nbytes = slots_bytes(capacity, width, dtype, key_bytes)
+    if on_heap(nbytes):
+        return capacity
+    whole = -(-nbytes // HUGE_BYTES) * HUGE_BYTES
+    if whole - nbytes > nbytes * HUGE_SLACK:
+        return capacity
+    return (whole - 4) // (key_bytes + width * dtype.itemsize) - 1
 
 
 def slot_views(slots: np.ndarray, capacity: int, width: int, dtype: np.dtype[Any],

@@ -52,7 +52,7 @@ from paramserver.store.kernels import Kernels, kernels_for
 from paramserver.store.loops import hash as hash_loops
 from paramserver.store.loops import life as life_loops
 from paramserver.store.loops.hash import COUNT, HAS_ZERO
-from paramserver.store.memory import heap_released, new_slots, on_heap, slot_views, slots_bytes
+from paramserver.store.memory import heap_released, huge_capacity, new_slots, on_heap, slot_views, slots_bytes
 from paramserver.tables.optim import Initializer, Optimizer
 from paramserver.tables.push_ops import OP_UPDATE
 
@@ -105,7 +105,14 @@ class VnodeTable:
         self._ikind, self._ihp = initializer.kind, initializer.params()
         self._seed = np.uint64(seed)
         self._meta = np.zeros(self.META_WIDTH, np.int64)
-        self._alloc(max(MIN_CAPACITY, capacity))
+        self._ladder = max(MIN_CAPACITY, capacity)  # the capacity asked for, before ``_filled``
+        self._alloc(self._filled(self._ladder))
+
+    def _filled(self, capacity: int) -> int:
+        """The capacity a vnode of ``capacity`` slots takes: in memory, raised to fill its last
+        huge page where that is cheap (``memory.huge_capacity``)."""
+        return capacity if self.arena is not None else huge_capacity(capacity, self.width, self.dtype,
+                                                                      self.key_bytes)
 
     def _alloc(self, capacity: int) -> None:
         if self.arena is not None:
@@ -148,13 +155,14 @@ class VnodeTable:
     def _grow(self, needed: int) -> int:
         """Room for ``needed`` keys; the heap bytes let go for good, once the old slots are
         dropped (``memory.heap_released``: the vnode moved off the heap)."""
-        cap = self.capacity
+        cap = self._ladder  # the ladder's step, not the capacity ``_filled`` raised it to
         for _ in range(SMALL_STEPS if cap < SMALL_SLOTS else 1):
             cap = int(cap * GROWTH) + 1
         cap = max(cap, int(needed / self.max_load) + 2)
         old_keys, old_rows, old_life, old_meta = self.keys, self.rows, self.life, self._meta.copy()
         old_bytes = self.slots.nbytes
-        self._alloc(cap)
+        self._alloc(self._filled(cap))
+        self._ladder = cap
         no_life = np.zeros((0, 0), np.float32)
         self._rehash(old_keys, old_meta, old_rows, old_life if old_life is not None else no_life, self.keys,
                           self._meta, self.rows, self.life if self.life is not None else no_life)
@@ -224,7 +232,9 @@ class VnodeTable:
         hold them), so the memory of the others is freed."""
         keys, rows, life = self._occupied()  # rows as stored: moved, not decoded and encoded again
         keys, rows = np.ascontiguousarray(keys[mask]), np.ascontiguousarray(rows[mask])
-        self._alloc(capacity or max(MIN_CAPACITY, int(max(keys.shape[0], room) / self.max_load) + 2))
+        asked = capacity or max(MIN_CAPACITY, int(max(keys.shape[0], room) / self.max_load) + 2)
+        self._alloc(self._filled(asked))
+        self._ladder = asked
         self._meta[COUNT] = self._meta[HAS_ZERO] = 0  # (after: arrays on disk may fail to be made)
         hash_loops.insert_rows(self.keys, self.rows, self._meta, frozen(keys), frozen(rows))
         if life is not None:
