@@ -55,8 +55,8 @@ def _model(colptr, rows, values, y, z, coords, w, n, lam, g, h, mark, touched, t
     for t in range(coords.shape[0]):
         j = coords[t]
         gj, hj = 0.0, 0.0
-        for k in range(colptr[j], colptr[j + 1]):
-            i = rows[k]
+        for k in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):
+            i = np.uint64(rows[k])
             if not mark[i]:
                 mark[i] = True
                 touched[count] = i
@@ -88,15 +88,15 @@ def _inner(colptr, rows, values, coords, w, n, lam, dee, g, h, d, dz, passes, st
             if colptr[j + 1] == colptr[j]:
                 continue
             acc = 0.0
-            for k in range(colptr[j], colptr[j + 1]):
-                i = rows[k]
+            for k in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):
+                i = np.uint64(rows[k])
                 acc += values[k] * dee[i] * dz[i]
             step = _prox(g[t] + acc / n, h[t], w[j] + d[t], lam)
             step = min(max(d[t] + step, -cap[j]), cap[j]) - d[t]
             if step != 0.0:
                 d[t] += step
-                for k in range(colptr[j], colptr[j + 1]):
-                    dz[rows[k]] += step * values[k]
+                for k in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):
+                    dz[np.uint64(rows[k])] += step * values[k]
                 worst = max(worst, h[t] * abs(step))
         if worst < stop:
             return

@@ -53,8 +53,8 @@ def _columns_dot(colptr, rows, values, cols, u, out):  # type: ignore[no-untyped
     for t in range(cols.shape[0]):
         j = cols[t]
         g = 0.0
-        for k in range(colptr[j], colptr[j + 1]):
-            g += values[k] * u[rows[k]]
+        for k in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):
+            g += values[k] * u[np.uint64(rows[k])]
         out[t] = g
 
 
@@ -69,11 +69,11 @@ def _gram(rowptr, at, vals, x, out):  # type: ignore[no-untyped-def]
     out[:] = 0.0
     for i in range(rowptr.shape[0] - 1):
         d = 0.0
-        for k in range(rowptr[i], rowptr[i + 1]):
-            d += vals[k] * x[at[k]]
+        for k in range(np.uint64(rowptr[i]), np.uint64(rowptr[i + 1])):
+            d += vals[k] * x[np.uint64(at[k])]
         if d != 0.0:
-            for k in range(rowptr[i], rowptr[i + 1]):
-                out[at[k]] += vals[k] * d
+            for k in range(np.uint64(rowptr[i]), np.uint64(rowptr[i + 1])):
+                out[np.uint64(at[k])] += vals[k] * d
 
 
 @njit(nogil=True, cache=True)
