@@ -103,15 +103,15 @@ def _correlations(rows, values, lo, hi, acc, c):  # type: ignore[no-untyped-def]
     workers, the common case, in two registers)."""
     if c.shape[0] == 2:
         c0 = c1 = 0.0
-        for k in range(lo, hi):
-            a, i = abs(values[k]), rows[k]
+        for k in range(np.uint64(lo), np.uint64(hi)):
+            a, i = abs(values[k]), np.uint64(rows[k])
             c0 += a * acc[i, 0]
             c1 += a * acc[i, 1]
         c[0], c[1] = c0, c1
         return
     c[:] = 0.0
-    for k in range(lo, hi):
-        a, i = abs(values[k]), rows[k]
+    for k in range(np.uint64(lo), np.uint64(hi)):
+        a, i = abs(values[k]), np.uint64(rows[k])
         for q in range(c.shape[0]):
             c[q] += a * acc[i, q]
 
@@ -148,8 +148,8 @@ def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):  
             continue
         owner[t] = best
         load[best] += 1
-        for k in range(lo, hi):
-            acc[rows[k], best] += abs(values[k]) / col_norm[j]
+        for k in range(np.uint64(lo), np.uint64(hi)):
+            acc[np.uint64(rows[k]), best] += abs(values[k]) / col_norm[j]
     acc[:] = 0.0  # leave acc as it came: zeros (one pass over it, not over the dealt columns again)
     return owner
 

@@ -125,10 +125,10 @@ def _walk(j, lo, hi, rows, values, rowptr, cols, rvalues, col_norm, threshold,  
     """Column ``j`` (entries ``lo:hi``) against every column its rows meet, each product
     summed in ``acc``: the most correlated above ``threshold``, or -1."""
     listed = 0
-    for p in range(lo, hi):
-        i, v = rows[p], values[p]
-        for q in range(rowptr[i], rowptr[i + 1]):
-            k = cols[q]
+    for p in range(np.uint64(lo), np.uint64(hi)):  # unsigned indices: as ``lasso_math._cd``
+        i, v = np.uint64(rows[p]), values[p]
+        for q in range(np.uint64(rowptr[i]), np.uint64(rowptr[i + np.uint64(1)])):
+            k = np.uint64(cols[q])
             if state[k] == 0:
                 state[k] = 1
                 acc[k] = 0.0
@@ -224,15 +224,17 @@ def pair_steps(colptr, rows, values, first, second, w, r, col_sq, n, lam, scratc
         if j == k or col_sq[j] == 0.0 or col_sq[k] == 0.0:
             continue
         xr_j = 0.0
-        for p in range(colptr[j], colptr[j + 1]):
-            scratch[rows[p]] = values[p]
-            xr_j += values[p] * r[rows[p]]
+        for p in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):  # unsigned: as ``lasso_math._cd``
+            i = np.uint64(rows[p])
+            scratch[i] = values[p]
+            xr_j += values[p] * r[i]
         xr_k, xjk = 0.0, 0.0
-        for p in range(colptr[k], colptr[k + 1]):
-            xr_k += values[p] * r[rows[p]]
-            xjk += values[p] * scratch[rows[p]]
-        for p in range(colptr[j], colptr[j + 1]):
-            scratch[rows[p]] = 0.0
+        for p in range(np.uint64(colptr[k]), np.uint64(colptr[k + 1])):
+            i = np.uint64(rows[p])
+            xr_k += values[p] * r[i]
+            xjk += values[p] * scratch[i]
+        for p in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):
+            scratch[np.uint64(rows[p])] = 0.0
         a, b = w[j], w[k]
         A, B, C = col_sq[j] / n, col_sq[k] / n, xjk / n
         # the pair's part of the objective is ½[u v]G[u v]ᵀ − p·[u v] + λ(|u| + |v|) + const
@@ -263,13 +265,13 @@ def pair_steps(colptr, rows, values, first, second, w, r, col_sq, n, lam, scratc
         if best < _objective2(A, B, C, pj, pk, lam, a, b):
             du, dv = best_u - a, best_v - b
             if du != 0.0:
-                for p in range(colptr[j], colptr[j + 1]):
-                    r[rows[p]] -= du * values[p]
+                for p in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):
+                    r[np.uint64(rows[p])] -= du * values[p]
                 w[j] = best_u
                 changed += 1
             if dv != 0.0:
-                for p in range(colptr[k], colptr[k + 1]):
-                    r[rows[p]] -= dv * values[p]
+                for p in range(np.uint64(colptr[k]), np.uint64(colptr[k + 1])):
+                    r[np.uint64(rows[p])] -= dv * values[p]
                 w[k] = best_v
                 changed += 1
     return changed
