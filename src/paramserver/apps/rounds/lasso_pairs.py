@@ -213,6 +213,25 @@ def _objective2(A, B, C, pj, pk, lam, u, v):  # type: ignore[no-untyped-def]
     return 0.5 * (A * u * u + 2.0 * C * u * v + B * v * v) - pj * u - pk * v + lam * (abs(u) + abs(v))
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _pair_products(colptr, rows, values, j, k, r, scratch):  # type: ignore[no-untyped-def]
+    """``x_jᵀr``, ``x_kᵀr`` and ``x_jᵀx_k`` (``scratch``: n zeros, left zero), the columns read
+    at unsigned indices, as ``lasso_math._cd`` reads them."""
+    xr_j = 0.0
+    for p in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):
+        i = np.uint64(rows[p])
+        scratch[i] = values[p]
+        xr_j += values[p] * r[i]
+    xr_k, xjk = 0.0, 0.0
+    for p in range(np.uint64(colptr[k]), np.uint64(colptr[k + 1])):
+        i = np.uint64(rows[p])
+        xr_k += values[p] * r[i]
+        xjk += values[p] * scratch[i]
+    for p in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):
+        scratch[np.uint64(rows[p])] = 0.0
+    return xr_j, xr_k, xjk
+
+
 @njit(nogil=True, cache=True)
 def pair_steps(colptr, rows, values, first, second, w, r, col_sq, n, lam, scratch):  # type: ignore[no-untyped-def]  # noqa: C901  (a numba byte loop)
     """For each pair (first[t], second[t]) in turn: the exact minimum of the objective
@@ -223,18 +242,7 @@ def pair_steps(colptr, rows, values, first, second, w, r, col_sq, n, lam, scratc
         j, k = first[t], second[t]
         if j == k or col_sq[j] == 0.0 or col_sq[k] == 0.0:
             continue
-        xr_j = 0.0
-        for p in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):  # unsigned: as ``lasso_math._cd``
-            i = np.uint64(rows[p])
-            scratch[i] = values[p]
-            xr_j += values[p] * r[i]
-        xr_k, xjk = 0.0, 0.0
-        for p in range(np.uint64(colptr[k]), np.uint64(colptr[k + 1])):
-            i = np.uint64(rows[p])
-            xr_k += values[p] * r[i]
-            xjk += values[p] * scratch[i]
-        for p in range(np.uint64(colptr[j]), np.uint64(colptr[j + 1])):
-            scratch[np.uint64(rows[p])] = 0.0
+        xr_j, xr_k, xjk = _pair_products(colptr, rows, values, j, k, r, scratch)
         a, b = w[j], w[k]
         A, B, C = col_sq[j] / n, col_sq[k] / n, xjk / n
         # the pair's part of the objective is ½[u v]G[u v]ᵀ − p·[u v] + λ(|u| + |v|) + const
