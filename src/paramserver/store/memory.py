@@ -36,7 +36,8 @@ BACKGROUND_BYTES = 1 << 20  # smaller arrays are populated at once (256 pages: ~
 CHUNK = 16 << 20  # one madvise call: the thread notices a process exit between chunks
 HUGE_BYTES = 2 << 20  # a hash vnode this large asks for huge pages (one is 2 MiB)
 #: a hash vnode's capacity is raised to fill its last huge page where that adds at most this
-#: share of its bytes (``huge_capacity``): ~6 % more resident bytes a key on average
+#: share of its bytes (``huge_capacity``): over vnodes of 2-128 MB, sizes spread evenly on a
+#: log scale, 2.6 % more resident bytes on average (1.5 % from 2 to 8 MB, 4.4 % from 8 to 32)
 HUGE_SLACK = 1 / 8
 #: heap bytes a table's growth let go for good (``heap_released``) gathered before the free
 #: pages of malloc's arenas go back to the kernel
