@@ -70,7 +70,7 @@ class FingerprintTable(VnodeTable):
         self.max_load = FP_MAX_LOAD
 
     def _filled(self, capacity: int) -> int:
-        return capacity  # slots of a tag and a row, kept to the memory budget's count
+        return capacity  # its slots are a tag and a row (not ``huge_capacity``'s key and row): as asked
 
     def _alloc(self, capacity: int) -> None:
         # the keys' file first: a full disk leaves the vnode as it was

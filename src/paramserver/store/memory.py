@@ -109,7 +109,7 @@ def huge_zeros(nbytes: int) -> np.ndarray:
     (``MADV_HUGEPAGE``, where transparent huge pages are ``madvise``, Debian's default),
     starting on a huge page's boundary: a table of random rows costs a TLB miss a key on
     4 KiB pages, whose page walk misses the cache as often as the row itself.  NumPy asks
-    for huge pages only from 4 MiB, and a hash vnode of a 10^7-key table is 3.9 MB."""
+    for huge pages only from 4 MiB, and a hash vnode of a 10^7-key table is 3.6 MB."""
     if on_heap(nbytes):
         return np.zeros(nbytes, np.uint8)
     area, offset = _huge_mapping(nbytes, "a hash vnode")
@@ -164,7 +164,8 @@ def huge_capacity(capacity: int, width: int, dtype: np.dtype[Any], key_bytes: in
     its slots do not fill stays on 4 KiB pages (``_huge_mapping``), and a key there costs a
     page walk: at 10^7 dim-1 FTRL keys (64 vnodes of 3.6 MB) 45 % of the slots were on 4 KiB
     pages, and filling each vnode's last huge page (4 MB, 11 % more capacity: a lower load,
-    a later growth) took ``bench/engine.py``'s update from 32.4 to 28.4 ns a key."""
+    a later growth) took an update from 28.6 to 25.6 ns a key and a read from 30.1 to 25.6
+    (one process, the tables built both ways, worked in turn over the same Zipf batches)."""
     nbytes = slots_bytes(capacity, width, dtype, key_bytes)
     if on_heap(nbytes):
         return capacity
