@@ -38,7 +38,29 @@ from numba import njit
 
 from paramserver._runtime.intrinsics import prefetch_row
 from paramserver.apps.rounds.lda_counts import TOP, big_count, big_down, big_up
-from paramserver.apps.rounds.lda_sampler import DOC_AHEAD, _mix, _uniform
+from paramserver.apps.rounds.lda_sampler import _GOLD, _S11, DOC_AHEAD, _mix, _uniform
+
+#: the stream of the document proposals' uniforms, apart from the generator's (``_doc_uniform``): a
+#: token's are a function of the sweep's seed and the token's place alone, so the sampler can read them
+#: ``DOC_AHEAD`` tokens early and fetch the topic each will read
+DOC_STREAM = np.uint64(0xD1B54A32D192ED03)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _doc_uniform(xd, n):  # type: ignore[no-untyped-def]
+    """Uniform ``n`` of the stream ``xd`` (SplitMix64 is a counter: any draw of it at once)."""
+    return (_mix(xd + (n + np.uint64(1)) * _GOLD) >> _S11) * (1.0 / 9007199254740992.0)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _doc_pick(u, dlo, nd, own, kalpha, alpha, K):  # type: ignore[no-untyped-def]
+    """The document proposal at uniform ``u``: another token's place in ``zd`` (>= 0), or ``-1 - k``
+    for topic k drawn uniformly."""
+    u *= nd + kalpha
+    if u < nd:
+        p = dlo + min(int(u), nd - 1)
+        return p + 1 if p >= own else p
+    return -1 - min(int((u - nd) / alpha), K - 1)
 
 
 @njit(nogil=True, cache=True)
@@ -75,7 +97,7 @@ def _alias(weight, top, n, total, prob, alt, small, large):  # type: ignore[no-u
 
 @njit(nogil=True, cache=True)
 def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, beta, vbeta, steps, atab, asum, am,  # type: ignore[no-untyped-def]  # noqa: C901
-             big):
+             big, xd):
     """Tokens ``[lo, hi)`` of one word (counts ``nw``, of which ``ad`` in other workers'
     documents; ``atab`` their alias table over ``am`` topics): ``steps`` cycles of a word
     then a document proposal each; the generator's state after.  One function, no calls a
@@ -89,7 +111,12 @@ def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, b
     a byte's top.  The proposals read their arrays at unsigned indices (``np.uint64``): numba
     adds an array's length to a signed index it cannot prove non-negative, on every load of
     a proposal's chain (K = 1 000, one thread, the two in turn from one state: 20 Newsgroups
-    70.1 -> 63.6 ns a token, NYT 70.1 -> 62.4; the same draws)."""
+    70.1 -> 63.6 ns a token, NYT 70.1 -> 62.4; the same draws).  The document proposal's
+    uniform comes from a stream of its own (``xd``, ``_doc_uniform``: uniform ``t·steps + i`` for
+    the token at ``t``), so the token ``DOC_AHEAD`` on has its proposals' places fetched too: the
+    read of another token's topic at a random place in its document (``zd``) was a quarter of
+    the sampler's time in a 2-worker job at K = 1 000 (``perf``, one instruction), a miss
+    wherever the document runs past its first line."""
     K = nk.shape[0]
     atop, aprob, aalt = atab
     here = hi - lo - 1  # the word's other tokens in this worker's documents
@@ -101,6 +128,14 @@ def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, b
             for off in range(0, K, rstep):
                 prefetch_row(flat, ahead * K + off)  # type: ignore[call-arg]
             prefetch_row(zd, dptr[np.uint64(ahead)])  # type: ignore[call-arg]
+            ua = np.uint64(t + DOC_AHEAD)
+            alo = dptr[np.uint64(ahead)]
+            anb = dptr[np.uint64(ahead) + np.uint64(1)] - alo - 1
+            for i in range(steps):  # the places the token's document proposals will read
+                p = _doc_pick(_doc_uniform(xd, ua * np.uint64(steps) + np.uint64(i)), alo, anb, tpos[ua], kalpha,
+                              alpha, K)
+                if p >= 0:
+                    prefetch_row(zd, p)
         ut = np.uint64(t)
         d, old, own = tdoc[ut], z[ut], tpos[ut]
         ud, uold = np.uint64(d), np.uint64(old)
@@ -112,7 +147,7 @@ def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, b
         s, ds, es = old, c - 1 + alpha, nk[uold] - 1 + vbeta
         ws = (nw[uold] - 1 + beta) / es
         qs = nw[uold] - 1 + beta - min(ad[uold], 0)  # q_w(s) × its normaliser (ad < 0: rows a round stale)
-        for _ in range(steps):
+        for i in range(steps):
             x, u = _uniform(x)  # the word's proposal: other workers' tokens, this worker's, or any topic
             u *= zw
             if u < asum:
@@ -136,13 +171,9 @@ def _segment(x, lo, hi, last, nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, b
                 x, u = _uniform(x)
                 if u * ds * ws * qk < dk * wk * qs:
                     s, ds, es, ws, qs = k, dk, ek, wk, qk
-            x, u = _uniform(x)  # the document's: another token's topic, or any
-            u *= nd + kalpha
-            if u < nd:
-                p = dlo + min(int(u), nd - 1)
-                k = zd[np.uint64(p + 1 if p >= own else p)]
-            else:
-                k = min(int((u - nd) / alpha), K - 1)
+            # the document's: another token's topic, or any (its uniform from ``xd``, its place fetched ahead)
+            p = _doc_pick(_doc_uniform(xd, ut * np.uint64(steps) + np.uint64(i)), dlo, nd, own, kalpha, alpha, K)
+            k = zd[np.uint64(p)] if p >= 0 else -1 - p
             if k != s:
                 o = 1 if k == old else 0
                 uk = np.uint64(k)
@@ -180,6 +211,7 @@ def _mh_sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dptr, zd, tp
     draws are ``seed``'s.  ``ad`` must be all zero on entry (it is on return); ``big``: as ``_segment``'s."""
     K = nk.shape[0]
     x = _mix(np.uint64(seed))  # seeds 1, 2, 3 start far apart
+    xd = _mix(x ^ DOC_STREAM)
     atop = atab[0]
     for s in range(s_lo, s_hi):
         nw = nwk[seg_row[s]]
@@ -197,7 +229,7 @@ def _mh_sample(seg_row, seg_ptr, s_lo, s_hi, tdoc, z, nwk, nk, ndk, dptr, zd, tp
         if am:
             _alias(aw, atop, am, asum, atab[1], atab[2], small, large)
         x = _segment(x, lo, hi, seg_ptr[s_hi], nw, ad, tdoc, z, nk, ndk, dptr, zd, tpos, alpha, beta, vbeta, steps,
-                     atab, asum, am, big)
+                     atab, asum, am, big, xd)
         ad[:] = 0
 
 
