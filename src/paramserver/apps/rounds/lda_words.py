@@ -50,8 +50,8 @@ cycles.  The draw then walks A's terms adding them up as it goes, in the order t
 added them, to where the uniform falls.  The sum's rounding differs from one chain's, so a draw
 can differ only where a uniform falls within a rounding of a bound.  One thread, one worker's
 documents (every other one), 20 Newsgroups at K = 1 000 after 60 MH sweeps, 48 sweeps each in
-turn: 83.3 -> 79.7 ns a token, NYT 94.9 -> 93.9, the same draws; in a 2-worker job a word's
-start is twice the share (each worker starts every word on half the tokens).
+turn, three runs: 88.0, 83.1, 82.8 -> 85.7, 79.1, 79.5 ns a token, the same draws; in a 2-worker
+job a word's start is twice the share (each worker starts every word on half the tokens).
 
 Below ``WORD_TOPICS`` topics ``_gibbs`` draws, as before, to the bit.
 """
