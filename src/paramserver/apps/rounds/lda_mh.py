@@ -38,7 +38,7 @@ from numba import njit
 
 from paramserver._runtime.intrinsics import prefetch_row
 from paramserver.apps.rounds.lda_counts import TOP, big_count, big_down, big_up
-from paramserver.apps.rounds.lda_sampler import _GOLD, _S11, DOC_AHEAD, _mix, _uniform
+from paramserver.apps.rounds.lda_sampler import _GOLD, DOC_AHEAD, _mix, _uniform
 
 #: the stream of the document proposals' uniforms, apart from the generator's (``_doc_uniform``): a
 #: token's are a function of the sweep's seed and the token's place alone, so the sampler can read them
@@ -48,8 +48,9 @@ DOC_STREAM = np.uint64(0xD1B54A32D192ED03)
 
 @njit(inline="always", nogil=True, cache=True)
 def _doc_uniform(xd, n):  # type: ignore[no-untyped-def]
-    """Uniform ``n`` of the stream ``xd`` (SplitMix64 is a counter: any draw of it at once)."""
-    return (_mix(xd + (n + np.uint64(1)) * _GOLD) >> _S11) * (1.0 / 9007199254740992.0)
+    """Uniform ``n`` of the stream ``xd``: ``_uniform``'s from the state ``n`` steps on (SplitMix64
+    is a counter: any draw of it at once)."""
+    return _uniform(xd + n * _GOLD)[1]
 
 
 @njit(inline="always", nogil=True, cache=True)
