@@ -72,18 +72,45 @@ def test_it_bounds_the_optimum_and_closes_the_gap_on_the_support(ratio):
     # a point on the optimum's support and signs, but off it: the coefficients shrunk by a tenth
     w = 0.9 * best
     r = _residual(m.colptr, m.rows, m.values, m.y, w)
-    primal, gap = duality_gap(m, w, r, _xtr(m.colptr, m.rows, m.values, r), lam)
+    xtr = _xtr(m.colptr, m.rows, m.values, r)
+    primal, gap = duality_gap(m, w, r, xtr, lam)
     assert gap > 1e-3 * primal  # the scaled residual leaves a wide gap there
-    dual = support_dual(m, w, lam, primal, 1e-12)
+    dual = support_dual(m, w, -xtr / m.shape[0], lam, primal, 1e-12)
     assert dual <= optimum * (1 + 1e-12)  # a lower bound, always
     assert optimum - dual <= 1e-9 * optimum  # and a tight one: every non-zero meets its condition
     # from a point whose support is wrong it is still a lower bound, however loose
     rng = np.random.default_rng(1)
     wrong = rng.standard_normal(X.shape[1]) * (rng.random(X.shape[1]) < 0.2)
     r = _residual(m.colptr, m.rows, m.values, m.y, wrong)
-    assert support_dual(m, wrong, lam, duality_gap(m, wrong, r, _xtr(m.colptr, m.rows, m.values, r), lam)[0],
+    xtr = _xtr(m.colptr, m.rows, m.values, r)
+    assert support_dual(m, wrong, -xtr / m.shape[0], lam, duality_gap(m, wrong, r, xtr, lam)[0],
                         1e-12) <= optimum * (1 + 1e-12)
-    assert support_dual(m, np.zeros(X.shape[1]), lam, 1.0, 1e-4) == -np.inf
+    zeros = np.zeros(X.shape[1])
+    assert support_dual(m, zeros, zeros, lam, 1.0, 1e-4) == -np.inf
+
+
+@pytest.mark.parametrize("ratio", [50, 100])
+def test_the_violators_at_zero_join_the_support(ratio):
+    """A point whose smallest non-zeros the rounds have yet to move off zero: the support's
+    dual point with those violators (signed against their gradient) is tight, where the
+    non-zeros alone leave their columns infeasible and the bound loose."""
+    X, y = _problem()
+    m = _matrix(X, y)
+    lam = lambda_max(m) / ratio
+    best = sklearn.Lasso(alpha=lam, fit_intercept=False, tol=1e-14, max_iter=1_000_000).fit(X, y).coef_
+    optimum = objective(m, best, lam)
+    w = best.copy()
+    late = np.flatnonzero(best)[np.argsort(np.abs(best[best != 0]))[:2]]  # the two smallest: the last to move
+    w[late] = 0.0
+    r = _residual(m.colptr, m.rows, m.values, m.y, w)
+    grad = -_xtr(m.colptr, m.rows, m.values, r) / m.shape[0]
+    assert (np.abs(grad[late]) > lam).all()
+    primal = objective(m, w, lam)
+    with_them = support_dual(m, w, grad, lam, primal, 1e-12)
+    without = support_dual(m, w, np.zeros_like(grad), lam, primal, 1e-12)  # no gradient passes λ: the non-zeros only
+    assert without <= with_them <= optimum * (1 + 1e-12)
+    assert optimum - with_them <= 1e-9 * optimum
+    assert optimum - without > 1e3 * (optimum - with_them)
 
 
 def test_the_steps_stop_once_the_least_squares_are_solved():

@@ -122,7 +122,7 @@ class LassoProgram(ScheduledCD):
             dual = max(dual, dual_value(m, r_acc, _xtr(m.colptr, m.rows, m.values, r_acc), lam))
         gap = primal - max(dual, self.best_dual)
         if worth_trying(gap, primal, self.cfg.tol):  # the support's own least squares
-            dual = max(dual, support_dual(m, self.w, lam, primal, self.cfg.tol))
+            dual = max(dual, support_dual(m, self.w, grad, lam, primal, self.cfg.tol))
         return primal, dual
 
 
