@@ -120,12 +120,16 @@ def _correlations(rows, values, lo, hi, acc, c):  # type: ignore[no-untyped-def]
 def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):  # type: ignore[no-untyped-def]
     """Deal ``candidates`` (in priority order) to ``workers``: each to the worker whose
     coordinates it correlates with most, at most ``cap`` a worker, none whose mean
-    |correlation| with the other workers' coordinates passes ``rho``.  ``acc[:, q]``
-    (zeros on entry and on exit) sums |x_k| / ‖x_k‖ over worker q's coordinates (a row
-    per example, so one pass over a column reads every worker's sum).
+    |correlation| with the other workers' coordinates passes ``rho``; between workers it
+    correlates with alike (the uncorrelated), the one whose columns have the fewest
+    non-zeros so far (a round lasts as long as its busiest worker's sweeps, whose cost
+    goes by the non-zeros, not by the coordinates).
+    ``acc[:, q]`` (zeros on entry and on exit) sums |x_k| / ‖x_k‖ over worker q's
+    coordinates (a row per example, so one pass over a column reads every worker's sum).
     Returns the worker of each candidate, -1 for those left out."""
     owner = np.full(candidates.shape[0], -1, np.int64)
     load = np.zeros(workers, np.int64)
+    work = np.zeros(workers, np.int64)  # the non-zeros of each worker's columns: what its sweeps cost
     c = np.zeros(workers)
     for t in range(candidates.shape[0]):
         j = candidates[t]
@@ -142,12 +146,13 @@ def _deal(colptr, rows, values, col_norm, candidates, workers, cap, rho, acc):  
         for q in range(workers):
             others = placed - load[q]
             if load[q] < cap and total - c[q] <= rho * max(others, 1) and (
-                    best < 0 or c[q] > c[best] or (c[q] == c[best] and load[q] < load[best])):
+                    best < 0 or c[q] > c[best] or (c[q] == c[best] and work[q] < work[best])):
                 best = q
         if best < 0:
             continue
         owner[t] = best
         load[best] += 1
+        work[best] += hi - lo
         for k in range(np.uint64(lo), np.uint64(hi)):
             acc[np.uint64(rows[k]), best] += abs(values[k]) / col_norm[j]
     acc[:] = 0.0  # leave acc as it came: zeros (one pass over it, not over the dealt columns again)
