@@ -67,12 +67,25 @@ __all__ = ["SCHEDULES", "TABLE", "LassoConfig", "LassoProgram", "check_lasso_fla
 PAIRS, TWIN = 64, 0.95  # at each check the worst 64 are solved exactly with their most correlated column, if above 0.95
 
 
+def interference_bound(rho: float, workers: int) -> float:
+    """The deal's bound on a coordinate's mean |correlation| with the other workers' ones, for
+    the squared loss at ``workers``: ``rho`` at two, ``rho / (workers − 1)³`` beyond.  Each
+    worker's sweeps are exact on its own coordinates and blind to the others' moves in the
+    round, and with more workers a coordinate meets more of those moves and each of them more
+    others': news20 at λ_max/1000 diverged at three workers with ``rho`` (the objective from 0.5
+    to 1.3e8 by round 40) and at ``rho``/2, /3.3 and /5, and converged at /8 (32 rounds; at
+    four workers /27, 40 rounds), as two do with ``rho`` (28).  The logistic loss's Newton
+    steps took three workers at ``rho`` (9 rounds, against 8 at two)."""
+    return rho if workers <= 2 else rho / (workers - 1) ** 3
+
+
 class LassoProgram(ScheduledCD):
     """One worker's side of the scheduled Lasso: the squared loss's part (see the module's
     doc); the vector is the residual ``r = y − Xw``."""
 
     def __init__(self, client: Any, m: Matrix, cfg: LassoConfig, rank: int, workers: int):
         super().__init__(client, m, cfg, rank, workers, curvature=1.0 / m.shape[0])
+        self.rho = interference_bound(cfg.rho, workers)
         self.scratch = np.zeros(self.n)
         # each column's most correlated one (-1: none above TWIN; -2: not yet)
         self.twin = np.full(m.shape[1], -2, np.int64)
