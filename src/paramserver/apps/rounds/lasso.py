@@ -73,9 +73,10 @@ def interference_bound(rho: float, workers: int) -> float:
     worker's sweeps are exact on its own coordinates and blind to the others' moves in the
     round, and with more workers a coordinate meets more of those moves and each of them more
     others': news20 at λ_max/1000 diverged at three workers with ``rho`` (the objective from 0.5
-    to 1.3e8 by round 40) and at ``rho``/2, /3.3 and /5, and converged at /8 (32 rounds; at
-    four workers /27, 36 rounds), as two do with ``rho`` (28).  The logistic loss's Newton
-    steps took three workers at ``rho`` (9 rounds, against 8 at two)."""
+    to 1.3e8 by round 40), did not converge in 60-80 rounds at ``rho``/2, /3.3 and /5, and
+    converged at /8 (32 rounds; at four workers /27, 36 rounds), as two do with ``rho`` (28).
+    The logistic loss's Newton steps took three workers at ``rho`` (9 rounds, against 8 at
+    two)."""
     return rho if workers <= 2 else rho / (workers - 1) ** 3
 
 
