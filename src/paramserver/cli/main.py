@@ -182,6 +182,10 @@ def stdout_gone() -> bool:
 def _start(args: argparse.Namespace) -> None:
     """What the process sets up before the command runs: logging, the allocator of a node,
     the cyclic collector, the watch on a parent that started it."""
+    if args.command in _JOBS:  # before any thread: the job's nodes fork from here (``share_one_arena``)
+        from paramserver._runtime.malloc import share_one_arena
+
+        share_one_arena()
     level = getattr(args, "log_level", "WARNING" if args.command in _QUIET else "INFO")
     logging.basicConfig(level=level, stream=sys.stderr,
                         format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s")
