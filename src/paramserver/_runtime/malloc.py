@@ -27,13 +27,23 @@ _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 
 
+@functools.cache
+def _glibc(name: str) -> Callable[..., int] | None:
+    """glibc's function ``name`` (``mallopt``, ``malloc_trim``), or None where the C library is
+    not glibc (macOS, musl).  The C library is already loaded: its symbols, without
+    find_library's ldconfig run (2 ms)."""
+    try:
+        fn: Callable[..., int] = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+    return fn
+
+
 def tune_allocator(mmap_threshold: int = 256 << 20, trim_threshold: int = 1 << 30) -> bool:
     """Raise glibc's mmap and trim thresholds; return False where that is not possible."""
-    try:  # the C library is already loaded: its symbols, without find_library's ldconfig run (2 ms)
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False  # not glibc (macOS, musl): nothing to tune
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        return False  # nothing to tune
     ok: bool = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
     logger.debug("malloc thresholds raised: %s", ok)
     return ok
@@ -54,27 +64,14 @@ def share_one_arena() -> bool:
     limit when a thread first needs one, so a node forked from a process with threads already
     keeps that process's limit (set in the nodes alone it saved 3 000 faults, and no time).
     Small allocations still go through each thread's own cache, without the arena's lock."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False  # not glibc
-    ok: bool = mallopt(_M_ARENA_MAX, 1) == 1
-    return ok
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:  # the loaded C library, as tune_allocator finds it
-        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None  # not glibc
-    return trim
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and mallopt(_M_ARENA_MAX, 1) == 1
 
 
 def trim_heap() -> bool:
     """Give the free pages of every malloc arena back to the kernel (glibc's
     ``malloc_trim(0)``); False where that is not possible."""
-    trim = _malloc_trim()
+    trim = _glibc("malloc_trim")
     if trim is None:
         return False
     trim(0)
